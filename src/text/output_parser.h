@@ -1,0 +1,38 @@
+// Incremental parser of generated text in the Qwen3.6 format: <think>...</think> reasoning,
+// <tool_call> XML (or Qwen3's JSON inside <tool_call>) -> OpenAI tool_calls, the rest content.
+#pragma once
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace lilac {
+
+struct OutputDelta {
+  enum Kind { Content, Reasoning, ToolCall } kind = Content;
+  std::string text;        // Content / Reasoning text
+  int tool_index = -1;     // ToolCall: index among this response's tool calls
+  std::string tool_id;     // ToolCall: "call_..." (first delta of a call)
+  std::string tool_name;   // ToolCall: function name (first delta of a call)
+  std::string arguments;   // ToolCall: arguments JSON text (complete, as one string)
+};
+
+class OutputParser {
+ public:
+  // `in_reasoning`: the prompt already opened <think> (thinking on). `tools`: the request's
+  // OpenAI tools array (used to type parameter values by their JSON schema), may be null.
+  OutputParser(bool in_reasoning, const nlohmann::json& tools = nullptr);
+  // Feed generated text (any split, even mid-tag or mid-UTF-8); returns deltas ready to stream.
+  std::vector<OutputDelta> push(std::string_view text);
+  // End of generation: flush held-back text; unterminated markup degrades to plain content.
+  std::vector<OutputDelta> finish();
+  int tool_calls() const { return n_tool_calls_; }
+
+ private:
+  struct Impl;
+  std::shared_ptr<Impl> impl_;
+  int n_tool_calls_ = 0;
+};
+
+}  // namespace lilac
