@@ -1,0 +1,93 @@
+// The OpenAI-compatible HTTP server (`lilac serve`): thin HTTP handlers (parse + validate, render +
+// tokenize) that hand jobs to the Scheduler, which owns the engine Session and the prefix cache.
+#pragma once
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+namespace httplib {
+class Server;
+struct Request;
+struct Response;
+}  // namespace httplib
+
+namespace lilac {
+class Backend;
+class Tokenizer;
+class ChatTemplate;
+}  // namespace lilac
+
+namespace lilac::server {
+
+class Scheduler;
+struct Metrics;
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 8080;                 // 0 = any free port (see Server::port())
+  std::string api_key;             // non-empty: require "Authorization: Bearer <key>"
+  std::string model_id = "lilac";  // the id /v1/models lists and requests may name
+  size_t max_body_bytes = 8u << 20;
+  int max_queue = 64;              // queued + running generations; more -> 429
+  int64_t max_seq = 32768;         // prompt + max_tokens limit (and the session's capacity)
+  size_t cache_bytes = size_t(2048) << 20;  // prefix-cache budget (SessionSnapshot::bytes())
+  int http_threads = 64;
+  bool log_requests = true;
+};
+
+// Optional hook for a request router (the hybrid router, src/server/hybrid*). Every member may be
+// empty. maybe_forward is called first by POST /v1/chat/completions and /v1/completions with the
+// parsed body; returning true means it answered the request itself (the local engine does nothing).
+// local_busy: the local queue is full (a local request would get 429). on_local is called when a
+// request is served locally. extra_models: entries appended to GET /v1/models' "data".
+// When a hook is set, local responses carry the header `x-lilac-route: local` and the body field
+// `"lilac_route": "local"` (in every streamed chunk too).
+struct RouteHook {
+  std::function<bool(const httplib::Request&, httplib::Response&, const nlohmann::json& body, bool local_busy)>
+      maybe_forward;
+  std::function<void(const nlohmann::json& body)> on_local;
+  std::function<nlohmann::json()> extra_models;
+};
+
+class Server {
+ public:
+  explicit Server(ServerOptions opts);
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  void set_route_hook(RouteHook hook);
+  // Attach the loaded model; /health turns 200 and generation endpoints start answering.
+  void set_model(std::shared_ptr<Backend> backend, std::shared_ptr<const Tokenizer> tokenizer,
+                 std::shared_ptr<const ChatTemplate> chat_template);
+
+  // Bind the listening socket (throws lilac::Error when it cannot); returns the bound port.
+  int bind();
+  // Serve on a background thread (after bind()).
+  void start();
+  // Serve on the calling thread until stop() (after bind()).
+  void run();
+  void stop();
+  int port() const { return port_; }
+  bool ready() const { return ready_.load(); }
+
+  httplib::Server& http();  // e.g. for extra routes
+  Metrics& metrics();
+  const ServerOptions& options() const { return opts_; }
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  ServerOptions opts_;
+  int port_ = 0;
+  std::atomic<bool> ready_{false};
+  std::thread thread_;
+};
+
+}  // namespace lilac::server
