@@ -1,0 +1,49 @@
+// The CUDA backend (src/cuda/): weights uploaded once and packed for the kernels, every op on the
+// device, a decode step (all layers + LM head + sampling) replayed as one CUDA graph.
+//
+// Plain C++ header (no CUDA types) so that the CLI and the server can include it; only compiled in
+// when the build has CUDA (LILAC_HAVE_CUDA).
+//
+// Device state per session: residual stream fp32; KV cache bf16 [attn_layer][max_len][kv_heads][head_dim]
+// (K and V separate, k after q/k-norm + RoPE); Gated DeltaNet state fp32 [layer][Hv][dk][dv]; conv state
+// fp32 as a ring of the last K inputs per channel ([layer][conv_dim][K], slot pos % K holds the input
+// of position pos). Snapshots are device-to-device copies of those buffers.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/backend.h"
+#include "model/weights.h"
+
+namespace lilac::cuda {
+
+// True when a CUDA device is usable (driver present, at least one device). Never throws.
+bool gpu_available();
+
+// The CUDA backend over a loaded checkpoint (weights are uploaded to device 0 and packed).
+// Throws lilac::Error when no GPU is present or a tensor cannot be handled.
+std::unique_ptr<Backend> make_cuda_backend(std::shared_ptr<const ModelWeights> weights);
+
+// A backend over a model of the given shape whose weights are random values generated directly on
+// the GPU (for `lilac bench --synthetic`): 4-bit everywhere except the 8-bit router and
+// shared_expert_gate; values ~N(0, 1/sqrt(in)) in distribution; random router so that MoE routing
+// spreads over the experts.
+std::unique_ptr<Backend> make_synthetic_cuda_backend(const ModelConfig& cfg, uint64_t seed = 1);
+
+// The real model's shape (Qwen3.6-35B-A3B) with `layers` layers (every 4th full attention).
+ModelConfig synthetic_config(int layers = 40);
+
+// Bytes that must move per decode token at context length `ctx` (weights read for one token incl.
+// the top-k + shared experts, router and LM head; recurrent state read + written; KV cache read),
+// for the quantized layout this backend uses.
+double decode_bytes_per_token(const ModelConfig& cfg, int64_t ctx);
+
+// GPU memory (bytes) currently used on the device, and the part held by a backend's weights.
+struct MemoryInfo {
+  size_t used = 0, total = 0, weights = 0;
+};
+MemoryInfo memory_info(const Backend& b);
+
+}  // namespace lilac::cuda
