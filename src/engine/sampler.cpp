@@ -1,0 +1,166 @@
+#include "engine/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+#include "core/error.h"
+
+namespace lilac {
+
+int32_t argmax(std::span<const float> x) {
+  int32_t best = -1;
+  for (size_t i = 0; i < x.size(); ++i)
+    if (!std::isnan(x[i]) && (best < 0 || x[i] > x[size_t(best)])) best = int32_t(i);
+  return best;
+}
+
+namespace {
+
+double log_sum_exp(std::span<const float> x) {
+  float mx = -std::numeric_limits<float>::infinity();
+  for (float v : x) mx = std::max(mx, v);
+  double s = 0;
+  for (float v : x) s += std::exp(double(v) - double(mx));
+  return double(mx) + std::log(s);
+}
+
+// Indices sorted by descending value, ties to the lower index; only the first n are ordered.
+std::vector<int32_t> top_indices(std::span<const float> x, size_t n) {
+  std::vector<int32_t> idx(x.size());
+  std::iota(idx.begin(), idx.end(), 0);
+  n = std::min(n, idx.size());
+  auto cmp = [&](int32_t a, int32_t b) { return x[size_t(a)] > x[size_t(b)] || (x[size_t(a)] == x[size_t(b)] && a < b); };
+  std::partial_sort(idx.begin(), idx.begin() + ptrdiff_t(n), idx.end(), cmp);
+  idx.resize(n);
+  return idx;
+}
+
+}  // namespace
+
+float token_logprob(std::span<const float> logits, int32_t token) {
+  return float(double(logits[size_t(token)]) - log_sum_exp(logits));
+}
+
+std::vector<TokenLogprob> top_logprobs(std::span<const float> logits, int n) {
+  std::vector<TokenLogprob> out;
+  if (n <= 0) return out;
+  const double lse = log_sum_exp(logits);
+  for (int32_t id : top_indices(logits, size_t(n))) out.push_back({id, float(double(logits[size_t(id)]) - lse)});
+  return out;
+}
+
+void apply_penalties(std::span<float> logits, const SamplingParams& p, std::span<const int32_t> seen,
+                     const std::unordered_map<int32_t, int>& counts) {
+  if (p.repetition_penalty != 1.f) {
+    for (int32_t t : seen) {
+      float& l = logits[size_t(t)];
+      l = l > 0 ? l / p.repetition_penalty : l * p.repetition_penalty;
+    }
+  }
+  if (p.presence_penalty != 0.f || p.frequency_penalty != 0.f) {
+    for (const auto& [t, c] : counts)
+      logits[size_t(t)] -= p.presence_penalty * (c > 0 ? 1.f : 0.f) + p.frequency_penalty * float(c);
+  }
+}
+
+std::vector<Candidate> truncated_distribution(std::span<const float> logits, const SamplingParams& p) {
+  const float inv_t = 1.f / p.temperature;
+  const size_t V = logits.size();
+  // top-k: the k largest (all when off), ordered.
+  const size_t k = p.top_k > 0 ? std::min<size_t>(size_t(p.top_k), V) : V;
+  std::vector<int32_t> idx = top_indices(logits, k);
+  // Probabilities of the kept set under temperature (softmax over the kept logits only: the
+  // normalisation cancels out of top-p / min-p comparisons within the set after top-k, as in HF).
+  std::vector<double> pr(idx.size());
+  const double mx = double(logits[size_t(idx[0])]) * inv_t;
+  double sum = 0;
+  for (size_t i = 0; i < idx.size(); ++i) sum += (pr[i] = std::exp(double(logits[size_t(idx[i])]) * inv_t - mx));
+  for (double& v : pr) v /= sum;
+  size_t keep = idx.size();
+  if (p.top_p < 1.f) {
+    double cum = 0;
+    for (size_t i = 0; i < idx.size(); ++i) {
+      cum += pr[i];
+      if (cum >= double(p.top_p)) {
+        keep = i + 1;
+        break;
+      }
+    }
+  }
+  if (p.min_p > 0.f) {
+    const double thr = double(p.min_p) * pr[0];
+    size_t i = 1;
+    while (i < keep && pr[i] >= thr) ++i;
+    keep = i;
+  }
+  double kept = 0;
+  for (size_t i = 0; i < keep; ++i) kept += pr[i];
+  std::vector<Candidate> out(keep);
+  for (size_t i = 0; i < keep; ++i) out[i] = {idx[i], float(pr[i] / kept)};
+  return out;
+}
+
+void HostSampler::begin(const SamplingParams& params, std::span<const int32_t> context) {
+  if (!(params.temperature >= 0.f) || !std::isfinite(params.temperature))
+    throw InputError("temperature must be a finite number >= 0");
+  if (!(params.top_p > 0.f && params.top_p <= 1.f)) throw InputError("top_p must be in (0, 1]");
+  if (params.top_k < 0) throw InputError("top_k must be >= 0");
+  if (!(params.min_p >= 0.f && params.min_p <= 1.f)) throw InputError("min_p must be in [0, 1]");
+  if (!(params.repetition_penalty > 0.f) || !std::isfinite(params.repetition_penalty))
+    throw InputError("repetition_penalty must be > 0");
+  if (params.top_logprobs < 0 || params.top_logprobs > 20) throw InputError("top_logprobs must be in [0, 20]");
+  params_ = params;
+  rng_.seed(params.seed);
+  seen_.clear();
+  counts_.clear();
+  seen_mask_.assign(size_t(vocab_), 0);
+  for (int32_t t : context)
+    if (t >= 0 && t < vocab_ && !seen_mask_[size_t(t)]) {
+      seen_mask_[size_t(t)] = 1;
+      seen_.push_back(t);
+    }
+}
+
+TokenChoice HostSampler::sample(std::span<const float> logits) {
+  if (int64_t(logits.size()) != vocab_) throw Error("sampler: logits row has the wrong size");
+  TokenChoice choice;
+  const SamplingParams& p = params_;
+  const bool penalise = p.repetition_penalty != 1.f || p.presence_penalty != 0.f || p.frequency_penalty != 0.f;
+  std::span<const float> z = logits;
+  if (penalise) {
+    work_.assign(logits.begin(), logits.end());
+    apply_penalties(work_, p, seen_, counts_);
+    z = work_;
+  }
+  if (p.temperature == 0.f) {
+    choice.token = argmax(z);
+  } else {
+    std::vector<Candidate> cand = truncated_distribution(z, p);
+    // Uniform in [0, 1) from the top 53 bits.
+    const double u = double(rng_() >> 11) * (1.0 / 9007199254740992.0);
+    double cum = 0;
+    choice.token = cand.back().token;
+    for (const Candidate& c : cand) {
+      cum += c.prob;
+      if (u < cum) {
+        choice.token = c.token;
+        break;
+      }
+    }
+  }
+  if (p.logprobs || p.top_logprobs > 0) {
+    choice.logprob = token_logprob(logits, choice.token);
+    choice.top = top_logprobs(logits, p.top_logprobs);
+  }
+  // Record as generated.
+  counts_[choice.token]++;
+  if (choice.token >= 0 && choice.token < vocab_ && !seen_mask_[size_t(choice.token)]) {
+    seen_mask_[size_t(choice.token)] = 1;
+    seen_.push_back(choice.token);
+  }
+  return choice;
+}
+
+}  // namespace lilac

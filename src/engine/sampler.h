@@ -1,0 +1,65 @@
+// Host sampler: chooses the next token from a row of logits (the CPU backend uses it; the CUDA
+// backend does the same steps on the GPU).
+//
+// Steps, in order:
+//   1. penalties (also in greedy mode, where they are no-ops at their defaults):
+//      repetition_penalty (HF: for every distinct token of context + generated, logit / p if > 0,
+//      else logit * p), then presence / frequency (OpenAI: logit −= presence·[count > 0] +
+//      frequency·count over the generated tokens);
+//   2. temperature == 0: greedy argmax (ties to the lower id), done;
+//   3. logits / temperature; top-k (keep the k largest, ties to the lower id); top-p (keep the
+//      smallest most-likely-first prefix whose probability reaches top_p); min-p (drop tokens whose
+//      probability is below min_p × the largest); a draw from the kept tokens, renormalised, with a
+//      64-bit Mersenne Twister seeded by params.seed (deterministic for a seed).
+// Logprobs are those of the raw logits (log_softmax before any step above).
+#pragma once
+#include <cstdint>
+#include <random>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/backend.h"
+
+namespace lilac {
+
+// Index of the largest value, ties to the lower index (NaNs never win). Empty span: -1.
+int32_t argmax(std::span<const float> x);
+
+// log_softmax(logits)[token] and the `n` most likely tokens (descending, ties to the lower id).
+float token_logprob(std::span<const float> logits, int32_t token);
+std::vector<TokenLogprob> top_logprobs(std::span<const float> logits, int n);
+
+// Applies the penalties of `p` in place. `seen` = distinct tokens of context + generated (for the
+// repetition penalty); `counts` = occurrences of each generated token.
+void apply_penalties(std::span<float> logits, const SamplingParams& p, std::span<const int32_t> seen,
+                     const std::unordered_map<int32_t, int>& counts);
+
+// The tokens step 3 keeps (after temperature / top-k / top-p / min-p) with their normalised
+// probabilities, most likely first (ties to the lower id). Exposed for tests and the CUDA helper.
+struct Candidate {
+  int32_t token;
+  float prob;
+};
+std::vector<Candidate> truncated_distribution(std::span<const float> logits, const SamplingParams& p);
+
+class HostSampler {
+ public:
+  explicit HostSampler(int64_t vocab_size = 0) : vocab_(vocab_size) {}
+  // New generation: params, RNG from params.seed, penalty state from `context` (no generated tokens).
+  void begin(const SamplingParams& params, std::span<const int32_t> context);
+  // Choose from `logits` [vocab] and record the choice as generated (for the penalties).
+  TokenChoice sample(std::span<const float> logits);
+  const SamplingParams& params() const { return params_; }
+
+ private:
+  int64_t vocab_;
+  SamplingParams params_;
+  std::mt19937_64 rng_;
+  std::vector<int32_t> seen_;      // distinct tokens of context + generated
+  std::vector<uint8_t> seen_mask_; // [vocab] membership of seen_
+  std::unordered_map<int32_t, int> counts_;
+  std::vector<float> work_;
+};
+
+}  // namespace lilac
