@@ -1,6 +1,7 @@
 // Incremental parser of generated text in the Qwen3.6 format: <think>...</think> reasoning,
 // <tool_call> XML (or Qwen3's JSON inside <tool_call>) -> OpenAI tool_calls, the rest content.
 #pragma once
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
