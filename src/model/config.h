@@ -69,4 +69,9 @@ ModelConfig load_config(const std::string& dir);
 ModelConfig parse_config(const std::string& config_json, const std::string& origin,
                          const std::string& generation_config_json = "");
 
+// The quantization of the tensor with base name `base` (e.g. "language_model.model.layers.0.mlp.gate"
+// or "model.layers.0.mlp.gate"): its override in config.json (looked up with and without the
+// "language_model." prefix), else the default spec.
+QuantSpec quant_spec_for(const ModelConfig& config, const std::string& base);
+
 }  // namespace lilac
