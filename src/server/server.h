@@ -82,6 +82,7 @@ class Server {
   const ServerOptions& options() const { return opts_; }
 
  private:
+  void handle_generation(const httplib::Request& req, httplib::Response& res, bool chat);
   struct Impl;
   std::unique_ptr<Impl> impl_;
   ServerOptions opts_;

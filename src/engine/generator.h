@@ -1,0 +1,81 @@
+// One generation on a Session: prefill (resuming from the prefix cache), then sample / decode_step
+// until an end-of-turn id, a stop string, max_tokens or cancellation; streams detokenized text.
+//
+// Prefix reuse: the prompt is prefilled in segments that end at message boundaries (after each
+// `boundary_token`, i.e. <|im_end|>) and at the end of the prompt; the session is snapshotted at each
+// segment end and the snapshot stored in the PrefixCache. A later prompt resumes from the longest
+// cached snapshot (or the session's own context) that is a prefix of it and prefills only the rest.
+#pragma once
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "engine/backend.h"
+#include "engine/prefix_cache.h"
+
+namespace lilac {
+
+class Tokenizer;
+
+struct GenerationRequest {
+  std::vector<int32_t> prompt;  // must not be empty
+  SamplingParams sampling;
+  int64_t max_tokens = 256;                // >= 1
+  std::vector<int32_t> stop_ids;           // end-of-turn ids: generation stops, their text is not emitted
+  std::vector<std::string> stop_strings;   // generation stops; the text from the stop string on is dropped
+  int32_t boundary_token = -1;             // snapshot after each occurrence in the prompt (-1: none)
+  bool use_cache = true;
+  int64_t prefill_chunk = 2048;            // prefill calls of at most this many tokens (cancel checks)
+};
+
+enum class FinishReason { Stop, Length, Cancelled };
+const char* finish_reason_name(FinishReason r);
+
+// One generated token (id >= 0), or the final flush of held-back text (id == -1, no choice).
+struct GeneratedToken {
+  int32_t id = -1;
+  std::string text;  // text that became safe to emit with this token (may be empty)
+  TokenChoice choice;
+};
+
+struct GenerationStats {
+  FinishReason finish = FinishReason::Stop;
+  bool stopped_by_eos = false;
+  std::string stop_string;        // the stop string that matched, if any
+  int64_t prompt_tokens = 0;
+  int64_t cached_tokens = 0;      // prompt tokens restored instead of recomputed
+  int64_t completion_tokens = 0;  // sampled tokens (an end-of-turn id counts)
+  int snapshots_taken = 0;
+  bool cache_hit = false;
+  double prefill_seconds = 0, decode_seconds = 0, ttft_seconds = 0;
+};
+
+// Return false to cancel the generation (e.g. the client went away).
+using TokenCallback = std::function<bool(const GeneratedToken&)>;
+
+class Generator {
+ public:
+  // `cache` may be null (no prefix reuse across sessions; the session's own context is still reused).
+  Generator(Session& session, const Tokenizer& tokenizer, PrefixCache* cache);
+
+  // Throws lilac::InputError for prompts that do not fit (prompt + max_tokens > session capacity)
+  // or contain ids outside the vocabulary. After an exception the session is reset.
+  GenerationStats run(const GenerationRequest& req, const TokenCallback& on_token,
+                      const std::atomic<bool>* cancel = nullptr);
+
+  // Tokens the session holds after the last run (its context), or empty when unknown.
+  const std::vector<int32_t>& context() const { return context_; }
+
+ private:
+  int64_t prepare(const GenerationRequest& req, GenerationStats& st);
+
+  Session& s_;
+  const Tokenizer& tok_;
+  PrefixCache* cache_;
+  std::vector<int32_t> context_;
+  bool context_valid_ = false;
+};
+
+}  // namespace lilac

@@ -1,0 +1,34 @@
+// Server counters, exported as Prometheus text by GET /metrics.
+#pragma once
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+
+namespace lilac::server {
+
+struct Metrics {
+  void count_request(const std::string& endpoint, int status);
+  void add_generation(int64_t prompt_tokens, int64_t cached_tokens, int64_t completion_tokens,
+                      double prefill_seconds, double decode_seconds, bool cache_hit);
+
+  std::atomic<int64_t> queue_depth{0};  // queued + running generations
+  std::atomic<int64_t> running{0};
+  std::atomic<int64_t> cancelled{0};
+  std::atomic<int64_t> cache_entries{0}, cache_bytes{0};
+
+  // Prometheus exposition text.
+  std::string render() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::map<std::pair<std::string, int>, int64_t> requests_;
+  int64_t prompt_tokens_ = 0, cached_tokens_ = 0, completion_tokens_ = 0;
+  int64_t prefilled_tokens_ = 0;  // prompt tokens actually computed
+  double prefill_seconds_ = 0, decode_seconds_ = 0;
+  double last_prefill_tps_ = 0, last_decode_tps_ = 0;
+  int64_t generations_ = 0, cache_hits_ = 0, cache_misses_ = 0;
+};
+
+}  // namespace lilac::server

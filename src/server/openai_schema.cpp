@@ -1,0 +1,418 @@
+#include "server/openai_schema.h"
+
+#include <cmath>
+#include <regex>
+#include <set>
+
+namespace lilac::server {
+
+std::string error_type_for(int status) {
+  switch (status) {
+    case 401: return "authentication_error";
+    case 403: return "permission_error";
+    case 404: return "not_found_error";
+    case 429: return "rate_limit_error";
+    case 503: return "service_unavailable_error";
+    default: return status >= 500 ? "server_error" : "invalid_request_error";
+  }
+}
+
+ApiError::ApiError(int status_, std::string message_, std::string param_, std::string code_, std::string type_)
+    : std::runtime_error(message_), status(status_), message(std::move(message_)),
+      type(type_.empty() ? error_type_for(status_) : std::move(type_)), param(std::move(param_)),
+      code(std::move(code_)) {}
+
+nlohmann::json error_body(int status, const std::string& message, const std::string& type, const std::string& param,
+                          const std::string& code) {
+  nlohmann::json e;
+  e["message"] = message;
+  e["type"] = type.empty() ? error_type_for(status) : type;
+  e["param"] = param.empty() ? nlohmann::json(nullptr) : nlohmann::json(param);
+  e["code"] = code.empty() ? nlohmann::json(nullptr) : nlohmann::json(code);
+  return nlohmann::json{{"error", e}};
+}
+
+namespace {
+
+[[noreturn]] void bad(const std::string& param, const std::string& msg, const std::string& code = "invalid_value") {
+  throw ApiError(400, msg, param, code);
+}
+
+const char* type_name(const ojson& v) {
+  if (v.is_null()) return "null";
+  if (v.is_boolean()) return "a boolean";
+  if (v.is_number()) return "a number";
+  if (v.is_string()) return "a string";
+  if (v.is_array()) return "an array";
+  return "an object";
+}
+
+[[noreturn]] void wrong_type(const std::string& param, const char* want, const ojson& v) {
+  bad(param, "Invalid type for '" + param + "': expected " + want + ", but got " + type_name(v) + ".",
+      "invalid_type");
+}
+
+// Field accessors: absent or null -> nullopt (OpenAI treats explicit null as "not given").
+const ojson* field(const ojson& body, const char* name) {
+  auto it = body.find(name);
+  if (it == body.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+std::optional<double> get_number(const ojson& body, const char* name, double lo, double hi) {
+  const ojson* v = field(body, name);
+  if (!v) return std::nullopt;
+  if (!v->is_number()) wrong_type(name, "a number", *v);
+  double d = v->get<double>();
+  if (!std::isfinite(d) || d < lo || d > hi)
+    bad(name, "Invalid value for '" + std::string(name) + "': " + v->dump() + " is not in [" +
+                  ojson(lo).dump() + ", " + ojson(hi).dump() + "].");
+  return d;
+}
+
+std::optional<int64_t> get_int(const ojson& body, const char* name, int64_t lo, int64_t hi) {
+  const ojson* v = field(body, name);
+  if (!v) return std::nullopt;
+  bool integral = v->is_number_integer() || (v->is_number_float() && std::floor(v->get<double>()) == v->get<double>() &&
+                                             std::abs(v->get<double>()) < 9e15);
+  if (!integral) wrong_type(name, "an integer", *v);
+  int64_t i = v->is_number_unsigned() ? int64_t(std::min<uint64_t>(v->get<uint64_t>(), uint64_t(INT64_MAX)))
+              : v->is_number_integer() ? v->get<int64_t>()
+                                       : int64_t(v->get<double>());
+  if (i < lo || i > hi)
+    bad(name, "Invalid value for '" + std::string(name) + "': " + std::to_string(i) + " is not in [" +
+                  std::to_string(lo) + ", " + std::to_string(hi) + "].");
+  return i;
+}
+
+std::optional<bool> get_bool(const ojson& body, const char* name) {
+  const ojson* v = field(body, name);
+  if (!v) return std::nullopt;
+  if (!v->is_boolean()) wrong_type(name, "a boolean", *v);
+  return v->get<bool>();
+}
+
+void parse_common(const ojson& body, const ModelConfig& cfg, uint64_t seed, CommonParams& p, bool chat) {
+  if (const ojson* m = field(body, "model")) {
+    if (!m->is_string()) wrong_type("model", "a string", *m);
+    p.model = m->get<std::string>();
+  }
+  p.stream = get_bool(body, "stream").value_or(false);
+  if (const ojson* so = field(body, "stream_options")) {
+    if (!so->is_object()) wrong_type("stream_options", "an object", *so);
+    if (!p.stream) bad("stream_options", "'stream_options' is only allowed when 'stream' is true.");
+    p.include_usage = get_bool(*so, "include_usage").value_or(false);
+  }
+  // n
+  if (auto n = get_int(body, "n", 1, 128); n && *n != 1)
+    bad("n", "Only n = 1 is supported (got " + std::to_string(*n) + ").", "unsupported_value");
+  if (auto b = get_int(body, "best_of", 1, 128); b && *b != 1)
+    bad("best_of", "Only best_of = 1 is supported.", "unsupported_value");
+  // max tokens
+  auto mt = get_int(body, "max_tokens", 1, INT64_MAX);
+  if (chat) {
+    auto mct = get_int(body, "max_completion_tokens", 1, INT64_MAX);
+    if (mct) mt = mct;
+  }
+  p.max_tokens = mt;
+  // stop
+  if (const ojson* s = field(body, "stop")) {
+    if (s->is_string()) {
+      if (!s->get<std::string>().empty()) p.stop.push_back(s->get<std::string>());
+    } else if (s->is_array()) {
+      if (s->size() > 16) bad("stop", "At most 16 stop sequences are supported.");
+      for (auto& x : *s) {
+        if (!x.is_string()) wrong_type("stop", "a string or an array of strings", x);
+        if (!x.get<std::string>().empty()) p.stop.push_back(x.get<std::string>());
+      }
+    } else {
+      wrong_type("stop", "a string or an array of strings", *s);
+    }
+  }
+  // sampling: request, else generation_config.json, else OpenAI defaults
+  SamplingParams& sp = p.sampling;
+  sp.temperature = float(get_number(body, "temperature", 0, 2).value_or(
+      cfg.default_temperature >= 0 ? cfg.default_temperature : 1.0));
+  sp.top_p = float(get_number(body, "top_p", 0, 1).value_or(cfg.default_top_p > 0 ? cfg.default_top_p : 1.0));
+  if (sp.top_p <= 0) bad("top_p", "Invalid value for 'top_p': must be greater than 0.");
+  {
+    auto tk = get_int(body, "top_k", -1, 1 << 30);
+    sp.top_k = tk ? int(std::max<int64_t>(0, *tk)) : (cfg.default_top_k > 0 ? cfg.default_top_k : 0);
+  }
+  sp.min_p = float(get_number(body, "min_p", 0, 1).value_or(cfg.default_min_p > 0 ? cfg.default_min_p : 0.0));
+  sp.presence_penalty = float(get_number(body, "presence_penalty", -2, 2).value_or(
+      cfg.default_presence_penalty >= -2 && cfg.default_presence_penalty != -1 ? cfg.default_presence_penalty : 0.0));
+  sp.frequency_penalty = float(get_number(body, "frequency_penalty", -2, 2).value_or(0.0));
+  sp.repetition_penalty = float(get_number(body, "repetition_penalty", 1e-3, 100).value_or(
+      cfg.default_repetition_penalty > 0 ? cfg.default_repetition_penalty : 1.0));
+  if (const ojson* s = field(body, "seed")) {
+    if (!s->is_number_integer()) wrong_type("seed", "an integer", *s);
+    sp.seed = s->is_number_unsigned() ? s->get<uint64_t>() : uint64_t(s->get<int64_t>());
+  } else {
+    sp.seed = seed;
+  }
+  if (auto e = get_bool(body, "echo"); e && *e) bad("echo", "'echo' is not supported.", "unsupported_value");
+  if (const ojson* lb = field(body, "logit_bias"); lb && !(lb->is_object() && lb->empty()))
+    bad("logit_bias", "'logit_bias' is not supported.", "unsupported_value");
+}
+
+const std::regex& tool_name_re() {
+  static const std::regex re("^[A-Za-z0-9_.\\-]{1,64}$");
+  return re;
+}
+
+void validate_tools(const ojson& tools) {
+  if (!tools.is_array()) wrong_type("tools", "an array", tools);
+  std::set<std::string> names;
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const ojson& t = tools[i];
+    std::string pfx = "tools[" + std::to_string(i) + "]";
+    if (!t.is_object()) wrong_type(pfx, "an object", t);
+    auto ty = t.find("type");
+    if (ty == t.end() || !ty->is_string() || *ty != "function")
+      bad(pfx + ".type", "Invalid value for '" + pfx + ".type': only \"function\" tools are supported.");
+    auto f = t.find("function");
+    if (f == t.end() || !f->is_object()) bad(pfx + ".function", "Missing required parameter: '" + pfx + ".function'.", "missing_required_parameter");
+    auto nm = f->find("name");
+    if (nm == f->end() || !nm->is_string())
+      bad(pfx + ".function.name", "Missing required parameter: '" + pfx + ".function.name'.", "missing_required_parameter");
+    std::string name = nm->get<std::string>();
+    if (!std::regex_match(name, tool_name_re()))
+      bad(pfx + ".function.name", "Invalid '" + pfx + ".function.name': '" + name +
+                                      "' must be 1-64 characters of a-z, A-Z, 0-9, underscores, dots and dashes.");
+    if (!names.insert(name).second) bad(pfx + ".function.name", "Duplicate tool name '" + name + "'.");
+    if (auto d = f->find("description"); d != f->end() && !d->is_null() && !d->is_string())
+      wrong_type(pfx + ".function.description", "a string", *d);
+    if (auto ps = f->find("parameters"); ps != f->end() && !ps->is_null()) {
+      if (!ps->is_object()) wrong_type(pfx + ".function.parameters", "an object (a JSON schema)", *ps);
+      auto pt = ps->find("type");
+      if (pt != ps->end() && !(pt->is_string() && *pt == "object"))
+        bad(pfx + ".function.parameters", "Invalid schema for function '" + name + "': parameters must be of type \"object\".",
+            "invalid_function_parameters");
+      auto props = ps->find("properties");
+      if (props != ps->end() && !props->is_object())
+        bad(pfx + ".function.parameters", "Invalid schema for function '" + name + "': 'properties' must be an object.",
+            "invalid_function_parameters");
+      auto req = ps->find("required");
+      if (req != ps->end()) {
+        if (!req->is_array())
+          bad(pfx + ".function.parameters", "Invalid schema for function '" + name + "': 'required' must be an array.",
+              "invalid_function_parameters");
+        for (auto& r : *req)
+          if (!r.is_string())
+            bad(pfx + ".function.parameters", "Invalid schema for function '" + name + "': 'required' must list strings.",
+                "invalid_function_parameters");
+      }
+    }
+  }
+}
+
+std::string check_content(const ojson& c, const std::string& pfx, bool allow_null) {
+  if (c.is_null()) {
+    if (!allow_null) bad(pfx, "Invalid value for '" + pfx + "': content must not be null for this role.");
+    return "null";
+  }
+  if (c.is_string()) return "string";
+  if (!c.is_array()) wrong_type(pfx, "a string or an array of content parts", c);
+  for (size_t k = 0; k < c.size(); ++k) {
+    const ojson& part = c[k];
+    std::string pp = pfx + "[" + std::to_string(k) + "]";
+    if (!part.is_object()) wrong_type(pp, "an object", part);
+    auto ty = part.find("type");
+    if (ty == part.end() || !ty->is_string()) bad(pp + ".type", "Missing required parameter: '" + pp + ".type'.", "missing_required_parameter");
+    if (*ty != "text")
+      bad(pp + ".type", "Content parts of type '" + ty->get<std::string>() + "' are not supported (text only).",
+          "unsupported_value");
+    auto tx = part.find("text");
+    if (tx == part.end() || !tx->is_string()) bad(pp + ".text", "Missing required parameter: '" + pp + ".text'.", "missing_required_parameter");
+  }
+  return "array";
+}
+
+void validate_messages(const ojson& body) {
+  const ojson* msgs = field(body, "messages");
+  if (!msgs) bad("messages", "Missing required parameter: 'messages'.", "missing_required_parameter");
+  if (!msgs->is_array()) wrong_type("messages", "an array", *msgs);
+  if (msgs->empty()) bad("messages", "Invalid 'messages': empty array. Expected an array with at least 1 message.", "empty_array");
+  static const std::set<std::string> roles = {"system", "developer", "user", "assistant", "tool"};
+  for (size_t i = 0; i < msgs->size(); ++i) {
+    const ojson& m = (*msgs)[i];
+    std::string pfx = "messages[" + std::to_string(i) + "]";
+    if (!m.is_object()) wrong_type(pfx, "an object", m);
+    auto r = m.find("role");
+    if (r == m.end() || r->is_null()) bad(pfx + ".role", "Missing required parameter: '" + pfx + ".role'.", "missing_required_parameter");
+    if (!r->is_string()) wrong_type(pfx + ".role", "a string", *r);
+    std::string role = r->get<std::string>();
+    if (!roles.count(role))
+      bad(pfx + ".role", "Invalid value for '" + pfx + ".role': '" + role +
+                             "'. Supported values are: 'system', 'developer', 'user', 'assistant' and 'tool'.");
+    auto c = m.find("content");
+    bool has_tool_calls = false;
+    if (role == "assistant") {
+      auto tc = m.find("tool_calls");
+      if (tc != m.end() && !tc->is_null()) {
+        if (!tc->is_array()) wrong_type(pfx + ".tool_calls", "an array", *tc);
+        for (size_t k = 0; k < tc->size(); ++k) {
+          const ojson& call = (*tc)[k];
+          std::string cp = pfx + ".tool_calls[" + std::to_string(k) + "]";
+          if (!call.is_object()) wrong_type(cp, "an object", call);
+          auto f = call.find("function");
+          if (f == call.end() || !f->is_object()) bad(cp + ".function", "Missing required parameter: '" + cp + ".function'.", "missing_required_parameter");
+          auto nm = f->find("name");
+          if (nm == f->end() || !nm->is_string()) bad(cp + ".function.name", "Missing required parameter: '" + cp + ".function.name'.", "missing_required_parameter");
+          auto args = f->find("arguments");
+          if (args != f->end() && !args->is_null()) {
+            if (args->is_string()) {
+              auto parsed = ojson::parse(args->get<std::string>(), nullptr, false);
+              if (parsed.is_discarded() || !parsed.is_object())
+                bad(cp + ".function.arguments", "Invalid '" + cp + ".function.arguments': not a JSON object.");
+            } else if (!args->is_object()) {
+              wrong_type(cp + ".function.arguments", "a JSON string or an object", *args);
+            }
+          }
+        }
+        has_tool_calls = !tc->empty();
+      }
+    }
+    if (c == m.end()) {
+      if (role != "assistant" || !has_tool_calls)
+        if (role != "assistant") bad(pfx + ".content", "Missing required parameter: '" + pfx + ".content'.", "missing_required_parameter");
+    } else {
+      check_content(*c, pfx + ".content", role == "assistant");
+    }
+    if (auto n = m.find("name"); n != m.end() && !n->is_null() && !n->is_string()) wrong_type(pfx + ".name", "a string", *n);
+    if (role == "tool") {
+      if (auto id = m.find("tool_call_id"); id != m.end() && !id->is_null() && !id->is_string())
+        wrong_type(pfx + ".tool_call_id", "a string", *id);
+    }
+  }
+  const std::string last = msgs->back()["role"].get<std::string>();
+  if (last == "assistant")
+    bad("messages", "The last message is from the assistant: continuing an assistant message (prefill) is not "
+                    "supported; end the conversation with a user or tool message.", "invalid_last_message");
+  if (last == "system" || last == "developer") {
+    bool has_user = false;
+    for (auto& m : *msgs) has_user |= m["role"] == "user";
+    if (!has_user) bad("messages", "The conversation has no user message to answer.", "invalid_last_message");
+  }
+}
+
+}  // namespace
+
+ChatParams parse_chat_request(const ojson& body, const ModelConfig& cfg, uint64_t seed) {
+  if (!body.is_object()) throw ApiError(400, "The request body must be a JSON object.", "", "invalid_json");
+  ChatParams p;
+  validate_messages(body);
+  parse_common(body, cfg, seed, p, true);
+  // logprobs
+  p.logprobs = get_bool(body, "logprobs").value_or(false);
+  if (auto tl = get_int(body, "top_logprobs", 0, 20)) {
+    if (!p.logprobs && *tl > 0) bad("top_logprobs", "'top_logprobs' requires 'logprobs' to be true.");
+    p.top_logprobs = int(*tl);
+  }
+  p.sampling.logprobs = p.logprobs;
+  p.sampling.top_logprobs = p.top_logprobs;
+  // response_format
+  if (const ojson* rf = field(body, "response_format")) {
+    if (!rf->is_object()) wrong_type("response_format", "an object", *rf);
+    auto t = rf->find("type");
+    if (t == rf->end() || !t->is_string()) bad("response_format.type", "Missing required parameter: 'response_format.type'.", "missing_required_parameter");
+    std::string ty = t->get<std::string>();
+    if (ty == "json_object" || ty == "json_schema")
+      bad("response_format", "response_format type '" + ty + "' is not supported yet (only 'text').", "unsupported_value");
+    if (ty != "text") bad("response_format.type", "Invalid value for 'response_format.type': '" + ty + "'.");
+  }
+  // tools
+  if (const ojson* t = field(body, "tools")) {
+    validate_tools(*t);
+    if (!t->empty()) p.tools = *t;
+  }
+  if (const ojson* tc = field(body, "tool_choice")) {
+    if (tc->is_string()) {
+      std::string s = tc->get<std::string>();
+      if (s == "auto") p.tool_choice = ToolChoice::Auto;
+      else if (s == "none") p.tool_choice = ToolChoice::None;
+      else if (s == "required") p.tool_choice = ToolChoice::Required;
+      else bad("tool_choice", "Invalid value for 'tool_choice': '" + s + "'. Supported values are: 'none', 'auto' and 'required'.");
+    } else if (tc->is_object()) {
+      auto f = tc->find("function");
+      auto ty = tc->find("type");
+      if (ty == tc->end() || *ty != "function" || f == tc->end() || !f->is_object() || !f->contains("name") ||
+          !(*f)["name"].is_string())
+        bad("tool_choice", "Invalid 'tool_choice': expected {\"type\": \"function\", \"function\": {\"name\": ...}}.");
+      p.tool_choice = ToolChoice::Function;
+      p.tool_choice_name = (*f)["name"].get<std::string>();
+    } else {
+      wrong_type("tool_choice", "a string or an object", *tc);
+    }
+    if (p.tool_choice == ToolChoice::Required || p.tool_choice == ToolChoice::Function) {
+      if (p.tools.is_null())
+        bad("tool_choice", "'tool_choice' requires 'tools' to be given.", "invalid_value");
+    }
+    if (p.tool_choice == ToolChoice::Function) {
+      bool found = false;
+      for (auto& t : p.tools) found |= t["function"]["name"] == p.tool_choice_name;
+      if (!found) bad("tool_choice", "Invalid 'tool_choice': no tool named '" + p.tool_choice_name + "' in 'tools'.");
+    }
+  }
+  // chat_template_kwargs (and a top-level enable_thinking, which some clients send)
+  ojson kwargs = ojson::object();
+  if (const ojson* k = field(body, "chat_template_kwargs")) {
+    if (!k->is_object()) wrong_type("chat_template_kwargs", "an object", *k);
+    kwargs = *k;
+  }
+  if (auto et = get_bool(body, "enable_thinking"); et && !kwargs.contains("enable_thinking"))
+    kwargs["enable_thinking"] = *et;
+  ojson tr = ojson::object();
+  tr["messages"] = body["messages"];
+  if (!p.tools.is_null() && p.tool_choice != ToolChoice::None) tr["tools"] = p.tools;
+  if (p.tool_choice == ToolChoice::None) p.tools = nullptr;
+  if (!kwargs.empty()) tr["chat_template_kwargs"] = kwargs;
+  p.template_request = std::move(tr);
+  return p;
+}
+
+CompletionParams parse_completion_request(const ojson& body, const ModelConfig& cfg, uint64_t seed) {
+  if (!body.is_object()) throw ApiError(400, "The request body must be a JSON object.", "", "invalid_json");
+  CompletionParams p;
+  const ojson* pr = field(body, "prompt");
+  if (!pr) bad("prompt", "Missing required parameter: 'prompt'.", "missing_required_parameter");
+  auto as_ids = [&](const ojson& a) {
+    std::vector<int32_t> ids;
+    for (auto& x : a) {
+      if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() >= cfg.vocab_size)
+        bad("prompt", "Invalid 'prompt': token ids must be integers in [0, " + std::to_string(cfg.vocab_size) + ").");
+      ids.push_back(int32_t(x.get<int64_t>()));
+    }
+    return ids;
+  };
+  if (pr->is_string()) {
+    p.prompt_text = pr->get<std::string>();
+  } else if (pr->is_array()) {
+    if (pr->empty()) bad("prompt", "Invalid 'prompt': empty array.", "empty_array");
+    if ((*pr)[0].is_string()) {
+      if (pr->size() != 1 || !(*pr)[0].is_string()) bad("prompt", "Only one prompt per request is supported.", "unsupported_value");
+      p.prompt_text = (*pr)[0].get<std::string>();
+    } else if ((*pr)[0].is_array()) {
+      if (pr->size() != 1) bad("prompt", "Only one prompt per request is supported.", "unsupported_value");
+      p.prompt_ids = as_ids((*pr)[0]);
+    } else {
+      p.prompt_ids = as_ids(*pr);
+    }
+  } else {
+    wrong_type("prompt", "a string, an array of strings or an array of token ids", *pr);
+  }
+  if (p.prompt_ids ? p.prompt_ids->empty() : p.prompt_text.empty()) bad("prompt", "Invalid 'prompt': it is empty.");
+  if (field(body, "suffix")) bad("suffix", "'suffix' is not supported.", "unsupported_value");
+  parse_common(body, cfg, seed, p, false);
+  if (!p.max_tokens) p.max_tokens = 16;  // OpenAI's default for completions
+  if (auto lp = get_int(body, "logprobs", 0, 20)) {
+    p.logprobs = true;
+    p.top_logprobs = int(*lp);
+  }
+  p.sampling.logprobs = p.logprobs;
+  p.sampling.top_logprobs = p.top_logprobs;
+  return p;
+}
+
+}  // namespace lilac::server

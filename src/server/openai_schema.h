@@ -1,0 +1,65 @@
+// OpenAI request validation (chat/completions, completions) and the error body.
+// Unknown fields are ignored (like OpenAI); wrong types and out-of-range values are ApiErrors (400)
+// naming the parameter.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/backend.h"
+#include "model/config.h"
+
+namespace lilac::server {
+
+using ojson = nlohmann::ordered_json;
+
+// An error answered with OpenAI's body {"error": {"message", "type", "param", "code"}}.
+struct ApiError : std::runtime_error {
+  ApiError(int status, std::string message, std::string param = "", std::string code = "",
+           std::string type = "");
+  int status;
+  std::string message, type, param, code;
+};
+
+// {"error": {...}}; param / code are null when empty.
+nlohmann::json error_body(int status, const std::string& message, const std::string& type = "",
+                          const std::string& param = "", const std::string& code = "");
+// The default `type` for a status ("invalid_request_error", "authentication_error", ...).
+std::string error_type_for(int status);
+
+enum class ToolChoice { Auto, None, Required, Function };
+
+struct CommonParams {
+  std::string model;  // as given ("" when absent)
+  bool stream = false;
+  bool include_usage = false;
+  std::optional<int64_t> max_tokens;
+  std::vector<std::string> stop;
+  SamplingParams sampling;
+  bool logprobs = false;
+  int top_logprobs = 0;
+};
+
+struct ChatParams : CommonParams {
+  // What render_chat_request gets: messages, tools (absent for tool_choice none), chat_template_kwargs.
+  ojson template_request;
+  ojson tools;  // the validated tools array (null when none)
+  ToolChoice tool_choice = ToolChoice::Auto;
+  std::string tool_choice_name;  // ToolChoice::Function
+};
+
+struct CompletionParams : CommonParams {
+  std::string prompt_text;                    // a text prompt, or
+  std::optional<std::vector<int32_t>> prompt_ids;  // token ids
+};
+
+// Sampling defaults: the model's generation_config.json values, else OpenAI's (temperature 1, top_p 1).
+// `seed` is used when the request gives none.
+ChatParams parse_chat_request(const ojson& body, const ModelConfig& cfg, uint64_t seed);
+CompletionParams parse_completion_request(const ojson& body, const ModelConfig& cfg, uint64_t seed);
+
+}  // namespace lilac::server

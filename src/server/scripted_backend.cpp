@@ -1,0 +1,197 @@
+#include "server/scripted_backend.h"
+
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "core/error.h"
+#include "text/tokenizer.h"
+
+namespace lilac::server {
+
+namespace {
+
+struct Rule {
+  std::string match;
+  std::vector<int32_t> reply;
+  int delay_ms = 0;
+  bool repeat = false;
+};
+
+struct Script {
+  std::vector<Rule> rules;
+  Rule fallback;
+  int prefill_delay_ms = 0;
+};
+
+class ScriptedSnapshot : public SessionSnapshot {
+ public:
+  std::vector<int32_t> tokens;
+  int64_t length() const override { return int64_t(tokens.size()); }
+  size_t bytes() const override { return tokens.size() * sizeof(int32_t) + 64; }
+};
+
+class ScriptedBackend;
+
+class ScriptedSession : public Session {
+ public:
+  ScriptedSession(const ScriptedBackend& b, int64_t max_len) : b_(b), max_(max_len) {}
+  int64_t length() const override { return int64_t(ctx_.size()); }
+  int64_t max_length() const override { return max_; }
+  void prefill(std::span<const int32_t> tokens, const LogitsSink* sink) override;
+  void begin_generation(const SamplingParams& params, std::span<const int32_t> context) override;
+  TokenChoice sample() override;
+  void advance() override;
+  std::vector<float> logits() override;
+  std::shared_ptr<const SessionSnapshot> snapshot() override {
+    auto s = std::make_shared<ScriptedSnapshot>();
+    s->tokens = ctx_;
+    return s;
+  }
+  void restore(const SessionSnapshot& snap) override {
+    auto* s = dynamic_cast<const ScriptedSnapshot*>(&snap);
+    if (!s) throw Error("scripted session: snapshot from another backend");
+    ctx_ = s->tokens;
+  }
+  void reset() override { ctx_.clear(); }
+
+ private:
+  int32_t next_token() const;
+  const ScriptedBackend& b_;
+  int64_t max_;
+  std::vector<int32_t> ctx_;
+  const Rule* rule_ = nullptr;
+  size_t pos_ = 0;
+  int32_t current_ = -1;
+  SamplingParams params_;
+};
+
+class ScriptedBackend : public Backend {
+ public:
+  ScriptedBackend(Script s, std::shared_ptr<const Tokenizer> tok) : script(std::move(s)), tok(std::move(tok)) {
+    cfg.model_type = "scripted";
+    cfg.vocab_size = this->tok->vocab_size();
+    cfg.max_position_embeddings = int64_t(1) << 30;
+    for (const char* name : {"<|im_end|>", "<|endoftext|>"})
+      if (auto id = this->tok->token_id(name)) cfg.eos_token_ids.push_back(*id);
+    if (cfg.eos_token_ids.empty()) throw InputError("scripted backend: the tokenizer has no <|im_end|> token");
+  }
+  std::string name() const override { return "scripted"; }
+  const ModelConfig& config() const override { return cfg; }
+  std::unique_ptr<Session> new_session(int64_t max_length) override {
+    return std::make_unique<ScriptedSession>(*this, max_length);
+  }
+  std::string describe() const override { return "scripted test backend (no model)"; }
+
+  Script script;
+  std::shared_ptr<const Tokenizer> tok;
+  ModelConfig cfg;
+};
+
+void ScriptedSession::prefill(std::span<const int32_t> tokens, const LogitsSink* sink) {
+  if (int64_t(ctx_.size() + tokens.size()) > max_)
+    throw InputError("scripted session: context of " + std::to_string(ctx_.size() + tokens.size()) +
+                     " tokens exceeds its capacity of " + std::to_string(max_));
+  for (int32_t t : tokens)
+    if (t < 0 || t >= b_.cfg.vocab_size) throw InputError("scripted session: token id " + std::to_string(t) + " out of range");
+  if (b_.script.prefill_delay_ms > 0)
+    std::this_thread::sleep_for(std::chrono::milliseconds(b_.script.prefill_delay_ms));
+  ctx_.insert(ctx_.end(), tokens.begin(), tokens.end());
+  if (sink) {
+    std::vector<float> row(size_t(b_.cfg.vocab_size), 0.f);
+    for (size_t i = 0; i < tokens.size(); ++i) (*sink)(int64_t(ctx_.size() - tokens.size() + i), 1, row.data());
+  }
+}
+
+void ScriptedSession::begin_generation(const SamplingParams& params, std::span<const int32_t> context) {
+  params_ = params;
+  std::string text = b_.tok->decode(ctx_, false);
+  size_t u = text.rfind("<|im_start|>user");
+  std::string tail = u == std::string::npos ? text : text.substr(u);
+  rule_ = &b_.script.fallback;
+  for (auto& r : b_.script.rules)
+    if (!r.match.empty() && tail.find(r.match) != std::string::npos) {
+      rule_ = &r;
+      break;
+    }
+  pos_ = 0;
+}
+
+int32_t ScriptedSession::next_token() const {
+  if (!rule_ || rule_->reply.empty()) return b_.cfg.eos_token_ids[0];
+  if (pos_ < rule_->reply.size()) return rule_->reply[pos_];
+  if (rule_->repeat) return rule_->reply[pos_ % rule_->reply.size()];
+  return b_.cfg.eos_token_ids[0];
+}
+
+TokenChoice ScriptedSession::sample() {
+  TokenChoice c;
+  c.token = next_token();
+  current_ = c.token;
+  if (params_.logprobs) {
+    c.logprob = std::log(0.75f);
+    const int64_t V = b_.cfg.vocab_size;
+    if (params_.top_logprobs > 0) c.top.push_back({c.token, c.logprob});
+    for (int k = 1; k < params_.top_logprobs; ++k)
+      c.top.push_back({int32_t((c.token + k) % V), std::log(0.2f / float(1 << k))});
+  }
+  return c;
+}
+
+void ScriptedSession::advance() {
+  if (rule_ && rule_->delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(rule_->delay_ms));
+  if (int64_t(ctx_.size()) + 1 > max_) throw InputError("scripted session: context full");
+  ctx_.push_back(current_);
+  ++pos_;
+}
+
+std::vector<float> ScriptedSession::logits() {
+  std::vector<float> l(size_t(b_.cfg.vocab_size), 0.f);
+  l[size_t(next_token())] = 1.f;
+  return l;
+}
+
+Rule parse_rule(const nlohmann::json& j, const Tokenizer& tok, const std::string& where) {
+  if (!j.is_object()) throw InputError("scripted backend: " + where + " must be an object");
+  Rule r;
+  r.match = j.value("match", "");
+  std::string reply = j.value("reply", "");
+  r.reply = tok.encode(reply, true);
+  r.delay_ms = j.value("delay_ms", 0);
+  r.repeat = j.value("repeat", false);
+  return r;
+}
+
+}  // namespace
+
+std::unique_ptr<Backend> make_scripted_backend(const nlohmann::json& script, std::shared_ptr<const Tokenizer> tokenizer) {
+  if (!tokenizer) throw InputError("scripted backend: needs a tokenizer");
+  Script s;
+  try {
+    if (!script.is_object()) throw InputError("scripted backend: the script must be a JSON object");
+    if (script.contains("rules")) {
+      if (!script["rules"].is_array()) throw InputError("scripted backend: 'rules' must be an array");
+      for (size_t i = 0; i < script["rules"].size(); ++i)
+        s.rules.push_back(parse_rule(script["rules"][i], *tokenizer, "rules[" + std::to_string(i) + "]"));
+    }
+    if (script.contains("default")) s.fallback = parse_rule(script["default"], *tokenizer, "default");
+    s.prefill_delay_ms = script.value("prefill_delay_ms", 0);
+  } catch (const nlohmann::json::exception& e) {
+    throw InputError(std::string("scripted backend: bad script: ") + e.what());
+  }
+  return std::make_unique<ScriptedBackend>(std::move(s), std::move(tokenizer));
+}
+
+std::unique_ptr<Backend> make_scripted_backend_from_file(const std::string& path, std::shared_ptr<const Tokenizer> tokenizer) {
+  std::ifstream f(path);
+  if (!f) throw InputError("scripted backend: cannot read " + path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  auto j = nlohmann::json::parse(ss.str(), nullptr, false);
+  if (j.is_discarded()) throw InputError("scripted backend: " + path + " is not valid JSON");
+  return make_scripted_backend(j, std::move(tokenizer));
+}
+
+}  // namespace lilac::server
