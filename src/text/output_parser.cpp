@@ -1,0 +1,408 @@
+// Incremental parser of Qwen3.6 output: reasoning, content and tool calls.
+//
+// Behaviour choices (the result depends only on the whole text, never on how it was split):
+// - Reasoning: opened by the prompt (in_reasoning) or by "<think>" at the very first byte of the
+//   output; closed by "</think>". Inside reasoning no other tag is recognised. Unterminated
+//   reasoning stays reasoning at finish().
+// - Newlines next to markup are the format's, not the model's text: newlines right after
+//   <think>, </think> and </tool_call> are dropped, and so are newlines right before </think> and
+//   <tool_call>. (So trailing newlines of content/reasoning are held until the next non-newline
+//   character shows whether markup follows; at finish() they are emitted.)
+// - "<tool_call>" in content starts a tool call; its body is buffered until "</tool_call>" and then
+//   parsed: the XML form (<function=NAME> with <parameter=ARG>VALUE</parameter>, several
+//   functions allowed) or Qwen3's JSON form {"name": ..., "arguments": {...}}. A body that parses
+//   yields one ToolCall delta per function (complete arguments JSON, one string); otherwise the
+//   raw markup is emitted as content. An unterminated call at finish() is accepted when its body
+//   is complete (all functions closed / valid JSON), else emitted as content.
+// - Parameter values: one leading and one trailing newline are trimmed; typed by the tool's JSON
+//   schema (parameters.properties.ARG.type, a string or list of types, or anyOf/oneOf types):
+//   integer/number/boolean/object/array/null values are parsed as JSON when valid and of an
+//   allowed type, else kept as strings. No schema for the argument: string.
+// - Text is sanitized to valid UTF-8 (U+FFFD) and an incomplete UTF-8 tail is held back, so every
+//   delta is valid UTF-8.
+#include "text/output_parser.h"
+
+#include <atomic>
+#include <chrono>
+#include <random>
+
+#include "text/unicode.h"
+
+namespace lilac {
+
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+constexpr std::string_view kThinkOpen = "<think>";
+constexpr std::string_view kThinkClose = "</think>";
+constexpr std::string_view kToolOpen = "<tool_call>";
+constexpr std::string_view kToolClose = "</tool_call>";
+constexpr std::string_view kFuncOpen = "<function=";
+constexpr std::string_view kFuncClose = "</function>";
+constexpr std::string_view kParamOpen = "<parameter=";
+constexpr std::string_view kParamClose = "</parameter>";
+
+bool starts_with_at(std::string_view s, size_t pos, std::string_view p) {
+  return s.size() >= pos + p.size() && s.compare(pos, p.size(), p) == 0;
+}
+
+// Longest k < tag.size() such that s ends with tag[0..k).
+size_t partial_tag_suffix(std::string_view s, std::string_view tag) {
+  const size_t maxk = std::min(tag.size() - 1, s.size());
+  for (size_t k = maxk; k > 0; --k)
+    if (s.compare(s.size() - k, k, tag.substr(0, k)) == 0) return k;
+  return 0;
+}
+
+std::string_view rstrip_newlines(std::string_view s) {
+  while (!s.empty() && s.back() == '\n') s.remove_suffix(1);
+  return s;
+}
+
+bool is_ws(char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
+
+std::string_view trim_ws(std::string_view s) {
+  while (!s.empty() && is_ws(s.front())) s.remove_prefix(1);
+  while (!s.empty() && is_ws(s.back())) s.remove_suffix(1);
+  return s;
+}
+
+struct ParsedCall {
+  std::string name;
+  std::string arguments;  // JSON text
+};
+
+}  // namespace
+
+struct OutputParser::Impl {
+  enum State { Content, Reasoning, Tool } state = Content;
+  bool at_start = true;  // nothing consumed yet: a leading "<think>" opens reasoning
+  bool skip_nl = false;  // drop newlines at the start of what follows
+  std::string raw;       // incomplete UTF-8 tail
+  std::string buf;       // unprocessed text
+  nlohmann::json tools;
+  int n_calls = 0;
+  std::mt19937_64 rng;
+  std::vector<OutputDelta> out;
+
+  Impl(bool in_reasoning, const nlohmann::json& t) : tools(t) {
+    static std::atomic<uint64_t> counter{0};
+    std::random_device rd;
+    rng.seed((static_cast<uint64_t>(rd()) << 32) ^ rd() ^
+             static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) ^
+             (counter.fetch_add(1) * 0x9E3779B97F4A7C15ull));
+    if (in_reasoning) {
+      state = Reasoning;
+      at_start = false;
+      skip_nl = true;
+    }
+  }
+
+  void emit(OutputDelta::Kind kind, std::string_view text) {
+    if (text.empty()) return;
+    if (!out.empty() && out.back().kind == kind && kind != OutputDelta::ToolCall) {
+      out.back().text.append(text);
+      return;
+    }
+    OutputDelta d;
+    d.kind = kind;
+    d.text = std::string(text);
+    out.push_back(std::move(d));
+  }
+
+  std::string new_call_id() {
+    static constexpr char kAlnum[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+    std::string id = "call_";
+    for (int i = 0; i < 24; ++i) id.push_back(kAlnum[rng() % 62]);
+    return id;
+  }
+
+  // ---- schema typing ---------------------------------------------------------------------------
+  const nlohmann::json* param_schema(const std::string& fn, const std::string& arg) const {
+    if (!tools.is_array()) return nullptr;
+    for (const auto& t : tools) {
+      if (!t.is_object()) continue;
+      const nlohmann::json* f = &t;
+      if (auto it = t.find("function"); it != t.end() && it->is_object()) f = &*it;
+      auto name = f->find("name");
+      if (name == f->end() || !name->is_string() || name->get<std::string>() != fn) continue;
+      auto params = f->find("parameters");
+      if (params == f->end() || !params->is_object()) return nullptr;
+      auto props = params->find("properties");
+      if (props == params->end() || !props->is_object()) return nullptr;
+      auto p = props->find(arg);
+      return p == props->end() ? nullptr : &*p;
+    }
+    return nullptr;
+  }
+
+  static void collect_types(const nlohmann::json& s, std::vector<std::string>& types) {
+    if (!s.is_object()) return;
+    if (auto t = s.find("type"); t != s.end()) {
+      if (t->is_string()) types.push_back(t->get<std::string>());
+      if (t->is_array())
+        for (const auto& x : *t)
+          if (x.is_string()) types.push_back(x.get<std::string>());
+    }
+    for (const char* k : {"anyOf", "oneOf"})
+      if (auto a = s.find(k); a != s.end() && a->is_array())
+        for (const auto& sub : *a) collect_types(sub, types);
+  }
+
+  static bool type_ok(const ojson& v, const std::string& t) {
+    if (t == "integer") return v.is_number_integer();
+    if (t == "number") return v.is_number();
+    if (t == "boolean") return v.is_boolean();
+    if (t == "object") return v.is_object();
+    if (t == "array") return v.is_array();
+    if (t == "null") return v.is_null();
+    return false;
+  }
+
+  ojson typed_value(const std::string& fn, const std::string& arg, const std::string& value) const {
+    const nlohmann::json* schema = param_schema(fn, arg);
+    if (!schema) return ojson(value);
+    std::vector<std::string> types;
+    collect_types(*schema, types);
+    bool non_string = false;
+    for (const auto& t : types) non_string |= (t != "string");
+    if (!non_string) return ojson(value);
+    std::string_view v = trim_ws(value);
+    ojson parsed = ojson::parse(v.begin(), v.end(), nullptr, /*allow_exceptions=*/false);
+    if (parsed.is_discarded()) {
+      if (v == "True") parsed = true;
+      else if (v == "False") parsed = false;
+      else if (v == "None") parsed = nullptr;
+    }
+    if (!parsed.is_discarded())
+      for (const auto& t : types)
+        if (type_ok(parsed, t)) return parsed;
+    return ojson(value);
+  }
+
+  // ---- tool call bodies --------------------------------------------------------------------------
+  // XML form. `closed`: the </tool_call> was seen (a missing final </function> is then tolerated).
+  bool parse_xml(std::string_view body, bool closed, std::vector<ParsedCall>& calls) const {
+    size_t pos = 0;
+    auto skip_ws = [&] {
+      while (pos < body.size() && is_ws(body[pos])) ++pos;
+    };
+    skip_ws();
+    if (!starts_with_at(body, pos, kFuncOpen)) return false;
+    while (pos < body.size()) {
+      if (!starts_with_at(body, pos, kFuncOpen)) return false;
+      pos += kFuncOpen.size();
+      const size_t gt = body.find('>', pos);
+      if (gt == std::string_view::npos) return false;
+      const std::string name(trim_ws(body.substr(pos, gt - pos)));
+      if (name.empty() || name.find('\n') != std::string::npos) return false;
+      pos = gt + 1;
+      ojson args = ojson::object();
+      bool fn_closed = false;
+      while (true) {
+        skip_ws();
+        if (pos >= body.size()) break;
+        if (starts_with_at(body, pos, kFuncClose)) {
+          pos += kFuncClose.size();
+          fn_closed = true;
+          break;
+        }
+        if (!starts_with_at(body, pos, kParamOpen)) return false;
+        pos += kParamOpen.size();
+        const size_t pgt = body.find('>', pos);
+        if (pgt == std::string_view::npos) return false;
+        const std::string arg(trim_ws(body.substr(pos, pgt - pos)));
+        if (arg.empty()) return false;
+        pos = pgt + 1;
+        // The value ends at </parameter>; tolerate a missing one before the next tag.
+        size_t end = body.find(kParamClose, pos);
+        size_t next = std::min(body.find(std::string("\n") + std::string(kParamOpen), pos),
+                               body.find(std::string("\n") + std::string(kFuncClose), pos));
+        size_t after;
+        if (end != std::string_view::npos && end <= next) {
+          after = end + kParamClose.size();
+        } else if (next != std::string_view::npos) {
+          end = next;
+          after = next;
+        } else {
+          if (!closed) return false;
+          end = body.size();
+          after = body.size();
+        }
+        std::string_view v = body.substr(pos, end - pos);
+        if (!v.empty() && v.front() == '\n') v.remove_prefix(1);
+        if (!v.empty() && v.back() == '\n') v.remove_suffix(1);
+        args[arg] = typed_value(name, arg, std::string(v));
+        pos = after;
+      }
+      if (!fn_closed && !closed) return false;
+      calls.push_back({name, args.dump(-1, ' ', false, ojson::error_handler_t::replace)});
+      skip_ws();
+    }
+    return !calls.empty();
+  }
+
+  static bool parse_json_call(std::string_view body, std::vector<ParsedCall>& calls) {
+    std::string_view b = trim_ws(body);
+    if (b.empty() || b.front() != '{') return false;
+    ojson j = ojson::parse(b.begin(), b.end(), nullptr, false);
+    if (j.is_discarded() || !j.is_object()) return false;
+    auto name = j.find("name");
+    if (name == j.end() || !name->is_string() || name->get<std::string>().empty()) return false;
+    ojson args = ojson::object();
+    auto a = j.find("arguments");
+    if (a == j.end()) a = j.find("parameters");
+    if (a != j.end()) {
+      if (a->is_object()) {
+        args = *a;
+      } else if (a->is_string()) {
+        const std::string s = a->get<std::string>();
+        ojson p = ojson::parse(s, nullptr, false);
+        if (p.is_discarded() || !p.is_object()) return false;
+        args = p;
+      } else if (!a->is_null()) {
+        return false;
+      }
+    }
+    calls.push_back({name->get<std::string>(), args.dump(-1, ' ', false, ojson::error_handler_t::replace)});
+    return true;
+  }
+
+  void handle_tool(std::string_view body, bool closed) {
+    std::vector<ParsedCall> calls;
+    bool ok = parse_xml(body, closed, calls);
+    if (!ok) {
+      calls.clear();
+      ok = parse_json_call(body, calls);
+    }
+    if (!ok) {
+      std::string text(kToolOpen);
+      text.append(body);
+      if (closed) text.append(kToolClose);
+      emit(OutputDelta::Content, text);
+      return;
+    }
+    for (auto& c : calls) {
+      OutputDelta d;
+      d.kind = OutputDelta::ToolCall;
+      d.tool_index = n_calls++;
+      d.tool_id = new_call_id();
+      d.tool_name = std::move(c.name);
+      d.arguments = std::move(c.arguments);
+      out.push_back(std::move(d));
+    }
+  }
+
+  // ---- the state machine -------------------------------------------------------------------------
+  // Emits text (content or reasoning) up to a closing tag `tag`, holding back what may be its start.
+  // Returns true when the tag was found (and consumed).
+  bool scan_text(OutputDelta::Kind kind, std::string_view tag, bool final) {
+    const size_t p = buf.find(tag);
+    if (p != std::string::npos) {
+      emit(kind, rstrip_newlines(std::string_view(buf).substr(0, p)));
+      buf.erase(0, p + tag.size());
+      return true;
+    }
+    if (final) {
+      emit(kind, buf);
+      buf.clear();
+      return false;
+    }
+    size_t cut = buf.size() - partial_tag_suffix(buf, tag);
+    while (cut > 0 && buf[cut - 1] == '\n') --cut;
+    emit(kind, std::string_view(buf).substr(0, cut));
+    buf.erase(0, cut);
+    return false;
+  }
+
+  void process(bool final) {
+    while (true) {
+      if (state == Content && at_start) {
+        if (buf.empty()) return;
+        if (starts_with_at(buf, 0, kThinkOpen)) {
+          buf.erase(0, kThinkOpen.size());
+          state = Reasoning;
+          at_start = false;
+          skip_nl = true;
+          continue;
+        }
+        if (!final && buf.size() < kThinkOpen.size() && kThinkOpen.substr(0, buf.size()) == buf) return;
+        at_start = false;
+      }
+      if (skip_nl && state != Tool) {
+        size_t k = 0;
+        while (k < buf.size() && buf[k] == '\n') ++k;
+        buf.erase(0, k);
+        if (buf.empty()) return;
+        skip_nl = false;
+      }
+      switch (state) {
+        case Content:
+          if (scan_text(OutputDelta::Content, kToolOpen, final)) {
+            state = Tool;
+            continue;
+          }
+          return;
+        case Reasoning:
+          if (scan_text(OutputDelta::Reasoning, kThinkClose, final)) {
+            state = Content;
+            skip_nl = true;
+            continue;
+          }
+          return;
+        case Tool: {
+          const size_t p = buf.find(kToolClose);
+          if (p != std::string::npos) {
+            handle_tool(std::string_view(buf).substr(0, p), /*closed=*/true);
+            buf.erase(0, p + kToolClose.size());
+            state = Content;
+            skip_nl = true;
+            continue;
+          }
+          if (final) {
+            handle_tool(buf, /*closed=*/false);
+            buf.clear();
+            state = Content;
+          }
+          return;
+        }
+      }
+    }
+  }
+
+  std::vector<OutputDelta> take() {
+    std::vector<OutputDelta> r;
+    r.swap(out);
+    return r;
+  }
+};
+
+OutputParser::OutputParser(bool in_reasoning, const nlohmann::json& tools)
+    : impl_(std::make_shared<Impl>(in_reasoning, tools)) {}
+
+std::vector<OutputDelta> OutputParser::push(std::string_view text) {
+  Impl& m = *impl_;
+  m.raw.append(text);
+  const size_t tail = unicode::incomplete_utf8_tail(m.raw);
+  const std::string_view ready = std::string_view(m.raw).substr(0, m.raw.size() - tail);
+  if (unicode::is_valid_utf8(ready))
+    m.buf.append(ready);
+  else
+    m.buf.append(unicode::sanitize_utf8(ready));
+  m.raw.erase(0, m.raw.size() - tail);
+  m.process(/*final=*/false);
+  n_tool_calls_ = m.n_calls;
+  return m.take();
+}
+
+std::vector<OutputDelta> OutputParser::finish() {
+  Impl& m = *impl_;
+  m.buf.append(unicode::sanitize_utf8(m.raw));
+  m.raw.clear();
+  m.process(/*final=*/true);
+  n_tool_calls_ = m.n_calls;
+  return m.take();
+}
+
+}  // namespace lilac
