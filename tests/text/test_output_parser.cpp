@@ -1,6 +1,7 @@
 // OutputParser: reasoning / content / tool calls of the Qwen3.6 format, split invariance, bad markup.
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <random>
 #include <set>
 
@@ -345,4 +346,43 @@ TEST(OutputParser, RandomMarkupSoupNeverThrowsAndIsSplitInvariant) {
     ASSERT_NO_THROW(want = run1(text, in_reasoning)) << json(text).dump();
     expect_split_invariant(text, in_reasoning, nullptr, want);
   }
+}
+
+TEST(OutputParser, ParsesToolCallsRenderedByTheOfficialTemplate) {
+  // chat_golden.json: assistant turns with tool_calls rendered by the Qwen3.6 template (jinja2).
+  // Parsing the rendered assistant text must give back the request's calls.
+  std::ifstream f(std::string(LILAC_SHARED_DIR) + "/fixtures/qwen3.6-template/chat_golden.json");
+  ASSERT_TRUE(f.good());
+  const json golden = json::parse(f);
+  int checked = 0;
+  for (const auto& c : golden["cases"]) {
+    const json& req = c["request"];
+    const std::string rendered = c["rendered"];
+    size_t search = 0;
+    for (const auto& m : req["messages"]) {
+      if (m["role"] != "assistant") continue;
+      const std::string open = "<|im_start|>assistant\n";
+      const size_t b = rendered.find(open, search);
+      ASSERT_NE(b, std::string::npos);
+      const size_t e = rendered.find("<|im_end|>", b);
+      ASSERT_NE(e, std::string::npos);
+      search = e;
+      if (!m.contains("tool_calls")) continue;
+      const std::string text = rendered.substr(b + open.size(), e - b - open.size());
+      const json tools = req.value("tools", json(nullptr));
+      Result r = run1(text, false, tools);
+      ASSERT_EQ(r.calls.size(), m["tool_calls"].size()) << text;
+      for (size_t i = 0; i < r.calls.size(); ++i) {
+        const json& want = m["tool_calls"][i]["function"];
+        EXPECT_EQ(r.calls[i].name, want["name"]);
+        json want_args = want["arguments"].is_string() ? json::parse(want["arguments"].get<std::string>())
+                                                      : want["arguments"];
+        EXPECT_EQ(json::parse(r.calls[i].arguments), want_args) << r.calls[i].arguments;
+      }
+      EXPECT_EQ(r.content, m["content"].is_string() ? m["content"].get<std::string>() : "");
+      expect_split_invariant(text, false, tools, r);
+      ++checked;
+    }
+  }
+  EXPECT_GE(checked, 1);
 }
