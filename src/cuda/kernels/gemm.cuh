@@ -191,10 +191,10 @@ __global__ void __launch_bounds__(THREADS, 2) qgemm_kernel(const Params p) {
         int c = tid + i * THREADS, r = c >> 3, ch = c & 7;
         cp_async16(stage_a(s) + swz(r, ch * 8), a_src[i] + int64_t(kt) * BK, a_ok[i]);
       }
-      // raw words: row wr, 16-byte chunks (BITS/4 chunks per row, this thread takes half)
+      // raw words: row wr, 16-byte chunks (BITS/2 chunks per row, this thread takes half)
 #pragma unroll
-      for (int j = 0; j < BITS / 8; ++j) {
-        int chunk = wh * (BITS / 8) + j;
+      for (int j = 0; j < BITS / 4; ++j) {
+        int chunk = wh * (BITS / 4) + j;
         cp_async16(stage_w(s) + wr * (WORDS_PER_TILE_ROW * 4) + chunk * 16,
                    w_src + int64_t(kt) * WORDS_PER_TILE_ROW + chunk * 4, w_ok);
       }
