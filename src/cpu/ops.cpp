@@ -160,6 +160,7 @@ void gated_attention_token(const float* q, const float* gate, const float* K_cac
     float* o = out + int64_t(h) * head_dim;
     attention_head(q + int64_t(h) * head_dim, K_cache + int64_t(kvh) * head_dim, V_cache + int64_t(kvh) * head_dim,
                    n_ctx, kv_stride, head_dim, scale, o, scores);
+    if (!gate) continue;
     const float* gt = gate + int64_t(h) * head_dim;
     for (int d = 0; d < head_dim; ++d) o[d] *= sigmoid(gt[d]);
   }

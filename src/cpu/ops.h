@@ -61,6 +61,7 @@ void attention_head(const float* q, const float* K, const float* V, int64_t n_ct
 // Gated attention of one token at position n_ctx - 1 given the cache rows [0, n_ctx) (k after norm +
 // RoPE, v), already holding this token's k and v: for query head h (kv head h / (heads/kv_heads)),
 // out[h] = attention_head(...) ⊙ sigmoid(gate[h]). q is normed + roped. out [heads * head_dim].
+// gate == nullptr: no output gate (attn_output_gate false).
 void gated_attention_token(const float* q, const float* gate, const float* K_cache, const float* V_cache,
                            int64_t n_ctx, int heads, int kv_heads, int head_dim, float* out, float* scores);
 

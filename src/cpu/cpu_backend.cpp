@@ -1,0 +1,357 @@
+// The CPU backend: the model's forward pass written with the reference ops, one function per block.
+#include "cpu/cpu_backend.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <thread>
+
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "cpu/ops.h"
+#include "engine/sampler.h"
+
+namespace lilac::cpu {
+
+namespace {
+
+class CpuBackend;
+
+// Per-layer state of one session.
+struct LayerState {
+  std::vector<float> k, v;          // attention: [len, kv_dim] each (grows with the context)
+  std::vector<float> S, conv;       // Gated DeltaNet: [Hv, dk, dv] and [conv_dim, K-1]
+};
+
+class CpuSnapshot : public SessionSnapshot {
+ public:
+  const void* owner = nullptr;  // the ModelWeights the state belongs to
+  int64_t len = 0;
+  std::vector<LayerState> layers;
+  std::vector<float> logits;  // current logits at the time (empty when len == 0)
+  int64_t length() const override { return len; }
+  size_t bytes() const override {
+    size_t b = logits.size() * sizeof(float);
+    for (const auto& l : layers) b += (l.k.size() + l.v.size() + l.S.size() + l.conv.size()) * sizeof(float);
+    return b;
+  }
+};
+
+class CpuBackend : public Backend {
+ public:
+  CpuBackend(std::shared_ptr<const ModelWeights> w, int threads)
+      : w_(std::move(w)), pool_(threads), inv_freq_(rope_inv_freq(w_->config.rotary_dim, w_->config.rope_theta)) {
+    const ModelConfig& c = w_->config;
+    LILAC_CHECK(int(w_->layers.size()) == c.num_layers, "cpu backend: weights have " +
+                                                            std::to_string(w_->layers.size()) + " layers, config " +
+                                                            std::to_string(c.num_layers));
+  }
+  std::string name() const override { return "cpu"; }
+  const ModelConfig& config() const override { return w_->config; }
+  std::string describe() const override { return "cpu (fp32 reference), " + std::to_string(pool_.size()) + " threads"; }
+  std::unique_ptr<Session> new_session(int64_t max_length) override;
+
+  const ModelWeights& weights() const { return *w_; }
+  ThreadPool* pool() { return &pool_; }
+  const float* inv_freq() const { return inv_freq_.data(); }
+
+ private:
+  std::shared_ptr<const ModelWeights> w_;
+  ThreadPool pool_;
+  std::vector<float> inv_freq_;
+};
+
+class CpuSessionImpl : public CpuSession {
+ public:
+  CpuSessionImpl(CpuBackend& be, int64_t max_length)
+      : be_(be), w_(be.weights()), cfg_(w_.config), max_len_(max_length), sampler_(cfg_.vocab_size) {
+    reset();
+  }
+
+  int64_t length() const override { return len_; }
+  int64_t max_length() const override { return max_len_; }
+  void set_activation_tap(ActivationTap tap) override { tap_ = std::move(tap); }
+  void set_prefill_chunk(int64_t tokens) override { chunk_ = std::max<int64_t>(1, tokens); }
+
+  void prefill(std::span<const int32_t> tokens, const LogitsSink* sink) override {
+    check_tokens(tokens);
+    const int64_t n = int64_t(tokens.size());
+    for (int64_t b = 0; b < n; b += chunk_) {
+      const int64_t m = std::min(chunk_, n - b);
+      forward(tokens.subspan(static_cast<size_t>(b), static_cast<size_t>(m)), sink, b + m == n);
+    }
+  }
+
+  void begin_generation(const SamplingParams& params, std::span<const int32_t> context) override {
+    sampler_.begin(params, context);
+  }
+
+  TokenChoice sample() override {
+    if (!has_logits_) throw Error("cpu session: sample() before any prefill");
+    TokenChoice c = sampler_.sample(logits_);
+    next_token_ = c.token;
+    return c;
+  }
+
+  void advance() override {
+    if (next_token_ < 0) throw Error("cpu session: advance() without a sampled token");
+    const int32_t t = next_token_;
+    next_token_ = -1;
+    prefill(std::span<const int32_t>(&t, 1), nullptr);
+  }
+
+  std::vector<float> logits() override {
+    if (!has_logits_) throw Error("cpu session: no logits yet (empty context)");
+    return logits_;
+  }
+
+  std::shared_ptr<const SessionSnapshot> snapshot() override {
+    auto s = std::make_shared<CpuSnapshot>();
+    s->owner = &w_;
+    s->len = len_;
+    s->layers.resize(layers_.size());
+    const int64_t kvd = cfg_.kv_dim();
+    for (size_t l = 0; l < layers_.size(); ++l) {
+      const LayerState& src = layers_[l];
+      LayerState& dst = s->layers[l];
+      if (cfg_.full_attention[l]) {
+        dst.k.assign(src.k.begin(), src.k.begin() + len_ * kvd);
+        dst.v.assign(src.v.begin(), src.v.begin() + len_ * kvd);
+      } else {
+        dst.S = src.S;
+        dst.conv = src.conv;
+      }
+    }
+    if (has_logits_) s->logits = logits_;
+    return s;
+  }
+
+  void restore(const SessionSnapshot& snap) override {
+    const auto* s = dynamic_cast<const CpuSnapshot*>(&snap);
+    if (!s || s->owner != &w_) throw Error("cpu session: snapshot is from another backend or model");
+    if (s->len > max_len_)
+      throw InputError("cpu session: snapshot length " + std::to_string(s->len) + " exceeds max_length " +
+                       std::to_string(max_len_));
+    const int64_t kvd = cfg_.kv_dim();
+    for (size_t l = 0; l < layers_.size(); ++l) {
+      LayerState& dst = layers_[l];
+      const LayerState& src = s->layers[l];
+      if (cfg_.full_attention[l]) {
+        if (int64_t(dst.k.size()) < s->len * kvd) {
+          dst.k.resize(static_cast<size_t>(s->len * kvd));
+          dst.v.resize(static_cast<size_t>(s->len * kvd));
+        }
+        std::copy(src.k.begin(), src.k.end(), dst.k.begin());
+        std::copy(src.v.begin(), src.v.end(), dst.v.begin());
+      } else {
+        dst.S = src.S;
+        dst.conv = src.conv;
+      }
+    }
+    len_ = s->len;
+    has_logits_ = !s->logits.empty();
+    if (has_logits_) logits_ = s->logits;
+    next_token_ = -1;
+  }
+
+  void reset() override {
+    const int64_t Hv = cfg_.linear_num_value_heads, dk = cfg_.linear_key_head_dim, dv = cfg_.linear_value_head_dim;
+    layers_.assign(static_cast<size_t>(cfg_.num_layers), LayerState{});
+    for (int l = 0; l < cfg_.num_layers; ++l) {
+      if (cfg_.full_attention[static_cast<size_t>(l)]) continue;
+      layers_[static_cast<size_t>(l)].S.assign(static_cast<size_t>(Hv * dk * dv), 0.f);
+      layers_[static_cast<size_t>(l)].conv.assign(static_cast<size_t>(cfg_.gdn_conv_dim() * (cfg_.linear_conv_kernel_dim - 1)), 0.f);
+    }
+    len_ = 0;
+    has_logits_ = false;
+    logits_.assign(static_cast<size_t>(cfg_.vocab_size), 0.f);
+    next_token_ = -1;
+  }
+
+ private:
+  void check_tokens(std::span<const int32_t> tokens) const {
+    for (int32_t t : tokens)
+      if (t < 0 || t >= cfg_.vocab_size)
+        throw InputError("token id " + std::to_string(t) + " is outside the vocabulary (size " +
+                         std::to_string(cfg_.vocab_size) + ")");
+    if (len_ + int64_t(tokens.size()) > max_len_)
+      throw InputError("context of " + std::to_string(len_ + int64_t(tokens.size())) +
+                       " tokens exceeds the session's max_length " + std::to_string(max_len_));
+  }
+
+  void tap(const char* name, int64_t n, const float* data) {
+    if (tap_) tap_(name, len_, n, data);
+  }
+
+  // One chunk of tokens at positions [len_, len_ + n): all layers, then the LM head for the rows
+  // that are needed (all rows for a sink, else the last row of the last chunk).
+  void forward(std::span<const int32_t> tokens, const LogitsSink* sink, bool last_chunk) {
+    const int64_t n = int64_t(tokens.size()), H = cfg_.hidden_size;
+    const float eps = float(cfg_.rms_norm_eps);
+    ThreadPool* pool = be_.pool();
+    std::vector<float> x(static_cast<size_t>(n * H)), y(static_cast<size_t>(n * H)), out(static_cast<size_t>(n * H));
+    for (int64_t t = 0; t < n; ++t) embed_row(w_.embed, tokens[static_cast<size_t>(t)], x.data() + t * H);
+    tap("embed", n, x.data());
+    for (int l = 0; l < cfg_.num_layers; ++l) {
+      const LayerWeights& lw = w_.layers[static_cast<size_t>(l)];
+      for (int64_t t = 0; t < n; ++t) rmsnorm(x.data() + t * H, lw.input_norm.data(), H, eps, y.data() + t * H);
+      if (lw.full_attention)
+        attention_block(lw.attn, layers_[static_cast<size_t>(l)], y.data(), n, out.data());
+      else
+        deltanet_block(lw.gdn, layers_[static_cast<size_t>(l)], y.data(), n, out.data());
+      for (int64_t i = 0; i < n * H; ++i) x[static_cast<size_t>(i)] += out[static_cast<size_t>(i)];
+      for (int64_t t = 0; t < n; ++t) rmsnorm(x.data() + t * H, lw.post_norm.data(), H, eps, y.data() + t * H);
+      moe_forward(lw.moe, cfg_, y.data(), n, out.data(), pool);
+      for (int64_t i = 0; i < n * H; ++i) x[static_cast<size_t>(i)] += out[static_cast<size_t>(i)];
+      if (tap_) tap(("layer." + std::to_string(l)).c_str(), n, x.data());
+    }
+    // Final norm + LM head on the rows that need logits.
+    const int64_t first = (sink || tap_) ? 0 : (last_chunk ? n - 1 : n);
+    for (int64_t t = first; t < n; ++t) rmsnorm(x.data() + t * H, w_.final_norm.data(), H, eps, y.data() + t * H);
+    if (tap_) tap("final_norm", n, y.data());
+    const int64_t V = cfg_.vocab_size;
+    if (sink) {
+      // Sub-chunks keep the logits buffer near 32 MiB whatever the vocabulary.
+      const int64_t rows = std::clamp<int64_t>((int64_t(32) << 20) / (V * 4), 1, n);
+      std::vector<float> lg(static_cast<size_t>(rows * V));
+      for (int64_t b = 0; b < n; b += rows) {
+        const int64_t m = std::min(rows, n - b);
+        qmatmul(w_.lm_head, y.data() + b * H, m, lg.data(), pool);
+        (*sink)(len_ + b, m, lg.data());
+        if (b + m == n) std::memcpy(logits_.data(), lg.data() + (m - 1) * V, static_cast<size_t>(V) * sizeof(float));
+      }
+    } else if (last_chunk) {
+      qmatvec(w_.lm_head, y.data() + (n - 1) * H, logits_.data(), pool);
+    }
+    len_ += n;
+    if (last_chunk) has_logits_ = true;
+  }
+
+  // Gated attention over the chunk; appends k/v to the cache.
+  void attention_block(const AttentionWeights& a, LayerState& st, const float* y, int64_t n, float* out) {
+    const int heads = cfg_.num_heads, kvh = cfg_.num_kv_heads, hd = cfg_.head_dim;
+    const int64_t qrows = cfg_.q_proj_rows(), kvd = cfg_.kv_dim(), qd = int64_t(heads) * hd;
+    const bool gated = cfg_.attn_output_gate;
+    const float eps = float(cfg_.rms_norm_eps);
+    ThreadPool* pool = be_.pool();
+    std::vector<float> qg(static_cast<size_t>(n * qrows)), q(static_cast<size_t>(n * qd)), gate(gated ? static_cast<size_t>(n * qd) : 0), att(static_cast<size_t>(n * qd));
+    if (int64_t(st.k.size()) < (len_ + n) * kvd) {
+      const size_t cap = static_cast<size_t>(std::min(max_len_, std::max(len_ + n, 2 * len_)) * kvd);
+      st.k.resize(cap);
+      st.v.resize(cap);
+    }
+    float* K = st.k.data();
+    float* Vc = st.v.data();
+    qmatmul(a.q_proj, y, n, qg.data(), pool);
+    qmatmul(a.k_proj, y, n, K + len_ * kvd, pool);
+    qmatmul(a.v_proj, y, n, Vc + len_ * kvd, pool);
+    for (int64_t t = 0; t < n; ++t) {
+      const int64_t pos = len_ + t;
+      float* qt = q.data() + t * qd;
+      if (gated)
+        split_query_gate(qg.data() + t * qrows, heads, hd, qt, gate.data() + t * qd);
+      else
+        std::memcpy(qt, qg.data() + t * qrows, static_cast<size_t>(qd) * sizeof(float));
+      for (int h = 0; h < heads; ++h) {
+        float* qh = qt + int64_t(h) * hd;
+        rmsnorm(qh, a.q_norm.data(), hd, eps, qh);
+        rope_with(qh, cfg_.rotary_dim, pos, be_.inv_freq());
+      }
+      float* kt = K + pos * kvd;
+      for (int h = 0; h < kvh; ++h) {
+        float* kh = kt + int64_t(h) * hd;
+        rmsnorm(kh, a.k_norm.data(), hd, eps, kh);
+        rope_with(kh, cfg_.rotary_dim, pos, be_.inv_freq());
+      }
+    }
+    // Each token attends to the cache up to and including itself; tokens are independent.
+    parallel_for(pool, n, [&](int64_t t0, int64_t t1) {
+      std::vector<float> scores(static_cast<size_t>(len_ + n));
+      for (int64_t t = t0; t < t1; ++t)
+        gated_attention_token(q.data() + t * qd, gated ? gate.data() + t * qd : nullptr, K, Vc, len_ + t + 1, heads,
+                              kvh, hd, att.data() + t * qd, scores.data());
+    });
+    qmatmul(a.o_proj, att.data(), n, out, pool);
+  }
+
+  // Gated DeltaNet over the chunk: conv (recurrent state of the last K-1 inputs), then the delta
+  // rule per value head (chunked form for several tokens, recurrent step for one).
+  void deltanet_block(const DeltaNetWeights& g, LayerState& st, const float* y, int64_t n, float* out) {
+    const int Hk = cfg_.linear_num_key_heads, Hv = cfg_.linear_num_value_heads;
+    const int dk = cfg_.linear_key_head_dim, dv = cfg_.linear_value_head_dim, K = cfg_.linear_conv_kernel_dim;
+    const int64_t C = cfg_.gdn_conv_dim(), kd = cfg_.gdn_key_dim(), vd = cfg_.gdn_value_dim();
+    const float eps = float(cfg_.rms_norm_eps);
+    ThreadPool* pool = be_.pool();
+    std::vector<float> mixed(static_cast<size_t>(n * C)), z(static_cast<size_t>(n * vd)), b(static_cast<size_t>(n * Hv)), a(static_cast<size_t>(n * Hv));
+    qmatmul(g.in_proj_qkv, y, n, mixed.data(), pool);
+    qmatmul(g.in_proj_z, y, n, z.data(), pool);
+    qmatmul(g.in_proj_b, y, n, b.data(), pool);
+    qmatmul(g.in_proj_a, y, n, a.data(), pool);
+    // Gates, per head contiguous over time: beta[h * n + t], gg[h * n + t].
+    std::vector<float> beta(static_cast<size_t>(n * Hv)), gg(static_cast<size_t>(n * Hv)), bt(static_cast<size_t>(Hv)), gt(static_cast<size_t>(Hv));
+    for (int64_t t = 0; t < n; ++t) {
+      float* m = mixed.data() + t * C;
+      conv1d_silu_step(g.conv1d.data(), C, K, st.conv.data(), m, m);
+      const float qscale = 1.f / std::sqrt(float(dk));
+      for (int h = 0; h < Hk; ++h) {
+        float* qh = m + int64_t(h) * dk;
+        l2norm(qh, dk);
+        for (int d = 0; d < dk; ++d) qh[d] *= qscale;
+        l2norm(m + kd + int64_t(h) * dk, dk);
+      }
+      gdn_gates(b.data() + t * Hv, a.data() + t * Hv, g.A_log.data(), g.dt_bias.data(), Hv, bt.data(), gt.data());
+      for (int h = 0; h < Hv; ++h) {
+        beta[static_cast<size_t>(h * n + t)] = bt[static_cast<size_t>(h)];
+        gg[static_cast<size_t>(h * n + t)] = gt[static_cast<size_t>(h)];
+      }
+    }
+    std::vector<float> o(static_cast<size_t>(n * vd));
+    const int ratio = Hv / Hk;
+    parallel_for(pool, Hv, [&](int64_t h0, int64_t h1) {
+      for (int64_t h = h0; h < h1; ++h) {
+        const int64_t kh = h / ratio;
+        const float* qp = mixed.data() + kh * dk;
+        const float* kp = mixed.data() + kd + kh * dk;
+        const float* vp = mixed.data() + 2 * kd + h * dv;
+        float* S = st.S.data() + h * dk * dv;
+        float* op = o.data() + h * dv;
+        if (n == 1)
+          gdn_recurrent_step(S, qp, kp, vp, gg[static_cast<size_t>(h)], beta[static_cast<size_t>(h)], dk, dv, op);
+        else
+          gdn_chunked(S, qp, C, kp, C, vp, C, gg.data() + h * n, beta.data() + h * n, n, dk, dv, op, vd, 64);
+        for (int64_t t = 0; t < n; ++t)
+          gated_rmsnorm(op + t * vd, z.data() + t * vd + h * dv, g.norm.data(), dv, eps, op + t * vd);
+      }
+    });
+    qmatmul(g.out_proj, o.data(), n, out, pool);
+  }
+
+  CpuBackend& be_;
+  const ModelWeights& w_;
+  const ModelConfig& cfg_;
+  int64_t max_len_;
+  int64_t chunk_ = 128;
+  int64_t len_ = 0;
+  std::vector<LayerState> layers_;
+  std::vector<float> logits_;
+  bool has_logits_ = false;
+  int32_t next_token_ = -1;
+  HostSampler sampler_;
+  ActivationTap tap_;
+};
+
+std::unique_ptr<Session> CpuBackend::new_session(int64_t max_length) {
+  if (max_length <= 0) max_length = w_->config.max_position_embeddings;
+  if (max_length <= 0) throw InputError("cpu backend: max_length must be positive");
+  return std::make_unique<CpuSessionImpl>(*this, max_length);
+}
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend(std::shared_ptr<const ModelWeights> weights, int threads) {
+  if (!weights) throw Error("make_cpu_backend: no weights");
+  if (threads <= 0) threads = int(std::max(1u, std::thread::hardware_concurrency()));
+  return std::make_unique<CpuBackend>(std::move(weights), threads);
+}
+
+}  // namespace lilac::cpu

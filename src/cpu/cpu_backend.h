@@ -1,0 +1,38 @@
+// The CPU backend: the reference implementation of the model in plain fp32 (src/cpu/ops.h), threaded
+// over rows / heads / experts. Prefill runs in bounded chunks (attention over the KV cache, the Gated
+// DeltaNet in its chunked form); a one-token step uses the recurrent form.
+//
+// Session state: KV cache fp32 [attn_layer][len][kv_heads * head_dim] (k after norm + RoPE), Gated
+// DeltaNet state fp32 [layer][Hv][dk][dv] and conv state fp32 [layer][conv_dim][K-1] (oldest first).
+#pragma once
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "engine/backend.h"
+#include "model/weights.h"
+
+namespace lilac::cpu {
+
+// Debug taps of the hidden state, called during prefill with rows [first_pos, first_pos + n_rows)
+// of `data` [n_rows, hidden]: "embed" (token embeddings), "layer.N" (residual stream after decoder
+// layer N), "final_norm" (after the final RMSNorm).
+using ActivationTap =
+    std::function<void(const std::string& name, int64_t first_pos, int64_t n_rows, const float* data)>;
+
+class CpuSession : public Session {
+ public:
+  virtual void set_activation_tap(ActivationTap tap) = 0;
+  // Tokens per prefill chunk (default 128; at least 1).
+  virtual void set_prefill_chunk(int64_t tokens) = 0;
+};
+
+// threads <= 0: all hardware threads. max_length <= 0 in new_session: the config's
+// max_position_embeddings.
+std::unique_ptr<Backend> make_cpu_backend(std::shared_ptr<const ModelWeights> weights, int threads = 0);
+
+}  // namespace lilac::cpu
+
+namespace lilac {
+using cpu::make_cpu_backend;
+}

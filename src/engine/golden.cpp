@@ -1,0 +1,308 @@
+#include "engine/golden.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <map>
+
+#include <nlohmann/json.hpp>
+
+#include "core/bf16.h"
+#include "core/error.h"
+#include "core/mapped_file.h"
+#include "model/safetensors.h"
+
+namespace lilac {
+
+namespace {
+
+// Row-wise float reader for F32 / BF16 / F16 golden tensors (no copy of the whole tensor).
+struct FloatRows {
+  const TensorInfo* t = nullptr;
+  int64_t rows = 0, cols = 0;
+  void row(int64_t r, float* out) const {
+    const uint8_t* p = t->data + static_cast<size_t>(r * cols) * dtype_size(t->dtype);
+    if (t->dtype == DType::F32) {
+      std::memcpy(out, p, static_cast<size_t>(cols) * 4);
+    } else {
+      for (int64_t c = 0; c < cols; ++c) {
+        uint16_t h;
+        std::memcpy(&h, p + 2 * c, 2);
+        out[c] = t->dtype == DType::BF16 ? bf16_to_f32(h) : f16_to_f32(h);
+      }
+    }
+  }
+};
+
+FloatRows float_rows(const TensorSet& ts, const std::string& name, int64_t rows, int64_t cols) {
+  const TensorInfo& t = ts.get(name);
+  if (t.dtype != DType::F32 && t.dtype != DType::BF16 && t.dtype != DType::F16)
+    throw Error(ts.origin() + ": tensor " + name + " has dtype " + dtype_name(t.dtype) + ", expected F32/BF16/F16");
+  if (t.shape.size() != 2 || t.shape[0] != rows || t.shape[1] != cols)
+    throw Error(ts.origin() + ": tensor " + name + " has shape " + t.shape_str() + ", expected [" +
+                std::to_string(rows) + ", " + std::to_string(cols) + "]");
+  return FloatRows{&t, rows, cols};
+}
+
+std::vector<int32_t> int_vector(const TensorSet& ts, const std::string& name) {
+  const TensorInfo& t = ts.get(name);
+  if (t.dtype != DType::I32 || t.shape.size() != 1)
+    throw Error(ts.origin() + ": tensor " + name + " must be I32 [n], is " + dtype_name(t.dtype) + " " + t.shape_str());
+  std::vector<int32_t> v(static_cast<size_t>(t.numel()));
+  std::memcpy(v.data(), t.data, v.size() * 4);
+  return v;
+}
+
+std::vector<float> float_vector(const TensorSet& ts, const std::string& name) {
+  const TensorInfo& t = ts.get(name);
+  if (t.shape.size() != 1) throw Error(ts.origin() + ": tensor " + name + " must be 1-D, is " + t.shape_str());
+  return tensor_to_floats(t);
+}
+
+// -log softmax(x)[target], in double.
+double nll(const float* x, int64_t n, int32_t target) {
+  float mx = x[0];
+  for (int64_t i = 1; i < n; ++i) mx = std::max(mx, x[i]);
+  double s = 0;
+  for (int64_t i = 0; i < n; ++i) s += std::exp(double(x[i]) - mx);
+  return std::log(s) + mx - double(x[target]);
+}
+
+int64_t argmax_row(const float* x, int64_t n) {
+  int64_t b = 0;
+  for (int64_t i = 1; i < n; ++i)
+    if (x[i] > x[b]) b = i;
+  return b;
+}
+
+std::string dir_of(const std::string& path) {
+  const size_t p = path.find_last_of('/');
+  return p == std::string::npos ? "." : path.substr(0, p);
+}
+
+}  // namespace
+
+GoldenReport run_golden(Backend& backend, const std::string& golden_path, const GoldenOptions& opts) {
+  GoldenReport rep;
+  rep.golden_path = golden_path;
+  rep.activations_requested = opts.activations;
+  const std::string json_path = path_join(dir_of(golden_path), "golden.json");
+  nlohmann::json meta;
+  try {
+    meta = nlohmann::json::parse(read_text_file(json_path));
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(json_path + ": " + e.what());
+  }
+  rep.preset = meta.value("preset", "");
+  TensorSet ts = TensorSet::open_file(golden_path);
+  const ModelConfig& cfg = backend.config();
+  const int64_t V = cfg.vocab_size, H = cfg.hidden_size;
+  if (!meta.contains("sequences") || !meta["sequences"].is_array())
+    throw Error(json_path + ": field 'sequences' missing or not an array");
+
+  for (const auto& s : meta["sequences"]) {
+    GoldenSeqResult r;
+    r.name = s.at("name").get<std::string>();
+    const std::vector<int32_t> tokens = int_vector(ts, r.name + ".tokens");
+    r.length = int64_t(tokens.size());
+    const FloatRows ref = float_rows(ts, r.name + ".logits", r.length, V);
+    const std::vector<int32_t> top1 = int_vector(ts, r.name + ".top1");
+    const std::vector<float> margin = float_vector(ts, r.name + ".margin");
+    if (int64_t(top1.size()) != r.length || int64_t(margin.size()) != r.length)
+      throw Error(golden_path + ": " + r.name + ".top1/.margin length differs from .tokens");
+
+    // Activations of this sequence, compared as they stream out of the backend.
+    std::map<std::string, FloatRows> act_ref;
+    std::map<std::string, GoldenActivation> act_res;
+    std::unique_ptr<Session> sess = backend.new_session(r.length + opts.extra_length);
+    if (opts.activations && s.contains("activations")) {
+      for (const auto& a : s["activations"]) {
+        const std::string nm = a.get<std::string>();
+        act_ref[nm] = float_rows(ts, r.name + "." + nm, r.length, H);
+        act_res[nm] = GoldenActivation{r.name, nm, 0, 0};
+      }
+      if (opts.install_tap) {
+        rep.activations_available = opts.install_tap(*sess, [&](const std::string& nm, int64_t first, int64_t n,
+                                                                 const float* data) {
+          auto it = act_ref.find(nm);
+          if (it == act_ref.end()) return;
+          std::vector<float> row(static_cast<size_t>(H));
+          GoldenActivation& res = act_res[nm];
+          for (int64_t i = 0; i < n; ++i) {
+            it->second.row(first + i, row.data());
+            for (int64_t d = 0; d < H; ++d) {
+              res.max_abs = std::max(res.max_abs, double(std::abs(data[i * H + d] - row[static_cast<size_t>(d)])));
+              res.ref_max_abs = std::max(res.ref_max_abs, double(std::abs(row[static_cast<size_t>(d)])));
+            }
+          }
+        });
+      }
+    }
+
+    double d2 = 0, r2 = 0, nll_e = 0, nll_o = 0;
+    std::vector<float> row(static_cast<size_t>(V));
+    LogitsSink sink = [&](int64_t first, int64_t n, const float* lg) {
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t pos = first + i;
+        const float* e = lg + i * V;
+        ref.row(pos, row.data());
+        for (int64_t j = 0; j < V; ++j) {
+          const double d = double(e[j]) - double(row[static_cast<size_t>(j)]);
+          r.max_abs = std::max(r.max_abs, std::abs(d));
+          d2 += d * d;
+          r2 += double(row[static_cast<size_t>(j)]) * row[static_cast<size_t>(j)];
+        }
+        const bool agree = argmax_row(e, V) == top1[static_cast<size_t>(pos)];
+        r.top1_agree += agree;
+        if (margin[static_cast<size_t>(pos)] >= opts.confident_margin) {
+          r.confident++;
+          r.confident_agree += agree;
+        }
+        if (pos + 1 < r.length) {
+          nll_e += nll(e, V, tokens[static_cast<size_t>(pos + 1)]);
+          nll_o += nll(row.data(), V, tokens[static_cast<size_t>(pos + 1)]);
+        }
+      }
+    };
+    sess->prefill(tokens, &sink);
+    r.rel_l2 = r2 > 0 ? std::sqrt(d2 / r2) : 0;
+    if (r.length >= 2) {
+      r.ppl_engine = std::exp(nll_e / double(r.length - 1));
+      r.ppl_oracle = std::exp(nll_o / double(r.length - 1));
+    }
+    for (auto& [nm, a] : act_res) rep.activations.push_back(a);
+    rep.seqs.push_back(r);
+  }
+
+  if (meta.contains("generations")) {
+    for (const auto& g : meta["generations"]) {
+      GoldenGenResult r;
+      r.name = g.at("name").get<std::string>();
+      const std::vector<int32_t> prompt = int_vector(ts, r.name + ".prompt");
+      r.expected = int_vector(ts, r.name + ".output");
+      r.margin = float_vector(ts, r.name + ".margin");
+      r.prompt_length = int64_t(prompt.size());
+      const int64_t n = int64_t(r.expected.size());
+      if (int64_t(r.margin.size()) != n) throw Error(golden_path + ": " + r.name + ".margin length differs from .output");
+      std::unique_ptr<Session> sess = backend.new_session(r.prompt_length + n + opts.extra_length);
+      sess->prefill(prompt);
+      SamplingParams greedy;
+      sess->begin_generation(greedy, prompt);
+      for (int64_t i = 0; i < n; ++i) r.got.push_back((i == 0 ? sess->sample() : sess->decode_step()).token);
+      for (int64_t i = 0; i < n; ++i) {
+        if (r.first_mismatch < 0 && r.got[static_cast<size_t>(i)] != r.expected[static_cast<size_t>(i)]) r.first_mismatch = i;
+        if (r.first_low_margin < 0 && r.margin[static_cast<size_t>(i)] < opts.confident_margin) r.first_low_margin = i;
+      }
+      rep.gens.push_back(r);
+    }
+  }
+  return rep;
+}
+
+GoldenThresholds GoldenThresholds::for_backend(const std::string& name) {
+  GoldenThresholds t;
+  t.exact = name == "cpu";
+  return t;
+}
+
+std::string GoldenThresholds::describe() const {
+  char buf[512];
+  if (exact)
+    std::snprintf(buf, sizeof buf, "thresholds (fp32 reference): max |dlogit| <= %.1e on every sequence; every generation identical",
+                  max_abs);
+  else
+    std::snprintf(buf, sizeof buf,
+                  "thresholds (reduced precision): top-1 agreement >= %.0f%% where oracle margin >= %.2g; "
+                  "|d|/|ref| <= %.1e; perplexity within %.1f%%; generations identical up to the first step with "
+                  "oracle margin < %.2g",
+                  100 * min_confident_top1, confident_margin, max_rel_l2, max_ppl_rel_pct, confident_margin);
+  return buf;
+}
+
+std::vector<std::string> golden_failures(const GoldenReport& r, const GoldenThresholds& t) {
+  std::vector<std::string> f;
+  char buf[256];
+  for (const auto& s : r.seqs) {
+    if (t.exact) {
+      if (!(s.max_abs <= t.max_abs)) {
+        std::snprintf(buf, sizeof buf, "%s: max |dlogit| %.3e > %.1e", s.name.c_str(), s.max_abs, t.max_abs);
+        f.push_back(buf);
+      }
+    } else {
+      const double agree = s.confident ? double(s.confident_agree) / double(s.confident) : 1.0;
+      if (!(agree >= t.min_confident_top1)) {
+        std::snprintf(buf, sizeof buf, "%s: confident top-1 agreement %.2f%% < %.0f%%", s.name.c_str(), 100 * agree,
+                      100 * t.min_confident_top1);
+        f.push_back(buf);
+      }
+      if (!(s.rel_l2 <= t.max_rel_l2)) {
+        std::snprintf(buf, sizeof buf, "%s: |d|/|ref| %.3e > %.1e", s.name.c_str(), s.rel_l2, t.max_rel_l2);
+        f.push_back(buf);
+      }
+      if (s.length >= 2 && !(std::abs(s.ppl_rel_pct()) <= t.max_ppl_rel_pct)) {
+        std::snprintf(buf, sizeof buf, "%s: perplexity differs by %.3f%% > %.1f%%", s.name.c_str(), s.ppl_rel_pct(),
+                      t.max_ppl_rel_pct);
+        f.push_back(buf);
+      }
+    }
+  }
+  for (const auto& g : r.gens) {
+    if (g.first_mismatch < 0) continue;
+    const bool ok = !t.exact && g.first_low_margin >= 0 && g.first_mismatch >= g.first_low_margin;
+    if (!ok) {
+      std::snprintf(buf, sizeof buf, "%s: differs at step %lld (oracle margin %.4f)", g.name.c_str(),
+                    (long long)g.first_mismatch, double(g.margin[static_cast<size_t>(g.first_mismatch)]));
+      f.push_back(buf);
+    }
+  }
+  return f;
+}
+
+std::string format_golden_report(const GoldenReport& r) {
+  std::string out;
+  char buf[512];
+  std::snprintf(buf, sizeof buf, "golden: %s%s%s\n", r.golden_path.c_str(), r.preset.empty() ? "" : " preset ",
+                r.preset.c_str());
+  out += buf;
+  std::snprintf(buf, sizeof buf, "%-8s %6s %12s %12s %9s %16s %12s %12s %9s\n", "seq", "len", "max|dlogit|",
+                "|d|/|ref|", "top1", "top1(margin>=.1)", "ppl engine", "ppl oracle", "ppl d%");
+  out += buf;
+  for (const auto& s : r.seqs) {
+    const double agree = 100.0 * double(s.top1_agree) / double(std::max<int64_t>(1, s.length));
+    const double cagree = s.confident ? 100.0 * double(s.confident_agree) / double(s.confident) : 100.0;
+    char conf[64];
+    std::snprintf(conf, sizeof conf, "%.2f%% (%lld)", cagree, (long long)s.confident);
+    std::snprintf(buf, sizeof buf, "%-8s %6lld %12.3e %12.3e %8.2f%% %16s %12.5g %12.5g %9.4f\n", s.name.c_str(),
+                  (long long)s.length, s.max_abs, s.rel_l2, agree, conf, s.ppl_engine, s.ppl_oracle,
+                  s.length >= 2 ? s.ppl_rel_pct() : 0.0);
+    out += buf;
+  }
+  for (const auto& g : r.gens) {
+    if (g.first_mismatch < 0) {
+      std::snprintf(buf, sizeof buf, "%-8s prompt %lld: %zu/%zu tokens identical\n", g.name.c_str(),
+                    (long long)g.prompt_length, g.got.size(), g.expected.size());
+    } else {
+      std::snprintf(buf, sizeof buf,
+                    "%-8s prompt %lld: first mismatch at step %lld (got %d, oracle %d, oracle margin %.4f)\n",
+                    g.name.c_str(), (long long)g.prompt_length, (long long)g.first_mismatch,
+                    g.got[static_cast<size_t>(g.first_mismatch)], g.expected[static_cast<size_t>(g.first_mismatch)],
+                    double(g.margin[static_cast<size_t>(g.first_mismatch)]));
+    }
+    out += buf;
+  }
+  if (r.activations_requested) {
+    if (!r.activations_available) {
+      out += "activations: this backend has no hidden-state taps\n";
+    } else {
+      for (const auto& a : r.activations) {
+        std::snprintf(buf, sizeof buf, "activation %s.%-12s max|d| %.3e (max|ref| %.3g)\n", a.seq.c_str(),
+                      a.name.c_str(), a.max_abs, a.ref_max_abs);
+        out += buf;
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace lilac

@@ -1,0 +1,67 @@
+// The CPU backend against the oracle's goldens (../shared/fixtures/{tiny,tiny2}): teacher-forced
+// logits of every sequence, per-layer hidden states, greedy generations through the session.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+
+#include "cpu/cpu_backend.h"
+#include "engine/golden.h"
+#include "model/weights.h"
+
+using namespace lilac;
+
+namespace {
+
+GoldenReport run_fixture(const std::string& fixture, int64_t chunk) {
+  const std::string dir = std::string(LILAC_SHARED_DIR) + "/fixtures/" + fixture;
+  auto w = load_model(dir + "/mlx4", LoadOptions{.progress = false});
+  auto be = make_cpu_backend(w, 2);
+  GoldenOptions opts;
+  opts.activations = true;
+  opts.install_tap = [chunk](Session& s, HiddenTap tap) {
+    auto* c = dynamic_cast<cpu::CpuSession*>(&s);
+    if (!c) return false;
+    c->set_prefill_chunk(chunk);
+    c->set_activation_tap(tap);
+    return true;
+  };
+  return run_golden(*be, dir + "/golden.safetensors", opts);
+}
+
+void expect_matches_oracle(const GoldenReport& r, size_t n_seqs, size_t n_gens) {
+  ASSERT_EQ(r.seqs.size(), n_seqs);
+  ASSERT_EQ(r.gens.size(), n_gens);
+  for (const auto& s : r.seqs) {
+    EXPECT_LE(s.max_abs, 2e-3) << s.name;
+    EXPECT_EQ(s.top1_agree, s.length) << s.name;
+    if (s.length >= 2) EXPECT_LT(std::abs(s.ppl_rel_pct()), 0.01) << s.name;
+  }
+  for (const auto& g : r.gens) {
+    EXPECT_EQ(g.first_mismatch, -1) << g.name;
+    EXPECT_EQ(g.got, g.expected) << g.name;
+  }
+  ASSERT_TRUE(r.activations_available);
+  // embed, every layer, final_norm.
+  EXPECT_GE(r.activations.size(), 3u);
+  for (const auto& a : r.activations) EXPECT_LE(a.max_abs, 1e-4 * std::max(1.0, a.ref_max_abs)) << a.seq << "." << a.name;
+  EXPECT_TRUE(golden_failures(r, GoldenThresholds::for_backend("cpu")).empty()) << format_golden_report(r);
+}
+
+}  // namespace
+
+TEST(CpuGolden, TinyMatchesOracle) {
+  GoldenReport r = run_fixture("tiny", 128);
+  expect_matches_oracle(r, 6, 3);
+}
+
+TEST(CpuGolden, Tiny2MatchesOracle) {
+  GoldenReport r = run_fixture("tiny2", 128);
+  expect_matches_oracle(r, 4, 2);
+}
+
+// Other prefill chunk sizes give the same function (chunk boundaries inside the GDN's 64-blocks).
+TEST(CpuGolden, Tiny2WithOddPrefillChunks) {
+  GoldenReport r = run_fixture("tiny2", 37);
+  expect_matches_oracle(r, 4, 2);
+}
