@@ -1,0 +1,679 @@
+// Sensitive-data detectors: one pass over the bytes, hand-written validators (see detectors.h).
+#include "server/detectors.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+namespace lilac::server {
+
+namespace {
+
+inline bool is_digit(unsigned char c) { return c >= '0' && c <= '9'; }
+inline bool is_upper(unsigned char c) { return c >= 'A' && c <= 'Z'; }
+inline bool is_lower(unsigned char c) { return c >= 'a' && c <= 'z'; }
+inline bool is_alpha(unsigned char c) { return is_upper(c) || is_lower(c); }
+inline bool is_alnum(unsigned char c) { return is_digit(c) || is_alpha(c); }
+inline bool is_hex(unsigned char c) {
+  return is_digit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
+}
+// Characters of a secret-like token (base64url alphabet without padding).
+inline bool is_tok(unsigned char c) { return is_alnum(c) || c == '_' || c == '-'; }
+// Characters of an e-mail local part (dot-atom subset).
+inline bool is_local(unsigned char c) {
+  return is_alnum(c) || c == '.' || c == '_' || c == '%' || c == '+' || c == '-';
+}
+
+struct Scanner {
+  std::string_view t;
+  size_t n;
+
+  unsigned char at(size_t i) const { return i < n ? static_cast<unsigned char>(t[i]) : 0; }
+
+  // A number may start at i: not glued to a word, a decimal or a dash-joined number before it.
+  bool num_start_ok(size_t i) const {
+    if (i == 0) return true;
+    unsigned char p = at(i - 1);
+    return !(is_alnum(p) || p == '_' || p == '.' || p == '-' || p == '+' || p == '@');
+  }
+  // A number may end at j (exclusive): not followed by a word char or by .digit / -digit.
+  bool num_end_ok(size_t j) const {
+    if (j >= n) return true;
+    unsigned char c = at(j);
+    if (is_alnum(c) || c == '_' || c == '@') return false;
+    if ((c == '.' || c == '-') && is_digit(at(j + 1))) return false;
+    return true;
+  }
+
+  // ---- e-mail: called at '@' (position a); returns [start, end) or false.
+  bool email(size_t a, size_t floor, size_t* s_out, size_t* e_out) const {
+    size_t s = a;
+    while (s > floor && is_local(at(s - 1)) && a - s < 64) --s;
+    // Local part: 1..64 chars, no leading/trailing dot.
+    while (s < a && (at(s) == '.' || at(s) == '-' || at(s) == '+')) ++s;
+    if (s == a || at(a - 1) == '.') return false;
+    // Domain: labels of [A-Za-z0-9-] separated by single dots; the last label (TLD) alphabetic, >= 2.
+    size_t j = a + 1;
+    size_t labels = 0, last_label_start = j, last_label_end = j;
+    while (j < n) {
+      size_t ls = j;
+      while (j < n && (is_alnum(at(j)) || at(j) == '-') && j - ls < 63) ++j;
+      if (j == ls || at(ls) == '-' || at(j - 1) == '-') {
+        j = ls;
+        break;
+      }
+      ++labels;
+      last_label_start = ls;
+      last_label_end = j;
+      if (at(j) == '.' && is_alnum(at(j + 1))) {
+        ++j;
+        continue;
+      }
+      break;
+    }
+    if (labels < 2) return false;
+    j = last_label_end;
+    size_t tld_len = last_label_end - last_label_start;
+    if (tld_len < 2) return false;
+    for (size_t k = last_label_start; k < last_label_end; ++k)
+      if (!is_alpha(at(k))) return false;
+    *s_out = s;
+    *e_out = j;
+    return true;
+  }
+
+  // ---- payment card: 13-19 digits, optionally in groups of 3-6 joined by one kind of separator.
+  // A candidate with a card's shape whose Luhn check fails sets *shape to its length (the caller skips it).
+  size_t card(size_t i, size_t* shape) const {
+    if (!num_start_ok(i)) return 0;
+    unsigned char first = at(i);
+    if (first < '2' || first > '6') return 0;
+    char digits[20];
+    size_t nd = 0, j = i, group = 0, end = 0;
+    unsigned char sep = 0;
+    bool bad_group = false;
+    int group_count = 0;
+    while (j < n) {
+      unsigned char c = at(j);
+      if (is_digit(c)) {
+        if (nd == 19) return 0;  // longer runs are not card numbers
+        digits[nd++] = static_cast<char>(c);
+        ++group;
+        ++j;
+        end = j;
+      } else if ((c == ' ' || c == '-') && is_digit(at(j + 1)) && group > 0) {
+        if (sep == 0) sep = c;
+        else if (sep != c) break;
+        // Would the next group overflow 19 digits? Then the card ends here.
+        size_t k = j + 1, next = 0;
+        while (k < n && is_digit(at(k))) ++k, ++next;
+        if (nd + next > 19) break;
+        if (group < 3 || group > 6 || (group_count == 0 && group != 4)) bad_group = true;
+        ++group_count;
+        group = 0;
+        ++j;
+      } else {
+        break;
+      }
+    }
+    if (sep && (group < 3 || group > 6)) bad_group = true;  // formats: 4-4-4-4(-3), 4-6-5, 4-6-4
+    if (bad_group || nd < 13 || !num_end_ok(end)) return 0;
+    if (!luhn_valid(std::string_view(digits, nd))) {
+      *shape = end - i;
+      return 0;
+    }
+    return end - i;
+  }
+
+  // ---- US SSN: AAA-GG-SSSS (or with spaces), area not 000/666/9xx, group not 00, serial not 0000.
+  size_t ssn(size_t i) const {
+    if (i + 11 > n || !num_start_ok(i)) return 0;
+    unsigned char sep = at(i + 3);
+    if (sep != '-' && sep != ' ') return 0;
+    if (at(i + 6) != sep) return 0;
+    static constexpr int pos[9] = {0, 1, 2, 4, 5, 7, 8, 9, 10};
+    int d[9];
+    for (int k = 0; k < 9; ++k) {
+      unsigned char c = at(i + pos[k]);
+      if (!is_digit(c)) return 0;
+      d[k] = c - '0';
+    }
+    if (!num_end_ok(i + 11)) return 0;
+    int area = d[0] * 100 + d[1] * 10 + d[2];
+    int group = d[3] * 10 + d[4];
+    int serial = d[5] * 1000 + d[6] * 100 + d[7] * 10 + d[8];
+    if (area == 0 || area == 666 || area >= 900 || group == 0 || serial == 0) return 0;
+    return 11;
+  }
+
+  // ---- IPv4: four decimal octets <= 255, no leading zeros.
+  size_t ipv4(size_t i) const {
+    if (!num_start_ok(i)) return 0;
+    size_t j = i;
+    for (int oct = 0; oct < 4; ++oct) {
+      if (oct > 0) {
+        if (at(j) != '.') return 0;
+        ++j;
+      }
+      size_t s = j;
+      int v = 0;
+      while (j < n && is_digit(at(j)) && j - s < 3) v = v * 10 + (at(j++) - '0');
+      if (j == s || is_digit(at(j))) return 0;
+      if (j - s > 1 && at(s) == '0') return 0;
+      if (v > 255) return 0;
+    }
+    if (!num_end_ok(j)) return 0;
+    return j - i;
+  }
+
+  // ---- IPv6: hex groups with ':' and at most one '::', optionally ending in a dotted IPv4.
+  // To keep code like `a::b` out, it needs a decimal digit and at least two explicit groups.
+  size_t ipv6(size_t i) const {
+    if (i > 0) {
+      unsigned char p = at(i - 1);
+      if (is_alnum(p) || p == ':' || p == '_' || p == '.') return 0;
+    }
+    size_t j = i, end = i;
+    int groups = 0;
+    bool dbl = false, digit = false;
+    if (at(j) == ':') {
+      if (at(j + 1) != ':') return 0;
+      dbl = true;
+      j += 2;
+      end = j;
+    }
+    while (groups < 8) {
+      size_t s = j;
+      while (j < n && is_hex(at(j)) && j - s <= 4) {
+        if (is_digit(at(j))) digit = true;
+        ++j;
+      }
+      size_t len = j - s;
+      if (len == 0) break;
+      if (at(j) == '.') {
+        // Embedded IPv4 tail (e.g. ::ffff:192.0.2.1).
+        size_t v4 = (groups <= 6 && (dbl || groups == 6)) ? ipv4_tail(s) : 0;
+        if (!v4) return 0;
+        groups += 2;
+        end = s + v4;
+        digit = true;
+        break;
+      }
+      if (len > 4) return 0;
+      ++groups;
+      end = j;
+      if (at(j) == ':' && at(j + 1) == ':') {
+        if (dbl) return 0;
+        dbl = true;
+        j += 2;
+        end = j;
+        continue;
+      }
+      if (at(j) == ':' && is_hex(at(j + 1))) {
+        ++j;
+        continue;
+      }
+      break;
+    }
+    if (!digit || groups < 2) return 0;
+    if (dbl ? groups > 7 : groups != 8) return 0;
+    if (end < n && (is_alnum(at(end)) || at(end) == '_')) return 0;
+    if (at(end) == ':' && is_hex(at(end + 1))) return 0;  // more groups than an address has
+    return end - i;
+  }
+  // Dotted IPv4 after an IPv6 prefix (no boundary check before it).
+  size_t ipv4_tail(size_t i) const {
+    size_t j = i;
+    for (int oct = 0; oct < 4; ++oct) {
+      if (oct > 0) {
+        if (at(j) != '.') return 0;
+        ++j;
+      }
+      size_t s = j;
+      int v = 0;
+      while (j < n && is_digit(at(j)) && j - s < 3) v = v * 10 + (at(j++) - '0');
+      if (j == s || is_digit(at(j)) || v > 255 || (j - s > 1 && at(s) == '0')) return 0;
+    }
+    return num_end_ok(j) ? j - i : 0;
+  }
+
+  // ---- phone numbers. Groups of digits joined by single separators (space, '-', '.'), a group may be
+  // parenthesised. International: '+' then 8-15 digits in total. National: US/NANP (1) AAA BBB CCCC with
+  // area and exchange starting 2-9; or a leading-0 trunk prefix with 9-12 digits in groups of >= 2
+  // (00-prefixed international: 10-17). A plain run of digits is never a phone number here.
+  size_t phone(size_t i) const {
+    unsigned char c0 = at(i);
+    const bool intl = c0 == '+';
+    if (i > 0) {
+      unsigned char p = at(i - 1);
+      if (is_alnum(p) || p == '_' || p == '.' || p == '-' || p == '+' || p == '/' || p == '@') return 0;
+      if (p == '(' && !intl) return 0;  // "(555) ..." is parsed from the '('
+    }
+    size_t j = intl ? i + 1 : i;
+    if (intl && !(is_digit(at(j)) && at(j) != '0')) return 0;
+    constexpr int kMaxGroups = 10;
+    int glen[kMaxGroups];
+    unsigned char gfirst[kMaxGroups];
+    int ng = 0, total = 0;
+    bool paren_any = false;
+    size_t end = j;
+    while (j < n && j - i < 32) {
+      if (ng == kMaxGroups) return 0;
+      bool paren = false;
+      if (at(j) == '(') {
+        paren = true;
+        ++j;
+      }
+      size_t s = j;
+      while (j < n && is_digit(at(j)) && j - s < 16) ++j;
+      size_t len = j - s;
+      if (len == 0 || len > 15) return 0;
+      if (paren) {
+        if (at(j) != ')') return 0;
+        ++j;
+        paren_any = true;
+      }
+      glen[ng] = static_cast<int>(len);
+      gfirst[ng] = at(s);
+      ++ng;
+      total += static_cast<int>(len);
+      end = j;
+      unsigned char c = at(j);
+      if (paren && (is_digit(c) || c == '(')) continue;  // "(555)123-4567"
+      if ((c == ' ' || c == '-' || c == '.') && (is_digit(at(j + 1)) || at(j + 1) == '(')) {
+        ++j;
+        continue;
+      }
+      break;
+    }
+    if (!num_end_ok(end)) return 0;
+    if (intl) return (total >= 8 && total <= 15) ? end - i : 0;
+    if (ng < 2) return 0;
+    (void)paren_any;
+    if (ng == 3 && glen[0] == 3 && glen[1] == 3 && glen[2] == 4 && gfirst[0] >= '2' && gfirst[1] >= '2')
+      return end - i;
+    if (ng == 4 && glen[0] == 1 && gfirst[0] == '1' && glen[1] == 3 && glen[2] == 3 && glen[3] == 4 &&
+        gfirst[1] >= '2' && gfirst[2] >= '2')
+      return end - i;
+    if (gfirst[0] == '0' && glen[0] >= 2) {
+      const size_t d0 = c0 == '(' ? i + 1 : i;
+      const bool intl00 = at(d0 + 1) == '0';
+      const int lo = intl00 ? 10 : 9, hi = intl00 ? 17 : 12;
+      if (total < lo || total > hi) return 0;
+      for (int k = 1; k < ng; ++k)
+        if (glen[k] < 2) return 0;
+      return end - i;
+    }
+    return 0;
+  }
+
+  // ---- IBAN: CCkk + BBAN, length from the country table, optional spaces every 4 chars, mod-97 == 1.
+  // An IBAN-shaped candidate whose checksum fails sets *shape to its length (the caller skips it, so its
+  // digit groups are not taken for phone or card numbers).
+  size_t iban(size_t i, size_t* shape) const {
+    if (i > 0 && (is_alnum(at(i - 1)) || at(i - 1) == '_')) return 0;
+    if (!is_upper(at(i)) || !is_upper(at(i + 1)) || !is_digit(at(i + 2)) || !is_digit(at(i + 3))) return 0;
+    int len = iban_country_length(static_cast<char>(at(i)), static_cast<char>(at(i + 1)));
+    if (len == 0) return 0;
+    char buf[40];
+    int nb = 0;
+    size_t j = i;
+    bool spaced = false;
+    while (nb < len && j < n) {
+      unsigned char c = at(j);
+      if (is_upper(c) || is_digit(c)) {
+        buf[nb++] = static_cast<char>(c);
+        ++j;
+      } else if (c == ' ' && nb % 4 == 0 && nb > 0 && (is_upper(at(j + 1)) || is_digit(at(j + 1)))) {
+        if (!spaced && nb != 4) return 0;
+        spaced = true;
+        ++j;
+      } else {
+        return 0;
+      }
+      if (spaced && nb < len && nb % 4 != 0 && at(j) == ' ') return 0;
+    }
+    if (nb != len) return 0;
+    if (j < n && (is_alnum(at(j)) || at(j) == '_')) return 0;
+    if (!iban_checksum_valid(std::string_view(buf, nb))) {
+      *shape = j - i;
+      return 0;
+    }
+    return j - i;
+  }
+
+  // ---- API keys with a known prefix.
+  size_t api_key(size_t i) const {
+    if (i > 0 && is_tok(at(i - 1))) return 0;
+    struct Prefix {
+      const char* p;
+      size_t min_body;
+      int charset;  // 0: [A-Za-z0-9], 1: [A-Za-z0-9_-], 2: [A-Z0-9] exact length, 3: [A-Za-z0-9_], 4: [a-f0-9]
+      size_t exact;
+    };
+    static constexpr Prefix kPrefixes[] = {
+        {"sk_live_", 16, 0, 0}, {"sk_test_", 16, 0, 0}, {"rk_live_", 16, 0, 0}, {"rk_test_", 16, 0, 0},
+        {"sk-", 20, 1, 0},      {"ghp_", 30, 0, 0},     {"gho_", 30, 0, 0},     {"ghu_", 30, 0, 0},
+        {"ghs_", 30, 0, 0},     {"ghr_", 30, 0, 0},     {"github_pat_", 22, 3, 0},
+        {"xoxa-", 10, 1, 0},    {"xoxb-", 10, 1, 0},    {"xoxp-", 10, 1, 0},    {"xoxr-", 10, 1, 0},
+        {"xoxs-", 10, 1, 0},    {"glpat-", 20, 1, 0},   {"hf_", 30, 0, 0},      {"npm_", 36, 0, 0},
+        {"AKIA", 16, 2, 16},    {"ASIA", 16, 2, 16},    {"AIza", 35, 1, 0},     {"shpat_", 32, 4, 0},
+        {"shpss_", 32, 4, 0},   {"dop_v1_", 64, 4, 0},  {"pypi-AgE", 50, 1, 0},
+    };
+    unsigned char c = at(i);
+    for (const auto& p : kPrefixes) {
+      if (static_cast<unsigned char>(p.p[0]) != c) continue;
+      size_t pl = std::strlen(p.p);
+      if (t.compare(i, pl, p.p) != 0) continue;
+      size_t j = i + pl;
+      auto ok = [&](unsigned char ch) {
+        switch (p.charset) {
+          case 0: return is_alnum(ch);
+          case 1: return is_tok(ch);
+          case 2: return is_upper(ch) || is_digit(ch);
+          case 3: return is_alnum(ch) || ch == '_';
+          default: return is_digit(ch) || (ch >= 'a' && ch <= 'f');
+        }
+      };
+      while (j < n && ok(at(j))) ++j;
+      size_t body = j - (i + pl);
+      if (body < p.min_body) continue;
+      if (p.exact && body != p.exact) continue;
+      if (j < n && is_tok(at(j))) continue;  // glued to more token chars of another alphabet
+      return j - i;
+    }
+    // JSON Web Token: eyJ<header>.eyJ<payload>.<signature>
+    if (c == 'e' && t.compare(i, 3, "eyJ") == 0) {
+      size_t j = i + 3;
+      while (j < n && is_tok(at(j))) ++j;
+      if (j - i < 13 || at(j) != '.' || t.compare(j + 1, 3, "eyJ") != 0) return 0;
+      size_t s = j + 1;
+      j = s + 3;
+      while (j < n && is_tok(at(j))) ++j;
+      if (j - s < 13) return 0;
+      if (at(j) == '.') {
+        ++j;
+        while (j < n && is_tok(at(j))) ++j;
+      }
+      return j - i;
+    }
+    // SendGrid: SG.<22>.<43>
+    if (c == 'S' && t.compare(i, 3, "SG.") == 0) {
+      size_t j = i + 3, s = j;
+      while (j < n && is_tok(at(j))) ++j;
+      if (j - s != 22 || at(j) != '.') return 0;
+      s = ++j;
+      while (j < n && is_tok(at(j))) ++j;
+      if (j - s != 43) return 0;
+      return j - i;
+    }
+    return 0;
+  }
+
+  // ---- high-entropy token: run of [A-Za-z0-9_-] at a token start, >= 24 chars, upper + lower + digit,
+  // Shannon entropy >= 3.5 bits/char and short case/digit chunks (random text switches case and digits
+  // every ~2 chars; identifiers like getUserAccountBalance2024 have word-long chunks). Returns the run length
+  // in *run (so the caller can skip it) and whether it counts.
+  bool high_entropy(size_t i, size_t* run) const {
+    size_t j = i;
+    while (j < n && is_tok(at(j))) ++j;
+    *run = j - i;
+    if (*run < 24) return false;
+    if (*run > 4096) return false;  // a blob, not a key; keeps the cost linear and bounded
+    int counts[64] = {0};
+    bool up = false, lo = false, dg = false;
+    size_t chunks = 0, alnum = 0;
+    int prev = -1;  // 0 lower, 1 upper, 2 digit
+    for (size_t k = i; k < j; ++k) {
+      unsigned char c = at(k);
+      int cls, idx;
+      if (is_lower(c)) cls = 0, idx = c - 'a', lo = true;
+      else if (is_upper(c)) cls = 1, idx = 26 + c - 'A', up = true;
+      else if (is_digit(c)) cls = 2, idx = 52 + c - '0', dg = true;
+      else {
+        counts[62 + (c == '-')]++;
+        prev = -1;
+        continue;
+      }
+      counts[idx]++;
+      ++alnum;
+      // Chunks: [A-Z]?[a-z]+ | [A-Z]+ | [0-9]+
+      bool new_chunk;
+      if (prev == -1) new_chunk = true;
+      else if (cls == 0) new_chunk = prev == 2;           // lower continues lower or an upper
+      else if (cls == 1) new_chunk = prev != 1;           // upper starts a chunk unless after upper
+      else new_chunk = prev != 2;
+      // An upper run followed by lower: the last upper starts a new word ("HTTPServer" = HTTP, Server),
+      // which does not change the count: the lower joins the word.
+      if (new_chunk) ++chunks;
+      prev = cls;
+    }
+    if (!(up && lo && dg) || chunks == 0) return false;
+    if (static_cast<double>(alnum) / static_cast<double>(chunks) > 3.25) return false;
+    double len = static_cast<double>(*run), h = 0;
+    for (int c : counts)
+      if (c) {
+        double p = c / len;
+        h -= p * std::log2(p);
+      }
+    return h >= 3.5;
+  }
+
+  // ---- private keys: -----BEGIN <label> PRIVATE KEY----- (or PRIVATE KEY BLOCK), up to the END line.
+  size_t private_key(size_t i, size_t* no_end_after) const {
+    static constexpr std::string_view kBegin = "-----BEGIN ";
+    if (t.compare(i, kBegin.size(), kBegin) != 0) return 0;
+    size_t j = i + kBegin.size();
+    size_t label_end = t.substr(0, std::min(n, j + 80)).find("-----", j);
+    if (label_end == std::string_view::npos) return 0;
+    std::string_view label = t.substr(j, label_end - j);
+    if (label.find("PRIVATE KEY") == std::string_view::npos) return 0;
+    size_t hdr_end = label_end + 5;
+    if (i >= *no_end_after) return hdr_end - i;
+    size_t e = t.find("-----END ", hdr_end);
+    if (e == std::string_view::npos) {
+      *no_end_after = i;  // no END anywhere after here: later BEGINs need not look again
+      return hdr_end - i;
+    }
+    size_t e2 = t.find("-----", e + 9);
+    if (e2 == std::string_view::npos) return hdr_end - i;
+    return e2 + 5 - i;
+  }
+};
+
+}  // namespace
+
+const char* detector_name(DetectorKind k) {
+  switch (k) {
+    case DetectorKind::email: return "email";
+    case DetectorKind::phone: return "phone";
+    case DetectorKind::card: return "card";
+    case DetectorKind::iban: return "iban";
+    case DetectorKind::ssn: return "ssn";
+    case DetectorKind::ipv4: return "ipv4";
+    case DetectorKind::ipv6: return "ipv6";
+    case DetectorKind::private_key: return "private_key";
+    case DetectorKind::api_key: return "api_key";
+    case DetectorKind::high_entropy: return "high_entropy";
+    default: return "unknown";
+  }
+}
+
+bool detector_from_name(std::string_view name, DetectorKind* out) {
+  for (int k = 0; k < kDetectorKindCount; ++k) {
+    if (name == detector_name(static_cast<DetectorKind>(k))) {
+      *out = static_cast<DetectorKind>(k);
+      return true;
+    }
+  }
+  return false;
+}
+
+bool luhn_valid(std::string_view digits) {
+  if (digits.empty()) return false;
+  int sum = 0;
+  bool dbl = false;
+  for (size_t k = digits.size(); k-- > 0;) {
+    int d = digits[k] - '0';
+    if (d < 0 || d > 9) return false;
+    if (dbl) {
+      d *= 2;
+      if (d > 9) d -= 9;
+    }
+    sum += d;
+    dbl = !dbl;
+  }
+  return sum % 10 == 0;
+}
+
+bool iban_checksum_valid(std::string_view s) {
+  if (s.size() < 5) return false;
+  int rem = 0;
+  auto feed = [&](char c) -> bool {
+    if (c >= '0' && c <= '9') {
+      rem = (rem * 10 + (c - '0')) % 97;
+    } else if (c >= 'A' && c <= 'Z') {
+      int v = c - 'A' + 10;
+      rem = (rem * 100 + v) % 97;
+    } else {
+      return false;
+    }
+    return true;
+  };
+  for (size_t k = 4; k < s.size(); ++k)
+    if (!feed(s[k])) return false;
+  for (size_t k = 0; k < 4; ++k)
+    if (!feed(s[k])) return false;
+  return rem == 1;
+}
+
+int iban_country_length(char a, char b) {
+  struct C {
+    char a, b;
+    int len;
+  };
+  static constexpr C kTable[] = {
+      {'A', 'D', 24}, {'A', 'E', 23}, {'A', 'L', 28}, {'A', 'T', 20}, {'A', 'Z', 28}, {'B', 'A', 20},
+      {'B', 'E', 16}, {'B', 'G', 22}, {'B', 'H', 22}, {'B', 'R', 29}, {'B', 'Y', 28}, {'C', 'H', 21},
+      {'C', 'R', 22}, {'C', 'Y', 28}, {'C', 'Z', 24}, {'D', 'E', 22}, {'D', 'K', 18}, {'D', 'O', 28},
+      {'E', 'E', 20}, {'E', 'G', 29}, {'E', 'S', 24}, {'F', 'I', 18}, {'F', 'O', 18}, {'F', 'R', 27},
+      {'G', 'B', 22}, {'G', 'E', 22}, {'G', 'I', 23}, {'G', 'L', 18}, {'G', 'R', 27}, {'G', 'T', 28},
+      {'H', 'R', 21}, {'H', 'U', 28}, {'I', 'E', 22}, {'I', 'L', 23}, {'I', 'Q', 23}, {'I', 'S', 26},
+      {'I', 'T', 27}, {'J', 'O', 30}, {'K', 'W', 30}, {'K', 'Z', 20}, {'L', 'B', 28}, {'L', 'C', 32},
+      {'L', 'I', 21}, {'L', 'T', 20}, {'L', 'U', 20}, {'L', 'V', 21}, {'M', 'C', 27}, {'M', 'D', 24},
+      {'M', 'E', 22}, {'M', 'K', 19}, {'M', 'R', 27}, {'M', 'T', 31}, {'M', 'U', 30}, {'N', 'L', 18},
+      {'N', 'O', 15}, {'P', 'K', 24}, {'P', 'L', 28}, {'P', 'S', 29}, {'P', 'T', 25}, {'Q', 'A', 29},
+      {'R', 'O', 24}, {'R', 'S', 22}, {'S', 'A', 24}, {'S', 'C', 31}, {'S', 'E', 24}, {'S', 'I', 19},
+      {'S', 'K', 24}, {'S', 'M', 27}, {'S', 'T', 25}, {'S', 'V', 28}, {'T', 'L', 23}, {'T', 'N', 24},
+      {'T', 'R', 26}, {'U', 'A', 29}, {'V', 'A', 22}, {'V', 'G', 24}, {'X', 'K', 20},
+  };
+  for (const auto& c : kTable)
+    if (c.a == a && c.b == b) return c.len;
+  return 0;
+}
+
+double shannon_entropy_bits(std::string_view s) {
+  if (s.empty()) return 0;
+  size_t counts[256] = {0};
+  for (unsigned char c : s) counts[c]++;
+  double h = 0, len = static_cast<double>(s.size());
+  for (size_t c : counts)
+    if (c) {
+      double p = static_cast<double>(c) / len;
+      h -= p * std::log2(p);
+    }
+  return h;
+}
+
+void scan_sensitive(std::string_view text, DetectorSet en, std::vector<Finding>& out, size_t max_findings) {
+  if (en.empty()) return;
+  Scanner sc{text, text.size()};
+  const size_t n = text.size();
+  size_t i = 0, floor = 0, no_end_after = n;
+  auto limit_hit = [&] { return max_findings && out.size() >= max_findings; };
+  auto emit = [&](DetectorKind k, size_t off, size_t len) {
+    out.push_back({k, off, len});
+    i = off + len;
+    floor = i;
+  };
+  const bool want_email = en.has(DetectorKind::email);
+  const bool want_digit = en.has(DetectorKind::card) || en.has(DetectorKind::ssn) ||
+                          en.has(DetectorKind::ipv4) || en.has(DetectorKind::phone) ||
+                          en.has(DetectorKind::ipv6);
+  while (i < n && !limit_hit()) {
+    unsigned char c = static_cast<unsigned char>(text[i]);
+    if (is_alnum(c)) {
+      // Start of a word: try the detectors that begin with a letter or digit.
+      size_t len, shape = 0;
+      if (is_digit(c) && want_digit) {
+        if (en.has(DetectorKind::card) && (len = sc.card(i, &shape))) { emit(DetectorKind::card, i, len); continue; }
+        if (shape) { i += shape; continue; }  // card-shaped, Luhn fails: a near miss, not its parts
+        if (en.has(DetectorKind::ssn) && (len = sc.ssn(i))) { emit(DetectorKind::ssn, i, len); continue; }
+        if (en.has(DetectorKind::ipv4) && (len = sc.ipv4(i))) { emit(DetectorKind::ipv4, i, len); continue; }
+        if (en.has(DetectorKind::phone) && (len = sc.phone(i))) { emit(DetectorKind::phone, i, len); continue; }
+      }
+      if (en.has(DetectorKind::api_key) && (len = sc.api_key(i))) { emit(DetectorKind::api_key, i, len); continue; }
+      if (en.has(DetectorKind::iban) && is_upper(c)) {
+        if ((len = sc.iban(i, &shape))) { emit(DetectorKind::iban, i, len); continue; }
+        if (shape) { i += shape; continue; }  // IBAN-shaped, checksum fails: a near miss, not its parts
+      }
+      if (en.has(DetectorKind::ipv6) && is_hex(c) && (len = sc.ipv6(i))) { emit(DetectorKind::ipv6, i, len); continue; }
+      size_t run = 0;
+      bool tok_start = i == 0 || !is_tok(static_cast<unsigned char>(text[i - 1]));
+      if (tok_start && en.has(DetectorKind::high_entropy)) {
+        if (sc.high_entropy(i, &run)) { emit(DetectorKind::high_entropy, i, run); continue; }
+      }
+      // Skip the rest of the word (letters and digits); '-', '_', '.', '@' are looked at on their own.
+      ++i;
+      while (i < n && is_alnum(static_cast<unsigned char>(text[i]))) ++i;
+      continue;
+    }
+    switch (c) {
+      case '@':
+        if (want_email) {
+          size_t s, e;
+          if (sc.email(i, floor, &s, &e)) {
+            emit(DetectorKind::email, s, e - s);
+            continue;
+          }
+        }
+        break;
+      case '+':
+      case '(':
+        if (en.has(DetectorKind::phone)) {
+          if (size_t len = sc.phone(i)) {
+            emit(DetectorKind::phone, i, len);
+            continue;
+          }
+        }
+        break;
+      case '-':
+        if (en.has(DetectorKind::private_key) && i + 11 <= n && text[i + 1] == '-') {
+          if (size_t len = sc.private_key(i, &no_end_after)) {
+            emit(DetectorKind::private_key, i, len);
+            continue;
+          }
+        }
+        break;
+      case ':':
+        if (en.has(DetectorKind::ipv6) && i + 1 < n && text[i + 1] == ':') {
+          if (size_t len = sc.ipv6(i)) {
+            emit(DetectorKind::ipv6, i, len);
+            continue;
+          }
+        }
+        break;
+      default:
+        break;
+    }
+    ++i;
+  }
+}
+
+std::vector<Finding> scan_sensitive(std::string_view text, DetectorSet enabled) {
+  std::vector<Finding> out;
+  scan_sensitive(text, enabled, out, 0);
+  return out;
+}
+
+}  // namespace lilac::server
