@@ -560,11 +560,11 @@ class BpeTokenizer final : public Tokenizer {
             out.push_back(piece);
             break;
           case SplitBehavior::MergedWithPrevious:
-            if (is_match && have_prev) out.back().e = piece.e;
+            if (is_match && !prev_match && have_prev) out.back().e = piece.e;  // as HF: one match each
             else out.push_back(piece);
             break;
           case SplitBehavior::MergedWithNext:
-            if (prev_match && have_prev) out.back().e = piece.e;
+            if (prev_match && !is_match && have_prev) out.back().e = piece.e;
             else out.push_back(piece);
             break;
           case SplitBehavior::Contiguous:
