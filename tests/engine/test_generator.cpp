@@ -1,0 +1,306 @@
+// Generator: prefix reuse gives the same tokens as a fresh prefill (with a deterministic fake backend
+// whose output depends on the whole context, and with the real CPU backend on fixtures/tiny), stop
+// conditions, cancellation and limits.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <filesystem>
+
+#include "core/error.h"
+#include "engine/generator.h"
+#include "text/tokenizer.h"
+
+#if __has_include("cpu/cpu_backend.h")
+#include "cpu/cpu_backend.h"
+#include "model/weights.h"
+#define HAVE_CPU_BACKEND 1
+#endif
+
+namespace {
+
+const lilac::Tokenizer& qwen3_tokenizer() {
+  static std::unique_ptr<lilac::Tokenizer> t =
+      lilac::Tokenizer::load(std::string(LILAC_SHARED_DIR) + "/fixtures/qwen3-tokenizer");
+  return *t;
+}
+
+// A "model" whose state is a hash of every token it has seen; the next token is a function of that
+// hash (ids 32..1031, plus eos when the hash says so). Any state error (wrong restore, token skipped
+// or fed twice) changes the output.
+struct HashState {
+  uint64_t h = 14695981039346656037ull;
+  int64_t len = 0;
+  void feed(int32_t t) {
+    h ^= uint64_t(uint32_t(t)) + 0x9e3779b97f4a7c15ull;
+    h *= 1099511628211ull;
+    ++len;
+  }
+};
+
+class HashSnap : public lilac::SessionSnapshot {
+ public:
+  explicit HashSnap(HashState s) : s(s) {}
+  HashState s;
+  int64_t length() const override { return s.len; }
+  size_t bytes() const override { return 1000; }
+};
+
+struct Counters {
+  int64_t prefilled = 0, restores = 0, resets = 0, snapshots = 0;
+};
+
+class HashSession : public lilac::Session {
+ public:
+  HashSession(int64_t max, int32_t eos, Counters* c) : max_(max), eos_(eos), c_(c) {}
+  int64_t length() const override { return st_.len; }
+  int64_t max_length() const override { return max_; }
+  void prefill(std::span<const int32_t> tokens, const lilac::LogitsSink*) override {
+    if (st_.len + int64_t(tokens.size()) > max_) throw lilac::InputError("too long");
+    for (int32_t t : tokens) st_.feed(t);
+    c_->prefilled += int64_t(tokens.size());
+  }
+  void begin_generation(const lilac::SamplingParams&, std::span<const int32_t>) override {}
+  lilac::TokenChoice sample() override {
+    lilac::TokenChoice c;
+    c.token = (st_.h >> 7) % 23 == 0 ? eos_ : int32_t(32 + (st_.h >> 11) % 1000);
+    last_ = c.token;
+    return c;
+  }
+  void advance() override { st_.feed(last_); }
+  std::vector<float> logits() override { return {}; }
+  std::shared_ptr<const lilac::SessionSnapshot> snapshot() override {
+    ++c_->snapshots;
+    return std::make_shared<HashSnap>(st_);
+  }
+  void restore(const lilac::SessionSnapshot& s) override {
+    ++c_->restores;
+    st_ = dynamic_cast<const HashSnap&>(s).s;
+  }
+  void reset() override {
+    ++c_->resets;
+    st_ = HashState{};
+  }
+
+ private:
+  int64_t max_;
+  int32_t eos_;
+  Counters* c_;
+  HashState st_;
+  int32_t last_ = 0;
+};
+
+int32_t im_end() { return *qwen3_tokenizer().token_id("<|im_end|>"); }
+
+std::vector<int32_t> encode(const std::string& s) { return qwen3_tokenizer().encode(s, true); }
+
+std::vector<int32_t> run_collect(lilac::Generator& g, const lilac::GenerationRequest& r, lilac::GenerationStats* st,
+                                 std::string* text = nullptr) {
+  std::vector<int32_t> out;
+  auto s = g.run(r, [&](const lilac::GeneratedToken& t) {
+    if (t.id >= 0) out.push_back(t.id);
+    if (text) *text += t.text;
+    return true;
+  });
+  if (st) *st = s;
+  return out;
+}
+
+const std::string kTurn1 =
+    "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nHello there<|im_end|>\n<|im_start|>assistant\n"
+    "<think>\n";  // like Qwen3.6: the next turn's history drops the reasoning, so this is not its prefix
+const std::string kTurn2 = "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nHello there<|im_end|>\n"
+                           "<|im_start|>assistant\nHi.<|im_end|>\n<|im_start|>user\nAnd now?<|im_end|>\n"
+                           "<|im_start|>assistant\n";
+
+lilac::GenerationRequest request(const std::string& prompt, int64_t max_tokens = 40) {
+  lilac::GenerationRequest r;
+  r.prompt = encode(prompt);
+  r.max_tokens = max_tokens;
+  r.stop_ids = {im_end()};
+  r.boundary_token = im_end();
+  return r;
+}
+
+}  // namespace
+
+TEST(Generator, ReusedPrefixGivesTheSameTokensAsAFreshPrefill) {
+  Counters c1, c2;
+  HashSession fresh_s(4096, im_end(), &c1), reuse_s(4096, im_end(), &c2);
+  lilac::PrefixCache cache(1 << 20);
+  lilac::Generator fresh(fresh_s, qwen3_tokenizer(), nullptr);
+  lilac::Generator reuse(reuse_s, qwen3_tokenizer(), &cache);
+
+  // Turn 1 on the caching generator: snapshots at both <|im_end|> boundaries and at the end.
+  lilac::GenerationStats st;
+  auto r1 = request(kTurn1);
+  auto out1 = run_collect(reuse, r1, &st);
+  EXPECT_EQ(st.cached_tokens, 0);
+  EXPECT_EQ(st.snapshots_taken, 3);
+  EXPECT_EQ(cache.entries(), 3u);
+
+  // Something unrelated in between so the session's own context is not a prefix of turn 2.
+  auto other = request("<|im_start|>user\nunrelated<|im_end|>\n<|im_start|>assistant\n");
+  run_collect(reuse, other, nullptr);
+
+  auto r2 = request(kTurn2);
+  auto out2 = run_collect(reuse, r2, &st);
+  // Turn 2 shares turn 1's messages up to the user's <|im_end|>.
+  auto boundary = encode("<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nHello there<|im_end|>");
+  EXPECT_EQ(st.cached_tokens, int64_t(boundary.size()));
+  EXPECT_TRUE(st.cache_hit);
+  EXPECT_EQ(st.prompt_tokens, int64_t(r2.prompt.size()));
+  EXPECT_GE(c2.restores, 1);
+
+  // The same prompts on a generator without a cache.
+  EXPECT_EQ(run_collect(fresh, r1, nullptr), out1);
+  auto fresh2 = run_collect(fresh, r2, &st);
+  EXPECT_EQ(st.cached_tokens, 0);
+  EXPECT_EQ(fresh2, out2);
+  EXPECT_FALSE(out2.empty());
+  // Repeating turn 2 resumes from its end-of-prompt snapshot... minus the last token, which must be
+  // recomputed for its logits: the longest usable prefix is the last boundary.
+  auto again = run_collect(reuse, r2, &st);
+  EXPECT_EQ(again, out2);
+  EXPECT_EQ(st.cached_tokens, int64_t(encode(kTurn2.substr(0, kTurn2.rfind("<|im_end|>") + 10)).size()));
+}
+
+TEST(Generator, ContinuesFromItsOwnContext) {
+  Counters c;
+  HashSession s(4096, im_end(), &c);
+  lilac::Generator g(s, qwen3_tokenizer(), nullptr);
+  lilac::GenerationStats st;
+  auto r = request("<|im_start|>user\nabc", 3);
+  r.stop_ids = {};
+  auto out = run_collect(g, r, &st);
+  ASSERT_EQ(out.size(), 3u);
+  // The session now holds the prompt + the first two generated tokens (the last was never fed).
+  EXPECT_EQ(g.context().size(), r.prompt.size() + 2);
+  auto r2 = r;
+  r2.prompt.insert(r2.prompt.end(), out.begin(), out.end());
+  r2.prompt.push_back(100);
+  c.prefilled = 0;
+  auto out2 = run_collect(g, r2, &st);
+  EXPECT_EQ(st.cached_tokens, int64_t(r.prompt.size() + 2));
+  EXPECT_EQ(c.prefilled, 2);  // the last generated token and the new one
+
+  Counters c3;
+  HashSession s3(4096, im_end(), &c3);
+  lilac::Generator g3(s3, qwen3_tokenizer(), nullptr);
+  g3.run(request("<|im_start|>user\nzzz"), [](const lilac::GeneratedToken&) { return true; });
+  EXPECT_EQ(run_collect(g3, r2, &st), out2);
+  EXPECT_EQ(st.cached_tokens, 0);
+}
+
+TEST(Generator, StopsAtEosMaxTokensStopStringsAndCancellation) {
+  Counters c;
+  HashSession s(4096, im_end(), &c);
+  lilac::Generator g(s, qwen3_tokenizer(), nullptr);
+  lilac::GenerationStats st;
+
+  // Find a prompt whose continuation hits eos within 200 tokens.
+  std::vector<int32_t> out;
+  std::string prompt;
+  for (int i = 0; i < 50; ++i) {
+    prompt = "<|im_start|>user\nq" + std::to_string(i) + "<|im_end|>\n<|im_start|>assistant\n";
+    out = run_collect(g, request(prompt, 200), &st);
+    if (st.stopped_by_eos) break;
+  }
+  ASSERT_TRUE(st.stopped_by_eos);
+  EXPECT_EQ(st.finish, lilac::FinishReason::Stop);
+  EXPECT_EQ(st.completion_tokens, int64_t(out.size()) + 1);  // the eos counts, its text is not emitted
+  for (int32_t t : out) EXPECT_NE(t, im_end());
+
+  // max_tokens
+  auto r = request(prompt, 200);
+  r.stop_ids = {};
+  r.max_tokens = 7;
+  out = run_collect(g, r, &st);
+  EXPECT_EQ(st.finish, lilac::FinishReason::Length);
+  EXPECT_EQ(out.size(), 7u);
+  EXPECT_EQ(st.completion_tokens, 7);
+
+  // Stop string: generate freely, then stop on a piece of that text.
+  r.max_tokens = 30;
+  std::string full;
+  run_collect(g, r, &st, &full);
+  ASSERT_GE(full.size(), 12u);
+  std::string stop = full.substr(6, 4);
+  size_t first = full.find(stop);
+  r.stop_strings = {stop};
+  std::string cut;
+  run_collect(g, r, &st, &cut);
+  EXPECT_EQ(st.finish, lilac::FinishReason::Stop);
+  EXPECT_FALSE(st.stopped_by_eos);
+  EXPECT_EQ(st.stop_string, stop);
+  EXPECT_EQ(cut, full.substr(0, first));
+
+  // Cancellation from the callback.
+  r.stop_strings.clear();
+  int n = 0;
+  st = g.run(r, [&](const lilac::GeneratedToken&) { return ++n < 3; });
+  EXPECT_EQ(st.finish, lilac::FinishReason::Cancelled);
+  EXPECT_EQ(n, 3);
+  // And from the flag, before anything is generated.
+  std::atomic<bool> cancel{true};
+  n = 0;
+  st = g.run(r, [&](const lilac::GeneratedToken&) { return ++n > 0; }, &cancel);
+  EXPECT_EQ(st.finish, lilac::FinishReason::Cancelled);
+  EXPECT_EQ(n, 0);
+}
+
+TEST(Generator, RejectsPromptsThatDoNotFit) {
+  Counters c;
+  HashSession s(64, im_end(), &c);
+  lilac::Generator g(s, qwen3_tokenizer(), nullptr);
+  auto r = request(kTurn2, 60);
+  EXPECT_THROW(g.run(r, [](const lilac::GeneratedToken&) { return true; }), lilac::InputError);
+  r.max_tokens = 0;
+  EXPECT_THROW(g.run(r, [](const lilac::GeneratedToken&) { return true; }), lilac::InputError);
+  r.prompt.clear();
+  r.max_tokens = 1;
+  EXPECT_THROW(g.run(r, [](const lilac::GeneratedToken&) { return true; }), lilac::InputError);
+  // Still usable afterwards.
+  auto ok = request("<|im_start|>user\nhi", 4);
+  ok.stop_ids = {};
+  lilac::GenerationStats st;
+  EXPECT_EQ(run_collect(g, ok, &st).size(), 4u);
+}
+
+#ifdef HAVE_CPU_BACKEND
+// The real model: greedy continuation after resuming from a message-boundary snapshot equals the one
+// after a fresh prefill of the whole prompt (fixtures/tiny; ids kept inside its 2048-token vocabulary).
+TEST(Generator, CpuBackendReuseMatchesFreshPrefill) {
+  std::string dir = std::string(LILAC_SHARED_DIR) + "/fixtures/tiny/mlx4";
+  if (!std::filesystem::exists(dir)) GTEST_FAIL() << "missing fixture " << dir;
+  auto w = lilac::load_model(dir, {.progress = false});
+  auto backend = lilac::make_cpu_backend(w, 2);
+  const int32_t boundary = 7;  // plays the role of <|im_end|>
+  auto mk = [&](std::vector<int32_t> prompt) {
+    lilac::GenerationRequest r;
+    r.prompt = std::move(prompt);
+    r.max_tokens = 12;
+    r.boundary_token = boundary;
+    r.sampling.temperature = 0;
+    return r;
+  };
+  std::vector<int32_t> turn1 = {11, 200, 300, 400, boundary, 12, 500, 600, 700, 800, boundary, 13, 14};
+  std::vector<int32_t> turn2 = {11, 200, 300, 400, boundary, 12, 500, 600, 700, 800, boundary,
+                                15, 900, 1000, 1100, boundary, 16, 17};
+
+  auto s1 = backend->new_session(256);
+  lilac::PrefixCache cache(size_t(64) << 20);
+  lilac::Generator cached(*s1, qwen3_tokenizer(), &cache);
+  lilac::GenerationStats st;
+  run_collect(cached, mk(turn1), &st);
+  EXPECT_EQ(st.snapshots_taken, 3);
+  auto reused = run_collect(cached, mk(turn2), &st);
+  EXPECT_EQ(st.cached_tokens, 11);
+  ASSERT_EQ(reused.size(), 12u);
+
+  auto s2 = backend->new_session(256);
+  lilac::Generator fresh(*s2, qwen3_tokenizer(), nullptr);
+  auto expect = run_collect(fresh, mk(turn2), &st);
+  EXPECT_EQ(st.cached_tokens, 0);
+  EXPECT_EQ(reused, expect);
+}
+#endif
