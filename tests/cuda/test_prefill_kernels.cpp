@@ -78,7 +78,9 @@ double rel_err(const std::vector<float>& got, const std::vector<float>& ref) {
     num += d * d;
     den += double(ref[i]) * ref[i];
   }
-  return std::sqrt(num / std::max(den, 1e-30));
+  const double e = std::sqrt(num / std::max(den, 1e-30));
+  std::printf("[rel_err] %.3g\n", e);
+  return e;
 }
 
 std::vector<float> bf16_to_f(const std::vector<uint16_t>& v) {
@@ -349,9 +351,9 @@ TEST(PrefillGdn, ConvSiluAndState) {
   }
 }
 
-void check_gdn(int n, int Hk, int Hv) {
+void check_gdn(int n, int Hk, int Hv, bool use_work) {
   const uint32_t seed = fresh_seed();
-  SCOPED_TRACE("seed " + std::to_string(seed) + " n=" + std::to_string(n));
+  SCOPED_TRACE("seed " + std::to_string(seed) + " n=" + std::to_string(n) + " work=" + std::to_string(use_work));
   std::mt19937 rng(seed);
   const int dk = 128, dv = 128;
   const int64_t conv_dim = 2 * int64_t(Hk) * dk + int64_t(Hv) * dv;
@@ -388,7 +390,10 @@ void check_gdn(int n, int Hk, int Hv) {
   Dev<uint16_t> dout(size_t(n) * Hv * dv);
   dout.poison();
   dosc.poison();
+  Dev<float> dwork(lc::gdn_prefill_work_floats(n, Hk, Hv, dk));
+  dwork.poison();
   lc::GdnPrefillArgs a;
+  a.work = use_work ? dwork.p : nullptr;
   a.qkv = dqkv.p;
   a.ld_qkv = ld_qkv;
   a.b = dab.p;
@@ -409,7 +414,24 @@ void check_gdn(int n, int Hk, int Hv) {
   a.Hv = Hv;
   a.dk = dk;
   a.dv = dv;
-  lc::gdn_prefill(a, nullptr);
+  if (use_work) {
+    lc::gdn_prefill(a, nullptr);
+  } else {
+    // no work buffer, inside a graph capture: the allocation-free path, and capturability
+    cudaStream_t st;
+    CK(cudaStreamCreate(&st));
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+    lc::gdn_prefill(a, st);
+    CK(cudaStreamEndCapture(st, &graph));
+    CK(cudaGraphInstantiate(&exec, graph, 0));
+    CK(cudaGraphLaunch(exec, st));
+    CK(cudaStreamSynchronize(st));
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(st);
+  }
   CK(cudaDeviceSynchronize());
   EXPECT_LT(rel_err(bf16_to_f(dout.get()), ref), 5e-3);  // output rounded to bf16
   EXPECT_LT(rel_err(dS.get(), S), 1e-4);                 // fp32 state, different summation order
@@ -417,9 +439,11 @@ void check_gdn(int n, int Hk, int Hv) {
 
 TEST(PrefillGdn, RecurrenceMatchesTokenByToken) {
   REQUIRE_GPU();
-  check_gdn(70, 2, 4);
-  check_gdn(1, 1, 2);
-  check_gdn(300, 4, 8);
+  check_gdn(70, 2, 4, true);
+  check_gdn(1, 1, 2, true);
+  check_gdn(300, 4, 8, true);
+  check_gdn(37, 2, 4, false);  // captured in a graph without a work buffer: the in-scan path
+  check_gdn(17, 3, 3, true);
 }
 
 // -------------------------------------------------------------------------------------------- MoE
@@ -667,6 +691,8 @@ TEST(PrefillTiming, RealSizes) {
     a.Hv = Hv;
     a.dk = d;
     a.dv = d;
+    Dev<float> dwork(lc::gdn_prefill_work_floats(n, Hk, Hv, d));
+    a.work = dwork.p;
     float ms = time_ms([&] { lc::gdn_prefill(a, nullptr); });
     EXPECT_TRUE(all_finite_dev(dosc.p, dosc.n));
     double bytes = double(n) * conv_dim * 4 * 2;

@@ -1,11 +1,15 @@
 // Gated DeltaNet prefill (prefill.h): causal conv + SiLU over the chunk, then the recurrence as a
 // column-parallel sequential scan (exact fp32, token by token), then the gated output RMSNorm.
 //
+// Fast path (args.work given): a prep kernel computes q̂, k̂, k̂·q̂, e^g, β once per token (one warp per
+// token and key head), and the scan streams them in with double-buffered cp.async.
 // Scan layout: value column j of S evolves on its own:
 //   δ_j = β (v_j − e^g S[:,j]·k̂) ;  o_j = e^g S[:,j]·q̂ + (k̂·q̂) δ_j ;  S[:,j] ← e^g S[:,j] + k̂ δ_j
 // A block owns one value head and COLS columns; 8 threads share a column (16 key rows each, in
 // registers), so each token costs two 3-step shuffle reductions. q̂, k̂ (normalised), e^g, β, k̂·q̂ and
 // v of a block of T tokens are staged in shared memory first.
+#include <map>
+#include <mutex>
 #include <string>
 
 #include "core/error.h"
@@ -197,6 +201,164 @@ __global__ void gated_norm_kernel(const GdnPrefillArgs a) {
   }
 }
 
+
+// ---- fast path: per-token preparation once, then a cp.async-fed scan
+
+// work layout (floats): qk [n][Hk][2][DK] (q̂ scaled, then k̂) | kq [n][Hk] | eg [n][Hv] | beta [n][Hv]
+struct WorkView {
+  float *qk, *kq, *eg, *beta;
+};
+__host__ __device__ inline WorkView work_view(float* w, int n, int Hk, int Hv) {
+  WorkView v;
+  v.qk = w;
+  v.kq = v.qk + int64_t(n) * Hk * 2 * DK;
+  v.eg = v.kq + int64_t(n) * Hk;
+  v.beta = v.eg + int64_t(n) * Hv;
+  return v;
+}
+
+// One warp per (token, key head): q̂, k̂, k̂·q̂; lanes < Hv/Hk also do the gates of its value heads.
+__global__ void gdn_prep_kernel(const GdnPrefillArgs a) {
+  const int lane = threadIdx.x & 31;
+  const int64_t idx = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  if (idx >= int64_t(a.n) * a.Hk) return;
+  const int t = int(idx / a.Hk), hk = int(idx % a.Hk);
+  const WorkView w = work_view(a.work, a.n, a.Hk, a.Hv);
+  const float* row = a.qkv + int64_t(t) * a.ld_qkv;
+  float4 q4 = *reinterpret_cast<const float4*>(row + int64_t(hk) * DK + lane * 4);
+  float4 k4 = *reinterpret_cast<const float4*>(row + int64_t(a.Hk) * DK + int64_t(hk) * DK + lane * 4);
+  const int ratio = a.Hv / a.Hk;
+  float bb = 0.f, aa = 0.f;
+  if (lane < ratio) {
+    const int h = hk * ratio + lane;
+    bb = a.b[int64_t(t) * a.ld_b + h];
+    aa = a.a[int64_t(t) * a.ld_a + h] + a.dt_bias[h];
+  }
+  float qq = warp_sum(q4.x * q4.x + q4.y * q4.y + q4.z * q4.z + q4.w * q4.w);
+  float kk = warp_sum(k4.x * k4.x + k4.y * k4.y + k4.z * k4.z + k4.w * k4.w);
+  float qn = rsqrtf(qq + 1e-6f) * rsqrtf(float(DK)), kn = rsqrtf(kk + 1e-6f);
+  q4.x *= qn; q4.y *= qn; q4.z *= qn; q4.w *= qn;
+  k4.x *= kn; k4.y *= kn; k4.z *= kn; k4.w *= kn;
+  float kq = warp_sum(q4.x * k4.x + q4.y * k4.y + q4.z * k4.z + q4.w * k4.w);
+  float* dst = w.qk + idx * 2 * DK;
+  *reinterpret_cast<float4*>(dst + lane * 4) = q4;
+  *reinterpret_cast<float4*>(dst + DK + lane * 4) = k4;
+  if (lane == 0) w.kq[idx] = kq;
+  if (lane < ratio) {
+    const int h = hk * ratio + lane;
+    float sp = aa > 20.f ? aa : log1pf(expf(aa));
+    w.eg[int64_t(t) * a.Hv + h] = expf(-expf(a.A_log[h]) * sp);
+    w.beta[int64_t(t) * a.Hv + h] = 1.f / (1.f + expf(-bb));
+  }
+}
+
+__device__ __forceinline__ void cp_async_f(void* dst, const void* src, int bytes) {
+  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  if (bytes == 16)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src));
+  else
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(d), "l"(src));
+}
+
+constexpr int TB2 = 16;  // tokens per staged round (double-buffered)
+
+__global__ void __launch_bounds__(SCAN_THREADS) gdn_scan2_kernel(const GdnPrefillArgs a) {
+  __shared__ __align__(16) float sqk[2][TB2][2 * DK];  // q̂ | k̂
+  __shared__ __align__(16) float sv[2][TB2][COLS];
+  __shared__ float seg[2][TB2], sbeta[2][TB2], skq[2][TB2];
+
+  const int h = blockIdx.y;
+  const int j0 = blockIdx.x * COLS;
+  const int hk = h / (a.Hv / a.Hk);
+  const int tid = threadIdx.x;
+  const int col = tid / PARTS, part = tid % PARTS;
+  const WorkView w = work_view(a.work, a.n, a.Hk, a.Hv);
+  const int64_t v_off = 2 * int64_t(a.Hk) * DK + int64_t(h) * DV + j0;
+
+  auto issue = [&](int r, int buf) {
+    const int t0 = r * TB2, nt = min(TB2, a.n - t0);
+    // q̂k̂: nt tokens × 2*DK floats = nt × 64 chunks
+    for (int c = tid; c < nt * (2 * DK / 4); c += SCAN_THREADS) {
+      int tt = c / (2 * DK / 4), ch = c % (2 * DK / 4);
+      cp_async_f(&sqk[buf][tt][ch * 4], w.qk + (int64_t(t0 + tt) * a.Hk + hk) * 2 * DK + ch * 4, 16);
+    }
+    for (int c = tid; c < nt * (COLS / 4); c += SCAN_THREADS) {
+      int tt = c / (COLS / 4), ch = c % (COLS / 4);
+      cp_async_f(&sv[buf][tt][ch * 4], a.qkv + int64_t(t0 + tt) * a.ld_qkv + v_off + ch * 4, 16);
+    }
+    if (tid < nt) {
+      cp_async_f(&seg[buf][tid], w.eg + int64_t(t0 + tid) * a.Hv + h, 4);
+      cp_async_f(&sbeta[buf][tid], w.beta + int64_t(t0 + tid) * a.Hv + h, 4);
+      cp_async_f(&skq[buf][tid], w.kq + int64_t(t0 + tid) * a.Hk + hk, 4);
+    }
+    asm volatile("cp.async.commit_group;\n" ::);
+  };
+
+  float S[RPT];
+  float* Sg = a.state + int64_t(h) * DK * DV;
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int u = 0; u < 4; ++u) S[i * 4 + u] = Sg[int64_t(4 * (part + 8 * i) + u) * DV + j0 + col];
+
+  const int rounds = (a.n + TB2 - 1) / TB2;
+  float* o_base = a.o_scratch + int64_t(h) * DV + j0 + col;
+  const int64_t o_stride = int64_t(a.Hv) * DV;
+  issue(0, 0);
+  for (int r = 0; r < rounds; ++r) {
+    const int buf = r & 1;
+    if (r + 1 < rounds) {
+      issue(r + 1, buf ^ 1);
+      asm volatile("cp.async.wait_group 1;\n" ::);
+    } else {
+      asm volatile("cp.async.wait_group 0;\n" ::);
+    }
+    __syncthreads();
+    const int t0 = r * TB2, nt = min(TB2, a.n - t0);
+    for (int tt = 0; tt < nt; ++tt) {
+      float4 k4[4], q4[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        q4[i] = *reinterpret_cast<const float4*>(&sqk[buf][tt][4 * (part + 8 * i)]);
+        k4[i] = *reinterpret_cast<const float4*>(&sqk[buf][tt][DK + 4 * (part + 8 * i)]);
+      }
+      float dk[4] = {0.f, 0.f, 0.f, 0.f}, dq[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        dk[0] = fmaf(S[i * 4 + 0], k4[i].x, dk[0]);
+        dk[1] = fmaf(S[i * 4 + 1], k4[i].y, dk[1]);
+        dk[2] = fmaf(S[i * 4 + 2], k4[i].z, dk[2]);
+        dk[3] = fmaf(S[i * 4 + 3], k4[i].w, dk[3]);
+        dq[0] = fmaf(S[i * 4 + 0], q4[i].x, dq[0]);
+        dq[1] = fmaf(S[i * 4 + 1], q4[i].y, dq[1]);
+        dq[2] = fmaf(S[i * 4 + 2], q4[i].z, dq[2]);
+        dq[3] = fmaf(S[i * 4 + 3], q4[i].w, dq[3]);
+      }
+      float sk_ = (dk[0] + dk[1]) + (dk[2] + dk[3]), sq_ = (dq[0] + dq[1]) + (dq[2] + dq[3]);
+#pragma unroll
+      for (int o = 1; o < PARTS; o <<= 1) {
+        sk_ += __shfl_xor_sync(0xffffffffu, sk_, o);
+        sq_ += __shfl_xor_sync(0xffffffffu, sq_, o);
+      }
+      const float eg = seg[buf][tt];
+      const float delta = sbeta[buf][tt] * (sv[buf][tt][col] - eg * sk_);
+      if (part == 0) o_base[int64_t(t0 + tt) * o_stride] = eg * sq_ + skq[buf][tt] * delta;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        S[i * 4 + 0] = fmaf(eg, S[i * 4 + 0], k4[i].x * delta);
+        S[i * 4 + 1] = fmaf(eg, S[i * 4 + 1], k4[i].y * delta);
+        S[i * 4 + 2] = fmaf(eg, S[i * 4 + 2], k4[i].z * delta);
+        S[i * 4 + 3] = fmaf(eg, S[i * 4 + 3], k4[i].w * delta);
+      }
+    }
+    __syncthreads();  // buffer `buf` is refilled by the next iteration's issue
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int u = 0; u < 4; ++u) Sg[int64_t(4 * (part + 8 * i) + u) * DV + j0 + col] = S[i * 4 + u];
+}
+
 }  // namespace
 
 void gdn_conv_prefill(const float* x, int64_t ldx, const float* w, float* state, float* y, int64_t ldy, int n, int C,
@@ -218,17 +380,59 @@ void gdn_conv_prefill(const float* x, int64_t ldx, const float* w, float* state,
   check_launch("gdn conv state");
 }
 
+size_t gdn_prefill_work_floats(int n, int Hk, int Hv, int dk) {
+  return size_t(n) * (size_t(Hk) * (2 * size_t(dk) + 1) + 2 * size_t(Hv)) + 4;
+}
+
 void gdn_prefill(const GdnPrefillArgs& a, cudaStream_t stream) {
   if (a.n <= 0) return;
   if (a.dk != DK || a.dv != DV)
     throw Error("gdn_prefill: key/value head dims must be 128, got " + std::to_string(a.dk) + "/" +
                 std::to_string(a.dv));
-  if (a.Hk <= 0 || a.Hv % a.Hk) throw Error("gdn_prefill: value heads must be a multiple of key heads");
+  if (a.Hk <= 0 || a.Hv % a.Hk || a.Hv / a.Hk > 32)
+    throw Error("gdn_prefill: value heads must be a multiple (at most 32x) of key heads");
   if (a.ld_qkv % 4 || a.ld_out % 2 || reinterpret_cast<uintptr_t>(a.qkv) % 16)
     throw Error("gdn_prefill: qkv must be 16-byte aligned with ld_qkv % 4 == 0 and ld_out even");
   dim3 grid(DV / COLS, a.Hv);
-  gdn_scan_kernel<<<grid, SCAN_THREADS, 0, stream>>>(a);
-  check_launch("gdn scan");
+  GdnPrefillArgs args = a;
+  if (!args.work) {
+    // No work buffer given: use one owned here per stream (grown on demand, never freed), unless the
+    // stream is being captured into a graph (no allocation there: the slower in-scan path runs).
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(stream, &cs) != cudaSuccess) cs = cudaStreamCaptureStatusActive;
+    if (cs == cudaStreamCaptureStatusNone) {
+      static std::mutex mu;
+      static std::map<cudaStream_t, std::pair<float*, size_t>> bufs;
+      std::lock_guard<std::mutex> lock(mu);
+      auto& b = bufs[stream];
+      const size_t need = gdn_prefill_work_floats(a.n, a.Hk, a.Hv, a.dk);
+      if (b.second < need) {
+        if (b.first) {
+          cudaStreamSynchronize(stream);
+          cudaFree(b.first);
+          b = {nullptr, 0};
+        }
+        if (cudaMalloc(&b.first, need * sizeof(float)) != cudaSuccess) {
+          cudaGetLastError();
+          b = {nullptr, 0};
+        } else {
+          b.second = need;
+        }
+      }
+      args.work = b.first;
+    }
+  }
+  if (args.work) {
+    if (reinterpret_cast<uintptr_t>(args.work) % 16) throw Error("gdn_prefill: work must be 16-byte aligned");
+    const int64_t warps = int64_t(a.n) * a.Hk;
+    gdn_prep_kernel<<<unsigned((warps + 7) / 8), 256, 0, stream>>>(args);
+    check_launch("gdn prep");
+    gdn_scan2_kernel<<<grid, SCAN_THREADS, 0, stream>>>(args);
+    check_launch("gdn scan");
+  } else {
+    gdn_scan_kernel<<<grid, SCAN_THREADS, 0, stream>>>(a);
+    check_launch("gdn scan");
+  }
   const int64_t warps = int64_t(a.n) * a.Hv;
   gated_norm_kernel<<<unsigned((warps + 7) / 8), 256, 0, stream>>>(a);
   check_launch("gdn gated norm");

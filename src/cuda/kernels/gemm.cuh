@@ -308,7 +308,7 @@ __global__ void __launch_bounds__(THREADS, 2) qgemm_kernel(const Params p) {
       float h0 = g0 / (1.f + __expf(-g0)) * u0, h1 = g1 / (1.f + __expf(-g1)) * u1;
       int col = n0 + c;
       __nv_bfloat16* yp = Y + int64_t(row_base + r) * p.ldy + col;
-      if (col + 1 < p.N && ((p.ldy & 1) == 0)) {
+      if (col + 1 < p.N && ((p.ldy & 1) == 0) && (reinterpret_cast<uintptr_t>(Y) & 3) == 0) {
         *reinterpret_cast<__nv_bfloat162*>(yp) = __floats2bfloat162_rn(h0, h1);
       } else {
         if (col < p.N) yp[0] = __float2bfloat16_rn(h0);
@@ -316,7 +316,9 @@ __global__ void __launch_bounds__(THREADS, 2) qgemm_kernel(const Params p) {
       }
     }
   } else {
-    const bool vec = (p.ldy & 1) == 0;
+    // pairs of columns are stored as one 8-byte (fp32) / 4-byte (bf16) access when aligned
+    const bool vec = (p.ldy & 1) == 0 &&
+                     (reinterpret_cast<uintptr_t>(p.Y) & (EPI == EPI_STORE_BF16 ? 3 : 7)) == 0;
 #pragma unroll
     for (int mi = 0; mi < 4; ++mi)
 #pragma unroll

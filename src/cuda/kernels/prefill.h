@@ -100,10 +100,17 @@ struct GdnPrefillArgs {
   float eps = 1e-6f;               // of the output RMSNorm
   float* state = nullptr;          // [Hv, dk, dv]
   float* o_scratch = nullptr;      // [n, Hv*dv]
+  // Optional fp32 scratch of gdn_prefill_work_floats(n, Hk, Hv, dk) floats (16-byte aligned) for the
+  // fast path (q̂, k̂, k̂·q̂ and the gates computed once per token by a parallel kernel, then streamed into
+  // the scan with cp.async). When null, gdn_prefill uses a buffer it owns per stream (allocated on first
+  // use / growth), or — while the stream is being captured into a CUDA graph — a slower path that needs
+  // no scratch. Pass one to keep allocation out of prefill.
+  float* work = nullptr;
   __nv_bfloat16* out = nullptr;
   int64_t ld_out = 0;
   int n = 0, Hk = 0, Hv = 0, dk = 0, dv = 0;
 };
+size_t gdn_prefill_work_floats(int n, int Hk, int Hv, int dk);
 void gdn_prefill(const GdnPrefillArgs& a, cudaStream_t stream);
 
 // ------------------------------------------------------------------------------------------------
