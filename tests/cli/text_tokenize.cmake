@@ -4,14 +4,14 @@ set(_lilac "$<TARGET_FILE:lilac>")
 
 # Two lines in, two id arrays out (golden ids from encode_golden.json).
 add_test(NAME cli_tokenize_encode
-  COMMAND sh -c "out=$(printf '%s\\n%s\\n' '\"Hello, world!\"' '\"<|im_start|>user\\\\nhi<|im_end|>\\\\n\"' | \"$1\" tokenize --tokenizer \"$2\") || exit 1; \
+  COMMAND sh -c "out=$(printf '%s\\n%s\\n' '\"Hello, world!\"' '\"<|im_start|>user\\nhi<|im_end|>\\n\"' | \"$1\" tokenize --tokenizer \"$2\") || exit 1; \
 expected=$(printf '%s\\n%s' '[9707,11,1879,0]' '[151644,872,198,6023,151645,198]'); \
 [ \"$out\" = \"$expected\" ] || { echo \"got: $out\"; exit 1; }"
   sh "${_lilac}" "${_tok_dir}")
 
 add_test(NAME cli_tokenize_decode
   COMMAND sh -c "out=$(printf '%s\\n' '[9707, 11, 1879, 0]' '[151644,872,198,6023,151645]' | \"$1\" tokenize --tokenizer \"$2\" --decode) || exit 1; \
-expected=$(printf '%s\\n%s' '\"Hello, world!\"' '\"<|im_start|>user\\\\nhi<|im_end|>\"'); \
+expected=$(printf '%s\\n%s' '\"Hello, world!\"' '\"<|im_start|>user\\nhi<|im_end|>\"'); \
 [ \"$out\" = \"$expected\" ] || { echo \"got: $out\"; exit 1; }"
   sh "${_lilac}" "${_tok_dir}")
 
