@@ -66,14 +66,15 @@ std::vector<int32_t> parse_eos(const json& v, const std::string& where) {
   return ids;
 }
 
-void check_rope_type(const json& obj, const std::string& where) {
+// `field` is the object's name as written in the file (e.g. "text_config.rope_scaling").
+void check_rope_type(const json& obj, const std::string& origin, const std::string& field) {
   for (const char* key : {"rope_type", "type"}) {
     if (obj.contains(key) && !obj[key].is_null()) {
-      if (!obj[key].is_string()) throw InputError(where + "." + key + " must be a string");
+      std::string where = origin + ": field '" + field + "." + key + "'";
+      if (!obj[key].is_string()) throw InputError(where + " must be a string");
       std::string t = obj[key].get<std::string>();
       if (t != "default" && t != "none" && t != "")
-        throw InputError(where + "." + key + " = '" + t +
-                         "' is not supported (lilac implements only plain RoPE: 'default')");
+        throw InputError(where + " = '" + t + "' is not supported (lilac implements only plain RoPE: 'default')");
     }
   }
 }
@@ -185,7 +186,7 @@ ModelConfig parse_config(const std::string& config_json, const std::string& orig
     const json& rp = tj["rope_parameters"];
     std::string w = origin + ": field '" + r.prefix + "rope_parameters";
     if (!rp.is_object()) throw InputError(w + "' must be an object");
-    check_rope_type(rp, r.prefix + "rope_parameters");
+    check_rope_type(rp, origin, r.prefix + "rope_parameters");
     Reader rr{rp, origin, r.prefix + "rope_parameters."};
     if (rr.has("rope_theta")) {
       c.rope_theta = rr.req_num("rope_theta");
@@ -199,11 +200,7 @@ ModelConfig parse_config(const std::string& config_json, const std::string& orig
   if (r.has("rope_scaling")) {
     const json& rs = tj["rope_scaling"];
     if (!rs.is_object()) throw InputError(r.where("rope_scaling") + " must be an object or null");
-    try {
-      check_rope_type(rs, r.prefix + "rope_scaling");
-    } catch (const InputError& e) {
-      throw InputError(origin + ": field " + e.what());
-    }
+    check_rope_type(rs, origin, r.prefix + "rope_scaling");
   }
   if (!have_theta) {
     if (!r.has("rope_theta"))
