@@ -51,6 +51,21 @@ bool have_gpu(std::string* why) {
 
 uint32_t fresh_seed() { return std::random_device{}(); }
 
+// Runs `f` once per tensor-core path of the quantized GEMMs (mma.sync, and wgmma where available),
+// then restores the automatic choice.
+template <class F>
+void for_each_gemm_path(F&& f) {
+  std::vector<std::pair<lc::GemmPath, const char*>> paths = {{lc::GemmPath::MmaSync, "mma.sync"}};
+  if (lc::gemm_wgmma_available()) paths.push_back({lc::GemmPath::Wgmma, "wgmma"});
+  for (auto& [path, name] : paths) {
+    SCOPED_TRACE(std::string("gemm path ") + name);
+    std::printf("[path] %s\n", name);
+    lc::set_gemm_path(path);
+    f();
+  }
+  lc::set_gemm_path(lc::GemmPath::Auto);
+}
+
 template <class T>
 struct Dev {
   T* p = nullptr;
@@ -212,19 +227,25 @@ void check_qgemm(int n, int rows, int cols, int bits, lc::GemmOut mode, int ldx_
 
 TEST(PrefillQgemm, Int4F32) {
   REQUIRE_GPU();
-  check_qgemm(77, 200, 320, 4, lc::GemmOut::StoreF32, 0);
-  check_qgemm(300, 1000, 2048, 4, lc::GemmOut::StoreF32, 8);
-  check_qgemm(1, 65, 64, 4, lc::GemmOut::StoreF32, 0);
+  for_each_gemm_path([] {
+    check_qgemm(77, 200, 320, 4, lc::GemmOut::StoreF32, 0);
+    check_qgemm(300, 1000, 2048, 4, lc::GemmOut::StoreF32, 8);
+    check_qgemm(1, 65, 64, 4, lc::GemmOut::StoreF32, 0);
+  });
 }
 TEST(PrefillQgemm, Int4AddAndBf16) {
   REQUIRE_GPU();
-  check_qgemm(129, 131, 512, 4, lc::GemmOut::AddF32, 0);
-  check_qgemm(45, 257, 192, 4, lc::GemmOut::StoreBF16, 16);
+  for_each_gemm_path([] {
+    check_qgemm(129, 131, 512, 4, lc::GemmOut::AddF32, 0);
+    check_qgemm(45, 257, 192, 4, lc::GemmOut::StoreBF16, 16);
+  });
 }
 TEST(PrefillQgemm, Int8) {
   REQUIRE_GPU();
-  check_qgemm(50, 37, 256, 8, lc::GemmOut::StoreF32, 0);
-  check_qgemm(140, 1, 512, 8, lc::GemmOut::StoreF32, 0);
+  for_each_gemm_path([] {
+    check_qgemm(50, 37, 256, 8, lc::GemmOut::StoreF32, 0);
+    check_qgemm(140, 1, 512, 8, lc::GemmOut::StoreF32, 0);
+  });
 }
 
 TEST(PrefillQgemm, SwiGLU) {
@@ -241,11 +262,13 @@ TEST(PrefillQgemm, SwiGLU) {
   cpu::qmatmul(U.host, xf.data(), n, u.data());
   for (size_t i = 0; i < ref.size(); ++i) ref[i] = silu(g[i]) * u[i];
   Dev<uint16_t> dx(xb), dh(size_t(n) * rows);
-  dh.poison();
-  lc::qgemm_swiglu(G.dev(), U.dev(), reinterpret_cast<const __nv_bfloat16*>(dx.p), cols, n,
-                   reinterpret_cast<__nv_bfloat16*>(dh.p), rows, nullptr);
-  CK(cudaDeviceSynchronize());
-  EXPECT_LT(rel_err(bf16_to_f(dh.get()), ref), 1e-2);
+  for_each_gemm_path([&] {
+    dh.poison();
+    lc::qgemm_swiglu(G.dev(), U.dev(), reinterpret_cast<const __nv_bfloat16*>(dx.p), cols, n,
+                     reinterpret_cast<__nv_bfloat16*>(dh.p), rows, nullptr);
+    CK(cudaDeviceSynchronize());
+    EXPECT_LT(rel_err(bf16_to_f(dh.get()), ref), 1e-2);
+  });
 }
 
 TEST(PrefillQgemm, RejectsBadShapes) {
@@ -547,9 +570,11 @@ void check_moe(int n, int E, int k, int hidden, int inter, int sinter) {
 
 TEST(PrefillMoe, GroupedExpertsMatchCpu) {
   REQUIRE_GPU();
-  check_moe(150, 16, 4, 256, 128, 192);  // some experts get no token, uneven tiles
-  check_moe(300, 64, 8, 512, 192, 128);
-  check_moe(3, 32, 8, 128, 64, 64);
+  for_each_gemm_path([] {
+    check_moe(150, 16, 4, 256, 128, 192);  // some experts get no token, uneven tiles
+    check_moe(300, 64, 8, 512, 192, 128);
+    check_moe(3, 32, 8, 128, 64, 64);
+  });
 }
 
 // ----------------------------------------------------------------------------- timings (real sizes)
@@ -604,10 +629,13 @@ TEST(PrefillTiming, RealSizes) {
     for (auto& s : shapes) {
       QMat W(s.rows, s.cols, 4, rng);
       Dev<float> dy(size_t(n) * s.rows);
-      float ms = time_ms([&] { lc::qgemm(W.dev(), X, s.cols, n, dy.p, s.rows, lc::GemmOut::StoreF32, nullptr); });
-      EXPECT_TRUE(all_finite_dev(dy.p, dy.n));
-      double fl = 2.0 * n * s.rows * s.cols;
-      std::printf("[timing] qgemm %-24s n=%d: %8.3f ms  %6.1f TFLOP/s\n", s.name, n, ms, fl / ms / 1e9);
+      for_each_gemm_path([&] {
+        float ms =
+            time_ms([&] { lc::qgemm(W.dev(), X, s.cols, n, dy.p, s.rows, lc::GemmOut::StoreF32, nullptr); });
+        EXPECT_TRUE(all_finite_dev(dy.p, dy.n));
+        double fl = 2.0 * n * s.rows * s.cols;
+        std::printf("[timing] qgemm %-24s n=%d: %8.3f ms  %6.1f TFLOP/s\n", s.name, n, ms, fl / ms / 1e9);
+      });
     }
   }
   {  // MoE block
@@ -627,11 +655,13 @@ TEST(PrefillTiming, RealSizes) {
     Dev<float> dy(size_t(n) * hidden);
     Dev<unsigned char> ws(lc::moe_prefill_workspace_bytes(w, n));
     cudaMemset(dy.p, 0, dy.n * 4);
-    float ms = time_ms([&] { lc::moe_prefill(w, X, hidden, n, dy.p, hidden, false, ws.p, nullptr); });
-    EXPECT_TRUE(all_finite_dev(dy.p, dy.n));
-    double fl = 2.0 * n * (double(k) * 3 * inter * hidden + 3.0 * inter * hidden + double(E) * hidden);
-    std::printf("[timing] moe_prefill (256 experts top-8 + shared) n=%d: %8.3f ms  %6.1f TFLOP/s\n", n, ms,
-                fl / ms / 1e9);
+    for_each_gemm_path([&] {
+      float ms = time_ms([&] { lc::moe_prefill(w, X, hidden, n, dy.p, hidden, false, ws.p, nullptr); });
+      EXPECT_TRUE(all_finite_dev(dy.p, dy.n));
+      double fl = 2.0 * n * (double(k) * 3 * inter * hidden + 3.0 * inter * hidden + double(E) * hidden);
+      std::printf("[timing] moe_prefill (256 experts top-8 + shared) n=%d: %8.3f ms  %6.1f TFLOP/s\n", n, ms,
+                  fl / ms / 1e9);
+    });
   }
   {  // attention
     const int heads = 16, kvh = 2, hd = 256;

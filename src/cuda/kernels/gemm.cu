@@ -1,4 +1,7 @@
 // qgemm / qgemm_swiglu (prefill.h) and the launcher of the shared quantized GEMM kernel (gemm.cuh).
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "core/error.h"
@@ -8,10 +11,67 @@
 namespace lilac::cuda {
 namespace gemm {
 
-template <int BITS, bool GROUPED, int EPI>
+// Whether the quantized GEMMs use wgmma by default on Hopper (LILAC_QGEMM_WGMMA=0/1 overrides).
+constexpr bool kWgmmaDefault = false;
+
+__global__ void probe_wgmma_kernel(int* out) { *out = LILAC_WGMMA; }
+
+namespace {
+std::atomic<int> g_forced{0};     // 0 auto, 1 mma.sync, 2 wgmma
+std::atomic<int> g_probe{-1};     // -1 unknown, 0 no sm_90a code / not Hopper, 1 wgmma usable
+
+// Is the wgmma kernel usable on the current device? Probed once, outside graph capture.
+bool wgmma_usable(cudaStream_t stream) {
+  int v = g_probe.load();
+  if (v >= 0) return v == 1;
+  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone) {
+    cudaGetLastError();
+    return false;  // decide later, outside a capture
+  }
+  int dev = 0, major = 0, minor = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+  int result = 0;
+  if (major == 9 && minor == 0) {
+    int* d = nullptr;
+    cudaStream_t ps;
+    if (cudaStreamCreateWithFlags(&ps, cudaStreamNonBlocking) == cudaSuccess) {
+      if (cudaMalloc(&d, sizeof(int)) == cudaSuccess) {
+        probe_wgmma_kernel<<<1, 1, 0, ps>>>(d);
+        int h = 0;
+        if (cudaMemcpyAsync(&h, d, sizeof(int), cudaMemcpyDeviceToHost, ps) == cudaSuccess &&
+            cudaStreamSynchronize(ps) == cudaSuccess)
+          result = h;
+        cudaFree(d);
+      }
+      cudaStreamDestroy(ps);
+    }
+  }
+  cudaGetLastError();
+  g_probe.store(result);
+  return result == 1;
+}
+
+bool use_wgmma(cudaStream_t stream) {
+  const int forced = g_forced.load();
+  if (forced == 1) return false;
+  if (forced == 0) {
+    const char* port = std::getenv("LILAC_CUDA_PORTABLE");
+    if (port && std::strcmp(port, "1") == 0) return false;
+    const char* env = std::getenv("LILAC_QGEMM_WGMMA");
+    const bool want = env ? std::strcmp(env, "1") == 0 : kWgmmaDefault;
+    if (!want) return false;
+  }
+  return wgmma_usable(stream);
+}
+}  // namespace
+
+template <int BITS, bool GROUPED, int EPI, bool WG>
 static void launch_one(const Params& p, int grid_y, cudaStream_t stream) {
-  auto kern = qgemm_kernel<BITS, GROUPED, EPI>;
-  constexpr int smem = Smem<BITS>::TOTAL;
+  auto kern = qgemm_kernel<BITS, GROUPED, EPI, WG>;
+  constexpr int smem = WG ? Smem<BITS>::ALLOC : Smem<BITS>::TOTAL;
   static bool attr_set = false;  // per instantiation (per device is fine: one GPU per process)
   if (!attr_set) {
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
@@ -25,16 +85,34 @@ static void launch_one(const Params& p, int grid_y, cudaStream_t stream) {
   if (e != cudaSuccess) throw Error(std::string("qgemm: launch failed: ") + cudaGetErrorString(e));
 }
 
+template <int BITS, bool GROUPED, int EPI>
+static void launch_wg(const Params& p, int grid_y, cudaStream_t stream) {
+  if (use_wgmma(stream)) return launch_one<BITS, GROUPED, EPI, true>(p, grid_y, stream);
+  launch_one<BITS, GROUPED, EPI, false>(p, grid_y, stream);
+}
+
+// Instantiated combinations: plain 4-bit (all epilogues), plain 8-bit (router / gates: f32 stores),
+// grouped 4-bit (SwiGLU gate+up, scaled down).
 template <int BITS, bool GROUPED>
 static void launch_bits(const Params& p, int epi, int grid_y, cudaStream_t stream) {
-  switch (epi) {
-    case EPI_STORE_F32: return launch_one<BITS, GROUPED, EPI_STORE_F32>(p, grid_y, stream);
-    case EPI_ADD_F32: return launch_one<BITS, GROUPED, EPI_ADD_F32>(p, grid_y, stream);
-    case EPI_STORE_BF16: return launch_one<BITS, GROUPED, EPI_STORE_BF16>(p, grid_y, stream);
-    case EPI_SWIGLU_BF16: return launch_one<BITS, GROUPED, EPI_SWIGLU_BF16>(p, grid_y, stream);
-    case EPI_SCALED_F32: return launch_one<BITS, GROUPED, EPI_SCALED_F32>(p, grid_y, stream);
+  if constexpr (GROUPED) {
+    if (BITS == 4 && epi == EPI_SWIGLU_BF16) return launch_wg<4, true, EPI_SWIGLU_BF16>(p, grid_y, stream);
+    if (BITS == 4 && epi == EPI_SCALED_F32) return launch_wg<4, true, EPI_SCALED_F32>(p, grid_y, stream);
+  } else if constexpr (BITS == 8) {
+    switch (epi) {
+      case EPI_STORE_F32: return launch_wg<8, false, EPI_STORE_F32>(p, grid_y, stream);
+      case EPI_ADD_F32: return launch_wg<8, false, EPI_ADD_F32>(p, grid_y, stream);
+      case EPI_STORE_BF16: return launch_wg<8, false, EPI_STORE_BF16>(p, grid_y, stream);
+    }
+  } else {
+    switch (epi) {
+      case EPI_STORE_F32: return launch_wg<BITS, false, EPI_STORE_F32>(p, grid_y, stream);
+      case EPI_ADD_F32: return launch_wg<BITS, false, EPI_ADD_F32>(p, grid_y, stream);
+      case EPI_STORE_BF16: return launch_wg<BITS, false, EPI_STORE_BF16>(p, grid_y, stream);
+      case EPI_SWIGLU_BF16: return launch_wg<BITS, false, EPI_SWIGLU_BF16>(p, grid_y, stream);
+    }
   }
-  throw Error("qgemm: bad epilogue");
+  throw Error("qgemm: unsupported epilogue / bits combination");
 }
 
 static void check_matrix(const QMatrixDev& W, const char* what) {
@@ -61,6 +139,11 @@ void launch(const Params& p, int bits, bool grouped, int epi, int grid_y, cudaSt
 }
 
 }  // namespace gemm
+
+void set_gemm_path(GemmPath path) {
+  gemm::g_forced.store(path == GemmPath::MmaSync ? 1 : path == GemmPath::Wgmma ? 2 : 0);
+}
+bool gemm_wgmma_available() { return gemm::wgmma_usable(nullptr); }
 
 void qgemm(const QMatrixDev& W, const __nv_bfloat16* X, int64_t ldx, int n, void* Y, int64_t ldy, GemmOut mode,
            cudaStream_t stream) {

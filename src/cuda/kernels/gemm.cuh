@@ -120,13 +120,69 @@ struct Smem {
   static constexpr int STAGE_BYTES = A_BYTES + WRAW_BYTES;
   static constexpr int B_BYTES = BN * BK * 2;                    // 16 KiB, ×2
   static constexpr int TOTAL = STAGES * STAGE_BYTES + 2 * B_BYTES;
+  static constexpr int ALLOC = TOTAL + 1024;  // room to align the base to 1024 bytes
   static constexpr int EPI_LD = BN + 4;                          // fp32 staging row (SwiGLU)
   static_assert(BM * EPI_LD * 4 <= TOTAL, "epilogue staging must fit");
 };
 
-template <int BITS, bool GROUPED, int EPI>
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define LILAC_WGMMA 1
+#else
+#define LILAC_WGMMA 0
+#endif
+
+// ---- Hopper wgmma (sm_90a only): K-major operands in shared memory with the 128-byte swizzle, which
+// is exactly the tile layout above (16-byte chunk c of row r stored at chunk c ^ (r % 8), 128-byte rows,
+// 1024-byte aligned 8-row groups).
+__device__ __forceinline__ uint64_t wg_desc(uint32_t saddr) {
+  return uint64_t((saddr & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
+}
+__device__ __forceinline__ void wg_fence_acc(float* d) {
+#pragma unroll
+  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+__device__ __forceinline__ void wg_arrive() {
+#if LILAC_WGMMA
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wg_commit() {
+#if LILAC_WGMMA
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wg_wait0() {
+#if LILAC_WGMMA
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void fence_proxy_async() {
+#if LILAC_WGMMA
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+// D[64 x 128] += A[64 x 16] · B[128 x 16]ᵀ, both from shared memory descriptors.
+__device__ __forceinline__ void wgmma_m64n128k16(float* d, uint64_t da, uint64_t db) {
+#if LILAC_WGMMA
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(da), "l"(db), "r"(1));
+#endif
+}
+
+// 1 when this code was compiled for sm_90a (wgmma available), else 0.
+__global__ void probe_wgmma_kernel(int* out);
+
+template <int BITS, bool GROUPED, int EPI, bool WG>
 __global__ void __launch_bounds__(THREADS, 2) qgemm_kernel(const Params p) {
-  extern __shared__ __align__(128) unsigned char smem[];
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  // 1024-byte aligned base (the 128-byte swizzle pattern repeats every 1024 bytes)
+  // (wgmma only: the mma.sync kernel keeps the plain base and its smaller allocation)
+  const uint32_t raw_u32 = smem_u32(smem_raw);
+  unsigned char* smem = WG ? smem_raw + (((raw_u32 + 1023u) & ~1023u) - raw_u32) : smem_raw;
   using S = Smem<BITS>;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int warp_m = warp >> 2, warp_n = warp & 3;
@@ -236,13 +292,14 @@ __global__ void __launch_bounds__(THREADS, 2) qgemm_kernel(const Params p) {
     }
   };
 
-  float acc[4][4][4];
+  // 16 accumulator fragments of 4 values: fragment f holds (row fr, cols fc, fc+1) and (fr+8, ...)
+  //   mma.sync: f = mi*4 + ni, fr = warp_m*64 + mi*16 + g, fc = warp_n*32 + ni*8 + 2(lane%4)
+  //   wgmma:    f = j,         fr = (warp/4)*64 + (warp%4)*16 + g, fc = 8j + 2(lane%4)
+  float acc[16][4];
 #pragma unroll
-  for (int i = 0; i < 4; ++i)
+  for (int i = 0; i < 16; ++i)
 #pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) acc[i][j][c] = 0.f;
+    for (int c = 0; c < 4; ++c) acc[i][c] = 0.f;
 
   // ---- prologue
 #pragma unroll
@@ -257,15 +314,35 @@ __global__ void __launch_bounds__(THREADS, 2) qgemm_kernel(const Params p) {
   const int a_r = lane & 15, a_k = (lane >> 4) * 8;                       // A: rows 0-15, k 0/8
   const int b_n = (lane & 7) + ((lane >> 4) << 3), b_k = ((lane >> 3) & 1) * 8;  // B: n 0-15, k 0/8
 
+  if constexpr (WG) fence_proxy_async();  // B tile 0 written by ordinary stores, read by wgmma
+
   for (int kt = 0; kt < KT; ++kt) {
     cp_async_wait<STAGES - 3>();
+    if constexpr (WG) fence_proxy_async();  // cp.async data → async proxy
     __syncthreads();
     load_tile(kt + STAGES - 1, (kt + STAGES - 1) % STAGES);
+    const uint32_t As = stage_a(kt % STAGES), Bs = b_base + (kt & 1) * S::B_BYTES;
+    if constexpr (WG) {
+      float* d = &acc[0][0];
+      wg_fence_acc(d);
+      wg_arrive();
+      const uint32_t a_tile = As + (warp >> 2) * 64 * 128;
+#pragma unroll
+      for (int ks = 0; ks < BK / 16; ++ks) wgmma_m64n128k16(d, wg_desc(a_tile + ks * 32), wg_desc(Bs + ks * 32));
+      wg_commit();
+      if (kt + 1 < KT) {
+        dequant(kt + 1, (kt + 1) & 1);
+        fence_proxy_async();
+        load_sb(kt + 2);
+      }
+      wg_wait0();
+      wg_fence_acc(d);
+      continue;
+    }
     if (kt + 1 < KT) {
       dequant(kt + 1, (kt + 1) & 1);
       load_sb(kt + 2);
     }
-    const uint32_t As = stage_a(kt % STAGES), Bs = b_base + (kt & 1) * S::B_BYTES;
 #pragma unroll
     for (int ks = 0; ks < BK / 16; ++ks) {
       uint32_t af[4][4], bfr[4][2];
@@ -279,24 +356,26 @@ __global__ void __launch_bounds__(THREADS, 2) qgemm_kernel(const Params p) {
 #pragma unroll
       for (int mi = 0; mi < 4; ++mi)
 #pragma unroll
-        for (int ni = 0; ni < 4; ++ni) mma_bf16(acc[mi][ni], af[mi], bfr[ni][0], bfr[ni][1]);
+        for (int ni = 0; ni < 4; ++ni) mma_bf16(acc[mi * 4 + ni], af[mi], bfr[ni][0], bfr[ni][1]);
     }
   }
   cp_async_wait<0>();
 
   // ---- epilogue
   const int g = lane >> 2, c2 = (lane & 3) * 2;
+  auto frag_row = [&](int f) {
+    return WG ? (warp >> 2) * 64 + (warp & 3) * 16 + g : warp_m * 64 + (f >> 2) * 16 + g;
+  };
+  auto frag_col = [&](int f) { return WG ? f * 8 + c2 : warp_n * 32 + (f & 3) * 8 + c2; };
   if constexpr (SWIGLU) {
     __syncthreads();  // pipeline smem is reused for the fp32 tile
     float* st = reinterpret_cast<float*>(smem);
 #pragma unroll
-    for (int mi = 0; mi < 4; ++mi)
-#pragma unroll
-      for (int ni = 0; ni < 4; ++ni) {
-        int r = warp_m * 64 + mi * 16 + g, c = warp_n * 32 + ni * 8 + c2;
-        *reinterpret_cast<float2*>(st + r * S::EPI_LD + c) = make_float2(acc[mi][ni][0], acc[mi][ni][1]);
-        *reinterpret_cast<float2*>(st + (r + 8) * S::EPI_LD + c) = make_float2(acc[mi][ni][2], acc[mi][ni][3]);
-      }
+    for (int f = 0; f < 16; ++f) {
+      int r = frag_row(f), c = frag_col(f);
+      *reinterpret_cast<float2*>(st + r * S::EPI_LD + c) = make_float2(acc[f][0], acc[f][1]);
+      *reinterpret_cast<float2*>(st + (r + 8) * S::EPI_LD + c) = make_float2(acc[f][2], acc[f][3]);
+    }
     __syncthreads();
     __nv_bfloat16* Y = static_cast<__nv_bfloat16*>(p.Y);
     // 128 rows × 64 outputs; each thread does pairs of columns
@@ -320,47 +399,45 @@ __global__ void __launch_bounds__(THREADS, 2) qgemm_kernel(const Params p) {
     const bool vec = (p.ldy & 1) == 0 &&
                      (reinterpret_cast<uintptr_t>(p.Y) & (EPI == EPI_STORE_BF16 ? 3 : 7)) == 0;
 #pragma unroll
-    for (int mi = 0; mi < 4; ++mi)
+    for (int f = 0; f < 16; ++f)
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        int r = warp_m * 64 + mi * 16 + g + half * 8;
+        int r = frag_row(f) + half * 8;
         if (r >= rows_valid) continue;
         int64_t yrow = row_base + r;
         float rs = 1.f;
         if constexpr (EPI == EPI_SCALED_F32) rs = p.row_scale[yrow];
-#pragma unroll
-        for (int ni = 0; ni < 4; ++ni) {
-          int col = n0 + warp_n * 32 + ni * 8 + c2;
-          float v0 = acc[mi][ni][half * 2] * rs, v1 = acc[mi][ni][half * 2 + 1] * rs;
-          if constexpr (EPI == EPI_STORE_BF16) {
-            __nv_bfloat16* yp = static_cast<__nv_bfloat16*>(p.Y) + yrow * p.ldy + col;
-            if (vec && col + 1 < p.N) {
-              *reinterpret_cast<__nv_bfloat162*>(yp) = __floats2bfloat162_rn(v0, v1);
-            } else {
-              if (col < p.N) yp[0] = __float2bfloat16_rn(v0);
-              if (col + 1 < p.N) yp[1] = __float2bfloat16_rn(v1);
-            }
+        int col = n0 + frag_col(f);
+        float v0 = acc[f][half * 2] * rs, v1 = acc[f][half * 2 + 1] * rs;
+        if constexpr (EPI == EPI_STORE_BF16) {
+          __nv_bfloat16* yp = static_cast<__nv_bfloat16*>(p.Y) + yrow * p.ldy + col;
+          if (vec && col + 1 < p.N) {
+            *reinterpret_cast<__nv_bfloat162*>(yp) = __floats2bfloat162_rn(v0, v1);
           } else {
-            float* yp = static_cast<float*>(p.Y) + yrow * p.ldy + col;
-            if (vec && col + 1 < p.N) {
-              float2 o = make_float2(v0, v1);
-              if constexpr (EPI == EPI_ADD_F32) {
-                float2 old = *reinterpret_cast<float2*>(yp);
-                o.x += old.x;
-                o.y += old.y;
-              }
-              *reinterpret_cast<float2*>(yp) = o;
-            } else {
-              if (col < p.N) yp[0] = (EPI == EPI_ADD_F32 ? yp[0] : 0.f) + v0;
-              if (col + 1 < p.N) yp[1] = (EPI == EPI_ADD_F32 ? yp[1] : 0.f) + v1;
+            if (col < p.N) yp[0] = __float2bfloat16_rn(v0);
+            if (col + 1 < p.N) yp[1] = __float2bfloat16_rn(v1);
+          }
+        } else {
+          float* yp = static_cast<float*>(p.Y) + yrow * p.ldy + col;
+          if (vec && col + 1 < p.N) {
+            float2 o = make_float2(v0, v1);
+            if constexpr (EPI == EPI_ADD_F32) {
+              float2 old = *reinterpret_cast<float2*>(yp);
+              o.x += old.x;
+              o.y += old.y;
             }
+            *reinterpret_cast<float2*>(yp) = o;
+          } else {
+            if (col < p.N) yp[0] = (EPI == EPI_ADD_F32 ? yp[0] : 0.f) + v0;
+            if (col + 1 < p.N) yp[1] = (EPI == EPI_ADD_F32 ? yp[1] : 0.f) + v1;
           }
         }
       }
   }
 }
 
-// Launch helper (defined in gemm.cu): validates W, sets the smem attribute once per instantiation.
+// Launch helper (defined in gemm.cu): validates W, picks the mma.sync or the wgmma kernel, sets the
+// smem attribute once per instantiation.
 void launch(const Params& p, int bits, bool grouped, int epi, int grid_y, cudaStream_t stream);
 
 }  // namespace lilac::cuda::gemm

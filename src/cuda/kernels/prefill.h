@@ -31,6 +31,14 @@ enum class GemmOut {
 void qgemm(const QMatrixDev& W, const __nv_bfloat16* X, int64_t ldx, int n, void* Y, int64_t ldy, GemmOut mode,
            cudaStream_t stream);
 
+// Which tensor-core path the quantized GEMMs (qgemm, qgemm_swiglu, MoE grouped GEMMs) take.
+// Auto: wgmma (sm_90a) when the device is Hopper, the binary holds sm_90a code and it is enabled
+// (default per gemm.cu's kWgmmaDefault, or LILAC_QGEMM_WGMMA=1 / 0), never with LILAC_CUDA_PORTABLE=1;
+// else mma.sync. Wgmma falls back to mma.sync where it is unavailable. For tests and benchmarks.
+enum class GemmPath { Auto, MmaSync, Wgmma };
+void set_gemm_path(GemmPath path);
+bool gemm_wgmma_available();  // Hopper + sm_90a code present (probed once, outside graph capture)
+
 // SwiGLU pair: H[n, G.rows] = silu(X Gᵀ) ⊙ (X Uᵀ), bf16 out (the input of the down projection).
 // G and U must have the same shape and bits. (Shared expert gate+up in one pass.)
 void qgemm_swiglu(const QMatrixDev& G, const QMatrixDev& U, const __nv_bfloat16* X, int64_t ldx, int n,
