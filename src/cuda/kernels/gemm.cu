@@ -143,7 +143,11 @@ void launch(const Params& p, int bits, bool grouped, int epi, int grid_y, cudaSt
 void set_gemm_path(GemmPath path) {
   gemm::g_forced.store(path == GemmPath::MmaSync ? 1 : path == GemmPath::Wgmma ? 2 : 0);
 }
-bool gemm_wgmma_available() { return gemm::wgmma_usable(nullptr); }
+bool gemm_wgmma_available() {
+  const char* port = std::getenv("LILAC_CUDA_PORTABLE");
+  if (port && std::strcmp(port, "1") == 0) return false;
+  return gemm::wgmma_usable(nullptr);
+}
 
 void qgemm(const QMatrixDev& W, const __nv_bfloat16* X, int64_t ldx, int n, void* Y, int64_t ldy, GemmOut mode,
            cudaStream_t stream) {

@@ -37,7 +37,8 @@ void qgemm(const QMatrixDev& W, const __nv_bfloat16* X, int64_t ldx, int n, void
 // else mma.sync. Wgmma falls back to mma.sync where it is unavailable. For tests and benchmarks.
 enum class GemmPath { Auto, MmaSync, Wgmma };
 void set_gemm_path(GemmPath path);
-bool gemm_wgmma_available();  // Hopper + sm_90a code present (probed once, outside graph capture)
+// Hopper + sm_90a code present (probed once, outside graph capture) and LILAC_CUDA_PORTABLE != 1.
+bool gemm_wgmma_available();
 
 // SwiGLU pair: H[n, G.rows] = silu(X Gᵀ) ⊙ (X Uᵀ), bf16 out (the input of the down projection).
 // G and U must have the same shape and bits. (Shared expert gate+up in one pass.)
