@@ -252,7 +252,12 @@ struct FileCloser {
 void write_one(const std::string& path, std::vector<const TensorToWrite*> list,
                const std::map<std::string, std::string>& metadata, void (*on_bytes)(void*, uint64_t),
                void* ctx) {
-  std::sort(list.begin(), list.end(), [](auto* a, auto* b) { return a->name < b->name; });
+  // Larger element sizes first (then by name): with the header padded to 8 bytes every tensor's data
+  // is aligned to its element size, and the data section has no holes.
+  std::sort(list.begin(), list.end(), [](auto* a, auto* b) {
+    size_t sa = dtype_size(a->dtype), sb = dtype_size(b->dtype);
+    return sa != sb ? sa > sb : a->name < b->name;
+  });
   json h = json::object();
   if (!metadata.empty()) h["__metadata__"] = metadata;
   uint64_t off = 0;

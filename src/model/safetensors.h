@@ -88,7 +88,8 @@ struct TensorToWrite {
   size_t nbytes = 0;
 };
 
-// Writes one file (tensors sorted by name, header padded to 8 bytes). Throws naming the path.
+// Writes one file (header padded to 8 bytes, data ordered by element size then name, so every tensor
+// is aligned). Throws naming the path.
 void write_safetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
 
