@@ -495,6 +495,46 @@ TEST(PrefillMoe, RouteMatchesCpu) {
   }
 }
 
+// The GPU's router logits come from bf16-rounded weights (relative error ~2^-9 per weight), so its
+// top-k may differ from the CPU's only between experts whose CPU probabilities are nearly tied: every
+// expert the GPU picked must have a CPU probability ≥ (1 − 1e-2) × the CPU's k-th largest (1e-2 in
+// probability ≈ 1e-2 in logit, ~20× the expected logit error); the ids must be distinct; where both
+// chose the same set, the renormalised weights must agree to 1e-2 relative. (Slot order among nearly
+// equal probabilities may differ: the MoE output does not depend on it.)
+void check_routing(const std::vector<float>& logits, const std::vector<int32_t>& ids, const std::vector<float>& wts,
+                   int n, int E, int k) {
+  int set_differs = 0;
+  std::vector<float> p(E), rw(k);
+  std::vector<int> rid(k);
+  for (int t = 0; t < n; ++t) {
+    const float* row = &logits[size_t(t) * E];
+    std::copy(row, row + E, p.begin());
+    cpu::softmax(p.data(), E);
+    cpu::moe_route(row, E, k, true, rid.data(), rw.data());
+    const float pk = p[rid[k - 1]];  // the CPU's k-th largest probability
+    std::vector<int> a(rid.begin(), rid.end()), b(ids.begin() + size_t(t) * k, ids.begin() + size_t(t + 1) * k);
+    for (int e : b) ASSERT_TRUE(e >= 0 && e < E) << "token " << t << " expert id " << e;
+    std::sort(a.begin(), a.end());
+    std::sort(b.begin(), b.end());
+    ASSERT_TRUE(std::adjacent_find(b.begin(), b.end()) == b.end()) << "token " << t << ": repeated expert id";
+    for (int s = 0; s < k; ++s) {
+      const int e = ids[size_t(t) * k + s];
+      EXPECT_GE(p[e], pk * (1.f - 1e-2f)) << "token " << t << " slot " << s << ": expert " << e
+                                          << " is no near-tie of the CPU's top-" << k;
+    }
+    if (a != b) {
+      ++set_differs;
+      continue;
+    }
+    for (int s = 0; s < k; ++s) {
+      const int e = ids[size_t(t) * k + s];
+      const int j = int(std::find(rid.begin(), rid.end(), e) - rid.begin());
+      EXPECT_NEAR(wts[size_t(t) * k + s], rw[j], 1e-2f * rw[j] + 1e-6f) << "token " << t << " expert " << e;
+    }
+  }
+  std::printf("[routing] %d of %d tokens chose a different expert set than the CPU (near-ties)\n", set_differs, n);
+}
+
 void check_moe(int n, int E, int k, int hidden, int inter, int sinter) {
   const uint32_t seed = fresh_seed();
   SCOPED_TRACE("seed " + std::to_string(seed) + " n=" + std::to_string(n) + " E=" + std::to_string(E));
@@ -527,21 +567,9 @@ void check_moe(int n, int E, int k, int hidden, int inter, int sinter) {
   auto got = dy.get();
   auto ids = dids.get();
   auto wts = dwts.get();
-  // routing: the CPU's choice from its own logits; near-ties may flip with bf16 rounding (rare)
   std::vector<float> logits(size_t(n) * E);
   cpu::qmatmul(router.host, xf.data(), n, logits.data());
-  int differ = 0;
-  std::vector<int> rid(k);
-  std::vector<float> rw(k);
-  for (int t = 0; t < n; ++t) {
-    cpu::moe_route(&logits[size_t(t) * E], E, k, true, rid.data(), rw.data());
-    for (int s = 0; s < k; ++s)
-      if (rid[s] != ids[t * k + s]) {
-        ++differ;
-        break;
-      }
-  }
-  EXPECT_LE(differ, n / 20 + 1) << "tokens routed differently from the CPU";
+  check_routing(logits, ids, wts, n, E, k);
   // experts with the GPU's routing
   QExperts hg = gate.host_experts(E), hu = up.host_experts(E), hd = down.host_experts(E);
   std::vector<float> ref = y0, tmp(hidden), hid(2 * inter), shid(2 * sinter);

@@ -12,7 +12,7 @@ namespace lilac::cuda {
 namespace gemm {
 
 // Whether the quantized GEMMs use wgmma by default on Hopper (LILAC_QGEMM_WGMMA=0/1 overrides).
-constexpr bool kWgmmaDefault = false;
+constexpr bool kWgmmaDefault = true;  // verified on H200 2026-11-29 (tests + timings, GPU_NOTES.md)
 
 __global__ void probe_wgmma_kernel(int* out) { *out = LILAC_WGMMA; }
 
