@@ -1,0 +1,146 @@
+// `lilac serve --model DIR`: the OpenAI-compatible HTTP server. It listens at once (GET /health answers
+// 503 while the model loads, 200 after), loads the tokenizer, chat template and weights, then serves
+// until SIGINT / SIGTERM.
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "cli/backend_select.h"
+#include "cli/command.h"
+#include "cli/serve_extension.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "core/mapped_file.h"
+#include "engine/backend.h"
+#include "model/config.h"
+#include "model/weights.h"
+#include "server/scripted_backend.h"
+#include "server/server.h"
+#include "text/chat_template.h"
+#include "text/tokenizer.h"
+
+namespace lilac::cli {
+
+std::vector<ServeExtension>& serve_extensions() {
+  static std::vector<ServeExtension> all;
+  return all;
+}
+
+bool register_serve_extension(ServeExtension ext) {
+  serve_extensions().push_back(std::move(ext));
+  return true;
+}
+
+namespace {
+
+volatile std::sig_atomic_t g_stop = 0;
+void on_signal(int) { g_stop = 1; }
+
+struct ServeArgs {
+  std::string model, backend = "auto", model_name, api_key, host = "127.0.0.1";
+  int port = 8080, threads = 0, max_queue = 64, http_threads = 64;
+  int64_t max_seq = 0;
+  double cache_mb = 2048, max_body_mb = 8;
+};
+
+int run(const ServeArgs& a) {
+  std::signal(SIGINT, on_signal);
+  std::signal(SIGTERM, on_signal);
+  std::signal(SIGPIPE, SIG_IGN);
+  if (a.port < 0 || a.port > 65535) throw InputError("--port must be in [0, 65535]");
+  if (a.max_queue < 1) throw InputError("--max-queue must be at least 1");
+  if (a.cache_mb < 0) throw InputError("--cache-mb must be >= 0");
+  if (a.max_body_mb <= 0) throw InputError("--max-body-mb must be > 0");
+  if (!std::filesystem::is_directory(a.model)) throw InputError("--model: " + a.model + " is not a folder");
+  const bool scripted = a.backend.rfind("scripted:", 0) == 0;
+
+  server::ServerOptions o;
+  o.host = a.host;
+  o.port = a.port;
+  o.api_key = a.api_key;
+  if (o.api_key.empty())
+    if (const char* k = std::getenv("LILAC_API_KEY")) o.api_key = k;
+  std::string name = a.model_name;
+  if (name.empty()) {
+    name = std::filesystem::path(a.model).lexically_normal().filename().string();
+    if (name.empty()) name = std::filesystem::absolute(a.model).lexically_normal().parent_path().filename().string();
+    if (name.empty()) name = "lilac";
+  }
+  o.model_id = name;
+  o.max_queue = a.max_queue;
+  o.http_threads = a.http_threads;
+  o.cache_bytes = size_t(a.cache_mb * 1024 * 1024);
+  o.max_body_bytes = size_t(a.max_body_mb * 1024 * 1024);
+  // Context limit: --max-seq, else min(32768, the model's max_position_embeddings).
+  ModelConfig cfg;
+  if (!scripted) cfg = load_config(a.model);
+  int64_t model_max = scripted ? int64_t(1) << 30 : cfg.max_position_embeddings;
+  o.max_seq = a.max_seq > 0 ? a.max_seq : std::min<int64_t>(32768, model_max > 0 ? model_max : 32768);
+  if (model_max > 0 && o.max_seq > model_max)
+    throw InputError("--max-seq " + std::to_string(o.max_seq) + " exceeds the model's max_position_embeddings (" +
+                     std::to_string(model_max) + ")");
+
+  server::Server srv(o);
+  for (auto& ext : serve_extensions())
+    if (ext.configure) ext.configure(srv);
+  int port = srv.bind();
+  srv.start();
+  std::printf("lilac: listening on http://%s:%d (loading %s)\n", o.host.c_str(), port, a.model.c_str());
+  std::fflush(stdout);
+
+  auto tok = std::shared_ptr<const Tokenizer>(Tokenizer::load(a.model));
+  auto tmpl = std::shared_ptr<const ChatTemplate>(ChatTemplate::load(a.model));
+  std::shared_ptr<Backend> backend;
+  if (scripted) {
+    backend = server::make_scripted_backend_from_file(a.backend.substr(9), tok);
+  } else {
+    auto weights = load_model(a.model);
+    backend = make_backend(a.backend, weights, a.threads);
+  }
+  srv.set_model(backend, tok, tmpl);
+  std::printf("lilac: ready: model '%s' on %s, context %lld tokens, queue %d, prefix cache %.0f MiB%s\n",
+              o.model_id.c_str(), backend->describe().c_str(), (long long)o.max_seq, o.max_queue, a.cache_mb,
+              o.api_key.empty() ? "" : ", API key required");
+  std::fflush(stdout);
+  while (!g_stop) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  std::printf("lilac: shutting down\n");
+  std::fflush(stdout);
+  srv.stop();
+  return 0;
+}
+
+const bool registered = register_command(Command{
+    "serve", "Serve the OpenAI-compatible HTTP API (chat/completions, completions, models, health, metrics)",
+    [](CLI::App& sub) -> std::function<int()> {
+      auto a = std::make_shared<ServeArgs>();
+      sub.add_option("--model", a->model, "Model folder (config.json, safetensors, tokenizer, chat template)")
+          ->required();
+      sub.add_option("--backend", a->backend,
+                     "auto (CUDA when a GPU is usable, else CPU), cpu, cuda, or scripted:FILE (test backend)")
+          ->capture_default_str();
+      sub.add_option("--threads", a->threads, "CPU backend threads (0 = all hardware threads)")->capture_default_str();
+      sub.add_option("--host", a->host, "Address to listen on")->capture_default_str();
+      sub.add_option("--port", a->port, "Port to listen on (0 = any free port; the chosen one is printed)")
+          ->capture_default_str();
+      sub.add_option("--api-key", a->api_key,
+                     "Require 'Authorization: Bearer KEY' on /v1/* (also from $LILAC_API_KEY)");
+      sub.add_option("--model-name", a->model_name, "Model id served in /v1/models (default: the folder name)");
+      sub.add_option("--max-seq", a->max_seq,
+                     "Context limit in tokens, prompt + max_tokens (default: min(32768, max_position_embeddings))");
+      sub.add_option("--cache-mb", a->cache_mb, "Prefix-cache budget in MiB (session snapshots)")->capture_default_str();
+      sub.add_option("--max-queue", a->max_queue, "Generations queued or running before requests get 429")
+          ->capture_default_str();
+      sub.add_option("--max-body-mb", a->max_body_mb, "Request body limit in MiB (larger: 413)")->capture_default_str();
+      sub.add_option("--http-threads", a->http_threads, "HTTP worker threads (open connections served at once)")
+          ->capture_default_str();
+      for (auto& ext : serve_extensions())
+        if (ext.add_options) ext.add_options(sub);
+      return [a] { return run(*a); };
+    }});
+
+}  // namespace
+}  // namespace lilac::cli
