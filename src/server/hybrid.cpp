@@ -1,0 +1,573 @@
+// Hybrid router: the decision (Router) and the HTTP glue (HybridRouter). See hybrid.h for the order of rules.
+#include "server/hybrid.h"
+
+#include <httplib.h>
+
+#include <chrono>
+#include <cstring>
+#include <ctime>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "server/openai_schema.h"
+#include "server/server.h"
+
+namespace lilac::server {
+
+using json = nlohmann::json;
+
+// ------------------------------------------------------------------------------------------- hashing
+
+namespace {
+
+constexpr uint64_t kK1 = 0x9E3779B97F4A7C15ull, kK2 = 0xC2B2AE3D27D4EB4Full, kK3 = 0x165667B19E3779F9ull;
+
+inline uint64_t rotl(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
+inline uint64_t fmix(uint64_t h) {
+  h ^= h >> 33;
+  h *= 0xff51afd7ed558ccdull;
+  h ^= h >> 33;
+  h *= 0xc4ceb9fe1a85ec53ull;
+  h ^= h >> 33;
+  return h;
+}
+
+// A streaming 64-bit hash: fields are length-prefixed so ("ab","c") != ("a","bc").
+struct Hasher {
+  uint64_t h = kK3;
+  void word(uint64_t w) { h = rotl(h ^ (w * kK1), 31) * kK2; }
+  void bytes(std::string_view s) {
+    word(s.size());
+    const char* p = s.data();
+    size_t n = s.size();
+    while (n >= 8) {
+      uint64_t w;
+      std::memcpy(&w, p, 8);
+      word(w);
+      p += 8;
+      n -= 8;
+    }
+    uint64_t w = 0;
+    std::memcpy(&w, p, n);
+    word(w ^ (uint64_t(n) << 56));
+  }
+  void tag(char c) { word(static_cast<unsigned char>(c) | 0xA500ull << 8); }
+  uint64_t done() const { return fmix(h); }
+};
+
+void hash_string_field(Hasher& hs, const json& m, const char* key, char tag) {
+  auto it = m.find(key);
+  if (it == m.end() || !it->is_string()) return;
+  hs.tag(tag);
+  hs.bytes(it->get_ref<const std::string&>());
+}
+
+uint64_t hash_message(const json& m) {
+  Hasher hs;
+  if (!m.is_object()) {
+    hs.tag('?');
+    hs.bytes(m.dump());
+    return hs.done();
+  }
+  hash_string_field(hs, m, "role", 'r');
+  hash_string_field(hs, m, "name", 'n');
+  hash_string_field(hs, m, "tool_call_id", 'i');
+  auto c = m.find("content");
+  hs.tag('c');
+  if (c != m.end()) {
+    if (c->is_string()) {
+      hs.bytes(c->get_ref<const std::string&>());
+    } else if (c->is_array()) {
+      // Text parts hash like their concatenation as one string would not: keep parts distinct but make
+      // a single text part equal to the plain string (clients switch between the two forms).
+      if (c->size() == 1 && (*c)[0].is_object() && (*c)[0].value("type", "") == "text" && (*c)[0].contains("text") &&
+          (*c)[0]["text"].is_string()) {
+        hs.bytes((*c)[0]["text"].get_ref<const std::string&>());
+      } else {
+        for (const auto& part : *c) {
+          if (part.is_object() && part.value("type", "") == "text" && part.contains("text") && part["text"].is_string()) {
+            hs.tag('t');
+            hs.bytes(part["text"].get_ref<const std::string&>());
+          } else {
+            hs.tag('p');
+            hs.bytes(part.dump());
+          }
+        }
+      }
+    } else if (!c->is_null()) {
+      hs.bytes(c->dump());
+    } else {
+      hs.bytes("");
+    }
+  } else {
+    hs.bytes("");
+  }
+  auto tc = m.find("tool_calls");
+  if (tc != m.end() && tc->is_array()) {
+    for (const auto& call : *tc) {
+      hs.tag('f');
+      if (!call.is_object()) {
+        hs.bytes(call.dump());
+        continue;
+      }
+      auto fn = call.find("function");
+      if (fn == call.end() || !fn->is_object()) continue;
+      hash_string_field(hs, *fn, "name", 'N');
+      auto args = fn->find("arguments");
+      if (args != fn->end()) {
+        hs.tag('A');
+        if (args->is_string()) hs.bytes(args->get_ref<const std::string&>());
+        else hs.bytes(args->dump());
+      }
+    }
+  }
+  return hs.done();
+}
+
+}  // namespace
+
+std::vector<uint64_t> message_prefix_hashes(const json& messages) {
+  std::vector<uint64_t> out;
+  if (!messages.is_array()) return out;
+  out.reserve(messages.size());
+  uint64_t h = kK2;
+  for (const auto& m : messages) {
+    h = fmix(rotl(h, 17) ^ (hash_message(m) * kK1) ^ kK3);
+    out.push_back(h);
+  }
+  return out;
+}
+
+// ------------------------------------------------------------------------------------------- Router
+
+Router::Router(RoutePolicy policy, RouterConfig config) : policy_(std::move(policy)), config_(std::move(config)) {}
+
+bool Router::text_sensitive(std::string_view text, std::vector<std::string>* matched, std::string& fold_buf) const {
+  if (text.empty()) return false;
+  std::vector<Finding> f;
+  if (!policy_.detectors.empty()) {
+    scan_sensitive(text, policy_.detectors, f, 1);
+    if (!f.empty()) {
+      if (matched) matched->push_back(detector_name(f[0].kind));
+      return true;
+    }
+  }
+  if (policy_.rules.empty()) return false;
+  bool folded = false;
+  for (const auto& r : policy_.rules) {
+    if (r.case_insensitive() && !folded) {
+      fold_buf.assign(text);
+      for (auto& c : fold_buf)
+        if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
+      folded = true;
+    }
+    if (r.matches(text, fold_buf)) {
+      if (matched) matched->push_back("rule:" + r.name());
+      return true;
+    }
+  }
+  return false;
+}
+
+namespace {
+
+// Calls fn(text) for every text of the request that may carry user data; stops when fn returns true.
+// Returns whether fn returned true. `bytes` accumulates the size of what was visited.
+template <class Fn>
+bool visit_texts(const json& body, bool chat, Fn&& fn, uint64_t* bytes) {
+  auto visit = [&](const json& v) -> bool {
+    if (v.is_string()) {
+      const auto& s = v.get_ref<const std::string&>();
+      *bytes += s.size();
+      return fn(std::string_view(s));
+    }
+    if (v.is_null() || v.is_number() || v.is_boolean()) return false;
+    std::string d = v.dump();  // objects (tool-call arguments given as objects), odd content types
+    *bytes += d.size();
+    return fn(std::string_view(d));
+  };
+  if (chat) {
+    auto ms = body.find("messages");
+    if (ms == body.end() || !ms->is_array()) return false;
+    for (const auto& m : *ms) {
+      if (!m.is_object()) {
+        if (visit(m)) return true;
+        continue;
+      }
+      auto c = m.find("content");
+      if (c != m.end()) {
+        if (c->is_array()) {
+          for (const auto& part : *c) {
+            if (part.is_object()) {
+              auto t = part.find("text");
+              if (t != part.end() && t->is_string()) {
+                if (visit(*t)) return true;
+                continue;
+              }
+            }
+            if (visit(part)) return true;
+          }
+        } else if (visit(*c)) {
+          return true;
+        }
+      }
+      auto rc = m.find("reasoning_content");
+      if (rc != m.end() && visit(*rc)) return true;
+      auto tc = m.find("tool_calls");
+      if (tc != m.end() && tc->is_array()) {
+        for (const auto& call : *tc) {
+          if (!call.is_object()) continue;
+          auto fnj = call.find("function");
+          if (fnj == call.end() || !fnj->is_object()) continue;
+          auto args = fnj->find("arguments");
+          if (args != fnj->end() && visit(*args)) return true;
+        }
+      }
+    }
+    return false;
+  }
+  for (const char* key : {"prompt", "suffix"}) {
+    auto p = body.find(key);
+    if (p == body.end()) continue;
+    if (p->is_array()) {
+      for (const auto& x : *p)
+        if (x.is_string() && visit(x)) return true;
+    } else if (p->is_string() && visit(*p)) {
+      return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
+bool Router::scan_body(const json& body, bool chat, std::vector<std::string>* matched) const {
+  std::string fold;
+  uint64_t bytes = 0;
+  return visit_texts(body, chat, [&](std::string_view t) { return text_sensitive(t, matched, fold); }, &bytes);
+}
+
+bool Router::is_upstream_model(const std::string& model) const {
+  if (model.empty() || model == config_.local_model_id) return false;
+  if (model.rfind(policy_.model_prefix, 0) == 0) return true;
+  if (!config_.upstream_model.empty() && model == config_.upstream_model) return true;
+  std::lock_guard lk(mu_);
+  for (const auto& id : upstream_ids_)
+    if (id == model) return true;
+  return false;
+}
+
+std::string Router::upstream_model_for(const std::string& model) const {
+  if (!model.empty() && model != config_.local_model_id) {
+    if (model.rfind(policy_.model_prefix, 0) == 0) return model.substr(policy_.model_prefix.size());
+    if (model == config_.upstream_model) return model;
+    std::lock_guard lk(mu_);
+    for (const auto& id : upstream_ids_)
+      if (id == model) return model;
+  }
+  if (!config_.upstream_model.empty()) return config_.upstream_model;
+  std::lock_guard lk(mu_);
+  return upstream_ids_.empty() ? std::string() : upstream_ids_.front();
+}
+
+void Router::set_upstream_model_ids(std::vector<std::string> ids) {
+  std::lock_guard lk(mu_);
+  upstream_ids_ = std::move(ids);
+}
+
+std::vector<std::string> Router::upstream_model_ids() const {
+  std::lock_guard lk(mu_);
+  return upstream_ids_;
+}
+
+void Router::remember_local(const json& body) {
+  if (!policy_.sticky || !body.is_object()) return;
+  auto ms = body.find("messages");
+  if (ms == body.end() || !ms->is_array() || ms->empty()) return;
+  auto hs = message_prefix_hashes(*ms);
+  std::lock_guard lk(mu_);
+  if (sticky_.insert(hs.back()).second) {
+    sticky_order_.push_back(hs.back());
+    while (sticky_order_.size() > policy_.sticky_max_entries) {
+      sticky_.erase(sticky_order_.front());
+      sticky_order_.pop_front();
+    }
+  }
+}
+
+bool Router::is_sticky(const json& body) const {
+  if (!policy_.sticky || !body.is_object()) return false;
+  auto ms = body.find("messages");
+  if (ms == body.end() || !ms->is_array() || ms->empty()) return false;
+  auto hs = message_prefix_hashes(*ms);
+  std::lock_guard lk(mu_);
+  if (sticky_.empty()) return false;
+  for (uint64_t h : hs)
+    if (sticky_.count(h)) return true;
+  return false;
+}
+
+size_t Router::sticky_entries() const {
+  std::lock_guard lk(mu_);
+  return sticky_.size();
+}
+
+RouteDecision Router::decide(const json& body, bool chat, std::string_view header_route, bool local_busy) const {
+  RouteDecision d;
+  // 1. Explicit choice.
+  Route explicit_route = Route::auto_;
+  if (body.is_object() && body.contains("lilac")) {
+    const auto& l = body["lilac"];
+    if (!l.is_object()) {
+      d.error_status = 400;
+      d.error_message = "'lilac' must be an object such as {\"route\": \"local\"}.";
+      d.error_param = "lilac";
+      d.error_code = "invalid_route";
+      return d;
+    }
+    if (l.contains("route")) {
+      if (!l["route"].is_string() || !parse_route(l["route"].get<std::string>(), &explicit_route)) {
+        d.error_status = 400;
+        d.error_message = "'lilac.route' must be \"local\", \"cloud\" or \"auto\".";
+        d.error_param = "lilac.route";
+        d.error_code = "invalid_route";
+        return d;
+      }
+    }
+  }
+  if (explicit_route == Route::auto_ && !header_route.empty() &&
+      !(body.is_object() && body.contains("lilac") && body["lilac"].contains("route"))) {
+    if (!parse_route(header_route, &explicit_route)) {
+      d.error_status = 400;
+      d.error_message = "The x-lilac-route header must be local, cloud or auto.";
+      d.error_param = "x-lilac-route";
+      d.error_code = "invalid_route";
+      return d;
+    }
+  }
+  std::string model;
+  if (body.is_object() && body.contains("model") && body["model"].is_string()) model = body["model"].get<std::string>();
+  d.model_is_upstream = is_upstream_model(model);
+
+  if (explicit_route == Route::local) {
+    d.route = Route::local;
+    d.reason = "explicit";
+  } else {
+    // 2. Sensitivity (and the prompt size, measured on the way).
+    std::string fold;
+    uint64_t bytes = 0;
+    bool any_check = !policy_.detectors.empty() || !policy_.rules.empty();
+    d.sensitive = visit_texts(
+        body, chat, [&](std::string_view t) { return any_check && text_sensitive(t, &d.matched, fold); }, &bytes);
+    if (d.sensitive) {
+      if (explicit_route == Route::cloud && policy_.allow_explicit_cloud_for_sensitive) {
+        d.route = Route::cloud;
+        d.reason = "explicit";
+      } else {
+        d.route = Route::local;
+        d.reason = "sensitive";
+      }
+    } else if (explicit_route == Route::cloud) {
+      d.route = Route::cloud;
+      d.reason = "explicit";
+    } else if (is_sticky(body)) {  // 3.
+      d.route = Route::local;
+      d.reason = "sticky";
+    } else if (d.model_is_upstream) {  // 4.
+      d.route = Route::cloud;
+      d.reason = "model";
+    } else if ((policy_.max_local_prompt_bytes && bytes > policy_.max_local_prompt_bytes) ||
+               (policy_.max_local_prompt_tokens && (bytes + 3) / 4 > policy_.max_local_prompt_tokens)) {  // 5.
+      d.route = Route::cloud;
+      d.reason = "size";
+    } else if (local_busy && policy_.local_busy_to_cloud) {  // 6.
+      d.route = Route::cloud;
+      d.reason = "busy";
+    } else {  // 7.
+      d.route = policy_.default_route == Route::cloud ? Route::cloud : Route::local;
+      d.reason = "default";
+    }
+  }
+
+  // Model rules veto.
+  const std::string& rule_model = model.empty() ? config_.local_model_id : model;
+  if (const ModelRule* mr = policy_.model_rule(rule_model)) {
+    if (d.route == Route::cloud && !mr->allow_cloud) {
+      // Local is always safe, and the rule must allow it (a rule allows at least one route).
+      d.route = Route::local;
+      d.reason = "model_rule";
+    } else if (d.route == Route::local && !mr->allow_local) {
+      if (d.reason == "default" && mr->allow_cloud) {
+        d.route = Route::cloud;
+        d.reason = "model_rule";
+      } else {
+        d.error_status = 403;
+        d.error_code = "route_forbidden";
+        d.error_param = "model";
+        d.error_message = "The route policy lets model '" + rule_model + "' run only upstream, but this request must stay local (" +
+                          d.reason + (d.matched.empty() ? std::string() : ": " + d.matched.front()) +
+                          "). Name the local model '" + config_.local_model_id + "' instead.";
+        return d;
+      }
+    }
+  }
+  if (d.route == Route::cloud) d.upstream_model = upstream_model_for(model);
+  return d;
+}
+
+// ------------------------------------------------------------------------------------------- HybridRouter
+
+HybridRouter::HybridRouter(HybridOptions opts, std::string local_model_id)
+    : opts_(std::move(opts)),
+      router_(std::move(opts_.policy),
+              RouterConfig{local_model_id, opts_.upstream_model}) {
+  UpstreamOptions uo;
+  uo.url = parse_upstream_url(opts_.upstream_url);
+  uo.api_key = opts_.api_key;
+  uo.connect_timeout_ms = router_.policy().connect_timeout_ms;
+  uo.read_timeout_ms = router_.policy().read_timeout_ms;
+  upstream_ = std::make_unique<UpstreamClient>(uo);
+}
+
+void HybridRouter::answer_error(httplib::Response& res, int status, const std::string& msg, const std::string& code,
+                                const std::string& param) {
+  res.status = status;
+  res.set_content(error_body(status, msg, "", param, code).dump(), "application/json");
+}
+
+bool HybridRouter::serve_local_renamed(const httplib::Request& req, httplib::Response& res, const json& body,
+                                       bool chat, bool stream) {
+  if (!server_) {
+    answer_error(res, 404, "The model '" + body.value("model", std::string()) + "' cannot be served locally.",
+                 "model_not_found", "model");
+    return true;
+  }
+  UpstreamOptions lo;
+  std::string host = server_->options().host;
+  if (host == "0.0.0.0" || host.empty()) host = "127.0.0.1";
+  if (host == "::") host = "::1";
+  lo.url.scheme = "http";
+  lo.url.host = host;
+  lo.url.port = server_->port();
+  lo.url.base = "/v1";
+  lo.connect_timeout_ms = 3000;
+  lo.read_timeout_ms = router_.policy().read_timeout_ms;
+  lo.route_label = "local";
+  lo.inject_route_field = false;  // the local server adds "lilac_route": "local" itself
+  UpstreamClient self(lo);
+  json local = body;
+  local["model"] = router_.config().local_model_id;
+  local["lilac"] = json{{"route", "local"}};
+  auto r = self.forward(chat ? "/chat/completions" : "/completions", local.dump(), stream, res,
+                        req.get_header_value("Authorization"));
+  if (!r.answered) {
+    answer_error(res, 502, "The local engine could not be reached: " + r.failure, "local_unavailable");
+    res.set_header("x-lilac-route", "local");
+  }
+  return true;
+}
+
+bool HybridRouter::maybe_forward(const httplib::Request& req, httplib::Response& res, const json& body, bool local_busy) {
+  if (!body.is_object()) return false;
+  const bool chat = req.path.find("/chat/completions") != std::string::npos;
+  const auto t0 = std::chrono::steady_clock::now();
+  RouteDecision d = router_.decide(body, chat, req.get_header_value("x-lilac-route"), local_busy);
+  const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+  std::string why = d.reason;
+  for (size_t i = 0; i < d.matched.size(); ++i) why += (i ? "," : ": ") + d.matched[i];
+  if (d.error_status) {
+    LILAC_LOG_WARN("route: refused (%s) -> %d", why.c_str(), d.error_status);
+    answer_error(res, d.error_status, d.error_message, d.error_code, d.error_param);
+    return true;
+  }
+  const bool stream = body.contains("stream") && body["stream"].is_boolean() && body["stream"].get<bool>();
+  const std::string model = body.contains("model") && body["model"].is_string() ? body["model"].get<std::string>() : "";
+  const bool model_local_ok = model.empty() || model == router_.config().local_model_id;
+  const auto& pol = router_.policy();
+
+  auto go_local = [&]() -> bool {
+    if (model_local_ok) return false;  // the server serves it (and calls on_local)
+    return serve_local_renamed(req, res, body, chat, stream);
+  };
+
+  if (d.route == Route::local) {
+    LILAC_LOG_INFO("route: local (%s) [%.0f us]", why.c_str(), us);
+    return go_local();
+  }
+
+  std::string upstream_model = d.upstream_model;
+  if (upstream_model.empty()) {  // no --upstream-model: ask the upstream what it serves
+    extra_models();
+    upstream_model = router_.upstream_model_for(model);
+  }
+  std::string failure;
+  if (upstream_model.empty()) {
+    failure = "no upstream model is known (pass --upstream-model, or the upstream's /v1/models failed)";
+  } else {
+    json fwd = body;
+    fwd.erase("lilac");
+    for (const auto& f : pol.drop_fields) fwd.erase(f);
+    fwd["model"] = upstream_model;
+    LILAC_LOG_INFO("route: cloud (%s) model=%s [%.0f us]", why.c_str(), upstream_model.c_str(), us);
+    auto r = upstream_->forward(chat ? "/chat/completions" : "/completions", fwd.dump(), stream, res);
+    if (r.answered) {
+      if (r.upstream_status >= 400) LILAC_LOG_WARN("route: cloud answered HTTP %d", r.upstream_status);
+      return true;
+    }
+    failure = r.failure;
+  }
+  if (pol.upstream_failure_to_local) {
+    LILAC_LOG_WARN("route: upstream failed (%s); serving locally (fallback)", failure.c_str());
+    return go_local();
+  }
+  LILAC_LOG_WARN("route: upstream failed (%s); fallback to local is off -> 502", failure.c_str());
+  answer_error(res, 502,
+               "The upstream " + upstream_->options().url.origin() + " failed: " + failure +
+                   ". The route policy does not allow serving this request locally (fallback.upstream_failure_to_local).",
+               "upstream_unavailable");
+  res.set_header("x-lilac-route", "cloud");
+  return true;
+}
+
+void HybridRouter::on_local(const json& body) { router_.remember_local(body); }
+
+json HybridRouter::extra_models() {
+  const auto& pol = router_.policy();
+  {
+    std::lock_guard lk(models_mu_);
+    auto now = std::chrono::steady_clock::now();
+    if (!models_fetched_ || now - models_at_ > std::chrono::seconds(pol.models_cache_s)) {
+      auto ids = upstream_->list_models(pol.models_timeout_ms);
+      if (ids) router_.set_upstream_model_ids(*ids);
+      models_fetched_ = true;
+      models_at_ = now;
+    }
+  }
+  std::vector<std::string> ids = router_.upstream_model_ids();
+  if (ids.empty() && !router_.config().upstream_model.empty()) ids.push_back(router_.config().upstream_model);
+  json out = json::array();
+  const int64_t now = static_cast<int64_t>(std::time(nullptr));
+  for (const auto& id : ids)
+    out.push_back(json{{"id", pol.model_prefix + id}, {"object", "model"}, {"created", now}, {"owned_by", "upstream"}});
+  return out;
+}
+
+RouteHook HybridRouter::make_hook(Server* server) {
+  server_ = server;
+  std::weak_ptr<HybridRouter> self = weak_from_this();
+  RouteHook h;
+  h.maybe_forward = [self](const httplib::Request& req, httplib::Response& res, const json& body, bool busy) {
+    auto s = self.lock();
+    return s ? s->maybe_forward(req, res, body, busy) : false;
+  };
+  h.on_local = [self](const json& body) {
+    if (auto s = self.lock()) s->on_local(body);
+  };
+  h.extra_models = [self]() {
+    auto s = self.lock();
+    return s ? s->extra_models() : json::array();
+  };
+  return h;
+}
+
+}  // namespace lilac::server

@@ -1,0 +1,383 @@
+// Upstream client: forwards OpenAI requests to a cloud endpoint, passing streams through as they arrive.
+#include "server/upstream.h"
+
+#include <httplib.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "server/openai_schema.h"
+
+namespace lilac::server {
+
+using json = nlohmann::json;
+
+std::string UpstreamUrl::origin() const { return scheme + "://" + host + ":" + std::to_string(port); }
+
+bool upstream_https_supported() {
+#ifdef CPPHTTPLIB_OPENSSL_SUPPORT
+  return true;
+#else
+  return false;
+#endif
+}
+
+UpstreamUrl parse_upstream_url(const std::string& url) {
+  UpstreamUrl u;
+  auto bad = [&](const std::string& why) {
+    return InputError("--upstream '" + url + "': " + why + " (expected http://host[:port][/base] or https://...)");
+  };
+  size_t p = url.find("://");
+  if (p == std::string::npos) throw bad("no scheme");
+  u.scheme = url.substr(0, p);
+  if (u.scheme != "http" && u.scheme != "https") throw bad("unsupported scheme '" + u.scheme + "'");
+  if (u.scheme == "https" && !upstream_https_supported()) throw bad("this build of cpp-httplib has no TLS support");
+  std::string rest = url.substr(p + 3);
+  size_t slash = rest.find('/');
+  std::string hostport = rest.substr(0, slash);
+  std::string path = slash == std::string::npos ? "" : rest.substr(slash);
+  if (hostport.find('@') != std::string::npos) throw bad("credentials in the URL are not supported; use --upstream-key-env");
+  if (hostport.empty()) throw bad("no host");
+  u.port = u.scheme == "https" ? 443 : 80;
+  if (hostport.front() == '[') {  // [::1]:port
+    size_t close = hostport.find(']');
+    if (close == std::string::npos) throw bad("unterminated IPv6 host");
+    u.host = hostport.substr(1, close - 1);
+    std::string tail = hostport.substr(close + 1);
+    if (!tail.empty()) {
+      if (tail[0] != ':') throw bad("junk after the host");
+      hostport = tail;
+      hostport.erase(0, 1);
+      try {
+        u.port = std::stoi(hostport);
+      } catch (...) {
+        throw bad("bad port");
+      }
+    }
+  } else {
+    size_t colon = hostport.rfind(':');
+    u.host = hostport.substr(0, colon);
+    if (colon != std::string::npos) {
+      std::string ps = hostport.substr(colon + 1);
+      if (ps.empty() || ps.find_first_not_of("0123456789") != std::string::npos) throw bad("bad port");
+      u.port = std::stoi(ps);
+    }
+  }
+  if (u.host.empty()) throw bad("no host");
+  if (u.port <= 0 || u.port > 65535) throw bad("port out of range");
+  if (path.find_first_of("?#") != std::string::npos) throw bad("no query or fragment allowed");
+  while (!path.empty() && path.back() == '/') path.pop_back();
+  u.base = path.empty() ? "/v1" : path;
+  return u;
+}
+
+std::string inject_route_into_sse_lines(const std::string& lines, const std::string& label) {
+  const std::string field = "\"lilac_route\":\"" + label + "\"";
+  std::string out;
+  out.reserve(lines.size() + 64);
+  size_t i = 0;
+  while (i < lines.size()) {
+    size_t nl = lines.find('\n', i);
+    size_t end = nl == std::string::npos ? lines.size() : nl + 1;
+    std::string_view line(lines.data() + i, end - i);
+    size_t brace = std::string_view::npos;
+    if (line.starts_with("data: {")) brace = 6;
+    else if (line.starts_with("data:{")) brace = 5;
+    if (brace != std::string_view::npos) {
+      out.append(line.substr(0, brace + 1));
+      // Skip whitespace to see whether the object is empty.
+      size_t k = brace + 1;
+      while (k < line.size() && (line[k] == ' ' || line[k] == '\t')) ++k;
+      out += field;
+      if (k < line.size() && line[k] != '}') out += ',';
+      out.append(line.substr(brace + 1));
+    } else {
+      out.append(line);
+    }
+    i = end;
+  }
+  return out;
+}
+
+namespace {
+
+std::unique_ptr<httplib::Client> make_client(const UpstreamOptions& o, int read_timeout_ms) {
+  auto cli = std::make_unique<httplib::Client>(o.url.origin());
+  cli->set_connection_timeout(std::chrono::milliseconds(o.connect_timeout_ms));
+  cli->set_read_timeout(std::chrono::milliseconds(read_timeout_ms));
+  cli->set_write_timeout(std::chrono::milliseconds(std::max(o.connect_timeout_ms, 10000)));
+  cli->set_keep_alive(false);
+  cli->set_follow_location(false);
+#ifdef CPPHTTPLIB_OPENSSL_SUPPORT
+  cli->enable_server_certificate_verification(true);
+#endif
+  return cli;
+}
+
+httplib::Headers request_headers(const UpstreamOptions& o, const std::string& auth_override, bool stream) {
+  httplib::Headers h;
+  if (!auth_override.empty()) h.emplace("Authorization", auth_override);
+  else if (!o.api_key.empty()) h.emplace("Authorization", "Bearer " + o.api_key);
+  h.emplace("Accept", stream ? "text/event-stream" : "application/json");
+  h.emplace("Accept-Encoding", "identity");
+  h.emplace("User-Agent", "lilac-hybrid-router");
+  return h;
+}
+
+// A 4xx answer: the upstream's OpenAI error body when it is one, else one made from the text.
+std::string client_error_body(int status, const std::string& body) {
+  json j = json::parse(body, nullptr, false);
+  if (j.is_object() && j.contains("error")) return j.dump();
+  std::string msg = body.substr(0, 500);
+  if (msg.empty()) msg = "The upstream answered HTTP " + std::to_string(status) + ".";
+  else msg = "The upstream answered HTTP " + std::to_string(status) + ": " + msg;
+  return error_body(status, msg, "", "", "upstream_error").dump();
+}
+
+std::string describe_5xx(int status, const std::string& body) {
+  std::string s = "HTTP " + std::to_string(status);
+  json j = json::parse(body, nullptr, false);
+  if (j.is_object() && j.contains("error") && j["error"].is_object() && j["error"].contains("message") &&
+      j["error"]["message"].is_string())
+    s += ": " + j["error"]["message"].get<std::string>().substr(0, 300);
+  return s;
+}
+
+// State shared by the request handler, the upstream reader thread and the chunked content provider.
+struct Pipe {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::unique_ptr<httplib::Client> client;
+  std::thread reader;
+  bool got_headers = false;
+  bool finished = false;
+  bool canceled = false;
+  int status = 0;
+  std::string content_type;
+  std::deque<std::string> chunks;  // the body as it arrives (2xx)
+  std::string error_body;          // the body of a non-2xx answer
+  std::string transport_error;     // set when the request failed on the wire
+  std::string pending;             // partial SSE line not yet forwarded
+  bool inject = true;
+  std::string label;
+
+  void cancel() {
+    {
+      std::lock_guard lk(mu);
+      canceled = true;
+    }
+    cv.notify_all();
+    if (client) client->stop();
+  }
+  void join() {
+    if (reader.joinable()) reader.join();
+  }
+  ~Pipe() {
+    if (reader.joinable()) {
+      cancel();
+      reader.join();
+    }
+  }
+};
+
+}  // namespace
+
+UpstreamClient::UpstreamClient(UpstreamOptions opts) : opts_(std::move(opts)) {}
+UpstreamClient::~UpstreamClient() = default;
+
+ForwardResult UpstreamClient::forward(const std::string& path, const std::string& body, bool stream,
+                                      httplib::Response& res, const std::string& auth_override) {
+  ForwardResult fr;
+  const std::string full_path = opts_.url.base + path;
+  if (!stream) {
+    auto cli = make_client(opts_, opts_.read_timeout_ms);
+    auto r = cli->Post(full_path, request_headers(opts_, auth_override, false), body, "application/json");
+    if (!r) {
+      fr.failure = "cannot reach the upstream (" + httplib::to_string(r.error()) + ")";
+      return fr;
+    }
+    fr.upstream_status = r->status;
+    if (r->status >= 500) {
+      fr.failure = "the upstream failed (" + describe_5xx(r->status, r->body) + ")";
+      return fr;
+    }
+    fr.answered = true;
+    res.set_header("x-lilac-route", opts_.route_label);
+    if (r->status >= 200 && r->status < 300) {
+      json j = json::parse(r->body, nullptr, false);
+      if (!j.is_object()) {
+        fr.answered = false;
+        fr.failure = "the upstream answered HTTP " + std::to_string(r->status) + " with a body that is not a JSON object";
+        return fr;
+      }
+      if (opts_.inject_route_field) j["lilac_route"] = opts_.route_label;
+      res.status = r->status;
+      res.set_content(j.dump(), "application/json");
+    } else {
+      res.status = r->status;
+      res.set_content(client_error_body(r->status, r->body), "application/json");
+    }
+    return fr;
+  }
+
+  // Streaming: a reader thread performs the request; this thread waits for the status line, then either
+  // hands the stream to a chunked content provider (2xx), passes the error through (4xx) or reports a failure.
+  auto pipe = std::make_shared<Pipe>();
+  pipe->client = make_client(opts_, opts_.read_timeout_ms);
+  pipe->inject = opts_.inject_route_field;
+  pipe->label = opts_.route_label;
+  Pipe* P = pipe.get();
+  httplib::Headers headers = request_headers(opts_, auth_override, true);
+  pipe->reader = std::thread([P, full_path, body, headers] {
+    httplib::Request req;
+    req.method = "POST";
+    req.path = full_path;
+    req.headers = headers;
+    req.body = body;
+    req.set_header("Content-Type", "application/json");
+    req.response_handler = [P](const httplib::Response& r) {
+      std::lock_guard lk(P->mu);
+      P->got_headers = true;
+      P->status = r.status;
+      P->content_type = r.get_header_value("Content-Type");
+      P->cv.notify_all();
+      return !P->canceled;
+    };
+    req.content_receiver = [P](const char* data, size_t n, uint64_t, uint64_t) {
+      std::lock_guard lk(P->mu);
+      if (P->canceled) return false;
+      if (P->status >= 200 && P->status < 300) P->chunks.emplace_back(data, n);
+      else if (P->error_body.size() < (1u << 20)) P->error_body.append(data, n);
+      P->cv.notify_all();
+      return true;
+    };
+    httplib::Response r;
+    httplib::Error err = httplib::Error::Success;
+    bool ok = P->client->send(req, r, err);
+    std::lock_guard lk(P->mu);
+    if (!ok && !P->canceled) P->transport_error = httplib::to_string(err);
+    P->finished = true;
+    P->cv.notify_all();
+  });
+
+  {
+    std::unique_lock lk(P->mu);
+    P->cv.wait(lk, [&] { return P->got_headers || P->finished; });
+    if (!P->got_headers) {
+      std::string e = P->transport_error.empty() ? "no answer" : P->transport_error;
+      lk.unlock();
+      P->join();
+      fr.failure = "cannot reach the upstream (" + e + ")";
+      return fr;
+    }
+    fr.upstream_status = P->status;
+    if (P->status < 200 || P->status >= 300) {
+      P->cv.wait(lk, [&] { return P->finished; });
+      int status = P->status;
+      std::string eb = P->error_body;
+      lk.unlock();
+      P->join();
+      if (status >= 500) {
+        fr.failure = "the upstream failed (" + describe_5xx(status, eb) + ")";
+        return fr;
+      }
+      fr.answered = true;
+      res.status = status;
+      res.set_header("x-lilac-route", opts_.route_label);
+      res.set_content(client_error_body(status, eb), "application/json");
+      return fr;
+    }
+    if (P->content_type.find("text/event-stream") == std::string::npos) {
+      // A JSON answer to a stream request (some servers ignore "stream"): pass it through once complete.
+      P->cv.wait(lk, [&] { return P->finished; });
+      std::string whole;
+      for (auto& c : P->chunks) whole += c;
+      std::string terr = P->transport_error;
+      lk.unlock();
+      P->join();
+      json j = json::parse(whole, nullptr, false);
+      if (!terr.empty() || !j.is_object()) {
+        fr.failure = "the upstream answered a stream request with a body that is neither SSE nor JSON";
+        return fr;
+      }
+      if (opts_.inject_route_field) j["lilac_route"] = opts_.route_label;
+      fr.answered = true;
+      res.status = P->status;
+      res.set_header("x-lilac-route", opts_.route_label);
+      res.set_content(j.dump(), "application/json");
+      return fr;
+    }
+  }
+
+  fr.answered = true;
+  res.status = 200;
+  res.set_header("x-lilac-route", opts_.route_label);
+  res.set_header("Cache-Control", "no-cache");
+  res.set_header("X-Accel-Buffering", "no");
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [pipe](size_t, httplib::DataSink& sink) -> bool {
+        Pipe* P = pipe.get();
+        std::string out;
+        bool done = false;
+        {
+          std::unique_lock lk(P->mu);
+          P->cv.wait_for(lk, std::chrono::milliseconds(250), [&] { return !P->chunks.empty() || P->finished; });
+          while (!P->chunks.empty()) {
+            P->pending += P->chunks.front();
+            P->chunks.pop_front();
+          }
+          done = P->finished;
+          // Forward complete lines only, so a chunk's `data: {` is never split from the insert point.
+          size_t last_nl = P->pending.rfind('\n');
+          if (last_nl != std::string::npos) {
+            std::string lines = P->pending.substr(0, last_nl + 1);
+            P->pending.erase(0, last_nl + 1);
+            out = P->inject ? inject_route_into_sse_lines(lines, P->label) : std::move(lines);
+          }
+          if (done) {
+            if (!P->pending.empty()) {
+              out += P->inject ? inject_route_into_sse_lines(P->pending + "\n", P->label) : P->pending + "\n";
+              P->pending.clear();
+            }
+            if (!P->transport_error.empty()) {
+              json e = error_body(502, "The upstream stream broke off (" + P->transport_error + ").", "",
+                                  "", "upstream_error");
+              out += "data: " + e.dump() + "\n\n";
+            }
+          }
+        }
+        if (!out.empty() && !sink.write(out.data(), out.size())) {
+          P->cancel();
+          return false;
+        }
+        if (done) sink.done();
+        return true;
+      },
+      [pipe](bool success) {
+        if (!success) pipe->cancel();
+        pipe->join();
+      });
+  return fr;
+}
+
+std::optional<std::vector<std::string>> UpstreamClient::list_models(int timeout_ms) {
+  auto cli = make_client(opts_, timeout_ms);
+  cli->set_connection_timeout(std::chrono::milliseconds(std::min(timeout_ms, opts_.connect_timeout_ms)));
+  auto r = cli->Get(opts_.url.base + "/models", request_headers(opts_, "", false));
+  if (!r || r->status != 200) return std::nullopt;
+  json j = json::parse(r->body, nullptr, false);
+  if (!j.is_object() || !j.contains("data") || !j["data"].is_array()) return std::nullopt;
+  std::vector<std::string> ids;
+  for (const auto& m : j["data"])
+    if (m.is_object() && m.contains("id") && m["id"].is_string()) ids.push_back(m["id"].get<std::string>());
+  return ids;
+}
+
+}  // namespace lilac::server

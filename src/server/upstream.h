@@ -1,0 +1,72 @@
+// The hybrid router's HTTP client for an OpenAI-compatible upstream (`lilac serve --upstream URL`).
+//
+// forward() sends a prepared chat/completions or completions body and writes the upstream's answer into
+// the server's response: non-streaming bodies get `"lilac_route": "<label>"`; streams are passed through
+// line by line as they arrive, each `data: {...}` chunk getting the same field (a string insert, no JSON
+// parse); 4xx answers are passed through (non-JSON bodies wrapped in an OpenAI error body). When the
+// upstream cannot be reached, times out before answering, or answers 5xx, nothing is written and the
+// caller decides (fallback to local or a 502). The API key goes only into the Authorization header;
+// nothing here logs it.
+#pragma once
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace httplib {
+struct Response;
+}
+
+namespace lilac::server {
+
+struct UpstreamUrl {
+  std::string scheme;  // "http" or "https"
+  std::string host;
+  int port = 0;
+  std::string base;    // path prefix of the OpenAI API, e.g. "/v1" (an empty path in the URL means "/v1")
+  std::string origin() const;  // scheme://host:port
+};
+// Parses http://host[:port][/base] or https://...; throws lilac::InputError on anything else.
+UpstreamUrl parse_upstream_url(const std::string& url);
+// Whether this build of cpp-httplib can talk https.
+bool upstream_https_supported();
+
+struct UpstreamOptions {
+  UpstreamUrl url;
+  std::string api_key;           // sent as "Authorization: Bearer <key>" when non-empty
+  int connect_timeout_ms = 3000;
+  int read_timeout_ms = 300000;  // also bounds the wait for the first byte of an answer
+  std::string route_label = "cloud";  // the x-lilac-route header value
+  bool inject_route_field = true;     // add "lilac_route": route_label to bodies and chunks
+};
+
+struct ForwardResult {
+  bool answered = false;  // true: `res` holds the answer (2xx or 4xx, or a stream being passed through)
+  int upstream_status = 0;  // HTTP status from the upstream, 0 when there was none
+  std::string failure;      // when !answered: what went wrong (no secrets in it)
+};
+
+class UpstreamClient {
+ public:
+  explicit UpstreamClient(UpstreamOptions opts);
+  ~UpstreamClient();
+
+  // POST base + path (e.g. "/chat/completions") with `body`. `auth_override`, when non-empty, replaces the
+  // configured key's Authorization header (used when the router re-enters the local server).
+  ForwardResult forward(const std::string& path, const std::string& body, bool stream, httplib::Response& res,
+                        const std::string& auth_override = "");
+
+  // GET base + "/models": the ids, or nullopt when the upstream does not answer in time / answers badly.
+  std::optional<std::vector<std::string>> list_models(int timeout_ms);
+
+  const UpstreamOptions& options() const { return opts_; }
+
+ private:
+  UpstreamOptions opts_;
+};
+
+// Adds `"lilac_route": "<label>"` to every `data: {...}` line of an SSE fragment made of complete
+// lines (exposed for tests).
+std::string inject_route_into_sse_lines(const std::string& lines, const std::string& label);
+
+}  // namespace lilac::server
