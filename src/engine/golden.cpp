@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <map>
 
 #include <nlohmann/json.hpp>
@@ -171,7 +173,17 @@ GoldenReport run_golden(Backend& backend, const std::string& golden_path, const 
       r.ppl_engine = std::exp(nll_e / double(r.length - 1));
       r.ppl_oracle = std::exp(nll_o / double(r.length - 1));
     }
-    for (auto& [nm, a] : act_res) rep.activations.push_back(a);
+    // In forward order: embed, layer.0, layer.1, ..., final_norm.
+    auto rank = [](const std::string& nm) -> int64_t {
+      if (nm == "embed") return -1;
+      if (nm.rfind("layer.", 0) == 0) return std::atoll(nm.c_str() + 6);
+      return std::numeric_limits<int64_t>::max();
+    };
+    std::vector<GoldenActivation> acts;
+    for (auto& [nm, a] : act_res) acts.push_back(a);
+    std::stable_sort(acts.begin(), acts.end(),
+                     [&](const GoldenActivation& x, const GoldenActivation& y) { return rank(x.name) < rank(y.name); });
+    rep.activations.insert(rep.activations.end(), acts.begin(), acts.end());
     rep.seqs.push_back(r);
   }
 
