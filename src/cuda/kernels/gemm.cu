@@ -68,14 +68,31 @@ bool use_wgmma(cudaStream_t stream) {
 }
 }  // namespace
 
+// Pipeline stages of the device code for the current device (see STAGES in gemm.cuh).
+int device_stages() {
+  static std::atomic<int> stages{0};
+  int s = stages.load();
+  if (s == 0) {
+    int dev = 0, major = 0, minor = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+    s = stages_for(major, minor);
+    stages.store(s);
+  }
+  return s;
+}
+
 template <int BITS, bool GROUPED, int EPI, bool WG>
 static void launch_one(const Params& p, int grid_y, cudaStream_t stream) {
   auto kern = qgemm_kernel<BITS, GROUPED, EPI, WG>;
-  constexpr int smem = WG ? Smem<BITS>::ALLOC : Smem<BITS>::TOTAL;
+  const int smem = Smem<BITS>::total(device_stages()) + (WG ? 1024 : 0);
   static bool attr_set = false;  // per instantiation (per device is fine: one GPU per process)
   if (!attr_set) {
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (e != cudaSuccess) throw Error(std::string("qgemm: cudaFuncSetAttribute: ") + cudaGetErrorString(e));
+    if (e != cudaSuccess)
+      throw Error("qgemm: cannot get " + std::to_string(smem) + " bytes of shared memory per block: " +
+                  cudaGetErrorString(e));
     attr_set = true;
   }
   constexpr int bn_out = EPI == EPI_SWIGLU_BF16 ? BN / 2 : BN;

@@ -16,7 +16,18 @@
 
 namespace lilac::cuda::gemm {
 
-constexpr int BM = 128, BN = 128, BK = 64, THREADS = 256, STAGES = 4;
+constexpr int BM = 128, BN = 128, BK = 64, THREADS = 256;
+// Pipeline depth: 4 stages (112 KiB of shared memory, 2 blocks per SM on sm_80 / sm_90); the GPUs
+// with ~100 KiB per block (sm_86, sm_87, sm_89) get 3 (92 KiB). The host side picks the matching
+// allocation with stages_for(cc) (gemm.cu).
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 860 || __CUDA_ARCH__ == 870 || __CUDA_ARCH__ == 890)
+constexpr int STAGES = 3;
+#else
+constexpr int STAGES = 4;
+#endif
+constexpr int stages_for(int cc_major, int cc_minor) {
+  return cc_major == 8 && (cc_minor == 6 || cc_minor == 7 || cc_minor == 9) ? 3 : 4;
+}
 
 enum Epi : int {
   EPI_STORE_F32 = 0,
@@ -121,8 +132,9 @@ struct Smem {
   static constexpr int B_BYTES = BN * BK * 2;                    // 16 KiB, ×2
   static constexpr int TOTAL = STAGES * STAGE_BYTES + 2 * B_BYTES;
   static constexpr int ALLOC = TOTAL + 1024;  // room to align the base to 1024 bytes
+  static constexpr int total(int stages) { return stages * STAGE_BYTES + 2 * B_BYTES; }
   static constexpr int EPI_LD = BN + 4;                          // fp32 staging row (SwiGLU)
-  static_assert(BM * EPI_LD * 4 <= TOTAL, "epilogue staging must fit");
+  static_assert(BM * EPI_LD * 4 <= 3 * STAGE_BYTES + 2 * B_BYTES, "epilogue staging must fit");
 };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
