@@ -4,6 +4,26 @@
 # Included by tests/CMakeLists.txt (adds the tests) and run as a `cmake -P` script by each test.
 if(CMAKE_SCRIPT_MODE_FILE)
   # -DLILAC=... -DARGS="a;b;c" -DRC=expected exit code -DEXPECT="regex;regex" (all must match the output)
+  # [-DTOKDIR=dir -DMODEL=mlx4 dir -DTOK=tokenizer dir]: first make a model folder with a tokenizer (links).
+  # [-DSAME_AS="a;b;c"]: the "generated ids" line must equal that of this other command.
+  if(DEFINED TOKDIR)
+    file(REMOVE_RECURSE "${TOKDIR}")
+    file(MAKE_DIRECTORY "${TOKDIR}")
+    foreach(f config.json model.safetensors)
+      file(CREATE_LINK "${MODEL}/${f}" "${TOKDIR}/${f}" SYMBOLIC)
+    endforeach()
+    foreach(f tokenizer.json tokenizer_config.json)
+      file(CREATE_LINK "${TOK}/${f}" "${TOKDIR}/${f}" SYMBOLIC)
+    endforeach()
+  endif()
+  if(DEFINED SAME_AS)
+    execute_process(COMMAND "${LILAC}" ${SAME_AS} RESULT_VARIABLE rc2 OUTPUT_VARIABLE out2 ERROR_VARIABLE err2)
+    string(REGEX MATCH "generated ids:[^\n]*" want "${out2}")
+    if(NOT rc2 EQUAL 0 OR want STREQUAL "")
+      message(FATAL_ERROR "reference command failed (${rc2}):\n${out2}${err2}")
+    endif()
+    list(APPEND EXPECT "${want}\n")
+  endif()
   execute_process(COMMAND "${LILAC}" ${ARGS} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
   message("exit ${rc}\n${out}${err}")
   if(NOT rc EQUAL RC)
@@ -44,5 +64,26 @@ add_test(NAME cli_check_golden_vocab_mismatch
   COMMAND ${CMAKE_COMMAND} -DLILAC=$<TARGET_FILE:lilac>
           "-DARGS=check-golden;--model;${_fx}/tiny2/mlx4;--golden;${_fx}/tiny/golden.safetensors;--backend;cpu"
           -DRC=1 "-DEXPECT=seq0.logits has shape \\[1, 2048\\], expected \\[1, 777\\]" -P "${_me}")
+# Text prompts through the model folder's tokenizer (tiny's weights + the Qwen3 tokenizer: digits are
+# byte tokens 15..24, inside tiny's vocabulary): --prompt gives what --prompt-ids of the same ids gives;
+# --chat renders the template, whose <|im_start|> id is outside tiny's vocabulary: a clear error.
+set(_tokdir "${CMAKE_CURRENT_BINARY_DIR}/cli_generate_tokmodel")
+add_test(NAME cli_generate_cpu_text_prompt
+  COMMAND ${CMAKE_COMMAND} -DLILAC=$<TARGET_FILE:lilac> -DTOKDIR=${_tokdir} -DMODEL=${_fx}/tiny/mlx4
+          -DTOK=${_fx}/qwen3-tokenizer
+          "-DARGS=generate;--model;${_tokdir};--prompt;12345;--max-tokens;6;--backend;cpu;--temperature;0"
+          "-DSAME_AS=generate;--model;${_fx}/tiny/mlx4;--prompt-ids;16,17,18,19,20;--max-tokens;6;--backend;cpu;--temperature;0"
+          -DRC=0 "-DEXPECT=prompt 5 tokens" -P "${_me}")
+add_test(NAME cli_generate_cpu_chat_out_of_vocab
+  COMMAND ${CMAKE_COMMAND} -DLILAC=$<TARGET_FILE:lilac> -DTOKDIR=${_tokdir}_chat -DMODEL=${_fx}/tiny/mlx4
+          -DTOK=${_fx}/qwen3-tokenizer
+          "-DARGS=generate;--model;${_tokdir}_chat;--chat;hi;--max-tokens;4;--backend;cpu"
+          -DRC=1 "-DEXPECT=token id 151644 is outside the vocabulary \\(size 2048\\)" -P "${_me}")
+add_test(NAME cli_generate_cpu_text_needs_tokenizer
+  COMMAND ${CMAKE_COMMAND} -DLILAC=$<TARGET_FILE:lilac>
+          "-DARGS=generate;--model;${_fx}/tiny/mlx4;--prompt;hello;--backend;cpu"
+          -DRC=1 "-DEXPECT=no tokenizer.json" -P "${_me}")
+set_tests_properties(cli_generate_cpu_text_prompt cli_generate_cpu_chat_out_of_vocab cli_generate_cpu_text_needs_tokenizer
+  PROPERTIES LABELS cli)
 set_tests_properties(cli_golden_cpu_tiny cli_golden_cpu_tiny2 cli_generate_cpu_tiny_gen0 cli_generate_cpu_bad_id cli_generate_cpu_bad_ids_syntax
   cli_check_golden_vocab_mismatch PROPERTIES LABELS cli)
