@@ -1,5 +1,9 @@
 // Streaming detokenizer: turns ids into text as they arrive, never splitting a UTF-8 character,
 // and holding back text that could be the start of a stop string until it is ruled out.
+// Every returned chunk is valid UTF-8: bytes that can never complete a character become U+FFFD at
+// once, an incomplete tail waits for the next token. Stop strings: after each token, the
+// earliest-starting complete match in the text not yet emitted stops the stream (ties: the longest
+// stop string). Empty stop strings are ignored. Unknown ids decode to nothing.
 #pragma once
 #include <cstdint>
 #include <string>

@@ -1,5 +1,10 @@
 // Incremental parser of generated text in the Qwen3.6 format: <think>...</think> reasoning,
 // <tool_call> XML (or Qwen3's JSON inside <tool_call>) -> OpenAI tool_calls, the rest content.
+// The concatenated result never depends on how the text is split across push() calls. Newlines the
+// format puts around markup (after <think>/</think>/</tool_call>, before </think>/<tool_call>) are
+// dropped; a tool call is emitted as one ToolCall delta once its </tool_call> arrives; malformed or
+// unterminated markup becomes plain content (reasoning stays reasoning); never throws on text.
+// Every delta's text is valid UTF-8. Full list of choices: output_parser.cpp.
 #pragma once
 #include <memory>
 #include <string>

@@ -506,6 +506,10 @@ class BpeTokenizer final : public Tokenizer {
       if (have_byte_level_) c.fail(where, "more than one ByteLevel step");
       have_byte_level_ = true;
       add_prefix_space_ = c.boolean(p, "add_prefix_space", true, where);
+      // Hugging Face prepends the space to every piece made by earlier steps; we support it where
+      // that is the whole text (ByteLevel first), which is how GPT-2 style tokenizers use it.
+      if (add_prefix_space_ && !split_steps_.empty())
+        c.fail(where + ".add_prefix_space", "true after a Split/Digits step is not supported");
       if (c.boolean(p, "use_regex", true, where)) {
         SplitStep s;
         s.re = std::make_unique<Regex>(kGpt2Regex, false, "ByteLevel regex");

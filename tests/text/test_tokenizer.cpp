@@ -316,6 +316,18 @@ TEST(Tokenizer, TinySplitBehaviors) {
   EXPECT_EQ(ids_of("Contiguous", "a--a"), (std::vector<int32_t>{'a', 312, 'a'}));
 }
 
+TEST(Tokenizer, Gpt2StyleByteLevelWithRegexAndPrefixSpace) {
+  // ByteLevel alone (use_regex, add_prefix_space): "hello world" is encoded as " hello world".
+  json j = tiny_tokenizer_json();
+  j["pre_tokenizer"] = {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"use_regex", true}};
+  j["model"]["vocab"]["Ġhello"] = 310;
+  j["model"]["merges"].push_back("Ġ hello");
+  TempTokDir d(j.dump());
+  auto t = lilac::Tokenizer::load(d.dir.string());
+  EXPECT_EQ(t->encode("hello world"), (std::vector<int32_t>{310, *t->token_id("Ġworld")}));
+  EXPECT_EQ(t->encode(" hello"), (std::vector<int32_t>{310}));
+}
+
 TEST(Tokenizer, Qwen36StyleRegexWithMarks) {
   // Qwen3.5/3.6 add \p{M} to the letter classes: the regex is read from the file, not assumed.
   json j = tiny_tokenizer_json();
@@ -369,6 +381,9 @@ TEST(Tokenizer, LoadErrorsAreClear) {
   k = j;
   k["pre_tokenizer"]["pretokenizers"].erase(1);  // no ByteLevel
   expect_error(k.dump(), "only byte-level BPE");
+  k = j;
+  k["pre_tokenizer"]["pretokenizers"][1]["add_prefix_space"] = true;
+  expect_error(k.dump(), "add_prefix_space: true after a Split");
   k = j;
   k["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "(unclosed";
   expect_error(k.dump(), "cannot compile regex");
