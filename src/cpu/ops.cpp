@@ -12,15 +12,13 @@ namespace lilac::cpu {
 
 // ---------------------------------------------------------------- quantized matrices
 
-void dequant_row(const QMatrix& W, int64_t r, float* out) {
-  const int64_t cols = W.cols;
-  if (!W.quantized()) {
-    std::memcpy(out, W.dense + r * cols, static_cast<size_t>(cols) * sizeof(float));
-    return;
-  }
-  const int bits = W.bits;
-  const int per_word = 32 / bits;
-  const uint32_t mask = (1u << bits) - 1u;
+namespace {
+
+// Row r dequantized, with the bit width a compile-time constant (so the unpacking vectorises).
+template <int BITS>
+void dequant_row_bits(const QMatrix& W, int64_t r, float* out) {
+  constexpr int per_word = 32 / BITS;
+  constexpr uint32_t mask = (1u << BITS) - 1u;
   const uint32_t* q = W.qweight + r * W.words_per_row();
   const uint16_t* sc = W.scales + r * W.groups_per_row();
   const uint16_t* bi = W.biases + r * W.groups_per_row();
@@ -31,14 +29,71 @@ void dequant_row(const QMatrix& W, int64_t r, float* out) {
     float* o = out + g * W.group_size;
     for (int64_t w = 0; w < words_per_group; ++w) {
       const uint32_t word = qg[w];
-      for (int i = 0; i < per_word; ++i) o[w * per_word + i] = s * float((word >> (i * bits)) & mask) + b;
+      for (int i = 0; i < per_word; ++i) o[w * per_word + i] = s * float((word >> (i * BITS)) & mask) + b;
     }
   }
 }
 
-void qmatvec(const QMatrix& W, const float* x, float* y, ThreadPool* pool) { qmatmul(W, x, 1, y, pool); }
+// One output of y = W x without materialising the row: Σ_g scale_g (Σ_j q_j x_j) + bias_g Σ_j x_j,
+// with the per-group sums of x precomputed in xsum.
+template <int BITS>
+float qdot_row_bits(const QMatrix& W, int64_t r, const float* x, const float* xsum) {
+  constexpr int per_word = 32 / BITS;
+  constexpr uint32_t mask = (1u << BITS) - 1u;
+  const uint32_t* q = W.qweight + r * W.words_per_row();
+  const uint16_t* sc = W.scales + r * W.groups_per_row();
+  const uint16_t* bi = W.biases + r * W.groups_per_row();
+  const int64_t words_per_group = W.group_size / per_word;
+  float y = 0.f;
+  for (int64_t g = 0; g < W.groups_per_row(); ++g) {
+    const uint32_t* qg = q + g * words_per_group;
+    const float* xg = x + g * W.group_size;
+    float acc[per_word] = {};
+    for (int64_t w = 0; w < words_per_group; ++w) {
+      const uint32_t word = qg[w];
+      for (int i = 0; i < per_word; ++i) acc[i] += float((word >> (i * BITS)) & mask) * xg[w * per_word + i];
+    }
+    float a = 0.f;
+    for (int i = 0; i < per_word; ++i) a += acc[i];
+    y += bf16_to_f32(sc[g]) * a + bf16_to_f32(bi[g]) * xsum[g];
+  }
+  return y;
+}
+
+}  // namespace
+
+void dequant_row(const QMatrix& W, int64_t r, float* out) {
+  const int64_t cols = W.cols;
+  if (!W.quantized()) {
+    std::memcpy(out, W.dense + r * cols, static_cast<size_t>(cols) * sizeof(float));
+    return;
+  }
+  switch (W.bits) {
+    case 4: return dequant_row_bits<4>(W, r, out);
+    case 8: return dequant_row_bits<8>(W, r, out);
+    case 2: return dequant_row_bits<2>(W, r, out);
+    default: throw Error("dequant_row: unsupported bit width " + std::to_string(W.bits));
+  }
+}
+
+void qmatvec(const QMatrix& W, const float* x, float* y, ThreadPool* pool) {
+  if (!W.quantized() || (W.bits != 4 && W.bits != 8)) return qmatmul(W, x, 1, y, pool);
+  const int64_t G = W.groups_per_row();
+  std::vector<float> xsum(static_cast<size_t>(G));
+  for (int64_t g = 0; g < G; ++g) {
+    float s = 0.f;
+    for (int j = 0; j < W.group_size; ++j) s += x[g * W.group_size + j];
+    xsum[static_cast<size_t>(g)] = s;
+  }
+  const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, W.cols));
+  parallel_for(pool, W.rows, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+      y[r] = W.bits == 4 ? qdot_row_bits<4>(W, r, x, xsum.data()) : qdot_row_bits<8>(W, r, x, xsum.data());
+  }, grain);
+}
 
 void qmatmul(const QMatrix& W, const float* X, int64_t n, float* Y, ThreadPool* pool) {
+  if (n == 1 && W.quantized() && (W.bits == 4 || W.bits == 8)) return qmatvec(W, X, Y, pool);
   const int64_t rows = W.rows, cols = W.cols;
   // Grain: enough rows per range that a range is worth a task (~64k multiply-adds).
   const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, cols * n));

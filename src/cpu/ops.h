@@ -18,9 +18,11 @@ namespace lilac::cpu {
 // ---------------------------------------------------------------- quantized matrices
 // Dequantize row r of W into out[W.cols] (scale * q + bias per group; dense rows copied).
 void dequant_row(const QMatrix& W, int64_t r, float* out);
-// y[W.rows] = W x  (x [W.cols]); fp32 accumulation, rows split over the pool.
+// y[W.rows] = W x  (x [W.cols]); fp32 accumulation, rows split over the pool. Quantized rows are not
+// materialised: y_r = Σ_g scale_g Σ_j q_j x_j + bias_g Σ_j x_j (another summation order than qmatmul's).
 void qmatvec(const QMatrix& W, const float* x, float* y, ThreadPool* pool = nullptr);
-// Y[n, W.rows] = X[n, W.cols] Wᵀ: each row of W is dequantized once and dotted with all n inputs.
+// Y[n, W.rows] = X[n, W.cols] Wᵀ: each row of W is dequantized once and dotted with all n inputs
+// (n == 1 goes through qmatvec).
 void qmatmul(const QMatrix& W, const float* X, int64_t n, float* Y, ThreadPool* pool = nullptr);
 // out[W.cols] = dequantized row `token` of the embedding matrix.
 void embed_row(const QMatrix& embed, int32_t token, float* out);
