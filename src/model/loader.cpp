@@ -1,5 +1,6 @@
 // load_model: MLX 4-bit layout (zero-copy views into the mmaps) or the original Hugging Face layout
 // (quantized on load to the same format). Every tensor is checked by name, dtype and shape.
+#include <algorithm>
 #include <cstring>
 #include <set>
 
@@ -98,9 +99,7 @@ struct Builder {
       for (int64_t r = 0; r < rows; ++r) {
         int64_t s = src_offset(e, r);
         float* dst = buf->dense.data() + (e * rows + r) * cols;
-        if (t.dtype == DType::F32) std::memcpy(dst, t.data + 4 * s, size_t(cols) * 4);
-        else
-          for (int64_t k = 0; k < cols; ++k) dst[k] = tensor_float_at(t, s + k);
+        tensor_floats(t, s, cols, dst);
       }
     w.storage.push_back(buf);
     QMatrix m;
@@ -173,9 +172,7 @@ struct Builder {
     auto buf = std::make_shared<QBuffer>();
     QMatrix m = quantize_rows(n * rows, cols, bits, group, *buf, [&](int64_t rr, float* out) {
       int64_t s = src_offset(rr / rows, rr % rows);
-      if (t.dtype == DType::F32) std::memcpy(out, t.data + 4 * s, size_t(cols) * 4);
-      else
-        for (int64_t k = 0; k < cols; ++k) out[k] = tensor_float_at(t, s + k);
+      tensor_floats(t, s, cols, out);
     });
     m.rows = rows;
     w.storage.push_back(buf);
@@ -281,7 +278,6 @@ std::shared_ptr<const ModelWeights> load_model(const std::string& dir, const Loa
   w->dir = dir;
   w->config = load_config(dir);
   TensorSet ts = TensorSet::open_dir(dir);
-  for (auto& f : ts.files()) w->storage.push_back(f);
 
   Builder b(ts, *w);
   bool mlx_names = false;
@@ -310,12 +306,37 @@ std::shared_ptr<const ModelWeights> load_model(const std::string& dir, const Loa
     b.head = "lm_head";
   }
   const uint64_t total = ts.total_bytes();
-  Progress progress(b.layout == Layout::HF ? "quantizing " + dir : "loading " + dir, total, opts.progress);
-  if (b.layout == Layout::MLX && progress.active())
-    for (auto& f : ts.files()) f->prefetch(0, f->size());
-  b.progress = &progress;
-  b.load_all();
-  progress.finish();
+  if (b.layout == Layout::MLX) {
+    // The weights are views into the mappings: keep them alive with the model.
+    for (auto& f : ts.files()) w->storage.push_back(f);
+    // On a terminal, read a large checkpoint into the page cache now, with progress (the backend
+    // would fault the pages in anyway, silently).
+    uint64_t file_bytes = 0;
+    for (auto& f : ts.files()) file_bytes += f->size();
+    Progress progress("loading " + dir, file_bytes, opts.progress);
+    if (progress.active()) {
+      for (auto& f : ts.files()) {
+        f->prefetch(0, f->size());
+        const size_t chunk = size_t(64) << 20;
+        const int64_t nchunks = int64_t((f->size() + chunk - 1) / chunk);
+        parallel_ranges(nchunks, 1, [&](int64_t c0, int64_t c1) {
+          for (int64_t c = c0; c < c1; ++c) {
+            const size_t begin = size_t(c) * chunk, end = std::min(f->size(), begin + chunk);
+            volatile uint8_t sink = 0;
+            for (size_t i = begin; i < end; i += 4096) sink = sink + f->data()[i];
+            progress.add(end - begin);
+          }
+        }, 4);
+      }
+      progress.finish();
+    }
+    b.load_all();
+  } else {
+    Progress progress("quantizing " + dir, total, opts.progress);
+    b.progress = &progress;
+    b.load_all();
+    progress.finish();
+  }
   LILAC_LOG_DEBUG("loaded %s (%s layout, %zu tensors, %s)", dir.c_str(), b.layout == Layout::MLX ? "MLX" : "HF",
                   ts.tensors().size(), Progress::format_bytes(double(total)).c_str());
   return w;

@@ -223,21 +223,32 @@ float tensor_float_at(const TensorInfo& t, int64_t i) {
   }
 }
 
-std::vector<float> tensor_to_floats(const TensorInfo& t) {
-  int64_t n = t.numel();
-  std::vector<float> out(static_cast<size_t>(n));
+void tensor_floats(const TensorInfo& t, int64_t offset, int64_t n, float* out) {
   if (t.dtype == DType::F32) {
-    std::memcpy(out.data(), t.data, size_t(n) * 4);
-  } else if (t.dtype == DType::BF16 || t.dtype == DType::F16) {
-    bool bf = t.dtype == DType::BF16;
+    std::memcpy(out, t.data + 4 * offset, size_t(n) * 4);
+  } else if (t.dtype == DType::BF16) {
+    const uint8_t* p = t.data + 2 * offset;
     for (int64_t i = 0; i < n; ++i) {
       uint16_t h;
-      std::memcpy(&h, t.data + 2 * i, 2);
-      out[size_t(i)] = bf ? bf16_to_f32(h) : f16_to_f32(h);
+      std::memcpy(&h, p + 2 * i, 2);
+      out[i] = bf16_to_f32(h);
+    }
+  } else if (t.dtype == DType::F16) {
+    const uint8_t* p = t.data + 2 * offset;
+    for (int64_t i = 0; i < n; ++i) {
+      uint16_t h;
+      std::memcpy(&h, p + 2 * i, 2);
+      out[i] = f16_to_f32(h);
     }
   } else {
     tensor_float_at(t, 0);  // throws the dtype error
   }
+}
+
+std::vector<float> tensor_to_floats(const TensorInfo& t) {
+  std::vector<float> out(static_cast<size_t>(t.numel()));
+  if (t.dtype != DType::F32 && t.dtype != DType::BF16 && t.dtype != DType::F16) tensor_float_at(t, 0);  // throws
+  tensor_floats(t, 0, t.numel(), out.data());
   return out;
 }
 

@@ -76,6 +76,8 @@ class TensorSet {
 
 // Element `i` of a float tensor (F32, F16 or BF16) as float; throws for other dtypes.
 float tensor_float_at(const TensorInfo& t, int64_t i);
+// Elements [offset, offset + n) of a float tensor (F32, F16, BF16) as floats into out[n].
+void tensor_floats(const TensorInfo& t, int64_t offset, int64_t n, float* out);
 // The whole tensor as floats (F32, F16, BF16).
 std::vector<float> tensor_to_floats(const TensorInfo& t);
 
