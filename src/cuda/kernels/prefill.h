@@ -123,6 +123,21 @@ struct GdnPrefillArgs {
 size_t gdn_prefill_work_floats(int n, int Hk, int Hv, int dk);
 void gdn_prefill(const GdnPrefillArgs& a, cudaStream_t stream);
 
+// (2') The same step as gdn_prefill (same arguments, same results up to rounding) in the chunked
+// WY / UT-transform form, chunks of 64 tokens: per chunk K Kᵀ and Q Kᵀ on tensor cores (3xTF32, fp32
+// accumulation), the triangular solve and all decays in fp32, chunks in parallel; then one pass over
+// the chunks per (value head, 32 value columns) for the state products. `math` picks those products'
+// precision: Split3xTF32 (≈ fp32) or TF32 (operands rounded to 10 mantissa bits, ~3x fewer mma).
+// Sizes: dk ∈ {32, 64, 128}, dv % 16 == 0 (≤ 512), Hv a multiple (≤ 32x) of Hk; ld_out even.
+// `work`, when given, must hold gdn_chunked_work_floats(n, Hk, Hv, dk, dv) floats (16-byte aligned;
+// NOT gdn_prefill_work_floats: ~58 M floats = 237 MB at n = 4096 for the model); when null, a buffer
+// owned per stream is used, or — while capturing a graph — gdn_prefill's allocation-free path
+// (dk == dv == 128; other sizes throw). o_scratch [n, Hv*dv] as for gdn_prefill.
+enum class GdnChunkedMath { Split3xTF32, TF32 };
+size_t gdn_chunked_work_floats(int n, int Hk, int Hv, int dk, int dv);
+void gdn_prefill_chunked(const GdnPrefillArgs& a, cudaStream_t stream,
+                         GdnChunkedMath math = GdnChunkedMath::Split3xTF32);
+
 // ------------------------------------------------------------------------------------------------
 // MoE block for a chunk of n tokens:
 //   Y[t] (+)= Σ_{top-k e} w_e · down_e(silu(gate_e x) ⊙ up_e x) + sigmoid(seg·x) · shared(x)
