@@ -21,6 +21,13 @@ add_test(NAME cli_tokenize_roundtrip
 [ \"$out\" = '\"naïve café 🤖 你好\"' ] || { echo \"got: $out\"; exit 1; }"
   sh "${_lilac}" "${_tok_dir}")
 
+# --no-special keeps "<|im_end|>" as text (so --skip-special keeps it); parsed as special it is skipped.
+add_test(NAME cli_tokenize_special_flags
+  COMMAND sh -c "a=$(printf '%s\\n' '\"x<|im_end|>\"' | \"$1\" tokenize --tokenizer \"$2\" --no-special | \"$1\" tokenize --tokenizer \"$2\" --decode --skip-special) || exit 1; \
+b=$(printf '%s\\n' '\"x<|im_end|>\"' | \"$1\" tokenize --tokenizer \"$2\" | \"$1\" tokenize --tokenizer \"$2\" --decode --skip-special) || exit 1; \
+[ \"$a\" = '\"x<|im_end|>\"' ] && [ \"$b\" = '\"x\"' ] || { echo \"got: $a / $b\"; exit 1; }"
+  sh "${_lilac}" "${_tok_dir}")
+
 # Bad input: not JSON, an out-of-range id, a missing tokenizer directory -> exit code 1 and a message.
 # (Exit code and message are both checked inside sh: PASS_REGULAR_EXPRESSION would ignore the code.)
 set(_expect_fail "out=$(printf \"$IN\" | \"$@\" 2>&1); rc=$?; echo \"$out\"; [ $rc -eq 1 ] && printf '%s' \"$out\" | grep -qF -- \"$MSG\"")
@@ -33,5 +40,5 @@ add_test(NAME cli_tokenize_bad_id
 add_test(NAME cli_tokenize_missing_dir
   COMMAND sh -c "IN='\"x\"\\n'; MSG='/nonexistent/tok/tokenizer.json: cannot open file'; ${_expect_fail}"
   sh "${_lilac}" tokenize --tokenizer /nonexistent/tok)
-set_tests_properties(cli_tokenize_encode cli_tokenize_decode cli_tokenize_roundtrip cli_tokenize_bad_json
+set_tests_properties(cli_tokenize_encode cli_tokenize_decode cli_tokenize_roundtrip cli_tokenize_special_flags cli_tokenize_bad_json
   cli_tokenize_bad_id cli_tokenize_missing_dir PROPERTIES LABELS cli)
