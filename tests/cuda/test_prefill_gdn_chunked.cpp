@@ -1,0 +1,431 @@
+// Chunked Gated DeltaNet prefill (gdn_prefill_chunked, src/cuda/kernels/gdn_chunked.cu) against the CPU
+// token-by-token recurrence (cpu::gdn_recurrent_step) on random inputs: fresh seeds (printed on
+// failure), outputs poisoned with NaN, lengths around the chunk size (1, 63, 64, 65, 200, 1100), a
+// non-zero initial state, the model's head sizes and tiny2's (dk 32, dv 48), both state-product
+// precisions. Bars: the bf16 output ‖Δ‖/‖ref‖ ≤ 5e-3 (bf16 rounding ≈ 2e-3); the fp32 state ≤ 1e-4 with
+// 3xTF32 (≈ fp32, other summation order) and ≤ 1e-3 with plain TF32 (operands rounded to 2^-11).
+// Also a real-size run (4096 tokens, 16/32 heads of 128) checked against the CPU and timed against the
+// column scan gdn_prefill (printed; see bench/GPU_NOTES.md, "Chunked GDN").
+#include <gtest/gtest.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/bf16.h"
+#include "core/error.h"
+#include "cpu/ops.h"
+#include "cuda/kernels/prefill.h"
+
+using namespace lilac;
+namespace lc = lilac::cuda;
+
+namespace {
+
+bool have_gpu(std::string* why) {
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess || n == 0) {
+    *why = e != cudaSuccess ? cudaGetErrorString(e) : "no device";
+    cudaGetLastError();
+    return false;
+  }
+  return true;
+}
+
+#define REQUIRE_GPU()                                             \
+  do {                                                            \
+    std::string why_;                                             \
+    if (!have_gpu(&why_)) GTEST_SKIP() << "no CUDA GPU: " << why_; \
+  } while (0)
+
+#define CK(x)                                                               \
+  do {                                                                      \
+    cudaError_t e_ = (x);                                                   \
+    ASSERT_EQ(e_, cudaSuccess) << #x << ": " << cudaGetErrorString(e_);     \
+  } while (0)
+
+template <class T>
+struct Dev {
+  T* p = nullptr;
+  size_t n = 0;
+  explicit Dev(size_t count) : n(count) {
+    if (cudaMalloc(&p, sizeof(T) * (count ? count : 1)) != cudaSuccess) p = nullptr;
+  }
+  Dev(const std::vector<T>& v) : Dev(v.size()) { cudaMemcpy(p, v.data(), sizeof(T) * v.size(), cudaMemcpyHostToDevice); }
+  ~Dev() { cudaFree(p); }
+  Dev(const Dev&) = delete;
+  std::vector<T> get() const {
+    std::vector<T> v(n);
+    cudaMemcpy(v.data(), p, sizeof(T) * n, cudaMemcpyDeviceToHost);
+    return v;
+  }
+  void put(const std::vector<T>& v) { cudaMemcpy(p, v.data(), sizeof(T) * v.size(), cudaMemcpyHostToDevice); }
+  void poison() { cudaMemset(p, 0xff, sizeof(T) * n); }  // NaN for float / bf16
+};
+
+double rel_err(const std::vector<float>& got, const std::vector<float>& ref, const char* what) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (!std::isfinite(got[i])) {
+      std::printf("[rel_err] %s: non-finite at %zu\n", what, i);
+      return INFINITY;
+    }
+    const double d = double(got[i]) - ref[i];
+    num += d * d;
+    den += double(ref[i]) * ref[i];
+  }
+  const double e = std::sqrt(num / std::max(den, 1e-30));
+  std::printf("[rel_err] %s %.3g\n", what, e);
+  return e;
+}
+
+std::vector<float> bf16_to_f(const std::vector<uint16_t>& v) {
+  std::vector<float> o(v.size());
+  for (size_t i = 0; i < v.size(); ++i) o[i] = bf16_to_f32(v[i]);
+  return o;
+}
+
+std::vector<float> rand_f(size_t n, std::mt19937& rng, float lo, float hi) {
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+// One problem: host inputs, the CPU reference, device buffers and the args.
+struct Problem {
+  int n, Hk, Hv, dk, dv;
+  int64_t ld_qkv, ld_ab;
+  std::vector<float> qkv, ab, z, A_log, dt_bias, norm_w, S0;
+  std::vector<float> S_ref, o_ref, out_ref;  // final state, pre-norm output, normed output
+
+  Problem(int n_, int Hk_, int Hv_, int dk_, int dv_, std::mt19937& rng)
+      : n(n_), Hk(Hk_), Hv(Hv_), dk(dk_), dv(dv_) {
+    ld_qkv = 2 * int64_t(Hk) * dk + int64_t(Hv) * dv + 4;
+    ld_ab = 2 * int64_t(Hv) + 2;
+    qkv = rand_f(size_t(n) * ld_qkv, rng, -1.f, 1.f);
+    ab = rand_f(size_t(n) * ld_ab, rng, -3.f, 3.f);  // [b | a | pad] per row
+    z = rand_f(size_t(n) * Hv * dv, rng, -2.f, 2.f);
+    A_log = rand_f(Hv, rng, -1.5f, 0.5f);
+    dt_bias = rand_f(Hv, rng, -1.f, 1.f);
+    norm_w = rand_f(dv, rng, 0.5f, 1.5f);
+    S0 = rand_f(size_t(Hv) * dk * dv, rng, -0.1f, 0.1f);
+  }
+
+  // Token-by-token CPU reference, value heads in parallel.
+  void reference() {
+    S_ref = S0;
+    o_ref.assign(size_t(n) * Hv * dv, 0.f);
+    out_ref.assign(size_t(n) * Hv * dv, 0.f);
+    // per-token normalised q, k and gates first (shared by the heads)
+    std::vector<float> qn(size_t(n) * Hk * dk), kn(size_t(n) * Hk * dk), g(size_t(n) * Hv), beta(size_t(n) * Hv);
+    for (int t = 0; t < n; ++t) {
+      const float* row = &qkv[size_t(t) * ld_qkv];
+      std::copy(row, row + size_t(Hk) * dk, &qn[size_t(t) * Hk * dk]);
+      std::copy(row + size_t(Hk) * dk, row + 2 * size_t(Hk) * dk, &kn[size_t(t) * Hk * dk]);
+      for (int hk = 0; hk < Hk; ++hk) {
+        float* q = &qn[(size_t(t) * Hk + hk) * dk];
+        cpu::l2norm(q, dk);
+        cpu::l2norm(&kn[(size_t(t) * Hk + hk) * dk], dk);
+        for (int i = 0; i < dk; ++i) q[i] /= std::sqrt(float(dk));
+      }
+      const float* abr = &ab[size_t(t) * ld_ab];
+      cpu::gdn_gates(abr, abr + Hv, A_log.data(), dt_bias.data(), Hv, &beta[size_t(t) * Hv], &g[size_t(t) * Hv]);
+    }
+    auto head = [&](int h) {
+      const int hk = h / (Hv / Hk);
+      for (int t = 0; t < n; ++t) {
+        float* o = &o_ref[(size_t(t) * Hv + h) * dv];
+        cpu::gdn_recurrent_step(&S_ref[size_t(h) * dk * dv], &qn[(size_t(t) * Hk + hk) * dk],
+                                &kn[(size_t(t) * Hk + hk) * dk], &qkv[size_t(t) * ld_qkv + 2 * size_t(Hk) * dk + size_t(h) * dv],
+                                g[size_t(t) * Hv + h], beta[size_t(t) * Hv + h], dk, dv, o);
+        cpu::gated_rmsnorm(o, &z[(size_t(t) * Hv + h) * dv], norm_w.data(), dv, 1e-6f,
+                           &out_ref[(size_t(t) * Hv + h) * dv]);
+      }
+    };
+    std::vector<std::thread> th;
+    const int nth = std::max(1, std::min<int>(Hv, int(std::thread::hardware_concurrency())));
+    for (int w = 0; w < nth; ++w)
+      th.emplace_back([&, w] {
+        for (int h = w; h < Hv; h += nth) head(h);
+      });
+    for (auto& x : th) x.join();
+  }
+};
+
+struct DevProblem {
+  Dev<float> qkv, ab, z, A_log, dt_bias, norm_w, S, osc;
+  Dev<uint16_t> out;
+  lc::GdnPrefillArgs a;
+  explicit DevProblem(const Problem& p)
+      : qkv(p.qkv), ab(p.ab), z(p.z), A_log(p.A_log), dt_bias(p.dt_bias), norm_w(p.norm_w), S(p.S0),
+        osc(size_t(p.n) * p.Hv * p.dv), out(size_t(p.n) * p.Hv * p.dv) {
+    osc.poison();
+    out.poison();
+    a.qkv = qkv.p;
+    a.ld_qkv = p.ld_qkv;
+    a.b = ab.p;
+    a.ld_b = p.ld_ab;
+    a.a = ab.p + p.Hv;
+    a.ld_a = p.ld_ab;
+    a.z = z.p;
+    a.ld_z = int64_t(p.Hv) * p.dv;
+    a.A_log = A_log.p;
+    a.dt_bias = dt_bias.p;
+    a.norm_w = norm_w.p;
+    a.eps = 1e-6f;
+    a.state = S.p;
+    a.o_scratch = osc.p;
+    a.out = reinterpret_cast<__nv_bfloat16*>(out.p);
+    a.ld_out = int64_t(p.Hv) * p.dv;
+    a.n = p.n;
+    a.Hk = p.Hk;
+    a.Hv = p.Hv;
+    a.dk = p.dk;
+    a.dv = p.dv;
+  }
+};
+
+const char* math_name(lc::GdnChunkedMath m) { return m == lc::GdnChunkedMath::TF32 ? "tf32" : "3xtf32"; }
+
+void expect_close(const Problem& p, DevProblem& d, lc::GdnChunkedMath math) {
+  const double e_out = rel_err(bf16_to_f(d.out.get()), p.out_ref, "out(bf16)");
+  const double e_o = rel_err(d.osc.get(), p.o_ref, "o(fp32)");
+  const double e_s = rel_err(d.S.get(), p.S_ref, "state");
+  EXPECT_LT(e_out, 5e-3);
+  if (math == lc::GdnChunkedMath::Split3xTF32) {
+    EXPECT_LT(e_o, 1e-4);
+    EXPECT_LT(e_s, 1e-4);
+  } else {
+    EXPECT_LT(e_s, 1e-3);
+  }
+}
+
+void check_chunked(int n, int Hk, int Hv, int dk, int dv, lc::GdnChunkedMath math, bool own_work) {
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed) + " n=" + std::to_string(n) + " Hk=" + std::to_string(Hk) +
+               " Hv=" + std::to_string(Hv) + " dk=" + std::to_string(dk) + " dv=" + std::to_string(dv) + " " +
+               math_name(math) + (own_work ? " work=given" : " work=internal"));
+  std::printf("[case] n=%d Hk=%d Hv=%d dk=%d dv=%d %s\n", n, Hk, Hv, dk, dv, math_name(math));
+  std::mt19937 rng(seed);
+  Problem p(n, Hk, Hv, dk, dv, rng);
+  p.reference();
+  DevProblem d(p);
+  Dev<float> work(lc::gdn_chunked_work_floats(n, Hk, Hv, dk, dv));
+  work.poison();
+  if (own_work) d.a.work = work.p;
+  lc::gdn_prefill_chunked(d.a, nullptr, math);
+  CK(cudaDeviceSynchronize());
+  expect_close(p, d, math);
+}
+
+TEST(PrefillGdnChunked, MatchesTokenByToken) {
+  REQUIRE_GPU();
+  for (auto math : {lc::GdnChunkedMath::Split3xTF32, lc::GdnChunkedMath::TF32}) {
+    check_chunked(1, 1, 2, 128, 128, math, true);
+    check_chunked(63, 2, 4, 128, 128, math, true);
+    check_chunked(64, 2, 4, 128, 128, math, false);
+    check_chunked(65, 2, 4, 128, 128, math, true);
+    check_chunked(200, 3, 3, 128, 128, math, true);
+    check_chunked(1100, 2, 4, 128, 128, math, true);
+    check_chunked(130, 2, 4, 64, 64, math, true);    // tiny's sizes
+    check_chunked(1, 1, 4, 32, 48, math, true);      // tiny2's sizes
+    check_chunked(63, 1, 4, 32, 48, math, true);
+    check_chunked(200, 1, 4, 32, 48, math, false);
+    check_chunked(1100, 1, 4, 32, 48, math, true);
+    check_chunked(97, 2, 4, 32, 96, math, true);     // dv with 32-column blocks
+  }
+}
+
+// Small cases (also what compute-sanitizer racecheck / memcheck run on).
+TEST(PrefillGdnChunked, Small) {
+  REQUIRE_GPU();
+  check_chunked(130, 2, 4, 128, 128, lc::GdnChunkedMath::Split3xTF32, true);
+  check_chunked(70, 1, 4, 32, 48, lc::GdnChunkedMath::TF32, true);
+}
+
+// Column blocks of 16 / 64 (LILAC_GDN_CHUNKED_COLS) compute the same thing.
+TEST(PrefillGdnChunked, ColumnBlockSizes) {
+  REQUIRE_GPU();
+  for (const char* cols : {"16", "64"}) {
+    setenv("LILAC_GDN_CHUNKED_COLS", cols, 1);
+    SCOPED_TRACE(std::string("cols ") + cols);
+    check_chunked(150, 2, 4, 128, 128, lc::GdnChunkedMath::Split3xTF32, true);
+    check_chunked(150, 2, 4, 128, 128, lc::GdnChunkedMath::TF32, true);
+  }
+  unsetenv("LILAC_GDN_CHUNKED_COLS");
+}
+
+// Two calls in a row (state carried between prefill chunks) equal one call over the whole sequence.
+TEST(PrefillGdnChunked, SplitSequenceCarriesState) {
+  REQUIRE_GPU();
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  const int n = 300, n1 = 77;
+  Problem p(n, 2, 4, 128, 128, rng);
+  p.reference();
+  DevProblem d(p);
+  Dev<float> work(lc::gdn_chunked_work_floats(n, 2, 4, 128, 128));
+  d.a.work = work.p;
+  lc::GdnPrefillArgs a1 = d.a, a2 = d.a;
+  a1.n = n1;
+  a2.n = n - n1;
+  a2.qkv += n1 * p.ld_qkv;
+  a2.b += n1 * p.ld_ab;
+  a2.a += n1 * p.ld_ab;
+  a2.z += int64_t(n1) * a2.ld_z;
+  a2.o_scratch += int64_t(n1) * p.Hv * p.dv;
+  a2.out += int64_t(n1) * a2.ld_out;
+  lc::gdn_prefill_chunked(a1, nullptr);
+  lc::gdn_prefill_chunked(a2, nullptr);
+  CK(cudaDeviceSynchronize());
+  expect_close(p, d, lc::GdnChunkedMath::Split3xTF32);
+}
+
+// Graph capture: with a work buffer the chunked kernels are captured; without one, dk = dv = 128 falls
+// back to the column scan's allocation-free path, and other sizes throw before launching anything.
+TEST(PrefillGdnChunked, GraphCapture) {
+  REQUIRE_GPU();
+  for (int with_work : {1, 0}) {
+    const uint32_t seed = std::random_device{}();
+    SCOPED_TRACE("seed " + std::to_string(seed) + " with_work=" + std::to_string(with_work));
+    std::mt19937 rng(seed);
+    Problem p(150, 2, 4, 128, 128, rng);
+    p.reference();
+    DevProblem d(p);
+    Dev<float> work(lc::gdn_chunked_work_floats(p.n, 2, 4, 128, 128));
+    if (with_work) d.a.work = work.p;
+    cudaStream_t st;
+    CK(cudaStreamCreate(&st));
+    lc::gdn_prefill_chunked(d.a, st);  // first call outside capture (sets kernel attributes)
+    CK(cudaStreamSynchronize(st));
+    d.S.put(p.S0);
+    d.out.poison();
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+    lc::gdn_prefill_chunked(d.a, st);
+    CK(cudaStreamEndCapture(st, &graph));
+    CK(cudaGraphInstantiate(&exec, graph, 0));
+    CK(cudaGraphLaunch(exec, st));
+    CK(cudaStreamSynchronize(st));
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    const double e_out = rel_err(bf16_to_f(d.out.get()), p.out_ref, "out(bf16)");
+    const double e_s = rel_err(d.S.get(), p.S_ref, "state");
+    EXPECT_LT(e_out, 5e-3);
+    EXPECT_LT(e_s, 1e-4);
+    if (!with_work) {
+      Problem p2(20, 1, 4, 32, 48, rng);
+      DevProblem d2(p2);
+      CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+      EXPECT_THROW(lc::gdn_prefill_chunked(d2.a, st), lilac::Error);
+      cudaGraph_t g2;
+      CK(cudaStreamEndCapture(st, &g2));
+      cudaGraphDestroy(g2);
+    }
+    cudaStreamDestroy(st);
+  }
+}
+
+TEST(PrefillGdnChunked, RejectsBadShapes) {
+  REQUIRE_GPU();
+  std::mt19937 rng(1);
+  Problem p(10, 1, 2, 32, 48, rng);
+  DevProblem d(p);
+  lc::GdnPrefillArgs a = d.a;
+  a.dk = 48;
+  EXPECT_THROW(lc::gdn_prefill_chunked(a, nullptr), lilac::Error);
+  a = d.a;
+  a.dv = 40;
+  EXPECT_THROW(lc::gdn_prefill_chunked(a, nullptr), lilac::Error);
+  a = d.a;
+  a.Hk = 2;
+  a.Hv = 3;
+  EXPECT_THROW(lc::gdn_prefill_chunked(a, nullptr), lilac::Error);
+}
+
+template <class F>
+float time_ms(F&& f, int reps = 20) {
+  f();
+  cudaDeviceSynchronize();
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  std::vector<float> ms;
+  for (int i = 0; i < reps; ++i) {
+    cudaEventRecord(e0);
+    f();
+    cudaEventRecord(e1);
+    cudaEventSynchronize(e1);
+    float x = 0;
+    cudaEventElapsedTime(&x, e0, e1);
+    ms.push_back(x);
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+// The model's sizes: checked against the CPU, then timed against the column scan.
+// LILAC_GDN_TIMING_N overrides n (default 4096).
+TEST(PrefillGdnChunkedTiming, RealSize) {
+  REQUIRE_GPU();
+  const char* env = std::getenv("LILAC_GDN_TIMING_N");
+  const int n = env && *env ? std::atoi(env) : 4096;
+  const int Hk = 16, Hv = 32, d = 128;
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  Problem p(n, Hk, Hv, d, d, rng);
+  p.reference();
+  DevProblem dp(p);
+  Dev<float> work(lc::gdn_chunked_work_floats(n, Hk, Hv, d, d));
+  Dev<float> work_scan(lc::gdn_prefill_work_floats(n, Hk, Hv, d));
+  std::printf("[work] chunked scratch %.1f MB, column scan scratch %.1f MB\n", work.n * 4 / 1e6,
+              work_scan.n * 4 / 1e6);
+  dp.a.work = work.p;
+  for (auto math : {lc::GdnChunkedMath::Split3xTF32, lc::GdnChunkedMath::TF32}) {
+    SCOPED_TRACE(math_name(math));
+    std::printf("[case] real size n=%d %s\n", n, math_name(math));
+    dp.S.put(p.S0);
+    dp.out.poison();
+    lc::gdn_prefill_chunked(dp.a, nullptr, math);
+    CK(cudaDeviceSynchronize());
+    expect_close(p, dp, math);
+  }
+  {  // the column scan on the same data, for comparison
+    lc::GdnPrefillArgs a = dp.a;
+    a.work = work_scan.p;
+    dp.S.put(p.S0);
+    lc::gdn_prefill(a, nullptr);
+    CK(cudaDeviceSynchronize());
+    std::printf("[case] column scan\n");
+    rel_err(bf16_to_f(dp.out.get()), p.out_ref, "out(bf16)");
+    rel_err(dp.S.get(), p.S_ref, "state");
+    lc::GdnPrefillArgs b = dp.a;
+    b.work = work_scan.p;
+    const float ms_scan = time_ms([&] { lc::gdn_prefill(b, nullptr); });
+    std::printf("[timing] gdn_prefill column scan (prep + scan + norm) n=%d: %8.3f ms\n", n, ms_scan);
+  }
+  for (const char* cols : {"32", "64", "16"}) {
+    setenv("LILAC_GDN_CHUNKED_COLS", cols, 1);
+    for (auto math : {lc::GdnChunkedMath::Split3xTF32, lc::GdnChunkedMath::TF32}) {
+      const float ms = time_ms([&] { lc::gdn_prefill_chunked(dp.a, nullptr, math); });
+      std::printf("[timing] gdn_prefill_chunked %-6s cols %s n=%d: %8.3f ms\n", math_name(math), cols, n, ms);
+    }
+  }
+  unsetenv("LILAC_GDN_CHUNKED_COLS");
+  CK(cudaGetLastError());
+}
+
+}  // namespace
