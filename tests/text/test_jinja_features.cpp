@@ -1,0 +1,305 @@
+// Jinja language features, each case checked against the output of Python jinja2 3.1.6 configured the way
+// Hugging Face renders chat templates (ImmutableSandboxedEnvironment, trim_blocks, lstrip_blocks,
+// loopcontrols, tojson = json.dumps(ensure_ascii=False)). Expected strings were produced by jinja2.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "text/jinja.h"
+
+namespace {
+
+struct Case {
+  const char* name;
+  const char* tmpl;
+  const char* vars;
+  const char* expected;
+};
+
+const Case kCases[] = {
+    {"ws_dash",
+     R"J(a  {{- 'x' -}}  b
+{%- if true -%}  c  {%- endif -%}
+ d)J",
+     R"J({})J",
+     R"J(axbcd)J"},
+    {"trim_blocks",
+     R"J({% if true %}
+yes
+{% endif %}
+end)J",
+     R"J({})J",
+     R"J(yes
+end)J"},
+    {"lstrip_blocks",
+     R"J(<ul>
+    {% for x in xs %}
+    <li>{{ x }}</li>
+    {% endfor %}
+</ul>
+)J",
+     R"J({"xs": [1, 2]})J",
+     R"J(<ul>
+    <li>1</li>
+    <li>2</li>
+</ul>)J"},
+    {"lstrip_not_for_vars",
+     R"J(  {{ 'v' }}
+  {% if true %}t{% endif %})J",
+     R"J({})J",
+     R"J(  v
+t)J"},
+    {"lstrip_text_before_tag",
+     R"J(x {% if true %}y{% endif %}
+	{% if true %}z{% endif %})J",
+     R"J({})J",
+     R"J(x yz)J"},
+    {"plus_markers",
+     R"J(  {%+ if true %}x{% endif +%}
+y)J",
+     R"J({})J",
+     R"J(  x
+y)J"},
+    {"comments",
+     R"J(a
+  {# comment #}
+b {#- c -#}  c
+{#- x #})J",
+     R"J({})J",
+     R"J(a
+bc)J"},
+    {"raw",
+     R"J({% raw %}{{ not parsed }}{% if %}{% endraw %}|{%- raw -%}  a  {%- endraw -%}  |)J",
+     R"J({})J",
+     R"J({{ not parsed }}{% if %}|a|)J"},
+    {"trailing_newline",
+     R"J(x
+)J",
+     R"J({})J",
+     R"J(x)J"},
+    {"crlf",
+     "a\r\n{% if true %}\r\nb\r\n{% endif %}\r\nc\r\n",
+     R"J({})J",
+     R"J(a
+b
+c)J"},
+    {"qwen_style_indent",
+     R"J({%- for m in ms %}
+    {{- m }}
+    {%- if not loop.last %}
+        {{- ', ' }}
+    {%- endif %}
+{%- endfor %}
+)J",
+     R"J({"ms": ["a", "b", "c"]})J",
+     R"J(a, b, c)J"},
+    {"mixed_whitespace",
+     R"J(  {%- set x = 1 -%}  
+  {{ x }}  
+  {%- if x %} yes {% endif -%}  
+end)J",
+     R"J({})J",
+     R"J(1 yes end)J"},
+    {"loop_vars",
+     R"J({% for x in xs %}{{ loop.index }}/{{ loop.index0 }}/{{ loop.revindex }}/{{ loop.revindex0 }}/{{ loop.first }}/{{ loop.last }}/{{ loop.length }}/{{ loop.previtem }}/{{ loop.nextitem }};{% endfor %})J",
+     R"J({"xs": ["a", "b", "c"]})J",
+     R"J(1/0/3/2/True/False/3//b;2/1/2/1/False/False/3/a/c;3/2/1/0/False/True/3/b/;)J"},
+    {"loop_previtem_undefined",
+     R"J({% for x in xs %}{{ loop.previtem is defined }}{{ loop.nextitem is defined }},{% endfor %})J",
+     R"J({"xs": [1, 2]})J",
+     R"J(FalseTrue,TrueFalse,)J"},
+    {"for_filter_else",
+     R"J({% for x in xs if x > 1 %}{{ x }}:{{ loop.length }},{% else %}none{% endfor %}|{% for x in [] %}x{% else %}empty{% endfor %}|{% for x in xs if x > 9 %}x{% else %}filtered{% endfor %})J",
+     R"J({"xs": [1, 2, 3]})J",
+     R"J(2:2,3:2,|empty|filtered)J"},
+    {"for_unpack",
+     R"J({% for k, v in d|items %}{{ k }}={{ v }};{% endfor %}{% for k, v in d.items() %}{{ k }}{% endfor %}{% for k in d %}{{ k }}{% endfor %}{% for a, b in [[1, 2], (3, 4)] %}{{ a + b }}{% endfor %})J",
+     R"J({"d": {"b": 1, "a": 2}})J",
+     R"J(b=1;a=2;baba37)J"},
+    {"break_continue",
+     R"J({% for x in range(10) %}{% if x == 2 %}{% continue %}{% endif %}{% if x == 5 %}{% break %}{% endif %}{{ x }}{% endfor %})J",
+     R"J({})J",
+     R"J(0134)J"},
+    {"nested_loops",
+     R"J({% for a in [1, 2] %}{% for b in 'xy' %}{{ loop.index }}{{ b }}{% endfor %}{{ loop.index }};{% endfor %})J",
+     R"J({})J",
+     R"J(1x2y1;1x2y2;)J"},
+    {"loop_cycle",
+     R"J({% for i in range(3) %}{{ loop.cycle('a', 'b') }}{% endfor %})J",
+     R"J({})J",
+     R"J(aba)J"},
+    {"scoping",
+     R"J({% set x = 1 %}{% for i in [1, 2] %}{% set x = i %}{{ x }}{% endfor %}{{ x }}{% if true %}{% set y = 5 %}{% endif %}{{ y }})J",
+     R"J({})J",
+     R"J(1215)J"},
+    {"namespace_macro",
+     R"J({% set ns = namespace(n=0, s='') %}{% macro bump(k) %}{% set ns.n = ns.n + k %}{% endmacro %}{{ bump(2) }}{{ bump(3) }}{% for i in range(3) %}{% set ns.s = ns.s ~ i %}{% endfor %}{{ ns.n }} {{ ns.s }})J",
+     R"J({})J",
+     R"J(5 012)J"},
+    {"macro_args",
+     R"J({% macro m(a, b='B', c=none) %}[{{ a }}|{{ b }}|{{ c }}]{% endmacro %}{{ m(1) }}{{ m(1, 2) }}{{ m(1, c=3) }}{{ m('  x  ')|trim }}{{ (m('q')|upper) ~ '!' }}{% set r = m(5)|length %}{{ r }})J",
+     R"J({})J",
+     R"J([1|B|None][1|2|None][1|B|3][  x  |B|None][Q|B|NONE]!10)J"},
+    {"macro_sees_later_globals",
+     R"J({% macro m() %}{{ z }}{% endmacro %}{% set z = 3 %}{{ m() }})J",
+     R"J({})J",
+     R"J(3)J"},
+    {"set_block",
+     R"J({% set x %}  hello {{ 1 + 1 }}  {% endset %}[{{ x }}]{% set y | trim %}  z  {% endset %}[{{ y }}])J",
+     R"J({})J",
+     R"J([  hello 2  ][z])J"},
+    {"set_tuple",
+     R"J({% set a, b = 1, 2 %}{{ a }}{{ b }}{% set t = (1, 'x') %}{{ t }}{{ t[1] }})J",
+     R"J({})J",
+     R"J(12(1, 'x')x)J"},
+    {"slicing",
+     R"J({{ xs[::-1] }}{{ xs[1:] }}{{ xs[:-1] }}{{ xs[::2] }}{{ 'héllo'[::-1] }}{{ 'abcdef'[1:4] }}{{ xs[-1] }}[{{ 'abc'[5:] }}]{{ xs[-2:] }}{{ 'héllo'[1] }})J",
+     R"J({"xs": [1, 2, 3, 4]})J",
+     R"J([4, 3, 2, 1][2, 3, 4][1, 2, 3][1, 3]olléhbcd4[][3, 4]é)J"},
+    {"in_operator",
+     R"J({{ 'a' in 'cat' }}{{ 'z' not in 'cat' }}{{ 2 in [1, 2] }}{{ 'k' in {'k': 1} }}{{ 'v' in {'k': 'v'} }}{{ 'x' in u }}{{ 3 not in [1] }})J",
+     R"J({})J",
+     R"J(TrueTrueTrueTrueFalseFalseTrue)J"},
+    {"and_or_operands",
+     R"J({{ 0 or 'b' }}|{{ 'a' and 'b' }}|{{ '' and 'b' }}|{{ none or [] }}|{{ not 0 }}|{{ not 'x' }}|{{ u or 'fallback' }})J",
+     R"J({})J",
+     R"J(b|b||[]|True|False|fallback)J"},
+    {"arithmetic",
+     R"J({{ 7 / 2 }} {{ 7 // 2 }} {{ -7 // 2 }} {{ 7 % 3 }} {{ -7 % 3 }} {{ 7.5 // 2 }} {{ 2 ** 10 }} {{ 1 + 2.0 }} {{ 3 * 'ab' }} {{ [1] + [2] }} {{ 10 - 3 * 2 }} {{ (1 + 2) * 3 }} {{ 0.1 + 0.2 }} {{ 2 ** -1 }} {{ 6 / 3 }} {{ -7.5 % 2 }} {{ xs|length - 1 }} {{ 1 + xs|length }})J",
+     R"J({"xs": [1, 2, 3]})J",
+     R"J(3.5 3 -4 1 2 3.0 1024 3.0 ababab [1, 2] 4 9 0.30000000000000004 0.5 2.0 0.5 2 4)J"},
+    {"concat",
+     R"J({{ 'a' ~ 1 ~ none ~ true ~ u ~ 1.0 ~ [1] }})J",
+     R"J({})J",
+     R"J(a1NoneTrue1.0[1])J"},
+    {"comparison",
+     R"J({{ 1 < 2 < 3 }}{{ 3 > 2 > 2 }}{{ 1 == 1.0 }}{{ 'a' < 'b' }}{{ [1, 2] == [1, 2] }}{{ 1 != 2 }}{{ true == 1 }}{{ u == u }}{{ u == none }}{{ 'b' >= 'a' }})J",
+     R"J({})J",
+     R"J(TrueFalseTrueTrueTrueTrueTrueTrueFalseTrue)J"},
+    {"ternary",
+     R"J({{ 'y' if x else 'n' }}{{ 'y' if not x else 'n' }}[{{ 'only' if false }}]{{ 'a' if false else 'b' if true else 'c' }})J",
+     R"J({"x": 1})J",
+     R"J(yn[]b)J"},
+    {"attr_and_item",
+     R"J({{ d.a }}{{ d['a'] }}[{{ d.missing }}][{{ d.missing is defined }}]{{ l[0].k }}{{ l.0.k }}{{ d.get('a') }}{{ d.get('zz', 'dflt') }}{{ d.get('zz') }}{{ d.missing|default('zz') }}[{{ none.x }}][{{ l[9] }}])J",
+     R"J({"d": {"a": 1}, "l": [{"k": "x", "flag": true}, {"k": "y", "flag": false}, {"k": "a", "flag": 1}]})J",
+     R"J(11[][False]xx1dfltNonezz[][])J"},
+    {"string_methods",
+     R"J({{ ' a b '.strip() }}|{{ 'xxaxx'.strip('x') }}|{{ '  a'.lstrip() }}|{{ 'a  '.rstrip() }}|{{ 'a,b,,c'.split(',') }}|{{ ' a  b '.split() }}|{{ 'a b c'.split(' ', 1) }}|{{ 'a b c'.rsplit(' ', 1) }}|{{ 'abc'.startswith('ab') }}{{ 'abc'.endswith('bc') }}{{ 'abc'.startswith(('x', 'a')) }}|{{ 'aXa'.replace('a', 'b') }}|{{ 'hi'.upper() }}{{ 'HI'.lower() }}|{{ 'hello wORLD'.title() }}|{{ 'hELLO'.capitalize() }}|{{ '{} and {x} {{}}'.format(1, x=2) }}|{{ 'a-b'.find('-') }}|{{ ','.join(['a', 'b']) }}|{{ 'a\nb'.splitlines() }})J",
+     R"J({})J",
+     R"J(a b|a|a|a|['a', 'b', '', 'c']|['a', 'b']|['a', 'b c']|['a b', 'c']|TrueTrueTrue|bXb|HIhi|Hello World|Hello|1 and 2 {}|1|a,b|['a', 'b'])J"},
+    {"dict_methods",
+     R"J({% for k in d.keys() %}{{ k }}{% endfor %}|{% for v in d.values() %}{{ v }}{% endfor %}|{{ d.items()|list }}|{{ d.items()|length }})J",
+     R"J({"d": {"b": 1, "a": "x"}})J",
+     R"J(ba|1x|[('b', 1), ('a', 'x')]|2)J"},
+    {"python_printing",
+     R"J({{ [1, 'a', none, true, 1.5, {'k': 'v'}, (1,), (1, 2), "it's", 'q"', 'both\'"', 'nl\n'] }}|{{ d }})J",
+     R"J({"d": {"a": [1, {"b": null}], "c": false}})J",
+     R"J([1, 'a', None, True, 1.5, {'k': 'v'}, (1,), (1, 2), "it's", 'q"', 'both\'"', 'nl\n']|{'a': [1, {'b': None}], 'c': False})J"},
+    {"float_printing",
+     R"J({{ 1.0 }} {{ 100.0 }} {{ 1e16 }} {{ 1e15 }} {{ 123456789012345678.0 }} {{ 0.0001 }} {{ 0.00001 }} {{ -0.0 }} {{ 1/3 }} {{ 2/3 }} {{ 1e20 }} {{ 1.5e-7 }} {{ f }})J",
+     R"J({"f": 3.25})J",
+     R"J(1.0 100.0 1e+16 1000000000000000.0 1.2345678901234568e+17 0.0001 1e-05 -0.0 0.3333333333333333 0.6666666666666666 1e+20 1.5e-07 3.25)J"},
+    {"string_escapes",
+     R"J({{ 'a\tb\\c\u00e9\x41\'"' }}{{ "d\"q" }}{{ 'x' 'y' }})J",
+     R"J({})J",
+     R"J(a	b\céA'"d"qxy)J"},
+    {"tests",
+     R"J({{ u is defined }}{{ u is undefined }}{{ none is none }}{{ 'a' is string }}{{ {} is mapping }}{{ [] is iterable }}{{ 'a' is iterable }}{{ 1 is iterable }}{{ {} is sequence }}{{ 1 is number }}{{ true is number }}{{ 1 is integer }}{{ true is integer }}{{ 1.0 is float }}{{ true is boolean }}{{ 1 is boolean }}{{ 2 is in [1, 2] }}{{ 2 is eq 2 }}{{ u is iterable }}{{ x is not none }}{{ x is not string }}{{ not x is none }}{{ 3 is odd }}{{ 4 is even }}{{ 9 is divisibleby 3 }}{{ 'ab' is lower }}{{ range is callable }}{{ none is mapping }})J",
+     R"J({"x": 1})J",
+     R"J(FalseTrueTrueTrueTrueTrueTrueFalseTrueTrueTrueTrueFalseTrueTrueFalseTrueTrueTrueTrueTrueTrueTrueTrueTrueTrueTrueFalse)J"},
+    {"is_true_false_strict",
+     R"J({{ 1 is true }}{{ true is true }}{{ 'x' is true }}{{ 0 is false }}{{ false is false }}{{ none is false }}{{ x is true }}{{ y is false }}{{ u is false }})J",
+     R"J({"x": true, "y": 0})J",
+     R"J(FalseTrueFalseFalseTrueFalseTrueFalseFalse)J"},
+    {"filters_basic",
+     R"J({{ 'héllo'|length }}{{ [1, 2, 3]|count }}{{ '  x  '|trim }}|{{ u|default('d') }}{{ ''|default('e') }}{{ ''|default('f', true) }}{{ 0|default('g', boolean=true) }}{{ none|default('h') }}|{{ [1, 2]|join(',') }}{{ 'abc'|list }}{{ [1, 2]|first }}{{ [1, 2]|last }}{{ 'ab'|first }}{{ 1|string }}{{ 'x'|safe }}{{ 'ab'|upper }}{{ 'AB'|lower }}{{ u|length }}{{ {'a': 1}|length }}{{ 'hello world-x'|title }}{{ 'xyz'|trim('xz') }})J",
+     R"J({})J",
+     R"J(53x|dfgNone|1,2['a', 'b', 'c']12a1xABab01Hello World-Xy)J"},
+    {"filters_numbers",
+     R"J({{ '42'|int }}{{ '4.7'|int }}{{ 'x'|int }}{{ 'x'|int(7) }}{{ 3|float }}{{ '2.5'|float }}{{ -3|abs }}{{ (-3.5)|abs }}{{ [1, 2, 3]|reverse|list }}{{ 'abc'|reverse }}{{ ['a', 'A', 'b', 'a']|unique|list }}{{ 2.5|round }}{{ 3.5|round }}{{ 3.14159|round(2) }}{{ true|int }})J",
+     R"J({})J",
+     R"J(424073.02.533.5[3, 2, 1]cba['a', 'b']2.04.03.141)J"},
+    {"filters_map_select",
+     R"J({{ l|map(attribute='k')|list }}{{ l|map(attribute='k')|join(',') }}{{ ['a', 'b']|map('upper')|list }}{{ l|selectattr('k', 'equalto', 'x')|list|length }}{{ l|rejectattr('k', 'equalto', 'x')|map(attribute='k')|list }}{{ [1, 2, 3, 4]|select('even')|list }}{{ [1, 2, 3, 4]|reject('odd')|list }}{{ [0, 1, '', 2]|select|list }}{{ l|selectattr('flag')|map(attribute='k')|list }}{{ l|selectattr('k', 'in', ['a', 'y'])|map(attribute='k')|join }})J",
+     R"J({"l": [{"k": "x", "flag": true}, {"k": "y", "flag": false}, {"k": "a", "flag": 1}]})J",
+     R"J(['x', 'y', 'a']x,y,a['A', 'B']1['y', 'a'][2, 4][2, 4][1, 2]['x', 'a']ya)J"},
+    {"filters_sort_min_max",
+     R"J({{ [3, 1, 2]|sort }}{{ ['b', 'A', 'a']|sort }}{{ l|sort(attribute='k')|map(attribute='k')|list }}{{ [3, 1]|sort(reverse=true) }}{{ [3, 1, 2]|min }}{{ [3, 1, 2]|max }}{{ [1, 2, 3]|sum }})J",
+     R"J({"l": [{"k": "x", "flag": true}, {"k": "y", "flag": false}, {"k": "a", "flag": 1}]})J",
+     R"J([1, 2, 3]['A', 'a', 'b']['a', 'x', 'y'][3, 1]136)J"},
+    {"tojson",
+     R"J({{ d|tojson }}|{{ d|tojson(indent=2) }}|{{ s|tojson }}|{{ [1.0, 2, none, true, 1e20, 0.1]|tojson }}|{{ {}|tojson }}|{{ []|tojson(indent=2) }}|{{ d|tojson(separators=(',', ':')) }}|{{ {'b': 1, 'a': 2}|tojson(sort_keys=true) }}|{{ 'é🤖'|tojson(ensure_ascii=true) }}|{{ (1, 'a')|tojson }})J",
+     R"J({"d": {"z": 1, "a": [1, {"x": "é"}], "e": {}}, "s": "é\"\\\n\t<\u0001/"})J",
+     R"J({"z": 1, "a": [1, {"x": "é"}], "e": {}}|{
+  "z": 1,
+  "a": [
+    1,
+    {
+      "x": "é"
+    }
+  ],
+  "e": {}
+}|"é\"\\\n\t<\u0001/"|[1.0, 2, null, true, 1e+20, 0.1]|{}|[]|{"z":1,"a":[1,{"x":"é"}],"e":{}}|{"a": 2, "b": 1}|"\u00e9\ud83e\udd16"|[1, "a"])J"},
+    {"filter_block",
+     R"J({% filter upper %}abc {{ 'd' }}{% endfilter %})J",
+     R"J({})J",
+     R"J(ABC D)J"},
+    {"dict_literal",
+     R"J({% set d = {'a': 1, 'b': [1, 2]} %}{{ d.b[1] }}{{ d|length }}{{ d['a'] + 1 }}{{ d }})J",
+     R"J({})J",
+     R"J(222{'a': 1, 'b': [1, 2]})J"},
+    {"percent_format",
+     R"J({{ '%s=%d' % ('a', 3) }}{{ '%s' % 'x' }}{{ '%d%%'|format(5) }}{{ '%s-%s'|format('a', 'b') }})J",
+     R"J({})J",
+     R"J(a=3x5%a-b)J"},
+    {"range",
+     R"J({{ range(3)|list }}{{ range(1, 7, 2)|list }}{{ range(3, 0, -1)|list }})J",
+     R"J({})J",
+     R"J([0, 1, 2][1, 3, 5][3, 2, 1])J"},
+    {"escape_indent",
+     R"J({{ '<a href="x">&'|e }}|{{ 'a\nb\n\nc'|indent(2) }}|{{ 'a\nb'|indent(2, true) }})J",
+     R"J({})J",
+     R"J(&lt;a href=&#34;x&#34;&gt;&amp;|a
+  b
+
+  c|  a
+  b)J"},
+    {"undefined_is_lenient",
+     R"J([{{ u }}]{% for x in u %}{{ x }}{% endfor %}{% for k, v in u|items %}x{% else %}none{% endfor %}{{ u|join }}{{ u|list }}{{ u|trim }}{% if u %}t{% else %}f{% endif %}{{ u is none }})J",
+     R"J({})J",
+     R"J([]none[]fFalse)J"},
+    {"generation_block",
+     R"J(a{% generation %}gen{{ 1 }}{% endgeneration %}b)J",
+     R"J({})J",
+     R"J(agen1b)J"},
+    {"dict_order_and_none_vars",
+     R"J({% for k, v in d.items() %}{{ k }}:{{ v }},{% endfor %}{{ n }}{{ n is none }})J",
+     R"J({"d": {"z": 1, "a": 2, "m": 3}, "n": null})J",
+     R"J(z:1,a:2,m:3,NoneTrue)J"},
+    {"args_value_qwen",
+     R"J({% for args_name, args_value in a|items %}<{{ args_name }}>{% set args_value = args_value | string if args_value is string else args_value | tojson | safe %}{{ args_value }}{% endfor %})J",
+     R"J({"a": {"s": "str", "n": 3, "b": true, "l": [1, "x"], "o": {"k": null}, "f": 1.5}})J",
+     R"J(<s>str<n>3<b>true<l>[1, "x"]<o>{"k": null}<f>1.5)J"},
+    {"qwen35_args_value",
+     R"J({% for n, v in a|items %}{% set v = v | tojson | safe if v is mapping or (v is sequence and v is not string) else v | string %}{{ n }}={{ v }};{% endfor %})J",
+     R"J({"a": {"s": "str", "n": 3, "b": true, "l": [1, "x"], "o": {"k": null}}})J",
+     R"J(s=str;n=3;b=True;l=[1, "x"];o={"k": null};)J"},
+};
+
+class JinjaFeature : public ::testing::TestWithParam<Case> {};
+
+TEST_P(JinjaFeature, MatchesJinja2) {
+  const Case& c = GetParam();
+  lilac::jinja::Template t(c.tmpl, c.name);
+  std::string got = t.render(nlohmann::ordered_json::parse(c.vars));
+  EXPECT_EQ(got, std::string(c.expected)) << "template: " << c.tmpl;
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, JinjaFeature, ::testing::ValuesIn(kCases),
+                         [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
+
+}  // namespace
