@@ -255,8 +255,10 @@ ModelConfig parse_config(const std::string& config_json, const std::string& orig
     const json& q = top[qkey];
     std::string w = origin + ": field '" + std::string(qkey) + "'";
     if (!q.is_object()) throw InputError(w + " must be an object");
-    if (q.contains("quant_method") && q["quant_method"].is_string() && !q.contains("bits"))
-      throw InputError(w + ": quant_method " + q["quant_method"].dump() + " is not supported (MLX affine only)");
+    // MLX writes no quant_method; transformers-style blocks (gptq, awq, fp8, ...) do.
+    if (q.contains("quant_method"))
+      throw InputError(origin + ": field '" + std::string(qkey) + ".quant_method' = " + q["quant_method"].dump() +
+                       " is not supported (lilac reads MLX affine 4/8-bit checkpoints or unquantized ones)");
     c.quantized = true;
     c.quant = parse_quant_spec(q, origin + ": field '" + qkey + "'", QuantSpec{});
     if (!q.contains("bits") || !q.contains("group_size"))

@@ -121,6 +121,10 @@ TEST(Config, QuantizationOverrides) {
   j["quantization"]["bits"] = 3;
   EXPECT_NE(error_of(j).find("field 'quantization'.bits = 3 is not supported"), std::string::npos) << error_of(j);
   j = flat();
+  j["quantization_config"] = {{"quant_method", "gptq"}, {"group_size", 128}, {"bits", 4}};
+  EXPECT_NE(error_of(j).find("field 'quantization_config.quant_method' = \"gptq\" is not supported"), std::string::npos)
+      << error_of(j);
+  j = flat();
   j["quantization_config"] = {{"group_size", 32}, {"bits", 8}};
   c = parse(j);
   EXPECT_EQ(c.quant.bits, 8);
