@@ -80,6 +80,26 @@ __device__ __forceinline__ void mma_f32(float c[4], const float a[4], const floa
   mma_tf32(c, ah, bh);
 }
 
+// Fragment values → tf32 (hi) and, with SPLIT, the rounding remainder (lo).
+template <bool SPLIT, int N>
+__device__ __forceinline__ void cvt_frag(const float* x, uint32_t* hi, uint32_t* lo) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    hi[i] = to_tf32(x[i]);
+    if constexpr (SPLIT) lo[i] = to_tf32(x[i] - __uint_as_float(hi[i]));
+  }
+}
+// c += ah·bh; with SPLIT also cl += al·bh + ah·bl (a second accumulator: independent mma chains).
+template <bool SPLIT>
+__device__ __forceinline__ void mma_acc(float c[4], float cl[4], const uint32_t ah[4], const uint32_t al[4],
+                                        const uint32_t bh[2], const uint32_t bl[2]) {
+  if constexpr (SPLIT) {
+    mma_tf32(cl, al, bh);
+    mma_tf32(cl, ah, bl);
+  }
+  mma_tf32(c, ah, bh);
+}
+
 // A fragment of a row-major matrix (element (m, k) at p[m*ld + k]), tile origin (m0, k0).
 __device__ __forceinline__ void frag_a(float a[4], const float* p, int ld, int m0, int k0, int g, int q) {
   a[0] = p[(m0 + g) * ld + k0 + q];
@@ -349,6 +369,11 @@ __global__ void __launch_bounds__(THREADS, 1) state_kernel(const GdnPrefillArgs 
   using L = StateSmem<DK, COLS>;
   constexpr int LDW = L::LDW, LDK = L::LDK, LDP = L::LDP, LDU = L::LDU, LDS = L::LDS;
   constexpr int NT = COLS / 8;  // column tiles
+  // (a), (b): 4 row tiles of 16 tokens; warp → row tile mta, column tiles cba .. cba+CPA-1.
+  constexpr int CPA = NT / 2;
+  // (c): DK/16 row tiles of key rows; warp → row tile mtc, column tiles cbc .. cbc+CPC-1 (< NT).
+  constexpr int MTC = DK / 16, GC = 8 / MTC, CPC = (NT + GC - 1) / GC;
+  static_assert(NT % 2 == 0 && MTC <= 8, "tile mapping");
   extern __shared__ __align__(16) float smem[];
   float* Ws = smem;
   float* Qs = Ws + CH * LDW;
@@ -366,6 +391,8 @@ __global__ void __launch_bounds__(THREADS, 1) state_kernel(const GdnPrefillArgs 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, q = lane & 3;
   const int nch = (n + CH - 1) / CH;
+  const int mta = warp & 3, cba = (warp >> 2) * CPA;
+  const int mtc = warp % MTC, cbc = (warp / MTC) * CPC;
 
   auto issue_wu = [&](int c) {
     if (c < nch) {
@@ -428,52 +455,82 @@ __global__ void __launch_bounds__(THREADS, 1) state_kernel(const GdnPrefillArgs 
     cp_wait<1>();
     __syncthreads();
     issue_k(c);
-    for (int tile = warp; tile < 4 * NT; tile += THREADS / 32) {
-      const int mt = tile / NT, ct = tile % NT;
-      float acc[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll 4
+    {
+      float acc[CPA][4] = {}, accl[CPA][4] = {};
+#pragma unroll 2
       for (int k0 = 0; k0 < DK; k0 += 8) {
-        float fa[4], fb[2];
-        frag_a(fa, Ws, LDW, 16 * mt, k0, g, q);
-        frag_b_kn(fb, Ss, LDS, k0, 8 * ct, g, q);
-        mma_f32<SPLIT>(acc, fa, fb);
+        float fa[4];
+        uint32_t ah[4], al[4];
+        frag_a(fa, Ws, LDW, 16 * mta, k0, g, q);
+        cvt_frag<SPLIT, 4>(fa, ah, al);
+#pragma unroll
+        for (int j = 0; j < CPA; ++j) {
+          float fb[2];
+          uint32_t bh[2], bl[2];
+          frag_b_kn(fb, Ss, LDS, k0, 8 * (cba + j), g, q);
+          cvt_frag<SPLIT, 2>(fb, bh, bl);
+          mma_acc<SPLIT>(acc[j], accl[j], ah, al, bh, bl);
+        }
       }
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int t = 16 * mt + g + 8 * half, j = 8 * ct + 2 * q;
-        Ds[t * LDS + j] = Us[t * LDU + j] - acc[2 * half];
-        Ds[t * LDS + j + 1] = Us[t * LDU + j + 1] - acc[2 * half + 1];
-      }
+      for (int j = 0; j < CPA; ++j)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int t = 16 * mta + g + 8 * half, col = 8 * (cba + j) + 2 * q;
+          Ds[t * LDS + col] = Us[t * LDU + col] - (acc[j][2 * half] + accl[j][2 * half]);
+          Ds[t * LDS + col + 1] = Us[t * LDU + col + 1] - (acc[j][2 * half + 1] + accl[j][2 * half + 1]);
+        }
     }
     // ---- (b) O = e^G ⊙ (Q S) + P Δ   (pending: QP(c), K(c))
     cp_wait<1>();
     __syncthreads();
     issue_wu(c + 1);
     if (tid < CH) sDec[tid] = expf(gc[CH - 1] - gc[tid]);
-    for (int tile = warp; tile < 4 * NT; tile += THREADS / 32) {
-      const int mt = tile / NT, ct = tile % NT;
-      float aq[4] = {0.f, 0.f, 0.f, 0.f}, ap[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll 4
+    {
+      float aq[CPA][4] = {}, aql[CPA][4] = {}, ap[CPA][4] = {}, apl[CPA][4] = {};
+#pragma unroll 2
       for (int k0 = 0; k0 < DK; k0 += 8) {
-        float fa[4], fb[2];
-        frag_a(fa, Qs, LDW, 16 * mt, k0, g, q);
-        frag_b_kn(fb, Ss, LDS, k0, 8 * ct, g, q);
-        mma_f32<SPLIT>(aq, fa, fb);
+        float fa[4];
+        uint32_t ah[4], al[4];
+        frag_a(fa, Qs, LDW, 16 * mta, k0, g, q);
+        cvt_frag<SPLIT, 4>(fa, ah, al);
+#pragma unroll
+        for (int j = 0; j < CPA; ++j) {
+          float fb[2];
+          uint32_t bh[2], bl[2];
+          frag_b_kn(fb, Ss, LDS, k0, 8 * (cba + j), g, q);
+          cvt_frag<SPLIT, 2>(fb, bh, bl);
+          mma_acc<SPLIT>(aq[j], aql[j], ah, al, bh, bl);
+        }
       }
-      for (int k0 = 0; k0 < 16 * (mt + 1); k0 += 8) {  // P is lower triangular
-        float fa[4], fb[2];
-        frag_a(fa, Ps, LDP, 16 * mt, k0, g, q);
-        frag_b_kn(fb, Ds, LDS, k0, 8 * ct, g, q);
-        mma_f32<SPLIT>(ap, fa, fb);
+      for (int k0 = 0; k0 < 16 * (mta + 1); k0 += 8) {  // P is lower triangular
+        float fa[4];
+        uint32_t ah[4], al[4];
+        frag_a(fa, Ps, LDP, 16 * mta, k0, g, q);
+        cvt_frag<SPLIT, 4>(fa, ah, al);
+#pragma unroll
+        for (int j = 0; j < CPA; ++j) {
+          float fb[2];
+          uint32_t bh[2], bl[2];
+          frag_b_kn(fb, Ds, LDS, k0, 8 * (cba + j), g, q);
+          cvt_frag<SPLIT, 2>(fb, bh, bl);
+          mma_acc<SPLIT>(ap[j], apl[j], ah, al, bh, bl);
+        }
       }
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const int t = 16 * mt + g + 8 * half, j = 8 * ct + 2 * q;
+        const int t = 16 * mta + g + 8 * half;
         if (t < nt) {
           const float e = expf(gc[t]);
-          float* o = a.o_scratch + int64_t(t0 + t) * o_stride + int64_t(h) * dv + j0 + j;
-          *reinterpret_cast<float2*>(o) =
-              make_float2(fmaf(e, aq[2 * half], ap[2 * half]), fmaf(e, aq[2 * half + 1], ap[2 * half + 1]));
+          float* orow = a.o_scratch + int64_t(t0 + t) * o_stride + int64_t(h) * dv + j0;
+#pragma unroll
+          for (int j = 0; j < CPA; ++j) {
+            const int col = 8 * (cba + j) + 2 * q;
+            const float o0 = fmaf(e, aq[j][2 * half] + aql[j][2 * half], ap[j][2 * half] + apl[j][2 * half]);
+            const float o1 =
+                fmaf(e, aq[j][2 * half + 1] + aql[j][2 * half + 1], ap[j][2 * half + 1] + apl[j][2 * half + 1]);
+            *reinterpret_cast<float2*>(orow + col) = make_float2(o0, o1);
+          }
         }
       }
     }
@@ -481,27 +538,52 @@ __global__ void __launch_bounds__(THREADS, 1) state_kernel(const GdnPrefillArgs 
     cp_wait<1>();
     __syncthreads();
     issue_qp(c + 1);
-    const float eG = expf(gc[CH - 1]);
-    for (int tile = warp; tile < (DK / 16) * NT; tile += THREADS / 32) {
-      const int mt = tile / NT, ct = tile % NT;
-      const int i = 16 * mt + g, j = 8 * ct + 2 * q;
-      float acc[4] = {eG * Ss[i * LDS + j], eG * Ss[i * LDS + j + 1], eG * Ss[(i + 8) * LDS + j],
-                      eG * Ss[(i + 8) * LDS + j + 1]};
-#pragma unroll 4
-      for (int k0 = 0; k0 < CH; k0 += 8) {
-        const float d0 = sDec[k0 + q], d1 = sDec[k0 + q + 4];
-        float fa[4], fb[2];
-        fa[0] = Ks[(k0 + q) * LDK + i] * d0;
-        fa[1] = Ks[(k0 + q) * LDK + i + 8] * d0;
-        fa[2] = Ks[(k0 + q + 4) * LDK + i] * d1;
-        fa[3] = Ks[(k0 + q + 4) * LDK + i + 8] * d1;
-        frag_b_kn(fb, Ds, LDS, k0, 8 * ct, g, q);
-        mma_f32<SPLIT>(acc, fa, fb);
+    {
+      const float eG = expf(gc[CH - 1]);
+      const int i = 16 * mtc + g;
+      float acc[CPC][4], accl[CPC][4] = {};
+#pragma unroll
+      for (int j = 0; j < CPC; ++j) {
+        const int col = 8 * (cbc + j) + 2 * q;
+        const bool ok = cbc + j < NT;
+        acc[j][0] = ok ? eG * Ss[i * LDS + col] : 0.f;
+        acc[j][1] = ok ? eG * Ss[i * LDS + col + 1] : 0.f;
+        acc[j][2] = ok ? eG * Ss[(i + 8) * LDS + col] : 0.f;
+        acc[j][3] = ok ? eG * Ss[(i + 8) * LDS + col + 1] : 0.f;
       }
-      Ss[i * LDS + j] = acc[0];
-      Ss[i * LDS + j + 1] = acc[1];
-      Ss[(i + 8) * LDS + j] = acc[2];
-      Ss[(i + 8) * LDS + j + 1] = acc[3];
+      if (cbc < NT) {
+#pragma unroll 2
+        for (int k0 = 0; k0 < CH; k0 += 8) {
+          const float d0 = sDec[k0 + q], d1 = sDec[k0 + q + 4];
+          float fa[4];
+          uint32_t ah[4], al[4];
+          fa[0] = Ks[(k0 + q) * LDK + i] * d0;
+          fa[1] = Ks[(k0 + q) * LDK + i + 8] * d0;
+          fa[2] = Ks[(k0 + q + 4) * LDK + i] * d1;
+          fa[3] = Ks[(k0 + q + 4) * LDK + i + 8] * d1;
+          cvt_frag<SPLIT, 4>(fa, ah, al);
+#pragma unroll
+          for (int j = 0; j < CPC; ++j) {
+            if (cbc + j < NT) {
+              float fb[2];
+              uint32_t bh[2], bl[2];
+              frag_b_kn(fb, Ds, LDS, k0, 8 * (cbc + j), g, q);
+              cvt_frag<SPLIT, 2>(fb, bh, bl);
+              mma_acc<SPLIT>(acc[j], accl[j], ah, al, bh, bl);
+            }
+          }
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < CPC; ++j) {
+        if (cbc + j < NT) {
+          const int col = 8 * (cbc + j) + 2 * q;
+          Ss[i * LDS + col] = acc[j][0] + accl[j][0];
+          Ss[i * LDS + col + 1] = acc[j][1] + accl[j][1];
+          Ss[(i + 8) * LDS + col] = acc[j][2] + accl[j][2];
+          Ss[(i + 8) * LDS + col + 1] = acc[j][3] + accl[j][3];
+        }
+      }
     }
   }
   cp_wait<0>();
