@@ -138,11 +138,19 @@ TEST_P(HfRoundTrip, RequantizesBitForBitAndConvertsBack) {
   int q = expect_same_weights(*mlx, *hf, true);
   EXPECT_EQ(q, 2 + 4 * 8 + 3 * 5 + 1 * 4);  // embed, lm_head; per layer 8 MoE + 5 GDN or 4 attention
 
-  // convert: HF copy -> MLX layout, identical to the fixture.
+  // convert: HF copy -> MLX layout, identical to the fixture; tokenizer / template files come along.
+  write_text_file(hf_dir + "/tokenizer.json", "{\"model\": {}}");
+  write_text_file(hf_dir + "/chat_template.jinja", "{{ messages }}");
+  write_text_file(hf_dir + "/generation_config.json", "{\"eos_token_id\": [5, 6], \"top_k\": 20}");
   const std::string out = temp_dir(fixture + "_mlx");
   convert_checkpoint(hf_dir, out);
+  EXPECT_EQ(read_text_file(out + "/tokenizer.json"), "{\"model\": {}}");
+  EXPECT_EQ(read_text_file(out + "/chat_template.jinja"), "{{ messages }}");
+  EXPECT_FALSE(file_exists(out + "/tokenizer_config.json"));  // absent in the source: not made up
   auto back = load_model(out);
   EXPECT_TRUE(back->config.quantized);
+  EXPECT_EQ(back->config.eos_token_ids, (std::vector<int32_t>{5, 6}));
+  EXPECT_EQ(back->config.default_top_k, 20);
   EXPECT_EQ(quant_spec_for(back->config, "language_model.model.layers.1.mlp.gate").bits, 8);
   expect_same_weights(*mlx, *back, true);
   // The written file stores the same bytes as the fixture for every tensor of the fixture.
