@@ -89,18 +89,19 @@ struct Builder {
     return v;
   }
 
-  // Dense fp32 copy of a float tensor holding `count` matrices [rows, cols] (row r of matrix e
-  // starts at element src_offset(e, r)).
-  QMatrix dense_copy(const TensorInfo& t, int64_t n, int64_t rows, int64_t cols,
-                     const std::function<int64_t(int64_t, int64_t)>& src_offset) {
+  // Reads row r of matrix e (cols floats) into out.
+  using RowReader = std::function<void(int64_t e, int64_t r, float* out)>;
+  static RowReader rows_of(const TensorInfo& t, const std::function<int64_t(int64_t, int64_t)>& src_offset,
+                           int64_t cols) {
+    return [&t, src_offset, cols](int64_t e, int64_t r, float* out) { tensor_floats(t, src_offset(e, r), cols, out); };
+  }
+
+  // Dense fp32 copy of `n` matrices [rows, cols].
+  QMatrix dense_copy(int64_t n, int64_t rows, int64_t cols, const RowReader& read) {
     auto buf = std::make_shared<QBuffer>();
     buf->dense.resize(size_t(n * rows * cols));
     for (int64_t e = 0; e < n; ++e)
-      for (int64_t r = 0; r < rows; ++r) {
-        int64_t s = src_offset(e, r);
-        float* dst = buf->dense.data() + (e * rows + r) * cols;
-        tensor_floats(t, s, cols, dst);
-      }
+      for (int64_t r = 0; r < rows; ++r) read(e, r, buf->dense.data() + (e * rows + r) * cols);
     w.storage.push_back(buf);
     QMatrix m;
     m.rows = rows;
@@ -126,7 +127,7 @@ struct Builder {
       if (ts.has(base + ".biases")) throw Error(where(ts.get(base + ".biases")) + " has no matching '" + base + ".scales'");
       expect_float(wt);
       expect_shape(wt, with({rows, cols}));
-      QMatrix m = dense_copy(wt, count, rows, cols, [&](int64_t e, int64_t r) { return (e * rows + r) * cols; });
+      QMatrix m = dense_copy(count, rows, cols, rows_of(wt, [&](int64_t e, int64_t r) { return (e * rows + r) * cols; }, cols));
       done(wt);
       return m;
     }
@@ -162,18 +163,14 @@ struct Builder {
   }
 
   // ---- HF layout ----
-  // Quantize a float tensor holding `n` matrices [rows, cols] (row r of matrix e at src_offset(e, r))
-  // to `bits` (groups of 64); matrices whose width is not a multiple of 64 stay dense.
-  QMatrix hf_quantize(const TensorInfo& t, int64_t n, int64_t rows, int64_t cols, int bits,
-                      const std::function<int64_t(int64_t, int64_t)>& src_offset) {
-    expect_float(t);
+  // Quantize `n` matrices [rows, cols] to `bits` (groups of 64); matrices whose width is not a
+  // multiple of 64 stay dense.
+  QMatrix hf_quantize(int64_t n, int64_t rows, int64_t cols, int bits, const RowReader& read) {
     const int group = 64;
-    if (cols % group != 0) return dense_copy(t, n, rows, cols, src_offset);
+    if (cols % group != 0) return dense_copy(n, rows, cols, read);
     auto buf = std::make_shared<QBuffer>();
-    QMatrix m = quantize_rows(n * rows, cols, bits, group, *buf, [&](int64_t rr, float* out) {
-      int64_t s = src_offset(rr / rows, rr % rows);
-      tensor_floats(t, s, cols, out);
-    });
+    QMatrix m = quantize_rows(n * rows, cols, bits, group, *buf,
+                              [&](int64_t rr, float* out) { read(rr / rows, rr % rows, out); });
     m.rows = rows;
     w.storage.push_back(buf);
     return m;
@@ -183,7 +180,7 @@ struct Builder {
     const TensorInfo& t = need(base + ".weight");
     expect_float(t);
     expect_shape(t, {rows, cols});
-    QMatrix m = hf_quantize(t, 1, rows, cols, bits, [&](int64_t, int64_t r) { return r * cols; });
+    QMatrix m = hf_quantize(1, rows, cols, bits, rows_of(t, [cols](int64_t, int64_t r) { return r * cols; }, cols));
     done(t);
     return m;
   }
@@ -237,18 +234,38 @@ struct Builder {
       m.gate.first = mlx_matrix(q + "switch_mlp.gate_proj", E, I, H);
       m.up.first = mlx_matrix(q + "switch_mlp.up_proj", E, I, H);
       m.down.first = mlx_matrix(q + "switch_mlp.down_proj", E, H, I);
-    } else {
+    } else if (ts.has(q + "experts.gate_up_proj") || !ts.has(q + "experts.0.gate_proj.weight")) {
+      // Fused: gate_up_proj [E, 2I, H] (rows 0..I-1 gate, I..2I-1 up), down_proj [E, H, I].
       const TensorInfo& gu = need(q + "experts.gate_up_proj");
       expect_float(gu);
       expect_shape(gu, {E, 2 * I, H});
-      m.gate.first = hf_quantize(gu, E, I, H, 4, [&](int64_t e, int64_t r) { return (e * 2 * I + r) * H; });
-      m.up.first = hf_quantize(gu, E, I, H, 4, [&](int64_t e, int64_t r) { return (e * 2 * I + I + r) * H; });
+      m.gate.first = hf_quantize(E, I, H, 4, rows_of(gu, [&](int64_t e, int64_t r) { return (e * 2 * I + r) * H; }, H));
+      m.up.first = hf_quantize(E, I, H, 4, rows_of(gu, [&](int64_t e, int64_t r) { return (e * 2 * I + I + r) * H; }, H));
       done(gu);
       const TensorInfo& dn = need(q + "experts.down_proj");
       expect_float(dn);
       expect_shape(dn, {E, H, I});
-      m.down.first = hf_quantize(dn, E, H, I, 4, [&](int64_t e, int64_t r) { return (e * H + r) * I; });
+      m.down.first = hf_quantize(E, H, I, 4, rows_of(dn, [&](int64_t e, int64_t r) { return (e * H + r) * I; }, I));
       done(dn);
+    } else {
+      // One tensor per expert: experts.{e}.{gate,up,down}_proj.weight.
+      auto per_expert = [&](const std::string& proj, int64_t rows, int64_t cols) {
+        std::vector<const TensorInfo*> ex;
+        for (int64_t e = 0; e < E; ++e) {
+          const TensorInfo& t = need(q + "experts." + std::to_string(e) + "." + proj + ".weight");
+          expect_float(t);
+          expect_shape(t, {rows, cols});
+          ex.push_back(&t);
+        }
+        QMatrix r = hf_quantize(E, rows, cols, 4, [&](int64_t e, int64_t row, float* out) {
+          tensor_floats(*ex[size_t(e)], row * cols, cols, out);
+        });
+        for (auto* t : ex) done(*t);
+        return r;
+      };
+      m.gate.first = per_expert("gate_proj", I, H);
+      m.up.first = per_expert("up_proj", I, H);
+      m.down.first = per_expert("down_proj", H, I);
     }
   }
 

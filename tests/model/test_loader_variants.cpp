@@ -1,6 +1,6 @@
 // Checkpoint variants the loader must accept: MLX without the "language_model." prefix (with vision /
-// MTP tensors to skip), tied embeddings, a matrix stored unquantized, unaligned tensor data, and an
-// HF text-only layout ("model.layers.*") with BF16 tensors.
+// MTP tensors to skip), tied embeddings, a matrix stored unquantized, unaligned tensor data, an
+// HF text-only layout ("model.layers.*") with BF16 tensors, and HF experts stored one tensor each.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -225,6 +225,59 @@ TEST(LoaderVariants, HfTextOnlyPrefixAndBf16) {
   expect_same(*from_hf, *w);
   fs::remove_all(hf);
   fs::remove_all(d);
+}
+
+TEST(LoaderVariants, HfExpertsOneTensorEach) {
+  auto ref = load_model(kTiny);
+  const std::string hf = temp_dir("hf_pe_src");
+  WriteOptions o;
+  o.progress = false;
+  write_hf_checkpoint(*ref, hf, o);
+  auto from_hf = load_model(hf);
+  const int64_t E = 16, I = 128, H = 256;
+  const std::string d = temp_dir("hf_per_expert");
+  rewrite(hf, d, [&](std::vector<Owned>& all) {
+    std::vector<Owned> out;
+    for (auto& t : all) {
+      auto pos = t.name.find("mlp.experts.");
+      if (pos == std::string::npos) {
+        out.push_back(t);
+        continue;
+      }
+      const std::string base = t.name.substr(0, pos) + "mlp.experts.";
+      const bool gate_up = t.name.ends_with("gate_up_proj");
+      const size_t per = gate_up ? size_t(2 * I * H * 4) : size_t(H * I * 4);
+      for (int64_t e = 0; e < E; ++e) {
+        const std::string eb = base + std::to_string(e) + ".";
+        const std::string bytes = t.bytes.substr(size_t(e) * per, per);
+        if (gate_up) {
+          out.push_back({eb + "gate_proj.weight", "F32", {I, H}, bytes.substr(0, per / 2)});
+          out.push_back({eb + "up_proj.weight", "F32", {I, H}, bytes.substr(per / 2)});
+        } else {
+          out.push_back({eb + "down_proj.weight", "F32", {H, I}, bytes});
+        }
+      }
+    }
+    all = out;
+  });
+  EXPECT_TRUE(TensorSet::open_dir(d).has("model.language_model.layers.2.mlp.experts.15.up_proj.weight"));
+  auto w = load_model(d);
+  expect_same(*from_hf, *w);
+  // One expert missing: an error naming it.
+  const std::string d2 = temp_dir("hf_per_expert_missing");
+  rewrite(d, d2, [](std::vector<Owned>& all) {
+    std::erase_if(all, [](const Owned& t) { return t.name == "model.language_model.layers.1.mlp.experts.7.down_proj.weight"; });
+  });
+  try {
+    load_model(d2);
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("missing tensor 'model.language_model.layers.1.mlp.experts.7.down_proj.weight'"),
+              std::string::npos) << e.what();
+  }
+  fs::remove_all(hf);
+  fs::remove_all(d);
+  fs::remove_all(d2);
 }
 
 }  // namespace
