@@ -59,15 +59,14 @@ std::string default_tokenizer_dir() {
 
 class Writer {
  public:
-  explicit Writer(uint64_t seed) : rng_(seed) {}
+  explicit Writer(uint64_t seed) : state_(seed * 0x9E3779B97F4A7C15ull + 1) {}
 
   // A quantized matrix [rows, cols] (or `n` stacked experts) of uniform(-a, a) values.
   void quantized(const std::string& base, int64_t n, int64_t rows, int64_t cols, int bits, float a) {
     auto buf = std::make_unique<QBuffer>();
     const int group = 64;
-    std::uniform_real_distribution<float> u(-a, a);
     std::vector<float> vals(size_t(n * rows * cols));
-    for (auto& v : vals) v = u(rng_);
+    for (auto& v : vals) v = uniform(-a, a);
     quantize_rows(n * rows, cols, bits, group, *buf, [&](int64_t r, float* out) {
       std::copy(vals.begin() + r * cols, vals.begin() + (r + 1) * cols, out);
     });
@@ -94,8 +93,7 @@ class Writer {
     int64_t n = 1;
     for (auto d : shape) n *= d;
     auto v = std::make_unique<std::vector<uint16_t>>(size_t(n));
-    std::uniform_real_distribution<float> u(-a, a);
-    for (auto& x : *v) x = f32_to_bf16(center + u(rng_));
+    for (auto& x : *v) x = f32_to_bf16(center + uniform(-a, a));
     add(name, DType::BF16, shape, v->data(), v->size() * 2);
     b16_.push_back(std::move(v));
   }
@@ -104,7 +102,14 @@ class Writer {
     add(name, DType::F32, {int64_t(v->size())}, v->data(), v->size() * 4);
     f32_.push_back(std::move(v));
   }
-  float uniform(float lo, float hi) { return std::uniform_real_distribution<float>(lo, hi)(rng_); }
+  // splitmix64: fast, and the same weights for the same seed everywhere.
+  float uniform(float lo, float hi) {
+    uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return lo + (hi - lo) * float(z >> 40) * (1.f / 16777216.f);
+  }
   const std::vector<TensorToWrite>& tensors() const { return tensors_; }
 
  private:
@@ -117,7 +122,7 @@ class Writer {
     w.nbytes = nbytes;
     tensors_.push_back(std::move(w));
   }
-  std::mt19937_64 rng_;
+  uint64_t state_;
   bool stacked_ = false;
   std::vector<TensorToWrite> tensors_;
   std::vector<std::unique_ptr<QBuffer>> qbufs_;

@@ -118,9 +118,10 @@ void Scheduler::worker() {
       metrics_->cache_bytes = int64_t(cache_.bytes());
       metrics_->running = 0;
     }
-    job->push(std::move(done));
+    // Leave the queue before answering, so a client that got its answer sees the depth without it.
     --depth_;
     if (metrics_) metrics_->queue_depth = depth_.load();
+    job->push(std::move(done));
   }
 }
 
