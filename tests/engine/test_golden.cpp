@@ -60,6 +60,20 @@ TEST(GoldenThresholds, CpuIsExact) {
   EXPECT_NE(f[0].find("gen0: differs at step 3"), std::string::npos) << f[0];
 }
 
+// BF16 reference logits: the exact rule applies to the part of |dlogit| beyond their own rounding.
+TEST(GoldenThresholds, CpuWithBf16ReferenceUsesTheExcessOverRounding) {
+  const auto t = GoldenThresholds::for_backend("cpu");
+  GoldenReport r = clean_report();
+  r.seqs[0].ref_bf16 = true;
+  r.seqs[0].max_abs = 1.56e-2;  // half a bf16 ulp of a logit in [4, 8)
+  r.seqs[0].max_abs_beyond_rounding = 1e-5;
+  EXPECT_TRUE(golden_failures(r, t).empty());
+  r.seqs[0].max_abs_beyond_rounding = 2.5e-3;
+  auto f = golden_failures(r, t);
+  ASSERT_EQ(f.size(), 1u);
+  EXPECT_NE(f[0].find("beyond the BF16 reference's rounding 2.500e-03"), std::string::npos) << f[0];
+}
+
 TEST(GoldenThresholds, GpuRules) {
   const auto t = GoldenThresholds::for_backend("cuda");
   EXPECT_FALSE(t.exact);
