@@ -1418,7 +1418,9 @@ std::string percent_format(const std::string& fmt, const Value& args) {
     else
       throw ValueError(std::string("unsupported format character '") + c + "'");
   }
-  if (next < vals.size()) throw ValueError("not all arguments converted during string formatting");
+  bool mapping_like = (args.is_list() && !args.list->tuple) || args.is_dict();  // Python accepts these unused
+  if (next < vals.size() && !(mapping_like && next == 0))
+    throw ValueError("not all arguments converted during string formatting");
   return out;
 }
 
@@ -1957,6 +1959,7 @@ class Interp {
         out.push_back(obj.list->items[k]);
       return Value::new_list(std::move(out), obj.list->tuple);
     }
+    if (obj.is_dict()) throw ValueError("unhashable type: 'slice'");
     return Value::undefined(std::string("'") + obj.type_name() + "' object is not subscriptable");
   }
 
@@ -2350,6 +2353,8 @@ class Interp {
     if (name == "round") {
       int64_t prec = to_int(a.value(0, "precision", Value::integer(0)), "precision");
       std::string method = a.value(1, "method", Value::string("common")).str();
+      if ((method == "common" || method.empty()) && (in.kind == Value::kInt || in.kind == Value::kBool) && prec >= 0)
+        return Value::integer(in.kind == Value::kBool ? in.b : in.i);  // Python's round(int, n) stays an int
       double x = in.as_double();
       double m = std::pow(10.0, static_cast<double>(prec));
       if (method == "ceil") return Value::real(std::ceil(x * m) / m);
@@ -2517,7 +2522,19 @@ class Interp {
       if (!n) throw ValueError("attr() expects a name");
       return get_attr(in, n->str());
     }
-    if (name == "wordcount") return Value::integer(static_cast<int64_t>(py_split(in.str(), nullptr, -1, false).size()));
+    if (name == "wordcount") {  // jinja2: number of \w+ runs
+      int64_t n = 0;
+      bool in_word = false;
+      for (char32_t c : utf8_decode(in.str())) {
+        auto cat = utf8proc_category(static_cast<utf8proc_int32_t>(c));
+        bool w = c == U'_' || (cat >= UTF8PROC_CATEGORY_LU && cat <= UTF8PROC_CATEGORY_LO) ||
+                 (cat >= UTF8PROC_CATEGORY_ND && cat <= UTF8PROC_CATEGORY_NO) || cat == UTF8PROC_CATEGORY_MN ||
+                 cat == UTF8PROC_CATEGORY_MC;
+        if (w && !in_word) ++n;
+        in_word = w;
+      }
+      return Value::integer(n);
+    }
     if (name == "center") {
       int64_t width = to_int(a.value(0, "width", Value::integer(80)), "width");
       std::u32string s = utf8_decode(in.str());
@@ -2566,7 +2583,7 @@ class Interp {
     if (name == "boolean") return v.kind == Value::kBool;
     if (name == "true") return v.kind == Value::kBool && v.b;
     if (name == "false") return v.kind == Value::kBool && !v.b;
-    if (name == "callable") return v.kind == Value::kFunction;
+    if (name == "callable") return v.kind == Value::kFunction || v.is_undefined();  // jinja2's Undefined has __call__
     if (name == "escaped") return false;
     if (name == "in") return contains(arg0(), v);
     if (name == "eq" || name == "equalto" || name == "==") return equals(v, arg0());
@@ -2585,10 +2602,9 @@ class Interp {
       if (d == 0) throw ValueError("integer division or modulo by zero");
       return to_int(v, "divisibleby") % d == 0;
     }
-    if (name == "lower" || name == "upper") {
-      if (!v.is_string()) return false;
+    if (name == "lower" || name == "upper") {  // jinja2: str(value).islower() / .isupper()
       bool any = false;
-      for (char32_t c : utf8_decode(v.s)) {
+      for (char32_t c : utf8_decode(v.str())) {
         if (!is_cased(c)) continue;
         any = true;
         auto ci = static_cast<utf8proc_int32_t>(c);

@@ -288,6 +288,172 @@ end)J",
      R"J({% for n, v in a|items %}{% set v = v | tojson | safe if v is mapping or (v is sequence and v is not string) else v | string %}{{ n }}={{ v }};{% endfor %})J",
      R"J({"a": {"s": "str", "n": 3, "b": true, "l": [1, "x"], "o": {"k": null}}})J",
      R"J(s=str;n=3;b=True;l=[1, "x"];o={"k": null};)J"},
+    {"llama31_style",
+     R"J({{- bos_token }}
+{%- if custom_tools is defined %}
+    {%- set tools = custom_tools %}
+{%- endif %}
+{%- if not tools_in_user_message is defined %}
+    {%- set tools_in_user_message = true %}
+{%- endif %}
+{%- if not date_string is defined %}
+    {%- set date_string = "26 Jul 2024" %}
+{%- endif %}
+{%- if messages[0]['role'] == 'system' %}
+    {%- set system_message = messages[0]['content']|trim %}
+    {%- set messages = messages[1:] %}
+{%- else %}
+    {%- set system_message = "" %}
+{%- endif %}
+{{- "<|start_header_id|>system<|end_header_id|>\n\n" }}
+{%- if builtin_tools is defined or tools is not none %}
+    {{- "Environment: ipython\n" }}
+{%- endif %}
+{{- "Today Date: " + date_string + "\n\n" }}
+{%- if tools is not none and not tools_in_user_message %}
+    {%- for t in tools %}
+        {{- t | tojson(indent=4) }}
+        {{- "\n\n" }}
+    {%- endfor %}
+{%- endif %}
+{{- system_message }}
+{{- "<|eot_id|>" }}
+{%- for message in messages %}
+    {%- if not (message.role == 'ipython' or message.role == 'tool' or 'tool_calls' in message) %}
+        {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ (message['content'] if message['content'] is string else message['content'][0]['text']) | trim + '<|eot_id|>' }}
+    {%- elif 'tool_calls' in message %}
+        {%- set tool_call = message.tool_calls[0].function %}
+        {{- '<|start_header_id|>assistant<|end_header_id|>\n\n' -}}
+        {{- '{"name": "' + tool_call.name + '", ' }}
+        {{- '"parameters": ' }}
+        {{- tool_call.arguments | tojson }}
+        {{- "}" }}
+        {{- "<|eot_id|>" }}
+    {%- elif message.role == "tool" or message.role == "ipython" %}
+        {{- "<|start_header_id|>ipython<|end_header_id|>\n\n" }}
+        {%- if message.content is mapping or message.content is iterable %}
+            {{- message.content | tojson }}
+        {%- else %}
+            {{- message.content }}
+        {%- endif %}
+        {{- "<|eot_id|>" }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|start_header_id|>assistant<|end_header_id|>\n\n' }}
+{%- endif %}
+)J",
+     R"J({"messages": [{"role": "system", "content": "Sys prompt"}, {"role": "user", "content": "Hi there"}, {"role": "assistant", "content": "Hello!", "tool_calls": [{"function": {"name": "f", "arguments": {"a": 1, "b": "x"}}}]}, {"role": "tool", "content": "res"}, {"role": "user", "content": [{"type": "text", "text": "part"}, {"type": "image"}]}], "tools": [{"type": "function", "function": {"name": "f", "description": "desc ü", "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}}}}], "add_generation_prompt": true, "bos_token": "<s>", "eos_token": "</s>"})J",
+     R"J(<s><|start_header_id|>system<|end_header_id|>
+
+Environment: ipython
+Today Date: 26 Jul 2024
+
+Sys prompt<|eot_id|><|start_header_id|>user<|end_header_id|>
+
+Hi there<|eot_id|><|start_header_id|>assistant<|end_header_id|>
+
+{"name": "f", "parameters": {"a": 1, "b": "x"}}<|eot_id|><|start_header_id|>ipython<|end_header_id|>
+
+"res"<|eot_id|><|start_header_id|>user<|end_header_id|>
+
+part<|eot_id|><|start_header_id|>assistant<|end_header_id|>
+
+)J"},
+    {"mistral_style",
+     R"J({{ bos_token }}{% for message in messages if message.role != 'tool' %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 1) %}{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}{% if message['role'] == 'user' %}{{ '[INST] ' + (message['content'] if message.content is string else message.content|map(attribute='text')|select|join(' ')) + ' [/INST]' }}{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token}}{% endif %}{% endfor %})J",
+     R"J({"messages": [{"role": "system", "content": "Sys prompt"}, {"role": "user", "content": "Hi there"}, {"role": "assistant", "content": "Hello!", "tool_calls": [{"function": {"name": "f", "arguments": {"a": 1, "b": "x"}}}]}, {"role": "tool", "content": "res"}, {"role": "user", "content": [{"type": "text", "text": "part"}, {"type": "image"}]}], "tools": [{"type": "function", "function": {"name": "f", "description": "desc ü", "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}}}}], "add_generation_prompt": true, "bos_token": "<s>", "eos_token": "</s>"})J",
+     R"J(<s>[INST] Hi there [/INST]Hello!</s>[INST] part [/INST])J"},
+    {"gemma_style",
+     R"J({{ bos_token }}{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}{% else %}{% set loop_messages = messages %}{% endif %}{% for message in loop_messages %}{% if (message['role'] == 'assistant') %}{% set role = 'model' %}{% else %}{% set role = message['role'] %}{% endif %}{{ '<start_of_turn>' + role + '
+' + (message['content'] if message['content'] is string else message['content'][0]['text']) | trim + '<end_of_turn>
+' }}{% endfor %}{% if add_generation_prompt %}{{'<start_of_turn>model
+'}}{% endif %})J",
+     R"J({"messages": [{"role": "system", "content": "Sys prompt"}, {"role": "user", "content": "Hi there"}, {"role": "assistant", "content": "Hello!", "tool_calls": [{"function": {"name": "f", "arguments": {"a": 1, "b": "x"}}}]}, {"role": "tool", "content": "res"}, {"role": "user", "content": [{"type": "text", "text": "part"}, {"type": "image"}]}], "tools": [{"type": "function", "function": {"name": "f", "description": "desc ü", "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}}}}], "add_generation_prompt": true, "bos_token": "<s>", "eos_token": "</s>"})J",
+     R"J(<s><start_of_turn>user
+Hi there<end_of_turn>
+<start_of_turn>model
+Hello!<end_of_turn>
+<start_of_turn>tool
+res<end_of_turn>
+<start_of_turn>user
+part<end_of_turn>
+<start_of_turn>model
+)J"},
+    {"deepseek_style",
+     R"J({% if not add_generation_prompt is defined %}{% set add_generation_prompt = false %}{% endif %}{% set ns = namespace(is_first=false, is_tool=false, is_output_first=true, system_prompt='') %}{%- for message in messages %}{%- if message['role'] == 'system' %}{% set ns.system_prompt = message['content'] %}{%- endif %}{%- endfor %}{{bos_token}}{{ns.system_prompt}}{%- for message in messages %}{%- if message['role'] == 'user' %}{%- set ns.is_tool = false -%}{{'<｜User｜>' + (message['content'] if message.content is string else 'parts')}}{%- endif %}{%- if message['role'] == 'assistant' and 'tool_calls' in message %}{%- set ns.is_tool = false -%}{%- for tool in message['tool_calls']%}{%- if not ns.is_first %}{{'<｜Assistant｜><｜tool▁calls▁begin｜><｜tool▁call▁begin｜>' + tool['type']|default('function') + '<｜tool▁sep｜>' + tool['function']['name'] + '\n' + '```json' + '\n' + tool['function']['arguments']|tojson + '\n' + '```' + '<｜tool▁call▁end｜>'}}{%- set ns.is_first = true -%}{%- else %}{{'\n' + '<｜tool▁call▁begin｜>' + tool['type'] + '<｜tool▁sep｜>' + tool['function']['name'] + '\n' + '```json' + '\n' + tool['function']['arguments']|tojson + '\n' + '```' + '<｜tool▁call▁end｜>'}}{{'<｜tool▁calls▁end｜><｜end▁of▁sentence｜>'}}{%- endif %}{%- endfor %}{%- endif %}{%- if message['role'] == 'tool' %}{%- set ns.is_tool = true -%}{%- if ns.is_output_first %}{{'<｜tool▁outputs▁begin｜><｜tool▁output▁begin｜>' + message['content'] + '<｜tool▁output▁end｜>'}}{%- set ns.is_output_first = false %}{%- endif %}{%- endif %}{%- endfor -%}{% if ns.is_tool %}{{'<｜tool▁outputs▁end｜>'}}{% endif %}{% if add_generation_prompt and not ns.is_tool %}{{'<｜Assistant｜>'}}{% endif %})J",
+     R"J({"messages": [{"role": "system", "content": "Sys prompt"}, {"role": "user", "content": "Hi there"}, {"role": "assistant", "content": "Hello!", "tool_calls": [{"function": {"name": "f", "arguments": {"a": 1, "b": "x"}}}]}, {"role": "tool", "content": "res"}, {"role": "user", "content": [{"type": "text", "text": "part"}, {"type": "image"}]}], "tools": [{"type": "function", "function": {"name": "f", "description": "desc ü", "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}}}}], "add_generation_prompt": true, "bos_token": "<s>", "eos_token": "</s>"})J",
+     R"J(<s>Sys prompt<｜User｜>Hi there<｜Assistant｜><｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f
+```json
+{"a": 1, "b": "x"}
+```<｜tool▁call▁end｜><｜tool▁outputs▁begin｜><｜tool▁output▁begin｜>res<｜tool▁output▁end｜><｜User｜>parts<｜Assistant｜>)J"},
+    {"hermes_style",
+     R"J({%- macro json_to_python_type(json_spec) %}
+{%- set basic_type_map = {
+    "string": "str",
+    "number": "float",
+    "integer": "int",
+    "boolean": "bool"
+} %}
+{%- if basic_type_map[json_spec.type] is defined %}
+    {{- basic_type_map[json_spec.type] }}
+{%- elif json_spec.type == "array" %}
+    {{- "list[" +  json_to_python_type(json_spec|items) + "]"}}
+{%- elif json_spec.type == "object" %}
+    {{- "dict" }}
+{%- else %}
+    {{- "Any" }}
+{%- endif %}
+{%- endmacro %}
+{%- for tool in tools %}
+    {%- if tool.function is defined %}
+        {%- set tool = tool.function %}
+    {%- endif %}
+    {{- '{"type": "function", "function": ' }}
+    {{- '{"name": "' + tool.name + '", ' }}
+    {{- '"description": "' + tool.name + '(' }}
+    {%- for param_name, param_fields in tool.parameters.properties|items %}
+        {{- param_name + ": " + json_to_python_type(param_fields) }}
+        {%- if not loop.last %}
+            {{- ", " }}
+        {%- endif %}
+    {%- endfor %}
+    {{- ")" }}
+    {%- if tool.return is defined %}
+        {{- " -> " + json_to_python_type(tool.return) }}
+    {%- endif %}
+    {{- " - " + tool.description + "\n\n" }}
+    {{- '"parameters": ' }}
+    {{- tool.parameters|tojson }}
+    {{- "}" }}
+{%- endfor %}
+)J",
+     R"J({"messages": [{"role": "system", "content": "Sys prompt"}, {"role": "user", "content": "Hi there"}, {"role": "assistant", "content": "Hello!", "tool_calls": [{"function": {"name": "f", "arguments": {"a": 1, "b": "x"}}}]}, {"role": "tool", "content": "res"}, {"role": "user", "content": [{"type": "text", "text": "part"}, {"type": "image"}]}], "tools": [{"type": "function", "function": {"name": "f", "description": "desc ü", "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}}}}], "add_generation_prompt": true, "bos_token": "<s>", "eos_token": "</s>"})J",
+     R"J({"type": "function", "function": {"name": "f", "description": "f(a: int) - desc ü
+
+"parameters": {"type": "object", "properties": {"a": {"type": "integer"}}}})J"},
+    {"misc_statements",
+     R"J({% set parts = [] %}{% for m in messages %}{% if m.content is string %}{{ m.role|upper }}:{{ m.content|length }}{% else %}{% for p in m.content %}[{{ p.type }}{% if p.text is defined %}={{ p.text }}{% endif %}]{% endfor %}{% endif %}{{ ';' if not loop.last }}{% endfor %}
+{% for k, v in tools[0].function.parameters|dictsort %}{{ k }}{% endfor %}
+{{ messages|selectattr('role', 'equalto', 'user')|list|length }} {{ messages|map(attribute='role')|unique|join('/') }}
+{{ messages[-1].content[0].text ~ '!' }} {{ (messages|last).role }} {{ messages|first|tojson }}
+{%- set x = namespace(c=0) %}{% for m in messages %}{% for t in m.tool_calls|default([]) %}{% set x.c = x.c + t.function.arguments|length %}{% endfor %}{% endfor %}
+{{ x.c }})J",
+     R"J({"messages": [{"role": "system", "content": "Sys prompt"}, {"role": "user", "content": "Hi there"}, {"role": "assistant", "content": "Hello!", "tool_calls": [{"function": {"name": "f", "arguments": {"a": 1, "b": "x"}}}]}, {"role": "tool", "content": "res"}, {"role": "user", "content": [{"type": "text", "text": "part"}, {"type": "image"}]}], "tools": [{"type": "function", "function": {"name": "f", "description": "desc ü", "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}}}}], "add_generation_prompt": true, "bos_token": "<s>", "eos_token": "</s>"})J",
+     R"J(SYSTEM:10;USER:8;ASSISTANT:6;TOOL:3;[text=part][image]propertiestype2 system/user/assistant/tool
+part! user {"role": "system", "content": "Sys prompt"}2)J"},
+    {"round_keeps_ints",
+     R"J({{ 3|round }} {{ -1|round }} {{ 2.5|round }} {{ 0.125|round(2) }} {{ 2.675|round(2) }} {{ 7|round(1, 'floor') }})J",
+     R"J({})J",
+     R"J(3 -1 2.0 0.12 2.67 7.0)J"},
+    {"wordcount_and_case_tests",
+     R"J({{ 'héllo wörld 🤖'|wordcount }} {{ 'a_b c-d 1.5'|wordcount }} {{ d is lower }} {{ 'ABC' is upper }} {{ 'aB' is lower }} {{ 1 is lower }})J",
+     R"J({"d": {"k": "v"}})J",
+     R"J(2 5 True True False False)J"},
+    {"percent_format_mapping",
+     R"J([{{ 'plain' % {'a': 1} }}][{{ '%s' % {'a': 1} }}][{{ '' % [] }}])J",
+     R"J({})J",
+     R"J([plain][{'a': 1}][])J"},
 };
 
 class JinjaFeature : public ::testing::TestWithParam<Case> {};
