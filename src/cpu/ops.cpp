@@ -35,9 +35,11 @@ void dequant_row_bits(const QMatrix& W, int64_t r, float* out) {
 }
 
 // One output of y = W x without materialising the row: Σ_g scale_g (Σ_j q_j x_j) + bias_g Σ_j x_j,
-// with the per-group sums of x precomputed in xsum.
+// with the per-group sums of x precomputed in xsum. xt is x permuted within each group so that the
+// element at bit slot i of word w sits at xt[g * group + i * words_per_group + w]: the inner loop then
+// shifts every word of a group by the same constant (vectorises without per-lane shifts).
 template <int BITS>
-float qdot_row_bits(const QMatrix& W, int64_t r, const float* x, const float* xsum) {
+float qdot_row_bits(const QMatrix& W, int64_t r, const float* xt, const float* xsum) {
   constexpr int per_word = 32 / BITS;
   constexpr uint32_t mask = (1u << BITS) - 1u;
   const uint32_t* q = W.qweight + r * W.words_per_row();
@@ -45,16 +47,26 @@ float qdot_row_bits(const QMatrix& W, int64_t r, const float* x, const float* xs
   const uint16_t* bi = W.biases + r * W.groups_per_row();
   const int64_t words_per_group = W.group_size / per_word;
   float y = 0.f;
+  if (words_per_group == 64 / per_word) {  // the usual group of 64: fixed trip counts
+    constexpr int WPG = 64 / per_word;
+    for (int64_t g = 0; g < W.groups_per_row(); ++g) {
+      const uint32_t* qg = q + g * WPG;
+      const float* xg = xt + g * 64;
+      float acc[WPG] = {};
+      for (int i = 0; i < per_word; ++i)
+        for (int w = 0; w < WPG; ++w) acc[w] += float((qg[w] >> (i * BITS)) & mask) * xg[i * WPG + w];
+      float a = 0.f;
+      for (int w = 0; w < WPG; ++w) a += acc[w];
+      y += bf16_to_f32(sc[g]) * a + bf16_to_f32(bi[g]) * xsum[g];
+    }
+    return y;
+  }
   for (int64_t g = 0; g < W.groups_per_row(); ++g) {
     const uint32_t* qg = q + g * words_per_group;
-    const float* xg = x + g * W.group_size;
-    float acc[per_word] = {};
-    for (int64_t w = 0; w < words_per_group; ++w) {
-      const uint32_t word = qg[w];
-      for (int i = 0; i < per_word; ++i) acc[i] += float((word >> (i * BITS)) & mask) * xg[w * per_word + i];
-    }
+    const float* xg = xt + g * W.group_size;
     float a = 0.f;
-    for (int i = 0; i < per_word; ++i) a += acc[i];
+    for (int i = 0; i < per_word; ++i)
+      for (int64_t w = 0; w < words_per_group; ++w) a += float((qg[w] >> (i * BITS)) & mask) * xg[i * words_per_group + w];
     y += bf16_to_f32(sc[g]) * a + bf16_to_f32(bi[g]) * xsum[g];
   }
   return y;
@@ -78,17 +90,22 @@ void dequant_row(const QMatrix& W, int64_t r, float* out) {
 
 void qmatvec(const QMatrix& W, const float* x, float* y, ThreadPool* pool) {
   if (!W.quantized() || (W.bits != 4 && W.bits != 8)) return qmatmul(W, x, 1, y, pool);
-  const int64_t G = W.groups_per_row();
-  std::vector<float> xsum(static_cast<size_t>(G));
+  const int64_t G = W.groups_per_row(), gs = W.group_size;
+  const int per_word = 32 / W.bits;
+  const int64_t wpg = gs / per_word;
+  std::vector<float> xsum(static_cast<size_t>(G)), xt(static_cast<size_t>(W.cols));
   for (int64_t g = 0; g < G; ++g) {
     float s = 0.f;
-    for (int j = 0; j < W.group_size; ++j) s += x[g * W.group_size + j];
+    for (int64_t j = 0; j < gs; ++j) s += x[g * gs + j];
     xsum[static_cast<size_t>(g)] = s;
+    for (int64_t w = 0; w < wpg; ++w)
+      for (int i = 0; i < per_word; ++i) xt[static_cast<size_t>(g * gs + i * wpg + w)] = x[g * gs + w * per_word + i];
   }
   const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, W.cols));
   parallel_for(pool, W.rows, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r)
-      y[r] = W.bits == 4 ? qdot_row_bits<4>(W, r, x, xsum.data()) : qdot_row_bits<8>(W, r, x, xsum.data());
+      y[r] = W.bits == 4 ? qdot_row_bits<4>(W, r, xt.data(), xsum.data())
+                         : qdot_row_bits<8>(W, r, xt.data(), xsum.data());
   }, grain);
 }
 

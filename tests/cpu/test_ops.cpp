@@ -23,9 +23,9 @@ struct PackedMatrix {
   QMatrix m;
 };
 
-PackedMatrix make_packed(int64_t rows, int64_t cols, int bits, uint32_t seed) {
+PackedMatrix make_packed(int64_t rows, int64_t cols, int bits, uint32_t seed, int gs = 64) {
   PackedMatrix p;
-  const int per = 32 / bits, gs = 64;
+  const int per = 32 / bits;
   std::mt19937 rng(seed);
   std::uniform_int_distribution<uint32_t> qd(0, (1u << bits) - 1);
   std::normal_distribution<float> nd(0.f, 0.05f);
@@ -102,6 +102,27 @@ TEST(CpuOps, QMatvec8BitAndSingleRowMatmulAgainstDoubleReference) {
     EXPECT_NEAR(y[r], ref, 1e-4 * (1 + std::abs(ref))) << r;
     EXPECT_EQ(y2[r], y[r]);
   }
+}
+
+TEST(CpuOps, OtherGroupSizes) {
+  for (int gs : {32, 128})
+    for (int bits : {4, 8}) {
+      PackedMatrix p = make_packed(7, 256, bits, 31 + gs + bits, gs);
+      auto x = randn(256 * 2, 32);
+      std::vector<float> y(7), Y(14), row(256);
+      qmatvec(p.m, x.data(), y.data(), nullptr);
+      qmatmul(p.m, x.data(), 2, Y.data(), nullptr);
+      for (int r = 0; r < 7; ++r) {
+        dequant_row(p.m, r, row.data());
+        for (int c = 0; c < 256; ++c) ASSERT_EQ(row[c], p.deq[r * 256 + c]);
+        for (int t = 0; t < 2; ++t) {
+          double ref = 0;
+          for (int c = 0; c < 256; ++c) ref += double(p.deq[r * 256 + c]) * x[t * 256 + c];
+          EXPECT_NEAR(Y[t * 7 + r], ref, 1e-4 * (1 + std::abs(ref))) << gs << " " << bits;
+          if (t == 0) EXPECT_NEAR(y[r], ref, 1e-4 * (1 + std::abs(ref))) << gs << " " << bits;
+        }
+      }
+    }
 }
 
 TEST(CpuOps, EmbedRowRejectsOutOfRangeIds) {
