@@ -53,6 +53,23 @@ void BM_EncodeProse(benchmark::State& state) {
 }
 BENCHMARK(BM_EncodeProse)->Unit(benchmark::kMillisecond)->MinTime(2.0);
 
+// The same text through a freshly loaded tokenizer (empty BPE cache): the first request's cost.
+void BM_EncodeProseColdCache(benchmark::State& state) {
+  const auto& text = prose();
+  for (auto _ : state) {
+    state.PauseTiming();
+    auto tok = lilac::Tokenizer::load(std::string(LILAC_SHARED_DIR) + "/fixtures/qwen3-tokenizer");
+    state.ResumeTiming();
+    auto ids = tok->encode(text);
+    benchmark::DoNotOptimize(ids.data());
+    state.PauseTiming();
+    tok.reset();
+    state.ResumeTiming();
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * text.size()));
+}
+BENCHMARK(BM_EncodeProseColdCache)->Unit(benchmark::kMillisecond)->Iterations(3);
+
 void BM_DecodeProse(benchmark::State& state) {
   const auto& tok = qwen3();
   const auto ids = tok.encode(prose());
