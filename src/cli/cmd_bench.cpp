@@ -1,0 +1,186 @@
+// `lilac bench --synthetic [--layers N] [--prompt-lens 512,4096,16384] [--json FILE]` or
+// `lilac bench --model DIR [--backend cuda|cpu]`: time to first token (prefill tok/s) and decode tok/s
+// for each prompt length, GPU memory in use, and the fraction of the bandwidth floor achieved
+// (bytes that must move per decode token / measured time / 4.3 TB/s).
+//
+// Decode tok/s = 64 / (time from the 1st to the 65th token), measured after one untimed decode step
+// (that step captures the session's CUDA graph; its time is reported separately as first_step_ms).
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/backend_select.h"
+#include "cli/command.h"
+#include "core/error.h"
+#include "model/weights.h"
+
+#if defined(LILAC_HAVE_CUDA) && __has_include("cuda/cuda_backend.h")
+#include "cuda/cuda_backend.h"
+#define LILAC_BENCH_CUDA 1
+#else
+#define LILAC_BENCH_CUDA 0
+#endif
+
+namespace lilac::cli {
+namespace {
+
+struct BenchOptions {
+  bool synthetic = false;
+  std::string model;
+  std::string backend = "auto";
+  int threads = 0;
+  int layers = 40;
+  std::string prompt_lens = "512,4096,16384";
+  int decode_tokens = 64;
+  std::string json;
+  uint64_t seed = 1;
+  double peak_tbs = 4.3;
+};
+
+using Clock = std::chrono::steady_clock;
+double secs(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+
+std::vector<int64_t> parse_lens(const std::string& s) {
+  std::vector<int64_t> v;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (item.empty()) continue;
+    try {
+      const long long n = std::stoll(item);
+      if (n < 1) throw InputError("--prompt-lens: lengths must be >= 1");
+      v.push_back(n);
+    } catch (const std::logic_error&) {
+      throw InputError("--prompt-lens: '" + item + "' is not a number");
+    }
+  }
+  if (v.empty()) throw InputError("--prompt-lens: no lengths given");
+  return v;
+}
+
+int run_bench(const BenchOptions& o) {
+  if (o.synthetic == !o.model.empty()) throw InputError("bench: give exactly one of --synthetic or --model DIR");
+  if (o.decode_tokens < 1) throw InputError("--decode-tokens must be >= 1");
+  std::unique_ptr<Backend> backend;
+  std::string what;
+  auto t_load0 = Clock::now();
+  if (o.synthetic) {
+#if LILAC_BENCH_CUDA
+    if (!cuda::gpu_available()) throw InputError("bench --synthetic needs a CUDA GPU (none found)");
+    if (o.layers < 1) throw InputError("--layers must be >= 1");
+    backend = cuda::make_synthetic_cuda_backend(cuda::synthetic_config(o.layers), o.seed);
+    what = "synthetic Qwen3.6-35B-A3B shape, " + std::to_string(o.layers) + " layers, random 4-bit weights";
+#else
+    throw InputError("bench --synthetic needs a CUDA build of lilac");
+#endif
+  } else {
+    backend = make_backend(o.backend, load_model(o.model), o.threads);
+    what = o.model;
+  }
+  const double load_s = secs(t_load0, Clock::now());
+  const ModelConfig& cfg = backend->config();
+  std::printf("lilac bench: %s\nbackend: %s (%s), load %.1f s\n", what.c_str(), backend->name().c_str(),
+              backend->describe().c_str(), load_s);
+  nlohmann::json out;
+  out["model"] = what;
+  out["backend"] = backend->name();
+  out["device"] = backend->describe();
+  out["layers"] = cfg.num_layers;
+  out["decode_tokens"] = o.decode_tokens;
+  out["peak_tb_s"] = o.peak_tbs;
+  out["results"] = nlohmann::json::array();
+  std::mt19937_64 rng(o.seed);
+  const int64_t real_vocab = std::min<int64_t>(cfg.vocab_size, 248077);
+  // warm-up: module loading, first launches
+  {
+    auto s = backend->new_session(64);
+    std::vector<int32_t> p(16);
+    for (auto& t : p) t = int32_t(rng() % uint64_t(real_vocab));
+    s->prefill(p);
+    s->begin_generation(SamplingParams{}, p);
+    s->sample();
+    s->decode_step();
+  }
+  std::printf("%8s %12s %10s %12s %12s %10s %12s %10s\n", "prompt", "prefill t/s", "ttft s", "decode t/s",
+              "ms/token", "1st ms", "MB/token", "floor %");
+  for (int64_t P : parse_lens(o.prompt_lens)) {
+    auto s = backend->new_session(P + o.decode_tokens + 8);
+    std::vector<int32_t> prompt(static_cast<size_t>(P));
+    for (auto& t : prompt) t = int32_t(rng() % uint64_t(real_vocab));
+    const auto t0 = Clock::now();
+    s->prefill(prompt);
+    s->begin_generation(SamplingParams{}, prompt);
+    s->sample();  // the first token
+    const auto t1 = Clock::now();
+    s->decode_step();  // untimed: captures the decode graph
+    const auto t2 = Clock::now();
+    for (int i = 0; i < o.decode_tokens; ++i) s->decode_step();
+    const auto t3 = Clock::now();
+    const double ttft = secs(t0, t1), first_ms = secs(t1, t2) * 1e3, dec = secs(t2, t3);
+    const double tok_s = o.decode_tokens / dec, ms_tok = dec / o.decode_tokens * 1e3;
+    nlohmann::json r;
+    r["prompt_len"] = P;
+    r["ttft_s"] = ttft;
+    r["prefill_tok_s"] = double(P) / ttft;
+    r["decode_tok_s"] = tok_s;
+    r["decode_ms_per_token"] = ms_tok;
+    r["first_step_ms"] = first_ms;
+    double mb = 0, frac = 0;
+#if LILAC_BENCH_CUDA
+    if (backend->name() == "cuda") {
+      const double bytes = cuda::decode_bytes_per_token(cfg, P + o.decode_tokens / 2);
+      mb = bytes / 1e6;
+      frac = bytes / (dec / o.decode_tokens) / (o.peak_tbs * 1e12);
+      const auto mi = cuda::memory_info(*backend);
+      r["gpu_mem_used_gb"] = double(mi.used) / 1e9;
+      r["gpu_mem_total_gb"] = double(mi.total) / 1e9;
+      r["weights_gb"] = double(mi.weights) / 1e9;
+      r["bytes_per_token"] = bytes;
+      r["floor_fraction"] = frac;
+      r["floor_tok_s"] = o.peak_tbs * 1e12 / bytes;
+    }
+#endif
+    out["results"].push_back(r);
+    std::printf("%8lld %12.0f %10.3f %12.1f %12.3f %10.1f %12.0f %10.1f\n", (long long)P, double(P) / ttft, ttft,
+                tok_s, ms_tok, first_ms, mb, frac * 100);
+    std::fflush(stdout);
+  }
+#if LILAC_BENCH_CUDA
+  if (backend->name() == "cuda") {
+    const auto mi = cuda::memory_info(*backend);
+    std::printf("GPU memory: %.2f GB used of %.2f GB, weights %.2f GB\n", mi.used / 1e9, mi.total / 1e9,
+                mi.weights / 1e9);
+  }
+#endif
+  if (!o.json.empty()) {
+    std::ofstream f(o.json);
+    if (!f) throw InputError("--json: cannot write " + o.json);
+    f << out.dump(2) << "\n";
+  }
+  return 0;
+}
+
+const bool registered = register_command(Command{
+    "bench", "Time prefill and decode (synthetic full-size model on the GPU, or a checkpoint)",
+    [](CLI::App& sub) -> std::function<int()> {
+      auto o = std::make_shared<BenchOptions>();
+      sub.add_flag("--synthetic", o->synthetic, "Random weights of the real model's shape, generated on the GPU");
+      sub.add_option("--model", o->model, "Checkpoint directory to benchmark instead");
+      add_backend_options(sub, o->backend, o->threads);
+      sub.add_option("--layers", o->layers, "Layers of the synthetic model (default 40)");
+      sub.add_option("--prompt-lens", o->prompt_lens, "Comma-separated prompt lengths (default 512,4096,16384)");
+      sub.add_option("--decode-tokens", o->decode_tokens, "Timed decode steps (default 64)");
+      sub.add_option("--json", o->json, "Also write the results as JSON to this file");
+      sub.add_option("--seed", o->seed, "Seed of the random weights and prompts");
+      sub.add_option("--peak-tbs", o->peak_tbs, "Memory bandwidth (TB/s) of the floor (default 4.3, H200 copy)");
+      return [o] { return run_bench(*o); };
+    }});
+
+}  // namespace
+}  // namespace lilac::cli
