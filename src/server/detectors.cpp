@@ -2,6 +2,7 @@
 #include "server/detectors.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 
@@ -23,6 +24,23 @@ inline bool is_tok(unsigned char c) { return is_alnum(c) || c == '_' || c == '-'
 inline bool is_local(unsigned char c) {
   return is_alnum(c) || c == '.' || c == '_' || c == '%' || c == '+' || c == '-';
 }
+
+// Character classes for the main loop.
+constexpr uint8_t kDigit = 1, kUpper = 2, kLower = 4, kHex = 8, kApiFirst = 16, kSpecial = 32;
+constexpr uint8_t kAlnum = kDigit | kUpper | kLower;
+constexpr std::array<uint8_t, 256> make_class_table() {
+  std::array<uint8_t, 256> t{};
+  for (int c = '0'; c <= '9'; ++c) t[c] = kDigit | kHex;
+  for (int c = 'A'; c <= 'Z'; ++c) t[c] = kUpper;
+  for (int c = 'a'; c <= 'z'; ++c) t[c] = kLower;
+  for (int c = 'a'; c <= 'f'; ++c) t[c] |= kHex;
+  for (int c = 'A'; c <= 'F'; ++c) t[c] |= kHex;
+  // First letters of the API-key prefixes (api_key below) and JWT / SendGrid forms.
+  for (char c : {'s', 'r', 'g', 'x', 'h', 'n', 'A', 'd', 'p', 'e', 'S'}) t[static_cast<unsigned char>(c)] |= kApiFirst;
+  for (char c : {'@', '+', '(', '-', ':'}) t[static_cast<unsigned char>(c)] |= kSpecial;
+  return t;
+}
+constexpr std::array<uint8_t, 256> kClass = make_class_table();
 
 struct Scanner {
   std::string_view t;
@@ -590,42 +608,69 @@ void scan_sensitive(std::string_view text, DetectorSet en, std::vector<Finding>&
   Scanner sc{text, text.size()};
   const size_t n = text.size();
   size_t i = 0, floor = 0, no_end_after = n;
-  auto limit_hit = [&] { return max_findings && out.size() >= max_findings; };
+  bool full = max_findings && out.size() >= max_findings;
   auto emit = [&](DetectorKind k, size_t off, size_t len) {
     out.push_back({k, off, len});
     i = off + len;
     floor = i;
+    full = max_findings && out.size() >= max_findings;
   };
   const bool want_email = en.has(DetectorKind::email);
   const bool want_digit = en.has(DetectorKind::card) || en.has(DetectorKind::ssn) ||
                           en.has(DetectorKind::ipv4) || en.has(DetectorKind::phone) ||
                           en.has(DetectorKind::ipv6);
-  while (i < n && !limit_hit()) {
-    unsigned char c = static_cast<unsigned char>(text[i]);
-    if (is_alnum(c)) {
-      // Start of a word: try the detectors that begin with a letter or digit.
+  // Detectors are only called where their necessary conditions hold (checked on the word's shape: its
+  // length, whether it is all digits, the character after it), so ordinary words cost a table lookup each.
+  const bool want_card = en.has(DetectorKind::card), want_ssn = en.has(DetectorKind::ssn),
+             want_ipv4 = en.has(DetectorKind::ipv4), want_phone = en.has(DetectorKind::phone),
+             want_ipv6 = en.has(DetectorKind::ipv6), want_api = en.has(DetectorKind::api_key),
+             want_iban = en.has(DetectorKind::iban), want_entropy = en.has(DetectorKind::high_entropy);
+  (void)want_digit;
+  const unsigned char* p = reinterpret_cast<const unsigned char*>(text.data());
+  while (i < n && !full) {
+    unsigned char c = p[i];
+    uint8_t cls = kClass[c];
+    if (cls & kAlnum) {
+      // Start of a word: find its end and shape, then try the detectors that may begin here.
+      size_t wend = i + 1;
+      uint8_t seen = cls;
+      while (wend < n && (kClass[p[wend]] & kAlnum)) seen |= kClass[p[wend++]];
+      const size_t L = wend - i;
+      const unsigned char nx = wend < n ? p[wend] : 0;
+      const bool all_digits = !(seen & (kUpper | kLower));
       size_t len, shape = 0;
-      if (is_digit(c) && want_digit) {
-        if (en.has(DetectorKind::card) && (len = sc.card(i, &shape))) { emit(DetectorKind::card, i, len); continue; }
-        if (shape) { i += shape; continue; }  // card-shaped, Luhn fails: a near miss, not its parts
-        if (en.has(DetectorKind::ssn) && (len = sc.ssn(i))) { emit(DetectorKind::ssn, i, len); continue; }
-        if (en.has(DetectorKind::ipv4) && (len = sc.ipv4(i))) { emit(DetectorKind::ipv4, i, len); continue; }
-        if (en.has(DetectorKind::phone) && (len = sc.phone(i))) { emit(DetectorKind::phone, i, len); continue; }
+      if ((cls & kDigit) && all_digits) {
+        if (want_card && c >= '2' && c <= '6' && (L >= 13 || (L == 4 && (nx == ' ' || nx == '-')))) {
+          if ((len = sc.card(i, &shape))) { emit(DetectorKind::card, i, len); continue; }
+          if (shape) { i += shape; continue; }  // card-shaped, Luhn fails: a near miss, not its parts
+        }
+        if (want_ssn && L == 3 && (nx == '-' || nx == ' ') && (len = sc.ssn(i))) { emit(DetectorKind::ssn, i, len); continue; }
+        if (want_ipv4 && L <= 3 && nx == '.' && (len = sc.ipv4(i))) { emit(DetectorKind::ipv4, i, len); continue; }
+        if (want_phone && L <= 15 && (nx == ' ' || nx == '-' || nx == '.') && (len = sc.phone(i))) {
+          emit(DetectorKind::phone, i, len);
+          continue;
+        }
       }
-      if (en.has(DetectorKind::api_key) && (len = sc.api_key(i))) { emit(DetectorKind::api_key, i, len); continue; }
-      if (en.has(DetectorKind::iban) && is_upper(c)) {
+      // Every key form has its prefix end in '_', '-' or '.' right after the first word, or is one long word.
+      if (want_api && (cls & kApiFirst) && (nx == '_' || nx == '-' || nx == '.' || L >= 20) && (len = sc.api_key(i))) { emit(DetectorKind::api_key, i, len); continue; }
+      if (want_iban && (cls & kUpper) && L >= 4) {
         if ((len = sc.iban(i, &shape))) { emit(DetectorKind::iban, i, len); continue; }
         if (shape) { i += shape; continue; }  // IBAN-shaped, checksum fails: a near miss, not its parts
       }
-      if (en.has(DetectorKind::ipv6) && is_hex(c) && (len = sc.ipv6(i))) { emit(DetectorKind::ipv6, i, len); continue; }
-      size_t run = 0;
-      bool tok_start = i == 0 || !is_tok(static_cast<unsigned char>(text[i - 1]));
-      if (tok_start && en.has(DetectorKind::high_entropy)) {
+      if (want_ipv6 && L <= 4 && nx == ':' && (cls & kHex) && (len = sc.ipv6(i))) {
+        emit(DetectorKind::ipv6, i, len);
+        continue;
+      }
+      if (want_entropy && (L >= 24 || nx == '-' || nx == '_') && (i == 0 || !is_tok(p[i - 1]))) {
+        size_t run = 0;
         if (sc.high_entropy(i, &run)) { emit(DetectorKind::high_entropy, i, run); continue; }
       }
-      // Skip the rest of the word (letters and digits); '-', '_', '.', '@' are looked at on their own.
+      // Skip the rest of the word; '-', '_', '.', '@' after it are looked at on their own.
+      i = wend;
+      continue;
+    }
+    if (!(cls & kSpecial)) {
       ++i;
-      while (i < n && is_alnum(static_cast<unsigned char>(text[i]))) ++i;
       continue;
     }
     switch (c) {

@@ -299,9 +299,12 @@ bool Router::is_sticky(const json& body) const {
   if (!policy_.sticky || !body.is_object()) return false;
   auto ms = body.find("messages");
   if (ms == body.end() || !ms->is_array() || ms->empty()) return false;
+  {
+    std::lock_guard lk(mu_);
+    if (sticky_.empty()) return false;
+  }
   auto hs = message_prefix_hashes(*ms);
   std::lock_guard lk(mu_);
-  if (sticky_.empty()) return false;
   for (uint64_t h : hs)
     if (sticky_.count(h)) return true;
   return false;

@@ -1,0 +1,414 @@
+// The hybrid router over HTTP on loopback: a fake upstream records what it receives; a front server runs
+// HybridRouter::maybe_forward like `lilac serve` does. Checks forwarding (model rewrite, `lilac` stripped,
+// Bearer key), streaming passed through chunk by chunk with `lilac_route`, 4xx passthrough, 5xx and
+// unreachable fallback or 502, and /v1/models merging.
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <thread>
+
+#include "core/error.h"
+#include "server/hybrid.h"
+#include "server/upstream.h"
+
+using namespace lilac::server;
+using json = nlohmann::json;
+using namespace std::chrono_literals;
+
+namespace {
+
+struct FakeUpstream {
+  httplib::Server http;
+  std::thread th;
+  int port = 0;
+  std::mutex mu;
+  std::vector<json> bodies;
+  std::vector<std::string> auths;
+  std::atomic<int> mode{0};  // 0 ok, 1 -> 500, 2 -> 400, 3 -> 503 on models too
+  std::atomic<int> chunk_delay_ms{0};
+
+  FakeUpstream() {
+    http.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
+      json body = json::parse(req.body, nullptr, false);
+      {
+        std::lock_guard lk(mu);
+        bodies.push_back(body);
+        auths.push_back(req.get_header_value("Authorization"));
+      }
+      if (mode == 1) {
+        res.status = 500;
+        res.set_content(R"({"error":{"message":"boom","type":"server_error"}})", "application/json");
+        return;
+      }
+      if (mode == 2) {
+        res.status = 400;
+        res.set_content(R"({"error":{"message":"bad temperature","type":"invalid_request_error","param":"temperature","code":null}})",
+                        "application/json");
+        return;
+      }
+      if (body.value("stream", false)) {
+        int delay = chunk_delay_ms;
+        res.set_chunked_content_provider("text/event-stream", [delay, n = 0](size_t, httplib::DataSink& sink) mutable {
+          if (delay) std::this_thread::sleep_for(std::chrono::milliseconds(delay));
+          std::string s;
+          if (n < 3) {
+            json c = {{"id", "up-1"}, {"object", "chat.completion.chunk"}, {"choices", json::array({{{"index", 0}, {"delta", {{"content", "w" + std::to_string(n)}}}}})}};
+            s = "data: " + c.dump() + "\n\n";
+          } else if (n == 3) {
+            json u = {{"id", "up-1"}, {"object", "chat.completion.chunk"}, {"choices", json::array()}, {"usage", {{"prompt_tokens", 7}, {"completion_tokens", 3}, {"total_tokens", 10}}}};
+            s = "data: " + u.dump() + "\n\ndata: [DONE]\n\n";
+          }
+          ++n;
+          if (!s.empty()) sink.write(s.data(), s.size());
+          if (n > 3) sink.done();
+          return true;
+        });
+        return;
+      }
+      json out = {{"id", "up-1"},
+                  {"object", "chat.completion"},
+                  {"model", body.value("model", "")},
+                  {"choices", json::array({{{"index", 0}, {"message", {{"role", "assistant"}, {"content", "from upstream"}}}, {"finish_reason", "stop"}}})},
+                  {"usage", {{"prompt_tokens", 7}, {"completion_tokens", 2}, {"total_tokens", 9}}}};
+      res.set_content(out.dump(), "application/json");
+    });
+    http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
+      std::lock_guard lk(mu);
+      bodies.push_back(json::parse(req.body, nullptr, false));
+      auths.push_back(req.get_header_value("Authorization"));
+      res.set_content(R"({"id":"c","object":"text_completion","choices":[{"index":0,"text":"up text","finish_reason":"stop"}]})",
+                      "application/json");
+    });
+    http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+      if (mode == 3) {
+        res.status = 503;
+        return;
+      }
+      res.set_content(R"({"object":"list","data":[{"id":"up-a","object":"model"},{"id":"up-b","object":"model"}]})",
+                      "application/json");
+    });
+    port = http.bind_to_any_port("127.0.0.1");
+    th = std::thread([this] { http.listen_after_bind(); });
+    for (int i = 0; i < 500 && !http.is_running(); ++i) std::this_thread::sleep_for(2ms);
+  }
+  ~FakeUpstream() {
+    http.stop();
+    th.join();
+  }
+  size_t count() {
+    std::lock_guard lk(mu);
+    return bodies.size();
+  }
+  json last() {
+    std::lock_guard lk(mu);
+    return bodies.back();
+  }
+  std::string last_auth() {
+    std::lock_guard lk(mu);
+    return auths.back();
+  }
+};
+
+// A front server that does what `lilac serve` does with the hook: ask the router, else answer "local".
+struct Front {
+  httplib::Server http;
+  std::thread th;
+  int port = 0;
+  std::shared_ptr<HybridRouter> router;
+  std::atomic<int> local_served{0};
+
+  Front(const std::string& upstream_url, const char* policy, std::string upstream_model = "up-model") {
+    HybridOptions o;
+    o.upstream_url = upstream_url;
+    o.upstream_model = std::move(upstream_model);
+    o.api_key = "sk-test-NEVERLOGME-0123456789abcdef";
+    o.policy = parse_route_policy(json::parse(policy));
+    router = std::make_shared<HybridRouter>(std::move(o), "lilac");
+    auto handler = [this](const httplib::Request& req, httplib::Response& res) {
+      json body = json::parse(req.body, nullptr, false);
+      if (router->maybe_forward(req, res, body, false)) return;
+      router->on_local(body);
+      ++local_served;
+      res.set_header("x-lilac-route", "local");
+      res.set_content(json{{"local", true}, {"lilac_route", "local"}}.dump(), "application/json");
+    };
+    http.Post("/v1/chat/completions", handler);
+    http.Post("/v1/completions", handler);
+    port = http.bind_to_any_port("127.0.0.1");
+    th = std::thread([this] { http.listen_after_bind(); });
+    for (int i = 0; i < 500 && !http.is_running(); ++i) std::this_thread::sleep_for(2ms);
+  }
+  ~Front() {
+    http.stop();
+    th.join();
+  }
+  httplib::Result post(const json& body, const std::string& path = "/v1/chat/completions", httplib::Headers h = {}) {
+    httplib::Client c("127.0.0.1", port);
+    c.set_read_timeout(10s);
+    return c.Post(path, h, body.dump(), "application/json");
+  }
+};
+
+json chat_body(const std::string& text, bool stream = false) {
+  json b = {{"model", "lilac"}, {"messages", json::array({{{"role", "user"}, {"content", text}}})}};
+  if (stream) {
+    b["stream"] = true;
+    b["stream_options"] = {{"include_usage", true}};
+  }
+  return b;
+}
+
+// A loopback port where nothing listens for the life of the object: a socket bound but never listening
+// (connections are refused, and no other server can take the port meanwhile).
+struct DeadPort {
+  int fd = -1;
+  int port = 0;
+  DeadPort() {
+    fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = 0;
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
+      socklen_t len = sizeof a;
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+      port = ntohs(a.sin_port);
+    }
+  }
+  ~DeadPort() { ::close(fd); }
+};
+
+}  // namespace
+
+TEST(HybridUpstream, ParsesUpstreamUrls) {
+  auto u = parse_upstream_url("http://127.0.0.1:9000");
+  EXPECT_EQ(u.scheme, "http");
+  EXPECT_EQ(u.host, "127.0.0.1");
+  EXPECT_EQ(u.port, 9000);
+  EXPECT_EQ(u.base, "/v1");
+  u = parse_upstream_url("https://api.example.com/openai/v1/");
+  EXPECT_EQ(u.port, 443);
+  EXPECT_EQ(u.base, "/openai/v1");
+  EXPECT_EQ(u.origin(), "https://api.example.com:443");
+  u = parse_upstream_url("http://[::1]:8081/v1");
+  EXPECT_EQ(u.host, "::1");
+  EXPECT_EQ(u.port, 8081);
+  EXPECT_THROW(parse_upstream_url("ftp://x"), lilac::InputError);
+  EXPECT_THROW(parse_upstream_url("localhost:80"), lilac::InputError);
+  EXPECT_THROW(parse_upstream_url("http://user:pw@host/v1"), lilac::InputError);
+  EXPECT_THROW(parse_upstream_url("http://host:99999"), lilac::InputError);
+  EXPECT_TRUE(upstream_https_supported());  // Debian's cpp-httplib is built with OpenSSL
+}
+
+TEST(HybridUpstream, InjectsRouteIntoSseDataLines) {
+  std::string in = "data: {\"a\":1}\n\ndata: {}\n: comment\ndata: [DONE]\n\n";
+  EXPECT_EQ(inject_route_into_sse_lines(in, "cloud"),
+            "data: {\"lilac_route\":\"cloud\",\"a\":1}\n\ndata: {\"lilac_route\":\"cloud\"}\n: comment\ndata: [DONE]\n\n");
+}
+
+TEST(HybridUpstream, ForwardsNonStreamingWithKeyAndRewrittenModel) {
+  FakeUpstream up;
+  Front front("http://127.0.0.1:" + std::to_string(up.port), R"({"upstream": {"drop_fields": ["top_k"]}})");
+  json b = chat_body("What is 2+2?");
+  b["lilac"] = {{"route", "cloud"}};
+  b["top_k"] = 20;
+  auto r = front.post(b);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  EXPECT_EQ(r->get_header_value("x-lilac-route"), "cloud");
+  json j = json::parse(r->body);
+  EXPECT_EQ(j["lilac_route"], "cloud");
+  EXPECT_EQ(j["choices"][0]["message"]["content"], "from upstream");
+  EXPECT_EQ(j["usage"]["total_tokens"], 9);
+  ASSERT_EQ(up.count(), 1u);
+  json sent = up.last();
+  EXPECT_EQ(sent["model"], "up-model");
+  EXPECT_FALSE(sent.contains("lilac"));
+  EXPECT_FALSE(sent.contains("top_k"));
+  EXPECT_EQ(sent["messages"][0]["content"], "What is 2+2?");
+  EXPECT_EQ(up.last_auth(), "Bearer sk-test-NEVERLOGME-0123456789abcdef");
+  // /v1/completions goes to the upstream's /v1/completions.
+  r = front.post(json{{"model", "cloud/up-b"}, {"prompt", "Once upon a time"}}, "/v1/completions");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  EXPECT_EQ(json::parse(r->body)["choices"][0]["text"], "up text");
+  EXPECT_EQ(up.last()["model"], "up-b");
+}
+
+TEST(HybridUpstream, SensitiveRequestsNeverReachTheUpstream) {
+  FakeUpstream up;
+  Front front("http://127.0.0.1:" + std::to_string(up.port), "{}");
+  for (bool stream : {false, true}) {
+    for (const char* text : {"email me at jane.roe@example.org", "card 4111 1111 1111 1111", "ssn 123-45-6789"}) {
+      json b = chat_body(text, stream);
+      auto r = front.post(b);
+      ASSERT_TRUE(r);
+      EXPECT_EQ(r->status, 200);
+      EXPECT_EQ(r->get_header_value("x-lilac-route"), "local");
+      b["lilac"] = {{"route", "cloud"}};  // asking does not help
+      r = front.post(b);
+      EXPECT_EQ(r->get_header_value("x-lilac-route"), "local");
+      r = front.post(chat_body(text, stream), "/v1/chat/completions", {{"x-lilac-route", "cloud"}});
+      EXPECT_EQ(r->get_header_value("x-lilac-route"), "local");
+    }
+  }
+  EXPECT_EQ(up.count(), 0u);
+  EXPECT_EQ(front.local_served.load(), 18);
+}
+
+TEST(HybridUpstream, StreamsChunkByChunkWithRouteField) {
+  FakeUpstream up;
+  up.chunk_delay_ms = 150;
+  Front front("http://127.0.0.1:" + std::to_string(up.port), "{}");
+  httplib::Client c("127.0.0.1", front.port);
+  c.set_read_timeout(10s);
+  std::vector<std::pair<std::chrono::steady_clock::time_point, std::string>> pieces;
+  std::string status_route;
+  int status = 0;
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/v1/chat/completions";
+  req.body = chat_body("tell me a story", true).dump();
+  req.set_header("Content-Type", "application/json");
+  req.response_handler = [&](const httplib::Response& r) {
+    status = r.status;
+    status_route = r.get_header_value("x-lilac-route");
+    return true;
+  };
+  req.content_receiver = [&](const char* d, size_t n, uint64_t, uint64_t) {
+    pieces.emplace_back(std::chrono::steady_clock::now(), std::string(d, n));
+    return true;
+  };
+  auto t0 = std::chrono::steady_clock::now();
+  httplib::Response res;
+  httplib::Error err;
+  ASSERT_TRUE(c.send(req, res, err)) << httplib::to_string(err);
+  EXPECT_EQ(status, 200);
+  EXPECT_EQ(status_route, "cloud");
+  std::string all;
+  for (auto& p : pieces) all += p.second;
+  // Passed through as it arrived: the first piece came long before the upstream finished (4 x 150 ms).
+  ASSERT_GE(pieces.size(), 3u);
+  EXPECT_LT(pieces.front().first - t0, 450ms);
+  EXPECT_GT(pieces.back().first - pieces.front().first, 250ms);
+  // Every data chunk carries lilac_route; the content and usage are intact.
+  std::string content;
+  int data_lines = 0;
+  bool usage = false, done = false;
+  size_t pos = 0;
+  while ((pos = all.find("data: ", pos)) != std::string::npos) {
+    size_t end = all.find('\n', pos);
+    std::string payload = all.substr(pos + 6, end - pos - 6);
+    pos = end;
+    if (payload == "[DONE]") {
+      done = true;
+      continue;
+    }
+    json j = json::parse(payload);
+    ++data_lines;
+    EXPECT_EQ(j["lilac_route"], "cloud");
+    if (!j["choices"].empty()) content += j["choices"][0]["delta"]["content"].get<std::string>();
+    if (j.contains("usage")) usage = j["usage"]["total_tokens"] == 10;
+  }
+  EXPECT_EQ(data_lines, 4);
+  EXPECT_EQ(content, "w0w1w2");
+  EXPECT_TRUE(usage);
+  EXPECT_TRUE(done);
+  EXPECT_TRUE(up.last()["stream"].get<bool>());
+}
+
+TEST(HybridUpstream, ClientErrorsPassThrough) {
+  FakeUpstream up;
+  up.mode = 2;
+  Front front("http://127.0.0.1:" + std::to_string(up.port), "{}");
+  for (bool stream : {false, true}) {
+    auto r = front.post(chat_body("hello", stream));
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 400);
+    EXPECT_EQ(r->get_header_value("x-lilac-route"), "cloud");
+    json j = json::parse(r->body);
+    EXPECT_EQ(j["error"]["message"], "bad temperature");
+    EXPECT_EQ(j["error"]["param"], "temperature");
+  }
+  EXPECT_EQ(front.local_served.load(), 0);
+}
+
+TEST(HybridUpstream, ServerErrorsFallBackToLocalOr502) {
+  FakeUpstream up;
+  up.mode = 1;
+  {
+    Front front("http://127.0.0.1:" + std::to_string(up.port), "{}");
+    for (bool stream : {false, true}) {
+      auto r = front.post(chat_body("hello", stream));
+      ASSERT_TRUE(r);
+      EXPECT_EQ(r->status, 200);
+      EXPECT_EQ(r->get_header_value("x-lilac-route"), "local");
+    }
+    EXPECT_EQ(front.local_served.load(), 2);
+  }
+  {
+    Front strict("http://127.0.0.1:" + std::to_string(up.port), R"({"fallback": {"upstream_failure_to_local": false}})");
+    for (bool stream : {false, true}) {
+      auto r = strict.post(chat_body("hello", stream));
+      ASSERT_TRUE(r);
+      EXPECT_EQ(r->status, 502);
+      json j = json::parse(r->body);
+      EXPECT_NE(j["error"]["message"].get<std::string>().find("HTTP 500: boom"), std::string::npos) << r->body;
+      EXPECT_EQ(j["error"]["code"], "upstream_unavailable");
+      EXPECT_EQ(r->body.find("NEVERLOGME"), std::string::npos);
+    }
+    EXPECT_EQ(strict.local_served.load(), 0);
+  }
+}
+
+TEST(HybridUpstream, UnreachableUpstreamFallsBack) {
+  DeadPort dead;
+  ASSERT_GT(dead.port, 0);
+  const int port = dead.port;
+  Front front("http://127.0.0.1:" + std::to_string(port), R"({"upstream": {"connect_timeout_ms": 500}})");
+  auto t0 = std::chrono::steady_clock::now();
+  for (bool stream : {false, true}) {
+    auto r = front.post(chat_body("hello", stream));
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200);
+    EXPECT_EQ(r->get_header_value("x-lilac-route"), "local");
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s);
+  Front strict("http://127.0.0.1:" + std::to_string(port),
+               R"({"fallback": {"upstream_failure_to_local": false}, "upstream": {"connect_timeout_ms": 500}})");
+  auto r = strict.post(chat_body("hello"));
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 502);
+  EXPECT_NE(json::parse(r->body)["error"]["message"].get<std::string>().find("cannot reach the upstream"), std::string::npos);
+}
+
+TEST(HybridUpstream, ModelsListedWithPrefixAndFallbackToConfiguredModel) {
+  FakeUpstream up;
+  Front front("http://127.0.0.1:" + std::to_string(up.port), R"({"upstream": {"models_cache_s": 0}})");
+  json m = front.router->extra_models();
+  ASSERT_EQ(m.size(), 2u);
+  EXPECT_EQ(m[0]["id"], "cloud/up-a");
+  EXPECT_EQ(m[1]["id"], "cloud/up-b");
+  EXPECT_EQ(m[0]["owned_by"], "upstream");
+  // Listed ids are upstream models now.
+  EXPECT_TRUE(front.router->router().is_upstream_model("up-a"));
+  DeadPort dead;
+  Front down("http://127.0.0.1:" + std::to_string(dead.port), R"({"upstream": {"models_timeout_ms": 300}})");
+  m = down.router->extra_models();
+  ASSERT_EQ(m.size(), 1u);
+  EXPECT_EQ(m[0]["id"], "cloud/up-model");
+  // Without --upstream-model the first listed id is used for requests naming the local model.
+  Front noname("http://127.0.0.1:" + std::to_string(up.port), "{}", "");
+  auto r = noname.post(chat_body("hello"));
+  ASSERT_TRUE(r) << httplib::to_string(r.error());
+  EXPECT_EQ(r->status, 200);
+  EXPECT_EQ(up.last()["model"], "up-a");
+}
