@@ -19,43 +19,52 @@ T=.gpu/lilac_tests_cuda
 status=0
 step() { echo; echo "=== $* ($(date -u +%H:%M:%S))"; }
 
+exec > >(tee -a "$OUT/check.log") 2>&1
 step "device"
-nvidia-smi --query-gpu=name,memory.total,memory.used,clocks.sm,clocks.mem,driver_version --format=csv 2>&1 | tee "$OUT/nvidia-smi.txt"
+nvidia-smi --query-gpu=name,memory.total,memory.used,clocks.sm,clocks.mem,driver_version --format=csv 2>&1 
 ldd $L | grep -i "not found" && echo "MISSING LIBRARIES" || echo "ldd: all libraries found"
 
 if [ "$WHAT" = all ] || [ "$WHAT" = tests ]; then
   step "CUDA tests"
-  $T --gtest_filter="${GTEST_FILTER:-*}" 2>&1 | tee "$OUT/tests.log" | grep -E "^\[  (FAILED|PASSED|SKIPPED) |OK \]|Failure|error|seed|Expected|Which is|actual" | head -150
-  [ "${PIPESTATUS[0]}" = 0 ] || status=1
-  if [ "${SANITIZE:-1}" = 1 ] && command -v compute-sanitizer >/dev/null; then
-    step "compute-sanitizer memcheck (decode kernels)"
-    compute-sanitizer --tool memcheck --error-exitcode 9 $T --gtest_filter='CudaDecode.Gemv*:CudaDecode.MoE*:CudaDecode.Attention*:CudaDecode.GatedDeltaNet*:CudaDecode.Greedy*' > "$OUT/memcheck.log" 2>&1
-    echo "memcheck rc=$?"; tail -3 "$OUT/memcheck.log"
-    step "compute-sanitizer racecheck (decode kernels)"
-    compute-sanitizer --tool racecheck --error-exitcode 9 $T --gtest_filter='CudaDecode.Gemv*:CudaDecode.GatedDeltaNet*:CudaDecode.Attention*' > "$OUT/racecheck.log" 2>&1
-    echo "racecheck rc=$?"; tail -3 "$OUT/racecheck.log"
-  fi
+  timeout ${TEST_TIMEOUT:-120} $T --gtest_filter="${GTEST_FILTER:-*}" > /tmp/tests.log 2>&1
+  [ $? = 0 ] || status=1
+  cat /tmp/tests.log | grep -E "^\[  (FAILED|PASSED|SKIPPED) |OK \]|Failure|error|seed|Expected|Which is|actual" | head -150
 fi
 
 if [ "$WHAT" = all ] || [ "$WHAT" = golden ]; then
   for f in tiny tiny2; do
     step "check-golden $f"
-    $L check-golden --backend cuda --model .gpu/fixtures/$f/mlx4 --golden .gpu/fixtures/$f/golden.safetensors 2>&1 | tee "$OUT/golden-$f.log" | tail -25
+    $L check-golden --backend cuda --model .gpu/fixtures/$f/mlx4 --golden .gpu/fixtures/$f/golden.safetensors 2>&1 | tail -25
     [ "${PIPESTATUS[0]}" = 0 ] || status=1
   done
   step "real4 fixture"
   if [ ! -f /tmp/real4/golden.safetensors ]; then
-    PYTHONUNBUFFERED=1 python3 .gpu/oracle/make_fixture.py --preset real4 --out /tmp/real4 --device cuda --no-hf > "$OUT/real4-make.log" 2>&1
-    echo "make_fixture rc=$?"; tail -3 "$OUT/real4-make.log"
+    PYTHONUNBUFFERED=1 timeout ${FIXTURE_TIMEOUT:-120} python3 .gpu/oracle/make_fixture.py --preset real4 --out /tmp/real4 --device cuda --no-hf > /tmp/real4-make.log 2>&1
+    echo "make_fixture rc=$?"; tail -3 /tmp/real4-make.log
   fi
-  $L check-golden --backend cuda --model /tmp/real4/mlx4 --golden /tmp/real4/golden.safetensors 2>&1 | tee "$OUT/golden-real4.log" | tail -30
+  timeout ${GOLDEN_TIMEOUT:-120} $L check-golden --backend cuda --model /tmp/real4/mlx4 --golden /tmp/real4/golden.safetensors 2>&1 | tail -30
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
 fi
 
 if [ "$WHAT" = all ] || [ "$WHAT" = bench ]; then
   step "bench --synthetic"
-  $L bench --synthetic --layers "${BENCH_LAYERS:-40}" --prompt-lens "${BENCH_LENS:-512,4096,16384}" --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log"
-  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  timeout ${BENCH_TIMEOUT:-180} $L bench --synthetic --layers "${BENCH_LAYERS:-40}" --prompt-lens "${BENCH_LENS:-512,4096,16384}" --json "$OUT/bench.json" 2>&1
+  if [ $? != 0 ]; then
+    status=1
+    step "bench again with the token-by-token prefill (decode kernels)"
+    LILAC_CUDA_TOKEN_PREFILL=1 timeout 90 $L bench --synthetic --layers "${BENCH_LAYERS:-40}" --prompt-lens 512,4096 --json "$OUT/bench-token.json" 2>&1
+  fi
 fi
+if [ "$WHAT" = all ] || [ "$WHAT" = sanitize ]; then
+  if [ "${SANITIZE:-1}" = 1 ] && command -v compute-sanitizer >/dev/null; then
+    step "compute-sanitizer memcheck (decode kernels)"
+    timeout ${SAN_TIMEOUT:-60} compute-sanitizer --tool memcheck --error-exitcode 9 $T --gtest_filter='CudaDecode.Gemv*:CudaDecode.MoE*:CudaDecode.Attention*:CudaDecode.GatedDeltaNet*:CudaDecode.Greedy*' > /tmp/memcheck.log 2>&1
+    echo "memcheck rc=$?"; tail -3 /tmp/memcheck.log
+    step "compute-sanitizer racecheck (decode kernels)"
+    timeout ${SAN_TIMEOUT:-60} compute-sanitizer --tool racecheck --error-exitcode 9 $T --gtest_filter='CudaDecode.Gemv*:CudaDecode.GatedDeltaNet*:CudaDecode.Attention*' > /tmp/racecheck.log 2>&1
+    echo "racecheck rc=$?"; tail -3 /tmp/racecheck.log
+  fi
+fi
+cp /tmp/tests.log /tmp/memcheck.log /tmp/racecheck.log "$OUT"/ 2>/dev/null
 echo; echo "gpu-check status $status"
 exit $status
