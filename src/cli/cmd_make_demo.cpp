@@ -21,7 +21,7 @@
 #include "core/bf16.h"
 #include "core/error.h"
 #include "core/mapped_file.h"
-#include "model/quant.h"
+#include "model/quant.h"  // QBuffer
 #include "model/safetensors.h"
 
 namespace lilac::cli {
@@ -61,15 +61,27 @@ class Writer {
  public:
   explicit Writer(uint64_t seed) : state_(seed * 0x9E3779B97F4A7C15ull + 1) {}
 
-  // A quantized matrix [rows, cols] (or `n` stacked experts) of uniform(-a, a) values.
+  // A quantized matrix [rows, cols] (or `n` stacked experts) of values spread uniformly over [-a, a]:
+  // random q words, per-group scale ~ 2a / (2^bits - 1) and bias ~ -a (drawn directly in the quantized
+  // form: quantizing 80 M random floats would take most of the command's time).
   void quantized(const std::string& base, int64_t n, int64_t rows, int64_t cols, int bits, float a) {
     auto buf = std::make_unique<QBuffer>();
     const int group = 64;
-    std::vector<float> vals(size_t(n * rows * cols));
-    for (auto& v : vals) v = uniform(-a, a);
-    quantize_rows(n * rows, cols, bits, group, *buf, [&](int64_t r, float* out) {
-      std::copy(vals.begin() + r * cols, vals.begin() + (r + 1) * cols, out);
-    });
+    const int64_t R = n * rows, wpr = cols * bits / 32, gpr = cols / group;
+    buf->qweight.resize(size_t(R * wpr));
+    for (size_t i = 0; i < buf->qweight.size(); i += 2) {
+      uint64_t r = next();
+      buf->qweight[i] = uint32_t(r);
+      if (i + 1 < buf->qweight.size()) buf->qweight[i + 1] = uint32_t(r >> 32);
+    }
+    buf->scales.resize(size_t(R * gpr));
+    buf->biases.resize(size_t(R * gpr));
+    const float levels = float((1 << bits) - 1);
+    for (size_t g = 0; g < buf->scales.size(); ++g) {
+      float amp = a * uniform(0.8f, 1.2f);
+      buf->scales[g] = f32_to_bf16(2.f * amp / levels);
+      buf->biases[g] = f32_to_bf16(-amp);
+    }
     std::vector<int64_t> lead;
     if (n > 1 || stacked_) lead.push_back(n);
     auto shape = [&](int64_t last) {
@@ -78,9 +90,9 @@ class Writer {
       s.push_back(last);
       return s;
     };
-    add(base + ".weight", DType::U32, shape(cols * bits / 32), buf->qweight.data(), buf->qweight.size() * 4);
-    add(base + ".scales", DType::BF16, shape(cols / group), buf->scales.data(), buf->scales.size() * 2);
-    add(base + ".biases", DType::BF16, shape(cols / group), buf->biases.data(), buf->biases.size() * 2);
+    add(base + ".weight", DType::U32, shape(wpr), buf->qweight.data(), buf->qweight.size() * 4);
+    add(base + ".scales", DType::BF16, shape(gpr), buf->scales.data(), buf->scales.size() * 2);
+    add(base + ".biases", DType::BF16, shape(gpr), buf->biases.data(), buf->biases.size() * 2);
     qbufs_.push_back(std::move(buf));
   }
   void experts(const std::string& base, int64_t n, int64_t rows, int64_t cols, float a) {
@@ -103,13 +115,13 @@ class Writer {
     f32_.push_back(std::move(v));
   }
   // splitmix64: fast, and the same weights for the same seed everywhere.
-  float uniform(float lo, float hi) {
+  uint64_t next() {
     uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    return lo + (hi - lo) * float(z >> 40) * (1.f / 16777216.f);
+    return z ^ (z >> 31);
   }
+  float uniform(float lo, float hi) { return lo + (hi - lo) * float(next() >> 40) * (1.f / 16777216.f); }
   const std::vector<TensorToWrite>& tensors() const { return tensors_; }
 
  private:
@@ -135,7 +147,8 @@ int run(const std::string& out, std::string tok_dir, const std::string& template
   const std::string tok_json = path_join(tok_dir, "tokenizer.json");
   const std::string tok_cfg = path_join(tok_dir, "tokenizer_config.json");
   if (!file_exists(tok_json)) throw InputError("make-demo: " + tok_json + " not found");
-  json tj = json::parse(read_text_file(tok_json), nullptr, false);
+  // (plain json: an ordered_json object of 150k vocabulary entries inserts in quadratic time)
+  nlohmann::json tj = nlohmann::json::parse(read_text_file(tok_json), nullptr, false);
   if (tj.is_discarded()) throw InputError("make-demo: " + tok_json + " is not valid JSON");
   json tc = file_exists(tok_cfg) ? json::parse(read_text_file(tok_cfg), nullptr, false) : json::object();
   if (tc.is_discarded()) throw InputError("make-demo: " + tok_cfg + " is not valid JSON");
