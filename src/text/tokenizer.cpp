@@ -150,9 +150,19 @@ class AddedMatcher {
       }
       size_t mb = i, me = i + hit->content.size();
       if (hit->lstrip)
-        while (mb > text_start && is_ascii_space(s[mb - 1])) --mb;
+        while (mb > text_start) {
+          size_t k = mb - 1;
+          while (k > text_start && (static_cast<uint8_t>(s[k]) & 0xC0) == 0x80) --k;
+          auto d = unicode::decode_utf8(s, k);
+          if (d.status != unicode::Decoded::Ok || k + d.len != mb || !unicode::is_whitespace(d.cp)) break;
+          mb = k;
+        }
       if (hit->rstrip)
-        while (me < n && is_ascii_space(s[me])) ++me;
+        while (me < n) {
+          auto d = unicode::decode_utf8(s, me);
+          if (d.status != unicode::Decoded::Ok || !unicode::is_whitespace(d.cp)) break;
+          me += d.len;
+        }
       if (mb > text_start) out.push_back({false, 0, text_start, mb});
       out.push_back({true, hit->id, mb, me});
       text_start = i = me;
@@ -161,7 +171,6 @@ class AddedMatcher {
   }
 
  private:
-  static bool is_ascii_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
   static bool single_word_ok(std::string_view s, size_t b, size_t e) {
     if (b > 0) {
       size_t k = b - 1;

@@ -31,7 +31,7 @@ class Tokenizer {
   // Added tokens: leftmost-longest match; those with normalized=false are matched on the raw text,
   // those with normalized=true on the normalized text. parse_special=false treats added tokens
   // flagged "special" (e.g. <|im_end|>) as plain text; non-special added tokens (e.g. <think>,
-  // <tool_call>) are still matched, as Hugging Face does. lstrip/rstrip swallow adjacent ASCII
+  // <tool_call>) are still matched, as Hugging Face does. lstrip/rstrip swallow adjacent (Unicode)
   // whitespace; single_word requires no letter/digit/_ on either side.
   virtual std::vector<int32_t> encode(std::string_view text, bool parse_special = true) const = 0;
   // Ids -> text (bytes joined; may end in a partial UTF-8 sequence, which is kept as-is).

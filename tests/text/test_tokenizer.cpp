@@ -277,6 +277,7 @@ TEST(Tokenizer, TinyAddedTokenFlags) {
   auto t = lilac::Tokenizer::load(d.dir.string());
   // lstrip/rstrip swallow the spaces around <m>.
   EXPECT_EQ(t->encode("a  <m>  b"), (std::vector<int32_t>{'a', 302, 'b'}));
+  EXPECT_EQ(t->encode("a\xE3\x80\x80\n<m>\xC2\xA0" "b"), (std::vector<int32_t>{'a', 302, 'b'}));  // U+3000, NBSP
   // single_word: "cat" alone matches, inside "concatenate" it does not.
   EXPECT_EQ(t->encode("cat"), (std::vector<int32_t>{303}));
   const auto inside = t->encode("concatenate");
