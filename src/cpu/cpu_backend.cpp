@@ -45,6 +45,11 @@ class CpuBackend : public Backend {
     LILAC_CHECK(int(w_->layers.size()) == c.num_layers, "cpu backend: weights have " +
                                                             std::to_string(w_->layers.size()) + " layers, config " +
                                                             std::to_string(c.num_layers));
+    LILAC_CHECK(c.num_kv_heads > 0 && c.num_heads % c.num_kv_heads == 0,
+                "cpu backend: num_attention_heads must be a multiple of num_key_value_heads");
+    LILAC_CHECK(c.linear_num_key_heads > 0 && c.linear_num_value_heads % c.linear_num_key_heads == 0,
+                "cpu backend: linear_num_value_heads must be a multiple of linear_num_key_heads");
+    LILAC_CHECK(int64_t(c.full_attention.size()) == c.num_layers, "cpu backend: config has no layer types");
   }
   std::string name() const override { return "cpu"; }
   const ModelConfig& config() const override { return w_->config; }
