@@ -386,7 +386,7 @@ void Server::handle_generation(const httplib::Request& req, httplib::Response& r
       res.set_content(dump_json(resp->body()), "application/json");
       I->metrics.count_request(endpoint, 200);
       const auto& s = resp->stats();
-      LILAC_LOG_INFO("POST %s -> 200 (%lld prompt, %lld cached, %lld generated, %s, %.1f ms)", endpoint.c_str(),
+      if (opts_.log_requests) LILAC_LOG_INFO("POST %s -> 200 (%lld prompt, %lld cached, %lld generated, %s, %.1f ms)", endpoint.c_str(),
                      (long long)s.prompt_tokens, (long long)s.cached_tokens, (long long)s.completion_tokens,
                      resp->finish_reason().c_str(), std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
       return;
@@ -424,7 +424,7 @@ void Server::handle_generation(const httplib::Request& req, httplib::Response& r
           if (st->resp->finished()) sink.done();
           return true;
         },
-        [st](bool success) {
+        [st, log = opts_.log_requests](bool success) {
           if (!success || !st->resp->finished()) {
             st->job->cancel = true;
             LILAC_LOG_INFO("POST %s: client went away, generation cancelled", st->endpoint.c_str());
@@ -433,7 +433,7 @@ void Server::handle_generation(const httplib::Request& req, httplib::Response& r
           const auto& s = st->resp->stats();
           if (st->resp->failed())
             LILAC_LOG_WARN("POST %s -> stream error: %s", st->endpoint.c_str(), st->resp->error_message().c_str());
-          else
+          else if (log)
             LILAC_LOG_INFO("POST %s -> 200 stream (%lld prompt, %lld cached, %lld generated, %s, %.1f ms)",
                            st->endpoint.c_str(), (long long)s.prompt_tokens, (long long)s.cached_tokens,
                            (long long)s.completion_tokens, st->resp->finish_reason().c_str(),

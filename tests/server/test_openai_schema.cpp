@@ -1,0 +1,158 @@
+// OpenAI request validation: defaults from generation_config, tool_choice handling, error params.
+#include <gtest/gtest.h>
+
+#include "server/openai_schema.h"
+
+using lilac::server::ApiError;
+using lilac::server::ojson;
+using lilac::server::parse_chat_request;
+using lilac::server::parse_completion_request;
+using lilac::server::ToolChoice;
+
+namespace {
+
+lilac::ModelConfig config_with_defaults() {
+  lilac::ModelConfig c;
+  c.vocab_size = 1000;
+  c.default_temperature = 0.6f;
+  c.default_top_p = 0.95f;
+  c.default_top_k = 20;
+  c.default_min_p = 0.05f;
+  c.default_repetition_penalty = 1.1f;
+  return c;
+}
+
+ojson chat(ojson extra = ojson::object()) {
+  ojson b = {{"messages", {{{"role", "user"}, {"content", "hi"}}}}};
+  for (auto& [k, v] : extra.items()) b[k] = v;
+  return b;
+}
+
+// Runs parse_chat_request and returns the ApiError's param (fails if it does not throw).
+std::string error_param(const ojson& body, int* status = nullptr, std::string* code = nullptr) {
+  try {
+    parse_chat_request(body, config_with_defaults(), 1);
+  } catch (const ApiError& e) {
+    if (status) *status = e.status;
+    if (code) *code = e.code;
+    return e.param;
+  }
+  ADD_FAILURE() << "no error for " << body.dump();
+  return "";
+}
+
+}  // namespace
+
+TEST(OpenAISchema, SamplingDefaultsComeFromGenerationConfigElseOpenAI) {
+  auto p = parse_chat_request(chat(), config_with_defaults(), 77);
+  EXPECT_FLOAT_EQ(p.sampling.temperature, 0.6f);
+  EXPECT_FLOAT_EQ(p.sampling.top_p, 0.95f);
+  EXPECT_EQ(p.sampling.top_k, 20);
+  EXPECT_FLOAT_EQ(p.sampling.min_p, 0.05f);
+  EXPECT_FLOAT_EQ(p.sampling.repetition_penalty, 1.1f);
+  EXPECT_EQ(p.sampling.seed, 77u);
+  EXPECT_FALSE(p.max_tokens.has_value());
+  lilac::ModelConfig none;
+  none.vocab_size = 10;
+  p = parse_chat_request(chat(), none, 1);
+  EXPECT_FLOAT_EQ(p.sampling.temperature, 1.f);
+  EXPECT_FLOAT_EQ(p.sampling.top_p, 1.f);
+  EXPECT_EQ(p.sampling.top_k, 0);
+  EXPECT_FLOAT_EQ(p.sampling.repetition_penalty, 1.f);
+  // Explicit values win; temperature 0 stays 0 (exact greedy).
+  p = parse_chat_request(chat({{"temperature", 0}, {"top_p", 0.5}, {"top_k", 3}, {"seed", 9}, {"max_tokens", 5},
+                               {"max_completion_tokens", 7}, {"stop", "END"}, {"presence_penalty", 0.5},
+                               {"frequency_penalty", -0.5}, {"logprobs", true}, {"top_logprobs", 4}}),
+                         config_with_defaults(), 1);
+  EXPECT_EQ(p.sampling.temperature, 0.f);
+  EXPECT_FLOAT_EQ(p.sampling.top_p, 0.5f);
+  EXPECT_EQ(p.sampling.top_k, 3);
+  EXPECT_EQ(p.sampling.seed, 9u);
+  EXPECT_EQ(*p.max_tokens, 7);
+  EXPECT_EQ(p.stop, std::vector<std::string>{"END"});
+  EXPECT_FLOAT_EQ(p.sampling.presence_penalty, 0.5f);
+  EXPECT_FLOAT_EQ(p.sampling.frequency_penalty, -0.5f);
+  EXPECT_TRUE(p.sampling.logprobs);
+  EXPECT_EQ(p.sampling.top_logprobs, 4);
+  // null means "not given".
+  p = parse_chat_request(chat({{"temperature", nullptr}, {"max_tokens", nullptr}}), config_with_defaults(), 1);
+  EXPECT_FLOAT_EQ(p.sampling.temperature, 0.6f);
+  EXPECT_FALSE(p.max_tokens.has_value());
+}
+
+TEST(OpenAISchema, ToolsAndToolChoice) {
+  ojson tools = ojson::parse(R"([{"type":"function","function":{"name":"get_weather",
+      "parameters":{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}}}])");
+  auto p = parse_chat_request(chat({{"tools", tools}}), config_with_defaults(), 1);
+  EXPECT_EQ(p.tool_choice, ToolChoice::Auto);
+  EXPECT_EQ(p.template_request["tools"], tools);
+  p = parse_chat_request(chat({{"tools", tools}, {"tool_choice", "none"}}), config_with_defaults(), 1);
+  EXPECT_EQ(p.tool_choice, ToolChoice::None);
+  EXPECT_FALSE(p.template_request.contains("tools"));
+  EXPECT_TRUE(p.tools.is_null());
+  p = parse_chat_request(chat({{"tools", tools}, {"tool_choice", {{"type", "function"}, {"function", {{"name", "get_weather"}}}}}}),
+                         config_with_defaults(), 1);
+  EXPECT_EQ(p.tool_choice, ToolChoice::Function);
+  EXPECT_EQ(p.tool_choice_name, "get_weather");
+  p = parse_chat_request(chat({{"tools", tools}, {"tool_choice", "required"}}), config_with_defaults(), 1);
+  EXPECT_EQ(p.tool_choice, ToolChoice::Required);
+  // chat_template_kwargs pass through; top-level enable_thinking is folded in.
+  p = parse_chat_request(chat({{"chat_template_kwargs", {{"enable_thinking", false}, {"x", 1}}}}), config_with_defaults(), 1);
+  EXPECT_EQ(p.template_request["chat_template_kwargs"]["enable_thinking"], false);
+  EXPECT_EQ(p.template_request["chat_template_kwargs"]["x"], 1);
+  p = parse_chat_request(chat({{"enable_thinking", false}}), config_with_defaults(), 1);
+  EXPECT_EQ(p.template_request["chat_template_kwargs"]["enable_thinking"], false);
+}
+
+TEST(OpenAISchema, ErrorsNameTheParameter) {
+  int status = 0;
+  std::string code;
+  EXPECT_EQ(error_param(ojson::object(), &status, &code), "messages");
+  EXPECT_EQ(status, 400);
+  EXPECT_EQ(code, "missing_required_parameter");
+  EXPECT_EQ(error_param(chat({{"temperature", "1"}}), nullptr, &code), "temperature");
+  EXPECT_EQ(code, "invalid_type");
+  EXPECT_EQ(error_param(chat({{"top_p", 0}})), "top_p");
+  EXPECT_EQ(error_param(chat({{"n", 3}})), "n");
+  EXPECT_EQ(error_param(chat({{"stop", {1, 2}}})), "stop");
+  EXPECT_EQ(error_param(chat({{"stream_options", {{"include_usage", true}}}})), "stream_options");
+  EXPECT_EQ(error_param(chat({{"logprobs", true}, {"top_logprobs", 30}})), "top_logprobs");
+  EXPECT_EQ(error_param(chat({{"response_format", {{"type", "json_schema"}}}})), "response_format");
+  EXPECT_EQ(error_param(chat({{"tools", {{{"type", "function"}, {"function", {{"name", ""}}}}}}})), "tools[0].function.name");
+  EXPECT_EQ(error_param(chat({{"tools", {{{"type", "function"}, {"function", {{"name", "a"}}}},
+                                         {{"type", "function"}, {"function", {{"name", "a"}}}}}}})),
+            "tools[1].function.name");
+  EXPECT_EQ(error_param(chat({{"tool_choice", "maybe"}})), "tool_choice");
+  ojson m = {{"messages", {{{"role", "user"}, {"content", {{{"type", "text"}}}}}}}};
+  EXPECT_EQ(error_param(m), "messages[0].content[0].text");
+  m = {{"messages", {{{"role", "user"}, {"content", "a"}}, {{"role", "assistant"}, {"content", "b"}}}}};
+  EXPECT_EQ(error_param(m, nullptr, &code), "messages");
+  EXPECT_EQ(code, "invalid_last_message");
+  m = {{"messages", {{{"content", "a"}}}}};
+  EXPECT_EQ(error_param(m), "messages[0].role");
+  // Valid odd-but-allowed shapes.
+  m = ojson::parse(R"({"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]},
+     {"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{\"x\":1}"}}]},
+     {"role":"tool","tool_call_id":"c1","content":"42"}], "unknown_field": {"a": 1}})");
+  EXPECT_NO_THROW(parse_chat_request(m, config_with_defaults(), 1));
+}
+
+TEST(OpenAISchema, CompletionPrompts) {
+  auto cfg = config_with_defaults();
+  auto p = parse_completion_request(ojson{{"prompt", "abc"}}, cfg, 1);
+  EXPECT_EQ(p.prompt_text, "abc");
+  EXPECT_EQ(*p.max_tokens, 16);
+  p = parse_completion_request(ojson{{"prompt", {"xyz"}}, {"max_tokens", 3}, {"logprobs", 2}}, cfg, 1);
+  EXPECT_EQ(p.prompt_text, "xyz");
+  EXPECT_EQ(*p.max_tokens, 3);
+  EXPECT_TRUE(p.sampling.logprobs);
+  EXPECT_EQ(p.sampling.top_logprobs, 2);
+  p = parse_completion_request(ojson{{"prompt", {1, 2, 3}}}, cfg, 1);
+  EXPECT_EQ(*p.prompt_ids, (std::vector<int32_t>{1, 2, 3}));
+  p = parse_completion_request(ojson{{"prompt", {{4, 5}}}}, cfg, 1);
+  EXPECT_EQ(*p.prompt_ids, (std::vector<int32_t>{4, 5}));
+  EXPECT_THROW(parse_completion_request(ojson{{"prompt", {1000}}}, cfg, 1), ApiError);
+  EXPECT_THROW(parse_completion_request(ojson{{"prompt", {"a", "b"}}}, cfg, 1), ApiError);
+  EXPECT_THROW(parse_completion_request(ojson{{"prompt", ""}}, cfg, 1), ApiError);
+  EXPECT_THROW(parse_completion_request(ojson{{"prompt", "a"}, {"echo", true}}, cfg, 1), ApiError);
+}
