@@ -1,0 +1,332 @@
+// End-to-end test of hybrid routing: `lilac serve --upstream ...` (the router) in front of a second
+// `lilac serve` process (the "cloud"), with a recording proxy between them that keeps every request the
+// upstream receives. Driven by the official `openai` npm client, streaming and not. Both servers use the
+// scripted backend, so the answer says who produced it ("Hello from local." / "Hello from the cloud.").
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import { createRequire } from 'node:module';
+import fs from 'node:fs';
+import http from 'node:http';
+import os from 'node:os';
+import path from 'node:path';
+
+const LILAC = process.env.LILAC_BINARY;
+const SHARED = process.env.LILAC_SHARED_DIR;
+const SOURCE = process.env.LILAC_SOURCE_DIR || path.resolve(import.meta.dirname, '../..');
+if (!LILAC || !SHARED) throw new Error('set LILAC_BINARY and LILAC_SHARED_DIR (ctest does)');
+const require = createRequire(`${SOURCE}/package.json`);
+const OpenAI = require('openai');
+
+const KEY = 'sk-hybrid-e2e-SECRET-9f8e7d6c5b4a39281706';
+const live = new Set();
+process.on('exit', () => { for (const p of live) try { p.kill('SIGKILL'); } catch {} });
+
+// A model folder for the scripted backend: tokenizer + chat template only.
+const work = fs.mkdtempSync(path.join(os.tmpdir(), 'lilac-hybrid-'));
+const modelDir = path.join(work, 'model');
+fs.mkdirSync(modelDir);
+for (const f of ['tokenizer.json', 'tokenizer_config.json'])
+  fs.copyFileSync(path.join(SHARED, 'fixtures/qwen3-tokenizer', f), path.join(modelDir, f));
+fs.copyFileSync(path.join(SHARED, 'fixtures/qwen3.6-template/chat_template.jinja'), path.join(modelDir, 'chat_template.jinja'));
+const writeJson = (name, obj) => { const f = path.join(work, name); fs.writeFileSync(f, JSON.stringify(obj)); return f; };
+const cloudScript = writeJson('cloud.json', { default: { reply: '</think>\n\nHello from the cloud.' } });
+const localScript = writeJson('local.json', { default: { reply: '</think>\n\nHello from local.' } });
+const policy = writeJson('policy.json', {
+  default_route: 'cloud',
+  rules: [{ name: 'falcon', keywords: ['project falcon'] }],
+  upstream: { connect_timeout_ms: 1000, read_timeout_ms: 20000, models_timeout_ms: 1000, models_cache_s: 0 },
+});
+const strictPolicy = writeJson('strict.json', {
+  fallback: { upstream_failure_to_local: false },
+  upstream: { connect_timeout_ms: 1000, read_timeout_ms: 20000, models_timeout_ms: 1000 },
+});
+
+async function startLilac(args, env = {}) {
+  const proc = spawn(LILAC, ['serve', '--model', modelDir, '--port', '0', ...args], {
+    stdio: ['ignore', 'pipe', 'pipe'],
+    env: { ...process.env, LILAC_LOG: 'info', ...env },
+  });
+  live.add(proc);
+  let out = '';
+  let log = '';
+  proc.stderr.on('data', (d) => { log += d; });
+  const url = await new Promise((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error(`lilac serve did not start:\n${out}${log}`)), 60000);
+    proc.stdout.on('data', (d) => {
+      out += d;
+      const m = out.match(/listening on (http:\/\/[0-9.]+:\d+)/);
+      if (m) { clearTimeout(timer); resolve(m[1]); }
+    });
+    proc.on('exit', (code) => { clearTimeout(timer); reject(new Error(`lilac serve exited ${code}:\n${out}${log}`)); });
+  });
+  for (const deadline = Date.now() + 60000; ;) {
+    const h = await fetch(`${url}/health`).catch(() => null);
+    if (h && h.status === 200) break;
+    if (Date.now() > deadline) throw new Error(`not healthy:\n${out}${log}`);
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  return {
+    url,
+    output: () => out + log,
+    async stop() {
+      if (proc.exitCode !== null) return;
+      const done = new Promise((r) => proc.on('exit', r));
+      proc.kill('SIGTERM');
+      const t = setTimeout(() => proc.kill('SIGKILL'), 5000);
+      await done;
+      clearTimeout(t);
+      live.delete(proc);
+    },
+  };
+}
+
+// The recording upstream: keeps every request (method, path, headers, body), then proxies it to the cloud
+// server (streams piped as they come) or, depending on `mode`, fails.
+function startRecorder(target) {
+  const rec = { seen: [], mode: 'proxy', port: 0 };
+  const server = http.createServer((req, res) => {
+    let body = '';
+    req.on('data', (d) => { body += d; });
+    req.on('end', () => {
+      rec.seen.push({ method: req.method, url: req.url, headers: req.headers, body });
+      if (rec.mode === 'down') { req.socket.destroy(); return; }
+      if (rec.mode === 'fail500') {
+        res.writeHead(500, { 'content-type': 'application/json' });
+        res.end(JSON.stringify({ error: { message: 'cloud exploded', type: 'server_error' } }));
+        return;
+      }
+      if (rec.mode === 'fail400') {
+        res.writeHead(400, { 'content-type': 'application/json' });
+        res.end(JSON.stringify({ error: { message: 'upstream says no', type: 'invalid_request_error', param: 'messages', code: null } }));
+        return;
+      }
+      const u = new URL(target);
+      const headers = { ...req.headers, host: u.host };
+      delete headers['content-length'];
+      const up = http.request({ host: u.hostname, port: u.port, path: req.url, method: req.method, headers }, (ur) => {
+        res.writeHead(ur.statusCode, ur.headers);
+        ur.pipe(res);
+      });
+      up.on('error', () => { res.writeHead(502); res.end(); });
+      up.end(body);
+    });
+  });
+  return new Promise((resolve) => server.listen(0, '127.0.0.1', () => {
+    rec.port = server.address().port;
+    rec.url = `http://127.0.0.1:${rec.port}`;
+    rec.close = () => new Promise((r) => { server.closeAllConnections?.(); server.close(r); });
+    resolve(rec);
+  }));
+}
+
+let cloud, recorder, router, strict, client;
+before(async () => {
+  cloud = await startLilac(['--backend', `scripted:${cloudScript}`, '--model-name', 'cloud-model', '--api-key', KEY]);
+  recorder = await startRecorder(cloud.url);
+  const common = ['--backend', `scripted:${localScript}`, '--model-name', 'local-model',
+    '--upstream', recorder.url, '--upstream-model', 'cloud-model', '--upstream-key-env', 'HYBRID_E2E_KEY'];
+  router = await startLilac([...common, '--route-policy', policy], { HYBRID_E2E_KEY: KEY });
+  strict = await startLilac([...common, '--route-policy', strictPolicy], { HYBRID_E2E_KEY: KEY });
+  client = new OpenAI({ baseURL: `${router.url}/v1`, apiKey: 'client-side-key-unused', maxRetries: 0, timeout: 30000 });
+});
+after(async () => {
+  await router?.stop();
+  await strict?.stop();
+  await recorder?.close();
+  await cloud?.stop();
+  fs.rmSync(work, { recursive: true, force: true });
+});
+
+const user = (content) => [{ role: 'user', content }];
+const chatPosts = () => recorder.seen.filter((r) => r.method === 'POST');
+
+async function chat(params, options = {}) {
+  const { data, response } = await client.chat.completions
+    .create({ model: 'local-model', max_tokens: 32, temperature: 0, ...params }, options).withResponse();
+  return { data, route: response.headers.get('x-lilac-route') };
+}
+
+async function chatStream(params, options = {}) {
+  const { data: stream, response } = await client.chat.completions
+    .create({ model: 'local-model', max_tokens: 32, temperature: 0, stream: true, stream_options: { include_usage: true }, ...params }, options)
+    .withResponse();
+  let content = '';
+  const routes = new Set();
+  let usage = null;
+  let chunks = 0;
+  for await (const chunk of stream) {
+    chunks++;
+    routes.add(chunk.lilac_route);
+    if (chunk.choices?.[0]?.delta?.content) content += chunk.choices[0].delta.content;
+    if (chunk.usage) usage = chunk.usage;
+  }
+  return { content, routes: [...routes], usage, chunks, route: response.headers.get('x-lilac-route') };
+}
+
+test('GET /v1/models lists the local model and the upstream models, prefixed', async () => {
+  const ids = [];
+  for await (const m of client.models.list()) ids.push(m.id);
+  assert.ok(ids.includes('local-model'), ids.join(','));
+  assert.ok(ids.includes('cloud/cloud-model'), ids.join(','));
+});
+
+test('a plain request goes to the cloud: model rewritten, lilac field stripped, Bearer key sent', async () => {
+  const before = chatPosts().length;
+  const { data, route } = await chat({ messages: user('What is the capital of France?'), lilac: { route: 'auto' } });
+  assert.equal(route, 'cloud');
+  assert.equal(data.lilac_route, 'cloud');
+  assert.equal(data.choices[0].message.content, 'Hello from the cloud.');
+  assert.ok(data.usage.prompt_tokens > 0 && data.usage.completion_tokens > 0);
+  const posts = chatPosts();
+  assert.equal(posts.length, before + 1);
+  const sent = posts.at(-1);
+  assert.equal(sent.url, '/v1/chat/completions');
+  assert.equal(sent.headers.authorization, `Bearer ${KEY}`);
+  const body = JSON.parse(sent.body);
+  assert.equal(body.model, 'cloud-model');
+  assert.equal(body.lilac, undefined);
+  assert.equal(body.messages[0].content, 'What is the capital of France?');
+});
+
+test('streaming from the cloud is passed through, every chunk marked, usage kept', async () => {
+  const s = await chatStream({ messages: user('Tell me something nice.') });
+  assert.equal(s.route, 'cloud');
+  assert.equal(s.content, 'Hello from the cloud.');
+  assert.deepEqual(s.routes, ['cloud']);
+  assert.ok(s.usage && s.usage.completion_tokens > 0);
+  assert.ok(s.chunks >= 3);
+  assert.equal(JSON.parse(chatPosts().at(-1).body).stream, true);
+});
+
+const SECRETS = {
+  email: 'jane.roe@example.org',
+  iban: 'DE89 3704 0044 0532 0130 00',
+  card: '4111 1111 1111 1111',
+  ssn: '078-05-1120',
+  keyword: 'Project Falcon',
+  apikey: 'ghp_aBcDeFgHiJkLmNoPqRsTuVwXyZ0123456789',
+  phone: '+44 20 7946 0958',
+};
+
+test('sensitive data never leaves: every part of a request, streaming or not, explicit cloud or not', async () => {
+  const before = chatPosts().length;
+  const cases = [
+    { messages: user(`Please email ${SECRETS.email} the summary.`) },
+    { messages: [{ role: 'system', content: `Pay to ${SECRETS.iban}.` }, ...user('What do I owe?')] },
+    {
+      messages: [
+        ...user('Charge the customer.'),
+        { role: 'assistant', content: null, tool_calls: [{ id: 'c1', type: 'function', function: { name: 'lookup', arguments: '{}' } }] },
+        { role: 'tool', tool_call_id: 'c1', content: `card on file: ${SECRETS.card}` },
+      ],
+    },
+    {
+      messages: [
+        ...user('Verify the person.'),
+        { role: 'assistant', content: '', tool_calls: [{ id: 'c2', type: 'function', function: { name: 'verify', arguments: JSON.stringify({ ssn: SECRETS.ssn }) } }] },
+        { role: 'tool', tool_call_id: 'c2', content: 'ok' },
+      ],
+    },
+    { messages: [{ role: 'user', content: [{ type: 'text', text: `Status of ${SECRETS.keyword}?` }] }] },
+    { messages: user(`my token is ${SECRETS.apikey}`), lilac: { route: 'cloud' } },
+    { messages: user(`call me at ${SECRETS.phone}`), model: 'cloud/cloud-model' },
+  ];
+  for (const c of cases) {
+    const r = await chat(c);
+    assert.equal(r.route, 'local', JSON.stringify(c));
+    assert.equal(r.data.lilac_route, 'local');
+    assert.equal(r.data.choices[0].message.content, 'Hello from local.');
+    const s = await chatStream(c, { headers: { 'x-lilac-route': 'cloud' } });
+    assert.equal(s.route, 'local');
+    assert.equal(s.content, 'Hello from local.');
+    assert.deepEqual(s.routes, ['local']);
+  }
+  // /v1/completions prompts too.
+  const comp = await client.completions.create({ model: 'local-model', prompt: `SSN ${SECRETS.ssn}:`, max_tokens: 8 }).withResponse();
+  assert.equal(comp.response.headers.get('x-lilac-route'), 'local');
+  assert.equal(chatPosts().length, before, 'the upstream received a request it must not see');
+});
+
+test('explicit local (body or header) and stickiness keep a conversation local', async () => {
+  const before = chatPosts().length;
+  const turn1 = [{ role: 'system', content: 'You are terse.' }, ...user('Draft a note about my diagnosis.')];
+  let r = await chat({ messages: turn1 }, { headers: { 'x-lilac-route': 'local' } });
+  assert.equal(r.route, 'local');
+  r = await chat({ messages: user('Another private thing.'), lilac: { route: 'local' } });
+  assert.equal(r.route, 'local');
+  const turn2 = [...turn1, { role: 'assistant', content: r.data.choices[0].message.content }, ...user('Shorter, please.')];
+  r = await chat({ messages: turn2 });
+  assert.equal(r.route, 'local', 'the continuation of a local conversation went to the cloud');
+  const s = await chatStream({ messages: turn2 });
+  assert.equal(s.route, 'local');
+  assert.equal(chatPosts().length, before);
+  // A new conversation is not sticky.
+  r = await chat({ messages: [{ role: 'system', content: 'You are terse.' }, ...user('Weather talk.')] });
+  assert.equal(r.route, 'cloud');
+});
+
+test('completions go upstream too, and a named upstream model is honoured', async () => {
+  const { data, response } = await client.completions
+    .create({ model: 'cloud/cloud-model', prompt: 'Once upon a time', max_tokens: 8 }).withResponse();
+  assert.equal(response.headers.get('x-lilac-route'), 'cloud');
+  assert.equal(data.lilac_route, 'cloud');
+  const sent = chatPosts().at(-1);
+  assert.equal(sent.url, '/v1/completions');
+  assert.equal(JSON.parse(sent.body).model, 'cloud-model');
+});
+
+test('upstream client errors (4xx) are passed through', async () => {
+  recorder.mode = 'fail400';
+  try {
+    await assert.rejects(chat({ messages: user('hello there') }), (e) => {
+      assert.equal(e.status, 400);
+      assert.match(e.message, /upstream says no/);
+      return true;
+    });
+  } finally {
+    recorder.mode = 'proxy';
+  }
+});
+
+test('upstream down or failing: served locally when the policy allows, else a clear 502', async () => {
+  for (const mode of ['down', 'fail500']) {
+    recorder.mode = mode;
+    try {
+      const r = await chat({ messages: user(`plain question (${mode})`) });
+      assert.equal(r.route, 'local');
+      assert.equal(r.data.choices[0].message.content, 'Hello from local.');
+      const s = await chatStream({ messages: user(`plain stream (${mode})`) });
+      assert.equal(s.route, 'local');
+      assert.equal(s.content, 'Hello from local.');
+      const strictClient = new OpenAI({ baseURL: `${strict.url}/v1`, apiKey: 'x', maxRetries: 0, timeout: 30000 });
+      for (const stream of [false, true]) {
+        await assert.rejects(
+          strictClient.chat.completions.create({ model: 'local-model', messages: user('plain'), max_tokens: 8, stream }),
+          (e) => {
+            assert.equal(e.status, 502);
+            assert.match(e.message, /upstream/);
+            assert.ok(!e.message.includes(KEY));
+            return true;
+          });
+      }
+    } finally {
+      recorder.mode = 'proxy';
+    }
+  }
+});
+
+test('nothing sensitive ever reached the upstream, and the API key is never logged', async () => {
+  const all = recorder.seen.map((r) => r.body).join('\n');
+  for (const [name, value] of Object.entries(SECRETS)) assert.ok(!all.includes(value), `${name} was sent upstream`);
+  assert.ok(!all.toLowerCase().includes('project falcon'));
+  for (const srv of [router, strict, cloud]) {
+    const log = srv.output();
+    assert.ok(!log.includes(KEY), 'the upstream API key appears in a log');
+    assert.ok(!log.includes(KEY.slice(0, 20)), 'part of the upstream API key appears in a log');
+  }
+  assert.match(router.output(), /route: cloud \(default\)/);
+  assert.match(router.output(), /route: local \(sensitive: email\)/);
+  assert.match(router.output(), /API key from \$HYBRID_E2E_KEY/);
+  for (const value of Object.values(SECRETS)) assert.ok(!router.output().includes(value), 'a detected value was logged');
+});
