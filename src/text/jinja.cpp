@@ -1577,8 +1577,9 @@ class Interp {
         return Flow::Normal;
       }
       case Stmt::SetBlock: {
+        // jinja2 compiles the capture inline: break/continue inside it act on the enclosing loop.
         std::string captured;
-        exec(s.body, child(sc), captured);
+        if (Flow f = exec(s.body, child(sc), captured); f != Flow::Normal) return f;
         Value v = apply_filters(s.filters, Value::string(std::move(captured)), sc);
         sc->vars[s.targets[0]] = std::move(v);
         return Flow::Normal;
@@ -1588,7 +1589,7 @@ class Interp {
       case Stmt::Continue: return Flow::Continue;
       case Stmt::FilterBlock: {
         std::string captured;
-        exec(s.body, child(sc), captured);
+        if (Flow f = exec(s.body, child(sc), captured); f != Flow::Normal) return f;
         out += apply_filters(s.filters, Value::string(std::move(captured)), sc).str();
         return Flow::Normal;
       }
@@ -1641,10 +1642,9 @@ class Interp {
       }
       items = std::move(kept);
     }
-    if (items.empty()) {
-      exec(s.else_body, child(sc), out);
-      return Flow::Normal;
-    }
+    // jinja2 marks the loop as "iterated" at the end of the body, so the else block also runs when every
+    // iteration ended in continue/break; a break/continue inside the else block acts on the outer loop.
+    bool completed = false;
     int64_t n = static_cast<int64_t>(items.size());
     for (int64_t k = 0; k < n; ++k) {
       auto is = child(sc);
@@ -1669,7 +1669,9 @@ class Interp {
       is->vars["loop"] = std::move(loop);
       Flow f = exec(s.body, is, out);
       if (f == Flow::Break) break;
+      if (f == Flow::Normal) completed = true;
     }
+    if (!completed) return exec(s.else_body, child(sc), out);
     return Flow::Normal;
   }
 

@@ -181,7 +181,10 @@ std::string float_repr(double v) {
   std::string out = neg ? "-" : "";
   if (exp < -4 || exp >= 16) {
     out += digits[0];
-    if (digits.size() > 1) out += "." + digits.substr(1);
+    if (digits.size() > 1) {
+      out += '.';
+      out.append(digits, 1, std::string::npos);
+    }
     char e[16];
     std::snprintf(e, sizeof e, "e%c%02d", exp < 0 ? '-' : '+', exp < 0 ? -exp : exp);
     out += e;
@@ -190,7 +193,9 @@ std::string float_repr(double v) {
     if (digits.size() <= int_len) {
       out += digits + std::string(int_len - digits.size(), '0') + ".0";
     } else {
-      out += digits.substr(0, int_len) + "." + digits.substr(int_len);
+      out.append(digits, 0, int_len);
+      out += '.';
+      out.append(digits, int_len, std::string::npos);
     }
   } else {
     out += "0." + std::string(static_cast<size_t>(-exp - 1), '0') + digits;

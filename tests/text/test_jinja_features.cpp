@@ -454,6 +454,18 @@ part! user {"role": "system", "content": "Sys prompt"}2)J"},
      R"J([{{ 'plain' % {'a': 1} }}][{{ '%s' % {'a': 1} }}][{{ '' % [] }}])J",
      R"J({})J",
      R"J([plain][{'a': 1}][])J"},
+    {"for_else_after_continue_everywhere",
+     R"J({% for x in xs %}{% if x %}{% continue %}{% endif %}{{ x }}{% else %}E{% endfor %}|{% for x in xs %}{% break %}{% else %}E2{% endfor %}|{% for x in xs %}{{ x }}{% else %}E3{% endfor %})J",
+     R"J({"xs": [1, 2]})J",
+     R"J(E|E2|12)J"},
+    {"continue_inside_set_block",
+     R"J({% for i in range(3) %}{% set y %}<{{ i }}>{% if i == 1 %}{% continue %}{% endif %}{% endset %}{{ y }}{% endfor %})J",
+     R"J({})J",
+     R"J(<0><2>)J"},
+    {"macro_scope_and_defaults",
+     R"J({% set ns = namespace(a=0) %}{% macro m1(v, w=x) %}[{{ v }}|{{ w }}|{{ i }}{% set ns.a = ns.a + 1 %}{% set x = 'mx' %}{{ x }}]{% endmacro %}{% for i in [1, 2] %}{% set x = 'loop' %}{{ m1(i) }}{% endfor %}{{ x }}{{ ns.a }})J",
+     R"J({"x": "X"})J",
+     R"J([1|X|mx][2|X|mx]X2)J"},
 };
 
 class JinjaFeature : public ::testing::TestWithParam<Case> {};
