@@ -13,6 +13,7 @@
 #include "core/bf16.h"
 #include "core/error.h"
 #include "core/mapped_file.h"
+#include "engine/sampler.h"
 #include "model/safetensors.h"
 
 namespace lilac {
@@ -60,22 +61,6 @@ std::vector<float> float_vector(const TensorSet& ts, const std::string& name) {
   const TensorInfo& t = ts.get(name);
   if (t.shape.size() != 1) throw Error(ts.origin() + ": tensor " + name + " must be 1-D, is " + t.shape_str());
   return tensor_to_floats(t);
-}
-
-// -log softmax(x)[target], in double.
-double nll(const float* x, int64_t n, int32_t target) {
-  float mx = x[0];
-  for (int64_t i = 1; i < n; ++i) mx = std::max(mx, x[i]);
-  double s = 0;
-  for (int64_t i = 0; i < n; ++i) s += std::exp(double(x[i]) - mx);
-  return std::log(s) + mx - double(x[target]);
-}
-
-int64_t argmax_row(const float* x, int64_t n) {
-  int64_t b = 0;
-  for (int64_t i = 1; i < n; ++i)
-    if (x[i] > x[b]) b = i;
-  return b;
 }
 
 // Half a unit in the last place of `x` rounded to bf16 (8 significant bits).
@@ -166,15 +151,16 @@ GoldenReport run_golden(Backend& backend, const std::string& golden_path, const 
           d2 += d * d;
           r2 += double(row[static_cast<size_t>(j)]) * row[static_cast<size_t>(j)];
         }
-        const bool agree = argmax_row(e, V) == top1[static_cast<size_t>(pos)];
+        const bool agree = argmax(std::span<const float>(e, static_cast<size_t>(V))) == top1[static_cast<size_t>(pos)];
         r.top1_agree += agree;
         if (margin[static_cast<size_t>(pos)] >= opts.confident_margin) {
           r.confident++;
           r.confident_agree += agree;
         }
         if (pos + 1 < r.length) {
-          nll_e += nll(e, V, tokens[static_cast<size_t>(pos + 1)]);
-          nll_o += nll(row.data(), V, tokens[static_cast<size_t>(pos + 1)]);
+          const int32_t next = tokens[static_cast<size_t>(pos + 1)];
+          nll_e -= token_logprob(std::span<const float>(e, static_cast<size_t>(V)), next);
+          nll_o -= token_logprob(row, next);
         }
       }
     };
