@@ -155,6 +155,7 @@ TokenChoice HostSampler::sample(std::span<const float> logits) {
     choice.top = top_logprobs(logits, p.top_logprobs);
   }
   // Record as generated.
+  if (int64_t(seen_mask_.size()) != vocab_) seen_mask_.assign(static_cast<size_t>(vocab_), 0);  // no begin() yet
   counts_[choice.token]++;
   if (choice.token >= 0 && choice.token < vocab_ && !seen_mask_[size_t(choice.token)]) {
     seen_mask_[size_t(choice.token)] = 1;

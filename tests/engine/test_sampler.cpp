@@ -24,6 +24,13 @@ TEST(Sampler, ArgmaxTiesToLowerId) {
   EXPECT_EQ(argmax(y), 1);
 }
 
+TEST(Sampler, WorksWithoutBeginAsGreedy) {
+  HostSampler s(4);
+  std::vector<float> x = {0.f, 1.f, 3.f, 2.f};
+  EXPECT_EQ(s.sample(x).token, 2);
+  EXPECT_EQ(s.sample(x).token, 2);
+}
+
 TEST(Sampler, GreedyAtTemperatureZero) {
   HostSampler s(5);
   SamplingParams p;  // temperature 0
