@@ -31,12 +31,16 @@ for (const f of ['tokenizer.json', 'tokenizer_config.json'])
 fs.copyFileSync(path.join(SHARED, 'fixtures/qwen3.6-template/chat_template.jinja'), path.join(modelDir, 'chat_template.jinja'));
 const writeJson = (name, obj) => { const f = path.join(work, name); fs.writeFileSync(f, JSON.stringify(obj)); return f; };
 const cloudScript = writeJson('cloud.json', { default: { reply: '</think>\n\nHello from the cloud.' } });
-const localScript = writeJson('local.json', { default: { reply: '</think>\n\nHello from local.' } });
+const localScript = writeJson('local.json', {
+  rules: [{ match: 'forever', reply: ' tick', repeat: true, delay_ms: 20 }],
+  default: { reply: '</think>\n\nHello from local.' },
+});
 const policy = writeJson('policy.json', {
   default_route: 'cloud',
   rules: [{ name: 'falcon', keywords: ['project falcon'] }],
   upstream: { connect_timeout_ms: 1000, read_timeout_ms: 20000, models_timeout_ms: 1000, models_cache_s: 0 },
 });
+const busyPolicy = writeJson('busy.json', { default_route: 'local' });
 const strictPolicy = writeJson('strict.json', {
   fallback: { upstream_failure_to_local: false },
   upstream: { connect_timeout_ms: 1000, read_timeout_ms: 20000, models_timeout_ms: 1000 },
@@ -120,7 +124,7 @@ function startRecorder(target) {
   }));
 }
 
-let cloud, recorder, router, strict, client;
+let cloud, recorder, router, strict, busy, client;
 before(async () => {
   cloud = await startLilac(['--backend', `scripted:${cloudScript}`, '--model-name', 'cloud-model', '--api-key', KEY]);
   recorder = await startRecorder(cloud.url);
@@ -128,11 +132,13 @@ before(async () => {
     '--upstream', recorder.url, '--upstream-model', 'cloud-model', '--upstream-key-env', 'HYBRID_E2E_KEY'];
   router = await startLilac([...common, '--route-policy', policy], { HYBRID_E2E_KEY: KEY });
   strict = await startLilac([...common, '--route-policy', strictPolicy], { HYBRID_E2E_KEY: KEY });
+  busy = await startLilac([...common, '--route-policy', busyPolicy, '--max-queue', '1'], { HYBRID_E2E_KEY: KEY });
   client = new OpenAI({ baseURL: `${router.url}/v1`, apiKey: 'client-side-key-unused', maxRetries: 0, timeout: 30000 });
 });
 after(async () => {
   await router?.stop();
   await strict?.stop();
+  await busy?.stop();
   await recorder?.close();
   await cloud?.stop();
   fs.rmSync(work, { recursive: true, force: true });
@@ -316,11 +322,34 @@ test('upstream down or failing: served locally when the policy allows, else a cl
   }
 });
 
+test('local busy: a plain request goes to the cloud, a sensitive one stays local (429)', async () => {
+  const busyClient = new OpenAI({ baseURL: `${busy.url}/v1`, apiKey: 'x', maxRetries: 0, timeout: 30000 });
+  const plain = await busyClient.chat.completions.create({ model: 'local-model', messages: user('idle: plain'), max_tokens: 8 }).withResponse();
+  assert.equal(plain.response.headers.get('x-lilac-route'), 'local');  // default_route local while idle
+  const ac = new AbortController();
+  const long = await busyClient.chat.completions.create(
+    { model: 'local-model', messages: user('forever'), max_tokens: 2000, stream: true }, { signal: ac.signal });
+  const it = long[Symbol.asyncIterator]();
+  await it.next();  // the generation runs: the queue (1) is full
+  try {
+    const r = await busyClient.chat.completions.create({ model: 'local-model', messages: user('busy: plain'), max_tokens: 8 }).withResponse();
+    assert.equal(r.response.headers.get('x-lilac-route'), 'cloud');
+    assert.equal(r.data.choices[0].message.content, 'Hello from the cloud.');
+    await assert.rejects(
+      busyClient.chat.completions.create({ model: 'local-model', messages: user(`busy: ${SECRETS.email}`), max_tokens: 8 }),
+      (e) => { assert.equal(e.status, 429); return true; });
+  } finally {
+    ac.abort();
+    await it.return?.().catch(() => {});
+  }
+  assert.match(busy.output(), /route: cloud \(busy\)/);
+});
+
 test('nothing sensitive ever reached the upstream, and the API key is never logged', async () => {
   const all = recorder.seen.map((r) => r.body).join('\n');
   for (const [name, value] of Object.entries(SECRETS)) assert.ok(!all.includes(value), `${name} was sent upstream`);
   assert.ok(!all.toLowerCase().includes('project falcon'));
-  for (const srv of [router, strict, cloud]) {
+  for (const srv of [router, strict, busy, cloud]) {
     const log = srv.output();
     assert.ok(!log.includes(KEY), 'the upstream API key appears in a log');
     assert.ok(!log.includes(KEY.slice(0, 20)), 'part of the upstream API key appears in a log');
