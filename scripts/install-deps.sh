@@ -6,7 +6,10 @@ SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
 PKGS=(build-essential cmake ninja-build pkg-config git curl ca-certificates
       libcpp-httplib-dev nlohmann-json3-dev libpcre2-dev libutf8proc-dev libcli11-dev
-      libgtest-dev libgmock-dev libbenchmark-dev nodejs npm)
+      libgtest-dev libgmock-dev libbenchmark-dev)
+# Node.js + npm: any installation will do (Debian's packages, or nodesource's nodejs which bundles npm).
+if ! command -v node >/dev/null 2>&1; then PKGS+=(nodejs); fi
+if ! command -v npm >/dev/null 2>&1; then PKGS+=(npm); fi
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
