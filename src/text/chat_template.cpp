@@ -169,7 +169,15 @@ std::string render_chat_request(const ChatTemplate& tmpl, const ordered_json& re
     agp = request["add_generation_prompt"].get<bool>();
   }
   vars["add_generation_prompt"] = agp;
-  return tmpl.render(vars);
+  try {
+    return tmpl.render(vars);
+  } catch (const InputError&) {
+    throw;
+  } catch (const Error& e) {
+    // The template rejected this request (raise_exception, or e.g. content of a type it cannot handle):
+    // the request is at fault, as servers such as vLLM answer (400).
+    throw InputError(e.what());
+  }
 }
 
 }  // namespace lilac

@@ -113,9 +113,7 @@ TEST(ChatTemplate, InvalidJsonArgumentsStayAString) {
   try {
     lilac::render_chat_request(*qwen36, req);
     FAIL() << "expected an error";
-  } catch (const lilac::InputError&) {
-    FAIL() << "a template error is not an input error";
-  } catch (const lilac::Error& e) {
+  } catch (const lilac::InputError& e) {
     EXPECT_NE(std::string(e.what()).find("Can only get item pairs from a mapping"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("chat_template.jinja:"), std::string::npos) << e.what();
   }
@@ -145,7 +143,7 @@ TEST(ChatTemplate, RaiseExceptionFromTemplate) {
     try {
       lilac::render_chat_request(*tmpl, ordered_json::parse(request));
       ADD_FAILURE() << "expected raise_exception: " << msg;
-    } catch (const lilac::Error& e) {
+    } catch (const lilac::InputError& e) {  // the request is at fault
       EXPECT_NE(std::string(e.what()).find(msg), std::string::npos) << e.what();
     }
   };
@@ -157,6 +155,18 @@ TEST(ChatTemplate, RaiseExceptionFromTemplate) {
   expect_raise(R"({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]},
                                 {"role": "system", "content": [{"type": "image", "image": "x"}]}]})",
                "System message must be at the beginning.");
+}
+
+TEST(ChatTemplate, DirectRenderErrorsAreTemplateErrors) {
+  auto tmpl = lilac::ChatTemplate::from_source("a\n{{ raise_exception('nope') }}", "inline.jinja");
+  try {
+    tmpl->render(ordered_json::object());
+    FAIL() << "expected an error";
+  } catch (const lilac::InputError&) {
+    FAIL() << "ChatTemplate::render reports template errors as lilac::Error";
+  } catch (const lilac::Error& e) {
+    EXPECT_EQ(std::string(e.what()), "inline.jinja:2:4: nope");
+  }
 }
 
 TEST(ChatTemplate, KwargsBecomeVariablesAndGenerationPromptDefaultsOn) {
