@@ -8,7 +8,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -419,6 +422,14 @@ class CudaSession : public Session {
     reset();
   }
   ~CudaSession() override {
+    if (prof_steps_ > 0) {
+      double total = 0;
+      for (auto& [k, v] : prof_ms_) total += v;
+      std::fprintf(stderr, "lilac cuda profile: %d eager decode steps, %.3f ms/step (GPU time between marks)\n",
+                   prof_steps_, total / prof_steps_);
+      for (auto& [k, v] : prof_ms_)
+        std::fprintf(stderr, "  %-22s %9.1f us/step %6.1f %%\n", k.c_str(), v / prof_steps_ * 1e3, 100 * v / total);
+    }
     if (g_body_) cudaGraphExecDestroy(g_body_);
     if (g_head_) cudaGraphExecDestroy(g_head_);
     if (g_step_) cudaGraphExecDestroy(g_step_);
@@ -509,6 +520,27 @@ class CudaSession : public Session {
 
   TokenChoice decode_step() override {
     check_room();
+    if (prof_) {  // LILAC_CUDA_PROFILE=1: eager launches with events between the kernel groups
+      prof_active_ = true;
+      mark("start");
+      enqueue_body();
+      enqueue_head();
+      mark("lm_head");
+      sample_token(logits_, cfg_.vocab_size, params_, counts_, mask_, scratch_, token_, result_, stream_);
+      mark("sample");
+      prof_active_ = false;
+      sync();
+      for (size_t i = 1; i < marks_.size(); ++i) {
+        float ms = 0;
+        LILAC_CUDA_CHECK(cudaEventElapsedTime(&ms, marks_[i - 1].second, marks_[i].second));
+        prof_ms_[marks_[i].first] += ms;
+      }
+      for (auto& m : marks_) cudaEventDestroy(m.second);
+      marks_.clear();
+      ++prof_steps_;
+      ++len_;
+      return fetch_result();
+    }
     launch(step());
     ++len_;
     return fetch_result();
@@ -594,6 +626,13 @@ class CudaSession : public Session {
   }
   void check_room() {
     if (len_ + 1 > max_len_) throw InputError("context full: " + std::to_string(max_len_) + " tokens");
+  }
+  void mark(const char* label) {
+    if (!prof_active_) return;
+    cudaEvent_t e;
+    LILAC_CUDA_CHECK(cudaEventCreate(&e));
+    LILAC_CUDA_CHECK(cudaEventRecord(e, stream_));
+    marks_.push_back({label, e});
   }
   void launch(cudaGraphExec_t g) { LILAC_CUDA_CHECK(cudaGraphLaunch(g, stream_)); }
 
@@ -682,33 +721,44 @@ class CudaSession : public Session {
   void enqueue_body() {
     const ModelConfig& c = cfg_;
     embed_gather(m_.embed, token_, h_, stream_);
+    mark("embed");
     int ai = 0, gi = 0;
     for (const DevLayer& L : m_.layers) {
       if (L.attn) {
         proj(L.qkv, h_, Prologue::RmsNorm, L.input_norm, proj_);
+        mark("attn.qkv_gemv");
         const float* k = proj_ + c.q_proj_rows();
         const float* v = k + c.kv_dim();
         attn_qk_norm_rope_append(shape_, proj_, k, v, L.q_norm, L.k_norm, m_.inv_freq, pos_, q_rot_, k_cache_[ai],
                                  v_cache_[ai], stream_);
+        mark("attn.qk_norm_rope");
         attention_decode(shape_, q_rot_, proj_, k_cache_[ai], v_cache_[ai], pos_, n_split_, partial_, attn_out_,
                          stream_);
+        mark("attn.attention");
         gemv_into(L.o_proj, attn_out_, Prologue::None, nullptr, nullptr, h_, true);
+        mark("attn.o_proj");
         ++ai;
       } else {
         const int64_t conv_dim = c.gdn_conv_dim();
         float* conv_state = conv_state_ + gi * conv_elems_;
         proj(L.in_proj, h_, Prologue::RmsNorm, L.input_norm, proj_, int(conv_dim), L.conv_w, conv_state);
+        mark("gdn.in_proj+conv");
         const float* z = proj_ + conv_dim;
         const float* b = z + c.gdn_value_dim();
         const float* a = b + c.linear_num_value_heads;
         gdn_decode_step(gshape_, proj_, b, a, L.A_log, L.dt_bias, gdn_state_ + gi * gdn_state_elems_, gdn_o_,
                         stream_);
+        mark("gdn.step");
         gemv_into(L.out_proj, gdn_o_, Prologue::GatedHeadNorm, L.gdn_norm, z, h_, true);
+        mark("gdn.out_proj");
         ++gi;
       }
       proj(L.router, h_, Prologue::RmsNorm, L.post_norm, rlogits_);
+      mark("moe.router");
       moe_gate_up(L.moe, rlogits_, h_, L.post_norm, float(c.rms_norm_eps), sel_ids_, sel_w_, act_, stream_);
+      mark("moe.gate_up");
       moe_down(L.moe, sel_ids_, sel_w_, act_, h_, stream_);
+      mark("moe.down");
     }
     increment_i32(pos_, stream_);
   }
@@ -740,6 +790,14 @@ class CudaSession : public Session {
   SampleResult* result_;
   SampleResult* host_result_ = nullptr;
   bool want_logprobs_ = false;
+  bool prof_ = [] {
+    const char* e = std::getenv("LILAC_CUDA_PROFILE");
+    return e && std::string(e) == "1";
+  }();
+  bool prof_active_ = false;
+  int prof_steps_ = 0;
+  std::vector<std::pair<std::string, cudaEvent_t>> marks_;
+  std::map<std::string, double> prof_ms_;
   cudaGraphExec_t g_body_ = nullptr, g_head_ = nullptr, g_step_ = nullptr;
   PrefillWorkspace pw_;
 };

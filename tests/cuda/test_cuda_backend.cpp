@@ -56,35 +56,42 @@ void compare_fixture(const std::string& name) {
   const uint64_t seed = std::random_device{}();
   SCOPED_TRACE(name + " seed " + std::to_string(seed));
   std::mt19937_64 rng(seed);
-  std::vector<int32_t> prompt(37);
-  for (auto& t : prompt) t = int32_t(rng() % uint64_t(c.vocab_size));
   auto cs = cpu_b->new_session(256);
   auto gs = gpu_b->new_session(256);
-  std::vector<float> cpu_rows, gpu_rows;
-  LogitsSink csink = [&](int64_t, int64_t n, const float* l) { cpu_rows.insert(cpu_rows.end(), l, l + n * c.vocab_size); };
-  LogitsSink gsink = [&](int64_t, int64_t n, const float* l) { gpu_rows.insert(gpu_rows.end(), l, l + n * c.vocab_size); };
-  cs->prefill(prompt, &csink);
-  gs->prefill(prompt, &gsink);
-  ASSERT_EQ(gpu_rows.size(), cpu_rows.size());
-  EXPECT_LE(rel(gpu_rows, cpu_rows), 3e-3);  // bf16 KV cache; everything else fp32
-  EXPECT_EQ(gs->length(), 37);
-  // greedy continuation
+  std::vector<int32_t> prompt, gpu_tokens;
+  std::shared_ptr<const SessionSnapshot> snap;
   SamplingParams greedy;
-  cs->begin_generation(greedy, prompt);
-  gs->begin_generation(greedy, prompt);
-  auto snap = gs->snapshot();
-  TokenChoice ct = cs->sample(), gt = gs->sample();
-  std::vector<int32_t> gpu_tokens;
-  for (int step = 0; step < 12; ++step) {
-    const auto cl = cs->logits();
-    if (margin(cl) < 0.05f) break;  // a near tie: the two backends may legitimately differ from here
-    ASSERT_EQ(gt.token, ct.token) << "step " << step;
-    EXPECT_LE(rel(gs->logits(), cl), 3e-3) << "step " << step;
-    gpu_tokens.push_back(gt.token);
-    ct = cs->decode_step();
-    gt = gs->decode_step();
+  // Random prompts until one whose greedy continuation has comfortable CPU margins for a few steps
+  // (the tiny models are random, so near ties are common).
+  for (int attempt = 0; attempt < 10 && gpu_tokens.size() < 4; ++attempt) {
+    cs->reset();
+    gs->reset();
+    gpu_tokens.clear();
+    prompt.assign(37, 0);
+    for (auto& t : prompt) t = int32_t(rng() % uint64_t(c.vocab_size));
+    std::vector<float> cpu_rows, gpu_rows;
+    LogitsSink csink = [&](int64_t, int64_t n, const float* l) { cpu_rows.insert(cpu_rows.end(), l, l + n * c.vocab_size); };
+    LogitsSink gsink = [&](int64_t, int64_t n, const float* l) { gpu_rows.insert(gpu_rows.end(), l, l + n * c.vocab_size); };
+    cs->prefill(prompt, &csink);
+    gs->prefill(prompt, &gsink);
+    ASSERT_EQ(gpu_rows.size(), cpu_rows.size());
+    EXPECT_LE(rel(gpu_rows, cpu_rows), 3e-3);  // bf16 KV cache; everything else fp32
+    EXPECT_EQ(gs->length(), 37);
+    cs->begin_generation(greedy, prompt);
+    gs->begin_generation(greedy, prompt);
+    snap = gs->snapshot();
+    TokenChoice ct = cs->sample(), gt = gs->sample();
+    for (int step = 0; step < 12; ++step) {
+      const auto cl = cs->logits();
+      if (margin(cl) < 0.02f) break;  // a near tie: the two backends may legitimately differ from here
+      ASSERT_EQ(gt.token, ct.token) << "step " << step;
+      EXPECT_LE(rel(gs->logits(), cl), 3e-3) << "step " << step;
+      gpu_tokens.push_back(gt.token);
+      ct = cs->decode_step();
+      gt = gs->decode_step();
+    }
   }
-  EXPECT_GE(gpu_tokens.size(), 1u);
+  EXPECT_GE(gpu_tokens.size(), 4u);
   // snapshot / restore replays the same continuation
   gs->restore(*snap);
   EXPECT_EQ(gs->length(), 37);
@@ -128,10 +135,13 @@ TEST(CudaBackend, BatchedPrefillMatchesTokenPath) {
   SamplingParams greedy;
   a->begin_generation(greedy, prompt);
   t->begin_generation(greedy, prompt);
-  if (margin(lt) > 0.5f) EXPECT_EQ(a->sample().token, t->sample().token);
-  a->decode_step();
-  t->decode_step();
-  EXPECT_LE(rel(a->logits(), t->logits()), 3e-2);
+  const int32_t ta = a->sample().token, tt = t->sample().token;  // sample() sets the next input
+  if (margin(lt) > 0.5f) EXPECT_EQ(ta, tt);
+  if (ta == tt) {
+    a->decode_step();
+    t->decode_step();
+    EXPECT_LE(rel(a->logits(), t->logits()), 3e-2);
+  }
 }
 
 }  // namespace

@@ -39,7 +39,6 @@ __global__ void qk_norm_rope_kernel(AttnDecodeShape s, const float* qg, const fl
   for (int d = threadIdx.x; d < hd; d += blockDim.x) xs[d] = xs[d] * r * w[d];
   __syncthreads();
   const int half = s.rotary_dim / 2;
-  float out_lo = 0.f, out_hi = 0.f;
   for (int d = threadIdx.x; d < hd; d += blockDim.x) {
     float val = xs[d];
     if (d < half) {
@@ -61,8 +60,6 @@ __global__ void qk_norm_rope_kernel(AttnDecodeShape s, const float* qg, const fl
       v_cache[row] = __float2bfloat16(v[int64_t(h) * hd + d]);
     }
   }
-  (void)out_lo;
-  (void)out_hi;
 }
 
 __global__ void __launch_bounds__(kWarps * 32)

@@ -2,6 +2,7 @@
 // input prologues (RMSNorm / gated head norm) and the Gated DeltaNet conv epilogue fused; the MoE
 // gather-GEMVs (routing + gate/up + SwiGLU, down + weighted combine + residual add); the embedding gather.
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 
 #include "cuda/cuda_common.h"
@@ -133,11 +134,6 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a, int lpr) {
 }
 
 // ------------------------------------------------------------------------------------------------ MoE
-struct RouteOut {
-  int ids[32];
-  float w[33];
-};
-
 // Routing by warp 0 of the block into shared memory (and global from block 0).
 __device__ void route_warp(const float* logits, int E, int k, bool renorm, int* s_ids, float* s_w, int32_t* g_ids,
                            float* g_w) {
@@ -330,10 +326,23 @@ __global__ void embed_kernel(QMatrixDev E, const int32_t* token, float* out) {
   out[c] = bf2f(E.scales[g]) * float(q) + bf2f(E.biases[g]);
 }
 
-int grid_for(int64_t work_items_per_warp_group, int gpw) {
+// Blocks: enough for the work, but no more than fit on the GPU at once (each block stages its input
+// once and then loops over rows, so extra waves would only repeat the staging).
+template <typename K>
+int grid_for(K kernel, size_t smem, int64_t work_items_per_warp_group, int gpw) {
   const int64_t per_block = int64_t(kWarps) * gpw;
   const int64_t need = (work_items_per_warp_group + per_block - 1) / per_block;
-  return int(std::max<int64_t>(1, std::min<int64_t>(need, int64_t(num_sms()) * 8)));
+  static const bool many = [] {  // LILAC_GEMV_MANY_BLOCKS=1: the first version's 8 blocks per SM
+    const char* e = std::getenv("LILAC_GEMV_MANY_BLOCKS");
+    return e && std::string(e) == "1";
+  }();
+  if (many) return int(std::max<int64_t>(1, std::min<int64_t>(need, int64_t(num_sms()) * 8)));
+  int occ = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kernel, kThreads, smem) != cudaSuccess || occ < 1) {
+    cudaGetLastError();
+    occ = 1;
+  }
+  return int(std::max<int64_t>(1, std::min<int64_t>(need, int64_t(num_sms()) * occ)));
 }
 
 }  // namespace
@@ -344,13 +353,12 @@ void gemv(const GemvArgs& a, cudaStream_t stream) {
   const int64_t nchunk = a.W.cols / epl;
   const int lpr = lanes_per_row(nchunk);
   const int64_t npairs = (a.W.rows + 1) / 2;
-  const int grid = grid_for(npairs, 32 / lpr);
   const size_t smem = size_t(a.W.cols + nchunk) * sizeof(float);
   LILAC_CHECK(smem <= 48 * 1024, "gemv: input too wide for the decode GEMV (" + std::to_string(a.W.cols) + ")");
   if (a.W.bits == 4)
-    gemv_kernel<4><<<grid, kThreads, smem, stream>>>(a, lpr);
+    gemv_kernel<4><<<grid_for(gemv_kernel<4>, smem, npairs, 32 / lpr), kThreads, smem, stream>>>(a, lpr);
   else
-    gemv_kernel<8><<<grid, kThreads, smem, stream>>>(a, lpr);
+    gemv_kernel<8><<<grid_for(gemv_kernel<8>, smem, npairs, 32 / lpr), kThreads, smem, stream>>>(a, lpr);
   LILAC_CUDA_LAUNCH_CHECK();
 }
 
@@ -385,12 +393,11 @@ void moe_gate_up(const MoEDecodeWeights& w, const float* logits, const float* x,
   const int64_t cols = w.gate.first.cols, nchunk = cols / epl;
   const int lpr = lanes_per_row(nchunk);
   const int64_t items = int64_t(w.top_k) * w.gate.first.rows + w.shared_gate.rows;
-  const int grid = grid_for(items, 32 / lpr);
   const size_t smem = size_t(cols + nchunk) * sizeof(float);
   if (bits == 4)
-    moe_gate_up_kernel<4><<<grid, kThreads, smem, stream>>>(w, logits, x, norm_w, eps, sel_ids, sel_w, act, lpr);
+    moe_gate_up_kernel<4><<<grid_for(moe_gate_up_kernel<4>, smem, items, 32 / lpr), kThreads, smem, stream>>>(w, logits, x, norm_w, eps, sel_ids, sel_w, act, lpr);
   else
-    moe_gate_up_kernel<8><<<grid, kThreads, smem, stream>>>(w, logits, x, norm_w, eps, sel_ids, sel_w, act, lpr);
+    moe_gate_up_kernel<8><<<grid_for(moe_gate_up_kernel<8>, smem, items, 32 / lpr), kThreads, smem, stream>>>(w, logits, x, norm_w, eps, sel_ids, sel_w, act, lpr);
   LILAC_CUDA_LAUNCH_CHECK();
 }
 
@@ -401,13 +408,13 @@ void moe_down(const MoEDecodeWeights& w, const int32_t* sel_ids, const float* se
   const int64_t I = w.down.first.cols, Is = w.shared_down.cols;
   const int64_t n_act = w.top_k * I + Is;
   const int lpr = lanes_per_row(std::min(I, Is) / epl);
-  const int grid = grid_for(w.down.first.rows, 32 / lpr);
   const size_t smem = size_t(n_act + n_act / epl) * sizeof(float);
   LILAC_CHECK(smem <= 48 * 1024, "moe_down: too many expert activations for shared memory");
+  const int64_t rows = w.down.first.rows;
   if (bits == 4)
-    moe_down_kernel<4><<<grid, kThreads, smem, stream>>>(w, sel_ids, sel_w, act, y, lpr);
+    moe_down_kernel<4><<<grid_for(moe_down_kernel<4>, smem, rows, 32 / lpr), kThreads, smem, stream>>>(w, sel_ids, sel_w, act, y, lpr);
   else
-    moe_down_kernel<8><<<grid, kThreads, smem, stream>>>(w, sel_ids, sel_w, act, y, lpr);
+    moe_down_kernel<8><<<grid_for(moe_down_kernel<8>, smem, rows, 32 / lpr), kThreads, smem, stream>>>(w, sel_ids, sel_w, act, y, lpr);
   LILAC_CUDA_LAUNCH_CHECK();
 }
 

@@ -114,9 +114,6 @@ __device__ __forceinline__ uint32_t fkey(float f) {
   const uint32_t u = __float_as_uint(f);
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
-__device__ __forceinline__ float kfloat(uint32_t k) {
-  return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
-}
 
 __device__ unsigned long long splitmix(unsigned long long x) {
   x += 0x9E3779B97F4A7C15ull;
@@ -194,17 +191,39 @@ __global__ void __launch_bounds__(kSelThreads)
   __shared__ float scan_f[kSelThreads];
   __shared__ int scan_i[kSelThreads];
   const SampleParamsDev p = *prm;
-  // merge partials
+  // merge partials: one per thread, then a block reduction
   Partial r{-INFINITY, 0.f, -INFINITY, 0x7fffffff};
-  for (int b = 0; b < kPassBlocks; ++b) {
-    const Partial q = sc.partials[b];
-    const float m = fmaxf(r.raw_max, q.raw_max);
-    r.raw_sum = (r.raw_max == -INFINITY ? 0.f : r.raw_sum * expf(r.raw_max - m)) +
-                (q.raw_max == -INFINITY ? 0.f : q.raw_sum * expf(q.raw_max - m));
-    r.raw_max = m;
-    if (better(q.t_max, q.t_arg, r.t_max, r.t_arg)) {
-      r.t_max = q.t_max;
-      r.t_arg = q.t_arg;
+  if (threadIdx.x < kPassBlocks) r = sc.partials[threadIdx.x];
+  {
+    __shared__ Partial sp[kSelThreads / 32];
+    for (int o = 16; o > 0; o >>= 1) {
+      Partial q;
+      q.raw_max = __shfl_xor_sync(0xffffffffu, r.raw_max, o);
+      q.raw_sum = __shfl_xor_sync(0xffffffffu, r.raw_sum, o);
+      q.t_max = __shfl_xor_sync(0xffffffffu, r.t_max, o);
+      q.t_arg = __shfl_xor_sync(0xffffffffu, r.t_arg, o);
+      const float m = fmaxf(r.raw_max, q.raw_max);
+      r.raw_sum = (r.raw_max == -INFINITY ? 0.f : r.raw_sum * expf(r.raw_max - m)) +
+                  (q.raw_max == -INFINITY ? 0.f : q.raw_sum * expf(q.raw_max - m));
+      r.raw_max = m;
+      if (better(q.t_max, q.t_arg, r.t_max, r.t_arg)) {
+        r.t_max = q.t_max;
+        r.t_arg = q.t_arg;
+      }
+    }
+    if ((threadIdx.x & 31) == 0) sp[threadIdx.x >> 5] = r;
+    __syncthreads();
+    r = sp[0];
+    for (int w = 1; w < kSelThreads / 32; ++w) {
+      const Partial q = sp[w];
+      const float m = fmaxf(r.raw_max, q.raw_max);
+      r.raw_sum = (r.raw_max == -INFINITY ? 0.f : r.raw_sum * expf(r.raw_max - m)) +
+                  (q.raw_max == -INFINITY ? 0.f : q.raw_sum * expf(q.raw_max - m));
+      r.raw_max = m;
+      if (better(q.t_max, q.t_arg, r.t_max, r.t_arg)) {
+        r.t_max = q.t_max;
+        r.t_arg = q.t_arg;
+      }
     }
   }
   const float lse = r.raw_max + logf(r.raw_sum);
