@@ -362,6 +362,18 @@ RouteDecision Router::decide(const json& body, bool chat, std::string_view heade
     bool any_check = !policy_.detectors.empty() || !policy_.rules.empty();
     d.sensitive = visit_texts(
         body, chat, [&](std::string_view t) { return any_check && text_sensitive(t, &d.matched, fold); }, &bytes);
+    // A /v1/completions prompt given as token ids cannot be scanned (and means nothing to another
+    // tokenizer): it is treated as sensitive.
+    if (!d.sensitive && !chat && body.is_object()) {
+      auto p = body.find("prompt");
+      if (p != body.end() && p->is_array())
+        for (const auto& x : *p)
+          if (x.is_number() || x.is_array()) {
+            d.sensitive = true;
+            d.matched.push_back("token_ids");
+            break;
+          }
+    }
     if (d.sensitive) {
       if (explicit_route == Route::cloud && policy_.allow_explicit_cloud_for_sensitive) {
         d.route = Route::cloud;

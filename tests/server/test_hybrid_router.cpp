@@ -59,6 +59,8 @@ TEST(HybridRouter, SensitiveDataAnywhereStaysLocal) {
       {json{{"model", "lilac"}, {"prompt", "call +44 20 7946 0958"}}, false, "phone"},
       {json{{"model", "lilac"}, {"prompt", json::array({"fine", "-----BEGIN PRIVATE KEY-----"})}}, false, "private_key"},
       {json{{"model", "lilac"}, {"prompt", "x"}, {"suffix", "fe80::1ff:fe23:4567:890a"}}, false, "ipv6"},
+      {json{{"model", "lilac"}, {"prompt", json::array({151644, 872, 198})}}, false, "token_ids"},
+      {json{{"model", "lilac"}, {"prompt", json::array({json::array({1, 2}), json::array({3})})}}, false, "token_ids"},
   };
   for (const auto& c : cases) {
     auto d = r.decide(c.body, c.chat, "", false);
