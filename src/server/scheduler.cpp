@@ -43,6 +43,7 @@ void Scheduler::stop() {
     if (stop_) return;
     stop_ = true;
     for (auto& j : queue_) j->cancel = true;
+    if (current_) current_->cancel = true;
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
@@ -69,6 +70,8 @@ void Scheduler::worker() {
       if (queue_.empty()) return;  // stopping
       job = std::move(queue_.front());
       queue_.pop_front();
+      current_ = job;
+      if (stop_) job->cancel = true;
     }
     if (metrics_) metrics_->running = 1;
     JobEvent done;
@@ -119,6 +122,10 @@ void Scheduler::worker() {
       metrics_->running = 0;
     }
     // Leave the queue before answering, so a client that got its answer sees the depth without it.
+    {
+      std::lock_guard lk(mu_);
+      current_.reset();
+    }
     --depth_;
     if (metrics_) metrics_->queue_depth = depth_.load();
     job->push(std::move(done));

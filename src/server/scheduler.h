@@ -68,6 +68,7 @@ class Scheduler {
   bool full() const { return depth_.load() >= opts_.max_queue; }
   int64_t max_seq() const { return opts_.max_seq; }
   PrefixCache& cache() { return cache_; }
+  // Cancels the queued and the running jobs (they end with FinishReason::Cancelled) and joins the worker.
   void stop();
 
  private:
@@ -84,6 +85,7 @@ class Scheduler {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Job>> queue_;
+  std::shared_ptr<Job> current_;  // the running job (cancelled by stop())
   std::atomic<int> depth_{0};
   bool stop_ = false;
   std::thread thread_;

@@ -228,9 +228,10 @@ void Server::run() { impl_->http.listen_after_bind(); }
 
 void Server::stop() {
   if (!impl_) return;
+  // Cancel generations first so streaming responses end, then stop accepting and join.
+  if (impl_->sched) impl_->sched->stop();
   impl_->http.stop();
   if (thread_.joinable()) thread_.join();
-  if (impl_->sched) impl_->sched->stop();
 }
 
 httplib::Server& Server::http() { return impl_->http; }
@@ -267,7 +268,7 @@ void Server::handle_generation(const httplib::Request& req, httplib::Response& r
     if (!body.is_object()) return fail(400, "The request body must be a JSON object.", "", "invalid_json");
     if (I->hook.maybe_forward) {
       json plain = json::parse(req.body, nullptr, false);
-      bool busy = I->sched && I->sched->full();
+      bool busy = ready_.load() && I->sched->full();
       if (I->hook.maybe_forward(req, res, plain, busy)) {
         I->metrics.count_request(endpoint, res.status);
         return;
