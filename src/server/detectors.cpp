@@ -434,10 +434,17 @@ struct Scanner {
   // in *run (so the caller can skip it) and whether it counts.
   bool high_entropy(size_t i, size_t* run) const {
     size_t j = i;
-    while (j < n && is_tok(at(j))) ++j;
+    uint8_t seen = 0;
+    while (j < n) {
+      uint8_t k = kClass[at(j)];
+      if (!(k & kAlnum) && at(j) != '_' && at(j) != '-') break;
+      seen |= k;
+      ++j;
+    }
     *run = j - i;
     if (*run < 24) return false;
     if (*run > 4096) return false;  // a blob, not a key; keeps the cost linear and bounded
+    if ((seen & kAlnum) != kAlnum) return false;  // needs upper, lower and digits (git SHAs, UUIDs: no)
     int counts[64] = {0};
     bool up = false, lo = false, dg = false;
     size_t chunks = 0, alnum = 0;
@@ -661,7 +668,8 @@ void scan_sensitive(std::string_view text, DetectorSet en, std::vector<Finding>&
         emit(DetectorKind::ipv6, i, len);
         continue;
       }
-      if (want_entropy && (L >= 24 || nx == '-' || nx == '_') && (i == 0 || !is_tok(p[i - 1]))) {
+      if (want_entropy && ((L >= 24 && (seen & kAlnum) == kAlnum) || nx == '-' || nx == '_') &&
+          (i == 0 || !is_tok(p[i - 1]))) {
         size_t run = 0;
         if (sc.high_entropy(i, &run)) { emit(DetectorKind::high_entropy, i, run); continue; }
       }
