@@ -78,8 +78,8 @@ __device__ void stage_input(const GemvArgs& a, float* xs, int cols, float* red) 
   __syncthreads();
 }
 
-template <int BITS>
-__global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs a, int lpr) {
+template <int BITS, int MINB>
+__global__ void __launch_bounds__(kThreads, MINB) gemv_kernel(GemvArgs a, int lpr) {
   extern __shared__ float4 smem4[];
   __shared__ float red[32];
   constexpr int EPL = 128 / BITS;
@@ -201,8 +201,8 @@ __device__ void route_warp(const float* logits, int E, int k, bool renorm, int* 
   }
 }
 
-template <int BITS>
-__global__ void __launch_bounds__(kThreads)
+template <int BITS, int MINB>
+__global__ void __launch_bounds__(kThreads, MINB)
     moe_gate_up_kernel(MoEDecodeWeights w, const float* logits, const float* x, const float* norm_w, float eps,
                        int32_t* sel_ids, float* sel_w, float* act, int lpr) {
   extern __shared__ float4 smem4[];
@@ -259,8 +259,8 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-template <int BITS>
-__global__ void __launch_bounds__(kThreads)
+template <int BITS, int MINB>
+__global__ void __launch_bounds__(kThreads, MINB)
     moe_down_kernel(MoEDecodeWeights w, const int32_t* sel_ids, const float* sel_w, const float* act, float* y,
                     int lpr) {
   extern __shared__ float4 smem4[];
@@ -345,6 +345,17 @@ int grid_for(K kernel, size_t smem, int64_t work_items_per_warp_group, int gpw) 
   return int(std::max<int64_t>(1, std::min<int64_t>(need, int64_t(num_sms()) * occ)));
 }
 
+// LILAC_GEMV_MINB=2|3|4: ask the compiler for that many resident 256-thread blocks per SM (caps the
+// registers: more warps in flight, possibly spills). Default 1 (no cap).
+int gemv_minb() {
+  static const int v = [] {
+    const char* e = std::getenv("LILAC_GEMV_MINB");
+    const int n = e ? std::atoi(e) : 1;
+    return (n == 2 || n == 3 || n == 4) ? n : 1;
+  }();
+  return v;
+}
+
 }  // namespace
 
 void gemv(const GemvArgs& a, cudaStream_t stream) {
@@ -355,10 +366,14 @@ void gemv(const GemvArgs& a, cudaStream_t stream) {
   const int64_t npairs = (a.W.rows + 1) / 2;
   const size_t smem = size_t(a.W.cols + nchunk) * sizeof(float);
   LILAC_CHECK(smem <= 48 * 1024, "gemv: input too wide for the decode GEMV (" + std::to_string(a.W.cols) + ")");
+  auto go = [&](auto kernel) {
+    kernel<<<grid_for(kernel, smem, npairs, 32 / lpr), kThreads, smem, stream>>>(a, lpr);
+  };
+  const int mb = gemv_minb();
   if (a.W.bits == 4)
-    gemv_kernel<4><<<grid_for(gemv_kernel<4>, smem, npairs, 32 / lpr), kThreads, smem, stream>>>(a, lpr);
+    mb == 1 ? go(gemv_kernel<4, 1>) : mb == 2 ? go(gemv_kernel<4, 2>) : mb == 3 ? go(gemv_kernel<4, 3>) : go(gemv_kernel<4, 4>);
   else
-    gemv_kernel<8><<<grid_for(gemv_kernel<8>, smem, npairs, 32 / lpr), kThreads, smem, stream>>>(a, lpr);
+    go(gemv_kernel<8, 1>);
   LILAC_CUDA_LAUNCH_CHECK();
 }
 
@@ -394,10 +409,15 @@ void moe_gate_up(const MoEDecodeWeights& w, const float* logits, const float* x,
   const int lpr = lanes_per_row(nchunk);
   const int64_t items = int64_t(w.top_k) * w.gate.first.rows + w.shared_gate.rows;
   const size_t smem = size_t(cols + nchunk) * sizeof(float);
+  auto go = [&](auto kernel) {
+    kernel<<<grid_for(kernel, smem, items, 32 / lpr), kThreads, smem, stream>>>(w, logits, x, norm_w, eps, sel_ids,
+                                                                            sel_w, act, lpr);
+  };
+  const int mb = gemv_minb();
   if (bits == 4)
-    moe_gate_up_kernel<4><<<grid_for(moe_gate_up_kernel<4>, smem, items, 32 / lpr), kThreads, smem, stream>>>(w, logits, x, norm_w, eps, sel_ids, sel_w, act, lpr);
+    mb == 1 ? go(moe_gate_up_kernel<4, 1>) : mb == 2 ? go(moe_gate_up_kernel<4, 2>) : mb == 3 ? go(moe_gate_up_kernel<4, 3>) : go(moe_gate_up_kernel<4, 4>);
   else
-    moe_gate_up_kernel<8><<<grid_for(moe_gate_up_kernel<8>, smem, items, 32 / lpr), kThreads, smem, stream>>>(w, logits, x, norm_w, eps, sel_ids, sel_w, act, lpr);
+    go(moe_gate_up_kernel<8, 1>);
   LILAC_CUDA_LAUNCH_CHECK();
 }
 
@@ -411,10 +431,14 @@ void moe_down(const MoEDecodeWeights& w, const int32_t* sel_ids, const float* se
   const size_t smem = size_t(n_act + n_act / epl) * sizeof(float);
   LILAC_CHECK(smem <= 48 * 1024, "moe_down: too many expert activations for shared memory");
   const int64_t rows = w.down.first.rows;
+  auto go = [&](auto kernel) {
+    kernel<<<grid_for(kernel, smem, rows, 32 / lpr), kThreads, smem, stream>>>(w, sel_ids, sel_w, act, y, lpr);
+  };
+  const int mb = gemv_minb();
   if (bits == 4)
-    moe_down_kernel<4><<<grid_for(moe_down_kernel<4>, smem, rows, 32 / lpr), kThreads, smem, stream>>>(w, sel_ids, sel_w, act, y, lpr);
+    mb == 1 ? go(moe_down_kernel<4, 1>) : mb == 2 ? go(moe_down_kernel<4, 2>) : mb == 3 ? go(moe_down_kernel<4, 3>) : go(moe_down_kernel<4, 4>);
   else
-    moe_down_kernel<8><<<grid_for(moe_down_kernel<8>, smem, rows, 32 / lpr), kThreads, smem, stream>>>(w, sel_ids, sel_w, act, y, lpr);
+    go(moe_down_kernel<8, 1>);
   LILAC_CUDA_LAUNCH_CHECK();
 }
 
