@@ -1942,7 +1942,10 @@ class Interp {
         for (int64_t k = 0; k < ri; ++k) res *= li;
         return Value::integer(res);
       }
-      if (nums) return Value::real(std::pow(l.as_double(), r.as_double()));
+      if (nums) {
+        if (l.as_double() == 0 && r.as_double() < 0) throw ValueError("0.0 cannot be raised to a negative power");
+        return Value::real(std::pow(l.as_double(), r.as_double()));
+      }
       return type_err();
     }
     return type_err();
@@ -2307,6 +2310,7 @@ class Interp {
       if (items.empty()) return Value::undefined("No " + name + " item, sequence was empty.");
       return name == "first" ? items.front() : items.back();
     }
+    if ((name == "int" || name == "float") && in.is_undefined()) undefined_error(in);  // int(Undefined) raises
     if (name == "int") {
       Value def = a.value(0, "default", Value::integer(0));
       int64_t base = to_int(a.value(1, "base", Value::integer(10)), "base");
@@ -2594,16 +2598,9 @@ class Interp {
     if (name == "le" || name == "<=") return compare_op("<=", v, arg0());
     if (name == "gt" || name == "greaterthan" || name == ">") return compare_op(">", v, arg0());
     if (name == "ge" || name == ">=") return compare_op(">=", v, arg0());
-    if (name == "odd" || name == "even") {
-      int64_t x = to_int(v, name.c_str());
-      bool odd = (x % 2) != 0;
-      return name == "odd" ? odd : !odd;
-    }
-    if (name == "divisibleby") {
-      int64_t d = to_int(arg0(), "divisibleby");
-      if (d == 0) throw ValueError("integer division or modulo by zero");
-      return to_int(v, "divisibleby") % d == 0;
-    }
+    if (name == "odd") return equals(binop("%", v, Value::integer(2)), Value::integer(1));  // value % 2 == 1
+    if (name == "even") return equals(binop("%", v, Value::integer(2)), Value::integer(0));
+    if (name == "divisibleby") return equals(binop("%", v, arg0()), Value::integer(0));
     if (name == "lower" || name == "upper") {  // jinja2: str(value).islower() / .isupper()
       bool any = false;
       for (char32_t c : utf8_decode(v.str())) {

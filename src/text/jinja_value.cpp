@@ -326,6 +326,7 @@ std::string string_repr(const std::string& s) {
 
 std::string Value::repr() const {
   switch (kind) {
+    case kUndefined: return "Undefined";  // jinja2's Undefined.__repr__ (str() of it is "")
     case kString: return string_repr(s);
     case kList: {
       std::string out = list->tuple ? "(" : "[";

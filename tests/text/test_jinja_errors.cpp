@@ -86,6 +86,10 @@ TEST(JinjaErrors, RuntimeErrorsHaveLocation) {
   EXPECT_NE(e.find("Can only get item pairs from a mapping"), std::string::npos) << e;
   e = error_of("{% macro m(a) %}{% endmacro %}{{ m(1, 2) }}");
   EXPECT_NE(e.find("takes not more than 1 argument"), std::string::npos) << e;
+  e = error_of("{{ u|int }}");  // int(Undefined) raises in jinja2
+  EXPECT_NE(e.find("'u' is undefined"), std::string::npos) << e;
+  e = error_of("{{ 0 ** -1 }}");
+  EXPECT_NE(e.find("negative power"), std::string::npos) << e;
   e = error_of("{{ u|tojson }}");
   EXPECT_NE(e.find("not JSON serializable"), std::string::npos) << e;
 }

@@ -466,6 +466,14 @@ part! user {"role": "system", "content": "Sys prompt"}2)J"},
      R"J({% set ns = namespace(a=0) %}{% macro m1(v, w=x) %}[{{ v }}|{{ w }}|{{ i }}{% set ns.a = ns.a + 1 %}{% set x = 'mx' %}{{ x }}]{% endmacro %}{% for i in [1, 2] %}{% set x = 'loop' %}{{ m1(i) }}{% endfor %}{{ x }}{{ ns.a }})J",
      R"J({"x": "X"})J",
      R"J([1|X|mx][2|X|mx]X2)J"},
+    {"odd_even_divisible_py_modulo",
+     R"J({{ 2.5 is even }}{{ 4.0 is even }}{{ 3 is odd }}{{ -3 is odd }}{{ 7.5 is divisibleby 2.5 }}{{ 10 is divisibleby(3) }})J",
+     R"J({})J",
+     R"J(FalseTrueTrueTrueTrueFalse)J"},
+    {"undefined_repr_in_containers",
+     R"J({{ [1, u] }}|{{ [u]|length }}|{{ u }}|{{ 'x' ~ [u] }})J",
+     R"J({})J",
+     R"J([1, Undefined]|1||x[Undefined])J"},
 };
 
 class JinjaFeature : public ::testing::TestWithParam<Case> {};
