@@ -377,19 +377,80 @@ void Server::handle_generation(const httplib::Request& req, httplib::Response& r
     }
 
     if (!common->stream) {
+      // Wait until the generation produces its first token (or ends): errors up to then (prefill) get
+      // their own status code.
       std::vector<JobEvent> evs;
-      while (!resp->finished()) {
+      bool got_token = false;
+      while (!resp->finished() && !got_token) {
         evs.clear();
         job->pop_all(evs, std::chrono::milliseconds(500));
-        for (auto& e : evs) resp->consume(e);
+        for (auto& e : evs) {
+          got_token |= e.kind == JobEvent::Token;
+          resp->consume(e);
+        }
       }
-      if (resp->failed()) return fail(resp->error_status(), resp->error_message(), "", resp->error_status() == 400 ? "invalid_request" : "internal_error");
-      res.set_content(dump_json(resp->body()), "application/json");
+      auto log_done = [log = opts_.log_requests, endpoint, t0](const Responder& r) {
+        const auto& s = r.stats();
+        if (log && !r.failed())
+          LILAC_LOG_INFO("POST %s -> 200 (%lld prompt, %lld cached, %lld generated, %s, %.1f ms)", endpoint.c_str(),
+                         (long long)s.prompt_tokens, (long long)s.cached_tokens, (long long)s.completion_tokens,
+                         r.finish_reason().c_str(), std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+      };
+      if (resp->finished()) {
+        if (resp->failed())
+          return fail(resp->error_status(), resp->error_message(), "",
+                      resp->error_status() == 400 ? "invalid_request" : "internal_error");
+        res.set_content(dump_json(resp->body()), "application/json");
+        I->metrics.count_request(endpoint, 200);
+        log_done(*resp);
+        return;
+      }
+      // Still generating: send the body through a chunked provider so that a client that goes away is
+      // noticed and its generation cancelled: until the body is ready a space (which JSON ignores) is
+      // written every 200 ms.
       I->metrics.count_request(endpoint, 200);
-      const auto& s = resp->stats();
-      if (opts_.log_requests) LILAC_LOG_INFO("POST %s -> 200 (%lld prompt, %lld cached, %lld generated, %s, %.1f ms)", endpoint.c_str(),
-                     (long long)s.prompt_tokens, (long long)s.cached_tokens, (long long)s.completion_tokens,
-                     resp->finish_reason().c_str(), std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+      auto nst = std::make_shared<StreamState>();
+      nst->job = job;
+      nst->resp = std::move(resp);
+      nst->t0 = t0;
+      nst->last_write = Clock::now();
+      nst->endpoint = endpoint;
+      res.set_chunked_content_provider(
+          // Not plain "application/json": httplib would gzip it for clients that accept gzip, buffering
+          // the keep-alive spaces (so a gone client would not be noticed).
+          "application/json; charset=utf-8",
+          [nst](size_t, httplib::DataSink& sink) -> bool {
+            std::vector<JobEvent> evs;
+            nst->job->pop_all(evs, std::chrono::milliseconds(100));
+            for (auto& e : evs) nst->resp->consume(e);
+            std::string out;
+            if (nst->resp->finished()) {
+              out = nst->resp->failed() ? dump_json(error_body(nst->resp->error_status(), nst->resp->error_message()))
+                                        : dump_json(nst->resp->body());
+            } else if (Clock::now() - nst->last_write >= std::chrono::milliseconds(200)) {
+              out = " ";
+            }
+            if (!out.empty()) {
+              if (!sink.write(out.data(), out.size())) {
+                nst->job->cancel = true;
+                return false;
+              }
+              nst->last_write = Clock::now();
+            }
+            if (nst->resp->finished()) sink.done();
+            return true;
+          },
+          [nst, log_done](bool success) {
+            if (!success || !nst->resp->finished() || nst->resp->stats().finish == FinishReason::Cancelled) {
+              nst->job->cancel = true;
+              LILAC_LOG_INFO("POST %s: client went away, generation cancelled", nst->endpoint.c_str());
+              return;
+            }
+            if (nst->resp->failed())
+              LILAC_LOG_ERROR("POST %s -> error after the response started: %s", nst->endpoint.c_str(),
+                              nst->resp->error_message().c_str());
+            log_done(*nst->resp);
+          });
       return;
     }
 

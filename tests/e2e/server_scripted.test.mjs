@@ -176,6 +176,34 @@ test('client disconnect cancels the generation at once; the server keeps serving
   assert.equal(r.choices[0].message.content, 'Hello from the script.');
 });
 
+test('a non-streaming client that disconnects cancels its generation too', async () => {
+  const before = await metrics(srv.url);
+  const ac = new AbortController();
+  const done = (async () => {
+    const res = await fetch(`${srv.url}/v1/chat/completions`, {
+      method: 'POST', signal: ac.signal, headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ messages: user('forever, not streamed'), max_tokens: 5000 }),
+    });
+    await res.text();
+  })();
+  await new Promise((r) => setTimeout(r, 400));
+  ac.abort();
+  await assert.rejects(done);
+  let m;
+  const deadline = Date.now() + 3000;
+  do {
+    await new Promise((r) => setTimeout(r, 50));
+    m = await metrics(srv.url);
+  } while ((m.lilac_cancelled_total <= before.lilac_cancelled_total || m.lilac_queue_depth !== 0) && Date.now() < deadline);
+  assert.equal(m.lilac_cancelled_total, before.lilac_cancelled_total + 1);
+  assert.equal(m.lilac_queue_depth, 0);
+  assert.ok(m.lilac_generated_tokens_total - before.lilac_generated_tokens_total < 150);
+  // A long non-streaming answer (sent after keep-alive whitespace) parses normally.
+  const r = await client.chat.completions.create({ model: 'scripted-model', messages: user('forever'), max_tokens: 30 });
+  assert.equal(r.usage.completion_tokens, 30);
+  assert.equal(r.choices[0].message.reasoning_content, ' tick'.repeat(30));
+});
+
 test('prefix cache: cached_tokens on a follow-up turn', async () => {
   const msgs = [{ role: 'system', content: 'You are a scripted test.' }, { role: 'user', content: 'first question' }];
   const a = await client.chat.completions.create({ model: 'scripted-model', messages: msgs });
