@@ -1,9 +1,11 @@
 // Chat templates: loading the checkpoint's Jinja template and rendering OpenAI chat requests with it.
 #include "text/chat_template.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <vector>
 
 #include "core/error.h"
 #include "text/jinja.h"
@@ -141,10 +143,25 @@ ordered_json normalise_message(const ordered_json& m, size_t idx) {
   return out;
 }
 
+// Nesting depth of a JSON value, without recursion (requests come from users).
+size_t json_depth(const ordered_json& root) {
+  size_t max_depth = 0;
+  std::vector<std::pair<const ordered_json*, size_t>> stack{{&root, 1}};
+  while (!stack.empty()) {
+    auto [j, d] = stack.back();
+    stack.pop_back();
+    max_depth = std::max(max_depth, d);
+    if (j->is_structured())
+      for (const auto& c : *j) stack.emplace_back(&c, d + 1);
+  }
+  return max_depth;
+}
+
 }  // namespace
 
 std::string render_chat_request(const ChatTemplate& tmpl, const ordered_json& request) {
   if (!request.is_object()) throw InputError("chat request must be a JSON object");
+  if (json_depth(request) > 128) throw InputError("chat request is nested too deeply (more than 128 levels)");
   if (!request.contains("messages") || !request["messages"].is_array())
     throw InputError("\"messages\" must be an array");
   ordered_json vars = ordered_json::object();

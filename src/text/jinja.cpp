@@ -1477,7 +1477,11 @@ class Interp {
     auto top = child(globals);
     if (!vars.is_null()) {
       if (!vars.is_object()) throw Error(t_.origin + ": template variables must be a JSON object");
-      for (auto it = vars.begin(); it != vars.end(); ++it) top->vars[it.key()] = Value::from_json(it.value());
+      try {
+        for (auto it = vars.begin(); it != vars.end(); ++it) top->vars[it.key()] = Value::from_json(it.value());
+      } catch (const ValueError& e) {
+        throw Error(t_.origin + ": " + e.what());
+      }
     }
     std::string out;
     try {

@@ -72,8 +72,9 @@ Value Value::function(std::string name, std::function<Value(CallArgs&)> call) {
   return v;
 }
 
-Value Value::from_json(const nlohmann::ordered_json& j) {
+Value Value::from_json(const nlohmann::ordered_json& j, int depth) {
   using nlohmann::ordered_json;
+  if (depth > kMaxDepth) throw ValueError("template variables nested too deeply");
   switch (j.type()) {
     case ordered_json::value_t::null: return none();
     case ordered_json::value_t::boolean: return boolean(j.get<bool>());
@@ -88,13 +89,13 @@ Value Value::from_json(const nlohmann::ordered_json& j) {
     case ordered_json::value_t::array: {
       Value v = new_list();
       v.list->items.reserve(j.size());
-      for (const auto& e : j) v.list->items.push_back(from_json(e));
+      for (const auto& e : j) v.list->items.push_back(from_json(e, depth + 1));
       return v;
     }
     case ordered_json::value_t::object: {
       Value v = new_dict();
       v.dict->items.reserve(j.size());
-      for (auto it = j.begin(); it != j.end(); ++it) v.dict->items.emplace_back(it.key(), from_json(it.value()));
+      for (auto it = j.begin(); it != j.end(); ++it) v.dict->items.emplace_back(it.key(), from_json(it.value(), depth + 1));
       return v;
     }
     default: return undefined("unsupported JSON value");
@@ -489,6 +490,7 @@ static void dump_string(std::string& out, const std::string& s, bool ensure_asci
 }
 
 static void dump_rec(std::string& out, const Value& v, const DumpOptions& opt, int level) {
+  if (level > 4 * Value::kMaxDepth) throw ValueError("value nested too deeply for tojson");
   auto newline = [&](int lvl) {
     out += '\n';
     out.append(static_cast<size_t>(opt.indent) * static_cast<size_t>(lvl), ' ');

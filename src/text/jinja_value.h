@@ -49,7 +49,9 @@ struct Value {
   static Value new_dict();
   static Value new_namespace();
   static Value function(std::string name, std::function<Value(CallArgs&)> call);
-  static Value from_json(const nlohmann::ordered_json& j);
+  // Throws ValueError past kMaxDepth levels of nesting.
+  static Value from_json(const nlohmann::ordered_json& j, int depth = 0);
+  static constexpr int kMaxDepth = 512;
 
   bool is_undefined() const { return kind == kUndefined; }
   bool is_none() const { return kind == kNone; }

@@ -212,6 +212,18 @@ TEST(ChatTemplate, BadRequestsAreInputErrors) {
   for (const char* b : bad) EXPECT_THROW(lilac::render_chat_request(*tmpl, ordered_json::parse(b)), lilac::InputError) << b;
 }
 
+TEST(ChatTemplate, DeeplyNestedRequestsAreRejected) {
+  auto tmpl = lilac::ChatTemplate::from_source("{{ messages[0].extra|tojson }}", "inline");
+  auto request = [](int depth) {
+    std::string args;
+    for (int k = 0; k < depth; ++k) args += "[";
+    for (int k = 0; k < depth; ++k) args += "]";
+    return ordered_json::parse(R"({"messages": [{"role": "user", "content": "", "extra": )" + args + "}]}");
+  };
+  EXPECT_EQ(lilac::render_chat_request(*tmpl, request(3)), "[[[]]]");
+  EXPECT_THROW(lilac::render_chat_request(*tmpl, request(100000)), lilac::InputError);
+}
+
 TEST(ChatTemplateLoad, TokenizerConfigVariants) {
   {
     TempDir d;
