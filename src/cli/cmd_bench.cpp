@@ -5,6 +5,7 @@
 //
 // Decode tok/s = 64 / (time from the 1st to the 65th token), measured after one untimed decode step
 // (that step captures the session's CUDA graph; its time is reported separately as first_step_ms).
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
