@@ -335,7 +335,7 @@ class CpuSessionImpl : public CpuSession {
   const ModelWeights& w_;
   const ModelConfig& cfg_;
   int64_t max_len_;
-  int64_t chunk_ = 128;
+  int64_t chunk_ = 256;
   int64_t len_ = 0;
   std::vector<LayerState> layers_;
   std::vector<float> logits_;

@@ -23,7 +23,8 @@ using ActivationTap =
 class CpuSession : public Session {
  public:
   virtual void set_activation_tap(ActivationTap tap) = 0;
-  // Tokens per prefill chunk (default 128; at least 1).
+  // Tokens per prefill chunk (default 256; at least 1). Larger chunks amortise the dequantization of
+  // each expert over more tokens; memory grows linearly with it.
   virtual void set_prefill_chunk(int64_t tokens) = 0;
 };
 
