@@ -29,7 +29,8 @@ class CpuSession : public Session {
 };
 
 // threads <= 0: all hardware threads. max_length <= 0 in new_session: the config's
-// max_position_embeddings.
+// max_position_embeddings. Sessions refer to their backend (weights, thread pool): destroy them first.
+// Sessions of one backend may run on different threads; they share its pool (one parallel loop at a time).
 std::unique_ptr<Backend> make_cpu_backend(std::shared_ptr<const ModelWeights> weights, int threads = 0);
 
 }  // namespace lilac::cpu
