@@ -254,7 +254,7 @@ __global__ void __launch_bounds__(kSelThreads)
       // largest tau with count(key >= tau) >= top_k: the top_k-th largest value
       uint32_t lo_k = 0, hi_k = 0xffffffffu;
       while (lo_k < hi_k) {
-        const uint32_t mid = lo_k + (hi_k - lo_k + 1) / 2;
+        const uint32_t mid = uint32_t(lo_k + (uint64_t(hi_k) - lo_k + 1) / 2);  // 64-bit: no wrap at the full range
         int c = 0;
         for (int j = threadIdx.x; j < n; j += kSelThreads) c += fkey(sc.cand_v[j]) >= mid;
         c = bsum_i(c, redi);
@@ -273,7 +273,7 @@ __global__ void __launch_bounds__(kSelThreads)
       const float target = p.top_p * z;
       uint32_t lo_p = tau, hi_p = fkey(M);
       while (lo_p < hi_p) {  // largest tau' with mass(key >= tau') >= target
-        const uint32_t mid = lo_p + (hi_p - lo_p + 1) / 2;
+        const uint32_t mid = uint32_t(lo_p + (uint64_t(hi_p) - lo_p + 1) / 2);
         float m = 0.f;
         for (int j = threadIdx.x; j < n; j += kSelThreads)
           if (fkey(sc.cand_v[j]) >= mid) m += expf(sc.cand_v[j] - M);
