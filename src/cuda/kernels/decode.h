@@ -22,6 +22,12 @@ namespace lilac::cuda {
 // Optional epilogue for the Gated DeltaNet in_proj: rows r < conv_rows go through the causal depthwise
 // conv (taps conv_w [conv_rows, K], state conv_state [conv_rows, K-1] oldest first, updated) and SiLU.
 enum class Prologue { None = 0, RmsNorm = 1, GatedHeadNorm = 2 };
+// Which GEMV implementation: Fp32 (dequantize to fp32, fp32 FMAs: the default), Dp4a (the input
+// quantized to int8 per group of 64 in shared memory, integer dot products with __dp4a; relative
+// error of order 1e-3..1e-2 from the int8 input), FromEnv: Dp4a when LILAC_GEMV=dp4a (read at each
+// launch call, i.e. when the decode graph is captured), else Fp32.
+enum class GemvImpl { FromEnv = -1, Fp32 = 0, Dp4a = 1 };
+GemvImpl gemv_impl_from_env();
 struct GemvArgs {
   QMatrixDev W;
   const float* x = nullptr;
@@ -36,6 +42,7 @@ struct GemvArgs {
   int conv_rows = 0, conv_k = 0;
   const float* conv_w = nullptr;
   float* conv_state = nullptr;
+  GemvImpl impl = GemvImpl::FromEnv;
 };
 void gemv(const GemvArgs& a, cudaStream_t stream);
 

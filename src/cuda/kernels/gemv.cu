@@ -8,6 +8,7 @@
 #include "cuda/cuda_common.h"
 #include "cuda/kernels/decode.h"
 #include "cuda/kernels/qdot.cuh"
+#include "cuda/kernels/qdot_dp4a.cuh"
 
 namespace lilac::cuda {
 namespace {
@@ -129,6 +130,114 @@ __global__ void __launch_bounds__(kThreads, MINB) gemv_kernel(GemvArgs a, int lp
         }
         a.y[r] = a.accumulate ? a.y[r] + v : v;
       }
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------------------ dp4a GEMV
+// LILAC_GEMV=dp4a: t(x) is staged as in gemv_kernel, then quantized to int8 per group of 64 in shared
+// memory (qdot_dp4a.cuh); each 16-byte weight chunk costs 8 (4-bit) or 4 (8-bit) dp4a plus one
+// I2F and three FMAs. A group of `lpr` lanes takes kDpRows rows at once; each lane keeps
+// kDpRows × kDpUnroll independent 16-byte streaming loads in flight before it uses them.
+// Default: kDpUnroll 2 (8 loads in flight per lane) at <= 80 registers (3 blocks = 24 warps per SM);
+// LILAC_GEMV_DP4A_UNROLL=1: 4 loads in flight at <= 64 registers (4 blocks = 32 warps per SM).
+constexpr int kDpRows = 4;
+
+// The y write of one row: optional causal conv + SiLU (rows < conv_rows), then store or accumulate.
+__device__ __forceinline__ void gemv_store_row(const GemvArgs& a, int64_t r, float v) {
+  if (r < a.conv_rows) {  // causal depthwise conv (state oldest first) + SiLU
+    const int K = a.conv_k, S = K - 1;
+    const float* w = a.conv_w + r * K;
+    float* st = a.conv_state + r * S;
+    float acc = 0.f;
+    for (int k = 0; k < S; ++k) acc += w[k] * st[k];
+    acc += w[S] * v;
+    for (int k = 0; k + 1 < S; ++k) st[k] = st[k + 1];
+    if (S > 0) st[S - 1] = v;
+    v = silu_f(acc);
+  }
+  a.y[r] = a.accumulate ? a.y[r] + v : v;
+}
+
+// Shared memory of the dp4a GEMV: meta float4[nchunk] | xq bytes[cols] | xs float[cols].
+size_t dp4a_smem(int64_t cols, int bits) {
+  const int64_t nchunk = cols / (128 / bits);
+  return size_t(nchunk * 16 + cols + cols * 4);
+}
+
+template <int BITS, int kDpUnroll, int MINB>
+__global__ void __launch_bounds__(kThreads, MINB) gemv_dp4a_kernel(GemvArgs a, int lpr, int cpg_log2) {
+  extern __shared__ float4 smem4[];
+  __shared__ float red[32];
+  constexpr int EPL = 128 / BITS;
+  const int cols = int(a.W.cols);
+  const int nchunk = cols / EPL;
+  float4* meta = smem4;
+  signed char* xq = reinterpret_cast<signed char*>(smem4 + nchunk);
+  float* xs = reinterpret_cast<float*>(xq + cols);
+  stage_input(a, xs, cols, red);
+  quantize_input<BITS>(xs, cols, xq, meta);
+  __syncthreads();
+  const int4* xa = reinterpret_cast<const int4*>(xq);
+  const int4* xb = xa + nchunk;  // 4-bit only
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int gpw = 32 / lpr, grp = lane / lpr, gl = lane % lpr;
+  const int64_t rows = a.W.rows, nquads = (rows + kDpRows - 1) / kDpRows;
+  const int64_t wpr4 = a.W.words_per_row() / 4, gpr = a.W.groups_per_row();
+  const uint4* wbase = reinterpret_cast<const uint4*>(a.W.qweight);
+  for (int64_t base = (int64_t(blockIdx.x) * kWarps + warp) * gpw; base < nquads;
+       base += int64_t(gridDim.x) * kWarps * gpw) {
+    const int64_t qd = base + grp;
+    const int64_t r0 = qd * kDpRows;
+    float acc[kDpRows];
+#pragma unroll
+    for (int i = 0; i < kDpRows; ++i) acc[i] = 0.f;
+    if (qd < nquads) {
+      // Rows r0 + i past the end re-read the last row (the result is dropped). Offsets from row r0 in
+      // 32 bits (kDpRows rows of one matrix) keep the register count down.
+      const uint4* wp = wbase + r0 * wpr4;
+      const __nv_bfloat16* sp = a.W.scales + r0 * gpr;
+      const __nv_bfloat16* bp = a.W.biases + r0 * gpr;
+      int ow[kDpRows], og[kDpRows];
+#pragma unroll
+      for (int i = 0; i < kDpRows; ++i) {
+        const int d = int(min(int64_t(i), rows - 1 - r0));
+        ow[i] = d * int(wpr4);
+        og[i] = d * int(gpr);
+      }
+      for (int c = gl; c < nchunk; c += kDpUnroll * lpr) {
+        uint4 w[kDpUnroll][kDpRows];
+#pragma unroll
+        for (int u = 0; u < kDpUnroll; ++u) {
+          const int cu = c + u * lpr;
+#pragma unroll
+          for (int i = 0; i < kDpRows; ++i) w[u][i] = cu < nchunk ? ld_stream(wp + (ow[i] + cu)) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < kDpUnroll; ++u) {
+          const int cu = c + u * lpr;
+          if (cu < nchunk) {
+            const float4 m = meta[cu];
+            const int4 va = xa[cu];
+            const int4 vb = BITS == 4 ? xb[cu] : va;
+            const int g = cu >> cpg_log2;
+#pragma unroll
+            for (int i = 0; i < kDpRows; ++i) {
+              const int dot = chunk_dot_i8<BITS>(w[u][i], va, vb);
+              const float s = bf2f(sp[og[i] + g]), b = bf2f(bp[og[i] + g]);
+              acc[i] = fmaf(s, fmaf(m.x, float(dot), m.y), fmaf(b, m.z, acc[i]));
+            }
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kDpRows; ++i) acc[i] = group_sum(acc[i], lpr);
+    if (qd < nquads && gl == 0) {
+#pragma unroll
+      for (int i = 0; i < kDpRows; ++i)
+        if (r0 + i < rows) gemv_store_row(a, r0 + i, acc[i]);
     }
   }
 }
@@ -356,10 +465,51 @@ int gemv_minb() {
   return v;
 }
 
+// The dp4a path: asked for (GemvImpl::Dp4a, or FromEnv with LILAC_GEMV=dp4a) and the group size is a
+// power of two (chunk → group by a shift) and the input fits in shared memory. Otherwise the fp32 path.
+int dp4a_unroll() {
+  static const int v = [] {
+    const char* e = std::getenv("LILAC_GEMV_DP4A_UNROLL");
+    return e && std::string(e) == "1" ? 1 : 2;
+  }();
+  return v;
+}
+
+bool gemv_use_dp4a(GemvImpl impl, const QMatrixDev& W) {
+  if (impl == GemvImpl::FromEnv) impl = gemv_impl_from_env();
+  if (impl != GemvImpl::Dp4a) return false;
+  return W.group_size > 0 && (W.group_size & (W.group_size - 1)) == 0 && dp4a_smem(W.cols, W.bits) <= 48 * 1024;
+}
+
 }  // namespace
+
+GemvImpl gemv_impl_from_env() {
+  const char* e = std::getenv("LILAC_GEMV");
+  return e && std::string(e) == "dp4a" ? GemvImpl::Dp4a : GemvImpl::Fp32;
+}
 
 void gemv(const GemvArgs& a, cudaStream_t stream) {
   check_q(a.W, "gemv");
+  if (gemv_use_dp4a(a.impl, a.W)) {
+    const int unroll = dp4a_unroll();
+    const int epl = 128 / a.W.bits;
+    const int64_t nchunk = a.W.cols / epl;
+    const int lpr = lanes_per_row(std::max<int64_t>(1, nchunk / unroll));
+    const int64_t nquads = (a.W.rows + kDpRows - 1) / kDpRows;
+    const size_t smem = dp4a_smem(a.W.cols, a.W.bits);
+    LILAC_CHECK(smem <= 48 * 1024, "gemv: input too wide for the decode GEMV (" + std::to_string(a.W.cols) + ")");
+    int cpg_log2 = 0;
+    while ((epl << cpg_log2) < a.W.group_size) ++cpg_log2;
+    auto go = [&](auto kernel) {
+      kernel<<<grid_for(kernel, smem, nquads, 32 / lpr), kThreads, smem, stream>>>(a, lpr, cpg_log2);
+    };
+    if (a.W.bits == 4)
+      unroll == 1 ? go(gemv_dp4a_kernel<4, 1, 4>) : go(gemv_dp4a_kernel<4, 2, 3>);
+    else
+      unroll == 1 ? go(gemv_dp4a_kernel<8, 1, 4>) : go(gemv_dp4a_kernel<8, 2, 3>);
+    LILAC_CUDA_LAUNCH_CHECK();
+    return;
+  }
   const int epl = 128 / a.W.bits;
   const int64_t nchunk = a.W.cols / epl;
   const int lpr = lanes_per_row(nchunk);
