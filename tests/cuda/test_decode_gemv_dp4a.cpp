@@ -1,0 +1,337 @@
+// The dp4a decode GEMV (GemvImpl::Dp4a, LILAC_GEMV=dp4a) against the CPU reference (src/cpu/ops.h) on
+// random inputs: a fresh seed per run (printed on failure), outputs poisoned with NaN before each launch,
+// the model's shapes and sizes that are not multiples of the tiles (rows not a multiple of the 4-row
+// quads, columns of 7 or 3 groups), 4- and 8-bit, every prologue, accumulate, the conv epilogue.
+//
+// Two checks per launch:
+// 1. Exact arithmetic: against a host model of the kernel's arithmetic (the same int8 input, the same
+//    per-chunk correction), in double. With Prologue::None the host and the GPU quantize the identical
+//    fp32 input with the identical IEEE operations, so the only differences are fp32 summation order:
+//    ‖Δ‖/‖ref‖ ≤ 1e-4. With the norm prologues the GPU's normalised input differs from the host's by
+//    fp32 rounding, which can move a value across a rounding boundary of the int8 grid (probability
+//    ~1e-5 per value); one such flip changes y by about d·‖column‖, i.e. ‖Δ‖/‖ref‖ ≈ d/‖x‖, so the bound
+//    is 1e-4 + 3·max_g(d_g)/‖x‖ (at most ~2e-3 here). A wrong activation layout or correction term
+//    gives errors of order 1e-2..1.
+// 2. Accuracy: against the fp32 CPU reference. The int8 rounding error e (|e| ≤ d/2, d = max|x|/127
+//    per group of 64) only meets the centred weights, so ‖Δ‖/‖ref‖ ≈ ‖e‖/‖x‖ for random centred
+//    weights: ≈ 6e-3 for Gaussian inputs (max ≈ 2.5σ per 64), ≈ 7e-3 after RMSNorm with random
+//    multipliers, ≈ 1.2e-2 for the gated head norm (x·silu(z) is heavy-tailed: max ≈ 5 rms).
+//    Bound: 1e-2 for Prologue::None / RmsNorm; for every prologue 1.5·‖e‖/‖x‖ + 1e-4 with ‖e‖/‖x‖
+//    measured on the host's quantization of the CPU's input. Checked for rows ≥ 256 (fewer rows make
+//    the ratio a noisy estimate; check 1 covers those).
+#include <gtest/gtest.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/bf16.h"
+#include "cpu/ops.h"
+#include "cuda/kernels/decode.h"
+
+using namespace lilac;
+namespace lc = lilac::cuda;
+
+namespace {
+
+bool gpu_ok(std::string* why) {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess || n == 0) {
+    *why = e != cudaSuccess ? cudaGetErrorString(e) : "no device";
+    cudaGetLastError();
+    return false;
+  }
+  return true;
+}
+#define NEED_GPU()                                               \
+  do {                                                           \
+    std::string why_;                                            \
+    if (!gpu_ok(&why_)) GTEST_SKIP() << "no CUDA GPU: " << why_; \
+  } while (0)
+#define CK(x) ASSERT_EQ((x), cudaSuccess) << #x
+
+struct Rng {
+  std::mt19937_64 g;
+  explicit Rng(uint64_t s) : g(s) {}
+  float uni(float lo, float hi) { return std::uniform_real_distribution<float>(lo, hi)(g); }
+  float normal(float sd = 1.f) { return std::normal_distribution<float>(0.f, sd)(g); }
+  uint32_t word() { return uint32_t(g()); }
+};
+uint64_t fresh_seed() { return std::random_device{}() * 0x9E3779B97F4A7C15ull ^ std::random_device{}(); }
+
+struct HostQ {
+  std::vector<uint32_t> q;
+  std::vector<uint16_t> s, b;
+  QMatrix m;
+  HostQ(Rng& r, int64_t rows, int64_t cols, int bits) {
+    m.rows = rows;
+    m.cols = cols;
+    m.bits = bits;
+    m.group_size = 64;
+    q.resize(size_t(rows * m.words_per_row()));
+    s.resize(size_t(rows * m.groups_per_row()));
+    b.resize(s.size());
+    for (auto& w : q) w = r.word();
+    const float levels = float((1 << bits) - 1);
+    for (size_t i = 0; i < s.size(); ++i) {
+      const float sc = r.uni(0.5f, 1.5f) / (std::sqrt(float(cols)) * levels * 0.29f);
+      s[i] = f32_to_bf16(sc);
+      b[i] = f32_to_bf16(-sc * levels / 2 + r.uni(-0.2f, 0.2f) * sc);
+    }
+    m.qweight = q.data();
+    m.scales = s.data();
+    m.biases = b.data();
+  }
+};
+
+template <typename T>
+struct Dev {
+  T* p = nullptr;
+  size_t n = 0;
+  explicit Dev(size_t count) : n(count) { cudaMalloc(&p, std::max<size_t>(count, 1) * sizeof(T)); }
+  Dev(const std::vector<T>& v) : Dev(v.size()) { cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice); }
+  ~Dev() { cudaFree(p); }
+  void poison() { cudaMemset(p, 0xff, n * sizeof(T)); }  // NaN for floats
+  std::vector<T> get() const {
+    std::vector<T> v(n);
+    cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost);
+    return v;
+  }
+  void set(const std::vector<T>& v) { cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice); }
+};
+
+struct DevQ {
+  Dev<uint32_t> q;
+  Dev<uint16_t> s, b;
+  lc::QMatrixDev d;
+  explicit DevQ(const HostQ& h) : q(h.q), s(h.s), b(h.b) {
+    d.rows = h.m.rows;
+    d.cols = h.m.cols;
+    d.bits = h.m.bits;
+    d.group_size = h.m.group_size;
+    d.qweight = q.p;
+    d.scales = reinterpret_cast<const __nv_bfloat16*>(s.p);
+    d.biases = reinterpret_cast<const __nv_bfloat16*>(b.p);
+  }
+};
+
+double rel_err(const std::vector<float>& got, const std::vector<float>& ref) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (!std::isfinite(got[i])) return INFINITY;
+    num += (double(got[i]) - ref[i]) * (double(got[i]) - ref[i]);
+    den += double(ref[i]) * ref[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+
+std::vector<float> randv(Rng& r, size_t n, float sd = 1.f) {
+  std::vector<float> v(n);
+  for (auto& x : v) x = r.normal(sd);
+  return v;
+}
+
+// The kernel's int8 input: per group of 64, d = max|x|/127, q = round-half-even(x · (127/max|x|)).
+struct Int8Input {
+  std::vector<float> xhat;  // d·q
+  double max_d = 0, err_ratio = 0;  // max_g d_g; ‖x̂ − x‖/‖x‖
+};
+Int8Input quantize_host(const std::vector<float>& x) {
+  Int8Input o;
+  o.xhat.resize(x.size());
+  double ee = 0, xx = 0;
+  for (size_t g = 0; g < x.size(); g += 64) {
+    float amax = 0.f;
+    for (size_t i = g; i < g + 64; ++i) amax = std::max(amax, std::fabs(x[i]));
+    const float d = amax / 127.f;
+    const float inv = amax > 0.f ? 127.f / amax : 0.f;
+    o.max_d = std::max(o.max_d, double(d));
+    for (size_t i = g; i < g + 64; ++i) {
+      const float qf = std::nearbyint(x[i] * inv);  // default rounding mode: to nearest, ties to even
+      const float q = std::max(-127.f, std::min(127.f, qf));
+      o.xhat[i] = d * q;
+      ee += (double(o.xhat[i]) - x[i]) * (double(o.xhat[i]) - x[i]);
+      xx += double(x[i]) * x[i];
+    }
+  }
+  o.err_ratio = std::sqrt(ee / std::max(xx, 1e-30));
+  return o;
+}
+
+// Host model of the dp4a kernel's arithmetic, in double: per element
+// s_g·(q·x̂ + zc·(x − x̂)) + b_g·x, zc = (2^bits − 1)/2.
+std::vector<float> dp4a_model(const HostQ& h, const std::vector<float>& x, const Int8Input& xi) {
+  const QMatrix& m = h.m;
+  const int per = 32 / m.bits;
+  const uint32_t mask = (1u << m.bits) - 1u;
+  const double zc = double((1 << m.bits) - 1) * 0.5;
+  std::vector<float> y(size_t(m.rows));
+  for (int64_t r = 0; r < m.rows; ++r) {
+    double acc = 0;
+    for (int64_t c = 0; c < m.cols; ++c) {
+      const uint32_t w = h.q[size_t(r * m.words_per_row() + c / per)];
+      const double q = double((w >> ((c % per) * m.bits)) & mask);
+      const int64_t g = r * m.groups_per_row() + c / m.group_size;
+      const double s = bf16_to_f32(h.s[size_t(g)]), b = bf16_to_f32(h.b[size_t(g)]);
+      const double xv = x[size_t(c)], xh = xi.xhat[size_t(c)];
+      acc += s * (q * xh + zc * (xv - xh)) + b * xv;
+    }
+    y[size_t(r)] = float(acc);
+  }
+  return y;
+}
+
+struct Case {
+  int64_t rows, cols;
+  int bits;
+  bool all_prologues;
+};
+
+void run_case(Rng& r, const Case& c) {
+  SCOPED_TRACE("rows " + std::to_string(c.rows) + " cols " + std::to_string(c.cols) + " bits " +
+               std::to_string(c.bits));
+  HostQ hq(r, c.rows, c.cols, c.bits);
+  DevQ dq(hq);
+  const auto x = randv(r, size_t(c.cols), 2.f);
+  std::vector<float> w1 = randv(r, size_t(c.cols), 0.3f);
+  for (auto& v : w1) v += 1.f;
+  const int hd = 64;
+  const auto z = randv(r, size_t(c.cols));
+  std::vector<float> gw(hd);
+  for (auto& v : gw) v = r.uni(0.5f, 1.5f);
+  Dev<float> dx(x), dw(w1), dz(z), dgw(gw), dy(size_t(c.rows));
+  const int npro = c.all_prologues ? 3 : 2;
+  for (int pro = 0; pro < npro; ++pro) {
+    for (int acc = 0; acc < (c.all_prologues ? 2 : 1); ++acc) {
+      SCOPED_TRACE("prologue " + std::to_string(pro) + " accumulate " + std::to_string(acc));
+      std::vector<float> xin(x);
+      if (pro == 1) cpu::rmsnorm(x.data(), w1.data(), c.cols, 1e-6f, xin.data());
+      if (pro == 2)
+        for (int64_t h = 0; h < c.cols / hd; ++h)
+          cpu::gated_rmsnorm(x.data() + h * hd, z.data() + h * hd, gw.data(), hd, 1e-6f, xin.data() + h * hd);
+      std::vector<float> ref(size_t(c.rows));
+      cpu::qmatvec(hq.m, xin.data(), ref.data());
+      const Int8Input xi = quantize_host(xin);
+      std::vector<float> model = dp4a_model(hq, xin, xi);
+      const auto y0 = randv(r, size_t(c.rows));
+      if (acc) {
+        dy.set(y0);
+        for (size_t i = 0; i < ref.size(); ++i) {
+          ref[i] += y0[i];
+          model[i] += y0[i];
+        }
+      } else {
+        dy.poison();
+      }
+      lc::GemvArgs a;
+      a.W = dq.d;
+      a.x = dx.p;
+      a.y = dy.p;
+      a.accumulate = acc;
+      a.pro = lc::Prologue(pro);
+      a.norm_w = pro == 2 ? dgw.p : dw.p;
+      a.z = dz.p;
+      a.head_dim = hd;
+      a.eps = 1e-6f;
+      a.impl = lc::GemvImpl::Dp4a;
+      lc::gemv(a, nullptr);
+      CK(cudaDeviceSynchronize());
+      const auto got = dy.get();
+      double xn = 0;
+      for (float v : xin) xn += double(v) * v;
+      const double tol_model = pro == 0 ? 1e-4 : 1e-4 + 3 * xi.max_d / std::sqrt(xn);
+      EXPECT_LE(rel_err(got, model), tol_model) << "vs the host model of the int8 arithmetic";
+      if (c.rows >= 256 && !acc) {  // accumulate adds y0 to both: the ratio would be diluted
+        const double e = rel_err(got, ref);
+        EXPECT_LE(e, 1.5 * xi.err_ratio + 1e-4) << "vs fp32; input rounding error " << xi.err_ratio;
+        if (pro != 2) EXPECT_LE(e, 1e-2) << "vs fp32";
+      }
+    }
+  }
+}
+
+TEST(CudaDecodeDp4a, GemvMatchesCpuOddSizes) {
+  NEED_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  Rng r(seed);
+  for (const Case c : {Case{1001, 448, 4, true}, Case{77, 192, 4, true}, Case{3, 64, 4, true}, Case{3, 64, 8, true},
+                       Case{257, 2048, 8, true}, Case{517, 448, 8, true}, Case{1, 128, 4, true},
+                       Case{5, 4096, 4, true}, Case{258, 320, 8, true}})
+    run_case(r, c);
+}
+
+TEST(CudaDecodeDp4a, GemvMatchesCpuModelShapes) {
+  NEED_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  Rng r(seed);
+  // in_proj-like 2048→8192, 2048→512, out_proj 4096→2048, 512→2048, the 8-bit router 2048→257.
+  for (const Case c : {Case{8192, 2048, 4, true}, Case{512, 2048, 4, true}, Case{2048, 4096, 4, true},
+                       Case{2048, 512, 4, true}, Case{257, 2048, 8, true}, Case{2048, 512, 8, true}})
+    run_case(r, c);
+}
+
+TEST(CudaDecodeDp4a, GemvLmHeadShape) {
+  NEED_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  Rng r(seed);
+  run_case(r, Case{248320, 2048, 4, false});  // None and RmsNorm (the LM head's), no accumulate
+}
+
+TEST(CudaDecodeDp4a, GemvConvEpilogueMatchesCpu) {
+  NEED_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  Rng r(seed);
+  const int64_t rows = 301, cols = 256, conv_rows = 201;
+  const int K = 4;
+  HostQ hq(r, rows, cols, 4);
+  DevQ dq(hq);
+  auto cw = randv(r, size_t(conv_rows * K), 0.5f);
+  auto st = randv(r, size_t(conv_rows * (K - 1)));
+  auto st_model = st;
+  Dev<float> dcw(cw), dst(st), dy(static_cast<size_t>(rows));
+  for (int step = 0; step < 3; ++step) {
+    const auto x = randv(r, size_t(cols));
+    Dev<float> dx(x);
+    // Prologue::None: the host model is exact up to summation order (see the top of the file).
+    std::vector<float> ref = dp4a_model(hq, x, quantize_host(x));
+    cpu::conv1d_silu_step(cw.data(), conv_rows, K, st_model.data(), ref.data(), ref.data());
+    dy.poison();
+    lc::GemvArgs a;
+    a.W = dq.d;
+    a.x = dx.p;
+    a.y = dy.p;
+    a.conv_rows = int(conv_rows);
+    a.conv_k = K;
+    a.conv_w = dcw.p;
+    a.conv_state = dst.p;
+    a.impl = lc::GemvImpl::Dp4a;
+    lc::gemv(a, nullptr);
+    CK(cudaDeviceSynchronize());
+    EXPECT_LE(rel_err(dy.get(), ref), 1e-4) << "step " << step;
+    EXPECT_LE(rel_err(dst.get(), st_model), 1e-4) << "conv state, step " << step;
+  }
+}
+
+// LILAC_GEMV=dp4a selects the variant for GemvImpl::FromEnv (the default); anything else the fp32 one.
+TEST(CudaDecodeDp4a, EnvironmentSelectsTheVariant) {
+  const char* old = std::getenv("LILAC_GEMV");
+  const std::string saved = old ? old : "";
+  setenv("LILAC_GEMV", "dp4a", 1);
+  EXPECT_EQ(lc::gemv_impl_from_env(), lc::GemvImpl::Dp4a);
+  setenv("LILAC_GEMV", "fp32", 1);
+  EXPECT_EQ(lc::gemv_impl_from_env(), lc::GemvImpl::Fp32);
+  unsetenv("LILAC_GEMV");
+  EXPECT_EQ(lc::gemv_impl_from_env(), lc::GemvImpl::Fp32);
+  if (old) setenv("LILAC_GEMV", saved.c_str(), 1);
+}
+
+}  // namespace
