@@ -414,7 +414,7 @@ class CudaSession : public Session {
     mask_ = static_cast<uint8_t*>(mem_.get(size_t(c.vocab_size)));
     scratch_ = mem_.get(sample_scratch_bytes(c.vocab_size));
     result_ = static_cast<SampleResult*>(mem_.get(sizeof(SampleResult)));
-    prompt_ = static_cast<int32_t*>(mem_.get(size_t(kPromptChunk) * 4));
+    prompt_ = static_cast<int32_t*>(mem_.get(size_t(prompt_chunk()) * 4));
     LILAC_CUDA_CHECK(cudaMallocHost(&host_result_, sizeof(SampleResult)));
     LILAC_CUDA_CHECK(cudaMemset(logits_, 0, size_t(c.vocab_size) * 4));
     SamplingParams greedy;
@@ -453,7 +453,7 @@ class CudaSession : public Session {
     const int64_t V = cfg_.vocab_size;
     size_t i = 0;
     while (i < tokens.size()) {
-      const size_t n = std::min<size_t>(kPromptChunk, tokens.size() - i);
+      const size_t n = std::min<size_t>(prompt_chunk(), tokens.size() - i);
       LILAC_CUDA_CHECK(
           cudaMemcpyAsync(prompt_, tokens.data() + i, n * 4, cudaMemcpyHostToDevice, stream_));
       const bool batched = !sink && n >= 2 && prefill_batched_ok();
@@ -615,7 +615,16 @@ class CudaSession : public Session {
   size_t state_bytes() const { return mem_.bytes; }
 
  private:
-  static constexpr int kPromptChunk = 512;
+  // Tokens per batched prefill chunk: bounds the prefill scratch memory; larger chunks feed the GEMMs and
+  // the grouped expert GEMMs more rows per weight tile. LILAC_PREFILL_CHUNK overrides (16..16384).
+  static int prompt_chunk() {
+    static const int n = [] {
+      const char* e = std::getenv("LILAC_PREFILL_CHUNK");
+      const int v = e ? std::atoi(e) : 512;
+      return std::clamp(v, 16, 16384);
+    }();
+    return n;
+  }
 
   float* f32(int64_t n) { return static_cast<float*>(mem_.get(size_t(std::max<int64_t>(n, 1)) * 4)); }
   void sync() { LILAC_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
@@ -823,7 +832,7 @@ void CudaSession::prefill_chunk_batched(int n, bool last) {
   int ai = 0, gi = 0;
   int64_t max_in = 0;
   for (const DevLayer& L : m_.layers) max_in = std::max(max_in, L.attn ? L.qkv.rows : L.in_proj.rows);
-  prefill_begin(pw_, ctx, kPromptChunk, max_in, m_.layers[0].moe_prefill);
+  prefill_begin(pw_, ctx, prompt_chunk(), max_in, m_.layers[0].moe_prefill);
   for (const DevLayer& L : m_.layers) {
     PrefillLayer pl;
     pl.attn = L.attn;
