@@ -106,12 +106,12 @@ void compare_fixture(const std::string& name) {
   EXPECT_THROW(gs->prefill(std::vector<int32_t>{int32_t(c.vocab_size)}), InputError);
 }
 
-// LILAC_GEMV=dp4a (set before the backend exists, restored after): the dense decode GEMVs take int8
-// inputs (per group of 64). On these random-weight models the int8 rounding (≈ 0.6 % per GEMV, measured
-// 0.65 % on the LM head alone) is amplified by the recurrent state and by MoE routing flips: a CPU
-// simulation of exactly this rounding (the CPU backend with its dense qmatvec inputs rounded the
-// kernel's way, experts fp32; 2026-11-29, 60 prompts each) gave rel 0.05–0.11 (tiny) and 0.04–0.24
-// (tiny2) over the 37 prompt positions + 12 teacher-forced steps, up to 0.84 for single positions. So the
+// LILAC_GEMV=dp4a (set before the backend exists, restored after): the dense decode GEMVs and the MoE
+// gate/up GEMVs take int8 inputs (per group of 64). On these random-weight models the int8 rounding
+// (≈ 0.6 % per GEMV, measured 0.65 % on the LM head alone) is amplified by the recurrent state and by MoE
+// routing flips: a CPU simulation of exactly this rounding (the CPU backend with the inputs of its dense
+// and expert gate/up qmatvecs rounded the kernel's way, down fp32; 2026-11-29, 60 prompts each) gave
+// rel 0.04–0.11 (tiny) and 0.03–0.23 (tiny2) over the 37 prompt positions + 12 teacher-forced steps, up to 0.84 for single positions. So the
 // comparison with the fp32 CPU backend is loose (overall rel ≤ 0.5; a broken kernel or wiring gives ≈ 1.4 on these
 // unit-rms logits), teacher-forced (both backends are fed the CPU's greedy tokens, so one flipped
 // argmax does not derail the rest), and the GPU's own determinism is checked exactly: snapshot /

@@ -62,8 +62,10 @@ struct MoEDecodeWeights {
   int E = 0, top_k = 0;
   bool renormalise = true;
 };
+// impl: as GemvArgs::impl (FromEnv: LILAC_GEMV=dp4a selects the int8-input variant of the gate/up GEMVs).
 void moe_gate_up(const MoEDecodeWeights& w, const float* logits, const float* x, const float* norm_w, float eps,
-                 int32_t* sel_ids, float* sel_w, float* act, cudaStream_t stream);
+                 int32_t* sel_ids, float* sel_w, float* act, cudaStream_t stream,
+                 GemvImpl impl = GemvImpl::FromEnv);
 void moe_down(const MoEDecodeWeights& w, const int32_t* sel_ids, const float* sel_w, const float* act, float* y,
               cudaStream_t stream);
 

@@ -368,6 +368,96 @@ __global__ void __launch_bounds__(kThreads, MINB)
   }
 }
 
+// dp4a variant of moe_gate_up_kernel (LILAC_GEMV=dp4a): the normalised x quantized once per block as in
+// gemv_dp4a_kernel; a group of `lpr` lanes takes one item (gate row j and up row j of one expert) and
+// keeps 2 rows × kGuUnroll chunk positions of 16-byte loads in flight.
+constexpr int kGuUnroll = 4;
+template <int BITS, int MINB>
+__global__ void __launch_bounds__(kThreads, MINB)
+    moe_gate_up_dp4a_kernel(MoEDecodeWeights w, const float* logits, const float* x, const float* norm_w, float eps,
+                            int32_t* sel_ids, float* sel_w, float* act, int lpr, int cpg_log2) {
+  extern __shared__ float4 smem4[];
+  __shared__ float red[32];
+  __shared__ int s_ids[32];
+  __shared__ float s_w[33];
+  constexpr int EPL = 128 / BITS;
+  const int cols = int(w.gate.first.cols);
+  const int nchunk = cols / EPL;
+  float4* meta = smem4;
+  signed char* xq = reinterpret_cast<signed char*>(smem4 + nchunk);
+  float* xs = reinterpret_cast<float*>(xq + cols);
+  GemvArgs a;
+  a.x = x;
+  a.pro = Prologue::RmsNorm;
+  a.norm_w = norm_w;
+  a.eps = eps;
+  if ((threadIdx.x >> 5) == 0) route_warp(logits, w.E, w.top_k, w.renormalise, s_ids, s_w, sel_ids, sel_w);
+  stage_input(a, xs, cols, red);
+  quantize_input<BITS>(xs, cols, xq, meta);
+  __syncthreads();
+  const int4* xa = reinterpret_cast<const int4*>(xq);
+  const int4* xb = xa + nchunk;  // 4-bit only
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int gpw = 32 / lpr, grp = lane / lpr, gl = lane % lpr;
+  const int I = int(w.gate.first.rows), Is = int(w.shared_gate.rows);
+  const int64_t items = int64_t(w.top_k) * I + Is;
+  for (int64_t base = (int64_t(blockIdx.x) * kWarps + warp) * gpw; base < items;
+       base += int64_t(gridDim.x) * kWarps * gpw) {
+    const int64_t it = base + grp;
+    const bool valid = it < items;
+    float acc[2] = {0.f, 0.f};
+    int slot = 0, j = 0;
+    if (valid) {
+      QMatrixDev G, U;
+      if (it < int64_t(w.top_k) * I) {
+        slot = int(it / I);
+        j = int(it % I);
+        G = w.gate.expert(s_ids[slot]);
+        U = w.up.expert(s_ids[slot]);
+      } else {
+        slot = w.top_k;
+        j = int(it - int64_t(w.top_k) * I);
+        G = w.shared_gate;
+        U = w.shared_up;
+      }
+      const int64_t wpr4 = G.words_per_row() / 4, gpr = G.groups_per_row();
+      const uint4* wp[2] = {reinterpret_cast<const uint4*>(G.qweight) + j * wpr4,
+                            reinterpret_cast<const uint4*>(U.qweight) + j * wpr4};
+      const __nv_bfloat16* sp[2] = {G.scales + j * gpr, U.scales + j * gpr};
+      const __nv_bfloat16* bp[2] = {G.biases + j * gpr, U.biases + j * gpr};
+      for (int c = gl; c < nchunk; c += kGuUnroll * lpr) {
+        uint4 wv[kGuUnroll][2];
+#pragma unroll
+        for (int u = 0; u < kGuUnroll; ++u) {
+          const int cu = c + u * lpr;
+#pragma unroll
+          for (int i = 0; i < 2; ++i) wv[u][i] = cu < nchunk ? ld_stream(wp[i] + cu) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < kGuUnroll; ++u) {
+          const int cu = c + u * lpr;
+          if (cu < nchunk) {
+            const float4 m = meta[cu];
+            const int4 va = xa[cu];
+            const int4 vb = BITS == 4 ? xb[cu] : va;
+            const int g = cu >> cpg_log2;
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+              const int dot = chunk_dot_i8<BITS>(wv[u][i], va, vb);
+              const float sc = bf2f(sp[i][g]), bi = bf2f(bp[i][g]);
+              acc[i] = fmaf(sc, fmaf(m.x, float(dot), m.y), fmaf(bi, m.z, acc[i]));
+            }
+          }
+        }
+      }
+    }
+    const float g = group_sum(acc[0], lpr);
+    const float u = group_sum(acc[1], lpr);
+    if (valid && gl == 0) act[int64_t(slot) * I + j] = silu_f(g) * u;
+  }
+}
+
 template <int BITS, int MINB>
 __global__ void __launch_bounds__(kThreads, MINB)
     moe_down_kernel(MoEDecodeWeights w, const int32_t* sel_ids, const float* sel_w, const float* act, float* y,
@@ -552,10 +642,30 @@ static void check_moe(const MoEDecodeWeights& w) {
 }
 
 void moe_gate_up(const MoEDecodeWeights& w, const float* logits, const float* x, const float* norm_w, float eps,
-                 int32_t* sel_ids, float* sel_w, float* act, cudaStream_t stream) {
+                 int32_t* sel_ids, float* sel_w, float* act, cudaStream_t stream, GemvImpl moe_impl) {
   check_moe(w);
   const int bits = w.gate.first.bits, epl = 128 / bits;
   const int64_t cols = w.gate.first.cols, nchunk = cols / epl;
+  if (moe_impl == GemvImpl::FromEnv) moe_impl = gemv_impl_from_env();
+  if (moe_impl == GemvImpl::Dp4a && gemv_use_dp4a(GemvImpl::Dp4a, w.gate.first) &&
+      w.up.first.group_size == w.gate.first.group_size && w.shared_gate.group_size == w.gate.first.group_size &&
+      w.shared_up.group_size == w.gate.first.group_size) {
+    const int lpr = lanes_per_row(std::max<int64_t>(1, nchunk / kGuUnroll));
+    const int64_t items = int64_t(w.top_k) * w.gate.first.rows + w.shared_gate.rows;
+    const size_t smem = dp4a_smem(cols, bits);
+    int cpg_log2 = 0;
+    while ((epl << cpg_log2) < w.gate.first.group_size) ++cpg_log2;
+    auto go = [&](auto kernel) {
+      kernel<<<grid_for(kernel, smem, items, 32 / lpr), kThreads, smem, stream>>>(w, logits, x, norm_w, eps, sel_ids,
+                                                                              sel_w, act, lpr, cpg_log2);
+    };
+    if (bits == 4)
+      go(moe_gate_up_dp4a_kernel<4, 3>);
+    else
+      go(moe_gate_up_dp4a_kernel<8, 3>);
+    LILAC_CUDA_LAUNCH_CHECK();
+    return;
+  }
   const int lpr = lanes_per_row(nchunk);
   const int64_t items = int64_t(w.top_k) * w.gate.first.rows + w.shared_gate.rows;
   const size_t smem = size_t(cols + nchunk) * sizeof(float);
