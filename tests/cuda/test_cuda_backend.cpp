@@ -107,11 +107,11 @@ void compare_fixture(const std::string& name) {
 }
 
 // LILAC_GEMV=dp4a (set before the backend exists, restored after): the dense decode GEMVs and the MoE
-// gate/up GEMVs take int8 inputs (per group of 64). On these random-weight models the int8 rounding
+// gather-GEMVs take int8 inputs (per group of 64). On these random-weight models the int8 rounding
 // (≈ 0.6 % per GEMV, measured 0.65 % on the LM head alone) is amplified by the recurrent state and by MoE
-// routing flips: a CPU simulation of exactly this rounding (the CPU backend with the inputs of its dense
-// and expert gate/up qmatvecs rounded the kernel's way, down fp32; 2026-11-29, 60 prompts each) gave
-// rel 0.04–0.11 (tiny) and 0.03–0.23 (tiny2) over the 37 prompt positions + 12 teacher-forced steps, up to 0.84 for single positions. So the
+// routing flips: a CPU simulation of exactly this rounding (the CPU backend with the inputs of all its
+// quantized matrix-vector products rounded the kernel's way; 2026-11-29, 60 prompts each) gave
+// rel 0.05–0.11 (tiny) and 0.06–0.24 (tiny2) over the 37 prompt positions + 12 teacher-forced steps, up to 0.84 for single positions. So the
 // comparison with the fp32 CPU backend is loose (overall rel ≤ 0.5; a broken kernel or wiring gives ≈ 1.4 on these
 // unit-rms logits), teacher-forced (both backends are fed the CPU's greedy tokens, so one flipped
 // argmax does not derail the rest), and the GPU's own determinism is checked exactly: snapshot /

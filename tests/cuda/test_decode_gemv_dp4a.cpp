@@ -351,7 +351,7 @@ TEST(CudaDecodeDp4a, GemvConvEpilogueMatchesCpu) {
 // SwiGLU product and the weighted sum of 9 experts do not amplify a single flip beyond it for these
 // random weights). And against cpu::moe_forward (all fp32): gate and up each carry ≈ ‖e‖/‖x‖ of relative
 // error, their product about √2 of it: bound 3·‖e‖/‖x‖ + 1e-4 (E = 256 case: 2048 output rows).
-TEST(CudaDecodeDp4a, MoEGateUpMatchesCpu) {
+TEST(CudaDecodeDp4a, MoEGateUpAndDownMatchCpu) {
   NEED_GPU();
   const uint64_t seed = fresh_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
@@ -437,7 +437,7 @@ TEST(CudaDecodeDp4a, MoEGateUpMatchesCpu) {
     const auto y0 = randv(r, size_t(c.H));
     y.set(y0);
     lc::moe_gate_up(dw, dl.p, dh.p, dnw.p, 1e-6f, sel.p, selw.p, act.p, nullptr, lc::GemvImpl::Dp4a);
-    lc::moe_down(dw, sel.p, selw.p, act.p, y.p, nullptr);
+    lc::moe_down(dw, sel.p, selw.p, act.p, y.p, nullptr, lc::GemvImpl::Fp32);
     CK(cudaDeviceSynchronize());
     const auto gs = sel.get();
     for (int i = 0; i < c.k; ++i) EXPECT_EQ(gs[size_t(i)], ids[size_t(i)]) << "slot " << i;
@@ -449,6 +449,33 @@ TEST(CudaDecodeDp4a, MoEGateUpMatchesCpu) {
     EXPECT_LE(rel_err(got, mf), 1e-4 + 3 * xi.max_d / std::sqrt(xx)) << "vs the host model of the int8 arithmetic";
     if (c.H >= 2048) {
       EXPECT_LE(rel_err(got, rf), 3 * xi.err_ratio + 1e-4) << "vs fp32; input rounding error " << xi.err_ratio;
+    }
+
+    // moe_down with GemvImpl::Dp4a on the GPU's own act and weights: the host model sees the identical
+    // fp32 input (no rounding-boundary flips), so only summation order differs: ≤ 1e-4. Against the fp32
+    // down of the same act: ≈ ‖e‖/‖act‖ (act = silu(g)·u is heavy-tailed), bound 1.5·‖e‖/‖act‖ + 1e-4.
+    const auto ga = act.get();
+    const auto gw = selw.get();
+    const Int8Input ai = quantize_host(ga);
+    std::vector<double> dmodel(size_t(c.H), 0.0);
+    for (int t = 0; t <= c.k; ++t) {
+      const bool sh = t == c.k;
+      const int64_t len = sh ? c.Is : c.I, off = int64_t(t) * c.I;
+      const std::vector<float> seg_x(ga.begin() + off, ga.begin() + off + len);
+      Int8Input seg_i;
+      seg_i.xhat.assign(ai.xhat.begin() + off, ai.xhat.begin() + off + len);
+      const auto part = dp4a_model_rows(sh ? sd.m : down.m, sh ? 0 : int64_t(gs[size_t(t)]) * c.H, c.H, seg_x, seg_i);
+      for (int64_t o = 0; o < c.H; ++o) dmodel[size_t(o)] += double(gw[size_t(t)]) * part[size_t(o)];
+    }
+    y.set(y0);
+    lc::moe_down(dw, sel.p, selw.p, act.p, y.p, nullptr, lc::GemvImpl::Dp4a);
+    CK(cudaDeviceSynchronize());
+    auto got2 = y.get();
+    for (size_t i = 0; i < got2.size(); ++i) got2[i] -= y0[i];
+    std::vector<float> dm(dmodel.begin(), dmodel.end());
+    EXPECT_LE(rel_err(got2, dm), 1e-4) << "moe_down dp4a vs the host model";
+    if (c.H >= 2048) {
+      EXPECT_LE(rel_err(got2, got), 1.5 * ai.err_ratio + 1e-4) << "moe_down dp4a vs fp32; act rounding " << ai.err_ratio;
     }
   }
 }

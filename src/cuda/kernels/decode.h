@@ -67,7 +67,7 @@ void moe_gate_up(const MoEDecodeWeights& w, const float* logits, const float* x,
                  int32_t* sel_ids, float* sel_w, float* act, cudaStream_t stream,
                  GemvImpl impl = GemvImpl::FromEnv);
 void moe_down(const MoEDecodeWeights& w, const int32_t* sel_ids, const float* sel_w, const float* act, float* y,
-              cudaStream_t stream);
+              cudaStream_t stream, GemvImpl impl = GemvImpl::FromEnv);
 
 // ------------------------------------------------------------------------------------------------ attention
 // From q_proj's output qg [heads][query head_dim | gate head_dim] and k, v [kv_heads * head_dim]:

@@ -513,6 +513,108 @@ __global__ void __launch_bounds__(kThreads, MINB)
   }
 }
 
+// dp4a variant of moe_down_kernel (LILAC_GEMV=dp4a): the activations act [k·I + Is] quantized once per
+// block (I, Is multiples of 64, so every 64-group lies in one expert's segment); a group of `lpr` lanes
+// takes 4 output rows and strides over the chunks of all k + 1 segments (expert of a chunk: c / nch),
+// 4 rows × 2 chunk positions of loads in flight; y[r] += Σ_e sel_w[e]·(row r of down_e)·act_e.
+template <int BITS, int MINB>
+__global__ void __launch_bounds__(kThreads, MINB)
+    moe_down_dp4a_kernel(MoEDecodeWeights w, const int32_t* sel_ids, const float* sel_w, const float* act, float* y,
+                         int lpr, int cpg_log2) {
+  extern __shared__ float4 smem4[];
+  __shared__ const uint4* s_q[33];
+  __shared__ const __nv_bfloat16* s_sc[33];
+  __shared__ const __nv_bfloat16* s_bi[33];
+  __shared__ float s_w[33];
+  constexpr int EPL = 128 / BITS;
+  const int I = int(w.down.first.cols), Is = int(w.shared_down.cols);
+  const int k = w.top_k;
+  const int n_act = k * I + Is;
+  const int nchunk = n_act / EPL, nch = I / EPL, nche = k * nch;
+  float4* meta = smem4;
+  signed char* xq = reinterpret_cast<signed char*>(smem4 + nchunk);
+  float* xs = reinterpret_cast<float*>(xq + n_act);
+  for (int i = threadIdx.x; i < n_act; i += blockDim.x) xs[i] = act[i];
+  if (threadIdx.x <= k) {
+    const int t = threadIdx.x;
+    const QMatrixDev M = t < k ? w.down.expert(sel_ids[t]) : w.shared_down;
+    s_q[t] = reinterpret_cast<const uint4*>(M.qweight);
+    s_sc[t] = M.scales;
+    s_bi[t] = M.biases;
+    s_w[t] = sel_w[t];
+  }
+  __syncthreads();
+  quantize_input<BITS>(xs, n_act, xq, meta);
+  __syncthreads();
+  const int4* xa = reinterpret_cast<const int4*>(xq);
+  const int4* xb = xa + nchunk;  // 4-bit only
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int gpw = 32 / lpr, grp = lane / lpr, gl = lane % lpr;
+  const int64_t rows = w.down.first.rows, nquads = (rows + kDpRows - 1) / kDpRows;
+  const int wpr4 = int(w.down.first.words_per_row() / 4), gpr = int(w.down.first.groups_per_row());
+  const int wpr4s = int(w.shared_down.words_per_row() / 4), gprs = int(w.shared_down.groups_per_row());
+  for (int64_t base = (int64_t(blockIdx.x) * kWarps + warp) * gpw; base < nquads;
+       base += int64_t(gridDim.x) * kWarps * gpw) {
+    const int64_t qd = base + grp;
+    const int64_t r0 = qd * kDpRows;
+    float acc[kDpRows];
+#pragma unroll
+    for (int i = 0; i < kDpRows; ++i) acc[i] = 0.f;
+    if (qd < nquads) {
+      int dr[kDpRows];  // row offsets from r0 (rows past the end re-read the last row; result dropped)
+#pragma unroll
+      for (int i = 0; i < kDpRows; ++i) dr[i] = int(min(int64_t(i), rows - 1 - r0));
+      for (int c = gl; c < nchunk; c += 2 * lpr) {
+        uint4 wv[2][kDpRows];
+        int seg[2], cl[2];
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+          const int cu = c + u * lpr;
+          const bool ok = cu < nchunk;
+          const int e = cu < nche ? cu / nch : k;
+          seg[u] = e;
+          cl[u] = cu - e * nch;
+          const bool sh = e == k;
+          const int stride = sh ? wpr4s : wpr4;
+          const uint4* q = s_q[ok ? e : 0] + r0 * stride + cl[u];
+#pragma unroll
+          for (int i = 0; i < kDpRows; ++i) wv[u][i] = ok ? ld_stream(q + dr[i] * stride) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+          const int cu = c + u * lpr;
+          if (cu < nchunk) {
+            const int e = seg[u];
+            const bool sh = e == k;
+            const int gp = sh ? gprs : gpr;
+            const int64_t goff = r0 * gp + (cl[u] >> cpg_log2);
+            const __nv_bfloat16* sp = s_sc[e] + goff;
+            const __nv_bfloat16* bp = s_bi[e] + goff;
+            const float sw = s_w[e];
+            const float4 m = meta[cu];
+            const int4 va = xa[cu];
+            const int4 vb = BITS == 4 ? xb[cu] : va;
+#pragma unroll
+            for (int i = 0; i < kDpRows; ++i) {
+              const int dot = chunk_dot_i8<BITS>(wv[u][i], va, vb);
+              const float sc = bf2f(sp[dr[i] * gp]), bi = bf2f(bp[dr[i] * gp]);
+              acc[i] = fmaf(sw, fmaf(sc, fmaf(m.x, float(dot), m.y), bi * m.z), acc[i]);
+            }
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kDpRows; ++i) acc[i] = group_sum(acc[i], lpr);
+    if (qd < nquads && gl == 0) {
+#pragma unroll
+      for (int i = 0; i < kDpRows; ++i)
+        if (r0 + i < rows) y[r0 + i] += acc[i];
+    }
+  }
+}
+
 template <int BITS>
 __global__ void embed_kernel(QMatrixDev E, const int32_t* token, float* out) {
   const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -682,11 +784,31 @@ void moe_gate_up(const MoEDecodeWeights& w, const float* logits, const float* x,
 }
 
 void moe_down(const MoEDecodeWeights& w, const int32_t* sel_ids, const float* sel_w, const float* act, float* y,
-              cudaStream_t stream) {
+              cudaStream_t stream, GemvImpl impl) {
   check_moe(w);
   const int bits = w.down.first.bits, epl = 128 / bits;
   const int64_t I = w.down.first.cols, Is = w.shared_down.cols;
   const int64_t n_act = w.top_k * I + Is;
+  if (impl == GemvImpl::FromEnv) impl = gemv_impl_from_env();
+  if (impl == GemvImpl::Dp4a && gemv_use_dp4a(GemvImpl::Dp4a, w.down.first) &&
+      w.shared_down.group_size == w.down.first.group_size && dp4a_smem(n_act, bits) <= 48 * 1024) {
+    const int64_t nchunk = n_act / epl;
+    const int lpr = lanes_per_row(std::max<int64_t>(1, nchunk / 2));
+    const int64_t nquads = (w.down.first.rows + kDpRows - 1) / kDpRows;
+    const size_t smem = dp4a_smem(n_act, bits);
+    int cpg_log2 = 0;
+    while ((epl << cpg_log2) < w.down.first.group_size) ++cpg_log2;
+    auto go = [&](auto kernel) {
+      kernel<<<grid_for(kernel, smem, nquads, 32 / lpr), kThreads, smem, stream>>>(w, sel_ids, sel_w, act, y, lpr,
+                                                                               cpg_log2);
+    };
+    if (bits == 4)
+      go(moe_down_dp4a_kernel<4, 3>);
+    else
+      go(moe_down_dp4a_kernel<8, 2>);  // 8-bit spills 4 bytes at 80 registers
+    LILAC_CUDA_LAUNCH_CHECK();
+    return;
+  }
   const int lpr = lanes_per_row(std::min(I, Is) / epl);
   const size_t smem = size_t(n_act + n_act / epl) * sizeof(float);
   LILAC_CHECK(smem <= 48 * 1024, "moe_down: too many expert activations for shared memory");
