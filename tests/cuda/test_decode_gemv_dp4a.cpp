@@ -16,7 +16,7 @@
 //    per group of 64) only meets the centred weights, so ‖Δ‖/‖ref‖ ≈ ‖e‖/‖x‖ for random centred
 //    weights: ≈ 6e-3 for Gaussian inputs (max ≈ 2.5σ per 64), ≈ 7e-3 after RMSNorm with random
 //    multipliers, ≈ 1.2e-2 for the gated head norm (x·silu(z) is heavy-tailed: max ≈ 5 rms).
-//    Bound: 1e-2 for Prologue::None / RmsNorm; for every prologue 1.5·‖e‖/‖x‖ + 1e-4 with ‖e‖/‖x‖
+//    Bound: 1e-2 for Prologue::None / RmsNorm (cols >= 2048); for every prologue 1.5·‖e‖/‖x‖ + 1e-4 with ‖e‖/‖x‖
 //    measured on the host's quantization of the CPU's input. Checked for rows ≥ 256 (fewer rows make
 //    the ratio a noisy estimate; check 1 covers those).
 #include <gtest/gtest.h>
@@ -270,7 +270,7 @@ void run_case(Rng& r, const Case& c) {
       if (c.rows >= 256 && !acc) {  // accumulate adds y0 to both: the ratio would be diluted
         const double e = rel_err(got, ref);
         EXPECT_LE(e, 1.5 * xi.err_ratio + 1e-4) << "vs fp32; input rounding error " << xi.err_ratio;
-        if (pro != 2) {
+        if (pro != 2 && c.cols >= 2048) {  // ‖e‖/‖x‖ over >= 32 groups: concentrated near 6-7e-3
           EXPECT_LE(e, 1e-2) << "vs fp32";
         }
       }
