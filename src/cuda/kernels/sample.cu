@@ -300,7 +300,7 @@ __global__ void __launch_bounds__(kSelThreads)
     const unsigned long long rbits = splitmix(p.seed * 0x2545F4914F6CDD1Dull + splitmix(p.step));
     const float u = float(double(rbits >> 11) * (1.0 / 9007199254740992.0)) * ztot;
     __shared__ int chosen;
-    if (threadIdx.x == 0) chosen = r.t_arg;
+    if (threadIdx.x == 0) chosen = 0x7fffffff;
     __syncthreads();
     if (w > 0.f && u >= before && (u < before + w || threadIdx.x == kSelThreads - 1 ||
                                    before + w >= ztot)) {
@@ -319,7 +319,7 @@ __global__ void __launch_bounds__(kSelThreads)
       if (pick >= 0) atomicMin(&chosen, pick);  // at most one thread's range holds u (two only at an edge)
     }
     __syncthreads();
-    token = chosen;
+    token = chosen != 0x7fffffff ? chosen : r.t_arg;  // no range held u (rounding at the very end): argmax
   }
   // log-probabilities of the raw distribution
   if (threadIdx.x == 0) {
@@ -332,27 +332,36 @@ __global__ void __launch_bounds__(kSelThreads)
   }
   const int ntop = p.top_logprobs < kMaxTopLogprobs ? p.top_logprobs : kMaxTopLogprobs;
   if (p.logprobs && ntop > 0) {
-    __shared__ int taken[kMaxTopLogprobs];
-    for (int t = 0; t < ntop; ++t) {
-      float bv = -INFINITY;
-      int bi = 0x7fffffff;
-      for (int64_t i = threadIdx.x; i < vocab; i += kSelThreads) {
-        bool skip = false;
-        for (int q = 0; q < t; ++q) skip |= taken[q] == int(i);
-        const float v = logits[i];
-        if (!skip && better(v, int(i), bv, bi)) {
-          bv = v;
-          bi = int(i);
-        }
+    // One pass: each thread keeps the ntop best (value desc, id asc) of its strided share of the
+    // vocabulary, sorted; then ntop block-argmax rounds over the threads' current heads, the winner's
+    // thread moving on to its next entry (ids are unique, so exactly one thread advances per round).
+    float lv[kMaxTopLogprobs];
+    int li[kMaxTopLogprobs];
+    int cnt = 0;
+    for (int64_t i = threadIdx.x; i < vocab; i += kSelThreads) {
+      const float v = logits[i];
+      if (cnt == ntop && !better(v, int(i), lv[ntop - 1], li[ntop - 1])) continue;
+      int j = cnt < ntop ? cnt++ : ntop - 1;  // insertion: shift worse entries down
+      while (j > 0 && better(v, int(i), lv[j - 1], li[j - 1])) {
+        lv[j] = lv[j - 1];
+        li[j] = li[j - 1];
+        --j;
       }
+      lv[j] = v;
+      li[j] = int(i);
+    }
+    int head = 0;
+    for (int t = 0; t < ntop; ++t) {
+      float bv = head < cnt ? lv[head] : -INFINITY;
+      int bi = head < cnt ? li[head] : 0x7fffffff;
       bargmax(bv, bi, red, redi);
+      if (head < cnt && li[head] == bi) ++head;
       if (threadIdx.x == 0) {
-        taken[t] = bi;
         result->top_ids[t] = bi;
         result->top_lp[t] = bv - lse;
         result->n_top = t + 1;
       }
-      __syncthreads();
+      __syncthreads();  // every thread has read red/redi before the next round writes them
     }
   }
 }
