@@ -615,12 +615,13 @@ class CudaSession : public Session {
   size_t state_bytes() const { return mem_.bytes; }
 
  private:
-  // Tokens per batched prefill chunk: bounds the prefill scratch memory; larger chunks feed the GEMMs and
-  // the grouped expert GEMMs more rows per weight tile. LILAC_PREFILL_CHUNK overrides (16..16384).
+  // Tokens per batched prefill chunk: bounds the prefill scratch memory (~0.5 GB at 4096 on the real model);
+  // larger chunks give the GEMMs and the grouped expert GEMMs more rows per weight tile (4096 vs 512:
+  // 34.8K vs 11.9K tok/s at a 4096-token prompt, bench/BENCHMARKS.md). LILAC_PREFILL_CHUNK overrides (16..16384).
   static int prompt_chunk() {
     static const int n = [] {
       const char* e = std::getenv("LILAC_PREFILL_CHUNK");
-      const int v = e ? std::atoi(e) : 512;
+      const int v = e ? std::atoi(e) : 4096;
       return std::clamp(v, 16, 16384);
     }();
     return n;
