@@ -1,0 +1,119 @@
+// Shared helpers of the decode-kernel tests: GPU presence (tests skip, and say so, without one), fresh
+// seeds, host-side quantized matrices in the MLX layout and their device copies, relative error.
+#pragma once
+#include <gtest/gtest.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/bf16.h"
+#include "cuda/kernels/decode.h"
+
+namespace lilac::cuda::testing {
+
+
+inline bool gpu_ok(std::string* why) {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess || n == 0) {
+    *why = e != cudaSuccess ? cudaGetErrorString(e) : "no device";
+    cudaGetLastError();
+    return false;
+  }
+  return true;
+}
+#define NEED_GPU()                                                 \
+  do {                                                             \
+    std::string why_;                                              \
+    if (!::lilac::cuda::testing::gpu_ok(&why_)) GTEST_SKIP() << "no CUDA GPU: " << why_;   \
+  } while (0)
+#define CK(x) ASSERT_EQ((x), cudaSuccess) << #x
+
+struct Rng {
+  std::mt19937_64 g;
+  explicit Rng(uint64_t s) : g(s) {}
+  float uni(float lo, float hi) { return std::uniform_real_distribution<float>(lo, hi)(g); }
+  float normal(float sd = 1.f) { return std::normal_distribution<float>(0.f, sd)(g); }
+  uint32_t word() { return uint32_t(g()); }
+};
+inline uint64_t fresh_seed() { return std::random_device{}() * 0x9E3779B97F4A7C15ull ^ std::random_device{}(); }
+
+// Host quantized matrix with its storage.
+struct HostQ {
+  std::vector<uint32_t> q;
+  std::vector<uint16_t> s, b;
+  QMatrix m;
+  HostQ(Rng& r, int64_t rows, int64_t cols, int bits) {
+    m.rows = rows;
+    m.cols = cols;
+    m.bits = bits;
+    m.group_size = 64;
+    q.resize(size_t(rows * m.words_per_row()));
+    s.resize(size_t(rows * m.groups_per_row()));
+    b.resize(s.size());
+    for (auto& w : q) w = r.word();
+    const float levels = float((1 << bits) - 1);
+    for (size_t i = 0; i < s.size(); ++i) {
+      const float sc = r.uni(0.5f, 1.5f) / (std::sqrt(float(cols)) * levels * 0.29f);
+      s[i] = f32_to_bf16(sc);
+      b[i] = f32_to_bf16(-sc * levels / 2 + r.uni(-0.2f, 0.2f) * sc);
+    }
+    m.qweight = q.data();
+    m.scales = s.data();
+    m.biases = b.data();
+  }
+};
+
+template <typename T>
+struct Dev {
+  T* p = nullptr;
+  size_t n = 0;
+  explicit Dev(size_t count) : n(count) { cudaMalloc(&p, std::max<size_t>(count, 1) * sizeof(T)); }
+  Dev(const std::vector<T>& v) : Dev(v.size()) { cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice); }
+  ~Dev() { cudaFree(p); }
+  void poison() { cudaMemset(p, 0xff, n * sizeof(T)); }  // NaN for floats
+  std::vector<T> get() const {
+    std::vector<T> v(n);
+    cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost);
+    return v;
+  }
+  void set(const std::vector<T>& v) { cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice); }
+};
+
+struct DevQ {
+  Dev<uint32_t> q;
+  Dev<uint16_t> s, b;
+  lilac::cuda::QMatrixDev d;
+  explicit DevQ(const HostQ& h) : q(h.q), s(h.s), b(h.b) {
+    d.rows = h.m.rows;
+    d.cols = h.m.cols;
+    d.bits = h.m.bits;
+    d.group_size = h.m.group_size;
+    d.qweight = q.p;
+    d.scales = reinterpret_cast<const __nv_bfloat16*>(s.p);
+    d.biases = reinterpret_cast<const __nv_bfloat16*>(b.p);
+  }
+};
+
+inline double rel_err(const std::vector<float>& got, const std::vector<float>& ref) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (!std::isfinite(got[i])) return INFINITY;
+    num += (double(got[i]) - ref[i]) * (double(got[i]) - ref[i]);
+    den += double(ref[i]) * ref[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+
+inline std::vector<float> randv(Rng& r, size_t n, float sd = 1.f) {
+  std::vector<float> v(n);
+  for (auto& x : v) x = r.normal(sd);
+  return v;
+}
+
+}  // namespace lilac::cuda::testing
