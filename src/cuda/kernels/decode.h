@@ -26,7 +26,10 @@ enum class Prologue { None = 0, RmsNorm = 1, GatedHeadNorm = 2 };
 // quantized to int8 per group of 64 in shared memory, integer dot products with __dp4a; relative
 // error of order 1e-3..1e-2 from the int8 input), FromEnv: Dp4a when LILAC_GEMV=dp4a (read at each
 // launch call, i.e. when the decode graph is captured), else Fp32.
-enum class GemvImpl { FromEnv = -1, Fp32 = 0, Dp4a = 1 };
+// Half2 (LILAC_GEMV=half2; 4-bit matrices only, 8-bit ones keep Fp32): the input staged as fp16 per
+// chunk of 32 scaled by a power of two, nibbles → fp16 by the magic-number trick, half2 FMAs within a
+// 16-byte chunk, fp32 across chunks; relative error of order 1e-3.
+enum class GemvImpl { FromEnv = -1, Fp32 = 0, Dp4a = 1, Half2 = 2 };
 GemvImpl gemv_impl_from_env();
 struct GemvArgs {
   QMatrixDev W;

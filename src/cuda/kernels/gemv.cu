@@ -9,6 +9,7 @@
 #include "cuda/kernels/decode.h"
 #include "cuda/kernels/qdot.cuh"
 #include "cuda/kernels/qdot_dp4a.cuh"
+#include "cuda/kernels/qdot_half2.cuh"
 
 namespace lilac::cuda {
 namespace {
@@ -227,6 +228,87 @@ __global__ void __launch_bounds__(kThreads, MINB) gemv_dp4a_kernel(GemvArgs a, i
               const int dot = chunk_dot_i8<BITS>(w[u][i], va, vb);
               const float s = bf2f(sp[og[i] + g]), b = bf2f(bp[og[i] + g]);
               acc[i] = fmaf(s, fmaf(m.x, float(dot), m.y), fmaf(b, m.z, acc[i]));
+            }
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kDpRows; ++i) acc[i] = group_sum(acc[i], lpr);
+    if (qd < nquads && gl == 0) {
+#pragma unroll
+      for (int i = 0; i < kDpRows; ++i)
+        if (r0 + i < rows) gemv_store_row(a, r0 + i, acc[i]);
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------------------ half2 GEMV
+// LILAC_GEMV=half2 (4-bit only; 8-bit matrices keep the fp32 kernel): t(x) staged as in gemv_kernel,
+// then converted to fp16 per chunk of 32 (qdot_half2.cuh); each 16-byte weight chunk costs 4 SHF +
+// 16 LOP3 + 16 HSUB2 + 16 HFMA2 + 2 conversions and 3 FADD + 3 FFMA, accumulated in fp32 across chunks.
+// Work partition and load pipelining as gemv_dp4a_kernel (kDpRows rows × kUnroll chunk positions of
+// 16-byte streaming loads in flight per lane).
+// Shared memory: meta float4[nchunk] | xh half[cols] | xs float[cols].
+size_t half2_smem(int64_t cols) { return size_t((cols / 32) * 16 + cols * 2 + cols * 4); }
+
+template <int kUnroll, int MINB>
+__global__ void __launch_bounds__(kThreads, MINB) gemv_half2_kernel(GemvArgs a, int lpr, int cpg_log2) {
+  extern __shared__ float4 smem4[];
+  __shared__ float red[32];
+  const int cols = int(a.W.cols);
+  const int nchunk = cols / 32;
+  float4* meta = smem4;
+  __half* xh = reinterpret_cast<__half*>(smem4 + nchunk);
+  float* xs = reinterpret_cast<float*>(xh + cols);
+  stage_input(a, xs, cols, red);
+  stage_input_h2(xs, cols, xh, meta);
+  __syncthreads();
+  const uint4* xv = reinterpret_cast<const uint4*>(xh);  // word k of chunk c: xv[k * nchunk + c]
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int gpw = 32 / lpr, grp = lane / lpr, gl = lane % lpr;
+  const int64_t rows = a.W.rows, nquads = (rows + kDpRows - 1) / kDpRows;
+  const int64_t wpr4 = a.W.words_per_row() / 4, gpr = a.W.groups_per_row();
+  const uint4* wbase = reinterpret_cast<const uint4*>(a.W.qweight);
+  for (int64_t base = (int64_t(blockIdx.x) * kWarps + warp) * gpw; base < nquads;
+       base += int64_t(gridDim.x) * kWarps * gpw) {
+    const int64_t qd = base + grp;
+    const int64_t r0 = qd * kDpRows;
+    float acc[kDpRows];
+#pragma unroll
+    for (int i = 0; i < kDpRows; ++i) acc[i] = 0.f;
+    if (qd < nquads) {
+      const uint4* wp = wbase + r0 * wpr4;
+      const __nv_bfloat16* sp = a.W.scales + r0 * gpr;
+      const __nv_bfloat16* bp = a.W.biases + r0 * gpr;
+      int ow[kDpRows], og[kDpRows];
+#pragma unroll
+      for (int i = 0; i < kDpRows; ++i) {
+        const int d = int(min(int64_t(i), rows - 1 - r0));
+        ow[i] = d * int(wpr4);
+        og[i] = d * int(gpr);
+      }
+      for (int c = gl; c < nchunk; c += kUnroll * lpr) {
+        uint4 w[kUnroll][kDpRows];
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          const int cu = c + u * lpr;
+#pragma unroll
+          for (int i = 0; i < kDpRows; ++i) w[u][i] = cu < nchunk ? ld_stream(wp + (ow[i] + cu)) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          const int cu = c + u * lpr;
+          if (cu < nchunk) {
+            const float4 m = meta[cu];
+            const uint4 x0 = xv[cu], x1 = xv[nchunk + cu], x2 = xv[2 * nchunk + cu], x3 = xv[3 * nchunk + cu];
+            const int g = cu >> cpg_log2;
+#pragma unroll
+            for (int i = 0; i < kDpRows; ++i) {
+              const float dot = chunk_dot_h2(w[u][i], x0, x1, x2, x3);
+              const float s = bf2f(sp[og[i] + g]), b = bf2f(bp[og[i] + g]);
+              acc[i] = fmaf(s, fmaf(m.x, dot, m.y), fmaf(b, m.z, acc[i]));
             }
           }
         }
@@ -615,6 +697,190 @@ __global__ void __launch_bounds__(kThreads, MINB)
   }
 }
 
+// half2 variant of moe_gate_up_kernel (LILAC_GEMV=half2, 4-bit): the normalised x staged once per block
+// as fp16 (qdot_half2.cuh); the item partition and load pipelining of moe_gate_up_dp4a_kernel.
+template <int MINB>
+__global__ void __launch_bounds__(kThreads, MINB)
+    moe_gate_up_half2_kernel(MoEDecodeWeights w, const float* logits, const float* x, const float* norm_w, float eps,
+                             int32_t* sel_ids, float* sel_w, float* act, int lpr, int cpg_log2) {
+  extern __shared__ float4 smem4[];
+  __shared__ float red[32];
+  __shared__ int s_ids[32];
+  __shared__ float s_w[33];
+  const int cols = int(w.gate.first.cols);
+  const int nchunk = cols / 32;
+  float4* meta = smem4;
+  __half* xh = reinterpret_cast<__half*>(smem4 + nchunk);
+  float* xs = reinterpret_cast<float*>(xh + cols);
+  GemvArgs a;
+  a.x = x;
+  a.pro = Prologue::RmsNorm;
+  a.norm_w = norm_w;
+  a.eps = eps;
+  if ((threadIdx.x >> 5) == 0) route_warp(logits, w.E, w.top_k, w.renormalise, s_ids, s_w, sel_ids, sel_w);
+  stage_input(a, xs, cols, red);
+  stage_input_h2(xs, cols, xh, meta);
+  __syncthreads();
+  const uint4* xv = reinterpret_cast<const uint4*>(xh);
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int gpw = 32 / lpr, grp = lane / lpr, gl = lane % lpr;
+  const int I = int(w.gate.first.rows), Is = int(w.shared_gate.rows);
+  const int64_t items = int64_t(w.top_k) * I + Is;
+  for (int64_t base = (int64_t(blockIdx.x) * kWarps + warp) * gpw; base < items;
+       base += int64_t(gridDim.x) * kWarps * gpw) {
+    const int64_t it = base + grp;
+    const bool valid = it < items;
+    float acc[2] = {0.f, 0.f};
+    int slot = 0, j = 0;
+    if (valid) {
+      QMatrixDev G, U;
+      if (it < int64_t(w.top_k) * I) {
+        slot = int(it / I);
+        j = int(it % I);
+        G = w.gate.expert(s_ids[slot]);
+        U = w.up.expert(s_ids[slot]);
+      } else {
+        slot = w.top_k;
+        j = int(it - int64_t(w.top_k) * I);
+        G = w.shared_gate;
+        U = w.shared_up;
+      }
+      const int64_t wpr4 = G.words_per_row() / 4, gpr = G.groups_per_row();
+      const uint4* wp[2] = {reinterpret_cast<const uint4*>(G.qweight) + j * wpr4,
+                            reinterpret_cast<const uint4*>(U.qweight) + j * wpr4};
+      const __nv_bfloat16* sp[2] = {G.scales + j * gpr, U.scales + j * gpr};
+      const __nv_bfloat16* bp[2] = {G.biases + j * gpr, U.biases + j * gpr};
+      for (int c = gl; c < nchunk; c += kGuUnroll * lpr) {
+        uint4 wv[kGuUnroll][2];
+#pragma unroll
+        for (int u = 0; u < kGuUnroll; ++u) {
+          const int cu = c + u * lpr;
+#pragma unroll
+          for (int i = 0; i < 2; ++i) wv[u][i] = cu < nchunk ? ld_stream(wp[i] + cu) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < kGuUnroll; ++u) {
+          const int cu = c + u * lpr;
+          if (cu < nchunk) {
+            const float4 m = meta[cu];
+            const uint4 x0 = xv[cu], x1 = xv[nchunk + cu], x2 = xv[2 * nchunk + cu], x3 = xv[3 * nchunk + cu];
+            const int g = cu >> cpg_log2;
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+              const float dot = chunk_dot_h2(wv[u][i], x0, x1, x2, x3);
+              const float sc = bf2f(sp[i][g]), bi = bf2f(bp[i][g]);
+              acc[i] = fmaf(sc, fmaf(m.x, dot, m.y), fmaf(bi, m.z, acc[i]));
+            }
+          }
+        }
+      }
+    }
+    const float g = group_sum(acc[0], lpr);
+    const float u = group_sum(acc[1], lpr);
+    if (valid && gl == 0) act[int64_t(slot) * I + j] = silu_f(g) * u;
+  }
+}
+
+// half2 variant of moe_down_kernel (LILAC_GEMV=half2, 4-bit): act [k·I + Is] staged once per block as fp16
+// per chunk of 32 (I, Is multiples of 64: no chunk straddles two segments); the row partition and load
+// pipelining of moe_down_dp4a_kernel.
+template <int MINB>
+__global__ void __launch_bounds__(kThreads, MINB)
+    moe_down_half2_kernel(MoEDecodeWeights w, const int32_t* sel_ids, const float* sel_w, const float* act, float* y,
+                          int lpr, int cpg_log2) {
+  extern __shared__ float4 smem4[];
+  __shared__ const uint4* s_q[33];
+  __shared__ const __nv_bfloat16* s_sc[33];
+  __shared__ const __nv_bfloat16* s_bi[33];
+  __shared__ float s_w[33];
+  constexpr int EPL = 32;
+  const int I = int(w.down.first.cols), Is = int(w.shared_down.cols);
+  const int k = w.top_k;
+  const int n_act = k * I + Is;
+  const int nchunk = n_act / EPL, nch = I / EPL, nche = k * nch;
+  float4* meta = smem4;
+  __half* xh = reinterpret_cast<__half*>(smem4 + nchunk);
+  float* xs = reinterpret_cast<float*>(xh + n_act);
+  for (int i = threadIdx.x; i < n_act; i += blockDim.x) xs[i] = act[i];
+  if (threadIdx.x <= k) {
+    const int t = threadIdx.x;
+    const QMatrixDev M = t < k ? w.down.expert(sel_ids[t]) : w.shared_down;
+    s_q[t] = reinterpret_cast<const uint4*>(M.qweight);
+    s_sc[t] = M.scales;
+    s_bi[t] = M.biases;
+    s_w[t] = sel_w[t];
+  }
+  __syncthreads();
+  stage_input_h2(xs, n_act, xh, meta);
+  __syncthreads();
+  const uint4* xv = reinterpret_cast<const uint4*>(xh);
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int gpw = 32 / lpr, grp = lane / lpr, gl = lane % lpr;
+  const int64_t rows = w.down.first.rows, nquads = (rows + kDpRows - 1) / kDpRows;
+  const int wpr4 = int(w.down.first.words_per_row() / 4), gpr = int(w.down.first.groups_per_row());
+  const int wpr4s = int(w.shared_down.words_per_row() / 4), gprs = int(w.shared_down.groups_per_row());
+  for (int64_t base = (int64_t(blockIdx.x) * kWarps + warp) * gpw; base < nquads;
+       base += int64_t(gridDim.x) * kWarps * gpw) {
+    const int64_t qd = base + grp;
+    const int64_t r0 = qd * kDpRows;
+    float acc[kDpRows];
+#pragma unroll
+    for (int i = 0; i < kDpRows; ++i) acc[i] = 0.f;
+    if (qd < nquads) {
+      int dr[kDpRows];  // row offsets from r0 (rows past the end re-read the last row; result dropped)
+#pragma unroll
+      for (int i = 0; i < kDpRows; ++i) dr[i] = int(min(int64_t(i), rows - 1 - r0));
+      for (int c = gl; c < nchunk; c += 2 * lpr) {
+        uint4 wv[2][kDpRows];
+        int seg[2], cl[2];
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+          const int cu = c + u * lpr;
+          const bool ok = cu < nchunk;
+          const int e = cu < nche ? cu / nch : k;
+          seg[u] = e;
+          cl[u] = cu - e * nch;
+          const bool sh = e == k;
+          const int stride = sh ? wpr4s : wpr4;
+          const uint4* q = s_q[ok ? e : 0] + r0 * stride + cl[u];
+#pragma unroll
+          for (int i = 0; i < kDpRows; ++i) wv[u][i] = ok ? ld_stream(q + dr[i] * stride) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+          const int cu = c + u * lpr;
+          if (cu < nchunk) {
+            const int e = seg[u];
+            const bool sh = e == k;
+            const int gp = sh ? gprs : gpr;
+            const int64_t goff = r0 * gp + (cl[u] >> cpg_log2);
+            const __nv_bfloat16* sp = s_sc[e] + goff;
+            const __nv_bfloat16* bp = s_bi[e] + goff;
+            const float sw = s_w[e];
+            const float4 m = meta[cu];
+            const uint4 x0 = xv[cu], x1 = xv[nchunk + cu], x2 = xv[2 * nchunk + cu], x3 = xv[3 * nchunk + cu];
+#pragma unroll
+            for (int i = 0; i < kDpRows; ++i) {
+              const float dot = chunk_dot_h2(wv[u][i], x0, x1, x2, x3);
+              const float sc = bf2f(sp[dr[i] * gp]), bi = bf2f(bp[dr[i] * gp]);
+              acc[i] = fmaf(sw, fmaf(sc, fmaf(m.x, dot, m.y), bi * m.z), acc[i]);
+            }
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kDpRows; ++i) acc[i] = group_sum(acc[i], lpr);
+    if (qd < nquads && gl == 0) {
+#pragma unroll
+      for (int i = 0; i < kDpRows; ++i)
+        if (r0 + i < rows) y[r0 + i] += acc[i];
+    }
+  }
+}
+
 template <int BITS>
 __global__ void embed_kernel(QMatrixDev E, const int32_t* token, float* out) {
   const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -667,6 +933,21 @@ int dp4a_unroll() {
   return v;
 }
 
+// The half2 path: asked for (GemvImpl::Half2, or FromEnv with LILAC_GEMV=half2), 4-bit, a power-of-two
+// group size and the staged input fits in shared memory. Otherwise the fp32 path.
+bool gemv_use_half2(GemvImpl impl, const QMatrixDev& W) {
+  if (impl == GemvImpl::FromEnv) impl = gemv_impl_from_env();
+  if (impl != GemvImpl::Half2) return false;
+  return W.bits == 4 && W.group_size > 0 && (W.group_size & (W.group_size - 1)) == 0 &&
+         half2_smem(W.cols) <= 48 * 1024;
+}
+
+int cpg_log2_of(int epl, int group_size) {
+  int l = 0;
+  while ((epl << l) < group_size) ++l;
+  return l;
+}
+
 bool gemv_use_dp4a(GemvImpl impl, const QMatrixDev& W) {
   if (impl == GemvImpl::FromEnv) impl = gemv_impl_from_env();
   if (impl != GemvImpl::Dp4a) return false;
@@ -677,11 +958,27 @@ bool gemv_use_dp4a(GemvImpl impl, const QMatrixDev& W) {
 
 GemvImpl gemv_impl_from_env() {
   const char* e = std::getenv("LILAC_GEMV");
-  return e && std::string(e) == "dp4a" ? GemvImpl::Dp4a : GemvImpl::Fp32;
+  if (e && std::string(e) == "dp4a") return GemvImpl::Dp4a;
+  if (e && std::string(e) == "half2") return GemvImpl::Half2;
+  return GemvImpl::Fp32;
 }
 
 void gemv(const GemvArgs& a, cudaStream_t stream) {
   check_q(a.W, "gemv");
+  if (gemv_use_half2(a.impl, a.W)) {
+    const int unroll = dp4a_unroll();
+    const int64_t nchunk = a.W.cols / 32;
+    const int lpr = lanes_per_row(std::max<int64_t>(1, nchunk / unroll));
+    const int64_t nquads = (a.W.rows + kDpRows - 1) / kDpRows;
+    const size_t smem = half2_smem(a.W.cols);
+    const int cpg_log2 = cpg_log2_of(32, a.W.group_size);
+    auto go = [&](auto kernel) {
+      kernel<<<grid_for(kernel, smem, nquads, 32 / lpr), kThreads, smem, stream>>>(a, lpr, cpg_log2);
+    };
+    unroll == 1 ? go(gemv_half2_kernel<1, 4>) : go(gemv_half2_kernel<2, 3>);
+    LILAC_CUDA_LAUNCH_CHECK();
+    return;
+  }
   if (gemv_use_dp4a(a.impl, a.W)) {
     const int unroll = dp4a_unroll();
     const int epl = 128 / a.W.bits;
@@ -749,6 +1046,19 @@ void moe_gate_up(const MoEDecodeWeights& w, const float* logits, const float* x,
   const int bits = w.gate.first.bits, epl = 128 / bits;
   const int64_t cols = w.gate.first.cols, nchunk = cols / epl;
   if (moe_impl == GemvImpl::FromEnv) moe_impl = gemv_impl_from_env();
+  if (moe_impl == GemvImpl::Half2 && gemv_use_half2(GemvImpl::Half2, w.gate.first) &&
+      w.up.first.group_size == w.gate.first.group_size && w.shared_gate.group_size == w.gate.first.group_size &&
+      w.shared_up.group_size == w.gate.first.group_size) {
+    const int lpr = lanes_per_row(std::max<int64_t>(1, (cols / 32) / kGuUnroll));
+    const int64_t items = int64_t(w.top_k) * w.gate.first.rows + w.shared_gate.rows;
+    const size_t smem = half2_smem(cols);
+    const int cpg_log2 = cpg_log2_of(32, w.gate.first.group_size);
+    auto kernel = moe_gate_up_half2_kernel<3>;
+    kernel<<<grid_for(kernel, smem, items, 32 / lpr), kThreads, smem, stream>>>(w, logits, x, norm_w, eps, sel_ids,
+                                                                            sel_w, act, lpr, cpg_log2);
+    LILAC_CUDA_LAUNCH_CHECK();
+    return;
+  }
   if (moe_impl == GemvImpl::Dp4a && gemv_use_dp4a(GemvImpl::Dp4a, w.gate.first) &&
       w.up.first.group_size == w.gate.first.group_size && w.shared_gate.group_size == w.gate.first.group_size &&
       w.shared_up.group_size == w.gate.first.group_size) {
@@ -790,6 +1100,19 @@ void moe_down(const MoEDecodeWeights& w, const int32_t* sel_ids, const float* se
   const int64_t I = w.down.first.cols, Is = w.shared_down.cols;
   const int64_t n_act = w.top_k * I + Is;
   if (impl == GemvImpl::FromEnv) impl = gemv_impl_from_env();
+  if (impl == GemvImpl::Half2 && gemv_use_half2(GemvImpl::Half2, w.down.first) &&
+      w.shared_down.group_size == w.down.first.group_size && half2_smem(n_act) <= 48 * 1024) {
+    const int64_t nchunk = n_act / 32;
+    const int lpr = lanes_per_row(std::max<int64_t>(1, nchunk / 2));
+    const int64_t nquads = (w.down.first.rows + kDpRows - 1) / kDpRows;
+    const size_t smem = half2_smem(n_act);
+    const int cpg_log2 = cpg_log2_of(32, w.down.first.group_size);
+    auto kernel = moe_down_half2_kernel<3>;
+    kernel<<<grid_for(kernel, smem, nquads, 32 / lpr), kThreads, smem, stream>>>(w, sel_ids, sel_w, act, y, lpr,
+                                                                             cpg_log2);
+    LILAC_CUDA_LAUNCH_CHECK();
+    return;
+  }
   if (impl == GemvImpl::Dp4a && gemv_use_dp4a(GemvImpl::Dp4a, w.down.first) &&
       w.shared_down.group_size == w.down.first.group_size && dp4a_smem(n_act, bits) <= 48 * 1024) {
     const int64_t nchunk = n_act / epl;
