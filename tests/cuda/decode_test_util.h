@@ -100,6 +100,29 @@ struct DevQ {
   }
 };
 
+// Device copies of a MoE layer's matrices (experts stacked: gate/up [E*I, H], down [E*H, I]; shared expert
+// [Is, H] / [H, Is]) and the MoEDecodeWeights view the decode kernels take.
+struct DevMoE {
+  DevQ g, u, d, sg, su, sd;
+  lilac::cuda::MoEDecodeWeights w;
+  DevMoE(const HostQ& gate, const HostQ& up, const HostQ& down, const HostQ& shared_gate, const HostQ& shared_up,
+         const HostQ& shared_down, int E, int k, int64_t I, int64_t H)
+      : g(gate), u(up), d(down), sg(shared_gate), su(shared_up), sd(shared_down) {
+    w.E = E;
+    w.top_k = k;
+    w.gate.n = w.up.n = w.down.n = E;
+    w.gate.first = g.d;
+    w.gate.first.rows = I;
+    w.up.first = u.d;
+    w.up.first.rows = I;
+    w.down.first = d.d;
+    w.down.first.rows = H;
+    w.shared_gate = sg.d;
+    w.shared_up = su.d;
+    w.shared_down = sd.d;
+  }
+};
+
 inline double rel_err(const std::vector<float>& got, const std::vector<float>& ref) {
   double num = 0, den = 0;
   for (size_t i = 0; i < ref.size(); ++i) {

@@ -301,20 +301,8 @@ TEST(CudaDecodeHalf2, MoEGateUpAndDownMatchCpu) {
       }
     }
 
-    DevQ dg(gate), du(up), dd(down), dsg(sg), dsu(su), dsd(sd);
-    lc::MoEDecodeWeights dw;
-    dw.E = c.E;
-    dw.top_k = c.k;
-    dw.gate.n = dw.up.n = dw.down.n = c.E;
-    dw.gate.first = dg.d;
-    dw.gate.first.rows = c.I;
-    dw.up.first = du.d;
-    dw.up.first.rows = c.I;
-    dw.down.first = dd.d;
-    dw.down.first.rows = c.H;
-    dw.shared_gate = dsg.d;
-    dw.shared_up = dsu.d;
-    dw.shared_down = dsd.d;
+    DevMoE dmoe(gate, up, down, sg, su, sd, c.E, c.k, c.I, c.H);
+    const lc::MoEDecodeWeights& dw = dmoe.w;
     Dev<float> dl(logits), dh(h), dnw(nw), act(size_t(c.k * c.I + c.Is)), y(size_t(c.H)), selw(size_t(c.k + 1));
     Dev<int32_t> sel(size_t(c.k));
     act.poison();

@@ -186,20 +186,8 @@ TEST(CudaDecode, MoEMatchesCpu) {
     std::vector<float> wts(size_t(c.k));
     cpu::moe_route(logits.data(), c.E, c.k, true, ids.data(), wts.data());
 
-    DevQ dg(gate), du(up), dd(down), dsg(sg), dsu(su), dsd(sd);
-    lc::MoEDecodeWeights dw;
-    dw.E = c.E;
-    dw.top_k = c.k;
-    dw.gate.n = dw.up.n = dw.down.n = c.E;
-    dw.gate.first = dg.d;
-    dw.gate.first.rows = c.I;
-    dw.up.first = du.d;
-    dw.up.first.rows = c.I;
-    dw.down.first = dd.d;
-    dw.down.first.rows = c.H;
-    dw.shared_gate = dsg.d;
-    dw.shared_up = dsu.d;
-    dw.shared_down = dsd.d;
+    DevMoE dmoe(gate, up, down, sg, su, sd, c.E, c.k, c.I, c.H);
+    const lc::MoEDecodeWeights& dw = dmoe.w;
     Dev<float> dl(logits), dh(h), dnw(nw), act(size_t(c.k * c.I + c.Is)), y(size_t(c.H)), selw(size_t(c.k + 1));
     Dev<int32_t> sel(size_t(c.k));
     act.poison();
@@ -225,23 +213,11 @@ TEST(CudaDecode, MoEMatchesCpu) {
 TEST(CudaDecode, MoERoutingTiesGoToLowerId) {
   NEED_GPU();
   const int E = 64, k = 8;
-  lc::MoEDecodeWeights dw;  // only routing is checked: tiny experts
   Rng r(fresh_seed());
-  const int64_t H = 64, I = 64;
+  const int64_t H = 64, I = 64;  // only routing is checked: tiny experts
   HostQ gate(r, I * E, H, 4), up(r, I * E, H, 4), down(r, H * E, I, 4), sg(r, I, H, 4), su(r, I, H, 4), sd(r, H, I, 4);
-  DevQ dg(gate), du(up), dd(down), dsg(sg), dsu(su), dsd(sd);
-  dw.E = E;
-  dw.top_k = k;
-  dw.gate.n = dw.up.n = dw.down.n = E;
-  dw.gate.first = dg.d;
-  dw.gate.first.rows = I;
-  dw.up.first = du.d;
-  dw.up.first.rows = I;
-  dw.down.first = dd.d;
-  dw.down.first.rows = H;
-  dw.shared_gate = dsg.d;
-  dw.shared_up = dsu.d;
-  dw.shared_down = dsd.d;
+  DevMoE dmoe(gate, up, down, sg, su, sd, E, k, I, H);
+  const lc::MoEDecodeWeights& dw = dmoe.w;
   std::vector<float> logits(E + 1, 0.f);  // all equal: the top 8 must be ids 0..7
   for (int e = 40; e < 44; ++e) logits[size_t(e)] = 1.f;  // four clear winners first
   Dev<float> dl(logits), dh(randv(r, H)), dnw(std::vector<float>(H, 1.f)), act(size_t(k * I + I)), selw(k + 1);
