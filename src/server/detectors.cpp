@@ -165,24 +165,7 @@ struct Scanner {
   }
 
   // ---- IPv4: four decimal octets <= 255, no leading zeros.
-  size_t ipv4(size_t i) const {
-    if (!num_start_ok(i)) return 0;
-    size_t j = i;
-    for (int oct = 0; oct < 4; ++oct) {
-      if (oct > 0) {
-        if (at(j) != '.') return 0;
-        ++j;
-      }
-      size_t s = j;
-      int v = 0;
-      while (j < n && is_digit(at(j)) && j - s < 3) v = v * 10 + (at(j++) - '0');
-      if (j == s || is_digit(at(j))) return 0;
-      if (j - s > 1 && at(s) == '0') return 0;
-      if (v > 255) return 0;
-    }
-    if (!num_end_ok(j)) return 0;
-    return j - i;
-  }
+  size_t ipv4(size_t i) const { return num_start_ok(i) ? ipv4_tail(i) : 0; }
 
   // ---- IPv6: hex groups with ':' and at most one '::', optionally ending in a dotted IPv4.
   // To keep code like `a::b` out, it needs a decimal digit and at least two explicit groups.
@@ -239,7 +222,7 @@ struct Scanner {
     if (at(end) == ':' && is_hex(at(end + 1))) return 0;  // more groups than an address has
     return end - i;
   }
-  // Dotted IPv4 after an IPv6 prefix (no boundary check before it).
+  // Dotted IPv4 with no boundary check before it (also the tail of an IPv6 address).
   size_t ipv4_tail(size_t i) const {
     size_t j = i;
     for (int oct = 0; oct < 4; ++oct) {
