@@ -4,23 +4,20 @@
 // scripted backend, so the answer says who produced it ("Hello from local." / "Hello from the cloud.").
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
 import { createRequire } from 'node:module';
 import fs from 'node:fs';
 import http from 'node:http';
 import os from 'node:os';
 import path from 'node:path';
+import { startServer } from './helpers.mjs';
 
-const LILAC = process.env.LILAC_BINARY;
 const SHARED = process.env.LILAC_SHARED_DIR;
 const SOURCE = process.env.LILAC_SOURCE_DIR || path.resolve(import.meta.dirname, '../..');
-if (!LILAC || !SHARED) throw new Error('set LILAC_BINARY and LILAC_SHARED_DIR (ctest does)');
+if (!SHARED) throw new Error('set LILAC_SHARED_DIR (ctest does)');
 const require = createRequire(`${SOURCE}/package.json`);
 const OpenAI = require('openai');
 
 const KEY = 'sk-hybrid-e2e-SECRET-9f8e7d6c5b4a39281706';
-const live = new Set();
-process.on('exit', () => { for (const p of live) try { p.kill('SIGKILL'); } catch {} });
 
 // A model folder for the scripted backend: tokenizer + chat template only.
 const work = fs.mkdtempSync(path.join(os.tmpdir(), 'lilac-hybrid-'));
@@ -46,44 +43,7 @@ const strictPolicy = writeJson('strict.json', {
   upstream: { connect_timeout_ms: 1000, read_timeout_ms: 20000, models_timeout_ms: 1000 },
 });
 
-async function startLilac(args, env = {}) {
-  const proc = spawn(LILAC, ['serve', '--model', modelDir, '--port', '0', ...args], {
-    stdio: ['ignore', 'pipe', 'pipe'],
-    env: { ...process.env, LILAC_LOG: 'info', ...env },
-  });
-  live.add(proc);
-  let out = '';
-  let log = '';
-  proc.stderr.on('data', (d) => { log += d; });
-  const url = await new Promise((resolve, reject) => {
-    const timer = setTimeout(() => reject(new Error(`lilac serve did not start:\n${out}${log}`)), 60000);
-    proc.stdout.on('data', (d) => {
-      out += d;
-      const m = out.match(/listening on (http:\/\/[0-9.]+:\d+)/);
-      if (m) { clearTimeout(timer); resolve(m[1]); }
-    });
-    proc.on('exit', (code) => { clearTimeout(timer); reject(new Error(`lilac serve exited ${code}:\n${out}${log}`)); });
-  });
-  for (const deadline = Date.now() + 60000; ;) {
-    const h = await fetch(`${url}/health`).catch(() => null);
-    if (h && h.status === 200) break;
-    if (Date.now() > deadline) throw new Error(`not healthy:\n${out}${log}`);
-    await new Promise((r) => setTimeout(r, 50));
-  }
-  return {
-    url,
-    output: () => out + log,
-    async stop() {
-      if (proc.exitCode !== null) return;
-      const done = new Promise((r) => proc.on('exit', r));
-      proc.kill('SIGTERM');
-      const t = setTimeout(() => proc.kill('SIGKILL'), 5000);
-      await done;
-      clearTimeout(t);
-      live.delete(proc);
-    },
-  };
-}
+const startLilac = (args, env = {}) => startServer(args, { model: modelDir, env: { LILAC_LOG: 'info', ...env } });
 
 // The recording upstream: keeps every request (method, path, headers, body), then proxies it to the cloud
 // server (streams piped as they come) or, depending on `mode`, fails.
