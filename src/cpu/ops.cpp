@@ -7,32 +7,13 @@
 
 #include "core/bf16.h"
 #include "core/error.h"
+#include "model/quant.h"
 
 namespace lilac::cpu {
 
 // ---------------------------------------------------------------- quantized matrices
 
 namespace {
-
-// Row r dequantized, with the bit width a compile-time constant (so the unpacking vectorises).
-template <int BITS>
-void dequant_row_bits(const QMatrix& W, int64_t r, float* out) {
-  constexpr int per_word = 32 / BITS;
-  constexpr uint32_t mask = (1u << BITS) - 1u;
-  const uint32_t* q = W.qweight + r * W.words_per_row();
-  const uint16_t* sc = W.scales + r * W.groups_per_row();
-  const uint16_t* bi = W.biases + r * W.groups_per_row();
-  const int64_t words_per_group = W.group_size / per_word;
-  for (int64_t g = 0; g < W.groups_per_row(); ++g) {
-    const float s = bf16_to_f32(sc[g]), b = bf16_to_f32(bi[g]);
-    const uint32_t* qg = q + g * words_per_group;
-    float* o = out + g * W.group_size;
-    for (int64_t w = 0; w < words_per_group; ++w) {
-      const uint32_t word = qg[w];
-      for (int i = 0; i < per_word; ++i) o[w * per_word + i] = s * float((word >> (i * BITS)) & mask) + b;
-    }
-  }
-}
 
 // One output of y = W x without materialising the row: Σ_g scale_g (Σ_j q_j x_j) + bias_g Σ_j x_j,
 // with the per-group sums of x precomputed in xsum. xt is x permuted within each group so that the
@@ -74,20 +55,6 @@ float qdot_row_bits(const QMatrix& W, int64_t r, const float* xt, const float* x
 
 }  // namespace
 
-void dequant_row(const QMatrix& W, int64_t r, float* out) {
-  const int64_t cols = W.cols;
-  if (!W.quantized()) {
-    std::memcpy(out, W.dense + r * cols, static_cast<size_t>(cols) * sizeof(float));
-    return;
-  }
-  switch (W.bits) {
-    case 4: return dequant_row_bits<4>(W, r, out);
-    case 8: return dequant_row_bits<8>(W, r, out);
-    case 2: return dequant_row_bits<2>(W, r, out);
-    default: throw Error("dequant_row: unsupported bit width " + std::to_string(W.bits));
-  }
-}
-
 void qmatvec(const QMatrix& W, const float* x, float* y, ThreadPool* pool) {
   if (!W.quantized() || (W.bits != 4 && W.bits != 8)) return qmatmul(W, x, 1, y, pool);
   const int64_t G = W.groups_per_row(), gs = W.group_size;
@@ -118,7 +85,7 @@ void qmatmul(const QMatrix& W, const float* X, int64_t n, float* Y, ThreadPool* 
     std::vector<float> row(static_cast<size_t>(cols));
     for (int64_t r = r0; r < r1; ++r) {
       const float* w = W.quantized() ? row.data() : W.dense + r * cols;
-      if (W.quantized()) dequant_row(W, r, row.data());
+      if (W.quantized()) dequantize_row(W, r, row.data());
       for (int64_t t = 0; t < n; ++t) Y[t * rows + r] = dot(w, X + t * cols, cols);
     }
   }, grain);
@@ -128,7 +95,7 @@ void embed_row(const QMatrix& embed, int32_t token, float* out) {
   if (token < 0 || token >= embed.rows)
     throw InputError("token id " + std::to_string(token) + " is outside the vocabulary [0, " +
                      std::to_string(embed.rows) + ")");
-  dequant_row(embed, token, out);
+  dequantize_row(embed, token, out);
 }
 
 // ---------------------------------------------------------------- small vector ops

@@ -16,8 +16,7 @@
 namespace lilac::cpu {
 
 // ---------------------------------------------------------------- quantized matrices
-// Dequantize row r of W into out[W.cols] (scale * q + bias per group; dense rows copied).
-void dequant_row(const QMatrix& W, int64_t r, float* out);
+// (Row dequantization: lilac::dequantize_row in model/quant.h.)
 // y[W.rows] = W x  (x [W.cols]); fp32 accumulation, rows split over the pool. Quantized rows are not
 // materialised: y_r = Σ_g scale_g Σ_j q_j x_j + bias_g Σ_j x_j (another summation order than qmatmul's).
 void qmatvec(const QMatrix& W, const float* x, float* y, ThreadPool* pool = nullptr);

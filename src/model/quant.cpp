@@ -1,6 +1,8 @@
 #include "model/quant.h"
 
 #include <cmath>
+#include <cstring>
+#include <string>
 #include <thread>
 
 #include "core/bf16.h"
@@ -100,17 +102,40 @@ float dequantize_at(const QMatrix& m, int64_t r, int64_t c) {
   return bf16_to_f32(m.scales[g]) * q + bf16_to_f32(m.biases[g]);
 }
 
+namespace {
+
+// Row r dequantized, with the bit width a compile-time constant (so the unpacking vectorises).
+template <int BITS>
+void dequantize_row_bits(const QMatrix& W, int64_t r, float* out) {
+  constexpr int per_word = 32 / BITS;
+  constexpr uint32_t mask = (1u << BITS) - 1u;
+  const uint32_t* q = W.qweight + r * W.words_per_row();
+  const uint16_t* sc = W.scales + r * W.groups_per_row();
+  const uint16_t* bi = W.biases + r * W.groups_per_row();
+  const int64_t words_per_group = W.group_size / per_word;
+  for (int64_t g = 0; g < W.groups_per_row(); ++g) {
+    const float s = bf16_to_f32(sc[g]), b = bf16_to_f32(bi[g]);
+    const uint32_t* qg = q + g * words_per_group;
+    float* o = out + g * W.group_size;
+    for (int64_t w = 0; w < words_per_group; ++w) {
+      const uint32_t word = qg[w];
+      for (int i = 0; i < per_word; ++i) o[w * per_word + i] = s * float((word >> (i * BITS)) & mask) + b;
+    }
+  }
+}
+
+}  // namespace
+
 void dequantize_row(const QMatrix& m, int64_t r, float* out) {
   if (!m.bits) {
-    for (int64_t c = 0; c < m.cols; ++c) out[c] = m.dense[r * m.cols + c];
+    std::memcpy(out, m.dense + r * m.cols, static_cast<size_t>(m.cols) * sizeof(float));
     return;
   }
-  const uint32_t* words = m.qweight + r * m.words_per_row();
-  const uint16_t* sc = m.scales + r * m.groups_per_row();
-  const uint16_t* bi = m.biases + r * m.groups_per_row();
-  for (int64_t c = 0; c < m.cols; ++c) {
-    const int64_t g = c / m.group_size;
-    out[c] = bf16_to_f32(sc[g]) * float(unpack_at(words, c, m.bits)) + bf16_to_f32(bi[g]);
+  switch (m.bits) {
+    case 4: return dequantize_row_bits<4>(m, r, out);
+    case 8: return dequantize_row_bits<8>(m, r, out);
+    case 2: return dequantize_row_bits<2>(m, r, out);
+    default: throw Error("dequantize_row: unsupported bit width " + std::to_string(m.bits));
   }
 }
 

@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "cpu/ops.h"
+#include "model/quant.h"
 
 using namespace lilac;
 using namespace lilac::cpu;
@@ -19,7 +20,7 @@ namespace {
 struct PackedMatrix {
   std::vector<uint32_t> q;
   std::vector<uint16_t> scales, biases;
-  std::vector<float> deq;  // the values it encodes, computed independently of dequant_row
+  std::vector<float> deq;  // the values it encodes, computed independently of dequantize_row
   QMatrix m;
 };
 
@@ -67,7 +68,7 @@ TEST(CpuOps, DequantRowMatchesPackedValues4And8Bit) {
     PackedMatrix p = make_packed(5, 192, bits, 7 + bits);
     std::vector<float> row(192);
     for (int r = 0; r < 5; ++r) {
-      dequant_row(p.m, r, row.data());
+      dequantize_row(p.m, r, row.data());
       for (int c = 0; c < 192; ++c) ASSERT_EQ(row[c], p.deq[r * 192 + c]) << "bits " << bits << " r " << r << " c " << c;
     }
   }
@@ -113,7 +114,7 @@ TEST(CpuOps, OtherGroupSizes) {
       qmatvec(p.m, x.data(), y.data(), nullptr);
       qmatmul(p.m, x.data(), 2, Y.data(), nullptr);
       for (int r = 0; r < 7; ++r) {
-        dequant_row(p.m, r, row.data());
+        dequantize_row(p.m, r, row.data());
         for (int c = 0; c < 256; ++c) ASSERT_EQ(row[c], p.deq[r * 256 + c]);
         for (int t = 0; t < 2; ++t) {
           double ref = 0;

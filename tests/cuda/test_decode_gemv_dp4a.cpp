@@ -31,6 +31,7 @@
 
 #include "core/bf16.h"
 #include "cpu/ops.h"
+#include "model/quant.h"
 #include "cuda/kernels/decode.h"
 #include "decode_test_util.h"
 
@@ -297,10 +298,10 @@ TEST(CudaDecodeDp4a, MoEGateUpAndDownMatchCpu) {
       std::vector<float> am(static_cast<size_t>(rows)), ar(static_cast<size_t>(rows));
       std::vector<float> grow(static_cast<size_t>(c.H));
       for (int64_t j = 0; j < rows; ++j) {
-        cpu::dequant_row(G, row0 + j, grow.data());
+        dequantize_row(G, row0 + j, grow.data());
         double sg_ = 0, su_ = 0;
         for (int64_t i = 0; i < c.H; ++i) sg_ += double(grow[size_t(i)]) * xn[size_t(i)];
-        cpu::dequant_row(U, row0 + j, grow.data());
+        dequantize_row(U, row0 + j, grow.data());
         for (int64_t i = 0; i < c.H; ++i) su_ += double(grow[size_t(i)]) * xn[size_t(i)];
         const auto silu = [](double v) { return v / (1.0 + std::exp(-v)); };
         am[size_t(j)] = float(silu(gm[size_t(j)]) * um[size_t(j)]);
@@ -310,7 +311,7 @@ TEST(CudaDecodeDp4a, MoEGateUpAndDownMatchCpu) {
       const int64_t drow0 = sh ? 0 : int64_t(ids[size_t(t)]) * c.H;
       std::vector<float> drow(static_cast<size_t>(rows));
       for (int64_t o = 0; o < c.H; ++o) {
-        cpu::dequant_row(D, drow0 + o, drow.data());
+        dequantize_row(D, drow0 + o, drow.data());
         double a1 = 0, a2 = 0;
         for (int64_t j = 0; j < rows; ++j) {
           a1 += double(drow[size_t(j)]) * am[size_t(j)];

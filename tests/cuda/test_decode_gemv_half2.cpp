@@ -28,6 +28,7 @@
 
 #include "core/bf16.h"
 #include "cpu/ops.h"
+#include "model/quant.h"
 #include "cuda/kernels/decode.h"
 #include "decode_test_util.h"
 
@@ -239,7 +240,7 @@ TEST(CudaDecodeHalf2, GemvConvEpilogueMatchesCpu) {
   }
 }
 
-// MoE: routing by cpu::moe_route, gate/up/down rows from cpu::dequant_row, SwiGLU, all in double (the
+// MoE: routing by cpu::moe_route, gate/up/down rows from dequantize_row, SwiGLU, all in double (the
 // fp32 reference). (1) moe_gate_up Half2 + moe_down Fp32: gate and up each ≈ 1e-3, the product
 // ≈ √2 of it; (2) moe_down Half2 on the GPU's own act vs moe_down Fp32 on the same act: ≈ 1e-3
 // (relative fp16 errors are scale invariant, so act's heavy tails do not matter). Bound 3e-3 where the
@@ -283,10 +284,10 @@ TEST(CudaDecodeHalf2, MoEGateUpAndDownMatchCpu) {
       const float wt = sh ? shared_w : wts[size_t(t)];
       std::vector<float> ar(static_cast<size_t>(rows)), grow(static_cast<size_t>(c.H));
       for (int64_t j = 0; j < rows; ++j) {
-        cpu::dequant_row(G, row0 + j, grow.data());
+        dequantize_row(G, row0 + j, grow.data());
         double sg_ = 0, su_ = 0;
         for (int64_t i = 0; i < c.H; ++i) sg_ += double(grow[size_t(i)]) * xn[size_t(i)];
-        cpu::dequant_row(U, row0 + j, grow.data());
+        dequantize_row(U, row0 + j, grow.data());
         for (int64_t i = 0; i < c.H; ++i) su_ += double(grow[size_t(i)]) * xn[size_t(i)];
         ar[size_t(j)] = float(sg_ / (1.0 + std::exp(-sg_)) * su_);
       }
@@ -294,7 +295,7 @@ TEST(CudaDecodeHalf2, MoEGateUpAndDownMatchCpu) {
       const int64_t drow0 = sh ? 0 : int64_t(ids[size_t(t)]) * c.H;
       std::vector<float> drow(static_cast<size_t>(rows));
       for (int64_t o = 0; o < c.H; ++o) {
-        cpu::dequant_row(D, drow0 + o, drow.data());
+        dequantize_row(D, drow0 + o, drow.data());
         double a2 = 0;
         for (int64_t j = 0; j < rows; ++j) a2 += double(drow[size_t(j)]) * ar[size_t(j)];
         ref[size_t(o)] += wt * a2;
