@@ -6,6 +6,7 @@
 
 #include "cuda/cuda_common.h"
 #include "cuda/kernels/decode.h"
+#include "cuda/kernels/launch.cuh"
 #include "cuda/kernels/qdot.cuh"
 
 namespace lilac::cuda {
@@ -48,6 +49,8 @@ __device__ __forceinline__ bool better(float v, int i, float bv, int bi) { retur
 __global__ void __launch_bounds__(kPassThreads)
     sample_pass_kernel(const float* logits, int64_t vocab, const SampleParamsDev* prm, const int32_t* counts,
                        const uint8_t* mask, void* scratch) {
+  pdl_wait();
+  pdl_trigger();
   const Scratch sc = carve(scratch, vocab);
   const SampleParamsDev p = *prm;
   const bool sampling = p.temperature > 0.f;
@@ -185,6 +188,8 @@ __device__ void bargmax(float& v, int& i, float* rv, int* ri) {
 __global__ void __launch_bounds__(kSelThreads)
     sample_select_kernel(const float* logits, int64_t vocab, SampleParamsDev* prm, int32_t* counts, void* scratch,
                          int32_t* token_slot, SampleResult* result) {
+  pdl_wait();
+  pdl_trigger();
   const Scratch sc = carve(scratch, vocab);
   __shared__ float red[32];
   __shared__ int redi[32];
@@ -366,7 +371,11 @@ __global__ void __launch_bounds__(kSelThreads)
   }
 }
 
-__global__ void inc_kernel(int32_t* p) { *p += 1; }
+__global__ void inc_kernel(int32_t* p) {
+  pdl_wait();
+  pdl_trigger();
+  *p += 1;
+}
 
 }  // namespace
 
@@ -377,15 +386,14 @@ size_t sample_scratch_bytes(int64_t vocab) {
 void sample_token(const float* logits, int64_t vocab, SampleParamsDev* params, int32_t* counts,
                   const uint8_t* prompt_mask, void* scratch, int32_t* token_slot, SampleResult* result,
                   cudaStream_t stream) {
-  sample_pass_kernel<<<kPassBlocks, kPassThreads, 0, stream>>>(logits, vocab, params, counts, prompt_mask, scratch);
-  LILAC_CUDA_LAUNCH_CHECK();
-  sample_select_kernel<<<1, kSelThreads, 0, stream>>>(logits, vocab, params, counts, scratch, token_slot, result);
-  LILAC_CUDA_LAUNCH_CHECK();
+  launch_pdl(sample_pass_kernel, dim3(kPassBlocks), dim3(kPassThreads), 0, stream, logits, vocab, params, counts,
+             prompt_mask, scratch);
+  launch_pdl(sample_select_kernel, dim3(1), dim3(kSelThreads), 0, stream, logits, vocab, params, counts, scratch,
+             token_slot, result);
 }
 
 void increment_i32(int32_t* p, cudaStream_t stream) {
-  inc_kernel<<<1, 1, 0, stream>>>(p);
-  LILAC_CUDA_LAUNCH_CHECK();
+  launch_pdl(inc_kernel, dim3(1), dim3(1), 0, stream, p);
 }
 
 }  // namespace lilac::cuda
