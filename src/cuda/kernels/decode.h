@@ -22,14 +22,17 @@ namespace lilac::cuda {
 // Optional epilogue for the Gated DeltaNet in_proj: rows r < conv_rows go through the causal depthwise
 // conv (taps conv_w [conv_rows, K], state conv_state [conv_rows, K-1] oldest first, updated) and SiLU.
 enum class Prologue { None = 0, RmsNorm = 1, GatedHeadNorm = 2 };
-// Which GEMV implementation: Fp32 (dequantize to fp32, fp32 FMAs: the default), Dp4a (the input
-// quantized to int8 per group of 64 in shared memory, integer dot products with __dp4a; relative
-// error of order 1e-3..1e-2 from the int8 input), FromEnv: Dp4a when LILAC_GEMV=dp4a (read at each
-// launch call, i.e. when the decode graph is captured), else Fp32.
-// Half2 (LILAC_GEMV=half2; 4-bit matrices only, 8-bit ones keep Fp32): the input staged as fp16 per
-// chunk of 32 scaled by a power of two, nibbles → fp16 by the magic-number trick, half2 FMAs within a
-// 16-byte chunk, fp32 across chunks; relative error of order 1e-3.
-enum class GemvImpl { FromEnv = -1, Fp32 = 0, Dp4a = 1, Half2 = 2 };
+// Which GEMV implementation:
+//   Tensor (the default): tensor-core GEMV (gemv_tc.cu): nibbles → fp16 exactly, the input split per
+//     64-group into fp16 hi + lo parts with a power-of-two scale, mma.sync with fp32 accumulation —
+//     the fp32 result to ~1e-6 relative; 4/8-bit, group size 64 (other shapes fall back to Fp32).
+//   Fp32: dequantize to fp32, fp32 FMAs (the reference kernel; LILAC_GEMV=fp32).
+//   Dp4a (LILAC_GEMV=dp4a): the input quantized to int8 per group of 64, __dp4a dot products;
+//     relative error 1e-3..1e-2 (fails the real4 oracle bar; kept for comparison).
+//   Half2 (LILAC_GEMV=half2; 4-bit only): fp16 input per chunk of 32, half2 FMAs within a 16-byte
+//     chunk; relative error of order 1e-3.
+//   FromEnv: LILAC_GEMV (read at each launch call, i.e. when the decode graph is captured), else Tensor.
+enum class GemvImpl { FromEnv = -1, Fp32 = 0, Dp4a = 1, Half2 = 2, Tensor = 3 };
 GemvImpl gemv_impl_from_env();
 struct GemvArgs {
   QMatrixDev W;
@@ -65,7 +68,7 @@ struct MoEDecodeWeights {
   int E = 0, top_k = 0;
   bool renormalise = true;
 };
-// impl: as GemvArgs::impl (FromEnv: LILAC_GEMV=dp4a selects the int8-input variant of the gate/up GEMVs).
+// impl: as GemvArgs::impl.
 void moe_gate_up(const MoEDecodeWeights& w, const float* logits, const float* x, const float* norm_w, float eps,
                  int32_t* sel_ids, float* sel_w, float* act, cudaStream_t stream,
                  GemvImpl impl = GemvImpl::FromEnv);

@@ -7,6 +7,9 @@
 
 #include "cuda/cuda_common.h"
 #include "cuda/kernels/decode.h"
+#include "cuda/kernels/gemv_common.cuh"
+#include "cuda/kernels/gemv_tc.h"
+#include "cuda/kernels/launch.cuh"
 #include "cuda/kernels/qdot.cuh"
 #include "cuda/kernels/qdot_dp4a.cuh"
 #include "cuda/kernels/qdot_half2.cuh"
@@ -55,30 +58,6 @@ __device__ void chunk_sums(const float* xs, float* xsum, int nchunk) {
   }
 }
 
-// Stage t(x) into xs[cols] (see Prologue). Ends with a barrier.
-__device__ void stage_input(const GemvArgs& a, float* xs, int cols, float* red) {
-  for (int i = threadIdx.x; i < cols; i += blockDim.x) xs[i] = a.x[i];
-  if (a.pro == Prologue::RmsNorm) {
-    float ss = 0.f;
-    for (int i = threadIdx.x; i < cols; i += blockDim.x) ss += xs[i] * xs[i];
-    ss = block_sum(ss, red);
-    const float r = rsqrtf(ss / float(cols) + a.eps);
-    for (int i = threadIdx.x; i < cols; i += blockDim.x) xs[i] = xs[i] * r * a.norm_w[i];
-  } else if (a.pro == Prologue::GatedHeadNorm) {
-    __syncthreads();
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    const int hd = a.head_dim, nh = cols / hd;
-    for (int h = warp; h < nh; h += nw) {
-      float* xh = xs + h * hd;
-      float ss = 0.f;
-      for (int d = lane; d < hd; d += 32) ss += xh[d] * xh[d];
-      ss = warp_sum(ss);
-      const float r = rsqrtf(ss / float(hd) + a.eps);
-      for (int d = lane; d < hd; d += 32) xh[d] = xh[d] * r * a.norm_w[d] * silu_f(a.z[h * hd + d]);
-    }
-  }
-  __syncthreads();
-}
 
 template <int BITS, int MINB>
 __global__ void __launch_bounds__(kThreads, MINB) gemv_kernel(GemvArgs a, int lpr) {
@@ -144,21 +123,6 @@ __global__ void __launch_bounds__(kThreads, MINB) gemv_kernel(GemvArgs a, int lp
 // LILAC_GEMV_DP4A_UNROLL=1: 4 loads in flight at <= 64 registers (4 blocks = 32 warps per SM).
 constexpr int kDpRows = 4;
 
-// The y write of one row: optional causal conv + SiLU (rows < conv_rows), then store or accumulate.
-__device__ __forceinline__ void gemv_store_row(const GemvArgs& a, int64_t r, float v) {
-  if (r < a.conv_rows) {  // causal depthwise conv (state oldest first) + SiLU
-    const int K = a.conv_k, S = K - 1;
-    const float* w = a.conv_w + r * K;
-    float* st = a.conv_state + r * S;
-    float acc = 0.f;
-    for (int k = 0; k < S; ++k) acc += w[k] * st[k];
-    acc += w[S] * v;
-    for (int k = 0; k + 1 < S; ++k) st[k] = st[k + 1];
-    if (S > 0) st[S - 1] = v;
-    v = silu_f(acc);
-  }
-  a.y[r] = a.accumulate ? a.y[r] + v : v;
-}
 
 // Shared memory of the dp4a GEMV: meta float4[nchunk] | xq bytes[cols] | xs float[cols].
 size_t dp4a_smem(int64_t cols, int bits) {
@@ -325,72 +289,6 @@ __global__ void __launch_bounds__(kThreads, MINB) gemv_half2_kernel(GemvArgs a, 
 }
 
 // ------------------------------------------------------------------------------------------------ MoE
-// Routing by warp 0 of the block into shared memory (and global from block 0).
-__device__ void route_warp(const float* logits, int E, int k, bool renorm, int* s_ids, float* s_w, int32_t* g_ids,
-                           float* g_w) {
-  constexpr int kMaxPer = 16;  // E <= 512
-  const int lane = threadIdx.x & 31;
-  float p[kMaxPer];
-  float m = -INFINITY;
-#pragma unroll
-  for (int i = 0; i < kMaxPer; ++i) {
-    const int e = lane + 32 * i;
-    p[i] = e < E ? logits[e] : -INFINITY;
-    m = fmaxf(m, p[i]);
-  }
-  m = warp_max(m);
-  float z = 0.f;
-#pragma unroll
-  for (int i = 0; i < kMaxPer; ++i) {
-    const int e = lane + 32 * i;
-    p[i] = e < E ? expf(p[i] - m) : 0.f;
-  }
-  // Sum in expert order (as the CPU reference) would be serial; the warp tree sum differs only by rounding.
-#pragma unroll
-  for (int i = 0; i < kMaxPer; ++i) z += p[i];
-  z = warp_sum(z);
-#pragma unroll
-  for (int i = 0; i < kMaxPer; ++i) p[i] = (lane + 32 * i) < E ? p[i] / z : -1.f;
-  uint32_t taken = 0;
-  float sum = 0.f;
-  for (int t = 0; t < k; ++t) {
-    float best = -2.f;
-    int bid = 0x7fffffff;
-#pragma unroll
-    for (int i = 0; i < kMaxPer; ++i)
-      if (!(taken >> i & 1u) && p[i] > best) {
-        best = p[i];
-        bid = lane + 32 * i;
-      }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const float ob = __shfl_xor_sync(0xffffffffu, best, o);
-      const int oi = __shfl_xor_sync(0xffffffffu, bid, o);
-      if (ob > best || (ob == best && oi < bid)) {
-        best = ob;
-        bid = oi;
-      }
-    }
-    if ((bid & 31) == lane) taken |= 1u << (bid >> 5);
-    if (lane == 0) {
-      s_ids[t] = bid;
-      s_w[t] = best;
-    }
-    sum += best;
-  }
-  __syncwarp();
-  if (lane == 0) {
-    for (int t = 0; t < k; ++t) s_w[t] = renorm ? s_w[t] / sum : s_w[t];
-    s_w[k] = sigmoid_f(logits[E]);
-    if (blockIdx.x == 0) {
-      for (int t = 0; t < k; ++t) {
-        g_ids[t] = s_ids[t];
-        g_w[t] = s_w[t];
-      }
-      g_w[k] = s_w[k];
-    }
-  }
-}
 
 template <int BITS, int MINB>
 __global__ void __launch_bounds__(kThreads, MINB)
@@ -883,6 +781,8 @@ __global__ void __launch_bounds__(kThreads, MINB)
 
 template <int BITS>
 __global__ void embed_kernel(QMatrixDev E, const int32_t* token, float* out) {
+  pdl_wait();
+  pdl_trigger();
   const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= E.cols) return;
   const int64_t t = *token;
@@ -960,11 +860,17 @@ GemvImpl gemv_impl_from_env() {
   const char* e = std::getenv("LILAC_GEMV");
   if (e && std::string(e) == "dp4a") return GemvImpl::Dp4a;
   if (e && std::string(e) == "half2") return GemvImpl::Half2;
-  return GemvImpl::Fp32;
+  if (e && std::string(e) == "fp32") return GemvImpl::Fp32;
+  return GemvImpl::Tensor;
 }
 
 void gemv(const GemvArgs& a, cudaStream_t stream) {
   check_q(a.W, "gemv");
+  const GemvImpl impl = a.impl == GemvImpl::FromEnv ? gemv_impl_from_env() : a.impl;
+  if (impl == GemvImpl::Tensor && gemv_tc_supported(a.W)) {
+    gemv_tc(a, stream);
+    return;
+  }
   if (gemv_use_half2(a.impl, a.W)) {
     const int unroll = dp4a_unroll();
     const int64_t nchunk = a.W.cols / 32;
@@ -1019,9 +925,9 @@ void gemv(const GemvArgs& a, cudaStream_t stream) {
 void embed_gather(const QMatrixDev& E, const int32_t* token, float* out, cudaStream_t stream) {
   const int grid = int((E.cols + 255) / 256);
   if (E.bits == 4)
-    embed_kernel<4><<<grid, 256, 0, stream>>>(E, token, out);
+    launch_pdl(embed_kernel<4>, dim3(grid), dim3(256), 0, stream, E, token, out);
   else if (E.bits == 8)
-    embed_kernel<8><<<grid, 256, 0, stream>>>(E, token, out);
+    launch_pdl(embed_kernel<8>, dim3(grid), dim3(256), 0, stream, E, token, out);
   else
     throw Error("embed_gather: only 4- and 8-bit embeddings are supported");
   LILAC_CUDA_LAUNCH_CHECK();
@@ -1043,6 +949,11 @@ static void check_moe(const MoEDecodeWeights& w) {
 void moe_gate_up(const MoEDecodeWeights& w, const float* logits, const float* x, const float* norm_w, float eps,
                  int32_t* sel_ids, float* sel_w, float* act, cudaStream_t stream, GemvImpl moe_impl) {
   check_moe(w);
+  if (moe_impl == GemvImpl::FromEnv) moe_impl = gemv_impl_from_env();
+  if (moe_impl == GemvImpl::Tensor && moe_tc_supported(w)) {
+    moe_gate_up_tc(w, logits, x, norm_w, eps, sel_ids, sel_w, act, stream);
+    return;
+  }
   const int bits = w.gate.first.bits, epl = 128 / bits;
   const int64_t cols = w.gate.first.cols, nchunk = cols / epl;
   if (moe_impl == GemvImpl::FromEnv) moe_impl = gemv_impl_from_env();
@@ -1096,6 +1007,11 @@ void moe_gate_up(const MoEDecodeWeights& w, const float* logits, const float* x,
 void moe_down(const MoEDecodeWeights& w, const int32_t* sel_ids, const float* sel_w, const float* act, float* y,
               cudaStream_t stream, GemvImpl impl) {
   check_moe(w);
+  if (impl == GemvImpl::FromEnv) impl = gemv_impl_from_env();
+  if (impl == GemvImpl::Tensor && moe_tc_supported(w)) {
+    moe_down_tc(w, sel_ids, sel_w, act, y, stream);
+    return;
+  }
   const int bits = w.down.first.bits, epl = 128 / bits;
   const int64_t I = w.down.first.cols, Is = w.shared_down.cols;
   const int64_t n_act = w.top_k * I + Is;

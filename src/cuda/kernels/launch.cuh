@@ -1,0 +1,53 @@
+// Kernel launches for the decode step with programmatic dependent launch (PDL, sm_90+).
+//
+// A decode step is a chain of ~270 small dependent kernels. Launched with PDL, kernel N+1 is scheduled
+// while kernel N still runs; it may read data that no kernel of the step writes (weights) before
+// `pdl_wait()`, which returns once kernel N has completed and its memory is visible. Rules for every
+// kernel launched through `launch_pdl`:
+//   1. call `pdl_wait()` before its first read of an activation / state / cache and before its first
+//      global write (a predecessor may still be reading what it overwrites);
+//   2. call `pdl_trigger()` after `pdl_wait()` (never before): kernel N+2 then starts only once N has
+//      passed its wait, i.e. once N-1 is complete, so whatever ran two launches back is complete too.
+// Kernels not launched through launch_pdl ignore both calls. LILAC_PDL=0 turns PDL off (plain
+// stream order); devices below sm_90 never use it.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <utility>
+
+#include "cuda/cuda_common.h"
+
+namespace lilac::cuda {
+
+namespace dev {
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+}  // namespace dev
+
+// Whether decode launches use PDL (device >= sm_90 and LILAC_PDL != 0); read once.
+bool pdl_enabled();
+
+template <typename... KArgs, typename... Args>
+void launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  LILAC_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+}
+
+}  // namespace lilac::cuda
