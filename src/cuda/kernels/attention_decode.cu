@@ -1,200 +1,618 @@
-// Decode attention: q/k RMSNorm + partial RoPE + KV append, then split-K attention over the bf16 KV
-// cache (GQA: one block per kv head and context split reads each K/V row once for all its query
-// heads) and the combine with the output gate sigmoid fused.
+// Decode attention: q/k RMSNorm + partial RoPE + KV append (one warp per head), then one split-K
+// kernel over the bf16 KV cache whose last blocks also do the cross-split combine and the output gate.
+//
+// attn_decode_kernel<HD, NG>: block (unit, split); a unit is one kv head and a group of NG (<= 8) of
+// its query heads (NG = G rounded up to a power of two, padded heads have q = 0 and are not written).
+// The number of useful splits is derived on the device from *pos (graph replays reuse the launch):
+// nsp = min(gridDim.y, ceil(L / kMinRows)), each split a run of whole R-row chunks; blocks past it
+// exit. Each of the 16 warps of a block streams its chunks (chunk c of the split goes to warp
+// c % 16) through a private 4-stage cp.async ring (16-byte copies of K and V rows) and keeps its own
+// online softmax: per chunk every lane holds DPL = HD/32 dims of R rows, multiplies them with q (in
+// shared memory) for the NG heads, and one reduce-scatter across the warp leaves each lane one
+// (row, head) score. The warps' states are merged into one partial per block (m, l, acc for NG heads).
+// Combine: the partials of splits [8j, 8j+8) are merged by the last of those blocks to finish
+// (arrival counter per group); with more than one group the group results are merged by the last
+// group merger (a second counter) — so no block reads more than 8 (resp. 16) partials. The last
+// merger writes out = acc / l ⊙ sigmoid(gate).
+// Counters live at the start of `partial`: 64-bit words (tag << 32 | count) with tag = *pos ^ magic;
+// a word whose tag differs counts as 0 (so fresh / poisoned memory works) and the block that
+// completes a count resets its word, so the next layer / replay at any position starts from zero.
+#include <algorithm>
 #include <string>
 
 #include "cuda/cuda_common.h"
 #include "cuda/kernels/decode.h"
+#include "cuda/kernels/launch.cuh"
 #include "cuda/kernels/qdot.cuh"
 
 namespace lilac::cuda {
 namespace {
 using namespace dev;
 
-constexpr int kTile = 32;       // positions per tile (one per lane)
 constexpr int kMaxHeadDim = 256;
-constexpr int kMaxGroup = 16;   // query heads per kv head
-constexpr int kWarps = 8;
+constexpr int kMaxGroup = 16;    // query heads per kv head
+constexpr int kWarps = 16;       // warps per split block
+constexpr int kStages = 4;       // cp.async ring depth per warp
+constexpr int kGroupSplits = 8;  // partials merged per first-level combine
+constexpr int kMaxGroups = (kAttnMaxSplit + kGroupSplits - 1) / kGroupSplits;
+constexpr int kCtrPerUnit = kMaxGroups + 1;  // group counters + the top counter
+constexpr uint32_t kTagMagic = 0xA5C3E1F7u;  // bit 31 set: never the tag of zeroed memory
 
-__global__ void qk_norm_rope_kernel(AttnDecodeShape s, const float* qg, const float* k, const float* v,
-                                    const float* q_norm, const float* k_norm, const float* inv_freq,
-                                    const int32_t* pos_p, float* q_out, __nv_bfloat16* k_cache,
-                                    __nv_bfloat16* v_cache) {
-  __shared__ float xs[kMaxHeadDim];
-  __shared__ float red[32];
-  const int hd = s.head_dim, b = blockIdx.x;
+int ng_of(int G) {  // query heads per unit: G rounded up to a power of two, at most 8
+  int ng = 1;
+  while (ng < G && ng < 8) ng *= 2;
+  return ng;
+}
+struct Layout {
+  int NG, HG, units;
+  size_t ctr_floats, slot_floats, slots_per_unit;
+};
+Layout layout_of(const AttnDecodeShape& s, int cap) {
+  Layout l;
+  const int G = s.heads / s.kv_heads;
+  l.NG = ng_of(G);
+  l.HG = (G + l.NG - 1) / l.NG;
+  l.units = s.kv_heads * l.HG;
+  l.ctr_floats = (size_t(l.units) * kCtrPerUnit * 2 + 63) / 64 * 64;
+  l.slot_floats = size_t(l.NG) * (s.head_dim + 2);
+  l.slots_per_unit = size_t(cap) + (cap + kGroupSplits - 1) / kGroupSplits;
+  return l;
+}
+
+// ------------------------------------------------------------------------------------------------ q/k norm + rope
+// One warp per head (q heads first, then kv heads).
+__global__ void __launch_bounds__(128) qk_norm_rope_kernel(AttnDecodeShape s, const float* qg, const float* k,
+                                                           const float* v, const float* q_norm, const float* k_norm,
+                                                           const float* inv_freq, const int32_t* pos_p, float* q_out,
+                                                           __nv_bfloat16* k_cache, __nv_bfloat16* v_cache) {
+  __shared__ float xs[4][kMaxHeadDim];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int b = blockIdx.x * 4 + warp;
+  const int hd = s.head_dim, half = s.rotary_dim / 2;
+  const bool active = b < s.heads + s.kv_heads;
   const bool is_q = b < s.heads;
   const int h = is_q ? b : b - s.heads;
-  const float* src = is_q ? qg + int64_t(h) * 2 * hd : k + int64_t(h) * hd;
   const float* w = is_q ? q_norm : k_norm;
+  // weights (not written by the step) before the wait
+  float wv[kMaxHeadDim / 32], fr[kMaxHeadDim / 32];
+#pragma unroll
+  for (int j = 0; j < kMaxHeadDim / 32; ++j) {
+    const int d = lane + 32 * j;
+    wv[j] = active && d < hd ? w[d] : 0.f;
+    fr[j] = active && d < 2 * half ? inv_freq[d < half ? d : d - half] : 0.f;
+  }
+  pdl_wait();
+  pdl_trigger();
+  if (!active) return;
+  const float* src = is_q ? qg + int64_t(h) * 2 * hd : k + int64_t(h) * hd;
   const int64_t pos = *pos_p;
+  float x[kMaxHeadDim / 32];
   float ss = 0.f;
-  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-    const float x = src[d];
-    xs[d] = x;
-    ss += x * x;
+#pragma unroll
+  for (int j = 0; j < kMaxHeadDim / 32; ++j) {
+    const int d = lane + 32 * j;
+    x[j] = d < hd ? src[d] : 0.f;
+    ss += x[j] * x[j];
   }
-  ss = block_sum(ss, red);
+  ss = warp_sum(ss);
   const float r = rsqrtf(ss / float(hd) + s.eps);
-  for (int d = threadIdx.x; d < hd; d += blockDim.x) xs[d] = xs[d] * r * w[d];
-  __syncthreads();
-  const int half = s.rotary_dim / 2;
-  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-    float val = xs[d];
-    if (d < half) {
-      const float ang = float(pos) * inv_freq[d];
+  float* xw = xs[warp];
+#pragma unroll
+  for (int j = 0; j < kMaxHeadDim / 32; ++j) {
+    const int d = lane + 32 * j;
+    x[j] = x[j] * r * wv[j];
+    if (d < hd) xw[d] = x[j];
+  }
+  __syncwarp();
+  const int64_t row = (pos * s.kv_heads + h) * hd;
+#pragma unroll
+  for (int j = 0; j < kMaxHeadDim / 32; ++j) {
+    const int d = lane + 32 * j;
+    if (d >= hd) break;
+    float val = x[j];
+    if (d < 2 * half) {
       float sn, cs;
-      sincosf(ang, &sn, &cs);
-      val = xs[d] * cs - xs[d + half] * sn;
-    } else if (d < 2 * half) {
-      const float ang = float(pos) * inv_freq[d - half];
-      float sn, cs;
-      sincosf(ang, &sn, &cs);
-      val = xs[d] * cs + xs[d - half] * sn;
+      sincosf(float(pos) * fr[j], &sn, &cs);
+      val = d < half ? x[j] * cs - xw[d + half] * sn : x[j] * cs + xw[d - half] * sn;
     }
-    if (is_q)
+    if (is_q) {
       q_out[int64_t(h) * hd + d] = val;
-    else {
-      const int64_t row = (pos * s.kv_heads + h) * hd + d;
-      k_cache[row] = __float2bfloat16(val);
-      v_cache[row] = __float2bfloat16(v[int64_t(h) * hd + d]);
+    } else {
+      k_cache[row + d] = __float2bfloat16(val);
+      v_cache[row + d] = __float2bfloat16(v[int64_t(h) * hd + d]);
     }
   }
 }
 
-__global__ void __launch_bounds__(kWarps * 32)
-    attn_split_kernel(AttnDecodeShape s, const float* q, const __nv_bfloat16* kc, const __nv_bfloat16* vc,
-                      const int32_t* pos_p, int n_split, float* partial) {
+// ------------------------------------------------------------------------------------------------ split kernel
+template <int HD, int NG>
+struct Cfg {
+  static constexpr int DPL = HD / 32;                       // dims per lane
+  static constexpr int R = 16 / (NG > DPL ? NG : DPL);      // rows per chunk
+  static constexpr int V = R * NG;                          // partial dots per lane per chunk (<= 16)
+  static constexpr int LV = V == 1 ? 0 : V == 2 ? 1 : V == 4 ? 2 : V == 8 ? 3 : 4;
+  static constexpr int SH = 5 - LV;                         // lane >> SH = (row, head) index after the reduce
+  static constexpr int STAGE = 2 * R * HD;                  // bf16 per ring stage: R K rows then R V rows
+  static constexpr int PIECES = STAGE / 8;                  // 16-byte copies per stage
+  static constexpr int kMinRows = 2 * kWarps * R;           // at least two chunks per warp per split
+  // shared memory (floats): big [max(ring, warp accumulators)] | qs [NG*HD] | pbuf [W][V+NG] |
+  // wm, wl, fw [W][NG] | cmb [max(kMaxGroups, kGroupSplits)*NG + 2*NG] | flag [4]
+  static constexpr int kRingF = kWarps * kStages * STAGE / 2;
+  static constexpr int kAccF = kWarps * NG * HD;
+  static constexpr int kBigF = kRingF > kAccF ? kRingF : kAccF;
+  static constexpr int kQs = kBigF;
+  static constexpr int kPbuf = kQs + NG * HD;
+  static constexpr int kWm = kPbuf + kWarps * (V + NG);
+  static constexpr int kWl = kWm + kWarps * NG;
+  static constexpr int kFw = kWl + kWarps * NG;
+  static constexpr int kCmb = kFw + kWarps * NG;
+  static constexpr int kFlag = kCmb + (kMaxGroups > kGroupSplits ? kMaxGroups : kGroupSplits) * NG + 2 * NG;
+  static constexpr int kTotalF = kFlag + 4;
+  static_assert(V <= 16 && R >= 2 && (kBigF % 4) == 0, "attention tile");
+};
+
+struct AttnArgs {
+  const float* q;
+  const float* qg;
+  const __nv_bfloat16* kc;
+  const __nv_bfloat16* vc;
+  const int32_t* pos;
+  unsigned long long* ctr;  // [units][kCtrPerUnit]
+  float* slots;             // [units][slots_per_unit][NG][HD + 2]: acc [NG][HD], m [NG], l [NG]
+  float* out;
+  int G, HG, kv_heads, cap, slots_per_unit;
+};
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src_bytes) {
+  const unsigned sa = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sa), "l"(gmem), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// DPL consecutive bf16 from shared memory, packed two per word (element 2i in the low half of w[i]).
+template <int DPL>
+__device__ __forceinline__ void lds_bf16(const __nv_bfloat16* p, uint32_t (&w)[(DPL + 1) / 2]) {
+  if constexpr (DPL == 8) {
+    const uint4 t = *reinterpret_cast<const uint4*>(p);
+    w[0] = t.x, w[1] = t.y, w[2] = t.z, w[3] = t.w;
+  } else if constexpr (DPL == 4) {
+    const uint2 t = *reinterpret_cast<const uint2*>(p);
+    w[0] = t.x, w[1] = t.y;
+  } else if constexpr (DPL == 2) {
+    w[0] = *reinterpret_cast<const uint32_t*>(p);
+  } else {
+    w[0] = *reinterpret_cast<const unsigned short*>(p);
+  }
+}
+__device__ __forceinline__ float bf_lo(uint32_t w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
+template <int DPL>
+__device__ __forceinline__ float bf_at(const uint32_t (&w)[(DPL + 1) / 2], int j) {
+  return (j & 1) ? bf_hi(w[j >> 1]) : bf_lo(w[j >> 1]);
+}
+
+// q for the NG heads at dim lane*DPL + j: qs holds [j][NG/4][lane][4] (NG >= 4) or [j][lane][NG].
+template <int HD, int NG>
+__device__ __forceinline__ int qs_index(int h, int d) {
+  constexpr int DPL = HD / 32;
+  const int l = d / DPL, j = d % DPL;
+  if constexpr (NG >= 4)
+    return ((j * (NG / 4) + h / 4) * 32 + l) * 4 + (h & 3);
+  else
+    return (j * 32 + l) * NG + h;
+}
+template <int HD, int NG>
+__device__ __forceinline__ void lds_q(const float* qs, int j, int lane, float (&qv)[NG]) {
+  if constexpr (NG >= 4) {
+#pragma unroll
+    for (int g = 0; g < NG / 4; ++g) {
+      const float4 t = reinterpret_cast<const float4*>(qs)[(j * (NG / 4) + g) * 32 + lane];
+      qv[4 * g] = t.x, qv[4 * g + 1] = t.y, qv[4 * g + 2] = t.z, qv[4 * g + 3] = t.w;
+    }
+  } else if constexpr (NG == 2) {
+    const float2 t = reinterpret_cast<const float2*>(qs)[j * 32 + lane];
+    qv[0] = t.x, qv[1] = t.y;
+  } else {
+    qv[0] = qs[j * 32 + lane];
+  }
+}
+
+// Halving step of the warp reduce-scatter of vals[N] (values at lanes l and l ^ OFF summed; the lane
+// keeps the upper half when its OFF bit is set), recursively down to one value.
+template <int N, int OFF>
+__device__ __forceinline__ void reduce_scatter(float* vals, int lane) {
+  if constexpr (N > 1) {
+    constexpr int H = N / 2;
+    const bool up = (lane & OFF) != 0;
+#pragma unroll
+    for (int i = 0; i < H; ++i) {
+      const float send = up ? vals[i] : vals[i + H];
+      const float keep = up ? vals[i + H] : vals[i];
+      vals[i] = keep + __shfl_xor_sync(0xffffffffu, send, OFF);
+    }
+    reduce_scatter<H, OFF / 2>(vals, lane);
+  }
+}
+
+// Arrival on a tagged counter (one thread); true for the arrival that makes the count `expected`,
+// which also resets the word.
+__device__ bool arrive(unsigned long long* ctr, uint32_t tag, uint32_t expected) {
+  unsigned long long old = atomicAdd(ctr, 0ull), assumed;
+  uint32_t cnt;
+  do {
+    assumed = old;
+    cnt = (uint32_t(assumed >> 32) == tag ? uint32_t(assumed) : 0u) + 1u;
+    old = atomicCAS(ctr, assumed, (static_cast<unsigned long long>(tag) << 32) | cnt);
+  } while (old != assumed);
+  if (cnt == expected) {
+    atomicExch(ctr, ~0ull);
+    return true;
+  }
+  return false;
+}
+
+// Merges n partial slots (stride SL floats) into dst (a slot) or, with dst == nullptr, into the gated
+// output of heads h0 .. h0+hv-1. Whole block; reads through L2 (other blocks wrote the slots).
+template <int HD, int NG>
+__device__ void merge_slots(const float* first, int n, float* dst, const AttnArgs& a, int h0, int hv, float* cmb) {
+  constexpr int SL = NG * (HD + 2);
+  constexpr int N = kMaxGroups > kGroupSplits ? kMaxGroups : kGroupSplits;  // n <= N
+  float* fac = cmb;           // [n][NG]
+  float* ML = cmb + N * NG;   // M [NG], L [NG]
+  const int tid = threadIdx.x;
+  if (tid < NG) {
+    float mv[N], lv[N];
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      const float* sl = first + size_t(i) * SL + NG * HD;
+      mv[i] = i < n ? __ldcg(sl + tid) : -INFINITY;
+      lv[i] = i < n ? __ldcg(sl + NG + tid) : 0.f;
+    }
+    float M = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < N; ++i) M = fmaxf(M, mv[i]);
+    float Ls = 0.f;
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      const float f = i < n ? expf(mv[i] - M) : 0.f;
+      if (i < n) fac[i * NG + tid] = f;
+      Ls = fmaf(f, lv[i], Ls);
+    }
+    ML[tid] = M;
+    ML[NG + tid] = Ls;
+  }
+  __syncthreads();
+  for (int i = tid; i < NG * HD; i += blockDim.x) {
+    const int h = i / HD, d = i % HD;
+    if (!dst && h >= hv) continue;
+    float x[N];
+#pragma unroll
+    for (int s = 0; s < N; ++s) x[s] = s < n ? __ldcg(first + size_t(s) * SL + i) : 0.f;  // all in flight
+    float acc = 0.f;
+#pragma unroll
+    for (int s = 0; s < N; ++s)
+      if (s < n) acc = fmaf(fac[s * NG + h], x[s], acc);
+    if (dst) {
+      dst[i] = acc;
+    } else {
+      const int hh = h0 + h;
+      const float gate = a.qg[int64_t(hh) * 2 * HD + HD + d];
+      a.out[int64_t(hh) * HD + d] = acc / ML[NG + h] * sigmoid_f(gate);
+    }
+  }
+  if (dst && tid < NG) {
+    dst[NG * HD + tid] = ML[tid];
+    dst[NG * HD + NG + tid] = ML[NG + tid];
+  }
+}
+
+template <int HD, int NG>
+__global__ void __launch_bounds__(kWarps * 32, 1) attn_decode_kernel(AttnArgs a) {
+  using C = Cfg<HD, NG>;
+  constexpr int DPL = C::DPL, R = C::R, V = C::V, LV = C::LV, SH = C::SH;
+  constexpr int W = (DPL + 1) / 2;  // packed words per lane per row
+  constexpr unsigned kFull = 0xffffffffu;
   extern __shared__ float4 smem4[];
-  const int hd = s.head_dim, G = s.heads / s.kv_heads, kvh = blockIdx.x, split = blockIdx.y;
-  const int kstride = hd + 2;  // bf16 elements per K row in shared memory (odd word stride: no bank conflicts)
-  float* qs = reinterpret_cast<float*>(smem4);                              // [G][hd]
-  __nv_bfloat16* Kt = reinterpret_cast<__nv_bfloat16*>(qs + G * hd);        // [kTile][hd + 2]
-  __nv_bfloat16* Vt = Kt + kTile * kstride;                                 // [kTile][hd]
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t L = int64_t(*pos_p) + 1;
-  int64_t chunk = (L + n_split - 1) / n_split;
-  chunk = (chunk + kTile - 1) / kTile * kTile;
-  const int64_t begin = split * chunk, end = begin + chunk < L ? begin + chunk : L;
-  const float scale = rsqrtf(float(hd));
-  for (int i = threadIdx.x; i < G * hd; i += blockDim.x) qs[i] = q[int64_t(kvh) * G * hd + i] * scale;
-  const int dpl = hd / 32;
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-  float o[2][kMaxHeadDim / 32];
-#pragma unroll
-  for (int t = 0; t < 2; ++t)
-#pragma unroll
-    for (int i = 0; i < kMaxHeadDim / 32; ++i) o[t][i] = 0.f;
-  const int64_t row_stride = int64_t(s.kv_heads) * hd;
-  for (int64_t t0 = begin; t0 < end; t0 += kTile) {
-    __syncthreads();
-    const int vec = hd / 8;  // 16-byte pieces per row
-    for (int i = threadIdx.x; i < kTile * vec; i += blockDim.x) {
-      const int p = i / vec, c = i % vec;
-      uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
-      if (t0 + p < end) {
-        const int64_t off = (t0 + p) * row_stride + int64_t(kvh) * hd + c * 8;
-        kv = *reinterpret_cast<const uint4*>(kc + off);
-        vv = *reinterpret_cast<const uint4*>(vc + off);
-      }
-      uint32_t* kd = reinterpret_cast<uint32_t*>(Kt + p * kstride + c * 8);
-      kd[0] = kv.x;
-      kd[1] = kv.y;
-      kd[2] = kv.z;
-      kd[3] = kv.w;
-      *reinterpret_cast<uint4*>(Vt + p * hd + c * 8) = vv;
-    }
-    __syncthreads();
-    const bool valid = t0 + lane < end;
-#pragma unroll
-    for (int t = 0; t < 2; ++t) {
-      const int hl = warp + t * kWarps;
-      if (hl >= G) break;
-      const float* qh = qs + hl * hd;
-      const __nv_bfloat162* kr = reinterpret_cast<const __nv_bfloat162*>(Kt + lane * kstride);
-      float sc = 0.f;
-      for (int i = 0; i < hd / 2; ++i) {
-        const float2 kf = __bfloat1622float2(kr[i]);
-        sc = fmaf(qh[2 * i], kf.x, sc);
-        sc = fmaf(qh[2 * i + 1], kf.y, sc);
-      }
-      sc = valid ? sc : -INFINITY;
-      const float mt = warp_max(sc);
-      const float mn = fmaxf(m[t], mt);
-      const float corr = m[t] == -INFINITY ? 0.f : expf(m[t] - mn);
-      const float p = valid ? expf(sc - mn) : 0.f;
-      l[t] = l[t] * corr + warp_sum(p);
-      m[t] = mn;
-#pragma unroll
-      for (int i = 0; i < kMaxHeadDim / 32; ++i) o[t][i] *= corr;
-      const int np = int(end - t0 < kTile ? end - t0 : kTile);
-      for (int pp = 0; pp < np; ++pp) {
-        const float pv = __shfl_sync(0xffffffffu, p, pp);
-        const __nv_bfloat16* vr = Vt + pp * hd;
-#pragma unroll
-        for (int i = 0; i < kMaxHeadDim / 32; ++i)
-          if (i < dpl) o[t][i] = fmaf(pv, __bfloat162float(vr[lane + 32 * i]), o[t][i]);
-      }
-    }
-  }
-#pragma unroll
-  for (int t = 0; t < 2; ++t) {
-    const int hl = warp + t * kWarps;
-    if (hl >= G) break;
-    const int h = kvh * G + hl;
-    float* dst = partial + (int64_t(h) * n_split + split) * (hd + 2);
-    if (lane == 0) {
-      dst[0] = m[t];
-      dst[1] = l[t];
-    }
-#pragma unroll
-    for (int i = 0; i < kMaxHeadDim / 32; ++i)
-      if (i < dpl) dst[2 + lane + 32 * i] = o[t][i];
-  }
-}
+  float* sm = reinterpret_cast<float*>(smem4);
+  float* qs = sm + C::kQs;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int unit = blockIdx.x, split = blockIdx.y;
+  const int kvh = unit / a.HG, hg = unit % a.HG;
+  const int h0 = kvh * a.G + hg * NG;
+  const int hv = min(NG, a.G - hg * NG);
 
-__global__ void attn_combine_kernel(AttnDecodeShape s, const float* partial, int n_split, const float* qg,
-                                    float* out) {
-  const int h = blockIdx.x, hd = s.head_dim;
-  const float* ph = partial + int64_t(h) * n_split * (hd + 2);
-  float M = -INFINITY;
-  for (int i = 0; i < n_split; ++i)
-    if (ph[i * (hd + 2) + 1] > 0.f) M = fmaxf(M, ph[i * (hd + 2)]);
-  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-    float num = 0.f, den = 0.f;
-    for (int i = 0; i < n_split; ++i) {
-      const float* pi = ph + i * (hd + 2);
-      if (pi[1] > 0.f) {
-        const float f = expf(pi[0] - M);
-        num += f * pi[2 + d];
-        den += f * pi[1];
+  pdl_wait();
+  pdl_trigger();
+  const int32_t pos = *a.pos;
+  // q (pre-scaled by 1/sqrt(hd)) for the unit's NG heads; padded heads are 0 (loaded while *pos is
+  // in flight; blocks without work read it too, cheap)
+  const float scale = rsqrtf(float(HD));
+  for (int i = tid; i < NG * HD; i += blockDim.x) {
+    const int h = i / HD, d = i % HD;
+    qs[qs_index<HD, NG>(h, d)] = h < hv ? a.q[int64_t(h0 + h) * HD + d] * scale : 0.f;
+  }
+  const int64_t L = int64_t(pos) + 1;
+  const int64_t want = (L + C::kMinRows - 1) / C::kMinRows;
+  int nsp = want < int64_t(gridDim.y) ? int(want) : int(gridDim.y);
+  nsp = max(nsp, 1);
+  int64_t rps = (L + nsp - 1) / nsp;
+  rps = (rps + R - 1) / R * R;
+  nsp = int((L + rps - 1) / rps);
+  if (split >= nsp) return;
+  const int64_t begin = int64_t(split) * rps, end = begin + rps < L ? begin + rps : L;
+  const int nch = int((end - begin + R - 1) / R);
+
+  // this warp's ring and the chunk copies
+  __nv_bfloat16* ring = reinterpret_cast<__nv_bfloat16*>(sm) + size_t(warp) * kStages * C::STAGE;
+  const int64_t row_stride = int64_t(a.kv_heads) * HD;
+  const __nv_bfloat16* kbase = a.kc + int64_t(kvh) * HD;
+  const __nv_bfloat16* vbase = a.vc + int64_t(kvh) * HD;
+  auto issue = [&](int c, int stage) {
+    __nv_bfloat16* st = ring + stage * C::STAGE;
+#pragma unroll
+    for (int i0 = 0; i0 < C::PIECES; i0 += 32) {
+      const int i = i0 + lane;
+      if (C::PIECES % 32 == 0 || i < C::PIECES) {
+        const int isv = i / (C::PIECES / 2), rem = i % (C::PIECES / 2);
+        const int r = rem / (HD / 8), c8 = rem % (HD / 8);
+        const int64_t row = begin + int64_t(c) * R + r;
+        const bool ok = row < end;
+        const __nv_bfloat16* src = (isv ? vbase : kbase) + (ok ? row : 0) * row_stride + c8 * 8;
+        cp_async16(st + isv * R * HD + r * HD + c8 * 8, src, ok ? 16 : 0);
       }
     }
-    const float gate = qg[int64_t(h) * 2 * hd + hd + d];
-    out[int64_t(h) * hd + d] = num / den * sigmoid_f(gate);
+  };
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    const int c = warp + s * kWarps;
+    if (c < nch) issue(c, s);
+    cp_async_commit();
   }
+  __syncthreads();  // qs
+
+  float acc[NG][DPL];
+#pragma unroll
+  for (int h = 0; h < NG; ++h)
+#pragma unroll
+    for (int j = 0; j < DPL; ++j) acc[h][j] = 0.f;
+  float m_run = -INFINITY, l_run = 0.f;  // for head (lane >> SH) % NG
+  float* pbuf = sm + C::kPbuf + warp * (V + NG);
+  const int vidx = lane >> SH, my_r = vidx / NG, my_h = vidx % NG;
+  const bool rep0 = (lane & ((1 << SH) - 1)) == 0;
+
+  int it = 0;
+  for (int c = warp; c < nch; c += kWarps, ++it) {
+    cp_async_wait<kStages - 2>();
+    __syncwarp();
+    {
+      const int cn = c + (kStages - 1) * kWarps;
+      if (cn < nch) issue(cn, (it + kStages - 1) % kStages);
+      cp_async_commit();
+    }
+    const __nv_bfloat16* st = ring + (it % kStages) * C::STAGE;
+    // scores: vals[r * NG + h] = partial q_h · k_r over this lane's dims
+    float vals[V];
+#pragma unroll
+    for (int i = 0; i < V; ++i) vals[i] = 0.f;
+    {
+      uint32_t kw[R][W];
+#pragma unroll
+      for (int r = 0; r < R; ++r) lds_bf16<DPL>(st + r * HD + lane * DPL, kw[r]);
+#pragma unroll
+      for (int j = 0; j < DPL; ++j) {
+        float qv[NG];
+        lds_q<HD, NG>(qs, j, lane, qv);
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          const float kf = bf_at<DPL>(kw[r], j);
+#pragma unroll
+          for (int h = 0; h < NG; ++h) vals[r * NG + h] = fmaf(qv[h], kf, vals[r * NG + h]);
+        }
+      }
+    }
+    // reduce-scatter: after LV halving steps lane holds value index lane >> SH; then all-reduce
+    reduce_scatter<V, 16>(vals, lane);
+#pragma unroll
+    for (int off = 16 >> LV; off > 0; off >>= 1) vals[0] += __shfl_xor_sync(kFull, vals[0], off);
+    const int64_t my_row = begin + int64_t(c) * R + my_r;
+    const float sc = my_row < end ? vals[0] : -INFINITY;
+    // online softmax per head over the chunk's rows (lanes with equal head differ in the row bits)
+    float mx = sc;
+#pragma unroll
+    for (int off = NG << SH; off < 32; off <<= 1) mx = fmaxf(mx, __shfl_xor_sync(kFull, mx, off));
+    const float m_new = fmaxf(m_run, mx);
+    const float p = expf(sc - m_new);
+    float ps = p;
+#pragma unroll
+    for (int off = NG << SH; off < 32; off <<= 1) ps += __shfl_xor_sync(kFull, ps, off);
+    const bool grow = m_new > m_run;
+    const float corr = grow ? expf(m_run - m_new) : 1.f;
+    l_run = fmaf(l_run, corr, ps);
+    m_run = m_new;
+    if (rep0) {
+      pbuf[vidx] = p;
+      if (my_r == 0) pbuf[V + my_h] = corr;
+    }
+    __syncwarp();
+    if (__any_sync(kFull, grow)) {
+#pragma unroll
+      for (int h = 0; h < NG; ++h) {
+        const float cf = pbuf[V + h];
+#pragma unroll
+        for (int j = 0; j < DPL; ++j) acc[h][j] *= cf;
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      uint32_t vw[W];
+      lds_bf16<DPL>(st + R * HD + r * HD + lane * DPL, vw);
+      float pr[NG];
+      if constexpr (NG >= 4) {
+#pragma unroll
+        for (int g = 0; g < NG / 4; ++g) {
+          const float4 t = reinterpret_cast<const float4*>(pbuf + r * NG)[g];
+          pr[4 * g] = t.x, pr[4 * g + 1] = t.y, pr[4 * g + 2] = t.z, pr[4 * g + 3] = t.w;
+        }
+      } else {
+#pragma unroll
+        for (int h = 0; h < NG; ++h) pr[h] = pbuf[r * NG + h];
+      }
+#pragma unroll
+      for (int j = 0; j < DPL; ++j) {
+        const float vf = bf_at<DPL>(vw, j);
+#pragma unroll
+        for (int h = 0; h < NG; ++h) acc[h][j] = fmaf(pr[h], vf, acc[h][j]);
+      }
+    }
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // ring no longer read or written: reuse it for the warp accumulators
+
+  // merge the warps' states into this block's partial slot
+  float* wacc = sm;  // [W][NG][HD]
+  float* wm = sm + C::kWm;
+  float* wl = sm + C::kWl;
+  float* fw = sm + C::kFw;
+#pragma unroll
+  for (int h = 0; h < NG; ++h) {
+    float* dst = wacc + (warp * NG + h) * HD + lane * DPL;
+    if constexpr (DPL % 4 == 0) {
+#pragma unroll
+      for (int j = 0; j < DPL; j += 4)
+        *reinterpret_cast<float4*>(dst + j) = make_float4(acc[h][j], acc[h][j + 1], acc[h][j + 2], acc[h][j + 3]);
+    } else {
+#pragma unroll
+      for (int j = 0; j < DPL; ++j) dst[j] = acc[h][j];
+    }
+  }
+  if (rep0 && my_r == 0) {
+    wm[warp * NG + my_h] = m_run;
+    wl[warp * NG + my_h] = l_run;
+  }
+  __syncthreads();
+  float* cmb = sm + C::kCmb;
+  if (tid < NG) {
+    float M = -INFINITY;
+    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, wm[w * NG + tid]);
+    float Ls = 0.f;
+    for (int w = 0; w < kWarps; ++w) {
+      const float f = wm[w * NG + tid] == -INFINITY ? 0.f : expf(wm[w * NG + tid] - M);
+      fw[w * NG + tid] = f;
+      Ls = fmaf(f, wl[w * NG + tid], Ls);
+    }
+    cmb[tid] = M;
+    cmb[NG + tid] = Ls;
+  }
+  __syncthreads();
+  constexpr int SL = NG * (HD + 2);
+  float* uslots = a.slots + size_t(unit) * a.slots_per_unit * SL;
+  float* my_slot = uslots + size_t(split) * SL;
+  for (int i = tid; i < NG * HD; i += blockDim.x) {
+    const int h = i / HD;
+    float s = 0.f;
+#pragma unroll 4
+    for (int w = 0; w < kWarps; ++w) s = fmaf(fw[w * NG + h], wacc[w * NG * HD + i], s);
+    my_slot[i] = s;
+  }
+  if (tid < NG) {
+    my_slot[NG * HD + tid] = cmb[tid];
+    my_slot[NG * HD + NG + tid] = cmb[NG + tid];
+  }
+
+  // first-level combine: the last block of splits [8j, 8j+8) merges them
+  const int ngroups = (nsp + kGroupSplits - 1) / kGroupSplits;
+  const int grp = split / kGroupSplits;
+  const int gsize = min(kGroupSplits, nsp - grp * kGroupSplits);
+  const uint32_t tag = uint32_t(pos) ^ kTagMagic;
+  unsigned long long* uctr = a.ctr + size_t(unit) * kCtrPerUnit;
+  int* flag = reinterpret_cast<int*>(sm + C::kFlag);
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) *flag = arrive(uctr + grp, tag, uint32_t(gsize));
+  __syncthreads();
+  if (!*flag) return;
+  __threadfence();
+  const float* gfirst = uslots + size_t(grp) * kGroupSplits * SL;
+  if (ngroups == 1) {
+    merge_slots<HD, NG>(gfirst, gsize, nullptr, a, h0, hv, cmb);
+    return;
+  }
+  float* gslot = uslots + size_t(a.cap + grp) * SL;
+  merge_slots<HD, NG>(gfirst, gsize, gslot, a, h0, hv, cmb);
+  // second level: the last group merger merges the group results
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) *flag = arrive(uctr + kMaxGroups, tag, uint32_t(ngroups));
+  __syncthreads();
+  if (!*flag) return;
+  __threadfence();
+  merge_slots<HD, NG>(uslots + size_t(a.cap) * SL, ngroups, nullptr, a, h0, hv, cmb);
 }
 
 void check_shape(const AttnDecodeShape& s) {
-  LILAC_CHECK(s.head_dim % 32 == 0 && s.head_dim <= kMaxHeadDim && s.kv_heads > 0 && s.heads % s.kv_heads == 0 &&
+  const int hd = s.head_dim;
+  LILAC_CHECK((hd == 32 || hd == 64 || hd == 128 || hd == kMaxHeadDim) && s.kv_heads > 0 && s.heads % s.kv_heads == 0 &&
                   s.heads / s.kv_heads <= kMaxGroup && s.rotary_dim <= s.head_dim && s.rotary_dim % 2 == 0,
               "attention decode: unsupported shape (head_dim " + std::to_string(s.head_dim) + ", heads " +
                   std::to_string(s.heads) + "/" + std::to_string(s.kv_heads) + ")");
 }
 
+int sm_count() {
+  static int cache[64] = {};
+  int dev = 0;
+  LILAC_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev < 0 || dev >= 64) dev = 0;
+  if (cache[dev] == 0) {
+    int n = 0;
+    LILAC_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+    cache[dev] = n > 0 ? n : 1;
+  }
+  return cache[dev];
+}
+
+template <int HD, int NG>
+void launch_attn(const AttnDecodeShape& s, const Layout& lay, const AttnArgs& a, cudaStream_t stream) {
+  using C = Cfg<HD, NG>;
+  const size_t smem = size_t(C::kTotalF) * sizeof(float);
+  static bool attr = false;
+  if (!attr) {
+    LILAC_CUDA_CHECK(cudaFuncSetAttribute(attn_decode_kernel<HD, NG>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          int(smem)));
+    attr = true;
+  }
+  // one block per SM (at most): enough to fill the GPU at long contexts, never more than the buffer holds
+  const int gy = std::max(1, std::min(a.cap, (sm_count() + lay.units - 1) / lay.units));
+  launch_pdl(attn_decode_kernel<HD, NG>, dim3(lay.units, gy), dim3(kWarps * 32), smem, stream, a);
+}
+
+template <int HD>
+void dispatch_ng(const AttnDecodeShape& s, const Layout& lay, const AttnArgs& a, cudaStream_t stream) {
+  switch (lay.NG) {
+    case 1: return launch_attn<HD, 1>(s, lay, a, stream);
+    case 2: return launch_attn<HD, 2>(s, lay, a, stream);
+    case 4: return launch_attn<HD, 4>(s, lay, a, stream);
+    default: return launch_attn<HD, 8>(s, lay, a, stream);
+  }
+}
+
 }  // namespace
 
 size_t attn_decode_partial_floats(const AttnDecodeShape& s, int n_split) {
-  return size_t(s.heads) * n_split * (s.head_dim + 2);
+  const Layout l = layout_of(s, n_split);
+  return l.ctr_floats + size_t(l.units) * l.slots_per_unit * l.slot_floats;
 }
 
 void attn_qk_norm_rope_append(const AttnDecodeShape& s, const float* qg, const float* k, const float* v,
                               const float* q_norm, const float* k_norm, const float* inv_freq, const int32_t* pos,
                               float* q_out, __nv_bfloat16* k_cache, __nv_bfloat16* v_cache, cudaStream_t stream) {
   check_shape(s);
-  qk_norm_rope_kernel<<<s.heads + s.kv_heads, 128, 0, stream>>>(s, qg, k, v, q_norm, k_norm, inv_freq, pos, q_out,
-                                                                k_cache, v_cache);
-  LILAC_CUDA_LAUNCH_CHECK();
+  const int nheads = s.heads + s.kv_heads;
+  launch_pdl(qk_norm_rope_kernel, dim3((nheads + 3) / 4), dim3(128), 0, stream, s, qg, k, v, q_norm, k_norm, inv_freq,
+             pos, q_out, k_cache, v_cache);
 }
 
 void attention_decode(const AttnDecodeShape& s, const float* q, const float* qg, const __nv_bfloat16* k_cache,
@@ -202,18 +620,27 @@ void attention_decode(const AttnDecodeShape& s, const float* q, const float* qg,
                       cudaStream_t stream) {
   check_shape(s);
   LILAC_CHECK(n_split >= 1 && n_split <= kAttnMaxSplit, "attention decode: bad split count");
-  const int G = s.heads / s.kv_heads, hd = s.head_dim;
-  const size_t smem = size_t(G) * hd * 4 + size_t(kTile) * (hd + 2) * 2 + size_t(kTile) * hd * 2;
-  static bool attr = false;
-  if (!attr) {
-    LILAC_CUDA_CHECK(cudaFuncSetAttribute(attn_split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 96 * 1024));
-    attr = true;
+  const Layout lay = layout_of(s, n_split);
+  AttnArgs a;
+  a.q = q;
+  a.qg = qg;
+  a.kc = k_cache;
+  a.vc = v_cache;
+  a.pos = pos;
+  a.ctr = reinterpret_cast<unsigned long long*>(partial);
+  a.slots = partial + lay.ctr_floats;
+  a.out = out;
+  a.G = s.heads / s.kv_heads;
+  a.HG = lay.HG;
+  a.kv_heads = s.kv_heads;
+  a.cap = n_split;
+  a.slots_per_unit = int(lay.slots_per_unit);
+  switch (s.head_dim) {
+    case 32: return dispatch_ng<32>(s, lay, a, stream);
+    case 64: return dispatch_ng<64>(s, lay, a, stream);
+    case 128: return dispatch_ng<128>(s, lay, a, stream);
+    default: return dispatch_ng<256>(s, lay, a, stream);
   }
-  attn_split_kernel<<<dim3(s.kv_heads, n_split), kWarps * 32, smem, stream>>>(s, q, k_cache, v_cache, pos, n_split,
-                                                                              partial);
-  LILAC_CUDA_LAUNCH_CHECK();
-  attn_combine_kernel<<<s.heads, 256, 0, stream>>>(s, partial, n_split, qg, out);
-  LILAC_CUDA_LAUNCH_CHECK();
 }
 
 }  // namespace lilac::cuda

@@ -88,9 +88,13 @@ void attn_qk_norm_rope_append(const AttnDecodeShape& s, const float* qg, const f
                               const float* q_norm, const float* k_norm, const float* inv_freq, const int32_t* pos,
                               float* q_out, __nv_bfloat16* k_cache, __nv_bfloat16* v_cache, cudaStream_t stream);
 // Attention of the token at *pos over cache rows [0, *pos], split over up to `n_split` parts of the
-// context (partials: [heads][n_split][head_dim + 2] floats), then combined and gated:
-// out[h] = attn_h ⊙ sigmoid(gate_h), gate read from qg. scale = 1/sqrt(head_dim).
-constexpr int kAttnMaxSplit = 64;
+// context per kv head (the number actually used is chosen on the device from *pos and the SM count),
+// then combined and gated: out[h] = attn_h ⊙ sigmoid(gate_h), gate read from qg. scale = 1/sqrt(head_dim).
+// One kernel (the last blocks to finish do the combine). `partial` (attn_decode_partial_floats floats)
+// holds arrival counters and the per-split partials; it needs no initialisation (counters are tagged
+// with *pos and reset by the block that completes them) but must not be shared by launches that can
+// run concurrently. head_dim 32, 64, 128 or 256; heads / kv_heads <= 16.
+constexpr int kAttnMaxSplit = 128;
 size_t attn_decode_partial_floats(const AttnDecodeShape& s, int n_split);
 void attention_decode(const AttnDecodeShape& s, const float* q, const float* qg, const __nv_bfloat16* k_cache,
                       const __nv_bfloat16* v_cache, const int32_t* pos, int n_split, float* partial, float* out,
