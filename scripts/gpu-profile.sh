@@ -29,12 +29,12 @@ ki, ti = h.index('Kernel Name'), h.index('gpu__time_duration.sum')
 tot = collections.defaultdict(float); cnt = collections.Counter()
 # the last decode step: the final kernels after the last sample kernel but one
 names = [r[ki] for r in data]
-idx = [i for i, n in enumerate(names) if 'sample' in n]
+idx = [i for i, n in enumerate(names) if "sample_select" in n]
 start = idx[-2] + 1 if len(idx) >= 2 else 0
 step = data[start: idx[-1] + 1] if idx else data
 allt = 0.0
 for r in step:
-    t = float(r[ti]) / 1000.0  # ns -> us
+    t = float(r[ti].replace(",", "")) / 1000.0  # ns -> us
     n = r[ki].split('(')[0][:90]
     tot[n] += t; cnt[n] += 1; allt += t
 print(f"one decode step: {len(step)} kernels, sum of kernel times {allt:.1f} us")

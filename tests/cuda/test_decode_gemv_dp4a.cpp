@@ -374,7 +374,7 @@ TEST(CudaDecodeDp4a, MoEGateUpAndDownMatchCpu) {
   }
 }
 
-// LILAC_GEMV=dp4a selects the variant for GemvImpl::FromEnv (the default); anything else the fp32 one.
+// LILAC_GEMV=dp4a selects the variant for GemvImpl::FromEnv (the default), fp32 the fp32 kernel; unset: tensor cores.
 TEST(CudaDecodeDp4a, EnvironmentSelectsTheVariant) {
   const char* old = std::getenv("LILAC_GEMV");
   const std::string saved = old ? old : "";
@@ -383,7 +383,7 @@ TEST(CudaDecodeDp4a, EnvironmentSelectsTheVariant) {
   setenv("LILAC_GEMV", "fp32", 1);
   EXPECT_EQ(lc::gemv_impl_from_env(), lc::GemvImpl::Fp32);
   unsetenv("LILAC_GEMV");
-  EXPECT_EQ(lc::gemv_impl_from_env(), lc::GemvImpl::Fp32);
+  EXPECT_EQ(lc::gemv_impl_from_env(), lc::GemvImpl::Tensor);
   if (old) setenv("LILAC_GEMV", saved.c_str(), 1);
 }
 

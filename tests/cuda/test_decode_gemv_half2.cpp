@@ -340,7 +340,7 @@ TEST(CudaDecodeHalf2, EnvironmentSelectsTheVariant) {
   setenv("LILAC_GEMV", "dp4a", 1);
   EXPECT_EQ(lc::gemv_impl_from_env(), lc::GemvImpl::Dp4a);
   unsetenv("LILAC_GEMV");
-  EXPECT_EQ(lc::gemv_impl_from_env(), lc::GemvImpl::Fp32);
+  EXPECT_EQ(lc::gemv_impl_from_env(), lc::GemvImpl::Tensor);
   if (old) setenv("LILAC_GEMV", saved.c_str(), 1);
 }
 
