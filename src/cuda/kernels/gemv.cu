@@ -867,7 +867,7 @@ GemvImpl gemv_impl_from_env() {
 void gemv(const GemvArgs& a, cudaStream_t stream) {
   check_q(a.W, "gemv");
   const GemvImpl impl = a.impl == GemvImpl::FromEnv ? gemv_impl_from_env() : a.impl;
-  if (impl == GemvImpl::Tensor && gemv_tc_supported(a.W)) {
+  if (impl == GemvImpl::Tensor && gemv_tc_supported(a)) {
     gemv_tc(a, stream);
     return;
   }
@@ -950,7 +950,7 @@ void moe_gate_up(const MoEDecodeWeights& w, const float* logits, const float* x,
                  int32_t* sel_ids, float* sel_w, float* act, cudaStream_t stream, GemvImpl moe_impl) {
   check_moe(w);
   if (moe_impl == GemvImpl::FromEnv) moe_impl = gemv_impl_from_env();
-  if (moe_impl == GemvImpl::Tensor && moe_tc_supported(w)) {
+  if (moe_impl == GemvImpl::Tensor && moe_tc_supported(w, x, norm_w, act)) {
     moe_gate_up_tc(w, logits, x, norm_w, eps, sel_ids, sel_w, act, stream);
     return;
   }
@@ -1008,7 +1008,7 @@ void moe_down(const MoEDecodeWeights& w, const int32_t* sel_ids, const float* se
               cudaStream_t stream, GemvImpl impl) {
   check_moe(w);
   if (impl == GemvImpl::FromEnv) impl = gemv_impl_from_env();
-  if (impl == GemvImpl::Tensor && moe_tc_supported(w)) {
+  if (impl == GemvImpl::Tensor && moe_tc_supported(w, act, nullptr, act)) {
     moe_down_tc(w, sel_ids, sel_w, act, y, stream);
     return;
   }

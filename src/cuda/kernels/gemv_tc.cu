@@ -44,20 +44,29 @@ template <int BITS>
 struct TcShape {
   static constexpr int NCH = BITS == 4 ? 2 : 4;          // 16-byte chunks per thread per row and k-tile
   static constexpr int CPT = 4 * NCH;                    // chunks per row per k-tile
-  static constexpr int U = BITS == 4 ? 4 : 2;            // 16-byte fragment units per chunk and parity
+  static constexpr int U = BITS == 4 ? 4 : 2;            // fragment units (8 values) per chunk
   static constexpr int GROUP_BYTES = kGroup * BITS / 8;  // bytes of one group in a row
   static constexpr float ZC = BITS == 4 ? 8.f : 128.f;
   // group slot (0..3) of chunk i of thread c
-  __device__ static int slot(int i, int c) { return BITS == 4 ? 2 * i + (c >> 1) : i; }
+  __host__ __device__ static constexpr int slot(int i, int c) { return BITS == 4 ? 2 * i + (c >> 1) : i; }
   // byte offset of chunk i of thread c inside its group
   __device__ static int off_in_group(int c) { return BITS == 4 ? 16 * (c & 1) : 16 * c; }
-  // byte address of fragment unit u, parity p of chunk q in the staged x (XOR-swizzled: conflict-free)
-  __device__ static int frag_addr(int q, int u, int p) {
-    const int swz = BITS == 4 ? (q & 3) : ((q >> 1) & 1);
-    return q * (U * 32) + ((((u ^ swz) << 1) | p) << 4);
-  }
 };
 
+// Staged x fragments: per k-tile 1024 bytes, 16-byte units ordered [chunk i][unit u][thread c][hi/lo p],
+// so that the 8 lanes that read one unit (c = 0..3, p = 0..1) read 128 contiguous bytes (no bank
+// conflicts), followed by kZeroBytes of zeros (what the lanes that supply a zero B column read).
+constexpr int kTileXBytes = 1024, kZeroBytes = 512;
+template <int BITS>
+__device__ __forceinline__ int frag_off(int i, int u, int c, int p) {
+  return (((i * TcShape<BITS>::U + u) * 4 + c) * 2 + p) * 16;
+}
+
+__device__ __forceinline__ uint32_t and_or(uint32_t a, uint32_t b, uint32_t c) {  // (a & b) | c
+  uint32_t r;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+  return r;
+}
 __device__ __forceinline__ uint32_t hsub2_u(uint32_t a, uint32_t b) {
   uint32_t r;
   asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
@@ -77,15 +86,15 @@ __device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1
 
 // One 4-bit word (nibbles n0..n7) → fp16 pairs (n0-8, n4-8), (n1-8, n5-8), (n2-8, n6-8), (n3-8, n7-8).
 __device__ __forceinline__ void dq4(uint32_t w, uint32_t (&h)[4]) {
-  constexpr uint32_t kMagic = 0x64006400u;   // fp16 1024 in both halves
-  constexpr uint32_t kSub = 0x64086408u;     // 1032
-  constexpr uint32_t kInv16 = 0x2C002C00u;   // 1/16
-  constexpr uint32_t kNeg72 = 0xD480D480u;   // -72
+  constexpr uint32_t kMagic = 0x64006400u;  // fp16 1024 in both halves
+  constexpr uint32_t kSub = 0x64086408u;    // 1032
+  constexpr uint32_t kInv16 = 0x2C002C00u;  // 1/16
+  constexpr uint32_t kNeg72 = 0xD480D480u;  // -72
   const uint32_t w8 = w >> 8;
-  h[0] = hsub2_u((w & 0x000F000Fu) | kMagic, kSub);
-  h[1] = hfma2_u((w & 0x00F000F0u) | kMagic, kInv16, kNeg72);  // (1024 + 16n)/16 - 72
-  h[2] = hsub2_u((w8 & 0x000F000Fu) | kMagic, kSub);
-  h[3] = hfma2_u((w8 & 0x00F000F0u) | kMagic, kInv16, kNeg72);
+  h[0] = hsub2_u(and_or(w, 0x000F000Fu, kMagic), kSub);
+  h[1] = hfma2_u(and_or(w, 0x00F000F0u, kMagic), kInv16, kNeg72);  // (1024 + 16n)/16 - 72
+  h[2] = hsub2_u(and_or(w8, 0x000F000Fu, kMagic), kSub);
+  h[3] = hfma2_u(and_or(w8, 0x00F000F0u, kMagic), kInv16, kNeg72);
 }
 // One 8-bit word (bytes b0..b3) → fp16 pairs (b0-128, b2-128), (b1-128, b3-128).
 __device__ __forceinline__ void dq8(uint32_t w, uint32_t (&h)[2]) {
@@ -94,60 +103,171 @@ __device__ __forceinline__ void dq8(uint32_t w, uint32_t (&h)[2]) {
   h[1] = hsub2_u(__byte_perm(w, 0x64646464u, 0x4341), kSub);
 }
 
-// Staged x → fragments: one thread per 8 consecutive values, 8 threads per 64-group (E, Σx by
-// shuffles). xs: fp32 t(x) [K]; xf: fragments (4·K bytes); meta: {2^E, Σx} per group.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
+// 2^-e and 2^e as floats for e in [-126, 127] (exact, no libm).
+__device__ __forceinline__ float pow2i(int e) { return __int_as_float((127 + e) << 23); }
+// The power-of-two exponent E with m = mant·2^E, mant in [0.5, 1) (frexp), clamped to [-125, 126].
+__device__ __forceinline__ int frexp_e(float m) {
+  const int e = int((__float_as_uint(m) >> 23) & 0xFF) - 126;
+  return m > 0.f ? max(-125, min(126, e)) : 0;
+}
+
+// ------------------------------------------------------------------------------------------------ staging
+// The input prologue of every tensor-core GEMV: t(x) (None / RmsNorm / GatedHeadNorm, see decode.h)
+// computed from x, z, norm_w staged in shared memory with one batch of cp.async (a single memory
+// round trip), then split into the hi / lo fp16 fragments and the per-group meta {2^E, Σx}.
+struct StageIn {
+  const float* x = nullptr;
+  const float* norm_w = nullptr;
+  const float* z = nullptr;
+  Prologue pro = Prologue::None;
+  int head_dim = 0;
+  float eps = 1e-6f;
+};
+
+// Shared memory carve-up (all parts 16-byte aligned).
+struct TcSmem {
+  char* xf;      // KT·1024 fragment bytes + kZeroBytes zeros
+  float2* meta;  // KT·4 groups
+  float* xs;     // K
+  float* zs;     // K (GatedHeadNorm)
+  float* nws;    // K (RmsNorm) / head_dim (GatedHeadNorm)
+  float* hss;    // K / head_dim + 1 (GatedHeadNorm per-head Σx²)
+};
+__host__ __device__ inline int round16(int b) { return (b + 15) / 16 * 16; }
+__host__ __device__ inline int tc_kt(int K) { return (K + kTileCols - 1) / kTileCols; }
+__host__ __device__ inline int tc_smem_bytes(int K, Prologue pro, int hd) {
+  const int KT = tc_kt(K);
+  int b = KT * kTileXBytes + kZeroBytes + KT * 4 * 8 + K * 4;
+  if (pro == Prologue::RmsNorm) b += K * 4;
+  if (pro == Prologue::GatedHeadNorm) b += K * 4 + round16(hd * 4) + round16((K / hd + 1) * 4);
+  return b;
+}
+__device__ inline TcSmem carve(char* base, int K, Prologue pro, int hd) {
+  TcSmem m;
+  const int KT = tc_kt(K);
+  m.xf = base;
+  m.meta = reinterpret_cast<float2*>(base + KT * kTileXBytes + kZeroBytes);
+  m.xs = reinterpret_cast<float*>(m.meta + KT * 4);
+  char* p = reinterpret_cast<char*>(m.xs + K);
+  m.zs = m.nws = m.hss = nullptr;
+  if (pro == Prologue::RmsNorm) m.nws = reinterpret_cast<float*>(p);
+  if (pro == Prologue::GatedHeadNorm) {
+    m.zs = reinterpret_cast<float*>(p);
+    m.nws = m.zs + K;
+    m.hss = reinterpret_cast<float*>(reinterpret_cast<char*>(m.nws) + round16(hd * 4));
+  }
+  return m;
+}
+
+// Before the PDL wait: the norm weights (weights, written by no kernel of the step).
+__device__ inline void stage_preload(const StageIn& in, const TcSmem& m, int K) {
+  if (in.pro == Prologue::RmsNorm)
+    for (int i = threadIdx.x; i < K / 4; i += blockDim.x) cp_async16(m.nws + 4 * i, in.norm_w + 4 * i);
+  if (in.pro == Prologue::GatedHeadNorm)
+    for (int i = threadIdx.x; i < in.head_dim / 4; i += blockDim.x) cp_async16(m.nws + 4 * i, in.norm_w + 4 * i);
+}
+
+// After the PDL wait: x (and z), then t(x) → fragments + meta. Ends with a barrier.
 template <int BITS>
-__device__ void build_frags(const float* xs, int K, char* xf, float2* meta) {
+__device__ void stage_frags(const StageIn& in, const TcSmem& m, int K, float* red) {
   using S = TcShape<BITS>;
-  const int n8 = K / 8;
-  for (int t0 = 0; t0 < n8; t0 += blockDim.x) {
+  for (int i = threadIdx.x; i < K / 4; i += blockDim.x) {
+    cp_async16(m.xs + 4 * i, in.x + 4 * i);
+    if (in.pro == Prologue::GatedHeadNorm) cp_async16(m.zs + 4 * i, in.z + 4 * i);
+  }
+  const int hd = in.head_dim, nh = in.pro == Prologue::GatedHeadNorm ? K / hd : 0;
+  for (int h = threadIdx.x; h < nh; h += blockDim.x) m.hss[h] = 0.f;
+  // zero block + fragment units past K (up to the end of the last k-tile)
+  const int KT = tc_kt(K);
+  for (int i = threadIdx.x; i < kZeroBytes / 16; i += blockDim.x)
+    reinterpret_cast<uint4*>(m.xf + KT * kTileXBytes)[i] = make_uint4(0, 0, 0, 0);
+  cp_async_wait_all();
+  __syncthreads();
+  const int n8 = K / 8, n8t = KT * kTileCols / 8;
+  float scale = 1.f;
+  if (in.pro == Prologue::RmsNorm) {
+    float ss = 0.f;
+    for (int t = threadIdx.x; t < n8; t += blockDim.x) {
+      const float4 a = reinterpret_cast<const float4*>(m.xs)[2 * t], b = reinterpret_cast<const float4*>(m.xs)[2 * t + 1];
+      ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w + b.x * b.x + b.y * b.y + b.z * b.z + b.w * b.w;
+    }
+    ss = block_sum(ss, red);
+    scale = rsqrtf(ss / float(K) + in.eps);
+  } else if (in.pro == Prologue::GatedHeadNorm) {
+    for (int t = threadIdx.x; t < n8; t += blockDim.x) {
+      if (hd % 8 == 0) {
+        float ss = 0.f;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) ss += m.xs[8 * t + j] * m.xs[8 * t + j];
+        atomicAdd(&m.hss[(8 * t) / hd], ss);
+      } else {
+        for (int j = 0; j < 8; ++j) atomicAdd(&m.hss[(8 * t + j) / hd], m.xs[8 * t + j] * m.xs[8 * t + j]);
+      }
+    }
+    __syncthreads();
+  }
+  // one thread per 8 values; the 8 threads of a 64-group agree on E and Σx by shuffles, so every
+  // thread of a warp runs the same number of iterations
+  for (int t0 = 0; t0 < n8t; t0 += blockDim.x) {
     const int t = t0 + threadIdx.x;
     const bool ok = t < n8;
     float v[8];
 #pragma unroll
-    for (int j = 0; j < 8; ++j) v[j] = ok ? xs[t * 8 + j] : 0.f;
-    float m = 0.f, sum = 0.f;
+    for (int j = 0; j < 8; ++j) {
+      const int k = 8 * t + j;
+      float xv = ok ? m.xs[k] : 0.f;
+      if (ok && in.pro == Prologue::RmsNorm) xv = xv * scale * m.nws[k];
+      if (ok && in.pro == Prologue::GatedHeadNorm) {
+        const int h = k / hd, d = k - h * hd;
+        const float r = rsqrtf(m.hss[h] / float(hd) + in.eps);
+        xv = xv * r * m.nws[d] * silu_f(m.zs[k]);
+      }
+      v[j] = xv;
+    }
+    float mx = 0.f, sum = 0.f;
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      m = fmaxf(m, fabsf(v[j]));
+      mx = fmaxf(mx, fabsf(v[j]));
       sum += v[j];
     }
 #pragma unroll
     for (int o = 1; o < 8; o <<= 1) {
-      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
       sum += __shfl_xor_sync(0xffffffffu, sum, o);
     }
-    int E = 0;
-    if (m > 0.f) frexpf(m, &E);
-    const float inv = ldexpf(1.f, -E);
-    __half hi[8], lo[8];
+    const int E = frexp_e(mx);
+    const float inv = pow2i(-E);
+    uint32_t hi[4], lo[4];
+    // 4-bit unit: (0,4),(1,5),(2,6),(3,7); 8-bit unit: (0,2),(1,3),(4,6),(5,7)
+    constexpr int A4[4] = {0, 1, 2, 3}, B4[4] = {4, 5, 6, 7};
+    constexpr int A8[4] = {0, 1, 4, 5}, B8[4] = {2, 3, 6, 7};
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const float xt = v[j] * inv;
-      hi[j] = __float2half_rn(xt);
-      lo[j] = __float2half_rn(xt - __half2float(hi[j]));
+    for (int j = 0; j < 4; ++j) {
+      const float xa = v[BITS == 4 ? A4[j] : A8[j]] * inv, xb = v[BITS == 4 ? B4[j] : B8[j]] * inv;
+      const __half ha = __float2half_rn(xa), hb = __float2half_rn(xb);
+      const __half la = __float2half_rn(xa - __half2float(ha)), lb = __float2half_rn(xb - __half2float(hb));
+      const __half2 h2 = __halves2half2(ha, hb), l2 = __halves2half2(la, lb);
+      hi[j] = *reinterpret_cast<const uint32_t*>(&h2);
+      lo[j] = *reinterpret_cast<const uint32_t*>(&l2);
     }
-    if (ok) {
-      // 4-bit unit: (0,4),(1,5),(2,6),(3,7); 8-bit unit: (0,2),(1,3),(4,6),(5,7)
-      constexpr int P0[4] = {0, 1, 2, 3}, P1[4] = {4, 5, 6, 7};
-      constexpr int Q0[4] = {0, 1, 4, 5}, Q1[4] = {2, 3, 6, 7};
-      const int q = BITS == 4 ? t / 4 : t / 2, u = BITS == 4 ? t % 4 : t % 2;
-#pragma unroll
-      for (int p = 0; p < 2; ++p) {
-        const __half* src = p == 0 ? hi : lo;
-        uint32_t r[4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const __half2 h2 = BITS == 4 ? __halves2half2(src[P0[j]], src[P1[j]]) : __halves2half2(src[Q0[j]], src[Q1[j]]);
-          r[j] = *reinterpret_cast<const uint32_t*>(&h2);
-        }
-        *reinterpret_cast<uint4*>(xf + S::frag_addr(q, u, p)) = make_uint4(r[0], r[1], r[2], r[3]);
-      }
-      if ((t & 7) == 0) meta[t / 8] = make_float2(ldexpf(1.f, E), sum);
+    if (t < n8t) {
+      const int q = t / S::U, u = t % S::U, kt = q / S::CPT, rem = q % S::CPT;
+      char* dst = m.xf + kt * kTileXBytes + frag_off<BITS>(rem / 4, u, rem % 4, 0);
+      *reinterpret_cast<uint4*>(dst) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+      *reinterpret_cast<uint4*>(dst + 16) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+      if ((t & 7) == 0) m.meta[t / 8] = make_float2(pow2i(E), sum);
     }
   }
+  __syncthreads();
 }
 
+// ------------------------------------------------------------------------------------------------ tiles
 // Weights of one k-tile for one thread: rows g and g+8, NCH chunks each, plus the scale / bias of
 // group (4·kt + c) of both rows (raw bf16 bits).
 template <int BITS>
@@ -156,14 +276,24 @@ struct TileRegs {
   uint32_t sb[2];  // (scale | bias << 16) for rows g, g+8
 };
 
-// Where one row of weights lives: base of the row's packed words, its scales and biases.
+// Where one row of weights lives: its packed words, scales and biases.
 struct RowRef {
   const char* q = nullptr;
-  const __nv_bfloat16* s = nullptr;
-  const __nv_bfloat16* b = nullptr;
+  const unsigned short* s = nullptr;
+  const unsigned short* b = nullptr;
 };
 
-// Loads the tile `kt` of rows (rg, rg8) for a single-segment K (dense, gate/up). ngroups: groups per row.
+__device__ __forceinline__ RowRef row_ref(const QMatrixDev& W, int64_t r, int bits) {
+  const int64_t gpr = W.cols / kGroup;
+  RowRef ref;
+  ref.q = reinterpret_cast<const char*>(W.qweight) + r * (W.cols * bits / 8);
+  ref.s = reinterpret_cast<const unsigned short*>(W.scales) + r * gpr;
+  ref.b = reinterpret_cast<const unsigned short*>(W.biases) + r * gpr;
+  return ref;
+}
+
+// Loads the tile `kt` of rows (g, g+8) for a single-segment K (dense, gate/up). Groups past the end
+// of K load as zero words (their x fragments are zero).
 template <int BITS>
 __device__ __forceinline__ void load_tile(TileRegs<BITS>& t, const RowRef (&r)[2], int kt, int c, int ngroups) {
   using S = TcShape<BITS>;
@@ -178,38 +308,41 @@ __device__ __forceinline__ void load_tile(TileRegs<BITS>& t, const RowRef (&r)[2
   }
   const int G = kt * 4 + c;
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    if (G < ngroups) {
-      const uint32_t s = __ldg(reinterpret_cast<const unsigned short*>(r[h].s) + G);
-      const uint32_t b = __ldg(reinterpret_cast<const unsigned short*>(r[h].b) + G);
-      t.sb[h] = s | (b << 16);
-    } else {
-      t.sb[h] = 0;
-    }
-  }
+  for (int h = 0; h < 2; ++h)
+    t.sb[h] = G < ngroups ? uint32_t(__ldg(r[h].s + G)) | (uint32_t(__ldg(r[h].b + G)) << 16) : 0u;
 }
 
 __device__ __forceinline__ float bf_lo(uint32_t v) { return __uint_as_float(v << 16); }
 __device__ __forceinline__ float bf_hi(uint32_t v) { return __uint_as_float(v & 0xFFFF0000u); }
 
-// The tensor-core part of one k-tile: returns the raw group dots (Σ (q - zc)·x̃ over group 4·kt + c)
-// of rows g (dot[0]) and g+8 (dot[1]).
+// Per-lane constants of the B operand: for chunk i, the lane supplies x (its own chunk's values)
+// when the chunk's group slot is g / 2, else zeros. xoff[i]: byte offset of its first unit inside a
+// k-tile, or -1 for the zero block.
 template <int BITS>
-__device__ __forceinline__ void tile_dots(const TileRegs<BITS>& t, const char* xf, int kt, int lane, int ngroups,
-                                          float (&dot)[2]) {
+struct LaneB {
+  int xoff[TcShape<BITS>::NCH];
+  __device__ explicit LaneB(int lane) {
+    const int g = lane >> 2, c = lane & 3, p = g & 1;
+#pragma unroll
+    for (int i = 0; i < TcShape<BITS>::NCH; ++i)
+      xoff[i] = (g >> 1) == TcShape<BITS>::slot(i, c) ? frag_off<BITS>(i, 0, c, p) : -1;
+  }
+};
+
+// The tensor-core part of one k-tile: the raw group dots Σ (q - zc)·x̃ over group 4·kt + c of rows
+// g (dot[0]) and g+8 (dot[1]).
+template <int BITS>
+__device__ __forceinline__ void tile_dots(const TileRegs<BITS>& t, const char* xf, const char* zero, int kt,
+                                          const LaneB<BITS>& lb, float (&dot)[2]) {
   using S = TcShape<BITS>;
-  const int g = lane >> 2, c = lane & 3, p = g & 1;
   float d0[4] = {0.f, 0.f, 0.f, 0.f}, d1[4] = {0.f, 0.f, 0.f, 0.f};
+  const char* tile = xf + kt * kTileXBytes;
 #pragma unroll
   for (int i = 0; i < S::NCH; ++i) {
-    const int q = kt * S::CPT + i * 4 + c;
-    // this lane supplies B column g: x of its own chunk when the chunk's group slot is g / 2 (and the
-    // group exists: past the end of K there is nothing staged)
-    const bool active = (g >> 1) == S::slot(i, c) && kt * 4 + S::slot(i, c) < ngroups;
+    const char* xb = lb.xoff[i] >= 0 ? tile + lb.xoff[i] : zero;
 #pragma unroll
     for (int u = 0; u < S::U; ++u) {
-      uint4 xv = make_uint4(0, 0, 0, 0);
-      if (active) xv = *reinterpret_cast<const uint4*>(xf + S::frag_addr(q, u, p));
+      const uint4 xv = *reinterpret_cast<const uint4*>(xb + u * 128);
       if constexpr (BITS == 4) {
         uint32_t ha[4], hb[4];
         dq4(sel4(t.w[0][i], u), ha);
@@ -238,51 +371,91 @@ __device__ __forceinline__ float group_value(float dot, uint32_t sb, float2 m) {
   return fmaf(s * m.x, dot, fmaf(TcShape<BITS>::ZC, s, b) * m.y);
 }
 
-__device__ __forceinline__ RowRef row_ref(const QMatrixDev& W, int64_t r) {
-  RowRef ref;
-  ref.q = reinterpret_cast<const char*>(W.qweight) + r * (W.cols * W.bits / 8);
-  ref.s = W.scales + r * W.groups_per_row();
-  ref.b = W.biases + r * W.groups_per_row();
-  return ref;
-}
-
-// Sum over the 4 lanes of a row (c = 0..3): lane c == 0 gets the total.
+// Sum over the 4 lanes of a row (c = 0..3): every lane gets the total.
 __device__ __forceinline__ float quad_sum(float v) {
   v += __shfl_xor_sync(0xffffffffu, v, 1);
   v += __shfl_xor_sync(0xffffffffu, v, 2);
   return v;
 }
 
-// Shared memory: xs fp32 [K] | xf [4K bytes] | meta float2 [K/64].
-size_t tc_smem(int64_t K) { return size_t(K) * 4 + size_t(K) * 4 + size_t(K / kGroup) * 8; }
+// Adds one finished k-tile (scaled by wt) to the accumulators of rows g, g+8 (group 4·kt + c).
+template <int BITS>
+__device__ __forceinline__ void tile_accumulate(const TileRegs<BITS>& t, const TcSmem& m, const char* zero, int kt,
+                                                int c, int ngroups, const LaneB<BITS>& lb, float wt, float (&acc)[2]) {
+  float dot[2];
+  tile_dots<BITS>(t, m.xf, zero, kt, lb, dot);
+  const int G = kt * 4 + c;
+  if (G < ngroups) {
+    const float2 mm = m.meta[G];
+    acc[0] = fmaf(wt, group_value<BITS>(dot[0], t.sb[0], mm), acc[0]);
+    acc[1] = fmaf(wt, group_value<BITS>(dot[1], t.sb[1], mm), acc[1]);
+  }
+}
+
+// End of a group of row blocks: this warp's row sums (over its k-slice) into part[warp][16].
+__device__ __forceinline__ void write_partials(float (&acc)[2], float* part_w, int g, int c) {
+  const float v0 = quad_sum(acc[0]), v1 = quad_sum(acc[1]);
+  if (c == 0) {
+    part_w[g] = v0;
+    part_w[g + 8] = v1;
+  }
+  acc[0] = acc[1] = 0.f;
+}
 
 // ------------------------------------------------------------------------------------------------ dense GEMV
 // Block = 8 warps = RB row blocks (16 rows each) x KS k-slices (RB·KS = 8); a block loops over groups
 // of RB row blocks (grid-stride); within a group, warp (rb, ks) takes k-tiles ks, ks + KS, ... and the
 // KS partial sums of each row are added in a fixed order (deterministic). The next tile's weights are
-// loaded before the current tile's math; the first tile is loaded before the PDL wait.
+// loaded before the current tile's math; the first tile, the norm weights and the conv taps / state of
+// the epilogue rows are loaded before the PDL wait, the residual y right after it.
+constexpr int kMaxConvK = 4;
+
 template <int BITS, int KS>
 __global__ void __launch_bounds__(kThreads, kMinBlocks<BITS>) gemv_tc_kernel(GemvArgs a) {
-  using S = TcShape<BITS>;
   constexpr int RB = kWarps / KS;
   extern __shared__ float4 smem4[];
   __shared__ float red[32];
   __shared__ float part[2][kWarps][16];
-  const int K = int(a.W.cols);
-  float* xs = reinterpret_cast<float*>(smem4);
-  char* xf = reinterpret_cast<char*>(xs + K);
-  float2* meta = reinterpret_cast<float2*>(xf + 4 * K);
+  const int K = int(a.W.cols), KT = tc_kt(K), ngroups_k = K / kGroup;
+  const TcSmem m = carve(reinterpret_cast<char*>(smem4), K, a.pro, a.head_dim);
+  const char* zero = m.xf + KT * kTileXBytes;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
   const int rbw = warp / KS, ks = warp % KS;
-  const int ngroups_k = K / kGroup, KT = (K + kTileCols - 1) / kTileCols;
   const int iters = (KT + KS - 1) / KS;
   const int64_t rows = a.W.rows, nrb = (rows + 15) / 16, ngrp = (nrb + RB - 1) / RB;
+  const LaneB<BITS> lb(lane);
+  StageIn in;
+  in.x = a.x;
+  in.norm_w = a.norm_w;
+  in.z = a.z;
+  in.pro = a.pro;
+  in.head_dim = a.head_dim;
+  in.eps = a.eps;
 
-  auto refs_for = [&](int64_t grp, RowRef (&r)[2]) {
+  auto refs_for = [&](int64_t grp, RowRef(&r)[2]) {
     const int64_t r0 = (grp * RB + rbw) * 16 + g;
-    r[0] = row_ref(a.W, min(r0, rows - 1));
-    r[1] = row_ref(a.W, min(r0 + 8, rows - 1));
+    r[0] = row_ref(a.W, min(r0, rows - 1), BITS);
+    r[1] = row_ref(a.W, min(r0 + 8, rows - 1), BITS);
   };
+  // epilogue thread e < RB·16 owns row (grp·RB + e/16)·16 + e%16 of each group
+  const bool epi = threadIdx.x < RB * 16;
+  auto epi_row = [&](int64_t grp) { return (grp * RB + threadIdx.x / 16) * 16 + threadIdx.x % 16; };
+  float cw[kMaxConvK], cs[kMaxConvK - 1], yv = 0.f;
+  auto conv_fetch = [&](int64_t grp) {
+    const int64_t r = epi_row(grp);
+    if (epi && r < a.conv_rows) {
+      const int Kc = a.conv_k;
+#pragma unroll
+      for (int k = 0; k < kMaxConvK; ++k) cw[k] = k < Kc ? a.conv_w[r * Kc + k] : 0.f;
+#pragma unroll
+      for (int k = 0; k < kMaxConvK - 1; ++k) cs[k] = k < Kc - 1 ? a.conv_state[r * (Kc - 1) + k] : 0.f;
+    }
+  };
+  auto y_fetch = [&](int64_t grp) {
+    const int64_t r = epi_row(grp);
+    if (epi && a.accumulate && r < rows) yv = a.y[r];
+  };
+
   TileRegs<BITS> cur, nxt;
   int64_t grp = blockIdx.x;
   int j = 0;
@@ -290,17 +463,17 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<BITS>) gemv_tc_kernel(Gem
   if (grp < ngrp) {
     refs_for(grp, ref);
     if (ks < KT) load_tile<BITS>(cur, ref, ks, c, ngroups_k);
+    conv_fetch(grp);
   }
+  stage_preload(in, m, K);
   pdl_wait();
   pdl_trigger();
-  stage_input(a, xs, K, red);
-  build_frags<BITS>(xs, K, xf, meta);
-  __syncthreads();
+  if (grp < ngrp) y_fetch(grp);
+  stage_frags<BITS>(in, m, K, red);
 
   float acc[2] = {0.f, 0.f};
   int par = 0;
   while (grp < ngrp) {
-    // next step of this warp
     int64_t ngp = grp;
     int nj = j + 1;
     if (nj == iters) {
@@ -311,35 +484,39 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<BITS>) gemv_tc_kernel(Gem
     RowRef nref[2] = {ref[0], ref[1]};
     if (ngp != grp && ngp < ngrp) refs_for(ngp, nref);
     if (ngp < ngrp && nkt < KT) load_tile<BITS>(nxt, nref, nkt, c, ngroups_k);
-    if (kt < KT) {
-      float dot[2];
-      tile_dots<BITS>(cur, xf, kt, lane, ngroups_k, dot);
-      const int G = kt * 4 + c;
-      if (G < ngroups_k) {
-        const float2 m = meta[G];
-        acc[0] += group_value<BITS>(dot[0], cur.sb[0], m);
-        acc[1] += group_value<BITS>(dot[1], cur.sb[1], m);
-      }
-    }
+    if (kt < KT) tile_accumulate<BITS>(cur, m, zero, kt, c, ngroups_k, lb, 1.f, acc);
     if (nj == 0) {  // end of the group: combine the k-slices, epilogue
-      const float v0 = quad_sum(acc[0]), v1 = quad_sum(acc[1]);
-      if (c == 0) {
-        part[par][warp][g] = v0;
-        part[par][warp][g + 8] = v1;
-      }
-      acc[0] = acc[1] = 0.f;
+      write_partials(acc, part[par][warp], g, c);
       __syncthreads();
-      if (threadIdx.x < RB * 16) {
+      const int64_t r = epi_row(grp);
+      if (epi && r < rows) {
         const int rb = threadIdx.x / 16, rr = threadIdx.x % 16;
-        const int64_t r = (grp * RB + rb) * 16 + rr;
-        if (r < rows) {
-          float v = 0.f;
+        float v = 0.f;
 #pragma unroll
-          for (int s = 0; s < KS; ++s) v += part[par][rb * KS + s][rr];
-          gemv_store_row(a, r, v);
+        for (int s = 0; s < KS; ++s) v += part[par][rb * KS + s][rr];
+        if (r < a.conv_rows) {  // causal depthwise conv (state oldest first) + SiLU
+          const int S = a.conv_k - 1;
+          float cacc = 0.f;
+#pragma unroll
+          for (int k = 0; k < kMaxConvK - 1; ++k)
+            if (k < S) cacc += cw[k] * cs[k];
+#pragma unroll
+          for (int k = 0; k < kMaxConvK; ++k)
+            if (k == S) cacc += cw[k] * v;
+          float* st = a.conv_state + r * S;
+#pragma unroll
+          for (int k = 0; k + 1 < kMaxConvK - 1; ++k)
+            if (k + 1 < S) st[k] = cs[k + 1];
+          if (S > 0) st[S - 1] = v;
+          v = silu_f(cacc);
         }
+        a.y[r] = a.accumulate ? yv + v : v;
       }
       par ^= 1;
+      if (ngp < ngrp) {
+        conv_fetch(ngp);
+        y_fetch(ngp);
+      }
     }
     grp = ngp;
     j = nj;
@@ -363,32 +540,30 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<BITS>)
   __shared__ int s_ids[32];
   __shared__ float s_w[33];
   __shared__ float part[2][kWarps][16];
-  const int K = int(w.gate.first.cols);
-  float* xs = reinterpret_cast<float*>(smem4);
-  char* xf = reinterpret_cast<char*>(xs + K);
-  float2* meta = reinterpret_cast<float2*>(xf + 4 * K);
+  const int K = int(w.gate.first.cols), KT = tc_kt(K), ngroups_k = K / kGroup;
+  const TcSmem m = carve(reinterpret_cast<char*>(smem4), K, Prologue::RmsNorm, 0);
+  const char* zero = m.xf + KT * kTileXBytes;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
   const int rbw = warp / KS, ks = warp % KS;  // rbw 0: gate, 1: up
-  const int ngroups_k = K / kGroup, KT = (K + kTileCols - 1) / kTileCols;
   const int iters = (KT + KS - 1) / KS;
   const int I = int(w.gate.first.rows), Is = int(w.shared_gate.rows);
   const int nbI = (I + 15) / 16, nbS = (Is + 15) / 16;
   const int64_t ngrp = int64_t(w.top_k) * nbI + nbS;
+  const LaneB<BITS> lb(lane);
+  StageIn in;
+  in.x = x;
+  in.norm_w = norm_w;
+  in.pro = Prologue::RmsNorm;
+  in.eps = eps;
 
+  stage_preload(in, m, K);
   pdl_wait();
   pdl_trigger();
-  GemvArgs sa;
-  sa.x = x;
-  sa.pro = Prologue::RmsNorm;
-  sa.norm_w = norm_w;
-  sa.eps = eps;
   if (warp == 0) route_warp(logits, w.E, w.top_k, w.renormalise, s_ids, s_w, sel_ids, sel_w);
-  stage_input(sa, xs, K, red);  // ends with a barrier: s_ids visible
-  build_frags<BITS>(xs, K, xf, meta);
-  __syncthreads();
+  stage_frags<BITS>(in, m, K, red);  // its barriers make s_ids visible
 
   // group → (slot, first row j0, rows of this slot's matrices)
-  auto refs_for = [&](int64_t grp, RowRef (&r)[2], int& slot, int& j0, int& nrows) {
+  auto refs_for = [&](int64_t grp, RowRef(&r)[2], int& slot, int& j0, int& nrows) {
     QMatrixDev M;
     if (grp < int64_t(w.top_k) * nbI) {
       slot = int(grp / nbI);
@@ -401,8 +576,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<BITS>)
       M = rbw == 0 ? w.shared_gate : w.shared_up;
       nrows = Is;
     }
-    r[0] = row_ref(M, min(j0 + g, nrows - 1));
-    r[1] = row_ref(M, min(j0 + g + 8, nrows - 1));
+    r[0] = row_ref(M, min(j0 + g, nrows - 1), BITS);
+    r[1] = row_ref(M, min(j0 + g + 8, nrows - 1), BITS);
   };
   TileRegs<BITS> cur, nxt;
   int64_t grp = blockIdx.x;
@@ -426,23 +601,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<BITS>)
     int nslot = slot, nj0 = j0, nnrows = nrows;
     if (ngp != grp && ngp < ngrp) refs_for(ngp, nref, nslot, nj0, nnrows);
     if (ngp < ngrp && nkt < KT) load_tile<BITS>(nxt, nref, nkt, c, ngroups_k);
-    if (kt < KT) {
-      float dot[2];
-      tile_dots<BITS>(cur, xf, kt, lane, ngroups_k, dot);
-      const int G = kt * 4 + c;
-      if (G < ngroups_k) {
-        const float2 m = meta[G];
-        acc[0] += group_value<BITS>(dot[0], cur.sb[0], m);
-        acc[1] += group_value<BITS>(dot[1], cur.sb[1], m);
-      }
-    }
+    if (kt < KT) tile_accumulate<BITS>(cur, m, zero, kt, c, ngroups_k, lb, 1.f, acc);
     if (nj == 0) {
-      const float v0 = quad_sum(acc[0]), v1 = quad_sum(acc[1]);
-      if (c == 0) {
-        part[par][warp][g] = v0;
-        part[par][warp][g + 8] = v1;
-      }
-      acc[0] = acc[1] = 0.f;
+      write_partials(acc, part[par][warp], g, c);
       __syncthreads();
       if (threadIdx.x < 16) {
         const int rr = threadIdx.x;
@@ -475,8 +636,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<BITS>)
 // matrix, row stride and combine weight are looked up per group. 8 warps = 8 k-slices of one row block.
 struct DownSeg {
   const char* q;
-  const __nv_bfloat16* s;
-  const __nv_bfloat16* b;
+  const unsigned short* s;
+  const unsigned short* b;
   int row_bytes, gpr;
   float wt;
 };
@@ -508,9 +669,7 @@ __device__ __forceinline__ void load_tile_down(TileRegs<BITS>& t, const DownSeg*
     const int64_t r = h == 0 ? rg : rg8;
     if (G < ngroups) {
       const DownSeg& sg = seg[e];
-      const uint32_t s = __ldg(reinterpret_cast<const unsigned short*>(sg.s) + r * sg.gpr + Gl);
-      const uint32_t b = __ldg(reinterpret_cast<const unsigned short*>(sg.b) + r * sg.gpr + Gl);
-      t.sb[h] = s | (b << 16);
+      t.sb[h] = uint32_t(__ldg(sg.s + r * sg.gpr + Gl)) | (uint32_t(__ldg(sg.b + r * sg.gpr + Gl)) << 16);
     } else {
       t.sb[h] = 0;
     }
@@ -526,15 +685,16 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<BITS>)
   __shared__ DownSeg seg[33];
   __shared__ float part[2][kWarps][16];
   const int I = int(w.down.first.cols), Is = int(w.shared_down.cols), k = w.top_k;
-  const int K = k * I + Is;
-  float* xs = reinterpret_cast<float*>(smem4);
-  char* xf = reinterpret_cast<char*>(xs + K);
-  float2* meta = reinterpret_cast<float2*>(xf + 4 * K);
+  const int K = k * I + Is, KT = tc_kt(K), ngroups_k = K / kGroup, gI = I / kGroup;
+  const TcSmem m = carve(reinterpret_cast<char*>(smem4), K, Prologue::None, 0);
+  const char* zero = m.xf + KT * kTileXBytes;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
   const int ks = warp;
-  const int ngroups_k = K / kGroup, gI = I / kGroup, KT = (K + kTileCols - 1) / kTileCols;
   const int iters = (KT + KS - 1) / KS;
   const int64_t rows = w.down.first.rows, nrb = (rows + 15) / 16;
+  const LaneB<BITS> lb(lane);
+  StageIn in;
+  in.x = act;
 
   pdl_wait();
   pdl_trigger();
@@ -543,22 +703,19 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<BITS>)
     const QMatrixDev M = t < k ? w.down.expert(sel_ids[t]) : w.shared_down;
     DownSeg sg;
     sg.q = reinterpret_cast<const char*>(M.qweight);
-    sg.s = M.scales;
-    sg.b = M.biases;
-    sg.row_bytes = int(M.cols * M.bits / 8);
-    sg.gpr = int(M.groups_per_row());
+    sg.s = reinterpret_cast<const unsigned short*>(M.scales);
+    sg.b = reinterpret_cast<const unsigned short*>(M.biases);
+    sg.row_bytes = int(M.cols * BITS / 8);
+    sg.gpr = int(M.cols / kGroup);
     sg.wt = sel_w[t];
     seg[t] = sg;
   }
-  GemvArgs sa;
-  sa.x = act;
-  stage_input(sa, xs, K, red);  // barrier: seg visible
-  (void)red;
-  build_frags<BITS>(xs, K, xf, meta);
-  __syncthreads();
+  int64_t grp = blockIdx.x;
+  float yv = 0.f;
+  if (threadIdx.x < 16 && grp < nrb && grp * 16 + threadIdx.x < rows) yv = y[grp * 16 + threadIdx.x];
+  stage_frags<BITS>(in, m, K, red);  // barriers: seg visible
 
   TileRegs<BITS> cur, nxt;
-  int64_t grp = blockIdx.x;
   int j = 0;
   auto rg_of = [&](int64_t gp) { return min(gp * 16 + g, rows - 1); };
   auto rg8_of = [&](int64_t gp) { return min(gp * 16 + g + 8, rows - 1); };
@@ -575,23 +732,13 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<BITS>)
     const int kt = ks + j * KS, nkt = ks + nj * KS;
     if (ngp < nrb && nkt < KT) load_tile_down<BITS>(nxt, seg, gI, k, rg_of(ngp), rg8_of(ngp), nkt, c, ngroups_k);
     if (kt < KT) {
-      float dot[2];
-      tile_dots<BITS>(cur, xf, kt, lane, ngroups_k, dot);
+      // the combine weight of the tile's group for this lane (groups of one tile may span segments)
       const int G = kt * 4 + c;
-      if (G < ngroups_k) {
-        const float2 m = meta[G];
-        const float wt = seg[G < k * gI ? G / gI : k].wt;
-        acc[0] += wt * group_value<BITS>(dot[0], cur.sb[0], m);
-        acc[1] += wt * group_value<BITS>(dot[1], cur.sb[1], m);
-      }
+      const float wt = G < ngroups_k ? seg[G < k * gI ? G / gI : k].wt : 0.f;
+      tile_accumulate<BITS>(cur, m, zero, kt, c, ngroups_k, lb, wt, acc);
     }
     if (nj == 0) {
-      const float v0 = quad_sum(acc[0]), v1 = quad_sum(acc[1]);
-      if (c == 0) {
-        part[par][warp][g] = v0;
-        part[par][warp][g + 8] = v1;
-      }
-      acc[0] = acc[1] = 0.f;
+      write_partials(acc, part[par][warp], g, c);
       __syncthreads();
       if (threadIdx.x < 16) {
         const int64_t r = grp * 16 + threadIdx.x;
@@ -599,8 +746,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<BITS>)
           float v = 0.f;
 #pragma unroll
           for (int s = 0; s < KS; ++s) v += part[par][s][threadIdx.x];
-          y[r] += v;
+          y[r] = yv + v;
         }
+        if (ngp < nrb && ngp * 16 + threadIdx.x < rows) yv = y[ngp * 16 + threadIdx.x];
       }
       par ^= 1;
     }
@@ -638,21 +786,30 @@ int grid_of(int64_t groups, int occ) {
 }
 
 bool shape_ok(const QMatrixDev& W) {
-  return (W.bits == 4 || W.bits == 8) && W.group_size == kGroup && W.cols % kGroup == 0 && W.cols > 0 &&
-         tc_smem(W.cols) <= kMaxSmem;
+  return (W.bits == 4 || W.bits == 8) && W.group_size == kGroup && W.cols % kGroup == 0 && W.cols > 0;
 }
+bool aligned16(const void* p) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 }  // namespace
 
-bool gemv_tc_supported(const QMatrixDev& W) { return shape_ok(W); }
+bool gemv_tc_supported(const GemvArgs& a) {
+  const int K = int(a.W.cols);
+  if (!shape_ok(a.W) || !aligned16(a.x)) return false;
+  if (a.pro == Prologue::RmsNorm && !aligned16(a.norm_w)) return false;
+  if (a.pro == Prologue::GatedHeadNorm &&
+      (a.head_dim <= 0 || a.head_dim % 4 != 0 || K % a.head_dim != 0 || !aligned16(a.z) || !aligned16(a.norm_w)))
+    return false;
+  if (a.conv_rows > 0 && (a.conv_k < 1 || a.conv_k > kMaxConvK)) return false;
+  return size_t(tc_smem_bytes(K, a.pro, a.head_dim)) <= kMaxSmem;
+}
 
 void gemv_tc(const GemvArgs& a, cudaStream_t stream) {
-  const int64_t K = a.W.cols, KT = (K + kTileCols - 1) / kTileCols, nrb = (a.W.rows + 15) / 16;
+  const int64_t K = a.W.cols, KT = tc_kt(int(K)), nrb = (a.W.rows + 15) / 16;
   // k-slices per row block: enough warps in flight (~3 blocks of 8 warps per SM) for small matrices.
   const int64_t target = int64_t(num_sms_tc()) * kMinBlocks<4> * kWarps;
   int KS = 1;
   while (KS < kWarps && KS < KT && nrb * KS < target) KS *= 2;
-  const size_t smem = tc_smem(K);
+  const size_t smem = size_t(tc_smem_bytes(int(K), a.pro, a.head_dim));
   auto go = [&](auto kernel) {
     const int RB = kWarps / KS;
     const int64_t groups = (nrb + RB - 1) / RB;
@@ -675,17 +832,19 @@ void gemv_tc(const GemvArgs& a, cudaStream_t stream) {
   }
 }
 
-bool moe_tc_supported(const MoEDecodeWeights& w) {
+bool moe_tc_supported(const MoEDecodeWeights& w, const float* x, const float* norm_w, const float* act) {
   const int64_t n_act = w.top_k * w.down.first.cols + w.shared_down.cols;
   return shape_ok(w.gate.first) && shape_ok(w.up.first) && shape_ok(w.shared_gate) && shape_ok(w.shared_up) &&
-         shape_ok(w.down.first) && shape_ok(w.shared_down) && n_act % kGroup == 0 && tc_smem(n_act) <= kMaxSmem &&
-         w.gate.first.bits == w.down.first.bits;
+         shape_ok(w.down.first) && shape_ok(w.shared_down) && w.gate.first.bits == w.down.first.bits &&
+         aligned16(x) && aligned16(norm_w) && aligned16(act) &&
+         size_t(tc_smem_bytes(int(w.gate.first.cols), Prologue::RmsNorm, 0)) <= kMaxSmem &&
+         size_t(tc_smem_bytes(int(n_act), Prologue::None, 0)) <= kMaxSmem;
 }
 
 void moe_gate_up_tc(const MoEDecodeWeights& w, const float* logits, const float* x, const float* norm_w, float eps,
                     int32_t* sel_ids, float* sel_w, float* act, cudaStream_t stream) {
-  const int64_t K = w.gate.first.cols;
-  const size_t smem = tc_smem(K);
+  const int K = int(w.gate.first.cols);
+  const size_t smem = size_t(tc_smem_bytes(K, Prologue::RmsNorm, 0));
   const int64_t groups = int64_t(w.top_k) * ((w.gate.first.rows + 15) / 16) + (w.shared_gate.rows + 15) / 16;
   auto go = [&](auto kernel) {
     launch_pdl(kernel, dim3(grid_of(groups, resident_blocks(kernel, smem))), dim3(kThreads), smem, stream, w, logits,
@@ -699,8 +858,8 @@ void moe_gate_up_tc(const MoEDecodeWeights& w, const float* logits, const float*
 
 void moe_down_tc(const MoEDecodeWeights& w, const int32_t* sel_ids, const float* sel_w, const float* act, float* y,
                  cudaStream_t stream) {
-  const int64_t K = w.top_k * w.down.first.cols + w.shared_down.cols;
-  const size_t smem = tc_smem(K);
+  const int K = int(w.top_k * w.down.first.cols + w.shared_down.cols);
+  const size_t smem = size_t(tc_smem_bytes(K, Prologue::None, 0));
   const int64_t groups = (w.down.first.rows + 15) / 16;
   auto go = [&](auto kernel) {
     launch_pdl(kernel, dim3(grid_of(groups, resident_blocks(kernel, smem))), dim3(kThreads), smem, stream, w, sel_ids,

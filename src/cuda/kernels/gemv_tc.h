@@ -6,9 +6,11 @@
 
 namespace lilac::cuda {
 
-bool gemv_tc_supported(const QMatrixDev& W);
+// Whether the tensor-core kernel takes these arguments (4/8-bit, 64-groups, 16-byte aligned inputs,
+// conv taps <= 4, staged input within the shared memory budget); else callers use the fp32 kernel.
+bool gemv_tc_supported(const GemvArgs& a);
 void gemv_tc(const GemvArgs& a, cudaStream_t stream);
-bool moe_tc_supported(const MoEDecodeWeights& w);
+bool moe_tc_supported(const MoEDecodeWeights& w, const float* x, const float* norm_w, const float* act);
 void moe_gate_up_tc(const MoEDecodeWeights& w, const float* logits, const float* x, const float* norm_w, float eps,
                     int32_t* sel_ids, float* sel_w, float* act, cudaStream_t stream);
 void moe_down_tc(const MoEDecodeWeights& w, const int32_t* sel_ids, const float* sel_w, const float* act, float* y,
