@@ -1,23 +1,30 @@
 // Decode attention: q/k RMSNorm + partial RoPE + KV append (one warp per head), then one split-K
 // kernel over the bf16 KV cache whose last blocks also do the cross-split combine and the output gate.
 //
-// attn_decode_kernel<HD, NG>: block (unit, split); a unit is one kv head and a group of NG (<= 8) of
-// its query heads (NG = G rounded up to a power of two, padded heads have q = 0 and are not written).
-// The number of useful splits is derived on the device from *pos (graph replays reuse the launch):
-// nsp = min(gridDim.y, ceil(L / kMinRows)), each split a run of whole R-row chunks; blocks past it
-// exit. Each of the 16 warps of a block streams its chunks (chunk c of the split goes to warp
-// c % 16) through a private 4-stage cp.async ring (16-byte copies of K and V rows) and keeps its own
-// online softmax: per chunk every lane holds DPL = HD/32 dims of R rows, multiplies them with q (in
-// shared memory) for the NG heads, and one reduce-scatter across the warp leaves each lane one
-// (row, head) score. The warps' states are merged into one partial per block (m, l, acc for NG heads).
-// Combine: the partials of splits [8j, 8j+8) are merged by the last of those blocks to finish
-// (arrival counter per group); with more than one group the group results are merged by the last
-// group merger (a second counter) — so no block reads more than 8 (resp. 16) partials. The last
-// merger writes out = acc / l ⊙ sigmoid(gate).
-// Counters live at the start of `partial`: 64-bit words (tag << 32 | count) with tag = *pos ^ magic;
-// a word whose tag differs counts as 0 (so fresh / poisoned memory works) and the block that
-// completes a count resets its word, so the next layer / replay at any position starts from zero.
+// attn_decode_kernel<HD, NG>: block (unit, split) of 8 warps; a unit is one kv head and a group of NG
+// (<= 8) of its query heads (NG = G rounded up to a power of two, padded heads have q = 0 and are not
+// written). The number of useful splits is derived on the device from *pos (graph replays reuse the
+// launch): nsp = min(gridDim.y, ceil(L / kMinRows)), each split a run of whole R-row chunks (at least
+// two per warp); blocks past it exit. The grid is one wave of resident blocks (2 per SM on sm_90:
+// 256 threads, <= 74 KB shared memory, which also fits the 99 KB per block of sm_86 / sm_89). Each
+// warp streams its chunks (chunk c of the split goes to warp c % 8) through a private 4-stage cp.async
+// ring (16-byte copies of K and V rows) and keeps its own online softmax: per chunk every lane holds
+// DPL = HD/32 dims of R rows, multiplies them with q (in shared memory) for the NG heads, and one
+// reduce-scatter across the warp leaves each lane one (row, head) score. The warps' states are merged
+// into one partial per block (m, l, acc for NG heads; every thread 4 dims, no serial per-head loop).
+// Combine: the partials of splits [16j, 16j+16) are merged by the last of those blocks to finish
+// (arrival counter per group) — at short contexts (nsp <= 16) that is the only level; with more
+// groups the group results are merged by the last group merger (a second counter), so no block reads
+// more than 16 partials. A merge is one pass in which each thread issues all its loads at once
+// (float4 accumulators, the m / l of its head, its gate values). The last merger writes
+// out = acc / l ⊙ sigmoid(gate).
+// Counters live at the start of `partial`, two 64-bit words each: normally one atomicAdd on word 0
+// (kCtrMagic << 32 | count), reset by the block that completes the count, so the next layer / replay
+// at any position starts from zero; on memory never used by this kernel (garbage in word 0) the
+// arrivals count on word 1 with tagged CAS (tag = *pos ^ magic, a word whose tag differs counts as 0)
+// and the completing block resets word 0 (see arrive()).
 #include <algorithm>
+#include <cstdint>
 #include <string>
 
 #include "cuda/cuda_common.h"
@@ -31,18 +38,25 @@ using namespace dev;
 
 constexpr int kMaxHeadDim = 256;
 constexpr int kMaxGroup = 16;    // query heads per kv head
-constexpr int kWarps = 16;       // warps per split block
-constexpr int kStages = 4;       // cp.async ring depth per warp
-constexpr int kGroupSplits = 8;  // partials merged per first-level combine
+constexpr int kWarps = 8;         // warps per split block (256 threads, 2 blocks per SM on sm_90)
+constexpr int kStages = 4;        // cp.async ring depth per warp
+constexpr int kGroupSplits = 16;  // partials merged per first-level combine
 constexpr int kMaxGroups = (kAttnMaxSplit + kGroupSplits - 1) / kGroupSplits;
-constexpr int kCtrPerUnit = kMaxGroups + 1;  // group counters + the top counter
+constexpr int kMergeMax = kMaxGroups > kGroupSplits ? kMaxGroups : kGroupSplits;  // partials per merge
+// Each counter is two 64-bit words: [0] the fast counter (kCtrMagic << 32 | count, reset by the block
+// that completes it), [1] the tagged fallback used only while word 0 holds garbage (first use).
+constexpr int kCtrPerUnit = 2 * (kMaxGroups + 1);  // group counters + the top counter
 constexpr uint32_t kTagMagic = 0xA5C3E1F7u;  // bit 31 set: never the tag of zeroed memory
+constexpr uint32_t kCtrMagic = 0x2C1A7E55u;
+constexpr unsigned long long kCtrReset = static_cast<unsigned long long>(kCtrMagic) << 32;
 
 int ng_of(int G) {  // query heads per unit: G rounded up to a power of two, at most 8
   int ng = 1;
   while (ng < G && ng < 8) ng *= 2;
   return ng;
 }
+// One partial: acc [NG][HD], m [NG], l [NG], padded to 16 bytes (merged with float4 loads).
+constexpr int slot_floats_of(int NG, int HD) { return NG * HD + (2 * NG + 3) / 4 * 4; }
 struct Layout {
   int NG, HG, units;
   size_t ctr_floats, slot_floats, slots_per_unit;
@@ -54,7 +68,7 @@ Layout layout_of(const AttnDecodeShape& s, int cap) {
   l.HG = (G + l.NG - 1) / l.NG;
   l.units = s.kv_heads * l.HG;
   l.ctr_floats = (size_t(l.units) * kCtrPerUnit * 2 + 63) / 64 * 64;
-  l.slot_floats = size_t(l.NG) * (s.head_dim + 2);
+  l.slot_floats = slot_floats_of(l.NG, s.head_dim);
   l.slots_per_unit = size_t(cap) + (cap + kGroupSplits - 1) / kGroupSplits;
   return l;
 }
@@ -136,7 +150,7 @@ struct Cfg {
   static constexpr int PIECES = STAGE / 8;                  // 16-byte copies per stage
   static constexpr int kMinRows = 2 * kWarps * R;           // at least two chunks per warp per split
   // shared memory (floats): big [max(ring, warp accumulators)] | qs [NG*HD] | pbuf [W][V+NG] |
-  // wm, wl, fw [W][NG] | cmb [max(kMaxGroups, kGroupSplits)*NG + 2*NG] | flag [4]
+  // wm, wl [W][NG] | flag [4]. At most 74 KB (HD 256, NG 8): fits the 99 KB per block of sm_86/sm_89.
   static constexpr int kRingF = kWarps * kStages * STAGE / 2;
   static constexpr int kAccF = kWarps * NG * HD;
   static constexpr int kBigF = kRingF > kAccF ? kRingF : kAccF;
@@ -144,11 +158,11 @@ struct Cfg {
   static constexpr int kPbuf = kQs + NG * HD;
   static constexpr int kWm = kPbuf + kWarps * (V + NG);
   static constexpr int kWl = kWm + kWarps * NG;
-  static constexpr int kFw = kWl + kWarps * NG;
-  static constexpr int kCmb = kFw + kWarps * NG;
-  static constexpr int kFlag = kCmb + (kMaxGroups > kGroupSplits ? kMaxGroups : kGroupSplits) * NG + 2 * NG;
+  static constexpr int kFlag = kWl + kWarps * NG;
   static constexpr int kTotalF = kFlag + 4;
-  static_assert(V <= 16 && R >= 2 && (kBigF % 4) == 0, "attention tile");
+  static constexpr int SL = slot_floats_of(NG, HD);
+  static_assert(V <= 16 && R >= 2 && (kBigF % 4) == 0 && (kWm % 4) == 0, "attention tile");
+  static_assert(size_t(kTotalF) * 4 <= 99 * 1024, "attention smem must fit sm_86/sm_89 (99 KB per block)");
 };
 
 struct AttnArgs {
@@ -238,80 +252,117 @@ __device__ __forceinline__ void reduce_scatter(float* vals, int lane) {
   }
 }
 
-// Arrival on a tagged counter (one thread); true for the arrival that makes the count `expected`,
-// which also resets the word.
+// Arrival of a block on a counter (two words, see kCtrPerUnit), by one thread after a __syncthreads
+// that follows the block's partial writes; true for the arrival that makes the count `expected`.
+// Release (the block's writes, cumulative through the barrier) before the atomic, acquire after it —
+// the pattern of cooperative groups' grid sync. Normally one atomicAdd: word 0 reads
+// kCtrMagic << 32 | count and the completing block resets it to kCtrReset. While word 0 holds anything
+// else (memory never used by this kernel: every block of the launch sees garbage there, since adding
+// at most kAttnMaxSplit never turns garbage into kCtrMagic << 32 | small), the blocks count on word 1
+// with tagged compare-and-swap (tag = *pos ^ magic, a word with another tag counts as 0) and the
+// completing block puts word 0 in the reset state, so later launches take the fast path.
 __device__ bool arrive(unsigned long long* ctr, uint32_t tag, uint32_t expected) {
-  unsigned long long old = atomicAdd(ctr, 0ull), assumed;
-  uint32_t cnt;
-  do {
-    assumed = old;
-    cnt = (uint32_t(assumed >> 32) == tag ? uint32_t(assumed) : 0u) + 1u;
-    old = atomicCAS(ctr, assumed, (static_cast<unsigned long long>(tag) << 32) | cnt);
-  } while (old != assumed);
-  if (cnt == expected) {
-    atomicExch(ctr, ~0ull);
-    return true;
+  __threadfence();
+  const unsigned long long old0 = atomicAdd(ctr, 1ull);
+  bool last;
+  if (uint32_t(old0 >> 32) == kCtrMagic && uint32_t(old0) < 0x80000000u) {
+    last = uint32_t(old0) + 1u == expected;
+    if (last) atomicExch(ctr, kCtrReset);
+  } else {
+    unsigned long long* w1 = ctr + 1;
+    unsigned long long old = atomicAdd(w1, 0ull), assumed;
+    uint32_t cnt;
+    do {
+      assumed = old;
+      cnt = (uint32_t(assumed >> 32) == tag ? uint32_t(assumed) : 0u) + 1u;
+      old = atomicCAS(w1, assumed, (static_cast<unsigned long long>(tag) << 32) | cnt);
+    } while (old != assumed);
+    last = cnt == expected;
+    if (last) {
+      atomicExch(w1, ~0ull);
+      atomicExch(ctr, kCtrReset);
+    }
   }
-  return false;
+  __threadfence();
+  return last;
 }
 
-// Merges n partial slots (stride SL floats) into dst (a slot) or, with dst == nullptr, into the gated
-// output of heads h0 .. h0+hv-1. Whole block; reads through L2 (other blocks wrote the slots).
+// Merges n (<= kMergeMax) partial slots (stride C::SL floats) into dst (a slot) or, with dst ==
+// nullptr, into the gated output of heads h0 .. h0+hv-1. Whole block, no shared memory: each thread
+// takes 4 consecutive dims of one head and issues all its loads (the n maxima / sums of its head, the n
+// float4 accumulators and its gate values) at once, so a merge costs about one L2 round trip per 4 *
+// blockDim.x outputs. Reads through L2 (.cg: other blocks wrote the slots).
 template <int HD, int NG>
-__device__ void merge_slots(const float* first, int n, float* dst, const AttnArgs& a, int h0, int hv, float* cmb) {
-  constexpr int SL = NG * (HD + 2);
-  constexpr int N = kMaxGroups > kGroupSplits ? kMaxGroups : kGroupSplits;  // n <= N
-  float* fac = cmb;           // [n][NG]
-  float* ML = cmb + N * NG;   // M [NG], L [NG]
-  const int tid = threadIdx.x;
-  if (tid < NG) {
-    float mv[N], lv[N];
+__device__ void merge_slots(const float* first, int n, float* dst, const AttnArgs& a, int h0, int hv) {
+  constexpr int SL = Cfg<HD, NG>::SL;
+  constexpr int N = kMergeMax;
+  for (int f = threadIdx.x; f < NG * HD / 4; f += blockDim.x) {
+    const int i = 4 * f, h = i / HD, d = i % HD;
+    if (!dst && h >= hv) continue;
+    float g[4] = {0.f, 0.f, 0.f, 0.f};
+    if (!dst) {
+      const float* gp = a.qg + int64_t(h0 + h) * 2 * HD + HD + d;
 #pragma unroll
-    for (int i = 0; i < N; ++i) {
-      const float* sl = first + size_t(i) * SL + NG * HD;
-      mv[i] = i < n ? __ldcg(sl + tid) : -INFINITY;
-      lv[i] = i < n ? __ldcg(sl + NG + tid) : 0.f;
+      for (int k = 0; k < 4; ++k) g[k] = gp[k];
+    }
+    constexpr int B = 8;  // accumulators in flight per batch (registers: 5 B + N)
+    float mv[N], lv[B];
+    float4 x[B];
+#pragma unroll
+    for (int s = 0; s < N; ++s) {
+      const float* sl = first + size_t(s) * SL;
+      mv[s] = s < n ? __ldcg(sl + NG * HD + h) : -INFINITY;
+      if (s < B) {
+        lv[s] = s < n ? __ldcg(sl + NG * HD + NG + h) : 0.f;
+        x[s] = s < n ? __ldcg(reinterpret_cast<const float4*>(sl + i)) : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
     }
     float M = -INFINITY;
 #pragma unroll
-    for (int i = 0; i < N; ++i) M = fmaxf(M, mv[i]);
+    for (int s = 0; s < N; ++s) M = fmaxf(M, mv[s]);
     float Ls = 0.f;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-    for (int i = 0; i < N; ++i) {
-      const float f = i < n ? expf(mv[i] - M) : 0.f;
-      if (i < n) fac[i * NG + tid] = f;
-      Ls = fmaf(f, lv[i], Ls);
+    for (int s0 = 0; s0 < N; s0 += B) {
+      if (s0 > 0) {
+        if (s0 >= n) break;
+#pragma unroll
+        for (int s = 0; s < B; ++s) {
+          const float* sl = first + size_t(s0 + s) * SL;
+          lv[s] = s0 + s < n ? __ldcg(sl + NG * HD + NG + h) : 0.f;
+          x[s] = s0 + s < n ? __ldcg(reinterpret_cast<const float4*>(sl + i)) : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+      }
+#pragma unroll
+      for (int s = 0; s < B; ++s) {
+        const int t = s0 + s;
+        const float fs = t < n && mv[t] != -INFINITY ? expf(mv[t] - M) : 0.f;
+        Ls = fmaf(fs, lv[s], Ls);
+        acc.x = fmaf(fs, x[s].x, acc.x);
+        acc.y = fmaf(fs, x[s].y, acc.y);
+        acc.z = fmaf(fs, x[s].z, acc.z);
+        acc.w = fmaf(fs, x[s].w, acc.w);
+      }
     }
-    ML[tid] = M;
-    ML[NG + tid] = Ls;
-  }
-  __syncthreads();
-  for (int i = tid; i < NG * HD; i += blockDim.x) {
-    const int h = i / HD, d = i % HD;
-    if (!dst && h >= hv) continue;
-    float x[N];
-#pragma unroll
-    for (int s = 0; s < N; ++s) x[s] = s < n ? __ldcg(first + size_t(s) * SL + i) : 0.f;  // all in flight
-    float acc = 0.f;
-#pragma unroll
-    for (int s = 0; s < N; ++s)
-      if (s < n) acc = fmaf(fac[s * NG + h], x[s], acc);
     if (dst) {
-      dst[i] = acc;
+      *reinterpret_cast<float4*>(dst + i) = acc;
+      if (d == 0) {
+        dst[NG * HD + h] = M;
+        dst[NG * HD + NG + h] = Ls;
+      }
     } else {
-      const int hh = h0 + h;
-      const float gate = a.qg[int64_t(hh) * 2 * HD + HD + d];
-      a.out[int64_t(hh) * HD + d] = acc / ML[NG + h] * sigmoid_f(gate);
+      const float inv = 1.f / Ls;
+      float* o = a.out + int64_t(h0 + h) * HD + d;
+      o[0] = acc.x * inv * sigmoid_f(g[0]);
+      o[1] = acc.y * inv * sigmoid_f(g[1]);
+      o[2] = acc.z * inv * sigmoid_f(g[2]);
+      o[3] = acc.w * inv * sigmoid_f(g[3]);
     }
-  }
-  if (dst && tid < NG) {
-    dst[NG * HD + tid] = ML[tid];
-    dst[NG * HD + NG + tid] = ML[NG + tid];
   }
 }
 
 template <int HD, int NG>
-__global__ void __launch_bounds__(kWarps * 32, 1) attn_decode_kernel(AttnArgs a) {
+__global__ void __launch_bounds__(kWarps * 32, 2) attn_decode_kernel(AttnArgs a) {
   using C = Cfg<HD, NG>;
   constexpr int DPL = C::DPL, R = C::R, V = C::V, LV = C::LV, SH = C::SH;
   constexpr int W = (DPL + 1) / 2;  // packed words per lane per row
@@ -331,9 +382,20 @@ __global__ void __launch_bounds__(kWarps * 32, 1) attn_decode_kernel(AttnArgs a)
   // q (pre-scaled by 1/sqrt(hd)) for the unit's NG heads; padded heads are 0 (loaded while *pos is
   // in flight; blocks without work read it too, cheap)
   const float scale = rsqrtf(float(HD));
-  for (int i = tid; i < NG * HD; i += blockDim.x) {
-    const int h = i / HD, d = i % HD;
-    qs[qs_index<HD, NG>(h, d)] = h < hv ? a.q[int64_t(h0 + h) * HD + d] * scale : 0.f;
+  {
+    // all loads first (a fixed count per thread), then the stores: one round trip, not one per element
+    constexpr int kQn = (NG * HD + kWarps * 32 - 1) / (kWarps * 32);
+    float qv[kQn];
+#pragma unroll
+    for (int k = 0; k < kQn; ++k) {
+      const int i = tid + k * kWarps * 32, h = i / HD, d = i % HD;
+      qv[k] = i < NG * HD && h < hv ? a.q[int64_t(h0 + h) * HD + d] : 0.f;
+    }
+#pragma unroll
+    for (int k = 0; k < kQn; ++k) {
+      const int i = tid + k * kWarps * 32;
+      if (i < NG * HD) qs[qs_index<HD, NG>(i / HD, i % HD)] = qv[k] * scale;
+    }
   }
   const int64_t L = int64_t(pos) + 1;
   const int64_t want = (L + C::kMinRows - 1) / C::kMinRows;
@@ -476,7 +538,6 @@ __global__ void __launch_bounds__(kWarps * 32, 1) attn_decode_kernel(AttnArgs a)
   float* wacc = sm;  // [W][NG][HD]
   float* wm = sm + C::kWm;
   float* wl = sm + C::kWl;
-  float* fw = sm + C::kFw;
 #pragma unroll
   for (int h = 0; h < NG; ++h) {
     float* dst = wacc + (warp * NG + h) * HD + lane * DPL;
@@ -494,63 +555,59 @@ __global__ void __launch_bounds__(kWarps * 32, 1) attn_decode_kernel(AttnArgs a)
     wl[warp * NG + my_h] = l_run;
   }
   __syncthreads();
-  float* cmb = sm + C::kCmb;
-  if (tid < NG) {
-    float M = -INFINITY;
-    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, wm[w * NG + tid]);
-    float Ls = 0.f;
-    for (int w = 0; w < kWarps; ++w) {
-      const float f = wm[w * NG + tid] == -INFINITY ? 0.f : expf(wm[w * NG + tid] - M);
-      fw[w * NG + tid] = f;
-      Ls = fmaf(f, wl[w * NG + tid], Ls);
-    }
-    cmb[tid] = M;
-    cmb[NG + tid] = Ls;
-  }
-  __syncthreads();
-  constexpr int SL = NG * (HD + 2);
+  constexpr int SL = C::SL;
   float* uslots = a.slots + size_t(unit) * a.slots_per_unit * SL;
   float* my_slot = uslots + size_t(split) * SL;
-  for (int i = tid; i < NG * HD; i += blockDim.x) {
-    const int h = i / HD;
-    float s = 0.f;
-#pragma unroll 4
-    for (int w = 0; w < kWarps; ++w) s = fmaf(fw[w * NG + h], wacc[w * NG * HD + i], s);
-    my_slot[i] = s;
-  }
-  if (tid < NG) {
-    my_slot[NG * HD + tid] = cmb[tid];
-    my_slot[NG * HD + NG + tid] = cmb[NG + tid];
+  // every thread: 4 consecutive dims of one head; the head's max / weights from the W warp maxima
+  for (int f = tid; f < NG * HD / 4; f += blockDim.x) {
+    const int i = 4 * f, h = i / HD;
+    float M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, wm[w * NG + h]);
+    float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
+    float Ls = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float mw = wm[w * NG + h];
+      const float fw = mw == -INFINITY ? 0.f : expf(mw - M);
+      const float4 x = *reinterpret_cast<const float4*>(wacc + w * NG * HD + i);
+      s.x = fmaf(fw, x.x, s.x);
+      s.y = fmaf(fw, x.y, s.y);
+      s.z = fmaf(fw, x.z, s.z);
+      s.w = fmaf(fw, x.w, s.w);
+      Ls = fmaf(fw, wl[w * NG + h], Ls);
+    }
+    *reinterpret_cast<float4*>(my_slot + i) = s;
+    if (i % HD == 0) {
+      my_slot[NG * HD + h] = M;
+      my_slot[NG * HD + NG + h] = Ls;
+    }
   }
 
-  // first-level combine: the last block of splits [8j, 8j+8) merges them
+  // first-level combine: the last block of splits [16j, 16j+16) merges them
   const int ngroups = (nsp + kGroupSplits - 1) / kGroupSplits;
   const int grp = split / kGroupSplits;
   const int gsize = min(kGroupSplits, nsp - grp * kGroupSplits);
   const uint32_t tag = uint32_t(pos) ^ kTagMagic;
   unsigned long long* uctr = a.ctr + size_t(unit) * kCtrPerUnit;
   int* flag = reinterpret_cast<int*>(sm + C::kFlag);
-  __threadfence();
   __syncthreads();
-  if (tid == 0) *flag = arrive(uctr + grp, tag, uint32_t(gsize));
+  if (tid == 0) *flag = arrive(uctr + 2 * grp, tag, uint32_t(gsize));
   __syncthreads();
   if (!*flag) return;
-  __threadfence();
   const float* gfirst = uslots + size_t(grp) * kGroupSplits * SL;
   if (ngroups == 1) {
-    merge_slots<HD, NG>(gfirst, gsize, nullptr, a, h0, hv, cmb);
+    merge_slots<HD, NG>(gfirst, gsize, nullptr, a, h0, hv);
     return;
   }
   float* gslot = uslots + size_t(a.cap + grp) * SL;
-  merge_slots<HD, NG>(gfirst, gsize, gslot, a, h0, hv, cmb);
+  merge_slots<HD, NG>(gfirst, gsize, gslot, a, h0, hv);
   // second level: the last group merger merges the group results
-  __threadfence();
   __syncthreads();
-  if (tid == 0) *flag = arrive(uctr + kMaxGroups, tag, uint32_t(ngroups));
+  if (tid == 0) *flag = arrive(uctr + 2 * kMaxGroups, tag, uint32_t(ngroups));
   __syncthreads();
   if (!*flag) return;
-  __threadfence();
-  merge_slots<HD, NG>(uslots + size_t(a.cap) * SL, ngroups, nullptr, a, h0, hv, cmb);
+  merge_slots<HD, NG>(uslots + size_t(a.cap) * SL, ngroups, nullptr, a, h0, hv);
 }
 
 void check_shape(const AttnDecodeShape& s) {
@@ -578,14 +635,22 @@ template <int HD, int NG>
 void launch_attn(const AttnDecodeShape& s, const Layout& lay, const AttnArgs& a, cudaStream_t stream) {
   using C = Cfg<HD, NG>;
   const size_t smem = size_t(C::kTotalF) * sizeof(float);
-  static bool attr = false;
-  if (!attr) {
+  static int per_sm[64] = {};  // resident blocks per SM, per device (0: not yet set up)
+  int dev = 0;
+  LILAC_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev < 0 || dev >= 64) dev = 0;
+  if (per_sm[dev] == 0) {
     LILAC_CUDA_CHECK(cudaFuncSetAttribute(attn_decode_kernel<HD, NG>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           int(smem)));
-    attr = true;
+    int n = 0;
+    LILAC_CUDA_CHECK(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attn_decode_kernel<HD, NG>, kWarps * 32, smem));
+    LILAC_CHECK(n >= 1, "attention decode: kernel cannot be resident (" + std::to_string(smem) + " B shared memory)");
+    per_sm[dev] = std::min(n, 2);
   }
-  // one block per SM (at most): enough to fill the GPU at long contexts, never more than the buffer holds
-  const int gy = std::max(1, std::min(a.cap, (sm_count() + lay.units - 1) / lay.units));
+  // up to one wave of resident blocks: enough to fill the GPU at long contexts, never more than the
+  // buffer holds (the device uses fewer splits at short contexts, see the kernel)
+  const int gy = std::max(1, std::min(a.cap, (per_sm[dev] * sm_count() + lay.units - 1) / lay.units));
   launch_pdl(attn_decode_kernel<HD, NG>, dim3(lay.units, gy), dim3(kWarps * 32), smem, stream, a);
 }
 
@@ -620,6 +685,7 @@ void attention_decode(const AttnDecodeShape& s, const float* q, const float* qg,
                       cudaStream_t stream) {
   check_shape(s);
   LILAC_CHECK(n_split >= 1 && n_split <= kAttnMaxSplit, "attention decode: bad split count");
+  LILAC_CHECK(reinterpret_cast<uintptr_t>(partial) % 16 == 0, "attention decode: partial must be 16-byte aligned");
   const Layout lay = layout_of(s, n_split);
   AttnArgs a;
   a.q = q;

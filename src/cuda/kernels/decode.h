@@ -91,9 +91,10 @@ void attn_qk_norm_rope_append(const AttnDecodeShape& s, const float* qg, const f
 // context per kv head (the number actually used is chosen on the device from *pos and the SM count),
 // then combined and gated: out[h] = attn_h ⊙ sigmoid(gate_h), gate read from qg. scale = 1/sqrt(head_dim).
 // One kernel (the last blocks to finish do the combine). `partial` (attn_decode_partial_floats floats)
-// holds arrival counters and the per-split partials; it needs no initialisation (counters are tagged
-// with *pos and reset by the block that completes them) but must not be shared by launches that can
-// run concurrently. head_dim 32, 64, 128 or 256; heads / kv_heads <= 16.
+// holds arrival counters and the per-split partials; 16-byte aligned; it needs no initialisation (the
+// block that completes a count resets it; never-used memory is detected and counted with tagged CAS)
+// but must not be shared by launches that can run concurrently. head_dim 32, 64, 128 or 256;
+// heads / kv_heads <= 16. At most 74 KB of shared memory per block (runs on sm_86 / sm_89 too).
 constexpr int kAttnMaxSplit = 128;
 size_t attn_decode_partial_floats(const AttnDecodeShape& s, int n_split);
 void attention_decode(const AttnDecodeShape& s, const float* q, const float* qg, const __nv_bfloat16* k_cache,
