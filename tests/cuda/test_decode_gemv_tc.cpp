@@ -5,11 +5,14 @@
 #include <gtest/gtest.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <vector>
 
 #include "cpu/ops.h"
 #include "cuda/kernels/decode.h"
+#include "cuda/kernels/gemv_tc.h"
 #include "decode_test_util.h"
 #include "model/quant.h"
 
@@ -149,3 +152,122 @@ TEST(CudaGemvTc, PdlChainInAGraphMatchesCpu) {
 }
 
 }  // namespace
+
+// Timing of the decode GEMVs at the model's shapes (printed; the numbers go to bench/BENCHMARKS.md):
+// CUDA-event time per launch over a graph of back-to-back launches, and the per-block timeline of one
+// launch (entry, after the PDL wait, after staging, exit) from %globaltimer. Checks the result once.
+namespace {
+struct TimedCase {
+  const char* name;
+  int64_t rows, cols;
+  int bits;
+  lc::Prologue pro;
+  bool acc;
+  int conv_rows;
+};
+}  // namespace
+
+TEST(CudaGemvTcTiming, ModelShapes) {
+  NEED_GPU();
+  Rng r(fresh_seed());
+  for (const TimedCase c : {TimedCase{"gdn in_proj", 12352, 2048, 4, lc::Prologue::RmsNorm, false, 8192},
+                            TimedCase{"gdn out_proj", 2048, 4096, 4, lc::Prologue::GatedHeadNorm, true, 0},
+                            TimedCase{"attn qkv", 9216, 2048, 4, lc::Prologue::RmsNorm, false, 0},
+                            TimedCase{"router", 257, 2048, 8, lc::Prologue::RmsNorm, false, 0},
+                            TimedCase{"lm head", 248320, 2048, 4, lc::Prologue::RmsNorm, false, 0}}) {
+    HostQ hq(r, c.rows, c.cols, c.bits);
+    DevQ dq(hq);
+    const auto x = randv(r, size_t(c.cols));
+    std::vector<float> nw(static_cast<size_t>(c.cols), 1.f), z = randv(r, size_t(c.cols));
+    Dev<float> dx(x), dnw(nw), dz(z), dy(static_cast<size_t>(c.rows));
+    Dev<float> cw(randv(r, size_t(c.conv_rows * 4) + 1, 0.5f)), cst(randv(r, size_t(c.conv_rows * 3) + 1));
+    lc::GemvArgs a = args(dq, dx.p, dy.p, lc::GemvImpl::Tensor);
+    a.pro = c.pro;
+    a.norm_w = dnw.p;
+    a.z = dz.p;
+    a.head_dim = 128;
+    a.accumulate = c.acc;
+    if (c.conv_rows) {
+      a.conv_rows = c.conv_rows;
+      a.conv_k = 4;
+      a.conv_w = cw.p;
+      a.conv_state = cst.p;
+    }
+    {  // the result, once (plain store, no conv): tensor cores vs the fp32 kernel
+      lc::GemvArgs chk = a;
+      chk.accumulate = false;
+      chk.conv_rows = 0;
+      Dev<float> y32(static_cast<size_t>(c.rows));
+      lc::gemv(chk, nullptr);
+      chk.y = y32.p;
+      chk.impl = lc::GemvImpl::Fp32;
+      lc::gemv(chk, nullptr);
+      CK(cudaDeviceSynchronize());
+      EXPECT_LE(rel_err(dy.get(), y32.get()), 2e-6) << c.name;
+    }
+    cudaStream_t s;
+    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    constexpr int kLaunches = 50;
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
+    for (int i = 0; i < kLaunches; ++i) lc::gemv(a, s);
+    cudaGraph_t g;
+    CK(cudaStreamEndCapture(s, &g));
+    cudaGraphExec_t ge;
+    CK(cudaGraphInstantiate(&ge, g, 0));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    CK(cudaGraphLaunch(ge, s));
+    CK(cudaEventRecord(e0, s));
+    for (int rep = 0; rep < 4; ++rep) CK(cudaGraphLaunch(ge, s));
+    CK(cudaEventRecord(e1, s));
+    CK(cudaEventSynchronize(e1));
+    float ms = 0.f;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    const double us = 1000.0 * ms / (4 * kLaunches);
+    const double mb = (double(c.rows) * c.cols * c.bits / 8 + double(c.rows) * (c.cols / 64) * 4) / 1e6;
+    // traced launches (after the graph, so the weights are not in L2 from a previous launch of the
+    // same kernel... the LM head does not fit; the others partly do), with and without the weight
+    // loads before the PDL wait
+    const size_t nb = 4096 * 8;
+    Dev<unsigned long long> tr(nb);
+    int blocks = 0;
+    for (int flags : {0, 1}) {
+      CK(cudaMemset(tr.p, 0, nb * sizeof(unsigned long long)));
+      lc::gemv_tc_trace(tr.p, flags);
+      lc::gemv(a, s);
+      CK(cudaStreamSynchronize(s));
+      lc::gemv_tc_trace(nullptr, 0);
+      const auto t = tr.get();
+      unsigned long long t0 = ~0ull;
+      blocks = 0;
+      for (size_t b2 = 0; b2 < 4096; ++b2)
+        if (t[b2 * 8]) {
+          t0 = std::min(t0, t[b2 * 8]);
+          ++blocks;
+        }
+      // medians over blocks of: each mark relative to the earliest block entry
+      std::vector<std::vector<double>> at(8);
+      for (size_t b2 = 0; b2 < size_t(blocks); ++b2)
+        for (int k : {0, 1, 2, 3, 4, 7})
+          if (t[b2 * 8 + size_t(k)]) at[size_t(k)].push_back((double(t[b2 * 8 + size_t(k)]) - double(t0)) / 1e3);
+      auto med = [](std::vector<double> v) {
+        std::sort(v.begin(), v.end());
+        return v.empty() ? -1.0 : v[v.size() / 2];
+      };
+      auto mx = [](const std::vector<double>& v) { return v.empty() ? -1.0 : *std::max_element(v.begin(), v.end()); };
+      printf("gemv-timing %-13s %6lld x %5lld %d-bit: %7.2f us/launch (%6.2f MB, %5.2f TB/s) | %s blocks %d, median "
+             "us after first entry: entry %.2f wait %.2f copies %.2f staged %.2f group1 %.2f exit %.2f (max %.2f)\n",
+             c.name, (long long)c.rows, (long long)c.cols, c.bits, us, mb, mb / us,
+             flags ? "no-prefetch" : "prefetch", blocks, med(at[0]), med(at[1]), med(at[2]), med(at[3]), med(at[4]),
+             med(at[7]), mx(at[7]));
+    }
+    EXPECT_GT(us, 0.0);
+    EXPECT_GT(blocks, 0) << "the trace recorded no block";
+    cudaGraphExecDestroy(ge);
+    cudaGraphDestroy(g);
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    cudaStreamDestroy(s);
+  }
+}

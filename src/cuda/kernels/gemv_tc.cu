@@ -107,6 +107,10 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
 }
+__device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s), "l"(gmem) : "memory");
+}
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
 // 2^-e and 2^e as floats for e in [-126, 127] (exact, no libm).
@@ -115,6 +119,20 @@ __device__ __forceinline__ float pow2i(int e) { return __int_as_float((127 + e) 
 __device__ __forceinline__ int frexp_e(float m) {
   const int e = int((__float_as_uint(m) >> 23) & 0xFF) - 126;
   return m > 0.f ? max(-125, min(126, e)) : 0;
+}
+
+// ------------------------------------------------------------------------------------------------ tracing
+// Per-block timeline for measurements (gemv_tc_trace): %globaltimer at entry, after the PDL wait,
+// after the input copies landed, after staging, after the first group and at exit, [block][8];
+// off (null) in normal runs. g_tc_flags bit 0: no weight loads before the PDL wait (an experiment).
+__device__ unsigned long long* g_tc_trace = nullptr;
+__device__ int g_tc_flags = 0;
+__device__ __forceinline__ void tc_mark(int k) {
+  if (g_tc_trace != nullptr && threadIdx.x == 0) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    g_tc_trace[blockIdx.x * 8 + k] = t;
+  }
 }
 
 // ------------------------------------------------------------------------------------------------ staging
@@ -173,22 +191,28 @@ __device__ inline void stage_preload(const StageIn& in, const TcSmem& m, int K) 
     for (int i = threadIdx.x; i < in.head_dim / 4; i += blockDim.x) cp_async16(m.nws + 4 * i, in.norm_w + 4 * i);
 }
 
-// After the PDL wait: x (and z), then t(x) → fragments + meta. Ends with a barrier.
-template <int BITS>
-__device__ void stage_frags(const StageIn& in, const TcSmem& m, int K, float* red) {
-  using S = TcShape<BITS>;
+// After the PDL wait: the copies of x (and z) into shared memory, zero fills. No barrier.
+__device__ inline void stage_issue(const StageIn& in, const TcSmem& m, int K) {
   for (int i = threadIdx.x; i < K / 4; i += blockDim.x) {
     cp_async16(m.xs + 4 * i, in.x + 4 * i);
     if (in.pro == Prologue::GatedHeadNorm) cp_async16(m.zs + 4 * i, in.z + 4 * i);
   }
-  const int hd = in.head_dim, nh = in.pro == Prologue::GatedHeadNorm ? K / hd : 0;
+  const int nh = in.pro == Prologue::GatedHeadNorm ? K / in.head_dim : 0;
   for (int h = threadIdx.x; h < nh; h += blockDim.x) m.hss[h] = 0.f;
   // zero block + fragment units past K (up to the end of the last k-tile)
   const int KT = tc_kt(K);
   for (int i = threadIdx.x; i < kZeroBytes / 16; i += blockDim.x)
     reinterpret_cast<uint4*>(m.xf + KT * kTileXBytes)[i] = make_uint4(0, 0, 0, 0);
+}
+
+// t(x) → fragments + meta once the copies landed. Ends with a barrier.
+template <int BITS>
+__device__ void stage_compute(const StageIn& in, const TcSmem& m, int K, float* red) {
+  using S = TcShape<BITS>;
   cp_async_wait_all();
   __syncthreads();
+  tc_mark(2);
+  const int hd = in.head_dim, KT = tc_kt(K);
   const int n8 = K / 8, n8t = KT * kTileCols / 8;
   float scale = 1.f;
   if (in.pro == Prologue::RmsNorm) {
@@ -200,7 +224,20 @@ __device__ void stage_frags(const StageIn& in, const TcSmem& m, int K, float* re
     ss = block_sum(ss, red);
     scale = rsqrtf(ss / float(K) + in.eps);
   } else if (in.pro == Prologue::GatedHeadNorm) {
-    for (int t = threadIdx.x; t < n8; t += blockDim.x) {
+    const int lph = hd / 8;  // lanes per head when each lane's 8 values lie in one head
+    if (hd % 8 == 0 && lph <= 32 && (lph & (lph - 1)) == 0) {
+      for (int t0 = 0; t0 < n8; t0 += blockDim.x) {  // whole warps iterate together (n8 % lph == 0)
+        const int t = t0 + threadIdx.x;
+        float ss = 0.f;
+        if (t < n8) {
+          const float4 a = reinterpret_cast<const float4*>(m.xs)[2 * t], b = reinterpret_cast<const float4*>(m.xs)[2 * t + 1];
+          ss = a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w + b.x * b.x + b.y * b.y + b.z * b.z + b.w * b.w;
+        }
+        for (int o = 1; o < lph; o <<= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        if (t < n8 && t % lph == 0) m.hss[t / lph] = ss;
+      }
+    } else {
+      for (int t = threadIdx.x; t < n8; t += blockDim.x) {
       if (hd % 8 == 0) {
         float ss = 0.f;
 #pragma unroll
@@ -208,6 +245,7 @@ __device__ void stage_frags(const StageIn& in, const TcSmem& m, int K, float* re
         atomicAdd(&m.hss[(8 * t) / hd], ss);
       } else {
         for (int j = 0; j < 8; ++j) atomicAdd(&m.hss[(8 * t + j) / hd], m.xs[8 * t + j] * m.xs[8 * t + j]);
+      }
       }
     }
     __syncthreads();
@@ -217,18 +255,35 @@ __device__ void stage_frags(const StageIn& in, const TcSmem& m, int K, float* re
   for (int t0 = 0; t0 < n8t; t0 += blockDim.x) {
     const int t = t0 + threadIdx.x;
     const bool ok = t < n8;
-    float v[8];
+    // 16-byte reads (a thread's 8 values are contiguous): 2-way bank conflicts instead of 8-way
+    float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    if (ok) {
+      const float4 xa = reinterpret_cast<const float4*>(m.xs)[2 * t], xb = reinterpret_cast<const float4*>(m.xs)[2 * t + 1];
+      v[0] = xa.x, v[1] = xa.y, v[2] = xa.z, v[3] = xa.w, v[4] = xb.x, v[5] = xb.y, v[6] = xb.z, v[7] = xb.w;
+      if (in.pro == Prologue::RmsNorm) {
+        const float4 wa = reinterpret_cast<const float4*>(m.nws)[2 * t], wb = reinterpret_cast<const float4*>(m.nws)[2 * t + 1];
+        const float w8[8] = {wa.x, wa.y, wa.z, wa.w, wb.x, wb.y, wb.z, wb.w};
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const int k = 8 * t + j;
-      float xv = ok ? m.xs[k] : 0.f;
-      if (ok && in.pro == Prologue::RmsNorm) xv = xv * scale * m.nws[k];
-      if (ok && in.pro == Prologue::GatedHeadNorm) {
-        const int h = k / hd, d = k - h * hd;
-        const float r = rsqrtf(m.hss[h] / float(hd) + in.eps);
-        xv = xv * r * m.nws[d] * silu_f(m.zs[k]);
+        for (int j = 0; j < 8; ++j) v[j] = v[j] * scale * w8[j];
+      } else if (in.pro == Prologue::GatedHeadNorm) {
+        const float4 za = reinterpret_cast<const float4*>(m.zs)[2 * t], zb = reinterpret_cast<const float4*>(m.zs)[2 * t + 1];
+        const float z8[8] = {za.x, za.y, za.z, za.w, zb.x, zb.y, zb.z, zb.w};
+        if (hd % 8 == 0) {  // the 8 values lie in one head
+          const int h = (8 * t) / hd, d0 = 8 * t - h * hd;
+          const float r = rsqrtf(m.hss[h] / float(hd) + in.eps);
+          const float4 wa = reinterpret_cast<const float4*>(m.nws + d0)[0], wb = reinterpret_cast<const float4*>(m.nws + d0)[1];
+          const float w8[8] = {wa.x, wa.y, wa.z, wa.w, wb.x, wb.y, wb.z, wb.w};
+#pragma unroll
+          for (int j = 0; j < 8; ++j) v[j] = v[j] * r * w8[j] * silu_f(z8[j]);
+        } else {
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            const int k = 8 * t + j, h = k / hd, d = k - h * hd;
+            const float r = rsqrtf(m.hss[h] / float(hd) + in.eps);
+            v[j] = v[j] * r * m.nws[d] * silu_f(z8[j]);
+          }
+        }
       }
-      v[j] = xv;
     }
     float mx = 0.f, sum = 0.f;
 #pragma unroll
@@ -273,7 +328,8 @@ __device__ void stage_frags(const StageIn& in, const TcSmem& m, int K, float* re
 template <int BITS>
 struct TileRegs {
   uint4 w[2][TcShape<BITS>::NCH];
-  uint32_t sb[2];  // (scale | bias << 16) for rows g, g+8
+  uint32_t s[2], b[2];  // raw bf16 bits of the scale / bias for rows g, g+8 (combined only when used,
+                        // so that issuing the loads never waits for them)
 };
 
 // Where one row of weights lives: its packed words, scales and biases.
@@ -308,12 +364,13 @@ __device__ __forceinline__ void load_tile(TileRegs<BITS>& t, const RowRef (&r)[2
   }
   const int G = kt * 4 + c;
 #pragma unroll
-  for (int h = 0; h < 2; ++h)
-    t.sb[h] = G < ngroups ? uint32_t(__ldg(r[h].s + G)) | (uint32_t(__ldg(r[h].b + G)) << 16) : 0u;
+  for (int h = 0; h < 2; ++h) {
+    t.s[h] = G < ngroups ? uint32_t(__ldg(r[h].s + G)) : 0u;
+    t.b[h] = G < ngroups ? uint32_t(__ldg(r[h].b + G)) : 0u;
+  }
 }
 
-__device__ __forceinline__ float bf_lo(uint32_t v) { return __uint_as_float(v << 16); }
-__device__ __forceinline__ float bf_hi(uint32_t v) { return __uint_as_float(v & 0xFFFF0000u); }
+__device__ __forceinline__ float bf_raw(uint32_t v) { return __uint_as_float(v << 16); }
 
 // Per-lane constants of the B operand: for chunk i, the lane supplies x (its own chunk's values)
 // when the chunk's group slot is g / 2, else zeros. xoff[i]: byte offset of its first unit inside a
@@ -366,8 +423,8 @@ __device__ __forceinline__ void tile_dots(const TileRegs<BITS>& t, const char* x
 
 // s·2^E·dot + (zc·s + b)·Σx for one row's group.
 template <int BITS>
-__device__ __forceinline__ float group_value(float dot, uint32_t sb, float2 m) {
-  const float s = bf_lo(sb), b = bf_hi(sb);
+__device__ __forceinline__ float group_value(float dot, uint32_t s_raw, uint32_t b_raw, float2 m) {
+  const float s = bf_raw(s_raw), b = bf_raw(b_raw);
   return fmaf(s * m.x, dot, fmaf(TcShape<BITS>::ZC, s, b) * m.y);
 }
 
@@ -387,8 +444,8 @@ __device__ __forceinline__ void tile_accumulate(const TileRegs<BITS>& t, const T
   const int G = kt * 4 + c;
   if (G < ngroups) {
     const float2 mm = m.meta[G];
-    acc[0] = fmaf(wt, group_value<BITS>(dot[0], t.sb[0], mm), acc[0]);
-    acc[1] = fmaf(wt, group_value<BITS>(dot[1], t.sb[1], mm), acc[1]);
+    acc[0] = fmaf(wt, group_value<BITS>(dot[0], t.s[0], t.b[0], mm), acc[0]);
+    acc[1] = fmaf(wt, group_value<BITS>(dot[1], t.s[1], t.b[1], mm), acc[1]);
   }
 }
 
@@ -405,10 +462,18 @@ __device__ __forceinline__ void write_partials(float (&acc)[2], float* part_w, i
 // ------------------------------------------------------------------------------------------------ dense GEMV
 // Block = 8 warps = RB row blocks (16 rows each) x KS k-slices (RB·KS = 8); a block loops over groups
 // of RB row blocks (grid-stride); within a group, warp (rb, ks) takes k-tiles ks, ks + KS, ... and the
-// KS partial sums of each row are added in a fixed order (deterministic). The next tile's weights are
-// loaded before the current tile's math; the first tile, the norm weights and the conv taps / state of
-// the epilogue rows are loaded before the PDL wait, the residual y right after it.
+// KS partial sums of each row are added in a fixed order (deterministic).
+// Latency: a warp's first two tiles, the norm weights and the conv taps / state of the epilogue rows
+// are requested before the PDL wait; then the residual y and the input; every later tile is requested
+// one step ahead of its math. The epilogue data goes through shared memory (cp.async), not registers.
 constexpr int kMaxConvK = 4;
+constexpr int kMaxEpiRows = 128;
+
+// One step of a warp's tile sequence: the group of row blocks and the k-tile.
+struct Step {
+  int64_t grp;
+  int j;
+};
 
 template <int BITS, int KS>
 __global__ void __launch_bounds__(kThreads, kMinBlocks<BITS>) gemv_tc_kernel(GemvArgs a) {
@@ -416,6 +481,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<BITS>) gemv_tc_kernel(Gem
   extern __shared__ float4 smem4[];
   __shared__ float red[32];
   __shared__ float part[2][kWarps][16];
+  __shared__ float epi_cw[kMaxEpiRows][kMaxConvK], epi_cs[kMaxEpiRows][kMaxConvK], epi_y[kMaxEpiRows];
   const int K = int(a.W.cols), KT = tc_kt(K), ngroups_k = K / kGroup;
   const TcSmem m = carve(reinterpret_cast<char*>(smem4), K, a.pro, a.head_dim);
   const char* zero = m.xf + KT * kTileXBytes;
@@ -437,99 +503,108 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<BITS>) gemv_tc_kernel(Gem
     r[0] = row_ref(a.W, min(r0, rows - 1), BITS);
     r[1] = row_ref(a.W, min(r0 + 8, rows - 1), BITS);
   };
+  auto next = [&](Step st) {
+    if (++st.j == iters) {
+      st.j = 0;
+      st.grp += gridDim.x;
+    }
+    return st;
+  };
+  auto load = [&](TileRegs<BITS>& t, Step st) {
+    if (st.grp < ngrp && ks + st.j * KS < KT) {
+      RowRef r[2];
+      refs_for(st.grp, r);
+      load_tile<BITS>(t, r, ks + st.j * KS, c, ngroups_k);
+    }
+  };
   // epilogue thread e < RB·16 owns row (grp·RB + e/16)·16 + e%16 of each group
   const bool epi = threadIdx.x < RB * 16;
   auto epi_row = [&](int64_t grp) { return (grp * RB + threadIdx.x / 16) * 16 + threadIdx.x % 16; };
-  float cw[kMaxConvK], cs[kMaxConvK - 1], yv = 0.f;
-  auto conv_fetch = [&](int64_t grp) {
+  auto conv_fetch = [&](int64_t grp) {  // taps + state: not written by the step's other kernels
     const int64_t r = epi_row(grp);
-    if (epi && r < a.conv_rows) {
+    if (epi && grp < ngrp && r < a.conv_rows) {
       const int Kc = a.conv_k;
-#pragma unroll
-      for (int k = 0; k < kMaxConvK; ++k) cw[k] = k < Kc ? a.conv_w[r * Kc + k] : 0.f;
-#pragma unroll
-      for (int k = 0; k < kMaxConvK - 1; ++k) cs[k] = k < Kc - 1 ? a.conv_state[r * (Kc - 1) + k] : 0.f;
+      for (int k = 0; k < Kc; ++k) cp_async4(&epi_cw[threadIdx.x][k], a.conv_w + r * Kc + k);
+      for (int k = 0; k + 1 < Kc; ++k)
+        cp_async4(&epi_cs[threadIdx.x][k], a.conv_state + r * (Kc - 1) + k);
     }
   };
-  auto y_fetch = [&](int64_t grp) {
+  auto y_fetch = [&](int64_t grp) {  // the residual: after the PDL wait
     const int64_t r = epi_row(grp);
-    if (epi && a.accumulate && r < rows) yv = a.y[r];
+    if (epi && grp < ngrp && a.accumulate && r < rows) cp_async4(&epi_y[threadIdx.x], a.y + r);
   };
 
+  tc_mark(0);
+  Step st{blockIdx.x, 0};
   TileRegs<BITS> cur, nxt;
-  int64_t grp = blockIdx.x;
-  int j = 0;
-  RowRef ref[2];
-  if (grp < ngrp) {
-    refs_for(grp, ref);
-    if (ks < KT) load_tile<BITS>(cur, ref, ks, c, ngroups_k);
-    conv_fetch(grp);
+  const bool pre = (g_tc_flags & 1) == 0;
+  if (pre) {
+    load(cur, st);
+    load(nxt, next(st));
   }
+  bool nxt_loaded = true;
+  conv_fetch(st.grp);
   stage_preload(in, m, K);
   pdl_wait();
   pdl_trigger();
-  if (grp < ngrp) y_fetch(grp);
-  stage_frags<BITS>(in, m, K, red);
+  tc_mark(1);
+  y_fetch(st.grp);
+  stage_issue(in, m, K);
+  stage_compute<BITS>(in, m, K, red);
+  tc_mark(3);
+  if (!pre) {
+    load(cur, st);
+    load(nxt, next(st));
+  }
+  bool first_group = true;
 
   float acc[2] = {0.f, 0.f};
   int par = 0;
-  while (grp < ngrp) {
-    int64_t ngp = grp;
-    int nj = j + 1;
-    if (nj == iters) {
-      nj = 0;
-      ngp += gridDim.x;
-    }
-    const int kt = ks + j * KS, nkt = ks + nj * KS;
-    RowRef nref[2] = {ref[0], ref[1]};
-    if (ngp != grp && ngp < ngrp) refs_for(ngp, nref);
-    if (ngp < ngrp && nkt < KT) load_tile<BITS>(nxt, nref, nkt, c, ngroups_k);
+  while (st.grp < ngrp) {
+    const Step ns = next(st);
+    if (!nxt_loaded) load(nxt, ns);
+    nxt_loaded = false;
+    const int kt = ks + st.j * KS;
     if (kt < KT) tile_accumulate<BITS>(cur, m, zero, kt, c, ngroups_k, lb, 1.f, acc);
-    if (nj == 0) {  // end of the group: combine the k-slices, epilogue
+    if (ns.j == 0) {  // end of the group: combine the k-slices, epilogue
       write_partials(acc, part[par][warp], g, c);
+      cp_async_wait_all();  // this thread's epilogue copies
       __syncthreads();
-      const int64_t r = epi_row(grp);
+      const int64_t r = epi_row(st.grp);
       if (epi && r < rows) {
         const int rb = threadIdx.x / 16, rr = threadIdx.x % 16;
         float v = 0.f;
 #pragma unroll
-        for (int s = 0; s < KS; ++s) v += part[par][rb * KS + s][rr];
+        for (int s2 = 0; s2 < KS; ++s2) v += part[par][rb * KS + s2][rr];
         if (r < a.conv_rows) {  // causal depthwise conv (state oldest first) + SiLU
           const int S = a.conv_k - 1;
           float cacc = 0.f;
-#pragma unroll
-          for (int k = 0; k < kMaxConvK - 1; ++k)
-            if (k < S) cacc += cw[k] * cs[k];
-#pragma unroll
-          for (int k = 0; k < kMaxConvK; ++k)
-            if (k == S) cacc += cw[k] * v;
-          float* st = a.conv_state + r * S;
-#pragma unroll
-          for (int k = 0; k + 1 < kMaxConvK - 1; ++k)
-            if (k + 1 < S) st[k] = cs[k + 1];
-          if (S > 0) st[S - 1] = v;
+          for (int k = 0; k < S; ++k) cacc += epi_cw[threadIdx.x][k] * epi_cs[threadIdx.x][k];
+          cacc += epi_cw[threadIdx.x][S] * v;
+          float* stt = a.conv_state + r * S;
+          for (int k = 0; k + 1 < S; ++k) stt[k] = epi_cs[threadIdx.x][k + 1];
+          if (S > 0) stt[S - 1] = v;
           v = silu_f(cacc);
         }
-        a.y[r] = a.accumulate ? yv + v : v;
+        a.y[r] = a.accumulate ? epi_y[threadIdx.x] + v : v;
       }
       par ^= 1;
-      if (ngp < ngrp) {
-        conv_fetch(ngp);
-        y_fetch(ngp);
-      }
+      conv_fetch(ns.grp);
+      y_fetch(ns.grp);
+      if (first_group) tc_mark(4);
+      first_group = false;
     }
-    grp = ngp;
-    j = nj;
-    ref[0] = nref[0];
-    ref[1] = nref[1];
+    st = ns;
     cur = nxt;
   }
+  tc_mark(7);
 }
 
 // ------------------------------------------------------------------------------------------------ MoE gate/up
 // Routing (warp 0), RMSNorm of x, then per group (slot e in 0..k: the k routed experts and the shared
 // one; 16 rows j): row block 0 = gate rows, row block 1 = up rows, 4 k-slices each; epilogue
-// act[e·I + j] = silu(gate)·up.
+// act[e·I + j] = silu(gate)·up. The first two tiles are requested right after the routing, before
+// the input's normalisation.
 template <int BITS>
 __global__ void __launch_bounds__(kThreads, kMinBlocks<BITS>)
     moe_gate_up_tc_kernel(MoEDecodeWeights w, const float* logits, const float* x, const float* norm_w, float eps,
@@ -559,73 +634,76 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<BITS>)
   stage_preload(in, m, K);
   pdl_wait();
   pdl_trigger();
+  stage_issue(in, m, K);
   if (warp == 0) route_warp(logits, w.E, w.top_k, w.renormalise, s_ids, s_w, sel_ids, sel_w);
-  stage_frags<BITS>(in, m, K, red);  // its barriers make s_ids visible
+  __syncthreads();  // s_ids
 
   // group → (slot, first row j0, rows of this slot's matrices)
-  auto refs_for = [&](int64_t grp, RowRef(&r)[2], int& slot, int& j0, int& nrows) {
-    QMatrixDev M;
+  auto slot_of = [&](int64_t grp, int& slot, int& j0, int& nrows) {
     if (grp < int64_t(w.top_k) * nbI) {
       slot = int(grp / nbI);
       j0 = int(grp % nbI) * 16;
-      M = rbw == 0 ? w.gate.expert(s_ids[slot]) : w.up.expert(s_ids[slot]);
       nrows = I;
     } else {
       slot = w.top_k;
       j0 = int(grp - int64_t(w.top_k) * nbI) * 16;
-      M = rbw == 0 ? w.shared_gate : w.shared_up;
       nrows = Is;
     }
-    r[0] = row_ref(M, min(j0 + g, nrows - 1), BITS);
-    r[1] = row_ref(M, min(j0 + g + 8, nrows - 1), BITS);
   };
+  auto next = [&](Step st) {
+    if (++st.j == iters) {
+      st.j = 0;
+      st.grp += gridDim.x;
+    }
+    return st;
+  };
+  auto load = [&](TileRegs<BITS>& t, Step st) {
+    if (st.grp < ngrp && ks + st.j * KS < KT) {
+      int slot, j0, nrows;
+      slot_of(st.grp, slot, j0, nrows);
+      const QMatrixDev M = slot < w.top_k ? (rbw == 0 ? w.gate.expert(s_ids[slot]) : w.up.expert(s_ids[slot]))
+                                          : (rbw == 0 ? w.shared_gate : w.shared_up);
+      RowRef r[2];
+      r[0] = row_ref(M, min(j0 + g, nrows - 1), BITS);
+      r[1] = row_ref(M, min(j0 + g + 8, nrows - 1), BITS);
+      load_tile<BITS>(t, r, ks + st.j * KS, c, ngroups_k);
+    }
+  };
+  Step st{blockIdx.x, 0};
   TileRegs<BITS> cur, nxt;
-  int64_t grp = blockIdx.x;
-  int j = 0, slot = 0, j0 = 0, nrows = 0;
-  RowRef ref[2];
-  if (grp < ngrp) {
-    refs_for(grp, ref, slot, j0, nrows);
-    if (ks < KT) load_tile<BITS>(cur, ref, ks, c, ngroups_k);
-  }
+  load(cur, st);
+  load(nxt, next(st));
+  bool nxt_loaded = true;
+  stage_compute<BITS>(in, m, K, red);
+
   float acc[2] = {0.f, 0.f};
   int par = 0;
-  while (grp < ngrp) {
-    int64_t ngp = grp;
-    int nj = j + 1;
-    if (nj == iters) {
-      nj = 0;
-      ngp += gridDim.x;
-    }
-    const int kt = ks + j * KS, nkt = ks + nj * KS;
-    RowRef nref[2] = {ref[0], ref[1]};
-    int nslot = slot, nj0 = j0, nnrows = nrows;
-    if (ngp != grp && ngp < ngrp) refs_for(ngp, nref, nslot, nj0, nnrows);
-    if (ngp < ngrp && nkt < KT) load_tile<BITS>(nxt, nref, nkt, c, ngroups_k);
+  while (st.grp < ngrp) {
+    const Step ns = next(st);
+    if (!nxt_loaded) load(nxt, ns);
+    nxt_loaded = false;
+    const int kt = ks + st.j * KS;
     if (kt < KT) tile_accumulate<BITS>(cur, m, zero, kt, c, ngroups_k, lb, 1.f, acc);
-    if (nj == 0) {
+    if (ns.j == 0) {
       write_partials(acc, part[par][warp], g, c);
       __syncthreads();
       if (threadIdx.x < 16) {
+        int slot, j0, nrows;
+        slot_of(st.grp, slot, j0, nrows);
         const int rr = threadIdx.x;
         if (j0 + rr < nrows) {
           float gv = 0.f, uv = 0.f;
 #pragma unroll
-          for (int s = 0; s < KS; ++s) {
-            gv += part[par][s][rr];
-            uv += part[par][KS + s][rr];
+          for (int s2 = 0; s2 < KS; ++s2) {
+            gv += part[par][s2][rr];
+            uv += part[par][KS + s2][rr];
           }
           act[int64_t(slot) * I + j0 + rr] = silu_f(gv) * uv;
         }
       }
       par ^= 1;
     }
-    grp = ngp;
-    j = nj;
-    ref[0] = nref[0];
-    ref[1] = nref[1];
-    slot = nslot;
-    j0 = nj0;
-    nrows = nnrows;
+    st = ns;
     cur = nxt;
   }
 }
@@ -669,9 +747,10 @@ __device__ __forceinline__ void load_tile_down(TileRegs<BITS>& t, const DownSeg*
     const int64_t r = h == 0 ? rg : rg8;
     if (G < ngroups) {
       const DownSeg& sg = seg[e];
-      t.sb[h] = uint32_t(__ldg(sg.s + r * sg.gpr + Gl)) | (uint32_t(__ldg(sg.b + r * sg.gpr + Gl)) << 16);
+      t.s[h] = __ldg(sg.s + r * sg.gpr + Gl);
+      t.b[h] = __ldg(sg.b + r * sg.gpr + Gl);
     } else {
-      t.sb[h] = 0;
+      t.s[h] = t.b[h] = 0;
     }
   }
 }
@@ -684,6 +763,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<BITS>)
   __shared__ float red[32];
   __shared__ DownSeg seg[33];
   __shared__ float part[2][kWarps][16];
+  __shared__ float epi_y[16];
   const int I = int(w.down.first.cols), Is = int(w.shared_down.cols), k = w.top_k;
   const int K = k * I + Is, KT = tc_kt(K), ngroups_k = K / kGroup, gI = I / kGroup;
   const TcSmem m = carve(reinterpret_cast<char*>(smem4), K, Prologue::None, 0);
@@ -698,6 +778,12 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<BITS>)
 
   pdl_wait();
   pdl_trigger();
+  stage_issue(in, m, K);
+  Step st{blockIdx.x, 0};
+  auto y_fetch = [&](int64_t grp) {
+    if (threadIdx.x < 16 && grp < nrb && grp * 16 + threadIdx.x < rows) cp_async4(&epi_y[threadIdx.x], y + grp * 16 + threadIdx.x);
+  };
+  y_fetch(st.grp);
   if (threadIdx.x <= k) {
     const int t = threadIdx.x;
     const QMatrixDev M = t < k ? w.down.expert(sel_ids[t]) : w.shared_down;
@@ -710,50 +796,56 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<BITS>)
     sg.wt = sel_w[t];
     seg[t] = sg;
   }
-  int64_t grp = blockIdx.x;
-  float yv = 0.f;
-  if (threadIdx.x < 16 && grp < nrb && grp * 16 + threadIdx.x < rows) yv = y[grp * 16 + threadIdx.x];
-  stage_frags<BITS>(in, m, K, red);  // barriers: seg visible
+  __syncthreads();  // seg
 
+  auto next = [&](Step s2) {
+    if (++s2.j == iters) {
+      s2.j = 0;
+      s2.grp += gridDim.x;
+    }
+    return s2;
+  };
+  auto load = [&](TileRegs<BITS>& t, Step s2) {
+    if (s2.grp < nrb && ks + s2.j * KS < KT)
+      load_tile_down<BITS>(t, seg, gI, k, min(s2.grp * 16 + g, rows - 1), min(s2.grp * 16 + g + 8, rows - 1),
+                           ks + s2.j * KS, c, ngroups_k);
+  };
   TileRegs<BITS> cur, nxt;
-  int j = 0;
-  auto rg_of = [&](int64_t gp) { return min(gp * 16 + g, rows - 1); };
-  auto rg8_of = [&](int64_t gp) { return min(gp * 16 + g + 8, rows - 1); };
-  if (grp < nrb && ks < KT) load_tile_down<BITS>(cur, seg, gI, k, rg_of(grp), rg8_of(grp), ks, c, ngroups_k);
+  load(cur, st);
+  load(nxt, next(st));
+  bool nxt_loaded = true;
+  stage_compute<BITS>(in, m, K, red);
+
   float acc[2] = {0.f, 0.f};
   int par = 0;
-  while (grp < nrb) {
-    int64_t ngp = grp;
-    int nj = j + 1;
-    if (nj == iters) {
-      nj = 0;
-      ngp += gridDim.x;
-    }
-    const int kt = ks + j * KS, nkt = ks + nj * KS;
-    if (ngp < nrb && nkt < KT) load_tile_down<BITS>(nxt, seg, gI, k, rg_of(ngp), rg8_of(ngp), nkt, c, ngroups_k);
+  while (st.grp < nrb) {
+    const Step ns = next(st);
+    if (!nxt_loaded) load(nxt, ns);
+    nxt_loaded = false;
+    const int kt = ks + st.j * KS;
     if (kt < KT) {
-      // the combine weight of the tile's group for this lane (groups of one tile may span segments)
+      // the combine weight of this lane's group (the groups of one tile may span segments)
       const int G = kt * 4 + c;
       const float wt = G < ngroups_k ? seg[G < k * gI ? G / gI : k].wt : 0.f;
       tile_accumulate<BITS>(cur, m, zero, kt, c, ngroups_k, lb, wt, acc);
     }
-    if (nj == 0) {
+    if (ns.j == 0) {
       write_partials(acc, part[par][warp], g, c);
+      cp_async_wait_all();
       __syncthreads();
       if (threadIdx.x < 16) {
-        const int64_t r = grp * 16 + threadIdx.x;
+        const int64_t r = st.grp * 16 + threadIdx.x;
         if (r < rows) {
           float v = 0.f;
 #pragma unroll
-          for (int s = 0; s < KS; ++s) v += part[par][s][threadIdx.x];
-          y[r] = yv + v;
+          for (int s2 = 0; s2 < KS; ++s2) v += part[par][s2][threadIdx.x];
+          y[r] = epi_y[threadIdx.x] + v;
         }
-        if (ngp < nrb && ngp * 16 + threadIdx.x < rows) yv = y[ngp * 16 + threadIdx.x];
       }
       par ^= 1;
+      y_fetch(ns.grp);
     }
-    grp = ngp;
-    j = nj;
+    st = ns;
     cur = nxt;
   }
 }
@@ -791,6 +883,11 @@ bool shape_ok(const QMatrixDev& W) {
 bool aligned16(const void* p) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 }  // namespace
+
+void gemv_tc_trace(unsigned long long* buf, int flags) {
+  LILAC_CUDA_CHECK(cudaMemcpyToSymbol(g_tc_trace, &buf, sizeof(buf)));
+  LILAC_CUDA_CHECK(cudaMemcpyToSymbol(g_tc_flags, &flags, sizeof(flags)));
+}
 
 bool gemv_tc_supported(const GemvArgs& a) {
   const int K = int(a.W.cols);
