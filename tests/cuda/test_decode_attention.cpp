@@ -211,8 +211,9 @@ TEST(CudaDecodeAttention, GraphReplaysForIncreasingPositions) {
 // non-default stream (PDL launches as in the backend) 10 times in a row (like 10 layers), 20 warm-up
 // replays, then 200 timed with events; the time per copy (per layer) is printed.
 // The cache holds only the rows the kernels read (pos + 1); it stays L2-resident across replays, so
-// these are L2-warm numbers (the decode step streams it from DRAM). Prints one line per case and
-// checks the output of the replays against the CPU.
+// these are L2-warm numbers (the decode step streams it from DRAM). Then one traced eager launch of
+// attention_decode (attn_decode_trace): medians / maxima over the working blocks of each phase mark.
+// Prints one line per case and checks the output of the replays and of the traced launch against the CPU.
 TEST(CudaDecodeAttentionTiming, RealShape) {
   NEED_GPU();
   const uint64_t seed = fresh_seed();
@@ -237,6 +238,8 @@ TEST(CudaDecodeAttentionTiming, RealShape) {
   // kLayers copies of the sequence per graph (as consecutive layers of a decode step, sharing the
   // partial buffer) so the graph launch overhead does not dominate; reported per copy
   const int kWarm = 20, kReps = 200, kLayers = 10;
+  const size_t kTraceBlocks = 4096;  // >= units * n_split
+  Dev<unsigned long long> tr(kTraceBlocks * 8);
   for (const int64_t max_len : {int64_t(640), int64_t(17000), int64_t(262144)}) {
     const int split = int(std::min<int64_t>(lc::kAttnMaxSplit, std::max<int64_t>(1, (max_len + 31) / 32)));
     Dev<float> partial(lc::attn_decode_partial_floats(s, split));
@@ -271,9 +274,42 @@ TEST(CudaDecodeAttentionTiming, RealShape) {
         CK(cudaGraphExecDestroy(exec));
         CK(cudaGraphDestroy(graph));
       }
-      std::printf("attn-timing pos %lld nsplit %d (max_len %lld): rope+attn %.2f us, attn alone %.2f us\n",
-                  static_cast<long long>(pos), split, static_cast<long long>(max_len), us[1], us[0]);
+      // one traced eager launch (L2-warm, after the replays): per-block %globaltimer marks, see
+      // attn_decode_trace in decode.h; times in us after the earliest block entry
+      CK(cudaMemset(tr.p, 0, tr.n * sizeof(unsigned long long)));
+      lc::attn_decode_trace(tr.p);
+      out.poison();
+      lc::attention_decode(s, qrot.p, dqg.p, Kd, Vd, dpos.p, split, partial.p, out.p, st);
+      CK(cudaStreamSynchronize(st));
+      lc::attn_decode_trace(nullptr);
+      const auto t = tr.get();
+      unsigned long long t0 = ~0ull;
+      for (size_t b = 0; b < kTraceBlocks; ++b)
+        if (t[b * 8]) t0 = std::min(t0, t[b * 8]);
+      std::vector<std::vector<double>> at(8);  // working blocks (mark 2 set) per mark; 6: mergers; 7: all
+      int blocks = 0, work = 0;
+      for (size_t b = 0; b < kTraceBlocks; ++b) {
+        if (!t[b * 8]) continue;
+        ++blocks;
+        const bool w = t[b * 8 + 2] != 0;
+        work += w;
+        for (int k = 0; k < 8; ++k)
+          if (t[b * 8 + size_t(k)] && (w || k == 7 || k == 1))
+            at[size_t(k)].push_back((double(t[b * 8 + size_t(k)]) - double(t0)) / 1e3);
+      }
+      auto med = [](std::vector<double> v) {
+        std::sort(v.begin(), v.end());
+        return v.empty() ? -1.0 : v[v.size() / 2];
+      };
+      auto mx = [](const std::vector<double>& v) { return v.empty() ? -1.0 : *std::max_element(v.begin(), v.end()); };
+      std::printf("attn-timing pos %lld nsplit %d (max_len %lld): rope+attn %.2f us, attn alone %.2f us | trace "
+                  "blocks %d work %d mergers %zu, us med(max): wait %.2f(%.2f) staged %.2f(%.2f) kv %.2f(%.2f) "
+                  "part %.2f(%.2f) arrive %.2f(%.2f) merged %.2f(%.2f) exit-max %.2f\n",
+                  static_cast<long long>(pos), split, static_cast<long long>(max_len), us[1], us[0], blocks, work,
+                  at[6].size(), med(at[1]), mx(at[1]), med(at[2]), mx(at[2]), med(at[3]), mx(at[3]), med(at[4]),
+                  mx(at[4]), med(at[5]), mx(at[5]), med(at[6]), mx(at[6]), mx(at[7]));
       std::fflush(stdout);
+      EXPECT_GT(work, 0) << "the trace recorded no working block";
       ASSERT_LE(rel_err(out.get(), ly.attn_ref(pos, dK.get(), dV.get())), 1e-4);
     }
   }

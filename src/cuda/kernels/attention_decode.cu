@@ -5,9 +5,10 @@
 // (<= 8) of its query heads (NG = G rounded up to a power of two, padded heads have q = 0 and are not
 // written). The number of useful splits is derived on the device from *pos (graph replays reuse the
 // launch): nsp = min(gridDim.y, ceil(L / kMinRows)), each split a run of whole R-row chunks (at least
-// two per warp); blocks past it exit. The grid is one wave of resident blocks (2 per SM on sm_90:
-// 256 threads, <= 74 KB shared memory, which also fits the 99 KB per block of sm_86 / sm_89). Each
-// warp streams its chunks (chunk c of the split goes to warp c % 8) through a private 4-stage cp.async
+// kStages - 1 = 4 per warp, all requested at once); blocks past it exit. The grid is one wave of
+// resident blocks (2 per SM on sm_90: 256 threads, <= 90 KB shared memory, which also fits the 99 KB
+// per block of sm_86 / sm_89). Each
+// warp streams its chunks (chunk c of the split goes to warp c % 8) through a private 5-stage cp.async
 // ring (16-byte copies of K and V rows) and keeps its own online softmax: per chunk every lane holds
 // DPL = HD/32 dims of R rows, multiplies them with q (in shared memory) for the NG heads, and one
 // reduce-scatter across the warp leaves each lane one (row, head) score. The warps' states are merged
@@ -39,7 +40,7 @@ using namespace dev;
 constexpr int kMaxHeadDim = 256;
 constexpr int kMaxGroup = 16;    // query heads per kv head
 constexpr int kWarps = 8;         // warps per split block (256 threads, 2 blocks per SM on sm_90)
-constexpr int kStages = 4;        // cp.async ring depth per warp
+constexpr int kStages = 5;        // cp.async ring depth per warp (4 chunks in flight)
 constexpr int kGroupSplits = 16;  // partials merged per first-level combine
 constexpr int kMaxGroups = (kAttnMaxSplit + kGroupSplits - 1) / kGroupSplits;
 constexpr int kMergeMax = kMaxGroups > kGroupSplits ? kMaxGroups : kGroupSplits;  // partials per merge
@@ -148,9 +149,12 @@ struct Cfg {
   static constexpr int SH = 5 - LV;                         // lane >> SH = (row, head) index after the reduce
   static constexpr int STAGE = 2 * R * HD;                  // bf16 per ring stage: R K rows then R V rows
   static constexpr int PIECES = STAGE / 8;                  // 16-byte copies per stage
-  static constexpr int kMinRows = 2 * kWarps * R;           // at least two chunks per warp per split
+  // at least kStages - 1 chunks per warp per split: a split's whole K/V is requested at once right after
+  // the wait, and fewer splits means fewer partials to merge (at 512 rows, HD 256, NG 8: 8 splits of 64
+  // rows = 64 KB of K/V per block, one 64 KB merge, instead of 16 x 32 rows and a 128 KB merge)
+  static constexpr int kMinRows = (kStages - 1) * kWarps * R;
   // shared memory (floats): big [max(ring, warp accumulators)] | qs [NG*HD] | pbuf [W][V+NG] |
-  // wm, wl [W][NG] | flag [4]. At most 74 KB (HD 256, NG 8): fits the 99 KB per block of sm_86/sm_89.
+  // wm, wl [W][NG] | flag [4]. At most 90 KB (HD 256, NG 8): fits the 99 KB per block of sm_86/sm_89.
   static constexpr int kRingF = kWarps * kStages * STAGE / 2;
   static constexpr int kAccF = kWarps * NG * HD;
   static constexpr int kBigF = kRingF > kAccF ? kRingF : kAccF;
@@ -176,6 +180,22 @@ struct AttnArgs {
   float* out;
   int G, HG, kv_heads, cap, slots_per_unit;
 };
+
+// ------------------------------------------------------------------------------------------------ tracing
+// Per-block timeline for measurements (attn_decode_trace): %globaltimer by thread 0 at
+// [0] entry, [1] after the PDL wait, [2] q staged and the first K/V copies issued, [3] K/V loop done,
+// [4] partial slot written, [5] first arrival decided, [6] first-level merge done (only the group
+// mergers), [7] exit (every block; for the final merger after the output is written); layout
+// [blockIdx.y * gridDim.x + blockIdx.x][8]. Off (null) in normal runs.
+__device__ unsigned long long* g_attn_trace = nullptr;
+__device__ __forceinline__ void attn_mark(int k) {
+  unsigned long long* tr = g_attn_trace;
+  if (tr != nullptr && threadIdx.x == 0) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    tr[(size_t(blockIdx.y) * gridDim.x + blockIdx.x) * 8 + k] = t;
+  }
+}
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src_bytes) {
   const unsigned sa = static_cast<unsigned>(__cvta_generic_to_shared(smem));
@@ -288,75 +308,112 @@ __device__ bool arrive(unsigned long long* ctr, uint32_t tag, uint32_t expected)
 }
 
 // Merges n (<= kMergeMax) partial slots (stride C::SL floats) into dst (a slot) or, with dst ==
-// nullptr, into the gated output of heads h0 .. h0+hv-1. Whole block, no shared memory: each thread
-// takes 4 consecutive dims of one head and issues all its loads (the n maxima / sums of its head, the n
-// float4 accumulators and its gate values) at once, so a merge costs about one L2 round trip per 4 *
-// blockDim.x outputs. Reads through L2 (.cg: other blocks wrote the slots).
+// nullptr, into the gated output of heads h0 .. h0+hv-1. Whole block; sml: 2 * kMergeMax * NG floats of
+// shared memory. One load per thread brings the m / l of every (slot, head) into sml, issued together
+// with the gate values and the first batch of accumulators: each thread owns F (<= 2) float4 outputs
+// and requests B slots' float4 for all of them at once, so a merge of n slots costs ceil(n / B) L2
+// round trips (8 slots: 1, 16: 2; before: 2 per output float4 per 16 slots). Reads through L2 (.cg:
+// other blocks wrote the slots).
 template <int HD, int NG>
-__device__ void merge_slots(const float* first, int n, float* dst, const AttnArgs& a, int h0, int hv) {
+__device__ void merge_slots(const float* first, int n, float* dst, const AttnArgs& a, int h0, int hv, float* sml) {
   constexpr int SL = Cfg<HD, NG>::SL;
-  constexpr int N = kMergeMax;
-  for (int f = threadIdx.x; f < NG * HD / 4; f += blockDim.x) {
-    const int i = 4 * f, h = i / HD, d = i % HD;
-    if (!dst && h >= hv) continue;
-    float g[4] = {0.f, 0.f, 0.f, 0.f};
-    if (!dst) {
-      const float* gp = a.qg + int64_t(h0 + h) * 2 * HD + HD + d;
-#pragma unroll
-      for (int k = 0; k < 4; ++k) g[k] = gp[k];
+  constexpr int NT = kWarps * 32;
+  constexpr int NO = NG * HD / 4;       // float4 outputs
+  constexpr int F = (NO + NT - 1) / NT;  // per thread
+  constexpr int B = 8;                   // slots per batch (registers: 4 F B)
+  constexpr int ML = kMergeMax * NG;     // offset of the l values in sml
+  static_assert(ML <= NT && F <= 2 && kMergeMax % B == 0, "attention merge layout");
+  const int tid = threadIdx.x;
+  {
+    const int s = tid / NG, h = tid % NG;
+    float mv = -INFINITY, lv = 0.f;
+    if (s < n) {
+      const float* sl = first + size_t(s) * SL + NG * HD;
+      mv = __ldcg(sl + h);
+      lv = __ldcg(sl + NG + h);
     }
-    constexpr int B = 8;  // accumulators in flight per batch (registers: 5 B + N)
-    float mv[N], lv[B];
-    float4 x[B];
+    if (tid < ML) {
+      sml[tid] = mv;  // slots >= n: weight 0
+      sml[ML + tid] = lv;
+    }
+  }
+  bool ok[F];
+  int hh[F], ii[F];
+  float g[F][4];
+  float4 x[F][B];
 #pragma unroll
-    for (int s = 0; s < N; ++s) {
-      const float* sl = first + size_t(s) * SL;
-      mv[s] = s < n ? __ldcg(sl + NG * HD + h) : -INFINITY;
-      if (s < B) {
-        lv[s] = s < n ? __ldcg(sl + NG * HD + NG + h) : 0.f;
-        x[s] = s < n ? __ldcg(reinterpret_cast<const float4*>(sl + i)) : make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int f = 0; f < F; ++f) {
+    const int o = tid + f * NT;
+    ii[f] = 4 * o;
+    hh[f] = ii[f] / HD;
+    ok[f] = o < NO && (dst != nullptr || hh[f] < hv);
+    if (!ok[f]) ii[f] = 0, hh[f] = 0;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) g[f][k] = 0.f;
+    if (!dst && ok[f]) {
+      const float* gp = a.qg + int64_t(h0 + hh[f]) * 2 * HD + HD + ii[f] % HD;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) g[f][k] = gp[k];
+    }
+#pragma unroll
+    for (int s = 0; s < B; ++s)
+      x[f][s] = ok[f] && s < n ? __ldcg(reinterpret_cast<const float4*>(first + size_t(s) * SL + ii[f]))
+                               : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+  __syncthreads();  // sml
+  float M[F], Ls[F];
+  float4 acc[F];
+#pragma unroll
+  for (int f = 0; f < F; ++f) {
+    M[f] = -INFINITY;
+    for (int s = 0; s < n; ++s) M[f] = fmaxf(M[f], sml[s * NG + hh[f]]);
+    Ls[f] = 0.f;
+    acc[f] = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+#pragma unroll
+  for (int s0 = 0; s0 < kMergeMax; s0 += B) {
+    if (s0 > 0) {
+      if (s0 >= n) break;
+#pragma unroll
+      for (int f = 0; f < F; ++f)
+#pragma unroll
+        for (int s = 0; s < B; ++s)
+          x[f][s] = ok[f] && s0 + s < n
+                        ? __ldcg(reinterpret_cast<const float4*>(first + size_t(s0 + s) * SL + ii[f]))
+                        : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int s = 0; s < B; ++s) {
+      const int t = s0 + s;
+#pragma unroll
+      for (int f = 0; f < F; ++f) {
+        const float mt = sml[t * NG + hh[f]];
+        const float fs = mt == -INFINITY ? 0.f : expf(mt - M[f]);
+        Ls[f] = fmaf(fs, sml[ML + t * NG + hh[f]], Ls[f]);
+        acc[f].x = fmaf(fs, x[f][s].x, acc[f].x);
+        acc[f].y = fmaf(fs, x[f][s].y, acc[f].y);
+        acc[f].z = fmaf(fs, x[f][s].z, acc[f].z);
+        acc[f].w = fmaf(fs, x[f][s].w, acc[f].w);
       }
     }
-    float M = -INFINITY;
+  }
 #pragma unroll
-    for (int s = 0; s < N; ++s) M = fmaxf(M, mv[s]);
-    float Ls = 0.f;
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-    for (int s0 = 0; s0 < N; s0 += B) {
-      if (s0 > 0) {
-        if (s0 >= n) break;
-#pragma unroll
-        for (int s = 0; s < B; ++s) {
-          const float* sl = first + size_t(s0 + s) * SL;
-          lv[s] = s0 + s < n ? __ldcg(sl + NG * HD + NG + h) : 0.f;
-          x[s] = s0 + s < n ? __ldcg(reinterpret_cast<const float4*>(sl + i)) : make_float4(0.f, 0.f, 0.f, 0.f);
-        }
-      }
-#pragma unroll
-      for (int s = 0; s < B; ++s) {
-        const int t = s0 + s;
-        const float fs = t < n && mv[t] != -INFINITY ? expf(mv[t] - M) : 0.f;
-        Ls = fmaf(fs, lv[s], Ls);
-        acc.x = fmaf(fs, x[s].x, acc.x);
-        acc.y = fmaf(fs, x[s].y, acc.y);
-        acc.z = fmaf(fs, x[s].z, acc.z);
-        acc.w = fmaf(fs, x[s].w, acc.w);
-      }
-    }
+  for (int f = 0; f < F; ++f) {
+    if (!ok[f]) continue;
+    const int i = ii[f], h = hh[f], d = i % HD;
     if (dst) {
-      *reinterpret_cast<float4*>(dst + i) = acc;
+      *reinterpret_cast<float4*>(dst + i) = acc[f];
       if (d == 0) {
-        dst[NG * HD + h] = M;
-        dst[NG * HD + NG + h] = Ls;
+        dst[NG * HD + h] = M[f];
+        dst[NG * HD + NG + h] = Ls[f];
       }
     } else {
-      const float inv = 1.f / Ls;
+      const float inv = 1.f / Ls[f];
       float* o = a.out + int64_t(h0 + h) * HD + d;
-      o[0] = acc.x * inv * sigmoid_f(g[0]);
-      o[1] = acc.y * inv * sigmoid_f(g[1]);
-      o[2] = acc.z * inv * sigmoid_f(g[2]);
-      o[3] = acc.w * inv * sigmoid_f(g[3]);
+      o[0] = acc[f].x * inv * sigmoid_f(g[f][0]);
+      o[1] = acc[f].y * inv * sigmoid_f(g[f][1]);
+      o[2] = acc[f].z * inv * sigmoid_f(g[f][2]);
+      o[3] = acc[f].w * inv * sigmoid_f(g[f][3]);
     }
   }
 }
@@ -376,27 +433,11 @@ __global__ void __launch_bounds__(kWarps * 32, 2) attn_decode_kernel(AttnArgs a)
   const int h0 = kvh * a.G + hg * NG;
   const int hv = min(NG, a.G - hg * NG);
 
+  attn_mark(0);
   pdl_wait();
   pdl_trigger();
+  attn_mark(1);
   const int32_t pos = *a.pos;
-  // q (pre-scaled by 1/sqrt(hd)) for the unit's NG heads; padded heads are 0 (loaded while *pos is
-  // in flight; blocks without work read it too, cheap)
-  const float scale = rsqrtf(float(HD));
-  {
-    // all loads first (a fixed count per thread), then the stores: one round trip, not one per element
-    constexpr int kQn = (NG * HD + kWarps * 32 - 1) / (kWarps * 32);
-    float qv[kQn];
-#pragma unroll
-    for (int k = 0; k < kQn; ++k) {
-      const int i = tid + k * kWarps * 32, h = i / HD, d = i % HD;
-      qv[k] = i < NG * HD && h < hv ? a.q[int64_t(h0 + h) * HD + d] : 0.f;
-    }
-#pragma unroll
-    for (int k = 0; k < kQn; ++k) {
-      const int i = tid + k * kWarps * 32;
-      if (i < NG * HD) qs[qs_index<HD, NG>(i / HD, i % HD)] = qv[k] * scale;
-    }
-  }
   const int64_t L = int64_t(pos) + 1;
   const int64_t want = (L + C::kMinRows - 1) / C::kMinRows;
   int nsp = want < int64_t(gridDim.y) ? int(want) : int(gridDim.y);
@@ -404,7 +445,10 @@ __global__ void __launch_bounds__(kWarps * 32, 2) attn_decode_kernel(AttnArgs a)
   int64_t rps = (L + nsp - 1) / nsp;
   rps = (rps + R - 1) / R * R;
   nsp = int((L + rps - 1) / rps);
-  if (split >= nsp) return;
+  if (split >= nsp) {
+    attn_mark(7);
+    return;
+  }
   const int64_t begin = int64_t(split) * rps, end = begin + rps < L ? begin + rps : L;
   const int nch = int((end - begin + R - 1) / R);
 
@@ -434,7 +478,26 @@ __global__ void __launch_bounds__(kWarps * 32, 2) attn_decode_kernel(AttnArgs a)
     if (c < nch) issue(c, s);
     cp_async_commit();
   }
+  {
+    // q (pre-scaled by 1/sqrt(hd), qs layout: see qs_index) for the unit's NG heads, padded heads 0:
+    // requested right after the first K/V copies (whose addresses need *pos), all loads at once, so its
+    // round trip overlaps theirs instead of preceding it
+    constexpr int kQn = (NG * HD + kWarps * 32 - 1) / (kWarps * 32);
+    float qv[kQn];
+#pragma unroll
+    for (int k = 0; k < kQn; ++k) {
+      const int i = tid + k * kWarps * 32, h = i / HD, d = i % HD;
+      qv[k] = i < NG * HD && h < hv ? a.q[int64_t(h0 + h) * HD + d] : 0.f;
+    }
+    const float scale = rsqrtf(float(HD));
+#pragma unroll
+    for (int k = 0; k < kQn; ++k) {
+      const int i = tid + k * kWarps * 32;
+      if (i < NG * HD) qs[qs_index<HD, NG>(i / HD, i % HD)] = qv[k] * scale;
+    }
+  }
   __syncthreads();  // qs
+  attn_mark(2);
 
   float acc[NG][DPL];
 #pragma unroll
@@ -533,6 +596,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) attn_decode_kernel(AttnArgs a)
   }
   cp_async_wait<0>();
   __syncthreads();  // ring no longer read or written: reuse it for the warp accumulators
+  attn_mark(3);
 
   // merge the warps' states into this block's partial slot
   float* wacc = sm;  // [W][NG][HD]
@@ -592,22 +656,36 @@ __global__ void __launch_bounds__(kWarps * 32, 2) attn_decode_kernel(AttnArgs a)
   unsigned long long* uctr = a.ctr + size_t(unit) * kCtrPerUnit;
   int* flag = reinterpret_cast<int*>(sm + C::kFlag);
   __syncthreads();
+  attn_mark(4);
   if (tid == 0) *flag = arrive(uctr + 2 * grp, tag, uint32_t(gsize));
   __syncthreads();
-  if (!*flag) return;
+  attn_mark(5);
+  if (!*flag) {
+    attn_mark(7);
+    return;
+  }
+  // the merges reuse the start of shared memory (m / l of the merged slots): free since the barrier
+  // before the arrival
   const float* gfirst = uslots + size_t(grp) * kGroupSplits * SL;
   if (ngroups == 1) {
-    merge_slots<HD, NG>(gfirst, gsize, nullptr, a, h0, hv);
+    merge_slots<HD, NG>(gfirst, gsize, nullptr, a, h0, hv, sm);
+    attn_mark(6);
+    attn_mark(7);
     return;
   }
   float* gslot = uslots + size_t(a.cap + grp) * SL;
-  merge_slots<HD, NG>(gfirst, gsize, gslot, a, h0, hv);
+  merge_slots<HD, NG>(gfirst, gsize, gslot, a, h0, hv, sm);
   // second level: the last group merger merges the group results
   __syncthreads();
+  attn_mark(6);
   if (tid == 0) *flag = arrive(uctr + 2 * kMaxGroups, tag, uint32_t(ngroups));
   __syncthreads();
-  if (!*flag) return;
-  merge_slots<HD, NG>(uslots + size_t(a.cap) * SL, ngroups, nullptr, a, h0, hv);
+  if (!*flag) {
+    attn_mark(7);
+    return;
+  }
+  merge_slots<HD, NG>(uslots + size_t(a.cap) * SL, ngroups, nullptr, a, h0, hv, sm);
+  attn_mark(7);
 }
 
 void check_shape(const AttnDecodeShape& s) {
@@ -665,6 +743,10 @@ void dispatch_ng(const AttnDecodeShape& s, const Layout& lay, const AttnArgs& a,
 }
 
 }  // namespace
+
+void attn_decode_trace(unsigned long long* buf) {
+  LILAC_CUDA_CHECK(cudaMemcpyToSymbol(g_attn_trace, &buf, sizeof(buf)));
+}
 
 size_t attn_decode_partial_floats(const AttnDecodeShape& s, int n_split) {
   const Layout l = layout_of(s, n_split);

@@ -94,12 +94,19 @@ void attn_qk_norm_rope_append(const AttnDecodeShape& s, const float* qg, const f
 // holds arrival counters and the per-split partials; 16-byte aligned; it needs no initialisation (the
 // block that completes a count resets it; never-used memory is detected and counted with tagged CAS)
 // but must not be shared by launches that can run concurrently. head_dim 32, 64, 128 or 256;
-// heads / kv_heads <= 16. At most 74 KB of shared memory per block (runs on sm_86 / sm_89 too).
+// heads / kv_heads <= 16. At most 90 KB of shared memory per block (runs on sm_86 / sm_89 too).
 constexpr int kAttnMaxSplit = 128;
 size_t attn_decode_partial_floats(const AttnDecodeShape& s, int n_split);
 void attention_decode(const AttnDecodeShape& s, const float* q, const float* qg, const __nv_bfloat16* k_cache,
                       const __nv_bfloat16* v_cache, const int32_t* pos, int n_split, float* partial, float* out,
                       cudaStream_t stream);
+// Measurement hook: while buf is non-null, every attention_decode block records %globaltimer (ns) by
+// thread 0 into buf[(blockIdx.y * gridDim.x + blockIdx.x) * 8 + k] (gridDim.x = units = kv_heads *
+// ceil(G / 8), gridDim.y <= n_split; zero-fill buf first): k = 0 entry, 1 after the PDL wait, 2 q staged
+// and the first K/V copies issued, 3 K/V loop done, 4 partial written, 5 arrival decided, 6 merge done
+// (group / final mergers only), 7 exit (every block; blocks without work record only 0, 1, 7).
+// nullptr turns it off. Not for use while a graph containing attention_decode may run.
+void attn_decode_trace(unsigned long long* buf);
 
 // ------------------------------------------------------------------------------------------------ Gated DeltaNet
 // One token of the recurrence (conv + SiLU already applied by the in_proj GEMV epilogue):
