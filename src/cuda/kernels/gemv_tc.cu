@@ -631,12 +631,15 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<BITS>)
   in.pro = Prologue::RmsNorm;
   in.eps = eps;
 
+  tc_mark(0);
   stage_preload(in, m, K);
   pdl_wait();
   pdl_trigger();
+  tc_mark(1);
   stage_issue(in, m, K);
   if (warp == 0) route_warp(logits, w.E, w.top_k, w.renormalise, s_ids, s_w, sel_ids, sel_w);
   __syncthreads();  // s_ids
+  tc_mark(5);
 
   // group → (slot, first row j0, rows of this slot's matrices)
   auto slot_of = [&](int64_t grp, int& slot, int& j0, int& nrows) {
@@ -675,6 +678,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<BITS>)
   load(nxt, next(st));
   bool nxt_loaded = true;
   stage_compute<BITS>(in, m, K, red);
+  tc_mark(3);
 
   float acc[2] = {0.f, 0.f};
   int par = 0;
@@ -706,6 +710,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<BITS>)
     st = ns;
     cur = nxt;
   }
+  tc_mark(7);
 }
 
 // ------------------------------------------------------------------------------------------------ MoE down
@@ -776,8 +781,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<BITS>)
   StageIn in;
   in.x = act;
 
+  tc_mark(0);
   pdl_wait();
   pdl_trigger();
+  tc_mark(1);
   stage_issue(in, m, K);
   Step st{blockIdx.x, 0};
   auto y_fetch = [&](int64_t grp) {
@@ -797,6 +804,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<BITS>)
     seg[t] = sg;
   }
   __syncthreads();  // seg
+  tc_mark(5);
 
   auto next = [&](Step s2) {
     if (++s2.j == iters) {
@@ -815,6 +823,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<BITS>)
   load(nxt, next(st));
   bool nxt_loaded = true;
   stage_compute<BITS>(in, m, K, red);
+  tc_mark(3);
 
   float acc[2] = {0.f, 0.f};
   int par = 0;
@@ -848,6 +857,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<BITS>)
     st = ns;
     cur = nxt;
   }
+  tc_mark(7);
 }
 
 // ------------------------------------------------------------------------------------------------ host side
