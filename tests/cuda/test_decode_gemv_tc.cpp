@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "cpu/ops.h"
@@ -29,6 +31,20 @@ lc::GemvArgs args(const DevQ& W, const float* x, float* y, lc::GemvImpl impl) {
   a.y = y;
   a.impl = impl;
   return a;
+}
+
+// LILAC_GEMV=fp32 selects the fp32 kernel for GemvImpl::FromEnv (the default); anything else or unset: tensor
+// cores. No GPU needed (only reads the environment).
+TEST(CudaGemvTc, EnvironmentSelectsTheKernel) {
+  const char* old = std::getenv("LILAC_GEMV");
+  const std::string saved = old ? old : "";
+  setenv("LILAC_GEMV", "fp32", 1);
+  EXPECT_EQ(lc::gemv_impl_from_env(), lc::GemvImpl::Fp32);
+  setenv("LILAC_GEMV", "dp4a", 1);  // the removed variants' names fall through to the default
+  EXPECT_EQ(lc::gemv_impl_from_env(), lc::GemvImpl::Tensor);
+  unsetenv("LILAC_GEMV");
+  EXPECT_EQ(lc::gemv_impl_from_env(), lc::GemvImpl::Tensor);
+  if (old) setenv("LILAC_GEMV", saved.c_str(), 1);
 }
 
 TEST(CudaGemvTc, RealShapesMatchCpuAndFp32Kernel) {

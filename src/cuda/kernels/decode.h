@@ -26,13 +26,11 @@ enum class Prologue { None = 0, RmsNorm = 1, GatedHeadNorm = 2 };
 //   Tensor (the default): tensor-core GEMV (gemv_tc.cu): nibbles → fp16 exactly, the input split per
 //     64-group into fp16 hi + lo parts with a power-of-two scale, mma.sync with fp32 accumulation —
 //     the fp32 result to ~1e-6 relative; 4/8-bit, group size 64 (other shapes fall back to Fp32).
-//   Fp32: dequantize to fp32, fp32 FMAs (the reference kernel; LILAC_GEMV=fp32).
-//   Dp4a (LILAC_GEMV=dp4a): the input quantized to int8 per group of 64, __dp4a dot products;
-//     relative error 1e-3..1e-2 (fails the real4 oracle bar; kept for comparison).
-//   Half2 (LILAC_GEMV=half2; 4-bit only): fp16 input per chunk of 32, half2 FMAs within a 16-byte
-//     chunk; relative error of order 1e-3.
-//   FromEnv: LILAC_GEMV (read at each launch call, i.e. when the decode graph is captured), else Tensor.
-enum class GemvImpl { FromEnv = -1, Fp32 = 0, Dp4a = 1, Half2 = 2, Tensor = 3 };
+//   Fp32: dequantize to fp32, fp32 FMAs (the reference kernel; also the fallback for shapes the
+//     tensor-core kernel does not take).
+//   FromEnv: LILAC_GEMV=fp32 selects Fp32; anything else or unset: Tensor (read at each launch call,
+//     i.e. when the decode graph is captured).
+enum class GemvImpl { FromEnv = -1, Fp32 = 0, Tensor = 1 };
 GemvImpl gemv_impl_from_env();
 struct GemvArgs {
   QMatrixDev W;

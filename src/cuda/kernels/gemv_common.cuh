@@ -1,5 +1,5 @@
-// Device pieces shared by the decode GEMV families (gemv.cu: fp32 / dp4a / half2; gemv_tc.cu: tensor
-// cores): the input prologues, the row store with the Gated DeltaNet conv epilogue, MoE routing.
+// Device pieces shared by the decode GEMV families (gemv.cu: fp32; gemv_tc.cu: tensor cores): the input
+// prologues, the row store with the Gated DeltaNet conv epilogue, MoE routing.
 #pragma once
 #include <cmath>
 
