@@ -183,6 +183,42 @@ struct TimedCase {
 };
 }  // namespace
 
+// Phase trace of one launch (gemv_tc_trace): per mark, the block medians (and the maximum of the
+// exit mark) in µs after the earliest block entry. Marks a block did not record are left out.
+struct PhaseTrace {
+  int blocks = 0;
+  double med[8] = {-1, -1, -1, -1, -1, -1, -1, -1};
+  double exit_max = -1;
+};
+template <typename Launch>
+PhaseTrace trace_launch(cudaStream_t s, int flags, Launch&& launch) {
+  constexpr size_t kBlocks = 4096;
+  Dev<unsigned long long> tr(kBlocks * 8);
+  (void)(cudaMemset(tr.p, 0, kBlocks * 8 * sizeof(unsigned long long)));
+  lc::gemv_tc_trace(tr.p, flags);
+  launch();
+  cudaStreamSynchronize(s);
+  lc::gemv_tc_trace(nullptr, 0);
+  const auto t = tr.get();
+  PhaseTrace pt;
+  unsigned long long t0 = ~0ull;
+  for (size_t b = 0; b < kBlocks; ++b)
+    if (t[b * 8]) {
+      t0 = std::min(t0, t[b * 8]);
+      ++pt.blocks;
+    }
+  for (int k = 0; k < 8; ++k) {
+    std::vector<double> v;
+    for (size_t b = 0; b < size_t(pt.blocks); ++b)
+      if (t[b * 8 + size_t(k)]) v.push_back((double(t[b * 8 + size_t(k)]) - double(t0)) / 1e3);
+    if (v.empty()) continue;
+    std::sort(v.begin(), v.end());
+    pt.med[k] = v[v.size() / 2];
+    if (k == 7) pt.exit_max = v.back();
+  }
+  return pt;
+}
+
 TEST(CudaGemvTcTiming, ModelShapes) {
   NEED_GPU();
   Rng r(fresh_seed());
@@ -245,38 +281,15 @@ TEST(CudaGemvTcTiming, ModelShapes) {
     // traced launches (after the graph, so the weights are not in L2 from a previous launch of the
     // same kernel... the LM head does not fit; the others partly do), with and without the weight
     // loads before the PDL wait
-    const size_t nb = 4096 * 8;
-    Dev<unsigned long long> tr(nb);
     int blocks = 0;
     for (int flags : {0, 1}) {
-      CK(cudaMemset(tr.p, 0, nb * sizeof(unsigned long long)));
-      lc::gemv_tc_trace(tr.p, flags);
-      lc::gemv(a, s);
-      CK(cudaStreamSynchronize(s));
-      lc::gemv_tc_trace(nullptr, 0);
-      const auto t = tr.get();
-      unsigned long long t0 = ~0ull;
-      blocks = 0;
-      for (size_t b2 = 0; b2 < 4096; ++b2)
-        if (t[b2 * 8]) {
-          t0 = std::min(t0, t[b2 * 8]);
-          ++blocks;
-        }
-      // medians over blocks of: each mark relative to the earliest block entry
-      std::vector<std::vector<double>> at(8);
-      for (size_t b2 = 0; b2 < size_t(blocks); ++b2)
-        for (int k : {0, 1, 2, 3, 4, 7})
-          if (t[b2 * 8 + size_t(k)]) at[size_t(k)].push_back((double(t[b2 * 8 + size_t(k)]) - double(t0)) / 1e3);
-      auto med = [](std::vector<double> v) {
-        std::sort(v.begin(), v.end());
-        return v.empty() ? -1.0 : v[v.size() / 2];
-      };
-      auto mx = [](const std::vector<double>& v) { return v.empty() ? -1.0 : *std::max_element(v.begin(), v.end()); };
+      const PhaseTrace pt = trace_launch(s, flags, [&] { lc::gemv(a, s); });
+      blocks = pt.blocks;
       printf("gemv-timing %-13s %6lld x %5lld %d-bit: %7.2f us/launch (%6.2f MB, %5.2f TB/s) | %s blocks %d, median "
              "us after first entry: entry %.2f wait %.2f copies %.2f staged %.2f group1 %.2f exit %.2f (max %.2f)\n",
              c.name, (long long)c.rows, (long long)c.cols, c.bits, us, mb, mb / us,
-             flags ? "no-prefetch" : "prefetch", blocks, med(at[0]), med(at[1]), med(at[2]), med(at[3]), med(at[4]),
-             med(at[7]), mx(at[7]));
+             flags ? "no-prefetch" : "prefetch", blocks, pt.med[0], pt.med[1], pt.med[2], pt.med[3], pt.med[4],
+             pt.med[7], pt.exit_max);
     }
     EXPECT_GT(us, 0.0);
     EXPECT_GT(blocks, 0) << "the trace recorded no block";
@@ -340,41 +353,20 @@ TEST(CudaGemvTcTiming, MoEModelShape) {
   CK(cudaEventElapsedTime(&ms, e0, e1));
   printf("moe-timing gate_up + down (E 256, top 8 + shared): %.2f us per layer (same experts each layer: L2-warm)\n",
          1000.0 * ms / (5 * kLayers));
-  const size_t nb = 4096 * 8;
-  Dev<unsigned long long> tr(nb);
+  lc::moe_gate_up(dm.w, dl.p, dh.p, dnw.p, 1e-6f, sel.p, selw.p, act.p, s, lc::GemvImpl::Tensor);
+  CK(cudaStreamSynchronize(s));
   for (int which : {0, 1}) {  // gate/up, then down
-    CK(cudaMemset(tr.p, 0, nb * sizeof(unsigned long long)));
-    if (which == 1) lc::moe_gate_up(dm.w, dl.p, dh.p, dnw.p, 1e-6f, sel.p, selw.p, act.p, s, lc::GemvImpl::Tensor);
-    CK(cudaStreamSynchronize(s));
-    lc::gemv_tc_trace(tr.p, 0);
-    if (which == 0)
-      lc::moe_gate_up(dm.w, dl.p, dh.p, dnw.p, 1e-6f, sel.p, selw.p, act.p, s, lc::GemvImpl::Tensor);
-    else
-      lc::moe_down(dm.w, sel.p, selw.p, act.p, y.p, s, lc::GemvImpl::Tensor);
-    CK(cudaStreamSynchronize(s));
-    lc::gemv_tc_trace(nullptr, 0);
-    const auto t = tr.get();
-    unsigned long long t0 = ~0ull;
-    int blocks = 0;
-    for (size_t b2 = 0; b2 < 4096; ++b2)
-      if (t[b2 * 8]) {
-        t0 = std::min(t0, t[b2 * 8]);
-        ++blocks;
-      }
-    std::vector<std::vector<double>> at(8);
-    for (size_t b2 = 0; b2 < size_t(blocks); ++b2)
-      for (int q : {0, 1, 5, 2, 3, 7})
-        if (t[b2 * 8 + size_t(q)]) at[size_t(q)].push_back((double(t[b2 * 8 + size_t(q)]) - double(t0)) / 1e3);
-    auto med = [](std::vector<double> v) {
-      std::sort(v.begin(), v.end());
-      return v.empty() ? -1.0 : v[v.size() / 2];
-    };
-    auto mx = [](const std::vector<double>& v) { return v.empty() ? -1.0 : *std::max_element(v.begin(), v.end()); };
+    const PhaseTrace pt = trace_launch(s, 0, [&] {
+      if (which == 0)
+        lc::moe_gate_up(dm.w, dl.p, dh.p, dnw.p, 1e-6f, sel.p, selw.p, act.p, s, lc::GemvImpl::Tensor);
+      else
+        lc::moe_down(dm.w, sel.p, selw.p, act.p, y.p, s, lc::GemvImpl::Tensor);
+    });
     printf("moe-timing %s: blocks %d, median us after first entry: entry %.2f wait %.2f routed/table %.2f copies %.2f "
            "staged %.2f exit %.2f (max %.2f)\n",
-           which == 0 ? "gate_up" : "down", blocks, med(at[0]), med(at[1]), med(at[5]), med(at[2]), med(at[3]),
-           med(at[7]), mx(at[7]));
-    EXPECT_GT(blocks, 0) << "the trace recorded no block";
+           which == 0 ? "gate_up" : "down", pt.blocks, pt.med[0], pt.med[1], pt.med[5], pt.med[2], pt.med[3],
+           pt.med[7], pt.exit_max);
+    EXPECT_GT(pt.blocks, 0) << "the trace recorded no block";
   }
   cudaGraphExecDestroy(ge);
   cudaGraphDestroy(g);

@@ -696,18 +696,6 @@ void check_shape(const AttnDecodeShape& s) {
                   std::to_string(s.heads) + "/" + std::to_string(s.kv_heads) + ")");
 }
 
-int sm_count() {
-  static int cache[64] = {};
-  int dev = 0;
-  LILAC_CUDA_CHECK(cudaGetDevice(&dev));
-  if (dev < 0 || dev >= 64) dev = 0;
-  if (cache[dev] == 0) {
-    int n = 0;
-    LILAC_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-    cache[dev] = n > 0 ? n : 1;
-  }
-  return cache[dev];
-}
 
 template <int HD, int NG>
 void launch_attn(const AttnDecodeShape& s, const Layout& lay, const AttnArgs& a, cudaStream_t stream) {

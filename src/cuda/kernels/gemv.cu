@@ -19,15 +19,6 @@ using namespace dev;
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 
-int num_sms() {
-  static int n = [] {
-    int dev = 0, v = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev);
-    return v > 0 ? v : 1;
-  }();
-  return n;
-}
 
 // Lanes per row: the largest power of two <= min(32, chunks per row).
 int lanes_per_row(int64_t nchunk) {
@@ -57,8 +48,8 @@ __device__ void chunk_sums(const float* xs, float* xsum, int nchunk) {
 }
 
 
-template <int BITS, int MINB>
-__global__ void __launch_bounds__(kThreads, MINB) gemv_kernel(GemvArgs a, int lpr) {
+template <int BITS>
+__global__ void __launch_bounds__(kThreads, 1) gemv_kernel(GemvArgs a, int lpr) {
   extern __shared__ float4 smem4[];
   __shared__ float red[32];
   constexpr int EPL = 128 / BITS;
@@ -98,8 +89,8 @@ __global__ void __launch_bounds__(kThreads, MINB) gemv_kernel(GemvArgs a, int lp
 
 // ------------------------------------------------------------------------------------------------ MoE
 
-template <int BITS, int MINB>
-__global__ void __launch_bounds__(kThreads, MINB)
+template <int BITS>
+__global__ void __launch_bounds__(kThreads, 1)
     moe_gate_up_kernel(MoEDecodeWeights w, const float* logits, const float* x, const float* norm_w, float eps,
                        int32_t* sel_ids, float* sel_w, float* act, int lpr) {
   extern __shared__ float4 smem4[];
@@ -156,8 +147,8 @@ __global__ void __launch_bounds__(kThreads, MINB)
   }
 }
 
-template <int BITS, int MINB>
-__global__ void __launch_bounds__(kThreads, MINB)
+template <int BITS>
+__global__ void __launch_bounds__(kThreads, 1)
     moe_down_kernel(MoEDecodeWeights w, const int32_t* sel_ids, const float* sel_w, const float* act, float* y,
                     int lpr) {
   extern __shared__ float4 smem4[];
@@ -231,29 +222,14 @@ template <typename K>
 int grid_for(K kernel, size_t smem, int64_t work_items_per_warp_group, int gpw) {
   const int64_t per_block = int64_t(kWarps) * gpw;
   const int64_t need = (work_items_per_warp_group + per_block - 1) / per_block;
-  static const bool many = [] {  // LILAC_GEMV_MANY_BLOCKS=1: the first version's 8 blocks per SM
-    const char* e = std::getenv("LILAC_GEMV_MANY_BLOCKS");
-    return e && std::string(e) == "1";
-  }();
-  if (many) return int(std::max<int64_t>(1, std::min<int64_t>(need, int64_t(num_sms()) * 8)));
   int occ = 0;
   if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kernel, kThreads, smem) != cudaSuccess || occ < 1) {
     cudaGetLastError();
     occ = 1;
   }
-  return int(std::max<int64_t>(1, std::min<int64_t>(need, int64_t(num_sms()) * occ)));
+  return int(std::max<int64_t>(1, std::min<int64_t>(need, int64_t(sm_count()) * occ)));
 }
 
-// LILAC_GEMV_MINB=2|3|4: ask the compiler for that many resident 256-thread blocks per SM (caps the
-// registers: more warps in flight, possibly spills). Default 1 (no cap).
-int gemv_minb() {
-  static const int v = [] {
-    const char* e = std::getenv("LILAC_GEMV_MINB");
-    const int n = e ? std::atoi(e) : 1;
-    return (n == 2 || n == 3 || n == 4) ? n : 1;
-  }();
-  return v;
-}
 
 }  // namespace
 
@@ -279,11 +255,10 @@ void gemv(const GemvArgs& a, cudaStream_t stream) {
   auto go = [&](auto kernel) {
     kernel<<<grid_for(kernel, smem, npairs, 32 / lpr), kThreads, smem, stream>>>(a, lpr);
   };
-  const int mb = gemv_minb();
   if (a.W.bits == 4)
-    mb == 1 ? go(gemv_kernel<4, 1>) : mb == 2 ? go(gemv_kernel<4, 2>) : mb == 3 ? go(gemv_kernel<4, 3>) : go(gemv_kernel<4, 4>);
+    go(gemv_kernel<4>);
   else
-    go(gemv_kernel<8, 1>);
+    go(gemv_kernel<8>);
   LILAC_CUDA_LAUNCH_CHECK();
 }
 
@@ -328,11 +303,10 @@ void moe_gate_up(const MoEDecodeWeights& w, const float* logits, const float* x,
     kernel<<<grid_for(kernel, smem, items, 32 / lpr), kThreads, smem, stream>>>(w, logits, x, norm_w, eps, sel_ids,
                                                                             sel_w, act, lpr);
   };
-  const int mb = gemv_minb();
   if (bits == 4)
-    mb == 1 ? go(moe_gate_up_kernel<4, 1>) : mb == 2 ? go(moe_gate_up_kernel<4, 2>) : mb == 3 ? go(moe_gate_up_kernel<4, 3>) : go(moe_gate_up_kernel<4, 4>);
+    go(moe_gate_up_kernel<4>);
   else
-    go(moe_gate_up_kernel<8, 1>);
+    go(moe_gate_up_kernel<8>);
   LILAC_CUDA_LAUNCH_CHECK();
 }
 
@@ -354,11 +328,10 @@ void moe_down(const MoEDecodeWeights& w, const int32_t* sel_ids, const float* se
   auto go = [&](auto kernel) {
     kernel<<<grid_for(kernel, smem, rows, 32 / lpr), kThreads, smem, stream>>>(w, sel_ids, sel_w, act, y, lpr);
   };
-  const int mb = gemv_minb();
   if (bits == 4)
-    mb == 1 ? go(moe_down_kernel<4, 1>) : mb == 2 ? go(moe_down_kernel<4, 2>) : mb == 3 ? go(moe_down_kernel<4, 3>) : go(moe_down_kernel<4, 4>);
+    go(moe_down_kernel<4>);
   else
-    go(moe_down_kernel<8, 1>);
+    go(moe_down_kernel<8>);
   LILAC_CUDA_LAUNCH_CHECK();
 }
 

@@ -861,15 +861,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<BITS>)
 }
 
 // ------------------------------------------------------------------------------------------------ host side
-int num_sms_tc() {
-  static int n = [] {
-    int dev = 0, v = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev);
-    return v > 0 ? v : 1;
-  }();
-  return n;
-}
 
 // Blocks resident per SM for `kernel` at `smem` bytes (also lifts the 48 KB dynamic shared memory cap).
 template <typename Kern>
@@ -884,7 +875,7 @@ int resident_blocks(Kern kernel, size_t smem) {
 }
 
 int grid_of(int64_t groups, int occ) {
-  return int(std::max<int64_t>(1, std::min<int64_t>(groups, int64_t(num_sms_tc()) * occ)));
+  return int(std::max<int64_t>(1, std::min<int64_t>(groups, int64_t(sm_count()) * occ)));
 }
 
 bool shape_ok(const QMatrixDev& W) {
@@ -913,7 +904,7 @@ bool gemv_tc_supported(const GemvArgs& a) {
 void gemv_tc(const GemvArgs& a, cudaStream_t stream) {
   const int64_t K = a.W.cols, KT = tc_kt(int(K)), nrb = (a.W.rows + 15) / 16;
   // k-slices per row block: enough warps in flight (~3 blocks of 8 warps per SM) for small matrices.
-  const int64_t target = int64_t(num_sms_tc()) * kMinBlocks<4> * kWarps;
+  const int64_t target = int64_t(sm_count()) * kMinBlocks<4> * kWarps;
   int KS = 1;
   while (KS < kWarps && KS < KT && nrb * KS < target) KS *= 2;
   const size_t smem = size_t(tc_smem_bytes(int(K), a.pro, a.head_dim));

@@ -17,4 +17,17 @@ bool pdl_enabled() {
   return on;
 }
 
+int sm_count() {
+  static int cache[64] = {};
+  int dev = 0;
+  LILAC_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev < 0 || dev >= 64) dev = 0;
+  if (cache[dev] == 0) {
+    int n = 0;
+    LILAC_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+    cache[dev] = n > 0 ? n : 1;
+  }
+  return cache[dev];
+}
+
 }  // namespace lilac::cuda

@@ -35,6 +35,9 @@ __device__ __forceinline__ void pdl_trigger() {
 // Whether decode launches use PDL (device >= sm_90 and LILAC_PDL != 0); read once.
 bool pdl_enabled();
 
+// Multiprocessors of the current device (cached per device).
+int sm_count();
+
 template <typename... KArgs, typename... Args>
 void launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
   cudaLaunchConfig_t cfg = {};
