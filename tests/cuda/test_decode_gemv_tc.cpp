@@ -183,6 +183,34 @@ struct TimedCase {
 };
 }  // namespace
 
+// µs per `copies` repetition of `body` (launches on stream s), captured once in a graph and replayed
+// `reps` times after one warm-up replay; -1 on a CUDA error.
+template <typename Body>
+double graph_us(cudaStream_t s, int copies, int reps, Body&& body) {
+  cudaGraph_t g = nullptr;
+  cudaGraphExec_t ge = nullptr;
+  cudaEvent_t e0 = nullptr, e1 = nullptr;
+  double us = -1.0;
+  if (cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed) == cudaSuccess) {
+    for (int i = 0; i < copies; ++i) body();
+    if (cudaStreamEndCapture(s, &g) == cudaSuccess && cudaGraphInstantiate(&ge, g, 0) == cudaSuccess &&
+        cudaEventCreate(&e0) == cudaSuccess && cudaEventCreate(&e1) == cudaSuccess) {
+      cudaGraphLaunch(ge, s);
+      cudaEventRecord(e0, s);
+      for (int rep = 0; rep < reps; ++rep) cudaGraphLaunch(ge, s);
+      cudaEventRecord(e1, s);
+      float ms = 0.f;
+      if (cudaEventSynchronize(e1) == cudaSuccess && cudaEventElapsedTime(&ms, e0, e1) == cudaSuccess)
+        us = 1000.0 * ms / (double(reps) * copies);
+    }
+  }
+  if (ge) cudaGraphExecDestroy(ge);
+  if (g) cudaGraphDestroy(g);
+  if (e0) cudaEventDestroy(e0);
+  if (e1) cudaEventDestroy(e1);
+  return us;
+}
+
 // Phase trace of one launch (gemv_tc_trace): per mark, the block medians (and the maximum of the
 // exit mark) in µs after the earliest block entry. Marks a block did not record are left out.
 struct PhaseTrace {
@@ -259,24 +287,7 @@ TEST(CudaGemvTcTiming, ModelShapes) {
     }
     cudaStream_t s;
     CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    constexpr int kLaunches = 50;
-    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
-    for (int i = 0; i < kLaunches; ++i) lc::gemv(a, s);
-    cudaGraph_t g;
-    CK(cudaStreamEndCapture(s, &g));
-    cudaGraphExec_t ge;
-    CK(cudaGraphInstantiate(&ge, g, 0));
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    CK(cudaGraphLaunch(ge, s));
-    CK(cudaEventRecord(e0, s));
-    for (int rep = 0; rep < 4; ++rep) CK(cudaGraphLaunch(ge, s));
-    CK(cudaEventRecord(e1, s));
-    CK(cudaEventSynchronize(e1));
-    float ms = 0.f;
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    const double us = 1000.0 * ms / (4 * kLaunches);
+    const double us = graph_us(s, 50, 4, [&] { lc::gemv(a, s); });
     const double mb = (double(c.rows) * c.cols * c.bits / 8 + double(c.rows) * (c.cols / 64) * 4) / 1e6;
     // traced launches (after the graph, so the weights are not in L2 from a previous launch of the
     // same kernel... the LM head does not fit; the others partly do), with and without the weight
@@ -293,10 +304,6 @@ TEST(CudaGemvTcTiming, ModelShapes) {
     }
     EXPECT_GT(us, 0.0);
     EXPECT_GT(blocks, 0) << "the trace recorded no block";
-    cudaGraphExecDestroy(ge);
-    cudaGraphDestroy(g);
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
     cudaStreamDestroy(s);
   }
 }
@@ -331,28 +338,13 @@ TEST(CudaGemvTcTiming, MoEModelShape) {
   }
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  constexpr int kLayers = 20;
-  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
-  for (int i = 0; i < kLayers; ++i) {
+  const double us = graph_us(s, 20, 5, [&] {
     lc::moe_gate_up(dm.w, dl.p, dh.p, dnw.p, 1e-6f, sel.p, selw.p, act.p, s, lc::GemvImpl::Tensor);
     lc::moe_down(dm.w, sel.p, selw.p, act.p, y.p, s, lc::GemvImpl::Tensor);
-  }
-  cudaGraph_t g;
-  CK(cudaStreamEndCapture(s, &g));
-  cudaGraphExec_t ge;
-  CK(cudaGraphInstantiate(&ge, g, 0));
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
-  CK(cudaGraphLaunch(ge, s));
-  CK(cudaEventRecord(e0, s));
-  for (int rep = 0; rep < 5; ++rep) CK(cudaGraphLaunch(ge, s));
-  CK(cudaEventRecord(e1, s));
-  CK(cudaEventSynchronize(e1));
-  float ms = 0.f;
-  CK(cudaEventElapsedTime(&ms, e0, e1));
+  });
   printf("moe-timing gate_up + down (E 256, top 8 + shared): %.2f us per layer (same experts each layer: L2-warm)\n",
-         1000.0 * ms / (5 * kLayers));
+         us);
+  EXPECT_GT(us, 0.0);
   lc::moe_gate_up(dm.w, dl.p, dh.p, dnw.p, 1e-6f, sel.p, selw.p, act.p, s, lc::GemvImpl::Tensor);
   CK(cudaStreamSynchronize(s));
   for (int which : {0, 1}) {  // gate/up, then down
@@ -368,9 +360,5 @@ TEST(CudaGemvTcTiming, MoEModelShape) {
            pt.med[7], pt.exit_max);
     EXPECT_GT(pt.blocks, 0) << "the trace recorded no block";
   }
-  cudaGraphExecDestroy(ge);
-  cudaGraphDestroy(g);
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
   cudaStreamDestroy(s);
 }
