@@ -612,8 +612,6 @@ class CudaSession : public Session {
     sync();
   }
 
-  size_t state_bytes() const { return mem_.bytes; }
-
  private:
   // Tokens per batched prefill chunk: bounds the prefill scratch memory (~0.5 GB at 4096 on the real model);
   // larger chunks give the GEMMs and the grouped expert GEMMs more rows per weight tile (4096 vs 512:
