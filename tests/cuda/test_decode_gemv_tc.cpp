@@ -219,14 +219,14 @@ struct PhaseTrace {
   double exit_max = -1;
 };
 template <typename Launch>
-PhaseTrace trace_launch(cudaStream_t s, int flags, Launch&& launch) {
+PhaseTrace trace_launch(cudaStream_t s, Launch&& launch) {
   constexpr size_t kBlocks = 4096;
   Dev<unsigned long long> tr(kBlocks * 8);
   (void)(cudaMemset(tr.p, 0, kBlocks * 8 * sizeof(unsigned long long)));
-  lc::gemv_tc_trace(tr.p, flags);
+  lc::gemv_tc_trace(tr.p);
   launch();
   cudaStreamSynchronize(s);
-  lc::gemv_tc_trace(nullptr, 0);
+  lc::gemv_tc_trace(nullptr);
   const auto t = tr.get();
   PhaseTrace pt;
   unsigned long long t0 = ~0ull;
@@ -289,19 +289,13 @@ TEST(CudaGemvTcTiming, ModelShapes) {
     CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     const double us = graph_us(s, 50, 4, [&] { lc::gemv(a, s); });
     const double mb = (double(c.rows) * c.cols * c.bits / 8 + double(c.rows) * (c.cols / 64) * 4) / 1e6;
-    // traced launches (after the graph, so the weights are not in L2 from a previous launch of the
-    // same kernel... the LM head does not fit; the others partly do), with and without the weight
-    // loads before the PDL wait
-    int blocks = 0;
-    for (int flags : {0, 1}) {
-      const PhaseTrace pt = trace_launch(s, flags, [&] { lc::gemv(a, s); });
-      blocks = pt.blocks;
-      printf("gemv-timing %-13s %6lld x %5lld %d-bit: %7.2f us/launch (%6.2f MB, %5.2f TB/s) | %s blocks %d, median "
-             "us after first entry: entry %.2f wait %.2f copies %.2f staged %.2f group1 %.2f exit %.2f (max %.2f)\n",
-             c.name, (long long)c.rows, (long long)c.cols, c.bits, us, mb, mb / us,
-             flags ? "no-prefetch" : "prefetch", blocks, pt.med[0], pt.med[1], pt.med[2], pt.med[3], pt.med[4],
-             pt.med[7], pt.exit_max);
-    }
+    // one traced launch (after the graph replays: L2 holds what fits of the weights)
+    const PhaseTrace pt = trace_launch(s, [&] { lc::gemv(a, s); });
+    const int blocks = pt.blocks;
+    printf("gemv-timing %-13s %6lld x %5lld %d-bit: %7.2f us/launch (%6.2f MB, %5.2f TB/s) | blocks %d, median "
+           "us after first entry: entry %.2f wait %.2f copies %.2f staged %.2f group1 %.2f exit %.2f (max %.2f)\n",
+           c.name, (long long)c.rows, (long long)c.cols, c.bits, us, mb, mb / us, blocks, pt.med[0], pt.med[1],
+           pt.med[2], pt.med[3], pt.med[4], pt.med[7], pt.exit_max);
     EXPECT_GT(us, 0.0);
     EXPECT_GT(blocks, 0) << "the trace recorded no block";
     cudaStreamDestroy(s);
@@ -348,7 +342,7 @@ TEST(CudaGemvTcTiming, MoEModelShape) {
   lc::moe_gate_up(dm.w, dl.p, dh.p, dnw.p, 1e-6f, sel.p, selw.p, act.p, s, lc::GemvImpl::Tensor);
   CK(cudaStreamSynchronize(s));
   for (int which : {0, 1}) {  // gate/up, then down
-    const PhaseTrace pt = trace_launch(s, 0, [&] {
+    const PhaseTrace pt = trace_launch(s, [&] {
       if (which == 0)
         lc::moe_gate_up(dm.w, dl.p, dh.p, dnw.p, 1e-6f, sel.p, selw.p, act.p, s, lc::GemvImpl::Tensor);
       else

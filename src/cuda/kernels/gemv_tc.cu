@@ -124,9 +124,8 @@ __device__ __forceinline__ int frexp_e(float m) {
 // ------------------------------------------------------------------------------------------------ tracing
 // Per-block timeline for measurements (gemv_tc_trace): %globaltimer at entry, after the PDL wait,
 // after the input copies landed, after staging, after the first group and at exit, [block][8];
-// off (null) in normal runs. g_tc_flags bit 0: no weight loads before the PDL wait (an experiment).
+// off (null) in normal runs.
 __device__ unsigned long long* g_tc_trace = nullptr;
-__device__ int g_tc_flags = 0;
 __device__ __forceinline__ void tc_mark(int k) {
   if (g_tc_trace != nullptr && threadIdx.x == 0) {
     unsigned long long t;
@@ -537,11 +536,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<BITS>) gemv_tc_kernel(Gem
   tc_mark(0);
   Step st{blockIdx.x, 0};
   TileRegs<BITS> cur, nxt;
-  const bool pre = (g_tc_flags & 1) == 0;
-  if (pre) {
-    load(cur, st);
-    load(nxt, next(st));
-  }
+  load(cur, st);
+  load(nxt, next(st));
   bool nxt_loaded = true;
   conv_fetch(st.grp);
   stage_preload(in, m, K);
@@ -552,10 +548,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<BITS>) gemv_tc_kernel(Gem
   stage_issue(in, m, K);
   stage_compute<BITS>(in, m, K, red);
   tc_mark(3);
-  if (!pre) {
-    load(cur, st);
-    load(nxt, next(st));
-  }
   bool first_group = true;
 
   float acc[2] = {0.f, 0.f};
@@ -885,9 +877,8 @@ bool aligned16(const void* p) { return p == nullptr || reinterpret_cast<uintptr_
 
 }  // namespace
 
-void gemv_tc_trace(unsigned long long* buf, int flags) {
+void gemv_tc_trace(unsigned long long* buf) {
   LILAC_CUDA_CHECK(cudaMemcpyToSymbol(g_tc_trace, &buf, sizeof(buf)));
-  LILAC_CUDA_CHECK(cudaMemcpyToSymbol(g_tc_flags, &flags, sizeof(flags)));
 }
 
 bool gemv_tc_supported(const GemvArgs& a) {

@@ -12,9 +12,8 @@ bool gemv_tc_supported(const GemvArgs& a);
 void gemv_tc(const GemvArgs& a, cudaStream_t stream);
 // Measurement hook: while buf != null, every tensor-core GEMV block (dense and MoE) writes
 // %globaltimer to buf[block * 8 + i]: 0 entry, 1 after the PDL wait, 5 routing / expert table ready
-// (MoE), 2 input copies landed, 3 staged, 4 first group done (dense), 7 exit. flags bit 0 (an
-// experiment): no weight loads before the PDL wait in the dense kernel.
-void gemv_tc_trace(unsigned long long* buf, int flags = 0);
+// (MoE), 2 input copies landed, 3 staged, 4 first group done (dense), 7 exit.
+void gemv_tc_trace(unsigned long long* buf);
 bool moe_tc_supported(const MoEDecodeWeights& w, const float* x, const float* norm_w, const float* act);
 void moe_gate_up_tc(const MoEDecodeWeights& w, const float* logits, const float* x, const float* norm_w, float eps,
                     int32_t* sel_ids, float* sel_w, float* act, cudaStream_t stream);
