@@ -17,12 +17,11 @@
 // the chunks: Δ, O, the state update (3xTF32 or plain TF32), operands streamed in with cp.async so
 // the next chunk's loads overlap this chunk's products;  (4) the gated RMSNorm epilogue → bf16.
 #include <cstdlib>
-#include <map>
-#include <mutex>
 #include <string>
 
 #include "core/error.h"
 #include "cuda/kernels/prefill.h"
+#include "cuda/kernels/stream_scratch.h"
 
 namespace lilac::cuda {
 namespace {
@@ -683,32 +682,16 @@ void gdn_prefill_chunked(const GdnPrefillArgs& a, cudaStream_t stream, GdnChunke
 
   GdnPrefillArgs args = a;
   if (!args.work) {
-    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-    if (cudaStreamIsCapturing(stream, &cs) != cudaSuccess) cs = cudaStreamCaptureStatusActive;
-    if (cs != cudaStreamCaptureStatusNone) {
+    if (capturing(stream)) {
       // No allocation inside a graph capture: the column scan (which has an allocation-free path).
       if (a.dk == 128 && a.dv == 128) return gdn_prefill(a, stream);
       throw Error("gdn_prefill_chunked: a work buffer is required while capturing a CUDA graph");
     }
-    static std::mutex mu;
-    static std::map<cudaStream_t, std::pair<float*, size_t>> bufs;
-    std::lock_guard<std::mutex> lock(mu);
-    auto& b = bufs[stream];
+    static StreamScratch scratch;
     const size_t need = work_floats(a.n, a.Hk, a.Hv, a.dk, a.dv);
-    if (b.second < need) {
-      if (b.first) {
-        cudaStreamSynchronize(stream);
-        cudaFree(b.first);
-        b = {nullptr, 0};
-      }
-      if (cudaMalloc(&b.first, need * sizeof(float)) != cudaSuccess) {
-        cudaGetLastError();
-        b = {nullptr, 0};
-        throw Error("gdn_prefill_chunked: cannot allocate " + std::to_string(need * 4) + " bytes of scratch");
-      }
-      b.second = need;
-    }
-    args.work = b.first;
+    args.work = scratch.get(stream, need);
+    if (!args.work)
+      throw Error("gdn_prefill_chunked: cannot allocate " + std::to_string(need * 4) + " bytes of scratch");
   }
   if (reinterpret_cast<uintptr_t>(args.work) % 16) throw Error("gdn_prefill_chunked: work must be 16-byte aligned");
   const Work w = work_view(args.work, a.n, a.Hk, a.Hv, a.dk, a.dv);

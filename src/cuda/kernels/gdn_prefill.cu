@@ -8,12 +8,11 @@
 // A block owns one value head and COLS columns; 8 threads share a column (16 key rows each, in
 // registers), so each token costs two 3-step shuffle reductions. q̂, k̂ (normalised), e^g, β, k̂·q̂ and
 // v of a block of T tokens are staged in shared memory first.
-#include <map>
-#include <mutex>
 #include <string>
 
 #include "core/error.h"
 #include "cuda/kernels/prefill.h"
+#include "cuda/kernels/stream_scratch.h"
 
 namespace lilac::cuda {
 namespace {
@@ -395,32 +394,12 @@ void gdn_prefill(const GdnPrefillArgs& a, cudaStream_t stream) {
     throw Error("gdn_prefill: qkv must be 16-byte aligned with ld_qkv % 4 == 0 and ld_out even");
   dim3 grid(DV / COLS, a.Hv);
   GdnPrefillArgs args = a;
-  if (!args.work) {
+  if (!args.work && !capturing(stream)) {
     // No work buffer given: use one owned here per stream (grown on demand, never freed), unless the
-    // stream is being captured into a graph (no allocation there: the slower in-scan path runs).
-    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-    if (cudaStreamIsCapturing(stream, &cs) != cudaSuccess) cs = cudaStreamCaptureStatusActive;
-    if (cs == cudaStreamCaptureStatusNone) {
-      static std::mutex mu;
-      static std::map<cudaStream_t, std::pair<float*, size_t>> bufs;
-      std::lock_guard<std::mutex> lock(mu);
-      auto& b = bufs[stream];
-      const size_t need = gdn_prefill_work_floats(a.n, a.Hk, a.Hv, a.dk);
-      if (b.second < need) {
-        if (b.first) {
-          cudaStreamSynchronize(stream);
-          cudaFree(b.first);
-          b = {nullptr, 0};
-        }
-        if (cudaMalloc(&b.first, need * sizeof(float)) != cudaSuccess) {
-          cudaGetLastError();
-          b = {nullptr, 0};
-        } else {
-          b.second = need;
-        }
-      }
-      args.work = b.first;
-    }
+    // stream is being captured into a graph (no allocation there: the slower in-scan path runs; so
+    // does a failed allocation).
+    static StreamScratch scratch;
+    args.work = scratch.get(stream, gdn_prefill_work_floats(a.n, a.Hk, a.Hv, a.dk));
   }
   if (args.work) {
     if (reinterpret_cast<uintptr_t>(args.work) % 16) throw Error("gdn_prefill: work must be 16-byte aligned");

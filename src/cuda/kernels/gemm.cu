@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "cuda/kernels/gemm.cuh"
 #include "cuda/kernels/prefill.h"
+#include "cuda/kernels/stream_scratch.h"
 
 namespace lilac::cuda {
 namespace gemm {
@@ -24,11 +25,7 @@ std::atomic<int> g_probe{-1};     // -1 unknown, 0 no sm_90a code / not Hopper, 
 bool wgmma_usable(cudaStream_t stream) {
   int v = g_probe.load();
   if (v >= 0) return v == 1;
-  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(stream, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone) {
-    cudaGetLastError();
-    return false;  // decide later, outside a capture
-  }
+  if (capturing(stream)) return false;  // decide later, outside a capture
   int dev = 0, major = 0, minor = 0;
   cudaGetDevice(&dev);
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
