@@ -13,25 +13,10 @@
 
 #include "core/bf16.h"
 #include "cuda/kernels/decode.h"
+#include "gpu_test.h"
 
 namespace lilac::cuda::testing {
 
-
-inline bool gpu_ok(std::string* why) {
-  int n = 0;
-  const cudaError_t e = cudaGetDeviceCount(&n);
-  if (e != cudaSuccess || n == 0) {
-    *why = e != cudaSuccess ? cudaGetErrorString(e) : "no device";
-    cudaGetLastError();
-    return false;
-  }
-  return true;
-}
-#define NEED_GPU()                                                 \
-  do {                                                             \
-    std::string why_;                                              \
-    if (!::lilac::cuda::testing::gpu_ok(&why_)) GTEST_SKIP() << "no CUDA GPU: " << why_;   \
-  } while (0)
 #define CK(x) ASSERT_EQ((x), cudaSuccess) << #x
 
 struct Rng {

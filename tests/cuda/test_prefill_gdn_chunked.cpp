@@ -22,82 +22,13 @@
 #include "core/error.h"
 #include "cpu/ops.h"
 #include "cuda/kernels/prefill.h"
+#include "prefill_test_util.h"
 
 using namespace lilac;
 namespace lc = lilac::cuda;
+using namespace lilac::cuda::prefill_testing;
 
 namespace {
-
-bool have_gpu(std::string* why) {
-  int n = 0;
-  cudaError_t e = cudaGetDeviceCount(&n);
-  if (e != cudaSuccess || n == 0) {
-    *why = e != cudaSuccess ? cudaGetErrorString(e) : "no device";
-    cudaGetLastError();
-    return false;
-  }
-  return true;
-}
-
-#define REQUIRE_GPU()                                             \
-  do {                                                            \
-    std::string why_;                                             \
-    if (!have_gpu(&why_)) GTEST_SKIP() << "no CUDA GPU: " << why_; \
-  } while (0)
-
-#define CK(x)                                                               \
-  do {                                                                      \
-    cudaError_t e_ = (x);                                                   \
-    ASSERT_EQ(e_, cudaSuccess) << #x << ": " << cudaGetErrorString(e_);     \
-  } while (0)
-
-template <class T>
-struct Dev {
-  T* p = nullptr;
-  size_t n = 0;
-  explicit Dev(size_t count) : n(count) {
-    if (cudaMalloc(&p, sizeof(T) * (count ? count : 1)) != cudaSuccess) p = nullptr;
-  }
-  Dev(const std::vector<T>& v) : Dev(v.size()) { cudaMemcpy(p, v.data(), sizeof(T) * v.size(), cudaMemcpyHostToDevice); }
-  ~Dev() { cudaFree(p); }
-  Dev(const Dev&) = delete;
-  std::vector<T> get() const {
-    std::vector<T> v(n);
-    cudaMemcpy(v.data(), p, sizeof(T) * n, cudaMemcpyDeviceToHost);
-    return v;
-  }
-  void put(const std::vector<T>& v) { cudaMemcpy(p, v.data(), sizeof(T) * v.size(), cudaMemcpyHostToDevice); }
-  void poison() { cudaMemset(p, 0xff, sizeof(T) * n); }  // NaN for float / bf16
-};
-
-double rel_err(const std::vector<float>& got, const std::vector<float>& ref, const char* what) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    if (!std::isfinite(got[i])) {
-      std::printf("[rel_err] %s: non-finite at %zu\n", what, i);
-      return INFINITY;
-    }
-    const double d = double(got[i]) - ref[i];
-    num += d * d;
-    den += double(ref[i]) * ref[i];
-  }
-  const double e = std::sqrt(num / std::max(den, 1e-30));
-  std::printf("[rel_err] %s %.3g\n", what, e);
-  return e;
-}
-
-std::vector<float> bf16_to_f(const std::vector<uint16_t>& v) {
-  std::vector<float> o(v.size());
-  for (size_t i = 0; i < v.size(); ++i) o[i] = bf16_to_f32(v[i]);
-  return o;
-}
-
-std::vector<float> rand_f(size_t n, std::mt19937& rng, float lo, float hi) {
-  std::uniform_real_distribution<float> d(lo, hi);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
 
 // One problem: host inputs, the CPU reference, device buffers and the args.
 struct Problem {
@@ -227,7 +158,7 @@ void check_chunked(int n, int Hk, int Hv, int dk, int dv, lc::GdnChunkedMath mat
 }
 
 TEST(PrefillGdnChunked, MatchesTokenByToken) {
-  REQUIRE_GPU();
+  NEED_GPU();
   for (auto math : {lc::GdnChunkedMath::Split3xTF32, lc::GdnChunkedMath::TF32}) {
     check_chunked(1, 1, 2, 128, 128, math, true);
     check_chunked(63, 2, 4, 128, 128, math, true);
@@ -246,14 +177,14 @@ TEST(PrefillGdnChunked, MatchesTokenByToken) {
 
 // Small cases (also what compute-sanitizer racecheck / memcheck run on).
 TEST(PrefillGdnChunked, Small) {
-  REQUIRE_GPU();
+  NEED_GPU();
   check_chunked(130, 2, 4, 128, 128, lc::GdnChunkedMath::Split3xTF32, true);
   check_chunked(70, 1, 4, 32, 48, lc::GdnChunkedMath::TF32, true);
 }
 
 // Column blocks of 16 / 64 (LILAC_GDN_CHUNKED_COLS) compute the same thing.
 TEST(PrefillGdnChunked, ColumnBlockSizes) {
-  REQUIRE_GPU();
+  NEED_GPU();
   for (const char* cols : {"16", "64"}) {
     setenv("LILAC_GDN_CHUNKED_COLS", cols, 1);
     SCOPED_TRACE(std::string("cols ") + cols);
@@ -265,7 +196,7 @@ TEST(PrefillGdnChunked, ColumnBlockSizes) {
 
 // Two calls in a row (state carried between prefill chunks) equal one call over the whole sequence.
 TEST(PrefillGdnChunked, SplitSequenceCarriesState) {
-  REQUIRE_GPU();
+  NEED_GPU();
   const uint32_t seed = std::random_device{}();
   SCOPED_TRACE("seed " + std::to_string(seed));
   std::mt19937 rng(seed);
@@ -293,7 +224,7 @@ TEST(PrefillGdnChunked, SplitSequenceCarriesState) {
 // Graph capture: with a work buffer the chunked kernels are captured; without one, dk = dv = 128 falls
 // back to the column scan's allocation-free path, and other sizes throw before launching anything.
 TEST(PrefillGdnChunked, GraphCapture) {
-  REQUIRE_GPU();
+  NEED_GPU();
   for (int with_work : {1, 0}) {
     const uint32_t seed = std::random_device{}();
     SCOPED_TRACE("seed " + std::to_string(seed) + " with_work=" + std::to_string(with_work));
@@ -337,7 +268,7 @@ TEST(PrefillGdnChunked, GraphCapture) {
 }
 
 TEST(PrefillGdnChunked, RejectsBadShapes) {
-  REQUIRE_GPU();
+  NEED_GPU();
   std::mt19937 rng(1);
   Problem p(10, 1, 2, 32, 48, rng);
   DevProblem d(p);
@@ -353,33 +284,10 @@ TEST(PrefillGdnChunked, RejectsBadShapes) {
   EXPECT_THROW(lc::gdn_prefill_chunked(a, nullptr), lilac::Error);
 }
 
-template <class F>
-float time_ms(F&& f, int reps = 20) {
-  f();
-  cudaDeviceSynchronize();
-  cudaEvent_t e0, e1;
-  cudaEventCreate(&e0);
-  cudaEventCreate(&e1);
-  std::vector<float> ms;
-  for (int i = 0; i < reps; ++i) {
-    cudaEventRecord(e0);
-    f();
-    cudaEventRecord(e1);
-    cudaEventSynchronize(e1);
-    float x = 0;
-    cudaEventElapsedTime(&x, e0, e1);
-    ms.push_back(x);
-  }
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
-}
-
 // The model's sizes: checked against the CPU, then timed against the column scan.
 // LILAC_GDN_TIMING_N overrides n (default 4096).
 TEST(PrefillGdnChunkedTiming, RealSize) {
-  REQUIRE_GPU();
+  NEED_GPU();
   const char* env = std::getenv("LILAC_GDN_TIMING_N");
   const int n = env && *env ? std::atoi(env) : 4096;
   const int Hk = 16, Hv = 32, d = 128;

@@ -20,34 +20,13 @@
 #include "core/error.h"
 #include "cpu/ops.h"
 #include "cuda/kernels/prefill.h"
+#include "prefill_test_util.h"
 
 using namespace lilac;
 namespace lc = lilac::cuda;
+using namespace lilac::cuda::prefill_testing;
 
 namespace {
-
-bool have_gpu(std::string* why) {
-  int n = 0;
-  cudaError_t e = cudaGetDeviceCount(&n);
-  if (e != cudaSuccess || n == 0) {
-    *why = e != cudaSuccess ? cudaGetErrorString(e) : "no device";
-    cudaGetLastError();
-    return false;
-  }
-  return true;
-}
-
-#define REQUIRE_GPU()                                             \
-  do {                                                            \
-    std::string why_;                                             \
-    if (!have_gpu(&why_)) GTEST_SKIP() << "no CUDA GPU: " << why_; \
-  } while (0)
-
-#define CK(x)                                                                        \
-  do {                                                                               \
-    cudaError_t e_ = (x);                                                            \
-    ASSERT_EQ(e_, cudaSuccess) << #x << ": " << cudaGetErrorString(e_);              \
-  } while (0)
 
 uint32_t fresh_seed() { return std::random_device{}(); }
 
@@ -66,44 +45,6 @@ void for_each_gemm_path(F&& f) {
   lc::set_gemm_path(lc::GemmPath::Auto);
 }
 
-template <class T>
-struct Dev {
-  T* p = nullptr;
-  size_t n = 0;
-  explicit Dev(size_t count) : n(count) {
-    if (cudaMalloc(&p, sizeof(T) * (count ? count : 1)) != cudaSuccess) p = nullptr;
-  }
-  Dev(const std::vector<T>& v) : Dev(v.size()) { cudaMemcpy(p, v.data(), sizeof(T) * v.size(), cudaMemcpyHostToDevice); }
-  ~Dev() { cudaFree(p); }
-  Dev(const Dev&) = delete;
-  std::vector<T> get() const {
-    std::vector<T> v(n);
-    cudaMemcpy(v.data(), p, sizeof(T) * n, cudaMemcpyDeviceToHost);
-    return v;
-  }
-  void poison() { cudaMemset(p, 0xff, sizeof(T) * n); }  // NaN for float / bf16
-};
-
-// Relative error; any non-finite value in `got` returns +inf.
-double rel_err(const std::vector<float>& got, const std::vector<float>& ref) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    if (!std::isfinite(got[i])) return INFINITY;
-    double d = double(got[i]) - ref[i];
-    num += d * d;
-    den += double(ref[i]) * ref[i];
-  }
-  const double e = std::sqrt(num / std::max(den, 1e-30));
-  std::printf("[rel_err] %.3g\n", e);
-  return e;
-}
-
-std::vector<float> bf16_to_f(const std::vector<uint16_t>& v) {
-  std::vector<float> o(v.size());
-  for (size_t i = 0; i < v.size(); ++i) o[i] = bf16_to_f32(v[i]);
-  return o;
-}
-
 // Random values, rounded to bf16: returns the bf16 bits; `f` gets the same values as float.
 std::vector<uint16_t> rand_bf16(size_t n, std::mt19937& rng, float lo, float hi, std::vector<float>* f) {
   std::uniform_real_distribution<float> d(lo, hi);
@@ -113,12 +54,6 @@ std::vector<uint16_t> rand_bf16(size_t n, std::mt19937& rng, float lo, float hi,
     v[i] = f32_to_bf16(d(rng));
     if (f) (*f)[i] = bf16_to_f32(v[i]);
   }
-  return v;
-}
-std::vector<float> rand_f(size_t n, std::mt19937& rng, float lo, float hi) {
-  std::uniform_real_distribution<float> d(lo, hi);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
   return v;
 }
 
@@ -226,7 +161,7 @@ void check_qgemm(int n, int rows, int cols, int bits, lc::GemmOut mode, int ldx_
 }
 
 TEST(PrefillQgemm, Int4F32) {
-  REQUIRE_GPU();
+  NEED_GPU();
   for_each_gemm_path([] {
     check_qgemm(77, 200, 320, 4, lc::GemmOut::StoreF32, 0);
     check_qgemm(300, 1000, 2048, 4, lc::GemmOut::StoreF32, 8);
@@ -234,14 +169,14 @@ TEST(PrefillQgemm, Int4F32) {
   });
 }
 TEST(PrefillQgemm, Int4AddAndBf16) {
-  REQUIRE_GPU();
+  NEED_GPU();
   for_each_gemm_path([] {
     check_qgemm(129, 131, 512, 4, lc::GemmOut::AddF32, 0);
     check_qgemm(45, 257, 192, 4, lc::GemmOut::StoreBF16, 16);
   });
 }
 TEST(PrefillQgemm, Int8) {
-  REQUIRE_GPU();
+  NEED_GPU();
   for_each_gemm_path([] {
     check_qgemm(50, 37, 256, 8, lc::GemmOut::StoreF32, 0);
     check_qgemm(140, 1, 512, 8, lc::GemmOut::StoreF32, 0);
@@ -249,7 +184,7 @@ TEST(PrefillQgemm, Int8) {
 }
 
 TEST(PrefillQgemm, SwiGLU) {
-  REQUIRE_GPU();
+  NEED_GPU();
   const uint32_t seed = fresh_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   std::mt19937 rng(seed);
@@ -272,7 +207,7 @@ TEST(PrefillQgemm, SwiGLU) {
 }
 
 TEST(PrefillQgemm, RejectsBadShapes) {
-  REQUIRE_GPU();
+  NEED_GPU();
   std::mt19937 rng(1);
   QMat W(64, 128, 4, rng);
   auto m = W.dev();
@@ -338,19 +273,19 @@ void check_attention(int heads, int kv_heads, int hd, int64_t start_pos, int n_n
 }
 
 TEST(PrefillAttention, CausalGqaHead256WithPrefixAndGate) {
-  REQUIRE_GPU();
+  NEED_GPU();
   check_attention(4, 2, 256, 37, 90, true);
   check_attention(16, 2, 256, 0, 130, true);
 }
 TEST(PrefillAttention, OtherHeadDims) {
-  REQUIRE_GPU();
+  NEED_GPU();
   check_attention(4, 1, 128, 200, 65, false);
   check_attention(2, 2, 64, 5, 1, false);
 }
 
 // -------------------------------------------------------------------------------- Gated DeltaNet
 TEST(PrefillGdn, ConvSiluAndState) {
-  REQUIRE_GPU();
+  NEED_GPU();
   for (int n : {37, 2, 70}) {
     const uint32_t seed = fresh_seed();
     SCOPED_TRACE("seed " + std::to_string(seed) + " n=" + std::to_string(n));
@@ -461,7 +396,7 @@ void check_gdn(int n, int Hk, int Hv, bool use_work) {
 }
 
 TEST(PrefillGdn, RecurrenceMatchesTokenByToken) {
-  REQUIRE_GPU();
+  NEED_GPU();
   check_gdn(70, 2, 4, true);
   check_gdn(1, 1, 2, true);
   check_gdn(300, 4, 8, true);
@@ -471,7 +406,7 @@ TEST(PrefillGdn, RecurrenceMatchesTokenByToken) {
 
 // -------------------------------------------------------------------------------------------- MoE
 TEST(PrefillMoe, RouteMatchesCpu) {
-  REQUIRE_GPU();
+  NEED_GPU();
   const uint32_t seed = fresh_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   std::mt19937 rng(seed);
@@ -597,7 +532,7 @@ void check_moe(int n, int E, int k, int hidden, int inter, int sinter) {
 }
 
 TEST(PrefillMoe, GroupedExpertsMatchCpu) {
-  REQUIRE_GPU();
+  NEED_GPU();
   for_each_gemm_path([] {
     check_moe(150, 16, 4, 256, 128, 192);  // some experts get no token, uneven tiles
     check_moe(300, 64, 8, 512, 192, 128);
@@ -608,27 +543,6 @@ TEST(PrefillMoe, GroupedExpertsMatchCpu) {
 // ----------------------------------------------------------------------------- timings (real sizes)
 // Times each kernel at the model's sizes (4096-token chunk) with CUDA events (median of 20 after
 // warm-up) and prints TFLOP/s; checks the outputs are finite.
-template <class F>
-float time_ms(F&& f, int reps = 20) {
-  cudaEvent_t a, b;
-  cudaEventCreate(&a);
-  cudaEventCreate(&b);
-  for (int i = 0; i < 3; ++i) f();
-  std::vector<float> t;
-  for (int i = 0; i < reps; ++i) {
-    cudaEventRecord(a);
-    f();
-    cudaEventRecord(b);
-    cudaEventSynchronize(b);
-    float ms;
-    cudaEventElapsedTime(&ms, a, b);
-    t.push_back(ms);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
 
 bool all_finite_dev(const float* p, size_t n) {
   std::vector<float> v(n);
@@ -639,7 +553,7 @@ bool all_finite_dev(const float* p, size_t n) {
 }
 
 TEST(PrefillTiming, RealSizes) {
-  REQUIRE_GPU();
+  NEED_GPU();
   const char* env = std::getenv("LILAC_PREFILL_TIMING");
   const int n = env && *env ? std::atoi(env) : 4096;
   std::mt19937 rng(fresh_seed());
