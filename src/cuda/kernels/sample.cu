@@ -46,6 +46,23 @@ __host__ __device__ inline Scratch carve(void* base, int64_t vocab) {
 
 __device__ __forceinline__ bool better(float v, int i, float bv, int bi) { return v > bv || (v == bv && i < bi); }
 
+// r ← the merge of partials r and q: log-sum-exp of the raw logits, best transformed logit (ties to
+// the lower id).
+__device__ __forceinline__ void merge(Partial& r, const Partial& q) {
+  const float m = fmaxf(r.raw_max, q.raw_max);
+  r.raw_sum = (r.raw_max == -INFINITY ? 0.f : r.raw_sum * expf(r.raw_max - m)) +
+              (q.raw_max == -INFINITY ? 0.f : q.raw_sum * expf(q.raw_max - m));
+  r.raw_max = m;
+  if (better(q.t_max, q.t_arg, r.t_max, r.t_arg)) {
+    r.t_max = q.t_max;
+    r.t_arg = q.t_arg;
+  }
+}
+__device__ __forceinline__ Partial shfl_xor(const Partial& r, int o) {
+  return Partial{__shfl_xor_sync(0xffffffffu, r.raw_max, o), __shfl_xor_sync(0xffffffffu, r.raw_sum, o),
+                 __shfl_xor_sync(0xffffffffu, r.t_max, o), __shfl_xor_sync(0xffffffffu, r.t_arg, o)};
+}
+
 __global__ void __launch_bounds__(kPassThreads)
     sample_pass_kernel(const float* logits, int64_t vocab, const SampleParamsDev* prm, const int32_t* counts,
                        const uint8_t* mask, void* scratch) {
@@ -81,35 +98,18 @@ __global__ void __launch_bounds__(kPassThreads)
   }
   // warp then block merge
   __shared__ Partial sp[kPassThreads / 32];
-  for (int o = 16; o > 0; o >>= 1) {
-    const float om = __shfl_xor_sync(0xffffffffu, rmax, o), os = __shfl_xor_sync(0xffffffffu, rsum, o);
-    const float m = fmaxf(rmax, om);
-    rsum = (rmax == -INFINITY ? 0.f : rsum * expf(rmax - m)) + (om == -INFINITY ? 0.f : os * expf(om - m));
-    rmax = m;
-    const float tv = __shfl_xor_sync(0xffffffffu, tmax, o);
-    const int ti = __shfl_xor_sync(0xffffffffu, targ, o);
-    if (better(tv, ti, tmax, targ)) {
-      tmax = tv;
-      targ = ti;
-    }
-  }
+  Partial r{rmax, rsum, tmax, targ};
+  for (int o = 16; o > 0; o >>= 1) merge(r, shfl_xor(r, o));
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  if (lane == 0) sp[warp] = Partial{rmax, rsum, tmax, targ};
+  if (lane == 0) sp[warp] = r;
   __syncthreads();
   if (threadIdx.x == 0) {
-    Partial r = sp[0];
+    Partial b = sp[0];
     for (int w = 1; w < kPassThreads / 32; ++w) {
       const Partial q = sp[w];
-      const float m = fmaxf(r.raw_max, q.raw_max);
-      r.raw_sum = (r.raw_max == -INFINITY ? 0.f : r.raw_sum * expf(r.raw_max - m)) +
-                  (q.raw_max == -INFINITY ? 0.f : q.raw_sum * expf(q.raw_max - m));
-      r.raw_max = m;
-      if (better(q.t_max, q.t_arg, r.t_max, r.t_arg)) {
-        r.t_max = q.t_max;
-        r.t_arg = q.t_arg;
-      }
+      merge(b, q);
     }
-    sc.partials[blockIdx.x] = r;
+    sc.partials[blockIdx.x] = b;
   }
 }
 
@@ -201,34 +201,13 @@ __global__ void __launch_bounds__(kSelThreads)
   if (threadIdx.x < kPassBlocks) r = sc.partials[threadIdx.x];
   {
     __shared__ Partial sp[kSelThreads / 32];
-    for (int o = 16; o > 0; o >>= 1) {
-      Partial q;
-      q.raw_max = __shfl_xor_sync(0xffffffffu, r.raw_max, o);
-      q.raw_sum = __shfl_xor_sync(0xffffffffu, r.raw_sum, o);
-      q.t_max = __shfl_xor_sync(0xffffffffu, r.t_max, o);
-      q.t_arg = __shfl_xor_sync(0xffffffffu, r.t_arg, o);
-      const float m = fmaxf(r.raw_max, q.raw_max);
-      r.raw_sum = (r.raw_max == -INFINITY ? 0.f : r.raw_sum * expf(r.raw_max - m)) +
-                  (q.raw_max == -INFINITY ? 0.f : q.raw_sum * expf(q.raw_max - m));
-      r.raw_max = m;
-      if (better(q.t_max, q.t_arg, r.t_max, r.t_arg)) {
-        r.t_max = q.t_max;
-        r.t_arg = q.t_arg;
-      }
-    }
+    for (int o = 16; o > 0; o >>= 1) merge(r, shfl_xor(r, o));
     if ((threadIdx.x & 31) == 0) sp[threadIdx.x >> 5] = r;
     __syncthreads();
     r = sp[0];
     for (int w = 1; w < kSelThreads / 32; ++w) {
       const Partial q = sp[w];
-      const float m = fmaxf(r.raw_max, q.raw_max);
-      r.raw_sum = (r.raw_max == -INFINITY ? 0.f : r.raw_sum * expf(r.raw_max - m)) +
-                  (q.raw_max == -INFINITY ? 0.f : q.raw_sum * expf(q.raw_max - m));
-      r.raw_max = m;
-      if (better(q.t_max, q.t_arg, r.t_max, r.t_arg)) {
-        r.t_max = q.t_max;
-        r.t_arg = q.t_arg;
-      }
+      merge(r, q);
     }
   }
   const float lse = r.raw_max + logf(r.raw_sum);
