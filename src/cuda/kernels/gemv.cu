@@ -276,7 +276,7 @@ void embed_gather(const QMatrixDev& E, const int32_t* token, float* out, cudaStr
 static void check_moe(const MoEDecodeWeights& w) {
   check_q(w.gate.first, "moe gate");
   check_q(w.down.first, "moe down");
-  LILAC_CHECK(w.top_k >= 1 && w.top_k <= 32 && w.E >= w.top_k && w.E <= 512, "moe: unsupported top_k / experts");
+  LILAC_CHECK(w.top_k >= 1 && w.top_k <= 31 && w.E >= w.top_k && w.E <= 512, "moe: unsupported top_k / experts");
   const int b = w.gate.first.bits;
   LILAC_CHECK(w.up.first.bits == b && w.down.first.bits == b && w.shared_gate.bits == b && w.shared_up.bits == b &&
                   w.shared_down.bits == b,

@@ -49,11 +49,13 @@ __device__ __forceinline__ void gemv_store_row(const GemvArgs& a, int64_t r, flo
   a.y[r] = a.accumulate ? a.y[r] + v : v;
 }
 
-// Routing by warp 0 of the block into shared memory (and global from block 0).
-__device__ inline void route_warp(const float* logits, int E, int k, bool renorm, int* s_ids, float* s_w, int32_t* g_ids,
-                           float* g_w) {
-  constexpr int kMaxPer = 16;  // E <= 512
+// Routing by one warp into shared memory (and global from block 0): expert e = lane + 32·i lives in
+// slot i of its lane, kMaxPer slots (E <= 32·kMaxPer).
+template <int kMaxPer>
+__device__ inline void route_warp_n(const float* logits, int E, int k, bool renorm, int* s_ids, float* s_w,
+                                    int32_t* g_ids, float* g_w) {
   const int lane = threadIdx.x & 31;
+  const float shared_logit = lane == k ? logits[E] : 0.f;  // the shared expert's gate, loaded with the rest
   float p[kMaxPer];
   float m = -INFINITY;
 #pragma unroll
@@ -75,45 +77,59 @@ __device__ inline void route_warp(const float* logits, int E, int k, bool renorm
   z = warp_sum(z);
 #pragma unroll
   for (int i = 0; i < kMaxPer; ++i) p[i] = (lane + 32 * i) < E ? p[i] / z : -1.f;
-  uint32_t taken = 0;
-  float sum = 0.f;
+  // k rounds of "largest remaining probability, ties to the lower id". A probability p >= 0 orders like
+  // its bit pattern; key = bits + 1 (0: taken or past E). One redux for the largest key, one for the
+  // lowest id holding it; within a lane the first slot holding its best is its lowest id.
+  uint32_t key[kMaxPer];
+#pragma unroll
+  for (int i = 0; i < kMaxPer; ++i) key[i] = p[i] >= 0.f ? __float_as_uint(p[i]) + 1u : 0u;
+  float sum = 0.f, my_w = 0.f;
+  int my_id = 0;
   for (int t = 0; t < k; ++t) {
-    float best = -2.f;
-    int bid = 0x7fffffff;
+    uint32_t best = 0;
+    int bi = 0;
 #pragma unroll
     for (int i = 0; i < kMaxPer; ++i)
-      if (!(taken >> i & 1u) && p[i] > best) {
-        best = p[i];
-        bid = lane + 32 * i;
+      if (key[i] > best) {
+        best = key[i];
+        bi = i;
       }
+    const uint32_t top = __reduce_max_sync(0xffffffffu, best);
+    const uint32_t bid = __reduce_min_sync(0xffffffffu, best == top ? uint32_t(lane + 32 * bi) : 0xffffffffu);
+    if (int(bid & 31) == lane) {
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const float ob = __shfl_xor_sync(0xffffffffu, best, o);
-      const int oi = __shfl_xor_sync(0xffffffffu, bid, o);
-      if (ob > best || (ob == best && oi < bid)) {
-        best = ob;
-        bid = oi;
-      }
+      for (int i = 0; i < kMaxPer; ++i)
+        if (i == int(bid >> 5)) key[i] = 0u;
     }
-    if ((bid & 31) == lane) taken |= 1u << (bid >> 5);
-    if (lane == 0) {
-      s_ids[t] = bid;
-      s_w[t] = best;
+    const float pv = __uint_as_float(top - 1u);
+    if (lane == t) {
+      my_id = int(bid);
+      my_w = pv;
     }
-    sum += best;
+    sum += pv;
   }
-  __syncwarp();
-  if (lane == 0) {
-    for (int t = 0; t < k; ++t) s_w[t] = renorm ? s_w[t] / sum : s_w[t];
-    s_w[k] = sigmoid_f(logits[E]);
+  // lane t < k: the t-th choice; lane k: the shared expert's sigmoid gate.
+  if (lane < k) {
+    const float wt = renorm ? my_w / sum : my_w;
+    s_ids[lane] = my_id;
+    s_w[lane] = wt;
     if (blockIdx.x == 0) {
-      for (int t = 0; t < k; ++t) {
-        g_ids[t] = s_ids[t];
-        g_w[t] = s_w[t];
-      }
-      g_w[k] = s_w[k];
+      g_ids[lane] = my_id;
+      g_w[lane] = wt;
     }
+  } else if (lane == k) {
+    const float wt = sigmoid_f(shared_logit);
+    s_w[k] = wt;
+    if (blockIdx.x == 0) g_w[k] = wt;
   }
+}
+
+__device__ inline void route_warp(const float* logits, int E, int k, bool renorm, int* s_ids, float* s_w, int32_t* g_ids,
+                                  float* g_w) {
+  if (E <= 256)
+    route_warp_n<8>(logits, E, k, renorm, s_ids, s_w, g_ids, g_w);
+  else
+    route_warp_n<16>(logits, E, k, renorm, s_ids, s_w, g_ids, g_w);  // E <= 512
 }
 
 }  // namespace lilac::cuda::dev

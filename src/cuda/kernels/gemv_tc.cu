@@ -626,11 +626,14 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<BITS>)
   tc_mark(0);
   stage_preload(in, m, K);
   pdl_wait();
-  pdl_trigger();
   tc_mark(1);
   stage_issue(in, m, K);
-  if (warp == 0) route_warp(logits, w.E, w.top_k, w.renormalise, s_ids, s_w, sel_ids, sel_w);
+  if (warp == 0) {
+    route_warp(logits, w.E, w.top_k, w.renormalise, s_ids, s_w, sel_ids, sel_w);
+    if (blockIdx.x == 0) __threadfence();  // the ids are global before this block's trigger (MoE down reads them early)
+  }
   __syncthreads();  // s_ids
+  pdl_trigger();
   tc_mark(5);
 
   // group → (slot, first row j0, rows of this slot's matrices)
@@ -773,31 +776,21 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<BITS>)
   StageIn in;
   in.x = act;
 
-  tc_mark(0);
-  pdl_wait();
-  pdl_trigger();
-  tc_mark(1);
-  stage_issue(in, m, K);
-  Step st{blockIdx.x, 0};
-  auto y_fetch = [&](int64_t grp) {
-    if (threadIdx.x < 16 && grp < nrb && grp * 16 + threadIdx.x < rows) cp_async4(&epi_y[threadIdx.x], y + grp * 16 + threadIdx.x);
-  };
-  y_fetch(st.grp);
-  if (threadIdx.x <= k) {
-    const int t = threadIdx.x;
-    const QMatrixDev M = t < k ? w.down.expert(sel_ids[t]) : w.shared_down;
+  // The segment table and the first two tiles are set up before the PDL wait from the expert ids that
+  // MoE gate/up's block 0 publishes before its trigger (read past L1, clamped to a valid expert), and
+  // checked again after the wait: if they changed (this kernel did not follow a gate/up that published
+  // them, e.g. without PDL), the table and tiles are redone. Weights only are read before the wait.
+  auto set_seg = [&](int t, int id, float wt) {
+    const QMatrixDev M = t < k ? w.down.expert(min(max(id, 0), w.E - 1)) : w.shared_down;
     DownSeg sg;
     sg.q = reinterpret_cast<const char*>(M.qweight);
     sg.s = reinterpret_cast<const unsigned short*>(M.scales);
     sg.b = reinterpret_cast<const unsigned short*>(M.biases);
     sg.row_bytes = int(M.cols * BITS / 8);
     sg.gpr = int(M.cols / kGroup);
-    sg.wt = sel_w[t];
+    sg.wt = wt;
     seg[t] = sg;
-  }
-  __syncthreads();  // seg
-  tc_mark(5);
-
+  };
   auto next = [&](Step s2) {
     if (++s2.j == iters) {
       s2.j = 0;
@@ -810,9 +803,49 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<BITS>)
       load_tile_down<BITS>(t, seg, gI, k, min(s2.grp * 16 + g, rows - 1), min(s2.grp * 16 + g + 8, rows - 1),
                            ks + s2.j * KS, c, ngroups_k);
   };
+  __shared__ int s_changed;
+  tc_mark(0);
+  int early_id = 0;
+  float early_w = 0.f;
+  if (threadIdx.x <= k) {
+    const int t = threadIdx.x;
+    early_id = t < k ? __ldcg(sel_ids + t) : 0;
+    early_w = __ldcg(sel_w + t);
+    set_seg(t, early_id, early_w);
+  }
+  if (threadIdx.x == 0) s_changed = 0;
+  __syncthreads();  // seg
+  Step st{blockIdx.x, 0};
   TileRegs<BITS> cur, nxt;
   load(cur, st);
   load(nxt, next(st));
+  __syncthreads();  // every thread has read seg before it may be rewritten below
+  pdl_wait();
+  pdl_trigger();
+  tc_mark(1);
+  stage_issue(in, m, K);
+  auto y_fetch = [&](int64_t grp) {
+    if (threadIdx.x < 16 && grp < nrb && grp * 16 + threadIdx.x < rows) cp_async4(&epi_y[threadIdx.x], y + grp * 16 + threadIdx.x);
+  };
+  y_fetch(st.grp);
+  if (threadIdx.x <= k) {
+    const int t = threadIdx.x;
+    const int id = t < k ? __ldcg(sel_ids + t) : 0;
+    const float wt = __ldcg(sel_w + t);
+    if (id != early_id || __float_as_uint(wt) != __float_as_uint(early_w)) {
+      seg[t].wt = wt;
+      if (id != early_id) {
+        set_seg(t, id, wt);
+        s_changed = 1;
+      }
+    }
+  }
+  __syncthreads();  // seg, s_changed
+  if (s_changed) {
+    load(cur, st);
+    load(nxt, next(st));
+  }
+  tc_mark(5);
   bool nxt_loaded = true;
   stage_compute<BITS>(in, m, K, red);
   tc_mark(3);
