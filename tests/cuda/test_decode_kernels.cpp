@@ -149,7 +149,7 @@ TEST(CudaDecode, MoEMatchesCpu) {
     int64_t H, I, Is;
   };
   for (const Case c : {Case{256, 8, 512, 192, 128}, Case{16, 4, 256, 128, 128}, Case{37, 3, 320, 64, 192},
-                       Case{300, 8, 128, 64, 64}}) {
+                       Case{300, 8, 128, 64, 64}, Case{64, 8, 320, 512, 576}}) {
     SCOPED_TRACE("E " + std::to_string(c.E));
     HostQ gate(r, c.I * c.E, c.H, 4), up(r, c.I * c.E, c.H, 4), down(r, c.H * c.E, c.I, 4);
     HostQ sg(r, c.Is, c.H, 4), su(r, c.Is, c.H, 4), sd(r, c.H, c.Is, 4), router(r, c.E, c.H, 8), seg(r, 1, c.H, 8);

@@ -41,7 +41,7 @@ TEST(CudaDecode, MoEDownRechecksEarlyIds) {
   SCOPED_TRACE("seed " + std::to_string(seed));
   Rng r(seed);
   const int E = 64, k = 8;
-  const int64_t H = 320, I = 128, Is = 192;
+  const int64_t H = 320, I = 512, Is = 576;  // K = 8·512 + 576: 19 k-tiles, three for some warps
   HostQ gate(r, I * E, H, 4), up(r, I * E, H, 4), down(r, H * E, I, 4), sg(r, Is, H, 4), su(r, Is, H, 4),
       sd(r, H, Is, 4);
   DevMoE dmoe(gate, up, down, sg, su, sd, E, k, I, H);
