@@ -6,6 +6,7 @@
 #include <cstring>
 #include <thread>
 
+#include "core/bf16.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "cpu/ops.h"
@@ -77,6 +78,7 @@ class CpuSessionImpl : public CpuSession {
   int64_t max_length() const override { return max_len_; }
   void set_activation_tap(ActivationTap tap) override { tap_ = std::move(tap); }
   void set_prefill_chunk(int64_t tokens) override { chunk_ = std::max<int64_t>(1, tokens); }
+  void set_kv_bf16(bool on) override { kv_bf16_ = on; }
 
   void prefill(std::span<const int32_t> tokens, const LogitsSink* sink) override {
     check_tokens(tokens);
@@ -268,6 +270,13 @@ class CpuSessionImpl : public CpuSession {
         rmsnorm(kh, a.k_norm.data(), hd, eps, kh);
         rope_with(kh, cfg_.rotary_dim, pos, be_.inv_freq());
       }
+      if (kv_bf16_) {
+        float* vt = Vc + pos * kvd;
+        for (int64_t i = 0; i < kvd; ++i) {
+          kt[i] = bf16_to_f32(f32_to_bf16(kt[i]));
+          vt[i] = bf16_to_f32(f32_to_bf16(vt[i]));
+        }
+      }
     }
     // Each token attends to the cache up to and including itself; tokens are independent.
     parallel_for(pool, n, [&](int64_t t0, int64_t t1) {
@@ -336,6 +345,7 @@ class CpuSessionImpl : public CpuSession {
   const ModelConfig& cfg_;
   int64_t max_len_;
   int64_t chunk_ = 256;
+  bool kv_bf16_ = false;
   int64_t len_ = 0;
   std::vector<LayerState> layers_;
   std::vector<float> logits_;

@@ -26,6 +26,9 @@ class CpuSession : public Session {
   // Tokens per prefill chunk (default 256; at least 1). Larger chunks amortise the dequantization of
   // each expert over more tokens; memory grows linearly with it.
   virtual void set_prefill_chunk(int64_t tokens) = 0;
+  // Store the attention K/V cache rounded to bf16 (as the CUDA backend does), to compare the two
+  // backends on the same function. Off by default (fp32 cache). Set before the first prefill.
+  virtual void set_kv_bf16(bool on) = 0;
 };
 
 // threads <= 0: all hardware threads. max_length <= 0 in new_session: the config's

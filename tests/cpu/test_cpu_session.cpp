@@ -211,3 +211,30 @@ TEST(CpuSession, BadInputThrowsAndLeavesStateUnchanged) {
   EXPECT_THROW(fresh->sample(), Error);
   EXPECT_THROW(fresh->advance(), Error);
 }
+
+namespace {
+
+TEST(CpuSession, Bf16KvCacheChangesTheLogitsOnlyByItsRounding) {
+  auto be = make_cpu_backend(fixture("tiny"), 2);
+  const int64_t V = be->config().vocab_size;
+  const auto toks = random_tokens(40, V, 11);
+  auto fp = be->new_session(64), bf = be->new_session(64), bf7 = be->new_session(64);
+  dynamic_cast<cpu::CpuSession&>(*bf).set_kv_bf16(true);
+  dynamic_cast<cpu::CpuSession&>(*bf7).set_kv_bf16(true);
+  dynamic_cast<cpu::CpuSession&>(*bf7).set_prefill_chunk(7);
+  fp->prefill(toks);
+  bf->prefill(toks);
+  bf7->prefill(toks);
+  const auto a = fp->logits(), b = bf->logits();
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < V; ++i) {
+    num += (double(a[size_t(i)]) - b[size_t(i)]) * (double(a[size_t(i)]) - b[size_t(i)]);
+    den += double(a[size_t(i)]) * a[size_t(i)];
+  }
+  const double rel = std::sqrt(num / den);
+  EXPECT_GT(rel, 0.0);   // the cache is rounded...
+  EXPECT_LT(rel, 2e-2);  // ...by bf16's 2^-9, not more
+  EXPECT_LT(max_diff(bf7->logits().data(), b.data(), V), 1e-4);  // every prefill path rounds the same way
+}
+
+}  // namespace
