@@ -803,7 +803,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<BITS>)
       load_tile_down<BITS>(t, seg, gI, k, min(s2.grp * 16 + g, rows - 1), min(s2.grp * 16 + g + 8, rows - 1),
                            ks + s2.j * KS, c, ngroups_k);
   };
-  __shared__ int s_changed;
   tc_mark(0);
   int early_id = 0;
   float early_w = 0.f;
@@ -813,13 +812,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<BITS>)
     early_w = __ldcg(sel_w + t);
     set_seg(t, early_id, early_w);
   }
-  if (threadIdx.x == 0) s_changed = 0;
   __syncthreads();  // seg
   Step st{blockIdx.x, 0};
   TileRegs<BITS> cur, nxt;
   load(cur, st);
   load(nxt, next(st));
-  __syncthreads();  // every thread has read seg before it may be rewritten below
   pdl_wait();
   pdl_trigger();
   tc_mark(1);
@@ -828,27 +825,29 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<BITS>)
     if (threadIdx.x < 16 && grp < nrb && grp * 16 + threadIdx.x < rows) cp_async4(&epi_y[threadIdx.x], y + grp * 16 + threadIdx.x);
   };
   y_fetch(st.grp);
+  // the re-read of the ids is in flight while the input is staged
+  int id = 0;
+  float wt = 0.f;
   if (threadIdx.x <= k) {
-    const int t = threadIdx.x;
-    const int id = t < k ? __ldcg(sel_ids + t) : 0;
-    const float wt = __ldcg(sel_w + t);
-    if (id != early_id || __float_as_uint(wt) != __float_as_uint(early_w)) {
-      seg[t].wt = wt;
-      if (id != early_id) {
-        set_seg(t, id, wt);
-        s_changed = 1;
-      }
+    id = threadIdx.x < k ? __ldcg(sel_ids + threadIdx.x) : 0;
+    wt = __ldcg(sel_w + threadIdx.x);
+  }
+  stage_compute<BITS>(in, m, K, red);  // (its barriers: every thread's pre-wait reads of seg are done)
+  tc_mark(3);
+  bool changed = false;
+  if (threadIdx.x <= k && (id != early_id || __float_as_uint(wt) != __float_as_uint(early_w))) {
+    seg[threadIdx.x].wt = wt;
+    if (id != early_id) {
+      set_seg(threadIdx.x, id, wt);
+      changed = true;
     }
   }
-  __syncthreads();  // seg, s_changed
-  if (s_changed) {
+  if (__syncthreads_or(changed)) {  // seg
     load(cur, st);
     load(nxt, next(st));
   }
   tc_mark(5);
   bool nxt_loaded = true;
-  stage_compute<BITS>(in, m, K, red);
-  tc_mark(3);
 
   float acc[2] = {0.f, 0.f};
   int par = 0;
