@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "cuda/kernels/gemm.cuh"
 #include "cuda/kernels/prefill.h"
+#include "cuda/kernels/stream_scratch.h"
 
 namespace lilac::cuda {
 namespace {
@@ -209,7 +210,23 @@ void validate(const MoEPrefillWeights& w) {
     throw Error("moe_prefill: experts must be 4-bit");
 }
 
-// Experts (sorted, grouped) + shared expert + combine, from ws.ids / ws.weights.
+// The shared expert and its gate need only X: they run on a side stream, concurrently with the
+// routing and the grouped expert GEMMs (their small grids would leave most SMs idle on their own);
+// run_experts joins before the combine. Their outputs ws.hs / ws.ys / ws.sg are read only there.
+SideStream g_side;
+
+void launch_shared(const MoEPrefillWeights& w, const __nv_bfloat16* X, int64_t ldx, int n, const Workspace& ws,
+                   cudaStream_t stream) {
+  if (w.shared_gate.qweight == nullptr) return;
+  const cudaStream_t side = g_side.fork(stream);
+  const int sinter = int(w.shared_gate.rows), hidden = int(w.down.first.rows);
+  qgemm_swiglu(w.shared_gate, w.shared_up, X, ldx, n, ws.hs, sinter, side);
+  qgemm(w.shared_down, ws.hs, sinter, n, ws.ys, hidden, GemmOut::StoreF32, side);
+  qgemm(w.shared_expert_gate, X, ldx, n, ws.sg, 1, GemmOut::StoreF32, side);
+}
+
+// Experts (sorted, grouped) + combine with the shared expert (started by launch_shared), from ws.ids /
+// ws.weights.
 void run_experts(const MoEPrefillWeights& w, const __nv_bfloat16* X, int64_t ldx, int n, const int32_t* ids,
                  const float* weights, float* Y, int64_t ldy, bool accumulate, const Workspace& ws,
                  cudaStream_t stream) {
@@ -256,12 +273,7 @@ void run_experts(const MoEPrefillWeights& w, const __nv_bfloat16* X, int64_t ldx
     gemm::launch(p, 4, true, gemm::EPI_SCALED_F32, grid_y, stream);
   }
   const bool shared = w.shared_gate.qweight != nullptr;
-  if (shared) {
-    const int sinter = int(w.shared_gate.rows);
-    qgemm_swiglu(w.shared_gate, w.shared_up, X, ldx, n, ws.hs, sinter, stream);
-    qgemm(w.shared_down, ws.hs, sinter, n, ws.ys, hidden, GemmOut::StoreF32, stream);
-    qgemm(w.shared_expert_gate, X, ldx, n, ws.sg, 1, GemmOut::StoreF32, stream);
-  }
+  if (shared) g_side.join(stream);  // the shared expert (launch_shared) is done
   dim3 grid((hidden / 4 + 127) / 128, n);
   combine_kernel<<<grid, 128, 0, stream>>>(ws.ysorted, ws.pair_pos, k, shared ? ws.ys : nullptr, ws.sg, n, hidden, Y,
                                            ldy, accumulate);
@@ -286,6 +298,7 @@ void moe_prefill(const MoEPrefillWeights& w, const __nv_bfloat16* X, int64_t ldx
   validate(w);
   Workspace ws = carve(w, n, workspace);
   const int E = w.gate.n;
+  launch_shared(w, X, ldx, n, ws, stream);
   qgemm(w.router, X, ldx, n, ws.logits, E, GemmOut::StoreF32, stream);
   moe_route_prefill(ws.logits, n, E, w.top_k, w.renormalise, ws.ids, ws.weights, stream);
   if (ids_out) cudaMemcpyAsync(ids_out, ws.ids, sizeof(int32_t) * n * w.top_k, cudaMemcpyDeviceToDevice, stream);
@@ -300,6 +313,7 @@ void moe_prefill_routed(const MoEPrefillWeights& w, const __nv_bfloat16* X, int6
   if (n <= 0) return;
   validate(w);
   Workspace ws = carve(w, n, workspace);
+  launch_shared(w, X, ldx, n, ws, stream);
   run_experts(w, X, ldx, n, ids, weights, Y, ldy, accumulate, ws, stream);
 }
 
