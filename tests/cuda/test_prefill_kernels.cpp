@@ -172,6 +172,7 @@ TEST(PrefillQgemm, Int4AddAndBf16) {
   NEED_GPU();
   for_each_gemm_path([] {
     check_qgemm(129, 131, 512, 4, lc::GemmOut::AddF32, 0);
+    check_qgemm(100, 2048, 4096, 4, lc::GemmOut::AddF32, 0);  // split-K (small grid, long K), like out_proj
     check_qgemm(45, 257, 192, 4, lc::GemmOut::StoreBF16, 16);
   });
 }

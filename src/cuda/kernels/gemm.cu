@@ -1,4 +1,5 @@
 // qgemm / qgemm_swiglu (prefill.h) and the launcher of the shared quantized GEMM kernel (gemm.cuh).
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -6,6 +7,7 @@
 
 #include "core/error.h"
 #include "cuda/kernels/gemm.cuh"
+#include "cuda/kernels/launch.cuh"
 #include "cuda/kernels/prefill.h"
 #include "cuda/kernels/stream_scratch.h"
 
@@ -80,9 +82,9 @@ int device_stages() {
   return s;
 }
 
-template <int BITS, bool GROUPED, int EPI, bool WG>
+template <int BITS, bool GROUPED, int EPI, bool WG, bool SPLIT = false>
 static void launch_one(const Params& p, int grid_y, cudaStream_t stream) {
-  auto kern = qgemm_kernel<BITS, GROUPED, EPI, WG>;
+  auto kern = qgemm_kernel<BITS, GROUPED, EPI, WG, SPLIT>;
   const int smem = Smem<BITS>::total(device_stages()) + (WG ? 1024 : 0);
   static bool attr_set = false;  // per instantiation (per device is fine: one GPU per process)
   if (!attr_set) {
@@ -93,22 +95,27 @@ static void launch_one(const Params& p, int grid_y, cudaStream_t stream) {
     attr_set = true;
   }
   constexpr int bn_out = EPI == EPI_SWIGLU_BF16 ? BN / 2 : BN;
-  dim3 grid((p.N + bn_out - 1) / bn_out, grid_y);
+  dim3 grid((p.N + bn_out - 1) / bn_out, grid_y, p.k_split);
   kern<<<grid, THREADS, smem, stream>>>(p);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) throw Error(std::string("qgemm: launch failed: ") + cudaGetErrorString(e));
 }
 
-template <int BITS, bool GROUPED, int EPI>
+template <int BITS, bool GROUPED, int EPI, bool SPLIT = false>
 static void launch_wg(const Params& p, int grid_y, cudaStream_t stream) {
-  if (use_wgmma(stream)) return launch_one<BITS, GROUPED, EPI, true>(p, grid_y, stream);
-  launch_one<BITS, GROUPED, EPI, false>(p, grid_y, stream);
+  if (use_wgmma(stream)) return launch_one<BITS, GROUPED, EPI, true, SPLIT>(p, grid_y, stream);
+  launch_one<BITS, GROUPED, EPI, false, SPLIT>(p, grid_y, stream);
 }
 
 // Instantiated combinations: plain 4-bit (all epilogues), plain 8-bit (router / gates: f32 stores),
 // grouped 4-bit (SwiGLU gate+up, scaled down).
 template <int BITS, bool GROUPED>
 static void launch_bits(const Params& p, int epi, int grid_y, cudaStream_t stream) {
+  if (p.k_split > 1) {  // split-K partials (plain GEMMs only)
+    if constexpr (!GROUPED)
+      if (epi == EPI_STORE_F32) return launch_wg<BITS, false, EPI_STORE_F32, true>(p, grid_y, stream);
+    throw Error("qgemm: split-K needs a plain GEMM with fp32 partials");
+  }
   if constexpr (GROUPED) {
     if (BITS == 4 && epi == EPI_SWIGLU_BF16) return launch_wg<4, true, EPI_SWIGLU_BF16>(p, grid_y, stream);
     if (BITS == 4 && epi == EPI_SCALED_F32) return launch_wg<4, true, EPI_SCALED_F32>(p, grid_y, stream);
@@ -163,6 +170,34 @@ bool gemm_wgmma_available() {
   return gemm::wgmma_usable(nullptr);
 }
 
+namespace {
+
+// Y[m, n] (=|+=) Σ_z partial[z][m][n], z in order: the deterministic end of a split-K GEMM.
+__global__ void splitk_reduce_kernel(const float* __restrict__ partial, int S, int M, int N, float* __restrict__ Y,
+                                     int64_t ldy, bool add) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= int64_t(M) * N) return;
+  const int64_t m = i / N, n = i % N, plane = int64_t(M) * N;
+  float v = 0.f;
+  for (int z = 0; z < S; ++z) v += partial[z * plane + i];
+  float* y = Y + m * ldy + n;
+  *y = add ? *y + v : v;
+}
+
+StreamScratch g_splitk_scratch;
+
+// k splits for a plain GEMM of `ctas` output tiles (m_tiles of them along the tokens) and KT k tiles:
+// enough blocks for ~2 per SM, at least 4 k tiles each, at most 8 splits; 1 (no split) for GEMMs that
+// fill the GPU anyway and above 1024 tokens (measured on the H200: faster at 128 and 512 tokens,
+// slightly slower at 2048 and 4096).
+int k_splits(int64_t ctas, int m_tiles, int KT) {
+  const int64_t want = 2 * int64_t(sm_count());
+  if (ctas >= want / 2 || KT < 8 || m_tiles > 8) return 1;
+  return int(std::max<int64_t>(1, std::min<int64_t>({8, KT / 4, (want + ctas - 1) / ctas})));
+}
+
+}  // namespace
+
 void qgemm(const QMatrixDev& W, const __nv_bfloat16* X, int64_t ldx, int n, void* Y, int64_t ldy, GemmOut mode,
            cudaStream_t stream) {
   if (n <= 0) return;
@@ -177,7 +212,27 @@ void qgemm(const QMatrixDev& W, const __nv_bfloat16* X, int64_t ldx, int n, void
   int epi = mode == GemmOut::StoreF32 ? gemm::EPI_STORE_F32
             : mode == GemmOut::AddF32 ? gemm::EPI_ADD_F32
                                       : gemm::EPI_STORE_BF16;
-  gemm::launch(p, W.bits, false, epi, (n + gemm::BM - 1) / gemm::BM, stream);
+  const int grid_y = (n + gemm::BM - 1) / gemm::BM;
+  // Small grids (few tokens, few output rows: router, projections back to the hidden size) split K so
+  // that the GPU has enough blocks; fp32 outputs only, and never while capturing (scratch allocation).
+  const int S = mode == GemmOut::StoreBF16 || W.cols % gemm::BK != 0
+                    ? 1
+                    : k_splits(int64_t(grid_y) * ((p.N + gemm::BN - 1) / gemm::BN), grid_y, int(W.cols / gemm::BK));
+  if (S > 1 && !capturing(stream)) {
+    float* ws = g_splitk_scratch.get(stream, size_t(S) * size_t(n) * size_t(p.N));
+    if (ws != nullptr) {
+      p.k_split = S;
+      p.partial = ws;
+      gemm::launch(p, W.bits, false, gemm::EPI_STORE_F32, grid_y, stream);
+      const int64_t total = int64_t(n) * p.N;
+      splitk_reduce_kernel<<<unsigned((total + 255) / 256), 256, 0, stream>>>(ws, S, n, p.N, static_cast<float*>(Y),
+                                                                              ldy, mode == GemmOut::AddF32);
+      const cudaError_t e = cudaGetLastError();
+      if (e != cudaSuccess) throw Error(std::string("qgemm: split-k reduce launch failed: ") + cudaGetErrorString(e));
+      return;
+    }
+  }
+  gemm::launch(p, W.bits, false, epi, grid_y, stream);
 }
 
 void qgemm_swiglu(const QMatrixDev& G, const QMatrixDev& U, const __nv_bfloat16* X, int64_t ldx, int n,

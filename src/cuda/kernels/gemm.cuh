@@ -53,6 +53,11 @@ struct Params {
   const int32_t* tile_start = nullptr;
   int E = 0;
   QExpertsDev W0s, W1s;
+  // Split-K (plain GEMMs, the SPLIT kernel instance, fp32 partials): blockIdx.z of k_split takes k tiles
+  // [KT·z / k_split, KT·(z+1) / k_split) and stores its fp32 partial tile to partial + z·M·N (ld N);
+  // splitk_reduce (gemm.cu) adds the partials in order and applies the store / add.
+  int k_split = 1;
+  float* partial = nullptr;
 };
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
@@ -188,7 +193,7 @@ __device__ __forceinline__ void wgmma_m64n128k16(float* d, uint64_t da, uint64_t
 // 1 when this code was compiled for sm_90a (wgmma available), else 0.
 __global__ void probe_wgmma_kernel(int* out);
 
-template <int BITS, bool GROUPED, int EPI, bool WG>
+template <int BITS, bool GROUPED, int EPI, bool WG, bool SPLIT = false>
 __global__ void __launch_bounds__(THREADS, 2) qgemm_kernel(const Params p) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   // 1024-byte aligned base (the 128-byte swizzle pattern repeats every 1024 bytes)
@@ -223,7 +228,9 @@ __global__ void __launch_bounds__(THREADS, 2) qgemm_kernel(const Params p) {
   }
   const int n0 = blockIdx.x * BN_OUT;
   const int64_t K = W0.cols;
-  const int KT = int(K / BK);
+  const int KT_all = int(K / BK);
+  const int kt0 = SPLIT ? int(int64_t(KT_all) * blockIdx.z / p.k_split) : 0;
+  const int KT = SPLIT ? int(int64_t(KT_all) * (blockIdx.z + 1) / p.k_split) - kt0 : KT_all;  // this block's k tiles
   const int64_t wpr = W0.words_per_row(), gpr = W0.groups_per_row();
 
   // ---- A rows this thread copies (4 chunks of 16 B per thread per tile)
@@ -235,17 +242,17 @@ __global__ void __launch_bounds__(THREADS, 2) qgemm_kernel(const Params p) {
     a_ok[i] = r < rows_valid;
     int64_t xr = 0;
     if (a_ok[i]) xr = GROUPED && p.a_rows ? p.a_rows[row_base + r] : int64_t(row_base + r);
-    a_src[i] = p.X + xr * p.ldx + ch * 8;
+    a_src[i] = p.X + xr * p.ldx + ch * 8 + int64_t(kt0) * BK;
   }
   // ---- W rows: thread tid owns tile row wr = tid / 2 (copy and dequant)
   const int wr = tid >> 1, wh = tid & 1;
   const QMatrixDev& Wm = (SWIGLU && wr >= BN / 2) ? W1 : W0;
   const int wrow = n0 + (SWIGLU ? (wr & (BN / 2 - 1)) : wr);
   const bool w_ok = wrow < p.N;
-  const uint32_t* w_src = Wm.qweight + (w_ok ? int64_t(wrow) * wpr : 0);
-  const __nv_bfloat16* s_src = Wm.scales + (w_ok ? int64_t(wrow) * gpr : 0);
-  const __nv_bfloat16* b_src = Wm.biases + (w_ok ? int64_t(wrow) * gpr : 0);
   constexpr int WORDS_PER_TILE_ROW = BK * BITS / 32;  // 8 or 16
+  const uint32_t* w_src = Wm.qweight + (w_ok ? int64_t(wrow) * wpr : 0) + int64_t(kt0) * WORDS_PER_TILE_ROW;
+  const __nv_bfloat16* s_src = Wm.scales + (w_ok ? int64_t(wrow) * gpr : 0) + kt0;
+  const __nv_bfloat16* b_src = Wm.biases + (w_ok ? int64_t(wrow) * gpr : 0) + kt0;
 
   const uint32_t smem_base = smem_u32(smem);
   auto stage_a = [&](int s) { return smem_base + s * S::STAGE_BYTES; };
@@ -407,9 +414,12 @@ __global__ void __launch_bounds__(THREADS, 2) qgemm_kernel(const Params p) {
       }
     }
   } else {
+    // split-K: this block's fp32 partial tile, stored (not added)
+    void* const Yo = SPLIT ? static_cast<void*>(p.partial + int64_t(blockIdx.z) * p.M * p.N) : p.Y;
+    const int64_t ldo = SPLIT ? p.N : p.ldy;
+    constexpr bool add = EPI == EPI_ADD_F32 && !SPLIT;
     // pairs of columns are stored as one 8-byte (fp32) / 4-byte (bf16) access when aligned
-    const bool vec = (p.ldy & 1) == 0 &&
-                     (reinterpret_cast<uintptr_t>(p.Y) & (EPI == EPI_STORE_BF16 ? 3 : 7)) == 0;
+    const bool vec = (ldo & 1) == 0 && (reinterpret_cast<uintptr_t>(Yo) & (EPI == EPI_STORE_BF16 ? 3 : 7)) == 0;
 #pragma unroll
     for (int f = 0; f < 16; ++f)
 #pragma unroll
@@ -422,7 +432,7 @@ __global__ void __launch_bounds__(THREADS, 2) qgemm_kernel(const Params p) {
         int col = n0 + frag_col(f);
         float v0 = acc[f][half * 2] * rs, v1 = acc[f][half * 2 + 1] * rs;
         if constexpr (EPI == EPI_STORE_BF16) {
-          __nv_bfloat16* yp = static_cast<__nv_bfloat16*>(p.Y) + yrow * p.ldy + col;
+          __nv_bfloat16* yp = static_cast<__nv_bfloat16*>(Yo) + yrow * ldo + col;
           if (vec && col + 1 < p.N) {
             *reinterpret_cast<__nv_bfloat162*>(yp) = __floats2bfloat162_rn(v0, v1);
           } else {
@@ -430,18 +440,18 @@ __global__ void __launch_bounds__(THREADS, 2) qgemm_kernel(const Params p) {
             if (col + 1 < p.N) yp[1] = __float2bfloat16_rn(v1);
           }
         } else {
-          float* yp = static_cast<float*>(p.Y) + yrow * p.ldy + col;
+          float* yp = static_cast<float*>(Yo) + yrow * ldo + col;
           if (vec && col + 1 < p.N) {
             float2 o = make_float2(v0, v1);
-            if constexpr (EPI == EPI_ADD_F32) {
+            if (add) {
               float2 old = *reinterpret_cast<float2*>(yp);
               o.x += old.x;
               o.y += old.y;
             }
             *reinterpret_cast<float2*>(yp) = o;
           } else {
-            if (col < p.N) yp[0] = (EPI == EPI_ADD_F32 ? yp[0] : 0.f) + v0;
-            if (col + 1 < p.N) yp[1] = (EPI == EPI_ADD_F32 ? yp[1] : 0.f) + v1;
+            if (col < p.N) yp[0] = (add ? yp[0] : 0.f) + v0;
+            if (col + 1 < p.N) yp[1] = (add ? yp[1] : 0.f) + v1;
           }
         }
       }
