@@ -15,6 +15,7 @@
 #include "cpu/cpu_backend.h"
 #include "core/error.h"
 #include "cuda/cuda_backend.h"
+#include "decode_test_util.h"
 #include "model/weights.h"
 
 using namespace lilac;
@@ -26,22 +27,14 @@ namespace {
     if (!cuda::gpu_available()) GTEST_SKIP() << "no CUDA GPU: none found";   \
   } while (0)
 
-double rel(const std::vector<float>& a, const std::vector<float>& b) {
-  double n = 0, d = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (!std::isfinite(a[i])) return INFINITY;
-    n += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
-    d += double(b[i]) * b[i];
-  }
-  return std::sqrt(n / std::max(d, 1e-30));
-}
+using cuda::testing::rel_err;
 // "position p: rel e" for the three positions whose logits differ most (diagnostics of a failure).
 std::string worst_positions(const std::vector<float>& got, const std::vector<float>& ref, int64_t V) {
   std::vector<std::pair<double, size_t>> e;
   for (size_t p = 0; p * size_t(V) < ref.size(); ++p) {
     const std::vector<float> g(got.begin() + long(p * V), got.begin() + long((p + 1) * V));
     const std::vector<float> r(ref.begin() + long(p * V), ref.begin() + long((p + 1) * V));
-    e.emplace_back(rel(g, r), p);
+    e.emplace_back(rel_err(g, r), p);
   }
   std::sort(e.rbegin(), e.rend());
   std::string s = "worst positions:";
@@ -98,7 +91,7 @@ void compare_fixture(const std::string& name) {
     cs->prefill(prompt, &csink);
     gs->prefill(prompt, &gsink);
     ASSERT_EQ(gpu_rows.size(), cpu_rows.size());
-    EXPECT_LE(rel(gpu_rows, cpu_rows), 3e-3) << worst_positions(gpu_rows, cpu_rows, c.vocab_size);
+    EXPECT_LE(rel_err(gpu_rows, cpu_rows), 3e-3) << worst_positions(gpu_rows, cpu_rows, c.vocab_size);
     EXPECT_EQ(gs->length(), 37);
     cs->begin_generation(greedy, prompt);
     gs->begin_generation(greedy, prompt);
@@ -108,7 +101,7 @@ void compare_fixture(const std::string& name) {
       const auto cl = cs->logits();
       if (margin(cl) < 0.02f) break;  // a near tie: the two backends may legitimately differ from here
       ASSERT_EQ(gt.token, ct.token) << "step " << step;
-      EXPECT_LE(rel(gs->logits(), cl), 3e-3) << "step " << step;
+      EXPECT_LE(rel_err(gs->logits(), cl), 3e-3) << "step " << step;
       gpu_tokens.push_back(gt.token);
       ct = cs->decode_step();
       gt = gs->decode_step();
@@ -164,7 +157,7 @@ TEST(CudaBackend, DISABLED_BatchedPrefillMatchesTokenPath) {
     LogitsSink none = [](int64_t, int64_t, const float*) {};
     t->prefill(prompt, &none);  // token by token (decode kernels)
     const auto la = a->logits(), lt = t->logits();
-    const double e1 = rel(la, lt);
+    const double e1 = rel_err(la, lt);
     SamplingParams greedy;
     a->begin_generation(greedy, prompt);
     t->begin_generation(greedy, prompt);
@@ -173,7 +166,7 @@ TEST(CudaBackend, DISABLED_BatchedPrefillMatchesTokenPath) {
     if (ta == tt) {
       a->decode_step();
       t->decode_step();
-      e2 = rel(a->logits(), t->logits());
+      e2 = rel_err(a->logits(), t->logits());
     }
     std::printf("batched vs token prefill, prompt %d: rel %.3g, after one decode step %.3g\n", attempt, e1, e2);
     close += (e1 <= 3e-2 && e2 <= 3e-2);

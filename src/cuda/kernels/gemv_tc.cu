@@ -473,6 +473,14 @@ struct Step {
   int64_t grp;
   int j;
 };
+// The step after `st` for a warp with `iters` k-tiles per group; groups are grid-strided.
+__device__ __forceinline__ Step next_step(Step st, int iters) {
+  if (++st.j == iters) {
+    st.j = 0;
+    st.grp += gridDim.x;
+  }
+  return st;
+}
 
 template <int BITS, int KS>
 __global__ void __launch_bounds__(kThreads, kMinBlocks<BITS>) gemv_tc_kernel(GemvArgs a) {
@@ -502,13 +510,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<BITS>) gemv_tc_kernel(Gem
     r[0] = row_ref(a.W, min(r0, rows - 1), BITS);
     r[1] = row_ref(a.W, min(r0 + 8, rows - 1), BITS);
   };
-  auto next = [&](Step st) {
-    if (++st.j == iters) {
-      st.j = 0;
-      st.grp += gridDim.x;
-    }
-    return st;
-  };
+  auto next = [&](Step s2) { return next_step(s2, iters); };
   auto load = [&](TileRegs<BITS>& t, Step st) {
     if (st.grp < ngrp && ks + st.j * KS < KT) {
       RowRef r[2];
@@ -648,13 +650,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<BITS>)
       nrows = Is;
     }
   };
-  auto next = [&](Step st) {
-    if (++st.j == iters) {
-      st.j = 0;
-      st.grp += gridDim.x;
-    }
-    return st;
-  };
+  auto next = [&](Step s2) { return next_step(s2, iters); };
   auto load = [&](TileRegs<BITS>& t, Step st) {
     if (st.grp < ngrp && ks + st.j * KS < KT) {
       int slot, j0, nrows;
@@ -791,13 +787,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<BITS>)
     sg.wt = wt;
     seg[t] = sg;
   };
-  auto next = [&](Step s2) {
-    if (++s2.j == iters) {
-      s2.j = 0;
-      s2.grp += gridDim.x;
-    }
-    return s2;
-  };
+  auto next = [&](Step s2) { return next_step(s2, iters); };
   auto load = [&](TileRegs<BITS>& t, Step s2) {
     if (s2.grp < nrb && ks + s2.j * KS < KT)
       load_tile_down<BITS>(t, seg, gI, k, min(s2.grp * 16 + g, rows - 1), min(s2.grp * 16 + g + 8, rows - 1),
