@@ -7,6 +7,20 @@
 //   while (!stop(t)) t = s->decode_step();   // feed t, compute logits, choose the next token
 // decode_step() reads the previously chosen token from the backend's own slot (a GPU backend
 // never round-trips it through the host); the host only receives copies for streaming.
+//
+// Several sessions at once (continuous batching): Backend::decode_batch(sessions) is one decode step
+// for each of them, with exactly the result s->decode_step() would give for each alone (token for
+// token, logits bit for bit: every backend's kernels are batch-invariant: a row's arithmetic never
+// depends on which other rows share the step). The default implementation is that loop; backends
+// override it to read each weight once for the whole batch. The single-sequence path stays as it is.
+//
+// Speculative decoding (the model's MTP head): draft() proposes up to k tokens after the pending one;
+// verify(drafts) feeds the pending token plus the drafts as one multi-row step, chooses tokens row by
+// row with the session's sampler, and leaves the state as if the accepted tokens had been decoded one
+// by one with decode_step() (rolled back past the first rejected draft).
+//
+// Constrained decoding: set_token_mask() restricts the choices of the next sample() / decode_step()
+// (and of decode_batch) to the allowed tokens.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -15,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "model/config.h"
 
 namespace lilac {
@@ -90,6 +105,34 @@ class Session {
   virtual void restore(const SessionSnapshot& snap) = 0;
   // Back to an empty context.
   virtual void reset() = 0;
+
+  // ---- constrained decoding
+  // Allowed tokens for the next choice only: `bits` holds ceil(vocab/32) words, bit (t % 32) of word
+  // t / 32 set = token t allowed; nullptr = no constraint. The mask applies before penalties and
+  // temperature; logprobs stay those of the raw distribution. At least one token must be allowed.
+  virtual void set_token_mask(const uint32_t* bits) {
+    if (bits) throw Error("this backend does not support token masks");
+  }
+
+  // ---- speculative decoding with the model's MTP head
+  // Whether draft() is available (the checkpoint has an MTP head and the backend implements it).
+  virtual bool can_draft() const { return false; }
+  // Up to k greedy draft tokens that follow the pending (sampled, not yet fed) token; fewer near the
+  // context limit. Does not change what decode_step() / verify() compute.
+  virtual std::vector<int32_t> draft(int k) {
+    (void)k;
+    return {};
+  }
+  // Feed the pending token and `drafts` (one multi-row step), then choose tokens row by row: the result
+  // holds the choices for the accepted drafts followed by one more (the model's own next token), i.e.
+  // 1..drafts.size()+1 choices, exactly those decode_step() would have produced one by one (greedy:
+  // equal tokens; sampling: the drafts are accepted by rejection sampling, so the distribution is that
+  // of decode_step()). Afterwards the session is in the state decode_step() would have left: its
+  // length grew by the number of choices and the last choice is pending. Default: no speculation.
+  virtual std::vector<TokenChoice> verify(std::span<const int32_t> drafts) {
+    if (!drafts.empty()) throw Error("this backend does not support speculative decoding");
+    return {decode_step()};
+  }
 };
 
 class Backend {
@@ -98,6 +141,18 @@ class Backend {
   virtual std::string name() const = 0;  // "cpu", "cuda", ...
   virtual const ModelConfig& config() const = 0;
   virtual std::unique_ptr<Session> new_session(int64_t max_length) = 0;
+
+  // One decode step for each of `sessions` (all created by this backend, each with a pending token):
+  // the same choices as calling decode_step() on each in turn. Backends override it to share the
+  // weight reads across the batch.
+  virtual std::vector<TokenChoice> decode_batch(std::span<Session* const> sessions) {
+    std::vector<TokenChoice> out;
+    out.reserve(sessions.size());
+    for (Session* s : sessions) out.push_back(s->decode_step());
+    return out;
+  }
+  // Largest batch decode_batch() runs as one step (larger batches are split); 1 = no batching.
+  virtual int max_batch() const { return 1; }
   // Human-readable device description for logs (e.g. "NVIDIA H200, 132 SMs").
   virtual std::string describe() const { return name(); }
 };
