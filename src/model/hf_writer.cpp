@@ -131,6 +131,7 @@ std::string config_to_json(const ModelConfig& c) {
   json lt = json::array();
   for (bool f : c.full_attention) lt.push_back(f ? "full_attention" : "linear_attention");
   t["layer_types"] = lt;
+  if (c.mtp_num_hidden_layers >= 0) t["mtp_num_hidden_layers"] = c.mtp_num_hidden_layers;
   if (!c.eos_token_ids.empty()) t["eos_token_id"] = c.eos_token_ids;
   return t.dump(2) + "\n";
 }
@@ -143,8 +144,8 @@ void write_hf_checkpoint(const ModelWeights& w, const std::string& out_dir, cons
   make_dir(out_dir);
   const ModelConfig& c = w.config;
   Arena a;
-  const std::string mp = "model.language_model.";
   walk_weights(w, [&](const WeightRef& r) {
+    const std::string mp = is_mtp_name(r.name) ? "" : "model.language_model.";  // mtp.* at the top level
     switch (r.kind) {
       case WeightKind::Matrix: {
         std::string name = r.name == "lm_head" ? "lm_head.weight" : mp + r.name + ".weight";
@@ -226,8 +227,8 @@ void write_mlx_checkpoint(const ModelWeights& w, const std::string& out_dir, con
               size_t(cnt * m.rows * m.groups_per_row()) * 2);
     if (m.bits != 4 || m.group_size != 64) q[base] = {{"group_size", m.group_size}, {"bits", m.bits}};
   };
-  const std::string mp = "language_model.model.";
   walk_weights(w, [&](const WeightRef& r) {
+    const std::string mp = is_mtp_name(r.name) ? "" : "language_model.model.";  // mtp.* at the top level
     switch (r.kind) {
       case WeightKind::Matrix:
         put_matrix(r.name == "lm_head" ? "language_model.lm_head" : mp + r.name, *r.matrix, 0);

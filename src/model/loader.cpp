@@ -1,6 +1,7 @@
 // load_model: MLX 4-bit layout (zero-copy views into the mmaps) or the original Hugging Face layout
 // (quantized on load to the same format). Every tensor is checked by name, dtype and shape.
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <set>
 
@@ -25,10 +26,12 @@ std::string shape_str(const std::vector<int64_t>& s) {
 }
 
 bool skipped_name(const std::string& n) {
-  for (const char* p : {"vision_tower.", "model.visual.", "mtp.", "language_model.mtp.", "model.mtp."})
+  for (const char* p : {"vision_tower.", "model.visual.", "language_model.mtp.", "model.mtp."})
     if (n.rfind(p, 0) == 0) return true;
   return false;
 }
+
+const std::string kMtp = "mtp.";  // the MTP head's tensors (MODEL_MTP.md §3), in both layouts
 
 struct Builder {
   const TensorSet& ts;
@@ -190,11 +193,11 @@ struct Builder {
     return layout == Layout::MLX ? mlx_matrix(base, 0, rows, cols) : hf_matrix(base, rows, cols, hf_bits);
   }
 
-  void load_layer(int i, LayerWeights& L) {
-    const std::string p = mp + "layers." + std::to_string(i) + ".";
+  // One decoder layer whose tensors are named `p` + "input_layernorm.weight", ... (p ends in '.').
+  void load_layer(const std::string& p, bool full_attention, LayerWeights& L) {
     const bool hf = layout == Layout::HF;
     const int64_t H = c.hidden_size;
-    L.full_attention = c.full_attention[size_t(i)];
+    L.full_attention = full_attention;
     L.input_norm = vec(p + "input_layernorm.weight", {H}, hf);
     L.post_norm = vec(p + "post_attention_layernorm.weight", {H}, hf);
     if (L.full_attention) {
@@ -269,6 +272,52 @@ struct Builder {
     }
   }
 
+  // The MTP head (MODEL_MTP.md §3; MLX layout: §8's transforms). Returns false when the checkpoint's
+  // mtp.* tensors are to be ignored (config.json says mtp_num_hidden_layers 0); sets no_mtp_reason.
+  bool load_mtp() {
+    int64_t count = 0, layers = 0;
+    const std::string lp = kMtp + "layers.";
+    for (auto& [name, t] : ts.tensors()) {
+      if (name.rfind(kMtp, 0) != 0) continue;
+      ++count;
+      if (name.rfind(lp, 0) == 0) layers = std::max<int64_t>(layers, std::atoll(name.c_str() + lp.size()) + 1);
+    }
+    const int declared = c.mtp_num_hidden_layers;
+    if (count == 0) {
+      w.no_mtp_reason = declared > 0 ? "config.json says mtp_num_hidden_layers " + std::to_string(declared) +
+                                           " but the checkpoint has no mtp.* tensors (MLX conversions drop them)"
+                                     : "the checkpoint has no MTP head (no mtp.* tensors)";
+      if (declared > 0) LILAC_LOG_INFO("%s: no MTP head: %s", ts.origin().c_str(), w.no_mtp_reason.c_str());
+      return true;
+    }
+    if (declared == 0) {
+      w.no_mtp_reason = "config.json says mtp_num_hidden_layers 0";
+      LILAC_LOG_INFO("%s: ignoring its %lld mtp.* tensors (config.json: mtp_num_hidden_layers 0)", ts.origin().c_str(),
+                     (long long)count);
+      return false;
+    }
+    const int64_t n = declared > 0 ? declared : std::max<int64_t>(1, layers);
+    if (n != 1)
+      throw Error(ts.origin() + ": the MTP head has " + std::to_string(n) +
+                  " layers (mtp_num_hidden_layers); lilac supports exactly one");
+    const bool hf = layout == Layout::HF;
+    const int64_t H = c.hidden_size;
+    MtpWeights& m = w.mtp;
+    try {
+      m.pre_fc_norm_embedding = vec(kMtp + "pre_fc_norm_embedding.weight", {H}, hf);
+      m.pre_fc_norm_hidden = vec(kMtp + "pre_fc_norm_hidden.weight", {H}, hf);
+      m.fc = matrix(kMtp + "fc", H, 2 * H);
+      m.layers.resize(1);
+      load_layer(lp + "0.", true, m.layers[0]);
+      m.norm = vec(kMtp + "norm.weight", {H}, hf);
+    } catch (const Error& e) {
+      m = MtpWeights{};
+      throw Error(std::string(e.what()) + " (MTP head: the checkpoint has " + std::to_string(count) +
+                  " mtp.* tensors, and a head needs all of them; see MODEL_MTP.md)");
+    }
+    return true;
+  }
+
   void load_all() {
     const int64_t V = c.vocab_size, H = c.hidden_size;
     w.embed = matrix(mp + "embed_tokens", V, H);
@@ -279,9 +328,11 @@ struct Builder {
     }
     w.final_norm = vec(mp + "norm.weight", {H}, layout == Layout::HF);
     w.layers.resize(size_t(c.num_layers));
-    for (int i = 0; i < c.num_layers; ++i) load_layer(i, w.layers[size_t(i)]);
+    for (int i = 0; i < c.num_layers; ++i)
+      load_layer(mp + "layers." + std::to_string(i) + ".", c.full_attention[size_t(i)], w.layers[size_t(i)]);
+    const bool ignore_mtp = !load_mtp();
     for (auto& [name, t] : ts.tensors()) {
-      if (used.count(name) || skipped_name(name)) continue;
+      if (used.count(name) || skipped_name(name) || (ignore_mtp && name.rfind(kMtp, 0) == 0)) continue;
       throw Error(t.file + ": unused tensor '" + name + "' (not part of the " + c.model_type +
                   " text model as configured; wrong layer count or layout?)");
     }

@@ -12,9 +12,7 @@ void walk_weights(const ModelWeights& w, const std::function<void(const WeightRe
   bool tied = w.lm_head.qweight == w.embed.qweight && w.lm_head.dense == w.embed.dense;
   if (!tied) mat("lm_head", w.lm_head);
   vec("norm.weight", WeightKind::NormCentred, w.final_norm);
-  for (size_t i = 0; i < w.layers.size(); ++i) {
-    const LayerWeights& L = w.layers[i];
-    const std::string p = "layers." + std::to_string(i) + ".";
+  auto layer = [&](const std::string& p, const LayerWeights& L) {
     vec(p + "input_layernorm.weight", WeightKind::NormCentred, L.input_norm);
     vec(p + "post_attention_layernorm.weight", WeightKind::NormCentred, L.post_norm);
     if (L.full_attention) {
@@ -46,6 +44,15 @@ void walk_weights(const ModelWeights& w, const std::function<void(const WeightRe
     mat(q + "shared_expert.up_proj", L.moe.shared_up);
     mat(q + "shared_expert.down_proj", L.moe.shared_down);
     mat(q + "shared_expert_gate", L.moe.shared_expert_gate);
+  };
+  for (size_t i = 0; i < w.layers.size(); ++i) layer("layers." + std::to_string(i) + ".", w.layers[i]);
+  if (w.has_mtp()) {
+    const MtpWeights& m = w.mtp;
+    vec("mtp.pre_fc_norm_embedding.weight", WeightKind::NormCentred, m.pre_fc_norm_embedding);
+    vec("mtp.pre_fc_norm_hidden.weight", WeightKind::NormCentred, m.pre_fc_norm_hidden);
+    mat("mtp.fc", m.fc);
+    for (size_t i = 0; i < m.layers.size(); ++i) layer("mtp.layers." + std::to_string(i) + ".", m.layers[i]);
+    vec("mtp.norm.weight", WeightKind::NormCentred, m.norm);
   }
 }
 

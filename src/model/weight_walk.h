@@ -27,6 +27,9 @@ struct WeightRef {
 };
 
 // Calls fn for each tensor in a fixed order. lm_head is skipped when tied to embed (same storage).
+// The MTP head's tensors come last, named as in the checkpoint ("mtp.fc", "mtp.layers.0.mlp.gate", ...):
+// is_mtp_name() tells the writers not to put the model prefix in front of them.
 void walk_weights(const ModelWeights& w, const std::function<void(const WeightRef&)>& fn);
+inline bool is_mtp_name(const std::string& name) { return name.rfind("mtp.", 0) == 0; }
 
 }  // namespace lilac
