@@ -9,6 +9,7 @@
 #include "core/bf16.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "cpu/attention.h"
 #include "cpu/ops.h"
 #include "engine/sampler.h"
 
@@ -18,10 +19,10 @@ namespace {
 
 class CpuBackend;
 
-// Per-layer state of one session.
-struct LayerState {
-  std::vector<float> k, v;          // attention: [len, kv_dim] each (grows with the context)
-  std::vector<float> S, conv;       // Gated DeltaNet: [Hv, dk, dv] and [conv_dim, K-1]
+// Per-layer state of one session: attention k / v [len, kv_dim] each (KvCache, grows with the context),
+// or Gated DeltaNet S [Hv, dk, dv] and conv [conv_dim, K-1].
+struct LayerState : KvCache {
+  std::vector<float> S, conv;
 };
 
 class CpuSnapshot : public SessionSnapshot {
@@ -236,56 +237,8 @@ class CpuSessionImpl : public CpuSession {
 
   // Gated attention over the chunk; appends k/v to the cache.
   void attention_block(const AttentionWeights& a, LayerState& st, const float* y, int64_t n, float* out) {
-    const int heads = cfg_.num_heads, kvh = cfg_.num_kv_heads, hd = cfg_.head_dim;
-    const int64_t qrows = cfg_.q_proj_rows(), kvd = cfg_.kv_dim(), qd = int64_t(heads) * hd;
-    const bool gated = cfg_.attn_output_gate;
-    const float eps = float(cfg_.rms_norm_eps);
-    ThreadPool* pool = be_.pool();
-    std::vector<float> qg(static_cast<size_t>(n * qrows)), q(static_cast<size_t>(n * qd)), gate(gated ? static_cast<size_t>(n * qd) : 0), att(static_cast<size_t>(n * qd));
-    if (int64_t(st.k.size()) < (len_ + n) * kvd) {
-      const size_t cap = static_cast<size_t>(std::min(max_len_, std::max(len_ + n, 2 * len_)) * kvd);
-      st.k.resize(cap);
-      st.v.resize(cap);
-    }
-    float* K = st.k.data();
-    float* Vc = st.v.data();
-    qmatmul(a.q_proj, y, n, qg.data(), pool);
-    qmatmul(a.k_proj, y, n, K + len_ * kvd, pool);
-    qmatmul(a.v_proj, y, n, Vc + len_ * kvd, pool);
-    for (int64_t t = 0; t < n; ++t) {
-      const int64_t pos = len_ + t;
-      float* qt = q.data() + t * qd;
-      if (gated)
-        split_query_gate(qg.data() + t * qrows, heads, hd, qt, gate.data() + t * qd);
-      else
-        std::memcpy(qt, qg.data() + t * qrows, static_cast<size_t>(qd) * sizeof(float));
-      for (int h = 0; h < heads; ++h) {
-        float* qh = qt + int64_t(h) * hd;
-        rmsnorm(qh, a.q_norm.data(), hd, eps, qh);
-        rope_with(qh, cfg_.rotary_dim, pos, be_.inv_freq());
-      }
-      float* kt = K + pos * kvd;
-      for (int h = 0; h < kvh; ++h) {
-        float* kh = kt + int64_t(h) * hd;
-        rmsnorm(kh, a.k_norm.data(), hd, eps, kh);
-        rope_with(kh, cfg_.rotary_dim, pos, be_.inv_freq());
-      }
-      if (kv_bf16_) {
-        float* vt = Vc + pos * kvd;
-        for (int64_t i = 0; i < kvd; ++i) {
-          kt[i] = bf16_to_f32(f32_to_bf16(kt[i]));
-          vt[i] = bf16_to_f32(f32_to_bf16(vt[i]));
-        }
-      }
-    }
-    // Each token attends to the cache up to and including itself; tokens are independent.
-    parallel_for(pool, n, [&](int64_t t0, int64_t t1) {
-      std::vector<float> scores(static_cast<size_t>(len_ + n));
-      for (int64_t t = t0; t < t1; ++t)
-        gated_attention_token(q.data() + t * qd, gated ? gate.data() + t * qd : nullptr, K, Vc, len_ + t + 1, heads,
-                              kvh, hd, att.data() + t * qd, scores.data());
-    });
-    qmatmul(a.o_proj, att.data(), n, out, pool);
+    AttentionCall call{cfg_, be_.inv_freq(), max_len_, kv_bf16_, false, be_.pool()};
+    attention_rows(call, a, st, len_, y, n, out);
   }
 
   // Gated DeltaNet over the chunk: conv (recurrent state of the last K-1 inputs), then the delta

@@ -53,26 +53,49 @@ float qdot_row_bits(const QMatrix& W, int64_t r, const float* xt, const float* x
   return y;
 }
 
+// x permuted within each group for qdot_row_bits (xt) and its per-group sums (xsum).
+void prepare_qdot_input(const QMatrix& W, const float* x, float* xt, float* xsum) {
+  const int64_t G = W.groups_per_row(), gs = W.group_size;
+  const int per_word = 32 / W.bits;
+  const int64_t wpg = gs / per_word;
+  for (int64_t g = 0; g < G; ++g) {
+    float s = 0.f;
+    for (int64_t j = 0; j < gs; ++j) s += x[g * gs + j];
+    xsum[g] = s;
+    for (int64_t w = 0; w < wpg; ++w)
+      for (int i = 0; i < per_word; ++i) xt[g * gs + i * wpg + w] = x[g * gs + w * per_word + i];
+  }
+}
+
+float qdot_row(const QMatrix& W, int64_t r, const float* xt, const float* xsum) {
+  return W.bits == 4 ? qdot_row_bits<4>(W, r, xt, xsum) : qdot_row_bits<8>(W, r, xt, xsum);
+}
+
 }  // namespace
 
 void qmatvec(const QMatrix& W, const float* x, float* y, ThreadPool* pool) {
   if (!W.quantized() || (W.bits != 4 && W.bits != 8)) return qmatmul(W, x, 1, y, pool);
-  const int64_t G = W.groups_per_row(), gs = W.group_size;
-  const int per_word = 32 / W.bits;
-  const int64_t wpg = gs / per_word;
-  std::vector<float> xsum(static_cast<size_t>(G)), xt(static_cast<size_t>(W.cols));
-  for (int64_t g = 0; g < G; ++g) {
-    float s = 0.f;
-    for (int64_t j = 0; j < gs; ++j) s += x[g * gs + j];
-    xsum[static_cast<size_t>(g)] = s;
-    for (int64_t w = 0; w < wpg; ++w)
-      for (int i = 0; i < per_word; ++i) xt[static_cast<size_t>(g * gs + i * wpg + w)] = x[g * gs + w * per_word + i];
-  }
+  std::vector<float> xsum(static_cast<size_t>(W.groups_per_row())), xt(static_cast<size_t>(W.cols));
+  prepare_qdot_input(W, x, xt.data(), xsum.data());
   const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, W.cols));
   parallel_for(pool, W.rows, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) y[r] = qdot_row(W, r, xt.data(), xsum.data());
+  }, grain);
+}
+
+void qmatvec_rows(const QMatrix& W, const float* X, int64_t n, float* Y, ThreadPool* pool) {
+  // Dense and other widths: qmatvec is qmatmul's n = 1 case, whose per-row arithmetic does not depend on n.
+  if (!W.quantized() || (W.bits != 4 && W.bits != 8) || n == 1) {
+    if (n == 1) return qmatvec(W, X, Y, pool);
+    return qmatmul(W, X, n, Y, pool);
+  }
+  const int64_t G = W.groups_per_row(), cols = W.cols, rows = W.rows;
+  std::vector<float> xsum(static_cast<size_t>(n * G)), xt(static_cast<size_t>(n * cols));
+  for (int64_t t = 0; t < n; ++t) prepare_qdot_input(W, X + t * cols, xt.data() + t * cols, xsum.data() + t * G);
+  const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, cols * n));
+  parallel_for(pool, rows, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r)
-      y[r] = W.bits == 4 ? qdot_row_bits<4>(W, r, xt.data(), xsum.data())
-                         : qdot_row_bits<8>(W, r, xt.data(), xsum.data());
+      for (int64_t t = 0; t < n; ++t) Y[t * rows + r] = qdot_row(W, r, xt.data() + t * cols, xsum.data() + t * G);
   }, grain);
 }
 
@@ -383,34 +406,44 @@ void moe_route(const float* router_logits, int n_experts, int k, bool renormalis
   }
 }
 
-void swiglu(const QMatrix& gate, const QMatrix& up, const QMatrix& down, const float* X, int64_t n, float* Y,
-            float* hidden, ThreadPool* pool) {
+namespace {
+
+// qmatmul, or its row-exact form.
+void matmul(bool exact, const QMatrix& W, const float* X, int64_t n, float* Y, ThreadPool* pool) {
+  if (exact) qmatvec_rows(W, X, n, Y, pool);
+  else qmatmul(W, X, n, Y, pool);
+}
+
+void swiglu_impl(bool exact, const QMatrix& gate, const QMatrix& up, const QMatrix& down, const float* X, int64_t n,
+                 float* Y, float* hidden, ThreadPool* pool) {
   const int64_t I = gate.rows;
   float* G = hidden;
   float* Uu = hidden + n * I;
-  qmatmul(gate, X, n, G, pool);
-  qmatmul(up, X, n, Uu, pool);
+  matmul(exact, gate, X, n, G, pool);
+  matmul(exact, up, X, n, Uu, pool);
   for (int64_t i = 0; i < n * I; ++i) G[i] = silu(G[i]) * Uu[i];
-  qmatmul(down, G, n, Y, pool);
+  matmul(exact, down, G, n, Y, pool);
 }
 
-void moe_forward(const MoEWeights& w, const ModelConfig& cfg, const float* X, int64_t n, float* Y,
-                 ThreadPool* pool) {
+// Every token's output is accumulated in the same order whatever n is (shared expert, then the routed
+// experts by ascending id), so with exact products a token's result does not depend on the others.
+void moe_impl(bool exact, const MoEWeights& w, const ModelConfig& cfg, const float* X, int64_t n, float* Y,
+              ThreadPool* pool) {
   const int64_t H = cfg.hidden_size;
   const int E = cfg.num_experts, k = cfg.num_experts_per_tok;
   const int64_t I = cfg.moe_intermediate_size, Is = cfg.shared_expert_intermediate_size;
   // Routing.
   std::vector<float> logits(static_cast<size_t>(n) * E);
-  qmatmul(w.router, X, n, logits.data(), pool);
+  matmul(exact, w.router, X, n, logits.data(), pool);
   std::vector<int> ids(static_cast<size_t>(n) * k);
   std::vector<float> wts(static_cast<size_t>(n) * k);
   for (int64_t t = 0; t < n; ++t)
     moe_route(logits.data() + t * E, E, k, cfg.norm_topk_prob, ids.data() + t * k, wts.data() + t * k);
   // Shared expert, gated by sigmoid(shared_expert_gate · x).
   std::vector<float> hidden(static_cast<size_t>(2 * n * std::max(I, Is))), out(static_cast<size_t>(n * H));
-  swiglu(w.shared_gate, w.shared_up, w.shared_down, X, n, Y, hidden.data(), pool);
+  swiglu_impl(exact, w.shared_gate, w.shared_up, w.shared_down, X, n, Y, hidden.data(), pool);
   std::vector<float> sg(static_cast<size_t>(n));
-  qmatmul(w.shared_expert_gate, X, n, sg.data(), pool);
+  matmul(exact, w.shared_expert_gate, X, n, sg.data(), pool);
   for (int64_t t = 0; t < n; ++t) {
     const float s = sigmoid(sg[t]);
     for (int64_t d = 0; d < H; ++d) Y[t * H + d] *= s;
@@ -425,7 +458,8 @@ void moe_forward(const MoEWeights& w, const ModelConfig& cfg, const float* X, in
     if (toks.empty()) continue;
     const int64_t m = int64_t(toks.size());
     for (int64_t i = 0; i < m; ++i) std::memcpy(xe.data() + i * H, X + toks[i].first * H, static_cast<size_t>(H) * sizeof(float));
-    swiglu(w.gate.expert(e), w.up.expert(e), w.down.expert(e), xe.data(), m, out.data(), hidden.data(), pool);
+    swiglu_impl(exact, w.gate.expert(e), w.up.expert(e), w.down.expert(e), xe.data(), m, out.data(), hidden.data(),
+                pool);
     for (int64_t i = 0; i < m; ++i) {
       float* y = Y + toks[i].first * H;
       const float* oe = out.data() + i * H;
@@ -433,6 +467,23 @@ void moe_forward(const MoEWeights& w, const ModelConfig& cfg, const float* X, in
       for (int64_t d = 0; d < H; ++d) y[d] += wt * oe[d];
     }
   }
+}
+
+}  // namespace
+
+void swiglu(const QMatrix& gate, const QMatrix& up, const QMatrix& down, const float* X, int64_t n, float* Y,
+            float* hidden, ThreadPool* pool) {
+  swiglu_impl(false, gate, up, down, X, n, Y, hidden, pool);
+}
+
+void moe_forward(const MoEWeights& w, const ModelConfig& cfg, const float* X, int64_t n, float* Y,
+                 ThreadPool* pool) {
+  moe_impl(false, w, cfg, X, n, Y, pool);
+}
+
+void moe_forward_rows(const MoEWeights& w, const ModelConfig& cfg, const float* X, int64_t n, float* Y,
+                      ThreadPool* pool) {
+  moe_impl(true, w, cfg, X, n, Y, pool);
 }
 
 }  // namespace lilac::cpu

@@ -23,6 +23,10 @@ void qmatvec(const QMatrix& W, const float* x, float* y, ThreadPool* pool = null
 // Y[n, W.rows] = X[n, W.cols] Wᵀ: each row of W is dequantized once and dotted with all n inputs
 // (n == 1 goes through qmatvec).
 void qmatmul(const QMatrix& W, const float* X, int64_t n, float* Y, ThreadPool* pool = nullptr);
+// Y[n, W.rows] with row t exactly (bit for bit) qmatvec(W, X + t * W.cols): each weight row is read once
+// for all n inputs. A multi-row step built from these gives every row the result of a one-token step
+// (speculative verification, batched decode: a row's arithmetic never depends on the other rows).
+void qmatvec_rows(const QMatrix& W, const float* X, int64_t n, float* Y, ThreadPool* pool = nullptr);
 // out[W.cols] = dequantized row `token` of the embedding matrix.
 void embed_row(const QMatrix& embed, int32_t token, float* out);
 
@@ -103,6 +107,10 @@ void swiglu(const QMatrix& gate, const QMatrix& up, const QMatrix& down, const f
 // shared(x). Tokens are grouped by expert so every expert's weights are dequantized once per call.
 void moe_forward(const MoEWeights& w, const ModelConfig& cfg, const float* X, int64_t n, float* Y,
                  ThreadPool* pool = nullptr);
+// The same block with row-exact matrix products (qmatvec_rows): token t's output is bit for bit
+// moe_forward of that token alone (n = 1), whatever the other tokens.
+void moe_forward_rows(const MoEWeights& w, const ModelConfig& cfg, const float* X, int64_t n, float* Y,
+                      ThreadPool* pool = nullptr);
 
 // ---------------------------------------------------------------- inline definitions
 inline float silu(float x) { return x / (1.f + std::exp(-x)); }
