@@ -46,6 +46,13 @@ foreach(fx tiny tiny2)
             -DRC=0 "-DEXPECT=\nPASS [^\n]*\n?$;seq0 ;gen1 [^\n]*tokens identical;activation seq2.layer.3 "
             -P "${_me}")
 endforeach()
+# tiny-mtp: the MTP head's rows and the speculative generations are reported and checked.
+add_test(NAME cli_golden_cpu_tiny-mtp
+  COMMAND ${CMAKE_COMMAND} -DLILAC=$<TARGET_FILE:lilac>
+          "-DARGS=check-golden;--model;${_fx}/tiny-mtp/mlx4;--golden;${_fx}/tiny-mtp/golden.safetensors;--backend;cpu;--threads;2"
+          -DRC=0 "-DEXPECT=\nPASS [^\n]*MTP head checked[^\n]*\n?$;seq3 +MTP rows 150/150: max.dlogit. [0-9.e-]+;gen1 +speculative \\(k=3\\): identical to plain greedy; 23 rounds"
+          -P "${_me}")
+set_tests_properties(cli_golden_cpu_tiny-mtp PROPERTIES LABELS cli)
 # gen0 of tiny (golden.safetensors gen0.prompt / gen0.output[:8]): the oracle's greedy continuation.
 add_test(NAME cli_generate_cpu_tiny_gen0
   COMMAND ${CMAKE_COMMAND} -DLILAC=$<TARGET_FILE:lilac>
