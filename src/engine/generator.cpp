@@ -74,6 +74,13 @@ GenerationStats Generator::run(const GenerationRequest& req, const TokenCallback
                      std::to_string(req.max_tokens) + ") exceeds the context limit of " +
                      std::to_string(s_.max_length()) + " tokens");
   auto is_cancelled = [&] { return cancel && cancel->load(std::memory_order_relaxed); };
+  if (req.spec_tokens < 0) throw InputError("spec_tokens must be >= 0");
+  if (req.spec_tokens > 0 && !drafting_ && s_.can_draft()) {
+    // The head must follow the context from its start: a context it did not see is not reused.
+    s_.enable_drafting(true);
+    drafting_ = true;
+    context_valid_ = false;
+  }
   const auto t0 = Clock::now();
   try {
     int64_t pos = prepare(req, st);
@@ -113,6 +120,9 @@ GenerationStats Generator::run(const GenerationRequest& req, const TokenCallback
     const auto t1 = Clock::now();
     s_.begin_generation(req.sampling, p);
     StreamDetokenizer detok(tok_, req.stop_strings, false);
+    SpecStep step(s_, req.spec_tokens, hook_);
+    std::vector<TokenChoice> ahead;  // choices of the last step not yet consumed (in order)
+    size_t next_ahead = 0;
     TokenChoice t = s_.sample();
     st.ttft_seconds = seconds_since(t0);
     st.completion_tokens = 1;
@@ -143,13 +153,21 @@ GenerationStats Generator::run(const GenerationRequest& req, const TokenCallback
         st.finish = FinishReason::Length;
         break;
       }
-      context_valid_ = false;
-      int32_t fed = g.id;
-      t = s_.decode_step();
-      context_.push_back(fed);
-      context_valid_ = true;
+      if (next_ahead == ahead.size()) {
+        context_valid_ = false;
+        ahead = step.next(st.completion_tokens - 1, req.max_tokens - st.completion_tokens, req.stop_ids);
+        next_ahead = 0;
+        // Fed: the pending token and the accepted drafts; the last choice is the new pending token.
+        context_.push_back(g.id);
+        for (size_t i = 0; i + 1 < ahead.size(); ++i) context_.push_back(ahead[i].token);
+        context_valid_ = true;
+      }
+      t = std::move(ahead[next_ahead++]);
       ++st.completion_tokens;
     }
+    st.spec_rounds = step.stats().rounds;
+    st.spec_drafted = step.stats().drafted;
+    st.spec_accepted = step.stats().accepted;
     if (st.finish != FinishReason::Cancelled && !detok.stopped()) {
       GeneratedToken g;
       g.text = detok.finish();

@@ -1,5 +1,8 @@
 // One generation on a Session: prefill (resuming from the prefix cache), then sample / decode_step
 // until an end-of-turn id, a stop string, max_tokens or cancellation; streams detokenized text.
+// With spec_tokens > 0 and a session that can draft, each step is a speculative one (engine/speculative.h)
+// whose 1..K+1 choices go through the same stop / detokenizer logic one by one: the output is the one
+// plain decoding gives (token for token, for greedy and for a sampling seed).
 //
 // Prefix reuse: the prompt is prefilled in segments that end at message boundaries (after each
 // `boundary_token`, i.e. <|im_end|>) and at the end of the prompt; the session is snapshotted at each
@@ -14,6 +17,7 @@
 
 #include "engine/backend.h"
 #include "engine/prefix_cache.h"
+#include "engine/speculative.h"
 
 namespace lilac {
 
@@ -28,6 +32,7 @@ struct GenerationRequest {
   int32_t boundary_token = -1;             // snapshot after each occurrence in the prompt (-1: none)
   bool use_cache = true;
   int64_t prefill_chunk = 2048;            // prefill calls of at most this many tokens (cancel checks)
+  int spec_tokens = 0;                     // speculative decoding: MTP drafts per step (0 = off)
 };
 
 enum class FinishReason { Stop, Length, Cancelled };
@@ -49,6 +54,7 @@ struct GenerationStats {
   int64_t completion_tokens = 0;  // sampled tokens (an end-of-turn id counts)
   int snapshots_taken = 0;
   bool cache_hit = false;
+  int64_t spec_rounds = 0, spec_drafted = 0, spec_accepted = 0;  // speculative steps, drafts, accepted drafts
   double prefill_seconds = 0, decode_seconds = 0, ttft_seconds = 0;
 };
 
@@ -65,8 +71,13 @@ class Generator {
   GenerationStats run(const GenerationRequest& req, const TokenCallback& on_token,
                       const std::atomic<bool>* cancel = nullptr);
 
-  // Tokens the session holds after the last run (its context), or empty when unknown.
+  // Tokens the session holds after the last run (its context), or empty when unknown. With speculation
+  // it may go past the last emitted token (drafts fed in the round a stop string ended).
   const std::vector<int32_t>& context() const { return context_; }
+
+  // Tests and `bench`: replaces the MTP drafts of speculative steps (see DraftHook); also makes sessions
+  // without an MTP head speculate.
+  void set_draft_hook(DraftHook hook) { hook_ = std::move(hook); }
 
  private:
   int64_t prepare(const GenerationRequest& req, GenerationStats& st);
@@ -76,6 +87,8 @@ class Generator {
   PrefixCache* cache_;
   std::vector<int32_t> context_;
   bool context_valid_ = false;
+  bool drafting_ = false;  // the session follows the context with its MTP head
+  DraftHook hook_;
 };
 
 }  // namespace lilac
