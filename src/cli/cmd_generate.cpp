@@ -14,8 +14,10 @@
 
 #include "cli/backend_select.h"
 #include "cli/command.h"
+#include "cli/spec_options.h"
 #include "core/error.h"
 #include "core/mapped_file.h"
+#include "engine/speculative.h"
 #include "model/weights.h"
 #include "text/chat_template.h"
 #include "text/detokenizer.h"
@@ -28,6 +30,7 @@ struct Args {
   std::string model, prompt_ids, prompt, chat, backend = "auto";
   int threads = 0;
   int max_tokens = 32;
+  int spec_tokens = 0;
   bool ignore_eos = false;
   // Sampling: unset options take the model's generation_config.json defaults, else greedy.
   std::optional<float> temperature, top_p, min_p, repetition_penalty, presence_penalty, frequency_penalty;
@@ -104,7 +107,11 @@ int run(const Args& a) {
                backend->describe().c_str(), prompt.size(), double(sp.temperature), double(sp.top_p), sp.top_k,
                double(sp.min_p), (unsigned long long)sp.seed);
 
+  const int spec = effective_spec_tokens(a.spec_tokens, *backend, *weights);
   auto session = backend->new_session(int64_t(prompt.size()) + a.max_tokens + 1);
+  session->enable_drafting(spec > 0);
+  SpecStep step(*session, spec);
+  const std::vector<int32_t> stop_ids = a.ignore_eos ? std::vector<int32_t>{} : cfg.eos_token_ids;
   std::unique_ptr<StreamDetokenizer> detok;
   if (tok) detok = std::make_unique<StreamDetokenizer>(*tok);
 
@@ -123,6 +130,8 @@ int run(const Args& a) {
     int32_t t = session->sample().token;
     prefill_s = seconds_since(t0);
     auto t1 = std::chrono::steady_clock::now();
+    std::vector<TokenChoice> ahead;  // a speculative step's choices, consumed one by one
+    size_t next = 0;
     for (;;) {
       out.push_back(t);
       if (is_eos(t)) break;
@@ -131,7 +140,11 @@ int run(const Args& a) {
         std::fflush(stdout);
       }
       if (int(out.size()) >= a.max_tokens) break;
-      t = session->decode_step().token;
+      if (next == ahead.size()) {
+        ahead = step.next(int64_t(out.size()) - 1, a.max_tokens - int64_t(out.size()), stop_ids);
+        next = 0;
+      }
+      t = ahead[next++].token;
     }
     decode_s = seconds_since(t1);
     if (detok) std::fputs((detok->finish() + "\n").c_str(), stdout);
@@ -147,6 +160,9 @@ int run(const Args& a) {
               prompt.size(), prefill_s, prefill_s > 0 ? double(prompt.size()) / prefill_s : 0.0, n_decode, decode_s,
               decode_s > 0 ? n_decode / decode_s : 0.0);
   if (!out.empty() && is_eos(out.back())) std::printf("stopped at end-of-turn token %d\n", out.back());
+  if (step.stats().rounds > 0)
+    std::printf("speculative: %lld steps with drafts, %lld of %lld drafts accepted\n", (long long)step.stats().rounds,
+                (long long)step.stats().accepted, (long long)step.stats().drafted);
   return 0;
 }
 
@@ -169,6 +185,7 @@ const bool registered = register_command(Command{
       sub.add_option("--frequency-penalty", a->frequency_penalty, "OpenAI-style frequency penalty");
       sub.add_option("--seed", a->seed, "random seed for sampling")->capture_default_str();
       sub.add_flag("--ignore-eos", a->ignore_eos, "do not stop at the model's end-of-turn tokens");
+      add_spec_option(sub, a->spec_tokens);
       return [a] { return run(*a); };
     }});
 

@@ -348,6 +348,7 @@ void Server::handle_generation(const httplib::Request& req, httplib::Response& r
     gr.stop_ids = I->eos;
     gr.stop_strings = common->stop;
     gr.boundary_token = chat ? I->boundary : -1;
+    gr.spec_tokens = opts_.spec_tokens;
     auto job = std::make_shared<Job>(std::move(gr));
 
     ResponseMeta meta;
