@@ -4,10 +4,10 @@
 
 #include <string>
 
-#include "server/detectors.h"
-#include "server/hybrid.h"
+#include "router/detectors.h"
+#include "router/hybrid.h"
 
-using namespace lilac::server;
+using namespace lilac::router;
 using json = nlohmann::json;
 
 namespace {

@@ -41,7 +41,7 @@ struct ServerOptions {
   bool log_requests = true;
 };
 
-// Optional hook for a request router (the hybrid router, src/server/hybrid*). Every member may be
+// Optional hook for a request router (the hybrid router, src/router/hybrid.h). Every member may be
 // empty. maybe_forward is called first by POST /v1/chat/completions and /v1/completions with the
 // parsed body; returning true means it answered the request itself (the local engine does nothing).
 // local_busy: the local queue is full (a local request would get 429). on_local is called when a

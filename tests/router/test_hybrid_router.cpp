@@ -5,9 +5,9 @@
 #include <chrono>
 #include <ctime>
 
-#include "server/hybrid.h"
+#include "router/hybrid.h"
 
-using namespace lilac::server;
+using namespace lilac::router;
 using json = nlohmann::json;
 
 namespace {
