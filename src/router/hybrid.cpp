@@ -16,6 +16,7 @@
 namespace lilac::router {
 
 using json = nlohmann::json;
+using ojson = nlohmann::ordered_json;
 using server::RouteHook;
 using server::Server;
 
@@ -39,7 +40,7 @@ void HybridRouter::answer_error(httplib::Response& res, int status, const std::s
   res.set_content(server::error_body(status, msg, "", param, code).dump(), "application/json");
 }
 
-bool HybridRouter::serve_local_renamed(const httplib::Request& req, httplib::Response& res, const json& body,
+bool HybridRouter::serve_local_renamed(const httplib::Request& req, httplib::Response& res, const ojson& body,
                                        bool chat, bool stream) {
   if (!server_) {
     answer_error(res, 404, "The model '" + body.value("model", std::string()) + "' cannot be served locally.",
@@ -59,9 +60,9 @@ bool HybridRouter::serve_local_renamed(const httplib::Request& req, httplib::Res
   lo.route_label = "local";
   lo.inject_route_field = false;  // the local server adds "lilac_route": "local" itself
   UpstreamClient self(lo);
-  json local = body;
+  ojson local = body;
   local["model"] = router_.config().local_model_id;
-  local["lilac"] = json{{"route", "local"}};
+  local["lilac"] = ojson{{"route", "local"}};
   auto r = self.forward(chat ? "/chat/completions" : "/completions", local.dump(), stream, res,
                         req.get_header_value("Authorization"));
   if (!r.answered) {
@@ -71,7 +72,7 @@ bool HybridRouter::serve_local_renamed(const httplib::Request& req, httplib::Res
   return true;
 }
 
-bool HybridRouter::maybe_forward(const httplib::Request& req, httplib::Response& res, const json& body, bool local_busy) {
+bool HybridRouter::maybe_forward(const httplib::Request& req, httplib::Response& res, const ojson& body, bool local_busy) {
   if (!body.is_object()) return false;
   const bool chat = req.path.find("/chat/completions") != std::string::npos;
   const auto t0 = std::chrono::steady_clock::now();
@@ -108,7 +109,7 @@ bool HybridRouter::maybe_forward(const httplib::Request& req, httplib::Response&
   if (upstream_model.empty()) {
     failure = "no upstream model is known (pass --upstream-model, or the upstream's /v1/models failed)";
   } else {
-    json fwd = body;
+    ojson fwd = body;
     fwd.erase("lilac");
     for (const auto& f : pol.drop_fields) fwd.erase(f);
     fwd["model"] = upstream_model;
@@ -133,7 +134,7 @@ bool HybridRouter::maybe_forward(const httplib::Request& req, httplib::Response&
   return true;
 }
 
-void HybridRouter::on_local(const json& body) { router_.remember_local(body); }
+void HybridRouter::on_local(const ojson& body) { router_.remember_local(body); }
 
 json HybridRouter::extra_models() {
   const auto& pol = router_.policy();
@@ -160,11 +161,11 @@ RouteHook HybridRouter::make_hook(Server* server) {
   server_ = server;
   std::weak_ptr<HybridRouter> self = weak_from_this();
   RouteHook h;
-  h.maybe_forward = [self](const httplib::Request& req, httplib::Response& res, const json& body, bool busy) {
+  h.maybe_forward = [self](const httplib::Request& req, httplib::Response& res, const ojson& body, bool busy) {
     auto s = self.lock();
     return s ? s->maybe_forward(req, res, body, busy) : false;
   };
-  h.on_local = [self](const json& body) {
+  h.on_local = [self](const ojson& body) {
     if (auto s = self.lock()) s->on_local(body);
   };
   h.extra_models = [self]() {

@@ -41,15 +41,15 @@ class HybridRouter : public std::enable_shared_from_this<HybridRouter> {
   server::RouteHook make_hook(server::Server* server);
 
   // The pieces of the hook (public for tests).
-  bool maybe_forward(const httplib::Request& req, httplib::Response& res, const nlohmann::json& body, bool local_busy);
-  void on_local(const nlohmann::json& body);
+  bool maybe_forward(const httplib::Request& req, httplib::Response& res, const nlohmann::ordered_json& body, bool local_busy);
+  void on_local(const nlohmann::ordered_json& body);
   nlohmann::json extra_models();
 
   Router& router() { return router_; }
   UpstreamClient& upstream() { return *upstream_; }
 
  private:
-  bool serve_local_renamed(const httplib::Request& req, httplib::Response& res, const nlohmann::json& body,
+  bool serve_local_renamed(const httplib::Request& req, httplib::Response& res, const nlohmann::ordered_json& body,
                            bool chat, bool stream);
   void answer_error(httplib::Response& res, int status, const std::string& msg, const std::string& code,
                     const std::string& param = "");

@@ -2,13 +2,14 @@
 // the rule order of router.h.
 #include "router/router.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "router/detectors.h"
 
 namespace lilac::router {
 
-using json = nlohmann::json;
+using ojson = nlohmann::ordered_json;
 
 // ------------------------------------------------------------------------------------------- hashing
 
@@ -49,18 +50,60 @@ struct Hasher {
   uint64_t done() const { return fmix(h); }
 };
 
-void hash_string_field(Hasher& hs, const json& m, const char* key, char tag) {
+// Hashes a JSON value independently of its objects' key order (clients re-serialise them freely).
+// Iterative: request bodies come from clients.
+void hash_value(Hasher& hs, const ojson& root) {
+  struct Item {
+    const ojson* v = nullptr;
+    const std::string* key = nullptr;
+    char close = 0;
+  };
+  std::vector<Item> st{{&root}};
+  std::vector<std::pair<const std::string*, const ojson*>> kv;
+  while (!st.empty()) {
+    const Item it = st.back();
+    st.pop_back();
+    if (it.close) {
+      hs.tag(it.close);
+    } else if (it.key) {
+      hs.tag(':');
+      hs.bytes(*it.key);
+    } else if (it.v->is_object()) {
+      hs.tag('{');
+      st.push_back({nullptr, nullptr, '}'});
+      kv.clear();
+      for (auto i = it.v->begin(); i != it.v->end(); ++i) kv.emplace_back(&i.key(), &i.value());
+      std::sort(kv.begin(), kv.end(), [](const auto& a, const auto& b) { return *a.first > *b.first; });
+      for (const auto& [k, v] : kv) {  // largest key pushed first: popped in ascending order
+        st.push_back({v});
+        st.push_back({nullptr, k});
+      }
+    } else if (it.v->is_array()) {
+      hs.tag('[');
+      st.push_back({nullptr, nullptr, ']'});
+      for (auto i = it.v->rbegin(); i != it.v->rend(); ++i) st.push_back({&*i});
+    } else if (it.v->is_string()) {
+      hs.tag('s');
+      hs.bytes(it.v->get_ref<const std::string&>());
+    } else {
+      hs.tag('v');
+      hs.bytes(it.v->dump());  // a number, boolean or null
+    }
+  }
+}
+
+void hash_string_field(Hasher& hs, const ojson& m, const char* key, char tag) {
   auto it = m.find(key);
   if (it == m.end() || !it->is_string()) return;
   hs.tag(tag);
   hs.bytes(it->get_ref<const std::string&>());
 }
 
-uint64_t hash_message(const json& m) {
+uint64_t hash_message(const ojson& m) {
   Hasher hs;
   if (!m.is_object()) {
     hs.tag('?');
-    hs.bytes(m.dump());
+    hash_value(hs, m);
     return hs.done();
   }
   hash_string_field(hs, m, "role", 'r');
@@ -84,12 +127,12 @@ uint64_t hash_message(const json& m) {
             hs.bytes(part["text"].get_ref<const std::string&>());
           } else {
             hs.tag('p');
-            hs.bytes(part.dump());
+            hash_value(hs, part);
           }
         }
       }
     } else if (!c->is_null()) {
-      hs.bytes(c->dump());
+      hash_value(hs, *c);
     } else {
       hs.bytes("");
     }
@@ -101,7 +144,7 @@ uint64_t hash_message(const json& m) {
     for (const auto& call : *tc) {
       hs.tag('f');
       if (!call.is_object()) {
-        hs.bytes(call.dump());
+        hash_value(hs, call);
         continue;
       }
       auto fn = call.find("function");
@@ -111,7 +154,7 @@ uint64_t hash_message(const json& m) {
       if (args != fn->end()) {
         hs.tag('A');
         if (args->is_string()) hs.bytes(args->get_ref<const std::string&>());
-        else hs.bytes(args->dump());
+        else hash_value(hs, *args);
       }
     }
   }
@@ -120,7 +163,7 @@ uint64_t hash_message(const json& m) {
 
 }  // namespace
 
-std::vector<uint64_t> message_prefix_hashes(const json& messages) {
+std::vector<uint64_t> message_prefix_hashes(const ojson& messages) {
   std::vector<uint64_t> out;
   if (!messages.is_array()) return out;
   out.reserve(messages.size());
@@ -168,8 +211,8 @@ namespace {
 // Calls fn(text) for every text of the request that may carry user data; stops when fn returns true.
 // Returns whether fn returned true. `bytes` accumulates the size of what was visited.
 template <class Fn>
-bool visit_texts(const json& body, bool chat, Fn&& fn, uint64_t* bytes) {
-  auto visit = [&](const json& v) -> bool {
+bool visit_texts(const ojson& body, bool chat, Fn&& fn, uint64_t* bytes) {
+  auto visit = [&](const ojson& v) -> bool {
     if (v.is_string()) {
       const auto& s = v.get_ref<const std::string&>();
       *bytes += s.size();
@@ -235,7 +278,7 @@ bool visit_texts(const json& body, bool chat, Fn&& fn, uint64_t* bytes) {
 
 }  // namespace
 
-bool Router::scan_body(const json& body, bool chat, std::vector<std::string>* matched) const {
+bool Router::scan_body(const ojson& body, bool chat, std::vector<std::string>* matched) const {
   std::string fold;
   uint64_t bytes = 0;
   return visit_texts(body, chat, [&](std::string_view t) { return text_sensitive(t, matched, fold); }, &bytes);
@@ -274,7 +317,7 @@ std::vector<std::string> Router::upstream_model_ids() const {
   return upstream_ids_;
 }
 
-void Router::remember_local(const json& body) {
+void Router::remember_local(const ojson& body) {
   if (!policy_.sticky || !body.is_object()) return;
   auto ms = body.find("messages");
   if (ms == body.end() || !ms->is_array() || ms->empty()) return;
@@ -289,7 +332,7 @@ void Router::remember_local(const json& body) {
   }
 }
 
-bool Router::is_sticky(const json& body) const {
+bool Router::is_sticky(const ojson& body) const {
   if (!policy_.sticky || !body.is_object()) return false;
   auto ms = body.find("messages");
   if (ms == body.end() || !ms->is_array() || ms->empty()) return false;
@@ -309,7 +352,7 @@ size_t Router::sticky_entries() const {
   return sticky_.size();
 }
 
-RouteDecision Router::decide(const json& body, bool chat, std::string_view header_route, bool local_busy) const {
+RouteDecision Router::decide(const ojson& body, bool chat, std::string_view header_route, bool local_busy) const {
   RouteDecision d;
   // 1. Explicit choice.
   Route explicit_route = Route::auto_;

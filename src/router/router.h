@@ -51,24 +51,24 @@ struct RouteDecision {
 };
 
 // 64-bit hashes of each message prefix: result[k] covers messages[0..k]. Stable across re-serialisation:
-// role, name, tool_call_id, content (string or text parts), tool calls (name + arguments; an object is
-// hashed through its compact dump). Exposed for tests.
-std::vector<uint64_t> message_prefix_hashes(const nlohmann::json& messages);
+// role, name, tool_call_id, content (string or text parts), tool calls (name + arguments); any other
+// value (an object, odd content) is hashed independently of its objects' key order. Exposed for tests.
+std::vector<uint64_t> message_prefix_hashes(const nlohmann::ordered_json& messages);
 
 class Router {
  public:
   Router(RoutePolicy policy, RouterConfig config);
 
   // `chat`: /v1/chat/completions (else /v1/completions). `header_route`: the x-lilac-route header ("" = none).
-  RouteDecision decide(const nlohmann::json& body, bool chat, std::string_view header_route, bool local_busy) const;
+  RouteDecision decide(const nlohmann::ordered_json& body, bool chat, std::string_view header_route, bool local_busy) const;
 
   // Sensitivity only (step 2): fills matched; returns whether anything fired.
-  bool scan_body(const nlohmann::json& body, bool chat, std::vector<std::string>* matched) const;
+  bool scan_body(const nlohmann::ordered_json& body, bool chat, std::vector<std::string>* matched) const;
 
   // Stickiness: remember the full message list of a request served locally; is_sticky tells whether a
   // request's messages start with a remembered list.
-  void remember_local(const nlohmann::json& body);
-  bool is_sticky(const nlohmann::json& body) const;
+  void remember_local(const nlohmann::ordered_json& body);
+  bool is_sticky(const nlohmann::ordered_json& body) const;
   size_t sticky_entries() const;
 
   // Upstream model naming.
