@@ -249,8 +249,7 @@ class CpuSessionImpl : public CpuSession {
                        exact_rows_ ? &undo_[static_cast<size_t>(l)] : nullptr);
       for (int64_t i = 0; i < n * H; ++i) x[static_cast<size_t>(i)] += out[static_cast<size_t>(i)];
       for (int64_t t = 0; t < n; ++t) rmsnorm(x.data() + t * H, lw.post_norm.data(), H, eps, y.data() + t * H);
-      if (exact_rows_) moe_forward_rows(lw.moe, cfg_, y.data(), n, out.data(), pool);
-      else moe_forward(lw.moe, cfg_, y.data(), n, out.data(), pool);
+      moe_forward(lw.moe, cfg_, y.data(), n, out.data(), pool, /*rowwise=*/exact_rows_);
       for (int64_t i = 0; i < n * H; ++i) x[static_cast<size_t>(i)] += out[static_cast<size_t>(i)];
       if (tap_) tap(("layer." + std::to_string(l)).c_str(), n, x.data());
     }

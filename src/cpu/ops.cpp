@@ -472,18 +472,13 @@ void moe_impl(bool exact, const MoEWeights& w, const ModelConfig& cfg, const flo
 }  // namespace
 
 void swiglu(const QMatrix& gate, const QMatrix& up, const QMatrix& down, const float* X, int64_t n, float* Y,
-            float* hidden, ThreadPool* pool) {
-  swiglu_impl(false, gate, up, down, X, n, Y, hidden, pool);
+            float* hidden, ThreadPool* pool, bool rowwise) {
+  swiglu_impl(rowwise, gate, up, down, X, n, Y, hidden, pool);
 }
 
-void moe_forward(const MoEWeights& w, const ModelConfig& cfg, const float* X, int64_t n, float* Y,
-                 ThreadPool* pool) {
-  moe_impl(false, w, cfg, X, n, Y, pool);
-}
-
-void moe_forward_rows(const MoEWeights& w, const ModelConfig& cfg, const float* X, int64_t n, float* Y,
-                      ThreadPool* pool) {
-  moe_impl(true, w, cfg, X, n, Y, pool);
+void moe_forward(const MoEWeights& w, const ModelConfig& cfg, const float* X, int64_t n, float* Y, ThreadPool* pool,
+                 bool rowwise) {
+  moe_impl(rowwise, w, cfg, X, n, Y, pool);
 }
 
 }  // namespace lilac::cpu

@@ -100,17 +100,16 @@ void gated_rmsnorm(const float* o, const float* z, const float* w, int dv, float
 // probability; weights p_e (renormalised to sum 1 when `renormalise`). ids/weights [k].
 void moe_route(const float* router_logits, int n_experts, int k, bool renormalise, int* ids, float* weights);
 // SwiGLU MLP on n tokens: Y[n, down.rows] = down( silu(gate X) ⊙ (up X) ). X [n, gate.cols].
-// hidden: scratch of 2 * n * gate.rows floats.
+// hidden: scratch of 2 * n * gate.rows floats. rowwise: products by qmatvec_rows (each row exactly as
+// alone) instead of qmatmul.
 void swiglu(const QMatrix& gate, const QMatrix& up, const QMatrix& down, const float* X, int64_t n, float* Y,
-            float* hidden, ThreadPool* pool = nullptr);
+            float* hidden, ThreadPool* pool = nullptr, bool rowwise = false);
 // The full MoE block on n tokens: Y[n, hidden] = Σ_top-k w_e expert_e(x) + sigmoid(shared_gate·x) ·
 // shared(x). Tokens are grouped by expert so every expert's weights are dequantized once per call.
+// rowwise: every product by qmatvec_rows, so token t's output is bit for bit moe_forward of that token
+// alone (n = 1), whatever the other tokens (every token's sum runs in expert-id order either way).
 void moe_forward(const MoEWeights& w, const ModelConfig& cfg, const float* X, int64_t n, float* Y,
-                 ThreadPool* pool = nullptr);
-// The same block with row-exact matrix products (qmatvec_rows): token t's output is bit for bit
-// moe_forward of that token alone (n = 1), whatever the other tokens.
-void moe_forward_rows(const MoEWeights& w, const ModelConfig& cfg, const float* X, int64_t n, float* Y,
-                      ThreadPool* pool = nullptr);
+                 ThreadPool* pool = nullptr, bool rowwise = false);
 
 // ---------------------------------------------------------------- inline definitions
 inline float silu(float x) { return x / (1.f + std::exp(-x)); }

@@ -1,4 +1,4 @@
-// The row-exact multi-row ops (qmatvec_rows, moe_forward_rows): every row bit for bit the one-row result,
+// The row-exact multi-row ops (qmatvec_rows, moe_forward with rowwise): every row bit for bit the one-row result,
 // whatever the other rows and the thread count -- what makes a verification step's logits those of
 // one-token steps. On tiny-mtp's weights (4-bit matrices, the 8-bit router, the MTP head's fc) and a dense one.
 #include <gtest/gtest.h>
@@ -61,7 +61,7 @@ TEST(CpuOpsRows, MoeForwardRowsIsOneTokenMoePerRow) {
   const auto X = randn(size_t(n * H), 6);
   for (const MoEWeights* m : {&w->layers[1].moe, &w->mtp.layers[0].moe}) {
     std::vector<float> Y(static_cast<size_t>(n * H)), y(static_cast<size_t>(H));
-    moe_forward_rows(*m, c, X.data(), n, Y.data(), &pool);
+    moe_forward(*m, c, X.data(), n, Y.data(), &pool, /*rowwise=*/true);
     for (int64_t t = 0; t < n; ++t) {
       moe_forward(*m, c, X.data() + t * H, 1, y.data(), nullptr);
       EXPECT_EQ(0, std::memcmp(y.data(), Y.data() + t * H, y.size() * sizeof(float))) << "row " << t;
