@@ -74,8 +74,8 @@ GenerationStats Generator::run(const GenerationRequest& req, const TokenCallback
                      std::to_string(req.max_tokens) + ") exceeds the context limit of " +
                      std::to_string(s_.max_length()) + " tokens");
   auto is_cancelled = [&] { return cancel && cancel->load(std::memory_order_relaxed); };
-  if (req.spec_tokens < 0) throw InputError("spec_tokens must be >= 0");
-  if (req.spec_tokens > 0 && !drafting_ && s_.can_draft()) {
+  if (req.draft_tokens < 0) throw InputError("draft_tokens must be >= 0");
+  if (req.draft_tokens > 0 && !drafting_ && s_.can_draft()) {
     // The head must follow the context from its start: a context it did not see is not reused.
     s_.enable_drafting(true);
     drafting_ = true;
@@ -120,7 +120,7 @@ GenerationStats Generator::run(const GenerationRequest& req, const TokenCallback
     const auto t1 = Clock::now();
     s_.begin_generation(req.sampling, p);
     StreamDetokenizer detok(tok_, req.stop_strings, false);
-    SpecStep step(s_, req.spec_tokens, hook_);
+    SpecStep step(s_, req.draft_tokens, hook_);
     std::vector<TokenChoice> ahead;  // choices of the last step not yet consumed (in order)
     size_t next_ahead = 0;
     TokenChoice t = s_.sample();

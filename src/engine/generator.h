@@ -1,6 +1,6 @@
 // One generation on a Session: prefill (resuming from the prefix cache), then sample / decode_step
 // until an end-of-turn id, a stop string, max_tokens or cancellation; streams detokenized text.
-// With spec_tokens > 0 and a session that can draft, each step is a speculative one (engine/speculative.h)
+// With draft_tokens > 0 and a session that can draft, each step is a speculative one (engine/speculative.h)
 // whose 1..K+1 choices go through the same stop / detokenizer logic one by one: the output is the one
 // plain decoding gives (token for token, for greedy and for a sampling seed).
 //
@@ -32,7 +32,7 @@ struct GenerationRequest {
   int32_t boundary_token = -1;             // snapshot after each occurrence in the prompt (-1: none)
   bool use_cache = true;
   int64_t prefill_chunk = 2048;            // prefill calls of at most this many tokens (cancel checks)
-  int spec_tokens = 0;                     // speculative decoding: MTP drafts per step (0 = off)
+  int draft_tokens = 0;                    // speculative decoding: MTP drafts per step (0 = off)
 };
 
 enum class FinishReason { Stop, Length, Cancelled };

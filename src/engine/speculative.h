@@ -33,7 +33,7 @@ struct SpecStats {
 
 class SpecStep {
  public:
-  SpecStep(Session& s, int spec_tokens, DraftHook hook = nullptr) : s_(s), k_(spec_tokens), hook_(std::move(hook)) {}
+  SpecStep(Session& s, int draft_tokens, DraftHook hook = nullptr) : s_(s), k_(draft_tokens), hook_(std::move(hook)) {}
 
   // The choices after the pending token (index `pending_index` of the output); `budget` = tokens the
   // generation may still produce (>= 1); `stop_ids`: end-of-turn ids.

@@ -52,7 +52,7 @@ struct SchedulerOptions {
   int max_queue = 64;     // queued + running
   int64_t max_seq = 32768;
   size_t cache_bytes = size_t(2048) << 20;
-  int spec_tokens = 0;    // speculative decoding: MTP drafts per step (GenerationRequest::spec_tokens)
+  int spec_tokens = 0;    // speculative decoding: MTP drafts per step (GenerationRequest::draft_tokens)
 };
 
 class Scheduler {

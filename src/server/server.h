@@ -39,7 +39,7 @@ struct ServerOptions {
   size_t cache_bytes = size_t(2048) << 20;  // prefix-cache budget (SessionSnapshot::bytes())
   int http_threads = 64;
   bool log_requests = true;
-  int spec_tokens = 0;             // speculative decoding: MTP drafts per step (GenerationRequest::spec_tokens)
+  int spec_tokens = 0;             // speculative decoding: MTP drafts per step (GenerationRequest::draft_tokens)
 };
 
 // Optional hook for a request router (the hybrid router, src/router/hybrid.h). Every member may be

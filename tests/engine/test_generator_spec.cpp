@@ -1,4 +1,4 @@
-// Generator with speculative decoding (spec_tokens > 0) on the CPU backend and fixtures/tiny-mtp: the
+// Generator with speculative decoding (draft_tokens > 0) on the CPU backend and fixtures/tiny-mtp: the
 // output is plain decoding's, token for token and logprob for logprob, with the real MTP head and with
 // injected drafts (the true continuation with errors, so that every acceptance length happens), with
 // sampling, at the context limit, with small prefill chunks, end-of-turn ids in the drafts, stop strings,
@@ -60,7 +60,7 @@ GenerationRequest request(std::vector<int32_t> prompt, int64_t max_tokens, int s
   GenerationRequest r;
   r.prompt = std::move(prompt);
   r.max_tokens = max_tokens;
-  r.spec_tokens = spec;
+  r.draft_tokens = spec;
   r.sampling.logprobs = true;
   r.use_cache = false;
   return r;
@@ -106,7 +106,7 @@ TEST(GeneratorSpec, GreedyEqualsPlainWithTheHeadAndWithInjectedDrafts) {
       dynamic_cast<cpu::CpuSession&>(*s1).set_prefill_chunk(session_chunk);
       Generator spec(*s1, tokenizer(), nullptr);
       auto r = r0;
-      r.spec_tokens = K;
+      r.draft_tokens = K;
       const Outcome head = run(spec, r);  // the real (random) head: drafts almost never right
       expect_same(head, ref, "real head, K=" + std::to_string(K));
       EXPECT_GT(head.st.spec_rounds, 0);
@@ -142,7 +142,7 @@ TEST(GeneratorSpec, SamplingEqualsPlainForTheSeed) {
   auto s1 = be->new_session(64);
   Generator spec(*s1, tokenizer(), nullptr);
   auto r = r0;
-  r.spec_tokens = 3;
+  r.draft_tokens = 3;
   expect_same(run(spec, r), ref, "real head");
   spec.set_draft_hook(truth_with_errors(ref.ids, 3));
   const Outcome inj = run(spec, r);
@@ -187,7 +187,7 @@ TEST(GeneratorSpec, StopIdsAndStopStrings) {
   Generator spec(*s1, tokenizer(), nullptr);
   spec.set_draft_hook(truth_with_errors(free_run.ids, 4));
   auto r = r0;
-  r.spec_tokens = 4;
+  r.draft_tokens = 4;
   const Outcome inj = run(spec, r);
   expect_same(inj, ref, "stop id");
   EXPECT_TRUE(inj.st.stopped_by_eos);
@@ -200,7 +200,7 @@ TEST(GeneratorSpec, StopIdsAndStopStrings) {
   r2.stop_strings = {piece};
   const Outcome ref2 = run(plain, r2);
   auto r3 = r2;
-  r3.spec_tokens = 4;
+  r3.draft_tokens = 4;
   spec.set_draft_hook(truth_with_errors(free_run.ids, 4));
   const Outcome inj2 = run(spec, r3);
   expect_same(inj2, ref2, "stop string");
