@@ -1,0 +1,372 @@
+// Device pieces of the multi-row tensor-core kernels (rows/*.cu). The arithmetic is gemv_tc.cu's, piece for
+// piece (nibble/byte → fp16, the hi + lo split of the input per 64-group, the mma, the group value), so that
+// a row computed here is bit for bit what the single-row kernel computes. These helpers are copies of
+// gemv_tc.cu's (its anonymous namespace could not be shared while the kernel files were being reorganised);
+// once both are merged, gemv_tc.cu should include this header instead (one fact in one place).
+//
+// Rows in one mma. Today's B operand holds 8 columns = 4 group slots × {hi, lo} of one input, and in the
+// mma of chunk i only the columns of the chunk's own groups are non-zero (4-bit: groups 2i, 2i+1; 8-bit:
+// group i). Here the other columns carry other rows: 4-bit: 2 rows per mma (row τ = 1 in the columns of the
+// two slots the chunk does not use, as group slot σ ^ 2); 8-bit: 4 rows (row τ in the columns of slot i ^ τ).
+// Every column still holds exactly the products it holds in today's kernel for its row, so each row's group
+// dots, and the fixed-order sums after them, are today's. A lane that holds the output columns of row τ
+// and group slot σ holds them in the lane today's kernel uses for slot σ, XOR-permuted (lane = σ ^ 2τ for
+// 4-bit, σ ^ τ for 8-bit), which keeps the quad sum's pairs {0,1}, {2,3}.
+#pragma once
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "cuda/kernels/decode.h"
+#include "cuda/kernels/qdot.cuh"
+
+namespace lilac::cuda::rows_dev {
+
+using ::lilac::cuda::dev::block_sum;
+using ::lilac::cuda::dev::ld_stream;
+using ::lilac::cuda::dev::sel4;
+using ::lilac::cuda::dev::silu_f;
+
+constexpr int kThreads = 256, kWarps = 8;
+constexpr int kTileCols = 256, kGroup = 64;
+constexpr int kTileXBytes = 1024, kZeroBytes = 512;
+
+template <int BITS>
+struct TcShape {
+  static constexpr int NCH = BITS == 4 ? 2 : 4;          // 16-byte chunks per thread per row and k-tile
+  static constexpr int CPT = 4 * NCH;                    // chunks per row per k-tile
+  static constexpr int U = BITS == 4 ? 4 : 2;            // fragment units (8 values) per chunk
+  static constexpr int GROUP_BYTES = kGroup * BITS / 8;  // bytes of one group in a row
+  static constexpr int TPM = BITS == 4 ? 2 : 4;          // rows per mma
+  static constexpr float ZC = BITS == 4 ? 8.f : 128.f;
+  __host__ __device__ static constexpr int slot(int i, int c) { return BITS == 4 ? 2 * i + (c >> 1) : i; }
+  __device__ static int off_in_group(int c) { return BITS == 4 ? 16 * (c & 1) : 16 * c; }
+};
+
+// Staged fragments of one row: per k-tile 1024 bytes, 16-byte units ordered [chunk i][unit u][thread c][hi/lo p].
+template <int BITS>
+__host__ __device__ __forceinline__ int frag_off(int i, int u, int c, int p) {
+  return (((i * TcShape<BITS>::U + u) * 4 + c) * 2 + p) * 16;
+}
+__host__ __device__ inline int tc_kt(int64_t K) { return int((K + kTileCols - 1) / kTileCols); }
+
+__device__ __forceinline__ uint32_t and_or(uint32_t a, uint32_t b, uint32_t c) {  // (a & b) | c
+  uint32_t r;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+  return r;
+}
+__device__ __forceinline__ uint32_t hsub2_u(uint32_t a, uint32_t b) {
+  uint32_t r;
+  asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+__device__ __forceinline__ uint32_t hfma2_u(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t r;
+  asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+  return r;
+}
+__device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                         uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+// One 4-bit word (nibbles n0..n7) → fp16 pairs (n0-8, n4-8), (n1-8, n5-8), (n2-8, n6-8), (n3-8, n7-8).
+__device__ __forceinline__ void dq4(uint32_t w, uint32_t (&h)[4]) {
+  constexpr uint32_t kMagic = 0x64006400u, kSub = 0x64086408u, kInv16 = 0x2C002C00u, kNeg72 = 0xD480D480u;
+  const uint32_t w8 = w >> 8;
+  h[0] = hsub2_u(and_or(w, 0x000F000Fu, kMagic), kSub);
+  h[1] = hfma2_u(and_or(w, 0x00F000F0u, kMagic), kInv16, kNeg72);
+  h[2] = hsub2_u(and_or(w8, 0x000F000Fu, kMagic), kSub);
+  h[3] = hfma2_u(and_or(w8, 0x00F000F0u, kMagic), kInv16, kNeg72);
+}
+// One 8-bit word (bytes b0..b3) → fp16 pairs (b0-128, b2-128), (b1-128, b3-128).
+__device__ __forceinline__ void dq8(uint32_t w, uint32_t (&h)[2]) {
+  constexpr uint32_t kSub = 0x64806480u;
+  h[0] = hsub2_u(__byte_perm(w, 0x64646464u, 0x4240), kSub);
+  h[1] = hsub2_u(__byte_perm(w, 0x64646464u, 0x4341), kSub);
+}
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
+__device__ __forceinline__ float pow2i(int e) { return __int_as_float((127 + e) << 23); }
+__device__ __forceinline__ int frexp_e(float m) {
+  const int e = int((__float_as_uint(m) >> 23) & 0xFF) - 126;
+  return m > 0.f ? max(-125, min(126, e)) : 0;
+}
+__device__ __forceinline__ float bf_raw(uint32_t v) { return __uint_as_float(v << 16); }
+// s·2^E·dot + (zc·s + b)·Σx for one row's group.
+template <int BITS>
+__device__ __forceinline__ float group_value(float dot, uint32_t s_raw, uint32_t b_raw, float2 m) {
+  const float s = bf_raw(s_raw), b = bf_raw(b_raw);
+  return fmaf(s * m.x, dot, fmaf(TcShape<BITS>::ZC, s, b) * m.y);
+}
+__device__ __forceinline__ float quad_sum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  v += __shfl_xor_sync(0xffffffffu, v, 2);
+  return v;
+}
+
+// ------------------------------------------------------------------------------------------------ staging
+// 8 values (one "unit": columns 8t..8t+7) of t(x) → the hi/lo fragments of one layout and the group meta.
+// All 32 lanes of the warp must call (the 8 lanes of a 64-group agree on E and Σx by shuffles); `write`
+// false for units past K (their fragments are then zeros, written only when `zero_ok`).
+template <int BITS>
+__device__ __forceinline__ void split_unit(const float (&v)[8], float inv, uint4& hi4, uint4& lo4) {
+  uint32_t hi[4], lo[4];
+  // 4-bit unit: (0,4),(1,5),(2,6),(3,7); 8-bit unit: (0,2),(1,3),(4,6),(5,7)
+  constexpr int A4[4] = {0, 1, 2, 3}, B4[4] = {4, 5, 6, 7};
+  constexpr int A8[4] = {0, 1, 4, 5}, B8[4] = {2, 3, 6, 7};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const float xa = v[BITS == 4 ? A4[j] : A8[j]] * inv, xb = v[BITS == 4 ? B4[j] : B8[j]] * inv;
+    const __half ha = __float2half_rn(xa), hb = __float2half_rn(xb);
+    const __half la = __float2half_rn(xa - __half2float(ha)), lb = __float2half_rn(xb - __half2float(hb));
+    const __half2 h2 = __halves2half2(ha, hb), l2 = __halves2half2(la, lb);
+    hi[j] = *reinterpret_cast<const uint32_t*>(&h2);
+    lo[j] = *reinterpret_cast<const uint32_t*>(&l2);
+  }
+  hi4 = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+  lo4 = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+}
+// Byte offset of unit t's hi fragment inside a row's fragments (lo: +16).
+template <int BITS>
+__device__ __forceinline__ int unit_off(int t) {
+  using S = TcShape<BITS>;
+  const int q = t / S::U, u = t % S::U, kt = q / S::CPT, rem = q % S::CPT;
+  return kt * kTileXBytes + frag_off<BITS>(rem / 4, u, rem % 4, 0);
+}
+// E and Σx of the 64-group of this lane's unit (8 lanes per group), as gemv_tc's staging: the lane's own sum
+// in order, then a butterfly over the 8 lanes (every lane ends with the same bits).
+__device__ __forceinline__ void group_meta(const float (&v)[8], int& E, float& sum) {
+  float mx = 0.f;
+  sum = 0.f;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    mx = fmaxf(mx, fabsf(v[j]));
+    sum += v[j];
+  }
+#pragma unroll
+  for (int o = 1; o < 8; o <<= 1) {
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  }
+  E = frexp_e(mx);
+}
+
+// ------------------------------------------------------------------------------------------------ tiles
+// Weights of one k-tile for one lane: rows g and g+8, NCH chunks each, plus the raw bf16 scales / biases of
+// the tile's 4 groups for both rows (a lane needs the groups of the rows it holds in several columns).
+template <int BITS>
+struct RowTile {
+  uint4 w[2][TcShape<BITS>::NCH];
+  uint2 s[2], b[2];
+};
+struct RowRef {
+  const char* q = nullptr;
+  const unsigned short* s = nullptr;
+  const unsigned short* b = nullptr;
+};
+__device__ __forceinline__ RowRef row_ref(const QMatrixDev& W, int64_t r) {
+  const int64_t gpr = W.cols / kGroup;
+  RowRef ref;
+  ref.q = reinterpret_cast<const char*>(W.qweight) + r * (W.cols * W.bits / 8);
+  ref.s = reinterpret_cast<const unsigned short*>(W.scales) + r * gpr;
+  ref.b = reinterpret_cast<const unsigned short*>(W.biases) + r * gpr;
+  return ref;
+}
+__device__ __forceinline__ uint32_t bf_pick(uint2 v, int q) {
+  const uint32_t w = (q & 2) ? v.y : v.x;
+  return (q & 1) ? (w >> 16) : (w & 0xFFFFu);
+}
+// Tile kt of rows (g, g+8) whose groups are G0 = 4·kt .. of the row (local group index), `ngroups` valid
+// groups in the row. sb_vec: the scale / bias rows are 8-byte aligned with a multiple of 4 groups.
+template <int BITS>
+__device__ __forceinline__ void load_row_tile(RowTile<BITS>& t, const RowRef (&r)[2], int kt, int c, int ngroups,
+                                              bool sb_vec) {
+  using S = TcShape<BITS>;
+#pragma unroll
+  for (int i = 0; i < S::NCH; ++i) {
+    const int G = kt * 4 + S::slot(i, c);
+    const bool ok = G < ngroups;
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      t.w[h][i] = ok ? ld_stream(reinterpret_cast<const uint4*>(r[h].q + G * S::GROUP_BYTES + S::off_in_group(c)))
+                     : make_uint4(0, 0, 0, 0);
+  }
+  const int G0 = kt * 4;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    if (sb_vec && G0 + 3 < ngroups) {
+      t.s[h] = __ldg(reinterpret_cast<const uint2*>(r[h].s + G0));
+      t.b[h] = __ldg(reinterpret_cast<const uint2*>(r[h].b + G0));
+    } else {
+      uint32_t s4[4], b4[4];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        s4[q] = G0 + q < ngroups ? uint32_t(__ldg(r[h].s + G0 + q)) : 0u;
+        b4[q] = G0 + q < ngroups ? uint32_t(__ldg(r[h].b + G0 + q)) : 0u;
+      }
+      t.s[h] = make_uint2(s4[0] | (s4[1] << 16), s4[2] | (s4[3] << 16));
+      t.b[h] = make_uint2(b4[0] | (b4[1] << 16), b4[2] | (b4[3] << 16));
+    }
+  }
+}
+
+// Per-lane constants (functions of the lane; `i` is always a compile-time chunk index): for chunk i the B unit
+// this lane supplies (row btok of the mma's rows; byte offset boff of unit 0 inside a k-tile, valid = false:
+// the zero block) and the output columns it holds afterwards (row otok, group slot osig of the k-tile).
+template <int BITS>
+struct LaneRows {
+  int s, c, base;  // s = g / 2 (the B column's group slot), c = lane % 4, base = frag_off(0, 0, c, g & 1)
+  __device__ explicit LaneRows(int lane) : s(lane >> 3), c(lane & 3), base(frag_off<BITS>(0, 0, lane & 3, (lane >> 2) & 1)) {}
+  __device__ __forceinline__ int btok(int i) const { return BITS == 4 ? int((s >> 1) != i) : (s ^ i); }
+  __device__ __forceinline__ bool bvalid() const { return BITS == 4 ? (s & 1) == (c >> 1) : true; }
+  __device__ __forceinline__ int boff(int i) const { return base + i * TcShape<BITS>::U * 128; }
+  __device__ __forceinline__ int otok(int i) const { return BITS == 4 ? int((c >> 1) != i) : (c ^ i); }
+  __device__ __forceinline__ int osig(int i) const { return BITS == 4 ? (((c >> 1) != i) ? (c ^ 2) : c) : i; }
+};
+
+// One k-tile kt (of the weights and of the staged fragments alike; ngroups: the weights' groups) for NP mma
+// tiles of rows: accumulates the group values of this lane's output columns into acc[p][i][h] (chunk i's
+// columns, rows g / g+8). xf: fragments of row 0 of the block's row tile (row t at xf + t·xstride); meta: row
+// t's group G at meta[t·mstride + G]; tmask: rows present. The mma tiles are walked by a loop that is not
+// unrolled (the registers of one tile at a time), rotating acc so that tile p is always in acc[0].
+// The group dots of chunk i (compile-time after unrolling) for rows g (dot0) and g+8 (dot1): B units from xb
+// (this lane's unit 0 of the chunk, or the zero block).
+template <int BITS>
+__device__ __forceinline__ void chunk_dots(const RowTile<BITS>& t, const char* xb, int i, float& dot0, float& dot1) {
+  using S = TcShape<BITS>;
+  float d0[4] = {0.f, 0.f, 0.f, 0.f}, d1[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+  for (int u = 0; u < S::U; ++u) {
+    const uint4 xv = *reinterpret_cast<const uint4*>(xb + u * 128);
+    if constexpr (BITS == 4) {
+      uint32_t ha[4], hb[4];
+      dq4(sel4(t.w[0][i], u), ha);
+      dq4(sel4(t.w[1][i], u), hb);
+      mma16816(d0, ha[0], hb[0], ha[1], hb[1], xv.x, xv.y);
+      mma16816(d1, ha[2], hb[2], ha[3], hb[3], xv.z, xv.w);
+    } else {
+      uint32_t ha[2], hb[2];
+      dq8(sel4(t.w[0][i], 2 * u), ha);
+      dq8(sel4(t.w[1][i], 2 * u), hb);
+      mma16816(d0, ha[0], hb[0], ha[1], hb[1], xv.x, xv.y);
+      dq8(sel4(t.w[0][i], 2 * u + 1), ha);
+      dq8(sel4(t.w[1][i], 2 * u + 1), hb);
+      mma16816(d1, ha[0], hb[0], ha[1], hb[1], xv.z, xv.w);
+    }
+  }
+  dot0 = (d0[0] + d0[1]) + (d1[0] + d1[1]);
+  dot1 = (d0[2] + d0[3]) + (d1[2] + d1[3]);
+}
+
+// Where this lane's B unit of chunk i of mma tile p lives (the zero block for absent rows).
+template <int BITS>
+__device__ __forceinline__ const char* b_unit(const LaneRows<BITS>& lr, const char* xf, int xstride, const char* zero,
+                                              int kt, int p, int i, uint32_t tmask) {
+  const int bt = p * TcShape<BITS>::TPM + lr.btok(i);
+  return (lr.bvalid() && ((tmask >> bt) & 1u)) ? xf + bt * xstride + kt * kTileXBytes + lr.boff(i) : zero;
+}
+
+// One k-tile kt (of the weights and of the staged fragments alike; ngroups: the weights' groups) for NP mma
+// tiles of rows: accumulates the group values of this lane's output columns into acc[p][i][h] (chunk i's
+// columns, rows g / g+8). xf: fragments of row 0 of the block's row tile (row t at xf + t·xstride); meta: row
+// t's group G at meta[t·mstride + G]; tmask: rows present. The mma tiles are walked by a loop that is not
+// unrolled (the registers of one tile at a time), rotating acc so that tile p is always in acc[0].
+template <int BITS, int NP>
+__device__ __forceinline__ void tile_rows(const RowTile<BITS>& t, const char* xf, int xstride, const float2* meta,
+                                          int mstride, const char* zero, int kt, int ngroups,
+                                          const LaneRows<BITS>& lr, uint32_t tmask,
+                                          float (&acc)[NP][TcShape<BITS>::NCH][2]) {
+  using S = TcShape<BITS>;
+#pragma unroll 1
+  for (int p = 0; p < NP; ++p) {
+#pragma unroll
+    for (int i = 0; i < S::NCH; ++i) {
+      float dot0, dot1;
+      chunk_dots<BITS>(t, b_unit<BITS>(lr, xf, xstride, zero, kt, p, i, tmask), i, dot0, dot1);
+      const int ot = p * S::TPM + lr.otok(i), sg = lr.osig(i), G = kt * 4 + sg;
+      if (((tmask >> ot) & 1u) && G < ngroups) {
+        const float2 mm = meta[ot * mstride + G];
+        acc[0][i][0] = fmaf(1.f, group_value<BITS>(dot0, bf_pick(t.s[0], sg), bf_pick(t.b[0], sg), mm), acc[0][i][0]);
+        acc[0][i][1] = fmaf(1.f, group_value<BITS>(dot1, bf_pick(t.s[1], sg), bf_pick(t.b[1], sg), mm), acc[0][i][1]);
+      }
+    }
+    if constexpr (NP > 1) {  // rotate: tile p + 1 into acc[0]
+      float first[S::NCH][2];
+#pragma unroll
+      for (int i = 0; i < S::NCH; ++i) first[i][0] = acc[0][i][0], first[i][1] = acc[0][i][1];
+#pragma unroll
+      for (int q = 0; q + 1 < NP; ++q)
+#pragma unroll
+        for (int i = 0; i < S::NCH; ++i) acc[q][i][0] = acc[q + 1][i][0], acc[q][i][1] = acc[q + 1][i][1];
+#pragma unroll
+      for (int i = 0; i < S::NCH; ++i) acc[NP - 1][i][0] = first[i][0], acc[NP - 1][i][1] = first[i][1];
+    }
+  }
+}
+
+// As tile_rows, but each group value goes to store(row t of the tile, group slot sg of the k-tile, gv of row
+// g, gv of row g+8) instead of into an accumulator (MoE down keeps every group's value).
+template <int BITS, int NP, typename Store>
+__device__ __forceinline__ void tile_rows_store(const RowTile<BITS>& t, const char* xf, int xstride, const float2* meta,
+                                                int mstride, const char* zero, int kt, int ngroups,
+                                                const LaneRows<BITS>& lr, uint32_t tmask, Store&& store) {
+  using S = TcShape<BITS>;
+#pragma unroll 1
+  for (int p = 0; p < NP; ++p) {
+#pragma unroll
+    for (int i = 0; i < S::NCH; ++i) {
+      float dot0, dot1;
+      chunk_dots<BITS>(t, b_unit<BITS>(lr, xf, xstride, zero, kt, p, i, tmask), i, dot0, dot1);
+      const int ot = p * S::TPM + lr.otok(i), sg = lr.osig(i), G = kt * 4 + sg;
+      if (((tmask >> ot) & 1u) && G < ngroups) {
+        const float2 mm = meta[ot * mstride + G];
+        store(ot, sg, group_value<BITS>(dot0, bf_pick(t.s[0], sg), bf_pick(t.b[0], sg), mm),
+              group_value<BITS>(dot1, bf_pick(t.s[1], sg), bf_pick(t.b[1], sg), mm));
+      }
+    }
+  }
+}
+
+// The chunk whose output columns hold row τ of an mma tile in lane c (the inverse of LaneRows::otok).
+template <int BITS>
+__device__ __forceinline__ float acc_of_row(const float (&a)[TcShape<BITS>::NCH][2], int c, int tau, int h) {
+  if constexpr (BITS == 4) {
+    return ((c >> 1) ^ tau) ? a[1][h] : a[0][h];
+  } else {
+    const int i = c ^ tau;
+    return i == 0 ? a[0][h] : (i == 1 ? a[1][h] : (i == 2 ? a[2][h] : a[3][h]));
+  }
+}
+
+// End of a row group: each row's sum over this warp's k-slice (the quad sum, today's order) into
+// part[t·16 + r] for the block's rows t (ld: floats per row of part), then the accumulators are cleared.
+template <int BITS, int NP>
+__device__ __forceinline__ void write_partials_rows(float (&acc)[NP][TcShape<BITS>::NCH][2], float* part, int g, int c) {
+  using S = TcShape<BITS>;
+#pragma unroll
+  for (int p = 0; p < NP; ++p) {
+#pragma unroll
+    for (int tau = 0; tau < S::TPM; ++tau) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float v = quad_sum(acc_of_row<BITS>(acc[p], c, tau, h));
+        if (c == 0) part[(p * S::TPM + tau) * 16 + g + 8 * h] = v;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < S::NCH; ++i) acc[p][i][0] = acc[p][i][1] = 0.f;
+  }
+}
+
+}  // namespace lilac::cuda::rows_dev
