@@ -324,7 +324,7 @@ struct MoECtx {
   }
 };
 
-void register_moe() {
+std::shared_ptr<MoECtx> register_moe() {
   auto ctx = std::make_shared<MoECtx>();
   const int calls = 16;
   benchmark::RegisterBenchmark("moe/today_gate_up+down/M:1", [ctx, calls](benchmark::State& st) {
@@ -372,6 +372,74 @@ void register_moe() {
           ->UseManualTime()
           ->Iterations(20);
     }
+  }
+  return ctx;
+}
+
+// ------------------------------------------------------------------------------------------------ layer
+// The part of one Gated DeltaNet layer that these kernels make, chained as the decode graph will chain it
+// (the conv + GDN step of the rows family in between is left out): stage(RMSNorm) → in_proj → stage(gated
+// head norm) → out_proj (+= residual) → stage(RMSNorm, both layouts) → router + shared-expert gate (8-bit) →
+// route → gate/up → down → combine. Weights rotate over 4 copies of the dense matrices and 8 routings.
+void register_layer(const std::shared_ptr<MoECtx>& moe) {
+  struct Ctx {
+    Mats in_proj{12352, 2048, 4, 4}, out_proj{2048, 4096, 4, 4}, router{256, 2048, 8, 4}, seg{1, 2048, 8, 4};
+    Buf proj{64 * 12352 * 4}, o{64 * 4096 * 4}, nw{4096 * 4}, logits{64 * 257 * 4}, frag4{lr::frag_row_bytes(4096) * 64},
+        frag8{lr::frag_row_bytes(2048) * 64}, meta{lr::meta_row_count(4096) * 8 * 64};
+    Ctx() {
+      upload_floats(proj.as<float>(), 64 * 12352, 1.f);
+      upload_floats(o.as<float>(), 64 * 4096, 1.f);
+      std::vector<float> one(4096, 1.f);
+      BCK(cudaMemcpy(nw.p, one.data(), one.size() * 4, cudaMemcpyHostToDevice));
+    }
+  };
+  auto ctx = std::make_shared<Ctx>();
+  for (int M : kMs) {
+    benchmark::RegisterBenchmark(("layer/gdn_dense+moe/M:" + std::to_string(M)).c_str(), [ctx, moe, M](benchmark::State& st) {
+      auto& c = *ctx;
+      auto& m = *moe;
+      auto stage = [&](cudaStream_t s, const float* x, int64_t K, lc::Prologue pro, const float* z, int64_t ldz, void* f8) {
+        lr::StageArgs a;
+        a.x = x;
+        a.K = K;
+        a.M = M;
+        a.pro = pro;
+        a.norm_w = c.nw.as<float>();
+        a.z = z;
+        a.ldz = ldz;
+        a.head_dim = 128;
+        a.frag4 = c.frag4.p;
+        a.frag8 = f8;
+        a.meta = c.meta.as<float2>();
+        lr::stage(a, s);
+      };
+      auto gemv = [&](cudaStream_t s, const lc::QMatrixDev& W, const void* frag, float* y, int64_t ldy, bool acc) {
+        lr::GemvRowsArgs a;
+        a.W = W;
+        a.frag = frag;
+        a.meta = c.meta.as<float2>();
+        a.M = M;
+        a.y = y;
+        a.ldy = ldy;
+        a.accumulate = acc;
+        lr::gemv_rows(a, s);
+      };
+      run_graph(st, 8, [&](cudaStream_t s, int i) {
+        float* h = m.h.as<float>();
+        stage(s, h, 2048, lc::Prologue::RmsNorm, nullptr, 0, nullptr);
+        gemv(s, c.in_proj.get(i % 4), c.frag4.p, c.proj.as<float>(), 12352, false);
+        stage(s, c.o.as<float>(), 4096, lc::Prologue::GatedHeadNorm, c.proj.as<float>() + 8192, 12352, nullptr);
+        gemv(s, c.out_proj.get(i % 4), c.frag4.p, h, 2048, true);
+        stage(s, h, 2048, lc::Prologue::RmsNorm, nullptr, 0, c.frag8.p);
+        gemv(s, c.router.get(i % 4), c.frag8.p, c.logits.as<float>(), 257, false);
+        gemv(s, c.seg.get(i % 4), c.frag8.p, c.logits.as<float>() + 256, 257, false);
+        lr::moe_route_rows(m.w, c.logits.as<float>(), 257, M, nullptr, m.sel.as<int32_t>(), m.selw.as<float>(),
+                           m.scratch.p, s);
+        lr::moe_gate_up_rows(m.w, c.frag4.p, c.meta.as<float2>(), M, m.scratch.p, m.act.as<float>(), s);
+        lr::moe_down_rows(m.w, m.act.as<float>(), M, m.scratch.p, s);
+        lr::moe_combine_rows(m.w, m.selw.as<float>(), M, nullptr, m.scratch.p, h, 2048, s);
+      });
+    })->UseManualTime()->Iterations(10);
   }
 }
 
@@ -428,7 +496,8 @@ int main(int argc, char** argv) {
   }
   benchmark::Initialize(&argc, argv);
   register_dense();
-  register_moe();
+  const auto moe = register_moe();
+  register_layer(moe);
   register_sample();
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

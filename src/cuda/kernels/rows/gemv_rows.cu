@@ -48,6 +48,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_rows_kernel(GemvRowsArgs a, 
   using S = TcShape<BITS>;
   constexpr int RB = kWarps / KS;
   constexpr int MT = NP * S::TPM;
+  constexpr int PH = NP > 2 ? 2 : NP;  // mma tiles per pass over a weight tile (registers)
   extern __shared__ float4 smem4[];
   __shared__ float part[2][kWarps][MT * 16];
   __shared__ float epi_y[MT][RB * 16];
@@ -107,6 +108,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_rows_kernel(GemvRowsArgs a, 
   y_fetch(st.grp);
   cp_async_wait_all();
   __syncthreads();
+  const int np_act = active_tiles<BITS>(tmask);
 
   float acc[NP][S::NCH][2];
 #pragma unroll
@@ -119,7 +121,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_rows_kernel(GemvRowsArgs a, 
     if (!nxt_loaded) load(nxt, ns);
     nxt_loaded = false;
     const int kt = ks + st.j * KS;
-    if (kt < KT) tile_rows<BITS, NP>(cur, xf, xstride, meta, mstride, zero, kt, ngroups_k, lr, tmask, acc);
+    if (kt < KT) tile_rows_acc<BITS, NP, PH>(cur, xf, xstride, meta, mstride, zero, kt, ngroups_k, lr, tmask, np_act, acc);
     if (ns.j == 0) {  // end of the group: combine the k-slices, epilogue
       write_partials_rows<BITS, NP>(acc, part[par][warp], g, c);
       cp_async_wait_all();  // this thread's residual copies

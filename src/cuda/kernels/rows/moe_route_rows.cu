@@ -133,19 +133,22 @@ struct CombineArgs {
 
 // y[r][n] += Σ over moe_down_tc's k-slices (8 warps; warp ks takes k-tiles ks, ks + 8, ...) of the quad sum
 // ((a0 + a1) + (a2 + a3)) of its four group chains a_σ = Σ_kt fmaf(w(G), gv[G], ·), G = 4·kt + σ — the order
-// moe_down_tc sums the same group values in, so the result is its bits.
+// moe_down_tc sums the same group values in, so the result is its bits. A block: 32 outputs × the 8 k-slices
+// (a warp per k-slice, its loads independent), then one warp adds the slices in order.
+constexpr int kCombineN = 32;
 __global__ void __launch_bounds__(256) moe_combine_kernel(CombineArgs a) {
-  const int r = blockIdx.y;
-  const int64_t n = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  __shared__ float part[8][kCombineN];
+  const int r = blockIdx.y, ks = threadIdx.x / kCombineN, nl = threadIdx.x % kCombineN;
+  const int64_t n = int64_t(blockIdx.x) * kCombineN + nl;
   pdl_wait();
   pdl_trigger();
-  if ((a.row_slot != nullptr && a.row_slot[r] < 0) || n >= a.H) return;
+  if (a.row_slot != nullptr && a.row_slot[r] < 0) return;  // uniform in the block
   const float* gvr = a.gv + int64_t(r) * a.ngroups * a.H + n;
   const float* wr = a.sel_w + int64_t(r) * (a.k + 1);
   const int KT = (a.ngroups + 3) / 4, kg = a.k * a.gI;
-  float v = 0.f;
-  for (int ks = 0; ks < 8; ++ks) {
-    float c4[4] = {0.f, 0.f, 0.f, 0.f};
+  float c4[4] = {0.f, 0.f, 0.f, 0.f};
+  if (n < a.H) {
+#pragma unroll 4
     for (int kt = ks; kt < KT; kt += 8) {
 #pragma unroll
       for (int s = 0; s < 4; ++s) {
@@ -153,10 +156,16 @@ __global__ void __launch_bounds__(256) moe_combine_kernel(CombineArgs a) {
         if (G < a.ngroups) c4[s] = fmaf(wr[G < kg ? G / a.gI : a.k], gvr[int64_t(G) * a.H], c4[s]);
       }
     }
-    v += (c4[0] + c4[1]) + (c4[2] + c4[3]);
   }
-  float* yp = a.y + int64_t(r) * a.ldy + n;
-  *yp = *yp + v;
+  part[ks][nl] = (c4[0] + c4[1]) + (c4[2] + c4[3]);
+  __syncthreads();
+  if (ks == 0 && n < a.H) {
+    float v = 0.f;
+#pragma unroll
+    for (int q = 0; q < 8; ++q) v += part[q][nl];
+    float* yp = a.y + int64_t(r) * a.ldy + n;
+    *yp = *yp + v;
+  }
 }
 
 bool shape_ok(const QMatrixDev& m, int bits) {
@@ -218,7 +227,7 @@ void moe_combine_rows(const MoEDecodeWeights& w, const float* sel_w, int M, cons
   a.row_slot = row_slot;
   a.gv = moe_carve(const_cast<void*>(scratch), w, M).gv;
   a.y = y;
-  launch_pdl(moe_combine_kernel, dim3(unsigned((a.H + 255) / 256), unsigned(M)), dim3(256), 0, stream, a);
+  launch_pdl(moe_combine_kernel, dim3(unsigned((a.H + kCombineN - 1) / kCombineN), unsigned(M)), dim3(256), 0, stream, a);
 }
 
 }  // namespace lilac::cuda::rows

@@ -85,6 +85,7 @@ template <int BITS, int NP>
 __global__ void __launch_bounds__(kThreads, 2) moe_gate_up_rows_kernel(GateUpArgs a) {
   using S = TcShape<BITS>;
   constexpr int KS = 4, MT = NP * S::TPM;
+  constexpr int PH = NP > 2 ? 2 : NP;
   extern __shared__ float4 smem4[];
   __shared__ float part[2][kWarps][MT * 16];
   __shared__ int4 s_desc[kMaxBlockChunks];
@@ -167,7 +168,9 @@ __global__ void __launch_bounds__(kThreads, 2) moe_gate_up_rows_kernel(GateUpArg
     if (!nxt_loaded) load(nxt, ns);
     nxt_loaded = false;
     const int kt = ks + st.j * KS;
-    if (kt < KT) tile_rows<BITS, NP>(cur, xf, xstride, meta, mstride, zero, kt, ngroups_k, lr, tmask, acc);
+    if (kt < KT)
+      tile_rows_acc<BITS, NP, PH>(cur, xf, xstride, meta, mstride, zero, kt, ngroups_k, lr, tmask,
+                                  active_tiles<BITS>(tmask), acc);
     if (ns.j == 0) {  // end of the item: gate and up rows → act
       write_partials_rows<BITS, NP>(acc, part[par][warp], g, c);
       __syncthreads();
@@ -226,6 +229,7 @@ template <int BITS, int NP>
 __global__ void __launch_bounds__(kThreads, 2) moe_down_rows_kernel(DownArgs a) {
   using S = TcShape<BITS>;
   constexpr int MT = NP * S::TPM;
+  constexpr int PH = NP > 2 ? 2 : NP;
   extern __shared__ float4 smem4[];
   __shared__ int4 s_desc[kMaxBlockChunks];
   __shared__ int s_ent[kMaxBlockChunks][MT];
@@ -297,8 +301,8 @@ __global__ void __launch_bounds__(kThreads, 2) moe_down_rows_kernel(DownArgs a) 
     if (st.j < (routed ? KTI : KTS) && rb < nrbH) {
       const int64_t n0 = rb * 16 + g;
       const int* ent = s_ent[cq];
-      tile_rows_store<BITS, NP>(cur, xf, xstride, meta, mstride, zero, st.j, K_l / kGroup, lr, tmask,
-                                [&](int t, int sg, float gv0, float gv1) {
+      tile_rows_store<BITS, NP, PH>(cur, xf, xstride, meta, mstride, zero, st.j, K_l / kGroup, lr, tmask,
+                                    active_tiles<BITS>(tmask), [&](int t, int sg, float gv0, float gv1) {
                                   const int en = ent[t], j = en & 0xFF;
                                   const int G = (j < k ? j * gI : k * gI) + st.j * 4 + sg;
                                   float* dst = a.sc.gv + (int64_t(en >> 8) * NG + G) * H + n0;

@@ -240,35 +240,6 @@ struct LaneRows {
 // columns, rows g / g+8). xf: fragments of row 0 of the block's row tile (row t at xf + t·xstride); meta: row
 // t's group G at meta[t·mstride + G]; tmask: rows present. The mma tiles are walked by a loop that is not
 // unrolled (the registers of one tile at a time), rotating acc so that tile p is always in acc[0].
-// The group dots of chunk i (compile-time after unrolling) for rows g (dot0) and g+8 (dot1): B units from xb
-// (this lane's unit 0 of the chunk, or the zero block).
-template <int BITS>
-__device__ __forceinline__ void chunk_dots(const RowTile<BITS>& t, const char* xb, int i, float& dot0, float& dot1) {
-  using S = TcShape<BITS>;
-  float d0[4] = {0.f, 0.f, 0.f, 0.f}, d1[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-  for (int u = 0; u < S::U; ++u) {
-    const uint4 xv = *reinterpret_cast<const uint4*>(xb + u * 128);
-    if constexpr (BITS == 4) {
-      uint32_t ha[4], hb[4];
-      dq4(sel4(t.w[0][i], u), ha);
-      dq4(sel4(t.w[1][i], u), hb);
-      mma16816(d0, ha[0], hb[0], ha[1], hb[1], xv.x, xv.y);
-      mma16816(d1, ha[2], hb[2], ha[3], hb[3], xv.z, xv.w);
-    } else {
-      uint32_t ha[2], hb[2];
-      dq8(sel4(t.w[0][i], 2 * u), ha);
-      dq8(sel4(t.w[1][i], 2 * u), hb);
-      mma16816(d0, ha[0], hb[0], ha[1], hb[1], xv.x, xv.y);
-      dq8(sel4(t.w[0][i], 2 * u + 1), ha);
-      dq8(sel4(t.w[1][i], 2 * u + 1), hb);
-      mma16816(d1, ha[0], hb[0], ha[1], hb[1], xv.z, xv.w);
-    }
-  }
-  dot0 = (d0[0] + d0[1]) + (d1[0] + d1[1]);
-  dot1 = (d0[2] + d0[3]) + (d1[2] + d1[3]);
-}
-
 // Where this lane's B unit of chunk i of mma tile p lives (the zero block for absent rows).
 template <int BITS>
 __device__ __forceinline__ const char* b_unit(const LaneRows<BITS>& lr, const char* xf, int xstride, const char* zero,
@@ -277,65 +248,137 @@ __device__ __forceinline__ const char* b_unit(const LaneRows<BITS>& lr, const ch
   return (lr.bvalid() && ((tmask >> bt) & 1u)) ? xf + bt * xstride + kt * kTileXBytes + lr.boff(i) : zero;
 }
 
-// One k-tile kt (of the weights and of the staged fragments alike; ngroups: the weights' groups) for NP mma
-// tiles of rows: accumulates the group values of this lane's output columns into acc[p][i][h] (chunk i's
-// columns, rows g / g+8). xf: fragments of row 0 of the block's row tile (row t at xf + t·xstride); meta: row
-// t's group G at meta[t·mstride + G]; tmask: rows present. The mma tiles are walked by a loop that is not
-// unrolled (the registers of one tile at a time), rotating acc so that tile p is always in acc[0].
-template <int BITS, int NP>
-__device__ __forceinline__ void tile_rows(const RowTile<BITS>& t, const char* xf, int xstride, const float2* meta,
-                                          int mstride, const char* zero, int kt, int ngroups,
-                                          const LaneRows<BITS>& lr, uint32_t tmask,
-                                          float (&acc)[NP][TcShape<BITS>::NCH][2]) {
+// Mma tiles of the block's rows that hold at least one present row (tiles past the last present row skipped).
+template <int BITS>
+__device__ __forceinline__ int active_tiles(uint32_t tmask) {
+  return tmask ? (31 - __clz(int(tmask))) / TcShape<BITS>::TPM + 1 : 0;
+}
+
+// One k-tile kt (of the weights and of the staged fragments alike) for the first np_act of NP mma tiles of
+// rows. Per chunk i and pass of PH mma tiles, each weight unit is dequantized once and multiplied with the B
+// units of the PH tiles; then fin(p, i, dot0, dot1) gets the group dots of this lane's output columns of
+// tile p, chunk i (rows g, g+8). The mma chains are today's (per column: the units u in order).
+// xf: fragments of row 0 of the block's row tile (row t at xf + t·xstride); tmask: rows present.
+template <int BITS, int NP, int PH, typename Fin>
+__device__ __forceinline__ void tile_rows(const RowTile<BITS>& t, const char* xf, int xstride, const char* zero, int kt,
+                                          const LaneRows<BITS>& lr, uint32_t tmask, int np_act, Fin&& fin) {
   using S = TcShape<BITS>;
-#pragma unroll 1
-  for (int p = 0; p < NP; ++p) {
+  static_assert(NP % PH == 0, "passes of PH mma tiles");
 #pragma unroll
-    for (int i = 0; i < S::NCH; ++i) {
-      float dot0, dot1;
-      chunk_dots<BITS>(t, b_unit<BITS>(lr, xf, xstride, zero, kt, p, i, tmask), i, dot0, dot1);
-      const int ot = p * S::TPM + lr.otok(i), sg = lr.osig(i), G = kt * 4 + sg;
-      if (((tmask >> ot) & 1u) && G < ngroups) {
-        const float2 mm = meta[ot * mstride + G];
-        acc[0][i][0] = fmaf(1.f, group_value<BITS>(dot0, bf_pick(t.s[0], sg), bf_pick(t.b[0], sg), mm), acc[0][i][0]);
-        acc[0][i][1] = fmaf(1.f, group_value<BITS>(dot1, bf_pick(t.s[1], sg), bf_pick(t.b[1], sg), mm), acc[0][i][1]);
+  for (int i = 0; i < S::NCH; ++i) {
+#pragma unroll
+    for (int q = 0; q < NP / PH; ++q) {
+      if (q * PH < np_act) {
+        float d[PH][2][4];
+        const char* xb[PH];
+#pragma unroll
+        for (int pp = 0; pp < PH; ++pp) {
+          xb[pp] = b_unit<BITS>(lr, xf, xstride, zero, kt, q * PH + pp, i, tmask);
+#pragma unroll
+          for (int z = 0; z < 4; ++z) d[pp][0][z] = d[pp][1][z] = 0.f;
+        }
+#pragma unroll
+        for (int u = 0; u < S::U; ++u) {
+          uint32_t a0[4], a1[4];  // A registers of the unit's two mmas (d0: a0, d1: a1)
+          if constexpr (BITS == 4) {
+            uint32_t ha[4], hb[4];
+            dq4(sel4(t.w[0][i], u), ha);
+            dq4(sel4(t.w[1][i], u), hb);
+            a0[0] = ha[0], a0[1] = hb[0], a0[2] = ha[1], a0[3] = hb[1];
+            a1[0] = ha[2], a1[1] = hb[2], a1[2] = ha[3], a1[3] = hb[3];
+          } else {
+            uint32_t ha[2], hb[2];
+            dq8(sel4(t.w[0][i], 2 * u), ha);
+            dq8(sel4(t.w[1][i], 2 * u), hb);
+            a0[0] = ha[0], a0[1] = hb[0], a0[2] = ha[1], a0[3] = hb[1];
+            dq8(sel4(t.w[0][i], 2 * u + 1), ha);
+            dq8(sel4(t.w[1][i], 2 * u + 1), hb);
+            a1[0] = ha[0], a1[1] = hb[0], a1[2] = ha[1], a1[3] = hb[1];
+          }
+#pragma unroll
+          for (int pp = 0; pp < PH; ++pp) {
+            if (q * PH + pp < np_act) {
+              const uint4 xv = *reinterpret_cast<const uint4*>(xb[pp] + u * 128);
+              mma16816(d[pp][0], a0[0], a0[1], a0[2], a0[3], xv.x, xv.y);
+              mma16816(d[pp][1], a1[0], a1[1], a1[2], a1[3], xv.z, xv.w);
+            }
+          }
+        }
+#pragma unroll
+        for (int pp = 0; pp < PH; ++pp)
+          if (q * PH + pp < np_act)
+            fin(q * PH + pp, i, (d[pp][0][0] + d[pp][0][1]) + (d[pp][1][0] + d[pp][1][1]),
+                (d[pp][0][2] + d[pp][0][3]) + (d[pp][1][2] + d[pp][1][3]));
       }
-    }
-    if constexpr (NP > 1) {  // rotate: tile p + 1 into acc[0]
-      float first[S::NCH][2];
-#pragma unroll
-      for (int i = 0; i < S::NCH; ++i) first[i][0] = acc[0][i][0], first[i][1] = acc[0][i][1];
-#pragma unroll
-      for (int q = 0; q + 1 < NP; ++q)
-#pragma unroll
-        for (int i = 0; i < S::NCH; ++i) acc[q][i][0] = acc[q + 1][i][0], acc[q][i][1] = acc[q + 1][i][1];
-#pragma unroll
-      for (int i = 0; i < S::NCH; ++i) acc[NP - 1][i][0] = first[i][0], acc[NP - 1][i][1] = first[i][1];
     }
   }
 }
 
-// As tile_rows, but each group value goes to store(row t of the tile, group slot sg of the k-tile, gv of row
-// g, gv of row g+8) instead of into an accumulator (MoE down keeps every group's value).
-template <int BITS, int NP, typename Store>
-__device__ __forceinline__ void tile_rows_store(const RowTile<BITS>& t, const char* xf, int xstride, const float2* meta,
-                                                int mstride, const char* zero, int kt, int ngroups,
-                                                const LaneRows<BITS>& lr, uint32_t tmask, Store&& store) {
-  using S = TcShape<BITS>;
-#pragma unroll 1
-  for (int p = 0; p < NP; ++p) {
+// The scale s and zc·s + b of the output group of chunk i for rows g (h = 0) and g+8 (h = 1), as
+// group_value computes them: group value = fmaf(s·2^E, dot, (zc·s + b)·Σx). For 4-bit weights they are
+// computed once per tile (every pass reuses them); for 8-bit (one pass, more chunks) where they are used.
+template <int BITS>
+__device__ __forceinline__ void group_scale(const RowTile<BITS>& t, int sg, int h, float& s, float& c) {
+  s = bf_raw(bf_pick(t.s[h], sg));
+  c = fmaf(TcShape<BITS>::ZC, s, bf_raw(bf_pick(t.b[h], sg)));
+}
+template <int BITS>
+struct GroupScale {
+  static constexpr int N = BITS == 4 ? TcShape<BITS>::NCH : 1;
+  float s[N][2], c[N][2];
+  __device__ GroupScale(const RowTile<BITS>& t, const LaneRows<BITS>& lr) {
+    if constexpr (BITS == 4) {
 #pragma unroll
-    for (int i = 0; i < S::NCH; ++i) {
-      float dot0, dot1;
-      chunk_dots<BITS>(t, b_unit<BITS>(lr, xf, xstride, zero, kt, p, i, tmask), i, dot0, dot1);
-      const int ot = p * S::TPM + lr.otok(i), sg = lr.osig(i), G = kt * 4 + sg;
-      if (((tmask >> ot) & 1u) && G < ngroups) {
-        const float2 mm = meta[ot * mstride + G];
-        store(ot, sg, group_value<BITS>(dot0, bf_pick(t.s[0], sg), bf_pick(t.b[0], sg), mm),
-              group_value<BITS>(dot1, bf_pick(t.s[1], sg), bf_pick(t.b[1], sg), mm));
-      }
+      for (int i = 0; i < N; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) group_scale<BITS>(t, lr.osig(i), h, s[i][h], c[i][h]);
     }
   }
+  // fmaf(s·m.x, dot, c·m.y) for chunk i, row h
+  __device__ __forceinline__ float value(const RowTile<BITS>& t, const LaneRows<BITS>& lr, int i, int h, float dot,
+                                         float2 m) const {
+    if constexpr (BITS == 4) {
+      return fmaf(s[i][h] * m.x, dot, c[i][h] * m.y);
+    } else {
+      float ss, cc;
+      group_scale<BITS>(t, lr.osig(i), h, ss, cc);
+      return fmaf(ss * m.x, dot, cc * m.y);
+    }
+  }
+};
+
+// tile_rows with the group values of the present rows accumulated into acc[p][i][h] (the dense and gate/up
+// chains; meta: row t's group G at meta[t·mstride + G]; ngroups: the weights' groups).
+template <int BITS, int NP, int PH>
+__device__ __forceinline__ void tile_rows_acc(const RowTile<BITS>& t, const char* xf, int xstride, const float2* meta,
+                                              int mstride, const char* zero, int kt, int ngroups,
+                                              const LaneRows<BITS>& lr, uint32_t tmask, int np_act,
+                                              float (&acc)[NP][TcShape<BITS>::NCH][2]) {
+  const GroupScale<BITS> gs(t, lr);
+  tile_rows<BITS, NP, PH>(t, xf, xstride, zero, kt, lr, tmask, np_act, [&](int p, int i, float dot0, float dot1) {
+    const int ot = p * TcShape<BITS>::TPM + lr.otok(i), G = kt * 4 + lr.osig(i);
+    if (((tmask >> ot) & 1u) && G < ngroups) {
+      const float2 mm = meta[ot * mstride + G];
+      acc[p][i][0] = fmaf(1.f, gs.value(t, lr, i, 0, dot0, mm), acc[p][i][0]);
+      acc[p][i][1] = fmaf(1.f, gs.value(t, lr, i, 1, dot1, mm), acc[p][i][1]);
+    }
+  });
+}
+
+// tile_rows with each present row's group values handed to store(row t of the tile, group slot sg, gv of row
+// g, gv of row g+8) (MoE down keeps every group's value).
+template <int BITS, int NP, int PH, typename Store>
+__device__ __forceinline__ void tile_rows_store(const RowTile<BITS>& t, const char* xf, int xstride, const float2* meta,
+                                                int mstride, const char* zero, int kt, int ngroups,
+                                                const LaneRows<BITS>& lr, uint32_t tmask, int np_act, Store&& store) {
+  const GroupScale<BITS> gs(t, lr);
+  tile_rows<BITS, NP, PH>(t, xf, xstride, zero, kt, lr, tmask, np_act, [&](int p, int i, float dot0, float dot1) {
+    const int ot = p * TcShape<BITS>::TPM + lr.otok(i), sg = lr.osig(i), G = kt * 4 + sg;
+    if (((tmask >> ot) & 1u) && G < ngroups) {
+      const float2 mm = meta[ot * mstride + G];
+      store(ot, sg, gs.value(t, lr, i, 0, dot0, mm), gs.value(t, lr, i, 1, dot1, mm));
+    }
+  });
 }
 
 // The chunk whose output columns hold row τ of an mma tile in lane c (the inverse of LaneRows::otok).
