@@ -103,12 +103,6 @@ __device__ __forceinline__ int frexp_e(float m) {
   return m > 0.f ? max(-125, min(126, e)) : 0;
 }
 __device__ __forceinline__ float bf_raw(uint32_t v) { return __uint_as_float(v << 16); }
-// s·2^E·dot + (zc·s + b)·Σx for one row's group.
-template <int BITS>
-__device__ __forceinline__ float group_value(float dot, uint32_t s_raw, uint32_t b_raw, float2 m) {
-  const float s = bf_raw(s_raw), b = bf_raw(b_raw);
-  return fmaf(s * m.x, dot, fmaf(TcShape<BITS>::ZC, s, b) * m.y);
-}
 __device__ __forceinline__ float quad_sum(float v) {
   v += __shfl_xor_sync(0xffffffffu, v, 1);
   v += __shfl_xor_sync(0xffffffffu, v, 2);
@@ -116,9 +110,8 @@ __device__ __forceinline__ float quad_sum(float v) {
 }
 
 // ------------------------------------------------------------------------------------------------ staging
-// 8 values (one "unit": columns 8t..8t+7) of t(x) → the hi/lo fragments of one layout and the group meta.
-// All 32 lanes of the warp must call (the 8 lanes of a 64-group agree on E and Σx by shuffles); `write`
-// false for units past K (their fragments are then zeros, written only when `zero_ok`).
+// 8 values (one "unit": columns 8t..8t+7) of t(x), scaled by 2^-E of their group → the hi/lo fp16 fragments
+// of one layout (units past K are zeros and give zero fragments).
 template <int BITS>
 __device__ __forceinline__ void split_unit(const float (&v)[8], float inv, uint4& hi4, uint4& lo4) {
   uint32_t hi[4], lo[4];
@@ -145,7 +138,7 @@ __device__ __forceinline__ int unit_off(int t) {
   return kt * kTileXBytes + frag_off<BITS>(rem / 4, u, rem % 4, 0);
 }
 // E and Σx of the 64-group of this lane's unit (8 lanes per group), as gemv_tc's staging: the lane's own sum
-// in order, then a butterfly over the 8 lanes (every lane ends with the same bits).
+// in order, then a butterfly over the 8 lanes (every lane ends with the same bits). All 32 lanes must call.
 __device__ __forceinline__ void group_meta(const float (&v)[8], int& E, float& sum) {
   float mx = 0.f;
   sum = 0.f;
@@ -314,9 +307,10 @@ __device__ __forceinline__ void tile_rows(const RowTile<BITS>& t, const char* xf
   }
 }
 
-// The scale s and zc·s + b of the output group of chunk i for rows g (h = 0) and g+8 (h = 1), as
-// group_value computes them: group value = fmaf(s·2^E, dot, (zc·s + b)·Σx). For 4-bit weights they are
-// computed once per tile (every pass reuses them); for 8-bit (one pass, more chunks) where they are used.
+// The value of one row's group, s·2^E·dot + (zc·s + b)·Σx, computed as gemv_tc's group_value computes it:
+// fmaf(s·2^E, dot, fmaf(zc, s, b)·Σx), with the scale s and zc·s + b of the output group of chunk i for rows
+// g (h = 0) and g+8 (h = 1): for 4-bit weights once per tile (every pass reuses them), for 8-bit (one pass,
+// more chunks) where they are used.
 template <int BITS>
 __device__ __forceinline__ void group_scale(const RowTile<BITS>& t, int sg, int h, float& s, float& c) {
   s = bf_raw(bf_pick(t.s[h], sg));
