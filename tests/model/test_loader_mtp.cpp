@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <map>
 
 #include <nlohmann/json.hpp>
 
@@ -16,6 +17,7 @@
 #include "core/mapped_file.h"
 #include "model/hf_writer.h"
 #include "model/safetensors.h"
+#include "model/tensor_table.h"
 #include "model/weight_walk.h"
 #include "model/weights.h"
 
@@ -97,6 +99,33 @@ void expect_error(const std::string& dir, const std::vector<std::string>& parts)
   } catch (const Error& e) {
     for (const auto& p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
   }
+}
+
+// The table's MTP block: 20 entries after the backbone, named as the checkpoints name them in both layouts.
+TEST(LoaderMtp, TableBlock) {
+  const ModelConfig c = load_config(kMtp);
+  TableOptions o;
+  const size_t backbone = tensor_table(c, o).size();
+  o.mtp_layers = 1;
+  const auto t = tensor_table(c, o);
+  ASSERT_EQ(t.size(), backbone + 20);
+  std::map<std::string, TensorSpec> mtp;
+  for (size_t i = backbone; i < t.size(); ++i) {
+    EXPECT_EQ(t[i].block, TensorBlock::Mtp) << t[i].name;
+    EXPECT_TRUE(is_mtp_name(t[i].name)) << t[i].name;
+    mtp[t[i].name] = t[i];
+  }
+  const TensorSpec& fc = mtp.at("mtp.fc");
+  EXPECT_EQ(fc.role, TensorRole::MtpFc);
+  EXPECT_EQ(fc.shape(), (std::vector<int64_t>{c.hidden_size, 2 * c.hidden_size}));
+  EXPECT_EQ(mtp.at("mtp.layers.0.mlp.gate").bits, 8);
+  EXPECT_EQ(mtp.at("mtp.layers.0.self_attn.q_proj").layer, 0);
+  const TensorSpec& up = mtp.at("mtp.layers.0.mlp.experts.up");
+  EXPECT_EQ(mlx_names().name(up), "mtp.layers.0.mlp.switch_mlp.up_proj");
+  EXPECT_EQ(hf_names().name(up), "mtp.layers.0.mlp.experts.gate_up_proj");
+  EXPECT_EQ(hf_names().expert_name(up, 3), "mtp.layers.0.mlp.experts.3.up_proj.weight");
+  EXPECT_EQ(mlx_names().name(mtp.at("mtp.norm.weight")), "mtp.norm.weight");
+  EXPECT_EQ(hf_names().name(fc), "mtp.fc");
 }
 
 TEST(LoaderMtp, MlxFixtureHasTheHead) {
