@@ -6,6 +6,7 @@ if(CMAKE_SCRIPT_MODE_FILE)
   # -DLILAC=... -DARGS="a;b;c" -DRC=expected exit code -DEXPECT="regex;regex" (all must match the output)
   # [-DTOKDIR=dir -DMODEL=mlx4 dir -DTOK=tokenizer dir]: first make a model folder with a tokenizer (links).
   # [-DSAME_AS="a;b;c"]: the "generated ids" line must equal that of this other command.
+  # [-DEOSDIR=dir -DMODEL=mlx4 dir -DEOS=id]: first make a model folder whose end-of-turn id is EOS.
   if(DEFINED TOKDIR)
     file(REMOVE_RECURSE "${TOKDIR}")
     file(MAKE_DIRECTORY "${TOKDIR}")
@@ -15,6 +16,14 @@ if(CMAKE_SCRIPT_MODE_FILE)
     foreach(f tokenizer.json tokenizer_config.json)
       file(CREATE_LINK "${TOK}/${f}" "${TOKDIR}/${f}" SYMBOLIC)
     endforeach()
+  endif()
+  if(DEFINED EOSDIR)
+    file(REMOVE_RECURSE "${EOSDIR}")
+    file(MAKE_DIRECTORY "${EOSDIR}")
+    foreach(f config.json model.safetensors)
+      file(CREATE_LINK "${MODEL}/${f}" "${EOSDIR}/${f}" SYMBOLIC)
+    endforeach()
+    file(WRITE "${EOSDIR}/generation_config.json" "{\"eos_token_id\": [${EOS}]}\n")
   endif()
   if(DEFINED SAME_AS)
     execute_process(COMMAND "${LILAC}" ${SAME_AS} RESULT_VARIABLE rc2 OUTPUT_VARIABLE out2 ERROR_VARIABLE err2)
@@ -52,6 +61,18 @@ add_test(NAME cli_generate_cpu_tiny_gen0
           "-DARGS=generate;--model;${_fx}/tiny/mlx4;--prompt-ids;621;--max-tokens;8;--backend;cpu;--temperature;0"
           -DRC=0 "-DEXPECT=generated ids: 1243,2021,215,540,1962,924,75,1676\n;prefill: 1 tokens in ;decode: 7 tokens in "
           -P "${_me}")
+# The same with 215 (the third token) as the end-of-turn id: generation stops there and says so (the
+# id is listed); --ignore-eos goes on to --max-tokens.
+add_test(NAME cli_generate_cpu_tiny_eos
+  COMMAND ${CMAKE_COMMAND} -DLILAC=$<TARGET_FILE:lilac> -DEOSDIR=${CMAKE_CURRENT_BINARY_DIR}/cli_generate_eos
+          -DMODEL=${_fx}/tiny/mlx4 -DEOS=215
+          "-DARGS=generate;--model;${CMAKE_CURRENT_BINARY_DIR}/cli_generate_eos;--prompt-ids;621;--max-tokens;8;--backend;cpu;--temperature;0"
+          -DRC=0 "-DEXPECT=generated ids: 1243,2021,215\n;decode: 2 tokens in ;stopped at end-of-turn token 215\n" -P "${_me}")
+add_test(NAME cli_generate_cpu_tiny_ignore_eos
+  COMMAND ${CMAKE_COMMAND} -DLILAC=$<TARGET_FILE:lilac> -DEOSDIR=${CMAKE_CURRENT_BINARY_DIR}/cli_generate_eos2
+          -DMODEL=${_fx}/tiny/mlx4 -DEOS=215
+          "-DARGS=generate;--model;${CMAKE_CURRENT_BINARY_DIR}/cli_generate_eos2;--prompt-ids;621;--max-tokens;8;--backend;cpu;--temperature;0;--ignore-eos"
+          -DRC=0 "-DEXPECT=generated ids: 1243,2021,215,540,1962,924,75,1676\n" -P "${_me}")
 add_test(NAME cli_generate_cpu_bad_id
   COMMAND ${CMAKE_COMMAND} -DLILAC=$<TARGET_FILE:lilac>
           "-DARGS=generate;--model;${_fx}/tiny/mlx4;--prompt-ids;1,2,99999;--max-tokens;4;--backend;cpu"
@@ -85,5 +106,6 @@ add_test(NAME cli_generate_cpu_text_needs_tokenizer
           -DRC=1 "-DEXPECT=no tokenizer.json" -P "${_me}")
 set_tests_properties(cli_generate_cpu_text_prompt cli_generate_cpu_chat_out_of_vocab cli_generate_cpu_text_needs_tokenizer
   PROPERTIES LABELS cli)
-set_tests_properties(cli_golden_cpu_tiny cli_golden_cpu_tiny2 cli_generate_cpu_tiny_gen0 cli_generate_cpu_bad_id cli_generate_cpu_bad_ids_syntax
+set_tests_properties(cli_golden_cpu_tiny cli_golden_cpu_tiny2 cli_generate_cpu_tiny_gen0 cli_generate_cpu_tiny_eos
+  cli_generate_cpu_tiny_ignore_eos cli_generate_cpu_bad_id cli_generate_cpu_bad_ids_syntax
   cli_check_golden_vocab_mismatch PROPERTIES LABELS cli)
