@@ -1,0 +1,53 @@
+// The fast CPU path's persistent worker pool. A phase is one list of independent tasks (e.g. the row
+// tiles of q, k and v together, or of all selected experts) that every thread claims from one atomic
+// counter; the only barrier is at the end of the phase. Workers spin for a short while between phases
+// (phases of a decode step follow each other within microseconds), then sleep on a futex.
+#pragma once
+#include <atomic>
+#include <cstdint>
+#include <exception>
+#include <mutex>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+namespace lilac::cpufast {
+
+class WorkPool {
+ public:
+  // threads <= 0: hardware concurrency. The calling thread is one of them.
+  explicit WorkPool(int threads);
+  ~WorkPool();
+  WorkPool(const WorkPool&) = delete;
+  WorkPool& operator=(const WorkPool&) = delete;
+
+  int size() const { return int(workers_.size()) + 1; }
+
+  // f(task) for task in [0, n) on all threads; returns when every task is done. The first exception
+  // is rethrown here. Called from inside a task, it runs serially on that thread.
+  template <class F>
+  void run(int64_t n, F&& f) {
+    using Fn = std::remove_reference_t<F>;
+    auto call = [](void* ctx, int64_t i) { (*static_cast<Fn*>(ctx))(i); };
+    run_erased(n, call, const_cast<void*>(static_cast<const void*>(&f)));
+  }
+
+ private:
+  void run_erased(int64_t n, void (*call)(void*, int64_t), void* ctx);
+  void worker_loop();
+  void work();
+
+  std::vector<std::thread> workers_;
+  std::mutex run_mu_;  // one phase at a time
+  std::atomic<uint32_t> gen_{0};
+  std::atomic<int> pending_{0};
+  std::atomic<int64_t> next_{0};
+  int64_t n_ = 0;
+  void (*call_)(void*, int64_t) = nullptr;
+  void* ctx_ = nullptr;
+  std::atomic<bool> stop_{false}, failed_{false};
+  std::exception_ptr error_;
+  std::mutex err_mu_;
+};
+
+}  // namespace lilac::cpufast
