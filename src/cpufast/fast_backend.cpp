@@ -157,13 +157,17 @@ class FastSession : public cpu::CpuSession {
   // For decode_batch.
   FastBackend& backend() { return be_; }
   SeqState& state() { return st_; }
-  int32_t take_pending() {
+  // Throws unless a token is pending and fits in the context.
+  void check_pending() const {
     if (next_token_ < 0) throw Error("cpu session: advance() without a sampled token");
-    const int32_t t = next_token_;
-    next_token_ = -1;
     if (st_.len + 1 > max_len_)
       throw InputError("context of " + std::to_string(st_.len + 1) + " tokens exceeds the session's max_length " +
                        std::to_string(max_len_));
+  }
+  int32_t take_pending() {
+    check_pending();
+    const int32_t t = next_token_;
+    next_token_ = -1;
     return t;
   }
   float* logits_data() { return logits_.data(); }
@@ -218,6 +222,7 @@ class FastBackend : public Backend {
       auto* f = dynamic_cast<FastSession*>(s);
       if (!f || &f->backend() != this) throw Error("decode_batch: a session of another backend");
       if (!seen.insert(s).second) throw Error("decode_batch: a session appears twice");
+      f->check_pending();
       ss.push_back(f);
     }
     std::vector<TokenChoice> out;

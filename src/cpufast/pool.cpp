@@ -16,6 +16,9 @@ namespace lilac::cpufast {
 namespace {
 thread_local bool t_in_pool = false;
 constexpr int kSpin = 1 << 14;  // pause iterations (~100 µs) before sleeping
+constexpr int kIdxBits = 22, kNBits = 22;
+constexpr uint64_t kIdxMask = (uint64_t(1) << kIdxBits) - 1, kNMask = (uint64_t(1) << kNBits) - 1;
+constexpr int64_t kMaxTasks = int64_t(kIdxMask);
 }  // namespace
 
 WorkPool::WorkPool(int threads) {
@@ -25,50 +28,55 @@ WorkPool::WorkPool(int threads) {
 
 WorkPool::~WorkPool() {
   stop_.store(true);
-  gen_.fetch_add(1, std::memory_order_release);
-  gen_.notify_all();
+  wake_.fetch_add(1, std::memory_order_release);
+  wake_.notify_all();
   for (auto& t : workers_) t.join();
 }
 
-void WorkPool::work() {
+// Claims and runs tasks of phase `gen` until none is left (or another phase has begun).
+void WorkPool::work(uint64_t gen) {
   const bool was = t_in_pool;
   t_in_pool = true;
+  uint64_t v = claim_.load(std::memory_order_acquire);
   for (;;) {
-    const int64_t i = next_.fetch_add(1, std::memory_order_relaxed);
-    if (i >= n_) break;
+    if ((v >> (kIdxBits + kNBits)) != gen) break;
+    const uint64_t idx = v & kIdxMask, n = (v >> kIdxBits) & kNMask;
+    if (idx >= n) break;
+    if (!claim_.compare_exchange_weak(v, v + 1, std::memory_order_acq_rel, std::memory_order_acquire)) continue;
+    // The phase cannot end before this task is done: call_ / ctx_ are this phase's.
     try {
-      call_(ctx_, i);
+      call_(ctx_, int64_t(idx));
     } catch (...) {
       std::lock_guard<std::mutex> lk(err_mu_);
       if (!error_) error_ = std::current_exception();
       failed_.store(true);
-      next_.store(n_);
     }
+    done_.fetch_add(1, std::memory_order_acq_rel);
+    v = claim_.load(std::memory_order_acquire);
   }
   t_in_pool = was;
 }
 
 void WorkPool::worker_loop() {
-  uint32_t seen = gen_.load(std::memory_order_acquire);
+  uint32_t seen = wake_.load(std::memory_order_acquire);
   for (;;) {
-    uint32_t g;
+    uint32_t w;
     int spins = 0;
-    while ((g = gen_.load(std::memory_order_acquire)) == seen) {
+    while ((w = wake_.load(std::memory_order_acquire)) == seen) {
       if (++spins < kSpin)
         LILAC_RELAX();
       else
-        gen_.wait(seen, std::memory_order_acquire);
+        wake_.wait(seen, std::memory_order_acquire);
     }
-    seen = g;
+    seen = w;
     if (stop_.load()) return;
-    work();
-    if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) pending_.notify_one();
+    work(claim_.load(std::memory_order_acquire) >> (kIdxBits + kNBits));
   }
 }
 
 void WorkPool::run_erased(int64_t n, void (*call)(void*, int64_t), void* ctx) {
   if (n <= 0) return;
-  if (workers_.empty() || t_in_pool || n == 1) {
+  if (workers_.empty() || t_in_pool || n == 1 || n > kMaxTasks) {
     const bool was = t_in_pool;
     t_in_pool = true;
     try {
@@ -81,24 +89,22 @@ void WorkPool::run_erased(int64_t n, void (*call)(void*, int64_t), void* ctx) {
     return;
   }
   std::lock_guard<std::mutex> lk(run_mu_);
-  n_ = n;
+  gen_ = (gen_ + 1) & ((uint64_t(1) << (64 - kIdxBits - kNBits)) - 1);
   call_ = call;
   ctx_ = ctx;
   error_ = nullptr;
   failed_.store(false);
-  next_.store(0, std::memory_order_relaxed);
-  pending_.store(int(workers_.size()), std::memory_order_relaxed);
-  gen_.fetch_add(1, std::memory_order_release);
-  gen_.notify_all();
-  work();
+  done_.store(0, std::memory_order_relaxed);
+  claim_.store((gen_ << (kIdxBits + kNBits)) | (uint64_t(n) << kIdxBits), std::memory_order_release);
+  wake_.fetch_add(1, std::memory_order_release);
+  wake_.notify_all();
+  work(gen_);
   int spins = 0;
-  for (;;) {
-    const int p = pending_.load(std::memory_order_acquire);
-    if (p == 0) break;
+  while (done_.load(std::memory_order_acquire) < n) {
     if (++spins < kSpin)
       LILAC_RELAX();
     else
-      pending_.wait(p, std::memory_order_acquire);
+      std::this_thread::yield();
   }
   if (failed_.load()) std::rethrow_exception(error_);
 }

@@ -1,7 +1,10 @@
 // The fast CPU path's persistent worker pool. A phase is one list of independent tasks (e.g. the row
 // tiles of q, k and v together, or of all selected experts) that every thread claims from one atomic
-// counter; the only barrier is at the end of the phase. Workers spin for a short while between phases
-// (phases of a decode step follow each other within microseconds), then sleep on a futex.
+// word (generation | task count | next index, so a late worker can never claim a task of another
+// phase); the only barrier is the calling thread waiting for the phase's tasks to be done (not for
+// the workers: one that was not scheduled in time simply takes no task). Workers spin for a short
+// while between phases (phases of a decode step follow each other within microseconds), then sleep on
+// a futex.
 #pragma once
 #include <atomic>
 #include <cstdint>
@@ -35,14 +38,14 @@ class WorkPool {
  private:
   void run_erased(int64_t n, void (*call)(void*, int64_t), void* ctx);
   void worker_loop();
-  void work();
+  void work(uint64_t gen);
 
   std::vector<std::thread> workers_;
   std::mutex run_mu_;  // one phase at a time
-  std::atomic<uint32_t> gen_{0};
-  std::atomic<int> pending_{0};
-  std::atomic<int64_t> next_{0};
-  int64_t n_ = 0;
+  std::atomic<uint32_t> wake_{0};   // bumped per phase (workers wait on it)
+  std::atomic<uint64_t> claim_{0};  // [gen 20 bits | n 22 bits | next 22 bits]
+  std::atomic<int64_t> done_{0};    // tasks finished in the current phase
+  uint64_t gen_ = 0;                // current phase (caller only)
   void (*call_)(void*, int64_t) = nullptr;
   void* ctx_ = nullptr;
   std::atomic<bool> stop_{false}, failed_{false};
