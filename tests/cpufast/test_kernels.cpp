@@ -15,6 +15,7 @@
 #include "cpufast/acts.h"
 #include "cpufast/isa.h"
 #include "cpufast/pack.h"
+#include "cpufast/selfcheck.h"
 #include "model/quant.h"
 
 using namespace lilac;
@@ -245,4 +246,16 @@ TEST(CpuFastKernels, FloatHelpersOnEveryIsa) {
       EXPECT_NEAR(y16[i], b[i] + 0.5 * bf16_to_f32(bb[i]), 1e-5) << k->name;
     }
   }
+}
+
+// The self-check the ARM64 cross build runs under qemu (scripts/cross-check-arm64.sh), here on every
+// set this CPU has; and forcing the portable level through LILAC_CPU_ISA.
+TEST(CpuFastKernels, SelfCheckOnEveryIsaAndForcedLevel) {
+  for (const KernelSet* k : available_kernels()) EXPECT_EQ(kernel_selfcheck(*k, 7), "") << k->name;
+  setenv("LILAC_CPU_ISA", "scalar", 1);
+  EXPECT_STREQ(best_kernels().name, "scalar");
+  setenv("LILAC_CPU_ISA", "vax", 1);
+  EXPECT_THROW(best_kernels(), lilac::Error);
+  unsetenv("LILAC_CPU_ISA");
+  EXPECT_EQ(&best_kernels(), available_kernels().back());
 }
