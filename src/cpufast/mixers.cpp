@@ -8,6 +8,7 @@
 #include "core/bf16.h"
 #include "cpu/ops.h"
 #include "cpufast/forward.h"
+#include "cpufast/gdn.h"
 
 namespace lilac::cpufast {
 
@@ -22,31 +23,6 @@ std::vector<int64_t> segment_rows(std::span<const Segment> segs) {
     acc += s.n;
   }
   return r;
-}
-
-// One token of the delta rule (the reference's gdn_recurrent_step without its allocation).
-void gdn_step(float* S, const float* q, const float* k, const float* v, float g, float beta, int dk, int dv, float* o,
-              float* u) {
-  const float decay = std::exp(g);
-  std::fill(u, u + dv, 0.f);
-  for (int i = 0; i < dk; ++i) {
-    float* Si = S + int64_t(i) * dv;
-    const float ki = k[i];
-    for (int j = 0; j < dv; ++j) {
-      Si[j] *= decay;
-      u[j] += Si[j] * ki;
-    }
-  }
-  for (int j = 0; j < dv; ++j) u[j] = beta * (v[j] - u[j]);
-  std::fill(o, o + dv, 0.f);
-  for (int i = 0; i < dk; ++i) {
-    float* Si = S + int64_t(i) * dv;
-    const float ki = k[i], qi = q[i];
-    for (int j = 0; j < dv; ++j) {
-      Si[j] += ki * u[j];
-      o[j] += Si[j] * qi;
-    }
-  }
 }
 
 void to_bf16(const float* x, int64_t n, uint16_t* out) {
@@ -205,7 +181,7 @@ void FastModel::deltanet(int l, std::span<const Segment> segs, int64_t n, float*
     const int h = int(ti % Hv), kh = h / ratio;
     const Segment& sg = segs[si];
     const int64_t m = sg.n, r0 = row0[si];
-    thread_local std::vector<float> qb, kb, gb, bb, u;
+    thread_local std::vector<float> qb, kb, gb, bb, u, scratch;
     qb.resize(static_cast<size_t>(m * dk));
     kb.resize(static_cast<size_t>(m * dk));
     gb.resize(static_cast<size_t>(m));
@@ -228,9 +204,9 @@ void FastModel::deltanet(int l, std::span<const Segment> segs, int64_t n, float*
     const float* v = proj + r0 * rows_in + 2 * kd + int64_t(h) * dv;
     float* o = out + r0 * vd + int64_t(h) * dv;
     if (m == 1)
-      gdn_step(S, qb.data(), kb.data(), v, gb[0], bb[0], dk, dv, o, u.data());
+      gdn_step_fast(S, qb.data(), kb.data(), v, gb[0], bb[0], dk, dv, o, u.data());
     else
-      cpu::gdn_chunked(S, qb.data(), dk, kb.data(), dk, v, rows_in, gb.data(), bb.data(), m, dk, dv, o, vd, 64);
+      gdn_chunked_fast(*k_, S, qb.data(), dk, kb.data(), dk, v, rows_in, gb.data(), bb.data(), m, dk, dv, o, vd, scratch);
     for (int64_t i = 0; i < m; ++i)
       cpu::gated_rmsnorm(o + i * vd, proj + (r0 + i) * rows_in + C + int64_t(h) * dv, g.norm.data(), dv, eps, o + i * vd);
   });

@@ -48,10 +48,14 @@ void FastModel::moe(int l, int64_t n, float* x) {
   // Routing: top-k per token; pairs (token, slot) sorted by expert.
   std::vector<int> ids(static_cast<size_t>(n * K));
   std::vector<float> wts(static_cast<size_t>(n * K)), sg(static_cast<size_t>(n));
-  for (int64_t t = 0; t < n; ++t) {
+  auto route = [&](int64_t t) {
     cpu::moe_route(logits.data() + t * (E + 1), E, K, c.norm_topk_prob, ids.data() + t * K, wts.data() + t * K);
     sg[static_cast<size_t>(t)] = cpu::sigmoid(logits[static_cast<size_t>(t * (E + 1) + E)]);
-  }
+  };
+  if (n >= 4)
+    pool_.run(n, route);
+  else
+    for (int64_t t = 0; t < n; ++t) route(t);
   std::vector<int64_t> count(static_cast<size_t>(E) + 1, 0), pos(static_cast<size_t>(n * K));
   for (int id : ids) ++count[static_cast<size_t>(id) + 1];
   for (int e = 0; e < E; ++e) count[static_cast<size_t>(e) + 1] += count[static_cast<size_t>(e)];  // now offsets
@@ -63,7 +67,7 @@ void FastModel::moe(int l, int64_t n, float* x) {
   // Gather the inputs in expert order.
   ActBuffer& xg_buf = s_.act2;
   QActs Xg = xg_buf.resize(P, H, levels_);
-  for (int64_t p = 0; p < P; ++p) {
+  auto gather = [&](int64_t p) {
     const int64_t t = p / K, r = pos[static_cast<size_t>(p)];
     std::memcpy(Xg.q + r * H, X.q + t * H, static_cast<size_t>(H));
     std::memcpy(Xg.d + r * Xg.blocks, X.d + t * X.blocks, static_cast<size_t>(Xg.blocks) * sizeof(float));
@@ -72,7 +76,11 @@ void FastModel::moe(int l, int64_t n, float* x) {
       std::memcpy(Xg.q2 + r * H, X.q2 + t * H, static_cast<size_t>(H));
       std::memcpy(Xg.d2 + r * Xg.blocks, X.d2 + t * X.blocks, static_cast<size_t>(Xg.blocks) * sizeof(float));
     }
-  }
+  };
+  if (P >= 64)
+    pool_.run(P, gather);
+  else
+    for (int64_t p = 0; p < P; ++p) gather(p);
   // Phase 2: gate/up of every used expert on its tokens; each task owns whole 64-blocks of h.
   s_.u.resize(static_cast<size_t>(3 * P * I));
   float *G = s_.u.data(), *U = G + P * I, *Hh = U + P * I;
@@ -83,7 +91,9 @@ void FastModel::moe(int l, int64_t n, float* x) {
   };
   std::vector<Task> tasks;
   const int64_t IB = I / kBlock;
-  const int64_t step = std::max<int64_t>(1, std::min<int64_t>(IB, IB * K / std::max(1, pool_.size())));
+  // ~4 tasks per thread when only a few experts are in use (decode); whole experts when many tokens.
+  const int64_t used = std::min<int64_t>(P, E);
+  const int64_t step = std::clamp<int64_t>(IB * used / (4 * int64_t(pool_.size())), 1, IB);
   for (int e = 0; e < E; ++e) {
     if (count[static_cast<size_t>(e) + 1] == count[static_cast<size_t>(e)]) continue;
     for (int64_t b = 0; b < IB; b += step) tasks.push_back({e, b, std::min(IB, b + step)});

@@ -1,5 +1,7 @@
 #include "cpufast/pack.h"
 
+#include <bit>
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -21,6 +23,8 @@ bool packs_exactly(const QMatrix& m) {
   return m.quantized() && (m.bits == 4 || m.bits == 8) && m.group_size % kBlock == 0;
 }
 
+static_assert(std::endian::native == std::endian::little, "pack.cpp reads MLX words as little-endian bytes");
+
 namespace {
 
 // One row of one part as q values [cols] and a bf16 scale / bias per 64-block.
@@ -28,7 +32,17 @@ void row_values(const QMatrix& m, int64_t r, uint8_t* q, uint16_t* sc, uint16_t*
                 std::vector<uint32_t>& words) {
   const int64_t blocks = m.cols / kBlock;
   if (packs_exactly(m)) {
-    unpack_bits(m.qweight + r * m.words_per_row(), m.cols, m.bits, q);
+    // Element j sits in bits [j*bits, (j+1)*bits) of the row's little-endian words: byte j/2 (4-bit,
+    // low nibble first) or byte j (8-bit).
+    const uint8_t* bytes = reinterpret_cast<const uint8_t*>(m.qweight + r * m.words_per_row());
+    if (m.bits == 8) {
+      std::memcpy(q, bytes, static_cast<size_t>(m.cols));
+    } else {
+      for (int64_t k = 0; k < m.cols / 2; ++k) {
+        q[2 * k] = bytes[k] & 15;
+        q[2 * k + 1] = bytes[k] >> 4;
+      }
+    }
     const int per = m.group_size / kBlock;
     for (int64_t b = 0; b < blocks; ++b) {
       sc[b] = m.scales[r * m.groups_per_row() + b / per];
