@@ -28,9 +28,17 @@ WorkPool::WorkPool(int threads) {
 
 WorkPool::~WorkPool() {
   stop_.store(true);
-  wake_.fetch_add(1, std::memory_order_release);
-  wake_.notify_all();
+  wake_workers();
   for (auto& t : workers_) t.join();
+}
+
+// Bumps wake_ under the sleep mutex: a worker checks wake_ under it before sleeping, so none misses it.
+void WorkPool::wake_workers() {
+  {
+    std::lock_guard<std::mutex> lk(sleep_mu_);
+    wake_.fetch_add(1, std::memory_order_release);
+  }
+  sleep_cv_.notify_all();
 }
 
 // Claims and runs tasks of phase `gen` until none is left (or another phase has begun).
@@ -58,18 +66,22 @@ void WorkPool::work(uint64_t gen) {
 }
 
 void WorkPool::worker_loop() {
-  uint32_t seen = wake_.load(std::memory_order_acquire);
+  // wake_ was 0 when the pool was made: a worker that starts late (after phases, or after the
+  // destructor's wake-up) sees a change at once and never sleeps through stop_.
+  uint32_t seen = 0;
   for (;;) {
-    uint32_t w;
     int spins = 0;
-    while ((w = wake_.load(std::memory_order_acquire)) == seen) {
-      if (++spins < kSpin)
+    auto ready = [&] { return wake_.load(std::memory_order_acquire) != seen || stop_.load(); };
+    while (!ready()) {
+      if (++spins < kSpin) {
         LILAC_RELAX();
-      else
-        wake_.wait(seen, std::memory_order_acquire);
+      } else {
+        std::unique_lock<std::mutex> lk(sleep_mu_);
+        sleep_cv_.wait(lk, ready);
+      }
     }
-    seen = w;
     if (stop_.load()) return;
+    seen = wake_.load(std::memory_order_acquire);
     work(claim_.load(std::memory_order_acquire) >> (kIdxBits + kNBits));
   }
 }
@@ -96,8 +108,7 @@ void WorkPool::run_erased(int64_t n, void (*call)(void*, int64_t), void* ctx) {
   failed_.store(false);
   done_.store(0, std::memory_order_relaxed);
   claim_.store((gen_ << (kIdxBits + kNBits)) | (uint64_t(n) << kIdxBits), std::memory_order_release);
-  wake_.fetch_add(1, std::memory_order_release);
-  wake_.notify_all();
+  wake_workers();
   work(gen_);
   int spins = 0;
   while (done_.load(std::memory_order_acquire) < n) {

@@ -4,9 +4,10 @@
 // phase); the only barrier is the calling thread waiting for the phase's tasks to be done (not for
 // the workers: one that was not scheduled in time simply takes no task). Workers spin for a short
 // while between phases (phases of a decode step follow each other within microseconds), then sleep on
-// a futex.
+// a condition variable.
 #pragma once
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <exception>
 #include <mutex>
@@ -42,7 +43,10 @@ class WorkPool {
 
   std::vector<std::thread> workers_;
   std::mutex run_mu_;  // one phase at a time
-  std::atomic<uint32_t> wake_{0};   // bumped per phase (workers wait on it)
+  void wake_workers();
+  std::atomic<uint32_t> wake_{0};   // bumped per phase (workers wait for a change)
+  std::mutex sleep_mu_;
+  std::condition_variable sleep_cv_;
   std::atomic<uint64_t> claim_{0};  // [gen 20 bits | n 22 bits | next 22 bits]
   std::atomic<int64_t> done_{0};    // tasks finished in the current phase
   uint64_t gen_ = 0;                // current phase (caller only)
