@@ -39,20 +39,15 @@ void FastModel::init_state(SeqState& s) const {
   s.len = 0;
 }
 
-void FastModel::gemm_phase(std::span<const GemmJob> jobs, const Epilogue* epi, int64_t align_rows) {
+void FastModel::gemm_phase(std::span<const GemmJob> jobs, const Epilogue* epi) {
   struct Task {
     size_t job;
     int64_t t0, t1;
   };
   int64_t total = 0;
   for (const GemmJob& j : jobs) total += j.W->tiles;
-  const int64_t per_tile_rows = jobs.empty() ? 1 : jobs[0].W->R;
-  // ~8 tasks per thread for balance; at least `align_rows` rows (whole 64-blocks) per task.
-  int64_t step = std::max<int64_t>(1, total / (int64_t(pool_.size()) * 8));
-  if (align_rows > 0) {
-    const int64_t unit = std::max<int64_t>(1, align_rows / per_tile_rows);
-    step = (step + unit - 1) / unit * unit;
-  }
+  // ~8 tasks per thread for balance.
+  const int64_t step = std::max<int64_t>(1, total / (int64_t(pool_.size()) * 8));
   std::vector<Task> tasks;
   for (size_t j = 0; j < jobs.size(); ++j)
     for (int64_t t = 0; t < jobs[j].W->tiles; t += step) tasks.push_back({j, t, std::min(jobs[j].W->tiles, t + step)});

@@ -72,7 +72,7 @@ class FastModel {
   };
   using Epilogue = std::function<void(size_t job, int64_t row0, int64_t row1)>;
   // One pool phase over all tiles of `jobs`; `epi` runs after each task on its rows.
-  void gemm_phase(std::span<const GemmJob> jobs, const Epilogue* epi = nullptr, int64_t align_rows = 0);
+  void gemm_phase(std::span<const GemmJob> jobs, const Epilogue* epi = nullptr);
   // Rows of `x` [n][cols] quantized into `out` (parallel over rows when there are many).
   void quantize_rows(const float* x, int64_t n, int64_t cols, ActBuffer& out);
   // y = RMSNorm(x; w) for n rows, quantized into `out`; y kept in `y` when non-null.
