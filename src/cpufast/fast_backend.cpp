@@ -10,6 +10,7 @@
 #include "cpufast/forward.h"
 #include "cpufast/isa.h"
 #include "engine/sampler.h"
+#include "engine/validate.h"
 
 namespace lilac::cpufast {
 
@@ -160,9 +161,7 @@ class FastSession : public cpu::CpuSession {
   // Throws unless a token is pending and fits in the context.
   void check_pending() const {
     if (next_token_ < 0) throw Error("cpu session: advance() without a sampled token");
-    if (st_.len + 1 > max_len_)
-      throw InputError("context of " + std::to_string(st_.len + 1) + " tokens exceeds the session's max_length " +
-                       std::to_string(max_len_));
+    require(check_session_capacity(st_.len, 1, max_len_));
   }
   int32_t take_pending() {
     check_pending();
@@ -175,13 +174,8 @@ class FastSession : public cpu::CpuSession {
 
  private:
   void check_tokens(std::span<const int32_t> tokens) const {
-    for (int32_t t : tokens)
-      if (t < 0 || t >= cfg_.vocab_size)
-        throw InputError("token id " + std::to_string(t) + " is outside the vocabulary (size " +
-                         std::to_string(cfg_.vocab_size) + ")");
-    if (st_.len + int64_t(tokens.size()) > max_len_)
-      throw InputError("context of " + std::to_string(st_.len + int64_t(tokens.size())) +
-                       " tokens exceeds the session's max_length " + std::to_string(max_len_));
+    require(check_token_ids(tokens, cfg_.vocab_size));
+    require(check_session_capacity(st_.len, int64_t(tokens.size()), max_len_));
   }
 
   FastBackend& be_;
