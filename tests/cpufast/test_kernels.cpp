@@ -6,7 +6,10 @@
 
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <random>
+#include <set>
+#include <string>
 #include <vector>
 
 #include "core/bf16.h"
@@ -291,5 +294,25 @@ TEST(CpuFastKernels, GdnChunkedMatchesReference) {
                      scratch);
     for (size_t i = 0; i < o.size(); ++i) ASSERT_NEAR(o[i], orf[i], 1e-4) << ks->name << " " << i;
     for (size_t i = 0; i < S.size(); ++i) ASSERT_NEAR(S[i], Sr[i], 1e-4) << ks->name << " state " << i;
+  }
+}
+
+// The ISA files are compiled with wider target flags than the rest: they may include only kernels.h
+// (plain structs, static inline helpers) and intrinsics / C headers, so that no inline function or
+// template shared with other files gets an AVX / NEON copy the linker could pick for everyone.
+TEST(CpuFastKernels, IsaFilesIncludeOnlyKernelsHeaderAndIntrinsics) {
+  const std::set<std::string> allowed{"\"cpufast/kernels.h\"", "<immintrin.h>", "<arm_neon.h>", "<cstring>", "<cstdint>"};
+  for (const char* f : {"kernels_scalar.cpp", "kernels_avx2.cpp", "kernels_avx512.cpp", "kernels_neon.cpp"}) {
+    std::ifstream in(std::string(LILAC_SOURCE_DIR) + "/src/cpufast/" + f);
+    ASSERT_TRUE(in) << f;
+    std::string line;
+    int includes = 0;
+    while (std::getline(in, line)) {
+      if (line.rfind("#include ", 0) != 0) continue;
+      ++includes;
+      const std::string what = line.substr(9);
+      EXPECT_TRUE(allowed.count(what)) << f << " includes " << what;
+    }
+    EXPECT_GE(includes, 1) << f;
   }
 }
