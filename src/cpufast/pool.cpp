@@ -1,6 +1,7 @@
 #include "cpufast/pool.h"
 
 #include <algorithm>
+#include <chrono>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -15,7 +16,19 @@ namespace lilac::cpufast {
 
 namespace {
 thread_local bool t_in_pool = false;
-constexpr int kSpin = 1 << 14;  // pause iterations (~100 µs) before sleeping
+// Spin this long before sleeping: covers the serial gaps of a decode step (norms, routing, sampling).
+constexpr auto kSpinTime = std::chrono::microseconds(200);
+
+// Spins until done() or kSpinTime passed (the clock read every 64 pauses); returns done().
+template <class Done>
+bool spin_until(Done&& done) {
+  const auto end = std::chrono::steady_clock::now() + kSpinTime;
+  for (int i = 1;; ++i) {
+    if (done()) return true;
+    LILAC_RELAX();
+    if ((i & 63) == 0 && std::chrono::steady_clock::now() > end) return done();
+  }
+}
 constexpr int kIdxBits = 22, kNBits = 22;
 constexpr uint64_t kIdxMask = (uint64_t(1) << kIdxBits) - 1, kNMask = (uint64_t(1) << kNBits) - 1;
 constexpr int64_t kMaxTasks = int64_t(kIdxMask);
@@ -70,15 +83,10 @@ void WorkPool::worker_loop() {
   // destructor's wake-up) sees a change at once and never sleeps through stop_.
   uint32_t seen = 0;
   for (;;) {
-    int spins = 0;
     auto ready = [&] { return wake_.load(std::memory_order_acquire) != seen || stop_.load(); };
-    while (!ready()) {
-      if (++spins < kSpin) {
-        LILAC_RELAX();
-      } else {
-        std::unique_lock<std::mutex> lk(sleep_mu_);
-        sleep_cv_.wait(lk, ready);
-      }
+    if (!spin_until(ready)) {
+      std::unique_lock<std::mutex> lk(sleep_mu_);
+      sleep_cv_.wait(lk, ready);
     }
     if (stop_.load()) return;
     seen = wake_.load(std::memory_order_acquire);
@@ -110,13 +118,8 @@ void WorkPool::run_erased(int64_t n, void (*call)(void*, int64_t), void* ctx) {
   claim_.store((gen_ << (kIdxBits + kNBits)) | (uint64_t(n) << kIdxBits), std::memory_order_release);
   wake_workers();
   work(gen_);
-  int spins = 0;
-  while (done_.load(std::memory_order_acquire) < n) {
-    if (++spins < kSpin)
-      LILAC_RELAX();
-    else
-      std::this_thread::yield();
-  }
+  auto all_done = [&] { return done_.load(std::memory_order_acquire) >= n; };
+  while (!spin_until(all_done)) std::this_thread::yield();
   if (failed_.load()) std::rethrow_exception(error_);
 }
 
