@@ -28,6 +28,7 @@
 #include "cuda/kernels/rows/rows_state.h"
 
 namespace lc = lilac::cuda;
+namespace lr = lilac::cuda::rows;
 
 namespace {
 
@@ -110,15 +111,15 @@ void BM_RowsAttention(benchmark::State& st) {
   Buf<uint16_t> K(size_t(nseq * slot), 0x3c), V(size_t(nseq * slot), 0x3c);
   Buf<float> proj(ramp(size_t(M * pw), 1.f)), qn(ramp(256, 0.1f)), kn(ramp(256, 0.1f)), inv(ramp(32, 0.01f));
   Buf<float> q(size_t(M) * s.heads * s.head_dim), out(size_t(M) * s.heads * s.head_dim);
-  Buf<float> partial(lc::rows_attn_partial_floats(s, n_split, M));
+  Buf<float> partial(lr::attention_rows_partial_floats(s, n_split, M));
   std::vector<int32_t> pos(static_cast<size_t>(M));
   for (int r = 0; r < M; ++r) pos[size_t(r)] = int32_t(ctx - per + r % per);
   Buf<int32_t> dslot(row_slots(M, per)), dpos(pos);
-  const lc::RowsKv kv{reinterpret_cast<__nv_bfloat16*>(K.p), reinterpret_cast<__nv_bfloat16*>(V.p), slot};
+  const lr::KvPool kv{reinterpret_cast<__nv_bfloat16*>(K.p), reinterpret_cast<__nv_bfloat16*>(V.p), slot};
   const bool append = st.range(3) != 0;
   run_graph(st, [&](cudaStream_t str) {
-    if (append) lc::rows_attn_qk_norm_rope_append(s, M, dslot.p, dpos.p, proj.p, pw, qn.p, kn.p, inv.p, q.p, kv, str);
-    lc::rows_attention(s, M, dslot.p, dpos.p, q.p, proj.p, pw, kv, n_split, partial.p, out.p, str);
+    if (append) lr::attn_qk_norm_rope_append_rows(s, M, dslot.p, dpos.p, proj.p, pw, qn.p, kn.p, inv.p, q.p, kv, str);
+    lr::attention_rows(s, M, dslot.p, dpos.p, q.p, proj.p, pw, kv, n_split, partial.p, out.p, str);
   });
   st.counters["rows"] = M;
   st.SetBytesProcessed(int64_t(st.iterations()) * nseq * ctx * kvd * 2 * 2);
@@ -126,14 +127,14 @@ void BM_RowsAttention(benchmark::State& st) {
 
 // ------------------------------------------------------------------------------------------------ GDN
 struct GdnPools {
-  lc::RowsGdnShape s{16, 32, 128, 128, 4};
-  lc::RowsGdnPool pool;
+  lr::GdnRowsShape s{16, 32, 128, 128, 4};
+  lr::GdnPool pool;
   std::vector<Buf<float>*> bufs;
-  std::vector<lc::RowsGdnLayer> layers;
+  std::vector<lr::GdnLayer> layers;
   GdnPools(int n_layers, int n_slots, int log_rows) {
     pool.state_stride = int64_t(s.Hv) * s.dk * s.dv;
     pool.conv_stride = s.conv_dim() * (s.conv_k - 1);
-    pool.log_stride = lc::rows_gdn_log_floats(s, log_rows);
+    pool.log_stride = lr::gdn_log_floats(s, log_rows);
     pool.log_rows = log_rows;
     for (int l = 0; l < n_layers; ++l) {
       auto* w = new Buf<float>(ramp(size_t(s.conv_dim() * s.conv_k), 0.5f));
@@ -153,19 +154,19 @@ struct GdnPools {
 // Args: M, rows per sequence, mode (0 Advance, 1 Log).
 void BM_RowsGdnStep(benchmark::State& st) {
   const int M = int(st.range(0)), per = int(st.range(1));
-  const auto mode = st.range(2) ? lc::RowsGdnMode::Log : lc::RowsGdnMode::Advance;
+  const auto mode = st.range(2) ? lr::GdnMode::Log : lr::GdnMode::Advance;
   const int nseq = (M + per - 1) / per;
   GdnPools g(1, nseq, per);
   const int64_t pw = g.s.conv_dim() + int64_t(g.s.Hv) * g.s.dv + 2 * g.s.Hv, od = int64_t(g.s.Hv) * g.s.dv;
   Buf<float> proj(ramp(size_t(M * pw), 1.f)), out(size_t(M * od));
   Buf<int32_t> dslot(row_slots(M, per)), counter(1);
   run_graph(st, [&](cudaStream_t str) {
-    lc::rows_gdn_step(g.s, g.layers[0], g.pool, M, dslot.p, proj.p, pw, out.p, od, mode, str);
+    lr::gdn_step_rows(g.s, g.layers[0], g.pool, M, dslot.p, proj.p, pw, out.p, od, mode, str);
     lc::increment_i32(counter.p, str);  // the state is read before the PDL wait: never two back to back
   });
   st.counters["rows"] = M;
   st.SetBytesProcessed(int64_t(st.iterations()) * nseq * g.pool.state_stride * 4 *
-                       (mode == lc::RowsGdnMode::Advance ? 2 : 1));
+                       (mode == lr::GdnMode::Advance ? 2 : 1));
 }
 
 // Args: sequences, rows kept per sequence; 30 layers in one launch.
@@ -176,7 +177,7 @@ void BM_RowsGdnCommit(benchmark::State& st) {
   for (int i = 0; i < nseq; ++i) slots[size_t(i)] = i;
   Buf<int32_t> ds(slots), dk(keeps), counter(1);
   run_graph(st, [&](cudaStream_t str) {
-    lc::rows_gdn_commit(g.s, g.layers.data(), layers, g.pool, nseq, ds.p, dk.p, str);
+    lr::gdn_commit_rows(g.s, g.layers.data(), layers, g.pool, nseq, ds.p, dk.p, str);
     lc::increment_i32(counter.p, str);
   });
   st.counters["sequences"] = nseq;
@@ -200,7 +201,7 @@ void BM_RowsEmbed(benchmark::State& st) {
   for (int r = 0; r < M; ++r) tok[size_t(r)] = int32_t((r * 7919) % E.rows);
   Buf<int32_t> dslot(row_slots(M, 1)), dtok(tok);
   Buf<float> out(size_t(M * E.cols));
-  run_graph(st, [&](cudaStream_t str) { lc::rows_embed(E, M, dslot.p, dtok.p, nullptr, out.p, E.cols, str); });
+  run_graph(st, [&](cudaStream_t str) { lr::embed_rows(E, M, dslot.p, dtok.p, nullptr, out.p, E.cols, str); });
   st.counters["rows"] = M;
 }
 

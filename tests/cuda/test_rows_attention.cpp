@@ -1,4 +1,4 @@
-// Multi-row decode attention (rows_attn_qk_norm_rope_append + rows_attention, src/cuda/kernels/rows/)
+// Multi-row decode attention (attn_qk_norm_rope_append_rows + attention_rows, src/cuda/kernels/rows/)
 // against the CPU reference: rows of sequences of different lengths in one call (1, 2, 63, 64, 65,
 // 511, 4097, 16390), each in its own slot of a slot-strided pool, padding rows (slot -1) whose
 // outputs stay NaN-poisoned, multi-row sequences (verification: rows at consecutive positions attend
@@ -25,6 +25,7 @@
 
 using namespace lilac;
 namespace lc = lilac::cuda;
+namespace lr = lilac::cuda::rows;
 
 namespace {
 
@@ -130,7 +131,7 @@ struct DevCase {
         inv(k.inv),
         q_out(size_t(k.M() * k.qd())),
         out(size_t(k.M() * k.qd())),
-        partial(lc::rows_attn_partial_floats(s, n_split_, k.M())),
+        partial(lr::attention_rows_partial_floats(s, n_split_, k.M())),
         slot(static_cast<size_t>(k.M())),
         pos(static_cast<size_t>(k.M())),
         n_split(n_split_) {
@@ -145,13 +146,13 @@ struct DevCase {
     out.poison();
     partial.poison();
   }
-  lc::RowsKv kv(int64_t slot_elems) {
+  lr::KvPool kv(int64_t slot_elems) {
     return {reinterpret_cast<__nv_bfloat16*>(K.p), reinterpret_cast<__nv_bfloat16*>(V.p), slot_elems};
   }
   void run(const Case& k, int M, cudaStream_t st = nullptr) {
-    lc::rows_attn_qk_norm_rope_append(s, M, slot.p, pos.p, proj.p, k.proj_stride, qw.p, kw.p, inv.p, q_out.p,
+    lr::attn_qk_norm_rope_append_rows(s, M, slot.p, pos.p, proj.p, k.proj_stride, qw.p, kw.p, inv.p, q_out.p,
                                       kv(k.slot_elems), st);
-    lc::rows_attention(s, M, slot.p, pos.p, q_out.p, proj.p, k.proj_stride, kv(k.slot_elems), n_split, partial.p, out.p,
+    lr::attention_rows(s, M, slot.p, pos.p, q_out.p, proj.p, k.proj_stride, kv(k.slot_elems), n_split, partial.p, out.p,
                        st);
   }
 };
@@ -199,7 +200,7 @@ void check_case(const Case& k, int n_split, std::vector<float>* q_got = nullptr,
   EXPECT_EQ(changed, 0u) << "cache elements changed outside the appended rows";
   // a second launch on the same partial buffer (the counters must have reset themselves): same bytes
   d.out.poison();
-  lc::rows_attention(d.s, k.M(), d.slot.p, d.pos.p, d.q_out.p, d.proj.p, k.proj_stride, d.kv(k.slot_elems), n_split,
+  lr::attention_rows(d.s, k.M(), d.slot.p, d.pos.p, d.q_out.p, d.proj.p, k.proj_stride, d.kv(k.slot_elems), n_split,
                      d.partial.p, d.out.p, nullptr);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const auto o2 = d.out.get();

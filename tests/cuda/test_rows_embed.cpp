@@ -1,4 +1,4 @@
-// Multi-row embedding gather (rows_embed, src/cuda/kernels/rows/): per row the token chosen through the
+// Multi-row embedding gather (embed_rows, src/cuda/kernels/rows/): per row the token chosen through the
 // index array (tokens[tok_idx[r]]) or the row itself (tok_idx null), 4- and 8-bit embeddings, padding
 // rows untouched (NaN-poisoned output stays so), an out-of-range token gives a NaN row, rows
 // bitwise equal to embed_gather of the same token and within 1e-6 of the CPU's embed_row; a captured
@@ -19,6 +19,7 @@
 
 using namespace lilac;
 namespace lc = lilac::cuda;
+namespace lr = lilac::cuda::rows;
 
 namespace {
 
@@ -46,7 +47,7 @@ TEST(CudaRowsEmbed, GathersRowsLikeEmbedGather) {
     for (const bool indexed : {true, false}) {
       SCOPED_TRACE(indexed ? "tok_idx" : "row tokens");
       out.poison();
-      lc::rows_embed(dE.d, M, dslot.p, dcells.p, indexed ? didx.p : nullptr, out.p, stride, nullptr);
+      lr::embed_rows(dE.d, M, dslot.p, dcells.p, indexed ? didx.p : nullptr, out.p, stride, nullptr);
       CK(cudaDeviceSynchronize());
       const auto got = out.get();
       for (int i = 0; i < M; ++i) {
@@ -80,7 +81,7 @@ TEST(CudaRowsEmbed, GathersRowsLikeEmbedGather) {
     cudaGraph_t graph;
     cudaGraphExec_t exec;
     CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-    lc::rows_embed(dE.d, M, dslot.p, dcells.p, didx.p, out2.p, stride, st);
+    lr::embed_rows(dE.d, M, dslot.p, dcells.p, didx.p, out2.p, stride, st);
     CK(cudaStreamEndCapture(st, &graph));
     CK(cudaGraphInstantiate(&exec, graph, 0));
     for (auto& t : cells) t = int32_t(r.word() % vocab);

@@ -1,4 +1,4 @@
-// Multi-row Gated DeltaNet (rows_gdn_step, rows_gdn_commit, src/cuda/kernels/rows/gdn_rows.cu): the
+// Multi-row Gated DeltaNet (gdn_step_rows, gdn_commit_rows, src/cuda/kernels/rows/gdn_rows.cu): the
 // fused conv + SiLU and delta-rule step over the rows of several sequences, each in its own slot of
 // slot-strided state / conv-state pools, against the CPU reference (cpu::conv1d_silu_step, l2norm,
 // gdn_gates, gdn_recurrent_step fed row by row): runs of 1, 2, 3 and 4 rows of one sequence, padding
@@ -8,7 +8,7 @@
 // time = the batch permuted; M = 1 = today's path (in_proj GEMV with the conv epilogue, then
 // gdn_decode_step) given the raw in_proj rows, for both GEMV implementations.
 // Rollback: a Log-mode step gives Advance's outputs bit for bit, leaves the state and conv state
-// unchanged and logs the raw rows; rows_gdn_commit with keep = 0..R (and more than the log holds)
+// unchanged and logs the raw rows; gdn_commit_rows with keep = 0..R (and more than the log holds)
 // leaves the state bit for bit where Advance over the first `keep` rows leaves it, for two layers and
 // several sequences in one launch. A captured graph (verify in Log mode → commit → next step) replayed
 // with the rows and the accepted counts changed between replays, checked against the CPU.
@@ -29,6 +29,7 @@
 
 using namespace lilac;
 namespace lc = lilac::cuda;
+namespace lr = lilac::cuda::rows;
 
 namespace {
 
@@ -53,7 +54,7 @@ std::vector<float> slice(const std::vector<float>& v, int64_t at, int64_t n) {
 // One GDN layer: weights and host pools (state, conv state) of n_slots slots, strided with gaps.
 struct Pool {
   Shape c;
-  lc::RowsGdnShape rs;
+  lr::GdnRowsShape rs;
   int n_slots, log_rows;
   int64_t conv_dim, state_elems, conv_elems, state_stride, conv_stride, log_stride, proj_stride, od;
   std::vector<float> conv_w, A, dt, S, C;
@@ -64,7 +65,7 @@ struct Pool {
     conv_elems = conv_dim * (c.K - 1);
     state_stride = state_elems + state_pad;
     conv_stride = conv_elems + 3;
-    log_stride = lc::rows_gdn_log_floats(rs, log_rows) + 5;
+    log_stride = lr::gdn_log_floats(rs, log_rows) + 5;
     proj_stride = conv_dim + int64_t(c.Hv) * c.dv + 2 * c.Hv + 3;
     od = int64_t(c.Hv) * c.dv;
     conv_w.resize(size_t(conv_dim * c.K));
@@ -131,19 +132,19 @@ struct DevPool {
     cudaMemcpy(v.data(), S.p + off, v.size() * 4, cudaMemcpyDeviceToHost);
     return v;
   }
-  lc::RowsGdnLayer layer() { return {conv_w.p, A.p, dt.p, state(), C.p, log.p}; }
+  lr::GdnLayer layer() { return {conv_w.p, A.p, dt.p, state(), C.p, log.p}; }
   static void CK_VOID(cudaError_t e) { EXPECT_EQ(e, cudaSuccess); }
 };
-lc::RowsGdnPool pool_of(const Pool& p) { return {p.state_stride, p.conv_stride, p.log_stride, p.log_rows}; }
+lr::GdnPool pool_of(const Pool& p) { return {p.state_stride, p.conv_stride, p.log_stride, p.log_rows}; }
 
-// One rows_gdn_step; returns out [M][od] (poisoned before: padding rows stay NaN-bytes).
+// One gdn_step_rows; returns out [M][od] (poisoned before: padding rows stay NaN-bytes).
 std::vector<float> gpu_step(const Pool& p, DevPool& d, const std::vector<int>& slots, const std::vector<float>& proj,
-                            lc::RowsGdnMode mode) {
+                            lr::GdnMode mode) {
   const int M = int(slots.size());
   Dev<int32_t> ds(std::vector<int32_t>(slots.begin(), slots.end()));
   Dev<float> dp(proj), out(size_t(M * p.od));
   out.poison();
-  lc::rows_gdn_step(p.rs, d.layer(), pool_of(p), M, ds.p, dp.p, p.proj_stride, out.p, p.od, mode, nullptr);
+  lr::gdn_step_rows(p.rs, d.layer(), pool_of(p), M, ds.p, dp.p, p.proj_stride, out.p, p.od, mode, nullptr);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   return out.get();
 }
@@ -151,7 +152,7 @@ std::vector<float> gpu_step(const Pool& p, DevPool& d, const std::vector<int>& s
 // Runs the batch on the GPU and the CPU (p is advanced) and compares everything.
 void check_batch(Pool& p, DevPool& d, const std::vector<int>& slots, const std::vector<float>& proj) {
   const auto before_S = p.S, before_C = p.C;
-  const auto got = gpu_step(p, d, slots, proj, lc::RowsGdnMode::Advance);
+  const auto got = gpu_step(p, d, slots, proj, lr::GdnMode::Advance);
   const auto ref = p.cpu_rows(slots, proj);
   for (size_t i = 0; i < slots.size(); ++i) {
     SCOPED_TRACE("row " + std::to_string(i) + " slot " + std::to_string(slots[i]));
@@ -235,7 +236,7 @@ TEST(CudaRowsGdn, RowsAreBatchInvariantAndRunsEqualRowByRow) {
   Pool p(r, kQwen, 7, 4, 4);
   DevPool d(p);
   const auto proj = p.rows(r, int(kMixed.size()));
-  const auto out = gpu_step(p, d, kMixed, proj, lc::RowsGdnMode::Advance);
+  const auto out = gpu_step(p, d, kMixed, proj, lr::GdnMode::Advance);
   const auto S1 = d.state_host(p), C1 = d.C.get();
   auto check_slot = [&](int s, const char* what) {
     EXPECT_TRUE(
@@ -249,15 +250,14 @@ TEST(CudaRowsGdn, RowsAreBatchInvariantAndRunsEqualRowByRow) {
     const auto rows = rows_of(kMixed, s);
     // the sequence alone (all its rows in one call)
     d.reset(p);
-    const auto alone =
-        gpu_step(p, d, std::vector<int>(rows.size(), s), gather(p, proj, rows), lc::RowsGdnMode::Advance);
+    const auto alone = gpu_step(p, d, std::vector<int>(rows.size(), s), gather(p, proj, rows), lr::GdnMode::Advance);
     for (size_t j = 0; j < rows.size(); ++j)
       EXPECT_TRUE(same(slice(alone, int64_t(j) * p.od, p.od), slice(out, rows[j] * p.od, p.od))) << "alone, row " << j;
     check_slot(s, "alone");
     // its rows one call at a time
     d.reset(p);
     for (size_t j = 0; j < rows.size(); ++j) {
-      const auto one = gpu_step(p, d, {s}, gather(p, proj, {rows[j]}), lc::RowsGdnMode::Advance);
+      const auto one = gpu_step(p, d, {s}, gather(p, proj, {rows[j]}), lr::GdnMode::Advance);
       EXPECT_TRUE(same(one, slice(out, rows[j] * p.od, p.od))) << "row by row, row " << j;
     }
     check_slot(s, "row by row");
@@ -272,7 +272,7 @@ TEST(CudaRowsGdn, RowsAreBatchInvariantAndRunsEqualRowByRow) {
     pproj.insert(pproj.end(), row.begin(), row.end());
   }
   d.reset(p);
-  const auto perm = gpu_step(p, d, slots, pproj, lc::RowsGdnMode::Advance);
+  const auto perm = gpu_step(p, d, slots, pproj, lr::GdnMode::Advance);
   for (size_t j = 0; j < order.size(); ++j) {
     if (order[j] < 0) continue;
     EXPECT_TRUE(same(slice(perm, int64_t(j) * p.od, p.od), slice(out, order[j] * p.od, p.od))) << "permuted, row " << j;
@@ -281,7 +281,7 @@ TEST(CudaRowsGdn, RowsAreBatchInvariantAndRunsEqualRowByRow) {
 }
 
 // M = 1 against today's path: in_proj GEMV with the conv epilogue (on conv state A) + gdn_decode_step
-// (state A) vs the GEMV without the epilogue + rows_gdn_step (pool slot with state B = A), three steps.
+// (state A) vs the GEMV without the epilogue + gdn_step_rows (pool slot with state B = A), three steps.
 TEST(CudaRowsGdn, OneRowEqualsTodaysEpilogueAndStep) {
   NEED_GPU();
   const uint64_t seed = fresh_seed();
@@ -320,7 +320,7 @@ TEST(CudaRowsGdn, OneRowEqualsTodaysEpilogueAndStep) {
       lc::gemv(g, nullptr);
       const float* b = yA.p + p.conv_dim + p.od;
       lc::gdn_decode_step({c.Hk, c.Hv, c.dk, c.dv}, yA.p, b, b + c.Hv, d.A.p, d.dt.p, stA.p, oA.p, nullptr);
-      lc::rows_gdn_step(p.rs, d.layer(), pool_of(p), 1, slot1.p, yB.p, in_rows, oB.p, p.od, lc::RowsGdnMode::Advance,
+      lr::gdn_step_rows(p.rs, d.layer(), pool_of(p), 1, slot1.p, yB.p, in_rows, oB.p, p.od, lr::GdnMode::Advance,
                         nullptr);
       CK(cudaDeviceSynchronize());
       const auto ya = yA.get(), yb = yB.get();
@@ -350,9 +350,9 @@ TEST(CudaRowsGdn, LogAndCommitRollBackToEveryRow) {
   std::vector<std::vector<float>> proj{P[0].rows(r, M), P[1].rows(r, M)};
   std::vector<std::vector<float>> adv(2);
   for (int l = 0; l < 2; ++l) {
-    adv[size_t(l)] = gpu_step(P[size_t(l)], *D[size_t(l)], slots, proj[size_t(l)], lc::RowsGdnMode::Advance);
+    adv[size_t(l)] = gpu_step(P[size_t(l)], *D[size_t(l)], slots, proj[size_t(l)], lr::GdnMode::Advance);
     D[size_t(l)]->reset(P[size_t(l)]);
-    const auto lg = gpu_step(P[size_t(l)], *D[size_t(l)], slots, proj[size_t(l)], lc::RowsGdnMode::Log);
+    const auto lg = gpu_step(P[size_t(l)], *D[size_t(l)], slots, proj[size_t(l)], lr::GdnMode::Log);
     EXPECT_TRUE(same(lg, adv[size_t(l)])) << "Log-mode outputs differ from Advance, layer " << l;
     EXPECT_TRUE(same(D[size_t(l)]->state_host(P[size_t(l)]), P[size_t(l)].S)) << "Log mode wrote the state";
     EXPECT_TRUE(same(D[size_t(l)]->C.get(), P[size_t(l)].C)) << "Log mode wrote the conv state";
@@ -371,14 +371,14 @@ TEST(CudaRowsGdn, LogAndCommitRollBackToEveryRow) {
       }
     }
   }
-  std::vector<lc::RowsGdnLayer> layers{d0.layer(), d1.layer()};
+  std::vector<lr::GdnLayer> layers{d0.layer(), d1.layer()};
   const std::vector<int32_t> seq_slot{1, 3, 0, -1, 2};
   for (int a = 0; a <= 5; ++a) {
     const std::vector<int32_t> keep{a, (a + 1) % 4, a % 2, 3, 0};  // a = 5: more than the log holds
     SCOPED_TRACE("keep " + std::to_string(keep[0]) + "," + std::to_string(keep[1]) + "," + std::to_string(keep[2]));
     for (int l = 0; l < 2; ++l) D[size_t(l)]->reset(P[size_t(l)]);  // the state the Log step left
     Dev<int32_t> ds(seq_slot), dk(keep);
-    lc::rows_gdn_commit(P[0].rs, layers.data(), 2, pool_of(P[0]), int(seq_slot.size()), ds.p, dk.p, nullptr);
+    lr::gdn_commit_rows(P[0].rs, layers.data(), 2, pool_of(P[0]), int(seq_slot.size()), ds.p, dk.p, nullptr);
     CK(cudaDeviceSynchronize());
     std::vector<std::vector<float>> S(2), C(2);
     for (int l = 0; l < 2; ++l) {
@@ -400,7 +400,7 @@ TEST(CudaRowsGdn, LogAndCommitRollBackToEveryRow) {
       if (!kept.empty()) {
         std::vector<int> ks;
         for (const int i : kept) ks.push_back(slots[size_t(i)]);
-        gpu_step(p, d, ks, gather(p, proj[size_t(l)], kept), lc::RowsGdnMode::Advance);
+        gpu_step(p, d, ks, gather(p, proj[size_t(l)], kept), lr::GdnMode::Advance);
       }
       EXPECT_TRUE(same(S[size_t(l)], d.state_host(p))) << "state after commit";
       EXPECT_TRUE(same(C[size_t(l)], d.C.get())) << "conv state after commit";
@@ -441,22 +441,22 @@ TEST(CudaRowsGdn, GraphReplaysOfVerifyCommitStep) {
   Dev<float> vout(size_t(M * P[0].od)), aout(vout.n);
   Dev<float>* vproj[2] = {&vproj0, &vproj1};
   Dev<float>* aproj[2] = {&aproj0, &aproj1};
-  std::vector<lc::RowsGdnLayer> layers{d0.layer(), d1.layer()};
+  std::vector<lr::GdnLayer> layers{d0.layer(), d1.layer()};
   cudaStream_t st;
   CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   cudaGraph_t graph;
   cudaGraphExec_t exec;
   CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
   for (int l = 0; l < 2; ++l) {
-    lc::rows_gdn_step(P[size_t(l)].rs, D[l]->layer(), pool_of(P[size_t(l)]), M, vslot.p, vproj[l]->p,
-                      P[size_t(l)].proj_stride, vout.p, P[size_t(l)].od, lc::RowsGdnMode::Log, st);
+    lr::gdn_step_rows(P[size_t(l)].rs, D[l]->layer(), pool_of(P[size_t(l)]), M, vslot.p, vproj[l]->p,
+                      P[size_t(l)].proj_stride, vout.p, P[size_t(l)].od, lr::GdnMode::Log, st);
     lc::increment_i32(counter.p, st);
   }
-  lc::rows_gdn_commit(P[0].rs, layers.data(), 2, pool_of(P[0]), n_seq, sslot.p, skeep.p, st);
+  lr::gdn_commit_rows(P[0].rs, layers.data(), 2, pool_of(P[0]), n_seq, sslot.p, skeep.p, st);
   lc::increment_i32(counter.p, st);
   for (int l = 0; l < 2; ++l) {
-    lc::rows_gdn_step(P[size_t(l)].rs, D[l]->layer(), pool_of(P[size_t(l)]), M, aslot.p, aproj[l]->p,
-                      P[size_t(l)].proj_stride, aout.p, P[size_t(l)].od, lc::RowsGdnMode::Advance, st);
+    lr::gdn_step_rows(P[size_t(l)].rs, D[l]->layer(), pool_of(P[size_t(l)]), M, aslot.p, aproj[l]->p,
+                      P[size_t(l)].proj_stride, aout.p, P[size_t(l)].od, lr::GdnMode::Advance, st);
     lc::increment_i32(counter.p, st);
   }
   CK(cudaStreamEndCapture(st, &graph));

@@ -14,7 +14,7 @@
 
 #include "cuda/kernels/rows/rows_plan.h"
 
-namespace rp = lilac::cuda::rows_plan;
+namespace rp = lilac::cuda::rows::plan;
 
 namespace {
 

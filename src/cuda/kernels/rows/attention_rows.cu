@@ -1,4 +1,4 @@
-// Multi-row decode attention (rows_state.h: rows_attention): one split-K kernel over every row's own
+// Multi-row decode attention (rows_state.h: attention_rows): one split-K kernel over every row's own
 // KV cache. Per row the arithmetic is attention_decode's (attention_decode.cu; the device pieces are
 // in attn_rows_tile.cuh): the same split rule, chunking, warp assignment, online softmax, block merge
 // and combine tree, so a row's output is bitwise what attention_decode gives for that token with the
@@ -23,10 +23,10 @@
 #include "cuda/kernels/rows/rows_plan.h"
 #include "cuda/kernels/rows/rows_state.h"
 
-namespace lilac::cuda {
+namespace lilac::cuda::rows {
 namespace {
 using namespace dev;
-using rows_plan::split_plan;
+using plan::split_plan;
 
 struct Layout {
   int NG, HG, units;
@@ -317,8 +317,8 @@ __device__ __forceinline__ void attn_item(const RowsAttnArgs& a, int ri, int slo
 template <int HD, int NG>
 __global__ void __launch_bounds__(kWarps * 32, 2) attn_rows_kernel(RowsAttnArgs a) {
   using C = Cfg<HD, NG>;
-  __shared__ int s_first[kRowsMax + 1];  // items of rows < r: s_first[r]
-  __shared__ int s_slot[kRowsMax], s_pos[kRowsMax];
+  __shared__ int s_first[kMaxRows + 1];  // items of rows < r: s_first[r]
+  __shared__ int s_slot[kMaxRows], s_pos[kMaxRows];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   pdl_wait();
   pdl_trigger();
@@ -352,7 +352,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) attn_rows_kernel(RowsAttnArgs 
   __syncthreads();
   int row = 0;
   for (int item = blockIdx.y; item < s_first[a.M]; item += gridDim.y) {
-    row = rows_plan::item_row(s_first, item, row);
+    row = plan::item_row(s_first, item, row);
     attn_item<HD, NG>(a, row, s_slot[row], s_pos[row], item - s_first[row]);
     __syncthreads();  // shared memory (ring, merge scratch, flag) reused by the next item
   }
@@ -404,16 +404,16 @@ void dispatch_ng(const Layout& lay, const RowsAttnArgs& a, cudaStream_t stream) 
 
 }  // namespace
 
-size_t rows_attn_partial_floats(const AttnDecodeShape& s, int n_split, int M) {
+size_t attention_rows_partial_floats(const AttnDecodeShape& s, int n_split, int M) {
   const Layout l = layout_of(s, n_split, M);
   return l.ctr_floats + size_t(M) * l.units * l.slots_per_unit * l.slot_floats;
 }
 
-void rows_attention(const AttnDecodeShape& s, int M, const int32_t* row_slot, const int32_t* row_pos, const float* q,
-                    const float* proj, int64_t proj_stride, const RowsKv& kv, int n_split, float* partial, float* out,
+void attention_rows(const AttnDecodeShape& s, int M, const int32_t* row_slot, const int32_t* row_pos, const float* q,
+                    const float* proj, int64_t proj_stride, const KvPool& kv, int n_split, float* partial, float* out,
                     cudaStream_t stream) {
   check_shape(s);
-  LILAC_CHECK(M >= 1 && M <= kRowsMax, "rows attention: M must be 1.." + std::to_string(kRowsMax));
+  LILAC_CHECK(M >= 1 && M <= kMaxRows, "rows attention: M must be 1.." + std::to_string(kMaxRows));
   LILAC_CHECK(n_split >= 1 && n_split <= kAttnMaxSplit, "rows attention: bad split count");
   LILAC_CHECK(reinterpret_cast<uintptr_t>(partial) % 16 == 0, "rows attention: partial must be 16-byte aligned");
   LILAC_CHECK(reinterpret_cast<uintptr_t>(kv.k) % 16 == 0 && reinterpret_cast<uintptr_t>(kv.v) % 16 == 0 &&
@@ -451,4 +451,4 @@ void rows_attention(const AttnDecodeShape& s, int M, const int32_t* row_slot, co
   }
 }
 
-}  // namespace lilac::cuda
+}  // namespace lilac::cuda::rows

@@ -1,5 +1,5 @@
-// Multi-row q/k RMSNorm + partial RoPE + KV append (rows_state.h: rows_attn_qk_norm_rope_append) and
-// the multi-row embedding gather (rows_embed). Per row exactly the arithmetic of the single-row
+// Multi-row q/k RMSNorm + partial RoPE + KV append (rows_state.h: attn_qk_norm_rope_append_rows) and
+// the multi-row embedding gather (embed_rows). Per row exactly the arithmetic of the single-row
 // kernels (attention_decode.cu's qk_norm_rope_kernel, gemv.cu's embed_kernel): bitwise the same.
 #include <cstdint>
 #include <string>
@@ -9,7 +9,7 @@
 #include "cuda/kernels/qdot.cuh"
 #include "cuda/kernels/rows/rows_state.h"
 
-namespace lilac::cuda {
+namespace lilac::cuda::rows {
 namespace {
 using namespace dev;
 
@@ -20,7 +20,7 @@ constexpr int kMaxHeadDim = 256;
 __global__ void __launch_bounds__(128)
     qk_rows_kernel(AttnDecodeShape s, const int32_t* row_slot, const int32_t* row_pos, const float* proj,
                    int64_t proj_stride, const float* q_norm, const float* k_norm, const float* inv_freq, float* q_out,
-                   RowsKv kv) {
+                   KvPool kv) {
   __shared__ float xs[4][kMaxHeadDim];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int b = blockIdx.x * 4 + warp, r = blockIdx.y;
@@ -110,23 +110,23 @@ __global__ void embed_rows_kernel(QMatrixDev E, const int32_t* row_slot, const i
 
 }  // namespace
 
-void rows_attn_qk_norm_rope_append(const AttnDecodeShape& s, int M, const int32_t* row_slot, const int32_t* row_pos,
+void attn_qk_norm_rope_append_rows(const AttnDecodeShape& s, int M, const int32_t* row_slot, const int32_t* row_pos,
                                    const float* proj, int64_t proj_stride, const float* q_norm, const float* k_norm,
-                                   const float* inv_freq, float* q_out, const RowsKv& kv, cudaStream_t stream) {
+                                   const float* inv_freq, float* q_out, const KvPool& kv, cudaStream_t stream) {
   const int hd = s.head_dim;
   LILAC_CHECK((hd == 32 || hd == 64 || hd == 128 || hd == kMaxHeadDim) && s.kv_heads > 0 && s.heads % s.kv_heads == 0 &&
                   s.rotary_dim <= hd && s.rotary_dim % 2 == 0,
               "rows q/k norm + rope: unsupported shape (head_dim " + std::to_string(hd) + ")");
-  LILAC_CHECK(M >= 1 && M <= kRowsMax, "rows q/k norm + rope: M must be 1.." + std::to_string(kRowsMax));
+  LILAC_CHECK(M >= 1 && M <= kMaxRows, "rows q/k norm + rope: M must be 1.." + std::to_string(kMaxRows));
   const int nheads = s.heads + s.kv_heads;
   launch_pdl(qk_rows_kernel, dim3((nheads + 3) / 4, M), dim3(128), 0, stream, s, row_slot, row_pos, proj, proj_stride,
              q_norm, k_norm, inv_freq, q_out, kv);
 }
 
-void rows_embed(const QMatrixDev& E, int M, const int32_t* row_slot, const int32_t* tokens, const int32_t* tok_idx,
+void embed_rows(const QMatrixDev& E, int M, const int32_t* row_slot, const int32_t* tokens, const int32_t* tok_idx,
                 float* out, int64_t out_stride, cudaStream_t stream) {
   LILAC_CHECK(E.bits == 4 || E.bits == 8, "rows embed: only 4- and 8-bit matrices are supported");
-  LILAC_CHECK(M >= 1 && M <= kRowsMax, "rows embed: M must be 1.." + std::to_string(kRowsMax));
+  LILAC_CHECK(M >= 1 && M <= kMaxRows, "rows embed: M must be 1.." + std::to_string(kMaxRows));
   const dim3 grid(unsigned((E.cols + 255) / 256), unsigned(M));
   if (E.bits == 4)
     launch_pdl(embed_rows_kernel<4>, grid, dim3(256), 0, stream, E, row_slot, tokens, tok_idx, out, out_stride);
@@ -134,4 +134,4 @@ void rows_embed(const QMatrixDev& E, int M, const int32_t* row_slot, const int32
     launch_pdl(embed_rows_kernel<8>, grid, dim3(256), 0, stream, E, row_slot, tokens, tok_idx, out, out_stride);
 }
 
-}  // namespace lilac::cuda
+}  // namespace lilac::cuda::rows

@@ -1,11 +1,11 @@
-// Gated DeltaNet for M rows (rows_state.h: rows_gdn_step, rows_gdn_commit): the causal depthwise
+// Gated DeltaNet for M rows (rows_state.h: gdn_step_rows, gdn_commit_rows): the causal depthwise
 // conv + SiLU of the qkv channels fused in front of the delta-rule step, the rows of one sequence in
 // order with the state in registers.
 //
 // Block (value head h, 16-column slice y, run): 128 threads, the thread layout of gdn_decode.cu (4
 // column groups of 4 columns × 32 row groups; a thread owns rows rg, rg+32, ... of its 4 columns).
-// A run is the rows of one sequence: in rows_gdn_step the block of grid z = r works iff row r is the
-// first row of its sequence (the blocks of the other rows exit at once); in rows_gdn_commit grid z =
+// A run is the rows of one sequence: in gdn_step_rows the block of grid z = r works iff row r is the
+// first row of its sequence (the blocks of the other rows exit at once); in gdn_commit_rows grid z =
 // (layer, sequence) and the rows are the sequence's logged rows 0 .. keep-1.
 // Per row: (1) the conv of the channels the block needs — q and k of its key head (dk each) and v of
 // its 16 columns — one channel per thread and 128-channel round, taps and the previous K-1 inputs in
@@ -16,7 +16,7 @@
 // in_proj GEMV's conv epilogue (gemv_common.cuh / gemv_tc.cu), so M = 1 is bitwise today's path given
 // the same raw in_proj values.
 // Rows' raw inputs are requested one row ahead. The state and conv state are loaded before pdl_wait()
-// in rows_gdn_step (see rows_state.h for the rule that allows it), after it in rows_gdn_commit.
+// in gdn_step_rows (see rows_state.h for the rule that allows it), after it in gdn_commit_rows.
 #include <cstdint>
 #include <string>
 
@@ -26,7 +26,7 @@
 #include "cuda/kernels/rows/rows_plan.h"
 #include "cuda/kernels/rows/rows_state.h"
 
-namespace lilac::cuda {
+namespace lilac::cuda::rows {
 namespace {
 using namespace dev;
 constexpr int kMaxDk = 256;
@@ -34,44 +34,44 @@ constexpr int kMaxConvK = 4;
 constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
 constexpr int kColGroups = 4;                      // float4 column groups per block
-constexpr int kCols = 4 * kColGroups;              // state columns per block (rows_plan::kGdnSliceCols)
+constexpr int kCols = 4 * kColGroups;              // state columns per block (plan::kGdnSliceCols)
 constexpr int kRowGroups = kThreads / kColGroups;  // 32; a warp holds 8 consecutive row groups
 constexpr int kRowsPerWarp = 32 / kColGroups;      // 8
-static_assert(kCols == rows_plan::kGdnSliceCols, "GDN slice width");
+static_assert(kCols == plan::kGdnSliceCols, "GDN slice width");
 
 struct OneLayer {
-  RowsGdnLayer l[1];
+  GdnLayer l[1];
 };
 struct LayerTable {
-  RowsGdnLayer l[kRowsGdnMaxLayers];
+  GdnLayer l[kGdnMaxLayers];
 };
 
 struct GdnArgs {
-  RowsGdnShape s;
-  RowsGdnPool pool;
-  // rows_gdn_step
+  GdnRowsShape s;
+  GdnPool pool;
+  // gdn_step_rows
   int M = 0;
   const int32_t* row_slot = nullptr;
   const float* x = nullptr;  // in_proj rows
   int64_t x_stride = 0, b_off = 0, a_off = 0;
   float* out = nullptr;
   int64_t out_stride = 0;
-  int log = 0;  // RowsGdnMode::Log
-  // rows_gdn_commit
+  int log = 0;  // GdnMode::Log
+  // gdn_commit_rows
   int n_seq = 0;
   const int32_t* seq_slot = nullptr;
   const int32_t* seq_keep = nullptr;
 };
 
 // R: rows of the state per thread (dk <= 32 R); CPT: conv channels per thread (2 dk + 16 channels).
-// VEC: dv % 4 == 0 and every state 16-byte aligned. COMMIT: rows_gdn_commit (Tab = LayerTable).
+// VEC: dv % 4 == 0 and every state 16-byte aligned. COMMIT: gdn_commit_rows (Tab = LayerTable).
 template <int R, bool VEC, bool COMMIT, class Tab>
 __global__ void __launch_bounds__(kThreads) gdn_rows_kernel(GdnArgs a, const __grid_constant__ Tab tab) {
   constexpr int CPT = (64 * R + kCols + kThreads - 1) / kThreads;
   __shared__ float xs[2 * kMaxDk + kCols];         // the row's conv outputs: q [dk], k [dk], v [16]
   __shared__ float part_u[kWarps][kColGroups][6];  // Σ S k (4 columns), Σ k², Σ q² per warp
   __shared__ float part_o[kWarps][kCols];
-  const RowsGdnShape& s = a.s;
+  const GdnRowsShape& s = a.s;
   const int h = blockIdx.x, y = blockIdx.y, dk = s.dk, dv = s.dv, S1 = s.conv_k - 1;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int cg = lane & (kColGroups - 1);
@@ -114,12 +114,12 @@ __global__ void __launch_bounds__(kThreads) gdn_rows_kernel(GdnArgs a, const __g
     if (a.log) log_n = min(n, a.pool.log_rows);
   }
   const bool write_state = COMMIT || !a.log;
-  const RowsGdnLayer& L = tab.l[layer];
+  const GdnLayer& L = tab.l[layer];
   float* S = L.state + slot * a.pool.state_stride + int64_t(h) * dk * dv;
   float* cst = L.conv_state + slot * a.pool.conv_stride;
   float* logp = log_n > 0 ? L.log + slot * a.pool.log_stride : nullptr;
 
-  // 1. state, conv taps and conv state, gate weights (before the wait in rows_gdn_step)
+  // 1. state, conv taps and conv state, gate weights (before the wait in gdn_step_rows)
   float sr[R][4];
 #pragma unroll
   for (int r = 0; r < R; ++r) {
@@ -141,7 +141,7 @@ __global__ void __launch_bounds__(kThreads) gdn_rows_kernel(GdnArgs a, const __g
   float w[CPT][kMaxConvK - 1], wl[CPT], st[CPT][kMaxConvK - 1];
 #pragma unroll
   for (int i = 0; i < CPT; ++i) {
-    ch[i] = rows_plan::gdn_block_channel(s.Hk, s.Hv, dk, dv, h, y, tid + i * kThreads, &own[i]);
+    ch[i] = plan::gdn_block_channel(s.Hk, s.Hv, dk, dv, h, y, tid + i * kThreads, &own[i]);
     const float* wc = L.conv_w + int64_t(ch[i] < 0 ? 0 : ch[i]) * (S1 + 1);
     const float* sc = cst + int64_t(ch[i] < 0 ? 0 : ch[i]) * S1;
 #pragma unroll
@@ -309,7 +309,7 @@ __global__ void __launch_bounds__(kThreads) gdn_rows_kernel(GdnArgs a, const __g
         if (k < S1) cst[int64_t(ch[i]) * S1 + k] = st[i][k];
 }
 
-void check_shape(const RowsGdnShape& s) {
+void check_shape(const GdnRowsShape& s) {
   LILAC_CHECK(
       s.dk > 0 && s.dk <= kMaxDk && s.dv > 0 && s.Hk > 0 && s.Hv % s.Hk == 0 && s.conv_k >= 1 && s.conv_k <= kMaxConvK,
       "rows gdn: unsupported shape (dk " + std::to_string(s.dk) + ", conv kernel " + std::to_string(s.conv_k) + ")");
@@ -333,13 +333,13 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 }  // namespace
 
-void rows_gdn_step(const RowsGdnShape& s, const RowsGdnLayer& layer, const RowsGdnPool& pool, int M,
-                   const int32_t* row_slot, const float* proj, int64_t proj_stride, float* out, int64_t out_stride,
-                   RowsGdnMode mode, cudaStream_t stream) {
+void gdn_step_rows(const GdnRowsShape& s, const GdnLayer& layer, const GdnPool& pool, int M, const int32_t* row_slot,
+                   const float* proj, int64_t proj_stride, float* out, int64_t out_stride, GdnMode mode,
+                   cudaStream_t stream) {
   check_shape(s);
-  LILAC_CHECK(M >= 1 && M <= kRowsMax, "rows gdn: M must be 1.." + std::to_string(kRowsMax));
-  LILAC_CHECK(mode == RowsGdnMode::Advance || (layer.log != nullptr && pool.log_rows > 0),
-              "rows gdn: Log mode needs a log (RowsGdnLayer::log, RowsGdnPool::log_rows)");
+  LILAC_CHECK(M >= 1 && M <= kMaxRows, "rows gdn: M must be 1.." + std::to_string(kMaxRows));
+  LILAC_CHECK(mode == GdnMode::Advance || (layer.log != nullptr && pool.log_rows > 0),
+              "rows gdn: Log mode needs a log (GdnLayer::log, GdnPool::log_rows)");
   GdnArgs a;
   a.s = s;
   a.pool = pool;
@@ -351,19 +351,19 @@ void rows_gdn_step(const RowsGdnShape& s, const RowsGdnLayer& layer, const RowsG
   a.a_off = a.b_off + s.Hv;
   a.out = out;
   a.out_stride = out_stride;
-  a.log = mode == RowsGdnMode::Log ? 1 : 0;
+  a.log = mode == GdnMode::Log ? 1 : 0;
   OneLayer t;
   t.l[0] = layer;
   const bool vec = s.dv % 4 == 0 && aligned16(layer.state) && pool.state_stride % 4 == 0;
   launch<false>(vec, dim3(unsigned(s.Hv), unsigned((s.dv + kCols - 1) / kCols), unsigned(M)), a, t, stream);
 }
 
-void rows_gdn_commit(const RowsGdnShape& s, const RowsGdnLayer* layers, int n_layers, const RowsGdnPool& pool,
-                     int n_seq, const int32_t* seq_slot, const int32_t* seq_keep, cudaStream_t stream) {
+void gdn_commit_rows(const GdnRowsShape& s, const GdnLayer* layers, int n_layers, const GdnPool& pool, int n_seq,
+                     const int32_t* seq_slot, const int32_t* seq_keep, cudaStream_t stream) {
   check_shape(s);
-  LILAC_CHECK(n_layers >= 1 && n_layers <= kRowsGdnMaxLayers,
-              "rows gdn commit: 1.." + std::to_string(kRowsGdnMaxLayers) + " layers");
-  LILAC_CHECK(n_seq >= 1 && n_seq <= kRowsMax, "rows gdn commit: 1.." + std::to_string(kRowsMax) + " sequences");
+  LILAC_CHECK(n_layers >= 1 && n_layers <= kGdnMaxLayers,
+              "rows gdn commit: 1.." + std::to_string(kGdnMaxLayers) + " layers");
+  LILAC_CHECK(n_seq >= 1 && n_seq <= kMaxRows, "rows gdn commit: 1.." + std::to_string(kMaxRows) + " sequences");
   LILAC_CHECK(pool.log_rows > 0, "rows gdn commit: no log rows");
   GdnArgs a;
   a.s = s;
@@ -382,4 +382,4 @@ void rows_gdn_commit(const RowsGdnShape& s, const RowsGdnLayer* layers, int n_la
                stream);
 }
 
-}  // namespace lilac::cuda
+}  // namespace lilac::cuda::rows

@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-namespace lilac::cuda::rows_plan {
+namespace lilac::cuda::rows::plan {
 
 constexpr int kGdnSliceCols = 16;  // state columns per GDN block
 
@@ -50,4 +50,4 @@ __host__ __device__ inline int gdn_block_channel(int Hk, int Hv, int dk, int dv,
   return -1;
 }
 
-}  // namespace lilac::cuda::rows_plan
+}  // namespace lilac::cuda::rows::plan
