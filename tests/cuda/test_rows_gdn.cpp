@@ -6,7 +6,8 @@
 // multiple of 4 or of 16, a state pool not 16-byte aligned, conv kernels 1..4).
 // Bitwise (memcmp): a sequence's rows inside a batch = the sequence alone = its rows fed one call at a
 // time = the batch permuted; M = 1 = today's path (in_proj GEMV with the conv epilogue, then
-// gdn_decode_step) given the raw in_proj rows, for both GEMV implementations.
+// gdn_decode_step) given the raw in_proj rows, for both GEMV implementations; and the chain
+// rows::stage → rows::gemv_rows → gdn_step_rows = today's chain per row.
 // Rollback: a Log-mode step gives Advance's outputs bit for bit, leaves the state and conv state
 // unchanged and logs the raw rows; gdn_commit_rows with keep = 0..R (and more than the log holds)
 // leaves the state bit for bit where Advance over the first `keep` rows leaves it, for two layers and
@@ -24,6 +25,7 @@
 
 #include "cpu/ops.h"
 #include "cuda/kernels/decode.h"
+#include "cuda/kernels/rows/rows_mm.h"
 #include "cuda/kernels/rows/rows_state.h"
 #include "decode_test_util.h"
 
@@ -331,6 +333,89 @@ TEST(CudaRowsGdn, OneRowEqualsTodaysEpilogueAndStep) {
       EXPECT_TRUE(same(cvA.get(), slice(d.C.get(), p.conv_stride, p.conv_elems))) << "conv state";
     }
   }
+}
+
+// The GDN part of a layer as the integrator chains it — rows::stage (input RMSNorm) → rows::gemv_rows
+// (in_proj, no epilogue) → gdn_step_rows — against today's chain per row, in order (gemv with the
+// RMSNorm prologue and the conv epilogue, then gdn_decode_step, on per-slot copies of the states):
+// the same bytes for the outputs, the states and the conv states (a 2-row run and a padding row).
+TEST(CudaRowsGdn, LayerChainEqualsTodaysPerRow) {
+  NEED_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  Rng r(seed);
+  const Shape c = kQwen;
+  const int64_t H = 512;
+  const std::vector<int> slots{2, 0, 0, -1, 3};
+  const int M = int(slots.size());
+  Pool p(r, c, 4, 1, 0);
+  const int64_t in_rows = p.conv_dim + p.od + 2 * c.Hv;
+  p.proj_stride = in_rows;
+  HostQ W(r, in_rows, H, 4);
+  DevQ dW(W);
+  DevPool d(p);
+  std::vector<float> nw(static_cast<size_t>(H));
+  for (auto& v : nw) v = r.uni(0.8f, 1.2f);
+  const auto x = randv(r, size_t(M * H));
+  Dev<float> dx(x), dnw(nw), y(size_t(M * in_rows)), out(size_t(M * p.od));
+  Dev<int32_t> dslot(std::vector<int32_t>(slots.begin(), slots.end()));
+  Dev<char> frag(lr::frag_row_bytes(H) * M);
+  Dev<float2> meta(lr::meta_row_count(H) * M);
+  out.poison();
+  lr::StageArgs sa;
+  sa.x = dx.p;
+  sa.K = H;
+  sa.M = M;
+  sa.row_slot = dslot.p;
+  sa.pro = lc::Prologue::RmsNorm;
+  sa.norm_w = dnw.p;
+  sa.frag4 = frag.p;
+  sa.meta = meta.p;
+  lr::stage(sa, nullptr);
+  lr::GemvRowsArgs ga;
+  ga.W = dW.d;
+  ga.frag = frag.p;
+  ga.meta = meta.p;
+  ga.M = M;
+  ga.row_slot = dslot.p;
+  ga.y = y.p;
+  lr::gemv_rows(ga, nullptr);
+  lr::gdn_step_rows(p.rs, d.layer(), pool_of(p), M, dslot.p, y.p, in_rows, out.p, p.od, lr::GdnMode::Advance, nullptr);
+  CK(cudaDeviceSynchronize());
+  const auto got = out.get(), S = d.state_host(p), C = d.C.get(), yrows = y.get();
+  // today's chain, row by row, on per-slot copies of the initial states
+  Dev<float> st(p.S), cv(p.C), yt(static_cast<size_t>(in_rows)), o(static_cast<size_t>(p.od)),
+      xr(static_cast<size_t>(H));
+  for (int i = 0; i < M; ++i) {
+    const int s = slots[size_t(i)];
+    if (s < 0) {
+      EXPECT_TRUE(all_ff(got.data() + i * p.od, size_t(p.od))) << "padding row written";
+      continue;
+    }
+    xr.set(std::vector<float>(x.begin() + i * H, x.begin() + (i + 1) * H));
+    lc::GemvArgs g;
+    g.W = dW.d;
+    g.x = xr.p;
+    g.y = yt.p;
+    g.pro = lc::Prologue::RmsNorm;
+    g.norm_w = dnw.p;
+    g.conv_rows = int(p.conv_dim);
+    g.conv_k = c.K;
+    g.conv_w = d.conv_w.p;
+    g.conv_state = cv.p + s * p.conv_stride;
+    g.impl = lc::GemvImpl::Tensor;
+    lc::gemv(g, nullptr);
+    const float* b = yt.p + p.conv_dim + p.od;
+    lc::gdn_decode_step({c.Hk, c.Hv, c.dk, c.dv}, yt.p, b, b + c.Hv, d.A.p, d.dt.p, st.p + s * p.state_stride, o.p,
+                        nullptr);
+    CK(cudaDeviceSynchronize());
+    EXPECT_TRUE(same(slice(yt.get(), p.conv_dim, in_rows - p.conv_dim),
+                     slice(yrows, i * in_rows + p.conv_dim, in_rows - p.conv_dim)))
+        << "z, b, a of row " << i << ": gemv_rows differs from gemv (not this family's kernels)";
+    EXPECT_TRUE(same(o.get(), slice(got, i * p.od, p.od))) << "output of row " << i;
+  }
+  EXPECT_TRUE(same(st.get(), S)) << "states";
+  EXPECT_TRUE(same(cv.get(), C)) << "conv states";
 }
 
 // Log mode + commit, two layers and three verifying sequences (4, 3 and 1 rows) and a padding row.
