@@ -337,7 +337,8 @@ TEST(CudaRowsAttention, RowsAreBatchInvariantAndEqualTheSingleRowKernels) {
 // One captured graph (append → attention → increment_i32 of an unrelated counter) replayed with the
 // rows changed by host copies between replays: sequences advancing one position per replay, a
 // sequence joining, one leaving (its row turned into padding), a verify run of 3 rows, and a row
-// moved back to a shorter position (a rollback). The partial buffer is never re-initialised.
+// moved back to a shorter position (a rollback). The partial buffer is never re-initialised and is
+// shared with a second graph of 3 rows, replayed after each replay of the first: the same bytes.
 TEST(CudaRowsAttention, GraphReplaysWithChangingRows) {
   NEED_GPU();
   const uint64_t seed = fresh_seed();
@@ -368,6 +369,19 @@ TEST(CudaRowsAttention, GraphReplaysWithChangingRows) {
   lc::increment_i32(counter.p, st);
   CK(cudaStreamEndCapture(st, &graph));
   CK(cudaGraphInstantiate(&exec, graph, 0));
+  // a second graph of a smaller batch (the first 3 rows) sharing the partial buffer, as the graphs of
+  // the batch-size buckets do: after each replay of the first it must give the same bytes for its rows
+  const int M2 = 3;
+  Dev<float> out2(size_t(M * k.qd()));
+  cudaGraph_t graph2;
+  cudaGraphExec_t exec2;
+  CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+  lr::attn_qk_norm_rope_append_rows(d.s, M2, d.slot.p, d.pos.p, d.proj.p, k.proj_stride, d.qw.p, d.kw.p, d.inv.p,
+                                    d.q_out.p, d.kv(k.slot_elems), st);
+  lr::attention_rows(d.s, M2, d.slot.p, d.pos.p, d.q_out.p, d.proj.p, k.proj_stride, d.kv(k.slot_elems), d.n_split,
+                     d.partial.p, out2.p, st);
+  CK(cudaStreamEndCapture(st, &graph2));
+  CK(cudaGraphInstantiate(&exec2, graph2, 0));
   for (size_t t = 0; t < steps.size(); ++t) {
     SCOPED_TRACE("replay " + std::to_string(t));
     k.rows = steps[t];
@@ -396,7 +410,16 @@ TEST(CudaRowsAttention, GraphReplaysWithChangingRows) {
       const std::vector<float> orow(o.begin() + i * qd, o.begin() + (i + 1) * qd);
       EXPECT_LE(rel_err(orow, k.attn_ref(i, Kg, Vg)), 1e-4);
     }
+    out2.poison();
+    CK(cudaGraphLaunch(exec2, st));
+    CK(cudaStreamSynchronize(st));
+    const auto o2 = out2.get();
+    for (int i = 0; i < M2; ++i)
+      EXPECT_TRUE(std::memcmp(o2.data() + i * qd, o.data() + i * qd, qd * sizeof(float)) == 0)
+          << "row " << i << " in the " << M2 << "-row graph";
   }
+  CK(cudaGraphExecDestroy(exec2));
+  CK(cudaGraphDestroy(graph2));
   EXPECT_EQ(counter.get()[0], int(steps.size()));
   CK(cudaGraphExecDestroy(exec));
   CK(cudaGraphDestroy(graph));

@@ -32,13 +32,15 @@ struct Layout {
   int NG, HG, units;
   size_t ctr_floats, slot_floats, slots_per_unit;
 };
-Layout layout_of(const AttnDecodeShape& s, int cap, int M) {
+Layout layout_of(const AttnDecodeShape& s, int cap) {
   Layout l;
   const int G = s.heads / s.kv_heads;
   l.NG = ng_of(G);
   l.HG = (G + l.NG - 1) / l.NG;
   l.units = s.kv_heads * l.HG;
-  l.ctr_floats = (size_t(M) * l.units * kCtrPerUnit * 2 + 63) / 64 * 64;
+  // counters for kMaxRows rows whatever M: at the same place for every M, so that one buffer sized for
+  // the largest M serves the graphs of every batch size (a counter is always left reset)
+  l.ctr_floats = (size_t(kMaxRows) * l.units * kCtrPerUnit * 2 + 63) / 64 * 64;
   l.slot_floats = slot_floats_of(l.NG, s.head_dim);
   l.slots_per_unit = size_t(cap) + (cap + kGroupSplits - 1) / kGroupSplits;
   return l;
@@ -405,7 +407,7 @@ void dispatch_ng(const Layout& lay, const RowsAttnArgs& a, cudaStream_t stream) 
 }  // namespace
 
 size_t attention_rows_partial_floats(const AttnDecodeShape& s, int n_split, int M) {
-  const Layout l = layout_of(s, n_split, M);
+  const Layout l = layout_of(s, n_split);
   return l.ctr_floats + size_t(M) * l.units * l.slots_per_unit * l.slot_floats;
 }
 
@@ -419,7 +421,7 @@ void attention_rows(const AttnDecodeShape& s, int M, const int32_t* row_slot, co
   LILAC_CHECK(reinterpret_cast<uintptr_t>(kv.k) % 16 == 0 && reinterpret_cast<uintptr_t>(kv.v) % 16 == 0 &&
                   kv.slot_stride % 8 == 0,
               "rows attention: KV pools must be 16-byte aligned, slot stride a multiple of 8 elements");
-  const Layout lay = layout_of(s, n_split, M);
+  const Layout lay = layout_of(s, n_split);
   RowsAttnArgs a;
   a.q = q;
   a.qg = proj;

@@ -92,7 +92,8 @@ void attn_qk_norm_rope_append_rows(const AttnDecodeShape& s, int M, const int32_
 // 16 splits, then of the groups), deterministic: a row's output is bitwise attention_decode's for that
 // token. `partial` (attention_rows_partial_floats(s, n_split, M) floats, 16-byte aligned, no
 // initialisation needed, self-resetting counters) must not be shared by launches that can run
-// concurrently; it may be shared by the layers of a step. head_dim 32/64/128/256, G <= 16.
+// concurrently; it may be shared by the layers of a step and by the graphs of every M' <= M (the
+// counters sit at the same place for every M). head_dim 32/64/128/256, G <= 16.
 size_t attention_rows_partial_floats(const AttnDecodeShape& s, int n_split, int M);
 void attention_rows(const AttnDecodeShape& s, int M, const int32_t* row_slot, const int32_t* row_pos, const float* q,
                     const float* proj, int64_t proj_stride, const KvPool& kv, int n_split, float* partial, float* out,
