@@ -1,7 +1,8 @@
 // `lilac bench --synthetic [--layers N] [--prompt-lens 512,4096,16384] [--json FILE]` or
-// `lilac bench --model DIR [--backend cuda|cpu]`: time to first token (prefill tok/s) and decode tok/s
-// for each prompt length, GPU memory in use, and the fraction of the bandwidth floor achieved
-// (bytes that must move per decode token / measured time / 4.3 TB/s).
+// `lilac bench --model DIR [--backend cuda|cpu|cpu-ref]` (--synthetic also with --backend cpu): time to
+// first token (prefill tok/s) and decode tok/s for each prompt length, GPU memory in use, and the
+// fraction of the bandwidth floor achieved (bytes that must move per decode token / measured time /
+// --peak-tbs: 4.3 TB/s for the H200; for the CPU give the copy benchmark's figure).
 //
 // Decode tok/s = 64 / (time from the 1st to the 65th token), measured after one untimed decode step
 // (that step captures the session's CUDA graph; its time is reported separately as first_step_ms).
@@ -25,6 +26,8 @@
 #include "cli/backend_select.h"
 #include "cli/command.h"
 #include "core/error.h"
+#include "cpufast/fast_backend.h"
+#include "cpufast/synthetic.h"
 #include "model/weights.h"
 
 #if defined(LILAC_HAVE_CUDA) && __has_include("cuda/cuda_backend.h")
@@ -187,7 +190,13 @@ int run_bench(const BenchOptions& o) {
   std::unique_ptr<Backend> backend;
   std::string what;
   auto t_load0 = Clock::now();
-  if (o.synthetic) {
+  const bool cpu_synthetic = o.synthetic && (o.backend == "cpu" || (o.backend == "auto" && !cuda_usable()));
+  if (cpu_synthetic) {
+    if (o.layers < 1) throw InputError("--layers must be >= 1");
+    backend = cpufast::make_fast_cpu_backend(cpufast::synthetic_weights(cpufast::synthetic_config(o.layers), o.seed),
+                                             {.threads = o.threads});
+    what = "synthetic Qwen3.6-35B-A3B shape, " + std::to_string(o.layers) + " layers, random 4-bit weights";
+  } else if (o.synthetic) {
 #if LILAC_BENCH_CUDA
     if (!cuda::gpu_available()) throw InputError("bench --synthetic needs a CUDA GPU (none found)");
     if (o.layers < 1) throw InputError("--layers must be >= 1");
@@ -252,6 +261,13 @@ int run_bench(const BenchOptions& o) {
     r["decode_ms_per_token"] = ms_tok;
     r["first_step_ms"] = first_ms;
     double mb = 0, frac = 0;
+    if (backend->name() == "cpu") {  // peak: --peak-tbs, e.g. a copy benchmark's figure (bench/bench_membw)
+      const double bytes = cpufast::decode_bytes_per_token(cfg, P + o.decode_tokens / 2);
+      mb = bytes / 1e6;
+      frac = bytes / (dec / o.decode_tokens) / (o.peak_tbs * 1e12);
+      r["bytes_per_token"] = bytes;
+      r["floor_fraction"] = frac;
+    }
 #if LILAC_BENCH_CUDA
     if (backend->name() == "cuda") {
       const double bytes = cuda::decode_bytes_per_token(cfg, P + o.decode_tokens / 2);
@@ -286,7 +302,8 @@ const bool registered = register_command(Command{
     "bench", "Time prefill and decode (synthetic full-size model on the GPU, or a checkpoint)",
     [](CLI::App& sub) -> std::function<int()> {
       auto o = std::make_shared<BenchOptions>();
-      sub.add_flag("--synthetic", o->synthetic, "Random weights of the real model's shape, generated on the GPU");
+      sub.add_flag("--synthetic", o->synthetic,
+                   "Random weights of the real model's shape (on the GPU; in memory for --backend cpu)");
       sub.add_option("--model", o->model, "Checkpoint directory to benchmark instead");
       add_backend_options(sub, o->backend, o->threads);
       sub.add_option("--layers", o->layers, "Layers of the synthetic model (default 40)");

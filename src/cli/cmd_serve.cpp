@@ -125,7 +125,8 @@ const bool registered = register_command(Command{
       sub.add_option("--model", a->model, "Model folder (config.json, safetensors, tokenizer, chat template)")
           ->required();
       sub.add_option("--backend", a->backend,
-                     "auto (CUDA when a GPU is usable, else CPU), cpu, cuda, or scripted:FILE (test backend)")
+                     "auto (CUDA when a GPU is usable, else cpu), cpu (fast), cpu-ref (fp32 reference), cuda, or "
+                     "scripted:FILE (test backend)")
           ->capture_default_str();
       sub.add_option("--threads", a->threads, "CPU backend threads (0 = all hardware threads)")->capture_default_str();
       sub.add_option("--host", a->host, "Address to listen on")->capture_default_str();

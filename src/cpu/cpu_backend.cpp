@@ -57,9 +57,9 @@ class CpuBackend : public Backend {
                 "cpu backend: linear_num_value_heads must be a multiple of linear_num_key_heads");
     LILAC_CHECK(int64_t(c.full_attention.size()) == c.num_layers, "cpu backend: config has no layer types");
   }
-  std::string name() const override { return "cpu"; }
+  std::string name() const override { return "cpu-ref"; }
   const ModelConfig& config() const override { return w_->config; }
-  std::string describe() const override { return "cpu (fp32 reference), " + std::to_string(pool_.size()) + " threads"; }
+  std::string describe() const override { return "cpu-ref (fp32 reference), " + std::to_string(pool_.size()) + " threads"; }
   std::unique_ptr<Session> new_session(int64_t max_length) override;
 
   const ModelWeights& weights() const { return *w_; }
