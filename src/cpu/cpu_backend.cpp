@@ -61,6 +61,18 @@ class CpuBackend : public Backend {
   std::unique_ptr<Session> new_session(int64_t max_length) override;
   std::vector<TokenChoice> decode_batch(std::span<Session* const> sessions) override;
   int max_batch() const override { return kMaxBatch; }
+  size_t session_bytes(int64_t max_length) const override {
+    const ModelConfig& c = w_->config;
+    if (max_length <= 0) max_length = c.max_position_embeddings;
+    size_t per_layer_attn = size_t(2) * size_t(max_length) * size_t(c.kv_dim());
+    size_t per_layer_gdn = size_t(c.linear_num_value_heads) * c.linear_key_head_dim * c.linear_value_head_dim +
+                           size_t(c.gdn_conv_dim()) * size_t(c.linear_conv_kernel_dim - 1);
+    size_t floats = size_t(c.vocab_size);  // current logits
+    for (bool full : c.full_attention) floats += full ? per_layer_attn : per_layer_gdn;
+    return floats * sizeof(float);
+  }
+  // The K/V cache grows with the context (RAM is not reserved up front): a few sessions by default.
+  int default_sessions(int64_t) const override { return 4; }
 
   const ModelWeights& weights() const { return *w_; }
   ThreadPool* pool() { return &pool_; }
