@@ -208,6 +208,9 @@ void Server::set_model(std::shared_ptr<Backend> backend, std::shared_ptr<const T
   so.max_queue = opts_.max_queue;
   so.max_seq = opts_.max_seq;
   so.cache_bytes = opts_.cache_bytes;
+  so.max_batch = opts_.max_batch;
+  so.seq_memory_bytes = opts_.seq_memory_bytes;
+  so.prefill_chunk = opts_.prefill_chunk;
   I->sched = std::make_unique<Scheduler>(I->backend, I->tok, so, &I->metrics);
   ready_.store(true);
 }
