@@ -15,42 +15,60 @@ namespace lilac::cpu {
 
 namespace {
 
-// One output of y = W x without materialising the row: Σ_g scale_g (Σ_j q_j x_j) + bias_g Σ_j x_j,
+// Outputs of y = W x without materialising the row: y_r = Σ_g scale_g (Σ_j q_j x_j) + bias_g Σ_j x_j,
 // with the per-group sums of x precomputed in xsum. xt is x permuted within each group so that the
 // element at bit slot i of word w sits at xt[g * group + i * words_per_group + w]: the inner loop then
 // shifts every word of a group by the same constant (vectorises without per-lane shifts).
-template <int BITS>
-float qdot_row_bits(const QMatrix& W, int64_t r, const float* xt, const float* xsum) {
+// NT inputs at once (xt[t], xsum[t] -> y[t]): each unpacked weight is applied to all of them, and every
+// input goes through exactly the operations of NT == 1 (qmatvec), in the same order, so a row's result
+// does not depend on the other inputs (the batched decode step relies on it).
+template <int BITS, int NT>
+void qdot_row_bits(const QMatrix& W, int64_t r, const float* const* xt, const float* const* xsum, float* y) {
   constexpr int per_word = 32 / BITS;
   constexpr uint32_t mask = (1u << BITS) - 1u;
   const uint32_t* q = W.qweight + r * W.words_per_row();
   const uint16_t* sc = W.scales + r * W.groups_per_row();
   const uint16_t* bi = W.biases + r * W.groups_per_row();
   const int64_t words_per_group = W.group_size / per_word;
-  float y = 0.f;
+  float yy[NT] = {};
   if (words_per_group == 64 / per_word) {  // the usual group of 64: fixed trip counts
     constexpr int WPG = 64 / per_word;
     for (int64_t g = 0; g < W.groups_per_row(); ++g) {
       const uint32_t* qg = q + g * WPG;
-      const float* xg = xt + g * 64;
-      float acc[WPG] = {};
+      float acc[NT][WPG] = {};
       for (int i = 0; i < per_word; ++i)
-        for (int w = 0; w < WPG; ++w) acc[w] += float((qg[w] >> (i * BITS)) & mask) * xg[i * WPG + w];
-      float a = 0.f;
-      for (int w = 0; w < WPG; ++w) a += acc[w];
-      y += bf16_to_f32(sc[g]) * a + bf16_to_f32(bi[g]) * xsum[g];
+        for (int w = 0; w < WPG; ++w) {
+          const float qv = float((qg[w] >> (i * BITS)) & mask);
+          for (int t = 0; t < NT; ++t) acc[t][w] += qv * xt[t][g * 64 + i * WPG + w];
+        }
+      for (int t = 0; t < NT; ++t) {
+        float a = 0.f;
+        for (int w = 0; w < WPG; ++w) a += acc[t][w];
+        yy[t] += bf16_to_f32(sc[g]) * a + bf16_to_f32(bi[g]) * xsum[t][g];
+      }
     }
-    return y;
+  } else {
+    for (int64_t g = 0; g < W.groups_per_row(); ++g) {
+      const uint32_t* qg = q + g * words_per_group;
+      float a[NT] = {};
+      for (int i = 0; i < per_word; ++i)
+        for (int64_t w = 0; w < words_per_group; ++w) {
+          const float qv = float((qg[w] >> (i * BITS)) & mask);
+          for (int t = 0; t < NT; ++t) a[t] += qv * xt[t][g * W.group_size + i * words_per_group + w];
+        }
+      for (int t = 0; t < NT; ++t) yy[t] += bf16_to_f32(sc[g]) * a[t] + bf16_to_f32(bi[g]) * xsum[t][g];
+    }
   }
-  for (int64_t g = 0; g < W.groups_per_row(); ++g) {
-    const uint32_t* qg = q + g * words_per_group;
-    const float* xg = xt + g * W.group_size;
-    float a = 0.f;
-    for (int i = 0; i < per_word; ++i)
-      for (int64_t w = 0; w < words_per_group; ++w) a += float((qg[w] >> (i * BITS)) & mask) * xg[i * words_per_group + w];
-    y += bf16_to_f32(sc[g]) * a + bf16_to_f32(bi[g]) * xsum[g];
-  }
-  return y;
+  for (int t = 0; t < NT; ++t) y[t] = yy[t];
+}
+
+// Row r against n inputs, four at a time.
+template <int BITS>
+void qdot_row_n(const QMatrix& W, int64_t r, int64_t n, const float* const* xt, const float* const* xsum, float* y) {
+  int64_t t = 0;
+  for (; t + 4 <= n; t += 4) qdot_row_bits<BITS, 4>(W, r, xt + t, xsum + t, y + t);
+  for (; t + 2 <= n; t += 2) qdot_row_bits<BITS, 2>(W, r, xt + t, xsum + t, y + t);
+  for (; t < n; ++t) qdot_row_bits<BITS, 1>(W, r, xt + t, xsum + t, y + t);
 }
 
 }  // namespace
@@ -85,13 +103,22 @@ void qmatvec_rows(const QMatrix& W, const float* X, int64_t n, float* Y, ThreadP
   if (!has_qdot(W)) return qmatmul(W, X, n, Y, pool);
   const int64_t G = W.groups_per_row(), cols = W.cols, rows = W.rows;
   std::vector<float> xsum(static_cast<size_t>(n * G)), xt(static_cast<size_t>(n * cols));
-  for (int64_t t = 0; t < n; ++t) qdot_input(W, X + t * cols, xt.data() + t * cols, xsum.data() + t * G);
+  std::vector<const float*> xtp(static_cast<size_t>(n)), xsp(static_cast<size_t>(n));
+  for (int64_t t = 0; t < n; ++t) {
+    qdot_input(W, X + t * cols, xt.data() + t * cols, xsum.data() + t * G);
+    xtp[size_t(t)] = xt.data() + t * cols;
+    xsp[size_t(t)] = xsum.data() + t * G;
+  }
   const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, cols * n));
   parallel_for(pool, rows, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r)
-      for (int64_t t = 0; t < n; ++t)  // the row stays in L1 for all n inputs
-        Y[t * rows + r] = W.bits == 4 ? qdot_row_bits<4>(W, r, xt.data() + t * cols, xsum.data() + t * G)
-                                      : qdot_row_bits<8>(W, r, xt.data() + t * cols, xsum.data() + t * G);
+    std::vector<float> yr(static_cast<size_t>(n));
+    for (int64_t r = r0; r < r1; ++r) {
+      if (W.bits == 4)
+        qdot_row_n<4>(W, r, n, xtp.data(), xsp.data(), yr.data());
+      else
+        qdot_row_n<8>(W, r, n, xtp.data(), xsp.data(), yr.data());
+      for (int64_t t = 0; t < n; ++t) Y[t * rows + r] = yr[size_t(t)];
+    }
   }, grain);
 }
 
