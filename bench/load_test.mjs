@@ -8,15 +8,17 @@
 //   common: [--clients 1,4,16,64] [--prompt-tokens 1024] [--max-tokens 256] [--json FILE]
 //
 // With --model it starts `lilac serve` itself (on a free port, --max-batch = the largest N, a queue
-// that holds every client) and stops it at the end; with --url it drives a running server.
+// that holds every client, unless --serve-args sets them) and stops it at the end; with --url it
+// drives a running server.
 // Each client sends its own prompt (about --prompt-tokens tokens of text, different from every other
 // client's, so there is no prefix-cache sharing) to /v1/completions with stream: true, temperature 0
 // and max_tokens = --max-tokens; the real counts come from the stream's usage chunk.
 // TTFT: request sent -> first streamed text. ITL: gaps between consecutive streamed text chunks of one
 // stream (one chunk per token, except the rare token whose text is held back, e.g. half a UTF-8
 // character). Aggregate tok/s: completion tokens of all clients / wall time of the round (first
-// request sent -> last stream done); decode tok/s: completion tokens after the first of each stream /
-// (last stream done -> the latest first token).
+// request sent -> last stream done); decode tok/s: streamed tokens per second while all N streams were
+// decoding together (after the last first token, before the first stream ended; '-' when the streams
+// never overlapped, e.g. with --max-batch 1); stream tok/s: 1000 / ITL p50.
 import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 
@@ -52,9 +54,11 @@ function parseArgs(argv) {
 
 async function startServer(o) {
   const maxN = Math.max(...o.clientCounts);
-  const args = ['serve', '--model', o.model, '--port', '0', '--backend', o.backend, '--max-batch', String(maxN),
-    '--max-queue', String(Math.max(64, 2 * maxN)), '--max-seq', String(o.promptTokens * 2 + o.maxTokens + 256),
-    ...o.serveArgs.split(/\s+/).filter(Boolean)];
+  const extra = o.serveArgs.split(/\s+/).filter(Boolean);
+  const dflt = (flag, value) => (extra.includes(flag) ? [] : [flag, value]);  // --serve-args wins
+  const args = ['serve', '--model', o.model, '--port', '0', '--backend', o.backend, ...dflt('--max-batch', String(maxN)),
+    ...dflt('--max-queue', String(Math.max(64, 2 * maxN))),
+    ...dflt('--max-seq', String(o.promptTokens * 2 + o.maxTokens + 256)), ...extra];
   const proc = spawn(o.lilac, args, { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, LILAC_LOG: process.env.LILAC_LOG ?? 'warn' } });
   let out = '';
   proc.stderr.on('data', (d) => { out += d; });
@@ -132,13 +136,15 @@ async function round(o, url, n, r) {
   const itl = rs.flatMap((x) => x.times.slice(1).map((t, i) => t - x.times[i]));
   const tokens = rs.reduce((s, x) => s + (x.usage?.completion_tokens ?? x.times.length), 0);
   const prompt = rs.reduce((s, x) => s + (x.usage?.prompt_tokens ?? 0), 0) / n;
-  const lastFirst = Math.max(...rs.map((x) => x.times[0] ?? x.t1));
-  const decodeTokens = tokens - n;
+  // The window in which all N streams were decoding together: after the last first token, before the
+  // first stream ended.
+  const w0 = Math.max(...rs.map((x) => x.times[0] ?? x.t1)), w1 = Math.min(...rs.map((x) => x.times.at(-1) ?? x.t0));
+  const inWindow = rs.reduce((s, x) => s + x.times.filter((t) => t > w0 && t <= w1).length, 0);
   return {
     clients: n, prompt_tokens_avg: prompt, completion_tokens: tokens, wall_s: (end - start) / 1e3,
     ttft_p50_ms: pct(ttft, 50), ttft_p99_ms: pct(ttft, 99), itl_p50_ms: pct(itl, 50), itl_p99_ms: pct(itl, 99),
     aggregate_tok_s: tokens / ((end - start) / 1e3),
-    decode_tok_s: end > lastFirst && decodeTokens > 0 ? decodeTokens / ((end - lastFirst) / 1e3) : NaN,
+    decode_tok_s: w1 > w0 && inWindow >= n ? inWindow / ((w1 - w0) / 1e3) : NaN,
     per_stream_tok_s: pct(itl, 50) > 0 ? 1e3 / pct(itl, 50) : NaN,
   };
 }
