@@ -180,7 +180,10 @@ void Scheduler::admit(std::shared_ptr<Job> job) {
       best_reuse = reuse;
     }
   }
-  if (!best) throw Error("scheduler: admitted a job without a free session");  // worker bug
+  if (!best) {  // cannot happen (the worker admits at most as many jobs as there are free sessions)
+    answer(*job, error_event(std::make_exception_ptr(Error("scheduler: no free session for an admitted job"))));
+    return;
+  }
   GenerationRequest req = job->req;
   req.prefill_chunk = opts_.prefill_chunk;
   Job* j = job.get();

@@ -1,6 +1,7 @@
 // Continuous batching end to end: `lilac serve --max-batch 4` on the demo model (CPU backend), driven
 // by concurrent streaming clients (the official `openai` npm package). The streams are answered
-// concurrently (every stream's first token arrives before any stream finishes) and each stream is
+// concurrently (every stream's first token arrives before any stream finishes: each prompt is one
+// prefill chunk, so all four have a first token within four scheduler steps) and each stream is
 // token for token (and logprob for logprob) what the same request gets alone; a client that goes away
 // frees its session.
 import { test, before, after } from 'node:test';
@@ -14,7 +15,7 @@ const OpenAI = require('openai');
 let srv, client;
 
 before(async () => {
-  srv = await startServer(['--backend', 'cpu', '--max-seq', '2048', '--max-batch', '4', '--prefill-chunk', '16']);
+  srv = await startServer(['--backend', 'cpu', '--max-seq', '2048', '--max-batch', '4', '--prefill-chunk', '64']);
   client = new OpenAI({ baseURL: `${srv.url}/v1`, apiKey: 'unused', maxRetries: 0, timeout: 120000 });
 });
 after(async () => { await srv?.stop(); });
@@ -25,7 +26,7 @@ const requests = [
   { messages: [{ role: 'user', content: 'List some rivers of Europe, please.' }], max_tokens: 24, temperature: 0.9, top_p: 0.95,
     seed: 1234, presence_penalty: 0.5, frequency_penalty: 0.3 },
   { messages: [{ role: 'system', content: 'You are terse.' }, { role: 'user', content: 'Why is the sky blue?' }],
-    max_tokens: 20, temperature: 0.7, seed: 99, logprobs: true, top_logprobs: 2 },
+    max_tokens: 24, temperature: 0.7, seed: 99, logprobs: true, top_logprobs: 2 },
   { messages: [{ role: 'user', content: 'Count slowly from one to twenty.' }], max_tokens: 26, temperature: 0 },
 ];
 
@@ -56,7 +57,9 @@ test('concurrent streams are served together, each token for token as alone', as
   // Alone: one after the other. Request 3 gets a stop string cut from its own free-running text.
   const free = await stream(3, requests[3]);
   assert.ok(free.text.length > 12, free.text);
-  requests[3].stop = [free.text.slice(8, 11)];
+  // (late in the text, so that this stream still runs most of its tokens)
+  const cut = Math.floor(free.text.length * 0.7);
+  requests[3].stop = [free.text.slice(cut, cut + 3)];
   const alone = [];
   for (let i = 0; i < requests.length; i++) alone.push(await stream(i, requests[i]));
   assert.equal(alone[3].finish, 'stop');
