@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <thread>
 
 #include "core/bf16.h"
@@ -20,6 +21,17 @@ class CpuBackend;
 class CpuSessionImpl;
 
 constexpr int kMaxBatch = 64;  // rows of one batched decode step (larger batches are split)
+
+// MemAvailable of /proc/meminfo in bytes (0 when unknown).
+size_t available_ram_bytes() {
+  std::ifstream f("/proc/meminfo");
+  std::string key;
+  size_t kb = 0;
+  std::string unit;
+  while (f >> key >> kb >> unit)
+    if (key == "MemAvailable:") return kb * 1024;
+  return 0;
+}
 
 // Per-layer state of one session.
 struct LayerState {
@@ -71,8 +83,15 @@ class CpuBackend : public Backend {
     for (bool full : c.full_attention) floats += full ? per_layer_attn : per_layer_gdn;
     return floats * sizeof(float);
   }
-  // The K/V cache grows with the context (RAM is not reserved up front): a few sessions by default.
-  int default_sessions(int64_t) const override { return 4; }
+  // The K/V cache grows with the context (RAM is not reserved up front): a few sessions by default,
+  // fewer when half the available RAM would not hold them at full length.
+  int default_sessions(int64_t max_length) const override {
+    constexpr int kDefault = 4;
+    const size_t per = session_bytes(max_length);
+    const size_t avail = available_ram_bytes();
+    if (per == 0 || avail == 0) return kDefault;
+    return int(std::clamp<size_t>(avail / 2 / per, 1, kDefault));
+  }
 
   const ModelWeights& weights() const { return *w_; }
   ThreadPool* pool() { return &pool_; }

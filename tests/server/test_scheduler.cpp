@@ -340,6 +340,7 @@ TEST(Scheduler, PoolSize) {
   o.max_seq = 1000;
   EXPECT_EQ(Scheduler::pool_size(*be, o), be->default_sessions(1000));
   EXPECT_EQ(be->default_sessions(1000), 4);
+  EXPECT_EQ(be->default_sessions(int64_t(1) << 40), 1);  // far more than the RAM holds: one session
   o.max_batch = 7;
   EXPECT_EQ(Scheduler::pool_size(*be, o), 7);
   const size_t per = be->session_bytes(1000);
