@@ -12,6 +12,7 @@
 #include "core/thread_pool.h"
 #include "cpu/ops.h"
 #include "engine/sampler.h"
+#include "engine/validate.h"
 
 namespace lilac::cpu {
 
@@ -217,9 +218,7 @@ class CpuSessionImpl : public CpuSession {
   // Throws unless the session holds a sampled token and has room for it (before any state changes).
   void check_decodable() const {
     if (next_token_ < 0) throw Error("cpu decode_batch: a session has no sampled token to feed");
-    if (len_ + 1 > max_len_)
-      throw InputError("context of " + std::to_string(len_ + 1) + " tokens exceeds the session's max_length " +
-                       std::to_string(max_len_));
+    require(check_session_capacity(len_, 1, max_len_));
   }
 
   // Feeds each session's pending token as one step: one product per weight matrix for the whole batch
@@ -325,13 +324,8 @@ class CpuSessionImpl : public CpuSession {
   }
 
   void check_tokens(std::span<const int32_t> tokens) const {
-    for (int32_t t : tokens)
-      if (t < 0 || t >= cfg_.vocab_size)
-        throw InputError("token id " + std::to_string(t) + " is outside the vocabulary (size " +
-                         std::to_string(cfg_.vocab_size) + ")");
-    if (len_ + int64_t(tokens.size()) > max_len_)
-      throw InputError("context of " + std::to_string(len_ + int64_t(tokens.size())) +
-                       " tokens exceeds the session's max_length " + std::to_string(max_len_));
+    require(check_token_ids(tokens, cfg_.vocab_size));
+    require(check_session_capacity(len_, int64_t(tokens.size()), max_len_));
   }
 
   void tap(const char* name, int64_t n, const float* data) {

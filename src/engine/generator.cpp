@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "engine/sequence.h"
+#include "engine/validate.h"
 #include "text/tokenizer.h"
 
 namespace lilac {
@@ -62,12 +63,7 @@ int64_t Generator::prepare(const GenerationRequest& req, GenerationStats& st) {
 std::unique_ptr<Sequence> Generator::start(GenerationRequest req, TokenCallback on_token,
                                            const std::atomic<bool>* cancel) {
   const auto& p = req.prompt;
-  if (p.empty()) throw InputError("empty prompt");
-  if (req.max_tokens < 1) throw InputError("max_tokens must be at least 1");
-  if (int64_t(p.size()) + req.max_tokens > s_.max_length())
-    throw InputError("prompt (" + std::to_string(p.size()) + " tokens) + max_tokens (" +
-                     std::to_string(req.max_tokens) + ") exceeds the context limit of " +
-                     std::to_string(s_.max_length()) + " tokens");
+  require(check_context(int64_t(p.size()), req.max_tokens, s_.max_length()));
   return std::unique_ptr<Sequence>(new Sequence(*this, std::move(req), std::move(on_token), cancel));
 }
 
