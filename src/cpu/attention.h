@@ -25,6 +25,15 @@ struct AttentionCall {
   ThreadPool* pool = nullptr;
 };
 
+// Room for cache rows [0, end) (capacity doubles, never beyond c.max_len rows).
+void reserve_kv(const AttentionCall& c, KvCache& cache, int64_t end);
+
+// One token at `pos` whose k / v projections already sit in its cache rows k_row / v_row: q (and the output
+// gate, when gated) from q_proj's row qg_row, RMSNorm + partial RoPE of every q and k head, the cached k / v
+// rounded to bf16 when c.kv_bf16. q, gate [heads * head_dim] (gate may be null when not gated).
+void attention_qk_token(const AttentionCall& c, const AttentionWeights& a, const float* qg_row, int64_t pos, float* q,
+                        float* gate, float* k_row, float* v_row);
+
 // y [n, hidden] (after input_layernorm) at positions pos0 .. pos0 + n - 1: writes k / v of those positions
 // into the cache (rows beyond are left as they are), row t attends to cache rows [0, pos0 + t], out [n, hidden]
 // (after o_proj). The attention of a row is the same arithmetic whatever n is.

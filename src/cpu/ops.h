@@ -22,11 +22,11 @@ namespace lilac::cpu {
 // materialised: y_r = Σ_g scale_g Σ_j q_j x_j + bias_g Σ_j x_j (another summation order than qmatmul's).
 void qmatvec(const QMatrix& W, const float* x, float* y, ThreadPool* pool = nullptr);
 // Y[n, W.rows] = X[n, W.cols] Wᵀ: each row of W is dequantized once and dotted with all n inputs
-// (n == 1 goes through qmatvec).
+// (n == 1 goes through qmatvec). For n > 1 a row's result is not bit-equal to qmatvec's (another
+// summation order): prefill uses it.
 void qmatmul(const QMatrix& W, const float* X, int64_t n, float* Y, ThreadPool* pool = nullptr);
-// Y[n, W.rows] with row t exactly (bit for bit) qmatvec(W, X + t * W.cols): each weight row is read once
-// for all n inputs. A multi-row step built from these gives every row the result of a one-token step
-// (speculative verification, batched decode: a row's arithmetic never depends on the other rows).
+// Y[n, W.rows] with row t bit-identical to qmatvec(W, X[t]) (each weight row read once for all n
+// inputs): the batched decode step, whose rows must not depend on the other rows of the batch.
 void qmatvec_rows(const QMatrix& W, const float* X, int64_t n, float* Y, ThreadPool* pool = nullptr);
 // out[W.cols] = dequantized row `token` of the embedding matrix.
 void embed_row(const QMatrix& embed, int32_t token, float* out);
@@ -108,8 +108,8 @@ void swiglu(const QMatrix& gate, const QMatrix& up, const QMatrix& down, const f
             float* hidden, ThreadPool* pool = nullptr, bool rowwise = false);
 // The full MoE block on n tokens: Y[n, hidden] = Σ_top-k w_e expert_e(x) + sigmoid(shared_gate·x) ·
 // shared(x). Tokens are grouped by expert so every expert's weights are dequantized once per call.
-// rowwise: every product by qmatvec_rows, so token t's output is bit for bit moe_forward of that token
-// alone (n = 1), whatever the other tokens (every token's sum runs in expert-id order either way).
+// rowwise: every product by qmatvec_rows, so row t is bit-identical to moe_forward of row t alone
+// (the experts' sum runs in expert-id order for every row either way).
 void moe_forward(const MoEWeights& w, const ModelConfig& cfg, const float* X, int64_t n, float* Y,
                  ThreadPool* pool = nullptr, bool rowwise = false);
 

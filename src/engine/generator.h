@@ -1,8 +1,10 @@
 // One generation on a Session: prefill (resuming from the prefix cache), then sample / decode_step
 // until an end-of-turn id, a stop string, max_tokens or cancellation; streams detokenized text.
-// With draft_tokens > 0 and a session that can draft, each step is a speculative one (engine/speculative.h)
-// whose 1..K+1 choices go through the same stop / detokenizer logic one by one: the output is the one
-// plain decoding gives (token for token, for greedy and for a sampling seed).
+// The loop itself is a steppable state machine, Sequence (engine/sequence.h): Generator::run drives one
+// alone; the server's scheduler drives several at once (continuous batching).
+// With draft_tokens > 0 and a session that can draft, a sequence's decode steps are speculative ones
+// (engine/speculative.h) whose 1..K+1 choices go through the same stop / detokenizer logic one by one:
+// the output is the one plain decoding gives (token for token, for greedy and for a sampling seed).
 //
 // Prefix reuse: the prompt is prefilled in segments that end at message boundaries (after each
 // `boundary_token`, i.e. <|im_end|>) and at the end of the prompt; the session is snapshotted at each
@@ -12,6 +14,8 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -22,6 +26,19 @@
 namespace lilac {
 
 class Tokenizer;
+class Sequence;
+
+// Constrained decoding, per generation (e.g. a grammar): consulted around every token choice.
+// Called on the thread that steps the sequence.
+class TokenConstraint {
+ public:
+  virtual ~TokenConstraint() = default;
+  // The allowed tokens of the next choice, as Session::set_token_mask takes them (nullptr: any);
+  // valid until the next call.
+  virtual const uint32_t* allowed() = 0;
+  // The token that was chosen (in order, once per consumed choice, also the end-of-turn id).
+  virtual void accept(int32_t token) = 0;
+};
 
 struct GenerationRequest {
   std::vector<int32_t> prompt;  // must not be empty
@@ -31,8 +48,10 @@ struct GenerationRequest {
   std::vector<std::string> stop_strings;   // generation stops; the text from the stop string on is dropped
   int32_t boundary_token = -1;             // snapshot after each occurrence in the prompt (-1: none)
   bool use_cache = true;
-  int64_t prefill_chunk = 2048;            // prefill calls of at most this many tokens (cancel checks)
-  int draft_tokens = 0;                    // speculative decoding: MTP drafts per step (0 = off)
+  int64_t prefill_chunk = 2048;            // prefill calls of at most this many tokens (cancel checks;
+                                           // Sequence::prefill_step runs at most this many)
+  std::shared_ptr<TokenConstraint> constraint;  // null: unconstrained
+  int draft_tokens = 0;                    // MTP speculation depth (0: off; used when the session can_draft())
 };
 
 enum class FinishReason { Stop, Length, Cancelled };
@@ -54,8 +73,8 @@ struct GenerationStats {
   int64_t completion_tokens = 0;  // sampled tokens (an end-of-turn id counts)
   int snapshots_taken = 0;
   bool cache_hit = false;
-  int64_t spec_rounds = 0, spec_drafted = 0, spec_accepted = 0;  // speculative steps, drafts, accepted drafts
   double prefill_seconds = 0, decode_seconds = 0, ttft_seconds = 0;
+  int64_t spec_rounds = 0, spec_drafted = 0, spec_accepted = 0;  // speculative steps, drafts, accepted drafts
 };
 
 // Return false to cancel the generation (e.g. the client went away).
@@ -71,15 +90,26 @@ class Generator {
   GenerationStats run(const GenerationRequest& req, const TokenCallback& on_token,
                       const std::atomic<bool>* cancel = nullptr);
 
+  // The same generation as a steppable Sequence (engine/sequence.h), for drivers that interleave
+  // several. Checks the request as run() does (throws lilac::InputError; nothing changes then). One
+  // sequence at a time per Generator; it must not outlive the Generator.
+  std::unique_ptr<Sequence> start(GenerationRequest req, TokenCallback on_token,
+                                  const std::atomic<bool>* cancel = nullptr);
+
   // Tokens the session holds after the last run (its context), or empty when unknown. With speculation
-  // it may go past the last emitted token (drafts fed in the round a stop string ended).
+  // it may go past the last emitted token (drafts fed in the step a stop string ended).
   const std::vector<int32_t>& context() const { return context_; }
+  // How many leading tokens of `prompt` a generation on this session would not recompute because its
+  // own context already holds them (0 when none; the last prompt token is always recomputed).
+  int64_t reusable_prefix(std::span<const int32_t> prompt) const;
+  Session& session() { return s_; }
 
   // Tests and `bench`: replaces the MTP drafts of speculative steps (see DraftHook); also makes sessions
   // without an MTP head speculate.
   void set_draft_hook(DraftHook hook) { hook_ = std::move(hook); }
 
  private:
+  friend class Sequence;
   int64_t prepare(const GenerationRequest& req, GenerationStats& st);
 
   Session& s_;

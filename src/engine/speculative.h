@@ -1,16 +1,18 @@
-// One decode step of a sequence with speculative decoding (../shared/MODEL_MTP.md): draft up to K tokens
-// with the session's MTP head, verify them in one multi-row step, and hand back the 1..K+1 choices that
+// One decode step of a sequence with speculative decoding (../shared/MODEL_MTP.md): draft up to k tokens
+// with the session's MTP head, verify them in one multi-row step, and hand back the 1..k+1 choices that
 // follow the pending token -- exactly those plain decode_step() calls would have produced one by one
-// (Session::verify), to be consumed one by one by the caller's stop / detokenizer logic.
+// (Session::verify) -- for the sequence to consume one by one through its stop / detokenizer logic
+// (Sequence::decode_alone calls it with k = Sequence::draft_budget(), which keeps every step within
+// max_tokens).
 //
 // The step never feeds a token that plain decoding would not feed before its stop: drafts are limited to
-// budget - 1 (so no round ends past max_tokens), to the context left, and are cut before the first stop id
-// (an end-of-turn token is never fed; when the model chooses it, it is the round's last choice). Only a stop
-// *string* can end the generation inside a round, after tokens past it were fed; the caller's record of
-// the session's context (Generator::context()) includes them.
+// k and to the context left, and are cut before the first stop id (an end-of-turn token is never fed; when
+// the model chooses it, it is the step's last choice). Only a stop *string* can end the generation inside
+// a step, after tokens past it were fed; the generator's record of the session's context includes them.
 //
-// K = 0, a session that cannot draft (no MTP head, drafting off or out of step) or budget 1: one
-// decode_step(). A draft hook (tests, `lilac bench --draft-accept`) may replace the drafts.
+// k <= 0 or a session that cannot draft (no MTP head, drafting off or out of step): one decode_step().
+// A draft hook (tests, `lilac bench --draft-accept`) may replace the drafts, and makes sessions without
+// a head speculate.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -31,20 +33,8 @@ struct SpecStats {
   int64_t accepted = 0;  // drafts accepted
 };
 
-class SpecStep {
- public:
-  SpecStep(Session& s, int draft_tokens, DraftHook hook = nullptr) : s_(s), k_(draft_tokens), hook_(std::move(hook)) {}
-
-  // The choices after the pending token (index `pending_index` of the output); `budget` = tokens the
-  // generation may still produce (>= 1); `stop_ids`: end-of-turn ids.
-  std::vector<TokenChoice> next(int64_t pending_index, int64_t budget, std::span<const int32_t> stop_ids);
-  const SpecStats& stats() const { return stats_; }
-
- private:
-  Session& s_;
-  int k_;
-  DraftHook hook_;
-  SpecStats stats_;
-};
+// The choices after the pending token (index `pending_index` of the output); `stop_ids`: end-of-turn ids.
+std::vector<TokenChoice> speculative_step(Session& s, int k, int64_t pending_index, std::span<const int32_t> stop_ids,
+                                          const DraftHook& hook, SpecStats& stats);
 
 }  // namespace lilac

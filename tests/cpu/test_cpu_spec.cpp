@@ -317,3 +317,28 @@ TEST(CpuSpec, RejectionSamplingKeepsTheDistribution) {
   auto [x2, c2] = chi_square(second, e2);
   EXPECT_LT(x2, c2) << "second choice after an accepted draft";
 }
+
+// Batched decode steps (Backend::decode_batch) keep a drafting session's MTP head in step: after plain
+// batched steps, the drafts are those of a session stepped alone.
+TEST(CpuSpec, BatchedStepsFeedTheMtpHead) {
+  auto be = make_cpu_backend(fixture("tiny-mtp"), 2);
+  const int64_t V = be->config().vocab_size;
+  const auto prompt = random_tokens(21, V, 13);
+  auto start = [&] {
+    auto s = be->new_session(64);
+    s->enable_drafting(true);
+    s->prefill(prompt);
+    s->begin_generation(SamplingParams{}, prompt);
+    s->sample();
+    return s;
+  };
+  auto alone = start();
+  for (int i = 0; i < 5; ++i) alone->decode_step();
+  const auto want = alone->draft(3);
+  ASSERT_EQ(want.size(), 3u);
+  auto b = start(), c = start();
+  std::vector<Session*> both{b.get(), c.get()};
+  for (int i = 0; i < 5; ++i) be->decode_batch(both);
+  EXPECT_EQ(b->draft(3), want);
+  EXPECT_EQ(c->draft(3), want);
+}
