@@ -17,7 +17,10 @@
 
 #include "core/error.h"
 #include "cuda/cuda_common.h"
-#include "cuda/kernels/decode.h"
+#include "cuda/kernels/attention/attention.h"
+#include "cuda/kernels/gdn/gdn.h"
+#include "cuda/kernels/gemv/gemv.h"
+#include "cuda/kernels/sampling/sampling.h"
 #include "cuda/prefill_glue.h"
 #include "cpu/ops.h"
 

@@ -1,4 +1,4 @@
-// Batched prefill of a chunk of n tokens through the prefill kernels (kernels/prefill.h): the glue
+// Batched prefill of a chunk of n tokens through the prefill kernels (kernels/gemm, attention, gdn): the glue
 // between the backend's device state and those kernels (embedding rows, RMSNorm → bf16, q/k norm +
 // RoPE + KV append for n rows, scratch buffers).
 #pragma once
@@ -8,7 +8,9 @@
 #include <cstdint>
 #include <vector>
 
-#include "cuda/kernels/prefill.h"
+#include "cuda/kernels/attention/attention.h"
+#include "cuda/kernels/gdn/gdn.h"
+#include "cuda/kernels/gemm/gemm.h"
 #include "cuda/kernels/qmatrix.cuh"
 #include "model/config.h"
 

@@ -1,4 +1,4 @@
-// Chunked Gated DeltaNet prefill (prefill.h: gdn_prefill_chunked): the WY / UT-transform form of the
+// Chunked Gated DeltaNet prefill (gdn.h: gdn_prefill_chunked): the WY / UT-transform form of the
 // recurrence, chunks of CH = 64 tokens, tensor cores (mma.sync m16n8k8 tf32, fp32 accumulation) for
 // the matrix products, fp32 for the triangular solve and the decays.
 //
@@ -20,7 +20,7 @@
 #include <string>
 
 #include "core/error.h"
-#include "cuda/kernels/prefill.h"
+#include "cuda/kernels/gdn/gdn.h"
 #include "cuda/kernels/stream_scratch.h"
 
 namespace lilac::cuda {

@@ -1,10 +1,10 @@
-// MoE prefill (prefill.h): routing, counting sort of (token, slot) pairs by expert, grouped
+// MoE prefill (gemm.h): routing, counting sort of (token, slot) pairs by expert, grouped
 // gate+up+SwiGLU and down GEMMs over all experts in one launch each, shared expert, combine.
 #include <string>
 
 #include "core/error.h"
-#include "cuda/kernels/gemm.cuh"
-#include "cuda/kernels/prefill.h"
+#include "cuda/kernels/gemm/gemm.cuh"
+#include "cuda/kernels/gemm/gemm.h"
 #include "cuda/kernels/stream_scratch.h"
 
 namespace lilac::cuda {

@@ -5,9 +5,9 @@
 #include <cfloat>
 
 #include "cuda/cuda_common.h"
-#include "cuda/kernels/decode.h"
 #include "cuda/kernels/launch.cuh"
 #include "cuda/kernels/qdot.cuh"
+#include "cuda/kernels/sampling/sampling.h"
 
 namespace lilac::cuda {
 namespace {

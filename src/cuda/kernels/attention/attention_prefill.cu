@@ -1,4 +1,4 @@
-// Causal GQA attention prefill (prefill.h), flash style with bf16 mma.sync m16n8k16:
+// Causal GQA attention prefill (attention.h), flash style with bf16 mma.sync m16n8k16:
 // a block = 64 queries of one head (4 warps × 16 rows), key/value tiles of 64 rows streamed through
 // shared memory (cp.async: V of tile j loads while S = Q Kᵀ is computed, K of tile j+1 while P V is),
 // online softmax in fp32 (exp2 with the scale folded in), P kept in registers as the A operand of
@@ -7,8 +7,8 @@
 #include <string>
 
 #include "core/error.h"
-#include "cuda/kernels/gemm.cuh"
-#include "cuda/kernels/prefill.h"
+#include "cuda/kernels/attention/attention.h"
+#include "cuda/kernels/gemm/gemm.cuh"
 
 namespace lilac::cuda {
 namespace {

@@ -1,4 +1,4 @@
-// Gated DeltaNet prefill (prefill.h): causal conv + SiLU over the chunk, then the recurrence as a
+// Gated DeltaNet prefill (gdn.h): causal conv + SiLU over the chunk, then the recurrence as a
 // column-parallel sequential scan (exact fp32, token by token), then the gated output RMSNorm.
 //
 // Fast path (args.work given): a prep kernel computes q̂, k̂, k̂·q̂, e^g, β once per token (one warp per
@@ -11,7 +11,7 @@
 #include <string>
 
 #include "core/error.h"
-#include "cuda/kernels/prefill.h"
+#include "cuda/kernels/gdn/gdn.h"
 #include "cuda/kernels/stream_scratch.h"
 
 namespace lilac::cuda {

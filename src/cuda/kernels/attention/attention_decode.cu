@@ -29,7 +29,7 @@
 #include <string>
 
 #include "cuda/cuda_common.h"
-#include "cuda/kernels/decode.h"
+#include "cuda/kernels/attention/attention.h"
 #include "cuda/kernels/launch.cuh"
 #include "cuda/kernels/qdot.cuh"
 

@@ -6,9 +6,9 @@
 #include <string>
 
 #include "cuda/cuda_common.h"
-#include "cuda/kernels/decode.h"
-#include "cuda/kernels/gemv_common.cuh"
-#include "cuda/kernels/gemv_tc.h"
+#include "cuda/kernels/gemv/gemv.h"
+#include "cuda/kernels/gemv/gemv_common.cuh"
+#include "cuda/kernels/gemv/gemv_tc.h"
 #include "cuda/kernels/launch.cuh"
 #include "cuda/kernels/qdot.cuh"
 

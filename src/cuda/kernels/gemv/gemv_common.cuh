@@ -3,7 +3,7 @@
 #pragma once
 #include <cmath>
 
-#include "cuda/kernels/decode.h"
+#include "cuda/kernels/gemv/gemv.h"
 #include "cuda/kernels/qdot.cuh"
 
 namespace lilac::cuda::dev {

@@ -1,8 +1,8 @@
 // Tensor-core decode GEMVs (gemv_tc.cu): the default implementation of gemv / moe_gate_up / moe_down
 // (GemvImpl::Tensor) for 4- and 8-bit matrices with 64-column groups. Same arguments and results as
-// the fp32 kernels (relative difference ~1e-6); callers go through decode.h.
+// the fp32 kernels (relative difference ~1e-6); callers go through gemv.h.
 #pragma once
-#include "cuda/kernels/decode.h"
+#include "cuda/kernels/gemv/gemv.h"
 
 namespace lilac::cuda {
 
@@ -10,10 +10,6 @@ namespace lilac::cuda {
 // conv taps <= 4, staged input within the shared memory budget); else callers use the fp32 kernel.
 bool gemv_tc_supported(const GemvArgs& a);
 void gemv_tc(const GemvArgs& a, cudaStream_t stream);
-// Measurement hook: while buf != null, every tensor-core GEMV block (dense and MoE) writes
-// %globaltimer to buf[block * 8 + i]: 0 entry, 1 after the PDL wait, 5 routing / expert table ready
-// (MoE), 2 input copies landed, 3 staged, 4 first group done (dense), 7 exit.
-void gemv_tc_trace(unsigned long long* buf);
 bool moe_tc_supported(const MoEDecodeWeights& w, const float* x, const float* norm_w, const float* act);
 void moe_gate_up_tc(const MoEDecodeWeights& w, const float* logits, const float* x, const float* norm_w, float eps,
                     int32_t* sel_ids, float* sel_w, float* act, cudaStream_t stream);

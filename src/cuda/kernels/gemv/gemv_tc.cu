@@ -21,9 +21,9 @@
 #include <string>
 
 #include "cuda/cuda_common.h"
-#include "cuda/kernels/decode.h"
-#include "cuda/kernels/gemv_common.cuh"
-#include "cuda/kernels/gemv_tc.h"
+#include "cuda/kernels/gemv/gemv.h"
+#include "cuda/kernels/gemv/gemv_common.cuh"
+#include "cuda/kernels/gemv/gemv_tc.h"
 #include "cuda/kernels/launch.cuh"
 #include "cuda/kernels/qdot.cuh"
 
@@ -135,7 +135,7 @@ __device__ __forceinline__ void tc_mark(int k) {
 }
 
 // ------------------------------------------------------------------------------------------------ staging
-// The input prologue of every tensor-core GEMV: t(x) (None / RmsNorm / GatedHeadNorm, see decode.h)
+// The input prologue of every tensor-core GEMV: t(x) (None / RmsNorm / GatedHeadNorm, see gemv.h)
 // computed from x, z, norm_w staged in shared memory with one batch of cp.async (a single memory
 // round trip), then split into the hi / lo fp16 fragments and the per-group meta {2^E, Σx}.
 struct StageIn {

@@ -1,4 +1,4 @@
-// Gated DeltaNet decode step (gdn_decode_step, src/cuda/kernels/gdn_decode.cu) against the CPU
+// Gated DeltaNet decode step (gdn_decode_step, src/cuda/kernels/gdn/gdn_decode.cu) against the CPU
 // recurrence (cpu::gdn_gates + l2norm + cpu::gdn_recurrent_step) on the shapes the kernel tiles
 // unevenly: 1, 2, 4 and 8 key rows per thread (dk 32, 48, 96, 200, 256), a last 16-column slice that is
 // partly empty (dv 20, 52), dv 48 (tiny2), dv not a multiple of 4 (7, 33: scalar columns), a state that
@@ -6,8 +6,8 @@
 // Fresh seeds (printed on failure), output poisoned with NaN, three steps on the same state.
 // Also a chain on a stream with no host sync between steps, each step preceded by another PDL kernel
 // (increment_i32), as in the decode graph: the step loads the state before its pdl_wait().
-// The state is fp32, so errors are summation-order differences: ‖Δ‖/‖ref‖ ≤ 1e-5, as in
-// test_decode_kernels.cpp.
+// The state is fp32, so errors are summation-order differences: ‖Δ‖/‖ref‖ ≤ 1e-5. Also the basic case
+// at the model's shape and two small ones (GatedDeltaNetStepMatchesCpu).
 #include <gtest/gtest.h>
 #include <cuda_runtime.h>
 
@@ -16,7 +16,8 @@
 #include <vector>
 
 #include "cpu/ops.h"
-#include "cuda/kernels/decode.h"
+#include "cuda/kernels/gdn/gdn.h"
+#include "cuda/kernels/sampling/sampling.h"
 #include "decode_test_util.h"
 
 using namespace lilac;
@@ -139,6 +140,50 @@ TEST(CudaDecodeGdn, StepChainOnAStreamWithoutHostSync) {
     EXPECT_LE(rel_err(got, ref), 1e-5) << "step " << i;
   }
   EXPECT_LE(rel_err(dS.get(), S), 1e-5) << "state after " << kSteps << " steps";
+}
+
+// ------------------------------------------------------------------------------------------------ basic case
+TEST(CudaDecode, GatedDeltaNetStepMatchesCpu) {
+  NEED_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  Rng r(seed);
+  struct Case {
+    int Hk, Hv, dk, dv;
+  };
+  for (const Case c : {Case{16, 32, 128, 128}, Case{2, 8, 48, 80}, Case{3, 3, 64, 33}}) {
+    SCOPED_TRACE("dk " + std::to_string(c.dk) + " dv " + std::to_string(c.dv));
+    const int64_t C = 2LL * c.Hk * c.dk + int64_t(c.Hv) * c.dv;
+    auto S = randv(r, size_t(c.Hv) * c.dk * c.dv, 0.3f);
+    std::vector<float> A(size_t(c.Hv)), dt(size_t(c.Hv));
+    for (auto& v : A) v = r.uni(-1.f, 1.f);
+    for (auto& v : dt) v = r.uni(-1.f, 1.f);
+    Dev<float> dS(S), dA(A), ddt(dt), out(size_t(c.Hv) * c.dv);
+    for (int step = 0; step < 3; ++step) {
+      const auto qkv = randv(r, size_t(C));
+      const auto b = randv(r, size_t(c.Hv)), a = randv(r, size_t(c.Hv));
+      Dev<float> dqkv(qkv), db(b), da(a);
+      out.poison();
+      lc::gdn_decode_step({c.Hk, c.Hv, c.dk, c.dv}, dqkv.p, db.p, da.p, dA.p, ddt.p, dS.p, out.p, nullptr);
+      CK(cudaDeviceSynchronize());
+      std::vector<float> beta(size_t(c.Hv)), g(size_t(c.Hv)), ref(size_t(c.Hv) * c.dv);
+      cpu::gdn_gates(b.data(), a.data(), A.data(), dt.data(), c.Hv, beta.data(), g.data());
+      for (int h = 0; h < c.Hv; ++h) {
+        const int kh = h / (c.Hv / c.Hk);
+        std::vector<float> q(qkv.begin() + kh * c.dk, qkv.begin() + (kh + 1) * c.dk);
+        std::vector<float> k(qkv.begin() + int64_t(c.Hk) * c.dk + kh * c.dk,
+                             qkv.begin() + int64_t(c.Hk) * c.dk + (kh + 1) * c.dk);
+        cpu::l2norm(q.data(), c.dk);
+        cpu::l2norm(k.data(), c.dk);
+        for (auto& v : q) v /= std::sqrt(float(c.dk));
+        const float* v = qkv.data() + 2LL * c.Hk * c.dk + int64_t(h) * c.dv;
+        cpu::gdn_recurrent_step(S.data() + int64_t(h) * c.dk * c.dv, q.data(), k.data(), v, g[size_t(h)],
+                                beta[size_t(h)], c.dk, c.dv, ref.data() + int64_t(h) * c.dv);
+      }
+      EXPECT_LE(rel_err(out.get(), ref), 1e-5) << "step " << step;
+      EXPECT_LE(rel_err(dS.get(), S), 1e-5) << "state, step " << step;
+    }
+  }
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-// MoE down (gemv_tc.cu) reads the selected expert ids before its PDL wait, because MoE gate/up publishes
+// MoE down (gemv/gemv_tc.cu) reads the selected expert ids before its PDL wait, because MoE gate/up publishes
 // them before its trigger, and reads them again after the wait. Here the predecessor is a kernel that
 // triggers at once and publishes the ids only ~50 µs later, so the early read sees the previous ids: the
 // output must still be the combine over the ids published last (CPU reference, fresh seed).
@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "cpu/ops.h"
-#include "cuda/kernels/decode.h"
+#include "cuda/kernels/gemv/gemv.h"
 #include "cuda/kernels/launch.cuh"
 #include "decode_test_util.h"
 

@@ -1,11 +1,11 @@
-// Chunked Gated DeltaNet prefill (gdn_prefill_chunked, src/cuda/kernels/gdn_chunked.cu) against the CPU
+// Chunked Gated DeltaNet prefill (gdn_prefill_chunked, src/cuda/kernels/gdn/gdn_chunked.cu) against the CPU
 // token-by-token recurrence (cpu::gdn_recurrent_step) on random inputs: fresh seeds (printed on
 // failure), outputs poisoned with NaN, lengths around the chunk size (1, 63, 64, 65, 200, 1100), a
 // non-zero initial state, the model's head sizes and tiny2's (dk 32, dv 48), both state-product
 // precisions. Bars: the bf16 output ‖Δ‖/‖ref‖ ≤ 5e-3 (bf16 rounding ≈ 2e-3); the fp32 state ≤ 1e-4 with
 // 3xTF32 (≈ fp32, other summation order) and ≤ 1e-3 with plain TF32 (operands rounded to 2^-11).
-// Also a real-size run (4096 tokens, 16/32 heads of 128) checked against the CPU and timed against the
-// column scan gdn_prefill (printed; see bench/GPU_NOTES.md, "Chunked GDN").
+// Also a real-size run (4096 tokens, 16/32 heads of 128) checked against the CPU (timed in
+// bench/bench_kernels_gdn.cpp; see bench/GPU_NOTES.md, "Chunked GDN").
 #include <gtest/gtest.h>
 #include <cuda_runtime.h>
 
@@ -15,13 +15,13 @@
 #include <cstdlib>
 #include <random>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "core/bf16.h"
 #include "core/error.h"
 #include "cpu/ops.h"
-#include "cuda/kernels/prefill.h"
+#include "cuda/kernels/gdn/gdn.h"
+#include "gdn_problem.h"
 #include "prefill_test_util.h"
 
 using namespace lilac;
@@ -29,102 +29,6 @@ namespace lc = lilac::cuda;
 using namespace lilac::cuda::prefill_testing;
 
 namespace {
-
-// One problem: host inputs, the CPU reference, device buffers and the args.
-struct Problem {
-  int n, Hk, Hv, dk, dv;
-  int64_t ld_qkv, ld_ab;
-  std::vector<float> qkv, ab, z, A_log, dt_bias, norm_w, S0;
-  std::vector<float> S_ref, o_ref, out_ref;  // final state, pre-norm output, normed output
-
-  Problem(int n_, int Hk_, int Hv_, int dk_, int dv_, std::mt19937& rng)
-      : n(n_), Hk(Hk_), Hv(Hv_), dk(dk_), dv(dv_) {
-    ld_qkv = 2 * int64_t(Hk) * dk + int64_t(Hv) * dv + 4;
-    ld_ab = 2 * int64_t(Hv) + 2;
-    qkv = rand_f(size_t(n) * ld_qkv, rng, -1.f, 1.f);
-    ab = rand_f(size_t(n) * ld_ab, rng, -3.f, 3.f);  // [b | a | pad] per row
-    z = rand_f(size_t(n) * Hv * dv, rng, -2.f, 2.f);
-    A_log = rand_f(Hv, rng, -1.5f, 0.5f);
-    dt_bias = rand_f(Hv, rng, -1.f, 1.f);
-    norm_w = rand_f(dv, rng, 0.5f, 1.5f);
-    S0 = rand_f(size_t(Hv) * dk * dv, rng, -0.1f, 0.1f);
-  }
-
-  // Token-by-token CPU reference, value heads in parallel.
-  void reference() {
-    S_ref = S0;
-    o_ref.assign(size_t(n) * Hv * dv, 0.f);
-    out_ref.assign(size_t(n) * Hv * dv, 0.f);
-    // per-token normalised q, k and gates first (shared by the heads)
-    std::vector<float> qn(size_t(n) * Hk * dk), kn(size_t(n) * Hk * dk), g(size_t(n) * Hv), beta(size_t(n) * Hv);
-    for (int t = 0; t < n; ++t) {
-      const float* row = &qkv[size_t(t) * ld_qkv];
-      std::copy(row, row + size_t(Hk) * dk, &qn[size_t(t) * Hk * dk]);
-      std::copy(row + size_t(Hk) * dk, row + 2 * size_t(Hk) * dk, &kn[size_t(t) * Hk * dk]);
-      for (int hk = 0; hk < Hk; ++hk) {
-        float* q = &qn[(size_t(t) * Hk + hk) * dk];
-        cpu::l2norm(q, dk);
-        cpu::l2norm(&kn[(size_t(t) * Hk + hk) * dk], dk);
-        for (int i = 0; i < dk; ++i) q[i] /= std::sqrt(float(dk));
-      }
-      const float* abr = &ab[size_t(t) * ld_ab];
-      cpu::gdn_gates(abr, abr + Hv, A_log.data(), dt_bias.data(), Hv, &beta[size_t(t) * Hv], &g[size_t(t) * Hv]);
-    }
-    auto head = [&](int h) {
-      const int hk = h / (Hv / Hk);
-      for (int t = 0; t < n; ++t) {
-        float* o = &o_ref[(size_t(t) * Hv + h) * dv];
-        cpu::gdn_recurrent_step(&S_ref[size_t(h) * dk * dv], &qn[(size_t(t) * Hk + hk) * dk],
-                                &kn[(size_t(t) * Hk + hk) * dk], &qkv[size_t(t) * ld_qkv + 2 * size_t(Hk) * dk + size_t(h) * dv],
-                                g[size_t(t) * Hv + h], beta[size_t(t) * Hv + h], dk, dv, o);
-        cpu::gated_rmsnorm(o, &z[(size_t(t) * Hv + h) * dv], norm_w.data(), dv, 1e-6f,
-                           &out_ref[(size_t(t) * Hv + h) * dv]);
-      }
-    };
-    std::vector<std::thread> th;
-    const int nth = std::max(1, std::min<int>(Hv, int(std::thread::hardware_concurrency())));
-    for (int w = 0; w < nth; ++w)
-      th.emplace_back([&, w] {
-        for (int h = w; h < Hv; h += nth) head(h);
-      });
-    for (auto& x : th) x.join();
-  }
-};
-
-struct DevProblem {
-  Dev<float> qkv, ab, z, A_log, dt_bias, norm_w, S, osc;
-  Dev<uint16_t> out;
-  lc::GdnPrefillArgs a;
-  explicit DevProblem(const Problem& p)
-      : qkv(p.qkv), ab(p.ab), z(p.z), A_log(p.A_log), dt_bias(p.dt_bias), norm_w(p.norm_w), S(p.S0),
-        osc(size_t(p.n) * p.Hv * p.dv), out(size_t(p.n) * p.Hv * p.dv) {
-    osc.poison();
-    out.poison();
-    a.qkv = qkv.p;
-    a.ld_qkv = p.ld_qkv;
-    a.b = ab.p;
-    a.ld_b = p.ld_ab;
-    a.a = ab.p + p.Hv;
-    a.ld_a = p.ld_ab;
-    a.z = z.p;
-    a.ld_z = int64_t(p.Hv) * p.dv;
-    a.A_log = A_log.p;
-    a.dt_bias = dt_bias.p;
-    a.norm_w = norm_w.p;
-    a.eps = 1e-6f;
-    a.state = S.p;
-    a.o_scratch = osc.p;
-    a.out = reinterpret_cast<__nv_bfloat16*>(out.p);
-    a.ld_out = int64_t(p.Hv) * p.dv;
-    a.n = p.n;
-    a.Hk = p.Hk;
-    a.Hv = p.Hv;
-    a.dk = p.dk;
-    a.dv = p.dv;
-  }
-};
-
-const char* math_name(lc::GdnChunkedMath m) { return m == lc::GdnChunkedMath::TF32 ? "tf32" : "3xtf32"; }
 
 void expect_close(const Problem& p, DevProblem& d, lc::GdnChunkedMath math) {
   const double e_out = rel_err(bf16_to_f(d.out.get()), p.out_ref, "out(bf16)");
@@ -284,9 +188,9 @@ TEST(PrefillGdnChunked, RejectsBadShapes) {
   EXPECT_THROW(lc::gdn_prefill_chunked(a, nullptr), lilac::Error);
 }
 
-// The model's sizes: checked against the CPU, then timed against the column scan.
-// LILAC_GDN_TIMING_N overrides n (default 4096).
-TEST(PrefillGdnChunkedTiming, RealSize) {
+// The model's sizes (4096 tokens, 16 / 32 heads of 128), both precisions, against the CPU (the timing
+// is in bench/bench_kernels_gdn.cpp). LILAC_GDN_TIMING_N overrides n.
+TEST(PrefillGdnChunked, RealSizeMatchesCpu) {
   NEED_GPU();
   const char* env = std::getenv("LILAC_GDN_TIMING_N");
   const int n = env && *env ? std::atoi(env) : 4096;
@@ -298,9 +202,6 @@ TEST(PrefillGdnChunkedTiming, RealSize) {
   p.reference();
   DevProblem dp(p);
   Dev<float> work(lc::gdn_chunked_work_floats(n, Hk, Hv, d, d));
-  Dev<float> work_scan(lc::gdn_prefill_work_floats(n, Hk, Hv, d));
-  std::printf("[work] chunked scratch %.1f MB, column scan scratch %.1f MB\n", work.n * 4 / 1e6,
-              work_scan.n * 4 / 1e6);
   dp.a.work = work.p;
   for (auto math : {lc::GdnChunkedMath::Split3xTF32, lc::GdnChunkedMath::TF32}) {
     SCOPED_TRACE(math_name(math));
@@ -311,28 +212,6 @@ TEST(PrefillGdnChunkedTiming, RealSize) {
     CK(cudaDeviceSynchronize());
     expect_close(p, dp, math);
   }
-  {  // the column scan on the same data, for comparison
-    lc::GdnPrefillArgs a = dp.a;
-    a.work = work_scan.p;
-    dp.S.put(p.S0);
-    lc::gdn_prefill(a, nullptr);
-    CK(cudaDeviceSynchronize());
-    std::printf("[case] column scan\n");
-    rel_err(bf16_to_f(dp.out.get()), p.out_ref, "out(bf16)");
-    rel_err(dp.S.get(), p.S_ref, "state");
-    lc::GdnPrefillArgs b = dp.a;
-    b.work = work_scan.p;
-    const float ms_scan = time_ms([&] { lc::gdn_prefill(b, nullptr); });
-    std::printf("[timing] gdn_prefill column scan (prep + scan + norm) n=%d: %8.3f ms\n", n, ms_scan);
-  }
-  for (const char* cols : {"32", "64", "16"}) {
-    setenv("LILAC_GDN_CHUNKED_COLS", cols, 1);
-    for (auto math : {lc::GdnChunkedMath::Split3xTF32, lc::GdnChunkedMath::TF32}) {
-      const float ms = time_ms([&] { lc::gdn_prefill_chunked(dp.a, nullptr, math); });
-      std::printf("[timing] gdn_prefill_chunked %-6s cols %s n=%d: %8.3f ms\n", math_name(math), cols, n, ms);
-    }
-  }
-  unsetenv("LILAC_GDN_CHUNKED_COLS");
   CK(cudaGetLastError());
 }
 

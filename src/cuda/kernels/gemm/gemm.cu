@@ -1,4 +1,4 @@
-// qgemm / qgemm_swiglu (prefill.h) and the launcher of the shared quantized GEMM kernel (gemm.cuh).
+// qgemm / qgemm_swiglu (gemm.h) and the launcher of the shared quantized GEMM kernel (gemm.cuh).
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
@@ -6,9 +6,9 @@
 #include <string>
 
 #include "core/error.h"
-#include "cuda/kernels/gemm.cuh"
+#include "cuda/kernels/gemm/gemm.cuh"
+#include "cuda/kernels/gemm/gemm.h"
 #include "cuda/kernels/launch.cuh"
-#include "cuda/kernels/prefill.h"
 #include "cuda/kernels/stream_scratch.h"
 
 namespace lilac::cuda {

@@ -17,7 +17,7 @@
 #include <string>
 
 #include "cuda/cuda_common.h"
-#include "cuda/kernels/decode.h"
+#include "cuda/kernels/gdn/gdn.h"
 #include "cuda/kernels/launch.cuh"
 #include "cuda/kernels/qdot.cuh"
 
