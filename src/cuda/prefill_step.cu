@@ -1,14 +1,37 @@
-#include "cuda/prefill_glue.h"
+#include "cuda/prefill_step.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 
 #include "cuda/cuda_common.h"
+#include "cuda/kernels/attention/attention.h"
+#include "cuda/kernels/gdn/gdn.h"
+#include "cuda/kernels/gemm/gemm.h"
 #include "cuda/kernels/qdot.cuh"
 
 namespace lilac::cuda {
 namespace {
 using namespace dev;
+
+// One chunk's parameters.
+struct PrefillCtx {
+  const ModelConfig* cfg = nullptr;
+  cudaStream_t stream = nullptr;
+  int n = 0;
+  int64_t start_pos = 0;
+  const int32_t* tokens = nullptr;  // device [n]
+  QMatrixDev embed;
+  const float* inv_freq = nullptr;
+  float* h_last = nullptr;  // receives the last row of the residual stream
+};
+
+// The per-layer state pointers of the sequence.
+struct LayerState {
+  __nv_bfloat16 *k_cache = nullptr, *v_cache = nullptr;
+  float *gdn_state = nullptr, *conv_state = nullptr;
+};
+
 
 __global__ void embed_rows_kernel(QMatrixDev E, const int32_t* tokens, float* H) {
   const int i = blockIdx.y;
@@ -87,17 +110,6 @@ T* dalloc(PrefillWorkspace& ws, size_t count) {
   return static_cast<T*>(p);
 }
 
-}  // namespace
-
-PrefillWorkspace::~PrefillWorkspace() {
-  for (void* p : owned) cudaFree(p);
-}
-
-bool prefill_glue_available() {
-  const char* e = std::getenv("LILAC_CUDA_TOKEN_PREFILL");
-  return !(e && std::string(e) == "1");
-}
-
 void prefill_begin(PrefillWorkspace& ws, const PrefillCtx& ctx, int max_n, int64_t max_in_rows,
                    const MoEPrefillWeights& any_moe) {
   const ModelConfig& c = *ctx.cfg;
@@ -123,7 +135,7 @@ void prefill_begin(PrefillWorkspace& ws, const PrefillCtx& ctx, int max_n, int64
   LILAC_CUDA_LAUNCH_CHECK();
 }
 
-void prefill_layer(PrefillWorkspace& ws, const PrefillCtx& ctx, const PrefillLayer& L) {
+void prefill_layer(PrefillWorkspace& ws, const PrefillCtx& ctx, const DevLayer& L, const LayerState& ls) {
   const ModelConfig& c = *ctx.cfg;
   const int n = ctx.n;
   const int64_t H = c.hidden_size;
@@ -131,23 +143,23 @@ void prefill_layer(PrefillWorkspace& ws, const PrefillCtx& ctx, const PrefillLay
   cudaStream_t s = ctx.stream;
   rmsnorm_rows_bf16_kernel<<<n, 256, 0, s>>>(ws.H, H, L.input_norm, eps, ws.Xb);
   LILAC_CUDA_LAUNCH_CHECK();
-  for (const PrefillPart& p : L.in_parts)
-    qgemm(p.m, ws.Xb, H, n, ws.P + p.offset, L.in_rows, GemmOut::StoreF32, s);
+  for (const DevPart& p : L.in_proj.parts)
+    qgemm(p.m, ws.Xb, H, n, ws.P + p.offset, L.in_proj.rows, GemmOut::StoreF32, s);
   if (L.attn) {
     const int hd = c.head_dim;
     qk_rows_kernel<<<dim3(c.num_heads + c.num_kv_heads, n), 128, 0, s>>>(
-        ws.P, L.in_rows, c.num_heads, c.num_kv_heads, hd, c.rotary_dim, eps, L.q_norm, L.k_norm, ctx.inv_freq,
-        ctx.start_pos, ws.Qb, L.k_cache, L.v_cache);
+        ws.P, L.in_proj.rows, c.num_heads, c.num_kv_heads, hd, c.rotary_dim, eps, L.q_norm, L.k_norm, ctx.inv_freq,
+        ctx.start_pos, ws.Qb, ls.k_cache, ls.v_cache);
     LILAC_CUDA_LAUNCH_CHECK();
     AttentionPrefillArgs a;
     a.q = ws.Qb;
     a.q_stride = int64_t(c.num_heads) * hd;
     a.q_head_stride = hd;
-    a.k_cache = L.k_cache;
-    a.v_cache = L.v_cache;
+    a.k_cache = ls.k_cache;
+    a.v_cache = ls.v_cache;
     a.kv_stride = c.kv_dim();
     a.gate = ws.P + hd;
-    a.gate_stride = L.in_rows;
+    a.gate_stride = L.in_proj.rows;
     a.gate_head_stride = 2 * hd;
     a.out = ws.Ob;
     a.out_stride = int64_t(c.num_heads) * hd;
@@ -160,22 +172,22 @@ void prefill_layer(PrefillWorkspace& ws, const PrefillCtx& ctx, const PrefillLay
     qgemm(L.out_proj, ws.Ob, int64_t(c.num_heads) * hd, n, ws.H, H, GemmOut::AddF32, s);
   } else {
     const int64_t C = c.gdn_conv_dim(), vd = c.gdn_value_dim();
-    gdn_conv_prefill(ws.P, L.in_rows, L.conv_w, L.conv_state, ws.conv_out, C, n, int(C), c.linear_conv_kernel_dim,
+    gdn_conv_prefill(ws.P, L.in_proj.rows, L.conv_w, ls.conv_state, ws.conv_out, C, n, int(C), c.linear_conv_kernel_dim,
                      s);
     GdnPrefillArgs g;
     g.qkv = ws.conv_out;
     g.ld_qkv = C;
     g.z = ws.P + C;
-    g.ld_z = L.in_rows;
+    g.ld_z = L.in_proj.rows;
     g.b = ws.P + C + vd;
-    g.ld_b = L.in_rows;
+    g.ld_b = L.in_proj.rows;
     g.a = ws.P + C + vd + c.linear_num_value_heads;
-    g.ld_a = L.in_rows;
+    g.ld_a = L.in_proj.rows;
     g.A_log = L.A_log;
     g.dt_bias = L.dt_bias;
     g.norm_w = L.gdn_norm;
     g.eps = eps;
-    g.state = L.gdn_state;
+    g.state = ls.gdn_state;
     g.o_scratch = ws.o_scratch;
     g.out = ws.Ob;
     g.ld_out = vd;
@@ -196,13 +208,66 @@ void prefill_layer(PrefillWorkspace& ws, const PrefillCtx& ctx, const PrefillLay
   }
   rmsnorm_rows_bf16_kernel<<<n, 256, 0, s>>>(ws.H, H, L.post_norm, eps, ws.Xb);
   LILAC_CUDA_LAUNCH_CHECK();
-  moe_prefill(*L.moe, ws.Xb, H, n, ws.H, H, true, ws.moe_ws, s);
+  moe_prefill(L.moe_prefill, ws.Xb, H, n, ws.H, H, true, ws.moe_ws, s);
 }
 
 void prefill_finish(PrefillWorkspace& ws, const PrefillCtx& ctx) {
   const int64_t H = ctx.cfg->hidden_size;
   LILAC_CUDA_CHECK(cudaMemcpyAsync(ctx.h_last, ws.H + int64_t(ctx.n - 1) * H, size_t(H) * 4,
                                    cudaMemcpyDeviceToDevice, ctx.stream));
+}
+
+}  // namespace
+
+PrefillWorkspace::~PrefillWorkspace() {
+  for (void* p : owned) cudaFree(p);
+}
+
+int prefill_chunk_tokens() {
+  static const int n = [] {
+    const char* e = std::getenv("LILAC_PREFILL_CHUNK");
+    const int v = e ? std::atoi(e) : 4096;
+    return std::clamp(v, 16, 16384);
+  }();
+  return n;
+}
+
+bool prefill_batched_ok(const DevModel& m) {
+  const ModelConfig& c = m.cfg;
+  const char* e = std::getenv("LILAC_CUDA_TOKEN_PREFILL");
+  const bool forced_off = e && std::string(e) == "1";
+  const bool gdn_ok = m.n_gdn == 0 || (c.linear_key_head_dim == 128 && c.linear_value_head_dim == 128);
+  const bool attn_ok = m.n_attn == 0 || c.head_dim == 64 || c.head_dim == 128 || c.head_dim == 256;
+  return !forced_off && gdn_ok && attn_ok && c.hidden_size % 64 == 0;
+}
+
+void prefill_chunk(const DevModel& m, const SeqState& st, PrefillWorkspace& ws, const int32_t* tokens, int n,
+                   float* h_last, cudaStream_t s) {
+  PrefillCtx ctx;
+  ctx.cfg = &m.cfg;
+  ctx.stream = s;
+  ctx.n = n;
+  ctx.start_pos = st.len;
+  ctx.tokens = tokens;
+  ctx.embed = m.embed;
+  ctx.inv_freq = m.inv_freq;
+  ctx.h_last = h_last;
+  prefill_begin(ws, ctx, prefill_chunk_tokens(), m.max_in_rows, m.layers[0].moe_prefill);
+  int ai = 0, gi = 0;
+  for (const DevLayer& L : m.layers) {
+    LayerState ls;
+    if (L.attn) {
+      ls.k_cache = st.k_cache[ai];
+      ls.v_cache = st.v_cache[ai];
+      ++ai;
+    } else {
+      ls.gdn_state = st.gdn(gi);
+      ls.conv_state = st.conv(gi);
+      ++gi;
+    }
+    prefill_layer(ws, ctx, L, ls);
+  }
+  prefill_finish(ws, ctx);
 }
 
 }  // namespace lilac::cuda

@@ -1,0 +1,18 @@
+// Rotary position embedding: the inverse frequencies, as Hugging Face computes them (1 / theta^(2i/d),
+// the exponent in fp32). For backends that build their RoPE table from the model's config.
+#pragma once
+#include <cmath>
+#include <vector>
+
+namespace lilac {
+
+inline std::vector<float> rope_inv_freq(int rotary_dim, double theta) {
+  std::vector<float> f(static_cast<size_t>(rotary_dim / 2));
+  for (int i = 0; i < rotary_dim / 2; ++i) {
+    const float e = float(2 * i) / float(rotary_dim);
+    f[size_t(i)] = float(1.0 / std::pow(theta, double(e)));
+  }
+  return f;
+}
+
+}  // namespace lilac
