@@ -13,6 +13,7 @@
 #include "cpu/ops.h"
 #include "cuda/kernels/gemv/gemv.h"
 #include "cuda/kernels/launch.cuh"
+#include "cuda/kernels/ptx.cuh"
 #include "decode_test_util.h"
 
 using namespace lilac;
@@ -26,11 +27,9 @@ __global__ void publish_late(const int32_t* ids, const float* wts, int k, int32_
                              unsigned long long delay_ns) {
   lc::dev::pdl_wait();
   lc::dev::pdl_trigger();  // the dependant may start now, before the ids below are written
-  unsigned long long t0, t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-  do {
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  } while (t - t0 < delay_ns);
+  const unsigned long long t0 = lc::dev::globaltimer();
+  while (lc::dev::globaltimer() - t0 < delay_ns) {
+  }
   if (int(threadIdx.x) < k) sel_ids[threadIdx.x] = ids[threadIdx.x];
   if (int(threadIdx.x) <= k) sel_w[threadIdx.x] = wts[threadIdx.x];
 }

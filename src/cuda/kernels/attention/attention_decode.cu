@@ -31,6 +31,7 @@
 #include "cuda/cuda_common.h"
 #include "cuda/kernels/attention/attention.h"
 #include "cuda/kernels/launch.cuh"
+#include "cuda/kernels/ptx.cuh"
 #include "cuda/kernels/qdot.cuh"
 
 namespace lilac::cuda {
@@ -191,20 +192,8 @@ __device__ unsigned long long* g_attn_trace = nullptr;
 __device__ __forceinline__ void attn_mark(int k) {
   unsigned long long* tr = g_attn_trace;
   if (tr != nullptr && threadIdx.x == 0) {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    tr[(size_t(blockIdx.y) * gridDim.x + blockIdx.x) * 8 + k] = t;
+    tr[(size_t(blockIdx.y) * gridDim.x + blockIdx.x) * 8 + k] = globaltimer();
   }
-}
-
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src_bytes) {
-  const unsigned sa = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sa), "l"(gmem), "r"(src_bytes) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 // DPL consecutive bf16 from shared memory, packed two per word (element 2i in the low half of w[i]).
@@ -468,7 +457,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) attn_decode_kernel(AttnArgs a)
         const int64_t row = begin + int64_t(c) * R + r;
         const bool ok = row < end;
         const __nv_bfloat16* src = (isv ? vbase : kbase) + (ok ? row : 0) * row_stride + c8 * 8;
-        cp_async16(st + isv * R * HD + r * HD + c8 * 8, src, ok ? 16 : 0);
+        cp_async16_zfill(st + isv * R * HD + r * HD + c8 * 8, src, ok ? 16 : 0);
       }
     }
   };

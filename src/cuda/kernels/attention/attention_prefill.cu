@@ -8,18 +8,18 @@
 
 #include "core/error.h"
 #include "cuda/kernels/attention/attention.h"
-#include "cuda/kernels/gemm/gemm.cuh"
+#include "cuda/kernels/ptx.cuh"
 
 namespace lilac::cuda {
 namespace {
 
-using gemm::cp_async16;
-using gemm::cp_async_commit;
-using gemm::cp_async_wait;
-using gemm::ldmatrix_x4;
-using gemm::ldmatrix_x4_trans;
-using gemm::mma_bf16;
-using gemm::smem_u32;
+using dev::cp_async16_zfill;
+using dev::cp_async_commit;
+using dev::cp_async_wait;
+using dev::ldmatrix_x4;
+using dev::ldmatrix_x4_trans;
+using dev::mma_m16n8k16_bf16;
+using dev::smem_u32;
 
 constexpr int ABM = 64, ABN = 64, ATHREADS = 128;
 
@@ -56,7 +56,7 @@ __global__ void __launch_bounds__(ATHREADS, 2) attn_prefill_kernel(const Attenti
     int r = c / CH, ch = c % CH;
     bool ok = q0 + r < a.n_new;
     const __nv_bfloat16* src = a.q + (ok ? int64_t(q0 + r) * a.q_stride + int64_t(h) * a.q_head_stride : 0) + ch * 8;
-    cp_async16(sQ + aswz<HD>(r, ch * 8), src, ok);
+    cp_async16_zfill(sQ + aswz<HD>(r, ch * 8), src, ok ? 16 : 0);
   }
   auto load_kv = [&](uint32_t dst, const __nv_bfloat16* base, int kt) {
     for (int c = tid; c < ABN * CH; c += ATHREADS) {
@@ -64,7 +64,7 @@ __global__ void __launch_bounds__(ATHREADS, 2) attn_prefill_kernel(const Attenti
       int64_t pos = int64_t(kt) * ABN + r;
       bool ok = pos < n_ctx;
       const __nv_bfloat16* src = base + (ok ? pos * a.kv_stride + int64_t(kvh) * HD : 0) + ch * 8;
-      cp_async16(dst + aswz<HD>(r, ch * 8), src, ok);
+      cp_async16_zfill(dst + aswz<HD>(r, ch * 8), src, ok ? 16 : 0);
     }
     cp_async_commit();
   };
@@ -94,8 +94,8 @@ __global__ void __launch_bounds__(ATHREADS, 2) attn_prefill_kernel(const Attenti
         uint32_t b0, b1, b2, b3;
         ldmatrix_x4(sK + aswz<HD>(nj * 16 + (lane & 7) + ((lane >> 4) << 3), ks * 16 + ((lane >> 3) & 1) * 8), b0, b1,
                     b2, b3);
-        mma_bf16(s[2 * nj], af, b0, b1);
-        mma_bf16(s[2 * nj + 1], af, b2, b3);
+        mma_m16n8k16_bf16(s[2 * nj], af, b0, b1);
+        mma_m16n8k16_bf16(s[2 * nj + 1], af, b2, b3);
       }
     }
     // scale, causal mask, online softmax
@@ -164,8 +164,8 @@ __global__ void __launch_bounds__(ATHREADS, 2) attn_prefill_kernel(const Attenti
         uint32_t b0, b1, b2, b3;
         ldmatrix_x4_trans(sV + aswz<HD>(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, nd * 16 + (lane >> 4) * 8), b0,
                           b1, b2, b3);
-        mma_bf16(o[2 * nd], af, b0, b1);
-        mma_bf16(o[2 * nd + 1], af, b2, b3);
+        mma_m16n8k16_bf16(o[2 * nd], af, b0, b1);
+        mma_m16n8k16_bf16(o[2 * nd + 1], af, b2, b3);
       }
     }
   }

@@ -21,6 +21,7 @@
 
 #include "core/error.h"
 #include "cuda/kernels/gdn/gdn.h"
+#include "cuda/kernels/ptx.cuh"
 #include "cuda/kernels/stream_scratch.h"
 
 namespace lilac::cuda {
@@ -44,19 +45,8 @@ __device__ __forceinline__ float warp_sum(float v) {
 //   A (16×8): a0 (g, q)  a1 (g+8, q)  a2 (g, q+4)  a3 (g+8, q+4)
 //   B (8×8):  b0 (k=q, n=g)  b1 (k=q+4, n=g)
 //   C (16×8): c0 (g, 2q)  c1 (g, 2q+1)  c2 (g+8, 2q)  c3 (g+8, 2q+1)
-__device__ __forceinline__ uint32_t to_tf32(float x) {
-  uint32_t r;
-  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
-  return r;
-}
-
-__device__ __forceinline__ void mma_tf32(float c[4], const uint32_t a[4], const uint32_t b[2]) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
+using dev::cvt_rna_tf32;
+using dev::mma_m16n8k8_tf32;
 
 // c += a·b from fp32 fragment values. SPLIT: 3xTF32 (a = ah + al, b = bh + bl; ah·bh + ah·bl + al·bh),
 // relative error ~1e-6 like fp32; otherwise one tf32 product (operands rounded to 10 mantissa bits).
@@ -64,19 +54,19 @@ template <bool SPLIT>
 __device__ __forceinline__ void mma_f32(float c[4], const float a[4], const float b[2]) {
   uint32_t ah[4], bh[2];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) ah[i] = to_tf32(a[i]);
+  for (int i = 0; i < 4; ++i) ah[i] = cvt_rna_tf32(a[i]);
 #pragma unroll
-  for (int i = 0; i < 2; ++i) bh[i] = to_tf32(b[i]);
+  for (int i = 0; i < 2; ++i) bh[i] = cvt_rna_tf32(b[i]);
   if constexpr (SPLIT) {
     uint32_t al[4], bl[2];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) al[i] = to_tf32(a[i] - __uint_as_float(ah[i]));
+    for (int i = 0; i < 4; ++i) al[i] = cvt_rna_tf32(a[i] - __uint_as_float(ah[i]));
 #pragma unroll
-    for (int i = 0; i < 2; ++i) bl[i] = to_tf32(b[i] - __uint_as_float(bh[i]));
-    mma_tf32(c, al, bh);
-    mma_tf32(c, ah, bl);
+    for (int i = 0; i < 2; ++i) bl[i] = cvt_rna_tf32(b[i] - __uint_as_float(bh[i]));
+    mma_m16n8k8_tf32(c, al, bh);
+    mma_m16n8k8_tf32(c, ah, bl);
   }
-  mma_tf32(c, ah, bh);
+  mma_m16n8k8_tf32(c, ah, bh);
 }
 
 // Fragment values → tf32 (hi) and, with SPLIT, the rounding remainder (lo).
@@ -84,8 +74,8 @@ template <bool SPLIT, int N>
 __device__ __forceinline__ void cvt_frag(const float* x, uint32_t* hi, uint32_t* lo) {
 #pragma unroll
   for (int i = 0; i < N; ++i) {
-    hi[i] = to_tf32(x[i]);
-    if constexpr (SPLIT) lo[i] = to_tf32(x[i] - __uint_as_float(hi[i]));
+    hi[i] = cvt_rna_tf32(x[i]);
+    if constexpr (SPLIT) lo[i] = cvt_rna_tf32(x[i] - __uint_as_float(hi[i]));
   }
 }
 // c += ah·bh; with SPLIT also cl += al·bh + ah·bl (a second accumulator: independent mma chains).
@@ -93,10 +83,10 @@ template <bool SPLIT>
 __device__ __forceinline__ void mma_acc(float c[4], float cl[4], const uint32_t ah[4], const uint32_t al[4],
                                         const uint32_t bh[2], const uint32_t bl[2]) {
   if constexpr (SPLIT) {
-    mma_tf32(cl, al, bh);
-    mma_tf32(cl, ah, bl);
+    mma_m16n8k8_tf32(cl, al, bh);
+    mma_m16n8k8_tf32(cl, ah, bl);
   }
-  mma_tf32(c, ah, bh);
+  mma_m16n8k8_tf32(c, ah, bh);
 }
 
 // A fragment of a row-major matrix (element (m, k) at p[m*ld + k]), tile origin (m0, k0).
@@ -117,22 +107,11 @@ __device__ __forceinline__ void frag_b_nk(float b[2], const float* p, int ld, in
   b[1] = p[(n0 + g) * ld + k0 + q + 4];
 }
 
-// ---- cp.async
-__device__ __forceinline__ void cp16(void* dst, const void* src) {
-  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src));
-}
-// 16 bytes, or 16 zero bytes when !valid (src is not read then).
-__device__ __forceinline__ void cp16_zfill(void* dst, const void* src, bool valid) {
-  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
-  const int n = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(n));
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
+// ---- cp.async (ptx.cuh)
+using dev::cp_async16;
+using dev::cp_async16_zfill;
+using dev::cp_async_commit;
+using dev::cp_async_wait;
 
 // ---- scratch layout (floats)
 __host__ __device__ inline int64_t round4(int64_t x) { return (x + 3) & ~int64_t(3); }
@@ -399,16 +378,16 @@ __global__ void __launch_bounds__(THREADS, 1) state_kernel(const GdnPrefillArgs 
       const float* Wg = w.W + blk * CH * DK;
       for (int idx = tid; idx < CH * DK / 4; idx += THREADS) {
         const int t = idx / (DK / 4), i = (idx % (DK / 4)) * 4;
-        cp16(Ws + t * LDW + i, Wg + t * DK + i);
+        cp_async16(Ws + t * LDW + i, Wg + t * DK + i);
       }
       const float* Ug = w.U + blk * CH * dv + j0;
       for (int idx = tid; idx < CH * COLS / 4; idx += THREADS) {
         const int t = idx / (COLS / 4), i = (idx % (COLS / 4)) * 4;
-        cp16(Us + t * LDU + i, Ug + int64_t(t) * dv + i);
+        cp_async16(Us + t * LDU + i, Ug + int64_t(t) * dv + i);
       }
-      if (tid < CH / 4) cp16(sG + (c & 1) * CH + 4 * tid, w.G + blk * CH + 4 * tid);
+      if (tid < CH / 4) cp_async16(sG + (c & 1) * CH + 4 * tid, w.G + blk * CH + 4 * tid);
     }
-    cp_commit();
+    cp_async_commit();
   };
   auto issue_qp = [&](int c) {
     if (c < nch) {
@@ -416,15 +395,15 @@ __global__ void __launch_bounds__(THREADS, 1) state_kernel(const GdnPrefillArgs 
       for (int idx = tid; idx < CH * DK / 4; idx += THREADS) {
         const int t = idx / (DK / 4), i = (idx % (DK / 4)) * 4;
         const bool ok = t < nt;
-        cp16_zfill(Qs + t * LDW + i, w.qn + (int64_t(ok ? t0 + t : 0) * a.Hk + hk) * DK + i, ok);
+        cp_async16_zfill(Qs + t * LDW + i, w.qn + (int64_t(ok ? t0 + t : 0) * a.Hk + hk) * DK + i, ok ? 16 : 0);
       }
       const float* Pg = w.P + (int64_t(c) * Hv + h) * CH * CH;
       for (int idx = tid; idx < CH * CH / 4; idx += THREADS) {
         const int t = idx / (CH / 4), i = (idx % (CH / 4)) * 4;
-        cp16(Ps + t * LDP + i, Pg + t * CH + i);
+        cp_async16(Ps + t * LDP + i, Pg + t * CH + i);
       }
     }
-    cp_commit();
+    cp_async_commit();
   };
   auto issue_k = [&](int c) {
     if (c < nch) {
@@ -432,10 +411,10 @@ __global__ void __launch_bounds__(THREADS, 1) state_kernel(const GdnPrefillArgs 
       for (int idx = tid; idx < CH * DK / 4; idx += THREADS) {
         const int t = idx / (DK / 4), i = (idx % (DK / 4)) * 4;
         const bool ok = t < nt;
-        cp16_zfill(Ks + t * LDK + i, w.kn + (int64_t(ok ? t0 + t : 0) * a.Hk + hk) * DK + i, ok);
+        cp_async16_zfill(Ks + t * LDK + i, w.kn + (int64_t(ok ? t0 + t : 0) * a.Hk + hk) * DK + i, ok ? 16 : 0);
       }
     }
-    cp_commit();
+    cp_async_commit();
   };
 
   float* Sg = a.state + int64_t(h) * DK * dv + j0;
@@ -451,7 +430,7 @@ __global__ void __launch_bounds__(THREADS, 1) state_kernel(const GdnPrefillArgs 
     const float* gc = sG + (c & 1) * CH;
     const int t0 = c * CH, nt = min(CH, n - t0);
     // ---- (a) Δ = U − W S          (pending: WU(c), QP(c))
-    cp_wait<1>();
+    cp_async_wait<1>();
     __syncthreads();
     issue_k(c);
     {
@@ -481,7 +460,7 @@ __global__ void __launch_bounds__(THREADS, 1) state_kernel(const GdnPrefillArgs 
         }
     }
     // ---- (b) O = e^G ⊙ (Q S) + P Δ   (pending: QP(c), K(c))
-    cp_wait<1>();
+    cp_async_wait<1>();
     __syncthreads();
     issue_wu(c + 1);
     if (tid < CH) sDec[tid] = expf(gc[CH - 1] - gc[tid]);
@@ -534,7 +513,7 @@ __global__ void __launch_bounds__(THREADS, 1) state_kernel(const GdnPrefillArgs 
       }
     }
     // ---- (c) S ← e^{G_63} S + (diag(e^{G_63−G}) K)ᵀ Δ   (pending: K(c), WU(c+1))
-    cp_wait<1>();
+    cp_async_wait<1>();
     __syncthreads();
     issue_qp(c + 1);
     {
@@ -585,7 +564,7 @@ __global__ void __launch_bounds__(THREADS, 1) state_kernel(const GdnPrefillArgs 
       }
     }
   }
-  cp_wait<0>();
+  cp_async_wait<0>();
   __syncthreads();
   for (int idx = tid; idx < DK * COLS; idx += THREADS) {
     const int i = idx / COLS, j = idx % COLS;

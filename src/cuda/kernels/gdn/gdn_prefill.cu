@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "cuda/kernels/gdn/gdn.h"
+#include "cuda/kernels/ptx.cuh"
 #include "cuda/kernels/stream_scratch.h"
 
 namespace lilac::cuda {
@@ -251,14 +252,6 @@ __global__ void gdn_prep_kernel(const GdnPrefillArgs a) {
   }
 }
 
-__device__ __forceinline__ void cp_async_f(void* dst, const void* src, int bytes) {
-  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
-  if (bytes == 16)
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src));
-  else
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(d), "l"(src));
-}
-
 constexpr int TB2 = 16;  // tokens per staged round (double-buffered)
 
 __global__ void __launch_bounds__(SCAN_THREADS) gdn_scan2_kernel(const GdnPrefillArgs a) {
@@ -279,18 +272,18 @@ __global__ void __launch_bounds__(SCAN_THREADS) gdn_scan2_kernel(const GdnPrefil
     // q̂k̂: nt tokens × 2*DK floats = nt × 64 chunks
     for (int c = tid; c < nt * (2 * DK / 4); c += SCAN_THREADS) {
       int tt = c / (2 * DK / 4), ch = c % (2 * DK / 4);
-      cp_async_f(&sqk[buf][tt][ch * 4], w.qk + (int64_t(t0 + tt) * a.Hk + hk) * 2 * DK + ch * 4, 16);
+      dev::cp_async16(&sqk[buf][tt][ch * 4], w.qk + (int64_t(t0 + tt) * a.Hk + hk) * 2 * DK + ch * 4);
     }
     for (int c = tid; c < nt * (COLS / 4); c += SCAN_THREADS) {
       int tt = c / (COLS / 4), ch = c % (COLS / 4);
-      cp_async_f(&sv[buf][tt][ch * 4], a.qkv + int64_t(t0 + tt) * a.ld_qkv + v_off + ch * 4, 16);
+      dev::cp_async16(&sv[buf][tt][ch * 4], a.qkv + int64_t(t0 + tt) * a.ld_qkv + v_off + ch * 4);
     }
     if (tid < nt) {
-      cp_async_f(&seg[buf][tid], w.eg + int64_t(t0 + tid) * a.Hv + h, 4);
-      cp_async_f(&sbeta[buf][tid], w.beta + int64_t(t0 + tid) * a.Hv + h, 4);
-      cp_async_f(&skq[buf][tid], w.kq + int64_t(t0 + tid) * a.Hk + hk, 4);
+      dev::cp_async4(&seg[buf][tid], w.eg + int64_t(t0 + tid) * a.Hv + h);
+      dev::cp_async4(&sbeta[buf][tid], w.beta + int64_t(t0 + tid) * a.Hv + h);
+      dev::cp_async4(&skq[buf][tid], w.kq + int64_t(t0 + tid) * a.Hk + hk);
     }
-    asm volatile("cp.async.commit_group;\n" ::);
+    dev::cp_async_commit();
   };
 
   float S[RPT];
@@ -308,9 +301,9 @@ __global__ void __launch_bounds__(SCAN_THREADS) gdn_scan2_kernel(const GdnPrefil
     const int buf = r & 1;
     if (r + 1 < rounds) {
       issue(r + 1, buf ^ 1);
-      asm volatile("cp.async.wait_group 1;\n" ::);
+      dev::cp_async_wait<1>();
     } else {
-      asm volatile("cp.async.wait_group 0;\n" ::);
+      dev::cp_async_wait<0>();
     }
     __syncthreads();
     const int t0 = r * TB2, nt = min(TB2, a.n - t0);

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cuda_bf16.h>
 
+#include "cuda/kernels/ptx.cuh"
 #include "cuda/kernels/qmatrix.cuh"
 
 namespace lilac::cuda::gemm {
@@ -60,36 +61,14 @@ struct Params {
   float* partial = nullptr;
 };
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
-  int n = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-__device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-               : "r"(addr));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2,
-                                                  uint32_t& r3) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-               : "r"(addr));
-}
-__device__ __forceinline__ void mma_bf16(float* d, const uint32_t* a, uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
+// The PTX wrappers (ptx.cuh).
+using dev::cp_async16_zfill;
+using dev::cp_async_commit;
+using dev::cp_async_wait;
+using dev::ldmatrix_x4;
+using dev::ldmatrix_x4_trans;
+using dev::mma_m16n8k16_bf16;
+using dev::smem_u32;
 
 // Byte offset of element (r, k) in a [rows][64] bf16 tile with 16-byte chunks XOR-swizzled by r % 8.
 __device__ __forceinline__ uint32_t swz(int r, int k) {
@@ -264,14 +243,14 @@ __global__ void __launch_bounds__(THREADS, 2) qgemm_kernel(const Params p) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         int c = tid + i * THREADS, r = c >> 3, ch = c & 7;
-        cp_async16(stage_a(s) + swz(r, ch * 8), a_src[i] + int64_t(kt) * BK, a_ok[i]);
+        cp_async16_zfill(stage_a(s) + swz(r, ch * 8), a_src[i] + int64_t(kt) * BK, a_ok[i] ? 16 : 0);
       }
       // raw words: row wr, 16-byte chunks (BITS/2 chunks per row, this thread takes half)
 #pragma unroll
       for (int j = 0; j < BITS / 4; ++j) {
         int chunk = wh * (BITS / 4) + j;
-        cp_async16(stage_w(s) + wr * (WORDS_PER_TILE_ROW * 4) + chunk * 16,
-                   w_src + int64_t(kt) * WORDS_PER_TILE_ROW + chunk * 4, w_ok);
+        cp_async16_zfill(stage_w(s) + wr * (WORDS_PER_TILE_ROW * 4) + chunk * 16,
+                         w_src + int64_t(kt) * WORDS_PER_TILE_ROW + chunk * 4, w_ok ? 16 : 0);
       }
     }
     cp_async_commit();
@@ -375,7 +354,7 @@ __global__ void __launch_bounds__(THREADS, 2) qgemm_kernel(const Params p) {
 #pragma unroll
       for (int mi = 0; mi < 4; ++mi)
 #pragma unroll
-        for (int ni = 0; ni < 4; ++ni) mma_bf16(acc[mi * 4 + ni], af[mi], bfr[ni][0], bfr[ni][1]);
+        for (int ni = 0; ni < 4; ++ni) mma_m16n8k16_bf16(acc[mi * 4 + ni], af[mi], bfr[ni][0], bfr[ni][1]);
     }
   }
   cp_async_wait<0>();

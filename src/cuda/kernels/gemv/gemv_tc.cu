@@ -25,6 +25,7 @@
 #include "cuda/kernels/gemv/gemv_common.cuh"
 #include "cuda/kernels/gemv/gemv_tc.h"
 #include "cuda/kernels/launch.cuh"
+#include "cuda/kernels/ptx.cuh"
 #include "cuda/kernels/qdot.cuh"
 
 namespace lilac::cuda {
@@ -62,28 +63,6 @@ __device__ __forceinline__ int frag_off(int i, int u, int c, int p) {
   return (((i * TcShape<BITS>::U + u) * 4 + c) * 2 + p) * 16;
 }
 
-__device__ __forceinline__ uint32_t and_or(uint32_t a, uint32_t b, uint32_t c) {  // (a & b) | c
-  uint32_t r;
-  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
-  return r;
-}
-__device__ __forceinline__ uint32_t hsub2_u(uint32_t a, uint32_t b) {
-  uint32_t r;
-  asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
-  return r;
-}
-__device__ __forceinline__ uint32_t hfma2_u(uint32_t a, uint32_t b, uint32_t c) {
-  uint32_t r;
-  asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
-  return r;
-}
-__device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                         uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
 // One 4-bit word (nibbles n0..n7) → fp16 pairs (n0-8, n4-8), (n1-8, n5-8), (n2-8, n6-8), (n3-8, n7-8).
 __device__ __forceinline__ void dq4(uint32_t w, uint32_t (&h)[4]) {
   constexpr uint32_t kMagic = 0x64006400u;  // fp16 1024 in both halves
@@ -103,16 +82,6 @@ __device__ __forceinline__ void dq8(uint32_t w, uint32_t (&h)[2]) {
   h[1] = hsub2_u(__byte_perm(w, 0x64646464u, 0x4341), kSub);
 }
 
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
-
 // 2^-e and 2^e as floats for e in [-126, 127] (exact, no libm).
 __device__ __forceinline__ float pow2i(int e) { return __int_as_float((127 + e) << 23); }
 // The power-of-two exponent E with m = mant·2^E, mant in [0.5, 1) (frexp), clamped to [-125, 126].
@@ -128,9 +97,7 @@ __device__ __forceinline__ int frexp_e(float m) {
 __device__ unsigned long long* g_tc_trace = nullptr;
 __device__ __forceinline__ void tc_mark(int k) {
   if (g_tc_trace != nullptr && threadIdx.x == 0) {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    g_tc_trace[blockIdx.x * 8 + k] = t;
+    g_tc_trace[blockIdx.x * 8 + k] = globaltimer();
   }
 }
 
@@ -403,16 +370,16 @@ __device__ __forceinline__ void tile_dots(const TileRegs<BITS>& t, const char* x
         uint32_t ha[4], hb[4];
         dq4(sel4(t.w[0][i], u), ha);
         dq4(sel4(t.w[1][i], u), hb);
-        mma16816(d0, ha[0], hb[0], ha[1], hb[1], xv.x, xv.y);
-        mma16816(d1, ha[2], hb[2], ha[3], hb[3], xv.z, xv.w);
+        mma_m16n8k16_f16(d0, ha[0], hb[0], ha[1], hb[1], xv.x, xv.y);
+        mma_m16n8k16_f16(d1, ha[2], hb[2], ha[3], hb[3], xv.z, xv.w);
       } else {
         uint32_t ha[2], hb[2];
         dq8(sel4(t.w[0][i], 2 * u), ha);
         dq8(sel4(t.w[1][i], 2 * u), hb);
-        mma16816(d0, ha[0], hb[0], ha[1], hb[1], xv.x, xv.y);
+        mma_m16n8k16_f16(d0, ha[0], hb[0], ha[1], hb[1], xv.x, xv.y);
         dq8(sel4(t.w[0][i], 2 * u + 1), ha);
         dq8(sel4(t.w[1][i], 2 * u + 1), hb);
-        mma16816(d1, ha[0], hb[0], ha[1], hb[1], xv.z, xv.w);
+        mma_m16n8k16_f16(d1, ha[0], hb[0], ha[1], hb[1], xv.z, xv.w);
       }
     }
   }
