@@ -3,7 +3,7 @@
 # scripts/gpu-pack.sh packed .gpu/ here. Logs go to $OUT (or /tmp/lilac-out).
 #   bash scripts/gpu-check.sh [all|tests|golden|bench|sanitize|bench-kernels]   (default all)
 # bench-kernels (not part of all) runs the kernel benchmarks bench_kernels_<family> (one per kernel
-# family: gemv, gemm, attention, gdn, sampling; unpacked from .gpu/bench_kernels.tar.xz into
+# family: gemv, gemm, attention, gdn, sampling, rows; unpacked from .gpu/bench_kernels.tar.xz into
 # .gpu/kbench/), console output in the log and JSON in $OUT/bench_kernels_<family>.json.
 # Env: BENCH_LENS (default 512,4096,16384), BENCH_LAYERS (default 40), SANITIZE=0 to skip
 # compute-sanitizer, GTEST_FILTER for the tests, KERNEL_BENCHES (default: every family, e.g. "gemv gdn")
@@ -71,7 +71,7 @@ if [ "$WHAT" = all ] || [ "$WHAT" = sanitize ]; then
 fi
 if [ "$WHAT" = bench-kernels ]; then
   bash scripts/gpu-unpack-benches.sh || status=1
-  for fam in ${KERNEL_BENCHES:-gemv gemm attention gdn sampling}; do
+  for fam in ${KERNEL_BENCHES:-gemv gemm attention gdn sampling rows}; do
     b=.gpu/kbench/bench_kernels_$fam
     step "kernel benchmarks: $fam"
     [ -x "$b" ] || { echo "missing $b (run scripts/gpu-pack.sh)"; status=1; continue; }
