@@ -26,6 +26,27 @@ struct CudaSnapshot : SessionSnapshot {
 
 void sync(cudaStream_t s) { LILAC_CUDA_CHECK(cudaStreamSynchronize(s)); }
 
+// Copies the GDN and conv states between `st` and one contiguous block per kind ([n_gdn][elems]),
+// either way: one copy each when st's own states are contiguous, else one per layer.
+void copy_states(const SeqState& st, void* gdn_block, void* conv_block, bool to_block, cudaStream_t s) {
+  const SeqShape& sh = st.shape;
+  auto copy = [&](float* state, int64_t stride, int64_t elems, size_t whole, void* block) {
+    if (stride == elems) {
+      LILAC_CUDA_CHECK(to_block ? cudaMemcpyAsync(block, state, whole, cudaMemcpyDeviceToDevice, s)
+                                : cudaMemcpyAsync(state, block, whole, cudaMemcpyDeviceToDevice, s));
+      return;
+    }
+    for (int j = 0; j < sh.n_gdn; ++j) {
+      float* layer = state + j * stride;
+      float* b = static_cast<float*>(block) + j * elems;
+      LILAC_CUDA_CHECK(to_block ? cudaMemcpyAsync(b, layer, size_t(elems) * 4, cudaMemcpyDeviceToDevice, s)
+                                : cudaMemcpyAsync(layer, b, size_t(elems) * 4, cudaMemcpyDeviceToDevice, s));
+    }
+  };
+  copy(st.gdn_state, st.gdn_layer_stride, sh.gdn_elems, sh.gdn_bytes(), gdn_block);
+  copy(st.conv_state, st.conv_layer_stride, sh.conv_elems, sh.conv_bytes(), conv_block);
+}
+
 }  // namespace
 
 SeqShape SeqShape::of(const DevModel& m) {
@@ -51,6 +72,8 @@ SeqState alloc_seq_state(DevAlloc& mem, const DevModel& m, int64_t max_len) {
   }
   st.gdn_state = static_cast<float*>(mem.get(sh.gdn_bytes()));
   st.conv_state = static_cast<float*>(mem.get(sh.conv_bytes()));
+  st.gdn_layer_stride = sh.gdn_elems;
+  st.conv_layer_stride = sh.conv_elems;
   st.logits = static_cast<float*>(mem.get(size_t(sh.vocab) * 4));
   st.token = static_cast<int32_t*>(mem.get(4));
   st.pos = static_cast<int32_t*>(mem.get(4));
@@ -70,8 +93,15 @@ void SeqState::upload_pos(cudaStream_t s) {
 
 void SeqState::reset(cudaStream_t s) {
   len = 0;
-  LILAC_CUDA_CHECK(cudaMemsetAsync(gdn_state, 0, shape.gdn_bytes(), s));
-  LILAC_CUDA_CHECK(cudaMemsetAsync(conv_state, 0, shape.conv_bytes(), s));
+  if (gdn_contiguous()) {
+    LILAC_CUDA_CHECK(cudaMemsetAsync(gdn_state, 0, shape.gdn_bytes(), s));
+    LILAC_CUDA_CHECK(cudaMemsetAsync(conv_state, 0, shape.conv_bytes(), s));
+  } else {
+    for (int j = 0; j < shape.n_gdn; ++j) {
+      LILAC_CUDA_CHECK(cudaMemsetAsync(gdn(j), 0, size_t(shape.gdn_elems) * 4, s));
+      LILAC_CUDA_CHECK(cudaMemsetAsync(conv(j), 0, size_t(shape.conv_elems) * 4, s));
+    }
+  }
   upload_pos(s);
   sync(s);
 }
@@ -112,12 +142,10 @@ std::shared_ptr<const SessionSnapshot> SeqState::snapshot(const void* owner, cud
     }
     snap->kv.push_back(p);
   }
-  const size_t gb = shape.gdn_bytes(), cb = shape.conv_bytes();
-  snap->gdn = snap->mem.get(gb);
-  snap->conv = snap->mem.get(cb);
+  snap->gdn = snap->mem.get(shape.gdn_bytes());
+  snap->conv = snap->mem.get(shape.conv_bytes());
   snap->logits = snap->mem.get(size_t(shape.vocab) * 4);
-  LILAC_CUDA_CHECK(cudaMemcpyAsync(snap->gdn, gdn_state, gb, cudaMemcpyDeviceToDevice, s));
-  LILAC_CUDA_CHECK(cudaMemcpyAsync(snap->conv, conv_state, cb, cudaMemcpyDeviceToDevice, s));
+  copy_states(*this, snap->gdn, snap->conv, true, s);
   LILAC_CUDA_CHECK(cudaMemcpyAsync(snap->logits, logits, size_t(shape.vocab) * 4, cudaMemcpyDeviceToDevice, s));
   sync(s);
   snap->nbytes = snap->mem.bytes;
@@ -134,9 +162,7 @@ void SeqState::restore(const SessionSnapshot& snap, const void* owner, cudaStrea
     LILAC_CUDA_CHECK(cudaMemcpyAsync(v_cache[i], static_cast<const char*>(c->kv[i]) + kvb, kvb,
                                      cudaMemcpyDeviceToDevice, s));
   }
-  const size_t gb = shape.gdn_bytes(), cb = shape.conv_bytes();
-  LILAC_CUDA_CHECK(cudaMemcpyAsync(gdn_state, c->gdn, gb, cudaMemcpyDeviceToDevice, s));
-  LILAC_CUDA_CHECK(cudaMemcpyAsync(conv_state, c->conv, cb, cudaMemcpyDeviceToDevice, s));
+  copy_states(*this, c->gdn, c->conv, false, s);
   LILAC_CUDA_CHECK(cudaMemcpyAsync(logits, c->logits, size_t(shape.vocab) * 4, cudaMemcpyDeviceToDevice, s));
   len = c->len;
   upload_pos(s);

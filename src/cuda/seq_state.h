@@ -1,15 +1,18 @@
 // One sequence's state on the device: everything a decode or prefill step reads and writes that belongs
 // to that sequence and outlives the step. A SeqState is a set of views (pointers) into device memory
-// that something else owns: today one CudaSession allocates one (alloc_seq_state); a batched server
-// can instead keep many sequences in pools indexed by slot (each buffer below at base + slot * stride)
-// and step them together. The per-session scratch of the steps (activations, workspaces, graphs) is
-// separate (decode_step.h: DecodeScratch, prefill_step.h: PrefillWorkspace).
+// that something else owns: today one CudaSession allocates one (alloc_seq_state, each sequence's
+// buffers contiguous); a batched server can instead keep many sequences in per-layer pools indexed by
+// slot (kernels/rows/rows_state.h: layer j of slot s at base_j + s * slot_stride) and describe slot s
+// by a SeqState whose per-layer pointers / layer strides point there, then step the slots together.
+// The per-session scratch of the steps (activations, workspaces, graphs) is separate (decode_step.h:
+// DecodeScratch, prefill_step.h: PrefillWorkspace).
 //
 // Layouts (per sequence):
 //   KV cache, per attention layer i: k_cache[i], v_cache[i] bf16 [max_len][kv_heads][head_dim] (k after
 //     q/k-norm + RoPE; row p holds position p)
-//   Gated DeltaNet state: fp32 [n_gdn][Hv][dk][dv] (GDN layer j at gdn(j))
-//   conv state: fp32 [n_gdn][conv_dim][K-1], the previous K-1 inputs per channel, oldest first
+//   Gated DeltaNet state of GDN layer j: fp32 [Hv][dk][dv] at gdn(j) = gdn_state + j * gdn_layer_stride
+//   conv state of GDN layer j: fp32 [conv_dim][K-1] at conv(j), the previous K-1 inputs per channel,
+//     oldest first
 //   logits fp32 [vocab] (the current logits: what sample() chooses from)
 //   token, pos: int32 slots the decode graph reads (the pending token, its position)
 //   sampling: params, penalty counts int32 [vocab], prompt mask u8 [vocab], the last result
@@ -51,6 +54,7 @@ struct SeqState {
   std::vector<__nv_bfloat16*> k_cache, v_cache;  // per attention layer
   float* gdn_state = nullptr;
   float* conv_state = nullptr;
+  int64_t gdn_layer_stride = 0, conv_layer_stride = 0;  // elements between GDN layers j and j + 1
   float* logits = nullptr;
   int32_t* token = nullptr;
   int32_t* pos = nullptr;
@@ -59,8 +63,10 @@ struct SeqState {
   uint8_t* prompt_mask = nullptr;
   SampleResult* result = nullptr;
 
-  float* gdn(int j) const { return gdn_state + j * shape.gdn_elems; }
-  float* conv(int j) const { return conv_state + j * shape.conv_elems; }
+  float* gdn(int j) const { return gdn_state + j * gdn_layer_stride; }
+  float* conv(int j) const { return conv_state + j * conv_layer_stride; }
+  // Whether all GDN (conv) states are one block (one copy / memset covers them).
+  bool gdn_contiguous() const { return gdn_layer_stride == shape.gdn_elems && conv_layer_stride == shape.conv_elems; }
 
   // Host-side operations, asynchronous on `s` unless they say otherwise.
   // Empty context: zero recurrent and conv state, len = *pos = 0. Synchronises.
