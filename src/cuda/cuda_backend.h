@@ -25,10 +25,11 @@ std::unique_ptr<Backend> make_cuda_backend(std::shared_ptr<const ModelWeights> w
 // A backend over a model of the given shape whose weights are random values generated directly on
 // the GPU (for `lilac bench --synthetic`): 4-bit everywhere except the 8-bit router and
 // shared_expert_gate; values ~N(0, 1/sqrt(in)) in distribution; random router so that MoE routing
-// spreads over the experts.
+// spreads over the experts; a random MTP head when cfg.mtp_num_hidden_layers > 0.
 std::unique_ptr<Backend> make_synthetic_cuda_backend(const ModelConfig& cfg, uint64_t seed = 1);
 
-// The real model's shape (Qwen3.6-35B-A3B) with `layers` layers (every 4th full attention).
+// The real model's shape (Qwen3.6-35B-A3B) with `layers` layers (every 4th full attention) and its
+// one-layer MTP head.
 ModelConfig synthetic_config(int layers = 40);
 
 // Bytes that must move per decode token at context length `ctx` (weights read for one token incl.

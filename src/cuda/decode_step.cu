@@ -116,49 +116,61 @@ StepProfile::~StepProfile() {
 }
 
 // ------------------------------------------------------------------------------------------------ the step
+namespace {
+void mark(StepProfile* prof, const char* label, cudaStream_t s) {
+  if (prof) prof->mark(label, s);
+}
+}  // namespace
+
+void enqueue_attn_mixer(const DevModel& m, const DevLayer& L, __nv_bfloat16* k_cache, __nv_bfloat16* v_cache,
+                        const int32_t* pos, const DecodeScratch& sc, cudaStream_t s, StepProfile* prof) {
+  const ModelConfig& c = m.cfg;
+  proj(c, L.in_proj, sc.h, Prologue::RmsNorm, L.input_norm, sc.proj, s);
+  mark(prof, "attn.qkv_gemv", s);
+  const float* k = sc.proj + c.q_proj_rows();
+  const float* v = k + c.kv_dim();
+  attn_qk_norm_rope_append(sc.attn, sc.proj, k, v, L.q_norm, L.k_norm, m.inv_freq, pos, sc.q_rot, k_cache, v_cache, s);
+  mark(prof, "attn.qk_norm_rope", s);
+  attention_decode(sc.attn, sc.q_rot, sc.proj, k_cache, v_cache, pos, sc.n_split, sc.partial, sc.attn_out, s);
+  mark(prof, "attn.attention", s);
+  gemv_into(c, L.out_proj, sc.attn_out, Prologue::None, nullptr, nullptr, sc.h, true, s);
+  mark(prof, "attn.o_proj", s);
+}
+
+void enqueue_moe(const DevModel& m, const DevLayer& L, const DecodeScratch& sc, cudaStream_t s, StepProfile* prof) {
+  const ModelConfig& c = m.cfg;
+  proj(c, L.router, sc.h, Prologue::RmsNorm, L.post_norm, sc.rlogits, s);
+  mark(prof, "moe.router", s);
+  moe_gate_up(L.moe, sc.rlogits, sc.h, L.post_norm, float(c.rms_norm_eps), sc.sel_ids, sc.sel_w, sc.act, s);
+  mark(prof, "moe.gate_up", s);
+  moe_down(L.moe, sc.sel_ids, sc.sel_w, sc.act, sc.h, s);
+  mark(prof, "moe.down", s);
+}
+
 void enqueue_decode_body(const DevModel& m, const SeqState& st, const DecodeScratch& sc, cudaStream_t s,
                          StepProfile* prof) {
   const ModelConfig& c = m.cfg;
-  auto mark = [&](const char* label) {
-    if (prof) prof->mark(label, s);
-  };
   embed_gather(m.embed, st.token, sc.h, s);
-  mark("embed");
+  mark(prof, "embed", s);
   int ai = 0, gi = 0;
   for (const DevLayer& L : m.layers) {
     if (L.attn) {
-      proj(c, L.in_proj, sc.h, Prologue::RmsNorm, L.input_norm, sc.proj, s);
-      mark("attn.qkv_gemv");
-      const float* k = sc.proj + c.q_proj_rows();
-      const float* v = k + c.kv_dim();
-      attn_qk_norm_rope_append(sc.attn, sc.proj, k, v, L.q_norm, L.k_norm, m.inv_freq, st.pos, sc.q_rot,
-                               st.k_cache[ai], st.v_cache[ai], s);
-      mark("attn.qk_norm_rope");
-      attention_decode(sc.attn, sc.q_rot, sc.proj, st.k_cache[ai], st.v_cache[ai], st.pos, sc.n_split, sc.partial,
-                       sc.attn_out, s);
-      mark("attn.attention");
-      gemv_into(c, L.out_proj, sc.attn_out, Prologue::None, nullptr, nullptr, sc.h, true, s);
-      mark("attn.o_proj");
+      enqueue_attn_mixer(m, L, st.k_cache[ai], st.v_cache[ai], st.pos, sc, s, prof);
       ++ai;
     } else {
       const int64_t conv_dim = c.gdn_conv_dim();
       proj(c, L.in_proj, sc.h, Prologue::RmsNorm, L.input_norm, sc.proj, s, int(conv_dim), L.conv_w, st.conv(gi));
-      mark("gdn.in_proj+conv");
+      mark(prof, "gdn.in_proj+conv", s);
       const float* z = sc.proj + conv_dim;
       const float* b = z + c.gdn_value_dim();
       const float* a = b + c.linear_num_value_heads;
       gdn_decode_step(sc.gdn, sc.proj, b, a, L.A_log, L.dt_bias, st.gdn(gi), sc.gdn_o, s);
-      mark("gdn.step");
+      mark(prof, "gdn.step", s);
       gemv_into(c, L.out_proj, sc.gdn_o, Prologue::GatedHeadNorm, L.gdn_norm, z, sc.h, true, s);
-      mark("gdn.out_proj");
+      mark(prof, "gdn.out_proj", s);
       ++gi;
     }
-    proj(c, L.router, sc.h, Prologue::RmsNorm, L.post_norm, sc.rlogits, s);
-    mark("moe.router");
-    moe_gate_up(L.moe, sc.rlogits, sc.h, L.post_norm, float(c.rms_norm_eps), sc.sel_ids, sc.sel_w, sc.act, s);
-    mark("moe.gate_up");
-    moe_down(L.moe, sc.sel_ids, sc.sel_w, sc.act, sc.h, s);
-    mark("moe.down");
+    enqueue_moe(m, L, sc, s, prof);
   }
   increment_i32(st.pos, s);
 }

@@ -55,6 +55,13 @@ class StepProfile {
 // the body (embed → layers → *pos += 1), reading the token at *st.token and the position *st.pos;
 void enqueue_decode_body(const DevModel& m, const SeqState& st, const DecodeScratch& sc, cudaStream_t s,
                          StepProfile* prof = nullptr);
+// the body's pieces on the residual stream sc.h (the MTP head's layer, mtp_head.h, is made of them too):
+// an attention mixer (q|k|v GEMV with the input RMSNorm → q/k norm + RoPE + KV append at *pos → attention
+// over cache rows [0, *pos] → o_proj added to sc.h) and an MoE block (router → gate/up → down added to sc.h);
+void enqueue_attn_mixer(const DevModel& m, const DevLayer& L, __nv_bfloat16* k_cache, __nv_bfloat16* v_cache,
+                        const int32_t* pos, const DecodeScratch& sc, cudaStream_t s, StepProfile* prof = nullptr);
+void enqueue_moe(const DevModel& m, const DevLayer& L, const DecodeScratch& sc, cudaStream_t s,
+                 StepProfile* prof = nullptr);
 // the head: final RMSNorm + LM head from sc.h into st.logits;
 void enqueue_decode_head(const DevModel& m, const SeqState& st, const DecodeScratch& sc, cudaStream_t s);
 // sampling from st.logits into *st.token and *st.result.

@@ -178,6 +178,17 @@ std::unique_ptr<DevModel> upload_model(const ModelWeights& w) {
   m->final_norm = m->mem.upload(w.final_norm);
   for (size_t i = 0; i < w.layers.size(); ++i)
     m->layers.push_back(upload_layer(m->mem, w.layers[i], "layers." + std::to_string(i) + "."));
+  if (w.has_mtp()) {
+    LILAC_CHECK(w.mtp.layers.size() == 1 && w.mtp.layers[0].full_attention,
+                "cuda: the MTP head must be one full-attention layer");
+    m->mtp = std::make_unique<DevMtp>();
+    DevMtp& d = *m->mtp;
+    d.pre_fc_norm_embedding = m->mem.upload(w.mtp.pre_fc_norm_embedding);
+    d.pre_fc_norm_hidden = m->mem.upload(w.mtp.pre_fc_norm_hidden);
+    d.norm = m->mem.upload(w.mtp.norm);
+    d.fc = upload_q(m->mem, w.mtp.fc, "mtp.fc");
+    d.layer = upload_layer(m->mem, w.mtp.layers[0], "mtp.layers.0.");
+  }
   finish_model(*m);
   return m;
 }
@@ -191,6 +202,10 @@ void finish_model(DevModel& m) {
     finish_moe(L, c);
     (L.attn ? m.n_attn : m.n_gdn)++;
     m.max_in_rows = std::max(m.max_in_rows, L.in_proj.rows);
+  }
+  if (m.mtp) {
+    finish_moe(m.mtp->layer, c);
+    m.max_in_rows = std::max(m.max_in_rows, m.mtp->layer.in_proj.rows);
   }
 }
 

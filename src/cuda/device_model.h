@@ -72,6 +72,15 @@ struct DevLayer {
   MoEPrefillWeights moe_prefill;
 };
 
+// The MTP head (../shared/MODEL_MTP.md §3-4): fc over [RMSNorm(embed x; pre_fc_norm_embedding) |
+// RMSNorm(h; pre_fc_norm_hidden)], one full-attention decoder layer with its MoE, its own final norm; the
+// embedding and the LM head are the model's. Norms are effective multipliers (1 + w), as the layers'.
+struct DevMtp {
+  const float *pre_fc_norm_embedding = nullptr, *pre_fc_norm_hidden = nullptr, *norm = nullptr;  // [hidden]
+  QMatrixDev fc;  // [hidden, 2 * hidden]: columns 0..H-1 the normed embedding, H..2H-1 the normed hidden
+  DevLayer layer;  // attn = true
+};
+
 struct DevModel {
   ModelConfig cfg;
   DevAlloc mem;
@@ -79,6 +88,7 @@ struct DevModel {
   const float* final_norm = nullptr;
   const float* inv_freq = nullptr;  // RoPE inverse frequencies [rotary_dim / 2]
   std::vector<DevLayer> layers;
+  std::unique_ptr<DevMtp> mtp;  // null: the checkpoint has no MTP head
   // Derived by finish_model:
   int n_attn = 0, n_gdn = 0;  // layers of each kind (attention layer i owns KV cache i, GDN layer j state j)
   int64_t max_in_rows = 0;    // the widest in_proj (width of the projection scratch)
@@ -89,11 +99,12 @@ struct DevModel {
 void check_device_config(const ModelConfig& c);
 
 // Uploads a checkpoint (quantized 4- / 8-bit matrices only; throws lilac::Error naming the tensor
-// otherwise) to the current device. The host weights are not needed afterwards.
+// otherwise) to the current device, its MTP head too when it has one. The host weights are not needed
+// afterwards.
 std::unique_ptr<DevModel> upload_model(const ModelWeights& w);
 
 // The last step of building a model whose matrices and vectors are in place (upload_model,
-// synthetic_model): the RoPE table, the MoE kernel views, the derived counts.
+// synthetic_model): the RoPE table, the MoE kernel views (the MTP layer's too), the derived counts.
 void finish_model(DevModel& m);
 
 }  // namespace lilac::cuda

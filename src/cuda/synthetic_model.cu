@@ -85,9 +85,9 @@ std::unique_ptr<DevModel> synthetic_model(const ModelConfig& c, uint64_t seed) {
   m->embed = g.q(c.vocab_size, H, 4);
   m->lm_head = g.q(c.vocab_size, H, 4);
   m->final_norm = g.vec(H, 0.9f, 1.1f);
-  for (int i = 0; i < c.num_layers; ++i) {
+  auto layer = [&](bool attn) {
     DevLayer L;
-    L.attn = c.full_attention[i];
+    L.attn = attn;
     L.input_norm = g.vec(H, 0.9f, 1.1f);
     L.post_norm = g.vec(H, 0.9f, 1.1f);
     if (L.attn) {
@@ -122,7 +122,17 @@ std::unique_ptr<DevModel> synthetic_model(const ModelConfig& c, uint64_t seed) {
     L.moe.shared_gate = g.q(c.shared_expert_intermediate_size, H, 4);
     L.moe.shared_up = g.q(c.shared_expert_intermediate_size, H, 4);
     L.moe.shared_down = g.q(H, c.shared_expert_intermediate_size, 4);
-    m->layers.push_back(std::move(L));
+    return L;
+  };
+  for (int i = 0; i < c.num_layers; ++i) m->layers.push_back(layer(c.full_attention[i]));
+  // The MTP head (random like the rest: its drafts are almost never right; bench --draft-accept forces them).
+  if (c.mtp_num_hidden_layers > 0) {
+    m->mtp = std::make_unique<DevMtp>();
+    m->mtp->pre_fc_norm_embedding = g.vec(H, 0.9f, 1.1f);
+    m->mtp->pre_fc_norm_hidden = g.vec(H, 0.9f, 1.1f);
+    m->mtp->norm = g.vec(H, 0.9f, 1.1f);
+    m->mtp->fc = g.q(H, 2 * H, 4);
+    m->mtp->layer = layer(true);
   }
   finish_model(*m);
   LILAC_CUDA_CHECK(cudaDeviceSynchronize());
@@ -159,6 +169,7 @@ ModelConfig synthetic_config(int layers) {
   c.quantized = true;
   c.quant = {4, 64};
   c.eos_token_ids = {248046, 248044};
+  c.mtp_num_hidden_layers = 1;
   return c;
 }
 

@@ -12,7 +12,8 @@
 namespace lilac::cuda {
 
 // 4-bit everywhere except the 8-bit router + shared_expert_gate; values ~N(0, 1/sqrt(in)) in
-// distribution; a random router, so that MoE routing spreads over the experts. Deterministic in `seed`.
+// distribution; a random router, so that MoE routing spreads over the experts; an MTP head when
+// cfg.mtp_num_hidden_layers > 0. Deterministic in `seed`.
 std::unique_ptr<DevModel> synthetic_model(const ModelConfig& cfg, uint64_t seed);
 
 }  // namespace lilac::cuda
