@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Runs ON the GPU machine (device `run`, carry [".gpu"]) from the repository root, after
 # scripts/gpu-pack.sh packed .gpu/ here. Logs go to $OUT (or /tmp/lilac-out).
-#   bash scripts/gpu-check.sh [all|tests|golden|bench|sanitize|bench-kernels]   (default all)
-# bench-kernels (not part of all) runs the kernel benchmarks bench_kernels_<family> (one per kernel
-# family: gemv, gemm, attention, gdn, sampling, rows; unpacked from .gpu/bench_kernels.tar.xz into
-# .gpu/kbench/), console output in the log and JSON in $OUT/bench_kernels_<family>.json.
+#   bash scripts/gpu-check.sh [all|tests|golden|bench|sanitize|cpu|bench-kernels]   (default all; cpu = the
+#   fast CPU path on the host's cores: its kernel tests, check-golden on tiny/tiny2/real4,
+#   bench/cpu_vs_llamacpp.sh on real4 -- not part of all)
+# bench-kernels (not part of all) runs the CUDA kernel benchmarks bench_kernels_<family> (one per kernel
+# family; unpacked from .gpu/bench_kernels.tar.xz into .gpu/kbench/), console output in the log and JSON
+# in $OUT/bench_kernels_<family>.json.
 # Env: BENCH_LENS (default 512,4096,16384), BENCH_LAYERS (default 40), SANITIZE=0 to skip
-# compute-sanitizer, GTEST_FILTER for the tests, KERNEL_BENCHES (default: every family, e.g. "gemv gdn")
-# and BENCH_FILTER (a --benchmark_filter regex) for bench-kernels.
+# compute-sanitizer, GTEST_FILTER for the tests, KERNEL_BENCHES (default: every packed family, e.g.
+# "gemv gdn") and BENCH_FILTER (a --benchmark_filter regex) for bench-kernels.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/lilac-out}
@@ -71,7 +73,7 @@ if [ "$WHAT" = all ] || [ "$WHAT" = sanitize ]; then
 fi
 if [ "$WHAT" = bench-kernels ]; then
   bash scripts/gpu-unpack-benches.sh || status=1
-  for fam in ${KERNEL_BENCHES:-gemv gemm attention gdn sampling rows}; do
+  for fam in ${KERNEL_BENCHES:-$(ls .gpu/kbench 2>/dev/null | sed 's/^bench_kernels_//')}; do
     b=.gpu/kbench/bench_kernels_$fam
     step "kernel benchmarks: $fam"
     [ -x "$b" ] || { echo "missing $b (run scripts/gpu-pack.sh)"; status=1; continue; }
@@ -79,6 +81,29 @@ if [ "$WHAT" = bench-kernels ]; then
       --benchmark_out="$OUT/bench_kernels_$fam.json" --benchmark_out_format=json 2>&1
     [ $? = 0 ] || status=1
   done
+fi
+if [ "$WHAT" = cpu ]; then
+  step "fast CPU path: kernel and backend tests (every kernel set this CPU runs)"
+  timeout ${TEST_TIMEOUT:-300} .gpu/lilac_tests_cpufast > /tmp/tests-cpufast.log 2>&1
+  [ $? = 0 ] || status=1
+  grep -E "kernel sets here|^\[  (FAILED|PASSED) |OK \]|Failure|Expected|Which is|actual" /tmp/tests-cpufast.log | head -80
+  for f in tiny tiny2; do
+    step "check-golden --backend cpu $f"
+    $L check-golden --backend cpu --model .gpu/fixtures/$f/mlx4 --golden .gpu/fixtures/$f/golden.safetensors 2>&1 | tail -14
+    [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  done
+  step "real4 fixture"
+  if [ ! -f /tmp/real4/golden.safetensors ]; then
+    PYTHONUNBUFFERED=1 timeout ${FIXTURE_TIMEOUT:-120} python3 .gpu/oracle/make_fixture.py --preset real4 --out /tmp/real4 --device cuda --no-hf > /tmp/real4-make.log 2>&1
+    echo "make_fixture rc=$?"; tail -3 /tmp/real4-make.log
+  fi
+  for isa in auto avx2; do
+    step "check-golden --backend cpu real4 (LILAC_CPU_ISA=$isa)"
+    LILAC_CPU_ISA=$isa timeout ${GOLDEN_TIMEOUT:-240} $L check-golden --backend cpu --model /tmp/real4/mlx4 --golden /tmp/real4/golden.safetensors 2>&1 | tail -16
+    [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  done
+  step "CPU bench (real4; llama.cpp when LLAMA_BENCH and GGUF are set)"
+  LILAC=$L MEMBW=.gpu/bench_membw OUT="$OUT/cpu-bench" timeout ${BENCH_TIMEOUT:-400} bash bench/cpu_vs_llamacpp.sh /tmp/real4/mlx4 ${LLAMA_BENCH:-} ${GGUF:-} 2>&1
 fi
 cp /tmp/tests.log /tmp/memcheck.log /tmp/racecheck.log "$OUT"/ 2>/dev/null
 echo; echo "gpu-check status $status"

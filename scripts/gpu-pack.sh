@@ -15,18 +15,19 @@ fi
 # The kernel benchmarks: one per kernel family (bench/bench_kernels_<family>.cpp).
 BENCHES=$(cd bench && ls bench_kernels_*.cpp | sed 's/\.cpp$//')
 [ "${PACK_KERNEL_BENCHES:-1}" = 0 ] && BENCHES=""
-cmake --build "$BUILD" --target lilac lilac_tests_cuda $BENCHES -j2
+cmake --build "$BUILD" --target lilac lilac_tests_cuda lilac_tests_cpufast bench_membw $BENCHES -j2
 rm -rf .gpu
 mkdir -p .gpu/lib .gpu/fixtures
-cp "$BUILD/lilac" "$BUILD/tests/lilac_tests_cuda" .gpu/
-strip .gpu/lilac .gpu/lilac_tests_cuda
+cp "$BUILD/lilac" "$BUILD/tests/lilac_tests_cuda" "$BUILD/tests/lilac_tests_cpufast" "$BUILD/bench/bench_membw" .gpu/
+strip .gpu/lilac .gpu/lilac_tests_cuda .gpu/lilac_tests_cpufast .gpu/bench_membw
 KB=$(mktemp -d)
 trap 'rm -rf "$KB"' EXIT
 for b in $BENCHES; do cp "$BUILD/bench/$b" "$KB/"; done
 [ -z "$BENCHES" ] || strip "$KB"/bench_kernels_*
 # Shared libraries the device image may lack (the CUDA runtime is linked statically; glibc, libstdc++
 # and the driver's libcuda come from the image).
-ldd .gpu/lilac .gpu/lilac_tests_cuda $(for b in $BENCHES; do echo "$KB/$b"; done) | awk '/=> \//{print $3}' | sort -u | while read -r lib; do
+ldd .gpu/lilac .gpu/lilac_tests_cuda .gpu/lilac_tests_cpufast .gpu/bench_membw $(for b in $BENCHES; do echo "$KB/$b"; done) |
+  awk '/=> \//{print $3}' | sort -u | while read -r lib; do
   case "$(basename "$lib")" in
     libc.so*|libm.so*|libstdc++.so*|libgcc_s.so*|ld-linux*|libpthread.so*|libdl.so*|librt.so*|libcuda.so*) ;;
     *) cp -L "$lib" .gpu/lib/ ;;

@@ -1,18 +1,12 @@
-// Rotary position embedding: the inverse frequencies, as Hugging Face computes them (1 / theta^(2i/d),
-// the exponent in fp32). For backends that build their RoPE table from the model's config.
+// RoPE's inverse frequencies, the one place both backends take them from (the CPU reference's rope and
+// the CUDA backend's uploaded table).
 #pragma once
-#include <cmath>
 #include <vector>
 
 namespace lilac {
 
-inline std::vector<float> rope_inv_freq(int rotary_dim, double theta) {
-  std::vector<float> f(static_cast<size_t>(rotary_dim / 2));
-  for (int i = 0; i < rotary_dim / 2; ++i) {
-    const float e = float(2 * i) / float(rotary_dim);
-    f[size_t(i)] = float(1.0 / std::pow(theta, double(e)));
-  }
-  return f;
-}
+// inv_freq[i] = theta^(−2i/rotary_dim) for i < rotary_dim/2, as Hugging Face computes it (the exponent
+// 2i/d in fp32, the power in double, the result rounded to float).
+std::vector<float> rope_inv_freq(int rotary_dim, double theta);
 
 }  // namespace lilac
