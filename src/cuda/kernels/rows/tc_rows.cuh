@@ -16,6 +16,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/kernels/decode.h"
 #include "cuda/kernels/qdot.cuh"
@@ -23,13 +24,14 @@
 namespace lilac::cuda::rows_dev {
 
 using ::lilac::cuda::dev::block_sum;
-using ::lilac::cuda::dev::ld_stream;
 using ::lilac::cuda::dev::sel4;
 using ::lilac::cuda::dev::silu_f;
 
 constexpr int kThreads = 256, kWarps = 8;
 constexpr int kTileCols = 256, kGroup = 64;
-constexpr int kTileXBytes = 1024, kZeroBytes = 512;
+// kZeroBytes: one k-tile of zeros. A lane whose B unit is zero (a column of another row's group, or a row
+// that is absent) reads it at its own offset, so the lanes of a quarter-warp read disjoint banks.
+constexpr int kTileXBytes = 1024, kZeroBytes = 1024;
 
 template <int BITS>
 struct TcShape {
@@ -96,6 +98,29 @@ __device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s), "l"(gmem) : "memory");
 }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+// 16 bytes, or 16 zeros without reading `gmem` when !ok.
+__device__ __forceinline__ void cp_async16_zf(void* smem, const void* gmem, bool ok) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(ok ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_async8(void* smem, const void* gmem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+// Wait until at most n (0..7) of this thread's newest copy groups are pending.
+__device__ __forceinline__ void cp_async_wait_n(int n) {
+  switch (n) {
+    case 0: asm volatile("cp.async.wait_group 0;" ::: "memory"); break;
+    case 1: asm volatile("cp.async.wait_group 1;" ::: "memory"); break;
+    case 2: asm volatile("cp.async.wait_group 2;" ::: "memory"); break;
+    case 3: asm volatile("cp.async.wait_group 3;" ::: "memory"); break;
+    case 4: asm volatile("cp.async.wait_group 4;" ::: "memory"); break;
+    case 5: asm volatile("cp.async.wait_group 5;" ::: "memory"); break;
+    case 6: asm volatile("cp.async.wait_group 6;" ::: "memory"); break;
+    default: asm volatile("cp.async.wait_group 7;" ::: "memory"); break;
+  }
+}
 
 __device__ __forceinline__ float pow2i(int e) { return __int_as_float((127 + e) << 23); }
 __device__ __forceinline__ int frexp_e(float m) {
@@ -180,37 +205,21 @@ __device__ __forceinline__ uint32_t bf_pick(uint2 v, int q) {
   const uint32_t w = (q & 2) ? v.y : v.x;
   return (q & 1) ? (w >> 16) : (w & 0xFFFFu);
 }
-// Tile kt of rows (g, g+8) whose groups are G0 = 4·kt .. of the row (local group index), `ngroups` valid
-// groups in the row. sb_vec: the scale / bias rows are 8-byte aligned with a multiple of 4 groups.
+// The scales / biases of tile kt of rows (g, g+8) one by one (rows whose scale rows are not 8-byte aligned
+// with a multiple of 4 groups, and partial last tiles; groups past `ngroups` read as 0).
 template <int BITS>
-__device__ __forceinline__ void load_row_tile(RowTile<BITS>& t, const RowRef (&r)[2], int kt, int c, int ngroups,
-                                              bool sb_vec) {
-  using S = TcShape<BITS>;
-#pragma unroll
-  for (int i = 0; i < S::NCH; ++i) {
-    const int G = kt * 4 + S::slot(i, c);
-    const bool ok = G < ngroups;
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-      t.w[h][i] = ok ? ld_stream(reinterpret_cast<const uint4*>(r[h].q + G * S::GROUP_BYTES + S::off_in_group(c)))
-                     : make_uint4(0, 0, 0, 0);
-  }
+__device__ __forceinline__ void load_sb_slow(RowTile<BITS>& t, const RowRef (&r)[2], int kt, int ngroups) {
   const int G0 = kt * 4;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    if (sb_vec && G0 + 3 < ngroups) {
-      t.s[h] = __ldg(reinterpret_cast<const uint2*>(r[h].s + G0));
-      t.b[h] = __ldg(reinterpret_cast<const uint2*>(r[h].b + G0));
-    } else {
-      uint32_t s4[4], b4[4];
+    uint32_t s4[4], b4[4];
 #pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        s4[q] = G0 + q < ngroups ? uint32_t(__ldg(r[h].s + G0 + q)) : 0u;
-        b4[q] = G0 + q < ngroups ? uint32_t(__ldg(r[h].b + G0 + q)) : 0u;
-      }
-      t.s[h] = make_uint2(s4[0] | (s4[1] << 16), s4[2] | (s4[3] << 16));
-      t.b[h] = make_uint2(b4[0] | (b4[1] << 16), b4[2] | (b4[3] << 16));
+    for (int q = 0; q < 4; ++q) {
+      s4[q] = G0 + q < ngroups ? uint32_t(__ldg(r[h].s + G0 + q)) : 0u;
+      b4[q] = G0 + q < ngroups ? uint32_t(__ldg(r[h].b + G0 + q)) : 0u;
     }
+    t.s[h] = make_uint2(s4[0] | (s4[1] << 16), s4[2] | (s4[3] << 16));
+    t.b[h] = make_uint2(b4[0] | (b4[1] << 16), b4[2] | (b4[3] << 16));
   }
 }
 
@@ -228,17 +237,13 @@ struct LaneRows {
   __device__ __forceinline__ int osig(int i) const { return BITS == 4 ? (((c >> 1) != i) ? (c ^ 2) : c) : i; }
 };
 
-// One k-tile kt (of the weights and of the staged fragments alike; ngroups: the weights' groups) for NP mma
-// tiles of rows: accumulates the group values of this lane's output columns into acc[p][i][h] (chunk i's
-// columns, rows g / g+8). xf: fragments of row 0 of the block's row tile (row t at xf + t·xstride); meta: row
-// t's group G at meta[t·mstride + G]; tmask: rows present. The mma tiles are walked by a loop that is not
-// unrolled (the registers of one tile at a time), rotating acc so that tile p is always in acc[0].
-// Where this lane's B unit of chunk i of mma tile p lives (the zero block for absent rows).
+// Where this lane's B unit of chunk i of mma tile p lives: the staged fragments of its row, or (a column
+// that is zero in today's layout, or an absent row) the zero block at the same offset.
 template <int BITS>
 __device__ __forceinline__ const char* b_unit(const LaneRows<BITS>& lr, const char* xf, int xstride, const char* zero,
                                               int kt, int p, int i, uint32_t tmask) {
   const int bt = p * TcShape<BITS>::TPM + lr.btok(i);
-  return (lr.bvalid() && ((tmask >> bt) & 1u)) ? xf + bt * xstride + kt * kTileXBytes + lr.boff(i) : zero;
+  return (lr.bvalid() && ((tmask >> bt) & 1u)) ? xf + bt * xstride + kt * kTileXBytes + lr.boff(i) : zero + lr.boff(i);
 }
 
 // Mma tiles of the block's rows that hold at least one present row (tiles past the last present row skipped).
@@ -247,70 +252,60 @@ __device__ __forceinline__ int active_tiles(uint32_t tmask) {
   return tmask ? (31 - __clz(int(tmask))) / TcShape<BITS>::TPM + 1 : 0;
 }
 
-// One k-tile kt (of the weights and of the staged fragments alike) for the first np_act of NP mma tiles of
-// rows. Per chunk i and pass of PH mma tiles, each weight unit is dequantized once and multiplied with the B
-// units of the PH tiles; then fin(p, i, dot0, dot1) gets the group dots of this lane's output columns of
-// tile p, chunk i (rows g, g+8). The mma chains are today's (per column: the units u in order).
-// xf: fragments of row 0 of the block's row tile (row t at xf + t·xstride); tmask: rows present.
-template <int BITS, int NP, int PH, typename Fin>
-__device__ __forceinline__ void tile_rows(const RowTile<BITS>& t, const char* xf, int xstride, const char* zero, int kt,
-                                          const LaneRows<BITS>& lr, uint32_t tmask, int np_act, Fin&& fin) {
+// One k-tile kt (of the weights and of the staged fragments alike) for mma tiles 0..NA-1 of the rows: per
+// chunk i, each weight unit is dequantized once and multiplied with the B units of the NA tiles; then
+// fin(p, i, dot0, dot1) gets the group dots of this lane's output columns of tile p, chunk i (rows g, g+8).
+// The mma chains are today's (per column: the units u in order). xf: fragments of row 0 of the block's rows
+// (row t at xf + t·xstride); tmask: rows present.
+template <int BITS, int NA, typename Fin>
+__device__ __forceinline__ void tile_mma(const RowTile<BITS>& t, const char* xf, int xstride, const char* zero, int kt,
+                                         const LaneRows<BITS>& lr, uint32_t tmask, Fin&& fin) {
   using S = TcShape<BITS>;
-  static_assert(NP % PH == 0, "passes of PH mma tiles");
 #pragma unroll
   for (int i = 0; i < S::NCH; ++i) {
+    float d[NA][2][4];
+    const char* xb[NA];
 #pragma unroll
-    for (int q = 0; q < NP / PH; ++q) {
-      if (q * PH < np_act) {
-        float d[PH][2][4];
-        const char* xb[PH];
+    for (int p = 0; p < NA; ++p) {
+      xb[p] = b_unit<BITS>(lr, xf, xstride, zero, kt, p, i, tmask);
 #pragma unroll
-        for (int pp = 0; pp < PH; ++pp) {
-          xb[pp] = b_unit<BITS>(lr, xf, xstride, zero, kt, q * PH + pp, i, tmask);
+      for (int z = 0; z < 4; ++z) d[p][0][z] = d[p][1][z] = 0.f;
+    }
 #pragma unroll
-          for (int z = 0; z < 4; ++z) d[pp][0][z] = d[pp][1][z] = 0.f;
-        }
+    for (int u = 0; u < S::U; ++u) {
+      uint32_t a0[4], a1[4];  // A registers of the unit's two mmas (d0: a0, d1: a1)
+      if constexpr (BITS == 4) {
+        uint32_t ha[4], hb[4];
+        dq4(sel4(t.w[0][i], u), ha);
+        dq4(sel4(t.w[1][i], u), hb);
+        a0[0] = ha[0], a0[1] = hb[0], a0[2] = ha[1], a0[3] = hb[1];
+        a1[0] = ha[2], a1[1] = hb[2], a1[2] = ha[3], a1[3] = hb[3];
+      } else {
+        uint32_t ha[2], hb[2];
+        dq8(sel4(t.w[0][i], 2 * u), ha);
+        dq8(sel4(t.w[1][i], 2 * u), hb);
+        a0[0] = ha[0], a0[1] = hb[0], a0[2] = ha[1], a0[3] = hb[1];
+        dq8(sel4(t.w[0][i], 2 * u + 1), ha);
+        dq8(sel4(t.w[1][i], 2 * u + 1), hb);
+        a1[0] = ha[0], a1[1] = hb[0], a1[2] = ha[1], a1[3] = hb[1];
+      }
 #pragma unroll
-        for (int u = 0; u < S::U; ++u) {
-          uint32_t a0[4], a1[4];  // A registers of the unit's two mmas (d0: a0, d1: a1)
-          if constexpr (BITS == 4) {
-            uint32_t ha[4], hb[4];
-            dq4(sel4(t.w[0][i], u), ha);
-            dq4(sel4(t.w[1][i], u), hb);
-            a0[0] = ha[0], a0[1] = hb[0], a0[2] = ha[1], a0[3] = hb[1];
-            a1[0] = ha[2], a1[1] = hb[2], a1[2] = ha[3], a1[3] = hb[3];
-          } else {
-            uint32_t ha[2], hb[2];
-            dq8(sel4(t.w[0][i], 2 * u), ha);
-            dq8(sel4(t.w[1][i], 2 * u), hb);
-            a0[0] = ha[0], a0[1] = hb[0], a0[2] = ha[1], a0[3] = hb[1];
-            dq8(sel4(t.w[0][i], 2 * u + 1), ha);
-            dq8(sel4(t.w[1][i], 2 * u + 1), hb);
-            a1[0] = ha[0], a1[1] = hb[0], a1[2] = ha[1], a1[3] = hb[1];
-          }
-#pragma unroll
-          for (int pp = 0; pp < PH; ++pp) {
-            if (q * PH + pp < np_act) {
-              const uint4 xv = *reinterpret_cast<const uint4*>(xb[pp] + u * 128);
-              mma16816(d[pp][0], a0[0], a0[1], a0[2], a0[3], xv.x, xv.y);
-              mma16816(d[pp][1], a1[0], a1[1], a1[2], a1[3], xv.z, xv.w);
-            }
-          }
-        }
-#pragma unroll
-        for (int pp = 0; pp < PH; ++pp)
-          if (q * PH + pp < np_act)
-            fin(q * PH + pp, i, (d[pp][0][0] + d[pp][0][1]) + (d[pp][1][0] + d[pp][1][1]),
-                (d[pp][0][2] + d[pp][0][3]) + (d[pp][1][2] + d[pp][1][3]));
+      for (int p = 0; p < NA; ++p) {
+        const uint4 xv = *reinterpret_cast<const uint4*>(xb[p] + u * 128);
+        mma16816(d[p][0], a0[0], a0[1], a0[2], a0[3], xv.x, xv.y);
+        mma16816(d[p][1], a1[0], a1[1], a1[2], a1[3], xv.z, xv.w);
       }
     }
+#pragma unroll
+    for (int p = 0; p < NA; ++p)
+      fin(p, i, (d[p][0][0] + d[p][0][1]) + (d[p][1][0] + d[p][1][1]),
+          (d[p][0][2] + d[p][0][3]) + (d[p][1][2] + d[p][1][3]));
   }
 }
 
 // The value of one row's group, s·2^E·dot + (zc·s + b)·Σx, computed as gemv_tc's group_value computes it:
 // fmaf(s·2^E, dot, fmaf(zc, s, b)·Σx), with the scale s and zc·s + b of the output group of chunk i for rows
-// g (h = 0) and g+8 (h = 1): for 4-bit weights once per tile (every pass reuses them), for 8-bit (one pass,
-// more chunks) where they are used.
+// g (h = 0) and g+8 (h = 1): for 4-bit weights once per tile, for 8-bit (more chunks) where they are used.
 template <int BITS>
 __device__ __forceinline__ void group_scale(const RowTile<BITS>& t, int sg, int h, float& s, float& c) {
   s = bf_raw(bf_pick(t.s[h], sg));
@@ -341,38 +336,55 @@ struct GroupScale {
   }
 };
 
-// tile_rows with the group values of the present rows accumulated into acc[p][i][h] (the dense and gate/up
-// chains; meta: row t's group G at meta[t·mstride + G]; ngroups: the weights' groups).
-template <int BITS, int NP, int PH>
-__device__ __forceinline__ void tile_rows_acc(const RowTile<BITS>& t, const char* xf, int xstride, const float2* meta,
-                                              int mstride, const char* zero, int kt, int ngroups,
-                                              const LaneRows<BITS>& lr, uint32_t tmask, int np_act,
-                                              float (&acc)[NP][TcShape<BITS>::NCH][2]) {
+// f(std::integral_constant<int, NA>) for the tile count NA in {1, 2, 4, NP} that covers np_act (1..NP) active
+// mma tiles: one instantiation per count, so the inner loops carry no per-tile branches.
+template <int NP, typename F>
+__device__ __forceinline__ void with_tiles(int np_act, F&& f) {
+  if constexpr (NP > 4) {
+    if (np_act > 4) return f(std::integral_constant<int, NP>());
+  }
+  if constexpr (NP > 2) {
+    if (np_act > 2) return f(std::integral_constant<int, (NP < 4 ? NP : 4)>());
+  }
+  if constexpr (NP > 1) {
+    if (np_act > 1) return f(std::integral_constant<int, 2>());
+  }
+  f(std::integral_constant<int, 1>());
+}
+
+// tile_mma over the active mma tiles with the group values of the present rows accumulated into acc[p][i][h]
+// (the dense and gate/up chains; meta: row t's group G at meta[t·mstride + G]; ngroups: the weights' groups).
+template <int BITS, int NP>
+__device__ __forceinline__ void tile_acc(const RowTile<BITS>& t, const char* xf, int xstride, const float2* meta,
+                                         int mstride, const char* zero, int kt, int ngroups, const LaneRows<BITS>& lr,
+                                         uint32_t tmask, int np_act, float (&acc)[NP][TcShape<BITS>::NCH][2]) {
   const GroupScale<BITS> gs(t, lr);
-  tile_rows<BITS, NP, PH>(t, xf, xstride, zero, kt, lr, tmask, np_act, [&](int p, int i, float dot0, float dot1) {
+  auto fin = [&](int p, int i, float dot0, float dot1) {
     const int ot = p * TcShape<BITS>::TPM + lr.otok(i), G = kt * 4 + lr.osig(i);
     if (((tmask >> ot) & 1u) && G < ngroups) {
       const float2 mm = meta[ot * mstride + G];
       acc[p][i][0] = fmaf(1.f, gs.value(t, lr, i, 0, dot0, mm), acc[p][i][0]);
       acc[p][i][1] = fmaf(1.f, gs.value(t, lr, i, 1, dot1, mm), acc[p][i][1]);
     }
-  });
+  };
+  with_tiles<NP>(np_act, [&](auto na) { tile_mma<BITS, decltype(na)::value>(t, xf, xstride, zero, kt, lr, tmask, fin); });
 }
 
-// tile_rows with each present row's group values handed to store(row t of the tile, group slot sg, gv of row
+// tile_mma with each present row's group values handed to store(row t of the block, group slot sg, gv of row
 // g, gv of row g+8) (MoE down keeps every group's value).
-template <int BITS, int NP, int PH, typename Store>
-__device__ __forceinline__ void tile_rows_store(const RowTile<BITS>& t, const char* xf, int xstride, const float2* meta,
-                                                int mstride, const char* zero, int kt, int ngroups,
-                                                const LaneRows<BITS>& lr, uint32_t tmask, int np_act, Store&& store) {
+template <int BITS, int NP, typename Store>
+__device__ __forceinline__ void tile_store(const RowTile<BITS>& t, const char* xf, int xstride, const float2* meta,
+                                           int mstride, const char* zero, int kt, int ngroups, const LaneRows<BITS>& lr,
+                                           uint32_t tmask, int np_act, Store&& store) {
   const GroupScale<BITS> gs(t, lr);
-  tile_rows<BITS, NP, PH>(t, xf, xstride, zero, kt, lr, tmask, np_act, [&](int p, int i, float dot0, float dot1) {
+  auto fin = [&](int p, int i, float dot0, float dot1) {
     const int ot = p * TcShape<BITS>::TPM + lr.otok(i), sg = lr.osig(i), G = kt * 4 + sg;
     if (((tmask >> ot) & 1u) && G < ngroups) {
       const float2 mm = meta[ot * mstride + G];
       store(ot, sg, gs.value(t, lr, i, 0, dot0, mm), gs.value(t, lr, i, 1, dot1, mm));
     }
-  });
+  };
+  with_tiles<NP>(np_act, [&](auto na) { tile_mma<BITS, decltype(na)::value>(t, xf, xstride, zero, kt, lr, tmask, fin); });
 }
 
 // The chunk whose output columns hold row τ of an mma tile in lane c (the inverse of LaneRows::otok).
@@ -386,24 +398,43 @@ __device__ __forceinline__ float acc_of_row(const float (&a)[TcShape<BITS>::NCH]
   }
 }
 
-// End of a row group: each row's sum over this warp's k-slice (the quad sum, today's order) into
-// part[t·16 + r] for the block's rows t (ld: floats per row of part), then the accumulators are cleared.
+// End of a k-slice: per row t of the block's rows and weight row g + 8h, the sum of the slice's chains over
+// the 4 lanes of the quad, ((a_c + a_c^1) + (a_c^2 + a_c^3)) — gemv_tc's quad sum, bit for bit — scattered
+// over the quad: lane c keeps the sums of q = slice_q0(c) + j (j < QV / 4), q = 2·t + h. The accumulators
+// are cleared.
 template <int BITS, int NP>
-__device__ __forceinline__ void write_partials_rows(float (&acc)[NP][TcShape<BITS>::NCH][2], float* part, int g, int c) {
+struct SliceSums {
+  static constexpr int QV = NP * TcShape<BITS>::TPM * 2, QL = QV / 4;
+};
+__device__ __forceinline__ int slice_q0(int c, int qv) { return (c & 1) * (qv / 2) + ((c >> 1) & 1) * (qv / 4); }
+template <int BITS, int NP>
+__device__ __forceinline__ void slice_reduce(float (&acc)[NP][TcShape<BITS>::NCH][2], int c,
+                                             float (&z)[SliceSums<BITS, NP>::QL]) {
   using S = TcShape<BITS>;
+  constexpr int QV = SliceSums<BITS, NP>::QV, H1 = QV / 2, H2 = QV / 4;
+  float v[QV];
 #pragma unroll
-  for (int p = 0; p < NP; ++p) {
+  for (int p = 0; p < NP; ++p)
 #pragma unroll
-    for (int tau = 0; tau < S::TPM; ++tau) {
+    for (int tau = 0; tau < S::TPM; ++tau)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const float v = quad_sum(acc_of_row<BITS>(acc[p], c, tau, h));
-        if (c == 0) part[(p * S::TPM + tau) * 16 + g + 8 * h] = v;
-      }
-    }
+      for (int h = 0; h < 2; ++h) v[(p * S::TPM + tau) * 2 + h] = acc_of_row<BITS>(acc[p], c, tau, h);
+  const bool u1 = c & 1, u2 = c & 2;
+  float w[H1];
+#pragma unroll
+  for (int j = 0; j < H1; ++j) {
+    const float keep = u1 ? v[H1 + j] : v[j], send = u1 ? v[j] : v[H1 + j];
+    w[j] = keep + __shfl_xor_sync(0xffffffffu, send, 1);
+  }
+#pragma unroll
+  for (int j = 0; j < H2; ++j) {
+    const float keep = u2 ? w[H2 + j] : w[j], send = u2 ? w[j] : w[H2 + j];
+    z[j] = keep + __shfl_xor_sync(0xffffffffu, send, 2);
+  }
+#pragma unroll
+  for (int p = 0; p < NP; ++p)
 #pragma unroll
     for (int i = 0; i < S::NCH; ++i) acc[p][i][0] = acc[p][i][1] = 0.f;
-  }
 }
 
 }  // namespace lilac::cuda::rows_dev
