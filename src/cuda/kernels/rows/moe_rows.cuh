@@ -48,8 +48,3 @@ __host__ __device__ inline size_t moe_scratch_size(const MoEDecodeWeights& w, in
 }
 
 }  // namespace lilac::cuda::rows_dev
-
-namespace lilac::cuda::rows {
-// Whether the expert kernels' shared memory (a chunk's staged rows + the warps' weight rings) fits (moe_rows.cu).
-bool moe_rows_ring_fits(const MoEDecodeWeights& w);
-}  // namespace lilac::cuda::rows

@@ -1,7 +1,6 @@
-// The weight stream of the multi-row tensor-core kernels (rows/*.cu): a ring of D k-tile stages per warp in
-// shared memory, filled by cp.async D-1 steps ahead of the math, so that a warp keeps several weight tiles in
-// flight through barriers, chunk changes and epilogues (what limited the first version: one register tile in
-// flight, drained at every barrier).
+// The weight stream of gemv_rows_wide.cu: a ring of D k-tile stages per warp in shared memory, filled by
+// cp.async D-1 steps ahead of the math, so that a warp keeps several weight tiles in flight whatever its
+// math does (bench/probe_rows_hw.cu streams the same pattern at ~4 TB/s with 8 warps per SM).
 //
 // A stage holds one k-tile of a 16-row block for one warp: each lane's own weight units (rows g, g+8, NCH
 // chunks: written and read by the same lane, lane-major so that a warp's 16-byte reads cover 512 contiguous
@@ -28,6 +27,31 @@ struct RingShape {
   static constexpr int STAGE = A_BYTES + 256;        // + 16 rows × {scales, biases} of 4 groups
 };
 constexpr int kMaxRing = 8;
+
+// 16 bytes, or 16 zeros without reading `gmem` when !ok.
+__device__ __forceinline__ void cp_async16_zf(void* smem, const void* gmem, bool ok) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(ok ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_async8(void* smem, const void* gmem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+// Wait until at most n (0..7) of this thread's newest copy groups are pending.
+__device__ __forceinline__ void cp_async_wait_n(int n) {
+  switch (n) {
+    case 0: asm volatile("cp.async.wait_group 0;" ::: "memory"); break;
+    case 1: asm volatile("cp.async.wait_group 1;" ::: "memory"); break;
+    case 2: asm volatile("cp.async.wait_group 2;" ::: "memory"); break;
+    case 3: asm volatile("cp.async.wait_group 3;" ::: "memory"); break;
+    case 4: asm volatile("cp.async.wait_group 4;" ::: "memory"); break;
+    case 5: asm volatile("cp.async.wait_group 5;" ::: "memory"); break;
+    case 6: asm volatile("cp.async.wait_group 6;" ::: "memory"); break;
+    default: asm volatile("cp.async.wait_group 7;" ::: "memory"); break;
+  }
+}
+
 
 // Whether k-tile kt's scales / biases go through the ring.
 __device__ __forceinline__ bool sb_staged(bool sb_vec, int kt, int ngroups) { return sb_vec && kt * 4 + 3 < ngroups; }
@@ -99,34 +123,6 @@ struct WarpRing {
   }
 };
 
-// The register alternative to the ring (LILAC_ROWS_TUNE pipe=reg): the next step's tile is loaded straight
-// into registers while the current step's math runs (gemv_tc's scheme: one tile in flight per warp, no
-// shared memory for weights, so more blocks fit per SM).
-template <int BITS>
-__device__ __forceinline__ void load_tile_regs(RowTile<BITS>& t, const RowRef (&r)[2], int kt, int c, int ngroups,
-                                               bool sb_vec) {
-  using S = TcShape<BITS>;
-#pragma unroll
-  for (int i = 0; i < S::NCH; ++i) {
-    const int G = kt * 4 + S::slot(i, c);
-    const bool ok = G < ngroups;
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-      t.w[h][i] = ok ? ::lilac::cuda::dev::ld_stream(
-                           reinterpret_cast<const uint4*>(r[h].q + G * S::GROUP_BYTES + S::off_in_group(c)))
-                     : make_uint4(0, 0, 0, 0);
-  }
-  if (sb_staged(sb_vec, kt, ngroups)) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      t.s[h] = __ldg(reinterpret_cast<const uint2*>(r[h].s + kt * 4));
-      t.b[h] = __ldg(reinterpret_cast<const uint2*>(r[h].b + kt * 4));
-    }
-  } else {
-    load_sb_slow<BITS>(t, r, kt, ngroups);
-  }
-}
-
 // The k-tiles of a 16-row block for a warp that owns slices s0, s0 + sstep, ... (< KS) of KT k-tiles cut into
 // KS slices, slice by slice: tbl[pos] = kt | 0x80 when kt is its slice's last tile. Returns the count (<= 64;
 // lanes of one warp fill it together, __syncwarp before use).
@@ -179,7 +175,7 @@ __device__ __forceinline__ void stage_rows_in(char* xf, float2* meta, char* zero
         const int t = i / per, u = i - t * per;
         return u < ux ? static_cast<void*>(xf + t * xstride + 16 * u) : static_cast<void*>(meta + t * mstride + 2 * (u - ux));
       });
-  for (int i = threadIdx.x; i < kZeroBytes / 16; i += blockDim.x) reinterpret_cast<uint4*>(zero)[i] = make_uint4(0, 0, 0, 0);
+  for (int i = threadIdx.x; i < kZeroTileBytes / 16; i += blockDim.x) reinterpret_cast<uint4*>(zero)[i] = make_uint4(0, 0, 0, 0);
 }
 
 }  // namespace lilac::cuda::rows_dev

@@ -24,14 +24,13 @@
 namespace lilac::cuda::rows_dev {
 
 using ::lilac::cuda::dev::block_sum;
+using ::lilac::cuda::dev::ld_stream;
 using ::lilac::cuda::dev::sel4;
 using ::lilac::cuda::dev::silu_f;
 
 constexpr int kThreads = 256, kWarps = 8;
 constexpr int kTileCols = 256, kGroup = 64;
-// kZeroBytes: one k-tile of zeros. A lane whose B unit is zero (a column of another row's group, or a row
-// that is absent) reads it at its own offset, so the lanes of a quarter-warp read disjoint banks.
-constexpr int kTileXBytes = 1024, kZeroBytes = 1024;
+constexpr int kTileXBytes = 1024, kZeroBytes = 512;
 
 template <int BITS>
 struct TcShape {
@@ -98,29 +97,6 @@ __device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s), "l"(gmem) : "memory");
 }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
-// 16 bytes, or 16 zeros without reading `gmem` when !ok.
-__device__ __forceinline__ void cp_async16_zf(void* smem, const void* gmem, bool ok) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(ok ? 16 : 0) : "memory");
-}
-__device__ __forceinline__ void cp_async8(void* smem, const void* gmem) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(s), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-// Wait until at most n (0..7) of this thread's newest copy groups are pending.
-__device__ __forceinline__ void cp_async_wait_n(int n) {
-  switch (n) {
-    case 0: asm volatile("cp.async.wait_group 0;" ::: "memory"); break;
-    case 1: asm volatile("cp.async.wait_group 1;" ::: "memory"); break;
-    case 2: asm volatile("cp.async.wait_group 2;" ::: "memory"); break;
-    case 3: asm volatile("cp.async.wait_group 3;" ::: "memory"); break;
-    case 4: asm volatile("cp.async.wait_group 4;" ::: "memory"); break;
-    case 5: asm volatile("cp.async.wait_group 5;" ::: "memory"); break;
-    case 6: asm volatile("cp.async.wait_group 6;" ::: "memory"); break;
-    default: asm volatile("cp.async.wait_group 7;" ::: "memory"); break;
-  }
-}
 
 __device__ __forceinline__ float pow2i(int e) { return __int_as_float((127 + e) << 23); }
 __device__ __forceinline__ int frexp_e(float m) {
@@ -205,6 +181,238 @@ __device__ __forceinline__ uint32_t bf_pick(uint2 v, int q) {
   const uint32_t w = (q & 2) ? v.y : v.x;
   return (q & 1) ? (w >> 16) : (w & 0xFFFFu);
 }
+// Tile kt of rows (g, g+8) whose groups are G0 = 4·kt .. of the row (local group index), `ngroups` valid
+// groups in the row. sb_vec: the scale / bias rows are 8-byte aligned with a multiple of 4 groups.
+template <int BITS>
+__device__ __forceinline__ void load_row_tile(RowTile<BITS>& t, const RowRef (&r)[2], int kt, int c, int ngroups,
+                                              bool sb_vec) {
+  using S = TcShape<BITS>;
+#pragma unroll
+  for (int i = 0; i < S::NCH; ++i) {
+    const int G = kt * 4 + S::slot(i, c);
+    const bool ok = G < ngroups;
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      t.w[h][i] = ok ? ld_stream(reinterpret_cast<const uint4*>(r[h].q + G * S::GROUP_BYTES + S::off_in_group(c)))
+                     : make_uint4(0, 0, 0, 0);
+  }
+  const int G0 = kt * 4;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    if (sb_vec && G0 + 3 < ngroups) {
+      t.s[h] = __ldg(reinterpret_cast<const uint2*>(r[h].s + G0));
+      t.b[h] = __ldg(reinterpret_cast<const uint2*>(r[h].b + G0));
+    } else {
+      uint32_t s4[4], b4[4];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        s4[q] = G0 + q < ngroups ? uint32_t(__ldg(r[h].s + G0 + q)) : 0u;
+        b4[q] = G0 + q < ngroups ? uint32_t(__ldg(r[h].b + G0 + q)) : 0u;
+      }
+      t.s[h] = make_uint2(s4[0] | (s4[1] << 16), s4[2] | (s4[3] << 16));
+      t.b[h] = make_uint2(b4[0] | (b4[1] << 16), b4[2] | (b4[3] << 16));
+    }
+  }
+}
+
+// Per-lane constants (functions of the lane; `i` is always a compile-time chunk index): for chunk i the B unit
+// this lane supplies (row btok of the mma's rows; byte offset boff of unit 0 inside a k-tile, valid = false:
+// the zero block) and the output columns it holds afterwards (row otok, group slot osig of the k-tile).
+template <int BITS>
+struct LaneRows {
+  int s, c, base;  // s = g / 2 (the B column's group slot), c = lane % 4, base = frag_off(0, 0, c, g & 1)
+  __device__ explicit LaneRows(int lane) : s(lane >> 3), c(lane & 3), base(frag_off<BITS>(0, 0, lane & 3, (lane >> 2) & 1)) {}
+  __device__ __forceinline__ int btok(int i) const { return BITS == 4 ? int((s >> 1) != i) : (s ^ i); }
+  __device__ __forceinline__ bool bvalid() const { return BITS == 4 ? (s & 1) == (c >> 1) : true; }
+  __device__ __forceinline__ int boff(int i) const { return base + i * TcShape<BITS>::U * 128; }
+  __device__ __forceinline__ int otok(int i) const { return BITS == 4 ? int((c >> 1) != i) : (c ^ i); }
+  __device__ __forceinline__ int osig(int i) const { return BITS == 4 ? (((c >> 1) != i) ? (c ^ 2) : c) : i; }
+};
+
+// One k-tile kt (of the weights and of the staged fragments alike; ngroups: the weights' groups) for NP mma
+// tiles of rows: accumulates the group values of this lane's output columns into acc[p][i][h] (chunk i's
+// columns, rows g / g+8). xf: fragments of row 0 of the block's row tile (row t at xf + t·xstride); meta: row
+// t's group G at meta[t·mstride + G]; tmask: rows present. The mma tiles are walked by a loop that is not
+// unrolled (the registers of one tile at a time), rotating acc so that tile p is always in acc[0].
+// Where this lane's B unit of chunk i of mma tile p lives (the zero block for absent rows).
+template <int BITS>
+__device__ __forceinline__ const char* b_unit(const LaneRows<BITS>& lr, const char* xf, int xstride, const char* zero,
+                                              int kt, int p, int i, uint32_t tmask) {
+  const int bt = p * TcShape<BITS>::TPM + lr.btok(i);
+  return (lr.bvalid() && ((tmask >> bt) & 1u)) ? xf + bt * xstride + kt * kTileXBytes + lr.boff(i) : zero;
+}
+
+// Mma tiles of the block's rows that hold at least one present row (tiles past the last present row skipped).
+template <int BITS>
+__device__ __forceinline__ int active_tiles(uint32_t tmask) {
+  return tmask ? (31 - __clz(int(tmask))) / TcShape<BITS>::TPM + 1 : 0;
+}
+
+// One k-tile kt (of the weights and of the staged fragments alike) for the first np_act of NP mma tiles of
+// rows. Per chunk i and pass of PH mma tiles, each weight unit is dequantized once and multiplied with the B
+// units of the PH tiles; then fin(p, i, dot0, dot1) gets the group dots of this lane's output columns of
+// tile p, chunk i (rows g, g+8). The mma chains are today's (per column: the units u in order).
+// xf: fragments of row 0 of the block's row tile (row t at xf + t·xstride); tmask: rows present.
+template <int BITS, int NP, int PH, typename Fin>
+__device__ __forceinline__ void tile_rows(const RowTile<BITS>& t, const char* xf, int xstride, const char* zero, int kt,
+                                          const LaneRows<BITS>& lr, uint32_t tmask, int np_act, Fin&& fin) {
+  using S = TcShape<BITS>;
+  static_assert(NP % PH == 0, "passes of PH mma tiles");
+#pragma unroll
+  for (int i = 0; i < S::NCH; ++i) {
+#pragma unroll
+    for (int q = 0; q < NP / PH; ++q) {
+      if (q * PH < np_act) {
+        float d[PH][2][4];
+        const char* xb[PH];
+#pragma unroll
+        for (int pp = 0; pp < PH; ++pp) {
+          xb[pp] = b_unit<BITS>(lr, xf, xstride, zero, kt, q * PH + pp, i, tmask);
+#pragma unroll
+          for (int z = 0; z < 4; ++z) d[pp][0][z] = d[pp][1][z] = 0.f;
+        }
+#pragma unroll
+        for (int u = 0; u < S::U; ++u) {
+          uint32_t a0[4], a1[4];  // A registers of the unit's two mmas (d0: a0, d1: a1)
+          if constexpr (BITS == 4) {
+            uint32_t ha[4], hb[4];
+            dq4(sel4(t.w[0][i], u), ha);
+            dq4(sel4(t.w[1][i], u), hb);
+            a0[0] = ha[0], a0[1] = hb[0], a0[2] = ha[1], a0[3] = hb[1];
+            a1[0] = ha[2], a1[1] = hb[2], a1[2] = ha[3], a1[3] = hb[3];
+          } else {
+            uint32_t ha[2], hb[2];
+            dq8(sel4(t.w[0][i], 2 * u), ha);
+            dq8(sel4(t.w[1][i], 2 * u), hb);
+            a0[0] = ha[0], a0[1] = hb[0], a0[2] = ha[1], a0[3] = hb[1];
+            dq8(sel4(t.w[0][i], 2 * u + 1), ha);
+            dq8(sel4(t.w[1][i], 2 * u + 1), hb);
+            a1[0] = ha[0], a1[1] = hb[0], a1[2] = ha[1], a1[3] = hb[1];
+          }
+#pragma unroll
+          for (int pp = 0; pp < PH; ++pp) {
+            if (q * PH + pp < np_act) {
+              const uint4 xv = *reinterpret_cast<const uint4*>(xb[pp] + u * 128);
+              mma16816(d[pp][0], a0[0], a0[1], a0[2], a0[3], xv.x, xv.y);
+              mma16816(d[pp][1], a1[0], a1[1], a1[2], a1[3], xv.z, xv.w);
+            }
+          }
+        }
+#pragma unroll
+        for (int pp = 0; pp < PH; ++pp)
+          if (q * PH + pp < np_act)
+            fin(q * PH + pp, i, (d[pp][0][0] + d[pp][0][1]) + (d[pp][1][0] + d[pp][1][1]),
+                (d[pp][0][2] + d[pp][0][3]) + (d[pp][1][2] + d[pp][1][3]));
+      }
+    }
+  }
+}
+
+// The value of one row's group, s·2^E·dot + (zc·s + b)·Σx, computed as gemv_tc's group_value computes it:
+// fmaf(s·2^E, dot, fmaf(zc, s, b)·Σx), with the scale s and zc·s + b of the output group of chunk i for rows
+// g (h = 0) and g+8 (h = 1): for 4-bit weights once per tile (every pass reuses them), for 8-bit (one pass,
+// more chunks) where they are used.
+template <int BITS>
+__device__ __forceinline__ void group_scale(const RowTile<BITS>& t, int sg, int h, float& s, float& c) {
+  s = bf_raw(bf_pick(t.s[h], sg));
+  c = fmaf(TcShape<BITS>::ZC, s, bf_raw(bf_pick(t.b[h], sg)));
+}
+template <int BITS>
+struct GroupScale {
+  static constexpr int N = BITS == 4 ? TcShape<BITS>::NCH : 1;
+  float s[N][2], c[N][2];
+  __device__ GroupScale(const RowTile<BITS>& t, const LaneRows<BITS>& lr) {
+    if constexpr (BITS == 4) {
+#pragma unroll
+      for (int i = 0; i < N; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) group_scale<BITS>(t, lr.osig(i), h, s[i][h], c[i][h]);
+    }
+  }
+  // fmaf(s·m.x, dot, c·m.y) for chunk i, row h
+  __device__ __forceinline__ float value(const RowTile<BITS>& t, const LaneRows<BITS>& lr, int i, int h, float dot,
+                                         float2 m) const {
+    if constexpr (BITS == 4) {
+      return fmaf(s[i][h] * m.x, dot, c[i][h] * m.y);
+    } else {
+      float ss, cc;
+      group_scale<BITS>(t, lr.osig(i), h, ss, cc);
+      return fmaf(ss * m.x, dot, cc * m.y);
+    }
+  }
+};
+
+// tile_rows with the group values of the present rows accumulated into acc[p][i][h] (the dense and gate/up
+// chains; meta: row t's group G at meta[t·mstride + G]; ngroups: the weights' groups).
+template <int BITS, int NP, int PH>
+__device__ __forceinline__ void tile_rows_acc(const RowTile<BITS>& t, const char* xf, int xstride, const float2* meta,
+                                              int mstride, const char* zero, int kt, int ngroups,
+                                              const LaneRows<BITS>& lr, uint32_t tmask, int np_act,
+                                              float (&acc)[NP][TcShape<BITS>::NCH][2]) {
+  const GroupScale<BITS> gs(t, lr);
+  tile_rows<BITS, NP, PH>(t, xf, xstride, zero, kt, lr, tmask, np_act, [&](int p, int i, float dot0, float dot1) {
+    const int ot = p * TcShape<BITS>::TPM + lr.otok(i), G = kt * 4 + lr.osig(i);
+    if (((tmask >> ot) & 1u) && G < ngroups) {
+      const float2 mm = meta[ot * mstride + G];
+      acc[p][i][0] = fmaf(1.f, gs.value(t, lr, i, 0, dot0, mm), acc[p][i][0]);
+      acc[p][i][1] = fmaf(1.f, gs.value(t, lr, i, 1, dot1, mm), acc[p][i][1]);
+    }
+  });
+}
+
+// tile_rows with each present row's group values handed to store(row t of the tile, group slot sg, gv of row
+// g, gv of row g+8) (MoE down keeps every group's value).
+template <int BITS, int NP, int PH, typename Store>
+__device__ __forceinline__ void tile_rows_store(const RowTile<BITS>& t, const char* xf, int xstride, const float2* meta,
+                                                int mstride, const char* zero, int kt, int ngroups,
+                                                const LaneRows<BITS>& lr, uint32_t tmask, int np_act, Store&& store) {
+  const GroupScale<BITS> gs(t, lr);
+  tile_rows<BITS, NP, PH>(t, xf, xstride, zero, kt, lr, tmask, np_act, [&](int p, int i, float dot0, float dot1) {
+    const int ot = p * TcShape<BITS>::TPM + lr.otok(i), sg = lr.osig(i), G = kt * 4 + sg;
+    if (((tmask >> ot) & 1u) && G < ngroups) {
+      const float2 mm = meta[ot * mstride + G];
+      store(ot, sg, gs.value(t, lr, i, 0, dot0, mm), gs.value(t, lr, i, 1, dot1, mm));
+    }
+  });
+}
+
+// The chunk whose output columns hold row τ of an mma tile in lane c (the inverse of LaneRows::otok).
+template <int BITS>
+__device__ __forceinline__ float acc_of_row(const float (&a)[TcShape<BITS>::NCH][2], int c, int tau, int h) {
+  if constexpr (BITS == 4) {
+    return ((c >> 1) ^ tau) ? a[1][h] : a[0][h];
+  } else {
+    const int i = c ^ tau;
+    return i == 0 ? a[0][h] : (i == 1 ? a[1][h] : (i == 2 ? a[2][h] : a[3][h]));
+  }
+}
+
+// End of a row group: each row's sum over this warp's k-slice (the quad sum, today's order) into
+// part[t·16 + r] for the block's rows t (ld: floats per row of part), then the accumulators are cleared.
+template <int BITS, int NP>
+__device__ __forceinline__ void write_partials_rows(float (&acc)[NP][TcShape<BITS>::NCH][2], float* part, int g, int c) {
+  using S = TcShape<BITS>;
+#pragma unroll
+  for (int p = 0; p < NP; ++p) {
+#pragma unroll
+    for (int tau = 0; tau < S::TPM; ++tau) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float v = quad_sum(acc_of_row<BITS>(acc[p], c, tau, h));
+        if (c == 0) part[(p * S::TPM + tau) * 16 + g + 8 * h] = v;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < S::NCH; ++i) acc[p][i][0] = acc[p][i][1] = 0.f;
+  }
+}
+
+
+// ------------------------------------------------------------------------------------------------ whole rows
+// The pieces of gemv_rows_wide.cu (a warp walks every k-slice of a 16-row block, each weight unit is
+// dequantized once for all the block's rows; tile_rows above dequantizes once per pass of PH tiles).
+constexpr int kZeroTileBytes = 1024;  // one k-tile of zeros (b_unit_lane)
+
 // The scales / biases of tile kt of rows (g, g+8) one by one (rows whose scale rows are not 8-byte aligned
 // with a multiple of 4 groups, and partial last tiles; groups past `ngroups` read as 0).
 template <int BITS>
@@ -223,33 +431,14 @@ __device__ __forceinline__ void load_sb_slow(RowTile<BITS>& t, const RowRef (&r)
   }
 }
 
-// Per-lane constants (functions of the lane; `i` is always a compile-time chunk index): for chunk i the B unit
-// this lane supplies (row btok of the mma's rows; byte offset boff of unit 0 inside a k-tile, valid = false:
-// the zero block) and the output columns it holds afterwards (row otok, group slot osig of the k-tile).
+// The whole-row path's b_unit: where this lane's B unit of chunk i of mma tile p lives: the staged fragments of its row, or (a column
+// that is zero in today's layout, or an absent row) the zero k-tile (kZeroTileBytes) at the same offset, so
+// the lanes of a quarter-warp read disjoint banks.
 template <int BITS>
-struct LaneRows {
-  int s, c, base;  // s = g / 2 (the B column's group slot), c = lane % 4, base = frag_off(0, 0, c, g & 1)
-  __device__ explicit LaneRows(int lane) : s(lane >> 3), c(lane & 3), base(frag_off<BITS>(0, 0, lane & 3, (lane >> 2) & 1)) {}
-  __device__ __forceinline__ int btok(int i) const { return BITS == 4 ? int((s >> 1) != i) : (s ^ i); }
-  __device__ __forceinline__ bool bvalid() const { return BITS == 4 ? (s & 1) == (c >> 1) : true; }
-  __device__ __forceinline__ int boff(int i) const { return base + i * TcShape<BITS>::U * 128; }
-  __device__ __forceinline__ int otok(int i) const { return BITS == 4 ? int((c >> 1) != i) : (c ^ i); }
-  __device__ __forceinline__ int osig(int i) const { return BITS == 4 ? (((c >> 1) != i) ? (c ^ 2) : c) : i; }
-};
-
-// Where this lane's B unit of chunk i of mma tile p lives: the staged fragments of its row, or (a column
-// that is zero in today's layout, or an absent row) the zero block at the same offset.
-template <int BITS>
-__device__ __forceinline__ const char* b_unit(const LaneRows<BITS>& lr, const char* xf, int xstride, const char* zero,
+__device__ __forceinline__ const char* b_unit_lane(const LaneRows<BITS>& lr, const char* xf, int xstride, const char* zero,
                                               int kt, int p, int i, uint32_t tmask) {
   const int bt = p * TcShape<BITS>::TPM + lr.btok(i);
   return (lr.bvalid() && ((tmask >> bt) & 1u)) ? xf + bt * xstride + kt * kTileXBytes + lr.boff(i) : zero + lr.boff(i);
-}
-
-// Mma tiles of the block's rows that hold at least one present row (tiles past the last present row skipped).
-template <int BITS>
-__device__ __forceinline__ int active_tiles(uint32_t tmask) {
-  return tmask ? (31 - __clz(int(tmask))) / TcShape<BITS>::TPM + 1 : 0;
 }
 
 // One k-tile kt (of the weights and of the staged fragments alike) for mma tiles 0..NA-1 of the rows: per
@@ -267,7 +456,7 @@ __device__ __forceinline__ void tile_mma(const RowTile<BITS>& t, const char* xf,
     const char* xb[NA];
 #pragma unroll
     for (int p = 0; p < NA; ++p) {
-      xb[p] = b_unit<BITS>(lr, xf, xstride, zero, kt, p, i, tmask);
+      xb[p] = b_unit_lane<BITS>(lr, xf, xstride, zero, kt, p, i, tmask);
 #pragma unroll
       for (int z = 0; z < 4; ++z) d[p][0][z] = d[p][1][z] = 0.f;
     }
@@ -303,39 +492,6 @@ __device__ __forceinline__ void tile_mma(const RowTile<BITS>& t, const char* xf,
   }
 }
 
-// The value of one row's group, s·2^E·dot + (zc·s + b)·Σx, computed as gemv_tc's group_value computes it:
-// fmaf(s·2^E, dot, fmaf(zc, s, b)·Σx), with the scale s and zc·s + b of the output group of chunk i for rows
-// g (h = 0) and g+8 (h = 1): for 4-bit weights once per tile, for 8-bit (more chunks) where they are used.
-template <int BITS>
-__device__ __forceinline__ void group_scale(const RowTile<BITS>& t, int sg, int h, float& s, float& c) {
-  s = bf_raw(bf_pick(t.s[h], sg));
-  c = fmaf(TcShape<BITS>::ZC, s, bf_raw(bf_pick(t.b[h], sg)));
-}
-template <int BITS>
-struct GroupScale {
-  static constexpr int N = BITS == 4 ? TcShape<BITS>::NCH : 1;
-  float s[N][2], c[N][2];
-  __device__ GroupScale(const RowTile<BITS>& t, const LaneRows<BITS>& lr) {
-    if constexpr (BITS == 4) {
-#pragma unroll
-      for (int i = 0; i < N; ++i)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) group_scale<BITS>(t, lr.osig(i), h, s[i][h], c[i][h]);
-    }
-  }
-  // fmaf(s·m.x, dot, c·m.y) for chunk i, row h
-  __device__ __forceinline__ float value(const RowTile<BITS>& t, const LaneRows<BITS>& lr, int i, int h, float dot,
-                                         float2 m) const {
-    if constexpr (BITS == 4) {
-      return fmaf(s[i][h] * m.x, dot, c[i][h] * m.y);
-    } else {
-      float ss, cc;
-      group_scale<BITS>(t, lr.osig(i), h, ss, cc);
-      return fmaf(ss * m.x, dot, cc * m.y);
-    }
-  }
-};
-
 // f(std::integral_constant<int, NA>) for the tile count NA in {1, 2, 4, NP} that covers np_act (1..NP) active
 // mma tiles: one instantiation per count, so the inner loops carry no per-tile branches.
 template <int NP, typename F>
@@ -368,34 +524,6 @@ __device__ __forceinline__ void tile_acc(const RowTile<BITS>& t, const char* xf,
     }
   };
   with_tiles<NP>(np_act, [&](auto na) { tile_mma<BITS, decltype(na)::value>(t, xf, xstride, zero, kt, lr, tmask, fin); });
-}
-
-// tile_mma with each present row's group values handed to store(row t of the block, group slot sg, gv of row
-// g, gv of row g+8) (MoE down keeps every group's value).
-template <int BITS, int NP, typename Store>
-__device__ __forceinline__ void tile_store(const RowTile<BITS>& t, const char* xf, int xstride, const float2* meta,
-                                           int mstride, const char* zero, int kt, int ngroups, const LaneRows<BITS>& lr,
-                                           uint32_t tmask, int np_act, Store&& store) {
-  const GroupScale<BITS> gs(t, lr);
-  auto fin = [&](int p, int i, float dot0, float dot1) {
-    const int ot = p * TcShape<BITS>::TPM + lr.otok(i), sg = lr.osig(i), G = kt * 4 + sg;
-    if (((tmask >> ot) & 1u) && G < ngroups) {
-      const float2 mm = meta[ot * mstride + G];
-      store(ot, sg, gs.value(t, lr, i, 0, dot0, mm), gs.value(t, lr, i, 1, dot1, mm));
-    }
-  };
-  with_tiles<NP>(np_act, [&](auto na) { tile_mma<BITS, decltype(na)::value>(t, xf, xstride, zero, kt, lr, tmask, fin); });
-}
-
-// The chunk whose output columns hold row τ of an mma tile in lane c (the inverse of LaneRows::otok).
-template <int BITS>
-__device__ __forceinline__ float acc_of_row(const float (&a)[TcShape<BITS>::NCH][2], int c, int tau, int h) {
-  if constexpr (BITS == 4) {
-    return ((c >> 1) ^ tau) ? a[1][h] : a[0][h];
-  } else {
-    const int i = c ^ tau;
-    return i == 0 ? a[0][h] : (i == 1 ? a[1][h] : (i == 2 ? a[2][h] : a[3][h]));
-  }
 }
 
 // End of a k-slice: per row t of the block's rows and weight row g + 8h, the sum of the slice's chains over
