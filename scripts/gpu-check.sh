@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # Runs ON the GPU machine (device `run`, carry [".gpu"]) from the repository root, after
 # scripts/gpu-pack.sh packed .gpu/ here. Logs go to $OUT (or /tmp/lilac-out).
-#   bash scripts/gpu-check.sh [all|tests|golden|bench|sanitize|bench-kernels|cpu]   (default all)
-# bench-kernels (not part of all) runs the kernel benchmarks bench_kernels_<family> (one per kernel
-# family: gemv, gemm, attention, gdn, sampling, rows; unpacked from .gpu/bench_kernels.tar.xz into
-# .gpu/kbench/), console output in the log and JSON in $OUT/bench_kernels_<family>.json.
-# cpu (not part of all) = the fast CPU path on the host's cores: its kernel tests, check-golden on
-# tiny/tiny2/real4, bench/cpu_vs_llamacpp.sh on real4.
+#   bash scripts/gpu-check.sh [all|tests|golden|bench|sanitize|cpu|bench-kernels]   (default all; cpu = the
+#   fast CPU path on the host's cores: its kernel tests, check-golden on tiny/tiny2/real4,
+#   bench/cpu_vs_llamacpp.sh on real4 -- not part of all)
+# bench-kernels (not part of all) runs the CUDA kernel benchmarks bench_kernels_<family> (one per kernel
+# family; unpacked from .gpu/bench_kernels.tar.xz into .gpu/kbench/), console output in the log and JSON
+# in $OUT/bench_kernels_<family>.json.
 # Env: BENCH_LENS (default 512,4096,16384), BENCH_LAYERS (default 40), SANITIZE=0 to skip
-# compute-sanitizer, GTEST_FILTER for the tests, KERNEL_BENCHES (default: every family, e.g. "gemv gdn")
-# and BENCH_FILTER (a --benchmark_filter regex) for bench-kernels.
+# compute-sanitizer, GTEST_FILTER for the tests, KERNEL_BENCHES (default: every packed family, e.g.
+# "gemv gdn") and BENCH_FILTER (a --benchmark_filter regex) for bench-kernels.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/lilac-out}
@@ -71,6 +71,17 @@ if [ "$WHAT" = all ] || [ "$WHAT" = sanitize ]; then
     echo "racecheck rc=$?"; tail -3 /tmp/racecheck.log
   fi
 fi
+if [ "$WHAT" = bench-kernels ]; then
+  bash scripts/gpu-unpack-benches.sh || status=1
+  for fam in ${KERNEL_BENCHES:-$(ls .gpu/kbench 2>/dev/null | sed 's/^bench_kernels_//')}; do
+    b=.gpu/kbench/bench_kernels_$fam
+    step "kernel benchmarks: $fam"
+    [ -x "$b" ] || { echo "missing $b (run scripts/gpu-pack.sh)"; status=1; continue; }
+    timeout ${KBENCH_TIMEOUT:-300} $b --benchmark_filter="${BENCH_FILTER:-.}" \
+      --benchmark_out="$OUT/bench_kernels_$fam.json" --benchmark_out_format=json 2>&1
+    [ $? = 0 ] || status=1
+  done
+fi
 if [ "$WHAT" = cpu ]; then
   step "fast CPU path: kernel and backend tests (every kernel set this CPU runs)"
   timeout ${TEST_TIMEOUT:-300} .gpu/lilac_tests_cpufast > /tmp/tests-cpufast.log 2>&1
@@ -93,17 +104,6 @@ if [ "$WHAT" = cpu ]; then
   done
   step "CPU bench (real4; llama.cpp when LLAMA_BENCH and GGUF are set)"
   LILAC=$L MEMBW=.gpu/bench_membw OUT="$OUT/cpu-bench" timeout ${BENCH_TIMEOUT:-400} bash bench/cpu_vs_llamacpp.sh /tmp/real4/mlx4 ${LLAMA_BENCH:-} ${GGUF:-} 2>&1
-fi
-if [ "$WHAT" = bench-kernels ]; then
-  bash scripts/gpu-unpack-benches.sh || status=1
-  for fam in ${KERNEL_BENCHES:-gemv gemm attention gdn sampling rows}; do
-    b=.gpu/kbench/bench_kernels_$fam
-    step "kernel benchmarks: $fam"
-    [ -x "$b" ] || { echo "missing $b (run scripts/gpu-pack.sh)"; status=1; continue; }
-    timeout ${KBENCH_TIMEOUT:-300} $b --benchmark_filter="${BENCH_FILTER:-.}" \
-      --benchmark_out="$OUT/bench_kernels_$fam.json" --benchmark_out_format=json 2>&1
-    [ $? = 0 ] || status=1
-  done
 fi
 cp /tmp/tests.log /tmp/memcheck.log /tmp/racecheck.log "$OUT"/ 2>/dev/null
 echo; echo "gpu-check status $status"

@@ -26,7 +26,8 @@ for b in $BENCHES; do cp "$BUILD/bench/$b" "$KB/"; done
 [ -z "$BENCHES" ] || strip "$KB"/bench_kernels_*
 # Shared libraries the device image may lack (the CUDA runtime is linked statically; glibc, libstdc++
 # and the driver's libcuda come from the image).
-ldd .gpu/lilac .gpu/lilac_tests_cuda .gpu/lilac_tests_cpufast .gpu/bench_membw $(for b in $BENCHES; do echo "$KB/$b"; done) | awk '/=> \//{print $3}' | sort -u | while read -r lib; do
+ldd .gpu/lilac .gpu/lilac_tests_cuda .gpu/lilac_tests_cpufast .gpu/bench_membw $(for b in $BENCHES; do echo "$KB/$b"; done) |
+  awk '/=> \//{print $3}' | sort -u | while read -r lib; do
   case "$(basename "$lib")" in
     libc.so*|libm.so*|libstdc++.so*|libgcc_s.so*|ld-linux*|libpthread.so*|libdl.so*|librt.so*|libcuda.so*) ;;
     *) cp -L "$lib" .gpu/lib/ ;;
