@@ -1,0 +1,411 @@
+#include "cuda/mtp_head.h"
+
+#include <algorithm>
+#include <cfloat>
+#include <string>
+
+#include "core/error.h"
+#include "cuda/cuda_common.h"
+#include "cuda/kernels/gemv/gemv.h"
+#include "cuda/kernels/launch.cuh"
+#include "cuda/kernels/qdot.cuh"
+#include "cuda/kernels/sampling/sampling.h"
+
+namespace lilac::cuda {
+namespace {
+using namespace dev;
+
+// Where a row's inputs come from.
+enum RowMode : int {
+  kCatchUp = 0,  // the pair at *mpos: hidden and next token from the ring; *dpos = *mpos
+  kPending = 1,  // the pending row: hidden from the ring at *mpos, token *pending; *dpos = *mpos
+  kChain = 2,    // a chain row: hidden = the previous row's u (after mtp.norm), token = the previous draft; ++*dpos
+};
+
+struct InputArgs {
+  QMatrixDev embed;
+  int mode = 0;
+  const float* ring_h = nullptr;
+  const int32_t* ring_x = nullptr;
+  const int32_t* mpos = nullptr;
+  int32_t* dpos = nullptr;
+  const int32_t* token = nullptr;  // kPending: the pending token; kChain: the previous draft
+  const float* u_prev = nullptr;   // kChain
+  const float *final_norm = nullptr, *mtp_norm = nullptr, *pre_e = nullptr, *pre_h = nullptr;
+  float eps = 1e-6f;
+  int H = 0;
+  float* cat = nullptr;  // [2H]
+};
+
+constexpr int kInputThreads = 512;
+
+// cat = [RMSNorm(embed[x]; pre_fc_norm_embedding) | RMSNorm(RMSNorm(h; w1); pre_fc_norm_hidden)], w1 the final
+// norm for a main-model hidden (the ring holds the residual before it) or mtp.norm for a chain row. One block.
+__global__ void __launch_bounds__(kInputThreads) mtp_input_kernel(InputArgs a) {
+  extern __shared__ float sm[];  // [2H]: the embedding row, then the first norm of h
+  __shared__ float red[32];
+  __shared__ int tok_s;
+  __shared__ const float* hid_s;
+  pdl_wait();
+  pdl_trigger();
+  const int H = a.H;
+  if (threadIdx.x == 0) {
+    const float* hid;
+    int32_t tok;
+    if (a.mode == kChain) {
+      hid = a.u_prev;
+      tok = *a.token;
+      *a.dpos = *a.dpos + 1;
+    } else {
+      const int32_t p = *a.mpos;
+      hid = a.ring_h + int64_t(p % kMtpRing) * H;
+      tok = a.mode == kPending ? *a.token : a.ring_x[(p + 1) % kMtpRing];
+      *a.dpos = p;
+    }
+    if (tok < 0 || tok >= a.embed.rows) tok = 0;  // never read outside the table (garbage in, a wrong draft out)
+    tok_s = tok;
+    hid_s = hid;
+  }
+  __syncthreads();
+  const QMatrixDev& E = a.embed;
+  const int64_t t = tok_s;
+  const float* hid = hid_s;
+  const float* w1 = a.mode == kChain ? a.mtp_norm : a.final_norm;
+  const int per = 32 / E.bits;
+  float se = 0.f, sh = 0.f;
+  for (int c = threadIdx.x; c < H; c += blockDim.x) {
+    const uint32_t word = E.qweight[t * E.words_per_row() + c / per];
+    const uint32_t q = (word >> ((c % per) * E.bits)) & ((1u << E.bits) - 1u);
+    const int64_t g = t * E.groups_per_row() + c / E.group_size;
+    const float e = bf2f(E.scales[g]) * float(q) + bf2f(E.biases[g]);
+    sm[c] = e;
+    se += e * e;
+    const float h = hid[c];
+    sm[H + c] = h;
+    sh += h * h;
+  }
+  se = block_sum(se, red);
+  sh = block_sum(sh, red);
+  const float re = rsqrtf(se / float(H) + a.eps), rh = rsqrtf(sh / float(H) + a.eps);
+  float s2 = 0.f;
+  for (int c = threadIdx.x; c < H; c += blockDim.x) {
+    a.cat[c] = sm[c] * re * a.pre_e[c];
+    const float y = sm[H + c] * rh * w1[c];
+    sm[H + c] = y;
+    s2 += y * y;
+  }
+  s2 = block_sum(s2, red);
+  const float r2 = rsqrtf(s2 / float(H) + a.eps);
+  for (int c = threadIdx.x; c < H; c += blockDim.x) a.cat[H + c] = sm[H + c] * r2 * a.pre_h[c];
+}
+
+// Greedy argmax of the head's logits (ties to the lower id, NaN never wins): block partials, then one block.
+constexpr int kArgBlocks = 128, kArgThreads = 256;
+struct ArgPart {
+  float v;
+  int i;
+};
+__device__ __forceinline__ bool better(float v, int i, float bv, int bi) { return v > bv || (v == bv && i < bi); }
+__device__ __forceinline__ void warp_best(float& v, int& i) {
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, v, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, i, o);
+    if (better(ov, oi, v, i)) v = ov, i = oi;
+  }
+}
+__device__ void block_best(float& v, int& i) {
+  __shared__ ArgPart sp[32];
+  warp_best(v, i);
+  if ((threadIdx.x & 31) == 0) sp[threadIdx.x >> 5] = {v, i};
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    const int nw = (blockDim.x + 31) >> 5;
+    v = threadIdx.x < nw ? sp[threadIdx.x].v : -INFINITY;
+    i = threadIdx.x < nw ? sp[threadIdx.x].i : 0x7fffffff;
+    warp_best(v, i);
+  }
+}
+
+__global__ void __launch_bounds__(kArgThreads) argmax_partial_kernel(const float* x, int64_t n, ArgPart* part) {
+  pdl_wait();
+  pdl_trigger();
+  float v = -INFINITY;
+  int idx = 0x7fffffff;
+  for (int64_t j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; j < n; j += int64_t(gridDim.x) * blockDim.x) {
+    const float y = x[j];
+    if (better(y, int(j), v, idx)) v = y, idx = int(j);  // NaN: never better
+  }
+  block_best(v, idx);
+  if (threadIdx.x == 0) part[blockIdx.x] = {v, idx};
+}
+
+__global__ void __launch_bounds__(kArgBlocks) argmax_final_kernel(const ArgPart* part, int32_t* out) {
+  pdl_wait();
+  pdl_trigger();
+  float v = part[threadIdx.x].v;
+  int idx = part[threadIdx.x].i;
+  block_best(v, idx);
+  if (threadIdx.x == 0) *out = idx == 0x7fffffff ? 0 : idx;
+}
+
+template <typename F>
+cudaGraphExec_t capture(cudaStream_t s, F&& f) {
+  cudaGraph_t g = nullptr;
+  LILAC_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
+  try {
+    f();
+  } catch (...) {
+    cudaStreamEndCapture(s, &g);
+    if (g) cudaGraphDestroy(g);
+    throw;
+  }
+  LILAC_CUDA_CHECK(cudaStreamEndCapture(s, &g));
+  cudaGraphExec_t e = nullptr;
+  LILAC_CUDA_CHECK(cudaGraphInstantiate(&e, g, 0));
+  cudaGraphDestroy(g);
+  return e;
+}
+
+void sync(cudaStream_t s) { LILAC_CUDA_CHECK(cudaStreamSynchronize(s)); }
+
+}  // namespace
+
+struct MtpHead::Graphs {
+  cudaGraphExec_t row = nullptr, row_logits = nullptr;  // one catch-up row (without / with its logits)
+  cudaGraphExec_t draft[kMaxDrafts + 1] = {};          // draft[k]: the pending row + k - 1 chain rows
+  const int32_t* pending = nullptr;                     // the token slot the draft graphs read
+  ~Graphs() {
+    if (row) cudaGraphExecDestroy(row);
+    if (row_logits) cudaGraphExecDestroy(row_logits);
+    for (cudaGraphExec_t g : draft)
+      if (g) cudaGraphExecDestroy(g);
+  }
+};
+
+MtpHead::MtpHead(const DevModel& m, DevAlloc& mem, int64_t max_len, int32_t* drafts)
+    : m_(m), h_(*m.mtp), max_len_(max_len), drafts_(drafts), g_(std::make_unique<Graphs>()) {
+  const ModelConfig& c = m.cfg;
+  const int64_t H = c.hidden_size, kv_row = c.kv_dim();
+  LILAC_CHECK(H <= 8192, "cuda mtp: hidden_size above 8192 is not supported");
+  k_ = static_cast<__nv_bfloat16*>(mem.get(size_t(max_len) * size_t(kv_row) * 2));
+  v_ = static_cast<__nv_bfloat16*>(mem.get(size_t(max_len) * size_t(kv_row) * 2));
+  ring_h_ = static_cast<float*>(mem.get(size_t(kMtpRing) * size_t(H) * 4));
+  ring_x_ = static_cast<int32_t*>(mem.get(size_t(kMtpRing) * 4));
+  mpos_ = static_cast<int32_t*>(mem.get(4));
+  dpos_ = static_cast<int32_t*>(mem.get(4));
+  cat_ = static_cast<float*>(mem.get(size_t(2 * H) * 4));
+  logits_ = static_cast<float*>(mem.get(size_t(kMaxDrafts) * size_t(c.vocab_size) * 4));
+  argmax_scratch_ = mem.get(sizeof(ArgPart) * kArgBlocks);
+  sc_ = alloc_decode_scratch(mem, m, max_len);
+  LILAC_CUDA_CHECK(cudaMallocHost(&host_drafts_, sizeof(int32_t) * kMaxDrafts));
+}
+
+MtpHead::~MtpHead() {
+  g_.reset();
+  if (host_drafts_) cudaFreeHost(host_drafts_);
+}
+
+void MtpHead::launch(cudaGraphExec_t g, cudaStream_t s) { LILAC_CUDA_CHECK(cudaGraphLaunch(g, s)); }
+
+// One row of the head (graph-capturable): inputs (mode) → fc → the attention layer on the head's cache at
+// *dpos → its MoE → [LM head over RMSNorm(u; mtp.norm) into `logits` → argmax into *draft_out].
+void MtpHead::enqueue_row(int mode, const int32_t* token, int chain_index, float* logits, int32_t* draft_out,
+                          cudaStream_t s) {
+  (void)chain_index;
+  const ModelConfig& c = m_.cfg;
+  const int H = int(c.hidden_size);
+  InputArgs a;
+  a.embed = m_.embed;
+  a.mode = mode;
+  a.ring_h = ring_h_;
+  a.ring_x = ring_x_;
+  a.mpos = mpos_;
+  a.dpos = dpos_;
+  a.token = token;
+  a.u_prev = sc_.h;
+  a.final_norm = m_.final_norm;
+  a.mtp_norm = h_.norm;
+  a.pre_e = h_.pre_fc_norm_embedding;
+  a.pre_h = h_.pre_fc_norm_hidden;
+  a.eps = float(c.rms_norm_eps);
+  a.H = H;
+  a.cat = cat_;
+  launch_pdl(mtp_input_kernel, dim3(1), dim3(kInputThreads), size_t(2 * H) * 4, s, a);
+  LILAC_CUDA_LAUNCH_CHECK();
+  GemvArgs fc;
+  fc.W = h_.fc;
+  fc.x = cat_;
+  fc.y = sc_.h;
+  gemv(fc, s);
+  enqueue_attn_mixer(m_, h_.layer, k_, v_, dpos_, sc_, s);
+  enqueue_moe(m_, h_.layer, sc_, s);
+  if (logits) {
+    GemvArgs lm;
+    lm.W = m_.lm_head;
+    lm.x = sc_.h;
+    lm.y = logits;
+    lm.pro = Prologue::RmsNorm;
+    lm.norm_w = h_.norm;
+    lm.eps = float(c.rms_norm_eps);
+    gemv(lm, s);
+  }
+  if (draft_out) {
+    auto* part = static_cast<ArgPart*>(argmax_scratch_);
+    launch_pdl(argmax_partial_kernel, dim3(kArgBlocks), dim3(kArgThreads), 0, s, static_cast<const float*>(logits),
+               int64_t(c.vocab_size), part);
+    launch_pdl(argmax_final_kernel, dim3(1), dim3(kArgBlocks), 0, s, static_cast<const ArgPart*>(part), draft_out);
+    LILAC_CUDA_LAUNCH_CHECK();
+  }
+}
+
+// ------------------------------------------------------------------------------------------------ state
+void MtpHead::reset(bool valid, cudaStream_t s) {
+  valid_ = valid;
+  staged_ = false;
+  len_ = committed_ = 0;
+  LILAC_CUDA_CHECK(cudaMemsetAsync(mpos_, 0, 4, s));
+  sync(s);
+}
+
+void MtpHead::stage_token(int64_t pos, const int32_t* token, cudaStream_t s) {
+  staged_ = false;
+  if (!valid_) return;
+  if (pos != len_) {
+    valid_ = false;
+    return;
+  }
+  if (len_ - committed_ >= kMtpRing) run_pending(s);
+  LILAC_CUDA_CHECK(cudaMemcpyAsync(ring_x_ + len_ % kMtpRing, token, 4, cudaMemcpyDeviceToDevice, s));
+  staged_ = true;
+}
+
+void MtpHead::stage_hidden(const float* hidden, cudaStream_t s) {
+  if (!valid_ || !staged_) return;
+  const int64_t H = m_.cfg.hidden_size;
+  LILAC_CUDA_CHECK(cudaMemcpyAsync(ring_h_ + (len_ % kMtpRing) * H, hidden, size_t(H) * 4, cudaMemcpyDeviceToDevice, s));
+  ++len_;
+  staged_ = false;
+}
+
+void MtpHead::on_fed(int64_t pos0, int64_t n, const int32_t* tokens, const float* hidden, int64_t ld, cudaStream_t s) {
+  if (!valid_ || n <= 0) return;
+  if (pos0 != len_) {  // not the context it follows: give up until reset
+    valid_ = false;
+    return;
+  }
+  const int64_t H = m_.cfg.hidden_size;
+  int64_t done = 0;
+  while (done < n) {
+    if (len_ - committed_ >= kMtpRing) run_pending(s);
+    const int64_t p = len_, at = p % kMtpRing;
+    const int64_t cnt = std::min({n - done, kMtpRing - (len_ - committed_), kMtpRing - at});  // no wrap inside
+    LILAC_CUDA_CHECK(cudaMemcpy2DAsync(ring_h_ + at * H, size_t(H) * 4, hidden + done * ld, size_t(ld) * 4,
+                                       size_t(H) * 4, size_t(cnt), cudaMemcpyDeviceToDevice, s));
+    LILAC_CUDA_CHECK(cudaMemcpyAsync(ring_x_ + at, tokens + done, size_t(cnt) * 4, cudaMemcpyDeviceToDevice, s));
+    len_ += cnt;
+    done += cnt;
+  }
+}
+
+void MtpHead::run_pending(cudaStream_t s) {
+  if (!valid_) return;
+  const int64_t n = len_ - 1 - committed_;
+  if (n <= 0) return;
+  if (!sink_) {
+    if (!g_->row) g_->row = capture(s, [&] {
+        enqueue_row(kCatchUp, nullptr, 0, nullptr, nullptr, s);
+        increment_i32(mpos_, s);
+      });
+    for (int64_t i = 0; i < n; ++i) launch(g_->row, s);
+  } else {
+    if (!g_->row_logits) g_->row_logits = capture(s, [&] {
+        enqueue_row(kCatchUp, nullptr, 0, logits_, nullptr, s);
+        increment_i32(mpos_, s);
+      });
+    const int64_t V = m_.cfg.vocab_size;
+    std::vector<float> row(static_cast<size_t>(V));
+    for (int64_t i = 0; i < n; ++i) {
+      launch(g_->row_logits, s);
+      LILAC_CUDA_CHECK(cudaMemcpyAsync(row.data(), logits_, size_t(V) * 4, cudaMemcpyDeviceToHost, s));
+      sync(s);
+      sink_(committed_ + i, 1, row.data());
+    }
+  }
+  committed_ += n;
+}
+
+std::vector<int32_t> MtpHead::draft(int k, const int32_t* pending, cudaStream_t s) {
+  if (!valid_ || len_ < 1 || k < 1) return {};
+  k = std::min(k, kMaxDrafts);
+  run_pending(s);
+  if (g_->pending != pending) {  // the draft graphs read this token slot
+    for (cudaGraphExec_t& g : g_->draft)
+      if (g) cudaGraphExecDestroy(g), g = nullptr;
+    g_->pending = pending;
+  }
+  const int64_t V = m_.cfg.vocab_size;
+  if (!g_->draft[k]) g_->draft[k] = capture(s, [&] {
+      enqueue_row(kPending, pending, 0, logits_, drafts_, s);
+      for (int j = 1; j < k; ++j) enqueue_row(kChain, drafts_ + j - 1, j, logits_ + int64_t(j) * V, drafts_ + j, s);
+    });
+  launch(g_->draft[k], s);
+  LILAC_CUDA_CHECK(cudaMemcpyAsync(host_drafts_, drafts_, size_t(k) * 4, cudaMemcpyDeviceToHost, s));
+  std::vector<float> row;
+  if (sink_) {
+    row.resize(size_t(V));
+    LILAC_CUDA_CHECK(cudaMemcpyAsync(row.data(), logits_, size_t(V) * 4, cudaMemcpyDeviceToHost, s));
+  }
+  sync(s);
+  if (sink_) sink_(len_ - 1, 1, row.data());
+  return std::vector<int32_t>(host_drafts_, host_drafts_ + k);
+}
+
+MtpSnapshotData MtpHead::snapshot(cudaStream_t s) {
+  MtpSnapshotData d;
+  if (!valid_) return d;
+  run_pending(s);
+  const int64_t H = m_.cfg.hidden_size, kv_row = m_.cfg.kv_dim();
+  d.valid = true;
+  d.committed = committed_;
+  d.mem = std::make_shared<DevAlloc>();
+  const size_t kvb = size_t(committed_) * size_t(kv_row) * 2;
+  void* kv = d.mem->get(2 * kvb);
+  if (kvb) {
+    LILAC_CUDA_CHECK(cudaMemcpyAsync(kv, k_, kvb, cudaMemcpyDeviceToDevice, s));
+    LILAC_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(kv) + kvb, v_, kvb, cudaMemcpyDeviceToDevice, s));
+  }
+  d.kv = kv;
+  if (len_ > 0) {
+    auto* h = static_cast<float*>(d.mem->get(size_t(H) * 4));
+    LILAC_CUDA_CHECK(cudaMemcpyAsync(h, ring_h_ + ((len_ - 1) % kMtpRing) * H, size_t(H) * 4,
+                                     cudaMemcpyDeviceToDevice, s));
+    d.hidden = h;
+  }
+  d.bytes = d.mem->bytes;
+  sync(s);
+  return d;
+}
+
+void MtpHead::restore(const MtpSnapshotData& d, cudaStream_t s) {
+  if (!d.valid || d.committed + 1 > max_len_) {
+    valid_ = false;
+    return;
+  }
+  const int64_t H = m_.cfg.hidden_size, kv_row = m_.cfg.kv_dim();
+  const size_t kvb = size_t(d.committed) * size_t(kv_row) * 2;
+  if (kvb) {
+    LILAC_CUDA_CHECK(cudaMemcpyAsync(k_, d.kv, kvb, cudaMemcpyDeviceToDevice, s));
+    LILAC_CUDA_CHECK(cudaMemcpyAsync(v_, static_cast<const char*>(d.kv) + kvb, kvb, cudaMemcpyDeviceToDevice, s));
+  }
+  committed_ = d.committed;
+  len_ = d.hidden ? committed_ + 1 : 0;
+  if (d.hidden)
+    LILAC_CUDA_CHECK(cudaMemcpyAsync(ring_h_ + ((len_ - 1) % kMtpRing) * H, d.hidden, size_t(H) * 4,
+                                     cudaMemcpyDeviceToDevice, s));
+  const int32_t p = int32_t(committed_);
+  LILAC_CUDA_CHECK(cudaMemcpyAsync(mpos_, &p, 4, cudaMemcpyHostToDevice, s));
+  sync(s);
+  valid_ = true;
+}
+
+}  // namespace lilac::cuda
