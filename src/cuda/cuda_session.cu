@@ -22,6 +22,7 @@ CudaSession::CudaSession(const DevModel& m, int64_t max_len) : m_(m) {
 
 CudaSession::~CudaSession() {
   prof_.reset();  // prints the profile, if any
+  mtp_.reset();
   if (g_body_) cudaGraphExecDestroy(g_body_);
   if (g_head_) cudaGraphExecDestroy(g_head_);
   if (g_step_) cudaGraphExecDestroy(g_step_);
@@ -90,6 +91,7 @@ TokenChoice CudaSession::fetch_result() {
 // ------------------------------------------------------------------------------------------------ prefill
 void CudaSession::prefill(std::span<const int32_t> tokens, const LogitsSink* sink) {
   if (tokens.empty()) return;
+  pending_ = false;
   const int64_t V = m_.cfg.vocab_size;
   for (int32_t t : tokens)
     if (t < 0 || t >= V)
@@ -116,6 +118,7 @@ void CudaSession::prefill(std::span<const int32_t> tokens, const LogitsSink* sin
 // The chunk in prompt_ through the prefill kernels; the head too when it is the prompt's last chunk.
 void CudaSession::prefill_chunk_batched(int n, bool last) {
   prefill_chunk(m_, seq_, pw_, prompt_, n, sc_.h, stream_);  // the last row of the residual stream → h
+  mtp_prefill_rows(prompt_, n, pw_.H);
   seq_.len += n;
   const int32_t p = int32_t(seq_.len);
   LILAC_CUDA_CHECK(cudaMemcpyAsync(seq_.pos, &p, 4, cudaMemcpyHostToDevice, stream_));
@@ -130,7 +133,9 @@ void CudaSession::prefill_chunk_stepwise(int n, bool last, const LogitsSink* sin
   if (sink) rows.resize(size_t(n) * size_t(V));
   for (int j = 0; j < n; ++j) {
     LILAC_CUDA_CHECK(cudaMemcpyAsync(seq_.token, prompt_ + j, 4, cudaMemcpyDeviceToDevice, stream_));
+    mtp_before_step();
     launch(body());
+    mtp_after_step();
     ++seq_.len;
     if (sink || (last && j + 1 == n)) launch(head());
     if (sink)
@@ -150,21 +155,28 @@ void CudaSession::begin_generation(const SamplingParams& p, std::span<const int3
 
 TokenChoice CudaSession::sample() {
   enqueue_sample(seq_, sc_, stream_);
+  pending_ = true;
   return fetch_result();
 }
 
 void CudaSession::advance() {
   check_room();
+  mtp_before_step();
   launch(body());
+  mtp_after_step();
   launch(head());
   ++seq_.len;
+  pending_ = false;
   sync();
 }
 
 TokenChoice CudaSession::decode_step() {
   check_room();
+  pending_ = true;
   if (prof_) return decode_step_profiled();
+  mtp_before_step();
   launch(step());
+  mtp_after_step();
   ++seq_.len;
   return fetch_result();
 }
@@ -172,7 +184,9 @@ TokenChoice CudaSession::decode_step() {
 // LILAC_CUDA_PROFILE=1: eager launches with events between the kernel groups.
 TokenChoice CudaSession::decode_step_profiled() {
   prof_->mark("start", stream_);
+  mtp_before_step();
   enqueue_decode_body(m_, seq_, sc_, stream_, prof_.get());
+  mtp_after_step();
   enqueue_decode_head(m_, seq_, sc_, stream_);
   prof_->mark("lm_head", stream_);
   enqueue_sample(seq_, sc_, stream_);
@@ -191,10 +205,12 @@ std::vector<float> CudaSession::logits() {
 }
 
 // ------------------------------------------------------------------------------------------------ state
-std::shared_ptr<const SessionSnapshot> CudaSession::snapshot() { return seq_.snapshot(&m_, stream_); }
+// snapshot / restore (they carry the MTP head's cache while drafting): cuda_session_spec.cu
 
-void CudaSession::restore(const SessionSnapshot& snap) { seq_.restore(snap, &m_, stream_); }
-
-void CudaSession::reset() { seq_.reset(stream_); }
+void CudaSession::reset() {
+  seq_.reset(stream_);
+  pending_ = false;
+  if (mtp_) mtp_->reset(drafting_, stream_);
+}
 
 }  // namespace lilac::cuda

@@ -13,6 +13,7 @@
 
 #include "cuda/decode_step.h"
 #include "cuda/device_model.h"
+#include "cuda/mtp_head.h"
 #include "cuda/prefill_step.h"
 #include "cuda/seq_state.h"
 #include "engine/backend.h"
@@ -38,6 +39,13 @@ class CudaSession : public Session {
   void restore(const SessionSnapshot& snap) override;
   void reset() override;
 
+  // ---- speculative decoding (cuda_session_spec.cu; the head: mtp_head.h)
+  bool can_draft() const override { return m_.mtp != nullptr; }
+  void enable_drafting(bool on) override;
+  std::vector<int32_t> draft(int k) override;
+  std::vector<TokenChoice> verify(std::span<const int32_t> drafts) override;
+  void set_draft_logits_sink(LogitsSink sink) override;
+
   const SeqState& seq() const { return seq_; }
 
  private:
@@ -53,6 +61,12 @@ class CudaSession : public Session {
   void prefill_chunk_batched(int n, bool last);
   void prefill_chunk_stepwise(int n, bool last, const LogitsSink* sink, std::vector<float>& rows);
   TokenChoice decode_step_profiled();
+  // The MTP head's hooks (no-ops unless drafting): a step feeds *seq_.token at seq_.len (before it) and
+  // leaves its hidden in sc_.h (after it); a prefill chunk feeds n tokens with hiddens [n][hidden].
+  bool following_mtp() const { return mtp_ && drafting_ && mtp_->valid(); }
+  void mtp_before_step();
+  void mtp_after_step();
+  void mtp_prefill_rows(const int32_t* tokens, int n, const float* hidden);
 
   const DevModel& m_;
   cudaStream_t stream_ = nullptr;
@@ -64,6 +78,12 @@ class CudaSession : public Session {
   SampleResult* host_result_ = nullptr;  // pinned
   cudaGraphExec_t g_body_ = nullptr, g_head_ = nullptr, g_step_ = nullptr;
   std::unique_ptr<StepProfile> prof_;  // LILAC_CUDA_PROFILE=1
+  bool pending_ = false;               // a sampled token waits in seq_.token (sample / decode_step)
+  // Speculative decoding: the head (allocated when drafting is first enabled) and where drafts go.
+  std::unique_ptr<MtpHead> mtp_;
+  bool drafting_ = false;
+  int32_t* drafts_ = nullptr;  // device [kMaxDrafts]
+  LogitsSink draft_sink_;
 };
 
 }  // namespace lilac::cuda

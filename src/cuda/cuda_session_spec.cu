@@ -1,0 +1,108 @@
+// CudaSession's speculative decoding (engine/backend.h's contract; ../shared/MODEL_MTP.md): the MTP head
+// (mtp_head.h) fed by the session's steps, draft(), verify(), and snapshots that carry the head's cache.
+#include <algorithm>
+#include <string>
+
+#include "core/error.h"
+#include "cuda/cuda_common.h"
+#include "cuda/cuda_session.h"
+
+namespace lilac::cuda {
+namespace {
+
+// A snapshot taken while the session followed the context with its MTP head: the sequence's state plus
+// the head's cache.
+struct SpecSnapshot : SessionSnapshot {
+  std::shared_ptr<const SessionSnapshot> seq;
+  MtpSnapshotData mtp;
+  int64_t length() const override { return seq->length(); }
+  size_t bytes() const override { return seq->bytes() + mtp.bytes; }
+};
+
+}  // namespace
+
+// ------------------------------------------------------------------------------------------------ the head's hooks
+void CudaSession::mtp_before_step() {
+  if (following_mtp()) mtp_->stage_token(seq_.len, seq_.token, stream_);
+}
+
+void CudaSession::mtp_after_step() {
+  if (following_mtp()) mtp_->stage_hidden(sc_.h, stream_);
+}
+
+void CudaSession::mtp_prefill_rows(const int32_t* tokens, int n, const float* hidden) {
+  if (following_mtp()) mtp_->on_fed(seq_.len, n, tokens, hidden, m_.cfg.hidden_size, stream_);
+}
+
+// ------------------------------------------------------------------------------------------------ drafting
+void CudaSession::enable_drafting(bool on) {
+  if (!m_.mtp || on == drafting_) return;
+  drafting_ = on;
+  if (on && !mtp_) {
+    drafts_ = static_cast<int32_t*>(mem_.get(sizeof(int32_t) * kMaxDrafts));
+    mtp_ = std::make_unique<MtpHead>(m_, mem_, seq_.max_len, drafts_);
+    mtp_->set_sink(draft_sink_);
+  }
+  if (on && seq_.len == 0)
+    mtp_->reset(true, stream_);
+  else if (mtp_)
+    mtp_->invalidate();  // enabled over a context it did not follow (or turned off): no drafts until reset()
+}
+
+void CudaSession::set_draft_logits_sink(LogitsSink sink) {
+  draft_sink_ = std::move(sink);
+  if (mtp_) mtp_->set_sink(draft_sink_);
+}
+
+std::vector<int32_t> CudaSession::draft(int k) {
+  if (!following_mtp() || !pending_ || mtp_->length() != seq_.len) return {};
+  k = int(std::min<int64_t>({int64_t(k), seq_.max_len - seq_.len - 1, int64_t(kMaxDrafts)}));  // verify feeds k + 1
+  if (k <= 0) return {};
+  return mtp_->draft(k, seq_.token, stream_);
+}
+
+// ------------------------------------------------------------------------------------------------ verify
+// The pending token and the drafts, chosen row by row with the session's sampler while the choice equals
+// the next draft. Today as plain decode steps (each choice is decode_step()'s by construction; the MTP
+// head is fed by them).
+std::vector<TokenChoice> CudaSession::verify(std::span<const int32_t> drafts) {
+  if (drafts.empty()) return {decode_step()};
+  if (!pending_) throw Error("cuda session: verify() without a sampled token");
+  const int64_t V = m_.cfg.vocab_size, n = int64_t(drafts.size());
+  for (int32_t t : drafts)
+    if (t < 0 || t >= V)
+      throw InputError("draft token id " + std::to_string(t) + " is outside the vocabulary (size " +
+                       std::to_string(V) + ")");
+  if (seq_.len + n + 1 > seq_.max_len)
+    throw InputError("drafts do not fit the context: " + std::to_string(seq_.len + n + 1) + " tokens, max " +
+                     std::to_string(seq_.max_len));
+  std::vector<TokenChoice> out;
+  for (int64_t i = 0; i <= n; ++i) {
+    out.push_back(decode_step());
+    if (i == n || out.back().token != drafts[size_t(i)]) break;
+  }
+  return out;
+}
+
+// ------------------------------------------------------------------------------------------------ snapshots
+std::shared_ptr<const SessionSnapshot> CudaSession::snapshot() {
+  auto base = seq_.snapshot(&m_, stream_);
+  if (!following_mtp()) return base;
+  auto s = std::make_shared<SpecSnapshot>();
+  s->seq = std::move(base);
+  s->mtp = mtp_->snapshot(stream_);
+  return s;
+}
+
+void CudaSession::restore(const SessionSnapshot& snap) {
+  const auto* sp = dynamic_cast<const SpecSnapshot*>(&snap);
+  seq_.restore(sp ? *sp->seq : snap, &m_, stream_);
+  pending_ = false;
+  if (!mtp_ || !drafting_) return;
+  if (sp)
+    mtp_->restore(sp->mtp, stream_);
+  else
+    mtp_->invalidate();  // taken without drafting: no drafts for this context
+}
+
+}  // namespace lilac::cuda

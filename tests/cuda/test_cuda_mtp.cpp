@@ -1,0 +1,350 @@
+// Speculative decoding on the CUDA backend (Session::draft / verify, ../shared/MODEL_MTP.md): the MTP head's
+// logits against the CPU reference on tiny-mtp; drafts independent of how the context was fed and carried
+// by snapshots; verify with injected drafts at every acceptance length 0..K bit for bit plain decoding
+// (greedy and sampling, across prefill pieces and at the context limit); greedy generation with the head's
+// drafts identical to plain decoding; the head on a real-width synthetic model. Skip without a GPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "cpu/cpu_backend.h"
+#include "cuda/cuda_backend.h"
+#include "decode_test_util.h"
+#include "engine/speculative.h"
+#include "model/weights.h"
+
+using namespace lilac;
+
+namespace {
+
+#define NEED_CUDA()                                                        \
+  do {                                                                     \
+    if (!cuda::gpu_available()) GTEST_SKIP() << "no CUDA GPU: none found"; \
+  } while (0)
+
+std::shared_ptr<const ModelWeights> fixture(const std::string& name) {
+  static std::map<std::string, std::shared_ptr<const ModelWeights>> cache;
+  auto& w = cache[name];
+  if (!w) w = load_model(std::string(LILAC_SHARED_DIR) + "/fixtures/" + name + "/mlx4", LoadOptions{.progress = false});
+  return w;
+}
+
+std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int32_t> d(0, int32_t(vocab - 1));
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (auto& x : t) x = d(rng);
+  return t;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+bool same_choice(const TokenChoice& a, const TokenChoice& b) {
+  if (a.token != b.token || std::memcmp(&a.logprob, &b.logprob, sizeof(float)) != 0 || a.top.size() != b.top.size())
+    return false;
+  for (size_t i = 0; i < a.top.size(); ++i)
+    if (a.top[i].token != b.top[i].token || std::memcmp(&a.top[i].logprob, &b.top[i].logprob, sizeof(float)) != 0)
+      return false;
+  return true;
+}
+
+// Feeds the prompt in pieces of `piece` tokens (prefill boundaries at different places).
+void prefill_in_pieces(Session& s, const std::vector<int32_t>& prompt, size_t piece) {
+  for (size_t i = 0; i < prompt.size(); i += piece)
+    s.prefill(std::span(prompt).subspan(i, std::min(piece, prompt.size() - i)));
+}
+
+struct Reference {
+  std::vector<TokenChoice> choices;
+  std::vector<std::vector<float>> logits;  // logits[i]: current when choices[i] was made
+};
+
+Reference decode_plainly(Backend& be, const std::vector<int32_t>& prompt, const SamplingParams& sp, int64_t n,
+                         int64_t max_len, size_t piece) {
+  Reference r;
+  auto s = be.new_session(max_len);
+  prefill_in_pieces(*s, prompt, piece);
+  s->begin_generation(sp, prompt);
+  r.logits.push_back(s->logits());
+  r.choices.push_back(s->sample());
+  while (int64_t(r.choices.size()) < n) {
+    r.choices.push_back(s->decode_step());
+    r.logits.push_back(s->logits());
+  }
+  return r;
+}
+
+// Speculative rounds with drafts = the reference continuation, wrong at place error(round) (k or more: all
+// right); every choice and the logits after every round must be the reference's bit for bit. Returns the
+// rounds per acceptance length.
+std::vector<int> speculate_against(Backend& be, const std::vector<int32_t>& prompt, const SamplingParams& sp,
+                                   const Reference& ref, int K, int64_t max_len, size_t piece, bool drafting,
+                                   const std::function<int(int)>& error) {
+  const int64_t n = int64_t(ref.choices.size()), V = be.config().vocab_size;
+  auto s = be.new_session(max_len);
+  s->enable_drafting(drafting);
+  prefill_in_pieces(*s, prompt, piece);
+  s->begin_generation(sp, prompt);
+  std::vector<TokenChoice> got{s->sample()};
+  std::vector<int> lengths(static_cast<size_t>(K + 1), 0);
+  for (int round = 0; int64_t(got.size()) < n; ++round) {
+    const int64_t i = int64_t(got.size()) - 1;
+    const int k = int(std::min<int64_t>(K, n - 2 - i));
+    if (drafting && round % 3 == 0) s->draft(k);  // the head runs between steps: it must not change them
+    std::vector<int32_t> drafts;
+    for (int j = 0; j < k; ++j) drafts.push_back(ref.choices[static_cast<size_t>(i + 1 + j)].token);
+    const int e = error(round);
+    if (e < k) drafts[static_cast<size_t>(e)] = (drafts[static_cast<size_t>(e)] + 1 + round % 7) % int32_t(V);
+    const std::vector<TokenChoice> ch = s->verify(drafts);
+    const int accepted = int(ch.size()) - 1;
+    EXPECT_EQ(accepted, std::min(e, k)) << "round " << round;
+    if (accepted >= 0 && accepted <= K) lengths[static_cast<size_t>(accepted)]++;
+    for (const TokenChoice& c : ch) {
+      const size_t at = got.size();
+      if (at >= ref.choices.size()) break;
+      EXPECT_TRUE(same_choice(c, ref.choices[at])) << "choice " << at << ": " << c.token << " vs " << ref.choices[at].token;
+      got.push_back(c);
+    }
+    EXPECT_EQ(s->length(), int64_t(prompt.size()) + int64_t(got.size()) - 1);
+    EXPECT_TRUE(same_bits(s->logits(), ref.logits[got.size() - 1])) << "logits after round " << round;
+    if (::testing::Test::HasFailure()) break;
+  }
+  return lengths;
+}
+
+}  // namespace
+
+// The head's logits for every pair row (catch-up rows and the pending row of a draft) against the CPU
+// reference (bf16 K/V like the GPU): the same tolerance as the main model's logits (test_cuda_backend.cpp),
+// and the first draft is the argmax of the pending row's logits.
+TEST(CudaMtp, HeadLogitsMatchCpuReference) {
+  NEED_CUDA();
+  auto w = fixture("tiny-mtp");
+  ASSERT_TRUE(w->has_mtp());
+  auto cpu_b = make_cpu_backend(w, 2);
+  auto gpu_b = cuda::make_cuda_backend(w);
+  const int64_t V = w->config.vocab_size, P = 150;  // more rows than the head's ring (128)
+  const auto prompt = random_tokens(P, V, 8);
+  auto run = [&](Backend& be, std::vector<float>& rows, bool kv_bf16) {
+    auto s = be.new_session(256);
+    if (kv_bf16) dynamic_cast<cpu::CpuSession&>(*s).set_kv_bf16(true);
+    EXPECT_TRUE(s->can_draft());
+    s->enable_drafting(true);
+    rows.assign(static_cast<size_t>(P * V), NAN);
+    s->set_draft_logits_sink([&](int64_t first, int64_t n, const float* lg) {
+      ASSERT_LE(first + n, P);
+      std::copy(lg, lg + n * V, rows.begin() + first * V);
+    });
+    prefill_in_pieces(*s, prompt, 100);
+    s->begin_generation(SamplingParams{}, prompt);
+    s->sample();
+    return s->draft(3);
+  };
+  std::vector<float> cpu_rows, gpu_rows;
+  const auto cpu_drafts = run(*cpu_b, cpu_rows, true);
+  const auto gpu_drafts = run(*gpu_b, gpu_rows, false);
+  ASSERT_EQ(gpu_drafts.size(), 3u);
+  for (float v : gpu_rows) ASSERT_FALSE(std::isnan(v)) << "a pair row the GPU head did not deliver";
+  EXPECT_LE(cuda::testing::rel_err(gpu_rows, cpu_rows), 3e-3);
+  const float* last = gpu_rows.data() + (P - 1) * V;
+  int32_t best = 0;
+  for (int32_t t = 1; t < V; ++t)
+    if (last[t] > last[best]) best = t;
+  EXPECT_EQ(gpu_drafts[0], best);
+  (void)cpu_drafts;  // the chain's later drafts may differ at near ties of these random weights
+}
+
+// Drafts do not depend on how the context was fed (prefill pieces, decode steps, verify rounds) and
+// snapshots carry the head's cache; a snapshot taken without drafting, or drafting enabled late: none.
+TEST(CudaMtp, DraftsAcrossPiecesStepsAndSnapshots) {
+  NEED_CUDA();
+  auto be = cuda::make_cuda_backend(fixture("tiny-mtp"));
+  const int64_t V = be->config().vocab_size;
+  const auto prompt = random_tokens(140, V, 4);
+  auto start = [&](size_t piece) {
+    auto s = be->new_session(256);
+    s->enable_drafting(true);
+    prefill_in_pieces(*s, prompt, piece);
+    s->begin_generation(SamplingParams{}, prompt);
+    s->sample();
+    return s;
+  };
+  auto a = start(256), b = start(9);
+  const auto da = a->draft(4);
+  ASSERT_EQ(da.size(), 4u);
+  EXPECT_EQ(b->draft(4), da);
+  for (int i = 0; i < 5; ++i) {
+    a->decode_step();
+    b->decode_step();
+  }
+  const auto da2 = a->draft(4);
+  EXPECT_EQ(b->draft(4), da2);
+
+  auto s = be->new_session(256);
+  s->enable_drafting(true);
+  s->prefill(prompt);
+  auto snap = s->snapshot();
+  auto t = be->new_session(256);
+  t->enable_drafting(true);
+  t->prefill(random_tokens(20, V, 9));
+  t->restore(*snap);
+  t->begin_generation(SamplingParams{}, prompt);
+  t->sample();
+  EXPECT_EQ(t->draft(4), da);
+  auto u = be->new_session(256);
+  u->restore(*snap);
+  u->begin_generation(SamplingParams{}, prompt);
+  u->sample();
+  EXPECT_TRUE(u->draft(4).empty());
+  u->enable_drafting(true);
+  EXPECT_TRUE(u->draft(4).empty());
+  u->reset();
+  u->prefill(prompt);
+  u->begin_generation(SamplingParams{}, prompt);
+  u->sample();
+  EXPECT_EQ(u->draft(4), da);
+}
+
+// Greedy, every acceptance length 0..K, prefill in one piece and in small pieces, with and without the
+// head following the context (tiny has no head: verify needs none).
+TEST(CudaSpec, VerifyEqualsOneByOneAtEveryAcceptanceLength) {
+  NEED_CUDA();
+  for (const char* fx : {"tiny", "tiny-mtp"}) {
+    auto be = cuda::make_cuda_backend(fixture(fx));
+    const int64_t V = be->config().vocab_size;
+    const auto prompt = random_tokens(29, V, 11);
+    SamplingParams sp;
+    sp.logprobs = true;
+    sp.top_logprobs = 3;
+    const int K = 4;
+    for (size_t piece : {size_t(256), size_t(6)}) {
+      const Reference ref = decode_plainly(*be, prompt, sp, 40, 100, piece);
+      const bool drafting = be->new_session(8)->can_draft();
+      auto lengths = speculate_against(*be, prompt, sp, ref, K, 100, piece, drafting,
+                                       [&](int round) { return round % (K + 2); });
+      for (int a = 0; a <= K; ++a) EXPECT_GT(lengths[static_cast<size_t>(a)], 0) << fx << ": acceptance length " << a;
+    }
+  }
+}
+
+// Penalties and sampling: the same tokens as plain decoding for the same seed.
+TEST(CudaSpec, SamplingAndPenaltiesGiveThePlainTokensForTheSeed) {
+  NEED_CUDA();
+  auto be = cuda::make_cuda_backend(fixture("tiny-mtp"));
+  const int64_t V = be->config().vocab_size;
+  const auto prompt = random_tokens(17, V, 3);
+  for (uint64_t seed : {1u, 2u, 3u}) {
+    SamplingParams sp;
+    sp.temperature = 1.2f;
+    sp.top_p = 0.95f;
+    sp.top_k = 50;
+    sp.repetition_penalty = 1.3f;
+    sp.presence_penalty = 0.5f;
+    sp.frequency_penalty = 0.3f;
+    sp.seed = seed;
+    sp.logprobs = true;
+    const int K = 3;
+    const Reference ref = decode_plainly(*be, prompt, sp, 30, 64, 256);
+    speculate_against(*be, prompt, sp, ref, K, 64, 256, true, [&](int round) { return (round + int(seed)) % (K + 1); });
+  }
+}
+
+// Drafts up to the last position of the context; one more does not fit: InputError, state unchanged.
+TEST(CudaSpec, ContextLimit) {
+  NEED_CUDA();
+  auto be = cuda::make_cuda_backend(fixture("tiny-mtp"));
+  const int64_t V = be->config().vocab_size, P = 10, max_len = 16;
+  const auto prompt = random_tokens(P, V, 5);
+  const Reference ref = decode_plainly(*be, prompt, SamplingParams{}, max_len - P + 1, max_len, 256);
+  auto s = be->new_session(max_len);
+  s->enable_drafting(true);
+  s->prefill(prompt);
+  s->begin_generation(SamplingParams{}, prompt);
+  EXPECT_EQ(s->sample().token, ref.choices[0].token);
+  EXPECT_EQ(s->draft(9).size(), 5u);  // room for the pending token + 5 drafts
+  std::vector<int32_t> too_many;
+  for (int j = 1; j <= 6; ++j) too_many.push_back(ref.choices[static_cast<size_t>(j)].token);
+  EXPECT_THROW(s->verify(too_many), InputError);
+  EXPECT_EQ(s->length(), P);
+  EXPECT_THROW(s->verify(std::vector<int32_t>{int32_t(V)}), InputError);
+  EXPECT_EQ(s->length(), P);
+  too_many.pop_back();
+  const auto ch = s->verify(too_many);
+  ASSERT_EQ(ch.size(), 6u);
+  for (size_t j = 0; j < ch.size(); ++j) EXPECT_EQ(ch[j].token, ref.choices[j + 1].token);
+  EXPECT_EQ(s->length(), max_len);
+  EXPECT_TRUE(s->draft(3).empty());
+  EXPECT_TRUE(same_bits(s->logits(), ref.logits.back()));
+}
+
+// Greedy generation with the head's own drafts (speculative_step) gives plain decoding's tokens.
+TEST(CudaSpec, GreedyWithTheHeadsDraftsEqualsPlain) {
+  NEED_CUDA();
+  auto be = cuda::make_cuda_backend(fixture("tiny-mtp"));
+  const int64_t V = be->config().vocab_size;
+  const auto prompt = random_tokens(23, V, 17);
+  const Reference ref = decode_plainly(*be, prompt, SamplingParams{}, 48, 128, 256);
+  for (int K : {1, 3, 5}) {
+    auto s = be->new_session(128);
+    s->enable_drafting(true);
+    s->prefill(prompt);
+    s->begin_generation(SamplingParams{}, prompt);
+    std::vector<int32_t> got{s->sample().token};
+    SpecStats st;
+    while (got.size() < ref.choices.size()) {
+      const int k = int(std::min<size_t>(size_t(K), ref.choices.size() - got.size() - 1));
+      for (const TokenChoice& c : speculative_step(*s, k, int64_t(got.size()) - 1, {}, {}, st)) got.push_back(c.token);
+    }
+    got.resize(ref.choices.size());
+    for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], ref.choices[i].token) << "K " << K << ", token " << i;
+    EXPECT_GT(st.rounds, 0) << "K " << K;
+  }
+}
+
+// The head at the real model's widths (synthetic weights, 4 layers): drafts are in the vocabulary, equal for
+// two sessions fed alike, carried by a snapshot; a long prompt (batched prefill chunks, ring wrap-around).
+TEST(CudaMtp, SyntheticRealWidth) {
+  NEED_CUDA();
+  auto be = cuda::make_synthetic_cuda_backend(cuda::synthetic_config(4), 7);
+  ASSERT_TRUE(be->new_session(8)->can_draft());
+  const int64_t V = be->config().vocab_size;
+  const auto prompt = random_tokens(300, V, 2);
+  auto start = [&] {
+    auto s = be->new_session(512);
+    s->enable_drafting(true);
+    s->prefill(prompt);
+    s->begin_generation(SamplingParams{}, prompt);
+    s->sample();
+    return s;
+  };
+  auto a = start(), b = start();
+  const auto da = a->draft(4);
+  ASSERT_EQ(da.size(), 4u);
+  for (int32_t t : da) EXPECT_TRUE(t >= 0 && t < V) << t;
+  EXPECT_EQ(b->draft(4), da);
+  auto snap = a->snapshot();
+  auto c = be->new_session(512);
+  c->enable_drafting(true);
+  c->restore(*snap);
+  c->begin_generation(SamplingParams{}, prompt);
+  c->sample();
+  EXPECT_EQ(c->draft(4), a->draft(4));
+  // verify with the head's drafts, then plain steps: the same tokens as a session decoding plainly
+  const auto ch = a->verify(da);
+  ASSERT_GE(ch.size(), 1u);
+  auto p = be->new_session(512);
+  p->prefill(prompt);
+  p->begin_generation(SamplingParams{}, prompt);
+  p->sample();
+  for (const TokenChoice& t : ch) EXPECT_EQ(p->decode_step().token, t.token);
+}
