@@ -17,7 +17,8 @@
 #include <string>
 #include <vector>
 
-#include "cuda/kernels/decode.h"
+#include "cuda/kernels/gemv/gemv.h"
+#include "cuda/kernels/sampling/sampling.h"
 #include "cuda/kernels/rows/rows_mm.h"
 
 namespace lc = lilac::cuda;

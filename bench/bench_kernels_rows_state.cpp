@@ -24,7 +24,8 @@
 #include <string>
 #include <vector>
 
-#include "cuda/kernels/decode.h"
+#include "cuda/kernels/attention/attention.h"
+#include "cuda/kernels/sampling/sampling.h"
 #include "cuda/kernels/rows/rows_state.h"
 
 namespace lc = lilac::cuda;

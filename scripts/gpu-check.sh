@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # Runs ON the GPU machine (device `run`, carry [".gpu"]) from the repository root, after
 # scripts/gpu-pack.sh packed .gpu/ here. Logs go to $OUT (or /tmp/lilac-out).
-#   bash scripts/gpu-check.sh [all|tests|golden|bench|cpu]   (default all; cpu = the fast CPU path on the
-#   host's cores: its kernel tests, check-golden on tiny/tiny2/real4, bench/cpu_vs_llamacpp.sh on real4 --
-#   not part of all)
+#   bash scripts/gpu-check.sh [all|tests|golden|bench|sanitize|cpu|bench-kernels]   (default all; cpu = the
+#   fast CPU path on the host's cores: its kernel tests, check-golden on tiny/tiny2/real4,
+#   bench/cpu_vs_llamacpp.sh on real4 -- not part of all)
+# bench-kernels (not part of all) runs the CUDA kernel benchmarks bench_kernels_<family> (one per kernel
+# family; unpacked from .gpu/bench_kernels.tar.xz into .gpu/kbench/), console output in the log and JSON
+# in $OUT/bench_kernels_<family>.json.
 # Env: BENCH_LENS (default 512,4096,16384), BENCH_LAYERS (default 40), SANITIZE=0 to skip
-# compute-sanitizer, GTEST_FILTER for the tests.
+# compute-sanitizer, GTEST_FILTER for the tests, KERNEL_BENCHES (default: every packed family, e.g.
+# "gemv gdn") and BENCH_FILTER (a --benchmark_filter regex) for bench-kernels.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/lilac-out}
@@ -66,6 +70,17 @@ if [ "$WHAT" = all ] || [ "$WHAT" = sanitize ]; then
     timeout ${SAN_TIMEOUT:-60} compute-sanitizer --tool racecheck --error-exitcode 9 $T --gtest_filter='CudaDecode.Gemv*:CudaDecode.GatedDeltaNet*:CudaDecode.Attention*' > /tmp/racecheck.log 2>&1
     echo "racecheck rc=$?"; tail -3 /tmp/racecheck.log
   fi
+fi
+if [ "$WHAT" = bench-kernels ]; then
+  bash scripts/gpu-unpack-benches.sh || status=1
+  for fam in ${KERNEL_BENCHES:-$(ls .gpu/kbench 2>/dev/null | sed 's/^bench_kernels_//')}; do
+    b=.gpu/kbench/bench_kernels_$fam
+    step "kernel benchmarks: $fam"
+    [ -x "$b" ] || { echo "missing $b (run scripts/gpu-pack.sh)"; status=1; continue; }
+    timeout ${KBENCH_TIMEOUT:-300} $b --benchmark_filter="${BENCH_FILTER:-.}" \
+      --benchmark_out="$OUT/bench_kernels_$fam.json" --benchmark_out_format=json 2>&1
+    [ $? = 0 ] || status=1
+  done
 fi
 if [ "$WHAT" = cpu ]; then
   step "fast CPU path: kernel and backend tests (every kernel set this CPU runs)"

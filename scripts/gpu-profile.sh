@@ -4,6 +4,10 @@
 # flushed), summed per kernel name. A synthetic model of PROFILE_LAYERS (default 4) layers: one attention
 # and three Gated DeltaNet layers, i.e. the real model's per-layer kernels.
 #   bash scripts/gpu-profile.sh            → $OUT/ncu.csv, $OUT/ncu-summary.txt
+# Or one kernel benchmark (bench/bench_kernels_<family>.cpp, packed by gpu-pack.sh) under Nsight Compute,
+# every kernel launch timed, summed per kernel name (graph nodes profiled one by one):
+#   bash scripts/gpu-profile.sh kernels <family> [benchmark filter regex]
+#                                          → $OUT/ncu-<family>.csv, $OUT/ncu-<family>-summary.txt
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/lilac-out}
@@ -12,6 +16,30 @@ export LD_LIBRARY_PATH="$PWD/.gpu/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 L=.gpu/lilac
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 [ -n "$NCU" ] || { echo "no ncu"; exit 1; }
+if [ "${1:-}" = kernels ]; then
+  fam=${2:?usage: gpu-profile.sh kernels <family> [filter]}
+  bash scripts/gpu-unpack-benches.sh || exit 1
+  timeout ${PROFILE_TIMEOUT:-240} "$NCU" --graph-profiling node --clock-control none --cache-control none \
+    --metrics gpu__time_duration.sum --csv --page raw \
+    .gpu/kbench/bench_kernels_$fam --benchmark_filter="${3:-.}" > "$OUT/ncu-$fam.csv" 2> "$OUT/ncu-$fam.err"
+  echo "ncu rc=$?"
+  python3 - "$OUT/ncu-$fam.csv" > "$OUT/ncu-$fam-summary.txt" <<'PY'
+import csv, sys, collections
+rows = list(csv.reader(open(sys.argv[1])))
+hdr = next(i for i, r in enumerate(rows) if 'Kernel Name' in r)
+h = rows[hdr]; data = rows[hdr + 2:]
+ki, ti = h.index('Kernel Name'), h.index('gpu__time_duration.sum')
+tot = collections.defaultdict(float); cnt = collections.Counter()
+for r in data:
+    n = r[ki].split('(')[0][:90]
+    tot[n] += float(r[ti].replace(",", "")) / 1000.0; cnt[n] += 1  # ns -> us
+for n, t in sorted(tot.items(), key=lambda x: -x[1]):
+    print(f"{t:11.1f} us  {cnt[n]:6d}x  {t/cnt[n]:8.2f} us/launch  {n}")
+PY
+  cat "$OUT/ncu-$fam-summary.txt"
+  tail -5 "$OUT/ncu-$fam.err"
+  exit 0
+fi
 # The decode graph's kernels: skip the prefill's launches by profiling only the last N kernel launches
 # is not possible up front, so profile everything of a 16-token prompt + 2 decode steps and keep the
 # kernels launched from graphs (the decode step) in the summary.

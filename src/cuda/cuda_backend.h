@@ -1,13 +1,9 @@
-// The CUDA backend (src/cuda/): weights uploaded once and packed for the kernels, every op on the
-// device, a decode step (all layers + LM head + sampling) replayed as one CUDA graph.
+// The CUDA backend (src/cuda/): weights uploaded once and packed for the kernels (device_model.h),
+// every op on the device, a decode step (all layers + LM head + sampling) replayed as one CUDA graph
+// (cuda_session.h). Per-sequence device state: seq_state.h.
 //
 // Plain C++ header (no CUDA types) so that the CLI and the server can include it; only compiled in
 // when the build has CUDA (LILAC_HAVE_CUDA).
-//
-// Device state per session: residual stream fp32; KV cache bf16 [attn_layer][max_len][kv_heads][head_dim]
-// (K and V separate, k after q/k-norm + RoPE); Gated DeltaNet state fp32 [layer][Hv][dk][dv]; conv state
-// fp32 as a ring of the last K inputs per channel ([layer][conv_dim][K], slot pos % K holds the input
-// of position pos). Snapshots are device-to-device copies of those buffers.
 #pragma once
 #include <cstdint>
 #include <memory>

@@ -19,7 +19,8 @@
 
 #include "core/bf16.h"
 #include "cpu/ops.h"
-#include "cuda/kernels/decode.h"
+#include "cuda/kernels/attention/attention.h"
+#include "cuda/kernels/sampling/sampling.h"
 #include "cuda/kernels/rows/rows_state.h"
 #include "decode_test_util.h"
 

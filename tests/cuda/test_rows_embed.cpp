@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "cpu/ops.h"
-#include "cuda/kernels/decode.h"
+#include "cuda/kernels/gemv/gemv.h"
 #include "cuda/kernels/rows/rows_state.h"
 #include "decode_test_util.h"
 

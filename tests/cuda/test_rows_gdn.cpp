@@ -24,7 +24,9 @@
 #include <vector>
 
 #include "cpu/ops.h"
-#include "cuda/kernels/decode.h"
+#include "cuda/kernels/gdn/gdn.h"
+#include "cuda/kernels/gemv/gemv.h"
+#include "cuda/kernels/sampling/sampling.h"
 #include "cuda/kernels/rows/rows_mm.h"
 #include "cuda/kernels/rows/rows_state.h"
 #include "decode_test_util.h"

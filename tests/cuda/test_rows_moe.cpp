@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "cpu/ops.h"
-#include "cuda/kernels/decode.h"
+#include "cuda/kernels/gemv/gemv.h"
 #include "cuda/kernels/rows/moe_rows.cuh"
 #include "cuda/kernels/rows/rows_mm.h"
 #include "decode_test_util.h"

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "cuda/kernels/decode.h"
+#include "cuda/kernels/sampling/sampling.h"
 #include "cuda/kernels/rows/rows_mm.h"
 #include "model/weights.h"
 #include "decode_test_util.h"

@@ -19,21 +19,9 @@
 #include <utility>
 
 #include "cuda/cuda_common.h"
+#include "cuda/kernels/ptx.cuh"  // dev::pdl_wait, dev::pdl_trigger
 
 namespace lilac::cuda {
-
-namespace dev {
-__device__ __forceinline__ void pdl_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void pdl_trigger() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-}  // namespace dev
 
 // Whether decode launches use PDL (device >= sm_90 and LILAC_PDL != 0); read once.
 bool pdl_enabled();

@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <cuda_bf16.h>
 
+#include "cuda/kernels/ptx.cuh"  // ld_stream
+
 namespace lilac::cuda::dev {
 
 __device__ __forceinline__ float bf2f(__nv_bfloat16 v) { return __bfloat162float(v); }
@@ -13,15 +15,6 @@ __device__ __forceinline__ float u2f(uint32_t u) { return __int_as_float(0x4B000
 
 __device__ __forceinline__ uint32_t sel4(const uint4& w, int i) {
   return i == 0 ? w.x : (i == 1 ? w.y : (i == 2 ? w.z : w.w));
-}
-
-// 16-byte streaming load of weights (read once per step: do not keep them in L1).
-__device__ __forceinline__ uint4 ld_stream(const uint4* p) {
-  uint4 r;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-               : "l"(p));
-  return r;
 }
 
 // Σ q_i x_i over one 16-byte chunk of packed weights (128/BITS elements); xs = the chunk's x values in

@@ -106,7 +106,7 @@ __device__ __forceinline__ void attn_item(const RowsAttnArgs& a, int ri, int slo
         const int64_t row = begin + int64_t(c) * R + r;
         const bool ok = row < end;
         const __nv_bfloat16* src = (isv ? vbase : kbase) + (ok ? row : 0) * row_stride + c8 * 8;
-        cp_async16(st + isv * R * HD + r * HD + c8 * 8, src, ok ? 16 : 0);
+        cp_async16_zfill(st + isv * R * HD + r * HD + c8 * 8, src, ok ? 16 : 0);
       }
     }
   };

@@ -2,13 +2,15 @@
 // cp.async ring copies, the warp reduce-scatter, the arrival counters and the partial merge. They are
 // the pieces of the single-row kernel (attention_decode.cu) unchanged — the multi-row kernel must
 // compute each row's output with exactly that arithmetic (bitwise) — except that merge_slots takes
-// the row's gate / output pointers. Include from one .cu only (anonymous namespace).
+// the row's gate / output pointers; the cp.async wrappers are ptx.cuh's, as that kernel's. Include
+// from one .cu only (anonymous namespace).
 #pragma once
 #include <cuda_bf16.h>
 
 #include <cstdint>
 
-#include "cuda/kernels/decode.h"
+#include "cuda/kernels/attention/attention.h"
+#include "cuda/kernels/ptx.cuh"  // cp_async16_zfill, cp_async_commit, cp_async_wait
 #include "cuda/kernels/qdot.cuh"
 
 namespace lilac::cuda {
@@ -65,16 +67,6 @@ struct Cfg {
   static_assert(V <= 16 && R >= 2 && (kBigF % 4) == 0 && (kWm % 4) == 0, "attention tile");
   static_assert(size_t(kTotalF) * 4 <= 99 * 1024, "attention smem must fit sm_86/sm_89 (99 KB per block)");
 };
-
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src_bytes) {
-  const unsigned sa = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sa), "l"(gmem), "r"(src_bytes) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
 
 // DPL consecutive bf16 from shared memory, packed two per word (element 2i in the low half of w[i]).
 template <int DPL>

@@ -5,7 +5,7 @@
 #include <string>
 
 #include "cuda/cuda_common.h"
-#include "cuda/kernels/gemv_common.cuh"
+#include "cuda/kernels/gemv/gemv_common.cuh"
 #include "cuda/kernels/launch.cuh"
 #include "cuda/kernels/rows/moe_rows.cuh"
 #include "cuda/kernels/rows/rows_mm.h"

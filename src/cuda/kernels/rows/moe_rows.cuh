@@ -12,7 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "cuda/kernels/decode.h"
+#include "cuda/kernels/gemv/gemv.h"
 
 namespace lilac::cuda::rows_dev {
 

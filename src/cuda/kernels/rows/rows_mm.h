@@ -18,7 +18,8 @@
 #include <cstdint>
 #include <cuda_runtime.h>
 
-#include "cuda/kernels/decode.h"
+#include "cuda/kernels/gemv/gemv.h"
+#include "cuda/kernels/sampling/sampling.h"
 
 namespace lilac::cuda::rows {
 

@@ -51,7 +51,9 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "cuda/kernels/decode.h"
+#include "cuda/kernels/attention/attention.h"
+#include "cuda/kernels/gdn/gdn.h"
+#include "cuda/kernels/gemv/gemv.h"
 #include "cuda/kernels/qmatrix.cuh"
 
 namespace lilac::cuda::rows {

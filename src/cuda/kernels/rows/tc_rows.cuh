@@ -17,7 +17,7 @@
 
 #include <cstdint>
 
-#include "cuda/kernels/decode.h"
+#include "cuda/kernels/gemv/gemv.h"
 #include "cuda/kernels/qdot.cuh"
 
 namespace lilac::cuda::rows_dev {

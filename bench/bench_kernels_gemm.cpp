@@ -1,0 +1,134 @@
+// The quantized GEMM family (src/cuda/kernels/gemm/) at the model's sizes, a 4096-token chunk
+// (LILAC_PREFILL_TIMING overrides n), on each tensor-core path (mma.sync, and wgmma where available):
+//   Qgemm/<matrix>/<path>  — one 4-bit GEMM, fp32 out (TFLOP/s);
+//   MoePrefill/<path>      — the MoE block: router, routing, grouped gate+up+SwiGLU and down GEMMs over
+//                            256 experts (top 8), shared expert, combine (TFLOP/s of the useful work).
+// Each time is the median of 20 CUDA-event timings after 3 warm-up calls (default stream); the
+// outputs must be finite. Without a GPU it prints "no CUDA GPU" and exits 0.
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cuda/kernels/gemm/gemm.h"
+#include "kernel_bench.h"
+#include "prefill_data.h"
+
+namespace lc = lilac::cuda;
+using namespace lilac::cuda::prefill_testing;
+
+namespace {
+
+int timing_n() {
+  const char* env = std::getenv("LILAC_PREFILL_TIMING");
+  return env && *env ? std::atoi(env) : 4096;
+}
+
+bool all_finite_dev(const float* p, size_t n) {
+  std::vector<float> v(n);
+  cudaMemcpy(v.data(), p, n * 4, cudaMemcpyDeviceToHost);
+  for (float x : v)
+    if (!std::isfinite(x)) return false;
+  return true;
+}
+
+// Random bf16 activations [n, 8192] (wide enough for every case), built once.
+const __nv_bfloat16* activations() {
+  static std::mt19937 rng(fresh_seed());
+  static Dev<uint16_t> dx(rand_bf16(size_t(timing_n()) * 8192, rng, -1.f, 1.f, nullptr));
+  return reinterpret_cast<const __nv_bfloat16*>(dx.p);
+}
+
+const char* path_name(lc::GemmPath p) { return p == lc::GemmPath::Wgmma ? "wgmma" : "mma.sync"; }
+
+struct Shape {
+  const char* name;
+  int rows, cols;
+};
+const Shape kShapes[] = {{"in_proj_qkv 2048->8192", 8192, 2048},
+                         {"q_proj 2048->8192", 8192, 2048},
+                         {"out_proj 4096->2048", 2048, 4096},
+                         {"in_proj_z 2048->4096", 4096, 2048}};
+
+void BM_Qgemm(benchmark::State& state, Shape sh, lc::GemmPath path) {
+  const int n = timing_n();
+  std::mt19937 rng(fresh_seed());
+  QMat W(sh.rows, sh.cols, 4, rng);
+  Dev<float> dy(size_t(n) * sh.rows);
+  const __nv_bfloat16* X = activations();
+  lc::set_gemm_path(path);
+  float ms = 0;
+  for (auto _ : state) {
+    ms = time_ms([&] { lc::qgemm(W.dev(), X, sh.cols, n, dy.p, sh.rows, lc::GemmOut::StoreF32, nullptr); });
+    state.SetIterationTime(ms * 1e-3);
+  }
+  lc::set_gemm_path(lc::GemmPath::Auto);
+  const double fl = 2.0 * n * sh.rows * sh.cols;
+  std::printf("[timing] qgemm %-24s %-8s n=%d: %8.3f ms  %6.1f TFLOP/s\n", sh.name, path_name(path), n, ms,
+              fl / ms / 1e9);
+  state.counters["TFLOP/s"] = fl / ms / 1e9;
+  if (!all_finite_dev(dy.p, dy.n)) state.SkipWithError("non-finite output");
+}
+
+void BM_MoePrefill(benchmark::State& state, lc::GemmPath path) {
+  const int n = timing_n();
+  const int hidden = 2048, E = 256, k = 8, inter = 512;
+  std::mt19937 rng(fresh_seed());
+  QMat router(E, hidden, 8, rng), gate(inter, hidden, 4, rng, E), up(inter, hidden, 4, rng, E),
+      down(hidden, inter, 4, rng, E), sg(inter, hidden, 4, rng), su(inter, hidden, 4, rng), sd(hidden, inter, 4, rng),
+      seg(1, hidden, 8, rng);
+  lc::MoEPrefillWeights w;
+  w.router = router.dev();
+  w.gate = gate.experts(E);
+  w.up = up.experts(E);
+  w.down = down.experts(E);
+  w.shared_gate = sg.dev();
+  w.shared_up = su.dev();
+  w.shared_down = sd.dev();
+  w.shared_expert_gate = seg.dev();
+  Dev<float> dy(size_t(n) * hidden);
+  Dev<unsigned char> ws(lc::moe_prefill_workspace_bytes(w, n));
+  cudaMemset(dy.p, 0, dy.n * 4);
+  const __nv_bfloat16* X = activations();
+  lc::set_gemm_path(path);
+  float ms = 0;
+  for (auto _ : state) {
+    ms = time_ms([&] { lc::moe_prefill(w, X, hidden, n, dy.p, hidden, false, ws.p, nullptr); });
+    state.SetIterationTime(ms * 1e-3);
+  }
+  lc::set_gemm_path(lc::GemmPath::Auto);
+  const double fl = 2.0 * n * (double(k) * 3 * inter * hidden + 3.0 * inter * hidden + double(E) * hidden);
+  std::printf("[timing] moe_prefill (256 experts top-8 + shared) %-8s n=%d: %8.3f ms  %6.1f TFLOP/s\n",
+              path_name(path), n, ms, fl / ms / 1e9);
+  state.counters["TFLOP/s"] = fl / ms / 1e9;
+  if (!all_finite_dev(dy.p, dy.n)) state.SkipWithError("non-finite output");
+}
+
+}  // namespace
+
+void lilac::bench::register_benchmarks() {
+  std::vector<lc::GemmPath> paths = {lc::GemmPath::MmaSync};
+  if (lc::gemm_wgmma_available()) paths.push_back(lc::GemmPath::Wgmma);
+  const std::string n = "/n:" + std::to_string(timing_n());
+  for (const Shape& sh : kShapes)
+    for (lc::GemmPath p : paths) {
+      std::string name = std::string("Qgemm/") + sh.name + "/" + path_name(p) + n;
+      for (char& ch : name)
+        if (ch == ' ') ch = '_';
+      benchmark::RegisterBenchmark(name.c_str(), BM_Qgemm, sh, p)
+          ->UseManualTime()
+          ->Iterations(1)
+          ->Unit(benchmark::kMillisecond);
+    }
+  for (lc::GemmPath p : paths)
+    benchmark::RegisterBenchmark((std::string("MoePrefill/") + path_name(p) + n).c_str(), BM_MoePrefill, p)
+        ->UseManualTime()
+        ->Iterations(1)
+        ->Unit(benchmark::kMillisecond);
+}
+
+LILAC_KERNEL_BENCH_MAIN("quantized GEMM")

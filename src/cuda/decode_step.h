@@ -1,0 +1,63 @@
+// The decode step of one sequence as a fixed sequence of kernel launches (captured once per session
+// into a CUDA graph and replayed): embed the pending token → every layer (attention or Gated DeltaNet
+// mixer, then the MoE) → increment the position (the body) → final norm + LM head into the logits
+// (the head) → sampling into the token slot. The position and the token are read from the sequence's
+// device slots, so one captured graph serves every step.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cuda/device_model.h"
+#include "cuda/kernels/attention/attention.h"
+#include "cuda/kernels/gdn/gdn.h"
+#include "cuda/seq_state.h"
+
+namespace lilac::cuda {
+
+// Per-session scratch of the decode step: the activations passed between its kernels (overwritten
+// by every step) and the launch shapes.
+struct DecodeScratch {
+  AttnDecodeShape attn;
+  GdnShape gdn;
+  int n_split = 1;       // attention splits for sequences of up to max_len tokens
+  float* h = nullptr;    // residual stream [hidden] (also where a prefill leaves its last row)
+  float* proj = nullptr;  // the in_proj output [max_in_rows]
+  float *gdn_o = nullptr, *q_rot = nullptr, *attn_out = nullptr, *partial = nullptr;
+  float *rlogits = nullptr, *sel_w = nullptr, *act = nullptr;  // MoE: router logits, routing, activations
+  int32_t* sel_ids = nullptr;
+  void* sample_scratch = nullptr;
+};
+DecodeScratch alloc_decode_scratch(DevAlloc& mem, const DevModel& m, int64_t max_len);
+
+// LILAC_CUDA_PROFILE=1: decode steps run eagerly with CUDA events between the kernel groups; the GPU
+// time between marks is summed per group and printed when the profile is destroyed.
+class StepProfile {
+ public:
+  static bool requested();  // LILAC_CUDA_PROFILE=1
+  ~StepProfile();
+  // Records an event on `s` labelled `label` (while a profiled step is being enqueued).
+  void mark(const char* label, cudaStream_t s);
+  // After the step's stream has synchronised: adds the times between consecutive marks.
+  void collect();
+
+ private:
+  int steps_ = 0;
+  std::vector<std::pair<std::string, cudaEvent_t>> marks_;
+  std::map<std::string, double> ms_;
+};
+
+// Enqueue on `s` (graph-capturable; `prof` null except in profiled eager steps):
+// the body (embed → layers → *pos += 1), reading the token at *st.token and the position *st.pos;
+void enqueue_decode_body(const DevModel& m, const SeqState& st, const DecodeScratch& sc, cudaStream_t s,
+                         StepProfile* prof = nullptr);
+// the head: final RMSNorm + LM head from sc.h into st.logits;
+void enqueue_decode_head(const DevModel& m, const SeqState& st, const DecodeScratch& sc, cudaStream_t s);
+// sampling from st.logits into *st.token and *st.result.
+void enqueue_sample(const SeqState& st, const DecodeScratch& sc, cudaStream_t s);
+
+}  // namespace lilac::cuda

@@ -1,0 +1,771 @@
+// Decode attention: q/k RMSNorm + partial RoPE + KV append (one warp per head), then one split-K
+// kernel over the bf16 KV cache whose last blocks also do the cross-split combine and the output gate.
+//
+// attn_decode_kernel<HD, NG>: block (unit, split) of 8 warps; a unit is one kv head and a group of NG
+// (<= 8) of its query heads (NG = G rounded up to a power of two, padded heads have q = 0 and are not
+// written). The number of useful splits is derived on the device from *pos (graph replays reuse the
+// launch): nsp = min(gridDim.y, ceil(L / kMinRows)), each split a run of whole R-row chunks (at least
+// kStages - 1 = 4 per warp, all requested at once); blocks past it exit. The grid is one wave of
+// resident blocks (2 per SM on sm_90: 256 threads, <= 90 KB shared memory, which also fits the 99 KB
+// per block of sm_86 / sm_89). Each
+// warp streams its chunks (chunk c of the split goes to warp c % 8) through a private 5-stage cp.async
+// ring (16-byte copies of K and V rows) and keeps its own online softmax: per chunk every lane holds
+// DPL = HD/32 dims of R rows, multiplies them with q (in shared memory) for the NG heads, and one
+// reduce-scatter across the warp leaves each lane one (row, head) score. The warps' states are merged
+// into one partial per block (m, l, acc for NG heads; every thread 4 dims, no serial per-head loop).
+// Combine: the partials of splits [16j, 16j+16) are merged by the last of those blocks to finish
+// (arrival counter per group) — at short contexts (nsp <= 16) that is the only level; with more
+// groups the group results are merged by the last group merger (a second counter), so no block reads
+// more than 16 partials. A merge is one pass in which each thread issues all its loads at once
+// (float4 accumulators, the m / l of its head, its gate values). The last merger writes
+// out = acc / l ⊙ sigmoid(gate).
+// Counters live at the start of `partial`, two 64-bit words each: normally one atomicAdd on word 0
+// (kCtrMagic << 32 | count), reset by the block that completes the count, so the next layer / replay
+// at any position starts from zero; on memory never used by this kernel (garbage in word 0) the
+// arrivals count on word 1 with tagged CAS (tag = *pos ^ magic, a word whose tag differs counts as 0)
+// and the completing block resets word 0 (see arrive()).
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include "cuda/cuda_common.h"
+#include "cuda/kernels/attention/attention.h"
+#include "cuda/kernels/launch.cuh"
+#include "cuda/kernels/ptx.cuh"
+#include "cuda/kernels/qdot.cuh"
+
+namespace lilac::cuda {
+namespace {
+using namespace dev;
+
+constexpr int kMaxHeadDim = 256;
+constexpr int kMaxGroup = 16;    // query heads per kv head
+constexpr int kWarps = 8;         // warps per split block (256 threads, 2 blocks per SM on sm_90)
+constexpr int kStages = 5;        // cp.async ring depth per warp (4 chunks in flight)
+constexpr int kGroupSplits = 16;  // partials merged per first-level combine
+constexpr int kMaxGroups = (kAttnMaxSplit + kGroupSplits - 1) / kGroupSplits;
+constexpr int kMergeMax = kMaxGroups > kGroupSplits ? kMaxGroups : kGroupSplits;  // partials per merge
+// Each counter is two 64-bit words: [0] the fast counter (kCtrMagic << 32 | count, reset by the block
+// that completes it), [1] the tagged fallback used only while word 0 holds garbage (first use).
+constexpr int kCtrPerUnit = 2 * (kMaxGroups + 1);  // group counters + the top counter
+constexpr uint32_t kTagMagic = 0xA5C3E1F7u;  // bit 31 set: never the tag of zeroed memory
+constexpr uint32_t kCtrMagic = 0x2C1A7E55u;
+constexpr unsigned long long kCtrReset = static_cast<unsigned long long>(kCtrMagic) << 32;
+
+int ng_of(int G) {  // query heads per unit: G rounded up to a power of two, at most 8
+  int ng = 1;
+  while (ng < G && ng < 8) ng *= 2;
+  return ng;
+}
+// One partial: acc [NG][HD], m [NG], l [NG], padded to 16 bytes (merged with float4 loads).
+constexpr int slot_floats_of(int NG, int HD) { return NG * HD + (2 * NG + 3) / 4 * 4; }
+struct Layout {
+  int NG, HG, units;
+  size_t ctr_floats, slot_floats, slots_per_unit;
+};
+Layout layout_of(const AttnDecodeShape& s, int cap) {
+  Layout l;
+  const int G = s.heads / s.kv_heads;
+  l.NG = ng_of(G);
+  l.HG = (G + l.NG - 1) / l.NG;
+  l.units = s.kv_heads * l.HG;
+  l.ctr_floats = (size_t(l.units) * kCtrPerUnit * 2 + 63) / 64 * 64;
+  l.slot_floats = slot_floats_of(l.NG, s.head_dim);
+  l.slots_per_unit = size_t(cap) + (cap + kGroupSplits - 1) / kGroupSplits;
+  return l;
+}
+
+// ------------------------------------------------------------------------------------------------ q/k norm + rope
+// One warp per head (q heads first, then kv heads).
+__global__ void __launch_bounds__(128) qk_norm_rope_kernel(AttnDecodeShape s, const float* qg, const float* k,
+                                                           const float* v, const float* q_norm, const float* k_norm,
+                                                           const float* inv_freq, const int32_t* pos_p, float* q_out,
+                                                           __nv_bfloat16* k_cache, __nv_bfloat16* v_cache) {
+  __shared__ float xs[4][kMaxHeadDim];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int b = blockIdx.x * 4 + warp;
+  const int hd = s.head_dim, half = s.rotary_dim / 2;
+  const bool active = b < s.heads + s.kv_heads;
+  const bool is_q = b < s.heads;
+  const int h = is_q ? b : b - s.heads;
+  const float* w = is_q ? q_norm : k_norm;
+  // weights (not written by the step) before the wait
+  float wv[kMaxHeadDim / 32], fr[kMaxHeadDim / 32];
+#pragma unroll
+  for (int j = 0; j < kMaxHeadDim / 32; ++j) {
+    const int d = lane + 32 * j;
+    wv[j] = active && d < hd ? w[d] : 0.f;
+    fr[j] = active && d < 2 * half ? inv_freq[d < half ? d : d - half] : 0.f;
+  }
+  pdl_wait();
+  pdl_trigger();
+  if (!active) return;
+  const float* src = is_q ? qg + int64_t(h) * 2 * hd : k + int64_t(h) * hd;
+  const int64_t pos = *pos_p;
+  float x[kMaxHeadDim / 32];
+  float ss = 0.f;
+#pragma unroll
+  for (int j = 0; j < kMaxHeadDim / 32; ++j) {
+    const int d = lane + 32 * j;
+    x[j] = d < hd ? src[d] : 0.f;
+    ss += x[j] * x[j];
+  }
+  ss = warp_sum(ss);
+  const float r = rsqrtf(ss / float(hd) + s.eps);
+  float* xw = xs[warp];
+#pragma unroll
+  for (int j = 0; j < kMaxHeadDim / 32; ++j) {
+    const int d = lane + 32 * j;
+    x[j] = x[j] * r * wv[j];
+    if (d < hd) xw[d] = x[j];
+  }
+  __syncwarp();
+  const int64_t row = (pos * s.kv_heads + h) * hd;
+#pragma unroll
+  for (int j = 0; j < kMaxHeadDim / 32; ++j) {
+    const int d = lane + 32 * j;
+    if (d >= hd) break;
+    float val = x[j];
+    if (d < 2 * half) {
+      float sn, cs;
+      sincosf(float(pos) * fr[j], &sn, &cs);
+      val = d < half ? x[j] * cs - xw[d + half] * sn : x[j] * cs + xw[d - half] * sn;
+    }
+    if (is_q) {
+      q_out[int64_t(h) * hd + d] = val;
+    } else {
+      k_cache[row + d] = __float2bfloat16(val);
+      v_cache[row + d] = __float2bfloat16(v[int64_t(h) * hd + d]);
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------------------ split kernel
+template <int HD, int NG>
+struct Cfg {
+  static constexpr int DPL = HD / 32;                       // dims per lane
+  static constexpr int R = 16 / (NG > DPL ? NG : DPL);      // rows per chunk
+  static constexpr int V = R * NG;                          // partial dots per lane per chunk (<= 16)
+  static constexpr int LV = V == 1 ? 0 : V == 2 ? 1 : V == 4 ? 2 : V == 8 ? 3 : 4;
+  static constexpr int SH = 5 - LV;                         // lane >> SH = (row, head) index after the reduce
+  static constexpr int STAGE = 2 * R * HD;                  // bf16 per ring stage: R K rows then R V rows
+  static constexpr int PIECES = STAGE / 8;                  // 16-byte copies per stage
+  // at least kStages - 1 chunks per warp per split: a split's whole K/V is requested at once right after
+  // the wait, and fewer splits means fewer partials to merge (at 512 rows, HD 256, NG 8: 8 splits of 64
+  // rows = 64 KB of K/V per block, one 64 KB merge, instead of 16 x 32 rows and a 128 KB merge)
+  static constexpr int kMinRows = (kStages - 1) * kWarps * R;
+  // shared memory (floats): big [max(ring, warp accumulators)] | qs [NG*HD] | pbuf [W][V+NG] |
+  // wm, wl [W][NG] | flag [4]. At most 90 KB (HD 256, NG 8): fits the 99 KB per block of sm_86/sm_89.
+  static constexpr int kRingF = kWarps * kStages * STAGE / 2;
+  static constexpr int kAccF = kWarps * NG * HD;
+  static constexpr int kBigF = kRingF > kAccF ? kRingF : kAccF;
+  static constexpr int kQs = kBigF;
+  static constexpr int kPbuf = kQs + NG * HD;
+  static constexpr int kWm = kPbuf + kWarps * (V + NG);
+  static constexpr int kWl = kWm + kWarps * NG;
+  static constexpr int kFlag = kWl + kWarps * NG;
+  static constexpr int kTotalF = kFlag + 4;
+  static constexpr int SL = slot_floats_of(NG, HD);
+  static_assert(V <= 16 && R >= 2 && (kBigF % 4) == 0 && (kWm % 4) == 0, "attention tile");
+  static_assert(size_t(kTotalF) * 4 <= 99 * 1024, "attention smem must fit sm_86/sm_89 (99 KB per block)");
+};
+
+struct AttnArgs {
+  const float* q;
+  const float* qg;
+  const __nv_bfloat16* kc;
+  const __nv_bfloat16* vc;
+  const int32_t* pos;
+  unsigned long long* ctr;  // [units][kCtrPerUnit]
+  float* slots;             // [units][slots_per_unit][NG][HD + 2]: acc [NG][HD], m [NG], l [NG]
+  float* out;
+  int G, HG, kv_heads, cap, slots_per_unit;
+};
+
+// ------------------------------------------------------------------------------------------------ tracing
+// Per-block timeline for measurements (attn_decode_trace): %globaltimer by thread 0 at
+// [0] entry, [1] after the PDL wait, [2] q staged and the first K/V copies issued, [3] K/V loop done,
+// [4] partial slot written, [5] first arrival decided, [6] first-level merge done (only the group
+// mergers), [7] exit (every block; for the final merger after the output is written); layout
+// [blockIdx.y * gridDim.x + blockIdx.x][8]. Off (null) in normal runs.
+__device__ unsigned long long* g_attn_trace = nullptr;
+__device__ __forceinline__ void attn_mark(int k) {
+  unsigned long long* tr = g_attn_trace;
+  if (tr != nullptr && threadIdx.x == 0) {
+    tr[(size_t(blockIdx.y) * gridDim.x + blockIdx.x) * 8 + k] = globaltimer();
+  }
+}
+
+// DPL consecutive bf16 from shared memory, packed two per word (element 2i in the low half of w[i]).
+template <int DPL>
+__device__ __forceinline__ void lds_bf16(const __nv_bfloat16* p, uint32_t (&w)[(DPL + 1) / 2]) {
+  if constexpr (DPL == 8) {
+    const uint4 t = *reinterpret_cast<const uint4*>(p);
+    w[0] = t.x, w[1] = t.y, w[2] = t.z, w[3] = t.w;
+  } else if constexpr (DPL == 4) {
+    const uint2 t = *reinterpret_cast<const uint2*>(p);
+    w[0] = t.x, w[1] = t.y;
+  } else if constexpr (DPL == 2) {
+    w[0] = *reinterpret_cast<const uint32_t*>(p);
+  } else {
+    w[0] = *reinterpret_cast<const unsigned short*>(p);
+  }
+}
+__device__ __forceinline__ float bf_lo(uint32_t w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
+template <int DPL>
+__device__ __forceinline__ float bf_at(const uint32_t (&w)[(DPL + 1) / 2], int j) {
+  return (j & 1) ? bf_hi(w[j >> 1]) : bf_lo(w[j >> 1]);
+}
+
+// q for the NG heads at dim lane*DPL + j: qs holds [j][NG/4][lane][4] (NG >= 4) or [j][lane][NG].
+template <int HD, int NG>
+__device__ __forceinline__ int qs_index(int h, int d) {
+  constexpr int DPL = HD / 32;
+  const int l = d / DPL, j = d % DPL;
+  if constexpr (NG >= 4)
+    return ((j * (NG / 4) + h / 4) * 32 + l) * 4 + (h & 3);
+  else
+    return (j * 32 + l) * NG + h;
+}
+template <int HD, int NG>
+__device__ __forceinline__ void lds_q(const float* qs, int j, int lane, float (&qv)[NG]) {
+  if constexpr (NG >= 4) {
+#pragma unroll
+    for (int g = 0; g < NG / 4; ++g) {
+      const float4 t = reinterpret_cast<const float4*>(qs)[(j * (NG / 4) + g) * 32 + lane];
+      qv[4 * g] = t.x, qv[4 * g + 1] = t.y, qv[4 * g + 2] = t.z, qv[4 * g + 3] = t.w;
+    }
+  } else if constexpr (NG == 2) {
+    const float2 t = reinterpret_cast<const float2*>(qs)[j * 32 + lane];
+    qv[0] = t.x, qv[1] = t.y;
+  } else {
+    qv[0] = qs[j * 32 + lane];
+  }
+}
+
+// Halving step of the warp reduce-scatter of vals[N] (values at lanes l and l ^ OFF summed; the lane
+// keeps the upper half when its OFF bit is set), recursively down to one value.
+template <int N, int OFF>
+__device__ __forceinline__ void reduce_scatter(float* vals, int lane) {
+  if constexpr (N > 1) {
+    constexpr int H = N / 2;
+    const bool up = (lane & OFF) != 0;
+#pragma unroll
+    for (int i = 0; i < H; ++i) {
+      const float send = up ? vals[i] : vals[i + H];
+      const float keep = up ? vals[i + H] : vals[i];
+      vals[i] = keep + __shfl_xor_sync(0xffffffffu, send, OFF);
+    }
+    reduce_scatter<H, OFF / 2>(vals, lane);
+  }
+}
+
+// Arrival of a block on a counter (two words, see kCtrPerUnit), by one thread after a __syncthreads
+// that follows the block's partial writes; true for the arrival that makes the count `expected`.
+// Release (the block's writes, cumulative through the barrier) before the atomic, acquire after it —
+// the pattern of cooperative groups' grid sync. Normally one atomicAdd: word 0 reads
+// kCtrMagic << 32 | count and the completing block resets it to kCtrReset. While word 0 holds anything
+// else (memory never used by this kernel: every block of the launch sees garbage there, since adding
+// at most kAttnMaxSplit never turns garbage into kCtrMagic << 32 | small), the blocks count on word 1
+// with tagged compare-and-swap (tag = *pos ^ magic, a word with another tag counts as 0) and the
+// completing block puts word 0 in the reset state, so later launches take the fast path.
+__device__ bool arrive(unsigned long long* ctr, uint32_t tag, uint32_t expected) {
+  __threadfence();
+  const unsigned long long old0 = atomicAdd(ctr, 1ull);
+  bool last;
+  if (uint32_t(old0 >> 32) == kCtrMagic && uint32_t(old0) < 0x80000000u) {
+    last = uint32_t(old0) + 1u == expected;
+    if (last) atomicExch(ctr, kCtrReset);
+  } else {
+    unsigned long long* w1 = ctr + 1;
+    unsigned long long old = atomicAdd(w1, 0ull), assumed;
+    uint32_t cnt;
+    do {
+      assumed = old;
+      cnt = (uint32_t(assumed >> 32) == tag ? uint32_t(assumed) : 0u) + 1u;
+      old = atomicCAS(w1, assumed, (static_cast<unsigned long long>(tag) << 32) | cnt);
+    } while (old != assumed);
+    last = cnt == expected;
+    if (last) {
+      atomicExch(w1, ~0ull);
+      atomicExch(ctr, kCtrReset);
+    }
+  }
+  __threadfence();
+  return last;
+}
+
+// Merges n (<= kMergeMax) partial slots (stride C::SL floats) into dst (a slot) or, with dst ==
+// nullptr, into the gated output of heads h0 .. h0+hv-1. Whole block; sml: 2 * kMergeMax * NG floats of
+// shared memory. One load per thread brings the m / l of every (slot, head) into sml, issued together
+// with the gate values and the first batch of accumulators: each thread owns F (<= 2) float4 outputs
+// and requests B slots' float4 for all of them at once, so a merge of n slots costs ceil(n / B) L2
+// round trips (8 slots: 1, 16: 2; before: 2 per output float4 per 16 slots). Reads through L2 (.cg:
+// other blocks wrote the slots).
+template <int HD, int NG>
+__device__ void merge_slots(const float* first, int n, float* dst, const AttnArgs& a, int h0, int hv, float* sml) {
+  constexpr int SL = Cfg<HD, NG>::SL;
+  constexpr int NT = kWarps * 32;
+  constexpr int NO = NG * HD / 4;       // float4 outputs
+  constexpr int F = (NO + NT - 1) / NT;  // per thread
+  constexpr int B = 8;                   // slots per batch (registers: 4 F B)
+  constexpr int ML = kMergeMax * NG;     // offset of the l values in sml
+  static_assert(ML <= NT && F <= 2 && kMergeMax % B == 0, "attention merge layout");
+  const int tid = threadIdx.x;
+  {
+    const int s = tid / NG, h = tid % NG;
+    float mv = -INFINITY, lv = 0.f;
+    if (s < n) {
+      const float* sl = first + size_t(s) * SL + NG * HD;
+      mv = __ldcg(sl + h);
+      lv = __ldcg(sl + NG + h);
+    }
+    if (tid < ML) {
+      sml[tid] = mv;  // slots >= n: weight 0
+      sml[ML + tid] = lv;
+    }
+  }
+  bool ok[F];
+  int hh[F], ii[F];
+  float g[F][4];
+  float4 x[F][B];
+#pragma unroll
+  for (int f = 0; f < F; ++f) {
+    const int o = tid + f * NT;
+    ii[f] = 4 * o;
+    hh[f] = ii[f] / HD;
+    ok[f] = o < NO && (dst != nullptr || hh[f] < hv);
+    if (!ok[f]) ii[f] = 0, hh[f] = 0;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) g[f][k] = 0.f;
+    if (!dst && ok[f]) {
+      const float* gp = a.qg + int64_t(h0 + hh[f]) * 2 * HD + HD + ii[f] % HD;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) g[f][k] = gp[k];
+    }
+#pragma unroll
+    for (int s = 0; s < B; ++s)
+      x[f][s] = ok[f] && s < n ? __ldcg(reinterpret_cast<const float4*>(first + size_t(s) * SL + ii[f]))
+                               : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+  __syncthreads();  // sml
+  float M[F], Ls[F];
+  float4 acc[F];
+#pragma unroll
+  for (int f = 0; f < F; ++f) {
+    M[f] = -INFINITY;
+    for (int s = 0; s < n; ++s) M[f] = fmaxf(M[f], sml[s * NG + hh[f]]);
+    Ls[f] = 0.f;
+    acc[f] = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+#pragma unroll
+  for (int s0 = 0; s0 < kMergeMax; s0 += B) {
+    if (s0 > 0) {
+      if (s0 >= n) break;
+#pragma unroll
+      for (int f = 0; f < F; ++f)
+#pragma unroll
+        for (int s = 0; s < B; ++s)
+          x[f][s] = ok[f] && s0 + s < n
+                        ? __ldcg(reinterpret_cast<const float4*>(first + size_t(s0 + s) * SL + ii[f]))
+                        : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int s = 0; s < B; ++s) {
+      const int t = s0 + s;
+#pragma unroll
+      for (int f = 0; f < F; ++f) {
+        const float mt = sml[t * NG + hh[f]];
+        const float fs = mt == -INFINITY ? 0.f : expf(mt - M[f]);
+        Ls[f] = fmaf(fs, sml[ML + t * NG + hh[f]], Ls[f]);
+        acc[f].x = fmaf(fs, x[f][s].x, acc[f].x);
+        acc[f].y = fmaf(fs, x[f][s].y, acc[f].y);
+        acc[f].z = fmaf(fs, x[f][s].z, acc[f].z);
+        acc[f].w = fmaf(fs, x[f][s].w, acc[f].w);
+      }
+    }
+  }
+#pragma unroll
+  for (int f = 0; f < F; ++f) {
+    if (!ok[f]) continue;
+    const int i = ii[f], h = hh[f], d = i % HD;
+    if (dst) {
+      *reinterpret_cast<float4*>(dst + i) = acc[f];
+      if (d == 0) {
+        dst[NG * HD + h] = M[f];
+        dst[NG * HD + NG + h] = Ls[f];
+      }
+    } else {
+      const float inv = 1.f / Ls[f];
+      float* o = a.out + int64_t(h0 + h) * HD + d;
+      o[0] = acc[f].x * inv * sigmoid_f(g[f][0]);
+      o[1] = acc[f].y * inv * sigmoid_f(g[f][1]);
+      o[2] = acc[f].z * inv * sigmoid_f(g[f][2]);
+      o[3] = acc[f].w * inv * sigmoid_f(g[f][3]);
+    }
+  }
+}
+
+template <int HD, int NG>
+__global__ void __launch_bounds__(kWarps * 32, 2) attn_decode_kernel(AttnArgs a) {
+  using C = Cfg<HD, NG>;
+  constexpr int DPL = C::DPL, R = C::R, V = C::V, LV = C::LV, SH = C::SH;
+  constexpr int W = (DPL + 1) / 2;  // packed words per lane per row
+  constexpr unsigned kFull = 0xffffffffu;
+  extern __shared__ float4 smem4[];
+  float* sm = reinterpret_cast<float*>(smem4);
+  float* qs = sm + C::kQs;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int unit = blockIdx.x, split = blockIdx.y;
+  const int kvh = unit / a.HG, hg = unit % a.HG;
+  const int h0 = kvh * a.G + hg * NG;
+  const int hv = min(NG, a.G - hg * NG);
+
+  attn_mark(0);
+  pdl_wait();
+  pdl_trigger();
+  attn_mark(1);
+  const int32_t pos = *a.pos;
+  const int64_t L = int64_t(pos) + 1;
+  const int64_t want = (L + C::kMinRows - 1) / C::kMinRows;
+  int nsp = want < int64_t(gridDim.y) ? int(want) : int(gridDim.y);
+  nsp = max(nsp, 1);
+  int64_t rps = (L + nsp - 1) / nsp;
+  rps = (rps + R - 1) / R * R;
+  nsp = int((L + rps - 1) / rps);
+  if (split >= nsp) {
+    attn_mark(7);
+    return;
+  }
+  const int64_t begin = int64_t(split) * rps, end = begin + rps < L ? begin + rps : L;
+  const int nch = int((end - begin + R - 1) / R);
+
+  // this warp's ring and the chunk copies
+  __nv_bfloat16* ring = reinterpret_cast<__nv_bfloat16*>(sm) + size_t(warp) * kStages * C::STAGE;
+  const int64_t row_stride = int64_t(a.kv_heads) * HD;
+  const __nv_bfloat16* kbase = a.kc + int64_t(kvh) * HD;
+  const __nv_bfloat16* vbase = a.vc + int64_t(kvh) * HD;
+  auto issue = [&](int c, int stage) {
+    __nv_bfloat16* st = ring + stage * C::STAGE;
+#pragma unroll
+    for (int i0 = 0; i0 < C::PIECES; i0 += 32) {
+      const int i = i0 + lane;
+      if (C::PIECES % 32 == 0 || i < C::PIECES) {
+        const int isv = i / (C::PIECES / 2), rem = i % (C::PIECES / 2);
+        const int r = rem / (HD / 8), c8 = rem % (HD / 8);
+        const int64_t row = begin + int64_t(c) * R + r;
+        const bool ok = row < end;
+        const __nv_bfloat16* src = (isv ? vbase : kbase) + (ok ? row : 0) * row_stride + c8 * 8;
+        cp_async16_zfill(st + isv * R * HD + r * HD + c8 * 8, src, ok ? 16 : 0);
+      }
+    }
+  };
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    const int c = warp + s * kWarps;
+    if (c < nch) issue(c, s);
+    cp_async_commit();
+  }
+  {
+    // q (pre-scaled by 1/sqrt(hd), qs layout: see qs_index) for the unit's NG heads, padded heads 0:
+    // requested right after the first K/V copies (whose addresses need *pos), all loads at once, so its
+    // round trip overlaps theirs instead of preceding it
+    constexpr int kQn = (NG * HD + kWarps * 32 - 1) / (kWarps * 32);
+    float qv[kQn];
+#pragma unroll
+    for (int k = 0; k < kQn; ++k) {
+      const int i = tid + k * kWarps * 32, h = i / HD, d = i % HD;
+      qv[k] = i < NG * HD && h < hv ? a.q[int64_t(h0 + h) * HD + d] : 0.f;
+    }
+    const float scale = rsqrtf(float(HD));
+#pragma unroll
+    for (int k = 0; k < kQn; ++k) {
+      const int i = tid + k * kWarps * 32;
+      if (i < NG * HD) qs[qs_index<HD, NG>(i / HD, i % HD)] = qv[k] * scale;
+    }
+  }
+  __syncthreads();  // qs
+  attn_mark(2);
+
+  float acc[NG][DPL];
+#pragma unroll
+  for (int h = 0; h < NG; ++h)
+#pragma unroll
+    for (int j = 0; j < DPL; ++j) acc[h][j] = 0.f;
+  float m_run = -INFINITY, l_run = 0.f;  // for head (lane >> SH) % NG
+  float* pbuf = sm + C::kPbuf + warp * (V + NG);
+  const int vidx = lane >> SH, my_r = vidx / NG, my_h = vidx % NG;
+  const bool rep0 = (lane & ((1 << SH) - 1)) == 0;
+
+  int it = 0;
+  for (int c = warp; c < nch; c += kWarps, ++it) {
+    cp_async_wait<kStages - 2>();
+    __syncwarp();
+    {
+      const int cn = c + (kStages - 1) * kWarps;
+      if (cn < nch) issue(cn, (it + kStages - 1) % kStages);
+      cp_async_commit();
+    }
+    const __nv_bfloat16* st = ring + (it % kStages) * C::STAGE;
+    // scores: vals[r * NG + h] = partial q_h · k_r over this lane's dims
+    float vals[V];
+#pragma unroll
+    for (int i = 0; i < V; ++i) vals[i] = 0.f;
+    {
+      uint32_t kw[R][W];
+#pragma unroll
+      for (int r = 0; r < R; ++r) lds_bf16<DPL>(st + r * HD + lane * DPL, kw[r]);
+#pragma unroll
+      for (int j = 0; j < DPL; ++j) {
+        float qv[NG];
+        lds_q<HD, NG>(qs, j, lane, qv);
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          const float kf = bf_at<DPL>(kw[r], j);
+#pragma unroll
+          for (int h = 0; h < NG; ++h) vals[r * NG + h] = fmaf(qv[h], kf, vals[r * NG + h]);
+        }
+      }
+    }
+    // reduce-scatter: after LV halving steps lane holds value index lane >> SH; then all-reduce
+    reduce_scatter<V, 16>(vals, lane);
+#pragma unroll
+    for (int off = 16 >> LV; off > 0; off >>= 1) vals[0] += __shfl_xor_sync(kFull, vals[0], off);
+    const int64_t my_row = begin + int64_t(c) * R + my_r;
+    const float sc = my_row < end ? vals[0] : -INFINITY;
+    // online softmax per head over the chunk's rows (lanes with equal head differ in the row bits)
+    float mx = sc;
+#pragma unroll
+    for (int off = NG << SH; off < 32; off <<= 1) mx = fmaxf(mx, __shfl_xor_sync(kFull, mx, off));
+    const float m_new = fmaxf(m_run, mx);
+    const float p = expf(sc - m_new);
+    float ps = p;
+#pragma unroll
+    for (int off = NG << SH; off < 32; off <<= 1) ps += __shfl_xor_sync(kFull, ps, off);
+    const bool grow = m_new > m_run;
+    const float corr = grow ? expf(m_run - m_new) : 1.f;
+    l_run = fmaf(l_run, corr, ps);
+    m_run = m_new;
+    if (rep0) {
+      pbuf[vidx] = p;
+      if (my_r == 0) pbuf[V + my_h] = corr;
+    }
+    __syncwarp();
+    if (__any_sync(kFull, grow)) {
+#pragma unroll
+      for (int h = 0; h < NG; ++h) {
+        const float cf = pbuf[V + h];
+#pragma unroll
+        for (int j = 0; j < DPL; ++j) acc[h][j] *= cf;
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      uint32_t vw[W];
+      lds_bf16<DPL>(st + R * HD + r * HD + lane * DPL, vw);
+      float pr[NG];
+      if constexpr (NG >= 4) {
+#pragma unroll
+        for (int g = 0; g < NG / 4; ++g) {
+          const float4 t = reinterpret_cast<const float4*>(pbuf + r * NG)[g];
+          pr[4 * g] = t.x, pr[4 * g + 1] = t.y, pr[4 * g + 2] = t.z, pr[4 * g + 3] = t.w;
+        }
+      } else {
+#pragma unroll
+        for (int h = 0; h < NG; ++h) pr[h] = pbuf[r * NG + h];
+      }
+#pragma unroll
+      for (int j = 0; j < DPL; ++j) {
+        const float vf = bf_at<DPL>(vw, j);
+#pragma unroll
+        for (int h = 0; h < NG; ++h) acc[h][j] = fmaf(pr[h], vf, acc[h][j]);
+      }
+    }
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // ring no longer read or written: reuse it for the warp accumulators
+  attn_mark(3);
+
+  // merge the warps' states into this block's partial slot
+  float* wacc = sm;  // [W][NG][HD]
+  float* wm = sm + C::kWm;
+  float* wl = sm + C::kWl;
+#pragma unroll
+  for (int h = 0; h < NG; ++h) {
+    float* dst = wacc + (warp * NG + h) * HD + lane * DPL;
+    if constexpr (DPL % 4 == 0) {
+#pragma unroll
+      for (int j = 0; j < DPL; j += 4)
+        *reinterpret_cast<float4*>(dst + j) = make_float4(acc[h][j], acc[h][j + 1], acc[h][j + 2], acc[h][j + 3]);
+    } else {
+#pragma unroll
+      for (int j = 0; j < DPL; ++j) dst[j] = acc[h][j];
+    }
+  }
+  if (rep0 && my_r == 0) {
+    wm[warp * NG + my_h] = m_run;
+    wl[warp * NG + my_h] = l_run;
+  }
+  __syncthreads();
+  constexpr int SL = C::SL;
+  float* uslots = a.slots + size_t(unit) * a.slots_per_unit * SL;
+  float* my_slot = uslots + size_t(split) * SL;
+  // every thread: 4 consecutive dims of one head; the head's max / weights from the W warp maxima
+  for (int f = tid; f < NG * HD / 4; f += blockDim.x) {
+    const int i = 4 * f, h = i / HD;
+    float M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, wm[w * NG + h]);
+    float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
+    float Ls = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float mw = wm[w * NG + h];
+      const float fw = mw == -INFINITY ? 0.f : expf(mw - M);
+      const float4 x = *reinterpret_cast<const float4*>(wacc + w * NG * HD + i);
+      s.x = fmaf(fw, x.x, s.x);
+      s.y = fmaf(fw, x.y, s.y);
+      s.z = fmaf(fw, x.z, s.z);
+      s.w = fmaf(fw, x.w, s.w);
+      Ls = fmaf(fw, wl[w * NG + h], Ls);
+    }
+    *reinterpret_cast<float4*>(my_slot + i) = s;
+    if (i % HD == 0) {
+      my_slot[NG * HD + h] = M;
+      my_slot[NG * HD + NG + h] = Ls;
+    }
+  }
+
+  // first-level combine: the last block of splits [16j, 16j+16) merges them
+  const int ngroups = (nsp + kGroupSplits - 1) / kGroupSplits;
+  const int grp = split / kGroupSplits;
+  const int gsize = min(kGroupSplits, nsp - grp * kGroupSplits);
+  const uint32_t tag = uint32_t(pos) ^ kTagMagic;
+  unsigned long long* uctr = a.ctr + size_t(unit) * kCtrPerUnit;
+  int* flag = reinterpret_cast<int*>(sm + C::kFlag);
+  __syncthreads();
+  attn_mark(4);
+  if (tid == 0) *flag = arrive(uctr + 2 * grp, tag, uint32_t(gsize));
+  __syncthreads();
+  attn_mark(5);
+  if (!*flag) {
+    attn_mark(7);
+    return;
+  }
+  // the merges reuse the start of shared memory (m / l of the merged slots): free since the barrier
+  // before the arrival
+  const float* gfirst = uslots + size_t(grp) * kGroupSplits * SL;
+  if (ngroups == 1) {
+    merge_slots<HD, NG>(gfirst, gsize, nullptr, a, h0, hv, sm);
+    attn_mark(6);
+    attn_mark(7);
+    return;
+  }
+  float* gslot = uslots + size_t(a.cap + grp) * SL;
+  merge_slots<HD, NG>(gfirst, gsize, gslot, a, h0, hv, sm);
+  // second level: the last group merger merges the group results
+  __syncthreads();
+  attn_mark(6);
+  if (tid == 0) *flag = arrive(uctr + 2 * kMaxGroups, tag, uint32_t(ngroups));
+  __syncthreads();
+  if (!*flag) {
+    attn_mark(7);
+    return;
+  }
+  merge_slots<HD, NG>(uslots + size_t(a.cap) * SL, ngroups, nullptr, a, h0, hv, sm);
+  attn_mark(7);
+}
+
+void check_shape(const AttnDecodeShape& s) {
+  const int hd = s.head_dim;
+  LILAC_CHECK((hd == 32 || hd == 64 || hd == 128 || hd == kMaxHeadDim) && s.kv_heads > 0 && s.heads % s.kv_heads == 0 &&
+                  s.heads / s.kv_heads <= kMaxGroup && s.rotary_dim <= s.head_dim && s.rotary_dim % 2 == 0,
+              "attention decode: unsupported shape (head_dim " + std::to_string(s.head_dim) + ", heads " +
+                  std::to_string(s.heads) + "/" + std::to_string(s.kv_heads) + ")");
+}
+
+
+template <int HD, int NG>
+void launch_attn(const AttnDecodeShape& s, const Layout& lay, const AttnArgs& a, cudaStream_t stream) {
+  using C = Cfg<HD, NG>;
+  const size_t smem = size_t(C::kTotalF) * sizeof(float);
+  static int per_sm[64] = {};  // resident blocks per SM, per device (0: not yet set up)
+  int dev = 0;
+  LILAC_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev < 0 || dev >= 64) dev = 0;
+  if (per_sm[dev] == 0) {
+    LILAC_CUDA_CHECK(cudaFuncSetAttribute(attn_decode_kernel<HD, NG>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          int(smem)));
+    int n = 0;
+    LILAC_CUDA_CHECK(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attn_decode_kernel<HD, NG>, kWarps * 32, smem));
+    LILAC_CHECK(n >= 1, "attention decode: kernel cannot be resident (" + std::to_string(smem) + " B shared memory)");
+    per_sm[dev] = std::min(n, 2);
+  }
+  // up to one wave of resident blocks: enough to fill the GPU at long contexts, never more than the
+  // buffer holds (the device uses fewer splits at short contexts, see the kernel)
+  const int gy = std::max(1, std::min(a.cap, (per_sm[dev] * sm_count() + lay.units - 1) / lay.units));
+  launch_pdl(attn_decode_kernel<HD, NG>, dim3(lay.units, gy), dim3(kWarps * 32), smem, stream, a);
+}
+
+template <int HD>
+void dispatch_ng(const AttnDecodeShape& s, const Layout& lay, const AttnArgs& a, cudaStream_t stream) {
+  switch (lay.NG) {
+    case 1: return launch_attn<HD, 1>(s, lay, a, stream);
+    case 2: return launch_attn<HD, 2>(s, lay, a, stream);
+    case 4: return launch_attn<HD, 4>(s, lay, a, stream);
+    default: return launch_attn<HD, 8>(s, lay, a, stream);
+  }
+}
+
+}  // namespace
+
+void attn_decode_trace(unsigned long long* buf) {
+  LILAC_CUDA_CHECK(cudaMemcpyToSymbol(g_attn_trace, &buf, sizeof(buf)));
+}
+
+size_t attn_decode_partial_floats(const AttnDecodeShape& s, int n_split) {
+  const Layout l = layout_of(s, n_split);
+  return l.ctr_floats + size_t(l.units) * l.slots_per_unit * l.slot_floats;
+}
+
+void attn_qk_norm_rope_append(const AttnDecodeShape& s, const float* qg, const float* k, const float* v,
+                              const float* q_norm, const float* k_norm, const float* inv_freq, const int32_t* pos,
+                              float* q_out, __nv_bfloat16* k_cache, __nv_bfloat16* v_cache, cudaStream_t stream) {
+  check_shape(s);
+  const int nheads = s.heads + s.kv_heads;
+  launch_pdl(qk_norm_rope_kernel, dim3((nheads + 3) / 4), dim3(128), 0, stream, s, qg, k, v, q_norm, k_norm, inv_freq,
+             pos, q_out, k_cache, v_cache);
+}
+
+void attention_decode(const AttnDecodeShape& s, const float* q, const float* qg, const __nv_bfloat16* k_cache,
+                      const __nv_bfloat16* v_cache, const int32_t* pos, int n_split, float* partial, float* out,
+                      cudaStream_t stream) {
+  check_shape(s);
+  LILAC_CHECK(n_split >= 1 && n_split <= kAttnMaxSplit, "attention decode: bad split count");
+  LILAC_CHECK(reinterpret_cast<uintptr_t>(partial) % 16 == 0, "attention decode: partial must be 16-byte aligned");
+  const Layout lay = layout_of(s, n_split);
+  AttnArgs a;
+  a.q = q;
+  a.qg = qg;
+  a.kc = k_cache;
+  a.vc = v_cache;
+  a.pos = pos;
+  a.ctr = reinterpret_cast<unsigned long long*>(partial);
+  a.slots = partial + lay.ctr_floats;
+  a.out = out;
+  a.G = s.heads / s.kv_heads;
+  a.HG = lay.HG;
+  a.kv_heads = s.kv_heads;
+  a.cap = n_split;
+  a.slots_per_unit = int(lay.slots_per_unit);
+  switch (s.head_dim) {
+    case 32: return dispatch_ng<32>(s, lay, a, stream);
+    case 64: return dispatch_ng<64>(s, lay, a, stream);
+    case 128: return dispatch_ng<128>(s, lay, a, stream);
+    default: return dispatch_ng<256>(s, lay, a, stream);
+  }
+}
+
+}  // namespace lilac::cuda

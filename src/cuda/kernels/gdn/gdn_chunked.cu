@@ -1,0 +1,687 @@
+// Chunked Gated DeltaNet prefill (gdn.h: gdn_prefill_chunked): the WY / UT-transform form of the
+// recurrence, chunks of CH = 64 tokens, tensor cores (mma.sync m16n8k8 tf32, fp32 accumulation) for
+// the matrix products, fp32 for the triangular solve and the decays.
+//
+// Math, per value head, chunk of tokens t = 0..63 (padded tokens: k = q = 0, β = 0, g = 0), G_t the
+// inclusive cumulative sum of g inside the chunk, S0 the state entering the chunk:
+//   S_t = e^{g_t} S_{t-1} + k_t δ_tᵀ,  δ_t = β_t (v_t − e^{g_t} S_{t-1}ᵀ k_t)
+//   ⇒ (I + A) Δ = diag(β) V − diag(β e^G) K S0,   A_ts = β_t e^{G_t−G_s} k_t·k_s  (s < t)
+//   ⇒ Δ = U − W S0 with U = T diag(β) V, W = T diag(β e^G) K, T = (I + A)⁻¹
+//   O = diag(e^G) Q S0 + P Δ,  P_ts = e^{G_t−G_s} q_t·k_s (s ≤ t)
+//   S_64 = e^{G_63} S0 + (diag(e^{G_63−G}) K)ᵀ Δ
+// Only exponents of non-positive numbers are taken (no overflow).
+//
+// Launches: (1) per token: q̂, k̂ (l2-normed, q̂ scaled), g, β;  (2) per (chunk, value head), all chunks
+// in parallel: K Kᵀ, Q Kᵀ (3xTF32 ≈ fp32), the masked/decayed A and P, then U and W by forward
+// substitution in fp32 (one column per thread);  (3) per (value head, column block), sequential over
+// the chunks: Δ, O, the state update (3xTF32 or plain TF32), operands streamed in with cp.async so
+// the next chunk's loads overlap this chunk's products;  (4) the gated RMSNorm epilogue → bf16.
+#include <cstdlib>
+#include <string>
+
+#include "core/error.h"
+#include "cuda/kernels/gdn/gdn.h"
+#include "cuda/kernels/ptx.cuh"
+#include "cuda/kernels/stream_scratch.h"
+
+namespace lilac::cuda {
+namespace {
+
+constexpr int CH = 64;        // chunk length
+constexpr int THREADS = 256;  // 8 warps in the chunk and state kernels
+
+void check_launch(const char* what) {
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) throw Error(std::string(what) + ": launch failed: " + cudaGetErrorString(e));
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// ---- tensor-core helpers (mma.sync m16n8k8, tf32 operands, fp32 accumulators)
+// Fragment layout (PTX ISA, m16n8k8 .tf32): g = lane / 4, q = lane % 4
+//   A (16×8): a0 (g, q)  a1 (g+8, q)  a2 (g, q+4)  a3 (g+8, q+4)
+//   B (8×8):  b0 (k=q, n=g)  b1 (k=q+4, n=g)
+//   C (16×8): c0 (g, 2q)  c1 (g, 2q+1)  c2 (g+8, 2q)  c3 (g+8, 2q+1)
+using dev::cvt_rna_tf32;
+using dev::mma_m16n8k8_tf32;
+
+// c += a·b from fp32 fragment values. SPLIT: 3xTF32 (a = ah + al, b = bh + bl; ah·bh + ah·bl + al·bh),
+// relative error ~1e-6 like fp32; otherwise one tf32 product (operands rounded to 10 mantissa bits).
+template <bool SPLIT>
+__device__ __forceinline__ void mma_f32(float c[4], const float a[4], const float b[2]) {
+  uint32_t ah[4], bh[2];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) ah[i] = cvt_rna_tf32(a[i]);
+#pragma unroll
+  for (int i = 0; i < 2; ++i) bh[i] = cvt_rna_tf32(b[i]);
+  if constexpr (SPLIT) {
+    uint32_t al[4], bl[2];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) al[i] = cvt_rna_tf32(a[i] - __uint_as_float(ah[i]));
+#pragma unroll
+    for (int i = 0; i < 2; ++i) bl[i] = cvt_rna_tf32(b[i] - __uint_as_float(bh[i]));
+    mma_m16n8k8_tf32(c, al, bh);
+    mma_m16n8k8_tf32(c, ah, bl);
+  }
+  mma_m16n8k8_tf32(c, ah, bh);
+}
+
+// Fragment values → tf32 (hi) and, with SPLIT, the rounding remainder (lo).
+template <bool SPLIT, int N>
+__device__ __forceinline__ void cvt_frag(const float* x, uint32_t* hi, uint32_t* lo) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    hi[i] = cvt_rna_tf32(x[i]);
+    if constexpr (SPLIT) lo[i] = cvt_rna_tf32(x[i] - __uint_as_float(hi[i]));
+  }
+}
+// c += ah·bh; with SPLIT also cl += al·bh + ah·bl (a second accumulator: independent mma chains).
+template <bool SPLIT>
+__device__ __forceinline__ void mma_acc(float c[4], float cl[4], const uint32_t ah[4], const uint32_t al[4],
+                                        const uint32_t bh[2], const uint32_t bl[2]) {
+  if constexpr (SPLIT) {
+    mma_m16n8k8_tf32(cl, al, bh);
+    mma_m16n8k8_tf32(cl, ah, bl);
+  }
+  mma_m16n8k8_tf32(c, ah, bh);
+}
+
+// A fragment of a row-major matrix (element (m, k) at p[m*ld + k]), tile origin (m0, k0).
+__device__ __forceinline__ void frag_a(float a[4], const float* p, int ld, int m0, int k0, int g, int q) {
+  a[0] = p[(m0 + g) * ld + k0 + q];
+  a[1] = p[(m0 + g + 8) * ld + k0 + q];
+  a[2] = p[(m0 + g) * ld + k0 + q + 4];
+  a[3] = p[(m0 + g + 8) * ld + k0 + q + 4];
+}
+// B fragment of a row-major [k][n] matrix (element (k, n) at p[k*ld + n]).
+__device__ __forceinline__ void frag_b_kn(float b[2], const float* p, int ld, int k0, int n0, int g, int q) {
+  b[0] = p[(k0 + q) * ld + n0 + g];
+  b[1] = p[(k0 + q + 4) * ld + n0 + g];
+}
+// B fragment of an [n][k] matrix (element (k, n) at p[n*ld + k]), i.e. Mᵀ of a row-major M.
+__device__ __forceinline__ void frag_b_nk(float b[2], const float* p, int ld, int k0, int n0, int g, int q) {
+  b[0] = p[(n0 + g) * ld + k0 + q];
+  b[1] = p[(n0 + g) * ld + k0 + q + 4];
+}
+
+// ---- cp.async (ptx.cuh)
+using dev::cp_async16;
+using dev::cp_async16_zfill;
+using dev::cp_async_commit;
+using dev::cp_async_wait;
+
+// ---- scratch layout (floats)
+__host__ __device__ inline int64_t round4(int64_t x) { return (x + 3) & ~int64_t(3); }
+
+struct Work {
+  float* qn;    // [n][Hk][dk]  q̂ (normed, scaled by 1/sqrt(dk))
+  float* kn;    // [n][Hk][dk]  k̂
+  float* glog;  // [n][Hv]      g (log decay)
+  float* beta;  // [n][Hv]
+  float* W;     // [chunks][Hv][CH][dk]
+  float* U;     // [chunks][Hv][CH][dv]
+  float* P;     // [chunks][Hv][CH][CH]
+  float* G;     // [chunks][Hv][CH]  cumulative g inside the chunk
+};
+
+__host__ __device__ inline Work work_view(float* w, int n, int Hk, int Hv, int dk, int dv) {
+  const int64_t nch = (n + CH - 1) / CH;
+  Work v;
+  v.qn = w;
+  v.kn = v.qn + int64_t(n) * Hk * dk;
+  v.glog = v.kn + int64_t(n) * Hk * dk;
+  v.beta = v.glog + round4(int64_t(n) * Hv);
+  v.W = v.beta + round4(int64_t(n) * Hv);
+  v.U = v.W + nch * Hv * CH * dk;
+  v.P = v.U + nch * Hv * CH * dv;
+  v.G = v.P + nch * Hv * CH * CH;
+  return v;
+}
+
+size_t work_floats(int n, int Hk, int Hv, int dk, int dv) {
+  const int64_t nch = (n + CH - 1) / CH;
+  return size_t(2 * int64_t(n) * Hk * dk + 2 * round4(int64_t(n) * Hv) + nch * Hv * CH * (dk + dv + CH + 1)) + 4;
+}
+
+// ---- (1) per token: one warp per (token, key head)
+template <int DK>
+__global__ void token_prep_kernel(const GdnPrefillArgs a, Work w) {
+  constexpr int PER = DK / 32;
+  const int lane = threadIdx.x & 31;
+  const int64_t idx = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  if (idx >= int64_t(a.n) * a.Hk) return;
+  const int t = int(idx / a.Hk), hk = int(idx % a.Hk);
+  const float* row = a.qkv + int64_t(t) * a.ld_qkv;
+  float qv[PER], kv[PER];
+  float qq = 0.f, kk = 0.f;
+#pragma unroll
+  for (int i = 0; i < PER; ++i) {
+    qv[i] = row[int64_t(hk) * DK + lane + 32 * i];
+    kv[i] = row[int64_t(a.Hk) * DK + int64_t(hk) * DK + lane + 32 * i];
+    qq = fmaf(qv[i], qv[i], qq);
+    kk = fmaf(kv[i], kv[i], kk);
+  }
+  qq = warp_sum(qq);
+  kk = warp_sum(kk);
+  const float qs = rsqrtf(qq + 1e-6f) * rsqrtf(float(DK)), ks = rsqrtf(kk + 1e-6f);
+#pragma unroll
+  for (int i = 0; i < PER; ++i) {
+    w.qn[idx * DK + lane + 32 * i] = qv[i] * qs;
+    w.kn[idx * DK + lane + 32 * i] = kv[i] * ks;
+  }
+  const int ratio = a.Hv / a.Hk;
+  if (lane < ratio) {
+    const int h = hk * ratio + lane;
+    const float bb = a.b[int64_t(t) * a.ld_b + h];
+    const float aa = a.a[int64_t(t) * a.ld_a + h] + a.dt_bias[h];
+    const float sp = aa > 20.f ? aa : log1pf(expf(aa));
+    w.glog[int64_t(t) * a.Hv + h] = -expf(a.A_log[h]) * sp;
+    w.beta[int64_t(t) * a.Hv + h] = 1.f / (1.f + expf(-bb));
+  }
+}
+
+// ---- (2) per (chunk, value head): A, P, U, W
+template <int DK>
+struct ChunkSmem {
+  static constexpr int LDQ = DK + 4;  // ≡ 4 (mod 32): conflict-free row-wise fragments
+  static constexpr int LDA = CH + 4;
+  static constexpr int floats = 2 * CH * LDQ + CH * LDA + 3 * CH;
+  static constexpr size_t bytes = size_t(floats) * sizeof(float);
+};
+
+template <int DK>
+__global__ void __launch_bounds__(THREADS) chunk_kernel(const GdnPrefillArgs a, Work w) {
+  using L = ChunkSmem<DK>;
+  constexpr int LDQ = L::LDQ, LDA = L::LDA;
+  extern __shared__ __align__(16) float smem[];
+  float* Qs = smem;
+  float* Ks = Qs + CH * LDQ;
+  float* Am = Ks + CH * LDQ;
+  float* sG = Am + CH * LDA;
+  float* sB = sG + CH;
+  float* sEG = sB + CH;
+
+  const int c = blockIdx.x, h = blockIdx.y;
+  const int Hv = a.Hv, dv = a.dv;
+  const int hk = h / (Hv / a.Hk);
+  const int t0 = c * CH, nt = min(CH, a.n - t0);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, q = lane & 3;
+
+  for (int idx = tid; idx < CH * DK / 4; idx += THREADS) {
+    const int t = idx / (DK / 4), i = (idx % (DK / 4)) * 4;
+    float4 qv = make_float4(0.f, 0.f, 0.f, 0.f), kv = qv;
+    if (t < nt) {
+      const int64_t off = (int64_t(t0 + t) * a.Hk + hk) * DK + i;
+      qv = *reinterpret_cast<const float4*>(w.qn + off);
+      kv = *reinterpret_cast<const float4*>(w.kn + off);
+    }
+    *reinterpret_cast<float4*>(Qs + t * LDQ + i) = qv;
+    *reinterpret_cast<float4*>(Ks + t * LDQ + i) = kv;
+  }
+  if (warp == 0) {  // inclusive scan of g over the chunk, lane l holds tokens 2l, 2l+1
+    const int ta = 2 * lane, tb = 2 * lane + 1;
+    float g0 = 0.f, g1 = 0.f, b0 = 0.f, b1 = 0.f;
+    if (ta < nt) {
+      g0 = w.glog[int64_t(t0 + ta) * Hv + h];
+      b0 = w.beta[int64_t(t0 + ta) * Hv + h];
+    }
+    if (tb < nt) {
+      g1 = w.glog[int64_t(t0 + tb) * Hv + h];
+      b1 = w.beta[int64_t(t0 + tb) * Hv + h];
+    }
+    const float pair = g0 + g1;
+    float s = pair;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const float y = __shfl_up_sync(0xffffffffu, s, o);
+      if (lane >= o) s += y;
+    }
+    const float Ga = s - pair + g0, Gb = s;
+    sG[ta] = Ga;
+    sG[tb] = Gb;
+    sB[ta] = b0;
+    sB[tb] = b1;
+    sEG[ta] = expf(Ga);
+    sEG[tb] = expf(Gb);
+  }
+  __syncthreads();
+  const int64_t blk = int64_t(c) * Hv + h;
+  if (tid < CH) w.G[blk * CH + tid] = sG[tid];
+
+  {  // K Kᵀ and Q Kᵀ: warp → row tile mt, column tiles nb..nb+3
+    const int mt = warp >> 1, nb = (warp & 1) * 4;
+    float ak[4][4] = {}, aq[4][4] = {};
+#pragma unroll 4
+    for (int k0 = 0; k0 < DK; k0 += 8) {
+      float fk[4], fq[4];
+      frag_a(fk, Ks, LDQ, 16 * mt, k0, g, q);
+      frag_a(fq, Qs, LDQ, 16 * mt, k0, g, q);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        float b[2];
+        frag_b_nk(b, Ks, LDQ, k0, 8 * (nb + j), g, q);
+        mma_f32<true>(ak[j], fk, b);
+        mma_f32<true>(aq[j], fq, b);
+      }
+    }
+    float* Pg = w.P + blk * CH * CH;
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int t = 16 * mt + g + 8 * half;
+        const int s0 = 8 * (nb + j) + 2 * q;
+        float av[2], pv[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int s = s0 + e;
+          const float dec = s <= t ? expf(sG[t] - sG[s]) : 0.f;
+          av[e] = s < t ? sB[t] * dec * ak[j][2 * half + e] : 0.f;
+          pv[e] = dec * aq[j][2 * half + e];
+        }
+        Am[t * LDA + s0] = av[0];
+        Am[t * LDA + s0 + 1] = av[1];
+        *reinterpret_cast<float2*>(Pg + t * CH + s0) = make_float2(pv[0], pv[1]);
+      }
+  }
+  __syncthreads();
+
+  // (I + A) X = R, R = [β V | β e^G K], by forward substitution; one column per thread.
+  const int64_t v_off = 2 * int64_t(a.Hk) * DK + int64_t(h) * dv;
+  float* Ug = w.U + blk * CH * dv;
+  float* Wg = w.W + blk * CH * DK;
+  for (int col = tid; col < dv + DK; col += THREADS) {
+    float x[CH];
+    if (col < dv) {
+#pragma unroll
+      for (int t = 0; t < CH; ++t)
+        x[t] = t < nt ? sB[t] * a.qkv[int64_t(t0 + t) * a.ld_qkv + v_off + col] : 0.f;
+    } else {
+#pragma unroll
+      for (int t = 0; t < CH; ++t) x[t] = sB[t] * sEG[t] * Ks[t * LDQ + col - dv];
+    }
+#pragma unroll
+    for (int t = 1; t < CH; ++t) {
+      const float* ar = Am + t * LDA;
+      float acc0 = x[t], acc1 = 0.f;
+#pragma unroll
+      for (int s = 0; s + 4 <= t; s += 4) {
+        const float4 av = *reinterpret_cast<const float4*>(ar + s);
+        acc0 = fmaf(-av.x, x[s], acc0);
+        acc1 = fmaf(-av.y, x[s + 1], acc1);
+        acc0 = fmaf(-av.z, x[s + 2], acc0);
+        acc1 = fmaf(-av.w, x[s + 3], acc1);
+      }
+#pragma unroll
+      for (int s = t & ~3; s < t; ++s) acc0 = fmaf(-ar[s], x[s], acc0);
+      x[t] = acc0 + acc1;
+    }
+    if (col < dv) {
+#pragma unroll
+      for (int t = 0; t < CH; ++t) Ug[int64_t(t) * dv + col] = x[t];
+    } else {
+#pragma unroll
+      for (int t = 0; t < CH; ++t) Wg[int64_t(t) * DK + col - dv] = x[t];
+    }
+  }
+}
+
+// ---- (3) per (value head, column block of COLS), sequential over the chunks
+template <int DK, int COLS>
+struct StateSmem {
+  static constexpr int LDW = DK + 4;    // W, Q: row-wise A fragments
+  static constexpr int LDK = DK + 8;    // K: transposed A fragments (≡ 8 mod 32)
+  static constexpr int LDP = CH + 4;
+  static constexpr int LDU = COLS + 4;
+  static constexpr int LDS = COLS + 8;  // S, Δ: B fragments [k][n] (≡ 8 mod 32)
+  static constexpr int floats = 2 * CH * LDW + CH * LDK + CH * LDP + CH * LDU + DK * LDS + CH * LDS + 3 * CH;
+  static constexpr size_t bytes = size_t(floats) * sizeof(float);
+};
+
+template <int DK, int COLS, bool SPLIT>
+__global__ void __launch_bounds__(THREADS, 1) state_kernel(const GdnPrefillArgs a, Work w) {
+  using L = StateSmem<DK, COLS>;
+  constexpr int LDW = L::LDW, LDK = L::LDK, LDP = L::LDP, LDU = L::LDU, LDS = L::LDS;
+  constexpr int NT = COLS / 8;  // column tiles
+  // (a), (b): 4 row tiles of 16 tokens; warp → row tile mta, column tiles cba .. cba+CPA-1.
+  constexpr int CPA = NT / 2;
+  // (c): DK/16 row tiles of key rows; warp → row tile mtc, column tiles cbc .. cbc+CPC-1 (< NT).
+  constexpr int MTC = DK / 16, GC = 8 / MTC, CPC = (NT + GC - 1) / GC;
+  static_assert(NT % 2 == 0 && MTC <= 8, "tile mapping");
+  extern __shared__ __align__(16) float smem[];
+  float* Ws = smem;
+  float* Qs = Ws + CH * LDW;
+  float* Ks = Qs + CH * LDW;
+  float* Ps = Ks + CH * LDK;
+  float* Us = Ps + CH * LDP;
+  float* Ss = Us + CH * LDU;
+  float* Ds = Ss + DK * LDS;
+  float* sG = Ds + CH * LDS;  // [2][CH]
+  float* sDec = sG + 2 * CH;  // [CH] e^{G_63 − G_t}
+
+  const int h = blockIdx.y, j0 = blockIdx.x * COLS;
+  const int Hv = a.Hv, dv = a.dv, n = a.n;
+  const int hk = h / (Hv / a.Hk);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, q = lane & 3;
+  const int nch = (n + CH - 1) / CH;
+  const int mta = warp & 3, cba = (warp >> 2) * CPA;
+  const int mtc = warp % MTC, cbc = (warp / MTC) * CPC;
+
+  auto issue_wu = [&](int c) {
+    if (c < nch) {
+      const int64_t blk = int64_t(c) * Hv + h;
+      const float* Wg = w.W + blk * CH * DK;
+      for (int idx = tid; idx < CH * DK / 4; idx += THREADS) {
+        const int t = idx / (DK / 4), i = (idx % (DK / 4)) * 4;
+        cp_async16(Ws + t * LDW + i, Wg + t * DK + i);
+      }
+      const float* Ug = w.U + blk * CH * dv + j0;
+      for (int idx = tid; idx < CH * COLS / 4; idx += THREADS) {
+        const int t = idx / (COLS / 4), i = (idx % (COLS / 4)) * 4;
+        cp_async16(Us + t * LDU + i, Ug + int64_t(t) * dv + i);
+      }
+      if (tid < CH / 4) cp_async16(sG + (c & 1) * CH + 4 * tid, w.G + blk * CH + 4 * tid);
+    }
+    cp_async_commit();
+  };
+  auto issue_qp = [&](int c) {
+    if (c < nch) {
+      const int t0 = c * CH, nt = min(CH, n - t0);
+      for (int idx = tid; idx < CH * DK / 4; idx += THREADS) {
+        const int t = idx / (DK / 4), i = (idx % (DK / 4)) * 4;
+        const bool ok = t < nt;
+        cp_async16_zfill(Qs + t * LDW + i, w.qn + (int64_t(ok ? t0 + t : 0) * a.Hk + hk) * DK + i, ok ? 16 : 0);
+      }
+      const float* Pg = w.P + (int64_t(c) * Hv + h) * CH * CH;
+      for (int idx = tid; idx < CH * CH / 4; idx += THREADS) {
+        const int t = idx / (CH / 4), i = (idx % (CH / 4)) * 4;
+        cp_async16(Ps + t * LDP + i, Pg + t * CH + i);
+      }
+    }
+    cp_async_commit();
+  };
+  auto issue_k = [&](int c) {
+    if (c < nch) {
+      const int t0 = c * CH, nt = min(CH, n - t0);
+      for (int idx = tid; idx < CH * DK / 4; idx += THREADS) {
+        const int t = idx / (DK / 4), i = (idx % (DK / 4)) * 4;
+        const bool ok = t < nt;
+        cp_async16_zfill(Ks + t * LDK + i, w.kn + (int64_t(ok ? t0 + t : 0) * a.Hk + hk) * DK + i, ok ? 16 : 0);
+      }
+    }
+    cp_async_commit();
+  };
+
+  float* Sg = a.state + int64_t(h) * DK * dv + j0;
+  for (int idx = tid; idx < DK * COLS; idx += THREADS) {
+    const int i = idx / COLS, j = idx % COLS;
+    Ss[i * LDS + j] = Sg[int64_t(i) * dv + j];
+  }
+  issue_wu(0);
+  issue_qp(0);
+  const int64_t o_stride = int64_t(Hv) * dv;
+
+  for (int c = 0; c < nch; ++c) {
+    const float* gc = sG + (c & 1) * CH;
+    const int t0 = c * CH, nt = min(CH, n - t0);
+    // ---- (a) Δ = U − W S          (pending: WU(c), QP(c))
+    cp_async_wait<1>();
+    __syncthreads();
+    issue_k(c);
+    {
+      float acc[CPA][4] = {}, accl[CPA][4] = {};
+#pragma unroll 2
+      for (int k0 = 0; k0 < DK; k0 += 8) {
+        float fa[4];
+        uint32_t ah[4], al[4];
+        frag_a(fa, Ws, LDW, 16 * mta, k0, g, q);
+        cvt_frag<SPLIT, 4>(fa, ah, al);
+#pragma unroll
+        for (int j = 0; j < CPA; ++j) {
+          float fb[2];
+          uint32_t bh[2], bl[2];
+          frag_b_kn(fb, Ss, LDS, k0, 8 * (cba + j), g, q);
+          cvt_frag<SPLIT, 2>(fb, bh, bl);
+          mma_acc<SPLIT>(acc[j], accl[j], ah, al, bh, bl);
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < CPA; ++j)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int t = 16 * mta + g + 8 * half, col = 8 * (cba + j) + 2 * q;
+          Ds[t * LDS + col] = Us[t * LDU + col] - (acc[j][2 * half] + accl[j][2 * half]);
+          Ds[t * LDS + col + 1] = Us[t * LDU + col + 1] - (acc[j][2 * half + 1] + accl[j][2 * half + 1]);
+        }
+    }
+    // ---- (b) O = e^G ⊙ (Q S) + P Δ   (pending: QP(c), K(c))
+    cp_async_wait<1>();
+    __syncthreads();
+    issue_wu(c + 1);
+    if (tid < CH) sDec[tid] = expf(gc[CH - 1] - gc[tid]);
+    {
+      float aq[CPA][4] = {}, aql[CPA][4] = {}, ap[CPA][4] = {}, apl[CPA][4] = {};
+#pragma unroll 2
+      for (int k0 = 0; k0 < DK; k0 += 8) {
+        float fa[4];
+        uint32_t ah[4], al[4];
+        frag_a(fa, Qs, LDW, 16 * mta, k0, g, q);
+        cvt_frag<SPLIT, 4>(fa, ah, al);
+#pragma unroll
+        for (int j = 0; j < CPA; ++j) {
+          float fb[2];
+          uint32_t bh[2], bl[2];
+          frag_b_kn(fb, Ss, LDS, k0, 8 * (cba + j), g, q);
+          cvt_frag<SPLIT, 2>(fb, bh, bl);
+          mma_acc<SPLIT>(aq[j], aql[j], ah, al, bh, bl);
+        }
+      }
+      for (int k0 = 0; k0 < 16 * (mta + 1); k0 += 8) {  // P is lower triangular
+        float fa[4];
+        uint32_t ah[4], al[4];
+        frag_a(fa, Ps, LDP, 16 * mta, k0, g, q);
+        cvt_frag<SPLIT, 4>(fa, ah, al);
+#pragma unroll
+        for (int j = 0; j < CPA; ++j) {
+          float fb[2];
+          uint32_t bh[2], bl[2];
+          frag_b_kn(fb, Ds, LDS, k0, 8 * (cba + j), g, q);
+          cvt_frag<SPLIT, 2>(fb, bh, bl);
+          mma_acc<SPLIT>(ap[j], apl[j], ah, al, bh, bl);
+        }
+      }
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int t = 16 * mta + g + 8 * half;
+        if (t < nt) {
+          const float e = expf(gc[t]);
+          float* orow = a.o_scratch + int64_t(t0 + t) * o_stride + int64_t(h) * dv + j0;
+#pragma unroll
+          for (int j = 0; j < CPA; ++j) {
+            const int col = 8 * (cba + j) + 2 * q;
+            const float o0 = fmaf(e, aq[j][2 * half] + aql[j][2 * half], ap[j][2 * half] + apl[j][2 * half]);
+            const float o1 =
+                fmaf(e, aq[j][2 * half + 1] + aql[j][2 * half + 1], ap[j][2 * half + 1] + apl[j][2 * half + 1]);
+            *reinterpret_cast<float2*>(orow + col) = make_float2(o0, o1);
+          }
+        }
+      }
+    }
+    // ---- (c) S ← e^{G_63} S + (diag(e^{G_63−G}) K)ᵀ Δ   (pending: K(c), WU(c+1))
+    cp_async_wait<1>();
+    __syncthreads();
+    issue_qp(c + 1);
+    {
+      const float eG = expf(gc[CH - 1]);
+      const int i = 16 * mtc + g;
+      float acc[CPC][4], accl[CPC][4] = {};
+#pragma unroll
+      for (int j = 0; j < CPC; ++j) {
+        const int col = 8 * (cbc + j) + 2 * q;
+        const bool ok = cbc + j < NT;
+        acc[j][0] = ok ? eG * Ss[i * LDS + col] : 0.f;
+        acc[j][1] = ok ? eG * Ss[i * LDS + col + 1] : 0.f;
+        acc[j][2] = ok ? eG * Ss[(i + 8) * LDS + col] : 0.f;
+        acc[j][3] = ok ? eG * Ss[(i + 8) * LDS + col + 1] : 0.f;
+      }
+      if (cbc < NT) {
+#pragma unroll 2
+        for (int k0 = 0; k0 < CH; k0 += 8) {
+          const float d0 = sDec[k0 + q], d1 = sDec[k0 + q + 4];
+          float fa[4];
+          uint32_t ah[4], al[4];
+          fa[0] = Ks[(k0 + q) * LDK + i] * d0;
+          fa[1] = Ks[(k0 + q) * LDK + i + 8] * d0;
+          fa[2] = Ks[(k0 + q + 4) * LDK + i] * d1;
+          fa[3] = Ks[(k0 + q + 4) * LDK + i + 8] * d1;
+          cvt_frag<SPLIT, 4>(fa, ah, al);
+#pragma unroll
+          for (int j = 0; j < CPC; ++j) {
+            if (cbc + j < NT) {
+              float fb[2];
+              uint32_t bh[2], bl[2];
+              frag_b_kn(fb, Ds, LDS, k0, 8 * (cbc + j), g, q);
+              cvt_frag<SPLIT, 2>(fb, bh, bl);
+              mma_acc<SPLIT>(acc[j], accl[j], ah, al, bh, bl);
+            }
+          }
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < CPC; ++j) {
+        if (cbc + j < NT) {
+          const int col = 8 * (cbc + j) + 2 * q;
+          Ss[i * LDS + col] = acc[j][0] + accl[j][0];
+          Ss[i * LDS + col + 1] = acc[j][1] + accl[j][1];
+          Ss[(i + 8) * LDS + col] = acc[j][2] + accl[j][2];
+          Ss[(i + 8) * LDS + col + 1] = acc[j][3] + accl[j][3];
+        }
+      }
+    }
+  }
+  cp_async_wait<0>();
+  __syncthreads();
+  for (int idx = tid; idx < DK * COLS; idx += THREADS) {
+    const int i = idx / COLS, j = idx % COLS;
+    Sg[int64_t(i) * dv + j] = Ss[i * LDS + j];
+  }
+}
+
+// ---- (4) out = RMSNorm(o; w) ⊙ silu(z) → bf16, one warp per (token, head)
+__global__ void gated_norm_kernel(const GdnPrefillArgs a) {
+  const int lane = threadIdx.x & 31;
+  const int64_t idx = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  if (idx >= int64_t(a.n) * a.Hv) return;
+  const int t = int(idx / a.Hv), h = int(idx % a.Hv);
+  const int dv = a.dv;
+  const float* o = a.o_scratch + idx * dv;
+  float ss = 0.f;
+  for (int j = lane; j < dv; j += 32) ss = fmaf(o[j], o[j], ss);
+  const float r = rsqrtf(warp_sum(ss) / dv + a.eps);
+  const float* z = a.z + int64_t(t) * a.ld_z + int64_t(h) * dv;
+  __nv_bfloat16* out = a.out + int64_t(t) * a.ld_out + int64_t(h) * dv;
+  for (int j = 2 * lane; j < dv; j += 64) {
+    const float z0 = z[j], z1 = z[j + 1];
+    const float y0 = o[j] * r * a.norm_w[j] * (z0 / (1.f + expf(-z0)));
+    const float y1 = o[j + 1] * r * a.norm_w[j + 1] * (z1 / (1.f + expf(-z1)));
+    *reinterpret_cast<__nv_bfloat162*>(out + j) = __floats2bfloat162_rn(y0, y1);
+  }
+}
+
+template <int DK>
+void launch_prep_and_chunks(const GdnPrefillArgs& a, const Work& w, cudaStream_t stream) {
+  const int64_t warps = int64_t(a.n) * a.Hk;
+  token_prep_kernel<DK><<<unsigned((warps + 7) / 8), 256, 0, stream>>>(a, w);
+  check_launch("gdn chunked prep");
+  static std::once_flag once;
+  std::call_once(once, [] {
+    cudaFuncSetAttribute(chunk_kernel<DK>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(ChunkSmem<DK>::bytes));
+  });
+  const int nch = (a.n + CH - 1) / CH;
+  chunk_kernel<DK><<<dim3(nch, a.Hv), THREADS, ChunkSmem<DK>::bytes, stream>>>(a, w);
+  check_launch("gdn chunked chunk kernel");
+}
+
+template <int DK, int COLS, bool SPLIT>
+void launch_state(const GdnPrefillArgs& a, const Work& w, cudaStream_t stream) {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    cudaFuncSetAttribute(state_kernel<DK, COLS, SPLIT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         int(StateSmem<DK, COLS>::bytes));
+  });
+  state_kernel<DK, COLS, SPLIT><<<dim3(a.dv / COLS, a.Hv), THREADS, StateSmem<DK, COLS>::bytes, stream>>>(a, w);
+  check_launch("gdn chunked state kernel");
+}
+
+template <int DK, bool SPLIT>
+void launch_state_cols(const GdnPrefillArgs& a, const Work& w, int cols, cudaStream_t stream) {
+  if constexpr (DK == 128) {
+    if (cols == 64) return launch_state<DK, 64, SPLIT>(a, w, stream);
+  }
+  if (cols == 32) return launch_state<DK, 32, SPLIT>(a, w, stream);
+  return launch_state<DK, 16, SPLIT>(a, w, stream);
+}
+
+template <int DK>
+void run_dk(const GdnPrefillArgs& a, const Work& w, GdnChunkedMath math, int cols, cudaStream_t stream) {
+  launch_prep_and_chunks<DK>(a, w, stream);
+  if (math == GdnChunkedMath::TF32)
+    launch_state_cols<DK, false>(a, w, cols, stream);
+  else
+    launch_state_cols<DK, true>(a, w, cols, stream);
+}
+
+}  // namespace
+
+size_t gdn_chunked_work_floats(int n, int Hk, int Hv, int dk, int dv) { return work_floats(n, Hk, Hv, dk, dv); }
+
+void gdn_prefill_chunked(const GdnPrefillArgs& a, cudaStream_t stream, GdnChunkedMath math) {
+  if (a.n <= 0) return;
+  if (a.dk != 32 && a.dk != 64 && a.dk != 128)
+    throw Error("gdn_prefill_chunked: key head dim must be 32, 64 or 128, got " + std::to_string(a.dk));
+  if (a.dv <= 0 || a.dv % 16 || a.dv > 512)
+    throw Error("gdn_prefill_chunked: value head dim must be a multiple of 16 up to 512, got " +
+                std::to_string(a.dv));
+  if (a.Hk <= 0 || a.Hv % a.Hk || a.Hv / a.Hk > 32)
+    throw Error("gdn_prefill_chunked: value heads must be a multiple (at most 32x) of key heads");
+  if (a.ld_out % 2) throw Error("gdn_prefill_chunked: ld_out must be even");
+  // Column block of the state kernel: 32 (128 blocks for 32 heads of dv 128, one wave on an H200);
+  // LILAC_GDN_CHUNKED_COLS=64 (dk 128 only) or 16 for experiments; 16 when dv % 32 != 0.
+  int cols = 32;
+  if (const char* e = std::getenv("LILAC_GDN_CHUNKED_COLS")) {
+    const int v = std::atoi(e);
+    if (v == 16 || v == 32 || (v == 64 && a.dk == 128)) cols = v;
+  }
+  while (a.dv % cols) cols /= 2;
+
+  GdnPrefillArgs args = a;
+  if (!args.work) {
+    if (capturing(stream)) {
+      // No allocation inside a graph capture: the column scan (which has an allocation-free path).
+      if (a.dk == 128 && a.dv == 128) return gdn_prefill(a, stream);
+      throw Error("gdn_prefill_chunked: a work buffer is required while capturing a CUDA graph");
+    }
+    static StreamScratch scratch;
+    const size_t need = work_floats(a.n, a.Hk, a.Hv, a.dk, a.dv);
+    args.work = scratch.get(stream, need);
+    if (!args.work)
+      throw Error("gdn_prefill_chunked: cannot allocate " + std::to_string(need * 4) + " bytes of scratch");
+  }
+  if (reinterpret_cast<uintptr_t>(args.work) % 16) throw Error("gdn_prefill_chunked: work must be 16-byte aligned");
+  const Work w = work_view(args.work, a.n, a.Hk, a.Hv, a.dk, a.dv);
+  switch (a.dk) {
+    case 32: run_dk<32>(args, w, math, cols, stream); break;
+    case 64: run_dk<64>(args, w, math, cols, stream); break;
+    default: run_dk<128>(args, w, math, cols, stream); break;
+  }
+  const int64_t warps = int64_t(a.n) * a.Hv;
+  gated_norm_kernel<<<unsigned((warps + 7) / 8), 256, 0, stream>>>(args);
+  check_launch("gdn chunked gated norm");
+}
+
+}  // namespace lilac::cuda

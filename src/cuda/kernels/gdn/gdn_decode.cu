@@ -1,0 +1,193 @@
+// Gated DeltaNet decode step, fused: L2 norms of q and k, the gates, the delta-rule recurrence on the
+// fp32 state (read once, written once, kept in registers), the output o = Sᵀq̂. The conv + SiLU ran in
+// the in_proj GEMV's epilogue; the gated output norm runs in the out_proj GEMV's prologue.
+//
+// Bandwidth-bound (the state, Hv·dk·dv fp32, is read and written once per token): grid (value head,
+// 16-column slice of the state), 128 threads = 4 column groups of 4 columns (one float4 per row) ×
+// 32 row groups; a thread owns rows rg, rg+32, ... (R of them) of its 4 columns. Every state load is
+// issued at the start, before pdl_wait(): the state is written only by this kernel, once per token, and
+// never by the kernel launched right before it (the in_proj GEMV), so with the launch.cuh rules its
+// last writer completed long ago and the loads overlap the predecessor's tail. (Consequence: never
+// launch two steps on the same state back to back with nothing in between.) Activations (qkv, b, a)
+// are read, and everything is written, after pdl_wait().
+// The column reduction u = Σ_i S_ij k_i is done on the raw k with ‖k‖² reduced alongside, then scaled
+// by 1/‖k‖ (same math as scaling k first); the update and o = Σ_i S_ij q̂_i use the normalised k̂, q̂.
+// dv % 4 == 0 with a 16-byte-aligned state takes float4 loads/stores; otherwise scalar columns.
+#include <cstdint>
+#include <string>
+
+#include "cuda/cuda_common.h"
+#include "cuda/kernels/gdn/gdn.h"
+#include "cuda/kernels/launch.cuh"
+#include "cuda/kernels/qdot.cuh"
+
+namespace lilac::cuda {
+namespace {
+using namespace dev;
+constexpr int kMaxDk = 256;
+constexpr int kThreads = 128;
+constexpr int kWarps = kThreads / 32;
+constexpr int kColGroups = 4;                        // float4 column groups per block
+constexpr int kCols = 4 * kColGroups;                // state columns per block
+constexpr int kRowGroups = kThreads / kColGroups;    // 32; a warp holds 8 consecutive row groups
+constexpr int kRowsPerWarp = 32 / kColGroups;        // 8
+
+// R: rows per thread (dk <= 32 R). VEC: dv % 4 == 0 and the state 16-byte aligned.
+template <int R, bool VEC>
+__global__ void __launch_bounds__(kThreads)
+    gdn_step_kernel(GdnShape s, const float* qkv, const float* bp, const float* ap, const float* A_log,
+                    const float* dt_bias, float* state, float* out) {
+  __shared__ float part_u[kWarps][kColGroups][6];  // Σ S k (4 columns), Σ k², Σ q² per warp
+  __shared__ float part_o[kWarps][kCols];
+  const int h = blockIdx.x, dk = s.dk, dv = s.dv;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int cg = lane & (kColGroups - 1);
+  const int rg = warp * kRowsPerWarp + lane / kColGroups;
+  const int c0 = blockIdx.y * kCols + cg * 4;
+  float* S = state + int64_t(h) * dk * dv;
+
+  // 1. the state (and the weights A_log, dt_bias) before the wait: all loads in flight at once
+  float sr[R][4];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int i = rg + r * kRowGroups;
+    if constexpr (VEC) {
+      float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (i < dk && c0 < dv) x = __ldcs(reinterpret_cast<const float4*>(S + int64_t(i) * dv + c0));
+      sr[r][0] = x.x;
+      sr[r][1] = x.y;
+      sr[r][2] = x.z;
+      sr[r][3] = x.w;
+    } else {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) sr[r][j] = (i < dk && c0 + j < dv) ? __ldcs(S + int64_t(i) * dv + c0 + j) : 0.f;
+    }
+  }
+  const float negA = -expf(A_log[h]);
+  const float dtb = dt_bias[h];
+
+  pdl_wait();
+  pdl_trigger();
+
+  // 2. activations: q, k rows of this thread, v of its columns, the gate inputs
+  const int kh = h / (s.Hv / s.Hk);
+  const float* qp = qkv + int64_t(kh) * dk;
+  const float* kp = qkv + int64_t(s.Hk) * dk + int64_t(kh) * dk;
+  const float* vp = qkv + 2 * int64_t(s.Hk) * dk + int64_t(h) * dv;
+  float qv[R], kv[R], vv[4];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int i = rg + r * kRowGroups;
+    qv[r] = i < dk ? qp[i] : 0.f;
+    kv[r] = i < dk ? kp[i] : 0.f;
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j) vv[j] = c0 + j < dv ? vp[c0 + j] : 0.f;
+  const float beta = sigmoid_f(bp[h]);
+  const float xa = ap[h] + dtb;
+  const float sp = xa > 20.f ? xa : log1pf(expf(xa));
+  const float g = negA * sp;
+  const float eg = expf(g);
+
+  // 3. decay, then the partial column sums Σ S k and the squared norms
+  float acc[6] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      sr[r][j] *= eg;
+      acc[j] = fmaf(sr[r][j], kv[r], acc[j]);
+    }
+    acc[4] = fmaf(kv[r], kv[r], acc[4]);
+    acc[5] = fmaf(qv[r], qv[r], acc[5]);
+  }
+#pragma unroll
+  for (int o = kColGroups; o < 32; o <<= 1)
+#pragma unroll
+    for (int x = 0; x < 6; ++x) acc[x] += __shfl_xor_sync(0xffffffffu, acc[x], o);
+  if (lane < kColGroups)
+#pragma unroll
+    for (int x = 0; x < 6; ++x) part_u[warp][lane][x] = acc[x];
+  __syncthreads();
+  float tot[6] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w)
+#pragma unroll
+    for (int x = 0; x < 6; ++x) tot[x] += part_u[w][cg][x];  // Σ k², Σ q² are the same in every column group
+  const float rk = rsqrtf(tot[4] + 1e-6f);
+  const float rq = rsqrtf(tot[5] + 1e-6f) * rsqrtf(float(dk));
+  float delta[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) delta[j] = beta * (vv[j] - tot[j] * rk);
+
+  // 4. S += k̂ deltaᵀ, o = Sᵀ q̂, write the state back
+  float o[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int i = rg + r * kRowGroups;
+    if (i < dk) {
+      const float kn = kv[r] * rk, qn = qv[r] * rq;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        sr[r][j] = fmaf(kn, delta[j], sr[r][j]);
+        o[j] = fmaf(sr[r][j], qn, o[j]);
+      }
+      if constexpr (VEC) {
+        if (c0 < dv)
+          __stcs(reinterpret_cast<float4*>(S + int64_t(i) * dv + c0),
+                 make_float4(sr[r][0], sr[r][1], sr[r][2], sr[r][3]));
+      } else {
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          if (c0 + j < dv) __stcs(S + int64_t(i) * dv + c0 + j, sr[r][j]);
+      }
+    }
+  }
+#pragma unroll
+  for (int sh = kColGroups; sh < 32; sh <<= 1)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) o[j] += __shfl_xor_sync(0xffffffffu, o[j], sh);
+  if (lane < kColGroups)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) part_o[warp][lane * 4 + j] = o[j];
+  __syncthreads();
+  if (threadIdx.x < kCols) {
+    const int col = blockIdx.y * kCols + threadIdx.x;
+    if (col < dv) {
+      float t = 0.f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) t += part_o[w][threadIdx.x];
+      out[int64_t(h) * dv + col] = t;
+    }
+  }
+}
+
+template <int R>
+void launch_step(bool vec, const GdnShape& s, const float* qkv, const float* b, const float* a, const float* A_log,
+                 const float* dt_bias, float* state, float* out, cudaStream_t stream) {
+  const dim3 grid(unsigned(s.Hv), unsigned((s.dv + kCols - 1) / kCols));
+  if (vec)
+    launch_pdl(gdn_step_kernel<R, true>, grid, dim3(kThreads), 0, stream, s, qkv, b, a, A_log, dt_bias, state, out);
+  else
+    launch_pdl(gdn_step_kernel<R, false>, grid, dim3(kThreads), 0, stream, s, qkv, b, a, A_log, dt_bias, state, out);
+}
+
+}  // namespace
+
+void gdn_decode_step(const GdnShape& s, const float* qkv, const float* b, const float* a, const float* A_log,
+                     const float* dt_bias, float* state, float* out, cudaStream_t stream) {
+  LILAC_CHECK(s.dk > 0 && s.dk <= kMaxDk && s.dv > 0 && s.Hk > 0 && s.Hv % s.Hk == 0,
+              "gdn decode: unsupported shape (dk " + std::to_string(s.dk) + ")");
+  const bool vec = s.dv % 4 == 0 && reinterpret_cast<uintptr_t>(state) % 16 == 0;
+  const int rows = (s.dk + kRowGroups - 1) / kRowGroups;  // rows per thread, 1..8
+  if (rows <= 1)
+    launch_step<1>(vec, s, qkv, b, a, A_log, dt_bias, state, out, stream);
+  else if (rows <= 2)
+    launch_step<2>(vec, s, qkv, b, a, A_log, dt_bias, state, out, stream);
+  else if (rows <= 4)
+    launch_step<4>(vec, s, qkv, b, a, A_log, dt_bias, state, out, stream);
+  else
+    launch_step<8>(vec, s, qkv, b, a, A_log, dt_bias, state, out, stream);
+}
+
+}  // namespace lilac::cuda

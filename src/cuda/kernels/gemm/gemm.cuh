@@ -1,0 +1,444 @@
+// Quantized GEMM core shared by qgemm (gemm.cu) and the MoE grouped GEMMs (moe_prefill.cu).
+//
+// Y[m, n] = Σ_k X[m, k] · W[n, k]: A = activations (bf16, row-major, k contiguous), B = a
+// quantized matrix in the MLX layout (rows = outputs, k contiguous, 4- or 8-bit, groups of 64).
+// Block tile 128 (tokens) × 128 (weight rows) × 64 (k = one quantization group), 8 warps (2 × 4),
+// warp tile 64 × 32, mma.sync m16n8k16 bf16 → fp32.
+// Pipeline: cp.async of A tiles and of the raw packed weight words, STAGES deep; the raw words of
+// tile kt+1 are dequantized (smem → smem, bf16, one rounding of s·q + b) while tile kt is multiplied,
+// into a double-buffered bf16 B tile; ldmatrix from XOR-swizzled tiles (conflict-free). One barrier
+// per k tile.
+#pragma once
+#include <cstdint>
+#include <cuda_bf16.h>
+
+#include "cuda/kernels/ptx.cuh"
+#include "cuda/kernels/qmatrix.cuh"
+
+namespace lilac::cuda::gemm {
+
+constexpr int BM = 128, BN = 128, BK = 64, THREADS = 256;
+// Pipeline depth: 4 stages (112 KiB of shared memory, 2 blocks per SM on sm_80 / sm_90); the GPUs
+// with ~100 KiB per block (sm_86, sm_87, sm_89) get 3 (92 KiB). The host side picks the matching
+// allocation with stages_for(cc) (gemm.cu).
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 860 || __CUDA_ARCH__ == 870 || __CUDA_ARCH__ == 890)
+constexpr int STAGES = 3;
+#else
+constexpr int STAGES = 4;
+#endif
+constexpr int stages_for(int cc_major, int cc_minor) {
+  return cc_major == 8 && (cc_minor == 6 || cc_minor == 7 || cc_minor == 9) ? 3 : 4;
+}
+
+enum Epi : int {
+  EPI_STORE_F32 = 0,
+  EPI_ADD_F32 = 1,
+  EPI_STORE_BF16 = 2,
+  EPI_SWIGLU_BF16 = 3,  // tile rows [0,64) from W0 (gate), [64,128) from W1 (up); out = silu(g)·u
+  EPI_SCALED_F32 = 4,   // Y[row] = row_scale[row] · acc
+};
+
+struct Params {
+  const __nv_bfloat16* X = nullptr;
+  int64_t ldx = 0;
+  const int32_t* a_rows = nullptr;  // grouped: X row of sorted row i (else identity)
+  int M = 0;                        // plain: rows of X / Y
+  QMatrixDev W0, W1;                // W1: up matrix in SwiGLU mode
+  int N = 0;                        // output columns (W rows)
+  void* Y = nullptr;
+  int64_t ldy = 0;
+  const float* row_scale = nullptr;  // EPI_SCALED_F32, indexed by output row
+  // Grouped (MoE): expert e owns sorted rows [expert_start[e], expert_start[e+1]) and m-tiles
+  // [tile_start[e], tile_start[e+1]); matrices are experts(e) of W0s / W1s.
+  const int32_t* expert_start = nullptr;
+  const int32_t* tile_start = nullptr;
+  int E = 0;
+  QExpertsDev W0s, W1s;
+  // Split-K (plain GEMMs, the SPLIT kernel instance, fp32 partials): blockIdx.z of k_split takes k tiles
+  // [KT·z / k_split, KT·(z+1) / k_split) and stores its fp32 partial tile to partial + z·M·N (ld N);
+  // splitk_reduce (gemm.cu) adds the partials in order and applies the store / add.
+  int k_split = 1;
+  float* partial = nullptr;
+};
+
+// The PTX wrappers (ptx.cuh).
+using dev::cp_async16_zfill;
+using dev::cp_async_commit;
+using dev::cp_async_wait;
+using dev::ldmatrix_x4;
+using dev::ldmatrix_x4_trans;
+using dev::mma_m16n8k16_bf16;
+using dev::smem_u32;
+
+// Byte offset of element (r, k) in a [rows][64] bf16 tile with 16-byte chunks XOR-swizzled by r % 8.
+__device__ __forceinline__ uint32_t swz(int r, int k) {
+  return uint32_t(r * 128 + ((((k >> 3) ^ r) & 7) << 4) + ((k & 7) << 1));
+}
+
+__device__ __forceinline__ uint32_t bf2_as_u32(__nv_bfloat162 v) { return *reinterpret_cast<uint32_t*>(&v); }
+__device__ __forceinline__ __nv_bfloat162 u32_as_bf2(uint32_t v) { return *reinterpret_cast<__nv_bfloat162*>(&v); }
+
+// 8 packed 4-bit values (element j at bits 4j) → 8 bf16 = round(s·q + b), in element order.
+__device__ __forceinline__ uint4 dequant8_q4(uint32_t w, __nv_bfloat162 s2, __nv_bfloat162 b2) {
+  const __nv_bfloat162 k128 = __floats2bfloat162_rn(128.f, 128.f);
+  uint32_t p[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    // (e_i, e_{i+4}) as bf16 (128 + q): 0x4300 = 128.0, mantissa step 1 at exponent 7.
+    uint32_t v = ((w >> (4 * i)) & 0x000F000Fu) | 0x43004300u;
+    __nv_bfloat162 q = __hsub2(u32_as_bf2(v), k128);  // exact
+    p[i] = bf2_as_u32(__hfma2(q, s2, b2));           // one rounding of s·q + b
+  }
+  // p[i] = (e_i lo, e_{i+4} hi) → (e0,e1), (e2,e3), (e4,e5), (e6,e7)
+  uint4 o;
+  o.x = __byte_perm(p[0], p[1], 0x5410);
+  o.y = __byte_perm(p[2], p[3], 0x5410);
+  o.z = __byte_perm(p[0], p[1], 0x7632);
+  o.w = __byte_perm(p[2], p[3], 0x7632);
+  return o;
+}
+
+// 4 packed 8-bit values → 4 bf16 (fp32 math, then one rounding).
+__device__ __forceinline__ uint2 dequant4_q8(uint32_t w, float s, float b) {
+  float f0 = fmaf(s, float(w & 0xff), b), f1 = fmaf(s, float((w >> 8) & 0xff), b);
+  float f2 = fmaf(s, float((w >> 16) & 0xff), b), f3 = fmaf(s, float(w >> 24), b);
+  uint2 o;
+  o.x = bf2_as_u32(__floats2bfloat162_rn(f0, f1));
+  o.y = bf2_as_u32(__floats2bfloat162_rn(f2, f3));
+  return o;
+}
+
+template <int BITS>
+struct Smem {
+  static constexpr int A_BYTES = BM * BK * 2;                    // 16 KiB
+  static constexpr int WRAW_BYTES = BN * BK * BITS / 8;          // 4 / 8 KiB
+  static constexpr int STAGE_BYTES = A_BYTES + WRAW_BYTES;
+  static constexpr int B_BYTES = BN * BK * 2;                    // 16 KiB, ×2
+  static constexpr int TOTAL = STAGES * STAGE_BYTES + 2 * B_BYTES;
+  static constexpr int ALLOC = TOTAL + 1024;  // room to align the base to 1024 bytes
+  static constexpr int total(int stages) { return stages * STAGE_BYTES + 2 * B_BYTES; }
+  static constexpr int EPI_LD = BN + 4;                          // fp32 staging row (SwiGLU)
+  static_assert(BM * EPI_LD * 4 <= 3 * STAGE_BYTES + 2 * B_BYTES, "epilogue staging must fit");
+};
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define LILAC_WGMMA 1
+#else
+#define LILAC_WGMMA 0
+#endif
+
+// ---- Hopper wgmma (sm_90a only): K-major operands in shared memory with the 128-byte swizzle, which
+// is exactly the tile layout above (16-byte chunk c of row r stored at chunk c ^ (r % 8), 128-byte rows,
+// 1024-byte aligned 8-row groups).
+__device__ __forceinline__ uint64_t wg_desc(uint32_t saddr) {
+  return uint64_t((saddr & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
+}
+__device__ __forceinline__ void wg_fence_acc(float* d) {
+#pragma unroll
+  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+__device__ __forceinline__ void wg_arrive() {
+#if LILAC_WGMMA
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wg_commit() {
+#if LILAC_WGMMA
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wg_wait0() {
+#if LILAC_WGMMA
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void fence_proxy_async() {
+#if LILAC_WGMMA
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+// D[64 x 128] += A[64 x 16] · B[128 x 16]ᵀ, both from shared memory descriptors.
+__device__ __forceinline__ void wgmma_m64n128k16(float* d, uint64_t da, uint64_t db) {
+#if LILAC_WGMMA
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(da), "l"(db), "r"(1));
+#endif
+}
+
+// 1 when this code was compiled for sm_90a (wgmma available), else 0.
+__global__ void probe_wgmma_kernel(int* out);
+
+template <int BITS, bool GROUPED, int EPI, bool WG, bool SPLIT = false>
+__global__ void __launch_bounds__(THREADS, 2) qgemm_kernel(const Params p) {
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  // 1024-byte aligned base (the 128-byte swizzle pattern repeats every 1024 bytes)
+  // (wgmma only: the mma.sync kernel keeps the plain base and its smaller allocation)
+  const uint32_t raw_u32 = smem_u32(smem_raw);
+  unsigned char* smem = WG ? smem_raw + (((raw_u32 + 1023u) & ~1023u) - raw_u32) : smem_raw;
+  using S = Smem<BITS>;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int warp_m = warp >> 2, warp_n = warp & 3;
+  constexpr bool SWIGLU = EPI == EPI_SWIGLU_BF16;
+  constexpr int BN_OUT = SWIGLU ? BN / 2 : BN;
+
+  // ---- which rows / matrices this block works on
+  int row_base, rows_valid;
+  QMatrixDev W0 = p.W0, W1 = p.W1;
+  if constexpr (GROUPED) {
+    const int t = blockIdx.y;
+    if (t >= p.tile_start[p.E]) return;
+    int lo = 0, hi = p.E - 1;  // largest e with tile_start[e] <= t
+    while (lo < hi) {
+      int mid = (lo + hi + 1) >> 1;
+      if (p.tile_start[mid] <= t) lo = mid; else hi = mid - 1;
+    }
+    const int e = lo;
+    row_base = p.expert_start[e] + (t - p.tile_start[e]) * BM;
+    rows_valid = min(BM, p.expert_start[e + 1] - row_base);
+    W0 = p.W0s.expert(e);
+    if constexpr (SWIGLU) W1 = p.W1s.expert(e);
+  } else {
+    row_base = blockIdx.y * BM;
+    rows_valid = min(BM, p.M - row_base);
+  }
+  const int n0 = blockIdx.x * BN_OUT;
+  const int64_t K = W0.cols;
+  const int KT_all = int(K / BK);
+  const int kt0 = SPLIT ? int(int64_t(KT_all) * blockIdx.z / p.k_split) : 0;
+  const int KT = SPLIT ? int(int64_t(KT_all) * (blockIdx.z + 1) / p.k_split) - kt0 : KT_all;  // this block's k tiles
+  const int64_t wpr = W0.words_per_row(), gpr = W0.groups_per_row();
+
+  // ---- A rows this thread copies (4 chunks of 16 B per thread per tile)
+  const __nv_bfloat16* a_src[4];
+  bool a_ok[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    int c = tid + i * THREADS, r = c >> 3, ch = c & 7;
+    a_ok[i] = r < rows_valid;
+    int64_t xr = 0;
+    if (a_ok[i]) xr = GROUPED && p.a_rows ? p.a_rows[row_base + r] : int64_t(row_base + r);
+    a_src[i] = p.X + xr * p.ldx + ch * 8 + int64_t(kt0) * BK;
+  }
+  // ---- W rows: thread tid owns tile row wr = tid / 2 (copy and dequant)
+  const int wr = tid >> 1, wh = tid & 1;
+  const QMatrixDev& Wm = (SWIGLU && wr >= BN / 2) ? W1 : W0;
+  const int wrow = n0 + (SWIGLU ? (wr & (BN / 2 - 1)) : wr);
+  const bool w_ok = wrow < p.N;
+  constexpr int WORDS_PER_TILE_ROW = BK * BITS / 32;  // 8 or 16
+  const uint32_t* w_src = Wm.qweight + (w_ok ? int64_t(wrow) * wpr : 0) + int64_t(kt0) * WORDS_PER_TILE_ROW;
+  const __nv_bfloat16* s_src = Wm.scales + (w_ok ? int64_t(wrow) * gpr : 0) + kt0;
+  const __nv_bfloat16* b_src = Wm.biases + (w_ok ? int64_t(wrow) * gpr : 0) + kt0;
+
+  const uint32_t smem_base = smem_u32(smem);
+  auto stage_a = [&](int s) { return smem_base + s * S::STAGE_BYTES; };
+  auto stage_w = [&](int s) { return smem_base + s * S::STAGE_BYTES + S::A_BYTES; };
+  const uint32_t b_base = smem_base + STAGES * S::STAGE_BYTES;
+
+  auto load_tile = [&](int kt, int s) {
+    if (kt < KT) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        int c = tid + i * THREADS, r = c >> 3, ch = c & 7;
+        cp_async16_zfill(stage_a(s) + swz(r, ch * 8), a_src[i] + int64_t(kt) * BK, a_ok[i] ? 16 : 0);
+      }
+      // raw words: row wr, 16-byte chunks (BITS/2 chunks per row, this thread takes half)
+#pragma unroll
+      for (int j = 0; j < BITS / 4; ++j) {
+        int chunk = wh * (BITS / 4) + j;
+        cp_async16_zfill(stage_w(s) + wr * (WORDS_PER_TILE_ROW * 4) + chunk * 16,
+                         w_src + int64_t(kt) * WORDS_PER_TILE_ROW + chunk * 4, w_ok ? 16 : 0);
+      }
+    }
+    cp_async_commit();
+  };
+
+  float sc = 0.f, bi = 0.f;  // scale / bias of the tile being dequantized next
+  auto load_sb = [&](int kt) {
+    if (kt < KT && w_ok) {
+      sc = __bfloat162float(s_src[kt]);
+      bi = __bfloat162float(b_src[kt]);
+    }
+  };
+  auto dequant = [&](int kt, int buf) {
+    const unsigned char* raw = smem + (kt % STAGES) * S::STAGE_BYTES + S::A_BYTES + wr * (WORDS_PER_TILE_ROW * 4);
+    const uint32_t dst = b_base + buf * S::B_BYTES;
+    if constexpr (BITS == 4) {
+      uint4 w = *reinterpret_cast<const uint4*>(raw + wh * 16);
+      __nv_bfloat162 s2 = __floats2bfloat162_rn(sc, sc), b2 = __floats2bfloat162_rn(bi, bi);
+      uint32_t ws[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        uint4 o = dequant8_q4(ws[j], s2, b2);
+        uint32_t addr = dst + swz(wr, (wh * 4 + j) * 8);
+        asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};\n" ::"r"(addr), "r"(o.x), "r"(o.y), "r"(o.z), "r"(o.w));
+      }
+    } else {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        uint4 w = *reinterpret_cast<const uint4*>(raw + wh * 32 + h * 16);
+        uint2 o0 = dequant4_q8(w.x, sc, bi), o1 = dequant4_q8(w.y, sc, bi);
+        uint2 o2 = dequant4_q8(w.z, sc, bi), o3 = dequant4_q8(w.w, sc, bi);
+        uint32_t addr0 = dst + swz(wr, (wh * 4 + h * 2) * 8);
+        uint32_t addr1 = dst + swz(wr, (wh * 4 + h * 2 + 1) * 8);
+        asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};\n" ::"r"(addr0), "r"(o0.x), "r"(o0.y), "r"(o1.x), "r"(o1.y));
+        asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};\n" ::"r"(addr1), "r"(o2.x), "r"(o2.y), "r"(o3.x), "r"(o3.y));
+      }
+    }
+  };
+
+  // 16 accumulator fragments of 4 values: fragment f holds (row fr, cols fc, fc+1) and (fr+8, ...)
+  //   mma.sync: f = mi*4 + ni, fr = warp_m*64 + mi*16 + g, fc = warp_n*32 + ni*8 + 2(lane%4)
+  //   wgmma:    f = j,         fr = (warp/4)*64 + (warp%4)*16 + g, fc = 8j + 2(lane%4)
+  float acc[16][4];
+#pragma unroll
+  for (int i = 0; i < 16; ++i)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) acc[i][c] = 0.f;
+
+  // ---- prologue
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) load_tile(s, s);
+  load_sb(0);
+  cp_async_wait<STAGES - 2>();
+  __syncthreads();
+  dequant(0, 0);
+  load_sb(1);
+
+  // ldmatrix lane addressing
+  const int a_r = lane & 15, a_k = (lane >> 4) * 8;                       // A: rows 0-15, k 0/8
+  const int b_n = (lane & 7) + ((lane >> 4) << 3), b_k = ((lane >> 3) & 1) * 8;  // B: n 0-15, k 0/8
+
+  if constexpr (WG) fence_proxy_async();  // B tile 0 written by ordinary stores, read by wgmma
+
+  for (int kt = 0; kt < KT; ++kt) {
+    cp_async_wait<STAGES - 3>();
+    if constexpr (WG) fence_proxy_async();  // cp.async data → async proxy
+    __syncthreads();
+    load_tile(kt + STAGES - 1, (kt + STAGES - 1) % STAGES);
+    const uint32_t As = stage_a(kt % STAGES), Bs = b_base + (kt & 1) * S::B_BYTES;
+    if constexpr (WG) {
+      float* d = &acc[0][0];
+      wg_fence_acc(d);
+      wg_arrive();
+      const uint32_t a_tile = As + (warp >> 2) * 64 * 128;
+#pragma unroll
+      for (int ks = 0; ks < BK / 16; ++ks) wgmma_m64n128k16(d, wg_desc(a_tile + ks * 32), wg_desc(Bs + ks * 32));
+      wg_commit();
+      if (kt + 1 < KT) {
+        dequant(kt + 1, (kt + 1) & 1);
+        fence_proxy_async();
+        load_sb(kt + 2);
+      }
+      wg_wait0();
+      wg_fence_acc(d);
+      continue;
+    }
+    if (kt + 1 < KT) {
+      dequant(kt + 1, (kt + 1) & 1);
+      load_sb(kt + 2);
+    }
+#pragma unroll
+    for (int ks = 0; ks < BK / 16; ++ks) {
+      uint32_t af[4][4], bfr[4][2];
+#pragma unroll
+      for (int mi = 0; mi < 4; ++mi)
+        ldmatrix_x4(As + swz(warp_m * 64 + mi * 16 + a_r, ks * 16 + a_k), af[mi][0], af[mi][1], af[mi][2], af[mi][3]);
+#pragma unroll
+      for (int nj = 0; nj < 2; ++nj)
+        ldmatrix_x4(Bs + swz(warp_n * 32 + nj * 16 + b_n, ks * 16 + b_k), bfr[2 * nj][0], bfr[2 * nj][1],
+                    bfr[2 * nj + 1][0], bfr[2 * nj + 1][1]);
+#pragma unroll
+      for (int mi = 0; mi < 4; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < 4; ++ni) mma_m16n8k16_bf16(acc[mi * 4 + ni], af[mi], bfr[ni][0], bfr[ni][1]);
+    }
+  }
+  cp_async_wait<0>();
+
+  // ---- epilogue
+  const int g = lane >> 2, c2 = (lane & 3) * 2;
+  auto frag_row = [&](int f) {
+    return WG ? (warp >> 2) * 64 + (warp & 3) * 16 + g : warp_m * 64 + (f >> 2) * 16 + g;
+  };
+  auto frag_col = [&](int f) { return WG ? f * 8 + c2 : warp_n * 32 + (f & 3) * 8 + c2; };
+  if constexpr (SWIGLU) {
+    __syncthreads();  // pipeline smem is reused for the fp32 tile
+    float* st = reinterpret_cast<float*>(smem);
+#pragma unroll
+    for (int f = 0; f < 16; ++f) {
+      int r = frag_row(f), c = frag_col(f);
+      *reinterpret_cast<float2*>(st + r * S::EPI_LD + c) = make_float2(acc[f][0], acc[f][1]);
+      *reinterpret_cast<float2*>(st + (r + 8) * S::EPI_LD + c) = make_float2(acc[f][2], acc[f][3]);
+    }
+    __syncthreads();
+    __nv_bfloat16* Y = static_cast<__nv_bfloat16*>(p.Y);
+    // 128 rows × 64 outputs; each thread does pairs of columns
+    for (int idx = tid; idx < BM * (BN_OUT / 2); idx += THREADS) {
+      int r = idx / (BN_OUT / 2), c = (idx % (BN_OUT / 2)) * 2;
+      if (r >= rows_valid) continue;
+      float g0 = st[r * S::EPI_LD + c], g1 = st[r * S::EPI_LD + c + 1];
+      float u0 = st[r * S::EPI_LD + BN_OUT + c], u1 = st[r * S::EPI_LD + BN_OUT + c + 1];
+      float h0 = g0 / (1.f + __expf(-g0)) * u0, h1 = g1 / (1.f + __expf(-g1)) * u1;
+      int col = n0 + c;
+      __nv_bfloat16* yp = Y + int64_t(row_base + r) * p.ldy + col;
+      if (col + 1 < p.N && ((p.ldy & 1) == 0) && (reinterpret_cast<uintptr_t>(Y) & 3) == 0) {
+        *reinterpret_cast<__nv_bfloat162*>(yp) = __floats2bfloat162_rn(h0, h1);
+      } else {
+        if (col < p.N) yp[0] = __float2bfloat16_rn(h0);
+        if (col + 1 < p.N) yp[1] = __float2bfloat16_rn(h1);
+      }
+    }
+  } else {
+    // split-K: this block's fp32 partial tile, stored (not added)
+    void* const Yo = SPLIT ? static_cast<void*>(p.partial + int64_t(blockIdx.z) * p.M * p.N) : p.Y;
+    const int64_t ldo = SPLIT ? p.N : p.ldy;
+    constexpr bool add = EPI == EPI_ADD_F32 && !SPLIT;
+    // pairs of columns are stored as one 8-byte (fp32) / 4-byte (bf16) access when aligned
+    const bool vec = (ldo & 1) == 0 && (reinterpret_cast<uintptr_t>(Yo) & (EPI == EPI_STORE_BF16 ? 3 : 7)) == 0;
+#pragma unroll
+    for (int f = 0; f < 16; ++f)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        int r = frag_row(f) + half * 8;
+        if (r >= rows_valid) continue;
+        int64_t yrow = row_base + r;
+        float rs = 1.f;
+        if constexpr (EPI == EPI_SCALED_F32) rs = p.row_scale[yrow];
+        int col = n0 + frag_col(f);
+        float v0 = acc[f][half * 2] * rs, v1 = acc[f][half * 2 + 1] * rs;
+        if constexpr (EPI == EPI_STORE_BF16) {
+          __nv_bfloat16* yp = static_cast<__nv_bfloat16*>(Yo) + yrow * ldo + col;
+          if (vec && col + 1 < p.N) {
+            *reinterpret_cast<__nv_bfloat162*>(yp) = __floats2bfloat162_rn(v0, v1);
+          } else {
+            if (col < p.N) yp[0] = __float2bfloat16_rn(v0);
+            if (col + 1 < p.N) yp[1] = __float2bfloat16_rn(v1);
+          }
+        } else {
+          float* yp = static_cast<float*>(Yo) + yrow * ldo + col;
+          if (vec && col + 1 < p.N) {
+            float2 o = make_float2(v0, v1);
+            if (add) {
+              float2 old = *reinterpret_cast<float2*>(yp);
+              o.x += old.x;
+              o.y += old.y;
+            }
+            *reinterpret_cast<float2*>(yp) = o;
+          } else {
+            if (col < p.N) yp[0] = (add ? yp[0] : 0.f) + v0;
+            if (col + 1 < p.N) yp[1] = (add ? yp[1] : 0.f) + v1;
+          }
+        }
+      }
+  }
+}
+
+// Launch helper (defined in gemm.cu): validates W, picks the mma.sync or the wgmma kernel, sets the
+// smem attribute once per instantiation.
+void launch(const Params& p, int bits, bool grouped, int epi, int grid_y, cudaStream_t stream);
+
+}  // namespace lilac::cuda::gemm

@@ -1,0 +1,74 @@
+// The quantized GEMM family (prefill, a chunk of n tokens): dense GEMMs with dequantization fused into
+// the tile loads (gemm.cu, core in gemm.cuh: mma.sync on sm_80+, wgmma on sm_90a) and the MoE block
+// built on the grouped variant (moe_prefill.cu). Conventions: cuda/kernels/api.h.
+#pragma once
+#include "cuda/kernels/api.h"
+
+namespace lilac::cuda {
+
+// ------------------------------------------------------------------------------------------------
+// Quantized GEMM: Y[n, W.rows] = X[n, W.cols] · Wᵀ, dequantization fused into the tile loads,
+// bf16 tensor cores (mma.sync m16n8k16), fp32 accumulation.
+// W: 4- or 8-bit affine, group_size 64, W.cols % 64 == 0. X bf16, ldx % 8 == 0 (16-byte rows),
+// X 16-byte aligned. n and W.rows may be anything >= 1 (edges are masked).
+enum class GemmOut {
+  StoreF32,   // Y (float*)          = X Wᵀ
+  AddF32,     // Y (float*)         += X Wᵀ   (e.g. residual add after o_proj / out_proj)
+  StoreBF16,  // Y (__nv_bfloat16*)  = X Wᵀ
+};
+void qgemm(const QMatrixDev& W, const __nv_bfloat16* X, int64_t ldx, int n, void* Y, int64_t ldy, GemmOut mode,
+           cudaStream_t stream);
+
+// Which tensor-core path the quantized GEMMs (qgemm, qgemm_swiglu, MoE grouped GEMMs) take.
+// Auto (the default): wgmma (sm_90a) when the device is Hopper and the binary holds sm_90a code,
+// unless LILAC_QGEMM_WGMMA=0 or LILAC_CUDA_PORTABLE=1; else mma.sync (sm_80+). A forced Wgmma falls
+// back to mma.sync where it is unavailable. set_gemm_path is for tests and benchmarks.
+// Measured on an H200 at n = 4096: wgmma ≈ 395 TFLOP/s, mma.sync ≈ 240 TFLOP/s (bench/GPU_NOTES.md).
+enum class GemmPath { Auto, MmaSync, Wgmma };
+void set_gemm_path(GemmPath path);
+// Hopper + sm_90a code present (probed once, outside graph capture) and LILAC_CUDA_PORTABLE != 1.
+bool gemm_wgmma_available();
+
+// SwiGLU pair: H[n, G.rows] = silu(X Gᵀ) ⊙ (X Uᵀ), bf16 out (the input of the down projection).
+// G and U must have the same shape and bits. (Shared expert gate+up in one pass.)
+void qgemm_swiglu(const QMatrixDev& G, const QMatrixDev& U, const __nv_bfloat16* X, int64_t ldx, int n,
+                  __nv_bfloat16* H, int64_t ldh, cudaStream_t stream);
+
+// ------------------------------------------------------------------------------------------------ MoE
+// MoE block for a chunk of n tokens:
+//   Y[t] (+)= Σ_{top-k e} w_e · down_e(silu(gate_e x) ⊙ up_e x) + sigmoid(seg·x) · shared(x)
+// Steps (a fixed number of launches): router qgemm (8-bit) → per-token softmax/top-k/renormalise
+// (ties to the lower id) with an expert histogram → exclusive scan + tile list → scatter of the
+// (token, slot) pairs sorted by expert → ONE grouped gate+up+SwiGLU GEMM over all experts →
+// ONE grouped down GEMM (scaled by the routing weight) → shared expert (qgemm_swiglu + qgemm) →
+// deterministic combine (per token, slot order) into Y.
+struct MoEPrefillWeights {
+  QMatrixDev router;                   // [E, hidden]
+  QExpertsDev gate, up, down;          // E × [inter, hidden], E × [hidden, inter]
+  QMatrixDev shared_gate, shared_up;   // [shared_inter, hidden]
+  QMatrixDev shared_down;              // [hidden, shared_inter]
+  QMatrixDev shared_expert_gate;       // [1, hidden]
+  int top_k = 8;
+  bool renormalise = true;
+};
+// Bytes of device scratch moe_prefill needs for up to n tokens (256-byte aligned pieces).
+size_t moe_prefill_workspace_bytes(const MoEPrefillWeights& w, int n);
+// X bf16 [n, hidden] (row stride ldx); Y fp32 [n, hidden] (row stride ldy); accumulate: Y += (residual).
+// workspace: moe_prefill_workspace_bytes(w, n) bytes, 256-byte aligned.
+// If ids_out / weights_out are given ([n, top_k] int32 / fp32) the routing is copied there (tests).
+void moe_prefill(const MoEPrefillWeights& w, const __nv_bfloat16* X, int64_t ldx, int n, float* Y, int64_t ldy,
+                 bool accumulate, void* workspace, cudaStream_t stream, int32_t* ids_out = nullptr,
+                 float* weights_out = nullptr);
+
+// The expert part alone with a given routing (ids/weights [n, top_k]); shared expert included.
+// Exposed for tests (the routing is a discrete choice that rounding can flip near ties).
+void moe_prefill_routed(const MoEPrefillWeights& w, const __nv_bfloat16* X, int64_t ldx, int n,
+                        const int32_t* ids, const float* weights, float* Y, int64_t ldy, bool accumulate,
+                        void* workspace, cudaStream_t stream);
+
+// Routing alone: logits fp32 [n, E] → ids [n, k], weights [n, k] (softmax, top-k by descending
+// probability, ties to the lower id, renormalised when asked).
+void moe_route_prefill(const float* logits, int n, int E, int k, bool renormalise, int32_t* ids, float* weights,
+                       cudaStream_t stream);
+
+}  // namespace lilac::cuda

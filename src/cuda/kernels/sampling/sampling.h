@@ -1,0 +1,35 @@
+// The sampling family (sample.cu): the token choice on the GPU at the end of a decode step, and the
+// step's position counter. Conventions: cuda/kernels/api.h.
+#pragma once
+#include "cuda/kernels/api.h"
+
+namespace lilac::cuda {
+
+// Sampling parameters as the device reads them (a copy of SamplingParams + the step counter).
+struct SampleParamsDev {
+  float temperature, top_p, min_p, presence, frequency, repetition;
+  int top_k, logprobs, top_logprobs;
+  unsigned long long seed;
+  unsigned long long step;  // advanced on the device after each sample
+};
+constexpr int kMaxTopLogprobs = 20;
+struct SampleResult {
+  int32_t token;
+  float logprob;
+  int32_t n_top;
+  int32_t top_ids[kMaxTopLogprobs];
+  float top_lp[kMaxTopLogprobs];
+};
+size_t sample_scratch_bytes(int64_t vocab);
+// Chooses a token from logits [vocab]: penalties (counts [vocab] of generated tokens, prompt_mask
+// [vocab] for the repetition penalty) → temperature → top-k → top-p → min-p → sample (exact greedy
+// argmax, ties to the lower id, when temperature == 0). Writes the token to *token_slot and *result,
+// counts[token] += 1, params->step += 1. Logprobs are from log_softmax of the raw logits.
+void sample_token(const float* logits, int64_t vocab, SampleParamsDev* params, int32_t* counts,
+                  const uint8_t* prompt_mask, void* scratch, int32_t* token_slot, SampleResult* result,
+                  cudaStream_t stream);
+
+// *p += 1 (the position counter of the decode graph).
+void increment_i32(int32_t* p, cudaStream_t stream);
+
+}  // namespace lilac::cuda

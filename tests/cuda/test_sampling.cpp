@@ -1,0 +1,170 @@
+// The sampling family (src/cuda/kernels/sampling/sampling.h): exact greedy argmax with ties to the
+// lower id and log-probabilities against a host computation, the filters (top-k, top-p, min-p,
+// penalties) and seeding, and the sampled distribution. Fresh seed per run.
+#include <gtest/gtest.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "cuda/kernels/sampling/sampling.h"
+#include "decode_test_util.h"
+
+using namespace lilac;
+namespace lc = lilac::cuda;
+
+namespace {
+
+using namespace lilac::cuda::testing;
+
+// ------------------------------------------------------------------------------------------------ sampling
+struct SampleRig {
+  int64_t V;
+  Dev<float> logits;
+  Dev<lc::SampleParamsDev> prm;
+  Dev<int32_t> counts, slot;
+  Dev<uint8_t> mask;
+  Dev<char> scratch;
+  Dev<lc::SampleResult> res;
+  explicit SampleRig(int64_t v)
+      : V(v), logits(static_cast<size_t>(v)), prm(1), counts(static_cast<size_t>(v)), slot(1), mask(static_cast<size_t>(v)),
+        scratch(lc::sample_scratch_bytes(v)), res(1) {
+    cudaMemset(counts.p, 0, size_t(v) * 4);
+    cudaMemset(mask.p, 0, size_t(v));
+  }
+  lc::SampleResult run(const lc::SampleParamsDev& p) {
+    prm.set({p});
+    slot.poison();
+    lc::sample_token(logits.p, V, prm.p, counts.p, mask.p, scratch.p, slot.p, res.p, nullptr);
+    cudaDeviceSynchronize();
+    return res.get()[0];
+  }
+};
+lc::SampleParamsDev params(float t) {
+  lc::SampleParamsDev p{};
+  p.temperature = t;
+  p.top_p = 1.f;
+  p.repetition = 1.f;
+  return p;
+}
+
+TEST(CudaDecode, GreedyArgmaxTiesAndLogprobs) {
+  NEED_GPU();
+  const uint64_t seed = fresh_seed();
+  Rng r(seed);
+  const int64_t V = 248320 - 3;
+  SampleRig rig(V);
+  auto l = randv(r, size_t(V), 3.f);
+  const int64_t a = int64_t(r.g() % V), b = int64_t(r.g() % V);
+  l[size_t(a)] = l[size_t(b)] = 50.f;  // tie: the lower id wins
+  rig.logits.set(l);
+  auto p = params(0.f);
+  p.logprobs = 1;
+  p.top_logprobs = 5;
+  const auto res = rig.run(p);
+  EXPECT_EQ(res.token, int32_t(std::min(a, b))) << "seed " << seed;
+  EXPECT_EQ(rig.slot.get()[0], res.token);
+  double mx = -1e30, s = 0;
+  for (float v : l) mx = std::max(mx, double(v));
+  for (float v : l) s += std::exp(double(v) - mx);
+  const double lse = mx + std::log(s);
+  EXPECT_NEAR(res.logprob, l[size_t(res.token)] - lse, 1e-4);
+  std::vector<int> order(static_cast<size_t>(V));
+  for (int i = 0; i < V; ++i) order[size_t(i)] = i;
+  std::partial_sort(order.begin(), order.begin() + 5, order.end(),
+                    [&](int x, int y) { return l[size_t(x)] > l[size_t(y)] || (l[size_t(x)] == l[size_t(y)] && x < y); });
+  ASSERT_EQ(res.n_top, 5);
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_EQ(res.top_ids[i], order[size_t(i)]);
+    EXPECT_NEAR(res.top_lp[i], l[size_t(order[size_t(i)])] - lse, 1e-4);
+  }
+  EXPECT_EQ(rig.counts.get()[size_t(res.token)], 1);
+}
+
+TEST(CudaDecode, SamplingFiltersAndSeeds) {
+  NEED_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  Rng r(seed);
+  const int64_t V = 5003;
+  SampleRig rig(V);
+  auto l = randv(r, size_t(V), 1.f);
+  for (int i = 0; i < 5; ++i) l[size_t(100 * i + 7)] = 6.f - 0.5f * i;  // top 5: 7, 107, 207, 307, 407
+  rig.logits.set(l);
+  // top_k = 1 is greedy
+  auto p = params(1.f);
+  p.top_k = 1;
+  p.seed = r.g();
+  EXPECT_EQ(rig.run(p).token, 7);
+  // top_k = 3: only the top three ever
+  p.top_k = 3;
+  std::vector<int> seen(V, 0);
+  for (int i = 0; i < 200; ++i) {
+    p.step = uint64_t(i);
+    const int t = rig.run(p).token;
+    ASSERT_TRUE(t == 7 || t == 107 || t == 207) << t;
+    seen[size_t(t)]++;
+  }
+  EXPECT_GT(seen[107], 0);
+  // same seed and step → same token; many steps spread
+  p.top_k = 0;
+  p.seed = 42;
+  p.step = 3;
+  const int t1 = rig.run(p).token;
+  EXPECT_EQ(rig.run(p).token, t1);
+  // top_p tiny → the argmax
+  p.top_p = 1e-4f;
+  EXPECT_EQ(rig.run(p).token, 7);
+  // min_p = 0.5 with temperature 1: only tokens with p >= 0.5 p_max: 7 (6.0) and 107 (5.5; e^-0.5 = 0.61)
+  p.top_p = 1.f;
+  p.min_p = 0.5f;
+  for (int i = 0; i < 50; ++i) {
+    p.step = uint64_t(i);
+    const int t = rig.run(p).token;
+    ASSERT_TRUE(t == 7 || t == 107) << t;
+  }
+  // frequency penalty pushes the argmax away in greedy mode
+  auto g = params(0.f);
+  g.frequency = 10.f;
+  std::vector<int32_t> counts(size_t(V), 0);
+  counts[7] = 1;
+  rig.counts.set(counts);
+  EXPECT_EQ(rig.run(g).token, 107);
+  // repetition penalty on a prompt token
+  counts[7] = 0;
+  rig.counts.set(counts);
+  std::vector<uint8_t> mask(size_t(V), 0);
+  mask[7] = 1;
+  rig.mask.set(mask);
+  g.frequency = 0.f;
+  g.repetition = 1.2f;  // 6 / 1.2 = 5 < 5.5
+  EXPECT_EQ(rig.run(g).token, 107);
+}
+
+TEST(CudaDecode, SamplingFollowsTheDistribution) {
+  NEED_GPU();
+  const uint64_t seed = fresh_seed();
+  Rng r(seed);
+  const int64_t V = 1000;
+  SampleRig rig(V);
+  std::vector<float> l(size_t(V), -30.f);
+  l[3] = std::log(0.5f);
+  l[500] = std::log(0.3f);
+  l[999] = std::log(0.2f);
+  rig.logits.set(l);
+  auto p = params(1.f);
+  p.seed = r.g();
+  std::vector<int> n(size_t(V), 0);
+  const int N = 2000;
+  for (int i = 0; i < N; ++i) {
+    p.step = uint64_t(i);
+    n[size_t(rig.run(p).token)]++;
+  }
+  EXPECT_NEAR(n[3] / double(N), 0.5, 0.05) << "seed " << seed;
+  EXPECT_NEAR(n[500] / double(N), 0.3, 0.05);
+  EXPECT_NEAR(n[999] / double(N), 0.2, 0.05);
+}
+
+}  // namespace
