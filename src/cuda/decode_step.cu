@@ -53,6 +53,10 @@ void gemv_into(const ModelConfig& c, const QMatrixDev& W, const float* x, Prolog
 
 }  // namespace
 
+int decode_n_split(int64_t max_len) {
+  return int(std::min<int64_t>(kAttnMaxSplit, std::max<int64_t>(1, (max_len + 31) / 32)));
+}
+
 DecodeScratch alloc_decode_scratch(DevAlloc& mem, const DevModel& m, int64_t max_len) {
   const ModelConfig& c = m.cfg;
   DecodeScratch sc;
@@ -65,7 +69,7 @@ DecodeScratch alloc_decode_scratch(DevAlloc& mem, const DevModel& m, int64_t max
   sc.gdn.Hv = c.linear_num_value_heads;
   sc.gdn.dk = c.linear_key_head_dim;
   sc.gdn.dv = c.linear_value_head_dim;
-  sc.n_split = int(std::min<int64_t>(kAttnMaxSplit, std::max<int64_t>(1, (max_len + 31) / 32)));
+  sc.n_split = decode_n_split(max_len);
   sc.h = f32(mem, c.hidden_size);
   sc.proj = f32(mem, m.max_in_rows);
   sc.gdn_o = f32(mem, c.gdn_value_dim());

@@ -33,6 +33,9 @@ struct DecodeScratch {
   void* sample_scratch = nullptr;
 };
 DecodeScratch alloc_decode_scratch(DevAlloc& mem, const DevModel& m, int64_t max_len);
+// The attention split count of a sequence of capacity max_len (DecodeScratch::n_split; the rows step of
+// sequences of that capacity uses the same, rows_step.h).
+int decode_n_split(int64_t max_len);
 
 // LILAC_CUDA_PROFILE=1: decode steps run eagerly with CUDA events between the kernel groups; the GPU
 // time between marks is summed per group and printed when the profile is destroyed.

@@ -81,6 +81,7 @@ SeqState alloc_seq_state(DevAlloc& mem, const DevModel& m, int64_t max_len) {
   st.counts = static_cast<int32_t*>(mem.get(size_t(sh.vocab) * 4));
   st.prompt_mask = static_cast<uint8_t*>(mem.get(size_t(sh.vocab)));
   st.result = static_cast<SampleResult*>(mem.get(sizeof(SampleResult)));
+  st.allowed = static_cast<uint32_t*>(mem.get(size_t((sh.vocab + 31) / 32) * 4));
   LILAC_CUDA_CHECK(cudaMemset(st.logits, 0, size_t(sh.vocab) * 4));
   return st;
 }

@@ -15,7 +15,8 @@
 //     oldest first
 //   logits fp32 [vocab] (the current logits: what sample() chooses from)
 //   token, pos: int32 slots the decode graph reads (the pending token, its position)
-//   sampling: params, penalty counts int32 [vocab], prompt mask u8 [vocab], the last result
+//   sampling: params, penalty counts int32 [vocab], prompt mask u8 [vocab], the last result, the
+//     allowed-token bitmask u32 [ceil(vocab / 32)] of constrained decoding
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -62,6 +63,7 @@ struct SeqState {
   int32_t* counts = nullptr;
   uint8_t* prompt_mask = nullptr;
   SampleResult* result = nullptr;
+  uint32_t* allowed = nullptr;  // allowed-token bitmask [rows::allowed_words(vocab)] (set_token_mask)
 
   float* gdn(int j) const { return gdn_state + j * gdn_layer_stride; }
   float* conv(int j) const { return conv_state + j * conv_layer_stride; }
