@@ -23,6 +23,8 @@ CudaSession::CudaSession(const DevModel& m, int64_t max_len) : m_(m) {
 CudaSession::~CudaSession() {
   prof_.reset();  // prints the profile, if any
   mtp_.reset();
+  verify_.reset();
+  if (host_verify_) cudaFreeHost(host_verify_);
   if (g_body_) cudaGraphExecDestroy(g_body_);
   if (g_head_) cudaGraphExecDestroy(g_head_);
   if (g_step_) cudaGraphExecDestroy(g_step_);
@@ -80,11 +82,15 @@ cudaGraphExec_t CudaSession::step() {
 TokenChoice CudaSession::fetch_result() {
   LILAC_CUDA_CHECK(cudaMemcpyAsync(host_result_, seq_.result, sizeof(SampleResult), cudaMemcpyDeviceToHost, stream_));
   sync();
+  return choice_of(*host_result_);
+}
+
+TokenChoice CudaSession::choice_of(const SampleResult& r) const {
   TokenChoice t;
-  t.token = host_result_->token;
-  t.logprob = host_result_->logprob;
+  t.token = r.token;
+  t.logprob = r.logprob;
   if (seq_.want_logprobs)
-    for (int i = 0; i < host_result_->n_top; ++i) t.top.push_back({host_result_->top_ids[i], host_result_->top_lp[i]});
+    for (int i = 0; i < r.n_top; ++i) t.top.push_back({r.top_ids[i], r.top_lp[i]});
   return t;
 }
 

@@ -16,6 +16,7 @@
 #include "cuda/mtp_head.h"
 #include "cuda/prefill_step.h"
 #include "cuda/seq_state.h"
+#include "cuda/verify_step.h"
 #include "engine/backend.h"
 
 namespace lilac::cuda {
@@ -47,6 +48,8 @@ class CudaSession : public Session {
   void set_draft_logits_sink(LogitsSink sink) override;
 
   const SeqState& seq() const { return seq_; }
+  // Verify steps run on the multi-row kernels so far (the others ran as plain decode steps).
+  int64_t rows_verifies() const { return rows_verifies_; }
 
  private:
   void sync();
@@ -67,6 +70,8 @@ class CudaSession : public Session {
   void mtp_before_step();
   void mtp_after_step();
   void mtp_prefill_rows(const int32_t* tokens, int n, const float* hidden);
+  std::vector<TokenChoice> verify_rows(std::span<const int32_t> drafts);
+  TokenChoice choice_of(const SampleResult& r) const;
 
   const DevModel& m_;
   cudaStream_t stream_ = nullptr;
@@ -84,6 +89,10 @@ class CudaSession : public Session {
   bool drafting_ = false;
   int32_t* drafts_ = nullptr;  // device [kMaxDrafts]
   LogitsSink draft_sink_;
+  std::unique_ptr<VerifyStep> verify_;  // allocated on the first verify the rows step takes exactly
+  VerifyOut* host_verify_ = nullptr;    // pinned
+  int64_t rows_verifies_ = 0;
+  int rows_verify_ = -1;  // whether verify runs on the rows step (verify_rows_ok; -1: not asked yet)
 };
 
 }  // namespace lilac::cuda

@@ -63,8 +63,8 @@ std::vector<int32_t> CudaSession::draft(int k) {
 
 // ------------------------------------------------------------------------------------------------ verify
 // The pending token and the drafts, chosen row by row with the session's sampler while the choice equals
-// the next draft. Today as plain decode steps (each choice is decode_step()'s by construction; the MTP
-// head is fed by them).
+// the next draft: one multi-row step (verify_step.h) where its rows are bit for bit decode steps, else plain
+// decode steps (each choice decode_step()'s by construction; they feed the MTP head themselves).
 std::vector<TokenChoice> CudaSession::verify(std::span<const int32_t> drafts) {
   if (drafts.empty()) return {decode_step()};
   if (!pending_) throw Error("cuda session: verify() without a sampled token");
@@ -76,11 +76,37 @@ std::vector<TokenChoice> CudaSession::verify(std::span<const int32_t> drafts) {
   if (seq_.len + n + 1 > seq_.max_len)
     throw InputError("drafts do not fit the context: " + std::to_string(seq_.len + n + 1) + " tokens, max " +
                      std::to_string(seq_.max_len));
+  if (rows_verify_ < 0) rows_verify_ = verify_rows_ok(m_) ? 1 : 0;
+  if (n <= kMaxVerifyDrafts && !prof_ && rows_verify_) return verify_rows(drafts);
   std::vector<TokenChoice> out;
   for (int64_t i = 0; i <= n; ++i) {
     out.push_back(decode_step());
     if (i == n || out.back().token != drafts[size_t(i)]) break;
   }
+  return out;
+}
+
+// The verify step on the rows kernels: its graph leaves the state as decode steps over the kept rows would
+// (GDN committed over them, the pending token, position and logits of the last kept row); the host learns
+// how many rows were kept and hands them to the MTP head.
+std::vector<TokenChoice> CudaSession::verify_rows(std::span<const int32_t> drafts) {
+  const int n = int(drafts.size());
+  if (!verify_) {
+    verify_ = std::make_unique<VerifyStep>(m_, seq_, sc_, mem_);
+    LILAC_CUDA_CHECK(cudaMallocHost(&host_verify_, sizeof(VerifyOut)));
+  }
+  const int64_t len0 = seq_.len;
+  LILAC_CUDA_CHECK(cudaMemcpyAsync(verify_->drafts(), drafts.data(), size_t(n) * 4, cudaMemcpyHostToDevice, stream_));
+  verify_->run(n, host_verify_, stream_);
+  sync();
+  const int m = host_verify_->accepted;
+  if (m < 0 || m > n) throw Error("cuda verify: accepted count out of range");
+  std::vector<TokenChoice> out;
+  for (int i = 0; i <= m; ++i) out.push_back(choice_of(host_verify_->results[i]));
+  seq_.len = len0 + m + 1;
+  pending_ = true;
+  ++rows_verifies_;
+  if (following_mtp()) mtp_->on_fed(len0, m + 1, verify_->tokens(), verify_->hidden(), m_.cfg.hidden_size, stream_);
   return out;
 }
 

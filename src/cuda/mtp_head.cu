@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "cuda/cuda_common.h"
+#include "cuda/graph_capture.h"
 #include "cuda/kernels/gemv/gemv.h"
 #include "cuda/kernels/launch.cuh"
 #include "cuda/kernels/qdot.cuh"
@@ -146,24 +147,6 @@ __global__ void __launch_bounds__(kArgBlocks) argmax_final_kernel(const ArgPart*
   int idx = part[threadIdx.x].i;
   block_best(v, idx);
   if (threadIdx.x == 0) *out = idx == 0x7fffffff ? 0 : idx;
-}
-
-template <typename F>
-cudaGraphExec_t capture(cudaStream_t s, F&& f) {
-  cudaGraph_t g = nullptr;
-  LILAC_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
-  try {
-    f();
-  } catch (...) {
-    cudaStreamEndCapture(s, &g);
-    if (g) cudaGraphDestroy(g);
-    throw;
-  }
-  LILAC_CUDA_CHECK(cudaStreamEndCapture(s, &g));
-  cudaGraphExec_t e = nullptr;
-  LILAC_CUDA_CHECK(cudaGraphInstantiate(&e, g, 0));
-  cudaGraphDestroy(g);
-  return e;
 }
 
 void sync(cudaStream_t s) { LILAC_CUDA_CHECK(cudaStreamSynchronize(s)); }
@@ -312,13 +295,13 @@ void MtpHead::run_pending(cudaStream_t s) {
   const int64_t n = len_ - 1 - committed_;
   if (n <= 0) return;
   if (!sink_) {
-    if (!g_->row) g_->row = capture(s, [&] {
+    if (!g_->row) g_->row = capture_graph(s, [&] {
         enqueue_row(kCatchUp, nullptr, 0, nullptr, nullptr, s);
         increment_i32(mpos_, s);
       });
     for (int64_t i = 0; i < n; ++i) launch(g_->row, s);
   } else {
-    if (!g_->row_logits) g_->row_logits = capture(s, [&] {
+    if (!g_->row_logits) g_->row_logits = capture_graph(s, [&] {
         enqueue_row(kCatchUp, nullptr, 0, logits_, nullptr, s);
         increment_i32(mpos_, s);
       });
@@ -344,7 +327,7 @@ std::vector<int32_t> MtpHead::draft(int k, const int32_t* pending, cudaStream_t 
     g_->pending = pending;
   }
   const int64_t V = m_.cfg.vocab_size;
-  if (!g_->draft[k]) g_->draft[k] = capture(s, [&] {
+  if (!g_->draft[k]) g_->draft[k] = capture_graph(s, [&] {
       enqueue_row(kPending, pending, 0, logits_, drafts_, s);
       for (int j = 1; j < k; ++j) enqueue_row(kChain, drafts_ + j - 1, j, logits_ + int64_t(j) * V, drafts_ + j, s);
     });

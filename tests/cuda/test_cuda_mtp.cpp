@@ -17,6 +17,7 @@
 #include "core/error.h"
 #include "cpu/cpu_backend.h"
 #include "cuda/cuda_backend.h"
+#include "cuda/cuda_session.h"
 #include "decode_test_util.h"
 #include "engine/speculative.h"
 #include "model/weights.h"
@@ -84,13 +85,20 @@ Reference decode_plainly(Backend& be, const std::vector<int32_t>& prompt, const 
   return r;
 }
 
+int64_t g_rows_verifies = 0;  // verify steps the last speculate_against ran on the multi-row kernels
+
 // Speculative rounds with drafts = the reference continuation, wrong at place error(round) (k or more: all
-// right); every choice and the logits after every round must be the reference's bit for bit. Returns the
+// right); every choice and the logits after every round must be the reference's bit for bit. At round
+// `move_at` the state moves to a fresh session through a snapshot (the prefix cache's path). Returns the
 // rounds per acceptance length.
 std::vector<int> speculate_against(Backend& be, const std::vector<int32_t>& prompt, const SamplingParams& sp,
                                    const Reference& ref, int K, int64_t max_len, size_t piece, bool drafting,
-                                   const std::function<int(int)>& error) {
+                                   const std::function<int(int)>& error, int move_at = -1) {
   const int64_t n = int64_t(ref.choices.size()), V = be.config().vocab_size;
+  g_rows_verifies = 0;
+  auto count_rows = [&](Session& x) {
+    if (auto* c = dynamic_cast<cuda::CudaSession*>(&x)) g_rows_verifies += c->rows_verifies();
+  };
   auto s = be.new_session(max_len);
   s->enable_drafting(drafting);
   prefill_in_pieces(*s, prompt, piece);
@@ -100,6 +108,15 @@ std::vector<int> speculate_against(Backend& be, const std::vector<int32_t>& prom
   for (int round = 0; int64_t(got.size()) < n; ++round) {
     const int64_t i = int64_t(got.size()) - 1;
     const int k = int(std::min<int64_t>(K, n - 2 - i));
+    if (round == move_at) {  // the sampler's state is not in a snapshot: only greedy continues bitwise
+      auto t = be.new_session(max_len);
+      t->enable_drafting(drafting);
+      t->restore(*s->snapshot());
+      t->begin_generation(sp, prompt);
+      EXPECT_EQ(t->sample().token, got.back().token) << "after the move";
+      count_rows(*s);
+      s = std::move(t);
+    }
     if (drafting && round % 3 == 0) s->draft(k);  // the head runs between steps: it must not change them
     std::vector<int32_t> drafts;
     for (int j = 0; j < k; ++j) drafts.push_back(ref.choices[static_cast<size_t>(i + 1 + j)].token);
@@ -119,6 +136,7 @@ std::vector<int> speculate_against(Backend& be, const std::vector<int32_t>& prom
     EXPECT_TRUE(same_bits(s->logits(), ref.logits[got.size() - 1])) << "logits after round " << round;
     if (::testing::Test::HasFailure()) break;
   }
+  count_rows(*s);
   return lengths;
 }
 
@@ -347,4 +365,42 @@ TEST(CudaMtp, SyntheticRealWidth) {
   p->begin_generation(SamplingParams{}, prompt);
   p->sample();
   for (const TokenChoice& t : ch) EXPECT_EQ(p->decode_step().token, t.token);
+}
+
+// The verify step on the multi-row kernels (taken at the real model's widths, where its rows are bit for
+// bit decode steps): every acceptance length 0..K, greedy with logprobs and sampling with penalties, up to
+// the last position of the context, and moved to another session through a snapshot midway.
+TEST(CudaSpec, RowsVerifyEqualsOneByOneAtRealWidth) {
+  NEED_CUDA();
+  auto be = cuda::make_synthetic_cuda_backend(cuda::synthetic_config(4), 3);
+  const int64_t V = be->config().vocab_size, P = 40, N = 32, max_len = P + N - 1;  // the last round fills it
+  const auto prompt = random_tokens(P, V, 19);
+  const int K = 4;
+  SamplingParams greedy;
+  greedy.logprobs = true;
+  greedy.top_logprobs = 3;
+  {
+    const Reference ref = decode_plainly(*be, prompt, greedy, N, max_len, 256);
+    auto lengths = speculate_against(*be, prompt, greedy, ref, K, max_len, 256, true,
+                                     [&](int round) { return round % (K + 2); });
+    for (int a = 0; a <= K; ++a) EXPECT_GT(lengths[static_cast<size_t>(a)], 0) << "acceptance length " << a;
+    EXPECT_GT(g_rows_verifies, 0) << "no verify ran on the multi-row kernels";
+  }
+  {
+    const Reference ref = decode_plainly(*be, prompt, greedy, N, max_len, 256);
+    speculate_against(*be, prompt, greedy, ref, K, max_len, 256, true, [&](int round) { return (round * 3) % (K + 1); },
+                      /*move_at=*/4);
+    EXPECT_GT(g_rows_verifies, 0);
+  }
+  SamplingParams sp;
+  sp.temperature = 0.8f;
+  sp.top_k = 40;
+  sp.repetition_penalty = 1.2f;
+  sp.presence_penalty = 0.4f;
+  sp.frequency_penalty = 0.2f;
+  sp.seed = 5;
+  sp.logprobs = true;
+  const Reference ref = decode_plainly(*be, prompt, sp, N, max_len, 256);
+  speculate_against(*be, prompt, sp, ref, K, max_len, 256, false, [&](int round) { return (round + 1) % (K + 1); });
+  EXPECT_GT(g_rows_verifies, 0);
 }

@@ -1,0 +1,170 @@
+#include "cuda/verify_step.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "core/error.h"
+#include "cuda/cuda_common.h"
+#include "cuda/graph_capture.h"
+#include "cuda/kernels/launch.cuh"
+#include "cuda/rows_step.h"
+
+namespace lilac::cuda {
+namespace {
+using namespace dev;
+
+constexpr int kRows = kMaxVerifyDrafts + 1;
+
+// Row 0's token is the pending one; row i sits at position *pos + i.
+__global__ void verify_prep_kernel(const int32_t* pending, const int32_t* pos, int M, int32_t* toks,
+                                   int32_t* row_pos) {
+  pdl_wait();
+  pdl_trigger();
+  const int i = int(threadIdx.x);
+  if (i < M) row_pos[i] = *pos + i;
+  if (i == 0) toks[0] = *pending;
+}
+
+// The acceptance of n drafts (toks[1..n]) against the choices of rows 0..n; undoes what the sampler did
+// for the rows after the first rejection; the sequence's pending token and position move on.
+__global__ void verify_accept_kernel(int n, const int32_t* toks, const int32_t* chosen, int32_t* counts,
+                                     SampleParamsDev* params, int32_t* token, int32_t* pos, int32_t* keep,
+                                     int32_t* accepted) {
+  pdl_wait();
+  pdl_trigger();
+  if (threadIdx.x != 0) return;
+  int m = 0;
+  while (m < n && chosen[m] == toks[m + 1]) ++m;
+  for (int i = m + 1; i <= n; ++i) counts[chosen[i]] -= 1;
+  params->step -= static_cast<unsigned long long>(n - m);
+  *token = chosen[m];
+  *pos = *pos + m + 1;
+  *keep = m + 1;
+  *accepted = m;
+}
+
+// The logits of the last kept row become the sequence's current logits.
+__global__ void verify_logits_kernel(const float* rows, int64_t vocab, const int32_t* accepted, float* out) {
+  pdl_wait();
+  pdl_trigger();
+  const float* src = rows + int64_t(*accepted) * vocab;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < vocab; i += int64_t(gridDim.x) * blockDim.x)
+    out[i] = src[i];
+}
+
+}  // namespace
+
+bool verify_rows_ok(const DevModel& m) { return rows_step_supported(m, kRows) && rows_step_exact(m); }
+
+struct VerifyStep::Impl {
+  const DevModel& m;
+  const SeqState& st;
+  const DecodeScratch& dsc;
+  RowsState rs;
+  RowsScratch sc;
+  rows::GdnRowsShape gshape;
+  int32_t* toks = nullptr;     // [kRows]: row i's token (toks[1..] the drafts)
+  int32_t* row_slot = nullptr;  // [kRows] zeros: every row is slot 0 (the sequence's own state)
+  int32_t* row_pos = nullptr;   // [kRows]
+  int32_t* chosen = nullptr;    // [kRows]
+  int32_t* keep = nullptr;      // [1]
+  int32_t* accepted = nullptr;  // [1]
+  cudaGraphExec_t graphs[kRows] = {};  // graphs[n]: n drafts
+
+  Impl(const DevModel& m_, const SeqState& st_, const DecodeScratch& dsc_) : m(m_), st(st_), dsc(dsc_) {}
+  ~Impl() {
+    for (cudaGraphExec_t g : graphs)
+      if (g) cudaGraphExecDestroy(g);
+  }
+  void enqueue(int n, cudaStream_t s);
+};
+
+VerifyStep::VerifyStep(const DevModel& m, const SeqState& st, const DecodeScratch& dsc, DevAlloc& mem)
+    : p_(std::make_unique<Impl>(m, st, dsc)) {
+  LILAC_CHECK(verify_rows_ok(m), "cuda verify: the rows step does not take this model exactly");
+  const ModelConfig& c = m.cfg;
+  Impl& p = *p_;
+  p.gshape.Hk = c.linear_num_key_heads;
+  p.gshape.Hv = c.linear_num_value_heads;
+  p.gshape.dk = c.linear_key_head_dim;
+  p.gshape.dv = c.linear_value_head_dim;
+  p.gshape.conv_k = c.linear_conv_kernel_dim;
+  // The sequence's state as slot 0 of one-slot pools (strides are never used with slot 0).
+  for (size_t i = 0; i < st.k_cache.size(); ++i)
+    p.rs.kv.push_back({st.k_cache[i], st.v_cache[i], st.max_len * st.shape.kv_row});
+  const int64_t log_floats = rows::gdn_log_floats(p.gshape, kRows);
+  p.rs.gdn_pool.state_stride = st.shape.gdn_elems;
+  p.rs.gdn_pool.conv_stride = st.shape.conv_elems;
+  p.rs.gdn_pool.log_stride = log_floats;
+  p.rs.gdn_pool.log_rows = kRows;
+  int gi = 0;
+  for (const DevLayer& L : m.layers) {
+    if (L.attn) continue;
+    rows::GdnLayer g;
+    g.conv_w = L.conv_w;
+    g.A_log = L.A_log;
+    g.dt_bias = L.dt_bias;
+    g.state = st.gdn(gi);
+    g.conv_state = st.conv(gi);
+    g.log = static_cast<float*>(mem.get(size_t(log_floats) * 4));
+    p.rs.gdn.push_back(g);
+    ++gi;
+  }
+  LILAC_CHECK(int(p.rs.gdn.size()) <= rows::kGdnMaxLayers, "cuda verify: too many Gated DeltaNet layers");
+  p.rs.n_split = dsc.n_split;
+  p.sc = alloc_rows_scratch(mem, m, kRows, p.rs.n_split);
+  p.toks = static_cast<int32_t*>(mem.get(kRows * 4));
+  p.row_slot = static_cast<int32_t*>(mem.get(kRows * 4));
+  p.row_pos = static_cast<int32_t*>(mem.get(kRows * 4));
+  p.chosen = static_cast<int32_t*>(mem.get(kRows * 4));
+  p.keep = static_cast<int32_t*>(mem.get(4));
+  p.accepted = static_cast<int32_t*>(mem.get(4));
+  LILAC_CUDA_CHECK(cudaMemset(p.row_slot, 0, kRows * 4));  // read before the GDN kernels' pdl_wait: set once
+  LILAC_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+VerifyStep::~VerifyStep() = default;
+
+int32_t* VerifyStep::drafts() const { return p_->toks + 1; }
+const int32_t* VerifyStep::tokens() const { return p_->toks; }
+const float* VerifyStep::hidden() const { return p_->sc.h; }
+
+void VerifyStep::Impl::enqueue(int n, cudaStream_t s) {
+  const int M = n + 1;
+  const int64_t V = m.cfg.vocab_size;
+  launch_pdl(verify_prep_kernel, dim3(1), dim3(32), 0, s, static_cast<const int32_t*>(st.token),
+             static_cast<const int32_t*>(st.pos), M, toks, row_pos);
+  LILAC_CUDA_LAUNCH_CHECK();
+  RowsArgs a;
+  a.M = M;
+  a.row_slot = row_slot;
+  a.row_pos = row_pos;
+  a.tokens = toks;
+  a.gdn_mode = rows::GdnMode::Log;
+  enqueue_rows_body(m, rs, sc, a, s);
+  enqueue_rows_head(m, sc, a, s);
+  for (int i = 0; i < M; ++i)  // in order: row i sees the counts and the step after rows 0..i-1
+    sample_token(sc.logits + int64_t(i) * V, V, st.params, st.counts, st.prompt_mask, dsc.sample_scratch, chosen + i,
+                 sc.results + i, s);
+  launch_pdl(verify_accept_kernel, dim3(1), dim3(32), 0, s, n, static_cast<const int32_t*>(toks),
+             static_cast<const int32_t*>(chosen), st.counts, st.params, st.token, st.pos, keep, accepted);
+  LILAC_CUDA_LAUNCH_CHECK();
+  const int blocks = int(std::min<int64_t>(64, (V + 255) / 256));
+  launch_pdl(verify_logits_kernel, dim3(blocks), dim3(256), 0, s, static_cast<const float*>(sc.logits), V,
+             static_cast<const int32_t*>(accepted), st.logits);
+  LILAC_CUDA_LAUNCH_CHECK();
+  if (!rs.gdn.empty())
+    rows::gdn_commit_rows(gshape, rs.gdn.data(), int(rs.gdn.size()), rs.gdn_pool, 1, row_slot, keep, s);
+}
+
+void VerifyStep::run(int n, VerifyOut* out, cudaStream_t s) {
+  LILAC_CHECK(n >= 1 && n <= kMaxVerifyDrafts, "cuda verify: draft count out of range");
+  Impl& p = *p_;
+  if (!p.graphs[n]) p.graphs[n] = capture_graph(s, [&] { p.enqueue(n, s); });
+  LILAC_CUDA_CHECK(cudaGraphLaunch(p.graphs[n], s));
+  LILAC_CUDA_CHECK(cudaMemcpyAsync(&out->accepted, p.accepted, 4, cudaMemcpyDeviceToHost, s));
+  LILAC_CUDA_CHECK(
+      cudaMemcpyAsync(out->results, p.sc.results, sizeof(SampleResult) * size_t(n + 1), cudaMemcpyDeviceToHost, s));
+}
+
+}  // namespace lilac::cuda

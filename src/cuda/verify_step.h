@@ -1,0 +1,64 @@
+// Speculative verification of one sequence on the rows step (rows_step.h): the pending token and n drafts
+// as one step of M = n + 1 rows at positions len .. len + n, captured once per n as a CUDA graph:
+//   prep (row 0's token = the pending token, row_pos[i] = *pos + i) → the rows step's body and head with
+//   Gated DeltaNet in Log mode (the recurrent and conv states stay as they were; each row's inputs are
+//   logged) → for rows i = 0..n in order, sample_token on row i's logits with the sequence's sampler (the
+//   very kernel decode_step() runs: penalties count the rows before it, params.step gives row i the random
+//   draw decode_step() would make) → accept: m = the first i < n whose choice differs from draft i (else
+//   n); the penalty counts and the step of rows m+1..n undone; the pending token = choice m; *pos += m + 1
+//   → the logits of row m become the sequence's current logits → gdn_commit_rows(keep = m + 1) advances
+//   every GDN layer's state over the kept rows.
+// Every row's logits are bit for bit decode_step()'s for that token when verify_rows_ok() holds
+// (rows_step_exact: the rows kernels compute the single-row kernels' arithmetic per row); the attention KV
+// rows past len + m need no rollback (never read before they are overwritten).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <memory>
+
+#include "cuda/decode_step.h"
+#include "cuda/device_model.h"
+#include "cuda/kernels/sampling/sampling.h"
+#include "cuda/seq_state.h"
+
+namespace lilac::cuda {
+
+constexpr int kMaxVerifyDrafts = 16;  // drafts one verify step takes (more: plain decode steps)
+
+// Whether the model's verify rows are bit for bit decode steps (rows_step_supported + rows_step_exact);
+// where not, the session verifies by plain decode steps (exact, without the speed).
+bool verify_rows_ok(const DevModel& m);
+
+// What a verify step returns to the host (pinned memory).
+struct VerifyOut {
+  int32_t accepted = 0;
+  SampleResult results[kMaxVerifyDrafts + 1];
+};
+
+class VerifyStep {
+ public:
+  // For the sequence `st` (its capacity fixes the attention split count, as decode_step's); `dsc`: the
+  // session's decode scratch (its sampling scratch is shared: the two never run at once). Allocates from
+  // `mem` (the rows scratch for kMaxVerifyDrafts + 1 rows and the GDN logs).
+  VerifyStep(const DevModel& m, const SeqState& st, const DecodeScratch& dsc, DevAlloc& mem);
+  ~VerifyStep();
+  VerifyStep(const VerifyStep&) = delete;
+  VerifyStep& operator=(const VerifyStep&) = delete;
+
+  // Device int32 [kMaxVerifyDrafts]: where the drafts go before run().
+  int32_t* drafts() const;
+  // Enqueues the step for n drafts (1 <= n <= kMaxVerifyDrafts) and the copy of its results into `out`
+  // (pinned host memory); the caller synchronises.
+  void run(int n, VerifyOut* out, cudaStream_t s);
+  // After run(): the rows' tokens (device [n + 1]) and their hiddens (device [n + 1][hidden], the residual
+  // stream after the last layer), for the MTP head.
+  const int32_t* tokens() const;
+  const float* hidden() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> p_;
+};
+
+}  // namespace lilac::cuda
