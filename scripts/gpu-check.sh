@@ -38,7 +38,7 @@ if [ "$WHAT" = all ] || [ "$WHAT" = tests ]; then
 fi
 
 if [ "$WHAT" = all ] || [ "$WHAT" = golden ]; then
-  for f in tiny tiny2; do
+  for f in tiny tiny2 tiny-mtp; do
     step "check-golden $f"
     $L check-golden --backend cuda --model .gpu/fixtures/$f/mlx4 --golden .gpu/fixtures/$f/golden.safetensors 2>&1 | tail -25
     [ "${PIPESTATUS[0]}" = 0 ] || status=1

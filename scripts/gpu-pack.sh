@@ -35,5 +35,5 @@ ldd .gpu/lilac .gpu/lilac_tests_cuda .gpu/lilac_tests_cpufast .gpu/bench_membw $
 done
 [ -z "$BENCHES" ] || tar -C "$KB" -cf - $BENCHES | xz -T2 -6 > .gpu/bench_kernels.tar.xz
 cp -r ../shared/oracle .gpu/oracle
-cp -r ../shared/fixtures/tiny ../shared/fixtures/tiny2 .gpu/fixtures/
+cp -r ../shared/fixtures/tiny ../shared/fixtures/tiny2 ../shared/fixtures/tiny-mtp .gpu/fixtures/
 du -sh .gpu
