@@ -5,28 +5,71 @@
 
 #include "core/error.h"
 #include "cuda/cuda_common.h"
+#include "cuda/kernels/rows/rows_mm.h"
 
 namespace lilac::cuda {
 
-CudaSession::CudaSession(const DevModel& m, int64_t max_len) : m_(m) {
-  LILAC_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-  sc_ = alloc_decode_scratch(mem_, m_, max_len);
-  seq_ = alloc_seq_state(mem_, m_, max_len);
-  prompt_ = static_cast<int32_t*>(mem_.get(size_t(prefill_chunk_tokens()) * 4));
-  LILAC_CUDA_CHECK(cudaMallocHost(&host_result_, sizeof(SampleResult)));
-  if (StepProfile::requested()) prof_ = std::make_unique<StepProfile>();
-  SamplingParams greedy;
-  begin_generation(greedy, {});
-  reset();
+CudaSession::CudaSession(const DevModel& m, std::shared_ptr<SeqPool> pool) : m_(m), pool_(std::move(pool)) {
+  try {
+    LILAC_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    LILAC_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+    LILAC_CUDA_CHECK(cudaEventCreateWithFlags(&mask_copied_, cudaEventDisableTiming));
+    const int64_t max_len = pool_->max_len();
+    sc_ = alloc_decode_scratch(mem_, m_, max_len);
+    prompt_ = static_cast<int32_t*>(mem_.get(size_t(prefill_chunk_tokens()) * 4));
+    masked_scratch_ = mem_.get(rows::sample_rows_scratch_bytes(m_.cfg.vocab_size, 1));
+    LILAC_CUDA_CHECK(cudaMallocHost(&host_result_, sizeof(SampleResult)));
+    LILAC_CUDA_CHECK(cudaMallocHost(&host_mask_, size_t(rows::allowed_words(m_.cfg.vocab_size)) * 4));
+    if (StepProfile::requested()) prof_ = std::make_unique<StepProfile>();
+    slot_ = pool_->acquire(this);
+    if (slot_ < 0) throw Error("cuda: the sequence pool has no free slot");
+    seq_ = pool_->view(slot_);
+    SamplingParams greedy;
+    begin_generation(greedy, {});
+    reset();
+  } catch (...) {
+    release();
+    throw;
+  }
 }
 
 CudaSession::~CudaSession() {
   prof_.reset();  // prints the profile, if any
-  if (g_body_) cudaGraphExecDestroy(g_body_);
-  if (g_head_) cudaGraphExecDestroy(g_head_);
-  if (g_step_) cudaGraphExecDestroy(g_step_);
+  release();
+}
+
+// Gives back the slot and everything the constructor made (destructor; a constructor that throws).
+void CudaSession::release() {
+  drop_graphs();
+  if (stream_) cudaStreamSynchronize(stream_);
+  if (slot_ >= 0) pool_->release(slot_);
+  slot_ = -1;
   if (host_result_) cudaFreeHost(host_result_);
-  cudaStreamDestroy(stream_);
+  if (host_mask_) cudaFreeHost(host_mask_);
+  if (ready_) cudaEventDestroy(ready_);
+  if (mask_copied_) cudaEventDestroy(mask_copied_);
+  if (stream_) cudaStreamDestroy(stream_);
+  host_result_ = nullptr;
+  host_mask_ = nullptr;
+  ready_ = mask_copied_ = nullptr;
+  stream_ = nullptr;
+}
+
+void CudaSession::drop_graphs() {
+  for (cudaGraphExec_t* g : {&g_body_, &g_head_, &g_step_})
+    if (*g) {
+      cudaGraphExecDestroy(*g);
+      *g = nullptr;
+    }
+}
+
+void CudaSession::pool_moved() {
+  const int64_t len = seq_.len;
+  const bool lp = seq_.want_logprobs;
+  seq_ = pool_->view(slot_);
+  seq_.len = len;
+  seq_.want_logprobs = lp;
+  drop_graphs();
 }
 
 // ------------------------------------------------------------------------------------------------ helpers
@@ -38,37 +81,19 @@ void CudaSession::check_room() const {
 
 void CudaSession::launch(cudaGraphExec_t g) { LILAC_CUDA_CHECK(cudaGraphLaunch(g, stream_)); }
 
-template <typename F>
-cudaGraphExec_t CudaSession::capture(F&& f) {
-  cudaGraph_t g = nullptr;
-  LILAC_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
-  try {
-    f();
-  } catch (...) {
-    cudaStreamEndCapture(stream_, &g);
-    if (g) cudaGraphDestroy(g);
-    throw;
-  }
-  LILAC_CUDA_CHECK(cudaStreamEndCapture(stream_, &g));
-  cudaGraphExec_t e = nullptr;
-  LILAC_CUDA_CHECK(cudaGraphInstantiate(&e, g, 0));
-  cudaGraphDestroy(g);
-  return e;
-}
-
 cudaGraphExec_t CudaSession::body() {
-  if (!g_body_) g_body_ = capture([&] { enqueue_decode_body(m_, seq_, sc_, stream_); });
+  if (!g_body_) g_body_ = capture_graph(stream_, [&] { enqueue_decode_body(m_, seq_, sc_, stream_); });
   return g_body_;
 }
 
 cudaGraphExec_t CudaSession::head() {
-  if (!g_head_) g_head_ = capture([&] { enqueue_decode_head(m_, seq_, sc_, stream_); });
+  if (!g_head_) g_head_ = capture_graph(stream_, [&] { enqueue_decode_head(m_, seq_, sc_, stream_); });
   return g_head_;
 }
 
 cudaGraphExec_t CudaSession::step() {
   if (!g_step_)
-    g_step_ = capture([&] {
+    g_step_ = capture_graph(stream_, [&] {
       enqueue_decode_body(m_, seq_, sc_, stream_);
       enqueue_decode_head(m_, seq_, sc_, stream_);
       enqueue_sample(seq_, sc_, stream_);
@@ -79,17 +104,22 @@ cudaGraphExec_t CudaSession::step() {
 TokenChoice CudaSession::fetch_result() {
   LILAC_CUDA_CHECK(cudaMemcpyAsync(host_result_, seq_.result, sizeof(SampleResult), cudaMemcpyDeviceToHost, stream_));
   sync();
+  return to_choice(*host_result_);
+}
+
+TokenChoice CudaSession::to_choice(const SampleResult& r) const {
   TokenChoice t;
-  t.token = host_result_->token;
-  t.logprob = host_result_->logprob;
+  t.token = r.token;
+  t.logprob = r.logprob;
   if (seq_.want_logprobs)
-    for (int i = 0; i < host_result_->n_top; ++i) t.top.push_back({host_result_->top_ids[i], host_result_->top_lp[i]});
+    for (int i = 0; i < r.n_top; ++i) t.top.push_back({r.top_ids[i], r.top_lp[i]});
   return t;
 }
 
 // ------------------------------------------------------------------------------------------------ prefill
 void CudaSession::prefill(std::span<const int32_t> tokens, const LogitsSink* sink) {
   if (tokens.empty()) return;
+  pending_ = false;
   const int64_t V = m_.cfg.vocab_size;
   for (int32_t t : tokens)
     if (t < 0 || t >= V)
@@ -148,8 +178,19 @@ void CudaSession::begin_generation(const SamplingParams& p, std::span<const int3
   seq_.begin_generation(p, context, stream_);
 }
 
+// The sampler on the current logits, with the token mask when one is set (then cleared: it is for one choice).
+void CudaSession::enqueue_sample_now() {
+  if (mask_on_)
+    rows::sample_token_masked(seq_.logits, seq_.shape.vocab, seq_.params, seq_.counts, seq_.prompt_mask, seq_.allowed,
+                              masked_scratch_, seq_.token, seq_.result, stream_);
+  else
+    enqueue_sample(seq_, sc_, stream_);
+  mask_on_ = false;
+  pending_ = true;
+}
+
 TokenChoice CudaSession::sample() {
-  enqueue_sample(seq_, sc_, stream_);
+  enqueue_sample_now();
   return fetch_result();
 }
 
@@ -158,13 +199,21 @@ void CudaSession::advance() {
   launch(body());
   launch(head());
   ++seq_.len;
+  pending_ = false;
   sync();
 }
 
 TokenChoice CudaSession::decode_step() {
   check_room();
   if (prof_) return decode_step_profiled();
-  launch(step());
+  if (mask_on_) {
+    launch(body());
+    launch(head());
+    enqueue_sample_now();
+  } else {
+    launch(step());
+    pending_ = true;
+  }
   ++seq_.len;
   return fetch_result();
 }
@@ -175,7 +224,7 @@ TokenChoice CudaSession::decode_step_profiled() {
   enqueue_decode_body(m_, seq_, sc_, stream_, prof_.get());
   enqueue_decode_head(m_, seq_, sc_, stream_);
   prof_->mark("lm_head", stream_);
-  enqueue_sample(seq_, sc_, stream_);
+  enqueue_sample_now();
   prof_->mark("sample", stream_);
   sync();
   prof_->collect();
@@ -193,8 +242,53 @@ std::vector<float> CudaSession::logits() {
 // ------------------------------------------------------------------------------------------------ state
 std::shared_ptr<const SessionSnapshot> CudaSession::snapshot() { return seq_.snapshot(&m_, stream_); }
 
-void CudaSession::restore(const SessionSnapshot& snap) { seq_.restore(snap, &m_, stream_); }
+void CudaSession::restore(const SessionSnapshot& snap) {
+  seq_.restore(snap, &m_, stream_);
+  pending_ = false;
+}
 
-void CudaSession::reset() { seq_.reset(stream_); }
+void CudaSession::reset() {
+  seq_.reset(stream_);
+  pending_ = false;
+}
+
+// ------------------------------------------------------------------------------------------------ token mask
+void CudaSession::set_token_mask(const uint32_t* bits) {
+  if (!bits) {
+    mask_on_ = false;
+    return;
+  }
+  const int64_t V = m_.cfg.vocab_size, words = rows::allowed_words(V);
+  bool any = false;
+  for (int64_t w = 0; w < words && !any; ++w) {
+    uint32_t b = bits[w];
+    if (w == words - 1 && V % 32) b &= (1u << (V % 32)) - 1;
+    any = b != 0;
+  }
+  if (!any) throw InputError("token mask allows no token of the vocabulary");
+  LILAC_CUDA_CHECK(cudaEventSynchronize(mask_copied_));  // the previous upload has left host_mask_ (normally long ago)
+  std::copy(bits, bits + words, host_mask_);
+  LILAC_CUDA_CHECK(cudaMemcpyAsync(seq_.allowed, host_mask_, size_t(words) * 4, cudaMemcpyHostToDevice, stream_));
+  LILAC_CUDA_CHECK(cudaEventRecord(mask_copied_, stream_));
+  mask_on_ = true;
+}
+
+// ------------------------------------------------------------------------------------------------ batched step
+void CudaSession::check_decodable() const {
+  if (!pending_) throw Error("cuda decode_batch: a session has no sampled token to feed");
+  check_room();
+}
+
+cudaEvent_t CudaSession::mark_ready() {
+  LILAC_CUDA_CHECK(cudaEventRecord(ready_, stream_));
+  return ready_;
+}
+
+TokenChoice CudaSession::finish_batched(const SampleResult& r) {
+  ++seq_.len;
+  mask_on_ = false;
+  pending_ = true;
+  return to_choice(r);
+}
 
 }  // namespace lilac::cuda
