@@ -4,17 +4,34 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cstdlib>
+#include <mutex>
 #include <string>
 #include <utility>
 
 #include "core/error.h"
+#include "cuda/batch_step.h"
 #include "cuda/cuda_common.h"
 #include "cuda/cuda_session.h"
 #include "cuda/device_model.h"
+#include "cuda/rows_step.h"
+#include "cuda/seq_pool.h"
 #include "cuda/synthetic_model.h"
 
 namespace lilac::cuda {
 namespace {
+
+// LILAC_CUDA_BATCH: "loop" steps a batch session by session; "rows" runs the rows step even where its
+// rows are not bit for bit single decode steps (rows_step_exact false: tests of the batched path on small
+// models); unset / anything else: the rows step where it is exact, else the loop.
+enum class BatchMode { Auto, Rows, Loop };
+BatchMode batch_mode_from_env() {
+  const char* e = std::getenv("LILAC_CUDA_BATCH");
+  if (e && std::string(e) == "rows") return BatchMode::Rows;
+  if (e && std::string(e) == "loop") return BatchMode::Loop;
+  return BatchMode::Auto;
+}
 
 class CudaBackendImpl : public Backend {
  public:
@@ -23,20 +40,132 @@ class CudaBackendImpl : public Backend {
     LILAC_CUDA_CHECK(cudaGetDeviceProperties(&p, 0));
     desc_ = std::string(p.name) + ", " + std::to_string(p.multiProcessorCount) + " SMs, " +
             std::to_string(p.totalGlobalMem >> 20) + " MiB";
+    const BatchMode mode = batch_mode_from_env();
+    rows_batch_ = mode != BatchMode::Loop && rows_step_supported(*m_, rows::kMaxRows) &&
+                  (mode == BatchMode::Rows || rows_step_exact(*m_));
   }
   std::string name() const override { return "cuda"; }
   const ModelConfig& config() const override { return m_->cfg; }
   std::unique_ptr<Session> new_session(int64_t max_length) override {
-    if (max_length <= 0) max_length = m_->cfg.max_position_embeddings > 0 ? m_->cfg.max_position_embeddings : 4096;
-    return std::make_unique<CudaSession>(*m_, max_length);
+    std::lock_guard<std::mutex> lk(mu_);  // one at a time: a new session may move its pool's arrays
+    return std::make_unique<CudaSession>(*m_, pool_for(clamp_len(max_length)));
   }
+  std::vector<TokenChoice> decode_batch(std::span<Session* const> sessions) override;
+  int max_batch() const override { return rows::kMaxRows; }
+  size_t session_bytes(int64_t max_length) const override;
+  int default_sessions(int64_t max_length) const override;
   std::string describe() const override { return desc_; }
   size_t weight_bytes() const { return m_->weight_bytes(); }
 
  private:
+  int64_t clamp_len(int64_t n) const {
+    if (n > 0) return n;
+    return m_->cfg.max_position_embeddings > 0 ? m_->cfg.max_position_embeddings : 4096;
+  }
+  std::shared_ptr<SeqPool> pool_for(int64_t max_len);
+  void step_rows(std::span<CudaSession* const> group, std::span<TokenChoice> out);
+
   std::unique_ptr<DevModel> m_;
   std::string desc_;
+  bool rows_batch_ = false;
+  std::mutex mu_;
+  std::vector<std::weak_ptr<SeqPool>> pools_;  // by capacity; a pool lives while a session holds a slot
 };
+
+// A pool of sessions of max_len tokens with a free slot (or room to grow), else a new one. Under mu_.
+std::shared_ptr<SeqPool> CudaBackendImpl::pool_for(int64_t max_len) {
+  std::erase_if(pools_, [](const std::weak_ptr<SeqPool>& w) { return w.expired(); });
+  for (auto& w : pools_)
+    if (auto p = w.lock(); p && p->max_len() == max_len && p->used() < rows::kMaxRows) return p;
+  auto p = std::make_shared<SeqPool>(*m_, max_len);
+  pools_.push_back(p);
+  return p;
+}
+
+size_t CudaBackendImpl::session_bytes(int64_t max_length) const {
+  const int64_t L = clamp_len(max_length);
+  const ModelConfig& c = m_->cfg;
+  // the slot's state, the session's own decode scratch (mostly the attention partials and the sampler),
+  // its prefill workspace at the chunk size, and a share of the batched step's scratch
+  size_t b = SeqPool::slot_bytes(*m_, L, 0);
+  b += size_t(attn_decode_partial_floats(AttnDecodeShape{c.num_heads, c.num_kv_heads, c.head_dim, c.rotary_dim},
+                                         decode_n_split(L))) * 4 +
+       sample_scratch_bytes(c.vocab_size) + rows::sample_rows_scratch_bytes(c.vocab_size, 1) +
+       size_t(m_->max_in_rows + 4 * c.hidden_size) * 4;
+  const size_t n = size_t(prefill_chunk_tokens());
+  b += n * (size_t(c.hidden_size) * 6 + size_t(m_->max_in_rows) * 4 + size_t(c.gdn_conv_dim()) * 4 +
+            size_t(c.num_heads) * c.head_dim * 2 * 2 + size_t(c.gdn_value_dim()) * 4) +
+       moe_prefill_workspace_bytes(m_->layers.front().moe_prefill, int(n)) + n * 4;
+  b += rows_scratch_bytes(*m_, rows::kMaxRows, decode_n_split(L)) / rows::kMaxRows;
+  return b;
+}
+
+int CudaBackendImpl::default_sessions(int64_t max_length) const {
+  size_t fr = 0, tot = 0;
+  if (cudaMemGetInfo(&fr, &tot) != cudaSuccess) {
+    cudaGetLastError();
+    return 1;
+  }
+  // keep a margin for snapshots (the prefix cache), graphs and the runtime: 4 GiB or 10 % of the device
+  const size_t margin = std::max<size_t>(size_t(4) << 30, tot / 10);
+  const size_t per = session_bytes(max_length);
+  if (fr <= margin || per == 0) return 1;
+  return int(std::clamp<size_t>((fr - margin) / per, 1, size_t(max_batch())));
+}
+
+std::vector<TokenChoice> CudaBackendImpl::decode_batch(std::span<Session* const> sessions) {
+  // validate everything before any state changes
+  std::vector<CudaSession*> cs;
+  for (Session* s : sessions) {
+    auto* c = dynamic_cast<CudaSession*>(s);
+    if (!c || &c->model() != m_.get()) throw Error("cuda decode_batch: a session from another backend");
+    if (std::find(cs.begin(), cs.end(), c) != cs.end()) throw Error("cuda decode_batch: a session appears twice");
+    c->check_decodable();
+    cs.push_back(c);
+  }
+  std::vector<TokenChoice> out(cs.size());
+  // sessions of one pool step together (in the order they came); a group of one steps alone
+  std::vector<bool> done(cs.size(), false);
+  for (size_t i = 0; i < cs.size(); ++i) {
+    if (done[i]) continue;
+    if (cs[i]->following_mtp_head()) {  // its MTP head is fed by its own steps
+      out[i] = cs[i]->decode_step();
+      done[i] = true;
+      continue;
+    }
+    std::vector<CudaSession*> group;
+    std::vector<size_t> at;
+    for (size_t j = i; j < cs.size(); ++j)
+      if (!done[j] && !cs[j]->following_mtp_head() && &cs[j]->pool() == &cs[i]->pool()) {
+        group.push_back(cs[j]);
+        at.push_back(j);
+        done[j] = true;
+      }
+    if (group.size() == 1 || !rows_batch_) {
+      for (size_t k = 0; k < group.size(); ++k) out[at[k]] = group[k]->decode_step();
+      continue;
+    }
+    std::vector<TokenChoice> res(group.size());
+    step_rows(group, res);
+    for (size_t k = 0; k < group.size(); ++k) out[at[k]] = std::move(res[k]);
+  }
+  return out;
+}
+
+void CudaBackendImpl::step_rows(std::span<CudaSession* const> group, std::span<TokenChoice> out) {
+  BatchStep& b = group.front()->pool().batch();
+  std::lock_guard<std::mutex> lk(b.mu);
+  std::vector<BatchRow> rows(group.size());
+  for (size_t k = 0; k < group.size(); ++k) {
+    rows[k].slot = group[k]->slot();
+    rows[k].pos = int32_t(group[k]->length());
+    rows[k].mask_on = group[k]->mask_on();
+    rows[k].ready = group[k]->mark_ready();
+  }
+  std::vector<SampleResult> res(group.size());
+  b.run(rows, res.data());
+  for (size_t k = 0; k < group.size(); ++k) out[k] = group[k]->finish_batched(res[k]);
+}
 
 }  // namespace
 

@@ -5,31 +5,76 @@
 
 #include "core/error.h"
 #include "cuda/cuda_common.h"
+#include "cuda/kernels/rows/rows_mm.h"
 
 namespace lilac::cuda {
 
-CudaSession::CudaSession(const DevModel& m, int64_t max_len) : m_(m) {
-  LILAC_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-  sc_ = alloc_decode_scratch(mem_, m_, max_len);
-  seq_ = alloc_seq_state(mem_, m_, max_len);
-  prompt_ = static_cast<int32_t*>(mem_.get(size_t(prefill_chunk_tokens()) * 4));
-  LILAC_CUDA_CHECK(cudaMallocHost(&host_result_, sizeof(SampleResult)));
-  if (StepProfile::requested()) prof_ = std::make_unique<StepProfile>();
-  SamplingParams greedy;
-  begin_generation(greedy, {});
-  reset();
+CudaSession::CudaSession(const DevModel& m, std::shared_ptr<SeqPool> pool) : m_(m), pool_(std::move(pool)) {
+  try {
+    LILAC_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    LILAC_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+    LILAC_CUDA_CHECK(cudaEventCreateWithFlags(&mask_copied_, cudaEventDisableTiming));
+    const int64_t max_len = pool_->max_len();
+    sc_ = alloc_decode_scratch(mem_, m_, max_len);
+    prompt_ = static_cast<int32_t*>(mem_.get(size_t(prefill_chunk_tokens()) * 4));
+    masked_scratch_ = mem_.get(rows::sample_rows_scratch_bytes(m_.cfg.vocab_size, 1));
+    LILAC_CUDA_CHECK(cudaMallocHost(&host_result_, sizeof(SampleResult)));
+    LILAC_CUDA_CHECK(cudaMallocHost(&host_mask_, size_t(rows::allowed_words(m_.cfg.vocab_size)) * 4));
+    if (StepProfile::requested()) prof_ = std::make_unique<StepProfile>();
+    slot_ = pool_->acquire(this);
+    if (slot_ < 0) throw Error("cuda: the sequence pool has no free slot");
+    seq_ = pool_->view(slot_);
+    SamplingParams greedy;
+    begin_generation(greedy, {});
+    reset();
+  } catch (...) {
+    release();
+    throw;
+  }
 }
 
 CudaSession::~CudaSession() {
   prof_.reset();  // prints the profile, if any
+  release();
+}
+
+// Gives back the slot and everything the constructor made (destructor; a constructor that throws).
+void CudaSession::release() {
+  drop_graphs();
+  if (stream_) cudaStreamSynchronize(stream_);
   mtp_.reset();
   verify_.reset();
   if (host_verify_) cudaFreeHost(host_verify_);
-  if (g_body_) cudaGraphExecDestroy(g_body_);
-  if (g_head_) cudaGraphExecDestroy(g_head_);
-  if (g_step_) cudaGraphExecDestroy(g_step_);
+  host_verify_ = nullptr;
+  if (slot_ >= 0) pool_->release(slot_);
+  slot_ = -1;
   if (host_result_) cudaFreeHost(host_result_);
-  cudaStreamDestroy(stream_);
+  if (host_mask_) cudaFreeHost(host_mask_);
+  if (ready_) cudaEventDestroy(ready_);
+  if (mask_copied_) cudaEventDestroy(mask_copied_);
+  if (stream_) cudaStreamDestroy(stream_);
+  host_result_ = nullptr;
+  host_mask_ = nullptr;
+  ready_ = mask_copied_ = nullptr;
+  stream_ = nullptr;
+}
+
+void CudaSession::drop_graphs() {
+  for (cudaGraphExec_t* g : {&g_body_, &g_head_, &g_step_})
+    if (*g) {
+      cudaGraphExecDestroy(*g);
+      *g = nullptr;
+    }
+}
+
+void CudaSession::pool_moved() {
+  const int64_t len = seq_.len;
+  const bool lp = seq_.want_logprobs;
+  seq_ = pool_->view(slot_);
+  seq_.len = len;
+  seq_.want_logprobs = lp;
+  drop_graphs();
+  if (verify_) verify_->rebind();  // its graphs hold the old views (the MTP head re-captures by itself)
 }
 
 // ------------------------------------------------------------------------------------------------ helpers
@@ -41,37 +86,19 @@ void CudaSession::check_room() const {
 
 void CudaSession::launch(cudaGraphExec_t g) { LILAC_CUDA_CHECK(cudaGraphLaunch(g, stream_)); }
 
-template <typename F>
-cudaGraphExec_t CudaSession::capture(F&& f) {
-  cudaGraph_t g = nullptr;
-  LILAC_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
-  try {
-    f();
-  } catch (...) {
-    cudaStreamEndCapture(stream_, &g);
-    if (g) cudaGraphDestroy(g);
-    throw;
-  }
-  LILAC_CUDA_CHECK(cudaStreamEndCapture(stream_, &g));
-  cudaGraphExec_t e = nullptr;
-  LILAC_CUDA_CHECK(cudaGraphInstantiate(&e, g, 0));
-  cudaGraphDestroy(g);
-  return e;
-}
-
 cudaGraphExec_t CudaSession::body() {
-  if (!g_body_) g_body_ = capture([&] { enqueue_decode_body(m_, seq_, sc_, stream_); });
+  if (!g_body_) g_body_ = capture_graph(stream_, [&] { enqueue_decode_body(m_, seq_, sc_, stream_); });
   return g_body_;
 }
 
 cudaGraphExec_t CudaSession::head() {
-  if (!g_head_) g_head_ = capture([&] { enqueue_decode_head(m_, seq_, sc_, stream_); });
+  if (!g_head_) g_head_ = capture_graph(stream_, [&] { enqueue_decode_head(m_, seq_, sc_, stream_); });
   return g_head_;
 }
 
 cudaGraphExec_t CudaSession::step() {
   if (!g_step_)
-    g_step_ = capture([&] {
+    g_step_ = capture_graph(stream_, [&] {
       enqueue_decode_body(m_, seq_, sc_, stream_);
       enqueue_decode_head(m_, seq_, sc_, stream_);
       enqueue_sample(seq_, sc_, stream_);
@@ -82,10 +109,10 @@ cudaGraphExec_t CudaSession::step() {
 TokenChoice CudaSession::fetch_result() {
   LILAC_CUDA_CHECK(cudaMemcpyAsync(host_result_, seq_.result, sizeof(SampleResult), cudaMemcpyDeviceToHost, stream_));
   sync();
-  return choice_of(*host_result_);
+  return to_choice(*host_result_);
 }
 
-TokenChoice CudaSession::choice_of(const SampleResult& r) const {
+TokenChoice CudaSession::to_choice(const SampleResult& r) const {
   TokenChoice t;
   t.token = r.token;
   t.logprob = r.logprob;
@@ -159,9 +186,19 @@ void CudaSession::begin_generation(const SamplingParams& p, std::span<const int3
   seq_.begin_generation(p, context, stream_);
 }
 
-TokenChoice CudaSession::sample() {
-  enqueue_sample(seq_, sc_, stream_);
+// The sampler on the current logits, with the token mask when one is set (then cleared: it is for one choice).
+void CudaSession::enqueue_sample_now() {
+  if (mask_on_)
+    rows::sample_token_masked(seq_.logits, seq_.shape.vocab, seq_.params, seq_.counts, seq_.prompt_mask, seq_.allowed,
+                              masked_scratch_, seq_.token, seq_.result, stream_);
+  else
+    enqueue_sample(seq_, sc_, stream_);
+  mask_on_ = false;
   pending_ = true;
+}
+
+TokenChoice CudaSession::sample() {
+  enqueue_sample_now();
   return fetch_result();
 }
 
@@ -178,10 +215,16 @@ void CudaSession::advance() {
 
 TokenChoice CudaSession::decode_step() {
   check_room();
-  pending_ = true;
   if (prof_) return decode_step_profiled();
-  mtp_before_step();
-  launch(step());
+  mtp_before_step();  // the MTP head's hooks: the fed token before the step, its hidden after it
+  if (mask_on_) {
+    launch(body());
+    launch(head());
+    enqueue_sample_now();
+  } else {
+    launch(step());
+    pending_ = true;
+  }
   mtp_after_step();
   ++seq_.len;
   return fetch_result();
@@ -195,7 +238,7 @@ TokenChoice CudaSession::decode_step_profiled() {
   mtp_after_step();
   enqueue_decode_head(m_, seq_, sc_, stream_);
   prof_->mark("lm_head", stream_);
-  enqueue_sample(seq_, sc_, stream_);
+  enqueue_sample_now();
   prof_->mark("sample", stream_);
   sync();
   prof_->collect();
@@ -217,6 +260,45 @@ void CudaSession::reset() {
   seq_.reset(stream_);
   pending_ = false;
   if (mtp_) mtp_->reset(drafting_, stream_);
+}
+
+// ------------------------------------------------------------------------------------------------ token mask
+void CudaSession::set_token_mask(const uint32_t* bits) {
+  if (!bits) {
+    mask_on_ = false;
+    return;
+  }
+  const int64_t V = m_.cfg.vocab_size, words = rows::allowed_words(V);
+  bool any = false;
+  for (int64_t w = 0; w < words && !any; ++w) {
+    uint32_t b = bits[w];
+    if (w == words - 1 && V % 32) b &= (1u << (V % 32)) - 1;
+    any = b != 0;
+  }
+  if (!any) throw InputError("token mask allows no token of the vocabulary");
+  LILAC_CUDA_CHECK(cudaEventSynchronize(mask_copied_));  // the previous upload has left host_mask_ (normally long ago)
+  std::copy(bits, bits + words, host_mask_);
+  LILAC_CUDA_CHECK(cudaMemcpyAsync(seq_.allowed, host_mask_, size_t(words) * 4, cudaMemcpyHostToDevice, stream_));
+  LILAC_CUDA_CHECK(cudaEventRecord(mask_copied_, stream_));
+  mask_on_ = true;
+}
+
+// ------------------------------------------------------------------------------------------------ batched step
+void CudaSession::check_decodable() const {
+  if (!pending_) throw Error("cuda decode_batch: a session has no sampled token to feed");
+  check_room();
+}
+
+cudaEvent_t CudaSession::mark_ready() {
+  LILAC_CUDA_CHECK(cudaEventRecord(ready_, stream_));
+  return ready_;
+}
+
+TokenChoice CudaSession::finish_batched(const SampleResult& r) {
+  ++seq_.len;
+  mask_on_ = false;
+  pending_ = true;
+  return to_choice(r);
 }
 
 }  // namespace lilac::cuda

@@ -1,6 +1,7 @@
-// A CUDA session: one sequence (SeqState, seq_state.h) plus what stepping it needs per session — a
-// stream, the decode scratch and the prefill workspace, and the decode step captured as CUDA graphs
-// (body, head, and body + head + sampling) on first use. Prompts run through the batched prefill
+// A CUDA session: one sequence (SeqState, seq_state.h: views of its slot in a sequence pool, seq_pool.h)
+// plus what stepping it alone needs — a stream, the decode scratch and the prefill workspace, and the
+// decode step captured as CUDA graphs (body, head, and body + head + sampling) on first use. The batched
+// step of several sessions of one pool is the backend's (batch_step.h); it uses the accessors at the end. Prompts run through the batched prefill
 // (prefill_step.h) in chunks, or token by token through the decode body when logits of every position
 // are wanted or the model is outside the prefill kernels' limits.
 #pragma once
@@ -15,15 +16,17 @@
 #include "cuda/device_model.h"
 #include "cuda/mtp_head.h"
 #include "cuda/prefill_step.h"
+#include "cuda/seq_pool.h"
 #include "cuda/seq_state.h"
 #include "cuda/verify_step.h"
 #include "engine/backend.h"
 
 namespace lilac::cuda {
 
-class CudaSession : public Session {
+class CudaSession : public Session, public PoolClient {
  public:
-  CudaSession(const DevModel& m, int64_t max_len);
+  // Takes a slot of `pool` (throws lilac::Error when it has none or cannot grow).
+  CudaSession(const DevModel& m, std::shared_ptr<SeqPool> pool);
   ~CudaSession() override;
   CudaSession(const CudaSession&) = delete;
   CudaSession& operator=(const CudaSession&) = delete;
@@ -39,6 +42,7 @@ class CudaSession : public Session {
   std::shared_ptr<const SessionSnapshot> snapshot() override;
   void restore(const SessionSnapshot& snap) override;
   void reset() override;
+  void set_token_mask(const uint32_t* bits) override;
 
   // ---- speculative decoding (cuda_session_spec.cu; the head: mtp_head.h)
   bool can_draft() const override { return m_.mtp != nullptr; }
@@ -50,17 +54,35 @@ class CudaSession : public Session {
   const SeqState& seq() const { return seq_; }
   // Verify steps run on the multi-row kernels so far (the others ran as plain decode steps).
   int64_t rows_verifies() const { return rows_verifies_; }
+  // Whether the session's MTP head follows its context (then it steps alone, not in decode_batch: the
+  // head is fed by the session's own steps).
+  bool following_mtp_head() const { return following_mtp(); }
+  void pool_moved() override;
+
+  // ---- for the batched step (cuda_backend.cu, batch_step.h)
+  const DevModel& model() const { return m_; }
+  SeqPool& pool() const { return *pool_; }
+  int slot() const { return slot_; }
+  bool mask_on() const { return mask_on_; }
+  // Throws lilac::Error unless a sampled token is pending and the context has room for it.
+  void check_decodable() const;
+  // An event recorded on the session's stream now (the batched step waits for it).
+  cudaEvent_t mark_ready();
+  // After the batched step fed the pending token and sampled `r`: the host side of decode_step().
+  TokenChoice finish_batched(const SampleResult& r);
 
  private:
   void sync();
   void check_room() const;
   void launch(cudaGraphExec_t g);
-  template <typename F>
-  cudaGraphExec_t capture(F&& f);
   cudaGraphExec_t body();
   cudaGraphExec_t head();
   cudaGraphExec_t step();
   TokenChoice fetch_result();
+  TokenChoice to_choice(const SampleResult& r) const;
+  void enqueue_sample_now();
+  void drop_graphs();
+  void release();
   void prefill_chunk_batched(int n, bool last);
   void prefill_chunk_stepwise(int n, bool last, const LogitsSink* sink, std::vector<float>& rows);
   TokenChoice decode_step_profiled();
@@ -71,19 +93,24 @@ class CudaSession : public Session {
   void mtp_after_step();
   void mtp_prefill_rows(const int32_t* tokens, int n, const float* hidden);
   std::vector<TokenChoice> verify_rows(std::span<const int32_t> drafts);
-  TokenChoice choice_of(const SampleResult& r) const;
 
   const DevModel& m_;
+  std::shared_ptr<SeqPool> pool_;
+  int slot_ = -1;
   cudaStream_t stream_ = nullptr;
-  DevAlloc mem_;        // the sequence's state and the scratch below
+  cudaEvent_t ready_ = nullptr, mask_copied_ = nullptr;
+  DevAlloc mem_;        // the scratch below (the sequence's state is the pool's)
   SeqState seq_;
+  bool pending_ = false;  // a sampled token waits in *seq_.token
+  bool mask_on_ = false;  // set_token_mask's bitmask (in seq_.allowed) applies to the next choice
+  uint32_t* host_mask_ = nullptr;  // pinned [allowed_words(vocab)]: the upload's source
+  void* masked_scratch_ = nullptr;  // rows::sample_token_masked's scratch
   DecodeScratch sc_;
   int32_t* prompt_ = nullptr;  // device [prefill_chunk_tokens()]: the prompt chunk being prefilled
   PrefillWorkspace pw_;
   SampleResult* host_result_ = nullptr;  // pinned
   cudaGraphExec_t g_body_ = nullptr, g_head_ = nullptr, g_step_ = nullptr;
   std::unique_ptr<StepProfile> prof_;  // LILAC_CUDA_PROFILE=1
-  bool pending_ = false;               // a sampled token waits in seq_.token (sample / decode_step)
   // Speculative decoding: the head (allocated when drafting is first enabled) and where drafts go.
   std::unique_ptr<MtpHead> mtp_;
   bool drafting_ = false;

@@ -77,7 +77,7 @@ std::vector<TokenChoice> CudaSession::verify(std::span<const int32_t> drafts) {
     throw InputError("drafts do not fit the context: " + std::to_string(seq_.len + n + 1) + " tokens, max " +
                      std::to_string(seq_.max_len));
   if (rows_verify_ < 0) rows_verify_ = verify_rows_ok(m_) ? 1 : 0;
-  if (n <= kMaxVerifyDrafts && !prof_ && rows_verify_) return verify_rows(drafts);
+  if (n <= kMaxVerifyDrafts && !prof_ && !mask_on_ && rows_verify_) return verify_rows(drafts);
   std::vector<TokenChoice> out;
   for (int64_t i = 0; i <= n; ++i) {
     out.push_back(decode_step());
@@ -102,7 +102,7 @@ std::vector<TokenChoice> CudaSession::verify_rows(std::span<const int32_t> draft
   const int m = host_verify_->accepted;
   if (m < 0 || m > n) throw Error("cuda verify: accepted count out of range");
   std::vector<TokenChoice> out;
-  for (int i = 0; i <= m; ++i) out.push_back(choice_of(host_verify_->results[i]));
+  for (int i = 0; i <= m; ++i) out.push_back(to_choice(host_verify_->results[i]));
   seq_.len = len0 + m + 1;
   pending_ = true;
   ++rows_verifies_;

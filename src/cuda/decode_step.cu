@@ -84,6 +84,24 @@ DecodeScratch alloc_decode_scratch(DevAlloc& mem, const DevModel& m, int64_t max
   return sc;
 }
 
+cudaGraphExec_t capture_graph(cudaStream_t s, const std::function<void()>& enqueue) {
+  cudaGraph_t g = nullptr;
+  LILAC_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
+  try {
+    enqueue();
+  } catch (...) {
+    cudaStreamEndCapture(s, &g);
+    if (g) cudaGraphDestroy(g);
+    throw;
+  }
+  LILAC_CUDA_CHECK(cudaStreamEndCapture(s, &g));
+  cudaGraphExec_t e = nullptr;
+  const cudaError_t err = cudaGraphInstantiate(&e, g, 0);
+  cudaGraphDestroy(g);
+  LILAC_CUDA_CHECK(err);
+  return e;
+}
+
 // ------------------------------------------------------------------------------------------------ profile
 bool StepProfile::requested() {
   const char* e = std::getenv("LILAC_CUDA_PROFILE");

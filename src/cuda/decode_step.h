@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -53,6 +54,10 @@ class StepProfile {
   std::vector<std::pair<std::string, cudaEvent_t>> marks_;
   std::map<std::string, double> ms_;
 };
+
+// Captures what `enqueue` puts on `s` into an instantiated CUDA graph (the caller destroys it). Throws
+// lilac::Error (the capture ended, nothing left captured) when enqueue throws or capture fails.
+cudaGraphExec_t capture_graph(cudaStream_t s, const std::function<void()>& enqueue);
 
 // Enqueue on `s` (graph-capturable; `prof` null except in profiled eager steps):
 // the body (embed → layers → *pos += 1), reading the token at *st.token and the position *st.pos;

@@ -61,31 +61,6 @@ SeqShape SeqShape::of(const DevModel& m) {
   return sh;
 }
 
-SeqState alloc_seq_state(DevAlloc& mem, const DevModel& m, int64_t max_len) {
-  SeqState st;
-  st.shape = SeqShape::of(m);
-  st.max_len = max_len;
-  const SeqShape& sh = st.shape;
-  for (int i = 0; i < sh.n_attn; ++i) {
-    st.k_cache.push_back(static_cast<__nv_bfloat16*>(mem.get(size_t(max_len) * sh.kv_row * 2)));
-    st.v_cache.push_back(static_cast<__nv_bfloat16*>(mem.get(size_t(max_len) * sh.kv_row * 2)));
-  }
-  st.gdn_state = static_cast<float*>(mem.get(sh.gdn_bytes()));
-  st.conv_state = static_cast<float*>(mem.get(sh.conv_bytes()));
-  st.gdn_layer_stride = sh.gdn_elems;
-  st.conv_layer_stride = sh.conv_elems;
-  st.logits = static_cast<float*>(mem.get(size_t(sh.vocab) * 4));
-  st.token = static_cast<int32_t*>(mem.get(4));
-  st.pos = static_cast<int32_t*>(mem.get(4));
-  st.params = static_cast<SampleParamsDev*>(mem.get(sizeof(SampleParamsDev)));
-  st.counts = static_cast<int32_t*>(mem.get(size_t(sh.vocab) * 4));
-  st.prompt_mask = static_cast<uint8_t*>(mem.get(size_t(sh.vocab)));
-  st.result = static_cast<SampleResult*>(mem.get(sizeof(SampleResult)));
-  st.allowed = static_cast<uint32_t*>(mem.get(size_t((sh.vocab + 31) / 32) * 4));
-  LILAC_CUDA_CHECK(cudaMemset(st.logits, 0, size_t(sh.vocab) * 4));
-  return st;
-}
-
 void SeqState::upload_pos(cudaStream_t s) {
   const int32_t p = int32_t(len);
   LILAC_CUDA_CHECK(cudaMemcpyAsync(pos, &p, 4, cudaMemcpyHostToDevice, s));

@@ -1,9 +1,9 @@
 // One sequence's state on the device: everything a decode or prefill step reads and writes that belongs
 // to that sequence and outlives the step. A SeqState is a set of views (pointers) into device memory
-// that something else owns: today one CudaSession allocates one (alloc_seq_state, each sequence's
-// buffers contiguous); a batched server can instead keep many sequences in per-layer pools indexed by
-// slot (kernels/rows/rows_state.h: layer j of slot s at base_j + s * slot_stride) and describe slot s
-// by a SeqState whose per-layer pointers / layer strides point there, then step the slots together.
+// that something else owns: the sequence pool (seq_pool.h) keeps the sequences of one capacity in
+// slot-strided arrays (kernels/rows/rows_state.h: layer j of slot s at base_j + s * slot_stride) and
+// describes slot s by a SeqState whose pointers point there (SeqPool::view); the rows step
+// (rows_step.h) steps several slots together.
 // The per-session scratch of the steps (activations, workspaces, graphs) is separate (decode_step.h:
 // DecodeScratch, prefill_step.h: PrefillWorkspace).
 //
@@ -83,9 +83,5 @@ struct SeqState {
   std::shared_ptr<const SessionSnapshot> snapshot(const void* owner, cudaStream_t s) const;
   void restore(const SessionSnapshot& snap, const void* owner, cudaStream_t s);
 };
-
-// A sequence's state allocated from `mem` for up to max_len tokens; logits zeroed, the rest as reset()
-// leaves it once the caller calls reset().
-SeqState alloc_seq_state(DevAlloc& mem, const DevModel& m, int64_t max_len);
 
 }  // namespace lilac::cuda

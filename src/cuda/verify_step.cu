@@ -77,7 +77,18 @@ struct VerifyStep::Impl {
       if (g) cudaGraphExecDestroy(g);
   }
   void enqueue(int n, cudaStream_t s);
+  void bind();  // rs's views of st
 };
+
+void VerifyStep::Impl::bind() {
+  rs.kv.clear();
+  for (size_t i = 0; i < st.k_cache.size(); ++i)
+    rs.kv.push_back({st.k_cache[i], st.v_cache[i], st.max_len * st.shape.kv_row});
+  for (size_t j = 0; j < rs.gdn.size(); ++j) {
+    rs.gdn[j].state = st.gdn(int(j));
+    rs.gdn[j].conv_state = st.conv(int(j));
+  }
+}
 
 VerifyStep::VerifyStep(const DevModel& m, const SeqState& st, const DecodeScratch& dsc, DevAlloc& mem)
     : p_(std::make_unique<Impl>(m, st, dsc)) {
@@ -90,27 +101,22 @@ VerifyStep::VerifyStep(const DevModel& m, const SeqState& st, const DecodeScratc
   p.gshape.dv = c.linear_value_head_dim;
   p.gshape.conv_k = c.linear_conv_kernel_dim;
   // The sequence's state as slot 0 of one-slot pools (strides are never used with slot 0).
-  for (size_t i = 0; i < st.k_cache.size(); ++i)
-    p.rs.kv.push_back({st.k_cache[i], st.v_cache[i], st.max_len * st.shape.kv_row});
   const int64_t log_floats = rows::gdn_log_floats(p.gshape, kRows);
   p.rs.gdn_pool.state_stride = st.shape.gdn_elems;
   p.rs.gdn_pool.conv_stride = st.shape.conv_elems;
   p.rs.gdn_pool.log_stride = log_floats;
   p.rs.gdn_pool.log_rows = kRows;
-  int gi = 0;
   for (const DevLayer& L : m.layers) {
     if (L.attn) continue;
     rows::GdnLayer g;
     g.conv_w = L.conv_w;
     g.A_log = L.A_log;
     g.dt_bias = L.dt_bias;
-    g.state = st.gdn(gi);
-    g.conv_state = st.conv(gi);
     g.log = static_cast<float*>(mem.get(size_t(log_floats) * 4));
     p.rs.gdn.push_back(g);
-    ++gi;
   }
   LILAC_CHECK(int(p.rs.gdn.size()) <= rows::kGdnMaxLayers, "cuda verify: too many Gated DeltaNet layers");
+  p.bind();
   p.rs.n_split = dsc.n_split;
   p.sc = alloc_rows_scratch(mem, m, kRows, p.rs.n_split);
   p.toks = static_cast<int32_t*>(mem.get(kRows * 4));
@@ -124,6 +130,12 @@ VerifyStep::VerifyStep(const DevModel& m, const SeqState& st, const DecodeScratc
 }
 
 VerifyStep::~VerifyStep() = default;
+
+void VerifyStep::rebind() {
+  for (cudaGraphExec_t& g : p_->graphs)
+    if (g) cudaGraphExecDestroy(g), g = nullptr;
+  p_->bind();
+}
 
 int32_t* VerifyStep::drafts() const { return p_->toks + 1; }
 const int32_t* VerifyStep::tokens() const { return p_->toks; }

@@ -55,6 +55,9 @@ class VerifyStep {
   // stream after the last layer), for the MTP head.
   const int32_t* tokens() const;
   const float* hidden() const;
+  // The sequence's state moved (its pool grew; `st` now holds the new views): drops the graphs, which hold
+  // the old ones.
+  void rebind();
 
  private:
   struct Impl;

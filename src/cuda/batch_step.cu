@@ -1,0 +1,84 @@
+#include "cuda/batch_step.h"
+
+#include <algorithm>
+#include <string>
+
+#include "core/error.h"
+#include "cuda/cuda_common.h"
+#include "cuda/decode_step.h"
+
+namespace lilac::cuda {
+
+constexpr int kRows = rows::kMaxRows;
+
+BatchStep::BatchStep(const DevModel& m, const SeqPool& pool) : m_(m), pool_(pool) {
+  LILAC_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  sc_ = alloc_rows_scratch(mem_, m_, kRows, pool.rows_state().n_split);
+  d_rows_ = static_cast<int32_t*>(mem_.get(2 * kRows * 4));
+  LILAC_CUDA_CHECK(cudaMallocHost(&h_rows_, 3 * kRows * 4));
+  LILAC_CUDA_CHECK(cudaMallocHost(&h_res_, kRows * sizeof(SampleResult)));
+  graphs_.assign(kRows + 1, nullptr);
+  gen_ = pool.generation();
+}
+
+BatchStep::~BatchStep() {
+  drop_graphs();
+  if (h_rows_) cudaFreeHost(h_rows_);
+  if (h_res_) cudaFreeHost(h_res_);
+  cudaStreamDestroy(stream_);
+}
+
+void BatchStep::drop_graphs() {
+  for (auto& g : graphs_)
+    if (g) {
+      cudaGraphExecDestroy(g);
+      g = nullptr;
+    }
+}
+
+cudaGraphExec_t BatchStep::graph(int M) {
+  if (pool_.generation() != gen_) {  // the pool's arrays moved: the captured pointers are stale
+    drop_graphs();
+    gen_ = pool_.generation();
+  }
+  cudaGraphExec_t& g = graphs_[size_t(M)];
+  if (!g) {
+    const RowsState& st = pool_.rows_state();
+    RowsArgs a;
+    a.M = M;
+    a.row_slot = d_rows_;
+    a.row_pos = d_rows_ + kRows;
+    a.tokens = st.token;
+    a.tok_idx = d_rows_;  // each slot's pending token cell
+    a.gdn_mode = rows::GdnMode::Advance;
+    a.sample = true;
+    a.finish = true;
+    g = capture_graph(stream_, [&] { enqueue_rows_step(m_, st, sc_, a, stream_); });
+  }
+  return g;
+}
+
+void BatchStep::run(std::span<const BatchRow> rows, SampleResult* out) {
+  const int M = int(rows.size());
+  LILAC_CHECK(M >= 1 && M <= kRows, "cuda batch step: bad row count");
+  cudaGraphExec_t g = graph(M);  // captured before anything else is enqueued on the stream
+  const int cap = pool_.capacity();
+  int32_t* on = h_rows_ + 2 * kRows;
+  std::fill(on, on + cap, 0);
+  for (int r = 0; r < M; ++r) {
+    h_rows_[r] = rows[size_t(r)].slot;
+    h_rows_[kRows + r] = rows[size_t(r)].pos;
+    on[rows[size_t(r)].slot] = rows[size_t(r)].mask_on ? 1 : 0;
+    if (rows[size_t(r)].ready) LILAC_CUDA_CHECK(cudaStreamWaitEvent(stream_, rows[size_t(r)].ready, 0));
+  }
+  LILAC_CUDA_CHECK(cudaMemcpyAsync(d_rows_, h_rows_, 2 * kRows * 4, cudaMemcpyHostToDevice, stream_));
+  LILAC_CUDA_CHECK(cudaMemcpyAsync(const_cast<int32_t*>(pool_.rows_state().allowed_on), on, size_t(cap) * 4,
+                                   cudaMemcpyHostToDevice, stream_));
+  LILAC_CUDA_CHECK(cudaGraphLaunch(g, stream_));
+  LILAC_CUDA_CHECK(cudaMemcpyAsync(h_res_, sc_.results, size_t(M) * sizeof(SampleResult), cudaMemcpyDeviceToHost,
+                                   stream_));
+  LILAC_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  std::copy(h_res_, h_res_ + M, out);
+}
+
+}  // namespace lilac::cuda

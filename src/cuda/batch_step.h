@@ -1,0 +1,57 @@
+// The batched decode step of one sequence pool (seq_pool.h): M sessions of the pool, one row each, as one
+// rows step (rows_step.h: GDN Advance, sample_rows with each slot's sampler and mask, the logits and the
+// position of each slot updated) replayed from a CUDA graph captured once per M (1 < M <= kMaxRows: per
+// exact M rather than per bucket with padding rows, so no step computes rows nobody needs; a capture costs
+// a few milliseconds once per M and pool). The rows' slots and positions, and the slots' mask switches, are
+// uploaded on the step's stream before the launch; the results come back in one copy.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <mutex>
+#include <span>
+#include <vector>
+
+#include "cuda/device_model.h"
+#include "cuda/rows_step.h"
+#include "cuda/seq_pool.h"
+
+namespace lilac::cuda {
+
+// One row of a batched step.
+struct BatchRow {
+  int slot = -1;
+  int32_t pos = 0;              // the session's length (the pending token's position)
+  bool mask_on = false;         // the slot's allowed-token bitmask applies to this choice
+  cudaEvent_t ready = nullptr;  // recorded on the session's stream after its last work (the step waits)
+};
+
+class BatchStep {
+ public:
+  BatchStep(const DevModel& m, const SeqPool& pool);
+  ~BatchStep();
+  BatchStep(const BatchStep&) = delete;
+  BatchStep& operator=(const BatchStep&) = delete;
+
+  // One step for rows (2 <= rows.size() <= kMaxRows, distinct slots of the pool); out[i] = row i's
+  // choice. Synchronises. Not reentrant (callers hold mu).
+  void run(std::span<const BatchRow> rows, SampleResult* out);
+  std::mutex mu;
+
+ private:
+  cudaGraphExec_t graph(int M);
+  void drop_graphs();
+
+  const DevModel& m_;
+  const SeqPool& pool_;
+  cudaStream_t stream_ = nullptr;
+  DevAlloc mem_;
+  RowsScratch sc_;
+  int32_t* d_rows_ = nullptr;  // device: row_slot [kMaxRows], row_pos [kMaxRows]
+  int32_t* h_rows_ = nullptr;  // pinned: row_slot, row_pos, allowed_on [kMaxRows] each
+  SampleResult* h_res_ = nullptr;  // pinned [kMaxRows]
+  std::vector<cudaGraphExec_t> graphs_;  // per M
+  uint64_t gen_ = 0;                     // pool generation the graphs were captured on
+};
+
+}  // namespace lilac::cuda
