@@ -169,7 +169,7 @@ MtpHead::MtpHead(const DevModel& m, DevAlloc& mem, int64_t max_len, int32_t* dra
     : m_(m), h_(*m.mtp), max_len_(max_len), drafts_(drafts), g_(std::make_unique<Graphs>()) {
   const ModelConfig& c = m.cfg;
   const int64_t H = c.hidden_size, kv_row = c.kv_dim();
-  LILAC_CHECK(H <= 8192, "cuda mtp: hidden_size above 8192 is not supported");
+  LILAC_CHECK(H <= 6144, "cuda mtp: hidden_size above 6144 is not supported");  // the input kernel's 2H floats of shared memory
   k_ = static_cast<__nv_bfloat16*>(mem.get(size_t(max_len) * size_t(kv_row) * 2));
   v_ = static_cast<__nv_bfloat16*>(mem.get(size_t(max_len) * size_t(kv_row) * 2));
   ring_h_ = static_cast<float*>(mem.get(size_t(kMtpRing) * size_t(H) * 4));

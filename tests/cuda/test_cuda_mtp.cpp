@@ -404,3 +404,35 @@ TEST(CudaSpec, RowsVerifyEqualsOneByOneAtRealWidth) {
   speculate_against(*be, prompt, sp, ref, K, max_len, 256, false, [&](int round) { return (round + 1) % (K + 1); });
   EXPECT_GT(g_rows_verifies, 0);
 }
+
+// decode_batch keeps a drafting session's MTP head in step (such a session steps alone inside the batch):
+// after batched steps its drafts are those of a session stepped alone, and its tokens too.
+TEST(CudaMtp, BatchedStepsFeedTheMtpHead) {
+  NEED_CUDA();
+  auto be = cuda::make_cuda_backend(fixture("tiny-mtp"));
+  const int64_t V = be->config().vocab_size;
+  const auto prompt = random_tokens(21, V, 13);
+  auto start = [&](bool drafting) {
+    auto s = be->new_session(64);
+    s->enable_drafting(drafting);
+    s->prefill(prompt);
+    s->begin_generation(SamplingParams{}, prompt);
+    s->sample();
+    return s;
+  };
+  auto alone = start(true);
+  std::vector<int32_t> want_tokens;
+  for (int i = 0; i < 5; ++i) want_tokens.push_back(alone->decode_step().token);
+  const auto want = alone->draft(3);
+  ASSERT_EQ(want.size(), 3u);
+  auto b = start(true), c = start(false), d = start(true);
+  std::vector<Session*> all{b.get(), c.get(), d.get()};
+  for (int i = 0; i < 5; ++i) {
+    const auto ch = be->decode_batch(all);
+    ASSERT_EQ(ch.size(), 3u);
+    for (const TokenChoice& t : ch) EXPECT_EQ(t.token, want_tokens[static_cast<size_t>(i)]) << "step " << i;
+  }
+  EXPECT_EQ(b->draft(3), want);
+  EXPECT_EQ(d->draft(3), want);
+  EXPECT_TRUE(c->draft(3).empty());
+}
