@@ -114,7 +114,8 @@ class CudaSession : public Session, public PoolClient {
   // Speculative decoding: the head (allocated when drafting is first enabled) and where drafts go.
   std::unique_ptr<MtpHead> mtp_;
   bool drafting_ = false;
-  int32_t* drafts_ = nullptr;  // device [kMaxDrafts]
+  int32_t* drafts_ = nullptr;           // device [kMaxDrafts]: the last draft()'s tokens
+  std::vector<int32_t> last_drafts_;    // their host copy
   LogitsSink draft_sink_;
   std::unique_ptr<VerifyStep> verify_;  // allocated on the first verify the rows step takes exactly
   VerifyOut* host_verify_ = nullptr;    // pinned

@@ -58,7 +58,8 @@ std::vector<int32_t> CudaSession::draft(int k) {
   if (!following_mtp() || !pending_ || mtp_->length() != seq_.len) return {};
   k = int(std::min<int64_t>({int64_t(k), seq_.max_len - seq_.len - 1, int64_t(kMaxDrafts)}));  // verify feeds k + 1
   if (k <= 0) return {};
-  return mtp_->draft(k, seq_.token, stream_);
+  last_drafts_ = mtp_->draft(k, seq_.token, stream_);
+  return last_drafts_;
 }
 
 // ------------------------------------------------------------------------------------------------ verify
@@ -96,7 +97,12 @@ std::vector<TokenChoice> CudaSession::verify_rows(std::span<const int32_t> draft
     LILAC_CUDA_CHECK(cudaMallocHost(&host_verify_, sizeof(VerifyOut)));
   }
   const int64_t len0 = seq_.len;
-  LILAC_CUDA_CHECK(cudaMemcpyAsync(verify_->drafts(), drafts.data(), size_t(n) * 4, cudaMemcpyHostToDevice, stream_));
+  // The head's drafts are still on the device (drafts_ holds what the last draft() returned): no host copy.
+  if (drafts.size() <= last_drafts_.size() && std::equal(drafts.begin(), drafts.end(), last_drafts_.begin()))
+    LILAC_CUDA_CHECK(cudaMemcpyAsync(verify_->drafts(), drafts_, size_t(n) * 4, cudaMemcpyDeviceToDevice, stream_));
+  else
+    LILAC_CUDA_CHECK(
+        cudaMemcpyAsync(verify_->drafts(), drafts.data(), size_t(n) * 4, cudaMemcpyHostToDevice, stream_));
   verify_->run(n, host_verify_, stream_);
   sync();
   const int m = host_verify_->accepted;

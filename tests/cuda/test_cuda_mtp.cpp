@@ -94,7 +94,8 @@ int64_t g_rows_verifies = 0;  // verify steps the last speculate_against ran on 
 // rounds per acceptance length.
 std::vector<int> speculate_against(Backend& be, const std::vector<int32_t>& prompt, const SamplingParams& sp,
                                    const Reference& ref, int K, int64_t max_len, size_t piece, bool drafting,
-                                   const std::function<int(int)>& error, int move_at = -1) {
+                                   const std::function<int(int)>& error, int move_at = -1,
+                                   const std::function<void(int)>& at_round = {}) {
   const int64_t n = int64_t(ref.choices.size()), V = be.config().vocab_size;
   g_rows_verifies = 0;
   auto count_rows = [&](Session& x) {
@@ -109,6 +110,7 @@ std::vector<int> speculate_against(Backend& be, const std::vector<int32_t>& prom
   for (int round = 0; int64_t(got.size()) < n; ++round) {
     const int64_t i = int64_t(got.size()) - 1;
     const int k = int(std::min<int64_t>(K, n - 2 - i));
+    if (at_round) at_round(round);
     if (round == move_at) {  // the sampler's state is not in a snapshot: only greedy continues bitwise
       auto t = be.new_session(max_len);
       t->enable_drafting(drafting);
@@ -450,4 +452,23 @@ TEST(CudaMtp, BatchedStepsFeedTheMtpHead) {
   EXPECT_EQ(b->draft(3), want);
   EXPECT_EQ(d->draft(3), want);
   EXPECT_TRUE(c->draft(3).empty());
+}
+
+// The session's state moves when its sequence pool grows (more sessions of its capacity): the verify step
+// and the MTP head must follow it (their graphs held the old views).
+TEST(CudaSpec, RowsVerifyFollowsAGrowingPool) {
+  NEED_CUDA();
+  auto be = cuda::make_synthetic_cuda_backend(cuda::synthetic_config(4), 5);
+  const int64_t V = be->config().vocab_size, P = 24, N = 24, max_len = 96;
+  const auto prompt = random_tokens(P, V, 23);
+  const int K = 3;
+  SamplingParams greedy;
+  const Reference ref = decode_plainly(*be, prompt, greedy, N, max_len, 256);
+  std::vector<std::unique_ptr<Session>> others;
+  speculate_against(*be, prompt, greedy, ref, K, max_len, 256, true, [&](int round) { return round % (K + 1); }, -1,
+                    [&](int round) {
+                      if (round == 2 || round == 4)  // the pool doubles: 1 → 2 → 4 slots (then 4 → 8)
+                        for (int j = 0; j < (round == 2 ? 1 : 3); ++j) others.push_back(be->new_session(max_len));
+                    });
+  EXPECT_GT(g_rows_verifies, 0);
 }
