@@ -63,6 +63,9 @@ class CudaBackendImpl : public Backend {
     return m_->cfg.max_position_embeddings > 0 ? m_->cfg.max_position_embeddings : 4096;
   }
   std::shared_ptr<SeqPool> pool_for(int64_t max_len);
+  // GDN log rows per pool slot (rows steps in Log mode, i.e. speculative verify on the rows kernels): none
+  // while no CUDA step uses Log mode.
+  int pool_log_rows() const { return 0; }
   void step_rows(std::span<CudaSession* const> group, std::span<TokenChoice> out);
 
   std::unique_ptr<DevModel> m_;
@@ -77,7 +80,7 @@ std::shared_ptr<SeqPool> CudaBackendImpl::pool_for(int64_t max_len) {
   std::erase_if(pools_, [](const std::weak_ptr<SeqPool>& w) { return w.expired(); });
   for (auto& w : pools_)
     if (auto p = w.lock(); p && p->max_len() == max_len && p->used() < rows::kMaxRows) return p;
-  auto p = std::make_shared<SeqPool>(*m_, max_len);
+  auto p = std::make_shared<SeqPool>(*m_, max_len, pool_log_rows());
   pools_.push_back(p);
   return p;
 }
@@ -87,7 +90,7 @@ size_t CudaBackendImpl::session_bytes(int64_t max_length) const {
   const ModelConfig& c = m_->cfg;
   // the slot's state, the session's own decode scratch (mostly the attention partials and the sampler),
   // its prefill workspace at the chunk size, and a share of the batched step's scratch
-  size_t b = SeqPool::slot_bytes(*m_, L, 0);
+  size_t b = SeqPool::slot_bytes(*m_, L, pool_log_rows());
   b += size_t(attn_decode_partial_floats(AttnDecodeShape{c.num_heads, c.num_kv_heads, c.head_dim, c.rotary_dim},
                                          decode_n_split(L))) * 4 +
        sample_scratch_bytes(c.vocab_size) + rows::sample_rows_scratch_bytes(c.vocab_size, 1) +

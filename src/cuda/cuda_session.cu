@@ -124,7 +124,6 @@ TokenChoice CudaSession::to_choice(const SampleResult& r) const {
 // ------------------------------------------------------------------------------------------------ prefill
 void CudaSession::prefill(std::span<const int32_t> tokens, const LogitsSink* sink) {
   if (tokens.empty()) return;
-  pending_ = false;
   const int64_t V = m_.cfg.vocab_size;
   for (int32_t t : tokens)
     if (t < 0 || t >= V)
@@ -133,6 +132,7 @@ void CudaSession::prefill(std::span<const int32_t> tokens, const LogitsSink* sin
   if (seq_.len + int64_t(tokens.size()) > seq_.max_len)
     throw InputError("context too long: " + std::to_string(seq_.len + int64_t(tokens.size())) + " tokens, max " +
                      std::to_string(seq_.max_len));
+  pending_ = false;
   std::vector<float> rows;
   size_t i = 0;
   while (i < tokens.size()) {

@@ -8,9 +8,8 @@
 #include "cuda/kernels/gemv/gemv.h"
 
 namespace lilac::cuda {
-namespace {
 
-AttnDecodeShape attn_shape(const ModelConfig& c) {
+AttnDecodeShape rows_attn_shape(const ModelConfig& c) {
   AttnDecodeShape a;
   a.heads = c.num_heads;
   a.kv_heads = c.num_kv_heads;
@@ -20,7 +19,7 @@ AttnDecodeShape attn_shape(const ModelConfig& c) {
   return a;
 }
 
-rows::GdnRowsShape gdn_shape(const ModelConfig& c) {
+rows::GdnRowsShape rows_gdn_shape(const ModelConfig& c) {
   rows::GdnRowsShape g;
   g.Hk = c.linear_num_key_heads;
   g.Hv = c.linear_num_value_heads;
@@ -29,6 +28,8 @@ rows::GdnRowsShape gdn_shape(const ModelConfig& c) {
   g.conv_k = c.linear_conv_kernel_dim;
   return g;
 }
+
+namespace {
 
 // The widest staged input: hidden (norms before projections), the attention output, the GDN output.
 int64_t stage_kmax(const ModelConfig& c) {
@@ -103,7 +104,7 @@ void attention_layer(const Ctx& c, const RowsState& st, const DevLayer& L, int a
   const int64_t H = cfg.hidden_size, ps = sc.proj_stride;
   c.stage(sc.h, H, H, Prologue::RmsNorm, L.input_norm, proj_needs(L.in_proj, 4), proj_needs(L.in_proj, 8));
   c.proj(L.in_proj, sc.proj, ps);
-  const AttnDecodeShape as = attn_shape(cfg);
+  const AttnDecodeShape as = rows_attn_shape(cfg);
   rows::attn_qk_norm_rope_append_rows(as, c.a.M, c.a.row_slot, c.a.row_pos, sc.proj, ps, L.q_norm, L.k_norm,
                                       c.m.inv_freq, sc.q, st.kv[size_t(ai)], c.s);
   rows::attention_rows(as, c.a.M, c.a.row_slot, c.a.row_pos, sc.q, sc.proj, ps, st.kv[size_t(ai)], st.n_split,
@@ -119,7 +120,7 @@ void gdn_layer(const Ctx& c, const RowsState& st, const DevLayer& L, int gi) {
   const int64_t H = cfg.hidden_size, ps = sc.proj_stride, vd = cfg.gdn_value_dim();
   c.stage(sc.h, H, H, Prologue::RmsNorm, L.input_norm, proj_needs(L.in_proj, 4), proj_needs(L.in_proj, 8));
   c.proj(L.in_proj, sc.proj, ps);
-  rows::gdn_step_rows(gdn_shape(cfg), st.gdn[size_t(gi)], st.gdn_pool, c.a.M, c.a.row_slot, sc.proj, ps, sc.gdn_o,
+  rows::gdn_step_rows(rows_gdn_shape(cfg), st.gdn[size_t(gi)], st.gdn_pool, c.a.M, c.a.row_slot, sc.proj, ps, sc.gdn_o,
                       vd, c.a.gdn_mode, c.s);
   const float* z = sc.proj + cfg.gdn_conv_dim();
   c.stage(sc.gdn_o, vd, vd, Prologue::GatedHeadNorm, L.gdn_norm, L.out_proj.bits == 4, L.out_proj.bits == 8, z, ps,
@@ -168,7 +169,7 @@ size_t rows_scratch_bytes(const DevModel& m, int max_rows, int n_split) {
   size_t f = M * (size_t(c.hidden_size) + size_t(m.max_in_rows) + 2 * size_t(c.num_heads) * c.head_dim +
                   size_t(c.gdn_value_dim()) + size_t(c.num_experts + 1) + size_t(c.num_experts_per_tok + 1) +
                   size_t(act_width(c)) + size_t(c.vocab_size));
-  f += rows::attention_rows_partial_floats(attn_shape(c), n_split, max_rows);
+  f += rows::attention_rows_partial_floats(rows_attn_shape(c), n_split, max_rows);
   size_t b = f * 4 + M * 4 * size_t(c.num_experts_per_tok);
   b += 2 * M * rows::frag_row_bytes(int64_t(kmax)) + M * rows::meta_row_count(int64_t(kmax)) * sizeof(float2);
   b += moe_scratch(m, max_rows) + rows::sample_rows_scratch_bytes(c.vocab_size, max_rows) + M * sizeof(SampleResult);
@@ -193,7 +194,7 @@ RowsScratch alloc_rows_scratch(DevAlloc& mem, const DevModel& m, int max_rows, i
   sc.frag4 = mem.get(align256(M * rows::frag_row_bytes(sc.kmax)));
   sc.frag8 = mem.get(align256(M * rows::frag_row_bytes(sc.kmax)));
   sc.meta = static_cast<float2*>(mem.get(align256(M * rows::meta_row_count(sc.kmax) * sizeof(float2))));
-  sc.partial = static_cast<float*>(mem.get(align256(rows::attention_rows_partial_floats(attn_shape(c), n_split, max_rows) * 4)));
+  sc.partial = static_cast<float*>(mem.get(align256(rows::attention_rows_partial_floats(rows_attn_shape(c), n_split, max_rows) * 4)));
   sc.rlogits = f32(size_t(c.num_experts + 1));
   sc.sel_ids = static_cast<int32_t*>(mem.get(align256(M * size_t(c.num_experts_per_tok) * 4)));
   sc.sel_w = f32(size_t(c.num_experts_per_tok + 1));
@@ -291,6 +292,13 @@ void enqueue_rows_step(const DevModel& m, const RowsState& st, const RowsScratch
   enqueue_rows_head(m, sc, a, s);
   if (a.sample) enqueue_rows_sample(m, st, sc, a, s);
   if (a.finish) enqueue_rows_finish(m, st, sc, a, s);
+}
+
+void enqueue_rows_commit(const DevModel& m, const RowsState& st, int n_seq, const int32_t* seq_slot,
+                         const int32_t* seq_keep, cudaStream_t s) {
+  if (st.gdn.empty()) return;
+  rows::gdn_commit_rows(rows_gdn_shape(m.cfg), st.gdn.data(), int(st.gdn.size()), st.gdn_pool, n_seq, seq_slot,
+                        seq_keep, s);
 }
 
 }  // namespace lilac::cuda

@@ -102,5 +102,13 @@ void enqueue_rows_finish(const DevModel& m, const RowsState& st, const RowsScrat
 // body + head (+ sample when a.sample) (+ finish when a.finish).
 void enqueue_rows_step(const DevModel& m, const RowsState& st, const RowsScratch& sc, const RowsArgs& a,
                        cudaStream_t s);
+// After a Log-mode step: rows::gdn_commit_rows over every GDN layer of st (sequence i: slot seq_slot[i],
+// keep seq_keep[i] logged rows; device arrays). Needs st.gdn_pool.log_rows > 0. Before the next rows step's
+// first gdn_step_rows there must be another kernel (embed_rows is one: rows_state.h).
+void enqueue_rows_commit(const DevModel& m, const RowsState& st, int n_seq, const int32_t* seq_slot,
+                         const int32_t* seq_keep, cudaStream_t s);
+// The rows kernels' shapes of the model.
+AttnDecodeShape rows_attn_shape(const ModelConfig& c);
+rows::GdnRowsShape rows_gdn_shape(const ModelConfig& c);
 
 }  // namespace lilac::cuda

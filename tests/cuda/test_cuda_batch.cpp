@@ -1,0 +1,319 @@
+// The CUDA backend's batched decode (decode_batch over the sequence pool and the rows step) against each
+// session decoded alone: choices (token, logprob, top logprobs) and logits compared bit for bit, over
+// mixed sampling parameters, sessions of different lengths, batch membership and order changing every
+// step, B = 1..9 and B = 40 (two pools); token masks; snapshots restored across pools; what decode_batch and the pool
+// reject. Skips without a GPU.
+//
+// Where the rows step is bitwise the single-row step (rows_step_exact: a real-width synthetic model, MoE
+// expert width 512) decode_batch runs it and must equal decode_step exactly. The tiny fixtures' expert
+// widths (64, 128) are not multiples of 256, so by default their batches step session by session (still
+// checked exactly); with LILAC_CUDA_BATCH=rows they run the rows step, which must then be batch invariant:
+// a session's results the same bits in any batch (checked against its twin stepped in other batches).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "cuda/cuda_backend.h"
+#include "gpu_test.h"
+#include "model/weights.h"
+
+using namespace lilac;
+
+namespace {
+
+std::string fixture(const std::string& name) { return std::string(LILAC_SHARED_DIR) + "/fixtures/" + name + "/mlx4"; }
+
+// A CUDA backend over a fixture; batch_env (if not null) is LILAC_CUDA_BATCH while it is made.
+std::unique_ptr<Backend> fixture_backend(const std::string& name, const char* batch_env = nullptr) {
+  auto w = load_model(fixture(name), LoadOptions{false});
+  if (batch_env) setenv("LILAC_CUDA_BATCH", batch_env, 1);
+  auto b = cuda::make_cuda_backend(w);
+  unsetenv("LILAC_CUDA_BATCH");
+  return b;
+}
+
+bool same_bits(float a, float b) { return std::memcmp(&a, &b, sizeof a) == 0; }
+
+void expect_same_choice(const TokenChoice& x, const TokenChoice& y, const std::string& what) {
+  EXPECT_EQ(x.token, y.token) << what;
+  EXPECT_TRUE(same_bits(x.logprob, y.logprob)) << what << ": logprob " << x.logprob << " vs " << y.logprob;
+  ASSERT_EQ(x.top.size(), y.top.size()) << what;
+  for (size_t i = 0; i < x.top.size(); ++i) {
+    EXPECT_EQ(x.top[i].token, y.top[i].token) << what << " top " << i;
+    EXPECT_TRUE(same_bits(x.top[i].logprob, y.top[i].logprob)) << what << " top " << i;
+  }
+}
+
+void expect_same_logits(Session& x, Session& y, const std::string& what) {
+  const std::vector<float> a = x.logits(), b = y.logits();
+  ASSERT_EQ(a.size(), b.size());
+  size_t diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff += same_bits(a[i], b[i]) ? 0 : 1;
+  EXPECT_EQ(diff, 0u) << what << ": " << diff << " of " << a.size() << " logits differ in their bits";
+}
+
+// Mixed generations: greedy; seeded sampling with every penalty and truncation; greedy with top logprobs;
+// seeded sampling with logprobs.
+SamplingParams params_for(int i) {
+  SamplingParams p;
+  switch (i % 4) {
+    case 0:
+      break;
+    case 1:
+      p.temperature = 0.9f;
+      p.top_p = 0.95f;
+      p.top_k = 40;
+      p.min_p = 0.01f;
+      p.presence_penalty = 0.3f;
+      p.frequency_penalty = 0.2f;
+      p.repetition_penalty = 1.1f;
+      p.seed = 1000 + uint64_t(i);
+      break;
+    case 2:
+      p.logprobs = true;
+      p.top_logprobs = 5;
+      break;
+    default:
+      p.temperature = 0.7f;
+      p.seed = 77 + uint64_t(i);
+      p.logprobs = true;
+      p.top_logprobs = 3;
+      break;
+  }
+  return p;
+}
+
+struct Gen {
+  std::unique_ptr<Session> s;
+  TokenChoice first;
+};
+
+// Starts n generations of capacity cap with prompts of different lengths (the same for seed `seed`).
+std::vector<Gen> start(Backend& b, int n, int64_t cap, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<Gen> g;
+  for (int i = 0; i < n; ++i) {
+    std::vector<int32_t> prompt(size_t(1 + (i * 7 + 3) % 29));
+    for (auto& t : prompt) t = int32_t(rng() % uint64_t(std::min<int64_t>(b.config().vocab_size, 2000)));
+    Gen x;
+    x.s = b.new_session(cap);
+    x.s->prefill(prompt);
+    x.s->begin_generation(params_for(i), prompt);
+    x.first = x.s->sample();
+    g.push_back(std::move(x));
+  }
+  return g;
+}
+
+enum class Twin { Alone, OtherBatch };
+
+// n generations decoded with decode_batch in changing batches, each against its twin (the same prompt and
+// parameters) decoded alone (decode_step) or inside other batches (reversed order, other members).
+// Batch sizes cycle through `sizes` (capped at n). In OtherBatch mode no batch may have one row: a group of
+// one steps alone (the single-row path), which is not the rows step's bits on a model where
+// rows_step_exact does not hold.
+void batch_vs_twins(Backend& b, int n, Twin twin, const std::vector<int>& sizes, int steps) {
+  const int64_t cap = 96;
+  std::vector<Gen> bat = start(b, n, cap, 42);
+  std::vector<Gen> ref = start(b, n, cap, 42);  // created after bat's prefill: the pool grows under live state
+  for (int i = 0; i < n; ++i) expect_same_choice(bat[size_t(i)].first, ref[size_t(i)].first, "first choice");
+  std::mt19937_64 rng(7);
+  for (int t = 0; t < steps; ++t) {
+    const int B = std::min(n, sizes[size_t(t) % sizes.size()]);
+    std::vector<int> idx(static_cast<size_t>(n), 0);
+    for (int i = 0; i < n; ++i) idx[size_t(i)] = i;
+    std::shuffle(idx.begin(), idx.end(), rng);
+    idx.resize(size_t(B));
+    std::vector<Session*> ss;
+    for (int i : idx) ss.push_back(bat[size_t(i)].s.get());
+    const std::vector<TokenChoice> got = b.decode_batch(ss);
+    ASSERT_EQ(got.size(), size_t(B));
+    std::vector<TokenChoice> want(static_cast<size_t>(B));
+    if (twin == Twin::Alone) {
+      for (int k = 0; k < B; ++k) want[size_t(k)] = ref[size_t(idx[size_t(k)])].s->decode_step();
+    } else {
+      // the twins in reverse order, split into two batches of >= 2 rows from B = 4 on (other rows, other M)
+      std::vector<Session*> rs;
+      for (int k = B - 1; k >= 0; --k) rs.push_back(ref[size_t(idx[size_t(k)])].s.get());
+      const size_t half = B >= 4 ? size_t(B / 2) : size_t(B);
+      std::vector<TokenChoice> r = b.decode_batch(std::span<Session* const>(rs.data(), half));
+      if (half < rs.size()) {
+        const std::vector<TokenChoice> r2 = b.decode_batch(std::span<Session* const>(rs.data() + half, rs.size() - half));
+        r.insert(r.end(), r2.begin(), r2.end());
+      }
+      for (int k = 0; k < B; ++k) want[size_t(k)] = r[size_t(B - 1 - k)];
+    }
+    for (int k = 0; k < B; ++k) {
+      const int i = idx[size_t(k)];
+      const std::string what = "step " + std::to_string(t) + " batch " + std::to_string(B) + " session " +
+                               std::to_string(i) + " (params " + std::to_string(i % 4) + ")";
+      expect_same_choice(got[size_t(k)], want[size_t(k)], what);
+      EXPECT_EQ(bat[size_t(i)].s->length(), ref[size_t(i)].s->length()) << what;
+      expect_same_logits(*bat[size_t(i)].s, *ref[size_t(i)].s, what);
+    }
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+TEST(CudaBatch, RowsStepEqualsDecodeStepOnRealWidthModel) {
+  NEED_GPU();
+  auto b = cuda::make_synthetic_cuda_backend(cuda::synthetic_config(4), 3);
+  EXPECT_EQ(b->max_batch(), 64);
+  batch_vs_twins(*b, 9, Twin::Alone, {2, 9, 1, 5, 3, 8, 4, 7, 6}, 12);
+}
+
+TEST(CudaBatch, TinyFixturesEqualDecodeStep) {
+  NEED_GPU();
+  for (const char* name : {"tiny", "tiny2"}) {
+    SCOPED_TRACE(name);
+    auto b = fixture_backend(name);
+    batch_vs_twins(*b, 9, Twin::Alone, {1, 2, 3, 4, 5, 6, 7, 8, 9}, 10);
+  }
+}
+
+TEST(CudaBatch, RowsStepIsBatchInvariantOnTinyFixtures) {
+  NEED_GPU();
+  for (const char* name : {"tiny", "tiny2"}) {
+    SCOPED_TRACE(name);
+    auto b = fixture_backend(name, "rows");
+    batch_vs_twins(*b, 9, Twin::OtherBatch, {2, 9, 3, 5, 4, 8, 6, 7}, 10);
+  }
+}
+
+TEST(CudaBatch, LargeBatchAcrossTwoPools) {
+  NEED_GPU();
+  // 40 + 40 sessions of one capacity: the twins fill the first pool's last 24 slots and a second pool
+  auto b = cuda::make_synthetic_cuda_backend(cuda::synthetic_config(4), 4);
+  batch_vs_twins(*b, 40, Twin::Alone, {40, 33, 17, 64, 2}, 6);
+}
+
+// A mask restricts the next choice only, alone and batched, with the same result.
+TEST(CudaBatch, TokenMasks) {
+  NEED_GPU();
+  auto b = cuda::make_synthetic_cuda_backend(cuda::synthetic_config(4), 5);
+  const int64_t V = b->config().vocab_size;
+  std::vector<Gen> bat = start(*b, 4, 64, 9), ref = start(*b, 4, 64, 9);
+  std::mt19937_64 rng(11);
+  for (int t = 0; t < 4; ++t) {
+    std::vector<std::vector<uint32_t>> masks(4, std::vector<uint32_t>(size_t((V + 31) / 32), 0));
+    std::vector<std::vector<int32_t>> allowed(4);
+    for (int i = 0; i < 4; ++i) {
+      if ((i + t) % 2) continue;  // half the sessions masked each step
+      for (int k = 0; k < 5; ++k) {
+        const int32_t tok = int32_t(rng() % uint64_t(V));
+        masks[size_t(i)][size_t(tok / 32)] |= 1u << (tok % 32);
+        allowed[size_t(i)].push_back(tok);
+      }
+      bat[size_t(i)].s->set_token_mask(masks[size_t(i)].data());
+      ref[size_t(i)].s->set_token_mask(masks[size_t(i)].data());
+    }
+    std::vector<Session*> ss;
+    for (auto& g : bat) ss.push_back(g.s.get());
+    const std::vector<TokenChoice> got = b->decode_batch(ss);
+    for (int i = 0; i < 4; ++i) {
+      const TokenChoice want = ref[size_t(i)].s->decode_step();
+      const std::string what = "step " + std::to_string(t) + " session " + std::to_string(i);
+      expect_same_choice(got[size_t(i)], want, what);
+      if (!allowed[size_t(i)].empty())
+        EXPECT_NE(std::find(allowed[size_t(i)].begin(), allowed[size_t(i)].end(), got[size_t(i)].token),
+                  allowed[size_t(i)].end())
+            << what << ": token " << got[size_t(i)].token << " is not allowed";
+    }
+  }
+  // a mask that allows nothing is refused
+  std::vector<uint32_t> none(size_t((V + 31) / 32), 0);
+  EXPECT_THROW(bat[0].s->set_token_mask(none.data()), InputError);
+}
+
+// A snapshot taken in one pool restores into sessions of the same and of another capacity, which then
+// decode (batched and alone) exactly as the original.
+TEST(CudaBatch, SnapshotsAcrossPools) {
+  NEED_GPU();
+  auto b = cuda::make_synthetic_cuda_backend(cuda::synthetic_config(4), 7);
+  std::vector<int32_t> prompt(37);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = int32_t((i * 7919) % 5000);
+  auto a = b->new_session(128);
+  a->prefill(prompt);
+  auto snap = a->snapshot();
+  auto same = b->new_session(128), other = b->new_session(200), filler = b->new_session(128);
+  same->restore(*snap);
+  other->restore(*snap);
+  filler->prefill(std::vector<int32_t>{5, 6, 7});
+  SamplingParams p = params_for(1);
+  for (Session* s : {a.get(), same.get(), other.get(), filler.get()}) s->begin_generation(p, prompt);
+  TokenChoice ca = a->sample(), cs = same->sample(), co = other->sample();
+  filler->sample();
+  expect_same_choice(cs, ca, "first, same capacity");
+  expect_same_choice(co, ca, "first, other capacity");
+  for (int t = 0; t < 5; ++t) {
+    std::vector<Session*> ss = {filler.get(), same.get(), other.get()};  // two pools: {filler, same}, {other}
+    const std::vector<TokenChoice> got = b->decode_batch(ss);
+    const TokenChoice want = a->decode_step();
+    expect_same_choice(got[1], want, "same capacity, step " + std::to_string(t));
+    expect_same_choice(got[2], want, "other capacity, step " + std::to_string(t));
+    expect_same_logits(*same, *a, "same capacity");
+    expect_same_logits(*other, *a, "other capacity");
+  }
+}
+
+// decode_batch checks every session before it changes any state; the pool refuses what does not fit.
+TEST(CudaBatch, RejectsBadBatchesAndOversizedSessions) {
+  NEED_GPU();
+  auto b = fixture_backend("tiny2", "rows");
+  auto b2 = fixture_backend("tiny2");
+  std::vector<Gen> g = start(*b, 3, 32, 1);
+  const int64_t len0 = g[0].s->length();
+  auto fresh = b->new_session(32);  // no sampled token pending
+  auto foreign = b2->new_session(32);
+  foreign->prefill(std::vector<int32_t>{1, 2});
+  foreign->begin_generation(SamplingParams{}, {});
+  foreign->sample();
+  Session* s0 = g[0].s.get();
+  Session* s1 = g[1].s.get();
+  EXPECT_THROW(b->decode_batch(std::vector<Session*>{s0, s1, s0}), Error);
+  EXPECT_THROW(b->decode_batch(std::vector<Session*>{s0, s1, fresh.get()}), Error);
+  EXPECT_THROW(b->decode_batch(std::vector<Session*>{s0, foreign.get()}), Error);
+  EXPECT_EQ(g[0].s->length(), len0) << "a rejected batch changed a session";
+  // a full context
+  auto full = b->new_session(4);
+  full->prefill(std::vector<int32_t>{1, 2, 3, 4});
+  full->begin_generation(SamplingParams{}, {});
+  full->sample();
+  EXPECT_THROW(b->decode_batch(std::vector<Session*>{s0, full.get()}), InputError);
+  EXPECT_EQ(g[0].s->length(), len0);
+  // a capacity no device holds: a clear error, and the backend keeps working
+  try {
+    b->new_session(int64_t(1) << 40);
+    ADD_FAILURE() << "a session of 2^40 tokens was created";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no device memory"), std::string::npos) << e.what();
+  }
+  const std::vector<TokenChoice> r = b->decode_batch(std::vector<Session*>{s0, s1});
+  EXPECT_EQ(r.size(), 2u);
+  EXPECT_EQ(g[0].s->length(), len0 + 1);
+}
+
+TEST(CudaBatch, SessionBytesAndDefaultSessions) {
+  NEED_GPU();
+  auto b = fixture_backend("tiny");
+  const size_t small = b->session_bytes(256), big = b->session_bytes(4096);
+  EXPECT_GT(small, 0u);
+  // the K/V cache grows with the capacity: 2 (K, V) x bf16 x kv_dim per attention layer and token
+  const ModelConfig& c = b->config();
+  int n_attn = 0;
+  for (bool f : c.full_attention) n_attn += f ? 1 : 0;
+  EXPECT_GE(big - small, size_t(n_attn) * 2 * 2 * size_t(c.kv_dim()) * (4096 - 256));
+  const int n = b->default_sessions(256);
+  EXPECT_GE(n, 1);
+  EXPECT_LE(n, b->max_batch());
+}
+
+}  // namespace
