@@ -62,7 +62,6 @@ struct VerifyStep::Impl {
   const DecodeScratch& dsc;
   RowsState rs;
   RowsScratch sc;
-  rows::GdnRowsShape gshape;
   int32_t* toks = nullptr;     // [kRows]: row i's token (toks[1..] the drafts)
   int32_t* row_slot = nullptr;  // [kRows] zeros: every row is slot 0 (the sequence's own state)
   int32_t* row_pos = nullptr;   // [kRows]
@@ -95,13 +94,9 @@ VerifyStep::VerifyStep(const DevModel& m, const SeqState& st, const DecodeScratc
   LILAC_CHECK(verify_rows_ok(m), "cuda verify: the rows step does not take this model exactly");
   const ModelConfig& c = m.cfg;
   Impl& p = *p_;
-  p.gshape.Hk = c.linear_num_key_heads;
-  p.gshape.Hv = c.linear_num_value_heads;
-  p.gshape.dk = c.linear_key_head_dim;
-  p.gshape.dv = c.linear_value_head_dim;
-  p.gshape.conv_k = c.linear_conv_kernel_dim;
-  // The sequence's state as slot 0 of one-slot pools (strides are never used with slot 0).
-  const int64_t log_floats = rows::gdn_log_floats(p.gshape, kRows);
+  // The sequence's state as slot 0 of one-slot pools (strides are never used with slot 0), with its own
+  // GDN logs and conv_sync counters.
+  const int64_t log_floats = rows::gdn_log_floats(rows_gdn_shape(c), kRows);
   p.rs.gdn_pool.state_stride = st.shape.gdn_elems;
   p.rs.gdn_pool.conv_stride = st.shape.conv_elems;
   p.rs.gdn_pool.log_stride = log_floats;
@@ -113,6 +108,8 @@ VerifyStep::VerifyStep(const DevModel& m, const SeqState& st, const DecodeScratc
     g.A_log = L.A_log;
     g.dt_bias = L.dt_bias;
     g.log = static_cast<float*>(mem.get(size_t(log_floats) * 4));
+    g.conv_sync = static_cast<unsigned*>(mem.get(size_t(c.linear_num_key_heads) * sizeof(unsigned)));
+    LILAC_CUDA_CHECK(cudaMemset(g.conv_sync, 0, size_t(c.linear_num_key_heads) * sizeof(unsigned)));
     p.rs.gdn.push_back(g);
   }
   LILAC_CHECK(int(p.rs.gdn.size()) <= rows::kGdnMaxLayers, "cuda verify: too many Gated DeltaNet layers");
@@ -165,8 +162,7 @@ void VerifyStep::Impl::enqueue(int n, cudaStream_t s) {
   launch_pdl(verify_logits_kernel, dim3(blocks), dim3(256), 0, s, static_cast<const float*>(sc.logits), V,
              static_cast<const int32_t*>(accepted), st.logits);
   LILAC_CUDA_LAUNCH_CHECK();
-  if (!rs.gdn.empty())
-    rows::gdn_commit_rows(gshape, rs.gdn.data(), int(rs.gdn.size()), rs.gdn_pool, 1, row_slot, keep, s);
+  if (!rs.gdn.empty()) enqueue_rows_commit(m, rs, 1, row_slot, keep, s);
 }
 
 void VerifyStep::run(int n, VerifyOut* out, cudaStream_t s) {
