@@ -9,8 +9,8 @@ namespace lilac::cli {
 // speculation is slower even at 80 % acceptance (tiny-mtp, K = 3: 0.55-0.79x plain decoding at P = 0.8,
 // 0.15-0.24x at P = 0; its small matrices are compute-bound, so verifying k + 1 rows costs about k + 1
 // one-token steps, and a draft costs ~0.5 ms: bench/BENCHMARKS.md, "Speculative decoding"). The CUDA
-// backend cannot draft yet; once it can, `lilac bench --synthetic --spec-tokens K --draft-accept P` on the
-// GPU decides the default (issue 14's targets are stated for K = 3).
+// backend drafts too; `lilac bench --synthetic --spec-tokens K --draft-accept P` on the GPU decides the
+// default (issue 14's targets are stated for K = 3) -- not measured yet.
 const int kDefaultSpecTokens = 0;
 
 void add_spec_option(CLI::App& sub, int& spec_tokens) {
