@@ -18,7 +18,8 @@
 // the true continuation (untimed); the timed run then does the real pipeline -- the MTP head drafts K
 // tokens (when the backend can: its time is reported per draft), each draft is replaced by the true
 // token with probability P and by a wrong one otherwise, and one verify step checks them and rolls back.
-// Tokens/s counts the tokens the steps emit; they must equal the plain run's (else the bench fails).
+// Tokens/s counts the tokens the steps emit; they must equal the plain run's (else the bench fails). Per round
+// it also reports the time in draft() per draft (the MTP head: catch-up rows + the chain) and in verify().
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -90,6 +91,7 @@ struct SpecResult {
   double decode_s = 0;           // timed steps
   int64_t tokens = 0, rounds = 0, accepted = 0, drafted = 0;
   double draft_s = 0;            // time in draft()
+  double verify_s = 0;           // time in verify() (rounds with drafts)
   int64_t head_drafts = 0;       // drafts made by the head
 };
 
@@ -119,7 +121,9 @@ SpecResult spec_decode(Session& s, const SessionSnapshot& snap, const std::vecto
         drafts[static_cast<size_t>(j)] = right(rng) ? t : (t + 1) % V;
       }
     }
+    const auto v0 = Clock::now();
     const std::vector<TokenChoice> ch = s.verify(drafts);
+    if (!drafts.empty()) r.verify_s += secs(v0, Clock::now());
     for (const TokenChoice& c : ch)
       if (c.token != truth[static_cast<size_t>(++i)]) throw Error("bench: speculative output differs from plain decoding");
     r.tokens += int64_t(ch.size());
@@ -148,8 +152,8 @@ int run_spec_bench(const BenchOptions& o, Backend& backend, nlohmann::json& out)
   std::printf("speculative decoding: K = %d, drafts %s\n", K,
               o.draft_accept >= 0 ? ("forced right with probability " + std::to_string(o.draft_accept)).c_str()
                                   : "from the MTP head");
-  std::printf("%8s %12s %12s %10s %12s %12s %14s\n", "prompt", "K=0 t/s", "spec t/s", "speedup", "accepted/rd",
-              "tokens/rd", "head ms/draft");
+  std::printf("%8s %12s %12s %10s %12s %12s %14s %13s\n", "prompt", "K=0 t/s", "spec t/s", "speedup", "accepted/rd",
+              "tokens/rd", "head ms/draft", "verify ms/rd");
   for (int64_t P : parse_lens(o.prompt_lens, "--prompt-lens")) {
     const int64_t n = o.decode_tokens;
     auto s = backend.new_session(P + n + K + 8);
@@ -179,10 +183,12 @@ int run_spec_bench(const BenchOptions& o, Backend& backend, nlohmann::json& out)
     j["tokens_per_round"] = r.rounds ? double(r.tokens) / double(r.rounds) : 1.0;
     j["head_drafts"] = r.head_drafts;
     j["head_ms_per_draft"] = head_ms;
+    const double verify_ms = r.rounds ? r.verify_s / double(r.rounds) * 1e3 : 0.0;
+    j["verify_ms_per_round"] = verify_ms;
     out["results"].push_back(j);
-    std::printf("%8lld %12.1f %12.1f %9.2fx %12.2f %12.2f %14.3f\n", (long long)P, plain_tok_s, tok_s,
+    std::printf("%8lld %12.1f %12.1f %9.2fx %12.2f %12.2f %14.3f %13.3f\n", (long long)P, plain_tok_s, tok_s,
                 tok_s / plain_tok_s, j["accepted_per_round"].get<double>(), j["tokens_per_round"].get<double>(),
-                head_ms);
+                head_ms, verify_ms);
     std::fflush(stdout);
   }
   if (!backend.new_session(8)->can_draft())

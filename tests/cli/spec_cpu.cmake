@@ -18,7 +18,7 @@ add_test(NAME cli_generate_cpu_spec_without_head
 add_test(NAME cli_bench_cpu_spec_forced_acceptance
   COMMAND ${CMAKE_COMMAND} -DLILAC=$<TARGET_FILE:lilac>
           "-DARGS=bench;--model;${_fx}/tiny-mtp/mlx4;--backend;cpu-ref;--threads;1;--prompt-lens;16;--decode-tokens;24;--spec-tokens;2;--draft-accept;1"
-          -DRC=0 "-DEXPECT=speculative decoding: K = 2, drafts forced right with probability 1;\n +16 +[0-9.]+ +[0-9.]+ +[0-9.]+x +2.00 +3.00 +[0-9.]+\n"
+          -DRC=0 "-DEXPECT=speculative decoding: K = 2, drafts forced right with probability 1;\n +16 +[0-9.]+ +[0-9.]+ +[0-9.]+x +2.00 +3.00 +[0-9.]+ +[0-9.]+\n"
           -P "${_run}")
 add_test(NAME cli_bench_draft_accept_needs_spec_tokens
   COMMAND ${CMAKE_COMMAND} -DLILAC=$<TARGET_FILE:lilac>
