@@ -192,9 +192,7 @@ void MtpHead::launch(cudaGraphExec_t g, cudaStream_t s) { LILAC_CUDA_CHECK(cudaG
 
 // One row of the head (graph-capturable): inputs (mode) → fc → the attention layer on the head's cache at
 // *dpos → its MoE → [LM head over RMSNorm(u; mtp.norm) into `logits` → argmax into *draft_out].
-void MtpHead::enqueue_row(int mode, const int32_t* token, int chain_index, float* logits, int32_t* draft_out,
-                          cudaStream_t s) {
-  (void)chain_index;
+void MtpHead::enqueue_row(int mode, const int32_t* token, float* logits, int32_t* draft_out, cudaStream_t s) {
   const ModelConfig& c = m_.cfg;
   const int H = int(c.hidden_size);
   InputArgs a;
@@ -296,13 +294,13 @@ void MtpHead::run_pending(cudaStream_t s) {
   if (n <= 0) return;
   if (!sink_) {
     if (!g_->row) g_->row = capture_graph(s, [&] {
-        enqueue_row(kCatchUp, nullptr, 0, nullptr, nullptr, s);
+        enqueue_row(kCatchUp, nullptr, nullptr, nullptr, s);
         increment_i32(mpos_, s);
       });
     for (int64_t i = 0; i < n; ++i) launch(g_->row, s);
   } else {
     if (!g_->row_logits) g_->row_logits = capture_graph(s, [&] {
-        enqueue_row(kCatchUp, nullptr, 0, logits_, nullptr, s);
+        enqueue_row(kCatchUp, nullptr, logits_, nullptr, s);
         increment_i32(mpos_, s);
       });
     const int64_t V = m_.cfg.vocab_size;
@@ -328,8 +326,8 @@ std::vector<int32_t> MtpHead::draft(int k, const int32_t* pending, cudaStream_t 
   }
   const int64_t V = m_.cfg.vocab_size;
   if (!g_->draft[k]) g_->draft[k] = capture_graph(s, [&] {
-      enqueue_row(kPending, pending, 0, logits_, drafts_, s);
-      for (int j = 1; j < k; ++j) enqueue_row(kChain, drafts_ + j - 1, j, logits_ + int64_t(j) * V, drafts_ + j, s);
+      enqueue_row(kPending, pending, logits_, drafts_, s);
+      for (int j = 1; j < k; ++j) enqueue_row(kChain, drafts_ + j - 1, logits_ + int64_t(j) * V, drafts_ + j, s);
     });
   launch(g_->draft[k], s);
   LILAC_CUDA_CHECK(cudaMemcpyAsync(host_drafts_, drafts_, size_t(k) * 4, cudaMemcpyDeviceToHost, s));

@@ -71,8 +71,9 @@ class MtpHead {
   void stage_token(int64_t pos, const int32_t* token, cudaStream_t s);
   void stage_hidden(const float* hidden, cudaStream_t s);
 
-  // Up to k drafts after the pending token (device `pending`, the session's token slot); k <= kMaxDrafts,
-  // len = the session's length (must equal length()). Synchronises; the drafts are also left in `drafts`.
+  // Up to k (<= kMaxDrafts) drafts after the pending token (device `pending`, the session's token slot),
+  // for a context of length() tokens (the caller checks that it is the session's). Synchronises; the drafts
+  // are also left in `drafts` (the draft graphs are captured again when `pending` moves).
   std::vector<int32_t> draft(int k, const int32_t* pending, cudaStream_t s);
 
   // Runs the waiting pairs (all fed rows but the last). Asynchronous unless a sink is set.
@@ -83,7 +84,7 @@ class MtpHead {
 
  private:
   struct Graphs;
-  void enqueue_row(int mode, const int32_t* token, int chain_index, float* logits, int32_t* draft_out, cudaStream_t s);
+  void enqueue_row(int mode, const int32_t* token, float* logits, int32_t* draft_out, cudaStream_t s);
   void launch(cudaGraphExec_t g, cudaStream_t s);
 
   const DevModel& m_;
