@@ -144,6 +144,7 @@ struct GdnPools {
   lr::GdnRowsShape s{16, 32, 128, 128, 4};
   lr::GdnPool pool;
   std::vector<Buf<float>*> bufs;
+  std::vector<Buf<unsigned>*> syncs;
   std::vector<lr::GdnLayer> layers;
   GdnPools(int n_layers, int n_slots, int log_rows) {
     pool.state_stride = int64_t(s.Hv) * s.dk * s.dv;
@@ -156,12 +157,15 @@ struct GdnPools {
       auto* S = new Buf<float>(ramp(size_t(n_slots * pool.state_stride), 0.3f));
       auto* C = new Buf<float>(ramp(size_t(n_slots * pool.conv_stride), 1.f));
       auto* L = new Buf<float>(ramp(size_t(n_slots * pool.log_stride), 1.f));
+      auto* Y = new Buf<unsigned>(size_t(n_slots * s.Hk));  // conv_sync counters, zeroed
       bufs.insert(bufs.end(), {w, A, S, C, L});
-      layers.push_back({w->p, A->p, A->p, S->p, C->p, L->p});
+      syncs.push_back(Y);
+      layers.push_back({w->p, A->p, A->p, S->p, C->p, L->p, Y->p});
     }
   }
   ~GdnPools() {
     for (auto* b : bufs) delete b;
+    for (auto* b : syncs) delete b;
   }
 };
 

@@ -61,9 +61,10 @@ struct Case {
     K.assign(size_t(n_slots * slot_elems), 0xffff);
     V.assign(K.size(), 0xffff);
     for (int s = 0; s < n_slots; ++s) {
-      int64_t first = max_len / 2;  // slots not in the batch: half filled
+      int64_t first = -1;  // a slot in the batch: filled up to its first row
       for (const Row& rw : rows)
-        if (rw.slot == s) first = std::min(first, rw.pos);
+        if (rw.slot == s) first = first < 0 ? rw.pos : std::min(first, rw.pos);
+      if (first < 0) first = max_len / 2;  // slots not in the batch: half filled
       for (int64_t i = 0; i < first * kvd; ++i) {
         K[size_t(s * slot_elems + i)] = f32_to_bf16(r.normal());
         V[size_t(s * slot_elems + i)] = f32_to_bf16(r.normal());

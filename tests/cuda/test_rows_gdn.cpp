@@ -114,6 +114,7 @@ struct Pool {
 // Device copy of a Pool.
 struct DevPool {
   Dev<float> conv_w, A, dt, S, C, log;
+  Dev<unsigned> sync;  // conv_sync counters: zeroed here, must be left zeroed by every launch
   DevPool(const Pool& p, int state_offset = 0)
       : conv_w(p.conv_w),
         A(p.A),
@@ -121,6 +122,7 @@ struct DevPool {
         S(p.S.size() + size_t(state_offset)),
         C(p.C),
         log(size_t(p.n_slots * p.log_stride)),
+        sync(std::vector<unsigned>(size_t(p.n_slots * p.c.Hk), 0u)),
         off(state_offset) {
     reset(p);
     log.poison();
@@ -136,7 +138,11 @@ struct DevPool {
     cudaMemcpy(v.data(), S.p + off, v.size() * 4, cudaMemcpyDeviceToHost);
     return v;
   }
-  lr::GdnLayer layer() { return {conv_w.p, A.p, dt.p, state(), C.p, log.p}; }
+  lr::GdnLayer layer() { return {conv_w.p, A.p, dt.p, state(), C.p, log.p, sync.p}; }
+  bool sync_zero() const {
+    const auto v = sync.get();
+    return std::all_of(v.begin(), v.end(), [](unsigned x) { return x == 0; });
+  }
   static void CK_VOID(cudaError_t e) { EXPECT_EQ(e, cudaSuccess); }
 };
 lr::GdnPool pool_of(const Pool& p) { return {p.state_stride, p.conv_stride, p.log_stride, p.log_rows}; }
@@ -490,6 +496,7 @@ TEST(CudaRowsGdn, LogAndCommitRollBackToEveryRow) {
         gpu_step(p, d, ks, gather(p, proj[size_t(l)], kept), lr::GdnMode::Advance);
       }
       EXPECT_TRUE(same(S[size_t(l)], d.state_host(p))) << "state after commit";
+      EXPECT_TRUE(d.sync_zero()) << "conv_sync counters not left zeroed";
       EXPECT_TRUE(same(C[size_t(l)], d.C.get())) << "conv state after commit";
       if (a == 2) {  // and once against the CPU
         Pool cp = p;

@@ -11,7 +11,9 @@
 // its 16 columns — one channel per thread and 128-channel round, taps and the previous K-1 inputs in
 // registers, outputs to shared memory (q/k channels are recomputed by the blocks of every value head
 // of the key head and every slice; each channel's conv state and log entry have one writer: slice 0
-// of the key head's first value head for q/k, the slice's block for v); (2) gdn_decode.cu's step on
+// of the key head's first value head for the q/k log entries, the last block of the key head to finish
+// for the q/k conv state — counted on GdnLayer::conv_sync, since the others read it until they finish
+// — and the slice's block for v); (2) gdn_decode.cu's step on
 // those values, exactly its operations in its order (bitwise for one row). Conv arithmetic as the
 // in_proj GEMV's conv epilogue (gemv_common.cuh / gemv_tc.cu), so M = 1 is bitwise today's path given
 // the same raw in_proj values.
@@ -301,12 +303,29 @@ __global__ void __launch_bounds__(kThreads) gdn_rows_kernel(GdnArgs a, const __g
       }
     }
   }
+  // The conv state: a v channel is read by its own block only; a q/k channel is read by every block of
+  // its key head (ratio value heads x the slices), so it is written by the last of them to get here —
+  // after every one of them has read it (a block reads it before it arrives). The counter is left 0.
+  __shared__ int s_last;
+  __syncthreads();
+  if (tid == 0) {
+    const int ratio = s.Hv / s.Hk;
+    unsigned* ctr = L.conv_sync + int64_t(slot) * s.Hk + h / ratio;
+    __threadfence();
+    const unsigned seen = atomicAdd(ctr, 1u) + 1u;
+    s_last = seen == unsigned(ratio) * gridDim.y;
+    if (s_last) atomicExch(ctr, 0u);
+    __threadfence();
+  }
+  __syncthreads();
 #pragma unroll
-  for (int i = 0; i < CPT; ++i)
-    if (ch[i] >= 0 && own[i])
+  for (int i = 0; i < CPT; ++i) {
+    const bool qk = tid + i * kThreads < 2 * dk;
+    if (ch[i] >= 0 && (qk ? s_last != 0 : own[i]))
 #pragma unroll
       for (int k = 0; k < kMaxConvK - 1; ++k)
         if (k < S1) cst[int64_t(ch[i]) * S1 + k] = st[i][k];
+  }
 }
 
 void check_shape(const GdnRowsShape& s) {
@@ -352,6 +371,7 @@ void gdn_step_rows(const GdnRowsShape& s, const GdnLayer& layer, const GdnPool& 
   a.out = out;
   a.out_stride = out_stride;
   a.log = mode == GdnMode::Log ? 1 : 0;
+  LILAC_CHECK(layer.conv_sync != nullptr, "rows gdn: GdnLayer::conv_sync (zeroed [slots][Hk] counters) is required");
   OneLayer t;
   t.l[0] = layer;
   const bool vec = s.dv % 4 == 0 && aligned16(layer.state) && pool.state_stride % 4 == 0;
@@ -375,6 +395,7 @@ void gdn_commit_rows(const GdnRowsShape& s, const GdnLayer* layers, int n_layers
   bool vec = s.dv % 4 == 0 && pool.state_stride % 4 == 0;
   for (int i = 0; i < n_layers; ++i) {
     LILAC_CHECK(layers[i].log != nullptr, "rows gdn commit: layer " + std::to_string(i) + " has no log");
+    LILAC_CHECK(layers[i].conv_sync != nullptr, "rows gdn commit: layer " + std::to_string(i) + " has no conv_sync");
     t.l[i] = layers[i];
     vec = vec && aligned16(layers[i].state);
   }

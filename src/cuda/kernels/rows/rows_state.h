@@ -117,6 +117,10 @@ struct GdnLayer {
   float* state = nullptr;          // [Hv][dk][dv] of slot 0
   float* conv_state = nullptr;     // [conv_dim][K-1] of slot 0
   float* log = nullptr;            // [log_rows][log_row_floats] of slot 0 (null: no Log mode / commit)
+  // [slots][Hk] arrival counters of slot 0 (required; zeroed once at allocation, left zeroed by every
+  // launch): the blocks of a key head all read its q/k conv state, the last one to finish writes it.
+  // Per layer (gdn_commit_rows runs the layers concurrently).
+  unsigned* conv_sync = nullptr;
 };
 // Per-slot strides (floats) of the pools, the same for every layer.
 struct GdnPool {
