@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "cuda/batch_step.h"
 #include "cuda/cuda_common.h"
 #include "cuda/cuda_session.h"
@@ -54,6 +55,7 @@ class CudaBackendImpl : public Backend {
   int max_batch() const override { return rows::kMaxRows; }
   size_t session_bytes(int64_t max_length) const override;
   int default_sessions(int64_t max_length) const override;
+  void reserve_sessions(int n, int64_t max_length) override;
   std::string describe() const override { return desc_; }
   size_t weight_bytes() const { return m_->weight_bytes(); }
 
@@ -73,6 +75,7 @@ class CudaBackendImpl : public Backend {
   bool rows_batch_ = false;
   std::mutex mu_;
   std::vector<std::weak_ptr<SeqPool>> pools_;  // by capacity; a pool lives while a session holds a slot
+  std::vector<std::shared_ptr<SeqPool>> reserved_;  // reserve_sessions' pools (the server's: kept for good)
 };
 
 // A pool of sessions of max_len tokens with a free slot (or room to grow), else a new one. Under mu_.
@@ -83,6 +86,25 @@ std::shared_ptr<SeqPool> CudaBackendImpl::pool_for(int64_t max_len) {
   auto p = std::make_shared<SeqPool>(*m_, max_len, pool_log_rows());
   pools_.push_back(p);
   return p;
+}
+
+// The server's n sessions in pools of up to kMaxRows slots, allocated now (no growth, no copies later).
+void CudaBackendImpl::reserve_sessions(int n, int64_t max_length) {
+  std::lock_guard<std::mutex> lk(mu_);
+  const int64_t L = clamp_len(max_length);
+  while (n > 0) {
+    const int k = std::min(n, rows::kMaxRows);
+    auto p = std::make_shared<SeqPool>(*m_, L, pool_log_rows());
+    try {
+      p->reserve(k);
+    } catch (const Error& e) {
+      LILAC_LOG_WARN("cuda: could not reserve %d sessions of %lld tokens (%s)", k, (long long)L, e.what());
+      return;  // the sessions grow their pools one by one as far as memory allows
+    }
+    pools_.push_back(p);
+    reserved_.push_back(std::move(p));
+    n -= k;
+  }
 }
 
 size_t CudaBackendImpl::session_bytes(int64_t max_length) const {

@@ -109,7 +109,27 @@ int SeqPool::acquire(PoolClient* c) {
       return s;
     }
   if (cap_ >= rows::kMaxRows) return -1;
-  const int cap2 = std::min(rows::kMaxRows, std::max(1, 2 * cap_));
+  const int s = cap_;
+  const int twice = std::min(rows::kMaxRows, std::max(1, 2 * cap_));
+  try {
+    grow_to(twice);
+  } catch (const Error&) {
+    if (twice == cap_ + 1) throw;
+    grow_to(cap_ + 1);  // the old arrays and twice the slots do not fit side by side: one more
+  }
+  owner_[size_t(s)] = c;
+  return s;
+}
+
+void SeqPool::reserve(int slots) {
+  std::lock_guard<std::mutex> lk(mu_);
+  slots = std::min(slots, rows::kMaxRows);
+  if (slots > cap_) grow_to(slots);
+}
+
+// Reallocates the arrays for cap2 > cap_ slots, the old contents copied to their prefix; tells the slots'
+// holders.
+void SeqPool::grow_to(int cap2) {
   LILAC_CUDA_CHECK(cudaDeviceSynchronize());  // nothing may still use the old arrays
   std::unique_ptr<Arrays> b;
   try {
@@ -125,15 +145,12 @@ int SeqPool::acquire(PoolClient* c) {
                                   cudaMemcpyDeviceToDevice));
   LILAC_CUDA_CHECK(cudaDeviceSynchronize());
   a_ = std::move(b);
-  const int s = cap_;
   cap_ = cap2;
   owner_.resize(size_t(cap_), nullptr);
   ++gen_;
   build_rows_state();
   for (PoolClient* o : owner_)
     if (o) o->pool_moved();
-  owner_[size_t(s)] = c;
-  return s;
 }
 
 void SeqPool::release(int slot) {

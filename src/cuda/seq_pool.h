@@ -48,10 +48,12 @@ class SeqPool {
   int log_rows() const { return log_rows_; }
   int capacity() const { return cap_; }
   int used() const;
-  // A free slot for `c` (growing the arrays when all are taken), or -1 when kMaxRows slots are taken.
-  // Throws lilac::Error when the device memory for the larger arrays cannot be allocated (the pool stays
-  // as it was).
+  // A free slot for `c` (growing the arrays when all are taken: to twice the slots, or to one more when
+  // twice does not fit), or -1 when kMaxRows slots are taken. Throws lilac::Error when the device memory
+  // for the larger arrays cannot be allocated (the pool stays as it was).
   int acquire(PoolClient* c);
+  // Grows the arrays to at least `slots` (<= kMaxRows) now; the same errors as acquire.
+  void reserve(int slots);
   void release(int slot);
   // Views of slot s (SeqState: len 0, the caller keeps its own len).
   SeqState view(int slot) const;
@@ -66,6 +68,7 @@ class SeqPool {
  private:
   struct Arrays;
   void build_rows_state();
+  void grow_to(int cap2);  // under mu_
   std::unique_ptr<Arrays> alloc(int cap) const;
 
   const DevModel& m_;

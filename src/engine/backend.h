@@ -189,6 +189,13 @@ class Backend {
     (void)max_length;
     return 1;
   }
+  // Called once before the server creates its n sessions of capacity max_length (the pool sized above): a
+  // backend may allocate their state at once (the CUDA backend's slot-strided sequence pools). A hint: it
+  // may allocate less (it never throws); new_session() still decides.
+  virtual void reserve_sessions(int n, int64_t max_length) {
+    (void)n;
+    (void)max_length;
+  }
   // Human-readable device description for logs (e.g. "NVIDIA H200, 132 SMs").
   virtual std::string describe() const { return name(); }
 };

@@ -86,6 +86,7 @@ Scheduler::Scheduler(std::shared_ptr<Backend> backend, std::shared_ptr<const Tok
     : backend_(std::move(backend)), tok_(std::move(tokenizer)), opts_(opts), metrics_(metrics),
       cache_(opts.cache_bytes) {
   const int n = pool_size(*backend_, opts_);
+  backend_->reserve_sessions(n, opts_.max_seq);
   for (int i = 0; i < n; ++i) {
     auto slot = std::make_unique<Slot>();
     try {

@@ -22,6 +22,7 @@
 
 #include "core/error.h"
 #include "cuda/cuda_backend.h"
+#include "cuda/cuda_session.h"
 #include "gpu_test.h"
 #include "model/weights.h"
 
@@ -314,6 +315,47 @@ TEST(CudaBatch, SessionBytesAndDefaultSessions) {
   const int n = b->default_sessions(256);
   EXPECT_GE(n, 1);
   EXPECT_LE(n, b->max_batch());
+}
+
+// The server's sessions (reserve_sessions before creating them) sit in pools allocated once: 64 slots,
+// then the rest; creating the sessions moves nothing.
+TEST(CudaBatch, ReservedPoolsHoldTheServersSessions) {
+  NEED_GPU();
+  auto b = fixture_backend("tiny");
+  b->reserve_sessions(70, 48);
+  std::vector<std::unique_ptr<Session>> ss;
+  std::vector<const cuda::SeqPool*> pools;
+  std::vector<uint64_t> gens;
+  for (int i = 0; i < 70; ++i) {
+    ss.push_back(b->new_session(48));
+    auto* c = dynamic_cast<cuda::CudaSession*>(ss.back().get());
+    ASSERT_NE(c, nullptr);
+    if (std::find(pools.begin(), pools.end(), &c->pool()) == pools.end()) {
+      pools.push_back(&c->pool());
+      gens.push_back(c->pool().generation());
+    }
+  }
+  ASSERT_EQ(pools.size(), 2u);
+  EXPECT_EQ(pools[0]->capacity(), 64);
+  EXPECT_EQ(pools[1]->capacity(), 6);
+  EXPECT_EQ(pools[0]->used(), 64);
+  EXPECT_EQ(pools[1]->used(), 6);
+  for (size_t p = 0; p < 2; ++p) EXPECT_EQ(pools[p]->generation(), gens[p]) << "pool " << p << " moved";
+  // they decode, batched across both pools, as they do alone
+  std::vector<Session*> some;
+  for (int i = 60; i < 68; ++i) {
+    ss[size_t(i)]->prefill(std::vector<int32_t>{int32_t(i), 3, 4});
+    ss[size_t(i)]->begin_generation(SamplingParams{}, {});
+    ss[size_t(i)]->sample();
+    some.push_back(ss[size_t(i)].get());
+  }
+  auto twin = b->new_session(48);
+  twin->prefill(std::vector<int32_t>{66, 3, 4});
+  twin->begin_generation(SamplingParams{}, {});
+  twin->sample();
+  const std::vector<TokenChoice> got = b->decode_batch(some);
+  expect_same_choice(got[6], twin->decode_step(), "session 66");
+  expect_same_logits(*ss[66], *twin, "session 66");
 }
 
 }  // namespace
