@@ -58,6 +58,11 @@ cudaGraphExec_t BatchStep::graph(int M) {
   return g;
 }
 
+void BatchStep::prepare(int M) {
+  LILAC_CHECK(M >= 1 && M <= kRows, "cuda batch step: bad row count");
+  graph(M);
+}
+
 void BatchStep::run(std::span<const BatchRow> rows, SampleResult* out) {
   const int M = int(rows.size());
   LILAC_CHECK(M >= 1 && M <= kRows, "cuda batch step: bad row count");
@@ -79,6 +84,7 @@ void BatchStep::run(std::span<const BatchRow> rows, SampleResult* out) {
                                    stream_));
   LILAC_CUDA_CHECK(cudaStreamSynchronize(stream_));
   std::copy(h_res_, h_res_ + M, out);
+  ++steps_;
 }
 
 }  // namespace lilac::cuda

@@ -33,9 +33,13 @@ class BatchStep {
   BatchStep(const BatchStep&) = delete;
   BatchStep& operator=(const BatchStep&) = delete;
 
-  // One step for rows (2 <= rows.size() <= kMaxRows, distinct slots of the pool); out[i] = row i's
+  // Captures the graph for M rows if not yet done; throws lilac::Error (nothing enqueued, no state changed)
+  // when the rows kernels refuse the model. Not reentrant (callers hold mu).
+  void prepare(int M);
+  // One step for rows (1 <= rows.size() <= kMaxRows, distinct slots of the pool); out[i] = row i's
   // choice. Synchronises. Not reentrant (callers hold mu).
   void run(std::span<const BatchRow> rows, SampleResult* out);
+  uint64_t steps() const { return steps_; }  // steps run (tests: whether the rows path ran)
   std::mutex mu;
 
  private:
@@ -52,6 +56,7 @@ class BatchStep {
   SampleResult* h_res_ = nullptr;  // pinned [kMaxRows]
   std::vector<cudaGraphExec_t> graphs_;  // per M
   uint64_t gen_ = 0;                     // pool generation the graphs were captured on
+  uint64_t steps_ = 0;
 };
 
 }  // namespace lilac::cuda

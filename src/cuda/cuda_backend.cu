@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <mutex>
 #include <string>
@@ -68,11 +69,11 @@ class CudaBackendImpl : public Backend {
   // GDN log rows per pool slot (rows steps in Log mode, i.e. speculative verify on the rows kernels): none
   // while no CUDA step uses Log mode.
   int pool_log_rows() const { return 0; }
-  void step_rows(std::span<CudaSession* const> group, std::span<TokenChoice> out);
+  void step_rows(BatchStep& b, std::span<CudaSession* const> group, std::span<TokenChoice> out);
 
   std::unique_ptr<DevModel> m_;
   std::string desc_;
-  bool rows_batch_ = false;
+  std::atomic<bool> rows_batch_{false};
   std::mutex mu_;
   std::vector<std::weak_ptr<SeqPool>> pools_;  // by capacity; a pool lives while a session holds a slot
   std::vector<std::shared_ptr<SeqPool>> reserved_;  // reserve_sessions' pools (the server's: kept for good)
@@ -170,16 +171,26 @@ std::vector<TokenChoice> CudaBackendImpl::decode_batch(std::span<Session* const>
       for (size_t k = 0; k < group.size(); ++k) out[at[k]] = group[k]->decode_step();
       continue;
     }
+    BatchStep& b = group.front()->pool().batch();
+    std::unique_lock<std::mutex> lk(b.mu);
+    try {
+      b.prepare(int(group.size()));
+    } catch (const Error& e) {  // the rows kernels refuse this model: step session by session from now on
+      LILAC_LOG_WARN("cuda: batched decode step unavailable, stepping sessions one by one (%s)", e.what());
+      rows_batch_ = false;
+      lk.unlock();
+      for (size_t k = 0; k < group.size(); ++k) out[at[k]] = group[k]->decode_step();
+      continue;
+    }
     std::vector<TokenChoice> res(group.size());
-    step_rows(group, res);
+    step_rows(b, group, res);
     for (size_t k = 0; k < group.size(); ++k) out[at[k]] = std::move(res[k]);
   }
   return out;
 }
 
-void CudaBackendImpl::step_rows(std::span<CudaSession* const> group, std::span<TokenChoice> out) {
-  BatchStep& b = group.front()->pool().batch();
-  std::lock_guard<std::mutex> lk(b.mu);
+// One rows step of `group` (sessions of b's pool); the caller holds b.mu.
+void CudaBackendImpl::step_rows(BatchStep& b, std::span<CudaSession* const> group, std::span<TokenChoice> out) {
   std::vector<BatchRow> rows(group.size());
   for (size_t k = 0; k < group.size(); ++k) {
     rows[k].slot = group[k]->slot();

@@ -18,6 +18,7 @@ struct SeqPool::Arrays {
   float* gdn = nullptr;              // [cap][n_gdn][gdn_elems]
   float* conv = nullptr;             // [cap][n_gdn][conv_elems]
   float* log = nullptr;              // [cap][n_gdn][log_floats] (null without log rows)
+  std::vector<unsigned*> sync;       // per GDN layer [cap][Hk]: the rows GDN kernel's conv_sync counters (zero)
   float* logits = nullptr;           // [cap][vocab]
   int32_t* token = nullptr;          // [cap]
   int32_t* pos = nullptr;            // [cap]
@@ -40,7 +41,7 @@ size_t SeqPool::slot_bytes(const DevModel& m, int64_t max_len, int log_rows) {
   const SeqShape sh = SeqShape::of(m);
   const size_t V = size_t(sh.vocab);
   size_t b = size_t(sh.n_attn) * 2 * size_t(round8(max_len * sh.kv_row)) * 2;
-  b += size_t(sh.n_gdn) * size_t(sh.gdn_elems + sh.conv_elems) * 4;
+  b += size_t(sh.n_gdn) * size_t(sh.gdn_elems + sh.conv_elems + m.cfg.linear_num_key_heads) * 4;
   if (log_rows > 0) {
     const ModelConfig& c = m.cfg;
     const int64_t row = c.gdn_conv_dim() + 2LL * c.linear_num_value_heads;
@@ -82,6 +83,11 @@ std::unique_ptr<SeqPool::Arrays> SeqPool::alloc(int cap) const {
   a->gdn = static_cast<float*>(get(size_t(sh_.n_gdn) * size_t(sh_.gdn_elems) * 4));
   a->conv = static_cast<float*>(get(size_t(sh_.n_gdn) * size_t(sh_.conv_elems) * 4));
   if (log_floats_ > 0) a->log = static_cast<float*>(get(size_t(sh_.n_gdn) * size_t(log_floats_) * 4));
+  const size_t hk = size_t(m_.cfg.linear_num_key_heads);
+  for (int j = 0; j < sh_.n_gdn; ++j) {
+    a->sync.push_back(static_cast<unsigned*>(get(hk * 4)));
+    LILAC_CUDA_CHECK(cudaMemset(a->sync.back(), 0, n * hk * 4));
+  }
   a->logits = static_cast<float*>(get(V * 4));
   a->token = static_cast<int32_t*>(get(4));
   a->pos = static_cast<int32_t*>(get(4));
@@ -199,6 +205,7 @@ void SeqPool::build_rows_state() {
     g.state = a.gdn + int64_t(j) * sh_.gdn_elems;
     g.conv_state = a.conv + int64_t(j) * sh_.conv_elems;
     g.log = a.log ? a.log + int64_t(j) * log_floats_ : nullptr;
+    g.conv_sync = a.sync[size_t(j)];
     r.gdn.push_back(g);
     ++j;
   }

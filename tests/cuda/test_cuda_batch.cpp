@@ -22,6 +22,7 @@
 
 #include "core/error.h"
 #include "cuda/cuda_backend.h"
+#include "cuda/batch_step.h"
 #include "cuda/cuda_session.h"
 #include "gpu_test.h"
 #include "model/weights.h"
@@ -121,7 +122,13 @@ enum class Twin { Alone, OtherBatch };
 // Batch sizes cycle through `sizes` (capped at n). In OtherBatch mode no batch may have one row: a group of
 // one steps alone (the single-row path), which is not the rows step's bits on a model where
 // rows_step_exact does not hold.
-void batch_vs_twins(Backend& b, int n, Twin twin, const std::vector<int>& sizes, int steps) {
+// Rows steps run so far by the pool of session s.
+uint64_t rows_steps(Session& s) {
+  auto* c = dynamic_cast<cuda::CudaSession*>(&s);
+  return c ? c->pool().batch().steps() : 0;
+}
+
+void batch_vs_twins(Backend& b, int n, Twin twin, const std::vector<int>& sizes, int steps, bool rows) {
   const int64_t cap = 96;
   std::vector<Gen> bat = start(b, n, cap, 42);
   std::vector<Gen> ref = start(b, n, cap, 42);  // created after bat's prefill: the pool grows under live state
@@ -162,13 +169,17 @@ void batch_vs_twins(Backend& b, int n, Twin twin, const std::vector<int>& sizes,
     }
     if (::testing::Test::HasFailure()) return;
   }
+  if (rows)
+    EXPECT_GT(rows_steps(*bat[0].s), 0u) << "the batches did not run as rows steps";
+  else
+    EXPECT_EQ(rows_steps(*bat[0].s), 0u) << "rows steps ran where they are not bitwise single steps";
 }
 
 TEST(CudaBatch, RowsStepEqualsDecodeStepOnRealWidthModel) {
   NEED_GPU();
   auto b = cuda::make_synthetic_cuda_backend(cuda::synthetic_config(4), 3);
   EXPECT_EQ(b->max_batch(), 64);
-  batch_vs_twins(*b, 9, Twin::Alone, {2, 9, 1, 5, 3, 8, 4, 7, 6}, 12);
+  batch_vs_twins(*b, 9, Twin::Alone, {2, 9, 1, 5, 3, 8, 4, 7, 6}, 12, true);
 }
 
 TEST(CudaBatch, TinyFixturesEqualDecodeStep) {
@@ -176,7 +187,7 @@ TEST(CudaBatch, TinyFixturesEqualDecodeStep) {
   for (const char* name : {"tiny", "tiny2"}) {
     SCOPED_TRACE(name);
     auto b = fixture_backend(name);
-    batch_vs_twins(*b, 9, Twin::Alone, {1, 2, 3, 4, 5, 6, 7, 8, 9}, 10);
+    batch_vs_twins(*b, 9, Twin::Alone, {1, 2, 3, 4, 5, 6, 7, 8, 9}, 10, false);
   }
 }
 
@@ -185,7 +196,7 @@ TEST(CudaBatch, RowsStepIsBatchInvariantOnTinyFixtures) {
   for (const char* name : {"tiny", "tiny2"}) {
     SCOPED_TRACE(name);
     auto b = fixture_backend(name, "rows");
-    batch_vs_twins(*b, 9, Twin::OtherBatch, {2, 9, 3, 5, 4, 8, 6, 7}, 10);
+    batch_vs_twins(*b, 9, Twin::OtherBatch, {2, 9, 3, 5, 4, 8, 6, 7}, 10, true);
   }
 }
 
@@ -193,7 +204,7 @@ TEST(CudaBatch, LargeBatchAcrossTwoPools) {
   NEED_GPU();
   // 40 + 40 sessions of one capacity: the twins fill the first pool's last 24 slots and a second pool
   auto b = cuda::make_synthetic_cuda_backend(cuda::synthetic_config(4), 4);
-  batch_vs_twins(*b, 40, Twin::Alone, {40, 33, 17, 64, 2}, 6);
+  batch_vs_twins(*b, 40, Twin::Alone, {40, 33, 17, 64, 2}, 6, true);
 }
 
 // A mask restricts the next choice only, alone and batched, with the same result.
@@ -229,6 +240,7 @@ TEST(CudaBatch, TokenMasks) {
             << what << ": token " << got[size_t(i)].token << " is not allowed";
     }
   }
+  EXPECT_GT(rows_steps(*bat[0].s), 0u);
   // a mask that allows nothing is refused
   std::vector<uint32_t> none(size_t((V + 31) / 32), 0);
   EXPECT_THROW(bat[0].s->set_token_mask(none.data()), InputError);
@@ -263,6 +275,7 @@ TEST(CudaBatch, SnapshotsAcrossPools) {
     expect_same_logits(*same, *a, "same capacity");
     expect_same_logits(*other, *a, "other capacity");
   }
+  EXPECT_GT(rows_steps(*same), 0u);
 }
 
 // decode_batch checks every session before it changes any state; the pool refuses what does not fit.
