@@ -7,7 +7,10 @@
 // tool-call deltas, per-token logprobs, the end), which the adapter's ResponseFormatter turns into its
 // protocol's bytes (server/http_response.h sends them).
 #pragma once
+#include <atomic>
 #include <chrono>
+#include <functional>
+#include <mutex>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -47,7 +50,14 @@ struct GenerationSpec {
   SamplingParams sampling;
   std::optional<int64_t> max_tokens;  // nullopt: up to the context limit
   std::vector<std::string> stop;
+  // Chat with reasoning on: at most this many generated tokens are spent inside the reasoning block;
+  // when the budget runs out with the reasoning still open, the core closes it (ModelFormat::
+  // force_close_reasoning) and the model goes on with its answer, within max_tokens in all. See
+  // Generation (a budgeted generation runs as a first job of `reasoning_budget` tokens and, when it
+  // ends on that limit, a continuation job from where it stopped). nullopt: no budget.
+  std::optional<int64_t> reasoning_budget;
   std::string prompt_param = "messages";  // the request field that errors about the prompt name
+  std::string max_tokens_param = "max_tokens";  // the request field that errors about max_tokens name
 };
 
 // A generation's output, decoded: what a protocol adapter formats.
@@ -61,11 +71,21 @@ struct OutputEvent {
   std::string message;              // Error
 };
 
+// A reasoning budget being applied (GenerationSpec::reasoning_budget): what the continuation needs.
+struct ReasoningBudget {
+  int64_t max_total = 0;                 // the request's max_tokens (all jobs together)
+  std::vector<int32_t> close_ids;        // the tokens that close an open reasoning block
+  std::string close_text;                // their text (fed to the output parser)
+  std::function<bool(std::shared_ptr<Job>)> submit;  // queues the continuation (false: queue full)
+};
+
 // One queued or running generation, seen from the HTTP thread that answers it.
 class Generation {
  public:
   Generation(std::shared_ptr<Job> job, bool chat, const GenerationPrompt& prompt, const nlohmann::ordered_json& tools,
              const ModelFormat& format);
+  // Applies `budget` (the first job was queued with max_tokens = the budget).
+  void set_reasoning_budget(ReasoningBudget budget);
 
   // Waits up to `timeout` for the job's next events and appends them, decoded, to `out`; false on
   // timeout. After a Done or Error event finished() is true and nothing more comes.
@@ -78,11 +98,20 @@ class Generation {
   const std::string& error_message() const { return error_message_; }
   const GenerationStats& stats() const { return stats_; }
   int tool_calls() const { return parser_ ? parser_->tool_calls() : 0; }
+  int64_t prompt_tokens() const { return prompt_tokens_; }  // the prompt's length, known at once
 
  private:
   OutputEvent decode(JobEvent& ev);
+  bool continue_after(const GenerationStats& st, std::vector<OutputDelta>& deltas);
 
+  std::mutex job_mu_;  // job_ is replaced by a continuation while cancel() may run
   std::shared_ptr<Job> job_;
+  std::atomic<bool> cancelled_{false};
+  std::optional<ReasoningBudget> budget_;
+  std::vector<int32_t> generated_;  // budgeted: every sampled id so far
+  GenerationStats acc_;             // budgeted: the stats of the jobs that ended so far
+  bool continued_ = false;
+  int64_t prompt_tokens_ = 0;
   std::optional<OutputParser> parser_;  // chat only
   std::vector<OutputDelta> pending_;    // deltas of the forced call prefix (normally none)
   bool finished_ = false;
@@ -101,6 +130,9 @@ class GenerationCore {
   // Renders, tokenizes, checks and queues `spec`. Throws ApiError: 400 for a prompt that cannot be
   // rendered, is empty or does not fit the context, 429 when the queue is full.
   std::shared_ptr<Generation> start(const GenerationSpec& spec);
+  // The prompt's length in tokens once rendered and shaped as start() would (nothing is queued).
+  // Throws ApiError 400 for a prompt that cannot be rendered.
+  int64_t count_prompt_tokens(const GenerationSpec& spec) const;
   bool busy() const;  // the queue is full: start() would answer 429
   const ModelConfig& config() const;
   void stop();  // cancels the queued and running generations

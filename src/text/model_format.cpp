@@ -25,6 +25,8 @@ class Qwen36Format final : public ModelFormat {
     return ends_with(prompt, "\n") ? "\n</think>\n\n" : "\n\n</think>\n\n";
   }
 
+  std::string force_close_reasoning() const override { return "\n" + std::string(markup().think_close) + "\n\n"; }
+
   std::string tool_call_prefix(std::string_view prompt, std::string_view function) const override {
     std::string s = std::string(markup().tool_open) + "\n";
     if (function.empty()) return s;

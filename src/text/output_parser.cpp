@@ -388,6 +388,8 @@ std::vector<OutputDelta> OutputParser::push(std::string_view text) {
   return m.take();
 }
 
+bool OutputParser::in_reasoning() const { return impl_->state == Impl::Reasoning; }
+
 std::vector<OutputDelta> OutputParser::finish() {
   Impl& m = *impl_;
   m.buf.append(unicode::sanitize_utf8(m.raw));

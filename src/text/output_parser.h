@@ -38,6 +38,8 @@ class OutputParser {
   // End of generation: flush held-back text; unterminated markup degrades to plain content.
   std::vector<OutputDelta> finish();
   int tool_calls() const { return n_tool_calls_; }
+  // Whether the text so far left the model inside a reasoning block.
+  bool in_reasoning() const;
 
  private:
   struct Impl;
