@@ -41,7 +41,7 @@ void HybridRouter::answer_error(httplib::Response& res, int status, const std::s
 }
 
 bool HybridRouter::serve_local_renamed(const httplib::Request& req, httplib::Response& res, const ojson& body,
-                                       bool chat, bool stream) {
+                                       Api api, bool stream) {
   if (!server_) {
     answer_error(res, 404, "The model '" + body.value("model", std::string()) + "' cannot be served locally.",
                  "model_not_found", "model");
@@ -63,8 +63,10 @@ bool HybridRouter::serve_local_renamed(const httplib::Request& req, httplib::Res
   ojson local = body;
   local["model"] = router_.config().local_model_id;
   local["lilac"] = ojson{{"route", "local"}};
-  auto r = self.forward(chat ? "/chat/completions" : "/completions", local.dump(), stream, res,
-                        req.get_header_value("Authorization"));
+  std::vector<std::pair<std::string, std::string>> extra;
+  for (const char* h : {"x-api-key", "anthropic-version"})
+    if (req.has_header(h)) extra.emplace_back(h, req.get_header_value(h));
+  auto r = self.forward(upstream_path(api), local.dump(), stream, res, req.get_header_value("Authorization"), extra);
   if (!r.answered) {
     answer_error(res, 502, "The local engine could not be reached: " + r.failure, "local_unavailable");
     res.set_header("x-lilac-route", "local");
@@ -74,12 +76,15 @@ bool HybridRouter::serve_local_renamed(const httplib::Request& req, httplib::Res
 
 bool HybridRouter::maybe_forward(const httplib::Request& req, httplib::Response& res, const ojson& body, bool local_busy) {
   if (!body.is_object()) return false;
-  const bool chat = req.path.find("/chat/completions") != std::string::npos;
+  const Api api = api_for_path(req.path);
   const auto t0 = std::chrono::steady_clock::now();
-  RouteDecision d = router_.decide(body, chat, req.get_header_value("x-lilac-route"), local_busy);
+  RouteDecision d = router_.decide(body, api, req.get_header_value("x-lilac-route"), local_busy);
   const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
   std::string why = d.reason;
   for (size_t i = 0; i < d.matched.size(); ++i) why += (i ? "," : ": ") + d.matched[i];
+  // The reason travels with the answer (the chat page's badge): the rule, and the detector kinds or
+  // rule names that fired (never the values).
+  res.set_header("x-lilac-route-reason", why);
   if (d.error_status) {
     LILAC_LOG_WARN("route: refused (%s) -> %d", why.c_str(), d.error_status);
     answer_error(res, d.error_status, d.error_message, d.error_code, d.error_param);
@@ -92,7 +97,7 @@ bool HybridRouter::maybe_forward(const httplib::Request& req, httplib::Response&
 
   auto go_local = [&]() -> bool {
     if (model_local_ok) return false;  // the server serves it (and calls on_local)
-    return serve_local_renamed(req, res, body, chat, stream);
+    return serve_local_renamed(req, res, body, api, stream);
   };
 
   if (d.route == Route::local) {
@@ -114,7 +119,15 @@ bool HybridRouter::maybe_forward(const httplib::Request& req, httplib::Response&
     for (const auto& f : pol.drop_fields) fwd.erase(f);
     fwd["model"] = upstream_model;
     LILAC_LOG_INFO("route: cloud (%s) model=%s [%.0f us]", why.c_str(), upstream_model.c_str(), us);
-    auto r = upstream_->forward(chat ? "/chat/completions" : "/completions", fwd.dump(), stream, res);
+    // The upstream is called in the request's own protocol; an Anthropic upstream also gets its key as
+    // x-api-key, and the client's anthropic-version.
+    std::vector<std::pair<std::string, std::string>> extra;
+    if (api == Api::messages) {
+      if (!opts_.api_key.empty()) extra.emplace_back("x-api-key", opts_.api_key);
+      const std::string v = req.get_header_value("anthropic-version");
+      extra.emplace_back("anthropic-version", v.empty() ? "2023-06-01" : v);
+    }
+    auto r = upstream_->forward(upstream_path(api), fwd.dump(), stream, res, "", extra);
     if (r.answered) {
       if (r.upstream_status >= 400) LILAC_LOG_WARN("route: cloud answered HTTP %d", r.upstream_status);
       return true;
@@ -123,6 +136,7 @@ bool HybridRouter::maybe_forward(const httplib::Request& req, httplib::Response&
   }
   if (pol.upstream_failure_to_local) {
     LILAC_LOG_WARN("route: upstream failed (%s); serving locally (fallback)", failure.c_str());
+    res.set_header("x-lilac-route-reason", "fallback: " + why);
     return go_local();
   }
   LILAC_LOG_WARN("route: upstream failed (%s); fallback to local is off -> 502", failure.c_str());

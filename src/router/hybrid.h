@@ -50,7 +50,7 @@ class HybridRouter : public std::enable_shared_from_this<HybridRouter> {
 
  private:
   bool serve_local_renamed(const httplib::Request& req, httplib::Response& res, const nlohmann::ordered_json& body,
-                           bool chat, bool stream);
+                           Api api, bool stream);
   void answer_error(httplib::Response& res, int status, const std::string& msg, const std::string& code,
                     const std::string& param = "");
 

@@ -206,12 +206,62 @@ bool Router::text_sensitive(std::string_view text, std::vector<std::string>* mat
   return false;
 }
 
+Api api_for_path(std::string_view path) {
+  if (path.find("/chat/completions") != std::string_view::npos) return Api::chat;
+  if (path.find("/messages") != std::string_view::npos) return Api::messages;
+  if (path.find("/responses") != std::string_view::npos) return Api::responses;
+  return Api::completions;
+}
+
+const char* upstream_path(Api api) {
+  switch (api) {
+    case Api::chat: return "/chat/completions";
+    case Api::messages: return "/messages";
+    case Api::responses: return "/responses";
+    case Api::completions: break;
+  }
+  return "/completions";
+}
+
 namespace {
+
+// The conversation of a request (stickiness): its messages, or a Responses request's input items.
+const ojson* conversation_of(const ojson& body) {
+  if (!body.is_object()) return nullptr;
+  for (const char* key : {"messages", "input"}) {
+    auto it = body.find(key);
+    if (it != body.end() && it->is_array() && !it->empty()) return &*it;
+  }
+  return nullptr;
+}
+
+// Calls fn(text) for every string of the body but its "model" (iteratively: bodies come from
+// clients); stops when fn returns true.
+template <class Fn>
+bool visit_all_strings(const ojson& body, Fn&& fn, uint64_t* bytes) {
+  std::vector<const ojson*> st;
+  for (auto it = body.begin(); it != body.end(); ++it)
+    if (!(body.is_object() && it.key() == "model")) st.push_back(&it.value());
+  while (!st.empty()) {
+    const ojson* v = st.back();
+    st.pop_back();
+    if (v->is_string()) {
+      const auto& s = v->get_ref<const std::string&>();
+      *bytes += s.size();
+      if (fn(std::string_view(s))) return true;
+    } else if (v->is_structured()) {
+      for (auto it = v->rbegin(); it != v->rend(); ++it) st.push_back(&*it);
+    }
+  }
+  return false;
+}
 
 // Calls fn(text) for every text of the request that may carry user data; stops when fn returns true.
 // Returns whether fn returned true. `bytes` accumulates the size of what was visited.
 template <class Fn>
-bool visit_texts(const ojson& body, bool chat, Fn&& fn, uint64_t* bytes) {
+bool visit_texts(const ojson& body, Api api, Fn&& fn, uint64_t* bytes) {
+  if (api == Api::messages || api == Api::responses) return visit_all_strings(body, fn, bytes);
+  const bool chat = api == Api::chat;
   auto visit = [&](const ojson& v) -> bool {
     if (v.is_string()) {
       const auto& s = v.get_ref<const std::string&>();
@@ -278,10 +328,10 @@ bool visit_texts(const ojson& body, bool chat, Fn&& fn, uint64_t* bytes) {
 
 }  // namespace
 
-bool Router::scan_body(const ojson& body, bool chat, std::vector<std::string>* matched) const {
+bool Router::scan_body(const ojson& body, Api api, std::vector<std::string>* matched) const {
   std::string fold;
   uint64_t bytes = 0;
-  return visit_texts(body, chat, [&](std::string_view t) { return text_sensitive(t, matched, fold); }, &bytes);
+  return visit_texts(body, api, [&](std::string_view t) { return text_sensitive(t, matched, fold); }, &bytes);
 }
 
 bool Router::is_upstream_model(const std::string& model) const {
@@ -318,9 +368,9 @@ std::vector<std::string> Router::upstream_model_ids() const {
 }
 
 void Router::remember_local(const ojson& body) {
-  if (!policy_.sticky || !body.is_object()) return;
-  auto ms = body.find("messages");
-  if (ms == body.end() || !ms->is_array() || ms->empty()) return;
+  if (!policy_.sticky) return;
+  const ojson* ms = conversation_of(body);
+  if (!ms) return;
   auto hs = message_prefix_hashes(*ms);
   std::lock_guard lk(mu_);
   if (sticky_.insert(hs.back()).second) {
@@ -333,9 +383,9 @@ void Router::remember_local(const ojson& body) {
 }
 
 bool Router::is_sticky(const ojson& body) const {
-  if (!policy_.sticky || !body.is_object()) return false;
-  auto ms = body.find("messages");
-  if (ms == body.end() || !ms->is_array() || ms->empty()) return false;
+  if (!policy_.sticky) return false;
+  const ojson* ms = conversation_of(body);
+  if (!ms) return false;
   {
     std::lock_guard lk(mu_);
     if (sticky_.empty()) return false;
@@ -352,7 +402,8 @@ size_t Router::sticky_entries() const {
   return sticky_.size();
 }
 
-RouteDecision Router::decide(const ojson& body, bool chat, std::string_view header_route, bool local_busy) const {
+RouteDecision Router::decide(const ojson& body, Api api, std::string_view header_route, bool local_busy) const {
+  const bool chat = api != Api::completions;
   RouteDecision d;
   // 1. Explicit choice.
   Route explicit_route = Route::auto_;
@@ -398,7 +449,7 @@ RouteDecision Router::decide(const ojson& body, bool chat, std::string_view head
     uint64_t bytes = 0;
     bool any_check = !policy_.detectors.empty() || !policy_.rules.empty();
     d.sensitive = visit_texts(
-        body, chat, [&](std::string_view t) { return any_check && text_sensitive(t, &d.matched, fold); }, &bytes);
+        body, api, [&](std::string_view t) { return any_check && text_sensitive(t, &d.matched, fold); }, &bytes);
     // A /v1/completions prompt given as token ids cannot be scanned (and means nothing to another
     // tokenizer): it is treated as sensitive.
     if (!d.sensitive && !chat && body.is_object()) {

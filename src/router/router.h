@@ -7,8 +7,10 @@
 //      unless the policy sets allow_explicit_cloud_for_sensitive); "auto" = no explicit choice;
 //   2. sensitivity: built-in detectors and the policy's user rules over every message's content (system,
 //      user, assistant, tool results; text parts), reasoning_content, tool-call names and arguments, and the
-//      /v1/completions prompt and suffix -> local;
-//   3. stickiness: a request whose messages start with a message list that was served locally -> local;
+//      /v1/completions prompt and suffix; for Anthropic Messages and OpenAI Responses bodies, every string
+//      of the body (but "model") -> local;
+//   3. stickiness: a request whose messages (Responses: input items) start with a list that was served
+//      locally -> local;
 //   4. the model name: an upstream model ("<prefix><id>", the configured --upstream-model, or an id the
 //      upstream listed) -> cloud;
 //   5. size: a prompt above max_local_prompt_bytes / _tokens -> cloud;
@@ -32,6 +34,12 @@
 #include "router/route_policy.h"
 
 namespace lilac::router {
+
+// The protocol of a request, known by its path: what the sensitivity scan reads and where a cloud
+// request goes (the upstream is called in the same protocol: base + upstream_path).
+enum class Api { chat, completions, messages, responses };
+Api api_for_path(std::string_view path);  // /v1/chat/completions, /v1/completions, /v1/messages, /v1/responses
+const char* upstream_path(Api api);       // "/chat/completions", "/completions", "/messages", "/responses"
 
 struct RouterConfig {
   std::string local_model_id = "lilac";  // the id the local server serves
@@ -59,11 +67,18 @@ class Router {
  public:
   Router(RoutePolicy policy, RouterConfig config);
 
-  // `chat`: /v1/chat/completions (else /v1/completions). `header_route`: the x-lilac-route header ("" = none).
-  RouteDecision decide(const nlohmann::ordered_json& body, bool chat, std::string_view header_route, bool local_busy) const;
+  // `api`: the request's protocol. `header_route`: the x-lilac-route header ("" = none).
+  RouteDecision decide(const nlohmann::ordered_json& body, Api api, std::string_view header_route, bool local_busy) const;
+  // `chat`: /v1/chat/completions (else /v1/completions).
+  RouteDecision decide(const nlohmann::ordered_json& body, bool chat, std::string_view header_route, bool local_busy) const {
+    return decide(body, chat ? Api::chat : Api::completions, header_route, local_busy);
+  }
 
   // Sensitivity only (step 2): fills matched; returns whether anything fired.
-  bool scan_body(const nlohmann::ordered_json& body, bool chat, std::vector<std::string>* matched) const;
+  bool scan_body(const nlohmann::ordered_json& body, Api api, std::vector<std::string>* matched) const;
+  bool scan_body(const nlohmann::ordered_json& body, bool chat, std::vector<std::string>* matched) const {
+    return scan_body(body, chat ? Api::chat : Api::completions, matched);
+  }
 
   // Stickiness: remember the full message list of a request served locally; is_sticky tells whether a
   // request's messages start with a remembered list.

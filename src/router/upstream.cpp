@@ -192,12 +192,18 @@ UpstreamClient::UpstreamClient(UpstreamOptions opts) : opts_(std::move(opts)) {}
 UpstreamClient::~UpstreamClient() = default;
 
 ForwardResult UpstreamClient::forward(const std::string& path, const std::string& body, bool stream,
-                                      httplib::Response& res, const std::string& auth_override) {
+                                      httplib::Response& res, const std::string& auth_override,
+                                      const std::vector<std::pair<std::string, std::string>>& extra_headers) {
   ForwardResult fr;
+  auto headers_for = [&](bool s) {
+    httplib::Headers h = request_headers(opts_, auth_override, s);
+    for (const auto& [k, v] : extra_headers) h.emplace(k, v);
+    return h;
+  };
   const std::string full_path = opts_.url.base + path;
   if (!stream) {
     auto cli = make_client(opts_, opts_.read_timeout_ms);
-    auto r = cli->Post(full_path, request_headers(opts_, auth_override, false), body, "application/json");
+    auto r = cli->Post(full_path, headers_for(false), body, "application/json");
     if (!r) {
       fr.failure = "cannot reach the upstream (" + httplib::to_string(r.error()) + ")";
       return fr;
@@ -233,7 +239,7 @@ ForwardResult UpstreamClient::forward(const std::string& path, const std::string
   pipe->inject = opts_.inject_route_field;
   pipe->label = opts_.route_label;
   Pipe* P = pipe.get();
-  httplib::Headers headers = request_headers(opts_, auth_override, true);
+  httplib::Headers headers = headers_for(true);
   pipe->reader = std::thread([P, full_path, body, headers] {
     httplib::Request req;
     req.method = "POST";

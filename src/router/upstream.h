@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace httplib {
@@ -53,8 +54,10 @@ class UpstreamClient {
 
   // POST base + path (e.g. "/chat/completions") with `body`. `auth_override`, when non-empty, replaces the
   // configured key's Authorization header (used when the router re-enters the local server).
+  // `extra_headers` are sent as well (e.g. Anthropic's x-api-key and anthropic-version).
   ForwardResult forward(const std::string& path, const std::string& body, bool stream, httplib::Response& res,
-                        const std::string& auth_override = "");
+                        const std::string& auth_override = "",
+                        const std::vector<std::pair<std::string, std::string>>& extra_headers = {});
 
   // GET base + "/models": the ids, or nullopt when the upstream does not answer in time / answers badly.
   std::optional<std::vector<std::string>> list_models(int timeout_ms);

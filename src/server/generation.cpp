@@ -76,7 +76,9 @@ OutputEvent Generation::decode(JobEvent& ev) {
       out.token = std::move(ev.token);
       if (budget_ && out.token.id >= 0) generated_.push_back(out.token.id);
       if (parser_) {
+        out.reasoning = parser_->in_reasoning();
         append(parser_->push(out.token.text));
+        out.reasoning |= parser_->in_reasoning();
       } else if (!out.token.text.empty()) {
         OutputDelta d;
         d.text = out.token.text;

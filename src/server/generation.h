@@ -64,6 +64,7 @@ struct GenerationSpec {
 struct OutputEvent {
   enum Kind { Token, Done, Error } kind = Token;
   GeneratedToken token;             // Token: the sampled token (id -1: the final flush of held-back text)
+  bool reasoning = false;           // Token: generated inside the reasoning block (its markup included)
   std::vector<OutputDelta> deltas;  // Token, Done: parsed output (chat: reasoning, content, tool calls;
                                     // text and token prompts: the text as content)
   GenerationStats stats;            // Done (finish == Cancelled: the client went away or the server stops)

@@ -1,5 +1,7 @@
 #include "server/openai_schema.h"
 
+#include "server/request_fields.h"
+
 #include <cmath>
 #include <regex>
 #include <set>
@@ -20,63 +22,7 @@ nlohmann::json error_body(const ApiError& e) { return error_body(e.status, e.mes
 
 namespace {
 
-[[noreturn]] void bad(const std::string& param, const std::string& msg, const std::string& code = "invalid_value") {
-  throw ApiError(400, msg, param, code);
-}
-
-const char* type_name(const ojson& v) {
-  if (v.is_null()) return "null";
-  if (v.is_boolean()) return "a boolean";
-  if (v.is_number()) return "a number";
-  if (v.is_string()) return "a string";
-  if (v.is_array()) return "an array";
-  return "an object";
-}
-
-[[noreturn]] void wrong_type(const std::string& param, const char* want, const ojson& v) {
-  bad(param, "Invalid type for '" + param + "': expected " + want + ", but got " + type_name(v) + ".",
-      "invalid_type");
-}
-
-// Field accessors: absent or null -> nullopt (OpenAI treats explicit null as "not given").
-const ojson* field(const ojson& body, const char* name) {
-  auto it = body.find(name);
-  if (it == body.end() || it->is_null()) return nullptr;
-  return &*it;
-}
-
-std::optional<double> get_number(const ojson& body, const char* name, double lo, double hi) {
-  const ojson* v = field(body, name);
-  if (!v) return std::nullopt;
-  if (!v->is_number()) wrong_type(name, "a number", *v);
-  double d = v->get<double>();
-  if (!std::isfinite(d) || d < lo || d > hi)
-    bad(name, "Invalid value for '" + std::string(name) + "': " + v->dump() + " is not in [" +
-                  ojson(lo).dump() + ", " + ojson(hi).dump() + "].");
-  return d;
-}
-
-std::optional<int64_t> get_int(const ojson& body, const char* name, int64_t lo, int64_t hi) {
-  const ojson* v = field(body, name);
-  if (!v) return std::nullopt;
-  bool integral = v->is_number_integer() || (v->is_number_float() && std::floor(v->get<double>()) == v->get<double>() &&
-                                             std::abs(v->get<double>()) < 9e15);
-  if (!integral) wrong_type(name, "an integer", *v);
-  int64_t i = v->is_number_unsigned() ? int64_t(std::min<uint64_t>(v->get<uint64_t>(), uint64_t(INT64_MAX)))
-              : v->is_number_integer() ? v->get<int64_t>()
-                                       : int64_t(v->get<double>());
-  if (i < lo || i > hi)
-    bad(name, "Invalid value for '" + std::string(name) + "': " + std::to_string(i) + " is not in [" +
-                  std::to_string(lo) + ", " + std::to_string(hi) + "].");
-  return i;
-}
-
-std::optional<bool> get_bool(const ojson& body, const char* name) {
-  const ojson* v = field(body, name);
-  if (!v) return std::nullopt;
-  if (!v->is_boolean()) wrong_type(name, "a boolean", *v);
-  return v->get<bool>();
-}
+using namespace fields;
 
 void parse_common(const ojson& body, const ModelConfig& cfg, uint64_t seed, CommonParams& p, bool chat) {
   if (const ojson* m = field(body, "model")) {
@@ -117,25 +63,18 @@ void parse_common(const ojson& body, const ModelConfig& cfg, uint64_t seed, Comm
   }
   // sampling: request, else generation_config.json, else OpenAI defaults
   SamplingParams& sp = p.sampling;
-  sp.temperature = float(get_number(body, "temperature", 0, 2).value_or(
-      cfg.default_temperature >= 0 ? cfg.default_temperature : 1.0));
-  sp.top_p = float(get_number(body, "top_p", 0, 1).value_or(cfg.default_top_p > 0 ? cfg.default_top_p : 1.0));
+  sp = sampling_defaults(cfg, seed);
+  if (auto v = get_number(body, "temperature", 0, 2)) sp.temperature = float(*v);
+  if (auto v = get_number(body, "top_p", 0, 1)) sp.top_p = float(*v);
   if (sp.top_p <= 0) bad("top_p", "Invalid value for 'top_p': must be greater than 0.");
-  {
-    auto tk = get_int(body, "top_k", -1, 1 << 30);
-    sp.top_k = tk ? int(std::max<int64_t>(0, *tk)) : (cfg.default_top_k > 0 ? cfg.default_top_k : 0);
-  }
-  sp.min_p = float(get_number(body, "min_p", 0, 1).value_or(cfg.default_min_p > 0 ? cfg.default_min_p : 0.0));
-  sp.presence_penalty = float(get_number(body, "presence_penalty", -2, 2).value_or(
-      cfg.default_presence_penalty >= -2 && cfg.default_presence_penalty != -1 ? cfg.default_presence_penalty : 0.0));
-  sp.frequency_penalty = float(get_number(body, "frequency_penalty", -2, 2).value_or(0.0));
-  sp.repetition_penalty = float(get_number(body, "repetition_penalty", 1e-3, 100).value_or(
-      cfg.default_repetition_penalty > 0 ? cfg.default_repetition_penalty : 1.0));
+  if (auto tk = get_int(body, "top_k", -1, 1 << 30)) sp.top_k = int(std::max<int64_t>(0, *tk));
+  if (auto v = get_number(body, "min_p", 0, 1)) sp.min_p = float(*v);
+  if (auto v = get_number(body, "presence_penalty", -2, 2)) sp.presence_penalty = float(*v);
+  if (auto v = get_number(body, "frequency_penalty", -2, 2)) sp.frequency_penalty = float(*v);
+  if (auto v = get_number(body, "repetition_penalty", 1e-3, 100)) sp.repetition_penalty = float(*v);
   if (const ojson* s = field(body, "seed")) {
     if (!s->is_number_integer()) wrong_type("seed", "an integer", *s);
     sp.seed = s->is_number_unsigned() ? s->get<uint64_t>() : uint64_t(s->get<int64_t>());
-  } else {
-    sp.seed = seed;
   }
   if (auto e = get_bool(body, "echo"); e && *e) bad("echo", "'echo' is not supported.", "unsupported_value");
   if (const ojson* lb = field(body, "logit_bias"); lb && !(lb->is_object() && lb->empty()))

@@ -7,10 +7,13 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "engine/backend.h"
+#include "server/anthropic_api.h"
+#include "server/anthropic_schema.h"
 #include "server/http_response.h"
 #include "server/metrics.h"
 #include "server/openai_api.h"
 #include "server/openai_schema.h"
+#include "server/responses_api.h"
 #include "server/server_context.h"
 #include "text/model_format.h"
 #include "text/tokenizer.h"
@@ -54,13 +57,25 @@ struct Server::Impl {
 
 namespace {
 
+// Errors the HTTP layer answers itself, in the shape of the protocol the path belongs to.
+void send_layer_error(const httplib::Request& req, httplib::Response& res, int status, const std::string& message,
+                      const std::string& code, const std::string& type = "") {
+  if (req.path.rfind("/v1/messages", 0) == 0) {
+    res.status = status;
+    res.set_content(dump_json(anthropic_error_body(ApiError(status, message, "", code))), "application/json");
+    return;
+  }
+  send_error(res, status, message, "", code, type);
+}
+
 bool constant_time_equal(const std::string& a, const std::string& b) {
   unsigned char d = a.size() == b.size() ? 0 : 1;
   for (size_t i = 0; i < a.size(); ++i) d |= (unsigned char)(a[i] ^ b[i % (b.empty() ? 1 : b.size())]);
   return d == 0 && !b.empty();
 }
 
-// Bearer-key check of /v1/*, error bodies for httplib's own errors, CORS preflight.
+// API-key check of /v1/* (an "Authorization: Bearer" header or Anthropic's "x-api-key"), error bodies
+// for httplib's own errors, CORS preflight.
 void add_http_basics(httplib::Server& http, ServerContext& C) {
   http.set_pre_routing_handler([&C](const httplib::Request& req, httplib::Response& res) {
     if (req.method == "OPTIONS") return httplib::Server::HandlerResponse::Unhandled;
@@ -68,11 +83,14 @@ void add_http_basics(httplib::Server& http, ServerContext& C) {
       std::string auth = req.get_header_value("Authorization");
       const std::string pfx = "Bearer ";
       std::string key = auth.rfind(pfx, 0) == 0 ? auth.substr(pfx.size()) : "";
+      const std::string xkey = req.get_header_value("x-api-key");
+      if (key.empty()) key = xkey;
       if (!constant_time_equal(key, C.opts.api_key)) {
-        send_error(res, 401,
-                   auth.empty() ? "You didn't provide an API key. Provide it as 'Authorization: Bearer <key>'."
-                                : "Incorrect API key provided.",
-                   "", "invalid_api_key", "invalid_request_error");
+        send_layer_error(req, res, 401,
+                         auth.empty() && xkey.empty()
+                             ? "You didn't provide an API key. Provide it as 'Authorization: Bearer <key>' or 'x-api-key: <key>'."
+                             : "Incorrect API key provided.",
+                         "invalid_api_key", "invalid_request_error");
         C.metrics.count_request(req.path, 401);
         LILAC_LOG_WARN("%s %s -> 401 (bad or missing API key)", req.method.c_str(), req.path.c_str());
         return httplib::Server::HandlerResponse::Handled;
@@ -84,13 +102,13 @@ void add_http_basics(httplib::Server& http, ServerContext& C) {
   http.set_error_handler([&C](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;
     if (res.status == 413) {
-      send_error(res, 413,
-                 "Request body too large: the limit is " + std::to_string(C.opts.max_body_bytes) + " bytes.", "",
-                 "payload_too_large");
+      send_layer_error(req, res, 413,
+                       "Request body too large: the limit is " + std::to_string(C.opts.max_body_bytes) + " bytes.",
+                       "payload_too_large");
     } else if (res.status == 404) {
-      send_error(res, 404, "Unknown endpoint: " + req.method + " " + req.path, "", "unknown_url");
+      send_layer_error(req, res, 404, "Unknown endpoint: " + req.method + " " + req.path, "unknown_url");
     } else {
-      send_error(res, res.status, "Bad request (HTTP status " + std::to_string(res.status) + ").");
+      send_layer_error(req, res, res.status, "Bad request (HTTP status " + std::to_string(res.status) + ").", "");
     }
     C.metrics.count_request(req.path, res.status);
     LILAC_LOG_WARN("%s %s -> %d", req.method.c_str(), req.path.c_str(), res.status);
@@ -105,12 +123,12 @@ void add_http_basics(httplib::Server& http, ServerContext& C) {
     } catch (...) {
     }
     LILAC_LOG_ERROR("%s %s -> 500 (%s)", req.method.c_str(), req.path.c_str(), what.c_str());
-    send_error(res, 500, "Internal server error: " + what, "", "internal_error");
+    send_layer_error(req, res, 500, "Internal server error: " + what, "internal_error");
   });
 
   http.Options(R"(.*)", [](const httplib::Request&, httplib::Response& res) {
     res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
-    res.set_header("Access-Control-Allow-Headers", "Authorization, Content-Type");
+    res.set_header("Access-Control-Allow-Headers", "Authorization, Content-Type, x-api-key, anthropic-version, anthropic-beta");
     res.status = 204;
   });
 }
@@ -145,6 +163,8 @@ Server::Server(ServerOptions opts) : impl_(std::make_unique<Impl>(std::move(opts
   });
 
   add_openai_routes(http, C);
+  add_anthropic_routes(http, C);
+  add_responses_routes(http, C);
 }
 
 Server::~Server() { stop(); }

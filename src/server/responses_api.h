@@ -1,0 +1,15 @@
+// The OpenAI Responses adapter: POST /v1/responses, stateless (through the shared endpoint path,
+// server/endpoint.h: route hook, generation core, the Responses formatter). Errors in OpenAI's shape.
+#pragma once
+
+namespace httplib {
+class Server;
+}
+
+namespace lilac::server {
+
+struct ServerContext;
+
+void add_responses_routes(httplib::Server& http, ServerContext& ctx);
+
+}  // namespace lilac::server
