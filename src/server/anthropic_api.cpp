@@ -2,6 +2,8 @@
 
 #include <httplib.h>
 
+#include <regex>
+
 #include "core/error.h"
 #include "core/log.h"
 #include "server/anthropic_format.h"
@@ -18,12 +20,14 @@ void send_anthropic_error(httplib::Response& res, const ApiError& e) {
   res.set_content(dump_json(anthropic_error_body(e)), "application/json");
 }
 
-// The anthropic-version header: absent is accepted (curl); a version we do not speak is a 400.
+// The anthropic-version header: absent is accepted (curl), and so is any version date from 2023-01-01 on
+// (the answer has the 2023-06-01 shape, which later versions extend); anything else is a 400.
 void check_version(const httplib::Request& req) {
   if (!req.has_header("anthropic-version")) return;
   const std::string v = req.get_header_value("anthropic-version");
-  if (v != "2023-06-01" && v != "2023-01-01")
-    throw ApiError(400, "anthropic-version: unsupported version '" + v + "' (this server speaks 2023-06-01).",
+  static const std::regex date("^20[2-9][0-9]-[01][0-9]-[0-3][0-9]$");
+  if (!std::regex_match(v, date) || v < "2023-01-01")
+    throw ApiError(400, "anthropic-version: unsupported version '" + v + "' (a date such as 2023-06-01 is expected).",
                    "anthropic-version");
 }
 

@@ -2,7 +2,7 @@
 // server/endpoint.h: route hook, generation core, the Messages formatter) and POST
 // /v1/messages/count_tokens (the prompt rendered and tokenized as /v1/messages would, nothing
 // generated). Every error on these routes is in Anthropic's shape; the `anthropic-version` header,
-// when given, must be a version this adapter speaks (2023-06-01, or 2023-01-01).
+// when given, must be a version date from 2023-01-01 on (answers have the 2023-06-01 shape).
 #pragma once
 
 namespace httplib {

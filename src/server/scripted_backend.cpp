@@ -117,6 +117,19 @@ void ScriptedSession::begin_generation(const SamplingParams& params, std::span<c
       break;
     }
   pos_ = 0;
+  // A continuation (the generation core resumes a generation from what it wrote so far, e.g. after a
+  // reasoning budget): when the assistant turn already holds a prefix of the reply, go on from there.
+  const std::string head = "<|im_start|>assistant\n";
+  size_t a = text.rfind(head);
+  if (a == std::string::npos || rule_->reply.empty()) return;
+  std::string written = text.substr(a + head.size());
+  if (written.rfind("<think>\n", 0) == 0) written.erase(0, 8);
+  if (written.empty()) return;
+  std::string acc;
+  for (size_t k = 0; k < rule_->reply.size() && acc.size() < written.size(); ++k) {
+    acc += b_.tok->decode(std::span<const int32_t>(&rule_->reply[k], 1), false);
+    if (acc == written) pos_ = k + 1;
+  }
 }
 
 int32_t ScriptedSession::next_token() const {
