@@ -15,6 +15,7 @@
 #include "server/openai_schema.h"
 #include "server/responses_api.h"
 #include "server/server_context.h"
+#include "server/web_ui.h"
 #include "text/model_format.h"
 #include "text/tokenizer.h"
 
@@ -165,6 +166,7 @@ Server::Server(ServerOptions opts) : impl_(std::make_unique<Impl>(std::move(opts
   add_openai_routes(http, C);
   add_anthropic_routes(http, C);
   add_responses_routes(http, C);
+  add_web_routes(http);
 }
 
 Server::~Server() { stop(); }
