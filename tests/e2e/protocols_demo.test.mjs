@@ -75,3 +75,53 @@ test('Responses (reasoning on) = chat completions with thinking', async () => {
   assert.equal(reasoning, c.choices[0].message.reasoning_content);
   assert.equal(r.usage.output_tokens_details.reasoning_tokens, 5);
 });
+
+test('tool round trips render through the real template and model (both protocols)', async () => {
+  const tools = [{ name: 'get_weather', description: 'Weather', input_schema: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] } }];
+  const body = {
+    model, system: 'Be brief.', tools,
+    messages: [{ role: 'user', content: 'Weather in Paris?' },
+      { role: 'assistant', content: [{ type: 'text', text: 'Let me check.' }, { type: 'tool_use', id: 'toolu_1', name: 'get_weather', input: { city: 'Paris' } }] },
+      { role: 'user', content: [{ type: 'tool_result', tool_use_id: 'toolu_1', content: '{"temp": 21}' }] }],
+  };
+  const m = await anth.messages.create({ ...body, max_tokens: 4, temperature: 0 });
+  assert.equal(m.role, 'assistant');
+  assert.ok(['max_tokens', 'end_turn', 'tool_use'].includes(m.stop_reason));
+  assert.equal(m.usage.output_tokens <= 4, true);
+  assert.equal(m.usage.input_tokens, (await anth.messages.countTokens(body)).input_tokens);
+  // The same conversation as chat completions messages: the same prompt.
+  const c = await oai.chat.completions.create({
+    model, max_tokens: 1, temperature: 0, chat_template_kwargs: { enable_thinking: false },
+    tools: [{ type: 'function', function: { name: 'get_weather', description: 'Weather', parameters: tools[0].input_schema } }],
+    messages: [{ role: 'system', content: 'Be brief.' }, { role: 'user', content: 'Weather in Paris?' },
+      { role: 'assistant', content: 'Let me check.', tool_calls: [{ id: 'toolu_1', type: 'function', function: { name: 'get_weather', arguments: '{"city":"Paris"}' } }] },
+      { role: 'tool', tool_call_id: 'toolu_1', content: '{"temp": 21}' }],
+  });
+  assert.equal(m.usage.input_tokens, c.usage.prompt_tokens);
+  const r = await oai.responses.create({
+    model, max_output_tokens: 4, temperature: 0, instructions: 'Be brief.', reasoning: { effort: 'none' },
+    tools: [{ type: 'function', name: 'get_weather', description: 'Weather', parameters: tools[0].input_schema }],
+    input: [{ role: 'user', content: 'Weather in Paris?' },
+      { type: 'message', role: 'assistant', content: [{ type: 'output_text', text: 'Let me check.' }] },
+      { type: 'function_call', call_id: 'toolu_1', name: 'get_weather', arguments: '{"city":"Paris"}' },
+      { type: 'function_call_output', call_id: 'toolu_1', output: '{"temp": 21}' }],
+  });
+  assert.equal(r.usage.input_tokens, c.usage.prompt_tokens);
+  assert.ok(['completed', 'incomplete'].includes(r.status));
+});
+
+test('errors from the generation core in each protocol\'s shape (context too long)', async () => {
+  await assert.rejects(anth.messages.create({ model, max_tokens: 100000, messages: [{ role: 'user', content: question }] }), (e) => {
+    assert.equal(e.status, 400);
+    assert.equal(e.error.type, 'error');
+    assert.equal(e.error.error.type, 'invalid_request_error');
+    assert.match(e.error.error.message, /max_tokens/);
+    return true;
+  });
+  await assert.rejects(oai.responses.create({ model, max_output_tokens: 100000, input: question }), (e) => {
+    assert.equal(e.status, 400);
+    assert.equal(e.param, 'max_output_tokens');
+    assert.equal(e.code, 'context_length_exceeded');
+    return true;
+  });
+});
