@@ -26,6 +26,7 @@
 #include <chrono>
 #include <random>
 
+#include "text/bounded_json.h"
 #include "text/unicode.h"
 
 namespace lilac {
@@ -161,7 +162,8 @@ struct OutputParser::Impl {
     for (const auto& t : types) non_string |= (t != "string");
     if (!non_string) return ojson(value);
     std::string_view v = trim_ws(value);
-    ojson parsed = ojson::parse(v.begin(), v.end(), nullptr, /*allow_exceptions=*/false);
+    JsonParseResult pr = parse_bounded_json(v);
+    ojson parsed = pr.ok() ? std::move(pr.value) : ojson(ojson::value_t::discarded);
     if (parsed.is_discarded()) {
       if (v == "True") parsed = true;
       else if (v == "False") parsed = false;
@@ -238,8 +240,9 @@ struct OutputParser::Impl {
   static bool parse_json_call(std::string_view body, std::vector<ParsedCall>& calls) {
     std::string_view b = trim_ws(body);
     if (b.empty() || b.front() != '{') return false;
-    ojson j = ojson::parse(b.begin(), b.end(), nullptr, false);
-    if (j.is_discarded() || !j.is_object()) return false;
+    JsonParseResult pj = parse_bounded_json(b);
+    if (!pj.ok() || !pj.value.is_object()) return false;
+    const ojson& j = pj.value;
     auto name = j.find("name");
     if (name == j.end() || !name->is_string() || name->get<std::string>().empty()) return false;
     ojson args = ojson::object();
@@ -250,9 +253,9 @@ struct OutputParser::Impl {
         args = *a;
       } else if (a->is_string()) {
         const std::string s = a->get<std::string>();
-        ojson p = ojson::parse(s, nullptr, false);
-        if (p.is_discarded() || !p.is_object()) return false;
-        args = p;
+        JsonParseResult p = parse_bounded_json(s);
+        if (!p.ok() || !p.value.is_object()) return false;
+        args = std::move(p.value);
       } else if (!a->is_null()) {
         return false;
       }
