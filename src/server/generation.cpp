@@ -21,6 +21,18 @@ Generation::Generation(std::shared_ptr<Job> job, bool chat, const GenerationProm
 
 void Generation::cancel() { job_->cancel = true; }
 
+void Generation::abort(int status, const std::string& message) {
+  {
+    std::lock_guard lk(abort_mu_);
+    if (abort_status_.load()) return;
+    abort_message_ = message;
+  }
+  abort_status_ = status;
+  job_->cancel = true;
+}
+
+bool Generation::started() const { return job_->started.load(); }
+
 OutputEvent Generation::decode(JobEvent& ev) {
   OutputEvent out;
   out.deltas = std::move(pending_);
@@ -41,6 +53,14 @@ OutputEvent Generation::decode(JobEvent& ev) {
       }
       break;
     case JobEvent::Done:
+      if (ev.stats.finish == FinishReason::Cancelled && abort_status_.load()) {
+        // Stopped by Generation::abort (the server stops): an error, never a normal end.
+        std::lock_guard lk(abort_mu_);
+        ev.kind = JobEvent::Error;
+        ev.status = abort_status_.load();
+        ev.message = abort_message_;
+        return decode(ev);
+      }
       out.kind = OutputEvent::Done;
       finished_ = true;
       stats_ = ev.stats;
@@ -60,6 +80,14 @@ OutputEvent Generation::decode(JobEvent& ev) {
 }
 
 bool Generation::poll(std::vector<OutputEvent>& out, std::chrono::milliseconds timeout) {
+  if (!finished_ && abort_status_.load() && !job_->started.load()) {
+    // Aborted while still queued: answered now, not when the scheduler reaches it.
+    JobEvent ev;
+    ev.kind = JobEvent::Done;
+    ev.stats.finish = FinishReason::Cancelled;
+    out.push_back(decode(ev));
+    return true;
+  }
   std::vector<JobEvent> evs;
   const bool got = job_->pop_all(evs, timeout);
   for (auto& e : evs) {
@@ -94,6 +122,30 @@ void GenerationCore::stop() {
 
 bool GenerationCore::busy() const { return sched_->full(); }
 
+std::vector<std::shared_ptr<Generation>> GenerationCore::live() const {
+  std::vector<std::shared_ptr<Generation>> out;
+  std::lock_guard lk(live_mu_);
+  for (const auto& w : live_)
+    if (auto g = w.lock()) out.push_back(std::move(g));
+  return out;
+}
+
+size_t GenerationCore::active() const { return live().size(); }
+
+void GenerationCore::begin_shutdown() {
+  {
+    std::lock_guard lk(live_mu_);
+    shutting_down_ = true;
+  }
+  for (auto& g : live())
+    if (!g->started()) g->abort(503, "The server is shutting down: the request was not started. Retry on another server.");
+}
+
+void GenerationCore::abort_all(int status, const std::string& message) {
+  shutting_down_ = true;
+  for (auto& g : live()) g->abort(status, message);
+}
+
 const ModelConfig& GenerationCore::config() const { return backend_->config(); }
 
 std::vector<int32_t> GenerationCore::prompt_tokens(const GenerationSpec& spec, GenerationPrompt& prompt) const {
@@ -127,7 +179,7 @@ std::shared_ptr<Generation> GenerationCore::start(const GenerationSpec& spec) {
                        std::to_string(n) + " tokens.",
                    param, "context_length_exceeded");
   const int64_t max_tokens = spec.max_tokens.value_or(max_seq - n);
-  if (n + max_tokens > max_seq)
+  if (max_tokens > max_seq - n)  // (n + max_tokens overflows for max_tokens near 2^63)
     throw ApiError(400,
                    "This model's maximum context length is " + std::to_string(max_seq) + " tokens; the prompt (" +
                        std::to_string(n) + " tokens) + max_tokens (" + std::to_string(max_tokens) + ") exceeds it.",
@@ -146,6 +198,13 @@ std::shared_ptr<Generation> GenerationCore::start(const GenerationSpec& spec) {
   gr.boundary_token = chat ? boundary_ : -1;
   auto job = std::make_shared<Job>(std::move(gr));
   auto gen = std::make_shared<Generation>(job, chat, prompt, spec.tools, format_);
+  {
+    std::lock_guard lk(live_mu_);  // with begin_shutdown's: a generation added here is seen by it
+    if (shutting_down_.load())
+      throw ApiError(503, "The server is shutting down; it accepts no new requests.", "", "shutting_down");
+    std::erase_if(live_, [](const std::weak_ptr<Generation>& w) { return w.expired(); });
+    live_.push_back(gen);
+  }
   if (!sched_->submit(job))
     throw ApiError(429,
                    "The server is busy: " + std::to_string(opts_.max_queue) +

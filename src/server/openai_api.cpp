@@ -8,8 +8,10 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "server/http_response.h"
+#include "server/http_server.h"
 #include "server/openai_format.h"
 #include "server/openai_schema.h"
+#include "server/request_json.h"
 #include "server/server_context.h"
 
 namespace lilac::server {
@@ -65,23 +67,23 @@ void handle_generation(ServerContext& C, const httplib::Request& req, httplib::R
       LILAC_LOG_WARN("POST %s -> %d: %s", endpoint.c_str(), e.status, e.message.c_str());
   };
   try {
-    const ojson body = ojson::parse(req.body, nullptr, false);
-    if (body.is_discarded())
-      throw ApiError(400, "We could not parse the JSON body of your request: it is not valid JSON.", "", "invalid_json");
-    if (!body.is_object()) throw ApiError(400, "The request body must be a JSON object.", "", "invalid_json");
+    const ojson body = parse_request_body(req.body);
+    bool any_model = false;  // the router keeps a request that named an upstream model local
     if (C.hook.maybe_forward) {
       const bool busy = C.ready.load() && C.core->busy();
-      if (C.hook.maybe_forward(req, res, body, busy)) {
+      const RouteDecisionKind d = C.hook.maybe_forward(req, res, body, busy);
+      if (d == RouteDecisionKind::Answered) {
         C.metrics.count_request(endpoint, res.status);
         return;
       }
+      any_model = d == RouteDecisionKind::LocalAnyModel;
     }
     if (!C.ready.load()) throw ApiError(503, "The model is still loading; retry shortly.", "", "model_not_loaded");
     const ModelConfig& cfg = C.core->config();
     const uint64_t seed = C.random_u64();
     OpenAIRequest r = chat ? chat_request(body, cfg, seed) : completion_request(body, cfg, seed);
     const CommonParams& common = r.common;
-    if (!common.model.empty() && common.model != C.opts.model_id)
+    if (!any_model && !common.model.empty() && common.model != C.opts.model_id)
       throw ApiError(404, "The model '" + common.model + "' does not exist (this server serves '" + C.opts.model_id + "').",
                      "model", "model_not_found");
     r.spec.sampling = common.sampling;
@@ -149,7 +151,7 @@ void list_models(ServerContext& C, const httplib::Request& req, httplib::Respons
 
 }  // namespace
 
-void add_openai_routes(httplib::Server& http, ServerContext& ctx) {
+void add_openai_routes(HttpServer& http, ServerContext& ctx) {
   ServerContext* C = &ctx;
   auto models = [C](const httplib::Request& req, httplib::Response& res) { list_models(*C, req, res); };
   http.Get("/v1/models", models);

@@ -71,6 +71,7 @@ void Scheduler::worker() {
       job = std::move(queue_.front());
       queue_.pop_front();
       current_ = job;
+      job->started = true;
       if (stop_) job->cancel = true;
     }
     if (metrics_) metrics_->running = 1;
