@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "engine/backend.h"
+#include "engine/validate.h"
 #include "server/api_error.h"
 #include "text/chat_template.h"
 #include "text/model_format.h"
@@ -169,25 +170,18 @@ std::shared_ptr<Generation> GenerationCore::start(const GenerationSpec& spec) {
   const bool chat = spec.input == GenerationSpec::Input::Chat;
   GenerationPrompt prompt;
   std::vector<int32_t> ids = prompt_tokens(spec, prompt);
-  const std::string& param = spec.prompt_param;
-  if (ids.empty()) throw ApiError(400, "The prompt is empty after tokenization.", param);
+  // One set of rules (engine/validate.h); the answer names the field at fault.
   const int64_t n = int64_t(ids.size());
-  const int64_t max_seq = opts_.max_seq;
-  if (n >= max_seq)
-    throw ApiError(400,
-                   "This model's maximum context length is " + std::to_string(max_seq) + " tokens; the prompt has " +
-                       std::to_string(n) + " tokens.",
-                   param, "context_length_exceeded");
-  const int64_t max_tokens = spec.max_tokens.value_or(max_seq - n);
-  if (max_tokens > max_seq - n)  // (n + max_tokens overflows for max_tokens near 2^63)
-    throw ApiError(400,
-                   "This model's maximum context length is " + std::to_string(max_seq) + " tokens; the prompt (" +
-                       std::to_string(n) + " tokens) + max_tokens (" + std::to_string(max_tokens) + ") exceeds it.",
-                   "max_tokens", "context_length_exceeded");
-  const int64_t vocab = backend_->config().vocab_size;
-  for (int32_t id : ids)
-    if (id < 0 || id >= vocab)
-      throw ApiError(400, "Token id " + std::to_string(id) + " is outside the model's vocabulary.", "prompt");
+  const int64_t max_tokens = spec.max_tokens.value_or(opts_.max_seq - n);
+  if (Check bad = check_context(n, max_tokens, opts_.max_seq)) {
+    switch (bad->kind) {
+      case Invalid::EmptyPrompt: throw ApiError(400, bad->message, spec.prompt_param);
+      case Invalid::BadMaxTokens: throw ApiError(400, bad->message, "max_tokens", "invalid_value");
+      case Invalid::TotalTooLong: throw ApiError(400, bad->message, "max_tokens", "context_length_exceeded");
+      default: throw ApiError(400, bad->message, spec.prompt_param, "context_length_exceeded");
+    }
+  }
+  if (Check bad = check_token_ids(ids, backend_->config().vocab_size)) throw ApiError(400, bad->message, "prompt");
 
   GenerationRequest gr;
   gr.prompt = std::move(ids);
