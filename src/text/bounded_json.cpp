@@ -67,6 +67,8 @@ class Builder {
     r_.status = JsonParseResult::Invalid;
     std::string what = ex.what();
     if (size_t p = what.find("] "); p != std::string::npos && what.front() == '[') what.erase(0, p + 2);
+    // Not the text around the error ("last read: ..."): messages are logged, bodies may hold secrets.
+    if (size_t p = what.find("; last read"); p != std::string::npos) what.erase(p);
     r_.message = what;
     return false;
   }

@@ -101,7 +101,7 @@ TEST(ServerLimits, StreamsBeyondTheQueueGet429AndHealthAnswers) {
   LocalServer l(o);
   json slow = chat("slow");
   slow["stream"] = true;
-  slow["max_tokens"] = 150;
+  slow["max_tokens"] = 100;
   std::vector<std::future<int>> streams;
   for (int i = 0; i < 2; ++i)
     streams.push_back(std::async(std::launch::async, [&] {
@@ -117,7 +117,9 @@ TEST(ServerLimits, StreamsBeyondTheQueueGet429AndHealthAnswers) {
   httplib::Client m("127.0.0.1", l.port);
   auto mr = m.Get("/metrics");
   ASSERT_TRUE(mr);
-  EXPECT_NE(mr->body.find("lilac_http_workers_busy 2"), std::string::npos) << mr->body;
+  const size_t at = mr->body.find("\nlilac_http_workers_busy ");
+  ASSERT_NE(at, std::string::npos) << mr->body;
+  EXPECT_GE(std::stoi(mr->body.substr(at + 25)), 2) << mr->body;  // the two streams (+ the 429 one finishing)
   for (auto& s : streams) EXPECT_EQ(s.get(), 200);
 }
 
