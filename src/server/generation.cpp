@@ -6,6 +6,7 @@
 #include "server/api_error.h"
 #include "text/chat_template.h"
 #include "text/model_format.h"
+#include "text/special_text.h"
 #include "text/tokenizer.h"
 
 namespace lilac::server {
@@ -16,7 +17,9 @@ Generation::Generation(std::shared_ptr<Job> job, bool chat, const GenerationProm
                        const nlohmann::ordered_json& tools, const ModelFormat& format)
     : job_(std::move(job)) {
   if (!chat) return;
-  parser_.emplace(prompt.in_reasoning, tools, format);
+  // Tool calls are parsed only for a request with tools (tool_choice "none" passes none): otherwise
+  // text that looks like a call stays content.
+  parser_.emplace(prompt.in_reasoning, tools, format, tools.is_array() && !tools.empty());
   if (!prompt.call_prefix.empty()) pending_ = parser_->push(prompt.call_prefix);  // normally nothing comes out yet
 }
 
@@ -105,6 +108,7 @@ GenerationCore::GenerationCore(std::shared_ptr<Backend> backend, std::shared_ptr
                                SchedulerOptions options, Metrics* metrics)
     : backend_(std::move(backend)), tok_(std::move(tokenizer)), tmpl_(std::move(chat_template)), format_(format),
       opts_(options) {
+  guard_ = std::make_unique<SpecialTokenGuard>(*tok_);
   eos_ = backend_->config().eos_token_ids;
   if (eos_.empty()) {
     for (const char* name : {"<|im_end|>", "<|endoftext|>"})
@@ -152,18 +156,22 @@ const ModelConfig& GenerationCore::config() const { return backend_->config(); }
 std::vector<int32_t> GenerationCore::prompt_tokens(const GenerationSpec& spec, GenerationPrompt& prompt) const {
   switch (spec.input) {
     case GenerationSpec::Input::Tokens: return spec.tokens;
-    case GenerationSpec::Input::Text: return tok_->encode(spec.text, true);
+    // Request text never becomes special tokens (text/special_text.h): a completions prompt is plain
+    // text (send token ids for control tokens); a chat request's strings are marked before rendering.
+    case GenerationSpec::Input::Text: return tok_->encode(spec.text, /*parse_special=*/false);
     case GenerationSpec::Input::Chat: break;
   }
   std::string text;
   try {
-    text = render_chat_request(*tmpl_, spec.chat);
+    nlohmann::ordered_json request = spec.chat;
+    guard_->escape_request(request);
+    text = render_chat_request(*tmpl_, request);
   } catch (const Error& e) {  // InputError or a template error (raise_exception)
     throw ApiError(400, std::string("Cannot render the conversation with the model's chat template: ") + e.what(),
                    "messages", "invalid_messages");
   }
   prompt = format_.generation_prompt(std::move(text), spec.force_tool_call, spec.forced_function);
-  return tok_->encode(prompt.text, true);
+  return guard_->encode(prompt.text);
 }
 
 std::shared_ptr<Generation> GenerationCore::start(const GenerationSpec& spec) {

@@ -26,6 +26,7 @@ namespace lilac {
 class Backend;
 class ChatTemplate;
 class ModelFormat;
+class SpecialTokenGuard;
 class Tokenizer;
 struct ModelConfig;
 }  // namespace lilac
@@ -127,6 +128,7 @@ class GenerationCore {
   std::shared_ptr<Backend> backend_;
   std::shared_ptr<const Tokenizer> tok_;
   std::shared_ptr<const ChatTemplate> tmpl_;
+  std::unique_ptr<SpecialTokenGuard> guard_;  // request text never becomes special tokens
   const ModelFormat& format_;
   SchedulerOptions opts_;
   std::vector<int32_t> eos_;

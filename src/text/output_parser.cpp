@@ -8,7 +8,8 @@
 //   <think>, </think> and </tool_call> are dropped, and so are newlines right before </think> and
 //   <tool_call>. (So trailing newlines of content/reasoning are held until the next non-newline
 //   character shows whether markup follows; at finish() they are emitted.)
-// - "<tool_call>" in content starts a tool call; its body is buffered until "</tool_call>" and then
+// - "<tool_call>" in content starts a tool call (only when tool calls are enabled: a request without tools
+//   gets the text as content); its body is buffered until "</tool_call>" and then
 //   parsed: the XML form (<function=NAME> with <parameter=ARG>VALUE</parameter>, several
 //   functions allowed) or Qwen3's JSON form {"name": ..., "arguments": {...}}. A body that parses
 //   yields one ToolCall delta per function (complete arguments JSON, one string); otherwise the
@@ -75,6 +76,7 @@ struct OutputParser::Impl {
   std::string buf;       // unprocessed text
   const FormatMarkup& mk;
   ojson tools;
+  bool calls_enabled = true;
   int n_calls = 0;
   std::mt19937_64 rng;
   std::vector<OutputDelta> out;
@@ -334,6 +336,11 @@ struct OutputParser::Impl {
       }
       switch (state) {
         case Content:
+          if (!calls_enabled) {  // no tools: everything is content
+            emit(OutputDelta::Content, buf);
+            buf.clear();
+            return;
+          }
           if (scan_text(OutputDelta::Content, mk.tool_open, final)) {
             state = Tool;
             continue;
@@ -373,8 +380,11 @@ struct OutputParser::Impl {
   }
 };
 
-OutputParser::OutputParser(bool in_reasoning, const nlohmann::ordered_json& tools, const ModelFormat& format)
-    : impl_(std::make_shared<Impl>(in_reasoning, tools, format)) {}
+OutputParser::OutputParser(bool in_reasoning, const nlohmann::ordered_json& tools, const ModelFormat& format,
+                           bool tool_calls)
+    : impl_(std::make_shared<Impl>(in_reasoning, tools, format)) {
+  impl_->calls_enabled = tool_calls;
+}
 
 std::vector<OutputDelta> OutputParser::push(std::string_view text) {
   Impl& m = *impl_;

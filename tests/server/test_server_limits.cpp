@@ -309,3 +309,40 @@ TEST(ServerShutdown, AStreamCutByShutdownEndsWithAnErrorEventAndDone) {
   EXPECT_EQ(t.substr(t.size() - 14), "data: [DONE]\n\n");
   EXPECT_EQ(t.find("finish_reason\":\"stop\""), std::string::npos);
 }
+
+// Issue 13, 7: tool_calls came back for a request without tools or with tool_choice "none"; control
+// tokens typed by a user were tokenized as control tokens.
+TEST(ServerProtocol, NoToolCallsWithoutToolsAndRequestTextIsNeverSpecial) {
+  json script = {{"rules", {{{"match", "weather"},
+                             {"reply", "</think>\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n"
+                                       "</parameter>\n</function>\n</tool_call>"}}}},
+                 {"default", {{"reply", "</think>\n\nok"}}}};
+  LocalServer l(LocalServer::options(), nullptr, script);
+  json tools = json::parse(R"([{"type": "function", "function": {"name": "get_weather",
+      "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}])");
+  json with_tools = chat("weather in Paris?");
+  with_tools["tools"] = tools;
+  auto r = post(l.port, with_tools);
+  ASSERT_TRUE(r);
+  json j = json::parse(r->body);
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "tool_calls") << r->body;  // the control
+  for (json body : {chat("weather in Paris?"), with_tools}) {
+    if (body.contains("tools")) body["tool_choice"] = "none";
+    r = post(l.port, body);
+    ASSERT_TRUE(r);
+    j = json::parse(r->body);
+    EXPECT_EQ(j["choices"][0]["finish_reason"], "stop") << r->body;
+    EXPECT_FALSE(j["choices"][0]["message"].contains("tool_calls")) << r->body;
+    EXPECT_NE(j["choices"][0]["message"]["content"].get<std::string>().find("<tool_call>"), std::string::npos);
+  }
+  // "<|im_end|>" typed by the user is several plain tokens, not one control token.
+  auto prompt_tokens = [&](const std::string& text) {
+    auto res = post(l.port, chat(text));
+    return res ? json::parse(res->body)["usage"]["prompt_tokens"].get<int>() : -1;
+  };
+  EXPECT_GE(prompt_tokens("hi<|im_end|>") - prompt_tokens("hi"), 4);
+  httplib::Client c("127.0.0.1", l.port);
+  auto comp = c.Post("/v1/completions", R"({"prompt": "<|im_end|>", "max_tokens": 1})", "application/json");
+  ASSERT_TRUE(comp);
+  EXPECT_GE(json::parse(comp->body)["usage"]["prompt_tokens"].get<int>(), 4) << comp->body;
+}
