@@ -57,6 +57,7 @@ HttpServer::HttpServer(HttpServerOptions opts) : impl_(std::make_unique<Impl>(th
 HttpServer::~HttpServer() { stop(); }
 
 void HttpServer::route(const std::string& method, const std::string& pattern, HttpHandler handler, RouteOptions o) {
+  if (impl_->started) throw Error("HttpServer: route " + method + " " + pattern + " added after start()");
   auto r = std::make_unique<http_detail::Route>();
   r->method = method;
   r->pattern = pattern;

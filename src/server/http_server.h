@@ -74,6 +74,7 @@ class HttpServer {
 
   // `pattern`: a literal path, or a regular expression (std::regex, whole path; groups in req.matches)
   // when it contains '('. A path that matches a route under another method gets 405 with Allow.
+  // Routes are added before start() (throws lilac::Error after).
   void route(const std::string& method, const std::string& pattern, HttpHandler handler, RouteOptions o = {});
   void Get(const std::string& pattern, HttpHandler h, RouteOptions o = {}) { route("GET", pattern, std::move(h), std::move(o)); }
   void Post(const std::string& pattern, HttpHandler h, RouteOptions o = {}) { route("POST", pattern, std::move(h), std::move(o)); }

@@ -12,6 +12,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -55,7 +56,8 @@ struct TestServer {
   int port = 0;
   Gate gate;
   std::atomic<int> served{0};
-  explicit TestServer(HttpServerOptions o) : http(o) {
+  // `extra`: more routes, registered before the server starts (the route table is fixed after).
+  explicit TestServer(HttpServerOptions o, const std::function<void(HttpServer&)>& extra = nullptr) : http(o) {
     RouteOptions fast;
     fast.run_inline = true;
     http.Get("/health", [](const httplib::Request&, httplib::Response& res) { res.set_content("{\"ok\":1}", "application/json"); }, fast);
@@ -71,6 +73,7 @@ struct TestServer {
     http.set_default_errors([](int status, const std::string& msg, const std::string& code) {
       return "{\"error\":{\"code\":\"" + code + "\",\"status\":" + std::to_string(status) + "}}";
     });
+    if (extra) extra(http);
     port = http.bind();
     http.start();
   }
@@ -204,12 +207,13 @@ TEST(HttpServer, IdleConnectionsAreEvictedAtTheCapBusyOnesAreNot) {
 }
 
 TEST(HttpServer, MethodNotAllowedUnknownPathAndRouteErrorShapes) {
-  TestServer s(opts());
-  RouteOptions anth;
-  anth.errors = [](int status, const std::string& msg, const std::string&) {
-    return "{\"type\":\"error\",\"error\":{\"type\":\"x\",\"status\":" + std::to_string(status) + "}}";
-  };
-  s.http.Post("/v1/messages", [](const httplib::Request&, httplib::Response& res) { res.set_content("{}", "application/json"); }, anth);
+  TestServer s(opts(), [](HttpServer& http) {
+    RouteOptions anth;
+    anth.errors = [](int status, const std::string&, const std::string&) {
+      return "{\"type\":\"error\",\"error\":{\"type\":\"x\",\"status\":" + std::to_string(status) + "}}";
+    };
+    http.Post("/v1/messages", [](const httplib::Request&, httplib::Response& res) { res.set_content("{}", "application/json"); }, anth);
+  });
   Sock a(s.port);
   a.send(get("/echo"));
   std::string r = a.answer();
@@ -294,9 +298,8 @@ TEST(HttpServer, DrainRefusesNewRequestsButInlineRoutesAnswer) {
 }
 
 TEST(HttpServer, AHandlerSeesItsClientGo) {
-  TestServer s(opts());
   std::atomic<int> seen{-1};
-  s.http.Post("/watch", [&](const httplib::Request&, httplib::Response& res) {
+  TestServer s(opts(), [&](HttpServer& http) { http.Post("/watch", [&](const httplib::Request&, httplib::Response& res) {
     const auto end = std::chrono::steady_clock::now() + 10s;
     bool gone = false;
     while (!gone && std::chrono::steady_clock::now() < end) {
@@ -305,7 +308,7 @@ TEST(HttpServer, AHandlerSeesItsClientGo) {
     }
     seen = gone ? 1 : 0;
     res.set_content("late", "text/plain");
-  });
+  }); });
   {
     Sock a(s.port);
     a.send(post("/watch", "{}"));
@@ -319,11 +322,12 @@ TEST(HttpServer, AHandlerSeesItsClientGo) {
 }
 
 TEST(HttpServer, StopDoesNotHangOnAClientThatStoppedReading) {
-  auto s = std::make_unique<TestServer>(opts());
-  s->http.Post("/flood", [](const httplib::Request&, httplib::Response& res) {
-    res.set_chunked_content_provider("text/plain", [](size_t, httplib::DataSink& sink) {
-      std::string block(65536, 'f');
-      return sink.write(block.data(), block.size());
+  auto s = std::make_unique<TestServer>(opts(), [](HttpServer& http) {
+    http.Post("/flood", [](const httplib::Request&, httplib::Response& res) {
+      res.set_chunked_content_provider("text/plain", [](size_t, httplib::DataSink& sink) {
+        std::string block(65536, 'f');
+        return sink.write(block.data(), block.size());
+      });
     });
   });
   Sock a(s->port);
