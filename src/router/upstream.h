@@ -9,12 +9,15 @@
 // nothing here logs it.
 #pragma once
 #include <memory>
+#include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
 namespace httplib {
+class Client;
 struct Response;
 }
 
@@ -62,10 +65,17 @@ class UpstreamClient {
   // GET base + "/models": the ids, or nullopt when the upstream does not answer in time / answers badly.
   std::optional<std::vector<std::string>> list_models(int timeout_ms);
 
+  // Cuts every request in flight (the server stops); later requests fail at once.
+  void cancel_all();
+
   const UpstreamOptions& options() const { return opts_; }
 
  private:
+  friend struct ActiveClient;
   UpstreamOptions opts_;
+  std::mutex active_mu_;
+  std::set<httplib::Client*> active_;
+  bool cancelled_ = false;
 };
 
 // Adds `"lilac_route": "<label>"` to every `data: {...}` line of an SSE fragment made of complete

@@ -9,6 +9,8 @@
 #include "server/anthropic_format.h"
 #include "server/anthropic_schema.h"
 #include "server/endpoint.h"
+#include "server/http_server.h"
+#include "server/request_json.h"
 #include "server/server_context.h"
 
 namespace lilac::server {
@@ -96,8 +98,13 @@ void count_tokens(ServerContext& C, const httplib::Request& req, httplib::Respon
 
 }  // namespace
 
-void add_anthropic_routes(httplib::Server& http, ServerContext& ctx) {
+void add_anthropic_routes(HttpServer& http, ServerContext& ctx) {
   ServerContext* C = &ctx;
+  // The HTTP layer's own errors on these routes (401, 413, 408, 503 ...) in Anthropic's shape too.
+  RouteOptions ro;
+  ro.errors = [](int status, const std::string& message, const std::string& code) {
+    return dump_json(anthropic_error_body(ApiError(status, message, "", code)));
+  };
   auto ep = std::make_shared<Endpoint>(messages_endpoint(ctx));
   http.Post(ep->path, [C, ep](const httplib::Request& req, httplib::Response& res) {
     try {
@@ -108,9 +115,9 @@ void add_anthropic_routes(httplib::Server& http, ServerContext& ctx) {
       return;
     }
     serve_generation(*C, *ep, req, res);
-  });
+  }, ro);
   http.Post("/v1/messages/count_tokens",
-            [C](const httplib::Request& req, httplib::Response& res) { count_tokens(*C, req, res); });
+            [C](const httplib::Request& req, httplib::Response& res) { count_tokens(*C, req, res); }, ro);
 }
 
 }  // namespace lilac::server

@@ -5,14 +5,11 @@
 // when given, must be a version date from 2023-01-01 on (answers have the 2023-06-01 shape).
 #pragma once
 
-namespace httplib {
-class Server;
-}
-
 namespace lilac::server {
 
+class HttpServer;
 struct ServerContext;
 
-void add_anthropic_routes(httplib::Server& http, ServerContext& ctx);
+void add_anthropic_routes(HttpServer& http, ServerContext& ctx);
 
 }  // namespace lilac::server

@@ -6,20 +6,13 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "server/request_json.h"
 #include "server/server_context.h"
 
 namespace lilac::server {
 
 using Clock = std::chrono::steady_clock;
 using ojson = nlohmann::ordered_json;
-
-ojson parse_request_body(const std::string& text) {
-  ojson body = ojson::parse(text, nullptr, false);
-  if (body.is_discarded())
-    throw ApiError(400, "We could not parse the JSON body of your request: it is not valid JSON.", "", "invalid_json");
-  if (!body.is_object()) throw ApiError(400, "The request body must be a JSON object.", "", "invalid_json");
-  return body;
-}
 
 bool read_openai_error(const std::string& body, int status, ApiError& out) {
   const auto j = nlohmann::json::parse(body, nullptr, false);
@@ -54,17 +47,20 @@ void serve_generation(ServerContext& C, const Endpoint& ep, const httplib::Reque
   };
   try {
     const ojson body = parse_request_body(req.body);
+    bool any_model = false;  // the router keeps a request that named an upstream model local
     if (C.hook.maybe_forward) {
       const bool busy = C.ready.load() && C.core->busy();
-      if (C.hook.maybe_forward(req, res, body, busy)) {
+      const RouteDecisionKind d = C.hook.maybe_forward(req, res, body, busy);
+      if (d == RouteDecisionKind::Answered) {
         rewrite_hook_error(ep, res);
         C.metrics.count_request(ep.path, res.status);
         return;
       }
+      any_model = d == RouteDecisionKind::LocalAnyModel;
     }
     if (!C.ready.load()) throw ApiError(503, "The model is still loading; retry shortly.", "", "model_not_loaded");
     PreparedRequest r = ep.prepare(body, C.core->config(), C.random_u64());
-    if (!r.model.empty() && r.model != C.opts.model_id)
+    if (!any_model && !r.model.empty() && r.model != C.opts.model_id)
       throw ApiError(404, "The model '" + r.model + "' does not exist (this server serves '" + C.opts.model_id + "').",
                      "model", "model_not_found");
     std::shared_ptr<Generation> gen = C.core->start(r.spec);

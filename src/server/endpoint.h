@@ -51,9 +51,6 @@ struct Endpoint {
 // POST handler body of a generation endpoint.
 void serve_generation(ServerContext& C, const Endpoint& ep, const httplib::Request& req, httplib::Response& res);
 
-// The body parsed as a JSON object (ApiError 400 otherwise).
-nlohmann::ordered_json parse_request_body(const std::string& text);
-
 // An OpenAI-shaped error answer ({"error": {message, type, param, code}}) read back into an ApiError
 // (false when `body` is not one).
 bool read_openai_error(const std::string& body, int status, ApiError& out);

@@ -6,6 +6,7 @@
 #include "server/api_error.h"
 #include "text/chat_template.h"
 #include "text/model_format.h"
+#include "text/special_text.h"
 #include "text/tokenizer.h"
 
 namespace lilac::server {
@@ -17,7 +18,9 @@ Generation::Generation(std::shared_ptr<Job> job, bool chat, const GenerationProm
     : job_(std::move(job)) {
   prompt_tokens_ = int64_t(job_->req.prompt.size());
   if (!chat) return;
-  parser_.emplace(prompt.in_reasoning, tools, format);
+  // Tool calls are parsed only for a request with tools (tool_choice "none" passes none): otherwise
+  // text that looks like a call stays content.
+  parser_.emplace(prompt.in_reasoning, tools, format, tools.is_array() && !tools.empty());
   if (!prompt.call_prefix.empty()) pending_ = parser_->push(prompt.call_prefix);  // normally nothing comes out yet
 }
 
@@ -33,7 +36,8 @@ void Generation::cancel() {
 // stopped (closing the reasoning when it is still open) and returns true; false when the generation
 // ends here. The closing markup goes through the parser (it yields no text, only the switch).
 bool Generation::continue_after(const GenerationStats& st, std::vector<OutputDelta>& deltas) {
-  if (!budget_ || !parser_ || cancelled_.load() || st.finish != FinishReason::Length) return false;
+  if (!budget_ || !parser_ || cancelled_.load() || abort_status_.load() || st.finish != FinishReason::Length)
+    return false;
   const int64_t used = acc_.completion_tokens + st.completion_tokens;
   if (used >= budget_->max_total) return false;
   GenerationRequest req = job_->req;
@@ -59,8 +63,24 @@ bool Generation::continue_after(const GenerationStats& st, std::vector<OutputDel
   continued_ = true;
   std::lock_guard lk(job_mu_);
   job_ = std::move(next);
-  if (cancelled_.load()) job_->cancel = true;
+  if (cancelled_.load() || abort_status_.load()) job_->cancel = true;
   return true;
+}
+
+void Generation::abort(int status, const std::string& message) {
+  {
+    std::lock_guard lk(abort_mu_);
+    if (abort_status_.load()) return;
+    abort_message_ = message;
+  }
+  abort_status_ = status;
+  std::lock_guard lk(job_mu_);
+  job_->cancel = true;
+}
+
+bool Generation::started() const {
+  std::lock_guard lk(job_mu_);
+  return job_->started.load();
 }
 
 OutputEvent Generation::decode(JobEvent& ev) {
@@ -86,6 +106,14 @@ OutputEvent Generation::decode(JobEvent& ev) {
       }
       break;
     case JobEvent::Done:
+      if (ev.stats.finish == FinishReason::Cancelled && abort_status_.load()) {
+        // Stopped by Generation::abort (the server stops): an error, never a normal end.
+        std::lock_guard lk(abort_mu_);
+        ev.kind = JobEvent::Error;
+        ev.status = abort_status_.load();
+        ev.message = abort_message_;
+        return decode(ev);
+      }
       if (continue_after(ev.stats, out.deltas)) {
         out.kind = OutputEvent::Token;  // no token (id -1, no text): only the deltas, if any
         break;
@@ -119,6 +147,14 @@ OutputEvent Generation::decode(JobEvent& ev) {
 }
 
 bool Generation::poll(std::vector<OutputEvent>& out, std::chrono::milliseconds timeout) {
+  if (!finished_ && abort_status_.load() && !job_->started.load()) {
+    // Aborted while still queued: answered now, not when the scheduler reaches it.
+    JobEvent ev;
+    ev.kind = JobEvent::Done;
+    ev.stats.finish = FinishReason::Cancelled;
+    out.push_back(decode(ev));
+    return true;
+  }
   std::vector<JobEvent> evs;
   const bool got = job_->pop_all(evs, timeout);  // job_ is replaced only on this thread
   for (auto& e : evs) {
@@ -137,6 +173,7 @@ GenerationCore::GenerationCore(std::shared_ptr<Backend> backend, std::shared_ptr
                                SchedulerOptions options, Metrics* metrics)
     : backend_(std::move(backend)), tok_(std::move(tokenizer)), tmpl_(std::move(chat_template)), format_(format),
       opts_(options) {
+  guard_ = std::make_unique<SpecialTokenGuard>(*tok_);
   eos_ = backend_->config().eos_token_ids;
   if (eos_.empty()) {
     for (const char* name : {"<|im_end|>", "<|endoftext|>"})
@@ -155,23 +192,51 @@ void GenerationCore::stop() {
 
 bool GenerationCore::busy() const { return sched_->full(); }
 
+std::vector<std::shared_ptr<Generation>> GenerationCore::live() const {
+  std::vector<std::shared_ptr<Generation>> out;
+  std::lock_guard lk(live_mu_);
+  for (const auto& w : live_)
+    if (auto g = w.lock()) out.push_back(std::move(g));
+  return out;
+}
+
+size_t GenerationCore::active() const { return live().size(); }
+
+void GenerationCore::begin_shutdown() {
+  {
+    std::lock_guard lk(live_mu_);
+    shutting_down_ = true;
+  }
+  for (auto& g : live())
+    if (!g->started()) g->abort(503, "The server is shutting down: the request was not started. Retry on another server.");
+}
+
+void GenerationCore::abort_all(int status, const std::string& message) {
+  shutting_down_ = true;
+  for (auto& g : live()) g->abort(status, message);
+}
+
 const ModelConfig& GenerationCore::config() const { return backend_->config(); }
 
 std::vector<int32_t> GenerationCore::prompt_tokens(const GenerationSpec& spec, GenerationPrompt& prompt) const {
   switch (spec.input) {
     case GenerationSpec::Input::Tokens: return spec.tokens;
-    case GenerationSpec::Input::Text: return tok_->encode(spec.text, true);
+    // Request text never becomes special tokens (text/special_text.h): a completions prompt is plain
+    // text (send token ids for control tokens); a chat request's strings are marked before rendering.
+    case GenerationSpec::Input::Text: return tok_->encode(spec.text, /*parse_special=*/false);
     case GenerationSpec::Input::Chat: break;
   }
   std::string text;
   try {
-    text = render_chat_request(*tmpl_, spec.chat);
+    nlohmann::ordered_json request = spec.chat;
+    guard_->escape_request(request);
+    text = render_chat_request(*tmpl_, request);
   } catch (const Error& e) {  // InputError or a template error (raise_exception)
     throw ApiError(400, std::string("Cannot render the conversation with the model's chat template: ") + e.what(),
                    "messages", "invalid_messages");
   }
   prompt = format_.generation_prompt(std::move(text), spec.force_tool_call, spec.forced_function);
-  return tok_->encode(prompt.text, true);
+  return guard_->encode(prompt.text);
 }
 
 int64_t GenerationCore::count_prompt_tokens(const GenerationSpec& spec) const {
@@ -217,6 +282,13 @@ std::shared_ptr<Generation> GenerationCore::start(const GenerationSpec& spec) {
     Scheduler* sched = sched_.get();
     b.submit = [sched](std::shared_ptr<Job> j) { return sched->submit(std::move(j)); };
     gen->set_reasoning_budget(std::move(b));
+  }
+  {
+    std::lock_guard lk(live_mu_);  // with begin_shutdown's: a generation added here is seen by it
+    if (shutting_down_.load())
+      throw ApiError(503, "The server is shutting down; it accepts no new requests.", "", "shutting_down");
+    std::erase_if(live_, [](const std::weak_ptr<Generation>& w) { return w.expired(); });
+    live_.push_back(gen);
   }
   if (!sched_->submit(job))
     throw ApiError(429,

@@ -9,10 +9,10 @@
 #pragma once
 #include <atomic>
 #include <chrono>
-#include <functional>
-#include <mutex>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -27,6 +27,7 @@ namespace lilac {
 class Backend;
 class ChatTemplate;
 class ModelFormat;
+class SpecialTokenGuard;
 class Tokenizer;
 struct ModelConfig;
 }  // namespace lilac
@@ -92,6 +93,10 @@ class Generation {
   // timeout. After a Done or Error event finished() is true and nothing more comes.
   bool poll(std::vector<OutputEvent>& out, std::chrono::milliseconds timeout);
   void cancel();  // the client went away: the scheduler stops the generation
+  // Ends the generation with an error instead (the server stops): the scheduler stops it at its next
+  // step and its end comes as an Error event with `status` and `message` (unless it ended already).
+  void abort(int status, const std::string& message);
+  bool started() const;  // the scheduler took it from its queue
 
   bool finished() const { return finished_; }
   bool failed() const { return error_status_ != 0; }
@@ -105,7 +110,7 @@ class Generation {
   OutputEvent decode(JobEvent& ev);
   bool continue_after(const GenerationStats& st, std::vector<OutputDelta>& deltas);
 
-  std::mutex job_mu_;  // job_ is replaced by a continuation while cancel() may run
+  mutable std::mutex job_mu_;  // job_ is replaced by a continuation while cancel() may run
   std::shared_ptr<Job> job_;
   std::atomic<bool> cancelled_{false};
   std::optional<ReasoningBudget> budget_;
@@ -113,6 +118,9 @@ class Generation {
   GenerationStats acc_;             // budgeted: the stats of the jobs that ended so far
   bool continued_ = false;
   int64_t prompt_tokens_ = 0;
+  std::atomic<int> abort_status_{0};
+  std::mutex abort_mu_;
+  std::string abort_message_;
   std::optional<OutputParser> parser_;  // chat only
   std::vector<OutputDelta> pending_;    // deltas of the forced call prefix (normally none)
   bool finished_ = false;
@@ -129,26 +137,37 @@ class GenerationCore {
   ~GenerationCore();
 
   // Renders, tokenizes, checks and queues `spec`. Throws ApiError: 400 for a prompt that cannot be
-  // rendered, is empty or does not fit the context, 429 when the queue is full.
+  // rendered, is empty or does not fit the context, 429 when the queue is full, 503 once shutting down.
   std::shared_ptr<Generation> start(const GenerationSpec& spec);
   // The prompt's length in tokens once rendered and shaped as start() would (nothing is queued).
   // Throws ApiError 400 for a prompt that cannot be rendered.
   int64_t count_prompt_tokens(const GenerationSpec& spec) const;
   bool busy() const;  // the queue is full: start() would answer 429
   const ModelConfig& config() const;
+  // Shutdown: start() refuses (503) from now on, and the generations still queued end with 503.
+  void begin_shutdown();
+  // Generations whose Generation object is alive (their answer is still being sent).
+  size_t active() const;
+  // Ends every live generation with an error (Generation::abort).
+  void abort_all(int status, const std::string& message);
   void stop();  // cancels the queued and running generations
 
  private:
   std::vector<int32_t> prompt_tokens(const GenerationSpec& spec, GenerationPrompt& prompt) const;
+  std::vector<std::shared_ptr<Generation>> live() const;
 
   std::shared_ptr<Backend> backend_;
   std::shared_ptr<const Tokenizer> tok_;
   std::shared_ptr<const ChatTemplate> tmpl_;
+  std::unique_ptr<SpecialTokenGuard> guard_;  // request text never becomes special tokens
   const ModelFormat& format_;
   SchedulerOptions opts_;
   std::vector<int32_t> eos_;
   int32_t boundary_ = -1;
   std::unique_ptr<Scheduler> sched_;
+  mutable std::mutex live_mu_;
+  std::vector<std::weak_ptr<Generation>> live_;
+  std::atomic<bool> shutting_down_{false};
 };
 
 }  // namespace lilac::server

@@ -9,6 +9,7 @@
 #include "core/log.h"
 #include "server/endpoint.h"
 #include "server/http_response.h"
+#include "server/http_server.h"
 #include "server/openai_format.h"
 #include "server/openai_schema.h"
 #include "server/server_context.h"
@@ -116,7 +117,7 @@ void list_models(ServerContext& C, const httplib::Request& req, httplib::Respons
 
 }  // namespace
 
-void add_openai_routes(httplib::Server& http, ServerContext& ctx) {
+void add_openai_routes(HttpServer& http, ServerContext& ctx) {
   ServerContext* C = &ctx;
   auto models = [C](const httplib::Request& req, httplib::Response& res) { list_models(*C, req, res); };
   http.Get("/v1/models", models);

@@ -110,14 +110,23 @@ void validate_tools(const ojson& tools) {
       wrong_type(pfx + ".function.description", "a string", *d);
     if (auto ps = f->find("parameters"); ps != f->end() && !ps->is_null()) {
       if (!ps->is_object()) wrong_type(pfx + ".function.parameters", "an object (a JSON schema)", *ps);
+      // A JSON schema of type "object" (an empty object means no parameters).
       auto pt = ps->find("type");
-      if (pt != ps->end() && !(pt->is_string() && *pt == "object"))
-        bad(pfx + ".function.parameters", "Invalid schema for function '" + name + "': parameters must be of type \"object\".",
+      if (!ps->empty() && (pt == ps->end() || !(pt->is_string() && *pt == "object")))
+        bad(pfx + ".function.parameters",
+            "Invalid schema for function '" + name + "': parameters must be a JSON schema of type \"object\", got " +
+                (pt == ps->end() ? std::string("no type") : "type " + pt->dump()) + ".",
             "invalid_function_parameters");
       auto props = ps->find("properties");
       if (props != ps->end() && !props->is_object())
         bad(pfx + ".function.parameters", "Invalid schema for function '" + name + "': 'properties' must be an object.",
             "invalid_function_parameters");
+      if (props != ps->end())
+        for (auto it = props->begin(); it != props->end(); ++it)
+          if (!it.value().is_object() && !it.value().is_boolean())
+            bad(pfx + ".function.parameters",
+                "Invalid schema for function '" + name + "': property '" + it.key() + "' must be a JSON schema (an object).",
+                "invalid_function_parameters");
       auto req = ps->find("required");
       if (req != ps->end()) {
         if (!req->is_array())

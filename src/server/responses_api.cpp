@@ -2,6 +2,8 @@
 
 #include <httplib.h>
 
+#include "server/http_server.h"
+
 #include <ctime>
 
 #include "server/endpoint.h"
@@ -58,7 +60,7 @@ Endpoint responses_endpoint(ServerContext& C) {
 
 }  // namespace
 
-void add_responses_routes(httplib::Server& http, ServerContext& ctx) {
+void add_responses_routes(HttpServer& http, ServerContext& ctx) {
   ServerContext* C = &ctx;
   auto ep = std::make_shared<Endpoint>(responses_endpoint(ctx));
   http.Post(ep->path, [C, ep](const httplib::Request& req, httplib::Response& res) { serve_generation(*C, *ep, req, res); });

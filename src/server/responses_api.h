@@ -2,14 +2,12 @@
 // server/endpoint.h: route hook, generation core, the Responses formatter). Errors in OpenAI's shape.
 #pragma once
 
-namespace httplib {
-class Server;
-}
-
 namespace lilac::server {
+
+class HttpServer;
 
 struct ServerContext;
 
-void add_responses_routes(httplib::Server& http, ServerContext& ctx);
+void add_responses_routes(HttpServer& http, ServerContext& ctx);
 
 }  // namespace lilac::server

@@ -2,13 +2,15 @@
 
 #include <httplib.h>
 
+#include "server/http_server.h"
+
 #include <string>
 
 #include "server/web_assets.h"
 
 namespace lilac::server {
 
-void add_web_routes(httplib::Server& http) {
+void add_web_routes(HttpServer& http) {
   for (const WebAsset& a : web_assets()) {
     const std::string path = a.path;
     auto serve = [&a](const httplib::Request&, httplib::Response& res) {

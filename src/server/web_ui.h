@@ -3,12 +3,10 @@
 // asks for one when the API answers 401.
 #pragma once
 
-namespace httplib {
-class Server;
-}
-
 namespace lilac::server {
 
-void add_web_routes(httplib::Server& http);
+class HttpServer;
+
+void add_web_routes(HttpServer& http);
 
 }  // namespace lilac::server

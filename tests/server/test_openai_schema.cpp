@@ -156,3 +156,21 @@ TEST(OpenAISchema, CompletionPrompts) {
   EXPECT_THROW(parse_completion_request(ojson{{"prompt", ""}}, cfg, 1), ApiError);
   EXPECT_THROW(parse_completion_request(ojson{{"prompt", "a"}, {"echo", true}}, cfg, 1), ApiError);
 }
+
+// Issue 13, 7: a tool whose `parameters` is not a JSON schema object was accepted.
+TEST(OpenAISchema, ToolParametersMustBeAnObjectSchema) {
+  auto tool = [](const char* params) {
+    return chat({{"tools", ojson::parse(std::string(R"([{"type":"function","function":{"name":"f","parameters":)") + params + "}}]")}});
+  };
+  for (const char* bad : {R"({"properties": {"a": {"type": "string"}}})", R"({"foo": "bar"})", R"({"type": "string"})",
+                          R"({"type": ["object"]})", R"({"type": "object", "properties": {"a": 5}})",
+                          R"({"type": "object", "properties": {"a": "string"}})", R"("object")", R"([1])"}) {
+    int status = 0;
+    std::string code;
+    EXPECT_EQ(error_param(tool(bad), &status, &code), "tools[0].function.parameters") << bad;
+    EXPECT_EQ(status, 400) << bad;
+  }
+  for (const char* good : {R"({})", R"(null)", R"({"type": "object"})",
+                           R"({"type": "object", "properties": {"a": {"type": "string"}, "b": true}, "required": ["a"]})"})
+    EXPECT_NO_THROW(parse_chat_request(tool(good), config_with_defaults(), 1)) << good;
+}

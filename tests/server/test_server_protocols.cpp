@@ -102,19 +102,20 @@ TEST(ServerProtocols, ApiKeyByEitherHeaderAndAnthropicShapedLayerErrors) {
   EXPECT_EQ(r->status, 200);
   r = cli.Post("/v1/messages", {{"x-api-key", "wrong"}}, kMessages, "application/json");
   EXPECT_EQ(r->status, 401);
-  r = cli.Post("/v1/messages/nope", {{"x-api-key", "secret"}}, kMessages, "application/json");
-  EXPECT_EQ(r->status, 404);
-  EXPECT_EQ(json::parse(r->body)["error"]["type"], "not_found_error");
+  r = cli.Post("/v1/messages/count_tokens", R"({"messages": [{"role": "user", "content": "hi"}]})", "application/json");
+  EXPECT_EQ(r->status, 401);  // the HTTP layer's answer, in the route's (Anthropic's) shape
+  EXPECT_EQ(json::parse(r->body)["error"]["type"], "authentication_error");
 }
 
 TEST(ServerProtocols, RouteHookErrorsAreRewrittenAndLocalAnswersMarked) {
   lilac::server::RouteHook hook;
+  using K = lilac::server::RouteDecisionKind;
   hook.maybe_forward = [](const httplib::Request&, httplib::Response& res, const nlohmann::ordered_json& body, bool) {
-    if (!body.contains("refuse")) return false;
+    if (!body.contains("refuse")) return K::Local;
     res.status = 403;
     res.set_content(R"({"error": {"message": "not allowed", "type": "permission_error", "param": "model", "code": "route_forbidden"}})",
                     "application/json");
-    return true;
+    return K::Answered;
   };
   Local l("", &hook);
   httplib::Client cli("127.0.0.1", l.port);
