@@ -238,6 +238,7 @@ async function main() {
   };
   const counts = {};
   const bad = [];
+  const latency = { health: [], metrics: [] };  // ms, as the client saw them (its own load included)
   const rss = [];
   const t0 = Date.now();
   const end = t0 + o.durationS * 1000;
@@ -248,7 +249,9 @@ async function main() {
     while (Date.now() < end && !crashed) {
       const n = pick();
       let st;
+      const t = performance.now();
       try { st = await A[n].run(); } catch (e) { st = `error: ${e.cause?.code ?? e.message}`; }
+      if (n === 'health' || n === 'metrics') latency[n].push(performance.now() - t);
       const key = `${A[n].kind}/${n}/${st}`;
       counts[key] = (counts[key] ?? 0) + 1;
       if (!A[n].ok(st) && bad.length < 50) bad.push({ t: Date.now() - t0, action: n, got: st });
@@ -278,6 +281,11 @@ async function main() {
       final: all.at(-1), samples: all.length,
       every_10s: rss.filter((_, i) => i % 10 === 0).map(([, k]) => k) }, rss_bounded: rssBounded, health_after: health,
     crashed, stop: stopped, secret_reached_upstream: Boolean(upstream?.leaked),
+    latency_ms: Object.fromEntries(Object.entries(latency).map(([k, v]) => {
+      const s = [...v].sort((a, b) => a - b);
+      const q = (p) => (s.length ? Math.round(s[Math.min(s.length - 1, Math.floor(p * s.length))] * 10) / 10 : null);
+      return [k, { n: s.length, p50: q(0.5), p99: q(0.99), max: s.length ? Math.round(s.at(-1) * 10) / 10 : null }];
+    })),
   };
   if (o.json) fs.writeFileSync(o.json, JSON.stringify(summary, null, 2));
   console.log(JSON.stringify(summary, null, 2));

@@ -16,6 +16,7 @@
 #include "cli/backend_select.h"
 #include "cli/command.h"
 #include "cli/serve_extension.h"
+#include "cli/spec_options.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/mapped_file.h"
@@ -62,7 +63,8 @@ void release_free_memory() {
 
 struct ServeArgs {
   std::string model, backend = "auto", model_name, api_key, host = "127.0.0.1";
-  int port = 8080, threads = 0, max_queue = 64, http_threads = 0, max_connections = 1024, max_batch = 0;
+  int port = 8080, threads = 0, max_queue = 64, http_threads = 0, max_connections = 1024, max_batch = 0,
+      spec_tokens = 0;
   int64_t max_seq = 0, prefill_chunk = 512;
   double seq_memory_gb = 0;
   int debug_load_delay_ms = 0;  // tests: keep /health at 503 this long
@@ -105,6 +107,7 @@ int run(const ServeArgs& a) {
   o.max_batch = a.max_batch;
   o.seq_memory_bytes = a.seq_memory_gb * 1e9;
   o.prefill_chunk = a.prefill_chunk;
+  o.spec_tokens = a.spec_tokens;
   o.http_threads = a.http_threads;
   o.max_connections = a.max_connections;
   o.header_timeout_ms = int(a.header_timeout_s * 1000);
@@ -137,6 +140,7 @@ int run(const ServeArgs& a) {
   } else {
     auto weights = load_model(a.model);
     backend = make_backend(a.backend, weights, a.threads);
+    effective_spec_tokens(a.spec_tokens, *backend, *weights);  // logs whether it applies, and why not
   }
   srv.set_model(backend, tok, tmpl);
   std::printf(
@@ -205,6 +209,7 @@ const bool registered = register_command(Command{
       sub.add_option("--shutdown-grace-s", a->shutdown_grace_s,
                      "On SIGTERM / SIGINT: seconds running generations get to finish before they end with an error")
           ->capture_default_str();
+      add_spec_option(sub, a->spec_tokens);
       sub.add_option("--debug-load-delay-ms", a->debug_load_delay_ms, "(tests) wait before loading the model")
           ->group("");
       for (auto& ext : serve_extensions())
