@@ -9,10 +9,14 @@
 #include <memory>
 #include <string>
 #include <thread>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 
 #include "cli/backend_select.h"
 #include "cli/command.h"
 #include "cli/serve_extension.h"
+#include "cli/spec_options.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/mapped_file.h"
@@ -42,9 +46,25 @@ namespace {
 volatile std::sig_atomic_t g_stop = 0;  // signals received
 void on_signal(int) { g_stop = g_stop + 1; }
 
+// Keeps the memory of request-sized buffers from piling up in glibc's per-thread arenas: blocks of
+// 1 MiB and more (bodies, parsed JSON, forwarded copies) are mapped and unmapped on their own instead
+// of staying in whichever arena served them (the threshold no longer adapts upwards), and free pages
+// are handed back every 10 s (malloc_trim). Measured by bench/soak.mjs (bench/BENCHMARKS.md).
+void bound_allocator_retention() {
+#ifdef __GLIBC__
+  mallopt(M_MMAP_THRESHOLD, 1 << 20);
+#endif
+}
+void release_free_memory() {
+#ifdef __GLIBC__
+  malloc_trim(0);
+#endif
+}
+
 struct ServeArgs {
   std::string model, backend = "auto", model_name, api_key, host = "127.0.0.1";
-  int port = 8080, threads = 0, max_queue = 64, http_threads = 0, max_connections = 1024, max_batch = 0;
+  int port = 8080, threads = 0, max_queue = 64, http_threads = 0, max_connections = 1024, max_batch = 0,
+      spec_tokens = 0;
   int64_t max_seq = 0, prefill_chunk = 512;
   double seq_memory_gb = 0;
   int debug_load_delay_ms = 0;  // tests: keep /health at 503 this long
@@ -52,6 +72,7 @@ struct ServeArgs {
 };
 
 int run(const ServeArgs& a) {
+  bound_allocator_retention();
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
   std::signal(SIGPIPE, SIG_IGN);
@@ -86,6 +107,7 @@ int run(const ServeArgs& a) {
   o.max_batch = a.max_batch;
   o.seq_memory_bytes = a.seq_memory_gb * 1e9;
   o.prefill_chunk = a.prefill_chunk;
+  o.spec_tokens = a.spec_tokens;
   o.http_threads = a.http_threads;
   o.max_connections = a.max_connections;
   o.header_timeout_ms = int(a.header_timeout_s * 1000);
@@ -118,6 +140,7 @@ int run(const ServeArgs& a) {
   } else {
     auto weights = load_model(a.model);
     backend = make_backend(a.backend, weights, a.threads);
+    effective_spec_tokens(a.spec_tokens, *backend, *weights);  // logs whether it applies, and why not
   }
   srv.set_model(backend, tok, tmpl);
   std::printf(
@@ -126,7 +149,10 @@ int run(const ServeArgs& a) {
       o.model_id.c_str(), backend->describe().c_str(), (long long)o.max_seq,
       (long long)srv.metrics().pool_capacity.load(), o.max_queue, a.cache_mb, o.api_key.empty() ? "" : ", API key required");
   std::fflush(stdout);
-  while (!g_stop) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  for (int tick = 1; !g_stop; ++tick) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (tick % 500 == 0) release_free_memory();
+  }
   std::printf("lilac: shutting down (new requests get 503; running generations have %.0f s to finish)\n",
               a.shutdown_grace_s);
   std::fflush(stdout);
@@ -183,6 +209,7 @@ const bool registered = register_command(Command{
       sub.add_option("--shutdown-grace-s", a->shutdown_grace_s,
                      "On SIGTERM / SIGINT: seconds running generations get to finish before they end with an error")
           ->capture_default_str();
+      add_spec_option(sub, a->spec_tokens);
       sub.add_option("--debug-load-delay-ms", a->debug_load_delay_ms, "(tests) wait before loading the model")
           ->group("");
       for (auto& ext : serve_extensions())

@@ -322,7 +322,7 @@ void HttpServer::Impl::accept_all() {
     if (getsockname(fd, reinterpret_cast<sockaddr*>(&ls), &ll) == 0) c->local_addr = addr_string(ls, &c->local_port);
     c->parser = std::make_unique<RequestParser>(opts.limits);
     c->idle_since = Clock::now();
-    c->deadline = c->idle_since + ms(opts.header_timeout_ms);
+    c->deadline = c->idle_since + ms(opts.idle_timeout_ms);  // until its first byte, then header_timeout_ms
     conns.emplace(fd, c);
     n_conns = int64_t(conns.size());
     set_events(*c, EPOLLIN | EPOLLRDHUP);

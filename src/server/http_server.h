@@ -4,7 +4,8 @@
 // One I/O thread (epoll) accepts connections and reads every request in full, bounded by
 // server/http_parser.h (line, header and body limits, body size after decompression) and by deadlines
 // (the headers within header_timeout_ms of their first byte, the body within body_timeout_ms of the
-// headers' end, an idle keep-alive connection closed after idle_timeout_ms). It answers on its own,
+// headers' end, a connection without a request in progress, new or kept alive, closed after
+// idle_timeout_ms). It answers on its own,
 // without a worker: the errors of the HTTP layer (in the route's protocol, see ErrorFormatter), CORS
 // preflights, 503 while draining, and the routes marked `inline` (/health, /metrics: quick, never
 // blocking), so those answer at once even when every worker is busy or stalled. Complete requests go
@@ -48,9 +49,9 @@ struct HttpServerOptions {
   int max_pending = 32;            // complete requests waiting for a worker; more: 503 at once
   int max_connections = 1024;      // open connections (see above)
   HttpLimits limits;
-  int header_timeout_ms = 10000;   // request line + headers, from their first byte (and a new connection's first byte)
+  int header_timeout_ms = 10000;   // request line + headers, from their first byte
   int body_timeout_ms = 60000;     // the whole body, from the end of the headers
-  int idle_timeout_ms = 30000;     // a keep-alive connection between requests
+  int idle_timeout_ms = 30000;     // a connection with no request in progress (new, or between requests)
   int write_timeout_ms = 30000;    // a write that makes no progress
   size_t max_buffered_body_bytes = size_t(256) << 20;  // bodies being received, all connections together
 };

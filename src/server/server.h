@@ -51,6 +51,7 @@ struct ServerOptions {
   int idle_timeout_ms = 30000;     // keep-alive connection between requests
   int write_timeout_ms = 30000;    // a stalled client
   bool log_requests = true;
+  int spec_tokens = 0;             // speculative decoding: MTP drafts per step (GenerationRequest::draft_tokens)
 };
 
 // Optional hook for a request router (the hybrid router, src/router/hybrid.h). Every member may be

@@ -7,12 +7,13 @@
 // fragments copied into shared memory once), and each weight tile, dequantized once into the A operand,
 // serves them all through NP mmas per chunk (tc_rows.cuh: 2 rows per mma for 4-bit, 4 for 8-bit). Larger
 // M runs several row tiles (gridDim.y) whose blocks walk the same weight rows in the same order, so the
-// repeated reads meet in L2.
+// repeated reads meet in L2. Many rows of a matrix with many row blocks go to gemv_rows_wide.cu instead.
 #include <algorithm>
 #include <string>
 
 #include "cuda/cuda_common.h"
 #include "cuda/kernels/launch.cuh"
+#include "cuda/kernels/rows/gemv_rows_wide.h"
 #include "cuda/kernels/rows/rows_mm.h"
 #include "cuda/kernels/rows/tc_rows.cuh"
 
@@ -204,6 +205,10 @@ void gemv_rows(const GemvRowsArgs& a, cudaStream_t stream) {
   const int64_t target = int64_t(sm_count()) * kTodayMinBlocks * kWarps;
   int KS = 1;
   while (KS < kWarps && KS < KT && nrb * KS < target) KS *= 2;
+  if (rows_wide_applies(a)) {  // many rows of a matrix with many row blocks (LM head): gemv_rows_wide.cu
+    gemv_rows_wide(a, KS, stream);
+    return;
+  }
   if (a.W.bits == 8) {
     launch_ks<8, 1>(KS, a, stream);
     return;

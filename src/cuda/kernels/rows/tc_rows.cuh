@@ -16,6 +16,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/kernels/decode.h"
 #include "cuda/kernels/qdot.cuh"
@@ -404,6 +405,164 @@ __device__ __forceinline__ void write_partials_rows(float (&acc)[NP][TcShape<BIT
 #pragma unroll
     for (int i = 0; i < S::NCH; ++i) acc[p][i][0] = acc[p][i][1] = 0.f;
   }
+}
+
+
+// ------------------------------------------------------------------------------------------------ whole rows
+// The pieces of gemv_rows_wide.cu (a warp walks every k-slice of a 16-row block, each weight unit is
+// dequantized once for all the block's rows; tile_rows above dequantizes once per pass of PH tiles).
+constexpr int kZeroTileBytes = 1024;  // one k-tile of zeros (b_unit_lane)
+
+// The scales / biases of tile kt of rows (g, g+8) one by one (rows whose scale rows are not 8-byte aligned
+// with a multiple of 4 groups, and partial last tiles; groups past `ngroups` read as 0).
+template <int BITS>
+__device__ __forceinline__ void load_sb_slow(RowTile<BITS>& t, const RowRef (&r)[2], int kt, int ngroups) {
+  const int G0 = kt * 4;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    uint32_t s4[4], b4[4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      s4[q] = G0 + q < ngroups ? uint32_t(__ldg(r[h].s + G0 + q)) : 0u;
+      b4[q] = G0 + q < ngroups ? uint32_t(__ldg(r[h].b + G0 + q)) : 0u;
+    }
+    t.s[h] = make_uint2(s4[0] | (s4[1] << 16), s4[2] | (s4[3] << 16));
+    t.b[h] = make_uint2(b4[0] | (b4[1] << 16), b4[2] | (b4[3] << 16));
+  }
+}
+
+// The whole-row path's b_unit: where this lane's B unit of chunk i of mma tile p lives: the staged fragments of its row, or (a column
+// that is zero in today's layout, or an absent row) the zero k-tile (kZeroTileBytes) at the same offset, so
+// the lanes of a quarter-warp read disjoint banks.
+template <int BITS>
+__device__ __forceinline__ const char* b_unit_lane(const LaneRows<BITS>& lr, const char* xf, int xstride, const char* zero,
+                                              int kt, int p, int i, uint32_t tmask) {
+  const int bt = p * TcShape<BITS>::TPM + lr.btok(i);
+  return (lr.bvalid() && ((tmask >> bt) & 1u)) ? xf + bt * xstride + kt * kTileXBytes + lr.boff(i) : zero + lr.boff(i);
+}
+
+// One k-tile kt (of the weights and of the staged fragments alike) for mma tiles 0..NA-1 of the rows: per
+// chunk i, each weight unit is dequantized once and multiplied with the B units of the NA tiles; then
+// fin(p, i, dot0, dot1) gets the group dots of this lane's output columns of tile p, chunk i (rows g, g+8).
+// The mma chains are today's (per column: the units u in order). xf: fragments of row 0 of the block's rows
+// (row t at xf + t·xstride); tmask: rows present.
+template <int BITS, int NA, typename Fin>
+__device__ __forceinline__ void tile_mma(const RowTile<BITS>& t, const char* xf, int xstride, const char* zero, int kt,
+                                         const LaneRows<BITS>& lr, uint32_t tmask, Fin&& fin) {
+  using S = TcShape<BITS>;
+#pragma unroll
+  for (int i = 0; i < S::NCH; ++i) {
+    float d[NA][2][4];
+    const char* xb[NA];
+#pragma unroll
+    for (int p = 0; p < NA; ++p) {
+      xb[p] = b_unit_lane<BITS>(lr, xf, xstride, zero, kt, p, i, tmask);
+#pragma unroll
+      for (int z = 0; z < 4; ++z) d[p][0][z] = d[p][1][z] = 0.f;
+    }
+#pragma unroll
+    for (int u = 0; u < S::U; ++u) {
+      uint32_t a0[4], a1[4];  // A registers of the unit's two mmas (d0: a0, d1: a1)
+      if constexpr (BITS == 4) {
+        uint32_t ha[4], hb[4];
+        dq4(sel4(t.w[0][i], u), ha);
+        dq4(sel4(t.w[1][i], u), hb);
+        a0[0] = ha[0], a0[1] = hb[0], a0[2] = ha[1], a0[3] = hb[1];
+        a1[0] = ha[2], a1[1] = hb[2], a1[2] = ha[3], a1[3] = hb[3];
+      } else {
+        uint32_t ha[2], hb[2];
+        dq8(sel4(t.w[0][i], 2 * u), ha);
+        dq8(sel4(t.w[1][i], 2 * u), hb);
+        a0[0] = ha[0], a0[1] = hb[0], a0[2] = ha[1], a0[3] = hb[1];
+        dq8(sel4(t.w[0][i], 2 * u + 1), ha);
+        dq8(sel4(t.w[1][i], 2 * u + 1), hb);
+        a1[0] = ha[0], a1[1] = hb[0], a1[2] = ha[1], a1[3] = hb[1];
+      }
+#pragma unroll
+      for (int p = 0; p < NA; ++p) {
+        const uint4 xv = *reinterpret_cast<const uint4*>(xb[p] + u * 128);
+        mma16816(d[p][0], a0[0], a0[1], a0[2], a0[3], xv.x, xv.y);
+        mma16816(d[p][1], a1[0], a1[1], a1[2], a1[3], xv.z, xv.w);
+      }
+    }
+#pragma unroll
+    for (int p = 0; p < NA; ++p)
+      fin(p, i, (d[p][0][0] + d[p][0][1]) + (d[p][1][0] + d[p][1][1]),
+          (d[p][0][2] + d[p][0][3]) + (d[p][1][2] + d[p][1][3]));
+  }
+}
+
+// f(std::integral_constant<int, NA>) for the tile count NA in {1, 2, 4, NP} that covers np_act (1..NP) active
+// mma tiles: one instantiation per count, so the inner loops carry no per-tile branches.
+template <int NP, typename F>
+__device__ __forceinline__ void with_tiles(int np_act, F&& f) {
+  if constexpr (NP > 4) {
+    if (np_act > 4) return f(std::integral_constant<int, NP>());
+  }
+  if constexpr (NP > 2) {
+    if (np_act > 2) return f(std::integral_constant<int, (NP < 4 ? NP : 4)>());
+  }
+  if constexpr (NP > 1) {
+    if (np_act > 1) return f(std::integral_constant<int, 2>());
+  }
+  f(std::integral_constant<int, 1>());
+}
+
+// tile_mma over the active mma tiles with the group values of the present rows accumulated into acc[p][i][h]
+// (the dense and gate/up chains; meta: row t's group G at meta[t·mstride + G]; ngroups: the weights' groups).
+template <int BITS, int NP>
+__device__ __forceinline__ void tile_acc(const RowTile<BITS>& t, const char* xf, int xstride, const float2* meta,
+                                         int mstride, const char* zero, int kt, int ngroups, const LaneRows<BITS>& lr,
+                                         uint32_t tmask, int np_act, float (&acc)[NP][TcShape<BITS>::NCH][2]) {
+  const GroupScale<BITS> gs(t, lr);
+  auto fin = [&](int p, int i, float dot0, float dot1) {
+    const int ot = p * TcShape<BITS>::TPM + lr.otok(i), G = kt * 4 + lr.osig(i);
+    if (((tmask >> ot) & 1u) && G < ngroups) {
+      const float2 mm = meta[ot * mstride + G];
+      acc[p][i][0] = fmaf(1.f, gs.value(t, lr, i, 0, dot0, mm), acc[p][i][0]);
+      acc[p][i][1] = fmaf(1.f, gs.value(t, lr, i, 1, dot1, mm), acc[p][i][1]);
+    }
+  };
+  with_tiles<NP>(np_act, [&](auto na) { tile_mma<BITS, decltype(na)::value>(t, xf, xstride, zero, kt, lr, tmask, fin); });
+}
+
+// End of a k-slice: per row t of the block's rows and weight row g + 8h, the sum of the slice's chains over
+// the 4 lanes of the quad, ((a_c + a_c^1) + (a_c^2 + a_c^3)) — gemv_tc's quad sum, bit for bit — scattered
+// over the quad: lane c keeps the sums of q = slice_q0(c) + j (j < QV / 4), q = 2·t + h. The accumulators
+// are cleared.
+template <int BITS, int NP>
+struct SliceSums {
+  static constexpr int QV = NP * TcShape<BITS>::TPM * 2, QL = QV / 4;
+};
+__device__ __forceinline__ int slice_q0(int c, int qv) { return (c & 1) * (qv / 2) + ((c >> 1) & 1) * (qv / 4); }
+template <int BITS, int NP>
+__device__ __forceinline__ void slice_reduce(float (&acc)[NP][TcShape<BITS>::NCH][2], int c,
+                                             float (&z)[SliceSums<BITS, NP>::QL]) {
+  using S = TcShape<BITS>;
+  constexpr int QV = SliceSums<BITS, NP>::QV, H1 = QV / 2, H2 = QV / 4;
+  float v[QV];
+#pragma unroll
+  for (int p = 0; p < NP; ++p)
+#pragma unroll
+    for (int tau = 0; tau < S::TPM; ++tau)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) v[(p * S::TPM + tau) * 2 + h] = acc_of_row<BITS>(acc[p], c, tau, h);
+  const bool u1 = c & 1, u2 = c & 2;
+  float w[H1];
+#pragma unroll
+  for (int j = 0; j < H1; ++j) {
+    const float keep = u1 ? v[H1 + j] : v[j], send = u1 ? v[j] : v[H1 + j];
+    w[j] = keep + __shfl_xor_sync(0xffffffffu, send, 1);
+  }
+#pragma unroll
+  for (int j = 0; j < H2; ++j) {
+    const float keep = u2 ? w[H2 + j] : w[j], send = u2 ? w[j] : w[H2 + j];
+    z[j] = keep + __shfl_xor_sync(0xffffffffu, send, 2);
+  }
+#pragma unroll
+  for (int p = 0; p < NP; ++p)
+#pragma unroll
+    for (int i = 0; i < S::NCH; ++i) acc[p][i][0] = acc[p][i][1] = 0.f;
 }
 
 }  // namespace lilac::cuda::rows_dev
