@@ -207,6 +207,7 @@ std::shared_ptr<Generation> GenerationCore::start(const GenerationSpec& spec) {
   gr.stop_ids = eos_;
   gr.stop_strings = spec.stop;
   gr.boundary_token = chat ? boundary_ : -1;
+  gr.draft_tokens = opts_.spec_tokens;
   auto job = std::make_shared<Job>(std::move(gr));
   auto gen = std::make_shared<Generation>(job, chat, prompt, spec.tools, format_);
   if (budgeted) {
