@@ -1,0 +1,156 @@
+// Constrained decoding: token mask computation per generated token, and schema compilation, on
+// the real Qwen3 tokenizer (151,669 tokens; masks cover the Qwen3.6 model's 248,320 ids).
+//
+// Per-token numbers follow documents of tests/grammar/grammar_corpus.h (realistic schemas: nested
+// objects, arrays of objects, enums, formats and patterns, 50 properties, recursive $ref, anyOf,
+// json_object mode) token by token as the real tokenizer splits them: before each token the mask
+// is computed (fill_mask, the work the server does per step), then the token is accepted.
+//   Warm: the compiled grammars and their token-class caches exist (a schema seen before), each
+//         document gets a fresh Matcher (a new request).
+//   Cold: every iteration starts from nothing (new process: no compiled grammar, empty caches);
+//         compilation is not timed, the classes computed along the way are.
+// Counters: median / p99 / max microseconds per token over all tokens of all documents.
+//   build/bench/bench_grammar
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <chrono>
+
+#include "../tests/grammar/grammar_corpus.h"
+#include "grammar/matcher.h"
+#include "grammar/schema.h"
+#include "text/tokenizer.h"
+
+namespace {
+
+using namespace lilac::grammar;
+using Clock = std::chrono::steady_clock;
+
+const lilac::Tokenizer& qwen3() {
+  static auto tok = lilac::Tokenizer::load(std::string(LILAC_SHARED_DIR) + "/fixtures/qwen3-tokenizer");
+  return *tok;
+}
+std::shared_ptr<const Vocabulary> vocab() {
+  static auto v = Vocabulary::from_tokenizer(qwen3(), 248320);
+  return v;
+}
+int32_t im_end() { return *qwen3().token_id("<|im_end|>"); }
+
+Grammar compile(const corpus::Case& c) {
+  return c.schema.empty() ? json_object_grammar() : compile_json_schema_text(c.schema);
+}
+
+struct Doc {
+  size_t grammar;
+  std::vector<int32_t> ids;
+};
+
+struct Setup {
+  std::vector<corpus::Case> cases = corpus::cases();
+  std::vector<Doc> docs;
+  Setup() {
+    for (size_t i = 0; i < cases.size(); ++i)
+      for (const auto& d : cases[i].docs) docs.push_back({i, qwen3().encode(d)});
+  }
+};
+const Setup& setup() {
+  static Setup s;
+  return s;
+}
+
+// Follows `doc` with a fresh matcher; appends the microseconds of each mask computation.
+bool follow(const std::shared_ptr<const CompiledGrammar>& g, const Doc& doc, std::vector<uint32_t>& mask,
+            std::vector<double>& us) {
+  Matcher m(g, {im_end()});
+  for (size_t i = 0; i <= doc.ids.size(); ++i) {
+    const auto t0 = Clock::now();
+    m.fill_mask(mask);
+    us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+    const int32_t t = i < doc.ids.size() ? doc.ids[i] : im_end();
+    if (!((mask[size_t(t) >> 5] >> (t & 31)) & 1u) || !m.accept_token(t)) return false;
+  }
+  return m.finished();
+}
+
+void report(benchmark::State& state, std::vector<double>& us) {
+  std::sort(us.begin(), us.end());
+  if (us.empty()) return;
+  state.counters["median_us"] = us[us.size() / 2];
+  state.counters["p99_us"] = us[std::min(us.size() - 1, size_t(double(us.size()) * 0.99))];
+  state.counters["max_us"] = us.back();
+  state.counters["tokens"] = double(us.size());
+}
+
+void BM_MaskPerTokenWarm(benchmark::State& state) {
+  const Setup& s = setup();
+  auto cache = std::make_shared<TokenClassCache>(size_t(512) << 20);
+  std::vector<std::shared_ptr<const CompiledGrammar>> gs;
+  for (const auto& c : s.cases) gs.push_back(std::make_shared<CompiledGrammar>(compile(c), vocab(), cache));
+  std::vector<uint32_t> mask(vocab()->mask_words());
+  std::vector<double> us;
+  for (const Doc& d : s.docs)
+    if (!follow(gs[d.grammar], d, mask, us)) state.SkipWithError(("rejected: " + s.cases[d.grammar].name).c_str());
+  us.clear();
+  for (auto _ : state)
+    for (const Doc& d : s.docs) follow(gs[d.grammar], d, mask, us);
+  report(state, us);
+}
+BENCHMARK(BM_MaskPerTokenWarm)->Unit(benchmark::kMillisecond)->MinTime(2.0);
+
+void BM_MaskPerTokenCold(benchmark::State& state) {
+  const Setup& s = setup();
+  std::vector<uint32_t> mask(vocab()->mask_words());
+  std::vector<double> us;
+  for (auto _ : state) {
+    state.PauseTiming();
+    auto cache = std::make_shared<TokenClassCache>(size_t(512) << 20);
+    std::vector<std::shared_ptr<const CompiledGrammar>> gs;
+    for (const auto& c : s.cases) gs.push_back(std::make_shared<CompiledGrammar>(compile(c), vocab(), cache));
+    state.ResumeTiming();
+    for (const Doc& d : s.docs)
+      if (!follow(gs[d.grammar], d, mask, us)) state.SkipWithError(("rejected: " + s.cases[d.grammar].name).c_str());
+  }
+  report(state, us);
+}
+BENCHMARK(BM_MaskPerTokenCold)->Unit(benchmark::kMillisecond)->Iterations(5);
+
+// One schema at a time (warm), to see which kind costs what.
+void BM_MaskPerTokenBySchema(benchmark::State& state) {
+  const Setup& s = setup();
+  const size_t k = size_t(state.range(0));
+  state.SetLabel(s.cases[k].name);
+  auto g = std::make_shared<CompiledGrammar>(compile(s.cases[k]), vocab(), std::make_shared<TokenClassCache>(size_t(512) << 20));
+  std::vector<uint32_t> mask(vocab()->mask_words());
+  std::vector<double> us;
+  for (const Doc& d : s.docs)
+    if (d.grammar == k && !follow(g, d, mask, us)) state.SkipWithError("rejected");
+  us.clear();
+  for (auto _ : state)
+    for (const Doc& d : s.docs)
+      if (d.grammar == k) follow(g, d, mask, us);
+  report(state, us);
+}
+BENCHMARK(BM_MaskPerTokenBySchema)->DenseRange(0, 7)->Unit(benchmark::kMillisecond)->MinTime(0.5);
+
+void BM_Compile50Properties(benchmark::State& state) {
+  const std::string schema = corpus::fifty_property_schema();
+  for (auto _ : state) {
+    Grammar g = compile_json_schema_text(schema);
+    benchmark::DoNotOptimize(g.rules.data());
+  }
+}
+BENCHMARK(BM_Compile50Properties)->Unit(benchmark::kMillisecond);
+
+void BM_CompileEach(benchmark::State& state) {
+  const Setup& s = setup();
+  const size_t k = size_t(state.range(0));
+  state.SetLabel(s.cases[k].name);
+  for (auto _ : state) {
+    Grammar g = compile(s.cases[k]);
+    benchmark::DoNotOptimize(g.rules.data());
+  }
+}
+BENCHMARK(BM_CompileEach)->DenseRange(0, 7)->Unit(benchmark::kMillisecond);
+
+}  // namespace
+BENCHMARK_MAIN();
