@@ -9,14 +9,19 @@
 //         document gets a fresh Matcher (a new request).
 //   Cold: every iteration starts from nothing (new process: no compiled grammar, empty caches);
 //         compilation is not timed, the classes computed along the way are.
-// Counters: median / p99 / max microseconds per token over all tokens of all documents.
+//   NewSchemas: like Cold after GrammarCache::warm() (a server after startup: the classes shared
+//         by all schemas exist; every schema is new).
+// Counters: median / p99 / max microseconds per token over all tokens of all documents, as thread
+// CPU time (cpu_*: what one core spends; the shared 2-core VM inflates wall time) and wall time.
 //   build/bench/bench_grammar
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 
 #include "../tests/grammar/grammar_corpus.h"
+#include "grammar/cache.h"
 #include "grammar/matcher.h"
 #include "grammar/schema.h"
 #include "text/tokenizer.h"
@@ -58,27 +63,46 @@ const Setup& setup() {
   return s;
 }
 
+double cpu_us() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) * 1e6 + double(ts.tv_nsec) * 1e-3;
+}
+
+struct Times {
+  std::vector<double> wall, cpu;
+  void clear() {
+    wall.clear();
+    cpu.clear();
+  }
+};
+
 // Follows `doc` with a fresh matcher; appends the microseconds of each mask computation.
-bool follow(const std::shared_ptr<const CompiledGrammar>& g, const Doc& doc, std::vector<uint32_t>& mask,
-            std::vector<double>& us) {
+bool follow(const std::shared_ptr<const CompiledGrammar>& g, const Doc& doc, std::vector<uint32_t>& mask, Times& us) {
   Matcher m(g, {im_end()});
   for (size_t i = 0; i <= doc.ids.size(); ++i) {
+    const double c0 = cpu_us();
     const auto t0 = Clock::now();
     m.fill_mask(mask);
-    us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+    us.wall.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+    us.cpu.push_back(cpu_us() - c0);
     const int32_t t = i < doc.ids.size() ? doc.ids[i] : im_end();
     if (!((mask[size_t(t) >> 5] >> (t & 31)) & 1u) || !m.accept_token(t)) return false;
   }
   return m.finished();
 }
 
-void report(benchmark::State& state, std::vector<double>& us) {
-  std::sort(us.begin(), us.end());
-  if (us.empty()) return;
-  state.counters["median_us"] = us[us.size() / 2];
-  state.counters["p99_us"] = us[std::min(us.size() - 1, size_t(double(us.size()) * 0.99))];
-  state.counters["max_us"] = us.back();
-  state.counters["tokens"] = double(us.size());
+void report(benchmark::State& state, Times& t) {
+  auto put = [&](std::vector<double>& us, const std::string& prefix) {
+    std::sort(us.begin(), us.end());
+    if (us.empty()) return;
+    state.counters[prefix + "median_us"] = us[us.size() / 2];
+    state.counters[prefix + "p99_us"] = us[std::min(us.size() - 1, size_t(double(us.size()) * 0.99))];
+    state.counters[prefix + "max_us"] = us.back();
+  };
+  put(t.cpu, "cpu_");
+  put(t.wall, "wall_");
+  state.counters["tokens"] = double(t.cpu.size());
 }
 
 void BM_MaskPerTokenWarm(benchmark::State& state) {
@@ -87,7 +111,7 @@ void BM_MaskPerTokenWarm(benchmark::State& state) {
   std::vector<std::shared_ptr<const CompiledGrammar>> gs;
   for (const auto& c : s.cases) gs.push_back(std::make_shared<CompiledGrammar>(compile(c), vocab(), cache));
   std::vector<uint32_t> mask(vocab()->mask_words());
-  std::vector<double> us;
+  Times us;
   for (const Doc& d : s.docs)
     if (!follow(gs[d.grammar], d, mask, us)) state.SkipWithError(("rejected: " + s.cases[d.grammar].name).c_str());
   us.clear();
@@ -97,22 +121,29 @@ void BM_MaskPerTokenWarm(benchmark::State& state) {
 }
 BENCHMARK(BM_MaskPerTokenWarm)->Unit(benchmark::kMillisecond)->MinTime(2.0);
 
-void BM_MaskPerTokenCold(benchmark::State& state) {
+// Fresh grammars every iteration (untimed compilation); `warm` = GrammarCache::warm() ran first
+// (a server after startup meeting new schemas), else nothing is cached (a new process).
+void cold_run(benchmark::State& state, bool warm) {
   const Setup& s = setup();
   std::vector<uint32_t> mask(vocab()->mask_words());
-  std::vector<double> us;
+  Times us;
   for (auto _ : state) {
     state.PauseTiming();
-    auto cache = std::make_shared<TokenClassCache>(size_t(512) << 20);
+    GrammarCache cache(vocab());
+    if (warm) cache.warm();
     std::vector<std::shared_ptr<const CompiledGrammar>> gs;
-    for (const auto& c : s.cases) gs.push_back(std::make_shared<CompiledGrammar>(compile(c), vocab(), cache));
+    for (const auto& c : s.cases)
+      gs.push_back(c.schema.empty() ? cache.json_object() : cache.json_schema_text(c.schema));
     state.ResumeTiming();
     for (const Doc& d : s.docs)
       if (!follow(gs[d.grammar], d, mask, us)) state.SkipWithError(("rejected: " + s.cases[d.grammar].name).c_str());
   }
   report(state, us);
 }
+void BM_MaskPerTokenCold(benchmark::State& state) { cold_run(state, false); }
 BENCHMARK(BM_MaskPerTokenCold)->Unit(benchmark::kMillisecond)->Iterations(5);
+void BM_MaskPerTokenNewSchemas(benchmark::State& state) { cold_run(state, true); }
+BENCHMARK(BM_MaskPerTokenNewSchemas)->Unit(benchmark::kMillisecond)->Iterations(5);
 
 // One schema at a time (warm), to see which kind costs what.
 void BM_MaskPerTokenBySchema(benchmark::State& state) {
@@ -121,7 +152,7 @@ void BM_MaskPerTokenBySchema(benchmark::State& state) {
   state.SetLabel(s.cases[k].name);
   auto g = std::make_shared<CompiledGrammar>(compile(s.cases[k]), vocab(), std::make_shared<TokenClassCache>(size_t(512) << 20));
   std::vector<uint32_t> mask(vocab()->mask_words());
-  std::vector<double> us;
+  Times us;
   for (const Doc& d : s.docs)
     if (d.grammar == k && !follow(g, d, mask, us)) state.SkipWithError("rejected");
   us.clear();

@@ -53,6 +53,14 @@ int32_t Nfa::add_automaton(const std::vector<RuleState>& dfa, int32_t accept_to)
   return base;
 }
 
+struct SigHash {
+  size_t operator()(const std::vector<int64_t>& v) const {
+    uint64_t h = 1469598103934665603ull;
+    for (int64_t x : v) h = (h ^ uint64_t(x)) * 1099511628211ull;
+    return size_t(h ^ (h >> 29));
+  }
+};
+
 namespace {
 
 struct VecHash {
@@ -141,6 +149,64 @@ std::vector<RuleState> determinize(const Nfa& nfa, size_t max_states) {
   return out;
 }
 
+void minimize(std::vector<RuleState>& dfa, size_t max_states) {
+  const size_t n = dfa.size();
+  if (n < 2 || n > max_states) return;
+  std::vector<int32_t> cls(n), next(n);
+  for (size_t s = 0; s < n; ++s) cls[s] = dfa[s].accept ? 1 : 0;
+  size_t count = 0;
+  std::vector<int64_t> sig;
+  for (;;) {
+    std::unordered_map<std::vector<int64_t>, int32_t, struct SigHash> ids;
+    for (size_t s = 0; s < n; ++s) {
+      sig.assign(1, cls[s]);
+      // Ranges by target class, adjacent ones with the same class merged.
+      int64_t lo = -1, hi = -1, to = -1;
+      for (const SymRange& r : dfa[s].ranges) {
+        const int64_t c = cls[size_t(r.to)];
+        if (c == to && r.lo == hi + 1) {
+          hi = r.hi;
+          continue;
+        }
+        if (to >= 0) sig.insert(sig.end(), {lo, hi, to});
+        lo = r.lo, hi = r.hi, to = c;
+      }
+      if (to >= 0) sig.insert(sig.end(), {lo, hi, to});
+      sig.push_back(-1);
+      for (const CallEdge& c : dfa[s].calls) sig.insert(sig.end(), {c.rule, cls[size_t(c.to)]});
+      next[s] = ids.try_emplace(sig, int32_t(ids.size())).first->second;
+    }
+    const size_t k = ids.size();
+    cls.swap(next);
+    if (k == count) break;
+    count = k;
+  }
+  if (count == n) return;
+  // Renumber so that the start's class is 0, in order of first appearance.
+  std::vector<int32_t> id(count, -1);
+  int32_t m = 0;
+  for (size_t s = 0; s < n; ++s)
+    if (id[size_t(cls[s])] < 0) id[size_t(cls[s])] = m++;
+  std::vector<RuleState> out(count);
+  std::vector<uint8_t> done(count, 0);
+  for (size_t s = 0; s < n; ++s) {
+    const int32_t c = id[size_t(cls[s])];
+    if (done[size_t(c)]) continue;
+    done[size_t(c)] = 1;
+    RuleState& o = out[size_t(c)];
+    o.accept = dfa[s].accept;
+    for (const SymRange& r : dfa[s].ranges) {
+      const int32_t to = id[size_t(cls[size_t(r.to)])];
+      if (!o.ranges.empty() && o.ranges.back().to == to && o.ranges.back().hi + 1 == r.lo)
+        o.ranges.back().hi = r.hi;
+      else
+        o.ranges.push_back({r.lo, r.hi, to});
+    }
+    for (const CallEdge& ce : dfa[s].calls) o.calls.push_back({ce.rule, id[size_t(cls[size_t(ce.to)])]});
+  }
+  dfa = std::move(out);
+}
+
 std::vector<RuleState> intersect(const std::vector<RuleState>& a, const std::vector<RuleState>& b,
                                  size_t max_states) {
   std::vector<RuleState> out;
@@ -179,6 +245,7 @@ std::vector<RuleState> intersect(const std::vector<RuleState>& a, const std::vec
     out.push_back(std::move(rs));
   }
   trim(out);
+  minimize(out);
   return out;
 }
 

@@ -83,6 +83,10 @@ class Nfa {
 
 // Subset construction (start = state 0 of the result). Throws SizeError above `max_states`.
 std::vector<RuleState> determinize(const Nfa& nfa, size_t max_states);
+// Merges equivalent states (Moore's partition refinement; call edges count as letters), so that
+// per-state work (token classes) is done once per distinct state. Automata above `max_states`
+// states are left as they are (refinement is quadratic in the worst case).
+void minimize(std::vector<RuleState>& dfa, size_t max_states = 4000);
 
 // Call-free automata over bytes (start = state 0):
 // the language of both; empty automaton (one non-accepting state) when they share no string.

@@ -47,9 +47,9 @@ const TokenClass& Matcher::class_of(int32_t rule, int32_t state) {
 void Matcher::walk_full(uint32_t node, int32_t cfg, uint32_t* mask) {
   const Vocabulary& v = g_->vocab();
   for (int32_t t : v.tokens_at(node)) mask[size_t(t) >> 5] |= 1u << (t & 31);
-  for (uint32_t c = node + 1, e = v.end(node); c < e; c = v.end(c)) {
-    const int32_t nc = space_.step(cfg, v.byte(c));
-    if (nc != ConfigSpace::kDead) walk_full(c, nc, mask);
+  for (const Vocabulary::Child& ch : v.children(node)) {
+    const int32_t nc = space_.step(cfg, ch.byte);
+    if (nc != ConfigSpace::kDead) walk_full(ch.node, nc, mask);
   }
 }
 
@@ -128,6 +128,34 @@ bool Matcher::accept_bytes(std::string_view bytes) {
   }
   cfg_ = cfg;
   return true;
+}
+
+std::optional<std::string> Matcher::shortest_completion(size_t max_bytes) {
+  if (finished_ || space_.ended(cfg_)) return std::string();
+  struct From {
+    int32_t prev;
+    uint8_t byte;
+    uint32_t depth;
+  };
+  std::unordered_map<int32_t, From> seen{{cfg_, {-1, 0, 0}}};
+  std::vector<int32_t> queue{cfg_};
+  for (size_t q = 0; q < queue.size(); ++q) {
+    const int32_t c = queue[q];
+    const uint32_t depth = seen[c].depth;
+    if (depth >= max_bytes) break;
+    for (int b = 0; b < kByteSyms; ++b) {
+      const int32_t n = space_.step(c, Sym(b));
+      if (n == ConfigSpace::kDead || seen.count(n)) continue;
+      seen[n] = {c, uint8_t(b), depth + 1};
+      if (space_.ended(n)) {
+        std::string out;
+        for (int32_t x = n; seen[x].prev >= 0; x = seen[x].prev) out += char(seen[x].byte);
+        return std::string(out.rbegin(), out.rend());
+      }
+      queue.push_back(n);
+    }
+  }
+  return std::nullopt;
 }
 
 }  // namespace lilac::grammar

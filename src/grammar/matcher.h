@@ -11,6 +11,8 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <string>
 #include <span>
 #include <string_view>
 #include <unordered_map>
@@ -65,6 +67,11 @@ class Matcher {
   bool finished() const { return finished_; }                        // an end token was accepted
   // Nothing but the end can follow (the document is complete and cannot be extended).
   bool must_end() const { return !finished_ && cfg_ == ConfigSpace::kEnded; }
+
+  // The shortest bytes that complete the document from here (breadth-first over configurations),
+  // empty when it is already complete; nullopt if none within `max_bytes` (tests use it to finish
+  // random walks).
+  std::optional<std::string> shortest_completion(size_t max_bytes = 4096);
 
   // Save / restore (e.g. to roll back rejected speculative tokens).
   State state() const { return {cfg_, finished_}; }

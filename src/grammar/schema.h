@@ -14,7 +14,9 @@
 // predictable and always terminates:
 //  - properties appear in the order `properties` declares them (optional ones may be left out);
 //    extra properties only when additionalProperties is a schema or true, after the declared ones,
-//    with names that are not declared ones; absent additionalProperties = no extra properties;
+//    with names that are not declared ones; absent additionalProperties = no extra properties when
+//    the object declares properties or required ones, any properties when it declares nothing
+//    ({"type": "object"} is any object);
 //  - whitespace between tokens is bounded: nothing, one space, or one newline followed by up to 32
 //    spaces or up to 8 tabs, at each place JSON allows whitespace (also before and after the value);
 //  - numbers: at most 19 integer digits, 19 fraction digits and a 2-digit exponent; integers as

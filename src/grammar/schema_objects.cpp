@@ -46,7 +46,10 @@ Branch read_branch(const Json& node, const std::string& path) {
 ObjectSpec SchemaCompiler::object_spec(const Json& node, const std::string& path) {
   const Branch b = read_branch(node, path);
   ObjectSpec s;
-  s.extra = b.extra == Extra::Allowed;
+  // An object that declares nothing ({"type":"object"}) is any object; one that declares properties
+  // gets no others unless additionalProperties allows them.
+  const bool declares = node.contains("properties") || node.contains("required");
+  s.extra = b.extra == Extra::Allowed || (b.extra == Extra::Absent && !declares);
   s.extra_schema = b.extra_schema;
   s.extra_path = b.extra_path;
   std::set<std::string> declared;
@@ -149,7 +152,9 @@ ObjectSpec SchemaCompiler::merge_all_of(const Json& node, const std::string& pat
     else
       s.props.push_back({name, schemas[0].first, schemas[0].second, req});
   }
-  s.extra = extra_allowed && !extra_false;
+  bool declares = false;
+  for (const Branch& b : branches) declares = declares || !b.props.empty() || !b.required.empty();
+  s.extra = (extra_allowed || !declares) && !extra_false;
   if (s.extra && !extra_schemas.empty()) {
     s.extra_schema = extra_schemas[0].first;
     s.extra_path = extra_schemas[0].second;

@@ -210,7 +210,12 @@ int32_t SchemaCompiler::number_rule() {
   add_pattern(nfa, nfa.start(), "-?(?:0|[1-9][0-9]{0," + std::to_string(kMaxDigits - 1) + "})(?:\\.[0-9]{1," + d +
                                     "})?(?:[eE][+-]?[0-9]{1,2})?",
               Encoding::Utf8, end, false);
-  return shared_["num"] = add_rule(nfa, "a number", "num");
+  Rule r;
+  r.name = "a number";
+  r.share_key = "num";
+  r.states = determinize(nfa, lim_.max_automaton);
+  minimize(r.states);
+  return shared_["num"] = g_.add_rule(std::move(r));
 }
 
 int32_t SchemaCompiler::integer_rule(const Json& node, const std::string& path) {
@@ -300,6 +305,9 @@ int32_t SchemaCompiler::string_value_rule(const Json& node, const std::string& p
   } catch (const SizeError&) {
     fail(path, has_pattern ? "pattern" : "format", "pattern / format with these lengths is too large");
   }
+  // Patterns repeat sub-automata ({n,m}, +): merging equivalent states means one token class per
+  // distinct state instead of one per copy.
+  minimize(dfa);
   Rule r;
   r.name = "a string matching the constraints at " + path;
   r.share_key = key;

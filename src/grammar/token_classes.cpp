@@ -25,7 +25,7 @@ std::vector<std::pair<Sym, std::vector<uint32_t>>> group_children(const Vocabula
                                                                   const std::vector<uint32_t>& nodes) {
   std::array<std::vector<uint32_t>, 256> by{};
   for (uint32_t n : nodes)
-    for (uint32_t c = n + 1, e = v.end(n); c < e; c = v.end(c)) by[v.byte(c)].push_back(c);
+    for (const Vocabulary::Child& ch : v.children(n)) by[ch.byte].push_back(ch.node);
   std::vector<std::pair<Sym, std::vector<uint32_t>>> out;
   for (int b = 0; b < 256; ++b)
     if (!by[size_t(b)].empty()) out.push_back({Sym(b), std::move(by[size_t(b)])});
@@ -56,8 +56,9 @@ std::shared_ptr<const StringProfile> make_string_profile(const Vocabulary& v, js
   while (!stack.empty()) {
     const Item it = stack.back();
     stack.pop_back();
-    for (uint32_t c = it.node + 1, e = v.end(it.node); c < e; c = v.end(c)) {
-      const jstr::Move& m = jstr::move(it.sub, v.byte(c));
+    for (const Vocabulary::Child& ch : v.children(it.node)) {
+      const uint32_t c = ch.node;
+      const jstr::Move& m = jstr::move(it.sub, ch.byte);
       if (m.kind == jstr::MoveKind::Dead) continue;
       if (m.kind == jstr::MoveKind::Close) {
         for (int32_t t : v.tokens_at(c)) p->close_end.push_back({it.n, t});
@@ -122,8 +123,9 @@ std::shared_ptr<const TokenClass> classify_walk(ConfigSpace& space, const Vocabu
   while (!stack.empty()) {
     const Item it = stack.back();
     stack.pop_back();
-    for (uint32_t c = it.node + 1, e = v.end(it.node); c < e; c = v.end(c)) {
-      const int32_t nc = space.step(it.cfg, v.byte(c));
+    for (const Vocabulary::Child& ch : v.children(it.node)) {
+      const uint32_t c = ch.node;
+      const int32_t nc = space.step(it.cfg, ch.byte);
       if (nc == ConfigSpace::kDead) continue;
       for (int32_t t : v.tokens_at(c)) acc.push_back(t);
       if (!v.has_children(c)) continue;

@@ -25,8 +25,8 @@ Vocabulary::Vocabulary(std::vector<std::string> tokens, std::vector<uint8_t> exc
   });
   // Build the preorder trie from the sorted strings: each string shares its longest common prefix
   // with the path of the previous one.
-  byte_.push_back(0);
-  end_.push_back(0);
+  std::vector<uint8_t> byte_{0};
+  std::vector<uint32_t> end_{0};
   std::vector<uint32_t> node_of;  // node of each id in `ids` order
   std::vector<uint32_t> path{0};  // path[d] = node at depth d of the current string
   const std::string* prev = nullptr;
@@ -51,6 +51,14 @@ Vocabulary::Vocabulary(std::vector<std::string> tokens, std::vector<uint8_t> exc
     end_[path.back()] = uint32_t(byte_.size());
     path.pop_back();
   }
+  // Children lists (the children of n are n + 1, end(n + 1), ... up to end(n)).
+  child_off_.assign(byte_.size() + 1, 0);
+  children_.reserve(byte_.size());
+  for (uint32_t n = 0; n < byte_.size(); ++n) {
+    child_off_[n] = uint32_t(children_.size());
+    for (uint32_t c = n + 1; c < end_[n]; c = end_[c]) children_.push_back({c, byte_[c]});
+  }
+  child_off_[byte_.size()] = uint32_t(children_.size());
   // Tokens per node (node_of is nondecreasing: sorted order creates nodes in preorder).
   tok_off_.assign(byte_.size() + 1, 0);
   for (uint32_t n : node_of) ++tok_off_[n + 1];

@@ -1,9 +1,9 @@
 // The tokens a constrained decoder chooses from, as a prefix tree of their bytes.
 //
-// The trie is stored in depth-first preorder: node 0 is the root (the empty prefix); the children
-// of node n are n + 1, end(n + 1), end(end(n + 1)), ... up to end(n) (end = one past the last
-// node of the subtree). Walking it with an automaton visits each shared prefix once, and a dead
-// state prunes a whole subtree. Tokens that may never appear inside constrained text (special and
+// Nodes are numbered in depth-first preorder; node 0 is the root (the empty prefix). Each node's
+// children (byte, node) are stored contiguously, so walking the trie with an automaton reads one
+// short array per visited node; each shared prefix is visited once, and a dead state prunes a
+// whole subtree. Tokens that may never appear inside constrained text (special and
 // other added tokens such as <|im_end|>, <tool_call>, <think>, and ids without bytes) are left
 // out of the trie; the masks still cover the model's whole vocabulary.
 #pragma once
@@ -36,10 +36,15 @@ class Vocabulary {
   bool usable(int32_t t) const { return t >= 0 && size_t(t) < tokens_.size() && !excluded_[size_t(t)]; }
 
   // Trie.
-  uint32_t n_nodes() const { return uint32_t(byte_.size()); }
-  uint8_t byte(uint32_t n) const { return byte_[n]; }
-  uint32_t end(uint32_t n) const { return end_[n]; }
-  bool has_children(uint32_t n) const { return n + 1 < end_[n]; }
+  struct Child {
+    uint32_t node;
+    uint8_t byte;
+  };
+  uint32_t n_nodes() const { return uint32_t(child_off_.size() - 1); }
+  std::span<const Child> children(uint32_t n) const {
+    return {children_.data() + child_off_[n], children_.data() + child_off_[n + 1]};
+  }
+  bool has_children(uint32_t n) const { return child_off_[n + 1] > child_off_[n]; }
   // Tokens whose bytes are exactly the path to node n (usually zero or one).
   std::span<const int32_t> tokens_at(uint32_t n) const {
     return {node_tokens_.data() + tok_off_[n], node_tokens_.data() + tok_off_[n + 1]};
@@ -49,8 +54,8 @@ class Vocabulary {
   std::vector<std::string> tokens_;
   std::vector<uint8_t> excluded_;
   int64_t mask_size_;
-  std::vector<uint8_t> byte_;
-  std::vector<uint32_t> end_;
+  std::vector<uint32_t> child_off_;
+  std::vector<Child> children_;
   std::vector<uint32_t> tok_off_;
   std::vector<int32_t> node_tokens_;
 };

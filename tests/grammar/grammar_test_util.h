@@ -60,6 +60,23 @@ inline std::shared_ptr<const CompiledGrammar> compiled(Grammar g, std::shared_pt
   return std::make_shared<CompiledGrammar>(std::move(g), std::move(v), shared_cache());
 }
 
+// The single-byte token of each byte value (byte-level BPE has all 256).
+inline const std::vector<int32_t>& byte_tokens() {
+  static const std::vector<int32_t> out = [] {
+    std::vector<int32_t> m(256, -1);
+    const auto& v = *qwen3_vocab();
+    for (int32_t t = 0; t < v.n_tokens(); ++t)
+      if (v.usable(t) && v.bytes(t).size() == 1) m[uint8_t(v.bytes(t)[0])] = t;
+    return m;
+  }();
+  return out;
+}
+
 inline bool bit(const std::vector<uint32_t>& m, int32_t t) { return (m[size_t(t) >> 5] >> (t & 31)) & 1u; }
+inline size_t allowed_count(const std::vector<uint32_t>& m) {
+  size_t n = 0;
+  for (uint32_t w : m) n += size_t(__builtin_popcount(w));
+  return n;
+}
 
 }  // namespace lilac::grammar::test
