@@ -4,11 +4,11 @@
 
 #include <string>
 
-#include "server/detectors.h"
-#include "server/hybrid.h"
+#include "router/detectors.h"
+#include "router/hybrid.h"
 
-using namespace lilac::server;
-using json = nlohmann::json;
+using namespace lilac::router;
+using json = nlohmann::ordered_json;  // bodies as the server parses them
 
 namespace {
 
@@ -40,7 +40,7 @@ const char* kPolicy = R"({
 })";
 
 void BM_RouterDecide100KB(benchmark::State& st) {
-  Router r(parse_route_policy(json::parse(kPolicy)), RouterConfig{"lilac", "gpt-up"});
+  Router r(parse_route_policy(nlohmann::json::parse(kPolicy)), RouterConfig{"lilac", "gpt-up"});
   json body = chat_body(prompt_text(100 * 1024));
   // Some conversations remembered as local (the lookup is part of the decision).
   for (int i = 0; i < 1000; ++i) r.remember_local(chat_body("conversation " + std::to_string(i)));
@@ -54,7 +54,7 @@ void BM_RouterDecide100KB(benchmark::State& st) {
 BENCHMARK(BM_RouterDecide100KB)->Unit(benchmark::kMicrosecond);
 
 void BM_RouterDecide100KBSensitiveAtEnd(benchmark::State& st) {
-  Router r(parse_route_policy(json::parse(kPolicy)), RouterConfig{"lilac", "gpt-up"});
+  Router r(parse_route_policy(nlohmann::json::parse(kPolicy)), RouterConfig{"lilac", "gpt-up"});
   json body = chat_body(prompt_text(100 * 1024) + " mail jane.roe@example.org");
   for (auto _ : st) {
     RouteDecision d = r.decide(body, true, "", false);

@@ -11,6 +11,7 @@
 #include "core/thread_pool.h"
 #include "cpu/ops.h"
 #include "engine/sampler.h"
+#include "engine/validate.h"
 
 namespace lilac::cpu {
 
@@ -177,13 +178,8 @@ class CpuSessionImpl : public CpuSession {
 
  private:
   void check_tokens(std::span<const int32_t> tokens) const {
-    for (int32_t t : tokens)
-      if (t < 0 || t >= cfg_.vocab_size)
-        throw InputError("token id " + std::to_string(t) + " is outside the vocabulary (size " +
-                         std::to_string(cfg_.vocab_size) + ")");
-    if (len_ + int64_t(tokens.size()) > max_len_)
-      throw InputError("context of " + std::to_string(len_ + int64_t(tokens.size())) +
-                       " tokens exceeds the session's max_length " + std::to_string(max_len_));
+    require(check_token_ids(tokens, cfg_.vocab_size));
+    require(check_session_capacity(len_, int64_t(tokens.size()), max_len_));
   }
 
   void tap(const char* name, int64_t n, const float* data) {

@@ -143,16 +143,6 @@ void softmax(float* x, int64_t n) {
 
 // ---------------------------------------------------------------- gated attention
 
-std::vector<float> rope_inv_freq(int rotary_dim, double theta) {
-  // As Hugging Face computes it: 1 / theta^(2i/d) with the exponent in fp32.
-  std::vector<float> f(static_cast<size_t>(rotary_dim / 2));
-  for (int i = 0; i < rotary_dim / 2; ++i) {
-    const float e = float(2 * i) / float(rotary_dim);
-    f[i] = float(1.0 / std::pow(theta, double(e)));
-  }
-  return f;
-}
-
 void rope_with(float* x, int rotary_dim, int64_t pos, const float* inv_freq) {
   const int half = rotary_dim / 2;
   for (int i = 0; i < half; ++i) {

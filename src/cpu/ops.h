@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/thread_pool.h"
+#include "model/rope.h"
 #include "model/weights.h"
 
 namespace lilac::cpu {
@@ -45,8 +46,9 @@ void softmax(float* x, int64_t n);
 // θ = pos · theta^(−2i/rotary_dim), (a, b) = (x[i], x[i + rotary_dim/2]) →
 // (a cos θ − b sin θ, b cos θ + a sin θ); dims ≥ rotary_dim pass through.
 void rope(float* x, int rotary_dim, int64_t pos, double theta);
-// The inverse frequencies, as float (what rope() uses): inv_freq[i] = theta^(−2i/rotary_dim).
-std::vector<float> rope_inv_freq(int rotary_dim, double theta);
+// The inverse frequencies, as float (what rope() uses): inv_freq[i] = theta^(−2i/rotary_dim). Lives in
+// model/rope.h (the CUDA backend uses it too); named here for the reference's readers.
+using lilac::rope_inv_freq;
 void rope_with(float* x, int rotary_dim, int64_t pos, const float* inv_freq);
 
 // Split q_proj's output of one token ([heads][query head_dim | gate head_dim] interleaved per head)

@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "core/error.h"
+#include "engine/validate.h"
 #include "text/detokenizer.h"
 #include "text/tokenizer.h"
 
@@ -66,13 +67,8 @@ GenerationStats Generator::run(const GenerationRequest& req, const TokenCallback
                                const std::atomic<bool>* cancel) {
   GenerationStats st;
   const auto& p = req.prompt;
-  if (p.empty()) throw InputError("empty prompt");
-  if (req.max_tokens < 1) throw InputError("max_tokens must be at least 1");
+  require(check_context(int64_t(p.size()), req.max_tokens, s_.max_length()));
   st.prompt_tokens = int64_t(p.size());
-  if (st.prompt_tokens + req.max_tokens > s_.max_length())
-    throw InputError("prompt (" + std::to_string(p.size()) + " tokens) + max_tokens (" +
-                     std::to_string(req.max_tokens) + ") exceeds the context limit of " +
-                     std::to_string(s_.max_length()) + " tokens");
   auto is_cancelled = [&] { return cancel && cancel->load(std::memory_order_relaxed); };
   const auto t0 = Clock::now();
   try {

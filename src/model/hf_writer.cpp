@@ -12,6 +12,7 @@
 #include "core/progress.h"
 #include "model/quant.h"
 #include "model/safetensors.h"
+#include "model/tensor_table.h"
 #include "model/weight_walk.h"
 
 namespace lilac {
@@ -89,12 +90,13 @@ void copy_if_present(const std::string& from_dir, const std::string& to_dir, con
   if (ec) throw Error("cannot copy " + src + " to " + to_dir + ": " + ec.message());
 }
 
-void write_all(const std::string& out_dir, const Arena& a, const WriteOptions& opts, const std::string& label) {
+void write_all(const std::string& out_dir, const Arena& a, const WriteOptions& opts, const std::string& label,
+               const char* format) {
   uint64_t total = 0;
   for (auto& t : a.list) total += t.nbytes;
   Progress progress(label, total, opts.progress);
   write_safetensors_sharded(
-      out_dir, a.list, opts.shard_bytes, {{"format", "pt"}},
+      out_dir, a.list, opts.shard_bytes, {{"format", format}},
       [](void* ctx, uint64_t n) { static_cast<Progress*>(ctx)->add(n); }, &progress);
   progress.finish();
 }
@@ -141,66 +143,59 @@ void write_hf_checkpoint(const ModelWeights& w, const std::string& out_dir) {
 
 void write_hf_checkpoint(const ModelWeights& w, const std::string& out_dir, const WriteOptions& opts) {
   make_dir(out_dir);
-  const ModelConfig& c = w.config;
   Arena a;
-  const std::string mp = "model.language_model.";
+  const LayoutNames names = hf_names();
+  std::vector<float>* gate_up = nullptr;  // the layer's fused experts buffer (gate, then up, fill it)
   walk_weights(w, [&](const WeightRef& r) {
+    const TensorSpec& t = *r.spec;
+    const std::string name = names.name(t);
     switch (r.kind) {
-      case WeightKind::Matrix: {
-        std::string name = r.name == "lm_head" ? "lm_head.weight" : mp + r.name + ".weight";
-        a.add_f32(name, {r.matrix->rows, r.matrix->cols}, dequantize_all(*r.matrix));
+      case WeightKind::Matrix:
+        a.add_f32(name + ".weight", {r.matrix->rows, r.matrix->cols}, dequantize_all(*r.matrix));
         break;
-      }
       case WeightKind::Experts: {
         const QExperts& e = *r.experts;
-        const std::string base = mp + r.name.substr(0, r.name.rfind('.'));  // "...mlp.experts"
-        const std::string which = r.name.substr(r.name.rfind('.') + 1);
         const QMatrix& m = e.first;
-        if (which == "gate") {
-          // Fused with the matching "up" (the next call): [E, 2I, H], rows 0..I-1 gate.
-          a.add_f32(base + ".gate_up_proj", {e.n, 2 * m.rows, m.cols},
-                    std::vector<float>(static_cast<size_t>(int64_t(e.n) * 2 * m.rows * m.cols)));
-          std::vector<float>& dst = a.f32.back();
-          std::vector<float> g = dequantize_all(m, e.n, &e);
-          for (int k = 0; k < e.n; ++k)
-            std::memcpy(dst.data() + int64_t(k) * 2 * m.rows * m.cols, g.data() + int64_t(k) * m.rows * m.cols,
-                        size_t(m.rows * m.cols) * 4);
-        } else if (which == "up") {
-          std::vector<float>& dst = a.f32.back();  // the gate_up_proj buffer just made
-          std::vector<float> u = dequantize_all(m, e.n, &e);
-          for (int k = 0; k < e.n; ++k)
-            std::memcpy(dst.data() + (int64_t(k) * 2 + 1) * m.rows * m.cols, u.data() + int64_t(k) * m.rows * m.cols,
-                        size_t(m.rows * m.cols) * 4);
-        } else {
-          a.add_f32(base + ".down_proj", {e.n, m.rows, m.cols}, dequantize_all(m, e.n, &e));
+        if (t.role == TensorRole::ExpertsDown) {
+          a.add_f32(name, {e.n, m.rows, m.cols}, dequantize_all(m, e.n, &e));
+          break;
         }
+        // Fused [E, 2I, H]: rows 0..I-1 gate, I..2I-1 up.
+        if (t.role == TensorRole::ExpertsGate) {
+          a.add_f32(name, {e.n, 2 * m.rows, m.cols}, std::vector<float>(size_t(int64_t(e.n) * 2 * m.rows * m.cols)));
+          gate_up = &a.f32.back();
+        }
+        if (!gate_up) throw Error("write_hf_checkpoint: '" + t.name + "' comes before its layer's experts.gate");
+        const int64_t half = t.role == TensorRole::ExpertsUp ? 1 : 0;
+        std::vector<float> v = dequantize_all(m, e.n, &e);
+        for (int k = 0; k < e.n; ++k)
+          std::memcpy(gate_up->data() + (int64_t(k) * 2 + half) * m.rows * m.cols, v.data() + int64_t(k) * m.rows * m.cols,
+                      size_t(m.rows * m.cols) * 4);
+        if (t.role == TensorRole::ExpertsUp) gate_up = nullptr;
         break;
       }
       case WeightKind::NormCentred: {
         std::vector<float> v = *r.values;
         for (float& x : v) x -= 1.0f;
-        const int64_t n = int64_t(v.size());
-        a.add_f32(mp + r.name, {n}, std::move(v));
+        const int64_t n = int64_t(v.size());  // (read before v is moved)
+        a.add_f32(name, {n}, std::move(v));
         break;
       }
       case WeightKind::Vector:
-        a.add_f32(mp + r.name, {int64_t(r.values->size())}, *r.values);
+        a.add_f32(name, {int64_t(r.values->size())}, *r.values);
         break;
-      case WeightKind::Conv1d: {
-        int64_t C = c.gdn_conv_dim(), K = c.linear_conv_kernel_dim;
-        a.add_f32(mp + r.name, {C, 1, K}, *r.values);
+      case WeightKind::Conv1d:
+        a.add_f32(name, names.stored_shape(t), *r.values);
         break;
-      }
     }
   });
-  write_all(out_dir, a, opts, "writing " + out_dir);
+  write_all(out_dir, a, opts, "writing " + out_dir, "pt");
   write_text_file(path_join(out_dir, "config.json"), source_config(w).dump(2) + "\n");
   copy_if_present(w.dir, out_dir, "generation_config.json");
 }
 
-void write_mlx_checkpoint(const ModelWeights& w, const std::string& out_dir, const WriteOptions& opts) {
+json write_mlx_tensors(const ModelWeights& w, const std::string& out_dir, const WriteOptions& opts) {
   make_dir(out_dir);
-  const ModelConfig& c = w.config;
   Arena a;
   json q = {{"group_size", 64}, {"bits", 4}, {"mode", "affine"}};
   auto put_matrix = [&](const std::string& base, const QMatrix& m, int n) {
@@ -226,28 +221,23 @@ void write_mlx_checkpoint(const ModelWeights& w, const std::string& out_dir, con
               size_t(cnt * m.rows * m.groups_per_row()) * 2);
     if (m.bits != 4 || m.group_size != 64) q[base] = {{"group_size", m.group_size}, {"bits", m.bits}};
   };
-  const std::string mp = "language_model.model.";
+  const LayoutNames names = mlx_names();
   walk_weights(w, [&](const WeightRef& r) {
+    const TensorSpec& t = *r.spec;
     switch (r.kind) {
-      case WeightKind::Matrix:
-        put_matrix(r.name == "lm_head" ? "language_model.lm_head" : mp + r.name, *r.matrix, 0);
-        break;
-      case WeightKind::Experts: {
-        std::string which = r.name.substr(r.name.rfind('.') + 1);
-        std::string base = mp + r.name.substr(0, r.name.rfind(".experts.")) + ".switch_mlp." + which + "_proj";
-        put_matrix(base, r.experts->first, r.experts->n);
-        break;
-      }
+      case WeightKind::Matrix: put_matrix(names.name(t), *r.matrix, 0); break;
+      case WeightKind::Experts: put_matrix(names.name(t), r.experts->first, r.experts->n); break;
       case WeightKind::NormCentred:
-      case WeightKind::Vector:
-        a.add_compact(mp + r.name, {int64_t(r.values->size())}, *r.values);
-        break;
-      case WeightKind::Conv1d:
-        a.add_compact(mp + r.name, {c.gdn_conv_dim(), c.linear_conv_kernel_dim, 1}, *r.values);
-        break;
+      case WeightKind::Vector: a.add_compact(names.name(t), {int64_t(r.values->size())}, *r.values); break;
+      case WeightKind::Conv1d: a.add_compact(names.name(t), names.stored_shape(t), *r.values); break;
     }
   });
-  write_all(out_dir, a, opts, "writing " + out_dir);
+  write_all(out_dir, a, opts, "writing " + out_dir, "mlx");
+  return q;
+}
+
+void write_mlx_checkpoint(const ModelWeights& w, const std::string& out_dir, const WriteOptions& opts) {
+  json q = write_mlx_tensors(w, out_dir, opts);
   json cfg = source_config(w);
   cfg["quantization"] = q;
   cfg["quantization_config"] = q;

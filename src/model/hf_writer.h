@@ -1,7 +1,10 @@
-// Checkpoint writers: an HF-layout copy (dequantized, F32) and the MLX 4-bit layout (`lilac convert`).
+// Checkpoint writers: an HF-layout copy (dequantized, F32) and the MLX 4-bit layout (`lilac convert`,
+// `lilac make-demo`). Tensor names come from the table (model/tensor_table.h).
 #pragma once
 #include <cstdint>
 #include <string>
+
+#include <nlohmann/json.hpp>
 
 #include "model/weights.h"
 
@@ -25,6 +28,9 @@ void write_hf_checkpoint(const ModelWeights& w, const std::string& out_dir, cons
 // matrices as .weight U32 / .scales / .biases BF16, dense ones and vectors as BF16 when that is exact,
 // else F32; config.json with a `quantization` block (default + per-tensor overrides for 8-bit ones).
 void write_mlx_checkpoint(const ModelWeights& w, const std::string& out_dir, const WriteOptions& opts = {});
+// Only the tensors of write_mlx_checkpoint (model.safetensors or shards); returns the `quantization` block
+// their config.json needs (for writers of their own config.json, e.g. `lilac make-demo`).
+nlohmann::json write_mlx_tensors(const ModelWeights& w, const std::string& out_dir, const WriteOptions& opts = {});
 
 // `lilac convert`: load `model_dir` (HF layout: quantized on load to 4-bit, router and
 // shared_expert_gate 8-bit) and write it to `out_dir` in the MLX layout, copying tokenizer.json,

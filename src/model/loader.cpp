@@ -1,5 +1,6 @@
 // load_model: MLX 4-bit layout (zero-copy views into the mmaps) or the original Hugging Face layout
-// (quantized on load to the same format). Every tensor is checked by name, dtype and shape.
+// (quantized on load to the same format). Every tensor of the table (model/tensor_table.h) is checked by
+// name, dtype and shape; a tensor the table does not name is an error.
 #include <algorithm>
 #include <cstring>
 #include <set>
@@ -10,6 +11,8 @@
 #include "core/progress.h"
 #include "model/quant.h"
 #include "model/safetensors.h"
+#include "model/tensor_table.h"
+#include "model/weight_walk.h"
 #include "model/weights.h"
 
 namespace lilac {
@@ -35,9 +38,8 @@ struct Builder {
   ModelWeights& w;
   const ModelConfig& c;
   Layout layout = Layout::MLX;
-  std::string mp;    // model prefix, e.g. "language_model.model."
-  std::string head;  // lm_head base name, e.g. "language_model.lm_head"
-  std::set<std::string> used;
+  LayoutNames names;  // the tensors' names in this checkpoint
+  std::set<std::string> used, counted;
   Progress* progress = nullptr;
 
   Builder(const TensorSet& t, ModelWeights& mw) : ts(t), w(mw), c(mw.config) {}
@@ -63,8 +65,8 @@ struct Builder {
   void expect_dtype(const TensorInfo& t, DType d) const {
     if (t.dtype != d) throw Error(where(t) + " has dtype " + dtype_name(t.dtype) + ", expected " + dtype_name(d));
   }
-  void done(const TensorInfo& t) {
-    if (progress) progress->add(t.nbytes);
+  void done(const TensorInfo& t) {  // progress, once per tensor
+    if (progress && counted.insert(t.name).second) progress->add(t.nbytes);
   }
 
   // A typed pointer into the mapping; copied into owned memory when the file leaves it unaligned.
@@ -185,101 +187,69 @@ struct Builder {
     return m;
   }
 
-  // ---- both ----
-  QMatrix matrix(const std::string& base, int64_t rows, int64_t cols, int hf_bits = 4) {
-    return layout == Layout::MLX ? mlx_matrix(base, 0, rows, cols) : hf_matrix(base, rows, cols, hf_bits);
+  // HF experts of one layer: fused (gate_up_proj [E, 2I, H] with the gate rows first, down_proj [E, H, I])
+  // or one tensor per expert (experts.{e}.{gate,up,down}_proj.weight).
+  QMatrix hf_experts(const TensorSpec& t) {
+    const int64_t E = t.count, rows = t.rows, cols = t.cols;
+    TensorSpec gate = t;  // the layer's form is decided on its gate
+    gate.role = TensorRole::ExpertsGate;
+    gate.name = t.name.substr(0, t.name.rfind('.')) + ".gate";
+    if (ts.has(names.name(gate)) || !ts.has(names.expert_name(gate, 0))) {
+      const TensorInfo& f = need(names.name(t));
+      const std::vector<int64_t> shape = names.stored_shape(t);
+      expect_float(f);
+      expect_shape(f, shape);
+      const int64_t per = shape[1];  // stored rows per expert (2I for gate_up)
+      const int64_t row0 = t.role == TensorRole::ExpertsUp ? rows : 0;
+      QMatrix m = hf_quantize(E, rows, cols, t.bits,
+                              rows_of(f, [=](int64_t e, int64_t r) { return (e * per + row0 + r) * cols; }, cols));
+      done(f);
+      return m;
+    }
+    std::vector<const TensorInfo*> ex;
+    for (int64_t e = 0; e < E; ++e) {
+      const TensorInfo& x = need(names.expert_name(t, e));
+      expect_float(x);
+      expect_shape(x, {rows, cols});
+      ex.push_back(&x);
+    }
+    QMatrix m = hf_quantize(E, rows, cols, t.bits, [&](int64_t e, int64_t row, float* out) {
+      tensor_floats(*ex[size_t(e)], row * cols, cols, out);
+    });
+    for (auto* x : ex) done(*x);
+    return m;
   }
 
-  void load_layer(int i, LayerWeights& L) {
-    const std::string p = mp + "layers." + std::to_string(i) + ".";
+  // One tensor of the table into its place in the weights.
+  void load(const TensorSpec& t) {
+    const WeightSlot s = weight_slot(w, t);
     const bool hf = layout == Layout::HF;
-    const int64_t H = c.hidden_size;
-    L.full_attention = c.full_attention[size_t(i)];
-    L.input_norm = vec(p + "input_layernorm.weight", {H}, hf);
-    L.post_norm = vec(p + "post_attention_layernorm.weight", {H}, hf);
-    if (L.full_attention) {
-      auto& a = L.attn;
-      const std::string q = p + "self_attn.";
-      a.q_proj = matrix(q + "q_proj", c.q_proj_rows(), H);
-      a.k_proj = matrix(q + "k_proj", c.kv_dim(), H);
-      a.v_proj = matrix(q + "v_proj", c.kv_dim(), H);
-      a.o_proj = matrix(q + "o_proj", H, int64_t(c.num_heads) * c.head_dim);
-      a.q_norm = vec(q + "q_norm.weight", {c.head_dim}, hf);
-      a.k_norm = vec(q + "k_norm.weight", {c.head_dim}, hf);
-    } else {
-      auto& g = L.gdn;
-      const std::string q = p + "linear_attn.";
-      const int64_t Hv = c.linear_num_value_heads, K = c.linear_conv_kernel_dim, C = c.gdn_conv_dim();
-      g.in_proj_qkv = matrix(q + "in_proj_qkv", C, H);
-      g.in_proj_z = matrix(q + "in_proj_z", c.gdn_value_dim(), H);
-      g.in_proj_b = matrix(q + "in_proj_b", Hv, H);
-      g.in_proj_a = matrix(q + "in_proj_a", Hv, H);
-      g.out_proj = matrix(q + "out_proj", H, c.gdn_value_dim());
-      // [C, K, 1] (MLX) or [C, 1, K] (HF): the same memory order as [C, K].
-      g.conv1d = vec(q + "conv1d.weight", hf ? std::vector<int64_t>{C, 1, K} : std::vector<int64_t>{C, K, 1});
-      g.dt_bias = vec(q + "dt_bias", {Hv});
-      g.A_log = vec(q + "A_log", {Hv});
-      g.norm = vec(q + "norm.weight", {c.linear_value_head_dim});
-    }
-    auto& m = L.moe;
-    const std::string q = p + "mlp.";
-    const int64_t E = c.num_experts, I = c.moe_intermediate_size, S = c.shared_expert_intermediate_size;
-    m.router = matrix(q + "gate", E, H, 8);
-    m.shared_expert_gate = matrix(q + "shared_expert_gate", 1, H, 8);
-    m.shared_gate = matrix(q + "shared_expert.gate_proj", S, H);
-    m.shared_up = matrix(q + "shared_expert.up_proj", S, H);
-    m.shared_down = matrix(q + "shared_expert.down_proj", H, S);
-    m.gate.n = m.up.n = m.down.n = int(E);
-    if (!hf) {
-      m.gate.first = mlx_matrix(q + "switch_mlp.gate_proj", E, I, H);
-      m.up.first = mlx_matrix(q + "switch_mlp.up_proj", E, I, H);
-      m.down.first = mlx_matrix(q + "switch_mlp.down_proj", E, H, I);
-    } else if (ts.has(q + "experts.gate_up_proj") || !ts.has(q + "experts.0.gate_proj.weight")) {
-      // Fused: gate_up_proj [E, 2I, H] (rows 0..I-1 gate, I..2I-1 up), down_proj [E, H, I].
-      const TensorInfo& gu = need(q + "experts.gate_up_proj");
-      expect_float(gu);
-      expect_shape(gu, {E, 2 * I, H});
-      m.gate.first = hf_quantize(E, I, H, 4, rows_of(gu, [&](int64_t e, int64_t r) { return (e * 2 * I + r) * H; }, H));
-      m.up.first = hf_quantize(E, I, H, 4, rows_of(gu, [&](int64_t e, int64_t r) { return (e * 2 * I + I + r) * H; }, H));
-      done(gu);
-      const TensorInfo& dn = need(q + "experts.down_proj");
-      expect_float(dn);
-      expect_shape(dn, {E, H, I});
-      m.down.first = hf_quantize(E, H, I, 4, rows_of(dn, [&](int64_t e, int64_t r) { return (e * H + r) * I; }, I));
-      done(dn);
-    } else {
-      // One tensor per expert: experts.{e}.{gate,up,down}_proj.weight.
-      auto per_expert = [&](const std::string& proj, int64_t rows, int64_t cols) {
-        std::vector<const TensorInfo*> ex;
-        for (int64_t e = 0; e < E; ++e) {
-          const TensorInfo& t = need(q + "experts." + std::to_string(e) + "." + proj + ".weight");
-          expect_float(t);
-          expect_shape(t, {rows, cols});
-          ex.push_back(&t);
-        }
-        QMatrix r = hf_quantize(E, rows, cols, 4, [&](int64_t e, int64_t row, float* out) {
-          tensor_floats(*ex[size_t(e)], row * cols, cols, out);
-        });
-        for (auto* t : ex) done(*t);
-        return r;
-      };
-      m.gate.first = per_expert("gate_proj", I, H);
-      m.up.first = per_expert("up_proj", I, H);
-      m.down.first = per_expert("down_proj", H, I);
+    const std::string name = names.name(t);
+    switch (t.kind) {
+      case WeightKind::Matrix:
+        *s.matrix = hf ? hf_matrix(name, t.rows, t.cols, t.bits) : mlx_matrix(name, 0, t.rows, t.cols);
+        break;
+      case WeightKind::Experts:
+        s.experts->n = int(t.count);
+        s.experts->first = hf ? hf_experts(t) : mlx_matrix(name, t.count, t.rows, t.cols);
+        break;
+      case WeightKind::NormCentred:
+      case WeightKind::Vector:
+      case WeightKind::Conv1d:
+        // Zero-centred norms: HF stores them without the +1 (MLX with it). Conv1d: [C, K, 1] (MLX) or
+        // [C, 1, K] (HF), the same memory order as [C, K].
+        *s.values = vec(name, names.stored_shape(t), hf && t.kind == WeightKind::NormCentred);
+        break;
     }
   }
 
   void load_all() {
-    const int64_t V = c.vocab_size, H = c.hidden_size;
-    w.embed = matrix(mp + "embed_tokens", V, H);
-    if (ts.has(head + ".weight") || !c.tie_word_embeddings) {
-      w.lm_head = matrix(head, V, H);
-    } else {
-      w.lm_head = w.embed;
-    }
-    w.final_norm = vec(mp + "norm.weight", {H}, layout == Layout::HF);
     w.layers.resize(size_t(c.num_layers));
-    for (int i = 0; i < c.num_layers; ++i) load_layer(i, w.layers[size_t(i)]);
+    for (int i = 0; i < c.num_layers; ++i) w.layers[size_t(i)].full_attention = c.full_attention[size_t(i)];
+    TableOptions opts;
+    opts.lm_head = ts.has(names.head + ".weight") || !c.tie_word_embeddings;
+    for_each_tensor(c, [&](const TensorSpec& t) { load(t); }, opts);
+    if (!opts.lm_head) w.lm_head = w.embed;
     for (auto& [name, t] : ts.tensors()) {
       if (used.count(name) || skipped_name(name)) continue;
       throw Error(t.file + ": unused tensor '" + name + "' (not part of the " + c.model_type +
@@ -297,31 +267,24 @@ std::shared_ptr<const ModelWeights> load_model(const std::string& dir, const Loa
   TensorSet ts = TensorSet::open_dir(dir);
 
   Builder b(ts, *w);
-  bool mlx_names = false;
+  bool mlx_named = false;
   for (auto& [name, t] : ts.tensors())
     if (name.find(".switch_mlp.") != std::string::npos ||
         (name.size() > 7 && name.compare(name.size() - 7, 7, ".scales") == 0)) {
-      mlx_names = true;
+      mlx_named = true;
       break;
     }
-  b.layout = (mlx_names || w->config.quantized) ? Layout::MLX : Layout::HF;
-  if (b.layout == Layout::MLX) {
-    if (ts.has("language_model.model.embed_tokens.weight")) {
-      b.mp = "language_model.model.";
-      b.head = "language_model.lm_head";
-    } else if (ts.has("model.embed_tokens.weight")) {
-      b.mp = "model.";
-      b.head = "lm_head";
-    } else {
-      throw Error("missing tensor 'language_model.model.embed_tokens.weight' (or 'model.embed_tokens.weight') in " + dir);
-    }
-  } else {
-    if (ts.has("model.language_model.embed_tokens.weight")) b.mp = "model.language_model.";
-    else if (ts.has("model.embed_tokens.weight")) b.mp = "model.";
-    else
-      throw Error("missing tensor 'model.language_model.embed_tokens.weight' (or 'model.embed_tokens.weight') in " + dir);
-    b.head = "lm_head";
-  }
+  b.layout = (mlx_named || w->config.quantized) ? Layout::MLX : Layout::HF;
+  // The full names (with the "language_model" part) or a text-only conversion's ("model.", "lm_head").
+  const LayoutNames full = b.layout == Layout::MLX ? mlx_names(true) : hf_names(true);
+  const LayoutNames text_only = b.layout == Layout::MLX ? mlx_names(false) : hf_names(false);
+  if (ts.has(full.model_prefix + "embed_tokens.weight"))
+    b.names = full;
+  else if (ts.has(text_only.model_prefix + "embed_tokens.weight"))
+    b.names = text_only;
+  else
+    throw Error("missing tensor '" + full.model_prefix + "embed_tokens.weight' (or '" + text_only.model_prefix +
+                "embed_tokens.weight') in " + dir);
   const uint64_t total = ts.total_bytes();
   if (b.layout == Layout::MLX) {
     // The weights are views into the mappings: keep them alive with the model.

@@ -1,52 +1,82 @@
 #include "model/weight_walk.h"
 
+#include "core/error.h"
+
 namespace lilac {
 
-void walk_weights(const ModelWeights& w, const std::function<void(const WeightRef&)>& fn) {
-  auto mat = [&](const std::string& n, const QMatrix& m) { fn({n, WeightKind::Matrix, &m, nullptr, nullptr}); };
-  auto exp = [&](const std::string& n, const QExperts& e) { fn({n, WeightKind::Experts, nullptr, &e, nullptr}); };
-  auto vec = [&](const std::string& n, WeightKind k, const std::vector<float>& v) {
-    fn({n, k, nullptr, nullptr, &v});
-  };
-  mat("embed_tokens", w.embed);
-  bool tied = w.lm_head.qweight == w.embed.qweight && w.lm_head.dense == w.embed.dense;
-  if (!tied) mat("lm_head", w.lm_head);
-  vec("norm.weight", WeightKind::NormCentred, w.final_norm);
-  for (size_t i = 0; i < w.layers.size(); ++i) {
-    const LayerWeights& L = w.layers[i];
-    const std::string p = "layers." + std::to_string(i) + ".";
-    vec(p + "input_layernorm.weight", WeightKind::NormCentred, L.input_norm);
-    vec(p + "post_attention_layernorm.weight", WeightKind::NormCentred, L.post_norm);
-    if (L.full_attention) {
-      const std::string q = p + "self_attn.";
-      mat(q + "q_proj", L.attn.q_proj);
-      mat(q + "k_proj", L.attn.k_proj);
-      mat(q + "v_proj", L.attn.v_proj);
-      mat(q + "o_proj", L.attn.o_proj);
-      vec(q + "q_norm.weight", WeightKind::NormCentred, L.attn.q_norm);
-      vec(q + "k_norm.weight", WeightKind::NormCentred, L.attn.k_norm);
-    } else {
-      const std::string q = p + "linear_attn.";
-      mat(q + "in_proj_qkv", L.gdn.in_proj_qkv);
-      mat(q + "in_proj_z", L.gdn.in_proj_z);
-      mat(q + "in_proj_b", L.gdn.in_proj_b);
-      mat(q + "in_proj_a", L.gdn.in_proj_a);
-      mat(q + "out_proj", L.gdn.out_proj);
-      vec(q + "conv1d.weight", WeightKind::Conv1d, L.gdn.conv1d);
-      vec(q + "dt_bias", WeightKind::Vector, L.gdn.dt_bias);
-      vec(q + "A_log", WeightKind::Vector, L.gdn.A_log);
-      vec(q + "norm.weight", WeightKind::Vector, L.gdn.norm);
-    }
-    const std::string q = p + "mlp.";
-    mat(q + "gate", L.moe.router);
-    exp(q + "experts.gate", L.moe.gate);
-    exp(q + "experts.up", L.moe.up);
-    exp(q + "experts.down", L.moe.down);
-    mat(q + "shared_expert.gate_proj", L.moe.shared_gate);
-    mat(q + "shared_expert.up_proj", L.moe.shared_up);
-    mat(q + "shared_expert.down_proj", L.moe.shared_down);
-    mat(q + "shared_expert_gate", L.moe.shared_expert_gate);
+namespace {
+
+struct ConstSlot {
+  const QMatrix* matrix = nullptr;
+  const QExperts* experts = nullptr;
+  const std::vector<float>* values = nullptr;
+};
+
+// One mapping for both constnesses: MW is ModelWeights or const ModelWeights.
+template <class Slot, class MW>
+Slot slot_of(MW& w, const TensorSpec& t) {
+  Slot s;
+  using R = TensorRole;
+  switch (t.role) {
+    case R::Embed: s.matrix = &w.embed; return s;
+    case R::LmHead: s.matrix = &w.lm_head; return s;
+    case R::FinalNorm: s.values = &w.final_norm; return s;
+    default: break;
   }
+  if (t.layer < 0 || size_t(t.layer) >= w.layers.size())
+    throw Error("tensor '" + t.name + "': layer " + std::to_string(t.layer) + " is not in the model");
+  auto& L = w.layers[size_t(t.layer)];
+  switch (t.role) {
+    case R::InputNorm: s.values = &L.input_norm; break;
+    case R::PostNorm: s.values = &L.post_norm; break;
+    case R::QProj: s.matrix = &L.attn.q_proj; break;
+    case R::KProj: s.matrix = &L.attn.k_proj; break;
+    case R::VProj: s.matrix = &L.attn.v_proj; break;
+    case R::OProj: s.matrix = &L.attn.o_proj; break;
+    case R::QNorm: s.values = &L.attn.q_norm; break;
+    case R::KNorm: s.values = &L.attn.k_norm; break;
+    case R::InProjQKV: s.matrix = &L.gdn.in_proj_qkv; break;
+    case R::InProjZ: s.matrix = &L.gdn.in_proj_z; break;
+    case R::InProjB: s.matrix = &L.gdn.in_proj_b; break;
+    case R::InProjA: s.matrix = &L.gdn.in_proj_a; break;
+    case R::OutProj: s.matrix = &L.gdn.out_proj; break;
+    case R::Conv1d: s.values = &L.gdn.conv1d; break;
+    case R::DtBias: s.values = &L.gdn.dt_bias; break;
+    case R::ALog: s.values = &L.gdn.A_log; break;
+    case R::GdnNorm: s.values = &L.gdn.norm; break;
+    case R::Router: s.matrix = &L.moe.router; break;
+    case R::SharedExpertGate: s.matrix = &L.moe.shared_expert_gate; break;
+    case R::ExpertsGate: s.experts = &L.moe.gate; break;
+    case R::ExpertsUp: s.experts = &L.moe.up; break;
+    case R::ExpertsDown: s.experts = &L.moe.down; break;
+    case R::SharedGate: s.matrix = &L.moe.shared_gate; break;
+    case R::SharedUp: s.matrix = &L.moe.shared_up; break;
+    case R::SharedDown: s.matrix = &L.moe.shared_down; break;
+    case R::Embed:
+    case R::LmHead:
+    case R::FinalNorm: break;
+  }
+  return s;
+}
+
+}  // namespace
+
+WeightSlot weight_slot(ModelWeights& w, const TensorSpec& t) { return slot_of<WeightSlot>(w, t); }
+
+TableOptions table_options(const ModelWeights& w) {
+  TableOptions o;
+  o.lm_head = !(w.lm_head.qweight == w.embed.qweight && w.lm_head.dense == w.embed.dense);
+  return o;
+}
+
+void walk_weights(const ModelWeights& w, const std::function<void(const WeightRef&)>& fn) {
+  for_each_tensor(
+      w.config,
+      [&](const TensorSpec& t) {
+        const ConstSlot s = slot_of<ConstSlot>(w, t);
+        fn(WeightRef{t.name, t.kind, s.matrix, s.experts, s.values, &t});
+      },
+      table_options(w));
 }
 
 }  // namespace lilac

@@ -1,22 +1,16 @@
-// Walks every tensor of a ModelWeights with its layout-neutral name ("embed_tokens", "lm_head",
-// "norm", "layers.3.self_attn.q_proj", "layers.0.mlp.experts.gate", ...) — used by the checkpoint
-// writers (HF copy, MLX convert) to name tensors in their own layout.
+// Where each tensor of the table (model/tensor_table.h) lives in a ModelWeights, and a walk over all of
+// them with their layout-neutral names ("embed_tokens", "lm_head", "norm.weight",
+// "layers.3.self_attn.q_proj", "layers.0.mlp.experts.gate", ...) — used by the loader to fill a
+// ModelWeights and by the checkpoint writers (HF copy, MLX convert) to name tensors in their layout.
 #pragma once
 #include <functional>
 #include <string>
 #include <vector>
 
+#include "model/tensor_table.h"
 #include "model/weights.h"
 
 namespace lilac {
-
-enum class WeightKind {
-  Matrix,       // QMatrix
-  Experts,      // QExperts; name ends in "mlp.experts.gate" / ".up" / ".down"
-  NormCentred,  // effective multiplier of a zero-centred RMSNorm (checkpoints store it minus 1 in HF)
-  Vector,       // plain float vector (linear_attn.norm.weight, dt_bias, A_log)
-  Conv1d,       // [conv_dim, K]
-};
 
 struct WeightRef {
   std::string name;  // e.g. "layers.0.linear_attn.in_proj_qkv" (matrices: no ".weight")
@@ -24,9 +18,22 @@ struct WeightRef {
   const QMatrix* matrix = nullptr;
   const QExperts* experts = nullptr;
   const std::vector<float>* values = nullptr;
+  const TensorSpec* spec = nullptr;  // the table's entry (role, shape, bits)
 };
 
-// Calls fn for each tensor in a fixed order. lm_head is skipped when tied to embed (same storage).
+// The field of `w` that holds tensor `t` (exactly one pointer is set, by t.kind). `w.layers` must have
+// config.num_layers entries.
+struct WeightSlot {
+  QMatrix* matrix = nullptr;
+  QExperts* experts = nullptr;
+  std::vector<float>* values = nullptr;
+};
+WeightSlot weight_slot(ModelWeights& w, const TensorSpec& t);
+
+// The table options that describe `w` (lm_head absent when it is tied to embed: the same storage).
+TableOptions table_options(const ModelWeights& w);
+
+// Calls fn for each tensor in the table's order. lm_head is skipped when tied to embed (same storage).
 void walk_weights(const ModelWeights& w, const std::function<void(const WeightRef&)>& fn);
 
 }  // namespace lilac

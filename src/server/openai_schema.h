@@ -4,7 +4,6 @@
 #pragma once
 #include <cstdint>
 #include <optional>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -12,24 +11,16 @@
 
 #include "engine/backend.h"
 #include "model/config.h"
+#include "server/api_error.h"
 
 namespace lilac::server {
 
 using ojson = nlohmann::ordered_json;
 
-// An error answered with OpenAI's body {"error": {"message", "type", "param", "code"}}.
-struct ApiError : std::runtime_error {
-  ApiError(int status, std::string message, std::string param = "", std::string code = "",
-           std::string type = "");
-  int status;
-  std::string message, type, param, code;
-};
-
-// {"error": {...}}; param / code are null when empty.
+// OpenAI's error body {"error": {"message", "type", "param", "code"}}; param / code are null when empty.
 nlohmann::json error_body(int status, const std::string& message, const std::string& type = "",
                           const std::string& param = "", const std::string& code = "");
-// The default `type` for a status ("invalid_request_error", "authentication_error", ...).
-std::string error_type_for(int status);
+nlohmann::json error_body(const ApiError& e);
 
 enum class ToolChoice { Auto, None, Required, Function };
 

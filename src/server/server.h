@@ -1,11 +1,11 @@
-// The OpenAI-compatible HTTP server (`lilac serve`): thin HTTP handlers (parse + validate, render +
-// tokenize) that hand jobs to the Scheduler, which owns the engine Session and the prefix cache.
+// The OpenAI-compatible HTTP server (`lilac serve`). The request path: an endpoint's protocol adapter
+// (server/openai_api.cpp: parse once + validate -> GenerationSpec) -> the generation core
+// (server/generation.h: render, tokenize, check, queue a Job on the Scheduler, which owns the engine
+// Session and the prefix cache) -> the adapter's ResponseFormatter, sent by server/http_response.h.
 #pragma once
-#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 
@@ -41,7 +41,7 @@ struct ServerOptions {
   bool log_requests = true;
 };
 
-// Optional hook for a request router (the hybrid router, src/server/hybrid*). Every member may be
+// Optional hook for a request router (the hybrid router, src/router/hybrid.h). Every member may be
 // empty. maybe_forward is called first by POST /v1/chat/completions and /v1/completions with the
 // parsed body; returning true means it answered the request itself (the local engine does nothing).
 // local_busy: the local queue is full (a local request would get 429). on_local is called when a
@@ -49,9 +49,9 @@ struct ServerOptions {
 // When a hook is set, local responses carry the header `x-lilac-route: local` and the body field
 // `"lilac_route": "local"` (in every streamed chunk too).
 struct RouteHook {
-  std::function<bool(const httplib::Request&, httplib::Response&, const nlohmann::json& body, bool local_busy)>
+  std::function<bool(const httplib::Request&, httplib::Response&, const nlohmann::ordered_json& body, bool local_busy)>
       maybe_forward;
-  std::function<void(const nlohmann::json& body)> on_local;
+  std::function<void(const nlohmann::ordered_json& body)> on_local;
   std::function<nlohmann::json()> extra_models;
 };
 
@@ -75,19 +75,16 @@ class Server {
   void run();
   void stop();
   int port() const { return port_; }
-  bool ready() const { return ready_.load(); }
+  bool ready() const;
 
   httplib::Server& http();  // e.g. for extra routes
   Metrics& metrics();
-  const ServerOptions& options() const { return opts_; }
+  const ServerOptions& options() const;
 
  private:
-  void handle_generation(const httplib::Request& req, httplib::Response& res, bool chat);
   struct Impl;
   std::unique_ptr<Impl> impl_;
-  ServerOptions opts_;
   int port_ = 0;
-  std::atomic<bool> ready_{false};
   std::thread thread_;
 };
 

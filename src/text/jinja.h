@@ -5,7 +5,9 @@
 // Supported: {{ }}, {% %}, {# #}, whitespace control (- and +), {% raw %}; statements if/elif/else,
 // for (tuple targets, `if` filter, else, loop.*, break/continue), set (names, namespace attributes,
 // tuples, block set), macro (defaults, keyword arguments), filter blocks, generation blocks;
-// Python-like expressions, filters, tests, string/dict/list methods (see jinja.cpp for the lists).
+// Python-like expressions, filters, tests, string/dict/list methods (lists: jinja_filters.cpp,
+// jinja_pyops.cpp). Files: jinja_lexer.cpp, jinja_parser.cpp (syntax tree: jinja_ast.h), jinja_pyops.cpp +
+// jinja_filters.cpp (Python-compatible builtins: jinja_builtins.h), jinja.cpp (the interpreter).
 // Template errors throw lilac::Error naming the origin, line and column.
 #pragma once
 #include <memory>

@@ -1,5 +1,5 @@
 // Values of lilac's Jinja subset interpreter, with Python semantics (str/repr, ==, ordering,
-// truthiness) and Python's json.dumps for the tojson filter. Used by text/jinja.cpp.
+// truthiness) and Python's json.dumps for the tojson filter. Used by the interpreter (text/jinja.cpp) and its builtins.
 #pragma once
 #include <cstdint>
 #include <functional>

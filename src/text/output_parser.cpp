@@ -1,4 +1,4 @@
-// Incremental parser of Qwen3.6 output: reasoning, content and tool calls.
+// Incremental parser of Qwen3.6 output: reasoning, content and tool calls (markup: text/model_format.h).
 //
 // Behaviour choices (the result depends only on the whole text, never on how it was split):
 // - Reasoning: opened by the prompt (in_reasoning) or by "<think>" at the very first byte of the
@@ -33,15 +33,6 @@ namespace lilac {
 namespace {
 
 using ojson = nlohmann::ordered_json;
-
-constexpr std::string_view kThinkOpen = "<think>";
-constexpr std::string_view kThinkClose = "</think>";
-constexpr std::string_view kToolOpen = "<tool_call>";
-constexpr std::string_view kToolClose = "</tool_call>";
-constexpr std::string_view kFuncOpen = "<function=";
-constexpr std::string_view kFuncClose = "</function>";
-constexpr std::string_view kParamOpen = "<parameter=";
-constexpr std::string_view kParamClose = "</parameter>";
 
 bool starts_with_at(std::string_view s, size_t pos, std::string_view p) {
   return s.size() >= pos + p.size() && s.compare(pos, p.size(), p) == 0;
@@ -81,12 +72,13 @@ struct OutputParser::Impl {
   bool skip_nl = false;  // drop newlines at the start of what follows
   std::string raw;       // incomplete UTF-8 tail
   std::string buf;       // unprocessed text
-  nlohmann::json tools;
+  const FormatMarkup& mk;
+  ojson tools;
   int n_calls = 0;
   std::mt19937_64 rng;
   std::vector<OutputDelta> out;
 
-  Impl(bool in_reasoning, const nlohmann::json& t) : tools(t) {
+  Impl(bool in_reasoning, const ojson& t, const ModelFormat& format) : mk(format.markup()), tools(t) {
     static std::atomic<uint64_t> counter{0};
     std::random_device rd;
     rng.seed((static_cast<uint64_t>(rd()) << 32) ^ rd() ^
@@ -119,11 +111,11 @@ struct OutputParser::Impl {
   }
 
   // ---- schema typing ---------------------------------------------------------------------------
-  const nlohmann::json* param_schema(const std::string& fn, const std::string& arg) const {
+  const ojson* param_schema(const std::string& fn, const std::string& arg) const {
     if (!tools.is_array()) return nullptr;
     for (const auto& t : tools) {
       if (!t.is_object()) continue;
-      const nlohmann::json* f = &t;
+      const ojson* f = &t;
       if (auto it = t.find("function"); it != t.end() && it->is_object()) f = &*it;
       auto name = f->find("name");
       if (name == f->end() || !name->is_string() || name->get<std::string>() != fn) continue;
@@ -137,7 +129,7 @@ struct OutputParser::Impl {
     return nullptr;
   }
 
-  static void collect_types(const nlohmann::json& s, std::vector<std::string>& types) {
+  static void collect_types(const ojson& s, std::vector<std::string>& types) {
     if (!s.is_object()) return;
     if (auto t = s.find("type"); t != s.end()) {
       if (t->is_string()) types.push_back(t->get<std::string>());
@@ -161,7 +153,7 @@ struct OutputParser::Impl {
   }
 
   ojson typed_value(const std::string& fn, const std::string& arg, const std::string& value) const {
-    const nlohmann::json* schema = param_schema(fn, arg);
+    const ojson* schema = param_schema(fn, arg);
     if (!schema) return ojson(value);
     std::vector<std::string> types;
     collect_types(*schema, types);
@@ -189,10 +181,10 @@ struct OutputParser::Impl {
       while (pos < body.size() && is_ws(body[pos])) ++pos;
     };
     skip_ws();
-    if (!starts_with_at(body, pos, kFuncOpen)) return false;
+    if (!starts_with_at(body, pos, mk.function_open)) return false;
     while (pos < body.size()) {
-      if (!starts_with_at(body, pos, kFuncOpen)) return false;
-      pos += kFuncOpen.size();
+      if (!starts_with_at(body, pos, mk.function_open)) return false;
+      pos += mk.function_open.size();
       const size_t gt = body.find('>', pos);
       if (gt == std::string_view::npos) return false;
       const std::string name(trim_ws(body.substr(pos, gt - pos)));
@@ -203,25 +195,25 @@ struct OutputParser::Impl {
       while (true) {
         skip_ws();
         if (pos >= body.size()) break;
-        if (starts_with_at(body, pos, kFuncClose)) {
-          pos += kFuncClose.size();
+        if (starts_with_at(body, pos, mk.function_close)) {
+          pos += mk.function_close.size();
           fn_closed = true;
           break;
         }
-        if (!starts_with_at(body, pos, kParamOpen)) return false;
-        pos += kParamOpen.size();
+        if (!starts_with_at(body, pos, mk.parameter_open)) return false;
+        pos += mk.parameter_open.size();
         const size_t pgt = body.find('>', pos);
         if (pgt == std::string_view::npos) return false;
         const std::string arg(trim_ws(body.substr(pos, pgt - pos)));
         if (arg.empty()) return false;
         pos = pgt + 1;
         // The value ends at </parameter>; tolerate a missing one before the next tag.
-        size_t end = body.find(kParamClose, pos);
-        size_t next = std::min(body.find(std::string("\n") + std::string(kParamOpen), pos),
-                               body.find(std::string("\n") + std::string(kFuncClose), pos));
+        size_t end = body.find(mk.parameter_close, pos);
+        size_t next = std::min(body.find(std::string("\n") + std::string(mk.parameter_open), pos),
+                               body.find(std::string("\n") + std::string(mk.function_close), pos));
         size_t after;
         if (end != std::string_view::npos && end <= next) {
-          after = end + kParamClose.size();
+          after = end + mk.parameter_close.size();
         } else if (next != std::string_view::npos) {
           end = next;
           after = next;
@@ -277,9 +269,9 @@ struct OutputParser::Impl {
       ok = parse_json_call(body, calls);
     }
     if (!ok) {
-      std::string text(kToolOpen);
+      std::string text(mk.tool_open);
       text.append(body);
-      if (closed) text.append(kToolClose);
+      if (closed) text.append(mk.tool_close);
       emit(OutputDelta::Content, text);
       return;
     }
@@ -320,14 +312,14 @@ struct OutputParser::Impl {
     while (true) {
       if (state == Content && at_start) {
         if (buf.empty()) return;
-        if (starts_with_at(buf, 0, kThinkOpen)) {
-          buf.erase(0, kThinkOpen.size());
+        if (starts_with_at(buf, 0, mk.think_open)) {
+          buf.erase(0, mk.think_open.size());
           state = Reasoning;
           at_start = false;
           skip_nl = true;
           continue;
         }
-        if (!final && buf.size() < kThinkOpen.size() && kThinkOpen.substr(0, buf.size()) == buf) return;
+        if (!final && buf.size() < mk.think_open.size() && mk.think_open.substr(0, buf.size()) == buf) return;
         at_start = false;
       }
       if (skip_nl && state != Tool) {
@@ -339,23 +331,23 @@ struct OutputParser::Impl {
       }
       switch (state) {
         case Content:
-          if (scan_text(OutputDelta::Content, kToolOpen, final)) {
+          if (scan_text(OutputDelta::Content, mk.tool_open, final)) {
             state = Tool;
             continue;
           }
           return;
         case Reasoning:
-          if (scan_text(OutputDelta::Reasoning, kThinkClose, final)) {
+          if (scan_text(OutputDelta::Reasoning, mk.think_close, final)) {
             state = Content;
             skip_nl = true;
             continue;
           }
           return;
         case Tool: {
-          const size_t p = buf.find(kToolClose);
+          const size_t p = buf.find(mk.tool_close);
           if (p != std::string::npos) {
             handle_tool(std::string_view(buf).substr(0, p), /*closed=*/true);
-            buf.erase(0, p + kToolClose.size());
+            buf.erase(0, p + mk.tool_close.size());
             state = Content;
             skip_nl = true;
             continue;
@@ -378,8 +370,8 @@ struct OutputParser::Impl {
   }
 };
 
-OutputParser::OutputParser(bool in_reasoning, const nlohmann::json& tools)
-    : impl_(std::make_shared<Impl>(in_reasoning, tools)) {}
+OutputParser::OutputParser(bool in_reasoning, const nlohmann::ordered_json& tools, const ModelFormat& format)
+    : impl_(std::make_shared<Impl>(in_reasoning, tools, format)) {}
 
 std::vector<OutputDelta> OutputParser::push(std::string_view text) {
   Impl& m = *impl_;

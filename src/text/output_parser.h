@@ -1,4 +1,4 @@
-// Incremental parser of generated text in the Qwen3.6 format: <think>...</think> reasoning,
+// Incremental parser of generated text in the Qwen3.6 format (text/model_format.h): <think>...</think> reasoning,
 // <tool_call> XML (or Qwen3's JSON inside <tool_call>) -> OpenAI tool_calls, the rest content.
 // The concatenated result never depends on how the text is split across push() calls. Newlines the
 // format puts around markup (after <think>/</think>/</tool_call>, before </think>/<tool_call>) are
@@ -12,6 +12,8 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
+
+#include "text/model_format.h"
 
 namespace lilac {
 
@@ -27,8 +29,10 @@ struct OutputDelta {
 class OutputParser {
  public:
   // `in_reasoning`: the prompt already opened <think> (thinking on). `tools`: the request's
-  // OpenAI tools array (used to type parameter values by their JSON schema), may be null.
-  OutputParser(bool in_reasoning, const nlohmann::json& tools = nullptr);
+  // OpenAI tools array (used to type parameter values by their JSON schema), may be null. `format`:
+  // the markup (its tags; the grammar around them is Qwen3.6's).
+  OutputParser(bool in_reasoning, const nlohmann::ordered_json& tools = nullptr,
+               const ModelFormat& format = qwen3_6_format());
   // Feed generated text (any split, even mid-tag or mid-UTF-8); returns deltas ready to stream.
   std::vector<OutputDelta> push(std::string_view text);
   // End of generation: flush held-back text; unterminated markup degrades to plain content.

@@ -4,9 +4,9 @@
 #include <random>
 #include <string>
 
-#include "server/detectors.h"
+#include "router/detectors.h"
 
-using namespace lilac::server;
+using namespace lilac::router;
 
 namespace {
 

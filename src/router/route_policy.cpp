@@ -1,5 +1,5 @@
 // Route policy parsing and user rules (keywords + PCRE2 regexes).
-#include "server/route_policy.h"
+#include "router/route_policy.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
@@ -9,7 +9,7 @@
 
 #include "core/error.h"
 
-namespace lilac::server {
+namespace lilac::router {
 
 using json = nlohmann::json;
 
@@ -293,4 +293,4 @@ RoutePolicy load_route_policy_file(const std::string& path) {
   return parse_route_policy(doc, path);
 }
 
-}  // namespace lilac::server
+}  // namespace lilac::router

@@ -1,20 +1,15 @@
-// Hybrid router: the decision (Router) and the HTTP glue (HybridRouter). See hybrid.h for the order of rules.
-#include "server/hybrid.h"
+// The hybrid router's decision (Router): message-prefix hashing for stickiness, the sensitivity scan, and
+// the rule order of router.h.
+#include "router/router.h"
 
-#include <httplib.h>
-
-#include <chrono>
+#include <algorithm>
 #include <cstring>
-#include <ctime>
 
-#include "core/error.h"
-#include "core/log.h"
-#include "server/openai_schema.h"
-#include "server/server.h"
+#include "router/detectors.h"
 
-namespace lilac::server {
+namespace lilac::router {
 
-using json = nlohmann::json;
+using ojson = nlohmann::ordered_json;
 
 // ------------------------------------------------------------------------------------------- hashing
 
@@ -55,18 +50,60 @@ struct Hasher {
   uint64_t done() const { return fmix(h); }
 };
 
-void hash_string_field(Hasher& hs, const json& m, const char* key, char tag) {
+// Hashes a JSON value independently of its objects' key order (clients re-serialise them freely).
+// Iterative: request bodies come from clients.
+void hash_value(Hasher& hs, const ojson& root) {
+  struct Item {
+    const ojson* v = nullptr;
+    const std::string* key = nullptr;
+    char close = 0;
+  };
+  std::vector<Item> st{{&root}};
+  std::vector<std::pair<const std::string*, const ojson*>> kv;
+  while (!st.empty()) {
+    const Item it = st.back();
+    st.pop_back();
+    if (it.close) {
+      hs.tag(it.close);
+    } else if (it.key) {
+      hs.tag(':');
+      hs.bytes(*it.key);
+    } else if (it.v->is_object()) {
+      hs.tag('{');
+      st.push_back({nullptr, nullptr, '}'});
+      kv.clear();
+      for (auto i = it.v->begin(); i != it.v->end(); ++i) kv.emplace_back(&i.key(), &i.value());
+      std::sort(kv.begin(), kv.end(), [](const auto& a, const auto& b) { return *a.first > *b.first; });
+      for (const auto& [k, v] : kv) {  // largest key pushed first: popped in ascending order
+        st.push_back({v});
+        st.push_back({nullptr, k});
+      }
+    } else if (it.v->is_array()) {
+      hs.tag('[');
+      st.push_back({nullptr, nullptr, ']'});
+      for (auto i = it.v->rbegin(); i != it.v->rend(); ++i) st.push_back({&*i});
+    } else if (it.v->is_string()) {
+      hs.tag('s');
+      hs.bytes(it.v->get_ref<const std::string&>());
+    } else {
+      hs.tag('v');
+      hs.bytes(it.v->dump());  // a number, boolean or null
+    }
+  }
+}
+
+void hash_string_field(Hasher& hs, const ojson& m, const char* key, char tag) {
   auto it = m.find(key);
   if (it == m.end() || !it->is_string()) return;
   hs.tag(tag);
   hs.bytes(it->get_ref<const std::string&>());
 }
 
-uint64_t hash_message(const json& m) {
+uint64_t hash_message(const ojson& m) {
   Hasher hs;
   if (!m.is_object()) {
     hs.tag('?');
-    hs.bytes(m.dump());
+    hash_value(hs, m);
     return hs.done();
   }
   hash_string_field(hs, m, "role", 'r');
@@ -90,12 +127,12 @@ uint64_t hash_message(const json& m) {
             hs.bytes(part["text"].get_ref<const std::string&>());
           } else {
             hs.tag('p');
-            hs.bytes(part.dump());
+            hash_value(hs, part);
           }
         }
       }
     } else if (!c->is_null()) {
-      hs.bytes(c->dump());
+      hash_value(hs, *c);
     } else {
       hs.bytes("");
     }
@@ -107,7 +144,7 @@ uint64_t hash_message(const json& m) {
     for (const auto& call : *tc) {
       hs.tag('f');
       if (!call.is_object()) {
-        hs.bytes(call.dump());
+        hash_value(hs, call);
         continue;
       }
       auto fn = call.find("function");
@@ -117,7 +154,7 @@ uint64_t hash_message(const json& m) {
       if (args != fn->end()) {
         hs.tag('A');
         if (args->is_string()) hs.bytes(args->get_ref<const std::string&>());
-        else hs.bytes(args->dump());
+        else hash_value(hs, *args);
       }
     }
   }
@@ -126,7 +163,7 @@ uint64_t hash_message(const json& m) {
 
 }  // namespace
 
-std::vector<uint64_t> message_prefix_hashes(const json& messages) {
+std::vector<uint64_t> message_prefix_hashes(const ojson& messages) {
   std::vector<uint64_t> out;
   if (!messages.is_array()) return out;
   out.reserve(messages.size());
@@ -174,8 +211,8 @@ namespace {
 // Calls fn(text) for every text of the request that may carry user data; stops when fn returns true.
 // Returns whether fn returned true. `bytes` accumulates the size of what was visited.
 template <class Fn>
-bool visit_texts(const json& body, bool chat, Fn&& fn, uint64_t* bytes) {
-  auto visit = [&](const json& v) -> bool {
+bool visit_texts(const ojson& body, bool chat, Fn&& fn, uint64_t* bytes) {
+  auto visit = [&](const ojson& v) -> bool {
     if (v.is_string()) {
       const auto& s = v.get_ref<const std::string&>();
       *bytes += s.size();
@@ -241,7 +278,7 @@ bool visit_texts(const json& body, bool chat, Fn&& fn, uint64_t* bytes) {
 
 }  // namespace
 
-bool Router::scan_body(const json& body, bool chat, std::vector<std::string>* matched) const {
+bool Router::scan_body(const ojson& body, bool chat, std::vector<std::string>* matched) const {
   std::string fold;
   uint64_t bytes = 0;
   return visit_texts(body, chat, [&](std::string_view t) { return text_sensitive(t, matched, fold); }, &bytes);
@@ -280,7 +317,7 @@ std::vector<std::string> Router::upstream_model_ids() const {
   return upstream_ids_;
 }
 
-void Router::remember_local(const json& body) {
+void Router::remember_local(const ojson& body) {
   if (!policy_.sticky || !body.is_object()) return;
   auto ms = body.find("messages");
   if (ms == body.end() || !ms->is_array() || ms->empty()) return;
@@ -295,7 +332,7 @@ void Router::remember_local(const json& body) {
   }
 }
 
-bool Router::is_sticky(const json& body) const {
+bool Router::is_sticky(const ojson& body) const {
   if (!policy_.sticky || !body.is_object()) return false;
   auto ms = body.find("messages");
   if (ms == body.end() || !ms->is_array() || ms->empty()) return false;
@@ -315,7 +352,7 @@ size_t Router::sticky_entries() const {
   return sticky_.size();
 }
 
-RouteDecision Router::decide(const json& body, bool chat, std::string_view header_route, bool local_busy) const {
+RouteDecision Router::decide(const ojson& body, bool chat, std::string_view header_route, bool local_busy) const {
   RouteDecision d;
   // 1. Explicit choice.
   Route explicit_route = Route::auto_;
@@ -430,159 +467,4 @@ RouteDecision Router::decide(const json& body, bool chat, std::string_view heade
   return d;
 }
 
-// ------------------------------------------------------------------------------------------- HybridRouter
-
-HybridRouter::HybridRouter(HybridOptions opts, std::string local_model_id)
-    : opts_(std::move(opts)),
-      router_(std::move(opts_.policy),
-              RouterConfig{local_model_id, opts_.upstream_model}) {
-  UpstreamOptions uo;
-  uo.url = parse_upstream_url(opts_.upstream_url);
-  uo.api_key = opts_.api_key;
-  uo.connect_timeout_ms = router_.policy().connect_timeout_ms;
-  uo.read_timeout_ms = router_.policy().read_timeout_ms;
-  upstream_ = std::make_unique<UpstreamClient>(uo);
-}
-
-void HybridRouter::answer_error(httplib::Response& res, int status, const std::string& msg, const std::string& code,
-                                const std::string& param) {
-  res.status = status;
-  res.set_content(error_body(status, msg, "", param, code).dump(), "application/json");
-}
-
-bool HybridRouter::serve_local_renamed(const httplib::Request& req, httplib::Response& res, const json& body,
-                                       bool chat, bool stream) {
-  if (!server_) {
-    answer_error(res, 404, "The model '" + body.value("model", std::string()) + "' cannot be served locally.",
-                 "model_not_found", "model");
-    return true;
-  }
-  UpstreamOptions lo;
-  std::string host = server_->options().host;
-  if (host == "0.0.0.0" || host.empty()) host = "127.0.0.1";
-  if (host == "::") host = "::1";
-  lo.url.scheme = "http";
-  lo.url.host = host;
-  lo.url.port = server_->port();
-  lo.url.base = "/v1";
-  lo.connect_timeout_ms = 3000;
-  lo.read_timeout_ms = router_.policy().read_timeout_ms;
-  lo.route_label = "local";
-  lo.inject_route_field = false;  // the local server adds "lilac_route": "local" itself
-  UpstreamClient self(lo);
-  json local = body;
-  local["model"] = router_.config().local_model_id;
-  local["lilac"] = json{{"route", "local"}};
-  auto r = self.forward(chat ? "/chat/completions" : "/completions", local.dump(), stream, res,
-                        req.get_header_value("Authorization"));
-  if (!r.answered) {
-    answer_error(res, 502, "The local engine could not be reached: " + r.failure, "local_unavailable");
-    res.set_header("x-lilac-route", "local");
-  }
-  return true;
-}
-
-bool HybridRouter::maybe_forward(const httplib::Request& req, httplib::Response& res, const json& body, bool local_busy) {
-  if (!body.is_object()) return false;
-  const bool chat = req.path.find("/chat/completions") != std::string::npos;
-  const auto t0 = std::chrono::steady_clock::now();
-  RouteDecision d = router_.decide(body, chat, req.get_header_value("x-lilac-route"), local_busy);
-  const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
-  std::string why = d.reason;
-  for (size_t i = 0; i < d.matched.size(); ++i) why += (i ? "," : ": ") + d.matched[i];
-  if (d.error_status) {
-    LILAC_LOG_WARN("route: refused (%s) -> %d", why.c_str(), d.error_status);
-    answer_error(res, d.error_status, d.error_message, d.error_code, d.error_param);
-    return true;
-  }
-  const bool stream = body.contains("stream") && body["stream"].is_boolean() && body["stream"].get<bool>();
-  const std::string model = body.contains("model") && body["model"].is_string() ? body["model"].get<std::string>() : "";
-  const bool model_local_ok = model.empty() || model == router_.config().local_model_id;
-  const auto& pol = router_.policy();
-
-  auto go_local = [&]() -> bool {
-    if (model_local_ok) return false;  // the server serves it (and calls on_local)
-    return serve_local_renamed(req, res, body, chat, stream);
-  };
-
-  if (d.route == Route::local) {
-    LILAC_LOG_INFO("route: local (%s) [%.0f us]", why.c_str(), us);
-    return go_local();
-  }
-
-  std::string upstream_model = d.upstream_model;
-  if (upstream_model.empty()) {  // no --upstream-model: ask the upstream what it serves
-    extra_models();
-    upstream_model = router_.upstream_model_for(model);
-  }
-  std::string failure;
-  if (upstream_model.empty()) {
-    failure = "no upstream model is known (pass --upstream-model, or the upstream's /v1/models failed)";
-  } else {
-    json fwd = body;
-    fwd.erase("lilac");
-    for (const auto& f : pol.drop_fields) fwd.erase(f);
-    fwd["model"] = upstream_model;
-    LILAC_LOG_INFO("route: cloud (%s) model=%s [%.0f us]", why.c_str(), upstream_model.c_str(), us);
-    auto r = upstream_->forward(chat ? "/chat/completions" : "/completions", fwd.dump(), stream, res);
-    if (r.answered) {
-      if (r.upstream_status >= 400) LILAC_LOG_WARN("route: cloud answered HTTP %d", r.upstream_status);
-      return true;
-    }
-    failure = r.failure;
-  }
-  if (pol.upstream_failure_to_local) {
-    LILAC_LOG_WARN("route: upstream failed (%s); serving locally (fallback)", failure.c_str());
-    return go_local();
-  }
-  LILAC_LOG_WARN("route: upstream failed (%s); fallback to local is off -> 502", failure.c_str());
-  answer_error(res, 502,
-               "The upstream " + upstream_->options().url.origin() + " failed: " + failure +
-                   ". The route policy does not allow serving this request locally (fallback.upstream_failure_to_local).",
-               "upstream_unavailable");
-  res.set_header("x-lilac-route", "cloud");
-  return true;
-}
-
-void HybridRouter::on_local(const json& body) { router_.remember_local(body); }
-
-json HybridRouter::extra_models() {
-  const auto& pol = router_.policy();
-  {
-    std::lock_guard lk(models_mu_);
-    auto now = std::chrono::steady_clock::now();
-    if (!models_fetched_ || now - models_at_ > std::chrono::seconds(pol.models_cache_s)) {
-      auto ids = upstream_->list_models(pol.models_timeout_ms);
-      if (ids) router_.set_upstream_model_ids(*ids);
-      models_fetched_ = true;
-      models_at_ = now;
-    }
-  }
-  std::vector<std::string> ids = router_.upstream_model_ids();
-  if (ids.empty() && !router_.config().upstream_model.empty()) ids.push_back(router_.config().upstream_model);
-  json out = json::array();
-  const int64_t now = static_cast<int64_t>(std::time(nullptr));
-  for (const auto& id : ids)
-    out.push_back(json{{"id", pol.model_prefix + id}, {"object", "model"}, {"created", now}, {"owned_by", "upstream"}});
-  return out;
-}
-
-RouteHook HybridRouter::make_hook(Server* server) {
-  server_ = server;
-  std::weak_ptr<HybridRouter> self = weak_from_this();
-  RouteHook h;
-  h.maybe_forward = [self](const httplib::Request& req, httplib::Response& res, const json& body, bool busy) {
-    auto s = self.lock();
-    return s ? s->maybe_forward(req, res, body, busy) : false;
-  };
-  h.on_local = [self](const json& body) {
-    if (auto s = self.lock()) s->on_local(body);
-  };
-  h.extra_models = [self]() {
-    auto s = self.lock();
-    return s ? s->extra_models() : json::array();
-  };
-  return h;
-}
-
-}  // namespace lilac::server
+}  // namespace lilac::router

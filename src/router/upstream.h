@@ -17,7 +17,7 @@ namespace httplib {
 struct Response;
 }
 
-namespace lilac::server {
+namespace lilac::router {
 
 struct UpstreamUrl {
   std::string scheme;  // "http" or "https"
@@ -69,4 +69,4 @@ class UpstreamClient {
 // lines (exposed for tests).
 std::string inject_route_into_sse_lines(const std::string& lines, const std::string& label);
 
-}  // namespace lilac::server
+}  // namespace lilac::router

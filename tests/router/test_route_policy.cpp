@@ -5,9 +5,9 @@
 #include <fstream>
 
 #include "core/error.h"
-#include "server/route_policy.h"
+#include "router/route_policy.h"
 
-using namespace lilac::server;
+using namespace lilac::router;
 using json = nlohmann::json;
 
 TEST(RoutePolicy, DefaultsWhenEmpty) {

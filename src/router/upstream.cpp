@@ -1,5 +1,5 @@
 // Upstream client: forwards OpenAI requests to a cloud endpoint, passing streams through as they arrive.
-#include "server/upstream.h"
+#include "router/upstream.h"
 
 #include <httplib.h>
 
@@ -14,7 +14,7 @@
 #include "core/error.h"
 #include "server/openai_schema.h"
 
-namespace lilac::server {
+namespace lilac::router {
 
 using json = nlohmann::json;
 
@@ -137,7 +137,7 @@ std::string client_error_body(int status, const std::string& body) {
   std::string msg = body.substr(0, 500);
   if (msg.empty()) msg = "The upstream answered HTTP " + std::to_string(status) + ".";
   else msg = "The upstream answered HTTP " + std::to_string(status) + ": " + msg;
-  return error_body(status, msg, "", "", "upstream_error").dump();
+  return server::error_body(status, msg, "", "", "upstream_error").dump();
 }
 
 std::string describe_5xx(int status, const std::string& body) {
@@ -347,7 +347,7 @@ ForwardResult UpstreamClient::forward(const std::string& path, const std::string
               P->pending.clear();
             }
             if (!P->transport_error.empty()) {
-              json e = error_body(502, "The upstream stream broke off (" + P->transport_error + ").", "",
+              json e = server::error_body(502, "The upstream stream broke off (" + P->transport_error + ").", "",
                                   "", "upstream_error");
               out += "data: " + e.dump() + "\n\n";
             }
@@ -380,4 +380,4 @@ std::optional<std::vector<std::string>> UpstreamClient::list_models(int timeout_
   return ids;
 }
 
-}  // namespace lilac::server
+}  // namespace lilac::router

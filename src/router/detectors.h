@@ -12,7 +12,7 @@
 #include <string_view>
 #include <vector>
 
-namespace lilac::server {
+namespace lilac::router {
 
 enum class DetectorKind : uint8_t {
   email = 0,
@@ -67,4 +67,4 @@ bool iban_checksum_valid(std::string_view compact);  // no spaces, upper case
 int iban_country_length(char a, char b);             // 0 if the country is unknown
 double shannon_entropy_bits(std::string_view s);     // bits per byte
 
-}  // namespace lilac::server
+}  // namespace lilac::router

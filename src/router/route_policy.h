@@ -10,9 +10,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "server/detectors.h"
+#include "router/detectors.h"
 
-namespace lilac::server {
+namespace lilac::router {
 
 enum class Route { local, cloud, auto_ };
 
@@ -86,4 +86,4 @@ RoutePolicy load_route_policy_file(const std::string& path);
 // Glob match with '*' only (for model rules).
 bool glob_match(std::string_view pattern, std::string_view text);
 
-}  // namespace lilac::server
+}  // namespace lilac::router

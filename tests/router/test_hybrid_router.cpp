@@ -5,9 +5,9 @@
 #include <chrono>
 #include <ctime>
 
-#include "server/hybrid.h"
+#include "router/hybrid.h"
 
-using namespace lilac::server;
+using namespace lilac::router;
 using json = nlohmann::json;
 
 namespace {
@@ -294,4 +294,26 @@ TEST(HybridRouter, DecisionFor100KBPromptIsUnderOneMillisecond) {
   for (int i = 0; i < 20; ++i) d = r.decide(body, true, "", false);
   double ms = (cpu_ms() - t0) / 20;
   EXPECT_LT(ms, 4.0);
+}
+
+// Bodies arrive as ordered JSON (key order as the client wrote it): an object-valued tool-call argument or
+// an odd content part must hash the same whatever its key order, and differently when a value differs.
+TEST(HybridRouter, PrefixHashesIgnoreObjectKeyOrder) {
+  using ojson = nlohmann::ordered_json;
+  auto call = [](const char* args) {
+    return ojson::array({ojson{{"role", "assistant"},
+                               {"content", nullptr},
+                               {"tool_calls", ojson::array({{{"type", "function"},
+                                                             {"function", {{"name", "f"}, {"arguments", ojson::parse(args)}}}}})}}});
+  };
+  EXPECT_EQ(message_prefix_hashes(call(R"({"a": 1, "b": {"x": [1, 2], "y": "z"}})"))[0],
+            message_prefix_hashes(call(R"({"b": {"y": "z", "x": [1, 2]}, "a": 1})"))[0]);
+  EXPECT_NE(message_prefix_hashes(call(R"({"a": 1, "b": {"x": [1, 2], "y": "z"}})"))[0],
+            message_prefix_hashes(call(R"({"a": 1, "b": {"x": [2, 1], "y": "z"}})"))[0]);
+  EXPECT_NE(message_prefix_hashes(call(R"({"a": "1"})"))[0], message_prefix_hashes(call(R"({"a": 1})"))[0]);
+  auto part = [](const char* p) {
+    return ojson::array({ojson{{"role", "user"}, {"content", ojson::array({ojson::parse(p)})}}});
+  };
+  EXPECT_EQ(message_prefix_hashes(part(R"({"type": "image_url", "image_url": {"url": "u", "detail": "low"}})"))[0],
+            message_prefix_hashes(part(R"({"image_url": {"detail": "low", "url": "u"}, "type": "image_url"})"))[0]);
 }

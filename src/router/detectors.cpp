@@ -1,12 +1,12 @@
 // Sensitive-data detectors: one pass over the bytes, hand-written validators (see detectors.h).
-#include "server/detectors.h"
+#include "router/detectors.h"
 
 #include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstring>
 
-namespace lilac::server {
+namespace lilac::router {
 
 namespace {
 
@@ -712,4 +712,4 @@ std::vector<Finding> scan_sensitive(std::string_view text, DetectorSet enabled) 
   return out;
 }
 
-}  // namespace lilac::server
+}  // namespace lilac::router

@@ -16,10 +16,10 @@
 #include <thread>
 
 #include "core/error.h"
-#include "server/hybrid.h"
-#include "server/upstream.h"
+#include "router/hybrid.h"
+#include "router/upstream.h"
 
-using namespace lilac::server;
+using namespace lilac::router;
 using json = nlohmann::json;
 using namespace std::chrono_literals;
 

@@ -1,5 +1,5 @@
-// Hybrid compute: route each chat/completions request to the local engine or to an OpenAI-compatible
-// upstream, keeping sensitive data local.
+// The hybrid router's decision: local engine or OpenAI-compatible upstream, keeping sensitive data local.
+// Pure (no HTTP): router/hybrid.h applies it to requests.
 //
 // Router::decide() applies, in order:
 //   1. an explicit choice: body `"lilac": {"route": "local"|"cloud"|"auto"}` (wins) or header `x-lilac-route`;
@@ -17,7 +17,6 @@
 // Model rules ("models") then veto a route a model may not take: the request moves to the other route when
 // that one is allowed and safe (a sensitive request never moves to cloud), else it is refused with 403.
 #pragma once
-#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -30,18 +29,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "server/route_policy.h"
-#include "server/upstream.h"
+#include "router/route_policy.h"
 
-namespace httplib {
-struct Request;
-struct Response;
-}  // namespace httplib
-
-namespace lilac::server {
-
-class Server;
-struct RouteHook;
+namespace lilac::router {
 
 struct RouterConfig {
   std::string local_model_id = "lilac";  // the id the local server serves
@@ -61,24 +51,24 @@ struct RouteDecision {
 };
 
 // 64-bit hashes of each message prefix: result[k] covers messages[0..k]. Stable across re-serialisation:
-// role, name, tool_call_id, content (string or text parts), tool calls (name + arguments; an object is
-// hashed through its compact dump). Exposed for tests.
-std::vector<uint64_t> message_prefix_hashes(const nlohmann::json& messages);
+// role, name, tool_call_id, content (string or text parts), tool calls (name + arguments); any other
+// value (an object, odd content) is hashed independently of its objects' key order. Exposed for tests.
+std::vector<uint64_t> message_prefix_hashes(const nlohmann::ordered_json& messages);
 
 class Router {
  public:
   Router(RoutePolicy policy, RouterConfig config);
 
   // `chat`: /v1/chat/completions (else /v1/completions). `header_route`: the x-lilac-route header ("" = none).
-  RouteDecision decide(const nlohmann::json& body, bool chat, std::string_view header_route, bool local_busy) const;
+  RouteDecision decide(const nlohmann::ordered_json& body, bool chat, std::string_view header_route, bool local_busy) const;
 
   // Sensitivity only (step 2): fills matched; returns whether anything fired.
-  bool scan_body(const nlohmann::json& body, bool chat, std::vector<std::string>* matched) const;
+  bool scan_body(const nlohmann::ordered_json& body, bool chat, std::vector<std::string>* matched) const;
 
   // Stickiness: remember the full message list of a request served locally; is_sticky tells whether a
   // request's messages start with a remembered list.
-  void remember_local(const nlohmann::json& body);
-  bool is_sticky(const nlohmann::json& body) const;
+  void remember_local(const nlohmann::ordered_json& body);
+  bool is_sticky(const nlohmann::ordered_json& body) const;
   size_t sticky_entries() const;
 
   // Upstream model naming.
@@ -101,44 +91,4 @@ class Router {
   std::vector<std::string> upstream_ids_;
 };
 
-// The HTTP side: a RouteHook for the Server that applies the Router's decisions, forwards to the
-// upstream, falls back, and lists upstream models.
-struct HybridOptions {
-  std::string upstream_url;
-  std::string upstream_model;
-  std::string api_key;  // read from --upstream-key-env by the caller; never logged
-  RoutePolicy policy;
-};
-
-class HybridRouter : public std::enable_shared_from_this<HybridRouter> {
- public:
-  HybridRouter(HybridOptions opts, std::string local_model_id);
-
-  // The hook to install with Server::set_route_hook. `server` gives the local port for requests the
-  // router must re-address to the local model (a sensitive request that named an upstream model).
-  RouteHook make_hook(Server* server);
-
-  // The pieces of the hook (public for tests).
-  bool maybe_forward(const httplib::Request& req, httplib::Response& res, const nlohmann::json& body, bool local_busy);
-  void on_local(const nlohmann::json& body);
-  nlohmann::json extra_models();
-
-  Router& router() { return router_; }
-  UpstreamClient& upstream() { return *upstream_; }
-
- private:
-  bool serve_local_renamed(const httplib::Request& req, httplib::Response& res, const nlohmann::json& body,
-                           bool chat, bool stream);
-  void answer_error(httplib::Response& res, int status, const std::string& msg, const std::string& code,
-                    const std::string& param = "");
-
-  HybridOptions opts_;
-  Router router_;
-  std::unique_ptr<UpstreamClient> upstream_;
-  Server* server_ = nullptr;
-  std::mutex models_mu_;
-  std::chrono::steady_clock::time_point models_at_{};
-  bool models_fetched_ = false;
-};
-
-}  // namespace lilac::server
+}  // namespace lilac::router

@@ -1,0 +1,221 @@
+// Dense quantized GEMV over M rows on the tensor cores (rows_mm.h: gemv_rows).
+//
+// The structure is gemv_tc.cu's dense kernel: a block = 8 warps = RB row blocks (16 weight rows) × KS
+// k-slices, with KS chosen from the matrix shape alone by the same rule (so every row sees today's k-slices
+// and summation order); a warp's next k-tile is requested before the current one's math; the KS partial sums
+// of a row are added in a fixed order. What changes: a block owns a tile of up to MT input rows (staged
+// fragments copied into shared memory once), and each weight tile, dequantized once into the A operand,
+// serves them all through NP mmas per chunk (tc_rows.cuh: 2 rows per mma for 4-bit, 4 for 8-bit). Larger
+// M runs several row tiles (gridDim.y) whose blocks walk the same weight rows in the same order, so the
+// repeated reads meet in L2.
+#include <algorithm>
+#include <string>
+
+#include "cuda/cuda_common.h"
+#include "cuda/kernels/launch.cuh"
+#include "cuda/kernels/rows/rows_mm.h"
+#include "cuda/kernels/rows/tc_rows.cuh"
+
+namespace lilac::cuda::rows {
+namespace {
+
+using namespace rows_dev;
+using ::lilac::cuda::dev::pdl_trigger;
+using ::lilac::cuda::dev::pdl_wait;
+
+constexpr size_t kMaxSmem = 100 * 1024;
+constexpr int kTodayMinBlocks = 3;  // gemv_tc's occupancy target, which its k-slice rule uses
+
+struct Step {
+  int64_t grp;
+  int j;
+};
+__device__ __forceinline__ Step next_step(Step st, int iters) {
+  if (++st.j == iters) {
+    st.j = 0;
+    st.grp += gridDim.x;
+  }
+  return st;
+}
+
+__host__ __device__ inline size_t dense_smem_bytes(int K, int MT) {
+  const int KT = tc_kt(K);
+  return size_t(MT) * KT * kTileXBytes + kZeroBytes + size_t(MT) * KT * 4 * sizeof(float2);
+}
+
+template <int BITS, int KS, int NP>
+__global__ void __launch_bounds__(kThreads, 2) gemv_rows_kernel(GemvRowsArgs a, bool sb_vec) {
+  using S = TcShape<BITS>;
+  constexpr int RB = kWarps / KS;
+  constexpr int MT = NP * S::TPM;
+  constexpr int PH = NP > 2 ? 2 : NP;  // mma tiles per pass over a weight tile (registers)
+  extern __shared__ float4 smem4[];
+  __shared__ float part[2][kWarps][MT * 16];
+  __shared__ float epi_y[MT][RB * 16];
+  const int K = int(a.W.cols), KT = tc_kt(K), ngroups_k = K / kGroup;
+  const int xstride = KT * kTileXBytes, mstride = KT * 4;
+  char* xf = reinterpret_cast<char*>(smem4);
+  char* zero = xf + MT * xstride;
+  float2* meta = reinterpret_cast<float2*>(zero + kZeroBytes);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+  const int rbw = warp / KS, ks = warp % KS;
+  const int iters = (KT + KS - 1) / KS;
+  const int64_t nrows = a.W.rows, nrb = (nrows + 15) / 16, ngrp = (nrb + RB - 1) / RB;
+  const int64_t ldy = a.ldy > 0 ? a.ldy : nrows;
+  const int tok0 = blockIdx.y * MT, nt = min(MT, a.M - tok0);
+  const LaneRows<BITS> lr(lane);
+
+  auto next = [&](Step s2) { return next_step(s2, iters); };
+  auto load = [&](RowTile<BITS>& t, Step s2) {
+    if (s2.grp < ngrp && ks + s2.j * KS < KT) {
+      const int64_t r0 = (s2.grp * RB + rbw) * 16 + g;
+      const RowRef r[2] = {row_ref(a.W, min(r0, nrows - 1)), row_ref(a.W, min(r0 + 8, nrows - 1))};
+      load_row_tile<BITS>(t, r, ks + s2.j * KS, c, ngroups_k, sb_vec);
+    }
+  };
+
+  Step st{blockIdx.x, 0};
+  RowTile<BITS> cur, nxt;
+  load(cur, st);
+  load(nxt, next(st));
+  bool nxt_loaded = true;
+  pdl_wait();
+  pdl_trigger();
+  uint32_t tmask = 0;  // rows of this tile that are present (not padding)
+  for (int t = 0; t < nt; ++t)
+    if (a.row_slot == nullptr || a.row_slot[tok0 + t] >= 0) tmask |= 1u << t;
+  // epilogue entry e < nt·RB·16: row tok = e / (RB·16) of the tile, weight row (grp·RB + rem/16)·16 + rem%16
+  auto y_fetch = [&](int64_t grp) {
+    if (!a.accumulate || grp >= ngrp) return;
+    for (int e = threadIdx.x; e < nt * RB * 16; e += kThreads) {
+      const int tok = e / (RB * 16), rem = e % (RB * 16);
+      const int64_t n = (grp * RB + rem / 16) * 16 + rem % 16;
+      if (((tmask >> tok) & 1u) && n < nrows) cp_async4(&epi_y[tok][rem], a.y + (tok0 + tok) * ldy + n);
+    }
+  };
+  {
+    const char* gf = static_cast<const char*>(a.frag);
+    for (int t = 0; t < nt; ++t) {
+      if (!((tmask >> t) & 1u)) continue;
+      for (int i = threadIdx.x; i < xstride / 16; i += kThreads)
+        cp_async16(xf + t * xstride + 16 * i, gf + int64_t(tok0 + t) * xstride + 16 * i);
+      for (int i = threadIdx.x; i < mstride / 2; i += kThreads)
+        cp_async16(meta + t * mstride + 2 * i, a.meta + int64_t(tok0 + t) * mstride + 2 * i);
+    }
+    for (int i = threadIdx.x; i < kZeroBytes / 16; i += kThreads)
+      reinterpret_cast<uint4*>(zero)[i] = make_uint4(0, 0, 0, 0);
+  }
+  y_fetch(st.grp);
+  cp_async_wait_all();
+  __syncthreads();
+  const int np_act = active_tiles<BITS>(tmask);
+
+  float acc[NP][S::NCH][2];
+#pragma unroll
+  for (int p = 0; p < NP; ++p)
+#pragma unroll
+    for (int i = 0; i < S::NCH; ++i) acc[p][i][0] = acc[p][i][1] = 0.f;
+  int par = 0;
+  while (st.grp < ngrp) {
+    const Step ns = next(st);
+    if (!nxt_loaded) load(nxt, ns);
+    nxt_loaded = false;
+    const int kt = ks + st.j * KS;
+    if (kt < KT) tile_rows_acc<BITS, NP, PH>(cur, xf, xstride, meta, mstride, zero, kt, ngroups_k, lr, tmask, np_act, acc);
+    if (ns.j == 0) {  // end of the group: combine the k-slices, epilogue
+      write_partials_rows<BITS, NP>(acc, part[par][warp], g, c);
+      cp_async_wait_all();  // this thread's residual copies
+      __syncthreads();
+      for (int e = threadIdx.x; e < nt * RB * 16; e += kThreads) {
+        const int tok = e / (RB * 16), rem = e % (RB * 16), rb = rem / 16, rr = rem % 16;
+        const int64_t n = (st.grp * RB + rb) * 16 + rr;
+        if (((tmask >> tok) & 1u) && n < nrows) {
+          float v = 0.f;
+#pragma unroll
+          for (int s2 = 0; s2 < KS; ++s2) v += part[par][rb * KS + s2][tok * 16 + rr];
+          float* yp = a.y + (tok0 + tok) * ldy + n;
+          *yp = a.accumulate ? epi_y[tok][rem] + v : v;
+        }
+      }
+      par ^= 1;
+      y_fetch(ns.grp);
+    }
+    st = ns;
+    cur = nxt;
+  }
+}
+
+template <typename Kern>
+int resident_blocks(Kern kernel, size_t smem) {
+  LILAC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  int occ = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kernel, kThreads, smem) != cudaSuccess || occ < 1) {
+    cudaGetLastError();
+    occ = 1;
+  }
+  return occ;
+}
+
+bool aligned(const void* p, uintptr_t n) { return reinterpret_cast<uintptr_t>(p) % n == 0; }
+
+template <int BITS, int KS, int NP>
+void launch(const GemvRowsArgs& a, cudaStream_t stream) {
+  constexpr int MT = NP * TcShape<BITS>::TPM, RB = kWarps / KS;
+  auto kernel = gemv_rows_kernel<BITS, KS, NP>;
+  const size_t smem = dense_smem_bytes(int(a.W.cols), MT);
+  const int tiles = (a.M + MT - 1) / MT;
+  const int64_t nrb = (a.W.rows + 15) / 16, groups = (nrb + RB - 1) / RB;
+  const int64_t resident = int64_t(sm_count()) * resident_blocks(kernel, smem);
+  const int gx = int(std::max<int64_t>(1, std::min<int64_t>(groups, resident / tiles)));
+  const int64_t gpr = a.W.cols / kGroup;
+  const bool sb_vec = gpr % 4 == 0 && aligned(a.W.scales, 8) && aligned(a.W.biases, 8);
+  launch_pdl(kernel, dim3(gx, tiles), dim3(kThreads), smem, stream, a, sb_vec);
+}
+
+template <int BITS, int NP>
+void launch_ks(int KS, const GemvRowsArgs& a, cudaStream_t stream) {
+  switch (KS) {
+    case 1: launch<BITS, 1, NP>(a, stream); break;
+    case 2: launch<BITS, 2, NP>(a, stream); break;
+    case 4: launch<BITS, 4, NP>(a, stream); break;
+    default: launch<BITS, 8, NP>(a, stream); break;
+  }
+}
+
+}  // namespace
+
+bool gemv_rows_supported(const GemvRowsArgs& a) {
+  const QMatrixDev& W = a.W;
+  if ((W.bits != 4 && W.bits != 8) || W.group_size != kGroup || W.cols <= 0 || W.cols % kGroup != 0 || W.rows <= 0)
+    return false;
+  if (a.frag == nullptr || a.meta == nullptr || a.y == nullptr || a.M < 0 || a.M > 60000) return false;
+  if (!aligned(a.frag, 16) || !aligned(a.meta, 16)) return false;
+  const int tpm = W.bits == 4 ? 2 : 4;
+  return dense_smem_bytes(int(W.cols), tpm) <= kMaxSmem;
+}
+
+void gemv_rows(const GemvRowsArgs& a, cudaStream_t stream) {
+  if (!gemv_rows_supported(a))
+    throw Error("rows::gemv_rows: unsupported matrix " + std::to_string(a.W.rows) + "x" + std::to_string(a.W.cols) +
+                " bits " + std::to_string(a.W.bits));
+  if (a.M == 0) return;
+  const int64_t K = a.W.cols, KT = tc_kt(K), nrb = (a.W.rows + 15) / 16;
+  // gemv_tc's k-slice rule (from the shape alone): every row gets today's k-slices and summation order.
+  const int64_t target = int64_t(sm_count()) * kTodayMinBlocks * kWarps;
+  int KS = 1;
+  while (KS < kWarps && KS < KT && nrb * KS < target) KS *= 2;
+  if (a.W.bits == 8) {
+    launch_ks<8, 1>(KS, a, stream);
+    return;
+  }
+  int NP = a.M <= 2 ? 1 : (a.M <= 4 ? 2 : 4);
+  while (NP > 1 && dense_smem_bytes(int(K), 2 * NP) > kMaxSmem) NP /= 2;
+  if (NP == 1)
+    launch_ks<4, 1>(KS, a, stream);
+  else if (NP == 2)
+    launch_ks<4, 2>(KS, a, stream);
+  else
+    launch_ks<4, 4>(KS, a, stream);
+}
+
+}  // namespace lilac::cuda::rows

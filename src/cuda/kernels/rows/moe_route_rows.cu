@@ -1,0 +1,233 @@
+// Multi-row MoE, first and last launches (rows_mm.h): the routing of M rows with their grouping by expert
+// (one block: a warp per row runs moe_gate_up's routing, then a counting sort on the device), and the
+// per-row combine of the experts' down products in moe_down_tc's fixed order.
+#include <algorithm>
+#include <string>
+
+#include "cuda/cuda_common.h"
+#include "cuda/kernels/gemv_common.cuh"
+#include "cuda/kernels/launch.cuh"
+#include "cuda/kernels/rows/moe_rows.cuh"
+#include "cuda/kernels/rows/rows_mm.h"
+
+namespace lilac::cuda::rows {
+namespace {
+
+using namespace rows_dev;
+using ::lilac::cuda::dev::pdl_trigger;
+using ::lilac::cuda::dev::pdl_wait;
+
+constexpr int kRouteThreads = 1024;
+constexpr int kMaxE = 512, kMaxK = 31;
+
+struct RouteArgs {
+  const float* logits;
+  int64_t ld;
+  int M;
+  const int32_t* row_slot;
+  int E, k, CH;
+  bool renorm;
+  int32_t* sel_ids;
+  float* sel_w;
+  MoEScratch sc;
+};
+
+// Exclusive prefix sum over the block's threads in thread order; *total: the sum. s_scan: 32 ints.
+__device__ int block_excl_scan(int v, int* s_scan, int* total) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  int x = v;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int y = __shfl_up_sync(0xffffffffu, x, o);
+    if (lane >= o) x += y;
+  }
+  __syncthreads();  // s_scan may still be read by a previous call
+  if (lane == 31) s_scan[warp] = x;
+  __syncthreads();
+  if (warp == 0) {
+    int w = lane < nw ? s_scan[lane] : 0;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int y = __shfl_up_sync(0xffffffffu, w, o);
+      if (lane >= o) w += y;
+    }
+    s_scan[lane] = w;
+  }
+  __syncthreads();
+  *total = s_scan[nw - 1];
+  return (warp > 0 ? s_scan[warp - 1] : 0) + x - v;
+}
+
+__global__ void __launch_bounds__(kRouteThreads) moe_route_kernel(RouteArgs a) {
+  __shared__ int s_ids[kMoEMaxRows * kMaxK];
+  __shared__ float s_wtmp[kRouteThreads / 32][kMaxK + 2];
+  __shared__ unsigned long long s_bits[kMaxE];
+  __shared__ int s_off[kMaxE];
+  __shared__ int s_scan[32];
+  __shared__ unsigned long long s_active;
+  const int tid = threadIdx.x, warp = tid >> 5, E = a.E, k = a.k, M = a.M, CH = a.CH;
+  pdl_wait();
+  pdl_trigger();
+  for (int e = tid; e < E; e += blockDim.x) s_bits[e] = 0ull;
+  if (tid == 0) {
+    unsigned long long m = 0ull;
+    for (int r = 0; r < M; ++r)
+      if (a.row_slot == nullptr || a.row_slot[r] >= 0) m |= 1ull << r;
+    s_active = m;
+  }
+  __syncthreads();
+  const unsigned long long active = s_active;
+  for (int r = warp; r < M; r += blockDim.x / 32) {
+    if ((active >> r) & 1ull)
+      dev::route_warp(a.logits + r * a.ld, E, k, a.renorm, s_ids + r * k, s_wtmp[warp], a.sel_ids + r * k,
+                      a.sel_w + r * (k + 1));
+    __syncwarp();
+  }
+  __syncthreads();
+  for (int q = tid; q < M * k; q += blockDim.x)
+    if ((active >> (q / k)) & 1ull) atomicOr(&s_bits[s_ids[q]], 1ull << (q / k));
+  __syncthreads();
+  // per expert: rows, chunks; prefix sums over the experts in id order
+  int cnt = 0, nch = 0;
+  if (tid < E) {
+    cnt = __popcll(s_bits[tid]);
+    nch = (cnt + CH - 1) / CH;
+  }
+  int tot_cnt = 0, tot_ch = 0;
+  const int off = block_excl_scan(cnt, s_scan, &tot_cnt);
+  const int coff = block_excl_scan(nch, s_scan, &tot_ch);
+  if (tid < E) {
+    s_off[tid] = off;
+    for (int c = 0; c < nch; ++c) a.sc.chunks[coff + c] = make_int4(tid, off + c * CH, min(CH, cnt - c * CH), 0);
+  }
+  __syncthreads();
+  // entries: an expert's rows in ascending order (rank = rows below r that chose it)
+  for (int q = tid; q < M * k; q += blockDim.x) {
+    const int r = q / k, j = q % k;
+    if (!((active >> r) & 1ull)) continue;
+    const int e = s_ids[q];
+    a.sc.entries[s_off[e] + __popcll(s_bits[e] & ((1ull << r) - 1ull))] = (r << 8) | j;
+  }
+  // the shared expert: every active row, in order, after the routed entries and chunks
+  const int nact = __popcll(active), sch = (nact + CH - 1) / CH;
+  for (int r = tid; r < M; r += blockDim.x)
+    if ((active >> r) & 1ull) a.sc.entries[tot_cnt + __popcll(active & ((1ull << r) - 1ull))] = (r << 8) | k;
+  for (int c = tid; c < sch; c += blockDim.x)
+    a.sc.chunks[tot_ch + c] = make_int4(E, tot_cnt + c * CH, min(CH, nact - c * CH), 0);
+  if (tid == 0) {
+    a.sc.hdr[0] = tot_ch;
+    a.sc.hdr[1] = tot_ch + sch;
+    a.sc.hdr[2] = tot_cnt + nact;
+    a.sc.hdr[3] = nact;
+  }
+}
+
+struct CombineArgs {
+  int64_t H, ldy;
+  int k, gI, ngroups;
+  const float* sel_w;
+  const int32_t* row_slot;
+  const float* gv;
+  float* y;
+};
+
+// y[r][n] += Σ over moe_down_tc's k-slices (8 warps; warp ks takes k-tiles ks, ks + 8, ...) of the quad sum
+// ((a0 + a1) + (a2 + a3)) of its four group chains a_σ = Σ_kt fmaf(w(G), gv[G], ·), G = 4·kt + σ — the order
+// moe_down_tc sums the same group values in, so the result is its bits. A block: 32 outputs × the 8 k-slices
+// (a warp per k-slice, its loads independent), then one warp adds the slices in order.
+constexpr int kCombineN = 32;
+__global__ void __launch_bounds__(256) moe_combine_kernel(CombineArgs a) {
+  __shared__ float part[8][kCombineN];
+  const int r = blockIdx.y, ks = threadIdx.x / kCombineN, nl = threadIdx.x % kCombineN;
+  const int64_t n = int64_t(blockIdx.x) * kCombineN + nl;
+  pdl_wait();
+  pdl_trigger();
+  if (a.row_slot != nullptr && a.row_slot[r] < 0) return;  // uniform in the block
+  const float* gvr = a.gv + int64_t(r) * a.ngroups * a.H + n;
+  const float* wr = a.sel_w + int64_t(r) * (a.k + 1);
+  const int KT = (a.ngroups + 3) / 4, kg = a.k * a.gI;
+  float c4[4] = {0.f, 0.f, 0.f, 0.f};
+  if (n < a.H) {
+#pragma unroll 4
+    for (int kt = ks; kt < KT; kt += 8) {
+#pragma unroll
+      for (int s = 0; s < 4; ++s) {
+        const int G = 4 * kt + s;
+        if (G < a.ngroups) c4[s] = fmaf(wr[G < kg ? G / a.gI : a.k], gvr[int64_t(G) * a.H], c4[s]);
+      }
+    }
+  }
+  part[ks][nl] = (c4[0] + c4[1]) + (c4[2] + c4[3]);
+  __syncthreads();
+  if (ks == 0 && n < a.H) {
+    float v = 0.f;
+#pragma unroll
+    for (int q = 0; q < 8; ++q) v += part[q][nl];
+    float* yp = a.y + int64_t(r) * a.ldy + n;
+    *yp = *yp + v;
+  }
+}
+
+bool shape_ok(const QMatrixDev& m, int bits) {
+  return m.bits == bits && m.group_size == 64 && m.cols > 0 && m.cols % 64 == 0 && m.rows > 0 && m.qweight &&
+         m.scales && m.biases;
+}
+
+}  // namespace
+
+int moe_chunk_rows(int bits) { return bits == 4 ? 8 : 4; }
+
+size_t moe_rows_scratch_bytes(const MoEDecodeWeights& w, int max_rows) { return moe_scratch_size(w, max_rows); }
+
+bool moe_rows_supported(const MoEDecodeWeights& w, int max_rows) {
+  const int b = w.gate.first.bits;
+  if (b != 4 && b != 8) return false;
+  if (!shape_ok(w.gate.first, b) || !shape_ok(w.up.first, b) || !shape_ok(w.down.first, b) ||
+      !shape_ok(w.shared_gate, b) || !shape_ok(w.shared_up, b) || !shape_ok(w.shared_down, b))
+    return false;
+  const int64_t H = w.gate.first.cols, I = w.gate.first.rows, Is = w.shared_gate.rows;
+  if (w.up.first.cols != H || w.up.first.rows != I || w.down.first.rows != H || w.down.first.cols != I ||
+      w.shared_up.cols != H || w.shared_up.rows != Is || w.shared_gate.cols != H || w.shared_down.rows != H ||
+      w.shared_down.cols != Is)
+    return false;
+  if (H > 8192 || I > 8192 || Is > 8192) return false;  // staged fragments of a chunk within shared memory
+  return w.E >= 1 && w.E <= kMaxE && w.top_k >= 1 && w.top_k <= kMaxK && w.top_k <= w.E && max_rows >= 1 &&
+         max_rows <= kMoEMaxRows;
+}
+
+void moe_route_rows(const MoEDecodeWeights& w, const float* logits, int64_t ld_logits, int M, const int32_t* row_slot,
+                    int32_t* sel_ids, float* sel_w, void* scratch, cudaStream_t stream) {
+  if (!moe_rows_supported(w, std::max(M, 1))) throw Error("rows::moe_route_rows: unsupported MoE shape or M");
+  if (M == 0) return;
+  RouteArgs a;
+  a.logits = logits;
+  a.ld = ld_logits > 0 ? ld_logits : w.E + 1;
+  a.M = M;
+  a.row_slot = row_slot;
+  a.E = w.E;
+  a.k = w.top_k;
+  a.CH = moe_chunk_rows(w.gate.first.bits);
+  a.renorm = w.renormalise;
+  a.sel_ids = sel_ids;
+  a.sel_w = sel_w;
+  a.sc = moe_carve(scratch, w, M);
+  launch_pdl(moe_route_kernel, dim3(1), dim3(kRouteThreads), 0, stream, a);
+}
+
+void moe_combine_rows(const MoEDecodeWeights& w, const float* sel_w, int M, const int32_t* row_slot,
+                      const void* scratch, float* y, int64_t ldy, cudaStream_t stream) {
+  if (M == 0) return;
+  CombineArgs a;
+  a.H = w.down.first.rows;
+  a.ldy = ldy > 0 ? ldy : a.H;
+  a.k = w.top_k;
+  a.gI = int(w.down.first.cols / 64);
+  a.ngroups = moe_ngroups(w);
+  a.sel_w = sel_w;
+  a.row_slot = row_slot;
+  a.gv = moe_carve(const_cast<void*>(scratch), w, M).gv;
+  a.y = y;
+  launch_pdl(moe_combine_kernel, dim3(unsigned((a.H + kCombineN - 1) / kCombineN), unsigned(M)), dim3(256), 0, stream, a);
+}
+
+}  // namespace lilac::cuda::rows

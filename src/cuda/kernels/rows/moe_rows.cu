@@ -1,0 +1,398 @@
+// Multi-row MoE, the expert launches (rows_mm.h): gate/up + SwiGLU and down, over the chunks that
+// moe_route_rows made (an expert's rows, at most MT of them), so each chunk's expert weights are read once
+// for all its rows. Work items are (chunk, rows of the expert's matrix); each persistent block takes a
+// contiguous range of items, so it reloads the staged rows of a chunk only when the chunk changes.
+//
+// gate/up: exactly moe_gate_up_tc's arithmetic per row (4 warps × gate rows, 4 warps × up rows of a 16-row
+// block, 4 k-slices each, partial sums added in order, act = silu(gate)·up).
+// down: for each row, expert (its slot j) and 64-group G of the concatenated input (moe_down_tc's K =
+// k·I + Is), the group value of each output row — today's group values, which moe_combine_rows then sums
+// in today's order. The expert-local k-tiles line up with today's global ones when I is a multiple of 256.
+#include <algorithm>
+#include <string>
+
+#include "cuda/cuda_common.h"
+#include "cuda/kernels/launch.cuh"
+#include "cuda/kernels/rows/moe_rows.cuh"
+#include "cuda/kernels/rows/rows_mm.h"
+#include "cuda/kernels/rows/tc_rows.cuh"
+
+namespace lilac::cuda::rows {
+namespace {
+
+using namespace rows_dev;
+using ::lilac::cuda::dev::pdl_trigger;
+using ::lilac::cuda::dev::pdl_wait;
+
+constexpr int kMaxBlockChunks = 64;  // chunk descriptors a block caches (the host sizes the grid for it)
+
+struct Step {
+  int item;  // work items fit in 32 bits (at most (M·k + M) chunks × row blocks)
+  int j;
+};
+
+struct GateUpArgs {
+  MoEDecodeWeights w;
+  const char* frag;
+  const float2* meta;
+  MoEScratch sc;
+  float* act;
+  bool sbv;
+};
+struct DownArgs {
+  MoEDecodeWeights w;
+  const float* act;
+  MoEScratch sc;
+  bool sbv_r, sbv_s;
+};
+
+__host__ __device__ inline size_t chunk_smem_bytes(int KT, int MT) {
+  return size_t(MT) * KT * kTileXBytes + kZeroBytes + size_t(MT) * KT * 4 * sizeof(float2);
+}
+
+// The block's item range [lo, hi) of n items, and the descriptors / entries of its chunks into shared memory.
+// chunk_of(item, &sub) → chunk index, sub = the item's index inside its chunk. Returns false when empty.
+template <int MT, typename ChunkOf>
+__device__ bool block_chunks(const MoEScratch& sc, int n_items, ChunkOf chunk_of, int& lo, int& hi, int& c_lo,
+                             int4* s_desc, int (*s_ent)[MT]) {
+  lo = int(int64_t(blockIdx.x) * n_items / gridDim.x);
+  hi = int(int64_t(blockIdx.x + 1) * n_items / gridDim.x);
+  if (lo >= hi) return false;
+  int sub;
+  c_lo = chunk_of(lo, sub);
+  const int nbc = chunk_of(hi - 1, sub) - c_lo + 1;
+  if (nbc > kMaxBlockChunks) __trap();  // the host sizes the grid so that this cannot happen
+  for (int q = threadIdx.x; q < nbc; q += blockDim.x) s_desc[q] = __ldcg(sc.chunks + c_lo + q);
+  __syncthreads();
+  for (int q = threadIdx.x; q < nbc * MT; q += blockDim.x) {
+    const int cq = q / MT, t = q % MT;
+    const int4 d = s_desc[cq];
+    s_ent[cq][t] = t < d.z ? __ldcg(sc.entries + d.y + t) : -1;
+  }
+  return true;  // s_ent is visible after the caller's next barrier
+}
+
+__device__ __forceinline__ Step next_item(Step s, int iters) {
+  if (++s.j == iters) {
+    s.j = 0;
+    ++s.item;
+  }
+  return s;
+}
+
+// ------------------------------------------------------------------------------------------------ gate/up
+template <int BITS, int NP>
+__global__ void __launch_bounds__(kThreads, 2) moe_gate_up_rows_kernel(GateUpArgs a) {
+  using S = TcShape<BITS>;
+  constexpr int KS = 4, MT = NP * S::TPM;
+  constexpr int PH = NP > 2 ? 2 : NP;
+  extern __shared__ float4 smem4[];
+  __shared__ float part[2][kWarps][MT * 16];
+  __shared__ int4 s_desc[kMaxBlockChunks];
+  __shared__ int s_ent[kMaxBlockChunks][MT];
+  const MoEDecodeWeights& w = a.w;
+  const int K = int(w.gate.first.cols), KT = tc_kt(K), ngroups_k = K / kGroup;
+  const int xstride = KT * kTileXBytes, mstride = KT * 4;
+  char* xf = reinterpret_cast<char*>(smem4);
+  char* zero = xf + MT * xstride;
+  float2* meta = reinterpret_cast<float2*>(zero + kZeroBytes);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+  const int rbw = warp / KS, ks = warp % KS;  // rbw 0: gate, 1: up
+  const int iters = (KT + KS - 1) / KS;
+  const int I = int(w.gate.first.rows), Is = int(w.shared_gate.rows);
+  const int nbI = (I + 15) / 16, nbS = (Is + 15) / 16;
+  const int64_t act_ld = int64_t(w.top_k) * I + Is;
+  const LaneRows<BITS> lr(lane);
+
+  pdl_wait();
+  pdl_trigger();
+  const int n_rc = __ldcg(a.sc.hdr), n_ch = __ldcg(a.sc.hdr + 1);
+  const int n_items = n_rc * nbI + (n_ch - n_rc) * nbS;
+  auto chunk_of = [&](int item, int& rb) -> int {
+    if (item < n_rc * nbI) {
+      rb = item % nbI;
+      return item / nbI;
+    }
+    const int q = item - n_rc * nbI;
+    rb = q % nbS;
+    return n_rc + q / nbS;
+  };
+  int lo, hi;
+  int c_lo;
+  if (!block_chunks<MT>(a.sc, n_items, chunk_of, lo, hi, c_lo, s_desc, s_ent)) return;
+  for (int i = threadIdx.x; i < kZeroBytes / 16; i += kThreads) reinterpret_cast<uint4*>(zero)[i] = make_uint4(0, 0, 0, 0);
+
+  auto next = [&](Step s2) { return next_item(s2, iters); };
+  auto load = [&](RowTile<BITS>& t, Step s2) {
+    if (s2.item < hi && ks + s2.j * KS < KT) {
+      int rb;
+      const int e = s_desc[chunk_of(s2.item, rb) - c_lo].x;
+      const QMatrixDev m = e < w.E ? (rbw == 0 ? w.gate.expert(e) : w.up.expert(e)) : (rbw == 0 ? w.shared_gate : w.shared_up);
+      const int nrows = e < w.E ? I : Is, j0 = rb * 16;
+      const RowRef r[2] = {row_ref(m, min(j0 + g, nrows - 1)), row_ref(m, min(j0 + g + 8, nrows - 1))};
+      load_row_tile<BITS>(t, r, ks + s2.j * KS, c, ngroups_k, a.sbv);
+    }
+  };
+  Step st{lo, 0};
+  RowTile<BITS> cur, nxt;
+  load(cur, st);
+  load(nxt, next(st));
+  bool nxt_loaded = true;
+  int cur_cq = -1, n_tok = 0;
+  uint32_t tmask = 0;
+  float acc[NP][S::NCH][2];
+#pragma unroll
+  for (int p = 0; p < NP; ++p)
+#pragma unroll
+    for (int i = 0; i < S::NCH; ++i) acc[p][i][0] = acc[p][i][1] = 0.f;
+  int par = 0;
+  while (st.item < hi) {
+    int rb;
+    const int cq = chunk_of(st.item, rb) - c_lo;
+    if (cq != cur_cq) {  // a new chunk: its rows' staged input into shared memory
+      __syncthreads();   // the previous chunk's fragments are read no more; s_ent, zero block visible
+      n_tok = s_desc[cq].z;
+      for (int t = 0; t < n_tok; ++t) {
+        const int64_t row = s_ent[cq][t] >> 8;
+        for (int i = threadIdx.x; i < xstride / 16; i += kThreads)
+          cp_async16(xf + t * xstride + 16 * i, a.frag + row * xstride + 16 * i);
+        for (int i = threadIdx.x; i < mstride / 2; i += kThreads)
+          cp_async16(meta + t * mstride + 2 * i, a.meta + row * mstride + 2 * i);
+      }
+      cp_async_wait_all();
+      __syncthreads();
+      cur_cq = cq;
+      tmask = (1u << n_tok) - 1u;
+    }
+    const Step ns = next(st);
+    if (!nxt_loaded) load(nxt, ns);
+    nxt_loaded = false;
+    const int kt = ks + st.j * KS;
+    if (kt < KT)
+      tile_rows_acc<BITS, NP, PH>(cur, xf, xstride, meta, mstride, zero, kt, ngroups_k, lr, tmask,
+                                  active_tiles<BITS>(tmask), acc);
+    if (ns.j == 0) {  // end of the item: gate and up rows → act
+      write_partials_rows<BITS, NP>(acc, part[par][warp], g, c);
+      __syncthreads();
+      const int e = s_desc[cq].x, nrows = e < w.E ? I : Is, j0 = rb * 16;
+      for (int q = threadIdx.x; q < n_tok * 16; q += kThreads) {
+        const int t = q / 16, rr = q % 16;
+        if (j0 + rr < nrows) {
+          float gv = 0.f, uv = 0.f;
+#pragma unroll
+          for (int s2 = 0; s2 < KS; ++s2) {
+            gv += part[par][s2][t * 16 + rr];
+            uv += part[par][KS + s2][t * 16 + rr];
+          }
+          const int ent = s_ent[cq][t];
+          a.act[int64_t(ent >> 8) * act_ld + int64_t(ent & 0xFF) * I + j0 + rr] = silu_f(gv) * uv;
+        }
+      }
+      par ^= 1;
+    }
+    st = ns;
+    cur = nxt;
+  }
+}
+
+// ------------------------------------------------------------------------------------------------ down
+// A chunk's rows' input segments (act of their slot, K_l values) → hi/lo fragments + meta in shared memory,
+// exactly as gemv_tc's staging of moe_down_tc's concatenated input (per 64-group, no prologue).
+template <int BITS, int MT>
+__device__ void stage_segments(const float* act, int64_t act_ld, int I, const int* ent, int n_tok, int K_l, char* xf,
+                               int xstride, float2* meta, int mstride) {
+  const int n8 = K_l / 8, n8t = tc_kt(K_l) * kTileCols / 8;
+  for (int t0 = 0; t0 < MT * n8t; t0 += kThreads) {  // whole warps iterate together (n8t % 32 == 0)
+    const int u = t0 + threadIdx.x, tok = u / n8t, tl = u % n8t;
+    float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    if (tok < n_tok && tl < n8) {
+      const int e = ent[tok];
+      const float4* src = reinterpret_cast<const float4*>(act + int64_t(e >> 8) * act_ld + int64_t(e & 0xFF) * I + 8 * tl);
+      const float4 p = src[0], q = src[1];
+      v[0] = p.x, v[1] = p.y, v[2] = p.z, v[3] = p.w, v[4] = q.x, v[5] = q.y, v[6] = q.z, v[7] = q.w;
+    }
+    int E;
+    float sum;
+    group_meta(v, E, sum);
+    if (tok < n_tok) {
+      uint4 hi, lo;
+      split_unit<BITS>(v, pow2i(-E), hi, lo);
+      char* dst = xf + tok * xstride + unit_off<BITS>(tl);
+      *reinterpret_cast<uint4*>(dst) = hi;
+      *reinterpret_cast<uint4*>(dst + 16) = lo;
+      if ((tl & 7) == 0) meta[tok * mstride + tl / 8] = make_float2(pow2i(E), sum);
+    }
+  }
+}
+
+template <int BITS, int NP>
+__global__ void __launch_bounds__(kThreads, 2) moe_down_rows_kernel(DownArgs a) {
+  using S = TcShape<BITS>;
+  constexpr int MT = NP * S::TPM;
+  constexpr int PH = NP > 2 ? 2 : NP;
+  extern __shared__ float4 smem4[];
+  __shared__ int4 s_desc[kMaxBlockChunks];
+  __shared__ int s_ent[kMaxBlockChunks][MT];
+  const MoEDecodeWeights& w = a.w;
+  const int64_t H = w.down.first.rows;
+  const int I = int(w.down.first.cols), Is = int(w.shared_down.cols), k = w.top_k, gI = I / kGroup;
+  const int NG = moe_ngroups(w);
+  const int KTI = tc_kt(I), KTS = tc_kt(Is), KTm = max(KTI, KTS);
+  const int xstride = KTm * kTileXBytes, mstride = KTm * 4;
+  char* xf = reinterpret_cast<char*>(smem4);
+  char* zero = xf + MT * xstride;
+  float2* meta = reinterpret_cast<float2*>(zero + kZeroBytes);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+  const int64_t nrbH = (H + 15) / 16;
+  const int nbH = int((nrbH + kWarps - 1) / kWarps);  // items per chunk: 8 row blocks, one per warp
+  const int64_t act_ld = int64_t(k) * I + Is;
+  const LaneRows<BITS> lr(lane);
+
+  pdl_wait();
+  pdl_trigger();
+  const int n_ch = __ldcg(a.sc.hdr + 1);
+  auto chunk_of = [&](int item, int& ib) -> int {
+    ib = item % nbH;
+    return item / nbH;
+  };
+  int lo, hi;
+  int c_lo;
+  if (!block_chunks<MT>(a.sc, n_ch * nbH, chunk_of, lo, hi, c_lo, s_desc, s_ent)) return;
+  for (int i = threadIdx.x; i < kZeroBytes / 16; i += kThreads) reinterpret_cast<uint4*>(zero)[i] = make_uint4(0, 0, 0, 0);
+
+  auto next = [&](Step s2) { return next_item(s2, KTm); };
+  auto load = [&](RowTile<BITS>& t, Step s2) {
+    if (s2.item >= hi) return;
+    int ib;
+    const int e = s_desc[chunk_of(s2.item, ib) - c_lo].x;
+    const bool routed = e < w.E;
+    const int64_t rb = int64_t(ib) * kWarps + warp;
+    if (s2.j < (routed ? KTI : KTS) && rb < nrbH) {
+      const QMatrixDev m = routed ? w.down.expert(e) : w.shared_down;
+      const RowRef r[2] = {row_ref(m, min(rb * 16 + g, H - 1)), row_ref(m, min(rb * 16 + g + 8, H - 1))};
+      load_row_tile<BITS>(t, r, s2.j, c, int((routed ? I : Is) / kGroup), routed ? a.sbv_r : a.sbv_s);
+    }
+  };
+  Step st{lo, 0};
+  RowTile<BITS> cur, nxt;
+  load(cur, st);
+  load(nxt, next(st));
+  bool nxt_loaded = true;
+  int cur_cq = -1;
+  uint32_t tmask = 0;
+  while (st.item < hi) {
+    int ib;
+    const int cq = chunk_of(st.item, ib) - c_lo;
+    const int e = s_desc[cq].x;
+    const bool routed = e < w.E;
+    const int K_l = routed ? I : Is;
+    if (cq != cur_cq) {
+      __syncthreads();  // the previous chunk's fragments are read no more; s_ent, zero block visible
+      const int n_tok = s_desc[cq].z;
+      stage_segments<BITS, MT>(a.act, act_ld, I, s_ent[cq], n_tok, K_l, xf, xstride, meta, mstride);
+      __syncthreads();
+      cur_cq = cq;
+      tmask = (1u << n_tok) - 1u;
+    }
+    const Step ns = next(st);
+    if (!nxt_loaded) load(nxt, ns);
+    nxt_loaded = false;
+    const int64_t rb = int64_t(ib) * kWarps + warp;
+    if (st.j < (routed ? KTI : KTS) && rb < nrbH) {
+      const int64_t n0 = rb * 16 + g;
+      const int* ent = s_ent[cq];
+      tile_rows_store<BITS, NP, PH>(cur, xf, xstride, meta, mstride, zero, st.j, K_l / kGroup, lr, tmask,
+                                    active_tiles<BITS>(tmask), [&](int t, int sg, float gv0, float gv1) {
+                                  const int en = ent[t], j = en & 0xFF;
+                                  const int G = (j < k ? j * gI : k * gI) + st.j * 4 + sg;
+                                  float* dst = a.sc.gv + (int64_t(en >> 8) * NG + G) * H + n0;
+                                  if (n0 < H) dst[0] = gv0;
+                                  if (n0 + 8 < H) dst[8] = gv1;
+                                });
+    }
+    st = ns;
+    cur = nxt;
+  }
+}
+
+template <typename Kern>
+int resident_blocks(Kern kernel, size_t smem) {
+  LILAC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  int occ = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kernel, kThreads, smem) != cudaSuccess || occ < 1) {
+    cudaGetLastError();
+    occ = 1;
+  }
+  return occ;
+}
+
+bool sb_vec(const QMatrixDev& m) {
+  return (m.cols / kGroup) % 4 == 0 && reinterpret_cast<uintptr_t>(m.scales) % 8 == 0 &&
+         reinterpret_cast<uintptr_t>(m.biases) % 8 == 0;
+}
+
+// Persistent grid: the resident blocks, but enough that no block spans more than kMaxBlockChunks chunks.
+int moe_grid(int resident, int64_t max_items, int min_items_per_chunk) {
+  const int64_t need = (max_items + int64_t(min_items_per_chunk) * (kMaxBlockChunks - 2) - 1) /
+                       (int64_t(min_items_per_chunk) * (kMaxBlockChunks - 2));
+  return int(std::max<int64_t>({int64_t(resident), need, 1}));
+}
+
+template <int BITS, int NP>
+void launch_gate_up(const GateUpArgs& a, int M, cudaStream_t stream) {
+  constexpr int MT = NP * TcShape<BITS>::TPM;
+  auto kernel = moe_gate_up_rows_kernel<BITS, NP>;
+  const size_t smem = chunk_smem_bytes(tc_kt(a.w.gate.first.cols), MT);
+  const int nbI = int((a.w.gate.first.rows + 15) / 16), nbS = int((a.w.shared_gate.rows + 15) / 16);
+  const int64_t max_chunks = int64_t(M) * (a.w.top_k + 1);
+  const int grid = moe_grid(sm_count() * resident_blocks(kernel, smem), max_chunks * std::max(nbI, nbS), std::min(nbI, nbS));
+  launch_pdl(kernel, dim3(grid), dim3(kThreads), smem, stream, a);
+}
+
+template <int BITS, int NP>
+void launch_down(const DownArgs& a, int M, cudaStream_t stream) {
+  constexpr int MT = NP * TcShape<BITS>::TPM;
+  auto kernel = moe_down_rows_kernel<BITS, NP>;
+  const int KTm = std::max(tc_kt(a.w.down.first.cols), tc_kt(a.w.shared_down.cols));
+  const size_t smem = chunk_smem_bytes(KTm, MT);
+  const int64_t nbH = ((a.w.down.first.rows + 15) / 16 + kWarps - 1) / kWarps;
+  const int64_t max_chunks = int64_t(M) * (a.w.top_k + 1);
+  const int grid = moe_grid(sm_count() * resident_blocks(kernel, smem), max_chunks * nbH, int(nbH));
+  launch_pdl(kernel, dim3(grid), dim3(kThreads), smem, stream, a);
+}
+
+}  // namespace
+
+void moe_gate_up_rows(const MoEDecodeWeights& w, const void* frag, const float2* meta, int M, const void* scratch,
+                      float* act, cudaStream_t stream) {
+  if (!moe_rows_supported(w, std::max(M, 1))) throw Error("rows::moe_gate_up_rows: unsupported MoE shape or M");
+  if (M == 0) return;
+  GateUpArgs a;
+  a.w = w;
+  a.frag = static_cast<const char*>(frag);
+  a.meta = meta;
+  a.sc = moe_carve(const_cast<void*>(scratch), w, M);
+  a.act = act;
+  a.sbv = sb_vec(w.gate.first) && sb_vec(w.up.first) && sb_vec(w.shared_gate) && sb_vec(w.shared_up);
+  if (w.gate.first.bits == 4)
+    launch_gate_up<4, 4>(a, M, stream);
+  else
+    launch_gate_up<8, 1>(a, M, stream);
+}
+
+void moe_down_rows(const MoEDecodeWeights& w, const float* act, int M, void* scratch, cudaStream_t stream) {
+  if (!moe_rows_supported(w, std::max(M, 1))) throw Error("rows::moe_down_rows: unsupported MoE shape or M");
+  if (M == 0) return;
+  DownArgs a;
+  a.w = w;
+  a.act = act;
+  a.sc = moe_carve(scratch, w, M);
+  a.sbv_r = sb_vec(w.down.first);
+  a.sbv_s = sb_vec(w.shared_down);
+  if (w.down.first.bits == 4)
+    launch_down<4, 4>(a, M, stream);
+  else
+    launch_down<8, 1>(a, M, stream);
+}
+
+}  // namespace lilac::cuda::rows

@@ -1,0 +1,128 @@
+// Multi-row decode kernels, part 1 (cudakern): quantized matrix products, MoE and sampling over M rows
+// (1 <= M <= 64; ROWS_CONTRACT.md). A row is one token; activations are row-major [M][width] fp32.
+// Every function is asynchronous on `stream`, allocates nothing, is CUDA-graph capturable and launched
+// with programmatic dependent launch (launch.cuh rules).
+//
+// Exactness and batch invariance. The tensor-core products compute, for every row, the same arithmetic as
+// today's single-row kernels (gemv_tc.cu): nibbles/bytes → fp16 exactly, the input split per 64-group into
+// fp16 hi + lo with a power-of-two scale, mma.sync with fp32 accumulation, the same k-slices and the same
+// fixed summation orders. Several rows share one mma (4-bit: 2 rows, 8-bit: 4 rows) in B columns that today's
+// kernel leaves zero, so a row's bits do not depend on M, on its position in the batch or on the other rows,
+// and a row is bit for bit what gemv_tc / moe_gate_up_tc / moe_down_tc compute for it alone (tested by
+// memcmp; for MoE down when the expert width I is a multiple of 256, as in the model).
+//
+// Rows with row_slot[r] < 0 are padding: nothing of theirs is read or written (row_slot may be null: every
+// row is active).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <cuda_runtime.h>
+
+#include "cuda/kernels/decode.h"
+
+namespace lilac::cuda::rows {
+
+// ------------------------------------------------------------------------------------------------ staging
+// The tensor-core input of M rows: t(x) (Prologue None / RmsNorm / GatedHeadNorm, as decode.h) split into
+// hi/lo fp16 fragments in the layout of 4-bit or 8-bit weights (frag: [M][frag_row_bytes(K)]) and the
+// per-64-group meta {2^E, Σx} (meta: [M][meta_row_count(K)] float2, shared by both layouts). One staging
+// serves every matrix that reads the same input (the parts of a projection; the router and MoE gate/up).
+size_t frag_row_bytes(int64_t K);   // ceil(K / 256) * 1024
+size_t meta_row_count(int64_t K);   // ceil(K / 256) * 4
+struct StageArgs {
+  const float* x = nullptr;        // [M][ldx]
+  int64_t ldx = 0;                 // 0: K
+  int64_t K = 0;                   // multiple of 64
+  int M = 0;
+  const int32_t* row_slot = nullptr;
+  Prologue pro = Prologue::None;
+  const float* norm_w = nullptr;   // RmsNorm [K]; GatedHeadNorm [head_dim]
+  const float* z = nullptr;        // GatedHeadNorm [M][ldz]
+  int64_t ldz = 0;                 // 0: K
+  int head_dim = 0;
+  float eps = 1e-6f;
+  void* frag4 = nullptr;           // layout for 4-bit weights (null: not wanted)
+  void* frag8 = nullptr;           // layout for 8-bit weights (null: not wanted)
+  float2* meta = nullptr;          // required
+};
+// Whether the staging takes these arguments (K % 64 == 0, 16-byte aligned rows, K and head_dim limits).
+bool stage_supported(const StageArgs& a);
+void stage(const StageArgs& a, cudaStream_t stream);
+
+// ------------------------------------------------------------------------------------------------ dense
+// y[r][n] (+)= Σ_k W[n][k] · t(x_r)[k] for the M staged rows (stage() output in the layout of W.bits).
+// W: 4- or 8-bit, 64-column groups. Each weight tile is loaded once per block of up to 8 (4-bit) / 4 (8-bit)
+// rows; larger M runs several such row tiles side by side, their blocks reading the same weights at the same
+// time (L2). The GDN conv epilogue of gemv_tc is not here (the conv kernel of the rows family does it).
+struct GemvRowsArgs {
+  QMatrixDev W;
+  const void* frag = nullptr;      // stage() output for W.bits
+  const float2* meta = nullptr;
+  int M = 0;
+  const int32_t* row_slot = nullptr;
+  float* y = nullptr;              // [M][ldy]
+  int64_t ldy = 0;                 // 0: W.rows
+  bool accumulate = false;         // y += W t(x) (residual add)
+};
+bool gemv_rows_supported(const GemvRowsArgs& a);
+void gemv_rows(const GemvRowsArgs& a, cudaStream_t stream);
+
+// ------------------------------------------------------------------------------------------------ MoE
+// Decode MoE over M rows, in four launches:
+//  (1) moe_route_rows: per row, exactly moe_gate_up's routing (softmax over E router logits, top-k by
+//      probability with ties to the lower id, renormalised when asked; weight k = sigmoid(logit E)) into
+//      sel_ids [M][k] / sel_w [M][k+1]; then the rows grouped by expert on the device (a counting sort, rows in
+//      ascending order inside an expert) into chunks of at most moe_chunk_rows(bits) rows, in `scratch`.
+//  (2) moe_gate_up_rows: act[r][j·I + i] = silu(gate_e · x̃_r) · (up_e · x̃_r) for the k experts of each row
+//      (slot j) and the shared expert (slot k, at k·I), x̃ = the staged RMSNorm(x) (stage(), layout of the
+//      expert bits); each chunk's expert weights are read once for all its rows.
+//  (3) moe_down_rows: the per-64-group products of each row with its experts' down matrices (read once per
+//      chunk) into `scratch` (ngroups = (k·I + Is)/64 floats per row and output), unweighted;
+//  (4) moe_combine_rows: y[r] += Σ w·down in exactly moe_down_tc's fixed order (independent of M).
+// act: [M][k·I + Is]. Requirements: moe_rows_supported.
+int moe_chunk_rows(int bits);     // 8 (4-bit experts) or 4 (8-bit)
+size_t moe_rows_scratch_bytes(const MoEDecodeWeights& w, int max_rows);
+bool moe_rows_supported(const MoEDecodeWeights& w, int max_rows);
+void moe_route_rows(const MoEDecodeWeights& w, const float* logits, int64_t ld_logits, int M, const int32_t* row_slot,
+                    int32_t* sel_ids, float* sel_w, void* scratch, cudaStream_t stream);
+void moe_gate_up_rows(const MoEDecodeWeights& w, const void* frag, const float2* meta, int M, const void* scratch,
+                      float* act, cudaStream_t stream);
+void moe_down_rows(const MoEDecodeWeights& w, const float* act, int M, void* scratch, cudaStream_t stream);
+void moe_combine_rows(const MoEDecodeWeights& w, const float* sel_w, int M, const int32_t* row_slot,
+                      const void* scratch, float* y, int64_t ldy, cudaStream_t stream);
+
+// ------------------------------------------------------------------------------------------------ sampling
+// sample_token for M rows: row r samples from logits + r·ld_logits with the state of its slot s = row_slot[r]
+// (row_slot null: s = r): params[s], counts + s·vocab, prompt_mask + s·vocab, and, when allowed != null and
+// (allowed_on == null or allowed_on[s] != 0), the bitmask allowed + s·allowed_words(vocab) (bit i of word
+// i/32 = 1: token i allowed), applied before penalties and temperature (a disallowed token is never chosen;
+// if a mask allows no token at all, the row takes the raw argmax). Logprobs are those of the raw
+// distribution. The token goes to results[r] and, when token_by_slot != null, to token_by_slot[s]; counts
+// and params[s].step advance as in sample_token. With no mask, each row's choice, logprob and top logprobs
+// are bit for bit what sample_token computes for it (same seed and step → same RNG draw).
+// results may be host-mapped memory (cudaHostAllocMapped).
+int64_t allowed_words(int64_t vocab);
+size_t sample_rows_scratch_bytes(int64_t vocab, int max_rows);
+struct SampleRowsArgs {
+  const float* logits = nullptr;
+  int64_t ld_logits = 0;           // 0: vocab
+  int64_t vocab = 0;
+  int M = 0;
+  const int32_t* row_slot = nullptr;
+  SampleParamsDev* params = nullptr;
+  int32_t* counts = nullptr;
+  const uint8_t* prompt_mask = nullptr;
+  const uint32_t* allowed = nullptr;
+  const int32_t* allowed_on = nullptr;
+  int32_t* token_by_slot = nullptr;
+  SampleResult* results = nullptr;
+  void* scratch = nullptr;         // sample_rows_scratch_bytes(vocab, M)
+};
+void sample_rows(const SampleRowsArgs& a, cudaStream_t stream);
+// The single-sequence sample_token with an optional allowed-token bitmask (null: exactly sample_token).
+// scratch: sample_rows_scratch_bytes(vocab, 1).
+void sample_token_masked(const float* logits, int64_t vocab, SampleParamsDev* params, int32_t* counts,
+                         const uint8_t* prompt_mask, const uint32_t* allowed, void* scratch, int32_t* token_slot,
+                         SampleResult* result, cudaStream_t stream);
+
+}  // namespace lilac::cuda::rows

@@ -1,0 +1,409 @@
+// Device pieces of the multi-row tensor-core kernels (rows/*.cu). The arithmetic is gemv_tc.cu's, piece for
+// piece (nibble/byte → fp16, the hi + lo split of the input per 64-group, the mma, the group value), so that
+// a row computed here is bit for bit what the single-row kernel computes. These helpers are copies of
+// gemv_tc.cu's (its anonymous namespace could not be shared while the kernel files were being reorganised);
+// once both are merged, gemv_tc.cu should include this header instead (one fact in one place).
+//
+// Rows in one mma. Today's B operand holds 8 columns = 4 group slots × {hi, lo} of one input, and in the
+// mma of chunk i only the columns of the chunk's own groups are non-zero (4-bit: groups 2i, 2i+1; 8-bit:
+// group i). Here the other columns carry other rows: 4-bit: 2 rows per mma (row τ = 1 in the columns of the
+// two slots the chunk does not use, as group slot σ ^ 2); 8-bit: 4 rows (row τ in the columns of slot i ^ τ).
+// Every column still holds exactly the products it holds in today's kernel for its row, so each row's group
+// dots, and the fixed-order sums after them, are today's. A lane that holds the output columns of row τ
+// and group slot σ holds them in the lane today's kernel uses for slot σ, XOR-permuted (lane = σ ^ 2τ for
+// 4-bit, σ ^ τ for 8-bit), which keeps the quad sum's pairs {0,1}, {2,3}.
+#pragma once
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "cuda/kernels/decode.h"
+#include "cuda/kernels/qdot.cuh"
+
+namespace lilac::cuda::rows_dev {
+
+using ::lilac::cuda::dev::block_sum;
+using ::lilac::cuda::dev::ld_stream;
+using ::lilac::cuda::dev::sel4;
+using ::lilac::cuda::dev::silu_f;
+
+constexpr int kThreads = 256, kWarps = 8;
+constexpr int kTileCols = 256, kGroup = 64;
+constexpr int kTileXBytes = 1024, kZeroBytes = 512;
+
+template <int BITS>
+struct TcShape {
+  static constexpr int NCH = BITS == 4 ? 2 : 4;          // 16-byte chunks per thread per row and k-tile
+  static constexpr int CPT = 4 * NCH;                    // chunks per row per k-tile
+  static constexpr int U = BITS == 4 ? 4 : 2;            // fragment units (8 values) per chunk
+  static constexpr int GROUP_BYTES = kGroup * BITS / 8;  // bytes of one group in a row
+  static constexpr int TPM = BITS == 4 ? 2 : 4;          // rows per mma
+  static constexpr float ZC = BITS == 4 ? 8.f : 128.f;
+  __host__ __device__ static constexpr int slot(int i, int c) { return BITS == 4 ? 2 * i + (c >> 1) : i; }
+  __device__ static int off_in_group(int c) { return BITS == 4 ? 16 * (c & 1) : 16 * c; }
+};
+
+// Staged fragments of one row: per k-tile 1024 bytes, 16-byte units ordered [chunk i][unit u][thread c][hi/lo p].
+template <int BITS>
+__host__ __device__ __forceinline__ int frag_off(int i, int u, int c, int p) {
+  return (((i * TcShape<BITS>::U + u) * 4 + c) * 2 + p) * 16;
+}
+__host__ __device__ inline int tc_kt(int64_t K) { return int((K + kTileCols - 1) / kTileCols); }
+
+__device__ __forceinline__ uint32_t and_or(uint32_t a, uint32_t b, uint32_t c) {  // (a & b) | c
+  uint32_t r;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+  return r;
+}
+__device__ __forceinline__ uint32_t hsub2_u(uint32_t a, uint32_t b) {
+  uint32_t r;
+  asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+__device__ __forceinline__ uint32_t hfma2_u(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t r;
+  asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+  return r;
+}
+__device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                         uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+// One 4-bit word (nibbles n0..n7) → fp16 pairs (n0-8, n4-8), (n1-8, n5-8), (n2-8, n6-8), (n3-8, n7-8).
+__device__ __forceinline__ void dq4(uint32_t w, uint32_t (&h)[4]) {
+  constexpr uint32_t kMagic = 0x64006400u, kSub = 0x64086408u, kInv16 = 0x2C002C00u, kNeg72 = 0xD480D480u;
+  const uint32_t w8 = w >> 8;
+  h[0] = hsub2_u(and_or(w, 0x000F000Fu, kMagic), kSub);
+  h[1] = hfma2_u(and_or(w, 0x00F000F0u, kMagic), kInv16, kNeg72);
+  h[2] = hsub2_u(and_or(w8, 0x000F000Fu, kMagic), kSub);
+  h[3] = hfma2_u(and_or(w8, 0x00F000F0u, kMagic), kInv16, kNeg72);
+}
+// One 8-bit word (bytes b0..b3) → fp16 pairs (b0-128, b2-128), (b1-128, b3-128).
+__device__ __forceinline__ void dq8(uint32_t w, uint32_t (&h)[2]) {
+  constexpr uint32_t kSub = 0x64806480u;
+  h[0] = hsub2_u(__byte_perm(w, 0x64646464u, 0x4240), kSub);
+  h[1] = hsub2_u(__byte_perm(w, 0x64646464u, 0x4341), kSub);
+}
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
+__device__ __forceinline__ float pow2i(int e) { return __int_as_float((127 + e) << 23); }
+__device__ __forceinline__ int frexp_e(float m) {
+  const int e = int((__float_as_uint(m) >> 23) & 0xFF) - 126;
+  return m > 0.f ? max(-125, min(126, e)) : 0;
+}
+__device__ __forceinline__ float bf_raw(uint32_t v) { return __uint_as_float(v << 16); }
+__device__ __forceinline__ float quad_sum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  v += __shfl_xor_sync(0xffffffffu, v, 2);
+  return v;
+}
+
+// ------------------------------------------------------------------------------------------------ staging
+// 8 values (one "unit": columns 8t..8t+7) of t(x), scaled by 2^-E of their group → the hi/lo fp16 fragments
+// of one layout (units past K are zeros and give zero fragments).
+template <int BITS>
+__device__ __forceinline__ void split_unit(const float (&v)[8], float inv, uint4& hi4, uint4& lo4) {
+  uint32_t hi[4], lo[4];
+  // 4-bit unit: (0,4),(1,5),(2,6),(3,7); 8-bit unit: (0,2),(1,3),(4,6),(5,7)
+  constexpr int A4[4] = {0, 1, 2, 3}, B4[4] = {4, 5, 6, 7};
+  constexpr int A8[4] = {0, 1, 4, 5}, B8[4] = {2, 3, 6, 7};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const float xa = v[BITS == 4 ? A4[j] : A8[j]] * inv, xb = v[BITS == 4 ? B4[j] : B8[j]] * inv;
+    const __half ha = __float2half_rn(xa), hb = __float2half_rn(xb);
+    const __half la = __float2half_rn(xa - __half2float(ha)), lb = __float2half_rn(xb - __half2float(hb));
+    const __half2 h2 = __halves2half2(ha, hb), l2 = __halves2half2(la, lb);
+    hi[j] = *reinterpret_cast<const uint32_t*>(&h2);
+    lo[j] = *reinterpret_cast<const uint32_t*>(&l2);
+  }
+  hi4 = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+  lo4 = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+}
+// Byte offset of unit t's hi fragment inside a row's fragments (lo: +16).
+template <int BITS>
+__device__ __forceinline__ int unit_off(int t) {
+  using S = TcShape<BITS>;
+  const int q = t / S::U, u = t % S::U, kt = q / S::CPT, rem = q % S::CPT;
+  return kt * kTileXBytes + frag_off<BITS>(rem / 4, u, rem % 4, 0);
+}
+// E and Σx of the 64-group of this lane's unit (8 lanes per group), as gemv_tc's staging: the lane's own sum
+// in order, then a butterfly over the 8 lanes (every lane ends with the same bits). All 32 lanes must call.
+__device__ __forceinline__ void group_meta(const float (&v)[8], int& E, float& sum) {
+  float mx = 0.f;
+  sum = 0.f;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    mx = fmaxf(mx, fabsf(v[j]));
+    sum += v[j];
+  }
+#pragma unroll
+  for (int o = 1; o < 8; o <<= 1) {
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  }
+  E = frexp_e(mx);
+}
+
+// ------------------------------------------------------------------------------------------------ tiles
+// Weights of one k-tile for one lane: rows g and g+8, NCH chunks each, plus the raw bf16 scales / biases of
+// the tile's 4 groups for both rows (a lane needs the groups of the rows it holds in several columns).
+template <int BITS>
+struct RowTile {
+  uint4 w[2][TcShape<BITS>::NCH];
+  uint2 s[2], b[2];
+};
+struct RowRef {
+  const char* q = nullptr;
+  const unsigned short* s = nullptr;
+  const unsigned short* b = nullptr;
+};
+__device__ __forceinline__ RowRef row_ref(const QMatrixDev& W, int64_t r) {
+  const int64_t gpr = W.cols / kGroup;
+  RowRef ref;
+  ref.q = reinterpret_cast<const char*>(W.qweight) + r * (W.cols * W.bits / 8);
+  ref.s = reinterpret_cast<const unsigned short*>(W.scales) + r * gpr;
+  ref.b = reinterpret_cast<const unsigned short*>(W.biases) + r * gpr;
+  return ref;
+}
+__device__ __forceinline__ uint32_t bf_pick(uint2 v, int q) {
+  const uint32_t w = (q & 2) ? v.y : v.x;
+  return (q & 1) ? (w >> 16) : (w & 0xFFFFu);
+}
+// Tile kt of rows (g, g+8) whose groups are G0 = 4·kt .. of the row (local group index), `ngroups` valid
+// groups in the row. sb_vec: the scale / bias rows are 8-byte aligned with a multiple of 4 groups.
+template <int BITS>
+__device__ __forceinline__ void load_row_tile(RowTile<BITS>& t, const RowRef (&r)[2], int kt, int c, int ngroups,
+                                              bool sb_vec) {
+  using S = TcShape<BITS>;
+#pragma unroll
+  for (int i = 0; i < S::NCH; ++i) {
+    const int G = kt * 4 + S::slot(i, c);
+    const bool ok = G < ngroups;
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      t.w[h][i] = ok ? ld_stream(reinterpret_cast<const uint4*>(r[h].q + G * S::GROUP_BYTES + S::off_in_group(c)))
+                     : make_uint4(0, 0, 0, 0);
+  }
+  const int G0 = kt * 4;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    if (sb_vec && G0 + 3 < ngroups) {
+      t.s[h] = __ldg(reinterpret_cast<const uint2*>(r[h].s + G0));
+      t.b[h] = __ldg(reinterpret_cast<const uint2*>(r[h].b + G0));
+    } else {
+      uint32_t s4[4], b4[4];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        s4[q] = G0 + q < ngroups ? uint32_t(__ldg(r[h].s + G0 + q)) : 0u;
+        b4[q] = G0 + q < ngroups ? uint32_t(__ldg(r[h].b + G0 + q)) : 0u;
+      }
+      t.s[h] = make_uint2(s4[0] | (s4[1] << 16), s4[2] | (s4[3] << 16));
+      t.b[h] = make_uint2(b4[0] | (b4[1] << 16), b4[2] | (b4[3] << 16));
+    }
+  }
+}
+
+// Per-lane constants (functions of the lane; `i` is always a compile-time chunk index): for chunk i the B unit
+// this lane supplies (row btok of the mma's rows; byte offset boff of unit 0 inside a k-tile, valid = false:
+// the zero block) and the output columns it holds afterwards (row otok, group slot osig of the k-tile).
+template <int BITS>
+struct LaneRows {
+  int s, c, base;  // s = g / 2 (the B column's group slot), c = lane % 4, base = frag_off(0, 0, c, g & 1)
+  __device__ explicit LaneRows(int lane) : s(lane >> 3), c(lane & 3), base(frag_off<BITS>(0, 0, lane & 3, (lane >> 2) & 1)) {}
+  __device__ __forceinline__ int btok(int i) const { return BITS == 4 ? int((s >> 1) != i) : (s ^ i); }
+  __device__ __forceinline__ bool bvalid() const { return BITS == 4 ? (s & 1) == (c >> 1) : true; }
+  __device__ __forceinline__ int boff(int i) const { return base + i * TcShape<BITS>::U * 128; }
+  __device__ __forceinline__ int otok(int i) const { return BITS == 4 ? int((c >> 1) != i) : (c ^ i); }
+  __device__ __forceinline__ int osig(int i) const { return BITS == 4 ? (((c >> 1) != i) ? (c ^ 2) : c) : i; }
+};
+
+// One k-tile kt (of the weights and of the staged fragments alike; ngroups: the weights' groups) for NP mma
+// tiles of rows: accumulates the group values of this lane's output columns into acc[p][i][h] (chunk i's
+// columns, rows g / g+8). xf: fragments of row 0 of the block's row tile (row t at xf + t·xstride); meta: row
+// t's group G at meta[t·mstride + G]; tmask: rows present. The mma tiles are walked by a loop that is not
+// unrolled (the registers of one tile at a time), rotating acc so that tile p is always in acc[0].
+// Where this lane's B unit of chunk i of mma tile p lives (the zero block for absent rows).
+template <int BITS>
+__device__ __forceinline__ const char* b_unit(const LaneRows<BITS>& lr, const char* xf, int xstride, const char* zero,
+                                              int kt, int p, int i, uint32_t tmask) {
+  const int bt = p * TcShape<BITS>::TPM + lr.btok(i);
+  return (lr.bvalid() && ((tmask >> bt) & 1u)) ? xf + bt * xstride + kt * kTileXBytes + lr.boff(i) : zero;
+}
+
+// Mma tiles of the block's rows that hold at least one present row (tiles past the last present row skipped).
+template <int BITS>
+__device__ __forceinline__ int active_tiles(uint32_t tmask) {
+  return tmask ? (31 - __clz(int(tmask))) / TcShape<BITS>::TPM + 1 : 0;
+}
+
+// One k-tile kt (of the weights and of the staged fragments alike) for the first np_act of NP mma tiles of
+// rows. Per chunk i and pass of PH mma tiles, each weight unit is dequantized once and multiplied with the B
+// units of the PH tiles; then fin(p, i, dot0, dot1) gets the group dots of this lane's output columns of
+// tile p, chunk i (rows g, g+8). The mma chains are today's (per column: the units u in order).
+// xf: fragments of row 0 of the block's row tile (row t at xf + t·xstride); tmask: rows present.
+template <int BITS, int NP, int PH, typename Fin>
+__device__ __forceinline__ void tile_rows(const RowTile<BITS>& t, const char* xf, int xstride, const char* zero, int kt,
+                                          const LaneRows<BITS>& lr, uint32_t tmask, int np_act, Fin&& fin) {
+  using S = TcShape<BITS>;
+  static_assert(NP % PH == 0, "passes of PH mma tiles");
+#pragma unroll
+  for (int i = 0; i < S::NCH; ++i) {
+#pragma unroll
+    for (int q = 0; q < NP / PH; ++q) {
+      if (q * PH < np_act) {
+        float d[PH][2][4];
+        const char* xb[PH];
+#pragma unroll
+        for (int pp = 0; pp < PH; ++pp) {
+          xb[pp] = b_unit<BITS>(lr, xf, xstride, zero, kt, q * PH + pp, i, tmask);
+#pragma unroll
+          for (int z = 0; z < 4; ++z) d[pp][0][z] = d[pp][1][z] = 0.f;
+        }
+#pragma unroll
+        for (int u = 0; u < S::U; ++u) {
+          uint32_t a0[4], a1[4];  // A registers of the unit's two mmas (d0: a0, d1: a1)
+          if constexpr (BITS == 4) {
+            uint32_t ha[4], hb[4];
+            dq4(sel4(t.w[0][i], u), ha);
+            dq4(sel4(t.w[1][i], u), hb);
+            a0[0] = ha[0], a0[1] = hb[0], a0[2] = ha[1], a0[3] = hb[1];
+            a1[0] = ha[2], a1[1] = hb[2], a1[2] = ha[3], a1[3] = hb[3];
+          } else {
+            uint32_t ha[2], hb[2];
+            dq8(sel4(t.w[0][i], 2 * u), ha);
+            dq8(sel4(t.w[1][i], 2 * u), hb);
+            a0[0] = ha[0], a0[1] = hb[0], a0[2] = ha[1], a0[3] = hb[1];
+            dq8(sel4(t.w[0][i], 2 * u + 1), ha);
+            dq8(sel4(t.w[1][i], 2 * u + 1), hb);
+            a1[0] = ha[0], a1[1] = hb[0], a1[2] = ha[1], a1[3] = hb[1];
+          }
+#pragma unroll
+          for (int pp = 0; pp < PH; ++pp) {
+            if (q * PH + pp < np_act) {
+              const uint4 xv = *reinterpret_cast<const uint4*>(xb[pp] + u * 128);
+              mma16816(d[pp][0], a0[0], a0[1], a0[2], a0[3], xv.x, xv.y);
+              mma16816(d[pp][1], a1[0], a1[1], a1[2], a1[3], xv.z, xv.w);
+            }
+          }
+        }
+#pragma unroll
+        for (int pp = 0; pp < PH; ++pp)
+          if (q * PH + pp < np_act)
+            fin(q * PH + pp, i, (d[pp][0][0] + d[pp][0][1]) + (d[pp][1][0] + d[pp][1][1]),
+                (d[pp][0][2] + d[pp][0][3]) + (d[pp][1][2] + d[pp][1][3]));
+      }
+    }
+  }
+}
+
+// The value of one row's group, s·2^E·dot + (zc·s + b)·Σx, computed as gemv_tc's group_value computes it:
+// fmaf(s·2^E, dot, fmaf(zc, s, b)·Σx), with the scale s and zc·s + b of the output group of chunk i for rows
+// g (h = 0) and g+8 (h = 1): for 4-bit weights once per tile (every pass reuses them), for 8-bit (one pass,
+// more chunks) where they are used.
+template <int BITS>
+__device__ __forceinline__ void group_scale(const RowTile<BITS>& t, int sg, int h, float& s, float& c) {
+  s = bf_raw(bf_pick(t.s[h], sg));
+  c = fmaf(TcShape<BITS>::ZC, s, bf_raw(bf_pick(t.b[h], sg)));
+}
+template <int BITS>
+struct GroupScale {
+  static constexpr int N = BITS == 4 ? TcShape<BITS>::NCH : 1;
+  float s[N][2], c[N][2];
+  __device__ GroupScale(const RowTile<BITS>& t, const LaneRows<BITS>& lr) {
+    if constexpr (BITS == 4) {
+#pragma unroll
+      for (int i = 0; i < N; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) group_scale<BITS>(t, lr.osig(i), h, s[i][h], c[i][h]);
+    }
+  }
+  // fmaf(s·m.x, dot, c·m.y) for chunk i, row h
+  __device__ __forceinline__ float value(const RowTile<BITS>& t, const LaneRows<BITS>& lr, int i, int h, float dot,
+                                         float2 m) const {
+    if constexpr (BITS == 4) {
+      return fmaf(s[i][h] * m.x, dot, c[i][h] * m.y);
+    } else {
+      float ss, cc;
+      group_scale<BITS>(t, lr.osig(i), h, ss, cc);
+      return fmaf(ss * m.x, dot, cc * m.y);
+    }
+  }
+};
+
+// tile_rows with the group values of the present rows accumulated into acc[p][i][h] (the dense and gate/up
+// chains; meta: row t's group G at meta[t·mstride + G]; ngroups: the weights' groups).
+template <int BITS, int NP, int PH>
+__device__ __forceinline__ void tile_rows_acc(const RowTile<BITS>& t, const char* xf, int xstride, const float2* meta,
+                                              int mstride, const char* zero, int kt, int ngroups,
+                                              const LaneRows<BITS>& lr, uint32_t tmask, int np_act,
+                                              float (&acc)[NP][TcShape<BITS>::NCH][2]) {
+  const GroupScale<BITS> gs(t, lr);
+  tile_rows<BITS, NP, PH>(t, xf, xstride, zero, kt, lr, tmask, np_act, [&](int p, int i, float dot0, float dot1) {
+    const int ot = p * TcShape<BITS>::TPM + lr.otok(i), G = kt * 4 + lr.osig(i);
+    if (((tmask >> ot) & 1u) && G < ngroups) {
+      const float2 mm = meta[ot * mstride + G];
+      acc[p][i][0] = fmaf(1.f, gs.value(t, lr, i, 0, dot0, mm), acc[p][i][0]);
+      acc[p][i][1] = fmaf(1.f, gs.value(t, lr, i, 1, dot1, mm), acc[p][i][1]);
+    }
+  });
+}
+
+// tile_rows with each present row's group values handed to store(row t of the tile, group slot sg, gv of row
+// g, gv of row g+8) (MoE down keeps every group's value).
+template <int BITS, int NP, int PH, typename Store>
+__device__ __forceinline__ void tile_rows_store(const RowTile<BITS>& t, const char* xf, int xstride, const float2* meta,
+                                                int mstride, const char* zero, int kt, int ngroups,
+                                                const LaneRows<BITS>& lr, uint32_t tmask, int np_act, Store&& store) {
+  const GroupScale<BITS> gs(t, lr);
+  tile_rows<BITS, NP, PH>(t, xf, xstride, zero, kt, lr, tmask, np_act, [&](int p, int i, float dot0, float dot1) {
+    const int ot = p * TcShape<BITS>::TPM + lr.otok(i), sg = lr.osig(i), G = kt * 4 + sg;
+    if (((tmask >> ot) & 1u) && G < ngroups) {
+      const float2 mm = meta[ot * mstride + G];
+      store(ot, sg, gs.value(t, lr, i, 0, dot0, mm), gs.value(t, lr, i, 1, dot1, mm));
+    }
+  });
+}
+
+// The chunk whose output columns hold row τ of an mma tile in lane c (the inverse of LaneRows::otok).
+template <int BITS>
+__device__ __forceinline__ float acc_of_row(const float (&a)[TcShape<BITS>::NCH][2], int c, int tau, int h) {
+  if constexpr (BITS == 4) {
+    return ((c >> 1) ^ tau) ? a[1][h] : a[0][h];
+  } else {
+    const int i = c ^ tau;
+    return i == 0 ? a[0][h] : (i == 1 ? a[1][h] : (i == 2 ? a[2][h] : a[3][h]));
+  }
+}
+
+// End of a row group: each row's sum over this warp's k-slice (the quad sum, today's order) into
+// part[t·16 + r] for the block's rows t (ld: floats per row of part), then the accumulators are cleared.
+template <int BITS, int NP>
+__device__ __forceinline__ void write_partials_rows(float (&acc)[NP][TcShape<BITS>::NCH][2], float* part, int g, int c) {
+  using S = TcShape<BITS>;
+#pragma unroll
+  for (int p = 0; p < NP; ++p) {
+#pragma unroll
+    for (int tau = 0; tau < S::TPM; ++tau) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float v = quad_sum(acc_of_row<BITS>(acc[p], c, tau, h));
+        if (c == 0) part[(p * S::TPM + tau) * 16 + g + 8 * h] = v;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < S::NCH; ++i) acc[p][i][0] = acc[p][i][1] = 0.f;
+  }
+}
+
+}  // namespace lilac::cuda::rows_dev

@@ -1,0 +1,199 @@
+// The hybrid router's HTTP side (HybridRouter): applies the Router's decision to a request, forwards it
+// upstream or re-addresses it to the local model, falls back, merges /v1/models; and installs itself.
+#include "router/hybrid.h"
+
+#include <httplib.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <ctime>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "server/openai_schema.h"
+#include "server/server.h"
+
+namespace lilac::router {
+
+using json = nlohmann::json;
+using ojson = nlohmann::ordered_json;
+using server::RouteHook;
+using server::Server;
+
+// ------------------------------------------------------------------------------------------- HybridRouter
+
+HybridRouter::HybridRouter(HybridOptions opts, std::string local_model_id)
+    : opts_(std::move(opts)),
+      router_(std::move(opts_.policy),
+              RouterConfig{local_model_id, opts_.upstream_model}) {
+  UpstreamOptions uo;
+  uo.url = parse_upstream_url(opts_.upstream_url);
+  uo.api_key = opts_.api_key;
+  uo.connect_timeout_ms = router_.policy().connect_timeout_ms;
+  uo.read_timeout_ms = router_.policy().read_timeout_ms;
+  upstream_ = std::make_unique<UpstreamClient>(uo);
+}
+
+void HybridRouter::answer_error(httplib::Response& res, int status, const std::string& msg, const std::string& code,
+                                const std::string& param) {
+  res.status = status;
+  res.set_content(server::error_body(status, msg, "", param, code).dump(), "application/json");
+}
+
+bool HybridRouter::serve_local_renamed(const httplib::Request& req, httplib::Response& res, const ojson& body,
+                                       bool chat, bool stream) {
+  if (!server_) {
+    answer_error(res, 404, "The model '" + body.value("model", std::string()) + "' cannot be served locally.",
+                 "model_not_found", "model");
+    return true;
+  }
+  UpstreamOptions lo;
+  std::string host = server_->options().host;
+  if (host == "0.0.0.0" || host.empty()) host = "127.0.0.1";
+  if (host == "::") host = "::1";
+  lo.url.scheme = "http";
+  lo.url.host = host;
+  lo.url.port = server_->port();
+  lo.url.base = "/v1";
+  lo.connect_timeout_ms = 3000;
+  lo.read_timeout_ms = router_.policy().read_timeout_ms;
+  lo.route_label = "local";
+  lo.inject_route_field = false;  // the local server adds "lilac_route": "local" itself
+  UpstreamClient self(lo);
+  ojson local = body;
+  local["model"] = router_.config().local_model_id;
+  local["lilac"] = ojson{{"route", "local"}};
+  auto r = self.forward(chat ? "/chat/completions" : "/completions", local.dump(), stream, res,
+                        req.get_header_value("Authorization"));
+  if (!r.answered) {
+    answer_error(res, 502, "The local engine could not be reached: " + r.failure, "local_unavailable");
+    res.set_header("x-lilac-route", "local");
+  }
+  return true;
+}
+
+bool HybridRouter::maybe_forward(const httplib::Request& req, httplib::Response& res, const ojson& body, bool local_busy) {
+  if (!body.is_object()) return false;
+  const bool chat = req.path.find("/chat/completions") != std::string::npos;
+  const auto t0 = std::chrono::steady_clock::now();
+  RouteDecision d = router_.decide(body, chat, req.get_header_value("x-lilac-route"), local_busy);
+  const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+  std::string why = d.reason;
+  for (size_t i = 0; i < d.matched.size(); ++i) why += (i ? "," : ": ") + d.matched[i];
+  if (d.error_status) {
+    LILAC_LOG_WARN("route: refused (%s) -> %d", why.c_str(), d.error_status);
+    answer_error(res, d.error_status, d.error_message, d.error_code, d.error_param);
+    return true;
+  }
+  const bool stream = body.contains("stream") && body["stream"].is_boolean() && body["stream"].get<bool>();
+  const std::string model = body.contains("model") && body["model"].is_string() ? body["model"].get<std::string>() : "";
+  const bool model_local_ok = model.empty() || model == router_.config().local_model_id;
+  const auto& pol = router_.policy();
+
+  auto go_local = [&]() -> bool {
+    if (model_local_ok) return false;  // the server serves it (and calls on_local)
+    return serve_local_renamed(req, res, body, chat, stream);
+  };
+
+  if (d.route == Route::local) {
+    LILAC_LOG_INFO("route: local (%s) [%.0f us]", why.c_str(), us);
+    return go_local();
+  }
+
+  std::string upstream_model = d.upstream_model;
+  if (upstream_model.empty()) {  // no --upstream-model: ask the upstream what it serves
+    extra_models();
+    upstream_model = router_.upstream_model_for(model);
+  }
+  std::string failure;
+  if (upstream_model.empty()) {
+    failure = "no upstream model is known (pass --upstream-model, or the upstream's /v1/models failed)";
+  } else {
+    ojson fwd = body;
+    fwd.erase("lilac");
+    for (const auto& f : pol.drop_fields) fwd.erase(f);
+    fwd["model"] = upstream_model;
+    LILAC_LOG_INFO("route: cloud (%s) model=%s [%.0f us]", why.c_str(), upstream_model.c_str(), us);
+    auto r = upstream_->forward(chat ? "/chat/completions" : "/completions", fwd.dump(), stream, res);
+    if (r.answered) {
+      if (r.upstream_status >= 400) LILAC_LOG_WARN("route: cloud answered HTTP %d", r.upstream_status);
+      return true;
+    }
+    failure = r.failure;
+  }
+  if (pol.upstream_failure_to_local) {
+    LILAC_LOG_WARN("route: upstream failed (%s); serving locally (fallback)", failure.c_str());
+    return go_local();
+  }
+  LILAC_LOG_WARN("route: upstream failed (%s); fallback to local is off -> 502", failure.c_str());
+  answer_error(res, 502,
+               "The upstream " + upstream_->options().url.origin() + " failed: " + failure +
+                   ". The route policy does not allow serving this request locally (fallback.upstream_failure_to_local).",
+               "upstream_unavailable");
+  res.set_header("x-lilac-route", "cloud");
+  return true;
+}
+
+void HybridRouter::on_local(const ojson& body) { router_.remember_local(body); }
+
+json HybridRouter::extra_models() {
+  const auto& pol = router_.policy();
+  {
+    std::lock_guard lk(models_mu_);
+    auto now = std::chrono::steady_clock::now();
+    if (!models_fetched_ || now - models_at_ > std::chrono::seconds(pol.models_cache_s)) {
+      auto ids = upstream_->list_models(pol.models_timeout_ms);
+      if (ids) router_.set_upstream_model_ids(*ids);
+      models_fetched_ = true;
+      models_at_ = now;
+    }
+  }
+  std::vector<std::string> ids = router_.upstream_model_ids();
+  if (ids.empty() && !router_.config().upstream_model.empty()) ids.push_back(router_.config().upstream_model);
+  json out = json::array();
+  const int64_t now = static_cast<int64_t>(std::time(nullptr));
+  for (const auto& id : ids)
+    out.push_back(json{{"id", pol.model_prefix + id}, {"object", "model"}, {"created", now}, {"owned_by", "upstream"}});
+  return out;
+}
+
+RouteHook HybridRouter::make_hook(Server* server) {
+  server_ = server;
+  std::weak_ptr<HybridRouter> self = weak_from_this();
+  RouteHook h;
+  h.maybe_forward = [self](const httplib::Request& req, httplib::Response& res, const ojson& body, bool busy) {
+    auto s = self.lock();
+    return s ? s->maybe_forward(req, res, body, busy) : false;
+  };
+  h.on_local = [self](const ojson& body) {
+    if (auto s = self.lock()) s->on_local(body);
+  };
+  h.extra_models = [self]() {
+    auto s = self.lock();
+    return s ? s->extra_models() : json::array();
+  };
+  return h;
+}
+
+std::shared_ptr<HybridRouter> install_hybrid_router(Server& srv, const HybridSettings& s) {
+  if (s.upstream_url.empty()) return nullptr;
+  HybridOptions ho;
+  ho.upstream_url = s.upstream_url;
+  ho.upstream_model = s.upstream_model;
+  if (!s.policy_file.empty()) ho.policy = load_route_policy_file(s.policy_file);
+  if (!s.key_env.empty()) {
+    if (const char* k = std::getenv(s.key_env.c_str())) ho.api_key = k;
+  }
+  const bool has_key = !ho.api_key.empty();
+  auto r = std::make_shared<HybridRouter>(std::move(ho), srv.options().model_id);
+  srv.set_route_hook(r->make_hook(&srv));
+  const auto& p = r->router().policy();
+  const std::string key_note = has_key ? "from $" + s.key_env : "none ($" + s.key_env + " is unset)";
+  LILAC_LOG_INFO("hybrid: upstream %s%s, default route %s, policy %s, API key %s",
+                 r->upstream().options().url.origin().c_str(), r->upstream().options().url.base.c_str(),
+                 route_name(p.default_route), s.policy_file.empty() ? "(built-in defaults)" : s.policy_file.c_str(),
+                 key_note.c_str());
+  return r;
+}
+
+}  // namespace lilac::router

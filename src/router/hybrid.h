@@ -1,0 +1,79 @@
+// The hybrid router's HTTP side (`lilac serve --upstream URL`): a server::RouteHook that applies the
+// Router's decisions (router/router.h) to POST /v1/chat/completions and /v1/completions, forwards cloud
+// requests through the UpstreamClient, falls back to local, and lists upstream models in /v1/models.
+#pragma once
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "router/route_policy.h"
+#include "router/router.h"
+#include "router/upstream.h"
+
+namespace httplib {
+struct Request;
+struct Response;
+}  // namespace httplib
+
+namespace lilac::server {
+class Server;
+struct RouteHook;
+}  // namespace lilac::server
+
+namespace lilac::router {
+
+struct HybridOptions {
+  std::string upstream_url;
+  std::string upstream_model;
+  std::string api_key;  // read from --upstream-key-env by the caller; never logged
+  RoutePolicy policy;
+};
+
+class HybridRouter : public std::enable_shared_from_this<HybridRouter> {
+ public:
+  HybridRouter(HybridOptions opts, std::string local_model_id);
+
+  // The hook to install with Server::set_route_hook. `server` gives the local port for requests the
+  // router must re-address to the local model (a sensitive request that named an upstream model).
+  server::RouteHook make_hook(server::Server* server);
+
+  // The pieces of the hook (public for tests).
+  bool maybe_forward(const httplib::Request& req, httplib::Response& res, const nlohmann::ordered_json& body, bool local_busy);
+  void on_local(const nlohmann::ordered_json& body);
+  nlohmann::json extra_models();
+
+  Router& router() { return router_; }
+  UpstreamClient& upstream() { return *upstream_; }
+
+ private:
+  bool serve_local_renamed(const httplib::Request& req, httplib::Response& res, const nlohmann::ordered_json& body,
+                           bool chat, bool stream);
+  void answer_error(httplib::Response& res, int status, const std::string& msg, const std::string& code,
+                    const std::string& param = "");
+
+  HybridOptions opts_;
+  Router router_;
+  std::unique_ptr<UpstreamClient> upstream_;
+  server::Server* server_ = nullptr;
+  std::mutex models_mu_;
+  std::chrono::steady_clock::time_point models_at_{};
+  bool models_fetched_ = false;
+};
+
+// What `lilac serve`'s hybrid options say (src/cli/serve_hybrid.cpp).
+struct HybridSettings {
+  std::string upstream_url;    // --upstream ("" = no hybrid routing)
+  std::string upstream_model;  // --upstream-model
+  std::string key_env = "LILAC_UPSTREAM_API_KEY";  // --upstream-key-env: the variable holding the key
+  std::string policy_file;     // --route-policy ("" = built-in defaults)
+};
+
+// Builds a HybridRouter from `s` (reading the policy file and the key's environment variable) and plugs
+// it into `server` with Server::set_route_hook. The caller keeps the returned router alive (the hook holds
+// a weak reference). Throws lilac::InputError for a bad URL or policy.
+std::shared_ptr<HybridRouter> install_hybrid_router(server::Server& server, const HybridSettings& s);
+
+}  // namespace lilac::router

@@ -1,0 +1,20 @@
+// An error answered to a client, in any protocol: HTTP status, message, and the request field (param)
+// and machine-readable code it concerns. Each protocol adapter formats it in its own error shape
+// (OpenAI's: server/openai_schema.h, error_body).
+#pragma once
+#include <stdexcept>
+#include <string>
+
+namespace lilac::server {
+
+struct ApiError : std::runtime_error {
+  ApiError(int status, std::string message, std::string param = "", std::string code = "",
+           std::string type = "");
+  int status;
+  std::string message, type, param, code;  // type: error_type_for(status) unless given
+};
+
+// The default error `type` for a status ("invalid_request_error", "authentication_error", ...).
+std::string error_type_for(int status);
+
+}  // namespace lilac::server

@@ -1,0 +1,63 @@
+// Sending one generation over HTTP, for any protocol: the protocol's ResponseFormatter turns the
+// generation's OutputEvents into bytes; send_generation streams them as server-sent events or answers
+// one JSON body. Both notice a client that goes away and cancel its generation.
+#pragma once
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "server/api_error.h"
+#include "server/generation.h"
+
+namespace httplib {
+struct Response;
+}
+
+namespace lilac::server {
+
+struct Metrics;
+
+// One response of one protocol (a protocol adapter's output side).
+class ResponseFormatter {
+ public:
+  virtual ~ResponseFormatter() = default;
+  // Streaming: the text sent before any event ("" = nothing), then the text for each event ("" = nothing
+  // yet). The text for a Done or Error event ends the stream.
+  virtual std::string stream_start() = 0;
+  virtual std::string stream_event(const OutputEvent& ev) = 0;
+  // Not streaming: every event is added, then body() is sent once the generation is done.
+  virtual void add(const OutputEvent& ev) = 0;
+  virtual std::string body() const = 0;
+  // This protocol's JSON error body.
+  virtual std::string error_body(const ApiError& e) const = 0;
+  // For the log line ("stop", "length", ...).
+  virtual std::string finish_reason() const = 0;
+};
+
+// What a request's log lines and counters need.
+struct RequestLog {
+  std::string endpoint;  // e.g. "/v1/chat/completions"
+  std::chrono::steady_clock::time_point t0;
+  bool log_requests = true;
+  Metrics* metrics = nullptr;
+};
+
+// Answers an error before anything was sent (the endpoint's error reply: body, counters, log).
+using ErrorReply = std::function<void(const ApiError&)>;
+
+// Answers `res` with `gen`'s output. Not streaming: waits for the first token (or the end) so that
+// errors up to then (prefill) are answered through `fail` with their own status; then sends the body
+// through a chunked provider that writes a space (which JSON ignores) every 200 ms until the body is
+// ready, so that a client that goes away is noticed.
+void send_generation(httplib::Response& res, std::shared_ptr<Generation> gen, std::shared_ptr<ResponseFormatter> fmt,
+                     bool stream, const RequestLog& log, const ErrorReply& fail);
+
+// SSE framing of one JSON value ("data: ...\n\n"), invalid UTF-8 replaced.
+std::string sse_data(const nlohmann::json& j);
+// JSON text with invalid UTF-8 replaced by U+FFFD (never throws on bytes).
+std::string dump_json(const nlohmann::json& j);
+
+}  // namespace lilac::server

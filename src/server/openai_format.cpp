@@ -1,0 +1,337 @@
+#include "server/openai_format.h"
+
+#include "server/openai_schema.h"
+#include "text/tokenizer.h"
+
+namespace lilac::server {
+
+using json = nlohmann::json;
+
+namespace {
+
+json bytes_of(const std::string& s) {
+  json b = json::array();
+  for (unsigned char ch : s) b.push_back(int(ch));
+  return b;
+}
+
+// What chat and legacy completions responses share: the chunk header, usage, the finish reason.
+class OpenAIFormatter : public ResponseFormatter {
+ public:
+  OpenAIFormatter(ResponseMeta meta, const Tokenizer& tok, bool chat) : meta_(std::move(meta)), tok_(tok), chat_(chat) {}
+
+  std::string error_body(const ApiError& e) const override { return dump_json(server::error_body(e)); }
+
+  std::string finish_reason() const override {
+    if (stats_.finish == FinishReason::Length) return "length";
+    if (chat_ && n_tool_calls_ > 0) return "tool_calls";
+    return "stop";
+  }
+
+ protected:
+  json chunk_base() const {
+    json c;
+    c["id"] = meta_.id;
+    c["object"] = chat_ ? "chat.completion.chunk" : "text_completion";
+    c["created"] = meta_.created;
+    c["model"] = meta_.model;
+    c["system_fingerprint"] = "lilac";
+    if (meta_.include_usage) c["usage"] = nullptr;
+    if (meta_.route_field) c["lilac_route"] = "local";
+    return c;
+  }
+
+  json body_base() const {
+    json b;
+    b["id"] = meta_.id;
+    b["object"] = chat_ ? "chat.completion" : "text_completion";
+    b["created"] = meta_.created;
+    b["model"] = meta_.model;
+    b["system_fingerprint"] = "lilac";
+    return b;
+  }
+
+  json usage() const {
+    return json{{"prompt_tokens", stats_.prompt_tokens},
+                {"completion_tokens", stats_.completion_tokens},
+                {"total_tokens", stats_.prompt_tokens + stats_.completion_tokens},
+                {"prompt_tokens_details", json{{"cached_tokens", stats_.cached_tokens}}}};
+  }
+
+  // The end of a stream after the finish chunk: the usage chunk (when asked) and [DONE].
+  std::string stream_tail() const {
+    std::string out;
+    if (meta_.include_usage) {
+      json u = chunk_base();
+      u["choices"] = json::array();
+      u["usage"] = usage();
+      out += sse_data(u);
+    }
+    out += "data: [DONE]\n\n";
+    return out;
+  }
+
+  static std::string stream_error(const OutputEvent& ev) {
+    return sse_data(server::error_body(ev.status, ev.message)) + "data: [DONE]\n\n";
+  }
+
+  // Records what finish_reason() and usage() need.
+  void note(const OutputEvent& ev) {
+    for (const auto& d : ev.deltas) n_tool_calls_ += d.kind == OutputDelta::ToolCall;
+    if (ev.kind == OutputEvent::Done) stats_ = ev.stats;
+  }
+
+  ResponseMeta meta_;
+  const Tokenizer& tok_;
+  bool chat_;
+  GenerationStats stats_;
+  int n_tool_calls_ = 0;
+};
+
+// ------------------------------------------------------------------------------------------- chat
+
+class ChatFormatter final : public OpenAIFormatter {
+ public:
+  ChatFormatter(ResponseMeta meta, const Tokenizer& tok) : OpenAIFormatter(std::move(meta), tok, true) {}
+
+  std::string stream_start() override {
+    json c = chunk_base();
+    c["choices"] = json::array({json{{"index", 0},
+                                     {"delta", json{{"role", "assistant"}, {"content", ""}}},
+                                     {"logprobs", nullptr},
+                                     {"finish_reason", nullptr}}});
+    return sse_data(c);
+  }
+
+  std::string stream_event(const OutputEvent& ev) override {
+    note(ev);
+    std::string out;
+    switch (ev.kind) {
+      case OutputEvent::Token:
+        add_logprobs(ev.token);
+        for (const auto& d : ev.deltas) {
+          accumulate(d);
+          out += delta_chunk(d);
+        }
+        return out;
+      case OutputEvent::Error: return stream_error(ev);
+      case OutputEvent::Done: break;
+    }
+    if (ev.stats.finish == FinishReason::Cancelled) return out;
+    for (const auto& d : ev.deltas) {
+      accumulate(d);
+      out += delta_chunk(d);
+    }
+    out += logprob_tail();
+    json c = chunk_base();
+    c["choices"] = json::array(
+        {json{{"index", 0}, {"delta", json::object()}, {"logprobs", nullptr}, {"finish_reason", finish_reason()}}});
+    out += sse_data(c);
+    return out + stream_tail();
+  }
+
+  void add(const OutputEvent& ev) override {
+    note(ev);
+    if (ev.kind == OutputEvent::Token) add_logprobs(ev.token);
+    if (ev.kind != OutputEvent::Error)
+      for (const auto& d : ev.deltas) accumulate(d);
+  }
+
+  std::string body() const override {
+    json b = body_base();
+    json msg;
+    msg["role"] = "assistant";
+    const bool calls = !tool_calls_.empty();
+    msg["content"] = (calls && content_.empty()) ? json(nullptr) : json(content_);
+    if (!reasoning_.empty()) msg["reasoning_content"] = reasoning_;
+    if (calls) msg["tool_calls"] = tool_calls_;
+    msg["refusal"] = nullptr;
+    json choice;
+    choice["index"] = 0;
+    choice["message"] = std::move(msg);
+    choice["logprobs"] = meta_.logprobs ? json{{"content", logprobs_}, {"refusal", nullptr}} : json(nullptr);
+    choice["finish_reason"] = finish_reason();
+    b["choices"] = json::array({std::move(choice)});
+    b["usage"] = usage();
+    if (meta_.route_field) b["lilac_route"] = "local";
+    return dump_json(b);
+  }
+
+ private:
+  json logprob_entry(const TokenChoice& c) const {
+    const std::string& tb = tok_.token_bytes(c.token);
+    json e;
+    e["token"] = tb;  // invalid UTF-8 is replaced when dumped; "bytes" keeps the exact bytes
+    e["logprob"] = c.logprob;
+    e["bytes"] = bytes_of(tb);
+    json top = json::array();
+    for (size_t i = 0; i < c.top.size() && int(i) < meta_.top_logprobs; ++i) {
+      const std::string& s = tok_.token_bytes(c.top[i].token);
+      top.push_back(json{{"token", s}, {"logprob", c.top[i].logprob}, {"bytes", bytes_of(s)}});
+    }
+    e["top_logprobs"] = std::move(top);
+    return e;
+  }
+
+  void add_logprobs(const GeneratedToken& t) {
+    if (!meta_.logprobs || t.id < 0) return;
+    json e = logprob_entry(t.choice);
+    logprobs_.push_back(e);
+    pending_logprobs_.push_back(std::move(e));
+  }
+
+  void accumulate(const OutputDelta& d) {
+    switch (d.kind) {
+      case OutputDelta::Content: content_ += d.text; break;
+      case OutputDelta::Reasoning: reasoning_ += d.text; break;
+      case OutputDelta::ToolCall: {
+        json call;
+        call["id"] = d.tool_id;
+        call["type"] = "function";
+        call["function"] = json{{"name", d.tool_name}, {"arguments", d.arguments}};
+        tool_calls_.push_back(std::move(call));
+        break;
+      }
+    }
+  }
+
+  std::string delta_chunk(const OutputDelta& d) {
+    json delta = json::object();
+    switch (d.kind) {
+      case OutputDelta::Content: delta["content"] = d.text; break;
+      case OutputDelta::Reasoning: delta["reasoning_content"] = d.text; break;
+      case OutputDelta::ToolCall:
+        delta["tool_calls"] = json::array({json{{"index", d.tool_index},
+                                                {"id", d.tool_id},
+                                                {"type", "function"},
+                                                {"function", json{{"name", d.tool_name}, {"arguments", d.arguments}}}}});
+        break;
+    }
+    json choice{{"index", 0}, {"delta", std::move(delta)}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
+    if (!pending_logprobs_.empty() && d.kind != OutputDelta::ToolCall) {
+      choice["logprobs"] = json{{"content", std::move(pending_logprobs_)}, {"refusal", nullptr}};
+      pending_logprobs_ = json::array();
+    }
+    json c = chunk_base();
+    c["choices"] = json::array({std::move(choice)});
+    return sse_data(c);
+  }
+
+  // Pending logprobs in an empty-delta chunk.
+  std::string logprob_tail() {
+    if (pending_logprobs_.empty()) return "";
+    json c = chunk_base();
+    c["choices"] = json::array({json{{"index", 0},
+                                     {"delta", json::object()},
+                                     {"logprobs", json{{"content", std::move(pending_logprobs_)}, {"refusal", nullptr}}},
+                                     {"finish_reason", nullptr}}});
+    pending_logprobs_ = json::array();
+    return sse_data(c);
+  }
+
+  std::string content_, reasoning_;
+  json tool_calls_ = json::array();
+  json logprobs_ = json::array();          // every entry (not streaming)
+  json pending_logprobs_ = json::array();  // streaming: not yet sent
+};
+
+// ------------------------------------------------------------------------------------------- completions
+
+class CompletionFormatter final : public OpenAIFormatter {
+ public:
+  CompletionFormatter(ResponseMeta meta, const Tokenizer& tok) : OpenAIFormatter(std::move(meta), tok, false) {}
+
+  std::string stream_start() override { return ""; }
+
+  std::string stream_event(const OutputEvent& ev) override {
+    note(ev);
+    std::string out;
+    switch (ev.kind) {
+      case OutputEvent::Token: {
+        const GeneratedToken& t = ev.token;
+        add_logprobs(t);
+        text_offset_ += int64_t(t.text.size());
+        if (!t.text.empty() || (meta_.logprobs && !lp_tokens_.empty())) out += text_chunk(t.text);
+        return out;
+      }
+      case OutputEvent::Error: return stream_error(ev);
+      case OutputEvent::Done: break;
+    }
+    if (ev.stats.finish == FinishReason::Cancelled) return out;
+    if (meta_.logprobs && !lp_tokens_.empty()) out += text_chunk("");
+    json c = chunk_base();
+    c["choices"] = json::array(
+        {json{{"text", ""}, {"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish_reason()}}});
+    out += sse_data(c);
+    return out + stream_tail();
+  }
+
+  void add(const OutputEvent& ev) override {
+    note(ev);
+    if (ev.kind != OutputEvent::Token) return;
+    add_logprobs(ev.token);
+    text_offset_ += int64_t(ev.token.text.size());
+    content_ += ev.token.text;
+  }
+
+  std::string body() const override {
+    json b = body_base();
+    json choice;
+    choice["index"] = 0;
+    choice["text"] = content_;
+    choice["logprobs"] = meta_.logprobs ? json{{"tokens", lp_tokens_},
+                                               {"token_logprobs", lp_values_},
+                                               {"top_logprobs", lp_top_},
+                                               {"text_offset", lp_offsets_}}
+                                        : json(nullptr);
+    choice["finish_reason"] = finish_reason();
+    b["choices"] = json::array({std::move(choice)});
+    b["usage"] = usage();
+    if (meta_.route_field) b["lilac_route"] = "local";
+    return dump_json(b);
+  }
+
+ private:
+  void add_logprobs(const GeneratedToken& t) {
+    if (!meta_.logprobs || t.id < 0) return;
+    const std::string& tb = tok_.token_bytes(t.id);
+    lp_tokens_.push_back(tb);
+    lp_values_.push_back(t.choice.logprob);
+    json top = json::object();
+    for (size_t i = 0; i < t.choice.top.size() && int(i) < meta_.top_logprobs; ++i)
+      top[tok_.token_bytes(t.choice.top[i].token)] = t.choice.top[i].logprob;
+    lp_top_.push_back(meta_.top_logprobs > 0 ? top : json(nullptr));
+    lp_offsets_.push_back(text_offset_);
+  }
+
+  std::string text_chunk(const std::string& text) {
+    json choice{{"text", text}, {"index", 0}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
+    if (meta_.logprobs && !lp_tokens_.empty()) {
+      choice["logprobs"] = json{{"tokens", lp_tokens_}, {"token_logprobs", lp_values_}, {"top_logprobs", lp_top_},
+                                {"text_offset", lp_offsets_}};
+      lp_tokens_ = json::array();
+      lp_values_ = json::array();
+      lp_top_ = json::array();
+      lp_offsets_ = json::array();
+    }
+    json c = chunk_base();
+    c["choices"] = json::array({std::move(choice)});
+    return sse_data(c);
+  }
+
+  std::string content_;
+  json lp_tokens_ = json::array(), lp_values_ = json::array(), lp_top_ = json::array(), lp_offsets_ = json::array();
+  int64_t text_offset_ = 0;
+};
+
+}  // namespace
+
+std::shared_ptr<ResponseFormatter> make_chat_formatter(ResponseMeta meta, const Tokenizer& tok) {
+  return std::make_shared<ChatFormatter>(std::move(meta), tok);
+}
+
+std::shared_ptr<ResponseFormatter> make_completion_formatter(ResponseMeta meta, const Tokenizer& tok) {
+  return std::make_shared<CompletionFormatter>(std::move(meta), tok);
+}
+
+}  // namespace lilac::server

@@ -1,0 +1,32 @@
+// The OpenAI adapters' output side: chat/completions (reasoning_content, tool_calls, content) and legacy
+// completions (plain text) responses, as SSE chunks or one JSON body, from a generation's OutputEvents.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "server/http_response.h"
+
+namespace lilac {
+class Tokenizer;
+}
+
+namespace lilac::server {
+
+struct ResponseMeta {
+  std::string id;  // "chatcmpl-..." / "cmpl-..."
+  std::string model;
+  int64_t created = 0;
+  bool include_usage = false;
+  bool logprobs = false;
+  int top_logprobs = 0;
+  bool route_field = false;  // add "lilac_route": "local"
+};
+
+// /v1/chat/completions and /v1/completions. `tok` gives the bytes of tokens (logprobs).
+std::shared_ptr<ResponseFormatter> make_chat_formatter(ResponseMeta meta, const Tokenizer& tok);
+std::shared_ptr<ResponseFormatter> make_completion_formatter(ResponseMeta meta, const Tokenizer& tok);
+
+}  // namespace lilac::server

@@ -1,0 +1,44 @@
+// What the server's endpoints share (internal to src/server/): options, counters, the route hook, the
+// generation core once the model is loaded, and request ids.
+#pragma once
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+
+#include "server/generation.h"
+#include "server/metrics.h"
+#include "server/server.h"
+
+namespace httplib {
+struct Response;
+}
+
+namespace lilac::server {
+
+struct ServerContext {
+  explicit ServerContext(ServerOptions o) : opts(std::move(o)) {}
+
+  ServerOptions opts;
+  Metrics metrics;
+  RouteHook hook;
+  bool hook_set = false;
+  std::shared_ptr<const Tokenizer> tok;  // set with `core`, before `ready`
+  std::unique_ptr<GenerationCore> core;  // set once the model is loaded, before `ready`
+  std::atomic<bool> ready{false};
+
+  uint64_t random_u64();
+  std::string new_id(const char* prefix);  // prefix + 24 random alphanumerics
+
+ private:
+  std::mutex rng_mu_;
+  std::mt19937_64 rng_{std::random_device{}()};
+};
+
+// An OpenAI-shaped error answer ({"error": {...}}).
+void send_error(httplib::Response& res, int status, const std::string& message, const std::string& param = "",
+                const std::string& code = "", const std::string& type = "");
+
+}  // namespace lilac::server
