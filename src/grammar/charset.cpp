@@ -89,7 +89,8 @@ void append_utf8(std::string& out, uint32_t c) {
   }
 }
 
-std::string json_escape_code_point(uint32_t c) {
+std::string json_escape_code_point(uint32_t c, bool xml_safe) {
+  if (xml_safe && c == '<') return "\\u003c";
   switch (c) {
     case '"': return "\\\"";
     case '\\': return "\\\\";
@@ -161,7 +162,7 @@ void utf8_ranges(uint32_t lo, uint32_t hi, F&& emit) {
   emit(seq);
 }
 
-bool needs_json_escape(uint32_t c) { return c < 0x20 || c == '"' || c == '\\'; }
+bool needs_json_escape(uint32_t c, bool xml_safe) { return c < 0x20 || c == '"' || c == '\\' || (xml_safe && c == '<'); }
 
 }  // namespace
 
@@ -195,11 +196,12 @@ void add_charset(Nfa& nfa, int32_t from, const CharSet& set, Encoding enc, int32
       continue;
     }
     // JSON string: split out the code points that must be escaped.
+    const bool xml_safe = enc == Encoding::JsonStringXmlSafe;
     uint32_t start = lo;
     for (uint32_t c = lo; c <= std::min(hi, uint32_t(0x5C)); ++c) {
-      if (!needs_json_escape(c)) continue;
+      if (!needs_json_escape(c, xml_safe)) continue;
       if (c > start) utf8_ranges(start, c - 1, emit);
-      nfa.add_literal_to(from, json_escape_code_point(c), to);
+      nfa.add_literal_to(from, json_escape_code_point(c, xml_safe), to);
       start = c + 1;
     }
     if (start <= hi) utf8_ranges(start, hi, emit);

@@ -31,15 +31,16 @@ class CharSet {
 };
 
 enum class Encoding {
-  Utf8,        // raw UTF-8
-  JsonString,  // inside a JSON string literal, canonical escapes (see above)
+  Utf8,               // raw UTF-8
+  JsonString,         // inside a JSON string literal, canonical escapes (see above)
+  JsonStringXmlSafe,  // the same with '<' written \u003c (JSON inside markup: tool-call values)
 };
 
 // Adds paths from `from` to `to` spelling each code point of `set` in `enc`.
 void add_charset(Nfa& nfa, int32_t from, const CharSet& set, Encoding enc, int32_t to);
 
-// The canonical JSON string spelling of one code point (without quotes).
-std::string json_escape_code_point(uint32_t c);
+// The canonical JSON string spelling of one code point (without quotes); `xml_safe`: '<' as \u003c.
+std::string json_escape_code_point(uint32_t c, bool xml_safe = false);
 
 // Appends the UTF-8 encoding of `c`.
 void append_utf8(std::string& out, uint32_t c);

@@ -114,11 +114,11 @@ void Grammar::finalize(size_t max_states) {
       }
     }
   }
+  // (Only rules reachable from the root matter: a grammar may hold rules nothing calls.)
   std::vector<uint8_t> color(rules.size(), 0);  // 0 new, 1 on the path, 2 done
-  for (size_t s = 0; s < rules.size(); ++s) {
-    if (color[s]) continue;
-    std::vector<std::pair<int32_t, size_t>> path{{int32_t(s), 0}};
-    color[s] = 1;
+  {
+    std::vector<std::pair<int32_t, size_t>> path{{root, 0}};
+    color[size_t(root)] = 1;
     while (!path.empty()) {
       auto& [u, k] = path.back();
       if (k < left[size_t(u)].size()) {

@@ -23,6 +23,7 @@ struct Rule {
   std::string share_key;
   std::vector<RuleState> states;
   int64_t min_chars = 0, max_chars = -1;  // String (max -1: unbounded)
+  bool no_lt = false;                     // String: '<' only as \u003c
 };
 
 // The schema (or a part every document must contain) matches nothing.
@@ -50,7 +51,7 @@ class Grammar {
   int32_t step(int32_t rule, int32_t state, Sym sym) const {
     const Rule& r = rules[size_t(rule)];
     if (r.kind == Rule::Kind::String)
-      return sym < kByteSyms ? jstr::string_step(r.min_chars, r.max_chars, state, uint8_t(sym)) : -1;
+      return sym < kByteSyms ? jstr::string_step(r.min_chars, r.max_chars, r.no_lt, state, uint8_t(sym)) : -1;
     return grammar::step(r.states[size_t(state)], sym);
   }
   bool accepting(int32_t rule, int32_t state) const {

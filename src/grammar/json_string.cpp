@@ -73,9 +73,9 @@ const Table& table() {
 
 const Move& move(Sub s, uint8_t b) { return table().m[s][b]; }
 
-int32_t string_step(int64_t min_chars, int64_t max_chars, int32_t state, uint8_t b) {
+int32_t string_step(int64_t min_chars, int64_t max_chars, bool no_lt, int32_t state, uint8_t b) {
   if (state == kOpen) return b == '"' ? body_state(0, N) : -1;
-  if (state == kClosed) return -1;
+  if (state == kClosed || (no_lt && b == '<')) return -1;
   const Sub s = body_sub(state);
   int64_t k = body_count(state);
   const Move& m = move(s, b);

@@ -44,7 +44,8 @@ inline Sub body_sub(int32_t state) { return Sub((state - 2) % kSubStates); }
 inline int64_t body_count(int32_t state) { return (state - 2) / kSubStates; }
 
 // One step of the String rule with length bounds [min_chars, max_chars] (max -1 = unbounded, the
-// count then saturates at min_chars). Returns the next state or -1.
-int32_t string_step(int64_t min_chars, int64_t max_chars, int32_t state, uint8_t b);
+// count then saturates at min_chars). `no_lt`: a raw '<' is refused (it must be written \u003c: used
+// inside markup such as XML tool calls). Returns the next state or -1.
+int32_t string_step(int64_t min_chars, int64_t max_chars, bool no_lt, int32_t state, uint8_t b);
 
 }  // namespace lilac::grammar::jstr

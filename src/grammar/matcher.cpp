@@ -20,7 +20,7 @@ std::shared_ptr<const TokenClass> CompiledGrammar::token_class(ConfigSpace& spac
   if (auto c = cache.find(key)) return c;
   std::shared_ptr<const TokenClass> c;
   if (r.kind == Rule::Kind::String && state != jstr::kOpen && state != jstr::kClosed) {
-    auto profile = shared_->profile(*vocab_, jstr::body_sub(state));
+    auto profile = shared_->profile(*vocab_, jstr::body_sub(state), r.no_lt);
     c = classify_string(*profile, *vocab_, r.min_chars, r.max_chars, jstr::body_count(state));
   } else {
     c = classify_walk(space, *vocab_, rule, state);
@@ -130,11 +130,18 @@ bool Matcher::accept_bytes(std::string_view bytes) {
   return true;
 }
 
-std::optional<std::string> Matcher::shortest_completion(size_t max_bytes) {
-  if (finished_ || space_.ended(cfg_)) return std::string();
+std::optional<std::vector<int32_t>> Matcher::shortest_completion(size_t max_steps) {
+  if (finished_ || space_.ended(cfg_)) return std::vector<int32_t>();
+  const Grammar& g = g_->grammar();
+  const Vocabulary& v = g_->vocab();
+  // The token of each symbol: single-byte tokens, then the grammar's special tokens.
+  std::vector<int32_t> token(space_.n_syms(), -1);
+  for (const Vocabulary::Child& ch : v.children(0))
+    if (!v.tokens_at(ch.node).empty()) token[ch.byte] = v.tokens_at(ch.node)[0];
+  for (size_t i = 0; i < g.special_tokens.size(); ++i) token[kByteSyms + i] = g.special_tokens[i];
   struct From {
     int32_t prev;
-    uint8_t byte;
+    Sym sym;
     uint32_t depth;
   };
   std::unordered_map<int32_t, From> seen{{cfg_, {-1, 0, 0}}};
@@ -142,15 +149,16 @@ std::optional<std::string> Matcher::shortest_completion(size_t max_bytes) {
   for (size_t q = 0; q < queue.size(); ++q) {
     const int32_t c = queue[q];
     const uint32_t depth = seen[c].depth;
-    if (depth >= max_bytes) break;
-    for (int b = 0; b < kByteSyms; ++b) {
-      const int32_t n = space_.step(c, Sym(b));
+    if (depth >= max_steps) break;
+    for (size_t sym = 0; sym < space_.n_syms(); ++sym) {
+      if (token[sym] < 0) continue;
+      const int32_t n = space_.step(c, Sym(sym));
       if (n == ConfigSpace::kDead || seen.count(n)) continue;
-      seen[n] = {c, uint8_t(b), depth + 1};
+      seen[n] = {c, Sym(sym), depth + 1};
       if (space_.ended(n)) {
-        std::string out;
-        for (int32_t x = n; seen[x].prev >= 0; x = seen[x].prev) out += char(seen[x].byte);
-        return std::string(out.rbegin(), out.rend());
+        std::vector<int32_t> out;
+        for (int32_t x = n; seen[x].prev >= 0; x = seen[x].prev) out.push_back(token[seen[x].sym]);
+        return std::vector<int32_t>(out.rbegin(), out.rend());
       }
       queue.push_back(n);
     }

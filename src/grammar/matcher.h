@@ -68,10 +68,10 @@ class Matcher {
   // Nothing but the end can follow (the document is complete and cannot be extended).
   bool must_end() const { return !finished_ && cfg_ == ConfigSpace::kEnded; }
 
-  // The shortest bytes that complete the document from here (breadth-first over configurations),
-  // empty when it is already complete; nullopt if none within `max_bytes` (tests use it to finish
-  // random walks).
-  std::optional<std::string> shortest_completion(size_t max_bytes = 4096);
+  // The fewest tokens that complete the document from here, as single-byte tokens and the grammar's
+  // special tokens (breadth-first over configurations; no end token), empty when it is already
+  // complete; nullopt if none within `max_steps` (tests use it to finish random walks).
+  std::optional<std::vector<int32_t>> shortest_completion(size_t max_steps = 4096);
 
   // Save / restore (e.g. to roll back rejected speculative tokens).
   State state() const { return {cfg_, finished_}; }

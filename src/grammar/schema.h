@@ -40,13 +40,16 @@ using OrderedJson = nlohmann::ordered_json;
 
 class SchemaError : public InputError {
  public:
-  SchemaError(const std::string& msg, std::string keyword, std::string path)
-      : InputError(msg), keyword_(std::move(keyword)), path_(std::move(path)) {}
+  SchemaError(const std::string& msg, std::string keyword, std::string path, std::string param = "")
+      : InputError(msg), keyword_(std::move(keyword)), path_(std::move(path)), param_(std::move(param)) {}
   const std::string& keyword() const { return keyword_; }  // may be empty
   const std::string& path() const { return path_; }        // JSON pointer, e.g. "#/properties/a"
+  // Which schema of a request, when several are compiled together (e.g. "tools[1].function.parameters");
+  // empty for a single schema.
+  const std::string& param() const { return param_; }
 
  private:
-  std::string keyword_, path_;
+  std::string keyword_, path_, param_;
 };
 
 struct SchemaLimits {

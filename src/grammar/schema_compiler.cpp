@@ -123,6 +123,17 @@ int32_t SchemaCompiler::shared(const std::string& key) const {
   return it == shared_.end() ? -1 : it->second;
 }
 
+std::string SchemaCompiler::literal(const Json& v) const {
+  std::string s = v.dump();
+  if (!xml_safe_) return s;
+  std::string out;  // '<' only occurs inside strings in JSON text
+  for (char c : s) {
+    if (c == '<') out += "\\u003c";
+    else out += c;
+  }
+  return out;
+}
+
 int32_t SchemaCompiler::nothing_rule(const std::string& path) {
   Rule r;
   r.name = "the schema at " + path;
@@ -132,10 +143,11 @@ int32_t SchemaCompiler::nothing_rule(const std::string& path) {
 
 int32_t SchemaCompiler::value_rule(const Json& node, const std::string& path) {
   if (node.is_boolean()) return node.get<bool>() ? any_value_rule() : nothing_rule(path);
-  if (auto it = by_path_.find(path); it != by_path_.end()) return it->second;
+  const std::string key = scope_ + path;
+  if (auto it = by_path_.find(key); it != by_path_.end()) return it->second;
   // Reserved first: a $ref back to this node (recursion) calls this rule.
   const int32_t id = reserve("the schema at " + path);
-  by_path_[path] = id;
+  by_path_[key] = id;
   Nfa nfa(lim_.max_automaton * 4);
   const int32_t end = nfa.add_state();
   nfa.set_accept(end);
@@ -145,10 +157,10 @@ int32_t SchemaCompiler::value_rule(const Json& node, const std::string& path) {
   // it directly (one frame less); users from inside the recursion keep the reserved wrapper.
   if (states.size() == 2 && states[0].ranges.empty() && states[0].calls.size() == 1 && !states[0].accept &&
       states[1].accept && states[1].ranges.empty() && states[1].calls.empty()) {
-    by_path_[path] = states[0].calls[0].rule;
+    by_path_[key] = states[0].calls[0].rule;
   }
   g_.rules[size_t(id)].states = std::move(states);
-  return by_path_[path];
+  return by_path_[key];
 }
 
 void SchemaCompiler::build_value(const Json& node, const std::string& path, Nfa& nfa, int32_t from, int32_t to) {
@@ -165,7 +177,7 @@ void SchemaCompiler::build_value(const Json& node, const std::string& path, Nfa&
     if (auto k = constraints_besides({"$ref"}); !k.empty())
       fail(child_path(path, k), k, "\"" + k + "\" next to \"$ref\" is not supported (wrap them in allOf)");
     std::string target_path;
-    const Json& target = resolve_ref(root_, r->get<std::string>(), child_path(path, "$ref"), target_path);
+    const Json& target = resolve_ref(*root_, r->get<std::string>(), child_path(path, "$ref"), target_path);
     nfa.add_call(from, value_rule(target, target_path), to);
     return;
   }
@@ -224,7 +236,7 @@ void SchemaCompiler::build_types(const Json& node, const std::string& path, unsi
 void SchemaCompiler::build_literals(const Json& node, const std::string& path, Nfa& nfa, int32_t from, int32_t to) {
   const unsigned allowed = node.contains("type") ? declared_types(node) : unsigned(kAnyType);
   auto add = [&](const Json& v) {
-    if (value_has_type(v, allowed)) nfa.add_literal_to(from, v.dump(), to);
+    if (value_has_type(v, allowed)) nfa.add_literal_to(from, literal(v), to);
   };
   if (auto c = node.find("const"); c != node.end()) {
     if (auto e = node.find("enum"); e != node.end()) {
@@ -243,7 +255,7 @@ void SchemaCompiler::check_one_of(const Json& node, const std::string& path) {
   const std::string at = child_path(path, "oneOf");
   std::vector<Shape> shapes;
   for (size_t i = 0; i < branches.size(); ++i)
-    shapes.push_back(shape_of(root_, branches[i], child_path(at, std::to_string(i)), 0));
+    shapes.push_back(shape_of(*root_, branches[i], child_path(at, std::to_string(i)), 0));
   for (size_t i = 0; i < shapes.size(); ++i)
     for (size_t j = i + 1; j < shapes.size(); ++j)
       if (!disjoint(shapes[i], shapes[j]))
@@ -261,7 +273,11 @@ Grammar SchemaCompiler::finish(int32_t value) {
   nfa.add_call(a, value, b);
   nfa.add_call(b, ws, c);
   nfa.set_accept(c);
-  g_.root = add_rule(nfa, "the document");
+  return finish_grammar(add_rule(nfa, "the document"));
+}
+
+Grammar SchemaCompiler::finish_grammar(int32_t root) {
+  g_.root = root;
   try {
     g_.finalize(lim_.max_states);
   } catch (const UnsatisfiableError& e) {
@@ -281,7 +297,7 @@ Grammar SchemaCompiler::finish(int32_t value) {
 Grammar SchemaCompiler::document() {
   int32_t value;
   try {
-    value = value_rule(root_, "#");
+    value = value_rule(*root_, "#");
   } catch (const SizeError& e) {
     fail("#", "", std::string("schema too large: ") + e.what());
   }

@@ -89,7 +89,7 @@ ObjectSpec SchemaCompiler::merge_all_of(const Json& node, const std::string& pat
     }
     if (auto r = n.find("$ref"); r != n.end()) {
       std::string tp;
-      const Json& t = resolve_ref(root_, r->get<std::string>(), child_path(p, "$ref"), tp);
+      const Json& t = resolve_ref(*root_, r->get<std::string>(), child_path(p, "$ref"), tp);
       collect(t, tp, depth + 1);
     }
     if (auto a = n.find("allOf"); a != n.end())
@@ -168,13 +168,13 @@ int32_t SchemaCompiler::extra_key_rule(const ObjectSpec& spec, const std::string
   Nfa any(lim_.max_automaton * 4);
   const int32_t body = any.add_state(), end = any.add_state();
   any.add_range(any.start(), '"', '"', body);
-  add_charset(any, body, CharSet::any(), Encoding::JsonString, body);
+  add_charset(any, body, CharSet::any(), string_encoding(), body);
   any.add_range(body, '"', '"', end);
   any.set_accept(end);
   Nfa names(lim_.max_automaton * 4);
   const int32_t nend = names.add_state();
   names.set_accept(nend);
-  for (const Property& p : spec.props) names.add_literal_to(names.start(), Json(p.name).dump(), nend);
+  for (const Property& p : spec.props) names.add_literal_to(names.start(), literal(Json(p.name)), nend);
   Rule r;
   r.name = "a property name of the object at " + path;
   r.states = intersect(determinize(any, lim_.max_automaton),
@@ -210,7 +210,7 @@ int32_t SchemaCompiler::object_rule(const ObjectSpec& spec, const std::string& p
   };
   for (size_t j = 0; j < n; ++j) {
     key_entry[j] = nfa.add_state();
-    const std::string quoted = Json(spec.props[j].name).dump();
+    const std::string quoted = literal(Json(spec.props[j].name));
     int32_t s = nfa.add_literal(key_entry[j], std::string_view(quoted).substr(1));
     s = chain_call(s, ws);
     const int32_t colon = nfa.add_state();

@@ -15,6 +15,8 @@ namespace {
 constexpr int kMaxIndentSpaces = 32, kMaxIndentTabs = 8;
 constexpr int kMaxDigits = 19;
 
+}  // namespace
+
 // Formats as patterns (regex.h syntax, whole-string match). Each generates a subset of what
 // ajv-formats' "full" mode accepts (dates check the days of each month and leap years).
 std::string format_pattern(const std::string& f) {
@@ -31,6 +33,8 @@ std::string format_pattern(const std::string& f) {
            "(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?\\.)+[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?";
   throw Error("internal: unknown format " + f);
 }
+
+namespace {
 
 // Integers in [a, b] (decimal strings, a <= b, no sign) without leading zeros, as an automaton.
 // State (digits read, comparison of the prefix with a's and b's prefixes of that length).
@@ -135,7 +139,7 @@ int32_t SchemaCompiler::ws_rule() {
 }
 
 int32_t SchemaCompiler::string_rule(int64_t min_chars, int64_t max_chars) {
-  const std::string key = "str:" + std::to_string(min_chars) + ":" + std::to_string(max_chars);
+  const std::string key = mode_key("str:" + std::to_string(min_chars) + ":" + std::to_string(max_chars));
   if (int32_t id = shared(key); id >= 0) return id;
   Rule r;
   r.kind = Rule::Kind::String;
@@ -143,15 +147,16 @@ int32_t SchemaCompiler::string_rule(int64_t min_chars, int64_t max_chars) {
   r.share_key = key;
   r.min_chars = min_chars;
   r.max_chars = max_chars;
+  r.no_lt = xml_safe_;
   return shared_[key] = g_.add_rule(std::move(r));
 }
 
 // Any value: the three rules refer to each other (reserved first).
 int32_t SchemaCompiler::any_value_rule() {
-  if (int32_t id = shared("any"); id >= 0) return id;
+  if (int32_t id = shared(mode_key("any")); id >= 0) return id;
   const int32_t value = reserve("any JSON value"), obj = reserve("any JSON object"), arr = reserve("any JSON array");
-  shared_["any"] = value;
-  shared_["any-object"] = obj;
+  shared_[mode_key("any")] = value;
+  shared_[mode_key("any-object")] = obj;
   const int32_t ws = ws_rule(), str = string_rule(0, -1), num = number_rule();
   {
     Nfa nfa;
@@ -190,15 +195,15 @@ int32_t SchemaCompiler::any_value_rule() {
   };
   container(obj, '{', '}', true);
   container(arr, '[', ']', false);
-  g_.rules[size_t(value)].share_key = "any";
-  g_.rules[size_t(obj)].share_key = "any-object";
-  g_.rules[size_t(arr)].share_key = "any-array";
+  g_.rules[size_t(value)].share_key = mode_key("any");
+  g_.rules[size_t(obj)].share_key = mode_key("any-object");
+  g_.rules[size_t(arr)].share_key = mode_key("any-array");
   return value;
 }
 
 int32_t SchemaCompiler::any_object_rule() {
   any_value_rule();
-  return shared("any-object");
+  return shared(mode_key("any-object"));
 }
 
 int32_t SchemaCompiler::number_rule() {
@@ -255,7 +260,8 @@ int32_t SchemaCompiler::string_value_rule(const Json& node, const std::string& p
   if (!has_pattern && !has_format) return string_rule(lo, hi);
   const std::string pattern = has_pattern ? node["pattern"].get<std::string>() : "";
   const std::string format = has_format ? node["format"].get<std::string>() : "";
-  const std::string key = "text:" + std::to_string(lo) + ":" + std::to_string(hi) + ":" + format + ":" + pattern;
+  const std::string key = mode_key("text:" + std::to_string(lo) + ":" + std::to_string(hi) + ":" + format + ":" + pattern);
+  const Encoding enc = string_encoding();
   if (int32_t id = shared(key); id >= 0) return id;
   // `"` body `"` for each constraint, intersected.
   auto quoted = [&](auto&& body) {
@@ -271,10 +277,10 @@ int32_t SchemaCompiler::string_value_rule(const Json& node, const std::string& p
   auto meet = [&](std::vector<RuleState> d) { dfa = dfa.empty() ? std::move(d) : intersect(dfa, d, lim_.max_automaton); };
   try {
     if (has_pattern)
-      meet(quoted([&](Nfa& n, int32_t a, int32_t b) { add_pattern(n, a, pattern, Encoding::JsonString, b); }));
+      meet(quoted([&](Nfa& n, int32_t a, int32_t b) { add_pattern(n, a, pattern, enc, b); }));
     if (has_format)
       meet(quoted([&](Nfa& n, int32_t a, int32_t b) {
-        add_pattern(n, a, format_pattern(format), Encoding::JsonString, b, false);
+        add_pattern(n, a, format_pattern(format), enc, b, false);
       }));
     if (lo > 0 || hi >= 0) {
       if (std::max(lo, hi) > lim_.max_pattern_length)
@@ -286,16 +292,16 @@ int32_t SchemaCompiler::string_value_rule(const Json& node, const std::string& p
         const CharSet any = CharSet::any();
         for (int64_t i = 0; i < lo; ++i) {
           const int32_t s = n.add_state();
-          add_charset(n, cur, any, Encoding::JsonString, s);
+          add_charset(n, cur, any, enc, s);
           cur = s;
         }
         if (hi < 0) {
-          add_charset(n, cur, any, Encoding::JsonString, cur);
+          add_charset(n, cur, any, enc, cur);
         } else {
           for (int64_t i = lo; i < hi; ++i) {
             n.add_eps(cur, b);
             const int32_t s = n.add_state();
-            add_charset(n, cur, any, Encoding::JsonString, s);
+            add_charset(n, cur, any, enc, s);
             cur = s;
           }
         }

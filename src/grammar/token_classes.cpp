@@ -44,7 +44,7 @@ void finish_tokens(TokenClass& tc, const Vocabulary& v, std::vector<int32_t>& ac
 
 }  // namespace
 
-std::shared_ptr<const StringProfile> make_string_profile(const Vocabulary& v, jstr::Sub start) {
+std::shared_ptr<const StringProfile> make_string_profile(const Vocabulary& v, jstr::Sub start, bool no_lt) {
   auto p = std::make_shared<StringProfile>();
   p->inside_bits.assign(v.token_words(), 0);
   struct Item {
@@ -59,7 +59,7 @@ std::shared_ptr<const StringProfile> make_string_profile(const Vocabulary& v, js
     for (const Vocabulary::Child& ch : v.children(it.node)) {
       const uint32_t c = ch.node;
       const jstr::Move& m = jstr::move(it.sub, ch.byte);
-      if (m.kind == jstr::MoveKind::Dead) continue;
+      if (m.kind == jstr::MoveKind::Dead || (no_lt && ch.byte == '<')) continue;
       if (m.kind == jstr::MoveKind::Close) {
         for (int32_t t : v.tokens_at(c)) p->close_end.push_back({it.n, t});
         if (v.has_children(c)) p->close_nodes.push_back({it.n, c});
@@ -154,15 +154,16 @@ void TokenClassCache::put(const std::string& key, std::shared_ptr<const TokenCla
   if (classes_.emplace(key, std::move(c)).second) used_ += m;
 }
 
-std::shared_ptr<const StringProfile> TokenClassCache::profile(const Vocabulary& v, jstr::Sub sub) {
+std::shared_ptr<const StringProfile> TokenClassCache::profile(const Vocabulary& v, jstr::Sub sub, bool no_lt) {
+  auto& slot = profiles_[no_lt ? 1 : 0][sub];
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (profiles_[sub]) return profiles_[sub];
+    if (slot) return slot;
   }
-  auto p = make_string_profile(v, sub);
+  auto p = make_string_profile(v, sub, no_lt);
   std::lock_guard<std::mutex> lock(mu_);
-  if (!profiles_[sub]) profiles_[sub] = std::move(p);
-  return profiles_[sub];
+  if (!slot) slot = std::move(p);
+  return slot;
 }
 
 size_t TokenClassCache::memory() const {

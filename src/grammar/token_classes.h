@@ -43,7 +43,8 @@ struct StringProfile {
   std::vector<std::pair<int32_t, uint32_t>> close_nodes;  // (characters before '"', node) with children
 };
 
-std::shared_ptr<const StringProfile> make_string_profile(const Vocabulary& v, jstr::Sub start);
+// `no_lt`: a raw '<' ends the string body as an invalid byte (String rules with no_lt).
+std::shared_ptr<const StringProfile> make_string_profile(const Vocabulary& v, jstr::Sub start, bool no_lt = false);
 
 // Class of a String rule body state (k characters so far at substate `sub`), from the profile.
 std::shared_ptr<const TokenClass> classify_string(const StringProfile& p, const Vocabulary& v, int64_t min_chars,
@@ -60,14 +61,14 @@ class TokenClassCache {
   explicit TokenClassCache(size_t budget_bytes) : budget_(budget_bytes) {}
   std::shared_ptr<const TokenClass> find(const std::string& key) const;
   void put(const std::string& key, std::shared_ptr<const TokenClass> c);
-  std::shared_ptr<const StringProfile> profile(const Vocabulary& v, jstr::Sub sub);
+  std::shared_ptr<const StringProfile> profile(const Vocabulary& v, jstr::Sub sub, bool no_lt = false);
   size_t memory() const;
 
  private:
   mutable std::mutex mu_;
   size_t budget_, used_ = 0;
   std::unordered_map<std::string, std::shared_ptr<const TokenClass>> classes_;
-  std::shared_ptr<const StringProfile> profiles_[jstr::kSubStates];
+  std::shared_ptr<const StringProfile> profiles_[2][jstr::kSubStates];
 };
 
 }  // namespace lilac::grammar

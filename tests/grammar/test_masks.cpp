@@ -109,11 +109,13 @@ TEST(GrammarMasks, RandomWalksYieldValidDocuments) {
       if (!ended) {  // finish along the shortest completion, one byte token at a time
         auto rest = m.shortest_completion();
         ASSERT_TRUE(rest.has_value()) << name;
-        for (unsigned char b : *rest) {
+        for (int32_t t : *rest) {
           m.fill_mask(mask);
-          ASSERT_TRUE(bit(mask, byte_token[b])) << name << " completion byte " << int(b) << " after: " << text;
-          ASSERT_TRUE(m.accept_token(byte_token[b]));
-          text += char(b);
+          ASSERT_EQ(v.bytes(t).size(), 1u);
+          ASSERT_EQ(t, byte_token[uint8_t(v.bytes(t)[0])]);
+          ASSERT_TRUE(bit(mask, t)) << name << " completion token " << t << " after: " << text;
+          ASSERT_TRUE(m.accept_token(t));
+          text += v.bytes(t);
         }
         m.fill_mask(mask);
         ASSERT_TRUE(bit(mask, qwen3_im_end())) << name;

@@ -72,7 +72,7 @@ TEST(GrammarMatcher, MaskAcceptRollbackAndEnd) {
   EXPECT_TRUE(bit(mask, tv.end));
   EXPECT_TRUE(bit(mask, tv.id("\n")));
   EXPECT_FALSE(bit(mask, tv.id("}")));
-  EXPECT_EQ(m.shortest_completion(), "");
+  EXPECT_EQ(m.shortest_completion(), std::vector<int32_t>());
   ASSERT_TRUE(m.accept_token(tv.end));
   EXPECT_TRUE(m.finished());
   EXPECT_FALSE(m.accept_token(tv.id(" ")));
@@ -90,9 +90,14 @@ TEST(GrammarMatcher, ShortestCompletion) {
       compile_json_schema_text(R"({"type":"object","properties":{"k":{"type":"array","items":{"type":"string"},"minItems":2}},"required":["k"]})"),
       tiny_vocab(tv), nullptr);
   Matcher m(g, {tv.end});
-  EXPECT_EQ(m.shortest_completion(), R"({"k":["",""]})");
+  auto text = [&](const std::optional<std::vector<int32_t>>& ids) {
+    std::string s;
+    for (int32_t t : ids.value()) s += tv.tokens[size_t(t)];  // single bytes
+    return s;
+  };
+  EXPECT_EQ(text(m.shortest_completion()), R"({"k":["",""]})");
   ASSERT_TRUE(m.accept_bytes(R"({"k":["x)"));
-  EXPECT_EQ(m.shortest_completion(), R"(",""]})");
+  EXPECT_EQ(text(m.shortest_completion()), R"(",""]})");
 }
 
 TEST(GrammarCache, CompilesOncePerSchemaAndEvicts) {
