@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs ON the GPU machine (device `run`, carry [".gpu"]) from the repository root, after
 # scripts/gpu-pack.sh packed .gpu/ here. Logs go to $OUT (or /tmp/lilac-out).
-#   bash scripts/gpu-check.sh [all|tests|golden|bench]   (default all)
+#   bash scripts/gpu-check.sh [all|tests|golden|bench|cpu]   (default all; cpu = the fast CPU path on the
+#   host's cores: its kernel tests, check-golden on tiny/tiny2/real4, bench/cpu_vs_llamacpp.sh on real4 --
+#   not part of all)
 # Env: BENCH_LENS (default 512,4096,16384), BENCH_LAYERS (default 40), SANITIZE=0 to skip
 # compute-sanitizer, GTEST_FILTER for the tests.
 set -uo pipefail
@@ -64,6 +66,29 @@ if [ "$WHAT" = all ] || [ "$WHAT" = sanitize ]; then
     timeout ${SAN_TIMEOUT:-60} compute-sanitizer --tool racecheck --error-exitcode 9 $T --gtest_filter='CudaDecode.Gemv*:CudaDecode.GatedDeltaNet*:CudaDecode.Attention*' > /tmp/racecheck.log 2>&1
     echo "racecheck rc=$?"; tail -3 /tmp/racecheck.log
   fi
+fi
+if [ "$WHAT" = cpu ]; then
+  step "fast CPU path: kernel and backend tests (every kernel set this CPU runs)"
+  timeout ${TEST_TIMEOUT:-300} .gpu/lilac_tests_cpufast > /tmp/tests-cpufast.log 2>&1
+  [ $? = 0 ] || status=1
+  grep -E "kernel sets here|^\[  (FAILED|PASSED) |OK \]|Failure|Expected|Which is|actual" /tmp/tests-cpufast.log | head -80
+  for f in tiny tiny2; do
+    step "check-golden --backend cpu $f"
+    $L check-golden --backend cpu --model .gpu/fixtures/$f/mlx4 --golden .gpu/fixtures/$f/golden.safetensors 2>&1 | tail -14
+    [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  done
+  step "real4 fixture"
+  if [ ! -f /tmp/real4/golden.safetensors ]; then
+    PYTHONUNBUFFERED=1 timeout ${FIXTURE_TIMEOUT:-120} python3 .gpu/oracle/make_fixture.py --preset real4 --out /tmp/real4 --device cuda --no-hf > /tmp/real4-make.log 2>&1
+    echo "make_fixture rc=$?"; tail -3 /tmp/real4-make.log
+  fi
+  for isa in auto avx2; do
+    step "check-golden --backend cpu real4 (LILAC_CPU_ISA=$isa)"
+    LILAC_CPU_ISA=$isa timeout ${GOLDEN_TIMEOUT:-240} $L check-golden --backend cpu --model /tmp/real4/mlx4 --golden /tmp/real4/golden.safetensors 2>&1 | tail -16
+    [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  done
+  step "CPU bench (real4; llama.cpp when LLAMA_BENCH and GGUF are set)"
+  LILAC=$L MEMBW=.gpu/bench_membw OUT="$OUT/cpu-bench" timeout ${BENCH_TIMEOUT:-400} bash bench/cpu_vs_llamacpp.sh /tmp/real4/mlx4 ${LLAMA_BENCH:-} ${GGUF:-} 2>&1
 fi
 cp /tmp/tests.log /tmp/memcheck.log /tmp/racecheck.log "$OUT"/ 2>/dev/null
 echo; echo "gpu-check status $status"

@@ -9,14 +9,14 @@ BUILD=${BUILD:-build-cuda}
 if [ ! -f "$BUILD/build.ninja" ]; then
   cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLILAC_CUDA=ON -DLILAC_CUDA_ARCHS=90a-real
 fi
-cmake --build "$BUILD" --target lilac lilac_tests_cuda -j2
+cmake --build "$BUILD" --target lilac lilac_tests_cuda lilac_tests_cpufast bench_membw -j2
 rm -rf .gpu
 mkdir -p .gpu/lib .gpu/fixtures
-cp "$BUILD/lilac" "$BUILD/tests/lilac_tests_cuda" .gpu/
-strip .gpu/lilac .gpu/lilac_tests_cuda
+cp "$BUILD/lilac" "$BUILD/tests/lilac_tests_cuda" "$BUILD/tests/lilac_tests_cpufast" "$BUILD/bench/bench_membw" .gpu/
+strip .gpu/lilac .gpu/lilac_tests_cuda .gpu/lilac_tests_cpufast .gpu/bench_membw
 # Shared libraries the device image may lack (the CUDA runtime is linked statically; glibc, libstdc++
 # and the driver's libcuda come from the image).
-ldd .gpu/lilac .gpu/lilac_tests_cuda | awk '/=> \//{print $3}' | sort -u | while read -r lib; do
+ldd .gpu/lilac .gpu/lilac_tests_cuda .gpu/lilac_tests_cpufast .gpu/bench_membw | awk '/=> \//{print $3}' | sort -u | while read -r lib; do
   case "$(basename "$lib")" in
     libc.so*|libm.so*|libstdc++.so*|libgcc_s.so*|ld-linux*|libpthread.so*|libdl.so*|librt.so*|libcuda.so*) ;;
     *) cp -L "$lib" .gpu/lib/ ;;

@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "cpu/cpu_backend.h"
+#include "cpufast/fast_backend.h"
 
 #if defined(LILAC_HAVE_CUDA) && __has_include("cuda/cuda_backend.h")
 #include "cuda/cuda_backend.h"
@@ -22,7 +23,8 @@ bool cuda_usable() {
 
 std::unique_ptr<Backend> make_backend(const std::string& name, std::shared_ptr<const ModelWeights> weights,
                                       int threads) {
-  if (name == "cpu") return make_cpu_backend(std::move(weights), threads);
+  if (name == "cpu") return cpufast::make_fast_cpu_backend(std::move(weights), {.threads = threads});
+  if (name == "cpu-ref") return make_cpu_backend(std::move(weights), threads);
   if (name == "cuda" || name == "auto") {
 #if LILAC_CLI_CUDA
     if (lilac::cuda::gpu_available()) return lilac::cuda::make_cuda_backend(std::move(weights));
@@ -30,14 +32,16 @@ std::unique_ptr<Backend> make_backend(const std::string& name, std::shared_ptr<c
 #else
     if (name == "cuda") throw InputError("--backend cuda: this build of lilac has no CUDA backend");
 #endif
-    return make_cpu_backend(std::move(weights), threads);
+    return cpufast::make_fast_cpu_backend(std::move(weights), {.threads = threads});
   }
-  throw InputError("unknown backend '" + name + "' (expected auto, cpu or cuda)");
+  throw InputError("unknown backend '" + name + "' (expected auto, cpu, cpu-ref or cuda)");
 }
 
 void add_backend_options(CLI::App& sub, std::string& backend, int& threads) {
-  sub.add_option("--backend", backend, "compute backend: auto (CUDA when a GPU is present), cpu or cuda")
-      ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
+  sub.add_option("--backend", backend,
+                 "compute backend: auto (CUDA when a GPU is present, else cpu), cpu (fast, int8 kernels), "
+                 "cpu-ref (the exact fp32 reference) or cuda")
+      ->check(CLI::IsMember({"auto", "cpu", "cpu-ref", "cuda"}))
       ->capture_default_str();
   sub.add_option("--threads", threads, "CPU backend worker threads (0 = all hardware threads)")->capture_default_str();
 }

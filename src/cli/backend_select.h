@@ -1,5 +1,6 @@
-// Choosing a backend by name for the subcommands: "auto" (CUDA when a GPU is usable, else CPU),
-// "cpu" or "cuda".
+// Choosing a backend by name for the subcommands: "auto" (CUDA when a GPU is usable, else the fast
+// CPU backend), "cpu" (the fast CPU path, src/cpufast), "cpu-ref" (the exact fp32 reference, src/cpu)
+// or "cuda".
 #pragma once
 #include <memory>
 #include <string>
@@ -19,7 +20,7 @@ std::unique_ptr<Backend> make_backend(const std::string& name, std::shared_ptr<c
 // True when "auto" would pick the CUDA backend (a CUDA build and a usable GPU).
 bool cuda_usable();
 
-// Adds `--backend auto|cpu|cuda` (default "auto") and `--threads N` to a subcommand.
+// Adds `--backend auto|cpu|cpu-ref|cuda` (default "auto") and `--threads N` to a subcommand.
 void add_backend_options(CLI::App& sub, std::string& backend, int& threads);
 
 }  // namespace lilac::cli

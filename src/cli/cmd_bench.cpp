@@ -1,7 +1,15 @@
 // `lilac bench --synthetic [--layers N] [--prompt-lens 512,4096,16384] [--json FILE]` or
-// `lilac bench --model DIR [--backend cuda|cpu]`: time to first token (prefill tok/s) and decode tok/s
-// for each prompt length, GPU memory in use, and the fraction of the bandwidth floor achieved
-// (bytes that must move per decode token / measured time / 4.3 TB/s).
+// `lilac bench --model DIR [--backend cuda|cpu|cpu-ref]` (--synthetic also with --backend cpu): time to
+// first token (prefill tok/s) and decode tok/s for each prompt length, GPU memory in use, and the
+// fraction of the bandwidth floor achieved (bytes that must move per decode token / measured time /
+// --peak-tbs: 4.3 TB/s for the H200; for the CPU give the copy benchmark's figure).
+//
+// With `--batch 1,2,4,...` it measures batched decoding instead (Backend::decode_batch): for each
+// prompt length and batch size B, B sessions at that context length (one prefill of the shared part,
+// restored into every session, then 8 random tokens of its own, so the greedy streams and their expert
+// choices differ) decode together; it reports the step time,
+// the aggregate and per-stream decode tok/s and the memory in use (GPU memory on CUDA, the process's
+// resident memory on the CPU). One untimed step per batch size comes first (CUDA graph capture).
 //
 // Decode tok/s = 64 / (time from the 1st to the 65th token), measured after one untimed decode step
 // (that step captures the session's CUDA graph; its time is reported separately as first_step_ms).
@@ -14,11 +22,15 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 #include <nlohmann/json.hpp>
 
 #include "cli/backend_select.h"
 #include "cli/command.h"
 #include "core/error.h"
+#include "cpufast/fast_backend.h"
+#include "cpufast/synthetic.h"
 #include "model/weights.h"
 
 #if defined(LILAC_HAVE_CUDA) && __has_include("cuda/cuda_backend.h")
@@ -40,6 +52,7 @@ struct BenchOptions {
   std::string prompt_lens = "512,4096,16384";
   int decode_tokens = 64;
   std::string json;
+  std::string batch;  // batch sizes: batched-decode mode
   uint64_t seed = 1;
   double peak_tbs = 4.3;
 };
@@ -47,7 +60,7 @@ struct BenchOptions {
 using Clock = std::chrono::steady_clock;
 double secs(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
 
-std::vector<int64_t> parse_lens(const std::string& s) {
+std::vector<int64_t> parse_lens(const std::string& s, const char* flag) {
   std::vector<int64_t> v;
   std::stringstream ss(s);
   std::string item;
@@ -55,23 +68,103 @@ std::vector<int64_t> parse_lens(const std::string& s) {
     if (item.empty()) continue;
     try {
       const long long n = std::stoll(item);
-      if (n < 1) throw InputError("--prompt-lens: lengths must be >= 1");
+      if (n < 1) throw InputError(std::string(flag) + ": values must be >= 1");
       v.push_back(n);
     } catch (const std::logic_error&) {
-      throw InputError("--prompt-lens: '" + item + "' is not a number");
+      throw InputError(std::string(flag) + ": '" + item + "' is not a number");
     }
   }
-  if (v.empty()) throw InputError("--prompt-lens: no lengths given");
+  if (v.empty()) throw InputError(std::string(flag) + ": no values given");
   return v;
+}
+
+// Resident memory of this process (the CPU backend's weights and sessions), 0 when unknown.
+double process_rss_gb() {
+  std::ifstream f("/proc/self/statm");
+  long long pages = 0, resident = 0;
+  if (!(f >> pages >> resident)) return 0;
+  return double(resident) * double(sysconf(_SC_PAGESIZE)) / 1e9;
+}
+
+double memory_used_gb(Backend& backend) {
+#if LILAC_BENCH_CUDA
+  if (backend.name() == "cuda") return double(cuda::memory_info(backend).used) / 1e9;
+#endif
+  (void)backend;
+  return process_rss_gb();
+}
+
+// B sessions at context P decoding together: step time, aggregate and per-stream tok/s, memory.
+void bench_batches(Backend& backend, const BenchOptions& o, std::mt19937_64& rng, int64_t real_vocab,
+                   nlohmann::json& out) {
+  const std::vector<int64_t> batches = parse_lens(o.batch, "--batch");
+  out["batch_results"] = nlohmann::json::array();
+  std::printf("%8s %6s %10s %12s %14s %10s %10s\n", "context", "batch", "step ms", "agg tok/s", "stream tok/s",
+              "x first", "mem GB");
+  for (int64_t P : parse_lens(o.prompt_lens, "--prompt-lens")) {
+    const int64_t own = std::min<int64_t>(8, P), shared_len = P - own;
+    const int64_t cap = P + o.decode_tokens + 16;
+    std::vector<int32_t> shared(static_cast<size_t>(shared_len));
+    for (auto& t : shared) t = int32_t(rng() % uint64_t(real_vocab));
+    std::shared_ptr<const SessionSnapshot> base;
+    if (shared_len > 0) {
+      auto s = backend.new_session(cap);
+      s->prefill(shared);
+      base = s->snapshot();
+    }
+    double agg1 = 0;
+    for (int64_t B : batches) {
+      std::vector<std::unique_ptr<Session>> ss;
+      std::vector<Session*> ptrs;
+      for (int64_t b = 0; b < B; ++b) {
+        auto s = backend.new_session(cap);
+        if (base) s->restore(*base);
+        std::vector<int32_t> mine(static_cast<size_t>(own));
+        for (auto& t : mine) t = int32_t(rng() % uint64_t(real_vocab));
+        s->prefill(mine);
+        s->begin_generation(SamplingParams{}, mine);  // greedy: each context differs, so do the streams
+        s->sample();
+        ptrs.push_back(s.get());
+        ss.push_back(std::move(s));
+      }
+      backend.decode_batch(ptrs);  // untimed: graph capture for this batch size
+      const auto t0 = Clock::now();
+      for (int i = 0; i < o.decode_tokens; ++i) backend.decode_batch(ptrs);
+      const double dt = secs(t0, Clock::now());
+      const double step_ms = dt / o.decode_tokens * 1e3, agg = double(B) * o.decode_tokens / dt;
+      if (agg1 == 0) agg1 = agg;  // the first batch size's aggregate: the speedup's reference
+      const double mem = memory_used_gb(backend);
+      nlohmann::json r;
+      r["context"] = P;
+      r["batch"] = B;
+      r["step_ms"] = step_ms;
+      r["aggregate_tok_s"] = agg;
+      r["per_stream_tok_s"] = 1e3 / step_ms;
+      r["aggregate_vs_first"] = agg / agg1;
+      r["memory_gb"] = mem;
+      r["session_gb"] = double(backend.session_bytes(cap)) * double(B) / 1e9;
+      out["batch_results"].push_back(r);
+      std::printf("%8lld %6lld %10.3f %12.1f %14.1f %10.2f %10.2f\n", (long long)P, (long long)B, step_ms, agg,
+                  1e3 / step_ms, agg1 > 0 ? agg / agg1 : 0.0, mem);
+      std::fflush(stdout);
+    }
+  }
 }
 
 int run_bench(const BenchOptions& o) {
   if (o.synthetic == !o.model.empty()) throw InputError("bench: give exactly one of --synthetic or --model DIR");
   if (o.decode_tokens < 1) throw InputError("--decode-tokens must be >= 1");
+  if (!o.batch.empty()) parse_lens(o.batch, "--batch");  // bad values fail before the model loads
   std::unique_ptr<Backend> backend;
   std::string what;
   auto t_load0 = Clock::now();
-  if (o.synthetic) {
+  const bool cpu_synthetic = o.synthetic && (o.backend == "cpu" || (o.backend == "auto" && !cuda_usable()));
+  if (cpu_synthetic) {
+    if (o.layers < 1) throw InputError("--layers must be >= 1");
+    backend = cpufast::make_fast_cpu_backend(cpufast::synthetic_weights(cpufast::synthetic_config(o.layers), o.seed),
+                                             {.threads = o.threads});
+    what = "synthetic Qwen3.6-35B-A3B shape, " + std::to_string(o.layers) + " layers, random 4-bit weights";
+  } else if (o.synthetic) {
 #if LILAC_BENCH_CUDA
     if (!cuda::gpu_available()) throw InputError("bench --synthetic needs a CUDA GPU (none found)");
     if (o.layers < 1) throw InputError("--layers must be >= 1");
@@ -108,9 +201,18 @@ int run_bench(const BenchOptions& o) {
     s->sample();
     s->decode_step();
   }
+  if (!o.batch.empty()) {
+    bench_batches(*backend, o, rng, real_vocab, out);
+    if (!o.json.empty()) {
+      std::ofstream f(o.json);
+      if (!f) throw InputError("--json: cannot write " + o.json);
+      f << out.dump(2) << "\n";
+    }
+    return 0;
+  }
   std::printf("%8s %12s %10s %12s %12s %10s %12s %10s\n", "prompt", "prefill t/s", "ttft s", "decode t/s",
               "ms/token", "1st ms", "MB/token", "floor %");
-  for (int64_t P : parse_lens(o.prompt_lens)) {
+  for (int64_t P : parse_lens(o.prompt_lens, "--prompt-lens")) {
     auto s = backend->new_session(P + o.decode_tokens + 8);
     std::vector<int32_t> prompt(static_cast<size_t>(P));
     for (auto& t : prompt) t = int32_t(rng() % uint64_t(real_vocab));
@@ -133,6 +235,13 @@ int run_bench(const BenchOptions& o) {
     r["decode_ms_per_token"] = ms_tok;
     r["first_step_ms"] = first_ms;
     double mb = 0, frac = 0;
+    if (backend->name() == "cpu") {  // peak: --peak-tbs, e.g. a copy benchmark's figure (bench/bench_membw)
+      const double bytes = cpufast::decode_bytes_per_token(cfg, P + o.decode_tokens / 2);
+      mb = bytes / 1e6;
+      frac = bytes / (dec / o.decode_tokens) / (o.peak_tbs * 1e12);
+      r["bytes_per_token"] = bytes;
+      r["floor_fraction"] = frac;
+    }
 #if LILAC_BENCH_CUDA
     if (backend->name() == "cuda") {
       const double bytes = cuda::decode_bytes_per_token(cfg, P + o.decode_tokens / 2);
@@ -171,13 +280,17 @@ const bool registered = register_command(Command{
     "bench", "Time prefill and decode (synthetic full-size model on the GPU, or a checkpoint)",
     [](CLI::App& sub) -> std::function<int()> {
       auto o = std::make_shared<BenchOptions>();
-      sub.add_flag("--synthetic", o->synthetic, "Random weights of the real model's shape, generated on the GPU");
+      sub.add_flag("--synthetic", o->synthetic,
+                   "Random weights of the real model's shape (on the GPU; in memory for --backend cpu)");
       sub.add_option("--model", o->model, "Checkpoint directory to benchmark instead");
       add_backend_options(sub, o->backend, o->threads);
       sub.add_option("--layers", o->layers, "Layers of the synthetic model (default 40)");
       sub.add_option("--prompt-lens", o->prompt_lens, "Comma-separated prompt lengths (default 512,4096,16384)");
       sub.add_option("--decode-tokens", o->decode_tokens, "Timed decode steps (default 64)");
       sub.add_option("--json", o->json, "Also write the results as JSON to this file");
+      sub.add_option("--batch", o->batch,
+                     "Comma-separated batch sizes: measure batched decoding (decode_batch) at each prompt length "
+                     "instead (e.g. 1,2,4,8,16,32,64)");
       sub.add_option("--seed", o->seed, "Seed of the random weights and prompts");
       sub.add_option("--peak-tbs", o->peak_tbs, "Memory bandwidth (TB/s) of the floor (default 4.3, H200 copy)");
       return [o] { return run_bench(*o); };

@@ -1,13 +1,15 @@
 // `lilac generate`: one generation from the command line (ids, plain text or one chat message),
 // printing the generated ids (and text when the model folder has a tokenizer) and the speed of
-// prefill and decode separately.
+// prefill and decode separately. The generation is engine/generator.h's Generator::run, as the server's.
 #include <chrono>
 #include <cstdio>
 #include <climits>
 #include <memory>
 #include <optional>
+#include <span>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -16,9 +18,9 @@
 #include "cli/command.h"
 #include "core/error.h"
 #include "core/mapped_file.h"
+#include "engine/generator.h"
 #include "model/weights.h"
 #include "text/chat_template.h"
-#include "text/detokenizer.h"
 #include "text/tokenizer.h"
 
 namespace lilac::cli {
@@ -69,9 +71,22 @@ SamplingParams sampling_params(const Args& a, const ModelConfig& c) {
   return p;
 }
 
-double seconds_since(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-}
+// For a model folder without tokenizer.json (--prompt-ids only): the Generator needs a tokenizer to
+// detokenize; here ids have no text.
+class NoTextTokenizer final : public Tokenizer {
+ public:
+  std::vector<int32_t> encode(std::string_view, bool) const override { throw InputError("no tokenizer"); }
+  std::string decode(std::span<const int32_t>, bool) const override { return {}; }
+  const std::string& token_bytes(int32_t) const override { return empty_; }
+  std::optional<int32_t> token_id(std::string_view) const override { return std::nullopt; }
+  bool is_special(int32_t) const override { return false; }
+  int64_t vocab_size() const override { return 0; }
+  std::string eos_token() const override { return {}; }
+  std::string bos_token() const override { return {}; }
+
+ private:
+  const std::string empty_;
+};
 
 int run(const Args& a) {
   const int given = int(!a.prompt_ids.empty()) + int(!a.prompt.empty()) + int(!a.chat.empty());
@@ -105,9 +120,6 @@ int run(const Args& a) {
                double(sp.min_p), (unsigned long long)sp.seed);
 
   auto session = backend->new_session(int64_t(prompt.size()) + a.max_tokens + 1);
-  std::unique_ptr<StreamDetokenizer> detok;
-  if (tok) detok = std::make_unique<StreamDetokenizer>(*tok);
-
   std::vector<int32_t> out;
   auto is_eos = [&](int32_t t) {
     if (a.ignore_eos) return false;
@@ -115,29 +127,47 @@ int run(const Args& a) {
       if (e == t) return true;
     return false;
   };
-  auto t0 = std::chrono::steady_clock::now();
   double prefill_s = 0, decode_s = 0;
   if (a.max_tokens > 0) {
-    session->prefill(prompt);
-    session->begin_generation(sp, prompt);
-    int32_t t = session->sample().token;
-    prefill_s = seconds_since(t0);
-    auto t1 = std::chrono::steady_clock::now();
-    for (;;) {
-      out.push_back(t);
-      if (is_eos(t)) break;
-      if (detok) {
-        std::fputs(detok->push(t).c_str(), stdout);
-        std::fflush(stdout);
+    NoTextTokenizer no_text;
+    Generator gen(*session, tok ? *tok : static_cast<const Tokenizer&>(no_text), nullptr);
+    GenerationRequest req;
+    req.prompt = prompt;
+    req.sampling = sp;
+    req.max_tokens = a.max_tokens;
+    req.prefill_chunk = int64_t(prompt.size());  // one prefill call
+    // End-of-turn ids are handled here (not as the request's stop_ids) so that the one that ends the
+    // generation is reported with the others.
+    auto print = [&](const std::string& text) {
+      if (!tok || text.empty()) return;
+      std::fputs(text.c_str(), stdout);
+      std::fflush(stdout);
+    };
+    GenerationStats st = gen.run(req, [&](const GeneratedToken& g) {
+      if (g.id < 0) {  // the final flush
+        print(g.text);
+        return true;
       }
-      if (int(out.size()) >= a.max_tokens) break;
-      t = session->decode_step().token;
-    }
-    decode_s = seconds_since(t1);
-    if (detok) std::fputs((detok->finish() + "\n").c_str(), stdout);
+      out.push_back(g.id);
+      if (!is_eos(g.id)) {
+        print(g.text);
+        return true;
+      }
+      // The end-of-turn token's own text is not shown (what it releases before it is).
+      const std::string& eos_text = tok ? tok->token_bytes(g.id) : std::string();
+      std::string text = g.text;
+      if (text.size() >= eos_text.size() && text.compare(text.size() - eos_text.size(), eos_text.size(), eos_text) == 0)
+        text.resize(text.size() - eos_text.size());
+      print(text);
+      return false;
+    });
+    if (tok) std::fputs("\n", stdout);
+    prefill_s = st.ttft_seconds;  // prefill and the first token's sampling
+    decode_s = st.decode_seconds - (st.ttft_seconds - st.prefill_seconds);
   } else {
+    const auto t0 = std::chrono::steady_clock::now();
     session->prefill(prompt);
-    prefill_s = seconds_since(t0);
+    prefill_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
   std::printf("generated ids:");
   for (size_t i = 0; i < out.size(); ++i) std::printf("%s%d", i ? "," : " ", out[i]);

@@ -18,6 +18,7 @@
 #include "engine/backend.h"
 #include "model/config.h"
 #include "model/weights.h"
+#include "server/metrics.h"
 #include "server/scripted_backend.h"
 #include "server/server.h"
 #include "text/chat_template.h"
@@ -42,8 +43,9 @@ void on_signal(int) { g_stop = 1; }
 
 struct ServeArgs {
   std::string model, backend = "auto", model_name, api_key, host = "127.0.0.1";
-  int port = 8080, threads = 0, max_queue = 64, http_threads = 64;
-  int64_t max_seq = 0;
+  int port = 8080, threads = 0, max_queue = 64, http_threads = 64, max_batch = 0;
+  int64_t max_seq = 0, prefill_chunk = 512;
+  double seq_memory_gb = 0;
   int debug_load_delay_ms = 0;  // tests: keep /health at 503 this long
   double cache_mb = 2048, max_body_mb = 8;
 };
@@ -54,6 +56,9 @@ int run(const ServeArgs& a) {
   std::signal(SIGPIPE, SIG_IGN);
   if (a.port < 0 || a.port > 65535) throw InputError("--port must be in [0, 65535]");
   if (a.max_queue < 1) throw InputError("--max-queue must be at least 1");
+  if (a.max_batch < 0) throw InputError("--max-batch must be at least 1 (0: the backend's default)");
+  if (a.seq_memory_gb < 0) throw InputError("--seq-memory-gb must be >= 0");
+  if (a.prefill_chunk < 1) throw InputError("--prefill-chunk must be at least 1");
   if (a.cache_mb < 0) throw InputError("--cache-mb must be >= 0");
   if (a.max_body_mb <= 0) throw InputError("--max-body-mb must be > 0");
   if (!std::filesystem::is_directory(a.model)) throw InputError("--model: " + a.model + " is not a folder");
@@ -73,6 +78,9 @@ int run(const ServeArgs& a) {
   }
   o.model_id = name;
   o.max_queue = a.max_queue;
+  o.max_batch = a.max_batch;
+  o.seq_memory_bytes = a.seq_memory_gb * 1e9;
+  o.prefill_chunk = a.prefill_chunk;
   o.http_threads = a.http_threads;
   o.cache_bytes = size_t(a.cache_mb * 1024 * 1024);
   o.max_body_bytes = size_t(a.max_body_mb * 1024 * 1024);
@@ -104,9 +112,11 @@ int run(const ServeArgs& a) {
     backend = make_backend(a.backend, weights, a.threads);
   }
   srv.set_model(backend, tok, tmpl);
-  std::printf("lilac: ready: model '%s' on %s, context %lld tokens, queue %d, prefix cache %.0f MiB%s\n",
-              o.model_id.c_str(), backend->describe().c_str(), (long long)o.max_seq, o.max_queue, a.cache_mb,
-              o.api_key.empty() ? "" : ", API key required");
+  std::printf(
+      "lilac: ready: model '%s' on %s, context %lld tokens, %lld concurrent generations, queue %d, prefix cache "
+      "%.0f MiB%s\n",
+      o.model_id.c_str(), backend->describe().c_str(), (long long)o.max_seq,
+      (long long)srv.metrics().pool_capacity.load(), o.max_queue, a.cache_mb, o.api_key.empty() ? "" : ", API key required");
   std::fflush(stdout);
   while (!g_stop) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   std::printf("lilac: shutting down\n");
@@ -122,7 +132,8 @@ const bool registered = register_command(Command{
       sub.add_option("--model", a->model, "Model folder (config.json, safetensors, tokenizer, chat template)")
           ->required();
       sub.add_option("--backend", a->backend,
-                     "auto (CUDA when a GPU is usable, else CPU), cpu, cuda, or scripted:FILE (test backend)")
+                     "auto (CUDA when a GPU is usable, else cpu), cpu (fast), cpu-ref (fp32 reference), cuda, or "
+                     "scripted:FILE (test backend)")
           ->capture_default_str();
       sub.add_option("--threads", a->threads, "CPU backend threads (0 = all hardware threads)")->capture_default_str();
       sub.add_option("--host", a->host, "Address to listen on")->capture_default_str();
@@ -135,6 +146,17 @@ const bool registered = register_command(Command{
                      "Context limit in tokens, prompt + max_tokens (default: min(32768, max_position_embeddings))");
       sub.add_option("--cache-mb", a->cache_mb, "Prefix-cache budget in MiB (session snapshots)")->capture_default_str();
       sub.add_option("--max-queue", a->max_queue, "Generations queued or running before requests get 429")
+          ->capture_default_str();
+      sub.add_option("--max-batch", a->max_batch,
+                     "Generations run concurrently (continuous batching; one session each, created at start). "
+                     "Default: what --seq-memory-gb holds, else the backend's default (CPU: 4; CUDA: what fits "
+                     "the GPU's free memory)");
+      sub.add_option("--seq-memory-gb", a->seq_memory_gb,
+                     "Memory budget of the session pool in GB (K/V caches at --max-seq + recurrent state): "
+                     "caps --max-batch (0 = no budget)");
+      sub.add_option("--prefill-chunk", a->prefill_chunk,
+                     "Prompt tokens prefilled per scheduler step; decode steps of the running streams run "
+                     "between chunks, so a long prompt delays them by one chunk at most")
           ->capture_default_str();
       sub.add_option("--max-body-mb", a->max_body_mb, "Request body limit in MiB (larger: 413)")->capture_default_str();
       sub.add_option("--http-threads", a->http_threads, "HTTP worker threads (open connections served at once)")

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <thread>
 
 #include "core/bf16.h"
@@ -18,6 +19,20 @@ namespace lilac::cpu {
 namespace {
 
 class CpuBackend;
+class CpuSessionImpl;
+
+constexpr int kMaxBatch = 64;  // rows of one batched decode step (larger batches are split)
+
+// MemAvailable of /proc/meminfo in bytes (0 when unknown).
+size_t available_ram_bytes() {
+  std::ifstream f("/proc/meminfo");
+  std::string key;
+  size_t kb = 0;
+  std::string unit;
+  while (f >> key >> kb >> unit)
+    if (key == "MemAvailable:") return kb * 1024;
+  return 0;
+}
 
 // Per-layer state of one session.
 struct LayerState {
@@ -53,10 +68,31 @@ class CpuBackend : public Backend {
                 "cpu backend: linear_num_value_heads must be a multiple of linear_num_key_heads");
     LILAC_CHECK(int64_t(c.full_attention.size()) == c.num_layers, "cpu backend: config has no layer types");
   }
-  std::string name() const override { return "cpu"; }
+  std::string name() const override { return "cpu-ref"; }
   const ModelConfig& config() const override { return w_->config; }
-  std::string describe() const override { return "cpu (fp32 reference), " + std::to_string(pool_.size()) + " threads"; }
+  std::string describe() const override { return "cpu-ref (fp32 reference), " + std::to_string(pool_.size()) + " threads"; }
   std::unique_ptr<Session> new_session(int64_t max_length) override;
+  std::vector<TokenChoice> decode_batch(std::span<Session* const> sessions) override;
+  int max_batch() const override { return kMaxBatch; }
+  size_t session_bytes(int64_t max_length) const override {
+    const ModelConfig& c = w_->config;
+    if (max_length <= 0) max_length = c.max_position_embeddings;
+    size_t per_layer_attn = size_t(2) * size_t(max_length) * size_t(c.kv_dim());
+    size_t per_layer_gdn = size_t(c.linear_num_value_heads) * c.linear_key_head_dim * c.linear_value_head_dim +
+                           size_t(c.gdn_conv_dim()) * size_t(c.linear_conv_kernel_dim - 1);
+    size_t floats = size_t(c.vocab_size);  // current logits
+    for (bool full : c.full_attention) floats += full ? per_layer_attn : per_layer_gdn;
+    return floats * sizeof(float);
+  }
+  // The K/V cache grows with the context (RAM is not reserved up front): a few sessions by default,
+  // fewer when half the available RAM would not hold them at full length.
+  int default_sessions(int64_t max_length) const override {
+    constexpr int kDefault = 4;
+    const size_t per = session_bytes(max_length);
+    const size_t avail = available_ram_bytes();
+    if (per == 0 || avail == 0) return kDefault;
+    return int(std::clamp<size_t>(avail / 2 / per, 1, kDefault));
+  }
 
   const ModelWeights& weights() const { return *w_; }
   ThreadPool* pool() { return &pool_; }
@@ -184,7 +220,117 @@ class CpuSessionImpl : public CpuSession {
     next_token_ = -1;
   }
 
+  // ---- the batched decode step (CpuBackend::decode_batch)
+  CpuBackend& backend() const { return be_; }
+  bool has_tap() const { return bool(tap_); }
+  // Throws unless the session holds a sampled token and has room for it (before any state changes).
+  void check_decodable() const {
+    if (next_token_ < 0) throw Error("cpu decode_batch: a session has no sampled token to feed");
+    require(check_session_capacity(len_, 1, max_len_));
+  }
+
+  // Feeds each session's pending token as one step: one product per weight matrix for the whole batch
+  // (qmatvec_rows: row b is computed exactly as session b's own one-token forward computes it), the
+  // attention and the Gated DeltaNet per session on its own state. Afterwards every session's logits
+  // are current (bit-identical to what advance() would have left).
+  static void forward_batch(CpuBackend& be, std::span<CpuSessionImpl* const> ss) {
+    const ModelWeights& w = be.weights();
+    const ModelConfig& cfg = w.config;
+    const int64_t B = int64_t(ss.size()), H = cfg.hidden_size, V = cfg.vocab_size;
+    const float eps = float(cfg.rms_norm_eps);
+    ThreadPool* pool = be.pool();
+    std::vector<float> x(static_cast<size_t>(B * H)), y(static_cast<size_t>(B * H)), out(static_cast<size_t>(B * H));
+    for (int64_t b = 0; b < B; ++b) {
+      embed_row(w.embed, ss[size_t(b)]->next_token_, x.data() + b * H);
+      ss[size_t(b)]->next_token_ = -1;
+    }
+    for (int l = 0; l < cfg.num_layers; ++l) {
+      const LayerWeights& lw = w.layers[static_cast<size_t>(l)];
+      for (int64_t b = 0; b < B; ++b) rmsnorm(x.data() + b * H, lw.input_norm.data(), H, eps, y.data() + b * H);
+      if (lw.full_attention)
+        attention_batch(be, lw.attn, l, ss, y.data(), out.data());
+      else
+        deltanet_batch(be, lw.gdn, l, ss, y.data(), out.data());
+      for (int64_t i = 0; i < B * H; ++i) x[static_cast<size_t>(i)] += out[static_cast<size_t>(i)];
+      for (int64_t b = 0; b < B; ++b) rmsnorm(x.data() + b * H, lw.post_norm.data(), H, eps, y.data() + b * H);
+      moe_forward(lw.moe, cfg, y.data(), B, out.data(), pool, /*rowwise=*/true);
+      for (int64_t i = 0; i < B * H; ++i) x[static_cast<size_t>(i)] += out[static_cast<size_t>(i)];
+    }
+    for (int64_t b = 0; b < B; ++b) rmsnorm(x.data() + b * H, w.final_norm.data(), H, eps, y.data() + b * H);
+    std::vector<float> lg(static_cast<size_t>(B * V));
+    qmatvec_rows(w.lm_head, y.data(), B, lg.data(), pool);
+    for (int64_t b = 0; b < B; ++b) {
+      CpuSessionImpl& s = *ss[size_t(b)];
+      std::memcpy(s.logits_.data(), lg.data() + b * V, static_cast<size_t>(V) * sizeof(float));
+      s.len_ += 1;
+      s.has_logits_ = true;
+    }
+  }
+
  private:
+  static void attention_batch(CpuBackend& be, const AttentionWeights& a, int l, std::span<CpuSessionImpl* const> ss,
+                              const float* y, float* out) {
+    const ModelConfig& cfg = be.weights().config;
+    const int heads = cfg.num_heads, kvh = cfg.num_kv_heads, hd = cfg.head_dim;
+    const int64_t B = int64_t(ss.size()), qrows = cfg.q_proj_rows(), kvd = cfg.kv_dim(), qd = int64_t(heads) * hd;
+    const bool gated = cfg.attn_output_gate;
+    ThreadPool* pool = be.pool();
+    std::vector<float> qg(static_cast<size_t>(B * qrows)), kb(static_cast<size_t>(B * kvd)),
+        vb(static_cast<size_t>(B * kvd)), q(static_cast<size_t>(B * qd)), gate(gated ? static_cast<size_t>(B * qd) : 0),
+        att(static_cast<size_t>(B * qd));
+    qmatvec_rows(a.q_proj, y, B, qg.data(), pool);
+    qmatvec_rows(a.k_proj, y, B, kb.data(), pool);
+    qmatvec_rows(a.v_proj, y, B, vb.data(), pool);
+    parallel_for(pool, B, [&](int64_t b0, int64_t b1) {
+      for (int64_t b = b0; b < b1; ++b) {
+        CpuSessionImpl& s = *ss[size_t(b)];
+        LayerState& st = s.layers_[static_cast<size_t>(l)];
+        const int64_t pos = s.len_;
+        s.reserve_kv(st, 1);
+        std::memcpy(st.k.data() + pos * kvd, kb.data() + b * kvd, static_cast<size_t>(kvd) * sizeof(float));
+        std::memcpy(st.v.data() + pos * kvd, vb.data() + b * kvd, static_cast<size_t>(kvd) * sizeof(float));
+        float* gb = gated ? gate.data() + b * qd : nullptr;
+        s.qk_token(a, qg.data() + b * qrows, pos, q.data() + b * qd, gb, st);
+        std::vector<float> scores(static_cast<size_t>(pos + 1));
+        gated_attention_token(q.data() + b * qd, gb, st.k.data(), st.v.data(), pos + 1, heads, kvh, hd,
+                              att.data() + b * qd, scores.data());
+      }
+    });
+    qmatvec_rows(a.o_proj, att.data(), B, out, pool);
+  }
+
+  static void deltanet_batch(CpuBackend& be, const DeltaNetWeights& g, int l, std::span<CpuSessionImpl* const> ss,
+                             const float* y, float* out) {
+    const ModelConfig& cfg = be.weights().config;
+    const int Hk = cfg.linear_num_key_heads, Hv = cfg.linear_num_value_heads;
+    const int dk = cfg.linear_key_head_dim, dv = cfg.linear_value_head_dim, ratio = Hv / Hk;
+    const int64_t B = int64_t(ss.size()), C = cfg.gdn_conv_dim(), kd = cfg.gdn_key_dim(), vd = cfg.gdn_value_dim();
+    const float eps = float(cfg.rms_norm_eps);
+    ThreadPool* pool = be.pool();
+    std::vector<float> mixed(static_cast<size_t>(B * C)), z(static_cast<size_t>(B * vd)), bb(static_cast<size_t>(B * Hv)),
+        aa(static_cast<size_t>(B * Hv)), beta(static_cast<size_t>(B * Hv)), gg(static_cast<size_t>(B * Hv)),
+        o(static_cast<size_t>(B * vd));
+    qmatvec_rows(g.in_proj_qkv, y, B, mixed.data(), pool);
+    qmatvec_rows(g.in_proj_z, y, B, z.data(), pool);
+    qmatvec_rows(g.in_proj_b, y, B, bb.data(), pool);
+    qmatvec_rows(g.in_proj_a, y, B, aa.data(), pool);
+    for (int64_t b = 0; b < B; ++b)
+      ss[size_t(b)]->gdn_token(g, ss[size_t(b)]->layers_[static_cast<size_t>(l)], mixed.data() + b * C,
+                               bb.data() + b * Hv, aa.data() + b * Hv, beta.data() + b * Hv, gg.data() + b * Hv);
+    parallel_for(pool, B * Hv, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) {
+        const int64_t b = i / Hv, h = i % Hv, kh = h / ratio;
+        const float* m = mixed.data() + b * C;
+        float* S = ss[size_t(b)]->layers_[static_cast<size_t>(l)].S.data() + h * dk * dv;
+        float* op = o.data() + b * vd + h * dv;
+        gdn_recurrent_step(S, m + kh * dk, m + kd + kh * dk, m + 2 * kd + h * dv, gg[size_t(i)], beta[size_t(i)], dk, dv,
+                           op);
+        gated_rmsnorm(op, z.data() + b * vd + h * dv, g.norm.data(), dv, eps, op);
+      }
+    });
+    qmatvec_rows(g.out_proj, o.data(), B, out, pool);
+  }
+
   void check_tokens(std::span<const int32_t> tokens) const {
     require(check_token_ids(tokens, cfg_.vocab_size));
     require(check_session_capacity(len_, int64_t(tokens.size()), max_len_));
@@ -238,50 +384,79 @@ class CpuSessionImpl : public CpuSession {
     if (last_chunk) has_logits_ = true;
   }
 
-  // Gated attention over the chunk; appends k/v to the cache.
-  void attention_block(const AttentionWeights& a, LayerState& st, const float* y, int64_t n, float* out) {
-    const int heads = cfg_.num_heads, kvh = cfg_.num_kv_heads, hd = cfg_.head_dim;
-    const int64_t qrows = cfg_.q_proj_rows(), kvd = cfg_.kv_dim(), qd = int64_t(heads) * hd;
-    const bool gated = cfg_.attn_output_gate;
-    const float eps = float(cfg_.rms_norm_eps);
-    ThreadPool* pool = be_.pool();
-    std::vector<float> qg(static_cast<size_t>(n * qrows)), q(static_cast<size_t>(n * qd)), gate(gated ? static_cast<size_t>(n * qd) : 0), att(static_cast<size_t>(n * qd));
+  // Room in the K/V cache for n more rows.
+  void reserve_kv(LayerState& st, int64_t n) {
+    const int64_t kvd = cfg_.kv_dim();
     if (int64_t(st.k.size()) < (len_ + n) * kvd) {
       const size_t cap = static_cast<size_t>(std::min(max_len_, std::max(len_ + n, 2 * len_)) * kvd);
       st.k.resize(cap);
       st.v.resize(cap);
     }
+  }
+
+  // One token at `pos` whose k/v projections already sit in the cache row pos: q (and the gate) from
+  // q_proj's row, q/k RMSNorm + RoPE, optionally the cached k/v rounded to bf16.
+  void qk_token(const AttentionWeights& a, const float* qg_row, int64_t pos, float* q, float* gate, LayerState& st) {
+    const int heads = cfg_.num_heads, kvh = cfg_.num_kv_heads, hd = cfg_.head_dim;
+    const int64_t kvd = cfg_.kv_dim(), qd = int64_t(heads) * hd;
+    const float eps = float(cfg_.rms_norm_eps);
+    if (gate)
+      split_query_gate(qg_row, heads, hd, q, gate);
+    else
+      std::memcpy(q, qg_row, static_cast<size_t>(qd) * sizeof(float));
+    for (int h = 0; h < heads; ++h) {
+      float* qh = q + int64_t(h) * hd;
+      rmsnorm(qh, a.q_norm.data(), hd, eps, qh);
+      rope_with(qh, cfg_.rotary_dim, pos, be_.inv_freq());
+    }
+    float* kt = st.k.data() + pos * kvd;
+    for (int h = 0; h < kvh; ++h) {
+      float* kh = kt + int64_t(h) * hd;
+      rmsnorm(kh, a.k_norm.data(), hd, eps, kh);
+      rope_with(kh, cfg_.rotary_dim, pos, be_.inv_freq());
+    }
+    if (kv_bf16_) {
+      float* vt = st.v.data() + pos * kvd;
+      for (int64_t i = 0; i < kvd; ++i) {
+        kt[i] = bf16_to_f32(f32_to_bf16(kt[i]));
+        vt[i] = bf16_to_f32(f32_to_bf16(vt[i]));
+      }
+    }
+  }
+
+  // One token of the Gated DeltaNet's input side: causal conv + SiLU of the mixed row m [conv_dim]
+  // (state updated), q/k L2 norms (q scaled by 1/sqrt(dk)), and the gates of the Hv value heads.
+  void gdn_token(const DeltaNetWeights& g, LayerState& st, float* m, const float* b_row, const float* a_row,
+                 float* beta, float* gg) const {
+    const int Hk = cfg_.linear_num_key_heads, Hv = cfg_.linear_num_value_heads;
+    const int dk = cfg_.linear_key_head_dim, K = cfg_.linear_conv_kernel_dim;
+    const int64_t C = cfg_.gdn_conv_dim(), kd = cfg_.gdn_key_dim();
+    conv1d_silu_step(g.conv1d.data(), C, K, st.conv.data(), m, m);
+    const float qscale = 1.f / std::sqrt(float(dk));
+    for (int h = 0; h < Hk; ++h) {
+      float* qh = m + int64_t(h) * dk;
+      l2norm(qh, dk);
+      for (int d = 0; d < dk; ++d) qh[d] *= qscale;
+      l2norm(m + kd + int64_t(h) * dk, dk);
+    }
+    gdn_gates(b_row, a_row, g.A_log.data(), g.dt_bias.data(), Hv, beta, gg);
+  }
+
+  // Gated attention over the chunk; appends k/v to the cache.
+  void attention_block(const AttentionWeights& a, LayerState& st, const float* y, int64_t n, float* out) {
+    const int heads = cfg_.num_heads, kvh = cfg_.num_kv_heads, hd = cfg_.head_dim;
+    const int64_t qrows = cfg_.q_proj_rows(), kvd = cfg_.kv_dim(), qd = int64_t(heads) * hd;
+    const bool gated = cfg_.attn_output_gate;
+    ThreadPool* pool = be_.pool();
+    std::vector<float> qg(static_cast<size_t>(n * qrows)), q(static_cast<size_t>(n * qd)), gate(gated ? static_cast<size_t>(n * qd) : 0), att(static_cast<size_t>(n * qd));
+    reserve_kv(st, n);
     float* K = st.k.data();
     float* Vc = st.v.data();
     qmatmul(a.q_proj, y, n, qg.data(), pool);
     qmatmul(a.k_proj, y, n, K + len_ * kvd, pool);
     qmatmul(a.v_proj, y, n, Vc + len_ * kvd, pool);
-    for (int64_t t = 0; t < n; ++t) {
-      const int64_t pos = len_ + t;
-      float* qt = q.data() + t * qd;
-      if (gated)
-        split_query_gate(qg.data() + t * qrows, heads, hd, qt, gate.data() + t * qd);
-      else
-        std::memcpy(qt, qg.data() + t * qrows, static_cast<size_t>(qd) * sizeof(float));
-      for (int h = 0; h < heads; ++h) {
-        float* qh = qt + int64_t(h) * hd;
-        rmsnorm(qh, a.q_norm.data(), hd, eps, qh);
-        rope_with(qh, cfg_.rotary_dim, pos, be_.inv_freq());
-      }
-      float* kt = K + pos * kvd;
-      for (int h = 0; h < kvh; ++h) {
-        float* kh = kt + int64_t(h) * hd;
-        rmsnorm(kh, a.k_norm.data(), hd, eps, kh);
-        rope_with(kh, cfg_.rotary_dim, pos, be_.inv_freq());
-      }
-      if (kv_bf16_) {
-        float* vt = Vc + pos * kvd;
-        for (int64_t i = 0; i < kvd; ++i) {
-          kt[i] = bf16_to_f32(f32_to_bf16(kt[i]));
-          vt[i] = bf16_to_f32(f32_to_bf16(vt[i]));
-        }
-      }
-    }
+    for (int64_t t = 0; t < n; ++t)
+      qk_token(a, qg.data() + t * qrows, len_ + t, q.data() + t * qd, gated ? gate.data() + t * qd : nullptr, st);
     // Each token attends to the cache up to and including itself; tokens are independent.
     parallel_for(pool, n, [&](int64_t t0, int64_t t1) {
       std::vector<float> scores(static_cast<size_t>(len_ + n));
@@ -296,7 +471,7 @@ class CpuSessionImpl : public CpuSession {
   // rule per value head (chunked form for several tokens, recurrent step for one).
   void deltanet_block(const DeltaNetWeights& g, LayerState& st, const float* y, int64_t n, float* out) {
     const int Hk = cfg_.linear_num_key_heads, Hv = cfg_.linear_num_value_heads;
-    const int dk = cfg_.linear_key_head_dim, dv = cfg_.linear_value_head_dim, K = cfg_.linear_conv_kernel_dim;
+    const int dk = cfg_.linear_key_head_dim, dv = cfg_.linear_value_head_dim;
     const int64_t C = cfg_.gdn_conv_dim(), kd = cfg_.gdn_key_dim(), vd = cfg_.gdn_value_dim();
     const float eps = float(cfg_.rms_norm_eps);
     ThreadPool* pool = be_.pool();
@@ -308,16 +483,7 @@ class CpuSessionImpl : public CpuSession {
     // Gates, per head contiguous over time: beta[h * n + t], gg[h * n + t].
     std::vector<float> beta(static_cast<size_t>(n * Hv)), gg(static_cast<size_t>(n * Hv)), bt(static_cast<size_t>(Hv)), gt(static_cast<size_t>(Hv));
     for (int64_t t = 0; t < n; ++t) {
-      float* m = mixed.data() + t * C;
-      conv1d_silu_step(g.conv1d.data(), C, K, st.conv.data(), m, m);
-      const float qscale = 1.f / std::sqrt(float(dk));
-      for (int h = 0; h < Hk; ++h) {
-        float* qh = m + int64_t(h) * dk;
-        l2norm(qh, dk);
-        for (int d = 0; d < dk; ++d) qh[d] *= qscale;
-        l2norm(m + kd + int64_t(h) * dk, dk);
-      }
-      gdn_gates(b.data() + t * Hv, a.data() + t * Hv, g.A_log.data(), g.dt_bias.data(), Hv, bt.data(), gt.data());
+      gdn_token(g, st, mixed.data() + t * C, b.data() + t * Hv, a.data() + t * Hv, bt.data(), gt.data());
       for (int h = 0; h < Hv; ++h) {
         beta[static_cast<size_t>(h * n + t)] = bt[static_cast<size_t>(h)];
         gg[static_cast<size_t>(h * n + t)] = gt[static_cast<size_t>(h)];
@@ -360,6 +526,30 @@ class CpuSessionImpl : public CpuSession {
   bool has_mask_ = false;
   ActivationTap tap_;
 };
+
+std::vector<TokenChoice> CpuBackend::decode_batch(std::span<Session* const> sessions) {
+  std::vector<CpuSessionImpl*> ss;
+  ss.reserve(sessions.size());
+  for (Session* s : sessions) {
+    auto* c = dynamic_cast<CpuSessionImpl*>(s);
+    if (!c || &c->backend() != this) throw Error("cpu decode_batch: a session of another backend");
+    if (std::find(ss.begin(), ss.end(), c) != ss.end()) throw Error("cpu decode_batch: the same session twice");
+    c->check_decodable();
+    ss.push_back(c);
+  }
+  std::vector<TokenChoice> out;
+  out.reserve(ss.size());
+  for (size_t i = 0; i < ss.size(); i += kMaxBatch) {
+    std::span<CpuSessionImpl* const> group(ss.data() + i, std::min<size_t>(kMaxBatch, ss.size() - i));
+    if (std::any_of(group.begin(), group.end(), [](CpuSessionImpl* c) { return c->has_tap(); })) {
+      for (CpuSessionImpl* c : group) out.push_back(c->decode_step());  // activation taps: the one-token path
+      continue;
+    }
+    CpuSessionImpl::forward_batch(*this, group);
+    for (CpuSessionImpl* c : group) out.push_back(c->sample());
+  }
+  return out;
+}
 
 std::unique_ptr<Session> CpuBackend::new_session(int64_t max_length) {
   if (max_length <= 0) max_length = w_->config.max_position_embeddings;

@@ -2,6 +2,12 @@
 // over rows / heads / experts. Prefill runs in bounded chunks (attention over the KV cache, the Gated
 // DeltaNet in its chunked form); a one-token step uses the recurrent form.
 //
+// decode_batch() (continuous batching) is a real batched step: one qmatvec_rows per weight matrix for
+// the whole batch (each weight row read once for all sessions; row b computed exactly as session b's
+// own one-token step computes it), attention and the Gated DeltaNet per session on its own state. So
+// every session's logits and choice are bit-identical to its decode_step(). Activation taps are not
+// called by a batched step (a batch with a tapped session runs session by session).
+//
 // Session state: KV cache fp32 [attn_layer][len][kv_heads * head_dim] (k after norm + RoPE), Gated
 // DeltaNet state fp32 [layer][Hv][dk][dv] and conv state fp32 [layer][conv_dim][K-1] (oldest first).
 #pragma once

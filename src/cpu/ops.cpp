@@ -15,69 +15,115 @@ namespace lilac::cpu {
 
 namespace {
 
-// One output of y = W x without materialising the row: Σ_g scale_g (Σ_j q_j x_j) + bias_g Σ_j x_j,
+// Outputs of y = W x without materialising the row: y_r = Σ_g scale_g (Σ_j q_j x_j) + bias_g Σ_j x_j,
 // with the per-group sums of x precomputed in xsum. xt is x permuted within each group so that the
 // element at bit slot i of word w sits at xt[g * group + i * words_per_group + w]: the inner loop then
 // shifts every word of a group by the same constant (vectorises without per-lane shifts).
-template <int BITS>
-float qdot_row_bits(const QMatrix& W, int64_t r, const float* xt, const float* xsum) {
+// NT inputs at once (xt[t], xsum[t] -> y[t]): each unpacked weight is applied to all of them, and every
+// input goes through exactly the operations of NT == 1 (qmatvec), in the same order, so a row's result
+// does not depend on the other inputs (the batched decode step relies on it).
+template <int BITS, int NT>
+void qdot_row_bits(const QMatrix& W, int64_t r, const float* const* xt, const float* const* xsum, float* y) {
   constexpr int per_word = 32 / BITS;
   constexpr uint32_t mask = (1u << BITS) - 1u;
   const uint32_t* q = W.qweight + r * W.words_per_row();
   const uint16_t* sc = W.scales + r * W.groups_per_row();
   const uint16_t* bi = W.biases + r * W.groups_per_row();
   const int64_t words_per_group = W.group_size / per_word;
-  float y = 0.f;
+  float yy[NT] = {};
   if (words_per_group == 64 / per_word) {  // the usual group of 64: fixed trip counts
     constexpr int WPG = 64 / per_word;
     for (int64_t g = 0; g < W.groups_per_row(); ++g) {
       const uint32_t* qg = q + g * WPG;
-      const float* xg = xt + g * 64;
-      float acc[WPG] = {};
+      float acc[NT][WPG] = {};
       for (int i = 0; i < per_word; ++i)
-        for (int w = 0; w < WPG; ++w) acc[w] += float((qg[w] >> (i * BITS)) & mask) * xg[i * WPG + w];
-      float a = 0.f;
-      for (int w = 0; w < WPG; ++w) a += acc[w];
-      y += bf16_to_f32(sc[g]) * a + bf16_to_f32(bi[g]) * xsum[g];
+        for (int w = 0; w < WPG; ++w) {
+          const float qv = float((qg[w] >> (i * BITS)) & mask);
+          for (int t = 0; t < NT; ++t) acc[t][w] += qv * xt[t][g * 64 + i * WPG + w];
+        }
+      for (int t = 0; t < NT; ++t) {
+        float a = 0.f;
+        for (int w = 0; w < WPG; ++w) a += acc[t][w];
+        yy[t] += bf16_to_f32(sc[g]) * a + bf16_to_f32(bi[g]) * xsum[t][g];
+      }
     }
-    return y;
+  } else {
+    for (int64_t g = 0; g < W.groups_per_row(); ++g) {
+      const uint32_t* qg = q + g * words_per_group;
+      float a[NT] = {};
+      for (int i = 0; i < per_word; ++i)
+        for (int64_t w = 0; w < words_per_group; ++w) {
+          const float qv = float((qg[w] >> (i * BITS)) & mask);
+          for (int t = 0; t < NT; ++t) a[t] += qv * xt[t][g * W.group_size + i * words_per_group + w];
+        }
+      for (int t = 0; t < NT; ++t) yy[t] += bf16_to_f32(sc[g]) * a[t] + bf16_to_f32(bi[g]) * xsum[t][g];
+    }
   }
-  for (int64_t g = 0; g < W.groups_per_row(); ++g) {
-    const uint32_t* qg = q + g * words_per_group;
-    const float* xg = xt + g * W.group_size;
-    float a = 0.f;
-    for (int i = 0; i < per_word; ++i)
-      for (int64_t w = 0; w < words_per_group; ++w) a += float((qg[w] >> (i * BITS)) & mask) * xg[i * words_per_group + w];
-    y += bf16_to_f32(sc[g]) * a + bf16_to_f32(bi[g]) * xsum[g];
+  for (int t = 0; t < NT; ++t) y[t] = yy[t];
+}
+
+// Row r against n inputs, four at a time.
+template <int BITS>
+void qdot_row_n(const QMatrix& W, int64_t r, int64_t n, const float* const* xt, const float* const* xsum, float* y) {
+  int64_t t = 0;
+  for (; t + 4 <= n; t += 4) qdot_row_bits<BITS, 4>(W, r, xt + t, xsum + t, y + t);
+  for (; t + 2 <= n; t += 2) qdot_row_bits<BITS, 2>(W, r, xt + t, xsum + t, y + t);
+  for (; t < n; ++t) qdot_row_bits<BITS, 1>(W, r, xt + t, xsum + t, y + t);
+}
+
+}  // namespace
+
+namespace {
+
+bool has_qdot(const QMatrix& W) { return W.quantized() && (W.bits == 4 || W.bits == 8); }
+
+// The input as qdot_row_bits reads it: xt (x permuted within each group) and xsum (per-group sums).
+void qdot_input(const QMatrix& W, const float* x, float* xt, float* xsum) {
+  const int64_t G = W.groups_per_row(), gs = W.group_size;
+  const int per_word = 32 / W.bits;
+  const int64_t wpg = gs / per_word;
+  for (int64_t g = 0; g < G; ++g) {
+    float s = 0.f;
+    for (int64_t j = 0; j < gs; ++j) s += x[g * gs + j];
+    xsum[g] = s;
+    for (int64_t w = 0; w < wpg; ++w)
+      for (int i = 0; i < per_word; ++i) xt[g * gs + i * wpg + w] = x[g * gs + w * per_word + i];
   }
-  return y;
 }
 
 }  // namespace
 
 void qmatvec(const QMatrix& W, const float* x, float* y, ThreadPool* pool) {
-  if (!W.quantized() || (W.bits != 4 && W.bits != 8)) return qmatmul(W, x, 1, y, pool);
-  const int64_t G = W.groups_per_row(), gs = W.group_size;
-  const int per_word = 32 / W.bits;
-  const int64_t wpg = gs / per_word;
-  std::vector<float> xsum(static_cast<size_t>(G)), xt(static_cast<size_t>(W.cols));
-  for (int64_t g = 0; g < G; ++g) {
-    float s = 0.f;
-    for (int64_t j = 0; j < gs; ++j) s += x[g * gs + j];
-    xsum[static_cast<size_t>(g)] = s;
-    for (int64_t w = 0; w < wpg; ++w)
-      for (int i = 0; i < per_word; ++i) xt[static_cast<size_t>(g * gs + i * wpg + w)] = x[g * gs + w * per_word + i];
+  if (!has_qdot(W)) return qmatmul(W, x, 1, y, pool);
+  qmatvec_rows(W, x, 1, y, pool);
+}
+
+void qmatvec_rows(const QMatrix& W, const float* X, int64_t n, float* Y, ThreadPool* pool) {
+  // Without the qdot form qmatmul computes every row on its own already (dequantized row · input).
+  if (!has_qdot(W)) return qmatmul(W, X, n, Y, pool);
+  const int64_t G = W.groups_per_row(), cols = W.cols, rows = W.rows;
+  std::vector<float> xsum(static_cast<size_t>(n * G)), xt(static_cast<size_t>(n * cols));
+  std::vector<const float*> xtp(static_cast<size_t>(n)), xsp(static_cast<size_t>(n));
+  for (int64_t t = 0; t < n; ++t) {
+    qdot_input(W, X + t * cols, xt.data() + t * cols, xsum.data() + t * G);
+    xtp[size_t(t)] = xt.data() + t * cols;
+    xsp[size_t(t)] = xsum.data() + t * G;
   }
-  const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, W.cols));
-  parallel_for(pool, W.rows, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r)
-      y[r] = W.bits == 4 ? qdot_row_bits<4>(W, r, xt.data(), xsum.data())
-                         : qdot_row_bits<8>(W, r, xt.data(), xsum.data());
+  const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, cols * n));
+  parallel_for(pool, rows, [&](int64_t r0, int64_t r1) {
+    std::vector<float> yr(static_cast<size_t>(n));
+    for (int64_t r = r0; r < r1; ++r) {
+      if (W.bits == 4)
+        qdot_row_n<4>(W, r, n, xtp.data(), xsp.data(), yr.data());
+      else
+        qdot_row_n<8>(W, r, n, xtp.data(), xsp.data(), yr.data());
+      for (int64_t t = 0; t < n; ++t) Y[t * rows + r] = yr[size_t(t)];
+    }
   }, grain);
 }
 
 void qmatmul(const QMatrix& W, const float* X, int64_t n, float* Y, ThreadPool* pool) {
-  if (n == 1 && W.quantized() && (W.bits == 4 || W.bits == 8)) return qmatvec(W, X, Y, pool);
+  if (n == 1 && has_qdot(W)) return qmatvec(W, X, Y, pool);
   const int64_t rows = W.rows, cols = W.cols;
   // Grain: enough rows per range that a range is worth a task (~64k multiply-adds).
   const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, cols * n));
@@ -374,33 +420,35 @@ void moe_route(const float* router_logits, int n_experts, int k, bool renormalis
 }
 
 void swiglu(const QMatrix& gate, const QMatrix& up, const QMatrix& down, const float* X, int64_t n, float* Y,
-            float* hidden, ThreadPool* pool) {
+            float* hidden, ThreadPool* pool, bool rowwise) {
+  const auto mm = rowwise ? qmatvec_rows : qmatmul;
   const int64_t I = gate.rows;
   float* G = hidden;
   float* Uu = hidden + n * I;
-  qmatmul(gate, X, n, G, pool);
-  qmatmul(up, X, n, Uu, pool);
+  mm(gate, X, n, G, pool);
+  mm(up, X, n, Uu, pool);
   for (int64_t i = 0; i < n * I; ++i) G[i] = silu(G[i]) * Uu[i];
-  qmatmul(down, G, n, Y, pool);
+  mm(down, G, n, Y, pool);
 }
 
 void moe_forward(const MoEWeights& w, const ModelConfig& cfg, const float* X, int64_t n, float* Y,
-                 ThreadPool* pool) {
+                 ThreadPool* pool, bool rowwise) {
+  const auto mm = rowwise ? qmatvec_rows : qmatmul;
   const int64_t H = cfg.hidden_size;
   const int E = cfg.num_experts, k = cfg.num_experts_per_tok;
   const int64_t I = cfg.moe_intermediate_size, Is = cfg.shared_expert_intermediate_size;
   // Routing.
   std::vector<float> logits(static_cast<size_t>(n) * E);
-  qmatmul(w.router, X, n, logits.data(), pool);
+  mm(w.router, X, n, logits.data(), pool);
   std::vector<int> ids(static_cast<size_t>(n) * k);
   std::vector<float> wts(static_cast<size_t>(n) * k);
   for (int64_t t = 0; t < n; ++t)
     moe_route(logits.data() + t * E, E, k, cfg.norm_topk_prob, ids.data() + t * k, wts.data() + t * k);
   // Shared expert, gated by sigmoid(shared_expert_gate · x).
   std::vector<float> hidden(static_cast<size_t>(2 * n * std::max(I, Is))), out(static_cast<size_t>(n * H));
-  swiglu(w.shared_gate, w.shared_up, w.shared_down, X, n, Y, hidden.data(), pool);
+  swiglu(w.shared_gate, w.shared_up, w.shared_down, X, n, Y, hidden.data(), pool, rowwise);
   std::vector<float> sg(static_cast<size_t>(n));
-  qmatmul(w.shared_expert_gate, X, n, sg.data(), pool);
+  mm(w.shared_expert_gate, X, n, sg.data(), pool);
   for (int64_t t = 0; t < n; ++t) {
     const float s = sigmoid(sg[t]);
     for (int64_t d = 0; d < H; ++d) Y[t * H + d] *= s;
@@ -415,7 +463,8 @@ void moe_forward(const MoEWeights& w, const ModelConfig& cfg, const float* X, in
     if (toks.empty()) continue;
     const int64_t m = int64_t(toks.size());
     for (int64_t i = 0; i < m; ++i) std::memcpy(xe.data() + i * H, X + toks[i].first * H, static_cast<size_t>(H) * sizeof(float));
-    swiglu(w.gate.expert(e), w.up.expert(e), w.down.expert(e), xe.data(), m, out.data(), hidden.data(), pool);
+    swiglu(w.gate.expert(e), w.up.expert(e), w.down.expert(e), xe.data(), m, out.data(), hidden.data(), pool,
+           rowwise);
     for (int64_t i = 0; i < m; ++i) {
       float* y = Y + toks[i].first * H;
       const float* oe = out.data() + i * H;

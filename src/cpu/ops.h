@@ -22,8 +22,12 @@ namespace lilac::cpu {
 // materialised: y_r = Σ_g scale_g Σ_j q_j x_j + bias_g Σ_j x_j (another summation order than qmatmul's).
 void qmatvec(const QMatrix& W, const float* x, float* y, ThreadPool* pool = nullptr);
 // Y[n, W.rows] = X[n, W.cols] Wᵀ: each row of W is dequantized once and dotted with all n inputs
-// (n == 1 goes through qmatvec).
+// (n == 1 goes through qmatvec). For n > 1 a row's result is not bit-equal to qmatvec's (another
+// summation order): prefill uses it.
 void qmatmul(const QMatrix& W, const float* X, int64_t n, float* Y, ThreadPool* pool = nullptr);
+// Y[n, W.rows] with row t bit-identical to qmatvec(W, X[t]) (each weight row read once for all n
+// inputs): the batched decode step, whose rows must not depend on the other rows of the batch.
+void qmatvec_rows(const QMatrix& W, const float* X, int64_t n, float* Y, ThreadPool* pool = nullptr);
 // out[W.cols] = dequantized row `token` of the embedding matrix.
 void embed_row(const QMatrix& embed, int32_t token, float* out);
 
@@ -98,13 +102,16 @@ void gated_rmsnorm(const float* o, const float* z, const float* w, int dv, float
 // probability; weights p_e (renormalised to sum 1 when `renormalise`). ids/weights [k].
 void moe_route(const float* router_logits, int n_experts, int k, bool renormalise, int* ids, float* weights);
 // SwiGLU MLP on n tokens: Y[n, down.rows] = down( silu(gate X) ⊙ (up X) ). X [n, gate.cols].
-// hidden: scratch of 2 * n * gate.rows floats.
+// hidden: scratch of 2 * n * gate.rows floats. rowwise: products by qmatvec_rows (each row exactly as
+// alone) instead of qmatmul.
 void swiglu(const QMatrix& gate, const QMatrix& up, const QMatrix& down, const float* X, int64_t n, float* Y,
-            float* hidden, ThreadPool* pool = nullptr);
+            float* hidden, ThreadPool* pool = nullptr, bool rowwise = false);
 // The full MoE block on n tokens: Y[n, hidden] = Σ_top-k w_e expert_e(x) + sigmoid(shared_gate·x) ·
 // shared(x). Tokens are grouped by expert so every expert's weights are dequantized once per call.
+// rowwise: every product by qmatvec_rows, so row t is bit-identical to moe_forward of row t alone
+// (the experts' sum runs in expert-id order for every row either way).
 void moe_forward(const MoEWeights& w, const ModelConfig& cfg, const float* X, int64_t n, float* Y,
-                 ThreadPool* pool = nullptr);
+                 ThreadPool* pool = nullptr, bool rowwise = false);
 
 // ---------------------------------------------------------------- inline definitions
 inline float silu(float x) { return x / (1.f + std::exp(-x)); }

@@ -13,6 +13,8 @@
 // token, logits bit for bit: every backend's kernels are batch-invariant: a row's arithmetic never
 // depends on which other rows share the step). The default implementation is that loop; backends
 // override it to read each weight once for the whole batch. The single-sequence path stays as it is.
+// The server keeps a pool of sessions created at start (session_bytes / default_sessions size it) and
+// steps every generation in its decode phase together (src/server/scheduler.h).
 //
 // Speculative decoding (the model's MTP head): draft() proposes up to k tokens after the pending one;
 // verify(drafts) feeds the pending token plus the drafts as one multi-row step, chooses tokens row by
@@ -153,6 +155,21 @@ class Backend {
   }
   // Largest batch decode_batch() runs as one step (larger batches are split); 1 = no batching.
   virtual int max_batch() const { return 1; }
+
+  // ---- sizing the session pool (the server creates its sessions once, at start)
+  // Memory one session of capacity max_length holds at its largest (K/V cache, recurrent and conv
+  // state, its share of per-step scratch), in bytes; 0 = unknown. The server divides its memory budget
+  // (--seq-memory-gb) by it.
+  virtual size_t session_bytes(int64_t max_length) const {
+    (void)max_length;
+    return 0;
+  }
+  // How many sessions of capacity max_length the server creates when the user gives neither
+  // --max-batch nor --seq-memory-gb: what fits the device's free memory (at least 1); 1 = unknown.
+  virtual int default_sessions(int64_t max_length) const {
+    (void)max_length;
+    return 1;
+  }
   // Human-readable device description for logs (e.g. "NVIDIA H200, 132 SMs").
   virtual std::string describe() const { return name(); }
 };

@@ -1,5 +1,7 @@
 // One generation on a Session: prefill (resuming from the prefix cache), then sample / decode_step
 // until an end-of-turn id, a stop string, max_tokens or cancellation; streams detokenized text.
+// The loop itself is a steppable state machine, Sequence (engine/sequence.h): Generator::run drives one
+// alone; the server's scheduler drives several at once (continuous batching).
 //
 // Prefix reuse: the prompt is prefilled in segments that end at message boundaries (after each
 // `boundary_token`, i.e. <|im_end|>) and at the end of the prompt; the session is snapshotted at each
@@ -9,6 +11,8 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -18,6 +22,19 @@
 namespace lilac {
 
 class Tokenizer;
+class Sequence;
+
+// Constrained decoding, per generation (e.g. a grammar): consulted around every token choice.
+// Called on the thread that steps the sequence.
+class TokenConstraint {
+ public:
+  virtual ~TokenConstraint() = default;
+  // The allowed tokens of the next choice, as Session::set_token_mask takes them (nullptr: any);
+  // valid until the next call.
+  virtual const uint32_t* allowed() = 0;
+  // The token that was chosen (in order, once per consumed choice, also the end-of-turn id).
+  virtual void accept(int32_t token) = 0;
+};
 
 struct GenerationRequest {
   std::vector<int32_t> prompt;  // must not be empty
@@ -27,7 +44,10 @@ struct GenerationRequest {
   std::vector<std::string> stop_strings;   // generation stops; the text from the stop string on is dropped
   int32_t boundary_token = -1;             // snapshot after each occurrence in the prompt (-1: none)
   bool use_cache = true;
-  int64_t prefill_chunk = 2048;            // prefill calls of at most this many tokens (cancel checks)
+  int64_t prefill_chunk = 2048;            // prefill calls of at most this many tokens (cancel checks;
+                                           // Sequence::prefill_step runs at most this many)
+  std::shared_ptr<TokenConstraint> constraint;  // null: unconstrained
+  int draft_tokens = 0;                    // MTP speculation depth (0: off; used when the session can_draft())
 };
 
 enum class FinishReason { Stop, Length, Cancelled };
@@ -65,10 +85,21 @@ class Generator {
   GenerationStats run(const GenerationRequest& req, const TokenCallback& on_token,
                       const std::atomic<bool>* cancel = nullptr);
 
+  // The same generation as a steppable Sequence (engine/sequence.h), for drivers that interleave
+  // several. Checks the request as run() does (throws lilac::InputError; nothing changes then). One
+  // sequence at a time per Generator; it must not outlive the Generator.
+  std::unique_ptr<Sequence> start(GenerationRequest req, TokenCallback on_token,
+                                  const std::atomic<bool>* cancel = nullptr);
+
   // Tokens the session holds after the last run (its context), or empty when unknown.
   const std::vector<int32_t>& context() const { return context_; }
+  // How many leading tokens of `prompt` a generation on this session would not recompute because its
+  // own context already holds them (0 when none; the last prompt token is always recomputed).
+  int64_t reusable_prefix(std::span<const int32_t> prompt) const;
+  Session& session() { return s_; }
 
  private:
+  friend class Sequence;
   int64_t prepare(const GenerationRequest& req, GenerationStats& st);
 
   Session& s_;

@@ -69,7 +69,7 @@ struct GoldenOptions {
 GoldenReport run_golden(Backend& backend, const std::string& golden_safetensors, const GoldenOptions& opts = {});
 
 struct GoldenThresholds {
-  bool exact = true;  // CPU (fp32): max |Δlogit| bound and identical generations
+  bool exact = true;  // cpu-ref (fp32 reference): max |Δlogit| bound and identical generations
   double max_abs = 2e-3;
   double min_confident_top1 = 0.99;  // GPU rules
   double max_rel_l2 = 3e-2;

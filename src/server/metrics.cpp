@@ -26,6 +26,20 @@ void Metrics::add_generation(int64_t prompt_tokens, int64_t cached_tokens, int64
   (cache_hit ? cache_hits_ : cache_misses_)++;
 }
 
+void Metrics::observe_step(int64_t decoded, bool prefilled) {
+  if (decoded > 0) batch_size = decoded;
+  std::lock_guard lk(mu_);
+  if (decoded > 0) {
+    size_t b = 0;
+    while (b < kBatchBounds.size() && decoded > kBatchBounds[b]) ++b;
+    ++batch_hist_[b];
+    ++batch_steps_;
+    batch_sum_ += decoded;
+  }
+  if (prefilled) ++prefill_steps_;
+  if (prefilled && decoded > 0) ++mixed_steps_;
+}
+
 std::string Metrics::render() const {
   std::string out;
   char buf[512];
@@ -57,6 +71,30 @@ std::string Metrics::render() const {
   line("lilac_queue_depth %lld\n", (long long)queue_depth.load());
   out += "# HELP lilac_running Generations running now.\n# TYPE lilac_running gauge\n";
   line("lilac_running %lld\n", (long long)running.load());
+  out += "# HELP lilac_sequence_pool_capacity Sessions in the pool (generations that can run at once).\n# TYPE lilac_sequence_pool_capacity gauge\n";
+  line("lilac_sequence_pool_capacity %lld\n", (long long)pool_capacity.load());
+  out += "# HELP lilac_sequence_pool_in_use Sessions of the pool running a generation.\n# TYPE lilac_sequence_pool_in_use gauge\n";
+  line("lilac_sequence_pool_in_use %lld\n", (long long)running.load());
+  out += "# HELP lilac_batch_size Sequences in the last batched decode step.\n# TYPE lilac_batch_size gauge\n";
+  line("lilac_batch_size %lld\n", (long long)batch_size.load());
+  out += "# HELP lilac_decode_batch_size Sequences per batched decode step.\n# TYPE lilac_decode_batch_size histogram\n";
+  {
+    int64_t cum = 0;
+    for (size_t b = 0; b < kBatchBounds.size(); ++b) {
+      cum += batch_hist_[b];
+      line("lilac_decode_batch_size_bucket{le=\"%lld\"} %lld\n", (long long)kBatchBounds[b], (long long)cum);
+    }
+    cum += batch_hist_[kBatchBounds.size()];
+    line("lilac_decode_batch_size_bucket{le=\"+Inf\"} %lld\n", (long long)cum);
+    line("lilac_decode_batch_size_sum %lld\n", (long long)batch_sum_);
+    line("lilac_decode_batch_size_count %lld\n", (long long)batch_steps_);
+  }
+  out += "# HELP lilac_decode_steps_total Batched decode steps run.\n# TYPE lilac_decode_steps_total counter\n";
+  line("lilac_decode_steps_total %lld\n", (long long)batch_steps_);
+  out += "# HELP lilac_prefill_chunks_total Prefill steps run (at most --prefill-chunk prompt tokens each).\n# TYPE lilac_prefill_chunks_total counter\n";
+  line("lilac_prefill_chunks_total %lld\n", (long long)prefill_steps_);
+  out += "# HELP lilac_mixed_steps_total Scheduler iterations that ran a prefill chunk and a decode step.\n# TYPE lilac_mixed_steps_total counter\n";
+  line("lilac_mixed_steps_total %lld\n", (long long)mixed_steps_);
   out += "# HELP lilac_cancelled_total Generations stopped because the client went away.\n# TYPE lilac_cancelled_total counter\n";
   line("lilac_cancelled_total %lld\n", (long long)cancelled.load());
   out += "# HELP lilac_prefix_cache_hits_total Generations that resumed from a cached prefix.\n# TYPE lilac_prefix_cache_hits_total counter\n";

@@ -165,6 +165,9 @@ void Server::set_model(std::shared_ptr<Backend> backend, std::shared_ptr<const T
   so.max_queue = C.opts.max_queue;
   so.max_seq = C.opts.max_seq;
   so.cache_bytes = C.opts.cache_bytes;
+  so.max_batch = C.opts.max_batch;
+  so.seq_memory_bytes = C.opts.seq_memory_bytes;
+  so.prefill_chunk = C.opts.prefill_chunk;
   C.tok = tokenizer;
   C.core = std::make_unique<GenerationCore>(std::move(backend), std::move(tokenizer), std::move(chat_template),
                                             qwen3_6_format(), so, &C.metrics);

@@ -52,7 +52,7 @@ void expect_matches_oracle(const GoldenReport& r, size_t n_seqs, size_t n_gens) 
   // embed, every layer, final_norm.
   EXPECT_GE(r.activations.size(), 3u);
   for (const auto& a : r.activations) EXPECT_LE(a.max_abs, 1e-4 * std::max(1.0, a.ref_max_abs)) << a.seq << "." << a.name;
-  EXPECT_TRUE(golden_failures(r, GoldenThresholds::for_backend("cpu")).empty()) << format_golden_report(r);
+  EXPECT_TRUE(golden_failures(r, GoldenThresholds::for_backend("cpu-ref")).empty()) << format_golden_report(r);
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -329,5 +330,43 @@ TEST(CpuOps, SwigluAgainstNaive) {
       for (int i = 0; i < 64; ++i) y += double(d.deq[r * 64 + i]) * h[i];
       EXPECT_NEAR(Y[t * 128 + r], y, 1e-4 * (1 + std::abs(y)));
     }
+  }
+}
+
+// The batched decode step's product: row t of qmatvec_rows is bit-identical to qmatvec of input t
+// alone (4 and 8 bits, several group sizes, dense), whatever the batch size and the thread count;
+// qmatmul's multi-row form is not (another summation order), which is why the batch needs its own op.
+TEST(CpuOps, QmatvecRowsEqualsQmatvecBitForBit) {
+  ThreadPool pool(3);
+  bool qmatmul_differs = false;
+  for (int gs : {32, 64, 128})
+    for (int bits : {4, 8}) {
+      PackedMatrix p = make_packed(45, 256, bits, 101 + gs + bits, gs);
+      for (int n : {1, 2, 3, 7, 16}) {
+        auto X = randn(size_t(256 * n), 200 + n);
+        std::vector<float> Y(size_t(45 * n), NAN), Ym(size_t(45 * n)), y(45);
+        qmatvec_rows(p.m, X.data(), n, Y.data(), n % 2 ? &pool : nullptr);
+        qmatmul(p.m, X.data(), n, Ym.data(), &pool);
+        for (int t = 0; t < n; ++t) {
+          qmatvec(p.m, X.data() + t * 256, y.data(), t % 2 ? &pool : nullptr);
+          ASSERT_EQ(std::memcmp(y.data(), Y.data() + t * 45, 45 * sizeof(float)), 0)
+              << "gs " << gs << " bits " << bits << " n " << n << " row " << t;
+          if (n > 1 && std::memcmp(y.data(), Ym.data() + t * 45, 45 * sizeof(float)) != 0) qmatmul_differs = true;
+        }
+      }
+    }
+  EXPECT_TRUE(qmatmul_differs);
+  // Dense (bits 0): the same per-row dot either way.
+  auto Wd = randn(9 * 70, 5);
+  QMatrix d;
+  d.rows = 9;
+  d.cols = 70;
+  d.dense = Wd.data();
+  auto X = randn(70 * 4, 6);
+  std::vector<float> Y(36), y(9);
+  qmatvec_rows(d, X.data(), 4, Y.data(), &pool);
+  for (int t = 0; t < 4; ++t) {
+    qmatvec(d, X.data() + t * 70, y.data(), nullptr);
+    ASSERT_EQ(std::memcmp(y.data(), Y.data() + t * 9, 9 * sizeof(float)), 0) << t;
   }
 }

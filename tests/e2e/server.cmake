@@ -13,9 +13,14 @@ add_test(NAME e2e_make_demo
 set_tests_properties(e2e_make_demo PROPERTIES FIXTURES_SETUP e2e_demo TIMEOUT 300 LABELS e2e)
 
 set(_env "LILAC_BINARY=$<TARGET_FILE:lilac>;LILAC_DEMO_MODEL=${LILAC_E2E_DEMO_DIR};LILAC_SOURCE_DIR=${CMAKE_SOURCE_DIR};LILAC_LOG=warn")
-foreach(t server_demo server_scripted)
+foreach(t server_demo server_scripted server_batch)
   add_test(NAME e2e_${t} COMMAND node --test --test-concurrency=1 "${_e2e}/${t}.test.mjs")
   set_tests_properties(e2e_${t} PROPERTIES FIXTURES_REQUIRED e2e_demo ENVIRONMENT "${_env}" TIMEOUT 300 LABELS e2e)
 endforeach()
+# The same demo-model tests through the fast CPU path (the default backend without a GPU, what
+# scripts/serve-demo.sh serves); e2e_server_demo itself runs the fp32 reference (LILAC_E2E_BACKEND unset).
+add_test(NAME e2e_server_demo_cpufast COMMAND node --test --test-concurrency=1 "${_e2e}/server_demo.test.mjs")
+set_tests_properties(e2e_server_demo_cpufast PROPERTIES FIXTURES_REQUIRED e2e_demo
+  ENVIRONMENT "${_env};LILAC_E2E_BACKEND=cpu" TIMEOUT 300 LABELS e2e)
 add_test(NAME e2e_curl_stream COMMAND bash "${_e2e}/curl_stream.sh" $<TARGET_FILE:lilac> "${LILAC_E2E_DEMO_DIR}")
 set_tests_properties(e2e_curl_stream PROPERTIES FIXTURES_REQUIRED e2e_demo TIMEOUT 120 LABELS e2e)

@@ -12,7 +12,7 @@ let srv, client, modelId;
 const hello = [{ role: 'user', content: 'Hello! Say something.' }];
 
 before(async () => {
-  srv = await startServer(['--backend', 'cpu', '--max-seq', '4096']);
+  srv = await startServer(['--backend', process.env.LILAC_E2E_BACKEND || 'cpu-ref', '--max-seq', '4096']);
   client = new OpenAI({ baseURL: `${srv.url}/v1`, apiKey: 'unused', maxRetries: 0, timeout: 60000 });
 });
 after(async () => { await srv?.stop(); });

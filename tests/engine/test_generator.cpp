@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "engine/generator.h"
+#include "fake_session.h"
 #include "text/tokenizer.h"
 
 #if __has_include("cpu/cpu_backend.h")
@@ -23,71 +24,6 @@ const lilac::Tokenizer& qwen3_tokenizer() {
       lilac::Tokenizer::load(std::string(LILAC_SHARED_DIR) + "/fixtures/qwen3-tokenizer");
   return *t;
 }
-
-// A "model" whose state is a hash of every token it has seen; the next token is a function of that
-// hash (ids 32..1031, plus eos when the hash says so). Any state error (wrong restore, token skipped
-// or fed twice) changes the output.
-struct HashState {
-  uint64_t h = 14695981039346656037ull;
-  int64_t len = 0;
-  void feed(int32_t t) {
-    h ^= uint64_t(uint32_t(t)) + 0x9e3779b97f4a7c15ull;
-    h *= 1099511628211ull;
-    ++len;
-  }
-};
-
-class HashSnap : public lilac::SessionSnapshot {
- public:
-  explicit HashSnap(HashState s) : s(s) {}
-  HashState s;
-  int64_t length() const override { return s.len; }
-  size_t bytes() const override { return 1000; }
-};
-
-struct Counters {
-  int64_t prefilled = 0, restores = 0, resets = 0, snapshots = 0;
-};
-
-class HashSession : public lilac::Session {
- public:
-  HashSession(int64_t max, int32_t eos, Counters* c) : max_(max), eos_(eos), c_(c) {}
-  int64_t length() const override { return st_.len; }
-  int64_t max_length() const override { return max_; }
-  void prefill(std::span<const int32_t> tokens, const lilac::LogitsSink*) override {
-    if (st_.len + int64_t(tokens.size()) > max_) throw lilac::InputError("too long");
-    for (int32_t t : tokens) st_.feed(t);
-    c_->prefilled += int64_t(tokens.size());
-  }
-  void begin_generation(const lilac::SamplingParams&, std::span<const int32_t>) override {}
-  lilac::TokenChoice sample() override {
-    lilac::TokenChoice c;
-    c.token = (st_.h >> 7) % 23 == 0 ? eos_ : int32_t(32 + (st_.h >> 11) % 1000);
-    last_ = c.token;
-    return c;
-  }
-  void advance() override { st_.feed(last_); }
-  std::vector<float> logits() override { return {}; }
-  std::shared_ptr<const lilac::SessionSnapshot> snapshot() override {
-    ++c_->snapshots;
-    return std::make_shared<HashSnap>(st_);
-  }
-  void restore(const lilac::SessionSnapshot& s) override {
-    ++c_->restores;
-    st_ = dynamic_cast<const HashSnap&>(s).s;
-  }
-  void reset() override {
-    ++c_->resets;
-    st_ = HashState{};
-  }
-
- private:
-  int64_t max_;
-  int32_t eos_;
-  Counters* c_;
-  HashState st_;
-  int32_t last_ = 0;
-};
 
 int32_t im_end() { return *qwen3_tokenizer().token_id("<|im_end|>"); }
 

@@ -44,7 +44,7 @@ GoldenReport clean_report() {
 }  // namespace
 
 TEST(GoldenThresholds, CpuIsExact) {
-  const auto t = GoldenThresholds::for_backend("cpu");
+  const auto t = GoldenThresholds::for_backend("cpu-ref");
   EXPECT_TRUE(t.exact);
   GoldenReport r = clean_report();
   EXPECT_TRUE(golden_failures(r, t).empty());
@@ -62,7 +62,7 @@ TEST(GoldenThresholds, CpuIsExact) {
 
 // BF16 reference logits: the exact rule applies to the part of |dlogit| beyond their own rounding.
 TEST(GoldenThresholds, CpuWithBf16ReferenceUsesTheExcessOverRounding) {
-  const auto t = GoldenThresholds::for_backend("cpu");
+  const auto t = GoldenThresholds::for_backend("cpu-ref");
   GoldenReport r = clean_report();
   r.seqs[0].ref_bf16 = true;
   r.seqs[0].max_abs = 1.56e-2;  // half a bf16 ulp of a logit in [4, 8)
@@ -77,6 +77,7 @@ TEST(GoldenThresholds, CpuWithBf16ReferenceUsesTheExcessOverRounding) {
 TEST(GoldenThresholds, GpuRules) {
   const auto t = GoldenThresholds::for_backend("cuda");
   EXPECT_FALSE(t.exact);
+  EXPECT_FALSE(GoldenThresholds::for_backend("cpu").exact);  // the fast CPU path is reduced precision too
   GoldenReport r = clean_report();
   r.seqs[0].max_abs = 0.05;  // no max-abs bound for reduced precision
   r.seqs[0].rel_l2 = 0.02;
@@ -121,7 +122,7 @@ TEST(GoldenCli, FailsOnPerturbedGolden) {
     out.push_back(TensorToWrite{name, t.dtype, t.shape, bufs.back().data(), t.nbytes});
   }
   write_safetensors((dir / "golden.safetensors").string(), out);
-  const std::string cmd = std::string(LILAC_BINARY) + " check-golden --backend cpu --threads 1 --model " + fx +
+  const std::string cmd = std::string(LILAC_BINARY) + " check-golden --backend cpu-ref --threads 1 --model " + fx +
                           "/mlx4 --golden " + (dir / "golden.safetensors").string() + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   ASSERT_NE(p, nullptr);

@@ -1,0 +1,456 @@
+// Multi-row decode attention (rows_state.h: attention_rows): one split-K kernel over every row's own
+// KV cache. Per row the arithmetic is attention_decode's (attention_decode.cu; the device pieces are
+// in attn_rows_tile.cuh): the same split rule, chunking, warp assignment, online softmax, block merge
+// and combine tree, so a row's output is bitwise what attention_decode gives for that token with the
+// same n_split. Only the distribution of the work over blocks differs:
+//
+// Work items. Row r has nsp_r splits (split_plan: from its own length and W only); the items
+// (r, split) are numbered row after row and block y of a unit takes items y, y + W, y + 2W, ...
+// (W = gridDim.y = one wave of resident blocks per unit, the grid attention_decode launches, so at
+// M = 1 block y does split y as there). Every block builds the item table itself from row_slot /
+// row_pos (M <= 64: one warp scan). A row's splits are consecutive items, so they go to distinct
+// blocks, and the load per block stays within one item of the mean.
+// Combine per (row, unit): the arrival counters and the partial slots are per (row, unit); otherwise
+// as in attention_decode (the last block of each group of 16 splits merges them, the last group
+// merger merges the groups; self-resetting counters with the tagged fallback for never-used memory).
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include "cuda/cuda_common.h"
+#include "cuda/kernels/launch.cuh"
+#include "cuda/kernels/rows/attn_rows_tile.cuh"
+#include "cuda/kernels/rows/rows_plan.h"
+#include "cuda/kernels/rows/rows_state.h"
+
+namespace lilac::cuda::rows {
+namespace {
+using namespace dev;
+using plan::split_plan;
+
+struct Layout {
+  int NG, HG, units;
+  size_t ctr_floats, slot_floats, slots_per_unit;
+};
+Layout layout_of(const AttnDecodeShape& s, int cap) {
+  Layout l;
+  const int G = s.heads / s.kv_heads;
+  l.NG = ng_of(G);
+  l.HG = (G + l.NG - 1) / l.NG;
+  l.units = s.kv_heads * l.HG;
+  // counters for kMaxRows rows whatever M: at the same place for every M, so that one buffer sized for
+  // the largest M serves the graphs of every batch size (a counter is always left reset)
+  l.ctr_floats = (size_t(kMaxRows) * l.units * kCtrPerUnit * 2 + 63) / 64 * 64;
+  l.slot_floats = slot_floats_of(l.NG, s.head_dim);
+  l.slots_per_unit = size_t(cap) + (cap + kGroupSplits - 1) / kGroupSplits;
+  return l;
+}
+
+struct RowsAttnArgs {
+  const float* q;   // [M][heads * HD]
+  const float* qg;  // row r at qg + r * qg_stride: [heads][q HD | gate HD]
+  int64_t qg_stride;
+  const __nv_bfloat16* kc;  // slot 0's caches; slot s at + s * kv_slot_stride
+  const __nv_bfloat16* vc;
+  int64_t kv_slot_stride;
+  const int32_t* row_slot;
+  const int32_t* row_pos;
+  unsigned long long* ctr;  // [M][units][kCtrPerUnit]
+  float* slots;             // [M][units][slots_per_unit][SL]
+  float* out;               // [M][heads * HD]
+  int M, G, HG, units, kv_heads, cap, slots_per_unit;
+};
+
+// One work item: split `split` of row `ri` for this block's unit (attention_decode's block body).
+template <int HD, int NG>
+__device__ __forceinline__ void attn_item(const RowsAttnArgs& a, int ri, int slot, int32_t pos, int split) {
+  using C = Cfg<HD, NG>;
+  constexpr int DPL = C::DPL, R = C::R, V = C::V, LV = C::LV, SH = C::SH;
+  constexpr int W = (DPL + 1) / 2;  // packed words per lane per row
+  constexpr unsigned kFull = 0xffffffffu;
+  extern __shared__ float4 smem4[];
+  float* sm = reinterpret_cast<float*>(smem4);
+  float* qs = sm + C::kQs;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int unit = blockIdx.x;
+  const int kvh = unit / a.HG, hg = unit % a.HG;
+  const int h0 = kvh * a.G + hg * NG;
+  const int hv = min(NG, a.G - hg * NG);
+  const int64_t hdim = int64_t(a.kv_heads) * a.G * HD;  // q / out row width
+  const float* q = a.q + ri * hdim;
+  const float* qg = a.qg + ri * a.qg_stride;
+  float* out = a.out + ri * hdim;
+  const __nv_bfloat16* kc = a.kc + slot * a.kv_slot_stride;
+  const __nv_bfloat16* vc = a.vc + slot * a.kv_slot_stride;
+
+  const int64_t L = int64_t(pos) + 1;
+  int nsp;
+  int64_t rps;
+  split_plan(L, int(gridDim.y), C::kMinRows, R, nsp, rps);
+  const int64_t begin = int64_t(split) * rps, end = begin + rps < L ? begin + rps : L;
+  const int nch = int((end - begin + R - 1) / R);
+
+  // this warp's ring and the chunk copies
+  __nv_bfloat16* ring = reinterpret_cast<__nv_bfloat16*>(sm) + size_t(warp) * kStages * C::STAGE;
+  const int64_t row_stride = int64_t(a.kv_heads) * HD;
+  const __nv_bfloat16* kbase = kc + int64_t(kvh) * HD;
+  const __nv_bfloat16* vbase = vc + int64_t(kvh) * HD;
+  auto issue = [&](int c, int stage) {
+    __nv_bfloat16* st = ring + stage * C::STAGE;
+#pragma unroll
+    for (int i0 = 0; i0 < C::PIECES; i0 += 32) {
+      const int i = i0 + lane;
+      if (C::PIECES % 32 == 0 || i < C::PIECES) {
+        const int isv = i / (C::PIECES / 2), rem = i % (C::PIECES / 2);
+        const int r = rem / (HD / 8), c8 = rem % (HD / 8);
+        const int64_t row = begin + int64_t(c) * R + r;
+        const bool ok = row < end;
+        const __nv_bfloat16* src = (isv ? vbase : kbase) + (ok ? row : 0) * row_stride + c8 * 8;
+        cp_async16(st + isv * R * HD + r * HD + c8 * 8, src, ok ? 16 : 0);
+      }
+    }
+  };
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    const int c = warp + s * kWarps;
+    if (c < nch) issue(c, s);
+    cp_async_commit();
+  }
+  {
+    // q (pre-scaled by 1/sqrt(hd), qs layout: see qs_index) for the unit's NG heads, padded heads 0:
+    // requested right after the first K/V copies (whose addresses need *pos), all loads at once, so its
+    // round trip overlaps theirs instead of preceding it
+    constexpr int kQn = (NG * HD + kWarps * 32 - 1) / (kWarps * 32);
+    float qv[kQn];
+#pragma unroll
+    for (int k = 0; k < kQn; ++k) {
+      const int i = tid + k * kWarps * 32, h = i / HD, d = i % HD;
+      qv[k] = i < NG * HD && h < hv ? q[int64_t(h0 + h) * HD + d] : 0.f;
+    }
+    const float scale = rsqrtf(float(HD));
+#pragma unroll
+    for (int k = 0; k < kQn; ++k) {
+      const int i = tid + k * kWarps * 32;
+      if (i < NG * HD) qs[qs_index<HD, NG>(i / HD, i % HD)] = qv[k] * scale;
+    }
+  }
+  __syncthreads();  // qs
+
+  float acc[NG][DPL];
+#pragma unroll
+  for (int h = 0; h < NG; ++h)
+#pragma unroll
+    for (int j = 0; j < DPL; ++j) acc[h][j] = 0.f;
+  float m_run = -INFINITY, l_run = 0.f;  // for head (lane >> SH) % NG
+  float* pbuf = sm + C::kPbuf + warp * (V + NG);
+  const int vidx = lane >> SH, my_r = vidx / NG, my_h = vidx % NG;
+  const bool rep0 = (lane & ((1 << SH) - 1)) == 0;
+
+  int it = 0;
+  for (int c = warp; c < nch; c += kWarps, ++it) {
+    cp_async_wait<kStages - 2>();
+    __syncwarp();
+    {
+      const int cn = c + (kStages - 1) * kWarps;
+      if (cn < nch) issue(cn, (it + kStages - 1) % kStages);
+      cp_async_commit();
+    }
+    const __nv_bfloat16* st = ring + (it % kStages) * C::STAGE;
+    // scores: vals[r * NG + h] = partial q_h · k_r over this lane's dims
+    float vals[V];
+#pragma unroll
+    for (int i = 0; i < V; ++i) vals[i] = 0.f;
+    {
+      uint32_t kw[R][W];
+#pragma unroll
+      for (int r = 0; r < R; ++r) lds_bf16<DPL>(st + r * HD + lane * DPL, kw[r]);
+#pragma unroll
+      for (int j = 0; j < DPL; ++j) {
+        float qv[NG];
+        lds_q<HD, NG>(qs, j, lane, qv);
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          const float kf = bf_at<DPL>(kw[r], j);
+#pragma unroll
+          for (int h = 0; h < NG; ++h) vals[r * NG + h] = fmaf(qv[h], kf, vals[r * NG + h]);
+        }
+      }
+    }
+    // reduce-scatter: after LV halving steps lane holds value index lane >> SH; then all-reduce
+    reduce_scatter<V, 16>(vals, lane);
+#pragma unroll
+    for (int off = 16 >> LV; off > 0; off >>= 1) vals[0] += __shfl_xor_sync(kFull, vals[0], off);
+    const int64_t my_row = begin + int64_t(c) * R + my_r;
+    const float sc = my_row < end ? vals[0] : -INFINITY;
+    // online softmax per head over the chunk's rows (lanes with equal head differ in the row bits)
+    float mx = sc;
+#pragma unroll
+    for (int off = NG << SH; off < 32; off <<= 1) mx = fmaxf(mx, __shfl_xor_sync(kFull, mx, off));
+    const float m_new = fmaxf(m_run, mx);
+    const float p = expf(sc - m_new);
+    float ps = p;
+#pragma unroll
+    for (int off = NG << SH; off < 32; off <<= 1) ps += __shfl_xor_sync(kFull, ps, off);
+    const bool grow = m_new > m_run;
+    const float corr = grow ? expf(m_run - m_new) : 1.f;
+    l_run = fmaf(l_run, corr, ps);
+    m_run = m_new;
+    if (rep0) {
+      pbuf[vidx] = p;
+      if (my_r == 0) pbuf[V + my_h] = corr;
+    }
+    __syncwarp();
+    if (__any_sync(kFull, grow)) {
+#pragma unroll
+      for (int h = 0; h < NG; ++h) {
+        const float cf = pbuf[V + h];
+#pragma unroll
+        for (int j = 0; j < DPL; ++j) acc[h][j] *= cf;
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      uint32_t vw[W];
+      lds_bf16<DPL>(st + R * HD + r * HD + lane * DPL, vw);
+      float pr[NG];
+      if constexpr (NG >= 4) {
+#pragma unroll
+        for (int g = 0; g < NG / 4; ++g) {
+          const float4 t = reinterpret_cast<const float4*>(pbuf + r * NG)[g];
+          pr[4 * g] = t.x, pr[4 * g + 1] = t.y, pr[4 * g + 2] = t.z, pr[4 * g + 3] = t.w;
+        }
+      } else {
+#pragma unroll
+        for (int h = 0; h < NG; ++h) pr[h] = pbuf[r * NG + h];
+      }
+#pragma unroll
+      for (int j = 0; j < DPL; ++j) {
+        const float vf = bf_at<DPL>(vw, j);
+#pragma unroll
+        for (int h = 0; h < NG; ++h) acc[h][j] = fmaf(pr[h], vf, acc[h][j]);
+      }
+    }
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // ring no longer read or written: reuse it for the warp accumulators
+
+  // merge the warps' states into this block's partial slot
+  float* wacc = sm;  // [W][NG][HD]
+  float* wm = sm + C::kWm;
+  float* wl = sm + C::kWl;
+#pragma unroll
+  for (int h = 0; h < NG; ++h) {
+    float* dst = wacc + (warp * NG + h) * HD + lane * DPL;
+    if constexpr (DPL % 4 == 0) {
+#pragma unroll
+      for (int j = 0; j < DPL; j += 4)
+        *reinterpret_cast<float4*>(dst + j) = make_float4(acc[h][j], acc[h][j + 1], acc[h][j + 2], acc[h][j + 3]);
+    } else {
+#pragma unroll
+      for (int j = 0; j < DPL; ++j) dst[j] = acc[h][j];
+    }
+  }
+  if (rep0 && my_r == 0) {
+    wm[warp * NG + my_h] = m_run;
+    wl[warp * NG + my_h] = l_run;
+  }
+  __syncthreads();
+  constexpr int SL = C::SL;
+  float* uslots = a.slots + (size_t(ri) * a.units + unit) * a.slots_per_unit * SL;
+  float* my_slot = uslots + size_t(split) * SL;
+  // every thread: 4 consecutive dims of one head; the head's max / weights from the W warp maxima
+  for (int f = tid; f < NG * HD / 4; f += blockDim.x) {
+    const int i = 4 * f, h = i / HD;
+    float M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, wm[w * NG + h]);
+    float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
+    float Ls = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float mw = wm[w * NG + h];
+      const float fw = mw == -INFINITY ? 0.f : expf(mw - M);
+      const float4 x = *reinterpret_cast<const float4*>(wacc + w * NG * HD + i);
+      s.x = fmaf(fw, x.x, s.x);
+      s.y = fmaf(fw, x.y, s.y);
+      s.z = fmaf(fw, x.z, s.z);
+      s.w = fmaf(fw, x.w, s.w);
+      Ls = fmaf(fw, wl[w * NG + h], Ls);
+    }
+    *reinterpret_cast<float4*>(my_slot + i) = s;
+    if (i % HD == 0) {
+      my_slot[NG * HD + h] = M;
+      my_slot[NG * HD + NG + h] = Ls;
+    }
+  }
+
+  // first-level combine: the last block of splits [16j, 16j+16) merges them
+  const int ngroups = (nsp + kGroupSplits - 1) / kGroupSplits;
+  const int grp = split / kGroupSplits;
+  const int gsize = min(kGroupSplits, nsp - grp * kGroupSplits);
+  const uint32_t tag = uint32_t(pos) ^ kTagMagic;
+  unsigned long long* uctr = a.ctr + (size_t(ri) * a.units + unit) * kCtrPerUnit;
+  int* flag = reinterpret_cast<int*>(sm + C::kFlag);
+  __syncthreads();
+  if (tid == 0) *flag = arrive(uctr + 2 * grp, tag, uint32_t(gsize));
+  __syncthreads();
+  if (!*flag) {
+    return;
+  }
+  // the merges reuse the start of shared memory (m / l of the merged slots): free since the barrier
+  // before the arrival
+  const float* gfirst = uslots + size_t(grp) * kGroupSplits * SL;
+  if (ngroups == 1) {
+    merge_slots<HD, NG>(gfirst, gsize, nullptr, qg, out, h0, hv, sm);
+    return;
+  }
+  float* gslot = uslots + size_t(a.cap + grp) * SL;
+  merge_slots<HD, NG>(gfirst, gsize, gslot, qg, out, h0, hv, sm);
+  // second level: the last group merger merges the group results
+  __syncthreads();
+  if (tid == 0) *flag = arrive(uctr + 2 * kMaxGroups, tag, uint32_t(ngroups));
+  __syncthreads();
+  if (!*flag) {
+    return;
+  }
+  merge_slots<HD, NG>(uslots + size_t(a.cap) * SL, ngroups, nullptr, qg, out, h0, hv, sm);
+}
+
+template <int HD, int NG>
+__global__ void __launch_bounds__(kWarps * 32, 2) attn_rows_kernel(RowsAttnArgs a) {
+  using C = Cfg<HD, NG>;
+  __shared__ int s_first[kMaxRows + 1];  // items of rows < r: s_first[r]
+  __shared__ int s_slot[kMaxRows], s_pos[kMaxRows];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  pdl_wait();
+  pdl_trigger();
+  if (warp == 0) {
+    int cnt[2];
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const int r = lane + 32 * k;
+      cnt[k] = 0;
+      if (r < a.M) {
+        const int slot = a.row_slot[r];
+        const int32_t pos = a.row_pos[r];
+        s_slot[r] = slot;
+        s_pos[r] = pos;
+        if (slot >= 0) {
+          int64_t rps;
+          split_plan(int64_t(pos) + 1, int(gridDim.y), C::kMinRows, C::R, cnt[k], rps);
+        }
+      }
+#pragma unroll
+      for (int off = 1; off < 32; off <<= 1) {
+        const int t = __shfl_up_sync(0xffffffffu, cnt[k], off);
+        if (lane >= off) cnt[k] += t;
+      }
+    }
+    const int tot0 = __shfl_sync(0xffffffffu, cnt[0], 31);
+    s_first[lane + 1] = cnt[0];
+    s_first[lane + 33] = tot0 + cnt[1];
+    if (lane == 0) s_first[0] = 0;
+  }
+  __syncthreads();
+  int row = 0;
+  for (int item = blockIdx.y; item < s_first[a.M]; item += gridDim.y) {
+    row = plan::item_row(s_first, item, row);
+    attn_item<HD, NG>(a, row, s_slot[row], s_pos[row], item - s_first[row]);
+    __syncthreads();  // shared memory (ring, merge scratch, flag) reused by the next item
+  }
+}
+
+void check_shape(const AttnDecodeShape& s) {
+  const int hd = s.head_dim;
+  LILAC_CHECK((hd == 32 || hd == 64 || hd == 128 || hd == kMaxHeadDim) && s.kv_heads > 0 && s.heads % s.kv_heads == 0 &&
+                  s.heads / s.kv_heads <= kMaxGroup && s.rotary_dim <= s.head_dim && s.rotary_dim % 2 == 0,
+              "rows attention: unsupported shape (head_dim " + std::to_string(s.head_dim) + ", heads " +
+                  std::to_string(s.heads) + "/" + std::to_string(s.kv_heads) + ")");
+}
+
+template <int HD, int NG>
+void launch_rows(const Layout& lay, const RowsAttnArgs& a, cudaStream_t stream) {
+  using C = Cfg<HD, NG>;
+  const size_t smem = size_t(C::kTotalF) * sizeof(float);
+  static int per_sm[64] = {};  // resident blocks per SM, per device (0: not yet set up)
+  int dev = 0;
+  LILAC_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev < 0 || dev >= 64) dev = 0;
+  if (per_sm[dev] == 0) {
+    LILAC_CUDA_CHECK(
+        cudaFuncSetAttribute(attn_rows_kernel<HD, NG>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    int n = 0;
+    LILAC_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attn_rows_kernel<HD, NG>, kWarps * 32, smem));
+    LILAC_CHECK(n >= 1, "rows attention: kernel cannot be resident (" + std::to_string(smem) + " B shared memory)");
+    per_sm[dev] = std::min(n, 2);
+  }
+  // one wave of resident blocks per unit, capped by the split capacity: attention_decode's grid, so
+  // that the split rule (which reads gridDim.y) is the same
+  const int gy = std::max(1, std::min(a.cap, (per_sm[dev] * sm_count() + lay.units - 1) / lay.units));
+  launch_pdl(attn_rows_kernel<HD, NG>, dim3(lay.units, gy), dim3(kWarps * 32), smem, stream, a);
+}
+
+template <int HD>
+void dispatch_ng(const Layout& lay, const RowsAttnArgs& a, cudaStream_t stream) {
+  switch (lay.NG) {
+    case 1:
+      return launch_rows<HD, 1>(lay, a, stream);
+    case 2:
+      return launch_rows<HD, 2>(lay, a, stream);
+    case 4:
+      return launch_rows<HD, 4>(lay, a, stream);
+    default:
+      return launch_rows<HD, 8>(lay, a, stream);
+  }
+}
+
+}  // namespace
+
+size_t attention_rows_partial_floats(const AttnDecodeShape& s, int n_split, int M) {
+  const Layout l = layout_of(s, n_split);
+  return l.ctr_floats + size_t(M) * l.units * l.slots_per_unit * l.slot_floats;
+}
+
+void attention_rows(const AttnDecodeShape& s, int M, const int32_t* row_slot, const int32_t* row_pos, const float* q,
+                    const float* proj, int64_t proj_stride, const KvPool& kv, int n_split, float* partial, float* out,
+                    cudaStream_t stream) {
+  check_shape(s);
+  LILAC_CHECK(M >= 1 && M <= kMaxRows, "rows attention: M must be 1.." + std::to_string(kMaxRows));
+  LILAC_CHECK(n_split >= 1 && n_split <= kAttnMaxSplit, "rows attention: bad split count");
+  LILAC_CHECK(reinterpret_cast<uintptr_t>(partial) % 16 == 0, "rows attention: partial must be 16-byte aligned");
+  LILAC_CHECK(reinterpret_cast<uintptr_t>(kv.k) % 16 == 0 && reinterpret_cast<uintptr_t>(kv.v) % 16 == 0 &&
+                  kv.slot_stride % 8 == 0,
+              "rows attention: KV pools must be 16-byte aligned, slot stride a multiple of 8 elements");
+  const Layout lay = layout_of(s, n_split);
+  RowsAttnArgs a;
+  a.q = q;
+  a.qg = proj;
+  a.qg_stride = proj_stride;
+  a.kc = kv.k;
+  a.vc = kv.v;
+  a.kv_slot_stride = kv.slot_stride;
+  a.row_slot = row_slot;
+  a.row_pos = row_pos;
+  a.ctr = reinterpret_cast<unsigned long long*>(partial);
+  a.slots = partial + lay.ctr_floats;
+  a.out = out;
+  a.M = M;
+  a.G = s.heads / s.kv_heads;
+  a.HG = lay.HG;
+  a.units = lay.units;
+  a.kv_heads = s.kv_heads;
+  a.cap = n_split;
+  a.slots_per_unit = int(lay.slots_per_unit);
+  switch (s.head_dim) {
+    case 32:
+      return dispatch_ng<32>(lay, a, stream);
+    case 64:
+      return dispatch_ng<64>(lay, a, stream);
+    case 128:
+      return dispatch_ng<128>(lay, a, stream);
+    default:
+      return dispatch_ng<256>(lay, a, stream);
+  }
+}
+
+}  // namespace lilac::cuda::rows

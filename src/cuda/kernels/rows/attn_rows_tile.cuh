@@ -1,0 +1,291 @@
+// Device pieces of the multi-row decode attention (attention_rows.cu): the tile configuration, the
+// cp.async ring copies, the warp reduce-scatter, the arrival counters and the partial merge. They are
+// the pieces of the single-row kernel (attention_decode.cu) unchanged — the multi-row kernel must
+// compute each row's output with exactly that arithmetic (bitwise) — except that merge_slots takes
+// the row's gate / output pointers. Include from one .cu only (anonymous namespace).
+#pragma once
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "cuda/kernels/decode.h"
+#include "cuda/kernels/qdot.cuh"
+
+namespace lilac::cuda {
+namespace {
+using namespace dev;
+
+constexpr int kMaxHeadDim = 256;
+constexpr int kMaxGroup = 16;     // query heads per kv head
+constexpr int kWarps = 8;         // warps per split block (256 threads, 2 blocks per SM on sm_90)
+constexpr int kStages = 5;        // cp.async ring depth per warp (4 chunks in flight)
+constexpr int kGroupSplits = 16;  // partials merged per first-level combine
+constexpr int kMaxGroups = (kAttnMaxSplit + kGroupSplits - 1) / kGroupSplits;
+constexpr int kMergeMax = kMaxGroups > kGroupSplits ? kMaxGroups : kGroupSplits;  // partials per merge
+// Each counter is two 64-bit words: [0] the fast counter (kCtrMagic << 32 | count, reset by the block
+// that completes it), [1] the tagged fallback used only while word 0 holds garbage (first use).
+constexpr int kCtrPerUnit = 2 * (kMaxGroups + 1);  // group counters + the top counter
+constexpr uint32_t kTagMagic = 0xA5C3E1F7u;        // bit 31 set: never the tag of zeroed memory
+constexpr uint32_t kCtrMagic = 0x2C1A7E55u;
+constexpr unsigned long long kCtrReset = static_cast<unsigned long long>(kCtrMagic) << 32;
+
+int ng_of(int G) {  // query heads per unit: G rounded up to a power of two, at most 8
+  int ng = 1;
+  while (ng < G && ng < 8) ng *= 2;
+  return ng;
+}
+// One partial: acc [NG][HD], m [NG], l [NG], padded to 16 bytes (merged with float4 loads).
+constexpr int slot_floats_of(int NG, int HD) { return NG * HD + (2 * NG + 3) / 4 * 4; }
+
+template <int HD, int NG>
+struct Cfg {
+  static constexpr int DPL = HD / 32;                   // dims per lane
+  static constexpr int R = 16 / (NG > DPL ? NG : DPL);  // rows per chunk
+  static constexpr int V = R * NG;                      // partial dots per lane per chunk (<= 16)
+  static constexpr int LV = V == 1 ? 0 : V == 2 ? 1 : V == 4 ? 2 : V == 8 ? 3 : 4;
+  static constexpr int SH = 5 - LV;         // lane >> SH = (row, head) index after the reduce
+  static constexpr int STAGE = 2 * R * HD;  // bf16 per ring stage: R K rows then R V rows
+  static constexpr int PIECES = STAGE / 8;  // 16-byte copies per stage
+  // at least kStages - 1 chunks per warp per split: a split's whole K/V is requested at once right after
+  // the wait, and fewer splits means fewer partials to merge (at 512 rows, HD 256, NG 8: 8 splits of 64
+  // rows = 64 KB of K/V per block, one 64 KB merge, instead of 16 x 32 rows and a 128 KB merge)
+  static constexpr int kMinRows = (kStages - 1) * kWarps * R;
+  // shared memory (floats): big [max(ring, warp accumulators)] | qs [NG*HD] | pbuf [W][V+NG] |
+  // wm, wl [W][NG] | flag [4]. At most 90 KB (HD 256, NG 8): fits the 99 KB per block of sm_86/sm_89.
+  static constexpr int kRingF = kWarps * kStages * STAGE / 2;
+  static constexpr int kAccF = kWarps * NG * HD;
+  static constexpr int kBigF = kRingF > kAccF ? kRingF : kAccF;
+  static constexpr int kQs = kBigF;
+  static constexpr int kPbuf = kQs + NG * HD;
+  static constexpr int kWm = kPbuf + kWarps * (V + NG);
+  static constexpr int kWl = kWm + kWarps * NG;
+  static constexpr int kFlag = kWl + kWarps * NG;
+  static constexpr int kTotalF = kFlag + 4;
+  static constexpr int SL = slot_floats_of(NG, HD);
+  static_assert(V <= 16 && R >= 2 && (kBigF % 4) == 0 && (kWm % 4) == 0, "attention tile");
+  static_assert(size_t(kTotalF) * 4 <= 99 * 1024, "attention smem must fit sm_86/sm_89 (99 KB per block)");
+};
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src_bytes) {
+  const unsigned sa = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sa), "l"(gmem), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// DPL consecutive bf16 from shared memory, packed two per word (element 2i in the low half of w[i]).
+template <int DPL>
+__device__ __forceinline__ void lds_bf16(const __nv_bfloat16* p, uint32_t (&w)[(DPL + 1) / 2]) {
+  if constexpr (DPL == 8) {
+    const uint4 t = *reinterpret_cast<const uint4*>(p);
+    w[0] = t.x, w[1] = t.y, w[2] = t.z, w[3] = t.w;
+  } else if constexpr (DPL == 4) {
+    const uint2 t = *reinterpret_cast<const uint2*>(p);
+    w[0] = t.x, w[1] = t.y;
+  } else if constexpr (DPL == 2) {
+    w[0] = *reinterpret_cast<const uint32_t*>(p);
+  } else {
+    w[0] = *reinterpret_cast<const unsigned short*>(p);
+  }
+}
+__device__ __forceinline__ float bf_lo(uint32_t w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
+template <int DPL>
+__device__ __forceinline__ float bf_at(const uint32_t (&w)[(DPL + 1) / 2], int j) {
+  return (j & 1) ? bf_hi(w[j >> 1]) : bf_lo(w[j >> 1]);
+}
+
+// q for the NG heads at dim lane*DPL + j: qs holds [j][NG/4][lane][4] (NG >= 4) or [j][lane][NG].
+template <int HD, int NG>
+__device__ __forceinline__ int qs_index(int h, int d) {
+  constexpr int DPL = HD / 32;
+  const int l = d / DPL, j = d % DPL;
+  if constexpr (NG >= 4)
+    return ((j * (NG / 4) + h / 4) * 32 + l) * 4 + (h & 3);
+  else
+    return (j * 32 + l) * NG + h;
+}
+template <int HD, int NG>
+__device__ __forceinline__ void lds_q(const float* qs, int j, int lane, float (&qv)[NG]) {
+  if constexpr (NG >= 4) {
+#pragma unroll
+    for (int g = 0; g < NG / 4; ++g) {
+      const float4 t = reinterpret_cast<const float4*>(qs)[(j * (NG / 4) + g) * 32 + lane];
+      qv[4 * g] = t.x, qv[4 * g + 1] = t.y, qv[4 * g + 2] = t.z, qv[4 * g + 3] = t.w;
+    }
+  } else if constexpr (NG == 2) {
+    const float2 t = reinterpret_cast<const float2*>(qs)[j * 32 + lane];
+    qv[0] = t.x, qv[1] = t.y;
+  } else {
+    qv[0] = qs[j * 32 + lane];
+  }
+}
+
+// Halving step of the warp reduce-scatter of vals[N] (values at lanes l and l ^ OFF summed; the lane
+// keeps the upper half when its OFF bit is set), recursively down to one value.
+template <int N, int OFF>
+__device__ __forceinline__ void reduce_scatter(float* vals, int lane) {
+  if constexpr (N > 1) {
+    constexpr int H = N / 2;
+    const bool up = (lane & OFF) != 0;
+#pragma unroll
+    for (int i = 0; i < H; ++i) {
+      const float send = up ? vals[i] : vals[i + H];
+      const float keep = up ? vals[i + H] : vals[i];
+      vals[i] = keep + __shfl_xor_sync(0xffffffffu, send, OFF);
+    }
+    reduce_scatter<H, OFF / 2>(vals, lane);
+  }
+}
+
+// Arrival of a block on a counter (two words, see kCtrPerUnit), by one thread after a __syncthreads
+// that follows the block's partial writes; true for the arrival that makes the count `expected`.
+// Release (the block's writes, cumulative through the barrier) before the atomic, acquire after it —
+// the pattern of cooperative groups' grid sync. Normally one atomicAdd: word 0 reads
+// kCtrMagic << 32 | count and the completing block resets it to kCtrReset. While word 0 holds anything
+// else (memory never used by this kernel: every block of the launch sees garbage there, since adding
+// at most kAttnMaxSplit never turns garbage into kCtrMagic << 32 | small), the blocks count on word 1
+// with tagged compare-and-swap (tag = *pos ^ magic, a word with another tag counts as 0) and the
+// completing block puts word 0 in the reset state, so later launches take the fast path.
+__device__ bool arrive(unsigned long long* ctr, uint32_t tag, uint32_t expected) {
+  __threadfence();
+  const unsigned long long old0 = atomicAdd(ctr, 1ull);
+  bool last;
+  if (uint32_t(old0 >> 32) == kCtrMagic && uint32_t(old0) < 0x80000000u) {
+    last = uint32_t(old0) + 1u == expected;
+    if (last) atomicExch(ctr, kCtrReset);
+  } else {
+    unsigned long long* w1 = ctr + 1;
+    unsigned long long old = atomicAdd(w1, 0ull), assumed;
+    uint32_t cnt;
+    do {
+      assumed = old;
+      cnt = (uint32_t(assumed >> 32) == tag ? uint32_t(assumed) : 0u) + 1u;
+      old = atomicCAS(w1, assumed, (static_cast<unsigned long long>(tag) << 32) | cnt);
+    } while (old != assumed);
+    last = cnt == expected;
+    if (last) {
+      atomicExch(w1, ~0ull);
+      atomicExch(ctr, kCtrReset);
+    }
+  }
+  __threadfence();
+  return last;
+}
+
+// Merges n (<= kMergeMax) partial slots (stride C::SL floats) into dst (a slot) or, with dst ==
+// nullptr, into the gated output of heads h0 .. h0+hv-1. Whole block; sml: 2 * kMergeMax * NG floats of
+// shared memory. One load per thread brings the m / l of every (slot, head) into sml, issued together
+// with the gate values and the first batch of accumulators: each thread owns F (<= 2) float4 outputs
+// and requests B slots' float4 for all of them at once, so a merge of n slots costs ceil(n / B) L2
+// round trips (8 slots: 1, 16: 2; before: 2 per output float4 per 16 slots). Reads through L2 (.cg:
+// other blocks wrote the slots).
+template <int HD, int NG>
+__device__ void merge_slots(const float* first, int n, float* dst, const float* qg, float* out, int h0, int hv,
+                            float* sml) {
+  constexpr int SL = Cfg<HD, NG>::SL;
+  constexpr int NT = kWarps * 32;
+  constexpr int NO = NG * HD / 4;        // float4 outputs
+  constexpr int F = (NO + NT - 1) / NT;  // per thread
+  constexpr int B = 8;                   // slots per batch (registers: 4 F B)
+  constexpr int ML = kMergeMax * NG;     // offset of the l values in sml
+  static_assert(ML <= NT && F <= 2 && kMergeMax % B == 0, "attention merge layout");
+  const int tid = threadIdx.x;
+  {
+    const int s = tid / NG, h = tid % NG;
+    float mv = -INFINITY, lv = 0.f;
+    if (s < n) {
+      const float* sl = first + size_t(s) * SL + NG * HD;
+      mv = __ldcg(sl + h);
+      lv = __ldcg(sl + NG + h);
+    }
+    if (tid < ML) {
+      sml[tid] = mv;  // slots >= n: weight 0
+      sml[ML + tid] = lv;
+    }
+  }
+  bool ok[F];
+  int hh[F], ii[F];
+  float g[F][4];
+  float4 x[F][B];
+#pragma unroll
+  for (int f = 0; f < F; ++f) {
+    const int o = tid + f * NT;
+    ii[f] = 4 * o;
+    hh[f] = ii[f] / HD;
+    ok[f] = o < NO && (dst != nullptr || hh[f] < hv);
+    if (!ok[f]) ii[f] = 0, hh[f] = 0;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) g[f][k] = 0.f;
+    if (!dst && ok[f]) {
+      const float* gp = qg + int64_t(h0 + hh[f]) * 2 * HD + HD + ii[f] % HD;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) g[f][k] = gp[k];
+    }
+#pragma unroll
+    for (int s = 0; s < B; ++s)
+      x[f][s] = ok[f] && s < n ? __ldcg(reinterpret_cast<const float4*>(first + size_t(s) * SL + ii[f]))
+                               : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+  __syncthreads();  // sml
+  float M[F], Ls[F];
+  float4 acc[F];
+#pragma unroll
+  for (int f = 0; f < F; ++f) {
+    M[f] = -INFINITY;
+    for (int s = 0; s < n; ++s) M[f] = fmaxf(M[f], sml[s * NG + hh[f]]);
+    Ls[f] = 0.f;
+    acc[f] = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+#pragma unroll
+  for (int s0 = 0; s0 < kMergeMax; s0 += B) {
+    if (s0 > 0) {
+      if (s0 >= n) break;
+#pragma unroll
+      for (int f = 0; f < F; ++f)
+#pragma unroll
+        for (int s = 0; s < B; ++s)
+          x[f][s] = ok[f] && s0 + s < n ? __ldcg(reinterpret_cast<const float4*>(first + size_t(s0 + s) * SL + ii[f]))
+                                        : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int s = 0; s < B; ++s) {
+      const int t = s0 + s;
+#pragma unroll
+      for (int f = 0; f < F; ++f) {
+        const float mt = sml[t * NG + hh[f]];
+        const float fs = mt == -INFINITY ? 0.f : expf(mt - M[f]);
+        Ls[f] = fmaf(fs, sml[ML + t * NG + hh[f]], Ls[f]);
+        acc[f].x = fmaf(fs, x[f][s].x, acc[f].x);
+        acc[f].y = fmaf(fs, x[f][s].y, acc[f].y);
+        acc[f].z = fmaf(fs, x[f][s].z, acc[f].z);
+        acc[f].w = fmaf(fs, x[f][s].w, acc[f].w);
+      }
+    }
+  }
+#pragma unroll
+  for (int f = 0; f < F; ++f) {
+    if (!ok[f]) continue;
+    const int i = ii[f], h = hh[f], d = i % HD;
+    if (dst) {
+      *reinterpret_cast<float4*>(dst + i) = acc[f];
+      if (d == 0) {
+        dst[NG * HD + h] = M[f];
+        dst[NG * HD + NG + h] = Ls[f];
+      }
+    } else {
+      const float inv = 1.f / Ls[f];
+      float* o = out + int64_t(h0 + h) * HD + d;
+      o[0] = acc[f].x * inv * sigmoid_f(g[f][0]);
+      o[1] = acc[f].y * inv * sigmoid_f(g[f][1]);
+      o[2] = acc[f].z * inv * sigmoid_f(g[f][2]);
+      o[3] = acc[f].w * inv * sigmoid_f(g[f][3]);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace lilac::cuda

@@ -1,0 +1,385 @@
+// Gated DeltaNet for M rows (rows_state.h: gdn_step_rows, gdn_commit_rows): the causal depthwise
+// conv + SiLU of the qkv channels fused in front of the delta-rule step, the rows of one sequence in
+// order with the state in registers.
+//
+// Block (value head h, 16-column slice y, run): 128 threads, the thread layout of gdn_decode.cu (4
+// column groups of 4 columns × 32 row groups; a thread owns rows rg, rg+32, ... of its 4 columns).
+// A run is the rows of one sequence: in gdn_step_rows the block of grid z = r works iff row r is the
+// first row of its sequence (the blocks of the other rows exit at once); in gdn_commit_rows grid z =
+// (layer, sequence) and the rows are the sequence's logged rows 0 .. keep-1.
+// Per row: (1) the conv of the channels the block needs — q and k of its key head (dk each) and v of
+// its 16 columns — one channel per thread and 128-channel round, taps and the previous K-1 inputs in
+// registers, outputs to shared memory (q/k channels are recomputed by the blocks of every value head
+// of the key head and every slice; each channel's conv state and log entry have one writer: slice 0
+// of the key head's first value head for q/k, the slice's block for v); (2) gdn_decode.cu's step on
+// those values, exactly its operations in its order (bitwise for one row). Conv arithmetic as the
+// in_proj GEMV's conv epilogue (gemv_common.cuh / gemv_tc.cu), so M = 1 is bitwise today's path given
+// the same raw in_proj values.
+// Rows' raw inputs are requested one row ahead. The state and conv state are loaded before pdl_wait()
+// in gdn_step_rows (see rows_state.h for the rule that allows it), after it in gdn_commit_rows.
+#include <cstdint>
+#include <string>
+
+#include "cuda/cuda_common.h"
+#include "cuda/kernels/launch.cuh"
+#include "cuda/kernels/qdot.cuh"
+#include "cuda/kernels/rows/rows_plan.h"
+#include "cuda/kernels/rows/rows_state.h"
+
+namespace lilac::cuda::rows {
+namespace {
+using namespace dev;
+constexpr int kMaxDk = 256;
+constexpr int kMaxConvK = 4;
+constexpr int kThreads = 128;
+constexpr int kWarps = kThreads / 32;
+constexpr int kColGroups = 4;                      // float4 column groups per block
+constexpr int kCols = 4 * kColGroups;              // state columns per block (plan::kGdnSliceCols)
+constexpr int kRowGroups = kThreads / kColGroups;  // 32; a warp holds 8 consecutive row groups
+constexpr int kRowsPerWarp = 32 / kColGroups;      // 8
+static_assert(kCols == plan::kGdnSliceCols, "GDN slice width");
+
+struct OneLayer {
+  GdnLayer l[1];
+};
+struct LayerTable {
+  GdnLayer l[kGdnMaxLayers];
+};
+
+struct GdnArgs {
+  GdnRowsShape s;
+  GdnPool pool;
+  // gdn_step_rows
+  int M = 0;
+  const int32_t* row_slot = nullptr;
+  const float* x = nullptr;  // in_proj rows
+  int64_t x_stride = 0, b_off = 0, a_off = 0;
+  float* out = nullptr;
+  int64_t out_stride = 0;
+  int log = 0;  // GdnMode::Log
+  // gdn_commit_rows
+  int n_seq = 0;
+  const int32_t* seq_slot = nullptr;
+  const int32_t* seq_keep = nullptr;
+};
+
+// R: rows of the state per thread (dk <= 32 R); CPT: conv channels per thread (2 dk + 16 channels).
+// VEC: dv % 4 == 0 and every state 16-byte aligned. COMMIT: gdn_commit_rows (Tab = LayerTable).
+template <int R, bool VEC, bool COMMIT, class Tab>
+__global__ void __launch_bounds__(kThreads) gdn_rows_kernel(GdnArgs a, const __grid_constant__ Tab tab) {
+  constexpr int CPT = (64 * R + kCols + kThreads - 1) / kThreads;
+  __shared__ float xs[2 * kMaxDk + kCols];         // the row's conv outputs: q [dk], k [dk], v [16]
+  __shared__ float part_u[kWarps][kColGroups][6];  // Σ S k (4 columns), Σ k², Σ q² per warp
+  __shared__ float part_o[kWarps][kCols];
+  const GdnRowsShape& s = a.s;
+  const int h = blockIdx.x, y = blockIdx.y, dk = s.dk, dv = s.dv, S1 = s.conv_k - 1;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int cg = lane & (kColGroups - 1);
+  const int rg = warp * kRowsPerWarp + lane / kColGroups;
+  const int c0 = y * kCols + cg * 4;
+  const int64_t conv_dim = s.conv_dim(), log_row = s.log_row_floats();
+
+  // the run
+  int layer = 0, slot = 0, n = 0, log_n = 0;
+  const float* src;
+  int64_t src_stride, b_off, a_off;
+  float* outp = nullptr;
+  if constexpr (COMMIT) {
+    layer = blockIdx.z / a.n_seq;
+    const int i = blockIdx.z % a.n_seq;
+    pdl_wait();
+    pdl_trigger();
+    slot = a.seq_slot[i];
+    n = min(a.seq_keep[i], a.pool.log_rows);
+    if (slot < 0 || n <= 0) return;
+    src = tab.l[layer].log + slot * a.pool.log_stride;
+    src_stride = log_row;
+    b_off = conv_dim;
+    a_off = conv_dim + s.Hv;
+  } else {
+    const int r = blockIdx.z;
+    slot = a.row_slot[r];
+    if (slot < 0 || (r > 0 && a.row_slot[r - 1] == slot)) {  // padding, or not the first row of its run
+      pdl_wait();
+      pdl_trigger();
+      return;
+    }
+    n = 1;
+    while (r + n < a.M && a.row_slot[r + n] == slot) ++n;
+    src = a.x + r * a.x_stride;
+    src_stride = a.x_stride;
+    b_off = a.b_off;
+    a_off = a.a_off;
+    outp = a.out + r * a.out_stride;
+    if (a.log) log_n = min(n, a.pool.log_rows);
+  }
+  const bool write_state = COMMIT || !a.log;
+  const GdnLayer& L = tab.l[layer];
+  float* S = L.state + slot * a.pool.state_stride + int64_t(h) * dk * dv;
+  float* cst = L.conv_state + slot * a.pool.conv_stride;
+  float* logp = log_n > 0 ? L.log + slot * a.pool.log_stride : nullptr;
+
+  // 1. state, conv taps and conv state, gate weights (before the wait in gdn_step_rows)
+  float sr[R][4];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int i = rg + r * kRowGroups;
+    if constexpr (VEC) {
+      float4 v4 = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (i < dk && c0 < dv) v4 = __ldcs(reinterpret_cast<const float4*>(S + int64_t(i) * dv + c0));
+      sr[r][0] = v4.x;
+      sr[r][1] = v4.y;
+      sr[r][2] = v4.z;
+      sr[r][3] = v4.w;
+    } else {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) sr[r][j] = (i < dk && c0 + j < dv) ? __ldcs(S + int64_t(i) * dv + c0 + j) : 0.f;
+    }
+  }
+  int ch[CPT];  // conv channel of this thread's block channel tid + 128 i (-1: none)
+  bool own[CPT];
+  float w[CPT][kMaxConvK - 1], wl[CPT], st[CPT][kMaxConvK - 1];
+#pragma unroll
+  for (int i = 0; i < CPT; ++i) {
+    ch[i] = plan::gdn_block_channel(s.Hk, s.Hv, dk, dv, h, y, tid + i * kThreads, &own[i]);
+    const float* wc = L.conv_w + int64_t(ch[i] < 0 ? 0 : ch[i]) * (S1 + 1);
+    const float* sc = cst + int64_t(ch[i] < 0 ? 0 : ch[i]) * S1;
+#pragma unroll
+    for (int k = 0; k < kMaxConvK - 1; ++k) {
+      w[i][k] = ch[i] >= 0 && k < S1 ? wc[k] : 0.f;
+      st[i][k] = ch[i] >= 0 && k < S1 ? sc[k] : 0.f;
+    }
+    wl[i] = ch[i] >= 0 ? wc[S1] : 0.f;
+  }
+  const float negA = -expf(L.A_log[h]);
+  const float dtb = L.dt_bias[h];
+  if constexpr (!COMMIT) {
+    pdl_wait();
+    pdl_trigger();
+  }
+
+  // 2. the rows, in order; raw inputs one row ahead
+  float nx[CPT], nb, na;
+  auto fetch = [&](int j) {
+    const float* sj = src + j * src_stride;
+#pragma unroll
+    for (int i = 0; i < CPT; ++i) nx[i] = ch[i] >= 0 ? sj[ch[i]] : 0.f;
+    nb = sj[b_off + h];
+    na = sj[a_off + h];
+  };
+  fetch(0);
+  for (int j = 0; j < n; ++j) {
+    float xr[CPT];
+#pragma unroll
+    for (int i = 0; i < CPT; ++i) xr[i] = nx[i];
+    const float bj = nb, aj = na;
+    if (j + 1 < n) fetch(j + 1);
+
+      // conv + SiLU (state oldest first), as the in_proj conv epilogue
+#pragma unroll
+    for (int i = 0; i < CPT; ++i) {
+      if (ch[i] < 0) continue;
+      float acc = 0.f;
+#pragma unroll
+      for (int k = 0; k < kMaxConvK - 1; ++k)
+        if (k < S1) acc += w[i][k] * st[i][k];
+      acc += wl[i] * xr[i];
+#pragma unroll
+      for (int k = 0; k < kMaxConvK - 2; ++k)
+        if (k + 1 < S1) st[i][k] = st[i][k + 1];
+#pragma unroll
+      for (int k = 0; k < kMaxConvK - 1; ++k)
+        if (k == S1 - 1) st[i][k] = xr[i];
+      xs[tid + i * kThreads] = silu_f(acc);
+    }
+    if (j < log_n) {  // Log mode: this row's raw inputs, one writer per value
+      float* lj = logp + j * log_row;
+#pragma unroll
+      for (int i = 0; i < CPT; ++i)
+        if (ch[i] >= 0 && own[i]) lj[ch[i]] = xr[i];
+      if (y == 0 && tid == 0) {
+        lj[conv_dim + h] = bj;
+        lj[conv_dim + s.Hv + h] = aj;
+      }
+    }
+    __syncthreads();  // xs
+
+    // gdn_decode.cu's step on (q, k, v) = xs
+    float qv[R], kv[R], vv[4];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int i = rg + r * kRowGroups;
+      qv[r] = i < dk ? xs[i] : 0.f;
+      kv[r] = i < dk ? xs[dk + i] : 0.f;
+    }
+#pragma unroll
+    for (int jj = 0; jj < 4; ++jj) vv[jj] = c0 + jj < dv ? xs[2 * dk + cg * 4 + jj] : 0.f;
+    const float beta = sigmoid_f(bj);
+    const float xa = aj + dtb;
+    const float sp = xa > 20.f ? xa : log1pf(expf(xa));
+    const float g = negA * sp;
+    const float eg = expf(g);
+
+    // decay, then the partial column sums Σ S k and the squared norms
+    float acc[6] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+#pragma unroll
+      for (int jj = 0; jj < 4; ++jj) {
+        sr[r][jj] *= eg;
+        acc[jj] = fmaf(sr[r][jj], kv[r], acc[jj]);
+      }
+      acc[4] = fmaf(kv[r], kv[r], acc[4]);
+      acc[5] = fmaf(qv[r], qv[r], acc[5]);
+    }
+#pragma unroll
+    for (int o = kColGroups; o < 32; o <<= 1)
+#pragma unroll
+      for (int x = 0; x < 6; ++x) acc[x] += __shfl_xor_sync(0xffffffffu, acc[x], o);
+    if (lane < kColGroups)
+#pragma unroll
+      for (int x = 0; x < 6; ++x) part_u[warp][lane][x] = acc[x];
+    __syncthreads();
+    float tot[6] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int wi = 0; wi < kWarps; ++wi)
+#pragma unroll
+      for (int x = 0; x < 6; ++x) tot[x] += part_u[wi][cg][x];
+    const float rk = rsqrtf(tot[4] + 1e-6f);
+    const float rq = rsqrtf(tot[5] + 1e-6f) * rsqrtf(float(dk));
+    float delta[4];
+#pragma unroll
+    for (int jj = 0; jj < 4; ++jj) delta[jj] = beta * (vv[jj] - tot[jj] * rk);
+
+    // S += k̂ deltaᵀ, o = Sᵀ q̂
+    float o[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int i = rg + r * kRowGroups;
+      if (i < dk) {
+        const float kn = kv[r] * rk, qn = qv[r] * rq;
+#pragma unroll
+        for (int jj = 0; jj < 4; ++jj) {
+          sr[r][jj] = fmaf(kn, delta[jj], sr[r][jj]);
+          o[jj] = fmaf(sr[r][jj], qn, o[jj]);
+        }
+      }
+    }
+#pragma unroll
+    for (int sh = kColGroups; sh < 32; sh <<= 1)
+#pragma unroll
+      for (int jj = 0; jj < 4; ++jj) o[jj] += __shfl_xor_sync(0xffffffffu, o[jj], sh);
+    if (lane < kColGroups)
+#pragma unroll
+      for (int jj = 0; jj < 4; ++jj) part_o[warp][lane * 4 + jj] = o[jj];
+    __syncthreads();
+    if (outp && tid < kCols) {
+      const int col = y * kCols + tid;
+      if (col < dv) {
+        float t = 0.f;
+#pragma unroll
+        for (int wi = 0; wi < kWarps; ++wi) t += part_o[wi][tid];
+        outp[j * a.out_stride + int64_t(h) * dv + col] = t;
+      }
+    }
+  }
+
+  // 3. the state after the last row (Advance, commit)
+  if (!write_state) return;
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int i = rg + r * kRowGroups;
+    if (i < dk) {
+      if constexpr (VEC) {
+        if (c0 < dv)
+          __stcs(reinterpret_cast<float4*>(S + int64_t(i) * dv + c0),
+                 make_float4(sr[r][0], sr[r][1], sr[r][2], sr[r][3]));
+      } else {
+#pragma unroll
+        for (int jj = 0; jj < 4; ++jj)
+          if (c0 + jj < dv) __stcs(S + int64_t(i) * dv + c0 + jj, sr[r][jj]);
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < CPT; ++i)
+    if (ch[i] >= 0 && own[i])
+#pragma unroll
+      for (int k = 0; k < kMaxConvK - 1; ++k)
+        if (k < S1) cst[int64_t(ch[i]) * S1 + k] = st[i][k];
+}
+
+void check_shape(const GdnRowsShape& s) {
+  LILAC_CHECK(
+      s.dk > 0 && s.dk <= kMaxDk && s.dv > 0 && s.Hk > 0 && s.Hv % s.Hk == 0 && s.conv_k >= 1 && s.conv_k <= kMaxConvK,
+      "rows gdn: unsupported shape (dk " + std::to_string(s.dk) + ", conv kernel " + std::to_string(s.conv_k) + ")");
+}
+
+template <bool COMMIT, class Tab>
+void launch(bool vec, const dim3& grid, const GdnArgs& a, const Tab& t, cudaStream_t stream) {
+  const int rows = (a.s.dk + kRowGroups - 1) / kRowGroups;  // state rows per thread, 1..8
+  auto go = [&](auto kernel) { launch_pdl(kernel, grid, dim3(kThreads), 0, stream, a, t); };
+  if (rows <= 1)
+    vec ? go(gdn_rows_kernel<1, true, COMMIT, Tab>) : go(gdn_rows_kernel<1, false, COMMIT, Tab>);
+  else if (rows <= 2)
+    vec ? go(gdn_rows_kernel<2, true, COMMIT, Tab>) : go(gdn_rows_kernel<2, false, COMMIT, Tab>);
+  else if (rows <= 4)
+    vec ? go(gdn_rows_kernel<4, true, COMMIT, Tab>) : go(gdn_rows_kernel<4, false, COMMIT, Tab>);
+  else
+    vec ? go(gdn_rows_kernel<8, true, COMMIT, Tab>) : go(gdn_rows_kernel<8, false, COMMIT, Tab>);
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+}  // namespace
+
+void gdn_step_rows(const GdnRowsShape& s, const GdnLayer& layer, const GdnPool& pool, int M, const int32_t* row_slot,
+                   const float* proj, int64_t proj_stride, float* out, int64_t out_stride, GdnMode mode,
+                   cudaStream_t stream) {
+  check_shape(s);
+  LILAC_CHECK(M >= 1 && M <= kMaxRows, "rows gdn: M must be 1.." + std::to_string(kMaxRows));
+  LILAC_CHECK(mode == GdnMode::Advance || (layer.log != nullptr && pool.log_rows > 0),
+              "rows gdn: Log mode needs a log (GdnLayer::log, GdnPool::log_rows)");
+  GdnArgs a;
+  a.s = s;
+  a.pool = pool;
+  a.M = M;
+  a.row_slot = row_slot;
+  a.x = proj;
+  a.x_stride = proj_stride;
+  a.b_off = s.conv_dim() + int64_t(s.Hv) * s.dv;
+  a.a_off = a.b_off + s.Hv;
+  a.out = out;
+  a.out_stride = out_stride;
+  a.log = mode == GdnMode::Log ? 1 : 0;
+  OneLayer t;
+  t.l[0] = layer;
+  const bool vec = s.dv % 4 == 0 && aligned16(layer.state) && pool.state_stride % 4 == 0;
+  launch<false>(vec, dim3(unsigned(s.Hv), unsigned((s.dv + kCols - 1) / kCols), unsigned(M)), a, t, stream);
+}
+
+void gdn_commit_rows(const GdnRowsShape& s, const GdnLayer* layers, int n_layers, const GdnPool& pool, int n_seq,
+                     const int32_t* seq_slot, const int32_t* seq_keep, cudaStream_t stream) {
+  check_shape(s);
+  LILAC_CHECK(n_layers >= 1 && n_layers <= kGdnMaxLayers,
+              "rows gdn commit: 1.." + std::to_string(kGdnMaxLayers) + " layers");
+  LILAC_CHECK(n_seq >= 1 && n_seq <= kMaxRows, "rows gdn commit: 1.." + std::to_string(kMaxRows) + " sequences");
+  LILAC_CHECK(pool.log_rows > 0, "rows gdn commit: no log rows");
+  GdnArgs a;
+  a.s = s;
+  a.pool = pool;
+  a.n_seq = n_seq;
+  a.seq_slot = seq_slot;
+  a.seq_keep = seq_keep;
+  LayerTable t;
+  bool vec = s.dv % 4 == 0 && pool.state_stride % 4 == 0;
+  for (int i = 0; i < n_layers; ++i) {
+    LILAC_CHECK(layers[i].log != nullptr, "rows gdn commit: layer " + std::to_string(i) + " has no log");
+    t.l[i] = layers[i];
+    vec = vec && aligned16(layers[i].state);
+  }
+  launch<true>(vec, dim3(unsigned(s.Hv), unsigned((s.dv + kCols - 1) / kCols), unsigned(n_layers * n_seq)), a, t,
+               stream);
+}
+
+}  // namespace lilac::cuda::rows

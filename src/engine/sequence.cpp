@@ -1,0 +1,204 @@
+#include "engine/sequence.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace lilac {
+
+namespace {
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+}  // namespace
+
+Sequence::Sequence(Generator& gen, GenerationRequest req, TokenCallback on_token, const std::atomic<bool>* cancel)
+    : gen_(gen), req_(std::move(req)), on_token_(std::move(on_token)), cancel_(cancel),
+      detok_(gen.tok_, req_.stop_strings, false), t0_(Clock::now()) {
+  st_.prompt_tokens = int64_t(req_.prompt.size());
+}
+
+void Sequence::begin_prefill() {
+  pos_ = gen_.prepare(req_, st_);
+  st_.cached_tokens = pos_;
+  // Segment ends: message boundaries after the restored part, and the end of the prompt.
+  const auto& p = req_.prompt;
+  if (req_.boundary_token >= 0)
+    for (int64_t i = pos_; i + 1 < int64_t(p.size()); ++i)
+      if (p[size_t(i)] == req_.boundary_token) ends_.push_back(i + 1);
+  ends_.push_back(int64_t(p.size()));
+  started_ = true;
+}
+
+void Sequence::prefill_call(int64_t n) {
+  const auto& p = req_.prompt;
+  gen_.context_valid_ = false;  // in case prefill throws half-way
+  gen_.s_.prefill(std::span<const int32_t>(p.data() + pos_, size_t(n)));
+  gen_.context_.insert(gen_.context_.end(), p.begin() + pos_, p.begin() + pos_ + n);
+  gen_.context_valid_ = true;
+  pos_ += n;
+}
+
+int64_t Sequence::prefill_step() {
+  if (phase_ != Phase::Prefill) throw Error("Sequence::prefill_step: not in the prefill phase");
+  try {
+    if (!started_) begin_prefill();
+    if (cancelled()) {
+      gen_.context_valid_ = false;
+      st_.prefill_seconds = seconds_since(t0_);
+      finish(FinishReason::Cancelled);
+      return 0;
+    }
+    const auto& p = req_.prompt;
+    const int64_t chunk = std::max<int64_t>(1, req_.prefill_chunk);
+    int64_t computed = 0;
+    while (pos_ < int64_t(p.size())) {
+      const int64_t end = ends_[next_end_];
+      const int64_t n = std::min(chunk, end - pos_);
+      if (computed > 0 && computed + n > chunk) break;
+      prefill_call(n);
+      computed += n;
+      if (pos_ == end) {
+        ++next_end_;
+        if (gen_.cache_ && req_.use_cache) {
+          std::span<const int32_t> prefix(p.data(), size_t(end));
+          if (!gen_.cache_->contains(prefix)) {
+            gen_.cache_->insert(prefix, gen_.s_.snapshot());
+            ++st_.snapshots_taken;
+          }
+        }
+      }
+    }
+    if (pos_ == int64_t(p.size())) first_choice();
+    return computed;
+  } catch (...) {
+    abort();
+    throw;
+  }
+}
+
+void Sequence::set_mask() {
+  if (req_.constraint) gen_.s_.set_token_mask(req_.constraint->allowed());
+}
+
+void Sequence::first_choice() {
+  st_.prefill_seconds = seconds_since(t0_);
+  t1_ = Clock::now();
+  phase_ = Phase::Decode;
+  gen_.s_.begin_generation(req_.sampling, req_.prompt);
+  set_mask();
+  TokenChoice t = gen_.s_.sample();
+  st_.ttft_seconds = seconds_since(t0_);
+  st_.completion_tokens = 1;
+  accept(std::move(t));
+}
+
+bool Sequence::accept(TokenChoice c) {
+  if (cancelled()) {
+    finish(FinishReason::Cancelled);
+    return false;
+  }
+  if (req_.constraint) req_.constraint->accept(c.token);
+  if (std::find(req_.stop_ids.begin(), req_.stop_ids.end(), c.token) != req_.stop_ids.end()) {
+    st_.stopped_by_eos = true;
+    finish(FinishReason::Stop);
+    return false;
+  }
+  GeneratedToken g;
+  g.id = c.token;
+  g.text = detok_.push(c.token);
+  g.choice = std::move(c);
+  if (!on_token_(g)) {
+    finish(FinishReason::Cancelled);
+    return false;
+  }
+  if (detok_.stopped()) {
+    st_.stop_string = detok_.matched_stop();
+    finish(FinishReason::Stop);
+    return false;
+  }
+  if (st_.completion_tokens >= req_.max_tokens) {
+    finish(FinishReason::Length);
+    return false;
+  }
+  pending_ = g.id;
+  return true;
+}
+
+void Sequence::finish(FinishReason r) {
+  st_.finish = r;
+  if (phase_ == Phase::Decode) {
+    if (r != FinishReason::Cancelled && !detok_.stopped()) {
+      GeneratedToken g;
+      g.text = detok_.finish();
+      if (!g.text.empty()) on_token_(g);
+    }
+    st_.decode_seconds = seconds_since(t1_);
+  }
+  phase_ = Phase::Done;
+}
+
+bool Sequence::prepare_step() {
+  if (phase_ != Phase::Decode) throw Error("Sequence::prepare_step: not in the decode phase");
+  if (cancelled()) {
+    finish(FinishReason::Cancelled);
+    return false;
+  }
+  set_mask();
+  gen_.context_valid_ = false;  // the step changes the session
+  return true;
+}
+
+int Sequence::draft_budget() const {
+  if (req_.draft_tokens <= 0 || req_.constraint || phase_ != Phase::Decode || !gen_.s_.can_draft()) return 0;
+  const int64_t room = req_.max_tokens - st_.completion_tokens - 1;
+  return int(std::clamp<int64_t>(room, 0, req_.draft_tokens));
+}
+
+void Sequence::consume(std::span<const TokenChoice> choices) {
+  if (phase_ != Phase::Decode) throw Error("Sequence::consume: not in the decode phase");
+  if (choices.empty()) throw Error("Sequence::consume: a step made no choice");
+  // The session fed the pending token and every choice but the last.
+  auto& ctx = gen_.context_;
+  ctx.push_back(pending_);
+  for (size_t i = 0; i + 1 < choices.size(); ++i) ctx.push_back(choices[i].token);
+  gen_.context_valid_ = true;
+  for (const TokenChoice& c : choices) {
+    ++st_.completion_tokens;
+    if (!accept(c)) return;
+  }
+}
+
+void Sequence::decode_alone() {
+  try {
+    if (!prepare_step()) return;
+    if (const int k = draft_budget(); k > 0) {
+      const std::vector<int32_t> drafts = gen_.s_.draft(k);
+      const std::vector<TokenChoice> choices = gen_.s_.verify(drafts);
+      consume(choices);
+    } else {
+      const TokenChoice c = gen_.s_.decode_step();
+      consume(std::span<const TokenChoice>(&c, 1));
+    }
+  } catch (...) {
+    abort();
+    throw;
+  }
+}
+
+void Sequence::abort() noexcept {
+  gen_.context_valid_ = false;
+  gen_.context_.clear();
+  try {
+    gen_.s_.reset();
+  } catch (...) {
+  }
+  phase_ = Phase::Done;
+}
+
+void Sequence::run_to_end() {
+  while (phase_ == Phase::Prefill) prefill_step();
+  while (phase_ == Phase::Decode) decode_alone();
+}
+
+}  // namespace lilac

@@ -1,0 +1,113 @@
+// One generation as a steppable state machine: a Sequence is one request on one Session (through the
+// Generator that owns the Session's context bookkeeping). The single-sequence driver (Generator::run)
+// and the continuous-batching scheduler (src/server/scheduler.h) both step it:
+//
+//   Prefill ──prefill_step()──▶ ... ──▶ Decode ──(prepare_step, a decode step, consume)──▶ ... ──▶ Done
+//
+// Prefill: prefill_step() runs the next piece of the prompt (at most req.prefill_chunk tokens), so a
+//   scheduler can interleave it with other sequences' decode steps. Its first call restores the best
+//   starting point (the session's own context or the longest prefix-cache snapshot). Pieces end at
+//   segment ends (after each boundary token and at the end of the prompt), where the session is
+//   snapshotted into the prefix cache. The split points depend only on the prompt and the cache hit, so
+//   the state at every segment end is the same whether computed or restored. The call that completes
+//   the prompt also makes the first choice (begin_generation, then sample()) and consumes it.
+// Decode: one step is
+//     if (!seq.prepare_step()) → it ended (cancelled); else the constraint mask is set on the session
+//     choices = the driver's step: session.decode_step(), or backend.decode_batch(...)[i], or
+//               session.verify(session.draft(seq.draft_budget()))
+//     seq.consume(choices)
+//   decode_alone() does exactly that for a sequence stepped on its own.
+// consume() takes a step's choices one by one (one from a decode step, several from an MTP verify) and
+// applies, per choice and in this order: cancellation, the constraint's accept(), stop ids, the
+// detokenizer and the token callback, stop strings, max_tokens.
+//
+// Hooks for the work that plugs in here:
+// - Constrained decoding: GenerationRequest::constraint (TokenConstraint, generator.h). Before every
+//   choice (the first sample() and every decode step) the sequence calls
+//   session.set_token_mask(constraint->allowed()); after, constraint->accept(token) for each consumed
+//   choice. With a constraint no speculation is done (draft_budget() == 0): a verify chooses several
+//   tokens inside the backend, with only the first one masked.
+// - Speculative decoding (MTP): GenerationRequest::draft_tokens > 0 and session.can_draft(): the
+//   driver drafts draft_budget() tokens and verifies them (decode_alone() does); the scheduler steps
+//   such sequences alone, after its batched step (a batched verify is future work).
+#pragma once
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "engine/generator.h"
+#include "text/detokenizer.h"
+
+namespace lilac {
+
+class Sequence {
+ public:
+  enum class Phase { Prefill, Decode, Done };
+
+  Phase phase() const { return phase_; }
+  bool done() const { return phase_ == Phase::Done; }
+  Session& session() { return gen_.s_; }
+  const GenerationRequest& request() const { return req_; }
+  // Final once done(); while running, the counts so far.
+  const GenerationStats& stats() const { return st_; }
+  // Prompt tokens not yet in the session (valid in the Prefill phase after the first prefill_step).
+  int64_t prompt_remaining() const { return int64_t(req_.prompt.size()) - pos_; }
+
+  // ---- Prefill phase
+  // Cancellation check, then prefill calls (each at most req.prefill_chunk tokens, ending at segment
+  // ends) while they fit in req.prefill_chunk tokens together (at least one call). Returns the prompt
+  // tokens computed (0 when cancelled, or when the whole prompt was restored from a snapshot).
+  int64_t prefill_step();
+
+  // ---- Decode phase
+  // Before a step: false (and done()) when the generation was cancelled; else sets the constraint's
+  // mask for the step's choice.
+  bool prepare_step();
+  // Tokens the next step may draft and verify (0: a plain decode step): min(req.draft_tokens, what
+  // max_tokens leaves), 0 without session.can_draft() or with a constraint.
+  int draft_budget() const;
+  // The step's choices, in order (see the header comment). The session must have fed the pending token
+  // and every choice but the last (a verify's accepted drafts).
+  void consume(std::span<const TokenChoice> choices);
+  // prepare_step + (draft + verify | decode_step) + consume, for a sequence stepped on its own.
+  void decode_alone();
+
+  // Any phase: the step that involved this sequence threw. The session's state is unknown: it is reset
+  // and its context forgotten; the sequence is done (the caller reports the error).
+  void abort() noexcept;
+  // Generator::run: prefill_step until Decode, then decode_alone until Done (abort() and rethrow on an
+  // exception).
+  void run_to_end();
+
+ private:
+  friend class Generator;
+  Sequence(Generator& gen, GenerationRequest req, TokenCallback on_token, const std::atomic<bool>* cancel);
+
+  using Clock = std::chrono::steady_clock;
+  bool cancelled() const { return cancel_ && cancel_->load(std::memory_order_relaxed); }
+  void begin_prefill();      // restore the best start, compute the segment ends
+  void prefill_call(int64_t n);
+  void first_choice();       // the prompt is complete: begin_generation + sample + consume
+  void set_mask();
+  bool accept(TokenChoice c);  // one choice; false when the sequence ended
+  void finish(FinishReason r);
+
+  Generator& gen_;
+  GenerationRequest req_;
+  TokenCallback on_token_;
+  const std::atomic<bool>* cancel_;
+  Phase phase_ = Phase::Prefill;
+  GenerationStats st_;
+  bool started_ = false;            // begin_prefill done
+  int64_t pos_ = 0;                 // prompt tokens in the session
+  std::vector<int64_t> ends_;       // segment ends still ahead (ascending)
+  size_t next_end_ = 0;
+  int32_t pending_ = -1;            // the last consumed choice: the next step's input
+  StreamDetokenizer detok_;
+  Clock::time_point t0_, t1_;
+};
+
+}  // namespace lilac

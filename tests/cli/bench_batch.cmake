@@ -1,0 +1,15 @@
+# `lilac bench --batch` (batched decoding through Backend::decode_batch) on the CPU backend with the tiny
+# fixture: one table row per batch size with its step time, aggregate and per-stream tok/s; bad lists
+# are rejected before the model loads. (Run by golden_cpu.cmake's script mode.)
+set(_fx "${LILAC_SHARED_DIR}/fixtures")
+set(_runner "${CMAKE_CURRENT_LIST_DIR}/golden_cpu.cmake")
+add_test(NAME cli_bench_batch_cpu_tiny
+  COMMAND ${CMAKE_COMMAND} -DLILAC=$<TARGET_FILE:lilac>
+          "-DARGS=bench;--model;${_fx}/tiny/mlx4;--backend;cpu;--threads;2;--batch;1,2,3;--prompt-lens;9;--decode-tokens;3"
+          -DRC=0
+          "-DEXPECT=context +batch +step ms +agg tok/s +stream tok/s;\n +9 +1 +[0-9.]+ +[0-9.]+ +[0-9.]+ +1.00 ;\n +9 +2 +[0-9.]+ ;\n +9 +3 +[0-9.]+ "
+          -P "${_runner}")
+add_test(NAME cli_bench_batch_bad_list
+  COMMAND ${CMAKE_COMMAND} -DLILAC=$<TARGET_FILE:lilac>
+          "-DARGS=bench;--model;${_fx}/tiny/mlx4;--backend;cpu;--batch;1,0"
+          -DRC=1 "-DEXPECT=--batch: values must be >= 1" -P "${_runner}")

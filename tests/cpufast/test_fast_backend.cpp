@@ -1,0 +1,194 @@
+// The fast CPU backend (src/cpufast) as a Backend: the oracle's goldens at the reduced-precision
+// thresholds (best kernels and the portable ones), decode_batch bit-identical to decode_step per
+// session, prefill chunking, snapshots, errors.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "cpu/cpu_backend.h"
+#include "cpufast/fast_backend.h"
+#include "cpufast/isa.h"
+#include "engine/golden.h"
+#include "model/weights.h"
+
+using namespace lilac;
+
+namespace {
+
+std::shared_ptr<const ModelWeights> fixture(const std::string& name) {
+  static std::map<std::string, std::shared_ptr<const ModelWeights>> cache;
+  auto& w = cache[name];
+  if (!w) w = load_model(std::string(LILAC_SHARED_DIR) + "/fixtures/" + name + "/mlx4", LoadOptions{.progress = false});
+  return w;
+}
+
+std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int32_t> d(0, int32_t(vocab - 1));
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (auto& x : t) x = d(rng);
+  return t;
+}
+
+double rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    den += double(b[i]) * b[i];
+  }
+  return std::sqrt(num / den);
+}
+
+GoldenReport golden(const std::string& fx, const std::string& isa, int threads, int64_t chunk) {
+  auto be = cpufast::make_fast_cpu_backend(fixture(fx), {.threads = threads, .isa = isa});
+  GoldenOptions opts;
+  opts.activations = true;
+  opts.install_tap = [chunk](Session& s, HiddenTap tap) {
+    auto* c = dynamic_cast<cpu::CpuSession*>(&s);
+    if (!c) return false;
+    c->set_prefill_chunk(chunk);
+    c->set_activation_tap(tap);
+    return true;
+  };
+  return run_golden(*be, std::string(LILAC_SHARED_DIR) + "/fixtures/" + fx + "/golden.safetensors", opts);
+}
+
+}  // namespace
+
+// check-golden's reduced-precision rules (those the CUDA backend meets) with the best kernels here and
+// prefill chunks that split the sequences (tests/cli/golden_cpu.cmake runs check-golden with the
+// default chunk on the best and the portable kernels).
+TEST(CpuFastBackend, GoldensAtReducedPrecision) {
+  {
+    const std::string isa = "";
+    for (const char* fx : {"tiny", "tiny2"}) {
+      const GoldenReport r = golden(fx, isa, 2, 48);
+      const auto fails = golden_failures(r, GoldenThresholds::for_backend("cpu"));
+      EXPECT_TRUE(fails.empty()) << isa << " " << fx << "\n" << format_golden_report(r);
+      ASSERT_TRUE(r.activations_available);
+      for (const auto& s : r.seqs) EXPECT_LT(s.rel_l2, 3e-2) << isa << " " << fx << " " << s.name;
+    }
+  }
+}
+
+// decode_batch: every session's token and logits equal (bit for bit) what decode_step gives it alone,
+// for any batch composition.
+TEST(CpuFastBackend, DecodeBatchIsBitIdenticalToDecodeStep) {
+  for (const char* fx : {"tiny", "tiny2"}) {
+    auto be = cpufast::make_fast_cpu_backend(fixture(fx), {.threads = 2});
+    const int64_t V = be->config().vocab_size;
+    const int B = 5, steps = 4;
+    auto start = [&](std::vector<std::unique_ptr<Session>>& ss) {
+      ss.clear();
+      for (int b = 0; b < B; ++b) {
+        ss.push_back(be->new_session(64));
+        const auto p = random_tokens(3 + 7 * b, V, uint32_t(b + 1));
+        ss.back()->prefill(p);
+        SamplingParams sp;
+        sp.temperature = b % 2 ? 0.8f : 0.f;
+        sp.seed = uint64_t(b);
+        ss.back()->begin_generation(sp, p);
+        ss.back()->sample();
+      }
+    };
+    std::vector<std::unique_ptr<Session>> alone, batched;
+    start(alone);
+    start(batched);
+    for (int s = 0; s < steps; ++s) {
+      // Batch compositions change every step: all, then a subset in another order.
+      std::vector<Session*> group;
+      std::vector<int> idx;
+      for (int b = 0; b < B; ++b)
+        if (s % 2 == 0 || b % 2 == 1) idx.push_back(s % 2 ? B - 1 - b : b);
+      for (int b : idx) group.push_back(batched[static_cast<size_t>(b)].get());
+      const auto got = be->decode_batch(group);
+      ASSERT_EQ(got.size(), idx.size());
+      for (size_t i = 0; i < idx.size(); ++i) {
+        const TokenChoice want = alone[static_cast<size_t>(idx[i])]->decode_step();
+        EXPECT_EQ(got[i].token, want.token) << fx << " step " << s << " session " << idx[i];
+        const auto la = alone[static_cast<size_t>(idx[i])]->logits(), lb = batched[static_cast<size_t>(idx[i])]->logits();
+        EXPECT_EQ(0, std::memcmp(la.data(), lb.data(), la.size() * sizeof(float))) << fx << " step " << s;
+      }
+    }
+  }
+}
+
+TEST(CpuFastBackend, DecodeBatchRejectsBadBatches) {
+  auto be = cpufast::make_fast_cpu_backend(fixture("tiny"), {.threads = 1});
+  auto ref = make_cpu_backend(fixture("tiny"), 1);
+  auto a = be->new_session(16), b = ref->new_session(16), c = be->new_session(16);
+  const std::vector<int32_t> p{1, 2, 3};
+  for (Session* s : {a.get(), b.get(), c.get()}) {
+    s->prefill(p);
+    s->begin_generation({}, p);
+    if (s != c.get()) s->sample();  // c has no pending token
+  }
+  std::vector<Session*> foreign{a.get(), b.get()}, twice{a.get(), a.get()}, unsampled{a.get(), c.get()};
+  EXPECT_THROW(be->decode_batch(foreign), Error);
+  EXPECT_THROW(be->decode_batch(twice), Error);
+  const auto l_before = a->logits();
+  EXPECT_THROW(be->decode_batch(unsampled), Error);
+  EXPECT_EQ(a->length(), 3);  // a rejected batch changes no session
+  EXPECT_EQ(a->logits(), l_before);
+  EXPECT_EQ(be->decode_batch(std::vector<Session*>{a.get()}).size(), 1u);
+}
+
+// Chunked prefill (sink rows chunk by chunk) against single-token steps: close (the same arithmetic
+// except the Gated DeltaNet's chunked form); snapshots restore exactly.
+TEST(CpuFastBackend, PrefillChunksSinkAndSnapshots) {
+  auto be = cpufast::make_fast_cpu_backend(fixture("tiny2"), {.threads = 2});
+  const int64_t V = be->config().vocab_size, N = 90;
+  const auto toks = random_tokens(N, V, 9);
+  auto a = be->new_session(N);
+  dynamic_cast<cpu::CpuSession&>(*a).set_prefill_chunk(32);
+  std::vector<float> all(static_cast<size_t>(N * V));
+  int64_t next = 0;
+  LogitsSink sink = [&](int64_t first, int64_t n, const float* lg) {
+    ASSERT_EQ(first, next);
+    std::copy(lg, lg + n * V, all.begin() + first * V);
+    next = first + n;
+  };
+  a->prefill(toks, &sink);
+  ASSERT_EQ(next, N);
+  EXPECT_EQ(a->logits(), std::vector<float>(all.end() - V, all.end()));
+  auto b = be->new_session(N);
+  std::shared_ptr<const SessionSnapshot> snap;
+  std::vector<float> at40;
+  for (int64_t i = 0; i < N; ++i) {
+    b->prefill(std::span<const int32_t>(&toks[static_cast<size_t>(i)], 1));
+    const auto l = b->logits();
+    EXPECT_LT(rel_diff(l, std::vector<float>(all.begin() + i * V, all.begin() + (i + 1) * V)), 1e-3) << i;
+    if (i == 39) {
+      snap = b->snapshot();
+      at40 = l;
+    }
+  }
+  const auto end = b->logits();
+  auto c = be->new_session(N);
+  for (Session* s : {b.get(), c.get()}) {  // restore into itself and into another session
+    s->restore(*snap);
+    EXPECT_EQ(s->length(), 40);
+    EXPECT_EQ(s->logits(), at40);
+    for (int64_t i = 40; i < N; ++i) s->prefill(std::span<const int32_t>(&toks[static_cast<size_t>(i)], 1));
+    EXPECT_EQ(s->logits(), end);  // the same steps from the same state: identical
+  }
+}
+
+TEST(CpuFastBackend, Errors) {
+  auto be = cpufast::make_fast_cpu_backend(fixture("tiny"), {.threads = 1});
+  EXPECT_EQ(be->name(), "cpu");
+  auto s = be->new_session(4);
+  EXPECT_THROW(s->sample(), Error);
+  const std::vector<int32_t> bad{1, 5000};
+  EXPECT_THROW(s->prefill(bad), InputError);
+  const std::vector<int32_t> many{1, 2, 3, 4, 5};
+  EXPECT_THROW(s->prefill(many), InputError);
+  EXPECT_EQ(s->length(), 0);
+  EXPECT_THROW(cpufast::make_fast_cpu_backend(fixture("tiny"), {.threads = 1, .isa = "vax"}), Error);
+}

@@ -1,0 +1,361 @@
+// The continuous-batching scheduler: streams served together give token for token (and logprob for
+// logprob) what each gives alone, on the CPU backend with fixtures tiny and tiny2 (greedy, seeded
+// sampling with penalties, stop ids, stop strings, logprobs), with prefill chunks interleaved with
+// batched decode steps; the prefix cache serves every sequence; cancellation during prefill and decode
+// frees the session; a failing step fails only its own sequences; the pool's size.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <map>
+#include <random>
+#include <regex>
+
+#include "../engine/fake_session.h"
+#include "cpu/cpu_backend.h"
+#include "engine/backend.h"
+#include "model/weights.h"
+#include "server/metrics.h"
+#include "server/scheduler.h"
+#include "text/tokenizer.h"
+
+using namespace lilac;
+using namespace lilac::server;
+
+namespace {
+
+std::shared_ptr<const Tokenizer> tokenizer() {
+  static auto t = std::shared_ptr<const Tokenizer>(
+      Tokenizer::load(std::string(LILAC_SHARED_DIR) + "/fixtures/qwen3-tokenizer"));
+  return t;
+}
+
+std::shared_ptr<Backend> cpu_backend(const std::string& fx) {
+  static std::map<std::string, std::shared_ptr<const ModelWeights>> w;
+  auto& m = w[fx];
+  if (!m) m = load_model(std::string(LILAC_SHARED_DIR) + "/fixtures/" + fx + "/mlx4", LoadOptions{.progress = false});
+  return std::shared_ptr<Backend>(make_cpu_backend(m, 2));
+}
+
+struct Result {
+  std::vector<int32_t> ids;
+  std::string text;
+  std::vector<TokenChoice> choices;
+  GenerationStats stats;
+  int error = 0;
+  std::string message;
+};
+
+Result wait(Job& j) {
+  Result r;
+  for (;;) {
+    std::vector<JobEvent> evs;
+    j.pop_all(evs, std::chrono::milliseconds(1000));
+    for (auto& e : evs) {
+      if (e.kind == JobEvent::Token) {
+        if (e.token.id >= 0) {
+          r.ids.push_back(e.token.id);
+          r.choices.push_back(e.token.choice);
+        }
+        r.text += e.token.text;
+      } else if (e.kind == JobEvent::Done) {
+        r.stats = e.stats;
+        return r;
+      } else {
+        r.error = e.status;
+        r.message = e.message;
+        return r;
+      }
+    }
+  }
+}
+
+void expect_same(const Result& a, const Result& b, const std::string& where) {
+  EXPECT_EQ(a.error, b.error) << where;
+  EXPECT_EQ(a.ids, b.ids) << where;
+  EXPECT_EQ(a.text, b.text) << where;
+  EXPECT_EQ(a.stats.finish, b.stats.finish) << where;
+  EXPECT_EQ(a.stats.completion_tokens, b.stats.completion_tokens) << where;
+  EXPECT_EQ(a.stats.stop_string, b.stats.stop_string) << where;
+  EXPECT_EQ(a.stats.cached_tokens, b.stats.cached_tokens) << where;
+  ASSERT_EQ(a.choices.size(), b.choices.size()) << where;
+  for (size_t i = 0; i < a.choices.size(); ++i) {
+    EXPECT_EQ(std::memcmp(&a.choices[i].logprob, &b.choices[i].logprob, sizeof(float)), 0) << where << " token " << i;
+    ASSERT_EQ(a.choices[i].top.size(), b.choices[i].top.size()) << where;
+    for (size_t k = 0; k < a.choices[i].top.size(); ++k) {
+      EXPECT_EQ(a.choices[i].top[k].token, b.choices[i].top[k].token) << where;
+      EXPECT_EQ(std::memcmp(&a.choices[i].top[k].logprob, &b.choices[i].top[k].logprob, sizeof(float)), 0) << where;
+    }
+  }
+}
+
+int64_t metric(const Metrics& m, const std::string& name) {
+  std::smatch mt;
+  const std::string text = m.render();
+  if (!std::regex_search(text, mt, std::regex("\n" + std::regex_replace(name, std::regex(R"([{}+"])"), R"(\$&)") +
+                                              R"( ([0-9.]+)\n)")))
+    ADD_FAILURE() << "no metric " << name;
+  return mt.empty() ? -1 : std::stoll(mt[1]);
+}
+
+std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int32_t> d(0, int32_t(vocab - 1));
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (auto& x : t) x = d(rng);
+  return t;
+}
+
+// Six requests of different shapes: lengths, sampling, penalties, logprobs, stop ids, max_tokens.
+std::vector<GenerationRequest> mixed_requests(int64_t vocab) {
+  std::vector<GenerationRequest> rs;
+  const int64_t lens[] = {23, 5, 41, 12, 60, 8};
+  for (int i = 0; i < 6; ++i) {
+    GenerationRequest r;
+    r.prompt = random_tokens(lens[i], vocab, 300 + uint32_t(i));
+    r.max_tokens = 14 + 3 * i;
+    r.sampling.seed = 77 + uint64_t(i);
+    if (i % 2 == 1) {
+      r.sampling.temperature = 0.9f;
+      r.sampling.top_p = 0.95f;
+      r.sampling.presence_penalty = 0.4f;
+      r.sampling.frequency_penalty = 0.3f;
+      r.sampling.repetition_penalty = 1.15f;
+    }
+    if (i % 3 == 2) {
+      r.sampling.logprobs = true;
+      r.sampling.top_logprobs = 2;
+    }
+    if (i == 4) r.stop_ids = {int32_t(r.prompt[3])};  // some id that may come up
+    rs.push_back(std::move(r));
+  }
+  return rs;
+}
+
+std::vector<Result> run_alone(std::shared_ptr<Backend> be, const std::vector<GenerationRequest>& reqs,
+                              int64_t chunk) {
+  SchedulerOptions o;
+  o.max_batch = 1;
+  o.max_seq = 256;
+  o.prefill_chunk = chunk;
+  Scheduler s(be, tokenizer(), o);
+  std::vector<Result> out;
+  for (const auto& r : reqs) {
+    auto j = std::make_shared<Job>(r);
+    EXPECT_TRUE(s.submit(j));
+    out.push_back(wait(*j));
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST(Scheduler, BatchedStreamsEqualTheirAnswersAlone) {
+  for (const char* fx : {"tiny", "tiny2"}) {
+    auto be = cpu_backend(fx);
+    auto reqs = mixed_requests(be->config().vocab_size);
+    // Stop strings: cut two of the streams on a piece of their own text.
+    const auto free_run = run_alone(be, {reqs[0], reqs[3]}, 7);
+    for (int k : {0, 1}) {
+      ASSERT_GE(free_run[k].text.size(), 8u) << fx;
+      reqs[k * 3].stop_strings = {free_run[k].text.substr(free_run[k].text.size() / 2, 3)};
+    }
+    const auto alone = run_alone(be, reqs, 7);
+    EXPECT_EQ(alone[0].stats.finish, FinishReason::Stop);
+    EXPECT_FALSE(alone[0].stats.stop_string.empty());
+
+    Metrics m;
+    SchedulerOptions o;
+    o.max_batch = 4;  // six jobs: two wait for a free session
+    o.max_seq = 256;
+    o.prefill_chunk = 7;
+    Scheduler s(be, tokenizer(), o, &m);
+    EXPECT_EQ(s.capacity(), 4);
+    std::vector<std::shared_ptr<Job>> jobs;
+    for (const auto& r : reqs) jobs.push_back(std::make_shared<Job>(r));
+    ASSERT_TRUE(s.submit_all(jobs));
+    for (size_t i = 0; i < jobs.size(); ++i)
+      expect_same(wait(*jobs[i]), alone[i], std::string(fx) + " request " + std::to_string(i));
+    // It really batched, and prefill chunks ran between decode steps.
+    EXPECT_LT(metric(m, "lilac_decode_batch_size_bucket{le=\"1\"}"), metric(m, "lilac_decode_steps_total"));
+    EXPECT_LT(metric(m, "lilac_decode_batch_size_bucket{le=\"2\"}"), metric(m, "lilac_decode_steps_total"));
+    EXPECT_GT(metric(m, "lilac_mixed_steps_total"), 0);
+    EXPECT_GT(metric(m, "lilac_prefill_chunks_total"), 6);
+    EXPECT_EQ(metric(m, "lilac_sequence_pool_capacity"), 4);
+    EXPECT_EQ(metric(m, "lilac_sequence_pool_in_use"), 0);
+    EXPECT_EQ(s.depth(), 0);
+  }
+}
+
+TEST(Scheduler, PrefixCacheServesEverySequence) {
+  auto be = cpu_backend("tiny");
+  const int32_t boundary = 7;
+  std::vector<GenerationRequest> reqs;
+  const std::vector<int32_t> system = {11, 200, 300, 400, 500, 600, boundary};
+  for (int i = 0; i < 3; ++i) {
+    GenerationRequest r;
+    r.prompt = system;
+    for (int32_t t : random_tokens(9 + i, 1000, 40 + uint32_t(i))) r.prompt.push_back(t + 20);
+    r.prompt.push_back(boundary);
+    r.prompt.push_back(12);
+    r.max_tokens = 10;
+    r.boundary_token = boundary;
+    reqs.push_back(r);
+  }
+  auto alone = run_alone(be, reqs, 4);
+  SchedulerOptions o;
+  o.max_batch = 3;
+  o.max_seq = 256;
+  o.prefill_chunk = 4;
+  Scheduler s(be, tokenizer(), o);
+  std::vector<std::shared_ptr<Job>> jobs;
+  for (const auto& r : reqs) jobs.push_back(std::make_shared<Job>(r));
+  ASSERT_TRUE(s.submit_all(jobs));
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    Result r = wait(*jobs[i]);
+    // The first prefills everything; the others resume after the shared system message, which the
+    // first one's sequence put in the cache.
+    EXPECT_EQ(r.stats.cached_tokens, i == 0 ? 0 : int64_t(system.size())) << i;
+    expect_same(r, alone[i], "request " + std::to_string(i));
+  }
+  EXPECT_GE(s.cache().entries(), 4u);
+}
+
+namespace {
+
+// HashSessions whose prefill and decode steps call the test's hooks (on the worker thread).
+class HookedSession : public HashSession {
+ public:
+  HookedSession(int64_t max, int32_t eos, Counters* c, class HookedBackend* be) : HashSession(max, eos, c), be_(be) {}
+  void prefill(std::span<const int32_t> tokens, const LogitsSink* sink) override;
+  TokenChoice decode_step() override;
+  int32_t first = -1;  // first prompt token of the current generation (identifies the job)
+ private:
+  class HookedBackend* be_;
+};
+
+class HookedBackend : public Backend {
+ public:
+  std::string name() const override { return "hooked"; }
+  const ModelConfig& config() const override { return cfg; }
+  std::unique_ptr<Session> new_session(int64_t max) override {
+    return std::make_unique<HookedSession>(max, 5, &counters, this);
+  }
+  ModelConfig cfg;
+  Counters counters;
+  std::function<void(HookedSession&, std::span<const int32_t>)> on_prefill;
+  std::function<void(HookedSession&)> on_decode;
+};
+
+void HookedSession::prefill(std::span<const int32_t> tokens, const LogitsSink* sink) {
+  if (length() == 0) first = tokens[0];
+  if (be_->on_prefill) be_->on_prefill(*this, tokens);
+  HashSession::prefill(tokens, sink);
+}
+
+TokenChoice HookedSession::decode_step() {
+  if (be_->on_decode) be_->on_decode(*this);
+  return HashSession::decode_step();
+}
+
+GenerationRequest hash_request(int32_t first, int64_t len, int64_t max_tokens) {
+  GenerationRequest r;
+  r.prompt.push_back(first);
+  for (int64_t i = 1; i < len; ++i) r.prompt.push_back(int32_t(100 + i));
+  r.max_tokens = max_tokens;
+  r.use_cache = false;
+  return r;
+}
+
+}  // namespace
+
+TEST(Scheduler, CancellationDuringPrefillAndDecodeFreesTheSession) {
+  auto be = std::make_shared<HookedBackend>();
+  auto a = std::make_shared<Job>(hash_request(1000, 40, 50));  // cancelled during its prefill
+  auto b = std::make_shared<Job>(hash_request(2000, 6, 30));   // cancelled after 3 decode steps
+  auto c = std::make_shared<Job>(hash_request(3000, 9, 12));   // waits for a free session, then runs
+  int64_t a_prefilled = 0;
+  be->on_prefill = [&](HookedSession& s, std::span<const int32_t> t) {
+    if (s.first == 1000) {
+      a_prefilled += int64_t(t.size());
+      a->cancel = true;  // the client goes away during the first chunk
+    }
+  };
+  std::map<int32_t, int> steps;
+  be->on_decode = [&](HookedSession& s) {
+    if (++steps[s.first] == 3 && s.first == 2000) b->cancel = true;
+  };
+  Metrics m;
+  SchedulerOptions o;
+  o.max_batch = 2;
+  o.max_seq = 512;
+  o.prefill_chunk = 4;
+  Scheduler sched(be, tokenizer(), o, &m);
+  ASSERT_TRUE(sched.submit_all({a, b, c}));
+  Result ra = wait(*a), rb = wait(*b), rc = wait(*c);
+  EXPECT_EQ(ra.stats.finish, FinishReason::Cancelled);
+  EXPECT_TRUE(ra.ids.empty());
+  EXPECT_EQ(a_prefilled, 4);  // one chunk, not the whole prompt
+  EXPECT_EQ(rb.stats.finish, FinishReason::Cancelled);
+  EXPECT_EQ(steps[2000], 3);  // no step after the cancellation
+  EXPECT_EQ(rb.ids.size(), 3u);  // the first choice and those of steps 1 and 2
+  EXPECT_EQ(rc.stats.finish, FinishReason::Length);
+  EXPECT_EQ(rc.ids.size(), 12u);
+  EXPECT_EQ(sched.in_use(), 0);
+  EXPECT_EQ(sched.depth(), 0);
+  EXPECT_EQ(metric(m, "lilac_cancelled_total"), 2);
+  // c's tokens are those it gets alone.
+  be->on_prefill = nullptr;
+  be->on_decode = nullptr;
+  auto c2 = std::make_shared<Job>(hash_request(3000, 9, 12));
+  ASSERT_TRUE(sched.submit(c2));
+  expect_same(wait(*c2), rc, "c alone");
+}
+
+TEST(Scheduler, AFailingStepFailsOnlyItsSequence) {
+  auto be = std::make_shared<HookedBackend>();
+  be->on_decode = [](HookedSession& s) {
+    if (s.first == 1000) throw Error("device fault");
+  };
+  SchedulerOptions o;
+  o.max_batch = 2;
+  o.max_seq = 512;
+  Scheduler sched(be, tokenizer(), o);
+  auto bad = std::make_shared<Job>(hash_request(1000, 5, 20));
+  auto good = std::make_shared<Job>(hash_request(2000, 5, 20));
+  auto too_long = std::make_shared<Job>(hash_request(3000, 600, 20));  // does not fit max_seq
+  ASSERT_TRUE(sched.submit_all({bad, good, too_long}));
+  Result rbad = wait(*bad), rgood = wait(*good), rlong = wait(*too_long);
+  EXPECT_EQ(rbad.error, 500);
+  EXPECT_NE(rbad.message.find("device fault"), std::string::npos);
+  EXPECT_EQ(rgood.error, 0);
+  EXPECT_EQ(rgood.ids.size(), 20u);
+  EXPECT_EQ(rlong.error, 400);
+  EXPECT_EQ(sched.in_use(), 0);
+  EXPECT_EQ(sched.depth(), 0);
+}
+
+TEST(Scheduler, PoolSize) {
+  auto be = cpu_backend("tiny2");
+  SchedulerOptions o;
+  o.max_seq = 1000;
+  EXPECT_EQ(Scheduler::pool_size(*be, o), be->default_sessions(1000));
+  EXPECT_EQ(be->default_sessions(1000), 4);
+  EXPECT_EQ(be->default_sessions(int64_t(1) << 40), 1);  // far more than the RAM holds: one session
+  o.max_batch = 7;
+  EXPECT_EQ(Scheduler::pool_size(*be, o), 7);
+  const size_t per = be->session_bytes(1000);
+  ASSERT_GT(per, 0u);
+  EXPECT_GT(be->session_bytes(2000), per);
+  o.seq_memory_bytes = 2.5 * double(per);
+  EXPECT_EQ(Scheduler::pool_size(*be, o), 2);  // the budget caps --max-batch
+  o.max_batch = 0;
+  EXPECT_EQ(Scheduler::pool_size(*be, o), 2);
+  o.seq_memory_bytes = 0.5 * double(per);
+  EXPECT_THROW(Scheduler::pool_size(*be, o), InputError);
+  // A backend that does not report its session size: the budget is ignored.
+  HookedBackend hb;
+  o.max_batch = 0;
+  EXPECT_EQ(Scheduler::pool_size(hb, o), 1);
+  o.max_batch = 3;
+  EXPECT_EQ(Scheduler::pool_size(hb, o), 3);
+}
