@@ -1,8 +1,12 @@
 #include "server/generation.h"
 
 #include "core/error.h"
+#include "core/log.h"
 #include "engine/backend.h"
+#include "engine/grammar_constraint.h"
 #include "engine/validate.h"
+#include "grammar/cache.h"
+#include "grammar/response_grammar.h"
 #include "server/api_error.h"
 #include "text/chat_template.h"
 #include "text/model_format.h"
@@ -85,9 +89,59 @@ GenerationCore::GenerationCore(std::shared_ptr<Backend> backend, std::shared_ptr
   }
   if (auto id = tok_->token_id("<|im_end|>")) boundary_ = *id;
   sched_ = std::make_unique<Scheduler>(backend_, tok_, opts_, metrics);
+  const int64_t vocab = backend_->config().vocab_size;
+  std::shared_ptr<const Tokenizer> tok = tok_;
+  grammars_ = std::async(std::launch::async, [tok, vocab] {
+                auto cache = std::make_shared<grammar::GrammarCache>(grammar::Vocabulary::from_tokenizer(*tok, vocab));
+                cache->warm();
+                return cache;
+              }).share();
 }
 
-GenerationCore::~GenerationCore() { stop(); }
+GenerationCore::~GenerationCore() {
+  stop();
+  if (grammars_.valid()) grammars_.wait();
+}
+
+grammar::GrammarCache& GenerationCore::grammars() {
+  try {
+    return *grammars_.get();
+  } catch (const std::exception& e) {  // e.g. a tokenizer with more tokens than the model
+    throw ApiError(500, std::string("Constrained decoding is unavailable: ") + e.what(), "", "internal_error");
+  }
+}
+
+std::shared_ptr<TokenConstraint> GenerationCore::constraint(const GenerationSpec& spec, const GenerationPrompt& prompt) {
+  using grammar::ResponseSpec;
+  ResponseSpec rs;
+  switch (spec.format) {
+    case GenerationSpec::Format::Text: rs.content = ResponseSpec::Content::Free; break;
+    case GenerationSpec::Format::JsonObject: rs.content = ResponseSpec::Content::JsonObject; break;
+    case GenerationSpec::Format::JsonSchema:
+      rs.content = ResponseSpec::Content::JsonSchema;
+      rs.schema = spec.schema;
+      break;
+  }
+  if (spec.input == GenerationSpec::Input::Chat) {
+    if (spec.tools.is_array() && !spec.tools.empty()) {
+      rs.tools = spec.tools;
+      rs.calls = spec.force_tool_call ? ResponseSpec::Calls::Forced : ResponseSpec::Calls::Auto;
+      rs.forced_function = spec.forced_function;
+    }
+    rs.in_reasoning = prompt.in_reasoning;
+    rs.xml_calls = format_.xml_tool_calls(prompt.text);
+  }
+  rs.parallel_calls = spec.parallel_tool_calls;
+  if (!rs.constrained()) return nullptr;
+  std::shared_ptr<const grammar::CompiledGrammar> g;
+  try {
+    g = grammars().get(rs.cache_key(), [&] { return grammar::build_response_grammar(rs, format_.markup(), *tok_); });
+  } catch (const grammar::SchemaError& e) {
+    const std::string param = e.param().empty() ? "response_format" : e.param();
+    throw ApiError(400, "Invalid schema for '" + param + "': " + e.what(), param, "invalid_schema");
+  }
+  return std::make_shared<GrammarConstraint>(std::move(g), eos_);
+}
 
 void GenerationCore::stop() {
   if (sched_) sched_->stop();
@@ -138,6 +192,7 @@ std::shared_ptr<Generation> GenerationCore::start(const GenerationSpec& spec) {
   gr.stop_ids = eos_;
   gr.stop_strings = spec.stop;
   gr.boundary_token = chat ? boundary_ : -1;
+  gr.constraint = constraint(spec, prompt);
   auto job = std::make_shared<Job>(std::move(gr));
   auto gen = std::make_shared<Generation>(job, chat, prompt, spec.tools, format_);
   if (!sched_->submit(job))

@@ -9,6 +9,7 @@
 #pragma once
 #include <chrono>
 #include <cstdint>
+#include <future>
 #include <memory>
 #include <optional>
 #include <string>
@@ -26,6 +27,9 @@ class ChatTemplate;
 class ModelFormat;
 class Tokenizer;
 struct ModelConfig;
+namespace grammar {
+class GrammarCache;
+}
 }  // namespace lilac
 
 namespace lilac::server {
@@ -44,6 +48,12 @@ struct GenerationSpec {
   nlohmann::ordered_json tools;
   bool force_tool_call = false;
   std::string forced_function;
+  // Constrained decoding (grammar/response_grammar.h): what the content must be; tool calls are
+  // constrained when forced or when their tool is strict.
+  enum class Format { Text, JsonObject, JsonSchema };
+  Format format = Format::Text;
+  nlohmann::ordered_json schema;  // JsonSchema
+  bool parallel_tool_calls = true;
   SamplingParams sampling;
   std::optional<int64_t> max_tokens;  // nullopt: up to the context limit
   std::vector<std::string> stop;
@@ -99,7 +109,8 @@ class GenerationCore {
   ~GenerationCore();
 
   // Renders, tokenizes, checks and queues `spec`. Throws ApiError: 400 for a prompt that cannot be
-  // rendered, is empty or does not fit the context, 429 when the queue is full.
+  // rendered, is empty or does not fit the context, or a schema that cannot be enforced (param names
+  // the schema's field, the message its keyword and JSON pointer), 429 when the queue is full.
   std::shared_ptr<Generation> start(const GenerationSpec& spec);
   bool busy() const;  // the queue is full: start() would answer 429
   const ModelConfig& config() const;
@@ -107,6 +118,9 @@ class GenerationCore {
 
  private:
   std::vector<int32_t> prompt_tokens(const GenerationSpec& spec, GenerationPrompt& prompt) const;
+  // The constraint of `spec` after `prompt` (null when nothing is constrained).
+  std::shared_ptr<TokenConstraint> constraint(const GenerationSpec& spec, const GenerationPrompt& prompt);
+  grammar::GrammarCache& grammars();
 
   std::shared_ptr<Backend> backend_;
   std::shared_ptr<const Tokenizer> tok_;
@@ -116,6 +130,9 @@ class GenerationCore {
   std::vector<int32_t> eos_;
   int32_t boundary_ = -1;
   std::unique_ptr<Scheduler> sched_;
+  // Compiled grammars by request constraints; built on a background thread at start (the vocabulary
+  // trie and the classes every schema shares), waited for by the first constrained request.
+  std::shared_future<std::shared_ptr<grammar::GrammarCache>> grammars_;
 };
 
 }  // namespace lilac::server

@@ -34,6 +34,7 @@ OpenAIRequest chat_request(const ojson& body, const ModelConfig& cfg, uint64_t s
   r.spec.force_tool_call = p.tool_choice == ToolChoice::Required || p.tool_choice == ToolChoice::Function;
   if (p.tool_choice == ToolChoice::Function) r.spec.forced_function = p.tool_choice_name;
   r.spec.prompt_param = "messages";
+  r.spec.parallel_tool_calls = p.parallel_tool_calls;
   r.common = std::move(p);
   return r;
 }
@@ -87,6 +88,14 @@ void handle_generation(ServerContext& C, const httplib::Request& req, httplib::R
     r.spec.sampling = common.sampling;
     r.spec.max_tokens = common.max_tokens;
     r.spec.stop = common.stop;
+    switch (common.response_format) {
+      case ResponseFormat::Text: r.spec.format = GenerationSpec::Format::Text; break;
+      case ResponseFormat::JsonObject: r.spec.format = GenerationSpec::Format::JsonObject; break;
+      case ResponseFormat::JsonSchema:
+        r.spec.format = GenerationSpec::Format::JsonSchema;
+        r.spec.schema = common.json_schema;
+        break;
+    }
     std::shared_ptr<Generation> gen = C.core->start(r.spec);
 
     if (C.hook_set) {
