@@ -89,26 +89,21 @@ GenerationCore::GenerationCore(std::shared_ptr<Backend> backend, std::shared_ptr
   }
   if (auto id = tok_->token_id("<|im_end|>")) boundary_ = *id;
   sched_ = std::make_unique<Scheduler>(backend_, tok_, opts_, metrics);
-  const int64_t vocab = backend_->config().vocab_size;
-  std::shared_ptr<const Tokenizer> tok = tok_;
-  grammars_ = std::async(std::launch::async, [tok, vocab] {
-                auto cache = std::make_shared<grammar::GrammarCache>(grammar::Vocabulary::from_tokenizer(*tok, vocab));
-                cache->warm();
-                return cache;
-              }).share();
 }
 
-GenerationCore::~GenerationCore() {
-  stop();
-  if (grammars_.valid()) grammars_.wait();
-}
+GenerationCore::~GenerationCore() { stop(); }
 
 grammar::GrammarCache& GenerationCore::grammars() {
   try {
-    return *grammars_.get();
+    std::call_once(grammars_once_, [&] {
+      grammars_ = std::make_unique<grammar::GrammarCache>(
+          grammar::Vocabulary::from_tokenizer(*tok_, backend_->config().vocab_size));
+      grammars_->warm();
+    });
   } catch (const std::exception& e) {  // e.g. a tokenizer with more tokens than the model
     throw ApiError(500, std::string("Constrained decoding is unavailable: ") + e.what(), "", "internal_error");
   }
+  return *grammars_;
 }
 
 std::shared_ptr<TokenConstraint> GenerationCore::constraint(const GenerationSpec& spec, const GenerationPrompt& prompt) {

@@ -9,7 +9,7 @@
 #pragma once
 #include <chrono>
 #include <cstdint>
-#include <future>
+#include <mutex>
 #include <memory>
 #include <optional>
 #include <string>
@@ -130,9 +130,10 @@ class GenerationCore {
   std::vector<int32_t> eos_;
   int32_t boundary_ = -1;
   std::unique_ptr<Scheduler> sched_;
-  // Compiled grammars by request constraints; built on a background thread at start (the vocabulary
-  // trie and the classes every schema shares), waited for by the first constrained request.
-  std::shared_future<std::shared_ptr<grammar::GrammarCache>> grammars_;
+  // Compiled grammars by request constraints, with the vocabulary trie and the token classes every
+  // schema shares: built by the first constrained request (~0.15 s of CPU on the Qwen3 vocabulary).
+  std::once_flag grammars_once_;
+  std::unique_ptr<grammar::GrammarCache> grammars_;
 };
 
 }  // namespace lilac::server
