@@ -4,7 +4,7 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { createRequire } from 'node:module';
-import { startServer, postJson, sseEvents, assertErrorBody, SOURCE } from './helpers.mjs';
+import { startServer, postJson, sseEvents, assertErrorBody, writeScript, SOURCE } from './helpers.mjs';
 
 const require = createRequire(`${SOURCE}/package.json`);
 const OpenAI = require('openai');
@@ -228,3 +228,29 @@ test('schemas that cannot be enforced are 400 naming the keyword and where it is
   r = await postJson(url, { messages: ask, max_tokens: 2, tools: [{ type: 'function', function: { ...badTool[0].function, strict: false } }] });
   assert.equal(r.status, 200, r.text);
 });
+
+test('scripted replies go through the mask: reasoning stays free, the content must follow the schema', async () => {
+  const script = writeScript({
+    rules: [
+      { match: 'GOOD', reply: 'Let me think.\n</think>\n\n{"a": 7, "b": "x<y"}' },
+      { match: 'BAD', reply: 'Hmm.\n</think>\n\n{"a": "seven"}' },
+    ],
+    default: { reply: 'plain text' },
+  });
+  const s = await startServer(['--backend', `scripted:${script}`]);
+  try {
+    const schema = { type: 'object', properties: { a: { type: 'integer' }, b: { type: 'string' } }, required: ['a'] };
+    const body = (content) => ({ messages: [{ role: 'user', content }], response_format: { type: 'json_schema', json_schema: { name: 's', schema } } });
+    const good = await postJson(`${s.url}/v1/chat/completions`, body('GOOD'));
+    assert.equal(good.status, 200, good.text);
+    const m = good.json.choices[0].message;
+    assert.equal(m.reasoning_content.trim(), 'Let me think.');  // thinking on: free text up to </think>
+    assert.deepEqual(validate(schema, m.content, 'scripted'), { a: 7, b: 'x<y' });
+    const bad = await postJson(`${s.url}/v1/chat/completions`, body('BAD'));
+    assert.equal(bad.status, 500, bad.text);
+    assert.match(bad.json.error.message, /not allowed by the token mask/);
+  } finally {
+    await s.stop();
+  }
+});
+
