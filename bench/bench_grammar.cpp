@@ -23,7 +23,9 @@
 #include "../tests/grammar/grammar_corpus.h"
 #include "grammar/cache.h"
 #include "grammar/matcher.h"
+#include "grammar/response_grammar.h"
 #include "grammar/schema.h"
+#include "text/model_format.h"
 #include "text/tokenizer.h"
 
 namespace {
@@ -162,6 +164,45 @@ void BM_MaskPerTokenBySchema(benchmark::State& state) {
   report(state, us);
 }
 BENCHMARK(BM_MaskPerTokenBySchema)->DenseRange(0, 7)->Unit(benchmark::kMillisecond)->MinTime(0.5);
+
+// Whole responses in the model's format (response_grammar.h): reasoning (free text), then content and
+// Qwen3.6 XML tool calls of strict tools (raw string values, JSON values), as the real tokenizer
+// splits them (markup as its added tokens).
+void BM_MaskPerTokenToolCalls(benchmark::State& state) {
+  using lilac::grammar::OrderedJson;
+  ResponseSpec spec;
+  spec.tools = OrderedJson::parse(R"([
+    {"type":"function","function":{"name":"get_weather","strict":true,"parameters":{"type":"object","properties":{
+      "city":{"type":"string","maxLength":40},"unit":{"type":"string","enum":["celsius","fahrenheit"]},
+      "days":{"type":"integer","minimum":1,"maximum":7}},"required":["city","unit"]}}},
+    {"type":"function","function":{"name":"write_file","strict":true,"parameters":{"type":"object","properties":{
+      "path":{"type":"string"},"content":{"type":"string"},"options":{"type":"object","properties":{
+      "overwrite":{"type":"boolean"},"mode":{"type":"string","pattern":"^[0-7]{3}$"}}}},"required":["path","content"]}}}])");
+  spec.calls = ResponseSpec::Calls::Auto;
+  spec.in_reasoning = true;
+  const std::string outputs[] = {
+      "The user wants the weather in Paris for the next three days, in Celsius. I will call get_weather.\n</think>\n\n"
+      "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=unit>\ncelsius\n"
+      "</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>",
+      "I need to save the script.\n</think>\n\nSaving it now.\n\n<tool_call>\n<function=write_file>\n<parameter=path>\n"
+      "scripts/build.sh\n</parameter>\n<parameter=content>\n#!/usr/bin/env bash\nset -euo pipefail\ncmake -S . -B build "
+      "-G Ninja\ncmake --build build -j\"$(nproc)\"\necho \"done: $(date)\" > build/stamp.txt\n</parameter>\n"
+      "<parameter=options>\n{\"overwrite\": true, \"mode\": \"755\"}\n</parameter>\n</function>\n</tool_call>",
+  };
+  std::vector<std::vector<int32_t>> docs;
+  for (const auto& o : outputs) docs.push_back(qwen3().encode(o, true));
+  auto g = std::make_shared<CompiledGrammar>(build_response_grammar(spec, lilac::qwen3_6_format().markup(), qwen3()),
+                                             vocab(), std::make_shared<TokenClassCache>(size_t(512) << 20));
+  std::vector<uint32_t> mask(vocab()->mask_words());
+  Times us;
+  for (const auto& ids : docs)
+    if (!follow(g, Doc{0, ids}, mask, us)) state.SkipWithError("rejected");
+  us.clear();
+  for (auto _ : state)
+    for (const auto& ids : docs) follow(g, Doc{0, ids}, mask, us);
+  report(state, us);
+}
+BENCHMARK(BM_MaskPerTokenToolCalls)->Unit(benchmark::kMillisecond)->MinTime(1.0);
 
 void BM_Compile50Properties(benchmark::State& state) {
   const std::string schema = corpus::fifty_property_schema();
