@@ -87,7 +87,7 @@ function validate(schema, text, what) {
 test('chat response_format json_schema at temperature 1: every output validates (ajv)', async () => {
   let finished = 0, total = 0;
   for (const [name, schema] of Object.entries(schemas)) {
-    for (const seed of [1, 2, 3]) {
+    for (const seed of [1, 2]) {
       const r = await client.chat.completions.create({
         messages: ask, temperature: 1, seed, max_tokens: 600, chat_template_kwargs: noThinking,
         response_format: { type: 'json_schema', json_schema: { name, schema, strict: true } },
@@ -102,7 +102,7 @@ test('chat response_format json_schema at temperature 1: every output validates 
       assert.equal(c.message.reasoning_content, undefined);
     }
   }
-  assert.ok(finished >= total - 2, `${finished} of ${total} outputs finished within max_tokens`);
+  assert.ok(finished >= total - 1, `${finished} of ${total} outputs finished within max_tokens`);
 });
 
 test('json_object mode gives a JSON object; /v1/completions honours response_format', async () => {

@@ -125,15 +125,15 @@ TEST(ResponseGrammar, ForcedCallsOfAnyToolValidate) {
   spec.calls = ResponseSpec::Calls::Forced;  // prompt ends with "<tool_call>\n"
   auto g = response(spec);
   size_t calls = 0;
-  for (uint64_t seed = 1; seed <= 8; ++seed) {
-    const std::string text = "<tool_call>\n" + walk(g, seed, 250);
+  for (uint64_t seed = 1; seed <= 6; ++seed) {
+    const std::string text = "<tool_call>\n" + walk(g, seed, 200);
     const Parsed p = parse(text, false);
     EXPECT_GE(p.calls.size(), 1u) << text;
     EXPECT_EQ(p.content, "") << text;
     expect_valid_calls(p, text);
     calls += p.calls.size();
   }
-  EXPECT_GE(calls, 8u);
+  EXPECT_GE(calls, 6u);
 }
 
 TEST(ResponseGrammar, NamedForcedCallValidates) {
@@ -143,8 +143,8 @@ TEST(ResponseGrammar, NamedForcedCallValidates) {
   spec.forced_function = "search";
   spec.parallel_calls = false;
   auto g = response(spec);
-  for (uint64_t seed = 1; seed <= 8; ++seed) {
-    const std::string text = "<tool_call>\n<function=search>\n" + walk(g, seed);
+  for (uint64_t seed = 1; seed <= 6; ++seed) {
+    const std::string text = "<tool_call>\n<function=search>\n" + walk(g, seed, 200);
     const Parsed p = parse(text, false);
     ASSERT_EQ(p.calls.size(), 1u) << text;
     EXPECT_EQ(p.calls[0].first, "search");
@@ -160,13 +160,13 @@ TEST(ResponseGrammar, AutoCallsAfterReasoningAndContent) {
   ASSERT_TRUE(spec.constrained());
   auto g = response(spec);
   size_t calls = 0;
-  for (uint64_t seed = 1; seed <= 12; ++seed) {
-    const std::string text = walk(g, seed, 300);
+  for (uint64_t seed = 1; seed <= 8; ++seed) {
+    const std::string text = walk(g, seed, 200);
     const Parsed p = parse(text, true);
     expect_valid_calls(p, text);
     calls += p.calls.size();
   }
-  EXPECT_GE(calls, 3u);  // markup is favoured, so calls do happen
+  EXPECT_GE(calls, 2u);  // markup is favoured, so calls do happen
 }
 
 TEST(ResponseGrammar, JsonContentAfterReasoningValidates) {
