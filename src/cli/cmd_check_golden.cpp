@@ -37,8 +37,9 @@ int run(const Args& a) {
   std::printf("%s\n", th.describe().c_str());
   const auto failures = golden_failures(rep, th);
   for (const auto& f : failures) std::printf("  failed: %s\n", f.c_str());
-  std::printf("%s (%zu sequences, %zu generations, backend %s)\n", failures.empty() ? "PASS" : "FAIL", rep.seqs.size(),
-              rep.gens.size(), backend->name().c_str());
+  const bool mtp_checked = rep.golden_has_mtp && rep.mtp_unchecked.empty();
+  std::printf("%s (%zu sequences, %zu generations%s, backend %s)\n", failures.empty() ? "PASS" : "FAIL", rep.seqs.size(),
+              rep.gens.size(), mtp_checked ? ", MTP head checked" : "", backend->name().c_str());
   std::fflush(stdout);
   return failures.empty() ? 0 : 1;
 }

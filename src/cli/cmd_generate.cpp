@@ -16,6 +16,7 @@
 
 #include "cli/backend_select.h"
 #include "cli/command.h"
+#include "cli/spec_options.h"
 #include "core/error.h"
 #include "core/mapped_file.h"
 #include "engine/generator.h"
@@ -30,6 +31,7 @@ struct Args {
   std::string model, prompt_ids, prompt, chat, backend = "auto";
   int threads = 0;
   int max_tokens = 32;
+  int spec_tokens = 0;
   bool ignore_eos = false;
   // Sampling: unset options take the model's generation_config.json defaults, else greedy.
   std::optional<float> temperature, top_p, min_p, repetition_penalty, presence_penalty, frequency_penalty;
@@ -120,7 +122,9 @@ int run(const Args& a) {
                backend->describe().c_str(), prompt.size(), double(sp.temperature), double(sp.top_p), sp.top_k,
                double(sp.min_p), (unsigned long long)sp.seed);
 
+  const int spec = effective_spec_tokens(a.spec_tokens, *backend, *weights);
   auto session = backend->new_session(int64_t(prompt.size()) + a.max_tokens + 1);
+  GenerationStats st;
   std::vector<int32_t> out;
   auto is_eos = [&](int32_t t) {
     if (a.ignore_eos) return false;
@@ -137,6 +141,7 @@ int run(const Args& a) {
     req.sampling = sp;
     req.max_tokens = a.max_tokens;
     req.prefill_chunk = int64_t(prompt.size());  // one prefill call
+    req.draft_tokens = spec;
     // End-of-turn ids are handled here (not as the request's stop_ids) so that the one that ends the
     // generation is reported with the others.
     auto print = [&](const std::string& text) {
@@ -144,7 +149,7 @@ int run(const Args& a) {
       std::fputs(text.c_str(), stdout);
       std::fflush(stdout);
     };
-    GenerationStats st = gen.run(req, [&](const GeneratedToken& g) {
+    st = gen.run(req, [&](const GeneratedToken& g) {
       if (g.id < 0) {  // the final flush
         print(g.text);
         return true;
@@ -178,6 +183,9 @@ int run(const Args& a) {
               prompt.size(), prefill_s, prefill_s > 0 ? double(prompt.size()) / prefill_s : 0.0, n_decode, decode_s,
               decode_s > 0 ? n_decode / decode_s : 0.0);
   if (!out.empty() && is_eos(out.back())) std::printf("stopped at end-of-turn token %d\n", out.back());
+  if (st.spec_rounds > 0)
+    std::printf("speculative: %lld steps with drafts, %lld of %lld drafts accepted\n", (long long)st.spec_rounds,
+                (long long)st.spec_accepted, (long long)st.spec_drafted);
   return 0;
 }
 
@@ -191,6 +199,7 @@ const bool registered = register_command(Command{
       sub.add_option("--chat", a->chat, "one user message, rendered through the model folder's chat template");
       sub.add_option("--max-tokens", a->max_tokens, "maximum number of tokens to generate")->capture_default_str();
       add_backend_options(sub, a->backend, a->threads);
+      add_spec_option(sub, a->spec_tokens);
       sub.add_option("--temperature", a->temperature, "0 = greedy (default: generation_config.json, else 0)");
       sub.add_option("--top-p", a->top_p, "nucleus sampling");
       sub.add_option("--top-k", a->top_k, "keep the k most likely tokens (0 = off)");

@@ -12,6 +12,7 @@
 #include "cli/backend_select.h"
 #include "cli/command.h"
 #include "cli/serve_extension.h"
+#include "cli/spec_options.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/mapped_file.h"
@@ -43,7 +44,7 @@ void on_signal(int) { g_stop = 1; }
 
 struct ServeArgs {
   std::string model, backend = "auto", model_name, api_key, host = "127.0.0.1";
-  int port = 8080, threads = 0, max_queue = 64, http_threads = 64, max_batch = 0;
+  int port = 8080, threads = 0, max_queue = 64, http_threads = 64, max_batch = 0, spec_tokens = 0;
   int64_t max_seq = 0, prefill_chunk = 512;
   double seq_memory_gb = 0;
   int debug_load_delay_ms = 0;  // tests: keep /health at 503 this long
@@ -81,6 +82,7 @@ int run(const ServeArgs& a) {
   o.max_batch = a.max_batch;
   o.seq_memory_bytes = a.seq_memory_gb * 1e9;
   o.prefill_chunk = a.prefill_chunk;
+  o.spec_tokens = a.spec_tokens;
   o.http_threads = a.http_threads;
   o.cache_bytes = size_t(a.cache_mb * 1024 * 1024);
   o.max_body_bytes = size_t(a.max_body_mb * 1024 * 1024);
@@ -110,6 +112,7 @@ int run(const ServeArgs& a) {
   } else {
     auto weights = load_model(a.model);
     backend = make_backend(a.backend, weights, a.threads);
+    effective_spec_tokens(a.spec_tokens, *backend, *weights);  // logs whether it applies, and why not
   }
   srv.set_model(backend, tok, tmpl);
   std::printf(
@@ -161,6 +164,7 @@ const bool registered = register_command(Command{
       sub.add_option("--max-body-mb", a->max_body_mb, "Request body limit in MiB (larger: 413)")->capture_default_str();
       sub.add_option("--http-threads", a->http_threads, "HTTP worker threads (open connections served at once)")
           ->capture_default_str();
+      add_spec_option(sub, a->spec_tokens);
       sub.add_option("--debug-load-delay-ms", a->debug_load_delay_ms, "(tests) wait before loading the model")
           ->group("");
       for (auto& ext : serve_extensions())

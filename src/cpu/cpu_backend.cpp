@@ -10,6 +10,9 @@
 #include "core/bf16.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "cpu/attention.h"
+#include "cpu/gdn_undo.h"
+#include "cpu/mtp.h"
 #include "cpu/ops.h"
 #include "engine/sampler.h"
 #include "engine/validate.h"
@@ -34,10 +37,10 @@ size_t available_ram_bytes() {
   return 0;
 }
 
-// Per-layer state of one session.
-struct LayerState {
-  std::vector<float> k, v;          // attention: [len, kv_dim] each (grows with the context)
-  std::vector<float> S, conv;       // Gated DeltaNet: [Hv, dk, dv] and [conv_dim, K-1]
+// Per-layer state of one session: attention k / v [len, kv_dim] each (KvCache, grows with the context),
+// or Gated DeltaNet S [Hv, dk, dv] and conv [conv_dim, K-1].
+struct LayerState : KvCache {
+  std::vector<float> S, conv;
 };
 
 class CpuSnapshot : public SessionSnapshot {
@@ -46,9 +49,10 @@ class CpuSnapshot : public SessionSnapshot {
   int64_t len = 0;
   std::vector<LayerState> layers;
   std::vector<float> logits;  // current logits at the time (empty when len == 0)
+  MtpData mtp;                // the MTP head's cache when the session was drafting
   int64_t length() const override { return len; }
   size_t bytes() const override {
-    size_t b = logits.size() * sizeof(float);
+    size_t b = logits.size() * sizeof(float) + mtp.bytes();
     for (const auto& l : layers) b += (l.k.size() + l.v.size() + l.S.size() + l.conv.size()) * sizeof(float);
     return b;
   }
@@ -108,6 +112,8 @@ class CpuSessionImpl : public CpuSession {
  public:
   CpuSessionImpl(CpuBackend& be, int64_t max_length)
       : be_(be), w_(be.weights()), cfg_(w_.config), max_len_(max_length), sampler_(cfg_.vocab_size) {
+    if (w_.has_mtp()) mtp_ = std::make_unique<MtpHead>(w_, be.pool(), be.inv_freq(), max_length);
+    undo_.resize(static_cast<size_t>(cfg_.num_layers));
     reset();
   }
 
@@ -115,7 +121,10 @@ class CpuSessionImpl : public CpuSession {
   int64_t max_length() const override { return max_len_; }
   void set_activation_tap(ActivationTap tap) override { tap_ = std::move(tap); }
   void set_prefill_chunk(int64_t tokens) override { chunk_ = std::max<int64_t>(1, tokens); }
-  void set_kv_bf16(bool on) override { kv_bf16_ = on; }
+  void set_kv_bf16(bool on) override {
+    kv_bf16_ = on;
+    if (mtp_) mtp_->set_kv_bf16(on);
+  }
 
   void prefill(std::span<const int32_t> tokens, const LogitsSink* sink) override {
     check_tokens(tokens);
@@ -156,6 +165,25 @@ class CpuSessionImpl : public CpuSession {
     return logits_;
   }
 
+  // ---- speculative decoding (MODEL_MTP.md; the head's state: src/cpu/mtp.h)
+  bool can_draft() const override { return mtp_ != nullptr; }
+  void enable_drafting(bool on) override {
+    if (!mtp_ || on == drafting_) return;
+    drafting_ = on;
+    if (on && len_ == 0) mtp_->reset(true);
+    else mtp_->invalidate();  // enabled on a context it did not follow: no drafts until reset()
+  }
+  void set_draft_logits_sink(LogitsSink sink) override {
+    if (mtp_) mtp_->set_sink(std::move(sink));
+  }
+  std::vector<int32_t> draft(int k) override {
+    if (!mtp_ || !drafting_ || next_token_ < 0) return {};
+    k = int(std::min<int64_t>(k, max_len_ - len_ - 1));  // verify feeds k + 1 rows
+    if (k <= 0) return {};
+    return mtp_->draft(next_token_, len_, k);
+  }
+  std::vector<TokenChoice> verify(std::span<const int32_t> drafts) override;
+
   std::shared_ptr<const SessionSnapshot> snapshot() override {
     auto s = std::make_shared<CpuSnapshot>();
     s->owner = &w_;
@@ -174,6 +202,7 @@ class CpuSessionImpl : public CpuSession {
       }
     }
     if (has_logits_) s->logits = logits_;
+    if (following_mtp()) s->mtp = mtp_->snapshot();
     return s;
   }
 
@@ -203,6 +232,7 @@ class CpuSessionImpl : public CpuSession {
     has_logits_ = !s->logits.empty();
     if (has_logits_) logits_ = s->logits;
     next_token_ = -1;
+    if (mtp_ && drafting_) mtp_->restore(s->mtp);  // a snapshot taken without drafting: no drafts
   }
 
   void reset() override {
@@ -218,6 +248,7 @@ class CpuSessionImpl : public CpuSession {
     has_mask_ = false;
     logits_.assign(static_cast<size_t>(cfg_.vocab_size), 0.f);
     next_token_ = -1;
+    if (mtp_) mtp_->reset(drafting_);
   }
 
   // ---- the batched decode step (CpuBackend::decode_batch)
@@ -240,8 +271,10 @@ class CpuSessionImpl : public CpuSession {
     const float eps = float(cfg.rms_norm_eps);
     ThreadPool* pool = be.pool();
     std::vector<float> x(static_cast<size_t>(B * H)), y(static_cast<size_t>(B * H)), out(static_cast<size_t>(B * H));
+    std::vector<int32_t> fed(static_cast<size_t>(B));
     for (int64_t b = 0; b < B; ++b) {
-      embed_row(w.embed, ss[size_t(b)]->next_token_, x.data() + b * H);
+      fed[size_t(b)] = ss[size_t(b)]->next_token_;
+      embed_row(w.embed, fed[size_t(b)], x.data() + b * H);
       ss[size_t(b)]->next_token_ = -1;
     }
     for (int l = 0; l < cfg.num_layers; ++l) {
@@ -262,12 +295,21 @@ class CpuSessionImpl : public CpuSession {
     for (int64_t b = 0; b < B; ++b) {
       CpuSessionImpl& s = *ss[size_t(b)];
       std::memcpy(s.logits_.data(), lg.data() + b * V, static_cast<size_t>(V) * sizeof(float));
+      // A drafting session's MTP head sees the row as after a one-token step (its hidden, after the final norm).
+      if (s.following_mtp()) s.mtp_->on_rows(s.len_, std::span<const int32_t>(&fed[size_t(b)], 1), y.data() + b * H);
       s.len_ += 1;
       s.has_logits_ = true;
     }
   }
 
  private:
+  bool following_mtp() const { return mtp_ && drafting_ && mtp_->valid(); }
+  // A matrix product: row-exact during verification (every row as a one-token step computes it).
+  void mm(const QMatrix& W, const float* X, int64_t n, float* Y) {
+    if (exact_rows_) qmatvec_rows(W, X, n, Y, be_.pool());
+    else qmatmul(W, X, n, Y, be_.pool());
+  }
+
   static void attention_batch(CpuBackend& be, const AttentionWeights& a, int l, std::span<CpuSessionImpl* const> ss,
                               const float* y, float* out) {
     const ModelConfig& cfg = be.weights().config;
@@ -341,7 +383,9 @@ class CpuSessionImpl : public CpuSession {
   }
 
   // One chunk of tokens at positions [len_, len_ + n): all layers, then the LM head for the rows
-  // that are needed (all rows for a sink, else the last row of the last chunk).
+  // that are needed (all rows for a sink, else the last row of the last chunk). With exact_rows_
+  // (verification) every row is computed as a one-token step would compute it, each row's logits go to
+  // row_logits_ and its hidden to row_hidden_, and the Gated DeltaNet layers record their undo data.
   void forward(std::span<const int32_t> tokens, const LogitsSink* sink, bool last_chunk) {
     const int64_t n = int64_t(tokens.size()), H = cfg_.hidden_size;
     const float eps = float(cfg_.rms_norm_eps);
@@ -355,19 +399,26 @@ class CpuSessionImpl : public CpuSession {
       if (lw.full_attention)
         attention_block(lw.attn, layers_[static_cast<size_t>(l)], y.data(), n, out.data());
       else
-        deltanet_block(lw.gdn, layers_[static_cast<size_t>(l)], y.data(), n, out.data());
+        deltanet_block(lw.gdn, layers_[static_cast<size_t>(l)], y.data(), n, out.data(),
+                       exact_rows_ ? &undo_[static_cast<size_t>(l)] : nullptr);
       for (int64_t i = 0; i < n * H; ++i) x[static_cast<size_t>(i)] += out[static_cast<size_t>(i)];
       for (int64_t t = 0; t < n; ++t) rmsnorm(x.data() + t * H, lw.post_norm.data(), H, eps, y.data() + t * H);
-      moe_forward(lw.moe, cfg_, y.data(), n, out.data(), pool);
+      moe_forward(lw.moe, cfg_, y.data(), n, out.data(), pool, /*rowwise=*/exact_rows_);
       for (int64_t i = 0; i < n * H; ++i) x[static_cast<size_t>(i)] += out[static_cast<size_t>(i)];
       if (tap_) tap(("layer." + std::to_string(l)).c_str(), n, x.data());
     }
-    // Final norm + LM head on the rows that need logits.
-    const int64_t first = (sink || tap_) ? 0 : (last_chunk ? n - 1 : n);
+    // Final norm + LM head on the rows that need logits (the MTP head needs every row's hidden).
+    const bool mtp_rows = following_mtp() && !exact_rows_;
+    const int64_t first = (sink || tap_ || exact_rows_ || mtp_rows) ? 0 : (last_chunk ? n - 1 : n);
     for (int64_t t = first; t < n; ++t) rmsnorm(x.data() + t * H, w_.final_norm.data(), H, eps, y.data() + t * H);
     if (tap_) tap("final_norm", n, y.data());
     const int64_t V = cfg_.vocab_size;
-    if (sink) {
+    if (exact_rows_) {
+      row_logits_.resize(static_cast<size_t>(n * V));
+      qmatvec_rows(w_.lm_head, y.data(), n, row_logits_.data(), pool);
+      std::memcpy(logits_.data(), row_logits_.data() + (n - 1) * V, static_cast<size_t>(V) * sizeof(float));
+      row_hidden_.assign(y.begin(), y.end());
+    } else if (sink) {
       // Sub-chunks keep the logits buffer near 32 MiB whatever the vocabulary.
       const int64_t rows = std::clamp<int64_t>((int64_t(32) << 20) / (V * 4), 1, n);
       std::vector<float> lg(static_cast<size_t>(rows * V));
@@ -380,49 +431,22 @@ class CpuSessionImpl : public CpuSession {
     } else if (last_chunk) {
       qmatvec(w_.lm_head, y.data() + (n - 1) * H, logits_.data(), pool);
     }
+    if (mtp_rows) mtp_->on_rows(len_, tokens, y.data());
     len_ += n;
     if (last_chunk) has_logits_ = true;
   }
 
   // Room in the K/V cache for n more rows.
-  void reserve_kv(LayerState& st, int64_t n) {
-    const int64_t kvd = cfg_.kv_dim();
-    if (int64_t(st.k.size()) < (len_ + n) * kvd) {
-      const size_t cap = static_cast<size_t>(std::min(max_len_, std::max(len_ + n, 2 * len_)) * kvd);
-      st.k.resize(cap);
-      st.v.resize(cap);
-    }
-  }
+  void reserve_kv(LayerState& st, int64_t n) { cpu::reserve_kv(attention_call(), st, len_ + n); }
 
   // One token at `pos` whose k/v projections already sit in the cache row pos: q (and the gate) from
-  // q_proj's row, q/k RMSNorm + RoPE, optionally the cached k/v rounded to bf16.
+  // q_proj's row, q/k RMSNorm + RoPE, optionally the cached k/v rounded to bf16 (cpu/attention.h).
   void qk_token(const AttentionWeights& a, const float* qg_row, int64_t pos, float* q, float* gate, LayerState& st) {
-    const int heads = cfg_.num_heads, kvh = cfg_.num_kv_heads, hd = cfg_.head_dim;
-    const int64_t kvd = cfg_.kv_dim(), qd = int64_t(heads) * hd;
-    const float eps = float(cfg_.rms_norm_eps);
-    if (gate)
-      split_query_gate(qg_row, heads, hd, q, gate);
-    else
-      std::memcpy(q, qg_row, static_cast<size_t>(qd) * sizeof(float));
-    for (int h = 0; h < heads; ++h) {
-      float* qh = q + int64_t(h) * hd;
-      rmsnorm(qh, a.q_norm.data(), hd, eps, qh);
-      rope_with(qh, cfg_.rotary_dim, pos, be_.inv_freq());
-    }
-    float* kt = st.k.data() + pos * kvd;
-    for (int h = 0; h < kvh; ++h) {
-      float* kh = kt + int64_t(h) * hd;
-      rmsnorm(kh, a.k_norm.data(), hd, eps, kh);
-      rope_with(kh, cfg_.rotary_dim, pos, be_.inv_freq());
-    }
-    if (kv_bf16_) {
-      float* vt = st.v.data() + pos * kvd;
-      for (int64_t i = 0; i < kvd; ++i) {
-        kt[i] = bf16_to_f32(f32_to_bf16(kt[i]));
-        vt[i] = bf16_to_f32(f32_to_bf16(vt[i]));
-      }
-    }
+    const int64_t kvd = cfg_.kv_dim();
+    attention_qk_token(attention_call(), a, qg_row, pos, q, gate, st.k.data() + pos * kvd, st.v.data() + pos * kvd);
   }
+
+  AttentionCall attention_call() const { return AttentionCall{cfg_, be_.inv_freq(), max_len_, kv_bf16_, exact_rows_, be_.pool()}; }
 
   // One token of the Gated DeltaNet's input side: causal conv + SiLU of the mixed row m [conv_dim]
   // (state updated), q/k L2 norms (q scaled by 1/sqrt(dk)), and the gates of the Hv value heads.
@@ -444,42 +468,32 @@ class CpuSessionImpl : public CpuSession {
 
   // Gated attention over the chunk; appends k/v to the cache.
   void attention_block(const AttentionWeights& a, LayerState& st, const float* y, int64_t n, float* out) {
-    const int heads = cfg_.num_heads, kvh = cfg_.num_kv_heads, hd = cfg_.head_dim;
-    const int64_t qrows = cfg_.q_proj_rows(), kvd = cfg_.kv_dim(), qd = int64_t(heads) * hd;
-    const bool gated = cfg_.attn_output_gate;
-    ThreadPool* pool = be_.pool();
-    std::vector<float> qg(static_cast<size_t>(n * qrows)), q(static_cast<size_t>(n * qd)), gate(gated ? static_cast<size_t>(n * qd) : 0), att(static_cast<size_t>(n * qd));
-    reserve_kv(st, n);
-    float* K = st.k.data();
-    float* Vc = st.v.data();
-    qmatmul(a.q_proj, y, n, qg.data(), pool);
-    qmatmul(a.k_proj, y, n, K + len_ * kvd, pool);
-    qmatmul(a.v_proj, y, n, Vc + len_ * kvd, pool);
-    for (int64_t t = 0; t < n; ++t)
-      qk_token(a, qg.data() + t * qrows, len_ + t, q.data() + t * qd, gated ? gate.data() + t * qd : nullptr, st);
-    // Each token attends to the cache up to and including itself; tokens are independent.
-    parallel_for(pool, n, [&](int64_t t0, int64_t t1) {
-      std::vector<float> scores(static_cast<size_t>(len_ + n));
-      for (int64_t t = t0; t < t1; ++t)
-        gated_attention_token(q.data() + t * qd, gated ? gate.data() + t * qd : nullptr, K, Vc, len_ + t + 1, heads,
-                              kvh, hd, att.data() + t * qd, scores.data());
-    });
-    qmatmul(a.o_proj, att.data(), n, out, pool);
+    attention_rows(attention_call(), a, st, len_, y, n, out);
   }
 
   // Gated DeltaNet over the chunk: conv (recurrent state of the last K-1 inputs), then the delta
-  // rule per value head (chunked form for several tokens, recurrent step for one).
-  void deltanet_block(const DeltaNetWeights& g, LayerState& st, const float* y, int64_t n, float* out) {
+  // rule per value head (chunked form for several tokens, recurrent step for one, and for every row
+  // when verifying: then `undo` receives what a rollback needs, src/cpu/gdn_undo.h).
+  void deltanet_block(const DeltaNetWeights& g, LayerState& st, const float* y, int64_t n, float* out,
+                      GdnUndo* undo) {
     const int Hk = cfg_.linear_num_key_heads, Hv = cfg_.linear_num_value_heads;
     const int dk = cfg_.linear_key_head_dim, dv = cfg_.linear_value_head_dim;
     const int64_t C = cfg_.gdn_conv_dim(), kd = cfg_.gdn_key_dim(), vd = cfg_.gdn_value_dim();
     const float eps = float(cfg_.rms_norm_eps);
     ThreadPool* pool = be_.pool();
     std::vector<float> mixed(static_cast<size_t>(n * C)), z(static_cast<size_t>(n * vd)), b(static_cast<size_t>(n * Hv)), a(static_cast<size_t>(n * Hv));
-    qmatmul(g.in_proj_qkv, y, n, mixed.data(), pool);
-    qmatmul(g.in_proj_z, y, n, z.data(), pool);
-    qmatmul(g.in_proj_b, y, n, b.data(), pool);
-    qmatmul(g.in_proj_a, y, n, a.data(), pool);
+    mm(g.in_proj_qkv, y, n, mixed.data());
+    mm(g.in_proj_z, y, n, z.data());
+    mm(g.in_proj_b, y, n, b.data());
+    mm(g.in_proj_a, y, n, a.data());
+    if (undo) {
+      undo->n = n;
+      undo->S = st.S;
+      undo->conv = st.conv;
+      undo->conv_in = mixed;
+      undo->g.resize(static_cast<size_t>(n * Hv));
+      undo->beta.resize(static_cast<size_t>(n * Hv));
+    }
     // Gates, per head contiguous over time: beta[h * n + t], gg[h * n + t].
     std::vector<float> beta(static_cast<size_t>(n * Hv)), gg(static_cast<size_t>(n * Hv)), bt(static_cast<size_t>(Hv)), gt(static_cast<size_t>(Hv));
     for (int64_t t = 0; t < n; ++t) {
@@ -488,7 +502,13 @@ class CpuSessionImpl : public CpuSession {
         beta[static_cast<size_t>(h * n + t)] = bt[static_cast<size_t>(h)];
         gg[static_cast<size_t>(h * n + t)] = gt[static_cast<size_t>(h)];
       }
+      if (undo) {
+        std::copy(bt.begin(), bt.end(), undo->beta.begin() + t * Hv);
+        std::copy(gt.begin(), gt.end(), undo->g.begin() + t * Hv);
+      }
     }
+    if (undo) undo->qkv = mixed;
+    const bool recurrent = n == 1 || undo;
     std::vector<float> o(static_cast<size_t>(n * vd));
     const int ratio = Hv / Hk;
     parallel_for(pool, Hv, [&](int64_t h0, int64_t h1) {
@@ -499,15 +519,17 @@ class CpuSessionImpl : public CpuSession {
         const float* vp = mixed.data() + 2 * kd + h * dv;
         float* S = st.S.data() + h * dk * dv;
         float* op = o.data() + h * dv;
-        if (n == 1)
-          gdn_recurrent_step(S, qp, kp, vp, gg[static_cast<size_t>(h)], beta[static_cast<size_t>(h)], dk, dv, op);
+        if (recurrent)
+          for (int64_t t = 0; t < n; ++t)
+            gdn_recurrent_step(S, qp + t * C, kp + t * C, vp + t * C, gg[static_cast<size_t>(h * n + t)],
+                               beta[static_cast<size_t>(h * n + t)], dk, dv, op + t * vd);
         else
           gdn_chunked(S, qp, C, kp, C, vp, C, gg.data() + h * n, beta.data() + h * n, n, dk, dv, op, vd, 64);
         for (int64_t t = 0; t < n; ++t)
           gated_rmsnorm(op + t * vd, z.data() + t * vd + h * dv, g.norm.data(), dv, eps, op + t * vd);
       }
     });
-    qmatmul(g.out_proj, o.data(), n, out, pool);
+    mm(g.out_proj, o.data(), n, out);
   }
 
   CpuBackend& be_;
@@ -525,7 +547,55 @@ class CpuSessionImpl : public CpuSession {
   std::vector<uint32_t> mask_;  // set_token_mask: the next choice's allowed tokens
   bool has_mask_ = false;
   ActivationTap tap_;
+  // Speculative decoding: the MTP head (models that have one), whether it follows the context, and the
+  // verification step's row-exact mode with its per-row outputs and Gated DeltaNet undo data.
+  std::unique_ptr<MtpHead> mtp_;
+  bool drafting_ = false;
+  bool exact_rows_ = false;
+  std::vector<float> row_logits_, row_hidden_;
+  std::vector<GdnUndo> undo_;
 };
+
+// Feeds the pending token and the drafts as one row-exact step, then chooses row by row with the
+// session's sampler while the choice equals the next draft (greedy: the argmax; sampling: the same draw
+// decode_step() would make, so a draft d is kept with probability p(d), and a rejected row's choice is a
+// draw from p without d -- the rejection-sampling rule for a point-mass proposal). Rows after the first
+// rejection are undone: attention rows by length, Gated DeltaNet layers by gdn_rollback.
+std::vector<TokenChoice> CpuSessionImpl::verify(std::span<const int32_t> drafts) {
+  if (drafts.empty()) return {decode_step()};
+  if (next_token_ < 0) throw Error("cpu session: verify() without a sampled token");
+  std::vector<int32_t> rows{next_token_};
+  rows.insert(rows.end(), drafts.begin(), drafts.end());
+  check_tokens(rows);  // bad ids or no room: InputError, nothing changed
+  const int64_t len0 = len_, n = int64_t(rows.size()), V = cfg_.vocab_size;
+  next_token_ = -1;
+  exact_rows_ = true;
+  try {
+    forward(rows, nullptr, true);
+  } catch (...) {
+    exact_rows_ = false;
+    throw;
+  }
+  exact_rows_ = false;
+  std::vector<TokenChoice> out;
+  for (int64_t i = 0; i < n; ++i) {
+    out.push_back(sampler_.sample(std::span<const float>(row_logits_.data() + i * V, static_cast<size_t>(V))));
+    if (i + 1 == n || out.back().token != drafts[static_cast<size_t>(i)]) break;
+  }
+  const int64_t m = int64_t(out.size()) - 1;  // accepted drafts
+  if (m + 1 < n) {
+    for (int l = 0; l < cfg_.num_layers; ++l)
+      if (!cfg_.full_attention[static_cast<size_t>(l)]) {
+        LayerState& st = layers_[static_cast<size_t>(l)];
+        gdn_rollback(undo_[static_cast<size_t>(l)], w_.layers[static_cast<size_t>(l)].gdn, cfg_, m, st.S, st.conv);
+      }
+    len_ = len0 + m + 1;  // attention rows beyond are stale
+    std::memcpy(logits_.data(), row_logits_.data() + m * V, static_cast<size_t>(V) * sizeof(float));
+  }
+  next_token_ = out.back().token;
+  if (following_mtp()) mtp_->on_rows(len0, std::span<const int32_t>(rows.data(), static_cast<size_t>(m + 1)), row_hidden_.data());
+  return out;
+}
 
 std::vector<TokenChoice> CpuBackend::decode_batch(std::span<Session* const> sessions) {
   std::vector<CpuSessionImpl*> ss;

@@ -16,10 +16,12 @@
 // The server keeps a pool of sessions created at start (session_bytes / default_sessions size it) and
 // steps every generation in its decode phase together (src/server/scheduler.h).
 //
-// Speculative decoding (the model's MTP head): draft() proposes up to k tokens after the pending one;
-// verify(drafts) feeds the pending token plus the drafts as one multi-row step, chooses tokens row by
-// row with the session's sampler, and leaves the state as if the accepted tokens had been decoded one
-// by one with decode_step() (rolled back past the first rejected draft).
+// Speculative decoding (the model's MTP head, ../shared/MODEL_MTP.md): enable_drafting(true) on an empty
+// session makes it keep the head's cache in step with the context; draft() proposes up to k tokens after
+// the pending one; verify(drafts) feeds the pending token plus the drafts as one multi-row step, chooses
+// tokens row by row with the session's sampler, and leaves the state as if the accepted tokens had been
+// decoded one by one with decode_step() (rolled back past the first rejected draft). verify() needs no
+// MTP head: drafts may come from anywhere (tests inject them).
 //
 // Constrained decoding: set_token_mask() restricts the choices of the next sample() / decode_step()
 // (and of decode_batch) to the allowed tokens.
@@ -119,22 +121,39 @@ class Session {
   // ---- speculative decoding with the model's MTP head
   // Whether draft() is available (the checkpoint has an MTP head and the backend implements it).
   virtual bool can_draft() const { return false; }
-  // Up to k greedy draft tokens that follow the pending (sampled, not yet fed) token; fewer near the
-  // context limit. Does not change what decode_step() / verify() compute.
+  // Keep the MTP head's own KV cache in step with the context from now on (it costs about one more
+  // decoder layer per token, run in multi-row passes; off by default). Turn it on while the context is
+  // empty (after creation or reset()): turned on over a context it did not follow, draft() returns
+  // nothing until reset(). Snapshots taken while it is on carry the head's cache; restoring one taken
+  // while it was off leaves draft() empty for that context. No-op without an MTP head.
+  virtual void enable_drafting(bool on) { (void)on; }
+  // Up to k greedy draft tokens (argmax of the head's logits) that follow the pending (sampled, not yet
+  // fed) token; fewer near the context limit (a verify of the result always fits), none when drafting is
+  // off or out of step. Does not change what decode_step() / verify() compute.
   virtual std::vector<int32_t> draft(int k) {
     (void)k;
     return {};
   }
   // Feed the pending token and `drafts` (one multi-row step), then choose tokens row by row: the result
   // holds the choices for the accepted drafts followed by one more (the model's own next token), i.e.
-  // 1..drafts.size()+1 choices, exactly those decode_step() would have produced one by one (greedy:
-  // equal tokens; sampling: the drafts are accepted by rejection sampling, so the distribution is that
-  // of decode_step()). Afterwards the session is in the state decode_step() would have left: its
-  // length grew by the number of choices and the last choice is pending. Default: no speculation.
+  // 1..drafts.size()+1 choices, exactly those decode_step() would have produced one by one: every row's
+  // logits are bit for bit a one-token step's, row i is chosen by the sampler in the state decode_step()
+  // would be in (penalties count the rows before it; the same random draw), and draft i is accepted when
+  // that choice equals it. Greedy: equal tokens. Sampling: the same tokens as decode_step() for the same
+  // seed, which is the rejection-sampling rule for a point-mass proposal (draft d kept with probability
+  // p(d), else a draw from p without d), so the output distribution is unchanged. Logprobs are the main
+  // model's. Afterwards the session is in the state decode_step() would have left: its length grew by the
+  // number of choices and the last choice is pending. Drafts must fit the context (else InputError, state
+  // unchanged). Do not pass drafts while a token mask is set: the masks of later rows depend on the
+  // tokens accepted before them (constrained generation does not speculate). Default: no speculation.
   virtual std::vector<TokenChoice> verify(std::span<const int32_t> drafts) {
     if (!drafts.empty()) throw Error("this backend does not support speculative decoding");
     return {decode_step()};
   }
+  // Tests and check-golden: receives the logits of every MTP row the head computes from the main model's
+  // hiddens -- the pair (h_t, x_{t+1}) at position t, as the golden `mtp_logits` row t -- while drafting
+  // (draft-chain rows are not sent). Empty function: off.
+  virtual void set_draft_logits_sink(LogitsSink sink) { (void)sink; }
 };
 
 class Backend {

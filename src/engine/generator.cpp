@@ -64,6 +64,13 @@ std::unique_ptr<Sequence> Generator::start(GenerationRequest req, TokenCallback 
                                            const std::atomic<bool>* cancel) {
   const auto& p = req.prompt;
   require(check_context(int64_t(p.size()), req.max_tokens, s_.max_length()));
+  if (req.draft_tokens < 0) throw InputError("draft_tokens must be >= 0");
+  if (req.draft_tokens > 0 && !drafting_ && s_.can_draft()) {
+    // The head must follow the context from its start: a context it did not see is not reused.
+    s_.enable_drafting(true);
+    drafting_ = true;
+    context_valid_ = false;
+  }
   return std::unique_ptr<Sequence>(new Sequence(*this, std::move(req), std::move(on_token), cancel));
 }
 

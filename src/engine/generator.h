@@ -2,6 +2,9 @@
 // until an end-of-turn id, a stop string, max_tokens or cancellation; streams detokenized text.
 // The loop itself is a steppable state machine, Sequence (engine/sequence.h): Generator::run drives one
 // alone; the server's scheduler drives several at once (continuous batching).
+// With draft_tokens > 0 and a session that can draft, a sequence's decode steps are speculative ones
+// (engine/speculative.h) whose 1..K+1 choices go through the same stop / detokenizer logic one by one:
+// the output is the one plain decoding gives (token for token, for greedy and for a sampling seed).
 //
 // Prefix reuse: the prompt is prefilled in segments that end at message boundaries (after each
 // `boundary_token`, i.e. <|im_end|>) and at the end of the prompt; the session is snapshotted at each
@@ -18,6 +21,7 @@
 
 #include "engine/backend.h"
 #include "engine/prefix_cache.h"
+#include "engine/speculative.h"
 
 namespace lilac {
 
@@ -70,6 +74,7 @@ struct GenerationStats {
   int snapshots_taken = 0;
   bool cache_hit = false;
   double prefill_seconds = 0, decode_seconds = 0, ttft_seconds = 0;
+  int64_t spec_rounds = 0, spec_drafted = 0, spec_accepted = 0;  // speculative steps, drafts, accepted drafts
 };
 
 // Return false to cancel the generation (e.g. the client went away).
@@ -91,12 +96,17 @@ class Generator {
   std::unique_ptr<Sequence> start(GenerationRequest req, TokenCallback on_token,
                                   const std::atomic<bool>* cancel = nullptr);
 
-  // Tokens the session holds after the last run (its context), or empty when unknown.
+  // Tokens the session holds after the last run (its context), or empty when unknown. With speculation
+  // it may go past the last emitted token (drafts fed in the step a stop string ended).
   const std::vector<int32_t>& context() const { return context_; }
   // How many leading tokens of `prompt` a generation on this session would not recompute because its
   // own context already holds them (0 when none; the last prompt token is always recomputed).
   int64_t reusable_prefix(std::span<const int32_t> prompt) const;
   Session& session() { return s_; }
+
+  // Tests and `bench`: replaces the MTP drafts of speculative steps (see DraftHook); also makes sessions
+  // without an MTP head speculate.
+  void set_draft_hook(DraftHook hook) { hook_ = std::move(hook); }
 
  private:
   friend class Sequence;
@@ -107,6 +117,8 @@ class Generator {
   PrefixCache* cache_;
   std::vector<int32_t> context_;
   bool context_valid_ = false;
+  bool drafting_ = false;  // the session follows the context with its MTP head
+  DraftHook hook_;
 };
 
 }  // namespace lilac

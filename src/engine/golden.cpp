@@ -71,6 +71,77 @@ double half_ulp_bf16(float x) {
   return std::ldexp(1.0, e - 9);
 }
 
+// The MTP rows of one sequence: the backend's head over the teacher-forced pairs, compared row by row with
+// `name`.mtp_logits as they stream out (Session::set_draft_logits_sink). False: the backend cannot draft.
+bool check_mtp_rows(Backend& backend, const TensorSet& ts, const std::vector<int32_t>& tokens, const GoldenOptions& opts,
+                    GoldenSeqResult& r) {
+  const int64_t V = backend.config().vocab_size, L = r.length;
+  std::unique_ptr<Session> sess = backend.new_session(L + opts.extra_length);
+  if (!sess->can_draft()) return false;
+  const FloatRows ref = float_rows(ts, r.name + ".mtp_logits", L, V);
+  const std::vector<int32_t> next_ids = int_vector(ts, r.name + ".mtp_next_ids");
+  const std::vector<int32_t> top1 = int_vector(ts, r.name + ".mtp_top1");
+  const std::vector<float> margin = float_vector(ts, r.name + ".mtp_margin");
+  if (int64_t(next_ids.size()) != L || int64_t(top1.size()) != L || int64_t(margin.size()) != L)
+    throw Error(ts.origin() + ": " + r.name + ".mtp_next_ids/.mtp_top1/.mtp_margin length differs from .tokens");
+  r.mtp = true;
+  double d2 = 0, r2 = 0;
+  std::vector<float> row(static_cast<size_t>(V));
+  sess->set_draft_logits_sink([&](int64_t first, int64_t n, const float* lg) {
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t pos = first + i;
+      if (pos < 0 || pos >= L) throw Error("MTP row at position " + std::to_string(pos) + " outside the sequence");
+      const float* e = lg + i * V;
+      ref.row(pos, row.data());
+      for (int64_t j = 0; j < V; ++j) {
+        const double d = double(e[j]) - double(row[static_cast<size_t>(j)]);
+        r.mtp_max_abs = std::max(r.mtp_max_abs, std::abs(d));
+        d2 += d * d;
+        r2 += double(row[static_cast<size_t>(j)]) * row[static_cast<size_t>(j)];
+      }
+      const bool agree = argmax(std::span<const float>(e, static_cast<size_t>(V))) == top1[static_cast<size_t>(pos)];
+      r.mtp_top1_agree += agree;
+      if (margin[static_cast<size_t>(pos)] >= opts.confident_margin) {
+        r.mtp_confident++;
+        r.mtp_confident_agree += agree;
+      }
+      ++r.mtp_rows;
+    }
+  });
+  sess->enable_drafting(true);
+  sess->prefill(tokens);
+  sess->begin_generation(SamplingParams{}, tokens);
+  r.mtp_next_token_agrees = sess->sample().token == next_ids.back();
+  sess->draft(1);  // the last row: (h_{L-1}, the main model's greedy token)
+  r.mtp_rel_l2 = r2 > 0 ? std::sqrt(d2 / r2) : 0;
+  return true;
+}
+
+// Greedy generation with speculative decoding (k = 3 drafts per round, the oracle's loop: every round
+// drafts 3, whatever is left). False: the backend cannot draft.
+bool spec_generation(Backend& backend, const std::vector<int32_t>& prompt, const GoldenOptions& opts, GoldenGenResult& r) {
+  const int k = 3;
+  const int64_t n = int64_t(r.expected.size());
+  std::unique_ptr<Session> sess = backend.new_session(int64_t(prompt.size()) + n + k + opts.extra_length);
+  if (!sess->can_draft()) return false;
+  r.spec = true;
+  sess->enable_drafting(true);
+  sess->prefill(prompt);
+  sess->begin_generation(SamplingParams{}, prompt);
+  std::vector<int32_t> got{sess->sample().token};
+  while (int64_t(got.size()) < n) {
+    const std::vector<int32_t> drafts = sess->draft(k);
+    const std::vector<TokenChoice> ch = sess->verify(drafts);
+    r.accepted_got.push_back(int32_t(ch.size()) - 1);
+    for (const TokenChoice& c : ch) got.push_back(c.token);
+  }
+  got.resize(static_cast<size_t>(n));
+  r.spec_got = got;
+  for (int64_t i = 0; i < n && r.spec_first_mismatch < 0; ++i)
+    if (got[static_cast<size_t>(i)] != r.expected[static_cast<size_t>(i)]) r.spec_first_mismatch = i;
+  return true;
+}
+
 std::string dir_of(const std::string& path) {
   const size_t p = path.find_last_of('/');
   return p == std::string::npos ? "." : path.substr(0, p);
@@ -166,6 +237,11 @@ GoldenReport run_golden(Backend& backend, const std::string& golden_path, const 
     };
     sess->prefill(tokens, &sink);
     r.rel_l2 = r2 > 0 ? std::sqrt(d2 / r2) : 0;
+    if (ts.has(r.name + ".mtp_logits")) {
+      rep.golden_has_mtp = true;
+      if (!check_mtp_rows(backend, ts, tokens, opts, r) && rep.mtp_unchecked.empty())
+        rep.mtp_unchecked = "the " + backend.name() + " backend cannot draft with this model";
+    }
     if (r.length >= 2) {
       r.ppl_engine = std::exp(nll_e / double(r.length - 1));
       r.ppl_oracle = std::exp(nll_o / double(r.length - 1));
@@ -202,6 +278,12 @@ GoldenReport run_golden(Backend& backend, const std::string& golden_path, const 
       for (int64_t i = 0; i < n; ++i) {
         if (r.first_mismatch < 0 && r.got[static_cast<size_t>(i)] != r.expected[static_cast<size_t>(i)]) r.first_mismatch = i;
         if (r.first_low_margin < 0 && r.margin[static_cast<size_t>(i)] < opts.confident_margin) r.first_low_margin = i;
+      }
+      if (ts.has(r.name + ".mtp_accepted")) {
+        rep.golden_has_mtp = true;
+        r.accepted_expected = int_vector(ts, r.name + ".mtp_accepted");
+        if (!spec_generation(backend, prompt, opts, r) && rep.mtp_unchecked.empty())
+          rep.mtp_unchecked = "the " + backend.name() + " backend cannot draft with this model";
       }
       rep.gens.push_back(r);
     }
@@ -263,6 +345,38 @@ std::vector<std::string> golden_failures(const GoldenReport& r, const GoldenThre
       }
     }
   }
+  for (const auto& s : r.seqs) {
+    if (!s.mtp) continue;
+    if (s.mtp_rows != s.length) {
+      std::snprintf(buf, sizeof buf, "%s: the MTP head delivered %lld rows, expected %lld", s.name.c_str(),
+                    (long long)s.mtp_rows, (long long)s.length);
+      f.push_back(buf);
+    }
+    if (!s.mtp_next_token_agrees) f.push_back(s.name + ": the greedy token after the sequence differs (MTP input)");
+    if (t.exact && !(s.mtp_max_abs <= t.max_abs)) {
+      std::snprintf(buf, sizeof buf, "%s: MTP max |dlogit| %.3e > %.1e", s.name.c_str(), s.mtp_max_abs, t.max_abs);
+      f.push_back(buf);
+    }
+    if (!t.exact) {
+      const double agree = s.mtp_confident ? double(s.mtp_confident_agree) / double(s.mtp_confident) : 1.0;
+      if (!(agree >= t.min_confident_top1)) {
+        std::snprintf(buf, sizeof buf, "%s: MTP confident top-1 agreement %.2f%% < %.0f%%", s.name.c_str(), 100 * agree,
+                      100 * t.min_confident_top1);
+        f.push_back(buf);
+      }
+      if (!(s.mtp_rel_l2 <= t.max_rel_l2)) {
+        std::snprintf(buf, sizeof buf, "%s: MTP |d|/|ref| %.3e > %.1e", s.name.c_str(), s.mtp_rel_l2, t.max_rel_l2);
+        f.push_back(buf);
+      }
+    }
+  }
+  for (const auto& g : r.gens) {
+    if (!g.spec) continue;
+    // Lossless: the speculative output is the backend's own greedy output, whatever the precision.
+    if (g.spec_got != g.got) f.push_back(g.name + ": speculative greedy output differs from plain greedy decoding");
+    if (t.exact && g.accepted_got != g.accepted_expected)
+      f.push_back(g.name + ": drafts accepted per round differ from the oracle's");
+  }
   for (const auto& g : r.gens) {
     if (g.first_mismatch < 0) continue;
     const bool ok = !t.exact && g.first_low_margin >= 0 && g.first_mismatch >= g.first_low_margin;
@@ -313,6 +427,28 @@ std::string format_golden_report(const GoldenReport& r) {
     }
     out += buf;
   }
+  for (const auto& s : r.seqs) {
+    if (!s.mtp) continue;
+    const double agree = 100.0 * double(s.mtp_top1_agree) / double(std::max<int64_t>(1, s.length));
+    const double cagree = s.mtp_confident ? 100.0 * double(s.mtp_confident_agree) / double(s.mtp_confident) : 100.0;
+    std::snprintf(buf, sizeof buf, "%-8s MTP rows %lld/%lld: max|dlogit| %.3e |d|/|ref| %.3e top1 %.2f%% (margin>=.1: %.2f%% of %lld)\n",
+                  s.name.c_str(), (long long)s.mtp_rows, (long long)s.length, s.mtp_max_abs, s.mtp_rel_l2, agree, cagree,
+                  (long long)s.mtp_confident);
+    out += buf;
+  }
+  for (const auto& g : r.gens) {
+    if (!g.spec) continue;
+    int64_t acc = 0, acc_exp = 0;
+    for (int32_t a : g.accepted_got) acc += a;
+    for (int32_t a : g.accepted_expected) acc_exp += a;
+    std::snprintf(buf, sizeof buf,
+                  "%-8s speculative (k=3): %s plain greedy; %zu rounds, %lld drafts accepted (oracle: %zu rounds, %lld)%s\n",
+                  g.name.c_str(), g.spec_got == g.got ? "identical to" : "DIFFERS from", g.accepted_got.size(),
+                  (long long)acc, g.accepted_expected.size(), (long long)acc_exp,
+                  g.accepted_got == g.accepted_expected ? "" : " -- per-round acceptance differs");
+    out += buf;
+  }
+  if (r.golden_has_mtp && !r.mtp_unchecked.empty()) out += "MTP rows not checked: " + r.mtp_unchecked + "\n";
   if (r.activations_requested) {
     if (!r.activations_available) {
       out += "activations: this backend has no hidden-state taps\n";

@@ -1,6 +1,9 @@
 // Comparison of a backend with the oracle's golden outputs (golden.safetensors + golden.json, see
 // ../shared/README.md): teacher-forced logits of every seqK, greedy generations genJ, and the hidden
 // states of the sequence that lists `activations`. Used by `lilac check-golden` and the tests.
+// Goldens made with an MTP head (`seqK.mtp_logits`, `genJ.mtp_accepted`) also check the backend's head:
+// the teacher-forced MTP logits of every row, and each generation again with speculative decoding (k = 3,
+// the oracle's loop): the same tokens and the same drafts accepted per round.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -29,6 +32,12 @@ struct GoldenSeqResult {
   double ppl_engine = std::numeric_limits<double>::quiet_NaN();  // teacher-forced perplexity (NaN if L < 2)
   double ppl_oracle = std::numeric_limits<double>::quiet_NaN();
   double ppl_rel_pct() const { return 100.0 * (ppl_engine - ppl_oracle) / ppl_oracle; }
+  // MTP rows (the golden has seqK.mtp_logits and the backend can draft): the same measures.
+  bool mtp = false;
+  int64_t mtp_rows = 0;  // rows the backend's head delivered (all `length` when complete)
+  double mtp_max_abs = 0, mtp_rel_l2 = 0;
+  int64_t mtp_top1_agree = 0, mtp_confident = 0, mtp_confident_agree = 0;
+  bool mtp_next_token_agrees = true;  // the main model's greedy token after the sequence = the golden's
 };
 
 struct GoldenGenResult {
@@ -38,6 +47,11 @@ struct GoldenGenResult {
   std::vector<float> margin;       // oracle margin per step
   int64_t first_mismatch = -1;     // -1: identical
   int64_t first_low_margin = -1;   // first step with margin < confident_margin (-1: none)
+  // Speculative greedy decoding with the backend's MTP head (k = 3), when the golden has mtp_accepted.
+  bool spec = false;
+  std::vector<int32_t> spec_got;                          // first `expected.size()` tokens
+  std::vector<int32_t> accepted_expected, accepted_got;   // drafts accepted per round
+  int64_t spec_first_mismatch = -1;
 };
 
 struct GoldenActivation {
@@ -52,6 +66,8 @@ struct GoldenReport {
   std::vector<GoldenGenResult> gens;
   std::vector<GoldenActivation> activations;
   bool activations_requested = false, activations_available = false;
+  bool golden_has_mtp = false;  // the golden has MTP rows
+  std::string mtp_unchecked;    // why they were not checked (empty: checked or none)
 };
 
 struct GoldenOptions {

@@ -150,7 +150,8 @@ bool Sequence::prepare_step() {
 }
 
 int Sequence::draft_budget() const {
-  if (req_.draft_tokens <= 0 || req_.constraint || phase_ != Phase::Decode || !gen_.s_.can_draft()) return 0;
+  if (req_.draft_tokens <= 0 || req_.constraint || phase_ != Phase::Decode || (!gen_.s_.can_draft() && !gen_.hook_))
+    return 0;
   const int64_t room = req_.max_tokens - st_.completion_tokens - 1;
   return int(std::clamp<int64_t>(room, 0, req_.draft_tokens));
 }
@@ -173,8 +174,12 @@ void Sequence::decode_alone() {
   try {
     if (!prepare_step()) return;
     if (const int k = draft_budget(); k > 0) {
-      const std::vector<int32_t> drafts = gen_.s_.draft(k);
-      const std::vector<TokenChoice> choices = gen_.s_.verify(drafts);
+      SpecStats spec;
+      const std::vector<TokenChoice> choices =
+          speculative_step(gen_.s_, k, st_.completion_tokens - 1, req_.stop_ids, gen_.hook_, spec);
+      st_.spec_rounds += spec.rounds;
+      st_.spec_drafted += spec.drafted;
+      st_.spec_accepted += spec.accepted;
       consume(choices);
     } else {
       const TokenChoice c = gen_.s_.decode_step();

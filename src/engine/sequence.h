@@ -14,7 +14,7 @@
 // Decode: one step is
 //     if (!seq.prepare_step()) → it ended (cancelled); else the constraint mask is set on the session
 //     choices = the driver's step: session.decode_step(), or backend.decode_batch(...)[i], or
-//               session.verify(session.draft(seq.draft_budget()))
+//               speculative_step(session, seq.draft_budget(), ...) (engine/speculative.h)
 //     seq.consume(choices)
 //   decode_alone() does exactly that for a sequence stepped on its own.
 // consume() takes a step's choices one by one (one from a decode step, several from an MTP verify) and
@@ -27,8 +27,10 @@
 //   session.set_token_mask(constraint->allowed()); after, constraint->accept(token) for each consumed
 //   choice. With a constraint no speculation is done (draft_budget() == 0): a verify chooses several
 //   tokens inside the backend, with only the first one masked.
-// - Speculative decoding (MTP): GenerationRequest::draft_tokens > 0 and session.can_draft(): the
-//   driver drafts draft_budget() tokens and verifies them (decode_alone() does); the scheduler steps
+// - Speculative decoding (MTP): GenerationRequest::draft_tokens > 0 and session.can_draft() (the
+//   Generator turns the session's drafting on; a draft hook, Generator::set_draft_hook, also counts): the
+//   driver drafts draft_budget() tokens and verifies them through speculative_step, which also keeps
+//   the drafts within the context and before the first stop id (decode_alone() does); the scheduler steps
 //   such sequences alone, after its batched step (a batched verify is future work).
 #pragma once
 #include <atomic>
@@ -67,7 +69,7 @@ class Sequence {
   // mask for the step's choice.
   bool prepare_step();
   // Tokens the next step may draft and verify (0: a plain decode step): min(req.draft_tokens, what
-  // max_tokens leaves), 0 without session.can_draft() or with a constraint.
+  // max_tokens leaves), 0 without session.can_draft() (and no draft hook) or with a constraint.
   int draft_budget() const;
   // The step's choices, in order (see the header comment). The session must have fed the pending token
   // and every choice but the last (a verify's accepted drafts).

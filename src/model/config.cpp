@@ -218,6 +218,12 @@ ModelConfig parse_config(const std::string& config_json, const std::string& orig
     throw InputError(r.where("partial_rotary_factor") + ": head_dim " + std::to_string(c.head_dim) + " x " +
                      std::to_string(c.partial_rotary_factor) + " is not an even rotary dimension <= head_dim");
 
+  if (r.has("mtp_num_hidden_layers")) {
+    const int64_t n = r.req_int("mtp_num_hidden_layers");
+    if (n < 0 || n > 64) throw InputError(r.where("mtp_num_hidden_layers") + " must be in [0, 64], got " + std::to_string(n));
+    c.mtp_num_hidden_layers = int(n);
+  }
+
   // Layer types.
   if (r.has("layer_types")) {
     const json& lt = tj["layer_types"];

@@ -35,6 +35,9 @@ struct ModelConfig {
   double rms_norm_eps = 1e-6;
   bool tie_word_embeddings = false;
   std::vector<bool> full_attention;  // per layer: true = gated attention, false = Gated DeltaNet
+  // Multi-token-prediction head (../shared/MODEL_MTP.md): -1 = not given (count the checkpoint's
+  // mtp.layers.N), 0 = none.
+  int mtp_num_hidden_layers = -1;
 
   // Checkpoint quantization (MLX layout): default spec + per-tensor overrides keyed by the
   // tensor base name as written in config.json (e.g. "language_model.model.layers.0.mlp.gate").

@@ -133,6 +133,7 @@ std::string config_to_json(const ModelConfig& c) {
   json lt = json::array();
   for (bool f : c.full_attention) lt.push_back(f ? "full_attention" : "linear_attention");
   t["layer_types"] = lt;
+  if (c.mtp_num_hidden_layers >= 0) t["mtp_num_hidden_layers"] = c.mtp_num_hidden_layers;
   if (!c.eos_token_ids.empty()) t["eos_token_id"] = c.eos_token_ids;
   return t.dump(2) + "\n";
 }

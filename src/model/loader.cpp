@@ -1,7 +1,9 @@
 // load_model: MLX 4-bit layout (zero-copy views into the mmaps) or the original Hugging Face layout
 // (quantized on load to the same format). Every tensor of the table (model/tensor_table.h) is checked by
-// name, dtype and shape; a tensor the table does not name is an error.
+// name, dtype and shape; a tensor the table does not name is an error. The table includes the MTP head
+// (mtp.*) when the checkpoint has one.
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <set>
 
@@ -28,7 +30,7 @@ std::string shape_str(const std::vector<int64_t>& s) {
 }
 
 bool skipped_name(const std::string& n) {
-  for (const char* p : {"vision_tower.", "model.visual.", "mtp.", "language_model.mtp.", "model.mtp."})
+  for (const char* p : {"vision_tower.", "model.visual.", "language_model.mtp.", "model.mtp."})
     if (n.rfind(p, 0) == 0) return true;
   return false;
 }
@@ -243,15 +245,62 @@ struct Builder {
     }
   }
 
+  // The MTP head's layers to load (MODEL_MTP.md §2, §8), from config.json's mtp_num_hidden_layers and the
+  // checkpoint's mtp.* tensors: absent from the config, the mtp.layers.N present say; no tensors: no head
+  // (w.no_mtp_reason says why; logged when the config declares one, as mlx-community conversions do);
+  // -1: the config says 0, so the tensors are ignored; more than one: an error.
+  int mtp_layers() {
+    int64_t count = 0, layers = 0;
+    const std::string lp = "mtp.layers.";
+    for (auto& [name, t] : ts.tensors()) {
+      if (!is_mtp_name(name)) continue;
+      ++count;
+      if (name.rfind(lp, 0) == 0) layers = std::max<int64_t>(layers, std::atoll(name.c_str() + lp.size()) + 1);
+    }
+    mtp_tensors = count;
+    const int declared = c.mtp_num_hidden_layers;
+    if (count == 0) {
+      w.no_mtp_reason = declared > 0 ? "config.json says mtp_num_hidden_layers " + std::to_string(declared) +
+                                           " but the checkpoint has no mtp.* tensors (MLX conversions drop them)"
+                                     : "the checkpoint has no MTP head (no mtp.* tensors)";
+      if (declared > 0) LILAC_LOG_INFO("%s: no MTP head: %s", ts.origin().c_str(), w.no_mtp_reason.c_str());
+      return 0;
+    }
+    if (declared == 0) {
+      w.no_mtp_reason = "config.json says mtp_num_hidden_layers 0";
+      LILAC_LOG_INFO("%s: ignoring its %lld mtp.* tensors (config.json: mtp_num_hidden_layers 0)", ts.origin().c_str(),
+                     (long long)count);
+      return -1;
+    }
+    const int64_t n = declared > 0 ? declared : std::max<int64_t>(1, layers);
+    if (n != 1)
+      throw Error(ts.origin() + ": the MTP head has " + std::to_string(n) +
+                  " layers (mtp_num_hidden_layers); lilac supports exactly one");
+    return 1;
+  }
+  int64_t mtp_tensors = 0;
+
   void load_all() {
     w.layers.resize(size_t(c.num_layers));
     for (int i = 0; i < c.num_layers; ++i) w.layers[size_t(i)].full_attention = c.full_attention[size_t(i)];
     TableOptions opts;
     opts.lm_head = ts.has(names.head + ".weight") || !c.tie_word_embeddings;
-    for_each_tensor(c, [&](const TensorSpec& t) { load(t); }, opts);
+    const int mtp = mtp_layers();
+    opts.mtp_layers = std::max(mtp, 0);
+    w.mtp.layers.resize(size_t(opts.mtp_layers));
+    for (auto& L : w.mtp.layers) L.full_attention = true;
+    for_each_tensor(c, [&](const TensorSpec& t) {
+      if (t.block != TensorBlock::Mtp) return load(t);
+      try {
+        load(t);
+      } catch (const Error& e) {  // a partial head: say what the tensors are
+        throw Error(std::string(e.what()) + " (MTP head: the checkpoint has " + std::to_string(mtp_tensors) +
+                    " mtp.* tensors, and a head needs all of them; see MODEL_MTP.md)");
+      }
+    }, opts);
     if (!opts.lm_head) w.lm_head = w.embed;
     for (auto& [name, t] : ts.tensors()) {
-      if (used.count(name) || skipped_name(name)) continue;
+      if (used.count(name) || skipped_name(name) || (mtp < 0 && is_mtp_name(name))) continue;
       throw Error(t.file + ": unused tensor '" + name + "' (not part of the " + c.model_type +
                   " text model as configured; wrong layer count or layout?)");
     }

@@ -32,6 +32,10 @@ const char* role_name(TensorRole r) {
     case TensorRole::SharedGate: return "shared_expert.gate_proj";
     case TensorRole::SharedUp: return "shared_expert.up_proj";
     case TensorRole::SharedDown: return "shared_expert.down_proj";
+    case TensorRole::MtpPreFcNormEmbedding: return "mtp.pre_fc_norm_embedding";
+    case TensorRole::MtpPreFcNormHidden: return "mtp.pre_fc_norm_hidden";
+    case TensorRole::MtpFc: return "mtp.fc";
+    case TensorRole::MtpNorm: return "mtp.norm";
   }
   return "?";
 }
@@ -55,12 +59,14 @@ int64_t TensorSpec::elements() const {
 
 void for_each_tensor(const ModelConfig& c, const std::function<void(const TensorSpec&)>& fn, const TableOptions& opts) {
   const int64_t H = c.hidden_size;
+  TensorBlock block = TensorBlock::Backbone;
   auto emit = [&](std::string name, TensorRole role, WeightKind kind, int layer, int64_t rows, int64_t cols = 0,
                   int bits = 0, int64_t count = 0) {
     TensorSpec t;
     t.name = std::move(name);
     t.role = role;
     t.kind = kind;
+    t.block = block;
     t.layer = layer;
     t.rows = rows;
     t.cols = cols;
@@ -73,11 +79,11 @@ void for_each_tensor(const ModelConfig& c, const std::function<void(const Tensor
   emit("embed_tokens", R::Embed, K::Matrix, -1, c.vocab_size, H, 4);
   if (opts.lm_head) emit("lm_head", R::LmHead, K::Matrix, -1, c.vocab_size, H, 4);
   emit("norm.weight", R::FinalNorm, K::NormCentred, -1, H);
-  for (int i = 0; i < c.num_layers; ++i) {
-    const std::string p = "layers." + std::to_string(i) + ".";
+  // One decoder layer named p + "input_layernorm.weight", ...
+  auto layer = [&](const std::string& p, int i, bool full_attention) {
     emit(p + "input_layernorm.weight", R::InputNorm, K::NormCentred, i, H);
     emit(p + "post_attention_layernorm.weight", R::PostNorm, K::NormCentred, i, H);
-    if (c.full_attention[size_t(i)]) {
+    if (full_attention) {
       const std::string a = p + "self_attn.";
       emit(a + "q_proj", R::QProj, K::Matrix, i, c.q_proj_rows(), H, 4);
       emit(a + "k_proj", R::KProj, K::Matrix, i, c.kv_dim(), H, 4);
@@ -108,6 +114,15 @@ void for_each_tensor(const ModelConfig& c, const std::function<void(const Tensor
     emit(m + "shared_expert.gate_proj", R::SharedGate, K::Matrix, i, S, H, 4);
     emit(m + "shared_expert.up_proj", R::SharedUp, K::Matrix, i, S, H, 4);
     emit(m + "shared_expert.down_proj", R::SharedDown, K::Matrix, i, H, S, 4);
+  };
+  for (int i = 0; i < c.num_layers; ++i) layer("layers." + std::to_string(i) + ".", i, c.full_attention[size_t(i)]);
+  if (opts.mtp_layers > 0) {
+    block = TensorBlock::Mtp;
+    emit("mtp.pre_fc_norm_embedding.weight", R::MtpPreFcNormEmbedding, K::NormCentred, -1, H);
+    emit("mtp.pre_fc_norm_hidden.weight", R::MtpPreFcNormHidden, K::NormCentred, -1, H);
+    emit("mtp.fc", R::MtpFc, K::Matrix, -1, H, 2 * H, 4);
+    for (int i = 0; i < opts.mtp_layers; ++i) layer("mtp.layers." + std::to_string(i) + ".", i, true);
+    emit("mtp.norm.weight", R::MtpNorm, K::NormCentred, -1, H);
   }
 }
 
@@ -127,8 +142,8 @@ std::string experts_which(const TensorSpec& t) { return t.name.substr(t.name.rfi
 
 std::string LayoutNames::name(const TensorSpec& t) const {
   if (t.role == TensorRole::LmHead) return head;
-  // (An optional block such as mtp.* keeps its own prefix: only backbone tensors get model_prefix.)
-  const std::string& prefix = model_prefix;
+  // The MTP block keeps its own names: only backbone tensors get model_prefix.
+  const std::string prefix = t.block == TensorBlock::Mtp ? std::string() : model_prefix;
   if (t.kind != WeightKind::Experts) return prefix + t.name;
   const std::string which = experts_which(t);
   if (layout == MLX) return prefix + experts_parent(t) + ".switch_mlp." + which + "_proj";
@@ -136,7 +151,8 @@ std::string LayoutNames::name(const TensorSpec& t) const {
 }
 
 std::string LayoutNames::expert_name(const TensorSpec& t, int64_t e) const {
-  return model_prefix + experts_parent(t) + ".experts." + std::to_string(e) + "." + experts_which(t) + "_proj.weight";
+  const std::string prefix = t.block == TensorBlock::Mtp ? std::string() : model_prefix;
+  return prefix + experts_parent(t) + ".experts." + std::to_string(e) + "." + experts_which(t) + "_proj.weight";
 }
 
 std::vector<int64_t> LayoutNames::stored_shape(const TensorSpec& t) const {

@@ -4,10 +4,11 @@
 // `lilac make-demo` and the synthetic CUDA model all iterate this table; the names each layout gives a
 // tensor (MLX 4-bit, Hugging Face original) come from LayoutNames below.
 //
-// Blocks: the backbone today. An optional block (the MTP head: `mtp.*`, ../shared/MODEL_MTP.md) is added
-// as entries with block == TensorBlock::Mtp, layout-neutral names starting "mtp." (which every layout
-// keeps as is), new roles for its own tensors (fc, pre-fc norms, its final norm) and the backbone's roles
-// for its decoder layer; TableOptions says whether to include it.
+// Blocks: the backbone, and the optional MTP head (`mtp.*`, ../shared/MODEL_MTP.md §3): entries with
+// block == TensorBlock::Mtp, layout-neutral names starting "mtp." (which every layout keeps as is: no
+// model prefix; MLX experts as "mtp.layers.0.mlp.switch_mlp.*", HF as "mtp.layers.0.mlp.experts.*"), roles
+// of their own for the head's fc, pre-fc norms and final norm, the backbone's roles for its decoder layer
+// (full attention + MoE; `layer` counts the head's layers). TableOptions::mtp_layers includes it.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -35,10 +36,11 @@ enum class TensorRole : uint8_t {
   InProjQKV, InProjZ, InProjB, InProjA, OutProj, Conv1d,     // Gated DeltaNet layers
   DtBias, ALog, GdnNorm,
   Router, SharedExpertGate, ExpertsGate, ExpertsUp, ExpertsDown, SharedGate, SharedUp, SharedDown,  // MoE
+  MtpPreFcNormEmbedding, MtpPreFcNormHidden, MtpFc, MtpNorm,  // the MTP head's own tensors
 };
 const char* role_name(TensorRole r);  // "q_proj", "experts.gate", ...
 
-enum class TensorBlock : uint8_t { Backbone };
+enum class TensorBlock : uint8_t { Backbone, Mtp };
 
 struct TensorSpec {
   std::string name;  // layout-neutral: "embed_tokens", "lm_head", "norm.weight", "layers.3.self_attn.q_proj",
@@ -46,7 +48,7 @@ struct TensorSpec {
   TensorRole role;
   WeightKind kind;
   TensorBlock block = TensorBlock::Backbone;
-  int layer = -1;    // the decoder layer (-1: none)
+  int layer = -1;    // the decoder layer (-1: none); in the MTP block, the head's layer
   int64_t count = 0;           // Experts: how many
   int64_t rows = 0, cols = 0;  // Matrix / Experts: each matrix [rows, cols]; Conv1d [C, K]; vectors [rows]
   int bits = 0;                // Matrix / Experts: quantization bits (4; 8 for the router and shared_expert_gate)
@@ -59,10 +61,12 @@ struct TensorSpec {
 
 struct TableOptions {
   bool lm_head = true;  // false: the head is tied to embed_tokens (no lm_head entry)
+  int mtp_layers = 0;   // decoder layers of the MTP head (0: no head)
 };
 
 // Every tensor of a model with config `c`, in a fixed order: embed_tokens, lm_head, norm, then per layer
-// its norms, attention or Gated DeltaNet, and MoE tensors.
+// its norms, attention or Gated DeltaNet, and MoE tensors; then the MTP head's (pre-fc norms, fc, its
+// layers, its norm) when opts.mtp_layers > 0.
 std::vector<TensorSpec> tensor_table(const ModelConfig& c, const TableOptions& opts = {});
 void for_each_tensor(const ModelConfig& c, const std::function<void(const TensorSpec&)>& fn,
                      const TableOptions& opts = {});
@@ -71,7 +75,8 @@ void for_each_tensor(const ModelConfig& c, const std::function<void(const Tensor
 // (+ ".weight", or ".weight" / ".scales" / ".biases" when quantized); vectors their full name.
 struct LayoutNames {
   enum Layout { MLX, HF } layout = MLX;
-  std::string model_prefix;  // backbone tensors: "language_model.model." (MLX), "model.language_model." (HF)
+  std::string model_prefix;  // backbone tensors: "language_model.model." (MLX), "model.language_model." (HF);
+                             // the MTP block's names have none
   std::string head;          // lm_head's base name: "language_model.lm_head" (MLX), "lm_head" (HF)
 
   // MLX: "language_model.model.layers.0.mlp.switch_mlp.gate_proj" (experts stacked [count, rows, cols]);

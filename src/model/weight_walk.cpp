@@ -21,11 +21,16 @@ Slot slot_of(MW& w, const TensorSpec& t) {
     case R::Embed: s.matrix = &w.embed; return s;
     case R::LmHead: s.matrix = &w.lm_head; return s;
     case R::FinalNorm: s.values = &w.final_norm; return s;
+    case R::MtpPreFcNormEmbedding: s.values = &w.mtp.pre_fc_norm_embedding; return s;
+    case R::MtpPreFcNormHidden: s.values = &w.mtp.pre_fc_norm_hidden; return s;
+    case R::MtpFc: s.matrix = &w.mtp.fc; return s;
+    case R::MtpNorm: s.values = &w.mtp.norm; return s;
     default: break;
   }
-  if (t.layer < 0 || size_t(t.layer) >= w.layers.size())
+  auto& layers = t.block == TensorBlock::Mtp ? w.mtp.layers : w.layers;
+  if (t.layer < 0 || size_t(t.layer) >= layers.size())
     throw Error("tensor '" + t.name + "': layer " + std::to_string(t.layer) + " is not in the model");
-  auto& L = w.layers[size_t(t.layer)];
+  auto& L = layers[size_t(t.layer)];
   switch (t.role) {
     case R::InputNorm: s.values = &L.input_norm; break;
     case R::PostNorm: s.values = &L.post_norm; break;
@@ -54,7 +59,11 @@ Slot slot_of(MW& w, const TensorSpec& t) {
     case R::SharedDown: s.matrix = &L.moe.shared_down; break;
     case R::Embed:
     case R::LmHead:
-    case R::FinalNorm: break;
+    case R::FinalNorm:
+    case R::MtpPreFcNormEmbedding:
+    case R::MtpPreFcNormHidden:
+    case R::MtpFc:
+    case R::MtpNorm: break;
   }
   return s;
 }
@@ -66,6 +75,7 @@ WeightSlot weight_slot(ModelWeights& w, const TensorSpec& t) { return slot_of<We
 TableOptions table_options(const ModelWeights& w) {
   TableOptions o;
   o.lm_head = !(w.lm_head.qweight == w.embed.qweight && w.lm_head.dense == w.embed.dense);
+  o.mtp_layers = int(w.mtp.layers.size());
   return o;
 }
 

@@ -22,7 +22,7 @@ struct WeightRef {
 };
 
 // The field of `w` that holds tensor `t` (exactly one pointer is set, by t.kind). `w.layers` must have
-// config.num_layers entries.
+// config.num_layers entries (and `w.mtp.layers` the MTP block's layers).
 struct WeightSlot {
   QMatrix* matrix = nullptr;
   QExperts* experts = nullptr;
@@ -30,10 +30,13 @@ struct WeightSlot {
 };
 WeightSlot weight_slot(ModelWeights& w, const TensorSpec& t);
 
-// The table options that describe `w` (lm_head absent when it is tied to embed: the same storage).
+// The table options that describe `w` (lm_head absent when it is tied to embed: the same storage; the MTP
+// block when `w` has a head).
 TableOptions table_options(const ModelWeights& w);
 
-// Calls fn for each tensor in the table's order. lm_head is skipped when tied to embed (same storage).
+// Calls fn for each tensor in the table's order. lm_head is skipped when tied to embed (same storage);
+// the MTP head's tensors come last (names "mtp.fc", "mtp.layers.0.mlp.gate", ...) when `w` has one.
 void walk_weights(const ModelWeights& w, const std::function<void(const WeightRef&)>& fn);
+inline bool is_mtp_name(const std::string& name) { return name.rfind("mtp.", 0) == 0; }
 
 }  // namespace lilac

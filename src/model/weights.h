@@ -82,6 +82,15 @@ struct LayerWeights {
   MoEWeights moe;
 };
 
+// The multi-token-prediction head (../shared/MODEL_MTP.md §3): fc(concat(norm_e(embed[x]), norm_h(h))),
+// one full-attention decoder layer with the MoE MLP, its own final norm; embed and lm_head are shared.
+struct MtpWeights {
+  std::vector<float> pre_fc_norm_embedding, pre_fc_norm_hidden;  // [hidden], effective multipliers (1 + w)
+  QMatrix fc;                     // [hidden, 2 * hidden]: columns 0..H-1 the normed embedding, H..2H-1 the hidden
+  std::vector<LayerWeights> layers;  // full attention; empty = the checkpoint has no MTP head
+  std::vector<float> norm;        // [hidden], effective multipliers (mtp.norm, not the model's final norm)
+};
+
 struct ModelWeights {
   ModelConfig config;
   std::string dir;
@@ -89,6 +98,9 @@ struct ModelWeights {
   QMatrix lm_head;  // [vocab, hidden]
   std::vector<float> final_norm;  // [hidden], effective multipliers
   std::vector<LayerWeights> layers;
+  MtpWeights mtp;
+  std::string no_mtp_reason;  // why mtp.layers is empty (for the log of a request for speculation)
+  bool has_mtp() const { return !mtp.layers.empty(); }
   // Owners of the memory the views point into (mmaps, buffers made by quantize-on-load).
   std::vector<std::shared_ptr<const void>> storage;
 };
@@ -99,7 +111,9 @@ struct LoadOptions {
 
 // Load a checkpoint folder: MLX 4-bit layout (config.json with `quantization`) or the original
 // Hugging Face layout (quantized on load to the same 4/8-bit affine format). Validates every tensor's
-// name, dtype and shape; unused tensors (other than vision_tower.*, model.visual.*, mtp.*) are errors.
+// name, dtype and shape; unused tensors (other than vision_tower.*, model.visual.*) are errors. The MTP
+// head (`mtp.*`, ../shared/MODEL_MTP.md §3, §8) is loaded when the checkpoint has one (a partial or
+// misshapen head is an error naming the tensor); without it `no_mtp_reason` says why.
 std::shared_ptr<const ModelWeights> load_model(const std::string& dir, const LoadOptions& opts = {});
 
 }  // namespace lilac

@@ -188,6 +188,7 @@ std::shared_ptr<Generation> GenerationCore::start(const GenerationSpec& spec) {
   gr.stop_strings = spec.stop;
   gr.boundary_token = chat ? boundary_ : -1;
   gr.constraint = constraint(spec, prompt);
+  gr.draft_tokens = opts_.spec_tokens;  // not used under a constraint (Sequence::draft_budget)
   auto job = std::make_shared<Job>(std::move(gr));
   auto gen = std::make_shared<Generation>(job, chat, prompt, spec.tools, format_);
   if (!sched_->submit(job))

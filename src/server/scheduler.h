@@ -70,6 +70,7 @@ struct SchedulerOptions {
   int max_batch = 0;            // sessions in the pool (concurrent generations); 0: see pool_size()
   double seq_memory_bytes = 0;  // memory budget of the pool (0: none)
   int64_t prefill_chunk = 512;  // prompt tokens per prefill step of one sequence (overrides the job's)
+  int spec_tokens = 0;    // speculative decoding: MTP drafts per step (GenerationRequest::draft_tokens)
 };
 
 class Scheduler {

@@ -42,6 +42,7 @@ struct ServerOptions {
   int64_t prefill_chunk = 512;     // prompt tokens per prefill step (interleaved with decode steps)
   int http_threads = 64;
   bool log_requests = true;
+  int spec_tokens = 0;             // speculative decoding: MTP drafts per step (GenerationRequest::draft_tokens)
 };
 
 // Optional hook for a request router (the hybrid router, src/router/hybrid.h). Every member may be

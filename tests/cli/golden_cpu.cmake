@@ -66,6 +66,13 @@ foreach(fx tiny tiny2)
     set_tests_properties(cli_golden_cpufast_${fx}_${isa} PROPERTIES LABELS cli)
   endforeach()
 endforeach()
+# tiny-mtp: the MTP head's rows and the speculative generations are reported and checked.
+add_test(NAME cli_golden_cpu_tiny-mtp
+  COMMAND ${CMAKE_COMMAND} -DLILAC=$<TARGET_FILE:lilac>
+          "-DARGS=check-golden;--model;${_fx}/tiny-mtp/mlx4;--golden;${_fx}/tiny-mtp/golden.safetensors;--backend;cpu-ref;--threads;2"
+          -DRC=0 "-DEXPECT=\nPASS [^\n]*MTP head checked[^\n]*\n?$;seq3 +MTP rows 150/150: max.dlogit. [0-9.e-]+;gen1 +speculative \\(k=3\\): identical to plain greedy; 23 rounds"
+          -P "${_me}")
+set_tests_properties(cli_golden_cpu_tiny-mtp PROPERTIES LABELS cli)
 # gen0 of tiny (golden.safetensors gen0.prompt / gen0.output[:8]): the oracle's greedy continuation.
 add_test(NAME cli_generate_cpu_tiny_gen0
   COMMAND ${CMAKE_COMMAND} -DLILAC=$<TARGET_FILE:lilac>

@@ -1,5 +1,6 @@
-// The CPU backend against the oracle's goldens (../shared/fixtures/{tiny,tiny2}): teacher-forced
-// logits of every sequence, per-layer hidden states, greedy generations through the session.
+// The CPU backend against the oracle's goldens (../shared/fixtures/{tiny,tiny2,tiny-mtp}): teacher-forced
+// logits of every sequence, per-layer hidden states, greedy generations through the session; with
+// tiny-mtp the MTP head's teacher-forced logits and speculative generations too.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -65,6 +66,32 @@ TEST(CpuGolden, TinyMatchesOracle) {
 TEST(CpuGolden, Tiny2MatchesOracle) {
   GoldenReport r = run_fixture("tiny2", 128);
   expect_matches_oracle(r, 4, 2);
+}
+
+// The MTP head (MODEL_MTP.md): every row of seqK.mtp_logits within the fp32 threshold, the same top-1 as
+// the oracle where it is confident, and speculative greedy generation (k = 3) reproducing the oracle's tokens
+// and its drafts accepted per round. Odd prefill chunks: the head's rows run in passes of other sizes.
+TEST(CpuGolden, TinyMtpHeadMatchesOracle) {
+  for (int64_t chunk : {int64_t(128), int64_t(37)}) {
+    GoldenReport r = run_fixture("tiny-mtp", chunk);
+    expect_matches_oracle(r, 4, 2);
+    ASSERT_TRUE(r.golden_has_mtp);
+    EXPECT_TRUE(r.mtp_unchecked.empty()) << r.mtp_unchecked;
+    for (const auto& s : r.seqs) {
+      ASSERT_TRUE(s.mtp) << s.name;
+      EXPECT_EQ(s.mtp_rows, s.length) << s.name;
+      EXPECT_TRUE(s.mtp_next_token_agrees) << s.name;
+      EXPECT_LE(s.mtp_max_abs, 2e-3) << s.name;
+      EXPECT_EQ(s.mtp_confident_agree, s.mtp_confident) << s.name;
+      EXPECT_GT(s.mtp_confident, s.length / 2) << s.name;
+    }
+    for (const auto& g : r.gens) {
+      ASSERT_TRUE(g.spec) << g.name;
+      EXPECT_EQ(g.spec_got, g.expected) << g.name;
+      EXPECT_EQ(g.accepted_got, g.accepted_expected) << g.name;
+      EXPECT_EQ(g.accepted_got.size(), 23u) << g.name;
+    }
+  }
 }
 
 // Other prefill chunk sizes give the same function (chunk boundaries inside the GDN's 64-blocks).

@@ -201,7 +201,6 @@ TEST_F(BadInput, UnusedTensor) {
 TEST_F(BadInput, SkippedPrefixesAreNotUnused) {
   write_tensors([&](auto& ts) {
     ts["vision_tower.blocks.0.attn.weight"] = {"BF16", {2}, std::string(4, '\0')};
-    ts["mtp.layers.0.mlp.gate.weight"] = {"BF16", {2}, std::string(4, '\0')};
     ts["model.visual.merger.weight"] = {"BF16", {2}, std::string(4, '\0')};
   });
   EXPECT_NO_THROW(load_model(dir_));

@@ -1,5 +1,5 @@
-// Checkpoint variants the loader must accept: MLX without the "language_model." prefix (with vision /
-// MTP tensors to skip), tied embeddings, a matrix stored unquantized, unaligned tensor data, an
+// Checkpoint variants the loader must accept: MLX without the "language_model." prefix (with vision
+// tensors to skip), tied embeddings, a matrix stored unquantized, unaligned tensor data, an
 // HF text-only layout ("model.layers.*") with BF16 tensors, and HF experts stored one tensor each.
 #include <gtest/gtest.h>
 
@@ -98,7 +98,6 @@ TEST(LoaderVariants, MlxWithoutLanguageModelPrefix) {
   rewrite(kTiny, d, [](std::vector<Owned>& all) {
     for (auto& o : all) o.name = strip_prefix(o.name);
     all.push_back({"vision_tower.blocks.0.attn.qkv.weight", "BF16", {4}, std::string(8, '\1')});
-    all.push_back({"mtp.fc.weight", "BF16", {2}, std::string(4, '\1')});
   });  // config keeps the "language_model." keys in `quantization`: looked up either way
   auto w = load_model(d);
   EXPECT_EQ(w->layers[0].moe.router.bits, 8);
@@ -219,7 +218,6 @@ TEST(LoaderVariants, HfTextOnlyPrefixAndBf16) {
       }
     }
     all.push_back({"model.visual.blocks.0.norm.weight", "F32", {1}, std::string(4, '\0')});
-    all.push_back({"mtp.layers.0.input_layernorm.weight", "F32", {1}, std::string(4, '\0')});
   });
   auto w = load_model(d);
   expect_same(*from_hf, *w);

@@ -1,0 +1,28 @@
+# `--spec-tokens` on the CLI (speculative decoding with the MTP head, CPU backend): generate gives the
+# same ids with and without it on tiny-mtp and says how many drafts were accepted; a checkpoint without a
+# head runs without speculation and the log says why; bench measures it at a forced acceptance.
+# Uses golden_cpu.cmake's script mode (-DARGS, -DRC, -DEXPECT, -DSAME_AS).
+set(_run "${CMAKE_CURRENT_LIST_DIR}/golden_cpu.cmake")
+set(_fx "${LILAC_SHARED_DIR}/fixtures")
+add_test(NAME cli_generate_cpu_spec_same_ids
+  COMMAND ${CMAKE_COMMAND} -DLILAC=$<TARGET_FILE:lilac>
+          "-DARGS=generate;--model;${_fx}/tiny-mtp/mlx4;--prompt-ids;5,6,7,8;--max-tokens;20;--backend;cpu-ref;--threads;1;--spec-tokens;3"
+          "-DSAME_AS=generate;--model;${_fx}/tiny-mtp/mlx4;--prompt-ids;5,6,7,8;--max-tokens;20;--backend;cpu-ref;--threads;1;--spec-tokens;0"
+          -DRC=0 "-DEXPECT=speculative decoding: up to 3 MTP drafts per step;speculative: [0-9]+ steps with drafts, [0-9]+ of [0-9]+ drafts accepted"
+          -P "${_run}")
+add_test(NAME cli_generate_cpu_spec_without_head
+  COMMAND ${CMAKE_COMMAND} -DLILAC=$<TARGET_FILE:lilac>
+          "-DARGS=generate;--model;${_fx}/tiny/mlx4;--prompt-ids;621;--max-tokens;8;--backend;cpu-ref;--threads;1;--spec-tokens;3"
+          -DRC=0 "-DEXPECT=speculative decoding off: the checkpoint has no MTP head;generated ids: 1243,2021,215,540,1962,924,75,1676\n"
+          -P "${_run}")
+add_test(NAME cli_bench_cpu_spec_forced_acceptance
+  COMMAND ${CMAKE_COMMAND} -DLILAC=$<TARGET_FILE:lilac>
+          "-DARGS=bench;--model;${_fx}/tiny-mtp/mlx4;--backend;cpu-ref;--threads;1;--prompt-lens;16;--decode-tokens;24;--spec-tokens;2;--draft-accept;1"
+          -DRC=0 "-DEXPECT=speculative decoding: K = 2, drafts forced right with probability 1;\n +16 +[0-9.]+ +[0-9.]+ +[0-9.]+x +2.00 +3.00 +[0-9.]+\n"
+          -P "${_run}")
+add_test(NAME cli_bench_draft_accept_needs_spec_tokens
+  COMMAND ${CMAKE_COMMAND} -DLILAC=$<TARGET_FILE:lilac>
+          "-DARGS=bench;--model;${_fx}/tiny-mtp/mlx4;--backend;cpu-ref;--draft-accept;0.5"
+          -DRC=1 "-DEXPECT=--draft-accept needs --spec-tokens K > 0" -P "${_run}")
+set_tests_properties(cli_generate_cpu_spec_same_ids cli_generate_cpu_spec_without_head cli_bench_cpu_spec_forced_acceptance
+  cli_bench_draft_accept_needs_spec_tokens PROPERTIES LABELS cli)

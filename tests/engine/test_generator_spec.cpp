@@ -1,0 +1,236 @@
+// Generator with speculative decoding (draft_tokens > 0) on the CPU backend and fixtures/tiny-mtp: the
+// output is plain decoding's, token for token and logprob for logprob, with the real MTP head and with
+// injected drafts (the true continuation with errors, so that every acceptance length happens), with
+// sampling, at the context limit, with small prefill chunks, end-of-turn ids in the drafts, stop strings,
+// and across turns through the prefix cache (whose snapshots carry the head's cache).
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+
+#include "cpu/cpu_backend.h"
+#include "engine/generator.h"
+#include "model/weights.h"
+#include "text/tokenizer.h"
+
+namespace {
+
+using namespace lilac;
+
+const Tokenizer& tokenizer() {
+  static std::unique_ptr<Tokenizer> t = Tokenizer::load(std::string(LILAC_SHARED_DIR) + "/fixtures/qwen3-tokenizer");
+  return *t;
+}
+
+std::shared_ptr<const ModelWeights> tiny_mtp() {
+  static auto w = load_model(std::string(LILAC_SHARED_DIR) + "/fixtures/tiny-mtp/mlx4", {.progress = false});
+  return w;
+}
+
+struct Outcome {
+  std::vector<int32_t> ids;
+  std::vector<float> logprobs;
+  std::string text;
+  GenerationStats st;
+};
+
+Outcome run(Generator& g, const GenerationRequest& r) {
+  Outcome out;
+  out.st = g.run(r, [&](const GeneratedToken& t) {
+    if (t.id >= 0) {
+      out.ids.push_back(t.id);
+      out.logprobs.push_back(t.choice.logprob);
+    }
+    out.text += t.text;
+    return true;
+  });
+  return out;
+}
+
+void expect_same(const Outcome& a, const Outcome& b, const std::string& what) {
+  EXPECT_EQ(a.ids, b.ids) << what;
+  ASSERT_EQ(a.logprobs.size(), b.logprobs.size()) << what;
+  EXPECT_EQ(0, std::memcmp(a.logprobs.data(), b.logprobs.data(), a.logprobs.size() * sizeof(float))) << what;
+  EXPECT_EQ(a.text, b.text) << what;
+  EXPECT_EQ(a.st.finish, b.st.finish) << what;
+  EXPECT_EQ(a.st.completion_tokens, b.st.completion_tokens) << what;
+}
+
+GenerationRequest request(std::vector<int32_t> prompt, int64_t max_tokens, int spec) {
+  GenerationRequest r;
+  r.prompt = std::move(prompt);
+  r.max_tokens = max_tokens;
+  r.draft_tokens = spec;
+  r.sampling.logprobs = true;
+  r.use_cache = false;
+  return r;
+}
+
+std::vector<int32_t> prompt_of(int n, int salt) {
+  std::vector<int32_t> p;
+  for (int i = 0; i < n; ++i) p.push_back(int32_t((i * 37 + salt * 101 + 5) % 1000));
+  return p;
+}
+
+// Drafts = the plain run's continuation, wrong at place round % (K + 2) (>= k: all right).
+DraftHook truth_with_errors(const std::vector<int32_t>& truth, int K, std::vector<int>* planned = nullptr) {
+  auto round = std::make_shared<int>(0);
+  return [=](int64_t i, int k, std::vector<int32_t>& drafts) {
+    drafts.clear();
+    for (int j = 0; j < k; ++j) {
+      const size_t at = size_t(i + 1 + j);
+      drafts.push_back(at < truth.size() ? truth[at] : 0);
+    }
+    const int e = (*round)++ % (K + 2);
+    if (e < k) drafts[size_t(e)] = (drafts[size_t(e)] + 3) % 1000;
+    if (planned) planned->push_back(std::min(e, k));
+  };
+}
+
+}  // namespace
+
+TEST(GeneratorSpec, GreedyEqualsPlainWithTheHeadAndWithInjectedDrafts) {
+  auto be = make_cpu_backend(tiny_mtp(), 1);
+  for (int64_t chunk : {int64_t(2048), int64_t(5)}) {
+    const int64_t session_chunk = chunk == 5 ? 3 : 256;  // prefill calls of 5 in chunks of 3
+    auto s0 = be->new_session(128);
+    dynamic_cast<cpu::CpuSession&>(*s0).set_prefill_chunk(session_chunk);
+    Generator plain(*s0, tokenizer(), nullptr);
+    auto r0 = request(prompt_of(23, 1), 48, 0);
+    r0.prefill_chunk = chunk;
+    const Outcome ref = run(plain, r0);
+    ASSERT_EQ(ref.ids.size(), 48u);
+
+    for (int K : {1, 4}) {
+      auto s1 = be->new_session(128);
+      dynamic_cast<cpu::CpuSession&>(*s1).set_prefill_chunk(session_chunk);
+      Generator spec(*s1, tokenizer(), nullptr);
+      auto r = r0;
+      r.draft_tokens = K;
+      const Outcome head = run(spec, r);  // the real (random) head: drafts almost never right
+      expect_same(head, ref, "real head, K=" + std::to_string(K));
+      EXPECT_GT(head.st.spec_rounds, 0);
+
+      std::vector<int> planned;
+      spec.set_draft_hook(truth_with_errors(ref.ids, K, &planned));
+      const Outcome inj = run(spec, r);
+      expect_same(inj, ref, "injected drafts, K=" + std::to_string(K));
+      int64_t expect_acc = 0;
+      std::vector<int> seen(size_t(K + 1), 0);
+      for (int a : planned) {
+        expect_acc += a;
+        seen[size_t(a)]++;
+      }
+      EXPECT_EQ(inj.st.spec_accepted, expect_acc);
+      for (int a = 0; a <= K; ++a) EXPECT_GT(seen[size_t(a)], 0) << "acceptance length " << a << ", K=" << K;
+    }
+  }
+}
+
+// Sampling with penalties: the same tokens as plain decoding for the seed, whatever the drafts.
+TEST(GeneratorSpec, SamplingEqualsPlainForTheSeed) {
+  auto be = make_cpu_backend(tiny_mtp(), 1);
+  auto r0 = request(prompt_of(9, 2), 40, 0);
+  r0.sampling.temperature = 0.9f;
+  r0.sampling.top_p = 0.9f;
+  r0.sampling.repetition_penalty = 1.2f;
+  r0.sampling.frequency_penalty = 0.2f;
+  r0.sampling.seed = 77;
+  auto s0 = be->new_session(64);
+  Generator plain(*s0, tokenizer(), nullptr);
+  const Outcome ref = run(plain, r0);
+  auto s1 = be->new_session(64);
+  Generator spec(*s1, tokenizer(), nullptr);
+  auto r = r0;
+  r.draft_tokens = 3;
+  expect_same(run(spec, r), ref, "real head");
+  spec.set_draft_hook(truth_with_errors(ref.ids, 3));
+  const Outcome inj = run(spec, r);
+  expect_same(inj, ref, "injected drafts");
+  EXPECT_GT(inj.st.spec_accepted, 0);
+}
+
+// prompt + max_tokens = the session's capacity: the last rounds draft less, nothing overflows.
+TEST(GeneratorSpec, ContextLimitAndMaxTokens) {
+  auto be = make_cpu_backend(tiny_mtp(), 1);
+  for (int64_t max_tokens : {1, 2, 3, 7, 20}) {
+    const auto prompt = prompt_of(11, 3);
+    const int64_t cap = int64_t(prompt.size()) + max_tokens;
+    auto s0 = be->new_session(cap);
+    Generator plain(*s0, tokenizer(), nullptr);
+    const Outcome ref = run(plain, request(prompt, max_tokens, 0));
+    auto s1 = be->new_session(cap);
+    Generator spec(*s1, tokenizer(), nullptr);
+    spec.set_draft_hook(truth_with_errors(ref.ids, 4));
+    const Outcome inj = run(spec, request(prompt, max_tokens, 4));
+    expect_same(inj, ref, "max_tokens " + std::to_string(max_tokens));
+    EXPECT_EQ(inj.st.finish, FinishReason::Length);
+    EXPECT_LE(s1->length(), cap);
+    EXPECT_EQ(spec.context().size(), plain.context().size());  // the same tokens were fed
+  }
+}
+
+// End-of-turn ids: drafts are cut before one, so the session feeds exactly what plain decoding feeds;
+// stop strings end the generation inside a round with the same text.
+TEST(GeneratorSpec, StopIdsAndStopStrings) {
+  auto be = make_cpu_backend(tiny_mtp(), 1);
+  const auto prompt = prompt_of(15, 4);
+  auto s0 = be->new_session(128);
+  Generator plain(*s0, tokenizer(), nullptr);
+  const Outcome free_run = run(plain, request(prompt, 40, 0));
+  // Stop at the 12th generated token's id (it may occur earlier: then there).
+  auto r0 = request(prompt, 40, 0);
+  r0.stop_ids = {free_run.ids[11]};
+  const Outcome ref = run(plain, r0);
+  ASSERT_TRUE(ref.st.stopped_by_eos);
+  auto s1 = be->new_session(128);
+  Generator spec(*s1, tokenizer(), nullptr);
+  spec.set_draft_hook(truth_with_errors(free_run.ids, 4));
+  auto r = r0;
+  r.draft_tokens = 4;
+  const Outcome inj = run(spec, r);
+  expect_same(inj, ref, "stop id");
+  EXPECT_TRUE(inj.st.stopped_by_eos);
+  EXPECT_EQ(spec.context(), plain.context());
+
+  // A stop string: the text of plain decoding, cut at the same place.
+  const std::vector<int32_t> two{free_run.ids[8], free_run.ids[9]};
+  const std::string piece = tokenizer().decode(two);
+  auto r2 = request(prompt, 40, 0);
+  r2.stop_strings = {piece};
+  const Outcome ref2 = run(plain, r2);
+  auto r3 = r2;
+  r3.draft_tokens = 4;
+  spec.set_draft_hook(truth_with_errors(free_run.ids, 4));
+  const Outcome inj2 = run(spec, r3);
+  expect_same(inj2, ref2, "stop string");
+  EXPECT_EQ(inj2.st.stop_string, ref2.st.stop_string);
+}
+
+// Two turns through the prefix cache: the second resumes from a snapshot (with the head's cache) and
+// drafts with the real head at once; the tokens equal a fresh plain run of the second prompt.
+TEST(GeneratorSpec, PrefixCacheCarriesTheHeadsCache) {
+  auto be = make_cpu_backend(tiny_mtp(), 1);
+  const int32_t boundary = 7;
+  std::vector<int32_t> turn1 = {11, 200, 300, 400, boundary, 12, 500, 600, 700, 800, boundary, 13, 14};
+  std::vector<int32_t> turn2 = {11, 200, 300, 400, boundary, 12, 500, 600, 700, 800, boundary, 15, 900, 99, boundary, 16};
+  auto mk = [&](std::vector<int32_t> p, int spec) {
+    auto r = request(std::move(p), 16, spec);
+    r.boundary_token = boundary;
+    r.use_cache = true;
+    return r;
+  };
+  auto s1 = be->new_session(256);
+  PrefixCache cache(size_t(64) << 20);
+  Generator cached(*s1, tokenizer(), &cache);
+  run(cached, mk(turn1, 3));
+  const Outcome second = run(cached, mk(turn2, 3));
+  EXPECT_EQ(second.st.cached_tokens, 11);
+  EXPECT_GT(second.st.spec_drafted, 0);  // the restored head drafts
+
+  auto s2 = be->new_session(256);
+  Generator fresh(*s2, tokenizer(), nullptr);
+  auto r = mk(turn2, 0);
+  r.use_cache = false;
+  expect_same(second, run(fresh, r), "second turn");
+}
