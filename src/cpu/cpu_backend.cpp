@@ -141,9 +141,16 @@ class CpuSessionImpl : public CpuSession {
 
   TokenChoice sample() override {
     if (!has_logits_) throw Error("cpu session: sample() before any prefill");
-    TokenChoice c = sampler_.sample(logits_);
+    TokenChoice c = sampler_.sample(logits_, has_mask_ ? mask_.data() : nullptr);
+    has_mask_ = false;  // the mask is for one choice
     next_token_ = c.token;
     return c;
+  }
+
+  // A copy: the caller's buffer may change before the choice is made.
+  void set_token_mask(const uint32_t* bits) override {
+    has_mask_ = bits != nullptr;
+    if (bits) mask_.assign(bits, bits + (cfg_.vocab_size + 31) / 32);
   }
 
   void advance() override {
@@ -238,6 +245,7 @@ class CpuSessionImpl : public CpuSession {
     }
     len_ = 0;
     has_logits_ = false;
+    has_mask_ = false;
     logits_.assign(static_cast<size_t>(cfg_.vocab_size), 0.f);
     next_token_ = -1;
     if (mtp_) mtp_->reset(drafting_);
@@ -536,6 +544,8 @@ class CpuSessionImpl : public CpuSession {
   bool has_logits_ = false;
   int32_t next_token_ = -1;
   HostSampler sampler_;
+  std::vector<uint32_t> mask_;  // set_token_mask: the next choice's allowed tokens
+  bool has_mask_ = false;
   ActivationTap tap_;
   // Speculative decoding: the MTP head (models that have one), whether it follows the context, and the
   // verification step's row-exact mode with its per-row outputs and Gated DeltaNet undo data.

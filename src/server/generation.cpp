@@ -1,8 +1,12 @@
 #include "server/generation.h"
 
 #include "core/error.h"
+#include "core/log.h"
 #include "engine/backend.h"
+#include "engine/grammar_constraint.h"
 #include "engine/validate.h"
+#include "grammar/cache.h"
+#include "grammar/response_grammar.h"
 #include "server/api_error.h"
 #include "text/chat_template.h"
 #include "text/model_format.h"
@@ -186,6 +190,51 @@ GenerationCore::GenerationCore(std::shared_ptr<Backend> backend, std::shared_ptr
 
 GenerationCore::~GenerationCore() { stop(); }
 
+grammar::GrammarCache& GenerationCore::grammars() {
+  try {
+    std::call_once(grammars_once_, [&] {
+      grammars_ = std::make_unique<grammar::GrammarCache>(
+          grammar::Vocabulary::from_tokenizer(*tok_, backend_->config().vocab_size));
+      grammars_->warm();
+    });
+  } catch (const std::exception& e) {  // e.g. a tokenizer with more tokens than the model
+    throw ApiError(500, std::string("Constrained decoding is unavailable: ") + e.what(), "", "internal_error");
+  }
+  return *grammars_;
+}
+
+std::shared_ptr<TokenConstraint> GenerationCore::constraint(const GenerationSpec& spec, const GenerationPrompt& prompt) {
+  using grammar::ResponseSpec;
+  ResponseSpec rs;
+  switch (spec.format) {
+    case GenerationSpec::Format::Text: rs.content = ResponseSpec::Content::Free; break;
+    case GenerationSpec::Format::JsonObject: rs.content = ResponseSpec::Content::JsonObject; break;
+    case GenerationSpec::Format::JsonSchema:
+      rs.content = ResponseSpec::Content::JsonSchema;
+      rs.schema = spec.schema;
+      break;
+  }
+  if (spec.input == GenerationSpec::Input::Chat) {
+    if (spec.tools.is_array() && !spec.tools.empty()) {
+      rs.tools = spec.tools;
+      rs.calls = spec.force_tool_call ? ResponseSpec::Calls::Forced : ResponseSpec::Calls::Auto;
+      rs.forced_function = spec.forced_function;
+    }
+    rs.in_reasoning = prompt.in_reasoning;
+    rs.xml_calls = format_.xml_tool_calls(prompt.text);
+  }
+  rs.parallel_calls = spec.parallel_tool_calls;
+  if (!rs.constrained()) return nullptr;
+  std::shared_ptr<const grammar::CompiledGrammar> g;
+  try {
+    g = grammars().get(rs.cache_key(), [&] { return grammar::build_response_grammar(rs, format_.markup(), *tok_); });
+  } catch (const grammar::SchemaError& e) {
+    const std::string param = e.param().empty() ? "response_format" : e.param();
+    throw ApiError(400, "Invalid schema for '" + param + "': " + e.what(), param, "invalid_schema");
+  }
+  return std::make_shared<GrammarConstraint>(std::move(g), eos_);
+}
+
 void GenerationCore::stop() {
   if (sched_) sched_->stop();
 }
@@ -272,7 +321,8 @@ std::shared_ptr<Generation> GenerationCore::start(const GenerationSpec& spec) {
   gr.stop_ids = eos_;
   gr.stop_strings = spec.stop;
   gr.boundary_token = chat ? boundary_ : -1;
-  gr.draft_tokens = opts_.spec_tokens;
+  gr.constraint = constraint(spec, prompt);
+  gr.draft_tokens = opts_.spec_tokens;  // not used under a constraint (Sequence::draft_budget)
   auto job = std::make_shared<Job>(std::move(gr));
   auto gen = std::make_shared<Generation>(job, chat, prompt, spec.tools, format_);
   if (budgeted) {

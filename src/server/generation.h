@@ -30,6 +30,9 @@ class ModelFormat;
 class SpecialTokenGuard;
 class Tokenizer;
 struct ModelConfig;
+namespace grammar {
+class GrammarCache;
+}
 }  // namespace lilac
 
 namespace lilac::server {
@@ -48,6 +51,12 @@ struct GenerationSpec {
   nlohmann::ordered_json tools;
   bool force_tool_call = false;
   std::string forced_function;
+  // Constrained decoding (grammar/response_grammar.h): what the content must be; tool calls are
+  // constrained when forced or when their tool is strict.
+  enum class Format { Text, JsonObject, JsonSchema };
+  Format format = Format::Text;
+  nlohmann::ordered_json schema;  // JsonSchema
+  bool parallel_tool_calls = true;
   SamplingParams sampling;
   std::optional<int64_t> max_tokens;  // nullopt: up to the context limit
   std::vector<std::string> stop;
@@ -137,7 +146,9 @@ class GenerationCore {
   ~GenerationCore();
 
   // Renders, tokenizes, checks and queues `spec`. Throws ApiError: 400 for a prompt that cannot be
-  // rendered, is empty or does not fit the context, 429 when the queue is full, 503 once shutting down.
+  // rendered, is empty or does not fit the context, or a schema that cannot be enforced (param names
+  // the schema's field, the message its keyword and JSON pointer), 429 when the queue is full, 503 once
+  // shutting down.
   std::shared_ptr<Generation> start(const GenerationSpec& spec);
   // The prompt's length in tokens once rendered and shaped as start() would (nothing is queued).
   // Throws ApiError 400 for a prompt that cannot be rendered.
@@ -155,6 +166,9 @@ class GenerationCore {
  private:
   std::vector<int32_t> prompt_tokens(const GenerationSpec& spec, GenerationPrompt& prompt) const;
   std::vector<std::shared_ptr<Generation>> live() const;
+  // The constraint of `spec` after `prompt` (null when nothing is constrained).
+  std::shared_ptr<TokenConstraint> constraint(const GenerationSpec& spec, const GenerationPrompt& prompt);
+  grammar::GrammarCache& grammars();
 
   std::shared_ptr<Backend> backend_;
   std::shared_ptr<const Tokenizer> tok_;
@@ -168,6 +182,10 @@ class GenerationCore {
   mutable std::mutex live_mu_;
   std::vector<std::weak_ptr<Generation>> live_;
   std::atomic<bool> shutting_down_{false};
+  // Compiled grammars by request constraints, with the vocabulary trie and the token classes every
+  // schema shares: built by the first constrained request (~0.15 s of CPU on the Qwen3 vocabulary).
+  std::once_flag grammars_once_;
+  std::unique_ptr<grammar::GrammarCache> grammars_;
 };
 
 }  // namespace lilac::server

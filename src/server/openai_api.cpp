@@ -31,6 +31,22 @@ ResponseMeta response_meta(ServerContext& C, const CommonParams& p, const char* 
   return meta;
 }
 
+// response_format (chat and completions) -> the generation spec's constraint on the content.
+void apply_response_format(const CommonParams& p, GenerationSpec& spec) {
+  switch (p.response_format) {
+    case ResponseFormat::Text:
+      spec.format = GenerationSpec::Format::Text;
+      break;
+    case ResponseFormat::JsonObject:
+      spec.format = GenerationSpec::Format::JsonObject;
+      break;
+    case ResponseFormat::JsonSchema:
+      spec.format = GenerationSpec::Format::JsonSchema;
+      spec.schema = p.json_schema;
+      break;
+  }
+}
+
 PreparedRequest chat_request(ServerContext& C, const ojson& body, const ModelConfig& cfg, uint64_t seed) {
   ChatParams p = parse_chat_request(body, cfg, seed);
   PreparedRequest r;
@@ -40,6 +56,8 @@ PreparedRequest chat_request(ServerContext& C, const ojson& body, const ModelCon
   r.spec.force_tool_call = p.tool_choice == ToolChoice::Required || p.tool_choice == ToolChoice::Function;
   if (p.tool_choice == ToolChoice::Function) r.spec.forced_function = p.tool_choice_name;
   r.spec.prompt_param = "messages";
+  r.spec.parallel_tool_calls = p.parallel_tool_calls;
+  apply_response_format(p, r.spec);
   r.spec.sampling = p.sampling;
   r.spec.max_tokens = p.max_tokens;
   r.spec.stop = p.stop;
@@ -64,6 +82,7 @@ PreparedRequest completion_request(ServerContext& C, const ojson& body, const Mo
     r.spec.text = std::move(p.prompt_text);
   }
   r.spec.prompt_param = "prompt";
+  apply_response_format(p, r.spec);
   r.spec.sampling = p.sampling;
   r.spec.max_tokens = p.max_tokens;
   r.spec.stop = p.stop;

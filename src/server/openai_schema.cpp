@@ -24,6 +24,44 @@ namespace {
 
 using namespace fields;
 
+// response_format: {"type": "text" | "json_object" | "json_schema", "json_schema": {"name", "schema",
+// "strict", "description"}}. The schema itself is checked when it is compiled (GenerationCore).
+void parse_response_format(const ojson& body, CommonParams& p) {
+  const ojson* rf = field(body, "response_format");
+  if (!rf) return;
+  if (!rf->is_object()) wrong_type("response_format", "an object", *rf);
+  auto t = rf->find("type");
+  if (t == rf->end() || !t->is_string())
+    bad("response_format.type", "Missing required parameter: 'response_format.type'.", "missing_required_parameter");
+  const std::string ty = t->get<std::string>();
+  if (ty == "text") return;
+  if (ty == "json_object") {
+    p.response_format = ResponseFormat::JsonObject;
+    return;
+  }
+  if (ty != "json_schema") bad("response_format.type", "Invalid value for 'response_format.type': '" + ty + "'.");
+  const ojson* js = field(*rf, "json_schema");
+  if (!js) bad("response_format.json_schema", "Missing required parameter: 'response_format.json_schema'.", "missing_required_parameter");
+  if (!js->is_object()) wrong_type("response_format.json_schema", "an object", *js);
+  const ojson* name = field(*js, "name");
+  if (!name) bad("response_format.json_schema.name", "Missing required parameter: 'response_format.json_schema.name'.", "missing_required_parameter");
+  static const std::regex name_re("^[A-Za-z0-9_-]{1,64}$");
+  if (!name->is_string() || !std::regex_match(name->get<std::string>(), name_re))
+    bad("response_format.json_schema.name",
+        "Invalid 'response_format.json_schema.name': must be 1-64 characters of a-z, A-Z, 0-9, underscores and dashes.");
+  if (const ojson* d = field(*js, "description"); d && !d->is_string())
+    wrong_type("response_format.json_schema.description", "a string", *d);
+  // "strict" is accepted either way: the schema is always enforced.
+  if (const ojson* st = field(*js, "strict"); st && !st->is_boolean())
+    wrong_type("response_format.json_schema.strict", "a boolean", *st);
+  p.response_format = ResponseFormat::JsonSchema;
+  p.json_schema = ojson::object();
+  if (const ojson* sc = field(*js, "schema")) {
+    if (!sc->is_object() && !sc->is_boolean()) wrong_type("response_format.json_schema.schema", "an object", *sc);
+    p.json_schema = *sc;
+  }
+}
+
 void parse_common(const ojson& body, const ModelConfig& cfg, uint64_t seed, CommonParams& p, bool chat) {
   if (const ojson* m = field(body, "model")) {
     if (!m->is_string()) wrong_type("model", "a string", *m);
@@ -77,6 +115,7 @@ void parse_common(const ojson& body, const ModelConfig& cfg, uint64_t seed, Comm
     sp.seed = s->is_number_unsigned() ? s->get<uint64_t>() : uint64_t(s->get<int64_t>());
   }
   if (auto e = get_bool(body, "echo"); e && *e) bad("echo", "'echo' is not supported.", "unsupported_value");
+  parse_response_format(body, p);
   if (const ojson* lb = field(body, "logit_bias"); lb && !(lb->is_object() && lb->empty()))
     bad("logit_bias", "'logit_bias' is not supported.", "unsupported_value");
 }
@@ -108,6 +147,8 @@ void validate_tools(const ojson& tools) {
     if (!names.insert(name).second) bad(pfx + ".function.name", "Duplicate tool name '" + name + "'.");
     if (auto d = f->find("description"); d != f->end() && !d->is_null() && !d->is_string())
       wrong_type(pfx + ".function.description", "a string", *d);
+    if (auto st = f->find("strict"); st != f->end() && !st->is_null() && !st->is_boolean())
+      wrong_type(pfx + ".function.strict", "a boolean", *st);
     if (auto ps = f->find("parameters"); ps != f->end() && !ps->is_null()) {
       if (!ps->is_object()) wrong_type(pfx + ".function.parameters", "an object (a JSON schema)", *ps);
       // A JSON schema of type "object" (an empty object means no parameters).
@@ -246,16 +287,6 @@ ChatParams parse_chat_request(const ojson& body, const ModelConfig& cfg, uint64_
   }
   p.sampling.logprobs = p.logprobs;
   p.sampling.top_logprobs = p.top_logprobs;
-  // response_format
-  if (const ojson* rf = field(body, "response_format")) {
-    if (!rf->is_object()) wrong_type("response_format", "an object", *rf);
-    auto t = rf->find("type");
-    if (t == rf->end() || !t->is_string()) bad("response_format.type", "Missing required parameter: 'response_format.type'.", "missing_required_parameter");
-    std::string ty = t->get<std::string>();
-    if (ty == "json_object" || ty == "json_schema")
-      bad("response_format", "response_format type '" + ty + "' is not supported yet (only 'text').", "unsupported_value");
-    if (ty != "text") bad("response_format.type", "Invalid value for 'response_format.type': '" + ty + "'.");
-  }
   // tools
   if (const ojson* t = field(body, "tools")) {
     validate_tools(*t);
@@ -289,6 +320,7 @@ ChatParams parse_chat_request(const ojson& body, const ModelConfig& cfg, uint64_
       if (!found) bad("tool_choice", "Invalid 'tool_choice': no tool named '" + p.tool_choice_name + "' in 'tools'.");
     }
   }
+  p.parallel_tool_calls = get_bool(body, "parallel_tool_calls").value_or(true);
   // chat_template_kwargs (and a top-level enable_thinking, which some clients send)
   ojson kwargs = ojson::object();
   if (const ojson* k = field(body, "chat_template_kwargs")) {

@@ -38,6 +38,9 @@ class ModelFormat {
   // The opening of a tool call, appended to `prompt` (reasoning closed) to force a call: of `function`
   // when it is not empty, else of any tool.
   virtual std::string tool_call_prefix(std::string_view prompt, std::string_view function) const = 0;
+  // Whether calls are written in the XML form (markup().function_open ...) after this rendered prompt,
+  // else in the JSON form.
+  virtual bool xml_tool_calls(std::string_view prompt) const = 0;
 
   // The prompt for one generation: `rendered` as is, or, when `force_call`, with reasoning closed and
   // the call opened (of `function`, or any tool when it is empty).
