@@ -40,12 +40,14 @@ GenerationSpec messages_spec(MessagesParams& p) {
   s.tools = std::move(p.tools);
   s.force_tool_call = p.tool_choice == ToolChoice::Required || p.tool_choice == ToolChoice::Function;
   if (p.tool_choice == ToolChoice::Function) s.forced_function = p.tool_choice_name;
+  s.parallel_tool_calls = p.parallel_tool_calls;
   s.sampling = p.sampling;
   s.max_tokens = p.max_tokens;
   s.stop = p.stop;
   if (p.thinking) s.reasoning_budget = p.budget_tokens;
   s.prompt_param = "messages";
   s.max_tokens_param = "max_tokens";
+  s.tool_schema_field = "input_schema";
   return s;
 }
 

@@ -205,7 +205,8 @@ void parse_tool_choice(const ojson& body, MessagesParams& p) {
   if (!tc) return;
   if (!tc->is_object()) wrong_type("tool_choice", "an object", *tc);
   const std::string ty = need_string(*tc, "type", "tool_choice.type");
-  get_bool(*tc, "disable_parallel_tool_use", "tool_choice.disable_parallel_tool_use");
+  if (auto d = get_bool(*tc, "disable_parallel_tool_use", "tool_choice.disable_parallel_tool_use"); d && *d)
+    p.parallel_tool_calls = false;
   if (ty == "auto") {
     p.tool_choice = ToolChoice::Auto;
   } else if (ty == "none") {

@@ -35,6 +35,7 @@ struct MessagesParams {
   ojson tools;             // OpenAI-form tools (null when none or tool_choice none)
   ToolChoice tool_choice = ToolChoice::Auto;
   std::string tool_choice_name;
+  bool parallel_tool_calls = true;  // tool_choice.disable_parallel_tool_use: at most one call (enforced)
   bool thinking = false;
   std::optional<int64_t> budget_tokens;
 };

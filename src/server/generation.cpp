@@ -229,7 +229,12 @@ std::shared_ptr<TokenConstraint> GenerationCore::constraint(const GenerationSpec
   try {
     g = grammars().get(rs.cache_key(), [&] { return grammar::build_response_grammar(rs, format_.markup(), *tok_); });
   } catch (const grammar::SchemaError& e) {
-    const std::string param = e.param().empty() ? "response_format" : e.param();
+    // the grammar names OpenAI chat's fields: respell them as this request's protocol does
+    std::string param = e.param().empty() ? spec.schema_param : e.param();
+    static const std::string kContent = "response_format.json_schema.schema", kTool = "function.parameters";
+    if (param.rfind(kContent, 0) == 0) param = spec.schema_param + param.substr(kContent.size());
+    if (const size_t at = param.find("]." + kTool); param.rfind("tools[", 0) == 0 && at != std::string::npos)
+      param = param.substr(0, at + 2) + spec.tool_schema_field + param.substr(at + 2 + kTool.size());
     throw ApiError(400, "Invalid schema for '" + param + "': " + e.what(), param, "invalid_schema");
   }
   return std::make_shared<GrammarConstraint>(std::move(g), eos_);

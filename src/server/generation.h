@@ -68,6 +68,10 @@ struct GenerationSpec {
   std::optional<int64_t> reasoning_budget;
   std::string prompt_param = "messages";  // the request field that errors about the prompt name
   std::string max_tokens_param = "max_tokens";  // the request field that errors about max_tokens name
+  // The request fields that schema errors name (a protocol's spelling of the content schema and of a
+  // tool's parameters inside tools[i]).
+  std::string schema_param = "response_format.json_schema.schema";
+  std::string tool_schema_field = "function.parameters";
 };
 
 // A generation's output, decoded: what a protocol adapter formats.

@@ -32,10 +32,24 @@ Endpoint responses_endpoint(ServerContext& C) {
     s.tools = p.tools;
     s.force_tool_call = p.tool_choice == ToolChoice::Required || p.tool_choice == ToolChoice::Function;
     if (p.tool_choice == ToolChoice::Function) s.forced_function = p.tool_choice_name;
+    switch (p.response_format) {
+      case ResponseFormat::Text:
+        s.format = GenerationSpec::Format::Text;
+        break;
+      case ResponseFormat::JsonObject:
+        s.format = GenerationSpec::Format::JsonObject;
+        break;
+      case ResponseFormat::JsonSchema:
+        s.format = GenerationSpec::Format::JsonSchema;
+        s.schema = p.json_schema;
+        break;
+    }
     s.sampling = p.sampling;
     s.max_tokens = p.max_output_tokens;
     s.prompt_param = "input";
     s.max_tokens_param = "max_output_tokens";
+    s.schema_param = "text.format.schema";
+    s.tool_schema_field = "parameters";
     ResponsesMeta meta;
     meta.id = C.new_id("resp_");
     meta.model = p.model.empty() ? C.opts.model_id : p.model;
@@ -46,6 +60,7 @@ Endpoint responses_endpoint(ServerContext& C) {
     meta.tool_choice = nlohmann::json::parse(p.echo_tool_choice.dump());
     meta.temperature = p.sampling.temperature;
     meta.top_p = p.sampling.top_p;
+    meta.text_format = nlohmann::json::parse(p.echo_text_format.dump());
     meta.reasoning_effort = p.effort.empty() ? nlohmann::json(nullptr) : nlohmann::json(p.effort);
     meta.new_id = [&C](const char* prefix) { return C.new_id(prefix); };
     r.formatter = [meta](const Generation& gen, bool route_field) mutable {

@@ -88,7 +88,7 @@ class ResponsesFormatter final : public ResponseFormatter {
     r["reasoning"] = json{{"effort", meta_.reasoning_effort}, {"summary", nullptr}};
     r["store"] = false;
     r["temperature"] = meta_.temperature;
-    r["text"] = json{{"format", json{{"type", "text"}}}};
+    r["text"] = json{{"format", meta_.text_format}};
     r["tool_choice"] = meta_.tool_choice;
     r["tools"] = meta_.tools;
     r["top_p"] = meta_.top_p;

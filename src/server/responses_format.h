@@ -28,6 +28,7 @@ struct ResponsesMeta {
   nlohmann::json instructions, max_output_tokens, tools = nlohmann::json::array(), tool_choice = "auto";
   double temperature = 1, top_p = 1;
   nlohmann::json reasoning_effort;  // string or null
+  nlohmann::json text_format = nlohmann::json{{"type", "text"}};
   // New ids ("rs_", "msg_", "fc_" + random) for output items.
   std::function<std::string(const char* prefix)> new_id;
 };

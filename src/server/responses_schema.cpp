@@ -184,7 +184,10 @@ void parse_tools(const ojson& body, ResponsesParams& r) {
         bad(p + ".parameters", "Invalid '" + p + ".parameters': its type must be \"object\".");
       fn["parameters"] = *ps;
     }
-    get_bool(t, "strict", p + ".strict");
+    // strict: true constrains the call's arguments to `parameters` (constrained decoding); absent or
+    // false leaves them free (OpenAI's default is true, but a schema outside lilac's subset would then
+    // fail the request, so lilac enforces only what the client asks for explicitly)
+    if (auto st = get_bool(t, "strict", p + ".strict"); st && *st) fn["strict"] = true;
     out.push_back(ojson{{"type", "function"}, {"function", std::move(fn)}});
   }
   if (!out.empty()) r.tools = std::move(out);
@@ -223,10 +226,24 @@ void parse_text_and_reasoning(const ojson& body, ResponsesParams& r) {
     if (const ojson* f = field(*tx, "format")) {
       if (!f->is_object()) wrong_type("text.format", "an object", *f);
       const std::string ty = need_string(*f, "type", "text.format.type");
-      if (ty == "json_schema" || ty == "json_object")
-        bad("text.format.type", "text.format type '" + ty + "' is not supported yet: this server has no constrained "
-                                "decoding (structured outputs); use type 'text'.", "unsupported_value");
-      if (ty != "text") bad("text.format.type", "Invalid value for 'text.format.type': '" + ty + "'.");
+      if (ty == "json_object") {
+        r.response_format = ResponseFormat::JsonObject;
+      } else if (ty == "json_schema") {
+        // {"type": "json_schema", "name", "schema", "strict", "description"}: the schema is checked when
+        // it is compiled (GenerationCore: 400 invalid_schema naming the keyword)
+        r.response_format = ResponseFormat::JsonSchema;
+        need_string(*f, "name", "text.format.name");
+        get_string(*f, "description", "text.format.description");
+        get_bool(*f, "strict", "text.format.strict");
+        r.json_schema = ojson::object();
+        if (const ojson* sc = field(*f, "schema")) {
+          if (!sc->is_object()) wrong_type("text.format.schema", "an object (a JSON schema)", *sc);
+          r.json_schema = *sc;
+        }
+      } else if (ty != "text") {
+        bad("text.format.type", "Invalid value for 'text.format.type': '" + ty + "'.");
+      }
+      r.echo_text_format = *f;
     }
   }
   if (const ojson* rs = field(body, "reasoning")) {

@@ -2,8 +2,8 @@
 // the generation core renders (an OpenAI chat message list for the chat template). Unknown fields are
 // ignored; wrong types, out-of-range values and what lilac cannot do are ApiErrors (400) naming the
 // field: `store: true`, `previous_response_id`, `conversation`, `background`, item references, images
-// and files, non-function tools, and text.format json_schema / json_object (no constrained decoding
-// yet).
+// and files, non-function tools. text.format json_object / json_schema and tools with strict: true
+// are enforced by constrained decoding (as response_format and strict tools on chat completions).
 //
 // Translation: `instructions` and leading system / developer messages -> one system message; user and
 // assistant messages (content a string or input_text / output_text parts) -> messages; function_call
@@ -40,6 +40,10 @@ struct ResponsesParams {
   ojson echo_tool_choice = "auto";
   ojson instructions;                 // string or null
   std::string effort;                 // "" when not given
+  ojson echo_text_format = ojson{{"type", "text"}};
+  // text.format: free text, any JSON object, or a JSON Schema (the schema in json_schema)
+  ResponseFormat response_format = ResponseFormat::Text;
+  ojson json_schema;
 };
 
 ResponsesParams parse_responses_request(const ojson& body, const ModelConfig& cfg, uint64_t seed);

@@ -153,7 +153,13 @@ test('errors: OpenAI shape naming the field', async () => {
   };
   await bad({ model: MODEL, input: 'hi', store: true }, 400, 'store', 'unsupported_value');
   await bad({ model: MODEL, input: 'hi', previous_response_id: 'resp_x' }, 400, 'previous_response_id', 'unsupported_value');
-  await bad({ model: MODEL, input: 'hi', text: { format: { type: 'json_schema', name: 'x', schema: {} } } }, 400, 'text.format.type', 'unsupported_value');
+  // text.format json_schema is enforced by constrained decoding: a keyword outside lilac's subset is a 400
+  // naming the Responses field (not chat completions' response_format)
+  const e = await bad({ model: MODEL, input: 'hi', text: { format: { type: 'json_schema', name: 'x', schema: { type: 'string', contentMediaType: 'text/html' } } } },
+    400, 'text.format.schema', 'invalid_schema');
+  assert.match(e.message, /contentMediaType/);
+  await bad({ model: MODEL, input: 'hi', text: { format: { type: 'xml' } } }, 400, 'text.format.type', undefined);
+  await bad({ model: MODEL, input: 'hi', text: { format: { type: 'json_schema', schema: {} } } }, 400, 'text.format.name', undefined);
   await bad({ model: MODEL }, 400, 'input', 'missing_required_parameter');
   await bad({ model: MODEL, input: [{ role: 'user', content: [{ type: 'input_image', image_url: 'x' }] }] }, 400, 'input[0].content[0].type', 'unsupported_value');
   await bad({ model: MODEL, input: 'hi', tools: [{ type: 'web_search' }] }, 400, 'tools[0].type', 'unsupported_value');

@@ -268,3 +268,45 @@ test('scripted replies go through the mask: reasoning stays free, the content mu
   }
 });
 
+
+// The other protocols share the generation core, so the same constraints hold there: Responses'
+// text.format json_schema and strict tools, Anthropic's forced tool calls (tool_choice any / tool), each
+// through its official client, at temperature 1 on the demo model.
+test('Responses text.format json_schema and Anthropic forced tool calls validate (official clients, ajv)', async () => {
+  const Anthropic = require('@anthropic-ai/sdk').default;
+  const model = (await client.models.list()).data[0].id;
+  const schema = schemas.enums_and_consts;
+  let finished = 0;
+  for (const seed of [1, 2]) {
+    const r = await client.responses.create({
+      model, input: 'Describe the record.', temperature: 1, max_output_tokens: 400, seed,
+      reasoning: { effort: 'none' }, text: { format: { type: 'json_schema', name: 'record', schema, strict: true } },
+    });
+    assert.deepEqual(r.text.format, { type: 'json_schema', name: 'record', schema, strict: true });  // echoed
+    if (r.status !== 'completed') continue;
+    validate(schema, r.output_text, `responses seed ${seed}`);
+    finished += 1;
+  }
+  assert.ok(finished >= 1, 'a Responses output finished');
+  const anthropic = new Anthropic({ baseURL: srv.url, apiKey: 'unused', maxRetries: 0, timeout: 120000 });
+  const alarm = tools[0].function;
+  let calls = 0;
+  for (const [seed, tool_choice] of [[1, { type: 'any' }], [2, { type: 'tool', name: 'set_alarm', disable_parallel_tool_use: true }]]) {
+    const m = await anthropic.messages.create({
+      model, max_tokens: 400, temperature: 1, metadata: { user_id: `seed-${seed}` },
+      messages: [{ role: 'user', content: 'Wake me up at 7.' }], tool_choice,
+      tools: [{ name: alarm.name, description: alarm.description, input_schema: alarm.parameters }],
+    });
+    if (m.stop_reason === 'max_tokens') continue;
+    assert.equal(m.stop_reason, 'tool_use', JSON.stringify(m.content));
+    const uses = m.content.filter((b) => b.type === 'tool_use');
+    assert.ok(uses.length >= 1);
+    if (tool_choice.disable_parallel_tool_use) assert.equal(uses.length, 1);  // enforced by the call grammar
+    for (const u of uses) {
+      assert.equal(u.name, 'set_alarm');
+      assert.ok(ajv.validate(alarm.parameters, u.input), `${ajv.errorsText()} in ${JSON.stringify(u.input)}`);
+    }
+    calls += 1;
+  }
+  assert.ok(calls >= 1, 'an Anthropic forced call finished');
+});

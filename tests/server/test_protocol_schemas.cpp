@@ -88,6 +88,10 @@ TEST(AnthropicSchema, ThinkingOffByDefaultToolChoiceForcesOrDrops) {
                                                     tools + R"(, "tool_choice": {"type": "tool", "name": "f"}})"), cfg(), 1);
   EXPECT_EQ(named.tool_choice, ToolChoice::Function);
   EXPECT_EQ(named.tool_choice_name, "f");
+  EXPECT_TRUE(named.parallel_tool_calls);
+  auto single = parse_messages_request(ojson::parse(std::string(R"({"max_tokens": 5, "messages": [{"role": "user", "content": "hi"}], )") +
+                                                     tools + R"(, "tool_choice": {"type": "any", "disable_parallel_tool_use": true}})"), cfg(), 1);
+  EXPECT_FALSE(single.parallel_tool_calls);  // enforced by the call grammar: at most one call
   auto none = parse_messages_request(ojson::parse(std::string(R"({"max_tokens": 5, "messages": [{"role": "user", "content": "hi"}], )") +
                                                    tools + R"(, "tool_choice": {"type": "none"}})"), cfg(), 1);
   EXPECT_FALSE(none.template_request.contains("tools"));
@@ -167,11 +171,32 @@ TEST(ResponsesSchema, TranslatesItemsIntoTheChatConversation) {
   EXPECT_EQ(off.template_request["messages"], ojson::parse(R"([{"role": "user", "content": "hi"}])"));
 }
 
+// text.format json_object / json_schema (constrained decoding) and strict tools reach the generation
+// spec's inputs; the format is echoed as given.
+TEST(ResponsesSchema, TextFormatAndStrictTools) {
+  const lilac::ModelConfig c = cfg();
+  auto parse = [&](const char* body) { return parse_responses_request(ojson::parse(body), c, 1); };
+  EXPECT_EQ(parse(R"({"input": "x"})").response_format, ResponseFormat::Text);
+  EXPECT_EQ(parse(R"({"input": "x", "text": {"format": {"type": "json_object"}}})").response_format, ResponseFormat::JsonObject);
+  const ResponsesParams p = parse(
+      R"({"input": "x", "text": {"format": {"type": "json_schema", "name": "s", "strict": true, "schema": {"type": "object", "properties": {"b": {}, "a": {}}}}}})");
+  EXPECT_EQ(p.response_format, ResponseFormat::JsonSchema);
+  EXPECT_EQ(p.json_schema.dump(), R"({"type":"object","properties":{"b":{},"a":{}}})");  // order kept
+  EXPECT_EQ(p.echo_text_format["name"], "s");
+  const ResponsesParams t = parse(
+      R"({"input": "x", "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}, "strict": true},
+                                   {"type": "function", "name": "g", "parameters": {"type": "object"}}]})");
+  EXPECT_EQ(t.tools[0]["function"]["strict"], true);
+  EXPECT_FALSE(t.tools[1]["function"].contains("strict"));
+}
+
 TEST(ResponsesSchema, ErrorsNameTheField) {
   EXPECT_EQ(responses_error(R"({"input": "x", "store": true})").param, "store");
   EXPECT_EQ(responses_error(R"({"input": "x", "previous_response_id": "resp_1"})").param, "previous_response_id");
-  EXPECT_EQ(responses_error(R"({"input": "x", "text": {"format": {"type": "json_schema"}}})").param, "text.format.type");
-  EXPECT_EQ(responses_error(R"({"input": "x", "text": {"format": {"type": "json_object"}}})").param, "text.format.type");
+  EXPECT_EQ(responses_error(R"({"input": "x", "text": {"format": {"type": "json_schema"}}})").param, "text.format.name");
+  EXPECT_EQ(responses_error(R"({"input": "x", "text": {"format": {"type": "json_schema", "name": "s", "schema": 3}}})").param,
+            "text.format.schema");
+  EXPECT_EQ(responses_error(R"({"input": "x", "text": {"format": {"type": "yaml"}}})").param, "text.format.type");
   EXPECT_EQ(responses_error(R"({})").param, "input");
   EXPECT_EQ(responses_error(R"({"input": []})").param, "input");
   EXPECT_EQ(responses_error(R"({"input": [{"type": "item_reference", "id": "x"}]})").param, "input[0].type");
