@@ -82,6 +82,7 @@ class NoTextTokenizer final : public Tokenizer {
   const std::string& token_bytes(int32_t) const override { return empty_; }
   std::optional<int32_t> token_id(std::string_view) const override { return std::nullopt; }
   bool is_special(int32_t) const override { return false; }
+  bool is_added(int32_t) const override { return false; }
   int64_t vocab_size() const override { return 0; }
   std::string eos_token() const override { return {}; }
   std::string bos_token() const override { return {}; }

@@ -1,6 +1,7 @@
 // `lilac serve --model DIR`: the OpenAI-compatible HTTP server. It listens at once (GET /health answers
 // 503 while the model loads, 200 after), loads the tokenizer, chat template and weights, then serves
-// until SIGINT / SIGTERM.
+// until SIGINT / SIGTERM, then shuts down gracefully (Server::shutdown: --shutdown-grace-s for the
+// running generations; a second signal cuts the wait short).
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -8,6 +9,9 @@
 #include <memory>
 #include <string>
 #include <thread>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 
 #include "cli/backend_select.h"
 #include "cli/command.h"
@@ -39,19 +43,36 @@ bool register_serve_extension(ServeExtension ext) {
 
 namespace {
 
-volatile std::sig_atomic_t g_stop = 0;
-void on_signal(int) { g_stop = 1; }
+volatile std::sig_atomic_t g_stop = 0;  // signals received
+void on_signal(int) { g_stop = g_stop + 1; }
+
+// Keeps the memory of request-sized buffers from piling up in glibc's per-thread arenas: blocks of
+// 1 MiB and more (bodies, parsed JSON, forwarded copies) are mapped and unmapped on their own instead
+// of staying in whichever arena served them (the threshold no longer adapts upwards), and free pages
+// are handed back every 10 s (malloc_trim). Measured by bench/soak.mjs (bench/BENCHMARKS.md).
+void bound_allocator_retention() {
+#ifdef __GLIBC__
+  mallopt(M_MMAP_THRESHOLD, 1 << 20);
+#endif
+}
+void release_free_memory() {
+#ifdef __GLIBC__
+  malloc_trim(0);
+#endif
+}
 
 struct ServeArgs {
   std::string model, backend = "auto", model_name, api_key, host = "127.0.0.1";
-  int port = 8080, threads = 0, max_queue = 64, http_threads = 64, max_batch = 0, spec_tokens = 0;
+  int port = 8080, threads = 0, max_queue = 64, http_threads = 0, max_connections = 1024, max_batch = 0,
+      spec_tokens = 0;
   int64_t max_seq = 0, prefill_chunk = 512;
   double seq_memory_gb = 0;
   int debug_load_delay_ms = 0;  // tests: keep /health at 503 this long
-  double cache_mb = 2048, max_body_mb = 8;
+  double cache_mb = 2048, max_body_mb = 8, header_timeout_s = 10, body_timeout_s = 60, shutdown_grace_s = 10;
 };
 
 int run(const ServeArgs& a) {
+  bound_allocator_retention();
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
   std::signal(SIGPIPE, SIG_IGN);
@@ -61,7 +82,11 @@ int run(const ServeArgs& a) {
   if (a.seq_memory_gb < 0) throw InputError("--seq-memory-gb must be >= 0");
   if (a.prefill_chunk < 1) throw InputError("--prefill-chunk must be at least 1");
   if (a.cache_mb < 0) throw InputError("--cache-mb must be >= 0");
-  if (a.max_body_mb <= 0) throw InputError("--max-body-mb must be > 0");
+  if (a.max_body_mb <= 0 || a.max_body_mb > 4096) throw InputError("--max-body-mb must be in (0, 4096]");
+  if (a.max_connections < 1) throw InputError("--max-connections must be at least 1");
+  for (auto [v, name] : {std::pair{a.header_timeout_s, "--header-timeout-s"}, {a.body_timeout_s, "--body-timeout-s"}})
+    if (!(v > 0 && v <= 3600)) throw InputError(std::string(name) + " must be in (0, 3600]");
+  if (!(a.shutdown_grace_s >= 0 && a.shutdown_grace_s <= 3600)) throw InputError("--shutdown-grace-s must be in [0, 3600]");
   if (!std::filesystem::is_directory(a.model)) throw InputError("--model: " + a.model + " is not a folder");
   const bool scripted = a.backend.rfind("scripted:", 0) == 0;
 
@@ -84,6 +109,9 @@ int run(const ServeArgs& a) {
   o.prefill_chunk = a.prefill_chunk;
   o.spec_tokens = a.spec_tokens;
   o.http_threads = a.http_threads;
+  o.max_connections = a.max_connections;
+  o.header_timeout_ms = int(a.header_timeout_s * 1000);
+  o.body_timeout_ms = int(a.body_timeout_s * 1000);
   o.cache_bytes = size_t(a.cache_mb * 1024 * 1024);
   o.max_body_bytes = size_t(a.max_body_mb * 1024 * 1024);
   // Context limit: --max-seq, else min(32768, the model's max_position_embeddings).
@@ -121,10 +149,16 @@ int run(const ServeArgs& a) {
       o.model_id.c_str(), backend->describe().c_str(), (long long)o.max_seq,
       (long long)srv.metrics().pool_capacity.load(), o.max_queue, a.cache_mb, o.api_key.empty() ? "" : ", API key required");
   std::fflush(stdout);
-  while (!g_stop) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  std::printf("lilac: shutting down\n");
+  for (int tick = 1; !g_stop; ++tick) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (tick % 500 == 0) release_free_memory();
+  }
+  std::printf("lilac: shutting down (new requests get 503; running generations have %.0f s to finish)\n",
+              a.shutdown_grace_s);
   std::fflush(stdout);
-  srv.stop();
+  srv.shutdown(int(a.shutdown_grace_s * 1000), [] { return g_stop > 1; });
+  std::printf("lilac: stopped\n");
+  std::fflush(stdout);
   return 0;
 }
 
@@ -161,8 +195,19 @@ const bool registered = register_command(Command{
                      "Prompt tokens prefilled per scheduler step; decode steps of the running streams run "
                      "between chunks, so a long prompt delays them by one chunk at most")
           ->capture_default_str();
-      sub.add_option("--max-body-mb", a->max_body_mb, "Request body limit in MiB (larger: 413)")->capture_default_str();
-      sub.add_option("--http-threads", a->http_threads, "HTTP worker threads (open connections served at once)")
+      sub.add_option("--max-body-mb", a->max_body_mb,
+                     "Request body limit in MiB, after decompression (larger: 413)")->capture_default_str();
+      sub.add_option("--http-threads", a->http_threads,
+                     "HTTP worker threads = requests answered at once (0 = --max-queue + 32; must exceed --max-queue)")
+          ->capture_default_str();
+      sub.add_option("--max-connections", a->max_connections,
+                     "Open connections at most (past it the longest-idle one is closed, or 503)")->capture_default_str();
+      sub.add_option("--header-timeout-s", a->header_timeout_s,
+                     "Seconds for a request's line and headers to arrive (408 after)")->capture_default_str();
+      sub.add_option("--body-timeout-s", a->body_timeout_s,
+                     "Seconds for a request's body to arrive after its headers (408 after)")->capture_default_str();
+      sub.add_option("--shutdown-grace-s", a->shutdown_grace_s,
+                     "On SIGTERM / SIGINT: seconds running generations get to finish before they end with an error")
           ->capture_default_str();
       add_spec_option(sub, a->spec_tokens);
       sub.add_option("--debug-load-delay-ms", a->debug_load_delay_ms, "(tests) wait before loading the model")

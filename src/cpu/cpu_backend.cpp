@@ -26,17 +26,6 @@ class CpuSessionImpl;
 
 constexpr int kMaxBatch = 64;  // rows of one batched decode step (larger batches are split)
 
-// MemAvailable of /proc/meminfo in bytes (0 when unknown).
-size_t available_ram_bytes() {
-  std::ifstream f("/proc/meminfo");
-  std::string key;
-  size_t kb = 0;
-  std::string unit;
-  while (f >> key >> kb >> unit)
-    if (key == "MemAvailable:") return kb * 1024;
-  return 0;
-}
-
 // Per-layer state of one session: attention k / v [len, kv_dim] each (KvCache, grows with the context),
 // or Gated DeltaNet S [Hv, dk, dv] and conv [conv_dim, K-1].
 struct LayerState : KvCache {
@@ -90,13 +79,7 @@ class CpuBackend : public Backend {
   }
   // The K/V cache grows with the context (RAM is not reserved up front): a few sessions by default,
   // fewer when half the available RAM would not hold them at full length.
-  int default_sessions(int64_t max_length) const override {
-    constexpr int kDefault = 4;
-    const size_t per = session_bytes(max_length);
-    const size_t avail = available_ram_bytes();
-    if (per == 0 || avail == 0) return kDefault;
-    return int(std::clamp<size_t>(avail / 2 / per, 1, kDefault));
-  }
+  int default_sessions(int64_t max_length) const override { return default_cpu_sessions(session_bytes(max_length)); }
 
   const ModelWeights& weights() const { return *w_; }
   ThreadPool* pool() { return &pool_; }
@@ -141,9 +124,16 @@ class CpuSessionImpl : public CpuSession {
 
   TokenChoice sample() override {
     if (!has_logits_) throw Error("cpu session: sample() before any prefill");
-    TokenChoice c = sampler_.sample(logits_);
+    TokenChoice c = sampler_.sample(logits_, has_mask_ ? mask_.data() : nullptr);
+    has_mask_ = false;  // the mask is for one choice
     next_token_ = c.token;
     return c;
+  }
+
+  // A copy: the caller's buffer may change before the choice is made.
+  void set_token_mask(const uint32_t* bits) override {
+    has_mask_ = bits != nullptr;
+    if (bits) mask_.assign(bits, bits + (cfg_.vocab_size + 31) / 32);
   }
 
   void advance() override {
@@ -238,6 +228,7 @@ class CpuSessionImpl : public CpuSession {
     }
     len_ = 0;
     has_logits_ = false;
+    has_mask_ = false;
     logits_.assign(static_cast<size_t>(cfg_.vocab_size), 0.f);
     next_token_ = -1;
     if (mtp_) mtp_->reset(drafting_);
@@ -536,6 +527,8 @@ class CpuSessionImpl : public CpuSession {
   bool has_logits_ = false;
   int32_t next_token_ = -1;
   HostSampler sampler_;
+  std::vector<uint32_t> mask_;  // set_token_mask: the next choice's allowed tokens
+  bool has_mask_ = false;
   ActivationTap tap_;
   // Speculative decoding: the MTP head (models that have one), whether it follows the context, and the
   // verification step's row-exact mode with its per-row outputs and Gated DeltaNet undo data.
@@ -618,6 +611,22 @@ std::unique_ptr<Session> CpuBackend::new_session(int64_t max_length) {
 }
 
 }  // namespace
+
+size_t available_ram_bytes() {
+  std::ifstream f("/proc/meminfo");
+  std::string key;
+  size_t kb = 0;
+  std::string unit;
+  while (f >> key >> kb >> unit)
+    if (key == "MemAvailable:") return kb * 1024;
+  return 0;
+}
+
+int default_cpu_sessions(size_t per_session_bytes, int k_default) {
+  const size_t avail = available_ram_bytes();
+  if (per_session_bytes == 0 || avail == 0) return k_default;
+  return int(std::clamp<size_t>(avail / 2 / per_session_bytes, 1, size_t(k_default)));
+}
 
 std::unique_ptr<Backend> make_cpu_backend(std::shared_ptr<const ModelWeights> weights, int threads) {
   if (!weights) throw Error("make_cpu_backend: no weights");

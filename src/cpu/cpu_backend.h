@@ -42,6 +42,13 @@ class CpuSession : public Session {
 // Sessions of one backend may run on different threads; they share its pool (one parallel loop at a time).
 std::unique_ptr<Backend> make_cpu_backend(std::shared_ptr<const ModelWeights> weights, int threads = 0);
 
+// MemAvailable of /proc/meminfo in bytes (0 when unknown): what the CPU backends size their default
+// session pools by.
+size_t available_ram_bytes();
+// The default pool of a CPU backend: kDefault sessions, fewer when half the available RAM would not
+// hold them at full length (per = session_bytes(max_length); 0 = unknown: kDefault).
+int default_cpu_sessions(size_t per_session_bytes, int k_default = 4);
+
 }  // namespace lilac::cpu
 
 namespace lilac {

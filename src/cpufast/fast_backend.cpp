@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "cpu/cpu_backend.h"
 #include "cpufast/forward.h"
 #include "cpufast/isa.h"
 #include "engine/sampler.h"
@@ -84,9 +85,16 @@ class FastSession : public cpu::CpuSession {
 
   TokenChoice sample() override {
     if (!has_logits_) throw Error("cpu session: sample() before any prefill");
-    TokenChoice c = sampler_.sample(logits_);
+    TokenChoice c = sampler_.sample(logits_, has_mask_ ? mask_.data() : nullptr);
+    has_mask_ = false;  // the mask is for one choice
     next_token_ = c.token;
     return c;
+  }
+
+  // A copy: the caller's buffer may change before the choice is made.
+  void set_token_mask(const uint32_t* bits) override {
+    has_mask_ = bits != nullptr;
+    if (bits) mask_.assign(bits, bits + (cfg_.vocab_size + 31) / 32);
   }
 
   void advance() override {
@@ -151,6 +159,7 @@ class FastSession : public cpu::CpuSession {
   void reset() override {
     m_.init_state(st_);
     has_logits_ = false;
+    has_mask_ = false;
     logits_.assign(static_cast<size_t>(cfg_.vocab_size), 0.f);
     next_token_ = -1;
   }
@@ -188,6 +197,8 @@ class FastSession : public cpu::CpuSession {
   bool has_logits_ = false;
   int32_t next_token_ = -1;
   HostSampler sampler_;
+  std::vector<uint32_t> mask_;  // set_token_mask: the next choice's allowed tokens
+  bool has_mask_ = false;
   Tap tap_;
 };
 
@@ -208,6 +219,22 @@ class FastBackend : public Backend {
     return std::make_unique<FastSession>(*this, m_, max_length);
   }
   int max_batch() const override { return 32; }
+  // Per session: bf16 K/V of the attention layers at full length, the fp32 Gated DeltaNet and conv
+  // states, one row of logits (SeqState in cpufast/forward.h).
+  size_t session_bytes(int64_t max_length) const override {
+    const ModelConfig& c = m_.config();
+    if (max_length <= 0) max_length = c.max_position_embeddings;
+    const size_t attn = size_t(2) * size_t(max_length) * size_t(c.kv_dim()) * sizeof(uint16_t);
+    const size_t gdn = (size_t(c.linear_num_value_heads) * c.linear_key_head_dim * c.linear_value_head_dim +
+                        size_t(c.gdn_conv_dim()) * size_t(c.linear_conv_kernel_dim - 1)) *
+                       sizeof(float);
+    size_t bytes = size_t(c.vocab_size) * sizeof(float);
+    for (bool full : c.full_attention) bytes += full ? attn : gdn;
+    return bytes;
+  }
+  int default_sessions(int64_t max_length) const override {
+    return cpu::default_cpu_sessions(session_bytes(max_length));
+  }
 
   std::vector<TokenChoice> decode_batch(std::span<Session* const> sessions) override {
     std::vector<FastSession*> ss;

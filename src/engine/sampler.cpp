@@ -71,6 +71,9 @@ std::vector<Candidate> truncated_distribution(std::span<const float> logits, con
   // top-k: the k largest (all when off), ordered.
   const size_t k = p.top_k > 0 ? std::min<size_t>(size_t(p.top_k), V) : V;
   std::vector<int32_t> idx = top_indices(logits, k);
+  // Masked tokens (-inf) are never kept; when every logit is -inf the first id stands alone.
+  while (idx.size() > 1 && std::isinf(logits[size_t(idx.back())]) && logits[size_t(idx.back())] < 0) idx.pop_back();
+  if (std::isinf(logits[size_t(idx[0])]) && logits[size_t(idx[0])] < 0) return {{idx[0], 1.f}};
   // Probabilities of the kept set under temperature (softmax over the kept logits only: the
   // normalisation cancels out of top-p / min-p comparisons within the set after top-k, as in HF).
   std::vector<double> pr(idx.size());
@@ -123,19 +126,41 @@ void HostSampler::begin(const SamplingParams& params, std::span<const int32_t> c
     }
 }
 
-TokenChoice HostSampler::sample(std::span<const float> logits) {
+TokenChoice HostSampler::sample(std::span<const float> logits, const uint32_t* allowed) {
   if (int64_t(logits.size()) != vocab_) throw Error("sampler: logits row has the wrong size");
   TokenChoice choice;
   const SamplingParams& p = params_;
   const bool penalise = p.repetition_penalty != 1.f || p.presence_penalty != 0.f || p.frequency_penalty != 0.f;
   std::span<const float> z = logits;
-  if (penalise) {
+  bool none_allowed = false;
+  if (allowed) {
     work_.assign(logits.begin(), logits.end());
+    none_allowed = true;
+    for (size_t i = 0; i < work_.size(); ++i) {
+      if ((allowed[i >> 5] >> (i & 31)) & 1u)
+        none_allowed = false;
+      else
+        work_[i] = -std::numeric_limits<float>::infinity();
+    }
+    z = work_;
+  }
+  if (penalise) {
+    if (!allowed) work_.assign(logits.begin(), logits.end());
     apply_penalties(work_, p, seen_, counts_);
     z = work_;
   }
-  if (p.temperature == 0.f) {
+  if (none_allowed) {
+    choice.token = argmax(logits);
+  } else if (p.temperature == 0.f) {
     choice.token = argmax(z);
+    if (allowed && !((allowed[size_t(choice.token) >> 5] >> (choice.token & 31)) & 1u)) {
+      // Every allowed logit is -inf (or NaN): the first allowed id.
+      for (size_t i = 0; i < z.size(); ++i)
+        if ((allowed[i >> 5] >> (i & 31)) & 1u) {
+          choice.token = int32_t(i);
+          break;
+        }
+    }
   } else {
     std::vector<Candidate> cand = truncated_distribution(z, p);
     // Uniform in [0, 1) from the top 53 bits.

@@ -12,6 +12,11 @@
 //      probability is below min_p × the largest); a draw from the kept tokens, renormalised, with a
 //      64-bit Mersenne Twister seeded by params.seed (deterministic for a seed).
 // Logprobs are those of the raw logits (log_softmax before any step above).
+//
+// An allowed-token mask (constrained decoding: Session::set_token_mask's format) applies before step 1:
+// a token outside it is never chosen (its logit counts as -inf through every step). Logprobs stay those
+// of the raw logits (as on the GPU). A mask that allows no token at all chooses the raw argmax (as the
+// CUDA sampling kernel does; callers never pass one).
 #pragma once
 #include <cstdint>
 #include <random>
@@ -36,7 +41,8 @@ void apply_penalties(std::span<float> logits, const SamplingParams& p, std::span
                      const std::unordered_map<int32_t, int>& counts);
 
 // The tokens step 3 keeps (after temperature / top-k / top-p / min-p) with their normalised
-// probabilities, most likely first (ties to the lower id). Exposed for tests and the CUDA helper.
+// probabilities, most likely first (ties to the lower id); tokens whose logit is -inf (masked) are never
+// kept. Exposed for tests and the CUDA helper.
 struct Candidate {
   int32_t token;
   float prob;
@@ -48,8 +54,9 @@ class HostSampler {
   explicit HostSampler(int64_t vocab_size = 0) : vocab_(vocab_size) {}
   // New generation: params, RNG from params.seed, penalty state from `context` (no generated tokens).
   void begin(const SamplingParams& params, std::span<const int32_t> context);
-  // Choose from `logits` [vocab] and record the choice as generated (for the penalties).
-  TokenChoice sample(std::span<const float> logits);
+  // Choose from `logits` [vocab] (among the tokens `allowed` allows, when given: ceil(vocab / 32)
+  // words) and record the choice as generated (for the penalties).
+  TokenChoice sample(std::span<const float> logits, const uint32_t* allowed = nullptr);
   const SamplingParams& params() const { return params_; }
 
  private:

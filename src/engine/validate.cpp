@@ -18,7 +18,7 @@ Check check_context(int64_t prompt_tokens, int64_t max_tokens, int64_t limit) {
     return Invalid{Invalid::PromptTooLong, "This model's maximum context length is " + std::to_string(limit) +
                                                " tokens; the prompt has " + std::to_string(prompt_tokens) + " tokens."};
   if (max_tokens < 1) return Invalid{Invalid::BadMaxTokens, "max_tokens must be at least 1"};
-  if (prompt_tokens + max_tokens > limit)
+  if (max_tokens > limit - prompt_tokens)  // (prompt + max_tokens would overflow for max_tokens near 2^63)
     return Invalid{Invalid::TotalTooLong, "This model's maximum context length is " + std::to_string(limit) +
                                               " tokens; the prompt (" + std::to_string(prompt_tokens) +
                                               " tokens) + max_tokens (" + std::to_string(max_tokens) + ") exceeds it."};

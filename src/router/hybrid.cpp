@@ -40,60 +40,32 @@ void HybridRouter::answer_error(httplib::Response& res, int status, const std::s
   res.set_content(server::error_body(status, msg, "", param, code).dump(), "application/json");
 }
 
-bool HybridRouter::serve_local_renamed(const httplib::Request& req, httplib::Response& res, const ojson& body,
-                                       bool chat, bool stream) {
-  if (!server_) {
-    answer_error(res, 404, "The model '" + body.value("model", std::string()) + "' cannot be served locally.",
-                 "model_not_found", "model");
-    return true;
-  }
-  UpstreamOptions lo;
-  std::string host = server_->options().host;
-  if (host == "0.0.0.0" || host.empty()) host = "127.0.0.1";
-  if (host == "::") host = "::1";
-  lo.url.scheme = "http";
-  lo.url.host = host;
-  lo.url.port = server_->port();
-  lo.url.base = "/v1";
-  lo.connect_timeout_ms = 3000;
-  lo.read_timeout_ms = router_.policy().read_timeout_ms;
-  lo.route_label = "local";
-  lo.inject_route_field = false;  // the local server adds "lilac_route": "local" itself
-  UpstreamClient self(lo);
-  ojson local = body;
-  local["model"] = router_.config().local_model_id;
-  local["lilac"] = ojson{{"route", "local"}};
-  auto r = self.forward(chat ? "/chat/completions" : "/completions", local.dump(), stream, res,
-                        req.get_header_value("Authorization"));
-  if (!r.answered) {
-    answer_error(res, 502, "The local engine could not be reached: " + r.failure, "local_unavailable");
-    res.set_header("x-lilac-route", "local");
-  }
-  return true;
-}
-
-bool HybridRouter::maybe_forward(const httplib::Request& req, httplib::Response& res, const ojson& body, bool local_busy) {
-  if (!body.is_object()) return false;
-  const bool chat = req.path.find("/chat/completions") != std::string::npos;
+server::RouteDecisionKind HybridRouter::maybe_forward(const httplib::Request& req, httplib::Response& res,
+                                                      const ojson& body, bool local_busy) {
+  using K = server::RouteDecisionKind;
+  if (!body.is_object()) return K::Local;
+  const Api api = api_for_path(req.path);
   const auto t0 = std::chrono::steady_clock::now();
-  RouteDecision d = router_.decide(body, chat, req.get_header_value("x-lilac-route"), local_busy);
+  RouteDecision d = router_.decide(body, api, req.get_header_value("x-lilac-route"), local_busy);
   const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
   std::string why = d.reason;
   for (size_t i = 0; i < d.matched.size(); ++i) why += (i ? "," : ": ") + d.matched[i];
+  // The reason travels with the answer (the chat page's badge): the rule, and the detector kinds or
+  // rule names that fired (never the values).
+  res.set_header("x-lilac-route-reason", why);
   if (d.error_status) {
     LILAC_LOG_WARN("route: refused (%s) -> %d", why.c_str(), d.error_status);
     answer_error(res, d.error_status, d.error_message, d.error_code, d.error_param);
-    return true;
+    return K::Answered;
   }
   const bool stream = body.contains("stream") && body["stream"].is_boolean() && body["stream"].get<bool>();
   const std::string model = body.contains("model") && body["model"].is_string() ? body["model"].get<std::string>() : "";
   const bool model_local_ok = model.empty() || model == router_.config().local_model_id;
   const auto& pol = router_.policy();
 
-  auto go_local = [&]() -> bool {
-    if (model_local_ok) return false;  // the server serves it (and calls on_local)
-    return serve_local_renamed(req, res, body, chat, stream);
-  };
+  // Served by the local engine in-process (and the server calls on_local); a request that named an
+  // upstream model is answered by the local model, never re-sent to lilac's own port.
+  auto go_local = [&]() { return model_local_ok ? K::Local : K::LocalAnyModel; };
 
   if (d.route == Route::local) {
     LILAC_LOG_INFO("route: local (%s) [%.0f us]", why.c_str(), us);
@@ -114,15 +86,24 @@ bool HybridRouter::maybe_forward(const httplib::Request& req, httplib::Response&
     for (const auto& f : pol.drop_fields) fwd.erase(f);
     fwd["model"] = upstream_model;
     LILAC_LOG_INFO("route: cloud (%s) model=%s [%.0f us]", why.c_str(), upstream_model.c_str(), us);
-    auto r = upstream_->forward(chat ? "/chat/completions" : "/completions", fwd.dump(), stream, res);
+    // The upstream is called in the request's own protocol; an Anthropic upstream also gets its key as
+    // x-api-key, and the client's anthropic-version.
+    std::vector<std::pair<std::string, std::string>> extra;
+    if (api == Api::messages) {
+      if (!opts_.api_key.empty()) extra.emplace_back("x-api-key", opts_.api_key);
+      const std::string v = req.get_header_value("anthropic-version");
+      extra.emplace_back("anthropic-version", v.empty() ? "2023-06-01" : v);
+    }
+    auto r = upstream_->forward(upstream_path(api), fwd.dump(), stream, res, "", extra);
     if (r.answered) {
       if (r.upstream_status >= 400) LILAC_LOG_WARN("route: cloud answered HTTP %d", r.upstream_status);
-      return true;
+      return K::Answered;
     }
     failure = r.failure;
   }
   if (pol.upstream_failure_to_local) {
     LILAC_LOG_WARN("route: upstream failed (%s); serving locally (fallback)", failure.c_str());
+    res.set_header("x-lilac-route-reason", "fallback: " + why);
     return go_local();
   }
   LILAC_LOG_WARN("route: upstream failed (%s); fallback to local is off -> 502", failure.c_str());
@@ -131,7 +112,7 @@ bool HybridRouter::maybe_forward(const httplib::Request& req, httplib::Response&
                    ". The route policy does not allow serving this request locally (fallback.upstream_failure_to_local).",
                "upstream_unavailable");
   res.set_header("x-lilac-route", "cloud");
-  return true;
+  return K::Answered;
 }
 
 void HybridRouter::on_local(const ojson& body) { router_.remember_local(body); }
@@ -157,13 +138,15 @@ json HybridRouter::extra_models() {
   return out;
 }
 
-RouteHook HybridRouter::make_hook(Server* server) {
-  server_ = server;
+RouteHook HybridRouter::make_hook() {
   std::weak_ptr<HybridRouter> self = weak_from_this();
   RouteHook h;
   h.maybe_forward = [self](const httplib::Request& req, httplib::Response& res, const ojson& body, bool busy) {
     auto s = self.lock();
-    return s ? s->maybe_forward(req, res, body, busy) : false;
+    return s ? s->maybe_forward(req, res, body, busy) : server::RouteDecisionKind::Local;
+  };
+  h.on_shutdown = [self]() {
+    if (auto s = self.lock()) s->upstream().cancel_all();
   };
   h.on_local = [self](const ojson& body) {
     if (auto s = self.lock()) s->on_local(body);
@@ -186,7 +169,7 @@ std::shared_ptr<HybridRouter> install_hybrid_router(Server& srv, const HybridSet
   }
   const bool has_key = !ho.api_key.empty();
   auto r = std::make_shared<HybridRouter>(std::move(ho), srv.options().model_id);
-  srv.set_route_hook(r->make_hook(&srv));
+  srv.set_route_hook(r->make_hook());
   const auto& p = r->router().policy();
   const std::string key_note = has_key ? "from $" + s.key_env : "none ($" + s.key_env + " is unset)";
   LILAC_LOG_INFO("hybrid: upstream %s%s, default route %s, policy %s, API key %s",

@@ -12,16 +12,12 @@
 #include "router/route_policy.h"
 #include "router/router.h"
 #include "router/upstream.h"
+#include "server/server.h"
 
 namespace httplib {
 struct Request;
 struct Response;
 }  // namespace httplib
-
-namespace lilac::server {
-class Server;
-struct RouteHook;
-}  // namespace lilac::server
 
 namespace lilac::router {
 
@@ -36,12 +32,12 @@ class HybridRouter : public std::enable_shared_from_this<HybridRouter> {
  public:
   HybridRouter(HybridOptions opts, std::string local_model_id);
 
-  // The hook to install with Server::set_route_hook. `server` gives the local port for requests the
-  // router must re-address to the local model (a sensitive request that named an upstream model).
-  server::RouteHook make_hook(server::Server* server);
+  // The hook to install with Server::set_route_hook.
+  server::RouteHook make_hook();
 
   // The pieces of the hook (public for tests).
-  bool maybe_forward(const httplib::Request& req, httplib::Response& res, const nlohmann::ordered_json& body, bool local_busy);
+  server::RouteDecisionKind maybe_forward(const httplib::Request& req, httplib::Response& res,
+                                          const nlohmann::ordered_json& body, bool local_busy);
   void on_local(const nlohmann::ordered_json& body);
   nlohmann::json extra_models();
 
@@ -49,15 +45,12 @@ class HybridRouter : public std::enable_shared_from_this<HybridRouter> {
   UpstreamClient& upstream() { return *upstream_; }
 
  private:
-  bool serve_local_renamed(const httplib::Request& req, httplib::Response& res, const nlohmann::ordered_json& body,
-                           bool chat, bool stream);
   void answer_error(httplib::Response& res, int status, const std::string& msg, const std::string& code,
                     const std::string& param = "");
 
   HybridOptions opts_;
   Router router_;
   std::unique_ptr<UpstreamClient> upstream_;
-  server::Server* server_ = nullptr;
   std::mutex models_mu_;
   std::chrono::steady_clock::time_point models_at_{};
   bool models_fetched_ = false;

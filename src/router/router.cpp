@@ -6,6 +6,9 @@
 #include <cstring>
 
 #include "router/detectors.h"
+#include "router/normalize.h"
+#include "router/scan.h"
+#include "text/bounded_json.h"
 
 namespace lilac::router {
 
@@ -99,6 +102,9 @@ void hash_string_field(Hasher& hs, const ojson& m, const char* key, char tag) {
   hs.bytes(it->get_ref<const std::string&>());
 }
 
+// Text as the stickiness hash sees it: whitespace-insensitive.
+void hash_text(Hasher& hs, std::string_view t) { hs.bytes(collapse_whitespace(t)); }
+
 uint64_t hash_message(const ojson& m) {
   Hasher hs;
   if (!m.is_object()) {
@@ -111,31 +117,23 @@ uint64_t hash_message(const ojson& m) {
   hash_string_field(hs, m, "tool_call_id", 'i');
   auto c = m.find("content");
   hs.tag('c');
-  if (c != m.end()) {
-    if (c->is_string()) {
-      hs.bytes(c->get_ref<const std::string&>());
-    } else if (c->is_array()) {
-      // Text parts hash like their concatenation as one string would not: keep parts distinct but make
-      // a single text part equal to the plain string (clients switch between the two forms).
-      if (c->size() == 1 && (*c)[0].is_object() && (*c)[0].value("type", "") == "text" && (*c)[0].contains("text") &&
-          (*c)[0]["text"].is_string()) {
-        hs.bytes((*c)[0]["text"].get_ref<const std::string&>());
-      } else {
-        for (const auto& part : *c) {
-          if (part.is_object() && part.value("type", "") == "text" && part.contains("text") && part["text"].is_string()) {
-            hs.tag('t');
-            hs.bytes(part["text"].get_ref<const std::string&>());
-          } else {
-            hs.tag('p');
-            hash_value(hs, part);
-          }
-        }
-      }
-    } else if (!c->is_null()) {
-      hash_value(hs, *c);
-    } else {
-      hs.bytes("");
+  if (c != m.end() && c->is_string()) {
+    hash_text(hs, c->get_ref<const std::string&>());
+  } else if (c != m.end() && c->is_array()) {
+    // Text parts hash like their concatenation (what the chat template gets: a single text part and the
+    // plain string are the same); other parts by value.
+    std::string text;
+    bool all_text = true;
+    for (const auto& part : *c) {
+      if (part.is_object() && part.value("type", "") == "text" && part.contains("text") && part["text"].is_string())
+        text += part["text"].get_ref<const std::string&>();
+      else
+        all_text = false;
     }
+    if (all_text) hash_text(hs, text);
+    else hash_value(hs, *c);
+  } else if (c != m.end() && !c->is_null()) {
+    hash_value(hs, *c);
   } else {
     hs.bytes("");
   }
@@ -153,8 +151,13 @@ uint64_t hash_message(const ojson& m) {
       auto args = fn->find("arguments");
       if (args != fn->end()) {
         hs.tag('A');
-        if (args->is_string()) hs.bytes(args->get_ref<const std::string&>());
-        else hash_value(hs, *args);
+        if (args->is_string()) {
+          JsonParseResult p = parse_bounded_json(args->get_ref<const std::string&>(), kRequestJsonLimits);
+          if (p.ok()) hash_value(hs, p.value);  // '{"a": 1}' and '{"a":1}' alike
+          else hash_text(hs, args->get_ref<const std::string&>());
+        } else {
+          hash_value(hs, *args);
+        }
       }
     }
   }
@@ -179,11 +182,14 @@ std::vector<uint64_t> message_prefix_hashes(const ojson& messages) {
 
 Router::Router(RoutePolicy policy, RouterConfig config) : policy_(std::move(policy)), config_(std::move(config)) {}
 
-bool Router::text_sensitive(std::string_view text, std::vector<std::string>* matched, std::string& fold_buf) const {
+bool Router::text_sensitive(std::string_view text, bool is_id, std::vector<std::string>* matched,
+                            std::string& fold_buf) const {
   if (text.empty()) return false;
   std::vector<Finding> f;
-  if (!policy_.detectors.empty()) {
-    scan_sensitive(text, policy_.detectors, f, 1);
+  DetectorSet detectors = policy_.detectors;
+  if (is_id) detectors.set(DetectorKind::high_entropy, false);  // ids are random by design
+  if (!detectors.empty()) {
+    scan_sensitive(text, detectors, f, 1);
     if (!f.empty()) {
       if (matched) matched->push_back(detector_name(f[0].kind));
       return true;
@@ -206,82 +212,51 @@ bool Router::text_sensitive(std::string_view text, std::vector<std::string>* mat
   return false;
 }
 
+Api api_for_path(std::string_view path) {
+  if (path.find("/chat/completions") != std::string_view::npos) return Api::chat;
+  if (path.find("/messages") != std::string_view::npos) return Api::messages;
+  if (path.find("/responses") != std::string_view::npos) return Api::responses;
+  return Api::completions;
+}
+
+const char* upstream_path(Api api) {
+  switch (api) {
+    case Api::chat: return "/chat/completions";
+    case Api::messages: return "/messages";
+    case Api::responses: return "/responses";
+    case Api::completions: break;
+  }
+  return "/completions";
+}
+
 namespace {
 
-// Calls fn(text) for every text of the request that may carry user data; stops when fn returns true.
-// Returns whether fn returned true. `bytes` accumulates the size of what was visited.
-template <class Fn>
-bool visit_texts(const ojson& body, bool chat, Fn&& fn, uint64_t* bytes) {
-  auto visit = [&](const ojson& v) -> bool {
-    if (v.is_string()) {
-      const auto& s = v.get_ref<const std::string&>();
-      *bytes += s.size();
-      return fn(std::string_view(s));
-    }
-    if (v.is_null() || v.is_number() || v.is_boolean()) return false;
-    std::string d = v.dump();  // objects (tool-call arguments given as objects), odd content types
-    *bytes += d.size();
-    return fn(std::string_view(d));
-  };
-  if (chat) {
-    auto ms = body.find("messages");
-    if (ms == body.end() || !ms->is_array()) return false;
-    for (const auto& m : *ms) {
-      if (!m.is_object()) {
-        if (visit(m)) return true;
-        continue;
-      }
-      auto c = m.find("content");
-      if (c != m.end()) {
-        if (c->is_array()) {
-          for (const auto& part : *c) {
-            if (part.is_object()) {
-              auto t = part.find("text");
-              if (t != part.end() && t->is_string()) {
-                if (visit(*t)) return true;
-                continue;
-              }
-            }
-            if (visit(part)) return true;
-          }
-        } else if (visit(*c)) {
-          return true;
-        }
-      }
-      auto rc = m.find("reasoning_content");
-      if (rc != m.end() && visit(*rc)) return true;
-      auto tc = m.find("tool_calls");
-      if (tc != m.end() && tc->is_array()) {
-        for (const auto& call : *tc) {
-          if (!call.is_object()) continue;
-          auto fnj = call.find("function");
-          if (fnj == call.end() || !fnj->is_object()) continue;
-          auto args = fnj->find("arguments");
-          if (args != fnj->end() && visit(*args)) return true;
-        }
-      }
-    }
-    return false;
+// The conversation of a request (stickiness): its messages, or a Responses request's input items.
+const ojson* conversation_of(const ojson& body) {
+  if (!body.is_object()) return nullptr;
+  for (const char* key : {"messages", "input"}) {
+    auto it = body.find(key);
+    if (it != body.end() && it->is_array() && !it->empty()) return &*it;
   }
-  for (const char* key : {"prompt", "suffix"}) {
-    auto p = body.find(key);
-    if (p == body.end()) continue;
-    if (p->is_array()) {
-      for (const auto& x : *p)
-        if (x.is_string() && visit(x)) return true;
-    } else if (p->is_string() && visit(*p)) {
-      return true;
-    }
-  }
-  return false;
+  return nullptr;
 }
 
 }  // namespace
 
-bool Router::scan_body(const ojson& body, bool chat, std::vector<std::string>* matched) const {
+ScanOutcome Router::scan(const ojson& body) const {
   std::string fold;
-  uint64_t bytes = 0;
-  return visit_texts(body, chat, [&](std::string_view t) { return text_sensitive(t, matched, fold); }, &bytes);
+  const bool any_check = !policy_.detectors.empty() || !policy_.rules.empty();
+  if (!any_check)  // nothing can fire: the walk only measures the size
+    return router::scan_body(body, [](std::string_view, bool, std::vector<std::string>*) { return false; });
+  return router::scan_body(body, [&](std::string_view t, bool is_id, std::vector<std::string>* m) {
+    return text_sensitive(t, is_id, m, fold);
+  });
+}
+
+bool Router::scan_body(const ojson& body, bool, std::vector<std::string>* matched) const {
+  ScanOutcome o = scan(body);
+  if (matched) matched->insert(matched->end(), o.matched.begin(), o.matched.end());
+  return o.sensitive || o.unscannable;
 }
 
 bool Router::is_upstream_model(const std::string& model) const {
@@ -318,9 +293,9 @@ std::vector<std::string> Router::upstream_model_ids() const {
 }
 
 void Router::remember_local(const ojson& body) {
-  if (!policy_.sticky || !body.is_object()) return;
-  auto ms = body.find("messages");
-  if (ms == body.end() || !ms->is_array() || ms->empty()) return;
+  if (!policy_.sticky) return;
+  const ojson* ms = conversation_of(body);
+  if (!ms) return;
   auto hs = message_prefix_hashes(*ms);
   std::lock_guard lk(mu_);
   if (sticky_.insert(hs.back()).second) {
@@ -333,9 +308,9 @@ void Router::remember_local(const ojson& body) {
 }
 
 bool Router::is_sticky(const ojson& body) const {
-  if (!policy_.sticky || !body.is_object()) return false;
-  auto ms = body.find("messages");
-  if (ms == body.end() || !ms->is_array() || ms->empty()) return false;
+  if (!policy_.sticky) return false;
+  const ojson* ms = conversation_of(body);
+  if (!ms) return false;
   {
     std::lock_guard lk(mu_);
     if (sticky_.empty()) return false;
@@ -352,7 +327,25 @@ size_t Router::sticky_entries() const {
   return sticky_.size();
 }
 
-RouteDecision Router::decide(const ojson& body, bool chat, std::string_view header_route, bool local_busy) const {
+// A request the local server refuses (400) is answered by it, never forwarded: a /v1/completions
+// prompt that is not a string, strings or token ids; messages that are not a list. Returns what is
+// wrong, or nullptr.
+const char* Router::invalid_shape(const ojson& body, bool chat) {
+  if (!body.is_object()) return "invalid_body";
+  if (chat) {
+    auto m = body.find("messages");
+    return m != body.end() && !m->is_array() ? "invalid_messages" : nullptr;
+  }
+  auto p = body.find("prompt");
+  if (p == body.end() || p->is_string()) return nullptr;
+  if (!p->is_array()) return "invalid_prompt";
+  for (const auto& x : *p)
+    if (!x.is_string() && !x.is_number_integer() && !x.is_array()) return "invalid_prompt";
+  return nullptr;
+}
+
+RouteDecision Router::decide(const ojson& body, Api api, std::string_view header_route, bool local_busy) const {
+  const bool chat = api != Api::completions;
   RouteDecision d;
   // 1. Explicit choice.
   Route explicit_route = Route::auto_;
@@ -393,12 +386,13 @@ RouteDecision Router::decide(const ojson& body, bool chat, std::string_view head
     d.route = Route::local;
     d.reason = "explicit";
   } else {
-    // 2. Sensitivity (and the prompt size, measured on the way).
-    std::string fold;
-    uint64_t bytes = 0;
-    bool any_check = !policy_.detectors.empty() || !policy_.rules.empty();
-    d.sensitive = visit_texts(
-        body, chat, [&](std::string_view t) { return any_check && text_sensitive(t, &d.matched, fold); }, &bytes);
+    // 2. Sensitivity: everything in the body (router/scan.h); a body that cannot be shown clean counts
+    // as sensitive. The prompt size is measured on the way.
+    ScanOutcome scanned = scan(body);
+    const uint64_t bytes = scanned.text_bytes;
+    d.sensitive = scanned.sensitive || scanned.unscannable;
+    d.matched = std::move(scanned.matched);
+    const char* invalid = invalid_shape(body, chat);
     // A /v1/completions prompt given as token ids cannot be scanned (and means nothing to another
     // tokenizer): it is treated as sensitive.
     if (!d.sensitive && !chat && body.is_object()) {
@@ -419,6 +413,10 @@ RouteDecision Router::decide(const ojson& body, bool chat, std::string_view head
         d.route = Route::local;
         d.reason = "sensitive";
       }
+    } else if (invalid) {  // the local server answers 400; never forwarded
+      d.route = Route::local;
+      d.reason = "invalid";
+      d.matched.push_back(invalid);
     } else if (explicit_route == Route::cloud) {
       d.route = Route::cloud;
       d.reason = "explicit";

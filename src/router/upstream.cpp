@@ -13,10 +13,35 @@
 
 #include "core/error.h"
 #include "server/openai_schema.h"
+#include "text/bounded_json.h"
 
 namespace lilac::router {
 
-using json = nlohmann::json;
+using json = nlohmann::ordered_json;
+
+// Registers a client of a request in flight, so that cancel_all() can cut it.
+struct ActiveClient {
+  UpstreamClient& up;
+  httplib::Client* cli;
+  bool ok;
+  ActiveClient(UpstreamClient& u, httplib::Client* c) : up(u), cli(c) {
+    std::lock_guard lk(up.active_mu_);
+    ok = !up.cancelled_;
+    if (ok) up.active_.insert(cli);
+  }
+  ~ActiveClient() {
+    std::lock_guard lk(up.active_mu_);
+    up.active_.erase(cli);
+  }
+};
+
+namespace {
+// An upstream's answer as JSON (bounded like a request: it is parsed, dumped and passed on).
+json parse_answer(const std::string& text) {
+  JsonParseResult r = parse_bounded_json(text, kRequestJsonLimits);
+  return r.ok() ? std::move(r.value) : json(json::value_t::discarded);
+}
+}  // namespace
 
 std::string UpstreamUrl::origin() const { return scheme + "://" + host + ":" + std::to_string(port); }
 
@@ -132,7 +157,7 @@ httplib::Headers request_headers(const UpstreamOptions& o, const std::string& au
 
 // A 4xx answer: the upstream's OpenAI error body when it is one, else one made from the text.
 std::string client_error_body(int status, const std::string& body) {
-  json j = json::parse(body, nullptr, false);
+  json j = parse_answer(body);
   if (j.is_object() && j.contains("error")) return j.dump();
   std::string msg = body.substr(0, 500);
   if (msg.empty()) msg = "The upstream answered HTTP " + std::to_string(status) + ".";
@@ -142,7 +167,7 @@ std::string client_error_body(int status, const std::string& body) {
 
 std::string describe_5xx(int status, const std::string& body) {
   std::string s = "HTTP " + std::to_string(status);
-  json j = json::parse(body, nullptr, false);
+  json j = parse_answer(body);
   if (j.is_object() && j.contains("error") && j["error"].is_object() && j["error"].contains("message") &&
       j["error"]["message"].is_string())
     s += ": " + j["error"]["message"].get<std::string>().substr(0, 300);
@@ -166,6 +191,7 @@ struct Pipe {
   std::string pending;             // partial SSE line not yet forwarded
   bool inject = true;
   std::string label;
+  std::unique_ptr<ActiveClient> active;  // registered with the UpstreamClient until the pipe ends
 
   void cancel() {
     {
@@ -183,6 +209,7 @@ struct Pipe {
       cancel();
       reader.join();
     }
+    active.reset();  // before the client it names
   }
 };
 
@@ -192,12 +219,23 @@ UpstreamClient::UpstreamClient(UpstreamOptions opts) : opts_(std::move(opts)) {}
 UpstreamClient::~UpstreamClient() = default;
 
 ForwardResult UpstreamClient::forward(const std::string& path, const std::string& body, bool stream,
-                                      httplib::Response& res, const std::string& auth_override) {
+                                      httplib::Response& res, const std::string& auth_override,
+                                      const std::vector<std::pair<std::string, std::string>>& extra_headers) {
   ForwardResult fr;
+  auto headers_for = [&](bool s) {
+    httplib::Headers h = request_headers(opts_, auth_override, s);
+    for (const auto& [k, v] : extra_headers) h.emplace(k, v);
+    return h;
+  };
   const std::string full_path = opts_.url.base + path;
   if (!stream) {
     auto cli = make_client(opts_, opts_.read_timeout_ms);
-    auto r = cli->Post(full_path, request_headers(opts_, auth_override, false), body, "application/json");
+    ActiveClient active(*this, cli.get());
+    if (!active.ok) {
+      fr.failure = "the server is stopping";
+      return fr;
+    }
+    auto r = cli->Post(full_path, headers_for(false), body, "application/json");
     if (!r) {
       fr.failure = "cannot reach the upstream (" + httplib::to_string(r.error()) + ")";
       return fr;
@@ -210,7 +248,7 @@ ForwardResult UpstreamClient::forward(const std::string& path, const std::string
     fr.answered = true;
     res.set_header("x-lilac-route", opts_.route_label);
     if (r->status >= 200 && r->status < 300) {
-      json j = json::parse(r->body, nullptr, false);
+      json j = parse_answer(r->body);
       if (!j.is_object()) {
         fr.answered = false;
         fr.failure = "the upstream answered HTTP " + std::to_string(r->status) + " with a body that is not a JSON object";
@@ -230,10 +268,15 @@ ForwardResult UpstreamClient::forward(const std::string& path, const std::string
   // hands the stream to a chunked content provider (2xx), passes the error through (4xx) or reports a failure.
   auto pipe = std::make_shared<Pipe>();
   pipe->client = make_client(opts_, opts_.read_timeout_ms);
+  pipe->active = std::make_unique<ActiveClient>(*this, pipe->client.get());
+  if (!pipe->active->ok) {
+    fr.failure = "the server is stopping";
+    return fr;
+  }
   pipe->inject = opts_.inject_route_field;
   pipe->label = opts_.route_label;
   Pipe* P = pipe.get();
-  httplib::Headers headers = request_headers(opts_, auth_override, true);
+  httplib::Headers headers = headers_for(true);
   pipe->reader = std::thread([P, full_path, body, headers] {
     httplib::Request req;
     req.method = "POST";
@@ -301,7 +344,7 @@ ForwardResult UpstreamClient::forward(const std::string& path, const std::string
       std::string terr = P->transport_error;
       lk.unlock();
       P->join();
-      json j = json::parse(whole, nullptr, false);
+      json j = parse_answer(whole);
       if (!terr.empty() || !j.is_object()) {
         fr.failure = "the upstream answered a stream request with a body that is neither SSE nor JSON";
         return fr;
@@ -367,12 +410,20 @@ ForwardResult UpstreamClient::forward(const std::string& path, const std::string
   return fr;
 }
 
+void UpstreamClient::cancel_all() {
+  std::lock_guard lk(active_mu_);
+  cancelled_ = true;
+  for (httplib::Client* c : active_) c->stop();
+}
+
 std::optional<std::vector<std::string>> UpstreamClient::list_models(int timeout_ms) {
   auto cli = make_client(opts_, timeout_ms);
+  ActiveClient active(*this, cli.get());
+  if (!active.ok) return std::nullopt;
   cli->set_connection_timeout(std::chrono::milliseconds(std::min(timeout_ms, opts_.connect_timeout_ms)));
   auto r = cli->Get(opts_.url.base + "/models", request_headers(opts_, "", false));
   if (!r || r->status != 200) return std::nullopt;
-  json j = json::parse(r->body, nullptr, false);
+  json j = parse_answer(r->body);
   if (!j.is_object() || !j.contains("data") || !j["data"].is_array()) return std::nullopt;
   std::vector<std::string> ids;
   for (const auto& m : j["data"])

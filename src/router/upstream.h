@@ -9,11 +9,15 @@
 // nothing here logs it.
 #pragma once
 #include <memory>
+#include <mutex>
 #include <optional>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace httplib {
+class Client;
 struct Response;
 }
 
@@ -53,16 +57,25 @@ class UpstreamClient {
 
   // POST base + path (e.g. "/chat/completions") with `body`. `auth_override`, when non-empty, replaces the
   // configured key's Authorization header (used when the router re-enters the local server).
+  // `extra_headers` are sent as well (e.g. Anthropic's x-api-key and anthropic-version).
   ForwardResult forward(const std::string& path, const std::string& body, bool stream, httplib::Response& res,
-                        const std::string& auth_override = "");
+                        const std::string& auth_override = "",
+                        const std::vector<std::pair<std::string, std::string>>& extra_headers = {});
 
   // GET base + "/models": the ids, or nullopt when the upstream does not answer in time / answers badly.
   std::optional<std::vector<std::string>> list_models(int timeout_ms);
 
+  // Cuts every request in flight (the server stops); later requests fail at once.
+  void cancel_all();
+
   const UpstreamOptions& options() const { return opts_; }
 
  private:
+  friend struct ActiveClient;
   UpstreamOptions opts_;
+  std::mutex active_mu_;
+  std::set<httplib::Client*> active_;
+  bool cancelled_ = false;
 };
 
 // Adds `"lilac_route": "<label>"` to every `data: {...}` line of an SSE fragment made of complete

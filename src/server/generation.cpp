@@ -1,11 +1,16 @@
 #include "server/generation.h"
 
 #include "core/error.h"
+#include "core/log.h"
 #include "engine/backend.h"
+#include "engine/grammar_constraint.h"
 #include "engine/validate.h"
+#include "grammar/cache.h"
+#include "grammar/response_grammar.h"
 #include "server/api_error.h"
 #include "text/chat_template.h"
 #include "text/model_format.h"
+#include "text/special_text.h"
 #include "text/tokenizer.h"
 
 namespace lilac::server {
@@ -15,12 +20,72 @@ namespace lilac::server {
 Generation::Generation(std::shared_ptr<Job> job, bool chat, const GenerationPrompt& prompt,
                        const nlohmann::ordered_json& tools, const ModelFormat& format)
     : job_(std::move(job)) {
+  prompt_tokens_ = int64_t(job_->req.prompt.size());
   if (!chat) return;
-  parser_.emplace(prompt.in_reasoning, tools, format);
+  // Tool calls are parsed only for a request with tools (tool_choice "none" passes none): otherwise
+  // text that looks like a call stays content.
+  parser_.emplace(prompt.in_reasoning, tools, format, tools.is_array() && !tools.empty());
   if (!prompt.call_prefix.empty()) pending_ = parser_->push(prompt.call_prefix);  // normally nothing comes out yet
 }
 
-void Generation::cancel() { job_->cancel = true; }
+void Generation::set_reasoning_budget(ReasoningBudget budget) { budget_ = std::move(budget); }
+
+void Generation::cancel() {
+  cancelled_ = true;
+  std::lock_guard lk(job_mu_);
+  job_->cancel = true;
+}
+
+// A budgeted generation whose job ended on its token limit: queues the continuation from where it
+// stopped (closing the reasoning when it is still open) and returns true; false when the generation
+// ends here. The closing markup goes through the parser (it yields no text, only the switch).
+bool Generation::continue_after(const GenerationStats& st, std::vector<OutputDelta>& deltas) {
+  if (!budget_ || !parser_ || cancelled_.load() || abort_status_.load() || st.finish != FinishReason::Length)
+    return false;
+  const int64_t used = acc_.completion_tokens + st.completion_tokens;
+  if (used >= budget_->max_total) return false;
+  GenerationRequest req = job_->req;
+  req.prompt.insert(req.prompt.end(), generated_.begin(), generated_.end());
+  if (!continued_ && parser_->in_reasoning()) {
+    req.prompt.insert(req.prompt.end(), budget_->close_ids.begin(), budget_->close_ids.end());
+    for (auto& d : parser_->push(budget_->close_text)) deltas.push_back(std::move(d));
+  }
+  req.max_tokens = budget_->max_total - used;
+  generated_.clear();
+  auto next = std::make_shared<Job>(std::move(req));
+  if (!budget_->submit(next)) return false;  // queue full: the generation ends on its limit
+  if (!continued_) {
+    acc_.prompt_tokens = st.prompt_tokens;
+    acc_.cached_tokens = st.cached_tokens;
+    acc_.ttft_seconds = st.ttft_seconds;
+    acc_.cache_hit = st.cache_hit;
+  }
+  acc_.completion_tokens += st.completion_tokens;
+  acc_.prefill_seconds += st.prefill_seconds;
+  acc_.decode_seconds += st.decode_seconds;
+  acc_.snapshots_taken += st.snapshots_taken;
+  continued_ = true;
+  std::lock_guard lk(job_mu_);
+  job_ = std::move(next);
+  if (cancelled_.load() || abort_status_.load()) job_->cancel = true;
+  return true;
+}
+
+void Generation::abort(int status, const std::string& message) {
+  {
+    std::lock_guard lk(abort_mu_);
+    if (abort_status_.load()) return;
+    abort_message_ = message;
+  }
+  abort_status_ = status;
+  std::lock_guard lk(job_mu_);
+  job_->cancel = true;
+}
+
+bool Generation::started() const {
+  std::lock_guard lk(job_mu_);
+  return job_->started.load();
+}
 
 OutputEvent Generation::decode(JobEvent& ev) {
   OutputEvent out;
@@ -33,8 +98,11 @@ OutputEvent Generation::decode(JobEvent& ev) {
     case JobEvent::Token:
       out.kind = OutputEvent::Token;
       out.token = std::move(ev.token);
+      if (budget_ && out.token.id >= 0) generated_.push_back(out.token.id);
       if (parser_) {
+        out.reasoning = parser_->in_reasoning();
         append(parser_->push(out.token.text));
+        out.reasoning |= parser_->in_reasoning();
       } else if (!out.token.text.empty()) {
         OutputDelta d;
         d.text = out.token.text;
@@ -42,10 +110,32 @@ OutputEvent Generation::decode(JobEvent& ev) {
       }
       break;
     case JobEvent::Done:
+      if (ev.stats.finish == FinishReason::Cancelled && abort_status_.load()) {
+        // Stopped by Generation::abort (the server stops): an error, never a normal end.
+        std::lock_guard lk(abort_mu_);
+        ev.kind = JobEvent::Error;
+        ev.status = abort_status_.load();
+        ev.message = abort_message_;
+        return decode(ev);
+      }
+      if (continue_after(ev.stats, out.deltas)) {
+        out.kind = OutputEvent::Token;  // no token (id -1, no text): only the deltas, if any
+        break;
+      }
       out.kind = OutputEvent::Done;
       finished_ = true;
       stats_ = ev.stats;
-      out.stats = ev.stats;
+      if (continued_) {  // the whole generation's counts
+        stats_.prompt_tokens = acc_.prompt_tokens;
+        stats_.cached_tokens = acc_.cached_tokens;
+        stats_.ttft_seconds = acc_.ttft_seconds;
+        stats_.cache_hit = acc_.cache_hit;
+        stats_.completion_tokens += acc_.completion_tokens;
+        stats_.prefill_seconds += acc_.prefill_seconds;
+        stats_.decode_seconds += acc_.decode_seconds;
+        stats_.snapshots_taken += acc_.snapshots_taken;
+      }
+      out.stats = stats_;
       if (parser_) append(parser_->finish());
       break;
     case JobEvent::Error:
@@ -61,11 +151,21 @@ OutputEvent Generation::decode(JobEvent& ev) {
 }
 
 bool Generation::poll(std::vector<OutputEvent>& out, std::chrono::milliseconds timeout) {
+  if (!finished_ && abort_status_.load() && !job_->started.load()) {
+    // Aborted while still queued: answered now, not when the scheduler reaches it.
+    JobEvent ev;
+    ev.kind = JobEvent::Done;
+    ev.stats.finish = FinishReason::Cancelled;
+    out.push_back(decode(ev));
+    return true;
+  }
   std::vector<JobEvent> evs;
-  const bool got = job_->pop_all(evs, timeout);
+  const bool got = job_->pop_all(evs, timeout);  // job_ is replaced only on this thread
   for (auto& e : evs) {
     if (finished_) break;
-    out.push_back(decode(e));
+    OutputEvent o = decode(e);
+    if (o.kind == OutputEvent::Token && o.token.id < 0 && o.token.text.empty() && o.deltas.empty()) continue;
+    out.push_back(std::move(o));
   }
   return got;
 }
@@ -77,6 +177,7 @@ GenerationCore::GenerationCore(std::shared_ptr<Backend> backend, std::shared_ptr
                                SchedulerOptions options, Metrics* metrics)
     : backend_(std::move(backend)), tok_(std::move(tokenizer)), tmpl_(std::move(chat_template)), format_(format),
       opts_(options) {
+  guard_ = std::make_unique<SpecialTokenGuard>(*tok_);
   eos_ = backend_->config().eos_token_ids;
   if (eos_.empty()) {
     for (const char* name : {"<|im_end|>", "<|endoftext|>"})
@@ -89,29 +190,112 @@ GenerationCore::GenerationCore(std::shared_ptr<Backend> backend, std::shared_ptr
 
 GenerationCore::~GenerationCore() { stop(); }
 
+grammar::GrammarCache& GenerationCore::grammars() {
+  try {
+    std::call_once(grammars_once_, [&] {
+      grammars_ = std::make_unique<grammar::GrammarCache>(
+          grammar::Vocabulary::from_tokenizer(*tok_, backend_->config().vocab_size));
+      grammars_->warm();
+    });
+  } catch (const std::exception& e) {  // e.g. a tokenizer with more tokens than the model
+    throw ApiError(500, std::string("Constrained decoding is unavailable: ") + e.what(), "", "internal_error");
+  }
+  return *grammars_;
+}
+
+std::shared_ptr<TokenConstraint> GenerationCore::constraint(const GenerationSpec& spec, const GenerationPrompt& prompt) {
+  using grammar::ResponseSpec;
+  ResponseSpec rs;
+  switch (spec.format) {
+    case GenerationSpec::Format::Text: rs.content = ResponseSpec::Content::Free; break;
+    case GenerationSpec::Format::JsonObject: rs.content = ResponseSpec::Content::JsonObject; break;
+    case GenerationSpec::Format::JsonSchema:
+      rs.content = ResponseSpec::Content::JsonSchema;
+      rs.schema = spec.schema;
+      break;
+  }
+  if (spec.input == GenerationSpec::Input::Chat) {
+    if (spec.tools.is_array() && !spec.tools.empty()) {
+      rs.tools = spec.tools;
+      rs.calls = spec.force_tool_call ? ResponseSpec::Calls::Forced : ResponseSpec::Calls::Auto;
+      rs.forced_function = spec.forced_function;
+    }
+    rs.in_reasoning = prompt.in_reasoning;
+    rs.xml_calls = format_.xml_tool_calls(prompt.text);
+  }
+  rs.parallel_calls = spec.parallel_tool_calls;
+  if (!rs.constrained()) return nullptr;
+  std::shared_ptr<const grammar::CompiledGrammar> g;
+  try {
+    g = grammars().get(rs.cache_key(), [&] { return grammar::build_response_grammar(rs, format_.markup(), *tok_); });
+  } catch (const grammar::SchemaError& e) {
+    // the grammar names OpenAI chat's fields: respell them as this request's protocol does
+    std::string param = e.param().empty() ? spec.schema_param : e.param();
+    static const std::string kContent = "response_format.json_schema.schema", kTool = "function.parameters";
+    if (param.rfind(kContent, 0) == 0) param = spec.schema_param + param.substr(kContent.size());
+    if (const size_t at = param.find("]." + kTool); param.rfind("tools[", 0) == 0 && at != std::string::npos)
+      param = param.substr(0, at + 2) + spec.tool_schema_field + param.substr(at + 2 + kTool.size());
+    throw ApiError(400, "Invalid schema for '" + param + "': " + e.what(), param, "invalid_schema");
+  }
+  return std::make_shared<GrammarConstraint>(std::move(g), eos_);
+}
+
 void GenerationCore::stop() {
   if (sched_) sched_->stop();
 }
 
 bool GenerationCore::busy() const { return sched_->full(); }
 
+std::vector<std::shared_ptr<Generation>> GenerationCore::live() const {
+  std::vector<std::shared_ptr<Generation>> out;
+  std::lock_guard lk(live_mu_);
+  for (const auto& w : live_)
+    if (auto g = w.lock()) out.push_back(std::move(g));
+  return out;
+}
+
+size_t GenerationCore::active() const { return live().size(); }
+
+void GenerationCore::begin_shutdown() {
+  {
+    std::lock_guard lk(live_mu_);
+    shutting_down_ = true;
+  }
+  for (auto& g : live())
+    if (!g->started()) g->abort(503, "The server is shutting down: the request was not started. Retry on another server.");
+}
+
+void GenerationCore::abort_all(int status, const std::string& message) {
+  shutting_down_ = true;
+  for (auto& g : live()) g->abort(status, message);
+}
+
 const ModelConfig& GenerationCore::config() const { return backend_->config(); }
 
 std::vector<int32_t> GenerationCore::prompt_tokens(const GenerationSpec& spec, GenerationPrompt& prompt) const {
   switch (spec.input) {
     case GenerationSpec::Input::Tokens: return spec.tokens;
-    case GenerationSpec::Input::Text: return tok_->encode(spec.text, true);
+    // Request text never becomes special tokens (text/special_text.h): a completions prompt is plain
+    // text (send token ids for control tokens); a chat request's strings are marked before rendering.
+    case GenerationSpec::Input::Text: return tok_->encode(spec.text, /*parse_special=*/false);
     case GenerationSpec::Input::Chat: break;
   }
   std::string text;
   try {
-    text = render_chat_request(*tmpl_, spec.chat);
+    nlohmann::ordered_json request = spec.chat;
+    guard_->escape_request(request);
+    text = render_chat_request(*tmpl_, request);
   } catch (const Error& e) {  // InputError or a template error (raise_exception)
     throw ApiError(400, std::string("Cannot render the conversation with the model's chat template: ") + e.what(),
                    "messages", "invalid_messages");
   }
   prompt = format_.generation_prompt(std::move(text), spec.force_tool_call, spec.forced_function);
-  return tok_->encode(prompt.text, true);
+  return guard_->encode(prompt.text);
+}
+
+int64_t GenerationCore::count_prompt_tokens(const GenerationSpec& spec) const {
+  GenerationPrompt prompt;
+  return int64_t(prompt_tokens(spec, prompt).size());
 }
 
 std::shared_ptr<Generation> GenerationCore::start(const GenerationSpec& spec) {
@@ -124,23 +308,44 @@ std::shared_ptr<Generation> GenerationCore::start(const GenerationSpec& spec) {
   if (Check bad = check_context(n, max_tokens, opts_.max_seq)) {
     switch (bad->kind) {
       case Invalid::EmptyPrompt: throw ApiError(400, bad->message, spec.prompt_param);
-      case Invalid::BadMaxTokens: throw ApiError(400, bad->message, "max_tokens", "invalid_value");
-      case Invalid::TotalTooLong: throw ApiError(400, bad->message, "max_tokens", "context_length_exceeded");
+      case Invalid::BadMaxTokens: throw ApiError(400, bad->message, spec.max_tokens_param, "invalid_value");
+      case Invalid::TotalTooLong:
+        throw ApiError(400, bad->message, spec.max_tokens_param, "context_length_exceeded");
       default: throw ApiError(400, bad->message, spec.prompt_param, "context_length_exceeded");
     }
   }
   if (Check bad = check_token_ids(ids, backend_->config().vocab_size)) throw ApiError(400, bad->message, "prompt");
 
+  // A reasoning budget applies when the model starts inside its reasoning and the budget is below the
+  // limit: the first job stops at the budget (see Generation::continue_after).
+  const bool budgeted = chat && prompt.in_reasoning && spec.reasoning_budget && *spec.reasoning_budget < max_tokens;
   GenerationRequest gr;
   gr.prompt = std::move(ids);
   gr.sampling = spec.sampling;
-  gr.max_tokens = max_tokens;
+  gr.max_tokens = budgeted ? *spec.reasoning_budget : max_tokens;
   gr.stop_ids = eos_;
   gr.stop_strings = spec.stop;
   gr.boundary_token = chat ? boundary_ : -1;
-  gr.draft_tokens = opts_.spec_tokens;
+  gr.constraint = constraint(spec, prompt);
+  gr.draft_tokens = opts_.spec_tokens;  // not used under a constraint (Sequence::draft_budget)
   auto job = std::make_shared<Job>(std::move(gr));
   auto gen = std::make_shared<Generation>(job, chat, prompt, spec.tools, format_);
+  if (budgeted) {
+    ReasoningBudget b;
+    b.max_total = max_tokens;
+    b.close_text = format_.force_close_reasoning();
+    b.close_ids = tok_->encode(b.close_text, true);
+    Scheduler* sched = sched_.get();
+    b.submit = [sched](std::shared_ptr<Job> j) { return sched->submit(std::move(j)); };
+    gen->set_reasoning_budget(std::move(b));
+  }
+  {
+    std::lock_guard lk(live_mu_);  // with begin_shutdown's: a generation added here is seen by it
+    if (shutting_down_.load())
+      throw ApiError(503, "The server is shutting down; it accepts no new requests.", "", "shutting_down");
+    std::erase_if(live_, [](const std::weak_ptr<Generation>& w) { return w.expired(); });
+    live_.push_back(gen);
+  }
   if (!sched_->submit(job))
     throw ApiError(429,
                    "The server is busy: " + std::to_string(opts_.max_queue) +

@@ -3,6 +3,7 @@
 #include <httplib.h>
 
 #include "core/log.h"
+#include "server/http_server.h"
 #include "server/metrics.h"
 
 namespace lilac::server {
@@ -27,6 +28,7 @@ struct Sending {
   std::shared_ptr<ResponseFormatter> fmt;
   RequestLog log;
   bool started = false;
+  std::vector<OutputEvent> early;  // streaming: events that came before the stream's first bytes
   Clock::time_point last_write;
 };
 
@@ -55,66 +57,61 @@ bool write(Sending& s, httplib::DataSink& sink, const std::string& out) {
   return true;
 }
 
-void send_body(httplib::Response& res, std::shared_ptr<Sending> s, const ErrorReply& fail) {
-  // Wait until the generation produces its first token (or ends): errors up to then (prefill) get
-  // their own status code.
-  std::vector<OutputEvent> evs;
-  bool got_token = false;
-  while (!s->gen->finished() && !got_token) {
-    evs.clear();
-    s->gen->poll(evs, std::chrono::milliseconds(500));
-    for (auto& e : evs) {
-      got_token |= e.kind == OutputEvent::Token;
-      s->fmt->add(e);
-    }
+const char* error_code_for(int status) {
+  switch (status) {
+    case 400: return "invalid_request";
+    case 503: return "shutting_down";
+    default: return "internal_error";
   }
-  if (s->gen->finished()) {
-    if (s->gen->failed()) {
-      const int status = s->gen->error_status();
-      return fail(ApiError(status, s->gen->error_message(), "", status == 400 ? "invalid_request" : "internal_error"));
-    }
-    res.set_content(s->fmt->body(), "application/json");
-    count(s->log, 200);
-    log_body_done(*s);
-    return;
-  }
-  // Still generating: send the body through a chunked provider so that a client that goes away is
-  // noticed and its generation cancelled: until the body is ready a space is written every 200 ms.
-  count(s->log, 200);
-  s->last_write = Clock::now();
-  res.set_chunked_content_provider(
-      // Not plain "application/json": httplib would gzip it for clients that accept gzip, buffering
-      // the keep-alive spaces (so a gone client would not be noticed).
-      "application/json; charset=utf-8",
-      [s](size_t, httplib::DataSink& sink) -> bool {
-        std::vector<OutputEvent> evs;
-        s->gen->poll(evs, std::chrono::milliseconds(100));
-        for (auto& e : evs) s->fmt->add(e);
-        std::string out;
-        if (s->gen->finished()) {
-          out = s->gen->failed() ? s->fmt->error_body(ApiError(s->gen->error_status(), s->gen->error_message()))
-                                 : s->fmt->body();
-        } else if (Clock::now() - s->last_write >= std::chrono::milliseconds(200)) {
-          out = " ";
-        }
-        if (!write(*s, sink, out)) return false;
-        if (s->gen->finished()) sink.done();
-        return true;
-      },
-      [s](bool success) {
-        if (!success || !s->gen->finished() || s->gen->stats().finish == FinishReason::Cancelled) {
-          s->gen->cancel();
-          LILAC_LOG_INFO("POST %s: client went away, generation cancelled", s->log.endpoint.c_str());
-          return;
-        }
-        if (s->gen->failed())
-          LILAC_LOG_ERROR("POST %s -> error after the response started: %s", s->log.endpoint.c_str(),
-                          s->gen->error_message().c_str());
-        log_body_done(*s);
-      });
 }
 
-void send_stream(httplib::Response& res, std::shared_ptr<Sending> s) {
+// Waits (watching the connection) until `ready`; the events meanwhile go to `sink`. False when the client
+// went away (the generation is cancelled; nothing is sent).
+template <class Ready, class Sink>
+bool wait_watching(Sending& s, Ready ready, Sink sink) {
+  std::vector<OutputEvent> evs;
+  while (!ready()) {
+    evs.clear();
+    s.gen->poll(evs, std::chrono::milliseconds(100));
+    for (auto& e : evs) sink(std::move(e));
+    if (!ready() && http_client_gone()) {
+      s.gen->cancel();
+      LILAC_LOG_INFO("POST %s: client went away, generation cancelled", s.log.endpoint.c_str());
+      count(s.log, 499);  // nginx's "client closed request"
+      return false;
+    }
+  }
+  return true;
+}
+
+void send_body(httplib::Response& res, std::shared_ptr<Sending> s, const ErrorReply& fail) {
+  // Nothing is sent before the generation ends, so every failure (prefill, a stop by shutdown) gets its
+  // own status. Meanwhile the connection is watched: a client that goes away cancels the generation.
+  if (!wait_watching(*s, [&] { return s->gen->finished(); }, [&](OutputEvent e) { s->fmt->add(e); })) return;
+  if (s->gen->failed()) {
+    const int status = s->gen->error_status();
+    return fail(ApiError(status, s->gen->error_message(), "", error_code_for(status)));
+  }
+  if (s->gen->stats().finish == FinishReason::Cancelled) {
+    // Cancelled without an error: the server stopped the generation (never a 200 with cut text).
+    return fail(ApiError(503, "The server is shutting down: the generation was stopped before it finished.", "",
+                         "shutting_down"));
+  }
+  res.set_content(s->fmt->body(), "application/json");
+  count(s->log, 200);
+  log_body_done(*s);
+}
+
+void send_stream(httplib::Response& res, std::shared_ptr<Sending> s, const ErrorReply& fail) {
+  // The stream (status 200) starts once the generation leaves the queue: until then a failure (the
+  // server stops: 503) gets its own status.
+  if (!wait_watching(*s, [&] { return s->gen->started() || s->gen->finished(); },
+                     [&](OutputEvent e) { s->early.push_back(std::move(e)); }))
+    return;
+  if (s->gen->failed()) {
+    const int status = s->gen->error_status();
+    return fail(ApiError(status, s->gen->error_message(), "", error_code_for(status)));
+  }
   res.set_header("Cache-Control", "no-cache");
   res.set_header("X-Accel-Buffering", "no");
   count(s->log, 200);
@@ -126,6 +123,8 @@ void send_stream(httplib::Response& res, std::shared_ptr<Sending> s) {
         if (!s->started) {
           s->started = true;
           out = s->fmt->stream_start();
+          for (auto& e : s->early) out += s->fmt->stream_event(e);
+          s->early.clear();
         } else {
           std::vector<OutputEvent> evs;
           const bool got = s->gen->poll(evs, std::chrono::milliseconds(250));
@@ -161,7 +160,7 @@ void send_generation(httplib::Response& res, std::shared_ptr<Generation> gen, st
   s->fmt = std::move(fmt);
   s->log = log;
   if (stream)
-    send_stream(res, std::move(s));
+    send_stream(res, std::move(s), fail);
   else
     send_body(res, std::move(s), fail);
 }

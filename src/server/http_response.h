@@ -48,10 +48,11 @@ struct RequestLog {
 // Answers an error before anything was sent (the endpoint's error reply: body, counters, log).
 using ErrorReply = std::function<void(const ApiError&)>;
 
-// Answers `res` with `gen`'s output. Not streaming: waits for the first token (or the end) so that
-// errors up to then (prefill) are answered through `fail` with their own status; then sends the body
-// through a chunked provider that writes a space (which JSON ignores) every 200 ms until the body is
-// ready, so that a client that goes away is noticed.
+// Answers `res` with `gen`'s output. Not streaming: waits for the end, watching the connection
+// (http_client_gone: a client that goes away cancels the generation), then answers the body, or the
+// error through `fail` with its own status (a generation stopped by shutdown: 503, never a 200 with
+// cut text). Streaming: server-sent events as the tokens come; an error after the start is an error
+// event followed by [DONE].
 void send_generation(httplib::Response& res, std::shared_ptr<Generation> gen, std::shared_ptr<ResponseFormatter> fmt,
                      bool stream, const RequestLog& log, const ErrorReply& fail);
 

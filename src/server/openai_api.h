@@ -3,14 +3,11 @@
 // the generation requests first.
 #pragma once
 
-namespace httplib {
-class Server;
-}
-
 namespace lilac::server {
 
+class HttpServer;
 struct ServerContext;
 
-void add_openai_routes(httplib::Server& http, ServerContext& ctx);
+void add_openai_routes(HttpServer& http, ServerContext& ctx);
 
 }  // namespace lilac::server

@@ -1,5 +1,7 @@
 #include "server/openai_schema.h"
 
+#include "server/request_fields.h"
+
 #include <cmath>
 #include <regex>
 #include <set>
@@ -20,62 +22,44 @@ nlohmann::json error_body(const ApiError& e) { return error_body(e.status, e.mes
 
 namespace {
 
-[[noreturn]] void bad(const std::string& param, const std::string& msg, const std::string& code = "invalid_value") {
-  throw ApiError(400, msg, param, code);
-}
+using namespace fields;
 
-const char* type_name(const ojson& v) {
-  if (v.is_null()) return "null";
-  if (v.is_boolean()) return "a boolean";
-  if (v.is_number()) return "a number";
-  if (v.is_string()) return "a string";
-  if (v.is_array()) return "an array";
-  return "an object";
-}
-
-[[noreturn]] void wrong_type(const std::string& param, const char* want, const ojson& v) {
-  bad(param, "Invalid type for '" + param + "': expected " + want + ", but got " + type_name(v) + ".",
-      "invalid_type");
-}
-
-// Field accessors: absent or null -> nullopt (OpenAI treats explicit null as "not given").
-const ojson* field(const ojson& body, const char* name) {
-  auto it = body.find(name);
-  if (it == body.end() || it->is_null()) return nullptr;
-  return &*it;
-}
-
-std::optional<double> get_number(const ojson& body, const char* name, double lo, double hi) {
-  const ojson* v = field(body, name);
-  if (!v) return std::nullopt;
-  if (!v->is_number()) wrong_type(name, "a number", *v);
-  double d = v->get<double>();
-  if (!std::isfinite(d) || d < lo || d > hi)
-    bad(name, "Invalid value for '" + std::string(name) + "': " + v->dump() + " is not in [" +
-                  ojson(lo).dump() + ", " + ojson(hi).dump() + "].");
-  return d;
-}
-
-std::optional<int64_t> get_int(const ojson& body, const char* name, int64_t lo, int64_t hi) {
-  const ojson* v = field(body, name);
-  if (!v) return std::nullopt;
-  bool integral = v->is_number_integer() || (v->is_number_float() && std::floor(v->get<double>()) == v->get<double>() &&
-                                             std::abs(v->get<double>()) < 9e15);
-  if (!integral) wrong_type(name, "an integer", *v);
-  int64_t i = v->is_number_unsigned() ? int64_t(std::min<uint64_t>(v->get<uint64_t>(), uint64_t(INT64_MAX)))
-              : v->is_number_integer() ? v->get<int64_t>()
-                                       : int64_t(v->get<double>());
-  if (i < lo || i > hi)
-    bad(name, "Invalid value for '" + std::string(name) + "': " + std::to_string(i) + " is not in [" +
-                  std::to_string(lo) + ", " + std::to_string(hi) + "].");
-  return i;
-}
-
-std::optional<bool> get_bool(const ojson& body, const char* name) {
-  const ojson* v = field(body, name);
-  if (!v) return std::nullopt;
-  if (!v->is_boolean()) wrong_type(name, "a boolean", *v);
-  return v->get<bool>();
+// response_format: {"type": "text" | "json_object" | "json_schema", "json_schema": {"name", "schema",
+// "strict", "description"}}. The schema itself is checked when it is compiled (GenerationCore).
+void parse_response_format(const ojson& body, CommonParams& p) {
+  const ojson* rf = field(body, "response_format");
+  if (!rf) return;
+  if (!rf->is_object()) wrong_type("response_format", "an object", *rf);
+  auto t = rf->find("type");
+  if (t == rf->end() || !t->is_string())
+    bad("response_format.type", "Missing required parameter: 'response_format.type'.", "missing_required_parameter");
+  const std::string ty = t->get<std::string>();
+  if (ty == "text") return;
+  if (ty == "json_object") {
+    p.response_format = ResponseFormat::JsonObject;
+    return;
+  }
+  if (ty != "json_schema") bad("response_format.type", "Invalid value for 'response_format.type': '" + ty + "'.");
+  const ojson* js = field(*rf, "json_schema");
+  if (!js) bad("response_format.json_schema", "Missing required parameter: 'response_format.json_schema'.", "missing_required_parameter");
+  if (!js->is_object()) wrong_type("response_format.json_schema", "an object", *js);
+  const ojson* name = field(*js, "name");
+  if (!name) bad("response_format.json_schema.name", "Missing required parameter: 'response_format.json_schema.name'.", "missing_required_parameter");
+  static const std::regex name_re("^[A-Za-z0-9_-]{1,64}$");
+  if (!name->is_string() || !std::regex_match(name->get<std::string>(), name_re))
+    bad("response_format.json_schema.name",
+        "Invalid 'response_format.json_schema.name': must be 1-64 characters of a-z, A-Z, 0-9, underscores and dashes.");
+  if (const ojson* d = field(*js, "description"); d && !d->is_string())
+    wrong_type("response_format.json_schema.description", "a string", *d);
+  // "strict" is accepted either way: the schema is always enforced.
+  if (const ojson* st = field(*js, "strict"); st && !st->is_boolean())
+    wrong_type("response_format.json_schema.strict", "a boolean", *st);
+  p.response_format = ResponseFormat::JsonSchema;
+  p.json_schema = ojson::object();
+  if (const ojson* sc = field(*js, "schema")) {
+    if (!sc->is_object() && !sc->is_boolean()) wrong_type("response_format.json_schema.schema", "an object", *sc);
+    p.json_schema = *sc;
+  }
 }
 
 void parse_common(const ojson& body, const ModelConfig& cfg, uint64_t seed, CommonParams& p, bool chat) {
@@ -117,27 +101,21 @@ void parse_common(const ojson& body, const ModelConfig& cfg, uint64_t seed, Comm
   }
   // sampling: request, else generation_config.json, else OpenAI defaults
   SamplingParams& sp = p.sampling;
-  sp.temperature = float(get_number(body, "temperature", 0, 2).value_or(
-      cfg.default_temperature >= 0 ? cfg.default_temperature : 1.0));
-  sp.top_p = float(get_number(body, "top_p", 0, 1).value_or(cfg.default_top_p > 0 ? cfg.default_top_p : 1.0));
+  sp = sampling_defaults(cfg, seed);
+  if (auto v = get_number(body, "temperature", 0, 2)) sp.temperature = float(*v);
+  if (auto v = get_number(body, "top_p", 0, 1)) sp.top_p = float(*v);
   if (sp.top_p <= 0) bad("top_p", "Invalid value for 'top_p': must be greater than 0.");
-  {
-    auto tk = get_int(body, "top_k", -1, 1 << 30);
-    sp.top_k = tk ? int(std::max<int64_t>(0, *tk)) : (cfg.default_top_k > 0 ? cfg.default_top_k : 0);
-  }
-  sp.min_p = float(get_number(body, "min_p", 0, 1).value_or(cfg.default_min_p > 0 ? cfg.default_min_p : 0.0));
-  sp.presence_penalty = float(get_number(body, "presence_penalty", -2, 2).value_or(
-      cfg.default_presence_penalty >= -2 && cfg.default_presence_penalty != -1 ? cfg.default_presence_penalty : 0.0));
-  sp.frequency_penalty = float(get_number(body, "frequency_penalty", -2, 2).value_or(0.0));
-  sp.repetition_penalty = float(get_number(body, "repetition_penalty", 1e-3, 100).value_or(
-      cfg.default_repetition_penalty > 0 ? cfg.default_repetition_penalty : 1.0));
+  if (auto tk = get_int(body, "top_k", -1, 1 << 30)) sp.top_k = int(std::max<int64_t>(0, *tk));
+  if (auto v = get_number(body, "min_p", 0, 1)) sp.min_p = float(*v);
+  if (auto v = get_number(body, "presence_penalty", -2, 2)) sp.presence_penalty = float(*v);
+  if (auto v = get_number(body, "frequency_penalty", -2, 2)) sp.frequency_penalty = float(*v);
+  if (auto v = get_number(body, "repetition_penalty", 1e-3, 100)) sp.repetition_penalty = float(*v);
   if (const ojson* s = field(body, "seed")) {
     if (!s->is_number_integer()) wrong_type("seed", "an integer", *s);
     sp.seed = s->is_number_unsigned() ? s->get<uint64_t>() : uint64_t(s->get<int64_t>());
-  } else {
-    sp.seed = seed;
   }
   if (auto e = get_bool(body, "echo"); e && *e) bad("echo", "'echo' is not supported.", "unsupported_value");
+  parse_response_format(body, p);
   if (const ojson* lb = field(body, "logit_bias"); lb && !(lb->is_object() && lb->empty()))
     bad("logit_bias", "'logit_bias' is not supported.", "unsupported_value");
 }
@@ -169,16 +147,27 @@ void validate_tools(const ojson& tools) {
     if (!names.insert(name).second) bad(pfx + ".function.name", "Duplicate tool name '" + name + "'.");
     if (auto d = f->find("description"); d != f->end() && !d->is_null() && !d->is_string())
       wrong_type(pfx + ".function.description", "a string", *d);
+    if (auto st = f->find("strict"); st != f->end() && !st->is_null() && !st->is_boolean())
+      wrong_type(pfx + ".function.strict", "a boolean", *st);
     if (auto ps = f->find("parameters"); ps != f->end() && !ps->is_null()) {
       if (!ps->is_object()) wrong_type(pfx + ".function.parameters", "an object (a JSON schema)", *ps);
+      // A JSON schema of type "object" (an empty object means no parameters).
       auto pt = ps->find("type");
-      if (pt != ps->end() && !(pt->is_string() && *pt == "object"))
-        bad(pfx + ".function.parameters", "Invalid schema for function '" + name + "': parameters must be of type \"object\".",
+      if (!ps->empty() && (pt == ps->end() || !(pt->is_string() && *pt == "object")))
+        bad(pfx + ".function.parameters",
+            "Invalid schema for function '" + name + "': parameters must be a JSON schema of type \"object\", got " +
+                (pt == ps->end() ? std::string("no type") : "type " + pt->dump()) + ".",
             "invalid_function_parameters");
       auto props = ps->find("properties");
       if (props != ps->end() && !props->is_object())
         bad(pfx + ".function.parameters", "Invalid schema for function '" + name + "': 'properties' must be an object.",
             "invalid_function_parameters");
+      if (props != ps->end())
+        for (auto it = props->begin(); it != props->end(); ++it)
+          if (!it.value().is_object() && !it.value().is_boolean())
+            bad(pfx + ".function.parameters",
+                "Invalid schema for function '" + name + "': property '" + it.key() + "' must be a JSON schema (an object).",
+                "invalid_function_parameters");
       auto req = ps->find("required");
       if (req != ps->end()) {
         if (!req->is_array())
@@ -298,16 +287,6 @@ ChatParams parse_chat_request(const ojson& body, const ModelConfig& cfg, uint64_
   }
   p.sampling.logprobs = p.logprobs;
   p.sampling.top_logprobs = p.top_logprobs;
-  // response_format
-  if (const ojson* rf = field(body, "response_format")) {
-    if (!rf->is_object()) wrong_type("response_format", "an object", *rf);
-    auto t = rf->find("type");
-    if (t == rf->end() || !t->is_string()) bad("response_format.type", "Missing required parameter: 'response_format.type'.", "missing_required_parameter");
-    std::string ty = t->get<std::string>();
-    if (ty == "json_object" || ty == "json_schema")
-      bad("response_format", "response_format type '" + ty + "' is not supported yet (only 'text').", "unsupported_value");
-    if (ty != "text") bad("response_format.type", "Invalid value for 'response_format.type': '" + ty + "'.");
-  }
   // tools
   if (const ojson* t = field(body, "tools")) {
     validate_tools(*t);
@@ -341,6 +320,7 @@ ChatParams parse_chat_request(const ojson& body, const ModelConfig& cfg, uint64_
       if (!found) bad("tool_choice", "Invalid 'tool_choice': no tool named '" + p.tool_choice_name + "' in 'tools'.");
     }
   }
+  p.parallel_tool_calls = get_bool(body, "parallel_tool_calls").value_or(true);
   // chat_template_kwargs (and a top-level enable_thinking, which some clients send)
   ojson kwargs = ojson::object();
   if (const ojson* k = field(body, "chat_template_kwargs")) {

@@ -24,8 +24,13 @@ nlohmann::json error_body(const ApiError& e);
 
 enum class ToolChoice { Auto, None, Required, Function };
 
+// response_format: free text, any JSON object, or a JSON Schema (enforced by constrained decoding).
+enum class ResponseFormat { Text, JsonObject, JsonSchema };
+
 struct CommonParams {
   std::string model;  // as given ("" when absent)
+  ResponseFormat response_format = ResponseFormat::Text;
+  ojson json_schema;  // ResponseFormat::JsonSchema: response_format.json_schema.schema ({} when absent)
   bool stream = false;
   bool include_usage = false;
   std::optional<int64_t> max_tokens;
@@ -41,6 +46,7 @@ struct ChatParams : CommonParams {
   ojson tools;  // the validated tools array (null when none)
   ToolChoice tool_choice = ToolChoice::Auto;
   std::string tool_choice_name;  // ToolChoice::Function
+  bool parallel_tool_calls = true;
 };
 
 struct CompletionParams : CommonParams {

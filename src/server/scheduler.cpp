@@ -185,6 +185,7 @@ void Scheduler::admit(std::shared_ptr<Job> job) {
     answer(*job, error_event(std::make_exception_ptr(Error("scheduler: no free session for an admitted job"))));
     return;
   }
+  job->started = true;
   GenerationRequest req = job->req;
   req.prefill_chunk = opts_.prefill_chunk;
   Job* j = job.get();

@@ -52,6 +52,7 @@ class Job {
   explicit Job(GenerationRequest r) : req(std::move(r)) {}
   GenerationRequest req;
   std::atomic<bool> cancel{false};  // set by the HTTP side when the client goes away
+  std::atomic<bool> started{false};  // set by the scheduler when the job leaves the queue to run
 
   void push(JobEvent ev);
   // Moves every pending event into `out` (waiting up to `timeout` for the first); false on timeout.

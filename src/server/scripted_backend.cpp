@@ -56,8 +56,13 @@ class ScriptedSession : public Session {
     ctx_ = s->tokens;
   }
   void reset() override { ctx_.clear(); }
+  // Constrained decoding: the scripted reply is not changed, but a scripted token outside the mask is
+  // an error (so scripts exercise the grammars with real tokenizations).
+  void set_token_mask(const uint32_t* bits) override;
 
  private:
+  std::vector<uint32_t> mask_;
+  bool has_mask_ = false;
   int32_t next_token() const;
   const ScriptedBackend& b_;
   int64_t max_;
@@ -117,6 +122,19 @@ void ScriptedSession::begin_generation(const SamplingParams& params, std::span<c
       break;
     }
   pos_ = 0;
+  // A continuation (the generation core resumes a generation from what it wrote so far, e.g. after a
+  // reasoning budget): when the assistant turn already holds a prefix of the reply, go on from there.
+  const std::string head = "<|im_start|>assistant\n";
+  size_t a = text.rfind(head);
+  if (a == std::string::npos || rule_->reply.empty()) return;
+  std::string written = text.substr(a + head.size());
+  if (written.rfind("<think>\n", 0) == 0) written.erase(0, 8);
+  if (written.empty()) return;
+  std::string acc;
+  for (size_t k = 0; k < rule_->reply.size() && acc.size() < written.size(); ++k) {
+    acc += b_.tok->decode(std::span<const int32_t>(&rule_->reply[k], 1), false);
+    if (acc == written) pos_ = k + 1;
+  }
 }
 
 int32_t ScriptedSession::next_token() const {
@@ -126,9 +144,20 @@ int32_t ScriptedSession::next_token() const {
   return b_.cfg.eos_token_ids[0];
 }
 
+void ScriptedSession::set_token_mask(const uint32_t* bits) {
+  has_mask_ = bits != nullptr;
+  if (bits) mask_.assign(bits, bits + (b_.cfg.vocab_size + 31) / 32);
+}
+
 TokenChoice ScriptedSession::sample() {
   TokenChoice c;
   c.token = next_token();
+  if (has_mask_) {
+    has_mask_ = false;
+    if (!((mask_[size_t(c.token) >> 5] >> (c.token & 31)) & 1u))
+      throw Error("scripted backend: the script's token " + std::to_string(c.token) + " ('" + b_.tok->token_bytes(c.token) +
+                  "') is not allowed by the token mask (the reply breaks the request's constraint)");
+  }
   current_ = c.token;
   if (params_.logprobs) {
     c.logprob = std::log(0.75f);

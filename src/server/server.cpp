@@ -3,13 +3,18 @@
 #include <httplib.h>
 
 #include <chrono>
+#include <thread>
 
 #include "core/error.h"
 #include "core/log.h"
 #include "engine/backend.h"
 #include "server/http_response.h"
+#include "server/http_server.h"
 #include "server/metrics.h"
+#include "server/anthropic_api.h"
 #include "server/openai_api.h"
+#include "server/responses_api.h"
+#include "server/web_ui.h"
 #include "server/openai_schema.h"
 #include "server/server_context.h"
 #include "text/model_format.h"
@@ -18,6 +23,7 @@
 namespace lilac::server {
 
 using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
 
 // ------------------------------------------------------------------------------------------- ServerContext
 
@@ -44,12 +50,36 @@ void send_error(httplib::Response& res, int status, const std::string& message, 
   res.set_content(dump_json(error_body(status, message, type, param, code)), "application/json");
 }
 
+std::string openai_error_text(int status, const std::string& message, const std::string& code) {
+  return dump_json(error_body(status, message, "", "", code));
+}
+
 // ------------------------------------------------------------------------------------------- Server
 
+namespace {
+
+HttpServerOptions http_options(const ServerOptions& o) {
+  HttpServerOptions h;
+  h.host = o.host;
+  h.port = o.port;
+  h.workers = o.http_threads > 0 ? o.http_threads : o.max_queue + 32;
+  h.max_pending = o.max_pending;
+  h.max_connections = o.max_connections;
+  h.limits.max_body_bytes = o.max_body_bytes;
+  h.header_timeout_ms = o.header_timeout_ms;
+  h.body_timeout_ms = o.body_timeout_ms;
+  h.idle_timeout_ms = o.idle_timeout_ms;
+  h.write_timeout_ms = o.write_timeout_ms;
+  h.max_buffered_body_bytes = std::max<size_t>(size_t(256) << 20, 4 * o.max_body_bytes);
+  return h;
+}
+
+}  // namespace
+
 struct Server::Impl {
-  explicit Impl(ServerOptions o) : ctx(std::move(o)) {}
-  httplib::Server http;
+  explicit Impl(ServerOptions o) : ctx(std::move(o)), http(http_options(ctx.opts)) {}
   ServerContext ctx;
+  HttpServer http;
 };
 
 namespace {
@@ -60,91 +90,100 @@ bool constant_time_equal(const std::string& a, const std::string& b) {
   return d == 0 && !b.empty();
 }
 
-// Bearer-key check of /v1/*, error bodies for httplib's own errors, CORS preflight.
-void add_http_basics(httplib::Server& http, ServerContext& C) {
-  http.set_pre_routing_handler([&C](const httplib::Request& req, httplib::Response& res) {
-    if (req.method == "OPTIONS") return httplib::Server::HandlerResponse::Unhandled;
-    if (!C.opts.api_key.empty() && req.path.rfind("/v1/", 0) == 0) {
-      std::string auth = req.get_header_value("Authorization");
-      const std::string pfx = "Bearer ";
-      std::string key = auth.rfind(pfx, 0) == 0 ? auth.substr(pfx.size()) : "";
-      if (!constant_time_equal(key, C.opts.api_key)) {
-        send_error(res, 401,
-                   auth.empty() ? "You didn't provide an API key. Provide it as 'Authorization: Bearer <key>'."
-                                : "Incorrect API key provided.",
-                   "", "invalid_api_key", "invalid_request_error");
-        C.metrics.count_request(req.path, 401);
-        LILAC_LOG_WARN("%s %s -> 401 (bad or missing API key)", req.method.c_str(), req.path.c_str());
-        return httplib::Server::HandlerResponse::Handled;
-      }
-    }
-    return httplib::Server::HandlerResponse::Unhandled;
-  });
+// The key of "Authorization: Bearer <key>": the scheme in any case, spaces around the key ignored.
+std::string bearer_key(const std::string& auth) {
+  size_t i = 0;
+  while (i < auth.size() && auth[i] == ' ') ++i;
+  if (auth.size() < i + 6) return "";
+  std::string scheme = auth.substr(i, 6);
+  for (auto& c : scheme) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (scheme != "bearer" || (auth.size() > i + 6 && auth[i + 6] != ' ')) return "";
+  size_t b = auth.find_first_not_of(' ', i + 6), e = auth.find_last_not_of(' ');
+  return b == std::string::npos ? "" : auth.substr(b, e - b + 1);
+}
 
-  http.set_error_handler([&C](const httplib::Request& req, httplib::Response& res) {
-    if (!res.body.empty()) return;
-    if (res.status == 413) {
-      send_error(res, 413,
-                 "Request body too large: the limit is " + std::to_string(C.opts.max_body_bytes) + " bytes.", "",
-                 "payload_too_large");
-    } else if (res.status == 404) {
-      send_error(res, 404, "Unknown endpoint: " + req.method + " " + req.path, "", "unknown_url");
-    } else {
-      send_error(res, res.status, "Bad request (HTTP status " + std::to_string(res.status) + ").");
-    }
-    C.metrics.count_request(req.path, res.status);
-    LILAC_LOG_WARN("%s %s -> %d", req.method.c_str(), req.path.c_str(), res.status);
+// The API key of /v1/* (checked when the headers are in, before any body is read), error bodies of the
+// HTTP layer, counters for the answers it makes itself, CORS.
+void add_http_basics(HttpServer& http, ServerContext& C) {
+  http.set_header_check([&C](const httplib::Request& req) -> std::optional<HttpError> {
+    if (C.opts.api_key.empty() || req.path.rfind("/v1/", 0) != 0) return std::nullopt;
+    // "Authorization: Bearer <key>", or Anthropic's "x-api-key: <key>".
+    const std::string auth = req.get_header_value("Authorization");
+    const std::string xkey = req.get_header_value("x-api-key");
+    if (constant_time_equal(bearer_key(auth), C.opts.api_key) || constant_time_equal(xkey, C.opts.api_key))
+      return std::nullopt;
+    return HttpError{401,
+                     auth.empty() && xkey.empty()
+                         ? "You didn't provide an API key. Provide it as 'Authorization: Bearer <key>' or 'x-api-key: <key>'."
+                         : "Incorrect API key provided.",
+                     "invalid_api_key"};
   });
+  http.set_default_errors(openai_error_text);
+  // By route pattern (never the raw path: the label set stays bounded whatever clients send).
+  http.set_observer([&C](const std::string& route, int status) {
+    C.metrics.count_request(route.empty() ? "other" : route, status);
+  });
+  http.set_default_headers({{"Access-Control-Allow-Origin", "*"}});
+  http.set_preflight_headers({{"Access-Control-Allow-Methods", "GET, POST, OPTIONS"},
+                              {"Access-Control-Allow-Headers",
+                               "Authorization, Content-Type, x-api-key, anthropic-version, anthropic-beta, x-lilac-route"},
+                              {"Access-Control-Max-Age", "600"}});
+}
 
-  http.set_exception_handler([](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
-    std::string what = "unknown exception";
-    try {
-      if (ep) std::rethrow_exception(ep);
-    } catch (const std::exception& e) {
-      what = e.what();
-    } catch (...) {
-    }
-    LILAC_LOG_ERROR("%s %s -> 500 (%s)", req.method.c_str(), req.path.c_str(), what.c_str());
-    send_error(res, 500, "Internal server error: " + what, "", "internal_error");
-  });
-
-  http.Options(R"(.*)", [](const httplib::Request&, httplib::Response& res) {
-    res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
-    res.set_header("Access-Control-Allow-Headers", "Authorization, Content-Type");
-    res.status = 204;
-  });
+std::string http_metrics(const HttpStats& s) {
+  std::string out;
+  auto gauge = [&](const char* name, const char* help, const char* type, int64_t v) {
+    out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n" + name + " " +
+           std::to_string(v) + "\n";
+  };
+  gauge("lilac_http_connections", "Open HTTP connections.", "gauge", s.connections);
+  gauge("lilac_http_workers_busy", "HTTP workers answering a request.", "gauge", s.busy_workers);
+  gauge("lilac_http_pending", "Complete requests waiting for a worker.", "gauge", s.pending);
+  gauge("lilac_http_timeouts_total", "Requests whose headers or body did not arrive in time (408).", "counter",
+        s.timeouts);
+  gauge("lilac_http_rejected_busy_total", "Requests or connections refused with 503 because the server was full.",
+        "counter", s.rejected_busy);
+  gauge("lilac_http_evicted_total", "Idle connections closed to make room for new ones.", "counter", s.evicted);
+  return out;
 }
 
 }  // namespace
 
-Server::Server(ServerOptions opts) : impl_(std::make_unique<Impl>(std::move(opts))) {
-  auto& http = impl_->http;
+Server::Server(ServerOptions opts) {
+  if (opts.http_threads > 0 && opts.http_threads <= opts.max_queue)
+    throw InputError("--http-threads (" + std::to_string(opts.http_threads) + ") must be larger than --max-queue (" +
+                     std::to_string(opts.max_queue) +
+                     "): each queued or running generation holds a worker, and requests beyond the queue must "
+                     "still find one to be answered 429");
+  impl_ = std::make_unique<Impl>(std::move(opts));
+  HttpServer& http = impl_->http;
   ServerContext& C = impl_->ctx;
-  const int threads = std::max(4, C.opts.http_threads);
-  http.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
-  http.set_payload_max_length(C.opts.max_body_bytes);
-  http.set_tcp_nodelay(true);
-  http.set_keep_alive_max_count(1000);
-  http.set_read_timeout(60);
-  http.set_write_timeout(30);
-  http.set_default_headers({{"Access-Control-Allow-Origin", "*"}});
   add_http_basics(http, C);
 
+  RouteOptions fast;
+  fast.run_inline = true;  // answered by the I/O thread: at once even when every worker is busy
   http.Get("/health", [&C](const httplib::Request&, httplib::Response& res) {
-    if (C.ready.load()) {
+    if (C.shutting_down.load()) {
+      res.status = 503;
+      res.set_content(dump_json(json{{"status", "shutting_down"}}), "application/json");
+    } else if (C.ready.load()) {
       res.set_content(dump_json(json{{"status", "ok"}, {"model", C.opts.model_id}}), "application/json");
     } else {
       res.status = 503;
       res.set_content(dump_json(json{{"status", "loading"}}), "application/json");
     }
-  });
+  }, fast);
 
-  http.Get("/metrics", [&C](const httplib::Request&, httplib::Response& res) {
+  HttpServer* hp = &http;
+  http.Get("/metrics", [&C, hp](const httplib::Request&, httplib::Response& res) {
     C.metrics.count_request("/metrics", 200);
-    res.set_content(C.metrics.render(), "text/plain; version=0.0.4");
-  });
+    res.set_content(C.metrics.render() + http_metrics(hp->stats()), "text/plain; version=0.0.4");
+  }, fast);
 
   add_openai_routes(http, C);
+  add_anthropic_routes(http, C);
+  add_responses_routes(http, C);
+  add_web_routes(http);
 }
 
 Server::~Server() { stop(); }
@@ -176,29 +215,49 @@ void Server::set_model(std::shared_ptr<Backend> backend, std::shared_ptr<const T
 }
 
 int Server::bind() {
-  const ServerOptions& o = impl_->ctx.opts;
-  int p = o.port == 0 ? impl_->http.bind_to_any_port(o.host) : (impl_->http.bind_to_port(o.host, o.port) ? o.port : -1);
-  if (p < 0) throw Error("cannot listen on " + o.host + ":" + std::to_string(o.port) + " (address in use?)");
-  port_ = p;
-  return p;
+  port_ = impl_->http.bind();
+  return port_;
 }
 
-void Server::start() {
-  thread_ = std::thread([this] { impl_->http.listen_after_bind(); });
-  for (int i = 0; i < 500 && !impl_->http.is_running(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(2));
-}
+void Server::start() { impl_->http.start(); }
 
-void Server::run() { impl_->http.listen_after_bind(); }
+void Server::run() { impl_->http.run(); }
+
+void Server::shutdown(int grace_ms, const std::function<bool()>& hurry) {
+  if (!impl_) return;
+  ServerContext& C = impl_->ctx;
+  HttpServer& http = impl_->http;
+  C.shutting_down = true;
+  http.begin_drain();
+  if (C.core) C.core->begin_shutdown();
+  // Requests in progress (generations, upstream forwards) get the grace period to finish.
+  auto quiet = [&] { return (!C.core || C.core->active() == 0) && http.stats().busy_workers == 0; };
+  const auto t0 = Clock::now();
+  while (!quiet() && Clock::now() - t0 < std::chrono::milliseconds(grace_ms) && !(hurry && hurry()))
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  if (!quiet()) {
+    LILAC_LOG_WARN("shutdown: requests still running after the grace period: they end with an error");
+    if (C.core)
+      C.core->abort_all(503, "The server is shutting down: the generation was stopped before it finished.");
+    if (C.hook.on_shutdown) C.hook.on_shutdown();
+    const auto t1 = Clock::now();  // their error answers get a moment to be written
+    while (!quiet() && Clock::now() - t1 < std::chrono::seconds(2)) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  stop();
+}
 
 void Server::stop() {
   if (!impl_) return;
-  // Cancel generations first so streaming responses end, then stop accepting and join.
-  if (impl_->ctx.core) impl_->ctx.core->stop();
+  ServerContext& C = impl_->ctx;
+  C.shutting_down = true;
+  // Cancel generations first so that their answers end, then close the connections and join.
+  if (C.core) C.core->abort_all(503, "The server is shutting down: the generation was stopped before it finished.");
+  if (C.hook.on_shutdown) C.hook.on_shutdown();
   impl_->http.stop();
-  if (thread_.joinable()) thread_.join();
+  if (C.core) C.core->stop();
 }
 
-httplib::Server& Server::http() { return impl_->http; }
+HttpServer& Server::http() { return impl_->http; }
 Metrics& Server::metrics() { return impl_->ctx.metrics; }
 
 }  // namespace lilac::server

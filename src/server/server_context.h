@@ -28,6 +28,7 @@ struct ServerContext {
   std::shared_ptr<const Tokenizer> tok;  // set with `core`, before `ready`
   std::unique_ptr<GenerationCore> core;  // set once the model is loaded, before `ready`
   std::atomic<bool> ready{false};
+  std::atomic<bool> shutting_down{false};  // Server::shutdown began
 
   uint64_t random_u64();
   std::string new_id(const char* prefix);  // prefix + 24 random alphanumerics
@@ -40,5 +41,7 @@ struct ServerContext {
 // An OpenAI-shaped error answer ({"error": {...}}).
 void send_error(httplib::Response& res, int status, const std::string& message, const std::string& param = "",
                 const std::string& code = "", const std::string& type = "");
+// The OpenAI error body for errors the HTTP layer answers itself (HttpServer's ErrorFormatter).
+std::string openai_error_text(int status, const std::string& message, const std::string& code);
 
 }  // namespace lilac::server

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "text/bounded_json.h"
 #include "text/jinja.h"
 
 namespace lilac {
@@ -109,13 +110,20 @@ ordered_json normalise_message(const ordered_json& m, size_t idx) {
     out["content"] = "";
   } else if (out["content"].is_array()) {
     size_t k = 0;
+    bool all_text = true;
+    std::string joined;
     for (const auto& part : out["content"]) {
       std::string pw = where + ".content[" + std::to_string(k++) + "]";
       if (!part.is_object()) throw InputError(pw + ": content parts must be objects");
       if (part.contains("type") && !part["type"].is_string()) throw InputError(pw + ": \"type\" must be a string");
       if (part.value("type", "") == "text" && (!part.contains("text") || !part["text"].is_string()))
         throw InputError(pw + ": a text part needs a string \"text\"");
+      if (part.value("type", "") == "text") joined += part["text"].get_ref<const std::string&>();
+      else all_text = false;
     }
+    // Text parts become one string (concatenated, as templates that render parts do): templates that
+    // expect a string then work too.
+    if (all_text) out["content"] = std::move(joined);
   } else if (!out["content"].is_string()) {
     throw InputError(where + ": \"content\" must be a string, an array of content parts or null");
   }
@@ -134,8 +142,8 @@ ordered_json normalise_message(const ordered_json& m, size_t idx) {
         if (!fn.is_object()) throw InputError(tw + ": \"function\" must be an object");
         if (fn.contains("arguments") && fn["arguments"].is_string()) {
           // The Qwen3.6 template iterates over the arguments: parse a JSON object given as a string.
-          ordered_json parsed = ordered_json::parse(fn["arguments"].get<std::string>(), nullptr, false);
-          if (!parsed.is_discarded() && parsed.is_object()) fn["arguments"] = std::move(parsed);
+          JsonParseResult parsed = parse_bounded_json(fn["arguments"].get<std::string>());
+          if (parsed.ok() && parsed.value.is_object()) fn["arguments"] = std::move(parsed.value);
         }
       }
     }

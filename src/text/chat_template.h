@@ -25,7 +25,8 @@ class ChatTemplate {
 
 // Render an OpenAI chat request body: messages, tools, add_generation_prompt (default true),
 // every chat_template_kwargs entry as a variable. Normalises messages first (content null -> "",
-// tool-call arguments given as a JSON string -> object). Throws lilac::InputError on bad requests,
+// an array of text parts -> their concatenation as one string, tool-call arguments given as a JSON
+// string -> object, parsed with text/bounded_json.h). Throws lilac::InputError on bad requests,
 // including requests the template rejects while rendering (raise_exception and other template errors;
 // the message keeps the template's origin, line and column).
 std::string render_chat_request(const ChatTemplate& tmpl, const nlohmann::ordered_json& request);

@@ -25,14 +25,19 @@ class Qwen36Format final : public ModelFormat {
     return ends_with(prompt, "\n") ? "\n</think>\n\n" : "\n\n</think>\n\n";
   }
 
+  std::string force_close_reasoning() const override { return "\n" + std::string(markup().think_close) + "\n\n"; }
+
   std::string tool_call_prefix(std::string_view prompt, std::string_view function) const override {
     std::string s = std::string(markup().tool_open) + "\n";
     if (function.empty()) return s;
-    // The XML form when the chat template described it (its system prompt shows "<function="), else
-    // Qwen3's JSON form.
-    const bool xml = prompt.find(markup().function_open) != std::string_view::npos;
-    if (xml) return s + std::string(markup().function_open) + std::string(function) + ">\n";
+    if (xml_tool_calls(prompt)) return s + std::string(markup().function_open) + std::string(function) + ">\n";
     return s + "{\"name\": \"" + std::string(function) + "\", \"arguments\": ";
+  }
+
+  // The XML form when the chat template described it (its system prompt shows "<function="), else
+  // Qwen3's JSON form.
+  bool xml_tool_calls(std::string_view prompt) const override {
+    return prompt.find(markup().function_open) != std::string_view::npos;
   }
 };
 

@@ -32,9 +32,15 @@ class ModelFormat {
   virtual bool prompt_opens_reasoning(std::string_view prompt) const = 0;
   // The text that, appended to `prompt`, closes an open reasoning block ("" when none is open).
   virtual std::string close_reasoning(std::string_view prompt) const = 0;
+  // The text that closes a reasoning block the model is still writing (a reasoning budget ran out),
+  // after which the model writes its answer.
+  virtual std::string force_close_reasoning() const = 0;
   // The opening of a tool call, appended to `prompt` (reasoning closed) to force a call: of `function`
   // when it is not empty, else of any tool.
   virtual std::string tool_call_prefix(std::string_view prompt, std::string_view function) const = 0;
+  // Whether calls are written in the XML form (markup().function_open ...) after this rendered prompt,
+  // else in the JSON form.
+  virtual bool xml_tool_calls(std::string_view prompt) const = 0;
 
   // The prompt for one generation: `rendered` as is, or, when `force_call`, with reasoning closed and
   // the call opened (of `function`, or any tool when it is empty).

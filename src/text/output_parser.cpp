@@ -8,7 +8,8 @@
 //   <think>, </think> and </tool_call> are dropped, and so are newlines right before </think> and
 //   <tool_call>. (So trailing newlines of content/reasoning are held until the next non-newline
 //   character shows whether markup follows; at finish() they are emitted.)
-// - "<tool_call>" in content starts a tool call; its body is buffered until "</tool_call>" and then
+// - "<tool_call>" in content starts a tool call (only when tool calls are enabled: a request without tools
+//   gets the text as content); its body is buffered until "</tool_call>" and then
 //   parsed: the XML form (<function=NAME> with <parameter=ARG>VALUE</parameter>, several
 //   functions allowed) or Qwen3's JSON form {"name": ..., "arguments": {...}}. A body that parses
 //   yields one ToolCall delta per function (complete arguments JSON, one string); otherwise the
@@ -26,6 +27,7 @@
 #include <chrono>
 #include <random>
 
+#include "text/bounded_json.h"
 #include "text/unicode.h"
 
 namespace lilac {
@@ -74,6 +76,7 @@ struct OutputParser::Impl {
   std::string buf;       // unprocessed text
   const FormatMarkup& mk;
   ojson tools;
+  bool calls_enabled = true;
   int n_calls = 0;
   std::mt19937_64 rng;
   std::vector<OutputDelta> out;
@@ -161,7 +164,8 @@ struct OutputParser::Impl {
     for (const auto& t : types) non_string |= (t != "string");
     if (!non_string) return ojson(value);
     std::string_view v = trim_ws(value);
-    ojson parsed = ojson::parse(v.begin(), v.end(), nullptr, /*allow_exceptions=*/false);
+    JsonParseResult pr = parse_bounded_json(v);
+    ojson parsed = pr.ok() ? std::move(pr.value) : ojson(ojson::value_t::discarded);
     if (parsed.is_discarded()) {
       if (v == "True") parsed = true;
       else if (v == "False") parsed = false;
@@ -238,8 +242,9 @@ struct OutputParser::Impl {
   static bool parse_json_call(std::string_view body, std::vector<ParsedCall>& calls) {
     std::string_view b = trim_ws(body);
     if (b.empty() || b.front() != '{') return false;
-    ojson j = ojson::parse(b.begin(), b.end(), nullptr, false);
-    if (j.is_discarded() || !j.is_object()) return false;
+    JsonParseResult pj = parse_bounded_json(b);
+    if (!pj.ok() || !pj.value.is_object()) return false;
+    const ojson& j = pj.value;
     auto name = j.find("name");
     if (name == j.end() || !name->is_string() || name->get<std::string>().empty()) return false;
     ojson args = ojson::object();
@@ -250,9 +255,9 @@ struct OutputParser::Impl {
         args = *a;
       } else if (a->is_string()) {
         const std::string s = a->get<std::string>();
-        ojson p = ojson::parse(s, nullptr, false);
-        if (p.is_discarded() || !p.is_object()) return false;
-        args = p;
+        JsonParseResult p = parse_bounded_json(s);
+        if (!p.ok() || !p.value.is_object()) return false;
+        args = std::move(p.value);
       } else if (!a->is_null()) {
         return false;
       }
@@ -331,6 +336,11 @@ struct OutputParser::Impl {
       }
       switch (state) {
         case Content:
+          if (!calls_enabled) {  // no tools: everything is content
+            emit(OutputDelta::Content, buf);
+            buf.clear();
+            return;
+          }
           if (scan_text(OutputDelta::Content, mk.tool_open, final)) {
             state = Tool;
             continue;
@@ -370,8 +380,11 @@ struct OutputParser::Impl {
   }
 };
 
-OutputParser::OutputParser(bool in_reasoning, const nlohmann::ordered_json& tools, const ModelFormat& format)
-    : impl_(std::make_shared<Impl>(in_reasoning, tools, format)) {}
+OutputParser::OutputParser(bool in_reasoning, const nlohmann::ordered_json& tools, const ModelFormat& format,
+                           bool tool_calls)
+    : impl_(std::make_shared<Impl>(in_reasoning, tools, format)) {
+  impl_->calls_enabled = tool_calls;
+}
 
 std::vector<OutputDelta> OutputParser::push(std::string_view text) {
   Impl& m = *impl_;
@@ -387,6 +400,8 @@ std::vector<OutputDelta> OutputParser::push(std::string_view text) {
   n_tool_calls_ = m.n_calls;
   return m.take();
 }
+
+bool OutputParser::in_reasoning() const { return impl_->state == Impl::Reasoning; }
 
 std::vector<OutputDelta> OutputParser::finish() {
   Impl& m = *impl_;

@@ -30,14 +30,18 @@ class OutputParser {
  public:
   // `in_reasoning`: the prompt already opened <think> (thinking on). `tools`: the request's
   // OpenAI tools array (used to type parameter values by their JSON schema), may be null. `format`:
-  // the markup (its tags; the grammar around them is Qwen3.6's).
+  // the markup (its tags; the grammar around them is Qwen3.6's). `tool_calls`: whether tool-call
+  // markup is recognised at all (false when the request has no tools or tool_choice "none": text that
+  // looks like a call then stays content).
   OutputParser(bool in_reasoning, const nlohmann::ordered_json& tools = nullptr,
-               const ModelFormat& format = qwen3_6_format());
+               const ModelFormat& format = qwen3_6_format(), bool tool_calls = true);
   // Feed generated text (any split, even mid-tag or mid-UTF-8); returns deltas ready to stream.
   std::vector<OutputDelta> push(std::string_view text);
   // End of generation: flush held-back text; unterminated markup degrades to plain content.
   std::vector<OutputDelta> finish();
   int tool_calls() const { return n_tool_calls_; }
+  // Whether the text so far left the model inside a reasoning block.
+  bool in_reasoning() const;
 
  private:
   struct Impl;

@@ -318,6 +318,9 @@ class BpeTokenizer final : public Tokenizer {
   bool is_special(int32_t id) const override {
     return id >= 0 && static_cast<size_t>(id) < special_.size() && special_[static_cast<size_t>(id)];
   }
+  bool is_added(int32_t id) const override {
+    return id >= 0 && static_cast<size_t>(id) < added_flag_.size() && added_flag_[static_cast<size_t>(id)];
+  }
   int64_t vocab_size() const override { return static_cast<int64_t>(tokens_.size()); }
   std::string eos_token() const override { return eos_; }
   std::string bos_token() const override { return bos_; }
@@ -337,6 +340,7 @@ class BpeTokenizer final : public Tokenizer {
     if (static_cast<size_t>(id) >= tokens_.size()) {
       tokens_.resize(static_cast<size_t>(id) + 1);
       special_.resize(static_cast<size_t>(id) + 1, false);
+      added_flag_.resize(static_cast<size_t>(id) + 1, false);
     }
     tokens_[static_cast<size_t>(id)] = std::move(bytes);
   }
@@ -437,6 +441,7 @@ class BpeTokenizer final : public Tokenizer {
       a.normalized = c.boolean(t, "normalized", !a.special, where);
       set_token(a.id, a.content);
       special_[static_cast<size_t>(a.id)] = a.special;
+      added_flag_[static_cast<size_t>(a.id)] = true;
       added_.push_back(std::move(a));
     }
   }
@@ -700,6 +705,7 @@ class BpeTokenizer final : public Tokenizer {
   // ---- data --------------------------------------------------------------------------------
   std::vector<std::string> tokens_;  // id -> bytes
   std::vector<bool> special_;
+  std::vector<bool> added_flag_;
   std::unordered_map<std::string, int32_t> vocab_str_;    // byte-level string -> id
   std::unordered_map<std::string, int32_t> bytes_to_id_;  // raw bytes -> id
   std::unordered_map<uint64_t, MergeInfo> merges_;

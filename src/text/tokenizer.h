@@ -44,6 +44,8 @@ class Tokenizer {
   // content (e.g. "<|im_end|>"); nullopt if none.
   virtual std::optional<int32_t> token_id(std::string_view token) const = 0;
   virtual bool is_special(int32_t id) const = 0;
+  // Added tokens (special or not: <|im_end|>, <tool_call>, <think>, ...): markup, never plain text.
+  virtual bool is_added(int32_t id) const = 0;
   virtual int64_t vocab_size() const = 0;  // largest id + 1
   // From tokenizer_config.json where given (e.g. "<|im_end|>"), else empty.
   virtual std::string eos_token() const = 0;

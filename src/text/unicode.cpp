@@ -9,6 +9,27 @@
 
 namespace lilac::unicode {
 
+bool is_invisible(char32_t cp) {
+  if (cp < 0xAD) return false;
+  switch (utf8proc_category(static_cast<utf8proc_int32_t>(cp))) {
+    case UTF8PROC_CATEGORY_CF: case UTF8PROC_CATEGORY_MN: case UTF8PROC_CATEGORY_ME:
+      return true;
+    default:
+      return false;
+  }
+}
+
+int decimal_digit_value(char32_t cp) {
+  if (cp >= '0' && cp <= '9') return int(cp - '0');
+  if (cp < 0x660) return -1;
+  auto is_nd = [](char32_t c) { return utf8proc_category(static_cast<utf8proc_int32_t>(c)) == UTF8PROC_CATEGORY_ND; };
+  if (!is_nd(cp)) return -1;
+  // Nd characters come in runs of ten, 0 to 9 (some scripts have several runs in a row).
+  char32_t start = cp;
+  while (start > 0 && is_nd(start - 1) && cp - start < 100) --start;
+  return int((cp - start) % 10);
+}
+
 namespace {
 inline bool cont(uint8_t b) { return (b & 0xC0) == 0x80; }
 }  // namespace

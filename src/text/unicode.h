@@ -36,6 +36,12 @@ inline std::string nfc(std::string_view s) { return normalize(s, NormForm::NFC);
 bool is_whitespace(char32_t cp);
 // Letter, number or '_' (a "word" character, for added tokens with single_word).
 bool is_word_char(char32_t cp);
+// Invisible in text: format characters (Cf: zero-width space / joiners, soft hyphen, bidi controls,
+// word joiner, BOM) and combining marks (Mn, Me).
+bool is_invisible(char32_t cp);
+// The value 0-9 of a decimal digit of any script (category Nd: Arabic-Indic, Devanagari, fullwidth,
+// ...), -1 for anything else.
+int decimal_digit_value(char32_t cp);
 
 // GPT-2 byte-level alphabet: every byte maps to a printable code point.
 char32_t byte_to_unicode(uint8_t b);

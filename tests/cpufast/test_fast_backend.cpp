@@ -139,6 +139,23 @@ TEST(CpuFastBackend, DecodeBatchRejectsBadBatches) {
   EXPECT_EQ(be->decode_batch(std::vector<Session*>{a.get()}).size(), 1u);
 }
 
+// The server sizes its session pool by these (a fast backend used to report 0 bytes / 1 session, so
+// `lilac serve --backend cpu` served one conversation at a time unless --max-batch was given).
+TEST(CpuFastBackend, SessionPoolSizing) {
+  auto be = cpufast::make_fast_cpu_backend(fixture("tiny"), {.threads = 1});
+  const ModelConfig& c = be->config();
+  int64_t n_attn = 0;
+  for (bool full : c.full_attention) n_attn += full;
+  const size_t a = be->session_bytes(1000), b = be->session_bytes(2000);
+  ASSERT_GT(a, 0u);
+  EXPECT_EQ(b - a, size_t(1000) * size_t(n_attn) * 2 * size_t(c.kv_dim()) * 2);  // bf16 K and V per token
+  EXPECT_EQ(be->session_bytes(0), be->session_bytes(c.max_position_embeddings));
+  const int n = be->default_sessions(1000);
+  EXPECT_GE(n, 1);
+  EXPECT_LE(n, 4);
+  if (cpu::available_ram_bytes() > 8 * a) EXPECT_EQ(n, 4);  // a tiny model: the default count fits
+}
+
 // Chunked prefill (sink rows chunk by chunk) against single-token steps: close (the same arithmetic
 // except the Gated DeltaNet's chunked form); snapshots restore exactly.
 TEST(CpuFastBackend, PrefillChunksSinkAndSnapshots) {

@@ -9,7 +9,7 @@ import fs from 'node:fs';
 import http from 'node:http';
 import os from 'node:os';
 import path from 'node:path';
-import { startServer } from './helpers.mjs';
+import { startServer, metrics, postJson } from './helpers.mjs';
 
 const SHARED = process.env.LILAC_SHARED_DIR;
 const SOURCE = process.env.LILAC_SOURCE_DIR || path.resolve(import.meta.dirname, '../..');
@@ -303,6 +303,52 @@ test('local busy: a plain request goes to the cloud, a sensitive one stays local
     await it.return?.().catch(() => {});
   }
   assert.match(busy.output(), /route: cloud \(busy\)/);
+});
+
+// Issue 13, 1 and 3: hostile bodies in hybrid mode. Deep JSON killed the router (recursive copy);
+// secrets outside message contents, split or encoded, went upstream; a completions prompt object was
+// forwarded; a sensitive request naming cloud/... was re-sent over HTTP to lilac's own port.
+test('hybrid mode: hostile bodies never crash it and never leak upstream', async () => {
+  const before = chatPosts().length;
+  const url = `${router.url}/v1/chat/completions`;
+  const deep = `{"model":"local-model","messages":[{"role":"user","content":"hi"}],"metadata":${'['.repeat(100000)}${']'.repeat(100000)}}`;
+  let r = await postJson(url, deep);
+  assert.equal(r.status, 400, r.text);
+  assert.equal(r.json.error.code, 'json_too_deep');
+  const e = SECRETS.email;
+  const cases = [
+    { messages: user('Book it.'), tools: [{ type: 'function', function: { name: 'book', description: `cc ${e}` } }] },
+    { messages: user('Book it.'), tools: [{ type: 'function', function: { name: 'book',
+      parameters: { type: 'object', properties: { to: { type: 'string', enum: [e] } } } } }] },
+    { messages: user('hello'), user: e },
+    { messages: user('hello'), metadata: { owner: e } },
+    { messages: user('hello'), stop: [SECRETS.ssn] },
+    { messages: user('hello'), some_future_field: { deep: [SECRETS.iban] } },
+    { messages: [...user('my card is 4111 1111'), ...user('1111 1111, thanks')] },
+    { messages: [{ role: 'user', content: [{ type: 'text', text: 'jane.roe@' }, { type: 'text', text: 'example.org' }] }] },
+    { messages: user('write to jane.roe%40example.org') },
+    { messages: user(`note: ${Buffer.from(e).toString('base64')}`) },
+    { messages: user('ｊａｎｅ．ｒｏｅ＠ｅｘａｍｐｌｅ．ｏｒｇ') },
+    { messages: user('jane.roe [at] example [dot] org') },
+    { messages: user('card 4111_1111_1111_1111') },
+  ];
+  for (const c of cases) {
+    const res = await chat(c);
+    assert.equal(res.route, 'local', JSON.stringify(c).slice(0, 200));
+  }
+  // A completions prompt given as an object: answered by the local server (400), not forwarded.
+  r = await postJson(`${router.url}/v1/completions`, { model: 'local-model', prompt: { text: 'hi' } });
+  assert.equal(r.status, 400, r.text);
+  assert.equal(r.headers.get('x-lilac-route'), null);
+  // A sensitive request naming an upstream model is served in-process: one request, not two.
+  const count = async () => (await metrics(router.url))['lilac_requests_total{endpoint="/v1/chat/completions",status="200"}'] ?? 0;
+  const n0 = await count();
+  const res = await chat({ model: 'cloud/cloud-model', messages: user(`mail ${e}`) });
+  assert.equal(res.route, 'local');
+  assert.equal(res.data.choices[0].message.content, 'Hello from local.');
+  assert.equal(await count(), n0 + 1, 'the router re-sent the request to its own port');
+  assert.equal(chatPosts().length, before, 'the upstream received a request it must not see');
+  assert.equal((await fetch(`${router.url}/health`)).status, 200);
 });
 
 test('nothing sensitive ever reached the upstream, and the API key is never logged', async () => {

@@ -13,7 +13,7 @@ add_test(NAME e2e_make_demo
 set_tests_properties(e2e_make_demo PROPERTIES FIXTURES_SETUP e2e_demo TIMEOUT 300 LABELS e2e)
 
 set(_env "LILAC_BINARY=$<TARGET_FILE:lilac>;LILAC_DEMO_MODEL=${LILAC_E2E_DEMO_DIR};LILAC_SOURCE_DIR=${CMAKE_SOURCE_DIR};LILAC_LOG=warn")
-foreach(t server_demo server_scripted server_batch)
+foreach(t server_demo server_scripted server_batch structured_outputs)
   add_test(NAME e2e_${t} COMMAND node --test --test-concurrency=1 "${_e2e}/${t}.test.mjs")
   set_tests_properties(e2e_${t} PROPERTIES FIXTURES_REQUIRED e2e_demo ENVIRONMENT "${_env}" TIMEOUT 300 LABELS e2e)
 endforeach()
@@ -24,3 +24,16 @@ set_tests_properties(e2e_server_demo_cpufast PROPERTIES FIXTURES_REQUIRED e2e_de
   ENVIRONMENT "${_env};LILAC_E2E_BACKEND=cpu" TIMEOUT 300 LABELS e2e)
 add_test(NAME e2e_curl_stream COMMAND bash "${_e2e}/curl_stream.sh" $<TARGET_FILE:lilac> "${LILAC_E2E_DEMO_DIR}")
 set_tests_properties(e2e_curl_stream PROPERTIES FIXTURES_REQUIRED e2e_demo TIMEOUT 120 LABELS e2e)
+# The Anthropic Messages and OpenAI Responses adapters with their official clients (scripted backend,
+# exact assertions; and the demo model, the same generation under every protocol).
+foreach(t anthropic_scripted responses_scripted protocols_demo hybrid_protocols)
+  add_test(NAME e2e_${t} COMMAND node --test --test-concurrency=1 "${_e2e}/${t}.test.mjs")
+  set_tests_properties(e2e_${t} PROPERTIES FIXTURES_REQUIRED e2e_demo ENVIRONMENT "${_env}" TIMEOUT 300 LABELS e2e)
+endforeach()
+# The chat page in headless Chromium (puppeteer-core); screenshots in build/test-artifacts. It skips
+# without chromium unless CI is set in the environment (CI runs it; ctest passes the variable through).
+add_test(NAME e2e_chat_page COMMAND node --test --test-concurrency=1 "${_e2e}/chat_page.test.mjs")
+set_tests_properties(e2e_chat_page PROPERTIES FIXTURES_REQUIRED e2e_demo
+  ENVIRONMENT "${_env};LILAC_ARTIFACTS_DIR=${CMAKE_BINARY_DIR}/test-artifacts" TIMEOUT 300 LABELS e2e)
+add_test(NAME e2e_markdown COMMAND node --test "${_e2e}/markdown.test.mjs")
+set_tests_properties(e2e_markdown PROPERTIES ENVIRONMENT "LILAC_SOURCE_DIR=${CMAKE_SOURCE_DIR}" TIMEOUT 60 LABELS e2e)

@@ -186,7 +186,7 @@ test('bad input: status codes and OpenAI error bodies; the server keeps serving'
   assertErrorBody(assert, await postJson(url, { ...ok, stream: 'yes' }), 400, { param: 'stream' });
   assertErrorBody(assert, await postJson(url, { ...ok, logprobs: true, top_logprobs: 21 }), 400, { param: 'top_logprobs' });
   assertErrorBody(assert, await postJson(url, { ...ok, top_logprobs: 2 }), 400, { param: 'top_logprobs' });
-  assertErrorBody(assert, await postJson(url, { ...ok, response_format: { type: 'json_object' } }), 400, { param: 'response_format' });
+  assertErrorBody(assert, await postJson(url, { ...ok, response_format: { type: 'json_schema' } }), 400, { param: 'response_format.json_schema' });
   assertErrorBody(assert, await postJson(url, { ...ok, max_tokens: 100000 }), 400, { code: 'context_length_exceeded' });
   assertErrorBody(assert, await postJson(url, { ...ok, tools: [{ type: 'function', function: { description: 'no name' } }] }), 400,
                   { param: 'tools[0].function.name' });

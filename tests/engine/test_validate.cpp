@@ -35,6 +35,11 @@ TEST(Validate, ContextBoundaries) {
   EXPECT_FALSE(check_context(31, 1, 32));
   EXPECT_EQ(check_context(0, 1, 32)->kind, Invalid::EmptyPrompt);
   EXPECT_EQ(check_context(5, 0, 32)->kind, Invalid::BadMaxTokens);
+  // Issue 13, 6: prompt + max_tokens overflowed int64 for max_tokens near 2^63 and passed.
+  c = check_context(10, INT64_MAX, 32);
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->kind, Invalid::TotalTooLong);
+  ASSERT_TRUE(check_context(1, INT64_MAX - 5, 32768));
 }
 
 TEST(Validate, SessionCapacityAndRequire) {

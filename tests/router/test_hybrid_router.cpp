@@ -317,3 +317,50 @@ TEST(HybridRouter, PrefixHashesIgnoreObjectKeyOrder) {
   EXPECT_EQ(message_prefix_hashes(part(R"({"type": "image_url", "image_url": {"url": "u", "detail": "low"}})"))[0],
             message_prefix_hashes(part(R"({"image_url": {"detail": "low", "url": "u"}, "type": "image_url"})"))[0]);
 }
+
+// Anthropic Messages and OpenAI Responses bodies: every string is scanned (blocks, tool inputs, tool
+// results, instructions, input items), stickiness follows the conversation (messages, or input items).
+TEST(HybridRouter, MessagesAndResponsesBodiesAreScannedAndSticky) {
+  Router r = make_router();
+  EXPECT_EQ(api_for_path("/v1/messages"), Api::messages);
+  EXPECT_EQ(api_for_path("/v1/responses"), Api::responses);
+  EXPECT_EQ(api_for_path("/v1/chat/completions"), Api::chat);
+  EXPECT_EQ(api_for_path("/v1/completions"), Api::completions);
+  EXPECT_STREQ(upstream_path(Api::messages), "/messages");
+  EXPECT_STREQ(upstream_path(Api::responses), "/responses");
+  json plain_msg = json::parse(R"({"model": "lilac", "max_tokens": 9, "system": "be nice",
+    "messages": [{"role": "user", "content": [{"type": "text", "text": "capital of France?"}]}]})");
+  auto d = r.decide(plain_msg, Api::messages, "", false);
+  EXPECT_EQ(d.route, Route::cloud);
+  struct C {
+    const char* body;
+    Api api;
+    const char* kind;
+  };
+  std::vector<C> cases = {
+      {R"({"system": [{"type": "text", "text": "ssn 123-45-6789"}], "messages": [{"role": "user", "content": "hi"}]})", Api::messages, "ssn"},
+      {R"({"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": [{"type": "text", "text": "bob@example.com"}]}]}]})",
+       Api::messages, "email"},
+      {R"({"messages": [{"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "pay", "input": {"card": "4111 1111 1111 1111"}}]}]})",
+       Api::messages, "card"},
+      {R"({"instructions": "call +44 20 7946 0958", "input": "hi"})", Api::responses, "phone"},
+      {R"({"input": [{"type": "function_call_output", "call_id": "c", "output": "IBAN GB82WEST12345698765432"}]})", Api::responses, "iban"},
+      {R"({"input": [{"role": "user", "content": [{"type": "input_text", "text": "ip 10.1.2.3"}]}]})", Api::responses, "ipv4"},
+  };
+  for (const auto& c : cases) {
+    auto dd = r.decide(json::parse(c.body), c.api, "", false);
+    EXPECT_EQ(dd.route, Route::local) << c.body;
+    EXPECT_EQ(dd.reason, "sensitive") << c.body;
+    ASSERT_FALSE(dd.matched.empty()) << c.body;
+    EXPECT_EQ(dd.matched[0], c.kind) << c.body;
+  }
+  // Stickiness over Responses input items.
+  json turn1 = json::parse(R"({"input": [{"role": "user", "content": "hello there"}]})");
+  r.remember_local(turn1);
+  json turn2 = turn1;
+  turn2["input"].push_back(json::parse(R"({"role": "assistant", "content": "hi"})"));
+  turn2["input"].push_back(json::parse(R"({"role": "user", "content": "more"})"));
+  auto s = r.decide(turn2, Api::responses, "", false);
+  EXPECT_EQ(s.route, Route::local);
+  EXPECT_EQ(s.reason, "sticky");
+}

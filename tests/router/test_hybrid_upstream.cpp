@@ -134,7 +134,7 @@ struct Front {
     router = std::make_shared<HybridRouter>(std::move(o), "lilac");
     auto handler = [this](const httplib::Request& req, httplib::Response& res) {
       json body = json::parse(req.body, nullptr, false);
-      if (router->maybe_forward(req, res, body, false)) return;
+      if (router->maybe_forward(req, res, body, false) == lilac::server::RouteDecisionKind::Answered) return;
       router->on_local(body);
       ++local_served;
       res.set_header("x-lilac-route", "local");

@@ -8,6 +8,9 @@ using lilac::server::ojson;
 using lilac::server::parse_chat_request;
 using lilac::server::parse_completion_request;
 using lilac::server::ToolChoice;
+using lilac::server::ChatParams;
+using lilac::server::CommonParams;
+using lilac::server::ResponseFormat;
 
 namespace {
 
@@ -117,7 +120,19 @@ TEST(OpenAISchema, ErrorsNameTheParameter) {
   EXPECT_EQ(error_param(chat({{"stop", {1, 2}}})), "stop");
   EXPECT_EQ(error_param(chat({{"stream_options", {{"include_usage", true}}}})), "stream_options");
   EXPECT_EQ(error_param(chat({{"logprobs", true}, {"top_logprobs", 30}})), "top_logprobs");
-  EXPECT_EQ(error_param(chat({{"response_format", {{"type", "json_schema"}}}})), "response_format");
+  EXPECT_EQ(error_param(chat({{"response_format", {{"type", "json_schema"}}}})), "response_format.json_schema");
+  EXPECT_EQ(error_param(chat({{"response_format", {{"type", "yaml"}}}})), "response_format.type");
+  EXPECT_EQ(error_param(chat({{"response_format", {{"type", "json_schema"}, {"json_schema", {{"schema", ojson::object()}}}}}})),
+            "response_format.json_schema.name");
+  EXPECT_EQ(error_param(chat({{"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "a b"}}}}}})),
+            "response_format.json_schema.name");
+  EXPECT_EQ(error_param(chat({{"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "a"}, {"schema", 3}}}}}})),
+            "response_format.json_schema.schema");
+  EXPECT_EQ(error_param(chat({{"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "a"}, {"strict", "yes"}}}}}})),
+            "response_format.json_schema.strict");
+  EXPECT_EQ(error_param(chat({{"tools", {{{"type", "function"}, {"function", {{"name", "a"}, {"strict", 1}}}}}}})),
+            "tools[0].function.strict");
+  EXPECT_EQ(error_param(chat({{"parallel_tool_calls", "no"}})), "parallel_tool_calls");
   EXPECT_EQ(error_param(chat({{"tools", {{{"type", "function"}, {"function", {{"name", ""}}}}}}})), "tools[0].function.name");
   EXPECT_EQ(error_param(chat({{"tools", {{{"type", "function"}, {"function", {{"name", "a"}}}},
                                          {{"type", "function"}, {"function", {{"name", "a"}}}}}}})),
@@ -155,4 +170,46 @@ TEST(OpenAISchema, CompletionPrompts) {
   EXPECT_THROW(parse_completion_request(ojson{{"prompt", {"a", "b"}}}, cfg, 1), ApiError);
   EXPECT_THROW(parse_completion_request(ojson{{"prompt", ""}}, cfg, 1), ApiError);
   EXPECT_THROW(parse_completion_request(ojson{{"prompt", "a"}, {"echo", true}}, cfg, 1), ApiError);
+}
+
+// Issue 13, 7: a tool whose `parameters` is not a JSON schema object was accepted.
+TEST(OpenAISchema, ToolParametersMustBeAnObjectSchema) {
+  auto tool = [](const char* params) {
+    return chat({{"tools", ojson::parse(std::string(R"([{"type":"function","function":{"name":"f","parameters":)") + params + "}}]")}});
+  };
+  for (const char* bad : {R"({"properties": {"a": {"type": "string"}}})", R"({"foo": "bar"})", R"({"type": "string"})",
+                          R"({"type": ["object"]})", R"({"type": "object", "properties": {"a": 5}})",
+                          R"({"type": "object", "properties": {"a": "string"}})", R"("object")", R"([1])"}) {
+    int status = 0;
+    std::string code;
+    EXPECT_EQ(error_param(tool(bad), &status, &code), "tools[0].function.parameters") << bad;
+    EXPECT_EQ(status, 400) << bad;
+  }
+  for (const char* good : {R"({})", R"(null)", R"({"type": "object"})",
+                           R"({"type": "object", "properties": {"a": {"type": "string"}, "b": true}, "required": ["a"]})"})
+    EXPECT_NO_THROW(parse_chat_request(tool(good), config_with_defaults(), 1)) << good;
+}
+
+TEST(OpenAISchema, ResponseFormat) {
+  for (bool is_chat : {true, false}) {
+    auto parse = [&](const ojson& extra) -> CommonParams {
+      if (is_chat) return parse_chat_request(chat(extra), config_with_defaults(), 1);
+      ojson b = {{"prompt", "hi"}};
+      for (auto& [k, v] : extra.items()) b[k] = v;
+      return parse_completion_request(b, config_with_defaults(), 1);
+    };
+    EXPECT_EQ(parse(ojson::object()).response_format, ResponseFormat::Text);
+    EXPECT_EQ(parse({{"response_format", {{"type", "text"}}}}).response_format, ResponseFormat::Text);
+    EXPECT_EQ(parse({{"response_format", {{"type", "json_object"}}}}).response_format, ResponseFormat::JsonObject);
+    const ojson schema = ojson::parse(R"({"type":"object","properties":{"b":{},"a":{}}})");
+    CommonParams p = parse({{"response_format", {{"type", "json_schema"},
+                                                 {"json_schema", {{"name", "out_1"}, {"strict", true}, {"schema", schema}}}}}});
+    EXPECT_EQ(p.response_format, ResponseFormat::JsonSchema);
+    EXPECT_EQ(p.json_schema.dump(), schema.dump());  // property order kept
+    p = parse({{"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "x"}}}}}});
+    EXPECT_EQ(p.json_schema, ojson::object());  // no schema: any JSON value
+  }
+  ChatParams c = parse_chat_request(chat({{"parallel_tool_calls", false}}), config_with_defaults(), 1);
+  EXPECT_FALSE(c.parallel_tool_calls);
+  EXPECT_TRUE(parse_chat_request(chat(ojson::object()), config_with_defaults(), 1).parallel_tool_calls);
 }

@@ -7,39 +7,16 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/mapped_file.h"
-#include "server/scripted_backend.h"
 #include "server/server.h"
-#include "text/chat_template.h"
-#include "text/tokenizer.h"
+#include "server_test_util.h"
 
 using json = nlohmann::json;
 
 namespace {
 
-struct Local {
-  std::unique_ptr<lilac::server::Server> server;
-  int port = 0;
-  explicit Local(lilac::server::RouteHook* hook = nullptr, int max_queue = 8) {
-    const std::string shared = LILAC_SHARED_DIR;
-    static auto tok =
-        std::shared_ptr<const lilac::Tokenizer>(lilac::Tokenizer::load(shared + "/fixtures/qwen3-tokenizer"));
-    auto tmpl = std::shared_ptr<const lilac::ChatTemplate>(lilac::ChatTemplate::from_source(
-        lilac::read_text_file(shared + "/fixtures/qwen3.6-template/chat_template.jinja"), "qwen3.6"));
-    json script = {{"rules", {{{"match", "slow"}, {"reply", " x"}, {"repeat", true}, {"delay_ms", 20}}}},
-                   {"default", {{"reply", "</think>\n\nlocal answer"}}}};
-    auto backend = std::shared_ptr<lilac::Backend>(lilac::server::make_scripted_backend(script, tok));
-    lilac::server::ServerOptions o;
-    o.port = 0;
-    o.model_id = "local-model";
-    o.max_queue = max_queue;
-    o.log_requests = false;
-    server = std::make_unique<lilac::server::Server>(o);
-    if (hook) server->set_route_hook(*hook);
-    port = server->bind();
-    server->start();
-    server->set_model(backend, tok, tmpl);
-  }
+struct Local : lilac::test::LocalServer {
+  explicit Local(lilac::server::RouteHook* hook = nullptr, int max_queue = 8)
+      : LocalServer(options(max_queue), hook) {}
 };
 
 json chat_body(const std::string& text, const std::string& model = "") {
@@ -78,13 +55,14 @@ TEST(ServerHttp, RouteHookForwardsOrMarksLocal) {
   std::atomic<int> forwarded{0}, local{0};
   std::atomic<bool> saw_busy{false};
   lilac::server::RouteHook hook;
+  using K = lilac::server::RouteDecisionKind;
   hook.maybe_forward = [&](const httplib::Request& req, httplib::Response& res, const json& body, bool busy) {
     if (busy) saw_busy = true;
-    if (body.value("model", "") != "cloud-model") return false;
+    if (body.value("model", "") != "cloud-model") return K::Local;
     ++forwarded;
     res.set_header("x-lilac-route", "cloud");
     res.set_content(json{{"forwarded", true}, {"path", req.path}}.dump(), "application/json");
-    return true;
+    return K::Answered;
   };
   hook.on_local = [&](const json& body) {
     EXPECT_TRUE(body.contains("messages"));

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/mapped_file.h"
 #include "text/chat_template.h"
 
 namespace fs = std::filesystem;
@@ -183,12 +184,21 @@ TEST(ChatTemplate, KwargsBecomeVariablesAndGenerationPromptDefaultsOn) {
             "1|False||False||False");
 }
 
-TEST(ChatTemplate, TextPartsAreKept) {
-  auto tmpl = lilac::ChatTemplate::from_source(
-      "{% for m in messages %}{% for p in m.content %}{{ p.type }}:{{ p.text }};{% endfor %}{% endfor %}", "inline");
+// Issue 13, 7: an array of text parts failed on templates that expect a string. Text parts are flattened
+// (concatenated, as templates that render parts do) before rendering.
+TEST(ChatTemplate, TextPartsAreFlattenedToAString) {
+  auto tmpl = lilac::ChatTemplate::from_source("{% for m in messages %}{{ m.content + '|' }}{% endfor %}", "inline");
   EXPECT_EQ(lilac::render_chat_request(*tmpl, ordered_json::parse(R"({"messages": [{"role": "user",
-                "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]})")),
-            "text:a;text:b;");
+                "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+                {"role": "assistant", "content": [{"type": "text", "text": "c"}]}]})")),
+            "ab|c|");
+  // The official Qwen3.6 template renders parts and the flattened string alike.
+  auto qwen = lilac::ChatTemplate::from_source(
+      lilac::read_text_file(std::string(LILAC_SHARED_DIR) + "/fixtures/qwen3.6-template/chat_template.jinja"), "qwen3.6");
+  EXPECT_EQ(lilac::render_chat_request(*qwen, ordered_json::parse(R"({"messages": [{"role": "user",
+                "content": [{"type": "text", "text": "Hello, "}, {"type": "text", "text": "world"}]}]})")),
+            lilac::render_chat_request(*qwen, ordered_json::parse(R"({"messages": [{"role": "user",
+                "content": "Hello, world"}]})")));
 }
 
 TEST(ChatTemplate, BadRequestsAreInputErrors) {

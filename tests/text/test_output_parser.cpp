@@ -386,3 +386,24 @@ TEST(OutputParser, ParsesToolCallsRenderedByTheOfficialTemplate) {
   }
   EXPECT_GE(checked, 1);
 }
+
+// Issue 13, 7: a request without tools (or with tool_choice "none") got tool_calls when the text
+// looked like a call. With tool calls off the markup is content, whatever the split.
+TEST(OutputParser, ToolCallsOffKeepsMarkupAsContent) {
+  const std::string text =
+      "</think>\n\nSure.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n"
+      "</tool_call>\nDone.";
+  for (size_t cut = 0; cut <= text.size(); cut += 7) {
+    OutputParser p(/*in_reasoning=*/true, nullptr, lilac::qwen3_6_format(), /*tool_calls=*/false);
+    Result r;
+    collect(r, p.push(text.substr(0, cut)));
+    collect(r, p.push(text.substr(cut)));
+    collect(r, p.finish());
+    EXPECT_TRUE(r.calls.empty()) << cut;
+    EXPECT_EQ(p.tool_calls(), 0);
+    EXPECT_EQ(r.content, text.substr(std::string("</think>\n\n").size())) << cut;
+  }
+  // The same text with tool calls on: one call (the control).
+  Result on = run1(text, true);
+  EXPECT_EQ(on.calls.size(), 1u);
+}

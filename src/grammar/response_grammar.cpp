@@ -1,0 +1,361 @@
+#include "grammar/response_grammar.h"
+
+#include <algorithm>
+#include <set>
+
+#include "grammar/regex.h"
+#include "grammar/schema_internal.h"
+#include "text/tokenizer.h"
+
+namespace lilac::grammar {
+
+namespace {
+
+using detail::Json;
+using detail::SchemaCompiler;
+
+bool is_strict(const Json& tool) {
+  const Json& f = tool["function"];
+  return f.is_object() && f.contains("strict") && f["strict"].is_boolean() && f["strict"].get<bool>();
+}
+
+// The types the output parser reads a parameter value as (output_parser.cpp: `type`, a string or a
+// list, and the types of anyOf / oneOf branches, recursively).
+void parser_types(const Json& s, std::set<std::string>& out) {
+  if (!s.is_object()) return;
+  if (auto t = s.find("type"); t != s.end()) {
+    if (t->is_string()) out.insert(t->get<std::string>());
+    if (t->is_array())
+      for (const auto& x : *t)
+        if (x.is_string()) out.insert(x.get<std::string>());
+  }
+  for (const char* k : {"anyOf", "oneOf"})
+    if (auto a = s.find(k); a != s.end() && a->is_array())
+      for (const auto& sub : *a) parser_types(sub, out);
+}
+
+class Builder {
+ public:
+  Builder(const ResponseSpec& spec, const FormatMarkup& mk, const Tokenizer& tok, const SchemaLimits& lim)
+      : spec_(spec), mk_(mk), tok_(tok), sc_(empty_, lim) {}
+
+  Grammar build();
+
+ private:
+  // Markup: its added token when the tokenizer has one, else its bytes.
+  void markup(Nfa& nfa, int32_t from, std::string_view text, int32_t to);
+  int32_t chain(Nfa& nfa, int32_t from, std::string_view bytes) { return nfa.add_literal(from, bytes); }
+  int32_t call(Nfa& nfa, int32_t from, int32_t rule) {
+    const int32_t s = nfa.add_state();
+    nfa.add_call(from, rule, s);
+    return s;
+  }
+  int32_t rule(const Nfa& nfa, const std::string& name) { return sc_.add_rule(nfa, name); }
+
+  int32_t reasoning();
+  int32_t document();
+  int32_t call_body();              // after "<tool_call>\n", up to </tool_call>
+  int32_t function_body(size_t i);  // XML: after "<function=NAME>\n", up to </tool_call>
+  int32_t arguments(size_t i);      // JSON form: the arguments object, then "}\n</tool_call>"
+  void parameters(size_t i, Nfa& nfa, int32_t from, int32_t end);
+  int32_t close_call(Nfa& nfa, int32_t at, const std::string& name);  // </tool_call>, accept
+  // Any number of parameters with any names and values (from -> end, looping).
+  void free_parameters(Nfa& nfa, int32_t from, int32_t end);
+  // What a raw parameter value never contains (the markup that would end it early).
+  std::vector<std::string> forbidden_in_values() const;
+  bool constrains(size_t i) const { return spec_.calls == ResponseSpec::Calls::Forced || is_strict(tool(i)); }
+  const Json& tool(size_t i) const { return spec_.tools[i]; }
+  std::string tool_name(size_t i) const { return tool(i)["function"]["name"].get<std::string>(); }
+  std::string param_of(size_t i) const { return "tools[" + std::to_string(i) + "].function.parameters"; }
+  size_t tool_index(const std::string& name) const;
+  void more_calls(Nfa& nfa, int32_t after_call);
+
+  const ResponseSpec& spec_;
+  const FormatMarkup& mk_;
+  const Tokenizer& tok_;
+  const Json empty_ = Json::object();
+  SchemaCompiler sc_;
+  int32_t call_body_ = -1;
+  int32_t name_rule_ = -1;
+};
+
+void Builder::markup(Nfa& nfa, int32_t from, std::string_view text, int32_t to) {
+  const auto id = tok_.token_id(text);
+  if (!id || !tok_.is_added(*id)) {
+    nfa.add_literal_to(from, text, to);
+    return;
+  }
+  auto& sp = sc_.grammar().special_tokens;
+  auto it = std::find(sp.begin(), sp.end(), *id);
+  if (it == sp.end()) {
+    sp.push_back(*id);
+    it = sp.end() - 1;
+  }
+  const Sym sym = Sym(kByteSyms + (it - sp.begin()));
+  nfa.add_range(from, sym, sym, to);
+}
+
+size_t Builder::tool_index(const std::string& name) const {
+  for (size_t i = 0; i < spec_.tools.size(); ++i)
+    if (tool_name(i) == name) return i;
+  throw InputError("no tool named '" + name + "'");
+}
+
+int32_t Builder::reasoning() {
+  Nfa nfa;
+  const int32_t text = call(nfa, nfa.start(), sc_.free_text_rule({std::string(mk_.think_close)}));
+  const int32_t closed = nfa.add_state(), nl = nfa.add_state(), nl2 = nfa.add_state();
+  markup(nfa, text, mk_.think_close, closed);
+  nfa.add_range(closed, '\n', '\n', nl);
+  nfa.add_range(nl, '\n', '\n', nl2);
+  for (int32_t s : {closed, nl, nl2}) nfa.set_accept(s);
+  return rule(nfa, "the reasoning block");
+}
+
+int32_t Builder::document() {
+  int32_t value;
+  try {
+    if (spec_.content == ResponseSpec::Content::JsonObject) {
+      value = sc_.any_object_rule();
+    } else {
+      detail::check_schema(spec_.schema, sc_.limits());
+      sc_.set_root(spec_.schema, "response_format:");
+      value = sc_.value_rule(spec_.schema, "#");
+    }
+  } catch (const SchemaError& e) {
+    throw SchemaError(e.what(), e.keyword(), e.path(), "response_format.json_schema.schema");
+  } catch (const SizeError& e) {
+    throw SchemaError(std::string("schema too large: ") + e.what(), "", "#", "response_format.json_schema.schema");
+  }
+  Nfa nfa;
+  const int32_t ws = sc_.ws_rule();
+  nfa.set_accept(call(nfa, call(nfa, call(nfa, nfa.start(), ws), value), ws));
+  return rule(nfa, "the JSON document");
+}
+
+// XML: the parameters in declared order (optional ones may be left out), then </function>.
+void Builder::parameters(size_t i, Nfa& nfa, int32_t from, int32_t end) {
+  const Json& f = tool(i)["function"];
+  const Json& params = f.contains("parameters") && f["parameters"].is_object() ? f["parameters"] : empty_;
+  detail::check_schema(params, sc_.limits());
+  for (const auto& [k, v] : params.items()) {
+    if (!detail::is_constraint(k) || k == "properties" || k == "required" || k == "additionalProperties") continue;
+    if (k == "type" && v == "object") continue;
+    detail::fail(detail::child_path("#", k), k,
+                 "\"" + k + "\" at the top of a tool's parameters is not supported in the XML tool-call format");
+  }
+  sc_.set_root(params, "tools[" + std::to_string(i) + "]:");
+  sc_.set_xml_safe(true);
+  const detail::ObjectSpec os = sc_.object_spec(params, "#");
+  const size_t n = os.props.size();
+  const std::vector<std::string> forbidden = forbidden_in_values();
+  std::vector<int32_t> entry(n), after(n);
+  for (size_t j = 0; j < n; ++j) {
+    const detail::Property& p = os.props[j];
+    if (p.name.empty() || p.name.find_first_of(">\n\r\t ") != std::string::npos)
+      detail::fail(p.path, "properties", "parameter name \"" + p.name + "\" cannot be written in the XML tool-call format");
+    entry[j] = nfa.add_state();
+    const int32_t open = chain(nfa, entry[j], std::string(mk_.parameter_open) + p.name + ">\n");
+    const int32_t close = nfa.add_state();
+    const Json any = Json::object();
+    const Json& schema = p.schema ? *p.schema : any;
+    std::set<std::string> types;
+    parser_types(schema, types);
+    const bool has_string = types.count("string") > 0;
+    types.erase("string");
+    if (types.empty()) {  // read as a string: written raw
+      std::string tp = p.path;
+      const Json* target = &schema;
+      for (int hops = 0; target->is_object() && target->contains("$ref") && hops < 16; ++hops) {
+        const std::string at = tp;
+        target = &detail::resolve_ref(params, (*target)["$ref"].get<std::string>(), at, tp);
+      }
+      nfa.add_call(open, sc_.raw_text_rule(*target, tp, forbidden), close);
+    } else if (!has_string) {  // read as JSON
+      nfa.add_call(open, sc_.value_rule(schema, p.path), close);
+    } else if (types == std::set<std::string>{"null"}) {  // a raw string, or null
+      const Json* str = &schema;
+      for (const char* k : {"anyOf", "oneOf"})
+        if (auto a = schema.find(k); a != schema.end())
+          for (const auto& b : *a)
+            if (b.is_object() && b.contains("type") && b["type"] == "string") str = &b;
+      nfa.add_call(open, sc_.raw_text_rule(*str, p.path, forbidden), close);
+      nfa.add_literal_to(open, "null", close);
+    } else {
+      detail::fail(p.path, "type",
+                   "a tool parameter that is a string or another type (not only null) cannot be read back from "
+                   "the XML tool-call format");
+    }
+    after[j] = chain(nfa, close, "\n" + std::string(mk_.parameter_close) + "\n");
+  }
+  std::vector<size_t> next_req(n + 1, n);
+  for (size_t j = n; j-- > 0;) next_req[j] = os.props[j].required ? j : next_req[j + 1];
+  auto choices = [&](int32_t x, size_t first) {
+    const size_t last = next_req[first] == n ? n : next_req[first] + 1;
+    for (size_t k = first; k < last; ++k) nfa.add_eps(x, entry[k]);
+    if (next_req[first] == n) nfa.add_eps(x, end);
+  };
+  choices(from, 0);
+  for (size_t j = 0; j < n; ++j) choices(after[j], j + 1);
+  sc_.set_xml_safe(false);
+}
+
+int32_t Builder::close_call(Nfa& nfa, int32_t at, const std::string& name) {
+  const int32_t done = nfa.add_state();
+  markup(nfa, at, mk_.tool_close, done);
+  nfa.set_accept(done);
+  return rule(nfa, name);
+}
+
+int32_t Builder::function_body(size_t i) {
+  if (constrains(i)) {
+    try {
+      Nfa nfa;
+      const int32_t end = nfa.add_state();
+      parameters(i, nfa, nfa.start(), end);
+      return close_call(nfa, chain(nfa, end, std::string(mk_.function_close) + "\n"), "the call of " + tool_name(i));
+    } catch (const SchemaError& e) {
+      sc_.set_xml_safe(false);
+      if (is_strict(tool(i))) throw SchemaError(e.what(), e.keyword(), e.path(), param_of(i));
+    }
+  }
+  // Unconstrained arguments: any parameters with any values, in the format the parser reads.
+  Nfa nfa;
+  const int32_t end = nfa.add_state();
+  free_parameters(nfa, nfa.start(), end);
+  return close_call(nfa, chain(nfa, end, std::string(mk_.function_close) + "\n"), "the call of " + tool_name(i));
+}
+
+void Builder::free_parameters(Nfa& nfa, int32_t from, int32_t end) {
+  if (name_rule_ < 0) {
+    Nfa n;
+    const int32_t e = n.add_state();
+    n.set_accept(e);
+    add_pattern(n, n.start(), "[^<>\\s]+", Encoding::Utf8, e, false);
+    name_rule_ = sc_.add_rule(n, "a parameter name", "xml-parameter-name");
+  }
+  const int32_t value = sc_.free_text_rule(forbidden_in_values());
+  nfa.add_eps(from, end);
+  const int32_t open = chain(nfa, from, std::string(mk_.parameter_open));
+  const int32_t named = chain(nfa, call(nfa, open, name_rule_), ">\n");
+  const int32_t valued = call(nfa, named, value);
+  nfa.add_literal_to(valued, "\n" + std::string(mk_.parameter_close) + "\n", from);
+}
+
+std::vector<std::string> Builder::forbidden_in_values() const {
+  return {std::string(mk_.parameter_close), std::string(mk_.parameter_open), std::string(mk_.function_close),
+          std::string(mk_.tool_open), std::string(mk_.tool_close)};
+}
+
+int32_t Builder::arguments(size_t i) {
+  const Json& f = tool(i)["function"];
+  const Json& params = f.contains("parameters") && f["parameters"].is_object() ? f["parameters"] : empty_;
+  int32_t value = -1;
+  sc_.set_xml_safe(true);
+  if (constrains(i)) {
+    try {
+      detail::check_schema(params, sc_.limits());
+      sc_.set_root(params, "tools[" + std::to_string(i) + "]:");
+      value = sc_.value_rule(params, "#");
+    } catch (const SchemaError& e) {
+      if (is_strict(tool(i))) {
+        sc_.set_xml_safe(false);
+        throw SchemaError(e.what(), e.keyword(), e.path(), param_of(i));
+      }
+    }
+  }
+  if (value < 0) value = sc_.any_object_rule();
+  sc_.set_xml_safe(false);
+  Nfa nfa;
+  return close_call(nfa, chain(nfa, call(nfa, nfa.start(), value), "}\n"), "the call of " + tool_name(i));
+}
+
+int32_t Builder::call_body() {
+  if (call_body_ >= 0) return call_body_;
+  Nfa nfa;
+  const int32_t end = nfa.add_state();
+  nfa.set_accept(end);
+  for (size_t i = 0; i < spec_.tools.size(); ++i) {
+    const std::string name = tool_name(i);
+    if (spec_.xml_calls) {
+      const int32_t s = chain(nfa, nfa.start(), std::string(mk_.function_open) + name + ">\n");
+      nfa.add_call(s, function_body(i), end);
+    } else {
+      const int32_t s = chain(nfa, nfa.start(), "{\"name\": \"" + name + "\", \"arguments\": ");
+      nfa.add_call(s, arguments(i), end);
+    }
+  }
+  return call_body_ = rule(nfa, "a tool call");
+}
+
+// After a call (state `m`): more calls, each opened by <tool_call> after at most two newlines.
+void Builder::more_calls(Nfa& nfa, int32_t m) {
+  nfa.set_accept(m);
+  if (!spec_.parallel_calls) return;
+  const int32_t nl = nfa.add_state(), nl2 = nfa.add_state(), open = nfa.add_state();
+  nfa.add_range(m, '\n', '\n', nl);
+  nfa.add_range(nl, '\n', '\n', nl2);
+  for (int32_t s : {m, nl, nl2}) markup(nfa, s, mk_.tool_open, open);
+  nfa.add_call(chain(nfa, open, "\n"), call_body(), m);
+}
+
+Grammar Builder::build() {
+  using C = ResponseSpec::Calls;
+  const bool calls = spec_.calls != C::None && spec_.tools.is_array() && !spec_.tools.empty();
+  Nfa nfa;
+  int32_t s = nfa.start();
+  if (spec_.in_reasoning && spec_.calls != C::Forced) s = call(nfa, s, reasoning());
+  if (calls && spec_.calls == C::Forced) {
+    int32_t body;
+    if (spec_.forced_function.empty()) {
+      body = call_body();
+    } else {
+      const size_t i = tool_index(spec_.forced_function);
+      body = spec_.xml_calls ? function_body(i) : arguments(i);
+    }
+    more_calls(nfa, call(nfa, s, body));
+  } else {
+    int32_t before_call;  // where a call may start (-1: none)
+    if (spec_.content == ResponseSpec::Content::Free) {
+      const int32_t c = call(nfa, s, sc_.free_text_rule({std::string(mk_.tool_open)}));
+      nfa.set_accept(c);
+      before_call = c;
+    } else {
+      nfa.set_accept(call(nfa, s, document()));
+      before_call = call(nfa, s, sc_.ws_rule());
+    }
+    if (calls) {
+      const int32_t open = nfa.add_state();
+      markup(nfa, before_call, mk_.tool_open, open);
+      more_calls(nfa, call(nfa, chain(nfa, open, "\n"), call_body()));
+    }
+  }
+  return sc_.finish_grammar(rule(nfa, "the response"));
+}
+
+}  // namespace
+
+bool ResponseSpec::constrained() const {
+  if (content != Content::Free || calls == Calls::Forced) return true;
+  if (calls == Calls::Auto && tools.is_array())
+    for (const auto& t : tools)
+      if (is_strict(t)) return true;
+  return false;
+}
+
+std::string ResponseSpec::cache_key() const {
+  std::string k = "response:" + std::to_string(int(content)) + ":" + std::to_string(int(calls)) + ":" +
+                  (in_reasoning ? "r" : "") + (xml_calls ? "x" : "j") + (parallel_calls ? "p" : "") + ":" +
+                  forced_function + "\x01";
+  if (content == Content::JsonSchema) k += schema.dump();
+  k += '\x01';
+  if (calls != Calls::None) k += tools.dump();
+  return k;
+}
+
+Grammar build_response_grammar(const ResponseSpec& spec, const FormatMarkup& markup, const Tokenizer& tok,
+                               const SchemaLimits& lim) {
+  return Builder(spec, markup, tok, lim).build();
+}
+
+}  // namespace lilac::grammar

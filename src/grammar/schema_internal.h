@@ -1,0 +1,144 @@
+// Internals of the JSON Schema compiler (schema.h), shared by schema_*.cpp.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "grammar/automaton.h"
+#include "grammar/charset.h"
+#include "grammar/grammar.h"
+#include "grammar/schema.h"
+
+namespace lilac::grammar::detail {
+
+using Json = OrderedJson;
+
+[[noreturn]] void fail(const std::string& path, const std::string& keyword, const std::string& msg);
+std::string child_path(const std::string& path, std::string_view key);
+bool is_annotation(std::string_view key);
+// Keywords that constrain (everything but annotations and $defs / definitions).
+bool is_constraint(std::string_view key);
+
+// Checks every keyword of the schema tree ($defs included) and the shape of its value.
+void check_schema(const Json& root, const SchemaLimits& lim);
+
+// Resolves a local reference ("#", "#/$defs/a", any JSON pointer into the root document).
+const Json& resolve_ref(const Json& root, const std::string& ref, const std::string& at, std::string& target_path);
+
+// The pattern (regex.h syntax, whole-string match) of a supported format.
+std::string format_pattern(const std::string& format);
+
+// JSON types as bits.
+enum TypeBit : unsigned {
+  kNull = 1,
+  kBoolean = 2,
+  kObject = 4,
+  kArray = 8,
+  kString = 16,
+  kInteger = 32,
+  kNumber = 64,
+  kAnyType = 127,
+};
+// The types a node's value may take: `type` if given, else inferred from type-specific keywords,
+// else kAnyType. 0 for a node that is only a combinator ($ref / anyOf / oneOf / allOf / enum / const).
+unsigned declared_types(const Json& node);
+bool value_has_type(const Json& v, unsigned types);
+// Integer value of a count keyword (minItems ...); the checker has validated it.
+int64_t count_value(const Json& v);
+
+struct Property {
+  std::string name;
+  const Json* schema;  // nullptr: any value
+  std::string path;
+  bool required = false;
+};
+
+struct ObjectSpec {
+  std::vector<Property> props;  // declared order
+  bool extra = false;           // other names allowed (additionalProperties true or a schema)
+  const Json* extra_schema = nullptr;  // their values (nullptr: any value)
+  std::string extra_path;
+};
+
+// Builds the rules of one grammar from one or more schema roots (each root: $refs resolve inside it).
+class SchemaCompiler {
+ public:
+  SchemaCompiler(const Json& root, const SchemaLimits& lim) : root_(&root), lim_(lim) {}
+
+  // The document: whitespace, one value of the root, whitespace.
+  Grammar document();
+  // The document for response_format json_object.
+  Grammar object_document();
+
+  // ---- building blocks for other grammars (response_grammar.cpp)
+  // Compile values of another schema document from now on; `scope` keeps its paths apart.
+  void set_root(const Json& root, const std::string& scope) {
+    root_ = &root;
+    scope_ = scope;
+  }
+  // Finalizes the grammar with `root` as its root rule (errors as for document()).
+  Grammar finish_grammar(int32_t root);
+  Grammar& grammar() { return g_; }
+  // JSON written inside markup (tool-call parameter values): '<' only as \u003c in strings, so that
+  // no string can spell the markup that ends the value.
+  void set_xml_safe(bool on) { xml_safe_ = on; }
+  const SchemaLimits& limits() const { return lim_; }
+
+  // schema_compiler.cpp
+  int32_t value_rule(const Json& node, const std::string& path);
+  int32_t add_rule(const Nfa& nfa, const std::string& name, const std::string& share_key = "");
+  // schema_objects.cpp
+  ObjectSpec object_spec(const Json& node, const std::string& path);
+  // schema_scalars.cpp
+  int32_t ws_rule();
+  int32_t any_object_rule();
+  // schema_text.cpp: text outside JSON strings (tool-call parameter values, free text).
+  // A string-typed schema's values written raw (UTF-8, no escapes), never containing `forbidden`.
+  int32_t raw_text_rule(const Json& node, const std::string& path, const std::vector<std::string>& forbidden);
+  // Any bytes that never contain one of `forbidden`.
+  int32_t free_text_rule(const std::vector<std::string>& forbidden);
+
+ private:
+  // schema_compiler.cpp
+  void build_value(const Json& node, const std::string& path, Nfa& nfa, int32_t from, int32_t to);
+  void build_types(const Json& node, const std::string& path, unsigned types, Nfa& nfa, int32_t from, int32_t to);
+  void build_literals(const Json& node, const std::string& path, Nfa& nfa, int32_t from, int32_t to);
+  void check_one_of(const Json& node, const std::string& path);
+  int32_t reserve(const std::string& name);
+  int32_t nothing_rule(const std::string& path);
+  Grammar finish(int32_t value);
+
+  // schema_objects.cpp
+  ObjectSpec merge_all_of(const Json& node, const std::string& path);
+  int32_t object_rule(const ObjectSpec& spec, const std::string& path);
+  int32_t extra_key_rule(const ObjectSpec& spec, const std::string& path);
+  int32_t array_rule(const Json& node, const std::string& path);
+
+  // schema_scalars.cpp
+  int32_t any_value_rule();
+  int32_t string_rule(int64_t min_chars, int64_t max_chars);
+  int32_t string_value_rule(const Json& node, const std::string& path);
+  int32_t number_rule();
+  int32_t integer_rule(const Json& node, const std::string& path);
+  int32_t integer_range_rule(std::optional<int64_t> lo, std::optional<int64_t> hi);
+  // Shared rule lookup: the id of the rule with this share key, or -1.
+  int32_t shared(const std::string& key) const;
+  // A share key of a rule whose strings depend on the xml-safe mode.
+  std::string mode_key(const std::string& k) const { return xml_safe_ ? k + "!x" : k; }
+  Encoding string_encoding() const { return xml_safe_ ? Encoding::JsonStringXmlSafe : Encoding::JsonString; }
+  // The compact JSON text of a value, xml-safe when the mode says so.
+  std::string literal(const Json& v) const;
+
+  const Json* root_;
+  std::string scope_;  // prefix of by_path_ keys (one per schema root)
+  bool xml_safe_ = false;
+  SchemaLimits lim_;
+  Grammar g_;
+  std::unordered_map<std::string, int32_t> by_path_;
+  std::unordered_map<std::string, int32_t> shared_;
+};
+
+}  // namespace lilac::grammar::detail

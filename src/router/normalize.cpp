@@ -1,0 +1,395 @@
+// Text variants for the sensitivity scan (see normalize.h).
+#include "router/normalize.h"
+
+#include <cstring>
+
+#include "text/unicode.h"
+
+namespace lilac::router {
+
+namespace {
+
+using unicode::append_utf8;
+using unicode::decode_utf8;
+using unicode::Decoded;
+
+int hexv(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+bool ieq(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (std::tolower(static_cast<unsigned char>(a[i])) != std::tolower(static_cast<unsigned char>(b[i]))) return false;
+  return true;
+}
+
+// One pass of %XX, &#NN; &#xHH; &name; (a few names) and \uXXXX (with surrogate pairs) decoding.
+std::string decode_escapes(std::string_view s, bool* changed) {
+  std::string out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    if (c == '%' && i + 2 < s.size() && hexv(s[i + 1]) >= 0 && hexv(s[i + 2]) >= 0) {
+      out.push_back(static_cast<char>(hexv(s[i + 1]) * 16 + hexv(s[i + 2])));
+      i += 2;
+      *changed = true;
+      continue;
+    }
+    if (c == '&') {
+      size_t semi = s.find(';', i + 1);
+      if (semi != std::string_view::npos && semi - i <= 10) {
+        std::string_view ent = s.substr(i + 1, semi - i - 1);
+        long cp = -1;
+        if (ent.size() > 1 && ent[0] == '#') {
+          const bool hex = ent[1] == 'x' || ent[1] == 'X';
+          char* end = nullptr;
+          std::string num(ent.substr(hex ? 2 : 1));
+          cp = num.empty() ? -1 : std::strtol(num.c_str(), &end, hex ? 16 : 10);
+          if (!end || *end) cp = -1;
+        } else if (ieq(ent, "commat")) cp = '@';
+        else if (ieq(ent, "period")) cp = '.';
+        else if (ieq(ent, "amp")) cp = '&';
+        else if (ieq(ent, "nbsp")) cp = ' ';
+        else if (ieq(ent, "hyphen") || ieq(ent, "dash")) cp = '-';
+        if (cp > 0 && cp < 0x110000) {
+          append_utf8(out, char32_t(cp));
+          i = semi;
+          *changed = true;
+          continue;
+        }
+      }
+    }
+    if (c == '\\' && i + 5 < s.size() && (s[i + 1] == 'u' || s[i + 1] == 'U')) {
+      int v = 0;
+      bool ok = true;
+      for (int k = 2; k < 6; ++k) {
+        int h = hexv(s[i + size_t(k)]);
+        ok &= h >= 0;
+        v = v * 16 + std::max(h, 0);
+      }
+      if (ok) {
+        char32_t cp = char32_t(v);
+        size_t used = 6;
+        if (v >= 0xD800 && v < 0xDC00 && i + 11 < s.size() && s[i + 6] == '\\' && s[i + 7] == 'u') {
+          int lo = 0;
+          bool ok2 = true;
+          for (int k = 8; k < 12; ++k) {
+            int h = hexv(s[i + size_t(k)]);
+            ok2 &= h >= 0;
+            lo = lo * 16 + std::max(h, 0);
+          }
+          if (ok2 && lo >= 0xDC00 && lo < 0xE000) {
+            cp = char32_t(0x10000 + ((v - 0xD800) << 10) + (lo - 0xDC00));
+            used = 12;
+          }
+        }
+        if (cp < 0xD800 || cp >= 0xE000) {
+          append_utf8(out, cp);
+          i += used - 1;
+          *changed = true;
+          continue;
+        }
+      }
+    }
+    out.push_back(c);
+  }
+  return out;
+}
+
+// Latin look-alikes (Cyrillic, Greek, a few others) -> ASCII.
+char32_t confusable(char32_t cp) {
+  struct M {
+    char32_t from;
+    char to;
+  };
+  static constexpr M kMap[] = {
+      {0x0430, 'a'}, {0x0435, 'e'}, {0x043E, 'o'}, {0x0440, 'p'}, {0x0441, 'c'}, {0x0443, 'y'}, {0x0445, 'x'},
+      {0x0456, 'i'}, {0x0458, 'j'}, {0x0455, 's'}, {0x0501, 'd'}, {0x04BB, 'h'}, {0x04CF, 'l'}, {0x051B, 'q'},
+      {0x051D, 'w'}, {0x0261, 'g'}, {0x0410, 'A'}, {0x0412, 'B'}, {0x0415, 'E'}, {0x041A, 'K'}, {0x041C, 'M'},
+      {0x041D, 'H'}, {0x041E, 'O'}, {0x0420, 'P'}, {0x0421, 'C'}, {0x0422, 'T'}, {0x0425, 'X'}, {0x0423, 'Y'},
+      {0x0406, 'I'}, {0x0408, 'J'}, {0x0405, 'S'}, {0x03B1, 'a'}, {0x03BF, 'o'}, {0x03BD, 'v'}, {0x03B9, 'i'},
+      {0x03BA, 'k'}, {0x03C1, 'p'}, {0x03C5, 'u'}, {0x0391, 'A'}, {0x0392, 'B'}, {0x0395, 'E'}, {0x0396, 'Z'},
+      {0x0397, 'H'}, {0x0399, 'I'}, {0x039A, 'K'}, {0x039C, 'M'}, {0x039D, 'N'}, {0x039F, 'O'}, {0x03A1, 'P'},
+      {0x03A4, 'T'}, {0x03A5, 'Y'}, {0x03A7, 'X'}, {0x3002, '.'}, {0xFF61, '.'}, {0x2024, '.'}, {0x2010, '-'},
+      {0x2011, '-'}, {0x2012, '-'}, {0x2013, '-'}, {0x2014, '-'}, {0x2212, '-'}, {0xFE6B, '@'}, {0xFF20, '@'},
+  };
+  for (const M& m : kMap)
+    if (m.from == cp) return char32_t(m.to);
+  return cp;
+}
+
+// Invisible characters dropped, look-alikes and digits of any script mapped to ASCII.
+std::string map_code_points(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < s.size();) {
+    const unsigned char b = static_cast<unsigned char>(s[i]);
+    if (b < 0x80) {
+      out.push_back(char(b));
+      ++i;
+      continue;
+    }
+    Decoded d = decode_utf8(s, i);
+    i += d.len;
+    if (d.status != Decoded::Ok) continue;
+    if (unicode::is_invisible(d.cp)) continue;
+    if (int v = unicode::decimal_digit_value(d.cp); v >= 0) {
+      out.push_back(char('0' + v));
+      continue;
+    }
+    append_utf8(out, confusable(d.cp));
+  }
+  return out;
+}
+
+// "[at]" "(at)" "{at}" "<at>" -> '@', the same with dot -> '.'; and " at " / " dot " when the text spells
+// an address that way (an " at " with a " dot " after it).
+std::string spelled_out(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  auto word_at = [&](size_t i, std::string_view w) { return i + w.size() <= s.size() && ieq(s.substr(i, w.size()), w); };
+  size_t last_dot = std::string_view::npos;
+  for (size_t i = s.size() >= 5 ? s.size() - 5 + 1 : 0; i-- > 0;)
+    if (word_at(i, " dot ")) {
+      last_dot = i;
+      break;
+    }
+  for (size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    if (c == '[' || c == '(' || c == '{' || c == '<') {
+      size_t j = i + 1;
+      while (j < s.size() && s[j] == ' ') ++j;
+      const bool at = word_at(j, "at"), dot = word_at(j, "dot");
+      if (at || dot) {
+        size_t k = j + (at ? 2 : 3);
+        while (k < s.size() && s[k] == ' ') ++k;
+        if (k < s.size() && (s[k] == ']' || s[k] == ')' || s[k] == '}' || s[k] == '>')) {
+          while (!out.empty() && out.back() == ' ') out.pop_back();
+          out.push_back(at ? '@' : '.');
+          i = k;
+          while (i + 1 < s.size() && s[i + 1] == ' ') ++i;
+          continue;
+        }
+      }
+    }
+    if (last_dot != std::string_view::npos && c == ' ') {
+      if (i < last_dot && word_at(i, " at ")) {
+        out.push_back('@');
+        i += 3;
+        continue;
+      }
+      if (word_at(i, " dot ")) {
+        out.push_back('.');
+        i += 4;
+        continue;
+      }
+    }
+    out.push_back(c);
+  }
+  return out;
+}
+
+bool is_sep(char c) { return std::strchr(" -._/\\|,~*", c) != nullptr && c != 0; }
+bool is_digit(char c) { return c >= '0' && c <= '9'; }
+
+// Separators (1 to 3 of them) between two digits: replaced by `with` ('\0' = removed). With '-', a single
+// ' ', '-' or '.' is left as is (the detectors read those already).
+std::string digit_separators(std::string_view s, char with) {
+  std::string out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < s.size(); ++i) {
+    out.push_back(s[i]);
+    if (!is_digit(s[i])) continue;
+    size_t j = i + 1;
+    while (j < s.size() && j - i <= 3 && is_sep(s[j])) ++j;
+    if (j > i + 1 && j - i <= 4 && j < s.size() && is_digit(s[j])) {
+      const bool plain = j == i + 2 && (s[i + 1] == ' ' || s[i + 1] == '-' || s[i + 1] == '.');
+      if (with && plain) out.push_back(s[i + 1]);
+      else if (with) out.push_back(with);
+      i = j - 1;
+    }
+  }
+  return out;
+}
+
+// Whether some run of digits and separators holds 13+ digits split by separators (a card written in
+// odd groups: only then is the digits-joined variant worth scanning).
+bool has_split_long_number(std::string_view s) {
+  size_t digits = 0, seps = 0;
+  for (size_t i = 0; i <= s.size(); ++i) {
+    const char c = i < s.size() ? s[i] : '\0';
+    if (is_digit(c)) {
+      ++digits;
+    } else if (digits > 0 && is_sep(c) && i + 1 < s.size() && (is_digit(s[i + 1]) || is_sep(s[i + 1]))) {
+      ++seps;
+    } else {
+      if (digits >= 13 && seps > 0) return true;
+      digits = seps = 0;
+    }
+  }
+  return false;
+}
+
+// Whether the canonical form can differ from the text (else it is not computed): non-ASCII, an escape
+// (%XX, &...;, \u), a bracketed or spaced-out "at" / "dot".
+bool needs_canonical(std::string_view s) {
+  const size_t n = s.size();
+  for (size_t i = 0; i < n; ++i) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c >= 0x80) return true;
+    switch (c) {
+      case '%':
+        if (i + 2 < n && hexv(s[i + 1]) >= 0 && hexv(s[i + 2]) >= 0) return true;
+        break;
+      case '&':
+        if (s.find(';', i) != std::string_view::npos && s.find(';', i) - i <= 10) return true;
+        break;
+      case '\\':
+        if (i + 1 < n && (s[i + 1] == 'u' || s[i + 1] == 'U')) return true;
+        break;
+      case '[': case '(': case '{': case '<': {
+        size_t j = i + 1;
+        while (j < n && s[j] == ' ') ++j;
+        if (j + 2 <= n && (ieq(s.substr(j, 2), "at") || (j + 3 <= n && ieq(s.substr(j, 3), "dot")))) return true;
+        break;
+      }
+      case ' ':
+        if (i + 5 <= n && ieq(s.substr(i, 5), " dot ")) return true;
+        break;
+      default: break;
+    }
+  }
+  return false;
+}
+
+int b64v(char c) {
+  if (c >= 'A' && c <= 'Z') return c - 'A';
+  if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+  if (c >= '0' && c <= '9') return c - '0' + 52;
+  if (c == '+' || c == '-') return 62;
+  if (c == '/' || c == '_') return 63;
+  return -1;
+}
+
+// Whether decoded bytes read as text: valid UTF-8, at least 90% printable.
+bool looks_like_text(std::string_view d) {
+  if (d.empty() || !unicode::is_valid_utf8(d)) return false;
+  size_t bad = 0, n = 0;
+  for (size_t i = 0; i < d.size();) {
+    Decoded c = decode_utf8(d, i);
+    i += c.len;
+    ++n;
+    if (c.cp < 0x20 && c.cp != '\n' && c.cp != '\r' && c.cp != '\t') ++bad;
+    if (c.cp == 0x7F || c.cp == 0xFFFD) ++bad;
+  }
+  return bad * 10 <= n;
+}
+
+std::string decode_runs(std::string_view s, int depth) {
+  std::string out;
+  for (size_t i = 0; i < s.size();) {
+    if (b64v(s[i]) < 0) {
+      ++i;
+      continue;
+    }
+    size_t j = i;
+    while (j < s.size() && b64v(s[j]) >= 0) ++j;
+    const size_t len = j - i;
+    if (len >= 16 && len % 4 != 1) {
+      std::string d;
+      d.reserve(len * 3 / 4);
+      uint32_t acc = 0;
+      int bits = 0;
+      for (size_t k = i; k < j; ++k) {
+        acc = (acc << 6) | uint32_t(b64v(s[k]));
+        bits += 6;
+        if (bits >= 8) {
+          bits -= 8;
+          d.push_back(char((acc >> bits) & 0xFF));
+        }
+        if (d.size() == 256) {  // binary: stop early
+          std::string_view head(d);
+          head.remove_suffix(unicode::incomplete_utf8_tail(head));
+          if (!looks_like_text(head)) break;
+        }
+      }
+      if (looks_like_text(d)) {
+        out += canonical_text(d);
+        out.push_back('\n');
+        if (depth > 0) {
+          std::string inner = decode_runs(d, depth - 1);
+          if (!inner.empty()) out += inner;
+        }
+      }
+    }
+    i = j;
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string canonical_text(std::string_view text) {
+  std::string s = unicode::is_valid_utf8(text) ? std::string(text) : unicode::sanitize_utf8(text);
+  for (int pass = 0; pass < 2; ++pass) {  // twice: %2540 -> %40 -> @
+    bool changed = false;
+    std::string d = decode_escapes(s, &changed);
+    if (!changed) break;
+    s = unicode::sanitize_utf8(d);
+  }
+  s = map_code_points(unicode::normalize(s, unicode::NormForm::NFKC));
+  return spelled_out(s);
+}
+
+std::string decode_base64_runs(std::string_view text) { return decode_runs(text, 1); }
+
+std::vector<std::string> text_variants(std::string_view text, size_t budget) {
+  std::vector<std::string> out;
+  size_t used = 0;
+  auto add = [&](std::string v, std::string_view than) {
+    if (v.empty() || v == than || used >= budget) return;
+    if (v.size() > budget - used) v.resize(budget - used);
+    used += v.size();
+    out.push_back(std::move(v));
+  };
+  std::string canon_buf;
+  std::string_view canon = text;
+  if (needs_canonical(text)) {
+    canon_buf = canonical_text(text);
+    canon = canon_buf;
+    add(canon_buf, text);
+  }
+  size_t digits = 0;
+  for (char c : canon) digits += is_digit(c);
+  if (digits >= 7) {
+    add(digit_separators(canon, '-'), canon);
+    if (has_split_long_number(canon)) add(digit_separators(canon, '\0'), canon);
+  }
+  add(decode_base64_runs(canon), "");
+  return out;
+}
+
+std::string collapse_whitespace(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  bool pending = false;
+  for (size_t i = 0; i < text.size();) {
+    Decoded d = decode_utf8(text, i);
+    if (d.status == Decoded::Ok && unicode::is_whitespace(d.cp)) {
+      pending = !out.empty();
+      i += d.len;
+      continue;
+    }
+    if (pending) out.push_back(' ');
+    pending = false;
+    out.append(text.substr(i, d.len));
+    i += d.len;
+  }
+  return out;
+}
+
+}  // namespace lilac::router

@@ -1,0 +1,36 @@
+// Undoing the simple encodings and obfuscations a text can carry before the sensitivity detectors run
+// (router/scan.h scans each text and its variants). A variant is a whole text; only variants that differ
+// from their source are produced.
+//
+//   canonical  NFKC (fullwidth and mathematical forms, compatibility characters), invisible characters
+//              removed (zero-width space / joiners, soft hyphen, bidi controls, combining marks),
+//              common Latin look-alikes mapped to Latin (Cyrillic / Greek letters such as а е о р с),
+//              decimal digits of any script mapped to 0-9, ideographic full stops to '.', URL escapes
+//              (%40) and HTML character references (&#64; &commat; &period;) and \uXXXX escapes decoded,
+//              "[at]" "(at)" " at " and "[dot]" "(dot)" " dot " written out as '@' and '.', and any run
+//              of up to three separators between two digits (space, '-', '.', '_', '/', '|', ',', ...)
+//              made a single '-' (so 4111_1111_1111_1111 and 555.123.4567 read as a card and a phone);
+//   digits     the canonical text with the separators between digits removed (4 1 1 1 ... 1 -> one run);
+//   decoded    what base64 / base64url runs of 16 characters or more decode to, when that is text
+//              (mostly printable UTF-8), itself canonicalised; one piece per run, newline-separated.
+#pragma once
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace lilac::router {
+
+// The variants of `text` to scan besides `text` itself (0 to 3 strings). `budget` caps the bytes of the
+// variants together (they are cut at it).
+std::vector<std::string> text_variants(std::string_view text, size_t budget = size_t(1) << 26);
+
+// The canonical form alone (exposed for tests).
+std::string canonical_text(std::string_view text);
+// Base64 runs of `text` decoded to text (exposed for tests); "" when none decodes to text.
+std::string decode_base64_runs(std::string_view text);
+
+// Whitespace-insensitive form for stickiness hashes: runs of (Unicode) whitespace become one space,
+// none at the ends.
+std::string collapse_whitespace(std::string_view text);
+
+}  // namespace lilac::router

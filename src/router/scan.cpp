@@ -1,0 +1,141 @@
+// The sensitivity scan of a whole body (see scan.h). Iterative: bodies come from clients.
+#include "router/scan.h"
+
+#include <deque>
+
+#include "router/normalize.h"
+#include "text/bounded_json.h"
+
+namespace lilac::router {
+
+using ojson = nlohmann::ordered_json;
+
+namespace {
+
+bool is_id_key(std::string_view k) { return k == "id" || k == "tool_call_id" || k == "call_id"; }
+// Values that name protocol structure, not content: checked alone, left out of the joined text.
+bool is_structural_key(std::string_view k) {
+  return k == "role" || k == "type" || k == "object" || k == "model" || is_id_key(k);
+}
+
+bool looks_like_json(std::string_view s) {
+  size_t i = s.find_first_not_of(" \t\r\n");
+  return i != std::string_view::npos && (s[i] == '{' || s[i] == '[') && s.size() >= 2;
+}
+
+// A secret split across values lies within this many bytes of a seam between them (the longest
+// detector matches: e-mail addresses, IBANs, keys; a PEM block's header alone counts).
+constexpr size_t kSeamWindow = 1024;
+
+struct Scanner {
+  const TextCheck& check;
+  const ScanOptions& opts;
+  ScanOutcome out;
+  uint64_t budget_used = 0;
+  std::string joined, spaced;             // the string values in order, without / with a space between
+  std::vector<size_t> seams_j, seams_s;   // where each value after the first starts in them
+
+  // The text around the seams of `all` (windows merged where they overlap).
+  bool seams(const std::string& all, const std::vector<size_t>& at) {
+    size_t b = 0, e = 0;
+    bool open = false;
+    for (size_t k = 0; k <= at.size(); ++k) {
+      const bool last = k == at.size();
+      const size_t wb = last ? 0 : (at[k] > kSeamWindow ? at[k] - kSeamWindow : 0);
+      const size_t we = last ? 0 : std::min(all.size(), at[k] + kSeamWindow);
+      if (open && (last || wb > e)) {
+        if (text(std::string_view(all).substr(b, e - b), false)) return true;
+        open = false;
+      }
+      if (last) break;
+      if (!open) {
+        b = wb;
+        open = true;
+      }
+      e = we;
+    }
+    return false;
+  }
+
+  // Checks a text and its variants; true when the scan is over (a hit, or the budget is spent).
+  bool text(std::string_view t, bool is_id) {
+    if (t.empty()) return false;
+    if (charge(t.size())) return true;
+    if (check(t, is_id, &out.matched)) return hit();
+    for (const std::string& v : text_variants(t, opts.max_bytes - std::min(opts.max_bytes, budget_used))) {
+      if (charge(v.size())) return true;
+      if (check(v, is_id, &out.matched)) return hit();
+    }
+    return false;
+  }
+  bool hit() {
+    out.sensitive = true;
+    return true;
+  }
+  bool charge(uint64_t n) {
+    budget_used += n;
+    if (budget_used <= opts.max_bytes) return false;
+    out.unscannable = true;
+    out.matched.push_back("unscannable");
+    return true;
+  }
+
+  bool walk(const ojson& root) {
+    struct Item {
+      const ojson* v;
+      std::string_view key;  // the key this value sits under (arrays pass theirs on)
+      int embedded;
+    };
+    std::deque<ojson> parsed;  // JSON found inside strings (stable addresses)
+    std::vector<Item> stack{{&root, "", 0}};
+    while (!stack.empty()) {
+      const Item it = stack.back();
+      stack.pop_back();
+      const ojson& v = *it.v;
+      if (v.is_object()) {
+        // Pushed in reverse so that values come out in document order.
+        const auto& entries = v.get_ref<const ojson::object_t&>();
+        for (auto e = entries.rbegin(); e != entries.rend(); ++e) stack.push_back({&e->second, e->first, it.embedded});
+        for (const auto& e : entries)
+          if (text(e.first, false)) return true;
+      } else if (v.is_array()) {
+        const auto& items = v.get_ref<const ojson::array_t&>();
+        for (auto e = items.rbegin(); e != items.rend(); ++e) stack.push_back({&*e, it.key, it.embedded});
+      } else if (v.is_string()) {
+        const std::string& s = v.get_ref<const std::string&>();
+        if (text(s, is_id_key(it.key))) return true;
+        if (!is_structural_key(it.key) && !s.empty() && joined.size() < opts.max_bytes) {
+          out.text_bytes += s.size();
+          if (!joined.empty()) {
+            seams_j.push_back(joined.size());
+            spaced.push_back(' ');
+            seams_s.push_back(spaced.size());
+          }
+          joined += s;
+          spaced += s;
+        }
+        if (it.embedded < opts.max_embedded && looks_like_json(s)) {
+          JsonParseResult r = parse_bounded_json(s, kRequestJsonLimits);
+          if (r.ok() && r.value.is_structured()) {
+            parsed.push_back(std::move(r.value));
+            stack.push_back({&parsed.back(), it.key, it.embedded + 1});
+          }
+        }
+      } else if (v.is_number()) {
+        if (text(v.dump(), false)) return true;
+      }
+    }
+    return false;
+  }
+};
+
+}  // namespace
+
+ScanOutcome scan_body(const ojson& body, const TextCheck& check, const ScanOptions& opts) {
+  Scanner sc{check, opts, {}, 0, {}, {}};
+  // Secrets split across values: the joined texts around each seam, without and with a space.
+  if (!sc.walk(body) && !sc.seams(sc.joined, sc.seams_j)) sc.seams(sc.spaced, sc.seams_s);
+  return std::move(sc.out);
+}
+
+}  // namespace lilac::router

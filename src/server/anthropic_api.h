@@ -1,0 +1,15 @@
+// The Anthropic Messages adapter: POST /v1/messages (through the shared endpoint path,
+// server/endpoint.h: route hook, generation core, the Messages formatter) and POST
+// /v1/messages/count_tokens (the prompt rendered and tokenized as /v1/messages would, nothing
+// generated). Every error on these routes is in Anthropic's shape; the `anthropic-version` header,
+// when given, must be a version date from 2023-01-01 on (answers have the 2023-06-01 shape).
+#pragma once
+
+namespace lilac::server {
+
+class HttpServer;
+struct ServerContext;
+
+void add_anthropic_routes(HttpServer& http, ServerContext& ctx);
+
+}  // namespace lilac::server

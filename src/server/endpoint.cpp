@@ -1,0 +1,91 @@
+#include "server/endpoint.h"
+
+#include <httplib.h>
+
+#include <chrono>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "server/request_json.h"
+#include "server/server_context.h"
+
+namespace lilac::server {
+
+using Clock = std::chrono::steady_clock;
+using ojson = nlohmann::ordered_json;
+
+bool read_openai_error(const std::string& body, int status, ApiError& out) {
+  const auto j = nlohmann::json::parse(body, nullptr, false);
+  if (!j.is_object() || !j.contains("error") || !j["error"].is_object() || j.contains("type")) return false;
+  const auto& e = j["error"];
+  auto str = [&](const char* k) { return e.contains(k) && e[k].is_string() ? e[k].get<std::string>() : std::string(); };
+  out = ApiError(status, str("message"), str("param"), str("code"));
+  return true;
+}
+
+namespace {
+
+// The route hook answered: rewrite an OpenAI-shaped error into the endpoint's protocol.
+void rewrite_hook_error(const Endpoint& ep, httplib::Response& res) {
+  if (!ep.rewrite_hook_errors || res.status < 400 || res.body.empty()) return;
+  ApiError e(res.status, "");
+  if (!read_openai_error(res.body, res.status, e)) return;
+  ep.send_error(res, e);
+}
+
+}  // namespace
+
+void serve_generation(ServerContext& C, const Endpoint& ep, const httplib::Request& req, httplib::Response& res) {
+  const auto t0 = Clock::now();
+  auto fail = [&](const ApiError& e) {
+    ep.send_error(res, e);
+    C.metrics.count_request(ep.path, e.status);
+    if (e.status >= 500)
+      LILAC_LOG_ERROR("POST %s -> %d: %s", ep.path.c_str(), e.status, e.message.c_str());
+    else
+      LILAC_LOG_WARN("POST %s -> %d: %s", ep.path.c_str(), e.status, e.message.c_str());
+  };
+  try {
+    const ojson body = parse_request_body(req.body);
+    bool any_model = false;  // the router keeps a request that named an upstream model local
+    if (C.hook.maybe_forward) {
+      const bool busy = C.ready.load() && C.core->busy();
+      const RouteDecisionKind d = C.hook.maybe_forward(req, res, body, busy);
+      if (d == RouteDecisionKind::Answered) {
+        rewrite_hook_error(ep, res);
+        C.metrics.count_request(ep.path, res.status);
+        return;
+      }
+      any_model = d == RouteDecisionKind::LocalAnyModel;
+    }
+    if (!C.ready.load()) throw ApiError(503, "The model is still loading; retry shortly.", "", "model_not_loaded");
+    PreparedRequest r = ep.prepare(body, C.core->config(), C.random_u64());
+    if (!any_model && !r.model.empty() && r.model != C.opts.model_id)
+      throw ApiError(404, "The model '" + r.model + "' does not exist (this server serves '" + C.opts.model_id + "').",
+                     "model", "model_not_found");
+    std::shared_ptr<Generation> gen = C.core->start(r.spec);
+    if (C.hook_set) {
+      res.set_header("x-lilac-route", "local");
+      if (C.hook.on_local) {
+        try {
+          C.hook.on_local(body);
+        } catch (const std::exception& e) {
+          LILAC_LOG_WARN("route hook on_local failed: %s", e.what());
+        }
+      }
+    }
+    auto fmt = r.formatter(*gen, C.hook_set);
+    send_generation(res, std::move(gen), std::move(fmt), r.stream, RequestLog{ep.path, t0, C.opts.log_requests, &C.metrics},
+                    fail);
+  } catch (const ApiError& e) {
+    return fail(e);
+  } catch (const InputError& e) {
+    return fail(ApiError(400, e.what(), "", "invalid_request"));
+  } catch (const std::exception& e) {
+    return fail(ApiError(500, std::string("Internal server error: ") + e.what(), "", "internal_error"));
+  } catch (...) {
+    return fail(ApiError(500, "Internal server error", "", "internal_error"));
+  }
+}
+
+}  // namespace lilac::server

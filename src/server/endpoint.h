@@ -1,0 +1,58 @@
+// The path every generation endpoint shares, whatever its protocol (OpenAI chat/completions and
+// completions, Anthropic Messages, OpenAI Responses): parse the body once, let the route hook (hybrid
+// router) forward it, check readiness, have the protocol adapter translate it into a GenerationSpec,
+// start it on the generation core, mark a routed answer local, and send the adapter's formatter's
+// output (server/http_response.h). Errors are answered in the endpoint's protocol's shape.
+#pragma once
+#include <functional>
+#include <memory>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "server/api_error.h"
+#include "server/generation.h"
+#include "server/http_response.h"
+
+namespace httplib {
+struct Request;
+struct Response;
+}  // namespace httplib
+
+namespace lilac {
+struct ModelConfig;
+}
+
+namespace lilac::server {
+
+struct ServerContext;
+
+// A request an adapter validated and translated.
+struct PreparedRequest {
+  GenerationSpec spec;
+  std::string model;  // the model the request named ("" when none)
+  bool stream = false;
+  // Makes the response's formatter once the generation started; `route_field`: a route hook is set,
+  // so the answer says "lilac_route": "local".
+  std::function<std::shared_ptr<ResponseFormatter>(const Generation& gen, bool route_field)> formatter;
+};
+
+struct Endpoint {
+  std::string path;  // e.g. "/v1/messages" (counters, log lines)
+  // Validates and translates a parsed body (throws ApiError naming the field at fault).
+  std::function<PreparedRequest(const nlohmann::ordered_json& body, const ModelConfig& cfg, uint64_t seed)> prepare;
+  // Answers an error in this protocol's shape (status, body).
+  std::function<void(httplib::Response& res, const ApiError& e)> send_error;
+  // Whether errors the route hook answers in OpenAI's shape ({"error": {...}}) are rewritten with
+  // send_error (protocols other than OpenAI's).
+  bool rewrite_hook_errors = false;
+};
+
+// POST handler body of a generation endpoint.
+void serve_generation(ServerContext& C, const Endpoint& ep, const httplib::Request& req, httplib::Response& res);
+
+// An OpenAI-shaped error answer ({"error": {message, type, param, code}}) read back into an ApiError
+// (false when `body` is not one).
+bool read_openai_error(const std::string& body, int status, ApiError& out);
+
+}  // namespace lilac::server

@@ -1,0 +1,147 @@
+// Internal to server/http_server.cpp and server/http_worker.cpp: the state the I/O thread and the
+// workers share.
+#pragma once
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <regex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "server/http_server.h"
+
+namespace lilac::server::http_detail {
+
+using Clock = std::chrono::steady_clock;
+
+struct Route {
+  std::string method, pattern;
+  bool is_regex = false;
+  std::string prefix;  // regex: the literal text before its first special character
+  std::regex re;
+  HttpHandler handler;
+  RouteOptions opts;
+};
+
+struct Conn {
+  enum class Phase { Reading, Worker, Writing, Closing };
+  int fd = -1;
+  std::string peer_addr, local_addr;
+  int peer_port = -1, local_port = -1;
+  Phase phase = Phase::Reading;
+  std::string in;  // received, not yet consumed (a pipelined next request)
+  std::unique_ptr<RequestParser> parser;
+  bool headers_handled = false;  // the checks after the headers ran (route, header check, 100-continue)
+  const Route* route = nullptr;  // the route of the request being read (nullptr: none matched)
+  size_t body_counted = 0;       // this request's body bytes counted in the server's buffered total
+  Clock::time_point deadline;
+  Clock::time_point idle_since;  // eviction order among idle connections
+  std::string out;               // answer being written by the I/O thread
+  size_t out_off = 0;
+  bool close_after_write = false;
+  bool in_epoll = false;
+  uint32_t events = 0;
+  size_t discarded = 0;          // Closing: bytes read and dropped
+  int served = 0;                // requests answered on this connection
+  // Set by a worker when it hands the connection back.
+  bool worker_keep_alive = false;
+};
+
+struct Task {
+  std::shared_ptr<Conn> conn;
+  httplib::Request req;
+  const Route* route = nullptr;
+  bool keep_alive = false;
+  bool head = false;  // HEAD request on a GET route: no body in the answer
+};
+
+std::string reason_phrase(int status);
+// The status line and headers of an answer. `length` -1: chunked; -2: until the connection closes.
+std::string response_head(const httplib::Response& res, const httplib::Headers& defaults, int64_t length,
+                          bool keep_alive, bool http10);
+// A complete answer with a JSON body (errors of the HTTP layer).
+std::string simple_response(int status, const std::string& body, const httplib::Headers& defaults,
+                            const httplib::Headers& extra, bool keep_alive);
+
+}  // namespace lilac::server::http_detail
+
+namespace lilac::server {
+
+struct HttpServer::Impl {
+  using Conn = http_detail::Conn;
+  using Route = http_detail::Route;
+  using Task = http_detail::Task;
+  using Clock = http_detail::Clock;
+
+  Impl(HttpServer* s, HttpServerOptions o) : self(s), opts(std::move(o)) {}
+
+  HttpServer* self;
+  HttpServerOptions opts;
+  std::vector<std::unique_ptr<Route>> routes;
+  ErrorFormatter default_errors;
+  std::function<std::optional<HttpError>(const httplib::Request&)> header_check;
+  httplib::Headers default_headers, preflight_headers;
+  std::function<void(const std::string&, int)> observer;
+
+  int listen_fd = -1, epfd = -1, wake_fd = -1;
+  int port = 0;
+  std::thread io_thread;
+  std::vector<std::thread> workers;
+  std::atomic<bool> started{false}, stopping{false}, io_done{false};
+  std::mutex run_mu;
+  std::condition_variable run_cv;
+
+  // I/O thread only.
+  std::unordered_map<int, std::shared_ptr<Conn>> conns;
+  size_t buffered_body = 0;
+
+  // Requests waiting for a worker.
+  std::mutex task_mu;
+  std::condition_variable task_cv;
+  std::deque<Task> tasks;
+  // Connections handed back by workers.
+  std::mutex ret_mu;
+  std::vector<std::shared_ptr<Conn>> returned;
+
+  std::atomic<int64_t> n_conns{0}, busy{0}, n_pending{0}, timeouts{0}, rejected{0}, evicted{0};
+
+  // http_server.cpp: the I/O thread.
+  void io_loop();
+  void accept_all();
+  void on_event(Conn& c, uint32_t ev);
+  void read_some(Conn& c);
+  void process(Conn& c);
+  bool after_headers(Conn& c);
+  void complete(Conn& c);
+  void run_inline(Conn& c, httplib::Request& req, const Route& r, bool head, bool keep_alive);
+  void answer_error(Conn& c, int status, const std::string& message, const std::string& code,
+                    const httplib::Headers& extra = {});
+  void queue_out(Conn& c, std::string bytes, bool close_after);
+  void flush(Conn& c);
+  void reset_for_next(Conn& c);
+  void close_conn(int fd);
+  void linger(Conn& c);
+  void set_events(Conn& c, uint32_t ev);
+  void sweep(Clock::time_point now);
+  bool evict_one();
+  void take_returned();
+  void release_body(Conn& c);
+  void shutdown_all();
+  const Route* find_route(const std::string& method, const std::string& path, std::string* allow) const;
+  const Route* shape_route(const std::string& method, const std::string& path) const;
+  std::string error_json(const Route* r, int status, const std::string& message, const std::string& code) const;
+  void wake();
+
+  // http_worker.cpp: the workers.
+  void worker_loop();
+  void serve(Task& t);
+  bool write_all(int fd, const char* data, size_t n);
+  bool write_provider(int fd, httplib::Response& res, bool head, bool chunked);
+};
+
+}  // namespace lilac::server

@@ -1,0 +1,36 @@
+// Reading request fields with errors that name them, for every protocol adapter: absent or null is
+// "not given"; a wrong type or an out-of-range value is an ApiError 400 naming the parameter
+// (`param`, or the key itself when `param` is empty).
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/backend.h"
+#include "model/config.h"
+#include "server/api_error.h"
+
+namespace lilac::server::fields {
+
+using ojson = nlohmann::ordered_json;
+
+[[noreturn]] void bad(const std::string& param, const std::string& msg, const std::string& code = "invalid_value");
+const char* type_name(const ojson& v);  // "a string", "an array", ...
+[[noreturn]] void wrong_type(const std::string& param, const char* want, const ojson& v);
+[[noreturn]] void missing(const std::string& param);
+
+const ojson* field(const ojson& obj, const char* key);  // nullptr when absent or null
+std::optional<double> get_number(const ojson& obj, const char* key, double lo, double hi, const std::string& param = "");
+std::optional<int64_t> get_int(const ojson& obj, const char* key, int64_t lo, int64_t hi, const std::string& param = "");
+std::optional<bool> get_bool(const ojson& obj, const char* key, const std::string& param = "");
+std::optional<std::string> get_string(const ojson& obj, const char* key, const std::string& param = "");
+// A string field that must be there.
+std::string need_string(const ojson& obj, const char* key, const std::string& param);
+
+// Sampling when the request says nothing: the model's generation_config.json values, else
+// temperature 1, top_p 1, no top_k / min_p / penalties; `seed` as given.
+SamplingParams sampling_defaults(const ModelConfig& cfg, uint64_t seed);
+
+}  // namespace lilac::server::fields

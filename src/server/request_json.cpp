@@ -1,0 +1,23 @@
+#include "server/request_json.h"
+
+#include "server/api_error.h"
+#include "text/bounded_json.h"
+
+namespace lilac::server {
+
+nlohmann::ordered_json parse_request_body(std::string_view body) {
+  JsonParseResult r = parse_bounded_json(body, kRequestJsonLimits);
+  switch (r.status) {
+    case JsonParseResult::Ok: break;
+    case JsonParseResult::Invalid:
+      throw ApiError(400, "We could not parse the JSON body of your request: " + r.message, "", "invalid_json");
+    case JsonParseResult::TooDeep:
+      throw ApiError(400, "The JSON body is nested too deeply (" + r.message + ").", "", "json_too_deep");
+    case JsonParseResult::TooManyValues:
+      throw ApiError(400, "The JSON body has too many values (" + r.message + ").", "", "json_too_large");
+  }
+  if (!r.value.is_object()) throw ApiError(400, "The request body must be a JSON object.", "", "invalid_json");
+  return std::move(r.value);
+}
+
+}  // namespace lilac::server

@@ -1,0 +1,84 @@
+#include "server/responses_api.h"
+
+#include <httplib.h>
+
+#include "server/http_server.h"
+
+#include <ctime>
+
+#include "server/endpoint.h"
+#include "server/responses_format.h"
+#include "server/responses_schema.h"
+#include "server/server_context.h"
+
+namespace lilac::server {
+
+namespace {
+
+Endpoint responses_endpoint(ServerContext& C) {
+  Endpoint ep;
+  ep.path = "/v1/responses";
+  ep.send_error = [](httplib::Response& res, const ApiError& e) {
+    send_error(res, e.status, e.message, e.param, e.code, e.type);
+  };
+  ep.prepare = [&C](const ojson& body, const ModelConfig& cfg, uint64_t seed) {
+    ResponsesParams p = parse_responses_request(body, cfg, seed);
+    PreparedRequest r;
+    r.model = p.model;
+    r.stream = p.stream;
+    GenerationSpec& s = r.spec;
+    s.input = GenerationSpec::Input::Chat;
+    s.chat = std::move(p.template_request);
+    s.tools = p.tools;
+    s.force_tool_call = p.tool_choice == ToolChoice::Required || p.tool_choice == ToolChoice::Function;
+    if (p.tool_choice == ToolChoice::Function) s.forced_function = p.tool_choice_name;
+    switch (p.response_format) {
+      case ResponseFormat::Text:
+        s.format = GenerationSpec::Format::Text;
+        break;
+      case ResponseFormat::JsonObject:
+        s.format = GenerationSpec::Format::JsonObject;
+        break;
+      case ResponseFormat::JsonSchema:
+        s.format = GenerationSpec::Format::JsonSchema;
+        s.schema = p.json_schema;
+        break;
+    }
+    s.sampling = p.sampling;
+    s.max_tokens = p.max_output_tokens;
+    s.prompt_param = "input";
+    s.max_tokens_param = "max_output_tokens";
+    s.schema_param = "text.format.schema";
+    s.tool_schema_field = "parameters";
+    ResponsesMeta meta;
+    meta.id = C.new_id("resp_");
+    meta.model = p.model.empty() ? C.opts.model_id : p.model;
+    meta.created_at = int64_t(std::time(nullptr));
+    meta.instructions = p.instructions.is_null() ? nlohmann::json(nullptr) : nlohmann::json(p.instructions);
+    meta.max_output_tokens = p.max_output_tokens ? nlohmann::json(*p.max_output_tokens) : nlohmann::json(nullptr);
+    meta.tools = nlohmann::json::parse(p.echo_tools.dump());
+    meta.tool_choice = nlohmann::json::parse(p.echo_tool_choice.dump());
+    meta.temperature = p.sampling.temperature;
+    meta.top_p = p.sampling.top_p;
+    meta.text_format = nlohmann::json::parse(p.echo_text_format.dump());
+    meta.reasoning_effort = p.effort.empty() ? nlohmann::json(nullptr) : nlohmann::json(p.effort);
+    meta.new_id = [&C](const char* prefix) { return C.new_id(prefix); };
+    r.formatter = [meta](const Generation& gen, bool route_field) mutable {
+      meta.input_tokens = gen.prompt_tokens();
+      meta.route_field = route_field;
+      return make_responses_formatter(meta);
+    };
+    return r;
+  };
+  return ep;
+}
+
+}  // namespace
+
+void add_responses_routes(HttpServer& http, ServerContext& ctx) {
+  ServerContext* C = &ctx;
+  auto ep = std::make_shared<Endpoint>(responses_endpoint(ctx));
+  http.Post(ep->path, [C, ep](const httplib::Request& req, httplib::Response& res) { serve_generation(*C, *ep, req, res); });
+}
+
+}  // namespace lilac::server

@@ -1,0 +1,221 @@
+#include "server/responses_format.h"
+
+#include "server/anthropic_format.h"  // sse_event
+#include "server/openai_schema.h"
+
+namespace lilac::server {
+
+using json = nlohmann::json;
+
+namespace {
+
+class ResponsesFormatter final : public ResponseFormatter {
+ public:
+  explicit ResponsesFormatter(ResponsesMeta meta) : meta_(std::move(meta)) {}
+
+  std::string stream_start() override {
+    streaming_ = true;
+    json r = response("in_progress");
+    std::string out = event("response.created", json{{"response", r}});
+    return out + event("response.in_progress", json{{"response", r}});
+  }
+
+  std::string stream_event(const OutputEvent& ev) override {
+    if (ev.kind == OutputEvent::Error) {
+      return event("error", json{{"code", ev.status >= 500 ? "server_error" : "invalid_request"},
+                                 {"message", ev.message},
+                                 {"param", nullptr}});
+    }
+    note(ev);
+    if (ev.kind == OutputEvent::Done && ev.stats.finish == FinishReason::Cancelled) return "";
+    std::string out;
+    for (const auto& d : ev.deltas) out += stream_delta(d);
+    if (ev.kind != OutputEvent::Done) return out;
+    out += close_item();
+    const std::string status = finish_reason();
+    return out + event(status == "completed" ? "response.completed" : "response.incomplete",
+                       json{{"response", response(status)}});
+  }
+
+  void add(const OutputEvent& ev) override {
+    if (ev.kind == OutputEvent::Error) return;
+    note(ev);
+    for (const auto& d : ev.deltas) {
+      if (d.kind == OutputDelta::ToolCall) {
+        close_item();
+        items_.push_back(call_item(d, "completed"));
+        continue;
+      }
+      if (d.text.empty()) continue;
+      if (open_ < 0 || open_kind_ != d.kind) open_item(d.kind);
+      append_text(d.text);
+    }
+    if (ev.kind == OutputEvent::Done) close_item();
+  }
+
+  std::string body() const override { return dump_json(response(finish_reason())); }
+
+  std::string error_body(const ApiError& e) const override { return dump_json(server::error_body(e)); }
+
+  std::string finish_reason() const override {
+    return stats_.finish == FinishReason::Length ? "incomplete" : "completed";
+  }
+
+ private:
+  json usage() const {
+    const int64_t in = stats_.prompt_tokens > 0 ? stats_.prompt_tokens : meta_.input_tokens;
+    return json{{"input_tokens", in},
+                {"input_tokens_details", json{{"cached_tokens", stats_.cached_tokens}}},
+                {"output_tokens", stats_.completion_tokens},
+                {"output_tokens_details", json{{"reasoning_tokens", reasoning_tokens_}}},
+                {"total_tokens", in + stats_.completion_tokens}};
+  }
+
+  json response(const std::string& status) const {
+    json r;
+    r["id"] = meta_.id;
+    r["object"] = "response";
+    r["created_at"] = meta_.created_at;
+    r["status"] = status;
+    r["error"] = nullptr;
+    r["incomplete_details"] = status == "incomplete" ? json{{"reason", "max_output_tokens"}} : json(nullptr);
+    r["instructions"] = meta_.instructions;
+    r["max_output_tokens"] = meta_.max_output_tokens;
+    r["model"] = meta_.model;
+    r["output"] = items_;
+    r["parallel_tool_calls"] = true;
+    r["previous_response_id"] = nullptr;
+    r["reasoning"] = json{{"effort", meta_.reasoning_effort}, {"summary", nullptr}};
+    r["store"] = false;
+    r["temperature"] = meta_.temperature;
+    r["text"] = json{{"format", meta_.text_format}};
+    r["tool_choice"] = meta_.tool_choice;
+    r["tools"] = meta_.tools;
+    r["top_p"] = meta_.top_p;
+    r["truncation"] = "disabled";
+    r["usage"] = status == "in_progress" ? json(nullptr) : usage();
+    r["metadata"] = json::object();
+    if (meta_.route_field) r["lilac_route"] = "local";
+    return r;
+  }
+
+  std::string event(const std::string& type, json data) {
+    json e;
+    e["type"] = type;
+    e["sequence_number"] = seq_++;
+    for (auto& [k, v] : data.items()) e[k] = v;
+    if (meta_.route_field) e["lilac_route"] = "local";
+    return sse_event(type, e);
+  }
+
+  // Counts the reasoning tokens and keeps the stats.
+  void note(const OutputEvent& ev) {
+    if (ev.kind == OutputEvent::Done) stats_ = ev.stats;
+    if (ev.kind == OutputEvent::Token && ev.token.id >= 0 && ev.reasoning) ++reasoning_tokens_;
+  }
+
+  json call_item(const OutputDelta& d, const char* status) const {
+    return json{{"id", meta_.new_id("fc_")}, {"type", "function_call"}, {"status", status},
+                {"call_id", d.tool_id}, {"name", d.tool_name}, {"arguments", d.arguments}};
+  }
+
+  // Opens a reasoning or message item (non-streaming and streaming share the items).
+  void open_item(int kind) {
+    close_item();
+    open_ = int(items_.size());
+    open_kind_ = kind;
+    if (kind == OutputDelta::Reasoning)
+      items_.push_back(json{{"id", meta_.new_id("rs_")}, {"type", "reasoning"}, {"summary", json::array()},
+                            {"content", json::array({part(kind)})}});
+    else
+      items_.push_back(json{{"id", meta_.new_id("msg_")}, {"type", "message"}, {"status", "completed"},
+                            {"role", "assistant"}, {"content", json::array({part(kind)})}});
+  }
+
+  static json part(int kind) {
+    if (kind == OutputDelta::Reasoning) return json{{"type", "reasoning_text"}, {"text", ""}};
+    return json{{"type", "output_text"}, {"text", ""}, {"annotations", json::array()}, {"logprobs", json::array()}};
+  }
+
+  void append_text(const std::string& t) {
+    json& p = items_[size_t(open_)]["content"][0];
+    p["text"] = p["text"].get<std::string>() + t;
+  }
+
+  // Streaming: the events that end the open item (nothing when none is open).
+  std::string close_item() {
+    if (open_ < 0) return "";
+    std::string out;
+    if (streaming_) {
+      const json& item = items_[size_t(open_)];
+      const json& p = item["content"][0];
+      json ids{{"item_id", item["id"]}, {"output_index", open_}, {"content_index", 0}};
+      if (open_kind_ == OutputDelta::Reasoning) {
+        out += event("response.reasoning_text.done", merge(ids, json{{"text", p["text"]}}));
+      } else {
+        out += event("response.output_text.done", merge(ids, json{{"text", p["text"]}, {"logprobs", json::array()}}));
+      }
+      out += event("response.content_part.done", merge(ids, json{{"part", p}}));
+      out += event("response.output_item.done", json{{"output_index", open_}, {"item", item}});
+    }
+    open_ = -1;
+    return out;
+  }
+
+  static json merge(json a, const json& b) {
+    for (auto& [k, v] : b.items()) a[k] = v;
+    return a;
+  }
+
+  std::string stream_delta(const OutputDelta& d) {
+    streaming_ = true;
+    std::string out;
+    if (d.kind == OutputDelta::ToolCall) {
+      out += close_item();
+      const int idx = int(items_.size());
+      json item = call_item(d, "in_progress");
+      json added = item;
+      added["arguments"] = "";
+      out += event("response.output_item.added", json{{"output_index", idx}, {"item", added}});
+      out += event("response.function_call_arguments.delta",
+                   json{{"item_id", item["id"]}, {"output_index", idx}, {"delta", d.arguments}});
+      out += event("response.function_call_arguments.done",
+                   json{{"item_id", item["id"]}, {"output_index", idx}, {"name", d.tool_name}, {"arguments", d.arguments}});
+      item["status"] = "completed";
+      items_.push_back(item);
+      return out + event("response.output_item.done", json{{"output_index", idx}, {"item", item}});
+    }
+    if (d.text.empty()) return out;
+    if (open_ < 0 || open_kind_ != d.kind) {
+      out += close_item();
+      open_item(d.kind);
+      json added = items_[size_t(open_)];
+      added["content"] = json::array();
+      if (d.kind != OutputDelta::Reasoning) added["status"] = "in_progress";
+      json ids{{"item_id", added["id"]}, {"output_index", open_}, {"content_index", 0}};
+      out += event("response.output_item.added", json{{"output_index", open_}, {"item", added}});
+      out += event("response.content_part.added", merge(ids, json{{"part", part(d.kind)}}));
+    }
+    append_text(d.text);
+    json ids{{"item_id", items_[size_t(open_)]["id"]}, {"output_index", open_}, {"content_index", 0}};
+    if (d.kind == OutputDelta::Reasoning)
+      return out + event("response.reasoning_text.delta", merge(ids, json{{"delta", d.text}}));
+    return out + event("response.output_text.delta", merge(ids, json{{"delta", d.text}, {"logprobs", json::array()}}));
+  }
+
+  ResponsesMeta meta_;
+  GenerationStats stats_;
+  json items_ = json::array();
+  int open_ = -1, open_kind_ = -1;
+  int64_t reasoning_tokens_ = 0;
+  int64_t seq_ = 0;
+  bool streaming_ = false;
+};
+
+}  // namespace
+
+std::shared_ptr<ResponseFormatter> make_responses_formatter(ResponsesMeta meta) {
+  return std::make_shared<ResponsesFormatter>(std::move(meta));
+}
+
+}  // namespace lilac::server

@@ -1,0 +1,38 @@
+// The OpenAI Responses adapter's output side: a generation's OutputEvents as one Response object or
+// as the Responses stream of typed events, each with a sequence_number: response.created,
+// response.in_progress; per output item response.output_item.added, then for a reasoning item
+// response.content_part.added, response.reasoning_text.delta / .done, response.content_part.done; for
+// a message response.content_part.added, response.output_text.delta / .done,
+// response.content_part.done; for a function call response.function_call_arguments.delta / .done;
+// then response.output_item.done; finally response.completed (or response.incomplete when
+// max_output_tokens ended it). An error mid-stream is an `error` event.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "server/http_response.h"
+
+namespace lilac::server {
+
+struct ResponsesMeta {
+  std::string id;  // "resp_..."
+  std::string model;
+  int64_t created_at = 0;
+  int64_t input_tokens = 0;
+  bool route_field = false;
+  // Request fields the response object echoes.
+  nlohmann::json instructions, max_output_tokens, tools = nlohmann::json::array(), tool_choice = "auto";
+  double temperature = 1, top_p = 1;
+  nlohmann::json reasoning_effort;  // string or null
+  nlohmann::json text_format = nlohmann::json{{"type", "text"}};
+  // New ids ("rs_", "msg_", "fc_" + random) for output items.
+  std::function<std::string(const char* prefix)> new_id;
+};
+
+std::shared_ptr<ResponseFormatter> make_responses_formatter(ResponsesMeta meta);
+
+}  // namespace lilac::server

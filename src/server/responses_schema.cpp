@@ -1,0 +1,298 @@
+#include "server/responses_schema.h"
+
+#include <regex>
+#include <set>
+
+#include "server/request_fields.h"
+
+namespace lilac::server {
+
+using namespace fields;
+
+namespace {
+
+[[noreturn]] void unsupported(const std::string& param, const std::string& what) {
+  bad(param, what + " is not supported by this server (stateless Responses API).", "unsupported_value");
+}
+
+// A message's content: a string or an array of text parts (input_text / output_text / text).
+std::string content_text(const ojson& c, const std::string& p) {
+  if (c.is_string()) return c.get<std::string>();
+  if (!c.is_array()) wrong_type(p, "a string or an array of content parts", c);
+  std::string out;
+  for (size_t i = 0; i < c.size(); ++i) {
+    const std::string pp = p + "[" + std::to_string(i) + "]";
+    if (!c[i].is_object()) wrong_type(pp, "an object", c[i]);
+    const std::string ty = need_string(c[i], "type", pp + ".type");
+    if (ty == "input_text" || ty == "output_text" || ty == "text") {
+      out += need_string(c[i], "text", pp + ".text");
+    } else if (ty == "refusal") {
+      out += need_string(c[i], "refusal", pp + ".refusal");
+    } else {
+      bad(pp + ".type", "Content parts of type '" + ty + "' are not supported (text only).", "unsupported_value");
+    }
+  }
+  return out;
+}
+
+// Builds the chat message list from `input` items.
+struct Translator {
+  ojson msgs = ojson::array();
+  std::string system;
+  bool in_lead = true;        // still reading leading system / developer messages
+  std::string reasoning;      // a reasoning item waiting for its assistant message
+  bool open_calls = false;    // msgs.back() is an assistant message that function calls may extend
+
+  ojson& assistant() {
+    if (!open_calls) {
+      msgs.push_back(ojson{{"role", "assistant"}, {"content", ""}});
+      open_calls = true;
+    }
+    ojson& m = msgs.back();
+    if (!reasoning.empty()) {
+      m["reasoning_content"] = m.value("reasoning_content", std::string()) + reasoning;
+      reasoning.clear();
+    }
+    return m;
+  }
+
+  void message(const ojson& it, const std::string& p) {
+    const std::string role = need_string(it, "role", p + ".role");
+    const ojson* c = field(it, "content");
+    if (!c) missing(p + ".content");
+    std::string text = content_text(*c, p + ".content");
+    if (role == "system" || role == "developer") {
+      if (in_lead) {
+        system += (system.empty() ? "" : "\n\n") + text;
+        return;
+      }
+      msgs.push_back(ojson{{"role", "system"}, {"content", text}});  // the template tells whether it may
+      open_calls = false;
+      return;
+    }
+    in_lead = false;
+    if (role == "assistant") {
+      open_calls = false;
+      ojson& m = assistant();
+      m["content"] = m["content"].get<std::string>() + text;
+      return;
+    }
+    if (role != "user")
+      bad(p + ".role", "Invalid value for '" + p + ".role': '" + role +
+                           "'. Supported values are 'user', 'assistant', 'system' and 'developer'.");
+    msgs.push_back(ojson{{"role", "user"}, {"content", text}});
+    open_calls = false;
+  }
+
+  void item(const ojson& it, const std::string& p) {
+    if (!it.is_object()) wrong_type(p, "an object (an input item)", it);
+    const std::string ty = get_string(it, "type", p + ".type").value_or("message");
+    if (ty == "message") return message(it, p);
+    in_lead = false;
+    if (ty == "function_call") {
+      const std::string call_id = need_string(it, "call_id", p + ".call_id");
+      const std::string name = need_string(it, "name", p + ".name");
+      const std::string args = need_string(it, "arguments", p + ".arguments");
+      auto parsed = ojson::parse(args, nullptr, false);
+      if (parsed.is_discarded() || !parsed.is_object())
+        bad(p + ".arguments", "Invalid '" + p + ".arguments': not a JSON object.");
+      ojson& m = assistant();
+      if (!m.contains("tool_calls")) m["tool_calls"] = ojson::array();
+      m["tool_calls"].push_back(ojson{{"id", call_id}, {"type", "function"}, {"function", ojson{{"name", name}, {"arguments", parsed}}}});
+    } else if (ty == "function_call_output") {
+      const std::string call_id = need_string(it, "call_id", p + ".call_id");
+      const ojson* out = field(it, "output");
+      if (!out) missing(p + ".output");
+      msgs.push_back(ojson{{"role", "tool"}, {"tool_call_id", call_id}, {"content", content_text(*out, p + ".output")}});
+      open_calls = false;
+    } else if (ty == "reasoning") {
+      std::string text;
+      if (const ojson* c = field(it, "content")) {
+        if (!c->is_array()) wrong_type(p + ".content", "an array", *c);
+        for (size_t i = 0; i < c->size(); ++i) text += need_string((*c)[i], "text", p + ".content[" + std::to_string(i) + "].text");
+      }
+      if (text.empty())
+        if (const ojson* s = field(it, "summary")) {
+          if (!s->is_array()) wrong_type(p + ".summary", "an array", *s);
+          for (size_t i = 0; i < s->size(); ++i) text += need_string((*s)[i], "text", p + ".summary[" + std::to_string(i) + "].text");
+        }
+      open_calls = false;
+      reasoning += text;
+    } else if (ty == "item_reference") {
+      unsupported(p + ".type", "An item_reference (it needs stored responses)");
+    } else {
+      bad(p + ".type", "Input items of type '" + ty + "' are not supported (message, function_call, "
+                       "function_call_output and reasoning are).", "unsupported_value");
+    }
+  }
+};
+
+ojson translate_input(const ojson& body, ResponsesParams& r) {
+  Translator t;
+  if (const ojson* ins = field(body, "instructions")) {
+    if (!ins->is_string()) wrong_type("instructions", "a string", *ins);
+    t.system = ins->get<std::string>();
+    r.instructions = *ins;
+  }
+  const ojson* in = field(body, "input");
+  if (!in) missing("input");
+  if (in->is_string()) {
+    t.msgs.push_back(ojson{{"role", "user"}, {"content", *in}});
+  } else if (in->is_array()) {
+    if (in->empty()) bad("input", "'input' must contain at least one item.", "empty_array");
+    for (size_t i = 0; i < in->size(); ++i) t.item((*in)[i], "input[" + std::to_string(i) + "]");
+  } else {
+    wrong_type("input", "a string or an array of input items", *in);
+  }
+  ojson msgs = ojson::array();
+  if (!t.system.empty()) msgs.push_back(ojson{{"role", "system"}, {"content", t.system}});
+  for (auto& m : t.msgs) msgs.push_back(std::move(m));
+  if (msgs.empty() || msgs.back()["role"] == "assistant" || msgs.back()["role"] == "system")
+    bad("input", "The input must end with a user message or a function_call_output (continuing an assistant "
+                 "message is not supported).", "invalid_last_message");
+  return msgs;
+}
+
+const std::regex& tool_name_re() {
+  static const std::regex re("^[A-Za-z0-9_.\\-]{1,64}$");
+  return re;
+}
+
+void parse_tools(const ojson& body, ResponsesParams& r) {
+  const ojson* ts = field(body, "tools");
+  if (!ts) return;
+  if (!ts->is_array()) wrong_type("tools", "an array", *ts);
+  r.echo_tools = *ts;
+  ojson out = ojson::array();
+  std::set<std::string> names;
+  for (size_t i = 0; i < ts->size(); ++i) {
+    const ojson& t = (*ts)[i];
+    const std::string p = "tools[" + std::to_string(i) + "]";
+    if (!t.is_object()) wrong_type(p, "an object", t);
+    const std::string ty = need_string(t, "type", p + ".type");
+    if (ty != "function")
+      bad(p + ".type", "Tools of type '" + ty + "' are not supported (only 'function').", "unsupported_value");
+    const std::string name = need_string(t, "name", p + ".name");
+    if (!std::regex_match(name, tool_name_re()))
+      bad(p + ".name", "Invalid '" + p + ".name': '" + name + "' must be 1-64 characters of a-z, A-Z, 0-9, '_', '.' and '-'.");
+    if (!names.insert(name).second) bad(p + ".name", "Duplicate tool name '" + name + "'.");
+    ojson fn{{"name", name}};
+    if (auto d = get_string(t, "description", p + ".description")) fn["description"] = *d;
+    if (const ojson* ps = field(t, "parameters")) {
+      if (!ps->is_object()) wrong_type(p + ".parameters", "an object (a JSON schema)", *ps);
+      if (auto pt = ps->find("type"); pt != ps->end() && !(pt->is_string() && *pt == "object"))
+        bad(p + ".parameters", "Invalid '" + p + ".parameters': its type must be \"object\".");
+      fn["parameters"] = *ps;
+    }
+    // strict: true constrains the call's arguments to `parameters` (constrained decoding); absent or
+    // false leaves them free (OpenAI's default is true, but a schema outside lilac's subset would then
+    // fail the request, so lilac enforces only what the client asks for explicitly)
+    if (auto st = get_bool(t, "strict", p + ".strict"); st && *st) fn["strict"] = true;
+    out.push_back(ojson{{"type", "function"}, {"function", std::move(fn)}});
+  }
+  if (!out.empty()) r.tools = std::move(out);
+}
+
+void parse_tool_choice(const ojson& body, ResponsesParams& r) {
+  const ojson* tc = field(body, "tool_choice");
+  if (!tc) return;
+  r.echo_tool_choice = *tc;
+  if (tc->is_string()) {
+    const std::string s = tc->get<std::string>();
+    if (s == "auto") r.tool_choice = ToolChoice::Auto;
+    else if (s == "none") r.tool_choice = ToolChoice::None;
+    else if (s == "required") r.tool_choice = ToolChoice::Required;
+    else bad("tool_choice", "Invalid value for 'tool_choice': '" + s + "'. Supported values are 'none', 'auto' and 'required'.");
+  } else if (tc->is_object()) {
+    const std::string ty = need_string(*tc, "type", "tool_choice.type");
+    if (ty != "function") bad("tool_choice.type", "Invalid value for 'tool_choice.type': '" + ty + "' (only 'function').");
+    r.tool_choice = ToolChoice::Function;
+    r.tool_choice_name = need_string(*tc, "name", "tool_choice.name");
+  } else {
+    wrong_type("tool_choice", "a string or an object", *tc);
+  }
+  if ((r.tool_choice == ToolChoice::Required || r.tool_choice == ToolChoice::Function) && r.tools.is_null())
+    bad("tool_choice", "'tool_choice' requires 'tools' to be given.");
+  if (r.tool_choice == ToolChoice::Function) {
+    bool found = false;
+    for (auto& t : r.tools) found |= t["function"]["name"] == r.tool_choice_name;
+    if (!found) bad("tool_choice.name", "No tool named '" + r.tool_choice_name + "' in 'tools'.");
+  }
+}
+
+void parse_text_and_reasoning(const ojson& body, ResponsesParams& r) {
+  if (const ojson* tx = field(body, "text")) {
+    if (!tx->is_object()) wrong_type("text", "an object", *tx);
+    if (const ojson* f = field(*tx, "format")) {
+      if (!f->is_object()) wrong_type("text.format", "an object", *f);
+      const std::string ty = need_string(*f, "type", "text.format.type");
+      if (ty == "json_object") {
+        r.response_format = ResponseFormat::JsonObject;
+      } else if (ty == "json_schema") {
+        // {"type": "json_schema", "name", "schema", "strict", "description"}: the schema is checked when
+        // it is compiled (GenerationCore: 400 invalid_schema naming the keyword)
+        r.response_format = ResponseFormat::JsonSchema;
+        need_string(*f, "name", "text.format.name");
+        get_string(*f, "description", "text.format.description");
+        get_bool(*f, "strict", "text.format.strict");
+        r.json_schema = ojson::object();
+        if (const ojson* sc = field(*f, "schema")) {
+          if (!sc->is_object()) wrong_type("text.format.schema", "an object (a JSON schema)", *sc);
+          r.json_schema = *sc;
+        }
+      } else if (ty != "text") {
+        bad("text.format.type", "Invalid value for 'text.format.type': '" + ty + "'.");
+      }
+      r.echo_text_format = *f;
+    }
+  }
+  if (const ojson* rs = field(body, "reasoning")) {
+    if (!rs->is_object()) wrong_type("reasoning", "an object", *rs);
+    if (auto e = get_string(*rs, "effort", "reasoning.effort")) {
+      static const std::set<std::string> efforts = {"none", "minimal", "low", "medium", "high", "xhigh"};
+      if (!efforts.count(*e))
+        bad("reasoning.effort", "Invalid value for 'reasoning.effort': '" + *e + "'. Supported values are 'none', "
+                                "'minimal', 'low', 'medium' and 'high'.");
+      r.effort = *e;
+      r.reasoning = *e != "none" && *e != "minimal";
+    }
+  }
+}
+
+}  // namespace
+
+ResponsesParams parse_responses_request(const ojson& body, const ModelConfig& cfg, uint64_t seed) {
+  ResponsesParams r;
+  if (auto m = get_string(body, "model")) r.model = *m;
+  if (get_bool(body, "store").value_or(false))
+    unsupported("store", "'store': true (responses are not stored; send store: false and the whole conversation)");
+  if (field(body, "previous_response_id"))
+    unsupported("previous_response_id", "'previous_response_id' (responses are not stored; send the whole conversation as input)");
+  if (field(body, "conversation")) unsupported("conversation", "'conversation'");
+  if (get_bool(body, "background").value_or(false)) unsupported("background", "'background': true");
+  if (field(body, "prompt")) unsupported("prompt", "'prompt' (stored prompt templates)");
+  r.stream = get_bool(body, "stream").value_or(false);
+  r.max_output_tokens = get_int(body, "max_output_tokens", 1, INT64_MAX);
+  r.sampling = sampling_defaults(cfg, seed);
+  if (auto v = get_number(body, "temperature", 0, 2)) r.sampling.temperature = float(*v);
+  if (auto v = get_number(body, "top_p", 0, 1)) {
+    if (*v <= 0) bad("top_p", "Invalid value for 'top_p': must be greater than 0.");
+    r.sampling.top_p = float(*v);
+  }
+  if (auto t = get_string(body, "truncation"); t && *t != "disabled" && *t != "auto")
+    bad("truncation", "Invalid value for 'truncation': '" + *t + "'.");
+  ojson msgs = translate_input(body, r);
+  parse_tools(body, r);
+  parse_tool_choice(body, r);
+  parse_text_and_reasoning(body, r);
+
+  ojson tr = ojson::object();
+  tr["messages"] = std::move(msgs);
+  if (!r.tools.is_null() && r.tool_choice != ToolChoice::None) tr["tools"] = r.tools;
+  if (r.tool_choice == ToolChoice::None) r.tools = nullptr;
+  if (!r.reasoning) tr["chat_template_kwargs"] = ojson{{"enable_thinking", false}};
+  r.template_request = std::move(tr);
+  return r;
+}
+
+}  // namespace lilac::server

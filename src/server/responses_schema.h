@@ -1,0 +1,51 @@
+// OpenAI Responses requests (POST /v1/responses, stateless): validation and the translation into what
+// the generation core renders (an OpenAI chat message list for the chat template). Unknown fields are
+// ignored; wrong types, out-of-range values and what lilac cannot do are ApiErrors (400) naming the
+// field: `store: true`, `previous_response_id`, `conversation`, `background`, item references, images
+// and files, non-function tools. text.format json_object / json_schema and tools with strict: true
+// are enforced by constrained decoding (as response_format and strict tools on chat completions).
+//
+// Translation: `instructions` and leading system / developer messages -> one system message; user and
+// assistant messages (content a string or input_text / output_text parts) -> messages; function_call
+// items -> tool_calls of an assistant message (consecutive calls share one; a preceding reasoning
+// item becomes its reasoning_content); function_call_output -> tool messages; reasoning items ->
+// reasoning_content of the assistant message that follows. reasoning.effort "none" / "minimal" turns
+// the model's reasoning off, any other effort (or none given) leaves it on.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/backend.h"
+#include "model/config.h"
+#include "server/openai_schema.h"
+
+namespace lilac::server {
+
+struct ResponsesParams {
+  std::string model;
+  bool stream = false;
+  std::optional<int64_t> max_output_tokens;
+  SamplingParams sampling;
+  ojson template_request;  // messages, tools (unless tool_choice none), chat_template_kwargs
+  ojson tools;             // OpenAI chat-form tools (null when none or tool_choice none)
+  ToolChoice tool_choice = ToolChoice::Auto;
+  std::string tool_choice_name;
+  bool reasoning = true;
+  // Echoed in the response object.
+  ojson echo_tools = ojson::array();  // the request's tools as given
+  ojson echo_tool_choice = "auto";
+  ojson instructions;                 // string or null
+  std::string effort;                 // "" when not given
+  ojson echo_text_format = ojson{{"type", "text"}};
+  // text.format: free text, any JSON object, or a JSON Schema (the schema in json_schema)
+  ResponseFormat response_format = ResponseFormat::Text;
+  ojson json_schema;
+};
+
+ResponsesParams parse_responses_request(const ojson& body, const ModelConfig& cfg, uint64_t seed);
+
+}  // namespace lilac::server

@@ -1,0 +1,40 @@
+// Parsing JSON that comes from outside (request bodies, tool-call arguments, model output, an upstream's
+// answers) with bounds: nesting depth and number of values are limited before anything recursive
+// (copies, dumps, template conversion) sees the document, and the time is linear in the text's size.
+//
+// nlohmann's own parse into ordered_json finds each new key by a linear search of its object, so one
+// object with n keys costs O(n^2) (400,000 keys: minutes). parse_bounded_json builds the same
+// ordered_json (keys in document order; a repeated key keeps its first position and its last value, as
+// nlohmann does) through a SAX handler that indexes the keys of large objects by hash.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+namespace lilac {
+
+struct JsonLimits {
+  size_t max_depth = 64;          // nested arrays / objects (the root container is level 1)
+  size_t max_values = 1u << 20;   // values of any kind in the document (each key counts as one too)
+};
+
+struct JsonParseResult {
+  enum Status { Ok, Invalid, TooDeep, TooManyValues };
+  Status status = Ok;
+  std::string message;  // not Ok: what is wrong and where (byte offset)
+  nlohmann::ordered_json value;
+  // Key comparisons made to detect repeated keys (linear in the number of keys; exposed for tests).
+  uint64_t key_compares = 0;
+  bool ok() const { return status == Ok; }
+};
+
+// Never throws on bad input: the result says what was wrong.
+JsonParseResult parse_bounded_json(std::string_view text, const JsonLimits& limits = {});
+
+// The limits request bodies get (the README documents them).
+inline constexpr JsonLimits kRequestJsonLimits{};
+
+}  // namespace lilac

@@ -1,0 +1,127 @@
+// One generation underneath every protocol: on the random-weight demo model (real CPU backend, greedy),
+// the same conversation through /v1/chat/completions, /v1/messages (@anthropic-ai/sdk) and
+// /v1/responses (openai's responses.create) gives the same tokens, streamed or not; Anthropic's
+// thinking budget cuts the reasoning exactly where a shorter chat completion ends.
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { startServer } from './helpers.mjs';
+import { anthropicClient, openaiClient, collect } from './protocols_common.mjs';
+
+let srv, anth, oai, model;
+const question = 'Hello! Say something.';
+
+before(async () => {
+  srv = await startServer(['--backend', process.env.LILAC_E2E_BACKEND || 'cpu-ref', '--max-seq', '4096']);
+  anth = anthropicClient(srv.url);
+  oai = openaiClient(srv.url);
+  model = (await oai.models.list()).data[0].id;
+});
+after(async () => { await srv?.stop(); });
+
+const chat = (max_tokens, thinking) => oai.chat.completions.create({
+  model, max_tokens, temperature: 0, messages: [{ role: 'system', content: 'Be brief.' }, { role: 'user', content: question }],
+  chat_template_kwargs: { enable_thinking: thinking },
+});
+const joined = (blocks, type) => blocks.filter((b) => b.type === type).map((b) => b[type]).join('');
+
+test('Messages (thinking off) = chat completions, streamed or not; count_tokens = prompt_tokens', async () => {
+  const c = await chat(6, false);
+  const req = { model, max_tokens: 6, temperature: 0, system: 'Be brief.', messages: [{ role: 'user', content: question }] };
+  const m = await anth.messages.create(req);
+  assert.equal(joined(m.content, 'text'), c.choices[0].message.content);
+  assert.equal(joined(m.content, 'thinking'), '');
+  assert.equal(m.usage.output_tokens, c.usage.completion_tokens);
+  assert.equal(m.usage.input_tokens, c.usage.prompt_tokens);
+  assert.equal(m.stop_reason, c.choices[0].finish_reason === 'length' ? 'max_tokens' : 'end_turn');
+  const s = await anth.messages.stream(req).finalMessage();
+  assert.deepEqual(s.content, m.content);
+  assert.equal(s.usage.output_tokens, m.usage.output_tokens);
+  const n = await anth.messages.countTokens({ model, system: 'Be brief.', messages: req.messages });
+  assert.equal(n.input_tokens, c.usage.prompt_tokens);
+});
+
+test('Messages thinking budget: the reasoning is the first budget_tokens of the same generation', async () => {
+  const c = await chat(5, true);
+  assert.equal(c.choices[0].finish_reason, 'length');
+  const reasoning = c.choices[0].message.reasoning_content;
+  const m = await anth.messages.create({
+    model, max_tokens: 7, temperature: 0, system: 'Be brief.', messages: [{ role: 'user', content: question }],
+    thinking: { type: 'enabled', budget_tokens: 5 },
+  });
+  assert.equal(joined(m.content, 'thinking'), reasoning);
+  assert.equal(m.content[0].type, 'thinking');
+  assert.equal(m.usage.output_tokens, 7);
+  assert.equal(m.stop_reason, 'max_tokens');
+});
+
+test('Responses (reasoning off) = chat completions, streamed or not', async () => {
+  const c = await chat(6, false);
+  const req = { model, max_output_tokens: 6, temperature: 0, instructions: 'Be brief.', input: question, reasoning: { effort: 'none' } };
+  const r = await oai.responses.create(req);
+  assert.equal(r.output_text, c.choices[0].message.content);
+  assert.equal(r.usage.output_tokens, c.usage.completion_tokens);
+  assert.equal(r.usage.input_tokens, c.usage.prompt_tokens);
+  assert.equal(r.status, c.choices[0].finish_reason === 'length' ? 'incomplete' : 'completed');
+  const evs = await collect(await oai.responses.create({ ...req, stream: true }));
+  const text = evs.filter((e) => e.type === 'response.output_text.delta').map((e) => e.delta).join('');
+  assert.equal(text, r.output_text);
+  evs.forEach((e, i) => assert.equal(e.sequence_number, i));
+});
+
+test('Responses (reasoning on) = chat completions with thinking', async () => {
+  const c = await chat(5, true);
+  const r = await oai.responses.create({ model, max_output_tokens: 5, temperature: 0, instructions: 'Be brief.', input: question });
+  const reasoning = r.output.filter((o) => o.type === 'reasoning').map((o) => o.content[0].text).join('');
+  assert.equal(reasoning, c.choices[0].message.reasoning_content);
+  assert.equal(r.usage.output_tokens_details.reasoning_tokens, 5);
+});
+
+test('tool round trips render through the real template and model (both protocols)', async () => {
+  const tools = [{ name: 'get_weather', description: 'Weather', input_schema: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] } }];
+  const body = {
+    model, system: 'Be brief.', tools,
+    messages: [{ role: 'user', content: 'Weather in Paris?' },
+      { role: 'assistant', content: [{ type: 'text', text: 'Let me check.' }, { type: 'tool_use', id: 'toolu_1', name: 'get_weather', input: { city: 'Paris' } }] },
+      { role: 'user', content: [{ type: 'tool_result', tool_use_id: 'toolu_1', content: '{"temp": 21}' }] }],
+  };
+  const m = await anth.messages.create({ ...body, max_tokens: 4, temperature: 0 });
+  assert.equal(m.role, 'assistant');
+  assert.ok(['max_tokens', 'end_turn', 'tool_use'].includes(m.stop_reason));
+  assert.equal(m.usage.output_tokens <= 4, true);
+  assert.equal(m.usage.input_tokens, (await anth.messages.countTokens(body)).input_tokens);
+  // The same conversation as chat completions messages: the same prompt.
+  const c = await oai.chat.completions.create({
+    model, max_tokens: 1, temperature: 0, chat_template_kwargs: { enable_thinking: false },
+    tools: [{ type: 'function', function: { name: 'get_weather', description: 'Weather', parameters: tools[0].input_schema } }],
+    messages: [{ role: 'system', content: 'Be brief.' }, { role: 'user', content: 'Weather in Paris?' },
+      { role: 'assistant', content: 'Let me check.', tool_calls: [{ id: 'toolu_1', type: 'function', function: { name: 'get_weather', arguments: '{"city":"Paris"}' } }] },
+      { role: 'tool', tool_call_id: 'toolu_1', content: '{"temp": 21}' }],
+  });
+  assert.equal(m.usage.input_tokens, c.usage.prompt_tokens);
+  const r = await oai.responses.create({
+    model, max_output_tokens: 4, temperature: 0, instructions: 'Be brief.', reasoning: { effort: 'none' },
+    tools: [{ type: 'function', name: 'get_weather', description: 'Weather', parameters: tools[0].input_schema }],
+    input: [{ role: 'user', content: 'Weather in Paris?' },
+      { type: 'message', role: 'assistant', content: [{ type: 'output_text', text: 'Let me check.' }] },
+      { type: 'function_call', call_id: 'toolu_1', name: 'get_weather', arguments: '{"city":"Paris"}' },
+      { type: 'function_call_output', call_id: 'toolu_1', output: '{"temp": 21}' }],
+  });
+  assert.equal(r.usage.input_tokens, c.usage.prompt_tokens);
+  assert.ok(['completed', 'incomplete'].includes(r.status));
+});
+
+test('errors from the generation core in each protocol\'s shape (context too long)', async () => {
+  await assert.rejects(anth.messages.create({ model, max_tokens: 100000, messages: [{ role: 'user', content: question }] }), (e) => {
+    assert.equal(e.status, 400);
+    assert.equal(e.error.type, 'error');
+    assert.equal(e.error.error.type, 'invalid_request_error');
+    assert.match(e.error.error.message, /max_tokens/);
+    return true;
+  });
+  await assert.rejects(oai.responses.create({ model, max_output_tokens: 100000, input: question }), (e) => {
+    assert.equal(e.status, 400);
+    assert.equal(e.param, 'max_output_tokens');
+    assert.equal(e.code, 'context_length_exceeded');
+    return true;
+  });
+});

@@ -1,0 +1,174 @@
+// End-to-end tests of POST /v1/responses with the official `openai` client's responses.create against
+// `lilac serve --backend scripted:FILE`: output items, typed stream events with sequence numbers,
+// a function-call round trip, reasoning on/off, max_output_tokens and errors, asserted exactly.
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { startServer, postJson, assertErrorBody } from './helpers.mjs';
+import { OpenAI, script, responsesTools as tools, openaiClient, collect } from './protocols_common.mjs';
+
+const MODEL = 'scripted-model';
+let srv, client;
+before(async () => {
+  srv = await startServer(['--backend', `scripted:${script()}`, '--model-name', MODEL]);
+  client = openaiClient(srv.url);
+});
+after(async () => { await srv?.stop(); });
+
+const off = { effort: 'none' };
+
+test('non-streaming: reasoning and message items, output_text, usage', async () => {
+  const r = await client.responses.create({ model: MODEL, input: 'reason about it' });
+  assert.match(r.id, /^resp_/);
+  assert.equal(r.object, 'response');
+  assert.equal(r.status, 'completed');
+  assert.equal(r.model, MODEL);
+  assert.equal(r.store, false);
+  assert.equal(r.output.length, 2);
+  const [rs, msg] = r.output;
+  assert.equal(rs.type, 'reasoning');
+  assert.match(rs.id, /^rs_/);
+  assert.deepEqual(rs.content, [{ type: 'reasoning_text', text: 'Let me think step by step.' }]);
+  assert.equal(msg.type, 'message');
+  assert.equal(msg.role, 'assistant');
+  assert.equal(msg.status, 'completed');
+  assert.deepEqual(msg.content.map((c) => [c.type, c.text]), [['output_text', 'The answer is 42.']]);
+  assert.equal(r.output_text, 'The answer is 42.');
+  const u = r.usage;
+  assert.ok(u.input_tokens > 5);
+  assert.equal(u.total_tokens, u.input_tokens + u.output_tokens);
+  // "Let me think step by step.\n</think>" is reasoning; "\n\nThe answer is 42." and the end are not.
+  assert.ok(u.output_tokens_details.reasoning_tokens >= 7 && u.output_tokens_details.reasoning_tokens < u.output_tokens - 4, JSON.stringify(u));
+  assert.equal(u.input_tokens_details.cached_tokens >= 0, true);
+});
+
+test('reasoning effort none turns thinking off; other efforts and none given leave it on', async () => {
+  const a = await client.responses.create({ model: MODEL, input: 'MODE', reasoning: off });
+  assert.deepEqual(a.output.map((o) => o.type), ['message']);
+  assert.equal(a.output_text, 'thinking was off');
+  assert.equal(a.reasoning.effort, 'none');
+  for (const reasoning of [{ effort: 'high' }, undefined]) {
+    const b = await client.responses.create({ model: MODEL, input: 'MODE', reasoning });
+    assert.deepEqual(b.output.map((o) => o.type), ['reasoning', 'message']);
+    assert.equal(b.output[0].content[0].text, 'thinking was on');
+    assert.equal(b.output_text, 'yes');
+  }
+});
+
+test('instructions and input items are rendered as a conversation', async () => {
+  const r = await client.responses.create({
+    model: MODEL, instructions: 'Be brief.', reasoning: off,
+    input: [
+      { role: 'developer', content: 'Answer in English.' },
+      { role: 'user', content: [{ type: 'input_text', text: 'first question' }] },
+      { type: 'message', role: 'assistant', content: [{ type: 'output_text', text: 'first answer', annotations: [] }] },
+      { role: 'user', content: 'hello again' },
+    ],
+  });
+  assert.equal(r.output_text, 'Hello from the script.');
+  assert.equal(r.instructions, 'Be brief.');
+});
+
+test('streaming: typed events with consecutive sequence numbers; the stream helper gives the same response', async () => {
+  const evs = await collect(await client.responses.create({ model: MODEL, input: 'reason about it', stream: true }));
+  evs.forEach((e, i) => assert.equal(e.sequence_number, i, e.type));
+  const types = evs.map((e) => e.type).filter((t, i, a) => !(t.endsWith('.delta') && a[i - 1] === t));
+  assert.deepEqual(types, [
+    'response.created', 'response.in_progress',
+    'response.output_item.added', 'response.content_part.added', 'response.reasoning_text.delta',
+    'response.reasoning_text.done', 'response.content_part.done', 'response.output_item.done',
+    'response.output_item.added', 'response.content_part.added', 'response.output_text.delta',
+    'response.output_text.done', 'response.content_part.done', 'response.output_item.done',
+    'response.completed']);
+  assert.equal(evs[0].response.status, 'in_progress');
+  const text = evs.filter((e) => e.type === 'response.output_text.delta').map((e) => e.delta).join('');
+  assert.equal(text, 'The answer is 42.');
+  assert.equal(evs.find((e) => e.type === 'response.output_text.done').text, 'The answer is 42.');
+  assert.equal(evs.find((e) => e.type === 'response.reasoning_text.done').text, 'Let me think step by step.');
+  const done = evs.at(-1).response;
+  assert.equal(done.status, 'completed');
+  assert.equal(done.output[1].content[0].text, 'The answer is 42.');
+  assert.ok(done.usage.output_tokens > 0);
+  const final = await client.responses.stream({ model: MODEL, input: 'reason about it' }).finalResponse();
+  assert.equal(final.status, 'completed');
+  assert.equal(final.output[0].content[0].text, 'Let me think step by step.');
+  assert.equal(final.output[1].content[0].text, 'The answer is 42.');
+});
+
+test('function call round trip (streamed arguments too)', async () => {
+  const req = { model: MODEL, tools, input: [{ role: 'user', content: 'What is the weather in Paris?' }] };
+  const r = await client.responses.create(req);
+  assert.equal(r.status, 'completed');
+  assert.deepEqual(r.output.map((o) => o.type), ['reasoning', 'function_call']);
+  const call = r.output[1];
+  assert.match(call.id, /^fc_/);
+  assert.match(call.call_id, /^call_/);
+  assert.equal(call.name, 'get_weather');
+  assert.equal(call.status, 'completed');
+  assert.deepEqual(JSON.parse(call.arguments), { city: 'Paris', days: 3 });
+
+  const evs = await collect(await client.responses.create({ ...req, stream: true }));
+  const args = evs.filter((e) => e.type === 'response.function_call_arguments.delta').map((e) => e.delta).join('');
+  assert.deepEqual(JSON.parse(args), { city: 'Paris', days: 3 });
+  const fdone = evs.find((e) => e.type === 'response.function_call_arguments.done');
+  assert.equal(fdone.name, 'get_weather');
+  assert.equal(fdone.arguments, args);
+  const added = evs.find((e) => e.type === 'response.output_item.added' && e.item.type === 'function_call');
+  assert.equal(added.item.arguments, '');
+  assert.equal(added.output_index, 1);
+
+  // The second turn as agents send it: the output items back, then the function's output.
+  const r2 = await client.responses.create({
+    model: MODEL, tools, reasoning: off,
+    input: [...req.input, ...r.output, { type: 'function_call_output', call_id: call.call_id, output: '{"temp": 21}' }],
+  });
+  assert.equal(r2.output_text, 'It is 21 degrees.');
+});
+
+test('tool_choice: a named function forces the call; none gives text', async () => {
+  const r = await client.responses.create({ model: MODEL, tools, input: 'FORCED call', tool_choice: { type: 'function', name: 'get_weather' } });
+  assert.deepEqual(r.output.map((o) => o.type), ['function_call']);
+  assert.deepEqual(JSON.parse(r.output[0].arguments), { city: 'Rome', days: 1 });
+  assert.deepEqual(r.tool_choice, { type: 'function', name: 'get_weather' });
+  const n = await client.responses.create({ model: MODEL, tools, input: 'hello', tool_choice: 'none', reasoning: off });
+  assert.equal(n.output_text, 'Hello from the script.');
+});
+
+test('max_output_tokens: status incomplete (response.incomplete when streaming)', async () => {
+  const r = await client.responses.create({ model: MODEL, input: 'forever', max_output_tokens: 5, reasoning: off });
+  assert.equal(r.status, 'incomplete');
+  assert.deepEqual(r.incomplete_details, { reason: 'max_output_tokens' });
+  assert.equal(r.usage.output_tokens, 5);
+  assert.equal(r.output_text, ' tick'.repeat(5));
+  assert.equal(r.max_output_tokens, 5);
+  const evs = await collect(await client.responses.create({ model: MODEL, input: 'forever', max_output_tokens: 5, reasoning: off, stream: true }));
+  assert.equal(evs.at(-1).type, 'response.incomplete');
+  assert.equal(evs.at(-1).response.status, 'incomplete');
+});
+
+test('errors: OpenAI shape naming the field', async () => {
+  const bad = async (body, status, param, code) => {
+    const r = await postJson(`${srv.url}/v1/responses`, body);
+    assertErrorBody(assert, r, status, { param, code });
+    return r.json.error;
+  };
+  await bad({ model: MODEL, input: 'hi', store: true }, 400, 'store', 'unsupported_value');
+  await bad({ model: MODEL, input: 'hi', previous_response_id: 'resp_x' }, 400, 'previous_response_id', 'unsupported_value');
+  // text.format json_schema is enforced by constrained decoding: a keyword outside lilac's subset is a 400
+  // naming the Responses field (not chat completions' response_format)
+  const e = await bad({ model: MODEL, input: 'hi', text: { format: { type: 'json_schema', name: 'x', schema: { type: 'string', contentMediaType: 'text/html' } } } },
+    400, 'text.format.schema', 'invalid_schema');
+  assert.match(e.message, /contentMediaType/);
+  await bad({ model: MODEL, input: 'hi', text: { format: { type: 'xml' } } }, 400, 'text.format.type', undefined);
+  await bad({ model: MODEL, input: 'hi', text: { format: { type: 'json_schema', schema: {} } } }, 400, 'text.format.name', undefined);
+  await bad({ model: MODEL }, 400, 'input', 'missing_required_parameter');
+  await bad({ model: MODEL, input: [{ role: 'user', content: [{ type: 'input_image', image_url: 'x' }] }] }, 400, 'input[0].content[0].type', 'unsupported_value');
+  await bad({ model: MODEL, input: 'hi', tools: [{ type: 'web_search' }] }, 400, 'tools[0].type', 'unsupported_value');
+  await bad({ model: MODEL, input: 'hi', temperature: 3 }, 400, 'temperature', 'invalid_value');
+  await bad({ model: MODEL, input: 'hi', max_output_tokens: 0 }, 400, 'max_output_tokens', 'invalid_value');
+  await bad({ model: 'nope', input: 'hi' }, 404, 'model', 'model_not_found');
+  await assert.rejects(client.responses.create({ model: MODEL, input: 'hi', store: true }), (e) => {
+    assert.ok(e instanceof OpenAI.BadRequestError);
+    assert.equal(e.param, 'store');
+    return true;
+  });
+});

@@ -1,0 +1,213 @@
+// Issue 13, 3: the hybrid router scans everything that would leave the machine. Each case put a secret
+// where the old scan did not look (tools, schemas, names, ids, user, metadata, stop, unknown fields,
+// numbers, objects), split it across messages or text parts, or encoded it; each one went upstream.
+// Negative controls keep ordinary requests (numbers, versions, random tool-call ids) routable to the
+// cloud. Also: unscannable bodies stay local, stickiness survives whitespace-only edits, a completions
+// prompt given as an object is answered locally.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "router/hybrid.h"
+#include "router/normalize.h"
+#include "router/scan.h"
+
+using namespace lilac::router;
+using json = nlohmann::ordered_json;
+
+namespace {
+
+Router make_router(const char* policy_json = "{}") {
+  return Router(parse_route_policy(nlohmann::json::parse(policy_json)), RouterConfig{"lilac", "gpt-up"});
+}
+
+json base() {
+  return json::parse(R"({"model": "lilac", "messages": [{"role": "user", "content": "Summarise the report."}]})");
+}
+
+const char* kEmail = "alice.smith@example.com";
+
+}  // namespace
+
+TEST(RouterScan, SecretsAnywhereInTheBodyStayLocal) {
+  Router r = make_router();
+  ASSERT_EQ(r.decide(base(), true, "", false).route, Route::cloud);  // control
+  struct Case {
+    const char* where;
+    std::string patch;  // JSON merged into the base body
+  };
+  const std::string e = kEmail;
+  const Case cases[] = {
+      {"tool description", R"({"tools": [{"type": "function", "function": {"name": "f", "description": "mail )" + e + R"("}}]})"},
+      {"parameter description", R"({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object",
+          "properties": {"to": {"type": "string", "description": "default )" + e + R"("}}}}}]})"},
+      {"enum", R"({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object",
+          "properties": {"to": {"type": "string", "enum": ["x", ")" + e + R"("]}}}}}]})"},
+      {"tool name", R"({"tools": [{"type": "function", "function": {"name": "ghp_aB3dE5gH7jK9mN1pQ3sT5vX7zA9cE1gI3kM5"}}]})"},
+      {"message name", R"({"messages": [{"role": "user", "name": ")" + e + R"(", "content": "hi"}]})"},
+      {"user", R"({"user": ")" + e + R"("})"},
+      {"metadata value", R"({"metadata": {"owner": ")" + e + R"("}})"},
+      {"metadata key", R"({"metadata": {")" + e + R"(": true}})"},
+      {"stop", R"({"stop": ["END", ")" + e + R"("]})"},
+      {"response_format schema", R"({"response_format": {"type": "json_schema", "json_schema": {"name": "r",
+          "schema": {"type": "object", "properties": {"a": {"description": "4111 1111 1111 1111"}}}}}})"},
+      {"tool-call id", R"({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": null,
+          "tool_calls": [{"id": ")" + e + R"(", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+          {"role": "tool", "tool_call_id": "x", "content": "ok"}]})"},
+      {"tool-call name", R"({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": null,
+          "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "AKIAIOSFODNN7EXAMPLE", "arguments": "{}"}}]}]})"},
+      {"unknown top-level field", R"({"x_notes": "SSN 123-45-6789"})"},
+      {"unknown nested field", R"({"messages": [{"role": "user", "content": "hi", "extra": {"deep": [")" + e + R"("]}}]})"},
+      {"number", R"({"metadata": {"n": 4111111111111111}})"},
+      {"object as content", R"({"messages": [{"role": "user", "content": {"text": ")" + e + R"("}}]})"},
+      {"number as content", R"({"messages": [{"role": "user", "content": 4111111111111111}]})"},
+      {"escaped in arguments", R"({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": null,
+          "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f",
+          "arguments": "{\"to\": \"alice\\u0040example.com\"}"}}]}]})"},
+  };
+  for (const Case& c : cases) {
+    json body = base();
+    body.merge_patch(json::parse(c.patch));
+    RouteDecision d = r.decide(body, true, "", false);
+    EXPECT_EQ(d.route, Route::local) << c.where;
+    EXPECT_EQ(d.reason, "sensitive") << c.where;
+    EXPECT_FALSE(d.matched.empty()) << c.where;
+  }
+}
+
+TEST(RouterScan, SecretsSplitAcrossMessagesOrPartsStayLocal) {
+  Router r = make_router();
+  const char* bodies[] = {
+      R"({"messages": [{"role": "user", "content": "my card is 4111 1111"}, {"role": "user", "content": "1111 1111"}]})",
+      R"({"messages": [{"role": "user", "content": "write to alice.smith@"}, {"role": "user", "content": "example.com"}]})",
+      R"({"messages": [{"role": "user", "content": [{"type": "text", "text": "alice.smith@exa"}, {"type": "text", "text": "mple.com"}]}]})",
+      R"({"messages": [{"role": "user", "content": [{"type": "text", "text": "SSN 123-45"}, {"type": "text", "text": "-6789"}]}]})",
+      R"({"messages": [{"role": "system", "content": "token sk-proj-4fJ9aQ2L"}, {"role": "user", "content": "mZx8TtR1vB6nW3yK"}]})",
+  };
+  for (const char* b : bodies) {
+    RouteDecision d = r.decide(json::parse(b), true, "", false);
+    EXPECT_EQ(d.route, Route::local) << b;
+  }
+  // Long messages: the seams are still looked at.
+  std::string pad(5000, 'x');
+  json body = json::parse(R"({"messages": [{"role": "user", "content": ""}, {"role": "user", "content": ""}]})");
+  body["messages"][0]["content"] = pad + " reach me at alice.smith@";
+  body["messages"][1]["content"] = "example.com " + pad;
+  EXPECT_EQ(r.decide(body, true, "", false).route, Route::local);
+}
+
+TEST(RouterScan, EncodedAndObfuscatedSecretsStayLocal) {
+  Router r = make_router();
+  const char* texts[] = {
+      "alice.smith%40example.com",                              // URL-encoded
+      "alice.smith%2540example.com",                            // twice
+      "contact: YWxpY2Uuc21pdGhAZXhhbXBsZS5jb20=",              // base64 of the address
+      "YWxpY2Uuc21pdGglNDBleGFtcGxlLmNvbQ",                     // base64url of the URL-encoded address
+      "ａｌｉｃｅ．ｓｍｉｔｈ＠ｅｘａｍｐｌｅ．ｃｏｍ",          // fullwidth
+      "al\u200bice.sm\u200cith@exa\u200dmple.c\u2060om",        // zero-width characters
+      "\u0430lice.smith@\u0435x\u0430mple.com",                 // Cyrillic a / e
+      "alice.smith [at] example [dot] com",
+      "alice.smith(at)example(dot)com",
+      "alice dot smith at example dot com",
+      "alice.smith&#64;example&#46;com",                        // HTML references
+      "alice.smith\\u0040example.com",                          // a literal \u escape
+      "card 4111_1111_1111_1111",
+      "card 4111.1111.1111.1111",
+      "card 4 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1",
+      "card 4111 - 1111 - 1111 - 1111",
+      "card \u0664\u0661\u0661\u0661\u0661\u0661\u0661\u0661\u0661\u0661\u0661\u0661\u0661\u0661\u0661\u0661",  // Arabic-Indic
+      "card \uff14\uff11\uff11\uff11 \uff11\uff11\uff11\uff11 \uff11\uff11\uff11\uff11 \uff11\uff11\uff11\uff11",  // fullwidth
+      "call 415_555_2671",
+      "call 415/555/2671",
+  };
+  for (const char* t : texts) {
+    json body = base();
+    body["messages"][0]["content"] = std::string("Please note: ") + t + ".";
+    RouteDecision d = r.decide(body, true, "", false);
+    EXPECT_EQ(d.route, Route::local) << t;
+  }
+}
+
+TEST(RouterScan, OrdinaryRequestsStillGoToTheCloud) {
+  Router r = make_router();
+  const char* texts[] = {
+      "Version 1.2.3 ships on 2024-05-01; the meeting is at 10:30 in room 4.2 (see page 12).",
+      "Compute 3.14159 * 2.71828 and 1/3 + 2/3, then list 10, 20, 30, 40.",
+      "Look at example.com for the docs and meet me at the station.",
+      "The function getUserAccountBalance2024 returns a number; call it at 9 am.",
+      "SGVsbG8gd29ybGQ is not important, nor is the word abcdefghijklmnopqrstuvwxyz.",
+      "Prices: $1,299.99 and $2,499.00; order #12345 ships in 3-5 days.",
+  };
+  for (const char* t : texts) {
+    json body = base();
+    body["messages"][0]["content"] = t;
+    RouteDecision d = r.decide(body, true, "", false);
+    EXPECT_EQ(d.route, Route::cloud) << t << " -> " << (d.matched.empty() ? "" : d.matched[0]);
+  }
+  // Random tool-call ids are not secrets.
+  json body = json::parse(R"({"model": "lilac", "messages": [{"role": "user", "content": "weather?"},
+      {"role": "assistant", "content": null, "tool_calls": [{"id": "call_Ab3dEf9hIj2kLm5nOp8qRs1t", "type": "function",
+       "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+      {"role": "tool", "tool_call_id": "call_Ab3dEf9hIj2kLm5nOp8qRs1t", "content": "sunny"}],
+      "tools": [{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
+       "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]})");
+  RouteDecision d = r.decide(body, true, "", false);
+  EXPECT_EQ(d.route, Route::cloud) << (d.matched.empty() ? "" : d.matched[0]);
+}
+
+TEST(RouterScan, ABodyThatCannotBeShownCleanStaysLocal) {
+  ScanOptions small;
+  small.max_bytes = 1000;
+  json body = base();
+  body["messages"][0]["content"] = std::string(2000, 'a');
+  ScanOutcome o = scan_body(body, [](std::string_view, bool, std::vector<std::string>*) { return false; }, small);
+  EXPECT_TRUE(o.unscannable);
+  EXPECT_EQ(o.matched, std::vector<std::string>{"unscannable"});
+  small.max_bytes = 100000;
+  EXPECT_FALSE(scan_body(body, [](std::string_view, bool, std::vector<std::string>*) { return false; }, small).unscannable);
+}
+
+TEST(RouterScan, StickinessSurvivesWhitespaceOnlyEdits) {
+  Router r = make_router();
+  json turn1 = json::parse(R"({"messages": [{"role": "user", "content": "Tell me about my account."}], "lilac": {"route": "local"}})");
+  ASSERT_EQ(r.decide(turn1, true, "", false).route, Route::local);
+  r.remember_local(turn1);
+  json turn2 = json::parse(R"({"messages": [{"role": "user", "content": "  Tell me about\n my account. "},
+      {"role": "assistant", "content": "Sure."}, {"role": "user", "content": "Go on."}]})");
+  RouteDecision d = r.decide(turn2, true, "", false);
+  EXPECT_EQ(d.route, Route::local);
+  EXPECT_EQ(d.reason, "sticky");
+  // Text parts and tool-call arguments re-serialised with other spacing hash the same.
+  json a = json::parse(R"([{"role": "user", "content": [{"type": "text", "text": "a b"}]},
+      {"role": "assistant", "content": null, "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{\"x\": 1}"}}]}])");
+  json b = json::parse(R"([{"role": "user", "content": "a  b "},
+      {"role": "assistant", "content": null, "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{ \"x\":1 }"}}]}])");
+  EXPECT_EQ(message_prefix_hashes(a), message_prefix_hashes(b));
+  json c = b;
+  c[0]["content"] = "a  c ";
+  EXPECT_NE(message_prefix_hashes(a)[0], message_prefix_hashes(c)[0]);
+}
+
+TEST(RouterScan, ACompletionsPromptThatIsAnObjectIsAnsweredLocally) {
+  Router r = make_router();
+  for (const char* b : {R"({"model": "lilac", "prompt": {"text": "hello"}})", R"({"model": "lilac", "prompt": 42})",
+                        R"({"model": "lilac", "prompt": [{"a": 1}]})"}) {
+    RouteDecision d = r.decide(json::parse(b), false, "", false);
+    EXPECT_EQ(d.route, Route::local) << b;
+    EXPECT_EQ(d.reason, "invalid") << b;
+  }
+  RouteDecision d = r.decide(json::parse(R"({"model": "lilac", "prompt": "hello"})"), false, "", false);
+  EXPECT_EQ(d.route, Route::cloud);
+  d = r.decide(json::parse(R"({"model": "lilac", "messages": {"role": "user"}})"), true, "", false);
+  EXPECT_EQ(d.route, Route::local);
+}
+
+TEST(RouterScan, NormalizeBuildingBlocks) {
+  EXPECT_EQ(canonical_text("a%40b&#46;c\\u0040d"), "a@b.c@d");
+  EXPECT_EQ(canonical_text("x [at] y (dot) z"), "x@y.z");
+  EXPECT_EQ(canonical_text("look at this"), "look at this");  // " at " alone is English
+  EXPECT_EQ(canonical_text("\u0661\u0662\u0663"), "123");
+  EXPECT_EQ(decode_base64_runs("aGVsbG8gd29ybGQgaGVsbG8="), "hello world hello\n");
+  EXPECT_EQ(decode_base64_runs("////////////////////////"), "");  // binary
+  EXPECT_EQ(collapse_whitespace(" a \n\t b\u00a0c  "), "a b c");
+}

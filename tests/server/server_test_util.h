@@ -1,0 +1,53 @@
+// An in-process `lilac serve` for the server tests: the scripted backend (server/scripted_backend.h),
+// the real Qwen3 tokenizer and the Qwen3.6 template, on a free port.
+#pragma once
+#include <memory>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "core/mapped_file.h"
+#include "server/scripted_backend.h"
+#include "server/server.h"
+#include "text/chat_template.h"
+#include "text/tokenizer.h"
+
+namespace lilac::test {
+
+inline std::shared_ptr<const Tokenizer> qwen3_tokenizer() {
+  static auto tok = std::shared_ptr<const Tokenizer>(Tokenizer::load(std::string(LILAC_SHARED_DIR) + "/fixtures/qwen3-tokenizer"));
+  return tok;
+}
+
+// Replies: "slow" -> " x" forever, 20 ms per token; else "</think>\n\nlocal answer".
+inline nlohmann::json default_script() {
+  return {{"rules", {{{"match", "slow"}, {"reply", " x"}, {"repeat", true}, {"delay_ms", 20}}}},
+          {"default", {{"reply", "</think>\n\nlocal answer"}}}};
+}
+
+struct LocalServer {
+  std::unique_ptr<server::Server> server;
+  int port = 0;
+  explicit LocalServer(server::ServerOptions o, const server::RouteHook* hook = nullptr,
+                       const nlohmann::json& script = default_script()) {
+    auto tok = qwen3_tokenizer();
+    auto tmpl = std::shared_ptr<const ChatTemplate>(ChatTemplate::from_source(
+        read_text_file(std::string(LILAC_SHARED_DIR) + "/fixtures/qwen3.6-template/chat_template.jinja"), "qwen3.6"));
+    auto backend = std::shared_ptr<Backend>(server::make_scripted_backend(script, tok));
+    o.port = 0;
+    o.log_requests = false;
+    server = std::make_unique<server::Server>(o);
+    if (hook) server->set_route_hook(*hook);
+    port = server->bind();
+    server->start();
+    server->set_model(backend, tok, tmpl);
+  }
+  static server::ServerOptions options(int max_queue = 8) {
+    server::ServerOptions o;
+    o.model_id = "local-model";
+    o.max_queue = max_queue;
+    return o;
+  }
+};
+
+}  // namespace lilac::test

@@ -1,0 +1,341 @@
+// HttpServer (lilac's HTTP layer) over real sockets: inline routes answer while every worker is stalled,
+// slow-header and slow-body clients get 408 without holding a worker, the connection cap evicts idle
+// connections, a full wait queue answers 503 at once, 405 with Allow, per-route error shapes, the header
+// check runs before the body is read, 100-continue, keep-alive and pipelining, drain, a client that
+// goes away is seen, stop() does not hang on a client that stopped reading.
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "raw_socket.h"
+#include "server/http_server.h"
+
+using namespace std::chrono_literals;
+using lilac::server::HttpError;
+using lilac::server::HttpServer;
+using lilac::server::HttpServerOptions;
+using lilac::server::RouteOptions;
+using lilac::test::get;
+using lilac::test::post;
+using lilac::test::Sock;
+using lilac::test::status_of;
+
+namespace {
+
+// A gate the stalled handlers wait on (released by the test or after 20 s).
+struct Gate {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool open = false;
+  void wait() {
+    std::unique_lock lk(mu);
+    cv.wait_for(lk, 20s, [&] { return open; });
+  }
+  void release() {
+    {
+      std::lock_guard lk(mu);
+      open = true;
+    }
+    cv.notify_all();
+  }
+};
+
+struct TestServer {
+  HttpServer http;
+  int port = 0;
+  Gate gate;
+  std::atomic<int> served{0};
+  // `extra`: more routes, registered before the server starts (the route table is fixed after).
+  explicit TestServer(HttpServerOptions o, const std::function<void(HttpServer&)>& extra = nullptr) : http(o) {
+    RouteOptions fast;
+    fast.run_inline = true;
+    http.Get("/health", [](const httplib::Request&, httplib::Response& res) { res.set_content("{\"ok\":1}", "application/json"); }, fast);
+    http.Post("/slow", [this](const httplib::Request&, httplib::Response& res) {
+      gate.wait();
+      ++served;
+      res.set_content("{\"slow\":1}", "application/json");
+    });
+    http.Post("/echo", [this](const httplib::Request& req, httplib::Response& res) {
+      ++served;
+      res.set_content(req.body, "text/plain");
+    });
+    http.set_default_errors([](int status, const std::string& msg, const std::string& code) {
+      return "{\"error\":{\"code\":\"" + code + "\",\"status\":" + std::to_string(status) + "}}";
+    });
+    if (extra) extra(http);
+    port = http.bind();
+    http.start();
+  }
+  ~TestServer() {
+    gate.release();
+    http.stop();
+  }
+  template <class F>
+  bool wait_for(F f, std::chrono::milliseconds t = 10000ms) {
+    const auto end = std::chrono::steady_clock::now() + t;
+    while (!f()) {
+      if (std::chrono::steady_clock::now() > end) return false;
+      std::this_thread::sleep_for(5ms);
+    }
+    return true;
+  }
+};
+
+HttpServerOptions opts(int workers = 4) {
+  HttpServerOptions o;
+  o.port = 0;
+  o.workers = workers;
+  o.max_pending = 2;
+  return o;
+}
+
+}  // namespace
+
+TEST(HttpServer, InlineRoutesAnswerWhileEveryWorkerIsStalledAndAFullQueueGets503) {
+  TestServer s(opts(2));
+  std::vector<std::unique_ptr<Sock>> stalled;
+  for (int i = 0; i < 4; ++i) {  // 2 in the workers, 2 waiting (max_pending)
+    stalled.push_back(std::make_unique<Sock>(s.port));
+    ASSERT_TRUE(stalled.back()->send(post("/slow", "{}")));
+    ASSERT_TRUE(s.wait_for([&] { return s.http.stats().busy_workers + s.http.stats().pending == i + 1; }));
+  }
+  ASSERT_TRUE(s.wait_for([&] { return s.http.stats().busy_workers == 2 && s.http.stats().pending == 2; }));
+  // One more: the queue is full -> 503 at once (not a hidden wait).
+  Sock extra(s.port);
+  extra.send(post("/slow", "{}"));
+  std::string a = extra.answer();
+  EXPECT_EQ(status_of(a), 503) << a;
+  EXPECT_NE(a.find("server_busy"), std::string::npos) << a;
+  EXPECT_NE(a.find("Retry-After: 1"), std::string::npos);
+  // Health answers (the I/O thread), several times on one connection.
+  Sock h(s.port);
+  for (int i = 0; i < 3; ++i) {
+    h.send(get("/health"));
+    std::string r = h.answer(5000ms);
+    EXPECT_EQ(status_of(r), 200) << r;
+    EXPECT_NE(r.find("{\"ok\":1}"), std::string::npos);
+  }
+  s.gate.release();
+  for (auto& c : stalled) EXPECT_EQ(status_of(c->answer()), 200);
+  EXPECT_EQ(s.served.load(), 4);
+}
+
+TEST(HttpServer, SlowHeadersAndSlowBodiesGet408WithoutAWorker) {
+  HttpServerOptions o = opts(1);
+  o.header_timeout_ms = 400;
+  o.body_timeout_ms = 400;
+  TestServer s(o);
+  std::vector<std::unique_ptr<Sock>> slow;
+  for (int i = 0; i < 20; ++i) slow.push_back(std::make_unique<Sock>(s.port));
+  Sock body(s.port);
+  body.send("POST /echo HTTP/1.1\r\nContent-Length: 10\r\n\r\n12345");
+  const std::string req = get("/health");
+  std::atomic<bool> stop{false};
+  std::thread trickle([&] {  // one byte per connection every 100 ms
+    for (size_t k = 0; k < req.size() && !stop; ++k) {
+      for (auto& c : slow) c->send(req.substr(k, 1));
+      std::this_thread::sleep_for(100ms);
+    }
+  });
+  // The only worker is free for others meanwhile; health answers.
+  Sock h(s.port);
+  h.send(post("/echo", "hello"));
+  std::string e = h.answer(5000ms);
+  EXPECT_EQ(status_of(e), 200);
+  EXPECT_NE(e.find("hello"), std::string::npos);
+  for (auto& c : slow) {
+    std::string a = c->answer(5000ms);
+    EXPECT_EQ(status_of(a), 408) << a;
+    EXPECT_NE(a.find("request_timeout"), std::string::npos);
+  }
+  std::string b = body.answer(5000ms);
+  EXPECT_EQ(status_of(b), 408) << b;
+  stop = true;
+  trickle.join();
+  EXPECT_GE(s.http.stats().timeouts, 21);
+}
+
+TEST(HttpServer, IdleConnectionsAreEvictedAtTheCapBusyOnesAreNot) {
+  HttpServerOptions o = opts(2);
+  o.max_connections = 6;
+  TestServer s(o);
+  std::vector<std::unique_ptr<Sock>> idle;
+  for (int i = 0; i < 6; ++i) {
+    idle.push_back(std::make_unique<Sock>(s.port));
+    ASSERT_TRUE(s.wait_for([&] { return s.http.stats().connections == i + 1; }));
+  }
+  std::vector<std::unique_ptr<Sock>> fresh;  // kept open (idle keep-alive after their answer)
+  for (int i = 0; i < 3; ++i) {  // each new client gets in: the longest-idle connection is closed
+    fresh.push_back(std::make_unique<Sock>(s.port));
+    fresh.back()->send(post("/echo", "x"));
+    EXPECT_EQ(status_of(fresh.back()->answer(5000ms)), 200);
+  }
+  EXPECT_EQ(s.http.stats().evicted, 3);
+  EXPECT_EQ(s.http.stats().connections, 6);
+  // The oldest ones were closed: reading gives EOF at once.
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(idle[size_t(i)]->read(2000ms), "");
+  // Now fill the cap with requests in progress (not evictable): a new connection gets 503.
+  idle.clear();
+  fresh.clear();
+  ASSERT_TRUE(s.wait_for([&] { return s.http.stats().connections == 0; })) << s.http.stats().connections;
+  std::vector<std::unique_ptr<Sock>> busy;
+  for (int i = 0; i < 4; ++i) {  // 2 workers + 2 pending
+    busy.push_back(std::make_unique<Sock>(s.port));
+    busy.back()->send(post("/slow", "{}"));
+  }
+  ASSERT_TRUE(s.wait_for([&] { return s.http.stats().pending == 2; }));
+  for (int i = 0; i < 2; ++i) {  // 2 more connections that have sent their headers, body pending
+    busy.push_back(std::make_unique<Sock>(s.port));
+    busy.back()->send("POST /echo HTTP/1.1\r\nContent-Length: 5\r\n\r\n");
+  }
+  ASSERT_TRUE(s.wait_for([&] { return s.http.stats().connections == 6; }));
+  Sock late(s.port);
+  std::string a = late.answer(5000ms);
+  EXPECT_EQ(status_of(a), 503) << a;
+  EXPECT_NE(a.find("too_many_connections"), std::string::npos);
+}
+
+TEST(HttpServer, MethodNotAllowedUnknownPathAndRouteErrorShapes) {
+  TestServer s(opts(), [](HttpServer& http) {
+    RouteOptions anth;
+    anth.errors = [](int status, const std::string&, const std::string&) {
+      return "{\"type\":\"error\",\"error\":{\"type\":\"x\",\"status\":" + std::to_string(status) + "}}";
+    };
+    http.Post("/v1/messages", [](const httplib::Request&, httplib::Response& res) { res.set_content("{}", "application/json"); }, anth);
+  });
+  Sock a(s.port);
+  a.send(get("/echo"));
+  std::string r = a.answer();
+  EXPECT_EQ(status_of(r), 405) << r;
+  EXPECT_NE(r.find("Allow: POST, OPTIONS"), std::string::npos) << r;
+  EXPECT_NE(r.find("\"code\":\"method_not_allowed\""), std::string::npos) << r;
+  Sock b(s.port);
+  b.send(get("/v1/messages"));
+  r = b.answer();
+  EXPECT_EQ(status_of(r), 405);
+  EXPECT_NE(r.find("{\"type\":\"error\""), std::string::npos) << r;  // the route's own shape
+  Sock c(s.port);
+  c.send("POST /v1/messages HTTP/1.1\r\nContent-Length: 999999999999\r\n\r\n");
+  r = c.answer();
+  EXPECT_EQ(status_of(r), 413);
+  EXPECT_NE(r.find("{\"type\":\"error\""), std::string::npos) << r;
+  Sock d(s.port);
+  d.send(get("/nope"));
+  r = d.answer();
+  EXPECT_EQ(status_of(r), 404);
+  EXPECT_NE(r.find("unknown_url"), std::string::npos);
+  Sock e(s.port);
+  e.send("OPTIONS /echo HTTP/1.1\r\n\r\n");
+  r = e.answer();
+  EXPECT_EQ(status_of(r), 204) << r;
+  EXPECT_NE(r.find("Allow: POST, OPTIONS"), std::string::npos) << r;
+}
+
+TEST(HttpServer, HeaderCheckAnswersBeforeTheBodyIsRead) {
+  TestServer s(opts());
+  s.http.set_header_check([](const httplib::Request& req) -> std::optional<HttpError> {
+    if (req.get_header_value("Authorization") != "Bearer k") return HttpError{401, "no key", "invalid_api_key"};
+    return std::nullopt;
+  });
+  Sock a(s.port);
+  a.send("POST /echo HTTP/1.1\r\nContent-Length: 5000000\r\n\r\n");  // the body never comes
+  std::string r = a.answer(5000ms);
+  EXPECT_EQ(status_of(r), 401) << r;
+  Sock b(s.port);
+  b.send(post("/echo", "ok", "Authorization: Bearer k\r\n"));
+  EXPECT_EQ(status_of(b.answer()), 200);
+  Sock h(s.port);  // inline routes are not checked
+  h.send(get("/health"));
+  EXPECT_EQ(status_of(h.answer()), 200);
+}
+
+TEST(HttpServer, ExpectContinueKeepAliveAndPipelining) {
+  TestServer s(opts());
+  Sock a(s.port);
+  a.send("POST /echo HTTP/1.1\r\nContent-Length: 4\r\nExpect: 100-continue\r\n\r\n");
+  EXPECT_EQ(a.read(5000ms, "\r\n\r\n"), "HTTP/1.1 100 Continue\r\n\r\n");
+  a.send("ping");
+  std::string r = a.answer();
+  EXPECT_EQ(status_of(r), 200);
+  EXPECT_NE(r.find("ping"), std::string::npos);
+  // Same connection, three pipelined requests in one write (two go to a worker, one inline).
+  a.send(post("/echo", "one") + get("/health") + post("/echo", "two"));
+  std::string all = a.read(5000ms, "two");
+  EXPECT_LT(all.find("one"), all.find("{\"ok\":1}"));
+  EXPECT_LT(all.find("{\"ok\":1}"), all.find("two"));
+  // Connection: close is honoured.
+  Sock b(s.port);
+  b.send("GET /health HTTP/1.1\r\nConnection: close\r\n\r\n");
+  r = b.read(5000ms);
+  EXPECT_NE(r.find("Connection: close"), std::string::npos);
+  EXPECT_EQ(b.read(1000ms), "");  // closed
+}
+
+TEST(HttpServer, DrainRefusesNewRequestsButInlineRoutesAnswer) {
+  TestServer s(opts());
+  s.http.begin_drain();
+  Sock a(s.port);
+  a.send(post("/echo", "x"));
+  std::string r = a.answer();
+  EXPECT_EQ(status_of(r), 503);
+  EXPECT_NE(r.find("shutting_down"), std::string::npos);
+  Sock h(s.port);
+  h.send(get("/health"));
+  r = h.answer();
+  EXPECT_EQ(status_of(r), 200);
+  EXPECT_NE(r.find("Connection: close"), std::string::npos);
+}
+
+TEST(HttpServer, AHandlerSeesItsClientGo) {
+  std::atomic<int> seen{-1};
+  TestServer s(opts(), [&](HttpServer& http) { http.Post("/watch", [&](const httplib::Request&, httplib::Response& res) {
+    const auto end = std::chrono::steady_clock::now() + 10s;
+    bool gone = false;
+    while (!gone && std::chrono::steady_clock::now() < end) {
+      gone = lilac::server::http_client_gone();
+      std::this_thread::sleep_for(10ms);
+    }
+    seen = gone ? 1 : 0;
+    res.set_content("late", "text/plain");
+  }); });
+  {
+    Sock a(s.port);
+    a.send(post("/watch", "{}"));
+    ASSERT_TRUE(s.wait_for([&] { return s.http.stats().busy_workers == 1; }));
+    std::this_thread::sleep_for(100ms);
+    EXPECT_EQ(seen.load(), -1);  // still there
+  }  // closed
+  ASSERT_TRUE(s.wait_for([&] { return seen.load() != -1; }));
+  EXPECT_EQ(seen.load(), 1);
+  EXPECT_FALSE(lilac::server::http_client_gone());  // not a worker
+}
+
+TEST(HttpServer, StopDoesNotHangOnAClientThatStoppedReading) {
+  auto s = std::make_unique<TestServer>(opts(), [](HttpServer& http) {
+    http.Post("/flood", [](const httplib::Request&, httplib::Response& res) {
+      res.set_chunked_content_provider("text/plain", [](size_t, httplib::DataSink& sink) {
+        std::string block(65536, 'f');
+        return sink.write(block.data(), block.size());
+      });
+    });
+  });
+  Sock a(s->port);
+  a.send(post("/flood", "{}"));
+  a.read(200ms);  // then never again: the server's writes stall
+  ASSERT_TRUE(s->wait_for([&] { return s->http.stats().busy_workers == 1; }));
+  std::this_thread::sleep_for(300ms);
+  std::thread t([&] { s.reset(); });  // stop() + join
+  t.join();
+  SUCCEED();
+}

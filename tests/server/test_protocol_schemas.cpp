@@ -1,0 +1,212 @@
+// The Anthropic Messages and OpenAI Responses adapters' request side: the chat conversation each
+// request becomes (what the template renders), the generation settings, and errors naming the field.
+#include <gtest/gtest.h>
+
+#include "server/anthropic_schema.h"
+#include "server/responses_schema.h"
+
+using namespace lilac::server;
+
+namespace {
+
+lilac::ModelConfig cfg() {
+  lilac::ModelConfig c;
+  c.vocab_size = 1000;
+  c.default_temperature = 0.6f;
+  c.default_top_k = 20;
+  return c;
+}
+
+template <class Fn>
+ApiError error_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const ApiError& e) {
+    return e;
+  }
+  ADD_FAILURE() << "no error";
+  return ApiError(0, "");
+}
+
+ApiError messages_error(const char* body) {
+  return error_of([&] { parse_messages_request(ojson::parse(body), cfg(), 1); });
+}
+ApiError responses_error(const char* body) {
+  return error_of([&] { parse_responses_request(ojson::parse(body), cfg(), 1); });
+}
+
+}  // namespace
+
+TEST(AnthropicSchema, TranslatesBlocksIntoTheChatConversation) {
+  auto p = parse_messages_request(ojson::parse(R"({
+    "model": "m", "max_tokens": 100, "stream": true, "temperature": 0.2, "top_k": 5, "stop_sequences": ["END", ""],
+    "system": [{"type": "text", "text": "Be brief."}, {"type": "text", "text": "Be kind."}],
+    "messages": [
+      {"role": "user", "content": "weather?"},
+      {"role": "assistant", "content": [{"type": "thinking", "thinking": "hm", "signature": "s"},
+                                        {"type": "redacted_thinking", "data": "x"},
+                                        {"type": "text", "text": "Checking."},
+                                        {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}]},
+      {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "text", "text": "21C"}]},
+                                   {"type": "tool_result", "tool_use_id": "toolu_2", "content": "boom", "is_error": true},
+                                   {"type": "text", "text": "thanks"}]}],
+    "tools": [{"name": "get_weather", "description": "d", "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}],
+    "tool_choice": {"type": "auto"},
+    "thinking": {"type": "enabled", "budget_tokens": 40}})"), cfg(), 7);
+  EXPECT_EQ(p.model, "m");
+  EXPECT_TRUE(p.stream);
+  EXPECT_EQ(*p.max_tokens, 100);
+  EXPECT_FLOAT_EQ(p.sampling.temperature, 0.2f);
+  EXPECT_EQ(p.sampling.top_k, 5);
+  EXPECT_EQ(p.sampling.seed, 7u);
+  EXPECT_EQ(p.stop, std::vector<std::string>{"END"});
+  EXPECT_TRUE(p.thinking);
+  EXPECT_EQ(*p.budget_tokens, 40);
+  EXPECT_EQ(p.template_request["messages"], ojson::parse(R"([
+    {"role": "system", "content": "Be brief.\nBe kind."},
+    {"role": "user", "content": "weather?"},
+    {"role": "assistant", "content": "Checking.", "reasoning_content": "hm",
+     "tool_calls": [{"id": "toolu_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+    {"role": "tool", "tool_call_id": "toolu_1", "content": "21C"},
+    {"role": "tool", "tool_call_id": "toolu_2", "content": "Error: boom"},
+    {"role": "user", "content": "thanks"}])"));
+  EXPECT_EQ(p.template_request["tools"], ojson::parse(R"([{"type": "function", "function": {"name": "get_weather",
+    "description": "d", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}])"));
+  EXPECT_EQ(p.template_request["chat_template_kwargs"], ojson::parse(R"({"enable_thinking": true})"));
+}
+
+TEST(AnthropicSchema, ThinkingOffByDefaultToolChoiceForcesOrDrops) {
+  auto p = parse_messages_request(ojson::parse(R"({"max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]})"), cfg(), 1);
+  EXPECT_FALSE(p.thinking);
+  EXPECT_EQ(p.template_request["chat_template_kwargs"]["enable_thinking"], false);
+  EXPECT_FLOAT_EQ(p.sampling.temperature, 0.6f);  // generation_config.json's
+  const char* tools = R"("tools": [{"name": "f", "input_schema": {"type": "object"}}])";
+  auto any = parse_messages_request(ojson::parse(std::string(R"({"max_tokens": 5, "messages": [{"role": "user", "content": "hi"}], )") +
+                                                  tools + R"(, "tool_choice": {"type": "any"}})"), cfg(), 1);
+  EXPECT_EQ(any.tool_choice, ToolChoice::Required);
+  auto named = parse_messages_request(ojson::parse(std::string(R"({"max_tokens": 5, "messages": [{"role": "user", "content": "hi"}], )") +
+                                                    tools + R"(, "tool_choice": {"type": "tool", "name": "f"}})"), cfg(), 1);
+  EXPECT_EQ(named.tool_choice, ToolChoice::Function);
+  EXPECT_EQ(named.tool_choice_name, "f");
+  EXPECT_TRUE(named.parallel_tool_calls);
+  auto single = parse_messages_request(ojson::parse(std::string(R"({"max_tokens": 5, "messages": [{"role": "user", "content": "hi"}], )") +
+                                                     tools + R"(, "tool_choice": {"type": "any", "disable_parallel_tool_use": true}})"), cfg(), 1);
+  EXPECT_FALSE(single.parallel_tool_calls);  // enforced by the call grammar: at most one call
+  auto none = parse_messages_request(ojson::parse(std::string(R"({"max_tokens": 5, "messages": [{"role": "user", "content": "hi"}], )") +
+                                                   tools + R"(, "tool_choice": {"type": "none"}})"), cfg(), 1);
+  EXPECT_FALSE(none.template_request.contains("tools"));
+  EXPECT_TRUE(none.tools.is_null());
+  // count_tokens needs no max_tokens
+  EXPECT_NO_THROW(parse_messages_request(ojson::parse(R"({"messages": [{"role": "user", "content": "hi"}]})"), cfg(), 1, true));
+}
+
+TEST(AnthropicSchema, ErrorsNameTheField) {
+  EXPECT_EQ(messages_error(R"({"messages": [{"role": "user", "content": "hi"}]})").param, "max_tokens");
+  EXPECT_EQ(messages_error(R"({"max_tokens": 0, "messages": [{"role": "user", "content": "hi"}]})").param, "max_tokens");
+  EXPECT_EQ(messages_error(R"({"max_tokens": 5, "messages": []})").param, "messages");
+  EXPECT_EQ(messages_error(R"({"max_tokens": 5, "messages": [{"role": "tool", "content": "x"}]})").param, "messages[0].role");
+  EXPECT_EQ(messages_error(R"({"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image"}]}]})").param,
+            "messages[0].content[0].type");
+  EXPECT_EQ(messages_error(R"({"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "tool_use", "id": "a", "name": "b"}]}]})").param,
+            "messages[0].content[0].type");
+  EXPECT_EQ(messages_error(R"({"max_tokens": 5, "messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]})").param,
+            "messages");
+  EXPECT_EQ(messages_error(R"({"max_tokens": 5, "temperature": 1.5, "messages": [{"role": "user", "content": "a"}]})").param, "temperature");
+  EXPECT_EQ(messages_error(R"({"max_tokens": 5, "messages": [{"role": "user", "content": "a"}], "thinking": {"type": "enabled", "budget_tokens": 5}})").param,
+            "thinking.budget_tokens");
+  EXPECT_EQ(messages_error(R"({"max_tokens": 5, "messages": [{"role": "user", "content": "a"}], "thinking": {"type": "enabled"}})").param,
+            "thinking.budget_tokens");
+  EXPECT_EQ(messages_error(R"({"max_tokens": 5, "messages": [{"role": "user", "content": "a"}], "tools": [{"name": "x"}]})").param,
+            "tools[0].input_schema");
+  EXPECT_EQ(messages_error(R"({"max_tokens": 5, "messages": [{"role": "user", "content": "a"}], "tools": [{"type": "bash_20250124", "name": "bash"}]})").param,
+            "tools[0].type");
+  EXPECT_EQ(messages_error(R"({"max_tokens": 5, "messages": [{"role": "user", "content": "a"}], "tool_choice": {"type": "any"}})").param,
+            "tool_choice");
+  // Anthropic's body: {"type": "error", "error": {"type", "message"}}, the message naming the field.
+  auto b = anthropic_error_body(ApiError(400, "must be positive", "max_tokens"));
+  EXPECT_EQ(b["type"], "error");
+  EXPECT_EQ(b["error"]["type"], "invalid_request_error");
+  EXPECT_EQ(b["error"]["message"], "max_tokens: must be positive");
+  EXPECT_EQ(anthropic_error_type(401), "authentication_error");
+  EXPECT_EQ(anthropic_error_type(404), "not_found_error");
+  EXPECT_EQ(anthropic_error_type(429), "rate_limit_error");
+  EXPECT_EQ(anthropic_error_type(503), "overloaded_error");
+  EXPECT_EQ(anthropic_error_type(500), "api_error");
+  EXPECT_EQ(anthropic_tool_id("call_abc"), "toolu_abc");
+}
+
+TEST(ResponsesSchema, TranslatesItemsIntoTheChatConversation) {
+  auto p = parse_responses_request(ojson::parse(R"({
+    "model": "m", "instructions": "Be brief.", "max_output_tokens": 50, "temperature": 0.3, "top_p": 0.9, "store": false,
+    "input": [
+      {"role": "developer", "content": "Use metric units."},
+      {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "weather?"}]},
+      {"type": "reasoning", "id": "rs_1", "summary": [], "content": [{"type": "reasoning_text", "text": "need tool"}]},
+      {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": "{\"city\":\"Paris\"}"},
+      {"type": "function_call", "call_id": "call_2", "name": "get_weather", "arguments": "{\"city\":\"Rome\"}"},
+      {"type": "function_call_output", "call_id": "call_1", "output": "21C"},
+      {"type": "function_call_output", "call_id": "call_2", "output": "25C"}],
+    "tools": [{"type": "function", "name": "get_weather", "parameters": {"type": "object"}, "strict": true}],
+    "tool_choice": {"type": "function", "name": "get_weather"},
+    "reasoning": {"effort": "low"}})"), cfg(), 3);
+  EXPECT_EQ(*p.max_output_tokens, 50);
+  EXPECT_FLOAT_EQ(p.sampling.temperature, 0.3f);
+  EXPECT_FLOAT_EQ(p.sampling.top_p, 0.9f);
+  EXPECT_TRUE(p.reasoning);
+  EXPECT_EQ(p.effort, "low");
+  EXPECT_EQ(p.tool_choice, ToolChoice::Function);
+  EXPECT_EQ(p.template_request["messages"], ojson::parse(R"([
+    {"role": "system", "content": "Be brief.\n\nUse metric units."},
+    {"role": "user", "content": "weather?"},
+    {"role": "assistant", "content": "", "reasoning_content": "need tool", "tool_calls": [
+      {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}},
+      {"id": "call_2", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Rome"}}}]},
+    {"role": "tool", "tool_call_id": "call_1", "content": "21C"},
+    {"role": "tool", "tool_call_id": "call_2", "content": "25C"}])"));
+  EXPECT_EQ(p.template_request["tools"][0]["function"]["name"], "get_weather");
+  EXPECT_FALSE(p.template_request.contains("chat_template_kwargs"));
+  auto off = parse_responses_request(ojson::parse(R"({"input": "hi", "reasoning": {"effort": "none"}})"), cfg(), 1);
+  EXPECT_FALSE(off.reasoning);
+  EXPECT_EQ(off.template_request["chat_template_kwargs"]["enable_thinking"], false);
+  EXPECT_EQ(off.template_request["messages"], ojson::parse(R"([{"role": "user", "content": "hi"}])"));
+}
+
+// text.format json_object / json_schema (constrained decoding) and strict tools reach the generation
+// spec's inputs; the format is echoed as given.
+TEST(ResponsesSchema, TextFormatAndStrictTools) {
+  const lilac::ModelConfig c = cfg();
+  auto parse = [&](const char* body) { return parse_responses_request(ojson::parse(body), c, 1); };
+  EXPECT_EQ(parse(R"({"input": "x"})").response_format, ResponseFormat::Text);
+  EXPECT_EQ(parse(R"({"input": "x", "text": {"format": {"type": "json_object"}}})").response_format, ResponseFormat::JsonObject);
+  const ResponsesParams p = parse(
+      R"({"input": "x", "text": {"format": {"type": "json_schema", "name": "s", "strict": true, "schema": {"type": "object", "properties": {"b": {}, "a": {}}}}}})");
+  EXPECT_EQ(p.response_format, ResponseFormat::JsonSchema);
+  EXPECT_EQ(p.json_schema.dump(), R"({"type":"object","properties":{"b":{},"a":{}}})");  // order kept
+  EXPECT_EQ(p.echo_text_format["name"], "s");
+  const ResponsesParams t = parse(
+      R"({"input": "x", "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}, "strict": true},
+                                   {"type": "function", "name": "g", "parameters": {"type": "object"}}]})");
+  EXPECT_EQ(t.tools[0]["function"]["strict"], true);
+  EXPECT_FALSE(t.tools[1]["function"].contains("strict"));
+}
+
+TEST(ResponsesSchema, ErrorsNameTheField) {
+  EXPECT_EQ(responses_error(R"({"input": "x", "store": true})").param, "store");
+  EXPECT_EQ(responses_error(R"({"input": "x", "previous_response_id": "resp_1"})").param, "previous_response_id");
+  EXPECT_EQ(responses_error(R"({"input": "x", "text": {"format": {"type": "json_schema"}}})").param, "text.format.name");
+  EXPECT_EQ(responses_error(R"({"input": "x", "text": {"format": {"type": "json_schema", "name": "s", "schema": 3}}})").param,
+            "text.format.schema");
+  EXPECT_EQ(responses_error(R"({"input": "x", "text": {"format": {"type": "yaml"}}})").param, "text.format.type");
+  EXPECT_EQ(responses_error(R"({})").param, "input");
+  EXPECT_EQ(responses_error(R"({"input": []})").param, "input");
+  EXPECT_EQ(responses_error(R"({"input": [{"type": "item_reference", "id": "x"}]})").param, "input[0].type");
+  EXPECT_EQ(responses_error(R"({"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "nope"}, {"role": "user", "content": "x"}]})").param,
+            "input[0].arguments");
+  EXPECT_EQ(responses_error(R"({"input": [{"role": "user", "content": [{"type": "input_file"}]}]})").param, "input[0].content[0].type");
+  EXPECT_EQ(responses_error(R"({"input": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]})").param, "input");
+  EXPECT_EQ(responses_error(R"({"input": "x", "tools": [{"type": "file_search"}]})").param, "tools[0].type");
+  EXPECT_EQ(responses_error(R"({"input": "x", "tool_choice": "required"})").param, "tool_choice");
+  EXPECT_EQ(responses_error(R"({"input": "x", "reasoning": {"effort": "max"}})").param, "reasoning.effort");
+  EXPECT_EQ(responses_error(R"({"input": "x", "max_output_tokens": 0})").param, "max_output_tokens");
+  EXPECT_EQ(responses_error(R"({"input": "x", "temperature": 2.5})").param, "temperature");
+}

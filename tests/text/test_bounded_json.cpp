@@ -1,0 +1,88 @@
+// parse_bounded_json: the same documents as nlohmann's parser (key order, repeated keys, numbers,
+// escapes), bounded depth and value count, invalid input as a status, and key handling linear in the
+// number of keys (nlohmann's ordered_json parse is quadratic in one object's keys).
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "text/bounded_json.h"
+
+using lilac::JsonLimits;
+using lilac::JsonParseResult;
+using lilac::parse_bounded_json;
+using ojson = nlohmann::ordered_json;
+
+TEST(BoundedJson, SameDocumentsAsNlohmann) {
+  const char* docs[] = {
+      R"({"b": 1, "a": [true, false, null, -3, 18446744073709551615, 1.5e300, "x\u00e9\ud83d\ude00"], "c": {}})",
+      R"([{"z": 1, "y": 2, "z": 3}, [], [[[]]], ""])",
+      R"("just a string")",
+      "42",
+      R"({"k0":0,"k1":1,"k2":2,"k3":3,"k4":4,"k5":5,"k6":6,"k7":7,"k8":8,"k9":9,"k10":10,"k11":11,"k12":12,)"
+      R"("k13":13,"k14":14,"k15":15,"k16":16,"k17":17,"k3":"again","k16":"again","k20":20})",
+  };
+  for (const char* d : docs) {
+    JsonParseResult r = parse_bounded_json(d);
+    ASSERT_TRUE(r.ok()) << d << ": " << r.message;
+    EXPECT_EQ(r.value.dump(), ojson::parse(d).dump()) << d;
+  }
+}
+
+TEST(BoundedJson, RepeatedKeyKeepsFirstPositionAndLastValue) {
+  JsonParseResult r = parse_bounded_json(R"({"a": 1, "b": 2, "a": 3})");
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r.value.dump(), R"({"a":3,"b":2})");
+}
+
+TEST(BoundedJson, DepthLimit) {
+  JsonLimits lim;
+  lim.max_depth = 8;
+  std::string ok8 = std::string(8, '[') + std::string(8, ']');
+  EXPECT_TRUE(parse_bounded_json(ok8, lim).ok());
+  std::string deep9 = std::string(9, '[') + std::string(9, ']');
+  EXPECT_EQ(parse_bounded_json(deep9, lim).status, JsonParseResult::TooDeep);
+  // 100,000 levels (what crashed the hybrid router by recursion): refused at the default depth.
+  std::string deep = "{\"metadata\":" + std::string(100000, '[') + std::string(100000, ']') + "}";
+  JsonParseResult r = parse_bounded_json(deep);
+  EXPECT_EQ(r.status, JsonParseResult::TooDeep);
+  EXPECT_NE(r.message.find("64 levels"), std::string::npos) << r.message;
+  EXPECT_TRUE(r.value.is_null());
+  std::string objs;
+  for (int i = 0; i < 65; ++i) objs += "{\"a\":";
+  objs += "1" + std::string(65, '}');
+  EXPECT_EQ(parse_bounded_json(objs).status, JsonParseResult::TooDeep);
+}
+
+TEST(BoundedJson, ValueLimit) {
+  JsonLimits lim;
+  lim.max_values = 10;
+  EXPECT_TRUE(parse_bounded_json("[1,2,3,4,5,6,7,8,9]", lim).ok());  // 10 values with the array
+  EXPECT_EQ(parse_bounded_json("[1,2,3,4,5,6,7,8,9,10]", lim).status, JsonParseResult::TooManyValues);
+  EXPECT_EQ(parse_bounded_json(R"({"a":1,"b":2,"c":3,"d":4,"e":5})", lim).status, JsonParseResult::TooManyValues);
+}
+
+TEST(BoundedJson, InvalidIsAStatus) {
+  for (const char* bad : {"", "{", "{oops", "[1,]", "{\"a\" 1}", "1 2", "\"\xff\"", "[1] x"}) {
+    JsonParseResult r = parse_bounded_json(bad);
+    EXPECT_EQ(r.status, JsonParseResult::Invalid) << bad;
+    EXPECT_NE(r.message.find("parse error"), std::string::npos) << r.message;
+  }
+}
+
+// 400,000 keys in one object (a 4.6 MB body): the repeated-key check costs about one comparison per key,
+// not one per pair of keys.
+TEST(BoundedJson, KeysOfOneObjectAreLinear) {
+  const size_t n = 400000;
+  std::string body = "{";
+  for (size_t i = 0; i < n; ++i) body += (i ? ",\"" : "\"") + std::to_string(i * 7919) + "\":0";
+  body += "}";
+  JsonParseResult r = parse_bounded_json(body);
+  ASSERT_TRUE(r.ok()) << r.message;
+  ASSERT_EQ(r.value.size(), n);
+  const auto& entries = r.value.get_ref<const ojson::object_t&>();
+  EXPECT_EQ(entries.front().first, "0");
+  EXPECT_EQ(entries.back().first, std::to_string((n - 1) * 7919));
+  EXPECT_LE(r.key_compares, 2 * n) << "repeated-key detection is not linear";
+}
