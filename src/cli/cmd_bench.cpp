@@ -64,6 +64,7 @@ struct BenchOptions {
   double peak_tbs = 4.3;
   int spec_tokens = 0;
   double draft_accept = -1;  // < 0: the head's own drafts
+  double token_mask = -1;    // > 0: also decode with a token mask allowing this fraction of the vocabulary
 };
 
 using Clock = std::chrono::steady_clock;
@@ -276,6 +277,7 @@ int run_bench(const BenchOptions& o) {
   if (o.spec_tokens < 0) throw InputError("--spec-tokens must be >= 0");
   if (o.draft_accept > 1) throw InputError("--draft-accept must be in [0, 1]");
   if (o.draft_accept >= 0 && o.spec_tokens == 0) throw InputError("--draft-accept needs --spec-tokens K > 0");
+  if (o.token_mask > 1) throw InputError("--token-mask must be a fraction in (0, 1]");
   if (!o.batch.empty()) parse_lens(o.batch, "--batch");  // bad values fail before the model loads
   std::unique_ptr<Backend> backend;
   std::string what;
@@ -338,7 +340,8 @@ int run_bench(const BenchOptions& o) {
   std::printf("%8s %12s %10s %12s %12s %10s %12s %10s\n", "prompt", "prefill t/s", "ttft s", "decode t/s",
               "ms/token", "1st ms", "MB/token", "floor %");
   for (int64_t P : parse_lens(o.prompt_lens, "--prompt-lens")) {
-    auto s = backend->new_session(P + o.decode_tokens + 8);
+    // room for the timed steps, and for the masked ones after them with --token-mask
+    auto s = backend->new_session(P + (o.token_mask > 0 ? 2 : 1) * (o.decode_tokens + 8));
     std::vector<int32_t> prompt(static_cast<size_t>(P));
     for (auto& t : prompt) t = int32_t(rng() % uint64_t(real_vocab));
     const auto t0 = Clock::now();
@@ -381,9 +384,34 @@ int run_bench(const BenchOptions& o) {
       r["floor_tok_s"] = o.peak_tbs * 1e12 / bytes;
     }
 #endif
-    out["results"].push_back(r);
     std::printf("%8lld %12.0f %10.3f %12.1f %12.3f %10.1f %12.0f %10.1f\n", (long long)P, double(P) / ttft, ttft,
                 tok_s, ms_tok, first_ms, mb, frac * 100);
+    if (o.token_mask > 0) {
+      // Constrained decoding's cost on the backend: a different mask before every step (as a grammar
+      // gives), each allowing a random fraction of the real vocabulary; the host's mask computation is
+      // bench_grammar's (not included here).
+      const size_t words = size_t((cfg.vocab_size + 31) / 32);
+      std::vector<std::vector<uint32_t>> masks(8, std::vector<uint32_t>(words, 0u));
+      for (auto& m : masks) {
+        for (int64_t t = 0; t < real_vocab; ++t)
+          if (double(rng() % 1000000) < o.token_mask * 1e6) m[size_t(t / 32)] |= 1u << (t % 32);
+        m[0] |= 1u;  // never empty
+      }
+      s->set_token_mask(masks[7].data());
+      s->decode_step();  // untimed: a masked step's graph
+      const auto m0 = Clock::now();
+      for (int i = 0; i < o.decode_tokens; ++i) {
+        s->set_token_mask(masks[size_t(i % 8)].data());
+        s->decode_step();
+      }
+      const double mdec = secs(m0, Clock::now());
+      const double mtok_s = o.decode_tokens / mdec;
+      r["masked_decode_tok_s"] = mtok_s;
+      r["token_mask_fraction"] = o.token_mask;
+      std::printf("%8s with a token mask before every step (%.0f%% of the vocabulary allowed): %.1f t/s = %.3fx\n", "",
+                  o.token_mask * 100, mtok_s, mtok_s / tok_s);
+    }
+    out["results"].push_back(r);
     std::fflush(stdout);
   }
 #if LILAC_BENCH_CUDA
@@ -416,6 +444,9 @@ const bool registered = register_command(Command{
       sub.add_option("--peak-tbs", o->peak_tbs, "Memory bandwidth (TB/s) of the floor (default 4.3, H200 copy)");
       sub.add_option("--spec-tokens", o->spec_tokens,
                      "Speculative decoding with K drafts per step, next to plain decoding (default 0: off)");
+      sub.add_option("--token-mask", o->token_mask,
+                     "Also decode with a token mask (constrained decoding) before every step allowing this fraction "
+                     "of the vocabulary (0..1), and report the masked decode speed next to the plain one");
       sub.add_option("--draft-accept", o->draft_accept,
                      "Force each draft right with this probability (0..1; default: the MTP head's own drafts)");
       return [o] { return run_bench(*o); };

@@ -13,3 +13,11 @@ add_test(NAME cli_bench_batch_bad_list
   COMMAND ${CMAKE_COMMAND} -DLILAC=$<TARGET_FILE:lilac>
           "-DARGS=bench;--model;${_fx}/tiny/mlx4;--backend;cpu;--batch;1,0"
           -DRC=1 "-DEXPECT=--batch: values must be >= 1" -P "${_runner}")
+# --token-mask: the masked decode speed next to the plain one (constrained decoding's cost on the
+# backend), on the fast CPU backend (which honours masks)
+add_test(NAME cli_bench_token_mask_cpu_tiny
+  COMMAND ${CMAKE_COMMAND} -DLILAC=$<TARGET_FILE:lilac>
+          "-DARGS=bench;--model;${_fx}/tiny/mlx4;--backend;cpu;--threads;2;--prompt-lens;9;--decode-tokens;4;--token-mask;0.5"
+          -DRC=0
+          "-DEXPECT=with a token mask before every step \\(50% of the vocabulary allowed\\): [0-9.]+ t/s = [0-9.]+x"
+          -P "${_runner}")
