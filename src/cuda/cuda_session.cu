@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "cuda/cuda_common.h"
 #include "cuda/kernels/rows/rows_mm.h"
+#include "engine/validate.h"
 
 namespace lilac::cuda {
 
@@ -81,7 +82,7 @@ void CudaSession::pool_moved() {
 void CudaSession::sync() { LILAC_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
 
 void CudaSession::check_room() const {
-  if (seq_.len + 1 > seq_.max_len) throw InputError("context full: " + std::to_string(seq_.max_len) + " tokens");
+  require(check_session_capacity(seq_.len, 1, seq_.max_len));
 }
 
 void CudaSession::launch(cudaGraphExec_t g) { LILAC_CUDA_CHECK(cudaGraphLaunch(g, stream_)); }
@@ -124,14 +125,8 @@ TokenChoice CudaSession::to_choice(const SampleResult& r) const {
 // ------------------------------------------------------------------------------------------------ prefill
 void CudaSession::prefill(std::span<const int32_t> tokens, const LogitsSink* sink) {
   if (tokens.empty()) return;
-  const int64_t V = m_.cfg.vocab_size;
-  for (int32_t t : tokens)
-    if (t < 0 || t >= V)
-      throw InputError("token id " + std::to_string(t) + " is outside the vocabulary (size " + std::to_string(V) +
-                       ")");
-  if (seq_.len + int64_t(tokens.size()) > seq_.max_len)
-    throw InputError("context too long: " + std::to_string(seq_.len + int64_t(tokens.size())) + " tokens, max " +
-                     std::to_string(seq_.max_len));
+  require(check_token_ids(tokens, m_.cfg.vocab_size));
+  require(check_session_capacity(seq_.len, int64_t(tokens.size()), seq_.max_len));
   pending_ = false;
   std::vector<float> rows;
   size_t i = 0;

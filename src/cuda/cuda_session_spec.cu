@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "cuda/cuda_common.h"
 #include "cuda/cuda_session.h"
+#include "engine/validate.h"
 
 namespace lilac::cuda {
 namespace {
@@ -70,13 +71,8 @@ std::vector<TokenChoice> CudaSession::verify(std::span<const int32_t> drafts) {
   if (drafts.empty()) return {decode_step()};
   if (!pending_) throw Error("cuda session: verify() without a sampled token");
   const int64_t V = m_.cfg.vocab_size, n = int64_t(drafts.size());
-  for (int32_t t : drafts)
-    if (t < 0 || t >= V)
-      throw InputError("draft token id " + std::to_string(t) + " is outside the vocabulary (size " +
-                       std::to_string(V) + ")");
-  if (seq_.len + n + 1 > seq_.max_len)
-    throw InputError("drafts do not fit the context: " + std::to_string(seq_.len + n + 1) + " tokens, max " +
-                     std::to_string(seq_.max_len));
+  require(check_token_ids(drafts, V));
+  require(check_session_capacity(seq_.len, n + 1, seq_.max_len));  // the pending token and the drafts
   if (rows_verify_ < 0) rows_verify_ = verify_rows_ok(m_) ? 1 : 0;
   if (n <= kMaxVerifyDrafts && !prof_ && !mask_on_ && rows_verify_) return verify_rows(drafts);
   std::vector<TokenChoice> out;

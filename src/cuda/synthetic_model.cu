@@ -6,10 +6,14 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <map>
+#include <string>
+#include <tuple>
 #include <utility>
 
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_common.h"
+#include "model/tensor_table.h"
 
 namespace lilac::cuda {
 namespace {
@@ -76,63 +80,96 @@ struct SynthGen {
 
 }  // namespace
 
+// The tensors come from the checkpoint's tensor table (model/tensor_table.h: names, shapes, bits), as a
+// real checkpoint's do; each is filled with random values of its shape on the device, and the matrices a
+// decode step fuses (the mixer's input projections, router + shared_expert_gate) are generated fused,
+// in upload_layer's order (device_model.cu), so the device model has the real one's layout.
 std::unique_ptr<DevModel> synthetic_model(const ModelConfig& c, uint64_t seed) {
   auto m = std::make_unique<DevModel>();
   m->cfg = c;
   check_device_config(c);
   SynthGen g{m->mem, seed};
-  const int64_t H = c.hidden_size;
-  m->embed = g.q(c.vocab_size, H, 4);
-  m->lm_head = g.q(c.vocab_size, H, 4);
-  m->final_norm = g.vec(H, 0.9f, 1.1f);
-  auto layer = [&](bool attn) {
+  TableOptions opts;
+  opts.mtp_layers = c.mtp_num_hidden_layers;
+  std::map<std::tuple<int, int, TensorRole>, TensorSpec> table;  // (block, layer, role) -> tensor
+  for_each_tensor(c, [&](const TensorSpec& t) { table[{int(t.block), t.layer, t.role}] = t; }, opts);
+  auto spec = [&](TensorBlock b, int layer, TensorRole r) -> const TensorSpec& {
+    const auto it = table.find({int(b), layer, r});
+    if (it == table.end())
+      throw Error(std::string("synthetic model: the tensor table has no ") + role_name(r) + " in layer " +
+                  std::to_string(layer));
+    return it->second;
+  };
+  // One random matrix holding the rows of `parts` (fused: equal columns and bits, as upload_fused requires).
+  auto matrix = [&](TensorBlock b, int layer, std::initializer_list<TensorRole> parts) {
+    int64_t rows = 0, cols = -1;
+    int bits = -1;
+    for (TensorRole r : parts) {
+      const TensorSpec& t = spec(b, layer, r);
+      LILAC_CHECK((cols < 0 || t.cols == cols) && (bits < 0 || t.bits == bits),
+                  "synthetic model: fused tensors differ in columns or bits");
+      rows += t.rows;
+      cols = t.cols;
+      bits = t.bits;
+    }
+    return g.q(rows, cols, bits);
+  };
+  auto proj = [&](TensorBlock b, int layer, std::initializer_list<TensorRole> parts) {
+    DevProj p;
+    p.parts.push_back({matrix(b, layer, parts), 0});
+    p.rows = p.parts[0].first.rows;
+    return p;
+  };
+  auto norm = [&](const TensorSpec& t) { return g.vec(t.elements(), 0.9f, 1.1f); };
+  auto experts = [&](const TensorSpec& t) {
+    QExpertsDev e;
+    e.n = t.count;
+    e.first = g.q(t.rows * t.count, t.cols, t.bits);
+    e.first.rows = t.rows;
+    return e;
+  };
+  using R = TensorRole;
+  auto layer = [&](TensorBlock b, int i, bool attn) {
     DevLayer L;
     L.attn = attn;
-    L.input_norm = g.vec(H, 0.9f, 1.1f);
-    L.post_norm = g.vec(H, 0.9f, 1.1f);
+    L.input_norm = norm(spec(b, i, R::InputNorm));
+    L.post_norm = norm(spec(b, i, R::PostNorm));
     if (L.attn) {
-      const int64_t rows = c.q_proj_rows() + 2 * c.kv_dim();
-      L.in_proj.parts.push_back({g.q(rows, H, 4), 0});
-      L.in_proj.rows = rows;
-      L.out_proj = g.q(H, int64_t(c.num_heads) * c.head_dim, 4);
-      L.q_norm = g.vec(c.head_dim, 0.9f, 1.1f);
-      L.k_norm = g.vec(c.head_dim, 0.9f, 1.1f);
+      L.in_proj = proj(b, i, {R::QProj, R::KProj, R::VProj});
+      L.out_proj = matrix(b, i, {R::OProj});
+      L.q_norm = norm(spec(b, i, R::QNorm));
+      L.k_norm = norm(spec(b, i, R::KNorm));
     } else {
-      const int64_t rows = c.gdn_conv_dim() + c.gdn_value_dim() + 2 * c.linear_num_value_heads;
-      L.in_proj.parts.push_back({g.q(rows, H, 4), 0});
-      L.in_proj.rows = rows;
-      L.out_proj = g.q(H, c.gdn_value_dim(), 4);
-      L.conv_w = g.vec(c.gdn_conv_dim() * c.linear_conv_kernel_dim, -0.5f, 0.5f);
-      L.A_log = g.vec(c.linear_num_value_heads, -1.f, 1.f);
-      L.dt_bias = g.vec(c.linear_num_value_heads, -0.5f, 0.5f);
-      L.gdn_norm = g.vec(c.linear_value_head_dim, 0.9f, 1.1f);
+      L.in_proj = proj(b, i, {R::InProjQKV, R::InProjZ, R::InProjB, R::InProjA});
+      L.out_proj = matrix(b, i, {R::OutProj});
+      L.conv_w = g.vec(spec(b, i, R::Conv1d).elements(), -0.5f, 0.5f);
+      L.A_log = g.vec(spec(b, i, R::ALog).elements(), -1.f, 1.f);
+      L.dt_bias = g.vec(spec(b, i, R::DtBias).elements(), -0.5f, 0.5f);
+      L.gdn_norm = norm(spec(b, i, R::GdnNorm));
     }
-    L.router.parts.push_back({g.q(c.num_experts + 1, H, 8), 0});
-    L.router.rows = c.num_experts + 1;
-    auto experts = [&](int64_t rows, int64_t cols) {
-      QExpertsDev e;
-      e.n = c.num_experts;
-      e.first = g.q(rows * c.num_experts, cols, 4);
-      e.first.rows = rows;
-      return e;
-    };
-    L.moe.gate = experts(c.moe_intermediate_size, H);
-    L.moe.up = experts(c.moe_intermediate_size, H);
-    L.moe.down = experts(H, c.moe_intermediate_size);
-    L.moe.shared_gate = g.q(c.shared_expert_intermediate_size, H, 4);
-    L.moe.shared_up = g.q(c.shared_expert_intermediate_size, H, 4);
-    L.moe.shared_down = g.q(H, c.shared_expert_intermediate_size, 4);
+    L.router = proj(b, i, {R::Router, R::SharedExpertGate});
+    L.moe.gate = experts(spec(b, i, R::ExpertsGate));
+    L.moe.up = experts(spec(b, i, R::ExpertsUp));
+    L.moe.down = experts(spec(b, i, R::ExpertsDown));
+    L.moe.shared_gate = matrix(b, i, {R::SharedGate});
+    L.moe.shared_up = matrix(b, i, {R::SharedUp});
+    L.moe.shared_down = matrix(b, i, {R::SharedDown});
     return L;
   };
-  for (int i = 0; i < c.num_layers; ++i) m->layers.push_back(layer(c.full_attention[i]));
+  const TensorBlock B = TensorBlock::Backbone;
+  m->embed = matrix(B, -1, {R::Embed});
+  m->lm_head = matrix(B, -1, {R::LmHead});
+  m->final_norm = norm(spec(B, -1, R::FinalNorm));
+  for (int i = 0; i < c.num_layers; ++i) m->layers.push_back(layer(B, i, c.full_attention[size_t(i)]));
   // The MTP head (random like the rest: its drafts are almost never right; bench --draft-accept forces them).
   if (c.mtp_num_hidden_layers > 0) {
+    const TensorBlock M = TensorBlock::Mtp;
     m->mtp = std::make_unique<DevMtp>();
-    m->mtp->pre_fc_norm_embedding = g.vec(H, 0.9f, 1.1f);
-    m->mtp->pre_fc_norm_hidden = g.vec(H, 0.9f, 1.1f);
-    m->mtp->norm = g.vec(H, 0.9f, 1.1f);
-    m->mtp->fc = g.q(H, 2 * H, 4);
-    m->mtp->layer = layer(true);
+    m->mtp->pre_fc_norm_embedding = norm(spec(M, -1, R::MtpPreFcNormEmbedding));
+    m->mtp->pre_fc_norm_hidden = norm(spec(M, -1, R::MtpPreFcNormHidden));
+    m->mtp->norm = norm(spec(M, -1, R::MtpNorm));
+    m->mtp->fc = matrix(M, -1, {R::MtpFc});
+    m->mtp->layer = layer(M, 0, true);
   }
   finish_model(*m);
   LILAC_CUDA_CHECK(cudaDeviceSynchronize());
@@ -175,25 +212,21 @@ ModelConfig synthetic_config(int layers) {
 
 double decode_bytes_per_token(const ModelConfig& c, int64_t ctx) {
   auto q = [](double rows, double cols, int bits) { return rows * cols * bits / 8.0 + rows * cols / 64.0 * 4.0; };
-  const double H = double(c.hidden_size);
   double b = 0;
-  b += q(1, H, 4);                          // embedding row
-  b += q(double(c.vocab_size), H, 4);       // LM head
+  // The weights a step reads, from the tensor table: one embedding row, every matrix, the selected
+  // experts (norms and vectors are negligible).
+  for_each_tensor(c, [&](const TensorSpec& t) {
+    if (t.kind == WeightKind::Matrix) b += t.role == TensorRole::Embed ? q(1, double(t.cols), t.bits) : q(double(t.rows), double(t.cols), t.bits);
+    if (t.kind == WeightKind::Experts) b += c.num_experts_per_tok * q(double(t.rows), double(t.cols), t.bits);
+  });
+  // The per-sequence state it reads (and writes).
   for (int i = 0; i < c.num_layers; ++i) {
     if (c.full_attention[size_t(i)]) {
-      b += q(double(c.q_proj_rows() + 2 * c.kv_dim()), H, 4);
-      b += q(H, double(c.num_heads) * c.head_dim, 4);
       b += double(ctx) * double(c.kv_dim()) * 2 * 2;  // K and V rows, bf16
     } else {
-      b += q(double(c.gdn_conv_dim() + c.gdn_value_dim() + 2 * c.linear_num_value_heads), H, 4);
-      b += q(H, double(c.gdn_value_dim()), 4);
       b += 2.0 * c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim * 4;  // state r+w
       b += 2.0 * c.gdn_conv_dim() * (c.linear_conv_kernel_dim - 1) * 4;
     }
-    b += q(double(c.num_experts + 1), H, 8);  // router + shared_expert_gate
-    const double experts = c.num_experts_per_tok;
-    b += experts * 3 * q(double(c.moe_intermediate_size), H, 4);
-    b += 3 * q(double(c.shared_expert_intermediate_size), H, 4);
   }
   return b;
 }
