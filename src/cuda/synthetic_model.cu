@@ -117,7 +117,7 @@ std::unique_ptr<DevModel> synthetic_model(const ModelConfig& c, uint64_t seed) {
   auto proj = [&](TensorBlock b, int layer, std::initializer_list<TensorRole> parts) {
     DevProj p;
     p.parts.push_back({matrix(b, layer, parts), 0});
-    p.rows = p.parts[0].first.rows;
+    p.rows = p.parts[0].m.rows;
     return p;
   };
   auto norm = [&](const TensorSpec& t) { return g.vec(t.elements(), 0.9f, 1.1f); };
