@@ -8,38 +8,7 @@
 
 namespace lilac::cpufast {
 
-ModelConfig synthetic_config(int layers) {
-  ModelConfig c;
-  c.model_type = "qwen3_5_moe";
-  c.vocab_size = 248320;
-  c.hidden_size = 2048;
-  c.num_layers = layers;
-  c.num_heads = 16;
-  c.num_kv_heads = 2;
-  c.head_dim = 256;
-  c.attn_output_gate = true;
-  c.rope_theta = 10000000.0;
-  c.partial_rotary_factor = 0.25;
-  c.rotary_dim = 64;
-  c.max_position_embeddings = 262144;
-  c.linear_num_key_heads = 16;
-  c.linear_num_value_heads = 32;
-  c.linear_key_head_dim = 128;
-  c.linear_value_head_dim = 128;
-  c.linear_conv_kernel_dim = 4;
-  c.num_experts = 256;
-  c.num_experts_per_tok = 8;
-  c.moe_intermediate_size = 512;
-  c.shared_expert_intermediate_size = 512;
-  c.norm_topk_prob = true;
-  c.rms_norm_eps = 1e-6;
-  c.full_attention.resize(size_t(layers));
-  for (int i = 0; i < layers; ++i) c.full_attention[size_t(i)] = (i % 4 == 3);
-  c.quantized = true;
-  c.quant = {4, 64};
-  c.eos_token_ids = {248046, 248044};
-  return c;
-}
+ModelConfig synthetic_config(int layers) { return qwen36_shape(layers, 0); }
 
 namespace {
 

@@ -68,6 +68,12 @@ struct ModelConfig {
 // Parse `dir/config.json` (multimodal wrapper with text_config, or flat) and
 // `dir/generation_config.json` if present. Throws lilac::Error naming the file and field.
 ModelConfig load_config(const std::string& dir);
+
+// The served model's own shape, Qwen3.6-35B-A3B (hidden 2048, 256 experts top-8 of width 512 plus a shared
+// expert, 3 Gated DeltaNet layers then one gated attention layer, vocabulary 248,320, MLX 4-bit), with
+// `layers` decoder layers and `mtp_layers` MTP layers: what `lilac bench --synthetic` fills with random
+// weights on every backend.
+ModelConfig qwen36_shape(int layers = 40, int mtp_layers = 0);
 // Same, from JSON text (for tests); `origin` is used in error messages.
 ModelConfig parse_config(const std::string& config_json, const std::string& origin,
                          const std::string& generation_config_json = "");
