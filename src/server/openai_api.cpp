@@ -31,20 +31,22 @@ ResponseMeta response_meta(ServerContext& C, const CommonParams& p, const char* 
   return meta;
 }
 
-// response_format (chat and completions) -> the generation spec's constraint on the content.
-void apply_response_format(const CommonParams& p, GenerationSpec& spec) {
-  switch (p.response_format) {
-    case ResponseFormat::Text:
-      spec.format = GenerationSpec::Format::Text;
-      break;
-    case ResponseFormat::JsonObject:
-      spec.format = GenerationSpec::Format::JsonObject;
-      break;
-    case ResponseFormat::JsonSchema:
-      spec.format = GenerationSpec::Format::JsonSchema;
-      spec.schema = p.json_schema;
-      break;
-  }
+// What chat and completions requests share after their prompt: the constraint, sampling, limits, the
+// response's model / stream and its formatter (`make`: the protocol's chunks, `id_prefix` its ids).
+using MakeFormatter = std::shared_ptr<ResponseFormatter> (*)(ResponseMeta, const Tokenizer&);
+void finish_request(ServerContext& C, const CommonParams& p, const char* id_prefix, MakeFormatter make,
+                    PreparedRequest& r) {
+  apply_response_format(p.response_format, p.json_schema, r.spec);
+  r.spec.sampling = p.sampling;
+  r.spec.max_tokens = p.max_tokens;
+  r.spec.stop = p.stop;
+  r.model = p.model;
+  r.stream = p.stream;
+  ResponseMeta meta = response_meta(C, p, id_prefix);
+  r.formatter = [&C, meta, make](const Generation&, bool route_field) mutable {
+    meta.route_field = route_field;
+    return make(meta, *C.tok);
+  };
 }
 
 PreparedRequest chat_request(ServerContext& C, const ojson& body, const ModelConfig& cfg, uint64_t seed) {
@@ -57,17 +59,7 @@ PreparedRequest chat_request(ServerContext& C, const ojson& body, const ModelCon
   if (p.tool_choice == ToolChoice::Function) r.spec.forced_function = p.tool_choice_name;
   r.spec.prompt_param = "messages";
   r.spec.parallel_tool_calls = p.parallel_tool_calls;
-  apply_response_format(p, r.spec);
-  r.spec.sampling = p.sampling;
-  r.spec.max_tokens = p.max_tokens;
-  r.spec.stop = p.stop;
-  r.model = p.model;
-  r.stream = p.stream;
-  ResponseMeta meta = response_meta(C, p, "chatcmpl-");
-  r.formatter = [&C, meta](const Generation&, bool route_field) mutable {
-    meta.route_field = route_field;
-    return make_chat_formatter(meta, *C.tok);
-  };
+  finish_request(C, p, "chatcmpl-", make_chat_formatter, r);
   return r;
 }
 
@@ -82,17 +74,7 @@ PreparedRequest completion_request(ServerContext& C, const ojson& body, const Mo
     r.spec.text = std::move(p.prompt_text);
   }
   r.spec.prompt_param = "prompt";
-  apply_response_format(p, r.spec);
-  r.spec.sampling = p.sampling;
-  r.spec.max_tokens = p.max_tokens;
-  r.spec.stop = p.stop;
-  r.model = p.model;
-  r.stream = p.stream;
-  ResponseMeta meta = response_meta(C, p, "cmpl-");
-  r.formatter = [&C, meta](const Generation&, bool route_field) mutable {
-    meta.route_field = route_field;
-    return make_completion_formatter(meta, *C.tok);
-  };
+  finish_request(C, p, "cmpl-", make_completion_formatter, r);
   return r;
 }
 

@@ -1,5 +1,6 @@
 #include "server/openai_schema.h"
 
+#include "server/generation.h"
 #include "server/request_fields.h"
 
 #include <cmath>
@@ -379,6 +380,21 @@ CompletionParams parse_completion_request(const ojson& body, const ModelConfig& 
   p.sampling.logprobs = p.logprobs;
   p.sampling.top_logprobs = p.top_logprobs;
   return p;
+}
+
+void apply_response_format(ResponseFormat f, const ojson& json_schema, GenerationSpec& spec) {
+  switch (f) {
+    case ResponseFormat::Text:
+      spec.format = GenerationSpec::Format::Text;
+      break;
+    case ResponseFormat::JsonObject:
+      spec.format = GenerationSpec::Format::JsonObject;
+      break;
+    case ResponseFormat::JsonSchema:
+      spec.format = GenerationSpec::Format::JsonSchema;
+      spec.schema = json_schema;
+      break;
+  }
 }
 
 }  // namespace lilac::server

@@ -59,4 +59,9 @@ struct CompletionParams : CommonParams {
 ChatParams parse_chat_request(const ojson& body, const ModelConfig& cfg, uint64_t seed);
 CompletionParams parse_completion_request(const ojson& body, const ModelConfig& cfg, uint64_t seed);
 
+struct GenerationSpec;
+// A request's ResponseFormat (and its schema) as the generation spec's constraint on the content: one
+// mapping for every adapter that has one (chat / completions' response_format, Responses' text.format).
+void apply_response_format(ResponseFormat f, const ojson& json_schema, GenerationSpec& spec);
+
 }  // namespace lilac::server

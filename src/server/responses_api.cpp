@@ -32,18 +32,7 @@ Endpoint responses_endpoint(ServerContext& C) {
     s.tools = p.tools;
     s.force_tool_call = p.tool_choice == ToolChoice::Required || p.tool_choice == ToolChoice::Function;
     if (p.tool_choice == ToolChoice::Function) s.forced_function = p.tool_choice_name;
-    switch (p.response_format) {
-      case ResponseFormat::Text:
-        s.format = GenerationSpec::Format::Text;
-        break;
-      case ResponseFormat::JsonObject:
-        s.format = GenerationSpec::Format::JsonObject;
-        break;
-      case ResponseFormat::JsonSchema:
-        s.format = GenerationSpec::Format::JsonSchema;
-        s.schema = p.json_schema;
-        break;
-    }
+    apply_response_format(p.response_format, p.json_schema, s);
     s.sampling = p.sampling;
     s.max_tokens = p.max_output_tokens;
     s.prompt_param = "input";
