@@ -21,6 +21,16 @@ void add_spec_option(CLI::App& sub, int& spec_tokens) {
       ->capture_default_str();
 }
 
+void add_spec_policy_option(CLI::App& sub, std::string& policy, bool allow_both) {
+  policy = allow_both ? "both" : "adaptive";
+  sub.add_option("--spec-policy", policy,
+                 allow_both ? "drafts per step: adaptive (0..K, following the measured acceptance and costs), fixed "
+                              "(always K), or both side by side"
+                            : "drafts per step: adaptive (0..K, following the measured acceptance and costs) or "
+                              "fixed (always K); output unchanged either way")
+      ->capture_default_str();  // checked by parse_spec_policy (an InputError naming the option)
+}
+
 int effective_spec_tokens(int requested, Backend& backend, const ModelWeights& weights) {
   if (requested <= 0) return 0;
   if (!weights.has_mtp()) {
