@@ -29,7 +29,7 @@ void SpecPolicy::begin(int k_max, SpecPolicyKind kind) {
   kind_ = kind;
   wins_ = o_.prior_accept * o_.prior_weight;
   tries_ = o_.prior_weight;
-  plain_run_ = 0;
+  plain_run_ = round_run_ = 0;
   probe_gap_ = std::max(1, o_.probe_min);
   grow(k_max_ + 1);
 }
@@ -77,6 +77,7 @@ int SpecPolicy::choose() const {
   if (kind_ == SpecPolicyKind::Fixed || k_max_ <= 0) return k_max_;
   const int b = best_k();
   if (b > 0) {
+    if (o_.measure && round_run_ >= std::max(1, o_.remeasure_rounds)) return 0;  // time a plain step again
     const size_t rows = size_t(b) + 2;  // a round of b + 1 drafts
     if (o_.measure && b < k_max_ && rows < verify_timed_.size() && verify_timed_[rows] == 0) return b + 1;
     return b;
@@ -94,12 +95,13 @@ void SpecPolicy::first_time(double unit_seconds) {
 }
 
 void SpecPolicy::observe(double& est, double seconds) const {
-  const double x = std::clamp(seconds, est / 4, est * 4);
+  const double x = std::clamp(seconds, est / 4, est * 1.5);
   est += o_.cost_alpha * (x - est);
 }
 
 void SpecPolicy::on_plain(double seconds) {
   ++plain_run_;
+  round_run_ = 0;
   if (!o_.measure || !(seconds > 0)) return;
   if (!plain_seen_) {  // the session's first decode step (a CUDA graph capture)
     plain_seen_ = true;
@@ -124,6 +126,7 @@ void SpecPolicy::on_round(int drafted, int accepted, double draft_seconds, doubl
   else
     probe_gap_ = std::max(1, o_.probe_min);
   plain_run_ = 0;
+  ++round_run_;
   if (!o_.measure) return;
   // costs
   grow(drafted + 1);

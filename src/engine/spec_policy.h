@@ -20,8 +20,11 @@
 // the backend's prior (Session::spec_cost_hint, in plain steps); the first timed observation fixes the
 // scale. A verify of a row count never timed is predicted from the prior, scaled by how far the timed
 // verifies were from their prior. The first observation of each kind and size is not used (a CUDA graph
-// is captured then), and an observation is clamped to within 4x of the estimate (one slow step does not
-// swing the choice).
+// is captured then), and an observation is clamped to [estimate / 4, estimate * 1.5]: noise and bursts
+// (the MTP head's catch-up runs inside some plain steps: 64 rows at once on the CPU, up to 127 on CUDA) only
+// ever make a step slower, and a plain step estimated too slow would make drafting look cheap. While
+// drafts win, no plain step is timed; so that a stale step cost cannot keep the policy drafting, every
+// remeasure_rounds rounds in a row it makes one plain step (with measured costs only).
 //
 // Probing: while k = 0 wins, after probe_gap() plain steps in a row choose() returns a probe of probe_k
 // drafts, so that the policy notices when acceptance returns. A probe that accepts nothing doubles the gap
@@ -59,6 +62,7 @@ class SpecPolicy {
     double cost_alpha = 0.25;   // weight of a new time in the cost averages
     int probe_min = 4, probe_max = 64;  // plain steps before a probe
     int probe_k = 1;                    // drafts of a probe
+    int remeasure_rounds = 32;          // rounds in a row after which one plain step is timed
     bool measure = true;                // false: the costs stay the hint's (no timing is used)
   };
   using Clock = std::function<double()>;  // seconds, monotonic
@@ -115,6 +119,7 @@ class SpecPolicy {
   int k_max_ = 0;
   double wins_ = 0, tries_ = 0;
   int plain_run_ = 0, probe_gap_ = 4;
+  int round_run_ = 0;  // rounds since the last plain step
   // costs
   bool timed_ = false;
   double step_ = 1, draft_ = 0.5, verify_scale_ = 1;
