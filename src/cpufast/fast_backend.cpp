@@ -278,10 +278,9 @@ class FastBackend : public Backend {
 
 std::unique_ptr<Backend> make_fast_cpu_backend(std::shared_ptr<const ModelWeights> weights, const FastOptions& opts) {
   if (!weights) throw Error("make_fast_cpu_backend: no weights");
-  const KernelSet* k = nullptr;
-  if (opts.isa.empty()) {
-    k = &best_kernels();
-  } else {
+  const KernelSet* k = opts.kernels;
+  if (!k && opts.isa.empty()) k = &best_kernels();
+  if (!k) {
     k = kernels_for(opts.isa);
     if (!k) throw Error("cpu backend: kernel level '" + opts.isa + "' cannot run on this CPU or build");
   }

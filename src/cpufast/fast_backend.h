@@ -13,6 +13,7 @@
 #include <string>
 
 #include "cpu/cpu_backend.h"
+#include "cpufast/kernels.h"
 #include "engine/backend.h"
 #include "model/weights.h"
 
@@ -22,6 +23,8 @@ struct FastOptions {
   int threads = 0;  // <= 0: all hardware threads
   // Kernel level ("scalar", "avx2", "avx512", "neon"); empty: the best this CPU runs (or LILAC_CPU_ISA).
   std::string isa;
+  // A kernel set to use instead (tests: e.g. another ISA's arithmetic emulated); must outlive the backend.
+  const KernelSet* kernels = nullptr;
 };
 
 std::unique_ptr<Backend> make_fast_cpu_backend(std::shared_ptr<const ModelWeights> weights,

@@ -29,6 +29,7 @@ void tile_nt(const uint8_t* tp, const PackedMatrix& W, const QActs& X, int64_t t
   constexpr int NS = NT * L;
   const __m512i m4 = _mm512_set1_epi8(15);
   const int64_t qbytes = W.block_bytes - 4 * R;
+  const float mid = W.mid;
   const int8_t* xs[NS];
   for (int t = 0; t < NT; ++t) {
     xs[t * L] = act_q(X, t0 + t);
@@ -55,15 +56,15 @@ void tile_nt(const uint8_t* tp, const PackedMatrix& W, const QActs& X, int64_t t
         for (int i = 0; i < NS; ++i) iacc[i] = _mm512_dpbusd_epi32(iacc[i], w, bcast32(xs[i] + b * kBlock + 4 * c));
       }
     }
+    // The float terms (kernels.h): inner = s d + mid rsum [+ s2 d2], acc += scale inner + bias xsum.
     const __m512 sc = bf16x16(bp + qbytes), bi = bf16x16(bp + qbytes + 2 * R);
     for (int t = 0; t < NT; ++t) {
-      const float d = act_d(X, t0 + t)[b], s = act_sum(X, t0 + t)[b];
-      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[t * L]), _mm512_mul_ps(sc, _mm512_set1_ps(d)), acc[t]);
-      if (L == 2) {
-        const float d2 = act_d2(X, t0 + t)[b];
-        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[t * L + L - 1]), _mm512_mul_ps(sc, _mm512_set1_ps(d2)), acc[t]);
-      }
-      acc[t] = _mm512_fmadd_ps(bi, _mm512_set1_ps(s), acc[t]);
+      __m512 inner = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[t * L]), _mm512_set1_ps(act_d(X, t0 + t)[b]),
+                                     _mm512_set1_ps(mid * act_rsum(X, t0 + t)[b]));
+      if (L == 2)
+        inner = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[t * L + L - 1]), _mm512_set1_ps(act_d2(X, t0 + t)[b]), inner);
+      acc[t] = _mm512_fmadd_ps(sc, inner, acc[t]);
+      acc[t] = _mm512_fmadd_ps(bi, _mm512_set1_ps(act_sum(X, t0 + t)[b]), acc[t]);
     }
   }
 }

@@ -28,6 +28,7 @@ void tile_nt(const uint8_t* tp, const PackedMatrix& W, const QActs& X, int64_t t
   constexpr int NS = NT * L;
   const uint8x16_t m4 = vdupq_n_u8(15);
   const int64_t qbytes = W.block_bytes - 4 * R;
+  const float mid = W.mid;
   const int8_t* xs[NS];
   for (int t = 0; t < NT; ++t) {
     xs[t * L] = act_q(X, t0 + t);
@@ -58,16 +59,17 @@ void tile_nt(const uint8_t* tp, const PackedMatrix& W, const QActs& X, int64_t t
     }
     for (int h = 0; h < 2; ++h) {
       const float32x4_t sc = bf16x4(bp + qbytes + 8 * h), bi = bf16x4(bp + qbytes + 2 * R + 8 * h);
+      // The float terms (kernels.h): inner = s d + mid rsum [+ s2 d2], acc += scale inner + bias xsum.
       for (int t = 0; t < NT; ++t) {
-        const float d = act_d(X, t0 + t)[b], s = act_sum(X, t0 + t)[b];
         const int i1 = 2 * (t * L) + h;
-        acc[2 * t + h] = vfmaq_f32(acc[2 * t + h], vcvtq_f32_s32(vaddq_s32(ia[i1], vshlq_n_s32(ih[i1], 4))), vmulq_n_f32(sc, d));
+        float32x4_t inner = vfmaq_n_f32(vdupq_n_f32(mid * act_rsum(X, t0 + t)[b]),
+                                        vcvtq_f32_s32(vaddq_s32(ia[i1], vshlq_n_s32(ih[i1], 4))), act_d(X, t0 + t)[b]);
         if (L == 2) {
           const int i2 = 2 * (t * L + L - 1) + h;
-          const float d2 = act_d2(X, t0 + t)[b];
-          acc[2 * t + h] = vfmaq_f32(acc[2 * t + h], vcvtq_f32_s32(vaddq_s32(ia[i2], vshlq_n_s32(ih[i2], 4))), vmulq_n_f32(sc, d2));
+          inner = vfmaq_n_f32(inner, vcvtq_f32_s32(vaddq_s32(ia[i2], vshlq_n_s32(ih[i2], 4))), act_d2(X, t0 + t)[b]);
         }
-        acc[2 * t + h] = vfmaq_n_f32(acc[2 * t + h], bi, s);
+        acc[2 * t + h] = vfmaq_f32(acc[2 * t + h], sc, inner);
+        acc[2 * t + h] = vfmaq_n_f32(acc[2 * t + h], bi, act_sum(X, t0 + t)[b]);
       }
     }
   }

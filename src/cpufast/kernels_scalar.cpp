@@ -17,6 +17,7 @@ inline float bf16f(uint16_t h) {
 void gemm_scalar(const PackedMatrix& W, int64_t tile0, int64_t tile1, const QActs& X, float* Y, int64_t ldy) {
   const int R = W.R;
   const int64_t qbytes = W.block_bytes - 4 * R;
+  const float mid = W.mid;
   for (int64_t tile = tile0; tile < tile1; ++tile) {
     const uint8_t* tp = W.data + tile * tile_bytes(W);
     const int64_t r0 = tile * R;
@@ -25,6 +26,7 @@ void gemm_scalar(const PackedMatrix& W, int64_t tile0, int64_t tile1, const QAct
       const int8_t* xq = act_q(X, t);
       const float* xd = act_d(X, t);
       const float* xs = act_sum(X, t);
+      const float* xr = act_rsum(X, t);
       float acc[16] = {};
       for (int64_t b = 0; b < W.blocks; ++b) {
         const uint8_t* bp = tp + b * W.block_bytes;
@@ -51,9 +53,9 @@ void gemm_scalar(const PackedMatrix& W, int64_t tile0, int64_t tile1, const QAct
               }
             }
           }
-          const float scale = bf16f(sc[r]);
-          acc[r] = acc[r] + float(s) * (scale * xd[b]);
-          if (x2) acc[r] = acc[r] + float(s2) * (scale * act_d2(X, t)[b]);
+          float inner = float(s) * xd[b] + mid * xr[b];
+          if (x2) inner = inner + float(s2) * act_d2(X, t)[b];
+          acc[r] = acc[r] + bf16f(sc[r]) * inner;
           acc[r] = acc[r] + bf16f(bi[r]) * xs[b];
         }
       }

@@ -47,6 +47,7 @@ void FastModel::attention(int l, std::span<const Segment> segs, int64_t n, float
     const GemmJob job{&pl.in, s_.act.view(), proj, rows_in};
     gemm_phase(std::span<const GemmJob>(&job, 1));
   }
+  stage(l, "mixer_in", n, rows_in, proj);
   for (const Segment& s : segs) {
     LayerState& st = s.st->layers[static_cast<size_t>(l)];
     if (int64_t(st.k.size()) < (s.st->len + s.n) * kvd) {
@@ -123,6 +124,7 @@ void FastModel::attention(int l, std::span<const Segment> segs, int64_t n, float
       for (int d = 0; d < hd; ++d) o[d] *= gated ? inv * cpu::sigmoid(gt[d]) : inv;
     }
   });
+  stage(l, "core", n, qd, att);
   quantize_rows(att, n, qd, s_.act2);
   s_.dout.resize(static_cast<size_t>(n * H));
   float* y = s_.dout.data();
@@ -132,6 +134,7 @@ void FastModel::attention(int l, std::span<const Segment> segs, int64_t n, float
       for (int64_t r = r0; r < r1; ++r) x[t * H + r] += y[t * H + r];
   };
   gemm_phase(std::span<const GemmJob>(&job, 1), &add);
+  stage(l, "mixer", n, H, x);
 }
 
 void FastModel::deltanet(int l, std::span<const Segment> segs, int64_t n, float* x) {
@@ -171,6 +174,7 @@ void FastModel::deltanet(int l, std::span<const Segment> segs, int64_t n, float*
     };
     gemm_phase(std::span<const GemmJob>(&job, 1), &conv);
   }
+  stage(l, "mixer_in", n, rows_in, proj);
   // The recurrence per (segment, value head).
   s_.out.resize(static_cast<size_t>(n * vd));
   float* out = s_.out.data();
@@ -210,6 +214,7 @@ void FastModel::deltanet(int l, std::span<const Segment> segs, int64_t n, float*
     for (int64_t i = 0; i < m; ++i)
       cpu::gated_rmsnorm(o + i * vd, proj + (r0 + i) * rows_in + C + int64_t(h) * dv, g.norm.data(), dv, eps, o + i * vd);
   });
+  stage(l, "core", n, vd, out);
   quantize_rows(out, n, vd, s_.act2);
   s_.dout.resize(static_cast<size_t>(n * H));
   float* y = s_.dout.data();
@@ -219,6 +224,7 @@ void FastModel::deltanet(int l, std::span<const Segment> segs, int64_t n, float*
       for (int64_t r = r0; r < r1; ++r) x[t * H + r] += y[t * H + r];
   };
   gemm_phase(std::span<const GemmJob>(&job, 1), &add);
+  stage(l, "mixer", n, H, x);
 }
 
 }  // namespace lilac::cpufast

@@ -40,6 +40,7 @@ std::string kernel_selfcheck(const KernelSet& k, uint64_t seed) {
     W.tiles = (W.rows + W.R - 1) / W.R;
     W.blocks = W.cols / kBlock;
     W.block_bytes = int64_t(W.R) * kBlock * bits / 8 + 4 * W.R;
+    W.mid = bits == 4 ? 7.5f : 127.5f;
     std::vector<uint8_t> data(size_t(W.tiles * W.blocks * W.block_bytes), 0);
     const int64_t qbytes = W.block_bytes - 4 * W.R;
     for (int64_t t = 0; t < W.tiles; ++t)
@@ -57,13 +58,14 @@ std::string kernel_selfcheck(const KernelSet& k, uint64_t seed) {
     for (int levels : {1, 2})
       for (int64_t n = 1; n <= 6; ++n) {
         std::vector<int8_t> q(size_t(n * W.cols)), q2(q.size());
-        std::vector<float> d(size_t(n * W.blocks)), sum(d.size()), d2(d.size());
+        std::vector<float> d(size_t(n * W.blocks)), sum(d.size()), rsum(d.size()), d2(d.size());
         for (auto& v : q) v = int8_t(int(rng.next() % 255) - 127);
         for (auto& v : q2) v = int8_t(int(rng.next() % 255) - 127);
         for (size_t i = 0; i < d.size(); ++i) {
           d[i] = 0.01f + rng.uniform() * 0.02f;
           d2[i] = d[i] / 254.f;
           sum[i] = (rng.uniform() - 0.5f) * 8.f;
+          rsum[i] = (rng.uniform() - 0.5f) * d2[i] * 8.f;
         }
         QActs X;
         X.n = n;
@@ -72,6 +74,7 @@ std::string kernel_selfcheck(const KernelSet& k, uint64_t seed) {
         X.q = q.data();
         X.d = d.data();
         X.sum = sum.data();
+        X.rsum = rsum.data();
         if (levels == 2) {
           X.q2 = q2.data();
           X.d2 = d2.data();
