@@ -4,7 +4,7 @@
 // weight tile read once for the batch); attention, the Gated DeltaNet recurrence and the conv run per
 // segment on that session's state. Every row's arithmetic is independent of the other rows.
 //
-// Session state: K/V cache bf16 [len][kv_heads * head_dim] per attention layer (k after norm + RoPE,
+// Session state: K/V cache f16 (IEEE half) [len][kv_heads * head_dim] per attention layer (k after norm + RoPE,
 // as the CUDA backend stores it), Gated DeltaNet state fp32 [Hv][dk][dv] and conv state fp32
 // [conv_dim][K-1] per linear-attention layer.
 #pragma once
@@ -23,7 +23,7 @@
 namespace lilac::cpufast {
 
 struct LayerState {
-  std::vector<uint16_t> k, v;  // attention: bf16 [capacity][kv_dim]
+  std::vector<uint16_t> k, v;  // attention: f16 [capacity][kv_dim]
   std::vector<float> S, conv;  // Gated DeltaNet
 };
 

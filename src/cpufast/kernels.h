@@ -72,11 +72,12 @@ struct KernelSet {
   int rows_per_tile;  // R of the matrices these kernels read
   // Y[t * ldy + r] for rows r of tiles [tile0, tile1) (rows < W.rows only) and tokens t in [0, X.n).
   void (*gemm)(const PackedMatrix& W, int64_t tile0, int64_t tile1, const QActs& X, float* Y, int64_t ldy);
-  // Dense fp32 helpers of the float parts. dot: Σ a_i b_i; axpy: y += a x; dot_bf16: Σ a_i bf16(b_i).
+  // Dense fp32 helpers of the float parts. dot: Σ a_i b_i; axpy: y += a x; dot_f16 / axpy_f16: the same
+  // with b / x IEEE half floats (the K/V cache).
   float (*dot)(const float* a, const float* b, int64_t n);
   void (*axpy)(float a, const float* x, float* y, int64_t n);
-  float (*dot_bf16)(const float* a, const uint16_t* b, int64_t n);
-  void (*axpy_bf16)(float a, const uint16_t* x, float* y, int64_t n);
+  float (*dot_f16)(const float* a, const uint16_t* b, int64_t n);
+  void (*axpy_f16)(float a, const uint16_t* x, float* y, int64_t n);
 };
 
 // The kernel sets compiled into this binary for this architecture (nullptr when not built here).

@@ -159,17 +159,7 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-inline __m256 load_bf16(const uint16_t* p) {
-  return _mm256_castsi256_ps(
-      _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
-}
-
-inline float bf16f(uint16_t h) {
-  uint32_t u = uint32_t(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
+inline __m256 load_f16(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
 
 float dot_avx2(const float* a, const float* b, int64_t n) {
   __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
@@ -191,27 +181,27 @@ void axpy_avx2(float a, const float* x, float* y, int64_t n) {
   for (; i < n; ++i) y[i] += a * x[i];
 }
 
-float dot_bf16_avx2(const float* a, const uint16_t* b, int64_t n) {
+float dot_f16_avx2(const float* a, const uint16_t* b, int64_t n) {
   __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load_bf16(b + i), s0);
-    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), load_bf16(b + i + 8), s1);
+    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load_f16(b + i), s0);
+    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), load_f16(b + i + 8), s1);
   }
-  for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load_bf16(b + i), s0);
+  for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load_f16(b + i), s0);
   float s = hsum(_mm256_add_ps(s0, s1));
-  for (; i < n; ++i) s += a[i] * bf16f(b[i]);
+  for (; i < n; ++i) s += a[i] * _cvtsh_ss(b[i]);
   return s;
 }
 
-void axpy_bf16_avx2(float a, const uint16_t* x, float* y, int64_t n) {
+void axpy_f16_avx2(float a, const uint16_t* x, float* y, int64_t n) {
   const __m256 va = _mm256_set1_ps(a);
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, load_bf16(x + i), _mm256_loadu_ps(y + i)));
-  for (; i < n; ++i) y[i] += a * bf16f(x[i]);
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, load_f16(x + i), _mm256_loadu_ps(y + i)));
+  for (; i < n; ++i) y[i] += a * _cvtsh_ss(x[i]);
 }
 
-const KernelSet kSet = {"avx2", R, gemm_avx2, dot_avx2, axpy_avx2, dot_bf16_avx2, axpy_bf16_avx2};
+const KernelSet kSet = {"avx2", R, gemm_avx2, dot_avx2, axpy_avx2, dot_f16_avx2, axpy_f16_avx2};
 
 }  // namespace
 

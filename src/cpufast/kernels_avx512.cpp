@@ -98,10 +98,8 @@ void gemm_avx512(const PackedMatrix& W, int64_t tile0, int64_t tile1, const QAct
     gemm_levels<1>(W, tile0, tile1, X, Y, ldy);
 }
 
-inline __m512 load_bf16(const uint16_t* p) {
-  return _mm512_castsi512_ps(
-      _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
-}
+inline __m512 load_f16(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+inline __m512 load_f16_masked(__mmask16 m, const uint16_t* p) { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p)); }
 
 inline __mmask16 tail_mask(int64_t k) { return __mmask16((1u << k) - 1u); }
 
@@ -130,37 +128,32 @@ void axpy_avx512(float a, const float* x, float* y, int64_t n) {
   }
 }
 
-float dot_bf16_avx512(const float* a, const uint16_t* b, int64_t n) {
+float dot_f16_avx512(const float* a, const uint16_t* b, int64_t n) {
   __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
   int64_t i = 0;
   for (; i + 32 <= n; i += 32) {
-    s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), load_bf16(b + i), s0);
-    s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), load_bf16(b + i + 16), s1);
+    s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), load_f16(b + i), s0);
+    s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), load_f16(b + i + 16), s1);
   }
-  for (; i + 16 <= n; i += 16) s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), load_bf16(b + i), s0);
-  float s = _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
-  for (; i < n; ++i) {
-    uint32_t u = uint32_t(b[i]) << 16;
-    float f;
-    std::memcpy(&f, &u, 4);
-    s += a[i] * f;
+  for (; i + 16 <= n; i += 16) s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), load_f16(b + i), s0);
+  if (i < n) {
+    const __mmask16 m = tail_mask(n - i);
+    s1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), load_f16_masked(m, b + i), s1);
   }
-  return s;
+  return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
 }
 
-void axpy_bf16_avx512(float a, const uint16_t* x, float* y, int64_t n) {
+void axpy_f16_avx512(float a, const uint16_t* x, float* y, int64_t n) {
   const __m512 va = _mm512_set1_ps(a);
   int64_t i = 0;
-  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, _mm512_fmadd_ps(va, load_bf16(x + i), _mm512_loadu_ps(y + i)));
-  for (; i < n; ++i) {
-    uint32_t u = uint32_t(x[i]) << 16;
-    float f;
-    std::memcpy(&f, &u, 4);
-    y[i] += a * f;
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, _mm512_fmadd_ps(va, load_f16(x + i), _mm512_loadu_ps(y + i)));
+  if (i < n) {
+    const __mmask16 m = tail_mask(n - i);
+    _mm512_mask_storeu_ps(y + i, m, _mm512_fmadd_ps(va, load_f16_masked(m, x + i), _mm512_maskz_loadu_ps(m, y + i)));
   }
 }
 
-const KernelSet kSet = {"avx512-vnni", R, gemm_avx512, dot_avx512, axpy_avx512, dot_bf16_avx512, axpy_bf16_avx512};
+const KernelSet kSet = {"avx512-vnni", R, gemm_avx512, dot_avx512, axpy_avx512, dot_f16_avx512, axpy_f16_avx512};
 
 }  // namespace
 

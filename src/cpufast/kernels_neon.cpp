@@ -109,13 +109,6 @@ void gemm_neon(const PackedMatrix& W, int64_t tile0, int64_t tile1, const QActs&
     gemm_levels<1>(W, tile0, tile1, X, Y, ldy);
 }
 
-inline float bf16f(uint16_t h) {
-  uint32_t u = uint32_t(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
 float dot_neon(const float* a, const float* b, int64_t n) {
   float32x4_t s0 = vdupq_n_f32(0.f), s1 = vdupq_n_f32(0.f);
   int64_t i = 0;
@@ -134,27 +127,32 @@ void axpy_neon(float a, const float* x, float* y, int64_t n) {
   for (; i < n; ++i) y[i] += a * x[i];
 }
 
-inline float32x4_t load_bf16(const uint16_t* p) { return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(p), 16)); }
+inline float32x4_t load_f16(const uint16_t* p) { return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p))); }
+inline float f16f(uint16_t h) {
+  __fp16 v;
+  std::memcpy(&v, &h, 2);
+  return float(v);
+}
 
-float dot_bf16_neon(const float* a, const uint16_t* b, int64_t n) {
+float dot_f16_neon(const float* a, const uint16_t* b, int64_t n) {
   float32x4_t s0 = vdupq_n_f32(0.f), s1 = vdupq_n_f32(0.f);
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    s0 = vfmaq_f32(s0, vld1q_f32(a + i), load_bf16(b + i));
-    s1 = vfmaq_f32(s1, vld1q_f32(a + i + 4), load_bf16(b + i + 4));
+    s0 = vfmaq_f32(s0, vld1q_f32(a + i), load_f16(b + i));
+    s1 = vfmaq_f32(s1, vld1q_f32(a + i + 4), load_f16(b + i + 4));
   }
   float s = vaddvq_f32(vaddq_f32(s0, s1));
-  for (; i < n; ++i) s += a[i] * bf16f(b[i]);
+  for (; i < n; ++i) s += a[i] * f16f(b[i]);
   return s;
 }
 
-void axpy_bf16_neon(float a, const uint16_t* x, float* y, int64_t n) {
+void axpy_f16_neon(float a, const uint16_t* x, float* y, int64_t n) {
   int64_t i = 0;
-  for (; i + 4 <= n; i += 4) vst1q_f32(y + i, vfmaq_n_f32(vld1q_f32(y + i), load_bf16(x + i), a));
-  for (; i < n; ++i) y[i] += a * bf16f(x[i]);
+  for (; i + 4 <= n; i += 4) vst1q_f32(y + i, vfmaq_n_f32(vld1q_f32(y + i), load_f16(x + i), a));
+  for (; i < n; ++i) y[i] += a * f16f(x[i]);
 }
 
-const KernelSet kSet = {"neon-dot", R, gemm_neon, dot_neon, axpy_neon, dot_bf16_neon, axpy_bf16_neon};
+const KernelSet kSet = {"neon-dot", R, gemm_neon, dot_neon, axpy_neon, dot_f16_neon, axpy_f16_neon};
 
 }  // namespace
 

@@ -2,6 +2,8 @@
 // Also the reference the SIMD kernels are tested against (same integer sums, same block order).
 #include "cpufast/kernels.h"
 
+#include <cstring>
+
 namespace lilac::cpufast {
 namespace {
 
@@ -78,21 +80,39 @@ void axpy_scalar(float a, const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
 }
 
-float dot_bf16_scalar(const float* a, const uint16_t* b, int64_t n) {
+// IEEE half to float (normal, subnormal, inf, NaN).
+inline float f16f(uint16_t h) {
+  const uint32_t sign = uint32_t(h & 0x8000u) << 16, e = (h >> 10) & 31u, m = h & 0x3ffu;
+  uint32_t u;
+  if (e == 31) {
+    u = sign | 0x7f800000u | (m << 13);
+  } else if (e != 0) {
+    u = sign | ((e + 112) << 23) | (m << 13);
+  } else {
+    const float f = float(m) * 5.9604644775390625e-8f;  // m * 2^-24, exact
+    std::memcpy(&u, &f, 4);
+    u |= sign;
+  }
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+float dot_f16_scalar(const float* a, const uint16_t* b, int64_t n) {
   float acc[8] = {};
   int64_t i = 0;
   for (; i + 8 <= n; i += 8)
-    for (int k = 0; k < 8; ++k) acc[k] += a[i + k] * bf16f(b[i + k]);
+    for (int k = 0; k < 8; ++k) acc[k] += a[i + k] * f16f(b[i + k]);
   float s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-  for (; i < n; ++i) s += a[i] * bf16f(b[i]);
+  for (; i < n; ++i) s += a[i] * f16f(b[i]);
   return s;
 }
 
-void axpy_bf16_scalar(float a, const uint16_t* x, float* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] += a * bf16f(x[i]);
+void axpy_f16_scalar(float a, const uint16_t* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += a * f16f(x[i]);
 }
 
-const KernelSet kSet = {"scalar", 8, gemm_scalar, dot_scalar, axpy_scalar, dot_bf16_scalar, axpy_bf16_scalar};
+const KernelSet kSet = {"scalar", 8, gemm_scalar, dot_scalar, axpy_scalar, dot_f16_scalar, axpy_f16_scalar};
 
 }  // namespace
 

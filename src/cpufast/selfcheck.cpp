@@ -4,6 +4,8 @@
 #include <cstring>
 #include <vector>
 
+#include "core/bf16.h"
+
 namespace lilac::cpufast {
 
 namespace {
@@ -95,15 +97,15 @@ std::string kernel_selfcheck(const KernelSet& k, uint64_t seed) {
   for (int i = 0; i < 133; ++i) {
     a[size_t(i)] = rng.uniform() - 0.5f;
     b[size_t(i)] = rng.uniform() - 0.5f;
-    b16[size_t(i)] = bf16(b[size_t(i)]);
+    b16[size_t(i)] = f32_to_f16(b[size_t(i)]);
   }
   if (std::fabs(k.dot(a.data(), b.data(), 133) - ref.dot(a.data(), b.data(), 133)) > 1e-4f ||
-      std::fabs(k.dot_bf16(a.data(), b16.data(), 133) - ref.dot_bf16(a.data(), b16.data(), 133)) > 1e-4f)
+      std::fabs(k.dot_f16(a.data(), b16.data(), 133) - ref.dot_f16(a.data(), b16.data(), 133)) > 1e-4f)
     return std::string(k.name) + ": dot differs from scalar";
   y1 = b;
   y2 = b;
-  k.axpy_bf16(0.3f, b16.data(), y1.data(), 133);
-  ref.axpy_bf16(0.3f, b16.data(), y2.data(), 133);
+  k.axpy_f16(0.3f, b16.data(), y1.data(), 133);
+  ref.axpy_f16(0.3f, b16.data(), y2.data(), 133);
   k.axpy(0.7f, a.data(), y1.data(), 133);
   ref.axpy(0.7f, a.data(), y2.data(), 133);
   for (int i = 0; i < 133; ++i)

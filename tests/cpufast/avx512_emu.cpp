@@ -1,5 +1,7 @@
 #include "avx512_emu.h"
 
+#include "core/bf16.h"
+
 #include <cmath>
 #include <algorithm>
 #include <cstring>
@@ -17,6 +19,8 @@ float bf16f(uint16_t h) {
   std::memcpy(&f, &u, 4);
   return f;
 }
+
+float f16f(uint16_t h) { return f16_to_f32(h); }
 
 // _mm512_reduce_add_ps: upper 8 lanes + lower 8, then upper 4 + lower 4, then (0 + 2), (1 + 3), then the two.
 float reduce_add(const float* v) {
@@ -73,11 +77,10 @@ void gemm_emu(const PackedMatrix& W, int64_t tile0, int64_t tile1, const QActs& 
   }
 }
 
-// dot_avx512 / dot_bf16_avx512: two 16-lane accumulators over 32 values per step, one more 16 into the
-// first, a masked tail into the second (dot), the lanes added and reduced; dot_bf16's tail after the
-// reduction (a fused multiply-add where the compiler contracts it).
+// dot_avx512 / dot_f16_avx512: two 16-lane accumulators over 32 values per step, one more 16 into the
+// first, a masked tail into the second, the lanes added and reduced; axpy: one fused multiply-add per value.
 template <typename B>
-float dot_emu_t(const float* a, const B* b, int64_t n, float (*cvt)(B), bool masked_tail) {
+float dot_emu_t(const float* a, const B* b, int64_t n, float (*cvt)(B)) {
   float s0[kLanes] = {}, s1[kLanes] = {};
   int64_t i = 0;
   for (; i + 32 <= n; i += 32)
@@ -87,29 +90,24 @@ float dot_emu_t(const float* a, const B* b, int64_t n, float (*cvt)(B), bool mas
     }
   for (; i + 16 <= n; i += 16)
     for (int l = 0; l < kLanes; ++l) s0[l] = std::fma(a[i + l], cvt(b[i + l]), s0[l]);
-  if (masked_tail && i < n) {
-    for (int l = 0; l < n - i; ++l) s1[l] = std::fma(a[i + l], cvt(b[i + l]), s1[l]);
-    i = n;
-  }
+  for (int l = 0; l < n - i; ++l) s1[l] = std::fma(a[i + l], cvt(b[i + l]), s1[l]);
   float v[kLanes];
   for (int l = 0; l < kLanes; ++l) v[l] = s0[l] + s1[l];
-  float s = reduce_add(v);
-  for (; i < n; ++i) s = std::fma(a[i], cvt(b[i]), s);
-  return s;
+  return reduce_add(v);
 }
 
 float id(float x) { return x; }
 
-float dot_emu(const float* a, const float* b, int64_t n) { return dot_emu_t<float>(a, b, n, id, true); }
-float dot_bf16_emu(const float* a, const uint16_t* b, int64_t n) { return dot_emu_t<uint16_t>(a, b, n, bf16f, false); }
+float dot_emu(const float* a, const float* b, int64_t n) { return dot_emu_t<float>(a, b, n, id); }
+float dot_f16_emu(const float* a, const uint16_t* b, int64_t n) { return dot_emu_t<uint16_t>(a, b, n, f16f); }
 void axpy_emu(float a, const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = std::fma(a, x[i], y[i]);
 }
-void axpy_bf16_emu(float a, const uint16_t* x, float* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] = std::fma(a, bf16f(x[i]), y[i]);
+void axpy_f16_emu(float a, const uint16_t* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = std::fma(a, f16f(x[i]), y[i]);
 }
 
-const KernelSet kSet = {"avx512-vnni (emulated)", 8, gemm_emu, dot_emu, axpy_emu, dot_bf16_emu, axpy_bf16_emu};
+const KernelSet kSet = {"avx512-vnni (emulated)", 8, gemm_emu, dot_emu, axpy_emu, dot_f16_emu, axpy_f16_emu};
 
 }  // namespace
 

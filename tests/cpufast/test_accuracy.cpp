@@ -2,7 +2,8 @@
 // tiny fixtures against the fp32 reference ops fed the fast path's own input, the hidden state the fast
 // path accumulates, and the MoE routing on the goldens' sequences, for every kernel set this machine runs
 // and the avx512-vnni set's arithmetic (emulated, avx512_emu.h). The bounds are what the 2-level int8
-// activations reach with the centred product (kernels.h); the code before (uncentred) was ~2.5× above them.
+// activations reach with the centred product (kernels.h) and the f16 K/V cache; the code before (uncentred
+// products, bf16 cache) was ~2.5× above them (the attention core 8×).
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -49,7 +50,7 @@ std::vector<const KernelSet*> sets() {
 
 // Local error bound of a stage (relative to the stage's own output).
 double bound(const std::string& stage, bool attention) {
-  if (stage == "core") return attention ? 3e-3 : 1e-6;  // attention: the bf16 K/V cache
+  if (stage == "core") return attention ? 4e-4 : 1e-6;  // attention: the f16 K/V cache (bf16: 2.2e-3)
   if (stage == "mixer_in" || stage == "router") return 4e-5;  // a product of the normed hidden state
   return 8e-5;  // out_proj / the MoE: products of heavier-tailed inputs (gated norm, SwiGLU)
 }

@@ -152,7 +152,7 @@ TEST(CpuFastBackend, SessionPoolSizing) {
   for (bool full : c.full_attention) n_attn += full;
   const size_t a = be->session_bytes(1000), b = be->session_bytes(2000);
   ASSERT_GT(a, 0u);
-  EXPECT_EQ(b - a, size_t(1000) * size_t(n_attn) * 2 * size_t(c.kv_dim()) * 2);  // bf16 K and V per token
+  EXPECT_EQ(b - a, size_t(1000) * size_t(n_attn) * 2 * size_t(c.kv_dim()) * 2);  // f16 K and V per token
   EXPECT_EQ(be->session_bytes(0), be->session_bytes(c.max_position_embeddings));
   const int n = be->default_sessions(1000);
   EXPECT_GE(n, 1);

@@ -186,19 +186,19 @@ TEST(CpuFastKernels, Avx512EmulationIsExact) {
   for (int64_t n : {64, 133, 256}) {
     const auto a = rand_x(1, n, 3), b = rand_x(1, n, 4);
     std::vector<uint16_t> b16(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) b16[i] = f32_to_bf16(b[i]);
+    for (int64_t i = 0; i < n; ++i) b16[i] = f32_to_f16(b[i]);
     double want = 0;
     for (int64_t i = 0; i < n; ++i) want += double(a[i]) * b[i];
     EXPECT_NEAR(emu.dot(a.data(), b.data(), n), want, 1e-4);
     std::vector<float> y(b), y16(b), yr(b), yr16(b);
     emu.axpy(0.3f, a.data(), y.data(), n);
-    emu.axpy_bf16(0.3f, b16.data(), y16.data(), n);
+    emu.axpy_f16(0.3f, b16.data(), y16.data(), n);
     for (int64_t i = 0; i < n; ++i) EXPECT_NEAR(y[i], b[i] + 0.3 * a[i], 1e-5);
     if (!real) continue;
     EXPECT_EQ(emu.dot(a.data(), b.data(), n), real->dot(a.data(), b.data(), n)) << n;
-    EXPECT_EQ(emu.dot_bf16(a.data(), b16.data(), n), real->dot_bf16(a.data(), b16.data(), n)) << n;
+    EXPECT_EQ(emu.dot_f16(a.data(), b16.data(), n), real->dot_f16(a.data(), b16.data(), n)) << n;
     real->axpy(0.3f, a.data(), yr.data(), n);
-    real->axpy_bf16(0.3f, b16.data(), yr16.data(), n);
+    real->axpy_f16(0.3f, b16.data(), yr16.data(), n);
     EXPECT_EQ(0, std::memcmp(y.data(), yr.data(), size_t(n) * sizeof(float))) << n;
     EXPECT_EQ(0, std::memcmp(y16.data(), yr16.data(), size_t(n) * sizeof(float))) << n;
   }
@@ -287,22 +287,54 @@ TEST(CpuFastKernels, PackStacksPartsAndRequantizesDense) {
 TEST(CpuFastKernels, FloatHelpersOnEveryIsa) {
   const auto a = rand_x(1, 133, 1), b = rand_x(1, 133, 2);
   std::vector<uint16_t> bb(133);
-  for (int i = 0; i < 133; ++i) bb[i] = f32_to_bf16(b[i]);
+  for (int i = 0; i < 133; ++i) bb[i] = f32_to_f16(b[i]);
+  bb[5] = 0x0001;   // the smallest subnormal half, 2^-24
+  bb[6] = 0x83ff;   // the largest negative subnormal
+  bb[7] = 0x7bff;   // 65504, the largest half
   double want = 0, want16 = 0;
   for (int i = 0; i < 133; ++i) {
     want += double(a[i]) * b[i];
-    want16 += double(a[i]) * bf16_to_f32(bb[i]);
+    want16 += double(a[i]) * f16_to_f32(bb[i]);
   }
   for (const KernelSet* k : available_kernels()) {
     EXPECT_NEAR(k->dot(a.data(), b.data(), 133), want, 1e-4) << k->name;
-    EXPECT_NEAR(k->dot_bf16(a.data(), bb.data(), 133), want16, 1e-4) << k->name;
+    EXPECT_NEAR(k->dot_f16(a.data(), bb.data(), 133), want16, 1e-4 * (1 + std::fabs(want16))) << k->name;
     std::vector<float> y(b), y16(b);
     k->axpy(0.5f, a.data(), y.data(), 133);
-    k->axpy_bf16(0.5f, bb.data(), y16.data(), 133);
+    k->axpy_f16(0.5f, bb.data(), y16.data(), 133);
     for (int i = 0; i < 133; ++i) {
       EXPECT_NEAR(y[i], b[i] + 0.5 * a[i], 1e-5) << k->name;
-      EXPECT_NEAR(y16[i], b[i] + 0.5 * bf16_to_f32(bb[i]), 1e-5) << k->name;
+      EXPECT_NEAR(y16[i], b[i] + 0.5 * f16_to_f32(bb[i]), 1e-5 * (1 + std::fabs(y16[i]))) << k->name;
     }
+  }
+}
+
+// f32_to_f16 (core/bf16.h), the K/V cache's rounding: exact on every half, nearest even between two,
+// subnormals, overflow to inf from 65520 on, NaN; round trip through f16_to_f32.
+TEST(CpuFastKernels, HalfConversion) {
+  for (uint32_t h = 0; h < 0x10000u; ++h) {
+    if ((h & 0x7c00u) == 0x7c00u && (h & 0x3ffu)) continue;  // NaN payloads
+    EXPECT_EQ(f32_to_f16(f16_to_f32(uint16_t(h))), h) << std::hex << h;
+  }
+  // Halfway between 1 and the next half (1 + 2^-10): to even (1); just above: up.
+  EXPECT_EQ(f32_to_f16(1.f + 0x1p-11f), 0x3c00);
+  EXPECT_EQ(f32_to_f16(1.f + 0x1p-11f + 0x1p-20f), 0x3c01);
+  EXPECT_EQ(f32_to_f16(1.f + 3 * 0x1p-11f), 0x3c02);  // halfway between 0x3c01 and 0x3c02: even
+  EXPECT_EQ(f32_to_f16(65519.f), 0x7bff);
+  EXPECT_EQ(f32_to_f16(65520.f), 0x7c00);
+  EXPECT_EQ(f32_to_f16(-1e10f), 0xfc00);
+  EXPECT_EQ(f32_to_f16(0x1p-25f), 0x0000);               // half the smallest subnormal: to even (0)
+  EXPECT_EQ(f32_to_f16(0x1p-25f + 0x1p-30f), 0x0001);
+  EXPECT_EQ(f32_to_f16(0x1p-14f - 0x1p-26f), 0x0400);    // rounds up into the smallest normal
+  EXPECT_EQ(f32_to_f16(-0.f), 0x8000);
+  EXPECT_EQ(f32_to_f16(NAN) & 0x7e00, 0x7e00);
+  // Relative error of the rounding: at most 2^-11 on normal halves (8x below bf16's 2^-8).
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> u(-100.f, 100.f);
+  for (int i = 0; i < 10000; ++i) {
+    const float x = u(rng);
+    if (std::fabs(x) < 0x1p-14f) continue;
+    EXPECT_LE(std::fabs(f16_to_f32(f32_to_f16(x)) - x), std::fabs(x) * 0x1p-11f) << x;
   }
 }
 
