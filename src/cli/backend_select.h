@@ -17,6 +17,14 @@ namespace lilac::cli {
 std::unique_ptr<Backend> make_backend(const std::string& name, std::shared_ptr<const ModelWeights> weights,
                                       int threads = 0);
 
+// A model of the real Qwen3.6-35B-A3B shape with `layers` layers and random 4-bit weights (8-bit router and
+// shared-expert gate), deterministic in `seed`, on the named backend: generated on the GPU for cuda (with an
+// MTP head) and in memory for cpu / cpu-ref ("auto" as in make_backend). vocab > 0 replaces the real
+// vocabulary size (`serve --synthetic-layers`: the tokenizer's). For benchmarks: the real model's work per
+// token without its checkpoint.
+std::unique_ptr<Backend> make_synthetic_backend(const std::string& name, int layers, uint64_t seed, int threads = 0,
+                                                int64_t vocab = 0);
+
 // True when "auto" would pick the CUDA backend (a CUDA build and a usable GPU).
 bool cuda_usable();
 

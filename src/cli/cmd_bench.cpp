@@ -282,21 +282,9 @@ int run_bench(const BenchOptions& o) {
   std::unique_ptr<Backend> backend;
   std::string what;
   auto t_load0 = Clock::now();
-  const bool cpu_synthetic = o.synthetic && (o.backend == "cpu" || (o.backend == "auto" && !cuda_usable()));
-  if (cpu_synthetic) {
-    if (o.layers < 1) throw InputError("--layers must be >= 1");
-    backend = cpufast::make_fast_cpu_backend(cpufast::synthetic_weights(cpufast::synthetic_config(o.layers), o.seed),
-                                             {.threads = o.threads});
+  if (o.synthetic) {
+    backend = make_synthetic_backend(o.backend, o.layers, o.seed, o.threads);
     what = "synthetic Qwen3.6-35B-A3B shape, " + std::to_string(o.layers) + " layers, random 4-bit weights";
-  } else if (o.synthetic) {
-#if LILAC_BENCH_CUDA
-    if (!cuda::gpu_available()) throw InputError("bench --synthetic needs a CUDA GPU (none found)");
-    if (o.layers < 1) throw InputError("--layers must be >= 1");
-    backend = cuda::make_synthetic_cuda_backend(cuda::synthetic_config(o.layers), o.seed);
-    what = "synthetic Qwen3.6-35B-A3B shape, " + std::to_string(o.layers) + " layers, random 4-bit weights";
-#else
-    throw InputError("bench --synthetic needs a CUDA build of lilac");
-#endif
   } else {
     backend = make_backend(o.backend, load_model(o.model), o.threads);
     what = o.model;

@@ -64,7 +64,7 @@ void release_free_memory() {
 struct ServeArgs {
   std::string model, backend = "auto", model_name, api_key, host = "127.0.0.1";
   int port = 8080, threads = 0, max_queue = 64, http_threads = 0, max_connections = 1024, max_batch = 0,
-      spec_tokens = 0;
+      spec_tokens = 0, synthetic_layers = 0;
   int64_t max_seq = 0, prefill_chunk = 512;
   double seq_memory_gb = 0;
   int debug_load_delay_ms = 0;  // tests: keep /health at 503 this long
@@ -116,8 +116,9 @@ int run(const ServeArgs& a) {
   o.max_body_bytes = size_t(a.max_body_mb * 1024 * 1024);
   // Context limit: --max-seq, else min(32768, the model's max_position_embeddings).
   ModelConfig cfg;
-  if (!scripted) cfg = load_config(a.model);
-  int64_t model_max = scripted ? int64_t(1) << 30 : cfg.max_position_embeddings;
+  if (!scripted && a.synthetic_layers == 0) cfg = load_config(a.model);
+  int64_t model_max = scripted ? int64_t(1) << 30 : a.synthetic_layers > 0 ? qwen36_shape(1).max_position_embeddings
+                                                           : cfg.max_position_embeddings;
   o.max_seq = a.max_seq > 0 ? a.max_seq : std::min<int64_t>(32768, model_max > 0 ? model_max : 32768);
   if (model_max > 0 && o.max_seq > model_max)
     throw InputError("--max-seq " + std::to_string(o.max_seq) + " exceeds the model's max_position_embeddings (" +
@@ -137,6 +138,14 @@ int run(const ServeArgs& a) {
   std::shared_ptr<Backend> backend;
   if (scripted) {
     backend = server::make_scripted_backend_from_file(a.backend.substr(9), tok);
+  } else if (a.synthetic_layers > 0) {
+    // Benchmarks over HTTP without a checkpoint: the model folder gives the tokenizer and chat template,
+    // the weights are random (the real shape with the tokenizer's vocabulary, so that every sampled id
+    // detokenizes); the generated text is meaningless.
+    std::printf("lilac: random weights of the Qwen3.6-35B-A3B shape, %d layers (--synthetic-layers): for "
+                "benchmarks only, the text is meaningless\n", a.synthetic_layers);
+    std::fflush(stdout);
+    backend = make_synthetic_backend(a.backend, a.synthetic_layers, 1, a.threads, (tok->vocab_size() + 63) / 64 * 64);
   } else {
     auto weights = load_model(a.model);
     backend = make_backend(a.backend, weights, a.threads);
@@ -210,6 +219,10 @@ const bool registered = register_command(Command{
                      "On SIGTERM / SIGINT: seconds running generations get to finish before they end with an error")
           ->capture_default_str();
       add_spec_option(sub, a->spec_tokens);
+      sub.add_option("--synthetic-layers", a->synthetic_layers,
+                     "Benchmarks: serve random weights of the Qwen3.6-35B-A3B shape with N layers instead of the "
+                     "model folder's weights (its tokenizer and chat template are used; the text is meaningless)")
+          ->check(CLI::Range(0, 1000));
       sub.add_option("--debug-load-delay-ms", a->debug_load_delay_ms, "(tests) wait before loading the model")
           ->group("");
       for (auto& ext : serve_extensions())

@@ -13,7 +13,7 @@ add_test(NAME e2e_make_demo
 set_tests_properties(e2e_make_demo PROPERTIES FIXTURES_SETUP e2e_demo TIMEOUT 300 LABELS e2e)
 
 set(_env "LILAC_BINARY=$<TARGET_FILE:lilac>;LILAC_DEMO_MODEL=${LILAC_E2E_DEMO_DIR};LILAC_SOURCE_DIR=${CMAKE_SOURCE_DIR};LILAC_LOG=warn")
-foreach(t server_demo server_scripted server_batch structured_outputs)
+foreach(t server_demo server_scripted server_batch structured_outputs server_synthetic)
   add_test(NAME e2e_${t} COMMAND node --test --test-concurrency=1 "${_e2e}/${t}.test.mjs")
   set_tests_properties(e2e_${t} PROPERTIES FIXTURES_REQUIRED e2e_demo ENVIRONMENT "${_env}" TIMEOUT 300 LABELS e2e)
 endforeach()
