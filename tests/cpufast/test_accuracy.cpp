@@ -7,33 +7,21 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
-#include <map>
-#include <random>
 #include <string>
 
 #include "accuracy_stages.h"
 #include "avx512_emu.h"
 #include "cpufast/isa.h"
 #include "model/safetensors.h"
+#include "support/fixtures.h"
 
 using namespace lilac;
 using namespace lilac::cpufast;
+using testutil::fixture;
 
 namespace {
 
-std::shared_ptr<const ModelWeights> fixture(const std::string& name) {
-  static std::map<std::string, std::shared_ptr<const ModelWeights>> cache;
-  auto& w = cache[name];
-  if (!w) w = load_model(std::string(LILAC_SHARED_DIR) + "/fixtures/" + name + "/mlx4", LoadOptions{.progress = false});
-  return w;
-}
-
-std::vector<int32_t> prompt(int64_t n, int64_t vocab) {
-  std::mt19937 rng(7);
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  for (auto& x : t) x = int32_t(rng() % uint32_t(vocab));
-  return t;
-}
+std::vector<int32_t> prompt(int64_t n, int64_t vocab) { return testutil::random_tokens(n, vocab, 7); }
 
 std::vector<int32_t> golden_tokens(const TensorSet& g, const std::string& seq) {
   const TensorInfo& t = g.get(seq + ".tokens");

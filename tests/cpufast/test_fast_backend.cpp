@@ -10,11 +10,11 @@
 #include <string>
 #include <vector>
 
+#include "avx512_emu.h"
 #include "core/error.h"
 #include "cpu/cpu_backend.h"
 #include "cpufast/fast_backend.h"
 #include "cpufast/isa.h"
-#include "avx512_emu.h"
 #include "engine/golden.h"
 #include "model/weights.h"
 #include "support/fixtures.h"
