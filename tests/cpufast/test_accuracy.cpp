@@ -66,8 +66,8 @@ TEST(CpuFastAccuracy, StagesAgreeWithTheReference) {
 // The routing is decided as the reference decides it on every golden sequence, with the best kernel set
 // here and the emulated avx512-vnni one: no token's top-k set of experts differs in any layer (the
 // smallest gap between the k-th and (k+1)-th router logit is ~1e-4 on these sequences; the uncentred
-// products flipped tiny seq4 layer 1 and seq5 layer 3 with avx2, and with avx512-vnni tiny seq2 layer 1,
-// the token check-golden lost on the Xeon).
+// products flipped tiny seq4 layer 1 and seq5 layer 3 with avx2, and with avx512-vnni seq4 layer 1 and
+// seq2 layer 1, the token check-golden lost on the Xeon).
 TEST(CpuFastAccuracy, RoutingAgreesWithTheReferenceOnTheGoldens) {
   for (const char* fx : {"tiny", "tiny2"}) {
     const auto w = fixture(fx);
