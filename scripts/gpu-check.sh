@@ -86,11 +86,13 @@ if [ "$WHAT" = cpu ]; then
   step "fast CPU path: kernel and backend tests (every kernel set this CPU runs)"
   timeout ${TEST_TIMEOUT:-300} .gpu/lilac_tests_cpufast > /tmp/tests-cpufast.log 2>&1
   [ $? = 0 ] || status=1
-  grep -E "kernel sets here|^\[  (FAILED|PASSED) |OK \]|Failure|Expected|Which is|actual" /tmp/tests-cpufast.log | head -80
-  for f in tiny tiny2; do
-    step "check-golden --backend cpu $f"
-    $L check-golden --backend cpu --model .gpu/fixtures/$f/mlx4 --golden .gpu/fixtures/$f/golden.safetensors 2>&1 | tail -14
-    [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  grep -E "kernel sets here|avx512-vnni here|^\[  (FAILED|PASSED) |OK \]|Failure|Expected|Which is|actual" /tmp/tests-cpufast.log | head -80
+  for isa in auto avx2 scalar; do
+    for f in tiny tiny2; do
+      step "check-golden --backend cpu $f (LILAC_CPU_ISA=$isa)"
+      LILAC_CPU_ISA=$isa $L check-golden --backend cpu --model .gpu/fixtures/$f/mlx4 --golden .gpu/fixtures/$f/golden.safetensors 2>&1 | tail -14
+      [ "${PIPESTATUS[0]}" = 0 ] || status=1
+    done
   done
   step "real4 fixture"
   if [ ! -f /tmp/real4/golden.safetensors ]; then

@@ -1,5 +1,6 @@
 // Quantized activations for the integer kernels: int8 per block of 64 with a float scale (max-abs
-// scaling to [-127, 127], round to nearest) and the block's exact fp32 sum (kernels.h, QActs).
+// scaling to [-127, 127], round to nearest), the block's exact fp32 sum and its residual's sum
+// (kernels.h, QActs).
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -9,9 +10,9 @@
 namespace lilac::cpufast {
 
 // One row of `cols` values (a multiple of 64). With q2/d2 non-null also the second level (the residual
-// x - d q quantized the same way).
+// x - d q quantized the same way). rsum (when non-null): per block Σ_j (x_j − d q_j [− d2 q2_j]).
 void quantize_act_row(const float* x, int64_t cols, int8_t* q, float* d, float* sum, int8_t* q2 = nullptr,
-                      float* d2 = nullptr);
+                      float* d2 = nullptr, float* rsum = nullptr);
 // Row t, columns [c0, c1) (whole blocks) of X.
 void quantize_act_cols(const QActs& X, int64_t t, int64_t c0, int64_t c1, const float* x);
 
@@ -26,7 +27,7 @@ class ActBuffer {
 
  private:
   std::vector<int8_t> q_, q2_;
-  std::vector<float> d_, s_, d2_;
+  std::vector<float> d_, s_, r_, d2_;
   QActs v_;
 };
 

@@ -44,7 +44,7 @@ class FastSession : public cpu::CpuSession {
   int64_t max_length() const override { return max_len_; }
   void set_activation_tap(cpu::ActivationTap tap) override { tap_ = std::move(tap); }
   void set_prefill_chunk(int64_t tokens) override { chunk_ = std::max<int64_t>(1, tokens); }
-  void set_kv_bf16(bool) override {}  // always bf16
+  void set_kv_bf16(bool) override {}  // always f16 (mixers.cpp)
 
   void prefill(std::span<const int32_t> tokens, const LogitsSink* sink) override {
     check_tokens(tokens);
@@ -219,7 +219,7 @@ class FastBackend : public Backend {
     return std::make_unique<FastSession>(*this, m_, max_length);
   }
   int max_batch() const override { return 32; }
-  // Per session: bf16 K/V of the attention layers at full length, the fp32 Gated DeltaNet and conv
+  // Per session: f16 K/V of the attention layers at full length, the fp32 Gated DeltaNet and conv
   // states, one row of logits (SeqState in cpufast/forward.h).
   size_t session_bytes(int64_t max_length) const override {
     const ModelConfig& c = m_.config();
@@ -278,10 +278,9 @@ class FastBackend : public Backend {
 
 std::unique_ptr<Backend> make_fast_cpu_backend(std::shared_ptr<const ModelWeights> weights, const FastOptions& opts) {
   if (!weights) throw Error("make_fast_cpu_backend: no weights");
-  const KernelSet* k = nullptr;
-  if (opts.isa.empty()) {
-    k = &best_kernels();
-  } else {
+  const KernelSet* k = opts.kernels;
+  if (!k && opts.isa.empty()) k = &best_kernels();
+  if (!k) {
     k = kernels_for(opts.isa);
     if (!k) throw Error("cpu backend: kernel level '" + opts.isa + "' cannot run on this CPU or build");
   }

@@ -4,7 +4,7 @@
 // weight tile read once for the batch); attention, the Gated DeltaNet recurrence and the conv run per
 // segment on that session's state. Every row's arithmetic is independent of the other rows.
 //
-// Session state: K/V cache bf16 [len][kv_heads * head_dim] per attention layer (k after norm + RoPE,
+// Session state: K/V cache f16 (IEEE half) [len][kv_heads * head_dim] per attention layer (k after norm + RoPE,
 // as the CUDA backend stores it), Gated DeltaNet state fp32 [Hv][dk][dv] and conv state fp32
 // [conv_dim][K-1] per linear-attention layer.
 #pragma once
@@ -23,7 +23,7 @@
 namespace lilac::cpufast {
 
 struct LayerState {
-  std::vector<uint16_t> k, v;  // attention: bf16 [capacity][kv_dim]
+  std::vector<uint16_t> k, v;  // attention: f16 [capacity][kv_dim]
   std::vector<float> S, conv;  // Gated DeltaNet
 };
 
@@ -63,6 +63,16 @@ class FastModel {
   // logits[m][vocab] of m final-normed hidden rows.
   void lm_head(const float* h, int64_t m, float* logits);
 
+  // Diagnostics (the accuracy tests, not the serving path): sees each sublayer's result for all rows of
+  // a batch, as (layer, stage, rows, width, data [rows][width]). Stages of a Gated DeltaNet layer:
+  // "mixer_in" (in_proj after the conv + SiLU: [conv_dim | z | b | a]), "core" (the recurrence after its
+  // gated norm, out_proj's input), "mixer" (the hidden state after out_proj's residual), "router" (the
+  // router logits and the shared expert gate's), "moe" (the hidden state after the MoE's residual); of an
+  // attention layer: "mixer_in" (q|gate, k, v as projected), "core" (the gated attention output), then
+  // "mixer", "router", "moe" as above. Set it only while no forward runs.
+  using StageTap = std::function<void(int layer, const char* stage, int64_t rows, int64_t width, const float* data)>;
+  void set_stage_tap(StageTap tap) { stage_tap_ = std::move(tap); }
+
  private:
   struct GemmJob {
     const PackedMatrix* W;
@@ -81,6 +91,9 @@ class FastModel {
   void attention(int layer, std::span<const Segment> segs, int64_t n, float* x);
   void deltanet(int layer, std::span<const Segment> segs, int64_t n, float* x);
   void moe(int layer, int64_t n, float* x);
+  void stage(int layer, const char* name, int64_t rows, int64_t width, const float* data) const {
+    if (stage_tap_) stage_tap_(layer, name, rows, width, data);
+  }
 
   std::shared_ptr<const ModelWeights> w_;
   const KernelSet* k_;
@@ -88,6 +101,7 @@ class FastModel {
   WorkPool pool_;
   std::vector<float> inv_freq_;
   int levels_ = 2;  // activation levels (acts.h): 2 = int8 + int8 residual
+  StageTap stage_tap_;
   std::mutex mu_;
   // Scratch reused across calls (guarded by mu_).
   struct Scratch {

@@ -23,6 +23,21 @@ inline __m256 bf16x8(const uint8_t* p) {
       _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
 }
 
+// The float terms of one block (kernels.h): inner = s d + mid rsum [+ s2 d2], acc += scale inner + bias xsum.
+template <int NT, int L>
+inline void block_epilogue(const uint8_t* sb, const QActs& X, int64_t t0, int64_t b, float mid, const __m256i* iacc,
+                           __m256* acc) {
+  const __m256 sc = bf16x8(sb), bi = bf16x8(sb + 2 * R);
+  for (int t = 0; t < NT; ++t) {
+    __m256 inner = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc[t * L]), _mm256_set1_ps(act_d(X, t0 + t)[b]),
+                                   _mm256_set1_ps(mid * act_rsum(X, t0 + t)[b]));
+    if (L == 2)
+      inner = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc[t * L + L - 1]), _mm256_set1_ps(act_d2(X, t0 + t)[b]), inner);
+    acc[t] = _mm256_fmadd_ps(sc, inner, acc[t]);
+    acc[t] = _mm256_fmadd_ps(bi, _mm256_set1_ps(act_sum(X, t0 + t)[b]), acc[t]);
+  }
+}
+
 // NT tokens (rows t0.. of X; L levels each, so NT * L integer streams) against one tile; returns the
 // R sums per token in acc.
 template <int NT, int L>
@@ -30,6 +45,7 @@ void tile4(const uint8_t* tp, const PackedMatrix& W, const QActs& X, int64_t t0,
   constexpr int NS = NT * L;
   const __m256i m4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
   const int64_t qbytes = W.block_bytes - 4 * R;
+  const float mid = W.mid;
   const int8_t* xs[NS];
   for (int t = 0; t < NT; ++t) {
     xs[t * L] = act_q(X, t0 + t);
@@ -54,16 +70,7 @@ void tile4(const uint8_t* tp, const PackedMatrix& W, const QActs& X, int64_t t0,
       }
       for (int i = 0; i < NS; ++i) iacc[i] = _mm256_add_epi32(iacc[i], _mm256_madd_epi16(p16[i], ones));
     }
-    const __m256 sc = bf16x8(bp + qbytes), bi = bf16x8(bp + qbytes + 2 * R);
-    for (int t = 0; t < NT; ++t) {
-      const float d = act_d(X, t0 + t)[b], s = act_sum(X, t0 + t)[b];
-      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc[t * L]), _mm256_mul_ps(sc, _mm256_set1_ps(d)), acc[t]);
-      if (L == 2) {
-        const float d2 = act_d2(X, t0 + t)[b];
-        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc[t * L + L - 1]), _mm256_mul_ps(sc, _mm256_set1_ps(d2)), acc[t]);
-      }
-      acc[t] = _mm256_fmadd_ps(bi, _mm256_set1_ps(s), acc[t]);
-    }
+    block_epilogue<NT, L>(bp + qbytes, X, t0, b, mid, iacc, acc);
   }
 }
 
@@ -72,6 +79,7 @@ void tile8(const uint8_t* tp, const PackedMatrix& W, const QActs& X, int64_t t0,
   constexpr int NS = NT * L;
   const __m256i m4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1), sixteen = _mm256_set1_epi16(16);
   const int64_t qbytes = W.block_bytes - 4 * R;
+  const float mid = W.mid;
   const int8_t* xs[NS];
   for (int t = 0; t < NT; ++t) {
     xs[t * L] = act_q(X, t0 + t);
@@ -98,16 +106,7 @@ void tile8(const uint8_t* tp, const PackedMatrix& W, const QActs& X, int64_t t0,
         iacc[i] = _mm256_add_epi32(iacc[i], _mm256_add_epi32(_mm256_madd_epi16(plo[i], ones),
                                                              _mm256_madd_epi16(phi[i], sixteen)));
     }
-    const __m256 sc = bf16x8(bp + qbytes), bi = bf16x8(bp + qbytes + 2 * R);
-    for (int t = 0; t < NT; ++t) {
-      const float d = act_d(X, t0 + t)[b], s = act_sum(X, t0 + t)[b];
-      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc[t * L]), _mm256_mul_ps(sc, _mm256_set1_ps(d)), acc[t]);
-      if (L == 2) {
-        const float d2 = act_d2(X, t0 + t)[b];
-        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc[t * L + L - 1]), _mm256_mul_ps(sc, _mm256_set1_ps(d2)), acc[t]);
-      }
-      acc[t] = _mm256_fmadd_ps(bi, _mm256_set1_ps(s), acc[t]);
-    }
+    block_epilogue<NT, L>(bp + qbytes, X, t0, b, mid, iacc, acc);
   }
 }
 
@@ -160,17 +159,7 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-inline __m256 load_bf16(const uint16_t* p) {
-  return _mm256_castsi256_ps(
-      _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
-}
-
-inline float bf16f(uint16_t h) {
-  uint32_t u = uint32_t(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
+inline __m256 load_f16(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
 
 float dot_avx2(const float* a, const float* b, int64_t n) {
   __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
@@ -192,27 +181,27 @@ void axpy_avx2(float a, const float* x, float* y, int64_t n) {
   for (; i < n; ++i) y[i] += a * x[i];
 }
 
-float dot_bf16_avx2(const float* a, const uint16_t* b, int64_t n) {
+float dot_f16_avx2(const float* a, const uint16_t* b, int64_t n) {
   __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load_bf16(b + i), s0);
-    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), load_bf16(b + i + 8), s1);
+    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load_f16(b + i), s0);
+    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), load_f16(b + i + 8), s1);
   }
-  for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load_bf16(b + i), s0);
+  for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load_f16(b + i), s0);
   float s = hsum(_mm256_add_ps(s0, s1));
-  for (; i < n; ++i) s += a[i] * bf16f(b[i]);
+  for (; i < n; ++i) s += a[i] * _cvtsh_ss(b[i]);
   return s;
 }
 
-void axpy_bf16_avx2(float a, const uint16_t* x, float* y, int64_t n) {
+void axpy_f16_avx2(float a, const uint16_t* x, float* y, int64_t n) {
   const __m256 va = _mm256_set1_ps(a);
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, load_bf16(x + i), _mm256_loadu_ps(y + i)));
-  for (; i < n; ++i) y[i] += a * bf16f(x[i]);
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, load_f16(x + i), _mm256_loadu_ps(y + i)));
+  for (; i < n; ++i) y[i] += a * _cvtsh_ss(x[i]);
 }
 
-const KernelSet kSet = {"avx2", R, gemm_avx2, dot_avx2, axpy_avx2, dot_bf16_avx2, axpy_bf16_avx2};
+const KernelSet kSet = {"avx2", R, gemm_avx2, dot_avx2, axpy_avx2, dot_f16_avx2, axpy_f16_avx2};
 
 }  // namespace
 

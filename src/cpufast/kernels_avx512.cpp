@@ -29,6 +29,7 @@ void tile_nt(const uint8_t* tp, const PackedMatrix& W, const QActs& X, int64_t t
   constexpr int NS = NT * L;
   const __m512i m4 = _mm512_set1_epi8(15);
   const int64_t qbytes = W.block_bytes - 4 * R;
+  const float mid = W.mid;
   const int8_t* xs[NS];
   for (int t = 0; t < NT; ++t) {
     xs[t * L] = act_q(X, t0 + t);
@@ -55,15 +56,15 @@ void tile_nt(const uint8_t* tp, const PackedMatrix& W, const QActs& X, int64_t t
         for (int i = 0; i < NS; ++i) iacc[i] = _mm512_dpbusd_epi32(iacc[i], w, bcast32(xs[i] + b * kBlock + 4 * c));
       }
     }
+    // The float terms (kernels.h): inner = s d + mid rsum [+ s2 d2], acc += scale inner + bias xsum.
     const __m512 sc = bf16x16(bp + qbytes), bi = bf16x16(bp + qbytes + 2 * R);
     for (int t = 0; t < NT; ++t) {
-      const float d = act_d(X, t0 + t)[b], s = act_sum(X, t0 + t)[b];
-      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[t * L]), _mm512_mul_ps(sc, _mm512_set1_ps(d)), acc[t]);
-      if (L == 2) {
-        const float d2 = act_d2(X, t0 + t)[b];
-        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[t * L + L - 1]), _mm512_mul_ps(sc, _mm512_set1_ps(d2)), acc[t]);
-      }
-      acc[t] = _mm512_fmadd_ps(bi, _mm512_set1_ps(s), acc[t]);
+      __m512 inner = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[t * L]), _mm512_set1_ps(act_d(X, t0 + t)[b]),
+                                     _mm512_set1_ps(mid * act_rsum(X, t0 + t)[b]));
+      if (L == 2)
+        inner = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[t * L + L - 1]), _mm512_set1_ps(act_d2(X, t0 + t)[b]), inner);
+      acc[t] = _mm512_fmadd_ps(sc, inner, acc[t]);
+      acc[t] = _mm512_fmadd_ps(bi, _mm512_set1_ps(act_sum(X, t0 + t)[b]), acc[t]);
     }
   }
 }
@@ -97,10 +98,8 @@ void gemm_avx512(const PackedMatrix& W, int64_t tile0, int64_t tile1, const QAct
     gemm_levels<1>(W, tile0, tile1, X, Y, ldy);
 }
 
-inline __m512 load_bf16(const uint16_t* p) {
-  return _mm512_castsi512_ps(
-      _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
-}
+inline __m512 load_f16(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+inline __m512 load_f16_masked(__mmask16 m, const uint16_t* p) { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p)); }
 
 inline __mmask16 tail_mask(int64_t k) { return __mmask16((1u << k) - 1u); }
 
@@ -129,37 +128,32 @@ void axpy_avx512(float a, const float* x, float* y, int64_t n) {
   }
 }
 
-float dot_bf16_avx512(const float* a, const uint16_t* b, int64_t n) {
+float dot_f16_avx512(const float* a, const uint16_t* b, int64_t n) {
   __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
   int64_t i = 0;
   for (; i + 32 <= n; i += 32) {
-    s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), load_bf16(b + i), s0);
-    s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), load_bf16(b + i + 16), s1);
+    s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), load_f16(b + i), s0);
+    s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), load_f16(b + i + 16), s1);
   }
-  for (; i + 16 <= n; i += 16) s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), load_bf16(b + i), s0);
-  float s = _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
-  for (; i < n; ++i) {
-    uint32_t u = uint32_t(b[i]) << 16;
-    float f;
-    std::memcpy(&f, &u, 4);
-    s += a[i] * f;
+  for (; i + 16 <= n; i += 16) s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), load_f16(b + i), s0);
+  if (i < n) {
+    const __mmask16 m = tail_mask(n - i);
+    s1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), load_f16_masked(m, b + i), s1);
   }
-  return s;
+  return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
 }
 
-void axpy_bf16_avx512(float a, const uint16_t* x, float* y, int64_t n) {
+void axpy_f16_avx512(float a, const uint16_t* x, float* y, int64_t n) {
   const __m512 va = _mm512_set1_ps(a);
   int64_t i = 0;
-  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, _mm512_fmadd_ps(va, load_bf16(x + i), _mm512_loadu_ps(y + i)));
-  for (; i < n; ++i) {
-    uint32_t u = uint32_t(x[i]) << 16;
-    float f;
-    std::memcpy(&f, &u, 4);
-    y[i] += a * f;
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, _mm512_fmadd_ps(va, load_f16(x + i), _mm512_loadu_ps(y + i)));
+  if (i < n) {
+    const __mmask16 m = tail_mask(n - i);
+    _mm512_mask_storeu_ps(y + i, m, _mm512_fmadd_ps(va, load_f16_masked(m, x + i), _mm512_maskz_loadu_ps(m, y + i)));
   }
 }
 
-const KernelSet kSet = {"avx512-vnni", R, gemm_avx512, dot_avx512, axpy_avx512, dot_bf16_avx512, axpy_bf16_avx512};
+const KernelSet kSet = {"avx512-vnni", R, gemm_avx512, dot_avx512, axpy_avx512, dot_f16_avx512, axpy_f16_avx512};
 
 }  // namespace
 

@@ -28,6 +28,7 @@ void tile_nt(const uint8_t* tp, const PackedMatrix& W, const QActs& X, int64_t t
   constexpr int NS = NT * L;
   const uint8x16_t m4 = vdupq_n_u8(15);
   const int64_t qbytes = W.block_bytes - 4 * R;
+  const float mid = W.mid;
   const int8_t* xs[NS];
   for (int t = 0; t < NT; ++t) {
     xs[t * L] = act_q(X, t0 + t);
@@ -58,16 +59,17 @@ void tile_nt(const uint8_t* tp, const PackedMatrix& W, const QActs& X, int64_t t
     }
     for (int h = 0; h < 2; ++h) {
       const float32x4_t sc = bf16x4(bp + qbytes + 8 * h), bi = bf16x4(bp + qbytes + 2 * R + 8 * h);
+      // The float terms (kernels.h): inner = s d + mid rsum [+ s2 d2], acc += scale inner + bias xsum.
       for (int t = 0; t < NT; ++t) {
-        const float d = act_d(X, t0 + t)[b], s = act_sum(X, t0 + t)[b];
         const int i1 = 2 * (t * L) + h;
-        acc[2 * t + h] = vfmaq_f32(acc[2 * t + h], vcvtq_f32_s32(vaddq_s32(ia[i1], vshlq_n_s32(ih[i1], 4))), vmulq_n_f32(sc, d));
+        float32x4_t inner = vfmaq_n_f32(vdupq_n_f32(mid * act_rsum(X, t0 + t)[b]),
+                                        vcvtq_f32_s32(vaddq_s32(ia[i1], vshlq_n_s32(ih[i1], 4))), act_d(X, t0 + t)[b]);
         if (L == 2) {
           const int i2 = 2 * (t * L + L - 1) + h;
-          const float d2 = act_d2(X, t0 + t)[b];
-          acc[2 * t + h] = vfmaq_f32(acc[2 * t + h], vcvtq_f32_s32(vaddq_s32(ia[i2], vshlq_n_s32(ih[i2], 4))), vmulq_n_f32(sc, d2));
+          inner = vfmaq_n_f32(inner, vcvtq_f32_s32(vaddq_s32(ia[i2], vshlq_n_s32(ih[i2], 4))), act_d2(X, t0 + t)[b]);
         }
-        acc[2 * t + h] = vfmaq_n_f32(acc[2 * t + h], bi, s);
+        acc[2 * t + h] = vfmaq_f32(acc[2 * t + h], sc, inner);
+        acc[2 * t + h] = vfmaq_n_f32(acc[2 * t + h], bi, act_sum(X, t0 + t)[b]);
       }
     }
   }
@@ -107,13 +109,6 @@ void gemm_neon(const PackedMatrix& W, int64_t tile0, int64_t tile1, const QActs&
     gemm_levels<1>(W, tile0, tile1, X, Y, ldy);
 }
 
-inline float bf16f(uint16_t h) {
-  uint32_t u = uint32_t(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
 float dot_neon(const float* a, const float* b, int64_t n) {
   float32x4_t s0 = vdupq_n_f32(0.f), s1 = vdupq_n_f32(0.f);
   int64_t i = 0;
@@ -132,27 +127,32 @@ void axpy_neon(float a, const float* x, float* y, int64_t n) {
   for (; i < n; ++i) y[i] += a * x[i];
 }
 
-inline float32x4_t load_bf16(const uint16_t* p) { return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(p), 16)); }
+inline float32x4_t load_f16(const uint16_t* p) { return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p))); }
+inline float f16f(uint16_t h) {
+  __fp16 v;
+  std::memcpy(&v, &h, 2);
+  return float(v);
+}
 
-float dot_bf16_neon(const float* a, const uint16_t* b, int64_t n) {
+float dot_f16_neon(const float* a, const uint16_t* b, int64_t n) {
   float32x4_t s0 = vdupq_n_f32(0.f), s1 = vdupq_n_f32(0.f);
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    s0 = vfmaq_f32(s0, vld1q_f32(a + i), load_bf16(b + i));
-    s1 = vfmaq_f32(s1, vld1q_f32(a + i + 4), load_bf16(b + i + 4));
+    s0 = vfmaq_f32(s0, vld1q_f32(a + i), load_f16(b + i));
+    s1 = vfmaq_f32(s1, vld1q_f32(a + i + 4), load_f16(b + i + 4));
   }
   float s = vaddvq_f32(vaddq_f32(s0, s1));
-  for (; i < n; ++i) s += a[i] * bf16f(b[i]);
+  for (; i < n; ++i) s += a[i] * f16f(b[i]);
   return s;
 }
 
-void axpy_bf16_neon(float a, const uint16_t* x, float* y, int64_t n) {
+void axpy_f16_neon(float a, const uint16_t* x, float* y, int64_t n) {
   int64_t i = 0;
-  for (; i + 4 <= n; i += 4) vst1q_f32(y + i, vfmaq_n_f32(vld1q_f32(y + i), load_bf16(x + i), a));
-  for (; i < n; ++i) y[i] += a * bf16f(x[i]);
+  for (; i + 4 <= n; i += 4) vst1q_f32(y + i, vfmaq_n_f32(vld1q_f32(y + i), load_f16(x + i), a));
+  for (; i < n; ++i) y[i] += a * f16f(x[i]);
 }
 
-const KernelSet kSet = {"neon-dot", R, gemm_neon, dot_neon, axpy_neon, dot_bf16_neon, axpy_bf16_neon};
+const KernelSet kSet = {"neon-dot", R, gemm_neon, dot_neon, axpy_neon, dot_f16_neon, axpy_f16_neon};
 
 }  // namespace
 

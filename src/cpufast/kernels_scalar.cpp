@@ -2,6 +2,8 @@
 // Also the reference the SIMD kernels are tested against (same integer sums, same block order).
 #include "cpufast/kernels.h"
 
+#include <cstring>
+
 namespace lilac::cpufast {
 namespace {
 
@@ -17,6 +19,7 @@ inline float bf16f(uint16_t h) {
 void gemm_scalar(const PackedMatrix& W, int64_t tile0, int64_t tile1, const QActs& X, float* Y, int64_t ldy) {
   const int R = W.R;
   const int64_t qbytes = W.block_bytes - 4 * R;
+  const float mid = W.mid;
   for (int64_t tile = tile0; tile < tile1; ++tile) {
     const uint8_t* tp = W.data + tile * tile_bytes(W);
     const int64_t r0 = tile * R;
@@ -25,6 +28,7 @@ void gemm_scalar(const PackedMatrix& W, int64_t tile0, int64_t tile1, const QAct
       const int8_t* xq = act_q(X, t);
       const float* xd = act_d(X, t);
       const float* xs = act_sum(X, t);
+      const float* xr = act_rsum(X, t);
       float acc[16] = {};
       for (int64_t b = 0; b < W.blocks; ++b) {
         const uint8_t* bp = tp + b * W.block_bytes;
@@ -51,9 +55,9 @@ void gemm_scalar(const PackedMatrix& W, int64_t tile0, int64_t tile1, const QAct
               }
             }
           }
-          const float scale = bf16f(sc[r]);
-          acc[r] = acc[r] + float(s) * (scale * xd[b]);
-          if (x2) acc[r] = acc[r] + float(s2) * (scale * act_d2(X, t)[b]);
+          float inner = float(s) * xd[b] + mid * xr[b];
+          if (x2) inner = inner + float(s2) * act_d2(X, t)[b];
+          acc[r] = acc[r] + bf16f(sc[r]) * inner;
           acc[r] = acc[r] + bf16f(bi[r]) * xs[b];
         }
       }
@@ -76,21 +80,39 @@ void axpy_scalar(float a, const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
 }
 
-float dot_bf16_scalar(const float* a, const uint16_t* b, int64_t n) {
+// IEEE half to float (normal, subnormal, inf, NaN).
+inline float f16f(uint16_t h) {
+  const uint32_t sign = uint32_t(h & 0x8000u) << 16, e = (h >> 10) & 31u, m = h & 0x3ffu;
+  uint32_t u;
+  if (e == 31) {
+    u = sign | 0x7f800000u | (m << 13);
+  } else if (e != 0) {
+    u = sign | ((e + 112) << 23) | (m << 13);
+  } else {
+    const float f = float(m) * 5.9604644775390625e-8f;  // m * 2^-24, exact
+    std::memcpy(&u, &f, 4);
+    u |= sign;
+  }
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+float dot_f16_scalar(const float* a, const uint16_t* b, int64_t n) {
   float acc[8] = {};
   int64_t i = 0;
   for (; i + 8 <= n; i += 8)
-    for (int k = 0; k < 8; ++k) acc[k] += a[i + k] * bf16f(b[i + k]);
+    for (int k = 0; k < 8; ++k) acc[k] += a[i + k] * f16f(b[i + k]);
   float s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-  for (; i < n; ++i) s += a[i] * bf16f(b[i]);
+  for (; i < n; ++i) s += a[i] * f16f(b[i]);
   return s;
 }
 
-void axpy_bf16_scalar(float a, const uint16_t* x, float* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] += a * bf16f(x[i]);
+void axpy_f16_scalar(float a, const uint16_t* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += a * f16f(x[i]);
 }
 
-const KernelSet kSet = {"scalar", 8, gemm_scalar, dot_scalar, axpy_scalar, dot_bf16_scalar, axpy_bf16_scalar};
+const KernelSet kSet = {"scalar", 8, gemm_scalar, dot_scalar, axpy_scalar, dot_f16_scalar, axpy_f16_scalar};
 
 }  // namespace
 

@@ -1,4 +1,4 @@
-// The token mixers of the fast CPU path: gated attention over the bf16 KV cache and the Gated
+// The token mixers of the fast CPU path: gated attention over the f16 KV cache and the Gated
 // DeltaNet (conv fused into the in_proj phase; the recurrence per (session, value head), chunked for
 // prefill, one step for decode).
 #include <algorithm>
@@ -25,8 +25,10 @@ std::vector<int64_t> segment_rows(std::span<const Segment> segs) {
   return r;
 }
 
-void to_bf16(const float* x, int64_t n, uint16_t* out) {
-  for (int64_t i = 0; i < n; ++i) out[i] = f32_to_bf16(x[i]);
+// The K/V cache's format: IEEE half (11 significant bits: 8x finer than bf16 at the same size), values
+// beyond its range saturated to ±65504 (k is RMS-normed; v of a real checkpoint stays far below).
+void to_f16(const float* x, int64_t n, uint16_t* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = f32_to_f16(std::clamp(x[i], -65504.f, 65504.f));
 }
 
 }  // namespace
@@ -47,6 +49,7 @@ void FastModel::attention(int l, std::span<const Segment> segs, int64_t n, float
     const GemmJob job{&pl.in, s_.act.view(), proj, rows_in};
     gemm_phase(std::span<const GemmJob>(&job, 1));
   }
+  stage(l, "mixer_in", n, rows_in, proj);
   for (const Segment& s : segs) {
     LayerState& st = s.st->layers[static_cast<size_t>(l)];
     if (int64_t(st.k.size()) < (s.st->len + s.n) * kvd) {
@@ -55,7 +58,7 @@ void FastModel::attention(int l, std::span<const Segment> segs, int64_t n, float
       st.v.resize(static_cast<size_t>(cap * kvd));
     }
   }
-  // q: norm + RoPE into mix [n][qd]; gate [n][qd]; k (norm + RoPE) and v into the cache as bf16.
+  // q: norm + RoPE into mix [n][qd]; gate [n][qd]; k (norm + RoPE) and v into the cache as f16.
   s_.mix.resize(static_cast<size_t>(2 * n * qd));
   float* q = s_.mix.data();
   float* gate = q + n * qd;
@@ -79,8 +82,8 @@ void FastModel::attention(int l, std::span<const Segment> segs, int64_t n, float
       cpu::rmsnorm(kh, a.k_norm.data(), hd, eps, kh);
       cpu::rope_with(kh, c.rotary_dim, pos, inv_freq_.data());
     }
-    to_bf16(kt, kvd, st.k.data() + pos * kvd);
-    to_bf16(kt + kvd, kvd, st.v.data() + pos * kvd);
+    to_f16(kt, kvd, st.k.data() + pos * kvd);
+    to_f16(kt + kvd, kvd, st.v.data() + pos * kvd);
   };
   if (n >= 4)
     pool_.run(n, prep);
@@ -111,18 +114,19 @@ void FastModel::attention(int l, std::span<const Segment> segs, int64_t n, float
       scores.resize(static_cast<size_t>(ctx));
       float mx = -INFINITY;
       for (int64_t j = 0; j < ctx; ++j) {
-        scores[static_cast<size_t>(j)] = k_->dot_bf16(qh, st.k.data() + j * kvd + kvo, hd) * scale;
+        scores[static_cast<size_t>(j)] = k_->dot_f16(qh, st.k.data() + j * kvd + kvo, hd) * scale;
         mx = std::max(mx, scores[static_cast<size_t>(j)]);
       }
       float sum = 0.f;
       for (int64_t j = 0; j < ctx; ++j) sum += (scores[static_cast<size_t>(j)] = std::exp(scores[static_cast<size_t>(j)] - mx));
       std::fill(o, o + hd, 0.f);
-      for (int64_t j = 0; j < ctx; ++j) k_->axpy_bf16(scores[static_cast<size_t>(j)], st.v.data() + j * kvd + kvo, o, hd);
+      for (int64_t j = 0; j < ctx; ++j) k_->axpy_f16(scores[static_cast<size_t>(j)], st.v.data() + j * kvd + kvo, o, hd);
       const float inv = 1.f / sum;
       const float* gt = gate + t * qd + int64_t(tk.head) * hd;
       for (int d = 0; d < hd; ++d) o[d] *= gated ? inv * cpu::sigmoid(gt[d]) : inv;
     }
   });
+  stage(l, "core", n, qd, att);
   quantize_rows(att, n, qd, s_.act2);
   s_.dout.resize(static_cast<size_t>(n * H));
   float* y = s_.dout.data();
@@ -132,6 +136,7 @@ void FastModel::attention(int l, std::span<const Segment> segs, int64_t n, float
       for (int64_t r = r0; r < r1; ++r) x[t * H + r] += y[t * H + r];
   };
   gemm_phase(std::span<const GemmJob>(&job, 1), &add);
+  stage(l, "mixer", n, H, x);
 }
 
 void FastModel::deltanet(int l, std::span<const Segment> segs, int64_t n, float* x) {
@@ -171,6 +176,7 @@ void FastModel::deltanet(int l, std::span<const Segment> segs, int64_t n, float*
     };
     gemm_phase(std::span<const GemmJob>(&job, 1), &conv);
   }
+  stage(l, "mixer_in", n, rows_in, proj);
   // The recurrence per (segment, value head).
   s_.out.resize(static_cast<size_t>(n * vd));
   float* out = s_.out.data();
@@ -210,6 +216,7 @@ void FastModel::deltanet(int l, std::span<const Segment> segs, int64_t n, float*
     for (int64_t i = 0; i < m; ++i)
       cpu::gated_rmsnorm(o + i * vd, proj + (r0 + i) * rows_in + C + int64_t(h) * dv, g.norm.data(), dv, eps, o + i * vd);
   });
+  stage(l, "core", n, vd, out);
   quantize_rows(out, n, vd, s_.act2);
   s_.dout.resize(static_cast<size_t>(n * H));
   float* y = s_.dout.data();
@@ -219,6 +226,7 @@ void FastModel::deltanet(int l, std::span<const Segment> segs, int64_t n, float*
       for (int64_t r = r0; r < r1; ++r) x[t * H + r] += y[t * H + r];
   };
   gemm_phase(std::span<const GemmJob>(&job, 1), &add);
+  stage(l, "mixer", n, H, x);
 }
 
 }  // namespace lilac::cpufast

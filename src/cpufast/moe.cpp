@@ -40,6 +40,7 @@ void FastModel::moe(int l, int64_t n, float* x) {
     const GemmJob jobs[] = {{&pl.router, X, logits.data(), E + 1}, {&pl.shared_gate, X, Gs, Is}, {&pl.shared_up, X, Us, Is}};
     gemm_phase(jobs);
   }
+  stage(l, "router", n, E + 1, logits.data());
   auto shared_h = [&](int64_t t) { swiglu_quantize(Gs + t * Is, Us + t * Is, Is, 1, 0, Is, act_rows(Xs, t, t + 1), Hs + t * Is); };
   if (n >= 4)
     pool_.run(n, shared_h);
@@ -72,6 +73,7 @@ void FastModel::moe(int l, int64_t n, float* x) {
     std::memcpy(Xg.q + r * H, X.q + t * H, static_cast<size_t>(H));
     std::memcpy(Xg.d + r * Xg.blocks, X.d + t * X.blocks, static_cast<size_t>(Xg.blocks) * sizeof(float));
     std::memcpy(Xg.sum + r * Xg.blocks, X.sum + t * X.blocks, static_cast<size_t>(Xg.blocks) * sizeof(float));
+    std::memcpy(Xg.rsum + r * Xg.blocks, X.rsum + t * X.blocks, static_cast<size_t>(Xg.blocks) * sizeof(float));
     if (X.q2) {
       std::memcpy(Xg.q2 + r * H, X.q2 + t * H, static_cast<size_t>(H));
       std::memcpy(Xg.d2 + r * Xg.blocks, X.d2 + t * X.blocks, static_cast<size_t>(Xg.blocks) * sizeof(float));
@@ -137,6 +139,7 @@ void FastModel::moe(int l, int64_t n, float* x) {
       }
     }
   });
+  stage(l, "moe", n, H, x);
 }
 
 }  // namespace lilac::cpufast

@@ -68,13 +68,18 @@ PackedMatrix pack_matrix(const std::vector<QMatrix>& parts, int R, const char* w
   PackedMatrix P;
   P.cols = parts[0].cols;
   P.bits = 4;
+  bool all4 = true, all8 = true;
   for (const QMatrix& m : parts) {
     if (m.cols != P.cols)
       throw Error(std::string("cpu backend: ") + what + ": parts have " + std::to_string(P.cols) + " and " +
                   std::to_string(m.cols) + " columns");
-    if (!(packs_exactly(m) && m.bits == 4)) P.bits = 8;
+    const bool four = packs_exactly(m) && m.bits == 4;
+    if (!four) P.bits = 8;
+    all4 = all4 && four;
+    all8 = all8 && !four;
     P.rows += m.rows;
   }
+  P.mid = all4 ? 7.5f : all8 ? 127.5f : 0.f;
   if (P.cols % kBlock != 0 || P.cols == 0)
     throw Error(std::string("cpu backend: ") + what + " has " + std::to_string(P.cols) +
                 " columns, not a multiple of 64 (use --backend cpu-ref)");

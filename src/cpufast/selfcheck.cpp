@@ -4,6 +4,8 @@
 #include <cstring>
 #include <vector>
 
+#include "core/bf16.h"
+
 namespace lilac::cpufast {
 
 namespace {
@@ -40,6 +42,7 @@ std::string kernel_selfcheck(const KernelSet& k, uint64_t seed) {
     W.tiles = (W.rows + W.R - 1) / W.R;
     W.blocks = W.cols / kBlock;
     W.block_bytes = int64_t(W.R) * kBlock * bits / 8 + 4 * W.R;
+    W.mid = bits == 4 ? 7.5f : 127.5f;
     std::vector<uint8_t> data(size_t(W.tiles * W.blocks * W.block_bytes), 0);
     const int64_t qbytes = W.block_bytes - 4 * W.R;
     for (int64_t t = 0; t < W.tiles; ++t)
@@ -57,13 +60,14 @@ std::string kernel_selfcheck(const KernelSet& k, uint64_t seed) {
     for (int levels : {1, 2})
       for (int64_t n = 1; n <= 6; ++n) {
         std::vector<int8_t> q(size_t(n * W.cols)), q2(q.size());
-        std::vector<float> d(size_t(n * W.blocks)), sum(d.size()), d2(d.size());
+        std::vector<float> d(size_t(n * W.blocks)), sum(d.size()), rsum(d.size()), d2(d.size());
         for (auto& v : q) v = int8_t(int(rng.next() % 255) - 127);
         for (auto& v : q2) v = int8_t(int(rng.next() % 255) - 127);
         for (size_t i = 0; i < d.size(); ++i) {
           d[i] = 0.01f + rng.uniform() * 0.02f;
           d2[i] = d[i] / 254.f;
           sum[i] = (rng.uniform() - 0.5f) * 8.f;
+          rsum[i] = (rng.uniform() - 0.5f) * d2[i] * 8.f;
         }
         QActs X;
         X.n = n;
@@ -72,6 +76,7 @@ std::string kernel_selfcheck(const KernelSet& k, uint64_t seed) {
         X.q = q.data();
         X.d = d.data();
         X.sum = sum.data();
+        X.rsum = rsum.data();
         if (levels == 2) {
           X.q2 = q2.data();
           X.d2 = d2.data();
@@ -92,15 +97,15 @@ std::string kernel_selfcheck(const KernelSet& k, uint64_t seed) {
   for (int i = 0; i < 133; ++i) {
     a[size_t(i)] = rng.uniform() - 0.5f;
     b[size_t(i)] = rng.uniform() - 0.5f;
-    b16[size_t(i)] = bf16(b[size_t(i)]);
+    b16[size_t(i)] = f32_to_f16(b[size_t(i)]);
   }
   if (std::fabs(k.dot(a.data(), b.data(), 133) - ref.dot(a.data(), b.data(), 133)) > 1e-4f ||
-      std::fabs(k.dot_bf16(a.data(), b16.data(), 133) - ref.dot_bf16(a.data(), b16.data(), 133)) > 1e-4f)
+      std::fabs(k.dot_f16(a.data(), b16.data(), 133) - ref.dot_f16(a.data(), b16.data(), 133)) > 1e-4f)
     return std::string(k.name) + ": dot differs from scalar";
   y1 = b;
   y2 = b;
-  k.axpy_bf16(0.3f, b16.data(), y1.data(), 133);
-  ref.axpy_bf16(0.3f, b16.data(), y2.data(), 133);
+  k.axpy_f16(0.3f, b16.data(), y1.data(), 133);
+  ref.axpy_f16(0.3f, b16.data(), y2.data(), 133);
   k.axpy(0.7f, a.data(), y1.data(), 133);
   ref.axpy(0.7f, a.data(), y2.data(), 133);
   for (int i = 0; i < 133; ++i)

@@ -17,7 +17,7 @@ std::shared_ptr<const ModelWeights> synthetic_weights(const ModelConfig& cfg, ui
 
 // Bytes of packed weights one decode step reads at context length ctx (embedding row, every layer's
 // attention or Gated DeltaNet projections, router, shared expert, the top-k experts, the LM head; K/V
-// cache bf16 and the Gated DeltaNet state read and written).
+// cache f16 and the Gated DeltaNet state read and written).
 double decode_bytes_per_token(const ModelConfig& cfg, int64_t ctx);
 
 }  // namespace lilac::cpufast

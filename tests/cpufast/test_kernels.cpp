@@ -15,6 +15,7 @@
 #include "core/bf16.h"
 #include "core/error.h"
 #include "cpu/ops.h"
+#include "avx512_emu.h"
 #include "cpufast/acts.h"
 #include "cpufast/gdn.h"
 #include "cpufast/isa.h"
@@ -64,8 +65,9 @@ std::vector<float> rand_x(int64_t n, int64_t cols, uint32_t seed) {
   return x;
 }
 
-// The kernels' definition in double: Σ_b scale d Σ q_w q_x + bias xsum, from the unpacked matrix.
-std::vector<double> expected(const QMatrix& W, const QActs& X) {
+// The kernels' definition in double (kernels.h): Σ_b scale (d Σ q_w q_x [+ d2 Σ q_w q2_x] + mid rsum) + bias
+// xsum, from the unpacked matrix; mid is the packed matrix's.
+std::vector<double> expected(const QMatrix& W, const QActs& X, double mid) {
   std::vector<double> y(static_cast<size_t>(X.n * W.rows));
   for (int64_t t = 0; t < X.n; ++t)
     for (int64_t r = 0; r < W.rows; ++r) {
@@ -81,6 +83,7 @@ std::vector<double> expected(const QMatrix& W, const QActs& X) {
             s2 += int64_t(unpack_at(W.qweight + r * W.words_per_row(), b * 64 + j, W.bits)) * X.q2[t * X.cols + b * 64 + j];
         const double scale = bf16_to_f32(W.scales[r * W.groups_per_row() + g]);
         acc += scale * X.d[t * X.blocks + b] * double(s) + (X.q2 ? scale * X.d2[t * X.blocks + b] * double(s2) : 0.0) +
+               scale * mid * X.rsum[t * X.blocks + b] +
                double(bf16_to_f32(W.biases[r * W.groups_per_row() + g])) * X.sum[t * X.blocks + b];
       }
       y[static_cast<size_t>(t * W.rows + r)] = acc;
@@ -133,13 +136,14 @@ TEST(CpuFastKernels, GemmMatchesDefinitionOnEveryIsa) {
       std::vector<std::shared_ptr<PackedBuffer>> owners;
       const PackedMatrix P = pack_matrix({rm.m}, k->rows_per_tile, "test", owners, nullptr);
       EXPECT_EQ(P.bits, c.bits);
+      EXPECT_EQ(P.mid, c.bits == 4 ? 7.5f : 127.5f);
       for (int64_t n : {1, 2, 3, 4, 5, 7})
       for (int levels : {1, 2}) {
         const auto x = rand_x(n, c.cols, uint32_t(n));
         ActBuffer ab;
         QActs X = ab.resize(n, c.cols, levels);
         for (int64_t t = 0; t < n; ++t) ab.quantize_row(t, x.data() + t * c.cols);
-        const auto want = expected(rm.m, X);
+        const auto want = expected(rm.m, X, P.mid);
         std::vector<float> y(static_cast<size_t>(n * c.rows), NAN);
         k->gemm(P, 0, P.tiles, X, y.data(), c.rows);
         for (int64_t i = 0; i < n * c.rows; ++i)
@@ -148,6 +152,55 @@ TEST(CpuFastKernels, GemmMatchesDefinitionOnEveryIsa) {
               << levels << " i " << i;
       }
     }
+  }
+}
+
+// The emulated avx512-vnni arithmetic (avx512_emu.h, what the accuracy tests run on machines without
+// AVX-512): the definition within float rounding everywhere, and bit for bit the real kernels where the
+// CPU runs them.
+TEST(CpuFastKernels, Avx512EmulationIsExact) {
+  const KernelSet& emu = emu::avx512_emulated();
+  const KernelSet* real = kernels_for("avx512");
+  std::printf("avx512-vnni here: %s\n", real ? "yes, compared bit for bit" : "no (definition only)");
+  for (int bits : {4, 8}) {
+    RandMatrix rm(37, 320, bits, 64, 5u + bits);
+    std::vector<std::shared_ptr<PackedBuffer>> owners;
+    const PackedMatrix P = pack_matrix({rm.m}, emu.rows_per_tile, "test", owners, nullptr);
+    const PackedMatrix P16 = pack_matrix({rm.m}, 16, "test", owners, nullptr);
+    for (int levels : {1, 2})
+      for (int64_t n : {1, 3, 4, 6}) {
+        const auto x = rand_x(n, 320, uint32_t(n + 10 * levels));
+        ActBuffer ab;
+        QActs X = ab.resize(n, 320, levels);
+        for (int64_t t = 0; t < n; ++t) ab.quantize_row(t, x.data() + t * 320);
+        const auto want = expected(rm.m, X, P.mid);
+        std::vector<float> y(static_cast<size_t>(n * 37)), yr(y.size());
+        emu.gemm(P, 0, P.tiles, X, y.data(), 37);
+        for (size_t i = 0; i < y.size(); ++i) ASSERT_NEAR(y[i], want[i], 2e-5 * (1 + std::fabs(want[i]))) << bits << " " << i;
+        if (real) {
+          real->gemm(P16, 0, P16.tiles, X, yr.data(), 37);
+          EXPECT_EQ(0, std::memcmp(y.data(), yr.data(), y.size() * sizeof(float))) << "bits " << bits << " levels " << levels << " n " << n;
+        }
+      }
+  }
+  for (int64_t n : {64, 133, 256}) {
+    const auto a = rand_x(1, n, 3), b = rand_x(1, n, 4);
+    std::vector<uint16_t> b16(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) b16[i] = f32_to_f16(b[i]);
+    double want = 0;
+    for (int64_t i = 0; i < n; ++i) want += double(a[i]) * b[i];
+    EXPECT_NEAR(emu.dot(a.data(), b.data(), n), want, 1e-4);
+    std::vector<float> y(b), y16(b), yr(b), yr16(b);
+    emu.axpy(0.3f, a.data(), y.data(), n);
+    emu.axpy_f16(0.3f, b16.data(), y16.data(), n);
+    for (int64_t i = 0; i < n; ++i) EXPECT_NEAR(y[i], b[i] + 0.3 * a[i], 1e-5);
+    if (!real) continue;
+    EXPECT_EQ(emu.dot(a.data(), b.data(), n), real->dot(a.data(), b.data(), n)) << n;
+    EXPECT_EQ(emu.dot_f16(a.data(), b16.data(), n), real->dot_f16(a.data(), b16.data(), n)) << n;
+    real->axpy(0.3f, a.data(), yr.data(), n);
+    real->axpy_f16(0.3f, b16.data(), yr16.data(), n);
+    EXPECT_EQ(0, std::memcmp(y.data(), yr.data(), size_t(n) * sizeof(float))) << n;
+    EXPECT_EQ(0, std::memcmp(y16.data(), yr16.data(), size_t(n) * sizeof(float))) << n;
   }
 }
 
@@ -216,13 +269,14 @@ TEST(CpuFastKernels, PackStacksPartsAndRequantizesDense) {
   const PackedMatrix P = pack_matrix({a.m, b.m, d}, 8, "test", owners, nullptr);
   EXPECT_EQ(P.rows, 22);
   EXPECT_EQ(P.bits, 8);
+  EXPECT_EQ(P.mid, 0.f);  // 4- and 8-bit rows stacked: no common mid level
   const auto x = rand_x(1, 128, 4);
   ActBuffer ab;
   QActs X = ab.resize(1, 128, 2);
   ab.quantize_row(0, x.data());
   std::vector<float> y(22);
   kernels_scalar()->gemm(P, 0, P.tiles, X, y.data(), 22);
-  const auto wa = expected(a.m, X), wb = expected(b.m, X);
+  const auto wa = expected(a.m, X, P.mid), wb = expected(b.m, X, P.mid);
   for (int r = 0; r < 10; ++r) EXPECT_NEAR(y[r], wa[r], 1e-4 * (1 + std::fabs(wa[r])));
   for (int r = 0; r < 7; ++r) EXPECT_NEAR(y[10 + r], wb[r], 1e-4 * (1 + std::fabs(wb[r])));
   // 8 bits per 64: |error| <= 128 * (range / 255 / 2) * max|x| in the worst case; typically far less.
@@ -233,22 +287,54 @@ TEST(CpuFastKernels, PackStacksPartsAndRequantizesDense) {
 TEST(CpuFastKernels, FloatHelpersOnEveryIsa) {
   const auto a = rand_x(1, 133, 1), b = rand_x(1, 133, 2);
   std::vector<uint16_t> bb(133);
-  for (int i = 0; i < 133; ++i) bb[i] = f32_to_bf16(b[i]);
+  for (int i = 0; i < 133; ++i) bb[i] = f32_to_f16(b[i]);
+  bb[5] = 0x0001;   // the smallest subnormal half, 2^-24
+  bb[6] = 0x83ff;   // the largest negative subnormal
+  bb[7] = 0x7bff;   // 65504, the largest half
   double want = 0, want16 = 0;
   for (int i = 0; i < 133; ++i) {
     want += double(a[i]) * b[i];
-    want16 += double(a[i]) * bf16_to_f32(bb[i]);
+    want16 += double(a[i]) * f16_to_f32(bb[i]);
   }
   for (const KernelSet* k : available_kernels()) {
     EXPECT_NEAR(k->dot(a.data(), b.data(), 133), want, 1e-4) << k->name;
-    EXPECT_NEAR(k->dot_bf16(a.data(), bb.data(), 133), want16, 1e-4) << k->name;
+    EXPECT_NEAR(k->dot_f16(a.data(), bb.data(), 133), want16, 1e-4 * (1 + std::fabs(want16))) << k->name;
     std::vector<float> y(b), y16(b);
     k->axpy(0.5f, a.data(), y.data(), 133);
-    k->axpy_bf16(0.5f, bb.data(), y16.data(), 133);
+    k->axpy_f16(0.5f, bb.data(), y16.data(), 133);
     for (int i = 0; i < 133; ++i) {
       EXPECT_NEAR(y[i], b[i] + 0.5 * a[i], 1e-5) << k->name;
-      EXPECT_NEAR(y16[i], b[i] + 0.5 * bf16_to_f32(bb[i]), 1e-5) << k->name;
+      EXPECT_NEAR(y16[i], b[i] + 0.5 * f16_to_f32(bb[i]), 1e-5 * (1 + std::fabs(y16[i]))) << k->name;
     }
+  }
+}
+
+// f32_to_f16 (core/bf16.h), the K/V cache's rounding: exact on every half, nearest even between two,
+// subnormals, overflow to inf from 65520 on, NaN; round trip through f16_to_f32.
+TEST(CpuFastKernels, HalfConversion) {
+  for (uint32_t h = 0; h < 0x10000u; ++h) {
+    if ((h & 0x7c00u) == 0x7c00u && (h & 0x3ffu)) continue;  // NaN payloads
+    EXPECT_EQ(f32_to_f16(f16_to_f32(uint16_t(h))), h) << std::hex << h;
+  }
+  // Halfway between 1 and the next half (1 + 2^-10): to even (1); just above: up.
+  EXPECT_EQ(f32_to_f16(1.f + 0x1p-11f), 0x3c00);
+  EXPECT_EQ(f32_to_f16(1.f + 0x1p-11f + 0x1p-20f), 0x3c01);
+  EXPECT_EQ(f32_to_f16(1.f + 3 * 0x1p-11f), 0x3c02);  // halfway between 0x3c01 and 0x3c02: even
+  EXPECT_EQ(f32_to_f16(65519.f), 0x7bff);
+  EXPECT_EQ(f32_to_f16(65520.f), 0x7c00);
+  EXPECT_EQ(f32_to_f16(-1e10f), 0xfc00);
+  EXPECT_EQ(f32_to_f16(0x1p-25f), 0x0000);               // half the smallest subnormal: to even (0)
+  EXPECT_EQ(f32_to_f16(0x1p-25f + 0x1p-30f), 0x0001);
+  EXPECT_EQ(f32_to_f16(0x1p-14f - 0x1p-26f), 0x0400);    // rounds up into the smallest normal
+  EXPECT_EQ(f32_to_f16(-0.f), 0x8000);
+  EXPECT_EQ(f32_to_f16(NAN) & 0x7e00, 0x7e00);
+  // Relative error of the rounding: at most 2^-11 on normal halves (8x below bf16's 2^-8).
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> u(-100.f, 100.f);
+  for (int i = 0; i < 10000; ++i) {
+    const float x = u(rng);
+    if (std::fabs(x) < 0x1p-14f) continue;
+    EXPECT_LE(std::fabs(f16_to_f32(f32_to_f16(x)) - x), std::fabs(x) * 0x1p-11f) << x;
   }
 }
 
