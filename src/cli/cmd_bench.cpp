@@ -14,12 +14,8 @@
 // Decode tok/s = 64 / (time from the 1st to the 65th token), measured after one untimed decode step
 // (that step captures the session's CUDA graph; its time is reported separately as first_step_ms).
 //
-// `--spec-tokens K --draft-accept P`: speculative decoding at a known acceptance. A plain greedy run gives
-// the true continuation (untimed); the timed run then does the real pipeline -- the MTP head drafts K
-// tokens (when the backend can: its time is reported per draft), each draft is replaced by the true
-// token with probability P and by a wrong one otherwise, and one verify step checks them and rolls back.
-// Tokens/s counts the tokens the steps emit; they must equal the plain run's (else the bench fails). Per round
-// it also reports the time in draft() per draft (the MTP head: catch-up rows + the chain) and in verify().
+// `--spec-tokens K --draft-accept P,... [--spec-policy adaptive|fixed|both]`: speculative decoding at known
+// acceptances, with the draft policy fixed at K and adaptive side by side (cli/bench_spec.h).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -34,7 +30,9 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/backend_select.h"
+#include "cli/bench_spec.h"
 #include "cli/command.h"
+#include "cli/spec_options.h"
 #include "core/error.h"
 #include "cpufast/fast_backend.h"
 #include "cpufast/synthetic.h"
@@ -63,7 +61,8 @@ struct BenchOptions {
   uint64_t seed = 1;
   double peak_tbs = 4.3;
   int spec_tokens = 0;
-  double draft_accept = -1;  // < 0: the head's own drafts
+  std::string draft_accept;  // comma-separated probabilities; empty: the head's own drafts
+  std::string spec_policy = "both";
   double token_mask = -1;    // > 0: also decode with a token mask allowing this fraction of the vocabulary
 };
 
@@ -88,114 +87,11 @@ std::vector<int64_t> parse_lens(const std::string& s, const char* flag) {
   return v;
 }
 
-struct SpecResult {
-  double decode_s = 0;           // timed steps
-  int64_t tokens = 0, rounds = 0, accepted = 0, drafted = 0;
-  double draft_s = 0;            // time in draft()
-  double verify_s = 0;           // time in verify() (rounds with drafts)
-  int64_t head_drafts = 0;       // drafts made by the head
-};
-
-// The timed speculative decode after `prompt` (prefilled into `s`, snapshot `snap`): `truth` is the plain
-// greedy continuation (truth[0] = the first token). Drafts: the head's (P < 0) or forced right with
-// probability P per position.
-SpecResult spec_decode(Session& s, const SessionSnapshot& snap, const std::vector<int32_t>& prompt,
-                       const std::vector<int32_t>& truth, int K, double P, int64_t n, std::mt19937_64& rng) {
-  SpecResult r;
-  s.restore(snap);
-  s.begin_generation(SamplingParams{}, prompt);
-  if (s.sample().token != truth[0]) throw Error("bench: the first token differs from the plain run's");
-  std::bernoulli_distribution right(std::max(0.0, std::min(1.0, P)));
-  const int32_t V = int32_t(s.logits().size());
-  int64_t i = 0;  // index of the pending token in truth
-  const auto t0 = Clock::now();
-  while (i < n) {
-    const int k = int(std::min<int64_t>(K, int64_t(truth.size()) - 2 - i));
-    const auto d0 = Clock::now();
-    std::vector<int32_t> drafts = k > 0 ? s.draft(k) : std::vector<int32_t>{};
-    r.draft_s += secs(d0, Clock::now());
-    r.head_drafts += int64_t(drafts.size());
-    if (P >= 0) {
-      drafts.resize(static_cast<size_t>(std::max(k, 0)));
-      for (int j = 0; j < k; ++j) {
-        const int32_t t = truth[static_cast<size_t>(i + 1 + j)];
-        drafts[static_cast<size_t>(j)] = right(rng) ? t : (t + 1) % V;
-      }
-    }
-    const auto v0 = Clock::now();
-    const std::vector<TokenChoice> ch = s.verify(drafts);
-    if (!drafts.empty()) r.verify_s += secs(v0, Clock::now());
-    for (const TokenChoice& c : ch)
-      if (c.token != truth[static_cast<size_t>(++i)]) throw Error("bench: speculative output differs from plain decoding");
-    r.tokens += int64_t(ch.size());
-    if (!drafts.empty()) {
-      ++r.rounds;
-      r.drafted += int64_t(drafts.size());
-      r.accepted += int64_t(ch.size()) - 1;
-    }
-  }
-  r.decode_s = secs(t0, Clock::now());
-  return r;
-}
-
 void write_json(const BenchOptions& o, const nlohmann::json& out) {
   if (o.json.empty()) return;
   std::ofstream f(o.json);
   if (!f) throw InputError("--json: cannot write " + o.json);
   f << out.dump(2) << "\n";
-}
-
-// For each prompt length: plain decode tok/s (K = 0) and speculative decode tok/s with K drafts.
-int run_spec_bench(const BenchOptions& o, Backend& backend, nlohmann::json& out) {
-  std::mt19937_64 rng(o.seed + 7);
-  const int64_t real_vocab = std::min<int64_t>(backend.config().vocab_size, 248077);
-  const int K = o.spec_tokens;
-  std::printf("speculative decoding: K = %d, drafts %s\n", K,
-              o.draft_accept >= 0 ? ("forced right with probability " + std::to_string(o.draft_accept)).c_str()
-                                  : "from the MTP head");
-  std::printf("%8s %12s %12s %10s %12s %12s %14s %13s\n", "prompt", "K=0 t/s", "spec t/s", "speedup", "accepted/rd",
-              "tokens/rd", "head ms/draft", "verify ms/rd");
-  for (int64_t P : parse_lens(o.prompt_lens, "--prompt-lens")) {
-    const int64_t n = o.decode_tokens;
-    auto s = backend.new_session(P + n + K + 8);
-    s->enable_drafting(true);
-    std::vector<int32_t> prompt(static_cast<size_t>(P));
-    for (auto& t : prompt) t = int32_t(rng() % uint64_t(real_vocab));
-    s->prefill(prompt);
-    auto snap = s->snapshot();
-    // Plain greedy (the truth, and K = 0's speed): one untimed step, then n + K + 1 timed ones.
-    s->begin_generation(SamplingParams{}, prompt);
-    std::vector<int32_t> truth{s->sample().token};
-    truth.push_back(s->decode_step().token);
-    const auto t0 = Clock::now();
-    while (int64_t(truth.size()) < n + K + 2) truth.push_back(s->decode_step().token);
-    const double plain_tok_s = double(n + K) / secs(t0, Clock::now());
-    spec_decode(*s, *snap, prompt, truth, K, o.draft_accept, std::min<int64_t>(4, n), rng);  // warm-up
-    const SpecResult r = spec_decode(*s, *snap, prompt, truth, K, o.draft_accept, n, rng);
-    const double tok_s = double(r.tokens) / r.decode_s;
-    const double head_ms = r.head_drafts ? r.draft_s / double(r.head_drafts) * 1e3 : 0.0;
-    nlohmann::json j;
-    j["prompt_len"] = P;
-    j["plain_decode_tok_s"] = plain_tok_s;
-    j["spec_decode_tok_s"] = tok_s;
-    j["speedup"] = tok_s / plain_tok_s;
-    j["rounds"] = r.rounds;
-    j["accepted_per_round"] = r.rounds ? double(r.accepted) / double(r.rounds) : 0.0;
-    j["tokens_per_round"] = r.rounds ? double(r.tokens) / double(r.rounds) : 1.0;
-    j["head_drafts"] = r.head_drafts;
-    j["head_ms_per_draft"] = head_ms;
-    const double verify_ms = r.rounds ? r.verify_s / double(r.rounds) * 1e3 : 0.0;
-    j["verify_ms_per_round"] = verify_ms;
-    out["results"].push_back(j);
-    std::printf("%8lld %12.1f %12.1f %9.2fx %12.2f %12.2f %14.3f %13.3f\n", (long long)P, plain_tok_s, tok_s,
-                tok_s / plain_tok_s, j["accepted_per_round"].get<double>(), j["tokens_per_round"].get<double>(),
-                head_ms, verify_ms);
-    std::fflush(stdout);
-  }
-  if (!backend.new_session(8)->can_draft())
-    std::printf("note: the %s backend cannot draft: the MTP head's cost is not included\n", backend.name().c_str());
-  write_json(o, out);
-  return 0;
 }
 
 // Resident memory of this process (the CPU backend's weights and sessions), 0 when unknown.
@@ -275,8 +171,14 @@ int run_bench(const BenchOptions& o) {
   if (o.synthetic == !o.model.empty()) throw InputError("bench: give exactly one of --synthetic or --model DIR");
   if (o.decode_tokens < 1) throw InputError("--decode-tokens must be >= 1");
   if (o.spec_tokens < 0) throw InputError("--spec-tokens must be >= 0");
-  if (o.draft_accept > 1) throw InputError("--draft-accept must be in [0, 1]");
-  if (o.draft_accept >= 0 && o.spec_tokens == 0) throw InputError("--draft-accept needs --spec-tokens K > 0");
+  SpecBenchOptions so;
+  so.spec_tokens = o.spec_tokens;
+  so.decode_tokens = o.decode_tokens;
+  so.seed = o.seed;
+  if (!o.draft_accept.empty()) so.accept = parse_accept_list(o.draft_accept);
+  if (!so.accept.empty() && o.spec_tokens == 0) throw InputError("--draft-accept needs --spec-tokens K > 0");
+  so.policies = parse_bench_policies(o.spec_policy);
+  if (o.spec_tokens > 0) so.prompt_lens = parse_lens(o.prompt_lens, "--prompt-lens");
   if (o.token_mask > 1) throw InputError("--token-mask must be a fraction in (0, 1]");
   if (!o.batch.empty()) parse_lens(o.batch, "--batch");  // bad values fail before the model loads
   std::unique_ptr<Backend> backend;
@@ -301,7 +203,7 @@ int run_bench(const BenchOptions& o) {
   out["decode_tokens"] = o.decode_tokens;
   out["peak_tb_s"] = o.peak_tbs;
   out["spec_tokens"] = o.spec_tokens;
-  if (o.draft_accept >= 0) out["draft_accept"] = o.draft_accept;
+  if (!so.accept.empty()) out["draft_accept"] = so.accept;
   out["results"] = nlohmann::json::array();
   std::mt19937_64 rng(o.seed);
   const int64_t real_vocab = std::min<int64_t>(cfg.vocab_size, 248077);
@@ -315,7 +217,11 @@ int run_bench(const BenchOptions& o) {
     s->sample();
     s->decode_step();
   }
-  if (o.spec_tokens > 0) return run_spec_bench(o, *backend, out);
+  if (o.spec_tokens > 0) {
+    run_spec_bench(so, *backend, out);
+    write_json(o, out);
+    return 0;
+  }
   if (!o.batch.empty()) {
     bench_batches(*backend, o, rng, real_vocab, out);
     if (!o.json.empty()) {
@@ -431,12 +337,14 @@ const bool registered = register_command(Command{
       sub.add_option("--seed", o->seed, "Seed of the random weights and prompts");
       sub.add_option("--peak-tbs", o->peak_tbs, "Memory bandwidth (TB/s) of the floor (default 4.3, H200 copy)");
       sub.add_option("--spec-tokens", o->spec_tokens,
-                     "Speculative decoding with K drafts per step, next to plain decoding (default 0: off)");
+                     "Speculative decoding with at most K drafts per step, next to plain decoding (default 0: off)");
+      add_spec_policy_option(sub, o->spec_policy, /*allow_both=*/true);
       sub.add_option("--token-mask", o->token_mask,
                      "Also decode with a token mask (constrained decoding) before every step allowing this fraction "
                      "of the vocabulary (0..1), and report the masked decode speed next to the plain one");
       sub.add_option("--draft-accept", o->draft_accept,
-                     "Force each draft right with this probability (0..1; default: the MTP head's own drafts)");
+                     "Force each draft right with this probability (0..1; comma-separated: one run each; default: "
+                     "the MTP head's own drafts)");
       return [o] { return run_bench(*o); };
     }});
 

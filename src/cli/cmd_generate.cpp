@@ -32,6 +32,7 @@ struct Args {
   int threads = 0;
   int max_tokens = 32;
   int spec_tokens = 0;
+  std::string spec_policy = "adaptive";
   bool ignore_eos = false;
   // Sampling: unset options take the model's generation_config.json defaults, else greedy.
   std::optional<float> temperature, top_p, min_p, repetition_penalty, presence_penalty, frequency_penalty;
@@ -92,6 +93,7 @@ class NoTextTokenizer final : public Tokenizer {
 };
 
 int run(const Args& a) {
+  const SpecPolicyKind spec_policy = parse_spec_policy(a.spec_policy);
   const int given = int(!a.prompt_ids.empty()) + int(!a.prompt.empty()) + int(!a.chat.empty());
   if (given != 1) throw InputError("give exactly one of --prompt-ids, --prompt, --chat");
   if (a.max_tokens < 0) throw InputError("--max-tokens must be >= 0");
@@ -142,6 +144,7 @@ int run(const Args& a) {
     req.max_tokens = a.max_tokens;
     req.prefill_chunk = int64_t(prompt.size());  // one prefill call
     req.draft_tokens = spec;
+    req.spec_policy = spec_policy;
     // End-of-turn ids are handled here (not as the request's stop_ids) so that the one that ends the
     // generation is reported with the others.
     auto print = [&](const std::string& text) {
@@ -183,9 +186,11 @@ int run(const Args& a) {
               prompt.size(), prefill_s, prefill_s > 0 ? double(prompt.size()) / prefill_s : 0.0, n_decode, decode_s,
               decode_s > 0 ? n_decode / decode_s : 0.0);
   if (!out.empty() && is_eos(out.back())) std::printf("stopped at end-of-turn token %d\n", out.back());
-  if (st.spec_rounds > 0)
-    std::printf("speculative: %lld steps with drafts, %lld of %lld drafts accepted\n", (long long)st.spec_rounds,
-                (long long)st.spec_accepted, (long long)st.spec_drafted);
+  if (spec > 0)
+    std::printf("speculative (%s): %lld of %lld steps with drafts, %lld of %lld drafts accepted, %.2f drafts per step\n",
+                a.spec_policy.c_str(), (long long)st.spec_rounds, (long long)st.decode_steps,
+                (long long)st.spec_accepted, (long long)st.spec_drafted,
+                st.decode_steps ? double(st.spec_drafted) / double(st.decode_steps) : 0.0);
   return 0;
 }
 
@@ -200,6 +205,7 @@ const bool registered = register_command(Command{
       sub.add_option("--max-tokens", a->max_tokens, "maximum number of tokens to generate")->capture_default_str();
       add_backend_options(sub, a->backend, a->threads);
       add_spec_option(sub, a->spec_tokens);
+      add_spec_policy_option(sub, a->spec_policy);
       sub.add_option("--temperature", a->temperature, "0 = greedy (default: generation_config.json, else 0)");
       sub.add_option("--top-p", a->top_p, "nucleus sampling");
       sub.add_option("--top-k", a->top_k, "keep the k most likely tokens (0 = off)");

@@ -21,6 +21,7 @@
 #include "core/log.h"
 #include "core/mapped_file.h"
 #include "engine/backend.h"
+#include "engine/spec_policy.h"
 #include "model/config.h"
 #include "model/weights.h"
 #include "server/metrics.h"
@@ -66,6 +67,7 @@ struct ServeArgs {
   int port = 8080, threads = 0, max_queue = 64, http_threads = 0, max_connections = 1024, max_batch = 0,
       spec_tokens = 0, synthetic_layers = 0;
   int64_t max_seq = 0, prefill_chunk = 512;
+  std::string spec_policy = "adaptive";
   double seq_memory_gb = 0;
   int debug_load_delay_ms = 0;  // tests: keep /health at 503 this long
   double cache_mb = 2048, max_body_mb = 8, header_timeout_s = 10, body_timeout_s = 60, shutdown_grace_s = 10;
@@ -108,6 +110,7 @@ int run(const ServeArgs& a) {
   o.seq_memory_bytes = a.seq_memory_gb * 1e9;
   o.prefill_chunk = a.prefill_chunk;
   o.spec_tokens = a.spec_tokens;
+  o.spec_policy = parse_spec_policy(a.spec_policy);
   o.http_threads = a.http_threads;
   o.max_connections = a.max_connections;
   o.header_timeout_ms = int(a.header_timeout_s * 1000);
@@ -219,6 +222,7 @@ const bool registered = register_command(Command{
                      "On SIGTERM / SIGINT: seconds running generations get to finish before they end with an error")
           ->capture_default_str();
       add_spec_option(sub, a->spec_tokens);
+      add_spec_policy_option(sub, a->spec_policy);
       sub.add_option("--synthetic-layers", a->synthetic_layers,
                      "Benchmarks: serve random weights of the Qwen3.6-35B-A3B shape with N layers instead of the "
                      "model folder's weights (its tokenizer and chat template are used; the text is meaningless)")

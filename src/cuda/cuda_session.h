@@ -50,6 +50,9 @@ class CudaSession : public Session, public PoolClient {
   std::vector<int32_t> draft(int k) override;
   std::vector<TokenChoice> verify(std::span<const int32_t> drafts) override;
   void set_draft_logits_sink(LogitsSink sink) override;
+  // Measured on the H200 (bench/BENCHMARKS.md, "Speculative decoding (MTP head), CUDA"): a draft ~0.11 of a
+  // 2.2 ms step, a verify of m rows ~1 + 0.4 (m - 1) steps. Only the adaptive policy's start: it times them.
+  SpecCostHint spec_cost_hint() const override { return {0.12, 0.4}; }
 
   const SeqState& seq() const { return seq_; }
   // Verify steps run on the multi-row kernels so far (the others ran as plain decode steps).

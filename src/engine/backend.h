@@ -73,6 +73,14 @@ class SessionSnapshot {
   virtual size_t bytes() const = 0;    // memory it holds (for cache accounting)
 };
 
+// What speculative decoding costs on a backend, in plain decode steps: the adaptive draft policy's prior
+// (engine/spec_policy.h) until it has timed them. The default is a compute-bound backend's (the CPU
+// reference: verifying m rows costs about m steps, a draft about half a step).
+struct SpecCostHint {
+  double draft = 0.5;       // one draft token from the MTP head
+  double verify_row = 1.0;  // each row of a verify beyond the first (m rows: 1 + (m - 1) * verify_row)
+};
+
 // Receives logits of consecutive positions: rows [first_pos, first_pos + n_rows), each vocab_size floats.
 using LogitsSink = std::function<void(int64_t first_pos, int64_t n_rows, const float* logits)>;
 
@@ -150,6 +158,8 @@ class Session {
     if (!drafts.empty()) throw Error("this backend does not support speculative decoding");
     return {decode_step()};
   }
+  // The prior of the adaptive draft policy (SpecCostHint).
+  virtual SpecCostHint spec_cost_hint() const { return {}; }
   // Tests and check-golden: receives the logits of every MTP row the head computes from the main model's
   // hiddens -- the pair (h_t, x_{t+1}) at position t, as the golden `mtp_logits` row t -- while drafting
   // (draft-chain rows are not sent). Empty function: off.

@@ -19,7 +19,9 @@ const char* finish_reason_name(FinishReason r) {
 }
 
 Generator::Generator(Session& session, const Tokenizer& tokenizer, PrefixCache* cache)
-    : s_(session), tok_(tokenizer), cache_(cache) {}
+    : s_(session), tok_(tokenizer), cache_(cache) {
+  policy_.set_cost_hint(s_.spec_cost_hint());
+}
 
 int64_t Generator::reusable_prefix(std::span<const int32_t> p) const {
   const int64_t max_reuse = int64_t(p.size()) - 1;  // the last prompt token is always recomputed (logits)
@@ -71,6 +73,7 @@ std::unique_ptr<Sequence> Generator::start(GenerationRequest req, TokenCallback 
     drafting_ = true;
     context_valid_ = false;
   }
+  policy_.begin(req.draft_tokens, req.spec_policy);
   return std::unique_ptr<Sequence>(new Sequence(*this, std::move(req), std::move(on_token), cancel));
 }
 

@@ -5,6 +5,8 @@
 // With draft_tokens > 0 and a session that can draft, a sequence's decode steps are speculative ones
 // (engine/speculative.h) whose 1..K+1 choices go through the same stop / detokenizer logic one by one:
 // the output is the one plain decoding gives (token for token, for greedy and for a sampling seed).
+// How many drafts each step makes (0..draft_tokens) is the Generator's SpecPolicy's choice
+// (engine/spec_policy.h: adaptive by default, or fixed at draft_tokens).
 //
 // Prefix reuse: the prompt is prefilled in segments that end at message boundaries (after each
 // `boundary_token`, i.e. <|im_end|>) and at the end of the prompt; the session is snapshotted at each
@@ -21,6 +23,7 @@
 
 #include "engine/backend.h"
 #include "engine/prefix_cache.h"
+#include "engine/spec_policy.h"
 #include "engine/speculative.h"
 
 namespace lilac {
@@ -52,6 +55,7 @@ struct GenerationRequest {
                                            // Sequence::prefill_step runs at most this many)
   std::shared_ptr<TokenConstraint> constraint;  // null: unconstrained
   int draft_tokens = 0;                    // MTP speculation depth (0: off; used when the session can_draft())
+  SpecPolicyKind spec_policy = SpecPolicyKind::Adaptive;  // drafts per step: adaptive (0..draft_tokens) or fixed
 };
 
 enum class FinishReason { Stop, Length, Cancelled };
@@ -75,6 +79,7 @@ struct GenerationStats {
   bool cache_hit = false;
   double prefill_seconds = 0, decode_seconds = 0, ttft_seconds = 0;
   int64_t spec_rounds = 0, spec_drafted = 0, spec_accepted = 0;  // speculative steps, drafts, accepted drafts
+  int64_t decode_steps = 0;       // decode steps (plain or speculative) after the first choice
 };
 
 // Return false to cancel the generation (e.g. the client went away).
@@ -107,6 +112,9 @@ class Generator {
   // Tests and `bench`: replaces the MTP drafts of speculative steps (see DraftHook); also makes sessions
   // without an MTP head speculate.
   void set_draft_hook(DraftHook hook) { hook_ = std::move(hook); }
+  // The draft-length policy of this session's sequences (its cost estimates persist across them; each
+  // sequence restarts its acceptance estimate). Tests inject options, costs and a clock here.
+  SpecPolicy& spec_policy() { return policy_; }
 
  private:
   friend class Sequence;
@@ -119,6 +127,7 @@ class Generator {
   bool context_valid_ = false;
   bool drafting_ = false;  // the session follows the context with its MTP head
   DraftHook hook_;
+  SpecPolicy policy_;
 };
 
 }  // namespace lilac

@@ -153,7 +153,8 @@ int Sequence::draft_budget() const {
   if (req_.draft_tokens <= 0 || req_.constraint || phase_ != Phase::Decode || (!gen_.s_.can_draft() && !gen_.hook_))
     return 0;
   const int64_t room = req_.max_tokens - st_.completion_tokens - 1;
-  return int(std::clamp<int64_t>(room, 0, req_.draft_tokens));
+  const int k = std::min(gen_.policy_.choose(), req_.draft_tokens);
+  return int(std::clamp<int64_t>(room, 0, k));
 }
 
 void Sequence::consume(std::span<const TokenChoice> choices) {
@@ -164,6 +165,9 @@ void Sequence::consume(std::span<const TokenChoice> choices) {
   ctx.push_back(pending_);
   for (size_t i = 0; i + 1 < choices.size(); ++i) ctx.push_back(choices[i].token);
   gen_.context_valid_ = true;
+  ++st_.decode_steps;
+  if (!step_reported_) gen_.policy_.on_plain(-1);  // a driver's (batched) step
+  step_reported_ = false;
   for (const TokenChoice& c : choices) {
     ++st_.completion_tokens;
     if (!accept(c)) return;
@@ -173,16 +177,27 @@ void Sequence::consume(std::span<const TokenChoice> choices) {
 void Sequence::decode_alone() {
   try {
     if (!prepare_step()) return;
+    SpecPolicy& policy = gen_.policy_;
+    const std::function<double()> clock = [&policy] { return policy.now(); };
     if (const int k = draft_budget(); k > 0) {
       SpecStats spec;
+      SpecRound round;
       const std::vector<TokenChoice> choices =
-          speculative_step(gen_.s_, k, st_.completion_tokens - 1, req_.stop_ids, gen_.hook_, spec);
+          speculative_step(gen_.s_, k, st_.completion_tokens - 1, req_.stop_ids, gen_.hook_, spec, &round, &clock);
       st_.spec_rounds += spec.rounds;
       st_.spec_drafted += spec.drafted;
       st_.spec_accepted += spec.accepted;
+      if (round.drafted > 0)
+        policy.on_round(round.drafted, round.accepted, round.draft_seconds, round.verify_seconds);
+      else
+        policy.on_plain(round.plain_seconds);
+      step_reported_ = true;
       consume(choices);
     } else {
+      const double t0 = clock();
       const TokenChoice c = gen_.s_.decode_step();
+      policy.on_plain(clock() - t0);
+      step_reported_ = true;
       consume(std::span<const TokenChoice>(&c, 1));
     }
   } catch (...) {

@@ -29,9 +29,12 @@
 //   tokens inside the backend, with only the first one masked.
 // - Speculative decoding (MTP): GenerationRequest::draft_tokens > 0 and session.can_draft() (the
 //   Generator turns the session's drafting on; a draft hook, Generator::set_draft_hook, also counts): the
-//   driver drafts draft_budget() tokens and verifies them through speculative_step, which also keeps
-//   the drafts within the context and before the first stop id (decode_alone() does); the scheduler steps
-//   such sequences alone, after its batched step (a batched verify is future work).
+//   driver drafts draft_budget() tokens -- the Generator's SpecPolicy's choice for this step
+//   (engine/spec_policy.h), 0 for a plain step -- and verifies them through speculative_step, which also
+//   keeps the drafts within the context and before the first stop id (decode_alone() does, and reports
+//   what the step did and how long it took to the policy); the scheduler steps a sequence alone, after
+//   its batched step, when its draft_budget() > 0, else in the batch (a batched verify is future work).
+//   The policy never changes the tokens: only how many drafts each step checks.
 #pragma once
 #include <atomic>
 #include <chrono>
@@ -68,11 +71,13 @@ class Sequence {
   // Before a step: false (and done()) when the generation was cancelled; else sets the constraint's
   // mask for the step's choice.
   bool prepare_step();
-  // Tokens the next step may draft and verify (0: a plain decode step): min(req.draft_tokens, what
-  // max_tokens leaves), 0 without session.can_draft() (and no draft hook) or with a constraint.
+  // Tokens the next step may draft and verify (0: a plain decode step): min(the policy's choice (at most
+  // req.draft_tokens), what max_tokens leaves), 0 without session.can_draft() (and no draft hook) or with
+  // a constraint. The same until the step is consumed.
   int draft_budget() const;
   // The step's choices, in order (see the header comment). The session must have fed the pending token
-  // and every choice but the last (a verify's accepted drafts).
+  // and every choice but the last (a verify's accepted drafts). A step a driver ran (not decode_alone)
+  // counts as a plain step, untimed, for the draft policy.
   void consume(std::span<const TokenChoice> choices);
   // prepare_step + (draft + verify | decode_step) + consume, for a sequence stepped on its own.
   void decode_alone();
@@ -108,6 +113,7 @@ class Sequence {
   std::vector<int64_t> ends_;       // segment ends still ahead (ascending)
   size_t next_end_ = 0;
   int32_t pending_ = -1;            // the last consumed choice: the next step's input
+  bool step_reported_ = false;      // decode_alone told the policy about the step being consumed
   StreamDetokenizer detok_;
   Clock::time_point t0_, t1_;
 };

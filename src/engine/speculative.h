@@ -33,8 +33,18 @@ struct SpecStats {
   int64_t accepted = 0;  // drafts accepted
 };
 
+// What one step did, for the draft policy (engine/spec_policy.h): `drafted` drafts verified (0: it was a
+// plain decode step), `accepted` of them accepted; the seconds draft() and verify() took (a plain step's
+// in plain_seconds), measured with `clock` (< 0 when no clock was given).
+struct SpecRound {
+  int drafted = 0, accepted = 0;
+  double draft_seconds = -1, verify_seconds = -1, plain_seconds = -1;
+};
+
 // The choices after the pending token (index `pending_index` of the output); `stop_ids`: end-of-turn ids.
+// `round` (optional) receives what the step did, timed with `clock` (seconds; optional).
 std::vector<TokenChoice> speculative_step(Session& s, int k, int64_t pending_index, std::span<const int32_t> stop_ids,
-                                          const DraftHook& hook, SpecStats& stats);
+                                          const DraftHook& hook, SpecStats& stats, SpecRound* round = nullptr,
+                                          const std::function<double()>* clock = nullptr);
 
 }  // namespace lilac

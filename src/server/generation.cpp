@@ -328,6 +328,7 @@ std::shared_ptr<Generation> GenerationCore::start(const GenerationSpec& spec) {
   gr.boundary_token = chat ? boundary_ : -1;
   gr.constraint = constraint(spec, prompt);
   gr.draft_tokens = opts_.spec_tokens;  // not used under a constraint (Sequence::draft_budget)
+  gr.spec_policy = opts_.spec_policy;
   auto job = std::make_shared<Job>(std::move(gr));
   auto gen = std::make_shared<Generation>(job, chat, prompt, spec.tools, format_);
   if (budgeted) {

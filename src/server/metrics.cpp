@@ -26,6 +26,14 @@ void Metrics::add_generation(int64_t prompt_tokens, int64_t cached_tokens, int64
   (cache_hit ? cache_hits_ : cache_misses_)++;
 }
 
+void Metrics::add_speculation(int64_t steps, int64_t rounds, int64_t drafted, int64_t accepted) {
+  std::lock_guard lk(mu_);
+  spec_steps_ += steps;
+  spec_rounds_ += rounds;
+  spec_drafted_ += drafted;
+  spec_accepted_ += accepted;
+}
+
 void Metrics::observe_step(int64_t decoded, bool prefilled) {
   if (decoded > 0) batch_size = decoded;
   std::lock_guard lk(mu_);
@@ -105,6 +113,18 @@ std::string Metrics::render() const {
   line("lilac_prefix_cache_entries %lld\n", (long long)cache_entries.load());
   out += "# HELP lilac_prefix_cache_bytes Memory held by the prefix cache.\n# TYPE lilac_prefix_cache_bytes gauge\n";
   line("lilac_prefix_cache_bytes %lld\n", (long long)cache_bytes.load());
+  out += "# HELP lilac_spec_decode_steps_total Decode steps of generations with speculative decoding on.\n# TYPE lilac_spec_decode_steps_total counter\n";
+  line("lilac_spec_decode_steps_total %lld\n", (long long)spec_steps_);
+  out += "# HELP lilac_spec_rounds_total Speculative steps (the draft policy chose drafts: verified in one multi-row step).\n# TYPE lilac_spec_rounds_total counter\n";
+  line("lilac_spec_rounds_total %lld\n", (long long)spec_rounds_);
+  out += "# HELP lilac_spec_drafts_total MTP drafts verified.\n# TYPE lilac_spec_drafts_total counter\n";
+  line("lilac_spec_drafts_total %lld\n", (long long)spec_drafted_);
+  out += "# HELP lilac_spec_drafts_accepted_total MTP drafts accepted.\n# TYPE lilac_spec_drafts_accepted_total counter\n";
+  line("lilac_spec_drafts_accepted_total %lld\n", (long long)spec_accepted_);
+  out += "# HELP lilac_spec_drafts_per_round Mean drafts per speculative step (the adaptive policy's depth).\n# TYPE lilac_spec_drafts_per_round gauge\n";
+  line("lilac_spec_drafts_per_round %.3f\n", spec_rounds_ ? double(spec_drafted_) / double(spec_rounds_) : 0.0);
+  out += "# HELP lilac_spec_drafts_per_step Mean drafts per decode step of speculating generations (plain steps count 0).\n# TYPE lilac_spec_drafts_per_step gauge\n";
+  line("lilac_spec_drafts_per_step %.3f\n", spec_steps_ ? double(spec_drafted_) / double(spec_steps_) : 0.0);
   return out;
 }
 

@@ -14,6 +14,10 @@ struct Metrics {
   void add_generation(int64_t prompt_tokens, int64_t cached_tokens, int64_t completion_tokens,
                       double prefill_seconds, double decode_seconds, bool cache_hit);
 
+  // Speculative decoding of one finished generation (GenerationStats): its decode steps, the steps with
+  // drafts (rounds), drafts verified and accepted.
+  void add_speculation(int64_t steps, int64_t rounds, int64_t drafted, int64_t accepted);
+
   // One scheduler iteration: `decoded` sequences in its batched decode step (0: no decode step),
   // `prefilled`: whether it ran a prefill step.
   void observe_step(int64_t decoded, bool prefilled);
@@ -41,6 +45,7 @@ struct Metrics {
   std::array<int64_t, kBatchBounds.size() + 1> batch_hist_{};
   int64_t batch_steps_ = 0, batch_sum_ = 0;
   int64_t prefill_steps_ = 0, mixed_steps_ = 0;
+  int64_t spec_steps_ = 0, spec_rounds_ = 0, spec_drafted_ = 0, spec_accepted_ = 0;
 };
 
 }  // namespace lilac::server

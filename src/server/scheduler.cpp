@@ -151,6 +151,8 @@ void Scheduler::answer(Job& job, JobEvent done) {
     if (s.completion_tokens > 0 || s.finish != FinishReason::Cancelled)
       metrics_->add_generation(s.prompt_tokens, s.cached_tokens, s.completion_tokens, s.prefill_seconds,
                                s.decode_seconds, s.cache_hit);
+    if (job.req.draft_tokens > 0)
+      metrics_->add_speculation(s.decode_steps, s.spec_rounds, s.spec_drafted, s.spec_accepted);
   }
   if (metrics_) {
     metrics_->cache_entries = int64_t(cache_.entries());

@@ -7,8 +7,8 @@
 //   2. runs at most one prefill step of one sequence (the oldest one still prefilling; at most
 //      --prefill-chunk prompt tokens), so a long prompt delays the running streams by one chunk at most;
 //   3. runs one decode step for every sequence in its decode phase, together through
-//      Backend::decode_batch (in groups of Backend::max_batch()); sequences that speculate (MTP) step
-//      on their own after it;
+//      Backend::decode_batch (in groups of Backend::max_batch()); sequences that speculate (MTP) this
+//      step (Sequence::draft_budget() > 0: the draft policy chose drafts) step on their own after it;
 //   4. retires the sequences that ended (finished, stopped, cancelled, failed): their Done event is
 //      sent and the session is free for the next admission at once.
 // Each job streams its events back through its own thread-safe channel to the HTTP thread waiting on
@@ -72,6 +72,7 @@ struct SchedulerOptions {
   double seq_memory_bytes = 0;  // memory budget of the pool (0: none)
   int64_t prefill_chunk = 512;  // prompt tokens per prefill step of one sequence (overrides the job's)
   int spec_tokens = 0;    // speculative decoding: MTP drafts per step (GenerationRequest::draft_tokens)
+  SpecPolicyKind spec_policy = SpecPolicyKind::Adaptive;  // drafts per step: adaptive (0..spec_tokens) or fixed
 };
 
 class Scheduler {

@@ -14,6 +14,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/spec_policy.h"
+
 namespace httplib {
 struct Request;
 struct Response;
@@ -52,6 +54,7 @@ struct ServerOptions {
   int write_timeout_ms = 30000;    // a stalled client
   bool log_requests = true;
   int spec_tokens = 0;             // speculative decoding: MTP drafts per step (GenerationRequest::draft_tokens)
+  SpecPolicyKind spec_policy = SpecPolicyKind::Adaptive;  // adaptive (0..spec_tokens drafts) or fixed
 };
 
 // Optional hook for a request router (the hybrid router, src/router/hybrid.h). Every member may be

@@ -1,15 +1,30 @@
 # `--spec-tokens` on the CLI (speculative decoding with the MTP head, CPU backend): generate gives the
-# same ids with and without it on tiny-mtp and says how many drafts were accepted; a checkpoint without a
-# head runs without speculation and the log says why; bench measures it at a forced acceptance.
+# same ids with and without it on tiny-mtp, with either draft policy (--spec-policy), and says how many
+# drafts were accepted; a checkpoint without a head runs without speculation and the log says why; bench
+# measures both policies at forced acceptances; a bad policy name is an error naming the option.
 # Uses golden_cpu.cmake's script mode (-DARGS, -DRC, -DEXPECT, -DSAME_AS).
 set(_run "${CMAKE_CURRENT_LIST_DIR}/golden_cpu.cmake")
 set(_fx "${LILAC_SHARED_DIR}/fixtures")
 add_test(NAME cli_generate_cpu_spec_same_ids
   COMMAND ${CMAKE_COMMAND} -DLILAC=$<TARGET_FILE:lilac>
-          "-DARGS=generate;--model;${_fx}/tiny-mtp/mlx4;--prompt-ids;5,6,7,8;--max-tokens;20;--backend;cpu-ref;--threads;1;--spec-tokens;3"
+          "-DARGS=generate;--model;${_fx}/tiny-mtp/mlx4;--prompt-ids;5,6,7,8;--max-tokens;20;--backend;cpu-ref;--threads;1;--spec-tokens;3;--spec-policy;fixed"
           "-DSAME_AS=generate;--model;${_fx}/tiny-mtp/mlx4;--prompt-ids;5,6,7,8;--max-tokens;20;--backend;cpu-ref;--threads;1;--spec-tokens;0"
-          -DRC=0 "-DEXPECT=speculative decoding: up to 3 MTP drafts per step;speculative: [0-9]+ steps with drafts, [0-9]+ of [0-9]+ drafts accepted"
+          -DRC=0 "-DEXPECT=speculative decoding: up to 3 MTP drafts per step;speculative \\(fixed\\): [0-9]+ of [0-9]+ steps with drafts, [0-9]+ of [0-9]+ drafts accepted, [0-9.]+ drafts per step"
           -P "${_run}")
+add_test(NAME cli_generate_cpu_spec_adaptive_same_ids
+  COMMAND ${CMAKE_COMMAND} -DLILAC=$<TARGET_FILE:lilac>
+          "-DARGS=generate;--model;${_fx}/tiny-mtp/mlx4;--prompt-ids;5,6,7,8;--max-tokens;40;--backend;cpu-ref;--threads;1;--spec-tokens;3"
+          "-DSAME_AS=generate;--model;${_fx}/tiny-mtp/mlx4;--prompt-ids;5,6,7,8;--max-tokens;40;--backend;cpu-ref;--threads;1;--spec-tokens;0"
+          -DRC=0 "-DEXPECT=speculative \\(adaptive\\): [0-9]+ of 39 steps with drafts, [0-9]+ of [0-9]+ drafts accepted, [0-9.]+ drafts per step"
+          -P "${_run}")
+add_test(NAME cli_generate_spec_policy_bad_name
+  COMMAND ${CMAKE_COMMAND} -DLILAC=$<TARGET_FILE:lilac>
+          "-DARGS=generate;--model;${_fx}/tiny-mtp/mlx4;--prompt-ids;5;--spec-tokens;3;--spec-policy;greedy"
+          -DRC=1 "-DEXPECT=--spec-policy: 'greedy' is not a policy \\(adaptive or fixed\\)" -P "${_run}")
+add_test(NAME cli_bench_spec_policy_bad_name
+  COMMAND ${CMAKE_COMMAND} -DLILAC=$<TARGET_FILE:lilac>
+          "-DARGS=bench;--model;${_fx}/tiny-mtp/mlx4;--backend;cpu-ref;--spec-tokens;2;--spec-policy;adapt"
+          -DRC=1 "-DEXPECT=--spec-policy: 'adapt' is not adaptive, fixed or both" -P "${_run}")
 add_test(NAME cli_generate_cpu_spec_without_head
   COMMAND ${CMAKE_COMMAND} -DLILAC=$<TARGET_FILE:lilac>
           "-DARGS=generate;--model;${_fx}/tiny/mlx4;--prompt-ids;621;--max-tokens;8;--backend;cpu-ref;--threads;1;--spec-tokens;3"
@@ -18,11 +33,21 @@ add_test(NAME cli_generate_cpu_spec_without_head
 add_test(NAME cli_bench_cpu_spec_forced_acceptance
   COMMAND ${CMAKE_COMMAND} -DLILAC=$<TARGET_FILE:lilac>
           "-DARGS=bench;--model;${_fx}/tiny-mtp/mlx4;--backend;cpu-ref;--threads;1;--prompt-lens;16;--decode-tokens;24;--spec-tokens;2;--draft-accept;1"
-          -DRC=0 "-DEXPECT=speculative decoding: K = 2, drafts forced right with probability 1;\n +16 +[0-9.]+ +[0-9.]+ +[0-9.]+x +2.00 +3.00 +[0-9.]+ +[0-9.]+\n"
+          -DRC=0 "-DEXPECT=speculative decoding: at most K = 2 drafts per step, drafts forced right with probability P;\n +16 +1.00 +fixed +[0-9.]+ +[0-9.]+ +[0-9.]+x +2.00 +3.00 +2.00 +[0-9.]+ +[0-9.]+\n +16 +1.00 +adaptive +[0-9.]+ +[0-9.]+ +[0-9.]+x +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+\n"
           -P "${_run}")
+add_test(NAME cli_bench_cpu_spec_policies_and_acceptances
+  COMMAND ${CMAKE_COMMAND} -DLILAC=$<TARGET_FILE:lilac>
+          "-DARGS=bench;--model;${_fx}/tiny-mtp/mlx4;--backend;cpu-ref;--threads;1;--prompt-lens;16;--decode-tokens;24;--spec-tokens;2;--draft-accept;0,1;--spec-policy;fixed"
+          -DRC=0 "-DEXPECT=\n +16 +0.00 +fixed +[0-9.]+ +[0-9.]+ +[0-9.]+x +0.00 +1.00 +2.00 +[0-9.]+ +[0-9.]+\n +16 +1.00 +fixed +[0-9.]+ +[0-9.]+ +[0-9.]+x +2.00 +3.00 +2.00 +[0-9.]+ +[0-9.]+\n"
+          -P "${_run}")
+add_test(NAME cli_bench_draft_accept_range
+  COMMAND ${CMAKE_COMMAND} -DLILAC=$<TARGET_FILE:lilac>
+          "-DARGS=bench;--model;${_fx}/tiny-mtp/mlx4;--backend;cpu-ref;--spec-tokens;2;--draft-accept;0.5,1.5"
+          -DRC=1 "-DEXPECT=--draft-accept must be in \\[0, 1\\] \\(got 1.5\\)" -P "${_run}")
 add_test(NAME cli_bench_draft_accept_needs_spec_tokens
   COMMAND ${CMAKE_COMMAND} -DLILAC=$<TARGET_FILE:lilac>
           "-DARGS=bench;--model;${_fx}/tiny-mtp/mlx4;--backend;cpu-ref;--draft-accept;0.5"
           -DRC=1 "-DEXPECT=--draft-accept needs --spec-tokens K > 0" -P "${_run}")
-set_tests_properties(cli_generate_cpu_spec_same_ids cli_generate_cpu_spec_without_head cli_bench_cpu_spec_forced_acceptance
-  cli_bench_draft_accept_needs_spec_tokens PROPERTIES LABELS cli)
+set_tests_properties(cli_generate_cpu_spec_same_ids cli_generate_cpu_spec_adaptive_same_ids cli_generate_spec_policy_bad_name
+  cli_generate_cpu_spec_without_head cli_bench_cpu_spec_forced_acceptance cli_bench_cpu_spec_policies_and_acceptances
+  cli_bench_draft_accept_range cli_bench_draft_accept_needs_spec_tokens cli_bench_spec_policy_bad_name PROPERTIES LABELS cli)

@@ -18,6 +18,7 @@
 #include "engine/sampler.h"
 #include "model/weights.h"
 #include "support/fixtures.h"
+#include "support/spec_stretch.h"
 
 using namespace lilac;
 using testutil::fixture;
@@ -318,4 +319,34 @@ TEST(CpuSpec, BatchedStepsFeedTheMtpHead) {
   for (int i = 0; i < 5; ++i) be->decode_batch(both);
   EXPECT_EQ(b->draft(3), want);
   EXPECT_EQ(c->draft(3), want);
+}
+
+// Plain stretches up to 256 steps under the adaptive policy (the head follows in 64-row passes meanwhile),
+// then drafting again: plain decoding's tokens, and the head's drafts after every stretch equal those of a
+// head that drafted at every step (tests/support/spec_stretch.h).
+TEST(CpuSpec, HeadAfterLongPlainStretchesDraftsAsIfDraftingEveryStep) {
+  auto be = make_cpu_backend(fixture("tiny-mtp"), 1);
+  const int64_t V = be->config().vocab_size;
+  const auto prompt = random_tokens(23, V, 31);
+  std::vector<int32_t> truth;
+  {
+    auto s = be->new_session(640);
+    s->prefill(prompt);
+    s->begin_generation(SamplingParams{}, prompt);
+    truth.push_back(s->sample().token);
+    while (truth.size() < 600) truth.push_back(s->decode_step().token);
+  }
+  const testutil::StretchRun r = testutil::run_plain_stretches(*be, prompt, truth, 300, 3);
+  EXPECT_EQ(r.tokens, truth);
+  EXPECT_GE(r.longest_plain, 255);  // probes 4, 8, .. 128, 256 plain steps apart
+  EXPECT_GE(r.rounds_after_easy, 10);
+  int compared = 0;
+  for (const auto& [i, d] : r.head) {
+    ASSERT_EQ(int(d.size()), r.asked.at(i)) << "the head stopped drafting at " << i;
+    const auto& e = r.every.at(i);
+    const size_t m = std::min(e.size(), d.size());
+    EXPECT_TRUE(std::equal(d.begin(), d.begin() + long(m), e.begin())) << "head drafts differ at " << i;
+    compared += m > 0;
+  }
+  EXPECT_GE(compared, 15);
 }

@@ -2,7 +2,8 @@
 // logits against the CPU reference on tiny-mtp; drafts independent of how the context was fed and carried
 // by snapshots; verify with injected drafts at every acceptance length 0..K bit for bit plain decoding
 // (greedy and sampling, across prefill pieces and at the context limit); greedy generation with the head's
-// drafts identical to plain decoding; the head on a real-width synthetic model. Skip without a GPU.
+// drafts identical to plain decoding; the head after long plain stretches (the adaptive policy's k = 0);
+// the head on a real-width synthetic model. Skip without a GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -23,6 +24,7 @@
 #include "engine/speculative.h"
 #include "model/weights.h"
 #include "support/fixtures.h"
+#include "support/spec_stretch.h"
 
 using namespace lilac;
 using testutil::fixture;
@@ -321,6 +323,33 @@ TEST(CudaSpec, GreedyWithTheHeadsDraftsEqualsPlain) {
     for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], ref.choices[i].token) << "K " << K << ", token " << i;
     EXPECT_GT(st.rounds, 0) << "K " << K;
   }
+}
+
+// Plain stretches up to 256 steps under the adaptive policy (the head's 128-row ring fills and its pairs run
+// in a burst inside a plain step), then drafting again: plain decoding's tokens, and the head's drafts after
+// every stretch equal those of a head that drafted at every step (tests/support/spec_stretch.h; the same
+// test runs on the CPU reference: CpuSpec.HeadAfterLongPlainStretchesDraftsAsIfDraftingEveryStep).
+TEST(CudaSpec, HeadAfterLongPlainStretchesDraftsAsIfDraftingEveryStep) {
+  NEED_CUDA();
+  auto be = cuda::make_cuda_backend(fixture("tiny-mtp"));
+  const int64_t V = be->config().vocab_size;
+  const auto prompt = random_tokens(23, V, 31);
+  const Reference ref = decode_plainly(*be, prompt, SamplingParams{}, 600, 640, 256);
+  std::vector<int32_t> truth;
+  for (const TokenChoice& c : ref.choices) truth.push_back(c.token);
+  const testutil::StretchRun r = testutil::run_plain_stretches(*be, prompt, truth, 300, 3);
+  EXPECT_EQ(r.tokens, truth);
+  EXPECT_GE(r.longest_plain, 255);  // probes 4, 8, .. 128, 256 plain steps apart
+  EXPECT_GE(r.rounds_after_easy, 10);
+  int compared = 0;
+  for (const auto& [i, d] : r.head) {
+    ASSERT_EQ(int(d.size()), r.asked.at(i)) << "the head stopped drafting at " << i;
+    const auto& e = r.every.at(i);
+    const size_t m = std::min(e.size(), d.size());
+    EXPECT_TRUE(std::equal(d.begin(), d.begin() + long(m), e.begin())) << "head drafts differ at " << i;
+    compared += m > 0;
+  }
+  EXPECT_GE(compared, 15);
 }
 
 // The head at the real model's widths (synthetic weights, 4 layers): drafts are in the vocabulary, equal for
