@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Runs ON the GPU machine (like gpu-check.sh): per-kernel GPU times of the decode step with Nsight
-# Compute (each kernel node of the decode graph timed on its own, clocks left alone, caches not
-# flushed), summed per kernel name. A synthetic model of PROFILE_LAYERS (default 4) layers: one attention
+# Runs ON the GPU machine (like gpu-check.sh): per-kernel GPU times of a prefill chunk and of the decode
+# step with Nsight Compute (each kernel node of the decode graph timed on its own, clocks left alone, caches
+# not flushed), summed per kernel name (bench/perf_profile.py; the model of bench/PERF.md). A synthetic model of PROFILE_LAYERS (default 4) layers: one attention
 # and three Gated DeltaNet layers, i.e. the real model's per-layer kernels.
 #   bash scripts/gpu-profile.sh            → $OUT/ncu.csv, $OUT/ncu-summary.txt
 # Or one kernel benchmark (bench/bench_kernels_<family>.cpp, packed by gpu-pack.sh) under Nsight Compute,
@@ -40,34 +40,13 @@ PY
   tail -5 "$OUT/ncu-$fam.err"
   exit 0
 fi
-# The decode graph's kernels: skip the prefill's launches by profiling only the last N kernel launches
-# is not possible up front, so profile everything of a 16-token prompt + 2 decode steps and keep the
-# kernels launched from graphs (the decode step) in the summary.
+# The whole bench run is profiled (a 16-token warm-up prefill, the prompt's prefill, 2 decode steps);
+# bench/perf_profile.py splits it at the sampling kernels and sums the prefill and the last decode step per kernel.
 timeout ${PROFILE_TIMEOUT:-240} "$NCU" --graph-profiling node --clock-control none --cache-control none \
   --metrics gpu__time_duration.sum --csv --page raw \
   $L bench --synthetic --layers "${PROFILE_LAYERS:-4}" --prompt-lens "${PROFILE_LEN:-512}" --decode-tokens 2 \
   > "$OUT/ncu.csv" 2> "$OUT/ncu.err"
 echo "ncu rc=$?"
-python3 - "$OUT/ncu.csv" > "$OUT/ncu-summary.txt" <<'PY'
-import csv, sys, collections
-rows = list(csv.reader(open(sys.argv[1])))
-hdr = next(i for i, r in enumerate(rows) if 'Kernel Name' in r)
-h = rows[hdr]; data = rows[hdr + 2:]
-ki, ti = h.index('Kernel Name'), h.index('gpu__time_duration.sum')
-tot = collections.defaultdict(float); cnt = collections.Counter()
-# the last decode step: the final kernels after the last sample kernel but one
-names = [r[ki] for r in data]
-idx = [i for i, n in enumerate(names) if "sample_select" in n]
-start = idx[-2] + 1 if len(idx) >= 2 else 0
-step = data[start: idx[-1] + 1] if idx else data
-allt = 0.0
-for r in step:
-    t = float(r[ti].replace(",", "")) / 1000.0  # ns -> us
-    n = r[ki].split('(')[0][:90]
-    tot[n] += t; cnt[n] += 1; allt += t
-print(f"one decode step: {len(step)} kernels, sum of kernel times {allt:.1f} us")
-for n, t in sorted(tot.items(), key=lambda x: -x[1]):
-    print(f"{t:9.1f} us  {cnt[n]:4d}x  {t/cnt[n]:7.2f} us/launch  {n}")
-PY
+python3 bench/perf_profile.py "$OUT/ncu.csv" > "$OUT/ncu-summary.txt"
 cat "$OUT/ncu-summary.txt"
 tail -5 "$OUT/ncu.err"

@@ -13,25 +13,13 @@
 #include "core/error.h"
 #include "cpu/cpu_backend.h"
 #include "model/weights.h"
+#include "support/fixtures.h"
 
 using namespace lilac;
+using testutil::fixture;
+using testutil::random_tokens;
 
 namespace {
-
-std::shared_ptr<const ModelWeights> fixture(const std::string& name) {
-  static std::map<std::string, std::shared_ptr<const ModelWeights>> cache;
-  auto& w = cache[name];
-  if (!w) w = load_model(std::string(LILAC_SHARED_DIR) + "/fixtures/" + name + "/mlx4", LoadOptions{.progress = false});
-  return w;
-}
-
-std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int32_t> d(0, int32_t(vocab - 1));
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  for (auto& x : t) x = d(rng);
-  return t;
-}
 
 SamplingParams params_for(int i) {
   SamplingParams p;

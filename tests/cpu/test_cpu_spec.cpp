@@ -17,38 +17,15 @@
 #include "cpu/cpu_backend.h"
 #include "engine/sampler.h"
 #include "model/weights.h"
+#include "support/fixtures.h"
 
 using namespace lilac;
+using testutil::fixture;
+using testutil::random_tokens;
+using testutil::same_bits;
+using testutil::same_choice;
 
 namespace {
-
-std::shared_ptr<const ModelWeights> fixture(const std::string& name) {
-  static std::map<std::string, std::shared_ptr<const ModelWeights>> cache;
-  auto& w = cache[name];
-  if (!w) w = load_model(std::string(LILAC_SHARED_DIR) + "/fixtures/" + name + "/mlx4", LoadOptions{.progress = false});
-  return w;
-}
-
-std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int32_t> d(0, int32_t(vocab - 1));
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  for (auto& x : t) x = d(rng);
-  return t;
-}
-
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-
-bool same_choice(const TokenChoice& a, const TokenChoice& b) {
-  if (a.token != b.token || std::memcmp(&a.logprob, &b.logprob, sizeof(float)) != 0 || a.top.size() != b.top.size())
-    return false;
-  for (size_t i = 0; i < a.top.size(); ++i)
-    if (a.top[i].token != b.top[i].token || std::memcmp(&a.top[i].logprob, &b.top[i].logprob, sizeof(float)) != 0)
-      return false;
-  return true;
-}
 
 // Plain decoding: the choices (the first from sample()) and the logits current after each of them.
 struct Reference {

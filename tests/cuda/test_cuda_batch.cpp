@@ -26,8 +26,10 @@
 #include "cuda/cuda_session.h"
 #include "gpu_test.h"
 #include "model/weights.h"
+#include "support/fixtures.h"
 
 using namespace lilac;
+using testutil::same_bits;
 
 namespace {
 
@@ -41,8 +43,6 @@ std::unique_ptr<Backend> fixture_backend(const std::string& name, const char* ba
   unsetenv("LILAC_CUDA_BATCH");
   return b;
 }
-
-bool same_bits(float a, float b) { return std::memcmp(&a, &b, sizeof a) == 0; }
 
 void expect_same_choice(const TokenChoice& x, const TokenChoice& y, const std::string& what) {
   EXPECT_EQ(x.token, y.token) << what;

@@ -17,8 +17,10 @@
 #include "server/metrics.h"
 #include "server/scheduler.h"
 #include "text/tokenizer.h"
+#include "support/fixtures.h"
 
 using namespace lilac;
+using testutil::random_tokens;
 using namespace lilac::server;
 
 namespace {
@@ -95,14 +97,6 @@ int64_t metric(const Metrics& m, const std::string& name) {
                                               R"( ([0-9.]+)\n)")))
     ADD_FAILURE() << "no metric " << name;
   return mt.empty() ? -1 : std::stoll(mt[1]);
-}
-
-std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int32_t> d(0, int32_t(vocab - 1));
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  for (auto& x : t) x = d(rng);
-  return t;
 }
 
 // Six requests of different shapes: lengths, sampling, penalties, logprobs, stop ids, max_tokens.
