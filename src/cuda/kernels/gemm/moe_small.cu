@@ -54,6 +54,7 @@ constexpr int kGroup = 64;
 template <int BITS>
 constexpr int kPF = BITS == 4 ? 2 : 1;
 constexpr int kMaxSmem = 200 * 1024;
+constexpr int kStageUnroll = 2;   // X loads per thread in flight while staging (4 spills registers)
 
 struct Args {
   QExpertsDev W0, W1;  // SwiGLU: gate, up; down: W1 == W0
@@ -158,31 +159,44 @@ __global__ void __launch_bounds__(kThreads, 2) moe_small_kernel(const Args p) {
       for (int s = 0; s < kPF<BITS>; ++s)
         if (s < ngroups) load(buf[s], s);
     }
-    // ---- stage X[chunk] (fragment order) and Σx per (token, group); 8 lanes per 64-group
-    const int cpr = K / 8;  // 16-byte chunks per row
-    for (int idx = tid; idx < kTok * cpr; idx += kThreads) {
-      const int t = idx / cpr, q = idx - t * cpr;
-      uint4 v = make_uint4(0, 0, 0, 0);
-      if (chunk0 + t < count) {
-        const int sr = start + chunk0 + t;
-        const int64_t xr = p.a_rows ? p.a_rows[sr] : sr;
-        v = *reinterpret_cast<const uint4*>(p.X + xr * p.ldx + q * 8);
-      }
-      const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
-      float sum = 0.f;
+    // ---- stage X[chunk] (fragment order) and Σx per (token, group); 8 lanes per 64-group. kStageUnroll loads
+    // per thread in flight; total = kTok·K/8 is a multiple of 32, so whole warps take each branch.
+    const int cpr = K / 8, total = kTok * cpr;  // 16-byte chunks per row, in the tile
+    for (int base = 0; base < total; base += kStageUnroll * kThreads) {
+      uint4 v[kStageUnroll];
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const float2 f = __bfloat1622float2(h[j]);
-        sum += f.x + f.y;
+      for (int u = 0; u < kStageUnroll; ++u) {
+        const int idx = base + u * kThreads + tid, t = idx / cpr;
+        v[u] = make_uint4(0, 0, 0, 0);
+        if (idx < total && chunk0 + t < count) {
+          const int sr = start + chunk0 + t;
+          const int64_t xr = p.a_rows ? p.a_rows[sr] : sr;
+          v[u] = *reinterpret_cast<const uint4*>(p.X + xr * p.ldx + (idx - t * cpr) * 8);
+        }
       }
-      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 4);
-      if constexpr (BITS == 4)  // (x0,x4), (x1,x5), (x2,x6), (x3,x7): the nibble pairs of a word
-        v = make_uint4(__byte_perm(v.x, v.z, 0x5410), __byte_perm(v.x, v.z, 0x7632), __byte_perm(v.y, v.w, 0x5410),
-                       __byte_perm(v.y, v.w, 0x7632));
-      *reinterpret_cast<uint4*>(smem + t * XS + q * 16) = v;
-      if ((q & 7) == 0) sumx[(q >> 3) * kTok + t] = sum;
+#pragma unroll
+      for (int u = 0; u < kStageUnroll; ++u) {
+        const int idx = base + u * kThreads + tid, t = idx / cpr, q = idx - t * cpr;
+        if (base + u * kThreads >= total) break;  // uniform over the block
+        const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v[u]);
+        float sum = 0.f;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const float2 f = __bfloat1622float2(h[j]);
+          sum += f.x + f.y;
+        }
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 4);
+        uint4 o = v[u];
+        if constexpr (BITS == 4)  // (x0,x4), (x1,x5), (x2,x6), (x3,x7): the nibble pairs of a word
+          o = make_uint4(__byte_perm(o.x, o.z, 0x5410), __byte_perm(o.x, o.z, 0x7632), __byte_perm(o.y, o.w, 0x5410),
+                         __byte_perm(o.y, o.w, 0x7632));
+        if (idx < total) {
+          *reinterpret_cast<uint4*>(smem + t * XS + q * 16) = o;
+          if ((q & 7) == 0) sumx[(q >> 3) * kTok + t] = sum;
+        }
+      }
     }
     __syncthreads();
 
