@@ -23,6 +23,7 @@
 #include "core/error.h"
 #include "cpu/ops.h"
 #include "cuda/kernels/gemm/gemm.h"
+#include "moe_routing_data.h"
 #include "prefill_test_util.h"
 
 using namespace lilac;
@@ -31,43 +32,9 @@ using namespace lilac::cuda::prefill_testing;
 
 namespace {
 
-// Routing of n tokens to k distinct experts of E, skewed (30 % of the picks among the first 4 experts) so
-// that some experts get several 16-token chunks; sorted by expert like moe_prefill's scatter.
-struct Routing {
-  int n = 0, E = 0, k = 0;
-  std::vector<int32_t> start, sorted_tok, sorted_exp;
-  std::vector<float> sorted_w;
-};
-Routing make_routing(int n, int E, int k, std::mt19937& rng) {
-  Routing r;
-  r.n = n;
-  r.E = E;
-  r.k = k;
-  std::vector<int32_t> ids(size_t(n) * k);
-  std::uniform_int_distribution<int> any(0, E - 1), hot(0, std::min(E, 4) - 1);
-  std::uniform_real_distribution<float> u(0.f, 1.f);
-  for (int t = 0; t < n; ++t)
-    for (int s = 0; s < k; ++s) {
-      int e;
-      do e = u(rng) < 0.3f ? hot(rng) : any(rng);
-      while (std::find(&ids[size_t(t) * k], &ids[size_t(t) * k + s], e) != &ids[size_t(t) * k + s]);
-      ids[size_t(t) * k + s] = e;
-    }
-  r.start.assign(E + 1, 0);
-  for (int32_t e : ids) ++r.start[e + 1];
-  for (int e = 0; e < E; ++e) r.start[e + 1] += r.start[e];
-  std::vector<int32_t> fill(r.start.begin(), r.start.end() - 1);
-  r.sorted_tok.resize(ids.size());
-  r.sorted_exp.resize(ids.size());
-  r.sorted_w.resize(ids.size());
-  for (size_t i = 0; i < ids.size(); ++i) {
-    const int pos = fill[ids[i]]++;
-    r.sorted_tok[pos] = int32_t(i / k);
-    r.sorted_exp[pos] = ids[i];
-    r.sorted_w[pos] = 0.1f + u(rng);
-  }
-  return r;
-}
+// Test routings: 30 % of the picks among the first 4 experts, so that some experts get several 16-token
+// chunks.
+SortedRouting make_routing(int n, int E, int k, std::mt19937& rng) { return make_sorted_routing(n, E, k, 0.3f, rng); }
 
 // Row `row` of W (exact dequantization s·q + b) dotted with x, in double.
 double ref_dot(const QMatrix& W, int64_t row, const float* x) {
@@ -97,7 +64,7 @@ void check_gate_up(int n, int E, int k, int hidden, int inter, int bits) {
   SCOPED_TRACE("seed " + std::to_string(seed) + " n=" + std::to_string(n) + " hidden=" + std::to_string(hidden) +
                " inter=" + std::to_string(inter) + " bits=" + std::to_string(bits));
   std::mt19937 rng(seed);
-  Routing r = make_routing(n, E, k, rng);
+  SortedRouting r = make_routing(n, E, k, rng);
   const int P = n * k;
   QMat gate(inter, hidden, bits, rng, E), up(inter, hidden, bits, rng, E);
   const int64_t ldx = hidden + 8, ldh = inter + 3;
@@ -138,7 +105,7 @@ void check_down(int n, int E, int k, int hidden, int inter, int bits) {
   SCOPED_TRACE("seed " + std::to_string(seed) + " n=" + std::to_string(n) + " hidden=" + std::to_string(hidden) +
                " inter=" + std::to_string(inter) + " bits=" + std::to_string(bits));
   std::mt19937 rng(seed);
-  Routing r = make_routing(n, E, k, rng);
+  SortedRouting r = make_routing(n, E, k, rng);
   const int P = n * k;
   QMat down(hidden, inter, bits, rng, E);
   const int64_t ldh = inter + 16, ldy = hidden + 1;
@@ -212,7 +179,7 @@ void check_paths(int n, int E, int k, int hidden, int inter, int sinter) {
   w.shared_down = sd.dev();
   w.shared_expert_gate = seg.dev();
   w.top_k = k;
-  Routing r = make_routing(n, E, k, rng);
+  SortedRouting r = make_routing(n, E, k, rng);
   std::vector<int32_t> ids(size_t(n) * k);
   std::vector<float> wts(size_t(n) * k);
   std::vector<int> slot(n, 0);
