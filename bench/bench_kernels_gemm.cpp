@@ -148,8 +148,8 @@ void BM_MoePrefillPath(benchmark::State& state, int n, lc::MoePath path) {
 }
 
 // The small-M expert GEMMs alone (gate/up + SwiGLU, down) at the model's widths on a uniform random top-8
-// routing of n tokens: µs of each kernel and the weight bytes it must read (each hit expert once per
-// 16-token chunk) per µs — compare with the grouped GEMMs' ncu times (bench/PERF.md).
+// routing of n tokens: µs of each kernel and the weight bytes of the hit experts (each once: the floor; CTAs
+// sharing an expert's 16-token chunks read its weights together) per µs — compare with the grouped GEMMs' ncu times (bench/PERF.md).
 void BM_MoeSmallExperts(benchmark::State& state, int n) {
   const int hidden = 2048, E = 256, k = 8, inter = 512;
   std::mt19937 rng(fresh_seed());
@@ -164,13 +164,14 @@ void BM_MoeSmallExperts(benchmark::State& state, int n) {
   float ms_gu = 0, ms_dn = 0;
   for (auto _ : state) {
     ms_gu = time_ms(
-        [&] { lc::moe_small_gate_up(gate.experts(E), up.experts(E), X, hidden, dtok.p, dstart.p, H, inter, nullptr); });
-    ms_dn = time_ms([&] { lc::moe_small_down(down.experts(E), H, inter, dstart.p, dw.p, dy.p, hidden, nullptr); });
+        [&] { lc::moe_small_gate_up(gate.experts(E), up.experts(E), X, hidden, dtok.p, dstart.p, P, H, inter, 0); });
+    ms_dn = time_ms([&] { lc::moe_small_down(down.experts(E), H, inter, dstart.p, P, dw.p, dy.p, hidden, nullptr); });
     state.SetIterationTime((ms_gu + ms_dn) * 1e-3);
   }
   const double per_row = double(hidden) / 2 + double(hidden) / 64 * 4;  // packed 4-bit + bf16 scale, bias
-  const double b_gu = r.chunked_bytes(2.0 * inter * per_row, 16);
-  const double b_dn = r.chunked_bytes(double(hidden) * (double(inter) / 2 + double(inter) / 64 * 4), 16);
+  const int once = 1 << 30;  // "chunk" larger than any expert's count: each hit expert once
+  const double b_gu = r.chunked_bytes(2.0 * inter * per_row, once);
+  const double b_dn = r.chunked_bytes(double(hidden) * (double(inter) / 2 + double(inter) / 64 * 4), once);
   int hit = 0;
   for (int e = 0; e < E; ++e) hit += r.start[e + 1] > r.start[e];
   std::printf("[timing] moe_small n=%5d (%3d experts hit): gate/up %7.1f us (%5.0f MB, %4.2f TB/s)  down %7.1f us "

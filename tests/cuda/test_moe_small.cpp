@@ -74,7 +74,7 @@ void check_gate_up(int n, int E, int k, int hidden, int inter, int bits) {
   Dev<int32_t> dstart(r.start), dtok(r.sorted_tok);
   dh.poison();
   lc::moe_small_gate_up(gate.experts(E), up.experts(E), reinterpret_cast<const __nv_bfloat16*>(dx.p), ldx, dtok.p,
-                        dstart.p, reinterpret_cast<__nv_bfloat16*>(dh.p), ldh, nullptr);
+                        dstart.p, P, reinterpret_cast<__nv_bfloat16*>(dh.p), ldh, nullptr);
   CK(cudaDeviceSynchronize());
   auto h = bf16_to_f(dh.get());
   for (int i = 0; i < P; ++i)
@@ -115,8 +115,8 @@ void check_down(int n, int E, int k, int hidden, int inter, int bits) {
   Dev<float> dy(size_t(P) * ldy), dw(r.sorted_w);
   Dev<int32_t> dstart(r.start);
   dy.poison();
-  lc::moe_small_down(down.experts(E), reinterpret_cast<const __nv_bfloat16*>(dh.p), ldh, dstart.p, dw.p, dy.p, ldy,
-                     nullptr);
+  lc::moe_small_down(down.experts(E), reinterpret_cast<const __nv_bfloat16*>(dh.p), ldh, dstart.p, P, dw.p, dy.p,
+                     ldy, nullptr);
   CK(cudaDeviceSynchronize());
   auto y = dy.get();
   for (int i = 0; i < P; ++i)
@@ -156,8 +156,8 @@ TEST(MoeSmall, RejectsBadShapes) {
   Dev<uint16_t> dx(1024);
   Dev<int32_t> ds(std::vector<int32_t>{0, 0, 0});
   Dev<float> dy(1024);
-  EXPECT_THROW(lc::moe_small_down(W.experts(2), reinterpret_cast<const __nv_bfloat16*>(dx.p), 96, ds.p, dy.p, dy.p,
-                                  64, nullptr),
+  EXPECT_THROW(lc::moe_small_down(W.experts(2), reinterpret_cast<const __nv_bfloat16*>(dx.p), 96, ds.p, 0, dy.p,
+                                  dy.p, 64, nullptr),
                Error);
 }
 

@@ -86,14 +86,15 @@ bool moe_small_supported(const MoEPrefillWeights& w);
 bool moe_use_small(const MoEPrefillWeights& w, int n);
 
 // The small-path kernels alone (also used by moe_prefill). Sorted rows [expert_start[e], expert_start[e+1])
-// (device array, E + 1 entries, E = gate.n) belong to expert e.
+// (device array, E + 1 entries, E = gate.n) belong to expert e; `rows` = expert_start[E] (known on the host:
+// n·top_k) sets how many CTAs share an expert's 16-token chunks.
 // gate/up: H[i, :inter] = bf16(silu(gate_e · x) ⊙ (up_e · x)), x = X[a_rows[i]] (a_rows null: X[i]).
 void moe_small_gate_up(const QExpertsDev& gate, const QExpertsDev& up, const __nv_bfloat16* X, int64_t ldx,
-                       const int32_t* a_rows, const int32_t* expert_start, __nv_bfloat16* H, int64_t ldh,
+                       const int32_t* a_rows, const int32_t* expert_start, int rows, __nv_bfloat16* H, int64_t ldh,
                        cudaStream_t stream);
 // down: Y[i, :hidden] = row_scale[i] · (down_e · H[i]), fp32.
 void moe_small_down(const QExpertsDev& down, const __nv_bfloat16* H, int64_t ldh, const int32_t* expert_start,
-                    const float* row_scale, float* Y, int64_t ldy, cudaStream_t stream);
+                    int rows, const float* row_scale, float* Y, int64_t ldy, cudaStream_t stream);
 
 // Routing alone: logits fp32 [n, E] → ids [n, k], weights [n, k] (softmax, top-k by descending
 // probability, ties to the lower id, renormalised when asked).

@@ -284,8 +284,8 @@ void run_experts(const MoEPrefillWeights& w, const __nv_bfloat16* X, int64_t ldx
                                                        ws.sorted_w, ws.pair_pos);
   check_launch("moe scatter");
   if (moe_use_small(w, n)) {
-    moe_small_gate_up(w.gate, w.up, X, ldx, ws.sorted_tok, ws.expert_start, ws.hsorted, inter, stream);
-    moe_small_down(w.down, ws.hsorted, inter, ws.expert_start, ws.sorted_w, ws.ysorted, hidden, stream);
+    moe_small_gate_up(w.gate, w.up, X, ldx, ws.sorted_tok, ws.expert_start, P, ws.hsorted, inter, stream);
+    moe_small_down(w.down, ws.hsorted, inter, ws.expert_start, P, ws.sorted_w, ws.ysorted, hidden, stream);
   } else {
     grouped_experts(w, X, ldx, P, ws, stream);
   }

@@ -6,7 +6,7 @@
 // Here the weights are the mma's A operand, read once per 16-token chunk of an expert, and the tokens are
 // the B operand (n = 8 per mma), so the kernel streams weights like the decode GEMV does.
 //
-// Layout. A CTA (8 warps) works on one expert (blockIdx.y) and a block of weight rows (blockIdx.x). A warp
+// Layout. A CTA (8 warps) works on one expert (blockIdx.y) and a block of weight rows (blockIdx.x / Z). A warp
 // owns two 16-row A operands for all of K: SwiGLU (gate/up): gate rows r..r+15 and up rows r..r+15 (r =
 // 16 per warp), so silu(g)·u is formed in registers; down: rows r..r+15 and r+16..r+31 (r = 32 per warp).
 // For each 16-token chunk of the expert: X rows (gathered through a_rows) are staged whole-K in shared
@@ -21,7 +21,11 @@
 // The k order inside an mma is a permutation of the group's columns (4-bit: a word's nibbles i and i+4
 // form one bf16 pair); the staged X follows the same permutation, so the dot products are unchanged.
 //
+// An expert with more than 16 tokens has several chunks: Z CTAs per (expert, row block), adjacent in launch
+// order (blockIdx.x = row block · Z + z), take near-equal runs of its chunks at the same time, so the weights
+// they share come from HBM once and from L2 for the others (Z from the average tokens per expert, z_ctas()).
 // Weights are loaded into registers kPF groups ahead (ld.global.nc); 2 CTAs per SM (16 warps).
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -63,6 +67,7 @@ struct Args {
   const int32_t* a_rows = nullptr;  // X row of sorted row i (null: i)
   const int32_t* expert_start = nullptr;
   int N = 0;                        // output columns (weight rows)
+  int Z = 1;                        // CTAs per (expert, row block), each a run of the expert's chunks
   void* Y = nullptr;
   int64_t ldy = 0;
   const float* row_scale = nullptr;  // down: per sorted row
@@ -74,11 +79,14 @@ constexpr int rows_per_warp() { return SWIGLU ? 16 : 32; }
 __host__ __device__ inline int x_stride(int K) { return 2 * K + 16; }  // bytes; +16: conflict-free fragments
 __host__ __device__ inline int smem_bytes(int K) { return kTok * x_stride(K) + (K / kGroup) * kTok * 4; }
 
-// One group's weights for one thread: rows (A0, g), (A0, g+8), (A1, g), (A1, g+8).
+// One group's weights for one thread: rows (A0, g), (A0, g+8), (A1, g), (A1, g+8) (kPF groups ahead), and
+// their scales / biases (one group ahead: they mostly hit L1, a 32-byte sector holds 16 groups).
 template <int BITS>
 struct Stage {
   using Word = typename std::conditional<BITS == 4, uint2, uint4>::type;
   Word w[4];
+};
+struct ScaleBias {
   unsigned short s[4], b[4];
 };
 
@@ -113,51 +121,56 @@ __global__ void __launch_bounds__(kThreads, 2) moe_small_kernel(const Args p) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int e = blockIdx.y;
   const int start = p.expert_start[e], count = p.expert_start[e + 1] - start;
-  if (count <= 0) return;
+  // this CTA's chunks: the z-th of Z near-equal runs of the expert's ceil(count / 16) chunks
+  const int z = blockIdx.x % p.Z, rb = blockIdx.x / p.Z;
+  const int per = ((count + kTok - 1) / kTok + p.Z - 1) / p.Z;
+  const int lo = z * per * kTok, hi = min(count, (z + 1) * per * kTok);
+  if (lo >= hi) return;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
   const int K = int(p.W0.first.cols), ngroups = K / kGroup, XS = x_stride(K);
   float* sumx = reinterpret_cast<float*>(smem + kTok * XS);  // [group][token]
   constexpr float ZC = BITS == 4 ? 8.f : 128.f;
 
   // ---- this thread's 4 weight rows
-  const int r0 = (blockIdx.x * kWarps + warp) * rows_per_warp<SWIGLU>();
+  const int r0 = (rb * kWarps + warp) * rows_per_warp<SWIGLU>();
   const bool warp_active = r0 < p.N;
-  int row[4];
-  row[0] = r0 + g;
-  row[1] = r0 + g + 8;
-  row[2] = SWIGLU ? row[0] : r0 + 16 + g;
-  row[3] = SWIGLU ? row[1] : r0 + 24 + g;
+  // row of i = 0..3: (A0, g), (A0, g+8), (A1, g), (A1, g+8); A1 = A0 + 16 rows for down
+  auto row_of = [&](int i) { return r0 + g + 8 * (i & 1) + (SWIGLU ? 0 : 16 * (i >> 1)); };
   const QMatrixDev M0 = p.W0.expert(e), M1 = SWIGLU ? p.W1.expert(e) : M0;
-  const char* wq[4];
-  const unsigned short *ws[4], *wb[4];
   constexpr int GROUP_BYTES = kGroup * BITS / 8;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const QMatrixDev& M = i < 2 ? M0 : M1;
-    const int64_t r = min(row[i], p.N - 1);  // rows past N load row N-1 and are not stored
-    wq[i] = reinterpret_cast<const char*>(M.qweight) + r * (int64_t(K) * BITS / 8) + c * (GROUP_BYTES / 4);
-    ws[i] = reinterpret_cast<const unsigned short*>(M.scales) + r * ngroups;
-    wb[i] = reinterpret_cast<const unsigned short*>(M.biases) + r * ngroups;
-  }
+  const int64_t row_bytes = int64_t(K) * BITS / 8;
+  // rows past N load row N-1 and are not stored; addresses are formed at each load (fewer live registers)
   auto load = [&](Stage<BITS>& st, int G) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
+      const QMatrixDev& M = i < 2 ? M0 : M1;
+      const char* q = reinterpret_cast<const char*>(M.qweight) + min(row_of(i), p.N - 1) * row_bytes +
+                      G * GROUP_BYTES + c * (GROUP_BYTES / 4);
       if constexpr (BITS == 4)
-        st.w[i] = ld_stream8(reinterpret_cast<const uint2*>(wq[i] + int64_t(G) * GROUP_BYTES));
+        st.w[i] = ld_stream8(reinterpret_cast<const uint2*>(q));
       else
-        st.w[i] = ld_stream(reinterpret_cast<const uint4*>(wq[i] + int64_t(G) * GROUP_BYTES));
-      st.s[i] = __ldg(ws[i] + G);
-      st.b[i] = __ldg(wb[i] + G);
+        st.w[i] = ld_stream(reinterpret_cast<const uint4*>(q));
+    }
+  };
+  auto load_sb = [&](ScaleBias& sb, int G) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const QMatrixDev& M = i < 2 ? M0 : M1;
+      const int64_t sg = int64_t(min(row_of(i), p.N - 1)) * ngroups + G;
+      sb.s[i] = __ldg(reinterpret_cast<const unsigned short*>(M.scales) + sg);
+      sb.b[i] = __ldg(reinterpret_cast<const unsigned short*>(M.biases) + sg);
     }
   };
 
-  for (int chunk0 = 0; chunk0 < count; chunk0 += kTok) {
+  for (int chunk0 = lo; chunk0 < hi; chunk0 += kTok) {
     // first weight groups in flight before the X staging
     Stage<BITS> buf[kPF<BITS>];
+    ScaleBias sb_next;
     if (warp_active) {
 #pragma unroll
       for (int s = 0; s < kPF<BITS>; ++s)
         if (s < ngroups) load(buf[s], s);
+      load_sb(sb_next, 0);
     }
     // ---- stage X[chunk] (fragment order) and Σx per (token, group); 8 lanes per 64-group. kStageUnroll loads
     // per thread in flight; total = kTok·K/8 is a multiple of 32, so whole warps take each branch.
@@ -214,48 +227,45 @@ __global__ void __launch_bounds__(kThreads, 2) moe_small_kernel(const Args p) {
           const int G = G0 + s;
           if (G >= ngroups) break;
           const Stage<BITS> cur = buf[s];
+          const ScaleBias sb = sb_next;
           if (G + kPF<BITS> < ngroups) load(buf[s], G + kPF<BITS>);
-          float dot[2][kNT][4];
+          if (G + 1 < ngroups) load_sb(sb_next, G + 1);
           uint32_t bx[kNT][8];  // the tiles' B registers: pairs 0..7 of token g, thread c's 16 columns
+          float2 sx[kNT];       // Σx of tokens 2c, 2c+1 of each tile
 #pragma unroll
-          for (int t = 0; t < kNT; ++t) {
-#pragma unroll
-            for (int i = 0; i < 4; ++i) dot[0][t][i] = dot[1][t][i] = 0.f;
-            {  // (a tile past the expert's tokens multiplies the staged zeros; not stored)
-              const unsigned char* xb = smem + (t * 8 + g) * XS + G * 128 + c * 32;
-              const uint4 x0 = *reinterpret_cast<const uint4*>(xb), x1 = *reinterpret_cast<const uint4*>(xb + 16);
-              bx[t][0] = x0.x, bx[t][1] = x0.y, bx[t][2] = x0.z, bx[t][3] = x0.w;
-              bx[t][4] = x1.x, bx[t][5] = x1.y, bx[t][6] = x1.z, bx[t][7] = x1.w;
-            }
+          for (int t = 0; t < kNT; ++t) {  // (a tile past the expert's tokens multiplies staged zeros; not stored)
+            const unsigned char* xb = smem + (t * 8 + g) * XS + G * 128 + c * 32;
+            const uint4 x0 = *reinterpret_cast<const uint4*>(xb), x1 = *reinterpret_cast<const uint4*>(xb + 16);
+            bx[t][0] = x0.x, bx[t][1] = x0.y, bx[t][2] = x0.z, bx[t][3] = x0.w;
+            bx[t][4] = x1.x, bx[t][5] = x1.y, bx[t][6] = x1.z, bx[t][7] = x1.w;
+            sx[t] = *reinterpret_cast<const float2*>(sumx + G * kTok + t * 8 + 2 * c);
           }
-          // each A fragment dequantized once and used for every n-tile
+          // per operand m: each A fragment dequantized once and used for every n-tile, then
+          // y += s·dot + (zc·s + b)·Σx   (rows g / g+8 of operand m; tokens 2c, 2c+1 of tile t)
 #pragma unroll
-          for (int j = 0; j < 4; ++j)
+          for (int m = 0; m < 2; ++m) {
+            float dot[kNT][4];
 #pragma unroll
-            for (int m = 0; m < 2; ++m) {
+            for (int t = 0; t < kNT; ++t)
+#pragma unroll
+              for (int i = 0; i < 4; ++i) dot[t][i] = 0.f;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
               const uint32_t a[4] = {a_pair<BITS>(cur.w[2 * m], 2 * j), a_pair<BITS>(cur.w[2 * m + 1], 2 * j),
                                      a_pair<BITS>(cur.w[2 * m], 2 * j + 1), a_pair<BITS>(cur.w[2 * m + 1], 2 * j + 1)};
 #pragma unroll
-              for (int t = 0; t < kNT; ++t)
-                mma_m16n8k16_bf16(dot[m][t], a, bx[t][2 * j], bx[t][2 * j + 1]);
+              for (int t = 0; t < kNT; ++t) mma_m16n8k16_bf16(dot[t], a, bx[t][2 * j], bx[t][2 * j + 1]);
             }
-          // y += s·dot + (zc·s + b)·Σx   (rows g / g+8 of operand m; tokens 2c, 2c+1 of tile t)
-          float sc[4], cb[4];
 #pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            sc[i] = __uint_as_float(uint32_t(cur.s[i]) << 16);
-            cb[i] = fmaf(ZC, sc[i], __uint_as_float(uint32_t(cur.b[i]) << 16));
-          }
+            for (int h = 0; h < 2; ++h) {  // row g + 8h
+              const float sc = __uint_as_float(uint32_t(sb.s[2 * m + h]) << 16);
+              const float cb = fmaf(ZC, sc, __uint_as_float(uint32_t(sb.b[2 * m + h]) << 16));
 #pragma unroll
-          for (int t = 0; t < kNT; ++t) {
-            const float2 sx = *reinterpret_cast<const float2*>(sumx + G * kTok + t * 8 + 2 * c);
-#pragma unroll
-            for (int m = 0; m < 2; ++m)
-#pragma unroll
-              for (int i = 0; i < 4; ++i) {
-                const int ri = 2 * m + (i >> 1);
-                tot[m][t][i] = fmaf(sc[ri], dot[m][t][i], fmaf(cb[ri], (i & 1) ? sx.y : sx.x, tot[m][t][i]));
+              for (int t = 0; t < kNT; ++t) {
+                tot[m][t][2 * h] = fmaf(sc, dot[t][2 * h], fmaf(cb, sx[t].x, tot[m][t][2 * h]));
+                tot[m][t][2 * h + 1] = fmaf(sc, dot[t][2 * h + 1], fmaf(cb, sx[t].y, tot[m][t][2 * h + 1]));
               }
+            }
           }
         }
       }
@@ -268,7 +278,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_small_kernel(const Args p) {
           if (tok >= count) continue;
           const int64_t sr = start + tok;
           if constexpr (SWIGLU) {
-            const int r = row[i >> 1];
+            const int r = row_of(i >> 1);
             if (r >= p.N) continue;
             const float gv = tot[0][t][i], uv = tot[1][t][i];
             static_cast<__nv_bfloat16*>(p.Y)[sr * p.ldy + r] = __float2bfloat16_rn(gv / (1.f + __expf(-gv)) * uv);
@@ -276,7 +286,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_small_kernel(const Args p) {
             const float rs = p.row_scale[sr];
 #pragma unroll
             for (int m = 0; m < 2; ++m) {
-              const int r = row[2 * m + (i >> 1)];
+              const int r = row_of(2 * m + (i >> 1));
               if (r < p.N) static_cast<float*>(p.Y)[sr * p.ldy + r] = rs * tot[m][t][i];
             }
           }
@@ -299,7 +309,7 @@ void launch_small(const Args& p, int E, cudaStream_t stream) {
     attr_bytes = smem;
   }
   constexpr int rows_per_cta = kWarps * rows_per_warp<SWIGLU>();
-  const dim3 grid(unsigned((p.N + rows_per_cta - 1) / rows_per_cta), unsigned(E));
+  const dim3 grid(unsigned((p.N + rows_per_cta - 1) / rows_per_cta * p.Z), unsigned(E));
   kern<<<grid, kThreads, smem, stream>>>(p);
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) throw Error(std::string("moe_small: launch failed: ") + cudaGetErrorString(err));
@@ -324,6 +334,13 @@ void check_x(const __nv_bfloat16* X, int64_t ldx) {
 }
 
 std::atomic<int> g_forced{0};  // 0 auto, 1 grouped, 2 small
+
+// CTAs per (expert, row block) for `rows` sorted rows over E experts: ~1.5 × the average chunks per expert
+// (an expert's count is roughly Poisson around the average), 1..4. 512 tokens top-8 of 256: 2.
+int z_ctas(int64_t rows, int E) {
+  const int64_t z = (3 * rows / std::max(E, 1) + 2 * kTok - 1) / (2 * kTok);
+  return int(std::min<int64_t>(4, std::max<int64_t>(1, z)));
+}
 
 }  // namespace
 
@@ -351,7 +368,7 @@ bool moe_use_small(const MoEPrefillWeights& w, int n) {
 }
 
 void moe_small_gate_up(const QExpertsDev& gate, const QExpertsDev& up, const __nv_bfloat16* X, int64_t ldx,
-                       const int32_t* a_rows, const int32_t* expert_start, __nv_bfloat16* H, int64_t ldh,
+                       const int32_t* a_rows, const int32_t* expert_start, int rows, __nv_bfloat16* H, int64_t ldh,
                        cudaStream_t stream) {
   check_experts(gate, "gate");
   check_experts(up, "up");
@@ -367,6 +384,7 @@ void moe_small_gate_up(const QExpertsDev& gate, const QExpertsDev& up, const __n
   p.a_rows = a_rows;
   p.expert_start = expert_start;
   p.N = int(gate.first.rows);
+  p.Z = z_ctas(rows, gate.n);
   p.Y = H;
   p.ldy = ldh;
   if (gate.first.bits == 4)
@@ -376,7 +394,7 @@ void moe_small_gate_up(const QExpertsDev& gate, const QExpertsDev& up, const __n
 }
 
 void moe_small_down(const QExpertsDev& down, const __nv_bfloat16* H, int64_t ldh, const int32_t* expert_start,
-                    const float* row_scale, float* Y, int64_t ldy, cudaStream_t stream) {
+                    int rows, const float* row_scale, float* Y, int64_t ldy, cudaStream_t stream) {
   check_experts(down, "down");
   check_x(H, ldh);
   Args p;
@@ -386,6 +404,7 @@ void moe_small_down(const QExpertsDev& down, const __nv_bfloat16* H, int64_t ldh
   p.ldx = ldh;
   p.expert_start = expert_start;
   p.N = int(down.first.rows);
+  p.Z = z_ctas(rows, down.n);
   p.Y = Y;
   p.ldy = ldy;
   p.row_scale = row_scale;
