@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <random>
 #include <string>
 #include <vector>
@@ -147,6 +148,43 @@ TEST(MoeSmall, DownMatchesExact) {
     for (int n : {1, 7, 16, 64, 512}) check_down(n, 256, 8, 2048, 512, bits);
     check_down(37, 5, 2, 100, 192, bits);  // 3 groups, rows not a multiple of 16
   }
+}
+
+// The path rule (host logic only, no GPU needed): small while n·top_k / E <= kMoeSmallMaxAvg and the
+// experts fit the kernel; LILAC_MOE_SMALL and set_moe_path override.
+TEST(MoeSmall, PathRule) {
+  lc::MoEPrefillWeights w;
+  for (lc::QExpertsDev* x : {&w.gate, &w.up, &w.down}) {
+    x->n = 256;
+    x->first.bits = 4;
+    x->first.group_size = 64;
+  }
+  w.gate.first.rows = w.up.first.rows = 512;
+  w.gate.first.cols = w.up.first.cols = 2048;
+  w.down.first.rows = 2048;
+  w.down.first.cols = 512;
+  w.top_k = 8;
+  unsetenv("LILAC_MOE_SMALL");
+  lc::set_moe_path(lc::MoePath::Auto);
+  EXPECT_TRUE(lc::moe_use_small(w, 1));
+  EXPECT_TRUE(lc::moe_use_small(w, 512));
+  EXPECT_TRUE(lc::moe_use_small(w, 1024));  // 32 pairs per expert
+  EXPECT_FALSE(lc::moe_use_small(w, 1025));
+  EXPECT_FALSE(lc::moe_use_small(w, 4096));
+  setenv("LILAC_MOE_SMALL", "1", 1);
+  EXPECT_TRUE(lc::moe_use_small(w, 4096));
+  setenv("LILAC_MOE_SMALL", "0", 1);
+  EXPECT_FALSE(lc::moe_use_small(w, 16));
+  lc::set_moe_path(lc::MoePath::Small);  // overrides the environment
+  EXPECT_TRUE(lc::moe_use_small(w, 16));
+  unsetenv("LILAC_MOE_SMALL");
+  lc::set_moe_path(lc::MoePath::Grouped);
+  EXPECT_FALSE(lc::moe_use_small(w, 16));
+  lc::set_moe_path(lc::MoePath::Small);
+  w.down.first.group_size = 32;  // unsupported: never small
+  EXPECT_FALSE(lc::moe_small_supported(w));
+  EXPECT_FALSE(lc::moe_use_small(w, 16));
+  lc::set_moe_path(lc::MoePath::Auto);
 }
 
 TEST(MoeSmall, RejectsBadShapes) {

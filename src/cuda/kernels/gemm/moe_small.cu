@@ -1,10 +1,11 @@
 // The small-M expert GEMMs of moe_prefill (gemm.h: moe_small_gate_up / moe_small_down, the path choice
-// in moe_small_path_for): for prompts whose experts get few tokens each.
+// in moe_use_small): for prompts whose experts get few tokens each.
 //
 // Why: the grouped GEMM (gemm.cuh) tiles each expert's tokens by 128 and dequantizes a whole weight tile
 // per CTA; at ~16 tokens per expert the tiles are mostly padding and the MoE weights stream at ~0.6 TB/s.
-// Here the weights are the mma's A operand, read once per 16-token chunk of an expert, and the tokens are
-// the B operand (n = 8 per mma), so the kernel streams weights like the decode GEMV does.
+// Here the weights are the mma's A operand, read for each 16-token chunk of an expert (by concurrent CTAs:
+// from HBM about once), and the tokens are the B operand (n = 8 per mma), so the kernel streams weights
+// like the decode GEMV does.
 //
 // Layout. A CTA (8 warps) works on one expert (blockIdx.y) and a block of weight rows (blockIdx.x / Z). A warp
 // owns two 16-row A operands for all of K: SwiGLU (gate/up): gate rows r..r+15 and up rows r..r+15 (r =
