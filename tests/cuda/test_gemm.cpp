@@ -261,11 +261,23 @@ void check_moe(int n, int E, int k, int hidden, int inter, int sinter) {
 
 TEST(PrefillMoe, GroupedExpertsMatchCpu) {
   NEED_GPU();
+  lc::set_moe_path(lc::MoePath::Grouped);
   for_each_gemm_path([] {
     check_moe(150, 16, 4, 256, 128, 192);  // some experts get no token, uneven tiles
     check_moe(300, 64, 8, 512, 192, 128);
     check_moe(3, 32, 8, 128, 64, 64);
   });
+  lc::set_moe_path(lc::MoePath::Auto);
+}
+
+// The same block with the small-M expert GEMMs (moe_small.cu; more in test_moe_small.cpp).
+TEST(PrefillMoe, SmallExpertsMatchCpu) {
+  NEED_GPU();
+  lc::set_moe_path(lc::MoePath::Small);
+  check_moe(150, 16, 4, 256, 128, 192);  // experts with several 16-token chunks
+  check_moe(300, 64, 8, 512, 192, 128);
+  check_moe(3, 32, 8, 128, 64, 64);
+  lc::set_moe_path(lc::MoePath::Auto);
 }
 
 }  // namespace

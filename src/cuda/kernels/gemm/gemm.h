@@ -1,6 +1,7 @@
 // The quantized GEMM family (prefill, a chunk of n tokens): dense GEMMs with dequantization fused into
 // the tile loads (gemm.cu, core in gemm.cuh: mma.sync on sm_80+, wgmma on sm_90a) and the MoE block
-// built on the grouped variant (moe_prefill.cu). Conventions: cuda/kernels/api.h.
+// built on the grouped variant (moe_prefill.cu) or, for few tokens per expert, on the small-M expert
+// GEMMs (moe_small.cu). Conventions: cuda/kernels/api.h.
 #pragma once
 #include "cuda/kernels/api.h"
 
@@ -40,8 +41,8 @@ void qgemm_swiglu(const QMatrixDev& G, const QMatrixDev& U, const __nv_bfloat16*
 // Steps (a fixed number of launches): router qgemm (8-bit) → per-token softmax/top-k/renormalise
 // (ties to the lower id) with an expert histogram → exclusive scan + tile list → scatter of the
 // (token, slot) pairs sorted by expert → ONE grouped gate+up+SwiGLU GEMM over all experts →
-// ONE grouped down GEMM (scaled by the routing weight) → shared expert (qgemm_swiglu + qgemm) →
-// deterministic combine (per token, slot order) into Y.
+// ONE grouped down GEMM (scaled by the routing weight) (or the small-M pair of GEMMs, see below) →
+// shared expert (qgemm_swiglu + qgemm) → deterministic combine (per token, slot order) into Y.
 struct MoEPrefillWeights {
   QMatrixDev router;                   // [E, hidden]
   QExpertsDev gate, up, down;          // E × [inter, hidden], E × [hidden, inter]
@@ -65,6 +66,35 @@ void moe_prefill(const MoEPrefillWeights& w, const __nv_bfloat16* X, int64_t ldx
 void moe_prefill_routed(const MoEPrefillWeights& w, const __nv_bfloat16* X, int64_t ldx, int n,
                         const int32_t* ids, const float* weights, float* Y, int64_t ldy, bool accumulate,
                         void* workspace, cudaStream_t stream);
+
+// ------------------------------------------------------------------------------------------------ MoE, small M
+// The two expert GEMMs of moe_prefill have two paths with the same inputs and outputs:
+//  * Grouped (gemm.cuh): 128-token tiles per expert, weights dequantized to bf16 tiles in shared memory
+//    (wgmma on Hopper); for many tokens per expert.
+//  * Small (moe_small.cu): weights as the mma's A operand, dequantized in registers to exact integers,
+//    tokens as the 8-wide B operand in chunks of 16; each expert's weights read once per 16-token chunk;
+//    group scale / bias applied in fp32 (no bf16 rounding of the weights). For few tokens per expert.
+// The rule (Auto): Small when the average number of (token, slot) pairs per expert, n·top_k / E, is at
+// most kMoeSmallMaxAvg (n <= 1024 for 256 experts, top 8), the experts are 4- or 8-bit with group 64 and
+// the staged chunk fits in shared memory. LILAC_MOE_SMALL=0 / 1 forces Grouped / Small (A/B runs);
+// set_moe_path (tests, benchmarks) overrides both. (The grouped path needs 4-bit experts.)
+constexpr int kMoeSmallMaxAvg = 32;
+enum class MoePath { Auto, Grouped, Small };
+void set_moe_path(MoePath path);
+bool moe_small_supported(const MoEPrefillWeights& w);
+// Whether moe_prefill takes the small path for a chunk of n tokens.
+bool moe_use_small(const MoEPrefillWeights& w, int n);
+
+// The small-path kernels alone (also used by moe_prefill). Sorted rows [expert_start[e], expert_start[e+1])
+// (device array, E + 1 entries, E = gate.n) belong to expert e; `rows` = expert_start[E] (known on the host:
+// n·top_k) sets how many CTAs share an expert's 16-token chunks.
+// gate/up: H[i, :inter] = bf16(silu(gate_e · x) ⊙ (up_e · x)), x = X[a_rows[i]] (a_rows null: X[i]).
+void moe_small_gate_up(const QExpertsDev& gate, const QExpertsDev& up, const __nv_bfloat16* X, int64_t ldx,
+                       const int32_t* a_rows, const int32_t* expert_start, int rows, __nv_bfloat16* H, int64_t ldh,
+                       cudaStream_t stream);
+// down: Y[i, :hidden] = row_scale[i] · (down_e · H[i]), fp32.
+void moe_small_down(const QExpertsDev& down, const __nv_bfloat16* H, int64_t ldh, const int32_t* expert_start,
+                    int rows, const float* row_scale, float* Y, int64_t ldy, cudaStream_t stream);
 
 // Routing alone: logits fp32 [n, E] → ids [n, k], weights [n, k] (softmax, top-k by descending
 // probability, ties to the lower id, renormalised when asked).

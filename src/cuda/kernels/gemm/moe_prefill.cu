@@ -206,8 +206,12 @@ void validate(const MoEPrefillWeights& w) {
   if (w.up.n != w.gate.n || w.down.n != w.gate.n) throw Error("moe_prefill: gate/up/down expert counts differ");
   if (w.down.first.rows % 4) throw Error("moe_prefill: hidden size must be a multiple of 4");
   if (w.down.first.cols != w.gate.first.rows) throw Error("moe_prefill: down.cols != gate.rows");
+}
+
+// The grouped GEMM path needs 4-bit experts (the small path takes 4 or 8 bits).
+void validate_grouped(const MoEPrefillWeights& w) {
   if (w.gate.first.bits != 4 || w.down.first.bits != 4 || w.up.first.bits != 4)
-    throw Error("moe_prefill: experts must be 4-bit");
+    throw Error("moe_prefill: the grouped expert GEMMs need 4-bit experts");
 }
 
 // The shared expert and its gate need only X: they run on a side stream, concurrently with the
@@ -225,22 +229,11 @@ void launch_shared(const MoEPrefillWeights& w, const __nv_bfloat16* X, int64_t l
   qgemm(w.shared_expert_gate, X, ldx, n, ws.sg, 1, GemmOut::StoreF32, side);
 }
 
-// Experts (sorted, grouped) + combine with the shared expert (started by launch_shared), from ws.ids /
-// ws.weights.
-void run_experts(const MoEPrefillWeights& w, const __nv_bfloat16* X, int64_t ldx, int n, const int32_t* ids,
-                 const float* weights, float* Y, int64_t ldy, bool accumulate, const Workspace& ws,
-                 cudaStream_t stream) {
-  const int E = w.gate.n, k = w.top_k;
-  const int P = n * k;
+// The grouped gate+up+SwiGLU and down GEMMs (gemm.cuh): 128-token tiles per expert.
+void grouped_experts(const MoEPrefillWeights& w, const __nv_bfloat16* X, int64_t ldx, int P, const Workspace& ws,
+                     cudaStream_t stream) {
+  const int E = w.gate.n;
   const int inter = int(w.gate.first.rows), hidden = int(w.down.first.rows);
-  cudaMemsetAsync(ws.counts, 0, sizeof(int32_t) * E, stream);
-  histogram_kernel<<<(P + 255) / 256, 256, 0, stream>>>(ids, P, E, ws.counts);
-  check_launch("moe histogram");
-  scan_kernel<<<1, 1024, 0, stream>>>(ws.counts, E, gemm::BM, ws.expert_start, ws.tile_start, ws.fill);
-  check_launch("moe scan");
-  scatter_kernel<<<(P + 255) / 256, 256, 0, stream>>>(ids, weights, P, k, E, ws.expert_start, ws.fill, ws.sorted_tok,
-                                                       ws.sorted_w, ws.pair_pos);
-  check_launch("moe scatter");
   const int grid_y = P / gemm::BM + E;  // >= Σ_e ceil(count_e / BM)
   {
     gemm::Params p;
@@ -272,6 +265,30 @@ void run_experts(const MoEPrefillWeights& w, const __nv_bfloat16* X, int64_t ldx
     p.W0s = w.down;
     gemm::launch(p, 4, true, gemm::EPI_SCALED_F32, grid_y, stream);
   }
+}
+
+// Experts (sorted; grouped or small-M GEMMs, moe_use_small) + combine with the shared expert (started by
+// launch_shared), from ws.ids / ws.weights.
+void run_experts(const MoEPrefillWeights& w, const __nv_bfloat16* X, int64_t ldx, int n, const int32_t* ids,
+                 const float* weights, float* Y, int64_t ldy, bool accumulate, const Workspace& ws,
+                 cudaStream_t stream) {
+  const int E = w.gate.n, k = w.top_k;
+  const int P = n * k;
+  const int inter = int(w.gate.first.rows), hidden = int(w.down.first.rows);
+  cudaMemsetAsync(ws.counts, 0, sizeof(int32_t) * E, stream);
+  histogram_kernel<<<(P + 255) / 256, 256, 0, stream>>>(ids, P, E, ws.counts);
+  check_launch("moe histogram");
+  scan_kernel<<<1, 1024, 0, stream>>>(ws.counts, E, gemm::BM, ws.expert_start, ws.tile_start, ws.fill);
+  check_launch("moe scan");
+  scatter_kernel<<<(P + 255) / 256, 256, 0, stream>>>(ids, weights, P, k, E, ws.expert_start, ws.fill, ws.sorted_tok,
+                                                       ws.sorted_w, ws.pair_pos);
+  check_launch("moe scatter");
+  if (moe_use_small(w, n)) {
+    moe_small_gate_up(w.gate, w.up, X, ldx, ws.sorted_tok, ws.expert_start, P, ws.hsorted, inter, stream);
+    moe_small_down(w.down, ws.hsorted, inter, ws.expert_start, P, ws.sorted_w, ws.ysorted, hidden, stream);
+  } else {
+    grouped_experts(w, X, ldx, P, ws, stream);
+  }
   const bool shared = w.shared_gate.qweight != nullptr;
   if (shared) g_side.join(stream);  // the shared expert (launch_shared) is done
   dim3 grid((hidden / 4 + 127) / 128, n);
@@ -296,6 +313,7 @@ void moe_prefill(const MoEPrefillWeights& w, const __nv_bfloat16* X, int64_t ldx
                  bool accumulate, void* workspace, cudaStream_t stream, int32_t* ids_out, float* weights_out) {
   if (n <= 0) return;
   validate(w);
+  if (!moe_use_small(w, n)) validate_grouped(w);
   Workspace ws = carve(w, n, workspace);
   const int E = w.gate.n;
   launch_shared(w, X, ldx, n, ws, stream);
@@ -312,6 +330,7 @@ void moe_prefill_routed(const MoEPrefillWeights& w, const __nv_bfloat16* X, int6
                         cudaStream_t stream) {
   if (n <= 0) return;
   validate(w);
+  if (!moe_use_small(w, n)) validate_grouped(w);
   Workspace ws = carve(w, n, workspace);
   launch_shared(w, X, ldx, n, ws, stream);
   run_experts(w, X, ldx, n, ids, weights, Y, ldy, accumulate, ws, stream);
