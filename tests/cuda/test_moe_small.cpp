@@ -167,9 +167,9 @@ TEST(MoeSmall, PathRule) {
   unsetenv("LILAC_MOE_SMALL");
   lc::set_moe_path(lc::MoePath::Auto);
   EXPECT_TRUE(lc::moe_use_small(w, 1));
-  EXPECT_TRUE(lc::moe_use_small(w, 512));
-  EXPECT_TRUE(lc::moe_use_small(w, 1024));  // 32 pairs per expert
-  EXPECT_FALSE(lc::moe_use_small(w, 1025));
+  EXPECT_TRUE(lc::moe_use_small(w, 512));  // 16 pairs per expert
+  EXPECT_FALSE(lc::moe_use_small(w, 513));
+  EXPECT_FALSE(lc::moe_use_small(w, 1024));
   EXPECT_FALSE(lc::moe_use_small(w, 4096));
   setenv("LILAC_MOE_SMALL", "1", 1);
   EXPECT_TRUE(lc::moe_use_small(w, 4096));

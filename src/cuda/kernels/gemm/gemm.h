@@ -75,10 +75,11 @@ void moe_prefill_routed(const MoEPrefillWeights& w, const __nv_bfloat16* X, int6
 //    tokens as the 8-wide B operand in chunks of 16; each expert's weights read once per 16-token chunk;
 //    group scale / bias applied in fp32 (no bf16 rounding of the weights). For few tokens per expert.
 // The rule (Auto): Small when the average number of (token, slot) pairs per expert, n·top_k / E, is at
-// most kMoeSmallMaxAvg (n <= 1024 for 256 experts, top 8), the experts are 4- or 8-bit with group 64 and
+// most kMoeSmallMaxAvg (n <= 512 for 256 experts, top 8; measured on the H200: the small path wins at 16-512
+// tokens and loses from 1024, bench/BENCHMARKS.md), the experts are 4- or 8-bit with group 64 and
 // the staged chunk fits in shared memory. LILAC_MOE_SMALL=0 / 1 forces Grouped / Small (A/B runs);
 // set_moe_path (tests, benchmarks) overrides both. (The grouped path needs 4-bit experts.)
-constexpr int kMoeSmallMaxAvg = 32;
+constexpr int kMoeSmallMaxAvg = 16;
 enum class MoePath { Auto, Grouped, Small };
 void set_moe_path(MoePath path);
 bool moe_small_supported(const MoEPrefillWeights& w);
