@@ -11,6 +11,8 @@
 #include <map>
 #include <vector>
 
+#include <gtest/gtest.h>
+
 #include "engine/backend.h"
 #include "engine/spec_policy.h"
 #include "engine/speculative.h"
@@ -85,6 +87,23 @@ inline StretchRun run_plain_stretches(Backend& be, const std::vector<int32_t>& p
   r.longest_plain = std::max(r.longest_plain, plain_run);
   r.tokens.resize(size_t(n));
   return r;
+}
+
+// What both backends' tests check of a run: plain decoding's tokens, long plain stretches, drafting again once
+// the drafts are right, and the head drafting after every stretch exactly what the always-drafting head drafts.
+inline void expect_head_exact_after_stretches(const StretchRun& r, const std::vector<int32_t>& truth) {
+  EXPECT_EQ(r.tokens, truth);
+  EXPECT_GE(r.longest_plain, 255);  // probes 4, 8, .. 128, 256 plain steps apart
+  EXPECT_GE(r.rounds_after_easy, 10);
+  int compared = 0;
+  for (const auto& [i, d] : r.head) {
+    ASSERT_EQ(int(d.size()), r.asked.at(i)) << "the head stopped drafting at " << i;
+    const auto& e = r.every.at(i);
+    const size_t m = std::min(e.size(), d.size());
+    EXPECT_TRUE(std::equal(d.begin(), d.begin() + long(m), e.begin())) << "head drafts differ at " << i;
+    compared += m > 0;
+  }
+  EXPECT_GE(compared, 15);
 }
 
 }  // namespace lilac::testutil
