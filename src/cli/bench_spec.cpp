@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "engine/speculative.h"
 
 namespace lilac::cli {
 namespace {
@@ -19,13 +20,9 @@ struct SpecResult {
   int64_t head_drafts = 0;  // drafts made by the head
 };
 
-void check(const TokenChoice& c, const std::vector<int32_t>& truth, int64_t& i) {
-  if (c.token != truth[static_cast<size_t>(++i)]) throw Error("bench: speculative output differs from plain decoding");
-}
-
 // The timed decode after `prompt` (prefilled into `s`, snapshot `snap`) with the drafts per step that `pol`
-// chooses: `truth` is the plain greedy continuation (truth[0] = the first token). Drafts: the head's (P < 0)
-// or forced right with probability P per position.
+// chooses, through speculative_step as a served sequence steps: `truth` is the plain greedy continuation
+// (truth[0] = the first token). Drafts: the head's (P < 0) or forced right with probability P per position.
 SpecResult spec_decode(Session& s, const SessionSnapshot& snap, const std::vector<int32_t>& prompt,
                        const std::vector<int32_t>& truth, SpecPolicy& pol, double P, int64_t n, std::mt19937_64& rng) {
   SpecResult r;
@@ -34,43 +31,39 @@ SpecResult spec_decode(Session& s, const SessionSnapshot& snap, const std::vecto
   if (s.sample().token != truth[0]) throw Error("bench: the first token differs from the plain run's");
   std::bernoulli_distribution right(std::clamp(P, 0.0, 1.0));
   const int32_t V = int32_t(s.logits().size());
+  const DraftHook hook = [&](int64_t i, int k, std::vector<int32_t>& drafts) {
+    r.head_drafts += int64_t(drafts.size());
+    if (P < 0) return;
+    drafts.resize(static_cast<size_t>(k));
+    for (int j = 0; j < k; ++j) {
+      const int32_t t = truth[static_cast<size_t>(i + 1 + j)];
+      drafts[static_cast<size_t>(j)] = right(rng) ? t : (t + 1) % V;
+    }
+  };
+  const std::function<double()> clock = [&pol] { return pol.now(); };
+  SpecStats stats;
   int64_t i = 0;  // index of the pending token in truth
   const double t0 = pol.now();
   while (i < n) {
     const int k = int(std::min<int64_t>(pol.choose(), int64_t(truth.size()) - 2 - i));
+    SpecRound round;
+    const std::vector<TokenChoice> ch = speculative_step(s, k, i, {}, hook, stats, &round, &clock);
+    for (const TokenChoice& c : ch)
+      if (c.token != truth[static_cast<size_t>(++i)]) throw Error("bench: speculative output differs from plain decoding");
     ++r.steps;
-    const double d0 = pol.now();
-    std::vector<int32_t> drafts = k > 0 ? s.draft(k) : std::vector<int32_t>{};
-    const double d1 = pol.now();
-    if (k > 0) {
-      r.draft_s += d1 - d0;
-      r.head_drafts += int64_t(drafts.size());
-      if (P >= 0) {
-        drafts.resize(static_cast<size_t>(k));
-        for (int j = 0; j < k; ++j) {
-          const int32_t t = truth[static_cast<size_t>(i + 1 + j)];
-          drafts[static_cast<size_t>(j)] = right(rng) ? t : (t + 1) % V;
-        }
-      }
-    }
-    if (drafts.empty()) {  // a plain step
-      check(s.decode_step(), truth, i);
-      pol.on_plain(pol.now() - d0);
-      ++r.tokens;
-      continue;
-    }
-    const double v0 = pol.now();
-    const std::vector<TokenChoice> ch = s.verify(drafts);
-    const double v1 = pol.now();
-    r.verify_s += v1 - v0;
-    for (const TokenChoice& c : ch) check(c, truth, i);
     r.tokens += int64_t(ch.size());
-    ++r.rounds;
-    r.drafted += int64_t(drafts.size());
-    r.accepted += int64_t(ch.size()) - 1;
-    pol.on_round(int(drafts.size()), int(ch.size()) - 1, d1 - d0, v1 - v0);
+    if (round.drafted > 0) {
+      r.draft_s += round.draft_seconds;
+      r.verify_s += round.verify_seconds;
+      pol.on_round(round.drafted, round.accepted, round.draft_seconds, round.verify_seconds);
+    } else {
+      pol.on_plain(round.plain_seconds);
+    }
   }
   r.decode_s = pol.now() - t0;
+  r.rounds = stats.rounds;
+  r.drafted = stats.drafted;
+  r.accepted = stats.accepted;
   return r;
 }
 
