@@ -55,37 +55,36 @@ std::string Metrics::render() const {
     std::snprintf(buf, sizeof buf, fmt, args...);
     out += buf;
   };
+  // A metric's HELP and TYPE lines, then its one sample (an integer, or a real with `decimals` digits).
+  auto head = [&](const char* name, const char* type, const char* help) {
+    line("# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+  };
+  auto count = [&](const char* name, const char* type, const char* help, int64_t v) {
+    head(name, type, help);
+    line("%s %lld\n", name, (long long)v);
+  };
+  auto real = [&](const char* name, const char* type, const char* help, double v, int decimals) {
+    head(name, type, help);
+    line("%s %.*f\n", name, decimals, v);
+  };
   std::lock_guard lk(mu_);
-  out += "# HELP lilac_requests_total HTTP requests by endpoint and status.\n# TYPE lilac_requests_total counter\n";
+  head("lilac_requests_total", "counter", "HTTP requests by endpoint and status.");
   for (auto& [k, v] : requests_)
     line("lilac_requests_total{endpoint=\"%s\",status=\"%d\"} %lld\n", k.first.c_str(), k.second, (long long)v);
-  out += "# HELP lilac_generations_total Generations run by the engine.\n# TYPE lilac_generations_total counter\n";
-  line("lilac_generations_total %lld\n", (long long)generations_);
-  out += "# HELP lilac_prompt_tokens_total Prompt tokens of all generations.\n# TYPE lilac_prompt_tokens_total counter\n";
-  line("lilac_prompt_tokens_total %lld\n", (long long)prompt_tokens_);
-  out += "# HELP lilac_prompt_tokens_cached_total Prompt tokens restored from the prefix cache (not recomputed).\n# TYPE lilac_prompt_tokens_cached_total counter\n";
-  line("lilac_prompt_tokens_cached_total %lld\n", (long long)cached_tokens_);
-  out += "# HELP lilac_generated_tokens_total Tokens generated.\n# TYPE lilac_generated_tokens_total counter\n";
-  line("lilac_generated_tokens_total %lld\n", (long long)completion_tokens_);
-  out += "# HELP lilac_prefill_seconds_total Time spent in prefill.\n# TYPE lilac_prefill_seconds_total counter\n";
-  line("lilac_prefill_seconds_total %.6f\n", prefill_seconds_);
-  out += "# HELP lilac_decode_seconds_total Time spent decoding.\n# TYPE lilac_decode_seconds_total counter\n";
-  line("lilac_decode_seconds_total %.6f\n", decode_seconds_);
-  out += "# HELP lilac_prefill_tokens_per_second Prefill throughput of the last generation.\n# TYPE lilac_prefill_tokens_per_second gauge\n";
-  line("lilac_prefill_tokens_per_second %.3f\n", last_prefill_tps_);
-  out += "# HELP lilac_decode_tokens_per_second Decode throughput of the last generation.\n# TYPE lilac_decode_tokens_per_second gauge\n";
-  line("lilac_decode_tokens_per_second %.3f\n", last_decode_tps_);
-  out += "# HELP lilac_queue_depth Generations queued or running.\n# TYPE lilac_queue_depth gauge\n";
-  line("lilac_queue_depth %lld\n", (long long)queue_depth.load());
-  out += "# HELP lilac_running Generations running now.\n# TYPE lilac_running gauge\n";
-  line("lilac_running %lld\n", (long long)running.load());
-  out += "# HELP lilac_sequence_pool_capacity Sessions in the pool (generations that can run at once).\n# TYPE lilac_sequence_pool_capacity gauge\n";
-  line("lilac_sequence_pool_capacity %lld\n", (long long)pool_capacity.load());
-  out += "# HELP lilac_sequence_pool_in_use Sessions of the pool running a generation.\n# TYPE lilac_sequence_pool_in_use gauge\n";
-  line("lilac_sequence_pool_in_use %lld\n", (long long)running.load());
-  out += "# HELP lilac_batch_size Sequences in the last batched decode step.\n# TYPE lilac_batch_size gauge\n";
-  line("lilac_batch_size %lld\n", (long long)batch_size.load());
-  out += "# HELP lilac_decode_batch_size Sequences per batched decode step.\n# TYPE lilac_decode_batch_size histogram\n";
+  count("lilac_generations_total", "counter", "Generations run by the engine.", generations_);
+  count("lilac_prompt_tokens_total", "counter", "Prompt tokens of all generations.", prompt_tokens_);
+  count("lilac_prompt_tokens_cached_total", "counter", "Prompt tokens restored from the prefix cache (not recomputed).", cached_tokens_);
+  count("lilac_generated_tokens_total", "counter", "Tokens generated.", completion_tokens_);
+  real("lilac_prefill_seconds_total", "counter", "Time spent in prefill.", prefill_seconds_, 6);
+  real("lilac_decode_seconds_total", "counter", "Time spent decoding.", decode_seconds_, 6);
+  real("lilac_prefill_tokens_per_second", "gauge", "Prefill throughput of the last generation.", last_prefill_tps_, 3);
+  real("lilac_decode_tokens_per_second", "gauge", "Decode throughput of the last generation.", last_decode_tps_, 3);
+  count("lilac_queue_depth", "gauge", "Generations queued or running.", queue_depth.load());
+  count("lilac_running", "gauge", "Generations running now.", running.load());
+  count("lilac_sequence_pool_capacity", "gauge", "Sessions in the pool (generations that can run at once).", pool_capacity.load());
+  count("lilac_sequence_pool_in_use", "gauge", "Sessions of the pool running a generation.", running.load());
+  count("lilac_batch_size", "gauge", "Sequences in the last batched decode step.", batch_size.load());
+  head("lilac_decode_batch_size", "histogram", "Sequences per batched decode step.");
   {
     int64_t cum = 0;
     for (size_t b = 0; b < kBatchBounds.size(); ++b) {
@@ -97,34 +96,20 @@ std::string Metrics::render() const {
     line("lilac_decode_batch_size_sum %lld\n", (long long)batch_sum_);
     line("lilac_decode_batch_size_count %lld\n", (long long)batch_steps_);
   }
-  out += "# HELP lilac_decode_steps_total Batched decode steps run.\n# TYPE lilac_decode_steps_total counter\n";
-  line("lilac_decode_steps_total %lld\n", (long long)batch_steps_);
-  out += "# HELP lilac_prefill_chunks_total Prefill steps run (at most --prefill-chunk prompt tokens each).\n# TYPE lilac_prefill_chunks_total counter\n";
-  line("lilac_prefill_chunks_total %lld\n", (long long)prefill_steps_);
-  out += "# HELP lilac_mixed_steps_total Scheduler iterations that ran a prefill chunk and a decode step.\n# TYPE lilac_mixed_steps_total counter\n";
-  line("lilac_mixed_steps_total %lld\n", (long long)mixed_steps_);
-  out += "# HELP lilac_cancelled_total Generations stopped because the client went away.\n# TYPE lilac_cancelled_total counter\n";
-  line("lilac_cancelled_total %lld\n", (long long)cancelled.load());
-  out += "# HELP lilac_prefix_cache_hits_total Generations that resumed from a cached prefix.\n# TYPE lilac_prefix_cache_hits_total counter\n";
-  line("lilac_prefix_cache_hits_total %lld\n", (long long)cache_hits_);
-  out += "# HELP lilac_prefix_cache_misses_total Generations that prefilled from scratch.\n# TYPE lilac_prefix_cache_misses_total counter\n";
-  line("lilac_prefix_cache_misses_total %lld\n", (long long)cache_misses_);
-  out += "# HELP lilac_prefix_cache_entries Snapshots held by the prefix cache.\n# TYPE lilac_prefix_cache_entries gauge\n";
-  line("lilac_prefix_cache_entries %lld\n", (long long)cache_entries.load());
-  out += "# HELP lilac_prefix_cache_bytes Memory held by the prefix cache.\n# TYPE lilac_prefix_cache_bytes gauge\n";
-  line("lilac_prefix_cache_bytes %lld\n", (long long)cache_bytes.load());
-  out += "# HELP lilac_spec_decode_steps_total Decode steps of generations with speculative decoding on.\n# TYPE lilac_spec_decode_steps_total counter\n";
-  line("lilac_spec_decode_steps_total %lld\n", (long long)spec_steps_);
-  out += "# HELP lilac_spec_rounds_total Speculative steps (the draft policy chose drafts: verified in one multi-row step).\n# TYPE lilac_spec_rounds_total counter\n";
-  line("lilac_spec_rounds_total %lld\n", (long long)spec_rounds_);
-  out += "# HELP lilac_spec_drafts_total MTP drafts verified.\n# TYPE lilac_spec_drafts_total counter\n";
-  line("lilac_spec_drafts_total %lld\n", (long long)spec_drafted_);
-  out += "# HELP lilac_spec_drafts_accepted_total MTP drafts accepted.\n# TYPE lilac_spec_drafts_accepted_total counter\n";
-  line("lilac_spec_drafts_accepted_total %lld\n", (long long)spec_accepted_);
-  out += "# HELP lilac_spec_drafts_per_round Mean drafts per speculative step (the adaptive policy's depth).\n# TYPE lilac_spec_drafts_per_round gauge\n";
-  line("lilac_spec_drafts_per_round %.3f\n", spec_rounds_ ? double(spec_drafted_) / double(spec_rounds_) : 0.0);
-  out += "# HELP lilac_spec_drafts_per_step Mean drafts per decode step of speculating generations (plain steps count 0).\n# TYPE lilac_spec_drafts_per_step gauge\n";
-  line("lilac_spec_drafts_per_step %.3f\n", spec_steps_ ? double(spec_drafted_) / double(spec_steps_) : 0.0);
+  count("lilac_decode_steps_total", "counter", "Batched decode steps run.", batch_steps_);
+  count("lilac_prefill_chunks_total", "counter", "Prefill steps run (at most --prefill-chunk prompt tokens each).", prefill_steps_);
+  count("lilac_mixed_steps_total", "counter", "Scheduler iterations that ran a prefill chunk and a decode step.", mixed_steps_);
+  count("lilac_cancelled_total", "counter", "Generations stopped because the client went away.", cancelled.load());
+  count("lilac_prefix_cache_hits_total", "counter", "Generations that resumed from a cached prefix.", cache_hits_);
+  count("lilac_prefix_cache_misses_total", "counter", "Generations that prefilled from scratch.", cache_misses_);
+  count("lilac_prefix_cache_entries", "gauge", "Snapshots held by the prefix cache.", cache_entries.load());
+  count("lilac_prefix_cache_bytes", "gauge", "Memory held by the prefix cache.", cache_bytes.load());
+  count("lilac_spec_decode_steps_total", "counter", "Decode steps of generations with speculative decoding on.", spec_steps_);
+  count("lilac_spec_rounds_total", "counter", "Speculative steps (the draft policy chose drafts: verified in one multi-row step).", spec_rounds_);
+  count("lilac_spec_drafts_total", "counter", "MTP drafts verified.", spec_drafted_);
+  count("lilac_spec_drafts_accepted_total", "counter", "MTP drafts accepted.", spec_accepted_);
+  real("lilac_spec_drafts_per_round", "gauge", "Mean drafts per speculative step (the adaptive policy's depth).", spec_rounds_ ? double(spec_drafted_) / double(spec_rounds_) : 0.0, 3);
+  real("lilac_spec_drafts_per_step", "gauge", "Mean drafts per decode step of speculating generations (plain steps count 0).", spec_steps_ ? double(spec_drafted_) / double(spec_steps_) : 0.0, 3);
   return out;
 }
 
