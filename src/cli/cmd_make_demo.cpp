@@ -33,34 +33,23 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::ordered_json;
 
-// The demo's shape: the real architecture, small. Layer i is full attention when i % 4 == 3.
+// The demo's shape: the real architecture (qwen36_shape: layer i full attention when i % 4 == 3), small.
 ModelConfig demo_config(int64_t vocab, std::vector<int32_t> eos) {
-  ModelConfig c;
-  c.model_type = "qwen3_5_moe";
+  ModelConfig c = qwen36_shape(4);
   c.vocab_size = vocab;
   c.hidden_size = 256;
-  c.num_layers = 4;
   c.num_heads = 4;
-  c.num_kv_heads = 2;
   c.head_dim = 64;
-  c.attn_output_gate = true;
-  c.rope_theta = 10000000.0;
-  c.partial_rotary_factor = 0.25;
   c.rotary_dim = 16;
-  c.max_position_embeddings = 262144;
   c.linear_num_key_heads = 2;
   c.linear_num_value_heads = 4;
   c.linear_key_head_dim = 64;
   c.linear_value_head_dim = 64;
-  c.linear_conv_kernel_dim = 4;
   c.num_experts = 16;
   c.num_experts_per_tok = 4;
   c.moe_intermediate_size = 128;
   c.shared_expert_intermediate_size = 128;
-  c.rms_norm_eps = 1e-6;
-  c.tie_word_embeddings = false;
-  for (int i = 0; i < c.num_layers; ++i) c.full_attention.push_back(i % 4 == 3);
-  c.quantized = true;
+  c.mtp_num_hidden_layers = -1;  // not stated (the demo has no MTP head)
   c.eos_token_ids = std::move(eos);
   return c;
 }
