@@ -34,7 +34,6 @@
 #include "cli/command.h"
 #include "cli/spec_options.h"
 #include "core/error.h"
-#include "cpufast/fast_backend.h"
 #include "cpufast/synthetic.h"
 #include "model/weights.h"
 
