@@ -21,3 +21,9 @@ add_test(NAME cli_bench_token_mask_cpu_tiny
           -DRC=0
           "-DEXPECT=with a token mask before every step \\(50% of the vocabulary allowed\\): [0-9.]+ t/s = [0-9.]+x"
           -P "${_runner}")
+# --synthetic with --backend cpu-ref: the reference backend on the synthetic weights (it used to take the
+# CUDA branch: "needs a CUDA build" on a CPU-only build, the CUDA model on a GPU one). One real-width layer.
+add_test(NAME cli_bench_synthetic_cpu_ref
+  COMMAND ${CMAKE_COMMAND} -DLILAC=$<TARGET_FILE:lilac>
+          "-DARGS=bench;--synthetic;--backend;cpu-ref;--layers;1;--threads;2;--prompt-lens;8;--decode-tokens;1"
+          -DRC=0 "-DEXPECT=backend: cpu-ref \\(cpu-ref \\(fp32 reference\\)" -P "${_runner}")
