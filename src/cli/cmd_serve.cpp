@@ -65,7 +65,7 @@ void release_free_memory() {
 struct ServeArgs {
   std::string model, backend = "auto", model_name, api_key, host = "127.0.0.1";
   int port = 8080, threads = 0, max_queue = 64, http_threads = 0, max_connections = 1024, max_batch = 0,
-      spec_tokens = 0, synthetic_layers = 0;
+      spec_tokens = 0, spec_max_batch = kDefaultSpecMaxBatch, synthetic_layers = 0;
   int64_t max_seq = 0, prefill_chunk = 512;
   std::string spec_policy = "adaptive";
   double seq_memory_gb = 0;
@@ -83,6 +83,7 @@ int run(const ServeArgs& a) {
   if (a.max_batch < 0) throw InputError("--max-batch must be at least 1 (0: the backend's default)");
   if (a.seq_memory_gb < 0) throw InputError("--seq-memory-gb must be >= 0");
   if (a.prefill_chunk < 1) throw InputError("--prefill-chunk must be at least 1");
+  if (a.spec_max_batch < 1) throw InputError("--spec-max-batch must be at least 1 (--spec-tokens 0 turns speculation off)");
   if (a.cache_mb < 0) throw InputError("--cache-mb must be >= 0");
   if (a.max_body_mb <= 0 || a.max_body_mb > 4096) throw InputError("--max-body-mb must be in (0, 4096]");
   if (a.max_connections < 1) throw InputError("--max-connections must be at least 1");
@@ -111,6 +112,7 @@ int run(const ServeArgs& a) {
   o.prefill_chunk = a.prefill_chunk;
   o.spec_tokens = a.spec_tokens;
   o.spec_policy = parse_spec_policy(a.spec_policy);
+  o.spec_max_batch = a.spec_max_batch;
   o.http_threads = a.http_threads;
   o.max_connections = a.max_connections;
   o.header_timeout_ms = int(a.header_timeout_s * 1000);
@@ -223,6 +225,11 @@ const bool registered = register_command(Command{
           ->capture_default_str();
       add_spec_option(sub, a->spec_tokens);
       add_spec_policy_option(sub, a->spec_policy);
+      sub.add_option("--spec-max-batch", a->spec_max_batch,
+                     "Speculative decoding only while at most N streams decode; above N every stream steps in the "
+                     "batched step without drafts (on the H200 a second stream gains more from batching than "
+                     "from drafting: README, \"Speculative decoding\")")
+          ->capture_default_str();
       sub.add_option("--synthetic-layers", a->synthetic_layers,
                      "Benchmarks: serve random weights of the Qwen3.6-35B-A3B shape with N layers instead of the "
                      "model folder's weights (its tokenizer and chat template are used; the text is meaningless)")

@@ -12,8 +12,9 @@ namespace lilac::cli {
 // backend drafts too; `lilac bench --synthetic --spec-tokens K --draft-accept P` on the GPU decides the
 // default (issue 14's targets are stated for K = 3). With the adaptive draft policy (--spec-policy, the
 // default) a K > 0 costs little where drafts are wrong: 0.99x at P = 0 on the H200, 1.2-1.6x at P = 0.8-0.9
-// (bench/BENCHMARKS.md). It stays off by default because on CUDA a session whose MTP head follows the
-// context steps alone inside the batched step: concurrent streams would no longer batch.
+// (bench/BENCHMARKS.md). Concurrent streams now batch with it on (the batched step feeds the MTP heads, and
+// above --spec-max-batch decoding streams none drafts), but what a followed head costs inside batched steps
+// (its catch-up rows) has not been measured yet: it stays off until that is measured on the GPU.
 const int kDefaultSpecTokens = 0;
 
 void add_spec_option(CLI::App& sub, int& spec_tokens) {

@@ -63,7 +63,7 @@ void BatchStep::prepare(int M) {
   graph(M);
 }
 
-void BatchStep::run(std::span<const BatchRow> rows, SampleResult* out) {
+void BatchStep::run(std::span<const BatchRow> rows, SampleResult* out, const HiddenSink& hiddens) {
   const int M = int(rows.size());
   LILAC_CHECK(M >= 1 && M <= kRows, "cuda batch step: bad row count");
   cudaGraphExec_t g = graph(M);  // captured before anything else is enqueued on the stream
@@ -80,6 +80,7 @@ void BatchStep::run(std::span<const BatchRow> rows, SampleResult* out) {
   LILAC_CUDA_CHECK(cudaMemcpyAsync(const_cast<int32_t*>(pool_.rows_state().allowed_on), on, size_t(cap) * 4,
                                    cudaMemcpyHostToDevice, stream_));
   LILAC_CUDA_CHECK(cudaGraphLaunch(g, stream_));
+  if (hiddens) hiddens(stream_, sc_.h, m_.cfg.hidden_size);
   LILAC_CUDA_CHECK(cudaMemcpyAsync(h_res_, sc_.results, size_t(M) * sizeof(SampleResult), cudaMemcpyDeviceToHost,
                                    stream_));
   LILAC_CUDA_CHECK(cudaStreamSynchronize(stream_));

@@ -3,11 +3,13 @@
 // position of each slot updated) replayed from a CUDA graph captured once per M (1 < M <= kMaxRows: per
 // exact M rather than per bucket with padding rows, so no step computes rows nobody needs; a capture costs
 // a few milliseconds once per M and pool). The rows' slots and positions, and the slots' mask switches, are
-// uploaded on the step's stream before the launch; the results come back in one copy.
+// uploaded on the step's stream before the launch; the results come back in one copy. The rows' hiddens (the
+// residual after the last layer: the MTP head's input) are handed to the caller before the step syncs.
 #pragma once
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <span>
 #include <vector>
@@ -37,8 +39,11 @@ class BatchStep {
   // when the rows kernels refuse the model. Not reentrant (callers hold mu).
   void prepare(int M);
   // One step for rows (1 <= rows.size() <= kMaxRows, distinct slots of the pool); out[i] = row i's
-  // choice. Synchronises. Not reentrant (callers hold mu).
-  void run(std::span<const BatchRow> rows, SampleResult* out);
+  // choice. `hiddens` (optional) is called after the launch, before the sync, with the step's stream and
+  // the rows' hiddens (device [M][ld]: row i at hidden + i * ld), valid on that stream until the step's next
+  // run: enqueue copies of them there. Synchronises. Not reentrant (callers hold mu).
+  using HiddenSink = std::function<void(cudaStream_t s, const float* hidden, int64_t ld)>;
+  void run(std::span<const BatchRow> rows, SampleResult* out, const HiddenSink& hiddens = {});
   uint64_t steps() const { return steps_; }  // steps run (tests: whether the rows path ran)
   std::mutex mu;
 

@@ -150,19 +150,15 @@ std::vector<TokenChoice> CudaBackendImpl::decode_batch(std::span<Session* const>
     cs.push_back(c);
   }
   std::vector<TokenChoice> out(cs.size());
-  // sessions of one pool step together (in the order they came); a group of one steps alone
+  // sessions of one pool step together (in the order they came); a group of one steps alone. Sessions whose
+  // MTP head follows their context join the rows step too: it hands each head its row (step_rows).
   std::vector<bool> done(cs.size(), false);
   for (size_t i = 0; i < cs.size(); ++i) {
     if (done[i]) continue;
-    if (cs[i]->following_mtp_head()) {  // its MTP head is fed by its own steps
-      out[i] = cs[i]->decode_step();
-      done[i] = true;
-      continue;
-    }
     std::vector<CudaSession*> group;
     std::vector<size_t> at;
     for (size_t j = i; j < cs.size(); ++j)
-      if (!done[j] && !cs[j]->following_mtp_head() && &cs[j]->pool() == &cs[i]->pool()) {
+      if (!done[j] && &cs[j]->pool() == &cs[i]->pool()) {
         group.push_back(cs[j]);
         at.push_back(j);
         done[j] = true;
@@ -189,17 +185,21 @@ std::vector<TokenChoice> CudaBackendImpl::decode_batch(std::span<Session* const>
   return out;
 }
 
-// One rows step of `group` (sessions of b's pool); the caller holds b.mu.
+// One rows step of `group` (sessions of b's pool); the caller holds b.mu. A session following its MTP head
+// stages its pending token for the head before the step (begin_batched) and gets its row's hidden from the
+// step's scratch on the step's stream before the step syncs (end_batched), as its own decode step would.
 void CudaBackendImpl::step_rows(BatchStep& b, std::span<CudaSession* const> group, std::span<TokenChoice> out) {
   std::vector<BatchRow> rows(group.size());
   for (size_t k = 0; k < group.size(); ++k) {
     rows[k].slot = group[k]->slot();
     rows[k].pos = int32_t(group[k]->length());
     rows[k].mask_on = group[k]->mask_on();
-    rows[k].ready = group[k]->mark_ready();
+    rows[k].ready = group[k]->begin_batched();
   }
   std::vector<SampleResult> res(group.size());
-  b.run(rows, res.data());
+  b.run(rows, res.data(), [&](cudaStream_t s, const float* hidden, int64_t ld) {
+    for (size_t k = 0; k < group.size(); ++k) group[k]->end_batched(hidden + int64_t(k) * ld, s);
+  });
   for (size_t k = 0; k < group.size(); ++k) out[k] = group[k]->finish_batched(res[k]);
 }
 

@@ -284,9 +284,14 @@ void CudaSession::check_decodable() const {
   check_room();
 }
 
-cudaEvent_t CudaSession::mark_ready() {
+cudaEvent_t CudaSession::begin_batched() {
+  mtp_before_step();
   LILAC_CUDA_CHECK(cudaEventRecord(ready_, stream_));
   return ready_;
+}
+
+void CudaSession::end_batched(const float* hidden, cudaStream_t s) {
+  if (following_mtp()) mtp_->stage_hidden(hidden, s);
 }
 
 TokenChoice CudaSession::finish_batched(const SampleResult& r) {

@@ -57,8 +57,8 @@ class CudaSession : public Session, public PoolClient {
   const SeqState& seq() const { return seq_; }
   // Verify steps run on the multi-row kernels so far (the others ran as plain decode steps).
   int64_t rows_verifies() const { return rows_verifies_; }
-  // Whether the session's MTP head follows its context (then it steps alone, not in decode_batch: the
-  // head is fed by the session's own steps).
+  // Whether the session's MTP head follows its context (its steps feed the head: its own, verify steps
+  // and the batched step's rows, through begin_batched / end_batched).
   bool following_mtp_head() const { return following_mtp(); }
   void pool_moved() override;
 
@@ -69,8 +69,13 @@ class CudaSession : public Session, public PoolClient {
   bool mask_on() const { return mask_on_; }
   // Throws lilac::Error unless a sampled token is pending and the context has room for it.
   void check_decodable() const;
-  // An event recorded on the session's stream now (the batched step waits for it).
-  cudaEvent_t mark_ready();
+  // Before the batched step: stages the pending token for the MTP head (when following it; the step's
+  // sampling overwrites the token cell), then records an event on the session's stream (the batched
+  // step waits for it) and returns it.
+  cudaEvent_t begin_batched();
+  // Between the batched step's launch and its synchronisation, on its stream `s`: hands the head (when
+  // following it) the row's hidden (`hidden`: the rows step's residual after the last layer, this row's).
+  void end_batched(const float* hidden, cudaStream_t s);
   // After the batched step fed the pending token and sampled `r`: the host side of decode_step().
   TokenChoice finish_batched(const SampleResult& r);
 

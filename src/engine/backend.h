@@ -21,7 +21,8 @@
 // the pending one; verify(drafts) feeds the pending token plus the drafts as one multi-row step, chooses
 // tokens row by row with the session's sampler, and leaves the state as if the accepted tokens had been
 // decoded one by one with decode_step() (rolled back past the first rejected draft). verify() needs no
-// MTP head: drafts may come from anywhere (tests inject them).
+// MTP head: drafts may come from anywhere (tests inject them). decode_batch() feeds a drafting session's
+// head as its decode_step() would, so the session can draft after batched steps.
 //
 // Constrained decoding: set_token_mask() restricts the choices of the next sample() / decode_step()
 // (and of decode_batch) to the allowed tokens.

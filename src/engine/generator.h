@@ -80,6 +80,7 @@ struct GenerationStats {
   double prefill_seconds = 0, decode_seconds = 0, ttft_seconds = 0;
   int64_t spec_rounds = 0, spec_drafted = 0, spec_accepted = 0;  // speculative steps, drafts, accepted drafts
   int64_t decode_steps = 0;       // decode steps (plain or speculative) after the first choice
+  int64_t spec_suppressed = 0;    // decode steps whose drafts the driver did not allow (Sequence::suppress_drafts)
 };
 
 // Return false to cancel the generation (e.g. the client went away).

@@ -166,12 +166,23 @@ void Sequence::consume(std::span<const TokenChoice> choices) {
   for (size_t i = 0; i + 1 < choices.size(); ++i) ctx.push_back(choices[i].token);
   gen_.context_valid_ = true;
   ++st_.decode_steps;
-  if (!step_reported_) gen_.policy_.on_plain(-1);  // a driver's (batched) step
-  step_reported_ = false;
+  if (!step_reported_) {  // a driver's (batched) step
+    if (step_suppressed_)
+      gen_.policy_.on_suppressed();
+    else
+      gen_.policy_.on_plain(-1);
+  }
+  step_reported_ = step_suppressed_ = false;
   for (const TokenChoice& c : choices) {
     ++st_.completion_tokens;
     if (!accept(c)) return;
   }
+}
+
+void Sequence::suppress_drafts() {
+  if (phase_ != Phase::Decode || step_suppressed_) return;
+  step_suppressed_ = true;
+  ++st_.spec_suppressed;
 }
 
 void Sequence::decode_alone() {

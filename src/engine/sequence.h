@@ -33,7 +33,8 @@
 //   (engine/spec_policy.h), 0 for a plain step -- and verifies them through speculative_step, which also
 //   keeps the drafts within the context and before the first stop id (decode_alone() does, and reports
 //   what the step did and how long it took to the policy); the scheduler steps a sequence alone, after
-//   its batched step, when its draft_budget() > 0, else in the batch (a batched verify is future work).
+//   its batched step, when its draft_budget() > 0, else in the batch (a batched verify is future work);
+//   above --spec-max-batch decoding sequences it steps them all in the batch (suppress_drafts()).
 //   The policy never changes the tokens: only how many drafts each step checks.
 #pragma once
 #include <atomic>
@@ -81,6 +82,11 @@ class Sequence {
   void consume(std::span<const TokenChoice> choices);
   // prepare_step + (draft + verify | decode_step) + consume, for a sequence stepped on its own.
   void decode_alone();
+  // Before a driver's plain step of a sequence whose draft_budget() is > 0: the driver does not let it
+  // draft this step (the scheduler, when more sequences decode than --spec-max-batch). The step is reported
+  // to the policy as suppressed (SpecPolicy::on_suppressed: its acceptance and probe schedule do not move),
+  // not as a plain step it chose, and counted in stats().spec_suppressed.
+  void suppress_drafts();
 
   // Any phase: the step that involved this sequence threw. The session's state is unknown: it is reset
   // and its context forgotten; the sequence is done (the caller reports the error).
@@ -114,6 +120,7 @@ class Sequence {
   size_t next_end_ = 0;
   int32_t pending_ = -1;            // the last consumed choice: the next step's input
   bool step_reported_ = false;      // decode_alone told the policy about the step being consumed
+  bool step_suppressed_ = false;    // the driver's step being consumed was one without its drafts
   StreamDetokenizer detok_;
   Clock::time_point t0_, t1_;
 };

@@ -30,6 +30,7 @@ void SpecPolicy::begin(int k_max, SpecPolicyKind kind) {
   wins_ = o_.prior_accept * o_.prior_weight;
   tries_ = o_.prior_weight;
   plain_run_ = round_run_ = 0;
+  head_behind_ = false;
   probe_gap_ = std::max(1, o_.probe_min);
   grow(k_max_ + 1);
 }
@@ -115,7 +116,8 @@ void SpecPolicy::on_round(int drafted, int accepted, double draft_seconds, doubl
   if (drafted <= 0) return;
   accepted = std::clamp(accepted, 0, drafted);
   const bool probe = kind_ == SpecPolicyKind::Adaptive && best_k() == 0;
-  const bool after_plain = plain_run_ > 0;
+  const bool after_plain = plain_run_ > 0 || head_behind_;
+  head_behind_ = false;
   // acceptance
   const int tried = accepted + (accepted < drafted ? 1 : 0);
   wins_ = o_.accept_decay * wins_ + accepted;
@@ -130,7 +132,7 @@ void SpecPolicy::on_round(int drafted, int accepted, double draft_seconds, doubl
   if (!o_.measure) return;
   // costs
   grow(drafted + 1);
-  // draft(): per draft; not after plain steps (it caught up with the rows they fed)
+  // draft(): per draft; not after plain or suppressed steps (it caught up with the rows they fed)
   if (draft_seconds > 0 && !after_plain) {
     if (!draft_seen_[size_t(drafted)]) {
       draft_seen_[size_t(drafted)] = 1;

@@ -49,6 +49,14 @@
 namespace lilac {
 
 enum class SpecPolicyKind { Adaptive, Fixed };
+
+// Speculation and batching: a driver of several sequences (the server's scheduler) lets them draft only
+// while at most this many decode (`serve --spec-max-batch`); above it they all take the batched plain step.
+// The default, 1, is measured on the H200 (bench/BENCHMARKS.md, issues 11 and 14): one stream with K = 3
+// MTP drafts decodes at 0.99-1.57x of 457 tok/s (acceptance 0 .. 0.9), while the batched step of 2 streams
+// already gives 584 tok/s in all (4 streams 863): a second stream gains more from batching than from
+// drafting, so speculation is for a stream decoding alone.
+constexpr int kDefaultSpecMaxBatch = 1;
 const char* spec_policy_name(SpecPolicyKind k);
 // "adaptive" | "fixed"; anything else: InputError naming `what`.
 SpecPolicyKind parse_spec_policy(std::string_view s, const char* what = "--spec-policy");
@@ -91,6 +99,11 @@ class SpecPolicy {
 
   // A plain decode step took `seconds` (< 0: not timed, e.g. a batched step; it counts for the probes).
   void on_plain(double seconds);
+  // A plain step the policy did not choose: its driver stepped the sequence without drafts whatever
+  // choose() said (the scheduler above --spec-max-batch). The acceptance, the probe schedule and the
+  // remeasure count stay as they were (so choose() gives the same k once drafting is allowed again); only
+  // the next round's draft() time is not used (the head catches up with the rows the step fed).
+  void on_suppressed() { head_behind_ = true; }
   // A round verified `drafted` (>= 1) drafts and accepted `accepted` of them; draft() took draft_seconds and
   // verify() verify_seconds (< 0: not timed).
   void on_round(int drafted, int accepted, double draft_seconds, double verify_seconds);
@@ -120,6 +133,7 @@ class SpecPolicy {
   double wins_ = 0, tries_ = 0;
   int plain_run_ = 0, probe_gap_ = 4;
   int round_run_ = 0;  // rounds since the last plain step
+  bool head_behind_ = false;  // suppressed steps since the last round (its draft() caught up)
   // costs
   bool timed_ = false;
   double step_ = 1, draft_ = 0.5, verify_scale_ = 1;

@@ -34,9 +34,10 @@ void Metrics::add_speculation(int64_t steps, int64_t rounds, int64_t drafted, in
   spec_accepted_ += accepted;
 }
 
-void Metrics::observe_step(int64_t decoded, bool prefilled) {
+void Metrics::observe_step(int64_t decoded, bool prefilled, int64_t spec_suppressed) {
   if (decoded > 0) batch_size = decoded;
   std::lock_guard lk(mu_);
+  spec_suppressed_ += spec_suppressed;
   if (decoded > 0) {
     size_t b = 0;
     while (b < kBatchBounds.size() && decoded > kBatchBounds[b]) ++b;
@@ -108,6 +109,7 @@ std::string Metrics::render() const {
   count("lilac_spec_rounds_total", "counter", "Speculative steps (the draft policy chose drafts: verified in one multi-row step).", spec_rounds_);
   count("lilac_spec_drafts_total", "counter", "MTP drafts verified.", spec_drafted_);
   count("lilac_spec_drafts_accepted_total", "counter", "MTP drafts accepted.", spec_accepted_);
+  count("lilac_spec_suppressed_steps_total", "counter", "Decode steps of sequences whose draft policy chose drafts, run without them because more sequences were decoding than --spec-max-batch.", spec_suppressed_);
   real("lilac_spec_drafts_per_round", "gauge", "Mean drafts per speculative step (the adaptive policy's depth).", spec_rounds_ ? double(spec_drafted_) / double(spec_rounds_) : 0.0, 3);
   real("lilac_spec_drafts_per_step", "gauge", "Mean drafts per decode step of speculating generations (plain steps count 0).", spec_steps_ ? double(spec_drafted_) / double(spec_steps_) : 0.0, 3);
   return out;

@@ -19,8 +19,9 @@ struct Metrics {
   void add_speculation(int64_t steps, int64_t rounds, int64_t drafted, int64_t accepted);
 
   // One scheduler iteration: `decoded` sequences in its batched decode step (0: no decode step),
-  // `prefilled`: whether it ran a prefill step.
-  void observe_step(int64_t decoded, bool prefilled);
+  // `prefilled`: whether it ran a prefill step, `spec_suppressed`: sequences whose draft policy chose
+  // drafts but that stepped without them (more sequences decoding than --spec-max-batch).
+  void observe_step(int64_t decoded, bool prefilled, int64_t spec_suppressed = 0);
 
   std::atomic<int64_t> queue_depth{0};  // queued + running generations
   std::atomic<int64_t> running{0};      // generations in the session pool (in use)
@@ -46,6 +47,7 @@ struct Metrics {
   int64_t batch_steps_ = 0, batch_sum_ = 0;
   int64_t prefill_steps_ = 0, mixed_steps_ = 0;
   int64_t spec_steps_ = 0, spec_rounds_ = 0, spec_drafted_ = 0, spec_accepted_ = 0;
+  int64_t spec_suppressed_ = 0;
 };
 
 }  // namespace lilac::server

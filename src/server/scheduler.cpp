@@ -188,6 +188,7 @@ void Scheduler::admit(std::shared_ptr<Job> job) {
     return;
   }
   job->started = true;
+  best->gen->set_draft_hook(opts_.draft_hook ? opts_.draft_hook(job->req) : DraftHook{});
   GenerationRequest req = job->req;
   req.prefill_chunk = opts_.prefill_chunk;
   Job* j = job.get();
@@ -231,13 +232,22 @@ bool Scheduler::step() {
     }
   }
   // One decode step for every sequence in its decode phase (including one whose prefill just ended).
-  std::vector<Slot*> batch, alone;
-  for (auto& s : slots_) {
-    if (!s->seq || s->seq->phase() != Sequence::Phase::Decode) continue;
-    if (s->seq->draft_budget() > 0)
-      alone.push_back(s.get());
-    else if (s->seq->prepare_step())
-      batch.push_back(s.get());
+  // Above spec_max_batch decoding sequences none drafts: they all step in the batch.
+  std::vector<Slot*> decoding, batch, alone;
+  for (auto& s : slots_)
+    if (s->seq && s->seq->phase() == Sequence::Phase::Decode) decoding.push_back(s.get());
+  const bool may_draft = int64_t(decoding.size()) <= int64_t(opts_.spec_max_batch);
+  int64_t suppressed = 0;
+  for (Slot* s : decoding) {
+    if (s->seq->draft_budget() > 0) {
+      if (may_draft) {
+        alone.push_back(s);
+        continue;
+      }
+      s->seq->suppress_drafts();
+      ++suppressed;
+    }
+    if (s->seq->prepare_step()) batch.push_back(s);
   }
   const size_t group = size_t(std::max(1, backend_->max_batch()));
   for (size_t g0 = 0; g0 < batch.size(); g0 += group) {
@@ -267,7 +277,7 @@ bool Scheduler::step() {
       fail(*s, std::current_exception());
     }
   }
-  if (metrics_) metrics_->observe_step(int64_t(batch.size() + alone.size()), pre != nullptr);
+  if (metrics_) metrics_->observe_step(int64_t(batch.size() + alone.size()), pre != nullptr, suppressed);
   return pre || !batch.empty() || !alone.empty();
 }
 

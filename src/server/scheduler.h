@@ -8,7 +8,10 @@
 //      --prefill-chunk prompt tokens), so a long prompt delays the running streams by one chunk at most;
 //   3. runs one decode step for every sequence in its decode phase, together through
 //      Backend::decode_batch (in groups of Backend::max_batch()); sequences that speculate (MTP) this
-//      step (Sequence::draft_budget() > 0: the draft policy chose drafts) step on their own after it;
+//      step (Sequence::draft_budget() > 0: the draft policy chose drafts) step on their own after it --
+//      but only while at most --spec-max-batch sequences decode: above that no sequence drafts that step
+//      (Sequence::suppress_drafts), they all go through decode_batch (which keeps their MTP heads fed, so
+//      they draft again as soon as the batch is small enough);
 //   4. retires the sequences that ended (finished, stopped, cancelled, failed): their Done event is
 //      sent and the session is free for the next admission at once.
 // Each job streams its events back through its own thread-safe channel to the HTTP thread waiting on
@@ -20,6 +23,7 @@
 #include <condition_variable>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -73,6 +77,10 @@ struct SchedulerOptions {
   int64_t prefill_chunk = 512;  // prompt tokens per prefill step of one sequence (overrides the job's)
   int spec_tokens = 0;    // speculative decoding: MTP drafts per step (GenerationRequest::draft_tokens)
   SpecPolicyKind spec_policy = SpecPolicyKind::Adaptive;  // drafts per step: adaptive (0..spec_tokens) or fixed
+  // Speculation only while at most this many sequences are decoding (engine/spec_policy.h, kDefaultSpecMaxBatch).
+  int spec_max_batch = kDefaultSpecMaxBatch;
+  // Tests: a draft hook for each admitted job (Generator::set_draft_hook), made from its request.
+  std::function<DraftHook(const GenerationRequest&)> draft_hook;
 };
 
 class Scheduler {

@@ -209,6 +209,7 @@ void Server::set_model(std::shared_ptr<Backend> backend, std::shared_ptr<const T
   so.prefill_chunk = C.opts.prefill_chunk;
   so.spec_tokens = C.opts.spec_tokens;
   so.spec_policy = C.opts.spec_policy;
+  so.spec_max_batch = C.opts.spec_max_batch;
   C.tok = tokenizer;
   C.core = std::make_unique<GenerationCore>(std::move(backend), std::move(tokenizer), std::move(chat_template),
                                             qwen3_6_format(), so, &C.metrics);

@@ -55,6 +55,7 @@ struct ServerOptions {
   bool log_requests = true;
   int spec_tokens = 0;             // speculative decoding: MTP drafts per step (GenerationRequest::draft_tokens)
   SpecPolicyKind spec_policy = SpecPolicyKind::Adaptive;  // adaptive (0..spec_tokens drafts) or fixed
+  int spec_max_batch = kDefaultSpecMaxBatch;  // no drafts while more sequences decode (SchedulerOptions)
 };
 
 // Optional hook for a request router (the hybrid router, src/router/hybrid.h). Every member may be

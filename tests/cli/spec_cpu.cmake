@@ -1,7 +1,8 @@
 # `--spec-tokens` on the CLI (speculative decoding with the MTP head, CPU backend): generate gives the
 # same ids with and without it on tiny-mtp, with either draft policy (--spec-policy), and says how many
 # drafts were accepted; a checkpoint without a head runs without speculation and the log says why; bench
-# measures both policies at forced acceptances; a bad policy name is an error naming the option.
+# measures both policies at forced acceptances; a bad policy name is an error naming the option; serve's
+# --spec-max-batch.
 # Uses golden_cpu.cmake's script mode (-DARGS, -DRC, -DEXPECT, -DSAME_AS).
 set(_run "${CMAKE_CURRENT_LIST_DIR}/golden_cpu.cmake")
 set(_fx "${LILAC_SHARED_DIR}/fixtures")
@@ -48,6 +49,15 @@ add_test(NAME cli_bench_draft_accept_needs_spec_tokens
   COMMAND ${CMAKE_COMMAND} -DLILAC=$<TARGET_FILE:lilac>
           "-DARGS=bench;--model;${_fx}/tiny-mtp/mlx4;--backend;cpu-ref;--draft-accept;0.5"
           -DRC=1 "-DEXPECT=--draft-accept needs --spec-tokens K > 0" -P "${_run}")
+# serve --spec-max-batch N (speculation only while at most N streams decode): listed by --help, at least 1.
+add_test(NAME cli_serve_help_spec_max_batch
+  COMMAND ${CMAKE_COMMAND} -DLILAC=$<TARGET_FILE:lilac> "-DARGS=serve;--help"
+          -DRC=0 "-DEXPECT=--spec-max-batch INT=1 " -P "${_run}")
+add_test(NAME cli_serve_spec_max_batch_zero
+  COMMAND ${CMAKE_COMMAND} -DLILAC=$<TARGET_FILE:lilac>
+          "-DARGS=serve;--model;${_fx}/tiny-mtp/mlx4;--port;0;--spec-tokens;2;--spec-max-batch;0"
+          -DRC=1 "-DEXPECT=--spec-max-batch must be at least 1" -P "${_run}")
+set_tests_properties(cli_serve_help_spec_max_batch cli_serve_spec_max_batch_zero PROPERTIES LABELS cli)
 set_tests_properties(cli_generate_cpu_spec_same_ids cli_generate_cpu_spec_adaptive_same_ids cli_generate_spec_policy_bad_name
   cli_generate_cpu_spec_without_head cli_bench_cpu_spec_forced_acceptance cli_bench_cpu_spec_policies_and_acceptances
   cli_bench_draft_accept_range cli_bench_draft_accept_needs_spec_tokens cli_bench_spec_policy_bad_name PROPERTIES LABELS cli)

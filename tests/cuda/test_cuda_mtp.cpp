@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "cuda/batch_step.h"
 #include "cpu/cpu_backend.h"
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_session.h"
@@ -416,8 +417,9 @@ TEST(CudaSpec, RowsVerifyEqualsOneByOneAtRealWidth) {
   EXPECT_GT(g_rows_verifies, 0);
 }
 
-// decode_batch keeps a drafting session's MTP head in step (such a session steps alone inside the batch):
-// after batched steps its drafts are those of a session stepped alone, and its tokens too.
+// decode_batch keeps a drafting session's MTP head in step (tiny-mtp: the batch steps session by session,
+// its rows step not being bitwise the single step there): after batched steps its drafts are those of a
+// session stepped alone, and its tokens too.
 TEST(CudaMtp, BatchedStepsFeedTheMtpHead) {
   NEED_CUDA();
   auto be = cuda::make_cuda_backend(fixture("tiny-mtp"));
@@ -465,4 +467,80 @@ TEST(CudaSpec, RowsVerifyFollowsAGrowingPool) {
                         for (int j = 0; j < (round == 2 ? 1 : 3); ++j) others.push_back(be->new_session(max_len));
                     });
   EXPECT_GT(g_rows_verifies, 0);
+}
+
+// Sessions following their MTP heads in rows steps (the real model's widths, where the rows step is bitwise
+// the single step) with other sessions, in batches whose members and order change, then drafting and
+// verifying, then batched again: every token, every draft and every verify's choices are those of twins
+// stepped alone all the way (the batched step handed each head its token and hidden).
+TEST(CudaMtp, RowsBatchedStepsFeedTheMtpHeadAtRealWidth) {
+  NEED_CUDA();
+  auto be = cuda::make_synthetic_cuda_backend(cuda::synthetic_config(4), 11);
+  const int64_t V = be->config().vocab_size, max_len = 160;
+  SamplingParams sampled;
+  sampled.temperature = 0.8f;
+  sampled.top_k = 40;
+  sampled.seed = 3;
+  sampled.logprobs = true;
+  struct Stream {
+    std::vector<int32_t> prompt;
+    SamplingParams sp;
+    bool drafting;
+  };
+  const std::vector<Stream> streams{{random_tokens(30, V, 41), SamplingParams{}, true},
+                                    {random_tokens(12, V, 42), SamplingParams{}, false},
+                                    {random_tokens(45, V, 43), sampled, true}};
+  auto start = [&](const Stream& x) {
+    auto s = be->new_session(max_len);
+    s->enable_drafting(x.drafting);
+    s->prefill(x.prompt);
+    s->begin_generation(x.sp, x.prompt);
+    s->sample();
+    return s;
+  };
+  std::vector<std::unique_ptr<Session>> bat, ref;
+  for (const Stream& x : streams) bat.push_back(start(x));
+  for (const Stream& x : streams) ref.push_back(start(x));
+  auto rows_steps = [&] { return dynamic_cast<cuda::CudaSession&>(*bat[0]).pool().batch().steps(); };
+  const uint64_t steps0 = rows_steps();
+  // batched steps of {0, 1, 2}, {2, 0}, {1, 2, 0}, ... against each twin's decode_step
+  auto batched = [&](int n, const std::string& what) {
+    const std::vector<std::vector<size_t>> orders{{0, 1, 2}, {2, 0}, {1, 2, 0}, {0, 2}};
+    for (int t = 0; t < n; ++t) {
+      const auto& idx = orders[size_t(t) % orders.size()];
+      std::vector<Session*> ss;
+      for (size_t i : idx) ss.push_back(bat[i].get());
+      const auto got = be->decode_batch(ss);
+      ASSERT_EQ(got.size(), idx.size());
+      for (size_t k = 0; k < idx.size(); ++k) {
+        const TokenChoice want = ref[idx[k]]->decode_step();
+        EXPECT_TRUE(same_choice(got[k], want)) << what << " step " << t << " stream " << idx[k];
+      }
+    }
+  };
+  // drafts of the drafting streams (0 and 2), then a verify of them with one draft made wrong
+  auto draft_and_verify = [&](const std::string& what, int wrong_at) {
+    for (size_t i : {size_t(0), size_t(2)}) {
+      const auto want = ref[i]->draft(3);
+      ASSERT_EQ(want.size(), 3u) << what;
+      EXPECT_EQ(bat[i]->draft(3), want) << what << " stream " << i;
+      std::vector<int32_t> d = want;
+      if (wrong_at < 3) d[size_t(wrong_at)] = (d[size_t(wrong_at)] + 1) % int32_t(V);
+      const auto a = bat[i]->verify(d), b = ref[i]->verify(d);
+      ASSERT_EQ(a.size(), b.size()) << what << " stream " << i;
+      for (size_t k = 0; k < a.size(); ++k) EXPECT_TRUE(same_choice(a[k], b[k])) << what << " stream " << i;
+    }
+    EXPECT_TRUE(bat[1]->draft(3).empty());
+  };
+  batched(7, "first batches");
+  draft_and_verify("after the first batches", 1);
+  batched(9, "second batches");
+  draft_and_verify("after the second batches", 3);
+  batched(5, "third batches");
+  draft_and_verify("after the third batches", 0);
+  EXPECT_GE(rows_steps() - steps0, 21u) << "the batches did not run as rows steps";
+  for (size_t i = 0; i < bat.size(); ++i) {
+    EXPECT_EQ(bat[i]->length(), ref[i]->length()) << i;
+    EXPECT_TRUE(same_bits(bat[i]->logits(), ref[i]->logits())) << i;
+  }
 }

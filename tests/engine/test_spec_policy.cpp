@@ -320,3 +320,71 @@ TEST(SpecPolicy, ExploresDeeperRounds) {
   EXPECT_EQ(ks, (std::vector<int>{2, 3, 3, 3, 3, 3, 3, 3, 3, 3}));
   EXPECT_GT(p.verify_cost(4), 0);
 }
+
+// Steps the policy was not allowed to draft (a scheduler above --spec-max-batch: on_suppressed) are not its
+// own plain steps: the acceptance, the probe schedule and the remeasure count stay where they were, so it
+// chooses the same k once drafting is allowed again. Reported as plain steps (on_plain) they would have
+// moved the probe schedule: a probe right after the batch shrinks, whatever the gap the policy had learnt.
+TEST(SpecPolicy, SuppressedStepsLeaveTheChoicesAsTheyWere) {
+  // zero acceptance: plain steps, probes at gaps 4, 8, 16, ...
+  SpecPolicy p = unmeasured();
+  p.begin(3, SpecPolicyKind::Adaptive);
+  for (int i = 0; i < 20; ++i) step(p, [](int) { return 0; });  // rounds at 0, 5, 14: gap 16 now
+  ASSERT_EQ(p.probe_gap(), 16);
+  ASSERT_EQ(p.choose(), 0);
+  const int run = p.plain_run();
+  const double a = p.acceptance();
+  SpecPolicy q = p;
+  for (int i = 0; i < 100; ++i) p.on_suppressed();
+  EXPECT_EQ(p.plain_run(), run);
+  EXPECT_EQ(p.probe_gap(), 16);
+  EXPECT_DOUBLE_EQ(p.acceptance(), a);
+  EXPECT_EQ(p.choose(), 0);
+  for (int i = 0; i < 100; ++i) q.on_plain(-1);
+  EXPECT_EQ(q.choose(), 1);  // the difference: plain steps count towards the next probe
+  // a probe that was due stays due while suppressed
+  while (p.choose() == 0) p.on_plain(-1);
+  for (int i = 0; i < 10; ++i) p.on_suppressed();
+  EXPECT_EQ(p.choose(), 1);
+
+  // full acceptance at depth 2 with a plain step timed every 5 rounds: suppressed steps in between keep the
+  // depth and the count
+  SpecPolicy::Options o;
+  o.remeasure_rounds = 5;
+  SpecPolicy r(o);
+  r.set_cost_hint({0.1, 0.2});
+  r.begin(2, SpecPolicyKind::Adaptive);
+  std::vector<int> ks;
+  for (int i = 0; i < 14; ++i) {
+    if (i == 3)
+      for (int j = 0; j < 7; ++j) r.on_suppressed();
+    const int k = r.choose();
+    ks.push_back(k);
+    if (k == 0)
+      r.on_plain(0.002);
+    else
+      r.on_round(k, k, 0.0002 * k, 0.002 * (1 + 0.2 * k));
+  }
+  EXPECT_EQ(ks, (std::vector<int>{2, 2, 2, 2, 2, 0, 2, 2, 2, 2, 2, 0, 2, 2}));
+}
+
+// The first round after suppressed steps times a draft() that caught up with the rows they fed: its draft
+// time is not a draft's cost (as after plain steps); the next round's is.
+TEST(SpecPolicy, DraftTimeAfterSuppressedStepsIsNotUsed) {
+  SpecPolicy p;
+  p.set_cost_hint({0.12, 0.4});
+  p.begin(2, SpecPolicyKind::Adaptive);
+  p.on_plain(0.002);
+  p.on_plain(0.002);
+  p.on_round(2, 2, 0.0004, 0.003);  // after plain steps: its draft time is not used
+  p.on_round(2, 2, 0.0004, 0.003);  // the first of its kind: dropped
+  p.on_round(2, 2, 0.0004, 0.003);
+  const double d = p.draft_cost();
+  EXPECT_NEAR(d, 0.00024 + 0.25 * (0.0002 - 0.00024), 1e-12);
+  p.on_suppressed();
+  p.on_suppressed();
+  p.on_round(2, 2, 0.04, 0.003);  // 100x: the head's catch-up
+  EXPECT_DOUBLE_EQ(p.draft_cost(), d);
+  p.on_round(2, 2, 0.0004, 0.003);
+  EXPECT_LT(p.draft_cost(), d);
+}

@@ -27,7 +27,8 @@ struct Answers {
 
 // The requests sent at once (several sequences in the scheduler together) to a fresh server.
 Answers complete(int spec_tokens, const std::vector<json>& bodies,
-                 lilac::SpecPolicyKind policy = lilac::SpecPolicyKind::Adaptive) {
+                 lilac::SpecPolicyKind policy = lilac::SpecPolicyKind::Adaptive,
+                 int spec_max_batch = lilac::kDefaultSpecMaxBatch) {
   const std::string shared = LILAC_SHARED_DIR;
   static auto tok = std::shared_ptr<const lilac::Tokenizer>(lilac::Tokenizer::load(shared + "/fixtures/qwen3-tokenizer"));
   static auto weights = lilac::load_model(shared + "/fixtures/tiny-mtp/mlx4", {.progress = false});
@@ -39,6 +40,7 @@ Answers complete(int spec_tokens, const std::vector<json>& bodies,
   o.log_requests = false;
   o.spec_tokens = spec_tokens;
   o.spec_policy = policy;
+  o.spec_max_batch = spec_max_batch;
   o.max_batch = 4;
   lilac::server::Server server(o);
   const int port = server.bind();
@@ -99,14 +101,16 @@ TEST(ServerSpec, CompletionsAreTheSameWithSpeculation) {
   }
 }
 
-// Several requests at once: sequences whose policy chose a plain step join the batched step, the others
-// verify alone; every answer is the one each request gets alone without speculation.
+// Several requests at once, speculation allowed for up to 4 decoding streams (--spec-max-batch 4): sequences
+// whose policy chose a plain step join the batched step, the others verify alone; every answer is the one
+// each request gets alone without speculation.
 TEST(ServerSpec, ConcurrentSpeculatingRequestsAnswerAsAlone) {
   std::vector<json> bodies;
   for (int i = 0; i < 3; ++i)
     bodies.push_back({{"prompt", {5 + i, 6, 7 + 2 * i, 8}}, {"max_tokens", 20}, {"temperature", i == 1 ? 0.7 : 0.0},
                       {"seed", 11 + i}, {"logprobs", 1}});
-  const Answers spec = complete(3, bodies);
+  const Answers spec = complete(3, bodies, lilac::SpecPolicyKind::Adaptive, 4);
+  EXPECT_EQ(metric(spec.metrics, "lilac_spec_suppressed_steps_total"), 0);
   for (size_t i = 0; i < bodies.size(); ++i) {
     const json plain = complete(0, {bodies[i]}).bodies[0];
     EXPECT_EQ(spec.bodies[i]["choices"][0]["text"], plain["choices"][0]["text"]) << i;
