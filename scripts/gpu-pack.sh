@@ -36,4 +36,6 @@ done
 [ -z "$BENCHES" ] || tar -C "$KB" -cf - $BENCHES | xz -T2 -6 > .gpu/bench_kernels.tar.xz
 cp -r ../shared/oracle .gpu/oracle
 cp -r ../shared/fixtures/tiny ../shared/fixtures/tiny2 ../shared/fixtures/tiny-mtp .gpu/fixtures/
+mkdir -p .gpu/fixtures/qwen3-tokenizer  # the CUDA scheduler tests (CudaSchedulerSpec.*) tokenize with it
+cp ../shared/fixtures/qwen3-tokenizer/tokenizer.json ../shared/fixtures/qwen3-tokenizer/tokenizer_config.json .gpu/fixtures/qwen3-tokenizer/
 du -sh .gpu
