@@ -180,7 +180,7 @@ TEST(RowsMoE, MatchesCpuAndTodaysKernelsRowByRow) {
                           MoECase{300, 8, 128, 256, 64}, MoECase{64, 4, 256, 256, 128, 8}}) {
     MoEFixture f(r, c);
     const bool exact = c.I % 256 == 0;  // down's expert tiles line up with today's concatenated k-tiles
-    for (int M : {1, 6, 16}) {
+    for (int M : {1, 6, 16, 40}) {  // chunks of 2 rows (M <= 32) and of 4
       SCOPED_TRACE("E " + std::to_string(c.E) + " I " + std::to_string(c.I) + " M " + std::to_string(M));
       const Inputs in = make_inputs(r, f, M);
       RowsMoERun run(f, M, in.h, in.logits, in.y0, {});
@@ -268,7 +268,7 @@ TEST(RowsMoE, RoutingGroupsRowsByExpert) {
   Rng r(seed);
   const MoECase c{64, 8, 64, 64, 64};
   MoEFixture f(r, c);
-  const int M = 64, CH = lr::moe_chunk_rows(4);
+  const int M = 64, CH = lr::moe_chunk_rows(4, M);
   std::vector<float> logits(size_t(M * (c.E + 1)));
   for (int m = 0; m < M; ++m)
     for (int e = 0; e <= c.E; ++e)  // rows 0..3 all ties: top 8 = ids 0..7; the others few distinct levels

@@ -2,6 +2,7 @@
 // (one block: a warp per row runs moe_gate_up's routing, then a counting sort on the device), and the
 // per-row combine of the experts' down products in moe_down_tc's fixed order.
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 
 #include "cuda/cuda_common.h"
@@ -238,7 +239,21 @@ bool shape_ok(const QMatrixDev& m, int bits) {
 
 }  // namespace
 
-int moe_chunk_rows(int bits) { return bits == 4 ? 8 : 4; }
+// Chunk rows: 8-bit experts hold 4 rows in one mma tile (one pass); 4-bit experts 2 per tile, and the tiles a
+// chunk may need are the expert kernels' registers and instructions per k-tile. Measured on the H200
+// (bench/BENCHMARKS.md, 2026-12-02): chunks of one tile (2 rows; an expert's further rows make further chunks,
+// whose weights come from L2) are fastest up to M = 32 (an expert is chosen by ~M·k/E <= 1 row there), 4 rows
+// above. LILAC_MOE_ROWS_CH = 2 / 4 / 8 forces the 4-bit size (measurement).
+int moe_chunk_rows(int bits, int M) {
+  if (bits != 4) return 4;
+  static const int forced = [] {
+    const char* v = std::getenv("LILAC_MOE_ROWS_CH");
+    const int n = v ? std::atoi(v) : 0;
+    return n == 2 || n == 4 || n == 8 ? n : 0;
+  }();
+  if (forced) return forced;
+  return M <= kMoEOneTileM ? 2 : 4;
+}
 
 size_t moe_rows_scratch_bytes(const MoEDecodeWeights& w, int max_rows) { return moe_scratch_size(w, max_rows); }
 
@@ -269,7 +284,7 @@ void moe_route_rows(const MoEDecodeWeights& w, const float* logits, int64_t ld_l
   a.row_slot = row_slot;
   a.E = w.E;
   a.k = w.top_k;
-  a.CH = moe_chunk_rows(w.gate.first.bits);
+  a.CH = moe_chunk_rows(w.gate.first.bits, M);
   a.renorm = w.renormalise;
   a.sel_ids = sel_ids;
   a.sel_w = sel_w;

@@ -26,13 +26,48 @@ using ::lilac::cuda::dev::pdl_wait;
 
 constexpr int kMaxBlockChunks = 64;  // chunk descriptors a block caches (the host sizes the grid for it)
 
+// A position in a block's walk: item (work items fit in 32 bits: at most (M·k + M) chunks × row blocks), k-tile
+// step j of the item, and the item's chunk cq (absolute) and row block rb inside the chunk, advanced by
+// next_item without divisions.
 struct Step {
-  int item;  // work items fit in 32 bits (at most (M·k + M) chunks × row blocks)
-  int j;
+  int item, j, cq, rb;
 };
+
+// One stack of expert matrices (or the shared expert: one matrix) with its strides computed on the host, so
+// that a k-tile's row pointers cost a few integer multiply-adds. (Through QExpertsDev::expert() and row_ref()
+// they cost two 64-bit divisions and a dozen 64-bit multiplies per k-tile step: ~40 % of the instructions the
+// gate/up kernel executed at M = 16, by its PTX and Nsight Compute's count.)
+struct ExpertRows {
+  const char* q = nullptr;
+  const unsigned short* s = nullptr;
+  const unsigned short* b = nullptr;
+  int64_t q_estride = 0, sb_estride = 0;  // bytes / scale entries from one expert to the next
+  int q_row = 0, sb_row = 0;              // bytes / scale entries per row
+};
+ExpertRows expert_rows(const QMatrixDev& m, bool stacked) {
+  ExpertRows x;
+  x.q = reinterpret_cast<const char*>(m.qweight);
+  x.s = reinterpret_cast<const unsigned short*>(m.scales);
+  x.b = reinterpret_cast<const unsigned short*>(m.biases);
+  x.q_row = int(m.cols * m.bits / 8);
+  x.sb_row = int(m.cols / m.group_size);
+  x.q_estride = stacked ? m.rows * x.q_row : 0;
+  x.sb_estride = stacked ? m.rows * x.sb_row : 0;
+  return x;
+}
+// Row r of expert e of x (row_ref's result, without its arithmetic).
+__device__ __forceinline__ RowRef expert_row(const ExpertRows& x, int e, int r) {
+  RowRef ref;
+  ref.q = x.q + e * x.q_estride + int64_t(r) * x.q_row;
+  const int64_t sb = e * x.sb_estride + int64_t(r) * x.sb_row;
+  ref.s = x.s + sb;
+  ref.b = x.b + sb;
+  return ref;
+}
 
 struct GateUpArgs {
   MoEDecodeWeights w;
+  ExpertRows rows[2][2];  // [routed, shared][gate, up]
   const char* frag;
   const float2* meta;
   MoEScratch sc;
@@ -41,6 +76,7 @@ struct GateUpArgs {
 };
 struct DownArgs {
   MoEDecodeWeights w;
+  ExpertRows rows[2];  // routed, shared
   const float* act;
   MoEScratch sc;
   bool sbv_r, sbv_s;
@@ -72,10 +108,15 @@ __device__ bool block_chunks(const MoEScratch& sc, int n_items, ChunkOf chunk_of
   return true;  // s_ent is visible after the caller's next barrier
 }
 
-__device__ __forceinline__ Step next_item(Step s, int iters) {
+// nb: row blocks of chunk s.cq's matrix
+__device__ __forceinline__ Step next_item(Step s, int iters, int nb) {
   if (++s.j == iters) {
     s.j = 0;
     ++s.item;
+    if (++s.rb == nb) {
+      s.rb = 0;
+      ++s.cq;
+    }
   }
   return s;
 }
@@ -122,21 +163,26 @@ __global__ void __launch_bounds__(kThreads, 2) moe_gate_up_rows_kernel(GateUpArg
   if (!block_chunks<MT>(a.sc, n_items, chunk_of, lo, hi, c_lo, s_desc, s_ent)) return;
   for (int i = threadIdx.x; i < kZeroBytes / 16; i += kThreads) reinterpret_cast<uint4*>(zero)[i] = make_uint4(0, 0, 0, 0);
 
-  auto next = [&](Step s2) { return next_item(s2, iters); };
+  auto next = [&](Step s2) { return next_item(s2, iters, s2.cq < n_rc ? nbI : nbS); };
+  // (Caching the rows' pointers per item instead of recomputing them per k-tile costs the registers that
+  // keep the kernels from spilling: measured by ptxas, not kept.)
   auto load = [&](RowTile<BITS>& t, Step s2) {
     if (s2.item < hi && ks + s2.j * KS < KT) {
-      int rb;
-      const int e = s_desc[chunk_of(s2.item, rb) - c_lo].x;
-      const QMatrixDev m = e < w.E ? (rbw == 0 ? w.gate.expert(e) : w.up.expert(e)) : (rbw == 0 ? w.shared_gate : w.shared_up);
-      const int nrows = e < w.E ? I : Is, j0 = rb * 16;
-      const RowRef r[2] = {row_ref(m, min(j0 + g, nrows - 1)), row_ref(m, min(j0 + g + 8, nrows - 1))};
+      const int e = s_desc[s2.cq - c_lo].x;
+      const bool routed = e < w.E;
+      const ExpertRows& x = a.rows[routed ? 0 : 1][rbw];
+      const int nrows = routed ? I : Is, j0 = s2.rb * 16;
+      const RowRef r[2] = {expert_row(x, e, min(j0 + g, nrows - 1)), expert_row(x, e, min(j0 + g + 8, nrows - 1))};
       load_row_tile<BITS>(t, r, ks + s2.j * KS, c, ngroups_k, a.sbv);
     }
   };
-  Step st{lo, 0};
-  RowTile<BITS> cur, nxt;
-  load(cur, st);
-  load(nxt, next(st));
+  Step st{lo, 0, 0, 0};
+  st.cq = chunk_of(lo, st.rb);
+  // Two tiles that swap roles each step (the loop body runs twice per iteration: no register copy of the
+  // next tile into the current one).
+  RowTile<BITS> t0, t1;
+  load(t0, st);
+  load(t1, next(st));
   bool nxt_loaded = true;
   int cur_cq = -1, n_tok = 0;
   uint32_t tmask = 0;
@@ -146,9 +192,9 @@ __global__ void __launch_bounds__(kThreads, 2) moe_gate_up_rows_kernel(GateUpArg
 #pragma unroll
     for (int i = 0; i < S::NCH; ++i) acc[p][i][0] = acc[p][i][1] = 0.f;
   int par = 0;
-  while (st.item < hi) {
-    int rb;
-    const int cq = chunk_of(st.item, rb) - c_lo;
+  auto step = [&](const RowTile<BITS>& cur, RowTile<BITS>& nxt) {
+    if (st.item >= hi) return false;
+    const int cq = st.cq - c_lo, rb = st.rb;
     if (cq != cur_cq) {  // a new chunk: its rows' staged input into shared memory
       __syncthreads();   // the previous chunk's fragments are read no more; s_ent, zero block visible
       n_tok = s_desc[cq].z;
@@ -191,7 +237,9 @@ __global__ void __launch_bounds__(kThreads, 2) moe_gate_up_rows_kernel(GateUpArg
       par ^= 1;
     }
     st = ns;
-    cur = nxt;
+    return true;
+  };
+  while (step(t0, t1) && step(t1, t0)) {
   }
 }
 
@@ -260,29 +308,30 @@ __global__ void __launch_bounds__(kThreads, 2) moe_down_rows_kernel(DownArgs a) 
   if (!block_chunks<MT>(a.sc, n_ch * nbH, chunk_of, lo, hi, c_lo, s_desc, s_ent)) return;
   for (int i = threadIdx.x; i < kZeroBytes / 16; i += kThreads) reinterpret_cast<uint4*>(zero)[i] = make_uint4(0, 0, 0, 0);
 
-  auto next = [&](Step s2) { return next_item(s2, KTm); };
+  auto next = [&](Step s2) { return next_item(s2, KTm, nbH); };
   auto load = [&](RowTile<BITS>& t, Step s2) {
     if (s2.item >= hi) return;
-    int ib;
-    const int e = s_desc[chunk_of(s2.item, ib) - c_lo].x;
+    const int e = s_desc[s2.cq - c_lo].x;
     const bool routed = e < w.E;
-    const int64_t rb = int64_t(ib) * kWarps + warp;
+    const int64_t rb = int64_t(s2.rb) * kWarps + warp;
     if (s2.j < (routed ? KTI : KTS) && rb < nrbH) {
-      const QMatrixDev m = routed ? w.down.expert(e) : w.shared_down;
-      const RowRef r[2] = {row_ref(m, min(rb * 16 + g, H - 1)), row_ref(m, min(rb * 16 + g + 8, H - 1))};
+      const ExpertRows& x = a.rows[routed ? 0 : 1];
+      const int r0 = int(rb) * 16 + g, Hm = int(H) - 1;
+      const RowRef r[2] = {expert_row(x, e, min(r0, Hm)), expert_row(x, e, min(r0 + 8, Hm))};
       load_row_tile<BITS>(t, r, s2.j, c, int((routed ? I : Is) / kGroup), routed ? a.sbv_r : a.sbv_s);
     }
   };
-  Step st{lo, 0};
-  RowTile<BITS> cur, nxt;
-  load(cur, st);
-  load(nxt, next(st));
+  Step st{lo, 0, 0, 0};
+  st.cq = chunk_of(lo, st.rb);
+  RowTile<BITS> t0, t1;  // swapping roles each step, as in the gate/up kernel
+  load(t0, st);
+  load(t1, next(st));
   bool nxt_loaded = true;
   int cur_cq = -1;
   uint32_t tmask = 0;
-  while (st.item < hi) {
-    int ib;
-    const int cq = chunk_of(st.item, ib) - c_lo;
+  auto step = [&](const RowTile<BITS>& cur, RowTile<BITS>& nxt) {
+    if (st.item >= hi) return false;
+    const int ib = st.rb, cq = st.cq - c_lo;
     const int e = s_desc[cq].x;
     const bool routed = e < w.E;
     const int K_l = routed ? I : Is;
@@ -311,7 +360,9 @@ __global__ void __launch_bounds__(kThreads, 2) moe_down_rows_kernel(DownArgs a) 
                                 });
     }
     st = ns;
-    cur = nxt;
+    return true;
+  };
+  while (step(t0, t1) && step(t1, t0)) {
   }
 }
 
@@ -373,11 +424,19 @@ void moe_gate_up_rows(const MoEDecodeWeights& w, const void* frag, const float2*
   a.meta = meta;
   a.sc = moe_carve(const_cast<void*>(scratch), w, M);
   a.act = act;
+  a.rows[0][0] = expert_rows(w.gate.first, true);
+  a.rows[0][1] = expert_rows(w.up.first, true);
+  a.rows[1][0] = expert_rows(w.shared_gate, false);
+  a.rows[1][1] = expert_rows(w.shared_up, false);
   a.sbv = sb_vec(w.gate.first) && sb_vec(w.up.first) && sb_vec(w.shared_gate) && sb_vec(w.shared_up);
-  if (w.gate.first.bits == 4)
-    launch_gate_up<4, 4>(a, M, stream);
-  else
+  if (w.gate.first.bits != 4)
     launch_gate_up<8, 1>(a, M, stream);
+  else if (const int ch = moe_chunk_rows(4, M); ch <= 2)
+    launch_gate_up<4, 1>(a, M, stream);
+  else if (ch <= 4)
+    launch_gate_up<4, 2>(a, M, stream);
+  else
+    launch_gate_up<4, 4>(a, M, stream);
 }
 
 void moe_down_rows(const MoEDecodeWeights& w, const float* act, int M, void* scratch, cudaStream_t stream) {
@@ -387,12 +446,18 @@ void moe_down_rows(const MoEDecodeWeights& w, const float* act, int M, void* scr
   a.w = w;
   a.act = act;
   a.sc = moe_carve(scratch, w, M);
+  a.rows[0] = expert_rows(w.down.first, true);
+  a.rows[1] = expert_rows(w.shared_down, false);
   a.sbv_r = sb_vec(w.down.first);
   a.sbv_s = sb_vec(w.shared_down);
-  if (w.down.first.bits == 4)
-    launch_down<4, 4>(a, M, stream);
-  else
+  if (w.down.first.bits != 4)
     launch_down<8, 1>(a, M, stream);
+  else if (const int ch = moe_chunk_rows(4, M); ch <= 2)
+    launch_down<4, 1>(a, M, stream);
+  else if (ch <= 4)
+    launch_down<4, 2>(a, M, stream);
+  else
+    launch_down<4, 4>(a, M, stream);
 }
 
 }  // namespace lilac::cuda::rows

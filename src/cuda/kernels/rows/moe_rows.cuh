@@ -17,6 +17,7 @@
 namespace lilac::cuda::rows_dev {
 
 constexpr int kMoEMaxRows = 64;  // the routing keeps each expert's rows as one 64-bit mask
+constexpr int kMoEOneTileM = 32;  // up to this M, 4-bit chunks hold one mma tile (moe_chunk_rows)
 
 struct MoEScratch {
   int32_t* hdr;

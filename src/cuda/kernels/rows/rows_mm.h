@@ -81,7 +81,7 @@ void gemv_rows(const GemvRowsArgs& a, cudaStream_t stream);
 //      chunk) into `scratch` (ngroups = (k·I + Is)/64 floats per row and output), unweighted;
 //  (4) moe_combine_rows: y[r] += Σ w·down in exactly moe_down_tc's fixed order (independent of M).
 // act: [M][k·I + Is]. Requirements: moe_rows_supported.
-int moe_chunk_rows(int bits);     // 8 (4-bit experts) or 4 (8-bit)
+int moe_chunk_rows(int bits, int M);  // rows per chunk for M rows: 4-bit 2 (M <= 32) or 4, 8-bit 4
 size_t moe_rows_scratch_bytes(const MoEDecodeWeights& w, int max_rows);
 bool moe_rows_supported(const MoEDecodeWeights& w, int max_rows);
 void moe_route_rows(const MoEDecodeWeights& w, const float* logits, int64_t ld_logits, int M, const int32_t* row_slot,
