@@ -16,7 +16,8 @@ struct QMatrixDev {
   const __nv_bfloat16* biases = nullptr;
 
   __host__ __device__ int64_t words_per_row() const { return cols * bits / 32; }
-  __host__ __device__ int64_t groups_per_row() const { return cols / group_size; }
+  // (64, every checkpoint's group size so far, without a 64-bit division: kernels compute this per k-tile)
+  __host__ __device__ int64_t groups_per_row() const { return group_size == 64 ? cols >> 6 : cols / group_size; }
 };
 
 // `n` matrices of one shape stored back to back (experts): matrix e starts e*rows rows further.

@@ -504,9 +504,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<BITS>) gemv_tc_kernel(Gem
 
   tc_mark(0);
   Step st{blockIdx.x, 0};
-  TileRegs<BITS> cur, nxt;
-  load(cur, st);
-  load(nxt, next(st));
+  TileRegs<BITS> t0, t1;  // swapping roles each step (the loop body runs twice per iteration): no tile copies
+  load(t0, st);
+  load(t1, next(st));
   bool nxt_loaded = true;
   conv_fetch(st.grp);
   stage_preload(in, m, K);
@@ -521,7 +521,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<BITS>) gemv_tc_kernel(Gem
 
   float acc[2] = {0.f, 0.f};
   int par = 0;
-  while (st.grp < ngrp) {
+  auto step = [&](const TileRegs<BITS>& cur, TileRegs<BITS>& nxt) {
+    if (st.grp >= ngrp) return false;
     const Step ns = next(st);
     if (!nxt_loaded) load(nxt, ns);
     nxt_loaded = false;
@@ -556,7 +557,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<BITS>) gemv_tc_kernel(Gem
       first_group = false;
     }
     st = ns;
-    cur = nxt;
+    return true;
+  };
+  while (step(t0, t1) && step(t1, t0)) {
   }
   tc_mark(7);
 }
@@ -631,16 +634,17 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<BITS>)
     }
   };
   Step st{blockIdx.x, 0};
-  TileRegs<BITS> cur, nxt;
-  load(cur, st);
-  load(nxt, next(st));
+  TileRegs<BITS> t0, t1;  // swapping roles each step, as in the dense kernel
+  load(t0, st);
+  load(t1, next(st));
   bool nxt_loaded = true;
   stage_compute<BITS>(in, m, K, red);
   tc_mark(3);
 
   float acc[2] = {0.f, 0.f};
   int par = 0;
-  while (st.grp < ngrp) {
+  auto step = [&](const TileRegs<BITS>& cur, TileRegs<BITS>& nxt) {
+    if (st.grp >= ngrp) return false;
     const Step ns = next(st);
     if (!nxt_loaded) load(nxt, ns);
     nxt_loaded = false;
@@ -666,7 +670,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<BITS>)
       par ^= 1;
     }
     st = ns;
-    cur = nxt;
+    return true;
+  };
+  while (step(t0, t1) && step(t1, t0)) {
   }
   tc_mark(7);
 }
@@ -771,9 +777,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<BITS>)
   }
   __syncthreads();  // seg
   Step st{blockIdx.x, 0};
-  TileRegs<BITS> cur, nxt;
-  load(cur, st);
-  load(nxt, next(st));
+  TileRegs<BITS> t0, t1;  // swapping roles each step, as in the dense kernel
+  load(t0, st);
+  load(t1, next(st));
   pdl_wait();
   pdl_trigger();
   tc_mark(1);
@@ -800,15 +806,16 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<BITS>)
     }
   }
   if (__syncthreads_or(changed)) {  // seg
-    load(cur, st);
-    load(nxt, next(st));
+    load(t0, st);
+    load(t1, next(st));
   }
   tc_mark(5);
   bool nxt_loaded = true;
 
   float acc[2] = {0.f, 0.f};
   int par = 0;
-  while (st.grp < nrb) {
+  auto step = [&](const TileRegs<BITS>& cur, TileRegs<BITS>& nxt) {
+    if (st.grp >= nrb) return false;
     const Step ns = next(st);
     if (!nxt_loaded) load(nxt, ns);
     nxt_loaded = false;
@@ -836,7 +843,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<BITS>)
       y_fetch(ns.grp);
     }
     st = ns;
-    cur = nxt;
+    return true;
+  };
+  while (step(t0, t1) && step(t1, t0)) {
   }
   tc_mark(7);
 }
