@@ -144,8 +144,8 @@ void mark(StepProfile* prof, const char* label, cudaStream_t s) {
 }
 }  // namespace
 
-void enqueue_attn_mixer(const DevModel& m, const DevLayer& L, __nv_bfloat16* k_cache, __nv_bfloat16* v_cache,
-                        const int32_t* pos, const DecodeScratch& sc, cudaStream_t s, StepProfile* prof) {
+void enqueue_attn_kv(const DevModel& m, const DevLayer& L, __nv_bfloat16* k_cache, __nv_bfloat16* v_cache,
+                     const int32_t* pos, const DecodeScratch& sc, cudaStream_t s, StepProfile* prof) {
   const ModelConfig& c = m.cfg;
   proj(c, L.in_proj, sc.h, Prologue::RmsNorm, L.input_norm, sc.proj, s);
   mark(prof, "attn.qkv_gemv", s);
@@ -153,6 +153,12 @@ void enqueue_attn_mixer(const DevModel& m, const DevLayer& L, __nv_bfloat16* k_c
   const float* v = k + c.kv_dim();
   attn_qk_norm_rope_append(sc.attn, sc.proj, k, v, L.q_norm, L.k_norm, m.inv_freq, pos, sc.q_rot, k_cache, v_cache, s);
   mark(prof, "attn.qk_norm_rope", s);
+}
+
+void enqueue_attn_mixer(const DevModel& m, const DevLayer& L, __nv_bfloat16* k_cache, __nv_bfloat16* v_cache,
+                        const int32_t* pos, const DecodeScratch& sc, cudaStream_t s, StepProfile* prof) {
+  const ModelConfig& c = m.cfg;
+  enqueue_attn_kv(m, L, k_cache, v_cache, pos, sc, s, prof);
   attention_decode(sc.attn, sc.q_rot, sc.proj, k_cache, v_cache, pos, sc.n_split, sc.partial, sc.attn_out, s);
   mark(prof, "attn.attention", s);
   gemv_into(c, L.out_proj, sc.attn_out, Prologue::None, nullptr, nullptr, sc.h, true, s);

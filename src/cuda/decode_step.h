@@ -68,6 +68,10 @@ void enqueue_decode_body(const DevModel& m, const SeqState& st, const DecodeScra
 // over cache rows [0, *pos] → o_proj added to sc.h) and an MoE block (router → gate/up → down added to sc.h);
 void enqueue_attn_mixer(const DevModel& m, const DevLayer& L, __nv_bfloat16* k_cache, __nv_bfloat16* v_cache,
                         const int32_t* pos, const DecodeScratch& sc, cudaStream_t s, StepProfile* prof = nullptr);
+// The mixer's first half alone: the q|k|v GEMV and the q/k norm + RoPE + KV append at *pos (the cache row the
+// mixer would write, bit for bit; the MTP head's catch-up rows need nothing else).
+void enqueue_attn_kv(const DevModel& m, const DevLayer& L, __nv_bfloat16* k_cache, __nv_bfloat16* v_cache,
+                     const int32_t* pos, const DecodeScratch& sc, cudaStream_t s, StepProfile* prof = nullptr);
 void enqueue_moe(const DevModel& m, const DevLayer& L, const DecodeScratch& sc, cudaStream_t s,
                  StepProfile* prof = nullptr);
 // the head: final RMSNorm + LM head from sc.h into st.logits;

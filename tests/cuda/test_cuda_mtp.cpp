@@ -230,6 +230,47 @@ TEST(CudaMtp, DraftsAcrossPiecesStepsAndSnapshots) {
   EXPECT_EQ(u->draft(4), da);
 }
 
+// A catch-up row run without a logits sink computes only its K/V row of the head's cache (mtp_head.cu); with
+// a sink it runs the whole row. The rows computed after the first ones must not see a difference: session b
+// runs the 300-token prompt's first pairs without a sink (the ring overflows during the prefill), then gets a
+// sink; every row it reports (the last catch-up rows and the draft's first row, which attend over the K/V rows
+// written without a sink) is bit for bit session a's, whose rows all ran with the sink.
+TEST(CudaMtp, CatchUpRowsWithoutASinkLeaveTheFullRowsKv) {
+  NEED_CUDA();
+  auto be = cuda::make_cuda_backend(fixture("tiny-mtp"));
+  const int64_t V = be->config().vocab_size;
+  const auto prompt = random_tokens(300, V, 5);
+  using Rows = std::map<int64_t, std::vector<float>>;
+  auto sink_into = [V](Rows& rows) {
+    return LogitsSink([&rows, V](int64_t pos, int64_t n, const float* logits) {
+      for (int64_t i = 0; i < n; ++i) rows[pos + i].assign(logits + i * V, logits + (i + 1) * V);
+    });
+  };
+  Rows ra, rb;
+  auto a = be->new_session(512), b = be->new_session(512);
+  a->enable_drafting(true);
+  b->enable_drafting(true);
+  a->set_draft_logits_sink(sink_into(ra));
+  a->prefill(prompt);
+  b->prefill(prompt);
+  b->set_draft_logits_sink(sink_into(rb));
+  std::vector<int32_t> da, db;
+  for (auto* s : {a.get(), b.get()}) {
+    s->begin_generation(SamplingParams{}, prompt);
+    s->sample();
+  }
+  da = a->draft(4);
+  db = b->draft(4);
+  ASSERT_EQ(da.size(), 4u);
+  EXPECT_EQ(db, da);
+  ASSERT_FALSE(rb.empty());
+  ASSERT_LT(rb.size(), ra.size()) << "session b ran some catch-up rows without the sink";
+  for (const auto& [pos, row] : rb) {
+    ASSERT_TRUE(ra.count(pos)) << "position " << pos;
+    EXPECT_EQ(std::memcmp(row.data(), ra[pos].data(), row.size() * sizeof(float)), 0) << "position " << pos;
+  }
+}
+
 // Greedy, every acceptance length 0..K, prefill in one piece and in small pieces, with and without the
 // head following the context (tiny has no head: verify needs none).
 TEST(CudaSpec, VerifyEqualsOneByOneAtEveryAcceptanceLength) {
