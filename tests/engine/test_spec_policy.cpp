@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
+#include <vector>
 
 #include "core/error.h"
 #include "engine/spec_policy.h"
@@ -282,7 +284,9 @@ TEST(SpecPolicy, SlowPlainStepsDoNotLockInDrafting) {
 }
 
 // While drafts win, a plain step is timed after every remeasure_rounds rounds in a row.
-TEST(SpecPolicy, RemeasuresThePlainStep) {
+// 14 steps at depth <= 2 with full acceptance and a plain step timed every 5 rounds; before(i) runs before
+// step i's choice. Returns the depths chosen.
+std::vector<int> remeasuring_steps(const std::function<void(SpecPolicy&, int)>& before = {}) {
   SpecPolicy::Options o;
   o.remeasure_rounds = 5;
   SpecPolicy p(o);
@@ -290,6 +294,7 @@ TEST(SpecPolicy, RemeasuresThePlainStep) {
   p.begin(2, SpecPolicyKind::Adaptive);
   std::vector<int> ks;
   for (int i = 0; i < 14; ++i) {
+    if (before) before(p, i);
     const int k = p.choose();
     ks.push_back(k);
     if (k == 0)
@@ -297,7 +302,11 @@ TEST(SpecPolicy, RemeasuresThePlainStep) {
     else
       p.on_round(k, k, 0.0002 * k, 0.002 * (1 + 0.2 * k));
   }
-  EXPECT_EQ(ks, (std::vector<int>{2, 2, 2, 2, 2, 0, 2, 2, 2, 2, 2, 0, 2, 2}));
+  return ks;
+}
+
+TEST(SpecPolicy, RemeasuresThePlainStep) {
+  EXPECT_EQ(remeasuring_steps(), (std::vector<int>{2, 2, 2, 2, 2, 0, 2, 2, 2, 2, 2, 0, 2, 2}));
 }
 
 // With measured costs, a depth whose verify was never timed is tried (twice: its first time is dropped)
@@ -347,24 +356,11 @@ TEST(SpecPolicy, SuppressedStepsLeaveTheChoicesAsTheyWere) {
   for (int i = 0; i < 10; ++i) p.on_suppressed();
   EXPECT_EQ(p.choose(), 1);
 
-  // full acceptance at depth 2 with a plain step timed every 5 rounds: suppressed steps in between keep the
-  // depth and the count
-  SpecPolicy::Options o;
-  o.remeasure_rounds = 5;
-  SpecPolicy r(o);
-  r.set_cost_hint({0.1, 0.2});
-  r.begin(2, SpecPolicyKind::Adaptive);
-  std::vector<int> ks;
-  for (int i = 0; i < 14; ++i) {
+  // the remeasuring schedule: suppressed steps in between keep the depth and the count
+  const auto ks = remeasuring_steps([](SpecPolicy& r, int i) {
     if (i == 3)
       for (int j = 0; j < 7; ++j) r.on_suppressed();
-    const int k = r.choose();
-    ks.push_back(k);
-    if (k == 0)
-      r.on_plain(0.002);
-    else
-      r.on_round(k, k, 0.0002 * k, 0.002 * (1 + 0.2 * k));
-  }
+  });
   EXPECT_EQ(ks, (std::vector<int>{2, 2, 2, 2, 2, 0, 2, 2, 2, 2, 2, 0, 2, 2}));
 }
 

@@ -10,6 +10,7 @@
 // in today's order. The expert-local k-tiles line up with today's global ones when I is a multiple of 256.
 #include <algorithm>
 #include <string>
+#include <type_traits>
 
 #include "cuda/cuda_common.h"
 #include "cuda/kernels/launch.cuh"
@@ -412,6 +413,21 @@ void launch_down(const DownArgs& a, int M, cudaStream_t stream) {
   launch_pdl(kernel, dim3(grid), dim3(kThreads), smem, stream, a);
 }
 
+// f(bits, NP) with the weights' bits and the mma tiles a chunk of moe_chunk_rows(bits, M) rows needs, as
+// std::integral_constant values (the kernels' template arguments).
+template <typename F>
+void with_tiles(int bits, int M, F&& f) {
+  using std::integral_constant;
+  if (bits != 4)
+    f(integral_constant<int, 8>{}, integral_constant<int, 1>{});
+  else if (const int ch = moe_chunk_rows(4, M); ch <= 2)
+    f(integral_constant<int, 4>{}, integral_constant<int, 1>{});
+  else if (ch <= 4)
+    f(integral_constant<int, 4>{}, integral_constant<int, 2>{});
+  else
+    f(integral_constant<int, 4>{}, integral_constant<int, 4>{});
+}
+
 }  // namespace
 
 void moe_gate_up_rows(const MoEDecodeWeights& w, const void* frag, const float2* meta, int M, const void* scratch,
@@ -429,14 +445,9 @@ void moe_gate_up_rows(const MoEDecodeWeights& w, const void* frag, const float2*
   a.rows[1][0] = expert_rows(w.shared_gate, false);
   a.rows[1][1] = expert_rows(w.shared_up, false);
   a.sbv = sb_vec(w.gate.first) && sb_vec(w.up.first) && sb_vec(w.shared_gate) && sb_vec(w.shared_up);
-  if (w.gate.first.bits != 4)
-    launch_gate_up<8, 1>(a, M, stream);
-  else if (const int ch = moe_chunk_rows(4, M); ch <= 2)
-    launch_gate_up<4, 1>(a, M, stream);
-  else if (ch <= 4)
-    launch_gate_up<4, 2>(a, M, stream);
-  else
-    launch_gate_up<4, 4>(a, M, stream);
+  with_tiles(w.gate.first.bits, M, [&](auto bits, auto np) {
+    launch_gate_up<decltype(bits)::value, decltype(np)::value>(a, M, stream);
+  });
 }
 
 void moe_down_rows(const MoEDecodeWeights& w, const float* act, int M, void* scratch, cudaStream_t stream) {
@@ -450,14 +461,9 @@ void moe_down_rows(const MoEDecodeWeights& w, const float* act, int M, void* scr
   a.rows[1] = expert_rows(w.shared_down, false);
   a.sbv_r = sb_vec(w.down.first);
   a.sbv_s = sb_vec(w.shared_down);
-  if (w.down.first.bits != 4)
-    launch_down<8, 1>(a, M, stream);
-  else if (const int ch = moe_chunk_rows(4, M); ch <= 2)
-    launch_down<4, 1>(a, M, stream);
-  else if (ch <= 4)
-    launch_down<4, 2>(a, M, stream);
-  else
-    launch_down<4, 4>(a, M, stream);
+  with_tiles(w.down.first.bits, M, [&](auto bits, auto np) {
+    launch_down<decltype(bits)::value, decltype(np)::value>(a, M, stream);
+  });
 }
 
 }  // namespace lilac::cuda::rows
