@@ -18,6 +18,7 @@
 #include "server/scheduler.h"
 #include "text/tokenizer.h"
 #include "support/fixtures.h"
+#include "support/jobs.h"
 
 using namespace lilac;
 using testutil::random_tokens;
@@ -25,11 +26,7 @@ using namespace lilac::server;
 
 namespace {
 
-std::shared_ptr<const Tokenizer> tokenizer() {
-  static auto t = std::shared_ptr<const Tokenizer>(
-      Tokenizer::load(std::string(LILAC_SHARED_DIR) + "/fixtures/qwen3-tokenizer"));
-  return t;
-}
+std::shared_ptr<const Tokenizer> tokenizer() { return testutil::qwen3_tokenizer(); }
 
 std::shared_ptr<Backend> cpu_backend(const std::string& fx) {
   static std::map<std::string, std::shared_ptr<const ModelWeights>> w;
@@ -38,38 +35,8 @@ std::shared_ptr<Backend> cpu_backend(const std::string& fx) {
   return std::shared_ptr<Backend>(make_cpu_backend(m, 2));
 }
 
-struct Result {
-  std::vector<int32_t> ids;
-  std::string text;
-  std::vector<TokenChoice> choices;
-  GenerationStats stats;
-  int error = 0;
-  std::string message;
-};
-
-Result wait(Job& j) {
-  Result r;
-  for (;;) {
-    std::vector<JobEvent> evs;
-    j.pop_all(evs, std::chrono::milliseconds(1000));
-    for (auto& e : evs) {
-      if (e.kind == JobEvent::Token) {
-        if (e.token.id >= 0) {
-          r.ids.push_back(e.token.id);
-          r.choices.push_back(e.token.choice);
-        }
-        r.text += e.token.text;
-      } else if (e.kind == JobEvent::Done) {
-        r.stats = e.stats;
-        return r;
-      } else {
-        r.error = e.status;
-        r.message = e.message;
-        return r;
-      }
-    }
-  }
-}
+using Result = testutil::JobResult;
+Result wait(Job& j) { return testutil::wait_job(j); }
 
 void expect_same(const Result& a, const Result& b, const std::string& where) {
   EXPECT_EQ(a.error, b.error) << where;

@@ -23,54 +23,23 @@
 #include "server/metrics.h"
 #include "server/scheduler.h"
 #include "support/fixtures.h"
+#include "support/jobs.h"
 #include "text/tokenizer.h"
 
 namespace lilac::testutil::schedspec {
 
 using namespace lilac::server;
 
-inline std::shared_ptr<const Tokenizer> tokenizer() {
-  static auto t = std::shared_ptr<const Tokenizer>(
-      Tokenizer::load(std::string(LILAC_SHARED_DIR) + "/fixtures/qwen3-tokenizer"));
-  return t;
-}
-
-struct Result {
-  std::vector<int32_t> ids;
-  std::vector<float> logprobs;
-  std::string text;
-  GenerationStats stats;
-  int error = 0;
-};
-
-inline Result wait(Job& j) {
-  Result r;
-  for (;;) {
-    std::vector<JobEvent> evs;
-    j.pop_all(evs, std::chrono::milliseconds(1000));
-    for (auto& e : evs) {
-      if (e.kind == JobEvent::Token) {
-        if (e.token.id >= 0) {
-          r.ids.push_back(e.token.id);
-          r.logprobs.push_back(e.token.choice.logprob);
-        }
-        r.text += e.token.text;
-      } else {
-        if (e.kind == JobEvent::Done)
-          r.stats = e.stats;
-        else
-          r.error = e.status;
-        return r;
-      }
-    }
-  }
-}
+inline std::shared_ptr<const Tokenizer> tokenizer() { return qwen3_tokenizer(); }
+using Result = JobResult;
+inline Result wait(Job& j) { return wait_job(j); }
 
 inline void expect_same(const Result& a, const Result& b, const std::string& where) {
   EXPECT_EQ(a.error, b.error) << where;
   EXPECT_EQ(a.ids, b.ids) << where;
-  ASSERT_EQ(a.logprobs.size(), b.logprobs.size()) << where;
-  EXPECT_EQ(0, std::memcmp(a.logprobs.data(), b.logprobs.data(), a.logprobs.size() * sizeof(float))) << where;
+  ASSERT_EQ(a.choices.size(), b.choices.size()) << where;
+  for (size_t i = 0; i < a.choices.size(); ++i)
+    EXPECT_EQ(0, std::memcmp(&a.choices[i].logprob, &b.choices[i].logprob, sizeof(float))) << where << " token " << i;
   EXPECT_EQ(a.text, b.text) << where;
   EXPECT_EQ(a.stats.finish, b.stats.finish) << where;
   EXPECT_EQ(a.stats.completion_tokens, b.stats.completion_tokens) << where;

@@ -1,0 +1,53 @@
+// Scheduler tests' helpers: the Qwen3 tokenizer fixture and a job's events collected until it ends.
+#pragma once
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "server/scheduler.h"
+#include "text/tokenizer.h"
+
+namespace lilac::testutil {
+
+inline std::shared_ptr<const Tokenizer> qwen3_tokenizer() {
+  static auto t = std::shared_ptr<const Tokenizer>(
+      Tokenizer::load(std::string(LILAC_SHARED_DIR) + "/fixtures/qwen3-tokenizer"));
+  return t;
+}
+
+// What a job streamed: its token ids and choices (logprobs included), text, final stats or error.
+struct JobResult {
+  std::vector<int32_t> ids;
+  std::string text;
+  std::vector<TokenChoice> choices;
+  GenerationStats stats;
+  int error = 0;  // the HTTP status of an Error event
+  std::string message;
+};
+
+inline JobResult wait_job(server::Job& j) {
+  JobResult r;
+  for (;;) {
+    std::vector<server::JobEvent> evs;
+    j.pop_all(evs, std::chrono::milliseconds(1000));
+    for (auto& e : evs) {
+      if (e.kind == server::JobEvent::Token) {
+        if (e.token.id >= 0) {
+          r.ids.push_back(e.token.id);
+          r.choices.push_back(e.token.choice);
+        }
+        r.text += e.token.text;
+      } else if (e.kind == server::JobEvent::Done) {
+        r.stats = e.stats;
+        return r;
+      } else {
+        r.error = e.status;
+        r.message = e.message;
+        return r;
+      }
+    }
+  }
+}
+
+}  // namespace lilac::testutil
