@@ -95,17 +95,9 @@ std::vector<GenerationRequest> mixed_requests(int64_t vocab) {
 std::vector<Result> run_alone(std::shared_ptr<Backend> be, const std::vector<GenerationRequest>& reqs,
                               int64_t chunk) {
   SchedulerOptions o;
-  o.max_batch = 1;
   o.max_seq = 256;
   o.prefill_chunk = chunk;
-  Scheduler s(be, tokenizer(), o);
-  std::vector<Result> out;
-  for (const auto& r : reqs) {
-    auto j = std::make_shared<Job>(r);
-    EXPECT_TRUE(s.submit(j));
-    out.push_back(wait(*j));
-  }
-  return out;
+  return testutil::run_one_by_one(std::move(be), reqs, o);
 }
 
 }  // namespace

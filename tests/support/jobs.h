@@ -1,10 +1,13 @@
 // Scheduler tests' helpers: the Qwen3 tokenizer fixture and a job's events collected until it ends.
 #pragma once
+#include <gtest/gtest.h>
+
 #include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "engine/backend.h"
 #include "server/scheduler.h"
 #include "text/tokenizer.h"
 
@@ -48,6 +51,20 @@ inline JobResult wait_job(server::Job& j) {
       }
     }
   }
+}
+
+// Each request served alone (a scheduler with one session, o's other options), one after the other.
+inline std::vector<JobResult> run_one_by_one(std::shared_ptr<Backend> be, const std::vector<GenerationRequest>& reqs,
+                                             server::SchedulerOptions o) {
+  o.max_batch = 1;
+  server::Scheduler s(std::move(be), qwen3_tokenizer(), o);
+  std::vector<JobResult> out;
+  for (const auto& r : reqs) {
+    auto j = std::make_shared<server::Job>(r);
+    EXPECT_TRUE(s.submit(j));
+    out.push_back(wait_job(*j));
+  }
+  return out;
 }
 
 }  // namespace lilac::testutil

@@ -76,16 +76,8 @@ inline std::vector<GenerationRequest> requests(int64_t vocab) {
 // Each request alone without speculation.
 inline std::vector<Result> run_alone(std::shared_ptr<Backend> be, const std::vector<GenerationRequest>& reqs) {
   SchedulerOptions o;
-  o.max_batch = 1;
   o.max_seq = 128;
-  Scheduler s(be, tokenizer(), o);
-  std::vector<Result> out;
-  for (const auto& r : reqs) {
-    auto j = std::make_shared<Job>(r);
-    EXPECT_TRUE(s.submit(j));
-    out.push_back(wait(*j));
-  }
-  return out;
+  return run_one_by_one(std::move(be), reqs, o);
 }
 
 // What the injected drafts saw, per stream: the pending index of each draft call and the acceptance length
