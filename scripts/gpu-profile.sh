@@ -8,6 +8,10 @@
 # every kernel launch timed, summed per kernel name (graph nodes profiled one by one):
 #   bash scripts/gpu-profile.sh kernels <family> [benchmark filter regex]
 #                                          → $OUT/ncu-<family>.csv, $OUT/ncu-<family>-summary.txt
+# Or one launch of one kernel of a kernel benchmark, instruction by instruction (Nsight Compute's source
+# counters on the SASS: executed instructions and stall samples per instruction, bench/sass_profile.py):
+#   bash scripts/gpu-profile.sh sass <family> <kernel name regex> [benchmark filter regex]
+#                                          → $OUT/sass-<family>.csv, $OUT/sass-<family>-summary.txt
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/lilac-out}
@@ -16,6 +20,19 @@ export LD_LIBRARY_PATH="$PWD/.gpu/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 L=.gpu/lilac
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 [ -n "$NCU" ] || { echo "no ncu"; exit 1; }
+if [ "${1:-}" = sass ]; then
+  fam=${2:?usage: gpu-profile.sh sass <family> <kernel regex> [filter]}
+  kre=${3:?usage: gpu-profile.sh sass <family> <kernel regex> [filter]}
+  bash scripts/gpu-unpack-benches.sh || exit 1
+  timeout ${PROFILE_TIMEOUT:-240} "$NCU" --clock-control none --section SourceCounters --page source \
+    --print-source sass --csv -k "regex:$kre" -c 1 .gpu/kbench/bench_kernels_$fam --benchmark_filter="${4:-.}" \
+    > "$OUT/sass-$fam.csv" 2> "$OUT/sass-$fam.err"
+  echo "ncu rc=$?"
+  python3 bench/sass_profile.py "$OUT/sass-$fam.csv" > "$OUT/sass-$fam-summary.txt"
+  cat "$OUT/sass-$fam-summary.txt"
+  tail -5 "$OUT/sass-$fam.err"
+  exit 0
+fi
 if [ "${1:-}" = kernels ]; then
   fam=${2:?usage: gpu-profile.sh kernels <family> [filter]}
   bash scripts/gpu-unpack-benches.sh || exit 1
