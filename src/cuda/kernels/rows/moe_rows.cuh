@@ -4,7 +4,7 @@
 // Scratch (byte offsets from `scratch`, computed from the launch's M, so every launch of one step agrees):
 //   hdr     int32[4]      {routed chunks, all chunks, entries, active rows}
 //   chunks  int4[M·k + M] {expert (E = the shared expert), first entry, rows, 0}: an expert's rows (ascending)
-//                         cut into chunks of at most moe_chunk_rows(bits); the routed chunks by expert id,
+//                         cut into chunks of at most moe_chunk_rows(bits, M); the routed chunks by expert id,
 //                         then the shared expert's chunks of all active rows
 //   entries int32[M·k + M] (row << 8) | slot (slot j < k: the row's j-th choice; k: the shared expert)
 //   gv      float[M][ngroups][H]  MoE down's group values (ngroups = (k·I + Is) / 64), unweighted

@@ -73,7 +73,7 @@ void gemv_rows(const GemvRowsArgs& a, cudaStream_t stream);
 //  (1) moe_route_rows: per row, exactly moe_gate_up's routing (softmax over E router logits, top-k by
 //      probability with ties to the lower id, renormalised when asked; weight k = sigmoid(logit E)) into
 //      sel_ids [M][k] / sel_w [M][k+1]; then the rows grouped by expert on the device (a counting sort, rows in
-//      ascending order inside an expert) into chunks of at most moe_chunk_rows(bits) rows, in `scratch`.
+//      ascending order inside an expert) into chunks of at most moe_chunk_rows(bits, M) rows, in `scratch`.
 //  (2) moe_gate_up_rows: act[r][j·I + i] = silu(gate_e · x̃_r) · (up_e · x̃_r) for the k experts of each row
 //      (slot j) and the shared expert (slot k, at k·I), x̃ = the staged RMSNorm(x) (stage(), layout of the
 //      expert bits); each chunk's expert weights are read once for all its rows.
