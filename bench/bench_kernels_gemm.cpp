@@ -19,7 +19,7 @@
 
 #include "cuda/kernels/gemm/gemm.h"
 #include "kernel_bench.h"
-#include "moe_routing_data.h"
+#include "moe_weights_fixture.h"
 #include "prefill_data.h"
 
 namespace lc = lilac::cuda;
@@ -82,18 +82,8 @@ void BM_MoePrefill(benchmark::State& state, lc::GemmPath path) {
   const int n = timing_n();
   const int hidden = 2048, E = 256, k = 8, inter = 512;
   std::mt19937 rng(fresh_seed());
-  QMat router(E, hidden, 8, rng), gate(inter, hidden, 4, rng, E), up(inter, hidden, 4, rng, E),
-      down(hidden, inter, 4, rng, E), sg(inter, hidden, 4, rng), su(inter, hidden, 4, rng), sd(hidden, inter, 4, rng),
-      seg(1, hidden, 8, rng);
-  lc::MoEPrefillWeights w;
-  w.router = router.dev();
-  w.gate = gate.experts(E);
-  w.up = up.experts(E);
-  w.down = down.experts(E);
-  w.shared_gate = sg.dev();
-  w.shared_up = su.dev();
-  w.shared_down = sd.dev();
-  w.shared_expert_gate = seg.dev();
+  const MoeBlockQ m(E, hidden, inter, inter, rng);  // shared expert as wide as a routed one
+  const lc::MoEPrefillWeights w = m.view(k);
   Dev<float> dy(size_t(n) * hidden);
   Dev<unsigned char> ws(lc::moe_prefill_workspace_bytes(w, n));
   cudaMemset(dy.p, 0, dy.n * 4);
@@ -115,20 +105,10 @@ void BM_MoePrefill(benchmark::State& state, lc::GemmPath path) {
 // The MoE block at a short prompt on each expert-GEMM path (gemm.h: MoePath; the default tensor-core path):
 // what a prefill chunk of n tokens pays per layer for its MoE.
 void BM_MoePrefillPath(benchmark::State& state, int n, lc::MoePath path) {
-  const int hidden = 2048, E = 256, inter = 512;
+  const int hidden = 2048, E = 256, k = 8, inter = 512;
   std::mt19937 rng(fresh_seed());
-  QMat router(E, hidden, 8, rng), gate(inter, hidden, 4, rng, E), up(inter, hidden, 4, rng, E),
-      down(hidden, inter, 4, rng, E), sg(inter, hidden, 4, rng), su(inter, hidden, 4, rng), sd(hidden, inter, 4, rng),
-      seg(1, hidden, 8, rng);
-  lc::MoEPrefillWeights w;
-  w.router = router.dev();
-  w.gate = gate.experts(E);
-  w.up = up.experts(E);
-  w.down = down.experts(E);
-  w.shared_gate = sg.dev();
-  w.shared_up = su.dev();
-  w.shared_down = sd.dev();
-  w.shared_expert_gate = seg.dev();
+  const MoeBlockQ m(E, hidden, inter, inter, rng);  // shared expert as wide as a routed one
+  const lc::MoEPrefillWeights w = m.view(k);
   Dev<uint16_t> dx(rand_bf16(size_t(n) * hidden, rng, -1.f, 1.f, nullptr));
   Dev<float> dy(size_t(n) * hidden);
   Dev<unsigned char> ws(lc::moe_prefill_workspace_bytes(w, n));
@@ -153,19 +133,19 @@ void BM_MoePrefillPath(benchmark::State& state, int n, lc::MoePath path) {
 void BM_MoeSmallExperts(benchmark::State& state, int n) {
   const int hidden = 2048, E = 256, k = 8, inter = 512;
   std::mt19937 rng(fresh_seed());
-  QMat gate(inter, hidden, 4, rng, E), up(inter, hidden, 4, rng, E), down(hidden, inter, 4, rng, E);
+  const MoeBlockQ m(E, hidden, inter, 0, rng, /*with_router=*/false);
+  const lc::MoEPrefillWeights w = m.view(k);
   SortedRouting r = make_sorted_routing(n, E, k, 0.f, rng);
   const int P = n * k;
   Dev<uint16_t> dx(rand_bf16(size_t(n) * hidden, rng, -1.f, 1.f, nullptr)), dh(size_t(P) * inter);
-  Dev<int32_t> dstart(r.start), dtok(r.sorted_tok);
-  Dev<float> dw(r.sorted_w), dy(size_t(P) * hidden);
+  SortedRoutingDev dr(r);
+  Dev<float> dy(size_t(P) * hidden);
   const auto* X = reinterpret_cast<const __nv_bfloat16*>(dx.p);
   auto* H = reinterpret_cast<__nv_bfloat16*>(dh.p);
   float ms_gu = 0, ms_dn = 0;
   for (auto _ : state) {
-    ms_gu = time_ms(
-        [&] { lc::moe_small_gate_up(gate.experts(E), up.experts(E), X, hidden, dtok.p, dstart.p, P, H, inter, 0); });
-    ms_dn = time_ms([&] { lc::moe_small_down(down.experts(E), H, inter, dstart.p, P, dw.p, dy.p, hidden, nullptr); });
+    ms_gu = time_ms([&] { lc::moe_small_gate_up(w.gate, w.up, X, hidden, dr.tok.p, dr.start.p, P, H, inter, 0); });
+    ms_dn = time_ms([&] { lc::moe_small_down(w.down, H, inter, dr.start.p, P, dr.w.p, dy.p, hidden, nullptr); });
     state.SetIterationTime((ms_gu + ms_dn) * 1e-3);
   }
   const double per_row = double(hidden) / 2 + double(hidden) / 64 * 4;  // packed 4-bit + bf16 scale, bias

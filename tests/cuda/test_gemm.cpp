@@ -19,6 +19,7 @@
 #include "core/error.h"
 #include "cpu/ops.h"
 #include "cuda/kernels/gemm/gemm.h"
+#include "moe_weights_fixture.h"
 #include "prefill_test_util.h"
 
 using namespace lilac;
@@ -202,19 +203,8 @@ void check_moe(int n, int E, int k, int hidden, int inter, int sinter) {
   const uint32_t seed = fresh_seed();
   SCOPED_TRACE("seed " + std::to_string(seed) + " n=" + std::to_string(n) + " E=" + std::to_string(E));
   std::mt19937 rng(seed);
-  QMat router(E, hidden, 8, rng), gate(inter, hidden, 4, rng, E), up(inter, hidden, 4, rng, E),
-      down(hidden, inter, 4, rng, E), sg(sinter, hidden, 4, rng), su(sinter, hidden, 4, rng),
-      sd(hidden, sinter, 4, rng), seg(1, hidden, 8, rng);
-  lc::MoEPrefillWeights w;
-  w.router = router.dev();
-  w.gate = gate.experts(E);
-  w.up = up.experts(E);
-  w.down = down.experts(E);
-  w.shared_gate = sg.dev();
-  w.shared_up = su.dev();
-  w.shared_down = sd.dev();
-  w.shared_expert_gate = seg.dev();
-  w.top_k = k;
+  const MoeBlockQ m(E, hidden, inter, sinter, rng);
+  lc::MoEPrefillWeights w = m.view(k);
   w.renormalise = true;
   std::vector<float> xf;
   auto xb = rand_bf16(size_t(n) * hidden, rng, -1.f, 1.f, &xf);
@@ -231,25 +221,12 @@ void check_moe(int n, int E, int k, int hidden, int inter, int sinter) {
   auto ids = dids.get();
   auto wts = dwts.get();
   std::vector<float> logits(size_t(n) * E);
-  cpu::qmatmul(router.host, xf.data(), n, logits.data());
+  cpu::qmatmul(m.router->host, xf.data(), n, logits.data());
   check_routing(logits, ids, wts, n, E, k);
   // experts with the GPU's routing
-  QExperts hg = gate.host_experts(E), hu = up.host_experts(E), hd = down.host_experts(E);
-  std::vector<float> ref = y0, tmp(hidden), hid(2 * inter), shid(2 * sinter);
-  for (int t = 0; t < n; ++t) {
-    const float* x = &xf[size_t(t) * hidden];
-    float* r = &ref[size_t(t) * hidden];
-    for (int s = 0; s < k; ++s) {
-      const int e = ids[t * k + s];
-      ASSERT_TRUE(e >= 0 && e < E);
-      cpu::swiglu(hg.expert(e), hu.expert(e), hd.expert(e), x, 1, tmp.data(), hid.data());
-      for (int c = 0; c < hidden; ++c) r[c] += wts[t * k + s] * tmp[c];
-    }
-    float sgl;
-    cpu::qmatvec(seg.host, x, &sgl);
-    cpu::swiglu(sg.host, su.host, sd.host, x, 1, tmp.data(), shid.data());
-    for (int c = 0; c < hidden; ++c) r[c] += sigm(sgl) * tmp[c];
-  }
+  for (int32_t e : ids) ASSERT_TRUE(e >= 0 && e < E);
+  std::vector<float> ref = y0;
+  m.cpu_reference(xf.data(), n, ids.data(), wts.data(), k, ref.data());
   // compare the MoE contribution (without the residual, which would hide errors)
   std::vector<float> gd(got.size()), rd(ref.size());
   for (size_t i = 0; i < got.size(); ++i) {

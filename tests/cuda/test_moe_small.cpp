@@ -22,9 +22,8 @@
 
 #include "core/bf16.h"
 #include "core/error.h"
-#include "cpu/ops.h"
 #include "cuda/kernels/gemm/gemm.h"
-#include "moe_routing_data.h"
+#include "moe_weights_fixture.h"
 #include "prefill_test_util.h"
 
 using namespace lilac;
@@ -72,10 +71,10 @@ void check_gate_up(int n, int E, int k, int hidden, int inter, int bits) {
   std::vector<float> xf;
   auto xb = rand_bf16(size_t(n) * ldx, rng, -1.f, 1.f, &xf);
   Dev<uint16_t> dx(xb), dh(size_t(P) * ldh);
-  Dev<int32_t> dstart(r.start), dtok(r.sorted_tok);
+  SortedRoutingDev dr(r);
   dh.poison();
-  lc::moe_small_gate_up(gate.experts(E), up.experts(E), reinterpret_cast<const __nv_bfloat16*>(dx.p), ldx, dtok.p,
-                        dstart.p, P, reinterpret_cast<__nv_bfloat16*>(dh.p), ldh, nullptr);
+  lc::moe_small_gate_up(gate.experts(E), up.experts(E), reinterpret_cast<const __nv_bfloat16*>(dx.p), ldx, dr.tok.p,
+                        dr.start.p, P, reinterpret_cast<__nv_bfloat16*>(dh.p), ldh, nullptr);
   CK(cudaDeviceSynchronize());
   auto h = bf16_to_f(dh.get());
   for (int i = 0; i < P; ++i)
@@ -113,10 +112,10 @@ void check_down(int n, int E, int k, int hidden, int inter, int bits) {
   std::vector<float> hf;
   auto hb = rand_bf16(size_t(P) * ldh, rng, -0.5f, 0.5f, &hf);
   Dev<uint16_t> dh(hb);
-  Dev<float> dy(size_t(P) * ldy), dw(r.sorted_w);
-  Dev<int32_t> dstart(r.start);
+  Dev<float> dy(size_t(P) * ldy);
+  SortedRoutingDev dr(r);
   dy.poison();
-  lc::moe_small_down(down.experts(E), reinterpret_cast<const __nv_bfloat16*>(dh.p), ldh, dstart.p, P, dw.p, dy.p,
+  lc::moe_small_down(down.experts(E), reinterpret_cast<const __nv_bfloat16*>(dh.p), ldh, dr.start.p, P, dr.w.p, dy.p,
                      ldy, nullptr);
   CK(cudaDeviceSynchronize());
   auto y = dy.get();
@@ -204,19 +203,8 @@ void check_paths(int n, int E, int k, int hidden, int inter, int sinter) {
   const uint32_t seed = fresh_seed();
   SCOPED_TRACE("seed " + std::to_string(seed) + " n=" + std::to_string(n) + " E=" + std::to_string(E));
   std::mt19937 rng(seed);
-  QMat router(E, hidden, 8, rng), gate(inter, hidden, 4, rng, E), up(inter, hidden, 4, rng, E),
-      down(hidden, inter, 4, rng, E), sg(sinter, hidden, 4, rng), su(sinter, hidden, 4, rng),
-      sd(hidden, sinter, 4, rng), seg(1, hidden, 8, rng);
-  lc::MoEPrefillWeights w;
-  w.router = router.dev();
-  w.gate = gate.experts(E);
-  w.up = up.experts(E);
-  w.down = down.experts(E);
-  w.shared_gate = sg.dev();
-  w.shared_up = su.dev();
-  w.shared_down = sd.dev();
-  w.shared_expert_gate = seg.dev();
-  w.top_k = k;
+  const MoeBlockQ m(E, hidden, inter, sinter, rng);
+  const lc::MoEPrefillWeights w = m.view(k);
   SortedRouting r = make_routing(n, E, k, rng);
   std::vector<int32_t> ids(size_t(n) * k);
   std::vector<float> wts(size_t(n) * k);
@@ -246,21 +234,8 @@ void check_paths(int n, int E, int k, int hidden, int inter, int sinter) {
   lc::set_moe_path(lc::MoePath::Auto);
   // CPU reference on the first tokens (all of them when few)
   const int nc = std::min(n, 24);
-  QExperts hg = gate.host_experts(E), hu = up.host_experts(E), hd = down.host_experts(E);
-  std::vector<float> ref(size_t(nc) * hidden, 0.f), tmp(hidden), hid(2 * std::max(inter, sinter));
-  for (int t = 0; t < nc; ++t) {
-    const float* x = &xf[size_t(t) * hidden];
-    float* y = &ref[size_t(t) * hidden];
-    for (int s = 0; s < k; ++s) {
-      const int e = ids[size_t(t) * k + s];
-      cpu::swiglu(hg.expert(e), hu.expert(e), hd.expert(e), x, 1, tmp.data(), hid.data());
-      for (int c = 0; c < hidden; ++c) y[c] += wts[size_t(t) * k + s] * tmp[c];
-    }
-    float sgl;
-    cpu::qmatvec(seg.host, x, &sgl);
-    cpu::swiglu(sg.host, su.host, sd.host, x, 1, tmp.data(), hid.data());
-    for (int c = 0; c < hidden; ++c) y[c] += sigm(sgl) * tmp[c];
-  }
+  std::vector<float> ref(size_t(nc) * hidden, 0.f);
+  m.cpu_reference(xf.data(), nc, ids.data(), wts.data(), k, ref.data());
   for (int pi = 0; pi < 2; ++pi) {
     std::vector<float> head(out[pi].begin(), out[pi].begin() + size_t(nc) * hidden);
     EXPECT_LT(rel_err(head, ref, pi ? "small vs cpu" : "grouped vs cpu"), 1e-2);
@@ -282,14 +257,8 @@ TEST(MoeSmall, FullBlockBothPathsMatch) {
     SCOPED_TRACE("seed " + std::to_string(seed) + " n=" + std::to_string(n));
     std::mt19937 rng(seed);
     const int E = 64, k = 8, hidden = 512, inter = 256;
-    QMat router(E, hidden, 8, rng), gate(inter, hidden, 4, rng, E), up(inter, hidden, 4, rng, E),
-        down(hidden, inter, 4, rng, E);
-    lc::MoEPrefillWeights w;  // no shared expert
-    w.router = router.dev();
-    w.gate = gate.experts(E);
-    w.up = up.experts(E);
-    w.down = down.experts(E);
-    w.top_k = k;
+    const MoeBlockQ m(E, hidden, inter, 0, rng);  // no shared expert
+    const lc::MoEPrefillWeights w = m.view(k);
     std::vector<float> xf;
     auto xb = rand_bf16(size_t(n) * hidden, rng, -1.f, 1.f, &xf);
     auto y0 = rand_f(size_t(n) * hidden, rng, -1.f, 1.f);

@@ -343,6 +343,18 @@ int z_ctas(int64_t rows, int E) {
   return int(std::min<int64_t>(4, std::max<int64_t>(1, z)));
 }
 
+// The launch both entry points share (their weights and X already checked): fills N and Z from the experts
+// W0 and the sorted row count, and picks the kernel instantiation for the weights' bits.
+template <bool SWIGLU>
+void run_small(Args p, int rows, cudaStream_t stream) {
+  p.N = int(p.W0.first.rows);
+  p.Z = z_ctas(rows, p.W0.n);
+  if (p.W0.first.bits == 4)
+    launch_small<4, SWIGLU>(p, p.W0.n, stream);
+  else
+    launch_small<8, SWIGLU>(p, p.W0.n, stream);
+}
+
 }  // namespace
 
 bool moe_small_supported(const MoEPrefillWeights& w) {
@@ -377,42 +389,18 @@ void moe_small_gate_up(const QExpertsDev& gate, const QExpertsDev& up, const __n
   if (gate.n != up.n || gate.first.rows != up.first.rows || gate.first.cols != up.first.cols ||
       gate.first.bits != up.first.bits)
     throw Error("moe_small: gate and up experts differ in count, shape or bits");
-  Args p;
-  p.W0 = gate;
-  p.W1 = up;
-  p.X = X;
-  p.ldx = ldx;
-  p.a_rows = a_rows;
-  p.expert_start = expert_start;
-  p.N = int(gate.first.rows);
-  p.Z = z_ctas(rows, gate.n);
-  p.Y = H;
-  p.ldy = ldh;
-  if (gate.first.bits == 4)
-    launch_small<4, true>(p, gate.n, stream);
-  else
-    launch_small<8, true>(p, gate.n, stream);
+  run_small<true>({.W0 = gate, .W1 = up, .X = X, .ldx = ldx, .a_rows = a_rows, .expert_start = expert_start,
+                   .Y = H, .ldy = ldh},
+                  rows, stream);
 }
 
 void moe_small_down(const QExpertsDev& down, const __nv_bfloat16* H, int64_t ldh, const int32_t* expert_start,
                     int rows, const float* row_scale, float* Y, int64_t ldy, cudaStream_t stream) {
   check_experts(down, "down");
   check_x(H, ldh);
-  Args p;
-  p.W0 = down;
-  p.W1 = down;
-  p.X = H;
-  p.ldx = ldh;
-  p.expert_start = expert_start;
-  p.N = int(down.first.rows);
-  p.Z = z_ctas(rows, down.n);
-  p.Y = Y;
-  p.ldy = ldy;
-  p.row_scale = row_scale;
-  if (down.first.bits == 4)
-    launch_small<4, false>(p, down.n, stream);
-  else
-    launch_small<8, false>(p, down.n, stream);
+  run_small<false>({.W0 = down, .W1 = down, .X = H, .ldx = ldh, .expert_start = expert_start, .Y = Y, .ldy = ldy,
+                    .row_scale = row_scale},
+                   rows, stream);
 }
 
 }  // namespace lilac::cuda
