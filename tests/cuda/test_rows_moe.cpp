@@ -175,9 +175,10 @@ TEST(RowsMoE, MatchesCpuAndTodaysKernelsRowByRow) {
   const uint64_t seed = fresh_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   Rng r(seed);
-  // the model's shape, odd widths, more experts than 256, 8-bit experts (chunks of 4 rows)
+  // the model's shape, odd widths, more experts than 256, 8-bit experts (chunks of 4 rows); H = 512: both kernels
+  // take their k-tiles through rings (as at the model's shape) while half of gate/up's k-slices have no tile
   for (const MoECase c : {kReal, MoECase{64, 8, 320, 512, 576}, MoECase{37, 3, 320, 64, 192}, MoECase{16, 4, 256, 128, 128},
-                          MoECase{300, 8, 128, 256, 64}, MoECase{64, 4, 256, 256, 128, 8}}) {
+                          MoECase{300, 8, 128, 256, 64}, MoECase{64, 4, 256, 256, 128, 8}, MoECase{32, 4, 512, 256, 256}}) {
     MoEFixture f(r, c);
     const bool exact = c.I % 256 == 0;  // down's expert tiles line up with today's concatenated k-tiles
     for (int M : {1, 6, 16, 40}) {  // chunks of 2 rows (M <= 32) and of 4

@@ -8,13 +8,21 @@
 // down: for each row, expert (its slot j) and 64-group G of the concatenated input (moe_down_tc's K =
 // k·I + Is), the group value of each output row — today's group values, which moe_combine_rows then sums
 // in today's order. The expert-local k-tiles line up with today's global ones when I is a multiple of 256.
+//
+// Weight tiles reach the warps one of two ways (the same bytes into the same registers, so the same bits):
+// 4-bit weights with aligned scale rows (the model's) through per-warp cp.async rings in shared memory
+// (ring_rows.cuh), 3 tiles ahead for one-tile chunks and 2 for two-tile chunks; otherwise two register tiles
+// swapping roles, one step ahead. The rings took the MoE layer at M = 16 / 32 / 64 from 111 / 188 / 290 to 109 /
+// 178 / 267 µs (bench/BENCHMARKS.md): the kernels are bound by issue more than by bytes in flight.
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 #include <type_traits>
 
 #include "cuda/cuda_common.h"
 #include "cuda/kernels/launch.cuh"
 #include "cuda/kernels/rows/moe_rows.cuh"
+#include "cuda/kernels/rows/ring_rows.cuh"
 #include "cuda/kernels/rows/rows_mm.h"
 #include "cuda/kernels/rows/tc_rows.cuh"
 
@@ -123,11 +131,13 @@ __device__ __forceinline__ Step next_item(Step s, int iters, int nb) {
 }
 
 // ------------------------------------------------------------------------------------------------ gate/up
-template <int BITS, int NP>
+// D: depth of the warps' k-tile rings (tc_rows.cuh; 0: two register tiles swapping roles, one step ahead).
+template <int BITS, int NP, int D>
 __global__ void __launch_bounds__(kThreads, 2) moe_gate_up_rows_kernel(GateUpArgs a) {
   using S = TcShape<BITS>;
   constexpr int KS = 4, MT = NP * S::TPM;
   constexpr int PH = NP > 2 ? 2 : NP;
+  static_assert(D == 0 || (BITS == 4 && D >= 2), "rings: 4-bit weights, at least 2 stages");
   extern __shared__ float4 smem4[];
   __shared__ float part[2][kWarps][MT * 16];
   __shared__ int4 s_desc[kMaxBlockChunks];
@@ -139,6 +149,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_gate_up_rows_kernel(GateUpArg
   char* zero = xf + MT * xstride;
   float2* meta = reinterpret_cast<float2*>(zero + kZeroBytes);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+  char* ring = reinterpret_cast<char*>(meta + MT * mstride) + warp * D * RingShape<4>::STAGE;
   const int rbw = warp / KS, ks = warp % KS;  // rbw 0: gate, 1: up
   const int iters = (KT + KS - 1) / KS;
   const int I = int(w.gate.first.rows), Is = int(w.shared_gate.rows);
@@ -165,40 +176,42 @@ __global__ void __launch_bounds__(kThreads, 2) moe_gate_up_rows_kernel(GateUpArg
   for (int i = threadIdx.x; i < kZeroBytes / 16; i += kThreads) reinterpret_cast<uint4*>(zero)[i] = make_uint4(0, 0, 0, 0);
 
   auto next = [&](Step s2) { return next_item(s2, iters, s2.cq < n_rc ? nbI : nbS); };
-  // (Caching the rows' pointers per item instead of recomputing them per k-tile costs the registers that
-  // keep the kernels from spilling: measured by ptxas, not kept.)
-  auto load = [&](RowTile<BITS>& t, Step s2) {
-    if (s2.item < hi && ks + s2.j * KS < KT) {
-      const int e = s_desc[s2.cq - c_lo].x;
-      const bool routed = e < w.E;
-      const ExpertRows& x = a.rows[routed ? 0 : 1][rbw];
-      const int nrows = routed ? I : Is, j0 = s2.rb * 16;
-      const RowRef r[2] = {expert_row(x, e, min(j0 + g, nrows - 1)), expert_row(x, e, min(j0 + g + 8, nrows - 1))};
-      load_row_tile<BITS>(t, r, ks + s2.j * KS, c, ngroups_k, a.sbv);
-    }
+  // This warp's tile of step s2 (rows g, g + 8 of its 16-row block; false: none). (Caching the rows' pointers per
+  // item instead of recomputing them per k-tile costs the registers that keep the kernels from spilling: measured
+  // by ptxas, not kept.)
+  auto block_row = [&](Step s2, int j) {  // row j of the 16-row block of step s2
+    const int e = s_desc[s2.cq - c_lo].x;
+    const bool routed = e < w.E;
+    return expert_row(a.rows[routed ? 0 : 1][rbw], e, min(s2.rb * 16 + j, (routed ? I : Is) - 1));
   };
-  Step st{lo, 0, 0, 0};
-  st.cq = chunk_of(lo, st.rb);
-  // Two tiles that swap roles each step (the loop body runs twice per iteration: no register copy of the
-  // next tile into the current one).
-  RowTile<BITS> t0, t1;
-  load(t0, st);
-  load(t1, next(st));
-  bool nxt_loaded = true;
+  auto rows_of = [&](Step s2, RowRef(&r)[2]) {
+    if (s2.item >= hi || ks + s2.j * KS >= KT) return false;
+    r[0] = block_row(s2, g);
+    r[1] = block_row(s2, g + 8);
+    return true;
+  };
+  auto load = [&](RowTile<BITS>& t, Step s2) {
+    RowRef r[2];
+    if (rows_of(s2, r)) load_row_tile<BITS>(t, r, ks + s2.j * KS, c, ngroups_k, a.sbv);
+  };
   int cur_cq = -1, n_tok = 0;
   uint32_t tmask = 0;
-  float acc[NP][S::NCH][2];
-#pragma unroll
-  for (int p = 0; p < NP; ++p)
-#pragma unroll
-    for (int i = 0; i < S::NCH; ++i) acc[p][i][0] = acc[p][i][1] = 0.f;
-  int par = 0;
-  auto step = [&](const RowTile<BITS>& cur, RowTile<BITS>& nxt) {
-    if (st.item >= hi) return false;
-    const int cq = st.cq - c_lo, rb = st.rb;
-    if (cq != cur_cq) {  // a new chunk: its rows' staged input into shared memory
-      __syncthreads();   // the previous chunk's fragments are read no more; s_ent, zero block visible
-      n_tok = s_desc[cq].z;
+  // A new chunk: its rows' staged input into shared memory (ring kernels: plain loads, which leave the rings'
+  // cp.async groups alone).
+  auto stage_chunk = [&](int cq) {
+    __syncthreads();  // the previous chunk's fragments are read no more; s_ent, zero block visible
+    n_tok = s_desc[cq].z;
+    if constexpr (D > 0) {  // (block_copy16's 8 loads in flight per thread: registers the ring kernel lacks)
+      for (int t = 0; t < n_tok; ++t) {
+        const int64_t row = s_ent[cq][t] >> 8;
+        const uint4* src = reinterpret_cast<const uint4*>(a.frag + row * xstride);
+        const float4* msrc = reinterpret_cast<const float4*>(a.meta + row * mstride);
+        for (int i = threadIdx.x; i < xstride / 16; i += kThreads)
+          reinterpret_cast<uint4*>(xf + t * xstride)[i] = __ldcg(src + i);
+        for (int i = threadIdx.x; i < mstride / 2; i += kThreads)
+          reinterpret_cast<float4*>(meta + t * mstride)[i] = __ldcg(msrc + i);
+      }
+    } else {
       for (int t = 0; t < n_tok; ++t) {
         const int64_t row = s_ent[cq][t] >> 8;
         for (int i = threadIdx.x; i < xstride / 16; i += kThreads)
@@ -207,18 +220,26 @@ __global__ void __launch_bounds__(kThreads, 2) moe_gate_up_rows_kernel(GateUpArg
           cp_async16(meta + t * mstride + 2 * i, a.meta + row * mstride + 2 * i);
       }
       cp_async_wait_all();
-      __syncthreads();
-      cur_cq = cq;
-      tmask = (1u << n_tok) - 1u;
     }
-    const Step ns = next(st);
-    if (!nxt_loaded) load(nxt, ns);
-    nxt_loaded = false;
+    __syncthreads();
+    cur_cq = cq;
+    tmask = (1u << n_tok) - 1u;
+  };
+  float acc[NP][S::NCH][2];
+#pragma unroll
+  for (int p = 0; p < NP; ++p)
+#pragma unroll
+    for (int i = 0; i < S::NCH; ++i) acc[p][i][0] = acc[p][i][1] = 0.f;
+  int par = 0;
+  // The math of step st with its tile in cur (ns: the step after it), and at the end of an item its gate and up
+  // rows → act.
+  auto work = [&](const RowTile<BITS>& cur, Step st, Step ns) {
+    const int cq = st.cq - c_lo, rb = st.rb;
     const int kt = ks + st.j * KS;
     if (kt < KT)
       tile_rows_acc<BITS, NP, PH>(cur, xf, xstride, meta, mstride, zero, kt, ngroups_k, lr, tmask,
                                   active_tiles<BITS>(tmask), acc);
-    if (ns.j == 0) {  // end of the item: gate and up rows → act
+    if (ns.j == 0) {
       write_partials_rows<BITS, NP>(acc, part[par][warp], g, c);
       __syncthreads();
       const int e = s_desc[cq].x, nrows = e < w.E ? I : Is, j0 = rb * 16;
@@ -237,10 +258,47 @@ __global__ void __launch_bounds__(kThreads, 2) moe_gate_up_rows_kernel(GateUpArg
       }
       par ^= 1;
     }
-    st = ns;
-    return true;
   };
-  while (step(t0, t1) && step(t1, t0)) {
+  Step st{lo, 0, 0, 0};
+  st.cq = chunk_of(lo, st.rb);
+  if constexpr (D > 0) {
+    Step is = st;       // the step whose tile the ring requests next
+    auto issue = [&](char* stage) {
+      RowRef r[2];
+      if (rows_of(is, r)) ring_issue<BITS>(stage, r, block_row(is, lane & 15), ks + is.j * KS, lane, ngroups_k, true);
+      is = next(is);
+    };
+    WarpRing ring_w{ring, RingShape<BITS>::STAGE, D};
+    ring_w.prologue(issue);
+    RowTile<BITS> cur;
+    while (st.item < hi) {
+      if (st.cq - c_lo != cur_cq) stage_chunk(st.cq - c_lo);
+      const char* stg = ring_w.step(issue);
+      if (ks + st.j * KS < KT) ring_read<BITS>(cur, stg, lane, true);
+      const Step ns = next(st);
+      work(cur, st, ns);
+      st = ns;
+    }
+    cp_async_wait_all();
+  } else {
+    // Two tiles that swap roles each step (the loop body runs twice per iteration: no register copy of the
+    // next tile into the current one).
+    RowTile<BITS> t0, t1;
+    load(t0, st);
+    load(t1, next(st));
+    bool nxt_loaded = true;
+    auto step = [&](const RowTile<BITS>& cur, RowTile<BITS>& nxt) {
+      if (st.item >= hi) return false;
+      if (st.cq - c_lo != cur_cq) stage_chunk(st.cq - c_lo);
+      const Step ns = next(st);
+      if (!nxt_loaded) load(nxt, ns);
+      nxt_loaded = false;
+      work(cur, st, ns);
+      st = ns;
+      return true;
+    };
+    while (step(t0, t1) && step(t1, t0)) {
+    }
   }
 }
 
@@ -274,11 +332,12 @@ __device__ void stage_segments(const float* act, int64_t act_ld, int I, const in
   }
 }
 
-template <int BITS, int NP>
+template <int BITS, int NP, int D>
 __global__ void __launch_bounds__(kThreads, 2) moe_down_rows_kernel(DownArgs a) {
   using S = TcShape<BITS>;
   constexpr int MT = NP * S::TPM;
   constexpr int PH = NP > 2 ? 2 : NP;
+  static_assert(D == 0 || (BITS == 4 && D >= 2), "rings: 4-bit weights, at least 2 stages");
   extern __shared__ float4 smem4[];
   __shared__ int4 s_desc[kMaxBlockChunks];
   __shared__ int s_ent[kMaxBlockChunks][MT];
@@ -292,6 +351,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_down_rows_kernel(DownArgs a) 
   char* zero = xf + MT * xstride;
   float2* meta = reinterpret_cast<float2*>(zero + kZeroBytes);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+  char* ring = reinterpret_cast<char*>(meta + MT * mstride) + warp * D * RingShape<4>::STAGE;
   const int64_t nrbH = (H + 15) / 16;
   const int nbH = int((nrbH + kWarps - 1) / kWarps);  // items per chunk: 8 row blocks, one per warp
   const int64_t act_ld = int64_t(k) * I + Is;
@@ -310,44 +370,41 @@ __global__ void __launch_bounds__(kThreads, 2) moe_down_rows_kernel(DownArgs a) 
   for (int i = threadIdx.x; i < kZeroBytes / 16; i += kThreads) reinterpret_cast<uint4*>(zero)[i] = make_uint4(0, 0, 0, 0);
 
   auto next = [&](Step s2) { return next_item(s2, KTm, nbH); };
-  auto load = [&](RowTile<BITS>& t, Step s2) {
-    if (s2.item >= hi) return;
-    const int e = s_desc[s2.cq - c_lo].x;
-    const bool routed = e < w.E;
-    const int64_t rb = int64_t(s2.rb) * kWarps + warp;
-    if (s2.j < (routed ? KTI : KTS) && rb < nrbH) {
-      const ExpertRows& x = a.rows[routed ? 0 : 1];
-      const int r0 = int(rb) * 16 + g, Hm = int(H) - 1;
-      const RowRef r[2] = {expert_row(x, e, min(r0, Hm)), expert_row(x, e, min(r0 + 8, Hm))};
-      load_row_tile<BITS>(t, r, s2.j, c, int((routed ? I : Is) / kGroup), routed ? a.sbv_r : a.sbv_s);
-    }
+  auto has_tile = [&](Step s2) {  // whether this warp has a tile in step s2
+    return s2.item < hi && s2.j < (s_desc[s2.cq - c_lo].x < w.E ? KTI : KTS) && int64_t(s2.rb) * kWarps + warp < nrbH;
   };
-  Step st{lo, 0, 0, 0};
-  st.cq = chunk_of(lo, st.rb);
-  RowTile<BITS> t0, t1;  // swapping roles each step, as in the gate/up kernel
-  load(t0, st);
-  load(t1, next(st));
-  bool nxt_loaded = true;
+  auto block_row = [&](Step s2, int j) {  // row j of this warp's 16-row block of step s2
+    const int e = s_desc[s2.cq - c_lo].x;
+    return expert_row(a.rows[e < w.E ? 0 : 1], e, min((s2.rb * kWarps + warp) * 16 + j, int(H) - 1));
+  };
+  auto rows_of = [&](Step s2, RowRef(&r)[2]) {  // this warp's tile of step s2 (false: none)
+    if (!has_tile(s2)) return false;
+    r[0] = block_row(s2, g);
+    r[1] = block_row(s2, g + 8);
+    return true;
+  };
+  auto load = [&](RowTile<BITS>& t, Step s2) {
+    RowRef r[2];
+    if (!rows_of(s2, r)) return;
+    const bool routed = s_desc[s2.cq - c_lo].x < w.E;
+    load_row_tile<BITS>(t, r, s2.j, c, int((routed ? I : Is) / kGroup), routed ? a.sbv_r : a.sbv_s);
+  };
   int cur_cq = -1;
   uint32_t tmask = 0;
-  auto step = [&](const RowTile<BITS>& cur, RowTile<BITS>& nxt) {
-    if (st.item >= hi) return false;
-    const int ib = st.rb, cq = st.cq - c_lo;
-    const int e = s_desc[cq].x;
-    const bool routed = e < w.E;
+  auto stage_chunk = [&](int cq, int K_l) {
+    __syncthreads();  // the previous chunk's fragments are read no more; s_ent, zero block visible
+    const int n_tok = s_desc[cq].z;
+    stage_segments<BITS, MT>(a.act, act_ld, I, s_ent[cq], n_tok, K_l, xf, xstride, meta, mstride);
+    __syncthreads();
+    cur_cq = cq;
+    tmask = (1u << n_tok) - 1u;
+  };
+  // The math of step st with its tile in cur: every present row's group values of this warp's 16 output rows.
+  auto work = [&](const RowTile<BITS>& cur, Step st) {
+    const int cq = st.cq - c_lo;
+    const bool routed = s_desc[cq].x < w.E;
     const int K_l = routed ? I : Is;
-    if (cq != cur_cq) {
-      __syncthreads();  // the previous chunk's fragments are read no more; s_ent, zero block visible
-      const int n_tok = s_desc[cq].z;
-      stage_segments<BITS, MT>(a.act, act_ld, I, s_ent[cq], n_tok, K_l, xf, xstride, meta, mstride);
-      __syncthreads();
-      cur_cq = cq;
-      tmask = (1u << n_tok) - 1u;
-    }
-    const Step ns = next(st);
-    if (!nxt_loaded) load(nxt, ns);
-    nxt_loaded = false;
-    const int64_t rb = int64_t(ib) * kWarps + warp;
+    const int64_t rb = int64_t(st.rb) * kWarps + warp;
     if (st.j < (routed ? KTI : KTS) && rb < nrbH) {
       const int64_t n0 = rb * 16 + g;
       const int* ent = s_ent[cq];
@@ -360,10 +417,48 @@ __global__ void __launch_bounds__(kThreads, 2) moe_down_rows_kernel(DownArgs a) 
                                   if (n0 + 8 < H) dst[8] = gv1;
                                 });
     }
-    st = ns;
-    return true;
   };
-  while (step(t0, t1) && step(t1, t0)) {
+  auto chunk_k = [&](int cq) { return s_desc[cq].x < w.E ? I : Is; };
+  Step st{lo, 0, 0, 0};
+  st.cq = chunk_of(lo, st.rb);
+  if constexpr (D > 0) {
+    Step is = st;  // the step whose tile the ring requests next
+    auto issue = [&](char* stage) {
+      RowRef r[2];
+      if (rows_of(is, r))
+        ring_issue<BITS>(stage, r, block_row(is, lane & 15), is.j, lane, chunk_k(is.cq - c_lo) / kGroup, true);
+      is = next(is);
+    };
+    WarpRing ring_w{ring, RingShape<BITS>::STAGE, D};
+    ring_w.prologue(issue);
+    RowTile<BITS> cur;
+    while (st.item < hi) {
+      const int cq = st.cq - c_lo;
+      if (cq != cur_cq) stage_chunk(cq, chunk_k(cq));
+      const char* stg = ring_w.step(issue);
+      if (has_tile(st)) ring_read<BITS>(cur, stg, lane, true);
+      work(cur, st);
+      st = next(st);
+    }
+    cp_async_wait_all();
+  } else {
+    RowTile<BITS> t0, t1;  // swapping roles each step, as in the gate/up kernel
+    load(t0, st);
+    load(t1, next(st));
+    bool nxt_loaded = true;
+    auto step = [&](const RowTile<BITS>& cur, RowTile<BITS>& nxt) {
+      if (st.item >= hi) return false;
+      const int cq = st.cq - c_lo;
+      if (cq != cur_cq) stage_chunk(cq, chunk_k(cq));
+      const Step ns = next(st);
+      if (!nxt_loaded) load(nxt, ns);
+      nxt_loaded = false;
+      work(cur, st);
+      st = ns;
+      return true;
+    };
+    while (step(t0, t1) && step(t1, t0)) {
+    }
   }
 }
 
@@ -390,42 +485,60 @@ int moe_grid(int resident, int64_t max_items, int min_items_per_chunk) {
   return int(std::max<int64_t>({int64_t(resident), need, 1}));
 }
 
-template <int BITS, int NP>
+template <int BITS, int NP, int D>
 void launch_gate_up(const GateUpArgs& a, int M, cudaStream_t stream) {
   constexpr int MT = NP * TcShape<BITS>::TPM;
-  auto kernel = moe_gate_up_rows_kernel<BITS, NP>;
-  const size_t smem = chunk_smem_bytes(tc_kt(a.w.gate.first.cols), MT);
+  auto kernel = moe_gate_up_rows_kernel<BITS, NP, D>;
+  const size_t smem = chunk_smem_bytes(tc_kt(a.w.gate.first.cols), MT) + size_t(kWarps) * D * RingShape<4>::STAGE;
   const int nbI = int((a.w.gate.first.rows + 15) / 16), nbS = int((a.w.shared_gate.rows + 15) / 16);
   const int64_t max_chunks = int64_t(M) * (a.w.top_k + 1);
   const int grid = moe_grid(sm_count() * resident_blocks(kernel, smem), max_chunks * std::max(nbI, nbS), std::min(nbI, nbS));
   launch_pdl(kernel, dim3(grid), dim3(kThreads), smem, stream, a);
 }
 
-template <int BITS, int NP>
+template <int BITS, int NP, int D>
 void launch_down(const DownArgs& a, int M, cudaStream_t stream) {
   constexpr int MT = NP * TcShape<BITS>::TPM;
-  auto kernel = moe_down_rows_kernel<BITS, NP>;
+  auto kernel = moe_down_rows_kernel<BITS, NP, D>;
   const int KTm = std::max(tc_kt(a.w.down.first.cols), tc_kt(a.w.shared_down.cols));
-  const size_t smem = chunk_smem_bytes(KTm, MT);
+  const size_t smem = chunk_smem_bytes(KTm, MT) + size_t(kWarps) * D * RingShape<4>::STAGE;
   const int64_t nbH = ((a.w.down.first.rows + 15) / 16 + kWarps - 1) / kWarps;
   const int64_t max_chunks = int64_t(M) * (a.w.top_k + 1);
   const int grid = moe_grid(sm_count() * resident_blocks(kernel, smem), max_chunks * nbH, int(nbH));
   launch_pdl(kernel, dim3(grid), dim3(kThreads), smem, stream, a);
 }
 
-// f(bits, NP) with the weights' bits and the mma tiles a chunk of moe_chunk_rows(bits, M) rows needs, as
-// std::integral_constant values (the kernels' template arguments).
+// Whether the 4-bit kernels take their k-tiles through per-warp rings (tc_rows.cuh): the scale / bias rows must
+// be 8-byte aligned with a multiple of 4 groups (sb_vec). LILAC_MOE_RING=0 turns them off (measurement).
+bool rings_on(bool sbv) {
+  static const bool env_off = [] {
+    const char* v = std::getenv("LILAC_MOE_RING");
+    return v && std::string(v) == "0";
+  }();
+  return sbv && !env_off;
+}
+
+// f(bits, NP, D) with the weights' bits, the mma tiles a chunk of moe_chunk_rows(bits, M) rows needs and the
+// ring depth (0: none), as std::integral_constant values (the kernels' template arguments). Depths: 4 stages
+// for one-tile chunks, 3 for two (their staged rows take the shared memory of the fourth at 2 blocks per SM).
 template <typename F>
-void with_tiles(int bits, int M, F&& f) {
+void with_tiles(int bits, int M, bool rings, F&& f) {
   using std::integral_constant;
   if (bits != 4)
-    f(integral_constant<int, 8>{}, integral_constant<int, 1>{});
-  else if (const int ch = moe_chunk_rows(4, M); ch <= 2)
-    f(integral_constant<int, 4>{}, integral_constant<int, 1>{});
-  else if (ch <= 4)
-    f(integral_constant<int, 4>{}, integral_constant<int, 2>{});
-  else
-    f(integral_constant<int, 4>{}, integral_constant<int, 4>{});
+    f(integral_constant<int, 8>{}, integral_constant<int, 1>{}, integral_constant<int, 0>{});
+  else if (const int ch = moe_chunk_rows(4, M); ch <= 2) {
+    if (rings)
+      f(integral_constant<int, 4>{}, integral_constant<int, 1>{}, integral_constant<int, 4>{});
+    else
+      f(integral_constant<int, 4>{}, integral_constant<int, 1>{}, integral_constant<int, 0>{});
+  } else if (ch <= 4) {
+    if (rings)
+      f(integral_constant<int, 4>{}, integral_constant<int, 2>{}, integral_constant<int, 3>{});
+    else
+      f(integral_constant<int, 4>{}, integral_constant<int, 2>{}, integral_constant<int, 0>{});
+  } else {
+    f(integral_constant<int, 4>{}, integral_constant<int, 4>{}, integral_constant<int, 0>{});
+  }
 }
 
 }  // namespace
@@ -445,8 +558,8 @@ void moe_gate_up_rows(const MoEDecodeWeights& w, const void* frag, const float2*
   a.rows[1][0] = expert_rows(w.shared_gate, false);
   a.rows[1][1] = expert_rows(w.shared_up, false);
   a.sbv = sb_vec(w.gate.first) && sb_vec(w.up.first) && sb_vec(w.shared_gate) && sb_vec(w.shared_up);
-  with_tiles(w.gate.first.bits, M, [&](auto bits, auto np) {
-    launch_gate_up<decltype(bits)::value, decltype(np)::value>(a, M, stream);
+  with_tiles(w.gate.first.bits, M, rings_on(a.sbv), [&](auto bits, auto np, auto d) {
+    launch_gate_up<decltype(bits)::value, decltype(np)::value, decltype(d)::value>(a, M, stream);
   });
 }
 
@@ -461,8 +574,8 @@ void moe_down_rows(const MoEDecodeWeights& w, const float* act, int M, void* scr
   a.rows[1] = expert_rows(w.shared_down, false);
   a.sbv_r = sb_vec(w.down.first);
   a.sbv_s = sb_vec(w.shared_down);
-  with_tiles(w.down.first.bits, M, [&](auto bits, auto np) {
-    launch_down<decltype(bits)::value, decltype(np)::value>(a, M, stream);
+  with_tiles(w.down.first.bits, M, rings_on(a.sbv_r && a.sbv_s), [&](auto bits, auto np, auto d) {
+    launch_down<decltype(bits)::value, decltype(np)::value, decltype(d)::value>(a, M, stream);
   });
 }
 
