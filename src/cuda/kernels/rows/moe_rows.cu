@@ -13,7 +13,9 @@
 // 4-bit weights with aligned scale rows (the model's) through per-warp cp.async rings in shared memory
 // (ring_rows.cuh), 3 tiles ahead for one-tile chunks and 2 for two-tile chunks; otherwise two register tiles
 // swapping roles, one step ahead. The rings took the MoE layer at M = 16 / 32 / 64 from 111 / 188 / 290 to 109 /
-// 178 / 267 µs (bench/BENCHMARKS.md): the kernels are bound by issue more than by bytes in flight.
+// 178 / 267 µs (bench/BENCHMARKS.md): the kernels are bound by issue more than by bytes in flight, so the rings'
+// requests take their rows' addresses from per-chunk bases (ChunkRows; 31.7 → 26.6 M instructions for gate/up at
+// M = 16, the layer 104 µs).
 #include <algorithm>
 #include <cstdlib>
 #include <string>
@@ -72,6 +74,32 @@ __device__ __forceinline__ RowRef expert_row(const ExpertRows& x, int e, int r) 
   ref.s = x.s + sb;
   ref.b = x.b + sb;
   return ref;
+}
+
+// The rows of one expert matrix as a ring kernel's issue needs them, fixed for a chunk (computed when the issue
+// cursor enters a chunk, not per k-tile): row r's weights at q + r·q_row, the scales (lanes 0..15) or biases (lanes
+// 16..31) of row r at sb + r·sb_row, rows clamped to `last`.
+struct ChunkRows {
+  const char* q;
+  const unsigned short* sb;
+  int q_row, sb_row, last;
+};
+__device__ __forceinline__ ChunkRows chunk_rows(const ExpertRows& x, int e, int nrows, int lane) {
+  return ChunkRows{x.q + e * x.q_estride, (lane < 16 ? x.s : x.b) + e * x.sb_estride, x.q_row, x.sb_row, nrows - 1};
+}
+// ring_issue<4> (ring_rows.cuh) for a whole tile (4-bit, K a multiple of 256, scale rows 8-byte aligned: no zero fill,
+// scales always staged) of the 16-row block from row j0, k-tile kt: the same copies, with 32-bit row offsets.
+__device__ __forceinline__ void ring_issue_rows(char* st, const ChunkRows& cr, int j0, int kt, int lane) {
+  const int g = lane >> 2, c = lane & 3;
+  const char* q0 = cr.q + min(j0 + g, cr.last) * cr.q_row + kt * 128 + 16 * c;
+  const char* q1 = cr.q + min(j0 + g + 8, cr.last) * cr.q_row + kt * 128 + 16 * c;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {  // unit i of rows g (h = 0) and g + 8 (h = 1): byte 64·i of the lane's 16
+    cp_async16(st + ((0 * 2 + i) * 32 + lane) * 16, q0 + 64 * i);
+    cp_async16(st + ((1 * 2 + i) * 32 + lane) * 16, q1 + 64 * i);
+  }
+  cp_async8(st + RingShape<4>::A_BYTES + (lane & 15) * 16 + (lane >> 4) * 8,
+            cr.sb + min(j0 + (lane & 15), cr.last) * cr.sb_row + kt * 4);
 }
 
 struct GateUpArgs {
@@ -262,10 +290,19 @@ __global__ void __launch_bounds__(kThreads, 2) moe_gate_up_rows_kernel(GateUpArg
   Step st{lo, 0, 0, 0};
   st.cq = chunk_of(lo, st.rb);
   if constexpr (D > 0) {
-    Step is = st;       // the step whose tile the ring requests next
+    Step is = st;  // the step whose tile the ring requests next
+    int icq = -1;  // the chunk of icr
+    ChunkRows icr;
     auto issue = [&](char* stage) {
-      RowRef r[2];
-      if (rows_of(is, r)) ring_issue<BITS>(stage, r, block_row(is, lane & 15), ks + is.j * KS, lane, ngroups_k, true);
+      if (is.item < hi && ks + is.j * KS < KT) {
+        if (is.cq != icq) {
+          icq = is.cq;
+          const int e = s_desc[icq - c_lo].x;
+          const bool routed = e < w.E;
+          icr = chunk_rows(a.rows[routed ? 0 : 1][rbw], e, routed ? I : Is, lane);
+        }
+        ring_issue_rows(stage, icr, is.rb * 16, ks + is.j * KS, lane);
+      }
       is = next(is);
     };
     WarpRing ring_w{ring, RingShape<BITS>::STAGE, D};
@@ -423,10 +460,17 @@ __global__ void __launch_bounds__(kThreads, 2) moe_down_rows_kernel(DownArgs a) 
   st.cq = chunk_of(lo, st.rb);
   if constexpr (D > 0) {
     Step is = st;  // the step whose tile the ring requests next
+    int icq = -1;  // the chunk of icr
+    ChunkRows icr;
     auto issue = [&](char* stage) {
-      RowRef r[2];
-      if (rows_of(is, r))
-        ring_issue<BITS>(stage, r, block_row(is, lane & 15), is.j, lane, chunk_k(is.cq - c_lo) / kGroup, true);
+      if (has_tile(is)) {
+        if (is.cq != icq) {
+          icq = is.cq;
+          const int e = s_desc[icq - c_lo].x;
+          icr = chunk_rows(a.rows[e < w.E ? 0 : 1], e, int(H), lane);
+        }
+        ring_issue_rows(stage, icr, (is.rb * kWarps + warp) * 16, is.j, lane);
+      }
       is = next(is);
     };
     WarpRing ring_w{ring, RingShape<BITS>::STAGE, D};
