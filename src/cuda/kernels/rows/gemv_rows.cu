@@ -49,6 +49,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_rows_kernel(GemvRowsArgs a, 
   using S = TcShape<BITS>;
   constexpr int RB = kWarps / KS;
   constexpr int MT = NP * S::TPM;
+  static_assert(MT <= 32, "a row tile's presence mask is one warp ballot");
   constexpr int PH = NP > 2 ? 2 : NP;  // mma tiles per pass over a weight tile (registers)
   extern __shared__ float4 smem4[];
   __shared__ float part[2][kWarps][MT * 16];
@@ -82,9 +83,9 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_rows_kernel(GemvRowsArgs a, 
   bool nxt_loaded = true;
   pdl_wait();
   pdl_trigger();
-  uint32_t tmask = 0;  // rows of this tile that are present (not padding)
-  for (int t = 0; t < nt; ++t)
-    if (a.row_slot == nullptr || a.row_slot[tok0 + t] >= 0) tmask |= 1u << t;
+  // rows of this tile that are present (not padding; MT <= 32): one load per lane, not nt in a row
+  const uint32_t tmask = __ballot_sync(0xffffffffu, (threadIdx.x & 31) < unsigned(nt) &&
+                                                        (a.row_slot == nullptr || a.row_slot[tok0 + (threadIdx.x & 31)] >= 0));
   // epilogue entry e < nt·RB·16: row tok = e / (RB·16) of the tile, weight row (grp·RB + rem/16)·16 + rem%16
   auto y_fetch = [&](int64_t grp) {
     if (!a.accumulate || grp >= ngrp) return;

@@ -41,6 +41,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_rows_wide_kernel(GemvRowsArg
   using S = TcShape<BITS>;
   using SS = SliceSums<BITS, NP>;
   constexpr int MT = NP * S::TPM, QL = SS::QL, STAGE = RingShape<BITS>::STAGE, RB = kWarps;
+  static_assert(MT <= 32, "a row tile's presence mask is one warp ballot");
   extern __shared__ float4 smem4[];
   __shared__ uint8_t s_tbl[kWarps][64];
   __shared__ int s_rows[MT];
@@ -82,9 +83,9 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_rows_wide_kernel(GemvRowsArg
   ring.prologue(issue);  // weights only: before the PDL wait
   pdl_wait();
   pdl_trigger();
-  uint32_t tmask = 0;  // rows of this tile that are present (not padding)
-  for (int t = 0; t < nt; ++t)
-    if (a.row_slot == nullptr || a.row_slot[tok0 + t] >= 0) tmask |= 1u << t;
+  // rows of this tile that are present (not padding; MT <= 32): one load per lane, not nt in a row
+  const uint32_t tmask = __ballot_sync(0xffffffffu, (threadIdx.x & 31) < unsigned(nt) &&
+                                                        (a.row_slot == nullptr || a.row_slot[tok0 + (threadIdx.x & 31)] >= 0));
   if (threadIdx.x < MT) s_rows[threadIdx.x] = ((tmask >> threadIdx.x) & 1u) ? tok0 + int(threadIdx.x) : -1;
   __syncthreads();
   stage_rows_in(xf, meta, zero, static_cast<const char*>(a.frag), a.meta, s_rows, 0, nt, xstride, mstride);

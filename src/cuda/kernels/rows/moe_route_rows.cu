@@ -65,19 +65,18 @@ __global__ void __launch_bounds__(kRouteThreads) moe_route_kernel(RouteArgs a) {
   __shared__ unsigned long long s_bits[kMaxE];
   __shared__ int s_off[kMaxE];
   __shared__ int s_scan[32];
-  __shared__ unsigned long long s_active;
+  __shared__ unsigned s_active[2];
   const int tid = threadIdx.x, warp = tid >> 5, E = a.E, k = a.k, M = a.M, CH = a.CH;
   pdl_wait();
   pdl_trigger();
   for (int e = tid; e < E; e += blockDim.x) s_bits[e] = 0ull;
-  if (tid == 0) {
-    unsigned long long m = 0ull;
-    for (int r = 0; r < M; ++r)
-      if (a.row_slot == nullptr || a.row_slot[r] >= 0) m |= 1ull << r;
-    s_active = m;
+  if (warp < 2) {  // the active rows (M <= 64): one load per thread of the first two warps, not M in a row
+    const bool on = tid < M && (a.row_slot == nullptr || a.row_slot[tid] >= 0);
+    const unsigned b = __ballot_sync(0xffffffffu, on);
+    if ((tid & 31) == 0) s_active[warp] = b;
   }
   __syncthreads();
-  const unsigned long long active = s_active;
+  const unsigned long long active = s_active[0] | (static_cast<unsigned long long>(s_active[1]) << 32);
   for (int r = warp; r < M; r += blockDim.x / 32) {
     if ((active >> r) & 1ull)
       dev::route_warp(a.logits + r * a.ld, E, k, a.renorm, s_ids + r * k, s_wtmp[warp], a.sel_ids + r * k,
