@@ -27,68 +27,18 @@
 #include "cuda/kernels/launch.cuh"
 #include "cuda/kernels/ptx.cuh"
 #include "cuda/kernels/qdot.cuh"
+#include "cuda/kernels/tc_common.cuh"
 
 namespace lilac::cuda {
 namespace {
 
 using namespace dev;
-constexpr int kThreads = 256, kWarps = 8;
-constexpr int kTileCols = 256, kGroup = 64;
+using namespace tc;  // the k-tile shape, fragment layout, dq4 / dq8, ... (tc_common.cuh)
 // Blocks per SM the register allocation is made for: 4-bit 3 (80 registers), 8-bit 2 (its tiles are
 // twice as large; only the small router / shared-expert-gate matrices are 8-bit).
 template <int BITS>
 constexpr int kMinBlocks = BITS == 4 ? 3 : 2;
 constexpr size_t kMaxSmem = 96 * 1024;
-
-// ------------------------------------------------------------------------------------------------ device pieces
-template <int BITS>
-struct TcShape {
-  static constexpr int NCH = BITS == 4 ? 2 : 4;          // 16-byte chunks per thread per row and k-tile
-  static constexpr int CPT = 4 * NCH;                    // chunks per row per k-tile
-  static constexpr int U = BITS == 4 ? 4 : 2;            // fragment units (8 values) per chunk
-  static constexpr int GROUP_BYTES = kGroup * BITS / 8;  // bytes of one group in a row
-  static constexpr float ZC = BITS == 4 ? 8.f : 128.f;
-  // group slot (0..3) of chunk i of thread c
-  __host__ __device__ static constexpr int slot(int i, int c) { return BITS == 4 ? 2 * i + (c >> 1) : i; }
-  // byte offset of chunk i of thread c inside its group
-  __device__ static int off_in_group(int c) { return BITS == 4 ? 16 * (c & 1) : 16 * c; }
-};
-
-// Staged x fragments: per k-tile 1024 bytes, 16-byte units ordered [chunk i][unit u][thread c][hi/lo p],
-// so that the 8 lanes that read one unit (c = 0..3, p = 0..1) read 128 contiguous bytes (no bank
-// conflicts), followed by kZeroBytes of zeros (what the lanes that supply a zero B column read).
-constexpr int kTileXBytes = 1024, kZeroBytes = 512;
-template <int BITS>
-__device__ __forceinline__ int frag_off(int i, int u, int c, int p) {
-  return (((i * TcShape<BITS>::U + u) * 4 + c) * 2 + p) * 16;
-}
-
-// One 4-bit word (nibbles n0..n7) → fp16 pairs (n0-8, n4-8), (n1-8, n5-8), (n2-8, n6-8), (n3-8, n7-8).
-__device__ __forceinline__ void dq4(uint32_t w, uint32_t (&h)[4]) {
-  constexpr uint32_t kMagic = 0x64006400u;  // fp16 1024 in both halves
-  constexpr uint32_t kSub = 0x64086408u;    // 1032
-  constexpr uint32_t kInv16 = 0x2C002C00u;  // 1/16
-  constexpr uint32_t kNeg72 = 0xD480D480u;  // -72
-  const uint32_t w8 = w >> 8;
-  h[0] = hsub2_u(and_or(w, 0x000F000Fu, kMagic), kSub);
-  h[1] = hfma2_u(and_or(w, 0x00F000F0u, kMagic), kInv16, kNeg72);  // (1024 + 16n)/16 - 72
-  h[2] = hsub2_u(and_or(w8, 0x000F000Fu, kMagic), kSub);
-  h[3] = hfma2_u(and_or(w8, 0x00F000F0u, kMagic), kInv16, kNeg72);
-}
-// One 8-bit word (bytes b0..b3) → fp16 pairs (b0-128, b2-128), (b1-128, b3-128).
-__device__ __forceinline__ void dq8(uint32_t w, uint32_t (&h)[2]) {
-  constexpr uint32_t kSub = 0x64806480u;  // 1152
-  h[0] = hsub2_u(__byte_perm(w, 0x64646464u, 0x4240), kSub);
-  h[1] = hsub2_u(__byte_perm(w, 0x64646464u, 0x4341), kSub);
-}
-
-// 2^-e and 2^e as floats for e in [-126, 127] (exact, no libm).
-__device__ __forceinline__ float pow2i(int e) { return __int_as_float((127 + e) << 23); }
-// The power-of-two exponent E with m = mant·2^E, mant in [0.5, 1) (frexp), clamped to [-125, 126].
-__device__ __forceinline__ int frexp_e(float m) {
-  const int e = int((__float_as_uint(m) >> 23) & 0xFF) - 126;
-  return m > 0.f ? max(-125, min(126, e)) : 0;
-}
 
 // ------------------------------------------------------------------------------------------------ tracing
 // Per-block timeline for measurements (gemv_tc_trace): %globaltimer at entry, after the PDL wait,
@@ -124,7 +74,6 @@ struct TcSmem {
   float* hss;    // K / head_dim + 1 (GatedHeadNorm per-head Σx²)
 };
 __host__ __device__ inline int round16(int b) { return (b + 15) / 16 * 16; }
-__host__ __device__ inline int tc_kt(int K) { return (K + kTileCols - 1) / kTileCols; }
 __host__ __device__ inline int tc_smem_bytes(int K, Prologue pro, int hd) {
   const int KT = tc_kt(K);
   int b = KT * kTileXBytes + kZeroBytes + KT * 4 * 8 + K * 4;
@@ -298,22 +247,6 @@ struct TileRegs {
                         // so that issuing the loads never waits for them)
 };
 
-// Where one row of weights lives: its packed words, scales and biases.
-struct RowRef {
-  const char* q = nullptr;
-  const unsigned short* s = nullptr;
-  const unsigned short* b = nullptr;
-};
-
-__device__ __forceinline__ RowRef row_ref(const QMatrixDev& W, int64_t r, int bits) {
-  const int64_t gpr = W.cols / kGroup;
-  RowRef ref;
-  ref.q = reinterpret_cast<const char*>(W.qweight) + r * (W.cols * bits / 8);
-  ref.s = reinterpret_cast<const unsigned short*>(W.scales) + r * gpr;
-  ref.b = reinterpret_cast<const unsigned short*>(W.biases) + r * gpr;
-  return ref;
-}
-
 // Loads the tile `kt` of rows (g, g+8) for a single-segment K (dense, gate/up). Groups past the end
 // of K load as zero words (their x fragments are zero).
 template <int BITS>
@@ -335,8 +268,6 @@ __device__ __forceinline__ void load_tile(TileRegs<BITS>& t, const RowRef (&r)[2
     t.b[h] = G < ngroups ? uint32_t(__ldg(r[h].b + G)) : 0u;
   }
 }
-
-__device__ __forceinline__ float bf_raw(uint32_t v) { return __uint_as_float(v << 16); }
 
 // Per-lane constants of the B operand: for chunk i, the lane supplies x (its own chunk's values)
 // when the chunk's group slot is g / 2, else zeros. xoff[i]: byte offset of its first unit inside a
@@ -394,12 +325,6 @@ __device__ __forceinline__ float group_value(float dot, uint32_t s_raw, uint32_t
   return fmaf(s * m.x, dot, fmaf(TcShape<BITS>::ZC, s, b) * m.y);
 }
 
-// Sum over the 4 lanes of a row (c = 0..3): every lane gets the total.
-__device__ __forceinline__ float quad_sum(float v) {
-  v += __shfl_xor_sync(0xffffffffu, v, 1);
-  v += __shfl_xor_sync(0xffffffffu, v, 2);
-  return v;
-}
 
 // Adds one finished k-tile (scaled by wt) to the accumulators of rows g, g+8 (group 4·kt + c).
 template <int BITS>

@@ -71,7 +71,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_rows_kernel(GemvRowsArgs a, 
   auto load = [&](RowTile<BITS>& t, Step s2) {
     if (s2.grp < ngrp && ks + s2.j * KS < KT) {
       const int64_t r0 = (s2.grp * RB + rbw) * 16 + g;
-      const RowRef r[2] = {row_ref(a.W, min(r0, nrows - 1)), row_ref(a.W, min(r0 + 8, nrows - 1))};
+      const RowRef r[2] = {row_ref(a.W, min(r0, nrows - 1), BITS), row_ref(a.W, min(r0 + 8, nrows - 1), BITS)};
       load_row_tile<BITS>(t, r, ks + s2.j * KS, c, ngroups_k, sb_vec);
     }
   };

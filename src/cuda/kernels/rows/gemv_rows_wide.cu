@@ -75,8 +75,8 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_rows_wide_kernel(GemvRowsArg
     if (i_done) return;
     const int kt = s_tbl[warp][i_j] & 0x7F;
     const int64_t r0 = (i_grp * RB + rbw) * 16;
-    const RowRef r[2] = {row_ref(a.W, min(r0 + g, nrows - 1)), row_ref(a.W, min(r0 + g + 8, nrows - 1))};
-    ring_issue<BITS>(st, r, row_ref(a.W, min(r0 + (lane & 15), nrows - 1)), kt, lane, ngroups, cfg.sb_vec);
+    const RowRef r[2] = {row_ref(a.W, min(r0 + g, nrows - 1), BITS), row_ref(a.W, min(r0 + g + 8, nrows - 1), BITS)};
+    ring_issue<BITS>(st, r, row_ref(a.W, min(r0 + (lane & 15), nrows - 1), BITS), kt, lane, ngroups, cfg.sb_vec);
     advance();
   };
   WarpRing ring{rings + warp * cfg.D * STAGE, STAGE, cfg.D};
@@ -120,7 +120,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_rows_wide_kernel(GemvRowsArg
       const bool sbs = sb_staged(cfg.sb_vec, kt, ngroups);
       ring_read<BITS>(t, st, lane, sbs);
       if (!sbs) {
-        const RowRef r[2] = {row_ref(a.W, min(row0 + g, nrows - 1)), row_ref(a.W, min(row0 + g + 8, nrows - 1))};
+        const RowRef r[2] = {row_ref(a.W, min(row0 + g, nrows - 1), BITS), row_ref(a.W, min(row0 + g + 8, nrows - 1), BITS)};
         load_sb_slow<BITS>(t, r, kt, ngroups);
       }
       tile_acc<BITS, NP>(t, xf, xstride, meta, mstride, zero, kt, ngroups, lr, tmask, np_act, acc);

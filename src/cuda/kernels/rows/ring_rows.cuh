@@ -28,16 +28,9 @@ struct RingShape {
 };
 constexpr int kMaxRing = 8;
 
-// 16 bytes, or 16 zeros without reading `gmem` when !ok.
-__device__ __forceinline__ void cp_async16_zf(void* smem, const void* gmem, bool ok) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(ok ? 16 : 0) : "memory");
-}
-__device__ __forceinline__ void cp_async8(void* smem, const void* gmem) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(s), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+using ::lilac::cuda::dev::cp_async16_zfill;
+using ::lilac::cuda::dev::cp_async8;
+using ::lilac::cuda::dev::cp_async_commit;
 // Wait until at most n (0..7) of this thread's newest copy groups are pending.
 __device__ __forceinline__ void cp_async_wait_n(int n) {
   switch (n) {
@@ -69,7 +62,7 @@ __device__ __forceinline__ void ring_issue(char* st, const RowRef (&r)[2], const
     const bool ok = G < ngroups;
     const int off = ok ? G * S::GROUP_BYTES + S::off_in_group(c) : 0;
 #pragma unroll
-    for (int h = 0; h < 2; ++h) cp_async16_zf(st + ((h * S::NCH + i) * 32 + lane) * 16, r[h].q + off, ok);
+    for (int h = 0; h < 2; ++h) cp_async16_zfill(st + ((h * S::NCH + i) * 32 + lane) * 16, r[h].q + off, ok ? 16 : 0);
   }
   if (sb_staged(sb_vec, kt, ngroups))
     cp_async8(st + RingShape<BITS>::A_BYTES + (lane & 15) * 16 + (lane >> 4) * 8, (lane < 16 ? sbr.s : sbr.b) + kt * 4);

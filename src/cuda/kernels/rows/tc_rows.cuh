@@ -1,8 +1,7 @@
 // Device pieces of the multi-row tensor-core kernels (rows/*.cu). The arithmetic is gemv_tc.cu's, piece for
 // piece (nibble/byte → fp16, the hi + lo split of the input per 64-group, the mma, the group value), so that
-// a row computed here is bit for bit what the single-row kernel computes. These helpers are copies of
-// gemv_tc.cu's (its anonymous namespace could not be shared while the kernel files were being reorganised);
-// once both are merged, gemv_tc.cu should include this header instead (one fact in one place).
+// a row computed here is bit for bit what the single-row kernel computes; the pieces both use (dq4 / dq8, the
+// fragment layout, the power-of-two helpers, where a row lives) are tc_common.cuh's.
 //
 // Rows in one mma. Today's B operand holds 8 columns = 4 group slots × {hi, lo} of one input, and in the
 // mma of chunk i only the columns of the chunk's own groups are non-zero (4-bit: groups 2i, 2i+1; 8-bit:
@@ -20,95 +19,18 @@
 
 #include "cuda/kernels/gemv/gemv.h"
 #include "cuda/kernels/qdot.cuh"
+#include "cuda/kernels/tc_common.cuh"
 
 namespace lilac::cuda::rows_dev {
 
+using namespace ::lilac::cuda::tc;  // the k-tile shape, fragment layout, dq4 / dq8, ... (tc_common.cuh)
 using ::lilac::cuda::dev::block_sum;
+using ::lilac::cuda::dev::cp_async16;
+using ::lilac::cuda::dev::cp_async4;
+using ::lilac::cuda::dev::cp_async_wait_all;
 using ::lilac::cuda::dev::ld_stream;
 using ::lilac::cuda::dev::sel4;
 using ::lilac::cuda::dev::silu_f;
-
-constexpr int kThreads = 256, kWarps = 8;
-constexpr int kTileCols = 256, kGroup = 64;
-constexpr int kTileXBytes = 1024, kZeroBytes = 512;
-
-template <int BITS>
-struct TcShape {
-  static constexpr int NCH = BITS == 4 ? 2 : 4;          // 16-byte chunks per thread per row and k-tile
-  static constexpr int CPT = 4 * NCH;                    // chunks per row per k-tile
-  static constexpr int U = BITS == 4 ? 4 : 2;            // fragment units (8 values) per chunk
-  static constexpr int GROUP_BYTES = kGroup * BITS / 8;  // bytes of one group in a row
-  static constexpr int TPM = BITS == 4 ? 2 : 4;          // rows per mma
-  static constexpr float ZC = BITS == 4 ? 8.f : 128.f;
-  __host__ __device__ static constexpr int slot(int i, int c) { return BITS == 4 ? 2 * i + (c >> 1) : i; }
-  __device__ static int off_in_group(int c) { return BITS == 4 ? 16 * (c & 1) : 16 * c; }
-};
-
-// Staged fragments of one row: per k-tile 1024 bytes, 16-byte units ordered [chunk i][unit u][thread c][hi/lo p].
-template <int BITS>
-__host__ __device__ __forceinline__ int frag_off(int i, int u, int c, int p) {
-  return (((i * TcShape<BITS>::U + u) * 4 + c) * 2 + p) * 16;
-}
-__host__ __device__ inline int tc_kt(int64_t K) { return int((K + kTileCols - 1) / kTileCols); }
-
-__device__ __forceinline__ uint32_t and_or(uint32_t a, uint32_t b, uint32_t c) {  // (a & b) | c
-  uint32_t r;
-  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
-  return r;
-}
-__device__ __forceinline__ uint32_t hsub2_u(uint32_t a, uint32_t b) {
-  uint32_t r;
-  asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
-  return r;
-}
-__device__ __forceinline__ uint32_t hfma2_u(uint32_t a, uint32_t b, uint32_t c) {
-  uint32_t r;
-  asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
-  return r;
-}
-__device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                         uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-// One 4-bit word (nibbles n0..n7) → fp16 pairs (n0-8, n4-8), (n1-8, n5-8), (n2-8, n6-8), (n3-8, n7-8).
-__device__ __forceinline__ void dq4(uint32_t w, uint32_t (&h)[4]) {
-  constexpr uint32_t kMagic = 0x64006400u, kSub = 0x64086408u, kInv16 = 0x2C002C00u, kNeg72 = 0xD480D480u;
-  const uint32_t w8 = w >> 8;
-  h[0] = hsub2_u(and_or(w, 0x000F000Fu, kMagic), kSub);
-  h[1] = hfma2_u(and_or(w, 0x00F000F0u, kMagic), kInv16, kNeg72);
-  h[2] = hsub2_u(and_or(w8, 0x000F000Fu, kMagic), kSub);
-  h[3] = hfma2_u(and_or(w8, 0x00F000F0u, kMagic), kInv16, kNeg72);
-}
-// One 8-bit word (bytes b0..b3) → fp16 pairs (b0-128, b2-128), (b1-128, b3-128).
-__device__ __forceinline__ void dq8(uint32_t w, uint32_t (&h)[2]) {
-  constexpr uint32_t kSub = 0x64806480u;
-  h[0] = hsub2_u(__byte_perm(w, 0x64646464u, 0x4240), kSub);
-  h[1] = hsub2_u(__byte_perm(w, 0x64646464u, 0x4341), kSub);
-}
-
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
-
-__device__ __forceinline__ float pow2i(int e) { return __int_as_float((127 + e) << 23); }
-__device__ __forceinline__ int frexp_e(float m) {
-  const int e = int((__float_as_uint(m) >> 23) & 0xFF) - 126;
-  return m > 0.f ? max(-125, min(126, e)) : 0;
-}
-__device__ __forceinline__ float bf_raw(uint32_t v) { return __uint_as_float(v << 16); }
-__device__ __forceinline__ float quad_sum(float v) {
-  v += __shfl_xor_sync(0xffffffffu, v, 1);
-  v += __shfl_xor_sync(0xffffffffu, v, 2);
-  return v;
-}
 
 // ------------------------------------------------------------------------------------------------ staging
 // 8 values (one "unit": columns 8t..8t+7) of t(x), scaled by 2^-E of their group → the hi/lo fp16 fragments
@@ -164,19 +86,6 @@ struct RowTile {
   uint4 w[2][TcShape<BITS>::NCH];
   uint2 s[2], b[2];
 };
-struct RowRef {
-  const char* q = nullptr;
-  const unsigned short* s = nullptr;
-  const unsigned short* b = nullptr;
-};
-__device__ __forceinline__ RowRef row_ref(const QMatrixDev& W, int64_t r) {
-  const int64_t gpr = W.cols / kGroup;
-  RowRef ref;
-  ref.q = reinterpret_cast<const char*>(W.qweight) + r * (W.cols * W.bits / 8);
-  ref.s = reinterpret_cast<const unsigned short*>(W.scales) + r * gpr;
-  ref.b = reinterpret_cast<const unsigned short*>(W.biases) + r * gpr;
-  return ref;
-}
 __device__ __forceinline__ uint32_t bf_pick(uint2 v, int q) {
   const uint32_t w = (q & 2) ? v.y : v.x;
   return (q & 1) ? (w >> 16) : (w & 0xFFFFu);
@@ -293,8 +202,8 @@ __device__ __forceinline__ void tile_rows(const RowTile<BITS>& t, const char* xf
           for (int pp = 0; pp < PH; ++pp) {
             if (q * PH + pp < np_act) {
               const uint4 xv = *reinterpret_cast<const uint4*>(xb[pp] + u * 128);
-              mma16816(d[pp][0], a0[0], a0[1], a0[2], a0[3], xv.x, xv.y);
-              mma16816(d[pp][1], a1[0], a1[1], a1[2], a1[3], xv.z, xv.w);
+              ::lilac::cuda::dev::mma_m16n8k16_f16(d[pp][0], a0[0], a0[1], a0[2], a0[3], xv.x, xv.y);
+              ::lilac::cuda::dev::mma_m16n8k16_f16(d[pp][1], a1[0], a1[1], a1[2], a1[3], xv.z, xv.w);
             }
           }
         }
@@ -481,8 +390,8 @@ __device__ __forceinline__ void tile_mma(const RowTile<BITS>& t, const char* xf,
 #pragma unroll
       for (int p = 0; p < NA; ++p) {
         const uint4 xv = *reinterpret_cast<const uint4*>(xb[p] + u * 128);
-        mma16816(d[p][0], a0[0], a0[1], a0[2], a0[3], xv.x, xv.y);
-        mma16816(d[p][1], a1[0], a1[1], a1[2], a1[3], xv.z, xv.w);
+        ::lilac::cuda::dev::mma_m16n8k16_f16(d[p][0], a0[0], a0[1], a0[2], a0[3], xv.x, xv.y);
+        ::lilac::cuda::dev::mma_m16n8k16_f16(d[p][1], a1[0], a1[1], a1[2], a1[3], xv.z, xv.w);
       }
     }
 #pragma unroll

@@ -1,0 +1,95 @@
+// The tensor-core decode arithmetic shared by the single-row kernels (gemv/gemv_tc.cu) and the multi-row ones
+// (rows/): the k-tile shape, the staged-fragment layout, nibble/byte → fp16 conversion, the power-of-two
+// helpers of the input split, and where a weight row lives. One definition, so that a row computed by the
+// rows kernels stays bit for bit the single-row kernels' (gemv_tc.cu explains the scheme).
+#pragma once
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "cuda/kernels/ptx.cuh"
+#include "cuda/kernels/qmatrix.cuh"
+
+namespace lilac::cuda::tc {
+
+constexpr int kThreads = 256, kWarps = 8;
+constexpr int kTileCols = 256, kGroup = 64;
+// Staged x fragments: per k-tile 1024 bytes, 16-byte units ordered [chunk i][unit u][thread c][hi/lo p], so that
+// the 8 lanes that read one unit (c = 0..3, p = 0..1) read 128 contiguous bytes (no bank conflicts), followed by
+// kZeroBytes of zeros (what the lanes that supply a zero B column read).
+constexpr int kTileXBytes = 1024, kZeroBytes = 512;
+
+template <int BITS>
+struct TcShape {
+  static constexpr int NCH = BITS == 4 ? 2 : 4;          // 16-byte chunks per thread per row and k-tile
+  static constexpr int CPT = 4 * NCH;                    // chunks per row per k-tile
+  static constexpr int U = BITS == 4 ? 4 : 2;            // fragment units (8 values) per chunk
+  static constexpr int GROUP_BYTES = kGroup * BITS / 8;  // bytes of one group in a row
+  static constexpr int TPM = BITS == 4 ? 2 : 4;          // rows per mma in the multi-row kernels
+  static constexpr float ZC = BITS == 4 ? 8.f : 128.f;
+  // group slot (0..3) of chunk i of thread c
+  __host__ __device__ static constexpr int slot(int i, int c) { return BITS == 4 ? 2 * i + (c >> 1) : i; }
+  // byte offset of chunk i of thread c inside its group
+  __device__ static int off_in_group(int c) { return BITS == 4 ? 16 * (c & 1) : 16 * c; }
+};
+
+template <int BITS>
+__host__ __device__ __forceinline__ int frag_off(int i, int u, int c, int p) {
+  return (((i * TcShape<BITS>::U + u) * 4 + c) * 2 + p) * 16;
+}
+__host__ __device__ inline int tc_kt(int64_t K) { return int((K + kTileCols - 1) / kTileCols); }
+
+// One 4-bit word (nibbles n0..n7) → fp16 pairs (n0-8, n4-8), (n1-8, n5-8), (n2-8, n6-8), (n3-8, n7-8).
+__device__ __forceinline__ void dq4(uint32_t w, uint32_t (&h)[4]) {
+  using dev::and_or;
+  using dev::hfma2_u;
+  using dev::hsub2_u;
+  constexpr uint32_t kMagic = 0x64006400u;  // fp16 1024 in both halves
+  constexpr uint32_t kSub = 0x64086408u;    // 1032
+  constexpr uint32_t kInv16 = 0x2C002C00u;  // 1/16
+  constexpr uint32_t kNeg72 = 0xD480D480u;  // -72
+  const uint32_t w8 = w >> 8;
+  h[0] = hsub2_u(and_or(w, 0x000F000Fu, kMagic), kSub);
+  h[1] = hfma2_u(and_or(w, 0x00F000F0u, kMagic), kInv16, kNeg72);  // (1024 + 16n)/16 - 72
+  h[2] = hsub2_u(and_or(w8, 0x000F000Fu, kMagic), kSub);
+  h[3] = hfma2_u(and_or(w8, 0x00F000F0u, kMagic), kInv16, kNeg72);
+}
+// One 8-bit word (bytes b0..b3) → fp16 pairs (b0-128, b2-128), (b1-128, b3-128).
+__device__ __forceinline__ void dq8(uint32_t w, uint32_t (&h)[2]) {
+  constexpr uint32_t kSub = 0x64806480u;  // 1152
+  h[0] = dev::hsub2_u(__byte_perm(w, 0x64646464u, 0x4240), kSub);
+  h[1] = dev::hsub2_u(__byte_perm(w, 0x64646464u, 0x4341), kSub);
+}
+
+// 2^-e and 2^e as floats for e in [-126, 127] (exact, no libm).
+__device__ __forceinline__ float pow2i(int e) { return __int_as_float((127 + e) << 23); }
+// The power-of-two exponent E with m = mant·2^E, mant in [0.5, 1) (frexp), clamped to [-125, 126].
+__device__ __forceinline__ int frexp_e(float m) {
+  const int e = int((__float_as_uint(m) >> 23) & 0xFF) - 126;
+  return m > 0.f ? max(-125, min(126, e)) : 0;
+}
+// A raw bf16 (low 16 bits) as a float.
+__device__ __forceinline__ float bf_raw(uint32_t v) { return __uint_as_float(v << 16); }
+// Sum over the 4 lanes of a row (c = 0..3): every lane gets the total.
+__device__ __forceinline__ float quad_sum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  v += __shfl_xor_sync(0xffffffffu, v, 2);
+  return v;
+}
+
+// Where one row of weights lives: its packed words, scales and biases.
+struct RowRef {
+  const char* q = nullptr;
+  const unsigned short* s = nullptr;
+  const unsigned short* b = nullptr;
+};
+__device__ __forceinline__ RowRef row_ref(const QMatrixDev& W, int64_t r, int bits) {
+  const int64_t gpr = W.cols / kGroup;
+  RowRef ref;
+  ref.q = reinterpret_cast<const char*>(W.qweight) + r * (W.cols * bits / 8);
+  ref.s = reinterpret_cast<const unsigned short*>(W.scales) + r * gpr;
+  ref.b = reinterpret_cast<const unsigned short*>(W.biases) + r * gpr;
+  return ref;
+}
+
+}  // namespace lilac::cuda::tc
