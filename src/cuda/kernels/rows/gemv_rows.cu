@@ -113,10 +113,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_rows_kernel(GemvRowsArgs a, 
   const int np_act = active_tiles<BITS>(tmask);
 
   float acc[NP][S::NCH][2];
-#pragma unroll
-  for (int p = 0; p < NP; ++p)
-#pragma unroll
-    for (int i = 0; i < S::NCH; ++i) acc[p][i][0] = acc[p][i][1] = 0.f;
+  clear_acc<BITS, NP>(acc);
   int par = 0;
   while (st.grp < ngrp) {
     const Step ns = next(st);

@@ -94,10 +94,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_rows_wide_kernel(GemvRowsArg
   const int q0 = slice_q0(c, SS::QV);
 
   float acc[NP][S::NCH][2];
-#pragma unroll
-  for (int p = 0; p < NP; ++p)
-#pragma unroll
-    for (int i = 0; i < S::NCH; ++i) acc[p][i][0] = acc[p][i][1] = 0.f;
+  clear_acc<BITS, NP>(acc);
   for (int64_t grp = blockIdx.x; grp < ngrp; grp += gridDim.x) {
     const int64_t row0 = (grp * RB + rbw) * 16;
     // the residual, requested now and used after the group's math

@@ -102,6 +102,42 @@ __device__ __forceinline__ void ring_issue_rows(char* st, const ChunkRows& cr, i
             cr.sb + min(j0 + (lane & 15), cr.last) * cr.sb_row + kt * 4);
 }
 
+// A block's walk of its steps from st (until item hi) with each warp's k-tiles through its ring of D stages: the
+// request cursor runs D - 1 steps ahead; tile_at(s, j0, kt) says whether the warp has a tile in step s (its 16-row
+// block from row j0, k-tile kt); rows_of(cq) gives the warp's matrix rows for chunk cq, computed when the cursor
+// enters a chunk. For every step: before(st) (the chunk's staging), the wait for its tile, body(cur, st, ns).
+template <int D, typename Next, typename TileAt, typename RowsOf, typename Before, typename Body>
+__device__ __forceinline__ void ring_walk(Step st, int hi, char* ring, int lane, Next&& next, TileAt&& tile_at,
+                                          RowsOf&& rows_of, Before&& before, Body&& body) {
+  Step is = st;  // the step whose tile the ring requests next
+  int icq = -1;  // the chunk of icr
+  ChunkRows icr;
+  auto issue = [&](char* stage) {
+    int j0, kt;
+    if (tile_at(is, j0, kt)) {
+      if (is.cq != icq) {
+        icq = is.cq;
+        icr = rows_of(icq);
+      }
+      ring_issue_rows(stage, icr, j0, kt, lane);
+    }
+    is = next(is);
+  };
+  WarpRing ring_w{ring, RingShape<4>::STAGE, D};
+  ring_w.prologue(issue);
+  RowTile<4> cur;
+  while (st.item < hi) {
+    before(st);
+    const char* stg = ring_w.step(issue);
+    int j0, kt;
+    if (tile_at(st, j0, kt)) ring_read<4>(cur, stg, lane, true);
+    const Step ns = next(st);
+    body(cur, st, ns);
+    st = ns;
+  }
+  cp_async_wait_all();
+}
+
 struct GateUpArgs {
   MoEDecodeWeights w;
   ExpertRows rows[2][2];  // [routed, shared][gate, up]
@@ -254,10 +290,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_gate_up_rows_kernel(GateUpArg
     tmask = (1u << n_tok) - 1u;
   };
   float acc[NP][S::NCH][2];
-#pragma unroll
-  for (int p = 0; p < NP; ++p)
-#pragma unroll
-    for (int i = 0; i < S::NCH; ++i) acc[p][i][0] = acc[p][i][1] = 0.f;
+  clear_acc<BITS, NP>(acc);
   int par = 0;
   // The math of step st with its tile in cur (ns: the step after it), and at the end of an item its gate and up
   // rows → act.
@@ -290,33 +323,22 @@ __global__ void __launch_bounds__(kThreads, 2) moe_gate_up_rows_kernel(GateUpArg
   Step st{lo, 0, 0, 0};
   st.cq = chunk_of(lo, st.rb);
   if constexpr (D > 0) {
-    Step is = st;  // the step whose tile the ring requests next
-    int icq = -1;  // the chunk of icr
-    ChunkRows icr;
-    auto issue = [&](char* stage) {
-      if (is.item < hi && ks + is.j * KS < KT) {
-        if (is.cq != icq) {
-          icq = is.cq;
-          const int e = s_desc[icq - c_lo].x;
+    ring_walk<D>(
+        st, hi, ring, lane, next,
+        [&](Step s2, int& j0, int& kt) {
+          j0 = s2.rb * 16;
+          kt = ks + s2.j * KS;
+          return s2.item < hi && kt < KT;
+        },
+        [&](int cq) {
+          const int e = s_desc[cq - c_lo].x;
           const bool routed = e < w.E;
-          icr = chunk_rows(a.rows[routed ? 0 : 1][rbw], e, routed ? I : Is, lane);
-        }
-        ring_issue_rows(stage, icr, is.rb * 16, ks + is.j * KS, lane);
-      }
-      is = next(is);
-    };
-    WarpRing ring_w{ring, RingShape<BITS>::STAGE, D};
-    ring_w.prologue(issue);
-    RowTile<BITS> cur;
-    while (st.item < hi) {
-      if (st.cq - c_lo != cur_cq) stage_chunk(st.cq - c_lo);
-      const char* stg = ring_w.step(issue);
-      if (ks + st.j * KS < KT) ring_read<BITS>(cur, stg, lane, true);
-      const Step ns = next(st);
-      work(cur, st, ns);
-      st = ns;
-    }
-    cp_async_wait_all();
+          return chunk_rows(a.rows[routed ? 0 : 1][rbw], e, routed ? I : Is, lane);
+        },
+        [&](Step s2) {
+          if (s2.cq - c_lo != cur_cq) stage_chunk(s2.cq - c_lo);
+        },
+        work);
   } else {
     // Two tiles that swap roles each step (the loop body runs twice per iteration: no register copy of the
     // next tile into the current one).
@@ -459,32 +481,21 @@ __global__ void __launch_bounds__(kThreads, 2) moe_down_rows_kernel(DownArgs a) 
   Step st{lo, 0, 0, 0};
   st.cq = chunk_of(lo, st.rb);
   if constexpr (D > 0) {
-    Step is = st;  // the step whose tile the ring requests next
-    int icq = -1;  // the chunk of icr
-    ChunkRows icr;
-    auto issue = [&](char* stage) {
-      if (has_tile(is)) {
-        if (is.cq != icq) {
-          icq = is.cq;
-          const int e = s_desc[icq - c_lo].x;
-          icr = chunk_rows(a.rows[e < w.E ? 0 : 1], e, int(H), lane);
-        }
-        ring_issue_rows(stage, icr, (is.rb * kWarps + warp) * 16, is.j, lane);
-      }
-      is = next(is);
-    };
-    WarpRing ring_w{ring, RingShape<BITS>::STAGE, D};
-    ring_w.prologue(issue);
-    RowTile<BITS> cur;
-    while (st.item < hi) {
-      const int cq = st.cq - c_lo;
-      if (cq != cur_cq) stage_chunk(cq, chunk_k(cq));
-      const char* stg = ring_w.step(issue);
-      if (has_tile(st)) ring_read<BITS>(cur, stg, lane, true);
-      work(cur, st);
-      st = next(st);
-    }
-    cp_async_wait_all();
+    ring_walk<D>(
+        st, hi, ring, lane, next,
+        [&](Step s2, int& j0, int& kt) {
+          j0 = (s2.rb * kWarps + warp) * 16;
+          kt = s2.j;
+          return has_tile(s2);
+        },
+        [&](int cq) {
+          const int e = s_desc[cq - c_lo].x;
+          return chunk_rows(a.rows[e < w.E ? 0 : 1], e, int(H), lane);
+        },
+        [&](Step s2) {
+          if (s2.cq - c_lo != cur_cq) stage_chunk(s2.cq - c_lo, chunk_k(s2.cq - c_lo));
+        },
+        [&](const RowTile<BITS>& cur, Step s2, Step) { work(cur, s2); });
   } else {
     RowTile<BITS> t0, t1;  // swapping roles each step, as in the gate/up kernel
     load(t0, st);

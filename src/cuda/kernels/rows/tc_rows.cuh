@@ -296,6 +296,15 @@ __device__ __forceinline__ float acc_of_row(const float (&a)[TcShape<BITS>::NCH]
   }
 }
 
+// The group-value accumulators of NP mma tiles, zeroed.
+template <int BITS, int NP>
+__device__ __forceinline__ void clear_acc(float (&acc)[NP][TcShape<BITS>::NCH][2]) {
+#pragma unroll
+  for (int p = 0; p < NP; ++p)
+#pragma unroll
+    for (int i = 0; i < TcShape<BITS>::NCH; ++i) acc[p][i][0] = acc[p][i][1] = 0.f;
+}
+
 // End of a row group: each row's sum over this warp's k-slice (the quad sum, today's order) into
 // part[t·16 + r] for the block's rows t (ld: floats per row of part), then the accumulators are cleared.
 template <int BITS, int NP>
@@ -311,9 +320,8 @@ __device__ __forceinline__ void write_partials_rows(float (&acc)[NP][TcShape<BIT
         if (c == 0) part[(p * S::TPM + tau) * 16 + g + 8 * h] = v;
       }
     }
-#pragma unroll
-    for (int i = 0; i < S::NCH; ++i) acc[p][i][0] = acc[p][i][1] = 0.f;
   }
+  clear_acc<BITS, NP>(acc);
 }
 
 
@@ -468,10 +476,7 @@ __device__ __forceinline__ void slice_reduce(float (&acc)[NP][TcShape<BITS>::NCH
     const float keep = u2 ? w[H2 + j] : w[j], send = u2 ? w[j] : w[H2 + j];
     z[j] = keep + __shfl_xor_sync(0xffffffffu, send, 2);
   }
-#pragma unroll
-  for (int p = 0; p < NP; ++p)
-#pragma unroll
-    for (int i = 0; i < S::NCH; ++i) acc[p][i][0] = acc[p][i][1] = 0.f;
+  clear_acc<BITS, NP>(acc);
 }
 
 }  // namespace lilac::cuda::rows_dev
