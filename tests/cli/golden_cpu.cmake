@@ -50,11 +50,8 @@ endif()
 set(_me "${CMAKE_CURRENT_LIST_FILE}")
 set(_fx "${LILAC_SHARED_DIR}/fixtures")
 foreach(fx tiny tiny2)
-  add_test(NAME cli_golden_cpu_${fx}
-    COMMAND ${CMAKE_COMMAND} -DLILAC=$<TARGET_FILE:lilac>
-            "-DARGS=check-golden;--model;${_fx}/${fx}/mlx4;--golden;${_fx}/${fx}/golden.safetensors;--backend;cpu-ref;--threads;2;--activations"
-            -DRC=0 "-DEXPECT=\nPASS [^\n]*\n?$;seq0 ;gen1 [^\n]*tokens identical;activation seq2.layer.3 "
-            -P "${_me}")
+  lilac_cli_test(cli_golden_cpu_${fx} "check-golden;--model;${_fx}/${fx}/mlx4;--golden;${_fx}/${fx}/golden.safetensors;--backend;cpu-ref;--threads;2;--activations"
+    0 "\nPASS [^\n]*\n?$;seq0 ;gen1 [^\n]*tokens identical;activation seq2.layer.3 ")
 endforeach()
 foreach(fx tiny tiny2)
   foreach(isa auto scalar)
@@ -67,18 +64,11 @@ foreach(fx tiny tiny2)
   endforeach()
 endforeach()
 # tiny-mtp: the MTP head's rows and the speculative generations are reported and checked.
-add_test(NAME cli_golden_cpu_tiny-mtp
-  COMMAND ${CMAKE_COMMAND} -DLILAC=$<TARGET_FILE:lilac>
-          "-DARGS=check-golden;--model;${_fx}/tiny-mtp/mlx4;--golden;${_fx}/tiny-mtp/golden.safetensors;--backend;cpu-ref;--threads;2"
-          -DRC=0 "-DEXPECT=\nPASS [^\n]*MTP head checked[^\n]*\n?$;seq3 +MTP rows 150/150: max.dlogit. [0-9.e-]+;gen1 +speculative \\(k=3\\): identical to plain greedy; 23 rounds"
-          -P "${_me}")
-set_tests_properties(cli_golden_cpu_tiny-mtp PROPERTIES LABELS cli)
+lilac_cli_test(cli_golden_cpu_tiny-mtp "check-golden;--model;${_fx}/tiny-mtp/mlx4;--golden;${_fx}/tiny-mtp/golden.safetensors;--backend;cpu-ref;--threads;2"
+  0 "\nPASS [^\n]*MTP head checked[^\n]*\n?$;seq3 +MTP rows 150/150: max.dlogit. [0-9.e-]+;gen1 +speculative \\(k=3\\): identical to plain greedy; 23 rounds")
 # gen0 of tiny (golden.safetensors gen0.prompt / gen0.output[:8]): the oracle's greedy continuation.
-add_test(NAME cli_generate_cpu_tiny_gen0
-  COMMAND ${CMAKE_COMMAND} -DLILAC=$<TARGET_FILE:lilac>
-          "-DARGS=generate;--model;${_fx}/tiny/mlx4;--prompt-ids;621;--max-tokens;8;--backend;cpu-ref;--temperature;0"
-          -DRC=0 "-DEXPECT=generated ids: 1243,2021,215,540,1962,924,75,1676\n;prefill: 1 tokens in ;decode: 7 tokens in "
-          -P "${_me}")
+lilac_cli_test(cli_generate_cpu_tiny_gen0 "generate;--model;${_fx}/tiny/mlx4;--prompt-ids;621;--max-tokens;8;--backend;cpu-ref;--temperature;0"
+  0 "generated ids: 1243,2021,215,540,1962,924,75,1676\n;prefill: 1 tokens in ;decode: 7 tokens in ")
 # The same with 215 (the third token) as the end-of-turn id: generation stops there and says so (the
 # id is listed); --ignore-eos goes on to --max-tokens.
 add_test(NAME cli_generate_cpu_tiny_eos
@@ -91,18 +81,12 @@ add_test(NAME cli_generate_cpu_tiny_ignore_eos
           -DMODEL=${_fx}/tiny/mlx4 -DEOS=215
           "-DARGS=generate;--model;${CMAKE_CURRENT_BINARY_DIR}/cli_generate_eos2;--prompt-ids;621;--max-tokens;8;--backend;cpu;--temperature;0;--ignore-eos"
           -DRC=0 "-DEXPECT=generated ids: 1243,2021,215,540,1962,924,75,1676\n" -P "${_me}")
-add_test(NAME cli_generate_cpu_bad_id
-  COMMAND ${CMAKE_COMMAND} -DLILAC=$<TARGET_FILE:lilac>
-          "-DARGS=generate;--model;${_fx}/tiny/mlx4;--prompt-ids;1,2,99999;--max-tokens;4;--backend;cpu-ref"
-          -DRC=1 "-DEXPECT=token id 99999 is outside the vocabulary" -P "${_me}")
-add_test(NAME cli_generate_cpu_bad_ids_syntax
-  COMMAND ${CMAKE_COMMAND} -DLILAC=$<TARGET_FILE:lilac>
-          "-DARGS=generate;--model;${_fx}/tiny/mlx4;--prompt-ids;1,x;--backend;cpu-ref"
-          -DRC=1 "-DEXPECT='x' is not an integer token id" -P "${_me}")
-add_test(NAME cli_check_golden_vocab_mismatch
-  COMMAND ${CMAKE_COMMAND} -DLILAC=$<TARGET_FILE:lilac>
-          "-DARGS=check-golden;--model;${_fx}/tiny2/mlx4;--golden;${_fx}/tiny/golden.safetensors;--backend;cpu-ref"
-          -DRC=1 "-DEXPECT=seq0.logits has shape \\[1, 2048\\], expected \\[1, 777\\]" -P "${_me}")
+lilac_cli_test(cli_generate_cpu_bad_id "generate;--model;${_fx}/tiny/mlx4;--prompt-ids;1,2,99999;--max-tokens;4;--backend;cpu-ref"
+  1 "token id 99999 is outside the vocabulary")
+lilac_cli_test(cli_generate_cpu_bad_ids_syntax "generate;--model;${_fx}/tiny/mlx4;--prompt-ids;1,x;--backend;cpu-ref"
+  1 "'x' is not an integer token id")
+lilac_cli_test(cli_check_golden_vocab_mismatch "check-golden;--model;${_fx}/tiny2/mlx4;--golden;${_fx}/tiny/golden.safetensors;--backend;cpu-ref"
+  1 "seq0.logits has shape \\[1, 2048\\], expected \\[1, 777\\]")
 # Text prompts through the model folder's tokenizer (tiny's weights + the Qwen3 tokenizer: digits are
 # byte tokens 15..24, inside tiny's vocabulary): --prompt gives what --prompt-ids of the same ids gives;
 # --chat renders the template, whose <|im_start|> id is outside tiny's vocabulary: a clear error.
@@ -118,12 +102,7 @@ add_test(NAME cli_generate_cpu_chat_out_of_vocab
           -DTOK=${_fx}/qwen3-tokenizer
           "-DARGS=generate;--model;${_tokdir}_chat;--chat;hi;--max-tokens;4;--backend;cpu-ref"
           -DRC=1 "-DEXPECT=token id 151644 is outside the vocabulary \\(size 2048\\)" -P "${_me}")
-add_test(NAME cli_generate_cpu_text_needs_tokenizer
-  COMMAND ${CMAKE_COMMAND} -DLILAC=$<TARGET_FILE:lilac>
-          "-DARGS=generate;--model;${_fx}/tiny/mlx4;--prompt;hello;--backend;cpu-ref"
-          -DRC=1 "-DEXPECT=no tokenizer.json" -P "${_me}")
-set_tests_properties(cli_generate_cpu_text_prompt cli_generate_cpu_chat_out_of_vocab cli_generate_cpu_text_needs_tokenizer
-  PROPERTIES LABELS cli)
-set_tests_properties(cli_golden_cpu_tiny cli_golden_cpu_tiny2 cli_generate_cpu_tiny_gen0 cli_generate_cpu_tiny_eos
-  cli_generate_cpu_tiny_ignore_eos cli_generate_cpu_bad_id cli_generate_cpu_bad_ids_syntax
-  cli_check_golden_vocab_mismatch PROPERTIES LABELS cli)
+lilac_cli_test(cli_generate_cpu_text_needs_tokenizer "generate;--model;${_fx}/tiny/mlx4;--prompt;hello;--backend;cpu-ref"
+  1 "no tokenizer.json")
+set_tests_properties(cli_generate_cpu_text_prompt cli_generate_cpu_chat_out_of_vocab PROPERTIES LABELS cli)
+set_tests_properties(cli_generate_cpu_tiny_eos cli_generate_cpu_tiny_ignore_eos PROPERTIES LABELS cli)
