@@ -17,6 +17,7 @@
 #include "model/safetensors.h"
 #include "model/weight_walk.h"
 #include "model/weights.h"
+#include "support/model_files.h"
 
 namespace lilac {
 namespace {
@@ -24,12 +25,7 @@ namespace {
 namespace fs = std::filesystem;
 const std::string kShared = LILAC_SHARED_DIR;
 
-std::string temp_dir(const std::string& tag) {
-  auto d = fs::temp_directory_path() / ("lilac_model_" + tag + "_" + std::to_string(::getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d.string();
-}
+std::string temp_dir(const std::string& tag) { return testutil::temp_dir("lilac_model_", tag); }
 
 void expect_same_matrix(const QMatrix& a, const QMatrix& b, int n, const std::string& name) {
   ASSERT_EQ(a.rows, b.rows) << name;

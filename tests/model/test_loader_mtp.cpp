@@ -4,7 +4,6 @@
 // an error naming the tensor; mtp_num_hidden_layers 0 leaves the tensors unused.
 #include <gtest/gtest.h>
 
-#include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
@@ -20,6 +19,7 @@
 #include "model/tensor_table.h"
 #include "model/weight_walk.h"
 #include "model/weights.h"
+#include "support/model_files.h"
 
 namespace lilac {
 namespace {
@@ -29,38 +29,15 @@ using json = nlohmann::json;
 const std::string kMtp = std::string(LILAC_SHARED_DIR) + "/fixtures/tiny-mtp/mlx4";
 const LoadOptions kQuiet{.progress = false};
 
-std::string temp_dir(const std::string& tag) {
-  auto d = fs::temp_directory_path() / ("lilac_mtp_" + tag + "_" + std::to_string(::getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d.string();
-}
+std::string temp_dir(const std::string& tag) { return testutil::temp_dir("lilac_mtp_", tag); }
+using testutil::OwnedTensor;
 
-struct Owned {
-  std::string name, dtype;
-  std::vector<int64_t> shape;
-  std::string bytes;
-};
-
-// Copies `src` (config.json + tensors) to a fresh `dst`, letting `edit` change the tensors and the config.
-std::string rewrite(const std::string& src, const std::string& tag, const std::function<void(std::vector<Owned>&)>& edit,
+// A fresh copy of `src` with `edit` applied to its tensors and `edit_config` to its config (testutil::rewrite_model).
+std::string rewrite(const std::string& src, const std::string& tag,
+                    const std::function<void(std::vector<OwnedTensor>&)>& edit,
                     const std::function<void(json&)>& edit_config = nullptr) {
   const std::string dst = temp_dir(tag);
-  TensorSet ts = TensorSet::open_dir(src);
-  std::vector<Owned> all;
-  for (auto& [name, t] : ts.tensors())
-    all.push_back({name, dtype_name(t.dtype), t.shape, std::string(reinterpret_cast<const char*>(t.data), t.nbytes)});
-  edit(all);
-  std::vector<TensorToWrite> out;
-  for (auto& o : all) {
-    DType d;
-    EXPECT_TRUE(parse_dtype(o.dtype, &d));
-    out.push_back({o.name, d, o.shape, o.bytes.data(), o.bytes.size()});
-  }
-  write_safetensors(dst + "/model.safetensors", out);
-  json c = json::parse(read_text_file(src + "/config.json"));
-  if (edit_config) edit_config(c);
-  write_text_file(dst + "/config.json", c.dump(2));
+  testutil::rewrite_model(src, dst, edit, edit_config);
   return dst;
 }
 
@@ -175,8 +152,8 @@ TEST(LoaderMtp, HfStackedAndPerExpertAndConvert) {
   EXPECT_EQ(expect_same_mtp(*mlx, *from_hf), 7 + 10 + 3);  // norms, matrices, expert stacks
 
   // Per-expert names (FP8-style releases): mtp.layers.0.mlp.experts.{e}.{gate,up,down}_proj.weight.
-  const std::string pe = rewrite(hf, "per_expert", [&](std::vector<Owned>& all) {
-    std::vector<Owned> out;
+  const std::string pe = rewrite(hf, "per_expert", [&](std::vector<OwnedTensor>& all) {
+    std::vector<OwnedTensor> out;
     for (auto& t : all) {
       if (t.name != "mtp.layers.0.mlp.experts.gate_up_proj" && t.name != "mtp.layers.0.mlp.experts.down_proj") {
         out.push_back(t);
@@ -223,8 +200,8 @@ TEST(LoaderMtp, HfStackedAndPerExpertAndConvert) {
 
 TEST(LoaderMtp, WithoutTensorsLoadsWithoutAHeadAndSaysWhy) {
   // mlx-community conversions: config says 1, no mtp.* tensors.
-  const std::string d = rewrite(kMtp, "dropped", [](std::vector<Owned>& all) {
-    std::erase_if(all, [](const Owned& t) { return is_mtp_name(t.name); });
+  const std::string d = rewrite(kMtp, "dropped", [](std::vector<OwnedTensor>& all) {
+    std::erase_if(all, [](const OwnedTensor& t) { return is_mtp_name(t.name); });
   });
   auto w = load_model(d, kQuiet);
   EXPECT_FALSE(w->has_mtp());
@@ -234,7 +211,7 @@ TEST(LoaderMtp, WithoutTensorsLoadsWithoutAHeadAndSaysWhy) {
 }
 
 TEST(LoaderMtp, ConfigZeroLeavesTheTensorsUnused) {
-  const std::string d = rewrite(kMtp, "zero", [](std::vector<Owned>&) {}, [](json& c) {
+  const std::string d = rewrite(kMtp, "zero", [](std::vector<OwnedTensor>&) {}, [](json& c) {
     c["text_config"]["mtp_num_hidden_layers"] = 0;
   });
   auto w = load_model(d, kQuiet);
@@ -244,19 +221,19 @@ TEST(LoaderMtp, ConfigZeroLeavesTheTensorsUnused) {
 }
 
 TEST(LoaderMtp, PartialOrMisshapenHeadIsAnErrorNamingTheTensor) {
-  const std::string partial = rewrite(kMtp, "partial", [](std::vector<Owned>& all) {
-    std::erase_if(all, [](const Owned& t) { return t.name.rfind("mtp.layers.0.self_attn.k_proj.", 0) == 0; });
+  const std::string partial = rewrite(kMtp, "partial", [](std::vector<OwnedTensor>& all) {
+    std::erase_if(all, [](const OwnedTensor& t) { return t.name.rfind("mtp.layers.0.self_attn.k_proj.", 0) == 0; });
   });
   expect_error(partial, {"missing tensor 'mtp.layers.0.self_attn.k_proj.weight'", "MTP head"});
   // Only one tensor of a head (a config without mtp_num_hidden_layers: the count comes from the tensors).
   const std::string lone = rewrite(
       kMtp, "lone",
-      [](std::vector<Owned>& all) {
-        std::erase_if(all, [](const Owned& t) { return is_mtp_name(t.name) && t.name != "mtp.norm.weight"; });
+      [](std::vector<OwnedTensor>& all) {
+        std::erase_if(all, [](const OwnedTensor& t) { return is_mtp_name(t.name) && t.name != "mtp.norm.weight"; });
       },
       [](json& c) { c["text_config"].erase("mtp_num_hidden_layers"); });
   expect_error(lone, {"missing tensor 'mtp.pre_fc_norm_embedding.weight'", "1 mtp.* tensors"});
-  const std::string shape = rewrite(kMtp, "shape", [](std::vector<Owned>& all) {
+  const std::string shape = rewrite(kMtp, "shape", [](std::vector<OwnedTensor>& all) {
     for (auto& t : all)
       if (t.name == "mtp.norm.weight") {
         t.shape = {64};
@@ -264,11 +241,11 @@ TEST(LoaderMtp, PartialOrMisshapenHeadIsAnErrorNamingTheTensor) {
       }
   });
   expect_error(shape, {"tensor 'mtp.norm.weight'", "has shape [64], expected [128]"});
-  const std::string extra = rewrite(kMtp, "extra", [](std::vector<Owned>& all) {
+  const std::string extra = rewrite(kMtp, "extra", [](std::vector<OwnedTensor>& all) {
     all.push_back({"mtp.layers.0.self_attn.extra.weight", "BF16", {2}, std::string(4, '\0')});
   });
   expect_error(extra, {"unused tensor 'mtp.layers.0.self_attn.extra.weight'"});
-  const std::string two = rewrite(kMtp, "two", [](std::vector<Owned>&) {}, [](json& c) {
+  const std::string two = rewrite(kMtp, "two", [](std::vector<OwnedTensor>&) {}, [](json& c) {
     c["text_config"]["mtp_num_hidden_layers"] = 2;
   });
   expect_error(two, {"2 layers", "exactly one"});

@@ -3,7 +3,6 @@
 // HF text-only layout ("model.layers.*") with BF16 tensors, and HF experts stored one tensor each.
 #include <gtest/gtest.h>
 
-#include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
@@ -19,6 +18,7 @@
 #include "model/safetensors.h"
 #include "model/weight_walk.h"
 #include "model/weights.h"
+#include "support/model_files.h"
 
 namespace lilac {
 namespace {
@@ -27,38 +27,9 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 const std::string kTiny = std::string(LILAC_SHARED_DIR) + "/fixtures/tiny/mlx4";
 
-std::string temp_dir(const std::string& tag) {
-  auto d = fs::temp_directory_path() / ("lilac_variant_" + tag + "_" + std::to_string(::getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d.string();
-}
-
-struct Owned {
-  std::string name, dtype;
-  std::vector<int64_t> shape;
-  std::string bytes;
-};
-
-// Copies `src` (config.json + tensors) to `dst`, letting `edit` change the tensors and the config.
-void rewrite(const std::string& src, const std::string& dst, const std::function<void(std::vector<Owned>&)>& edit,
-             const std::function<void(json&)>& edit_config = nullptr) {
-  TensorSet ts = TensorSet::open_dir(src);
-  std::vector<Owned> all;
-  for (auto& [name, t] : ts.tensors())
-    all.push_back({name, dtype_name(t.dtype), t.shape, std::string(reinterpret_cast<const char*>(t.data), t.nbytes)});
-  edit(all);
-  std::vector<TensorToWrite> out;
-  for (auto& o : all) {
-    DType d;
-    EXPECT_TRUE(parse_dtype(o.dtype, &d));
-    out.push_back({o.name, d, o.shape, o.bytes.data(), o.bytes.size()});
-  }
-  write_safetensors(dst + "/model.safetensors", out);
-  json c = json::parse(read_text_file(src + "/config.json"));
-  if (edit_config) edit_config(c);
-  write_text_file(dst + "/config.json", c.dump(2));
-}
+std::string temp_dir(const std::string& tag) { return testutil::temp_dir("lilac_variant_", tag); }
+using testutil::OwnedTensor;
+using testutil::rewrite_model;
 
 std::string strip_prefix(const std::string& n) {
   if (n.rfind("language_model.", 0) == 0) return n.substr(std::strlen("language_model."));
@@ -95,7 +66,7 @@ void expect_same(const ModelWeights& a, const ModelWeights& b) {
 TEST(LoaderVariants, MlxWithoutLanguageModelPrefix) {
   auto ref = load_model(kTiny);
   const std::string d = temp_dir("noprefix");
-  rewrite(kTiny, d, [](std::vector<Owned>& all) {
+  rewrite_model(kTiny, d, [](std::vector<OwnedTensor>& all) {
     for (auto& o : all) o.name = strip_prefix(o.name);
     all.push_back({"vision_tower.blocks.0.attn.qkv.weight", "BF16", {4}, std::string(8, '\1')});
   });  // config keeps the "language_model." keys in `quantization`: looked up either way
@@ -107,10 +78,10 @@ TEST(LoaderVariants, MlxWithoutLanguageModelPrefix) {
 
 TEST(LoaderVariants, TiedEmbeddings) {
   const std::string d = temp_dir("tied");
-  rewrite(
+  rewrite_model(
       kTiny, d,
-      [](std::vector<Owned>& all) {
-        std::erase_if(all, [](const Owned& o) { return o.name.rfind("language_model.lm_head.", 0) == 0; });
+      [](std::vector<OwnedTensor>& all) {
+        std::erase_if(all, [](const OwnedTensor& o) { return o.name.rfind("language_model.lm_head.", 0) == 0; });
       },
       [](json& c) { c["text_config"]["tie_word_embeddings"] = true; });
   auto w = load_model(d);
@@ -119,7 +90,7 @@ TEST(LoaderVariants, TiedEmbeddings) {
   EXPECT_EQ(w->lm_head.rows, 2048);
   // Without the tie, the missing lm_head is an error naming it.
   const std::string d2 = temp_dir("untied");
-  rewrite(d, d2, [](std::vector<Owned>&) {}, [](json& c) { c["text_config"]["tie_word_embeddings"] = false; });
+  rewrite_model(d, d2, [](std::vector<OwnedTensor>&) {}, [](json& c) { c["text_config"]["tie_word_embeddings"] = false; });
   try {
     load_model(d2);
     ADD_FAILURE();
@@ -143,8 +114,8 @@ TEST(LoaderVariants, UnquantizedMatrixBecomesDense) {
   const std::string d = temp_dir("dense");
   const std::string pb = "language_model.model.layers.1.linear_attn.in_proj_b";
   const std::string ps = "language_model.model.layers.2.mlp.shared_expert.down_proj";
-  rewrite(kTiny, d, [&](std::vector<Owned>& all) {
-    std::erase_if(all, [&](const Owned& o) { return o.name.rfind(pb + ".", 0) == 0 || o.name.rfind(ps + ".", 0) == 0; });
+  rewrite_model(kTiny, d, [&](std::vector<OwnedTensor>& all) {
+    std::erase_if(all, [&](const OwnedTensor& o) { return o.name.rfind(pb + ".", 0) == 0 || o.name.rfind(ps + ".", 0) == 0; });
     all.push_back({pb + ".weight", "F32", {b.rows, b.cols}, std::string(reinterpret_cast<const char*>(f32.data()), f32.size() * 4)});
     all.push_back({ps + ".weight", "BF16", {sd.rows, sd.cols}, std::string(reinterpret_cast<const char*>(bf.data()), bf.size() * 2)});
   });
@@ -199,7 +170,7 @@ TEST(LoaderVariants, HfTextOnlyPrefixAndBf16) {
   auto from_hf = load_model(hf);
   // "model.language_model.X" -> "model.X"; norms and conv1d stored as BF16 (exact: they came from bf16).
   const std::string d = temp_dir("hf_text");
-  rewrite(hf, d, [](std::vector<Owned>& all) {
+  rewrite_model(hf, d, [](std::vector<OwnedTensor>& all) {
     for (auto& o : all) {
       if (o.name.rfind("model.language_model.", 0) == 0) o.name = "model." + o.name.substr(std::strlen("model.language_model."));
       const bool small = o.name.find("norm.weight") != std::string::npos || o.name.find("conv1d") != std::string::npos ||
@@ -234,8 +205,8 @@ TEST(LoaderVariants, HfExpertsOneTensorEach) {
   auto from_hf = load_model(hf);
   const int64_t E = 16, I = 128, H = 256;
   const std::string d = temp_dir("hf_per_expert");
-  rewrite(hf, d, [&](std::vector<Owned>& all) {
-    std::vector<Owned> out;
+  rewrite_model(hf, d, [&](std::vector<OwnedTensor>& all) {
+    std::vector<OwnedTensor> out;
     for (auto& t : all) {
       auto pos = t.name.find("mlp.experts.");
       if (pos == std::string::npos) {
@@ -263,8 +234,8 @@ TEST(LoaderVariants, HfExpertsOneTensorEach) {
   expect_same(*from_hf, *w);
   // One expert missing: an error naming it.
   const std::string d2 = temp_dir("hf_per_expert_missing");
-  rewrite(d, d2, [](std::vector<Owned>& all) {
-    std::erase_if(all, [](const Owned& t) { return t.name == "model.language_model.layers.1.mlp.experts.7.down_proj.weight"; });
+  rewrite_model(d, d2, [](std::vector<OwnedTensor>& all) {
+    std::erase_if(all, [](const OwnedTensor& t) { return t.name == "model.language_model.layers.1.mlp.experts.7.down_proj.weight"; });
   });
   try {
     load_model(d2);
