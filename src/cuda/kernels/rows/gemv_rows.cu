@@ -83,9 +83,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_rows_kernel(GemvRowsArgs a, 
   bool nxt_loaded = true;
   pdl_wait();
   pdl_trigger();
-  // rows of this tile that are present (not padding; MT <= 32): one load per lane, not nt in a row
-  const uint32_t tmask = __ballot_sync(0xffffffffu, (threadIdx.x & 31) < unsigned(nt) &&
-                                                        (a.row_slot == nullptr || a.row_slot[tok0 + (threadIdx.x & 31)] >= 0));
+  const uint32_t tmask = present_rows(a.row_slot, tok0, nt);  // rows of this tile that are not padding
   // epilogue entry e < nt·RB·16: row tok = e / (RB·16) of the tile, weight row (grp·RB + rem/16)·16 + rem%16
   auto y_fetch = [&](int64_t grp) {
     if (!a.accumulate || grp >= ngrp) return;

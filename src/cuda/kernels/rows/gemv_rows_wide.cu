@@ -83,9 +83,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_rows_wide_kernel(GemvRowsArg
   ring.prologue(issue);  // weights only: before the PDL wait
   pdl_wait();
   pdl_trigger();
-  // rows of this tile that are present (not padding; MT <= 32): one load per lane, not nt in a row
-  const uint32_t tmask = __ballot_sync(0xffffffffu, (threadIdx.x & 31) < unsigned(nt) &&
-                                                        (a.row_slot == nullptr || a.row_slot[tok0 + (threadIdx.x & 31)] >= 0));
+  const uint32_t tmask = present_rows(a.row_slot, tok0, nt);  // rows of this tile that are not padding
   if (threadIdx.x < MT) s_rows[threadIdx.x] = ((tmask >> threadIdx.x) & 1u) ? tok0 + int(threadIdx.x) : -1;
   __syncthreads();
   stage_rows_in(xf, meta, zero, static_cast<const char*>(a.frag), a.meta, s_rows, 0, nt, xstride, mstride);

@@ -95,11 +95,10 @@ __device__ __forceinline__ void ring_issue_rows(char* st, const ChunkRows& cr, i
   const char* q1 = cr.q + min(j0 + g + 8, cr.last) * cr.q_row + kt * 128 + 16 * c;
 #pragma unroll
   for (int i = 0; i < 2; ++i) {  // unit i of rows g (h = 0) and g + 8 (h = 1): byte 64·i of the lane's 16
-    cp_async16(st + ((0 * 2 + i) * 32 + lane) * 16, q0 + 64 * i);
-    cp_async16(st + ((1 * 2 + i) * 32 + lane) * 16, q1 + 64 * i);
+    cp_async16(st + RingShape<4>::w_off(0, i, lane), q0 + 64 * i);
+    cp_async16(st + RingShape<4>::w_off(1, i, lane), q1 + 64 * i);
   }
-  cp_async8(st + RingShape<4>::A_BYTES + (lane & 15) * 16 + (lane >> 4) * 8,
-            cr.sb + min(j0 + (lane & 15), cr.last) * cr.sb_row + kt * 4);
+  cp_async8(st + RingShape<4>::sb_off(lane & 15, lane >> 4), cr.sb + min(j0 + (lane & 15), cr.last) * cr.sb_row + kt * 4);
 }
 
 // A block's walk of its steps from st (until item hi) with each warp's k-tiles through its ring of D stages: the
@@ -136,6 +135,28 @@ __device__ __forceinline__ void ring_walk(Step st, int hi, char* ring, int lane,
     st = ns;
   }
   cp_async_wait_all();
+}
+// The same walk with each warp's k-tiles in registers, one step ahead (the kernels' D = 0): load(t, s) requests
+// step s's tile into t; the two tiles swap roles each step (the loop body runs twice per iteration: no register
+// copy of the next tile into the current one).
+template <typename Tile, typename Next, typename Load, typename Before, typename Body>
+__device__ __forceinline__ void reg_walk(Step st, int hi, Next&& next, Load&& load, Before&& before, Body&& body) {
+  Tile t0, t1;
+  load(t0, st);
+  load(t1, next(st));
+  bool nxt_loaded = true;
+  auto step = [&](const Tile& cur, Tile& nxt) {
+    if (st.item >= hi) return false;
+    before(st);
+    const Step ns = next(st);
+    if (!nxt_loaded) load(nxt, ns);
+    nxt_loaded = false;
+    body(cur, st, ns);
+    st = ns;
+    return true;
+  };
+  while (step(t0, t1) && step(t1, t0)) {
+  }
 }
 
 struct GateUpArgs {
@@ -195,7 +216,7 @@ __device__ __forceinline__ Step next_item(Step s, int iters, int nb) {
 }
 
 // ------------------------------------------------------------------------------------------------ gate/up
-// D: depth of the warps' k-tile rings (tc_rows.cuh; 0: two register tiles swapping roles, one step ahead).
+// D: depth of the warps' k-tile rings (ring_walk; 0: reg_walk, two register tiles one step ahead).
 template <int BITS, int NP, int D>
 __global__ void __launch_bounds__(kThreads, 2) moe_gate_up_rows_kernel(GateUpArgs a) {
   using S = TcShape<BITS>;
@@ -240,15 +261,14 @@ __global__ void __launch_bounds__(kThreads, 2) moe_gate_up_rows_kernel(GateUpArg
   for (int i = threadIdx.x; i < kZeroBytes / 16; i += kThreads) reinterpret_cast<uint4*>(zero)[i] = make_uint4(0, 0, 0, 0);
 
   auto next = [&](Step s2) { return next_item(s2, iters, s2.cq < n_rc ? nbI : nbS); };
-  // This warp's tile of step s2 (rows g, g + 8 of its 16-row block; false: none). (Caching the rows' pointers per
-  // item instead of recomputing them per k-tile costs the registers that keep the kernels from spilling: measured
-  // by ptxas, not kept.)
+  // The register walk's rows, per k-tile (caching them per item costs the registers that keep that path from
+  // spilling: measured by ptxas, not kept; the ring walk caches per chunk, ChunkRows).
   auto block_row = [&](Step s2, int j) {  // row j of the 16-row block of step s2
     const int e = s_desc[s2.cq - c_lo].x;
     const bool routed = e < w.E;
     return expert_row(a.rows[routed ? 0 : 1][rbw], e, min(s2.rb * 16 + j, (routed ? I : Is) - 1));
   };
-  auto rows_of = [&](Step s2, RowRef(&r)[2]) {
+  auto rows_of = [&](Step s2, RowRef(&r)[2]) {  // this warp's tile of step s2 (rows g, g + 8; false: none)
     if (s2.item >= hi || ks + s2.j * KS >= KT) return false;
     r[0] = block_row(s2, g);
     r[1] = block_row(s2, g + 8);
@@ -322,6 +342,9 @@ __global__ void __launch_bounds__(kThreads, 2) moe_gate_up_rows_kernel(GateUpArg
   };
   Step st{lo, 0, 0, 0};
   st.cq = chunk_of(lo, st.rb);
+  auto before = [&](Step s2) {
+    if (s2.cq - c_lo != cur_cq) stage_chunk(s2.cq - c_lo);
+  };
   if constexpr (D > 0) {
     ring_walk<D>(
         st, hi, ring, lane, next,
@@ -335,29 +358,9 @@ __global__ void __launch_bounds__(kThreads, 2) moe_gate_up_rows_kernel(GateUpArg
           const bool routed = e < w.E;
           return chunk_rows(a.rows[routed ? 0 : 1][rbw], e, routed ? I : Is, lane);
         },
-        [&](Step s2) {
-          if (s2.cq - c_lo != cur_cq) stage_chunk(s2.cq - c_lo);
-        },
-        work);
+        before, work);
   } else {
-    // Two tiles that swap roles each step (the loop body runs twice per iteration: no register copy of the
-    // next tile into the current one).
-    RowTile<BITS> t0, t1;
-    load(t0, st);
-    load(t1, next(st));
-    bool nxt_loaded = true;
-    auto step = [&](const RowTile<BITS>& cur, RowTile<BITS>& nxt) {
-      if (st.item >= hi) return false;
-      if (st.cq - c_lo != cur_cq) stage_chunk(st.cq - c_lo);
-      const Step ns = next(st);
-      if (!nxt_loaded) load(nxt, ns);
-      nxt_loaded = false;
-      work(cur, st, ns);
-      st = ns;
-      return true;
-    };
-    while (step(t0, t1) && step(t1, t0)) {
-    }
+    reg_walk<RowTile<BITS>>(st, hi, next, load, before, work);
   }
 }
 
@@ -459,7 +462,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_down_rows_kernel(DownArgs a) 
     tmask = (1u << n_tok) - 1u;
   };
   // The math of step st with its tile in cur: every present row's group values of this warp's 16 output rows.
-  auto work = [&](const RowTile<BITS>& cur, Step st) {
+  auto work = [&](const RowTile<BITS>& cur, Step st, Step) {
     const int cq = st.cq - c_lo;
     const bool routed = s_desc[cq].x < w.E;
     const int K_l = routed ? I : Is;
@@ -480,6 +483,10 @@ __global__ void __launch_bounds__(kThreads, 2) moe_down_rows_kernel(DownArgs a) 
   auto chunk_k = [&](int cq) { return s_desc[cq].x < w.E ? I : Is; };
   Step st{lo, 0, 0, 0};
   st.cq = chunk_of(lo, st.rb);
+  auto before = [&](Step s2) {
+    const int cq = s2.cq - c_lo;
+    if (cq != cur_cq) stage_chunk(cq, chunk_k(cq));
+  };
   if constexpr (D > 0) {
     ring_walk<D>(
         st, hi, ring, lane, next,
@@ -492,28 +499,9 @@ __global__ void __launch_bounds__(kThreads, 2) moe_down_rows_kernel(DownArgs a) 
           const int e = s_desc[cq - c_lo].x;
           return chunk_rows(a.rows[e < w.E ? 0 : 1], e, int(H), lane);
         },
-        [&](Step s2) {
-          if (s2.cq - c_lo != cur_cq) stage_chunk(s2.cq - c_lo, chunk_k(s2.cq - c_lo));
-        },
-        [&](const RowTile<BITS>& cur, Step s2, Step) { work(cur, s2); });
+        before, work);
   } else {
-    RowTile<BITS> t0, t1;  // swapping roles each step, as in the gate/up kernel
-    load(t0, st);
-    load(t1, next(st));
-    bool nxt_loaded = true;
-    auto step = [&](const RowTile<BITS>& cur, RowTile<BITS>& nxt) {
-      if (st.item >= hi) return false;
-      const int cq = st.cq - c_lo;
-      if (cq != cur_cq) stage_chunk(cq, chunk_k(cq));
-      const Step ns = next(st);
-      if (!nxt_loaded) load(nxt, ns);
-      nxt_loaded = false;
-      work(cur, st);
-      st = ns;
-      return true;
-    };
-    while (step(t0, t1) && step(t1, t0)) {
-    }
+    reg_walk<RowTile<BITS>>(st, hi, next, load, before, work);
   }
 }
 

@@ -25,6 +25,10 @@ struct RingShape {
   static constexpr int NU = 2 * TcShape<BITS>::NCH;  // 16-byte weight units per lane and k-tile
   static constexpr int A_BYTES = NU * 32 * 16;
   static constexpr int STAGE = A_BYTES + 256;        // + 16 rows × {scales, biases} of 4 groups
+  // Byte offsets inside a stage: lane's 16-byte weight unit of chunk i of row g + 8h; the scales (kind 0) or
+  // biases (kind 1) of row r of the block.
+  __device__ static constexpr int w_off(int h, int i, int lane) { return ((h * TcShape<BITS>::NCH + i) * 32 + lane) * 16; }
+  __device__ static constexpr int sb_off(int r, int kind) { return A_BYTES + r * 16 + kind * 8; }
 };
 constexpr int kMaxRing = 8;
 
@@ -62,10 +66,10 @@ __device__ __forceinline__ void ring_issue(char* st, const RowRef (&r)[2], const
     const bool ok = G < ngroups;
     const int off = ok ? G * S::GROUP_BYTES + S::off_in_group(c) : 0;
 #pragma unroll
-    for (int h = 0; h < 2; ++h) cp_async16_zfill(st + ((h * S::NCH + i) * 32 + lane) * 16, r[h].q + off, ok ? 16 : 0);
+    for (int h = 0; h < 2; ++h) cp_async16_zfill(st + RingShape<BITS>::w_off(h, i, lane), r[h].q + off, ok ? 16 : 0);
   }
   if (sb_staged(sb_vec, kt, ngroups))
-    cp_async8(st + RingShape<BITS>::A_BYTES + (lane & 15) * 16 + (lane >> 4) * 8, (lane < 16 ? sbr.s : sbr.b) + kt * 4);
+    cp_async8(st + RingShape<BITS>::sb_off(lane & 15, lane >> 4), (lane < 16 ? sbr.s : sbr.b) + kt * 4);
 }
 
 // The tile of stage `st` into registers (scales / biases only when staged).
@@ -75,12 +79,12 @@ __device__ __forceinline__ void ring_read(RowTile<BITS>& t, const char* st, int 
 #pragma unroll
   for (int i = 0; i < S::NCH; ++i)
 #pragma unroll
-    for (int h = 0; h < 2; ++h) t.w[h][i] = *reinterpret_cast<const uint4*>(st + ((h * S::NCH + i) * 32 + lane) * 16);
+    for (int h = 0; h < 2; ++h) t.w[h][i] = *reinterpret_cast<const uint4*>(st + RingShape<BITS>::w_off(h, i, lane));
   if (staged_sb) {
     const int g = lane >> 2;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const char* sb = st + RingShape<BITS>::A_BYTES + (g + 8 * h) * 16;
+      const char* sb = st + RingShape<BITS>::sb_off(g + 8 * h, 0);
       t.s[h] = *reinterpret_cast<const uint2*>(sb);
       t.b[h] = *reinterpret_cast<const uint2*>(sb + 8);
     }

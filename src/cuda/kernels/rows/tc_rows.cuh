@@ -151,6 +151,13 @@ __device__ __forceinline__ const char* b_unit(const LaneRows<BITS>& lr, const ch
   return (lr.bvalid() && ((tmask >> bt) & 1u)) ? xf + bt * xstride + kt * kTileXBytes + lr.boff(i) : zero;
 }
 
+// The rows of a row tile that are present (bit t: row tok0 + t, t < nt <= 32, whose slot is >= 0; row_slot null:
+// all): one row_slot load per lane and a warp ballot, so every warp of the block gets the mask at once.
+__device__ __forceinline__ uint32_t present_rows(const int32_t* row_slot, int tok0, int nt) {
+  return __ballot_sync(0xffffffffu, (threadIdx.x & 31) < unsigned(nt) &&
+                                        (row_slot == nullptr || row_slot[tok0 + (threadIdx.x & 31)] >= 0));
+}
+
 // Mma tiles of the block's rows that hold at least one present row (tiles past the last present row skipped).
 template <int BITS>
 __device__ __forceinline__ int active_tiles(uint32_t tmask) {
