@@ -1,9 +1,8 @@
-// Token choice for M rows (rows_mm.h: sample_rows, sample_token_masked): sample.cu's two launches with a
-// row index (the grid-wide pass gets gridDim.y = M, the select kernel one block per row), each row reading
-// its slot's parameters, penalty counts, prompt mask and optional allowed-token bitmask. Without a mask a
-// row's arithmetic is sample.cu's exactly (same 264-block partition of the vocabulary, same merges, same
-// RNG draw), so its choice and logprobs are bit for bit sample_token's. The helpers below are copies of
-// sample.cu's (that file was being moved); once merged, sample_token can be this code at M = 1.
+// Token choice for M rows (rows_mm.h: sample_rows, sample_token_masked) in two launches: a grid-wide pass
+// (264 blocks per row over the vocabulary, gridDim.y = M) and a select kernel (one block per row), each row
+// reading its slot's parameters, penalty counts, prompt mask and optional allowed-token bitmask. A row's
+// arithmetic does not depend on M or on the other rows; sample_token (sampling/sample.cu) is this code at
+// M = 1, so a row's choice and logprobs are bit for bit the same in a batch as alone.
 #include <cfloat>
 
 #include "cuda/cuda_common.h"
