@@ -5,11 +5,14 @@
 // same n_split. Only the distribution of the work over blocks differs:
 //
 // Work items. Row r has nsp_r splits (split_plan: from its own length and W only); the items
-// (r, split) are numbered row after row and block y of a unit takes items y, y + W, y + 2W, ...
-// (W = gridDim.y = one wave of resident blocks per unit, the grid attention_decode launches, so at
-// M = 1 block y does split y as there). Every block builds the item table itself from row_slot /
-// row_pos (M <= 64: one warp scan). A row's splits are consecutive items, so they go to distinct
-// blocks, and the load per block stays within one item of the mean.
+// (r, split) are numbered row after row and block y of a unit takes items y, y + Y, y + 2Y, ...
+// (Y = gridDim.y). W, the split rule's width, is the grid attention_decode launches for one row (one
+// wave of resident blocks per unit, capped by the split capacity); it is passed in, not read from
+// gridDim.y: the rows grid is one wave per unit whatever the capacity (up to M·W items), so a batch
+// of short rows does not queue on the few blocks a small capacity gives one row. At M = 1, Y = W and
+// block y does split y as there. Every block builds the item table itself from row_slot / row_pos
+// (M <= 64: one warp scan). A row's splits are consecutive items, so they go to distinct blocks when
+// Y >= W, and the load per block stays within one item of the mean.
 // Combine per (row, unit): the arrival counters and the partial slots are per (row, unit); otherwise
 // as in attention_decode (the last block of each group of 16 splits merges them, the last group
 // merger merges the groups; self-resetting counters with the tagged fallback for never-used memory).
@@ -59,6 +62,7 @@ struct RowsAttnArgs {
   float* slots;             // [M][units][slots_per_unit][SL]
   float* out;               // [M][heads * HD]
   int M, G, HG, units, kv_heads, cap, slots_per_unit;
+  int W;  // the split rule's width: attention_decode's gridDim.y for one row
 };
 
 // One work item: split `split` of row `ri` for this block's unit (attention_decode's block body).
@@ -86,7 +90,7 @@ __device__ __forceinline__ void attn_item(const RowsAttnArgs& a, int ri, int slo
   const int64_t L = int64_t(pos) + 1;
   int nsp;
   int64_t rps;
-  split_plan(L, int(gridDim.y), C::kMinRows, R, nsp, rps);
+  split_plan(L, a.W, C::kMinRows, R, nsp, rps);
   const int64_t begin = int64_t(split) * rps, end = begin + rps < L ? begin + rps : L;
   const int nch = int((end - begin + R - 1) / R);
 
@@ -337,7 +341,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) attn_rows_kernel(RowsAttnArgs 
         s_pos[r] = pos;
         if (slot >= 0) {
           int64_t rps;
-          split_plan(int64_t(pos) + 1, int(gridDim.y), C::kMinRows, C::R, cnt[k], rps);
+          split_plan(int64_t(pos) + 1, a.W, C::kMinRows, C::R, cnt[k], rps);
         }
       }
 #pragma unroll
@@ -384,10 +388,14 @@ void launch_rows(const Layout& lay, const RowsAttnArgs& a, cudaStream_t stream) 
     LILAC_CHECK(n >= 1, "rows attention: kernel cannot be resident (" + std::to_string(smem) + " B shared memory)");
     per_sm[dev] = std::min(n, 2);
   }
-  // one wave of resident blocks per unit, capped by the split capacity: attention_decode's grid, so
-  // that the split rule (which reads gridDim.y) is the same
-  const int gy = std::max(1, std::min(a.cap, (per_sm[dev] * sm_count() + lay.units - 1) / lay.units));
-  launch_pdl(attn_rows_kernel<HD, NG>, dim3(lay.units, gy), dim3(kWarps * 32), smem, stream, a);
+  // the split rule's width: one wave of resident blocks per unit, capped by the split capacity
+  // (attention_decode's grid for one row, so that each row's splits are the same); the grid: one wave
+  // per unit, or fewer blocks when the M rows cannot have that many items (at most W each)
+  const int wave = (per_sm[dev] * sm_count() + lay.units - 1) / lay.units;
+  RowsAttnArgs b = a;
+  b.W = std::max(1, std::min(a.cap, wave));
+  const int gy = std::max(1, std::min(wave, a.M * b.W));
+  launch_pdl(attn_rows_kernel<HD, NG>, dim3(lay.units, gy), dim3(kWarps * 32), smem, stream, b);
 }
 
 template <int HD>
