@@ -67,8 +67,15 @@ struct GdnArgs {
 
 // R: rows of the state per thread (dk <= 32 R); CPT: conv channels per thread (2 dk + 16 channels).
 // VEC: dv % 4 == 0 and every state 16-byte aligned. COMMIT: gdn_commit_rows (Tab = LayerTable).
+// Registers of the step kernels with R <= 4 are capped for 5 resident blocks per SM (96 per thread; the
+// model's dk = 128 used 118 and fit 4 blocks): at M = 16 the grid is ~6 waves of short latency chains,
+// so blocks per SM set the time (measured on the H200: 47 -> 42 us per layer at M = 16, bench --batch
+// +1.6 % at 16 streams, +2 % at 64; a cap for 6 blocks spilled and gained nothing). 0: no cap.
+template <int R, bool COMMIT>
+constexpr int kMinBlocks = !COMMIT && R <= 4 ? 5 : 0;
 template <int R, bool VEC, bool COMMIT, class Tab>
-__global__ void __launch_bounds__(kThreads) gdn_rows_kernel(GdnArgs a, const __grid_constant__ Tab tab) {
+__global__ void __launch_bounds__(kThreads, (kMinBlocks<R, COMMIT>))
+    gdn_rows_kernel(GdnArgs a, const __grid_constant__ Tab tab) {
   constexpr int CPT = (64 * R + kCols + kThreads - 1) / kThreads;
   __shared__ float xs[2 * kMaxDk + kCols];         // the row's conv outputs: q [dk], k [dk], v [16]
   __shared__ float part_u[kWarps][kColGroups][6];  // Σ S k (4 columns), Σ k², Σ q² per warp
