@@ -177,6 +177,11 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<R, COMMIT>))
     na = sj[a_off + h];
   };
   fetch(0);
+  // the conv state arrival (see 3.): issued once the first row's conv has consumed the conv state, so its
+  // round trip overlaps the rows' math instead of ending the block
+  const int ratio = s.Hv / s.Hk;
+  unsigned* const ctr = L.conv_sync + int64_t(slot) * s.Hk + h / ratio;
+  unsigned seen = 0;
   for (int j = 0; j < n; ++j) {
     float xr[CPT];
 #pragma unroll
@@ -212,6 +217,10 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<R, COMMIT>))
       }
     }
     __syncthreads();  // xs
+    if (write_state && j == 0 && tid == 0) {
+      __threadfence();
+      seen = atomicAdd(ctr, 1u) + 1u;
+    }
 
     // gdn_decode.cu's step on (q, k, v) = xs
     float qv[R], kv[R], vv[4];
@@ -311,15 +320,11 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<R, COMMIT>))
     }
   }
   // The conv state: a v channel is read by its own block only; a q/k channel is read by every block of
-  // its key head (ratio value heads x the slices), so it is written by the last of them to get here —
-  // after every one of them has read it (a block reads it before it arrives). The counter is left 0.
+  // its key head (ratio value heads x the slices), so it is written by the last of them to arrive — after
+  // every one of them has read it (a block arrives after its first row's conv, which consumed the conv
+  // state of every thread: the barrier `xs`). The counter is left 0.
   __shared__ int s_last;
-  __syncthreads();
   if (tid == 0) {
-    const int ratio = s.Hv / s.Hk;
-    unsigned* ctr = L.conv_sync + int64_t(slot) * s.Hk + h / ratio;
-    __threadfence();
-    const unsigned seen = atomicAdd(ctr, 1u) + 1u;
     s_last = seen == unsigned(ratio) * gridDim.y;
     if (s_last) atomicExch(ctr, 0u);
     __threadfence();
