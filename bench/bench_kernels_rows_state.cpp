@@ -177,10 +177,10 @@ void BM_RowsGdnStep(benchmark::State& st) {
   const int npool = pools_for(double(nseq) * 2 * 2 * 1024 * 1024);  // 2 MiB of state per sequence
   GdnPools g(npool, nseq, per);
   const int64_t pw = g.s.conv_dim() + int64_t(g.s.Hv) * g.s.dv + 2 * g.s.Hv, od = int64_t(g.s.Hv) * g.s.dv;
-  Buf<float> proj(ramp(size_t(M * pw), 1.f)), out(size_t(M * od));
+  Buf<float> proj(ramp(size_t(M * pw), 1.f)), out(size_t(M * od)), cv(size_t(lr::gdn_conv_rows_floats(g.s, M)));
   Buf<int32_t> dslot(row_slots(M, per)), counter(1);
   run_graph(st, npool, [&](cudaStream_t str, int i) {
-    lr::gdn_step_rows(g.s, g.layers[size_t(i % npool)], g.pool, M, dslot.p, proj.p, pw, out.p, od, mode, str);
+    lr::gdn_step_rows(g.s, g.layers[size_t(i % npool)], g.pool, M, dslot.p, proj.p, pw, out.p, od, mode, cv.p, str);
     lc::increment_i32(counter.p, str);  // the state is read before the PDL wait: never two back to back
   });
   st.counters["rows"] = M;

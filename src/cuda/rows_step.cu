@@ -121,7 +121,7 @@ void gdn_layer(const Ctx& c, const RowsState& st, const DevLayer& L, int gi) {
   c.stage(sc.h, H, H, Prologue::RmsNorm, L.input_norm, proj_needs(L.in_proj, 4), proj_needs(L.in_proj, 8));
   c.proj(L.in_proj, sc.proj, ps);
   rows::gdn_step_rows(rows_gdn_shape(cfg), st.gdn[size_t(gi)], st.gdn_pool, c.a.M, c.a.row_slot, sc.proj, ps, sc.gdn_o,
-                      vd, c.a.gdn_mode, c.s);
+                      vd, c.a.gdn_mode, sc.gdn_conv, c.s);
   const float* z = sc.proj + cfg.gdn_conv_dim();
   c.stage(sc.gdn_o, vd, vd, Prologue::GatedHeadNorm, L.gdn_norm, L.out_proj.bits == 4, L.out_proj.bits == 8, z, ps,
           cfg.linear_value_head_dim);
@@ -167,7 +167,8 @@ size_t rows_scratch_bytes(const DevModel& m, int max_rows, int n_split) {
   const ModelConfig& c = m.cfg;
   const size_t M = size_t(max_rows), kmax = size_t(stage_kmax(c));
   size_t f = M * (size_t(c.hidden_size) + size_t(m.max_in_rows) + 2 * size_t(c.num_heads) * c.head_dim +
-                  size_t(c.gdn_value_dim()) + size_t(c.num_experts + 1) + size_t(c.num_experts_per_tok + 1) +
+                  size_t(c.gdn_value_dim()) + size_t(c.gdn_conv_dim()) + size_t(c.num_experts + 1) +
+                  size_t(c.num_experts_per_tok + 1) +
                   size_t(act_width(c)) + size_t(c.vocab_size));
   f += rows::attention_rows_partial_floats(rows_attn_shape(c), n_split, max_rows);
   size_t b = f * 4 + M * 4 * size_t(c.num_experts_per_tok);
@@ -191,6 +192,7 @@ RowsScratch alloc_rows_scratch(DevAlloc& mem, const DevModel& m, int max_rows, i
   sc.q = f32(size_t(c.num_heads) * c.head_dim);
   sc.attn_out = f32(size_t(c.num_heads) * c.head_dim);
   sc.gdn_o = f32(size_t(std::max<int64_t>(c.gdn_value_dim(), 4)));
+  sc.gdn_conv = f32(size_t(std::max<int64_t>(c.gdn_conv_dim(), 4)));
   sc.frag4 = mem.get(align256(M * rows::frag_row_bytes(sc.kmax)));
   sc.frag8 = mem.get(align256(M * rows::frag_row_bytes(sc.kmax)));
   sc.meta = static_cast<float2*>(mem.get(align256(M * rows::meta_row_count(sc.kmax) * sizeof(float2))));

@@ -154,7 +154,8 @@ std::vector<float> gpu_step(const Pool& p, DevPool& d, const std::vector<int>& s
   Dev<int32_t> ds(std::vector<int32_t>(slots.begin(), slots.end()));
   Dev<float> dp(proj), out(size_t(M * p.od));
   out.poison();
-  lr::gdn_step_rows(p.rs, d.layer(), pool_of(p), M, ds.p, dp.p, p.proj_stride, out.p, p.od, mode, nullptr);
+  Dev<float> cv(size_t(lr::gdn_conv_rows_floats(p.rs, M)));
+  lr::gdn_step_rows(p.rs, d.layer(), pool_of(p), M, ds.p, dp.p, p.proj_stride, out.p, p.od, mode, cv.p, nullptr);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   return out.get();
 }
@@ -330,8 +331,9 @@ TEST(CudaRowsGdn, OneRowEqualsTodaysEpilogueAndStep) {
       lc::gemv(g, nullptr);
       const float* b = yA.p + p.conv_dim + p.od;
       lc::gdn_decode_step({c.Hk, c.Hv, c.dk, c.dv}, yA.p, b, b + c.Hv, d.A.p, d.dt.p, stA.p, oA.p, nullptr);
+      Dev<float> cv1(size_t(lr::gdn_conv_rows_floats(p.rs, 1)));
       lr::gdn_step_rows(p.rs, d.layer(), pool_of(p), 1, slot1.p, yB.p, in_rows, oB.p, p.od, lr::GdnMode::Advance,
-                        nullptr);
+                        cv1.p, nullptr);
       CK(cudaDeviceSynchronize());
       const auto ya = yA.get(), yb = yB.get();
       EXPECT_TRUE(same(slice(ya, p.conv_dim, in_rows - p.conv_dim), slice(yb, p.conv_dim, in_rows - p.conv_dim)))
@@ -388,7 +390,9 @@ TEST(CudaRowsGdn, LayerChainEqualsTodaysPerRow) {
   ga.row_slot = dslot.p;
   ga.y = y.p;
   lr::gemv_rows(ga, nullptr);
-  lr::gdn_step_rows(p.rs, d.layer(), pool_of(p), M, dslot.p, y.p, in_rows, out.p, p.od, lr::GdnMode::Advance, nullptr);
+  Dev<float> conv_out(size_t(lr::gdn_conv_rows_floats(p.rs, M)));
+  lr::gdn_step_rows(p.rs, d.layer(), pool_of(p), M, dslot.p, y.p, in_rows, out.p, p.od, lr::GdnMode::Advance,
+                    conv_out.p, nullptr);
   CK(cudaDeviceSynchronize());
   const auto got = out.get(), S = d.state_host(p), C = d.C.get(), yrows = y.get();
   // today's chain, row by row, on per-slot copies of the initial states
@@ -533,6 +537,7 @@ TEST(CudaRowsGdn, GraphReplaysOfVerifyCommitStep) {
       skeep(static_cast<size_t>(n_seq)), counter(std::vector<int32_t>{0});
   Dev<float> vproj0(size_t(M * P[0].proj_stride)), vproj1(vproj0.n), aproj0(vproj0.n), aproj1(vproj0.n);
   Dev<float> vout(size_t(M * P[0].od)), aout(vout.n);
+  Dev<float> gcv(size_t(lr::gdn_conv_rows_floats(P[0].rs, M)));  // conv scratch, shared by the layers
   Dev<float>* vproj[2] = {&vproj0, &vproj1};
   Dev<float>* aproj[2] = {&aproj0, &aproj1};
   std::vector<lr::GdnLayer> layers{d0.layer(), d1.layer()};
@@ -543,14 +548,14 @@ TEST(CudaRowsGdn, GraphReplaysOfVerifyCommitStep) {
   CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
   for (int l = 0; l < 2; ++l) {
     lr::gdn_step_rows(P[size_t(l)].rs, D[l]->layer(), pool_of(P[size_t(l)]), M, vslot.p, vproj[l]->p,
-                      P[size_t(l)].proj_stride, vout.p, P[size_t(l)].od, lr::GdnMode::Log, st);
+                      P[size_t(l)].proj_stride, vout.p, P[size_t(l)].od, lr::GdnMode::Log, gcv.p, st);
     lc::increment_i32(counter.p, st);
   }
   lr::gdn_commit_rows(P[0].rs, layers.data(), 2, pool_of(P[0]), n_seq, sslot.p, skeep.p, st);
   lc::increment_i32(counter.p, st);
   for (int l = 0; l < 2; ++l) {
     lr::gdn_step_rows(P[size_t(l)].rs, D[l]->layer(), pool_of(P[size_t(l)]), M, aslot.p, aproj[l]->p,
-                      P[size_t(l)].proj_stride, aout.p, P[size_t(l)].od, lr::GdnMode::Advance, st);
+                      P[size_t(l)].proj_stride, aout.p, P[size_t(l)].od, lr::GdnMode::Advance, gcv.p, st);
     lc::increment_i32(counter.p, st);
   }
   CK(cudaStreamEndCapture(st, &graph));

@@ -1,24 +1,27 @@
 // Gated DeltaNet for M rows (rows_state.h: gdn_step_rows, gdn_commit_rows): the causal depthwise
-// conv + SiLU of the qkv channels fused in front of the delta-rule step, the rows of one sequence in
-// order with the state in registers.
+// conv + SiLU of the qkv channels, then the delta-rule step, the rows of one sequence in order with the
+// state in registers.
 //
-// Block (value head h, 16-column slice y, run): 128 threads, the thread layout of gdn_decode.cu (4
-// column groups of 4 columns × 32 row groups; a thread owns rows rg, rg+32, ... of its 4 columns).
-// A run is the rows of one sequence: in gdn_step_rows the block of grid z = r works iff row r is the
-// first row of its sequence (the blocks of the other rows exit at once); in gdn_commit_rows grid z =
-// (layer, sequence) and the rows are the sequence's logged rows 0 .. keep-1.
-// Per row: (1) the conv of the channels the block needs — q and k of its key head (dk each) and v of
-// its 16 columns — one channel per thread and 128-channel round, taps and the previous K-1 inputs in
-// registers, outputs to shared memory (q/k channels are recomputed by the blocks of every value head
-// of the key head and every slice; each channel's conv state and log entry have one writer: slice 0
-// of the key head's first value head for the q/k log entries, the last block of the key head to finish
-// for the q/k conv state — counted on GdnLayer::conv_sync, since the others read it until they finish
-// — and the slice's block for v); (2) gdn_decode.cu's step on
-// those values, exactly its operations in its order (bitwise for one row). Conv arithmetic as the
-// in_proj GEMV's conv epilogue (gemv_common.cuh / gemv_tc.cu), so M = 1 is bitwise today's path given
-// the same raw in_proj values.
-// Rows' raw inputs are requested one row ahead. The state and conv state are loaded before pdl_wait()
-// in gdn_step_rows (see rows_state.h for the rule that allows it), after it in gdn_commit_rows.
+// gdn_step_rows: two launches. gdn_conv_rows_kernel convolves every qkv channel of every run (a thread
+// per channel, the run's rows in order; each channel's conv state and log entry have that one writer)
+// into a [M][conv_dim] scratch; gdn_rows_kernel then reads its block's channels from there.
+// gdn_commit_rows: one launch, gdn_rows_kernel with the conv inside (it replays logged raw rows of all
+// layers at once): per row the conv of the channels the block needs — q and k of its key head (dk each)
+// and v of its 16 columns — one channel per thread and 128-channel round, taps and the previous K-1
+// inputs in registers (q/k channels recomputed by the blocks of every value head of the key head and
+// every slice; the q/k conv state written by the last block of the key head to finish — counted on
+// GdnLayer::conv_sync, since the others read it until they finish — and v's by the slice's block).
+//
+// Block of gdn_rows_kernel (value head h, 16-column slice y, run): 128 threads, the thread layout of
+// gdn_decode.cu (4 column groups of 4 columns × 32 row groups; a thread owns rows rg, rg+32, ... of its
+// 4 columns). A run is the rows of one sequence: in gdn_step_rows the block of grid z = r works iff row
+// r is the first row of its sequence (the blocks of the other rows exit at once); in gdn_commit_rows
+// grid z = (layer, sequence) and the rows are the sequence's logged rows 0 .. keep-1. Per row
+// gdn_decode.cu's step on the conv outputs, exactly its operations in its order (bitwise for one row).
+// Conv arithmetic as the in_proj GEMV's conv epilogue (gemv_common.cuh / gemv_tc.cu), so M = 1 is
+// bitwise today's path given the same raw in_proj values.
+// Rows' inputs are requested one row ahead. The state and conv state are loaded before pdl_wait() in
+// gdn_step_rows (see rows_state.h for the rule that allows it), after it in gdn_commit_rows.
 #include <cstdint>
 #include <string>
 
@@ -56,6 +59,7 @@ struct GdnArgs {
   const int32_t* row_slot = nullptr;
   const float* x = nullptr;  // in_proj rows
   int64_t x_stride = 0, b_off = 0, a_off = 0;
+  float* cv = nullptr;  // conv + SiLU of the qkv channels, row r at cv + r * conv_dim (gdn_conv_rows_kernel)
   float* out = nullptr;
   int64_t out_stride = 0;
   int log = 0;  // GdnMode::Log
@@ -70,13 +74,18 @@ struct GdnArgs {
 // Registers of the step kernels with R <= 4 are capped for 5 resident blocks per SM (96 per thread; the
 // model's dk = 128 used 118 and fit 4 blocks): at M = 16 the grid is ~6 waves of short latency chains,
 // so blocks per SM set the time (measured on the H200: 47 -> 42 us per layer at M = 16, bench --batch
-// +1.6 % at 16 streams, +2 % at 64; a cap for 6 blocks spilled and gained nothing). 0: no cap.
+// +1.6 % at 16 streams, +2 % at 64). With the conv in its own kernel the step needs 90 registers; caps
+// for 6, 7 or 8 blocks (78 / 70 / 64 registers, no spills) were no faster (bench --batch within noise at
+// 16, −1 % at 64 for 8). 0: no cap.
 template <int R, bool COMMIT>
 constexpr int kMinBlocks = !COMMIT && R <= 4 ? 5 : 0;
 template <int R, bool VEC, bool COMMIT, class Tab>
 __global__ void __launch_bounds__(kThreads, (kMinBlocks<R, COMMIT>))
     gdn_rows_kernel(GdnArgs a, const __grid_constant__ Tab tab) {
   constexpr int CPT = (64 * R + kCols + kThreads - 1) / kThreads;
+  // The step (gdn_step_rows) takes the qkv channels after the conv from gdn_conv_rows_kernel; the commit
+  // replays the logged raw rows through the conv itself (one launch for all layers).
+  constexpr bool CONV = COMMIT;
   __shared__ float xs[2 * kMaxDk + kCols];         // the row's conv outputs: q [dk], k [dk], v [16]
   __shared__ float part_u[kWarps][kColGroups][6];  // Σ S k (4 columns), Σ k², Σ q² per warp
   __shared__ float part_o[kWarps][kCols];
@@ -151,6 +160,7 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<R, COMMIT>))
 #pragma unroll
   for (int i = 0; i < CPT; ++i) {
     ch[i] = plan::gdn_block_channel(s.Hk, s.Hv, dk, dv, h, y, tid + i * kThreads, &own[i]);
+    if constexpr (!CONV) continue;
     const float* wc = L.conv_w + int64_t(ch[i] < 0 ? 0 : ch[i]) * (S1 + 1);
     const float* sc = cst + int64_t(ch[i] < 0 ? 0 : ch[i]) * S1;
 #pragma unroll
@@ -171,8 +181,9 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<R, COMMIT>))
   float nx[CPT], nb, na;
   auto fetch = [&](int j) {
     const float* sj = src + j * src_stride;
+    const float* xj = CONV ? sj : a.cv + (int64_t(blockIdx.z) + j) * s.conv_dim();
 #pragma unroll
-    for (int i = 0; i < CPT; ++i) nx[i] = ch[i] >= 0 ? sj[ch[i]] : 0.f;
+    for (int i = 0; i < CPT; ++i) nx[i] = ch[i] >= 0 ? xj[ch[i]] : 0.f;
     nb = sj[b_off + h];
     na = sj[a_off + h];
   };
@@ -180,7 +191,7 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<R, COMMIT>))
   // the conv state arrival (see 3.): issued once the first row's conv has consumed the conv state, so its
   // round trip overlaps the rows' math instead of ending the block
   const int ratio = s.Hv / s.Hk;
-  unsigned* const ctr = L.conv_sync + int64_t(slot) * s.Hk + h / ratio;
+  unsigned* const ctr = CONV ? L.conv_sync + int64_t(slot) * s.Hk + h / ratio : nullptr;
   unsigned seen = 0;
   for (int j = 0; j < n; ++j) {
     float xr[CPT];
@@ -189,10 +200,14 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<R, COMMIT>))
     const float bj = nb, aj = na;
     if (j + 1 < n) fetch(j + 1);
 
-      // conv + SiLU (state oldest first), as the in_proj conv epilogue
+    // conv + SiLU (state oldest first), as the in_proj conv epilogue
 #pragma unroll
     for (int i = 0; i < CPT; ++i) {
       if (ch[i] < 0) continue;
+      if constexpr (!CONV) {
+        xs[tid + i * kThreads] = xr[i];
+        continue;
+      }
       float acc = 0.f;
 #pragma unroll
       for (int k = 0; k < kMaxConvK - 1; ++k)
@@ -208,16 +223,17 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<R, COMMIT>))
     }
     if (j < log_n) {  // Log mode: this row's raw inputs, one writer per value
       float* lj = logp + j * log_row;
+      if constexpr (CONV)  // (the step's raw qkv inputs: logged by gdn_conv_rows_kernel)
 #pragma unroll
-      for (int i = 0; i < CPT; ++i)
-        if (ch[i] >= 0 && own[i]) lj[ch[i]] = xr[i];
+        for (int i = 0; i < CPT; ++i)
+          if (ch[i] >= 0 && own[i]) lj[ch[i]] = xr[i];
       if (y == 0 && tid == 0) {
         lj[conv_dim + h] = bj;
         lj[conv_dim + s.Hv + h] = aj;
       }
     }
     __syncthreads();  // xs
-    if (write_state && j == 0 && tid == 0) {
+    if (CONV && write_state && j == 0 && tid == 0) {
       __threadfence();
       seen = atomicAdd(ctr, 1u) + 1u;
     }
@@ -319,6 +335,7 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<R, COMMIT>))
       }
     }
   }
+  if constexpr (!CONV) return;
   // The conv state: a v channel is read by its own block only; a q/k channel is read by every block of
   // its key head (ratio value heads x the slices), so it is written by the last of them to arrive — after
   // every one of them has read it (a block arrives after its first row's conv, which consumed the conv
@@ -338,6 +355,66 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<R, COMMIT>))
       for (int k = 0; k < kMaxConvK - 1; ++k)
         if (k < S1) cst[int64_t(ch[i]) * S1 + k] = st[i][k];
   }
+}
+
+// The causal depthwise conv + SiLU of the qkv channels of gdn_step_rows' rows, one thread per channel and
+// run (a sequence's consecutive rows, in order), into cv [M][conv_dim]: the arithmetic of the step kernel's
+// conv before it moved here (the in_proj conv epilogue's), so the values are the same bits. Each channel's
+// conv state has one writer (Advance: after the run's last row; Log: untouched) and each logged raw input
+// too, so the step kernel's blocks no longer meet on a counter, and the q/k channels are convolved once
+// instead of once per value head and column slice (16 times at the model's shape). The weights and the conv
+// state are read before pdl_wait() (the rule of gdn_step_rows).
+constexpr int kConvThreads = 256;
+__global__ void __launch_bounds__(kConvThreads) gdn_conv_rows_kernel(GdnArgs a, const __grid_constant__ OneLayer tab) {
+  const GdnRowsShape& s = a.s;
+  const GdnLayer& L = tab.l[0];
+  const int r = blockIdx.y, S1 = s.conv_k - 1;
+  const int64_t c = int64_t(blockIdx.x) * kConvThreads + threadIdx.x, conv_dim = s.conv_dim();
+  const int slot = a.row_slot[r];
+  if (slot < 0 || (r > 0 && a.row_slot[r - 1] == slot) || c >= conv_dim) {  // padding, not a run's first row
+    pdl_wait();
+    pdl_trigger();
+    return;
+  }
+  int n = 1;
+  while (r + n < a.M && a.row_slot[r + n] == slot) ++n;
+  float* cst = L.conv_state + slot * a.pool.conv_stride + c * S1;
+  const float* wc = L.conv_w + c * (S1 + 1);
+  float w[kMaxConvK - 1], st[kMaxConvK - 1];
+#pragma unroll
+  for (int k = 0; k < kMaxConvK - 1; ++k) {
+    w[k] = k < S1 ? wc[k] : 0.f;
+    st[k] = k < S1 ? cst[k] : 0.f;
+  }
+  const float wl = wc[S1];
+  pdl_wait();
+  pdl_trigger();
+  const int log_n = a.log ? min(n, a.pool.log_rows) : 0;
+  float* logp = log_n > 0 ? L.log + slot * a.pool.log_stride + c : nullptr;
+  const float* src = a.x + int64_t(r) * a.x_stride + c;
+  float* dst = a.cv + int64_t(r) * conv_dim + c;
+  float nx = src[0];
+  for (int j = 0; j < n; ++j) {
+    const float x = nx;
+    if (j + 1 < n) nx = src[(j + 1) * a.x_stride];
+    float acc = 0.f;
+#pragma unroll
+    for (int k = 0; k < kMaxConvK - 1; ++k)
+      if (k < S1) acc += w[k] * st[k];
+    acc += wl * x;
+#pragma unroll
+    for (int k = 0; k < kMaxConvK - 2; ++k)
+      if (k + 1 < S1) st[k] = st[k + 1];
+#pragma unroll
+    for (int k = 0; k < kMaxConvK - 1; ++k)
+      if (k == S1 - 1) st[k] = x;
+    dst[int64_t(j) * conv_dim] = silu_f(acc);
+    if (j < log_n) logp[int64_t(j) * s.log_row_floats()] = x;
+  }
+  if (a.log) return;
+#pragma unroll
+  for (int k = 0; k < kMaxConvK - 1; ++k)
+    if (k < S1) cst[k] = st[k];
 }
 
 void check_shape(const GdnRowsShape& s) {
@@ -366,7 +443,7 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 void gdn_step_rows(const GdnRowsShape& s, const GdnLayer& layer, const GdnPool& pool, int M, const int32_t* row_slot,
                    const float* proj, int64_t proj_stride, float* out, int64_t out_stride, GdnMode mode,
-                   cudaStream_t stream) {
+                   float* conv_out, cudaStream_t stream) {
   check_shape(s);
   LILAC_CHECK(M >= 1 && M <= kMaxRows, "rows gdn: M must be 1.." + std::to_string(kMaxRows));
   LILAC_CHECK(mode == GdnMode::Advance || (layer.log != nullptr && pool.log_rows > 0),
@@ -383,9 +460,12 @@ void gdn_step_rows(const GdnRowsShape& s, const GdnLayer& layer, const GdnPool& 
   a.out = out;
   a.out_stride = out_stride;
   a.log = mode == GdnMode::Log ? 1 : 0;
-  LILAC_CHECK(layer.conv_sync != nullptr, "rows gdn: GdnLayer::conv_sync (zeroed [slots][Hk] counters) is required");
+  LILAC_CHECK(conv_out != nullptr, "rows gdn: conv_out ([M][conv_dim] floats of scratch) is required");
+  a.cv = conv_out;
   OneLayer t;
   t.l[0] = layer;
+  launch_pdl(gdn_conv_rows_kernel, dim3(unsigned((s.conv_dim() + kConvThreads - 1) / kConvThreads), unsigned(M)),
+             dim3(kConvThreads), 0, stream, a, t);
   const bool vec = s.dv % 4 == 0 && aligned16(layer.state) && pool.state_stride % 4 == 0;
   launch<false>(vec, dim3(unsigned(s.Hv), unsigned((s.dv + kCols - 1) / kCols), unsigned(M)), a, t, stream);
 }

@@ -117,9 +117,9 @@ struct GdnLayer {
   float* state = nullptr;          // [Hv][dk][dv] of slot 0
   float* conv_state = nullptr;     // [conv_dim][K-1] of slot 0
   float* log = nullptr;            // [log_rows][log_row_floats] of slot 0 (null: no Log mode / commit)
-  // [slots][Hk] arrival counters of slot 0 (required; zeroed once at allocation, left zeroed by every
-  // launch): the blocks of a key head all read its q/k conv state, the last one to finish writes it.
-  // Per layer (gdn_commit_rows runs the layers concurrently).
+  // [slots][Hk] arrival counters of slot 0 (required by gdn_commit_rows; zeroed once at allocation, left
+  // zeroed by every launch): the blocks of a key head all read its q/k conv state, the last one to finish
+  // writes it. Per layer (gdn_commit_rows runs the layers concurrently).
   unsigned* conv_sync = nullptr;
 };
 // Per-slot strides (floats) of the pools, the same for every layer.
@@ -139,18 +139,21 @@ enum class GdnMode { Advance = 0, Log = 1 };
 
 // Per row r, from the fused in_proj row proj + r * proj_stride = [qkv raw (conv_dim, before the conv)
 // | z (Hv*dv) | b (Hv) | a (Hv)] (the in_proj GEMV's raw output; no conv epilogue): the causal
-// depthwise conv + SiLU of the qkv channels on the slot's conv state, L2 norms of q, k, the gates, the
-// delta-rule step on the slot's state, o → out + r * out_stride [Hv*dv] (raw, before the gated output
-// norm: out_proj's GatedHeadNorm prologue takes z from the proj row). Rows of one sequence (a run of
-// consecutive rows with the same slot) are processed in order by the same blocks, the state kept in
+// depthwise conv + SiLU of the qkv channels on the slot's conv state (into conv_out, [M][conv_dim]
+// floats of scratch: gdn_conv_rows_floats), L2 norms of q, k, the gates, the delta-rule step on the
+// slot's state, o → out + r * out_stride [Hv*dv] (raw, before the gated output norm: out_proj's
+// GatedHeadNorm prologue takes z from the proj row). Rows of one sequence (a run of consecutive rows
+// with the same slot) are processed in order by the same threads / blocks, the state kept in
 // registers. Per row the arithmetic of the in_proj conv epilogue + gdn_decode_step (bitwise, given the
-// same raw in_proj values). One launch per layer, grid (Hv, dv/16, M).
+// same raw in_proj values). Two launches per layer: the conv (a thread per channel and run), the step
+// (grid (Hv, dv/16, M)).
 // The state and conv state are read before pdl_wait(), as in gdn_decode_step: their last writer (a
 // gdn_step_rows in Advance mode, gdn_commit_rows, prefill, a copy) must be at least two launches
 // earlier — never two GDN launches on the same state back to back with no other kernel in between.
 void gdn_step_rows(const GdnRowsShape& s, const GdnLayer& layer, const GdnPool& pool, int M, const int32_t* row_slot,
                    const float* proj, int64_t proj_stride, float* out, int64_t out_stride, GdnMode mode,
-                   cudaStream_t stream);
+                   float* conv_out, cudaStream_t stream);
+inline int64_t gdn_conv_rows_floats(const GdnRowsShape& s, int M) { return int64_t(M) * s.conv_dim(); }
 
 // Rollback / commit after a Log-mode step, all GDN layers in one launch: for every sequence i < n_seq
 // with seq_slot[i] >= 0 and every layer, advance the slot's state and conv state over its log rows
