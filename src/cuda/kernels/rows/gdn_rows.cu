@@ -75,8 +75,8 @@ struct GdnArgs {
 // model's dk = 128 used 118 and fit 4 blocks): at M = 16 the grid is ~6 waves of short latency chains,
 // so blocks per SM set the time (measured on the H200: 47 -> 42 us per layer at M = 16, bench --batch
 // +1.6 % at 16 streams, +2 % at 64). With the conv in its own kernel the step needs 90 registers; caps
-// for 6, 7 or 8 blocks (78 / 70 / 64 registers, no spills) were no faster (bench --batch within noise at
-// 16, −1 % at 64 for 8). 0: no cap.
+// for 6 or 8 blocks (78 / 64 registers, no spills) were no faster (bench --batch within noise at 16, −1 %
+// at 64 for 8). 0: no cap.
 template <int R, bool COMMIT>
 constexpr int kMinBlocks = !COMMIT && R <= 4 ? 5 : 0;
 template <int R, bool VEC, bool COMMIT, class Tab>
