@@ -26,17 +26,7 @@ size_t sample_scratch_bytes(int64_t vocab) { return rows::sample_rows_scratch_by
 void sample_token(const float* logits, int64_t vocab, SampleParamsDev* params, int32_t* counts,
                   const uint8_t* prompt_mask, void* scratch, int32_t* token_slot, SampleResult* result,
                   cudaStream_t stream) {
-  rows::SampleRowsArgs a;
-  a.logits = logits;
-  a.vocab = vocab;
-  a.M = 1;
-  a.params = params;
-  a.counts = counts;
-  a.prompt_mask = prompt_mask;
-  a.token_by_slot = token_slot;
-  a.results = result;
-  a.scratch = scratch;
-  rows::sample_rows(a, stream);
+  rows::sample_token_masked(logits, vocab, params, counts, prompt_mask, nullptr, scratch, token_slot, result, stream);
 }
 
 void increment_i32(int32_t* p, cudaStream_t stream) {
