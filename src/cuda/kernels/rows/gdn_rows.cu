@@ -71,6 +71,24 @@ struct GdnArgs {
 
 // R: rows of the state per thread (dk <= 32 R); CPT: conv channels per thread (2 dk + 16 channels).
 // VEC: dv % 4 == 0 and every state 16-byte aligned. COMMIT: gdn_commit_rows (Tab = LayerTable).
+// One conv step of a channel, the in_proj conv epilogue's arithmetic: the output (before the SiLU) of taps w
+// over the previous S1 inputs st (oldest first) and of wl over the current input x; st then ends with x.
+__device__ __forceinline__ float conv_step(const float (&w)[kMaxConvK - 1], float wl, float (&st)[kMaxConvK - 1],
+                                           float x, int S1) {
+  float acc = 0.f;
+#pragma unroll
+  for (int k = 0; k < kMaxConvK - 1; ++k)
+    if (k < S1) acc += w[k] * st[k];
+  acc += wl * x;
+#pragma unroll
+  for (int k = 0; k < kMaxConvK - 2; ++k)
+    if (k + 1 < S1) st[k] = st[k + 1];
+#pragma unroll
+  for (int k = 0; k < kMaxConvK - 1; ++k)
+    if (k == S1 - 1) st[k] = x;
+  return acc;
+}
+
 // Registers of the step kernels with R <= 4 are capped for 5 resident blocks per SM (96 per thread; the
 // model's dk = 128 used 118 and fit 4 blocks): at M = 16 the grid is ~6 waves of short latency chains,
 // so blocks per SM set the time (measured on the H200: 47 -> 42 us per layer at M = 16, bench --batch
@@ -208,18 +226,7 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<R, COMMIT>))
         xs[tid + i * kThreads] = xr[i];
         continue;
       }
-      float acc = 0.f;
-#pragma unroll
-      for (int k = 0; k < kMaxConvK - 1; ++k)
-        if (k < S1) acc += w[i][k] * st[i][k];
-      acc += wl[i] * xr[i];
-#pragma unroll
-      for (int k = 0; k < kMaxConvK - 2; ++k)
-        if (k + 1 < S1) st[i][k] = st[i][k + 1];
-#pragma unroll
-      for (int k = 0; k < kMaxConvK - 1; ++k)
-        if (k == S1 - 1) st[i][k] = xr[i];
-      xs[tid + i * kThreads] = silu_f(acc);
+      xs[tid + i * kThreads] = silu_f(conv_step(w[i], wl[i], st[i], xr[i], S1));
     }
     if (j < log_n) {  // Log mode: this row's raw inputs, one writer per value
       float* lj = logp + j * log_row;
@@ -397,18 +404,7 @@ __global__ void __launch_bounds__(kConvThreads) gdn_conv_rows_kernel(GdnArgs a, 
   for (int j = 0; j < n; ++j) {
     const float x = nx;
     if (j + 1 < n) nx = src[(j + 1) * a.x_stride];
-    float acc = 0.f;
-#pragma unroll
-    for (int k = 0; k < kMaxConvK - 1; ++k)
-      if (k < S1) acc += w[k] * st[k];
-    acc += wl * x;
-#pragma unroll
-    for (int k = 0; k < kMaxConvK - 2; ++k)
-      if (k + 1 < S1) st[k] = st[k + 1];
-#pragma unroll
-    for (int k = 0; k < kMaxConvK - 1; ++k)
-      if (k == S1 - 1) st[k] = x;
-    dst[int64_t(j) * conv_dim] = silu_f(acc);
+    dst[int64_t(j) * conv_dim] = silu_f(conv_step(w, wl, st, x, S1));
     if (j < log_n) logp[int64_t(j) * s.log_row_floats()] = x;
   }
   if (a.log) return;
