@@ -69,8 +69,6 @@ struct GdnArgs {
   const int32_t* seq_keep = nullptr;
 };
 
-// R: rows of the state per thread (dk <= 32 R); CPT: conv channels per thread (2 dk + 16 channels).
-// VEC: dv % 4 == 0 and every state 16-byte aligned. COMMIT: gdn_commit_rows (Tab = LayerTable).
 // One conv step of a channel, the in_proj conv epilogue's arithmetic: the output (before the SiLU) of taps w
 // over the previous S1 inputs st (oldest first) and of wl over the current input x; st then ends with x.
 __device__ __forceinline__ float conv_step(const float (&w)[kMaxConvK - 1], float wl, float (&st)[kMaxConvK - 1],
@@ -97,6 +95,8 @@ __device__ __forceinline__ float conv_step(const float (&w)[kMaxConvK - 1], floa
 // at 64 for 8). 0: no cap.
 template <int R, bool COMMIT>
 constexpr int kMinBlocks = !COMMIT && R <= 4 ? 5 : 0;
+// R: rows of the state per thread (dk <= 32 R); CPT: conv channels per thread (2 dk + 16 channels).
+// VEC: dv % 4 == 0 and every state 16-byte aligned. COMMIT: gdn_commit_rows (Tab = LayerTable).
 template <int R, bool VEC, bool COMMIT, class Tab>
 __global__ void __launch_bounds__(kThreads, (kMinBlocks<R, COMMIT>))
     gdn_rows_kernel(GdnArgs a, const __grid_constant__ Tab tab) {
