@@ -8,8 +8,10 @@
 // prompt length and batch size B, B sessions at that context length (one prefill of the shared part,
 // restored into every session, then 8 random tokens of its own, so the greedy streams and their expert
 // choices differ) decode together; it reports the step time,
-// the aggregate and per-stream decode tok/s and the memory in use (GPU memory on CUDA, the process's
-// resident memory on the CPU). One untimed step per batch size comes first (CUDA graph capture).
+// the aggregate and per-stream decode tok/s, the memory in use (GPU memory on CUDA, the process's
+// resident memory on the CPU) and the step's floor: the bytes it must move (the weights and the routed
+// experts the B streams are expected to touch, each once, plus every stream's own state) at --peak-tbs,
+// and the step time's share of it. One untimed step per batch size comes first (CUDA graph capture).
 //
 // Decode tok/s = 64 / (time from the 1st to the 65th token), measured after one untimed decode step
 // (that step captures the session's CUDA graph; its time is reported separately as first_step_ms).
@@ -109,13 +111,24 @@ double memory_used_gb(Backend& backend) {
   return process_rss_gb();
 }
 
-// B sessions at context P decoding together: step time, aggregate and per-stream tok/s, memory.
+// Bytes a batched step of B streams at context ctx must move, for the backends with a byte model (the fast CPU
+// backend and CUDA: their quantized layouts); 0 otherwise.
+double step_bytes(const Backend& backend, const ModelConfig& cfg, int64_t ctx, int64_t B) {
+  if (backend.name() == "cpu") return cpufast::decode_step_bytes(cfg, ctx, B);
+#if LILAC_BENCH_CUDA
+  if (backend.name() == "cuda") return cuda::decode_step_bytes(cfg, ctx, B);
+#endif
+  return 0;
+}
+
+// B sessions at context P decoding together: step time, aggregate and per-stream tok/s, memory, the floor.
 void bench_batches(Backend& backend, const BenchOptions& o, std::mt19937_64& rng, int64_t real_vocab,
                    nlohmann::json& out) {
+  const ModelConfig& cfg = backend.config();
   const std::vector<int64_t> batches = parse_lens(o.batch, "--batch");
   out["batch_results"] = nlohmann::json::array();
-  std::printf("%8s %6s %10s %12s %14s %10s %10s\n", "context", "batch", "step ms", "agg tok/s", "stream tok/s",
-              "x first", "mem GB");
+  std::printf("%8s %6s %10s %12s %14s %10s %10s %10s %8s\n", "context", "batch", "step ms", "agg tok/s",
+              "stream tok/s", "x first", "mem GB", "floor ms", "floor %");
   for (int64_t P : parse_lens(o.prompt_lens, "--prompt-lens")) {
     const int64_t own = std::min<int64_t>(8, P), shared_len = P - own;
     const int64_t cap = P + o.decode_tokens + 16;
@@ -158,9 +171,18 @@ void bench_batches(Backend& backend, const BenchOptions& o, std::mt19937_64& rng
       r["aggregate_vs_first"] = agg / agg1;
       r["memory_gb"] = mem;
       r["session_gb"] = double(backend.session_bytes(cap)) * double(B) / 1e9;
+      // the step's floor: the bytes it must move (weights and the expected routed experts once, each stream's
+      // state) at --peak-tbs; 0 where the backend has no byte model
+      const double bytes = step_bytes(backend, cfg, P + o.decode_tokens / 2, B);
+      const double floor_ms = bytes > 0 ? bytes / (o.peak_tbs * 1e12) * 1e3 : 0.0;
+      if (bytes > 0) {
+        r["step_bytes"] = bytes;
+        r["floor_ms"] = floor_ms;
+        r["floor_fraction"] = floor_ms / step_ms;
+      }
       out["batch_results"].push_back(r);
-      std::printf("%8lld %6lld %10.3f %12.1f %14.1f %10.2f %10.2f\n", (long long)P, (long long)B, step_ms, agg,
-                  1e3 / step_ms, agg1 > 0 ? agg / agg1 : 0.0, mem);
+      std::printf("%8lld %6lld %10.3f %12.1f %14.1f %10.2f %10.2f %10.3f %8.1f\n", (long long)P, (long long)B, step_ms,
+                  agg, 1e3 / step_ms, agg1 > 0 ? agg / agg1 : 0.0, mem, floor_ms, floor_ms / step_ms * 100);
       std::fflush(stdout);
     }
   }

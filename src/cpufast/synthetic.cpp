@@ -112,25 +112,27 @@ std::shared_ptr<const ModelWeights> synthetic_weights(const ModelConfig& c, uint
   return w;
 }
 
-double decode_bytes_per_token(const ModelConfig& c, int64_t ctx) {
+double decode_bytes_per_token(const ModelConfig& c, int64_t ctx) { return decode_step_bytes(c, ctx, 1); }
+
+double decode_step_bytes(const ModelConfig& c, int64_t ctx, int64_t streams) {
   // Packed bytes of a [rows, cols] matrix: the quants plus a bf16 scale and bias per 64.
   auto q = [](double rows, double cols, int bits) { return rows * cols * bits / 8.0 + rows * cols / 64.0 * 4.0; };
-  const double H = double(c.hidden_size);
-  double b = q(1, H, 4) + q(double(c.vocab_size), H, 4);
+  const double H = double(c.hidden_size), B = double(streams);
+  double b = B * q(1, H, 4) + q(double(c.vocab_size), H, 4), s = 0;  // weights once; s: one stream's state
   for (int i = 0; i < c.num_layers; ++i) {
     if (c.full_attention[size_t(i)]) {
       b += q(double(c.q_proj_rows() + 2 * c.kv_dim()), H, 4) + q(H, double(c.num_heads) * c.head_dim, 4);
-      b += 2.0 * double(ctx) * double(c.kv_dim()) * 2.0;  // bf16 K and V
+      s += 2.0 * double(ctx) * double(c.kv_dim()) * 2.0;  // bf16 K and V
     } else {
       const double Hv = c.linear_num_value_heads;
       b += q(double(c.gdn_conv_dim() + c.gdn_value_dim()) + 2 * Hv, H, 4) + q(H, double(c.gdn_value_dim()), 4);
-      b += 2.0 * Hv * c.linear_key_head_dim * c.linear_value_head_dim * 4.0;  // state read + written
+      s += 2.0 * Hv * c.linear_key_head_dim * c.linear_value_head_dim * 4.0;  // state read + written
     }
     b += q(double(c.num_experts) + 1, H, 8);
-    b += 3 * q(double(c.moe_intermediate_size), H, 4) * c.num_experts_per_tok;
+    b += 3 * q(double(c.moe_intermediate_size), H, 4) * c.experts_touched(streams);
     b += 3 * q(double(c.shared_expert_intermediate_size), H, 4);
   }
-  return b;
+  return b + B * s;
 }
 
 }  // namespace lilac::cpufast

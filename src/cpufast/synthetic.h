@@ -19,5 +19,8 @@ std::shared_ptr<const ModelWeights> synthetic_weights(const ModelConfig& cfg, ui
 // attention or Gated DeltaNet projections, router, shared expert, the top-k experts, the LM head; K/V
 // cache f16 and the Gated DeltaNet state read and written).
 double decode_bytes_per_token(const ModelConfig& cfg, int64_t ctx);
+// The same for one batched step of `streams` sequences (weights and the expected routed experts once, every
+// stream's own state; ModelConfig::experts_touched).
+double decode_step_bytes(const ModelConfig& cfg, int64_t ctx, int64_t streams);
 
 }  // namespace lilac::cpufast

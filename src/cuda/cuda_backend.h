@@ -36,6 +36,9 @@ ModelConfig synthetic_config(int layers = 40);
 // the top-k + shared experts, router and LM head; recurrent state read + written; KV cache read),
 // for the quantized layout this backend uses.
 double decode_bytes_per_token(const ModelConfig& cfg, int64_t ctx);
+// The same for one batched step of `streams` sequences at context ctx: the weights once, the routed experts
+// the streams are expected to touch (ModelConfig::experts_touched) once, every stream's own state.
+double decode_step_bytes(const ModelConfig& cfg, int64_t ctx, int64_t streams);
 
 // GPU memory (bytes) currently used on the device, and the part held by a backend's weights.
 struct MemoryInfo {

@@ -178,25 +178,30 @@ std::unique_ptr<DevModel> synthetic_model(const ModelConfig& c, uint64_t seed) {
 
 ModelConfig synthetic_config(int layers) { return qwen36_shape(layers, 1); }
 
-double decode_bytes_per_token(const ModelConfig& c, int64_t ctx) {
+double decode_bytes_per_token(const ModelConfig& c, int64_t ctx) { return decode_step_bytes(c, ctx, 1); }
+
+double decode_step_bytes(const ModelConfig& c, int64_t ctx, int64_t streams) {
   auto q = [](double rows, double cols, int bits) { return rows * cols * bits / 8.0 + rows * cols / 64.0 * 4.0; };
+  const double B = double(streams);
   double b = 0;
-  // The weights a step reads, from the tensor table: one embedding row, every matrix, the selected
-  // experts (norms and vectors are negligible).
+  // The weights a step reads, from the tensor table: an embedding row per stream, every matrix once, the
+  // experts the streams select (each once; norms and vectors are negligible).
   for_each_tensor(c, [&](const TensorSpec& t) {
-    if (t.kind == WeightKind::Matrix) b += t.role == TensorRole::Embed ? q(1, double(t.cols), t.bits) : q(double(t.rows), double(t.cols), t.bits);
-    if (t.kind == WeightKind::Experts) b += c.num_experts_per_tok * q(double(t.rows), double(t.cols), t.bits);
+    if (t.kind == WeightKind::Matrix)
+      b += t.role == TensorRole::Embed ? B * q(1, double(t.cols), t.bits) : q(double(t.rows), double(t.cols), t.bits);
+    if (t.kind == WeightKind::Experts) b += c.experts_touched(streams) * q(double(t.rows), double(t.cols), t.bits);
   });
-  // The per-sequence state it reads (and writes).
+  // The per-sequence state each stream reads (and writes).
+  double s = 0;
   for (int i = 0; i < c.num_layers; ++i) {
     if (c.full_attention[size_t(i)]) {
-      b += double(ctx) * double(c.kv_dim()) * 2 * 2;  // K and V rows, bf16
+      s += double(ctx) * double(c.kv_dim()) * 2 * 2;  // K and V rows, bf16
     } else {
-      b += 2.0 * c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim * 4;  // state r+w
-      b += 2.0 * c.gdn_conv_dim() * (c.linear_conv_kernel_dim - 1) * 4;
+      s += 2.0 * c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim * 4;  // state r+w
+      s += 2.0 * c.gdn_conv_dim() * (c.linear_conv_kernel_dim - 1) * 4;
     }
   }
-  return b;
+  return b + B * s;
 }
 
 }  // namespace lilac::cuda

@@ -304,6 +304,12 @@ ModelConfig parse_config(const std::string& config_json, const std::string& orig
   return c;
 }
 
+double ModelConfig::experts_touched(int64_t streams) const {
+  if (num_experts <= 0 || streams <= 0) return 0;
+  const double E = double(num_experts), k = double(std::min<int64_t>(num_experts_per_tok, num_experts));
+  return E * (1.0 - std::pow(1.0 - k / E, double(streams)));
+}
+
 ModelConfig load_config(const std::string& dir) {
   std::string path = path_join(dir, "config.json");
   if (!file_exists(path)) throw InputError("missing " + path + " (not a model folder?)");

@@ -58,6 +58,9 @@ struct ModelConfig {
   int64_t gdn_key_dim() const { return int64_t(linear_num_key_heads) * linear_key_head_dim; }
   int64_t gdn_value_dim() const { return int64_t(linear_num_value_heads) * linear_value_head_dim; }
   int64_t gdn_conv_dim() const { return 2 * gdn_key_dim() + gdn_value_dim(); }
+  // Expected distinct routed experts per layer when `streams` rows each choose num_experts_per_tok of
+  // num_experts independently and uniformly: E (1 - (1 - k/E)^streams); k for one stream, ~102 of 256 for 16.
+  double experts_touched(int64_t streams) const;
   int num_attention_layers() const {
     int n = 0;
     for (bool b : full_attention) n += b;

@@ -17,7 +17,9 @@
 #include "cpufast/isa.h"
 #include "engine/golden.h"
 #include "model/weights.h"
+#include "cpufast/synthetic.h"
 #include "support/fixtures.h"
+#include "support/step_bytes.h"
 
 using namespace lilac;
 using testutil::fixture;
@@ -133,6 +135,17 @@ TEST(CpuFastBackend, DecodeBatchRejectsBadBatches) {
 
 // The server sizes its session pool by these (a fast backend used to report 0 bytes / 1 session, so
 // `lilac serve --backend cpu` served one conversation at a time unless --max-batch was given).
+// The bytes a step moves on this backend's layout (bench's floor): per token at the model's shape, and for B
+// streams decoding together.
+TEST(CpuFastBackend, StepBytesOfOneAndOfBStreams) {
+  const ModelConfig c = qwen36_shape(40);
+  EXPECT_NEAR(cpufast::decode_bytes_per_token(c, 512), 1803556992.0, 1.0);
+  EXPECT_NEAR(cpufast::decode_step_bytes(c, 512, 16), 10498834083.5, 2.0);
+  lilac::testing::check_step_bytes(
+      c, [&](int64_t ctx, int64_t B) { return cpufast::decode_step_bytes(c, ctx, B); },
+      [&](int64_t ctx) { return cpufast::decode_bytes_per_token(c, ctx); });
+}
+
 TEST(CpuFastBackend, SessionPoolSizing) {
   auto be = cpufast::make_fast_cpu_backend(fixture("tiny"), {.threads = 1});
   const ModelConfig& c = be->config();

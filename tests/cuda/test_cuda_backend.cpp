@@ -17,6 +17,7 @@
 #include "cuda/cuda_backend.h"
 #include "decode_test_util.h"
 #include "model/weights.h"
+#include "support/step_bytes.h"
 
 using namespace lilac;
 
@@ -184,4 +185,8 @@ TEST(CudaBackend, DecodeBytesPerTokenFromTheTensorTable) {
   EXPECT_NEAR(lilac::cuda::decode_bytes_per_token(c, 512), 1809455232.0, 1.0);
   EXPECT_NEAR(lilac::cuda::decode_bytes_per_token(c, 4096), 1882855552.0, 1.0);
   EXPECT_NEAR(lilac::cuda::decode_bytes_per_token(c, 16384), 2134513792.0, 1.0);
+  // a batched step of B streams (bench --batch's floor)
+  lilac::testing::check_step_bytes(
+      c, [&](int64_t ctx, int64_t B) { return lilac::cuda::decode_step_bytes(c, ctx, B); },
+      [&](int64_t ctx) { return lilac::cuda::decode_bytes_per_token(c, ctx); });
 }

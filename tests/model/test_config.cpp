@@ -198,5 +198,22 @@ TEST(Config, LoadConfigFromFolder) {
   }
 }
 
+// Expected distinct routed experts per layer for B streams routing independently: the top-k for one stream,
+// E (1 - (1 - k/E)^B) in general (the figures the issue names: ~100 of 256 at 16 streams), never above E.
+TEST(Config, ExpertsTouchedByBStreams) {
+  const ModelConfig c = qwen36_shape(40);
+  EXPECT_EQ(c.experts_touched(1), 8.0);
+  EXPECT_NEAR(c.experts_touched(2), 256.0 * (1 - (248.0 / 256) * (248.0 / 256)), 1e-9);  // 15.75
+  EXPECT_NEAR(c.experts_touched(16), 101.96, 0.01);
+  EXPECT_NEAR(c.experts_touched(64), 222.44, 0.01);
+  double last = 0;
+  for (int b = 1; b <= 512; b *= 2) {
+    EXPECT_GT(c.experts_touched(b), last);
+    EXPECT_LE(c.experts_touched(b), 256.0);
+    last = c.experts_touched(b);
+  }
+  EXPECT_EQ(c.experts_touched(0), 0.0);
+}
+
 }  // namespace
 }  // namespace lilac
