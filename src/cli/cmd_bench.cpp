@@ -277,9 +277,10 @@ int run_bench(const BenchOptions& o) {
     r["decode_tok_s"] = tok_s;
     r["decode_ms_per_token"] = ms_tok;
     r["first_step_ms"] = first_ms;
+    // peak: --peak-tbs (on the CPU e.g. a copy benchmark's figure, bench/bench_membw)
+    const double bytes = step_bytes(*backend, cfg, P + o.decode_tokens / 2, 1);
     double mb = 0, frac = 0;
-    if (backend->name() == "cpu") {  // peak: --peak-tbs, e.g. a copy benchmark's figure (bench/bench_membw)
-      const double bytes = cpufast::decode_bytes_per_token(cfg, P + o.decode_tokens / 2);
+    if (bytes > 0) {
       mb = bytes / 1e6;
       frac = bytes / (dec / o.decode_tokens) / (o.peak_tbs * 1e12);
       r["bytes_per_token"] = bytes;
@@ -287,15 +288,10 @@ int run_bench(const BenchOptions& o) {
     }
 #if LILAC_BENCH_CUDA
     if (backend->name() == "cuda") {
-      const double bytes = cuda::decode_bytes_per_token(cfg, P + o.decode_tokens / 2);
-      mb = bytes / 1e6;
-      frac = bytes / (dec / o.decode_tokens) / (o.peak_tbs * 1e12);
       const auto mi = cuda::memory_info(*backend);
       r["gpu_mem_used_gb"] = double(mi.used) / 1e9;
       r["gpu_mem_total_gb"] = double(mi.total) / 1e9;
       r["weights_gb"] = double(mi.weights) / 1e9;
-      r["bytes_per_token"] = bytes;
-      r["floor_fraction"] = frac;
       r["floor_tok_s"] = o.peak_tbs * 1e12 / bytes;
     }
 #endif
