@@ -69,6 +69,16 @@ struct GdnArgs {
   const int32_t* seq_keep = nullptr;
 };
 
+// The rows of the run (a sequence's consecutive rows) that starts at row r, or 0 when row r is padding or not
+// the first row of its run.
+__device__ __forceinline__ int run_rows(const int32_t* row_slot, int M, int r) {
+  const int slot = row_slot[r];
+  if (slot < 0 || (r > 0 && row_slot[r - 1] == slot)) return 0;
+  int n = 1;
+  while (r + n < M && row_slot[r + n] == slot) ++n;
+  return n;
+}
+
 // One conv step of a channel, the in_proj conv epilogue's arithmetic: the output (before the SiLU) of taps w
 // over the previous S1 inputs st (oldest first) and of wl over the current input x; st then ends with x.
 __device__ __forceinline__ float conv_step(const float (&w)[kMaxConvK - 1], float wl, float (&st)[kMaxConvK - 1],
@@ -135,13 +145,12 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<R, COMMIT>))
   } else {
     const int r = blockIdx.z;
     slot = a.row_slot[r];
-    if (slot < 0 || (r > 0 && a.row_slot[r - 1] == slot)) {  // padding, or not the first row of its run
+    n = run_rows(a.row_slot, a.M, r);
+    if (n == 0) {  // padding, or not the first row of its run
       pdl_wait();
       pdl_trigger();
       return;
     }
-    n = 1;
-    while (r + n < a.M && a.row_slot[r + n] == slot) ++n;
     src = a.x + r * a.x_stride;
     src_stride = a.x_stride;
     b_off = a.b_off;
@@ -372,19 +381,18 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<R, COMMIT>))
 // instead of once per value head and column slice (16 times at the model's shape). The weights and the conv
 // state are read before pdl_wait() (the rule of gdn_step_rows).
 constexpr int kConvThreads = 256;
-__global__ void __launch_bounds__(kConvThreads) gdn_conv_rows_kernel(GdnArgs a, const __grid_constant__ OneLayer tab) {
+__global__ void __launch_bounds__(kConvThreads)
+    gdn_conv_rows_kernel(GdnArgs a, const __grid_constant__ OneLayer tab) {
   const GdnRowsShape& s = a.s;
   const GdnLayer& L = tab.l[0];
   const int r = blockIdx.y, S1 = s.conv_k - 1;
   const int64_t c = int64_t(blockIdx.x) * kConvThreads + threadIdx.x, conv_dim = s.conv_dim();
-  const int slot = a.row_slot[r];
-  if (slot < 0 || (r > 0 && a.row_slot[r - 1] == slot) || c >= conv_dim) {  // padding, not a run's first row
+  const int slot = a.row_slot[r], n = run_rows(a.row_slot, a.M, r);
+  if (n == 0 || c >= conv_dim) {  // padding, or not the first row of its run
     pdl_wait();
     pdl_trigger();
     return;
   }
-  int n = 1;
-  while (r + n < a.M && a.row_slot[r + n] == slot) ++n;
   float* cst = L.conv_state + slot * a.pool.conv_stride + c * S1;
   const float* wc = L.conv_w + c * (S1 + 1);
   float w[kMaxConvK - 1], st[kMaxConvK - 1];
