@@ -14,10 +14,11 @@ constexpr int kRows = rows::kMaxRows;
 BatchStep::BatchStep(const DevModel& m, const SeqPool& pool) : m_(m), pool_(pool) {
   LILAC_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   sc_ = alloc_rows_scratch(mem_, m_, kRows, pool.rows_state().n_split);
-  d_rows_ = static_cast<int32_t*>(mem_.get(2 * kRows * 4));
-  LILAC_CUDA_CHECK(cudaMallocHost(&h_rows_, 3 * kRows * 4));
+  d_rows_ = static_cast<int32_t*>(mem_.get(3 * kRows * 4));
+  LILAC_CUDA_CHECK(cudaMallocHost(&h_rows_, 4 * kRows * 4));
   LILAC_CUDA_CHECK(cudaMallocHost(&h_res_, kRows * sizeof(SampleResult)));
   graphs_.assign(kRows + 1, nullptr);
+  pgraphs_.assign(kRows + 1, nullptr);
   gen_ = pool.generation();
 }
 
@@ -29,18 +30,23 @@ BatchStep::~BatchStep() {
 }
 
 void BatchStep::drop_graphs() {
-  for (auto& g : graphs_)
-    if (g) {
-      cudaGraphExecDestroy(g);
-      g = nullptr;
-    }
+  for (auto* v : {&graphs_, &pgraphs_})
+    for (auto& g : *v)
+      if (g) {
+        cudaGraphExecDestroy(g);
+        g = nullptr;
+      }
 }
 
-cudaGraphExec_t BatchStep::graph(int M) {
+void BatchStep::check_generation() {
   if (pool_.generation() != gen_) {  // the pool's arrays moved: the captured pointers are stale
     drop_graphs();
     gen_ = pool_.generation();
   }
+}
+
+cudaGraphExec_t BatchStep::graph(int M) {
+  check_generation();
   cudaGraphExec_t& g = graphs_[size_t(M)];
   if (!g) {
     const RowsState& st = pool_.rows_state();
@@ -56,6 +62,42 @@ cudaGraphExec_t BatchStep::graph(int M) {
     g = capture_graph(stream_, [&] { enqueue_rows_step(m_, st, sc_, a, stream_); });
   }
   return g;
+}
+
+cudaGraphExec_t BatchStep::prefill_graph(int n) {
+  check_generation();
+  cudaGraphExec_t& g = pgraphs_[size_t(n)];
+  if (!g) {
+    RowsArgs a;
+    a.M = n;
+    a.row_slot = d_rows_;
+    a.row_pos = d_rows_ + kRows;
+    a.tokens = d_rows_ + 2 * kRows;
+    a.gdn_mode = rows::GdnMode::Advance;
+    g = capture_graph(stream_, [&] { enqueue_rows_body(m_, pool_.rows_state(), sc_, a, stream_); });
+  }
+  return g;
+}
+
+void BatchStep::prefill(int slot, int32_t pos, std::span<const int32_t> tokens, cudaEvent_t ready,
+                        const HiddenSink& hiddens) {
+  const int n = int(tokens.size());
+  LILAC_CHECK(n >= 1 && n <= kRows, "cuda batch step: bad prefill row count");
+  LILAC_CHECK(slot >= 0 && slot < pool_.capacity(), "cuda batch step: bad prefill slot");
+  cudaGraphExec_t g = prefill_graph(n);
+  for (int r = 0; r < n; ++r) {
+    h_rows_[r] = slot;
+    h_rows_[kRows + r] = pos + r;
+    h_rows_[3 * kRows + r] = tokens[size_t(r)];
+  }
+  if (ready) LILAC_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready, 0));
+  LILAC_CUDA_CHECK(cudaMemcpyAsync(d_rows_, h_rows_, 2 * kRows * 4, cudaMemcpyHostToDevice, stream_));
+  LILAC_CUDA_CHECK(cudaMemcpyAsync(d_rows_ + 2 * kRows, h_rows_ + 3 * kRows, size_t(n) * 4, cudaMemcpyHostToDevice,
+                                   stream_));
+  LILAC_CUDA_CHECK(cudaGraphLaunch(g, stream_));
+  if (hiddens) hiddens(stream_, sc_.h, m_.cfg.hidden_size);
+  LILAC_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  ++prefills_;
 }
 
 void BatchStep::prepare(int M) {

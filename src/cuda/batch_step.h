@@ -44,11 +44,22 @@ class BatchStep {
   // run: enqueue copies of them there. Synchronises. Not reentrant (callers hold mu).
   using HiddenSink = std::function<void(cudaStream_t s, const float* hidden, int64_t ld)>;
   void run(std::span<const BatchRow> rows, SampleResult* out, const HiddenSink& hiddens = {});
-  uint64_t steps() const { return steps_; }  // steps run (tests: whether the rows path ran)
+  // A prefill chunk of one session on the rows step: its n tokens (host; 2 <= n <= kMaxRows) as n rows of
+  // `slot` at positions pos .. pos + n - 1, the body only (no head, no sampling; GDN Advance: the slot's
+  // recurrent and conv states move over the n rows in order, the K/V rows are appended). Each row's
+  // residual stream is bit for bit the single-row decode body's for that token (rows_step_exact), so the
+  // chunk leaves the state n decode steps would. A graph per n, captured on first use. `ready`: recorded on
+  // the session's stream after its last work (the chunk waits for it). `hiddens` is called after the
+  // launch with the rows' hiddens (device [n][ld]), as in run(). Synchronises. Not reentrant (callers hold mu).
+  void prefill(int slot, int32_t pos, std::span<const int32_t> tokens, cudaEvent_t ready, const HiddenSink& hiddens);
+  uint64_t steps() const { return steps_; }        // steps run (tests: whether the rows path ran)
+  uint64_t prefills() const { return prefills_; }  // prefill chunks run
   std::mutex mu;
 
  private:
   cudaGraphExec_t graph(int M);
+  cudaGraphExec_t prefill_graph(int n);
+  void check_generation();
   void drop_graphs();
 
   const DevModel& m_;
@@ -56,12 +67,13 @@ class BatchStep {
   cudaStream_t stream_ = nullptr;
   DevAlloc mem_;
   RowsScratch sc_;
-  int32_t* d_rows_ = nullptr;  // device: row_slot [kMaxRows], row_pos [kMaxRows]
-  int32_t* h_rows_ = nullptr;  // pinned: row_slot, row_pos, allowed_on [kMaxRows] each
+  int32_t* d_rows_ = nullptr;  // device: row_slot [kMaxRows], row_pos [kMaxRows], prefill tokens [kMaxRows]
+  int32_t* h_rows_ = nullptr;  // pinned: row_slot, row_pos, allowed_on, prefill tokens [kMaxRows] each
   SampleResult* h_res_ = nullptr;  // pinned [kMaxRows]
-  std::vector<cudaGraphExec_t> graphs_;  // per M
+  std::vector<cudaGraphExec_t> graphs_;   // per M
+  std::vector<cudaGraphExec_t> pgraphs_;  // prefill chunks, per n
   uint64_t gen_ = 0;                     // pool generation the graphs were captured on
-  uint64_t steps_ = 0;
+  uint64_t steps_ = 0, prefills_ = 0;
 };
 
 }  // namespace lilac::cuda

@@ -1,14 +1,25 @@
 #include "cuda/cuda_session.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <mutex>
 #include <string>
 
 #include "core/error.h"
+#include "core/log.h"
+#include "cuda/batch_step.h"
 #include "cuda/cuda_common.h"
 #include "cuda/kernels/rows/rows_mm.h"
 #include "engine/validate.h"
 
 namespace lilac::cuda {
+
+int prefill_rows_max() {
+  constexpr int kDefault = 32;  // faster than the prefill kernels up to here on the H200 (bench/BENCHMARKS.md)
+  const char* e = std::getenv("LILAC_PREFILL_ROWS");
+  if (e == nullptr || *e == 0) return kDefault;
+  return std::clamp(std::atoi(e), 0, rows::kMaxRows);
+}
 
 CudaSession::CudaSession(const DevModel& m, std::shared_ptr<SeqPool> pool) : m_(m), pool_(std::move(pool)) {
   try {
@@ -134,7 +145,9 @@ void CudaSession::prefill(std::span<const int32_t> tokens, const LogitsSink* sin
     const size_t n = std::min<size_t>(prefill_chunk_tokens(), tokens.size() - i);
     LILAC_CUDA_CHECK(cudaMemcpyAsync(prompt_, tokens.data() + i, n * 4, cudaMemcpyHostToDevice, stream_));
     const bool last = i + n == tokens.size();
-    if (!sink && n >= 2 && prefill_batched_ok(m_))
+    if (!sink && n >= 2 && prefill_rows_ok(n))
+      prefill_chunk_rows(tokens.subspan(i, n), last);
+    else if (!sink && n >= 2 && prefill_batched_ok(m_))
       prefill_chunk_batched(int(n), last);
     else
       prefill_chunk_stepwise(int(n), last, sink, rows);
@@ -148,6 +161,42 @@ void CudaSession::prefill_chunk_batched(int n, bool last) {
   prefill_chunk(m_, seq_, pw_, prompt_, n, sc_.h, stream_);  // the last row of the residual stream → h
   mtp_prefill_rows(prompt_, n, pw_.H);
   seq_.len += n;
+  const int32_t p = int32_t(seq_.len);
+  LILAC_CUDA_CHECK(cudaMemcpyAsync(seq_.pos, &p, 4, cudaMemcpyHostToDevice, stream_));
+  if (last) launch(head());
+  sync();
+}
+
+bool CudaSession::prefill_rows_ok(size_t n) {
+  if (n > size_t(prefill_rows_max()) || prof_) return false;
+  if (rows_prefill_ < 0) {
+    rows_prefill_ = rows_step_supported(m_, rows::kMaxRows) && rows_step_exact(m_) ? 1 : 0;
+    if (rows_prefill_ == 1) try {
+        pool_->batch();  // the pool's rows scratch (made on first use)
+      } catch (const Error& e) {
+        LILAC_LOG_WARN("cuda: short prompt chunks stay on the prefill kernels (%s)", e.what());
+        rows_prefill_ = 0;
+      }
+  }
+  return rows_prefill_ == 1;
+}
+
+// The chunk (also in prompt_, for the MTP head) as one step of the pool's rows kernels (BatchStep::prefill),
+// the last row's hidden into sc_.h for the head: the state and logits n decode steps would leave.
+void CudaSession::prefill_chunk_rows(std::span<const int32_t> tokens, bool last) {
+  const int n = int(tokens.size());
+  const int64_t H = m_.cfg.hidden_size;
+  BatchStep& b = pool_->batch();
+  LILAC_CUDA_CHECK(cudaEventRecord(ready_, stream_));
+  {
+    std::lock_guard<std::mutex> lk(b.mu);
+    b.prefill(slot_, int32_t(seq_.len), tokens, ready_, [&](cudaStream_t s, const float* h, int64_t ld) {
+      LILAC_CUDA_CHECK(cudaMemcpyAsync(sc_.h, h + int64_t(n - 1) * ld, size_t(H) * 4, cudaMemcpyDeviceToDevice, s));
+      if (following_mtp()) mtp_->on_fed(seq_.len, n, prompt_, h, ld, s);  // on s: ordered after the chunk
+    });
+  }
+  seq_.len += n;
+  ++rows_prefills_;
   const int32_t p = int32_t(seq_.len);
   LILAC_CUDA_CHECK(cudaMemcpyAsync(seq_.pos, &p, 4, cudaMemcpyHostToDevice, stream_));
   if (last) launch(head());

@@ -1,9 +1,11 @@
 // A CUDA session: one sequence (SeqState, seq_state.h: views of its slot in a sequence pool, seq_pool.h)
 // plus what stepping it alone needs — a stream, the decode scratch and the prefill workspace, and the
 // decode step captured as CUDA graphs (body, head, and body + head + sampling) on first use. The batched
-// step of several sessions of one pool is the backend's (batch_step.h); it uses the accessors at the end. Prompts run through the batched prefill
-// (prefill_step.h) in chunks, or token by token through the decode body when logits of every position
-// are wanted or the model is outside the prefill kernels' limits.
+// step of several sessions of one pool is the backend's (batch_step.h); it uses the accessors at the end.
+// Prompts run through the batched prefill (prefill_step.h) in chunks; a chunk of 2 .. prefill_rows_max()
+// tokens as one step of the pool's multi-row decode kernels (BatchStep::prefill); token by token through
+// the decode body when logits of every position are wanted or the model is outside the prefill kernels'
+// limits.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -22,6 +24,12 @@
 #include "engine/backend.h"
 
 namespace lilac::cuda {
+
+// Prompt chunks of 2 .. prefill_rows_max() tokens run as one step of the multi-row decode kernels
+// (BatchStep::prefill: each row bit for bit a decode step of its token, the whole chunk reading the weights
+// once) instead of the prefill kernels, whose fixed cost dominates short chunks (bench/BENCHMARKS.md, "Short
+// prompts on the rows step"). LILAC_PREFILL_ROWS overrides (0 = never; at most rows::kMaxRows).
+int prefill_rows_max();
 
 class CudaSession : public Session, public PoolClient {
  public:
@@ -57,6 +65,8 @@ class CudaSession : public Session, public PoolClient {
   const SeqState& seq() const { return seq_; }
   // Verify steps run on the multi-row kernels so far (the others ran as plain decode steps).
   int64_t rows_verifies() const { return rows_verifies_; }
+  // Prefill chunks run on the multi-row kernels so far (prefill_rows_max()).
+  int64_t rows_prefills() const { return rows_prefills_; }
   // Whether the session's MTP head follows its context (its steps feed the head: its own, verify steps
   // and the batched step's rows, through begin_batched / end_batched).
   bool following_mtp_head() const { return following_mtp(); }
@@ -92,6 +102,8 @@ class CudaSession : public Session, public PoolClient {
   void drop_graphs();
   void release();
   void prefill_chunk_batched(int n, bool last);
+  bool prefill_rows_ok(size_t n);
+  void prefill_chunk_rows(std::span<const int32_t> tokens, bool last);
   void prefill_chunk_stepwise(int n, bool last, const LogitsSink* sink, std::vector<float>& rows);
   TokenChoice decode_step_profiled();
   // The MTP head's hooks (no-ops unless drafting): a step feeds *seq_.token at seq_.len (before it) and
@@ -128,6 +140,8 @@ class CudaSession : public Session, public PoolClient {
   std::unique_ptr<VerifyStep> verify_;  // allocated on the first verify the rows step takes exactly
   VerifyOut* host_verify_ = nullptr;    // pinned
   int64_t rows_verifies_ = 0;
+  int64_t rows_prefills_ = 0;
+  int rows_prefill_ = -1;  // whether the model takes prefill chunks on the rows step (-1: not asked yet)
   int rows_verify_ = -1;  // whether verify runs on the rows step (verify_rows_ok; -1: not asked yet)
 };
 

@@ -207,6 +207,88 @@ TEST(CudaBatch, LargeBatchAcrossTwoPools) {
   batch_vs_twins(*b, 40, Twin::Alone, {40, 33, 17, 64, 2}, 6, true);
 }
 
+// Short prompt chunks (2 .. prefill_rows_max() tokens) run as one rows step (CudaSession::prefill_chunk_rows):
+// the state, logits and choices must be bit for bit those of feeding the chunk token by token through the
+// decode step (a logits sink forces that path), from an empty session and after a context, at the largest
+// chunk the rule takes and just past it, and the next chunk after it; LILAC_PREFILL_ROWS=0 turns it off.
+TEST(CudaBatch, ShortPrefillOnRowsEqualsDecodeSteps) {
+  NEED_GPU();
+  auto b = cuda::make_synthetic_cuda_backend(cuda::synthetic_config(4), 5);
+  const int R = cuda::prefill_rows_max();
+  ASSERT_GE(R, 2);
+  std::mt19937_64 rng(11);
+  auto tokens = [&](size_t n) {
+    std::vector<int32_t> t(n);
+    for (auto& x : t) x = int32_t(rng() % 5000);
+    return t;
+  };
+  LogitsSink none = [](int64_t, int64_t, const float*) {};
+  struct Case {
+    size_t context;
+    std::vector<size_t> chunks;
+  };
+  for (const Case& cs : {Case{0, {2}}, Case{0, {size_t(R)}}, Case{9, {5, 3}}, Case{30, {size_t(R), 7}},
+                         Case{3, {size_t(R) + 1}}}) {
+    const std::string what = "context " + std::to_string(cs.context) + ", first chunk " + std::to_string(cs.chunks[0]);
+    SCOPED_TRACE(what);
+    auto r = b->new_session(256), t = b->new_session(256);
+    auto* rc = dynamic_cast<cuda::CudaSession*>(r.get());
+    ASSERT_NE(rc, nullptr);
+    std::vector<int32_t> all = tokens(cs.context);
+    if (!all.empty()) {
+      r->prefill(all, &none);
+      t->prefill(all, &none);
+    }
+    int64_t expect_rows = 0;
+    for (size_t n : cs.chunks) {
+      const std::vector<int32_t> c = tokens(n);
+      r->prefill(c);        // rows step when 2 <= n <= R
+      t->prefill(c, &none);  // token by token
+      all.insert(all.end(), c.begin(), c.end());
+      expect_rows += n <= size_t(R) ? 1 : 0;
+    }
+    EXPECT_EQ(rc->rows_prefills(), expect_rows);
+    ASSERT_EQ(r->length(), int64_t(all.size()));
+    if (expect_rows == 0) continue;  // past the rule: the prefill kernels, not the same bits
+    expect_same_logits(*r, *t, "after the prompt");
+    SamplingParams p = params_for(3);
+    r->begin_generation(p, all);
+    t->begin_generation(p, all);
+    for (int step = 0; step < 4; ++step) {
+      const std::string at = "step " + std::to_string(step);
+      expect_same_choice(step == 0 ? r->sample() : r->decode_step(), step == 0 ? t->sample() : t->decode_step(), at);
+      expect_same_logits(*r, *t, at);
+      if (::testing::Test::HasFailure()) return;
+    }
+  }
+  // The MTP head follows a rows chunk as it follows decode steps (the same hiddens): the same drafts.
+  if (b->new_session(8)->can_draft()) {
+    SCOPED_TRACE("drafting");
+    auto r = b->new_session(128), t = b->new_session(128);
+    r->enable_drafting(true);
+    t->enable_drafting(true);
+    std::vector<int32_t> all;
+    for (size_t n : {size_t(R), size_t(6)}) {
+      const std::vector<int32_t> c = tokens(n);
+      r->prefill(c);
+      t->prefill(c, &none);
+      all.insert(all.end(), c.begin(), c.end());
+    }
+    EXPECT_EQ(dynamic_cast<cuda::CudaSession*>(r.get())->rows_prefills(), 2);
+    r->begin_generation(SamplingParams{}, all);
+    t->begin_generation(SamplingParams{}, all);
+    EXPECT_EQ(r->sample().token, t->sample().token);
+    const auto d = r->draft(3);
+    EXPECT_EQ(d.size(), 3u);
+    EXPECT_EQ(d, t->draft(3));
+  }
+  setenv("LILAC_PREFILL_ROWS", "0", 1);
+  auto off = b->new_session(64);
+  off->prefill(tokens(4));
+  unsetenv("LILAC_PREFILL_ROWS");
+  EXPECT_EQ(dynamic_cast<cuda::CudaSession*>(off.get())->rows_prefills(), 0);
+}
+
 // A mask restricts the next choice only, alone and batched, with the same result.
 TEST(CudaBatch, TokenMasks) {
   NEED_GPU();
