@@ -77,9 +77,9 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_rows_kernel(GemvRowsArgs a, 
   };
 
   Step st{blockIdx.x, 0};
-  RowTile<BITS> cur, nxt;
-  load(cur, st);
-  load(nxt, next(st));
+  RowTile<BITS> t0, t1;  // swapping roles each step (the loop body runs twice per iteration): no tile copies
+  load(t0, st);
+  load(t1, next(st));
   bool nxt_loaded = true;
   pdl_wait();
   pdl_trigger();
@@ -113,7 +113,8 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_rows_kernel(GemvRowsArgs a, 
   float acc[NP][S::NCH][2];
   clear_acc<BITS, NP>(acc);
   int par = 0;
-  while (st.grp < ngrp) {
+  auto step = [&](const RowTile<BITS>& cur, RowTile<BITS>& nxt) {
+    if (st.grp >= ngrp) return false;
     const Step ns = next(st);
     if (!nxt_loaded) load(nxt, ns);
     nxt_loaded = false;
@@ -138,7 +139,9 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_rows_kernel(GemvRowsArgs a, 
       y_fetch(ns.grp);
     }
     st = ns;
-    cur = nxt;
+    return true;
+  };
+  while (step(t0, t1) && step(t1, t0)) {
   }
 }
 
