@@ -228,11 +228,15 @@ int run_bench(const BenchOptions& o) {
   out["results"] = nlohmann::json::array();
   std::mt19937_64 rng(o.seed);
   const int64_t real_vocab = std::min<int64_t>(cfg.vocab_size, 248077);
-  // warm-up: module loading, first launches
+  // warm-up: module loading, first launches (a 16-token prompt runs on the CUDA rows step, 100 tokens on the
+  // prefill kernels: both paths)
   {
-    auto s = backend->new_session(64);
-    std::vector<int32_t> p(16);
+    auto s = backend->new_session(128);
+    std::vector<int32_t> p(16), q(100);
     for (auto& t : p) t = int32_t(rng() % uint64_t(real_vocab));
+    for (auto& t : q) t = int32_t(rng() % uint64_t(real_vocab));
+    s->prefill(q);
+    s->reset();
     s->prefill(p);
     s->begin_generation(SamplingParams{}, p);
     s->sample();
