@@ -188,6 +188,109 @@ void bench_batches(Backend& backend, const BenchOptions& o, std::mt19937_64& rng
   }
 }
 
+// Warm-up: module loading, first launches (a 16-token prompt runs on the CUDA rows step, 100 tokens on the
+// prefill kernels: both paths).
+void warm_up(Backend& backend, std::mt19937_64& rng, int64_t real_vocab) {
+  auto s = backend.new_session(128);
+  std::vector<int32_t> p(16), q(100);
+  for (auto& t : p) t = int32_t(rng() % uint64_t(real_vocab));
+  for (auto& t : q) t = int32_t(rng() % uint64_t(real_vocab));
+  s->prefill(q);
+  s->reset();
+  s->prefill(p);
+  s->begin_generation(SamplingParams{}, p);
+  s->sample();
+  s->decode_step();
+}
+
+// One session per prompt length: prefill, time to first token (split), decode tok/s, the floor; with
+// --token-mask the masked decode speed next to it.
+void bench_prompts(Backend& backend, const BenchOptions& o, std::mt19937_64& rng, int64_t real_vocab,
+                   nlohmann::json& out) {
+  const ModelConfig& cfg = backend.config();
+  std::printf("%8s %12s %10s %12s %12s %10s %12s %10s\n", "prompt", "prefill t/s", "ttft s", "decode t/s",
+              "ms/token", "1st ms", "MB/token", "floor %");
+  for (int64_t P : parse_lens(o.prompt_lens, "--prompt-lens")) {
+    // room for the timed steps, and for the masked ones after them with --token-mask
+    auto s = backend.new_session(P + (o.token_mask > 0 ? 2 : 1) * (o.decode_tokens + 8));
+    std::vector<int32_t> prompt(static_cast<size_t>(P));
+    for (auto& t : prompt) t = int32_t(rng() % uint64_t(real_vocab));
+    if (P <= 64) {  // short prompts: an untimed first prefill captures the rows step's graph for this length
+      s->prefill(prompt);  // (CUDA: once per length and pool, as a server's sessions do once)
+      s->reset();
+    }
+    const auto t0 = Clock::now();
+    s->prefill(prompt);
+    const auto tp = Clock::now();
+    s->begin_generation(SamplingParams{}, prompt);
+    const auto tb = Clock::now();
+    s->sample();  // the first token
+    const auto t1 = Clock::now();
+    s->decode_step();  // untimed: captures the decode graph
+    const auto t2 = Clock::now();
+    for (int i = 0; i < o.decode_tokens; ++i) s->decode_step();
+    const auto t3 = Clock::now();
+    const double ttft = secs(t0, t1), first_ms = secs(t1, t2) * 1e3, dec = secs(t2, t3);
+    const double tok_s = o.decode_tokens / dec, ms_tok = dec / o.decode_tokens * 1e3;
+    nlohmann::json r;
+    r["prompt_len"] = P;
+    r["ttft_s"] = ttft;
+    r["ttft_split_ms"] = {{"prefill", secs(t0, tp) * 1e3}, {"begin_generation", secs(tp, tb) * 1e3},
+                          {"sample", secs(tb, t1) * 1e3}};
+    r["prefill_tok_s"] = double(P) / ttft;
+    r["decode_tok_s"] = tok_s;
+    r["decode_ms_per_token"] = ms_tok;
+    r["first_step_ms"] = first_ms;
+    // peak: --peak-tbs (on the CPU e.g. a copy benchmark's figure, bench/bench_membw)
+    const double bytes = step_bytes(backend, cfg, P + o.decode_tokens / 2, 1);
+    double mb = 0, frac = 0;
+    if (bytes > 0) {
+      mb = bytes / 1e6;
+      frac = bytes / (dec / o.decode_tokens) / (o.peak_tbs * 1e12);
+      r["bytes_per_token"] = bytes;
+      r["floor_fraction"] = frac;
+    }
+#if LILAC_BENCH_CUDA
+    if (backend.name() == "cuda") {
+      const auto mi = cuda::memory_info(backend);
+      r["gpu_mem_used_gb"] = double(mi.used) / 1e9;
+      r["gpu_mem_total_gb"] = double(mi.total) / 1e9;
+      r["weights_gb"] = double(mi.weights) / 1e9;
+      r["floor_tok_s"] = o.peak_tbs * 1e12 / bytes;
+    }
+#endif
+    std::printf("%8lld %12.0f %10.3f %12.1f %12.3f %10.1f %12.0f %10.1f\n", (long long)P, double(P) / ttft, ttft,
+                tok_s, ms_tok, first_ms, mb, frac * 100);
+    if (o.token_mask > 0) {
+      // Constrained decoding's cost on the backend: a different mask before every step (as a grammar
+      // gives), each allowing a random fraction of the real vocabulary; the host's mask computation is
+      // bench_grammar's (not included here).
+      const size_t words = size_t((cfg.vocab_size + 31) / 32);
+      std::vector<std::vector<uint32_t>> masks(8, std::vector<uint32_t>(words, 0u));
+      for (auto& m : masks) {
+        for (int64_t t = 0; t < real_vocab; ++t)
+          if (double(rng() % 1000000) < o.token_mask * 1e6) m[size_t(t / 32)] |= 1u << (t % 32);
+        m[0] |= 1u;  // never empty
+      }
+      s->set_token_mask(masks[7].data());
+      s->decode_step();  // untimed: a masked step's graph
+      const auto m0 = Clock::now();
+      for (int i = 0; i < o.decode_tokens; ++i) {
+        s->set_token_mask(masks[size_t(i % 8)].data());
+        s->decode_step();
+      }
+      const double mdec = secs(m0, Clock::now());
+      const double mtok_s = o.decode_tokens / mdec;
+      r["masked_decode_tok_s"] = mtok_s;
+      r["token_mask_fraction"] = o.token_mask;
+      std::printf("%8s with a token mask before every step (%.0f%% of the vocabulary allowed): %.1f t/s = %.3fx\n", "",
+                  o.token_mask * 100, mtok_s, mtok_s / tok_s);
+    }
+    out["results"].push_back(r);
+    std::fflush(stdout);
+  }
+}
+
 int run_bench(const BenchOptions& o) {
   if (o.synthetic == !o.model.empty()) throw InputError("bench: give exactly one of --synthetic or --model DIR");
   if (o.decode_tokens < 1) throw InputError("--decode-tokens must be >= 1");
@@ -228,20 +331,7 @@ int run_bench(const BenchOptions& o) {
   out["results"] = nlohmann::json::array();
   std::mt19937_64 rng(o.seed);
   const int64_t real_vocab = std::min<int64_t>(cfg.vocab_size, 248077);
-  // warm-up: module loading, first launches (a 16-token prompt runs on the CUDA rows step, 100 tokens on the
-  // prefill kernels: both paths)
-  {
-    auto s = backend->new_session(128);
-    std::vector<int32_t> p(16), q(100);
-    for (auto& t : p) t = int32_t(rng() % uint64_t(real_vocab));
-    for (auto& t : q) t = int32_t(rng() % uint64_t(real_vocab));
-    s->prefill(q);
-    s->reset();
-    s->prefill(p);
-    s->begin_generation(SamplingParams{}, p);
-    s->sample();
-    s->decode_step();
-  }
+  warm_up(*backend, rng, real_vocab);
   if (o.spec_tokens > 0) {
     run_spec_bench(so, *backend, out);
     write_json(o, out);
@@ -249,94 +339,10 @@ int run_bench(const BenchOptions& o) {
   }
   if (!o.batch.empty()) {
     bench_batches(*backend, o, rng, real_vocab, out);
-    if (!o.json.empty()) {
-      std::ofstream f(o.json);
-      if (!f) throw InputError("--json: cannot write " + o.json);
-      f << out.dump(2) << "\n";
-    }
+    write_json(o, out);
     return 0;
   }
-  std::printf("%8s %12s %10s %12s %12s %10s %12s %10s\n", "prompt", "prefill t/s", "ttft s", "decode t/s",
-              "ms/token", "1st ms", "MB/token", "floor %");
-  for (int64_t P : parse_lens(o.prompt_lens, "--prompt-lens")) {
-    // room for the timed steps, and for the masked ones after them with --token-mask
-    auto s = backend->new_session(P + (o.token_mask > 0 ? 2 : 1) * (o.decode_tokens + 8));
-    std::vector<int32_t> prompt(static_cast<size_t>(P));
-    for (auto& t : prompt) t = int32_t(rng() % uint64_t(real_vocab));
-    if (P <= 64) {  // short prompts: an untimed first prefill captures the rows step's graph for this length
-      s->prefill(prompt);  // (CUDA: once per length and pool, as a server's sessions do once)
-      s->reset();
-    }
-    const auto t0 = Clock::now();
-    s->prefill(prompt);
-    const auto tp = Clock::now();
-    s->begin_generation(SamplingParams{}, prompt);
-    const auto tb = Clock::now();
-    s->sample();  // the first token
-    const auto t1 = Clock::now();
-    s->decode_step();  // untimed: captures the decode graph
-    const auto t2 = Clock::now();
-    for (int i = 0; i < o.decode_tokens; ++i) s->decode_step();
-    const auto t3 = Clock::now();
-    const double ttft = secs(t0, t1), first_ms = secs(t1, t2) * 1e3, dec = secs(t2, t3);
-    const double tok_s = o.decode_tokens / dec, ms_tok = dec / o.decode_tokens * 1e3;
-    nlohmann::json r;
-    r["prompt_len"] = P;
-    r["ttft_s"] = ttft;
-    r["ttft_split_ms"] = {{"prefill", secs(t0, tp) * 1e3}, {"begin_generation", secs(tp, tb) * 1e3},
-                          {"sample", secs(tb, t1) * 1e3}};
-    r["prefill_tok_s"] = double(P) / ttft;
-    r["decode_tok_s"] = tok_s;
-    r["decode_ms_per_token"] = ms_tok;
-    r["first_step_ms"] = first_ms;
-    // peak: --peak-tbs (on the CPU e.g. a copy benchmark's figure, bench/bench_membw)
-    const double bytes = step_bytes(*backend, cfg, P + o.decode_tokens / 2, 1);
-    double mb = 0, frac = 0;
-    if (bytes > 0) {
-      mb = bytes / 1e6;
-      frac = bytes / (dec / o.decode_tokens) / (o.peak_tbs * 1e12);
-      r["bytes_per_token"] = bytes;
-      r["floor_fraction"] = frac;
-    }
-#if LILAC_BENCH_CUDA
-    if (backend->name() == "cuda") {
-      const auto mi = cuda::memory_info(*backend);
-      r["gpu_mem_used_gb"] = double(mi.used) / 1e9;
-      r["gpu_mem_total_gb"] = double(mi.total) / 1e9;
-      r["weights_gb"] = double(mi.weights) / 1e9;
-      r["floor_tok_s"] = o.peak_tbs * 1e12 / bytes;
-    }
-#endif
-    std::printf("%8lld %12.0f %10.3f %12.1f %12.3f %10.1f %12.0f %10.1f\n", (long long)P, double(P) / ttft, ttft,
-                tok_s, ms_tok, first_ms, mb, frac * 100);
-    if (o.token_mask > 0) {
-      // Constrained decoding's cost on the backend: a different mask before every step (as a grammar
-      // gives), each allowing a random fraction of the real vocabulary; the host's mask computation is
-      // bench_grammar's (not included here).
-      const size_t words = size_t((cfg.vocab_size + 31) / 32);
-      std::vector<std::vector<uint32_t>> masks(8, std::vector<uint32_t>(words, 0u));
-      for (auto& m : masks) {
-        for (int64_t t = 0; t < real_vocab; ++t)
-          if (double(rng() % 1000000) < o.token_mask * 1e6) m[size_t(t / 32)] |= 1u << (t % 32);
-        m[0] |= 1u;  // never empty
-      }
-      s->set_token_mask(masks[7].data());
-      s->decode_step();  // untimed: a masked step's graph
-      const auto m0 = Clock::now();
-      for (int i = 0; i < o.decode_tokens; ++i) {
-        s->set_token_mask(masks[size_t(i % 8)].data());
-        s->decode_step();
-      }
-      const double mdec = secs(m0, Clock::now());
-      const double mtok_s = o.decode_tokens / mdec;
-      r["masked_decode_tok_s"] = mtok_s;
-      r["token_mask_fraction"] = o.token_mask;
-      std::printf("%8s with a token mask before every step (%.0f%% of the vocabulary allowed): %.1f t/s = %.3fx\n", "",
-                  o.token_mask * 100, mtok_s, mtok_s / tok_s);
-    }
-    out["results"].push_back(r);
-    std::fflush(stdout);
-  }
+  bench_prompts(*backend, o, rng, real_vocab, out);
 #if LILAC_BENCH_CUDA
   if (backend->name() == "cuda") {
     const auto mi = cuda::memory_info(*backend);
