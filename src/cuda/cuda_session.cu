@@ -159,7 +159,13 @@ void CudaSession::prefill(std::span<const int32_t> tokens, const LogitsSink* sin
 // The chunk in prompt_ through the prefill kernels; the head too when it is the prompt's last chunk.
 void CudaSession::prefill_chunk_batched(int n, bool last) {
   prefill_chunk(m_, seq_, pw_, prompt_, n, sc_.h, stream_);  // the last row of the residual stream → h
-  mtp_prefill_rows(prompt_, n, pw_.H);
+  mtp_prefill_rows(prompt_, n, pw_.H, m_.cfg.hidden_size, stream_);
+  end_prefill_chunk(n, last);
+}
+
+// After a chunk of n tokens whose last hidden is in sc_.h: the length and position move on, the head runs
+// when it was the prompt's last chunk.
+void CudaSession::end_prefill_chunk(int n, bool last) {
   seq_.len += n;
   const int32_t p = int32_t(seq_.len);
   LILAC_CUDA_CHECK(cudaMemcpyAsync(seq_.pos, &p, 4, cudaMemcpyHostToDevice, stream_));
@@ -192,15 +198,11 @@ void CudaSession::prefill_chunk_rows(std::span<const int32_t> tokens, bool last)
     std::lock_guard<std::mutex> lk(b.mu);
     b.prefill(slot_, int32_t(seq_.len), tokens, ready_, [&](cudaStream_t s, const float* h, int64_t ld) {
       LILAC_CUDA_CHECK(cudaMemcpyAsync(sc_.h, h + int64_t(n - 1) * ld, size_t(H) * 4, cudaMemcpyDeviceToDevice, s));
-      if (following_mtp()) mtp_->on_fed(seq_.len, n, prompt_, h, ld, s);  // on s: ordered after the chunk
+      mtp_prefill_rows(prompt_, n, h, ld, s);  // on s: ordered after the chunk
     });
   }
-  seq_.len += n;
   ++rows_prefills_;
-  const int32_t p = int32_t(seq_.len);
-  LILAC_CUDA_CHECK(cudaMemcpyAsync(seq_.pos, &p, 4, cudaMemcpyHostToDevice, stream_));
-  if (last) launch(head());
-  sync();
+  end_prefill_chunk(n, last);
 }
 
 // The chunk in prompt_ token by token through the decode body (graph replays); the head after every

@@ -104,14 +104,16 @@ class CudaSession : public Session, public PoolClient {
   void prefill_chunk_batched(int n, bool last);
   bool prefill_rows_ok(size_t n);
   void prefill_chunk_rows(std::span<const int32_t> tokens, bool last);
+  void end_prefill_chunk(int n, bool last);
   void prefill_chunk_stepwise(int n, bool last, const LogitsSink* sink, std::vector<float>& rows);
   TokenChoice decode_step_profiled();
   // The MTP head's hooks (no-ops unless drafting): a step feeds *seq_.token at seq_.len (before it) and
-  // leaves its hidden in sc_.h (after it); a prefill chunk feeds n tokens with hiddens [n][hidden].
+  // leaves its hidden in sc_.h (after it); a prefill chunk feeds n tokens with hiddens [n][ld] (on stream s,
+  // before the chunk's end_prefill_chunk).
   bool following_mtp() const { return mtp_ && drafting_ && mtp_->valid(); }
   void mtp_before_step();
   void mtp_after_step();
-  void mtp_prefill_rows(const int32_t* tokens, int n, const float* hidden);
+  void mtp_prefill_rows(const int32_t* tokens, int n, const float* hidden, int64_t ld, cudaStream_t s);
   std::vector<TokenChoice> verify_rows(std::span<const int32_t> drafts);
 
   const DevModel& m_;

@@ -31,8 +31,8 @@ void CudaSession::mtp_after_step() {
   if (following_mtp()) mtp_->stage_hidden(sc_.h, stream_);
 }
 
-void CudaSession::mtp_prefill_rows(const int32_t* tokens, int n, const float* hidden) {
-  if (following_mtp()) mtp_->on_fed(seq_.len, n, tokens, hidden, m_.cfg.hidden_size, stream_);
+void CudaSession::mtp_prefill_rows(const int32_t* tokens, int n, const float* hidden, int64_t ld, cudaStream_t s) {
+  if (following_mtp()) mtp_->on_fed(seq_.len, n, tokens, hidden, ld, s);
 }
 
 // ------------------------------------------------------------------------------------------------ drafting
