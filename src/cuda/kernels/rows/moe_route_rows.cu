@@ -135,9 +135,12 @@ struct CombineArgs {
 // ((a0 + a1) + (a2 + a3)) of its four group chains a_σ = Σ_kt fmaf(w(G), gv[G], ·), G = 4·kt + σ — the order
 // moe_down_tc sums the same group values in, so the result is its bits. A block: 32 outputs × the 8 k-slices
 // (a warp per k-slice, its loads independent), then one warp adds the slices in order.
-constexpr int kCombineN = 32;
+// The combine weight of each group comes from shared memory (filled once per block: a runtime division per group
+// there, not per group and output).
+constexpr int kCombineN = 32, kCombineMaxG = 1024;
 __global__ void __launch_bounds__(256) moe_combine_kernel(CombineArgs a) {
   __shared__ float part[8][kCombineN];
+  __shared__ float s_w[kCombineMaxG];
   const int r = blockIdx.y, ks = threadIdx.x / kCombineN, nl = threadIdx.x % kCombineN;
   const int64_t n = int64_t(blockIdx.x) * kCombineN + nl;
   pdl_wait();
@@ -146,6 +149,8 @@ __global__ void __launch_bounds__(256) moe_combine_kernel(CombineArgs a) {
   const float* gvr = a.gv + int64_t(r) * a.ngroups * a.H + n;
   const float* wr = a.sel_w + int64_t(r) * (a.k + 1);
   const int KT = (a.ngroups + 3) / 4, kg = a.k * a.gI;
+  for (int G = threadIdx.x; G < a.ngroups; G += blockDim.x) s_w[G] = __ldcg(wr + (G < kg ? G / a.gI : a.k));
+  __syncthreads();
   float c4[4] = {0.f, 0.f, 0.f, 0.f};
   if (n < a.H) {
 #pragma unroll 4
@@ -153,7 +158,7 @@ __global__ void __launch_bounds__(256) moe_combine_kernel(CombineArgs a) {
 #pragma unroll
       for (int s = 0; s < 4; ++s) {
         const int G = 4 * kt + s;
-        if (G < a.ngroups) c4[s] = fmaf(wr[G < kg ? G / a.gI : a.k], gvr[int64_t(G) * a.H], c4[s]);
+        if (G < a.ngroups) c4[s] = fmaf(s_w[G], __ldcg(gvr + int64_t(G) * a.H), c4[s]);
       }
     }
   }
@@ -268,6 +273,7 @@ bool moe_rows_supported(const MoEDecodeWeights& w, int max_rows) {
       w.shared_down.cols != Is)
     return false;
   if (H > 8192 || I > 8192 || Is > 8192) return false;  // staged fragments of a chunk within shared memory
+  if (moe_ngroups(w) > kCombineMaxG) return false;  // the combine's weights per group in shared memory
   return w.E >= 1 && w.E <= kMaxE && w.top_k >= 1 && w.top_k <= kMaxK && w.top_k <= w.E && max_rows >= 1 &&
          max_rows <= kMoEMaxRows;
 }
