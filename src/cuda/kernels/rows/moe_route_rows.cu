@@ -274,6 +274,7 @@ bool moe_rows_supported(const MoEDecodeWeights& w, int max_rows) {
     return false;
   if (H > 8192 || I > 8192 || Is > 8192) return false;  // staged fragments of a chunk within shared memory
   if (moe_ngroups(w) > kCombineMaxG) return false;  // the combine's weights per group in shared memory
+  if (int64_t(max_rows) * moe_ngroups(w) * H >= (int64_t(1) << 31)) return false;  // down's 32-bit offsets into gv
   return w.E >= 1 && w.E <= kMaxE && w.top_k >= 1 && w.top_k <= kMaxK && w.top_k <= w.E && max_rows >= 1 &&
          max_rows <= kMoEMaxRows;
 }

@@ -403,6 +403,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_down_rows_kernel(DownArgs a) 
   extern __shared__ float4 smem4[];
   __shared__ int4 s_desc[kMaxBlockChunks];
   __shared__ int s_ent[kMaxBlockChunks][MT];
+  __shared__ int s_gvb[MT];  // the current chunk's rows: where their group values start in gv (32-bit: moe_rows_supported)
   const MoEDecodeWeights& w = a.w;
   const int64_t H = w.down.first.rows;
   const int I = int(w.down.first.cols), Is = int(w.shared_down.cols), k = w.top_k, gI = I / kGroup;
@@ -456,6 +457,10 @@ __global__ void __launch_bounds__(kThreads, 2) moe_down_rows_kernel(DownArgs a) 
   auto stage_chunk = [&](int cq, int K_l) {
     __syncthreads();  // the previous chunk's fragments are read no more; s_ent, zero block visible
     const int n_tok = s_desc[cq].z;
+    if (threadIdx.x < n_tok) {  // row r's slot j: groups from j·gI (the shared expert's from k·gI), H floats each
+      const int en = s_ent[cq][threadIdx.x], j = en & 0xFF;
+      s_gvb[threadIdx.x] = ((en >> 8) * NG + (j < k ? j : k) * gI) * int(H);
+    }
     stage_segments<BITS, MT>(a.act, act_ld, I, s_ent[cq], n_tok, K_l, xf, xstride, meta, mstride);
     __syncthreads();
     cur_cq = cq;
@@ -468,15 +473,12 @@ __global__ void __launch_bounds__(kThreads, 2) moe_down_rows_kernel(DownArgs a) 
     const int K_l = routed ? I : Is;
     const int64_t rb = int64_t(st.rb) * kWarps + warp;
     if (st.j < (routed ? KTI : KTS) && rb < nrbH) {
-      const int64_t n0 = rb * 16 + g;
-      const int* ent = s_ent[cq];
+      const int n0 = int(rb) * 16 + g, Hi = int(H);
       tile_rows_store<BITS, NP, PH>(cur, xf, xstride, meta, mstride, zero, st.j, K_l / kGroup, lr, tmask,
                                     active_tiles<BITS>(tmask), [&](int t, int sg, float gv0, float gv1) {
-                                  const int en = ent[t], j = en & 0xFF;
-                                  const int G = (j < k ? j * gI : k * gI) + st.j * 4 + sg;
-                                  float* dst = a.sc.gv + (int64_t(en >> 8) * NG + G) * H + n0;
-                                  if (n0 < H) dst[0] = gv0;
-                                  if (n0 + 8 < H) dst[8] = gv1;
+                                  float* dst = a.sc.gv + (s_gvb[t] + (st.j * 4 + sg) * Hi + n0);
+                                  if (n0 < Hi) dst[0] = gv0;
+                                  if (n0 + 8 < Hi) dst[8] = gv1;
                                 });
     }
   };
