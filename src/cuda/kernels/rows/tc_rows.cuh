@@ -86,9 +86,11 @@ struct RowTile {
   uint4 w[2][TcShape<BITS>::NCH];
   uint2 s[2], b[2];
 };
-__device__ __forceinline__ uint32_t bf_pick(uint2 v, int q) {
+// The bf16 at slot q (0..3) of v as a float (bf_raw of it): one byte permute puts its two bytes in the float's
+// high half (with q & 2 known at compile time, as the 4-bit lanes' slots are, no select either).
+__device__ __forceinline__ float bf_at(uint2 v, int q) {
   const uint32_t w = (q & 2) ? v.y : v.x;
-  return (q & 1) ? (w >> 16) : (w & 0xFFFFu);
+  return __uint_as_float(__byte_perm(w, 0u, (q & 1) ? 0x3244u : 0x1044u));
 }
 // Tile kt of rows (g, g+8) whose groups are G0 = 4·kt .. of the row (local group index), `ngroups` valid
 // groups in the row. sb_vec: the scale / bias rows are 8-byte aligned with a multiple of 4 groups.
@@ -135,7 +137,8 @@ struct LaneRows {
   __device__ __forceinline__ bool bvalid() const { return BITS == 4 ? (s & 1) == (c >> 1) : true; }
   __device__ __forceinline__ int boff(int i) const { return base + i * TcShape<BITS>::U * 128; }
   __device__ __forceinline__ int otok(int i) const { return BITS == 4 ? int((c >> 1) != i) : (c ^ i); }
-  __device__ __forceinline__ int osig(int i) const { return BITS == 4 ? (((c >> 1) != i) ? (c ^ 2) : c) : i; }
+  // 4-bit: ((c >> 1) != i) ? c ^ 2 : c, which is 2i + (c & 1) for every lane (chunk i's groups are slots 2i, 2i + 1)
+  __device__ __forceinline__ int osig(int i) const { return BITS == 4 ? 2 * i + (c & 1) : i; }
 };
 
 // One k-tile kt (of the weights and of the staged fragments alike; ngroups: the weights' groups) for NP mma
@@ -174,6 +177,7 @@ __device__ __forceinline__ void tile_rows(const RowTile<BITS>& t, const char* xf
                                           const LaneRows<BITS>& lr, uint32_t tmask, int np_act, Fin&& fin) {
   using S = TcShape<BITS>;
   static_assert(NP % PH == 0, "passes of PH mma tiles");
+  if constexpr (NP == 1) np_act = tmask != 0u ? 1 : 0;  // (no leading-zero count per step)
 #pragma unroll
   for (int i = 0; i < S::NCH; ++i) {
 #pragma unroll
@@ -230,8 +234,8 @@ __device__ __forceinline__ void tile_rows(const RowTile<BITS>& t, const char* xf
 // more chunks) where they are used.
 template <int BITS>
 __device__ __forceinline__ void group_scale(const RowTile<BITS>& t, int sg, int h, float& s, float& c) {
-  s = bf_raw(bf_pick(t.s[h], sg));
-  c = fmaf(TcShape<BITS>::ZC, s, bf_raw(bf_pick(t.b[h], sg)));
+  s = bf_at(t.s[h], sg);
+  c = fmaf(TcShape<BITS>::ZC, s, bf_at(t.b[h], sg));
 }
 template <int BITS>
 struct GroupScale {
