@@ -1,8 +1,8 @@
-// The rows step: one decode step of the whole model over M rows (1 <= M <= rows::kMaxRows) on the
-// multi-row kernels (kernels/rows/, ROWS_CONTRACT.md). A row is one token of one sequence; the sequences'
-// states live in slot-strided pools (RowsState). Shared by the batched decode (decode_batch: M distinct
-// slots, one row each, GDN Advance) and the speculative verify (one slot at consecutive positions, GDN Log,
-// then rows::gdn_commit_rows over RowsState::gdn with the accepted counts).
+// The rows step: one decode step of the whole model over M rows (1 <= M <= rows::kMaxRows) on the multi-row kernels
+// (kernels/rows/; the exactness contract: kernels/rows/rows_mm.h). A row is one token of one sequence; the
+// sequences' states live in slot-strided pools (RowsState). Shared by the batched decode (decode_batch: M distinct
+// slots, one row each, GDN Advance) and the speculative verify (one slot at consecutive positions, GDN Log, then
+// rows::gdn_commit_rows over RowsState::gdn with the accepted counts).
 //
 // Interface in short:
 //   RowsState   where the per-sequence state is: per attention layer a KvPool, per GDN layer a GdnLayer

@@ -1,5 +1,5 @@
 // Multi-row decode kernels, part 1 (cudakern): quantized matrix products, MoE and sampling over M rows
-// (1 <= M <= 64; ROWS_CONTRACT.md). A row is one token; activations are row-major [M][width] fp32.
+// (1 <= M <= 64). A row is one token; activations are row-major [M][width] fp32.
 // Every function is asynchronous on `stream`, allocates nothing, is CUDA-graph capturable and launched
 // with programmatic dependent launch (launch.cuh rules).
 //

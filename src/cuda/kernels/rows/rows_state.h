@@ -1,4 +1,4 @@
-// Multi-row decode step, the per-sequence-state kernels (ROWS_CONTRACT.md): embedding gather, q/k
+// Multi-row decode step, the per-sequence-state kernels (exactness: rows_mm.h): embedding gather, q/k
 // norm + RoPE + KV append, attention over per-sequence KV caches, Gated DeltaNet conv + recurrence,
 // and the rollback of the GDN/conv state after MTP verification. (The weight kernels of the step —
 // GEMV, MoE, sampling — are declared in rows.h.)
