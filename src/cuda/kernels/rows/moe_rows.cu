@@ -36,10 +36,11 @@ using ::lilac::cuda::dev::pdl_trigger;
 using ::lilac::cuda::dev::pdl_wait;
 
 constexpr int kMaxBlockChunks = 64;  // chunk descriptors a block caches (the host sizes the grid for it)
-// One-tile chunks of 4-bit experts (M <= 32) take the precomputed OneTile path (tc_rows.cuh); 8-bit experts keep
-// tile_rows (their 4 chunks' OneTile would not fit in the registers).
-template <int BITS, int NP>
-constexpr bool kOneTile = NP == 1 && BITS == 4;
+// Chunks of 4-bit experts with one mma tile, or two through the rings, take the precomputed ChunkTiles path
+// (tc_rows.cuh); 8-bit experts and the two-tile register walk keep tile_rows (there ChunkTiles would not fit in
+// the registers).
+template <int BITS, int NP, int D>
+constexpr bool kChunkTiles = BITS == 4 && (NP == 1 || (NP == 2 && D > 0));
 
 // A position in a block's walk: item (work items fit in 32 bits: at most (M·k + M) chunks × row blocks), k-tile
 // step j of the item, and the item's chunk cq (absolute) and row block rb inside the chunk, advanced by
@@ -284,7 +285,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_gate_up_rows_kernel(GateUpArg
   };
   int cur_cq = -1, n_tok = 0;
   uint32_t tmask = 0;
-  OneTile<BITS> one;  // kOneTile: the lane's B units and output groups for the chunk's rows
+  ChunkTiles<BITS, NP> ct;  // kChunkTiles: the lane's B units and output groups for the chunk's rows
   // A new chunk: its rows' staged input into shared memory (ring kernels: plain loads, which leave the rings'
   // cp.async groups alone).
   auto stage_chunk = [&](int cq) {
@@ -313,7 +314,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_gate_up_rows_kernel(GateUpArg
     __syncthreads();
     cur_cq = cq;
     tmask = (1u << n_tok) - 1u;
-    if constexpr (kOneTile<BITS, NP>) one = one_tile<BITS>(lr, xstride, MT * xstride, mstride, tmask);
+    if constexpr (kChunkTiles<BITS, NP, D>) ct = chunk_tiles<BITS, NP>(lr, xstride, MT * xstride, mstride, tmask);
   };
   float acc[NP][S::NCH][2];
   clear_acc<BITS, NP>(acc);
@@ -324,8 +325,8 @@ __global__ void __launch_bounds__(kThreads, 2) moe_gate_up_rows_kernel(GateUpArg
     const int cq = st.cq - c_lo, rb = st.rb;
     const int kt = ks + st.j * KS;
     if (kt < KT) {
-      if constexpr (kOneTile<BITS, NP>)
-        tile_one_acc<BITS>(cur, xf, one, meta, kt, ngroups_k, lr, acc);
+      if constexpr (kChunkTiles<BITS, NP, D>)
+        tile_chunk_acc<BITS, NP>(cur, xf, ct, meta, kt, ngroups_k, lr, acc);
       else
         tile_rows_acc<BITS, NP, PH>(cur, xf, xstride, meta, mstride, zero, kt, ngroups_k, lr, tmask,
                                     active_tiles<BITS>(tmask), acc);
@@ -464,8 +465,8 @@ __global__ void __launch_bounds__(kThreads, 2) moe_down_rows_kernel(DownArgs a) 
   };
   int cur_cq = -1;
   uint32_t tmask = 0;
-  OneTile<BITS> one;         // kOneTile: the lane's B units and output groups for the chunk's rows
-  int gvo[S::NCH];           // kOneTile: where chunk i's output group of this lane starts in gv (k-tile 0, output 0)
+  ChunkTiles<BITS, NP> ct;   // kChunkTiles: the lane's B units and output groups for the chunk's rows
+  int gvo[NP][S::NCH];       // kChunkTiles: where tile p's chunk-i output group of this lane starts in gv (k-tile 0)
   auto stage_chunk = [&](int cq, int K_l) {
     __syncthreads();  // the previous chunk's fragments are read no more; s_ent, zero block visible
     const int n_tok = s_desc[cq].z;
@@ -477,10 +478,12 @@ __global__ void __launch_bounds__(kThreads, 2) moe_down_rows_kernel(DownArgs a) 
     __syncthreads();
     cur_cq = cq;
     tmask = (1u << n_tok) - 1u;
-    if constexpr (kOneTile<BITS, NP>) {
-      one = one_tile<BITS>(lr, xstride, MT * xstride, mstride, tmask);
+    if constexpr (kChunkTiles<BITS, NP, D>) {
+      ct = chunk_tiles<BITS, NP>(lr, xstride, MT * xstride, mstride, tmask);
 #pragma unroll
-      for (int i = 0; i < S::NCH; ++i) gvo[i] = s_gvb[lr.otok(i)] + lr.osig(i) * int(H);
+      for (int p = 0; p < NP; ++p)
+#pragma unroll
+        for (int i = 0; i < S::NCH; ++i) gvo[p][i] = s_gvb[p * S::TPM + lr.otok(i)] + lr.osig(i) * int(H);
     }
   };
   // The math of step st with its tile in cur: every present row's group values of this warp's 16 output rows.
@@ -491,9 +494,9 @@ __global__ void __launch_bounds__(kThreads, 2) moe_down_rows_kernel(DownArgs a) 
     const int64_t rb = int64_t(st.rb) * kWarps + warp;
     if (st.j < (routed ? KTI : KTS) && rb < nrbH) {
       const int n0 = int(rb) * 16 + g, Hi = int(H);
-      if constexpr (kOneTile<BITS, NP>) {
-        tile_one_store<BITS>(cur, xf, one, meta, st.j, K_l / kGroup, lr, [&](int i, float gv0, float gv1) {
-          float* dst = a.sc.gv + (gvo[i] + st.j * 4 * Hi + n0);
+      if constexpr (kChunkTiles<BITS, NP, D>) {
+        tile_chunk_store<BITS, NP>(cur, xf, ct, meta, st.j, K_l / kGroup, lr, [&](int p, int i, float gv0, float gv1) {
+          float* dst = a.sc.gv + (gvo[p][i] + st.j * 4 * Hi + n0);
           if (n0 < Hi) dst[0] = gv0;
           if (n0 + 8 < Hi) dst[8] = gv1;
         });

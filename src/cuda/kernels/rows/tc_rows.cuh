@@ -296,95 +296,118 @@ __device__ __forceinline__ void tile_rows_store(const RowTile<BITS>& t, const ch
   });
 }
 
-// ------------------------------------------------------------------------------------------------ one-tile chunks
-// A lane's fixed part of b_unit and of the group values for a chunk of one mma tile (NP = 1: the MoE kernels up to
-// M = 32), computed when the chunk's rows change instead of in every k-tile step (Nsight Compute: ~20 instructions
-// per chunk and step rebuilt the lane constants and the row tests). Chunk i: the lane's B units of k-tile kt at
-// xf + off[i] + kt·kst[i] (kst = 0: the zero block, read for every k-tile), its output row present (on[i]), and
-// the meta of its output group at meta[moff[i] + 4·kt].
-template <int BITS>
-struct OneTile {
+// ------------------------------------------------------------------------------------------------ chunk tiles
+// A lane's fixed part of b_unit and of the group values for a chunk's rows (the MoE kernels), computed when the
+// chunk changes instead of in every k-tile step (Nsight Compute: ~20 instructions per chunk and step rebuilt the
+// lane constants and the row tests). Tile p, chunk i: the lane's B units of k-tile kt at xf + off + kt·kst (kst
+// = 0: the zero block, read for every k-tile), its output row present (on), the meta of its output group at
+// meta[moff + 4·kt]; np_act: the tiles holding a present row.
+template <int BITS, int NP>
+struct ChunkTiles {
   static constexpr int NCH = TcShape<BITS>::NCH;
-  int off[NCH], kst[NCH], moff[NCH];
-  bool on[NCH];
+  int off[NP][NCH], kst[NP][NCH], moff[NP][NCH];
+  bool on[NP][NCH];
+  int np_act;
 };
-template <int BITS>
-__device__ __forceinline__ OneTile<BITS> one_tile(const LaneRows<BITS>& lr, int xstride, int zero_off, int mstride,
-                                                  uint32_t tmask) {
-  OneTile<BITS> o;
+template <int BITS, int NP>
+__device__ __forceinline__ ChunkTiles<BITS, NP> chunk_tiles(const LaneRows<BITS>& lr, int xstride, int zero_off,
+                                                            int mstride, uint32_t tmask) {
+  ChunkTiles<BITS, NP> o;
 #pragma unroll
-  for (int i = 0; i < TcShape<BITS>::NCH; ++i) {
-    const int bt = lr.btok(i), ot = lr.otok(i);
-    const bool bv = lr.bvalid() && ((tmask >> bt) & 1u);
-    o.off[i] = bv ? bt * xstride + lr.boff(i) : zero_off;
-    o.kst[i] = bv ? kTileXBytes : 0;
-    o.on[i] = (tmask >> ot) & 1u;
-    o.moff[i] = ot * mstride + lr.osig(i);
-  }
+  for (int p = 0; p < NP; ++p)
+#pragma unroll
+    for (int i = 0; i < TcShape<BITS>::NCH; ++i) {
+      const int bt = p * TcShape<BITS>::TPM + lr.btok(i), ot = p * TcShape<BITS>::TPM + lr.otok(i);
+      const bool bv = lr.bvalid() && ((tmask >> bt) & 1u);
+      o.off[p][i] = bv ? bt * xstride + lr.boff(i) : zero_off;
+      o.kst[p][i] = bv ? kTileXBytes : 0;
+      o.on[p][i] = (tmask >> ot) & 1u;
+      o.moff[p][i] = ot * mstride + lr.osig(i);
+    }
+  o.np_act = active_tiles<BITS>(tmask);
   return o;
 }
-// tile_rows<BITS, 1, 1> for one k-tile kt with the chunk's OneTile: fin(i, dot0, dot1) as tile_rows gives it for
-// tile 0 (the same units, mmas and sums in the same order).
-template <int BITS, typename Fin>
-__device__ __forceinline__ void tile_one(const RowTile<BITS>& t, const char* xf, const OneTile<BITS>& o, int kt,
-                                         Fin&& fin) {
+// tile_rows<BITS, NP, PH> for one k-tile kt with the chunk's ChunkTiles: fin(p, i, dot0, dot1) as tile_rows gives
+// it (the same units, mmas and sums in the same order).
+template <int BITS, int NP, typename Fin>
+__device__ __forceinline__ void tile_chunk(const RowTile<BITS>& t, const char* xf, const ChunkTiles<BITS, NP>& o, int kt,
+                                           Fin&& fin) {
   using S = TcShape<BITS>;
+  constexpr int PH = NP > 2 ? 2 : NP;
 #pragma unroll
   for (int i = 0; i < S::NCH; ++i) {
-    const char* xb = xf + o.off[i] + kt * o.kst[i];
-    float d[2][4];
 #pragma unroll
-    for (int z = 0; z < 4; ++z) d[0][z] = d[1][z] = 0.f;
+    for (int q = 0; q < NP / PH; ++q) {
+      if (NP == 1 || q * PH < o.np_act) {
+        float d[PH][2][4];
+        const char* xb[PH];
 #pragma unroll
-    for (int u = 0; u < S::U; ++u) {
-      uint32_t a0[4], a1[4];
-      if constexpr (BITS == 4) {
-        uint32_t ha[4], hb[4];
-        dq4(sel4(t.w[0][i], u), ha);
-        dq4(sel4(t.w[1][i], u), hb);
-        a0[0] = ha[0], a0[1] = hb[0], a0[2] = ha[1], a0[3] = hb[1];
-        a1[0] = ha[2], a1[1] = hb[2], a1[2] = ha[3], a1[3] = hb[3];
-      } else {
-        uint32_t ha[2], hb[2];
-        dq8(sel4(t.w[0][i], 2 * u), ha);
-        dq8(sel4(t.w[1][i], 2 * u), hb);
-        a0[0] = ha[0], a0[1] = hb[0], a0[2] = ha[1], a0[3] = hb[1];
-        dq8(sel4(t.w[0][i], 2 * u + 1), ha);
-        dq8(sel4(t.w[1][i], 2 * u + 1), hb);
-        a1[0] = ha[0], a1[1] = hb[0], a1[2] = ha[1], a1[3] = hb[1];
+        for (int pp = 0; pp < PH; ++pp) {
+          xb[pp] = xf + o.off[q * PH + pp][i] + kt * o.kst[q * PH + pp][i];
+#pragma unroll
+          for (int z = 0; z < 4; ++z) d[pp][0][z] = d[pp][1][z] = 0.f;
+        }
+#pragma unroll
+        for (int u = 0; u < S::U; ++u) {
+          uint32_t a0[4], a1[4];
+          if constexpr (BITS == 4) {
+            uint32_t ha[4], hb[4];
+            dq4(sel4(t.w[0][i], u), ha);
+            dq4(sel4(t.w[1][i], u), hb);
+            a0[0] = ha[0], a0[1] = hb[0], a0[2] = ha[1], a0[3] = hb[1];
+            a1[0] = ha[2], a1[1] = hb[2], a1[2] = ha[3], a1[3] = hb[3];
+          } else {
+            uint32_t ha[2], hb[2];
+            dq8(sel4(t.w[0][i], 2 * u), ha);
+            dq8(sel4(t.w[1][i], 2 * u), hb);
+            a0[0] = ha[0], a0[1] = hb[0], a0[2] = ha[1], a0[3] = hb[1];
+            dq8(sel4(t.w[0][i], 2 * u + 1), ha);
+            dq8(sel4(t.w[1][i], 2 * u + 1), hb);
+            a1[0] = ha[0], a1[1] = hb[0], a1[2] = ha[1], a1[3] = hb[1];
+          }
+#pragma unroll
+          for (int pp = 0; pp < PH; ++pp) {
+            if (NP == 1 || q * PH + pp < o.np_act) {
+              const uint4 xv = *reinterpret_cast<const uint4*>(xb[pp] + u * 128);
+              ::lilac::cuda::dev::mma_m16n8k16_f16(d[pp][0], a0[0], a0[1], a0[2], a0[3], xv.x, xv.y);
+              ::lilac::cuda::dev::mma_m16n8k16_f16(d[pp][1], a1[0], a1[1], a1[2], a1[3], xv.z, xv.w);
+            }
+          }
+        }
+#pragma unroll
+        for (int pp = 0; pp < PH; ++pp)
+          if (NP == 1 || q * PH + pp < o.np_act)
+            fin(q * PH + pp, i, (d[pp][0][0] + d[pp][0][1]) + (d[pp][1][0] + d[pp][1][1]),
+                (d[pp][0][2] + d[pp][0][3]) + (d[pp][1][2] + d[pp][1][3]));
       }
-      const uint4 xv = *reinterpret_cast<const uint4*>(xb + u * 128);
-      ::lilac::cuda::dev::mma_m16n8k16_f16(d[0], a0[0], a0[1], a0[2], a0[3], xv.x, xv.y);
-      ::lilac::cuda::dev::mma_m16n8k16_f16(d[1], a1[0], a1[1], a1[2], a1[3], xv.z, xv.w);
     }
-    fin(i, (d[0][0] + d[0][1]) + (d[1][0] + d[1][1]), (d[0][2] + d[0][3]) + (d[1][2] + d[1][3]));
   }
 }
-// tile_rows_acc<BITS, 1, 1> with the chunk's OneTile.
-template <int BITS>
-__device__ __forceinline__ void tile_one_acc(const RowTile<BITS>& t, const char* xf, const OneTile<BITS>& o,
-                                             const float2* meta, int kt, int ngroups, const LaneRows<BITS>& lr,
-                                             float (&acc)[1][TcShape<BITS>::NCH][2]) {
+// tile_rows_acc<BITS, NP, PH> with the chunk's ChunkTiles.
+template <int BITS, int NP>
+__device__ __forceinline__ void tile_chunk_acc(const RowTile<BITS>& t, const char* xf, const ChunkTiles<BITS, NP>& o,
+                                               const float2* meta, int kt, int ngroups, const LaneRows<BITS>& lr,
+                                               float (&acc)[NP][TcShape<BITS>::NCH][2]) {
   const GroupScale<BITS> gs(t, lr);
-  tile_one<BITS>(t, xf, o, kt, [&](int i, float dot0, float dot1) {
-    if (o.on[i] && kt * 4 + lr.osig(i) < ngroups) {
-      const float2 mm = meta[o.moff[i] + 4 * kt];
-      acc[0][i][0] = fmaf(1.f, gs.value(t, lr, i, 0, dot0, mm), acc[0][i][0]);
-      acc[0][i][1] = fmaf(1.f, gs.value(t, lr, i, 1, dot1, mm), acc[0][i][1]);
+  tile_chunk<BITS, NP>(t, xf, o, kt, [&](int p, int i, float dot0, float dot1) {
+    if (o.on[p][i] && kt * 4 + lr.osig(i) < ngroups) {
+      const float2 mm = meta[o.moff[p][i] + 4 * kt];
+      acc[p][i][0] = fmaf(1.f, gs.value(t, lr, i, 0, dot0, mm), acc[p][i][0]);
+      acc[p][i][1] = fmaf(1.f, gs.value(t, lr, i, 1, dot1, mm), acc[p][i][1]);
     }
   });
 }
-// tile_rows_store<BITS, 1, 1> with the chunk's OneTile: store(i, gv of row g, gv of row g+8) for chunk i's
-// output group (row otok(i), slot osig(i)) when that row is present.
-template <int BITS, typename Store>
-__device__ __forceinline__ void tile_one_store(const RowTile<BITS>& t, const char* xf, const OneTile<BITS>& o,
-                                               const float2* meta, int kt, int ngroups, const LaneRows<BITS>& lr,
-                                               Store&& store) {
+// tile_rows_store<BITS, NP, PH> with the chunk's ChunkTiles: store(p, i, gv of row g, gv of row g+8) for tile p's
+// chunk-i output group (row p·TPM + otok(i), slot osig(i)) when that row is present.
+template <int BITS, int NP, typename Store>
+__device__ __forceinline__ void tile_chunk_store(const RowTile<BITS>& t, const char* xf, const ChunkTiles<BITS, NP>& o,
+                                                 const float2* meta, int kt, int ngroups, const LaneRows<BITS>& lr,
+                                                 Store&& store) {
   const GroupScale<BITS> gs(t, lr);
-  tile_one<BITS>(t, xf, o, kt, [&](int i, float dot0, float dot1) {
-    if (o.on[i] && kt * 4 + lr.osig(i) < ngroups) {
-      const float2 mm = meta[o.moff[i] + 4 * kt];
-      store(i, gs.value(t, lr, i, 0, dot0, mm), gs.value(t, lr, i, 1, dot1, mm));
+  tile_chunk<BITS, NP>(t, xf, o, kt, [&](int p, int i, float dot0, float dot1) {
+    if (o.on[p][i] && kt * 4 + lr.osig(i) < ngroups) {
+      const float2 mm = meta[o.moff[p][i] + 4 * kt];
+      store(p, i, gs.value(t, lr, i, 0, dot0, mm), gs.value(t, lr, i, 1, dot1, mm));
     }
   });
 }
