@@ -141,6 +141,27 @@ struct LaneRows {
   __device__ __forceinline__ int osig(int i) const { return BITS == 4 ? 2 * i + (c & 1) : i; }
 };
 
+// Unit u of chunk i of a lane's weight tile, dequantized once into the A registers of the unit's two mmas (a0 for
+// the first k16 half, a1 for the second): rows g and g+8 interleaved as the fragment layout wants them.
+template <int BITS>
+__device__ __forceinline__ void unit_a(const RowTile<BITS>& t, int i, int u, uint32_t (&a0)[4], uint32_t (&a1)[4]) {
+  if constexpr (BITS == 4) {
+    uint32_t ha[4], hb[4];
+    dq4(sel4(t.w[0][i], u), ha);
+    dq4(sel4(t.w[1][i], u), hb);
+    a0[0] = ha[0], a0[1] = hb[0], a0[2] = ha[1], a0[3] = hb[1];
+    a1[0] = ha[2], a1[1] = hb[2], a1[2] = ha[3], a1[3] = hb[3];
+  } else {
+    uint32_t ha[2], hb[2];
+    dq8(sel4(t.w[0][i], 2 * u), ha);
+    dq8(sel4(t.w[1][i], 2 * u), hb);
+    a0[0] = ha[0], a0[1] = hb[0], a0[2] = ha[1], a0[3] = hb[1];
+    dq8(sel4(t.w[0][i], 2 * u + 1), ha);
+    dq8(sel4(t.w[1][i], 2 * u + 1), hb);
+    a1[0] = ha[0], a1[1] = hb[0], a1[2] = ha[1], a1[3] = hb[1];
+  }
+}
+
 // One k-tile kt (of the weights and of the staged fragments alike; ngroups: the weights' groups) for NP mma
 // tiles of rows: accumulates the group values of this lane's output columns into acc[p][i][h] (chunk i's
 // columns, rows g / g+8). xf: fragments of row 0 of the block's row tile (row t at xf + t·xstride); meta: row
@@ -194,21 +215,7 @@ __device__ __forceinline__ void tile_rows(const RowTile<BITS>& t, const char* xf
 #pragma unroll
         for (int u = 0; u < S::U; ++u) {
           uint32_t a0[4], a1[4];  // A registers of the unit's two mmas (d0: a0, d1: a1)
-          if constexpr (BITS == 4) {
-            uint32_t ha[4], hb[4];
-            dq4(sel4(t.w[0][i], u), ha);
-            dq4(sel4(t.w[1][i], u), hb);
-            a0[0] = ha[0], a0[1] = hb[0], a0[2] = ha[1], a0[3] = hb[1];
-            a1[0] = ha[2], a1[1] = hb[2], a1[2] = ha[3], a1[3] = hb[3];
-          } else {
-            uint32_t ha[2], hb[2];
-            dq8(sel4(t.w[0][i], 2 * u), ha);
-            dq8(sel4(t.w[1][i], 2 * u), hb);
-            a0[0] = ha[0], a0[1] = hb[0], a0[2] = ha[1], a0[3] = hb[1];
-            dq8(sel4(t.w[0][i], 2 * u + 1), ha);
-            dq8(sel4(t.w[1][i], 2 * u + 1), hb);
-            a1[0] = ha[0], a1[1] = hb[0], a1[2] = ha[1], a1[3] = hb[1];
-          }
+          unit_a<BITS>(t, i, u, a0, a1);
 #pragma unroll
           for (int pp = 0; pp < PH; ++pp) {
             if (q * PH + pp < np_act) {
@@ -350,21 +357,7 @@ __device__ __forceinline__ void tile_chunk(const RowTile<BITS>& t, const char* x
 #pragma unroll
         for (int u = 0; u < S::U; ++u) {
           uint32_t a0[4], a1[4];
-          if constexpr (BITS == 4) {
-            uint32_t ha[4], hb[4];
-            dq4(sel4(t.w[0][i], u), ha);
-            dq4(sel4(t.w[1][i], u), hb);
-            a0[0] = ha[0], a0[1] = hb[0], a0[2] = ha[1], a0[3] = hb[1];
-            a1[0] = ha[2], a1[1] = hb[2], a1[2] = ha[3], a1[3] = hb[3];
-          } else {
-            uint32_t ha[2], hb[2];
-            dq8(sel4(t.w[0][i], 2 * u), ha);
-            dq8(sel4(t.w[1][i], 2 * u), hb);
-            a0[0] = ha[0], a0[1] = hb[0], a0[2] = ha[1], a0[3] = hb[1];
-            dq8(sel4(t.w[0][i], 2 * u + 1), ha);
-            dq8(sel4(t.w[1][i], 2 * u + 1), hb);
-            a1[0] = ha[0], a1[1] = hb[0], a1[2] = ha[1], a1[3] = hb[1];
-          }
+          unit_a<BITS>(t, i, u, a0, a1);
 #pragma unroll
           for (int pp = 0; pp < PH; ++pp) {
             if (NP == 1 || q * PH + pp < o.np_act) {
@@ -507,21 +500,7 @@ __device__ __forceinline__ void tile_mma(const RowTile<BITS>& t, const char* xf,
 #pragma unroll
     for (int u = 0; u < S::U; ++u) {
       uint32_t a0[4], a1[4];  // A registers of the unit's two mmas (d0: a0, d1: a1)
-      if constexpr (BITS == 4) {
-        uint32_t ha[4], hb[4];
-        dq4(sel4(t.w[0][i], u), ha);
-        dq4(sel4(t.w[1][i], u), hb);
-        a0[0] = ha[0], a0[1] = hb[0], a0[2] = ha[1], a0[3] = hb[1];
-        a1[0] = ha[2], a1[1] = hb[2], a1[2] = ha[3], a1[3] = hb[3];
-      } else {
-        uint32_t ha[2], hb[2];
-        dq8(sel4(t.w[0][i], 2 * u), ha);
-        dq8(sel4(t.w[1][i], 2 * u), hb);
-        a0[0] = ha[0], a0[1] = hb[0], a0[2] = ha[1], a0[3] = hb[1];
-        dq8(sel4(t.w[0][i], 2 * u + 1), ha);
-        dq8(sel4(t.w[1][i], 2 * u + 1), hb);
-        a1[0] = ha[0], a1[1] = hb[0], a1[2] = ha[1], a1[3] = hb[1];
-      }
+      unit_a<BITS>(t, i, u, a0, a1);
 #pragma unroll
       for (int p = 0; p < NA; ++p) {
         const uint4 xv = *reinterpret_cast<const uint4*>(xb[p] + u * 128);
