@@ -188,17 +188,14 @@ __device__ __forceinline__ int active_tiles(uint32_t tmask) {
   return tmask ? (31 - __clz(int(tmask))) / TcShape<BITS>::TPM + 1 : 0;
 }
 
-// One k-tile kt (of the weights and of the staged fragments alike) for the first np_act of NP mma tiles of
-// rows. Per chunk i and pass of PH mma tiles, each weight unit is dequantized once and multiplied with the B
-// units of the PH tiles; then fin(p, i, dot0, dot1) gets the group dots of this lane's output columns of
-// tile p, chunk i (rows g, g+8). The mma chains are today's (per column: the units u in order).
-// xf: fragments of row 0 of the block's row tile (row t at xf + t·xstride); tmask: rows present.
-template <int BITS, int NP, int PH, typename Fin>
-__device__ __forceinline__ void tile_rows(const RowTile<BITS>& t, const char* xf, int xstride, const char* zero, int kt,
-                                          const LaneRows<BITS>& lr, uint32_t tmask, int np_act, Fin&& fin) {
+// The k-tile walk the tile functions share: per chunk i and pass of PH of the first np_act of NP mma tiles, each
+// weight unit is dequantized once (unit_a) and multiplied with the B units xb_of(p, i) of the pass's tiles (the
+// unit's address for u = 0; u at + 128·u); then fin(p, i, dot0, dot1) gets the group dots of this lane's output
+// columns of tile p, chunk i (rows g, g+8). The mma chains are today's (per column: the units u in order).
+template <int BITS, int NP, int PH, typename XbOf, typename Fin>
+__device__ __forceinline__ void walk_tile(const RowTile<BITS>& t, int np_act, XbOf&& xb_of, Fin&& fin) {
   using S = TcShape<BITS>;
   static_assert(NP % PH == 0, "passes of PH mma tiles");
-  if constexpr (NP == 1) np_act = tmask != 0u ? 1 : 0;  // (no leading-zero count per step)
 #pragma unroll
   for (int i = 0; i < S::NCH; ++i) {
 #pragma unroll
@@ -208,7 +205,7 @@ __device__ __forceinline__ void tile_rows(const RowTile<BITS>& t, const char* xf
         const char* xb[PH];
 #pragma unroll
         for (int pp = 0; pp < PH; ++pp) {
-          xb[pp] = b_unit<BITS>(lr, xf, xstride, zero, kt, q * PH + pp, i, tmask);
+          xb[pp] = xb_of(q * PH + pp, i);
 #pragma unroll
           for (int z = 0; z < 4; ++z) d[pp][0][z] = d[pp][1][z] = 0.f;
         }
@@ -233,6 +230,17 @@ __device__ __forceinline__ void tile_rows(const RowTile<BITS>& t, const char* xf
       }
     }
   }
+}
+
+// One k-tile kt (of the weights and of the staged fragments alike) for the first np_act of NP mma tiles of
+// rows, in passes of PH tiles (walk_tile), the B units found by b_unit. xf: fragments of row 0 of the block's
+// row tile (row t at xf + t·xstride); tmask: rows present.
+template <int BITS, int NP, int PH, typename Fin>
+__device__ __forceinline__ void tile_rows(const RowTile<BITS>& t, const char* xf, int xstride, const char* zero, int kt,
+                                          const LaneRows<BITS>& lr, uint32_t tmask, int np_act, Fin&& fin) {
+  if constexpr (NP == 1) np_act = tmask != 0u ? 1 : 0;  // (no leading-zero count per step)
+  walk_tile<BITS, NP, PH>(
+      t, np_act, [&](int p, int i) { return b_unit<BITS>(lr, xf, xstride, zero, kt, p, i, tmask); }, fin);
 }
 
 // The value of one row's group, s·2^E·dot + (zc·s + b)·Σx, computed as gemv_tc's group_value computes it:
@@ -339,42 +347,8 @@ __device__ __forceinline__ ChunkTiles<BITS, NP> chunk_tiles(const LaneRows<BITS>
 template <int BITS, int NP, typename Fin>
 __device__ __forceinline__ void tile_chunk(const RowTile<BITS>& t, const char* xf, const ChunkTiles<BITS, NP>& o, int kt,
                                            Fin&& fin) {
-  using S = TcShape<BITS>;
-  constexpr int PH = NP > 2 ? 2 : NP;
-#pragma unroll
-  for (int i = 0; i < S::NCH; ++i) {
-#pragma unroll
-    for (int q = 0; q < NP / PH; ++q) {
-      if (NP == 1 || q * PH < o.np_act) {
-        float d[PH][2][4];
-        const char* xb[PH];
-#pragma unroll
-        for (int pp = 0; pp < PH; ++pp) {
-          xb[pp] = xf + o.off[q * PH + pp][i] + kt * o.kst[q * PH + pp][i];
-#pragma unroll
-          for (int z = 0; z < 4; ++z) d[pp][0][z] = d[pp][1][z] = 0.f;
-        }
-#pragma unroll
-        for (int u = 0; u < S::U; ++u) {
-          uint32_t a0[4], a1[4];
-          unit_a<BITS>(t, i, u, a0, a1);
-#pragma unroll
-          for (int pp = 0; pp < PH; ++pp) {
-            if (NP == 1 || q * PH + pp < o.np_act) {
-              const uint4 xv = *reinterpret_cast<const uint4*>(xb[pp] + u * 128);
-              ::lilac::cuda::dev::mma_m16n8k16_f16(d[pp][0], a0[0], a0[1], a0[2], a0[3], xv.x, xv.y);
-              ::lilac::cuda::dev::mma_m16n8k16_f16(d[pp][1], a1[0], a1[1], a1[2], a1[3], xv.z, xv.w);
-            }
-          }
-        }
-#pragma unroll
-        for (int pp = 0; pp < PH; ++pp)
-          if (NP == 1 || q * PH + pp < o.np_act)
-            fin(q * PH + pp, i, (d[pp][0][0] + d[pp][0][1]) + (d[pp][1][0] + d[pp][1][1]),
-                (d[pp][0][2] + d[pp][0][3]) + (d[pp][1][2] + d[pp][1][3]));
-      }
-    }
-  }
+  walk_tile<BITS, NP, (NP > 2 ? 2 : NP)>(
+      t, NP == 1 ? 1 : o.np_act, [&](int p, int i) { return xf + o.off[p][i] + kt * o.kst[p][i]; }, fin);
 }
 // tile_rows_acc<BITS, NP, PH> with the chunk's ChunkTiles.
 template <int BITS, int NP>
@@ -478,41 +452,14 @@ __device__ __forceinline__ const char* b_unit_lane(const LaneRows<BITS>& lr, con
   return (lr.bvalid() && ((tmask >> bt) & 1u)) ? xf + bt * xstride + kt * kTileXBytes + lr.boff(i) : zero + lr.boff(i);
 }
 
-// One k-tile kt (of the weights and of the staged fragments alike) for mma tiles 0..NA-1 of the rows: per
-// chunk i, each weight unit is dequantized once and multiplied with the B units of the NA tiles; then
-// fin(p, i, dot0, dot1) gets the group dots of this lane's output columns of tile p, chunk i (rows g, g+8).
-// The mma chains are today's (per column: the units u in order). xf: fragments of row 0 of the block's rows
-// (row t at xf + t·xstride); tmask: rows present.
+// One k-tile kt (of the weights and of the staged fragments alike) for mma tiles 0..NA-1 of the rows, in one pass
+// (walk_tile), the B units found by b_unit_lane. xf: fragments of row 0 of the block's rows (row t at
+// xf + t·xstride); tmask: rows present.
 template <int BITS, int NA, typename Fin>
 __device__ __forceinline__ void tile_mma(const RowTile<BITS>& t, const char* xf, int xstride, const char* zero, int kt,
                                          const LaneRows<BITS>& lr, uint32_t tmask, Fin&& fin) {
-  using S = TcShape<BITS>;
-#pragma unroll
-  for (int i = 0; i < S::NCH; ++i) {
-    float d[NA][2][4];
-    const char* xb[NA];
-#pragma unroll
-    for (int p = 0; p < NA; ++p) {
-      xb[p] = b_unit_lane<BITS>(lr, xf, xstride, zero, kt, p, i, tmask);
-#pragma unroll
-      for (int z = 0; z < 4; ++z) d[p][0][z] = d[p][1][z] = 0.f;
-    }
-#pragma unroll
-    for (int u = 0; u < S::U; ++u) {
-      uint32_t a0[4], a1[4];  // A registers of the unit's two mmas (d0: a0, d1: a1)
-      unit_a<BITS>(t, i, u, a0, a1);
-#pragma unroll
-      for (int p = 0; p < NA; ++p) {
-        const uint4 xv = *reinterpret_cast<const uint4*>(xb[p] + u * 128);
-        ::lilac::cuda::dev::mma_m16n8k16_f16(d[p][0], a0[0], a0[1], a0[2], a0[3], xv.x, xv.y);
-        ::lilac::cuda::dev::mma_m16n8k16_f16(d[p][1], a1[0], a1[1], a1[2], a1[3], xv.z, xv.w);
-      }
-    }
-#pragma unroll
-    for (int p = 0; p < NA; ++p)
-      fin(p, i, (d[p][0][0] + d[p][0][1]) + (d[p][1][0] + d[p][1][1]),
-          (d[p][0][2] + d[p][0][3]) + (d[p][1][2] + d[p][1][3]));
-  }
+  walk_tile<BITS, NA, NA>(
+      t, NA, [&](int p, int i) { return b_unit_lane<BITS>(lr, xf, xstride, zero, kt, p, i, tmask); }, fin);
 }
 
 // f(std::integral_constant<int, NA>) for the tile count NA in {1, 2, 4, NP} that covers np_act (1..NP) active
