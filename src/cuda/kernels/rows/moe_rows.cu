@@ -220,6 +220,31 @@ __device__ __forceinline__ Step next_item(Step s, int iters, int nb) {
   return s;
 }
 
+// The staged input rows (fragments + meta) of a chunk's n_tok entries into shared memory: with plain loads for the
+// ring kernels (D > 0: cp.async copies would join the rings' groups, and block_copy16's 8 loads in flight per
+// thread take registers those kernels lack), through cp.async otherwise (waited for here).
+template <int D>
+__device__ __forceinline__ void copy_chunk_rows(const char* frag, const float2* gmeta, const int* ent, int n_tok,
+                                                char* xf, float2* meta, int xstride, int mstride) {
+  for (int t = 0; t < n_tok; ++t) {
+    const int64_t row = ent[t] >> 8;
+    if constexpr (D > 0) {
+      const uint4* src = reinterpret_cast<const uint4*>(frag + row * xstride);
+      const float4* msrc = reinterpret_cast<const float4*>(gmeta + row * mstride);
+      for (int i = threadIdx.x; i < xstride / 16; i += kThreads)
+        reinterpret_cast<uint4*>(xf + t * xstride)[i] = __ldcg(src + i);
+      for (int i = threadIdx.x; i < mstride / 2; i += kThreads)
+        reinterpret_cast<float4*>(meta + t * mstride)[i] = __ldcg(msrc + i);
+    } else {
+      for (int i = threadIdx.x; i < xstride / 16; i += kThreads)
+        cp_async16(xf + t * xstride + 16 * i, frag + row * xstride + 16 * i);
+      for (int i = threadIdx.x; i < mstride / 2; i += kThreads)
+        cp_async16(meta + t * mstride + 2 * i, gmeta + row * mstride + 2 * i);
+    }
+  }
+  if constexpr (D == 0) cp_async_wait_all();
+}
+
 // ------------------------------------------------------------------------------------------------ gate/up
 // D: depth of the warps' k-tile rings (ring_walk; 0: reg_walk, two register tiles one step ahead).
 template <int BITS, int NP, int D>
@@ -286,31 +311,11 @@ __global__ void __launch_bounds__(kThreads, 2) moe_gate_up_rows_kernel(GateUpArg
   int cur_cq = -1, n_tok = 0;
   uint32_t tmask = 0;
   ChunkTiles<BITS, NP> ct;  // kChunkTiles: the lane's B units and output groups for the chunk's rows
-  // A new chunk: its rows' staged input into shared memory (ring kernels: plain loads, which leave the rings'
-  // cp.async groups alone).
+  // A new chunk: its rows' staged input into shared memory.
   auto stage_chunk = [&](int cq) {
     __syncthreads();  // the previous chunk's fragments are read no more; s_ent, zero block visible
     n_tok = s_desc[cq].z;
-    if constexpr (D > 0) {  // (block_copy16's 8 loads in flight per thread: registers the ring kernel lacks)
-      for (int t = 0; t < n_tok; ++t) {
-        const int64_t row = s_ent[cq][t] >> 8;
-        const uint4* src = reinterpret_cast<const uint4*>(a.frag + row * xstride);
-        const float4* msrc = reinterpret_cast<const float4*>(a.meta + row * mstride);
-        for (int i = threadIdx.x; i < xstride / 16; i += kThreads)
-          reinterpret_cast<uint4*>(xf + t * xstride)[i] = __ldcg(src + i);
-        for (int i = threadIdx.x; i < mstride / 2; i += kThreads)
-          reinterpret_cast<float4*>(meta + t * mstride)[i] = __ldcg(msrc + i);
-      }
-    } else {
-      for (int t = 0; t < n_tok; ++t) {
-        const int64_t row = s_ent[cq][t] >> 8;
-        for (int i = threadIdx.x; i < xstride / 16; i += kThreads)
-          cp_async16(xf + t * xstride + 16 * i, a.frag + row * xstride + 16 * i);
-        for (int i = threadIdx.x; i < mstride / 2; i += kThreads)
-          cp_async16(meta + t * mstride + 2 * i, a.meta + row * mstride + 2 * i);
-      }
-      cp_async_wait_all();
-    }
+    copy_chunk_rows<D>(a.frag, a.meta, s_ent[cq], n_tok, xf, meta, xstride, mstride);
     __syncthreads();
     cur_cq = cq;
     tmask = (1u << n_tok) - 1u;
