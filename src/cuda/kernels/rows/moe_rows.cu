@@ -507,8 +507,9 @@ __global__ void __launch_bounds__(kThreads, 2) moe_down_rows_kernel(DownArgs a) 
         });
       } else {
         tile_rows_store<BITS, NP, PH>(cur, xf, xstride, meta, mstride, zero, st.j, K_l / kGroup, lr, tmask,
-                                      active_tiles<BITS>(tmask), [&](int t, int sg, float gv0, float gv1) {
-                                        float* dst = a.sc.gv + (s_gvb[t] + (st.j * 4 + sg) * Hi + n0);
+                                      active_tiles<BITS>(tmask), [&](int p, int i, float gv0, float gv1) {
+                                        float* dst = a.sc.gv + (s_gvb[p * S::TPM + lr.otok(i)] +
+                                                                (st.j * 4 + lr.osig(i)) * Hi + n0);
                                         if (n0 < Hi) dst[0] = gv0;
                                         if (n0 + 8 < Hi) dst[8] = gv1;
                                       });

@@ -277,38 +277,41 @@ struct GroupScale {
   }
 };
 
-// tile_rows with the group values of the present rows accumulated into acc[p][i][h] (the dense and gate/up
-// chains; meta: row t's group G at meta[t·mstride + G]; ngroups: the weights' groups).
-template <int BITS, int NP, int PH>
-__device__ __forceinline__ void tile_rows_acc(const RowTile<BITS>& t, const char* xf, int xstride, const float2* meta,
-                                              int mstride, const char* zero, int kt, int ngroups,
-                                              const LaneRows<BITS>& lr, uint32_t tmask, int np_act,
-                                              float (&acc)[NP][TcShape<BITS>::NCH][2]) {
-  const GroupScale<BITS> gs(t, lr);
-  tile_rows<BITS, NP, PH>(t, xf, xstride, zero, kt, lr, tmask, np_act, [&](int p, int i, float dot0, float dot1) {
-    const int ot = p * TcShape<BITS>::TPM + lr.otok(i), G = kt * 4 + lr.osig(i);
-    if (((tmask >> ot) & 1u) && G < ngroups) {
-      const float2 mm = meta[ot * mstride + G];
-      acc[p][i][0] = fmaf(1.f, gs.value(t, lr, i, 0, dot0, mm), acc[p][i][0]);
-      acc[p][i][1] = fmaf(1.f, gs.value(t, lr, i, 1, dot1, mm), acc[p][i][1]);
-    }
-  });
-}
-
-// tile_rows with each present row's group values handed to store(row t of the tile, group slot sg, gv of row
-// g, gv of row g+8) (MoE down keeps every group's value).
+// tile_rows with each present row's group values handed to store(p, i, gv of row g, gv of row g+8) for tile p's
+// chunk-i output group (row p·TPM + otok(i) of the tile, group slot osig(i); meta: row t's group G at
+// meta[t·mstride + G]; ngroups: the weights' groups). MoE down keeps every group's value.
 template <int BITS, int NP, int PH, typename Store>
 __device__ __forceinline__ void tile_rows_store(const RowTile<BITS>& t, const char* xf, int xstride, const float2* meta,
                                                 int mstride, const char* zero, int kt, int ngroups,
                                                 const LaneRows<BITS>& lr, uint32_t tmask, int np_act, Store&& store) {
   const GroupScale<BITS> gs(t, lr);
   tile_rows<BITS, NP, PH>(t, xf, xstride, zero, kt, lr, tmask, np_act, [&](int p, int i, float dot0, float dot1) {
-    const int ot = p * TcShape<BITS>::TPM + lr.otok(i), sg = lr.osig(i), G = kt * 4 + sg;
+    const int ot = p * TcShape<BITS>::TPM + lr.otok(i), G = kt * 4 + lr.osig(i);
     if (((tmask >> ot) & 1u) && G < ngroups) {
       const float2 mm = meta[ot * mstride + G];
-      store(ot, sg, gs.value(t, lr, i, 0, dot0, mm), gs.value(t, lr, i, 1, dot1, mm));
+      store(p, i, gs.value(t, lr, i, 0, dot0, mm), gs.value(t, lr, i, 1, dot1, mm));
     }
   });
+}
+
+// Adds the group values a store step hands over to the chains acc[p][i][h] (the dense and gate/up kernels).
+template <int BITS, int NP>
+struct AccStore {
+  float (&acc)[NP][TcShape<BITS>::NCH][2];
+  __device__ __forceinline__ void operator()(int p, int i, float v0, float v1) const {
+    acc[p][i][0] = fmaf(1.f, v0, acc[p][i][0]);
+    acc[p][i][1] = fmaf(1.f, v1, acc[p][i][1]);
+  }
+};
+
+// tile_rows with the group values of the present rows accumulated into acc[p][i][h].
+template <int BITS, int NP, int PH>
+__device__ __forceinline__ void tile_rows_acc(const RowTile<BITS>& t, const char* xf, int xstride, const float2* meta,
+                                              int mstride, const char* zero, int kt, int ngroups,
+                                              const LaneRows<BITS>& lr, uint32_t tmask, int np_act,
+                                              float (&acc)[NP][TcShape<BITS>::NCH][2]) {
+  tile_rows_store<BITS, NP, PH>(t, xf, xstride, meta, mstride, zero, kt, ngroups, lr, tmask, np_act,
+                                AccStore<BITS, NP>{acc});
 }
 
 // ------------------------------------------------------------------------------------------------ chunk tiles
@@ -350,20 +353,6 @@ __device__ __forceinline__ void tile_chunk(const RowTile<BITS>& t, const char* x
   walk_tile<BITS, NP, (NP > 2 ? 2 : NP)>(
       t, NP == 1 ? 1 : o.np_act, [&](int p, int i) { return xf + o.off[p][i] + kt * o.kst[p][i]; }, fin);
 }
-// tile_rows_acc<BITS, NP, PH> with the chunk's ChunkTiles.
-template <int BITS, int NP>
-__device__ __forceinline__ void tile_chunk_acc(const RowTile<BITS>& t, const char* xf, const ChunkTiles<BITS, NP>& o,
-                                               const float2* meta, int kt, int ngroups, const LaneRows<BITS>& lr,
-                                               float (&acc)[NP][TcShape<BITS>::NCH][2]) {
-  const GroupScale<BITS> gs(t, lr);
-  tile_chunk<BITS, NP>(t, xf, o, kt, [&](int p, int i, float dot0, float dot1) {
-    if (o.on[p][i] && kt * 4 + lr.osig(i) < ngroups) {
-      const float2 mm = meta[o.moff[p][i] + 4 * kt];
-      acc[p][i][0] = fmaf(1.f, gs.value(t, lr, i, 0, dot0, mm), acc[p][i][0]);
-      acc[p][i][1] = fmaf(1.f, gs.value(t, lr, i, 1, dot1, mm), acc[p][i][1]);
-    }
-  });
-}
 // tile_rows_store<BITS, NP, PH> with the chunk's ChunkTiles: store(p, i, gv of row g, gv of row g+8) for tile p's
 // chunk-i output group (row p·TPM + otok(i), slot osig(i)) when that row is present.
 template <int BITS, int NP, typename Store>
@@ -377,6 +366,13 @@ __device__ __forceinline__ void tile_chunk_store(const RowTile<BITS>& t, const c
       store(p, i, gs.value(t, lr, i, 0, dot0, mm), gs.value(t, lr, i, 1, dot1, mm));
     }
   });
+}
+// tile_rows_acc<BITS, NP, PH> with the chunk's ChunkTiles.
+template <int BITS, int NP>
+__device__ __forceinline__ void tile_chunk_acc(const RowTile<BITS>& t, const char* xf, const ChunkTiles<BITS, NP>& o,
+                                               const float2* meta, int kt, int ngroups, const LaneRows<BITS>& lr,
+                                               float (&acc)[NP][TcShape<BITS>::NCH][2]) {
+  tile_chunk_store<BITS, NP>(t, xf, o, meta, kt, ngroups, lr, AccStore<BITS, NP>{acc});
 }
 
 // The chunk whose output columns hold row τ of an mma tile in lane c (the inverse of LaneRows::otok).
