@@ -197,7 +197,7 @@ struct DenseCtx {
     a.norm_w = nw.as<float>();
     a.z = z.as<float>();
     a.head_dim = 128;
-    (sh.bits == 4 ? a.frag4 : a.frag8) = frag.p;
+    (sh.bits == 4 ? a.frag4g : a.frag8) = frag.p;
     a.meta = meta.as<float2>();
     return a;
   }
@@ -386,7 +386,7 @@ void register_layer(const std::shared_ptr<MoECtx>& moe) {
   struct Ctx {
     Mats in_proj{12352, 2048, 4, 4}, out_proj{2048, 4096, 4, 4}, router{256, 2048, 8, 4}, seg{1, 2048, 8, 4};
     Buf proj{64 * 12352 * 4}, o{64 * 4096 * 4}, nw{4096 * 4}, logits{64 * 257 * 4}, frag4{lr::frag_row_bytes(4096) * 64},
-        frag8{lr::frag_row_bytes(2048) * 64}, meta{lr::meta_row_count(4096) * 8 * 64};
+        frag4g{lr::frag_row_bytes(4096) * 64}, frag8{lr::frag_row_bytes(2048) * 64}, meta{lr::meta_row_count(4096) * 8 * 64};
     Ctx() {
       upload_floats(proj.as<float>(), 64 * 12352, 1.f);
       upload_floats(o.as<float>(), 64 * 4096, 1.f);
@@ -399,7 +399,9 @@ void register_layer(const std::shared_ptr<MoECtx>& moe) {
     benchmark::RegisterBenchmark(("layer/gdn_dense+moe/M:" + std::to_string(M)).c_str(), [ctx, moe, M](benchmark::State& st) {
       auto& c = *ctx;
       auto& m = *moe;
-      auto stage = [&](cudaStream_t s, const float* x, int64_t K, lc::Prologue pro, const float* z, int64_t ldz, void* f8) {
+      // dense: the group layout for the 4-bit projections; else the MoE's layout and the router's (f8)
+      auto stage = [&](cudaStream_t s, const float* x, int64_t K, lc::Prologue pro, const float* z, int64_t ldz, void* f8,
+                       bool dense) {
         lr::StageArgs a;
         a.x = x;
         a.K = K;
@@ -409,7 +411,8 @@ void register_layer(const std::shared_ptr<MoECtx>& moe) {
         a.z = z;
         a.ldz = ldz;
         a.head_dim = 128;
-        a.frag4 = c.frag4.p;
+        a.frag4g = dense ? c.frag4g.p : nullptr;
+        a.frag4 = dense ? nullptr : c.frag4.p;
         a.frag8 = f8;
         a.meta = c.meta.as<float2>();
         lr::stage(a, s);
@@ -427,11 +430,11 @@ void register_layer(const std::shared_ptr<MoECtx>& moe) {
       };
       run_graph(st, 8, [&](cudaStream_t s, int i) {
         float* h = m.h.as<float>();
-        stage(s, h, 2048, lc::Prologue::RmsNorm, nullptr, 0, nullptr);
-        gemv(s, c.in_proj.get(i % 4), c.frag4.p, c.proj.as<float>(), 12352, false);
-        stage(s, c.o.as<float>(), 4096, lc::Prologue::GatedHeadNorm, c.proj.as<float>() + 8192, 12352, nullptr);
-        gemv(s, c.out_proj.get(i % 4), c.frag4.p, h, 2048, true);
-        stage(s, h, 2048, lc::Prologue::RmsNorm, nullptr, 0, c.frag8.p);
+        stage(s, h, 2048, lc::Prologue::RmsNorm, nullptr, 0, nullptr, true);
+        gemv(s, c.in_proj.get(i % 4), c.frag4g.p, c.proj.as<float>(), 12352, false);
+        stage(s, c.o.as<float>(), 4096, lc::Prologue::GatedHeadNorm, c.proj.as<float>() + 8192, 12352, nullptr, true);
+        gemv(s, c.out_proj.get(i % 4), c.frag4g.p, h, 2048, true);
+        stage(s, h, 2048, lc::Prologue::RmsNorm, nullptr, 0, c.frag8.p, false);
         gemv(s, c.router.get(i % 4), c.frag8.p, c.logits.as<float>(), 257, false);
         gemv(s, c.seg.get(i % 4), c.frag8.p, c.logits.as<float>() + 256, 257, false);
         lr::moe_route_rows(m.w, c.logits.as<float>(), 257, M, nullptr, m.sel.as<int32_t>(), m.selw.as<float>(),

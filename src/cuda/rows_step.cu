@@ -55,9 +55,10 @@ struct Ctx {
   const RowsArgs& a;
   cudaStream_t s;
 
-  // Stages x ([M][ldx], K wide) with the prologue into the layouts of the given weight bit widths.
-  void stage(const float* x, int64_t ldx, int64_t K, Prologue pro, const float* norm_w, bool need4, bool need8,
-             const float* z = nullptr, int64_t ldz = 0, int head_dim = 0) const {
+  // Stages x ([M][ldx], K wide) with the prologue into the layouts wanted: 4-bit dense (the group layout),
+  // 4-bit MoE, 8-bit.
+  void stage(const float* x, int64_t ldx, int64_t K, Prologue pro, const float* norm_w, bool need4g, bool need4,
+             bool need8, const float* z = nullptr, int64_t ldz = 0, int head_dim = 0) const {
     rows::StageArgs st;
     st.x = x;
     st.ldx = ldx;
@@ -70,6 +71,7 @@ struct Ctx {
     st.ldz = ldz;
     st.head_dim = head_dim;
     st.eps = float(m.cfg.rms_norm_eps);
+    st.frag4g = need4g ? sc.frag4g : nullptr;
     st.frag4 = need4 ? sc.frag4 : nullptr;
     st.frag8 = need8 ? sc.frag8 : nullptr;
     st.meta = sc.meta;
@@ -78,7 +80,7 @@ struct Ctx {
   void gemv(const QMatrixDev& W, float* y, int64_t ldy, bool acc) const {
     rows::GemvRowsArgs g;
     g.W = W;
-    g.frag = W.bits == 4 ? sc.frag4 : sc.frag8;
+    g.frag = W.bits == 4 ? sc.frag4g : sc.frag8;
     g.meta = sc.meta;
     g.M = a.M;
     g.row_slot = a.row_slot;
@@ -102,7 +104,7 @@ void attention_layer(const Ctx& c, const RowsState& st, const DevLayer& L, int a
   const ModelConfig& cfg = c.m.cfg;
   const RowsScratch& sc = c.sc;
   const int64_t H = cfg.hidden_size, ps = sc.proj_stride;
-  c.stage(sc.h, H, H, Prologue::RmsNorm, L.input_norm, proj_needs(L.in_proj, 4), proj_needs(L.in_proj, 8));
+  c.stage(sc.h, H, H, Prologue::RmsNorm, L.input_norm, proj_needs(L.in_proj, 4), false, proj_needs(L.in_proj, 8));
   c.proj(L.in_proj, sc.proj, ps);
   const AttnDecodeShape as = rows_attn_shape(cfg);
   rows::attn_qk_norm_rope_append_rows(as, c.a.M, c.a.row_slot, c.a.row_pos, sc.proj, ps, L.q_norm, L.k_norm,
@@ -110,7 +112,7 @@ void attention_layer(const Ctx& c, const RowsState& st, const DevLayer& L, int a
   rows::attention_rows(as, c.a.M, c.a.row_slot, c.a.row_pos, sc.q, sc.proj, ps, st.kv[size_t(ai)], st.n_split,
                        sc.partial, sc.attn_out, c.s);
   const int64_t width = int64_t(cfg.num_heads) * cfg.head_dim;
-  c.stage(sc.attn_out, width, width, Prologue::None, nullptr, L.out_proj.bits == 4, L.out_proj.bits == 8);
+  c.stage(sc.attn_out, width, width, Prologue::None, nullptr, L.out_proj.bits == 4, false, L.out_proj.bits == 8);
   c.gemv(L.out_proj, sc.h, H, true);
 }
 
@@ -118,12 +120,12 @@ void gdn_layer(const Ctx& c, const RowsState& st, const DevLayer& L, int gi) {
   const ModelConfig& cfg = c.m.cfg;
   const RowsScratch& sc = c.sc;
   const int64_t H = cfg.hidden_size, ps = sc.proj_stride, vd = cfg.gdn_value_dim();
-  c.stage(sc.h, H, H, Prologue::RmsNorm, L.input_norm, proj_needs(L.in_proj, 4), proj_needs(L.in_proj, 8));
+  c.stage(sc.h, H, H, Prologue::RmsNorm, L.input_norm, proj_needs(L.in_proj, 4), false, proj_needs(L.in_proj, 8));
   c.proj(L.in_proj, sc.proj, ps);
   rows::gdn_step_rows(rows_gdn_shape(cfg), st.gdn[size_t(gi)], st.gdn_pool, c.a.M, c.a.row_slot, sc.proj, ps, sc.gdn_o,
                       vd, c.a.gdn_mode, sc.gdn_conv, c.s);
   const float* z = sc.proj + cfg.gdn_conv_dim();
-  c.stage(sc.gdn_o, vd, vd, Prologue::GatedHeadNorm, L.gdn_norm, L.out_proj.bits == 4, L.out_proj.bits == 8, z, ps,
+  c.stage(sc.gdn_o, vd, vd, Prologue::GatedHeadNorm, L.gdn_norm, L.out_proj.bits == 4, false, L.out_proj.bits == 8, z, ps,
           cfg.linear_value_head_dim);
   c.gemv(L.out_proj, sc.h, H, true);
 }
@@ -133,7 +135,7 @@ void moe_block(const Ctx& c, const DevLayer& L) {
   const RowsScratch& sc = c.sc;
   const int64_t H = cfg.hidden_size, ldr = cfg.num_experts + 1;
   const int eb = L.moe.gate.first.bits;
-  c.stage(sc.h, H, H, Prologue::RmsNorm, L.post_norm, eb == 4 || proj_needs(L.router, 4),
+  c.stage(sc.h, H, H, Prologue::RmsNorm, L.post_norm, proj_needs(L.router, 4), eb == 4,
           eb == 8 || proj_needs(L.router, 8));
   c.proj(L.router, sc.rlogits, ldr);
   rows::moe_route_rows(L.moe, sc.rlogits, ldr, c.a.M, c.a.row_slot, sc.sel_ids, sc.sel_w, sc.moe, c.s);
@@ -172,7 +174,7 @@ size_t rows_scratch_bytes(const DevModel& m, int max_rows, int n_split) {
                   size_t(act_width(c)) + size_t(c.vocab_size));
   f += rows::attention_rows_partial_floats(rows_attn_shape(c), n_split, max_rows);
   size_t b = f * 4 + M * 4 * size_t(c.num_experts_per_tok);
-  b += 2 * M * rows::frag_row_bytes(int64_t(kmax)) + M * rows::meta_row_count(int64_t(kmax)) * sizeof(float2);
+  b += 3 * M * rows::frag_row_bytes(int64_t(kmax)) + M * rows::meta_row_count(int64_t(kmax)) * sizeof(float2);
   b += moe_scratch(m, max_rows) + rows::sample_rows_scratch_bytes(c.vocab_size, max_rows) + M * sizeof(SampleResult);
   return b;
 }
@@ -193,6 +195,7 @@ RowsScratch alloc_rows_scratch(DevAlloc& mem, const DevModel& m, int max_rows, i
   sc.attn_out = f32(size_t(c.num_heads) * c.head_dim);
   sc.gdn_o = f32(size_t(std::max<int64_t>(c.gdn_value_dim(), 4)));
   sc.gdn_conv = f32(size_t(std::max<int64_t>(c.gdn_conv_dim(), 4)));
+  sc.frag4g = mem.get(align256(M * rows::frag_row_bytes(sc.kmax)));
   sc.frag4 = mem.get(align256(M * rows::frag_row_bytes(sc.kmax)));
   sc.frag8 = mem.get(align256(M * rows::frag_row_bytes(sc.kmax)));
   sc.meta = static_cast<float2*>(mem.get(align256(M * rows::meta_row_count(sc.kmax) * sizeof(float2))));
@@ -254,7 +257,7 @@ void enqueue_rows_head(const DevModel& m, const RowsScratch& sc, const RowsArgs&
   check_rows(sc, a);
   const Ctx c{m, sc, a, s};
   const int64_t H = m.cfg.hidden_size;
-  c.stage(sc.h, H, H, Prologue::RmsNorm, m.final_norm, m.lm_head.bits == 4, m.lm_head.bits == 8);
+  c.stage(sc.h, H, H, Prologue::RmsNorm, m.final_norm, m.lm_head.bits == 4, false, m.lm_head.bits == 8);
   c.gemv(m.lm_head, sc.logits, m.cfg.vocab_size, false);
 }
 

@@ -56,7 +56,7 @@ struct RowsScratch {
   int64_t proj_stride = 0, act_stride = 0, kmax = 0;
   float *h = nullptr, *proj = nullptr, *q = nullptr, *attn_out = nullptr, *gdn_o = nullptr;
   float* gdn_conv = nullptr;  // [max_rows][gdn conv_dim]: gdn_step_rows' conv outputs
-  void *frag4 = nullptr, *frag8 = nullptr;
+  void *frag4g = nullptr, *frag4 = nullptr, *frag8 = nullptr;  // staged inputs (rows_mm.h: stage)
   float2* meta = nullptr;
   float* partial = nullptr;
   float *rlogits = nullptr, *sel_w = nullptr, *act = nullptr;

@@ -66,7 +66,7 @@ struct RowsGemvRun {
     st.z = dz.p;
     st.head_dim = head_dim;
     st.eps = 1e-6f;
-    (W.d.bits == 4 ? st.frag4 : st.frag8) = frag.p;
+    (W.d.bits == 4 ? st.frag4g : st.frag8) = frag.p;
     st.meta = meta.p;
     lr::stage(st, s);
     lr::GemvRowsArgs g;

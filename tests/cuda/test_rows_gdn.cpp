@@ -379,7 +379,7 @@ TEST(CudaRowsGdn, LayerChainEqualsTodaysPerRow) {
   sa.row_slot = dslot.p;
   sa.pro = lc::Prologue::RmsNorm;
   sa.norm_w = dnw.p;
-  sa.frag4 = frag.p;
+  sa.frag4g = frag.p;
   sa.meta = meta.p;
   lr::stage(sa, nullptr);
   lr::GemvRowsArgs ga;

@@ -1,5 +1,5 @@
-// Multi-row dense GEMV (rows_mm.h: stage + gemv_rows, both launches: gemv_rows.cu and gemv_rows_wide.cu for
-// many rows of a tall matrix) against the CPU reference (qmatvec of the prologue's output) on random inputs
+// Multi-row dense GEMV (rows_mm.h: stage + gemv_rows: the 4-bit group-layout kernel with one and two mma tiles
+// of 4 rows per block, the 8-bit kernel) against the CPU reference (qmatvec of the prologue's output) on random inputs
 // with NaN-poisoned or sentinel-filled outputs, at the model's shapes and odd ones;
 // every row bit for bit equal to today's single-row tensor-core kernel (gemv with GemvImpl::Tensor) on that
 // row alone; batch invariance (a row alone and inside M = 2, 7, 16, 64 with other rows and padding rows,
@@ -81,7 +81,7 @@ TEST(RowsGemv, MatchesCpuAndTodaysKernelRowByRow) {
                           {3, 64, 8, P::RmsNorm},       {130, 384, 4, P::GatedHeadNorm},   {515, 1024, 8, P::GatedHeadNorm}};
   for (const Shape& c : shapes) {
     for (int M : {1, 3, 8, 13, 16}) {
-      // the tall matrix (CPU reference: few rows) at M = 16 takes gemv_rows_wide (many row blocks)
+      // the tall matrix (CPU reference: few rows) at M = 16: 2 row tiles of 8 side by side
       if (c.rows > 20000 ? (M == 8 || M == 13) : M == 16) continue;
       for (int acc = 0; acc < 2; ++acc) {
         SCOPED_TRACE("rows " + std::to_string(c.rows) + " cols " + std::to_string(c.cols) + " bits " +
@@ -193,7 +193,7 @@ TEST(RowsGemv, PdlChainInAGraphMatchesCpu) {
     a.row_slot = dslot.p;
     a.pro = pro;
     a.norm_w = dnw.p;
-    (bits == 4 ? a.frag4 : a.frag8) = frag.p;
+    (bits == 4 ? a.frag4g : a.frag8) = frag.p;
     a.meta = meta.p;
     lr::stage(a, s);
   };

@@ -17,8 +17,12 @@
 // (4-bit: 2, 8-bit: 4) at byte offsets i*64 + c*16 of the row's tile (each warp load instruction reads
 // whole 32-byte sectors). The k order inside the mma is a permutation of the columns; the staged
 // fragments of x follow the same permutation (build_frags), so the dot products are unchanged.
+// That is the layout of the MoE kernels and of 8-bit weights. The dense 4-bit kernel (batch 1, the MTP head,
+// the LM head) uses the group layout of tc_g4.cuh instead — the same loads, each mma inside one group — which
+// lets the multi-row kernel (rows/gemv_rows.cu) put 4 input rows in one mma with the same bits per row.
 #include <algorithm>
 #include <string>
+#include <type_traits>
 
 #include "cuda/cuda_common.h"
 #include "cuda/kernels/gemv/gemv.h"
@@ -28,6 +32,7 @@
 #include "cuda/kernels/ptx.cuh"
 #include "cuda/kernels/qdot.cuh"
 #include "cuda/kernels/tc_common.cuh"
+#include "cuda/kernels/tc_g4.cuh"
 
 namespace lilac::cuda {
 namespace {
@@ -120,8 +125,9 @@ __device__ inline void stage_issue(const StageIn& in, const TcSmem& m, int K) {
     reinterpret_cast<uint4*>(m.xf + KT * kTileXBytes)[i] = make_uint4(0, 0, 0, 0);
 }
 
-// t(x) → fragments + meta once the copies landed. Ends with a barrier.
-template <int BITS>
+// t(x) → fragments + meta once the copies landed. Ends with a barrier. G4L: the group layout of the 4-bit
+// dense kernel (tc_g4.cuh) instead of the k-tile layout of BITS.
+template <int BITS, bool G4L = false>
 __device__ void stage_compute(const StageIn& in, const TcSmem& m, int K, float* red) {
   using S = TcShape<BITS>;
   cp_async_wait_all();
@@ -228,7 +234,7 @@ __device__ void stage_compute(const StageIn& in, const TcSmem& m, int K, float* 
     }
     if (t < n8t) {
       const int q = t / S::U, u = t % S::U, kt = q / S::CPT, rem = q % S::CPT;
-      char* dst = m.xf + kt * kTileXBytes + frag_off<BITS>(rem / 4, u, rem % 4, 0);
+      char* dst = G4L ? m.xf + g4_unit_off(t) : m.xf + kt * kTileXBytes + frag_off<BITS>(rem / 4, u, rem % 4, 0);
       *reinterpret_cast<uint4*>(dst) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
       *reinterpret_cast<uint4*>(dst + 16) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
       if ((t & 7) == 0) m.meta[t / 8] = make_float2(pow2i(E), sum);
@@ -374,9 +380,14 @@ __device__ __forceinline__ Step next_step(Step st, int iters) {
   return st;
 }
 
+// 4-bit weights take the group layout (tc_g4.cuh): the same tiles and loads, 4 mmas per group whose B columns
+// hold the one input row in lanes g = 0, 1 (hi / lo) and zeros elsewhere; lane (g, 0) ends with the row's chains
+// for weight rows g, g+8 (the other lanes' columns are the zero rows), bit for bit gemv_rows' row 0.
 template <int BITS, int KS>
 __global__ void __launch_bounds__(kThreads, kMinBlocks<BITS>) gemv_tc_kernel(GemvArgs a) {
   constexpr int RB = kWarps / KS;
+  constexpr bool G4 = BITS == 4;
+  using Tile = std::conditional_t<G4, G4Tile, TileRegs<BITS>>;
   extern __shared__ float4 smem4[];
   __shared__ float red[32];
   __shared__ float part[2][kWarps][16];
@@ -403,11 +414,14 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<BITS>) gemv_tc_kernel(Gem
     r[1] = row_ref(a.W, min(r0 + 8, rows - 1), BITS);
   };
   auto next = [&](Step s2) { return next_step(s2, iters); };
-  auto load = [&](TileRegs<BITS>& t, Step st) {
+  auto load = [&](Tile& t, Step st) {
     if (st.grp < ngrp && ks + st.j * KS < KT) {
       RowRef r[2];
       refs_for(st.grp, r);
-      load_tile<BITS>(t, r, ks + st.j * KS, c, ngroups_k);
+      if constexpr (G4)
+        load_g4_tile(t, r, ks + st.j * KS, c, ngroups_k);
+      else
+        load_tile<BITS>(t, r, ks + st.j * KS, c, ngroups_k);
     }
   };
   // epilogue thread e < RB·16 owns row (grp·RB + e/16)·16 + e%16 of each group
@@ -429,7 +443,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<BITS>) gemv_tc_kernel(Gem
 
   tc_mark(0);
   Step st{blockIdx.x, 0};
-  TileRegs<BITS> t0, t1;  // swapping roles each step (the loop body runs twice per iteration): no tile copies
+  Tile t0, t1;  // swapping roles each step (the loop body runs twice per iteration): no tile copies
   load(t0, st);
   load(t1, next(st));
   bool nxt_loaded = true;
@@ -440,21 +454,47 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<BITS>) gemv_tc_kernel(Gem
   tc_mark(1);
   y_fetch(st.grp);
   stage_issue(in, m, K);
-  stage_compute<BITS>(in, m, K, red);
+  stage_compute<BITS, G4>(in, m, K, red);
   tc_mark(3);
   bool first_group = true;
+  // G4: this lane's B unit of group G at xb0 + G·gst (the zero block, gst = 0, in lanes g >= 2)
+  const char* xb0 = ((g >> 1) == 0 ? m.xf : zero) + g4_lane_off(lane);
+  const int gst = (g >> 1) == 0 ? kG4GroupBytes : 0;
 
   float acc[2] = {0.f, 0.f};
   int par = 0;
-  auto step = [&](const TileRegs<BITS>& cur, TileRegs<BITS>& nxt) {
+  auto step = [&](const Tile& cur, Tile& nxt) {
     if (st.grp >= ngrp) return false;
     const Step ns = next(st);
     if (!nxt_loaded) load(nxt, ns);
     nxt_loaded = false;
     const int kt = ks + st.j * KS;
-    if (kt < KT) tile_accumulate<BITS>(cur, m, zero, kt, c, ngroups_k, lb, 1.f, acc);
+    if (kt < KT) {
+      if constexpr (G4) {
+        g4_walk<1>(
+            cur, lane, 1, [&](int, int q) { return xb0 + (kt * 4 + q) * gst; },
+            [&](int, int q, float dot0, float dot1, const G4Scale& sc) {
+              const int G = kt * 4 + q;
+              if (c == 0 && G < ngroups_k) {
+                const float2 mm = m.meta[G];
+                acc[0] += g4_value(sc, 0, dot0, mm);
+                acc[1] += g4_value(sc, 1, dot1, mm);
+              }
+            });
+      } else {
+        tile_accumulate<BITS>(cur, m, zero, kt, c, ngroups_k, lb, 1.f, acc);
+      }
+    }
     if (ns.j == 0) {  // end of the group: combine the k-slices, epilogue
-      write_partials(acc, part[par][warp], g, c);
+      if constexpr (G4) {
+        if (c == 0) {
+          part[par][warp][g] = acc[0];
+          part[par][warp][g + 8] = acc[1];
+        }
+        acc[0] = acc[1] = 0.f;
+      } else {
+        write_partials(acc, part[par][warp], g, c);
+      }
       cp_async_wait_all();  // this thread's epilogue copies
       __syncthreads();
       const int64_t r = epi_row(st.grp);

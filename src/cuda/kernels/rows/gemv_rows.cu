@@ -5,17 +5,18 @@
 // and summation order); a warp's next k-tile is requested before the current one's math; the KS partial sums
 // of a row are added in a fixed order. What changes: a block owns a tile of up to MT input rows (staged
 // fragments copied into shared memory once), and each weight tile, dequantized once into the A operand,
-// serves them all through NP mmas per chunk (tc_rows.cuh: 2 rows per mma for 4-bit, 4 for 8-bit). Larger
-// M runs several row tiles (gridDim.y) whose blocks walk the same weight rows in the same order, so the
-// repeated reads meet in L2. Many rows of a matrix with many row blocks go to gemv_rows_wide.cu instead.
+// serves them all. 4-bit weights: the group layout (tc_g4.cuh), 4 input rows per mma, NT mma tiles per block
+// (gemv_rows_g4_kernel, the arithmetic of gemv_tc's 4-bit kernel); 8-bit: the k-tile layout, 4 rows per mma
+// (tc_rows.cuh). Larger M runs several row tiles (gridDim.y) whose blocks walk the same weight rows in the same
+// order, so the repeated reads meet in L2.
 #include <algorithm>
 #include <string>
 
 #include "cuda/cuda_common.h"
 #include "cuda/kernels/launch.cuh"
-#include "cuda/kernels/rows/gemv_rows_wide.h"
 #include "cuda/kernels/rows/rows_mm.h"
 #include "cuda/kernels/rows/tc_rows.cuh"
+#include "cuda/kernels/tc_g4.cuh"
 
 namespace lilac::cuda::rows {
 namespace {
@@ -145,6 +146,130 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_rows_kernel(GemvRowsArgs a, 
   }
 }
 
+// The 4-bit kernel: NT mma tiles of 4 input rows (MT = 4·NT) per block; lane (g, c) keeps the chains of input
+// row 4p + c with weight rows g, g+8 (acc[p][h]); a row's chains are gemv_tc's 4-bit kernel's, bit for bit.
+template <int KS, int NT>
+__global__ void __launch_bounds__(kThreads, 2) gemv_rows_g4_kernel(GemvRowsArgs a) {
+  constexpr int RB = kWarps / KS, MT = 4 * NT;
+  extern __shared__ float4 smem4[];
+  __shared__ float part[2][kWarps][MT * 16];
+  __shared__ float epi_y[MT][RB * 16];
+  const int K = int(a.W.cols), KT = tc_kt(K), ngroups_k = K / kGroup;
+  const int xstride = KT * kTileXBytes, mstride = KT * 4;
+  char* xf = reinterpret_cast<char*>(smem4);
+  char* zero = xf + MT * xstride;
+  float2* meta = reinterpret_cast<float2*>(zero + kZeroBytes);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+  const int rbw = warp / KS, ks = warp % KS;
+  const int iters = (KT + KS - 1) / KS;
+  const int64_t nrows = a.W.rows, nrb = (nrows + 15) / 16, ngrp = (nrb + RB - 1) / RB;
+  const int64_t ldy = a.ldy > 0 ? a.ldy : nrows;
+  const int tok0 = blockIdx.y * MT, nt = min(MT, a.M - tok0);
+
+  auto next = [&](Step s2) { return next_step(s2, iters); };
+  auto load = [&](G4Tile& t, Step s2) {
+    if (s2.grp < ngrp && ks + s2.j * KS < KT) {
+      const int64_t r0 = (s2.grp * RB + rbw) * 16 + g;
+      const RowRef r[2] = {row_ref(a.W, min(r0, nrows - 1), 4), row_ref(a.W, min(r0 + 8, nrows - 1), 4)};
+      load_g4_tile(t, r, ks + s2.j * KS, c, ngroups_k);
+    }
+  };
+
+  Step st{blockIdx.x, 0};
+  G4Tile t0, t1;  // swapping roles each step (the loop body runs twice per iteration): no tile copies
+  load(t0, st);
+  load(t1, next(st));
+  bool nxt_loaded = true;
+  pdl_wait();
+  pdl_trigger();
+  const uint32_t tmask = present_rows(a.row_slot, tok0, nt);  // rows of this tile that are not padding
+  auto y_fetch = [&](int64_t grp) {
+    if (!a.accumulate || grp >= ngrp) return;
+    for (int e = threadIdx.x; e < nt * RB * 16; e += kThreads) {
+      const int tok = e / (RB * 16), rem = e % (RB * 16);
+      const int64_t n = (grp * RB + rem / 16) * 16 + rem % 16;
+      if (((tmask >> tok) & 1u) && n < nrows) cp_async4(&epi_y[tok][rem], a.y + (tok0 + tok) * ldy + n);
+    }
+  };
+  {
+    const char* gf = static_cast<const char*>(a.frag);
+    for (int t = 0; t < nt; ++t) {
+      if (!((tmask >> t) & 1u)) continue;
+      for (int i = threadIdx.x; i < xstride / 16; i += kThreads)
+        cp_async16(xf + t * xstride + 16 * i, gf + int64_t(tok0 + t) * xstride + 16 * i);
+      for (int i = threadIdx.x; i < mstride / 2; i += kThreads)
+        cp_async16(meta + t * mstride + 2 * i, a.meta + int64_t(tok0 + t) * mstride + 2 * i);
+    }
+    for (int i = threadIdx.x; i < kZeroBytes / 16; i += kThreads)
+      reinterpret_cast<uint4*>(zero)[i] = make_uint4(0, 0, 0, 0);
+  }
+  y_fetch(st.grp);
+  cp_async_wait_all();
+  __syncthreads();
+  const int np_act = tmask ? (31 - __clz(int(tmask))) / 4 + 1 : 0;
+  // this lane's B unit of group G of tile p at xb0[p] + G·gst[p]: input row 4p + g / 2, or the zero block
+  const char* xb0[NT];
+  int gst[NT];
+#pragma unroll
+  for (int p = 0; p < NT; ++p) {
+    const int bt = 4 * p + (g >> 1);
+    const bool on = (tmask >> bt) & 1u;
+    xb0[p] = (on ? xf + bt * xstride : zero) + g4_lane_off(lane);
+    gst[p] = on ? kG4GroupBytes : 0;
+  }
+
+  float acc[NT][2];
+#pragma unroll
+  for (int p = 0; p < NT; ++p) acc[p][0] = acc[p][1] = 0.f;
+  int par = 0;
+  auto step = [&](const G4Tile& cur, G4Tile& nxt) {
+    if (st.grp >= ngrp) return false;
+    const Step ns = next(st);
+    if (!nxt_loaded) load(nxt, ns);
+    nxt_loaded = false;
+    const int kt = ks + st.j * KS;
+    if (kt < KT) {
+      g4_walk<NT>(
+          cur, lane, np_act, [&](int p, int q) { return xb0[p] + (kt * 4 + q) * gst[p]; },
+          [&](int p, int q, float dot0, float dot1, const G4Scale& sc) {
+            const int ot = 4 * p + c, G = kt * 4 + q;
+            if (((tmask >> ot) & 1u) && G < ngroups_k) {
+              const float2 mm = meta[ot * mstride + G];
+              acc[p][0] += g4_value(sc, 0, dot0, mm);
+              acc[p][1] += g4_value(sc, 1, dot1, mm);
+            }
+          });
+    }
+    if (ns.j == 0) {  // end of the group: combine the k-slices, epilogue
+#pragma unroll
+      for (int p = 0; p < NT; ++p) {
+        part[par][warp][(4 * p + c) * 16 + g] = acc[p][0];
+        part[par][warp][(4 * p + c) * 16 + g + 8] = acc[p][1];
+        acc[p][0] = acc[p][1] = 0.f;
+      }
+      cp_async_wait_all();  // this thread's residual copies
+      __syncthreads();
+      for (int e = threadIdx.x; e < nt * RB * 16; e += kThreads) {
+        const int tok = e / (RB * 16), rem = e % (RB * 16), rb = rem / 16, rr = rem % 16;
+        const int64_t n = (st.grp * RB + rb) * 16 + rr;
+        if (((tmask >> tok) & 1u) && n < nrows) {
+          float v = 0.f;
+#pragma unroll
+          for (int s2 = 0; s2 < KS; ++s2) v += part[par][rb * KS + s2][tok * 16 + rr];
+          float* yp = a.y + (tok0 + tok) * ldy + n;
+          *yp = a.accumulate ? epi_y[tok][rem] + v : v;
+        }
+      }
+      par ^= 1;
+      y_fetch(ns.grp);
+    }
+    st = ns;
+    return true;
+  };
+  while (step(t0, t1) && step(t1, t0)) {
+  }
+}
+
 template <typename Kern>
 int resident_blocks(Kern kernel, size_t smem) {
   LILAC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
@@ -158,27 +283,37 @@ int resident_blocks(Kern kernel, size_t smem) {
 
 bool aligned(const void* p, uintptr_t n) { return reinterpret_cast<uintptr_t>(p) % n == 0; }
 
-template <int BITS, int KS, int NP>
-void launch(const GemvRowsArgs& a, cudaStream_t stream) {
-  constexpr int MT = NP * TcShape<BITS>::TPM, RB = kWarps / KS;
-  auto kernel = gemv_rows_kernel<BITS, KS, NP>;
+// The grid for MT rows per block: row tiles side by side (gridDim.y), each with as many blocks as are resident.
+template <int KS, typename Kern, typename... Extra>
+void launch_tiles(Kern kernel, int MT, const GemvRowsArgs& a, cudaStream_t stream, Extra... extra) {
+  constexpr int RB = kWarps / KS;
   const size_t smem = dense_smem_bytes(int(a.W.cols), MT);
   const int tiles = (a.M + MT - 1) / MT;
   const int64_t nrb = (a.W.rows + 15) / 16, groups = (nrb + RB - 1) / RB;
   const int64_t resident = int64_t(sm_count()) * resident_blocks(kernel, smem);
   const int gx = int(std::max<int64_t>(1, std::min<int64_t>(groups, resident / tiles)));
-  const int64_t gpr = a.W.cols / kGroup;
-  const bool sb_vec = gpr % 4 == 0 && aligned(a.W.scales, 8) && aligned(a.W.biases, 8);
-  launch_pdl(kernel, dim3(gx, tiles), dim3(kThreads), smem, stream, a, sb_vec);
+  launch_pdl(kernel, dim3(gx, tiles), dim3(kThreads), smem, stream, a, extra...);
 }
 
-template <int BITS, int NP>
-void launch_ks(int KS, const GemvRowsArgs& a, cudaStream_t stream) {
+// 8-bit weights (the router, the shared expert's gate): the k-tile layout, one mma tile of 4 rows per block.
+template <int KS>
+void launch8(const GemvRowsArgs& a, cudaStream_t stream) {
+  const int64_t gpr = a.W.cols / kGroup;
+  const bool sb_vec = gpr % 4 == 0 && aligned(a.W.scales, 8) && aligned(a.W.biases, 8);
+  launch_tiles<KS>(gemv_rows_kernel<8, KS, 1>, TcShape<8>::TPM, a, stream, sb_vec);
+}
+template <int KS, int NT>
+void launch4(const GemvRowsArgs& a, cudaStream_t stream) {
+  launch_tiles<KS>(gemv_rows_g4_kernel<KS, NT>, 4 * NT, a, stream);
+}
+
+template <int NT>
+void launch4_ks(int KS, const GemvRowsArgs& a, cudaStream_t stream) {
   switch (KS) {
-    case 1: launch<BITS, 1, NP>(a, stream); break;
-    case 2: launch<BITS, 2, NP>(a, stream); break;
-    case 4: launch<BITS, 4, NP>(a, stream); break;
-    default: launch<BITS, 8, NP>(a, stream); break;
+    case 1: launch4<1, NT>(a, stream); break;
+    case 2: launch4<2, NT>(a, stream); break;
+    case 4: launch4<4, NT>(a, stream); break;
+    default: launch4<8, NT>(a, stream); break;
   }
 }
 
@@ -190,8 +325,7 @@ bool gemv_rows_supported(const GemvRowsArgs& a) {
     return false;
   if (a.frag == nullptr || a.meta == nullptr || a.y == nullptr || a.M < 0 || a.M > 60000) return false;
   if (!aligned(a.frag, 16) || !aligned(a.meta, 16)) return false;
-  const int tpm = W.bits == 4 ? 2 : 4;
-  return dense_smem_bytes(int(W.cols), tpm) <= kMaxSmem;
+  return dense_smem_bytes(int(W.cols), 4) <= kMaxSmem;  // one mma tile of 4 rows (both layouts)
 }
 
 void gemv_rows(const GemvRowsArgs& a, cudaStream_t stream) {
@@ -204,22 +338,21 @@ void gemv_rows(const GemvRowsArgs& a, cudaStream_t stream) {
   const int64_t target = int64_t(sm_count()) * kTodayMinBlocks * kWarps;
   int KS = 1;
   while (KS < kWarps && KS < KT && nrb * KS < target) KS *= 2;
-  if (rows_wide_applies(a)) {  // many rows of a matrix with many row blocks (LM head): gemv_rows_wide.cu
-    gemv_rows_wide(a, KS, stream);
-    return;
-  }
   if (a.W.bits == 8) {
-    launch_ks<8, 1>(KS, a, stream);
+    switch (KS) {
+      case 1: launch8<1>(a, stream); break;
+      case 2: launch8<2>(a, stream); break;
+      case 4: launch8<4>(a, stream); break;
+      default: launch8<8>(a, stream); break;
+    }
     return;
   }
-  int NP = a.M <= 2 ? 1 : (a.M <= 4 ? 2 : 4);
-  while (NP > 1 && dense_smem_bytes(int(K), 2 * NP) > kMaxSmem) NP /= 2;
-  if (NP == 1)
-    launch_ks<4, 1>(KS, a, stream);
-  else if (NP == 2)
-    launch_ks<4, 2>(KS, a, stream);
+  // 4-bit: one mma tile (4 rows) per block up to 4 rows, else two where their staged input fits
+  const int NT = a.M > 4 && dense_smem_bytes(int(K), 8) <= kMaxSmem ? 2 : 1;
+  if (NT == 2)
+    launch4_ks<2>(KS, a, stream);
   else
-    launch_ks<4, 4>(KS, a, stream);
+    launch4_ks<1>(KS, a, stream);
 }
 
 }  // namespace lilac::cuda::rows

@@ -1,6 +1,7 @@
-// The weight stream of gemv_rows_wide.cu: a ring of D k-tile stages per warp in shared memory, filled by
-// cp.async D-1 steps ahead of the math, so that a warp keeps several weight tiles in flight whatever its
-// math does (bench/probe_rows_hw.cu streams the same pattern at ~4 TB/s with 8 warps per SM).
+// The weight stream of the MoE rows kernels (moe_rows.cu, where rings are on): a ring of D k-tile stages per
+// warp in shared memory, filled by cp.async D-1 steps ahead of the math, so that a warp keeps several weight
+// tiles in flight whatever its math does (bench/probe_rows_hw.cu streams the same pattern at ~4 TB/s with 8
+// warps per SM).
 //
 // A stage holds one k-tile of a 16-row block for one warp: each lane's own weight units (rows g, g+8, NCH
 // chunks: written and read by the same lane, lane-major so that a warp's 16-byte reads cover 512 contiguous
@@ -8,11 +9,6 @@
 // kind, read by the 4 lanes of a row after a __syncwarp). Units of groups past the matrix's last group are
 // zero-filled without a read. Scales / biases that are not 8-byte aligned in 4-group runs (odd shapes, partial
 // last tiles) are not staged; the reader loads them itself (load_sb_slow).
-//
-// The k-tiles of one 16-row block are walked slice by slice (slice_table): gemv_tc's k-slice s of KS holds the
-// k-tiles s, s + KS, ...; its chain of group values is summed per lane, then over the quad, and the slices'
-// sums are added in slice order — so a warp that walks several slices computes exactly what several warps
-// (one per slice) and their fixed-order combine compute today.
 #pragma once
 #include <cstdint>
 
@@ -119,19 +115,6 @@ struct WarpRing {
     return st;
   }
 };
-
-// The k-tiles of a 16-row block for a warp that owns slices s0, s0 + sstep, ... (< KS) of KT k-tiles cut into
-// KS slices, slice by slice: tbl[pos] = kt | 0x80 when kt is its slice's last tile. Returns the count (<= 64;
-// lanes of one warp fill it together, __syncwarp before use).
-__device__ inline int slice_table(uint8_t* tbl, int s0, int sstep, int KS, int KT, int lane) {
-  int n = 0;
-  for (int s = s0; s < KS && s < KT; s += sstep) {
-    const int ns = (KT - s + KS - 1) / KS;
-    for (int q = lane; q < ns; q += 32) tbl[n + q] = uint8_t((s + q * KS) | (q == ns - 1 ? 0x80 : 0));
-    n += ns;
-  }
-  return n;
-}
 
 // Copies n 16-byte units from global memory (written by an earlier kernel: after the PDL wait) into shared
 // memory with the block's threads, 8 loads in flight per thread; src(i) / dst(i) give unit i's addresses

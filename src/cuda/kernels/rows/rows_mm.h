@@ -6,8 +6,9 @@
 // Exactness and batch invariance. The tensor-core products compute, for every row, the same arithmetic as
 // today's single-row kernels (gemv_tc.cu): nibbles/bytes → fp16 exactly, the input split per 64-group into
 // fp16 hi + lo with a power-of-two scale, mma.sync with fp32 accumulation, the same k-slices and the same
-// fixed summation orders. Several rows share one mma (4-bit: 2 rows, 8-bit: 4 rows) in B columns that today's
-// kernel leaves zero, so a row's bits do not depend on M, on its position in the batch or on the other rows,
+// fixed summation orders. Several rows share one mma (4-bit MoE: 2 rows, 8-bit: 4 rows; 4-bit dense: 4 rows, in
+// the group layout that gemv_tc's 4-bit kernel uses with one) in B columns that the single-row kernel leaves
+// zero, so a row's bits do not depend on M, on its position in the batch or on the other rows,
 // and a row is bit for bit what gemv_tc / moe_gate_up_tc / moe_down_tc compute for it alone (tested by
 // memcmp; for MoE down when the expert width I is a multiple of 256, as in the model).
 //
@@ -25,9 +26,10 @@ namespace lilac::cuda::rows {
 
 // ------------------------------------------------------------------------------------------------ staging
 // The tensor-core input of M rows: t(x) (Prologue None / RmsNorm / GatedHeadNorm, as decode.h) split into
-// hi/lo fp16 fragments in the layout of 4-bit or 8-bit weights (frag: [M][frag_row_bytes(K)]) and the
-// per-64-group meta {2^E, Σx} (meta: [M][meta_row_count(K)] float2, shared by both layouts). One staging
-// serves every matrix that reads the same input (the parts of a projection; the router and MoE gate/up).
+// hi/lo fp16 fragments (each [M][frag_row_bytes(K)]) in up to three layouts: the group layout of the 4-bit
+// dense GEMV (frag4g, tc_g4.cuh), the k-tile layouts of the 4-bit MoE kernels (frag4) and of 8-bit weights
+// (frag8); and the per-64-group meta {2^E, Σx} (meta: [M][meta_row_count(K)] float2, shared by all). One
+// staging serves every matrix that reads the same input (the parts of a projection; the router and MoE gate/up).
 size_t frag_row_bytes(int64_t K);   // ceil(K / 256) * 1024
 size_t meta_row_count(int64_t K);   // ceil(K / 256) * 4
 struct StageArgs {
@@ -42,7 +44,8 @@ struct StageArgs {
   int64_t ldz = 0;                 // 0: K
   int head_dim = 0;
   float eps = 1e-6f;
-  void* frag4 = nullptr;           // layout for 4-bit weights (null: not wanted)
+  void* frag4g = nullptr;          // group layout for 4-bit dense weights (gemv_rows; null: not wanted)
+  void* frag4 = nullptr;           // k-tile layout for 4-bit MoE weights (moe_gate_up_rows; null: not wanted)
   void* frag8 = nullptr;           // layout for 8-bit weights (null: not wanted)
   float2* meta = nullptr;          // required
 };
@@ -51,13 +54,13 @@ bool stage_supported(const StageArgs& a);
 void stage(const StageArgs& a, cudaStream_t stream);
 
 // ------------------------------------------------------------------------------------------------ dense
-// y[r][n] (+)= Σ_k W[n][k] · t(x_r)[k] for the M staged rows (stage() output in the layout of W.bits).
-// W: 4- or 8-bit, 64-column groups. Each weight tile is loaded once per block of up to 8 (4-bit) / 4 (8-bit)
-// rows; larger M runs several such row tiles side by side, their blocks reading the same weights at the same
-// time (L2). The GDN conv epilogue of gemv_tc is not here (the conv kernel of the rows family does it).
+// y[r][n] (+)= Σ_k W[n][k] · t(x_r)[k] for the M staged rows (stage() output: frag4g for 4-bit W, frag8 for
+// 8-bit). W: 4- or 8-bit, 64-column groups. Each weight tile is loaded once per block of up to 8 (4-bit) / 4
+// (8-bit) rows; larger M runs several such row tiles side by side, their blocks reading the same weights at the
+// same time (L2). The GDN conv epilogue of gemv_tc is not here (the conv kernel of the rows family does it).
 struct GemvRowsArgs {
   QMatrixDev W;
-  const void* frag = nullptr;      // stage() output for W.bits
+  const void* frag = nullptr;      // stage() output: frag4g (4-bit W) or frag8
   const float2* meta = nullptr;
   int M = 0;
   const int32_t* row_slot = nullptr;

@@ -8,6 +8,7 @@
 #include "cuda/kernels/launch.cuh"
 #include "cuda/kernels/rows/rows_mm.h"
 #include "cuda/kernels/rows/tc_rows.cuh"
+#include "cuda/kernels/tc_g4.cuh"
 
 namespace lilac::cuda::rows {
 namespace {
@@ -102,6 +103,7 @@ __global__ void __launch_bounds__(kThreads) stage_kernel(StageArgs a) {
     head_sums(xs, hss, K, hd);
   }
   char* f4 = a.frag4 ? static_cast<char*>(a.frag4) + int64_t(r) * KT * kTileXBytes : nullptr;
+  char* f4g = a.frag4g ? static_cast<char*>(a.frag4g) + int64_t(r) * KT * kTileXBytes : nullptr;
   char* f8 = a.frag8 ? static_cast<char*>(a.frag8) + int64_t(r) * KT * kTileXBytes : nullptr;
   float2* meta = a.meta + int64_t(r) * KT * 4;
   for (int t0 = 0; t0 < n8t; t0 += blockDim.x) {
@@ -146,6 +148,11 @@ __global__ void __launch_bounds__(kThreads) stage_kernel(StageArgs a) {
         *reinterpret_cast<uint4*>(f4 + unit_off<4>(t)) = hi;
         *reinterpret_cast<uint4*>(f4 + unit_off<4>(t) + 16) = lo;
       }
+      if (f4g) {  // the group layout (tc_g4.cuh): the same fp16 pairs at another place
+        if (!f4) split_unit<4>(v, inv, hi, lo);
+        *reinterpret_cast<uint4*>(f4g + g4_unit_off(t)) = hi;
+        *reinterpret_cast<uint4*>(f4g + g4_unit_off(t) + 16) = lo;
+      }
       if (f8) {
         split_unit<8>(v, inv, hi, lo);
         *reinterpret_cast<uint4*>(f8 + unit_off<8>(t)) = hi;
@@ -164,10 +171,11 @@ size_t frag_row_bytes(int64_t K) { return size_t(tc_kt(K)) * kTileXBytes; }
 size_t meta_row_count(int64_t K) { return size_t(tc_kt(K)) * 4; }
 
 bool stage_supported(const StageArgs& a) {
-  if (a.K <= 0 || a.K % kGroup != 0 || a.M < 0 || a.meta == nullptr || (a.frag4 == nullptr && a.frag8 == nullptr))
+  if (a.K <= 0 || a.K % kGroup != 0 || a.M < 0 || a.meta == nullptr ||
+      (a.frag4 == nullptr && a.frag4g == nullptr && a.frag8 == nullptr))
     return false;
   const int64_t ldx = a.ldx > 0 ? a.ldx : a.K, ldz = a.ldz > 0 ? a.ldz : a.K;
-  if (!aligned16(a.x) || ldx % 4 != 0 || !aligned16(a.frag4) || !aligned16(a.frag8) || !aligned16(a.meta)) return false;
+  if (!aligned16(a.x) || ldx % 4 != 0 || !aligned16(a.frag4) || !aligned16(a.frag4g) || !aligned16(a.frag8) || !aligned16(a.meta)) return false;
   if (a.pro == Prologue::RmsNorm && (a.norm_w == nullptr || !aligned16(a.norm_w))) return false;
   if (a.pro == Prologue::GatedHeadNorm &&
       (a.head_dim <= 0 || a.head_dim % 4 != 0 || a.K % a.head_dim != 0 || a.z == nullptr || !aligned16(a.z) ||

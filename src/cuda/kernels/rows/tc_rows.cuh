@@ -415,10 +415,9 @@ __device__ __forceinline__ void write_partials_rows(float (&acc)[NP][TcShape<BIT
 }
 
 
-// ------------------------------------------------------------------------------------------------ whole rows
-// The pieces of gemv_rows_wide.cu (a warp walks every k-slice of a 16-row block, each weight unit is
-// dequantized once for all the block's rows; tile_rows above dequantizes once per pass of PH tiles).
-constexpr int kZeroTileBytes = 1024;  // one k-tile of zeros (b_unit_lane)
+// ------------------------------------------------------------------------------------------------ rings
+// Pieces of the MoE kernels' cp.async weight rings (ring_rows.cuh).
+constexpr int kZeroTileBytes = 1024;  // one k-tile of zeros
 
 // The scales / biases of tile kt of rows (g, g+8) one by one (rows whose scale rows are not 8-byte aligned
 // with a multiple of 4 groups, and partial last tiles; groups past `ngroups` read as 0).
@@ -436,96 +435,6 @@ __device__ __forceinline__ void load_sb_slow(RowTile<BITS>& t, const RowRef (&r)
     t.s[h] = make_uint2(s4[0] | (s4[1] << 16), s4[2] | (s4[3] << 16));
     t.b[h] = make_uint2(b4[0] | (b4[1] << 16), b4[2] | (b4[3] << 16));
   }
-}
-
-// The whole-row path's b_unit: where this lane's B unit of chunk i of mma tile p lives: the staged fragments of its row, or (a column
-// that is zero in today's layout, or an absent row) the zero k-tile (kZeroTileBytes) at the same offset, so
-// the lanes of a quarter-warp read disjoint banks.
-template <int BITS>
-__device__ __forceinline__ const char* b_unit_lane(const LaneRows<BITS>& lr, const char* xf, int xstride, const char* zero,
-                                              int kt, int p, int i, uint32_t tmask) {
-  const int bt = p * TcShape<BITS>::TPM + lr.btok(i);
-  return (lr.bvalid() && ((tmask >> bt) & 1u)) ? xf + bt * xstride + kt * kTileXBytes + lr.boff(i) : zero + lr.boff(i);
-}
-
-// One k-tile kt (of the weights and of the staged fragments alike) for mma tiles 0..NA-1 of the rows, in one pass
-// (walk_tile), the B units found by b_unit_lane. xf: fragments of row 0 of the block's rows (row t at
-// xf + t·xstride); tmask: rows present.
-template <int BITS, int NA, typename Fin>
-__device__ __forceinline__ void tile_mma(const RowTile<BITS>& t, const char* xf, int xstride, const char* zero, int kt,
-                                         const LaneRows<BITS>& lr, uint32_t tmask, Fin&& fin) {
-  walk_tile<BITS, NA, NA>(
-      t, NA, [&](int p, int i) { return b_unit_lane<BITS>(lr, xf, xstride, zero, kt, p, i, tmask); }, fin);
-}
-
-// f(std::integral_constant<int, NA>) for the tile count NA in {1, 2, 4, NP} that covers np_act (1..NP) active
-// mma tiles: one instantiation per count, so the inner loops carry no per-tile branches.
-template <int NP, typename F>
-__device__ __forceinline__ void with_tiles(int np_act, F&& f) {
-  if constexpr (NP > 4) {
-    if (np_act > 4) return f(std::integral_constant<int, NP>());
-  }
-  if constexpr (NP > 2) {
-    if (np_act > 2) return f(std::integral_constant<int, (NP < 4 ? NP : 4)>());
-  }
-  if constexpr (NP > 1) {
-    if (np_act > 1) return f(std::integral_constant<int, 2>());
-  }
-  f(std::integral_constant<int, 1>());
-}
-
-// tile_mma over the active mma tiles with the group values of the present rows accumulated into acc[p][i][h]
-// (the dense and gate/up chains; meta: row t's group G at meta[t·mstride + G]; ngroups: the weights' groups).
-template <int BITS, int NP>
-__device__ __forceinline__ void tile_acc(const RowTile<BITS>& t, const char* xf, int xstride, const float2* meta,
-                                         int mstride, const char* zero, int kt, int ngroups, const LaneRows<BITS>& lr,
-                                         uint32_t tmask, int np_act, float (&acc)[NP][TcShape<BITS>::NCH][2]) {
-  const GroupScale<BITS> gs(t, lr);
-  auto fin = [&](int p, int i, float dot0, float dot1) {
-    const int ot = p * TcShape<BITS>::TPM + lr.otok(i), G = kt * 4 + lr.osig(i);
-    if (((tmask >> ot) & 1u) && G < ngroups) {
-      const float2 mm = meta[ot * mstride + G];
-      acc[p][i][0] = fmaf(1.f, gs.value(t, lr, i, 0, dot0, mm), acc[p][i][0]);
-      acc[p][i][1] = fmaf(1.f, gs.value(t, lr, i, 1, dot1, mm), acc[p][i][1]);
-    }
-  };
-  with_tiles<NP>(np_act, [&](auto na) { tile_mma<BITS, decltype(na)::value>(t, xf, xstride, zero, kt, lr, tmask, fin); });
-}
-
-// End of a k-slice: per row t of the block's rows and weight row g + 8h, the sum of the slice's chains over
-// the 4 lanes of the quad, ((a_c + a_c^1) + (a_c^2 + a_c^3)) — gemv_tc's quad sum, bit for bit — scattered
-// over the quad: lane c keeps the sums of q = slice_q0(c) + j (j < QV / 4), q = 2·t + h. The accumulators
-// are cleared.
-template <int BITS, int NP>
-struct SliceSums {
-  static constexpr int QV = NP * TcShape<BITS>::TPM * 2, QL = QV / 4;
-};
-__device__ __forceinline__ int slice_q0(int c, int qv) { return (c & 1) * (qv / 2) + ((c >> 1) & 1) * (qv / 4); }
-template <int BITS, int NP>
-__device__ __forceinline__ void slice_reduce(float (&acc)[NP][TcShape<BITS>::NCH][2], int c,
-                                             float (&z)[SliceSums<BITS, NP>::QL]) {
-  using S = TcShape<BITS>;
-  constexpr int QV = SliceSums<BITS, NP>::QV, H1 = QV / 2, H2 = QV / 4;
-  float v[QV];
-#pragma unroll
-  for (int p = 0; p < NP; ++p)
-#pragma unroll
-    for (int tau = 0; tau < S::TPM; ++tau)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) v[(p * S::TPM + tau) * 2 + h] = acc_of_row<BITS>(acc[p], c, tau, h);
-  const bool u1 = c & 1, u2 = c & 2;
-  float w[H1];
-#pragma unroll
-  for (int j = 0; j < H1; ++j) {
-    const float keep = u1 ? v[H1 + j] : v[j], send = u1 ? v[j] : v[H1 + j];
-    w[j] = keep + __shfl_xor_sync(0xffffffffu, send, 1);
-  }
-#pragma unroll
-  for (int j = 0; j < H2; ++j) {
-    const float keep = u2 ? w[H2 + j] : w[j], send = u2 ? w[j] : w[H2 + j];
-    z[j] = keep + __shfl_xor_sync(0xffffffffu, send, 2);
-  }
-  clear_acc<BITS, NP>(acc);
 }
 
 }  // namespace lilac::cuda::rows_dev
