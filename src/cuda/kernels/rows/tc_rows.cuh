@@ -1,6 +1,7 @@
-// Device pieces of the multi-row tensor-core kernels (rows/*.cu). The arithmetic is gemv_tc.cu's, piece for
-// piece (nibble/byte → fp16, the hi + lo split of the input per 64-group, the mma, the group value), so that
-// a row computed here is bit for bit what the single-row kernel computes; the pieces both use (dq4 / dq8, the
+// Device pieces of the multi-row tensor-core kernels in the k-tile layout (the MoE kernels and 8-bit weights;
+// the 4-bit dense GEMV uses the group layout, tc_g4.cuh). The arithmetic is gemv_tc.cu's, piece for piece
+// (nibble/byte → fp16, the hi + lo split of the input per 64-group, the mma, the group value), so that a row
+// computed here is bit for bit what the single-row kernel computes; the pieces both use (dq4 / dq8, the
 // fragment layout, the power-of-two helpers, where a row lives) are tc_common.cuh's.
 //
 // Rows in one mma. Today's B operand holds 8 columns = 4 group slots × {hi, lo} of one input, and in the
