@@ -30,6 +30,7 @@
 
 #include "cuda/cuda_common.h"
 #include "cuda/kernels/attention/attention.h"
+#include "cuda/kernels/attention/qk_norm_rope.cuh"
 #include "cuda/kernels/launch.cuh"
 #include "cuda/kernels/ptx.cuh"
 #include "cuda/kernels/qdot.cuh"
@@ -103,41 +104,20 @@ __global__ void __launch_bounds__(128) qk_norm_rope_kernel(AttnDecodeShape s, co
   const float* src = is_q ? qg + int64_t(h) * 2 * hd : k + int64_t(h) * hd;
   const int64_t pos = *pos_p;
   float x[kMaxHeadDim / 32];
-  float ss = 0.f;
 #pragma unroll
   for (int j = 0; j < kMaxHeadDim / 32; ++j) {
     const int d = lane + 32 * j;
     x[j] = d < hd ? src[d] : 0.f;
-    ss += x[j] * x[j];
   }
-  ss = warp_sum(ss);
-  const float r = rsqrtf(ss / float(hd) + s.eps);
-  float* xw = xs[warp];
-#pragma unroll
-  for (int j = 0; j < kMaxHeadDim / 32; ++j) {
-    const int d = lane + 32 * j;
-    x[j] = x[j] * r * wv[j];
-    if (d < hd) xw[d] = x[j];
-  }
-  __syncwarp();
   const int64_t row = (pos * s.kv_heads + h) * hd;
-#pragma unroll
-  for (int j = 0; j < kMaxHeadDim / 32; ++j) {
-    const int d = lane + 32 * j;
-    if (d >= hd) break;
-    float val = x[j];
-    if (d < 2 * half) {
-      float sn, cs;
-      sincosf(float(pos) * fr[j], &sn, &cs);
-      val = d < half ? x[j] * cs - xw[d + half] * sn : x[j] * cs + xw[d - half] * sn;
-    }
+  qk_head_norm_rope(x, wv, fr, hd, half, s.eps, pos, xs[warp], lane, [&](int d, float val) {
     if (is_q) {
       q_out[int64_t(h) * hd + d] = val;
     } else {
       k_cache[row + d] = __float2bfloat16(val);
       v_cache[row + d] = __float2bfloat16(v[int64_t(h) * hd + d]);
     }
-  }
+  });
 }
 
 // ------------------------------------------------------------------------------------------------ split kernel
