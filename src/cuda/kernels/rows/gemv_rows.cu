@@ -45,6 +45,72 @@ __host__ __device__ inline size_t dense_smem_bytes(int K, int MT) {
   return size_t(MT) * KT * kTileXBytes + kZeroBytes + size_t(MT) * KT * 4 * sizeof(float2);
 }
 
+// What both kernels share around their k-tile math: the block's shape (RB row blocks × KS k-slices of 8 warps,
+// a tile of up to MT input rows tok0 .. tok0 + nt - 1; tmask, set after the PDL wait: the present ones), where
+// the staged input lives in shared memory, and the steps: copy the rows' staged input in, fetch the residual y
+// of a group of row blocks into epi_y ([MT][RB·16]), and at the end of the group add each row's KS k-slice sums
+// of part ([8][MT·16]) in slice order, plus the residual, into y.
+template <int KS, int MT>
+struct RowsBlock {
+  static constexpr int RB = kWarps / KS;
+  const GemvRowsArgs& a;
+  int K, KT, ngroups_k, xstride, mstride, rbw, ks, iters, tok0, nt;
+  int64_t nrows, nrb, ngrp, ldy;
+  char* xf;
+  char* zero;
+  float2* meta;
+  uint32_t tmask = 0;
+
+  __device__ __forceinline__ RowsBlock(const GemvRowsArgs& args, char* smem) : a(args) {
+    K = int(a.W.cols), KT = tc_kt(K), ngroups_k = K / kGroup;
+    xstride = KT * kTileXBytes, mstride = KT * 4;
+    xf = smem;
+    zero = xf + MT * xstride;
+    meta = reinterpret_cast<float2*>(zero + kZeroBytes);
+    const int warp = threadIdx.x >> 5;
+    rbw = warp / KS, ks = warp % KS;
+    iters = (KT + KS - 1) / KS;
+    nrows = a.W.rows, nrb = (nrows + 15) / 16, ngrp = (nrb + RB - 1) / RB;
+    ldy = a.ldy > 0 ? a.ldy : nrows;
+    tok0 = blockIdx.y * MT, nt = min(MT, a.M - tok0);
+  }
+
+  __device__ __forceinline__ void stage() const {
+    const char* gf = static_cast<const char*>(a.frag);
+    for (int t = 0; t < nt; ++t) {
+      if (!((tmask >> t) & 1u)) continue;
+      for (int i = threadIdx.x; i < xstride / 16; i += kThreads)
+        cp_async16(xf + t * xstride + 16 * i, gf + int64_t(tok0 + t) * xstride + 16 * i);
+      for (int i = threadIdx.x; i < mstride / 2; i += kThreads)
+        cp_async16(meta + t * mstride + 2 * i, a.meta + int64_t(tok0 + t) * mstride + 2 * i);
+    }
+    for (int i = threadIdx.x; i < kZeroBytes / 16; i += kThreads)
+      reinterpret_cast<uint4*>(zero)[i] = make_uint4(0, 0, 0, 0);
+  }
+  // epilogue entry e < nt·RB·16: row tok = e / (RB·16) of the tile, weight row (grp·RB + rem/16)·16 + rem%16
+  __device__ __forceinline__ void fetch_y(int64_t grp, float* epi_y) const {
+    if (!a.accumulate || grp >= ngrp) return;
+    for (int e = threadIdx.x; e < nt * RB * 16; e += kThreads) {
+      const int tok = e / (RB * 16), rem = e % (RB * 16);
+      const int64_t n = (grp * RB + rem / 16) * 16 + rem % 16;
+      if (((tmask >> tok) & 1u) && n < nrows) cp_async4(&epi_y[tok * RB * 16 + rem], a.y + (tok0 + tok) * ldy + n);
+    }
+  }
+  __device__ __forceinline__ void store(int64_t grp, const float (&part)[kWarps][MT * 16], const float* epi_y) const {
+    for (int e = threadIdx.x; e < nt * RB * 16; e += kThreads) {
+      const int tok = e / (RB * 16), rem = e % (RB * 16), rb = rem / 16, rr = rem % 16;
+      const int64_t n = (grp * RB + rb) * 16 + rr;
+      if (((tmask >> tok) & 1u) && n < nrows) {
+        float v = 0.f;
+#pragma unroll
+        for (int s2 = 0; s2 < KS; ++s2) v += part[rb * KS + s2][tok * 16 + rr];
+        float* yp = a.y + (tok0 + tok) * ldy + n;
+        *yp = a.accumulate ? epi_y[tok * RB * 16 + rem] + v : v;
+      }
+    }
+  }
+};
+
 template <int BITS, int KS, int NP>
 __global__ void __launch_bounds__(kThreads, 2) gemv_rows_kernel(GemvRowsArgs a, bool sb_vec) {
   using S = TcShape<BITS>;
@@ -55,20 +121,16 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_rows_kernel(GemvRowsArgs a, 
   extern __shared__ float4 smem4[];
   __shared__ float part[2][kWarps][MT * 16];
   __shared__ float epi_y[MT][RB * 16];
-  const int K = int(a.W.cols), KT = tc_kt(K), ngroups_k = K / kGroup;
-  const int xstride = KT * kTileXBytes, mstride = KT * 4;
-  char* xf = reinterpret_cast<char*>(smem4);
-  char* zero = xf + MT * xstride;
-  float2* meta = reinterpret_cast<float2*>(zero + kZeroBytes);
+  RowsBlock<KS, MT> b(a, reinterpret_cast<char*>(smem4));
+  const int KT = b.KT, ngroups_k = b.ngroups_k, xstride = b.xstride, mstride = b.mstride, rbw = b.rbw, ks = b.ks;
+  const int64_t nrows = b.nrows, ngrp = b.ngrp;
+  char* xf = b.xf;
+  char* zero = b.zero;
+  const float2* meta = b.meta;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
-  const int rbw = warp / KS, ks = warp % KS;
-  const int iters = (KT + KS - 1) / KS;
-  const int64_t nrows = a.W.rows, nrb = (nrows + 15) / 16, ngrp = (nrb + RB - 1) / RB;
-  const int64_t ldy = a.ldy > 0 ? a.ldy : nrows;
-  const int tok0 = blockIdx.y * MT, nt = min(MT, a.M - tok0);
   const LaneRows<BITS> lr(lane);
 
-  auto next = [&](Step s2) { return next_step(s2, iters); };
+  auto next = [&](Step s2) { return next_step(s2, b.iters); };
   auto load = [&](RowTile<BITS>& t, Step s2) {
     if (s2.grp < ngrp && ks + s2.j * KS < KT) {
       const int64_t r0 = (s2.grp * RB + rbw) * 16 + g;
@@ -84,29 +146,10 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_rows_kernel(GemvRowsArgs a, 
   bool nxt_loaded = true;
   pdl_wait();
   pdl_trigger();
-  const uint32_t tmask = present_rows(a.row_slot, tok0, nt);  // rows of this tile that are not padding
-  // epilogue entry e < nt·RB·16: row tok = e / (RB·16) of the tile, weight row (grp·RB + rem/16)·16 + rem%16
-  auto y_fetch = [&](int64_t grp) {
-    if (!a.accumulate || grp >= ngrp) return;
-    for (int e = threadIdx.x; e < nt * RB * 16; e += kThreads) {
-      const int tok = e / (RB * 16), rem = e % (RB * 16);
-      const int64_t n = (grp * RB + rem / 16) * 16 + rem % 16;
-      if (((tmask >> tok) & 1u) && n < nrows) cp_async4(&epi_y[tok][rem], a.y + (tok0 + tok) * ldy + n);
-    }
-  };
-  {
-    const char* gf = static_cast<const char*>(a.frag);
-    for (int t = 0; t < nt; ++t) {
-      if (!((tmask >> t) & 1u)) continue;
-      for (int i = threadIdx.x; i < xstride / 16; i += kThreads)
-        cp_async16(xf + t * xstride + 16 * i, gf + int64_t(tok0 + t) * xstride + 16 * i);
-      for (int i = threadIdx.x; i < mstride / 2; i += kThreads)
-        cp_async16(meta + t * mstride + 2 * i, a.meta + int64_t(tok0 + t) * mstride + 2 * i);
-    }
-    for (int i = threadIdx.x; i < kZeroBytes / 16; i += kThreads)
-      reinterpret_cast<uint4*>(zero)[i] = make_uint4(0, 0, 0, 0);
-  }
-  y_fetch(st.grp);
+  b.tmask = present_rows(a.row_slot, b.tok0, b.nt);  // rows of this tile that are not padding
+  const uint32_t tmask = b.tmask;
+  b.stage();
+  b.fetch_y(st.grp, &epi_y[0][0]);
   cp_async_wait_all();
   __syncthreads();
   const int np_act = active_tiles<BITS>(tmask);
@@ -125,19 +168,9 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_rows_kernel(GemvRowsArgs a, 
       write_partials_rows<BITS, NP>(acc, part[par][warp], g, c);
       cp_async_wait_all();  // this thread's residual copies
       __syncthreads();
-      for (int e = threadIdx.x; e < nt * RB * 16; e += kThreads) {
-        const int tok = e / (RB * 16), rem = e % (RB * 16), rb = rem / 16, rr = rem % 16;
-        const int64_t n = (st.grp * RB + rb) * 16 + rr;
-        if (((tmask >> tok) & 1u) && n < nrows) {
-          float v = 0.f;
-#pragma unroll
-          for (int s2 = 0; s2 < KS; ++s2) v += part[par][rb * KS + s2][tok * 16 + rr];
-          float* yp = a.y + (tok0 + tok) * ldy + n;
-          *yp = a.accumulate ? epi_y[tok][rem] + v : v;
-        }
-      }
+      b.store(st.grp, part[par], &epi_y[0][0]);
       par ^= 1;
-      y_fetch(ns.grp);
+      b.fetch_y(ns.grp, &epi_y[0][0]);
     }
     st = ns;
     return true;
@@ -154,19 +187,15 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_rows_g4_kernel(GemvRowsArgs 
   extern __shared__ float4 smem4[];
   __shared__ float part[2][kWarps][MT * 16];
   __shared__ float epi_y[MT][RB * 16];
-  const int K = int(a.W.cols), KT = tc_kt(K), ngroups_k = K / kGroup;
-  const int xstride = KT * kTileXBytes, mstride = KT * 4;
-  char* xf = reinterpret_cast<char*>(smem4);
-  char* zero = xf + MT * xstride;
-  float2* meta = reinterpret_cast<float2*>(zero + kZeroBytes);
+  RowsBlock<KS, MT> b(a, reinterpret_cast<char*>(smem4));
+  const int KT = b.KT, ngroups_k = b.ngroups_k, xstride = b.xstride, mstride = b.mstride, rbw = b.rbw, ks = b.ks;
+  const int64_t nrows = b.nrows, ngrp = b.ngrp;
+  char* xf = b.xf;
+  char* zero = b.zero;
+  const float2* meta = b.meta;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
-  const int rbw = warp / KS, ks = warp % KS;
-  const int iters = (KT + KS - 1) / KS;
-  const int64_t nrows = a.W.rows, nrb = (nrows + 15) / 16, ngrp = (nrb + RB - 1) / RB;
-  const int64_t ldy = a.ldy > 0 ? a.ldy : nrows;
-  const int tok0 = blockIdx.y * MT, nt = min(MT, a.M - tok0);
 
-  auto next = [&](Step s2) { return next_step(s2, iters); };
+  auto next = [&](Step s2) { return next_step(s2, b.iters); };
   auto load = [&](G4Tile& t, Step s2) {
     if (s2.grp < ngrp && ks + s2.j * KS < KT) {
       const int64_t r0 = (s2.grp * RB + rbw) * 16 + g;
@@ -182,28 +211,10 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_rows_g4_kernel(GemvRowsArgs 
   bool nxt_loaded = true;
   pdl_wait();
   pdl_trigger();
-  const uint32_t tmask = present_rows(a.row_slot, tok0, nt);  // rows of this tile that are not padding
-  auto y_fetch = [&](int64_t grp) {
-    if (!a.accumulate || grp >= ngrp) return;
-    for (int e = threadIdx.x; e < nt * RB * 16; e += kThreads) {
-      const int tok = e / (RB * 16), rem = e % (RB * 16);
-      const int64_t n = (grp * RB + rem / 16) * 16 + rem % 16;
-      if (((tmask >> tok) & 1u) && n < nrows) cp_async4(&epi_y[tok][rem], a.y + (tok0 + tok) * ldy + n);
-    }
-  };
-  {
-    const char* gf = static_cast<const char*>(a.frag);
-    for (int t = 0; t < nt; ++t) {
-      if (!((tmask >> t) & 1u)) continue;
-      for (int i = threadIdx.x; i < xstride / 16; i += kThreads)
-        cp_async16(xf + t * xstride + 16 * i, gf + int64_t(tok0 + t) * xstride + 16 * i);
-      for (int i = threadIdx.x; i < mstride / 2; i += kThreads)
-        cp_async16(meta + t * mstride + 2 * i, a.meta + int64_t(tok0 + t) * mstride + 2 * i);
-    }
-    for (int i = threadIdx.x; i < kZeroBytes / 16; i += kThreads)
-      reinterpret_cast<uint4*>(zero)[i] = make_uint4(0, 0, 0, 0);
-  }
-  y_fetch(st.grp);
+  b.tmask = present_rows(a.row_slot, b.tok0, b.nt);  // rows of this tile that are not padding
+  const uint32_t tmask = b.tmask;
+  b.stage();
+  b.fetch_y(st.grp, &epi_y[0][0]);
   cp_async_wait_all();
   __syncthreads();
   const int np_act = tmask ? (31 - __clz(int(tmask))) / 4 + 1 : 0;
@@ -249,19 +260,9 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_rows_g4_kernel(GemvRowsArgs 
       }
       cp_async_wait_all();  // this thread's residual copies
       __syncthreads();
-      for (int e = threadIdx.x; e < nt * RB * 16; e += kThreads) {
-        const int tok = e / (RB * 16), rem = e % (RB * 16), rb = rem / 16, rr = rem % 16;
-        const int64_t n = (st.grp * RB + rb) * 16 + rr;
-        if (((tmask >> tok) & 1u) && n < nrows) {
-          float v = 0.f;
-#pragma unroll
-          for (int s2 = 0; s2 < KS; ++s2) v += part[par][rb * KS + s2][tok * 16 + rr];
-          float* yp = a.y + (tok0 + tok) * ldy + n;
-          *yp = a.accumulate ? epi_y[tok][rem] + v : v;
-        }
-      }
+      b.store(st.grp, part[par], &epi_y[0][0]);
       par ^= 1;
-      y_fetch(ns.grp);
+      b.fetch_y(ns.grp, &epi_y[0][0]);
     }
     st = ns;
     return true;
