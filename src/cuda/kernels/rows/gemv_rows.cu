@@ -54,15 +54,16 @@ template <int KS, int MT>
 struct RowsBlock {
   static constexpr int RB = kWarps / KS;
   const GemvRowsArgs& a;
-  int K, KT, ngroups_k, xstride, mstride, rbw, ks, iters, tok0, nt;
-  int64_t nrows, nrb, ngrp, ldy;
+  int KT, ngroups_k, xstride, mstride, rbw, ks, iters, tok0, nt;
+  int64_t nrows, ngrp, ldy;
   char* xf;
   char* zero;
   float2* meta;
   uint32_t tmask = 0;
 
   __device__ __forceinline__ RowsBlock(const GemvRowsArgs& args, char* smem) : a(args) {
-    K = int(a.W.cols), KT = tc_kt(K), ngroups_k = K / kGroup;
+    const int K = int(a.W.cols);
+    KT = tc_kt(K), ngroups_k = K / kGroup;
     xstride = KT * kTileXBytes, mstride = KT * 4;
     xf = smem;
     zero = xf + MT * xstride;
@@ -70,11 +71,22 @@ struct RowsBlock {
     const int warp = threadIdx.x >> 5;
     rbw = warp / KS, ks = warp % KS;
     iters = (KT + KS - 1) / KS;
-    nrows = a.W.rows, nrb = (nrows + 15) / 16, ngrp = (nrb + RB - 1) / RB;
+    nrows = a.W.rows, ngrp = ((nrows + 15) / 16 + RB - 1) / RB;
     ldy = a.ldy > 0 ? a.ldy : nrows;
     tok0 = blockIdx.y * MT, nt = min(MT, a.M - tok0);
   }
 
+  // After the first tiles' requests: the PDL wait, the tile's present rows, its staged input and the first group's
+  // residual in shared memory (ends with a barrier).
+  __device__ __forceinline__ void begin(int64_t grp, float* epi_y) {
+    pdl_wait();
+    pdl_trigger();
+    tmask = present_rows(a.row_slot, tok0, nt);  // rows of this tile that are not padding
+    stage();
+    fetch_y(grp, epi_y);
+    cp_async_wait_all();
+    __syncthreads();
+  }
   __device__ __forceinline__ void stage() const {
     const char* gf = static_cast<const char*>(a.frag);
     for (int t = 0; t < nt; ++t) {
@@ -144,14 +156,8 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_rows_kernel(GemvRowsArgs a, 
   load(t0, st);
   load(t1, next(st));
   bool nxt_loaded = true;
-  pdl_wait();
-  pdl_trigger();
-  b.tmask = present_rows(a.row_slot, b.tok0, b.nt);  // rows of this tile that are not padding
+  b.begin(st.grp, &epi_y[0][0]);
   const uint32_t tmask = b.tmask;
-  b.stage();
-  b.fetch_y(st.grp, &epi_y[0][0]);
-  cp_async_wait_all();
-  __syncthreads();
   const int np_act = active_tiles<BITS>(tmask);
 
   float acc[NP][S::NCH][2];
@@ -209,15 +215,9 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_rows_g4_kernel(GemvRowsArgs 
   load(t0, st);
   load(t1, next(st));
   bool nxt_loaded = true;
-  pdl_wait();
-  pdl_trigger();
-  b.tmask = present_rows(a.row_slot, b.tok0, b.nt);  // rows of this tile that are not padding
+  b.begin(st.grp, &epi_y[0][0]);
   const uint32_t tmask = b.tmask;
-  b.stage();
-  b.fetch_y(st.grp, &epi_y[0][0]);
-  cp_async_wait_all();
-  __syncthreads();
-  const int np_act = tmask ? (31 - __clz(int(tmask))) / 4 + 1 : 0;
+  const int np_act = active_tiles_of(tmask, 4);
   // this lane's B unit of group G of tile p at xb0[p] + G·gst[p]: input row 4p + g / 2, or the zero block
   const char* xb0[NT];
   int gst[NT];

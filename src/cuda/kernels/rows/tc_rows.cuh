@@ -16,7 +16,6 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
-#include <type_traits>
 
 #include "cuda/kernels/gemv/gemv.h"
 #include "cuda/kernels/qdot.cuh"
@@ -183,10 +182,14 @@ __device__ __forceinline__ uint32_t present_rows(const int32_t* row_slot, int to
                                         (row_slot == nullptr || row_slot[tok0 + (threadIdx.x & 31)] >= 0));
 }
 
-// Mma tiles of the block's rows that hold at least one present row (tiles past the last present row skipped).
+// Mma tiles of `per_tile` rows that hold at least one present row (tiles past the last present row skipped).
+__device__ __forceinline__ int active_tiles_of(uint32_t tmask, int per_tile) {
+  return tmask ? (31 - __clz(int(tmask))) / per_tile + 1 : 0;
+}
+// The same for the k-tile layout's mma tiles (TcShape<BITS>::TPM rows).
 template <int BITS>
 __device__ __forceinline__ int active_tiles(uint32_t tmask) {
-  return tmask ? (31 - __clz(int(tmask))) / TcShape<BITS>::TPM + 1 : 0;
+  return active_tiles_of(tmask, TcShape<BITS>::TPM);
 }
 
 // The k-tile walk the tile functions share: per chunk i and pass of PH of the first np_act of NP mma tiles, each
