@@ -1,4 +1,4 @@
-// Tensor-core decode GEMVs (gemv_tc.cu): the default implementation of gemv / moe_gate_up / moe_down
+// Tensor-core decode GEMVs (gemv_tc.cu, moe_tc.cu): the default implementation of gemv / moe_gate_up / moe_down
 // (GemvImpl::Tensor) for 4- and 8-bit matrices with 64-column groups. Same arguments and results as
 // the fp32 kernels (relative difference ~1e-6); callers go through gemv.h.
 #pragma once
@@ -15,5 +15,7 @@ void moe_gate_up_tc(const MoEDecodeWeights& w, const float* logits, const float*
                     int32_t* sel_ids, float* sel_w, float* act, cudaStream_t stream);
 void moe_down_tc(const MoEDecodeWeights& w, const int32_t* sel_ids, const float* sel_w, const float* act, float* y,
                  cudaStream_t stream);
+// The MoE kernels' phase-trace pointer (gemv.h: gemv_tc_trace sets it with the dense kernel's).
+void moe_tc_trace(unsigned long long* buf);
 
 }  // namespace lilac::cuda
