@@ -77,6 +77,68 @@ __device__ __forceinline__ float quad_sum(float v) {
   return v;
 }
 
+// ------------------------------------------------------------------------------------------------ staging
+// The input split both families' staging does (gemv_tc.cuh in the launch, rows/stage_rows.cu and the MoE rows
+// kernels beforehand), one definition so that their fragments agree bit for bit.
+// 8 values (one "unit": columns 8t..8t+7) of t(x), scaled by 2^-E of their group → the hi/lo fp16 fragments
+// of one layout (units past K are zeros and give zero fragments).
+template <int BITS>
+__device__ __forceinline__ void split_unit(const float (&v)[8], float inv, uint4& hi4, uint4& lo4) {
+  uint32_t hi[4], lo[4];
+  // 4-bit unit: (0,4),(1,5),(2,6),(3,7); 8-bit unit: (0,2),(1,3),(4,6),(5,7)
+  constexpr int A4[4] = {0, 1, 2, 3}, B4[4] = {4, 5, 6, 7};
+  constexpr int A8[4] = {0, 1, 4, 5}, B8[4] = {2, 3, 6, 7};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const float xa = v[BITS == 4 ? A4[j] : A8[j]] * inv, xb = v[BITS == 4 ? B4[j] : B8[j]] * inv;
+    const __half ha = __float2half_rn(xa), hb = __float2half_rn(xb);
+    const __half la = __float2half_rn(xa - __half2float(ha)), lb = __float2half_rn(xb - __half2float(hb));
+    const __half2 h2 = __halves2half2(ha, hb), l2 = __halves2half2(la, lb);
+    hi[j] = *reinterpret_cast<const uint32_t*>(&h2);
+    lo[j] = *reinterpret_cast<const uint32_t*>(&l2);
+  }
+  hi4 = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+  lo4 = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+}
+// Byte offset of unit t's hi fragment inside a row's fragments (lo: +16).
+template <int BITS>
+__device__ __forceinline__ int unit_off(int t) {
+  using S = TcShape<BITS>;
+  const int q = t / S::U, u = t % S::U, kt = q / S::CPT, rem = q % S::CPT;
+  return kt * kTileXBytes + frag_off<BITS>(rem / 4, u, rem % 4, 0);
+}
+// E and Σx of the 64-group of this lane's unit (8 lanes per group): the lane's own sum
+// in order, then a butterfly over the 8 lanes (every lane ends with the same bits). All 32 lanes must call.
+__device__ __forceinline__ void group_meta(const float (&v)[8], int& E, float& sum) {
+  float mx = 0.f;
+  sum = 0.f;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    mx = fmaxf(mx, fabsf(v[j]));
+    sum += v[j];
+  }
+#pragma unroll
+  for (int o = 1; o < 8; o <<= 1) {
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  }
+  E = frexp_e(mx);
+}
+
+// One step of a warp's tile sequence in the decode GEMVs: the group of row blocks and the k-tile.
+struct Step {
+  int64_t grp;
+  int j;
+};
+// The step after `st` for a warp with `iters` k-tiles per group; groups are grid-strided.
+__device__ __forceinline__ Step next_step(Step st, int iters) {
+  if (++st.j == iters) {
+    st.j = 0;
+    st.grp += gridDim.x;
+  }
+  return st;
+}
+
 // Where one row of weights lives: its packed words, scales and biases.
 struct RowRef {
   const char* q = nullptr;

@@ -111,7 +111,6 @@ __device__ inline void stage_issue(const StageIn& in, const TcSmem& m, int K) {
 // dense kernel (tc_g4.cuh) instead of the k-tile layout of BITS.
 template <int BITS, bool G4L = false>
 __device__ void stage_compute(const StageIn& in, const TcSmem& m, int K, float* red) {
-  using S = TcShape<BITS>;
   cp_async_wait_all();
   __syncthreads();
   tc_mark(2);
@@ -188,37 +187,15 @@ __device__ void stage_compute(const StageIn& in, const TcSmem& m, int K, float* 
         }
       }
     }
-    float mx = 0.f, sum = 0.f;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      mx = fmaxf(mx, fabsf(v[j]));
-      sum += v[j];
-    }
-#pragma unroll
-    for (int o = 1; o < 8; o <<= 1) {
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-      sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    }
-    const int E = frexp_e(mx);
-    const float inv = pow2i(-E);
-    uint32_t hi[4], lo[4];
-    // 4-bit unit: (0,4),(1,5),(2,6),(3,7); 8-bit unit: (0,2),(1,3),(4,6),(5,7)
-    constexpr int A4[4] = {0, 1, 2, 3}, B4[4] = {4, 5, 6, 7};
-    constexpr int A8[4] = {0, 1, 4, 5}, B8[4] = {2, 3, 6, 7};
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const float xa = v[BITS == 4 ? A4[j] : A8[j]] * inv, xb = v[BITS == 4 ? B4[j] : B8[j]] * inv;
-      const __half ha = __float2half_rn(xa), hb = __float2half_rn(xb);
-      const __half la = __float2half_rn(xa - __half2float(ha)), lb = __float2half_rn(xb - __half2float(hb));
-      const __half2 h2 = __halves2half2(ha, hb), l2 = __halves2half2(la, lb);
-      hi[j] = *reinterpret_cast<const uint32_t*>(&h2);
-      lo[j] = *reinterpret_cast<const uint32_t*>(&l2);
-    }
+    int E;
+    float sum;
+    group_meta(v, E, sum);
+    uint4 hi, lo;
+    split_unit<BITS>(v, pow2i(-E), hi, lo);
     if (t < n8t) {
-      const int q = t / S::U, u = t % S::U, kt = q / S::CPT, rem = q % S::CPT;
-      char* dst = G4L ? m.xf + g4_unit_off(t) : m.xf + kt * kTileXBytes + frag_off<BITS>(rem / 4, u, rem % 4, 0);
-      *reinterpret_cast<uint4*>(dst) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
-      *reinterpret_cast<uint4*>(dst + 16) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+      char* dst = m.xf + (G4L ? g4_unit_off(t) : unit_off<BITS>(t));
+      *reinterpret_cast<uint4*>(dst) = hi;
+      *reinterpret_cast<uint4*>(dst + 16) = lo;
       if ((t & 7) == 0) m.meta[t / 8] = make_float2(pow2i(E), sum);
     }
   }
@@ -338,19 +315,6 @@ __device__ __forceinline__ void write_partials(float (&acc)[2], float* part_w, i
   acc[0] = acc[1] = 0.f;
 }
 
-// One step of a warp's tile sequence: the group of row blocks and the k-tile.
-struct Step {
-  int64_t grp;
-  int j;
-};
-// The step after `st` for a warp with `iters` k-tiles per group; groups are grid-strided.
-__device__ __forceinline__ Step next_step(Step st, int iters) {
-  if (++st.j == iters) {
-    st.j = 0;
-    st.grp += gridDim.x;
-  }
-  return st;
-}
 
 // ------------------------------------------------------------------------------------------------ host side
 

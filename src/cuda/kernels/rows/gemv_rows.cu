@@ -28,18 +28,6 @@ using ::lilac::cuda::dev::pdl_wait;
 constexpr size_t kMaxSmem = 100 * 1024;
 constexpr int kTodayMinBlocks = 3;  // gemv_tc's occupancy target, which its k-slice rule uses
 
-struct Step {
-  int64_t grp;
-  int j;
-};
-__device__ __forceinline__ Step next_step(Step st, int iters) {
-  if (++st.j == iters) {
-    st.j = 0;
-    st.grp += gridDim.x;
-  }
-  return st;
-}
-
 __host__ __device__ inline size_t dense_smem_bytes(int K, int MT) {
   const int KT = tc_kt(K);
   return size_t(MT) * KT * kTileXBytes + kZeroBytes + size_t(MT) * KT * 4 * sizeof(float2);
