@@ -154,4 +154,22 @@ __device__ __forceinline__ RowRef row_ref(const QMatrixDev& W, int64_t r, int bi
   return ref;
 }
 
+// The weight words lane c loads of k-tile kt of rows (g, g+8): NCH 16-byte chunks per row, chunk i at byte
+// off_in_group(c) of group 4·kt + slot(i, c); groups past `ngroups` are zeros (their staged input is zero too).
+// Every decode GEMV loads its tiles this way (the group layout trades them between lanes afterwards).
+template <int BITS>
+__device__ __forceinline__ void load_tile_words(uint4 (&w)[2][TcShape<BITS>::NCH], const RowRef (&r)[2], int kt, int c,
+                                                int ngroups) {
+  using S = TcShape<BITS>;
+#pragma unroll
+  for (int i = 0; i < S::NCH; ++i) {
+    const int G = kt * 4 + S::slot(i, c);
+    const bool ok = G < ngroups;
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      w[h][i] = ok ? dev::ld_stream(reinterpret_cast<const uint4*>(r[h].q + G * S::GROUP_BYTES + S::off_in_group(c)))
+                   : make_uint4(0, 0, 0, 0);
+  }
+}
+
 }  // namespace lilac::cuda::tc

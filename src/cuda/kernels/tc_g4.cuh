@@ -47,16 +47,7 @@ struct G4Tile {
 
 // Tile kt of rows (g, g+8); groups past `ngroups` load as zeros (their staged input is zero too).
 __device__ __forceinline__ void load_g4_tile(G4Tile& t, const RowRef (&r)[2], int kt, int c, int ngroups) {
-  using S = TcShape<4>;
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int G = kt * 4 + S::slot(i, c);
-    const bool ok = G < ngroups;
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-      t.w[h][i] = ok ? dev::ld_stream(reinterpret_cast<const uint4*>(r[h].q + G * S::GROUP_BYTES + S::off_in_group(c)))
-                     : make_uint4(0, 0, 0, 0);
-  }
+  load_tile_words<4>(t.w, r, kt, c, ngroups);
   const int G = kt * 4 + c;
 #pragma unroll
   for (int h = 0; h < 2; ++h)

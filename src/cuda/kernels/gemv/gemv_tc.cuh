@@ -216,16 +216,7 @@ struct TileRegs {
 // of K load as zero words (their x fragments are zero).
 template <int BITS>
 __device__ __forceinline__ void load_tile(TileRegs<BITS>& t, const RowRef (&r)[2], int kt, int c, int ngroups) {
-  using S = TcShape<BITS>;
-#pragma unroll
-  for (int i = 0; i < S::NCH; ++i) {
-    const int G = kt * 4 + S::slot(i, c);
-    const bool ok = G < ngroups;
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-      t.w[h][i] = ok ? ld_stream(reinterpret_cast<const uint4*>(r[h].q + G * S::GROUP_BYTES + S::off_in_group(c)))
-                     : make_uint4(0, 0, 0, 0);
-  }
+  load_tile_words<BITS>(t.w, r, kt, c, ngroups);
   const int G = kt * 4 + c;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {

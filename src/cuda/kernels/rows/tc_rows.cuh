@@ -51,16 +51,7 @@ __device__ __forceinline__ float bf_at(uint2 v, int q) {
 template <int BITS>
 __device__ __forceinline__ void load_row_tile(RowTile<BITS>& t, const RowRef (&r)[2], int kt, int c, int ngroups,
                                               bool sb_vec) {
-  using S = TcShape<BITS>;
-#pragma unroll
-  for (int i = 0; i < S::NCH; ++i) {
-    const int G = kt * 4 + S::slot(i, c);
-    const bool ok = G < ngroups;
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-      t.w[h][i] = ok ? ld_stream(reinterpret_cast<const uint4*>(r[h].q + G * S::GROUP_BYTES + S::off_in_group(c)))
-                     : make_uint4(0, 0, 0, 0);
-  }
+  load_tile_words<BITS>(t.w, r, kt, c, ngroups);
   const int G0 = kt * 4;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
