@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -24,7 +25,11 @@ struct Rng {
   float normal(float sd = 1.f) { return std::normal_distribution<float>(0.f, sd)(g); }
   uint32_t word() { return uint32_t(g()); }
 };
-inline uint64_t fresh_seed() { return std::random_device{}() * 0x9E3779B97F4A7C15ull ^ std::random_device{}(); }
+// A fresh seed per run (tests print it); LILAC_TEST_SEED=<seed> replays one.
+inline uint64_t fresh_seed() {
+  if (const char* e = std::getenv("LILAC_TEST_SEED"); e && *e) return std::strtoull(e, nullptr, 10);
+  return std::random_device{}() * 0x9E3779B97F4A7C15ull ^ std::random_device{}();
+}
 
 // Host quantized matrix with its storage.
 struct HostQ {

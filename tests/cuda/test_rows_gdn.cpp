@@ -13,7 +13,13 @@
 // leaves the state bit for bit where Advance over the first `keep` rows leaves it, for two layers and
 // several sequences in one launch. A captured graph (verify in Log mode → commit → next step) replayed
 // with the rows and the accepted counts changed between replays, checked against the CPU.
-// Tolerance against the CPU: ‖Δ‖/‖ref‖ ≤ 1e-5 (fp32 throughout), as test_decode_gdn_step.cpp.
+// Tolerance against the CPU: ‖Δ‖/‖ref‖ ≤ 1e-5 (fp32 throughout) for a row's output, unless the output
+// cancels: o_j = Σ_i S_ij q_i is then far smaller than the terms it sums (q nearly orthogonal to the
+// updated state), and any fp32 evaluation, the CPU reference included, is off from the exact value by
+// ~eps · Σ_i |S_ij q_i|. The denominator is therefore max(‖o‖, ‖a‖ / 100), a_j = Σ_i |S_ij q_i| (the row's
+// rounding envelope): the plain relative bound for every row whose condition ‖a‖ / ‖o‖ is ≤ 100 (random
+// rows: 5–11), proportional to the envelope beyond. Seed 2410001318165662721 draws a row of condition 429
+// (the fp32 CPU reference 9.5e-6 from a double evaluation, the kernel 1.15e-5 from the CPU): kept as a case.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -82,9 +88,11 @@ struct Pool {
     C = randv(r, size_t(std::max<int64_t>(1, n_slots * conv_stride)));
   }
   std::vector<float> rows(Rng& r, int M) const { return randv(r, size_t(M * proj_stride)); }
-  // CPU: one row (proj row x) of slot s: S, C advanced; o [Hv*dv].
-  void cpu_row(int s, const float* x, float* o) {
+  // CPU: one row (proj row x) of slot s: S, C advanced; o [Hv*dv]; *env = ‖a‖, a_j = Σ_i |S_ij q_i| over
+  // the updated state (the envelope of the output's rounding error).
+  void cpu_row(int s, const float* x, float* o, double* env = nullptr) {
     std::vector<float> qkv(static_cast<size_t>(conv_dim));
+    double env2 = 0;
     cpu::conv1d_silu_step(conv_w.data(), conv_dim, c.K, C.data() + s * conv_stride, x, qkv.data());
     const float* b = x + conv_dim + od;
     const float* a = b + c.Hv;
@@ -98,16 +106,38 @@ struct Pool {
       cpu::l2norm(k.data(), c.dk);
       for (auto& v : q) v /= std::sqrt(float(c.dk));
       const float* v = qkv.data() + 2LL * c.Hk * c.dk + int64_t(h) * c.dv;
-      cpu::gdn_recurrent_step(S.data() + s * state_stride + int64_t(h) * c.dk * c.dv, q.data(), k.data(), v,
-                              g[size_t(h)], beta[size_t(h)], c.dk, c.dv, o + int64_t(h) * c.dv);
+      float* Sh = S.data() + s * state_stride + int64_t(h) * c.dk * c.dv;
+      cpu::gdn_recurrent_step(Sh, q.data(), k.data(), v, g[size_t(h)], beta[size_t(h)], c.dk, c.dv,
+                              o + int64_t(h) * c.dv);
+      for (int j = 0; env && j < c.dv; ++j) {
+        double a = 0;
+        for (int i = 0; i < c.dk; ++i) a += std::fabs(double(Sh[int64_t(i) * c.dv + j]) * q[size_t(i)]);
+        env2 += a * a;
+      }
     }
+    if (env) *env = std::sqrt(env2);
   }
-  // CPU over a batch: rows in order (each sequence's rows in order); out [M][od] (padding rows NaN).
+  // CPU over a batch: rows in order (each sequence's rows in order); out [M][od] (padding rows NaN); each
+  // row's envelope in env.
   std::vector<float> cpu_rows(const std::vector<int>& slots, const std::vector<float>& proj) {
     std::vector<float> out(slots.size() * size_t(od), NAN);
+    env.assign(slots.size(), 0.0);
     for (size_t i = 0; i < slots.size(); ++i)
-      if (slots[i] >= 0) cpu_row(slots[i], proj.data() + int64_t(i) * proj_stride, out.data() + int64_t(i) * od);
+      if (slots[i] >= 0)
+        cpu_row(slots[i], proj.data() + int64_t(i) * proj_stride, out.data() + int64_t(i) * od, &env[i]);
     return out;
+  }
+  std::vector<double> env;  // of the last cpu_rows
+  // Row i of a batch output against cpu_rows' reference: ‖Δ‖ / max(‖ref‖, env / 100) (file header).
+  double row_err(const std::vector<float>& got, const std::vector<float>& ref, int64_t i) const {
+    const auto g = slice(got, i * od, od), r = slice(ref, i * od, od);
+    double num = 0, den = 0;
+    for (size_t j = 0; j < r.size(); ++j) {
+      if (!std::isfinite(g[j])) return INFINITY;
+      num += (double(g[j]) - r[j]) * (double(g[j]) - r[j]);
+      den += double(r[j]) * r[j];
+    }
+    return std::sqrt(num) / std::max({std::sqrt(den), env[size_t(i)] / 100, 1e-30});
   }
 };
 
@@ -170,7 +200,7 @@ void check_batch(Pool& p, DevPool& d, const std::vector<int>& slots, const std::
     if (slots[i] < 0)
       EXPECT_TRUE(all_ff(got.data() + int64_t(i) * p.od, size_t(p.od))) << "padding row written";
     else
-      EXPECT_LE(rel_err(slice(got, int64_t(i) * p.od, p.od), slice(ref, int64_t(i) * p.od, p.od)), 1e-5);
+      EXPECT_LE(p.row_err(got, ref, int64_t(i)), 1e-5);
   }
   const auto S = d.state_host(p), C = d.C.get();
   for (int s = 0; s < p.n_slots; ++s) {
@@ -193,9 +223,7 @@ void check_batch(Pool& p, DevPool& d, const std::vector<int>& slots, const std::
 // A mixed batch: one row of slot 2, padding, 4 rows of slot 0, one of slot 5, 2 of slot 1, padding.
 const std::vector<int> kMixed{2, -1, 0, 0, 0, 0, 5, 1, 1, -1};
 
-TEST(CudaRowsGdn, MixedRunsMatchCpu) {
-  NEED_GPU();
-  const uint64_t seed = fresh_seed();
+void mixed_runs_match_cpu(uint64_t seed) {
   SCOPED_TRACE("seed " + std::to_string(seed));
   Rng r(seed);
   struct Case {
@@ -224,6 +252,18 @@ TEST(CudaRowsGdn, MixedRunsMatchCpu) {
       check_batch(p, d, kMixed, p.rows(r, int(kMixed.size())));
     }
   }
+}
+
+TEST(CudaRowsGdn, MixedRunsMatchCpu) {
+  NEED_GPU();
+  mixed_runs_match_cpu(fresh_seed());
+}
+
+// A seed whose draw has a row of condition 429 (case Hk 1, Hv 1, dk 256, dv 33, step 0, row 4): it failed
+// the plain relative bound, which no fp32 evaluation meets there (file header).
+TEST(CudaRowsGdn, MixedRunsMatchCpuWhenTheOutputCancels) {
+  NEED_GPU();
+  mixed_runs_match_cpu(2410001318165662721ull);
 }
 
 // Rows of kMixed that belong to sequence `slot`, in order.
@@ -599,7 +639,7 @@ TEST(CudaRowsGdn, GraphReplaysOfVerifyCommitStep) {
         const auto got = vout.get();
         for (int i = 0; i < M; ++i) {
           if (rp.vrows[size_t(i)] < 0) continue;
-          EXPECT_LE(rel_err(slice(got, i * p.od, p.od), slice(vref, i * p.od, p.od)), 1e-5) << "verify row " << i;
+          EXPECT_LE(tmp.row_err(got, vref, i), 1e-5) << "verify row " << i;
         }
       }
       for (int q = 0; q < n_seq; ++q) {
@@ -618,7 +658,7 @@ TEST(CudaRowsGdn, GraphReplaysOfVerifyCommitStep) {
           if (rp.arows[size_t(i)] < 0)
             EXPECT_TRUE(all_ff(got.data() + i * p.od, size_t(p.od)));
           else
-            EXPECT_LE(rel_err(slice(got, i * p.od, p.od), slice(aref, i * p.od, p.od)), 1e-5) << "step row " << i;
+            EXPECT_LE(p.row_err(got, aref, i), 1e-5) << "step row " << i;
         }
       }
       const auto S = D[l]->state_host(p);
