@@ -296,6 +296,20 @@ __device__ __forceinline__ void tile_accumulate(const TileRegs<BITS>& t, const T
   }
 }
 
+// The group values of k-tile kt (this lane's group 4·kt + c, rows g and g + 8) into gvs[G·16 + row] (MoE down).
+template <int BITS>
+__device__ __forceinline__ void tile_group_values(const TileRegs<BITS>& t, const TcSmem& m, const char* zero, int kt,
+                                                  int c, int ngroups, const LaneB<BITS>& lb, float* gvs, int g) {
+  float dot[2];
+  tile_dots<BITS>(t, m.xf, zero, kt, lb, dot);
+  const int G = kt * 4 + c;
+  if (G < ngroups) {
+    const float2 mm = m.meta[G];
+    gvs[G * 16 + g] = group_value<BITS>(dot[0], t.s[0], t.b[0], mm);
+    gvs[G * 16 + g + 8] = group_value<BITS>(dot[1], t.s[1], t.b[1], mm);
+  }
+}
+
 // End of a group of row blocks: this warp's row sums (over its k-slice) into part[warp][16].
 __device__ __forceinline__ void write_partials(float (&acc)[2], float* part_w, int g, int c) {
   const float v0 = quad_sum(acc[0]), v1 = quad_sum(acc[1]);

@@ -126,7 +126,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<BITS>)
 // ------------------------------------------------------------------------------------------------ MoE down
 // y[r] += Σ_e sel_w[e] · down_e[r] · act_e over the k routed experts and the shared one, as one GEMV
 // over the concatenated input act [k·I + Is]: each 64-group belongs to one segment (expert), whose
-// matrix, row stride and combine weight are looked up per group. 8 warps = 8 k-slices of one row block.
+// matrix and row stride are looked up per group. 8 warps = 8 k-slices of one row block; each group value goes
+// to shared memory, and at the end of the row block each expert's sum P_e (four chains a_σ over its own
+// k-tiles, (a0 + a1) + (a2 + a3)) and the weighted chain over the experts give y (rows_mm.h): an order in which
+// the multi-row kernels can hand over one sum per row, expert and output instead of every group value.
 struct DownSeg {
   const char* q;
   const unsigned short* s;
@@ -177,11 +180,14 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<BITS>)
   extern __shared__ float4 smem4[];
   __shared__ float red[32];
   __shared__ DownSeg seg[33];
-  __shared__ float part[2][kWarps][16];
   __shared__ float epi_y[16];
   const int I = int(w.down.first.cols), Is = int(w.shared_down.cols), k = w.top_k;
-  const int K = k * I + Is, KT = tc_kt(K), ngroups_k = K / kGroup, gI = I / kGroup;
+  const int K = k * I + Is, KT = tc_kt(K), ngroups_k = K / kGroup, gI = I / kGroup, gS = Is / kGroup;
   const TcSmem m = carve(reinterpret_cast<char*>(smem4), K, Prologue::None, 0);
+  // After the staging the input floats are dead: their K floats hold the row block's group values [ngroups][16]
+  // and the experts' sums [k + 1][16] (together at most K / 2 floats).
+  float* gvs = m.xs;
+  float* pes = m.xs + ngroups_k * 16;
   const char* zero = m.xf + KT * kTileXBytes;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
   const int ks = warp;
@@ -258,34 +264,33 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<BITS>)
   tc_mark(5);
   bool nxt_loaded = true;
 
-  float acc[2] = {0.f, 0.f};
-  int par = 0;
   auto step = [&](const TileRegs<BITS>& cur, TileRegs<BITS>& nxt) {
     if (st.grp >= nrb) return false;
     const Step ns = next(st);
     if (!nxt_loaded) load(nxt, ns);
     nxt_loaded = false;
     const int kt = ks + st.j * KS;
-    if (kt < KT) {
-      // the combine weight of this lane's group (the groups of one tile may span segments)
-      const int G = kt * 4 + c;
-      const float wt = G < ngroups_k ? seg[G < k * gI ? G / gI : k].wt : 0.f;
-      tile_accumulate<BITS>(cur, m, zero, kt, c, ngroups_k, lb, wt, acc);
-    }
+    if (kt < KT) tile_group_values<BITS>(cur, m, zero, kt, c, ngroups_k, lb, gvs, g);
     if (ns.j == 0) {
-      write_partials(acc, part[par][warp], g, c);
       cp_async_wait_all();
-      __syncthreads();
+      __syncthreads();  // gvs complete
+      for (int q = threadIdx.x; q < (k + 1) * 16; q += kThreads) {  // q = 16·e + row
+        const int e = q / 16, r = q % 16, G0 = e * gI, ng = e < k ? gI : gS;
+        float a4[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll 8
+        for (int l = 0; l < ng; ++l) a4[l & 3] = fmaf(1.f, gvs[(G0 + l) * 16 + r], a4[l & 3]);
+        pes[q] = (a4[0] + a4[1]) + (a4[2] + a4[3]);
+      }
+      __syncthreads();  // pes complete; gvs read no more
       if (threadIdx.x < 16) {
         const int64_t r = st.grp * 16 + threadIdx.x;
         if (r < rows) {
           float v = 0.f;
-#pragma unroll
-          for (int s2 = 0; s2 < KS; ++s2) v += part[par][s2][threadIdx.x];
+#pragma unroll 8
+          for (int e = 0; e <= k; ++e) v = fmaf(seg[e].wt, pes[e * 16 + threadIdx.x], v);
           y[r] = epi_y[threadIdx.x] + v;
         }
       }
-      par ^= 1;
       y_fetch(ns.grp);
     }
     st = ns;

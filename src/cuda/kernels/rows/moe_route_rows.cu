@@ -1,6 +1,6 @@
 // Multi-row MoE, first and last launches (rows_mm.h): the routing of M rows with their grouping by expert
 // (one block: a warp per row runs moe_gate_up's routing, then a counting sort on the device), and the
-// per-row combine of the experts' down products in moe_down_tc's fixed order.
+// per-row combine of the experts' down sums in moe_down_tc's fixed order.
 #include <algorithm>
 #include <cstdlib>
 #include <string>
@@ -124,116 +124,41 @@ __global__ void __launch_bounds__(kRouteThreads) moe_route_kernel(RouteArgs a) {
 
 struct CombineArgs {
   int64_t H, ldy;
-  int k, gI, ngroups;
+  int k;
   const float* sel_w;
   const int32_t* row_slot;
-  const float* gv;
+  const float* pe;
   float* y;
 };
 
-// y[r][n] += Σ over moe_down_tc's k-slices (8 warps; warp ks takes k-tiles ks, ks + 8, ...) of the quad sum
-// ((a0 + a1) + (a2 + a3)) of its four group chains a_σ = Σ_kt fmaf(w(G), gv[G], ·), G = 4·kt + σ — the order
-// moe_down_tc sums the same group values in, so the result is its bits. A block: 32 outputs × the 8 k-slices
-// (a warp per k-slice, its loads independent), then one warp adds the slices in order.
-// The combine weight of each group comes from shared memory (filled once per block: a runtime division per group
-// there, not per group and output).
-constexpr int kCombineN = 32, kCombineMaxG = 1024;
-__global__ void __launch_bounds__(256) moe_combine_kernel(CombineArgs a) {
-  __shared__ float part[8][kCombineN];
-  __shared__ float s_w[kCombineMaxG];
-  const int r = blockIdx.y, ks = threadIdx.x / kCombineN, nl = threadIdx.x % kCombineN;
-  const int64_t n = int64_t(blockIdx.x) * kCombineN + nl;
-  pdl_wait();
-  pdl_trigger();
-  if (a.row_slot != nullptr && a.row_slot[r] < 0) return;  // uniform in the block
-  const float* gvr = a.gv + int64_t(r) * a.ngroups * a.H + n;
-  const float* wr = a.sel_w + int64_t(r) * (a.k + 1);
-  const int KT = (a.ngroups + 3) / 4, kg = a.k * a.gI;
-  for (int G = threadIdx.x; G < a.ngroups; G += blockDim.x) s_w[G] = __ldcg(wr + (G < kg ? G / a.gI : a.k));
-  __syncthreads();
-  float c4[4] = {0.f, 0.f, 0.f, 0.f};
-  if (n < a.H) {
-#pragma unroll 4
-    for (int kt = ks; kt < KT; kt += 8) {
-#pragma unroll
-      for (int s = 0; s < 4; ++s) {
-        const int G = 4 * kt + s;
-        if (G < a.ngroups) c4[s] = fmaf(s_w[G], __ldcg(gvr + int64_t(G) * a.H), c4[s]);
-      }
-    }
-  }
-  part[ks][nl] = (c4[0] + c4[1]) + (c4[2] + c4[3]);
-  __syncthreads();
-  if (ks == 0 && n < a.H) {
-    float v = 0.f;
-#pragma unroll
-    for (int q = 0; q < 8; ++q) v += part[q][nl];
-    float* yp = a.y + int64_t(r) * a.ldy + n;
-    *yp = *yp + v;
-  }
-}
-
-// y[r][n] += Σ over moe_down_tc's 8 k-slices (slice ks: k-tiles ks, ks + 8, ...) in slice order of the quad sum
-// ((a0 + a1) + (a2 + a3)) of the slice's four group chains a_σ = Σ_kt fmaf(w(G), gv[G], ·), G = 4·kt + σ — the
-// order moe_down_tc sums the same group values in, so the result is its bits (as moe_combine_kernel). For many
-// rows (M > 16): a thread per output (its row's group values are independent loads, all in flight), a block
-// per 256 outputs of one row; measured 29.9 → 20.6 µs at M = 64, slower than moe_combine_kernel up to M = 16.
-constexpr int kCombineThreads = 256, kCombineFast = 96, kCombineManyRows = 16;
-__global__ void __launch_bounds__(kCombineThreads) moe_combine_many_kernel(CombineArgs a) {
-  extern __shared__ float s_w[];  // the combine weight of each group of the row
-  const int r = blockIdx.y;
+// y[r][n] += Σ_e w_e · P_e[r][n] over the row's k experts and the shared one (slot k), as the chain acc = fmaf(w_e,
+// P_e, acc) from 0 in slot order, then y + acc: moe_down_tc's epilogue (rows_mm.h), so its bits. A thread per
+// output (the k + 1 loads independent, all in flight), a block per 256 outputs of one row.
+constexpr int kCombineThreads = 256, kCombineFast = 16;
+__global__ void __launch_bounds__(kCombineThreads) moe_combine_kernel(CombineArgs a) {
+  __shared__ float s_w[kMaxK + 1];
+  const int r = blockIdx.y, k = a.k;
   const int64_t n = int64_t(blockIdx.x) * kCombineThreads + threadIdx.x;
   pdl_wait();
   pdl_trigger();
   if (a.row_slot != nullptr && a.row_slot[r] < 0) return;  // uniform in the block
-  const float* wr = a.sel_w + int64_t(r) * (a.k + 1);
-  const int kg = a.k * a.gI;
-  for (int G = threadIdx.x; G < a.ngroups; G += kCombineThreads) s_w[G] = __ldcg(wr + (G < kg ? G / a.gI : a.k));
+  if (threadIdx.x <= k) s_w[threadIdx.x] = __ldcg(a.sel_w + int64_t(r) * (k + 1) + threadIdx.x);
   __syncthreads();
   if (n >= a.H) return;
-  const float* gvr = a.gv + int64_t(r) * a.ngroups * a.H + n;
-  const int KT = (a.ngroups + 3) / 4;
-  float v = 0.f;
-  if (a.ngroups <= kCombineFast) {  // the model's 72 groups: every load in flight at once
+  const float* pr = a.pe + int64_t(r) * (k + 1) * a.H + n;
+  float acc = 0.f;
+  if (k + 1 <= kCombineFast) {  // the model's 9 slots
     float x[kCombineFast];
 #pragma unroll
-    for (int G = 0; G < kCombineFast; ++G) x[G] = G < a.ngroups ? __ldcg(gvr + int64_t(G) * a.H) : 0.f;
+    for (int e = 0; e < kCombineFast; ++e) x[e] = e <= k ? __ldcg(pr + int64_t(e) * a.H) : 0.f;
 #pragma unroll
-    for (int ks = 0; ks < 8; ++ks) {
-      float c4[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-      for (int kt = ks; kt < kCombineFast / 4; kt += 8)
-#pragma unroll
-        for (int s = 0; s < 4; ++s)
-          if (4 * kt + s < a.ngroups) c4[s] = fmaf(s_w[4 * kt + s], x[4 * kt + s], c4[s]);
-      v += (c4[0] + c4[1]) + (c4[2] + c4[3]);
-    }
+    for (int e = 0; e < kCombineFast; ++e)
+      if (e <= k) acc = fmaf(s_w[e], x[e], acc);
   } else {
-#pragma unroll 2
-    for (int ks = 0; ks < 8; ++ks) {
-      float c4[4] = {0.f, 0.f, 0.f, 0.f};
-      for (int kb = ks; kb < KT; kb += 32) {  // 4 k-tiles of the slice at a time: 16 loads in flight
-        float x[4][4];
-#pragma unroll
-        for (int m = 0; m < 4; ++m)
-#pragma unroll
-          for (int s = 0; s < 4; ++s) {
-            const int G = 4 * (kb + 8 * m) + s;
-            x[m][s] = G < a.ngroups ? __ldcg(gvr + int64_t(G) * a.H) : 0.f;
-          }
-#pragma unroll
-        for (int m = 0; m < 4; ++m)
-#pragma unroll
-          for (int s = 0; s < 4; ++s) {
-            const int G = 4 * (kb + 8 * m) + s;
-            if (G < a.ngroups) c4[s] = fmaf(s_w[G], x[m][s], c4[s]);
-          }
-      }
-      v += (c4[0] + c4[1]) + (c4[2] + c4[3]);
-    }
+    for (int e = 0; e <= k; ++e) acc = fmaf(s_w[e], __ldcg(pr + int64_t(e) * a.H), acc);
   }
   float* yp = a.y + int64_t(r) * a.ldy + n;
-  *yp = *yp + v;
+  *yp = *yp + acc;
 }
 
 bool shape_ok(const QMatrixDev& m, int bits) {
@@ -273,8 +198,7 @@ bool moe_rows_supported(const MoEDecodeWeights& w, int max_rows) {
       w.shared_down.cols != Is)
     return false;
   if (H > 8192 || I > 8192 || Is > 8192) return false;  // staged fragments of a chunk within shared memory
-  if (moe_ngroups(w) > kCombineMaxG) return false;  // the combine's weights per group in shared memory
-  if (int64_t(max_rows) * moe_ngroups(w) * H >= (int64_t(1) << 31)) return false;  // down's 32-bit offsets into gv
+  if (int64_t(max_rows) * (w.top_k + 1) * H >= (int64_t(1) << 31)) return false;  // down's 32-bit offsets into pe
   return w.E >= 1 && w.E <= kMaxE && w.top_k >= 1 && w.top_k <= kMaxK && w.top_k <= w.E && max_rows >= 1 &&
          max_rows <= kMoEMaxRows;
 }
@@ -305,21 +229,12 @@ void moe_combine_rows(const MoEDecodeWeights& w, const float* sel_w, int M, cons
   a.H = w.down.first.rows;
   a.ldy = ldy > 0 ? ldy : a.H;
   a.k = w.top_k;
-  a.gI = int(w.down.first.cols / 64);
-  a.ngroups = moe_ngroups(w);
   a.sel_w = sel_w;
   a.row_slot = row_slot;
-  a.gv = moe_carve(const_cast<void*>(scratch), w, M).gv;
+  a.pe = moe_carve(const_cast<void*>(scratch), w, M).pe;
   a.y = y;
-  if (M > kCombineManyRows) {
-    const size_t smem = size_t(a.ngroups) * sizeof(float);
-    if (smem > 48 * 1024)
-      LILAC_CUDA_CHECK(cudaFuncSetAttribute(moe_combine_many_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    launch_pdl(moe_combine_many_kernel, dim3(unsigned((a.H + kCombineThreads - 1) / kCombineThreads), unsigned(M)),
-               dim3(kCombineThreads), smem, stream, a);
-    return;
-  }
-  launch_pdl(moe_combine_kernel, dim3(unsigned((a.H + kCombineN - 1) / kCombineN), unsigned(M)), dim3(256), 0, stream, a);
+  launch_pdl(moe_combine_kernel, dim3(unsigned((a.H + kCombineThreads - 1) / kCombineThreads), unsigned(M)),
+             dim3(kCombineThreads), 0, stream, a);
 }
 
 }  // namespace lilac::cuda::rows

@@ -5,9 +5,9 @@
 //
 // gate/up: exactly moe_gate_up_tc's arithmetic per row (4 warps × gate rows, 4 warps × up rows of a 16-row
 // block, 4 k-slices each, partial sums added in order, act = silu(gate)·up).
-// down: for each row, expert (its slot j) and 64-group G of the concatenated input (moe_down_tc's K =
-// k·I + Is), the group value of each output row — today's group values, which moe_combine_rows then sums
-// in today's order. The expert-local k-tiles line up with today's global ones when I is a multiple of 256.
+// down: for each row, expert (its slot j) and output row, the expert's sum P_e of its 64-group values in
+// moe_down_tc's order (rows_mm.h: four chains a_σ over the expert's k-tiles, then (a0 + a1) + (a2 + a3)),
+// which moe_combine_rows then weighs and adds in moe_down_tc's order.
 //
 // Weight tiles reach the warps one of two ways (the same bytes into the same registers, so the same bits):
 // 4-bit weights with aligned scale rows (the model's) through per-warp cp.async rings in shared memory
@@ -419,11 +419,10 @@ __global__ void __launch_bounds__(kThreads, 2) moe_down_rows_kernel(DownArgs a) 
   extern __shared__ float4 smem4[];
   __shared__ int4 s_desc[kMaxBlockChunks];
   __shared__ int s_ent[kMaxBlockChunks][MT];
-  __shared__ int s_gvb[MT];  // the current chunk's rows: where their group values start in gv (32-bit: moe_rows_supported)
+  __shared__ int s_pb[MT];  // the current chunk's rows: where their expert sums start in pe (32-bit: moe_rows_supported)
   const MoEDecodeWeights& w = a.w;
   const int64_t H = w.down.first.rows;
-  const int I = int(w.down.first.cols), Is = int(w.shared_down.cols), k = w.top_k, gI = I / kGroup;
-  const int NG = moe_ngroups(w);
+  const int I = int(w.down.first.cols), Is = int(w.shared_down.cols), k = w.top_k;
   const int KTI = tc_kt(I), KTS = tc_kt(Is), KTm = max(KTI, KTS);
   const int xstride = KTm * kTileXBytes, mstride = KTm * 4;
   char* xf = reinterpret_cast<char*>(smem4);
@@ -471,49 +470,50 @@ __global__ void __launch_bounds__(kThreads, 2) moe_down_rows_kernel(DownArgs a) 
   int cur_cq = -1;
   uint32_t tmask = 0;
   ChunkTiles<BITS, NP> ct;   // kChunkTiles: the lane's B units and output groups for the chunk's rows
-  int gvo[NP][S::NCH];       // kChunkTiles: where tile p's chunk-i output group of this lane starts in gv (k-tile 0)
   auto stage_chunk = [&](int cq, int K_l) {
     __syncthreads();  // the previous chunk's fragments are read no more; s_ent, zero block visible
     const int n_tok = s_desc[cq].z;
-    if (threadIdx.x < n_tok) {  // row r's slot j: groups from j·gI (the shared expert's from k·gI), H floats each
-      const int en = s_ent[cq][threadIdx.x], j = en & 0xFF;
-      s_gvb[threadIdx.x] = ((en >> 8) * NG + (j < k ? j : k) * gI) * int(H);
+    if (threadIdx.x < n_tok) {  // row r's slot j (the shared expert's: k): H floats at (r·(k + 1) + j)·H
+      const int en = s_ent[cq][threadIdx.x];
+      s_pb[threadIdx.x] = ((en >> 8) * (k + 1) + (en & 0xFF)) * int(H);
     }
     stage_segments<BITS, MT>(a.act, act_ld, I, s_ent[cq], n_tok, K_l, xf, xstride, meta, mstride);
     __syncthreads();
     cur_cq = cq;
     tmask = (1u << n_tok) - 1u;
-    if constexpr (kChunkTiles<BITS, NP, D>) {
-      ct = chunk_tiles<BITS, NP>(lr, xstride, MT * xstride, mstride, tmask);
-#pragma unroll
-      for (int p = 0; p < NP; ++p)
-#pragma unroll
-        for (int i = 0; i < S::NCH; ++i) gvo[p][i] = s_gvb[p * S::TPM + lr.otok(i)] + lr.osig(i) * int(H);
-    }
+    if constexpr (kChunkTiles<BITS, NP, D>) ct = chunk_tiles<BITS, NP>(lr, xstride, MT * xstride, mstride, tmask);
   };
-  // The math of step st with its tile in cur: every present row's group values of this warp's 16 output rows.
-  auto work = [&](const RowTile<BITS>& cur, Step st, Step) {
+  // The math of step st with its tile in cur: every present row's group values of this warp's 16 output rows,
+  // added to the lane's chains (group slot osig(i) of the expert's k-tiles, in k-tile order); at the end of the
+  // item (ns.j == 0) each row's expert sum, the chains' quad sum, into pe.
+  float acc[NP][S::NCH][2];
+  clear_acc<BITS, NP>(acc);
+  auto work = [&](const RowTile<BITS>& cur, Step st, Step ns) {
     const int cq = st.cq - c_lo;
     const bool routed = s_desc[cq].x < w.E;
     const int K_l = routed ? I : Is;
     const int64_t rb = int64_t(st.rb) * kWarps + warp;
-    if (st.j < (routed ? KTI : KTS) && rb < nrbH) {
+    if (rb >= nrbH) return;  // warp-uniform: no tile, nothing accumulated
+    if (st.j < (routed ? KTI : KTS)) {
+      if constexpr (kChunkTiles<BITS, NP, D>)
+        tile_chunk_acc<BITS, NP>(cur, xf, ct, meta, st.j, K_l / kGroup, lr, acc);
+      else
+        tile_rows_acc<BITS, NP, PH>(cur, xf, xstride, meta, mstride, zero, st.j, K_l / kGroup, lr, tmask,
+                                    active_tiles<BITS>(tmask), acc);
+    }
+    if (ns.j == 0) {
       const int n0 = int(rb) * 16 + g, Hi = int(H);
-      if constexpr (kChunkTiles<BITS, NP, D>) {
-        tile_chunk_store<BITS, NP>(cur, xf, ct, meta, st.j, K_l / kGroup, lr, [&](int p, int i, float gv0, float gv1) {
-          float* dst = a.sc.gv + (gvo[p][i] + st.j * 4 * Hi + n0);
-          if (n0 < Hi) dst[0] = gv0;
-          if (n0 + 8 < Hi) dst[8] = gv1;
-        });
-      } else {
-        tile_rows_store<BITS, NP, PH>(cur, xf, xstride, meta, mstride, zero, st.j, K_l / kGroup, lr, tmask,
-                                      active_tiles<BITS>(tmask), [&](int p, int i, float gv0, float gv1) {
-                                        float* dst = a.sc.gv + (s_gvb[p * S::TPM + lr.otok(i)] +
-                                                                (st.j * 4 + lr.osig(i)) * Hi + n0);
-                                        if (n0 < Hi) dst[0] = gv0;
-                                        if (n0 + 8 < Hi) dst[8] = gv1;
-                                      });
-      }
+#pragma unroll
+      for (int p = 0; p < NP; ++p)
+#pragma unroll
+        for (int tau = 0; tau < S::TPM; ++tau)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const float v = quad_sum(acc_of_row<BITS>(acc[p], c, tau, h));
+            const int t = p * S::TPM + tau;
+            if (c == 0 && ((tmask >> t) & 1u) && n0 + 8 * h < Hi) a.sc.pe[s_pb[t] + n0 + 8 * h] = v;
+          }
+      clear_acc<BITS, NP>(acc);
     }
   };
   auto chunk_k = [&](int cq) { return s_desc[cq].x < w.E ? I : Is; };

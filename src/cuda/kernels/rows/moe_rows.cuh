@@ -7,7 +7,8 @@
 //                         cut into chunks of at most moe_chunk_rows(bits, M); the routed chunks by expert id,
 //                         then the shared expert's chunks of all active rows
 //   entries int32[M·k + M] (row << 8) | slot (slot j < k: the row's j-th choice; k: the shared expert)
-//   gv      float[M][ngroups][H]  MoE down's group values (ngroups = (k·I + Is) / 64), unweighted
+//   pe      float[M][k + 1][H]  MoE down's expert sums P_e (slot j: the row's j-th choice; k: the shared expert),
+//                               unweighted (rows_mm.h)
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -23,12 +24,9 @@ struct MoEScratch {
   int32_t* hdr;
   int4* chunks;
   int32_t* entries;
-  float* gv;
+  float* pe;
 };
 __host__ __device__ inline size_t moe_align(size_t b) { return (b + 255) / 256 * 256; }
-__host__ __device__ inline int moe_ngroups(const MoEDecodeWeights& w) {
-  return int((int64_t(w.top_k) * w.down.first.cols + w.shared_down.cols) / 64);
-}
 __host__ __device__ inline MoEScratch moe_carve(void* base, const MoEDecodeWeights& w, int M) {
   char* p = static_cast<char*>(base);
   const size_t nent = size_t(M) * (w.top_k + 1);
@@ -39,13 +37,13 @@ __host__ __device__ inline MoEScratch moe_carve(void* base, const MoEDecodeWeigh
   p += moe_align(nent * sizeof(int4));
   s.entries = reinterpret_cast<int32_t*>(p);
   p += moe_align(nent * sizeof(int32_t));
-  s.gv = reinterpret_cast<float*>(p);
+  s.pe = reinterpret_cast<float*>(p);
   return s;
 }
 __host__ __device__ inline size_t moe_scratch_size(const MoEDecodeWeights& w, int M) {
   const size_t nent = size_t(M) * (w.top_k + 1);
   return 256 + moe_align(nent * sizeof(int4)) + moe_align(nent * sizeof(int32_t)) +
-         moe_align(size_t(M) * moe_ngroups(w) * w.down.first.rows * sizeof(float));
+         moe_align(size_t(M) * (w.top_k + 1) * w.down.first.rows * sizeof(float));
 }
 
 }  // namespace lilac::cuda::rows_dev

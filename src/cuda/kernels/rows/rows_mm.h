@@ -80,9 +80,11 @@ void gemv_rows(const GemvRowsArgs& a, cudaStream_t stream);
 //  (2) moe_gate_up_rows: act[r][j·I + i] = silu(gate_e · x̃_r) · (up_e · x̃_r) for the k experts of each row
 //      (slot j) and the shared expert (slot k, at k·I), x̃ = the staged RMSNorm(x) (stage(), layout of the
 //      expert bits); each chunk's expert weights are read once for all its rows.
-//  (3) moe_down_rows: the per-64-group products of each row with its experts' down matrices (read once per
-//      chunk) into `scratch` (ngroups = (k·I + Is)/64 floats per row and output), unweighted;
-//  (4) moe_combine_rows: y[r] += Σ w·down in exactly moe_down_tc's fixed order (independent of M).
+//  (3) moe_down_rows: each row's product with each of its experts' down matrices (read once per chunk) into
+//      `scratch`, unweighted: k + 1 floats per row and output, P_e = (a0 + a1) + (a2 + a3), a_σ = the sum, in
+//      k-tile order from 0, of the group values of the expert's 64-groups 4j + σ (its own k-tiles j of 256);
+//  (4) moe_combine_rows: y[r] += acc, acc = fmaf(w_e, P_e, acc) from 0 over the slots e = 0..k in order.
+//  (3) and (4) are moe_down_tc's order for every M (moe_tc.cu), so a row gets its bits alone and in a batch.
 // act: [M][k·I + Is]. Requirements: moe_rows_supported.
 int moe_chunk_rows(int bits, int M);  // rows per chunk for M rows: 4-bit 2 (M <= 32) or 4, 8-bit 4
 size_t moe_rows_scratch_bytes(const MoEDecodeWeights& w, int max_rows);
