@@ -67,7 +67,7 @@ struct ServeArgs {
   int port = 8080, threads = 0, max_queue = 64, http_threads = 0, max_connections = 1024, max_batch = 0,
       spec_tokens = 0, spec_max_batch = kDefaultSpecMaxBatch, synthetic_layers = 0;
   int64_t max_seq = 0, prefill_chunk = 512;
-  std::string spec_policy = "adaptive";
+  std::string spec_policy = "adaptive", burst_prefill = "on";
   double seq_memory_gb = 0;
   int debug_load_delay_ms = 0;  // tests: keep /health at 503 this long
   double cache_mb = 2048, max_body_mb = 8, header_timeout_s = 10, body_timeout_s = 60, shutdown_grace_s = 10;
@@ -83,6 +83,7 @@ int run(const ServeArgs& a) {
   if (a.max_batch < 0) throw InputError("--max-batch must be at least 1 (0: the backend's default)");
   if (a.seq_memory_gb < 0) throw InputError("--seq-memory-gb must be >= 0");
   if (a.prefill_chunk < 1) throw InputError("--prefill-chunk must be at least 1");
+  if (a.burst_prefill != "on" && a.burst_prefill != "off") throw InputError("--burst-prefill must be on or off");
   if (a.spec_max_batch < 1) throw InputError("--spec-max-batch must be at least 1 (--spec-tokens 0 turns speculation off)");
   if (a.cache_mb < 0) throw InputError("--cache-mb must be >= 0");
   if (a.max_body_mb <= 0 || a.max_body_mb > 4096) throw InputError("--max-body-mb must be in (0, 4096]");
@@ -110,6 +111,7 @@ int run(const ServeArgs& a) {
   o.max_batch = a.max_batch;
   o.seq_memory_bytes = a.seq_memory_gb * 1e9;
   o.prefill_chunk = a.prefill_chunk;
+  o.burst_prefill = a.burst_prefill == "on";
   o.spec_tokens = a.spec_tokens;
   o.spec_policy = parse_spec_policy(a.spec_policy);
   o.spec_max_batch = a.spec_max_batch;
@@ -208,6 +210,12 @@ const bool registered = register_command(Command{
       sub.add_option("--prefill-chunk", a->prefill_chunk,
                      "Prompt tokens prefilled per scheduler step; decode steps of the running streams run "
                      "between chunks, so a long prompt delays them by one chunk at most")
+          ->capture_default_str();
+      sub.add_option("--burst-prefill", a->burst_prefill,
+                     "on: requests that arrive together are prefilled before any of them takes a decode step "
+                     "(each gets its first token when its own prefill ends; a stream already decoding still waits "
+                     "one chunk at most), so their inter-token gaps are not stretched by each other's chunks; "
+                     "off: every stream decodes between the others' chunks")
           ->capture_default_str();
       sub.add_option("--max-body-mb", a->max_body_mb,
                      "Request body limit in MiB, after decompression (larger: 413)")->capture_default_str();

@@ -34,10 +34,11 @@ void Metrics::add_speculation(int64_t steps, int64_t rounds, int64_t drafted, in
   spec_accepted_ += accepted;
 }
 
-void Metrics::observe_step(int64_t decoded, bool prefilled, int64_t spec_suppressed) {
+void Metrics::observe_step(int64_t decoded, bool prefilled, int64_t spec_suppressed, int64_t burst_held) {
   if (decoded > 0) batch_size = decoded;
   std::lock_guard lk(mu_);
   spec_suppressed_ += spec_suppressed;
+  burst_held_ += burst_held;
   if (decoded > 0) {
     size_t b = 0;
     while (b < kBatchBounds.size() && decoded > kBatchBounds[b]) ++b;
@@ -100,6 +101,7 @@ std::string Metrics::render() const {
   count("lilac_decode_steps_total", "counter", "Batched decode steps run.", batch_steps_);
   count("lilac_prefill_chunks_total", "counter", "Prefill steps run (at most --prefill-chunk prompt tokens each).", prefill_steps_);
   count("lilac_mixed_steps_total", "counter", "Scheduler iterations that ran a prefill chunk and a decode step.", mixed_steps_);
+  count("lilac_burst_held_total", "counter", "Sequence-iterations in which a sequence whose prefill had ended waited for the prefill of the requests that arrived with it (--burst-prefill).", burst_held_);
   count("lilac_cancelled_total", "counter", "Generations stopped because the client went away.", cancelled.load());
   count("lilac_prefix_cache_hits_total", "counter", "Generations that resumed from a cached prefix.", cache_hits_);
   count("lilac_prefix_cache_misses_total", "counter", "Generations that prefilled from scratch.", cache_misses_);

@@ -21,7 +21,8 @@ struct Metrics {
   // One scheduler iteration: `decoded` sequences in its batched decode step (0: no decode step),
   // `prefilled`: whether it ran a prefill step, `spec_suppressed`: sequences whose draft policy chose
   // drafts but that stepped without them (more sequences decoding than --spec-max-batch).
-  void observe_step(int64_t decoded, bool prefilled, int64_t spec_suppressed = 0);
+  // burst_held: sequences that waited this iteration for their burst's prefill (SchedulerOptions::burst_prefill).
+  void observe_step(int64_t decoded, bool prefilled, int64_t spec_suppressed = 0, int64_t burst_held = 0);
 
   std::atomic<int64_t> queue_depth{0};  // queued + running generations
   std::atomic<int64_t> running{0};      // generations in the session pool (in use)
@@ -47,7 +48,7 @@ struct Metrics {
   int64_t batch_steps_ = 0, batch_sum_ = 0;
   int64_t prefill_steps_ = 0, mixed_steps_ = 0;
   int64_t spec_steps_ = 0, spec_rounds_ = 0, spec_drafted_ = 0, spec_accepted_ = 0;
-  int64_t spec_suppressed_ = 0;
+  int64_t spec_suppressed_ = 0, burst_held_ = 0;
 };
 
 }  // namespace lilac::server

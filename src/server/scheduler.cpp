@@ -38,6 +38,8 @@ struct Scheduler::Slot {
   std::shared_ptr<Job> job;
   std::unique_ptr<Sequence> seq;
   uint64_t tick = 0;  // when it was admitted (prefill order) or released (LRU)
+  uint64_t ready_tick = 0;     // ticks_ when its prefill ended (burst_prefill)
+  bool decoding = false;       // it has taken a decode step (burst_prefill holds only before the first)
   std::optional<JobEvent> error;  // set when a step involving it threw
 };
 
@@ -208,6 +210,8 @@ void Scheduler::admit(std::shared_ptr<Job> job) {
   }
   best->job = job;
   best->tick = ++ticks_;
+  best->ready_tick = 0;
+  best->decoding = false;
   best->error.reset();
   ++in_use_;
   std::lock_guard lk(mu_);
@@ -217,6 +221,15 @@ void Scheduler::admit(std::shared_ptr<Job> job) {
 void Scheduler::fail(Slot& s, std::exception_ptr e) {
   s.seq->abort();  // done: retire_done() answers with the error and frees the session
   s.error = error_event(e);
+}
+
+// Whether s (prefill ended, no decode step yet) waits: some sequence admitted before s's prefill ended is still
+// prefilling (admitted after s, as the prefill goes oldest first, but before s was ready), and s is not cancelled.
+bool Scheduler::burst_held(const Slot& s) const {
+  if (!opts_.burst_prefill || (s.job && s.job->cancel.load())) return false;
+  for (const auto& p : slots_)
+    if (p->seq && p->seq->phase() == Sequence::Phase::Prefill && p->tick <= s.ready_tick) return true;
+  return false;
 }
 
 bool Scheduler::step() {
@@ -230,12 +243,22 @@ bool Scheduler::step() {
     } catch (...) {
       fail(*pre, std::current_exception());
     }
+    if (pre->seq->phase() != Sequence::Phase::Prefill) pre->ready_tick = ticks_;
   }
-  // One decode step for every sequence in its decode phase (including one whose prefill just ended).
+  // One decode step for every sequence in its decode phase (including one whose prefill just ended), but a
+  // burst's sequences wait for the burst's prefill (burst_prefill: the header).
   // Above spec_max_batch decoding sequences none drafts: they all step in the batch.
   std::vector<Slot*> decoding, batch, alone;
-  for (auto& s : slots_)
-    if (s->seq && s->seq->phase() == Sequence::Phase::Decode) decoding.push_back(s.get());
+  int64_t held = 0;
+  for (auto& s : slots_) {
+    if (!s->seq || s->seq->phase() != Sequence::Phase::Decode) continue;
+    if (!s->decoding && burst_held(*s)) {
+      ++held;
+      continue;
+    }
+    s->decoding = true;
+    decoding.push_back(s.get());
+  }
   const bool may_draft = int64_t(decoding.size()) <= int64_t(opts_.spec_max_batch);
   int64_t suppressed = 0;
   for (Slot* s : decoding) {
@@ -277,7 +300,7 @@ bool Scheduler::step() {
       fail(*s, std::current_exception());
     }
   }
-  if (metrics_) metrics_->observe_step(int64_t(batch.size() + alone.size()), pre != nullptr, suppressed);
+  if (metrics_) metrics_->observe_step(int64_t(batch.size() + alone.size()), pre != nullptr, suppressed, held);
   return pre || !batch.empty() || !alone.empty();
 }
 

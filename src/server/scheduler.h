@@ -14,6 +14,14 @@
 //      they draft again as soon as the batch is small enough);
 //   4. retires the sequences that ended (finished, stopped, cancelled, failed): their Done event is
 //      sent and the session is free for the next admission at once.
+// Bursts (SchedulerOptions::burst_prefill, `--burst-prefill`, on by default): a sequence whose prefill has
+// just ended (its first token is out) takes its first decode step only once the sequences admitted before
+// that moment have finished their prefill too, so requests that arrive together are prefilled together and
+// then decode together. Without it each of them would decode between the others' chunks, and every one of
+// those steps would be an inter-token gap of a chunk's length: with 16 clients arriving at once, ~6 % of all
+// gaps (bench/BENCHMARKS.md). With it, each such stream has one long gap (after its first token) instead of
+// many. A stream that is already decoding is never held: it still waits for one chunk at most. A cancelled
+// sequence is not held.
 // Each job streams its events back through its own thread-safe channel to the HTTP thread waiting on
 // it. Each sequence keeps its own sampling parameters, seed, penalties, stop strings and logprobs; the
 // batched step is bit-identical to stepping each alone, so a stream's tokens never depend on the others.
@@ -75,6 +83,7 @@ struct SchedulerOptions {
   int max_batch = 0;            // sessions in the pool (concurrent generations); 0: see pool_size()
   double seq_memory_bytes = 0;  // memory budget of the pool (0: none)
   int64_t prefill_chunk = 512;  // prompt tokens per prefill step of one sequence (overrides the job's)
+  bool burst_prefill = true;    // sequences admitted together are prefilled before they decode (see above)
   int spec_tokens = 0;    // speculative decoding: MTP drafts per step (GenerationRequest::draft_tokens)
   SpecPolicyKind spec_policy = SpecPolicyKind::Adaptive;  // drafts per step: adaptive (0..spec_tokens) or fixed
   // Speculation only while at most this many sequences are decoding (engine/spec_policy.h, kDefaultSpecMaxBatch).
@@ -115,6 +124,7 @@ class Scheduler {
   void worker();
   void admit(std::shared_ptr<Job> job);
   bool step();  // one iteration's prefill + decode work; false when there was nothing to do
+  bool burst_held(const Slot& s) const;
   void fail(Slot& s, std::exception_ptr e);
   void retire_done();
   void answer(Job& job, JobEvent done);  // the Done / Error event of a job that leaves the scheduler

@@ -207,6 +207,7 @@ void Server::set_model(std::shared_ptr<Backend> backend, std::shared_ptr<const T
   so.max_batch = C.opts.max_batch;
   so.seq_memory_bytes = C.opts.seq_memory_bytes;
   so.prefill_chunk = C.opts.prefill_chunk;
+  so.burst_prefill = C.opts.burst_prefill;
   so.spec_tokens = C.opts.spec_tokens;
   so.spec_policy = C.opts.spec_policy;
   so.spec_max_batch = C.opts.spec_max_batch;

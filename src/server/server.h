@@ -45,6 +45,7 @@ struct ServerOptions {
   int max_batch = 0;               // concurrent generations (sessions in the pool); 0: backend default
   double seq_memory_bytes = 0;     // memory budget of the session pool (0: none); see SchedulerOptions
   int64_t prefill_chunk = 512;     // prompt tokens per prefill step (interleaved with decode steps)
+  bool burst_prefill = true;       // requests that arrive together are prefilled before they decode (SchedulerOptions)
   int http_threads = 0;            // HTTP workers; 0 = max_queue + 32 (must exceed max_queue)
   int max_pending = 32;            // complete requests waiting for a worker (503 beyond)
   int max_connections = 1024;      // open connections

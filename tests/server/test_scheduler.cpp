@@ -5,6 +5,10 @@
 // frees the session; a failing step fails only its own sequences; the pool's size.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <mutex>
+#include <thread>
+#include <chrono>
 #include <cstring>
 #include <map>
 #include <random>
@@ -262,6 +266,95 @@ TEST(Scheduler, CancellationDuringPrefillAndDecodeFreesTheSession) {
   auto c2 = std::make_shared<Job>(hash_request(3000, 9, 12));
   ASSERT_TRUE(sched.submit(c2));
   expect_same(wait(*c2), rc, "c alone");
+}
+
+// Bursts (SchedulerOptions::burst_prefill): requests that arrive together are prefilled before any of them takes
+// a decode step, while a stream that was already decoding keeps its decode step between every two chunks; off,
+// the burst's first streams decode between the others' chunks. The tokens are the same either way.
+TEST(Scheduler, ABurstIsPrefilledBeforeItDecodesAndRunningStreamsAreNotHeld) {
+  struct Ev {
+    int32_t job;
+    char kind;  // 'P': a prefill chunk, 'D': a decode step
+  };
+  for (const bool burst : {true, false}) {
+    SCOPED_TRACE(burst ? "burst_prefill on" : "burst_prefill off");
+    auto be = std::make_shared<HookedBackend>();
+    std::mutex mu;
+    std::vector<Ev> log;
+    be->on_prefill = [&](HookedSession& s, std::span<const int32_t>) {
+      std::lock_guard lk(mu);
+      log.push_back({s.first, 'P'});
+    };
+    be->on_decode = [&](HookedSession& s) {
+      if (s.first == 9000) std::this_thread::sleep_for(std::chrono::milliseconds(2));  // x outlasts the burst
+      std::lock_guard lk(mu);
+      log.push_back({s.first, 'D'});
+    };
+    Metrics m;
+    SchedulerOptions o;
+    o.max_batch = 4;
+    o.max_seq = 512;
+    o.prefill_chunk = 4;
+    o.burst_prefill = burst;
+    Scheduler sched(be, tokenizer(), o, &m);
+    // x decodes alone first; the burst (a, b, c: 5 chunks each) arrives while it does.
+    auto x = std::make_shared<Job>(hash_request(9000, 3, 80));
+    ASSERT_TRUE(sched.submit(x));
+    for (int i = 0; i < 2000; ++i) {
+      {
+        std::lock_guard lk(mu);
+        if (std::count_if(log.begin(), log.end(), [](const Ev& e) { return e.kind == 'D'; }) >= 2) break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    std::vector<std::shared_ptr<Job>> burst_jobs;
+    for (int32_t f : {1000, 2000, 3000}) burst_jobs.push_back(std::make_shared<Job>(hash_request(f, 20, 6)));
+    ASSERT_TRUE(sched.submit_all(burst_jobs));
+    std::vector<Result> got;
+    for (auto& j : burst_jobs) got.push_back(wait(*j));
+    const Result rx = wait(*x);
+    ASSERT_EQ(rx.ids.size(), 80u) << "x must outlast the burst's prefill";
+    std::vector<Ev> ev;
+    {
+      std::lock_guard lk(mu);
+      ev = log;
+    }
+    // The burst's chunks: from its first to its last; x decodes between every two of them.
+    size_t first_p = ev.size(), last_p = 0;
+    for (size_t i = 0; i < ev.size(); ++i)
+      if (ev[i].kind == 'P' && ev[i].job != 9000) first_p = std::min(first_p, i), last_p = i;
+    ASSERT_LT(first_p, last_p);
+    int chunks = 0;
+    bool x_between = true;
+    for (size_t i = first_p + 1; i <= last_p; ++i) {
+      if (ev[i].kind != 'P') continue;
+      ++chunks;
+      bool x_stepped = false;
+      for (size_t k = i; k-- > 0 && !(ev[k].kind == 'P');)
+        x_stepped |= ev[k].job == 9000 && ev[k].kind == 'D';
+      x_between &= x_stepped;
+    }
+    EXPECT_EQ(chunks + 1, 15);
+    EXPECT_TRUE(x_between) << "a running stream waited more than one chunk";
+    // A burst stream's decode steps before the burst's last chunk: none with burst_prefill on.
+    int early = 0;
+    for (size_t i = 0; i < last_p; ++i) early += ev[i].kind == 'D' && ev[i].job != 9000;
+    if (burst) {
+      EXPECT_EQ(early, 0);
+      EXPECT_GT(metric(m, "lilac_burst_held_total"), 0);
+    } else {
+      EXPECT_GT(early, 0);
+      EXPECT_EQ(metric(m, "lilac_burst_held_total"), 0);
+    }
+    // The same tokens as alone.
+    be->on_prefill = nullptr;
+    be->on_decode = nullptr;
+    for (size_t i = 0; i < burst_jobs.size(); ++i) {
+      auto j = std::make_shared<Job>(burst_jobs[i]->req);
+      ASSERT_TRUE(sched.submit(j));
+      expect_same(wait(*j), got[i], "burst request " + std::to_string(i) + " alone");
+    }
+  }
 }
 
 TEST(Scheduler, AFailingStepFailsOnlyItsSequence) {
