@@ -219,7 +219,10 @@ void moe_route_rows(const MoEDecodeWeights& w, const float* logits, int64_t ld_l
   a.sel_ids = sel_ids;
   a.sel_w = sel_w;
   a.sc = moe_carve(scratch, w, M);
-  launch_pdl(moe_route_kernel, dim3(1), dim3(kRouteThreads), 0, stream, a);
+  // A warp per row up to 32 rows, and at least a thread per expert (the counts and scans): fewer warps for
+  // few rows make the kernel's barriers cheaper (the same work and results at any block size).
+  const int threads = std::min(kRouteThreads, std::max({(w.E + 31) / 32, std::min(M, 32), 2}) * 32);  // 2: the active-row ballots
+  launch_pdl(moe_route_kernel, dim3(1), dim3(threads), 0, stream, a);
 }
 
 void moe_combine_rows(const MoEDecodeWeights& w, const float* sel_w, int M, const int32_t* row_slot,
