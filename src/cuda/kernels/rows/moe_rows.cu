@@ -503,17 +503,9 @@ __global__ void __launch_bounds__(kThreads, 2) moe_down_rows_kernel(DownArgs a) 
     }
     if (ns.j == 0) {
       const int n0 = int(rb) * 16 + g, Hi = int(H);
-#pragma unroll
-      for (int p = 0; p < NP; ++p)
-#pragma unroll
-        for (int tau = 0; tau < S::TPM; ++tau)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const float v = quad_sum(acc_of_row<BITS>(acc[p], c, tau, h));
-            const int t = p * S::TPM + tau;
-            if (c == 0 && ((tmask >> t) & 1u) && n0 + 8 * h < Hi) a.sc.pe[s_pb[t] + n0 + 8 * h] = v;
-          }
-      clear_acc<BITS, NP>(acc);
+      row_sums<BITS, NP>(acc, c, [&](int t, int h, float v) {
+        if (((tmask >> t) & 1u) && n0 + 8 * h < Hi) a.sc.pe[s_pb[t] + n0 + 8 * h] = v;
+      });
     }
   };
   auto chunk_k = [&](int cq) { return s_desc[cq].x < w.E ? I : Is; };

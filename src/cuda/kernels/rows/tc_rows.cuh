@@ -344,10 +344,10 @@ __device__ __forceinline__ void clear_acc(float (&acc)[NP][TcShape<BITS>::NCH][2
     for (int i = 0; i < TcShape<BITS>::NCH; ++i) acc[p][i][0] = acc[p][i][1] = 0.f;
 }
 
-// End of a row group: each row's sum over this warp's k-slice (the quad sum, today's order) into
-// part[t·16 + r] for the block's rows t (ld: floats per row of part), then the accumulators are cleared.
-template <int BITS, int NP>
-__device__ __forceinline__ void write_partials_rows(float (&acc)[NP][TcShape<BITS>::NCH][2], float* part, int g, int c) {
+// Each row's sum of the chains acc (the quad sum, today's order): store(t, h, v) in lane c = 0 for row t of the
+// block's row tiles (t = p·TPM + τ) and output row g + 8·h; then the accumulators are cleared.
+template <int BITS, int NP, typename Store>
+__device__ __forceinline__ void row_sums(float (&acc)[NP][TcShape<BITS>::NCH][2], int c, Store&& store) {
   using S = TcShape<BITS>;
 #pragma unroll
   for (int p = 0; p < NP; ++p) {
@@ -356,11 +356,17 @@ __device__ __forceinline__ void write_partials_rows(float (&acc)[NP][TcShape<BIT
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const float v = quad_sum(acc_of_row<BITS>(acc[p], c, tau, h));
-        if (c == 0) part[(p * S::TPM + tau) * 16 + g + 8 * h] = v;
+        if (c == 0) store(p * S::TPM + tau, h, v);
       }
     }
   }
   clear_acc<BITS, NP>(acc);
+}
+
+// End of a row group: each row's sum over this warp's k-slice into part[t·16 + r] for the block's rows t.
+template <int BITS, int NP>
+__device__ __forceinline__ void write_partials_rows(float (&acc)[NP][TcShape<BITS>::NCH][2], float* part, int g, int c) {
+  row_sums<BITS, NP>(acc, c, [&](int t, int h, float v) { part[t * 16 + g + 8 * h] = v; });
 }
 
 
