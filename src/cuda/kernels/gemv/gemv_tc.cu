@@ -144,7 +144,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<BITS>) gemv_tc_kernel(Gem
               }
             });
       } else {
-        tile_accumulate<BITS>(cur, m, zero, kt, c, ngroups_k, lb, 1.f, acc);
+        tile_accumulate<BITS>(cur, m, zero, kt, c, ngroups_k, lb, acc);
       }
     }
     if (ns.j == 0) {  // end of the group: combine the k-slices, epilogue

@@ -282,17 +282,17 @@ __device__ __forceinline__ float group_value(float dot, uint32_t s_raw, uint32_t
 }
 
 
-// Adds one finished k-tile (scaled by wt) to the accumulators of rows g, g+8 (group 4·kt + c).
+// Adds one finished k-tile to the accumulators of rows g, g+8 (group 4·kt + c; fmaf(1, ·): the rows kernels' AccStore).
 template <int BITS>
 __device__ __forceinline__ void tile_accumulate(const TileRegs<BITS>& t, const TcSmem& m, const char* zero, int kt,
-                                                int c, int ngroups, const LaneB<BITS>& lb, float wt, float (&acc)[2]) {
+                                                int c, int ngroups, const LaneB<BITS>& lb, float (&acc)[2]) {
   float dot[2];
   tile_dots<BITS>(t, m.xf, zero, kt, lb, dot);
   const int G = kt * 4 + c;
   if (G < ngroups) {
     const float2 mm = m.meta[G];
-    acc[0] = fmaf(wt, group_value<BITS>(dot[0], t.s[0], t.b[0], mm), acc[0]);
-    acc[1] = fmaf(wt, group_value<BITS>(dot[1], t.s[1], t.b[1], mm), acc[1]);
+    acc[0] = fmaf(1.f, group_value<BITS>(dot[0], t.s[0], t.b[0], mm), acc[0]);
+    acc[1] = fmaf(1.f, group_value<BITS>(dot[1], t.s[1], t.b[1], mm), acc[1]);
   }
 }
 

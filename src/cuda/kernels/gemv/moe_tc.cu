@@ -95,7 +95,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<BITS>)
     if (!nxt_loaded) load(nxt, ns);
     nxt_loaded = false;
     const int kt = ks + st.j * KS;
-    if (kt < KT) tile_accumulate<BITS>(cur, m, zero, kt, c, ngroups_k, lb, 1.f, acc);
+    if (kt < KT) tile_accumulate<BITS>(cur, m, zero, kt, c, ngroups_k, lb, acc);
     if (ns.j == 0) {
       write_partials(acc, part[par][warp], g, c);
       __syncthreads();
