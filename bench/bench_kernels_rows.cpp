@@ -174,14 +174,15 @@ const DenseShape kDense[] = {
 struct DenseCtx {
   const DenseShape& sh;
   Mats W;
-  Buf x, z, y, nw, frag, meta;
+  Buf x, z, y, nw, frag, meta, partials;
   static int copies(const DenseShape& sh) {
     const double b = double(sh.rows) * sh.cols * sh.bits / 8;
     return int(std::clamp(240e6 / b, 1.0, 1024.0));
   }
   explicit DenseCtx(const DenseShape& s)
       : sh(s), W(s.rows, s.cols, s.bits, copies(s)), x(64 * s.cols * 4), z(64 * s.cols * 4), y(64 * s.rows * 4),
-        nw(s.cols * 4), frag(lr::frag_row_bytes(s.cols) * 64), meta(lr::meta_row_count(s.cols) * 8 * 64) {
+        nw(s.cols * 4), frag(lr::frag_row_bytes(s.cols) * 64), meta(lr::meta_row_count(s.cols) * 8 * 64),
+        partials(std::max<size_t>(lr::gemv_rows_partial_floats(W.get(0), 64), 1) * 4) {
     upload_floats(x.as<float>(), 64 * s.cols, 1.f);
     upload_floats(z.as<float>(), 64 * s.cols, 1.f);
     upload_floats(y.as<float>(), 64 * s.rows, 1.f);
@@ -209,6 +210,8 @@ struct DenseCtx {
     a.M = M;
     a.y = y.as<float>();
     a.accumulate = sh.acc;
+    a.partials = partials.as<float>();
+    a.partial_floats = lr::gemv_rows_partial_floats(a.W, 64);
     return a;
   }
 };
@@ -245,6 +248,19 @@ void register_dense() {
                                    })
           ->UseManualTime()
           ->Iterations(20);
+      if (M > 8 && sh.bits == 4)  // the tiles kernel where the slice kernel runs by default
+        benchmark::RegisterBenchmark((std::string("dense/") + sh.name + "/gemv_rows_tiles/M:" + std::to_string(M)).c_str(),
+                                     [ctx, calls, M, io](benchmark::State& st) {
+                                       lr::stage(ctx->stage_args(M), nullptr);
+                                       run_graph(st, calls, [&](cudaStream_t s, int i) {
+                                         lr::GemvRowsArgs a = ctx->gemv_args(M, i % ctx->W.n);
+                                         a.kernel = lr::RowsGemvKernel::Tiles;
+                                         lr::gemv_rows(a, s);
+                                       });
+                                       set_bw(st, ctx->W.bytes() + io);
+                                     })
+            ->UseManualTime()
+            ->Iterations(20);
       benchmark::RegisterBenchmark((std::string("dense/") + sh.name + "/stage/M:" + std::to_string(M)).c_str(),
                                    [ctx, M](benchmark::State& st) {
                                      run_graph(st, 16, [&](cudaStream_t s, int) { lr::stage(ctx->stage_args(M), s); });

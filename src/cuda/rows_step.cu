@@ -46,6 +46,19 @@ size_t moe_scratch(const DevModel& m, int max_rows) {
   return b;
 }
 
+// The most partial floats any 4-bit dense matrix of the step needs from the slice kernel at max_rows rows.
+size_t gemv_partials(const DevModel& m, int max_rows) {
+  size_t f = 0;
+  auto take = [&](const QMatrixDev& W) { f = std::max(f, rows::gemv_rows_partial_floats(W, max_rows)); };
+  take(m.lm_head);
+  for (const DevLayer& L : m.layers) {
+    take(L.out_proj);
+    for (const DevProj* p : {&L.in_proj, &L.router})
+      for (const DevPart& part : p->parts) take(part.m);
+  }
+  return f;
+}
+
 size_t align256(size_t n) { return (std::max<size_t>(n, 16) + 255) / 256 * 256; }
 
 // What one step needs besides the model: the rows, the scratch and where the staged input goes.
@@ -87,6 +100,8 @@ struct Ctx {
     g.y = y;
     g.ldy = ldy;
     g.accumulate = acc;
+    g.partials = sc.gemv_partials;
+    g.partial_floats = sc.gemv_partial_floats;
     rows::gemv_rows(g, s);
   }
   void proj(const DevProj& p, float* y, int64_t ldy) const {
@@ -175,6 +190,7 @@ size_t rows_scratch_bytes(const DevModel& m, int max_rows, int n_split) {
   f += rows::attention_rows_partial_floats(rows_attn_shape(c), n_split, max_rows);
   size_t b = f * 4 + M * 4 * size_t(c.num_experts_per_tok);
   b += 3 * M * rows::frag_row_bytes(int64_t(kmax)) + M * rows::meta_row_count(int64_t(kmax)) * sizeof(float2);
+  b += gemv_partials(m, max_rows) * 4;
   b += moe_scratch(m, max_rows) + rows::sample_rows_scratch_bytes(c.vocab_size, max_rows) + M * sizeof(SampleResult);
   return b;
 }
@@ -200,6 +216,8 @@ RowsScratch alloc_rows_scratch(DevAlloc& mem, const DevModel& m, int max_rows, i
   sc.frag8 = mem.get(align256(M * rows::frag_row_bytes(sc.kmax)));
   sc.meta = static_cast<float2*>(mem.get(align256(M * rows::meta_row_count(sc.kmax) * sizeof(float2))));
   sc.partial = static_cast<float*>(mem.get(align256(rows::attention_rows_partial_floats(rows_attn_shape(c), n_split, max_rows) * 4)));
+  sc.gemv_partial_floats = gemv_partials(m, max_rows);
+  sc.gemv_partials = static_cast<float*>(mem.get(align256(sc.gemv_partial_floats * 4)));
   sc.rlogits = f32(size_t(c.num_experts + 1));
   sc.sel_ids = static_cast<int32_t*>(mem.get(align256(M * size_t(c.num_experts_per_tok) * 4)));
   sc.sel_w = f32(size_t(c.num_experts_per_tok + 1));

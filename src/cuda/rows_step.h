@@ -59,6 +59,8 @@ struct RowsScratch {
   void *frag4g = nullptr, *frag4 = nullptr, *frag8 = nullptr;  // staged inputs (rows_mm.h: stage)
   float2* meta = nullptr;
   float* partial = nullptr;
+  float* gemv_partials = nullptr;  // the dense slice kernel's k-slice sums (rows_mm.h: gemv_rows_partial_floats)
+  size_t gemv_partial_floats = 0;
   float *rlogits = nullptr, *sel_w = nullptr, *act = nullptr;
   int32_t* sel_ids = nullptr;
   void* moe = nullptr;

@@ -47,6 +47,7 @@ struct RowsGemvRun {
   const float* norm_w = nullptr;  // device
   int head_dim = 0;
   bool accumulate = false;
+  lilac::cuda::rows::RowsGemvKernel kernel = lilac::cuda::rows::RowsGemvKernel::Auto;
 
   std::vector<float> run(int M, const std::vector<float>& x, const std::vector<float>& z, const std::vector<float>& y0,
                          const std::vector<int32_t>& slots, cudaStream_t s = nullptr) const {
@@ -77,6 +78,12 @@ struct RowsGemvRun {
     g.row_slot = st.row_slot;
     g.y = dy.p;
     g.accumulate = accumulate;
+    const size_t pf = lr::gemv_rows_partial_floats(W.d, M);
+    Dev<float> partials(pf);
+    partials.poison();  // NaN: a chain the slice kernel did not write would reach y
+    g.partials = partials.p;
+    g.partial_floats = pf;
+    g.kernel = kernel;
     lr::gemv_rows(g, s);
     EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess);
     (void)N;

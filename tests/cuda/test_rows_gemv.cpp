@@ -3,7 +3,8 @@
 // with NaN-poisoned or sentinel-filled outputs, at the model's shapes and odd ones;
 // every row bit for bit equal to today's single-row tensor-core kernel (gemv with GemvImpl::Tensor) on that
 // row alone; batch invariance (a row alone and inside M = 2, 7, 16, 64 with other rows and padding rows,
-// memcmp; padding rows' outputs untouched); a dependent chain captured in a CUDA graph with PDL.
+// memcmp; padding rows' outputs untouched); the slice kernel bit for bit the tiles kernel; a dependent chain
+// captured in a CUDA graph with PDL.
 #include <gtest/gtest.h>
 #include <cuda_runtime.h>
 
@@ -156,6 +157,53 @@ TEST(RowsGemv, BatchInvariantAndPaddingUntouched) {
           if (slots[size_t(m)] >= 0) continue;
           bool untouched = true;
           for (int64_t i = 0; i < c.rows; ++i) untouched &= got[size_t(m * c.rows + i)] == kSentinel;
+          EXPECT_TRUE(untouched) << "padding row " << m << " was written";
+        }
+      }
+    }
+  }
+}
+
+// The slice kernel (M > 8: each weight tile dequantized once for all rows, k-slice chains through partials) and
+// the tiles kernel (row tiles of 8 side by side) give every present row the same bits, at the model's shapes (the
+// in_proj and qkv's one k-tile per slice and out_proj's two, kept in shared memory; the LM head's single slice of
+// 8 k-tiles, streamed) and odd ones (partial k-tiles, fewer row blocks than a block's 8, M not a multiple of 4),
+// with padding rows, residual or not; padding rows' outputs stay untouched.
+TEST(RowsGemv, SliceKernelMatchesTilesKernelBitForBit) {
+  NEED_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  Rng r(seed);
+  using P = lc::Prologue;
+  const Shape shapes[] = {{12352, 2048, 4, P::RmsNorm}, {2048, 4096, 4, P::GatedHeadNorm}, {9216, 2048, 4, P::RmsNorm},
+                          {50704, 2048, 4, P::None},    {1001, 448, 4, P::RmsNorm},        {77, 192, 4, P::None},
+                          {130, 384, 4, P::GatedHeadNorm}};
+  for (const Shape& c : shapes) {
+    HostQ hq(r, c.rows, c.cols, c.bits);
+    DevQ dq(hq);
+    const auto nw = norm_weights(r, c);
+    Dev<float> dnw(nw);
+    const bool gated = c.pro == P::GatedHeadNorm;
+    for (int M : {9, 16, 19, 32, 45, 64}) {
+      for (int acc = 0; acc < 2; ++acc) {
+        SCOPED_TRACE("rows " + std::to_string(c.rows) + " cols " + std::to_string(c.cols) + " M " + std::to_string(M) +
+                     " accumulate " + std::to_string(acc));
+        const auto x = randv(r, size_t(M * c.cols), 2.f), z = randv(r, size_t(M * c.cols));
+        auto y0 = randv(r, size_t(M * c.rows));
+        const auto slots = slots_with_padding(r, M, int(r.word() % uint32_t(M)));
+        for (int m = 0; m < M; ++m)
+          if (slots[size_t(m)] < 0) std::fill(y0.begin() + m * c.rows, y0.begin() + (m + 1) * c.rows, kSentinel);
+        RowsGemvRun run{dq, c.pro, dnw.p, kHd, bool(acc)};
+        run.kernel = lr::RowsGemvKernel::Tiles;
+        const auto tiles = run.run(M, x, gated ? z : std::vector<float>(), y0, slots);
+        run.kernel = lr::RowsGemvKernel::Slices;
+        const auto slices = run.run(M, x, gated ? z : std::vector<float>(), y0, slots);
+        EXPECT_EQ(first_bit_diff(slices.data(), tiles.data(), slices.size()), -1)
+            << bit_diff_msg(slices.data(), tiles.data(), slices.size());
+        for (int m = 0; m < M; ++m) {
+          if (slots[size_t(m)] >= 0) continue;
+          bool untouched = true;
+          for (int64_t i = 0; i < c.rows; ++i) untouched &= slices[size_t(m * c.rows + i)] == kSentinel;
           EXPECT_TRUE(untouched) << "padding row " << m << " was written";
         }
       }

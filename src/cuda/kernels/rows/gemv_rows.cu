@@ -10,6 +10,7 @@
 // (tc_rows.cuh). Larger M runs several row tiles (gridDim.y) whose blocks walk the same weight rows in the same
 // order, so the repeated reads meet in L2.
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 
 #include "cuda/cuda_common.h"
@@ -22,11 +23,14 @@ namespace lilac::cuda::rows {
 namespace {
 
 using namespace rows_dev;
+using ::lilac::cuda::dev::cp_async16_zfill;
+using ::lilac::cuda::dev::cp_async_commit;
 using ::lilac::cuda::dev::pdl_trigger;
 using ::lilac::cuda::dev::pdl_wait;
 
 constexpr size_t kMaxSmem = 100 * 1024;
 constexpr int kTodayMinBlocks = 3;  // gemv_tc's occupancy target, which its k-slice rule uses
+constexpr int kSliceMinRows = 8;    // the slice kernel from 9 rows (up to 8, one row tile does the same)
 
 __host__ __device__ inline size_t dense_smem_bytes(int K, int MT) {
   const int KT = tc_kt(K);
@@ -259,6 +263,160 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_rows_g4_kernel(GemvRowsArgs 
   }
 }
 
+// ------------------------------------------------------------------------------------------------ slices
+// The slice kernel (4-bit, M > 8): every weight tile dequantized once for all M rows. The tiles kernel above runs
+// ceil(M / 8) row tiles side by side, each dequantizing the whole matrix again (at 64 rows, 8 times); here a warp
+// owns one row block (16 weight rows) for all the rows (NT mma tiles of 4), and a block owns one k-slice s of
+// the k-slice rule and 8 consecutive row blocks at a time (gridDim.y = KS). The slice's staged input of all rows
+// goes through shared memory one k-tile at a time (M KB each): kept for the whole launch when the slice has at
+// most two k-tiles (in_proj, qkv, out_proj), else streamed through two buffers for every 8 row blocks (the LM
+// head, KS = 1). A row's chain over its slice (acc from 0, g4_value added group by group in k order) is the
+// tiles kernel's chain; with KS = 1 the kernel adds it to the residual as the tiles kernel does (v = 0, v += acc),
+// with KS > 1 it writes the chain to partials[s][row][n] and slice_sum_kernel adds the KS chains in slice order.
+// So a row's bits are the same in both kernels and alone (tested by memcmp).
+constexpr int kSliceMetaBytes = 4 * int(sizeof(float2));  // one k-tile's meta per row
+
+__host__ __device__ inline size_t slice_buf_bytes(int MT) { return size_t(MT) * (kTileXBytes + kSliceMetaBytes); }
+
+template <int NT>
+__global__ void __launch_bounds__(kThreads, NT > 4 ? 1 : 2) gemv_rows_slice_kernel(GemvRowsArgs a, int KS) {
+  constexpr int MT = 4 * NT;
+  extern __shared__ float4 smem4[];
+  char* smem = reinterpret_cast<char*>(smem4);
+  const int K = int(a.W.cols), KT = tc_kt(K), ngroups_k = K / kGroup;
+  const int s = blockIdx.y, nks = (KT - s + KS - 1) / KS;  // this block's slice: k-tiles s, s + KS, ...
+  const bool resident = nks <= 2;
+  const int64_t nrows = a.W.rows, nrb = (nrows + 15) / 16, nbb = (nrb + kWarps - 1) / kWarps;
+  const int64_t ldy = a.ldy > 0 ? a.ldy : nrows;
+  const int xstride = KT * kTileXBytes, mstride = KT * 4;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+  const int np_act = (a.M + 3) / 4;
+
+  // buffer b: MT staged k-tile rows of 1024 bytes, then their meta (4 float2 each); absent rows are zeros
+  auto xbuf = [&](int b) { return smem + b * slice_buf_bytes(MT); };
+  auto mbuf = [&](int b) { return reinterpret_cast<const float2*>(smem + b * slice_buf_bytes(MT) + MT * kTileXBytes); };
+  uint64_t pmask = 0;  // present rows (set after the PDL wait)
+  auto stage = [&](int j, int b) {
+    const int kt = s + j * KS;
+    char* xb = xbuf(b);
+    char* mb = xb + MT * kTileXBytes;
+    const char* gf = static_cast<const char*>(a.frag);
+    const char* gm = reinterpret_cast<const char*>(a.meta);
+    for (int i = threadIdx.x; i < MT * (kTileXBytes / 16); i += kThreads) {
+      const int r = i / (kTileXBytes / 16), u = i % (kTileXBytes / 16);
+      const bool on = (pmask >> r) & 1u;
+      cp_async16_zfill(xb + r * kTileXBytes + 16 * u, on ? gf + int64_t(r) * xstride + kt * kTileXBytes + 16 * u : gf,
+                       on ? 16 : 0);
+    }
+    for (int i = threadIdx.x; i < MT * 2; i += kThreads) {
+      const int r = i / 2, u = i % 2;
+      const bool on = (pmask >> r) & 1u;
+      cp_async16_zfill(mb + r * kSliceMetaBytes + 16 * u,
+                       on ? gm + (int64_t(r) * mstride + kt * 4) * int64_t(sizeof(float2)) + 16 * u : gm, on ? 16 : 0);
+    }
+    cp_async_commit();
+  };
+
+  // the warp's steps: (row-block batch bb, k-tile j of the slice), batches grid-strided
+  int64_t bb = blockIdx.x;
+  int j = 0;
+  auto load = [&](G4Tile& t, int64_t b2, int j2) {
+    if (b2 < nbb) {
+      const int64_t r0 = (b2 * kWarps + warp) * 16 + g;
+      const RowRef r[2] = {row_ref(a.W, min(r0, nrows - 1), 4), row_ref(a.W, min(r0 + 8, nrows - 1), 4)};
+      load_g4_tile(t, r, s + j2 * KS, c, ngroups_k);
+    }
+  };
+  G4Tile t0, t1;  // swapping roles each step (the loop body runs twice per iteration)
+  load(t0, bb, 0);
+  pdl_wait();
+  pdl_trigger();
+  pmask = (uint64_t(__ballot_sync(0xffffffffu, lane < a.M && (a.row_slot == nullptr || a.row_slot[lane] >= 0)))) |
+          (uint64_t(__ballot_sync(0xffffffffu, lane + 32 < a.M && (a.row_slot == nullptr || a.row_slot[lane + 32] >= 0)))
+           << 32);
+  if (resident) {
+    for (int j2 = 0; j2 < nks; ++j2) stage(j2, j2);
+  } else if (bb < nbb) {
+    stage(0, 0);
+  }
+  int step_i = 0;  // steps taken (streaming: buffer step_i & 1)
+
+  // lane (g, c): B unit of tile p, group q at xl + p·4 KB + q·256 of a buffer (input row 4p + g/2, hi or lo)
+  const int xl = (g >> 1) * kTileXBytes + g4_lane_off(lane);
+  float acc[NT][2];
+#pragma unroll
+  for (int p = 0; p < NT; ++p) acc[p][0] = acc[p][1] = 0.f;
+
+  auto step = [&](const G4Tile& cur, G4Tile& nxt) {
+    if (bb >= nbb) return false;
+    int64_t nb2 = bb;
+    int nj = j + 1;
+    if (nj == nks) nj = 0, nb2 += gridDim.x;
+    const int b = resident ? j : (step_i & 1);
+    if (!resident || step_i == 0) {
+      cp_async_wait_all();
+      __syncthreads();  // this step's input is in; every warp is done with the other buffer
+    }
+    if (!resident && nb2 < nbb) stage(nj, b ^ 1);
+    load(nxt, nb2, nj);
+    const int kt = s + j * KS;
+    const char* xb = xbuf(b) + xl;
+    const float2* mb = mbuf(b);
+    g4_walk<NT>(
+        cur, lane, np_act, [&](int p, int q) { return xb + p * 4 * kTileXBytes + q * kG4GroupBytes; },
+        [&](int p, int q, float dot0, float dot1, const G4Scale& sc) {
+          if (kt * 4 + q < ngroups_k) {
+            const float2 mm = mb[(4 * p + c) * 4 + q];
+            acc[p][0] += g4_value(sc, 0, dot0, mm);
+            acc[p][1] += g4_value(sc, 1, dot1, mm);
+          }
+        });
+    if (nj == 0) {  // the row block's slice chain is complete
+      const int64_t n0 = (bb * kWarps + warp) * 16 + g;
+#pragma unroll
+      for (int p = 0; p < NT; ++p) {
+        const int row = 4 * p + c;
+        if (p < np_act && ((pmask >> row) & 1u)) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int64_t n = n0 + 8 * h;
+            if (n < nrows) {
+              if (KS == 1) {
+                float v = 0.f;
+                v += acc[p][h];
+                float* yp = a.y + row * ldy + n;
+                *yp = a.accumulate ? *yp + v : v;
+              } else {
+                a.partials[(int64_t(s) * a.M + row) * nrows + n] = acc[p][h];
+              }
+            }
+          }
+        }
+        acc[p][0] = acc[p][1] = 0.f;
+      }
+    }
+    bb = nb2, j = nj, ++step_i;
+    return true;
+  };
+  while (step(t0, t1) && step(t1, t0)) {
+  }
+}
+
+// y[r][n] (+)= Σ_s partials[s][r][n], added from 0 in slice order (the tiles kernel's order), present rows only.
+__global__ void __launch_bounds__(256) slice_sum_kernel(GemvRowsArgs a, int KS) {
+  pdl_wait();
+  pdl_trigger();
+  const int r = blockIdx.y;
+  if (a.row_slot != nullptr && a.row_slot[r] < 0) return;
+  const int64_t nrows = a.W.rows, ldy = a.ldy > 0 ? a.ldy : nrows;
+  for (int64_t n = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; n < nrows; n += int64_t(gridDim.x) * blockDim.x) {
+    float v = 0.f;
+    for (int s2 = 0; s2 < KS; ++s2) v += a.partials[(int64_t(s2) * a.M + r) * nrows + n];
+    float* yp = a.y + r * ldy + n;
+    *yp = a.accumulate ? *yp + v : v;
+  }
+}
+
 template <typename Kern>
 int resident_blocks(Kern kernel, size_t smem) {
   LILAC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
@@ -296,6 +454,22 @@ void launch4(const GemvRowsArgs& a, cudaStream_t stream) {
   launch_tiles<KS>(gemv_rows_g4_kernel<KS, NT>, 4 * NT, a, stream);
 }
 
+// The slice kernel's grid: KS slices (gridDim.y), each with its share of the resident blocks, batches of 8 row
+// blocks grid-strided; then, for KS > 1, the slices' sum.
+template <int NT>
+void launch_slices(int KS, const GemvRowsArgs& a, cudaStream_t stream) {
+  const int KT = tc_kt(a.W.cols), nks0 = (KT + KS - 1) / KS;
+  const size_t smem = size_t(nks0 > 1 ? 2 : 1) * slice_buf_bytes(4 * NT);
+  const int64_t nrb = (a.W.rows + 15) / 16, nbb = (nrb + kWarps - 1) / kWarps;
+  const int64_t resident = int64_t(sm_count()) * resident_blocks(gemv_rows_slice_kernel<NT>, smem);
+  const int gx = int(std::max<int64_t>(1, std::min<int64_t>(nbb, resident / KS)));
+  launch_pdl(gemv_rows_slice_kernel<NT>, dim3(gx, KS), dim3(kThreads), smem, stream, a, KS);
+  if (KS > 1) {
+    const int sx = int(std::min<int64_t>((a.W.rows + 255) / 256, 64));
+    launch_pdl(slice_sum_kernel, dim3(sx, a.M), dim3(256), 0, stream, a, KS);
+  }
+}
+
 template <int NT>
 void launch4_ks(int KS, const GemvRowsArgs& a, cudaStream_t stream) {
   switch (KS) {
@@ -306,7 +480,33 @@ void launch4_ks(int KS, const GemvRowsArgs& a, cudaStream_t stream) {
   }
 }
 
+// gemv_tc's k-slice rule (from the shape alone): every row gets today's k-slices and summation order.
+int k_slices(const QMatrixDev& W) {
+  const int64_t KT = tc_kt(W.cols), nrb = (W.rows + 15) / 16;
+  const int64_t target = int64_t(sm_count()) * kTodayMinBlocks * kWarps;
+  int KS = 1;
+  while (KS < kWarps && KS < KT && nrb * KS < target) KS *= 2;
+  return KS;
+}
+
+RowsGemvKernel kernel_from_env() {
+  static const RowsGemvKernel k = [] {
+    const char* v = std::getenv("LILAC_ROWS_GEMV");
+    const std::string e = v ? v : "";
+    if (e == "tiles") return RowsGemvKernel::Tiles;
+    if (e == "slices") return RowsGemvKernel::Slices;
+    return RowsGemvKernel::Auto;
+  }();
+  return k;
+}
+
 }  // namespace
+
+size_t gemv_rows_partial_floats(const QMatrixDev& W, int M) {
+  if (W.bits != 4 || M <= kSliceMinRows) return 0;
+  const int KS = k_slices(W);
+  return KS > 1 ? size_t(KS) * size_t(M) * size_t(W.rows) : 0;
+}
 
 bool gemv_rows_supported(const GemvRowsArgs& a) {
   const QMatrixDev& W = a.W;
@@ -322,11 +522,8 @@ void gemv_rows(const GemvRowsArgs& a, cudaStream_t stream) {
     throw Error("rows::gemv_rows: unsupported matrix " + std::to_string(a.W.rows) + "x" + std::to_string(a.W.cols) +
                 " bits " + std::to_string(a.W.bits));
   if (a.M == 0) return;
-  const int64_t K = a.W.cols, KT = tc_kt(K), nrb = (a.W.rows + 15) / 16;
-  // gemv_tc's k-slice rule (from the shape alone): every row gets today's k-slices and summation order.
-  const int64_t target = int64_t(sm_count()) * kTodayMinBlocks * kWarps;
-  int KS = 1;
-  while (KS < kWarps && KS < KT && nrb * KS < target) KS *= 2;
+  const int64_t K = a.W.cols;
+  const int KS = k_slices(a.W);
   if (a.W.bits == 8) {
     switch (KS) {
       case 1: launch8<1>(a, stream); break;
@@ -334,6 +531,27 @@ void gemv_rows(const GemvRowsArgs& a, cudaStream_t stream) {
       case 4: launch8<4>(a, stream); break;
       default: launch8<8>(a, stream); break;
     }
+    return;
+  }
+  // 4-bit, more than 8 rows: the slice kernel (each weight tile dequantized once for all rows) where its partial
+  // sums have room; else (and when LILAC_ROWS_GEMV=tiles) the tiles kernel
+  const RowsGemvKernel want = a.kernel != RowsGemvKernel::Auto ? a.kernel : kernel_from_env();
+  const bool room = KS == 1 || (a.partials != nullptr && a.partial_floats >= size_t(KS) * size_t(a.M) * size_t(a.W.rows));
+  if (want == RowsGemvKernel::Slices && !room)
+    throw Error("rows::gemv_rows: the slice kernel needs " + std::to_string(size_t(KS) * a.M * a.W.rows) +
+                " partial floats, got " + std::to_string(a.partial_floats));
+  // Auto: where it measured faster in the step (bench/BENCHMARKS.md, ninth stop): the LM head's single streamed
+  // slice from 9 rows, slices of two or more k-tiles (out_proj) from 17; in_proj / qkv (one k-tile per slice: the
+  // partials' pass costs what the dequantization saves) stay on the tiles kernel
+  const int nks = (tc_kt(K) + KS - 1) / KS;
+  const bool auto_slices = a.M > kSliceMinRows && room && (KS == 1 || (nks >= 2 && a.M > 16));
+  if (want == RowsGemvKernel::Slices || (want == RowsGemvKernel::Auto && auto_slices)) {
+    if (a.M <= 16)
+      launch_slices<4>(KS, a, stream);
+    else if (a.M <= 32)
+      launch_slices<8>(KS, a, stream);
+    else
+      launch_slices<16>(KS, a, stream);
     return;
   }
   // 4-bit: one mma tile (4 rows) per block up to 4 rows, else two where their staged input fits

@@ -55,9 +55,13 @@ void stage(const StageArgs& a, cudaStream_t stream);
 
 // ------------------------------------------------------------------------------------------------ dense
 // y[r][n] (+)= Σ_k W[n][k] · t(x_r)[k] for the M staged rows (stage() output: frag4g for 4-bit W, frag8 for
-// 8-bit). W: 4- or 8-bit, 64-column groups. Each weight tile is loaded once per block of up to 8 (4-bit) / 4
-// (8-bit) rows; larger M runs several such row tiles side by side, their blocks reading the same weights at the
-// same time (L2). The GDN conv epilogue of gemv_tc is not here (the conv kernel of the rows family does it).
+// 8-bit). W: 4- or 8-bit, 64-column groups. The tiles kernel loads each weight tile once per block of up to 8
+// (4-bit) / 4 (8-bit) rows; larger M runs several such row tiles side by side, their blocks reading the same
+// weights at the same time (L2). For 4-bit W and M > 8 the slice kernel dequantizes each weight tile once for all
+// M rows (a block per k-slice and 8 row blocks, the slice's input of every row in shared memory); with more than
+// one k-slice it needs `partials` for the slices' chains, added in slice order by a second launch. Both compute
+// the same bits. The GDN conv epilogue of gemv_tc is not here (the conv kernel of the rows family does it).
+enum class RowsGemvKernel { Auto, Tiles, Slices };  // Auto: LILAC_ROWS_GEMV=tiles|slices, else by M
 struct GemvRowsArgs {
   QMatrixDev W;
   const void* frag = nullptr;      // stage() output: frag4g (4-bit W) or frag8
@@ -67,7 +71,12 @@ struct GemvRowsArgs {
   float* y = nullptr;              // [M][ldy]
   int64_t ldy = 0;                 // 0: W.rows
   bool accumulate = false;         // y += W t(x) (residual add)
+  float* partials = nullptr;       // the slice kernel's k-slice sums (gemv_rows_partial_floats); null: tiles kernel
+  size_t partial_floats = 0;
+  RowsGemvKernel kernel = RowsGemvKernel::Auto;
 };
+// Floats of partials the slice kernel needs for W at M rows (0: none, or the slice kernel does not run there).
+size_t gemv_rows_partial_floats(const QMatrixDev& W, int M);
 bool gemv_rows_supported(const GemvRowsArgs& a);
 void gemv_rows(const GemvRowsArgs& a, cudaStream_t stream);
 
