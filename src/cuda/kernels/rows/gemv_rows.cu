@@ -264,10 +264,11 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_rows_g4_kernel(GemvRowsArgs 
 }
 
 // ------------------------------------------------------------------------------------------------ slices
-// The slice kernel (4-bit, M > 8): every weight tile dequantized once for all M rows. The tiles kernel above runs
+// The slice kernel (4-bit, M > 8): every weight tile dequantized once per 16 or 32 rows. The tiles kernel above runs
 // ceil(M / 8) row tiles side by side, each dequantizing the whole matrix again (at 64 rows, 8 times); here a warp
-// owns one row block (16 weight rows) for all the rows (NT mma tiles of 4), and a block owns one k-slice s of
-// the k-slice rule and 8 consecutive row blocks at a time (gridDim.y = KS). The slice's staged input of all rows
+// owns one row block (16 weight rows) for the block's 4·NT rows (NT mma tiles of 4; above 32 rows two row tiles,
+// gridDim.z), and a block owns one k-slice s of the k-slice rule and 8 consecutive row blocks at a time
+// (gridDim.y = KS). The slice's staged input of all rows
 // goes through shared memory one k-tile at a time (M KB each): kept for the whole launch when the slice has at
 // most two k-tiles (in_proj, qkv, out_proj), else streamed through two buffers for every 8 row blocks (the LM
 // head, KS = 1). A row's chain over its slice (acc from 0, g4_value added group by group in k order) is the
@@ -279,7 +280,7 @@ constexpr int kSliceMetaBytes = 4 * int(sizeof(float2));  // one k-tile's meta p
 __host__ __device__ inline size_t slice_buf_bytes(int MT) { return size_t(MT) * (kTileXBytes + kSliceMetaBytes); }
 
 template <int NT>
-__global__ void __launch_bounds__(kThreads, NT > 4 ? 1 : 2) gemv_rows_slice_kernel(GemvRowsArgs a, int KS) {
+__global__ void __launch_bounds__(kThreads, 2) gemv_rows_slice_kernel(GemvRowsArgs a, int KS) {
   constexpr int MT = 4 * NT;
   extern __shared__ float4 smem4[];
   char* smem = reinterpret_cast<char*>(smem4);
@@ -290,7 +291,9 @@ __global__ void __launch_bounds__(kThreads, NT > 4 ? 1 : 2) gemv_rows_slice_kern
   const int64_t ldy = a.ldy > 0 ? a.ldy : nrows;
   const int xstride = KT * kTileXBytes, mstride = KT * 4;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
-  const int np_act = (a.M + 3) / 4;
+  // this block's rows row0 .. row0 + mrows - 1 (NT = 4 runs up to 16 rows: one row tile, row0 known to be 0)
+  const int row0 = NT == 4 ? 0 : int(blockIdx.z) * MT, mrows = min(MT, a.M - row0);
+  const int np_act = (mrows + 3) / 4;
 
   // buffer b: MT staged k-tile rows of 1024 bytes, then their meta (4 float2 each); absent rows are zeros
   auto xbuf = [&](int b) { return smem + b * slice_buf_bytes(MT); };
@@ -305,14 +308,14 @@ __global__ void __launch_bounds__(kThreads, NT > 4 ? 1 : 2) gemv_rows_slice_kern
     for (int i = threadIdx.x; i < MT * (kTileXBytes / 16); i += kThreads) {
       const int r = i / (kTileXBytes / 16), u = i % (kTileXBytes / 16);
       const bool on = (pmask >> r) & 1u;
-      cp_async16_zfill(xb + r * kTileXBytes + 16 * u, on ? gf + int64_t(r) * xstride + kt * kTileXBytes + 16 * u : gf,
+      cp_async16_zfill(xb + r * kTileXBytes + 16 * u, on ? gf + int64_t(row0 + r) * xstride + kt * kTileXBytes + 16 * u : gf,
                        on ? 16 : 0);
     }
     for (int i = threadIdx.x; i < MT * 2; i += kThreads) {
       const int r = i / 2, u = i % 2;
       const bool on = (pmask >> r) & 1u;
       cp_async16_zfill(mb + r * kSliceMetaBytes + 16 * u,
-                       on ? gm + (int64_t(r) * mstride + kt * 4) * int64_t(sizeof(float2)) + 16 * u : gm, on ? 16 : 0);
+                       on ? gm + (int64_t(row0 + r) * mstride + kt * 4) * int64_t(sizeof(float2)) + 16 * u : gm, on ? 16 : 0);
     }
     cp_async_commit();
   };
@@ -331,8 +334,9 @@ __global__ void __launch_bounds__(kThreads, NT > 4 ? 1 : 2) gemv_rows_slice_kern
   load(t0, bb, 0);
   pdl_wait();
   pdl_trigger();
-  pmask = (uint64_t(__ballot_sync(0xffffffffu, lane < a.M && (a.row_slot == nullptr || a.row_slot[lane] >= 0)))) |
-          (uint64_t(__ballot_sync(0xffffffffu, lane + 32 < a.M && (a.row_slot == nullptr || a.row_slot[lane + 32] >= 0)))
+  pmask = (uint64_t(__ballot_sync(0xffffffffu, lane < mrows && (a.row_slot == nullptr || a.row_slot[row0 + lane] >= 0)))) |
+          (uint64_t(__ballot_sync(0xffffffffu,
+                                  lane + 32 < mrows && (a.row_slot == nullptr || a.row_slot[row0 + lane + 32] >= 0)))
            << 32);
   if (resident) {
     for (int j2 = 0; j2 < nks; ++j2) stage(j2, j2);
@@ -384,10 +388,10 @@ __global__ void __launch_bounds__(kThreads, NT > 4 ? 1 : 2) gemv_rows_slice_kern
               if (KS == 1) {
                 float v = 0.f;
                 v += acc[p][h];
-                float* yp = a.y + row * ldy + n;
+                float* yp = a.y + (row0 + row) * ldy + n;
                 *yp = a.accumulate ? *yp + v : v;
               } else {
-                a.partials[(int64_t(s) * a.M + row) * nrows + n] = acc[p][h];
+                a.partials[(int64_t(s) * a.M + row0 + row) * nrows + n] = acc[p][h];
               }
             }
           }
@@ -462,8 +466,9 @@ void launch_slices(int KS, const GemvRowsArgs& a, cudaStream_t stream) {
   const size_t smem = size_t(nks0 > 1 ? 2 : 1) * slice_buf_bytes(4 * NT);
   const int64_t nrb = (a.W.rows + 15) / 16, nbb = (nrb + kWarps - 1) / kWarps;
   const int64_t resident = int64_t(sm_count()) * resident_blocks(gemv_rows_slice_kernel<NT>, smem);
-  const int gx = int(std::max<int64_t>(1, std::min<int64_t>(nbb, resident / KS)));
-  launch_pdl(gemv_rows_slice_kernel<NT>, dim3(gx, KS), dim3(kThreads), smem, stream, a, KS);
+  const int gz = (a.M + 4 * NT - 1) / (4 * NT);  // row tiles of 4·NT rows side by side (gridDim.z)
+  const int gx = int(std::max<int64_t>(1, std::min<int64_t>(nbb, resident / (KS * gz))));
+  launch_pdl(gemv_rows_slice_kernel<NT>, dim3(gx, KS, gz), dim3(kThreads), smem, stream, a, KS);
   if (KS > 1) {
     const int sx = int(std::min<int64_t>((a.W.rows + 255) / 256, 64));
     launch_pdl(slice_sum_kernel, dim3(sx, a.M), dim3(256), 0, stream, a, KS);
@@ -546,12 +551,12 @@ void gemv_rows(const GemvRowsArgs& a, cudaStream_t stream) {
   const int nks = (tc_kt(K) + KS - 1) / KS;
   const bool auto_slices = a.M > kSliceMinRows && room && (KS == 1 || (nks >= 2 && a.M > 16));
   if (want == RowsGemvKernel::Slices || (want == RowsGemvKernel::Auto && auto_slices)) {
+    // up to 16 rows one block of 16 (the kernel assumes it), else blocks of 32 rows (above 32 two of them per slice and 8 row blocks: each
+    // weight tile dequantized twice, but one block of 64 rows needs 245 registers and 135 KB, one block per SM)
     if (a.M <= 16)
       launch_slices<4>(KS, a, stream);
-    else if (a.M <= 32)
-      launch_slices<8>(KS, a, stream);
     else
-      launch_slices<16>(KS, a, stream);
+      launch_slices<8>(KS, a, stream);
     return;
   }
   // 4-bit: one mma tile (4 rows) per block up to 4 rows, else two where their staged input fits

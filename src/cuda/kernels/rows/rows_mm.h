@@ -57,10 +57,10 @@ void stage(const StageArgs& a, cudaStream_t stream);
 // y[r][n] (+)= Σ_k W[n][k] · t(x_r)[k] for the M staged rows (stage() output: frag4g for 4-bit W, frag8 for
 // 8-bit). W: 4- or 8-bit, 64-column groups. The tiles kernel loads each weight tile once per block of up to 8
 // (4-bit) / 4 (8-bit) rows; larger M runs several such row tiles side by side, their blocks reading the same
-// weights at the same time (L2). For 4-bit W and M > 8 the slice kernel dequantizes each weight tile once for all
-// M rows (a block per k-slice and 8 row blocks, the slice's input of every row in shared memory); with more than
-// one k-slice it needs `partials` for the slices' chains, added in slice order by a second launch. Both compute
-// the same bits. The GDN conv epilogue of gemv_tc is not here (the conv kernel of the rows family does it).
+// weights at the same time (L2). For 4-bit W and M > 8 the slice kernel dequantizes each weight tile once per 16
+// or 32 rows (a block per k-slice, 8 row blocks and row tile, the slice's input of its rows in shared memory); with
+// more than one k-slice it needs `partials` for the slices' chains, added in slice order by a second launch. Both
+// compute the same bits. The GDN conv epilogue of gemv_tc is not here (the conv kernel of the rows family does it).
 enum class RowsGemvKernel { Auto, Tiles, Slices };  // Auto: LILAC_ROWS_GEMV=tiles|slices, else by M
 struct GemvRowsArgs {
   QMatrixDev W;
