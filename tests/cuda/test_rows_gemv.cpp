@@ -68,6 +68,16 @@ std::vector<float> norm_weights(Rng& r, const Shape& c) {
   return nw;
 }
 
+// Padding rows (slot < 0) of an [M][rows] output still hold kSentinel.
+void expect_padding_untouched(const std::vector<float>& got, const std::vector<int32_t>& slots, int64_t rows) {
+  for (size_t m = 0; m < slots.size(); ++m) {
+    if (slots[m] >= 0) continue;
+    bool untouched = true;
+    for (int64_t i = 0; i < rows; ++i) untouched &= got[m * size_t(rows) + size_t(i)] == kSentinel;
+    EXPECT_TRUE(untouched) << "padding row " << m << " was written";
+  }
+}
+
 TEST(RowsGemv, MatchesCpuAndTodaysKernelRowByRow) {
   NEED_GPU();
   const uint64_t seed = fresh_seed();
@@ -153,12 +163,7 @@ TEST(RowsGemv, BatchInvariantAndPaddingUntouched) {
         const auto got = run.run(M, x, gated ? z : std::vector<float>(), y0, slots);
         EXPECT_EQ(first_bit_diff(got.data() + pos * c.rows, alone.data(), c.rows), -1)
             << "row " << pos << ": " << bit_diff_msg(got.data() + pos * c.rows, alone.data(), c.rows);
-        for (int m = 0; m < M; ++m) {
-          if (slots[size_t(m)] >= 0) continue;
-          bool untouched = true;
-          for (int64_t i = 0; i < c.rows; ++i) untouched &= got[size_t(m * c.rows + i)] == kSentinel;
-          EXPECT_TRUE(untouched) << "padding row " << m << " was written";
-        }
+        expect_padding_untouched(got, slots, c.rows);
       }
     }
   }
@@ -200,12 +205,7 @@ TEST(RowsGemv, SliceKernelMatchesTilesKernelBitForBit) {
         const auto slices = run.run(M, x, gated ? z : std::vector<float>(), y0, slots);
         EXPECT_EQ(first_bit_diff(slices.data(), tiles.data(), slices.size()), -1)
             << bit_diff_msg(slices.data(), tiles.data(), slices.size());
-        for (int m = 0; m < M; ++m) {
-          if (slots[size_t(m)] >= 0) continue;
-          bool untouched = true;
-          for (int64_t i = 0; i < c.rows; ++i) untouched &= slices[size_t(m * c.rows + i)] == kSentinel;
-          EXPECT_TRUE(untouched) << "padding row " << m << " was written";
-        }
+        expect_padding_untouched(slices, slots, c.rows);
       }
     }
   }
