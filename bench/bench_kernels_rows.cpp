@@ -174,15 +174,17 @@ const DenseShape kDense[] = {
 struct DenseCtx {
   const DenseShape& sh;
   Mats W;
+  size_t partial_floats;  // the slice kernel's partials at 64 rows
   Buf x, z, y, nw, frag, meta, partials;
   static int copies(const DenseShape& sh) {
     const double b = double(sh.rows) * sh.cols * sh.bits / 8;
     return int(std::clamp(240e6 / b, 1.0, 1024.0));
   }
   explicit DenseCtx(const DenseShape& s)
-      : sh(s), W(s.rows, s.cols, s.bits, copies(s)), x(64 * s.cols * 4), z(64 * s.cols * 4), y(64 * s.rows * 4),
+      : sh(s), W(s.rows, s.cols, s.bits, copies(s)), partial_floats(lr::gemv_rows_partial_floats(W.get(0), 64)),
+        x(64 * s.cols * 4), z(64 * s.cols * 4), y(64 * s.rows * 4),
         nw(s.cols * 4), frag(lr::frag_row_bytes(s.cols) * 64), meta(lr::meta_row_count(s.cols) * 8 * 64),
-        partials(std::max<size_t>(lr::gemv_rows_partial_floats(W.get(0), 64), 1) * 4) {
+        partials(std::max<size_t>(partial_floats, 1) * 4) {
     upload_floats(x.as<float>(), 64 * s.cols, 1.f);
     upload_floats(z.as<float>(), 64 * s.cols, 1.f);
     upload_floats(y.as<float>(), 64 * s.rows, 1.f);
@@ -211,7 +213,7 @@ struct DenseCtx {
     a.y = y.as<float>();
     a.accumulate = sh.acc;
     a.partials = partials.as<float>();
-    a.partial_floats = lr::gemv_rows_partial_floats(a.W, 64);
+    a.partial_floats = partial_floats;
     return a;
   }
 };

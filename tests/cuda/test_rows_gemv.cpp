@@ -68,7 +68,11 @@ std::vector<float> norm_weights(Rng& r, const Shape& c) {
   return nw;
 }
 
-// Padding rows (slot < 0) of an [M][rows] output still hold kSentinel.
+// Padding rows (slot < 0) of an [M][rows] output: set to kSentinel before a run, still kSentinel after it.
+void fill_padding(std::vector<float>& y, const std::vector<int32_t>& slots, int64_t rows) {
+  for (size_t m = 0; m < slots.size(); ++m)
+    if (slots[m] < 0) std::fill(y.begin() + int64_t(m) * rows, y.begin() + int64_t(m + 1) * rows, kSentinel);
+}
 void expect_padding_untouched(const std::vector<float>& got, const std::vector<int32_t>& slots, int64_t rows) {
   for (size_t m = 0; m < slots.size(); ++m) {
     if (slots[m] >= 0) continue;
@@ -158,8 +162,7 @@ TEST(RowsGemv, BatchInvariantAndPaddingUntouched) {
         std::copy(z0.begin(), z0.end(), z.begin() + pos * c.cols);
         std::copy(y00.begin(), y00.end(), y0.begin() + pos * c.rows);
         const auto slots = slots_with_padding(r, M, pos);
-        for (int m = 0; m < M; ++m)
-          if (slots[size_t(m)] < 0) std::fill(y0.begin() + m * c.rows, y0.begin() + (m + 1) * c.rows, kSentinel);
+        fill_padding(y0, slots, c.rows);
         const auto got = run.run(M, x, gated ? z : std::vector<float>(), y0, slots);
         EXPECT_EQ(first_bit_diff(got.data() + pos * c.rows, alone.data(), c.rows), -1)
             << "row " << pos << ": " << bit_diff_msg(got.data() + pos * c.rows, alone.data(), c.rows);
@@ -169,7 +172,7 @@ TEST(RowsGemv, BatchInvariantAndPaddingUntouched) {
   }
 }
 
-// The slice kernel (M > 8: each weight tile dequantized once for all rows, k-slice chains through partials) and
+// The slice kernel (M > 8: each weight tile dequantized once per 16 or 32 rows, k-slice chains through partials) and
 // the tiles kernel (row tiles of 8 side by side) give every present row the same bits, at the model's shapes (the
 // in_proj and qkv's one k-tile per slice and out_proj's two, kept in shared memory; the LM head's single slice of
 // 8 k-tiles, streamed) and odd ones (partial k-tiles, fewer row blocks than a block's 8, M not a multiple of 4),
@@ -196,8 +199,7 @@ TEST(RowsGemv, SliceKernelMatchesTilesKernelBitForBit) {
         const auto x = randv(r, size_t(M * c.cols), 2.f), z = randv(r, size_t(M * c.cols));
         auto y0 = randv(r, size_t(M * c.rows));
         const auto slots = slots_with_padding(r, M, int(r.word() % uint32_t(M)));
-        for (int m = 0; m < M; ++m)
-          if (slots[size_t(m)] < 0) std::fill(y0.begin() + m * c.rows, y0.begin() + (m + 1) * c.rows, kSentinel);
+        fill_padding(y0, slots, c.rows);
         RowsGemvRun run{dq, c.pro, dnw.p, kHd, bool(acc)};
         run.kernel = lr::RowsGemvKernel::Tiles;
         const auto tiles = run.run(M, x, gated ? z : std::vector<float>(), y0, slots);

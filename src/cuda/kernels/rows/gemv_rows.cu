@@ -268,10 +268,9 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_rows_g4_kernel(GemvRowsArgs 
 // ceil(M / 8) row tiles side by side, each dequantizing the whole matrix again (at 64 rows, 8 times); here a warp
 // owns one row block (16 weight rows) for the block's 4·NT rows (NT mma tiles of 4; above 32 rows two row tiles,
 // gridDim.z), and a block owns one k-slice s of the k-slice rule and 8 consecutive row blocks at a time
-// (gridDim.y = KS). The slice's staged input of all rows
-// goes through shared memory one k-tile at a time (M KB each): kept for the whole launch when the slice has at
-// most two k-tiles (in_proj, qkv, out_proj), else streamed through two buffers for every 8 row blocks (the LM
-// head, KS = 1). A row's chain over its slice (acc from 0, g4_value added group by group in k order) is the
+// (gridDim.y = KS). The slice's staged input of the block's rows goes through shared memory one k-tile at a time
+// (1 KB per row): kept for the whole launch when the slice has at most two k-tiles (in_proj, qkv, out_proj), else
+// streamed through two buffers for every 8 row blocks (the LM head, KS = 1). A row's chain over its slice (acc from 0, g4_value added group by group in k order) is the
 // tiles kernel's chain; with KS = 1 the kernel adds it to the residual as the tiles kernel does (v = 0, v += acc),
 // with KS > 1 it writes the chain to partials[s][row][n] and slice_sum_kernel adds the KS chains in slice order.
 // So a row's bits are the same in both kernels and alone (tested by memcmp).
@@ -297,12 +296,12 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_rows_slice_kernel(GemvRowsAr
 
   // buffer b: MT staged k-tile rows of 1024 bytes, then their meta (4 float2 each); absent rows are zeros
   auto xbuf = [&](int b) { return smem + b * slice_buf_bytes(MT); };
-  auto mbuf = [&](int b) { return reinterpret_cast<const float2*>(smem + b * slice_buf_bytes(MT) + MT * kTileXBytes); };
+  auto mbuf = [&](int b) { return xbuf(b) + MT * kTileXBytes; };
   uint64_t pmask = 0;  // present rows (set after the PDL wait)
   auto stage = [&](int j, int b) {
     const int kt = s + j * KS;
     char* xb = xbuf(b);
-    char* mb = xb + MT * kTileXBytes;
+    char* mb = mbuf(b);
     const char* gf = static_cast<const char*>(a.frag);
     const char* gm = reinterpret_cast<const char*>(a.meta);
     for (int i = threadIdx.x; i < MT * (kTileXBytes / 16); i += kThreads) {
@@ -365,7 +364,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_rows_slice_kernel(GemvRowsAr
     load(nxt, nb2, nj);
     const int kt = s + j * KS;
     const char* xb = xbuf(b) + xl;
-    const float2* mb = mbuf(b);
+    const float2* mb = reinterpret_cast<const float2*>(mbuf(b));
     g4_walk<NT>(
         cur, lane, np_act, [&](int p, int q) { return xb + p * 4 * kTileXBytes + q * kG4GroupBytes; },
         [&](int p, int q, float dot0, float dot1, const G4Scale& sc) {
@@ -538,8 +537,8 @@ void gemv_rows(const GemvRowsArgs& a, cudaStream_t stream) {
     }
     return;
   }
-  // 4-bit, more than 8 rows: the slice kernel (each weight tile dequantized once for all rows) where its partial
-  // sums have room; else (and when LILAC_ROWS_GEMV=tiles) the tiles kernel
+  // 4-bit, more than 8 rows: the slice kernel (each weight tile dequantized once per 16 or 32 rows) where its
+  // partial sums have room and it measured faster; else (and when LILAC_ROWS_GEMV=tiles) the tiles kernel
   const RowsGemvKernel want = a.kernel != RowsGemvKernel::Auto ? a.kernel : kernel_from_env();
   const bool room = KS == 1 || (a.partials != nullptr && a.partial_floats >= size_t(KS) * size_t(a.M) * size_t(a.W.rows));
   if (want == RowsGemvKernel::Slices && !room)
@@ -551,8 +550,9 @@ void gemv_rows(const GemvRowsArgs& a, cudaStream_t stream) {
   const int nks = (tc_kt(K) + KS - 1) / KS;
   const bool auto_slices = a.M > kSliceMinRows && room && (KS == 1 || (nks >= 2 && a.M > 16));
   if (want == RowsGemvKernel::Slices || (want == RowsGemvKernel::Auto && auto_slices)) {
-    // up to 16 rows one block of 16 (the kernel assumes it), else blocks of 32 rows (above 32 two of them per slice and 8 row blocks: each
-    // weight tile dequantized twice, but one block of 64 rows needs 245 registers and 135 KB, one block per SM)
+    // up to 16 rows one block of 16 (the kernel assumes it), else blocks of 32 rows (above 32 two of them per
+    // slice and 8 row blocks: each weight tile dequantized twice, but one block of 64 rows needs 245 registers and
+    // 135 KB, one block per SM)
     if (a.M <= 16)
       launch_slices<4>(KS, a, stream);
     else
