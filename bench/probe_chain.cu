@@ -11,18 +11,17 @@
 #include <cuda_runtime.h>
 
 #include <cstdio>
-#include <vector>
+#include <cstdlib>
 
 #include "cuda/kernels/ptx.cuh"
 
-#define CK(x)                                                      \
-  do {                                                             \
-    cudaError_t e_ = (x);                                          \
-    if (e_ != cudaSuccess) {                                       \
-      std::printf("%s: %s\n", #x, cudaGetErrorString(e_));         \
-      return 1;                                                    \
-    }                                                              \
-  } while (0)
+// A failed CUDA call ends the probe with its name and the error.
+static void ck(cudaError_t e, const char* call) {
+  if (e == cudaSuccess) return;
+  std::printf("%s: %s\n", call, cudaGetErrorString(e));
+  std::exit(1);
+}
+#define CK(x) ck((x), #x)
 
 using lilac::cuda::dev::pdl_trigger;
 using lilac::cuda::dev::pdl_wait;
