@@ -435,8 +435,10 @@ __global__ void __launch_bounds__(kThreads, 2) moe_down_rows_kernel(DownArgs a) 
   const int64_t act_ld = int64_t(k) * I + Is;
   const LaneRows<BITS> lr(lane);
 
-  pdl_wait();
-  pdl_trigger();
+  // The routing's chunks and the expert weights are read before the wait: the routing is two launches back
+  // (launch.cuh: when kernel K starts, kernel K - 2 is complete), so the block's first weight tiles are requested
+  // while gate/up's last blocks still run (this kernel's blocks become resident as theirs retire); act is read after
+  // the wait (`before`, at the first staging).
   const int n_ch = __ldcg(a.sc.hdr + 1);
   auto chunk_of = [&](int item, int& ib) -> int {
     ib = item % nbH;
@@ -511,7 +513,13 @@ __global__ void __launch_bounds__(kThreads, 2) moe_down_rows_kernel(DownArgs a) 
   auto chunk_k = [&](int cq) { return s_desc[cq].x < w.E ? I : Is; };
   Step st{lo, 0, 0, 0};
   st.cq = chunk_of(lo, st.rb);
+  bool waited = false;
   auto before = [&](Step s2) {
+    if (!waited) {  // gate/up's act: every thread, before the block's first staging
+      pdl_wait();
+      pdl_trigger();
+      waited = true;
+    }
     const int cq = s2.cq - c_lo;
     if (cq != cur_cq) stage_chunk(cq, chunk_k(cq));
   };

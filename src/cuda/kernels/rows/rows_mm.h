@@ -94,6 +94,9 @@ void gemv_rows(const GemvRowsArgs& a, cudaStream_t stream);
 //      k-tile order from 0, of the group values of the expert's 64-groups 4j + σ (its own k-tiles j of 256);
 //  (4) moe_combine_rows: y[r] += acc, acc = fmaf(w_e, P_e, acc) from 0 over the slots e = 0..k in order.
 //  (3) and (4) are moe_down_tc's order for every M (moe_tc.cu), so a row gets its bits alone and in a batch.
+// The four launch in this order, each right after the one before: moe_down_rows reads the routing's chunks (two
+// launches back, complete when it starts: launch.cuh) before its wait, to request its first expert weights while
+// gate/up's last blocks run.
 // act: [M][k·I + Is]. Requirements: moe_rows_supported.
 int moe_chunk_rows(int bits, int M);  // rows per chunk for M rows: 4-bit 2 (M <= 32) or 4, 8-bit 4
 size_t moe_rows_scratch_bytes(const MoEDecodeWeights& w, int max_rows);
