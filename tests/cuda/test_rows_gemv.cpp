@@ -68,6 +68,20 @@ std::vector<float> norm_weights(Rng& r, const Shape& c) {
   return nw;
 }
 
+// A shape's quantized matrix (host and device) and its prologue's norm weights on the device, drawn in that order.
+struct ShapeWeights {
+  HostQ hq;
+  DevQ dq;
+  Dev<float> dnw;
+  lc::Prologue pro;
+  ShapeWeights(Rng& r, const Shape& c) : hq(r, c.rows, c.cols, c.bits), dq(hq), dnw(norm_weights(r, c)), pro(c.pro) {}
+  RowsGemvRun run(bool acc) const { return RowsGemvRun{dq, pro, dnw.p, kHd, acc}; }
+  // z as RowsGemvRun::run takes it: only the gated head norm reads one
+  std::vector<float> z_for(const std::vector<float>& z) const {
+    return pro == lc::Prologue::GatedHeadNorm ? z : std::vector<float>();
+  }
+};
+
 // Padding rows (slot < 0) of an [M][rows] output: set to kSentinel before a run, still kSentinel after it.
 void fill_padding(std::vector<float>& y, const std::vector<int32_t>& slots, int64_t rows) {
   for (size_t m = 0; m < slots.size(); ++m)
@@ -144,15 +158,11 @@ TEST(RowsGemv, BatchInvariantAndPaddingUntouched) {
   const Shape shapes[] = {{12352, 2048, 4, P::RmsNorm}, {2048, 4096, 4, P::GatedHeadNorm}, {257, 2048, 8, P::RmsNorm},
                           {77, 192, 4, P::None},         {1000, 320, 8, P::None}};
   for (const Shape& c : shapes) {
-    HostQ hq(r, c.rows, c.cols, c.bits);
-    DevQ dq(hq);
-    const auto nw = norm_weights(r, c);
-    Dev<float> dnw(nw);
-    const bool gated = c.pro == P::GatedHeadNorm;
+    const ShapeWeights sw(r, c);
     for (int acc = 0; acc < 2; ++acc) {
-      RowsGemvRun run{dq, c.pro, dnw.p, kHd, bool(acc)};
+      const RowsGemvRun run = sw.run(bool(acc));
       const auto x0 = randv(r, size_t(c.cols), 2.f), z0 = randv(r, size_t(c.cols)), y00 = randv(r, size_t(c.rows));
-      const auto alone = run.run(1, x0, gated ? z0 : std::vector<float>(), y00, {});
+      const auto alone = run.run(1, x0, sw.z_for(z0), y00, {});
       for (int M : {2, 7, 16, 64}) {
         SCOPED_TRACE("rows " + std::to_string(c.rows) + " bits " + std::to_string(c.bits) + " M " + std::to_string(M) +
                      " accumulate " + std::to_string(acc));
@@ -163,7 +173,7 @@ TEST(RowsGemv, BatchInvariantAndPaddingUntouched) {
         std::copy(y00.begin(), y00.end(), y0.begin() + pos * c.rows);
         const auto slots = slots_with_padding(r, M, pos);
         fill_padding(y0, slots, c.rows);
-        const auto got = run.run(M, x, gated ? z : std::vector<float>(), y0, slots);
+        const auto got = run.run(M, x, sw.z_for(z), y0, slots);
         EXPECT_EQ(first_bit_diff(got.data() + pos * c.rows, alone.data(), c.rows), -1)
             << "row " << pos << ": " << bit_diff_msg(got.data() + pos * c.rows, alone.data(), c.rows);
         expect_padding_untouched(got, slots, c.rows);
@@ -187,11 +197,7 @@ TEST(RowsGemv, SliceKernelMatchesTilesKernelBitForBit) {
                           {50704, 2048, 4, P::None},    {1001, 448, 4, P::RmsNorm},        {77, 192, 4, P::None},
                           {130, 384, 4, P::GatedHeadNorm}};
   for (const Shape& c : shapes) {
-    HostQ hq(r, c.rows, c.cols, c.bits);
-    DevQ dq(hq);
-    const auto nw = norm_weights(r, c);
-    Dev<float> dnw(nw);
-    const bool gated = c.pro == P::GatedHeadNorm;
+    const ShapeWeights sw(r, c);
     for (int M : {9, 16, 19, 32, 45, 64}) {
       for (int acc = 0; acc < 2; ++acc) {
         SCOPED_TRACE("rows " + std::to_string(c.rows) + " cols " + std::to_string(c.cols) + " M " + std::to_string(M) +
@@ -200,11 +206,11 @@ TEST(RowsGemv, SliceKernelMatchesTilesKernelBitForBit) {
         auto y0 = randv(r, size_t(M * c.rows));
         const auto slots = slots_with_padding(r, M, int(r.word() % uint32_t(M)));
         fill_padding(y0, slots, c.rows);
-        RowsGemvRun run{dq, c.pro, dnw.p, kHd, bool(acc)};
+        RowsGemvRun run = sw.run(bool(acc));
         run.kernel = lr::RowsGemvKernel::Tiles;
-        const auto tiles = run.run(M, x, gated ? z : std::vector<float>(), y0, slots);
+        const auto tiles = run.run(M, x, sw.z_for(z), y0, slots);
         run.kernel = lr::RowsGemvKernel::Slices;
-        const auto slices = run.run(M, x, gated ? z : std::vector<float>(), y0, slots);
+        const auto slices = run.run(M, x, sw.z_for(z), y0, slots);
         EXPECT_EQ(first_bit_diff(slices.data(), tiles.data(), slices.size()), -1)
             << bit_diff_msg(slices.data(), tiles.data(), slices.size());
         expect_padding_untouched(slices, slots, c.rows);
