@@ -281,6 +281,7 @@ __host__ __device__ inline size_t slice_buf_bytes(int MT) { return size_t(MT) * 
 template <int NT>
 __global__ void __launch_bounds__(kThreads, 2) gemv_rows_slice_kernel(GemvRowsArgs a, int KS) {
   constexpr int MT = 4 * NT;
+  static_assert(MT <= 32, "the present rows are one warp ballot");
   extern __shared__ float4 smem4[];
   char* smem = reinterpret_cast<char*>(smem4);
   const int K = int(a.W.cols), KT = tc_kt(K), ngroups_k = K / kGroup;
@@ -297,7 +298,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_rows_slice_kernel(GemvRowsAr
   // buffer b: MT staged k-tile rows of 1024 bytes, then their meta (4 float2 each); absent rows are zeros
   auto xbuf = [&](int b) { return smem + b * slice_buf_bytes(MT); };
   auto mbuf = [&](int b) { return xbuf(b) + MT * kTileXBytes; };
-  uint64_t pmask = 0;  // present rows (set after the PDL wait)
+  uint32_t pmask = 0;  // present rows (set after the PDL wait)
   auto stage = [&](int j, int b) {
     const int kt = s + j * KS;
     char* xb = xbuf(b);
@@ -333,10 +334,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_rows_slice_kernel(GemvRowsAr
   load(t0, bb, 0);
   pdl_wait();
   pdl_trigger();
-  pmask = (uint64_t(__ballot_sync(0xffffffffu, lane < mrows && (a.row_slot == nullptr || a.row_slot[row0 + lane] >= 0)))) |
-          (uint64_t(__ballot_sync(0xffffffffu,
-                                  lane + 32 < mrows && (a.row_slot == nullptr || a.row_slot[row0 + lane + 32] >= 0)))
-           << 32);
+  pmask = present_rows(a.row_slot, row0, mrows);
   if (resident) {
     for (int j2 = 0; j2 < nks; ++j2) stage(j2, j2);
   } else if (bb < nbb) {
