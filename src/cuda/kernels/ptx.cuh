@@ -81,6 +81,18 @@ __device__ __forceinline__ void mma_m16n8k16_bf16(float* d, const uint32_t* a, u
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+// d (16x8 fp32) += a (16x8 bf16, row) · b (8x8 bf16, col). Not volatile: the compiler may schedule it.
+__device__ __forceinline__ void mma_m16n8k8_bf16(float* d, uint32_t a0, uint32_t a1, uint32_t b0) {
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(b0));
+}
+// d (16x8 fp32) += a (16x16 bf16, row, as one uint4 of fragments) · b (16x8 bf16, col); not volatile.
+__device__ __forceinline__ void mma_m16n8k16_bf16_nv(float* d, uint4 a, uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1));
+}
 // c (16x8 fp32) += a (16x8 tf32, row) · b (8x8 tf32, col).
 __device__ __forceinline__ void mma_m16n8k8_tf32(float c[4], const uint32_t a[4], const uint32_t b[2]) {
   asm volatile(

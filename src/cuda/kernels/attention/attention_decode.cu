@@ -9,9 +9,9 @@
 // resident blocks (2 per SM on sm_90: 256 threads, <= 90 KB shared memory, which also fits the 99 KB
 // per block of sm_86 / sm_89). Each
 // warp streams its chunks (chunk c of the split goes to warp c % 8) through a private 5-stage cp.async
-// ring (16-byte copies of K and V rows) and keeps its own online softmax: per chunk every lane holds
-// DPL = HD/32 dims of R rows, multiplies them with q (in shared memory) for the NG heads, and one
-// reduce-scatter across the warp leaves each lane one (row, head) score. The warps' states are merged
+// ring (16-byte copies of K and V rows) and keeps its own online softmax: 8 positions at a time (4 chunks
+// at HD 256), the scores of the NG heads and the P·V products on the tensor cores with q and P split
+// into bf16 high and low parts (attn_warp_tc.cuh, shared with the multi-row kernel). The warps' states are merged
 // into one partial per block (m, l, acc for NG heads; every thread 4 dims, no serial per-head loop).
 // Combine: the partials of splits [16j, 16j+16) are merged by the last of those blocks to finish
 // (arrival counter per group) — at short contexts (nsp <= 16) that is the only level; with more
@@ -30,6 +30,7 @@
 
 #include "cuda/cuda_common.h"
 #include "cuda/kernels/attention/attention.h"
+#include "cuda/kernels/attention/attn_warp_tc.cuh"
 #include "cuda/kernels/attention/qk_norm_rope.cuh"
 #include "cuda/kernels/launch.cuh"
 #include "cuda/kernels/ptx.cuh"
@@ -123,30 +124,27 @@ __global__ void __launch_bounds__(128) qk_norm_rope_kernel(AttnDecodeShape s, co
 // ------------------------------------------------------------------------------------------------ split kernel
 template <int HD, int NG>
 struct Cfg {
-  static constexpr int DPL = HD / 32;                       // dims per lane
-  static constexpr int R = 16 / (NG > DPL ? NG : DPL);      // rows per chunk
-  static constexpr int V = R * NG;                          // partial dots per lane per chunk (<= 16)
-  static constexpr int LV = V == 1 ? 0 : V == 2 ? 1 : V == 4 ? 2 : V == 8 ? 3 : 4;
-  static constexpr int SH = 5 - LV;                         // lane >> SH = (row, head) index after the reduce
-  static constexpr int STAGE = 2 * R * HD;                  // bf16 per ring stage: R K rows then R V rows
-  static constexpr int PIECES = STAGE / 8;                  // 16-byte copies per stage
+  static constexpr int DPL = HD / 32;
+  static constexpr int R = 16 / (NG > DPL ? NG : DPL);  // rows per chunk (one stage of a warp's ring)
+  static constexpr int STAGE = 2 * R * HD;              // bf16 per ring stage: R K rows then R V rows
+  static constexpr int PIECES = STAGE / 8;              // 16-byte copies per stage
   // at least kStages - 1 chunks per warp per split: a split's whole K/V is requested at once right after
   // the wait, and fewer splits means fewer partials to merge (at 512 rows, HD 256, NG 8: 8 splits of 64
   // rows = 64 KB of K/V per block, one 64 KB merge, instead of 16 x 32 rows and a 128 KB merge)
   static constexpr int kMinRows = (kStages - 1) * kWarps * R;
-  // shared memory (floats): big [max(ring, warp accumulators)] | qs [NG*HD] | pbuf [W][V+NG] |
-  // wm, wl [W][NG] | flag [4]. At most 90 KB (HD 256, NG 8): fits the 99 KB per block of sm_86/sm_89.
+  using Warp = WarpAttnTc<HD, NG, R, kStages, kWarps>;  // a warp's chunk math (attn_warp_tc.cuh)
+  // shared memory (floats): big [max(ring, warp accumulators)] | q fragments | wm, wl [W][NG] | flag [4].
+  // At most 89 KB (HD 256): fits the 99 KB per block of sm_86/sm_89.
   static constexpr int kRingF = kWarps * kStages * STAGE / 2;
-  static constexpr int kAccF = kWarps * NG * HD;
+  static constexpr int kAccF = kWarps * Warp::kAccFloats;
   static constexpr int kBigF = kRingF > kAccF ? kRingF : kAccF;
-  static constexpr int kQs = kBigF;
-  static constexpr int kPbuf = kQs + NG * HD;
-  static constexpr int kWm = kPbuf + kWarps * (V + NG);
+  static constexpr int kQf = kBigF;
+  static constexpr int kWm = kQf + Warp::kQFloats;
   static constexpr int kWl = kWm + kWarps * NG;
   static constexpr int kFlag = kWl + kWarps * NG;
   static constexpr int kTotalF = kFlag + 4;
   static constexpr int SL = slot_floats_of(NG, HD);
-  static_assert(V <= 16 && R >= 2 && (kBigF % 4) == 0 && (kWm % 4) == 0, "attention tile");
+  static_assert(Warp::STAGE == STAGE && (kBigF % 4) == 0 && (kWm % 4) == 0, "attention tile");
   static_assert(size_t(kTotalF) * 4 <= 99 * 1024, "attention smem must fit sm_86/sm_89 (99 KB per block)");
 };
 
@@ -173,71 +171,6 @@ __device__ __forceinline__ void attn_mark(int k) {
   unsigned long long* tr = g_attn_trace;
   if (tr != nullptr && threadIdx.x == 0) {
     tr[(size_t(blockIdx.y) * gridDim.x + blockIdx.x) * 8 + k] = globaltimer();
-  }
-}
-
-// DPL consecutive bf16 from shared memory, packed two per word (element 2i in the low half of w[i]).
-template <int DPL>
-__device__ __forceinline__ void lds_bf16(const __nv_bfloat16* p, uint32_t (&w)[(DPL + 1) / 2]) {
-  if constexpr (DPL == 8) {
-    const uint4 t = *reinterpret_cast<const uint4*>(p);
-    w[0] = t.x, w[1] = t.y, w[2] = t.z, w[3] = t.w;
-  } else if constexpr (DPL == 4) {
-    const uint2 t = *reinterpret_cast<const uint2*>(p);
-    w[0] = t.x, w[1] = t.y;
-  } else if constexpr (DPL == 2) {
-    w[0] = *reinterpret_cast<const uint32_t*>(p);
-  } else {
-    w[0] = *reinterpret_cast<const unsigned short*>(p);
-  }
-}
-__device__ __forceinline__ float bf_lo(uint32_t w) { return __uint_as_float(w << 16); }
-__device__ __forceinline__ float bf_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
-template <int DPL>
-__device__ __forceinline__ float bf_at(const uint32_t (&w)[(DPL + 1) / 2], int j) {
-  return (j & 1) ? bf_hi(w[j >> 1]) : bf_lo(w[j >> 1]);
-}
-
-// q for the NG heads at dim lane*DPL + j: qs holds [j][NG/4][lane][4] (NG >= 4) or [j][lane][NG].
-template <int HD, int NG>
-__device__ __forceinline__ int qs_index(int h, int d) {
-  constexpr int DPL = HD / 32;
-  const int l = d / DPL, j = d % DPL;
-  if constexpr (NG >= 4)
-    return ((j * (NG / 4) + h / 4) * 32 + l) * 4 + (h & 3);
-  else
-    return (j * 32 + l) * NG + h;
-}
-template <int HD, int NG>
-__device__ __forceinline__ void lds_q(const float* qs, int j, int lane, float (&qv)[NG]) {
-  if constexpr (NG >= 4) {
-#pragma unroll
-    for (int g = 0; g < NG / 4; ++g) {
-      const float4 t = reinterpret_cast<const float4*>(qs)[(j * (NG / 4) + g) * 32 + lane];
-      qv[4 * g] = t.x, qv[4 * g + 1] = t.y, qv[4 * g + 2] = t.z, qv[4 * g + 3] = t.w;
-    }
-  } else if constexpr (NG == 2) {
-    const float2 t = reinterpret_cast<const float2*>(qs)[j * 32 + lane];
-    qv[0] = t.x, qv[1] = t.y;
-  } else {
-    qv[0] = qs[j * 32 + lane];
-  }
-}
-
-// Halving step of the warp reduce-scatter of vals[N] (values at lanes l and l ^ OFF summed; the lane
-// keeps the upper half when its OFF bit is set), recursively down to one value.
-template <int N, int OFF>
-__device__ __forceinline__ void reduce_scatter(float* vals, int lane) {
-  if constexpr (N > 1) {
-    constexpr int H = N / 2;
-    const bool up = (lane & OFF) != 0;
-#pragma unroll
-    for (int i = 0; i < H; ++i) {
-      const float send = up ? vals[i] : vals[i + H];
-      const float keep = up ? vals[i + H] : vals[i];
-      vals[i] = keep + __shfl_xor_sync(0xffffffffu, send, OFF);
-    }
-    reduce_scatter<H, OFF / 2>(vals, lane);
   }
 }
 
@@ -390,12 +323,10 @@ __device__ void merge_slots(const float* first, int n, float* dst, const AttnArg
 template <int HD, int NG>
 __global__ void __launch_bounds__(kWarps * 32, 2) attn_decode_kernel(AttnArgs a) {
   using C = Cfg<HD, NG>;
-  constexpr int DPL = C::DPL, R = C::R, V = C::V, LV = C::LV, SH = C::SH;
-  constexpr int W = (DPL + 1) / 2;  // packed words per lane per row
-  constexpr unsigned kFull = 0xffffffffu;
+  constexpr int R = C::R;
   extern __shared__ float4 smem4[];
   float* sm = reinterpret_cast<float*>(smem4);
-  float* qs = sm + C::kQs;
+  uint4* qf = reinterpret_cast<uint4*>(sm + C::kQf);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int unit = blockIdx.x, split = blockIdx.y;
   const int kvh = unit / a.HG, hg = unit % a.HG;
@@ -447,146 +378,24 @@ __global__ void __launch_bounds__(kWarps * 32, 2) attn_decode_kernel(AttnArgs a)
     if (c < nch) issue(c, s);
     cp_async_commit();
   }
-  {
-    // q (pre-scaled by 1/sqrt(hd), qs layout: see qs_index) for the unit's NG heads, padded heads 0:
-    // requested right after the first K/V copies (whose addresses need *pos), all loads at once, so its
-    // round trip overlaps theirs instead of preceding it
-    constexpr int kQn = (NG * HD + kWarps * 32 - 1) / (kWarps * 32);
-    float qv[kQn];
-#pragma unroll
-    for (int k = 0; k < kQn; ++k) {
-      const int i = tid + k * kWarps * 32, h = i / HD, d = i % HD;
-      qv[k] = i < NG * HD && h < hv ? a.q[int64_t(h0 + h) * HD + d] : 0.f;
-    }
-    const float scale = rsqrtf(float(HD));
-#pragma unroll
-    for (int k = 0; k < kQn; ++k) {
-      const int i = tid + k * kWarps * 32;
-      if (i < NG * HD) qs[qs_index<HD, NG>(i / HD, i % HD)] = qv[k] * scale;
-    }
-  }
-  __syncthreads();  // qs
+  // q's fragments (attn_warp_tc.cuh): requested right after the first K/V copies (whose addresses need
+  // *pos), all loads at once, so its round trip overlaps theirs instead of preceding it
+  C::Warp::template stage_q<kWarps * 32>(a.q + int64_t(h0) * HD, hv, qf, tid);
+  __syncthreads();  // qf
   attn_mark(2);
 
-  float acc[NG][DPL];
-#pragma unroll
-  for (int h = 0; h < NG; ++h)
-#pragma unroll
-    for (int j = 0; j < DPL; ++j) acc[h][j] = 0.f;
-  float m_run = -INFINITY, l_run = 0.f;  // for head (lane >> SH) % NG
-  float* pbuf = sm + C::kPbuf + warp * (V + NG);
-  const int vidx = lane >> SH, my_r = vidx / NG, my_h = vidx % NG;
-  const bool rep0 = (lane & ((1 << SH) - 1)) == 0;
-
-  int it = 0;
-  for (int c = warp; c < nch; c += kWarps, ++it) {
-    cp_async_wait<kStages - 2>();
-    __syncwarp();
-    {
-      const int cn = c + (kStages - 1) * kWarps;
-      if (cn < nch) issue(cn, (it + kStages - 1) % kStages);
-      cp_async_commit();
-    }
-    const __nv_bfloat16* st = ring + (it % kStages) * C::STAGE;
-    // scores: vals[r * NG + h] = partial q_h · k_r over this lane's dims
-    float vals[V];
-#pragma unroll
-    for (int i = 0; i < V; ++i) vals[i] = 0.f;
-    {
-      uint32_t kw[R][W];
-#pragma unroll
-      for (int r = 0; r < R; ++r) lds_bf16<DPL>(st + r * HD + lane * DPL, kw[r]);
-#pragma unroll
-      for (int j = 0; j < DPL; ++j) {
-        float qv[NG];
-        lds_q<HD, NG>(qs, j, lane, qv);
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-          const float kf = bf_at<DPL>(kw[r], j);
-#pragma unroll
-          for (int h = 0; h < NG; ++h) vals[r * NG + h] = fmaf(qv[h], kf, vals[r * NG + h]);
-        }
-      }
-    }
-    // reduce-scatter: after LV halving steps lane holds value index lane >> SH; then all-reduce
-    reduce_scatter<V, 16>(vals, lane);
-#pragma unroll
-    for (int off = 16 >> LV; off > 0; off >>= 1) vals[0] += __shfl_xor_sync(kFull, vals[0], off);
-    const int64_t my_row = begin + int64_t(c) * R + my_r;
-    const float sc = my_row < end ? vals[0] : -INFINITY;
-    // online softmax per head over the chunk's rows (lanes with equal head differ in the row bits)
-    float mx = sc;
-#pragma unroll
-    for (int off = NG << SH; off < 32; off <<= 1) mx = fmaxf(mx, __shfl_xor_sync(kFull, mx, off));
-    const float m_new = fmaxf(m_run, mx);
-    const float p = expf(sc - m_new);
-    float ps = p;
-#pragma unroll
-    for (int off = NG << SH; off < 32; off <<= 1) ps += __shfl_xor_sync(kFull, ps, off);
-    const bool grow = m_new > m_run;
-    const float corr = grow ? expf(m_run - m_new) : 1.f;
-    l_run = fmaf(l_run, corr, ps);
-    m_run = m_new;
-    if (rep0) {
-      pbuf[vidx] = p;
-      if (my_r == 0) pbuf[V + my_h] = corr;
-    }
-    __syncwarp();
-    if (__any_sync(kFull, grow)) {
-#pragma unroll
-      for (int h = 0; h < NG; ++h) {
-        const float cf = pbuf[V + h];
-#pragma unroll
-        for (int j = 0; j < DPL; ++j) acc[h][j] *= cf;
-      }
-    }
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      uint32_t vw[W];
-      lds_bf16<DPL>(st + R * HD + r * HD + lane * DPL, vw);
-      float pr[NG];
-      if constexpr (NG >= 4) {
-#pragma unroll
-        for (int g = 0; g < NG / 4; ++g) {
-          const float4 t = reinterpret_cast<const float4*>(pbuf + r * NG)[g];
-          pr[4 * g] = t.x, pr[4 * g + 1] = t.y, pr[4 * g + 2] = t.z, pr[4 * g + 3] = t.w;
-        }
-      } else {
-#pragma unroll
-        for (int h = 0; h < NG; ++h) pr[h] = pbuf[r * NG + h];
-      }
-#pragma unroll
-      for (int j = 0; j < DPL; ++j) {
-        const float vf = bf_at<DPL>(vw, j);
-#pragma unroll
-        for (int h = 0; h < NG; ++h) acc[h][j] = fmaf(pr[h], vf, acc[h][j]);
-      }
-    }
-  }
+  typename C::Warp wa;
+  wa.init();
+  wa.stream(issue, ring, qf, warp, lane, nch, begin, end);
   cp_async_wait<0>();
   __syncthreads();  // ring no longer read or written: reuse it for the warp accumulators
   attn_mark(3);
 
   // merge the warps' states into this block's partial slot
-  float* wacc = sm;  // [W][NG][HD]
+  float* wacc = sm;  // [W][NG][kAccStride]
   float* wm = sm + C::kWm;
   float* wl = sm + C::kWl;
-#pragma unroll
-  for (int h = 0; h < NG; ++h) {
-    float* dst = wacc + (warp * NG + h) * HD + lane * DPL;
-    if constexpr (DPL % 4 == 0) {
-#pragma unroll
-      for (int j = 0; j < DPL; j += 4)
-        *reinterpret_cast<float4*>(dst + j) = make_float4(acc[h][j], acc[h][j + 1], acc[h][j + 2], acc[h][j + 3]);
-    } else {
-#pragma unroll
-      for (int j = 0; j < DPL; ++j) dst[j] = acc[h][j];
-    }
-  }
-  if (rep0 && my_r == 0) {
-    wm[warp * NG + my_h] = m_run;
-    wl[warp * NG + my_h] = l_run;
-  }
+  wa.store(wacc + warp * C::Warp::kAccFloats, wm + warp * NG, wl + warp * NG, lane);
   __syncthreads();
   constexpr int SL = C::SL;
   float* uslots = a.slots + size_t(unit) * a.slots_per_unit * SL;
@@ -603,7 +412,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) attn_decode_kernel(AttnArgs a)
     for (int w = 0; w < kWarps; ++w) {
       const float mw = wm[w * NG + h];
       const float fw = mw == -INFINITY ? 0.f : expf(mw - M);
-      const float4 x = *reinterpret_cast<const float4*>(wacc + w * NG * HD + i);
+      const float4 x = *reinterpret_cast<const float4*>(wacc + w * C::Warp::kAccFloats + h * C::Warp::kAccStride + i % HD);
       s.x = fmaf(fw, x.x, s.x);
       s.y = fmaf(fw, x.y, s.y);
       s.z = fmaf(fw, x.z, s.z);

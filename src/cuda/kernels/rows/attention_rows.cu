@@ -69,12 +69,10 @@ struct RowsAttnArgs {
 template <int HD, int NG>
 __device__ __forceinline__ void attn_item(const RowsAttnArgs& a, int ri, int slot, int32_t pos, int split) {
   using C = Cfg<HD, NG>;
-  constexpr int DPL = C::DPL, R = C::R, V = C::V, LV = C::LV, SH = C::SH;
-  constexpr int W = (DPL + 1) / 2;  // packed words per lane per row
-  constexpr unsigned kFull = 0xffffffffu;
+  constexpr int R = C::R;
   extern __shared__ float4 smem4[];
   float* sm = reinterpret_cast<float*>(smem4);
-  float* qs = sm + C::kQs;
+  uint4* qf = reinterpret_cast<uint4*>(sm + C::kQf);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int unit = blockIdx.x;
   const int kvh = unit / a.HG, hg = unit % a.HG;
@@ -120,144 +118,22 @@ __device__ __forceinline__ void attn_item(const RowsAttnArgs& a, int ri, int slo
     if (c < nch) issue(c, s);
     cp_async_commit();
   }
-  {
-    // q (pre-scaled by 1/sqrt(hd), qs layout: see qs_index) for the unit's NG heads, padded heads 0:
-    // requested right after the first K/V copies (whose addresses need *pos), all loads at once, so its
-    // round trip overlaps theirs instead of preceding it
-    constexpr int kQn = (NG * HD + kWarps * 32 - 1) / (kWarps * 32);
-    float qv[kQn];
-#pragma unroll
-    for (int k = 0; k < kQn; ++k) {
-      const int i = tid + k * kWarps * 32, h = i / HD, d = i % HD;
-      qv[k] = i < NG * HD && h < hv ? q[int64_t(h0 + h) * HD + d] : 0.f;
-    }
-    const float scale = rsqrtf(float(HD));
-#pragma unroll
-    for (int k = 0; k < kQn; ++k) {
-      const int i = tid + k * kWarps * 32;
-      if (i < NG * HD) qs[qs_index<HD, NG>(i / HD, i % HD)] = qv[k] * scale;
-    }
-  }
-  __syncthreads();  // qs
+  // q's fragments (attn_warp_tc.cuh): requested right after the first K/V copies (whose addresses need
+  // *pos), all loads at once, so its round trip overlaps theirs instead of preceding it
+  C::Warp::template stage_q<kWarps * 32>(q + int64_t(h0) * HD, hv, qf, tid);
+  __syncthreads();  // qf
 
-  float acc[NG][DPL];
-#pragma unroll
-  for (int h = 0; h < NG; ++h)
-#pragma unroll
-    for (int j = 0; j < DPL; ++j) acc[h][j] = 0.f;
-  float m_run = -INFINITY, l_run = 0.f;  // for head (lane >> SH) % NG
-  float* pbuf = sm + C::kPbuf + warp * (V + NG);
-  const int vidx = lane >> SH, my_r = vidx / NG, my_h = vidx % NG;
-  const bool rep0 = (lane & ((1 << SH) - 1)) == 0;
-
-  int it = 0;
-  for (int c = warp; c < nch; c += kWarps, ++it) {
-    cp_async_wait<kStages - 2>();
-    __syncwarp();
-    {
-      const int cn = c + (kStages - 1) * kWarps;
-      if (cn < nch) issue(cn, (it + kStages - 1) % kStages);
-      cp_async_commit();
-    }
-    const __nv_bfloat16* st = ring + (it % kStages) * C::STAGE;
-    // scores: vals[r * NG + h] = partial q_h · k_r over this lane's dims
-    float vals[V];
-#pragma unroll
-    for (int i = 0; i < V; ++i) vals[i] = 0.f;
-    {
-      uint32_t kw[R][W];
-#pragma unroll
-      for (int r = 0; r < R; ++r) lds_bf16<DPL>(st + r * HD + lane * DPL, kw[r]);
-#pragma unroll
-      for (int j = 0; j < DPL; ++j) {
-        float qv[NG];
-        lds_q<HD, NG>(qs, j, lane, qv);
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-          const float kf = bf_at<DPL>(kw[r], j);
-#pragma unroll
-          for (int h = 0; h < NG; ++h) vals[r * NG + h] = fmaf(qv[h], kf, vals[r * NG + h]);
-        }
-      }
-    }
-    // reduce-scatter: after LV halving steps lane holds value index lane >> SH; then all-reduce
-    reduce_scatter<V, 16>(vals, lane);
-#pragma unroll
-    for (int off = 16 >> LV; off > 0; off >>= 1) vals[0] += __shfl_xor_sync(kFull, vals[0], off);
-    const int64_t my_row = begin + int64_t(c) * R + my_r;
-    const float sc = my_row < end ? vals[0] : -INFINITY;
-    // online softmax per head over the chunk's rows (lanes with equal head differ in the row bits)
-    float mx = sc;
-#pragma unroll
-    for (int off = NG << SH; off < 32; off <<= 1) mx = fmaxf(mx, __shfl_xor_sync(kFull, mx, off));
-    const float m_new = fmaxf(m_run, mx);
-    const float p = expf(sc - m_new);
-    float ps = p;
-#pragma unroll
-    for (int off = NG << SH; off < 32; off <<= 1) ps += __shfl_xor_sync(kFull, ps, off);
-    const bool grow = m_new > m_run;
-    const float corr = grow ? expf(m_run - m_new) : 1.f;
-    l_run = fmaf(l_run, corr, ps);
-    m_run = m_new;
-    if (rep0) {
-      pbuf[vidx] = p;
-      if (my_r == 0) pbuf[V + my_h] = corr;
-    }
-    __syncwarp();
-    if (__any_sync(kFull, grow)) {
-#pragma unroll
-      for (int h = 0; h < NG; ++h) {
-        const float cf = pbuf[V + h];
-#pragma unroll
-        for (int j = 0; j < DPL; ++j) acc[h][j] *= cf;
-      }
-    }
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      uint32_t vw[W];
-      lds_bf16<DPL>(st + R * HD + r * HD + lane * DPL, vw);
-      float pr[NG];
-      if constexpr (NG >= 4) {
-#pragma unroll
-        for (int g = 0; g < NG / 4; ++g) {
-          const float4 t = reinterpret_cast<const float4*>(pbuf + r * NG)[g];
-          pr[4 * g] = t.x, pr[4 * g + 1] = t.y, pr[4 * g + 2] = t.z, pr[4 * g + 3] = t.w;
-        }
-      } else {
-#pragma unroll
-        for (int h = 0; h < NG; ++h) pr[h] = pbuf[r * NG + h];
-      }
-#pragma unroll
-      for (int j = 0; j < DPL; ++j) {
-        const float vf = bf_at<DPL>(vw, j);
-#pragma unroll
-        for (int h = 0; h < NG; ++h) acc[h][j] = fmaf(pr[h], vf, acc[h][j]);
-      }
-    }
-  }
+  typename C::Warp wa;
+  wa.init();
+  wa.stream(issue, ring, qf, warp, lane, nch, begin, end);
   cp_async_wait<0>();
   __syncthreads();  // ring no longer read or written: reuse it for the warp accumulators
 
   // merge the warps' states into this block's partial slot
-  float* wacc = sm;  // [W][NG][HD]
+  float* wacc = sm;  // [W][NG][kAccStride]
   float* wm = sm + C::kWm;
   float* wl = sm + C::kWl;
-#pragma unroll
-  for (int h = 0; h < NG; ++h) {
-    float* dst = wacc + (warp * NG + h) * HD + lane * DPL;
-    if constexpr (DPL % 4 == 0) {
-#pragma unroll
-      for (int j = 0; j < DPL; j += 4)
-        *reinterpret_cast<float4*>(dst + j) = make_float4(acc[h][j], acc[h][j + 1], acc[h][j + 2], acc[h][j + 3]);
-    } else {
-#pragma unroll
-      for (int j = 0; j < DPL; ++j) dst[j] = acc[h][j];
-    }
-  }
-  if (rep0 && my_r == 0) {
-    wm[warp * NG + my_h] = m_run;
-    wl[warp * NG + my_h] = l_run;
-  }
+  wa.store(wacc + warp * C::Warp::kAccFloats, wm + warp * NG, wl + warp * NG, lane);
   __syncthreads();
   constexpr int SL = C::SL;
   float* uslots = a.slots + (size_t(ri) * a.units + unit) * a.slots_per_unit * SL;
@@ -274,7 +150,7 @@ __device__ __forceinline__ void attn_item(const RowsAttnArgs& a, int ri, int slo
     for (int w = 0; w < kWarps; ++w) {
       const float mw = wm[w * NG + h];
       const float fw = mw == -INFINITY ? 0.f : expf(mw - M);
-      const float4 x = *reinterpret_cast<const float4*>(wacc + w * NG * HD + i);
+      const float4 x = *reinterpret_cast<const float4*>(wacc + w * C::Warp::kAccFloats + h * C::Warp::kAccStride + i % HD);
       s.x = fmaf(fw, x.x, s.x);
       s.y = fmaf(fw, x.y, s.y);
       s.z = fmaf(fw, x.z, s.z);

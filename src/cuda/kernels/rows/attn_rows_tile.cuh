@@ -1,8 +1,8 @@
 // Device pieces of the multi-row decode attention (attention_rows.cu): the tile configuration, the
-// cp.async ring copies, the warp reduce-scatter, the arrival counters and the partial merge. They are
-// the pieces of the single-row kernel (attention_decode.cu) unchanged — the multi-row kernel must
-// compute each row's output with exactly that arithmetic (bitwise) — except that merge_slots takes
-// the row's gate / output pointers; the cp.async wrappers are ptx.cuh's, as that kernel's. Include
+// arrival counters and the partial merge. They are the pieces of the single-row kernel
+// (attention_decode.cu) unchanged — the multi-row kernel must compute each row's output with exactly
+// that arithmetic (bitwise) — except that merge_slots takes the row's gate / output pointers; a warp's
+// chunk math is attn_warp_tc.cuh's and the cp.async wrappers are ptx.cuh's, as that kernel's. Include
 // from one .cu only (anonymous namespace).
 #pragma once
 #include <cuda_bf16.h>
@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "cuda/kernels/attention/attention.h"
+#include "cuda/kernels/attention/attn_warp_tc.cuh"
 #include "cuda/kernels/ptx.cuh"  // cp_async16_zfill, cp_async_commit, cp_async_wait
 #include "cuda/kernels/qdot.cuh"
 
@@ -41,97 +42,29 @@ constexpr int slot_floats_of(int NG, int HD) { return NG * HD + (2 * NG + 3) / 4
 
 template <int HD, int NG>
 struct Cfg {
-  static constexpr int DPL = HD / 32;                   // dims per lane
-  static constexpr int R = 16 / (NG > DPL ? NG : DPL);  // rows per chunk
-  static constexpr int V = R * NG;                      // partial dots per lane per chunk (<= 16)
-  static constexpr int LV = V == 1 ? 0 : V == 2 ? 1 : V == 4 ? 2 : V == 8 ? 3 : 4;
-  static constexpr int SH = 5 - LV;         // lane >> SH = (row, head) index after the reduce
-  static constexpr int STAGE = 2 * R * HD;  // bf16 per ring stage: R K rows then R V rows
-  static constexpr int PIECES = STAGE / 8;  // 16-byte copies per stage
+  static constexpr int DPL = HD / 32;
+  static constexpr int R = 16 / (NG > DPL ? NG : DPL);  // rows per chunk (one stage of a warp's ring)
+  static constexpr int STAGE = 2 * R * HD;              // bf16 per ring stage: R K rows then R V rows
+  static constexpr int PIECES = STAGE / 8;              // 16-byte copies per stage
   // at least kStages - 1 chunks per warp per split: a split's whole K/V is requested at once right after
   // the wait, and fewer splits means fewer partials to merge (at 512 rows, HD 256, NG 8: 8 splits of 64
   // rows = 64 KB of K/V per block, one 64 KB merge, instead of 16 x 32 rows and a 128 KB merge)
   static constexpr int kMinRows = (kStages - 1) * kWarps * R;
-  // shared memory (floats): big [max(ring, warp accumulators)] | qs [NG*HD] | pbuf [W][V+NG] |
-  // wm, wl [W][NG] | flag [4]. At most 90 KB (HD 256, NG 8): fits the 99 KB per block of sm_86/sm_89.
+  using Warp = WarpAttnTc<HD, NG, R, kStages, kWarps>;  // a warp's chunk math (attn_warp_tc.cuh)
+  // shared memory (floats): big [max(ring, warp accumulators)] | q fragments | wm, wl [W][NG] | flag [4].
+  // At most 89 KB (HD 256): fits the 99 KB per block of sm_86/sm_89.
   static constexpr int kRingF = kWarps * kStages * STAGE / 2;
-  static constexpr int kAccF = kWarps * NG * HD;
+  static constexpr int kAccF = kWarps * Warp::kAccFloats;
   static constexpr int kBigF = kRingF > kAccF ? kRingF : kAccF;
-  static constexpr int kQs = kBigF;
-  static constexpr int kPbuf = kQs + NG * HD;
-  static constexpr int kWm = kPbuf + kWarps * (V + NG);
+  static constexpr int kQf = kBigF;
+  static constexpr int kWm = kQf + Warp::kQFloats;
   static constexpr int kWl = kWm + kWarps * NG;
   static constexpr int kFlag = kWl + kWarps * NG;
   static constexpr int kTotalF = kFlag + 4;
   static constexpr int SL = slot_floats_of(NG, HD);
-  static_assert(V <= 16 && R >= 2 && (kBigF % 4) == 0 && (kWm % 4) == 0, "attention tile");
+  static_assert(Warp::STAGE == STAGE && (kBigF % 4) == 0 && (kWm % 4) == 0, "attention tile");
   static_assert(size_t(kTotalF) * 4 <= 99 * 1024, "attention smem must fit sm_86/sm_89 (99 KB per block)");
 };
-
-// DPL consecutive bf16 from shared memory, packed two per word (element 2i in the low half of w[i]).
-template <int DPL>
-__device__ __forceinline__ void lds_bf16(const __nv_bfloat16* p, uint32_t (&w)[(DPL + 1) / 2]) {
-  if constexpr (DPL == 8) {
-    const uint4 t = *reinterpret_cast<const uint4*>(p);
-    w[0] = t.x, w[1] = t.y, w[2] = t.z, w[3] = t.w;
-  } else if constexpr (DPL == 4) {
-    const uint2 t = *reinterpret_cast<const uint2*>(p);
-    w[0] = t.x, w[1] = t.y;
-  } else if constexpr (DPL == 2) {
-    w[0] = *reinterpret_cast<const uint32_t*>(p);
-  } else {
-    w[0] = *reinterpret_cast<const unsigned short*>(p);
-  }
-}
-__device__ __forceinline__ float bf_lo(uint32_t w) { return __uint_as_float(w << 16); }
-__device__ __forceinline__ float bf_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
-template <int DPL>
-__device__ __forceinline__ float bf_at(const uint32_t (&w)[(DPL + 1) / 2], int j) {
-  return (j & 1) ? bf_hi(w[j >> 1]) : bf_lo(w[j >> 1]);
-}
-
-// q for the NG heads at dim lane*DPL + j: qs holds [j][NG/4][lane][4] (NG >= 4) or [j][lane][NG].
-template <int HD, int NG>
-__device__ __forceinline__ int qs_index(int h, int d) {
-  constexpr int DPL = HD / 32;
-  const int l = d / DPL, j = d % DPL;
-  if constexpr (NG >= 4)
-    return ((j * (NG / 4) + h / 4) * 32 + l) * 4 + (h & 3);
-  else
-    return (j * 32 + l) * NG + h;
-}
-template <int HD, int NG>
-__device__ __forceinline__ void lds_q(const float* qs, int j, int lane, float (&qv)[NG]) {
-  if constexpr (NG >= 4) {
-#pragma unroll
-    for (int g = 0; g < NG / 4; ++g) {
-      const float4 t = reinterpret_cast<const float4*>(qs)[(j * (NG / 4) + g) * 32 + lane];
-      qv[4 * g] = t.x, qv[4 * g + 1] = t.y, qv[4 * g + 2] = t.z, qv[4 * g + 3] = t.w;
-    }
-  } else if constexpr (NG == 2) {
-    const float2 t = reinterpret_cast<const float2*>(qs)[j * 32 + lane];
-    qv[0] = t.x, qv[1] = t.y;
-  } else {
-    qv[0] = qs[j * 32 + lane];
-  }
-}
-
-// Halving step of the warp reduce-scatter of vals[N] (values at lanes l and l ^ OFF summed; the lane
-// keeps the upper half when its OFF bit is set), recursively down to one value.
-template <int N, int OFF>
-__device__ __forceinline__ void reduce_scatter(float* vals, int lane) {
-  if constexpr (N > 1) {
-    constexpr int H = N / 2;
-    const bool up = (lane & OFF) != 0;
-#pragma unroll
-    for (int i = 0; i < H; ++i) {
-      const float send = up ? vals[i] : vals[i + H];
-      const float keep = up ? vals[i + H] : vals[i];
-      vals[i] = keep + __shfl_xor_sync(0xffffffffu, send, OFF);
-    }
-    reduce_scatter<H, OFF / 2>(vals, lane);
-  }
-}
 
 // Arrival of a block on a counter (two words, see kCtrPerUnit), by one thread after a __syncthreads
 // that follows the block's partial writes; true for the arrival that makes the count `expected`.
