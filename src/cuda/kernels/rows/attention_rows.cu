@@ -1,6 +1,7 @@
 // Multi-row decode attention (rows_state.h: attention_rows): one split-K kernel over every row's own
 // KV cache. Per row the arithmetic is attention_decode's (attention_decode.cu; the device pieces are
-// in attn_rows_tile.cuh): the same split rule, chunking, warp assignment, online softmax, block merge
+// in attn_rows_tile.cuh and a warp's chunk math in attention/attn_warp_tc.cuh, which both kernels call): the
+// same split rule, chunking, warp assignment, online softmax, block merge
 // and combine tree, so a row's output is bitwise what attention_decode gives for that token with the
 // same n_split. Only the distribution of the work over blocks differs:
 //
