@@ -83,8 +83,9 @@ TEST(CudaDecodeAttention, OddShapesMatchCpu) {
   const uint64_t seed = fresh_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   Rng r(seed);
-  const AttnShape shapes[] = {{4, 2, 64, 16},   {8, 2, 32, 8},   {12, 4, 128, 32}, {16, 1, 64, 64},
-                          {3, 3, 256, 256}, {10, 1, 32, 0},  {6, 2, 256, 30},  {32, 2, 128, 128}};
+  // chunks of 8, 4 and 2 positions (one, two and four per tensor-core pass) and of 16 (two 8-position tiles: {2, 2, 32})
+  const AttnShape shapes[] = {{4, 2, 64, 16},   {8, 2, 32, 8},   {12, 4, 128, 32},  {16, 1, 64, 64}, {3, 3, 256, 256},
+                              {10, 1, 32, 0},   {6, 2, 256, 30}, {32, 2, 128, 128}, {2, 2, 32, 16}};
   for (const AttnShape& c : shapes)
     for (const int64_t pos : {int64_t(0), int64_t(37), int64_t(700), int64_t(5001)}) check_once(r, c, pos, 40);
 }

@@ -238,8 +238,9 @@ TEST(CudaRowsAttention, OddShapesMatchCpu) {
   const uint64_t seed = fresh_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   Rng r(seed);
-  const Shape shapes[] = {{4, 2, 64, 16},   {8, 2, 32, 8},  {12, 4, 128, 32}, {16, 1, 64, 64},
-                          {3, 3, 256, 256}, {10, 1, 32, 0}, {6, 2, 256, 30},  {32, 2, 128, 128}};
+  // chunks of 8, 4 and 2 positions (one, two and four per tensor-core pass) and of 16 (two 8-position tiles: {2, 2, 32})
+  const Shape shapes[] = {{4, 2, 64, 16},   {8, 2, 32, 8},  {12, 4, 128, 32}, {16, 1, 64, 64}, {3, 3, 256, 256},
+                          {10, 1, 32, 0},   {6, 2, 256, 30}, {32, 2, 128, 128}, {2, 2, 32, 16}};
   for (const Shape& c : shapes) {
     SCOPED_TRACE("heads " + std::to_string(c.heads) + "/" + std::to_string(c.kv) + " hd " + std::to_string(c.hd));
     const Case k(r, c, 4, 5010, {{2, 0}, {-1, 0}, {0, 37}, {0, 38}, {3, 700}, {1, 5001}});
