@@ -1,8 +1,7 @@
 // Multi-row decode attention (rows_state.h: attention_rows): one split-K kernel over every row's own
-// KV cache. Per row the arithmetic is attention_decode's (attention_decode.cu; the device pieces are
-// in attn_rows_tile.cuh and a warp's chunk math in attention/attn_warp_tc.cuh, which both kernels call): the
-// same split rule, chunking, warp assignment, online softmax, block merge
-// and combine tree, so a row's output is bitwise what attention_decode gives for that token with the
+// KV cache. Per row the arithmetic is attention_decode's (attention_decode.cu; both kernels call the device
+// pieces of attention/attn_split.cuh and attn_warp_tc.cuh): the same split rule, chunking, warp assignment,
+// online softmax, block merge and combine tree, so a row's output is bitwise what attention_decode gives for that token with the
 // same n_split. Only the distribution of the work over blocks differs:
 //
 // Work items. Row r has nsp_r splits (split_plan: from its own length and W only); the items
@@ -22,8 +21,8 @@
 #include <string>
 
 #include "cuda/cuda_common.h"
+#include "cuda/kernels/attention/attn_split.cuh"
 #include "cuda/kernels/launch.cuh"
-#include "cuda/kernels/rows/attn_rows_tile.cuh"
 #include "cuda/kernels/rows/rows_plan.h"
 #include "cuda/kernels/rows/rows_state.h"
 

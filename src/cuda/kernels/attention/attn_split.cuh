@@ -1,9 +1,8 @@
-// Device pieces of the multi-row decode attention (attention_rows.cu): the tile configuration, the
-// arrival counters and the partial merge. They are the pieces of the single-row kernel
-// (attention_decode.cu) unchanged — the multi-row kernel must compute each row's output with exactly
-// that arithmetic (bitwise) — except that merge_slots takes the row's gate / output pointers; a warp's
-// chunk math is attn_warp_tc.cuh's and the cp.async wrappers are ptx.cuh's, as that kernel's. Include
-// from one .cu only (anonymous namespace).
+// Device pieces of the split-K decode attention shared by the single-row kernel (attention_decode.cu) and the
+// multi-row one (rows/attention_rows.cu), which must compute a row's output with exactly the same arithmetic
+// (bitwise): the tile configuration, the arrival counters and the partial merge (given the row's gate / output
+// pointers); a warp's chunk math is attn_warp_tc.cuh's and the cp.async wrappers are ptx.cuh's. Include from one
+// .cu only (anonymous namespace).
 #pragma once
 #include <cuda_bf16.h>
 
