@@ -359,8 +359,10 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_i8_kw(Args a) {
 }
 
 // ------------------------------------------------------------------------------------------------ MoE gate/up
-// The routed shape: E experts (+ the shared one as expert E), each gate/up = 1024 rows × K; a row's 8 experts
-// grouped into chunks of <= 8 rows per expert (one n-tile per digit). Items = (chunk, 8 row blocks); a block takes
+// The routed shape: E experts (+ the shared one as expert E), each 16·rbe rows × K (gate/up: 1024 × 2048, down:
+// 2048 × 512); a row's 8 experts grouped into chunks of <= 8 entries per expert (one n-tile per digit); an entry's
+// input is row entry_row[entry] of xr (gate/up: the token's row; down: the entry's own act). Items = (chunk, 8 row
+// blocks); a block takes
 // items b, b + grid, ..., stages the next item's rows' digits (gathered by row) into its second buffer by cp.async
 // while its warps compute the current one (a warp a row block, the whole K, D tiles in flight across items).
 struct MoEArgs {
@@ -372,7 +374,8 @@ struct MoEArgs {
   const int4* chunks;  // {expert, first entry, rows, 0}
   const int* entry_row;
   int nchunks;
-  float* y;            // [entries][1024]
+  int rbe;             // row blocks per expert (a multiple of 8)
+  float* y;            // [entries][16·rbe]
 };
 
 __device__ __forceinline__ void cp8(uint32_t dst, const void* src, int n) {
@@ -383,7 +386,7 @@ template <int L, int D>
 __global__ void __launch_bounds__(kThreads, 2) moe_i8(MoEArgs a) {
   extern __shared__ uint4 sm4[];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g8 = lane >> 2, c = lane & 3;
-  const int G = a.K / 64, items = a.nchunks * 8;
+  const int G = a.K / 64, ipc = a.rbe / 8, items = a.nchunks * ipc, ldy = a.rbe * 16;
   const uint32_t digits_bytes = uint32_t(L * G * 8 * 64), buf_bytes = digits_bytes + uint32_t(G * 8 * 8);
   const uint32_t sbase = uint32_t(__cvta_generic_to_shared(sm4));
   const char* sgen = reinterpret_cast<const char*>(sm4);
@@ -392,7 +395,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_i8(MoEArgs a) {
   int litem = blockIdx.x, lg = 0;
   auto lstart = [&]() {
     if (litem < items) {
-      const int64_t t0 = (int64_t(a.chunks[litem >> 3].x) * 64 + (litem & 7) * 8 + warp) * G;
+      const int64_t t0 = (int64_t(a.chunks[litem / ipc].x) * a.rbe + (litem % ipc) * 8 + warp) * G;
       ring.lw = a.qp + t0 * 32 + lane;
       ring.ls = a.sb + t0 * 16 + g8;
     }
@@ -410,7 +413,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_i8(MoEArgs a) {
 #pragma unroll
   for (int i = 0; i < D; ++i) load(i);
   auto stage = [&](int it, int b) {
-    const int4 ch = a.chunks[it >> 3];
+    const int4 ch = a.chunks[it / ipc];
     const uint32_t dst = sbase + b * buf_bytes;
     for (int idx = threadIdx.x; idx < L * G * 32; idx += kThreads) {
       const int q = idx & 3, col = (idx >> 2) & 7, lgi = idx >> 5;
@@ -433,7 +436,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_i8(MoEArgs a) {
   if (item < items) stage(item, 0);
   cp_async_commit();
   for (int n = 0; item < items; ++n, item += gridDim.x) {
-    const int4 ch = a.chunks[item >> 3];
+    const int4 ch = a.chunks[item / ipc];
     if (item + int(gridDim.x) < items) stage(item + gridDim.x, (n + 1) & 1);
     cp_async_commit();
     cp_async_wait<1>();
@@ -457,11 +460,11 @@ __global__ void __launch_bounds__(kThreads, 2) moe_i8(MoEArgs a) {
           }
       }
     }
-    const int rb = (item & 7) * 8 + warp;
+    const int rb = (item % ipc) * 8 + warp;
 #pragma unroll
     for (int v = 0; v < 4; ++v) {
       const int m = 2 * c + (v & 1);
-      if (m < ch.z) a.y[int64_t(ch.y + m) * 1024 + rb * 16 + g8 + 8 * (v >> 1)] = tot[v];
+      if (m < ch.z) a.y[int64_t(ch.y + m) * ldy + rb * 16 + g8 + 8 * (v >> 1)] = tot[v];
     }
     __syncthreads();  // this buffer is restaged at item n + 2
   }
@@ -504,19 +507,19 @@ __global__ void ref_kernel(const uint4* qp, const uint32_t* sb, int rows, int K,
   yf[int64_t(m) * rows + o] = f;
 }
 
-__global__ void ref_moe(const uint4* qp, const uint32_t* sb, int K, const float* x, const int* entry_row,
+__global__ void ref_moe(const uint4* qp, const uint32_t* sb, int R, int K, const float* x, const int* entry_row,
                         const int* entry_expert, int entries, double* yd) {
   const int o = blockIdx.x * blockDim.x + threadIdx.x, en = blockIdx.y;
-  if (o >= 1024 || en >= entries) return;
+  if (o >= R || en >= entries) return;
   const int G = K / 64, e = entry_expert[en], r = entry_row[en];
-  const uint4* q = qp + int64_t(e) * 64 * G * 32;
-  const uint32_t* s = sb + int64_t(e) * 64 * G * 16;
+  const uint4* q = qp + int64_t(e) * (R / 16) * G * 32;
+  const uint32_t* s = sb + int64_t(e) * (R / 16) * G * 16;
   double acc = 0;
   for (int k = 0; k < K; ++k) {
     const uint32_t w = s[(int64_t(o / 16) * G + k / 64) * 16 + o % 16];
     acc += double(fmaf(bf_lo(w), float(q_at(q, G, o, k)), bf_hi(w))) * x[int64_t(r) * K + k];
   }
-  yd[int64_t(en) * 1024 + o] = acc;
+  yd[int64_t(en) * R + o] = acc;
 }
 
 // A launch with programmatic dependent launch, as the decode kernels are launched.
@@ -625,10 +628,13 @@ void launch_kw_any(const Args& a, cudaStream_t st, int sms, bool deep) {
 }
 
 
-// The routed gate/up at M rows: routing random (8 distinct experts per row) plus the shared expert for every row.
-void run_moe(int sms, cudaStream_t st) {
-  constexpr int E = 256, K = 2048, G = K / 64, L = 3, D = 4;
-  const int64_t tiles = int64_t(E + 1) * 64 * G;
+// The routed MoE at M rows: routing random (8 distinct experts per row) plus the shared expert for every row;
+// gate/up (the token rows as input) or down (each entry's own act as input). The experts are held in enough copies
+// that consecutive launches read ≥ 100 MB of distinct weights (L2 holds ~50 MB), as main's bench changes routings.
+void run_moe(int sms, cudaStream_t st, bool down) {
+  constexpr int E = 256, L = 3, D = 4;
+  const int R = down ? 2048 : 1024, K = down ? 512 : 2048, G = K / 64, rbe = R / 16;
+  const int64_t tiles = int64_t(E + 1) * rbe * G;
   std::mt19937 rng(99);
   std::normal_distribution<float> nd(0.f, 1.f);
   std::vector<uint4> hq(static_cast<size_t>(tiles * 32));
@@ -643,12 +649,7 @@ void run_moe(int sms, cudaStream_t st) {
     const float sc = 0.01f + 0.01f * std::fabs(nd(rng));
     v = bf16(sc) | (bf16(-8.f * sc + 0.002f * nd(rng)) << 16);
   }
-  uint4* dq;
-  uint32_t* ds;
-  CK(cudaMalloc(&dq, hq.size() * 16));
-  CK(cudaMalloc(&ds, hs.size() * 4));
-  CK(cudaMemcpy(dq, hq.data(), hq.size() * 16, cudaMemcpyHostToDevice));
-  CK(cudaMemcpy(ds, hs.data(), hs.size() * 4, cudaMemcpyHostToDevice));
+  const double expert_bytes = double(R) * K / 2 + double(rbe) * G * 64;
   const int only = std::atoi(std::getenv("PROTO_MOE"));  // PROTO_MOE=M: that M only
   for (int M : {1, 4, 16, 64}) {
     if (only > 1 && M != only) continue;
@@ -673,9 +674,23 @@ void run_moe(int sms, cudaStream_t st) {
           entry_expert.push_back(e);
         }
       }
-    const int entries = int(entry_row.size()), Mpad = (M + 7) / 8 * 8;
-    std::vector<float> hx(size_t(M) * K);
-    for (int m = 0; m < M; ++m)
+    const int entries = int(entry_row.size());
+    if (down)  // an entry's input is its own act row
+      for (int i = 0; i < entries; ++i) entry_row[i] = i;
+    const int X = down ? entries : M, Xpad = (X + 7) / 8 * 8;
+    int touched = 0;
+    for (int e = 0; e < E; ++e) touched += !rows_of[e].empty();
+    const int copies = std::max(2, int(std::ceil(100e6 / ((touched + 1) * expert_bytes))));
+    uint4* dq;
+    uint32_t* ds;
+    CK(cudaMalloc(&dq, hq.size() * 16 * copies));
+    CK(cudaMalloc(&ds, hs.size() * 4 * copies));
+    for (int cp = 0; cp < copies; ++cp) {
+      CK(cudaMemcpy(dq + hq.size() * cp, hq.data(), hq.size() * 16, cudaMemcpyHostToDevice));
+      CK(cudaMemcpy(ds + hs.size() * cp, hs.data(), hs.size() * 4, cudaMemcpyHostToDevice));
+    }
+    std::vector<float> hx(size_t(X) * K);
+    for (int m = 0; m < X; ++m)
       for (int k = 0; k < K; ++k) hx[size_t(m) * K + k] = nd(rng) * (k % 53 == 7 ? 20.f : 1.f);
     float *dx, *dy;
     double* dyd;
@@ -684,12 +699,12 @@ void run_moe(int sms, cudaStream_t st) {
     int4* dch;
     int *der, *dee;
     CK(cudaMalloc(&dx, hx.size() * 4));
-    CK(cudaMalloc(&dy, size_t(entries) * 1024 * 4));
-    CK(cudaMalloc(&dyd, size_t(entries) * 1024 * 8));
-    CK(cudaMalloc(&dxq, size_t(L) * G * Mpad * 64));
-    CK(cudaMalloc(&dxr, size_t(M) * L * G * 64));
-    CK(cudaMalloc(&dmeta, size_t(G) * Mpad * 8));
-    CK(cudaMalloc(&dmr, size_t(M) * G * 8));
+    CK(cudaMalloc(&dy, size_t(entries) * R * 4));
+    CK(cudaMalloc(&dyd, size_t(entries) * R * 8));
+    CK(cudaMalloc(&dxq, size_t(L) * G * Xpad * 64));
+    CK(cudaMalloc(&dxr, size_t(X) * L * G * 64));
+    CK(cudaMalloc(&dmeta, size_t(G) * Xpad * 8));
+    CK(cudaMalloc(&dmr, size_t(X) * G * 8));
     CK(cudaMalloc(&dch, chunks.size() * 16));
     CK(cudaMalloc(&der, entries * 4));
     CK(cudaMalloc(&dee, entries * 4));
@@ -697,34 +712,39 @@ void run_moe(int sms, cudaStream_t st) {
     CK(cudaMemcpy(dch, chunks.data(), chunks.size() * 16, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(der, entry_row.data(), entries * 4, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(dee, entry_expert.data(), entries * 4, cudaMemcpyHostToDevice));
-    // digits per row: the dense staging's, regathered [row][l][g] (the layout a routed kernel gathers by row)
-    stage_digits<L><<<(Mpad * G + 127) / 128, 128, 0, st>>>(dx, M, Mpad, K, dxq, dmeta);
+    // digits per input row: the dense staging's, regathered [row][l][g] (the layout a routed kernel gathers by row)
+    stage_digits<L><<<(Xpad * G + 127) / 128, 128, 0, st>>>(dx, X, Xpad, K, dxq, dmeta);
     CK(cudaStreamSynchronize(st));
     {
-      std::vector<char> q(size_t(L) * G * Mpad * 64), r(size_t(M) * L * G * 64);
-      std::vector<float2> mq(size_t(G) * Mpad), mr(size_t(M) * G);
+      std::vector<char> q(size_t(L) * G * Xpad * 64), r(size_t(X) * L * G * 64);
+      std::vector<float2> mq(size_t(G) * Xpad), mr(size_t(X) * G);
       CK(cudaMemcpy(q.data(), dxq, q.size(), cudaMemcpyDeviceToHost));
       CK(cudaMemcpy(mq.data(), dmeta, mq.size() * 8, cudaMemcpyDeviceToHost));
-      for (int m = 0; m < M; ++m)
+      for (int m = 0; m < X; ++m)
         for (int l = 0; l < L; ++l)
           for (int g = 0; g < G; ++g) {
-            std::memcpy(&r[((size_t(m) * L + l) * G + g) * 64], &q[((size_t(l) * G + g) * Mpad + m) * 64], 64);
-            mr[size_t(m) * G + g] = mq[size_t(g) * Mpad + m];
+            std::memcpy(&r[((size_t(m) * L + l) * G + g) * 64], &q[((size_t(l) * G + g) * Xpad + m) * 64], 64);
+            mr[size_t(m) * G + g] = mq[size_t(g) * Xpad + m];
           }
       CK(cudaMemcpy(dxr, r.data(), r.size(), cudaMemcpyHostToDevice));
       CK(cudaMemcpy(dmr, mr.data(), mr.size() * 8, cudaMemcpyHostToDevice));
     }
-    ref_moe<<<dim3(1024 / 128, entries), 128, 0, st>>>(dq, ds, K, dx, der, dee, entries, dyd);
-    MoEArgs a{dq, ds, K, dxr, dmr, dch, der, int(chunks.size()), dy};
+    ref_moe<<<dim3((R + 127) / 128, entries), 128, 0, st>>>(dq, ds, R, K, dx, der, dee, entries, dyd);
+    MoEArgs a{dq, ds, K, dxr, dmr, dch, der, int(chunks.size()), rbe, dy};
     const size_t smem = 2 * (size_t(L) * G * 8 * 64 + size_t(G) * 8 * 8);
     CK(cudaFuncSetAttribute(moe_i8<L, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     int occ = 0;
     CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, moe_i8<L, D>, kThreads, smem));
-    const int grid = std::min(int(chunks.size()) * 8, sms * std::max(occ, 1));
-    auto run = [&](int) { launch_pdl(moe_i8<L, D>, grid, kThreads, smem, st, a); };
+    const int grid = std::min(int(chunks.size()) * (rbe / 8), sms * std::max(occ, 1));
+    auto run = [&](int i) {
+      MoEArgs b = a;
+      b.qp = dq + hq.size() * (i % copies);
+      b.sb = ds + hs.size() * (i % copies);
+      launch_pdl(moe_i8<L, D>, grid, kThreads, smem, st, b);
+    };
     run(0);
     CK(cudaStreamSynchronize(st));
-    std::vector<float> y(size_t(entries) * 1024);
+    std::vector<float> y(size_t(entries) * R);
     std::vector<double> yd(y.size());
     CK(cudaMemcpy(y.data(), dy, y.size() * 4, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(yd.data(), dyd, yd.size() * 8, cudaMemcpyDeviceToHost));
@@ -734,15 +754,12 @@ void run_moe(int sms, cudaStream_t st) {
       den += yd[i] * yd[i];
     }
     const double us = graph_us(st, run);
-    int touched = 0;
-    for (int e = 0; e < E; ++e) touched += !rows_of[e].empty();
-    const double bytes = (touched + 1) * (1024.0 * K / 2 + 1024.0 * G * 4);
-    std::printf("moe_gate_up_routed     M=%-2d L=%d experts %3d+1 chunks %3zu: %8.1f us  %5.2f TB/s  rel_err %.2e\n", M, L,
-                touched, chunks.size(), us, bytes / us * 1e-6, std::sqrt(num / den));
+    std::printf("moe_%-7s_routed  M=%-2d L=%d experts %3d+1 chunks %3zu copies %2d: %8.1f us  %5.2f TB/s  rel_err %.2e\n",
+                down ? "down" : "gate_up", M, L, touched, chunks.size(), copies, us, (touched + 1) * expert_bytes / us * 1e-6,
+                std::sqrt(num / den));
     cudaFree(dx), cudaFree(dy), cudaFree(dyd), cudaFree(dxq), cudaFree(dxr), cudaFree(dmeta), cudaFree(dmr);
-    cudaFree(dch), cudaFree(der), cudaFree(dee);
+    cudaFree(dch), cudaFree(der), cudaFree(dee), cudaFree(dq), cudaFree(ds);
   }
-  cudaFree(dq), cudaFree(ds);
 }
 
 }  // namespace
@@ -761,7 +778,8 @@ int main() {
   cudaStream_t st;
   CK(cudaStreamCreate(&st));
   if (std::getenv("PROTO_MOE")) {
-    run_moe(sms, st);
+    run_moe(sms, st, false);
+    run_moe(sms, st, true);
     return 0;
   }
   for (const Shape& sh : shapes) {
