@@ -205,13 +205,19 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_i8(Args a) {
   pdl_wait();
   pdl_trigger();
   {
-    const int per_l = Gs * Mpad * 4;  // uint4 per digit
+    // only the present rows' units: the padding columns' products are never stored
+    const int per_l = Gs * Mpad * 4, n4 = Gs * a.M * 4;  // uint4 per digit in shared memory / copied
     const uint4* src = reinterpret_cast<const uint4*>(a.xq);
     uint4* dst = reinterpret_cast<uint4*>(xs);
     for (int l = 0; l < L; ++l)
-      for (int i = threadIdx.x; i < per_l; i += kThreads)
-        dst[l * per_l + i] = src[(int64_t(l) * G + g0) * Mpad * 4 + i];
-    for (int i = threadIdx.x; i < Gs * Mpad; i += kThreads) ms[i] = a.meta[int64_t(g0) * Mpad + i];
+      for (int i = threadIdx.x; i < n4; i += kThreads) {
+        const int u = ((i >> 2) / a.M * Mpad + (i >> 2) % a.M) * 4 + (i & 3);
+        dst[l * per_l + u] = src[(int64_t(l) * G + g0) * Mpad * 4 + u];
+      }
+    for (int i = threadIdx.x; i < Gs * a.M; i += kThreads) {
+      const int u = i / a.M * Mpad + i % a.M;
+      ms[u] = a.meta[int64_t(g0) * Mpad + u];
+    }
   }
   __syncthreads();
 
@@ -309,11 +315,15 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_i8_kw(Args a) {
   pdl_wait();
   pdl_trigger();
   {
-    const int n4 = L * G * Mpad * 4;
+    // only the present rows' units: the padding columns' products are never stored
+    const int n4 = L * G * a.M * 4;
     const uint4* src = reinterpret_cast<const uint4*>(a.xq);
     uint4* dst = reinterpret_cast<uint4*>(xs);
-    for (int i = threadIdx.x; i < n4; i += kThreads) dst[i] = src[i];
-    for (int i = threadIdx.x; i < G * Mpad; i += kThreads) ms[i] = a.meta[i];
+    for (int i = threadIdx.x; i < n4; i += kThreads) {
+      const int u = ((i >> 2) / a.M * Mpad + (i >> 2) % a.M) * 4 + (i & 3);
+      dst[u] = src[u];
+    }
+    for (int i = threadIdx.x; i < G * a.M; i += kThreads) ms[i / a.M * Mpad + i % a.M] = a.meta[i / a.M * Mpad + i % a.M];
   }
   __syncthreads();
   const uint32_t xb = uint32_t(__cvta_generic_to_shared(xs)) + (g0 * Mpad + g8) * 64 + c * 16;
