@@ -19,10 +19,12 @@
 
 #include "cuda/kernels/gemv/gemv.h"
 #include "cuda/kernels/sampling/sampling.h"
+#include "cuda/kernels/digits/digits.h"
 #include "cuda/kernels/rows/rows_mm.h"
 
 namespace lc = lilac::cuda;
 namespace lr = lilac::cuda::rows;
+namespace ld = lilac::cuda::digits;
 
 namespace {
 
@@ -190,6 +192,7 @@ struct DenseCtx {
     upload_floats(y.as<float>(), 64 * s.rows, 1.f);
     std::vector<float> w(s.cols, 1.f);
     BCK(cudaMemcpy(nw.p, w.data(), w.size() * 4, cudaMemcpyHostToDevice));
+    make_tiles();
   }
   lr::StageArgs stage_args(int M) const {
     lr::StageArgs a;
@@ -202,6 +205,42 @@ struct DenseCtx {
     a.head_dim = 128;
     (sh.bits == 4 ? a.frag4g : a.frag8) = frag.p;
     a.meta = meta.as<float2>();
+    return a;
+  }
+  // The matrix copies in the digits kernels' tile order (4-bit RMSNorm shapes the tiles take), their staged input.
+  struct TileCopies {
+    std::unique_ptr<Buf> q, sb;
+    size_t qb, sbb;
+    int64_t rows, K;
+    TileCopies(const Mats& W) : qb(ld::tiles_q_bytes(W.get(0))), sbb(ld::tiles_sb_bytes(W.get(0))), rows(W.rows), K(W.cols) {
+      q = std::make_unique<Buf>(qb * W.n);
+      sb = std::make_unique<Buf>(sbb * W.n);
+      for (int i = 0; i < W.n; ++i) ld::tiles_repack(W.get(i), q->as<char>() + qb * i, sb->as<char>() + sbb * i, nullptr);
+      BCK(cudaDeviceSynchronize());
+    }
+    ld::TilesDev get(int i) const {
+      ld::TilesDev t;
+      t.rows = rows;
+      t.K = K;
+      t.q = reinterpret_cast<const uint4*>(q->as<char>() + qb * i);
+      t.sb = reinterpret_cast<const uint32_t*>(sb->as<char>() + sbb * i);
+      return t;
+    }
+  };
+  std::unique_ptr<TileCopies> tiles;
+  std::unique_ptr<Buf> digit_buf;
+  void make_tiles() {
+    if (sh.pro != lc::Prologue::RmsNorm || !ld::tiles_supported(W.get(0))) return;
+    tiles = std::make_unique<TileCopies>(W);
+    digit_buf = std::make_unique<Buf>(ld::stage_bytes(sh.cols, ld::kMaxRows));
+  }
+  ld::StageArgs digits_stage(int M) const {
+    ld::StageArgs a;
+    a.x = x.as<float>();
+    a.K = sh.cols;
+    a.M = M;
+    a.norm_w = nw.as<float>();
+    a.buf = digit_buf->p;
     return a;
   }
   lr::GemvRowsArgs gemv_args(int M, int copy) const {
@@ -260,6 +299,35 @@ void register_dense() {
                                          lr::gemv_rows(a, s);
                                        });
                                        set_bw(st, ctx->W.bytes() + io);
+                                     })
+            ->UseManualTime()
+            ->Iterations(20);
+      if (ctx->tiles)  // the digits kernels (kernels/digits): the GEMV on a staged input, and the staging
+        for (int lr : {0, 16}) {
+          if (lr == 16 && M <= 16) continue;  // the same launches as lr 0
+          const std::string v = lr ? "/digits_16rows" : "/digits";
+          benchmark::RegisterBenchmark((std::string("dense/") + sh.name + v + "/M:" + std::to_string(M)).c_str(),
+                                       [ctx, calls, M, io, lr](benchmark::State& st) {
+                                         ld::stage_rmsnorm(ctx->digits_stage(M), nullptr);
+                                         run_graph(st, calls, [&](cudaStream_t s, int i) {
+                                           ld::GemvArgs a;
+                                           a.W = ctx->tiles->get(i % ctx->W.n);
+                                           a.buf = ctx->digit_buf->p;
+                                           a.M = M;
+                                           a.y = ctx->y.as<float>();
+                                           a.launch_rows = lr;
+                                           ld::gemv(a, s);
+                                         });
+                                         set_bw(st, ctx->W.bytes() + io);
+                                       })
+              ->UseManualTime()
+              ->Iterations(20);
+        }
+      if (ctx->tiles)
+        benchmark::RegisterBenchmark((std::string("dense/") + sh.name + "/digits_stage/M:" + std::to_string(M)).c_str(),
+                                     [ctx, M](benchmark::State& st) {
+                                       run_graph(st, 16, [&](cudaStream_t s, int) { ld::stage_rmsnorm(ctx->digits_stage(M), s); });
+                                       set_bw(st, M * ctx->sh.cols * 4.0 * 2);
                                      })
             ->UseManualTime()
             ->Iterations(20);

@@ -81,6 +81,7 @@ DecodeScratch alloc_decode_scratch(DevAlloc& mem, const DevModel& m, int64_t max
   sc.sel_w = f32(mem, 64);
   sc.act = f32(mem, int64_t(c.num_experts_per_tok) * c.moe_intermediate_size + c.shared_expert_intermediate_size);
   sc.sample_scratch = mem.get(sample_scratch_bytes(c.vocab_size));
+  if (m.lm_tiles) sc.digits = mem.get(digits::stage_bytes(c.hidden_size, 1));
   return sc;
 }
 
@@ -203,8 +204,33 @@ void enqueue_decode_body(const DevModel& m, const SeqState& st, const DecodeScra
   increment_i32(st.pos, s);
 }
 
+void enqueue_lm_head(const DevModel& m, const float* x, int64_t ldx, int M, const int32_t* row_slot,
+                     const float* norm_w, float* y, int64_t ldy, void* buf, cudaStream_t s) {
+  digits::StageArgs st;
+  st.x = x;
+  st.ldx = ldx;
+  st.K = m.cfg.hidden_size;
+  st.M = M;
+  st.row_slot = row_slot;
+  st.norm_w = norm_w;
+  st.eps = float(m.cfg.rms_norm_eps);
+  st.buf = buf;
+  digits::stage_rmsnorm(st, s);
+  digits::GemvArgs g;
+  g.W = m.lm_tiles;
+  g.buf = buf;
+  g.M = M;
+  g.row_slot = row_slot;
+  g.y = y;
+  g.ldy = ldy;
+  digits::gemv(g, s);
+}
+
 void enqueue_decode_head(const DevModel& m, const SeqState& st, const DecodeScratch& sc, cudaStream_t s) {
-  gemv_into(m.cfg, m.lm_head, sc.h, Prologue::RmsNorm, m.final_norm, nullptr, st.logits, false, s);
+  if (m.lm_tiles)
+    enqueue_lm_head(m, sc.h, 0, 1, nullptr, m.final_norm, st.logits, 0, sc.digits, s);
+  else
+    gemv_into(m.cfg, m.lm_head, sc.h, Prologue::RmsNorm, m.final_norm, nullptr, st.logits, false, s);
 }
 
 void enqueue_sample(const SeqState& st, const DecodeScratch& sc, cudaStream_t s) {

@@ -32,6 +32,7 @@ struct DecodeScratch {
   float *rlogits = nullptr, *sel_w = nullptr, *act = nullptr;  // MoE: router logits, routing, activations
   int32_t* sel_ids = nullptr;
   void* sample_scratch = nullptr;
+  void* digits = nullptr;  // the LM head's staged input (one row), when the model has DevModel::lm_tiles
 };
 DecodeScratch alloc_decode_scratch(DevAlloc& mem, const DevModel& m, int64_t max_len);
 // The attention split count of a sequence of capacity max_len (DecodeScratch::n_split; the rows step of
@@ -76,6 +77,11 @@ void enqueue_moe(const DevModel& m, const DevLayer& L, const DecodeScratch& sc, 
                  StepProfile* prof = nullptr);
 // the head: final RMSNorm + LM head from sc.h into st.logits;
 void enqueue_decode_head(const DevModel& m, const SeqState& st, const DecodeScratch& sc, cudaStream_t s);
+// The LM head of M rows x ([M][ldx]) after an RMSNorm with norm_w, on the digits kernels (m.lm_tiles required):
+// y [M][ldy]; buf: digits::stage_bytes(hidden, M). A row's logits are the same bits for every M (padding rows,
+// row_slot[r] < 0, are neither read nor written).
+void enqueue_lm_head(const DevModel& m, const float* x, int64_t ldx, int M, const int32_t* row_slot,
+                     const float* norm_w, float* y, int64_t ldy, void* buf, cudaStream_t s);
 // sampling from st.logits into *st.token and *st.result.
 void enqueue_sample(const SeqState& st, const DecodeScratch& sc, cudaStream_t s);
 

@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 #include <utility>
 
@@ -22,6 +23,15 @@ void* DevAlloc::get(size_t n) {
   ptrs.push_back(p);
   bytes += n;
   return p;
+}
+
+bool DevAlloc::release(const void* p, size_t n) {
+  const auto it = std::find(ptrs.begin(), ptrs.end(), p);
+  if (it == ptrs.end()) return false;
+  LILAC_CUDA_CHECK(cudaFree(*it));
+  ptrs.erase(it);
+  bytes -= std::min(bytes, n);
+  return true;
 }
 
 void DevAlloc::copy_to_device(void* dst, const void* src, size_t bytes) {
@@ -193,8 +203,39 @@ std::unique_ptr<DevModel> upload_model(const ModelWeights& w) {
   return m;
 }
 
+namespace {
+
+bool digits_wanted() {
+  const char* e = std::getenv("LILAC_DIGITS");
+  return !(e && std::string(e) == "0");
+}
+
+// The LM head in tile order (DevModel::lm_tiles); its checkpoint-layout buffers freed when nothing else reads them.
+void repack_lm_head(DevModel& m) {
+  QMatrixDev& W = m.lm_head;
+  if (!digits_wanted() || !digits::tiles_supported(W)) return;
+  void* q = m.mem.get(digits::tiles_q_bytes(W));
+  void* sb = m.mem.get(digits::tiles_sb_bytes(W));
+  digits::tiles_repack(W, q, sb, nullptr);
+  LILAC_CUDA_CHECK(cudaDeviceSynchronize());
+  m.lm_tiles.rows = W.rows;
+  m.lm_tiles.K = W.cols;
+  m.lm_tiles.q = static_cast<const uint4*>(q);
+  m.lm_tiles.sb = static_cast<const uint32_t*>(sb);
+  if (W.qweight == m.embed.qweight) return;  // tied: the embedding gather reads them
+  const size_t groups = size_t(W.rows) * size_t(W.groups_per_row());
+  m.mem.release(W.qweight, size_t(W.rows * W.words_per_row()) * 4);
+  m.mem.release(W.scales, groups * 2);
+  m.mem.release(W.biases, groups * 2);
+  W.qweight = nullptr;
+  W.scales = W.biases = nullptr;
+}
+
+}  // namespace
+
 void finish_model(DevModel& m) {
   const ModelConfig& c = m.cfg;
+  repack_lm_head(m);
   m.inv_freq = m.mem.upload(rope_inv_freq(c.rotary_dim, c.rope_theta));
   m.n_attn = m.n_gdn = 0;
   m.max_in_rows = 0;

@@ -12,6 +12,7 @@
 #include <memory>
 #include <vector>
 
+#include "cuda/kernels/digits/digits.h"
 #include "cuda/kernels/gemm/gemm.h"
 #include "cuda/kernels/gemv/gemv.h"
 #include "model/config.h"
@@ -28,6 +29,8 @@ struct DevAlloc {
   DevAlloc& operator=(const DevAlloc&) = delete;
   ~DevAlloc();
   void* get(size_t n);  // cudaMalloc'd (256-byte aligned), at least 16 bytes; throws lilac::Error
+  // Frees one allocation of get() of n bytes (false, and nothing freed, when p is not one).
+  bool release(const void* p, size_t n);
   template <typename T>
   T* upload(const T* host, size_t count) {
     T* d = static_cast<T*>(get(count * sizeof(T)));
@@ -85,6 +88,11 @@ struct DevModel {
   ModelConfig cfg;
   DevAlloc mem;
   QMatrixDev embed, lm_head;
+  // The LM head in the digits kernels' tile order (kernels/digits/digits.h), made by finish_model when the head
+  // can take it (4-bit, 64-groups, K <= 2048) unless LILAC_DIGITS=0; then every LM head product (decode, the
+  // rows step, the MTP head) goes through it, and lm_head's own buffers are freed unless the embedding shares them
+  // (lm_head keeps its shape; its pointers are null).
+  digits::TilesDev lm_tiles;
   const float* final_norm = nullptr;
   const float* inv_freq = nullptr;  // RoPE inverse frequencies [rotary_dim / 2]
   std::vector<DevLayer> layers;

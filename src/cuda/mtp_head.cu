@@ -227,7 +227,9 @@ void MtpHead::enqueue_row(int mode, const int32_t* token, float* logits, int32_t
   }
   enqueue_attn_mixer(m_, h_.layer, k_, v_, dpos_, sc_, s);
   enqueue_moe(m_, h_.layer, sc_, s);
-  if (logits) {
+  if (logits && m_.lm_tiles) {
+    enqueue_lm_head(m_, sc_.h, 0, 1, nullptr, h_.norm, logits, 0, sc_.digits, s);
+  } else if (logits) {
     GemvArgs lm;
     lm.W = m_.lm_head;
     lm.x = sc_.h;

@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "cuda/cuda_common.h"
+#include "cuda/decode_step.h"
 #include "cuda/kernels/gemv/gemv.h"
 
 namespace lilac::cuda {
@@ -50,7 +51,7 @@ size_t moe_scratch(const DevModel& m, int max_rows) {
 size_t gemv_partials(const DevModel& m, int max_rows) {
   size_t f = 0;
   auto take = [&](const QMatrixDev& W) { f = std::max(f, rows::gemv_rows_partial_floats(W, max_rows)); };
-  take(m.lm_head);
+  if (!m.lm_tiles) take(m.lm_head);
   for (const DevLayer& L : m.layers) {
     take(L.out_proj);
     for (const DevProj* p : {&L.in_proj, &L.router})
@@ -192,6 +193,7 @@ size_t rows_scratch_bytes(const DevModel& m, int max_rows, int n_split) {
   b += 3 * M * rows::frag_row_bytes(int64_t(kmax)) + M * rows::meta_row_count(int64_t(kmax)) * sizeof(float2);
   b += gemv_partials(m, max_rows) * 4;
   b += moe_scratch(m, max_rows) + rows::sample_rows_scratch_bytes(c.vocab_size, max_rows) + M * sizeof(SampleResult);
+  if (m.lm_tiles) b += digits::stage_bytes(c.hidden_size, max_rows);
   return b;
 }
 
@@ -226,6 +228,7 @@ RowsScratch alloc_rows_scratch(DevAlloc& mem, const DevModel& m, int max_rows, i
   sc.logits = f32(size_t(c.vocab_size));
   sc.sample = mem.get(align256(rows::sample_rows_scratch_bytes(c.vocab_size, max_rows)));
   sc.results = static_cast<SampleResult*>(mem.get(align256(M * sizeof(SampleResult))));
+  if (m.lm_tiles) sc.digits = mem.get(digits::stage_bytes(c.hidden_size, max_rows));
   return sc;
 }
 
@@ -275,6 +278,10 @@ void enqueue_rows_head(const DevModel& m, const RowsScratch& sc, const RowsArgs&
   check_rows(sc, a);
   const Ctx c{m, sc, a, s};
   const int64_t H = m.cfg.hidden_size;
+  if (m.lm_tiles) {
+    enqueue_lm_head(m, sc.h, H, a.M, a.row_slot, m.final_norm, sc.logits, m.cfg.vocab_size, sc.digits, s);
+    return;
+  }
   c.stage(sc.h, H, H, Prologue::RmsNorm, m.final_norm, m.lm_head.bits == 4, false, m.lm_head.bits == 8);
   c.gemv(m.lm_head, sc.logits, m.cfg.vocab_size, false);
 }

@@ -65,6 +65,7 @@ struct RowsScratch {
   int32_t* sel_ids = nullptr;
   void* moe = nullptr;
   float* logits = nullptr;  // [max_rows][vocab]
+  void* digits = nullptr;   // the LM head's staged input (DevModel::lm_tiles)
   void* sample = nullptr;
   SampleResult* results = nullptr;  // [max_rows] (device)
 };
