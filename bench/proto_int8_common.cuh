@@ -1,7 +1,8 @@
-// The pieces bench/proto_int8_rows.cu (dense shapes) and bench/proto_int8_moe.cu (the routed MoE) share: the
-// arithmetic of the 4-bit matrices on the integer tensor cores (proto_int8_rows.cu's header explains it), the input
-// digits' staging, one weight tile's math, the packed weights' reference decoding, random weights, PDL launches and
-// the graph timer. Prototypes, not part of the build (bench/BENCHMARKS.md "Twelfth stop").
+// The routed-MoE prototype's pieces (bench/proto_int8_moe.cu): the input digits' staging, the packed weights'
+// reference decoding, random weights, PDL launches and the graph timer; one weight tile's math is the engine's
+// (src/cuda/kernels/digits/digits_tile.cuh, whose digits.h explains the arithmetic). Not part of the build
+// (bench/BENCHMARKS.md "Twelfth stop"; the dense prototype, bench/proto_int8_rows.cu, became src/cuda/kernels/digits/
+// in the thirteenth stop and is in the history at 97c3d76).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -14,7 +15,8 @@
 #include <random>
 #include <vector>
 
-#include "cuda/kernels/ptx.cuh"  // ld_stream, PDL, cp.async
+#include "cuda/kernels/digits/digits_tile.cuh"  // the tile math (the engine's)
+#include "cuda/kernels/ptx.cuh"                   // ld_stream, PDL, cp.async
 
 #define CK(x)                                                      \
   do {                                                             \
@@ -30,15 +32,9 @@ using namespace lilac::cuda::dev;
 
 constexpr int kThreads = 256, kWarps = 8, kSliceGroups = 8;
 
-__device__ __forceinline__ void mma_u8s8(int (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-
-__device__ __forceinline__ float bf_lo(uint32_t w) { return __uint_as_float(w << 16); }
-__device__ __forceinline__ float bf_hi(uint32_t w) { return __uint_as_float(w & 0xFFFF0000u); }
+using ::lilac::cuda::digits::tile::bf_hi;
+using ::lilac::cuda::digits::tile::bf_lo;
+using ::lilac::cuda::digits::tile::tile_math;
 
 // Staging: a thread per (row m < Mpad, group g): the 64 values' exponent, digits and sum.
 template <int L>
@@ -74,42 +70,6 @@ __global__ void stage_digits(const float* x, int M, int Mpad, int K, char* xq, f
         for (int i = 0; i < 4; ++i) dst[c * 16 + j * 4 + i] = char(d[l][16 * j + 4 * c + i]);
   }
   meta[int64_t(g) * Mpad + m] = make_float2(ldexpf(1.f, e - B), sum);
-}
-
-// One weight tile (16 rows × one 64-group) against J n-tiles of rows: the digits' mmas, then per (output, row)
-// y = fma(scale, float(Σ q·v)·2^(E-B), y); y = fma(bias, Σx, y). xb: this lane's B unit of digit 0 (shared
-// memory address), lstep: to the next digit; mp: this lane's meta pair of n-tile 0.
-template <int L, int J>
-__device__ __forceinline__ void tile_math(const uint4 w, uint32_t s0, uint32_t s1, uint32_t xb, uint32_t lstep,
-                                          const float2* mp, float (&acc)[J][4]) {
-  constexpr uint32_t kM = 0x0F0F0F0Fu;
-  const uint32_t a0[4] = {w.x & kM, w.y & kM, (w.x >> 4) & kM, (w.y >> 4) & kM};
-  const uint32_t a1[4] = {w.z & kM, w.w & kM, (w.z >> 4) & kM, (w.w >> 4) & kM};
-  const float ws[2] = {bf_lo(s0), bf_lo(s1)}, wb[2] = {bf_hi(s0), bf_hi(s1)};
-#pragma unroll
-  for (int j = 0; j < J; ++j) {
-    int d[L][4];
-#pragma unroll
-    for (int l = 0; l < L; ++l) {
-      d[l][0] = d[l][1] = d[l][2] = d[l][3] = 0;
-      uint4 b;
-      asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];"
-                   : "=r"(b.x), "=r"(b.y), "=r"(b.z), "=r"(b.w)
-                   : "r"(xb + l * lstep + j * 512));
-      mma_u8s8(d[l], a0, b.x, b.y);
-      mma_u8s8(d[l], a1, b.z, b.w);
-    }
-    const float4 mm = *reinterpret_cast<const float4*>(mp + 8 * j);  // columns 2c, 2c+1
-#pragma unroll
-    for (int v = 0; v < 4; ++v) {
-      int S = d[0][v];
-#pragma unroll
-      for (int l = 1; l < L; ++l) S = S * 256 + d[l][v];
-      const float p2 = (v & 1) ? mm.z : mm.x, xsum = (v & 1) ? mm.w : mm.y;
-      acc[j][v] = fmaf(ws[v >> 1], float(S) * p2, acc[j][v]);
-      acc[j][v] = fmaf(wb[v >> 1], xsum, acc[j][v]);
-    }
-  }
 }
 
 // q of packed weights at (row o, column k)

@@ -1,5 +1,5 @@
 // Prototype (not part of the build; bench/BENCHMARKS.md "Twelfth stop" quotes its output): the MoE's routed gate/up
-// and down on the integer tensor cores, in the arithmetic of bench/proto_int8_rows.cu (whose header explains it).
+// and down on the integer tensor cores, in the arithmetic of src/cuda/kernels/digits/digits.h (whose header explains it).
 // Routing random (8 distinct experts of 256 per row) plus the shared expert for every row; a chunk holds up to 8
 // entries of one expert (one digit n-tile holds 8 rows). Timed as bench_kernels_rows times main's MoE rows kernels.
 // nvcc -O3 -std=c++20 -arch=sm_90a -I src -o proto_int8_moe bench/proto_int8_moe.cu

@@ -1,7 +1,8 @@
 // The digits kernels (digits.h): the weights' repack into tile order, the input's RMSNorm and digits, and the
 // GEMV on mma.m16n8k32.u8.s8. bench/GPU_NOTES.md ("Twelfth stop", "Thirteenth stop") has the measurements that
-// chose them; bench/proto_int8_rows.cu is the prototype this kernel was taken from.
+// chose them; the prototype it was taken from, bench/proto_int8_rows.cu, is in the history at 97c3d76.
 #include "cuda/kernels/digits/digits.h"
+#include "cuda/kernels/digits/digits_tile.cuh"
 
 #include <algorithm>
 #include <cstdlib>
@@ -143,51 +144,6 @@ struct KArgs {
   int64_t ldy;
 };
 
-__device__ __forceinline__ void mma_u8s8(int (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ float bf_lo(uint32_t w) { return __uint_as_float(w << 16); }
-__device__ __forceinline__ float bf_hi(uint32_t w) { return __uint_as_float(w & 0xFFFF0000u); }
-
-// One weight tile (16 rows × one group) against J n-tiles of 8 rows: the three digits' mmas, then per (output,
-// row) acc = fma(scale, float(Σ q·v)·2^(E-21), acc); acc = fma(bias, Σx, acc). xb: this lane's B unit of digit 0
-// (shared address), lstep: to the next digit; mp: this lane's meta pair of n-tile 0.
-template <int J>
-__device__ __forceinline__ void tile_math(const uint4 w, uint32_t s0, uint32_t s1, uint32_t xb, uint32_t lstep,
-                                          const float2* mp, float (&acc)[J][4]) {
-  constexpr uint32_t kM = 0x0F0F0F0Fu;
-  const uint32_t a0[4] = {w.x & kM, w.y & kM, (w.x >> 4) & kM, (w.y >> 4) & kM};
-  const uint32_t a1[4] = {w.z & kM, w.w & kM, (w.z >> 4) & kM, (w.w >> 4) & kM};
-  const float ws[2] = {bf_lo(s0), bf_lo(s1)}, wb[2] = {bf_hi(s0), bf_hi(s1)};
-#pragma unroll
-  for (int j = 0; j < J; ++j) {
-    int d[kL][4];
-#pragma unroll
-    for (int l = 0; l < kL; ++l) {
-      d[l][0] = d[l][1] = d[l][2] = d[l][3] = 0;
-      uint4 b;
-      asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];"
-                   : "=r"(b.x), "=r"(b.y), "=r"(b.z), "=r"(b.w)
-                   : "r"(xb + l * lstep + j * 512));
-      mma_u8s8(d[l], a0, b.x, b.y);
-      mma_u8s8(d[l], a1, b.z, b.w);
-    }
-    const float4 mm = *reinterpret_cast<const float4*>(mp + 8 * j);  // rows 2c, 2c + 1 of the n-tile
-#pragma unroll
-    for (int v = 0; v < 4; ++v) {
-      int S = d[0][v];
-#pragma unroll
-      for (int l = 1; l < kL; ++l) S = S * 256 + d[l][v];
-      const float p2 = (v & 1) ? mm.z : mm.x, xsum = (v & 1) ? mm.w : mm.y;
-      acc[j][v] = fmaf(ws[v >> 1], float(S) * p2, acc[j][v]);
-      acc[j][v] = fmaf(wb[v >> 1], xsum, acc[j][v]);
-    }
-  }
-}
-
 // Warp w of block b walks row blocks b·8 + w, + gridDim.x·8, ...: each the whole K, D weight tiles requested
 // ahead of the math; the launch's rows' digits in shared memory (copied once per block after the PDL wait).
 // (Two blocks per SM fit up to 16 rows' digits of the 2048-wide LM head; 32 rows take one.)
@@ -270,7 +226,7 @@ __global__ void __launch_bounds__(kThreads, J <= 2 ? 2 : 1) gemv_kernel(KArgs a)
       const uint4 w = pw[i];
       const uint32_t s0 = ps0[i], s1 = ps1[i];
       load(i);
-      tile_math<J>(w, s0, s1, xb, lstep, mp, acc);
+      tile::tile_math<kL, J>(w, s0, s1, xb, lstep, mp, acc);
       ++gl;
       xb += gstep;
       mp += mpad;
