@@ -226,11 +226,15 @@ void enqueue_lm_head(const DevModel& m, const float* x, int64_t ldx, int M, cons
   digits::gemv(g, s);
 }
 
-void enqueue_decode_head(const DevModel& m, const SeqState& st, const DecodeScratch& sc, cudaStream_t s) {
+void enqueue_head_row(const DevModel& m, const float* norm_w, float* logits, const DecodeScratch& sc, cudaStream_t s) {
   if (m.lm_tiles)
-    enqueue_lm_head(m, sc.h, 0, 1, nullptr, m.final_norm, st.logits, 0, sc.digits, s);
+    enqueue_lm_head(m, sc.h, 0, 1, nullptr, norm_w, logits, 0, sc.digits, s);
   else
-    gemv_into(m.cfg, m.lm_head, sc.h, Prologue::RmsNorm, m.final_norm, nullptr, st.logits, false, s);
+    gemv_into(m.cfg, m.lm_head, sc.h, Prologue::RmsNorm, norm_w, nullptr, logits, false, s);
+}
+
+void enqueue_decode_head(const DevModel& m, const SeqState& st, const DecodeScratch& sc, cudaStream_t s) {
+  enqueue_head_row(m, m.final_norm, st.logits, sc, s);
 }
 
 void enqueue_sample(const SeqState& st, const DecodeScratch& sc, cudaStream_t s) {

@@ -77,6 +77,9 @@ void enqueue_moe(const DevModel& m, const DevLayer& L, const DecodeScratch& sc, 
                  StepProfile* prof = nullptr);
 // the head: final RMSNorm + LM head from sc.h into st.logits;
 void enqueue_decode_head(const DevModel& m, const SeqState& st, const DecodeScratch& sc, cudaStream_t s);
+// the LM head of sc.h after an RMSNorm with norm_w (the final norm; the MTP head's own), into logits: on the digits
+// kernels when the model has lm_tiles, else the fp16 GEMV;
+void enqueue_head_row(const DevModel& m, const float* norm_w, float* logits, const DecodeScratch& sc, cudaStream_t s);
 // The LM head of M rows x ([M][ldx]) after an RMSNorm with norm_w, on the digits kernels (m.lm_tiles required):
 // y [M][ldy]; buf: digits::stage_bytes(hidden, M). A row's logits are the same bits for every M (padding rows,
 // row_slot[r] < 0, are neither read nor written).

@@ -227,18 +227,7 @@ void MtpHead::enqueue_row(int mode, const int32_t* token, float* logits, int32_t
   }
   enqueue_attn_mixer(m_, h_.layer, k_, v_, dpos_, sc_, s);
   enqueue_moe(m_, h_.layer, sc_, s);
-  if (logits && m_.lm_tiles) {
-    enqueue_lm_head(m_, sc_.h, 0, 1, nullptr, h_.norm, logits, 0, sc_.digits, s);
-  } else if (logits) {
-    GemvArgs lm;
-    lm.W = m_.lm_head;
-    lm.x = sc_.h;
-    lm.y = logits;
-    lm.pro = Prologue::RmsNorm;
-    lm.norm_w = h_.norm;
-    lm.eps = float(c.rms_norm_eps);
-    gemv(lm, s);
-  }
+  if (logits) enqueue_head_row(m_, h_.norm, logits, sc_, s);
   if (draft_out) {
     auto* part = static_cast<ArgPart*>(argmax_scratch_);
     launch_pdl(argmax_partial_kernel, dim3(kArgBlocks), dim3(kArgThreads), 0, s, static_cast<const float*>(logits),

@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <cstring>
 
 #include "core/error.h"
 #include "cuda/cuda_common.h"
