@@ -1,5 +1,6 @@
 // The routed-MoE prototype's pieces (bench/proto_int8_moe.cu): the input digits' staging, the packed weights'
-// reference decoding, random weights, PDL launches and the graph timer; one weight tile's math is the engine's
+// reference decoding, random weights; one weight tile's math is the engine's, PDL launches and the graph timer as
+// bench/proto_common.cuh says
 // (src/cuda/kernels/digits/digits_tile.cuh, whose digits.h explains the arithmetic). Not part of the build
 // (bench/BENCHMARKS.md "Twelfth stop"; the dense prototype, bench/proto_int8_rows.cu, became src/cuda/kernels/digits/
 // in the thirteenth stop and is in the history at 97c3d76).
@@ -16,19 +17,14 @@
 #include <vector>
 
 #include "cuda/kernels/digits/digits_tile.cuh"  // the tile math (the engine's)
-#include "cuda/kernels/ptx.cuh"                   // ld_stream, PDL, cp.async
-
-#define CK(x)                                                      \
-  do {                                                             \
-    cudaError_t e_ = (x);                                          \
-    if (e_ != cudaSuccess) {                                       \
-      std::printf("%s: %s\n", #x, cudaGetErrorString(e_));         \
-      std::exit(1);                                                \
-    }                                                              \
-  } while (0)
+#include "cuda/kernels/launch.cuh"              // launch_pdl
+#include "cuda/kernels/ptx.cuh"                 // ld_stream, PDL, cp.async
+#include "proto_common.cuh"                     // CK, graph_us
 
 namespace proto_i8 {
 using namespace lilac::cuda::dev;
+using ::lilac::cuda::launch_pdl;
+using ::proto::graph_us;
 
 constexpr int kThreads = 256, kWarps = 8, kSliceGroups = 8;
 
@@ -94,52 +90,6 @@ inline void random_scales(std::vector<uint32_t>& hs, std::mt19937& rng, std::nor
     const float sc = 0.01f + 0.01f * std::fabs(nd(rng));
     v = bf16_bits(sc) | (bf16_bits(-8.f * sc + 0.002f * nd(rng)) << 16);
   }
-}
-
-// A launch with programmatic dependent launch, as the decode kernels are launched.
-template <typename Kernel, typename... Ts>
-void launch_pdl(Kernel k, int grid, int threads, size_t smem, cudaStream_t st, Ts... args) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(unsigned(grid));
-  cfg.blockDim = dim3(unsigned(threads));
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = st;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  CK(cudaLaunchKernelEx(&cfg, k, args...));
-}
-
-// µs per run(): a graph of 20 runs, one warm-up replay, the best of 10 replays.
-template <typename Run>
-double graph_us(cudaStream_t st, Run&& run) {
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-  for (int i = 0; i < 20; ++i) run(i);
-  CK(cudaStreamEndCapture(st, &graph));
-  CK(cudaGraphInstantiate(&exec, graph, 0));
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
-  CK(cudaGraphLaunch(exec, st));
-  float best = 1e30f;
-  for (int rep = 0; rep < 10; ++rep) {
-    CK(cudaEventRecord(e0, st));
-    CK(cudaGraphLaunch(exec, st));
-    CK(cudaEventRecord(e1, st));
-    CK(cudaEventSynchronize(e1));
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    best = std::min(best, ms);
-  }
-  CK(cudaGraphExecDestroy(exec));
-  CK(cudaGraphDestroy(graph));
-  CK(cudaEventDestroy(e0));
-  CK(cudaEventDestroy(e1));
-  return best * 1000.0 / 20;
 }
 
 }  // namespace proto_i8

@@ -2,7 +2,7 @@
 // and down on the integer tensor cores, in the arithmetic of src/cuda/kernels/digits/digits.h (whose header explains it).
 // Routing random (8 distinct experts of 256 per row) plus the shared expert for every row; a chunk holds up to 8
 // entries of one expert (one digit n-tile holds 8 rows). Timed as bench_kernels_rows times main's MoE rows kernels.
-// nvcc -O3 -std=c++20 -arch=sm_90a -I src -o proto_int8_moe bench/proto_int8_moe.cu
+// nvcc -O3 -std=c++20 -arch=sm_90a -I src -o proto_int8_moe bench/proto_int8_moe.cu src/cuda/kernels/launch.cu
 // proto_int8_moe [M]: M = 1, 4, 16 and 64 rows, or that M only (for Nsight Compute).
 #include "proto_int8_common.cuh"
 
@@ -257,7 +257,7 @@ void run_moe(int sms, cudaStream_t st, bool down, int only) {
       MoEArgs b = a;
       b.qp = dq + hq.size() * (i % copies);
       b.sb = ds + hs.size() * (i % copies);
-      launch_pdl(moe_i8<L, D>, grid, kThreads, smem, st, b);
+      launch_pdl(moe_i8<L, D>, dim3(unsigned(grid)), dim3(kThreads), smem, st, b);
     };
     run(0);
     CK(cudaStreamSynchronize(st));

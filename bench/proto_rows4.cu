@@ -7,7 +7,7 @@
 // reference, timed against bench_kernels_rows's gemv_rows (same shapes and k-slice rule, same block structure:
 // weights one k-tile ahead in registers, per-group barrier, fixed-order combine, PDL with the first two k-tiles
 // requested before the wait). PROTO_ONE="name,M,NT,L16" runs one case once (for Nsight Compute).
-// nvcc -O3 -std=c++20 -arch=sm_90a --expt-relaxed-constexpr -I src bench/proto_rows4.cu -o proto_rows4
+// nvcc -O3 -std=c++20 -arch=sm_90a --expt-relaxed-constexpr -I src bench/proto_rows4.cu src/cuda/kernels/launch.cu -o proto_rows4
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -18,19 +18,12 @@
 #include <random>
 #include <vector>
 
+#include "cuda/kernels/launch.cuh"
 #include "cuda/kernels/tc_common.cuh"
+#include "proto_common.cuh"
 
 using namespace lilac::cuda::tc;
 using lilac::cuda::dev::mma_m16n8k16_f16;
-
-#define CK(x)                                                      \
-  do {                                                             \
-    cudaError_t e_ = (x);                                          \
-    if (e_ != cudaSuccess) {                                       \
-      std::printf("%s: %s\n", #x, cudaGetErrorString(e_));         \
-      std::exit(1);                                                \
-    }                                                              \
-  } while (0)
 
 namespace {
 
@@ -296,17 +289,7 @@ void launch(const Args& a, cudaStream_t st) {
   const int tiles = (a.M + MT - 1) / MT;
   const int ngrp = (a.rows / 16 + RB - 1) / RB;
   const int gx = std::max(1, std::min(ngrp, sms * std::max(occ, 1) / tiles));
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(gx, tiles);
-  cfg.blockDim = dim3(256);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = st;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  CK(cudaLaunchKernelEx(&cfg, gemv4<KS, NT, L16, MB>, a));
+  lilac::cuda::launch_pdl(gemv4<KS, NT, L16, MB>, dim3(gx, tiles), dim3(256), smem, st, a);
 }
 
 template <int NT, bool L16, int MB = 2>
@@ -412,32 +395,10 @@ int main() {
           num += (double(y[i]) - r[i]) * (double(y[i]) - r[i]);
           den += double(r[i]) * r[i];
         }
-        // timing: a graph of 20 launches over the copies
-        cudaGraph_t graph;
-        cudaGraphExec_t exec;
-        CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-        for (int i = 0; i < 20; ++i) run(i % copies);
-        CK(cudaStreamEndCapture(st, &graph));
-        CK(cudaGraphInstantiate(&exec, graph, 0));
-        cudaEvent_t e0, e1;
-        CK(cudaEventCreate(&e0));
-        CK(cudaEventCreate(&e1));
-        CK(cudaGraphLaunch(exec, st));
-        float best = 1e30f;
-        for (int rep = 0; rep < 10; ++rep) {
-          CK(cudaEventRecord(e0, st));
-          CK(cudaGraphLaunch(exec, st));
-          CK(cudaEventRecord(e1, st));
-          CK(cudaEventSynchronize(e1));
-          float ms = 0;
-          CK(cudaEventElapsedTime(&ms, e0, e1));
-          best = std::min(best, ms);
-        }
+        const double us = proto::graph_us(st, [&](int i) { run(i % copies); });
         std::printf("%s M=%d NT=%d KS=%d %s%s: %.1f us  rel_err %.2e\n", sh.name, M, NT, KS, l16 ? "ld16+xchg" : "ld8",
                     mb3 ? " 3/SM" : "",
-                    best * 1000.f / 20, std::sqrt(num / den));
-        CK(cudaGraphExecDestroy(exec));
-        CK(cudaGraphDestroy(graph));
+                    us, std::sqrt(num / den));
       }
       cudaFree(dx), cudaFree(dy), cudaFree(dref), cudaFree(dxs), cudaFree(dmeta);
     }
