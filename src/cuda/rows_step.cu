@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "cuda/cuda_common.h"
 #include "cuda/decode_step.h"
+#include "cuda/kernels/digits/moe_digits.h"
 #include "cuda/kernels/gemv/gemv.h"
 
 namespace lilac::cuda {
@@ -60,6 +61,13 @@ size_t gemv_partials(const DevModel& m, int max_rows) {
   return f;
 }
 
+// Whether a layer's MoE runs on the digits kernels (the staged digits' scratch is needed).
+bool moe_digits(const DevModel& m) {
+  for (const DevLayer& L : m.layers)
+    if (L.moe.digits) return true;
+  return m.mtp && m.mtp->layer.moe.digits;
+}
+
 size_t align256(size_t n) { return (std::max<size_t>(n, 16) + 255) / 256 * 256; }
 
 // What one step needs besides the model: the rows, the scratch and where the staged input goes.
@@ -70,9 +78,9 @@ struct Ctx {
   cudaStream_t s;
 
   // Stages x ([M][ldx], K wide) with the prologue into the layouts wanted: 4-bit dense (the group layout),
-  // 4-bit MoE, 8-bit.
+  // 4-bit MoE, 8-bit, the digits MoE's (into `digits`, when not null).
   void stage(const float* x, int64_t ldx, int64_t K, Prologue pro, const float* norm_w, bool need4g, bool need4,
-             bool need8, const float* z = nullptr, int64_t ldz = 0, int head_dim = 0) const {
+             bool need8, const float* z = nullptr, int64_t ldz = 0, int head_dim = 0, void* digits = nullptr) const {
     rows::StageArgs st;
     st.x = x;
     st.ldx = ldx;
@@ -88,7 +96,8 @@ struct Ctx {
     st.frag4g = need4g ? sc.frag4g : nullptr;
     st.frag4 = need4 ? sc.frag4 : nullptr;
     st.frag8 = need8 ? sc.frag8 : nullptr;
-    st.meta = sc.meta;
+    st.meta = need4g || need4 || need8 ? sc.meta : nullptr;
+    st.digits = digits;
     rows::stage(st, s);
   }
   void gemv(const QMatrixDev& W, float* y, int64_t ldy, bool acc) const {
@@ -151,6 +160,19 @@ void moe_block(const Ctx& c, const DevLayer& L) {
   const RowsScratch& sc = c.sc;
   const int64_t H = cfg.hidden_size, ldr = cfg.num_experts + 1;
   const int eb = L.moe.gate.first.bits;
+  if (L.moe.digits) {  // kernels/digits/moe_digits.h: act's digits staged in a launch of their own
+    c.stage(sc.h, H, H, Prologue::RmsNorm, L.post_norm, proj_needs(L.router, 4), false, proj_needs(L.router, 8),
+            nullptr, 0, 0, sc.moe_xdig);
+    c.proj(L.router, sc.rlogits, ldr);
+    rows::moe_route_rows(L.moe, sc.rlogits, ldr, c.a.M, c.a.row_slot, sc.sel_ids, sc.sel_w, sc.moe, c.s,
+                         digits::kMoEChunk);
+    digits::moe_gate_up_rows(L.moe, sc.moe_xdig, c.a.M, sc.moe, sc.act, c.s);
+    c.stage(sc.act, sc.act_stride, act_width(cfg), Prologue::None, nullptr, false, false, false, nullptr, 0, 0,
+            sc.moe_adig);
+    digits::moe_down_rows(L.moe, sc.moe_adig, c.a.M, sc.moe, c.s);
+    rows::moe_combine_rows(L.moe, sc.sel_w, c.a.M, c.a.row_slot, sc.moe, sc.h, H, c.s);
+    return;
+  }
   c.stage(sc.h, H, H, Prologue::RmsNorm, L.post_norm, proj_needs(L.router, 4), eb == 4,
           eb == 8 || proj_needs(L.router, 8));
   c.proj(L.router, sc.rlogits, ldr);
@@ -194,6 +216,7 @@ size_t rows_scratch_bytes(const DevModel& m, int max_rows, int n_split) {
   b += gemv_partials(m, max_rows) * 4;
   b += moe_scratch(m, max_rows) + rows::sample_rows_scratch_bytes(c.vocab_size, max_rows) + M * sizeof(SampleResult);
   if (m.lm_tiles) b += digits::stage_bytes(c.hidden_size, max_rows);
+  if (moe_digits(m)) b += digits::moe_stage_bytes(c.hidden_size, max_rows) + digits::moe_stage_bytes(act_width(c), max_rows);
   return b;
 }
 
@@ -229,6 +252,10 @@ RowsScratch alloc_rows_scratch(DevAlloc& mem, const DevModel& m, int max_rows, i
   sc.sample = mem.get(align256(rows::sample_rows_scratch_bytes(c.vocab_size, max_rows)));
   sc.results = static_cast<SampleResult*>(mem.get(align256(M * sizeof(SampleResult))));
   if (m.lm_tiles) sc.digits = mem.get(digits::stage_bytes(c.hidden_size, max_rows));
+  if (moe_digits(m)) {
+    sc.moe_xdig = mem.get(align256(digits::moe_stage_bytes(c.hidden_size, max_rows)));
+    sc.moe_adig = mem.get(align256(digits::moe_stage_bytes(act_width(c), max_rows)));
+  }
   return sc;
 }
 

@@ -66,6 +66,7 @@ struct RowsScratch {
   void* moe = nullptr;
   float* logits = nullptr;  // [max_rows][vocab]
   void* digits = nullptr;   // the LM head's staged input (DevModel::lm_tiles)
+  void *moe_xdig = nullptr, *moe_adig = nullptr;  // the digits MoE's staged inputs (MoEDecodeWeights::digits)
   void* sample = nullptr;
   SampleResult* results = nullptr;  // [max_rows] (device)
 };

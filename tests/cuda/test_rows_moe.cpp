@@ -3,7 +3,8 @@
 // experts, top 8, H 2048, I = Is = 512) and odd ones; every row's routing, act and output bit for bit equal
 // to today's single-row kernels (moe_gate_up + moe_down) on that row alone where the expert width is a
 // multiple of 256 (else within 1e-6); batch invariance by memcmp (a row alone and inside M = 2, 7, 16, 64,
-// padding rows untouched); the grouping by expert read back from the scratch; a PDL chain in a CUDA graph.
+// padding rows untouched); the grouping by expert read back from the scratch; a PDL chain in a CUDA graph. And the
+// digits MoE (digits/moe_digits.h): its rows kernels bit for bit its one-row kernels per row, near the CPU.
 #include <gtest/gtest.h>
 #include <cuda_runtime.h>
 
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "cpu/ops.h"
+#include "cuda/kernels/digits/moe_digits.h"
 #include "cuda/kernels/gemv/gemv.h"
 #include "cuda/kernels/rows/moe_rows.cuh"
 #include "cuda/kernels/rows/rows_mm.h"
@@ -391,6 +393,94 @@ TEST(RowsMoE, PdlChainInAGraphMatchesCpu) {
 TEST(RowsMoE, RejectsUnsupportedShapes) {
   lc::MoEDecodeWeights w;
   EXPECT_FALSE(lr::moe_rows_supported(w, 4));  // no matrices
+}
+
+// The digits MoE (digits/moe_digits.h; MoEDecodeWeights::digits): every row's routing, act and output through the
+// rows kernels (the staged digits, chunks of 8 rows, act's digits staged in a launch of their own) bit for bit
+// what the one-row kernels (moe_gate_up / moe_down) give that row alone, padding rows untouched, and within the
+// fp16 path's bound of the CPU reference. Shapes: the model's, the fixtures' (tiny, tiny2), odd ones.
+TEST(DigitsMoE, RowsMatchOneRowBitwiseAndCpu) {
+  NEED_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  Rng r(seed);
+  for (const MoECase c : {kReal, MoECase{37, 3, 320, 64, 192}, MoECase{16, 4, 256, 128, 128}, MoECase{8, 2, 192, 64, 128},
+                          MoECase{64, 8, 320, 512, 576}}) {
+    MoEFixture f(r, c);
+    lc::MoEDecodeWeights w = f.dev.w;
+    ASSERT_TRUE(lc::digits::moe_supported(w));
+    w.digits = true;
+    for (int M : {1, 5, 16, 64}) {
+      SCOPED_TRACE("E " + std::to_string(c.E) + " I " + std::to_string(c.I) + " M " + std::to_string(M));
+      Inputs in = make_inputs(r, f, M);
+      const std::vector<int32_t> slots = M >= 16 ? slots_with_padding(r, M, 0) : std::vector<int32_t>{};
+      for (size_t m = 0; m < slots.size(); ++m)
+        if (slots[m] < 0) std::fill(in.y0.begin() + int64_t(m) * c.H, in.y0.begin() + int64_t(m + 1) * c.H, kSentinel);
+      Dev<float> h(in.h), logits(in.logits), act(std::vector<float>(size_t(M) * f.act_ld(), kSentinel)),
+          selw(size_t(M) * (c.k + 1)), y(in.y0);
+      Dev<int32_t> sel(size_t(M) * c.k), slot(slots.empty() ? std::vector<int32_t>(1) : slots);
+      const int32_t* rs = slots.empty() ? nullptr : slot.p;
+      Dev<char> xdig(lc::digits::moe_stage_bytes(c.H, M)), adig(lc::digits::moe_stage_bytes(f.act_ld(), M)),
+          scratch(lr::moe_rows_scratch_bytes(w, M));
+      lr::StageArgs st;
+      st.x = h.p;
+      st.K = c.H;
+      st.M = M;
+      st.row_slot = rs;
+      st.pro = lc::Prologue::RmsNorm;
+      st.norm_w = f.dnw.p;
+      st.digits = xdig.p;
+      lr::stage(st, nullptr);
+      lr::moe_route_rows(w, logits.p, c.E + 1, M, rs, sel.p, selw.p, scratch.p, nullptr, lc::digits::kMoEChunk);
+      lc::digits::moe_gate_up_rows(w, xdig.p, M, scratch.p, act.p, nullptr);
+      lr::StageArgs sa;
+      sa.x = act.p;
+      sa.K = f.act_ld();
+      sa.M = M;
+      sa.row_slot = rs;
+      sa.digits = adig.p;
+      lr::stage(sa, nullptr);
+      lc::digits::moe_down_rows(w, adig.p, M, scratch.p, nullptr);
+      lr::moe_combine_rows(w, selw.p, M, rs, scratch.p, y.p, c.H, nullptr);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const auto gsel = sel.get();
+      const auto gselw = selw.get();
+      const auto gact = act.get();
+      const auto gy = y.get();
+      for (int m = 0; m < M; ++m) {
+        SCOPED_TRACE("row " + std::to_string(m));
+        if (!slots.empty() && slots[size_t(m)] < 0) {
+          bool untouched = true;
+          for (int64_t i = 0; i < c.H; ++i) untouched &= gy[size_t(m * c.H + i)] == kSentinel;
+          for (int64_t i = 0; i < f.act_ld(); ++i) untouched &= gact[size_t(m * f.act_ld() + i)] == kSentinel;
+          EXPECT_TRUE(untouched) << "padding row written";
+          continue;
+        }
+        Dev<float> dh(std::vector<float>(in.h.begin() + m * c.H, in.h.begin() + (m + 1) * c.H)),
+            dl(std::vector<float>(in.logits.begin() + m * (c.E + 1), in.logits.begin() + (m + 1) * (c.E + 1))),
+            oact(size_t(f.act_ld())), oselw(size_t(c.k + 1)),
+            oy(std::vector<float>(in.y0.begin() + m * c.H, in.y0.begin() + (m + 1) * c.H));
+        Dev<int32_t> osel(size_t(c.k));
+        lc::moe_gate_up(w, dl.p, dh.p, f.dnw.p, 1e-6f, osel.p, oselw.p, oact.p, nullptr);
+        lc::moe_down(w, osel.p, oselw.p, oact.p, oy.p, nullptr);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        const auto t_sel = osel.get();
+        const auto t_selw = oselw.get();
+        const auto t_act = oact.get();
+        const auto t_y = oy.get();
+        EXPECT_TRUE(std::equal(t_sel.begin(), t_sel.end(), gsel.begin() + m * c.k)) << "expert ids";
+        EXPECT_EQ(first_bit_diff(t_selw.data(), gselw.data() + m * (c.k + 1), c.k + 1), -1) << "weights";
+        EXPECT_EQ(first_bit_diff(gact.data() + m * f.act_ld(), t_act.data(), f.act_ld()), -1)
+            << "act: " << bit_diff_msg(gact.data() + m * f.act_ld(), t_act.data(), f.act_ld());
+        EXPECT_EQ(first_bit_diff(gy.data() + m * c.H, t_y.data(), c.H), -1)
+            << "y: " << bit_diff_msg(gy.data() + m * c.H, t_y.data(), c.H);
+        auto ref = f.moe_cpu(in.xn.data() + m * c.H, in.logits.data() + m * (c.E + 1));
+        std::vector<float> got(t_y);
+        for (int64_t i = 0; i < c.H; ++i) got[size_t(i)] -= in.y0[size_t(m * c.H + i)];
+        EXPECT_LE(rel_err(got, ref), 1e-5);
+      }
+    }
+  }
 }
 
 }  // namespace

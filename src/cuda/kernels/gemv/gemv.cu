@@ -6,6 +6,7 @@
 #include <string>
 
 #include "cuda/cuda_common.h"
+#include "cuda/kernels/digits/moe_digits.h"
 #include "cuda/kernels/gemv/gemv.h"
 #include "cuda/kernels/gemv/gemv_common.cuh"
 #include "cuda/kernels/gemv/gemv_tc.h"
@@ -289,6 +290,10 @@ static void check_moe(const MoEDecodeWeights& w) {
 void moe_gate_up(const MoEDecodeWeights& w, const float* logits, const float* x, const float* norm_w, float eps,
                  int32_t* sel_ids, float* sel_w, float* act, cudaStream_t stream, GemvImpl moe_impl) {
   check_moe(w);
+  if (w.digits) {
+    digits::moe_gate_up_one(w, logits, x, norm_w, eps, sel_ids, sel_w, act, stream);
+    return;
+  }
   if (moe_impl == GemvImpl::FromEnv) moe_impl = gemv_impl_from_env();
   if (moe_impl == GemvImpl::Tensor && moe_tc_supported(w, x, norm_w, act)) {
     moe_gate_up_tc(w, logits, x, norm_w, eps, sel_ids, sel_w, act, stream);
@@ -313,6 +318,10 @@ void moe_gate_up(const MoEDecodeWeights& w, const float* logits, const float* x,
 void moe_down(const MoEDecodeWeights& w, const int32_t* sel_ids, const float* sel_w, const float* act, float* y,
               cudaStream_t stream, GemvImpl impl) {
   check_moe(w);
+  if (w.digits) {
+    digits::moe_down_one(w, sel_ids, sel_w, act, y, stream);
+    return;
+  }
   if (impl == GemvImpl::FromEnv) impl = gemv_impl_from_env();
   if (impl == GemvImpl::Tensor && moe_tc_supported(w, act, nullptr, act)) {
     moe_down_tc(w, sel_ids, sel_w, act, y, stream);

@@ -60,6 +60,10 @@ struct MoEDecodeWeights {
   QMatrixDev shared_gate, shared_up, shared_down;
   int E = 0, top_k = 0;
   bool renormalise = true;
+  // The digits kernels (kernels/digits/moe_digits.h) instead of the fp16 ones, for one row (moe_gate_up /
+  // moe_down) and for the rows step alike, so a row's bits stay the same alone and in a batch; set by
+  // finish_model where digits::moe_supported holds and LILAC_DIGITS_MOE=1 (opt-in for now; LILAC_DIGITS=0: off).
+  bool digits = false;
 };
 // impl: as GemvArgs::impl.
 void moe_gate_up(const MoEDecodeWeights& w, const float* logits, const float* x, const float* norm_w, float eps,

@@ -204,7 +204,7 @@ bool moe_rows_supported(const MoEDecodeWeights& w, int max_rows) {
 }
 
 void moe_route_rows(const MoEDecodeWeights& w, const float* logits, int64_t ld_logits, int M, const int32_t* row_slot,
-                    int32_t* sel_ids, float* sel_w, void* scratch, cudaStream_t stream) {
+                    int32_t* sel_ids, float* sel_w, void* scratch, cudaStream_t stream, int chunk_rows) {
   if (!moe_rows_supported(w, std::max(M, 1))) throw Error("rows::moe_route_rows: unsupported MoE shape or M");
   if (M == 0) return;
   RouteArgs a;
@@ -214,7 +214,7 @@ void moe_route_rows(const MoEDecodeWeights& w, const float* logits, int64_t ld_l
   a.row_slot = row_slot;
   a.E = w.E;
   a.k = w.top_k;
-  a.CH = moe_chunk_rows(w.gate.first.bits, M);
+  a.CH = chunk_rows > 0 ? chunk_rows : moe_chunk_rows(w.gate.first.bits, M);
   a.renorm = w.renormalise;
   a.sel_ids = sel_ids;
   a.sel_w = sel_w;

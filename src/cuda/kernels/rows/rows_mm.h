@@ -47,7 +47,10 @@ struct StageArgs {
   void* frag4g = nullptr;          // group layout for 4-bit dense weights (gemv_rows; null: not wanted)
   void* frag4 = nullptr;           // k-tile layout for 4-bit MoE weights (moe_gate_up_rows; null: not wanted)
   void* frag8 = nullptr;           // layout for 8-bit weights (null: not wanted)
-  float2* meta = nullptr;          // required
+  float2* meta = nullptr;          // required with a frag* output
+  // The digits MoE's input (kernels/digits/moe_digits.h: moe_stage_bytes(K, M)): each row's three base-256
+  // digits per 64-group in that header's layout, then {2^(E-21), Σx} per row and group (null: not wanted).
+  void* digits = nullptr;
 };
 // Whether the staging takes these arguments (K % 64 == 0, 16-byte aligned rows, K and head_dim limits).
 bool stage_supported(const StageArgs& a);
@@ -101,8 +104,9 @@ void gemv_rows(const GemvRowsArgs& a, cudaStream_t stream);
 int moe_chunk_rows(int bits, int M);  // rows per chunk for M rows: 4-bit 2 (M <= 32) or 4, 8-bit 4
 size_t moe_rows_scratch_bytes(const MoEDecodeWeights& w, int max_rows);
 bool moe_rows_supported(const MoEDecodeWeights& w, int max_rows);
+// chunk_rows > 0: chunks of at most that many rows (the digits kernels' 8) instead of moe_chunk_rows(bits, M).
 void moe_route_rows(const MoEDecodeWeights& w, const float* logits, int64_t ld_logits, int M, const int32_t* row_slot,
-                    int32_t* sel_ids, float* sel_w, void* scratch, cudaStream_t stream);
+                    int32_t* sel_ids, float* sel_w, void* scratch, cudaStream_t stream, int chunk_rows = 0);
 void moe_gate_up_rows(const MoEDecodeWeights& w, const void* frag, const float2* meta, int M, const void* scratch,
                       float* act, cudaStream_t stream);
 void moe_down_rows(const MoEDecodeWeights& w, const float* act, int M, void* scratch, cudaStream_t stream);

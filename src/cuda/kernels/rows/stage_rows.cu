@@ -1,10 +1,12 @@
 // Staging of M input rows for the tensor-core kernels (rows_mm.h: stage): one block per row computes t(x)
 // (None / RmsNorm / GatedHeadNorm) and its hi/lo fp16 fragments exactly as gemv_tc.cu's in-block staging
 // does (same 256-thread partial sums, block reduction and per-group shuffles), and writes them to global
-// memory, where every block of the following GEMV / MoE kernels copies the rows it needs.
+// memory, where every block of the following GEMV / MoE kernels copies the rows it needs; and, when asked, the
+// digits MoE's input (digits/moe_digits.h) from the same values t(x).
 #include <algorithm>
 
 #include "cuda/cuda_common.h"
+#include "cuda/kernels/digits/digits_tile.cuh"
 #include "cuda/kernels/launch.cuh"
 #include "cuda/kernels/rows/rows_mm.h"
 #include "cuda/kernels/rows/tc_rows.cuh"
@@ -105,7 +107,12 @@ __global__ void __launch_bounds__(kThreads) stage_kernel(StageArgs a) {
   char* f4 = a.frag4 ? static_cast<char*>(a.frag4) + int64_t(r) * KT * kTileXBytes : nullptr;
   char* f4g = a.frag4g ? static_cast<char*>(a.frag4g) + int64_t(r) * KT * kTileXBytes : nullptr;
   char* f8 = a.frag8 ? static_cast<char*>(a.frag8) + int64_t(r) * KT * kTileXBytes : nullptr;
-  float2* meta = a.meta + int64_t(r) * KT * 4;
+  float2* meta = a.meta ? a.meta + int64_t(r) * KT * 4 : nullptr;
+  const int G = K / kGroup;
+  char* dg = a.digits ? static_cast<char*>(a.digits) + int64_t(r) * G * 3 * 64 : nullptr;  // moe_digits.h's layout
+  float2* dmeta =
+      a.digits ? reinterpret_cast<float2*>(static_cast<char*>(a.digits) + int64_t(a.M) * G * 3 * 64) + int64_t(r) * G
+               : nullptr;
   for (int t0 = 0; t0 < n8t; t0 += blockDim.x) {
     const int t = t0 + threadIdx.x;
     float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
@@ -158,8 +165,9 @@ __global__ void __launch_bounds__(kThreads) stage_kernel(StageArgs a) {
         *reinterpret_cast<uint4*>(f8 + unit_off<8>(t)) = hi;
         *reinterpret_cast<uint4*>(f8 + unit_off<8>(t) + 16) = lo;
       }
-      if ((t & 7) == 0) meta[t / 8] = make_float2(pow2i(E), sum);
+      if (meta && (t & 7) == 0) meta[t / 8] = make_float2(pow2i(E), sum);
     }
+    if (dg) digits::tile::put_digits(v, t < n8, t, G, dg, dmeta);
   }
 }
 
@@ -171,8 +179,8 @@ size_t frag_row_bytes(int64_t K) { return size_t(tc_kt(K)) * kTileXBytes; }
 size_t meta_row_count(int64_t K) { return size_t(tc_kt(K)) * 4; }
 
 bool stage_supported(const StageArgs& a) {
-  if (a.K <= 0 || a.K % kGroup != 0 || a.M < 0 || a.meta == nullptr ||
-      (a.frag4 == nullptr && a.frag4g == nullptr && a.frag8 == nullptr))
+  const bool frags = a.frag4 != nullptr || a.frag4g != nullptr || a.frag8 != nullptr;
+  if (a.K <= 0 || a.K % kGroup != 0 || a.M < 0 || (frags && a.meta == nullptr) || (!frags && a.digits == nullptr))
     return false;
   const int64_t ldx = a.ldx > 0 ? a.ldx : a.K, ldz = a.ldz > 0 ? a.ldz : a.K;
   if (!aligned16(a.x) || ldx % 4 != 0 || !aligned16(a.frag4) || !aligned16(a.frag4g) || !aligned16(a.frag8) || !aligned16(a.meta)) return false;
