@@ -7,9 +7,26 @@
 #include "cuda/cuda_common.h"
 #include "cuda/kernels/digits/digits_tile.cuh"
 #include "cuda/kernels/launch.cuh"
+#include "cuda/kernels/ptx.cuh"
+#include "cuda/kernels/qdot.cuh"
 #include "cuda/kernels/qmatrix.cuh"
 
 namespace lilac::cuda::digits::moe_dev {
+
+using ::lilac::cuda::dev::block_sum;
+using ::lilac::cuda::dev::cp_async16;
+using ::lilac::cuda::dev::cp_async16_zfill;
+using ::lilac::cuda::dev::cp_async4;
+using ::lilac::cuda::dev::cp_async8;
+using ::lilac::cuda::dev::cp_async_commit;
+using ::lilac::cuda::dev::cp_async_wait;
+using ::lilac::cuda::dev::cp_async_wait_all;
+using ::lilac::cuda::dev::lds128;
+using ::lilac::cuda::dev::pdl_trigger;
+using ::lilac::cuda::dev::pdl_wait;
+using ::lilac::cuda::dev::silu_f;
+using ::lilac::cuda::dev::smem_u32;
+using tile::bf_lo;
 
 constexpr int kThreads = 256, kWarps = 8, kSlice = 8, kL = 3;
 constexpr int kMaxH = 2048, kMaxSlots = 32;

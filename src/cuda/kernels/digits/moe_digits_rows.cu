@@ -15,20 +15,6 @@ namespace lilac::cuda::digits {
 namespace {
 
 using namespace moe_dev;
-using ::lilac::cuda::dev::block_sum;
-using ::lilac::cuda::dev::cp_async16;
-using ::lilac::cuda::dev::cp_async16_zfill;
-using ::lilac::cuda::dev::cp_async4;
-using ::lilac::cuda::dev::cp_async8;
-using ::lilac::cuda::dev::cp_async_commit;
-using ::lilac::cuda::dev::cp_async_wait;
-using ::lilac::cuda::dev::cp_async_wait_all;
-using ::lilac::cuda::dev::lds128;
-using ::lilac::cuda::dev::pdl_trigger;
-using ::lilac::cuda::dev::pdl_wait;
-using ::lilac::cuda::dev::silu_f;
-using ::lilac::cuda::dev::smem_u32;
-using tile::bf_lo;
 
 // ------------------------------------------------------------------------------------------------ rows
 // Work items are (chunk, a block of row blocks): the routed chunks' items, then the shared expert's. A block
