@@ -70,6 +70,12 @@ __device__ __forceinline__ Tile fetch(const Src& s, int g) {
 // The A fragments as tile_math takes them: rows g8 / g8 + 8 of the first 8 columns, then of the next 8.
 __device__ __forceinline__ uint4 wq(const Tile& t) { return make_uint4(t.q0.x, t.q1.x, t.q0.y, t.q1.y); }
 
+// Thread t's 8 values of a row staged in shared memory (columns 8t..8t+7; two 16-byte reads).
+__device__ __forceinline__ void row8(const float* xs, int t, float (&v)[8]) {
+  const float4 a = reinterpret_cast<const float4*>(xs)[2 * t], b = reinterpret_cast<const float4*>(xs)[2 * t + 1];
+  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+
 // Value i (0..7) of 8 consecutive raw bf16 values held as one 16-byte load (a slice's scales or biases of a row).
 __device__ __forceinline__ float bf_half(const uint4& v, int i) {
   const uint32_t w = (i >> 1) == 0 ? v.x : (i >> 1) == 1 ? v.y : (i >> 1) == 2 ? v.z : v.w;

@@ -111,10 +111,9 @@ __global__ void __launch_bounds__(kThreads, 2)
     const int t = t0 + threadIdx.x;
     float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
     if (t < n8) {
-      const float4 xa = reinterpret_cast<const float4*>(xs)[2 * t], xb = reinterpret_cast<const float4*>(xs)[2 * t + 1];
-      v[0] = xa.x, v[1] = xa.y, v[2] = xa.z, v[3] = xa.w, v[4] = xb.x, v[5] = xb.y, v[6] = xb.z, v[7] = xb.w;
-      const float4 wa = reinterpret_cast<const float4*>(nws)[2 * t], wb = reinterpret_cast<const float4*>(nws)[2 * t + 1];
-      const float w8[8] = {wa.x, wa.y, wa.z, wa.w, wb.x, wb.y, wb.z, wb.w};
+      float w8[8];
+      row8(xs, t, v);
+      row8(nws, t, w8);
 #pragma unroll
       for (int j = 0; j < 8; ++j) v[j] = v[j] * scale * w8[j];
     }
@@ -281,10 +280,7 @@ __global__ void __maxnreg__(160)
   for (int t0 = 0; t0 < n8; t0 += kThreads) {
     const int t = t0 + threadIdx.x;
     float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    if (t < n8) {
-      const float4 xa = reinterpret_cast<const float4*>(xs)[2 * t], xb = reinterpret_cast<const float4*>(xs)[2 * t + 1];
-      v[0] = xa.x, v[1] = xa.y, v[2] = xa.z, v[3] = xa.w, v[4] = xb.x, v[5] = xb.y, v[6] = xb.z, v[7] = xb.w;
-    }
+    if (t < n8) row8(xs, t, v);
     tile::put_digits(v, t < n8, t, G, dig, meta);
   }
   bool changed = false;
