@@ -17,6 +17,33 @@ namespace {
 
 using namespace moe_dev;
 
+// The row in xs (K floats, its copies landed and a barrier passed) → RMSNorm with nws → its digits and meta in
+// shared memory (stage_rows.cu's arithmetic for t(x): the same 256-thread partial sums and block reduction).
+__device__ __forceinline__ void stage_rmsnorm_digits(const float* xs, const float* nws, int K, float eps, float* red,
+                                                     char* dig, float2* meta) {
+  const int G = K / 64;
+  const int n8 = K / 8;
+  float ss = 0.f;
+  for (int t = threadIdx.x; t < n8; t += kThreads) {
+    const float4 p = reinterpret_cast<const float4*>(xs)[2 * t], q = reinterpret_cast<const float4*>(xs)[2 * t + 1];
+    ss += p.x * p.x + p.y * p.y + p.z * p.z + p.w * p.w + q.x * q.x + q.y * q.y + q.z * q.z + q.w * q.w;
+  }
+  ss = block_sum(ss, red);
+  const float scale = rsqrtf(ss / float(K) + eps);
+  for (int t0 = 0; t0 < n8; t0 += kThreads) {
+    const int t = t0 + threadIdx.x;
+    float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    if (t < n8) {
+      float w8[8];
+      row8(xs, t, v);
+      row8(nws, t, w8);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) v[j] = v[j] * scale * w8[j];
+    }
+    tile::put_digits(v, t < n8, t, G, dig, meta);
+  }
+}
+
 // ------------------------------------------------------------------------------------------------ one row
 // gate/up: the routing (warp 0) and the RMSNorm'd input's digits in shared memory, then per item (slot, 16-row
 // block): warps 0-3 the gate rows' 8-group slices 0-3, warps 4-7 the up rows'; each warp's 8 tiles of the next
@@ -96,29 +123,10 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
   }
 
-  // the RMSNorm and the digits (stage_rows.cu's arithmetic for t(x))
+  // the RMSNorm and the digits
   cp_async_wait_all();
   __syncthreads();
-  const int n8 = K / 8;
-  float ss = 0.f;
-  for (int t = threadIdx.x; t < n8; t += kThreads) {
-    const float4 p = reinterpret_cast<const float4*>(xs)[2 * t], q = reinterpret_cast<const float4*>(xs)[2 * t + 1];
-    ss += p.x * p.x + p.y * p.y + p.z * p.z + p.w * p.w + q.x * q.x + q.y * q.y + q.z * q.z + q.w * q.w;
-  }
-  ss = block_sum(ss, red);
-  const float scale = rsqrtf(ss / float(K) + eps);
-  for (int t0 = 0; t0 < n8; t0 += kThreads) {
-    const int t = t0 + threadIdx.x;
-    float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    if (t < n8) {
-      float w8[8];
-      row8(xs, t, v);
-      row8(nws, t, w8);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) v[j] = v[j] * scale * w8[j];
-    }
-    tile::put_digits(v, t < n8, t, G, dig, meta);
-  }
+  stage_rmsnorm_digits(xs, nws, K, eps, red, dig, meta);
   __syncthreads();
 
   const uint32_t xb = smem_u32(dig) + uint32_t(min(g8, 2) * G * 64 + c * 16);
