@@ -316,10 +316,11 @@ TEST(CudaBatch, TokenMasks) {
       const TokenChoice want = ref[size_t(i)].s->decode_step();
       const std::string what = "step " + std::to_string(t) + " session " + std::to_string(i);
       expect_same_choice(got[size_t(i)], want, what);
-      if (!allowed[size_t(i)].empty())
+      if (!allowed[size_t(i)].empty()) {
         EXPECT_NE(std::find(allowed[size_t(i)].begin(), allowed[size_t(i)].end(), got[size_t(i)].token),
                   allowed[size_t(i)].end())
             << what << ": token " << got[size_t(i)].token << " is not allowed";
+      }
     }
   }
   EXPECT_GT(rows_steps(*bat[0].s), 0u);
