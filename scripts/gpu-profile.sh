@@ -12,6 +12,11 @@
 # counters on the SASS: executed instructions and stall samples per instruction, bench/sass_profile.py):
 #   bash scripts/gpu-profile.sh sass <family> <kernel name regex> [benchmark filter regex]
 #                                          → $OUT/sass-<family>.csv, $OUT/sass-<family>-summary.txt
+# Or the speculative verify round (K = 3 drafts forced right with P = 0.8): every kernel node of the run timed,
+# then per round (bench/perf_profile.py --per verify_accept); PROFILE_LAYERS (default 4), and a kernel-name regex
+# (default: all) to keep the profile short with all 40 layers. The run also decodes without drafts (the K = 0
+# column), so kernels that plain decoding launches too (the single-row ones, the MTP head's) are summed over both:
+#   bash scripts/gpu-profile.sh verify [kernel name regex]  → $OUT/ncu-verify.csv, $OUT/ncu-verify-summary.txt
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/lilac-out}
@@ -31,6 +36,19 @@ if [ "${1:-}" = sass ]; then
   python3 bench/sass_profile.py "$OUT/sass-$fam.csv" > "$OUT/sass-$fam-summary.txt"
   cat "$OUT/sass-$fam-summary.txt"
   tail -5 "$OUT/sass-$fam.err"
+  exit 0
+fi
+if [ "${1:-}" = verify ]; then
+  kre=${2:-.}
+  [ "$kre" = . ] || kre="$kre|verify_accept"  # the round counter is always profiled
+  timeout ${PROFILE_TIMEOUT:-240} "$NCU" --graph-profiling node --clock-control none --cache-control none \
+    --metrics gpu__time_duration.sum --csv --page raw -k "regex:$kre" \
+    $L bench --synthetic --layers "${PROFILE_LAYERS:-4}" --prompt-lens "${PROFILE_LEN:-512}" --decode-tokens 24 \
+    --spec-tokens 3 --draft-accept 0.8 --spec-policy fixed > "$OUT/ncu-verify.csv" 2> "$OUT/ncu-verify.err"
+  echo "ncu rc=$?"
+  python3 bench/perf_profile.py "$OUT/ncu-verify.csv" --per verify_accept > "$OUT/ncu-verify-summary.txt"
+  cat "$OUT/ncu-verify-summary.txt"
+  tail -5 "$OUT/ncu-verify.err"
   exit 0
 fi
 if [ "${1:-}" = kernels ]; then
