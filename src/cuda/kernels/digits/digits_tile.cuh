@@ -1,7 +1,7 @@
 // One weight tile's math in the digits arithmetic (digits.h): 16 weight rows × one 64-group against J n-tiles of 8
-// input rows, or against one input row (its three digits as one n-tile's columns). Shared by digits.cu,
-// moe_digits.cu and the routed-MoE prototype (bench/proto_int8_moe.cu), which keeps its own L (digits per value)
-// to compare 2 and 3.
+// input rows, or against one input row (its three digits as one n-tile's columns). Shared by digits.cu, the digits
+// MoE (moe_digits_one.cu, moe_digits_rows.cu), the rows staging (stage_rows.cu: digits8 / put_digits) and the
+// routed-MoE prototype (bench/proto_int8_moe.cu), which keeps its own L (digits per value) to compare 2 and 3.
 #pragma once
 #include <cstdint>
 
@@ -13,6 +13,14 @@ namespace lilac::cuda::digits::tile {
 __device__ __forceinline__ float bf_lo(uint32_t w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float bf_hi(uint32_t w) { return __uint_as_float(w & 0xFFFF0000u); }
 
+// A weight tile's 16 bytes w as the u8 A operands of its two k32 steps (a0: words x, y; a1: words z, w), each byte's
+// low and high nibbles apart.
+__device__ __forceinline__ void nibble_operands(const uint4 w, uint32_t (&a0)[4], uint32_t (&a1)[4]) {
+  constexpr uint32_t kM = 0x0F0F0F0Fu;
+  a0[0] = w.x & kM, a0[1] = w.y & kM, a0[2] = (w.x >> 4) & kM, a0[3] = (w.y >> 4) & kM;
+  a1[0] = w.z & kM, a1[1] = w.w & kM, a1[2] = (w.z >> 4) & kM, a1[3] = (w.w >> 4) & kM;
+}
+
 // w: this lane's 16 bytes of the tile (its A fragments of both k32 steps), s0 / s1: the {scale, bias} words of its
 // rows g8 and g8 + 8. The L digits' mmas, then per (output, row) acc = fma(scale, float(Σ q·v)·2^(E-B), acc);
 // acc = fma(bias, Σx, acc). xb: this lane's B unit of digit 0 (shared address), lstep: to the next digit; mp: this
@@ -20,9 +28,8 @@ __device__ __forceinline__ float bf_hi(uint32_t w) { return __uint_as_float(w & 
 template <int L, int J>
 __device__ __forceinline__ void tile_math(const uint4 w, uint32_t s0, uint32_t s1, uint32_t xb, uint32_t lstep,
                                           const float2* mp, float (&acc)[J][4]) {
-  constexpr uint32_t kM = 0x0F0F0F0Fu;
-  const uint32_t a0[4] = {w.x & kM, w.y & kM, (w.x >> 4) & kM, (w.y >> 4) & kM};
-  const uint32_t a1[4] = {w.z & kM, w.w & kM, (w.z >> 4) & kM, (w.w >> 4) & kM};
+  uint32_t a0[4], a1[4];
+  nibble_operands(w, a0, a1);
   const float ws[2] = {bf_lo(s0), bf_lo(s1)}, wb[2] = {bf_hi(s0), bf_hi(s1)};
 #pragma unroll
   for (int j = 0; j < J; ++j) {
@@ -74,9 +81,8 @@ __device__ __forceinline__ void digits8(const float (&v)[8], int E, uint2 (&d)[3
 // of the n-tile is digit n; lane c = 0 gets S for rows g8 (S0) and g8 + 8 (S1), the third digit's sum from lane
 // c = 1. The same integers as tile_math's S, hence the same float operations give the same bits.
 __device__ __forceinline__ void tile_dots_one(const uint4 w, const uint4 b, int& S0, int& S1) {
-  constexpr uint32_t kM = 0x0F0F0F0Fu;
-  const uint32_t a0[4] = {w.x & kM, w.y & kM, (w.x >> 4) & kM, (w.y >> 4) & kM};
-  const uint32_t a1[4] = {w.z & kM, w.w & kM, (w.z >> 4) & kM, (w.w >> 4) & kM};
+  uint32_t a0[4], a1[4];
+  nibble_operands(w, a0, a1);
   int d[4] = {0, 0, 0, 0};
   ::lilac::cuda::dev::mma_m16n8k32_u8s8(d, a0, b.x, b.y);
   ::lilac::cuda::dev::mma_m16n8k32_u8s8(d, a1, b.z, b.w);
@@ -88,9 +94,8 @@ __device__ __forceinline__ void tile_dots_one(const uint4 w, const uint4 b, int&
 // J n-tiles of 8 input rows: S[j][v] for (row g8 + 8(v >> 1), input row 8j + 2c + (v & 1)), as tile_math.
 template <int L, int J>
 __device__ __forceinline__ void tile_dots(const uint4 w, uint32_t xb, uint32_t lstep, int (&S)[J][4]) {
-  constexpr uint32_t kM = 0x0F0F0F0Fu;
-  const uint32_t a0[4] = {w.x & kM, w.y & kM, (w.x >> 4) & kM, (w.y >> 4) & kM};
-  const uint32_t a1[4] = {w.z & kM, w.w & kM, (w.z >> 4) & kM, (w.w >> 4) & kM};
+  uint32_t a0[4], a1[4];
+  nibble_operands(w, a0, a1);
 #pragma unroll
   for (int j = 0; j < J; ++j) {
     int d[L][4];
