@@ -23,7 +23,11 @@ int prefill_rows_max() {
 
 CudaSession::CudaSession(const DevModel& m, std::shared_ptr<SeqPool> pool) : m_(m), pool_(std::move(pool)) {
   try {
-    LILAC_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    // One step above the default priority: a speculative verify's GDN commit (verify_step.h), on a stream of
+    // default priority, then yields the SMs to the MTP head's drafts as they free up.
+    int least = 0, greatest = 0;
+    LILAC_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    LILAC_CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, std::max(greatest, least - 1)));
     LILAC_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
     LILAC_CUDA_CHECK(cudaEventCreateWithFlags(&mask_copied_, cudaEventDisableTiming));
     const int64_t max_len = pool_->max_len();
@@ -92,6 +96,10 @@ void CudaSession::pool_moved() {
 // ------------------------------------------------------------------------------------------------ helpers
 void CudaSession::sync() { LILAC_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
 
+void CudaSession::settle() {
+  if (verify_) verify_->join(stream_);
+}
+
 void CudaSession::check_room() const {
   require(check_session_capacity(seq_.len, 1, seq_.max_len));
 }
@@ -135,6 +143,7 @@ TokenChoice CudaSession::to_choice(const SampleResult& r) const {
 
 // ------------------------------------------------------------------------------------------------ prefill
 void CudaSession::prefill(std::span<const int32_t> tokens, const LogitsSink* sink) {
+  settle();
   if (tokens.empty()) return;
   require(check_token_ids(tokens, m_.cfg.vocab_size));
   require(check_session_capacity(seq_.len, int64_t(tokens.size()), seq_.max_len));
@@ -249,6 +258,7 @@ TokenChoice CudaSession::sample() {
 }
 
 void CudaSession::advance() {
+  settle();
   check_room();
   mtp_before_step();
   launch(body());
@@ -260,6 +270,7 @@ void CudaSession::advance() {
 }
 
 TokenChoice CudaSession::decode_step() {
+  settle();
   check_room();
   if (prof_) return decode_step_profiled();
   mtp_before_step();  // the MTP head's hooks: the fed token before the step, its hidden after it
@@ -303,6 +314,7 @@ std::vector<float> CudaSession::logits() {
 // snapshot / restore (they carry the MTP head's cache while drafting): cuda_session_spec.cu
 
 void CudaSession::reset() {
+  settle();
   seq_.reset(stream_);
   pending_ = false;
   if (mtp_) mtp_->reset(drafting_, stream_);
@@ -336,6 +348,7 @@ void CudaSession::check_decodable() const {
 }
 
 cudaEvent_t CudaSession::begin_batched() {
+  settle();
   mtp_before_step();
   LILAC_CUDA_CHECK(cudaEventRecord(ready_, stream_));
   return ready_;

@@ -91,6 +91,10 @@ class CudaSession : public Session, public PoolClient {
 
  private:
   void sync();
+  // Orders what follows on stream_ after the last speculative verify's GDN commit (verify_step.h: it runs on
+  // a side stream). Every entry point that reads or writes the sequence's state calls it first; drafting
+  // (the MTP head) and sampling do not need it.
+  void settle();
   void check_room() const;
   void launch(cudaGraphExec_t g);
   cudaGraphExec_t body();

@@ -68,6 +68,7 @@ std::vector<int32_t> CudaSession::draft(int k) {
 // the next draft: one multi-row step (verify_step.h) where its rows are bit for bit decode steps, else plain
 // decode steps (each choice decode_step()'s by construction; they feed the MTP head themselves).
 std::vector<TokenChoice> CudaSession::verify(std::span<const int32_t> drafts) {
+  settle();
   if (drafts.empty()) return {decode_step()};
   if (!pending_) throw Error("cuda session: verify() without a sampled token");
   const int64_t V = m_.cfg.vocab_size, n = int64_t(drafts.size());
@@ -114,6 +115,7 @@ std::vector<TokenChoice> CudaSession::verify_rows(std::span<const int32_t> draft
 
 // ------------------------------------------------------------------------------------------------ snapshots
 std::shared_ptr<const SessionSnapshot> CudaSession::snapshot() {
+  settle();
   auto base = seq_.snapshot(&m_, stream_);
   if (!following_mtp()) return base;
   auto s = std::make_shared<SpecSnapshot>();
@@ -123,6 +125,7 @@ std::shared_ptr<const SessionSnapshot> CudaSession::snapshot() {
 }
 
 void CudaSession::restore(const SessionSnapshot& snap) {
+  settle();
   const auto* sp = dynamic_cast<const SpecSnapshot*>(&snap);
   seq_.restore(sp ? *sp->seq : snap, &m_, stream_);
   pending_ = false;

@@ -69,11 +69,25 @@ struct VerifyStep::Impl {
   int32_t* keep = nullptr;      // [1]
   int32_t* accepted = nullptr;  // [1]
   cudaGraphExec_t graphs[kRows] = {};  // graphs[n]: n drafts
+  // The GDN commit's own stream and graph (the same for every n: `keep` is device memory), the events
+  // that order it after the verify and the sequence's next work after it, and whether that is owed.
+  cudaStream_t side = nullptr;
+  cudaEvent_t verified = nullptr, committed = nullptr;
+  cudaGraphExec_t commit_graph = nullptr;
+  bool owed = false;
 
   Impl(const DevModel& m_, const SeqState& st_, const DecodeScratch& dsc_) : m(m_), st(st_), dsc(dsc_) {}
   ~Impl() {
-    for (cudaGraphExec_t g : graphs)
-      if (g) cudaGraphExecDestroy(g);
+    if (side) cudaStreamSynchronize(side);
+    drop_graphs();
+    if (verified) cudaEventDestroy(verified);
+    if (committed) cudaEventDestroy(committed);
+    if (side) cudaStreamDestroy(side);
+  }
+  void drop_graphs() {
+    for (cudaGraphExec_t& g : graphs)
+      if (g) cudaGraphExecDestroy(g), g = nullptr;
+    if (commit_graph) cudaGraphExecDestroy(commit_graph), commit_graph = nullptr;
   }
   void enqueue(int n, cudaStream_t s);
   void bind();  // rs's views of st
@@ -123,14 +137,18 @@ VerifyStep::VerifyStep(const DevModel& m, const SeqState& st, const DecodeScratc
   p.keep = static_cast<int32_t*>(mem.get(4));
   p.accepted = static_cast<int32_t*>(mem.get(4));
   LILAC_CUDA_CHECK(cudaMemset(p.row_slot, 0, kRows * 4));  // read before the GDN kernels' pdl_wait: set once
+  LILAC_CUDA_CHECK(cudaStreamCreateWithFlags(&p.side, cudaStreamNonBlocking));
+  LILAC_CUDA_CHECK(cudaEventCreateWithFlags(&p.verified, cudaEventDisableTiming));
+  LILAC_CUDA_CHECK(cudaEventCreateWithFlags(&p.committed, cudaEventDisableTiming));
   LILAC_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 VerifyStep::~VerifyStep() = default;
 
 void VerifyStep::rebind() {
-  for (cudaGraphExec_t& g : p_->graphs)
-    if (g) cudaGraphExecDestroy(g), g = nullptr;
+  LILAC_CUDA_CHECK(cudaStreamSynchronize(p_->side));
+  p_->owed = false;
+  p_->drop_graphs();
   p_->bind();
 }
 
@@ -162,7 +180,6 @@ void VerifyStep::Impl::enqueue(int n, cudaStream_t s) {
   launch_pdl(verify_logits_kernel, dim3(blocks), dim3(256), 0, s, static_cast<const float*>(sc.logits), V,
              static_cast<const int32_t*>(accepted), st.logits);
   LILAC_CUDA_LAUNCH_CHECK();
-  if (!rs.gdn.empty()) enqueue_rows_commit(m, rs, 1, row_slot, keep, s);
 }
 
 void VerifyStep::run(int n, VerifyOut* out, cudaStream_t s) {
@@ -173,6 +190,22 @@ void VerifyStep::run(int n, VerifyOut* out, cudaStream_t s) {
   LILAC_CUDA_CHECK(cudaMemcpyAsync(&out->accepted, p.accepted, 4, cudaMemcpyDeviceToHost, s));
   LILAC_CUDA_CHECK(
       cudaMemcpyAsync(out->results, p.sc.results, sizeof(SampleResult) * size_t(n + 1), cudaMemcpyDeviceToHost, s));
+  if (p.rs.gdn.empty()) return;
+  // The GDN commit on the side stream: off the path to the host's results and the head's drafts.
+  if (!p.commit_graph)
+    p.commit_graph = capture_graph(p.side, [&] { enqueue_rows_commit(p.m, p.rs, 1, p.row_slot, p.keep, p.side); });
+  LILAC_CUDA_CHECK(cudaEventRecord(p.verified, s));
+  LILAC_CUDA_CHECK(cudaStreamWaitEvent(p.side, p.verified, 0));
+  LILAC_CUDA_CHECK(cudaGraphLaunch(p.commit_graph, p.side));
+  LILAC_CUDA_CHECK(cudaEventRecord(p.committed, p.side));
+  p.owed = true;
+}
+
+void VerifyStep::join(cudaStream_t s) {
+  Impl& p = *p_;
+  if (!p.owed) return;
+  LILAC_CUDA_CHECK(cudaStreamWaitEvent(s, p.committed, 0));
+  p.owed = false;
 }
 
 }  // namespace lilac::cuda

@@ -6,8 +6,10 @@
 //   very kernel decode_step() runs: penalties count the rows before it, params.step gives row i the random
 //   draw decode_step() would make) → accept: m = the first i < n whose choice differs from draft i (else
 //   n); the penalty counts and the step of rows m+1..n undone; the pending token = choice m; *pos += m + 1
-//   → the logits of row m become the sequence's current logits → gdn_commit_rows(keep = m + 1) advances
-//   every GDN layer's state over the kept rows.
+//   → the logits of row m become the sequence's current logits. Then, on a stream of its own and so off the
+//   path to the host's results (and to the MTP head's next drafts, which do not read the GDN state),
+//   gdn_commit_rows(keep = m + 1) advances every GDN layer's state over the kept rows; join() orders the
+//   sequence's next work that reads or writes its state after it.
 // Every row's logits are bit for bit decode_step()'s for that token when verify_rows_ok() holds
 // (rows_step_exact: the rows kernels compute the single-row kernels' arithmetic per row); the attention KV
 // rows past len + m need no rollback (never read before they are overwritten).
@@ -49,14 +51,17 @@ class VerifyStep {
   // Device int32 [kMaxVerifyDrafts]: where the drafts go before run().
   int32_t* drafts() const;
   // Enqueues the step for n drafts (1 <= n <= kMaxVerifyDrafts) and the copy of its results into `out`
-  // (pinned host memory); the caller synchronises.
+  // (pinned host memory) on s, the GDN commit on the side stream; the caller synchronises s, and calls
+  // join() before anything else reads or writes the sequence's state.
   void run(int n, VerifyOut* out, cudaStream_t s);
+  // Makes s wait for the last run()'s GDN commit (no-op when none is owed).
+  void join(cudaStream_t s);
   // After run(): the rows' tokens (device [n + 1]) and their hiddens (device [n + 1][hidden], the residual
   // stream after the last layer), for the MTP head.
   const int32_t* tokens() const;
   const float* hidden() const;
-  // The sequence's state moved (its pool grew; `st` now holds the new views): drops the graphs, which hold
-  // the old ones.
+  // The sequence's state moved (its pool grew, after a device synchronisation; `st` now holds the new
+  // views): drops the graphs, which hold the old ones.
   void rebind();
 
  private:
