@@ -67,6 +67,8 @@ class CudaSession : public Session, public PoolClient {
   int64_t rows_verifies() const { return rows_verifies_; }
   // Prefill chunks run on the multi-row kernels so far (prefill_rows_max()).
   int64_t rows_prefills() const { return rows_prefills_; }
+  // The MTP head's catch-up rows run on the multi-row kernels so far (mtp_head.h).
+  int64_t mtp_rows_catchups() const { return mtp_ ? mtp_->rows_catchups() : 0; }
   // Whether the session's MTP head follows its context (its steps feed the head: its own, verify steps
   // and the batched step's rows, through begin_batched / end_batched).
   bool following_mtp_head() const { return following_mtp(); }

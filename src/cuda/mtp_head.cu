@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cfloat>
+#include <cstdlib>
 #include <string>
 
 #include "core/error.h"
@@ -10,6 +11,9 @@
 #include "cuda/kernels/gemv/gemv.h"
 #include "cuda/kernels/launch.cuh"
 #include "cuda/kernels/qdot.cuh"
+#include "cuda/kernels/rows/rows_mm.h"
+#include "cuda/kernels/rows/rows_state.h"
+#include "cuda/rows_step.h"
 #include "cuda/kernels/sampling/sampling.h"
 
 namespace lilac::cuda {
@@ -40,8 +44,46 @@ struct InputArgs {
 
 constexpr int kInputThreads = 512;
 
-// cat = [RMSNorm(embed[x]; pre_fc_norm_embedding) | RMSNorm(RMSNorm(h; w1); pre_fc_norm_hidden)], w1 the final
-// norm for a main-model hidden (the ring holds the residual before it) or mtp.norm for a chain row. One block.
+// cat = [RMSNorm(embed[tok]; pre_fc_norm_embedding) | RMSNorm(RMSNorm(hid; w1); pre_fc_norm_hidden)] by one block
+// (the same arithmetic in the one-row and the rows kernel). sm: [2H] floats of shared memory.
+__device__ void input_row(const InputArgs& a, int64_t t, const float* hid, const float* w1, float* sm, float* red,
+                          float* cat) {
+  const int H = a.H;
+  const QMatrixDev& E = a.embed;
+  const int per = 32 / E.bits;
+  float se = 0.f, sh = 0.f;
+  for (int c = threadIdx.x; c < H; c += blockDim.x) {
+    const uint32_t word = E.qweight[t * E.words_per_row() + c / per];
+    const uint32_t q = (word >> ((c % per) * E.bits)) & ((1u << E.bits) - 1u);
+    const int64_t g = t * E.groups_per_row() + c / E.group_size;
+    const float e = bf2f(E.scales[g]) * float(q) + bf2f(E.biases[g]);
+    sm[c] = e;
+    se += e * e;
+    const float h = hid[c];
+    sm[H + c] = h;
+    sh += h * h;
+  }
+  se = block_sum(se, red);
+  sh = block_sum(sh, red);
+  const float re = rsqrtf(se / float(H) + a.eps), rh = rsqrtf(sh / float(H) + a.eps);
+  float s2 = 0.f;
+  for (int c = threadIdx.x; c < H; c += blockDim.x) {
+    cat[c] = sm[c] * re * a.pre_e[c];
+    const float y = sm[H + c] * rh * w1[c];
+    sm[H + c] = y;
+    s2 += y * y;
+  }
+  s2 = block_sum(s2, red);
+  const float r2 = rsqrtf(s2 / float(H) + a.eps);
+  for (int c = threadIdx.x; c < H; c += blockDim.x) cat[H + c] = sm[H + c] * r2 * a.pre_h[c];
+}
+
+__device__ int32_t table_token(const InputArgs& a, int32_t tok) {
+  return tok < 0 || tok >= a.embed.rows ? 0 : tok;  // never read outside the table (garbage in, a wrong draft out)
+}
+
+// One row: w1 the final norm for a main-model hidden (the ring holds the residual before it) or mtp.norm for a
+// chain row. One block.
 __global__ void __launch_bounds__(kInputThreads) mtp_input_kernel(InputArgs a) {
   extern __shared__ float sm[];  // [2H]: the embedding row, then the first norm of h
   __shared__ float red[32];
@@ -63,41 +105,31 @@ __global__ void __launch_bounds__(kInputThreads) mtp_input_kernel(InputArgs a) {
       tok = a.mode == kPending ? *a.token : a.ring_x[(p + 1) % kMtpRing];
       *a.dpos = p;
     }
-    if (tok < 0 || tok >= a.embed.rows) tok = 0;  // never read outside the table (garbage in, a wrong draft out)
-    tok_s = tok;
+    tok_s = table_token(a, tok);
     hid_s = hid;
   }
   __syncthreads();
-  const QMatrixDev& E = a.embed;
-  const int64_t t = tok_s;
-  const float* hid = hid_s;
-  const float* w1 = a.mode == kChain ? a.mtp_norm : a.final_norm;
-  const int per = 32 / E.bits;
-  float se = 0.f, sh = 0.f;
-  for (int c = threadIdx.x; c < H; c += blockDim.x) {
-    const uint32_t word = E.qweight[t * E.words_per_row() + c / per];
-    const uint32_t q = (word >> ((c % per) * E.bits)) & ((1u << E.bits) - 1u);
-    const int64_t g = t * E.groups_per_row() + c / E.group_size;
-    const float e = bf2f(E.scales[g]) * float(q) + bf2f(E.biases[g]);
-    sm[c] = e;
-    se += e * e;
-    const float h = hid[c];
-    sm[H + c] = h;
-    sh += h * h;
-  }
-  se = block_sum(se, red);
-  sh = block_sum(sh, red);
-  const float re = rsqrtf(se / float(H) + a.eps), rh = rsqrtf(sh / float(H) + a.eps);
-  float s2 = 0.f;
-  for (int c = threadIdx.x; c < H; c += blockDim.x) {
-    a.cat[c] = sm[c] * re * a.pre_e[c];
-    const float y = sm[H + c] * rh * w1[c];
-    sm[H + c] = y;
-    s2 += y * y;
-  }
-  s2 = block_sum(s2, red);
-  const float r2 = rsqrtf(s2 / float(H) + a.eps);
-  for (int c = threadIdx.x; c < H; c += blockDim.x) a.cat[H + c] = sm[H + c] * r2 * a.pre_h[c];
+  input_row(a, tok_s, hid_s, a.mode == kChain ? a.mtp_norm : a.final_norm, sm, red, a.cat);
+}
+
+// Catch-up rows *mpos + r (block r): the pairs' fc inputs into cat [rows][2H], their positions into row_pos.
+__global__ void __launch_bounds__(kInputThreads) mtp_input_rows_kernel(InputArgs a, int32_t* row_pos) {
+  extern __shared__ float sm[];
+  __shared__ float red[32];
+  pdl_wait();
+  pdl_trigger();
+  const int H = a.H;
+  const int32_t p = *a.mpos + int32_t(blockIdx.x);
+  if (threadIdx.x == 0) row_pos[blockIdx.x] = p;
+  const float* hid = a.ring_h + int64_t(p % kMtpRing) * H;
+  input_row(a, table_token(a, a.ring_x[(p + 1) % kMtpRing]), hid, a.final_norm, sm, red,
+            a.cat + int64_t(blockIdx.x) * 2 * H);
+}
+
+__global__ void add_i32_kernel(int32_t* p, int n) {
+  pdl_wait();
+  pdl_trigger();
+  *p += n;
 }
 
 // Greedy argmax of the head's logits (ties to the lower id, NaN never wins): block partials, then one block.
@@ -155,15 +187,69 @@ void sync(cudaStream_t s) { LILAC_CUDA_CHECK(cudaStreamSynchronize(s)); }
 
 struct MtpHead::Graphs {
   cudaGraphExec_t row = nullptr, row_logits = nullptr;  // one catch-up row (without / with its logits)
+  cudaGraphExec_t rows[kCatchRows + 1] = {};           // rows[n]: n catch-up rows (n = 1..8, 16, 32, 64)
   cudaGraphExec_t draft[kMaxDrafts + 1] = {};          // draft[k]: the pending row + k - 1 chain rows
   const int32_t* pending = nullptr;                     // the token slot the draft graphs read
   ~Graphs() {
     if (row) cudaGraphExecDestroy(row);
     if (row_logits) cudaGraphExecDestroy(row_logits);
+    for (cudaGraphExec_t g : rows)
+      if (g) cudaGraphExecDestroy(g);
     for (cudaGraphExec_t g : draft)
       if (g) cudaGraphExecDestroy(g);
   }
 };
+
+// The catch-up rows' scratch on the multi-row kernels (kCatchRows rows).
+struct MtpHead::Rows {
+  float *cat = nullptr, *h = nullptr, *proj = nullptr, *q = nullptr;  // [rows][2H], [rows][H], [rows][ps], [rows][heads hd]
+  int64_t proj_stride = 0;
+  void *frag4g = nullptr, *frag8 = nullptr;
+  float2* meta = nullptr;
+  float* partials = nullptr;
+  size_t partial_floats = 0;
+  int32_t *row_slot = nullptr, *row_pos = nullptr;  // [rows]: zeros (the head's one cache); *mpos + r
+};
+
+namespace {
+bool parts_have(const DevProj& p, int bits) {
+  for (const DevPart& part : p.parts)
+    if (part.m.bits == bits) return true;
+  return false;
+}
+}  // namespace
+
+// Whether the catch-up rows run on the multi-row kernels: where those are bit for bit the one-row kernels (the
+// real model's shapes), unless LILAC_MTP_CATCHUP_ROWS=0 (one graph per row, as before; for measurement).
+bool MtpHead::rows_wanted(const DevModel& m) {
+  const char* e = std::getenv("LILAC_MTP_CATCHUP_ROWS");
+  if (e && std::string(e) == "0") return false;
+  const QMatrixDev& fc = m.mtp->fc;
+  return rows_step_supported(m, kCatchRows) && rows_step_exact(m) && fc.group_size == 64 &&
+         (fc.bits == 4 || fc.bits == 8) && fc.cols == 2 * m.cfg.hidden_size;
+}
+
+void MtpHead::alloc_rows(DevAlloc& mem) {
+  const ModelConfig& c = m_.cfg;
+  const size_t R = kCatchRows, H = size_t(c.hidden_size), K = 2 * H;
+  auto f32 = [&](size_t n) { return static_cast<float*>(mem.get(n * 4)); };
+  auto r = std::make_unique<Rows>();
+  r->proj_stride = (h_.layer.in_proj.rows + 3) / 4 * 4;
+  r->cat = f32(R * K);
+  r->h = f32(R * H);
+  r->proj = f32(R * size_t(r->proj_stride));
+  r->q = f32(R * size_t(c.num_heads) * size_t(c.head_dim));
+  r->frag4g = mem.get(R * rows::frag_row_bytes(int64_t(K)));
+  r->frag8 = mem.get(R * rows::frag_row_bytes(int64_t(K)));
+  r->meta = static_cast<float2*>(mem.get(R * rows::meta_row_count(int64_t(K)) * sizeof(float2)));
+  r->partial_floats = rows::gemv_rows_partial_floats(h_.fc, kCatchRows);  // fc only (the qkv parts: tiles kernel)
+  r->partials = f32(std::max<size_t>(r->partial_floats, 4));
+  r->row_slot = static_cast<int32_t*>(mem.get(R * 4));
+  r->row_pos = static_cast<int32_t*>(mem.get(R * 4));
+  LILAC_CUDA_CHECK(cudaMemset(r->row_slot, 0, R * 4));
+  LILAC_CUDA_CHECK(cudaDeviceSynchronize());
+  rows_ = std::move(r);
+}
 
 MtpHead::MtpHead(const DevModel& m, DevAlloc& mem, int64_t max_len, int32_t* drafts)
     : m_(m), h_(*m.mtp), max_len_(max_len), drafts_(drafts), g_(std::make_unique<Graphs>()) {
@@ -180,6 +266,7 @@ MtpHead::MtpHead(const DevModel& m, DevAlloc& mem, int64_t max_len, int32_t* dra
   logits_ = static_cast<float*>(mem.get(size_t(kMaxDrafts) * size_t(c.vocab_size) * 4));
   argmax_scratch_ = mem.get(sizeof(ArgPart) * kArgBlocks);
   sc_ = alloc_decode_scratch(mem, m, max_len);
+  if (rows_wanted(m)) alloc_rows(mem);
   LILAC_CUDA_CHECK(cudaMallocHost(&host_drafts_, sizeof(int32_t) * kMaxDrafts));
 }
 
@@ -192,25 +279,33 @@ void MtpHead::launch(cudaGraphExec_t g, cudaStream_t s) { LILAC_CUDA_CHECK(cudaG
 
 // One row of the head (graph-capturable): inputs (mode) → fc → the attention layer on the head's cache at
 // *dpos → its MoE → [LM head over RMSNorm(u; mtp.norm) into `logits` → argmax into *draft_out].
+namespace {
+InputArgs input_args(const DevModel& m, const DevMtp& h, int mode, const float* ring_h, const int32_t* ring_x,
+                     const int32_t* mpos, int32_t* dpos, const int32_t* token, const float* u_prev, float* cat) {
+  InputArgs a;
+  a.embed = m.embed;
+  a.mode = mode;
+  a.ring_h = ring_h;
+  a.ring_x = ring_x;
+  a.mpos = mpos;
+  a.dpos = dpos;
+  a.token = token;
+  a.u_prev = u_prev;
+  a.final_norm = m.final_norm;
+  a.mtp_norm = h.norm;
+  a.pre_e = h.pre_fc_norm_embedding;
+  a.pre_h = h.pre_fc_norm_hidden;
+  a.eps = float(m.cfg.rms_norm_eps);
+  a.H = int(m.cfg.hidden_size);
+  a.cat = cat;
+  return a;
+}
+}  // namespace
+
 void MtpHead::enqueue_row(int mode, const int32_t* token, float* logits, int32_t* draft_out, cudaStream_t s) {
   const ModelConfig& c = m_.cfg;
   const int H = int(c.hidden_size);
-  InputArgs a;
-  a.embed = m_.embed;
-  a.mode = mode;
-  a.ring_h = ring_h_;
-  a.ring_x = ring_x_;
-  a.mpos = mpos_;
-  a.dpos = dpos_;
-  a.token = token;
-  a.u_prev = sc_.h;
-  a.final_norm = m_.final_norm;
-  a.mtp_norm = h_.norm;
-  a.pre_e = h_.pre_fc_norm_embedding;
-  a.pre_h = h_.pre_fc_norm_hidden;
-  a.eps = float(c.rms_norm_eps);
-  a.H = H;
-  a.cat = cat_;
+  const InputArgs a = input_args(m_, h_, mode, ring_h_, ring_x_, mpos_, dpos_, token, sc_.h, cat_);
   launch_pdl(mtp_input_kernel, dim3(1), dim3(kInputThreads), size_t(2 * H) * 4, s, a);
   LILAC_CUDA_LAUNCH_CHECK();
   GemvArgs fc;
@@ -235,6 +330,58 @@ void MtpHead::enqueue_row(int mode, const int32_t* token, float* logits, int32_t
     launch_pdl(argmax_final_kernel, dim3(1), dim3(kArgBlocks), 0, s, static_cast<const ArgPart*>(part), draft_out);
     LILAC_CUDA_LAUNCH_CHECK();
   }
+}
+
+// n catch-up rows (1 <= n <= kCatchRows) at *mpos .. *mpos + n - 1 on the multi-row kernels, each row bit for bit
+// the one-row catch-up (rows_step.h's contract): their fc inputs → fc → RMSNorm + the attention layer's qkv →
+// K/V rows into the head's cache; *mpos += n.
+void MtpHead::enqueue_catchup_rows(int n, cudaStream_t s) {
+  const ModelConfig& c = m_.cfg;
+  const Rows& r = *rows_;
+  const int64_t H = c.hidden_size;
+  const InputArgs a = input_args(m_, h_, kCatchUp, ring_h_, ring_x_, mpos_, dpos_, nullptr, nullptr, r.cat);
+  launch_pdl(mtp_input_rows_kernel, dim3(unsigned(n)), dim3(kInputThreads), size_t(2 * H) * 4, s, a, r.row_pos);
+  LILAC_CUDA_LAUNCH_CHECK();
+  auto stage = [&](const float* x, int64_t K, Prologue pro, const float* norm_w, bool need4, bool need8) {
+    rows::StageArgs st;
+    st.x = x;
+    st.ldx = K;
+    st.K = K;
+    st.M = n;
+    st.row_slot = r.row_slot;
+    st.pro = pro;
+    st.norm_w = norm_w;
+    st.eps = float(c.rms_norm_eps);
+    st.frag4g = need4 ? r.frag4g : nullptr;
+    st.frag8 = need8 ? r.frag8 : nullptr;
+    st.meta = r.meta;
+    rows::stage(st, s);
+  };
+  auto gemv = [&](const QMatrixDev& W, float* y, int64_t ldy, rows::RowsGemvKernel kernel) {
+    rows::GemvRowsArgs g;
+    g.kernel = kernel;
+    g.W = W;
+    g.frag = W.bits == 4 ? r.frag4g : r.frag8;
+    g.meta = r.meta;
+    g.M = n;
+    g.row_slot = r.row_slot;
+    g.y = y;
+    g.ldy = ldy;
+    g.partials = r.partials;
+    g.partial_floats = r.partial_floats;
+    rows::gemv_rows(g, s);
+  };
+  stage(r.cat, 2 * H, Prologue::None, nullptr, h_.fc.bits == 4, h_.fc.bits == 8);
+  gemv(h_.fc, r.h, H, rows::RowsGemvKernel::Auto);
+  const DevLayer& L = h_.layer;
+  stage(r.h, H, Prologue::RmsNorm, L.input_norm, parts_have(L.in_proj, 4), parts_have(L.in_proj, 8));
+  // the qkv parts on the tiles kernel, Auto's choice for them (one k-tile per slice), without partials' room
+  for (const DevPart& part : L.in_proj.parts) gemv(part.m, r.proj + part.offset, r.proj_stride, rows::RowsGemvKernel::Tiles);
+  rows::attn_qk_norm_rope_append_rows(rows_attn_shape(c), n, r.row_slot, r.row_pos, r.proj, r.proj_stride, L.q_norm,
+                                      L.k_norm, m_.inv_freq, r.q,
+                                      rows::KvPool{k_, v_, max_len_ * c.kv_dim()}, s);
+  launch_pdl(add_i32_kernel, dim3(1), dim3(1), 0, s, mpos_, n);
+  LILAC_CUDA_LAUNCH_CHECK();
 }
 
 // ------------------------------------------------------------------------------------------------ state
@@ -290,7 +437,20 @@ void MtpHead::run_pending(cudaStream_t s) {
   if (!valid_) return;
   const int64_t n = len_ - 1 - committed_;
   if (n <= 0) return;
-  if (!sink_) {
+  if (!sink_ && rows_) {
+    // Graphs for 1..8 rows and 16, 32, 64, all captured at the first burst (a capture inside a later, timed
+    // draft would look like a slow draft to the draft policy); a burst runs as the largest of them first.
+    if (!g_->rows[1])
+      for (int cnt = 1; cnt <= kCatchRows; cnt = cnt < 8 ? cnt + 1 : 2 * cnt)
+        g_->rows[cnt] = capture_graph(s, [&] { enqueue_catchup_rows(cnt, s); });
+    for (int64_t left = n; left > 0;) {
+      int cnt = int(std::min<int64_t>(left, kCatchRows));
+      if (cnt > 8) cnt = 1 << (31 - __builtin_clz(unsigned(cnt)));  // 9..64 → 8, 16, 32, 64
+      launch(g_->rows[cnt], s);
+      left -= cnt;
+      rows_catchups_ += cnt;
+    }
+  } else if (!sink_) {
     if (!g_->row) g_->row = capture_graph(s, [&] {
         enqueue_row(kCatchUp, nullptr, nullptr, nullptr, s);
         increment_i32(mpos_, s);

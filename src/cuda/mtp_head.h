@@ -7,8 +7,9 @@
 // is an MTP row at rotary position t, in MTP cache row t. The session hands every fed row to the head: its
 // token and its hidden (the residual stream after the last layer, before the final norm: the head applies
 // the final norm itself) go into a ring indexed by position (kMtpRing rows). A row becomes a pair once the
-// token after it is fed; pairs run lazily, one graph launch each ("catch-up"), when draft() needs them,
-// before a snapshot, or when the ring is full. So `committed` (rows [0, committed) of the cache hold the
+// token after it is fed; pairs run lazily ("catch-up") when draft() needs them, before a snapshot, or when the
+// ring is full: up to kCatchRows at a time as one step of the multi-row kernels where those are bit for bit the
+// one-row kernels (the real model's shapes: rows_step.h), else one graph launch each. So `committed` (rows [0, committed) of the cache hold the
 // context's pairs; also *mpos on the device) lags `length` (positions fed) by at least one.
 //
 // draft(k) runs the waiting pairs, then one graph per k: the row (h_{len-1}, pending token) at position
@@ -32,6 +33,7 @@ namespace lilac::cuda {
 
 constexpr int kMtpRing = 128;    // fed rows the head can hold before they must run
 constexpr int kMaxDrafts = 16;   // drafts per draft() (the CLI's --spec-tokens limit)
+constexpr int kCatchRows = 64;   // catch-up rows per multi-row step (a power of two >= 8)
 
 // The head's part of a session snapshot (taken after the waiting pairs ran: only the last fed row waits).
 struct MtpSnapshotData {
@@ -61,6 +63,7 @@ class MtpHead {
   bool valid() const { return valid_; }
   int64_t length() const { return len_; }        // positions fed
   int64_t committed() const { return committed_; }
+  int64_t rows_catchups() const { return rows_catchups_; }  // catch-up rows run on the multi-row kernels so far
 
   // The session fed n rows at positions pos0 .. pos0 + n - 1: tokens (device [n]) and hiddens (device
   // [n][hidden], row stride `ld` floats). Enqueues copies into the ring (running waiting pairs first when it
@@ -84,7 +87,11 @@ class MtpHead {
 
  private:
   struct Graphs;
+  struct Rows;
+  static bool rows_wanted(const DevModel& m);
+  void alloc_rows(DevAlloc& mem);
   void enqueue_row(int mode, const int32_t* token, float* logits, int32_t* draft_out, cudaStream_t s);
+  void enqueue_catchup_rows(int n, cudaStream_t s);
   void launch(cudaGraphExec_t g, cudaStream_t s);
 
   const DevModel& m_;
@@ -102,9 +109,11 @@ class MtpHead {
   int32_t* host_drafts_ = nullptr;             // pinned [kMaxDrafts]
   DecodeScratch sc_;                           // the layer's activations; sc_.h is the head's residual u
   std::unique_ptr<Graphs> g_;
+  std::unique_ptr<Rows> rows_;                 // the multi-row catch-up's scratch (null: one row at a time)
   LogitsSink sink_;
   bool valid_ = false, staged_ = false;
   int64_t len_ = 0, committed_ = 0;
+  int64_t rows_catchups_ = 0;
 };
 
 }  // namespace lilac::cuda

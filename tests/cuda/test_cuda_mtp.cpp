@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -418,6 +419,60 @@ TEST(CudaMtp, SyntheticRealWidth) {
   p->begin_generation(SamplingParams{}, prompt);
   p->sample();
   for (const TokenChoice& t : ch) EXPECT_EQ(p->decode_step().token, t.token);
+}
+
+// The head's catch-up rows on the multi-row kernels (the real model's widths) are bit for bit the one-row
+// catch-up (LILAC_MTP_CATCHUP_ROWS=0, read when the head is made): after a long prompt (ring bursts of 127
+// rows: a 64-row and a 63-row step), after plain steps and after a verify, the first draft row's logits
+// (attention over every K/V row the catch-up wrote) and the drafts are the same.
+TEST(CudaMtp, CatchUpRowsEqualOneByOneAtRealWidth) {
+  NEED_CUDA();
+  auto be = cuda::make_synthetic_cuda_backend(cuda::synthetic_config(4), 7);
+  const int64_t V = be->config().vocab_size;
+  const auto prompt = random_tokens(300, V, 4);
+  auto start = [&](bool rows) {
+    if (!rows) setenv("LILAC_MTP_CATCHUP_ROWS", "0", 1);
+    auto s = be->new_session(512);
+    s->enable_drafting(true);
+    unsetenv("LILAC_MTP_CATCHUP_ROWS");
+    s->prefill(prompt);
+    s->begin_generation(SamplingParams{}, prompt);
+    s->sample();
+    return s;
+  };
+  auto one = start(false), rows = start(true);
+  // The waiting pairs run (snapshot() runs them without a sink, so on the path under test), then the sink
+  // takes the first draft row's logits.
+  auto first_row = [&](Session& s, std::vector<int32_t>& drafts) {
+    (void)s.snapshot();
+    std::vector<float> got;
+    s.set_draft_logits_sink([&](int64_t, int64_t, const float* p) { got.assign(p, p + V); });
+    drafts = s.draft(4);
+    s.set_draft_logits_sink({});
+    return got;
+  };
+  auto expect_same = [&](const char* when) -> std::vector<int32_t> {
+    std::vector<int32_t> d1, d2;
+    const auto a = first_row(*one, d1), b = first_row(*rows, d2);
+    EXPECT_EQ(a.size(), size_t(V)) << when;
+    EXPECT_EQ(b.size(), size_t(V)) << when;
+    if (a.size() == b.size()) EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << when;
+    EXPECT_EQ(d1, d2) << when;
+    return d1;
+  };
+  expect_same("after the prompt");
+  for (int i = 0; i < 150; ++i) ASSERT_EQ(one->decode_step().token, rows->decode_step().token) << "step " << i;
+  const auto d = expect_same("after 150 plain steps");
+  const auto c1 = one->verify(d), c2 = rows->verify(d);
+  ASSERT_EQ(c1.size(), c2.size());
+  for (size_t i = 0; i < c1.size(); ++i) EXPECT_EQ(c1[i].token, c2[i].token);
+  for (int i = 0; i < 3; ++i) ASSERT_EQ(one->decode_step().token, rows->decode_step().token);
+  expect_same("after a verify and plain steps");
+  auto* c1s = dynamic_cast<cuda::CudaSession*>(one.get());
+  auto* c2s = dynamic_cast<cuda::CudaSession*>(rows.get());
+  ASSERT_TRUE(c1s && c2s);
+  EXPECT_EQ(c1s->mtp_rows_catchups(), 0);
+  EXPECT_GE(c2s->mtp_rows_catchups(), 299 + 150);  // every pair of the context
 }
 
 // The verify step on the multi-row kernels (taken at the real model's widths, where its rows are bit for
