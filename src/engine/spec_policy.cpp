@@ -109,6 +109,18 @@ void SpecPolicy::on_plain(double seconds) {
     return;
   }
   if (!timed_) first_time(seconds);
+  // The first plain step timed: if the scale came from a draft or a verify (first_time), step_ is that
+  // observation over the hint's ratio, and one stall in it (a graph captured inside a timed draft) would make
+  // plain steps look dear for as long as drafting then wins (a plain step is re-timed only every
+  // remeasure_rounds rounds). A measured step faster than that estimate replaces it; slower ones are averaged
+  // with the clamp as always (bursts only ever make a step slower).
+  if (!step_timed_) {
+    step_timed_ = true;
+    if (seconds < step_) {
+      step_ = seconds;
+      return;
+    }
+  }
   observe(step_, seconds);
 }
 

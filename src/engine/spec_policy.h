@@ -18,7 +18,7 @@
 // Costs (seconds; kept across sequences, they belong to the session and its backend): running averages
 // (EMA, weight cost_alpha) of the times the caller measures with now(). Until something is timed they are
 // the backend's prior (Session::spec_cost_hint, in plain steps); the first timed observation fixes the
-// scale. A verify of a row count never timed is predicted from the prior, scaled by how far the timed
+// scale (and the first timed plain step, when faster than the step cost that scale gave, replaces it). A verify of a row count never timed is predicted from the prior, scaled by how far the timed
 // verifies were from their prior. The first observation of each kind and size is not used (a CUDA graph
 // is captured then), and an observation is clamped to [estimate / 4, estimate * 1.5]: noise and bursts
 // (the MTP head's catch-up runs inside some plain steps: 64 rows at once on the CPU, up to 127 on CUDA) only
@@ -138,6 +138,7 @@ class SpecPolicy {
   bool timed_ = false;
   double step_ = 1, draft_ = 0.5, verify_scale_ = 1;
   bool plain_seen_ = false;
+  bool step_timed_ = false;  // a plain step's time has been used
   std::vector<double> verify_;        // by rows: the average (valid where verify_timed_ > 0)
   std::vector<int> verify_timed_;     // by rows: timed observations used
   std::vector<char> verify_seen_, draft_seen_;  // by rows / drafts: the first observation (not used) happened

@@ -283,6 +283,38 @@ TEST(SpecPolicy, SlowPlainStepsDoNotLockInDrafting) {
   EXPECT_EQ(p.best_k(), 0);
 }
 
+// The bench's order of events on the H200 (fifteenth and sixteenth stops): fixed rounds first, whose first timed
+// draft included a graph capture (10x its time) and so set the cost scale — a plain step estimated at ~8x its
+// time — then the adaptive policy at zero acceptance. Before the first timed plain step could replace that
+// estimate, the policy drafted at every step but the re-timing ones, each plain step moving the estimate by at
+// most a factor 0.81: 0.80x in `lilac bench` where plain decoding gives 0.99x.
+TEST(SpecPolicy, AnInflatedFirstTimingDoesNotLockInDrafting) {
+  SpecPolicy p;
+  p.set_cost_hint({0.12, 0.4});
+  const double step_s = 0.0022, draft_s = 0.0002;
+  auto verify_s = [&](int rows) { return step_s * (1 + 0.17 * (rows - 1)); };
+  p.begin(3, SpecPolicyKind::Fixed);
+  p.on_round(1, 0, draft_s, verify_s(2));       // first of its size: dropped
+  p.on_round(1, 0, 10 * draft_s, verify_s(2));  // the first timed observation, with a capture in it
+  EXPECT_GT(p.step_cost(), 5 * step_s);
+  for (int i = 0; i < 10; ++i) p.on_round(3, 0, 3 * draft_s, verify_s(4));
+  p.begin(3, SpecPolicyKind::Adaptive);
+  int rounds = 0;
+  for (int i = 0; i < 256; ++i) {
+    const int k = p.choose();
+    if (k == 0) {
+      p.on_plain(step_s);
+    } else {
+      ++rounds;
+      p.on_round(k, 0, k * draft_s, verify_s(k + 1));
+    }
+  }
+  // two stretches of remeasure_rounds (the first plain step is dropped as a capture), then probes only
+  EXPECT_LE(rounds, 2 * 32 + 8);
+  EXPECT_NEAR(p.step_cost(), step_s, 0.05 * step_s);
+  EXPECT_EQ(p.best_k(), 0);
+}
+
 // While drafts win, a plain step is timed after every remeasure_rounds rounds in a row.
 // 14 steps at depth <= 2 with full acceptance and a plain step timed every 5 rounds; before(i) runs before
 // step i's choice. Returns the depths chosen.
