@@ -52,6 +52,12 @@ struct DevPart {
 struct DevProj {
   std::vector<DevPart> parts;
   int64_t rows = 0;
+  // Whether a part has `bits`-bit weights (the inputs a multi-row step stages for it).
+  bool has_bits(int bits) const {
+    for (const DevPart& part : parts)
+      if (part.m.bits == bits) return true;
+    return false;
+  }
 };
 
 // One decoder layer.

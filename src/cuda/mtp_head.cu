@@ -13,8 +13,8 @@
 #include "cuda/kernels/qdot.cuh"
 #include "cuda/kernels/rows/rows_mm.h"
 #include "cuda/kernels/rows/rows_state.h"
-#include "cuda/rows_step.h"
 #include "cuda/kernels/sampling/sampling.h"
+#include "cuda/rows_step.h"
 
 namespace lilac::cuda {
 namespace {
@@ -211,14 +211,6 @@ struct MtpHead::Rows {
   int32_t *row_slot = nullptr, *row_pos = nullptr;  // [rows]: zeros (the head's one cache); *mpos + r
 };
 
-namespace {
-bool parts_have(const DevProj& p, int bits) {
-  for (const DevPart& part : p.parts)
-    if (part.m.bits == bits) return true;
-  return false;
-}
-}  // namespace
-
 // Whether the catch-up rows run on the multi-row kernels: where those are bit for bit the one-row kernels (the
 // real model's shapes), unless LILAC_MTP_CATCHUP_ROWS=0 (one graph per row, as before; for measurement).
 bool MtpHead::rows_wanted(const DevModel& m) {
@@ -277,8 +269,6 @@ MtpHead::~MtpHead() {
 
 void MtpHead::launch(cudaGraphExec_t g, cudaStream_t s) { LILAC_CUDA_CHECK(cudaGraphLaunch(g, s)); }
 
-// One row of the head (graph-capturable): inputs (mode) → fc → the attention layer on the head's cache at
-// *dpos → its MoE → [LM head over RMSNorm(u; mtp.norm) into `logits` → argmax into *draft_out].
 namespace {
 InputArgs input_args(const DevModel& m, const DevMtp& h, int mode, const float* ring_h, const int32_t* ring_x,
                      const int32_t* mpos, int32_t* dpos, const int32_t* token, const float* u_prev, float* cat) {
@@ -302,6 +292,8 @@ InputArgs input_args(const DevModel& m, const DevMtp& h, int mode, const float* 
 }
 }  // namespace
 
+// One row of the head (graph-capturable): inputs (mode) → fc → the attention layer on the head's cache at
+// *dpos → its MoE → [LM head over RMSNorm(u; mtp.norm) into `logits` → argmax into *draft_out].
 void MtpHead::enqueue_row(int mode, const int32_t* token, float* logits, int32_t* draft_out, cudaStream_t s) {
   const ModelConfig& c = m_.cfg;
   const int H = int(c.hidden_size);
@@ -374,9 +366,10 @@ void MtpHead::enqueue_catchup_rows(int n, cudaStream_t s) {
   stage(r.cat, 2 * H, Prologue::None, nullptr, h_.fc.bits == 4, h_.fc.bits == 8);
   gemv(h_.fc, r.h, H, rows::RowsGemvKernel::Auto);
   const DevLayer& L = h_.layer;
-  stage(r.h, H, Prologue::RmsNorm, L.input_norm, parts_have(L.in_proj, 4), parts_have(L.in_proj, 8));
+  stage(r.h, H, Prologue::RmsNorm, L.input_norm, L.in_proj.has_bits(4), L.in_proj.has_bits(8));
   // the qkv parts on the tiles kernel, Auto's choice for them (one k-tile per slice), without partials' room
-  for (const DevPart& part : L.in_proj.parts) gemv(part.m, r.proj + part.offset, r.proj_stride, rows::RowsGemvKernel::Tiles);
+  for (const DevPart& part : L.in_proj.parts)
+    gemv(part.m, r.proj + part.offset, r.proj_stride, rows::RowsGemvKernel::Tiles);
   rows::attn_qk_norm_rope_append_rows(rows_attn_shape(c), n, r.row_slot, r.row_pos, r.proj, r.proj_stride, L.q_norm,
                                       L.k_norm, m_.inv_freq, r.q,
                                       rows::KvPool{k_, v_, max_len_ * c.kv_dim()}, s);

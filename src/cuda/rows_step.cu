@@ -119,17 +119,11 @@ struct Ctx {
   }
 };
 
-bool proj_needs(const DevProj& p, int bits) {
-  for (const DevPart& part : p.parts)
-    if (part.m.bits == bits) return true;
-  return false;
-}
-
 void attention_layer(const Ctx& c, const RowsState& st, const DevLayer& L, int ai) {
   const ModelConfig& cfg = c.m.cfg;
   const RowsScratch& sc = c.sc;
   const int64_t H = cfg.hidden_size, ps = sc.proj_stride;
-  c.stage(sc.h, H, H, Prologue::RmsNorm, L.input_norm, proj_needs(L.in_proj, 4), false, proj_needs(L.in_proj, 8));
+  c.stage(sc.h, H, H, Prologue::RmsNorm, L.input_norm, L.in_proj.has_bits(4), false, L.in_proj.has_bits(8));
   c.proj(L.in_proj, sc.proj, ps);
   const AttnDecodeShape as = rows_attn_shape(cfg);
   rows::attn_qk_norm_rope_append_rows(as, c.a.M, c.a.row_slot, c.a.row_pos, sc.proj, ps, L.q_norm, L.k_norm,
@@ -145,7 +139,7 @@ void gdn_layer(const Ctx& c, const RowsState& st, const DevLayer& L, int gi) {
   const ModelConfig& cfg = c.m.cfg;
   const RowsScratch& sc = c.sc;
   const int64_t H = cfg.hidden_size, ps = sc.proj_stride, vd = cfg.gdn_value_dim();
-  c.stage(sc.h, H, H, Prologue::RmsNorm, L.input_norm, proj_needs(L.in_proj, 4), false, proj_needs(L.in_proj, 8));
+  c.stage(sc.h, H, H, Prologue::RmsNorm, L.input_norm, L.in_proj.has_bits(4), false, L.in_proj.has_bits(8));
   c.proj(L.in_proj, sc.proj, ps);
   rows::gdn_step_rows(rows_gdn_shape(cfg), st.gdn[size_t(gi)], st.gdn_pool, c.a.M, c.a.row_slot, sc.proj, ps, sc.gdn_o,
                       vd, c.a.gdn_mode, sc.gdn_conv, c.s);
@@ -161,7 +155,7 @@ void moe_block(const Ctx& c, const DevLayer& L) {
   const int64_t H = cfg.hidden_size, ldr = cfg.num_experts + 1;
   const int eb = L.moe.gate.first.bits;
   if (L.moe.digits) {  // kernels/digits/moe_digits.h: act's digits staged in a launch of their own
-    c.stage(sc.h, H, H, Prologue::RmsNorm, L.post_norm, proj_needs(L.router, 4), false, proj_needs(L.router, 8),
+    c.stage(sc.h, H, H, Prologue::RmsNorm, L.post_norm, L.router.has_bits(4), false, L.router.has_bits(8),
             nullptr, 0, 0, sc.moe_xdig);
     c.proj(L.router, sc.rlogits, ldr);
     rows::moe_route_rows(L.moe, sc.rlogits, ldr, c.a.M, c.a.row_slot, sc.sel_ids, sc.sel_w, sc.moe, c.s,
@@ -173,8 +167,8 @@ void moe_block(const Ctx& c, const DevLayer& L) {
     rows::moe_combine_rows(L.moe, sc.sel_w, c.a.M, c.a.row_slot, sc.moe, sc.h, H, c.s);
     return;
   }
-  c.stage(sc.h, H, H, Prologue::RmsNorm, L.post_norm, proj_needs(L.router, 4), eb == 4,
-          eb == 8 || proj_needs(L.router, 8));
+  c.stage(sc.h, H, H, Prologue::RmsNorm, L.post_norm, L.router.has_bits(4), eb == 4,
+          eb == 8 || L.router.has_bits(8));
   c.proj(L.router, sc.rlogits, ldr);
   rows::moe_route_rows(L.moe, sc.rlogits, ldr, c.a.M, c.a.row_slot, sc.sel_ids, sc.sel_w, sc.moe, c.s);
   rows::moe_gate_up_rows(L.moe, eb == 4 ? sc.frag4 : sc.frag8, sc.meta, c.a.M, sc.moe, sc.act, c.s);
