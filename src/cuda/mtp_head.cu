@@ -126,12 +126,6 @@ __global__ void __launch_bounds__(kInputThreads) mtp_input_rows_kernel(InputArgs
             a.cat + int64_t(blockIdx.x) * 2 * H);
 }
 
-__global__ void add_i32_kernel(int32_t* p, int n) {
-  pdl_wait();
-  pdl_trigger();
-  *p += n;
-}
-
 // Greedy argmax of the head's logits (ties to the lower id, NaN never wins): block partials, then one block.
 constexpr int kArgBlocks = 128, kArgThreads = 256;
 struct ArgPart {
@@ -373,7 +367,7 @@ void MtpHead::enqueue_catchup_rows(int n, cudaStream_t s) {
   rows::attn_qk_norm_rope_append_rows(rows_attn_shape(c), n, r.row_slot, r.row_pos, r.proj, r.proj_stride, L.q_norm,
                                       L.k_norm, m_.inv_freq, r.q,
                                       rows::KvPool{k_, v_, max_len_ * c.kv_dim()}, s);
-  launch_pdl(add_i32_kernel, dim3(1), dim3(1), 0, s, mpos_, n);
+  increment_i32(mpos_, s, n);
   LILAC_CUDA_LAUNCH_CHECK();
 }
 

@@ -13,10 +13,10 @@
 namespace lilac::cuda {
 namespace {
 
-__global__ void inc_kernel(int32_t* p) {
+__global__ void inc_kernel(int32_t* p, int n) {
   dev::pdl_wait();
   dev::pdl_trigger();
-  *p += 1;
+  *p += n;
 }
 
 }  // namespace
@@ -29,8 +29,8 @@ void sample_token(const float* logits, int64_t vocab, SampleParamsDev* params, i
   rows::sample_token_masked(logits, vocab, params, counts, prompt_mask, nullptr, scratch, token_slot, result, stream);
 }
 
-void increment_i32(int32_t* p, cudaStream_t stream) {
-  launch_pdl(inc_kernel, dim3(1), dim3(1), 0, stream, p);
+void increment_i32(int32_t* p, cudaStream_t stream, int n) {
+  launch_pdl(inc_kernel, dim3(1), dim3(1), 0, stream, p, n);
 }
 
 }  // namespace lilac::cuda

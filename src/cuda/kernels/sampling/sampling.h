@@ -29,7 +29,7 @@ void sample_token(const float* logits, int64_t vocab, SampleParamsDev* params, i
                   const uint8_t* prompt_mask, void* scratch, int32_t* token_slot, SampleResult* result,
                   cudaStream_t stream);
 
-// *p += 1 (the position counter of the decode graph).
-void increment_i32(int32_t* p, cudaStream_t stream);
+// *p += n (a position counter inside a captured graph: the decode step's, the MTP head's).
+void increment_i32(int32_t* p, cudaStream_t stream, int n = 1);
 
 }  // namespace lilac::cuda
