@@ -194,15 +194,12 @@ struct MtpHead::Graphs {
   }
 };
 
-// The catch-up rows' scratch on the multi-row kernels (kCatchRows rows).
+// The catch-up rows' scratch on the multi-row kernels (kCatchRows rows): the fc inputs, the row arrays, and the
+// fields of a rows step's scratch that RowsOps and the K/V append use (h, proj, q, the staged input, fc's partials).
 struct MtpHead::Rows {
-  float *cat = nullptr, *h = nullptr, *proj = nullptr, *q = nullptr;  // [rows][2H], [rows][H], [rows][ps], [rows][heads hd]
-  int64_t proj_stride = 0;
-  void *frag4g = nullptr, *frag8 = nullptr;
-  float2* meta = nullptr;
-  float* partials = nullptr;
-  size_t partial_floats = 0;
+  float* cat = nullptr;                             // [rows][2H]
   int32_t *row_slot = nullptr, *row_pos = nullptr;  // [rows]: zeros (the head's one cache); *mpos + r
+  RowsScratch sc;
 };
 
 // Whether the catch-up rows run on the multi-row kernels: where those are bit for bit the one-row kernels (the
@@ -220,16 +217,19 @@ void MtpHead::alloc_rows(DevAlloc& mem) {
   const size_t R = kCatchRows, H = size_t(c.hidden_size), K = 2 * H;
   auto f32 = [&](size_t n) { return static_cast<float*>(mem.get(n * 4)); };
   auto r = std::make_unique<Rows>();
-  r->proj_stride = (h_.layer.in_proj.rows + 3) / 4 * 4;
+  RowsScratch& sc = r->sc;
+  sc.max_rows = kCatchRows;
+  sc.kmax = int64_t(K);
+  sc.proj_stride = (h_.layer.in_proj.rows + 3) / 4 * 4;
   r->cat = f32(R * K);
-  r->h = f32(R * H);
-  r->proj = f32(R * size_t(r->proj_stride));
-  r->q = f32(R * size_t(c.num_heads) * size_t(c.head_dim));
-  r->frag4g = mem.get(R * rows::frag_row_bytes(int64_t(K)));
-  r->frag8 = mem.get(R * rows::frag_row_bytes(int64_t(K)));
-  r->meta = static_cast<float2*>(mem.get(R * rows::meta_row_count(int64_t(K)) * sizeof(float2)));
-  r->partial_floats = rows::gemv_rows_partial_floats(h_.fc, kCatchRows);  // fc only (the qkv parts: tiles kernel)
-  r->partials = f32(std::max<size_t>(r->partial_floats, 4));
+  sc.h = f32(R * H);
+  sc.proj = f32(R * size_t(sc.proj_stride));
+  sc.q = f32(R * size_t(c.num_heads) * size_t(c.head_dim));
+  sc.frag4g = mem.get(R * rows::frag_row_bytes(int64_t(K)));
+  sc.frag8 = mem.get(R * rows::frag_row_bytes(int64_t(K)));
+  sc.meta = static_cast<float2*>(mem.get(R * rows::meta_row_count(int64_t(K)) * sizeof(float2)));
+  sc.gemv_partial_floats = rows::gemv_rows_partial_floats(h_.fc, kCatchRows);  // fc only (the qkv parts: tiles kernel)
+  sc.gemv_partials = f32(std::max<size_t>(sc.gemv_partial_floats, 4));
   r->row_slot = static_cast<int32_t*>(mem.get(R * 4));
   r->row_pos = static_cast<int32_t*>(mem.get(R * 4));
   LILAC_CUDA_CHECK(cudaMemset(r->row_slot, 0, R * 4));
@@ -324,49 +324,24 @@ void MtpHead::enqueue_row(int mode, const int32_t* token, float* logits, int32_t
 void MtpHead::enqueue_catchup_rows(int n, cudaStream_t s) {
   const ModelConfig& c = m_.cfg;
   const Rows& r = *rows_;
+  const RowsScratch& sc = r.sc;
   const int64_t H = c.hidden_size;
-  const InputArgs a = input_args(m_, h_, kCatchUp, ring_h_, ring_x_, mpos_, dpos_, nullptr, nullptr, r.cat);
-  launch_pdl(mtp_input_rows_kernel, dim3(unsigned(n)), dim3(kInputThreads), size_t(2 * H) * 4, s, a, r.row_pos);
+  const InputArgs in = input_args(m_, h_, kCatchUp, ring_h_, ring_x_, mpos_, dpos_, nullptr, nullptr, r.cat);
+  launch_pdl(mtp_input_rows_kernel, dim3(unsigned(n)), dim3(kInputThreads), size_t(2 * H) * 4, s, in, r.row_pos);
   LILAC_CUDA_LAUNCH_CHECK();
-  auto stage = [&](const float* x, int64_t K, Prologue pro, const float* norm_w, bool need4, bool need8) {
-    rows::StageArgs st;
-    st.x = x;
-    st.ldx = K;
-    st.K = K;
-    st.M = n;
-    st.row_slot = r.row_slot;
-    st.pro = pro;
-    st.norm_w = norm_w;
-    st.eps = float(c.rms_norm_eps);
-    st.frag4g = need4 ? r.frag4g : nullptr;
-    st.frag8 = need8 ? r.frag8 : nullptr;
-    st.meta = r.meta;
-    rows::stage(st, s);
-  };
-  auto gemv = [&](const QMatrixDev& W, float* y, int64_t ldy, rows::RowsGemvKernel kernel) {
-    rows::GemvRowsArgs g;
-    g.kernel = kernel;
-    g.W = W;
-    g.frag = W.bits == 4 ? r.frag4g : r.frag8;
-    g.meta = r.meta;
-    g.M = n;
-    g.row_slot = r.row_slot;
-    g.y = y;
-    g.ldy = ldy;
-    g.partials = r.partials;
-    g.partial_floats = r.partial_floats;
-    rows::gemv_rows(g, s);
-  };
-  stage(r.cat, 2 * H, Prologue::None, nullptr, h_.fc.bits == 4, h_.fc.bits == 8);
-  gemv(h_.fc, r.h, H, rows::RowsGemvKernel::Auto);
+  RowsArgs a;
+  a.M = n;
+  a.row_slot = r.row_slot;
+  a.row_pos = r.row_pos;
+  const RowsOps ops{m_, sc, a, s};
+  ops.stage(r.cat, 2 * H, 2 * H, Prologue::None, nullptr, h_.fc.bits == 4, false, h_.fc.bits == 8);
+  ops.gemv(h_.fc, sc.h, H, false);
   const DevLayer& L = h_.layer;
-  stage(r.h, H, Prologue::RmsNorm, L.input_norm, L.in_proj.has_bits(4), L.in_proj.has_bits(8));
+  ops.stage(sc.h, H, H, Prologue::RmsNorm, L.input_norm, L.in_proj.has_bits(4), false, L.in_proj.has_bits(8));
   // the qkv parts on the tiles kernel, Auto's choice for them (one k-tile per slice), without partials' room
-  for (const DevPart& part : L.in_proj.parts)
-    gemv(part.m, r.proj + part.offset, r.proj_stride, rows::RowsGemvKernel::Tiles);
-  rows::attn_qk_norm_rope_append_rows(rows_attn_shape(c), n, r.row_slot, r.row_pos, r.proj, r.proj_stride, L.q_norm,
-                                      L.k_norm, m_.inv_freq, r.q,
-                                      rows::KvPool{k_, v_, max_len_ * c.kv_dim()}, s);
+  ops.proj(L.in_proj, sc.proj, sc.proj_stride, rows::RowsGemvKernel::Tiles);
+  rows::attn_qk_norm_rope_append_rows(rows_attn_shape(c), n, r.row_slot, r.row_pos, sc.proj, sc.proj_stride, L.q_norm,
+                                      L.k_norm, m_.inv_freq, sc.q, rows::KvPool{k_, v_, max_len_ * c.kv_dim()}, s);
   increment_i32(mpos_, s, n);
   LILAC_CUDA_LAUNCH_CHECK();
 }

@@ -70,56 +70,7 @@ bool moe_digits(const DevModel& m) {
 
 size_t align256(size_t n) { return (std::max<size_t>(n, 16) + 255) / 256 * 256; }
 
-// What one step needs besides the model: the rows, the scratch and where the staged input goes.
-struct Ctx {
-  const DevModel& m;
-  const RowsScratch& sc;
-  const RowsArgs& a;
-  cudaStream_t s;
-
-  // Stages x ([M][ldx], K wide) with the prologue into the layouts wanted: 4-bit dense (the group layout),
-  // 4-bit MoE, 8-bit, the digits MoE's (into `digits`, when not null).
-  void stage(const float* x, int64_t ldx, int64_t K, Prologue pro, const float* norm_w, bool need4g, bool need4,
-             bool need8, const float* z = nullptr, int64_t ldz = 0, int head_dim = 0, void* digits = nullptr) const {
-    rows::StageArgs st;
-    st.x = x;
-    st.ldx = ldx;
-    st.K = K;
-    st.M = a.M;
-    st.row_slot = a.row_slot;
-    st.pro = pro;
-    st.norm_w = norm_w;
-    st.z = z;
-    st.ldz = ldz;
-    st.head_dim = head_dim;
-    st.eps = float(m.cfg.rms_norm_eps);
-    st.frag4g = need4g ? sc.frag4g : nullptr;
-    st.frag4 = need4 ? sc.frag4 : nullptr;
-    st.frag8 = need8 ? sc.frag8 : nullptr;
-    st.meta = need4g || need4 || need8 ? sc.meta : nullptr;
-    st.digits = digits;
-    rows::stage(st, s);
-  }
-  void gemv(const QMatrixDev& W, float* y, int64_t ldy, bool acc) const {
-    rows::GemvRowsArgs g;
-    g.W = W;
-    g.frag = W.bits == 4 ? sc.frag4g : sc.frag8;
-    g.meta = sc.meta;
-    g.M = a.M;
-    g.row_slot = a.row_slot;
-    g.y = y;
-    g.ldy = ldy;
-    g.accumulate = acc;
-    g.partials = sc.gemv_partials;
-    g.partial_floats = sc.gemv_partial_floats;
-    rows::gemv_rows(g, s);
-  }
-  void proj(const DevProj& p, float* y, int64_t ldy) const {
-    for (const DevPart& part : p.parts) gemv(part.m, y + part.offset, ldy, false);
-  }
-};
-
-void attention_layer(const Ctx& c, const RowsState& st, const DevLayer& L, int ai) {
+void attention_layer(const RowsOps& c, const RowsState& st, const DevLayer& L, int ai) {
   const ModelConfig& cfg = c.m.cfg;
   const RowsScratch& sc = c.sc;
   const int64_t H = cfg.hidden_size, ps = sc.proj_stride;
@@ -135,7 +86,7 @@ void attention_layer(const Ctx& c, const RowsState& st, const DevLayer& L, int a
   c.gemv(L.out_proj, sc.h, H, true);
 }
 
-void gdn_layer(const Ctx& c, const RowsState& st, const DevLayer& L, int gi) {
+void gdn_layer(const RowsOps& c, const RowsState& st, const DevLayer& L, int gi) {
   const ModelConfig& cfg = c.m.cfg;
   const RowsScratch& sc = c.sc;
   const int64_t H = cfg.hidden_size, ps = sc.proj_stride, vd = cfg.gdn_value_dim();
@@ -149,7 +100,7 @@ void gdn_layer(const Ctx& c, const RowsState& st, const DevLayer& L, int gi) {
   c.gemv(L.out_proj, sc.h, H, true);
 }
 
-void moe_block(const Ctx& c, const DevLayer& L) {
+void moe_block(const RowsOps& c, const DevLayer& L) {
   const ModelConfig& cfg = c.m.cfg;
   const RowsScratch& sc = c.sc;
   const int64_t H = cfg.hidden_size, ldr = cfg.num_experts + 1;
@@ -196,6 +147,49 @@ void check_rows(const RowsScratch& sc, const RowsArgs& a) {
 }
 
 }  // namespace
+
+// ------------------------------------------------------------------------------------------------ RowsOps
+void RowsOps::stage(const float* x, int64_t ldx, int64_t K, Prologue pro, const float* norm_w, bool need4g, bool need4,
+                    bool need8, const float* z, int64_t ldz, int head_dim, void* digits) const {
+  rows::StageArgs st;
+  st.x = x;
+  st.ldx = ldx;
+  st.K = K;
+  st.M = a.M;
+  st.row_slot = a.row_slot;
+  st.pro = pro;
+  st.norm_w = norm_w;
+  st.z = z;
+  st.ldz = ldz;
+  st.head_dim = head_dim;
+  st.eps = float(m.cfg.rms_norm_eps);
+  st.frag4g = need4g ? sc.frag4g : nullptr;
+  st.frag4 = need4 ? sc.frag4 : nullptr;
+  st.frag8 = need8 ? sc.frag8 : nullptr;
+  st.meta = need4g || need4 || need8 ? sc.meta : nullptr;
+  st.digits = digits;
+  rows::stage(st, s);
+}
+
+void RowsOps::gemv(const QMatrixDev& W, float* y, int64_t ldy, bool acc, rows::RowsGemvKernel kernel) const {
+  rows::GemvRowsArgs g;
+  g.W = W;
+  g.frag = W.bits == 4 ? sc.frag4g : sc.frag8;
+  g.meta = sc.meta;
+  g.M = a.M;
+  g.row_slot = a.row_slot;
+  g.y = y;
+  g.ldy = ldy;
+  g.accumulate = acc;
+  g.partials = sc.gemv_partials;
+  g.partial_floats = sc.gemv_partial_floats;
+  g.kernel = kernel;
+  rows::gemv_rows(g, s);
+}
+
+void RowsOps::proj(const DevProj& p, float* y, int64_t ldy, rows::RowsGemvKernel kernel) const {
+  for (const DevPart& part : p.parts) gemv(part.m, y + part.offset, ldy, false, kernel);
+}
 
 size_t rows_scratch_bytes(const DevModel& m, int max_rows, int n_split) {
   const ModelConfig& c = m.cfg;
@@ -283,7 +277,7 @@ bool rows_step_exact(const DevModel& m) {
 void enqueue_rows_body(const DevModel& m, const RowsState& st, const RowsScratch& sc, const RowsArgs& a,
                        cudaStream_t s) {
   check_rows(sc, a);
-  const Ctx c{m, sc, a, s};
+  const RowsOps c{m, sc, a, s};
   rows::embed_rows(m.embed, a.M, a.row_slot, a.tokens, a.tok_idx, sc.h, m.cfg.hidden_size, s);
   int ai = 0, gi = 0;
   for (const DevLayer& L : m.layers) {
@@ -297,7 +291,7 @@ void enqueue_rows_body(const DevModel& m, const RowsState& st, const RowsScratch
 
 void enqueue_rows_head(const DevModel& m, const RowsScratch& sc, const RowsArgs& a, cudaStream_t s) {
   check_rows(sc, a);
-  const Ctx c{m, sc, a, s};
+  const RowsOps c{m, sc, a, s};
   const int64_t H = m.cfg.hidden_size;
   if (m.lm_tiles) {
     enqueue_lm_head(m, sc.h, H, a.M, a.row_slot, m.final_norm, sc.logits, m.cfg.vocab_size, sc.digits, s);

@@ -86,6 +86,25 @@ struct RowsArgs {
   bool finish = false;  // enqueue_rows_step: enqueue_rows_finish
 };
 
+// The staging and the dense products of a rows step (what every layer of enqueue_rows_body runs), for a.M rows
+// over a scratch: its frag4g / frag4 / frag8 / meta for the staged input, gemv_partials for the slice kernel. Also
+// for other multi-row passes (the MTP head's catch-up rows, mtp_head.cu) with a scratch that has those fields.
+struct RowsOps {
+  const DevModel& m;
+  const RowsScratch& sc;
+  const RowsArgs& a;
+  cudaStream_t s;
+  // Stages x ([M][ldx], K wide) with the prologue into the layouts wanted: 4-bit dense (the group layout),
+  // 4-bit MoE, 8-bit, the digits MoE's (into `digits`, when not null).
+  void stage(const float* x, int64_t ldx, int64_t K, Prologue pro, const float* norm_w, bool need4g, bool need4,
+             bool need8, const float* z = nullptr, int64_t ldz = 0, int head_dim = 0, void* digits = nullptr) const;
+  // y [M][ldy] (+)= W · the staged rows.
+  void gemv(const QMatrixDev& W, float* y, int64_t ldy, bool acc,
+            rows::RowsGemvKernel kernel = rows::RowsGemvKernel::Auto) const;
+  // Every part of p into its columns of y.
+  void proj(const DevProj& p, float* y, int64_t ldy, rows::RowsGemvKernel kernel = rows::RowsGemvKernel::Auto) const;
+};
+
 // Whether the rows kernels take this model (shapes, limits) for up to max_rows rows.
 bool rows_step_supported(const DevModel& m, int max_rows);
 // Whether a row of the rows step is bit for bit the single-row decode step (see the top of this file).
