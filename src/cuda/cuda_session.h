@@ -131,6 +131,7 @@ class CudaSession : public Session, public PoolClient {
   SeqState seq_;
   bool pending_ = false;  // a sampled token waits in *seq_.token
   bool mask_on_ = false;  // set_token_mask's bitmask (in seq_.allowed) applies to the next choice
+  bool no_penalties_ = false;  // the generation's sampling has no penalties (a verify samples in one pass)
   uint32_t* host_mask_ = nullptr;  // pinned [allowed_words(vocab)]: the upload's source
   void* masked_scratch_ = nullptr;  // rows::sample_token_masked's scratch
   DecodeScratch sc_;

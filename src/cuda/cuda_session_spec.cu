@@ -1,6 +1,7 @@
 // CudaSession's speculative decoding (engine/backend.h's contract; ../shared/MODEL_MTP.md): the MTP head
 // (mtp_head.h) fed by the session's steps, draft(), verify(), and snapshots that carry the head's cache.
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 
 #include "core/error.h"
@@ -10,6 +11,16 @@
 
 namespace lilac::cuda {
 namespace {
+
+// Whether a verify without penalties samples its rows in one pass (LILAC_VERIFY_ONE_PASS=0: row by row, as
+// with penalties; for measurement).
+bool verify_one_pass() {
+  static const bool on = [] {
+    const char* e = std::getenv("LILAC_VERIFY_ONE_PASS");
+    return !(e && std::string(e) == "0");
+  }();
+  return on;
+}
 
 // A snapshot taken while the session followed the context with its MTP head: the sequence's state plus
 // the head's cache.
@@ -100,7 +111,7 @@ std::vector<TokenChoice> CudaSession::verify_rows(std::span<const int32_t> draft
   else
     LILAC_CUDA_CHECK(
         cudaMemcpyAsync(verify_->drafts(), drafts.data(), size_t(n) * 4, cudaMemcpyHostToDevice, stream_));
-  verify_->run(n, host_verify_, stream_);
+  verify_->run(n, no_penalties_ && verify_one_pass(), host_verify_, stream_);
   sync();
   const int m = host_verify_->accepted;
   if (m < 0 || m > n) throw Error("cuda verify: accepted count out of range");

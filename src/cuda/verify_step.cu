@@ -1,12 +1,14 @@
 #include "cuda/verify_step.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <vector>
 
 #include "core/error.h"
 #include "cuda/cuda_common.h"
 #include "cuda/graph_capture.h"
 #include "cuda/kernels/launch.cuh"
+#include "cuda/kernels/rows/rows_mm.h"
 #include "cuda/rows_step.h"
 
 namespace lilac::cuda {
@@ -25,18 +27,25 @@ __global__ void verify_prep_kernel(const int32_t* pending, const int32_t* pos, i
   if (i == 0) toks[0] = *pending;
 }
 
-// The acceptance of n drafts (toks[1..n]) against the choices of rows 0..n; undoes what the sampler did
-// for the rows after the first rejection; the sequence's pending token and position move on.
-__global__ void verify_accept_kernel(int n, const int32_t* toks, const int32_t* chosen, int32_t* counts,
-                                     SampleParamsDev* params, int32_t* token, int32_t* pos, int32_t* keep,
-                                     int32_t* accepted) {
+// The acceptance of n drafts (toks[1..n]) against the choices of rows 0..n; the sampler's effects on the
+// sequence (penalty counts, step) for rows 0..m only: undone for the rows after the first rejection when
+// the rows were sampled one by one, done for the kept rows when they were sampled in one pass; the
+// sequence's pending token and position move on.
+__global__ void verify_accept_kernel(int n, bool one_pass, const int32_t* toks, const int32_t* chosen,
+                                     int32_t* counts, SampleParamsDev* params, int32_t* token, int32_t* pos,
+                                     int32_t* keep, int32_t* accepted) {
   pdl_wait();
   pdl_trigger();
   if (threadIdx.x != 0) return;
   int m = 0;
   while (m < n && chosen[m] == toks[m + 1]) ++m;
-  for (int i = m + 1; i <= n; ++i) counts[chosen[i]] -= 1;
-  params->step -= static_cast<unsigned long long>(n - m);
+  if (one_pass) {
+    for (int i = 0; i <= m; ++i) counts[chosen[i]] += 1;
+    params->step += static_cast<unsigned long long>(m + 1);
+  } else {
+    for (int i = m + 1; i <= n; ++i) counts[chosen[i]] -= 1;
+    params->step -= static_cast<unsigned long long>(n - m);
+  }
   *token = chosen[m];
   *pos = *pos + m + 1;
   *keep = m + 1;
@@ -67,8 +76,10 @@ struct VerifyStep::Impl {
   int32_t* row_pos = nullptr;   // [kRows]
   int32_t* chosen = nullptr;    // [kRows]
   int32_t* keep = nullptr;      // [1]
-  int32_t* accepted = nullptr;  // [1]
-  cudaGraphExec_t graphs[kRows] = {};  // graphs[n]: n drafts
+  VerifyOut* out = nullptr;     // the device's copy of what run() hands the host: accepted, results
+  int32_t* accepted = nullptr;  // &out->accepted
+  SampleResult* results = nullptr;  // out->results
+  cudaGraphExec_t graphs[2][kRows] = {};  // graphs[one_pass][n]: n drafts
   // The GDN commit's own stream and graph (the same for every n: `keep` is device memory), the events
   // that order it after the verify and the sequence's next work after it, and whether that is owed.
   cudaStream_t side = nullptr;
@@ -85,11 +96,12 @@ struct VerifyStep::Impl {
     if (side) cudaStreamDestroy(side);
   }
   void drop_graphs() {
-    for (cudaGraphExec_t& g : graphs)
-      if (g) cudaGraphExecDestroy(g), g = nullptr;
+    for (auto& row : graphs)
+      for (cudaGraphExec_t& g : row)
+        if (g) cudaGraphExecDestroy(g), g = nullptr;
     if (commit_graph) cudaGraphExecDestroy(commit_graph), commit_graph = nullptr;
   }
-  void enqueue(int n, cudaStream_t s);
+  void enqueue(int n, bool one_pass, cudaStream_t s);
   void bind();  // rs's views of st
 };
 
@@ -135,7 +147,9 @@ VerifyStep::VerifyStep(const DevModel& m, const SeqState& st, const DecodeScratc
   p.row_pos = static_cast<int32_t*>(mem.get(kRows * 4));
   p.chosen = static_cast<int32_t*>(mem.get(kRows * 4));
   p.keep = static_cast<int32_t*>(mem.get(4));
-  p.accepted = static_cast<int32_t*>(mem.get(4));
+  p.out = static_cast<VerifyOut*>(mem.get(sizeof(VerifyOut)));
+  p.accepted = &p.out->accepted;
+  p.results = p.out->results;
   LILAC_CUDA_CHECK(cudaMemset(p.row_slot, 0, kRows * 4));  // read before the GDN kernels' pdl_wait: set once
   LILAC_CUDA_CHECK(cudaStreamCreateWithFlags(&p.side, cudaStreamNonBlocking));
   LILAC_CUDA_CHECK(cudaEventCreateWithFlags(&p.verified, cudaEventDisableTiming));
@@ -156,7 +170,7 @@ int32_t* VerifyStep::drafts() const { return p_->toks + 1; }
 const int32_t* VerifyStep::tokens() const { return p_->toks; }
 const float* VerifyStep::hidden() const { return p_->sc.h; }
 
-void VerifyStep::Impl::enqueue(int n, cudaStream_t s) {
+void VerifyStep::Impl::enqueue(int n, bool one_pass, cudaStream_t s) {
   const int M = n + 1;
   const int64_t V = m.cfg.vocab_size;
   launch_pdl(verify_prep_kernel, dim3(1), dim3(32), 0, s, static_cast<const int32_t*>(st.token),
@@ -170,10 +184,25 @@ void VerifyStep::Impl::enqueue(int n, cudaStream_t s) {
   a.gdn_mode = rows::GdnMode::Log;
   enqueue_rows_body(m, rs, sc, a, s);
   enqueue_rows_head(m, sc, a, s);
-  for (int i = 0; i < M; ++i)  // in order: row i sees the counts and the step after rows 0..i-1
-    sample_token(sc.logits + int64_t(i) * V, V, st.params, st.counts, st.prompt_mask, dsc.sample_scratch, chosen + i,
-                 sc.results + i, s);
-  launch_pdl(verify_accept_kernel, dim3(1), dim3(32), 0, s, n, static_cast<const int32_t*>(toks),
+  if (one_pass) {  // no penalties: row i's choice depends on the step only (params.step + i)
+    rows::SampleRowsArgs r;
+    r.logits = sc.logits;
+    r.vocab = V;
+    r.M = M;
+    r.one_sequence = true;
+    r.params = st.params;
+    r.counts = st.counts;
+    r.prompt_mask = st.prompt_mask;
+    r.token_by_row = chosen;
+    r.results = results;
+    r.scratch = sc.sample;
+    rows::sample_rows(r, s);
+  } else {
+    for (int i = 0; i < M; ++i)  // in order: row i sees the counts and the step after rows 0..i-1
+      sample_token(sc.logits + int64_t(i) * V, V, st.params, st.counts, st.prompt_mask, dsc.sample_scratch,
+                   chosen + i, results + i, s);
+  }
+  launch_pdl(verify_accept_kernel, dim3(1), dim3(32), 0, s, n, one_pass, static_cast<const int32_t*>(toks),
              static_cast<const int32_t*>(chosen), st.counts, st.params, st.token, st.pos, keep, accepted);
   LILAC_CUDA_LAUNCH_CHECK();
   const int blocks = int(std::min<int64_t>(64, (V + 255) / 256));
@@ -182,14 +211,15 @@ void VerifyStep::Impl::enqueue(int n, cudaStream_t s) {
   LILAC_CUDA_LAUNCH_CHECK();
 }
 
-void VerifyStep::run(int n, VerifyOut* out, cudaStream_t s) {
+void VerifyStep::run(int n, bool one_pass, VerifyOut* out, cudaStream_t s) {
   LILAC_CHECK(n >= 1 && n <= kMaxVerifyDrafts, "cuda verify: draft count out of range");
   Impl& p = *p_;
-  if (!p.graphs[n]) p.graphs[n] = capture_graph(s, [&] { p.enqueue(n, s); });
-  LILAC_CUDA_CHECK(cudaGraphLaunch(p.graphs[n], s));
-  LILAC_CUDA_CHECK(cudaMemcpyAsync(&out->accepted, p.accepted, 4, cudaMemcpyDeviceToHost, s));
-  LILAC_CUDA_CHECK(
-      cudaMemcpyAsync(out->results, p.sc.results, sizeof(SampleResult) * size_t(n + 1), cudaMemcpyDeviceToHost, s));
+  cudaGraphExec_t& g = p.graphs[one_pass ? 1 : 0][n];
+  if (!g) g = capture_graph(s, [&] { p.enqueue(n, one_pass, s); });
+  LILAC_CUDA_CHECK(cudaGraphLaunch(g, s));
+  // One copy: the accepted count and the n + 1 rows' results.
+  LILAC_CUDA_CHECK(cudaMemcpyAsync(out, p.out, offsetof(VerifyOut, results) + sizeof(SampleResult) * size_t(n + 1),
+                                   cudaMemcpyDeviceToHost, s));
   if (p.rs.gdn.empty()) return;
   // The GDN commit on the side stream: off the path to the host's results and the head's drafts.
   if (!p.commit_graph)

@@ -4,8 +4,10 @@
 //   Gated DeltaNet in Log mode (the recurrent and conv states stay as they were; each row's inputs are
 //   logged) → for rows i = 0..n in order, sample_token on row i's logits with the sequence's sampler (the
 //   very kernel decode_step() runs: penalties count the rows before it, params.step gives row i the random
-//   draw decode_step() would make) → accept: m = the first i < n whose choice differs from draft i (else
-//   n); the penalty counts and the step of rows m+1..n undone; the pending token = choice m; *pos += m + 1
+//   draw decode_step() would make) — or, for a sequence without penalties (`one_pass`), the same sampler
+//   over all rows at once (rows::sample_rows, one_sequence: row i at params.step + i) → accept: m = the
+//   first i < n whose choice differs from draft i (else n); the penalty counts and the step cover rows
+//   0..m only; the pending token = choice m; *pos += m + 1
 //   → the logits of row m become the sequence's current logits. Then, on a stream of its own and so off the
 //   path to the host's results (and to the MTP head's next drafts, which do not read the GDN state),
 //   gdn_commit_rows(keep = m + 1) advances every GDN layer's state over the kept rows; join() orders the
@@ -52,8 +54,9 @@ class VerifyStep {
   int32_t* drafts() const;
   // Enqueues the step for n drafts (1 <= n <= kMaxVerifyDrafts) and the copy of its results into `out`
   // (pinned host memory) on s, the GDN commit on the side stream; the caller synchronises s, and calls
-  // join() before anything else reads or writes the sequence's state.
-  void run(int n, VerifyOut* out, cudaStream_t s);
+  // join() before anything else reads or writes the sequence's state. one_pass: the sequence's sampling
+  // has no penalties (presence, frequency, repetition), so its rows are sampled in one pass.
+  void run(int n, bool one_pass, VerifyOut* out, cudaStream_t s);
   // Makes s wait for the last run()'s GDN commit (no-op when none is owed).
   void join(cudaStream_t s);
   // After run(): the rows' tokens (device [n + 1]) and their hiddens (device [n + 1][hidden], the residual

@@ -513,6 +513,32 @@ TEST(CudaSpec, RowsVerifyEqualsOneByOneAtRealWidth) {
   EXPECT_GT(g_rows_verifies, 0);
 }
 
+// Sampling without penalties: the verify samples its rows in one pass (row i at the step plain decoding would
+// use for it; the counts and the step for the kept rows only), with the head drafting between rounds (its
+// catch-up starts at the end of each verify): every choice, logprob and the logits after each round are
+// plain decoding's for the seed; then a greedy generation on the same session after it.
+TEST(CudaSpec, RowsVerifySampledWithoutPenaltiesInOnePass) {
+  NEED_CUDA();
+  auto be = cuda::make_synthetic_cuda_backend(cuda::synthetic_config(4), 3);
+  const int64_t V = be->config().vocab_size, P = 33, N = 40, max_len = 128;
+  const auto prompt = random_tokens(P, V, 23);
+  const int K = 4;
+  for (uint64_t seed : {4u, 9u}) {
+    SamplingParams sp;
+    sp.temperature = 1.0f;
+    sp.top_p = 0.9f;
+    sp.top_k = 64;
+    sp.seed = seed;
+    sp.logprobs = true;
+    sp.top_logprobs = 2;
+    const Reference ref = decode_plainly(*be, prompt, sp, N, max_len, 256);
+    auto lengths = speculate_against(*be, prompt, sp, ref, K, max_len, 256, true,
+                                     [&](int round) { return (round + int(seed)) % (K + 2); });
+    for (int a = 0; a <= K; ++a) EXPECT_GT(lengths[static_cast<size_t>(a)], 0) << "acceptance length " << a;
+    EXPECT_GT(g_rows_verifies, 0) << "no verify ran on the multi-row kernels";
+  }
+}
+
 // decode_batch keeps a drafting session's MTP head in step (tiny-mtp: the batch steps session by session,
 // its rows step not being bitwise the single step there): after batched steps its drafts are those of a
 // session stepped alone, and its tokens too.

@@ -246,3 +246,55 @@ TEST(RowsSample, SingleRowWithoutMaskIsSampleToken) {
 }
 
 }  // namespace
+
+// One sequence's next M choices in one pass (one_sequence: the verify's rows without penalties): row r is what
+// sample_token chooses after r choices (its step + r) — greedy and seeded sampling with filters, logprobs —
+// and the sequence's counts and step are left to the caller.
+TEST(RowsSample, OneSequenceRowsAreTheChoicesInTurn) {
+  NEED_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  Rng r(seed);
+  for (int64_t vocab : {int64_t(248320), int64_t(1001)}) {
+    for (float temp : {0.f, 1.1f}) {
+      SCOPED_TRACE("vocab " + std::to_string(vocab) + ", temperature " + std::to_string(temp));
+      const int M = 5;
+      const lc::SampleParamsDev p0 = params(temp, 30, 0.9f, 0.01f, 0.f, 0.f, 1.f, 3, 17, 4);
+      std::vector<int32_t> counts(static_cast<size_t>(vocab), 0);
+      for (int i = 0; i < 50; ++i) counts[r.word() % vocab] = 2;
+      const std::vector<uint8_t> mask(static_cast<size_t>(vocab), 0);
+      const auto logits = randv(r, size_t(M * vocab), 2.f);
+      Dev<float> dl(logits);
+      Dev<lc::SampleParamsDev> dp(std::vector<lc::SampleParamsDev>{p0});
+      Dev<int32_t> dc(counts), tok(std::vector<int32_t>(M, -1));
+      Dev<uint8_t> dm(mask);
+      Dev<char> scratch(lr::sample_rows_scratch_bytes(vocab, M));
+      Dev<lc::SampleResult> res(M);
+      lr::SampleRowsArgs a;
+      a.logits = dl.p;
+      a.vocab = vocab;
+      a.M = M;
+      a.one_sequence = true;
+      a.params = dp.p;
+      a.counts = dc.p;
+      a.prompt_mask = dm.p;
+      a.token_by_row = tok.p;
+      a.results = res.p;
+      a.scratch = scratch.p;
+      lr::sample_rows(a, nullptr);
+      CK(cudaDeviceSynchronize());
+      const auto got = res.get();
+      const auto got_tok = tok.get();
+      EXPECT_EQ(dc.get(), counts) << "one_sequence wrote the counts";
+      EXPECT_EQ(dp.get()[0].step, p0.step) << "one_sequence moved the step";
+      lc::SampleParamsDev p = p0;  // sample_token row by row: each choice moves the step
+      std::vector<int32_t> c = counts;
+      for (int m = 0; m < M; ++m) {
+        const auto want = today(dl.p + m * vocab, vocab, p, c, mask);
+        expect_same_result(got[size_t(m)], want, "row " + std::to_string(m));
+        EXPECT_EQ(got_tok[size_t(m)], want.token) << "row " << m;
+      }
+      EXPECT_EQ(p.step, p0.step + M);
+    }
+  }
+}

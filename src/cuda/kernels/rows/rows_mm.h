@@ -137,6 +137,12 @@ struct SampleRowsArgs {
   const uint32_t* allowed = nullptr;
   const int32_t* allowed_on = nullptr;
   int32_t* token_by_slot = nullptr;
+  int32_t* token_by_row = nullptr;  // optional: row r's token
+  // The M rows are one sequence's next M choices (slot 0; row_slot, token_by_slot unused): row r samples at
+  // its params' step + r, and nothing of the sequence's state is written (counts, step: the caller's, for
+  // the rows it keeps). Only for a sequence without penalties: a row's choice must not depend on the rows
+  // before it.
+  bool one_sequence = false;
   SampleResult* results = nullptr;
   void* scratch = nullptr;         // sample_rows_scratch_bytes(vocab, M)
 };

@@ -2,7 +2,9 @@
 // (264 blocks per row over the vocabulary, gridDim.y = M) and a select kernel (one block per row), each row
 // reading its slot's parameters, penalty counts, prompt mask and optional allowed-token bitmask. A row's
 // arithmetic does not depend on M or on the other rows; sample_token (sampling/sample.cu) is this code at
-// M = 1, so a row's choice and logprobs are bit for bit the same in a batch as alone.
+// M = 1, so a row's choice and logprobs are bit for bit the same in a batch as alone. With one_sequence the
+// rows are one sequence's next choices (a speculative verify without penalties): row r draws at step + r,
+// as sample_token would after r choices, and the sequence's counts and step are the caller's to move.
 #include <cfloat>
 
 #include "cuda/cuda_common.h"
@@ -59,7 +61,7 @@ struct RowState {
 };
 __device__ __forceinline__ RowState row_state(const SampleRowsArgs& a, int r) {
   RowState s;
-  s.slot = a.row_slot ? a.row_slot[r] : r;
+  s.slot = a.one_sequence ? 0 : a.row_slot ? a.row_slot[r] : r;
   s.allowed = nullptr;
   if (s.slot >= 0 && a.allowed != nullptr && (a.allowed_on == nullptr || a.allowed_on[s.slot] != 0))
     s.allowed = a.allowed + int64_t(s.slot) * ((a.vocab + 31) / 32);
@@ -317,7 +319,8 @@ __global__ void __launch_bounds__(kSelThreads) sample_select_rows_kernel(SampleR
   SampleResult* result = a.results + row;
   __shared__ float red[32];
   __shared__ int redi[32];
-  const SampleParamsDev p = *prm;
+  SampleParamsDev p = *prm;
+  if (a.one_sequence) p.step += static_cast<unsigned long long>(row);  // row r: the sequence's r-th next choice
   Partial r{-INFINITY, 0.f, -INFINITY, kNone, kNone};
   if (threadIdx.x < kPassBlocks) r = sc.partials[threadIdx.x];
   {
@@ -341,9 +344,12 @@ __global__ void __launch_bounds__(kSelThreads) sample_select_rows_kernel(SampleR
     result->token = token;
     result->logprob = p.logprobs ? logits[token] - lse : 0.f;
     result->n_top = 0;
-    if (a.token_by_slot != nullptr) a.token_by_slot[rs.slot] = token;
-    a.counts[int64_t(rs.slot) * vocab + token] += 1;
-    prm->step = p.step + 1;
+    if (a.token_by_row != nullptr) a.token_by_row[row] = token;
+    if (!a.one_sequence) {  // one sequence's rows: the caller counts the rows it keeps and moves the step
+      if (a.token_by_slot != nullptr) a.token_by_slot[rs.slot] = token;
+      a.counts[int64_t(rs.slot) * vocab + token] += 1;
+      prm->step = p.step + 1;
+    }
   }
   const int ntop = p.top_logprobs < kMaxTopLogprobs ? p.top_logprobs : kMaxTopLogprobs;
   if (p.logprobs && ntop > 0) {
