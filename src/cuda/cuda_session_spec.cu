@@ -120,7 +120,12 @@ std::vector<TokenChoice> CudaSession::verify_rows(std::span<const int32_t> draft
   seq_.len = len0 + m + 1;
   pending_ = true;
   ++rows_verifies_;
-  if (following_mtp()) mtp_->on_fed(len0, m + 1, verify_->tokens(), verify_->hidden(), m_.cfg.hidden_size, stream_);
+  if (following_mtp()) {
+    mtp_->on_fed(len0, m + 1, verify_->tokens(), verify_->hidden(), m_.cfg.hidden_size, stream_);
+    // The head's catch-up over the kept rows now, while the host takes the choices (the next draft() would
+    // run it first anyway, after the host's turn; a plain step next would queue behind it either way).
+    if (!draft_sink_) mtp_->run_pending(stream_);
+  }
   return out;
 }
 

@@ -126,7 +126,9 @@ __global__ void __launch_bounds__(kInputThreads) mtp_input_rows_kernel(InputArgs
             a.cat + int64_t(blockIdx.x) * 2 * H);
 }
 
-// Greedy argmax of the head's logits (ties to the lower id, NaN never wins): block partials, then one block.
+// Greedy argmax of the head's logits (ties to the lower id, NaN never wins) in one launch: block partials;
+// the last block to finish (an arrival counter, reset by it for the next launch) merges them. The merge is an
+// order-free maximum, so the choice does not depend on which block is last.
 constexpr int kArgBlocks = 128, kArgThreads = 256;
 struct ArgPart {
   float v;
@@ -153,7 +155,10 @@ __device__ void block_best(float& v, int& i) {
   }
 }
 
-__global__ void __launch_bounds__(kArgThreads) argmax_partial_kernel(const float* x, int64_t n, ArgPart* part) {
+__global__ void __launch_bounds__(kArgThreads) argmax_kernel(const float* x, int64_t n, ArgPart* part,
+                                                               unsigned* arrived, int32_t* out) {
+  static_assert(kArgBlocks <= kArgThreads, "the last block merges a partial per thread");
+  __shared__ bool last;
   pdl_wait();
   pdl_trigger();
   float v = -INFINITY;
@@ -163,16 +168,26 @@ __global__ void __launch_bounds__(kArgThreads) argmax_partial_kernel(const float
     if (better(y, int(j), v, idx)) v = y, idx = int(j);  // NaN: never better
   }
   block_best(v, idx);
-  if (threadIdx.x == 0) part[blockIdx.x] = {v, idx};
-}
-
-__global__ void __launch_bounds__(kArgBlocks) argmax_final_kernel(const ArgPart* part, int32_t* out) {
-  pdl_wait();
-  pdl_trigger();
-  float v = part[threadIdx.x].v;
-  int idx = part[threadIdx.x].i;
+  if (threadIdx.x == 0) {
+    part[blockIdx.x] = {v, idx};
+    __threadfence();
+    last = atomicAdd(arrived, 1u) == gridDim.x - 1;
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  v = -INFINITY;
+  idx = 0x7fffffff;
+  if (threadIdx.x < gridDim.x) {  // the other blocks' partials, from L2 (not this SM's L1)
+    const volatile ArgPart* q = part + threadIdx.x;
+    v = q->v;
+    idx = q->i;
+  }
   block_best(v, idx);
-  if (threadIdx.x == 0) *out = idx == 0x7fffffff ? 0 : idx;
+  if (threadIdx.x == 0) {
+    *out = idx == 0x7fffffff ? 0 : idx;
+    *arrived = 0;
+  }
 }
 
 void sync(cudaStream_t s) { LILAC_CUDA_CHECK(cudaStreamSynchronize(s)); }
@@ -250,7 +265,8 @@ MtpHead::MtpHead(const DevModel& m, DevAlloc& mem, int64_t max_len, int32_t* dra
   dpos_ = static_cast<int32_t*>(mem.get(4));
   cat_ = static_cast<float*>(mem.get(size_t(2 * H) * 4));
   logits_ = static_cast<float*>(mem.get(size_t(kMaxDrafts) * size_t(c.vocab_size) * 4));
-  argmax_scratch_ = mem.get(sizeof(ArgPart) * kArgBlocks);
+  argmax_scratch_ = mem.get(sizeof(ArgPart) * kArgBlocks + sizeof(unsigned));
+  LILAC_CUDA_CHECK(cudaMemset(static_cast<ArgPart*>(argmax_scratch_) + kArgBlocks, 0, sizeof(unsigned)));
   sc_ = alloc_decode_scratch(mem, m, max_len);
   if (rows_wanted(m)) alloc_rows(mem);
   LILAC_CUDA_CHECK(cudaMallocHost(&host_drafts_, sizeof(int32_t) * kMaxDrafts));
@@ -311,9 +327,8 @@ void MtpHead::enqueue_row(int mode, const int32_t* token, float* logits, int32_t
   if (logits) enqueue_head_row(m_, h_.norm, logits, sc_, s);
   if (draft_out) {
     auto* part = static_cast<ArgPart*>(argmax_scratch_);
-    launch_pdl(argmax_partial_kernel, dim3(kArgBlocks), dim3(kArgThreads), 0, s, static_cast<const float*>(logits),
-               int64_t(c.vocab_size), part);
-    launch_pdl(argmax_final_kernel, dim3(1), dim3(kArgBlocks), 0, s, static_cast<const ArgPart*>(part), draft_out);
+    launch_pdl(argmax_kernel, dim3(kArgBlocks), dim3(kArgThreads), 0, s, static_cast<const float*>(logits),
+               int64_t(c.vocab_size), part, reinterpret_cast<unsigned*>(part + kArgBlocks), draft_out);
     LILAC_CUDA_LAUNCH_CHECK();
   }
 }
