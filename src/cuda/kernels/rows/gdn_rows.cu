@@ -2,9 +2,11 @@
 // conv + SiLU of the qkv channels, then the delta-rule step, the rows of one sequence in order with the
 // state in registers.
 //
-// gdn_step_rows: two launches. gdn_conv_rows_kernel convolves every qkv channel of every run (a thread
-// per channel, the run's rows in order; each channel's conv state and log entry have that one writer)
-// into a [M][conv_dim] scratch; gdn_rows_kernel then reads its block's channels from there.
+// gdn_step_rows in Advance mode: two launches. gdn_conv_rows_kernel convolves every qkv channel of every
+// run (a thread per channel, the run's rows in order; each channel's conv state and log entry have that
+// one writer) into a [M][conv_dim] scratch; gdn_rows_kernel then reads its block's channels from there.
+// In Log mode (a speculative verify) the conv state is only read, so gdn_rows_kernel convolves its own
+// channels as the commit does (below, without the counter): one launch.
 // gdn_commit_rows: one launch, gdn_rows_kernel with the conv inside (it replays logged raw rows of all
 // layers at once): per row the conv of the channels the block needs — q and k of its key head (dk each)
 // and v of its 16 columns — one channel per thread and 128-channel round, taps and the previous K-1
@@ -23,6 +25,7 @@
 // Rows' inputs are requested one row ahead. The state and conv state are loaded before pdl_wait() in
 // gdn_step_rows (see rows_state.h for the rule that allows it), after it in gdn_commit_rows.
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include "cuda/cuda_common.h"
@@ -103,17 +106,17 @@ __device__ __forceinline__ float conv_step(const float (&w)[kMaxConvK - 1], floa
 // +1.6 % at 16 streams, +2 % at 64). With the conv in its own kernel the step needs 90 registers; caps
 // for 6 or 8 blocks (78 / 64 registers, no spills) were no faster (bench --batch within noise at 16, −1 %
 // at 64 for 8). 0: no cap.
-template <int R, bool COMMIT>
-constexpr int kMinBlocks = !COMMIT && R <= 4 ? 5 : 0;
+template <int R, bool CONV>
+constexpr int kMinBlocks = !CONV && R <= 4 ? 5 : 0;
 // R: rows of the state per thread (dk <= 32 R); CPT: conv channels per thread (2 dk + 16 channels).
 // VEC: dv % 4 == 0 and every state 16-byte aligned. COMMIT: gdn_commit_rows (Tab = LayerTable).
-template <int R, bool VEC, bool COMMIT, class Tab>
-__global__ void __launch_bounds__(kThreads, (kMinBlocks<R, COMMIT>))
+// CONV: the conv inside (the commit; the step in Log mode, whose conv state is only read), else the step
+// takes the qkv channels after the conv from gdn_conv_rows_kernel.
+template <int R, bool VEC, bool COMMIT, bool CONV, class Tab>
+__global__ void __launch_bounds__(kThreads, (kMinBlocks<R, CONV>))
     gdn_rows_kernel(GdnArgs a, const __grid_constant__ Tab tab) {
+  static_assert(CONV || !COMMIT, "the commit replays raw rows through the conv");
   constexpr int CPT = (64 * R + kCols + kThreads - 1) / kThreads;
-  // The step (gdn_step_rows) takes the qkv channels after the conv from gdn_conv_rows_kernel; the commit
-  // replays the logged raw rows through the conv itself (one launch for all layers).
-  constexpr bool CONV = COMMIT;
   __shared__ float xs[2 * kMaxDk + kCols];         // the row's conv outputs: q [dk], k [dk], v [16]
   __shared__ float part_u[kWarps][kColGroups][6];  // Σ S k (4 columns), Σ k², Σ q² per warp
   __shared__ float part_o[kWarps][kCols];
@@ -218,7 +221,7 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<R, COMMIT>))
   // the conv state arrival (see 3.): issued once the first row's conv has consumed the conv state, so its
   // round trip overlaps the rows' math instead of ending the block
   const int ratio = s.Hv / s.Hk;
-  unsigned* const ctr = CONV ? L.conv_sync + int64_t(slot) * s.Hk + h / ratio : nullptr;
+  unsigned* const ctr = CONV && write_state ? L.conv_sync + int64_t(slot) * s.Hk + h / ratio : nullptr;
   unsigned seen = 0;
   for (int j = 0; j < n; ++j) {
     float xr[CPT];
@@ -427,18 +430,28 @@ void check_shape(const GdnRowsShape& s) {
       "rows gdn: unsupported shape (dk " + std::to_string(s.dk) + ", conv kernel " + std::to_string(s.conv_k) + ")");
 }
 
-template <bool COMMIT, class Tab>
+template <bool COMMIT, bool CONV, class Tab>
 void launch(bool vec, const dim3& grid, const GdnArgs& a, const Tab& t, cudaStream_t stream) {
   const int rows = (a.s.dk + kRowGroups - 1) / kRowGroups;  // state rows per thread, 1..8
   auto go = [&](auto kernel) { launch_pdl(kernel, grid, dim3(kThreads), 0, stream, a, t); };
   if (rows <= 1)
-    vec ? go(gdn_rows_kernel<1, true, COMMIT, Tab>) : go(gdn_rows_kernel<1, false, COMMIT, Tab>);
+    vec ? go(gdn_rows_kernel<1, true, COMMIT, CONV, Tab>) : go(gdn_rows_kernel<1, false, COMMIT, CONV, Tab>);
   else if (rows <= 2)
-    vec ? go(gdn_rows_kernel<2, true, COMMIT, Tab>) : go(gdn_rows_kernel<2, false, COMMIT, Tab>);
+    vec ? go(gdn_rows_kernel<2, true, COMMIT, CONV, Tab>) : go(gdn_rows_kernel<2, false, COMMIT, CONV, Tab>);
   else if (rows <= 4)
-    vec ? go(gdn_rows_kernel<4, true, COMMIT, Tab>) : go(gdn_rows_kernel<4, false, COMMIT, Tab>);
+    vec ? go(gdn_rows_kernel<4, true, COMMIT, CONV, Tab>) : go(gdn_rows_kernel<4, false, COMMIT, CONV, Tab>);
   else
-    vec ? go(gdn_rows_kernel<8, true, COMMIT, Tab>) : go(gdn_rows_kernel<8, false, COMMIT, Tab>);
+    vec ? go(gdn_rows_kernel<8, true, COMMIT, CONV, Tab>) : go(gdn_rows_kernel<8, false, COMMIT, CONV, Tab>);
+}
+
+// Whether gdn_step_rows in Log mode convolves inside the step kernel (LILAC_GDN_LOG_CONV=0: in its own
+// launch, as in Advance mode; for measurement).
+bool log_conv_inside() {
+  static const bool on = [] {
+    const char* e = std::getenv("LILAC_GDN_LOG_CONV");
+    return !(e && e[0] == '0' && e[1] == 0);
+  }();
+  return on;
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -468,10 +481,17 @@ void gdn_step_rows(const GdnRowsShape& s, const GdnLayer& layer, const GdnPool& 
   a.cv = conv_out;
   OneLayer t;
   t.l[0] = layer;
+  const bool vec = s.dv % 4 == 0 && aligned16(layer.state) && pool.state_stride % 4 == 0;
+  const dim3 grid(unsigned(s.Hv), unsigned((s.dv + kCols - 1) / kCols), unsigned(M));
+  if (a.log && log_conv_inside()) {
+    // Log mode leaves the conv state as it is, so the step's blocks need no counter to convolve their own
+    // channels (q/k recomputed per value head and slice): one launch, one dependency fewer per layer.
+    launch<false, true>(vec, grid, a, t, stream);
+    return;
+  }
   launch_pdl(gdn_conv_rows_kernel, dim3(unsigned((s.conv_dim() + kConvThreads - 1) / kConvThreads), unsigned(M)),
              dim3(kConvThreads), 0, stream, a, t);
-  const bool vec = s.dv % 4 == 0 && aligned16(layer.state) && pool.state_stride % 4 == 0;
-  launch<false>(vec, dim3(unsigned(s.Hv), unsigned((s.dv + kCols - 1) / kCols), unsigned(M)), a, t, stream);
+  launch<false, false>(vec, grid, a, t, stream);
 }
 
 void gdn_commit_rows(const GdnRowsShape& s, const GdnLayer* layers, int n_layers, const GdnPool& pool, int n_seq,
@@ -495,8 +515,8 @@ void gdn_commit_rows(const GdnRowsShape& s, const GdnLayer* layers, int n_layers
     t.l[i] = layers[i];
     vec = vec && aligned16(layers[i].state);
   }
-  launch<true>(vec, dim3(unsigned(s.Hv), unsigned((s.dv + kCols - 1) / kCols), unsigned(n_layers * n_seq)), a, t,
-               stream);
+  launch<true, true>(vec, dim3(unsigned(s.Hv), unsigned((s.dv + kCols - 1) / kCols), unsigned(n_layers * n_seq)), a,
+                     t, stream);
 }
 
 }  // namespace lilac::cuda::rows
