@@ -264,6 +264,7 @@ TEST(RowsMoE, BatchInvariantAndPaddingUntouched) {
 // The grouping read back from the scratch: every active row's choices exactly once, experts ascending, an
 // expert's rows ascending across its chunks, chunks of at most moe_chunk_rows rows (only an expert's last one
 // shorter), the shared expert's chunks holding every active row; padding rows nowhere. Ties go to lower ids.
+// M = 2..4 (M·k <= 32 pairs) takes the one-warp sort, M = 64 the block's counting sort: the same layout.
 TEST(RowsMoE, RoutingGroupsRowsByExpert) {
   NEED_GPU();
   const uint64_t seed = fresh_seed();
@@ -271,61 +272,65 @@ TEST(RowsMoE, RoutingGroupsRowsByExpert) {
   Rng r(seed);
   const MoECase c{64, 8, 64, 64, 64};
   MoEFixture f(r, c);
-  const int M = 64, CH = lr::moe_chunk_rows(4, M);
-  std::vector<float> logits(size_t(M * (c.E + 1)));
-  for (int m = 0; m < M; ++m)
-    for (int e = 0; e <= c.E; ++e)  // rows 0..3 all ties: top 8 = ids 0..7; the others few distinct levels
-      logits[size_t(m * (c.E + 1) + e)] = m < 4 ? 0.f : float(int(r.word() % 6u));
-  auto slots = slots_with_padding(r, M, 0);
-  slots[1] = slots[2] = slots[3] = 5;
-  RowsMoERun run(f, M, randv(r, size_t(M * c.H)), logits, std::vector<float>(size_t(M * c.H), 0.f), slots);
-  run.sel.set(std::vector<int32_t>(size_t(M * c.k), -7));
-  lr::moe_route_rows(f.dev.w, run.logits.p, c.E + 1, M, run.slots(), run.sel.p, run.selw.p, run.scratch.p, nullptr);
-  CK(cudaDeviceSynchronize());
-  const auto sel = run.sel.get();
-  std::vector<char> raw(run.scratch.n);
-  CK(cudaMemcpy(raw.data(), run.scratch.p, raw.size(), cudaMemcpyDeviceToHost));
-  const auto sc = lilac::cuda::rows_dev::moe_carve(raw.data(), f.dev.w, M);
-  const int n_rc = sc.hdr[0], n_ch = sc.hdr[1];
-  int active = 0;
-  for (int m = 0; m < M; ++m) active += slots[size_t(m)] >= 0;
-  EXPECT_EQ(sc.hdr[3], active);
-  EXPECT_EQ(sc.hdr[2], active * (c.k + 1));
-  for (int m = 0; m < 4; ++m)
-    for (int j = 0; j < c.k; ++j) EXPECT_EQ(sel[size_t(m * c.k + j)], j) << "ties: row " << m;
-  std::vector<int> seen(size_t(M * (c.k + 1)), 0);
-  int prev_e = -1, prev_row = -1;
-  for (int ch = 0; ch < n_ch; ++ch) {
-    const int4 d = sc.chunks[ch];
-    const bool shared = ch >= n_rc;
-    EXPECT_EQ(d.x == c.E, shared) << "chunk " << ch;
-    EXPECT_GE(d.x, prev_e) << "experts ascending";
-    EXPECT_TRUE(d.z >= 1 && d.z <= CH);
-    if (d.x != prev_e) prev_row = -1;
-    if (ch + 1 < n_ch && sc.chunks[ch + 1].x == d.x) {
-      EXPECT_EQ(d.z, CH) << "only an expert's last chunk is short";
-    }
-    for (int t = 0; t < d.z; ++t) {
-      const int ent = sc.entries[d.y + t], row = ent >> 8, j = ent & 0xFF;
-      ASSERT_TRUE(row >= 0 && row < M);
-      EXPECT_GE(slots[size_t(row)], 0) << "padding row " << row << " grouped";
-      EXPECT_GT(row, prev_row) << "rows ascending within an expert";
-      prev_row = row;
-      if (shared) {
-        EXPECT_EQ(j, c.k);
-      } else {
-        EXPECT_EQ(sel[size_t(row * c.k + j)], d.x) << "row " << row << " slot " << j;
+  for (int M : {2, 3, 4, 64}) {
+    SCOPED_TRACE("M " + std::to_string(M));
+    const int CH = lr::moe_chunk_rows(4, M);
+    std::vector<float> logits(size_t(M * (c.E + 1)));
+    for (int m = 0; m < M; ++m)
+      for (int e = 0; e <= c.E; ++e)  // rows 0..3 all ties: top 8 = ids 0..7; the others few distinct levels
+        logits[size_t(m * (c.E + 1) + e)] = m < 4 ? 0.f : float(int(r.word() % 6u));
+    auto slots = slots_with_padding(r, M, 0);
+    for (int m = 1; m < std::min(M, 4); ++m) slots[size_t(m)] = 5;
+    if (M == 3) slots[2] = -1;  // a padding row among few
+    RowsMoERun run(f, M, randv(r, size_t(M * c.H)), logits, std::vector<float>(size_t(M * c.H), 0.f), slots);
+    run.sel.set(std::vector<int32_t>(size_t(M * c.k), -7));
+    lr::moe_route_rows(f.dev.w, run.logits.p, c.E + 1, M, run.slots(), run.sel.p, run.selw.p, run.scratch.p, nullptr);
+    CK(cudaDeviceSynchronize());
+    const auto sel = run.sel.get();
+    std::vector<char> raw(run.scratch.n);
+    CK(cudaMemcpy(raw.data(), run.scratch.p, raw.size(), cudaMemcpyDeviceToHost));
+    const auto sc = lilac::cuda::rows_dev::moe_carve(raw.data(), f.dev.w, M);
+    const int n_rc = sc.hdr[0], n_ch = sc.hdr[1];
+    int active = 0;
+    for (int m = 0; m < M; ++m) active += slots[size_t(m)] >= 0;
+    EXPECT_EQ(sc.hdr[3], active);
+    EXPECT_EQ(sc.hdr[2], active * (c.k + 1));
+    for (int m = 0; m < std::min(M, 4); ++m)
+      for (int j = 0; j < c.k && slots[size_t(m)] >= 0; ++j) EXPECT_EQ(sel[size_t(m * c.k + j)], j) << "ties: row " << m;
+    std::vector<int> seen(size_t(M * (c.k + 1)), 0);
+    int prev_e = -1, prev_row = -1;
+    for (int ch = 0; ch < n_ch; ++ch) {
+      const int4 d = sc.chunks[ch];
+      const bool shared = ch >= n_rc;
+      EXPECT_EQ(d.x == c.E, shared) << "chunk " << ch;
+      EXPECT_GE(d.x, prev_e) << "experts ascending";
+      EXPECT_TRUE(d.z >= 1 && d.z <= CH);
+      if (d.x != prev_e) prev_row = -1;
+      if (ch + 1 < n_ch && sc.chunks[ch + 1].x == d.x) {
+        EXPECT_EQ(d.z, CH) << "only an expert's last chunk is short";
       }
-      seen[size_t(row * (c.k + 1) + j)] += 1;
+      for (int t = 0; t < d.z; ++t) {
+        const int ent = sc.entries[d.y + t], row = ent >> 8, j = ent & 0xFF;
+        ASSERT_TRUE(row >= 0 && row < M);
+        EXPECT_GE(slots[size_t(row)], 0) << "padding row " << row << " grouped";
+        EXPECT_GT(row, prev_row) << "rows ascending within an expert";
+        prev_row = row;
+        if (shared) {
+          EXPECT_EQ(j, c.k);
+        } else {
+          EXPECT_EQ(sel[size_t(row * c.k + j)], d.x) << "row " << row << " slot " << j;
+        }
+        seen[size_t(row * (c.k + 1) + j)] += 1;
+      }
+      prev_e = d.x;
     }
-    prev_e = d.x;
-  }
-  for (int m = 0; m < M; ++m)
-    for (int j = 0; j <= c.k; ++j)
-      EXPECT_EQ(seen[size_t(m * (c.k + 1) + j)], slots[size_t(m)] >= 0 ? 1 : 0) << "row " << m << " slot " << j;
-  for (int m = 0; m < M; ++m) {
-    if (slots[size_t(m)] < 0) {
-      EXPECT_EQ(sel[size_t(m * c.k)], -7) << "padding row " << m << " routed";
+    for (int m = 0; m < M; ++m)
+      for (int j = 0; j <= c.k; ++j)
+        EXPECT_EQ(seen[size_t(m * (c.k + 1) + j)], slots[size_t(m)] >= 0 ? 1 : 0) << "row " << m << " slot " << j;
+    for (int m = 0; m < M; ++m) {
+      if (slots[size_t(m)] < 0) {
+        EXPECT_EQ(sel[size_t(m * c.k)], -7) << "padding row " << m << " routed";
+      }
     }
   }
 }

@@ -122,6 +122,70 @@ __global__ void __launch_bounds__(kRouteThreads) moe_route_kernel(RouteArgs a) {
   }
 }
 
+// The same routing and grouping for M·k <= 32 (pairs) without the block-wide counting sort: a warp per row
+// routes (route_warp, as above), then one warp sorts the pairs by (expert, row) — a bitonic sort of one key per
+// lane — and writes the chunks and entries from ballots. The order is the counting sort's (experts in id
+// order, an expert's rows ascending), so the scratch holds the same values; only the chain is shorter (one
+// barrier, no scans). The few-row steps take it: the speculative verify (K + 1 rows), small batches.
+constexpr int kWarpSortPairs = 32;
+__global__ void __launch_bounds__(kWarpSortPairs * 32) moe_route_small_kernel(RouteArgs a) {
+  __shared__ int s_ids[kWarpSortPairs];
+  __shared__ float s_wtmp[kWarpSortPairs][kMaxK + 2];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, E = a.E, k = a.k, M = a.M, CH = a.CH;
+  pdl_wait();
+  pdl_trigger();
+  const bool row_on = warp < M && (a.row_slot == nullptr || a.row_slot[warp] >= 0);
+  if (row_on) dev::route_warp(a.logits + warp * a.ld, E, k, a.renorm, s_ids + warp * k, s_wtmp[warp],
+                              a.sel_ids + warp * k, a.sel_w + warp * (k + 1));
+  __syncthreads();
+  if (warp != 0) return;
+  const bool on = lane < M && (a.row_slot == nullptr || a.row_slot[lane] >= 0);
+  const unsigned active = __ballot_sync(0xffffffffu, on);
+  // the pair of this lane: key (expert, row, choice), or past every key when none
+  constexpr int kNone = 0x7fffffff;
+  const int q = lane, qr = k > 0 ? q / k : 0;
+  int key = kNone;
+  if (q < M * k && ((active >> qr) & 1u)) key = (s_ids[q] << 11) | (qr << 5) | (q % k);
+  for (int size = 2; size <= 32; size <<= 1)
+    for (int stride = size >> 1; stride > 0; stride >>= 1) {
+      const int other = __shfl_xor_sync(0xffffffffu, key, stride);
+      const bool low = (lane & stride) == 0, up = (lane & size) == 0;
+      key = (low == up) ? min(key, other) : max(key, other);
+    }
+  const bool valid = key != kNone;  // a prefix of the lanes
+  const int n = __popc(__ballot_sync(0xffffffffu, valid));
+  const int e = key >> 11, r = (key >> 5) & 63, j = key & 31;
+  const int e_prev = __shfl_up_sync(0xffffffffu, e, 1);
+  const unsigned heads = __ballot_sync(0xffffffffu, valid && (lane == 0 || e_prev != e));
+  const unsigned upto = 0xffffffffu >> (31 - lane);  // lanes 0..lane
+  const int seg_start = 31 - __clz(heads & upto);
+  const unsigned later = heads & ~upto;
+  const int seg_end = later ? __ffs(later) - 1 : n;
+  const bool cstart = valid && (lane - seg_start) % CH == 0;
+  const unsigned cmask = __ballot_sync(0xffffffffu, cstart);
+  if (valid) a.sc.entries[lane] = (r << 8) | j;
+  if (cstart) a.sc.chunks[__popc(cmask & (upto >> 1))] = make_int4(e, lane, min(CH, seg_end - lane), 0);
+  // the shared expert: every active row, in order, after the routed entries and chunks
+  const int tot_ch = __popc(cmask), nact = __popc(active), sch = (nact + CH - 1) / CH;
+  if (on) a.sc.entries[n + __popc(active & (upto >> 1))] = (lane << 8) | k;
+  for (int c = lane; c < sch; c += 32) a.sc.chunks[tot_ch + c] = make_int4(E, n + c * CH, min(CH, nact - c * CH), 0);
+  if (lane == 0) {
+    a.sc.hdr[0] = tot_ch;
+    a.sc.hdr[1] = tot_ch + sch;
+    a.sc.hdr[2] = n + nact;
+    a.sc.hdr[3] = nact;
+  }
+}
+
+// Whether few-row routings take moe_route_small_kernel (LILAC_MOE_ROUTE_WARP=0: the block kernel; measurement).
+bool route_small_on() {
+  static const bool on = [] {
+    const char* e = std::getenv("LILAC_MOE_ROUTE_WARP");
+    return !(e && e[0] == '0' && e[1] == 0);
+  }();
+  return on;
+}
+
 struct CombineArgs {
   int64_t H, ldy;
   int k;
@@ -219,6 +283,10 @@ void moe_route_rows(const MoEDecodeWeights& w, const float* logits, int64_t ld_l
   a.sel_ids = sel_ids;
   a.sel_w = sel_w;
   a.sc = moe_carve(scratch, w, M);
+  if (M * w.top_k <= kWarpSortPairs && route_small_on()) {
+    launch_pdl(moe_route_small_kernel, dim3(1), dim3(unsigned(32 * M)), 0, stream, a);
+    return;
+  }
   // A warp per row up to 32 rows, and at least a thread per expert (the counts and scans): fewer warps for
   // few rows make the kernel's barriers cheaper (the same work and results at any block size).
   const int threads = std::min(kRouteThreads, std::max({(w.E + 31) / 32, std::min(M, 32), 2}) * 32);  // 2: the active-row ballots
