@@ -13,7 +13,9 @@
 // redoes that work if they changed, so a stale early read costs time, never correctness.
 // Reads of what a kernel two or more launches back wrote are not an exception: it is complete (rule 2). The
 // rows kernels use that for `row_slot` (gdn_step_rows prefetches the state) and for the MoE routing's chunk
-// list (moe_down_rows requests its first expert tiles before its wait; it runs right after moe_gate_up_rows).
+// list (moe_down_rows requests its first expert tiles before its wait; it runs right after moe_gate_up_rows);
+// attention_decode reads *pos and copies the K/V rows before it ahead of its wait (row pos, which its
+// predecessor appends, after it).
 // Kernels not launched through launch_pdl ignore both calls. LILAC_PDL=0 turns PDL off (plain
 // stream order); devices below sm_90 never use it.
 #pragma once

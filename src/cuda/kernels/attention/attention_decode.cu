@@ -143,9 +143,9 @@ __global__ void __launch_bounds__(kWarps * 32, 2) attn_decode_kernel(AttnArgs a)
   const int hv = min(NG, a.G - hg * NG);
 
   attn_mark(0);
-  pdl_wait();
-  pdl_trigger();
-  attn_mark(1);
+  // Before the wait (launch.cuh, rule 2): *pos — its writer (the step's position increment, the MTP head's
+  // input kernel) is at least two launches back — and the K/V rows before it, which earlier steps wrote. Row
+  // pos is the predecessor's (the q/k norm kernel appends it): it is read after the wait.
   const int32_t pos = *a.pos;
   const int64_t L = int64_t(pos) + 1;
   const int64_t want = (L + C::kMinRows - 1) / C::kMinRows;
@@ -156,10 +156,11 @@ __global__ void __launch_bounds__(kWarps * 32, 2) attn_decode_kernel(AttnArgs a)
   nsp = int((L + rps - 1) / rps);
   if (split >= nsp) {
     attn_mark(7);
-    return;
+    return;  // reads and writes nothing: no wait needed
   }
   const int64_t begin = int64_t(split) * rps, end = begin + rps < L ? begin + rps : L;
   const int nch = int((end - begin + R - 1) / R);
+  int64_t lim = end < pos ? end : pos;  // rows copied below lim (zeros past it); `end` after the wait
 
   // this warp's ring and the chunk copies
   __nv_bfloat16* ring = reinterpret_cast<__nv_bfloat16*>(sm) + size_t(warp) * kStages * C::STAGE;
@@ -175,7 +176,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) attn_decode_kernel(AttnArgs a)
         const int isv = i / (C::PIECES / 2), rem = i % (C::PIECES / 2);
         const int r = rem / (HD / 8), c8 = rem % (HD / 8);
         const int64_t row = begin + int64_t(c) * R + r;
-        const bool ok = row < end;
+        const bool ok = row < lim;
         const __nv_bfloat16* src = (isv ? vbase : kbase) + (ok ? row : 0) * row_stride + c8 * 8;
         cp_async16_zfill(st + isv * R * HD + r * HD + c8 * 8, src, ok ? 16 : 0);
       }
@@ -186,6 +187,31 @@ __global__ void __launch_bounds__(kWarps * 32, 2) attn_decode_kernel(AttnArgs a)
     const int c = warp + s * kWarps;
     if (c < nch) issue(c, s);
     cp_async_commit();
+  }
+  pdl_wait();
+  pdl_trigger();
+  attn_mark(1);
+  lim = end;
+  // Row pos, when its chunk was among those copied before the wait (as zeros): this warp's copies done, the
+  // row's pieces loaded by the lanes that copied them.
+  if (pos >= begin && pos < end) {
+    const int cp = int((pos - begin) / R);
+    if (cp % kWarps == warp && cp / kWarps < kStages - 1) {
+      cp_async_wait<0>();
+      __nv_bfloat16* st = ring + (cp / kWarps) * C::STAGE;
+#pragma unroll
+      for (int i0 = 0; i0 < C::PIECES; i0 += 32) {
+        const int i = i0 + lane;
+        if (C::PIECES % 32 == 0 || i < C::PIECES) {
+          const int isv = i / (C::PIECES / 2), rem = i % (C::PIECES / 2);
+          const int r = rem / (HD / 8), c8 = rem % (HD / 8);
+          if (begin + int64_t(cp) * R + r == pos)
+            *reinterpret_cast<uint4*>(st + isv * R * HD + r * HD + c8 * 8) =
+                *reinterpret_cast<const uint4*>((isv ? vbase : kbase) + int64_t(pos) * row_stride + c8 * 8);
+        }
+      }
+      __syncwarp();
+    }
   }
   // q's fragments (attn_warp_tc.cuh): requested right after the first K/V copies (whose addresses need
   // *pos), all loads at once, so its round trip overlaps theirs instead of preceding it
