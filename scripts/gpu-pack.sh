@@ -34,6 +34,12 @@ ldd .gpu/lilac .gpu/lilac_tests_cuda .gpu/lilac_tests_cpufast .gpu/bench_membw $
   esac
 done
 [ -z "$BENCHES" ] || tar -C "$KB" -cf - $BENCHES | xz -T2 -6 > .gpu/bench_kernels.tar.xz
+# The CUPTI tracer (bench/cupti_trace.cpp) and the CUPTI library it loads, for gpu-profile.sh trace (~1 MB xz).
+if cmake --build "$BUILD" --target lilac_cupti_trace -j2 2>/dev/null; then
+  CUPTI=$(ldd "$BUILD/bench/liblilac_cupti_trace.so" | awk '/libcupti/{print $3}')
+  tar -cf - -C "$(dirname "$CUPTI")" "$(basename "$CUPTI")" -C "$PWD/$BUILD/bench" liblilac_cupti_trace.so |
+    xz -T2 -6 > .gpu/trace.tar.xz
+fi
 cp -r ../shared/oracle .gpu/oracle
 cp -r ../shared/fixtures/tiny ../shared/fixtures/tiny2 ../shared/fixtures/tiny-mtp .gpu/fixtures/
 mkdir -p .gpu/fixtures/qwen3-tokenizer  # the CUDA scheduler tests (CudaSchedulerSpec.*) tokenize with it

@@ -17,12 +17,29 @@
 # (default: all) to keep the profile short with all 40 layers. The run also decodes without drafts (the K = 0
 # column), so kernels that plain decoding launches too (the single-row ones, the MTP head's) are summed over both:
 #   bash scripts/gpu-profile.sh verify [kernel name regex]  → $OUT/ncu-verify.csv, $OUT/ncu-verify-summary.txt
+# Or the in-graph timeline, without Nsight Compute: every kernel's start and end on the GPU as the graphs run
+# (CUPTI, bench/cupti_trace.cpp, packed by gpu-pack.sh), then per graph what each kernel adds to its critical
+# path (bench/graph_trace.py) — the real step, PDL overlap included; default arguments: batch 1 / 4 / 16:
+#   bash scripts/gpu-profile.sh trace [lilac bench arguments]  → $OUT/trace.csv.xz, $OUT/trace-summary.txt
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/lilac-out}
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH="$PWD/.gpu/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 L=.gpu/lilac
+if [ "${1:-}" = trace ]; then
+  shift
+  [ -f .gpu/trace.tar.xz ] || { echo "no .gpu/trace.tar.xz (gpu-pack.sh packs it when CUPTI is found)"; exit 1; }
+  mkdir -p .gpu/trace && tar -xJf .gpu/trace.tar.xz -C .gpu/trace
+  [ $# -gt 0 ] || set -- --synthetic --batch 1,4,16 --prompt-lens 512 --decode-tokens 16
+  LD_LIBRARY_PATH="$PWD/.gpu/trace:$LD_LIBRARY_PATH" CUDA_INJECTION64_PATH="$PWD/.gpu/trace/liblilac_cupti_trace.so" \
+    LILAC_TRACE_OUT="$OUT/trace.csv" timeout ${PROFILE_TIMEOUT:-240} $L bench "$@" > "$OUT/trace-bench.txt" 2>&1
+  echo "bench rc=$?"
+  python3 bench/graph_trace.py "$OUT/trace.csv" --graphs 8 --top 40 > "$OUT/trace-summary.txt"
+  xz -T0 -f "$OUT/trace.csv"
+  cat "$OUT/trace-summary.txt"
+  exit 0
+fi
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 [ -n "$NCU" ] || { echo "no ncu"; exit 1; }
 if [ "${1:-}" = sass ]; then
