@@ -4,8 +4,9 @@
 // attn_decode_kernel<HD, NG>: block (unit, split) of 8 warps; a unit is one kv head and a group of NG
 // (<= 8) of its query heads (NG = G rounded up to a power of two, padded heads have q = 0 and are not
 // written). The number of useful splits is derived on the device from *pos (graph replays reuse the
-// launch): nsp = min(gridDim.y, ceil(L / kMinRows)), each split a run of whole R-row chunks (at least
-// kStages - 1 = 4 per warp, all requested at once); blocks past it exit. The grid is one wave of
+// launch): nsp = min(gridDim.y, ceil(L / min_rows)) (min_rows: kMinRows unless LILAC_ATTN_MIN_ROWS), each split a
+// run of whole R-row chunks (kMinRows: 6 per warp, attn_split.cuh); blocks past it exit.
+// The grid is one wave of
 // resident blocks (2 per SM on sm_90: 256 threads, <= 90 KB shared memory, which also fits the 99 KB
 // per block of sm_86 / sm_89). Each
 // warp streams its chunks (chunk c of the split goes to warp c % 8) through a private 5-stage cp.async
@@ -112,6 +113,7 @@ struct AttnArgs {
   float* slots;             // [units][slots_per_unit][NG][HD + 2]: acc [NG][HD], m [NG], l [NG]
   float* out;
   int G, HG, kv_heads, cap, slots_per_unit;
+  int min_rows;  // the split rule's (attn_min_rows)
 };
 
 // ------------------------------------------------------------------------------------------------ tracing
@@ -148,7 +150,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) attn_decode_kernel(AttnArgs a)
   // pos is the predecessor's (the q/k norm kernel appends it): it is read after the wait.
   const int32_t pos = *a.pos;
   const int64_t L = int64_t(pos) + 1;
-  const int64_t want = (L + C::kMinRows - 1) / C::kMinRows;
+  const int64_t want = (L + a.min_rows - 1) / a.min_rows;
   int nsp = want < int64_t(gridDim.y) ? int(want) : int(gridDim.y);
   nsp = max(nsp, 1);
   int64_t rps = (L + nsp - 1) / nsp;
@@ -330,7 +332,9 @@ void launch_attn(const AttnDecodeShape& s, const Layout& lay, const AttnArgs& a,
   // up to one wave of resident blocks: enough to fill the GPU at long contexts, never more than the
   // buffer holds (the device uses fewer splits at short contexts, see the kernel)
   const int gy = std::max(1, std::min(a.cap, (per_sm[dev] * sm_count() + lay.units - 1) / lay.units));
-  launch_pdl(attn_decode_kernel<HD, NG>, dim3(lay.units, gy), dim3(kWarps * 32), smem, stream, a);
+  AttnArgs b = a;
+  b.min_rows = attn_min_rows(C::kMinRows, C::R);
+  launch_pdl(attn_decode_kernel<HD, NG>, dim3(lay.units, gy), dim3(kWarps * 32), smem, stream, b);
 }
 
 template <int HD>

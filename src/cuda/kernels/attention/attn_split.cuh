@@ -7,6 +7,7 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#include <cstdlib>
 
 #include "cuda/kernels/attention/attention.h"
 #include "cuda/kernels/attention/attn_warp_tc.cuh"
@@ -16,6 +17,16 @@
 namespace lilac::cuda {
 namespace {
 using namespace dev;
+
+// The split rule's minimum rows per split, for both attention kernels (a row's splits, hence its bits, must be
+// the same in either): Cfg::kMinRows, or LILAC_ATTN_MIN_ROWS (a multiple of R, >= R; for measurement).
+inline int attn_min_rows(int compiled, int R) {
+  static const int env = [] {
+    const char* e = std::getenv("LILAC_ATTN_MIN_ROWS");
+    return e ? std::atoi(e) : 0;
+  }();
+  return env >= R && env % R == 0 ? env : compiled;
+}
 
 constexpr int kMaxHeadDim = 256;
 constexpr int kMaxGroup = 16;     // query heads per kv head
@@ -45,10 +56,12 @@ struct Cfg {
   static constexpr int R = 16 / (NG > DPL ? NG : DPL);  // rows per chunk (one stage of a warp's ring)
   static constexpr int STAGE = 2 * R * HD;              // bf16 per ring stage: R K rows then R V rows
   static constexpr int PIECES = STAGE / 8;              // 16-byte copies per stage
-  // at least kStages - 1 chunks per warp per split: a split's whole K/V is requested at once right after
-  // the wait, and fewer splits means fewer partials to merge (at 512 rows, HD 256, NG 8: 8 splits of 64
-  // rows = 64 KB of K/V per block, one 64 KB merge, instead of 16 x 32 rows and a 128 KB merge)
-  static constexpr int kMinRows = (kStages - 1) * kWarps * R;
+  // at least 1.5 x (kStages - 1) chunks per warp per split: fewer splits means fewer partials to merge (at
+  // 512 rows, HD 256, NG 8: 6 splits of 86 rows, one 48 KB merge, instead of 8 x 64 rows and 64 KB). A split's
+  // first kStages - 1 chunks per warp are requested before the PDL wait, the rest as the ring frees. Measured
+  // on the H200 (bench/BENCHMARKS.md "Seventeenth stop"): against 4 chunks per warp (64 rows) the step +2 % at 16
+  // and 64 rows, +0.4 % at 1 and 4; 8 chunks (128 rows) as fast at 16 / 64 and slower at one row.
+  static constexpr int kMinRows = (kStages - 1) * kWarps * R * 3 / 2;
   using Warp = WarpAttnTc<HD, NG, R, kStages, kWarps>;  // a warp's chunk math (attn_warp_tc.cuh)
   // shared memory (floats): big [max(ring, warp accumulators)] | q fragments | wm, wl [W][NG] | flag [4].
   // At most 89 KB (HD 256): fits the 99 KB per block of sm_86/sm_89.

@@ -63,6 +63,7 @@ struct RowsAttnArgs {
   float* out;               // [M][heads * HD]
   int M, G, HG, units, kv_heads, cap, slots_per_unit;
   int W;  // the split rule's width: attention_decode's gridDim.y for one row
+  int min_rows;  // and its minimum rows per split (attn_min_rows, as attention_decode's)
 };
 
 // One work item: split `split` of row `ri` for this block's unit (attention_decode's block body).
@@ -88,7 +89,7 @@ __device__ __forceinline__ void attn_item(const RowsAttnArgs& a, int ri, int slo
   const int64_t L = int64_t(pos) + 1;
   int nsp;
   int64_t rps;
-  split_plan(L, a.W, C::kMinRows, R, nsp, rps);
+  split_plan(L, a.W, a.min_rows, R, nsp, rps);
   const int64_t begin = int64_t(split) * rps, end = begin + rps < L ? begin + rps : L;
   const int nch = int((end - begin + R - 1) / R);
 
@@ -217,7 +218,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) attn_rows_kernel(RowsAttnArgs 
         s_pos[r] = pos;
         if (slot >= 0) {
           int64_t rps;
-          split_plan(int64_t(pos) + 1, a.W, C::kMinRows, C::R, cnt[k], rps);
+          split_plan(int64_t(pos) + 1, a.W, a.min_rows, C::R, cnt[k], rps);
         }
       }
 #pragma unroll
@@ -270,6 +271,7 @@ void launch_rows(const Layout& lay, const RowsAttnArgs& a, cudaStream_t stream) 
   const int wave = (per_sm[dev] * sm_count() + lay.units - 1) / lay.units;
   RowsAttnArgs b = a;
   b.W = std::max(1, std::min(a.cap, wave));
+  b.min_rows = attn_min_rows(C::kMinRows, C::R);
   const int gy = std::max(1, std::min(wave, a.M * b.W));
   launch_pdl(attn_rows_kernel<HD, NG>, dim3(lay.units, gy), dim3(kWarps * 32), smem, stream, b);
 }
