@@ -171,18 +171,11 @@ __global__ void __launch_bounds__(kWarps * 32, 2) attn_decode_kernel(AttnArgs a)
   const __nv_bfloat16* vbase = a.vc + int64_t(kvh) * HD;
   auto issue = [&](int c, int stage) {
     __nv_bfloat16* st = ring + stage * C::STAGE;
-#pragma unroll
-    for (int i0 = 0; i0 < C::PIECES; i0 += 32) {
-      const int i = i0 + lane;
-      if (C::PIECES % 32 == 0 || i < C::PIECES) {
-        const int isv = i / (C::PIECES / 2), rem = i % (C::PIECES / 2);
-        const int r = rem / (HD / 8), c8 = rem % (HD / 8);
-        const int64_t row = begin + int64_t(c) * R + r;
-        const bool ok = row < lim;
-        const __nv_bfloat16* src = (isv ? vbase : kbase) + (ok ? row : 0) * row_stride + c8 * 8;
-        cp_async16_zfill(st + isv * R * HD + r * HD + c8 * 8, src, ok ? 16 : 0);
-      }
-    }
+    for_chunk_pieces<HD, R>(lane, [&](int r, bool v, int dst, int col) {
+      const int64_t row = begin + int64_t(c) * R + r;
+      const bool ok = row < lim;
+      cp_async16_zfill(st + dst, (v ? vbase : kbase) + (ok ? row : 0) * row_stride + col, ok ? 16 : 0);
+    });
   };
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
@@ -201,17 +194,11 @@ __global__ void __launch_bounds__(kWarps * 32, 2) attn_decode_kernel(AttnArgs a)
     if (cp % kWarps == warp && cp / kWarps < kStages - 1) {
       cp_async_wait<0>();
       __nv_bfloat16* st = ring + (cp / kWarps) * C::STAGE;
-#pragma unroll
-      for (int i0 = 0; i0 < C::PIECES; i0 += 32) {
-        const int i = i0 + lane;
-        if (C::PIECES % 32 == 0 || i < C::PIECES) {
-          const int isv = i / (C::PIECES / 2), rem = i % (C::PIECES / 2);
-          const int r = rem / (HD / 8), c8 = rem % (HD / 8);
-          if (begin + int64_t(cp) * R + r == pos)
-            *reinterpret_cast<uint4*>(st + isv * R * HD + r * HD + c8 * 8) =
-                *reinterpret_cast<const uint4*>((isv ? vbase : kbase) + int64_t(pos) * row_stride + c8 * 8);
-        }
-      }
+      for_chunk_pieces<HD, R>(lane, [&](int r, bool v, int dst, int col) {
+        if (begin + int64_t(cp) * R + r == pos)
+          *reinterpret_cast<uint4*>(st + dst) =
+              *reinterpret_cast<const uint4*>((v ? vbase : kbase) + int64_t(pos) * row_stride + col);
+      });
       __syncwarp();
     }
   }

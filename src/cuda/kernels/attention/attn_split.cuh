@@ -50,12 +50,27 @@ int ng_of(int G) {  // query heads per unit: G rounded up to a power of two, at 
 // One partial: acc [NG][HD], m [NG], l [NG], padded to 16 bytes (merged with float4 loads).
 constexpr int slot_floats_of(int NG, int HD) { return NG * HD + (2 * NG + 3) / 4 * 4; }
 
+// The 16-byte pieces of one ring chunk (R K rows, then R V rows, of HD bf16) that `lane` copies:
+// fn(r, v, dst, col): chunk row r, V or K, the piece's offset in the stage, its first column.
+template <int HD, int R, class Fn>
+__device__ __forceinline__ void for_chunk_pieces(int lane, Fn&& fn) {
+  constexpr int PIECES = 2 * R * HD / 8;
+#pragma unroll
+  for (int i0 = 0; i0 < PIECES; i0 += 32) {
+    const int i = i0 + lane;
+    if (PIECES % 32 == 0 || i < PIECES) {
+      const int isv = i / (PIECES / 2), rem = i % (PIECES / 2);
+      const int r = rem / (HD / 8), c8 = rem % (HD / 8);
+      fn(r, isv != 0, isv * R * HD + r * HD + c8 * 8, c8 * 8);
+    }
+  }
+}
+
 template <int HD, int NG>
 struct Cfg {
   static constexpr int DPL = HD / 32;
   static constexpr int R = 16 / (NG > DPL ? NG : DPL);  // rows per chunk (one stage of a warp's ring)
   static constexpr int STAGE = 2 * R * HD;              // bf16 per ring stage: R K rows then R V rows
-  static constexpr int PIECES = STAGE / 8;              // 16-byte copies per stage
   // at least 1.5 x (kStages - 1) chunks per warp per split: fewer splits means fewer partials to merge (at
   // 512 rows, HD 256, NG 8: 6 splits of 86 rows, one 48 KB merge, instead of 8 x 64 rows and 64 KB). A split's
   // first kStages - 1 chunks per warp are requested before the PDL wait, the rest as the ring frees. Measured
