@@ -1,7 +1,9 @@
-// Small helpers shared by the CUDA backend and its kernels: error checks that throw lilac::Error.
+// Small helpers shared by the CUDA backend and its kernels: error checks that throw lilac::Error, and the
+// measurement switches' reading of the environment.
 #pragma once
 #include <cuda_runtime.h>
 
+#include <cstdlib>
 #include <string>
 
 #include "core/error.h"
@@ -12,6 +14,12 @@ inline void check_cuda(cudaError_t e, const char* what, const char* file, int li
   if (e != cudaSuccess)
     throw ::lilac::Error(std::string("CUDA error in ") + what + " (" + file + ":" + std::to_string(line) +
                          "): " + cudaGetErrorString(e));
+}
+
+// A switch that is on unless the environment variable is exactly "0" (LILAC_DIGITS, LILAC_MOE_RING, ...).
+inline bool env_switch_on(const char* var) {
+  const char* e = std::getenv(var);
+  return !(e && std::string(e) == "0");
 }
 
 }  // namespace lilac::cuda

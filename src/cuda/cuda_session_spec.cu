@@ -1,7 +1,6 @@
 // CudaSession's speculative decoding (engine/backend.h's contract; ../shared/MODEL_MTP.md): the MTP head
 // (mtp_head.h) fed by the session's steps, draft(), verify(), and snapshots that carry the head's cache.
 #include <algorithm>
-#include <cstdlib>
 #include <string>
 
 #include "core/error.h"
@@ -15,10 +14,7 @@ namespace {
 // Whether a verify without penalties samples its rows in one pass (LILAC_VERIFY_ONE_PASS=0: row by row, as
 // with penalties; for measurement).
 bool verify_one_pass() {
-  static const bool on = [] {
-    const char* e = std::getenv("LILAC_VERIFY_ONE_PASS");
-    return !(e && std::string(e) == "0");
-  }();
+  static const bool on = env_switch_on("LILAC_VERIFY_ONE_PASS");
   return on;
 }
 

@@ -106,12 +106,6 @@ QExpertsDev upload_experts(DevAlloc& mem, const QExperts& e, const std::string& 
   return d;
 }
 
-// Whether the environment variable leaves the digits kernels on (anything but "0").
-bool digits_wanted(const char* var) {
-  const char* e = std::getenv(var);
-  return !(e && std::string(e) == "0");
-}
-
 // The MoE kernels' views of a layer whose router and expert matrices are in place.
 void finish_moe(DevLayer& L, const ModelConfig& cfg) {
   L.moe.E = cfg.num_experts;
@@ -120,7 +114,7 @@ void finish_moe(DevLayer& L, const ModelConfig& cfg) {
   // The digits MoE is opt-in (LILAC_DIGITS_MOE=1) until it is faster than the fp16 kernels it would replace
   // (bench/GPU_NOTES.md, "Fourteenth stop").
   const char* dm = std::getenv("LILAC_DIGITS_MOE");
-  L.moe.digits = digits_wanted("LILAC_DIGITS") && dm && std::string(dm) == "1" && digits::moe_supported(L.moe);
+  L.moe.digits = env_switch_on("LILAC_DIGITS") && dm && std::string(dm) == "1" && digits::moe_supported(L.moe);
   MoEPrefillWeights& p = L.moe_prefill;
   p.gate = L.moe.gate;
   p.up = L.moe.up;
@@ -219,7 +213,7 @@ namespace {
 // The LM head in tile order (DevModel::lm_tiles); its checkpoint-layout buffers freed when nothing else reads them.
 void repack_lm_head(DevModel& m) {
   QMatrixDev& W = m.lm_head;
-  if (!digits_wanted("LILAC_DIGITS") || !digits::tiles_supported(W)) return;
+  if (!env_switch_on("LILAC_DIGITS") || !digits::tiles_supported(W)) return;
   void* q = m.mem.get(digits::tiles_q_bytes(W));
   void* sb = m.mem.get(digits::tiles_sb_bytes(W));
   digits::tiles_repack(W, q, sb, nullptr);

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cfloat>
-#include <cstdlib>
 #include <string>
 
 #include "core/error.h"
@@ -220,8 +219,7 @@ struct MtpHead::Rows {
 // Whether the catch-up rows run on the multi-row kernels: where those are bit for bit the one-row kernels (the
 // real model's shapes), unless LILAC_MTP_CATCHUP_ROWS=0 (one graph per row, as before; for measurement).
 bool MtpHead::rows_wanted(const DevModel& m) {
-  const char* e = std::getenv("LILAC_MTP_CATCHUP_ROWS");
-  if (e && std::string(e) == "0") return false;
+  if (!env_switch_on("LILAC_MTP_CATCHUP_ROWS")) return false;
   const QMatrixDev& fc = m.mtp->fc;
   return rows_step_supported(m, kCatchRows) && rows_step_exact(m) && fc.group_size == 64 &&
          (fc.bits == 4 || fc.bits == 8) && fc.cols == 2 * m.cfg.hidden_size;

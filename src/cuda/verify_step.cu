@@ -77,8 +77,6 @@ struct VerifyStep::Impl {
   int32_t* chosen = nullptr;    // [kRows]
   int32_t* keep = nullptr;      // [1]
   VerifyOut* out = nullptr;     // the device's copy of what run() hands the host: accepted, results
-  int32_t* accepted = nullptr;  // &out->accepted
-  SampleResult* results = nullptr;  // out->results
   cudaGraphExec_t graphs[2][kRows] = {};  // graphs[one_pass][n]: n drafts
   // The GDN commit's own stream and graph (the same for every n: `keep` is device memory), the events
   // that order it after the verify and the sequence's next work after it, and whether that is owed.
@@ -148,8 +146,6 @@ VerifyStep::VerifyStep(const DevModel& m, const SeqState& st, const DecodeScratc
   p.chosen = static_cast<int32_t*>(mem.get(kRows * 4));
   p.keep = static_cast<int32_t*>(mem.get(4));
   p.out = static_cast<VerifyOut*>(mem.get(sizeof(VerifyOut)));
-  p.accepted = &p.out->accepted;
-  p.results = p.out->results;
   LILAC_CUDA_CHECK(cudaMemset(p.row_slot, 0, kRows * 4));  // read before the GDN kernels' pdl_wait: set once
   LILAC_CUDA_CHECK(cudaStreamCreateWithFlags(&p.side, cudaStreamNonBlocking));
   LILAC_CUDA_CHECK(cudaEventCreateWithFlags(&p.verified, cudaEventDisableTiming));
@@ -194,20 +190,20 @@ void VerifyStep::Impl::enqueue(int n, bool one_pass, cudaStream_t s) {
     r.counts = st.counts;
     r.prompt_mask = st.prompt_mask;
     r.token_by_row = chosen;
-    r.results = results;
+    r.results = out->results;
     r.scratch = sc.sample;
     rows::sample_rows(r, s);
   } else {
     for (int i = 0; i < M; ++i)  // in order: row i sees the counts and the step after rows 0..i-1
       sample_token(sc.logits + int64_t(i) * V, V, st.params, st.counts, st.prompt_mask, dsc.sample_scratch,
-                   chosen + i, results + i, s);
+                   chosen + i, out->results + i, s);
   }
   launch_pdl(verify_accept_kernel, dim3(1), dim3(32), 0, s, n, one_pass, static_cast<const int32_t*>(toks),
-             static_cast<const int32_t*>(chosen), st.counts, st.params, st.token, st.pos, keep, accepted);
+             static_cast<const int32_t*>(chosen), st.counts, st.params, st.token, st.pos, keep, &out->accepted);
   LILAC_CUDA_LAUNCH_CHECK();
   const int blocks = int(std::min<int64_t>(64, (V + 255) / 256));
   launch_pdl(verify_logits_kernel, dim3(blocks), dim3(256), 0, s, static_cast<const float*>(sc.logits), V,
-             static_cast<const int32_t*>(accepted), st.logits);
+             static_cast<const int32_t*>(&out->accepted), st.logits);
   LILAC_CUDA_LAUNCH_CHECK();
 }
 

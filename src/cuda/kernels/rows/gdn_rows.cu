@@ -25,7 +25,6 @@
 // Rows' inputs are requested one row ahead. The state and conv state are loaded before pdl_wait() in
 // gdn_step_rows (see rows_state.h for the rule that allows it), after it in gdn_commit_rows.
 #include <cstdint>
-#include <cstdlib>
 #include <string>
 
 #include "cuda/cuda_common.h"
@@ -447,10 +446,7 @@ void launch(bool vec, const dim3& grid, const GdnArgs& a, const Tab& t, cudaStre
 // Whether gdn_step_rows in Log mode convolves inside the step kernel (LILAC_GDN_LOG_CONV=0: in its own
 // launch, as in Advance mode; for measurement).
 bool log_conv_inside() {
-  static const bool on = [] {
-    const char* e = std::getenv("LILAC_GDN_LOG_CONV");
-    return !(e && e[0] == '0' && e[1] == 0);
-  }();
+  static const bool on = env_switch_on("LILAC_GDN_LOG_CONV");
   return on;
 }
 

@@ -179,10 +179,7 @@ __global__ void __launch_bounds__(kWarpSortPairs * 32) moe_route_small_kernel(Ro
 
 // Whether few-row routings take moe_route_small_kernel (LILAC_MOE_ROUTE_WARP=0: the block kernel; measurement).
 bool route_small_on() {
-  static const bool on = [] {
-    const char* e = std::getenv("LILAC_MOE_ROUTE_WARP");
-    return !(e && e[0] == '0' && e[1] == 0);
-  }();
+  static const bool on = env_switch_on("LILAC_MOE_ROUTE_WARP");
   return on;
 }
 

@@ -17,7 +17,6 @@
 // requests take their rows' addresses from per-chunk bases (ChunkRows; 31.7 → 26.6 M instructions for gate/up at
 // M = 16, the layer 104 µs).
 #include <algorithm>
-#include <cstdlib>
 #include <string>
 #include <type_traits>
 
@@ -590,11 +589,8 @@ void launch_down(const DownArgs& a, int M, cudaStream_t stream) {
 // Whether the 4-bit kernels take their k-tiles through per-warp rings (tc_rows.cuh): the scale / bias rows must
 // be 8-byte aligned with a multiple of 4 groups (sb_vec). LILAC_MOE_RING=0 turns them off (measurement).
 bool rings_on(bool sbv) {
-  static const bool env_off = [] {
-    const char* v = std::getenv("LILAC_MOE_RING");
-    return v && std::string(v) == "0";
-  }();
-  return sbv && !env_off;
+  static const bool env_on = env_switch_on("LILAC_MOE_RING");
+  return sbv && env_on;
 }
 
 // f(bits, NP, D) with the weights' bits, the mma tiles a chunk of moe_chunk_rows(bits, M) rows needs and the
