@@ -70,11 +70,25 @@ bool moe_digits(const DevModel& m) {
 
 size_t align256(size_t n) { return (std::max<size_t>(n, 16) + 255) / 256 * 256; }
 
-void attention_layer(const RowsOps& c, const RowsState& st, const DevLayer& L, int ai) {
+// The staging of a layer's input: its input RMSNorm of the residual stream, for in_proj.
+rows::StageArgs input_stage(const RowsOps& c, const DevLayer& L) {
+  const int64_t H = c.m.cfg.hidden_size;
+  return c.stage_args(c.sc.h, H, H, Prologue::RmsNorm, L.input_norm, L.in_proj.has_bits(4), false, L.in_proj.has_bits(8));
+}
+
+// Whether the MoE's combine stages the next layer's input in the same launch (LILAC_COMBINE_STAGE=0: two
+// launches; measurement).
+bool combine_stage_on() {
+  static const bool on = env_switch_on("LILAC_COMBINE_STAGE");
+  return on;
+}
+
+// staged: the layer's input was staged by the previous layer's MoE combine.
+void attention_layer(const RowsOps& c, const RowsState& st, const DevLayer& L, int ai, bool staged) {
   const ModelConfig& cfg = c.m.cfg;
   const RowsScratch& sc = c.sc;
   const int64_t H = cfg.hidden_size, ps = sc.proj_stride;
-  c.stage(sc.h, H, H, Prologue::RmsNorm, L.input_norm, L.in_proj.has_bits(4), false, L.in_proj.has_bits(8));
+  if (!staged) rows::stage(input_stage(c, L), c.s);
   c.proj(L.in_proj, sc.proj, ps);
   const AttnDecodeShape as = rows_attn_shape(cfg);
   rows::attn_qk_norm_rope_append_rows(as, c.a.M, c.a.row_slot, c.a.row_pos, sc.proj, ps, L.q_norm, L.k_norm,
@@ -86,11 +100,11 @@ void attention_layer(const RowsOps& c, const RowsState& st, const DevLayer& L, i
   c.gemv(L.out_proj, sc.h, H, true);
 }
 
-void gdn_layer(const RowsOps& c, const RowsState& st, const DevLayer& L, int gi) {
+void gdn_layer(const RowsOps& c, const RowsState& st, const DevLayer& L, int gi, bool staged) {
   const ModelConfig& cfg = c.m.cfg;
   const RowsScratch& sc = c.sc;
   const int64_t H = cfg.hidden_size, ps = sc.proj_stride, vd = cfg.gdn_value_dim();
-  c.stage(sc.h, H, H, Prologue::RmsNorm, L.input_norm, L.in_proj.has_bits(4), false, L.in_proj.has_bits(8));
+  if (!staged) rows::stage(input_stage(c, L), c.s);
   c.proj(L.in_proj, sc.proj, ps);
   rows::gdn_step_rows(rows_gdn_shape(cfg), st.gdn[size_t(gi)], st.gdn_pool, c.a.M, c.a.row_slot, sc.proj, ps, sc.gdn_o,
                       vd, c.a.gdn_mode, sc.gdn_conv, c.s);
@@ -100,7 +114,8 @@ void gdn_layer(const RowsOps& c, const RowsState& st, const DevLayer& L, int gi)
   c.gemv(L.out_proj, sc.h, H, true);
 }
 
-void moe_block(const RowsOps& c, const DevLayer& L) {
+// The layer's MoE; with next (the following layer), its combine may stage next's input too: returns whether it did.
+bool moe_block(const RowsOps& c, const DevLayer& L, const DevLayer* next) {
   const ModelConfig& cfg = c.m.cfg;
   const RowsScratch& sc = c.sc;
   const int64_t H = cfg.hidden_size, ldr = cfg.num_experts + 1;
@@ -116,7 +131,7 @@ void moe_block(const RowsOps& c, const DevLayer& L) {
             sc.moe_adig);
     digits::moe_down_rows(L.moe, sc.moe_adig, c.a.M, sc.moe, c.s);
     rows::moe_combine_rows(L.moe, sc.sel_w, c.a.M, c.a.row_slot, sc.moe, sc.h, H, c.s);
-    return;
+    return false;
   }
   c.stage(sc.h, H, H, Prologue::RmsNorm, L.post_norm, L.router.has_bits(4), eb == 4,
           eb == 8 || L.router.has_bits(8));
@@ -124,7 +139,15 @@ void moe_block(const RowsOps& c, const DevLayer& L) {
   rows::moe_route_rows(L.moe, sc.rlogits, ldr, c.a.M, c.a.row_slot, sc.sel_ids, sc.sel_w, sc.moe, c.s);
   rows::moe_gate_up_rows(L.moe, eb == 4 ? sc.frag4 : sc.frag8, sc.meta, c.a.M, sc.moe, sc.act, c.s);
   rows::moe_down_rows(L.moe, sc.act, c.a.M, sc.moe, c.s);
+  if (next != nullptr && combine_stage_on()) {
+    const rows::StageArgs ns = input_stage(c, *next);
+    if (rows::combine_stage_supported(L.moe, ns)) {
+      rows::moe_combine_stage_rows(L.moe, sc.sel_w, c.a.M, c.a.row_slot, sc.moe, sc.h, H, ns, c.s);
+      return true;
+    }
+  }
   rows::moe_combine_rows(L.moe, sc.sel_w, c.a.M, c.a.row_slot, sc.moe, sc.h, H, c.s);
+  return false;
 }
 
 __global__ void finish_kernel(const float* logits, int64_t vocab, int M, const int32_t* row_slot,
@@ -151,6 +174,12 @@ void check_rows(const RowsScratch& sc, const RowsArgs& a) {
 // ------------------------------------------------------------------------------------------------ RowsOps
 void RowsOps::stage(const float* x, int64_t ldx, int64_t K, Prologue pro, const float* norm_w, bool need4g, bool need4,
                     bool need8, const float* z, int64_t ldz, int head_dim, void* digits) const {
+  rows::stage(stage_args(x, ldx, K, pro, norm_w, need4g, need4, need8, z, ldz, head_dim, digits), s);
+}
+
+rows::StageArgs RowsOps::stage_args(const float* x, int64_t ldx, int64_t K, Prologue pro, const float* norm_w,
+                                    bool need4g, bool need4, bool need8, const float* z, int64_t ldz, int head_dim,
+                                    void* digits) const {
   rows::StageArgs st;
   st.x = x;
   st.ldx = ldx;
@@ -168,7 +197,7 @@ void RowsOps::stage(const float* x, int64_t ldx, int64_t K, Prologue pro, const 
   st.frag8 = need8 ? sc.frag8 : nullptr;
   st.meta = need4g || need4 || need8 ? sc.meta : nullptr;
   st.digits = digits;
-  rows::stage(st, s);
+  return st;
 }
 
 void RowsOps::gemv(const QMatrixDev& W, float* y, int64_t ldy, bool acc, rows::RowsGemvKernel kernel) const {
@@ -280,12 +309,14 @@ void enqueue_rows_body(const DevModel& m, const RowsState& st, const RowsScratch
   const RowsOps c{m, sc, a, s};
   rows::embed_rows(m.embed, a.M, a.row_slot, a.tokens, a.tok_idx, sc.h, m.cfg.hidden_size, s);
   int ai = 0, gi = 0;
-  for (const DevLayer& L : m.layers) {
+  bool staged = false;  // the layer's input staged by the previous layer's combine
+  for (size_t i = 0; i < m.layers.size(); ++i) {
+    const DevLayer& L = m.layers[i];
     if (L.attn)
-      attention_layer(c, st, L, ai++);
+      attention_layer(c, st, L, ai++, staged);
     else
-      gdn_layer(c, st, L, gi++);
-    moe_block(c, L);
+      gdn_layer(c, st, L, gi++, staged);
+    staged = moe_block(c, L, i + 1 < m.layers.size() ? &m.layers[i + 1] : nullptr);
   }
 }
 

@@ -98,6 +98,10 @@ struct RowsOps {
   // 4-bit MoE, 8-bit, the digits MoE's (into `digits`, when not null).
   void stage(const float* x, int64_t ldx, int64_t K, Prologue pro, const float* norm_w, bool need4g, bool need4,
              bool need8, const float* z = nullptr, int64_t ldz = 0, int head_dim = 0, void* digits = nullptr) const;
+  // stage()'s arguments, for a kernel that stages as it ends (rows::moe_combine_stage_rows).
+  rows::StageArgs stage_args(const float* x, int64_t ldx, int64_t K, Prologue pro, const float* norm_w, bool need4g,
+                             bool need4, bool need8, const float* z = nullptr, int64_t ldz = 0, int head_dim = 0,
+                             void* digits = nullptr) const;
   // y [M][ldy] (+)= W · the staged rows.
   void gemv(const QMatrixDev& W, float* y, int64_t ldy, bool acc,
             rows::RowsGemvKernel kernel = rows::RowsGemvKernel::Auto) const;

@@ -126,12 +126,15 @@ struct RowsMoERun {
     a.meta = meta.p;
     lr::stage(a, s);
   }
-  void moe(cudaStream_t s) {
+  void experts(cudaStream_t s) {  // route, gate/up, down: the combine's input in the scratch
     const auto& w = f.dev.w;
     lr::moe_route_rows(w, logits.p, f.c.E + 1, M, slots(), sel.p, selw.p, scratch.p, s);
     lr::moe_gate_up_rows(w, frag.p, meta.p, M, scratch.p, act.p, s);
     lr::moe_down_rows(w, act.p, M, scratch.p, s);
-    lr::moe_combine_rows(w, selw.p, M, slots(), scratch.p, y.p, f.c.H, s);
+  }
+  void moe(cudaStream_t s) {
+    experts(s);
+    lr::moe_combine_rows(f.dev.w, selw.p, M, slots(), scratch.p, y.p, f.c.H, s);
   }
   void run() {
     stage(nullptr);
@@ -393,6 +396,78 @@ TEST(RowsMoE, PdlChainInAGraphMatchesCpu) {
   cudaGraphExecDestroy(ge);
   cudaGraphDestroy(g);
   cudaStreamDestroy(s);
+}
+
+// moe_combine_stage_rows (the combine and the next layer's input staging in one launch) against
+// moe_combine_rows followed by stage(): y, both 4-bit layouts' fragments, the 8-bit ones and the meta bit for
+// bit, padding rows' y and staged input untouched. k + 1 <= 9 slots (the kernel's loads all in flight) and more.
+TEST(RowsMoE, CombineStageIsCombineThenStage) {
+  NEED_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  Rng r(seed);
+  for (const MoECase c : {kReal, MoECase{37, 3, 320, 64, 192}, MoECase{40, 11, 512, 128, 64}}) {
+    MoEFixture f(r, c);
+    const std::vector<float> nw2 = MoEFixture::norm(r, c.H);  // the next layer's input norm
+    const Dev<float> dnw2(nw2);
+    for (int M : {1, 5}) {
+      SCOPED_TRACE("E " + std::to_string(c.E) + " M " + std::to_string(M));
+      const Inputs in = make_inputs(r, f, M);
+      const auto slots = M > 1 ? slots_with_padding(r, M, 0) : std::vector<int32_t>{};
+      RowsMoERun run(f, M, in.h, in.logits, in.y0, slots);
+      run.stage(nullptr);
+      run.experts(nullptr);
+      const size_t fb = lr::frag_row_bytes(c.H) * size_t(M), mb = lr::meta_row_count(c.H) * size_t(M);
+      struct Out {
+        Dev<float> y;
+        Dev<char> f4g, f4, f8;
+        Dev<float2> meta;
+      };
+      auto fresh = [&] {  // guaranteed elision: Dev has no move
+        return Out{Dev<float>(in.y0), Dev<char>(std::vector<char>(fb, 'p')), Dev<char>(std::vector<char>(fb, 'p')),
+                   Dev<char>(std::vector<char>(fb, 'p')), Dev<float2>(std::vector<float2>(mb, make_float2(kSentinel, 0.f)))};
+      };
+      auto combine = [&](Out& o, bool fused) {
+        lr::StageArgs st;
+        st.x = o.y.p;
+        st.K = c.H;
+        st.M = M;
+        st.row_slot = run.slots();
+        st.pro = lc::Prologue::RmsNorm;
+        st.norm_w = dnw2.p;
+        st.frag4g = o.f4g.p;
+        st.frag4 = o.f4.p;
+        st.frag8 = o.f8.p;
+        st.meta = o.meta.p;
+        if (fused) {
+          EXPECT_TRUE(lr::combine_stage_supported(f.dev.w, st));
+          lr::moe_combine_stage_rows(f.dev.w, run.selw.p, M, run.slots(), run.scratch.p, o.y.p, c.H, st, nullptr);
+        } else {
+          lr::moe_combine_rows(f.dev.w, run.selw.p, M, run.slots(), run.scratch.p, o.y.p, c.H, nullptr);
+          lr::stage(st, nullptr);
+        }
+        EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      };
+      Out want = fresh(), got = fresh();
+      combine(want, false);
+      combine(got, true);
+      EXPECT_EQ(want.y.get(), got.y.get()) << "y";
+      EXPECT_EQ(want.f4g.get(), got.f4g.get()) << "4-bit group layout";
+      EXPECT_EQ(want.f4.get(), got.f4.get()) << "4-bit k-tile layout";
+      EXPECT_EQ(want.f8.get(), got.f8.get()) << "8-bit layout";
+      const std::vector<float2> wm = want.meta.get(), gm = got.meta.get();
+      EXPECT_EQ(first_bit_diff(reinterpret_cast<const float*>(wm.data()), reinterpret_cast<const float*>(gm.data()),
+                               int64_t(2 * mb)),
+                -1)
+          << "meta";
+      const std::vector<float> y = got.y.get();
+      for (int m = 0; m < M; ++m) {  // padding rows: y and meta as they were (the fragments: compared above)
+        if (slots.empty() || slots[size_t(m)] >= 0) continue;
+        EXPECT_TRUE(std::equal(y.begin() + m * c.H, y.begin() + (m + 1) * c.H, in.y0.begin() + m * c.H));
+        EXPECT_EQ(gm[lr::meta_row_count(c.H) * size_t(m)].x, kSentinel) << "padding row " << m << " was staged";
+      }
+    }
+  }
 }
 
 TEST(RowsMoE, RejectsUnsupportedShapes) {

@@ -10,6 +10,7 @@
 #include "cuda/kernels/launch.cuh"
 #include "cuda/kernels/rows/moe_rows.cuh"
 #include "cuda/kernels/rows/rows_mm.h"
+#include "cuda/kernels/rows/stage_row.cuh"
 
 namespace lilac::cuda::rows {
 namespace {
@@ -222,6 +223,70 @@ __global__ void __launch_bounds__(kCombineThreads) moe_combine_kernel(CombineArg
   *yp = *yp + acc;
 }
 
+// The combine of a row followed by the staging of its result for the next layer (its input RMSNorm; rows_mm.h:
+// moe_combine_stage_rows): a block of kThreads per row, thread t combining the outputs of its staging units t,
+// t + 256, ... (8 columns each: the k + 1 slots' loads of both float4 halves in flight together), each output
+// moe_combine_kernel's chain, written to y and into shared memory, where stage_row (stage_row.cuh) takes the row
+// as the staging launch takes it from y. One launch instead of two; the same bits.
+constexpr int kStageFast = 9;  // slots whose loads are all in flight at once (the model's top-8 + the shared expert)
+__global__ void __launch_bounds__(kThreads) combine_stage_kernel(CombineArgs a, StageArgs st) {
+  extern __shared__ float4 smem4[];
+  __shared__ float red[32];
+  __shared__ float s_w[kMaxK + 1];
+  const int r = blockIdx.x, k = a.k;
+  const StageSmem m = stage_smem(smem4, int(st.K), st.pro, st.head_dim);
+  stage_norm_prefetch(st, m);  // before the PDL wait: written by no kernel of the step
+  pdl_wait();
+  pdl_trigger();
+  if (a.row_slot != nullptr && a.row_slot[r] < 0) {  // padding row: nothing read, nothing written
+    cp_async_wait_all();
+    return;
+  }
+  if (threadIdx.x <= k) s_w[threadIdx.x] = __ldcg(a.sel_w + int64_t(r) * (k + 1) + threadIdx.x);
+  __syncthreads();
+  const float* pr = a.pe + int64_t(r) * (k + 1) * a.H;
+  float* yr = a.y + int64_t(r) * a.ldy;
+  for (int u = threadIdx.x; u < a.H / 8; u += blockDim.x) {
+    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    auto add = [&](const float4 (&x)[2], float w) {
+      const float v[8] = {x[0].x, x[0].y, x[0].z, x[0].w, x[1].x, x[1].y, x[1].z, x[1].w};
+#pragma unroll
+      for (int j = 0; j < 8; ++j) acc[j] = fmaf(w, v[j], acc[j]);
+    };
+    auto load = [&](int e, float4 (&x)[2]) {
+      const float4* p = reinterpret_cast<const float4*>(pr + int64_t(e) * a.H + 8 * u);
+      x[0] = __ldcg(p);
+      x[1] = __ldcg(p + 1);
+    };
+    if (k + 1 <= kStageFast) {
+      float4 x[kStageFast][2];
+#pragma unroll
+      for (int e = 0; e < kStageFast; ++e)
+        if (e <= k) load(e, x[e]);
+#pragma unroll
+      for (int e = 0; e < kStageFast; ++e)
+        if (e <= k) add(x[e], s_w[e]);
+    } else {
+      for (int e = 0; e <= k; ++e) {
+        float4 x[2];
+        load(e, x);
+        add(x, s_w[e]);
+      }
+    }
+    float4* yp = reinterpret_cast<float4*>(yr + 8 * u);
+    const float4 y0 = yp[0], y1 = yp[1];
+    const float4 o0 = make_float4(y0.x + acc[0], y0.y + acc[1], y0.z + acc[2], y0.w + acc[3]);
+    const float4 o1 = make_float4(y1.x + acc[4], y1.y + acc[5], y1.z + acc[6], y1.w + acc[7]);
+    yp[0] = o0;
+    yp[1] = o1;
+    reinterpret_cast<float4*>(m.xs)[2 * u] = o0;
+    reinterpret_cast<float4*>(m.xs)[2 * u + 1] = o1;
+  }
+  cp_async_wait_all();
+  __syncthreads();
+  stage_row(st, r, m, red);
+}
+
 bool shape_ok(const QMatrixDev& m, int bits) {
   return m.bits == bits && m.group_size == 64 && m.cols > 0 && m.cols % 64 == 0 && m.rows > 0 && m.qweight &&
          m.scales && m.biases;
@@ -303,6 +368,32 @@ void moe_combine_rows(const MoEDecodeWeights& w, const float* sel_w, int M, cons
   a.y = y;
   launch_pdl(moe_combine_kernel, dim3(unsigned((a.H + kCombineThreads - 1) / kCombineThreads), unsigned(M)),
              dim3(kCombineThreads), 0, stream, a);
+}
+
+bool combine_stage_supported(const MoEDecodeWeights& w, const StageArgs& st) {
+  const int64_t H = w.down.first.rows;
+  return st.pro == Prologue::RmsNorm && st.K == H && st.digits == nullptr && stage_supported(st) &&
+         size_t(stage_smem_bytes(int(H), st.pro, st.head_dim)) <= 96 * 1024;
+}
+
+void moe_combine_stage_rows(const MoEDecodeWeights& w, const float* sel_w, int M, const int32_t* row_slot,
+                            const void* scratch, float* y, int64_t ldy, const StageArgs& st, cudaStream_t stream) {
+  if (!combine_stage_supported(w, st) || st.M != M || st.row_slot != row_slot || st.x != y ||
+      (st.ldx > 0 ? st.ldx : st.K) != (ldy > 0 ? ldy : st.K))
+    throw Error("rows::moe_combine_stage_rows: unsupported arguments");
+  if (M == 0) return;
+  CombineArgs a;
+  a.H = w.down.first.rows;
+  a.ldy = ldy > 0 ? ldy : a.H;
+  a.k = w.top_k;
+  a.sel_w = sel_w;
+  a.row_slot = row_slot;
+  a.pe = moe_carve(const_cast<void*>(scratch), w, M).pe;
+  a.y = y;
+  const size_t smem = size_t(stage_smem_bytes(int(a.H), st.pro, st.head_dim));
+  if (smem > 48 * 1024)
+    LILAC_CUDA_CHECK(cudaFuncSetAttribute(combine_stage_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  launch_pdl(combine_stage_kernel, dim3(unsigned(M)), dim3(kThreads), smem, stream, a, st);
 }
 
 }  // namespace lilac::cuda::rows

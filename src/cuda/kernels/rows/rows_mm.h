@@ -112,6 +112,11 @@ void moe_gate_up_rows(const MoEDecodeWeights& w, const void* frag, const float2*
 void moe_down_rows(const MoEDecodeWeights& w, const float* act, int M, void* scratch, cudaStream_t stream);
 void moe_combine_rows(const MoEDecodeWeights& w, const float* sel_w, int M, const int32_t* row_slot,
                       const void* scratch, float* y, int64_t ldy, cudaStream_t stream);
+// moe_combine_rows, then stage(st) of the combined rows (st.x = y, its RMSNorm prologue: the next layer's input
+// norm), in one launch: a block per row, the same bits as the two launches.
+bool combine_stage_supported(const MoEDecodeWeights& w, const StageArgs& st);
+void moe_combine_stage_rows(const MoEDecodeWeights& w, const float* sel_w, int M, const int32_t* row_slot,
+                            const void* scratch, float* y, int64_t ldy, const StageArgs& st, cudaStream_t stream);
 
 // ------------------------------------------------------------------------------------------------ sampling
 // sample_token for M rows: row r samples from logits + r·ld_logits with the state of its slot s = row_slot[r]

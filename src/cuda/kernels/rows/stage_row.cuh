@@ -1,0 +1,164 @@
+// The staging of one input row (rows_mm.h: stage) from its values in shared memory, shared by the staging launch
+// (stage_rows.cu) and the kernels that produce a row whole and stage it themselves (moe_route_rows.cu: the MoE
+// combine followed by the next layer's input norm), so that both write the same bits. A 256-thread block
+// (kThreads): thread t owns units t, t + 256, ... (columns 8t .. 8t + 7), the RMSNorm's Σx² is its partial sums
+// in that order and one block_sum — gemv_tc.cu's in-block staging, unit for unit.
+#pragma once
+#include "cuda/kernels/digits/digits_tile.cuh"
+#include "cuda/kernels/rows/rows_mm.h"
+#include "cuda/kernels/rows/tc_rows.cuh"
+#include "cuda/kernels/tc_g4.cuh"
+
+namespace lilac::cuda::rows_dev {
+
+using ::lilac::cuda::rows::StageArgs;
+
+__host__ __device__ inline int stage_round16(int b) { return (b + 15) / 16 * 16; }
+// Shared memory of one row's staging: x [K]; RmsNorm: + the norm weights [K]; GatedHeadNorm: + z [K], the
+// weights [hd] and the heads' Σx².
+__host__ __device__ inline int stage_smem_bytes(int K, Prologue pro, int hd) {
+  int b = K * 4;
+  if (pro == Prologue::RmsNorm) b += K * 4;
+  if (pro == Prologue::GatedHeadNorm) b += K * 4 + stage_round16(hd * 4) + stage_round16((K / hd + 1) * 4);
+  return b;
+}
+
+// Where a row's staging keeps its values in shared memory (stage_smem_bytes from base, 16-byte aligned).
+struct StageSmem {
+  float* xs = nullptr;   // x [K]
+  float* zs = nullptr;   // GatedHeadNorm: z [K]
+  float* nws = nullptr;  // the norm weights
+  float* hss = nullptr;  // GatedHeadNorm: Σx² per head
+};
+__device__ inline StageSmem stage_smem(void* base, int K, Prologue pro, int hd) {
+  StageSmem m;
+  m.xs = static_cast<float*>(base);
+  if (pro == Prologue::RmsNorm) m.nws = m.xs + K;
+  if (pro == Prologue::GatedHeadNorm) {
+    m.zs = m.xs + K;
+    m.nws = m.zs + K;
+    m.hss = reinterpret_cast<float*>(reinterpret_cast<char*>(m.nws) + stage_round16(hd * 4));
+  }
+  return m;
+}
+
+// The norm weights into shared memory by cp.async (no kernel of the step writes them: may run before the PDL
+// wait; the caller waits for the copies and makes them visible with a barrier).
+__device__ inline void stage_norm_prefetch(const StageArgs& a, const StageSmem& m) {
+  const int n = a.pro == Prologue::RmsNorm ? int(a.K) : a.pro == Prologue::GatedHeadNorm ? a.head_dim : 0;
+  for (int i = threadIdx.x; i < n / 4; i += blockDim.x) ::lilac::cuda::dev::cp_async16(m.nws + 4 * i, a.norm_w + 4 * i);
+}
+
+// Per-head Σx² of the gated head norm into hss[K / hd] (as gemv_tc's staging; a warp per head where a lane's
+// 8 values may straddle heads, deterministic, where gemv_tc uses shared-memory atomics).
+__device__ inline void head_sums(const float* xs, float* hss, int K, int hd) {
+  const int n8 = K / 8, lph = hd / 8;
+  if (hd % 8 == 0 && lph <= 32 && (lph & (lph - 1)) == 0) {
+    for (int t0 = 0; t0 < n8; t0 += blockDim.x) {  // whole warps iterate together (n8 % lph == 0)
+      const int t = t0 + threadIdx.x;
+      float ss = 0.f;
+      if (t < n8) {
+        const float4 a = reinterpret_cast<const float4*>(xs)[2 * t], b = reinterpret_cast<const float4*>(xs)[2 * t + 1];
+        ss = a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w + b.x * b.x + b.y * b.y + b.z * b.z + b.w * b.w;
+      }
+      for (int o = 1; o < lph; o <<= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+      if (t < n8 && t % lph == 0) hss[t / lph] = ss;
+    }
+  } else {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    for (int h = warp; h < K / hd; h += nw) {
+      float ss = 0.f;
+      for (int d = lane; d < hd; d += 32) ss += xs[h * hd + d] * xs[h * hd + d];
+      ss = ::lilac::cuda::dev::warp_sum(ss);
+      if (lane == 0) hss[h] = ss;
+    }
+  }
+  __syncthreads();
+}
+
+// Row r of the staging's outputs from the row's x (and z) in m.xs (m.zs) and the norm weights in m.nws, all
+// visible to the block (after a barrier). blockDim.x == kThreads. Every thread must call it.
+__device__ inline void stage_row(const StageArgs& a, int r, const StageSmem& m, float* red) {
+  const int K = int(a.K), hd = a.head_dim;
+  const float* xs = m.xs;
+  const int KT = tc_kt(K), n8 = K / 8, n8t = KT * kTileCols / 8;
+  float scale = 1.f;
+  if (a.pro == Prologue::RmsNorm) {
+    float ss = 0.f;
+    for (int t = threadIdx.x; t < n8; t += blockDim.x) {
+      const float4 p = reinterpret_cast<const float4*>(xs)[2 * t], q = reinterpret_cast<const float4*>(xs)[2 * t + 1];
+      ss += p.x * p.x + p.y * p.y + p.z * p.z + p.w * p.w + q.x * q.x + q.y * q.y + q.z * q.z + q.w * q.w;
+    }
+    ss = block_sum(ss, red);
+    scale = rsqrtf(ss / float(K) + a.eps);
+  } else if (a.pro == Prologue::GatedHeadNorm) {
+    head_sums(xs, m.hss, K, hd);
+  }
+  char* f4 = a.frag4 ? static_cast<char*>(a.frag4) + int64_t(r) * KT * kTileXBytes : nullptr;
+  char* f4g = a.frag4g ? static_cast<char*>(a.frag4g) + int64_t(r) * KT * kTileXBytes : nullptr;
+  char* f8 = a.frag8 ? static_cast<char*>(a.frag8) + int64_t(r) * KT * kTileXBytes : nullptr;
+  float2* meta = a.meta ? a.meta + int64_t(r) * KT * 4 : nullptr;
+  const int G = K / kGroup;
+  char* dg = a.digits ? static_cast<char*>(a.digits) + int64_t(r) * G * 3 * 64 : nullptr;  // moe_digits.h's layout
+  float2* dmeta =
+      a.digits ? reinterpret_cast<float2*>(static_cast<char*>(a.digits) + int64_t(a.M) * G * 3 * 64) + int64_t(r) * G
+               : nullptr;
+  for (int t0 = 0; t0 < n8t; t0 += blockDim.x) {
+    const int t = t0 + threadIdx.x;
+    float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    if (t < n8) {
+      const float4 xa = reinterpret_cast<const float4*>(xs)[2 * t], xb = reinterpret_cast<const float4*>(xs)[2 * t + 1];
+      v[0] = xa.x, v[1] = xa.y, v[2] = xa.z, v[3] = xa.w, v[4] = xb.x, v[5] = xb.y, v[6] = xb.z, v[7] = xb.w;
+      if (a.pro == Prologue::RmsNorm) {
+        const float4 wa = reinterpret_cast<const float4*>(m.nws)[2 * t], wb = reinterpret_cast<const float4*>(m.nws)[2 * t + 1];
+        const float w8[8] = {wa.x, wa.y, wa.z, wa.w, wb.x, wb.y, wb.z, wb.w};
+#pragma unroll
+        for (int j = 0; j < 8; ++j) v[j] = v[j] * scale * w8[j];
+      } else if (a.pro == Prologue::GatedHeadNorm) {
+        const float4 za = reinterpret_cast<const float4*>(m.zs)[2 * t], zb = reinterpret_cast<const float4*>(m.zs)[2 * t + 1];
+        const float z8[8] = {za.x, za.y, za.z, za.w, zb.x, zb.y, zb.z, zb.w};
+        if (hd % 8 == 0) {  // the 8 values lie in one head
+          const int h = (8 * t) / hd, d0 = 8 * t - h * hd;
+          const float rr = rsqrtf(m.hss[h] / float(hd) + a.eps);
+          const float4 wa = reinterpret_cast<const float4*>(m.nws + d0)[0], wb = reinterpret_cast<const float4*>(m.nws + d0)[1];
+          const float w8[8] = {wa.x, wa.y, wa.z, wa.w, wb.x, wb.y, wb.z, wb.w};
+#pragma unroll
+          for (int j = 0; j < 8; ++j) v[j] = v[j] * rr * w8[j] * silu_f(z8[j]);
+        } else {
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            const int k = 8 * t + j, h = k / hd, d = k - h * hd;
+            const float rr = rsqrtf(m.hss[h] / float(hd) + a.eps);
+            v[j] = v[j] * rr * m.nws[d] * silu_f(z8[j]);
+          }
+        }
+      }
+    }
+    int E;
+    float sum;
+    group_meta(v, E, sum);
+    const float inv = pow2i(-E);
+    if (t < n8t) {
+      uint4 hi, lo;
+      if (f4) {
+        split_unit<4>(v, inv, hi, lo);
+        *reinterpret_cast<uint4*>(f4 + unit_off<4>(t)) = hi;
+        *reinterpret_cast<uint4*>(f4 + unit_off<4>(t) + 16) = lo;
+      }
+      if (f4g) {  // the group layout (tc_g4.cuh): the same fp16 pairs at another place
+        if (!f4) split_unit<4>(v, inv, hi, lo);
+        *reinterpret_cast<uint4*>(f4g + g4_unit_off(t)) = hi;
+        *reinterpret_cast<uint4*>(f4g + g4_unit_off(t) + 16) = lo;
+      }
+      if (f8) {
+        split_unit<8>(v, inv, hi, lo);
+        *reinterpret_cast<uint4*>(f8 + unit_off<8>(t)) = hi;
+        *reinterpret_cast<uint4*>(f8 + unit_off<8>(t) + 16) = lo;
+      }
+      if (meta && (t & 7) == 0) meta[t / 8] = make_float2(pow2i(E), sum);
+    }
+    if (dg) digits::tile::put_digits(v, t < n8, t, G, dg, dmeta);
+  }
+}
+
+}  // namespace lilac::cuda::rows_dev
