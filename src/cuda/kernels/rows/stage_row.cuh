@@ -49,12 +49,14 @@ __device__ inline void stage_norm_prefetch(const StageArgs& a, const StageSmem& 
   for (int i = threadIdx.x; i < n / 4; i += blockDim.x) ::lilac::cuda::dev::cp_async16(m.nws + 4 * i, a.norm_w + 4 * i);
 }
 
-// Per-head Σx² of the gated head norm into hss[K / hd] (as gemv_tc's staging; a warp per head where a lane's
-// 8 values may straddle heads, deterministic, where gemv_tc uses shared-memory atomics).
-__device__ inline void head_sums(const float* xs, float* hss, int K, int hd) {
-  const int n8 = K / 8, lph = hd / 8;
+// Per-head Σx² of the gated head norm into hss[h] for the heads of units [u0, u1) (whole heads; u0 a multiple of
+// 32: a unit's lane is its index mod 32 as when one block stages the whole row, so each head's sum has the same
+// bits however the row is cut). As gemv_tc's staging; a warp per head where a lane's 8 values may straddle heads,
+// deterministic, where gemv_tc uses shared-memory atomics.
+__device__ inline void head_sums(const float* xs, float* hss, int K, int hd, int u0, int u1) {
+  const int n8 = min(K / 8, u1), lph = hd / 8;
   if (hd % 8 == 0 && lph <= 32 && (lph & (lph - 1)) == 0) {
-    for (int t0 = 0; t0 < n8; t0 += blockDim.x) {  // whole warps iterate together (n8 % lph == 0)
+    for (int t0 = u0; t0 < n8; t0 += blockDim.x) {  // whole warps iterate together (n8 % lph == 0)
       const int t = t0 + threadIdx.x;
       float ss = 0.f;
       if (t < n8) {
@@ -66,7 +68,7 @@ __device__ inline void head_sums(const float* xs, float* hss, int K, int hd) {
     }
   } else {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    for (int h = warp; h < K / hd; h += nw) {
+    for (int h = 8 * u0 / hd + warp; h < 8 * n8 / hd; h += nw) {
       float ss = 0.f;
       for (int d = lane; d < hd; d += 32) ss += xs[h * hd + d] * xs[h * hd + d];
       ss = ::lilac::cuda::dev::warp_sum(ss);
@@ -76,12 +78,21 @@ __device__ inline void head_sums(const float* xs, float* hss, int K, int hd) {
   __syncthreads();
 }
 
-// Row r of the staging's outputs from the row's x (and z) in m.xs (m.zs) and the norm weights in m.nws, all
-// visible to the block (after a barrier). blockDim.x == kThreads. Every thread must call it.
-__device__ inline void stage_row(const StageArgs& a, int r, const StageSmem& m, float* red) {
+// Units [u0, u1) of the row's padded units (default: all of them, n8t) — the whole row for RmsNorm (its Σx² is the
+// block's, blockDim.x == kThreads); for the other prologues any cut at multiples of 32 units holding whole heads
+// (stage_slice_units), each unit computed as when one block stages the whole row.
+struct UnitRange {
+  int u0 = 0, u1 = -1;
+};
+
+// Row r of the staging's outputs from the row's x (and z) in m.xs (m.zs; the whole row's layout, at least the
+// range's values) and the norm weights in m.nws, all visible to the block (after a barrier). Every thread must call
+// it.
+__device__ inline void stage_row(const StageArgs& a, int r, const StageSmem& m, float* red, UnitRange ur = UnitRange{}) {
   const int K = int(a.K), hd = a.head_dim;
   const float* xs = m.xs;
   const int KT = tc_kt(K), n8 = K / 8, n8t = KT * kTileCols / 8;
+  const int u0 = ur.u0, u1 = ur.u1 < 0 ? n8t : ur.u1;
   float scale = 1.f;
   if (a.pro == Prologue::RmsNorm) {
     float ss = 0.f;
@@ -92,7 +103,7 @@ __device__ inline void stage_row(const StageArgs& a, int r, const StageSmem& m, 
     ss = block_sum(ss, red);
     scale = rsqrtf(ss / float(K) + a.eps);
   } else if (a.pro == Prologue::GatedHeadNorm) {
-    head_sums(xs, m.hss, K, hd);
+    head_sums(xs, m.hss, K, hd, u0, u1);
   }
   char* f4 = a.frag4 ? static_cast<char*>(a.frag4) + int64_t(r) * KT * kTileXBytes : nullptr;
   char* f4g = a.frag4g ? static_cast<char*>(a.frag4g) + int64_t(r) * KT * kTileXBytes : nullptr;
@@ -103,7 +114,7 @@ __device__ inline void stage_row(const StageArgs& a, int r, const StageSmem& m, 
   float2* dmeta =
       a.digits ? reinterpret_cast<float2*>(static_cast<char*>(a.digits) + int64_t(a.M) * G * 3 * 64) + int64_t(r) * G
                : nullptr;
-  for (int t0 = 0; t0 < n8t; t0 += blockDim.x) {
+  for (int t0 = u0; t0 < u1; t0 += blockDim.x) {
     const int t = t0 + threadIdx.x;
     float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
     if (t < n8) {
@@ -138,7 +149,7 @@ __device__ inline void stage_row(const StageArgs& a, int r, const StageSmem& m, 
     float sum;
     group_meta(v, E, sum);
     const float inv = pow2i(-E);
-    if (t < n8t) {
+    if (t < u1) {
       uint4 hi, lo;
       if (f4) {
         split_unit<4>(v, inv, hi, lo);
@@ -159,6 +170,15 @@ __device__ inline void stage_row(const StageArgs& a, int r, const StageSmem& m, 
     }
     if (dg) digits::tile::put_digits(v, t < n8, t, G, dg, dmeta);
   }
+}
+
+// Units per block where a row's staging is cut into slices (stage_rows.cu), or 0: one block stages the whole row
+// (RmsNorm's Σx² is the block's; the digits output's layout is not cut; a head must lie inside a slice).
+constexpr int kSliceUnits = 64;
+__host__ __device__ inline int stage_slice_units(const StageArgs& a) {
+  if (a.pro == Prologue::RmsNorm || a.digits != nullptr) return 0;
+  if (a.pro == Prologue::GatedHeadNorm && (8 * kSliceUnits) % a.head_dim != 0) return 0;
+  return kSliceUnits;
 }
 
 }  // namespace lilac::cuda::rows_dev

@@ -19,7 +19,9 @@ using ::lilac::cuda::dev::pdl_wait;
 
 constexpr size_t kMaxStageSmem = 96 * 1024;
 
-__global__ void __launch_bounds__(kThreads) stage_kernel(StageArgs a) {
+// Block (r, y): row r, its units [y·S, y·S + S) where the row is cut into slices of S units (S = blockDim.x,
+// stage_slice_units), else (S = 0, gridDim.y = 1, kThreads) the whole row.
+__global__ void __launch_bounds__(kThreads) stage_kernel(StageArgs a, int S) {
   extern __shared__ float4 smem4[];
   __shared__ float red[32];
   const int K = int(a.K), r = blockIdx.x;
@@ -31,16 +33,22 @@ __global__ void __launch_bounds__(kThreads) stage_kernel(StageArgs a) {
     cp_async_wait_all();
     return;
   }
+  UnitRange ur;
+  if (S > 0) {
+    ur.u0 = int(blockIdx.y) * S;
+    ur.u1 = min(ur.u0 + S, tc_kt(K) * kTileCols / 8);
+  }
   const int64_t ldx = a.ldx > 0 ? a.ldx : a.K, ldz = a.ldz > 0 ? a.ldz : a.K;
   const float* x = a.x + r * ldx;
   const float* z = a.z + r * ldz;
-  for (int i = threadIdx.x; i < K / 4; i += blockDim.x) {
+  const int i1 = S > 0 ? min(2 * ur.u1, K / 4) : K / 4;  // the range's float4s that hold values
+  for (int i = 2 * ur.u0 + threadIdx.x; i < i1; i += blockDim.x) {
     cp_async16(m.xs + 4 * i, x + 4 * i);
     if (a.pro == Prologue::GatedHeadNorm) cp_async16(m.zs + 4 * i, z + 4 * i);
   }
   cp_async_wait_all();
   __syncthreads();
-  stage_row(a, r, m, red);
+  stage_row(a, r, m, red, ur);
 }
 
 bool aligned16(const void* p) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -70,7 +78,15 @@ void stage(const StageArgs& a, cudaStream_t stream) {
   const size_t smem = size_t(stage_smem_bytes(int(a.K), a.pro, a.head_dim));
   if (smem > 48 * 1024)
     LILAC_CUDA_CHECK(cudaFuncSetAttribute(stage_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  launch_pdl(stage_kernel, dim3(a.M), dim3(kThreads), smem, stream, a);
+  // rows cut into slices where the prologue allows it (a block's chain, not the row's work, sets the launch's time);
+  // LILAC_STAGE_SLICES=0: a block per row (measurement)
+  static const bool slices_on = env_switch_on("LILAC_STAGE_SLICES");
+  const int S = slices_on ? stage_slice_units(a) : 0;
+  const int n8t = tc_kt(int(a.K)) * kTileCols / 8;
+  if (S > 0)
+    launch_pdl(stage_kernel, dim3(a.M, (n8t + S - 1) / S), dim3(S), smem, stream, a, S);
+  else
+    launch_pdl(stage_kernel, dim3(a.M), dim3(kThreads), smem, stream, a, 0);
 }
 
 }  // namespace lilac::cuda::rows
