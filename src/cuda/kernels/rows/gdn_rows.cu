@@ -107,6 +107,10 @@ __device__ __forceinline__ float conv_step(const float (&w)[kMaxConvK - 1], floa
 // at 64 for 8). 0: no cap.
 template <int R, bool CONV>
 constexpr int kMinBlocks = !CONV && R <= 4 ? 5 : 0;
+// Rows whose raw inputs the kernels with the conv inside (a speculative verify's rows, the commit's replay) keep in
+// flight: a row's chain is shorter than the round trip of the next row's inputs. (The step without the conv, whose
+// registers are capped, keeps one.)
+constexpr int kRowsAhead = 3;
 // R: rows of the state per thread (dk <= 32 R); CPT: conv channels per thread (2 dk + 16 channels).
 // VEC: dv % 4 == 0 and every state 16-byte aligned. COMMIT: gdn_commit_rows (Tab = LayerTable).
 // CONV: the conv inside (the commit; the step in Log mode, whose conv state is only read), else the step
@@ -206,28 +210,33 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<R, CONV>))
     pdl_trigger();
   }
 
-  // 2. the rows, in order; raw inputs one row ahead
-  float nx[CPT], nb, na;
-  auto fetch = [&](int j) {
+  // 2. the rows, in order; raw inputs kAhead rows ahead, in a queue of register slots: row j's inputs are in slot
+  // j % kAhead (the loop below is unrolled by kAhead, so a slot is always the same registers), refilled with row
+  // j + kAhead's as soon as row j has taken them
+  constexpr int kAhead = CONV ? kRowsAhead : 1;
+  float qx[kAhead][CPT], qb[kAhead], qa[kAhead];
+  auto fetch = [&](int j, float (&x)[CPT], float& b, float& av) {
     const float* sj = src + j * src_stride;
     const float* xj = CONV ? sj : a.cv + (int64_t(blockIdx.z) + j) * s.conv_dim();
 #pragma unroll
-    for (int i = 0; i < CPT; ++i) nx[i] = ch[i] >= 0 ? xj[ch[i]] : 0.f;
-    nb = sj[b_off + h];
-    na = sj[a_off + h];
+    for (int i = 0; i < CPT; ++i) x[i] = ch[i] >= 0 ? xj[ch[i]] : 0.f;
+    b = sj[b_off + h];
+    av = sj[a_off + h];
   };
-  fetch(0);
+#pragma unroll
+  for (int d = 0; d < kAhead; ++d)
+    if (d < n) fetch(d, qx[d], qb[d], qa[d]);
   // the conv state arrival (see 3.): issued once the first row's conv has consumed the conv state, so its
   // round trip overlaps the rows' math instead of ending the block
   const int ratio = s.Hv / s.Hk;
   unsigned* const ctr = CONV && write_state ? L.conv_sync + int64_t(slot) * s.Hk + h / ratio : nullptr;
   unsigned seen = 0;
-  for (int j = 0; j < n; ++j) {
+  auto row = [&](int j, float (&qxd)[CPT], float& qbd, float& qad) {
     float xr[CPT];
 #pragma unroll
-    for (int i = 0; i < CPT; ++i) xr[i] = nx[i];
-    const float bj = nb, aj = na;
-    if (j + 1 < n) fetch(j + 1);
+    for (int i = 0; i < CPT; ++i) xr[i] = qxd[i];
+    const float bj = qbd, aj = qad;
+    if (j + kAhead < n) fetch(j + kAhead, qxd, qbd, qad);
 
     // conv + SiLU (state oldest first), as the in_proj conv epilogue
 #pragma unroll
@@ -334,7 +343,11 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<R, CONV>))
         outp[j * a.out_stride + int64_t(h) * dv + col] = t;
       }
     }
-  }
+  };
+  for (int j0 = 0; j0 < n; j0 += kAhead)
+#pragma unroll
+    for (int d = 0; d < kAhead; ++d)
+      if (j0 + d < n) row(j0 + d, qx[d], qb[d], qa[d]);
 
   // 3. the state after the last row (Advance, commit)
   if (!write_state) return;
