@@ -7,7 +7,9 @@
 
 #include <cstdint>
 
+#include "cuda/kernels/gemv/gemv.h"
 #include "cuda/kernels/ptx.cuh"
+#include "cuda/kernels/qdot.cuh"
 #include "cuda/kernels/qmatrix.cuh"
 
 namespace lilac::cuda::tc {
@@ -99,6 +101,39 @@ __device__ __forceinline__ void split_unit(const float (&v)[8], float inv, uint4
   }
   hi4 = make_uint4(hi[0], hi[1], hi[2], hi[3]);
   lo4 = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+}
+// The 8 values of unit t (columns 8t .. 8t+7, t < K / 8) of t(x), from the staging's shared memory m (xs; nws the
+// norm weights; zs, hss the gate and the heads' Σx² for GatedHeadNorm): RmsNorm x·scale·w, GatedHeadNorm
+// x·rsqrt(Σx²/hd + eps)·w·silu(z), None x. Both families' staging (16-byte reads: a thread's 8 values are contiguous).
+template <typename Smem>
+__device__ __forceinline__ void unit_values(Prologue pro, const Smem& m, int t, float scale, int hd, float eps,
+                                            float (&v)[8]) {
+  const float4 xa = reinterpret_cast<const float4*>(m.xs)[2 * t], xb = reinterpret_cast<const float4*>(m.xs)[2 * t + 1];
+  v[0] = xa.x, v[1] = xa.y, v[2] = xa.z, v[3] = xa.w, v[4] = xb.x, v[5] = xb.y, v[6] = xb.z, v[7] = xb.w;
+  if (pro == Prologue::RmsNorm) {
+    const float4 wa = reinterpret_cast<const float4*>(m.nws)[2 * t], wb = reinterpret_cast<const float4*>(m.nws)[2 * t + 1];
+    const float w8[8] = {wa.x, wa.y, wa.z, wa.w, wb.x, wb.y, wb.z, wb.w};
+#pragma unroll
+    for (int j = 0; j < 8; ++j) v[j] = v[j] * scale * w8[j];
+  } else if (pro == Prologue::GatedHeadNorm) {
+    const float4 za = reinterpret_cast<const float4*>(m.zs)[2 * t], zb = reinterpret_cast<const float4*>(m.zs)[2 * t + 1];
+    const float z8[8] = {za.x, za.y, za.z, za.w, zb.x, zb.y, zb.z, zb.w};
+    if (hd % 8 == 0) {  // the 8 values lie in one head
+      const int h = (8 * t) / hd, d0 = 8 * t - h * hd;
+      const float r = rsqrtf(m.hss[h] / float(hd) + eps);
+      const float4 wa = reinterpret_cast<const float4*>(m.nws + d0)[0], wb = reinterpret_cast<const float4*>(m.nws + d0)[1];
+      const float w8[8] = {wa.x, wa.y, wa.z, wa.w, wb.x, wb.y, wb.z, wb.w};
+#pragma unroll
+      for (int j = 0; j < 8; ++j) v[j] = v[j] * r * w8[j] * ::lilac::cuda::dev::silu_f(z8[j]);
+    } else {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int k = 8 * t + j, h = k / hd, d = k - h * hd;
+        const float r = rsqrtf(m.hss[h] / float(hd) + eps);
+        v[j] = v[j] * r * m.nws[d] * ::lilac::cuda::dev::silu_f(z8[j]);
+      }
+    }
+  }
 }
 // Byte offset of unit t's hi fragment inside a row's fragments (lo: +16).
 template <int BITS>

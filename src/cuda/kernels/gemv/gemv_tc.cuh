@@ -159,34 +159,7 @@ __device__ void stage_compute(const StageIn& in, const TcSmem& m, int K, float* 
     const bool ok = t < n8;
     // 16-byte reads (a thread's 8 values are contiguous): 2-way bank conflicts instead of 8-way
     float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    if (ok) {
-      const float4 xa = reinterpret_cast<const float4*>(m.xs)[2 * t], xb = reinterpret_cast<const float4*>(m.xs)[2 * t + 1];
-      v[0] = xa.x, v[1] = xa.y, v[2] = xa.z, v[3] = xa.w, v[4] = xb.x, v[5] = xb.y, v[6] = xb.z, v[7] = xb.w;
-      if (in.pro == Prologue::RmsNorm) {
-        const float4 wa = reinterpret_cast<const float4*>(m.nws)[2 * t], wb = reinterpret_cast<const float4*>(m.nws)[2 * t + 1];
-        const float w8[8] = {wa.x, wa.y, wa.z, wa.w, wb.x, wb.y, wb.z, wb.w};
-#pragma unroll
-        for (int j = 0; j < 8; ++j) v[j] = v[j] * scale * w8[j];
-      } else if (in.pro == Prologue::GatedHeadNorm) {
-        const float4 za = reinterpret_cast<const float4*>(m.zs)[2 * t], zb = reinterpret_cast<const float4*>(m.zs)[2 * t + 1];
-        const float z8[8] = {za.x, za.y, za.z, za.w, zb.x, zb.y, zb.z, zb.w};
-        if (hd % 8 == 0) {  // the 8 values lie in one head
-          const int h = (8 * t) / hd, d0 = 8 * t - h * hd;
-          const float r = rsqrtf(m.hss[h] / float(hd) + in.eps);
-          const float4 wa = reinterpret_cast<const float4*>(m.nws + d0)[0], wb = reinterpret_cast<const float4*>(m.nws + d0)[1];
-          const float w8[8] = {wa.x, wa.y, wa.z, wa.w, wb.x, wb.y, wb.z, wb.w};
-#pragma unroll
-          for (int j = 0; j < 8; ++j) v[j] = v[j] * r * w8[j] * silu_f(z8[j]);
-        } else {
-#pragma unroll
-          for (int j = 0; j < 8; ++j) {
-            const int k = 8 * t + j, h = k / hd, d = k - h * hd;
-            const float r = rsqrtf(m.hss[h] / float(hd) + in.eps);
-            v[j] = v[j] * r * m.nws[d] * silu_f(z8[j]);
-          }
-        }
-      }
-    }
+    if (ok) unit_values(in.pro, m, t, scale, hd, in.eps, v);
     int E;
     float sum;
     group_meta(v, E, sum);

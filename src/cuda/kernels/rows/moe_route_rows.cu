@@ -235,13 +235,7 @@ __global__ void __launch_bounds__(kThreads) combine_stage_kernel(CombineArgs a, 
   __shared__ float s_w[kMaxK + 1];
   const int r = blockIdx.x, k = a.k;
   const StageSmem m = stage_smem(smem4, int(st.K), st.pro, st.head_dim);
-  stage_norm_prefetch(st, m);  // before the PDL wait: written by no kernel of the step
-  pdl_wait();
-  pdl_trigger();
-  if (a.row_slot != nullptr && a.row_slot[r] < 0) {  // padding row: nothing read, nothing written
-    cp_async_wait_all();
-    return;
-  }
+  if (!stage_enter(st, r, m)) return;
   if (threadIdx.x <= k) s_w[threadIdx.x] = __ldcg(a.sel_w + int64_t(r) * (k + 1) + threadIdx.x);
   __syncthreads();
   const float* pr = a.pe + int64_t(r) * (k + 1) * a.H;
@@ -355,9 +349,8 @@ void moe_route_rows(const MoEDecodeWeights& w, const float* logits, int64_t ld_l
   launch_pdl(moe_route_kernel, dim3(1), dim3(threads), 0, stream, a);
 }
 
-void moe_combine_rows(const MoEDecodeWeights& w, const float* sel_w, int M, const int32_t* row_slot,
-                      const void* scratch, float* y, int64_t ldy, cudaStream_t stream) {
-  if (M == 0) return;
+CombineArgs combine_args(const MoEDecodeWeights& w, const float* sel_w, int M, const int32_t* row_slot,
+                         const void* scratch, float* y, int64_t ldy) {
   CombineArgs a;
   a.H = w.down.first.rows;
   a.ldy = ldy > 0 ? ldy : a.H;
@@ -366,6 +359,13 @@ void moe_combine_rows(const MoEDecodeWeights& w, const float* sel_w, int M, cons
   a.row_slot = row_slot;
   a.pe = moe_carve(const_cast<void*>(scratch), w, M).pe;
   a.y = y;
+  return a;
+}
+
+void moe_combine_rows(const MoEDecodeWeights& w, const float* sel_w, int M, const int32_t* row_slot,
+                      const void* scratch, float* y, int64_t ldy, cudaStream_t stream) {
+  if (M == 0) return;
+  const CombineArgs a = combine_args(w, sel_w, M, row_slot, scratch, y, ldy);
   launch_pdl(moe_combine_kernel, dim3(unsigned((a.H + kCombineThreads - 1) / kCombineThreads), unsigned(M)),
              dim3(kCombineThreads), 0, stream, a);
 }
@@ -382,14 +382,7 @@ void moe_combine_stage_rows(const MoEDecodeWeights& w, const float* sel_w, int M
       (st.ldx > 0 ? st.ldx : st.K) != (ldy > 0 ? ldy : st.K))
     throw Error("rows::moe_combine_stage_rows: unsupported arguments");
   if (M == 0) return;
-  CombineArgs a;
-  a.H = w.down.first.rows;
-  a.ldy = ldy > 0 ? ldy : a.H;
-  a.k = w.top_k;
-  a.sel_w = sel_w;
-  a.row_slot = row_slot;
-  a.pe = moe_carve(const_cast<void*>(scratch), w, M).pe;
-  a.y = y;
+  const CombineArgs a = combine_args(w, sel_w, M, row_slot, scratch, y, ldy);
   const size_t smem = size_t(stage_smem_bytes(int(a.H), st.pro, st.head_dim));
   if (smem > 48 * 1024)
     LILAC_CUDA_CHECK(cudaFuncSetAttribute(combine_stage_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));

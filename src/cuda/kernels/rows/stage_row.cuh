@@ -49,6 +49,19 @@ __device__ inline void stage_norm_prefetch(const StageArgs& a, const StageSmem& 
   for (int i = threadIdx.x; i < n / 4; i += blockDim.x) ::lilac::cuda::dev::cp_async16(m.nws + 4 * i, a.norm_w + 4 * i);
 }
 
+// The start of a kernel that stages row r: the norm weights requested before the PDL wait (no kernel of the step
+// writes them), the wait, the trigger; false for a padding row (nothing read, nothing written: the caller returns).
+__device__ inline bool stage_enter(const StageArgs& a, int r, const StageSmem& m) {
+  stage_norm_prefetch(a, m);
+  ::lilac::cuda::dev::pdl_wait();
+  ::lilac::cuda::dev::pdl_trigger();
+  if (a.row_slot != nullptr && a.row_slot[r] < 0) {
+    ::lilac::cuda::dev::cp_async_wait_all();
+    return false;
+  }
+  return true;
+}
+
 // Per-head Σx² of the gated head norm into hss[h] for the heads of units [u0, u1) (whole heads; u0 a multiple of
 // 32: a unit's lane is its index mod 32 as when one block stages the whole row, so each head's sum has the same
 // bits however the row is cut). As gemv_tc's staging; a warp per head where a lane's 8 values may straddle heads,
@@ -117,34 +130,7 @@ __device__ inline void stage_row(const StageArgs& a, int r, const StageSmem& m, 
   for (int t0 = u0; t0 < u1; t0 += blockDim.x) {
     const int t = t0 + threadIdx.x;
     float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    if (t < n8) {
-      const float4 xa = reinterpret_cast<const float4*>(xs)[2 * t], xb = reinterpret_cast<const float4*>(xs)[2 * t + 1];
-      v[0] = xa.x, v[1] = xa.y, v[2] = xa.z, v[3] = xa.w, v[4] = xb.x, v[5] = xb.y, v[6] = xb.z, v[7] = xb.w;
-      if (a.pro == Prologue::RmsNorm) {
-        const float4 wa = reinterpret_cast<const float4*>(m.nws)[2 * t], wb = reinterpret_cast<const float4*>(m.nws)[2 * t + 1];
-        const float w8[8] = {wa.x, wa.y, wa.z, wa.w, wb.x, wb.y, wb.z, wb.w};
-#pragma unroll
-        for (int j = 0; j < 8; ++j) v[j] = v[j] * scale * w8[j];
-      } else if (a.pro == Prologue::GatedHeadNorm) {
-        const float4 za = reinterpret_cast<const float4*>(m.zs)[2 * t], zb = reinterpret_cast<const float4*>(m.zs)[2 * t + 1];
-        const float z8[8] = {za.x, za.y, za.z, za.w, zb.x, zb.y, zb.z, zb.w};
-        if (hd % 8 == 0) {  // the 8 values lie in one head
-          const int h = (8 * t) / hd, d0 = 8 * t - h * hd;
-          const float rr = rsqrtf(m.hss[h] / float(hd) + a.eps);
-          const float4 wa = reinterpret_cast<const float4*>(m.nws + d0)[0], wb = reinterpret_cast<const float4*>(m.nws + d0)[1];
-          const float w8[8] = {wa.x, wa.y, wa.z, wa.w, wb.x, wb.y, wb.z, wb.w};
-#pragma unroll
-          for (int j = 0; j < 8; ++j) v[j] = v[j] * rr * w8[j] * silu_f(z8[j]);
-        } else {
-#pragma unroll
-          for (int j = 0; j < 8; ++j) {
-            const int k = 8 * t + j, h = k / hd, d = k - h * hd;
-            const float rr = rsqrtf(m.hss[h] / float(hd) + a.eps);
-            v[j] = v[j] * rr * m.nws[d] * silu_f(z8[j]);
-          }
-        }
-      }
-    }
+    if (t < n8) unit_values(a.pro, m, t, scale, hd, a.eps, v);
     int E;
     float sum;
     group_meta(v, E, sum);

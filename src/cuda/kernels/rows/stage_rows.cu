@@ -26,13 +26,7 @@ __global__ void __launch_bounds__(kThreads) stage_kernel(StageArgs a, int S) {
   __shared__ float red[32];
   const int K = int(a.K), r = blockIdx.x;
   const StageSmem m = stage_smem(smem4, K, a.pro, a.head_dim);
-  stage_norm_prefetch(a, m);  // before the PDL wait: written by no kernel of the step
-  pdl_wait();
-  pdl_trigger();
-  if (a.row_slot != nullptr && a.row_slot[r] < 0) {  // padding row: nothing read, nothing written
-    cp_async_wait_all();
-    return;
-  }
+  if (!stage_enter(a, r, m)) return;
   UnitRange ur;
   if (S > 0) {
     ur.u0 = int(blockIdx.y) * S;
