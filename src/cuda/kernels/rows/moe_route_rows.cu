@@ -372,8 +372,8 @@ void moe_combine_rows(const MoEDecodeWeights& w, const float* sel_w, int M, cons
 
 bool combine_stage_supported(const MoEDecodeWeights& w, const StageArgs& st) {
   const int64_t H = w.down.first.rows;
-  return st.pro == Prologue::RmsNorm && st.K == H && st.digits == nullptr && stage_supported(st) &&
-         size_t(stage_smem_bytes(int(H), st.pro, st.head_dim)) <= 96 * 1024;
+  // stage_supported also bounds the row's shared memory, which the fused kernel uses as the staging launch does
+  return st.pro == Prologue::RmsNorm && st.K == H && st.digits == nullptr && stage_supported(st);
 }
 
 void moe_combine_stage_rows(const MoEDecodeWeights& w, const float* sel_w, int M, const int32_t* row_slot,

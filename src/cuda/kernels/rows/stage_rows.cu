@@ -14,8 +14,6 @@ namespace lilac::cuda::rows {
 namespace {
 
 using namespace rows_dev;
-using ::lilac::cuda::dev::pdl_trigger;
-using ::lilac::cuda::dev::pdl_wait;
 
 constexpr size_t kMaxStageSmem = 96 * 1024;
 
