@@ -135,6 +135,12 @@ __device__ __forceinline__ void unit_values(Prologue pro, const Smem& m, int t, 
     }
   }
 }
+// Σx² of staging unit t's 8 values xs[8t .. 8t+8) (the RMSNorm's and the gated head norm's partial sums), in
+// one fixed order: every staging (gemv_tc's in-block one, the rows stagings) adds the same terms the same way.
+__device__ __forceinline__ float unit_sumsq(const float* xs, int t) {
+  const float4 a = reinterpret_cast<const float4*>(xs)[2 * t], b = reinterpret_cast<const float4*>(xs)[2 * t + 1];
+  return a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w + b.x * b.x + b.y * b.y + b.z * b.z + b.w * b.w;
+}
 // Byte offset of unit t's hi fragment inside a row's fragments (lo: +16).
 template <int BITS>
 __device__ __forceinline__ int unit_off(int t) {

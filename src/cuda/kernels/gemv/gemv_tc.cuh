@@ -119,10 +119,7 @@ __device__ void stage_compute(const StageIn& in, const TcSmem& m, int K, float* 
   float scale = 1.f;
   if (in.pro == Prologue::RmsNorm) {
     float ss = 0.f;
-    for (int t = threadIdx.x; t < n8; t += blockDim.x) {
-      const float4 a = reinterpret_cast<const float4*>(m.xs)[2 * t], b = reinterpret_cast<const float4*>(m.xs)[2 * t + 1];
-      ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w + b.x * b.x + b.y * b.y + b.z * b.z + b.w * b.w;
-    }
+    for (int t = threadIdx.x; t < n8; t += blockDim.x) ss += unit_sumsq(m.xs, t);
     ss = block_sum(ss, red);
     scale = rsqrtf(ss / float(K) + in.eps);
   } else if (in.pro == Prologue::GatedHeadNorm) {
@@ -131,10 +128,7 @@ __device__ void stage_compute(const StageIn& in, const TcSmem& m, int K, float* 
       for (int t0 = 0; t0 < n8; t0 += blockDim.x) {  // whole warps iterate together (n8 % lph == 0)
         const int t = t0 + threadIdx.x;
         float ss = 0.f;
-        if (t < n8) {
-          const float4 a = reinterpret_cast<const float4*>(m.xs)[2 * t], b = reinterpret_cast<const float4*>(m.xs)[2 * t + 1];
-          ss = a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w + b.x * b.x + b.y * b.y + b.z * b.z + b.w * b.w;
-        }
+        if (t < n8) ss = unit_sumsq(m.xs, t);
         for (int o = 1; o < lph; o <<= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
         if (t < n8 && t % lph == 0) m.hss[t / lph] = ss;
       }

@@ -72,10 +72,7 @@ __device__ inline void head_sums(const float* xs, float* hss, int K, int hd, int
     for (int t0 = u0; t0 < n8; t0 += blockDim.x) {  // whole warps iterate together (n8 % lph == 0)
       const int t = t0 + threadIdx.x;
       float ss = 0.f;
-      if (t < n8) {
-        const float4 a = reinterpret_cast<const float4*>(xs)[2 * t], b = reinterpret_cast<const float4*>(xs)[2 * t + 1];
-        ss = a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w + b.x * b.x + b.y * b.y + b.z * b.z + b.w * b.w;
-      }
+      if (t < n8) ss = unit_sumsq(xs, t);
       for (int o = 1; o < lph; o <<= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
       if (t < n8 && t % lph == 0) hss[t / lph] = ss;
     }
@@ -109,10 +106,7 @@ __device__ inline void stage_row(const StageArgs& a, int r, const StageSmem& m, 
   float scale = 1.f;
   if (a.pro == Prologue::RmsNorm) {
     float ss = 0.f;
-    for (int t = threadIdx.x; t < n8; t += blockDim.x) {
-      const float4 p = reinterpret_cast<const float4*>(xs)[2 * t], q = reinterpret_cast<const float4*>(xs)[2 * t + 1];
-      ss += p.x * p.x + p.y * p.y + p.z * p.z + p.w * p.w + q.x * q.x + q.y * q.y + q.z * q.z + q.w * q.w;
-    }
+    for (int t = threadIdx.x; t < n8; t += blockDim.x) ss += unit_sumsq(xs, t);
     ss = block_sum(ss, red);
     scale = rsqrtf(ss / float(K) + a.eps);
   } else if (a.pro == Prologue::GatedHeadNorm) {
