@@ -180,6 +180,12 @@ TEST(MoeSmall, PathRule) {
   lc::set_moe_path(lc::MoePath::Grouped);
   EXPECT_FALSE(lc::moe_use_small(w, 16));
   lc::set_moe_path(lc::MoePath::Small);
+  w.gate.first.cols = w.up.first.cols = 2560;  // 40 groups: the most a row's scales have room for
+  EXPECT_TRUE(lc::moe_small_supported(w));
+  w.gate.first.cols = w.up.first.cols = 2624;  // 41: unsupported, never small
+  EXPECT_FALSE(lc::moe_small_supported(w));
+  EXPECT_FALSE(lc::moe_use_small(w, 16));
+  w.gate.first.cols = w.up.first.cols = 2048;
   w.down.first.group_size = 32;  // unsupported: never small
   EXPECT_FALSE(lc::moe_small_supported(w));
   EXPECT_FALSE(lc::moe_use_small(w, 16));
@@ -195,6 +201,11 @@ TEST(MoeSmall, RejectsBadShapes) {
   Dev<float> dy(1024);
   EXPECT_THROW(lc::moe_small_down(W.experts(2), reinterpret_cast<const __nv_bfloat16*>(dx.p), 96, ds.p, 0, dy.p,
                                   dy.p, 64, nullptr),
+               Error);
+  QMat wide(64, 2624, 4, rng, 2);  // 41 groups: more than a row's scales have room for in shared memory
+  Dev<uint16_t> dxw(4 * 2624);
+  EXPECT_THROW(lc::moe_small_down(wide.experts(2), reinterpret_cast<const __nv_bfloat16*>(dxw.p), 2624, ds.p, 0,
+                                  dy.p, dy.p, 64, nullptr),
                Error);
 }
 

@@ -25,7 +25,13 @@
 // An expert with more than 16 tokens has several chunks: Z CTAs per (expert, row block), adjacent in launch
 // order (blockIdx.x = row block · Z + z), take near-equal runs of its chunks at the same time, so the weights
 // they share come from HBM once and from L2 for the others (Z from the average tokens per expert, z_ctas()).
-// Weights are loaded into registers kPF groups ahead (ld.global.nc); 2 CTAs per SM (16 warps).
+// Weights are loaded into registers kPF groups ahead (ld.global.nc), through kRot stages that the unrolled group
+// loop rotates (no register copies); 2 CTAs per SM (16 warps). The CTA's scales and biases are copied into shared
+// memory once (16-byte cp.async of the checkpoint's rows, overlapping the X staging), so a group's scale costs a
+// shared load instead of a global load, its address and a register pack; a chunk of at most 8 tokens runs one
+// n-tile, not two. Together a third fewer instructions per weight group (131 → 99 M at 512 tokens, bench/
+// BENCHMARKS.md "Nineteenth stop"). What bounds gate/up at ~16 tokens per expert is not the math: the weight loads
+// alone (each a row's 32 bytes of one group, 8 rows per warp load) take as long as the whole kernel.
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
@@ -55,9 +61,13 @@ constexpr int kWarps = 8, kThreads = 256;
 constexpr int kNT = 2;            // n-tiles (8 tokens) per chunk
 constexpr int kTok = kNT * 8;     // tokens per chunk
 constexpr int kGroup = 64;
+constexpr int kCtaRows = kThreads;  // weight rows per CTA: 32 per warp (SwiGLU: 16 gate + 16 up), one per thread
 // weight groups loaded ahead (8-bit stages are twice as large: 1 keeps them in 128 registers)
 template <int BITS>
 constexpr int kPF = BITS == 4 ? 2 : 1;
+// the group loop's unroll: the weight stages rotate through kRot buffers (kPF ahead, one in use)
+template <int BITS>
+constexpr int kRot = BITS == 4 ? 4 : 2;
 constexpr int kMaxSmem = 200 * 1024;
 constexpr int kStageUnroll = 2;   // X loads per thread in flight while staging (4 spills registers)
 
@@ -77,27 +87,38 @@ struct Args {
 template <bool SWIGLU>
 constexpr int rows_per_warp() { return SWIGLU ? 16 : 32; }
 
+// Shared memory: the chunk's X in fragment order (kTok rows of x_stride bytes), Σx per (group, token), then the
+// CTA's scales and biases, each [local row][group] bf16 with rows kSbStride bytes apart (a copy of the checkpoint's
+// rows: 16-byte copies; 80 = 20 words puts a warp's 8 rows g in 8 different banks).
+constexpr int kSbStride = 80;
+constexpr int kMaxGroups = kSbStride / 2;  // K <= 2560 (the model's widths: 2048 and 512)
+constexpr int kSbBytes = kCtaRows * kSbStride;  // one of the two arrays
 __host__ __device__ inline int x_stride(int K) { return 2 * K + 16; }  // bytes; +16: conflict-free fragments
-__host__ __device__ inline int smem_bytes(int K) { return kTok * x_stride(K) + (K / kGroup) * kTok * 4; }
+__host__ __device__ inline int smem_bytes(int K) { return kTok * x_stride(K) + (K / kGroup) * kTok * 4 + 2 * kSbBytes; }
 
-// One group's weights for one thread: rows (A0, g), (A0, g+8), (A1, g), (A1, g+8) (kPF groups ahead), and
-// their scales / biases (one group ahead: they mostly hit L1, a 32-byte sector holds 16 groups).
+// A thread's weight rows are (operand m, half h) for m, h in {0, 1}: row g + 8h of operand m (SwiGLU: m = 0 gate,
+// 1 up, rows r0..r0+15 of each; down: rows r0 + 16m ..). Its local row (the scales' row) is warp·32 + 16m + 8h + g.
+__device__ __forceinline__ int local_row(int warp, int m, int g, int h) { return warp * 32 + 16 * m + 8 * h + g; }
+template <bool SWIGLU>
+__device__ __forceinline__ int matrix_row(int r0, int m, int g, int h) {
+  return r0 + g + 8 * h + (SWIGLU ? 0 : 16 * m);
+}
+
+// One group's weights for one thread: w[2m + h] = 16 columns of row (m, h).
 template <int BITS>
 struct Stage {
   using Word = typename std::conditional<BITS == 4, uint2, uint4>::type;
   Word w[4];
-};
-struct ScaleBias {
-  unsigned short s[4], b[4];
 };
 
 __device__ __forceinline__ uint32_t bsub2(uint32_t a, uint32_t b) {  // bf16x2 a − b
   __nv_bfloat162 r = __hsub2(*reinterpret_cast<__nv_bfloat162*>(&a), *reinterpret_cast<__nv_bfloat162*>(&b));
   return *reinterpret_cast<uint32_t*>(&r);
 }
-// Nibbles i and i+4 of w as the bf16 pair (n_i − 8, n_{i+4} − 8), exact: 0x4300 = 128, step 1.
+// Nibbles i and i+4 of w as the bf16 pair (n_i − 8, n_{i+4} − 8), exact: 0x4300 = 128, step 1. The mask and the
+// exponent in one lop3 (the compiler's two immediates would take two).
 __device__ __forceinline__ uint32_t nib_pair(uint32_t w, int i) {
-  return bsub2(((w >> (4 * i)) & 0x000F000Fu) | 0x43004300u, 0x43084308u);  // − 136
+  return bsub2(dev::and_or(w >> (4 * i), 0x000F000Fu, 0x43004300u), 0x43084308u);  // − 136
 }
 // Bytes 2h, 2h+1 of w as the bf16 pair (b − 128, b' − 128), exact (|b − 128| ≤ 128).
 __device__ __forceinline__ uint32_t byte_pair(uint32_t w, int h) {
@@ -117,6 +138,212 @@ __device__ __forceinline__ uint32_t a_pair(const typename Stage<BITS>::Word& w, 
   }
 }
 
+// The CTA's scales and biases into shared memory (sb: the scales array, the biases kSbBytes after it), thread t
+// copying local row t (rows past N copy row N − 1; their outputs are not stored): whole 16-byte chunks by cp.async
+// when the row's groups are (the model's shapes), else bf16 by bf16. The caller waits for the copies.
+template <bool SWIGLU>
+__device__ void stage_scales(const Args& p, int e, int rb, int ngroups, unsigned char* sb) {
+  const int t = threadIdx.x, w = t >> 5, m = (t >> 4) & 1, h = (t >> 3) & 1, g = t & 7;
+  const int r0 = (rb * kWarps + w) * rows_per_warp<SWIGLU>();
+  const QMatrixDev M = (SWIGLU && m == 1 ? p.W1 : p.W0).expert(e);
+  const int64_t row = min(matrix_row<SWIGLU>(r0, m, g, h), p.N - 1);
+  const unsigned short* sp = reinterpret_cast<const unsigned short*>(M.scales) + row * ngroups;
+  const unsigned short* bp = reinterpret_cast<const unsigned short*>(M.biases) + row * ngroups;
+  unsigned char* dst = sb + t * kSbStride;
+  if (ngroups % 8 == 0) {
+    for (int j = 0; j < ngroups / 8; ++j) {
+      dev::cp_async16(dst + 16 * j, sp + 8 * j);
+      dev::cp_async16(dst + kSbBytes + 16 * j, bp + 8 * j);
+    }
+    dev::cp_async_commit();
+  } else {
+    for (int G = 0; G < ngroups; ++G) {
+      reinterpret_cast<unsigned short*>(dst)[G] = sp[G];
+      reinterpret_cast<unsigned short*>(dst + kSbBytes)[G] = bp[G];
+    }
+  }
+}
+
+// X[chunk] into shared memory in fragment order, and Σx per (group, token); 8 lanes per 64-group. kStageUnroll loads
+// per thread in flight; total = kTok·K/8 is a multiple of 32, so whole warps take each branch. Rows past the
+// expert's tokens are zeros.
+template <int BITS>
+__device__ void stage_x(const Args& p, int start, int count, int chunk0, int K, unsigned char* smem, float* sumx) {
+  const int tid = threadIdx.x, XS = x_stride(K);
+  const int cpr = K / 8, total = kTok * cpr;  // 16-byte chunks per row, in the tile
+  for (int base = 0; base < total; base += kStageUnroll * kThreads) {
+    uint4 v[kStageUnroll];
+#pragma unroll
+    for (int u = 0; u < kStageUnroll; ++u) {
+      const int idx = base + u * kThreads + tid, t = idx / cpr;
+      v[u] = make_uint4(0, 0, 0, 0);
+      if (idx < total && chunk0 + t < count) {
+        const int sr = start + chunk0 + t;
+        const int64_t xr = p.a_rows ? p.a_rows[sr] : sr;
+        v[u] = *reinterpret_cast<const uint4*>(p.X + xr * p.ldx + (idx - t * cpr) * 8);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kStageUnroll; ++u) {
+      const int idx = base + u * kThreads + tid, t = idx / cpr, q = idx - t * cpr;
+      if (base + u * kThreads >= total) break;  // uniform over the block
+      const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v[u]);
+      float sum = 0.f;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float2 f = __bfloat1622float2(h[j]);
+        sum += f.x + f.y;
+      }
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 4);
+      uint4 o = v[u];
+      if constexpr (BITS == 4)  // (x0,x4), (x1,x5), (x2,x6), (x3,x7): the nibble pairs of a word
+        o = make_uint4(__byte_perm(o.x, o.z, 0x5410), __byte_perm(o.x, o.z, 0x7632), __byte_perm(o.y, o.w, 0x5410),
+                       __byte_perm(o.y, o.w, 0x7632));
+      if (idx < total) {
+        *reinterpret_cast<uint4*>(smem + t * XS + q * 16) = o;
+        if ((q & 7) == 0) sumx[(q >> 3) * kTok + t] = sum;
+      }
+    }
+  }
+}
+
+// One group G of the staged chunk for the thread's 4 rows: each A fragment dequantized once and used for every
+// n-tile, then tot += s·dot + (zc·s + b)·Σx (rows g / g+8 of operand m; tokens 2c, 2c+1 of tile t). sc, sb: the
+// group's scale / bias pairs (rows g, g+8) per operand, still as bf16 in the low (odd = false) or high halves.
+template <int BITS, int NT>
+__device__ __forceinline__ void group_math(const Stage<BITS>& cur, const unsigned char* smem, const float* sumx, int XS,
+                                           int G, int g, int c, const unsigned char* sbg, float (&tot)[2][NT][4]) {
+  constexpr float ZC = BITS == 4 ? 8.f : 128.f;
+  uint32_t bx[NT][8];  // the tiles' B registers: pairs 0..7 of token g, thread c's 16 columns
+  float2 sx[NT];       // Σx of tokens 2c, 2c+1 of each tile
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {  // (a tile past the expert's tokens multiplies staged zeros; not stored)
+    const unsigned char* xb = smem + (t * 8 + g) * XS + G * 128 + c * 32;
+    const uint4 x0 = *reinterpret_cast<const uint4*>(xb), x1 = *reinterpret_cast<const uint4*>(xb + 16);
+    bx[t][0] = x0.x, bx[t][1] = x0.y, bx[t][2] = x0.z, bx[t][3] = x0.w;
+    bx[t][4] = x1.x, bx[t][5] = x1.y, bx[t][6] = x1.z, bx[t][7] = x1.w;
+    sx[t] = *reinterpret_cast<const float2*>(sumx + G * kTok + t * 8 + 2 * c);
+  }
+  // the group's scale / bias of row (m, h): sbg = the thread's local row (0, 0) at group G
+  auto sb_at = [&](int m, int h, int bias) {
+    return __uint_as_float(uint32_t(*reinterpret_cast<const unsigned short*>(
+                               sbg + bias * kSbBytes + (16 * m + 8 * h) * kSbStride)) << 16);
+  };
+
+#pragma unroll
+  for (int m = 0; m < 2; ++m) {
+    float dot[NT][4];
+#pragma unroll
+    for (int t = 0; t < NT; ++t)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) dot[t][i] = 0.f;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint32_t a[4] = {a_pair<BITS>(cur.w[2 * m], 2 * j), a_pair<BITS>(cur.w[2 * m + 1], 2 * j),
+                             a_pair<BITS>(cur.w[2 * m], 2 * j + 1), a_pair<BITS>(cur.w[2 * m + 1], 2 * j + 1)};
+#pragma unroll
+      for (int t = 0; t < NT; ++t) dev::mma_m16n8k16_bf16(dot[t], a, bx[t][2 * j], bx[t][2 * j + 1]);
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {  // row g + 8h
+      const float s = sb_at(m, h, 0);
+      const float cb = fmaf(ZC, s, sb_at(m, h, 1));
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        tot[m][t][2 * h] = fmaf(s, dot[t][2 * h], fmaf(cb, sx[t].x, tot[m][t][2 * h]));
+        tot[m][t][2 * h + 1] = fmaf(s, dot[t][2 * h + 1], fmaf(cb, sx[t].y, tot[m][t][2 * h + 1]));
+      }
+    }
+  }
+}
+
+// A thread's weight rows: row (m, 0) of operand m at q[m], row (m, 1) h8[m] bytes further (8 rows, both clamped to
+// row N − 1), the thread's 16 columns of each group.
+template <int BITS>
+struct WeightRows {
+  static constexpr int kGroupBytes = kGroup * BITS / 8;
+  const char* q[2];
+  int h8[2];
+  __device__ __forceinline__ void load(Stage<BITS>& st, int G) const {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const char* a = q[i >> 1] + (i & 1 ? h8[i >> 1] : 0) + G * kGroupBytes;
+      if constexpr (BITS == 4)
+        st.w[i] = ld_stream8(reinterpret_cast<const uint2*>(a));
+      else
+        st.w[i] = ld_stream(reinterpret_cast<const uint4*>(a));
+    }
+  }
+};
+template <int BITS, bool SWIGLU>
+__device__ __forceinline__ WeightRows<BITS> weight_rows(const Args& p, int e, int r0, int g, int c) {
+  WeightRows<BITS> wr;
+  const int64_t row_bytes = int64_t(p.W0.first.cols) * BITS / 8;
+#pragma unroll
+  for (int m = 0; m < 2; ++m) {
+    const QMatrixDev M = (SWIGLU && m == 1 ? p.W1 : p.W0).expert(e);
+    const int ra = min(matrix_row<SWIGLU>(r0, m, g, 0), p.N - 1), rb8 = min(matrix_row<SWIGLU>(r0, m, g, 1), p.N - 1);
+    wr.q[m] = reinterpret_cast<const char*>(M.qweight) + ra * row_bytes + c * (WeightRows<BITS>::kGroupBytes / 4);
+    wr.h8[m] = int((rb8 - ra) * row_bytes);
+  }
+  return wr;
+}
+
+// Where a chunk's math runs: its first token, the expert's rows in the sorted order, the warp's first weight row,
+// the thread's lane coordinates and the chunk's shape.
+struct ChunkAt {
+  int chunk0, start, count, r0, g, c, ngroups, XS;
+};
+
+// One staged chunk of NT n-tiles (NT = 1 when it has at most 8 tokens): the weight groups in order, kPF ahead through
+// the kRot stages of buf (the first kPF requested by the caller), then the outputs: (row, token) = (row (m, i/2) of
+// the thread, 2c + (i&1) of tile t).
+template <int BITS, bool SWIGLU, int NT>
+__device__ __forceinline__ void chunk_math(const Args& p, const ChunkAt& at, const WeightRows<BITS>& wr,
+                                           Stage<BITS> (&buf)[kRot<BITS>], const unsigned char* smem, const float* sumx,
+                                           const unsigned char* sb_row) {
+  float tot[2][NT][4];
+#pragma unroll
+  for (int m = 0; m < 2; ++m)
+#pragma unroll
+    for (int t = 0; t < NT; ++t)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) tot[m][t][i] = 0.f;
+  const int ngroups = at.ngroups;
+  for (int G0 = 0; G0 < ngroups; G0 += kRot<BITS>) {
+#pragma unroll
+    for (int s = 0; s < kRot<BITS>; ++s) {
+      const int G = G0 + s;
+      if (G >= ngroups) break;
+      if (G + kPF<BITS> < ngroups) wr.load(buf[(s + kPF<BITS>) % kRot<BITS>], G + kPF<BITS>);
+      group_math<BITS, NT>(buf[s], smem, sumx, at.XS, G, at.g, at.c, sb_row + 2 * G, tot);
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < NT; ++t)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int tok = at.chunk0 + t * 8 + 2 * at.c + (i & 1);
+      if (tok >= at.count) continue;
+      const int64_t sr = at.start + tok;
+      if constexpr (SWIGLU) {
+        const int r = matrix_row<SWIGLU>(at.r0, 0, at.g, i >> 1);
+        if (r >= p.N) continue;
+        const float gv = tot[0][t][i], uv = tot[1][t][i];
+        static_cast<__nv_bfloat16*>(p.Y)[sr * p.ldy + r] = __float2bfloat16_rn(gv / (1.f + __expf(-gv)) * uv);
+      } else {
+        const float rs = p.row_scale[sr];
+#pragma unroll
+        for (int m = 0; m < 2; ++m) {
+          const int r = matrix_row<SWIGLU>(at.r0, m, at.g, i >> 1);
+          if (r < p.N) static_cast<float*>(p.Y)[sr * p.ldy + r] = rs * tot[m][t][i];
+        }
+      }
+    }
+}
+
 template <int BITS, bool SWIGLU>
 __global__ void __launch_bounds__(kThreads, 2) moe_small_kernel(const Args p) {
   extern __shared__ __align__(16) unsigned char smem[];
@@ -130,168 +357,31 @@ __global__ void __launch_bounds__(kThreads, 2) moe_small_kernel(const Args p) {
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
   const int K = int(p.W0.first.cols), ngroups = K / kGroup, XS = x_stride(K);
   float* sumx = reinterpret_cast<float*>(smem + kTok * XS);  // [group][token]
-  constexpr float ZC = BITS == 4 ? 8.f : 128.f;
+  unsigned char* sb = reinterpret_cast<unsigned char*>(sumx + ngroups * kTok);
+  stage_scales<SWIGLU>(p, e, rb, ngroups, sb);
 
-  // ---- this thread's 4 weight rows
+  // ---- this thread's 4 weight rows: w[2m + h] of a stage is row (m, h); rows past N load row N-1, not stored
   const int r0 = (rb * kWarps + warp) * rows_per_warp<SWIGLU>();
   const bool warp_active = r0 < p.N;
-  // row of i = 0..3: (A0, g), (A0, g+8), (A1, g), (A1, g+8); A1 = A0 + 16 rows for down
-  auto row_of = [&](int i) { return r0 + g + 8 * (i & 1) + (SWIGLU ? 0 : 16 * (i >> 1)); };
-  const QMatrixDev M0 = p.W0.expert(e), M1 = SWIGLU ? p.W1.expert(e) : M0;
-  constexpr int GROUP_BYTES = kGroup * BITS / 8;
-  const int64_t row_bytes = int64_t(K) * BITS / 8;
-  // rows past N load row N-1 and are not stored; addresses are formed at each load (fewer live registers)
-  auto load = [&](Stage<BITS>& st, int G) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const QMatrixDev& M = i < 2 ? M0 : M1;
-      const char* q = reinterpret_cast<const char*>(M.qweight) + min(row_of(i), p.N - 1) * row_bytes +
-                      G * GROUP_BYTES + c * (GROUP_BYTES / 4);
-      if constexpr (BITS == 4)
-        st.w[i] = ld_stream8(reinterpret_cast<const uint2*>(q));
-      else
-        st.w[i] = ld_stream(reinterpret_cast<const uint4*>(q));
-    }
-  };
-  auto load_sb = [&](ScaleBias& sb, int G) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const QMatrixDev& M = i < 2 ? M0 : M1;
-      const int64_t sg = int64_t(min(row_of(i), p.N - 1)) * ngroups + G;
-      sb.s[i] = __ldg(reinterpret_cast<const unsigned short*>(M.scales) + sg);
-      sb.b[i] = __ldg(reinterpret_cast<const unsigned short*>(M.biases) + sg);
-    }
-  };
+  const WeightRows<BITS> wr = weight_rows<BITS, SWIGLU>(p, e, r0, g, c);
+  const unsigned char* sb_row = sb + local_row(warp, 0, g, 0) * kSbStride;
 
   for (int chunk0 = lo; chunk0 < hi; chunk0 += kTok) {
-    // first weight groups in flight before the X staging
-    Stage<BITS> buf[kPF<BITS>];
-    ScaleBias sb_next;
+    Stage<BITS> buf[kRot<BITS>];  // group G's stage is buf[G % kRot] (the unrolled loop's indices are constants)
     if (warp_active) {
 #pragma unroll
       for (int s = 0; s < kPF<BITS>; ++s)
-        if (s < ngroups) load(buf[s], s);
-      load_sb(sb_next, 0);
+        if (s < ngroups) wr.load(buf[s], s);
     }
-    // ---- stage X[chunk] (fragment order) and Σx per (token, group); 8 lanes per 64-group. kStageUnroll loads
-    // per thread in flight; total = kTok·K/8 is a multiple of 32, so whole warps take each branch.
-    const int cpr = K / 8, total = kTok * cpr;  // 16-byte chunks per row, in the tile
-    for (int base = 0; base < total; base += kStageUnroll * kThreads) {
-      uint4 v[kStageUnroll];
-#pragma unroll
-      for (int u = 0; u < kStageUnroll; ++u) {
-        const int idx = base + u * kThreads + tid, t = idx / cpr;
-        v[u] = make_uint4(0, 0, 0, 0);
-        if (idx < total && chunk0 + t < count) {
-          const int sr = start + chunk0 + t;
-          const int64_t xr = p.a_rows ? p.a_rows[sr] : sr;
-          v[u] = *reinterpret_cast<const uint4*>(p.X + xr * p.ldx + (idx - t * cpr) * 8);
-        }
-      }
-#pragma unroll
-      for (int u = 0; u < kStageUnroll; ++u) {
-        const int idx = base + u * kThreads + tid, t = idx / cpr, q = idx - t * cpr;
-        if (base + u * kThreads >= total) break;  // uniform over the block
-        const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v[u]);
-        float sum = 0.f;
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const float2 f = __bfloat1622float2(h[j]);
-          sum += f.x + f.y;
-        }
-        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-        sum += __shfl_xor_sync(0xffffffffu, sum, 4);
-        uint4 o = v[u];
-        if constexpr (BITS == 4)  // (x0,x4), (x1,x5), (x2,x6), (x3,x7): the nibble pairs of a word
-          o = make_uint4(__byte_perm(o.x, o.z, 0x5410), __byte_perm(o.x, o.z, 0x7632), __byte_perm(o.y, o.w, 0x5410),
-                         __byte_perm(o.y, o.w, 0x7632));
-        if (idx < total) {
-          *reinterpret_cast<uint4*>(smem + t * XS + q * 16) = o;
-          if ((q & 7) == 0) sumx[(q >> 3) * kTok + t] = sum;
-        }
-      }
-    }
+    stage_x<BITS>(p, start, count, chunk0, K, smem, sumx);
+    dev::cp_async_wait_all();  // the scales (first chunk; later a no-op)
     __syncthreads();
-
     if (warp_active) {
-      float tot[2][kNT][4];
-#pragma unroll
-      for (int m = 0; m < 2; ++m)
-#pragma unroll
-        for (int t = 0; t < kNT; ++t)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) tot[m][t][i] = 0.f;
-      for (int G0 = 0; G0 < ngroups; G0 += kPF<BITS>) {
-#pragma unroll
-        for (int s = 0; s < kPF<BITS>; ++s) {
-          const int G = G0 + s;
-          if (G >= ngroups) break;
-          const Stage<BITS> cur = buf[s];
-          const ScaleBias sb = sb_next;
-          if (G + kPF<BITS> < ngroups) load(buf[s], G + kPF<BITS>);
-          if (G + 1 < ngroups) load_sb(sb_next, G + 1);
-          uint32_t bx[kNT][8];  // the tiles' B registers: pairs 0..7 of token g, thread c's 16 columns
-          float2 sx[kNT];       // Σx of tokens 2c, 2c+1 of each tile
-#pragma unroll
-          for (int t = 0; t < kNT; ++t) {  // (a tile past the expert's tokens multiplies staged zeros; not stored)
-            const unsigned char* xb = smem + (t * 8 + g) * XS + G * 128 + c * 32;
-            const uint4 x0 = *reinterpret_cast<const uint4*>(xb), x1 = *reinterpret_cast<const uint4*>(xb + 16);
-            bx[t][0] = x0.x, bx[t][1] = x0.y, bx[t][2] = x0.z, bx[t][3] = x0.w;
-            bx[t][4] = x1.x, bx[t][5] = x1.y, bx[t][6] = x1.z, bx[t][7] = x1.w;
-            sx[t] = *reinterpret_cast<const float2*>(sumx + G * kTok + t * 8 + 2 * c);
-          }
-          // per operand m: each A fragment dequantized once and used for every n-tile, then
-          // y += s·dot + (zc·s + b)·Σx   (rows g / g+8 of operand m; tokens 2c, 2c+1 of tile t)
-#pragma unroll
-          for (int m = 0; m < 2; ++m) {
-            float dot[kNT][4];
-#pragma unroll
-            for (int t = 0; t < kNT; ++t)
-#pragma unroll
-              for (int i = 0; i < 4; ++i) dot[t][i] = 0.f;
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-              const uint32_t a[4] = {a_pair<BITS>(cur.w[2 * m], 2 * j), a_pair<BITS>(cur.w[2 * m + 1], 2 * j),
-                                     a_pair<BITS>(cur.w[2 * m], 2 * j + 1), a_pair<BITS>(cur.w[2 * m + 1], 2 * j + 1)};
-#pragma unroll
-              for (int t = 0; t < kNT; ++t) mma_m16n8k16_bf16(dot[t], a, bx[t][2 * j], bx[t][2 * j + 1]);
-            }
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {  // row g + 8h
-              const float sc = __uint_as_float(uint32_t(sb.s[2 * m + h]) << 16);
-              const float cb = fmaf(ZC, sc, __uint_as_float(uint32_t(sb.b[2 * m + h]) << 16));
-#pragma unroll
-              for (int t = 0; t < kNT; ++t) {
-                tot[m][t][2 * h] = fmaf(sc, dot[t][2 * h], fmaf(cb, sx[t].x, tot[m][t][2 * h]));
-                tot[m][t][2 * h + 1] = fmaf(sc, dot[t][2 * h + 1], fmaf(cb, sx[t].y, tot[m][t][2 * h + 1]));
-              }
-            }
-          }
-        }
-      }
-      // ---- epilogue: (row, token) = (g + 8(i/2) [+16 m for down], 2c + (i&1) of tile t)
-#pragma unroll
-      for (int t = 0; t < kNT; ++t)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int tok = chunk0 + t * 8 + 2 * c + (i & 1);
-          if (tok >= count) continue;
-          const int64_t sr = start + tok;
-          if constexpr (SWIGLU) {
-            const int r = row_of(i >> 1);
-            if (r >= p.N) continue;
-            const float gv = tot[0][t][i], uv = tot[1][t][i];
-            static_cast<__nv_bfloat16*>(p.Y)[sr * p.ldy + r] = __float2bfloat16_rn(gv / (1.f + __expf(-gv)) * uv);
-          } else {
-            const float rs = p.row_scale[sr];
-#pragma unroll
-            for (int m = 0; m < 2; ++m) {
-              const int r = row_of(2 * m + (i >> 1));
-              if (r < p.N) static_cast<float*>(p.Y)[sr * p.ldy + r] = rs * tot[m][t][i];
-            }
-          }
-        }
+      const ChunkAt at{chunk0, start, count, r0, g, c, ngroups, XS};
+      if (min(hi, chunk0 + kTok) - chunk0 <= 8)  // one n-tile: the chunk's second would multiply zeros
+        chunk_math<BITS, SWIGLU, 1>(p, at, wr, buf, smem, sumx, sb_row);
+      else
+        chunk_math<BITS, SWIGLU, kNT>(p, at, wr, buf, smem, sumx, sb_row);
     }
     __syncthreads();  // the X tile is restaged for the next chunk
   }
@@ -325,7 +415,7 @@ void check_experts(const QExpertsDev& W, const char* what) {
   if (!m.qweight || !m.scales || !m.biases) throw Error(std::string("moe_small: ") + what + ": null weight pointer");
   if (reinterpret_cast<uintptr_t>(m.qweight) % 16)
     throw Error(std::string("moe_small: ") + what + ": qweight not 16-byte aligned");
-  if (smem_bytes(int(m.cols)) > kMaxSmem)
+  if (m.cols / kGroup > kMaxGroups || smem_bytes(int(m.cols)) > kMaxSmem)
     throw Error(std::string("moe_small: ") + what + ": cols too large for the staged token chunk");
 }
 
@@ -361,7 +451,7 @@ bool moe_small_supported(const MoEPrefillWeights& w) {
   for (const QExpertsDev* x : {&w.gate, &w.up, &w.down}) {
     const QMatrixDev& m = x->first;
     if ((m.bits != 4 && m.bits != 8) || m.group_size != kGroup || m.cols % kGroup != 0 ||
-        smem_bytes(int(m.cols)) > kMaxSmem)
+        m.cols / kGroup > kMaxGroups || smem_bytes(int(m.cols)) > kMaxSmem)
       return false;
   }
   return w.gate.first.bits == w.up.first.bits;
