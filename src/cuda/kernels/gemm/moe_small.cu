@@ -14,8 +14,8 @@
 // memory in the mma's fragment order, with Σx per (token, 64-group); then per 64-column group the warp
 // multiplies its rows with the chunk's two n-tiles, 4 mma m16n8k16 per tile and operand.
 //
-// Exactness. Thread c of a row quad holds columns [16c, 16c+16) of a group: 4-bit one 8-byte word pair,
-// 8-bit one 16-byte chunk (every warp load reads whole 32-byte sectors). Each value becomes q − zc (zc = 8
+// Exactness. Thread c of a row quad holds 16 columns of a group: 4-bit one 8-byte word pair (column block
+// x_block4(c)), 8-bit one 16-byte chunk (block c). Each value becomes q − zc (zc = 8
 // or 128) in bf16 exactly; X is bf16 already, so every product is exact and sums in fp32. After each group:
 // y += s·dot + (zc·s + b)·Σx in fp32 (W = s·q + b = s·(q − zc) + (zc·s + b)). The only roundings are the
 // fp32 sums and the output (bf16 h for gate/up). (The grouped GEMM rounds s·q + b to bf16: 2^-9.)
@@ -25,13 +25,12 @@
 // An expert with more than 16 tokens has several chunks: Z CTAs per (expert, row block), adjacent in launch
 // order (blockIdx.x = row block · Z + z), take near-equal runs of its chunks at the same time, so the weights
 // they share come from HBM once and from L2 for the others (Z from the average tokens per expert, z_ctas()).
-// Weights are loaded into registers kPF groups ahead (ld.global.nc), through kRot stages that the unrolled group
-// loop rotates (no register copies); 2 CTAs per SM (16 warps). The CTA's scales and biases are copied into shared
-// memory once (16-byte cp.async of the checkpoint's rows, overlapping the X staging), so a group's scale costs a
-// shared load instead of a global load, its address and a register pack; a chunk of at most 8 tokens runs one
-// n-tile, not two. Together a third fewer instructions per weight group (131 → 99 M at 512 tokens, bench/
-// BENCHMARKS.md "Nineteenth stop"). What bounds gate/up at ~16 tokens per expert is not the math: the weight loads
-// alone (each a row's 32 bytes of one group, 8 rows per warp load) take as long as the whole kernel.
+// Weights are read in 64-byte units of a row, 16 bytes per lane (4-bit: two groups, lanes 0, 1 holding the first
+// and 2, 3 the second, then swapped in halves with lane c ^ 2 by two shuffles per row), one unit ahead in registers;
+// 2 CTAs per SM (16 warps). Reading one group's 32 bytes per row per load instead left the loads alone as slow as
+// the whole kernel (bench/GPU_NOTES.md "Nineteenth stop"). The CTA's scales and biases are copied into shared memory
+// once (16-byte cp.async of the checkpoint's rows, overlapping the X staging), so a group's scale is one shared load;
+// a chunk of at most 8 tokens runs one n-tile, not two.
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
@@ -62,12 +61,12 @@ constexpr int kNT = 2;            // n-tiles (8 tokens) per chunk
 constexpr int kTok = kNT * 8;     // tokens per chunk
 constexpr int kGroup = 64;
 constexpr int kCtaRows = kThreads;  // weight rows per CTA: 32 per warp (SwiGLU: 16 gate + 16 up), one per thread
-// weight groups loaded ahead (8-bit stages are twice as large: 1 keeps them in 128 registers)
+// Weights are read in units of 64 bytes of a row (4-bit: two groups, 8-bit: one), 16 bytes per lane, one unit
+// ahead: a warp load takes 64 contiguous bytes of each of 8 rows, where one group's 32 bytes per row (4-bit) left
+// a quarter of the load stream's speed on the table (bench/GPU_NOTES.md "Nineteenth stop").
+constexpr int kUnitBytes = 64;
 template <int BITS>
-constexpr int kPF = BITS == 4 ? 2 : 1;
-// the group loop's unroll: the weight stages rotate through kRot buffers (kPF ahead, one in use)
-template <int BITS>
-constexpr int kRot = BITS == 4 ? 4 : 2;
+__host__ __device__ inline int units(int ngroups) { return BITS == 4 ? ngroups / 2 : ngroups; }
 constexpr int kMaxSmem = 200 * 1024;
 constexpr int kStageUnroll = 2;   // X loads per thread in flight while staging (4 spills registers)
 
@@ -214,13 +213,14 @@ __device__ void stage_x(const Args& p, int start, int count, int chunk0, int K, 
 // group's scale / bias pairs (rows g, g+8) per operand, still as bf16 in the low (odd = false) or high halves.
 template <int BITS, int NT>
 __device__ __forceinline__ void group_math(const Stage<BITS>& cur, const unsigned char* smem, const float* sumx, int XS,
-                                           int G, int g, int c, const unsigned char* sbg, float (&tot)[2][NT][4]) {
+                                           int G, int g, int c, int xc, const unsigned char* sbg,
+                                           float (&tot)[2][NT][4]) {
   constexpr float ZC = BITS == 4 ? 8.f : 128.f;
   uint32_t bx[NT][8];  // the tiles' B registers: pairs 0..7 of token g, thread c's 16 columns
   float2 sx[NT];       // Σx of tokens 2c, 2c+1 of each tile
 #pragma unroll
   for (int t = 0; t < NT; ++t) {  // (a tile past the expert's tokens multiplies staged zeros; not stored)
-    const unsigned char* xb = smem + (t * 8 + g) * XS + G * 128 + c * 32;
+    const unsigned char* xb = smem + (t * 8 + g) * XS + G * 128 + xc * 32;
     const uint4 x0 = *reinterpret_cast<const uint4*>(xb), x1 = *reinterpret_cast<const uint4*>(xb + 16);
     bx[t][0] = x0.x, bx[t][1] = x0.y, bx[t][2] = x0.z, bx[t][3] = x0.w;
     bx[t][4] = x1.x, bx[t][5] = x1.y, bx[t][6] = x1.z, bx[t][7] = x1.w;
@@ -259,22 +259,42 @@ __device__ __forceinline__ void group_math(const Stage<BITS>& cur, const unsigne
   }
 }
 
+// One unit of the thread's 4 rows: v[2m + h] = 16 bytes of row (m, h).
+struct Unit {
+  uint4 v[4];
+};
+// Lane c's unit holds bytes [16c, 16c + 16) of the 64: 4-bit, lanes 0, 1 the first group's 32 bytes, lanes 2, 3 the
+// second's. One exchange with lane c ^ 2 gives every lane 8 bytes (16 columns) of each group: column block xc(c)
+// = 0, 2, 1, 3 of the group's four (the staged X is read at the same block, so the products are unchanged).
+__host__ __device__ inline int x_block4(int c) { return ((c & 1) << 1) | (c >> 1); }
+__device__ __forceinline__ void split_unit(const Unit& u, int c, Stage<4>& a, Stage<4>& b) {
+  const bool first = c < 2;  // holds the first group: keeps words 0, 1, sends 2, 3 (lanes 2, 3 the reverse)
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint4 v = u.v[i];
+    const uint32_t r0 = __shfl_xor_sync(0xffffffffu, first ? v.z : v.x, 2);
+    const uint32_t r1 = __shfl_xor_sync(0xffffffffu, first ? v.w : v.y, 2);
+    a.w[i] = first ? make_uint2(v.x, v.y) : make_uint2(r0, r1);
+    b.w[i] = first ? make_uint2(r0, r1) : make_uint2(v.z, v.w);
+  }
+}
+
 // A thread's weight rows: row (m, 0) of operand m at q[m], row (m, 1) h8[m] bytes further (8 rows, both clamped to
-// row N − 1), the thread's 16 columns of each group.
+// row N − 1).
 template <int BITS>
 struct WeightRows {
-  static constexpr int kGroupBytes = kGroup * BITS / 8;
   const char* q[2];
   int h8[2];
-  __device__ __forceinline__ void load(Stage<BITS>& st, int G) const {
+  int lane16;  // the lane's 16 bytes of a unit
+  __device__ __forceinline__ const char* row(int i) const { return q[i >> 1] + (i & 1 ? h8[i >> 1] : 0); }
+  __device__ __forceinline__ void load(Unit& u, int k) const {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const char* a = q[i >> 1] + (i & 1 ? h8[i >> 1] : 0) + G * kGroupBytes;
-      if constexpr (BITS == 4)
-        st.w[i] = ld_stream8(reinterpret_cast<const uint2*>(a));
-      else
-        st.w[i] = ld_stream(reinterpret_cast<const uint4*>(a));
-    }
+    for (int i = 0; i < 4; ++i) u.v[i] = ld_stream(reinterpret_cast<const uint4*>(row(i) + k * kUnitBytes + lane16));
+  }
+  // 4-bit, an odd group count: the last group alone, lane c's column block xc
+  __device__ __forceinline__ void load_last(Stage<4>& st, int G, int xc) const {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) st.w[i] = ld_stream8(reinterpret_cast<const uint2*>(row(i) + G * 32 + 8 * xc));
   }
 };
 template <int BITS, bool SWIGLU>
@@ -285,9 +305,10 @@ __device__ __forceinline__ WeightRows<BITS> weight_rows(const Args& p, int e, in
   for (int m = 0; m < 2; ++m) {
     const QMatrixDev M = (SWIGLU && m == 1 ? p.W1 : p.W0).expert(e);
     const int ra = min(matrix_row<SWIGLU>(r0, m, g, 0), p.N - 1), rb8 = min(matrix_row<SWIGLU>(r0, m, g, 1), p.N - 1);
-    wr.q[m] = reinterpret_cast<const char*>(M.qweight) + ra * row_bytes + c * (WeightRows<BITS>::kGroupBytes / 4);
+    wr.q[m] = reinterpret_cast<const char*>(M.qweight) + ra * row_bytes;
     wr.h8[m] = int((rb8 - ra) * row_bytes);
   }
+  wr.lane16 = 16 * c;
   return wr;
 }
 
@@ -297,13 +318,12 @@ struct ChunkAt {
   int chunk0, start, count, r0, g, c, ngroups, XS;
 };
 
-// One staged chunk of NT n-tiles (NT = 1 when it has at most 8 tokens): the weight groups in order, kPF ahead through
-// the kRot stages of buf (the first kPF requested by the caller), then the outputs: (row, token) = (row (m, i/2) of
-// the thread, 2c + (i&1) of tile t).
+// One staged chunk of NT n-tiles (NT = 1 when it has at most 8 tokens): the weight units in order, one ahead through
+// ub (unit 0 requested by the caller), then the outputs: (row, token) = (row (m, i/2) of the thread, 2c + (i&1) of
+// tile t).
 template <int BITS, bool SWIGLU, int NT>
-__device__ __forceinline__ void chunk_math(const Args& p, const ChunkAt& at, const WeightRows<BITS>& wr,
-                                           Stage<BITS> (&buf)[kRot<BITS>], const unsigned char* smem, const float* sumx,
-                                           const unsigned char* sb_row) {
+__device__ __forceinline__ void chunk_math(const Args& p, const ChunkAt& at, const WeightRows<BITS>& wr, Unit (&ub)[2],
+                                           const unsigned char* smem, const float* sumx, const unsigned char* sb_row) {
   float tot[2][NT][4];
 #pragma unroll
   for (int m = 0; m < 2; ++m)
@@ -311,16 +331,31 @@ __device__ __forceinline__ void chunk_math(const Args& p, const ChunkAt& at, con
     for (int t = 0; t < NT; ++t)
 #pragma unroll
       for (int i = 0; i < 4; ++i) tot[m][t][i] = 0.f;
-  const int ngroups = at.ngroups;
-  for (int G0 = 0; G0 < ngroups; G0 += kRot<BITS>) {
+  const int ngroups = at.ngroups, nu = units<BITS>(ngroups);
+  const int xc = BITS == 4 ? x_block4(at.c) : at.c;
+  for (int k0 = 0; k0 < nu; k0 += 2) {
 #pragma unroll
-    for (int s = 0; s < kRot<BITS>; ++s) {
-      const int G = G0 + s;
-      if (G >= ngroups) break;
-      if (G + kPF<BITS> < ngroups) wr.load(buf[(s + kPF<BITS>) % kRot<BITS>], G + kPF<BITS>);
-      group_math<BITS, NT>(buf[s], smem, sumx, at.XS, G, at.g, at.c, sb_row + 2 * G, tot);
+    for (int s = 0; s < 2; ++s) {  // unit k in ub[k % 2] (constant indices)
+      const int k = k0 + s;
+      if (k >= nu) break;
+      if (k + 1 < nu) wr.load(ub[(s + 1) % 2], k + 1);
+      if constexpr (BITS == 4) {
+        Stage<4> a, b;
+        split_unit(ub[s], at.c, a, b);
+        group_math<4, NT>(a, smem, sumx, at.XS, 2 * k, at.g, at.c, xc, sb_row + 4 * k, tot);
+        group_math<4, NT>(b, smem, sumx, at.XS, 2 * k + 1, at.g, at.c, xc, sb_row + 4 * k + 2, tot);
+      } else {
+        const Stage<8> st{{ub[s].v[0], ub[s].v[1], ub[s].v[2], ub[s].v[3]}};
+        group_math<8, NT>(st, smem, sumx, at.XS, k, at.g, at.c, xc, sb_row + 2 * k, tot);
+      }
     }
   }
+  if constexpr (BITS == 4)
+    if (ngroups % 2) {  // the last of an odd count (not the model's widths), not requested ahead
+      Stage<4> st;
+      wr.load_last(st, ngroups - 1, xc);
+      group_math<4, NT>(st, smem, sumx, at.XS, ngroups - 1, at.g, at.c, xc, sb_row + 2 * (ngroups - 1), tot);
+    }
 #pragma unroll
   for (int t = 0; t < NT; ++t)
 #pragma unroll
@@ -367,21 +402,17 @@ __global__ void __launch_bounds__(kThreads, 2) moe_small_kernel(const Args p) {
   const unsigned char* sb_row = sb + local_row(warp, 0, g, 0) * kSbStride;
 
   for (int chunk0 = lo; chunk0 < hi; chunk0 += kTok) {
-    Stage<BITS> buf[kRot<BITS>];  // group G's stage is buf[G % kRot] (the unrolled loop's indices are constants)
-    if (warp_active) {
-#pragma unroll
-      for (int s = 0; s < kPF<BITS>; ++s)
-        if (s < ngroups) wr.load(buf[s], s);
-    }
+    Unit ub[2];
+    if (warp_active && units<BITS>(ngroups) > 0) wr.load(ub[0], 0);
     stage_x<BITS>(p, start, count, chunk0, K, smem, sumx);
     dev::cp_async_wait_all();  // the scales (first chunk; later a no-op)
     __syncthreads();
     if (warp_active) {
       const ChunkAt at{chunk0, start, count, r0, g, c, ngroups, XS};
       if (min(hi, chunk0 + kTok) - chunk0 <= 8)  // one n-tile: the chunk's second would multiply zeros
-        chunk_math<BITS, SWIGLU, 1>(p, at, wr, buf, smem, sumx, sb_row);
+        chunk_math<BITS, SWIGLU, 1>(p, at, wr, ub, smem, sumx, sb_row);
       else
-        chunk_math<BITS, SWIGLU, kNT>(p, at, wr, buf, smem, sumx, sb_row);
+        chunk_math<BITS, SWIGLU, kNT>(p, at, wr, ub, smem, sumx, sb_row);
     }
     __syncthreads();  // the X tile is restaged for the next chunk
   }
