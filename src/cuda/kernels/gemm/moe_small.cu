@@ -209,14 +209,14 @@ __device__ void stage_x(const Args& p, int start, int count, int chunk0, int K, 
 }
 
 // One group G of the staged chunk for the thread's 4 rows: each A fragment dequantized once and used for every
-// n-tile, then tot += s·dot + (zc·s + b)·Σx (rows g / g+8 of operand m; tokens 2c, 2c+1 of tile t). sc, sb: the
-// group's scale / bias pairs (rows g, g+8) per operand, still as bf16 in the low (odd = false) or high halves.
+// n-tile, then tot += s·dot + (zc·s + b)·Σx (rows g / g+8 of operand m; tokens 2c, 2c+1 of tile t). The lane's 16
+// columns are the group's column block xc; sbg: the thread's scale row (operand 0, row g) at group G.
 template <int BITS, int NT>
 __device__ __forceinline__ void group_math(const Stage<BITS>& cur, const unsigned char* smem, const float* sumx, int XS,
                                            int G, int g, int c, int xc, const unsigned char* sbg,
                                            float (&tot)[2][NT][4]) {
   constexpr float ZC = BITS == 4 ? 8.f : 128.f;
-  uint32_t bx[NT][8];  // the tiles' B registers: pairs 0..7 of token g, thread c's 16 columns
+  uint32_t bx[NT][8];  // the tiles' B registers: pairs 0..7 of token g, the lane's 16 columns
   float2 sx[NT];       // Σx of tokens 2c, 2c+1 of each tile
 #pragma unroll
   for (int t = 0; t < NT; ++t) {  // (a tile past the expert's tokens multiplies staged zeros; not stored)
@@ -395,7 +395,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_small_kernel(const Args p) {
   unsigned char* sb = reinterpret_cast<unsigned char*>(sumx + ngroups * kTok);
   stage_scales<SWIGLU>(p, e, rb, ngroups, sb);
 
-  // ---- this thread's 4 weight rows: w[2m + h] of a stage is row (m, h); rows past N load row N-1, not stored
+  // ---- this thread's 4 weight rows: v[2m + h] of a unit is row (m, h); rows past N load row N-1, not stored
   const int r0 = (rb * kWarps + warp) * rows_per_warp<SWIGLU>();
   const bool warp_active = r0 < p.N;
   const WeightRows<BITS> wr = weight_rows<BITS, SWIGLU>(p, e, r0, g, c);
