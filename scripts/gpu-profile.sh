@@ -21,6 +21,10 @@
 # (CUPTI, bench/cupti_trace.cpp, packed by gpu-pack.sh), then per graph what each kernel adds to its critical
 # path (bench/graph_trace.py) — the real step, PDL overlap included; default arguments: batch 1 / 4 / 16:
 #   bash scripts/gpu-profile.sh trace [lilac bench arguments]  → $OUT/trace.csv.xz, $OUT/trace-summary.txt
+# Or a prompt's prefill as it runs (the same CUPTI trace; its kernels are launched one by one, so each runs between its
+# real neighbours, which Nsight Compute's serialised times do not show): per kernel its in-situ durations
+# (bench/prefill_trace.py); default arguments: a 512-token prompt:
+#   bash scripts/gpu-profile.sh prefill-trace [lilac bench arguments]  → $OUT/prefill-trace-summary.txt
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/lilac-out}
@@ -38,6 +42,19 @@ if [ "${1:-}" = trace ]; then
   python3 bench/graph_trace.py "$OUT/trace.csv" --graphs 8 --top 40 > "$OUT/trace-summary.txt"
   xz -T0 -f "$OUT/trace.csv"
   cat "$OUT/trace-summary.txt"
+  exit 0
+fi
+if [ "${1:-}" = prefill-trace ]; then
+  shift
+  [ -f .gpu/trace.tar.xz ] || { echo "no .gpu/trace.tar.xz (gpu-pack.sh packs it when CUPTI is found)"; exit 1; }
+  mkdir -p .gpu/trace && tar -xJf .gpu/trace.tar.xz -C .gpu/trace
+  [ $# -gt 0 ] || set -- --synthetic --prompt-lens 512 --decode-tokens 2
+  LD_LIBRARY_PATH="$PWD/.gpu/trace:$LD_LIBRARY_PATH" CUDA_INJECTION64_PATH="$PWD/.gpu/trace/liblilac_cupti_trace.so" \
+    LILAC_TRACE_OUT="$OUT/prefill-trace.csv" timeout ${PROFILE_TIMEOUT:-240} $L bench "$@" > "$OUT/prefill-trace-bench.txt" 2>&1
+  echo "bench rc=$?"
+  python3 bench/prefill_trace.py "$OUT/prefill-trace.csv" --all > "$OUT/prefill-trace-summary.txt"
+  rm -f "$OUT/prefill-trace.csv"
+  cat "$OUT/prefill-trace-summary.txt"
   exit 0
 fi
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
