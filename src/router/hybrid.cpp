@@ -4,6 +4,7 @@
 
 #include <httplib.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <ctime>
@@ -38,6 +39,29 @@ void HybridRouter::answer_error(httplib::Response& res, int status, const std::s
                                 const std::string& param) {
   res.status = status;
   res.set_content(server::error_body(status, msg, "", param, code).dump(), "application/json");
+}
+
+std::string upstream_body(const ojson& body, const std::vector<std::string>& drop, const std::string& model) {
+  std::string out = "{";
+  bool placed = false;
+  auto member = [&](const std::string& key, const std::string& value) {
+    if (out.size() > 1) out += ',';
+    out += ojson(key).dump();
+    out += ':';
+    out += value;
+  };
+  for (auto it = body.begin(); it != body.end(); ++it) {
+    const std::string& k = it.key();
+    if (k == "lilac" || std::find(drop.begin(), drop.end(), k) != drop.end()) continue;
+    if (k == "model") {
+      member(k, ojson(model).dump());
+      placed = true;
+    } else {
+      member(k, it.value().dump());
+    }
+  }
+  if (!placed) member("model", ojson(model).dump());
+  return out + "}";
 }
 
 server::RouteDecisionKind HybridRouter::maybe_forward(const httplib::Request& req, httplib::Response& res,
@@ -81,10 +105,6 @@ server::RouteDecisionKind HybridRouter::maybe_forward(const httplib::Request& re
   if (upstream_model.empty()) {
     failure = "no upstream model is known (pass --upstream-model, or the upstream's /v1/models failed)";
   } else {
-    ojson fwd = body;
-    fwd.erase("lilac");
-    for (const auto& f : pol.drop_fields) fwd.erase(f);
-    fwd["model"] = upstream_model;
     LILAC_LOG_INFO("route: cloud (%s) model=%s [%.0f us]", why.c_str(), upstream_model.c_str(), us);
     // The upstream is called in the request's own protocol; an Anthropic upstream also gets its key as
     // x-api-key, and the client's anthropic-version.
@@ -94,7 +114,8 @@ server::RouteDecisionKind HybridRouter::maybe_forward(const httplib::Request& re
       const std::string v = req.get_header_value("anthropic-version");
       extra.emplace_back("anthropic-version", v.empty() ? "2023-06-01" : v);
     }
-    auto r = upstream_->forward(upstream_path(api), fwd.dump(), stream, res, "", extra);
+    auto r = upstream_->forward(upstream_path(api), upstream_body(body, pol.drop_fields, upstream_model), stream, res, "",
+                                extra);
     if (r.answered) {
       if (r.upstream_status >= 400) LILAC_LOG_WARN("route: cloud answered HTTP %d", r.upstream_status);
       return K::Answered;

@@ -6,6 +6,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -55,6 +56,12 @@ class HybridRouter : public std::enable_shared_from_this<HybridRouter> {
   std::chrono::steady_clock::time_point models_at_{};
   bool models_fetched_ = false;
 };
+
+// The body a cloud-routed request is forwarded with: `body` without "lilac" and the policy's dropped fields, "model"
+// set to `model` (in its place, or last when absent or dropped) — the bytes that copying the request, erasing and
+// assigning would dump, without copying its parsed tree (a hostile body of a few MB parses to tens of MB).
+std::string upstream_body(const nlohmann::ordered_json& body, const std::vector<std::string>& drop,
+                          const std::string& model);
 
 // What `lilac serve`'s hybrid options say (src/cli/serve_hybrid.cpp).
 struct HybridSettings {

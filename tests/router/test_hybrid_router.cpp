@@ -364,3 +364,26 @@ TEST(HybridRouter, MessagesAndResponsesBodiesAreScannedAndSticky) {
   EXPECT_EQ(s.route, Route::local);
   EXPECT_EQ(s.reason, "sticky");
 }
+
+// The forwarded body is built without copying the parsed request; it must be the bytes the copy would dump.
+TEST(HybridRouter, UpstreamBodyIsTheCopyWithFieldsDroppedAndModelSet) {
+  using ojson = nlohmann::ordered_json;
+  auto via_copy = [](const ojson& body, const std::vector<std::string>& drop, const std::string& model) {
+    ojson fwd = body;
+    fwd.erase("lilac");
+    for (const auto& f : drop) fwd.erase(f);
+    fwd["model"] = model;
+    return fwd.dump();
+  };
+  const std::vector<ojson> bodies = {
+      ojson::parse(R"({"model":"lilac","messages":[{"role":"user","content":"hi"}],"stream":true})"),
+      ojson::parse(R"({"messages":[{"role":"user","content":"h\u00e9 \"q\" \n"}],"lilac":{"route":"cloud"},"user":"u1"})"),
+      ojson::parse(R"({"user":"u","model":"x","metadata":{"k\u00fc":[1,2.5,null,true]},"lilac":1,"temperature":0.7})"),
+      ojson::parse(R"({})"),
+  };
+  const std::vector<std::vector<std::string>> drops = {{}, {"user"}, {"user", "model"}, {"metadata", "absent"}};
+  for (const auto& b : bodies)
+    for (const auto& d : drops) EXPECT_EQ(upstream_body(b, d, "gpt-up"), via_copy(b, d, "gpt-up")) << b.dump();
+  EXPECT_EQ(upstream_body(bodies[0], {}, "gpt-up"),
+            R"({"model":"gpt-up","messages":[{"role":"user","content":"hi"}],"stream":true})");
+}
