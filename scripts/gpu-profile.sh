@@ -31,14 +31,20 @@ OUT=${OUT:-/tmp/lilac-out}
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH="$PWD/.gpu/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 L=.gpu/lilac
-if [ "${1:-}" = trace ]; then
+# The bench under the CUPTI tracer: trace_bench NAME ARGS... writes $OUT/NAME.csv (the trace) and $OUT/NAME-bench.txt.
+trace_bench() {
+  local name=$1
   shift
   [ -f .gpu/trace.tar.xz ] || { echo "no .gpu/trace.tar.xz (gpu-pack.sh packs it when CUPTI is found)"; exit 1; }
   mkdir -p .gpu/trace && tar -xJf .gpu/trace.tar.xz -C .gpu/trace
-  [ $# -gt 0 ] || set -- --synthetic --batch 1,4,16 --prompt-lens 512 --decode-tokens 16
   LD_LIBRARY_PATH="$PWD/.gpu/trace:$LD_LIBRARY_PATH" CUDA_INJECTION64_PATH="$PWD/.gpu/trace/liblilac_cupti_trace.so" \
-    LILAC_TRACE_OUT="$OUT/trace.csv" timeout ${PROFILE_TIMEOUT:-240} $L bench "$@" > "$OUT/trace-bench.txt" 2>&1
+    LILAC_TRACE_OUT="$OUT/$name.csv" timeout ${PROFILE_TIMEOUT:-240} $L bench "$@" > "$OUT/$name-bench.txt" 2>&1
   echo "bench rc=$?"
+}
+if [ "${1:-}" = trace ]; then
+  shift
+  [ $# -gt 0 ] || set -- --synthetic --batch 1,4,16 --prompt-lens 512 --decode-tokens 16
+  trace_bench trace "$@"
   python3 bench/graph_trace.py "$OUT/trace.csv" --graphs 8 --top 40 > "$OUT/trace-summary.txt"
   xz -T0 -f "$OUT/trace.csv"
   cat "$OUT/trace-summary.txt"
@@ -46,12 +52,8 @@ if [ "${1:-}" = trace ]; then
 fi
 if [ "${1:-}" = prefill-trace ]; then
   shift
-  [ -f .gpu/trace.tar.xz ] || { echo "no .gpu/trace.tar.xz (gpu-pack.sh packs it when CUPTI is found)"; exit 1; }
-  mkdir -p .gpu/trace && tar -xJf .gpu/trace.tar.xz -C .gpu/trace
   [ $# -gt 0 ] || set -- --synthetic --prompt-lens 512 --decode-tokens 2
-  LD_LIBRARY_PATH="$PWD/.gpu/trace:$LD_LIBRARY_PATH" CUDA_INJECTION64_PATH="$PWD/.gpu/trace/liblilac_cupti_trace.so" \
-    LILAC_TRACE_OUT="$OUT/prefill-trace.csv" timeout ${PROFILE_TIMEOUT:-240} $L bench "$@" > "$OUT/prefill-trace-bench.txt" 2>&1
-  echo "bench rc=$?"
+  trace_bench prefill-trace "$@"
   python3 bench/prefill_trace.py "$OUT/prefill-trace.csv" --all > "$OUT/prefill-trace-summary.txt"
   rm -f "$OUT/prefill-trace.csv"
   cat "$OUT/prefill-trace-summary.txt"
