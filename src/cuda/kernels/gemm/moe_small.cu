@@ -94,6 +94,8 @@ constexpr int kMaxGroups = kSbStride / 2;  // K <= 2560 (the model's widths: 204
 constexpr int kSbBytes = kCtaRows * kSbStride;  // one of the two arrays
 __host__ __device__ inline int x_stride(int K) { return 2 * K + 16; }  // bytes; +16: conflict-free fragments
 __host__ __device__ inline int smem_bytes(int K) { return kTok * x_stride(K) + (K / kGroup) * kTok * 4 + 2 * kSbBytes; }
+// Whether rows of K columns fit: the scales' room (kMaxGroups) and the shared memory of a staged chunk.
+inline bool cols_fit(int64_t K) { return K / kGroup <= kMaxGroups && smem_bytes(int(K)) <= kMaxSmem; }
 
 // A thread's weight rows are (operand m, half h) for m, h in {0, 1}: row g + 8h of operand m (SwiGLU: m = 0 gate,
 // 1 up, rows r0..r0+15 of each; down: rows r0 + 16m ..). Its local row (the scales' row) is warp·32 + 16m + 8h + g.
@@ -446,7 +448,7 @@ void check_experts(const QExpertsDev& W, const char* what) {
   if (!m.qweight || !m.scales || !m.biases) throw Error(std::string("moe_small: ") + what + ": null weight pointer");
   if (reinterpret_cast<uintptr_t>(m.qweight) % 16)
     throw Error(std::string("moe_small: ") + what + ": qweight not 16-byte aligned");
-  if (m.cols / kGroup > kMaxGroups || smem_bytes(int(m.cols)) > kMaxSmem)
+  if (!cols_fit(m.cols))
     throw Error(std::string("moe_small: ") + what + ": cols too large for the staged token chunk");
 }
 
@@ -482,7 +484,7 @@ bool moe_small_supported(const MoEPrefillWeights& w) {
   for (const QExpertsDev* x : {&w.gate, &w.up, &w.down}) {
     const QMatrixDev& m = x->first;
     if ((m.bits != 4 && m.bits != 8) || m.group_size != kGroup || m.cols % kGroup != 0 ||
-        m.cols / kGroup > kMaxGroups || smem_bytes(int(m.cols)) > kMaxSmem)
+        !cols_fit(m.cols))
       return false;
   }
   return w.gate.first.bits == w.up.first.bits;
