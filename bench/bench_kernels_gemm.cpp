@@ -1,6 +1,7 @@
 // The quantized GEMM family (src/cuda/kernels/gemm/) at the model's sizes, a 4096-token chunk
 // (LILAC_PREFILL_TIMING overrides n), on each tensor-core path (mma.sync, and wgmma where available):
-//   Qgemm/<matrix>/<path>  — one 4-bit GEMM, fp32 out (TFLOP/s);
+//   Qgemm/<matrix>/<path>  — one 4-bit GEMM, fp32 out (TFLOP/s); paths mma.sync, wgmma (the register-operand
+//                            kernel for 4-bit), wgmma-smem (the shared-memory weight tile);
 //   MoePrefill/<path>      — the MoE block: router, routing, grouped gate+up+SwiGLU and down GEMMs over
 //                            256 experts (top 8), shared expert, combine (TFLOP/s of the useful work);
 //   MoePrefillPath/<grouped|small>/n:<16..2048> — the same block at short prompts on each expert-GEMM path
@@ -47,7 +48,9 @@ const __nv_bfloat16* activations() {
   return reinterpret_cast<const __nv_bfloat16*>(dx.p);
 }
 
-const char* path_name(lc::GemmPath p) { return p == lc::GemmPath::Wgmma ? "wgmma" : "mma.sync"; }
+const char* path_name(lc::GemmPath p) {
+  return p == lc::GemmPath::Wgmma ? "wgmma" : p == lc::GemmPath::WgmmaSmem ? "wgmma-smem" : "mma.sync";
+}
 
 struct Shape {
   const char* name;
@@ -181,7 +184,10 @@ void lilac::bench::register_benchmarks() {
           ->Iterations(1)
           ->Unit(benchmark::kMicrosecond);
   std::vector<lc::GemmPath> paths = {lc::GemmPath::MmaSync};
-  if (lc::gemm_wgmma_available()) paths.push_back(lc::GemmPath::Wgmma);
+  if (lc::gemm_wgmma_available()) {
+    paths.push_back(lc::GemmPath::Wgmma);  // 4-bit: the register-operand kernel
+    paths.push_back(lc::GemmPath::WgmmaSmem);
+  }
   const std::string n = "/n:" + std::to_string(timing_n());
   for (const Shape& sh : kShapes)
     for (lc::GemmPath p : paths) {

@@ -25,13 +25,18 @@ def main():
     ap.add_argument("--marker", default="moe_small|moe_prefill|qgemm", help="a prefill segment has a kernel matching this")
     ap.add_argument("--all", action="store_true", help="every prefill segment, not only the longest")
     ap.add_argument("--top", type=int, default=20, help="kernel names per segment")
+    ap.add_argument("--by-grid", action="store_true",
+                    help="one line per kernel name, grid and stream (which shapes of a kernel cost what, and on which stream)")
     a = ap.parse_args()
 
     recs = []
     with open(a.csv) as f:
         for r in csv.DictReader(f):
             if r["kind"] == "K" and r["graph"] in ("0", ""):
-                recs.append((int(r["start"]), int(r["end"]), r["name"]))
+                key = r["name"]
+                if a.by_grid:
+                    key = f'{r["name"]}\t[{r["gx"]},{r["gy"]},{r["gz"]}] s{r["stream"]}'
+                recs.append((int(r["start"]), int(r["end"]), key))
     recs.sort()
     segs, cur = [], []
     for x in recs:
@@ -48,7 +53,9 @@ def main():
         return 1
     if not a.all:
         segs = [max(segs, key=lambda s: s[-1][1] - s[0][0])]
-    names = demangle({x[2] for s in segs for x in s})
+    raw = {x[2] for s in segs for x in s}
+    dem = demangle({k.split("\t")[0] for k in raw})
+    names = {k: dem[k.split("\t")[0]] + ("  " + k.split("\t")[1] if "\t" in k else "") for k in raw}
     for s in segs:
         span = s[-1][1] - s[0][0]
         busy, last = 0, s[0][0]

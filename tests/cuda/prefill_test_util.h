@@ -27,7 +27,10 @@ namespace lilac::cuda::prefill_testing {
 template <class F>
 void for_each_gemm_path(F&& f) {
   std::vector<std::pair<GemmPath, const char*>> paths = {{GemmPath::MmaSync, "mma.sync"}};
-  if (gemm_wgmma_available()) paths.push_back({GemmPath::Wgmma, "wgmma"});
+  if (gemm_wgmma_available()) {
+    paths.push_back({GemmPath::Wgmma, "wgmma"});  // 4-bit: the register-operand kernel (gemm_rs.cuh)
+    paths.push_back({GemmPath::WgmmaSmem, "wgmma-smem"});
+  }
   for (auto& [path, name] : paths) {
     SCOPED_TRACE(std::string("gemm path ") + name);
     std::printf("[path] %s\n", name);

@@ -79,6 +79,7 @@ TEST(PrefillQgemm, Int4F32) {
     check_qgemm(77, 200, 320, 4, lc::GemmOut::StoreF32, 0);
     check_qgemm(300, 1000, 2048, 4, lc::GemmOut::StoreF32, 8);
     check_qgemm(1, 65, 64, 4, lc::GemmOut::StoreF32, 0);
+    check_qgemm(1100, 300, 2048, 4, lc::GemmOut::StoreF32, 8);  // ≥ 1024 rows: wgmma takes the register-operand kernel
   });
 }
 TEST(PrefillQgemm, Int4AddAndBf16) {
@@ -87,6 +88,7 @@ TEST(PrefillQgemm, Int4AddAndBf16) {
     check_qgemm(129, 131, 512, 4, lc::GemmOut::AddF32, 0);
     check_qgemm(100, 2048, 4096, 4, lc::GemmOut::AddF32, 0);  // split-K (small grid, long K), like out_proj
     check_qgemm(45, 257, 192, 4, lc::GemmOut::StoreBF16, 16);
+    check_qgemm(1029, 131, 512, 4, lc::GemmOut::AddF32, 0);
   });
 }
 TEST(PrefillQgemm, Int8) {
@@ -118,6 +120,72 @@ TEST(PrefillQgemm, SwiGLU) {
     CK(cudaDeviceSynchronize());
     EXPECT_LT(rel_err(bf16_to_f(dh.get()), ref), 1e-2);
   });
+}
+
+// The 4-bit paths multiply the same bf16 weights (one rounding of s·q + b) with the same bf16 X in fp32: they may
+// differ only by the tensor cores' summation order. Far tighter than the CPU comparison above, so a fragment,
+// nibble or k-permutation slip that moves a few products shows. Shapes: the model's in_proj / out_proj widths with
+// ragged row and token counts, ≥ 1024 X rows (the register-operand kernel, gemm_rs.cuh) and fewer, split-K (a small
+// grid with a long K), and the SwiGLU pair.
+TEST(PrefillQgemm, WgmmaPathsAgreeWithMmaSync) {
+  NEED_GPU();
+  if (!lc::gemm_wgmma_available()) GTEST_SKIP() << "no sm_90a wgmma on this GPU";
+  const uint32_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  struct Case {
+    int n, rows, cols;
+    lc::GemmOut mode;
+  };
+  for (const Case& cs : {Case{1100, 1000, 2048, lc::GemmOut::StoreF32}, Case{1030, 2048, 4096, lc::GemmOut::AddF32},
+                         Case{1069, 257, 192, lc::GemmOut::StoreBF16}, Case{300, 1000, 2048, lc::GemmOut::StoreF32},
+                         Case{129, 2048, 4096, lc::GemmOut::AddF32}, Case{7, 130, 512, lc::GemmOut::StoreF32}}) {
+    SCOPED_TRACE("n=" + std::to_string(cs.n) + " rows=" + std::to_string(cs.rows) + " cols=" + std::to_string(cs.cols));
+    QMat W(cs.rows, cs.cols, 4, rng);
+    Dev<uint16_t> dx(rand_bf16(size_t(cs.n) * cs.cols, rng, -1.f, 1.f, nullptr));
+    const std::vector<float> y0 = rand_f(size_t(cs.n) * cs.rows, rng, -1.f, 1.f);
+    auto run = [&](lc::GemmPath path, std::vector<float>& out) {
+      lc::set_gemm_path(path);
+      out.assign(size_t(cs.n) * cs.rows, 0.f);
+      if (cs.mode == lc::GemmOut::StoreBF16) {
+        Dev<uint16_t> dy(out.size());
+        dy.poison();
+        lc::qgemm(W.dev(), reinterpret_cast<const __nv_bfloat16*>(dx.p), cs.cols, cs.n, dy.p, cs.rows, cs.mode, nullptr);
+        CK(cudaDeviceSynchronize());
+        out = bf16_to_f(dy.get());
+      } else {
+        Dev<float> dy(y0);
+        lc::qgemm(W.dev(), reinterpret_cast<const __nv_bfloat16*>(dx.p), cs.cols, cs.n, dy.p, cs.rows, cs.mode, nullptr);
+        CK(cudaDeviceSynchronize());
+        out = dy.get();
+      }
+      lc::set_gemm_path(lc::GemmPath::Auto);
+    };
+    std::vector<float> ref, rs, smem;
+    run(lc::GemmPath::MmaSync, ref);
+    run(lc::GemmPath::Wgmma, rs);
+    run(lc::GemmPath::WgmmaSmem, smem);
+    const double tol = cs.mode == lc::GemmOut::StoreBF16 ? 4e-3 : 2e-6;  // bf16 outputs: a rounding step apart at most
+    EXPECT_LT(rel_err(rs, ref), tol);
+    EXPECT_LT(rel_err(smem, ref), tol);
+  }
+  // SwiGLU (bf16 out), ≥ 1024 rows
+  const int n = 1100, rows = 130, cols = 192;
+  QMat G(rows, cols, 4, rng), U(rows, cols, 4, rng);
+  Dev<uint16_t> dx(rand_bf16(size_t(n) * cols, rng, -1.f, 1.f, nullptr)), dh(size_t(n) * rows);
+  auto swiglu = [&](lc::GemmPath path, std::vector<float>& out) {
+    lc::set_gemm_path(path);
+    dh.poison();
+    lc::qgemm_swiglu(G.dev(), U.dev(), reinterpret_cast<const __nv_bfloat16*>(dx.p), cols, n,
+                     reinterpret_cast<__nv_bfloat16*>(dh.p), rows, nullptr);
+    CK(cudaDeviceSynchronize());
+    lc::set_gemm_path(lc::GemmPath::Auto);
+    out = bf16_to_f(dh.get());
+  };
+  std::vector<float> href, hrs;
+  swiglu(lc::GemmPath::MmaSync, href);
+  swiglu(lc::GemmPath::Wgmma, hrs);
+  EXPECT_LT(rel_err(hrs, href), 4e-3);
 }
 
 TEST(PrefillQgemm, RejectsBadShapes) {

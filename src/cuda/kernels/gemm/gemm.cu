@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "cuda/kernels/gemm/gemm.cuh"
+#include "cuda/kernels/gemm/gemm_rs.cuh"
 #include "cuda/kernels/gemm/gemm.h"
 #include "cuda/kernels/launch.cuh"
 #include "cuda/kernels/stream_scratch.h"
@@ -20,7 +21,7 @@ constexpr bool kWgmmaDefault = true;  // verified on H200 2026-11-29 (tests + ti
 __global__ void probe_wgmma_kernel(int* out) { *out = LILAC_WGMMA; }
 
 namespace {
-std::atomic<int> g_forced{0};     // 0 auto, 1 mma.sync, 2 wgmma
+std::atomic<int> g_forced{0};     // 0 auto, 1 mma.sync, 2 wgmma, 3 wgmma with 4-bit weights from shared memory
 std::atomic<int> g_probe{-1};     // -1 unknown, 0 no sm_90a code / not Hopper, 1 wgmma usable
 
 // Is the wgmma kernel usable on the current device? Probed once, outside graph capture.
@@ -82,20 +83,48 @@ int device_stages() {
   return s;
 }
 
+// Plain 4-bit GEMMs of ≥ kRsMinRows rows on the wgmma path: the register-operand kernel (gemm_rs.cuh) unless
+// WgmmaSmem / LILAC_QGEMM_RS=0.
+static bool use_rs() {
+  const int forced = g_forced.load();
+  if (forced == 3) return false;
+  if (forced == 2) return true;
+  const char* env = std::getenv("LILAC_QGEMM_RS");
+  return !(env && std::strcmp(env, "0") == 0);
+}
+
+template <typename Kern>
+static void set_smem_once(Kern kern, int smem, bool& done) {
+  if (done) return;
+  cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (e != cudaSuccess)
+    throw Error("qgemm: cannot get " + std::to_string(smem) + " bytes of shared memory per block: " +
+                cudaGetErrorString(e));
+  done = true;
+}
+
 template <int BITS, bool GROUPED, int EPI, bool WG, bool SPLIT = false>
 static void launch_one(const Params& p, int grid_y, cudaStream_t stream) {
+  constexpr int bn_out = EPI == EPI_SWIGLU_BF16 ? BN / 2 : BN;
+  dim3 grid((p.N + bn_out - 1) / bn_out, grid_y, p.k_split);
+  if constexpr (WG && BITS == 4 && !GROUPED && !SPLIT && EPI != EPI_SCALED_F32) {
+    const int kt = int(p.W0.cols / BK);
+    const int64_t blocks = int64_t(grid.x) * ((p.M + RS_TN - 1) / RS_TN);
+    if (use_rs() && p.M >= kRsMinRows && kt % 8 == 0 && kt >= kRsMinKT && kt <= RsSmem::MAX_KT &&
+        blocks >= sm_count()) {
+      auto kern = qgemm_rs_kernel<EPI>;
+      static bool attr_set = false;  // per instantiation (one GPU per process)
+      set_smem_once(kern, RsSmem::alloc(RsSmem::MAX_KT), attr_set);
+      kern<<<dim3(grid.x, (p.M + RS_TN - 1) / RS_TN), THREADS, RsSmem::alloc(kt), stream>>>(p);
+      cudaError_t e = cudaGetLastError();
+      if (e != cudaSuccess) throw Error(std::string("qgemm: launch failed: ") + cudaGetErrorString(e));
+      return;
+    }
+  }
   auto kern = qgemm_kernel<BITS, GROUPED, EPI, WG, SPLIT>;
   const int smem = Smem<BITS>::total(device_stages()) + (WG ? 1024 : 0);
   static bool attr_set = false;  // per instantiation (per device is fine: one GPU per process)
-  if (!attr_set) {
-    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (e != cudaSuccess)
-      throw Error("qgemm: cannot get " + std::to_string(smem) + " bytes of shared memory per block: " +
-                  cudaGetErrorString(e));
-    attr_set = true;
-  }
-  constexpr int bn_out = EPI == EPI_SWIGLU_BF16 ? BN / 2 : BN;
-  dim3 grid((p.N + bn_out - 1) / bn_out, grid_y, p.k_split);
+  set_smem_once(kern, smem, attr_set);
   kern<<<grid, THREADS, smem, stream>>>(p);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) throw Error(std::string("qgemm: launch failed: ") + cudaGetErrorString(e));
@@ -162,7 +191,7 @@ void launch(const Params& p, int bits, bool grouped, int epi, int grid_y, cudaSt
 }  // namespace gemm
 
 void set_gemm_path(GemmPath path) {
-  gemm::g_forced.store(path == GemmPath::MmaSync ? 1 : path == GemmPath::Wgmma ? 2 : 0);
+  gemm::g_forced.store(path == GemmPath::MmaSync ? 1 : path == GemmPath::Wgmma ? 2 : path == GemmPath::WgmmaSmem ? 3 : 0);
 }
 bool gemm_wgmma_available() {
   const char* port = std::getenv("LILAC_CUDA_PORTABLE");

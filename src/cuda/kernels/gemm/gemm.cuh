@@ -172,6 +172,85 @@ __device__ __forceinline__ void wgmma_m64n128k16(float* d, uint64_t da, uint64_t
 // 1 when this code was compiled for sm_90a (wgmma available), else 0.
 __global__ void probe_wgmma_kernel(int* out);
 
+// The rows of X and the matrices one block works on: its tile's first sorted row, how many of the tile's BM rows
+// are valid and the matrices (grouped: expert e of W0s / W1s, found from tile_start by binary search). False when a
+// grouped block has no tile (the grid is an upper bound).
+struct Block {
+  int row_base = 0, rows_valid = 0;
+  QMatrixDev W0, W1;
+};
+template <bool GROUPED, bool SWIGLU>
+__device__ __forceinline__ bool block_rows(const Params& p, Block& b) {
+  b.W0 = p.W0;
+  b.W1 = p.W1;
+  if constexpr (GROUPED) {
+    const int t = blockIdx.y;
+    if (t >= p.tile_start[p.E]) return false;
+    int lo = 0, hi = p.E - 1;  // largest e with tile_start[e] <= t
+    while (lo < hi) {
+      int mid = (lo + hi + 1) >> 1;
+      if (p.tile_start[mid] <= t) lo = mid; else hi = mid - 1;
+    }
+    const int e = lo;
+    b.row_base = p.expert_start[e] + (t - p.tile_start[e]) * BM;
+    b.rows_valid = min(BM, p.expert_start[e + 1] - b.row_base);
+    b.W0 = p.W0s.expert(e);
+    if constexpr (SWIGLU) b.W1 = p.W1s.expert(e);
+  } else {
+    b.row_base = blockIdx.y * BM;
+    b.rows_valid = min(BM, p.M - b.row_base);
+  }
+  return true;
+}
+
+// The TM × BK tile of X rows a block streams (bf16, swizzled as swz): thread tid copies TM / 32 chunks of 16 bytes
+// per k tile (rows tid / 8 + 32·i, chunk tid % 8), rows past rows_valid as zeros. The source rows are kept as 32-bit
+// indices (-1: none), not pointers: half the registers.
+template <int TM = BM>
+struct XRows {
+  static constexpr int NC = TM * (BK / 8) / THREADS;
+  const __nv_bfloat16* src[NC];  // this thread's chunk of k tile 0 (null: a row past rows_valid)
+  __device__ __forceinline__ XRows(const Params& p, int row_base, int rows_valid, int kt0, int tid) {
+#pragma unroll
+    for (int i = 0; i < NC; ++i) {
+      const int r = (tid >> 3) + 32 * i;
+      const int64_t x = r < rows_valid ? (p.a_rows ? p.a_rows[row_base + r] : row_base + r) : -1;
+      src[i] = x < 0 ? nullptr : p.X + x * p.ldx + (tid & 7) * 8 + int64_t(kt0) * BK;
+    }
+  }
+  __device__ __forceinline__ void load(const Params& p, uint32_t dst, int kt, int tid) const {
+#pragma unroll
+    for (int i = 0; i < NC; ++i) {
+      const int r = (tid >> 3) + 32 * i;
+      cp_async16_zfill(dst + swz(r, (tid & 7) * 8), src[i] ? src[i] + int64_t(kt) * BK : p.X, src[i] ? 16 : 0);
+    }
+  }
+};
+
+// The SwiGLU epilogue from an fp32 tile st[TM][EPI_LD] in shared memory whose columns [0, BN/2) are the gate and
+// [BN/2, BN) the up projection of output columns n0 ...: Y = silu(gate)·up in bf16, row by row.
+template <int EPI_LD, int TM = BM>
+__device__ __forceinline__ void swiglu_store(const Params& p, const float* st, int row_base, int rows_valid, int n0,
+                                             int tid) {
+  constexpr int BN_OUT = BN / 2;
+  __nv_bfloat16* Y = static_cast<__nv_bfloat16*>(p.Y);
+  for (int idx = tid; idx < TM * (BN_OUT / 2); idx += THREADS) {
+    int r = idx / (BN_OUT / 2), c = (idx % (BN_OUT / 2)) * 2;
+    if (r >= rows_valid) continue;
+    float g0 = st[r * EPI_LD + c], g1 = st[r * EPI_LD + c + 1];
+    float u0 = st[r * EPI_LD + BN_OUT + c], u1 = st[r * EPI_LD + BN_OUT + c + 1];
+    float h0 = g0 / (1.f + __expf(-g0)) * u0, h1 = g1 / (1.f + __expf(-g1)) * u1;
+    int col = n0 + c;
+    __nv_bfloat16* yp = Y + int64_t(row_base + r) * p.ldy + col;
+    if (col + 1 < p.N && ((p.ldy & 1) == 0) && (reinterpret_cast<uintptr_t>(Y) & 3) == 0) {
+      *reinterpret_cast<__nv_bfloat162*>(yp) = __floats2bfloat162_rn(h0, h1);
+    } else {
+      if (col < p.N) yp[0] = __float2bfloat16_rn(h0);
+      if (col + 1 < p.N) yp[1] = __float2bfloat16_rn(h1);
+    }
+  }
+}
+
 template <int BITS, bool GROUPED, int EPI, bool WG, bool SPLIT = false>
 __global__ void __launch_bounds__(THREADS, 2) qgemm_kernel(const Params p) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -186,25 +265,10 @@ __global__ void __launch_bounds__(THREADS, 2) qgemm_kernel(const Params p) {
   constexpr int BN_OUT = SWIGLU ? BN / 2 : BN;
 
   // ---- which rows / matrices this block works on
-  int row_base, rows_valid;
-  QMatrixDev W0 = p.W0, W1 = p.W1;
-  if constexpr (GROUPED) {
-    const int t = blockIdx.y;
-    if (t >= p.tile_start[p.E]) return;
-    int lo = 0, hi = p.E - 1;  // largest e with tile_start[e] <= t
-    while (lo < hi) {
-      int mid = (lo + hi + 1) >> 1;
-      if (p.tile_start[mid] <= t) lo = mid; else hi = mid - 1;
-    }
-    const int e = lo;
-    row_base = p.expert_start[e] + (t - p.tile_start[e]) * BM;
-    rows_valid = min(BM, p.expert_start[e + 1] - row_base);
-    W0 = p.W0s.expert(e);
-    if constexpr (SWIGLU) W1 = p.W1s.expert(e);
-  } else {
-    row_base = blockIdx.y * BM;
-    rows_valid = min(BM, p.M - row_base);
-  }
+  Block blk;
+  if (!block_rows<GROUPED, SWIGLU>(p, blk)) return;
+  const int row_base = blk.row_base, rows_valid = blk.rows_valid;
+  const QMatrixDev W0 = blk.W0, W1 = blk.W1;
   const int n0 = blockIdx.x * BN_OUT;
   const int64_t K = W0.cols;
   const int KT_all = int(K / BK);
@@ -213,16 +277,7 @@ __global__ void __launch_bounds__(THREADS, 2) qgemm_kernel(const Params p) {
   const int64_t wpr = W0.words_per_row(), gpr = W0.groups_per_row();
 
   // ---- A rows this thread copies (4 chunks of 16 B per thread per tile)
-  const __nv_bfloat16* a_src[4];
-  bool a_ok[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    int c = tid + i * THREADS, r = c >> 3, ch = c & 7;
-    a_ok[i] = r < rows_valid;
-    int64_t xr = 0;
-    if (a_ok[i]) xr = GROUPED && p.a_rows ? p.a_rows[row_base + r] : int64_t(row_base + r);
-    a_src[i] = p.X + xr * p.ldx + ch * 8 + int64_t(kt0) * BK;
-  }
+  const XRows<> xs(p, row_base, rows_valid, kt0, tid);
   // ---- W rows: thread tid owns tile row wr = tid / 2 (copy and dequant)
   const int wr = tid >> 1, wh = tid & 1;
   const QMatrixDev& Wm = (SWIGLU && wr >= BN / 2) ? W1 : W0;
@@ -240,11 +295,7 @@ __global__ void __launch_bounds__(THREADS, 2) qgemm_kernel(const Params p) {
 
   auto load_tile = [&](int kt, int s) {
     if (kt < KT) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        int c = tid + i * THREADS, r = c >> 3, ch = c & 7;
-        cp_async16_zfill(stage_a(s) + swz(r, ch * 8), a_src[i] + int64_t(kt) * BK, a_ok[i] ? 16 : 0);
-      }
+      xs.load(p, stage_a(s), kt, tid);
       // raw words: row wr, 16-byte chunks (BITS/2 chunks per row, this thread takes half)
 #pragma unroll
       for (int j = 0; j < BITS / 4; ++j) {
@@ -375,23 +426,7 @@ __global__ void __launch_bounds__(THREADS, 2) qgemm_kernel(const Params p) {
       *reinterpret_cast<float2*>(st + (r + 8) * S::EPI_LD + c) = make_float2(acc[f][2], acc[f][3]);
     }
     __syncthreads();
-    __nv_bfloat16* Y = static_cast<__nv_bfloat16*>(p.Y);
-    // 128 rows × 64 outputs; each thread does pairs of columns
-    for (int idx = tid; idx < BM * (BN_OUT / 2); idx += THREADS) {
-      int r = idx / (BN_OUT / 2), c = (idx % (BN_OUT / 2)) * 2;
-      if (r >= rows_valid) continue;
-      float g0 = st[r * S::EPI_LD + c], g1 = st[r * S::EPI_LD + c + 1];
-      float u0 = st[r * S::EPI_LD + BN_OUT + c], u1 = st[r * S::EPI_LD + BN_OUT + c + 1];
-      float h0 = g0 / (1.f + __expf(-g0)) * u0, h1 = g1 / (1.f + __expf(-g1)) * u1;
-      int col = n0 + c;
-      __nv_bfloat16* yp = Y + int64_t(row_base + r) * p.ldy + col;
-      if (col + 1 < p.N && ((p.ldy & 1) == 0) && (reinterpret_cast<uintptr_t>(Y) & 3) == 0) {
-        *reinterpret_cast<__nv_bfloat162*>(yp) = __floats2bfloat162_rn(h0, h1);
-      } else {
-        if (col < p.N) yp[0] = __float2bfloat16_rn(h0);
-        if (col + 1 < p.N) yp[1] = __float2bfloat16_rn(h1);
-      }
-    }
+    swiglu_store<S::EPI_LD>(p, st, row_base, rows_valid, n0, tid);
   } else {
     // split-K: this block's fp32 partial tile, stored (not added)
     void* const Yo = SPLIT ? static_cast<void*>(p.partial + int64_t(blockIdx.z) * p.M * p.N) : p.Y;

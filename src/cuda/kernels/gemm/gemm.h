@@ -25,7 +25,9 @@ void qgemm(const QMatrixDev& W, const __nv_bfloat16* X, int64_t ldx, int n, void
 // unless LILAC_QGEMM_WGMMA=0 or LILAC_CUDA_PORTABLE=1; else mma.sync (sm_80+). A forced Wgmma falls
 // back to mma.sync where it is unavailable. set_gemm_path is for tests and benchmarks.
 // Measured on an H200 at n = 4096: wgmma ≈ 395 TFLOP/s, mma.sync ≈ 240 TFLOP/s (bench/GPU_NOTES.md).
-enum class GemmPath { Auto, MmaSync, Wgmma };
+// On the wgmma path 4-bit weights take the register-operand kernel (gemm_rs.cuh); WgmmaSmem (or
+// LILAC_QGEMM_RS=0) keeps them on the kernel that dequantizes into a shared-memory tile, as before it.
+enum class GemmPath { Auto, MmaSync, Wgmma, WgmmaSmem };
 void set_gemm_path(GemmPath path);
 // Hopper + sm_90a code present (probed once, outside graph capture) and LILAC_CUDA_PORTABLE != 1.
 bool gemm_wgmma_available();
