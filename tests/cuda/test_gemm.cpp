@@ -79,7 +79,9 @@ TEST(PrefillQgemm, Int4F32) {
     check_qgemm(77, 200, 320, 4, lc::GemmOut::StoreF32, 0);
     check_qgemm(300, 1000, 2048, 4, lc::GemmOut::StoreF32, 8);
     check_qgemm(1, 65, 64, 4, lc::GemmOut::StoreF32, 0);
-    check_qgemm(1100, 300, 2048, 4, lc::GemmOut::StoreF32, 8);  // ≥ 1024 rows: wgmma takes the register-operand kernel
+    // enough blocks for no split-K: the forced wgmma path takes the register-operand kernel (gemm_rs.cuh); Y's rows
+    // are not 16-byte aligned (ldy = rows + 3), so its epilogue stores element by element
+    check_qgemm(1100, 1000, 2048, 4, lc::GemmOut::StoreF32, 8);
   });
 }
 TEST(PrefillQgemm, Int4AddAndBf16) {
@@ -104,29 +106,33 @@ TEST(PrefillQgemm, SwiGLU) {
   const uint32_t seed = fresh_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   std::mt19937 rng(seed);
-  const int n = 150, rows = 130, cols = 192;
-  QMat G(rows, cols, 4, rng), U(rows, cols, 4, rng);
-  std::vector<float> xf;
-  auto xb = rand_bf16(size_t(n) * cols, rng, -1.f, 1.f, &xf);
-  std::vector<float> g(size_t(n) * rows), u(size_t(n) * rows), ref(size_t(n) * rows);
-  cpu::qmatmul(G.host, xf.data(), n, g.data());
-  cpu::qmatmul(U.host, xf.data(), n, u.data());
-  for (size_t i = 0; i < ref.size(); ++i) ref[i] = silu(g[i]) * u[i];
-  Dev<uint16_t> dx(xb), dh(size_t(n) * rows);
-  for_each_gemm_path([&] {
-    dh.poison();
-    lc::qgemm_swiglu(G.dev(), U.dev(), reinterpret_cast<const __nv_bfloat16*>(dx.p), cols, n,
-                     reinterpret_cast<__nv_bfloat16*>(dh.p), rows, nullptr);
-    CK(cudaDeviceSynchronize());
-    EXPECT_LT(rel_err(bf16_to_f(dh.get()), ref), 1e-2);
-  });
+  for (const int cols : {192, 1024}) {  // 1024: a multiple of 512, so the forced wgmma path takes gemm_rs.cuh
+    SCOPED_TRACE("cols " + std::to_string(cols));
+    const int n = 150, rows = 130;
+    QMat G(rows, cols, 4, rng), U(rows, cols, 4, rng);
+    std::vector<float> xf;
+    auto xb = rand_bf16(size_t(n) * cols, rng, -1.f, 1.f, &xf);
+    std::vector<float> g(size_t(n) * rows), u(size_t(n) * rows), ref(size_t(n) * rows);
+    cpu::qmatmul(G.host, xf.data(), n, g.data());
+    cpu::qmatmul(U.host, xf.data(), n, u.data());
+    for (size_t i = 0; i < ref.size(); ++i) ref[i] = silu(g[i]) * u[i];
+    Dev<uint16_t> dx(xb), dh(size_t(n) * rows);
+    for_each_gemm_path([&] {
+      dh.poison();
+      lc::qgemm_swiglu(G.dev(), U.dev(), reinterpret_cast<const __nv_bfloat16*>(dx.p), cols, n,
+                       reinterpret_cast<__nv_bfloat16*>(dh.p), rows, nullptr);
+      CK(cudaDeviceSynchronize());
+      EXPECT_LT(rel_err(bf16_to_f(dh.get()), ref), 1e-2);
+    });
+  }
 }
 
 // The 4-bit paths multiply the same bf16 weights (one rounding of s·q + b) with the same bf16 X in fp32: they may
 // differ only by the tensor cores' summation order. Far tighter than the CPU comparison above, so a fragment,
 // nibble or k-permutation slip that moves a few products shows. Shapes: the model's in_proj / out_proj widths with
-// ragged row and token counts, ≥ 1024 X rows (the register-operand kernel, gemm_rs.cuh) and fewer, split-K (a small
-// grid with a long K), and the SwiGLU pair.
+// ragged row and token counts; K a multiple of 512 without split-K (the forced wgmma path then takes the
+// register-operand kernel, gemm_rs.cuh; Y's rows 16-byte aligned or not, so both of its store paths), split-K (a
+// small grid with a long K, the shared-memory kernel), and the SwiGLU pair.
 TEST(PrefillQgemm, WgmmaPathsAgreeWithMmaSync) {
   NEED_GPU();
   if (!lc::gemm_wgmma_available()) GTEST_SKIP() << "no sm_90a wgmma on this GPU";
@@ -138,8 +144,10 @@ TEST(PrefillQgemm, WgmmaPathsAgreeWithMmaSync) {
     lc::GemmOut mode;
   };
   for (const Case& cs : {Case{1100, 1000, 2048, lc::GemmOut::StoreF32}, Case{1030, 2048, 4096, lc::GemmOut::AddF32},
-                         Case{1069, 257, 192, lc::GemmOut::StoreBF16}, Case{300, 1000, 2048, lc::GemmOut::StoreF32},
-                         Case{129, 2048, 4096, lc::GemmOut::AddF32}, Case{7, 130, 512, lc::GemmOut::StoreF32}}) {
+                         Case{1030, 2047, 2048, lc::GemmOut::AddF32}, Case{1069, 257, 512, lc::GemmOut::StoreBF16},
+                         Case{1100, 512, 2048, lc::GemmOut::StoreBF16}, Case{45, 257, 192, lc::GemmOut::StoreBF16},
+                         Case{300, 1000, 2048, lc::GemmOut::StoreF32}, Case{129, 2048, 4096, lc::GemmOut::AddF32},
+                         Case{7, 130, 512, lc::GemmOut::StoreF32}}) {
     SCOPED_TRACE("n=" + std::to_string(cs.n) + " rows=" + std::to_string(cs.rows) + " cols=" + std::to_string(cs.cols));
     QMat W(cs.rows, cs.cols, 4, rng);
     Dev<uint16_t> dx(rand_bf16(size_t(cs.n) * cs.cols, rng, -1.f, 1.f, nullptr));
@@ -169,8 +177,8 @@ TEST(PrefillQgemm, WgmmaPathsAgreeWithMmaSync) {
     EXPECT_LT(rel_err(rs, ref), tol);
     EXPECT_LT(rel_err(smem, ref), tol);
   }
-  // SwiGLU (bf16 out), ≥ 1024 rows
-  const int n = 1100, rows = 130, cols = 192;
+  // SwiGLU (bf16 out)
+  const int n = 1100, rows = 130, cols = 1024;
   QMat G(rows, cols, 4, rng), U(rows, cols, 4, rng);
   Dev<uint16_t> dx(rand_bf16(size_t(n) * cols, rng, -1.f, 1.f, nullptr)), dh(size_t(n) * rows);
   auto swiglu = [&](lc::GemmPath path, std::vector<float>& out) {

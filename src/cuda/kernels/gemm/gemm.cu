@@ -83,14 +83,22 @@ int device_stages() {
   return s;
 }
 
-// Plain 4-bit GEMMs of ≥ kRsMinRows rows on the wgmma path: the register-operand kernel (gemm_rs.cuh) unless
-// WgmmaSmem / LILAC_QGEMM_RS=0.
-static bool use_rs() {
+// Whether a plain 4-bit GEMM on the wgmma path takes the register-operand kernel (gemm_rs.cuh): what the kernel
+// needs (K a multiple of 512 with room for its scales) and, on the default path, where it pays (long prompts, long
+// K, at least a wave of blocks). A forced GemmPath::Wgmma takes it whenever it can run (the tests' shapes);
+// GemmPath::WgmmaSmem or LILAC_QGEMM_RS=0 never.
+static bool rs_takes(const Params& p, int grid_x) {
   const int forced = g_forced.load();
   if (forced == 3) return false;
+  if (forced == 0) {
+    const char* env = std::getenv("LILAC_QGEMM_RS");
+    if (env && std::strcmp(env, "0") == 0) return false;
+  }
+  const int kt = int(p.W0.cols / BK);
+  if (kt % 8 != 0 || kt > RsSmem::MAX_KT) return false;
   if (forced == 2) return true;
-  const char* env = std::getenv("LILAC_QGEMM_RS");
-  return !(env && std::strcmp(env, "0") == 0);
+  const int64_t blocks = int64_t(grid_x) * ((p.M + RS_TN - 1) / RS_TN);
+  return p.M >= kRsMinRows && kt >= kRsMinKT && blocks >= sm_count();
 }
 
 template <typename Kern>
@@ -108,10 +116,8 @@ static void launch_one(const Params& p, int grid_y, cudaStream_t stream) {
   constexpr int bn_out = EPI == EPI_SWIGLU_BF16 ? BN / 2 : BN;
   dim3 grid((p.N + bn_out - 1) / bn_out, grid_y, p.k_split);
   if constexpr (WG && BITS == 4 && !GROUPED && !SPLIT && EPI != EPI_SCALED_F32) {
-    const int kt = int(p.W0.cols / BK);
-    const int64_t blocks = int64_t(grid.x) * ((p.M + RS_TN - 1) / RS_TN);
-    if (use_rs() && p.M >= kRsMinRows && kt % 8 == 0 && kt >= kRsMinKT && kt <= RsSmem::MAX_KT &&
-        blocks >= sm_count()) {
+    if (rs_takes(p, int(grid.x))) {
+      const int kt = int(p.W0.cols / BK);
       auto kern = qgemm_rs_kernel<EPI>;
       static bool attr_set = false;  // per instantiation (one GPU per process)
       set_smem_once(kern, RsSmem::alloc(RsSmem::MAX_KT), attr_set);

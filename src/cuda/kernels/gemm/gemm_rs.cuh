@@ -105,6 +105,58 @@ __device__ __forceinline__ uint32_t dq_byte(uint32_t t, uint32_t t4, __nv_bfloat
   return bf2_as_u32(__hfma2(__hsub2(u32_as_bf2(v), k128), s2, b2));
 }
 
+// Y[row_base + r][n0 + col] (=, += for EPI_ADD_F32, bf16 for EPI_STORE_BF16) ← st[r][col] for the block's TM × BN
+// fp32 tile in shared memory: each thread 4 consecutive outputs at a time, rows past rows_valid and columns past N
+// skipped; whole 16-byte pieces where Y's rows allow it, batches of 8 pieces with their loads issued together.
+template <int EPI, int EPI_LD, int TM>
+__device__ __forceinline__ void store_tile(const Params& p, const float* st, int row_base, int rows_valid, int n0,
+                                           int tid) {
+  constexpr int PER_ROW = BN / 4, PIECES = TM * PER_ROW, BATCH = 8;
+  static_assert(PIECES % (THREADS * BATCH) == 0, "whole batches");
+  constexpr bool BF = EPI == EPI_STORE_BF16, ADD = EPI == EPI_ADD_F32;
+  const bool vec = (p.ldy % 4) == 0 && (reinterpret_cast<uintptr_t>(p.Y) % (BF ? 8 : 16)) == 0;
+  for (int i0 = tid; i0 < PIECES; i0 += THREADS * BATCH) {
+    float4 v[BATCH], y[BATCH];
+#pragma unroll
+    for (int b = 0; b < BATCH; ++b) {
+      const int i = i0 + b * THREADS, r = i / PER_ROW, col = (i % PER_ROW) * 4;
+      v[b] = *reinterpret_cast<const float4*>(st + r * EPI_LD + col);
+      y[b] = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (ADD && vec && r < rows_valid && n0 + col + 3 < p.N)
+        y[b] = *reinterpret_cast<const float4*>(static_cast<const float*>(p.Y) + int64_t(row_base + r) * p.ldy + n0 + col);
+    }
+#pragma unroll
+    for (int b = 0; b < BATCH; ++b) {
+      const int i = i0 + b * THREADS, r = i / PER_ROW, col = (i % PER_ROW) * 4;
+      if (r >= rows_valid) continue;
+      const int64_t off = int64_t(row_base + r) * p.ldy + n0 + col;
+      if (vec && n0 + col + 3 < p.N) {
+        if constexpr (BF) {
+          uint2 o;
+          o.x = bf2_as_u32(__floats2bfloat162_rn(v[b].x, v[b].y));
+          o.y = bf2_as_u32(__floats2bfloat162_rn(v[b].z, v[b].w));
+          *reinterpret_cast<uint2*>(static_cast<__nv_bfloat16*>(p.Y) + off) = o;
+        } else {
+          *reinterpret_cast<float4*>(static_cast<float*>(p.Y) + off) =
+              make_float4(y[b].x + v[b].x, y[b].y + v[b].y, y[b].z + v[b].z, y[b].w + v[b].w);
+        }
+      } else {  // the row's ragged end or a Y whose rows are not 16-byte aligned
+        const float vs[4] = {v[b].x, v[b].y, v[b].z, v[b].w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          if (n0 + col + e >= p.N) break;
+          if constexpr (BF) {
+            static_cast<__nv_bfloat16*>(p.Y)[off + e] = __float2bfloat16_rn(vs[e]);
+          } else {
+            float* yp = static_cast<float*>(p.Y) + off + e;
+            *yp = ADD ? *yp + vs[e] : vs[e];
+          }
+        }
+      }
+    }
+  }
+}
+
 template <int EPI>
 __global__ void __launch_bounds__(THREADS, 1) qgemm_rs_kernel(const Params p) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -225,40 +277,20 @@ __global__ void __launch_bounds__(THREADS, 1) qgemm_rs_kernel(const Params p) {
   wg_fence_acc128(acc);
   cp_async_wait<0>();
 
-  // ---- epilogue
+  // ---- epilogue: the fp32 tile [X row][local row] through shared memory (the ring is free), then whole output rows
+  // in 16-byte pieces with the residual's loads of a batch in flight together (one block per SM: a chain of
+  // dependent read-modify-writes would be its whole tail)
+  __syncthreads();
+  float* st = reinterpret_cast<float*>(smem);
+#pragma unroll
+  for (int j = 0; j < RS_TN / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) st[(8 * j + 2 * c + (e & 1)) * S::EPI_LD + lr0 + 8 * (e >> 1)] = acc[4 * j + e];
+  __syncthreads();
   if constexpr (SWIGLU) {
-    __syncthreads();  // the ring is reused for the fp32 tile [X row][local row]
-    float* st = reinterpret_cast<float*>(smem);
-#pragma unroll
-    for (int j = 0; j < RS_TN / 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) st[(8 * j + 2 * c + (e & 1)) * S::EPI_LD + lr0 + 8 * (e >> 1)] = acc[4 * j + e];
-    __syncthreads();
     swiglu_store<S::EPI_LD, RS_TN>(p, st, row_base, rows_valid, n0, tid);
   } else {
-    void* const Yo = p.Y;
-    const int64_t ldo = p.ldy;
-    constexpr bool add = EPI == EPI_ADD_F32;
-#pragma unroll
-    for (int e2 = 0; e2 < 2; ++e2) {
-      const int col = n0 + lr0 + 8 * e2;
-      if (col >= p.N) continue;
-#pragma unroll
-      for (int j = 0; j < RS_TN / 8; ++j)
-#pragma unroll
-        for (int e1 = 0; e1 < 2; ++e1) {
-          const int r = 8 * j + 2 * c + e1;
-          if (r >= rows_valid) continue;
-          const int64_t yrow = row_base + r;
-          const float v = acc[4 * j + 2 * e2 + e1];
-          if constexpr (EPI == EPI_STORE_BF16) {
-            static_cast<__nv_bfloat16*>(Yo)[yrow * ldo + col] = __float2bfloat16_rn(v);
-          } else {
-            float* yp = static_cast<float*>(Yo) + yrow * ldo + col;
-            *yp = add ? *yp + v : v;
-          }
-        }
-    }
+    store_tile<EPI, S::EPI_LD, RS_TN>(p, st, row_base, rows_valid, n0, tid);
   }
 }
 
