@@ -24,9 +24,11 @@ void qgemm(const QMatrixDev& W, const __nv_bfloat16* X, int64_t ldx, int n, void
 // Auto (the default): wgmma (sm_90a) when the device is Hopper and the binary holds sm_90a code,
 // unless LILAC_QGEMM_WGMMA=0 or LILAC_CUDA_PORTABLE=1; else mma.sync (sm_80+). A forced Wgmma falls
 // back to mma.sync where it is unavailable. set_gemm_path is for tests and benchmarks.
-// Measured on an H200 at n = 4096: wgmma ≈ 395 TFLOP/s, mma.sync ≈ 240 TFLOP/s (bench/GPU_NOTES.md).
-// On the wgmma path 4-bit weights take the register-operand kernel (gemm_rs.cuh); WgmmaSmem (or
-// LILAC_QGEMM_RS=0) keeps them on the kernel that dequantizes into a shared-memory tile, as before it.
+// Measured on an H200 at n = 4096 (4-bit dense shapes): wgmma ≈ 500 TFLOP/s with the register-operand kernel,
+// ≈ 380 with the shared-memory weight tile, mma.sync ≈ 240 (bench/BENCHMARKS.md "Twentieth stop").
+// On the wgmma path the plain 4-bit GEMMs of ≥ 1024 rows take the register-operand kernel (gemm_rs.cuh; a forced
+// Wgmma takes it for every shape it supports); WgmmaSmem (or LILAC_QGEMM_RS=0) keeps them on the kernel that
+// dequantizes into a shared-memory tile.
 enum class GemmPath { Auto, MmaSync, Wgmma, WgmmaSmem };
 void set_gemm_path(GemmPath path);
 // Hopper + sm_90a code present (probed once, outside graph capture) and LILAC_CUDA_PORTABLE != 1.
