@@ -215,22 +215,26 @@ TEST(PrefillMoe, RouteMatchesCpu) {
   const uint32_t seed = fresh_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   std::mt19937 rng(seed);
-  const int n = 333, E = 256, k = 8;
-  auto logits = rand_f(size_t(n) * E, rng, -4.f, 4.f);
-  Dev<float> dl(logits), dw(size_t(n) * k);
-  Dev<int32_t> di(size_t(n) * k);
-  dw.poison();
-  lc::moe_route_prefill(dl.p, n, E, k, true, di.p, dw.p, nullptr);
-  CK(cudaDeviceSynchronize());
-  auto ids = di.get();
-  auto w = dw.get();
-  std::vector<int> rid(k);
-  std::vector<float> rw(k);
-  for (int t = 0; t < n; ++t) {
-    cpu::moe_route(&logits[size_t(t) * E], E, k, true, rid.data(), rw.data());
-    for (int s = 0; s < k; ++s) {
-      ASSERT_EQ(ids[t * k + s], rid[s]) << "token " << t << " slot " << s;
-      ASSERT_NEAR(w[t * k + s], rw[s], 1e-5f) << "token " << t << " slot " << s;
+  // 256: the probabilities cached in registers (E <= 256); 300 and 20: the uncached form and lanes without experts
+  for (const int E : {256, 300, 20}) {
+    SCOPED_TRACE("E " + std::to_string(E));
+    const int n = 333, k = 8;
+    auto logits = rand_f(size_t(n) * E, rng, -4.f, 4.f);
+    Dev<float> dl(logits), dw(size_t(n) * k);
+    Dev<int32_t> di(size_t(n) * k);
+    dw.poison();
+    lc::moe_route_prefill(dl.p, n, E, k, true, di.p, dw.p, nullptr);
+    CK(cudaDeviceSynchronize());
+    auto ids = di.get();
+    auto w = dw.get();
+    std::vector<int> rid(k);
+    std::vector<float> rw(k);
+    for (int t = 0; t < n; ++t) {
+      cpu::moe_route(&logits[size_t(t) * E], E, k, true, rid.data(), rw.data());
+      for (int s = 0; s < k; ++s) {
+        ASSERT_EQ(ids[t * k + s], rid[s]) << "token " << t << " slot " << s;
+        ASSERT_NEAR(w[t * k + s], rw[s], 1e-5f) << "token " << t << " slot " << s;
+      }
     }
   }
 }

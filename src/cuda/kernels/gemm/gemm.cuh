@@ -434,6 +434,17 @@ __global__ void __launch_bounds__(THREADS, 2) qgemm_kernel(const Params p) {
     constexpr bool add = EPI == EPI_ADD_F32 && !SPLIT;
     // pairs of columns are stored as one 8-byte (fp32) / 4-byte (bf16) access when aligned
     const bool vec = (ldo & 1) == 0 && (reinterpret_cast<uintptr_t>(Yo) & (EPI == EPI_STORE_BF16 ? 3 : 7)) == 0;
+    // the row scales of this thread's rows (2 with wgmma, 8 with mma.sync), loaded before the first store: loads
+    // after stores that may alias them would wait for each other in turn
+    constexpr int MT = WG ? 1 : 4;
+    float rsc[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int r = frag_row(4 * mt) + half * 8;
+        rsc[mt][half] = EPI == EPI_SCALED_F32 && r < rows_valid ? p.row_scale[row_base + r] : 1.f;
+      }
 #pragma unroll
     for (int f = 0; f < 16; ++f)
 #pragma unroll
@@ -441,8 +452,7 @@ __global__ void __launch_bounds__(THREADS, 2) qgemm_kernel(const Params p) {
         int r = frag_row(f) + half * 8;
         if (r >= rows_valid) continue;
         int64_t yrow = row_base + r;
-        float rs = 1.f;
-        if constexpr (EPI == EPI_SCALED_F32) rs = p.row_scale[yrow];
+        const float rs = rsc[WG ? 0 : f >> 2][half];
         int col = n0 + frag_col(f);
         float v0 = acc[f][half * 2] * rs, v1 = acc[f][half * 2 + 1] * rs;
         if constexpr (EPI == EPI_STORE_BF16) {

@@ -18,20 +18,37 @@ void check_launch(const char* what) {
 }
 
 // One warp per token: softmax over E logits, top-k by descending probability (ties to the lower
-// id), renormalised weights.
+// id), renormalised weights. Lane l owns experts l, l + 32, ...; with E <= 32·kCached their probabilities stay in
+// registers for the k rounds (the same expf(l - max)·inv each round computed once: the same choices and weights).
+constexpr int kCached = 8;  // 256 experts
+template <bool CACHED>
 __global__ void route_kernel(const float* __restrict__ logits, int n, int E, int k, bool renorm,
                              int32_t* __restrict__ ids, float* __restrict__ weights) {
   const int lane = threadIdx.x & 31;
   const int t = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
   if (t >= n) return;
   const float* l = logits + int64_t(t) * E;
+  float lv[kCached];
+  if constexpr (CACHED) {
+#pragma unroll
+    for (int j = 0; j < kCached; ++j) lv[j] = lane + 32 * j < E ? l[lane + 32 * j] : -INFINITY;
+  }
+  auto logit = [&](int j) { return CACHED ? lv[j] : l[lane + 32 * j]; };
+  const int per_lane = (E - lane + 31) / 32;  // experts of this lane
   float mx = -INFINITY;
-  for (int e = lane; e < E; e += 32) mx = fmaxf(mx, l[e]);
+  for (int j = 0; j < (CACHED ? kCached : per_lane); ++j)
+    if (j < per_lane) mx = fmaxf(mx, logit(j));
   for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
   float sum = 0.f;
-  for (int e = lane; e < E; e += 32) sum += expf(l[e] - mx);
+  for (int j = 0; j < (CACHED ? kCached : per_lane); ++j)
+    if (j < per_lane) sum += expf(logit(j) - mx);
   for (int o = 16; o; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
   const float inv = 1.f / sum;
+  float pv[kCached];
+  if constexpr (CACHED) {
+#pragma unroll
+    for (int j = 0; j < kCached; ++j) pv[j] = j < per_lane ? expf(lv[j] - mx) * inv : -1.f;
+  }
   // k rounds of a warp arg-max over the not-yet-taken experts; `taken` as a per-lane bit mask of
   // the lane's experts (E <= 32 * 32).
   uint32_t taken = 0;
@@ -41,11 +58,20 @@ __global__ void route_kernel(const float* __restrict__ logits, int n, int E, int
   for (int r = 0; r < k; ++r) {
     float best = -1.f;
     int bid = 0x7fffffff;
-    int j = 0;
-    for (int e = lane; e < E; e += 32, ++j) {
-      if (taken >> j & 1u) continue;
-      float pe = expf(l[e] - mx) * inv;
-      if (pe > best) { best = pe; bid = e; }  // e increases: strict > keeps the lower id
+    if constexpr (CACHED) {
+#pragma unroll
+      for (int j = 0; j < kCached; ++j)  // e = lane + 32j increases: strict > keeps the lower id
+        if (!(taken >> j & 1u) && pv[j] > best) {
+          best = pv[j];
+          bid = lane + 32 * j;
+        }
+    } else {
+      int j = 0;
+      for (int e = lane; e < E; e += 32, ++j) {
+        if (taken >> j & 1u) continue;
+        float pe = expf(l[e] - mx) * inv;
+        if (pe > best) { best = pe; bid = e; }  // e increases: strict > keeps the lower id
+      }
     }
     for (int o = 16; o; o >>= 1) {
       float ob = __shfl_xor_sync(0xffffffffu, best, o);
@@ -305,7 +331,10 @@ void moe_route_prefill(const float* logits, int n, int E, int k, bool renormalis
                        cudaStream_t stream) {
   if (n <= 0) return;
   if (k < 1 || k > MAX_K || E < k || E > 1024) throw Error("moe_route_prefill: need 1 <= k <= 16, k <= E <= 1024");
-  route_kernel<<<(n + 3) / 4, 128, 0, stream>>>(logits, n, E, k, renormalise, ids, weights);
+  if (E <= 32 * kCached)
+    route_kernel<true><<<(n + 3) / 4, 128, 0, stream>>>(logits, n, E, k, renormalise, ids, weights);
+  else
+    route_kernel<false><<<(n + 3) / 4, 128, 0, stream>>>(logits, n, E, k, renormalise, ids, weights);
   check_launch("moe route");
 }
 
