@@ -10,6 +10,7 @@
 // per k tile.
 #pragma once
 #include <cstdint>
+#include <type_traits>
 #include <cuda_bf16.h>
 
 #include "cuda/kernels/ptx.cuh"
@@ -364,50 +365,70 @@ __global__ void __launch_bounds__(THREADS, 2) qgemm_kernel(const Params p) {
   const int b_n = (lane & 7) + ((lane >> 4) << 3), b_k = ((lane >> 3) & 1) * 8;  // B: n 0-15, k 0/8
 
   if constexpr (WG) fence_proxy_async();  // B tile 0 written by ordinary stores, read by wgmma
+  // Whether this warp's 64 X rows (its warpgroup's with wgmma, warp_m's with mma.sync: the same half of the tile) hold
+  // any valid row: a tile of at most 64 rows (an expert's last, short tile; a short prompt) multiplies only its first
+  // half. Uniform over the warpgroup; the dequantization, which both halves share, still runs in every warp.
+  const bool rows_here = warp_m * 64 < rows_valid;
 
-  for (int kt = 0; kt < KT; ++kt) {
-    cp_async_wait<STAGES - 3>();
-    if constexpr (WG) fence_proxy_async();  // cp.async data → async proxy
-    __syncthreads();
-    load_tile(kt + STAGES - 1, (kt + STAGES - 1) % STAGES);
-    const uint32_t As = stage_a(kt % STAGES), Bs = b_base + (kt & 1) * S::B_BYTES;
-    if constexpr (WG) {
-      float* d = &acc[0][0];
-      wg_fence_acc(d);
-      wg_arrive();
-      const uint32_t a_tile = As + (warp >> 2) * 64 * 128;
+  // The main loop, compiled twice: with this warp's mmas, and (ROWS false: a warp whose half of the tile has no valid
+  // row) with only its share of the copies and the dequantization.
+  auto main_loop = [&](auto rows) {
+    constexpr bool ROWS = decltype(rows)::value;
+    for (int kt = 0; kt < KT; ++kt) {
+      cp_async_wait<STAGES - 3>();
+      if constexpr (WG) fence_proxy_async();  // cp.async data → async proxy
+      __syncthreads();
+      load_tile(kt + STAGES - 1, (kt + STAGES - 1) % STAGES);
+      const uint32_t As = stage_a(kt % STAGES), Bs = b_base + (kt & 1) * S::B_BYTES;
+      if constexpr (WG) {
+        float* d = &acc[0][0];
+        if constexpr (ROWS) {
+          wg_fence_acc(d);
+          wg_arrive();
+          const uint32_t a_tile = As + (warp >> 2) * 64 * 128;
 #pragma unroll
-      for (int ks = 0; ks < BK / 16; ++ks) wgmma_m64n128k16(d, wg_desc(a_tile + ks * 32), wg_desc(Bs + ks * 32));
-      wg_commit();
+          for (int ks = 0; ks < BK / 16; ++ks) wgmma_m64n128k16(d, wg_desc(a_tile + ks * 32), wg_desc(Bs + ks * 32));
+          wg_commit();
+        }
+        if (kt + 1 < KT) {
+          dequant(kt + 1, (kt + 1) & 1);
+          fence_proxy_async();
+          load_sb(kt + 2);
+        }
+        if constexpr (ROWS) {
+          wg_wait0();
+          wg_fence_acc(d);
+        }
+        continue;
+      }
       if (kt + 1 < KT) {
         dequant(kt + 1, (kt + 1) & 1);
-        fence_proxy_async();
         load_sb(kt + 2);
       }
-      wg_wait0();
-      wg_fence_acc(d);
-      continue;
+      if constexpr (ROWS) {
+#pragma unroll
+        for (int ks = 0; ks < BK / 16; ++ks) {
+          uint32_t af[4][4], bfr[4][2];
+#pragma unroll
+          for (int mi = 0; mi < 4; ++mi)
+            ldmatrix_x4(As + swz(warp_m * 64 + mi * 16 + a_r, ks * 16 + a_k), af[mi][0], af[mi][1], af[mi][2],
+                        af[mi][3]);
+#pragma unroll
+          for (int nj = 0; nj < 2; ++nj)
+            ldmatrix_x4(Bs + swz(warp_n * 32 + nj * 16 + b_n, ks * 16 + b_k), bfr[2 * nj][0], bfr[2 * nj][1],
+                        bfr[2 * nj + 1][0], bfr[2 * nj + 1][1]);
+#pragma unroll
+          for (int mi = 0; mi < 4; ++mi)
+#pragma unroll
+            for (int ni = 0; ni < 4; ++ni) mma_m16n8k16_bf16(acc[mi * 4 + ni], af[mi], bfr[ni][0], bfr[ni][1]);
+        }
+      }
     }
-    if (kt + 1 < KT) {
-      dequant(kt + 1, (kt + 1) & 1);
-      load_sb(kt + 2);
-    }
-#pragma unroll
-    for (int ks = 0; ks < BK / 16; ++ks) {
-      uint32_t af[4][4], bfr[4][2];
-#pragma unroll
-      for (int mi = 0; mi < 4; ++mi)
-        ldmatrix_x4(As + swz(warp_m * 64 + mi * 16 + a_r, ks * 16 + a_k), af[mi][0], af[mi][1], af[mi][2], af[mi][3]);
-#pragma unroll
-      for (int nj = 0; nj < 2; ++nj)
-        ldmatrix_x4(Bs + swz(warp_n * 32 + nj * 16 + b_n, ks * 16 + b_k), bfr[2 * nj][0], bfr[2 * nj][1],
-                    bfr[2 * nj + 1][0], bfr[2 * nj + 1][1]);
-#pragma unroll
-      for (int mi = 0; mi < 4; ++mi)
-#pragma unroll
-        for (int ni = 0; ni < 4; ++ni) mma_m16n8k16_bf16(acc[mi * 4 + ni], af[mi], bfr[ni][0], bfr[ni][1]);
-    }
-  }
+  };
+  if (rows_here)
+    main_loop(std::true_type{});
+  else
+    main_loop(std::false_type{});
   cp_async_wait<0>();
 
   // ---- epilogue
