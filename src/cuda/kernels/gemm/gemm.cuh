@@ -134,9 +134,11 @@ struct Smem {
 __device__ __forceinline__ uint64_t wg_desc(uint32_t saddr) {
   return uint64_t((saddr & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
 }
+// Accumulator registers ordered against the wgmmas (N of them: 64 for m64n128, 128 for m64n256).
+template <int N = 64>
 __device__ __forceinline__ void wg_fence_acc(float* d) {
 #pragma unroll
-  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 __device__ __forceinline__ void wg_arrive() {
 #if LILAC_WGMMA
@@ -148,9 +150,11 @@ __device__ __forceinline__ void wg_commit() {
   asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
 #endif
 }
-__device__ __forceinline__ void wg_wait0() {
+// Waits until at most PENDING committed wgmma groups of this warpgroup are still running.
+template <int PENDING>
+__device__ __forceinline__ void wg_wait() {
 #if LILAC_WGMMA
-  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(PENDING) : "memory");
 #endif
 }
 __device__ __forceinline__ void fence_proxy_async() {
@@ -250,6 +254,65 @@ __device__ __forceinline__ void swiglu_store(const Params& p, const float* st, i
       if (col + 1 < p.N) yp[1] = __float2bfloat16_rn(h1);
     }
   }
+}
+
+// The plain epilogue of qgemm_kernel: each thread's accumulator pairs (fragment f, rows frag_row(f) and + 8, columns
+// frag_col(f) and + 1) to Y — stored, added (EPI_ADD_F32), scaled by the row's scale (EPI_SCALED_F32) or rounded to
+// bf16 —, or with SPLIT to this block's fp32 partial tile.
+template <int EPI, bool WG, bool SPLIT, typename FragRow, typename FragCol>
+__device__ __forceinline__ void store_frags(const Params& p, const float (&acc)[16][4], FragRow frag_row, FragCol frag_col,
+                                            int row_base, int rows_valid, int n0) {
+  // split-K: this block's fp32 partial tile, stored (not added)
+  void* const Yo = SPLIT ? static_cast<void*>(p.partial + int64_t(blockIdx.z) * p.M * p.N) : p.Y;
+  const int64_t ldo = SPLIT ? p.N : p.ldy;
+  constexpr bool add = EPI == EPI_ADD_F32 && !SPLIT;
+  // pairs of columns are stored as one 8-byte (fp32) / 4-byte (bf16) access when aligned
+  const bool vec = (ldo & 1) == 0 && (reinterpret_cast<uintptr_t>(Yo) & (EPI == EPI_STORE_BF16 ? 3 : 7)) == 0;
+  // the row scales of this thread's rows (2 with wgmma, 8 with mma.sync), loaded before the first store: loads
+  // after stores that may alias them would wait for each other in turn
+  constexpr int MT = WG ? 1 : 4;
+  float rsc[MT][2];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = frag_row(4 * mt) + half * 8;
+      rsc[mt][half] = EPI == EPI_SCALED_F32 && r < rows_valid ? p.row_scale[row_base + r] : 1.f;
+    }
+#pragma unroll
+  for (int f = 0; f < 16; ++f)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      int r = frag_row(f) + half * 8;
+      if (r >= rows_valid) continue;
+      int64_t yrow = row_base + r;
+      const float rs = rsc[WG ? 0 : f >> 2][half];
+      int col = n0 + frag_col(f);
+      float v0 = acc[f][half * 2] * rs, v1 = acc[f][half * 2 + 1] * rs;
+      if constexpr (EPI == EPI_STORE_BF16) {
+        __nv_bfloat16* yp = static_cast<__nv_bfloat16*>(Yo) + yrow * ldo + col;
+        if (vec && col + 1 < p.N) {
+          *reinterpret_cast<__nv_bfloat162*>(yp) = __floats2bfloat162_rn(v0, v1);
+        } else {
+          if (col < p.N) yp[0] = __float2bfloat16_rn(v0);
+          if (col + 1 < p.N) yp[1] = __float2bfloat16_rn(v1);
+        }
+      } else {
+        float* yp = static_cast<float*>(Yo) + yrow * ldo + col;
+        if (vec && col + 1 < p.N) {
+          float2 o = make_float2(v0, v1);
+          if (add) {
+            float2 old = *reinterpret_cast<float2*>(yp);
+            o.x += old.x;
+            o.y += old.y;
+          }
+          *reinterpret_cast<float2*>(yp) = o;
+        } else {
+          if (col < p.N) yp[0] = (add ? yp[0] : 0.f) + v0;
+          if (col + 1 < p.N) yp[1] = (add ? yp[1] : 0.f) + v1;
+        }
+      }
+    }
 }
 
 template <int BITS, bool GROUPED, int EPI, bool WG, bool SPLIT = false>
@@ -396,7 +459,7 @@ __global__ void __launch_bounds__(THREADS, 2) qgemm_kernel(const Params p) {
           load_sb(kt + 2);
         }
         if constexpr (ROWS) {
-          wg_wait0();
+          wg_wait<0>();
           wg_fence_acc(d);
         }
         continue;
@@ -449,57 +512,7 @@ __global__ void __launch_bounds__(THREADS, 2) qgemm_kernel(const Params p) {
     __syncthreads();
     swiglu_store<S::EPI_LD>(p, st, row_base, rows_valid, n0, tid);
   } else {
-    // split-K: this block's fp32 partial tile, stored (not added)
-    void* const Yo = SPLIT ? static_cast<void*>(p.partial + int64_t(blockIdx.z) * p.M * p.N) : p.Y;
-    const int64_t ldo = SPLIT ? p.N : p.ldy;
-    constexpr bool add = EPI == EPI_ADD_F32 && !SPLIT;
-    // pairs of columns are stored as one 8-byte (fp32) / 4-byte (bf16) access when aligned
-    const bool vec = (ldo & 1) == 0 && (reinterpret_cast<uintptr_t>(Yo) & (EPI == EPI_STORE_BF16 ? 3 : 7)) == 0;
-    // the row scales of this thread's rows (2 with wgmma, 8 with mma.sync), loaded before the first store: loads
-    // after stores that may alias them would wait for each other in turn
-    constexpr int MT = WG ? 1 : 4;
-    float rsc[MT][2];
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int r = frag_row(4 * mt) + half * 8;
-        rsc[mt][half] = EPI == EPI_SCALED_F32 && r < rows_valid ? p.row_scale[row_base + r] : 1.f;
-      }
-#pragma unroll
-    for (int f = 0; f < 16; ++f)
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        int r = frag_row(f) + half * 8;
-        if (r >= rows_valid) continue;
-        int64_t yrow = row_base + r;
-        const float rs = rsc[WG ? 0 : f >> 2][half];
-        int col = n0 + frag_col(f);
-        float v0 = acc[f][half * 2] * rs, v1 = acc[f][half * 2 + 1] * rs;
-        if constexpr (EPI == EPI_STORE_BF16) {
-          __nv_bfloat16* yp = static_cast<__nv_bfloat16*>(Yo) + yrow * ldo + col;
-          if (vec && col + 1 < p.N) {
-            *reinterpret_cast<__nv_bfloat162*>(yp) = __floats2bfloat162_rn(v0, v1);
-          } else {
-            if (col < p.N) yp[0] = __float2bfloat16_rn(v0);
-            if (col + 1 < p.N) yp[1] = __float2bfloat16_rn(v1);
-          }
-        } else {
-          float* yp = static_cast<float*>(Yo) + yrow * ldo + col;
-          if (vec && col + 1 < p.N) {
-            float2 o = make_float2(v0, v1);
-            if (add) {
-              float2 old = *reinterpret_cast<float2*>(yp);
-              o.x += old.x;
-              o.y += old.y;
-            }
-            *reinterpret_cast<float2*>(yp) = o;
-          } else {
-            if (col < p.N) yp[0] = (add ? yp[0] : 0.f) + v0;
-            if (col + 1 < p.N) yp[1] = (add ? yp[1] : 0.f) + v1;
-          }
-        }
-      }
+    store_frags<EPI, WG, SPLIT>(p, acc, frag_row, frag_col, row_base, rows_valid, n0);
   }
 }
 

@@ -57,16 +57,6 @@ __device__ __forceinline__ void wgmma_rs_m64n256k16(float* d, const uint32_t* a,
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
 #endif
 }
-// Accumulator registers ordered against the wgmma (as wg_fence_acc, for 128).
-__device__ __forceinline__ void wg_fence_acc128(float* d) {
-#pragma unroll
-  for (int i = 0; i < 128; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-__device__ __forceinline__ void wg_wait1() {
-#if LILAC_WGMMA
-  asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-#endif
-}
 // Keeps a fragment's registers allocated and unchanged up to this point (an in-flight wgmma still reads them).
 __device__ __forceinline__ void wg_hold(uint32_t (&a)[16]) {
 #pragma unroll
@@ -258,13 +248,13 @@ __global__ void __launch_bounds__(THREADS, 1) qgemm_rs_kernel(const Params p) {
     fence_proxy_async();
     __syncthreads();
     load_tile(kt + RS_STAGES - 2);
-    wg_fence_acc128(acc);
+    wg_fence_acc<128>(acc);
     wg_arrive();
     const uint32_t xt = stage_x(kt);
 #pragma unroll
     for (int ks = 0; ks < BK / 16; ++ks) wgmma_rs_m64n256k16(acc, A + 4 * ks, wg_desc(xt + ks * 32));
     wg_commit();
-    wg_wait1();  // the wgmma of kt - 1 is done: An is free
+    wg_wait<1>();  // the wgmma of kt - 1 is done: An is free
     wg_hold(An);
     if (kt + 1 < KT) dequant(kt + 1, An);
     wg_hold(A);
@@ -273,8 +263,8 @@ __global__ void __launch_bounds__(THREADS, 1) qgemm_rs_kernel(const Params p) {
     step(kt, A0, A1);
     if (kt + 1 < KT) step(kt + 1, A1, A0);
   }
-  wg_wait0();
-  wg_fence_acc128(acc);
+  wg_wait<0>();
+  wg_fence_acc<128>(acc);
   cp_async_wait<0>();
 
   // ---- epilogue: the fp32 tile [X row][local row] through shared memory (the ring is free), then whole output rows
