@@ -99,6 +99,180 @@ __device__ __forceinline__ float conv_step(const float (&w)[kMaxConvK - 1], floa
   return acc;
 }
 
+// A thread's share of the state: rows rg, rg + 32, ... (< dk) of the 4 columns c0 .. c0 + 3 (< dv), streamed
+// (read once, written once per run).
+template <int R, bool VEC>
+__device__ __forceinline__ void load_state(float (&sr)[R][4], const float* S, int rg, int c0, int dk, int dv) {
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int i = rg + r * kRowGroups;
+    if constexpr (VEC) {
+      float4 v4 = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (i < dk && c0 < dv) v4 = __ldcs(reinterpret_cast<const float4*>(S + int64_t(i) * dv + c0));
+      sr[r][0] = v4.x;
+      sr[r][1] = v4.y;
+      sr[r][2] = v4.z;
+      sr[r][3] = v4.w;
+    } else {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) sr[r][j] = (i < dk && c0 + j < dv) ? __ldcs(S + int64_t(i) * dv + c0 + j) : 0.f;
+    }
+  }
+}
+template <int R, bool VEC>
+__device__ __forceinline__ void store_state(const float (&sr)[R][4], float* S, int rg, int c0, int dk, int dv) {
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int i = rg + r * kRowGroups;
+    if (i < dk) {
+      if constexpr (VEC) {
+        if (c0 < dv)
+          __stcs(reinterpret_cast<float4*>(S + int64_t(i) * dv + c0),
+                 make_float4(sr[r][0], sr[r][1], sr[r][2], sr[r][3]));
+      } else {
+#pragma unroll
+        for (int jj = 0; jj < 4; ++jj)
+          if (c0 + jj < dv) __stcs(S + int64_t(i) * dv + c0 + jj, sr[r][jj]);
+      }
+    }
+  }
+}
+
+// Where a thread of gdn_rows_kernel sits: head h, slice y, its row group rg, column group cg and first column c0.
+struct StepThread {
+  int h, y, dk, dv, tid, lane, warp, cg, rg, c0;
+};
+
+// gdn_decode.cu's step for one row on (q, k, v) = xs (the conv outputs: q [dk], k [dk], then the slice's 16 v),
+// exactly its operations in its order: gates from the raw b, a; the state decayed, Σ S k and the squared norms
+// reduced over the block, the delta-rule update, o = Sᵀ q̂ reduced over the block and written to out[out_off + col]
+// (out null: no output).
+template <int R>
+__device__ __forceinline__ void delta_step(float (&sr)[R][4], const float* xs, float (&part_u)[kWarps][kColGroups][6],
+                                           float (&part_o)[kWarps][kCols], const StepThread& t, float bj, float aj,
+                                           float negA, float dtb, float* out, int64_t out_off) {
+  float qv[R], kv[R], vv[4];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int i = t.rg + r * kRowGroups;
+    qv[r] = i < t.dk ? xs[i] : 0.f;
+    kv[r] = i < t.dk ? xs[t.dk + i] : 0.f;
+  }
+#pragma unroll
+  for (int jj = 0; jj < 4; ++jj) vv[jj] = t.c0 + jj < t.dv ? xs[2 * t.dk + t.cg * 4 + jj] : 0.f;
+  const float beta = sigmoid_f(bj);
+  const float xa = aj + dtb;
+  const float sp = xa > 20.f ? xa : log1pf(expf(xa));
+  const float g = negA * sp;
+  const float eg = expf(g);
+
+  // decay, then the partial column sums Σ S k and the squared norms
+  float acc[6] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+#pragma unroll
+    for (int jj = 0; jj < 4; ++jj) {
+      sr[r][jj] *= eg;
+      acc[jj] = fmaf(sr[r][jj], kv[r], acc[jj]);
+    }
+    acc[4] = fmaf(kv[r], kv[r], acc[4]);
+    acc[5] = fmaf(qv[r], qv[r], acc[5]);
+  }
+#pragma unroll
+  for (int o = kColGroups; o < 32; o <<= 1)
+#pragma unroll
+    for (int x = 0; x < 6; ++x) acc[x] += __shfl_xor_sync(0xffffffffu, acc[x], o);
+  if (t.lane < kColGroups)
+#pragma unroll
+    for (int x = 0; x < 6; ++x) part_u[t.warp][t.lane][x] = acc[x];
+  __syncthreads();
+  float tot[6] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+  for (int wi = 0; wi < kWarps; ++wi)
+#pragma unroll
+    for (int x = 0; x < 6; ++x) tot[x] += part_u[wi][t.cg][x];
+  const float rk = rsqrtf(tot[4] + 1e-6f);
+  const float rq = rsqrtf(tot[5] + 1e-6f) * rsqrtf(float(t.dk));
+  float delta[4];
+#pragma unroll
+  for (int jj = 0; jj < 4; ++jj) delta[jj] = beta * (vv[jj] - tot[jj] * rk);
+
+  // S += k̂ deltaᵀ, o = Sᵀ q̂
+  float o[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int i = t.rg + r * kRowGroups;
+    if (i < t.dk) {
+      const float kn = kv[r] * rk, qn = qv[r] * rq;
+#pragma unroll
+      for (int jj = 0; jj < 4; ++jj) {
+        sr[r][jj] = fmaf(kn, delta[jj], sr[r][jj]);
+        o[jj] = fmaf(sr[r][jj], qn, o[jj]);
+      }
+    }
+  }
+#pragma unroll
+  for (int sh = kColGroups; sh < 32; sh <<= 1)
+#pragma unroll
+    for (int jj = 0; jj < 4; ++jj) o[jj] += __shfl_xor_sync(0xffffffffu, o[jj], sh);
+  if (t.lane < kColGroups)
+#pragma unroll
+    for (int jj = 0; jj < 4; ++jj) part_o[t.warp][t.lane * 4 + jj] = o[jj];
+  __syncthreads();
+  if (out && t.tid < kCols) {
+    const int col = t.y * kCols + t.tid;
+    if (col < t.dv) {
+      float sum = 0.f;
+#pragma unroll
+      for (int wi = 0; wi < kWarps; ++wi) sum += part_o[wi][t.tid];
+      out[out_off + col] = sum;
+    }
+  }
+}
+
+// The rows a block of gdn_rows_kernel works on: gdn_commit_rows' grid z = (layer, sequence), its logged rows 0 ..
+// keep - 1; gdn_step_rows' grid z = r, the run of row r's sequence if r is its first row. False when the block has
+// none (after its PDL wait, as every block).
+struct Run {
+  int layer = 0, slot = 0, n = 0, log_n = 0;
+  const float* src = nullptr;
+  int64_t src_stride = 0, b_off = 0, a_off = 0;
+  float* outp = nullptr;
+};
+template <bool COMMIT, class Tab>
+__device__ __forceinline__ bool block_run(const GdnArgs& a, const Tab& tab, Run& run) {
+  const int64_t conv_dim = a.s.conv_dim(), log_row = a.s.log_row_floats();
+  if constexpr (COMMIT) {
+    run.layer = blockIdx.z / a.n_seq;
+    const int i = blockIdx.z % a.n_seq;
+    pdl_wait();
+    pdl_trigger();
+    run.slot = a.seq_slot[i];
+    run.n = min(a.seq_keep[i], a.pool.log_rows);
+    if (run.slot < 0 || run.n <= 0) return false;
+    run.src = tab.l[run.layer].log + run.slot * a.pool.log_stride;
+    run.src_stride = log_row;
+    run.b_off = conv_dim;
+    run.a_off = conv_dim + a.s.Hv;
+  } else {
+    const int r = blockIdx.z;
+    run.slot = a.row_slot[r];
+    run.n = run_rows(a.row_slot, a.M, r);
+    if (run.n == 0) {  // padding, or not the first row of its run
+      pdl_wait();
+      pdl_trigger();
+      return false;
+    }
+    run.src = a.x + r * a.x_stride;
+    run.src_stride = a.x_stride;
+    run.b_off = a.b_off;
+    run.a_off = a.a_off;
+    run.outp = a.out + r * a.out_stride;
+    if (a.log) run.log_n = min(run.n, a.pool.log_rows);
+  }
+  return true;
+}
+
 // Registers of the step kernels with R <= 4 are capped for 5 resident blocks per SM (96 per thread; the
 // model's dk = 128 used 118 and fit 4 blocks): at M = 16 the grid is ~6 waves of short latency chains,
 // so blocks per SM set the time (measured on the H200: 47 -> 42 us per layer at M = 16, bench --batch
@@ -129,41 +303,16 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<R, CONV>))
   const int cg = lane & (kColGroups - 1);
   const int rg = warp * kRowsPerWarp + lane / kColGroups;
   const int c0 = y * kCols + cg * 4;
+  const StepThread t{h, y, dk, dv, tid, lane, warp, cg, rg, c0};
   const int64_t conv_dim = s.conv_dim(), log_row = s.log_row_floats();
 
   // the run
-  int layer = 0, slot = 0, n = 0, log_n = 0;
-  const float* src;
-  int64_t src_stride, b_off, a_off;
-  float* outp = nullptr;
-  if constexpr (COMMIT) {
-    layer = blockIdx.z / a.n_seq;
-    const int i = blockIdx.z % a.n_seq;
-    pdl_wait();
-    pdl_trigger();
-    slot = a.seq_slot[i];
-    n = min(a.seq_keep[i], a.pool.log_rows);
-    if (slot < 0 || n <= 0) return;
-    src = tab.l[layer].log + slot * a.pool.log_stride;
-    src_stride = log_row;
-    b_off = conv_dim;
-    a_off = conv_dim + s.Hv;
-  } else {
-    const int r = blockIdx.z;
-    slot = a.row_slot[r];
-    n = run_rows(a.row_slot, a.M, r);
-    if (n == 0) {  // padding, or not the first row of its run
-      pdl_wait();
-      pdl_trigger();
-      return;
-    }
-    src = a.x + r * a.x_stride;
-    src_stride = a.x_stride;
-    b_off = a.b_off;
-    a_off = a.a_off;
-    outp = a.out + r * a.out_stride;
-    if (a.log) log_n = min(n, a.pool.log_rows);
-  }
+  Run run;
+  if (!block_run<COMMIT>(a, tab, run)) return;
+  const int layer = run.layer, slot = run.slot, n = run.n, log_n = run.log_n;
+  const float* const src = run.src;
+  const int64_t src_stride = run.src_stride, b_off = run.b_off, a_off = run.a_off;
+  float* const outp = run.outp;
   const bool write_state = COMMIT || !a.log;
   const GdnLayer& L = tab.l[layer];
   float* S = L.state + slot * a.pool.state_stride + int64_t(h) * dk * dv;
@@ -172,21 +321,7 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<R, CONV>))
 
   // 1. state, conv taps and conv state, gate weights (before the wait in gdn_step_rows)
   float sr[R][4];
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    const int i = rg + r * kRowGroups;
-    if constexpr (VEC) {
-      float4 v4 = make_float4(0.f, 0.f, 0.f, 0.f);
-      if (i < dk && c0 < dv) v4 = __ldcs(reinterpret_cast<const float4*>(S + int64_t(i) * dv + c0));
-      sr[r][0] = v4.x;
-      sr[r][1] = v4.y;
-      sr[r][2] = v4.z;
-      sr[r][3] = v4.w;
-    } else {
-#pragma unroll
-      for (int j = 0; j < 4; ++j) sr[r][j] = (i < dk && c0 + j < dv) ? __ldcs(S + int64_t(i) * dv + c0 + j) : 0.f;
-    }
-  }
+  load_state<R, VEC>(sr, S, rg, c0, dk, dv);
   int ch[CPT];  // conv channel of this thread's block channel tid + 128 i (-1: none)
   bool own[CPT];
   float w[CPT][kMaxConvK - 1], wl[CPT], st[CPT][kMaxConvK - 1];
@@ -265,84 +400,7 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<R, CONV>))
       seen = atomicAdd(ctr, 1u) + 1u;
     }
 
-    // gdn_decode.cu's step on (q, k, v) = xs
-    float qv[R], kv[R], vv[4];
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const int i = rg + r * kRowGroups;
-      qv[r] = i < dk ? xs[i] : 0.f;
-      kv[r] = i < dk ? xs[dk + i] : 0.f;
-    }
-#pragma unroll
-    for (int jj = 0; jj < 4; ++jj) vv[jj] = c0 + jj < dv ? xs[2 * dk + cg * 4 + jj] : 0.f;
-    const float beta = sigmoid_f(bj);
-    const float xa = aj + dtb;
-    const float sp = xa > 20.f ? xa : log1pf(expf(xa));
-    const float g = negA * sp;
-    const float eg = expf(g);
-
-    // decay, then the partial column sums Σ S k and the squared norms
-    float acc[6] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-#pragma unroll
-      for (int jj = 0; jj < 4; ++jj) {
-        sr[r][jj] *= eg;
-        acc[jj] = fmaf(sr[r][jj], kv[r], acc[jj]);
-      }
-      acc[4] = fmaf(kv[r], kv[r], acc[4]);
-      acc[5] = fmaf(qv[r], qv[r], acc[5]);
-    }
-#pragma unroll
-    for (int o = kColGroups; o < 32; o <<= 1)
-#pragma unroll
-      for (int x = 0; x < 6; ++x) acc[x] += __shfl_xor_sync(0xffffffffu, acc[x], o);
-    if (lane < kColGroups)
-#pragma unroll
-      for (int x = 0; x < 6; ++x) part_u[warp][lane][x] = acc[x];
-    __syncthreads();
-    float tot[6] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-    for (int wi = 0; wi < kWarps; ++wi)
-#pragma unroll
-      for (int x = 0; x < 6; ++x) tot[x] += part_u[wi][cg][x];
-    const float rk = rsqrtf(tot[4] + 1e-6f);
-    const float rq = rsqrtf(tot[5] + 1e-6f) * rsqrtf(float(dk));
-    float delta[4];
-#pragma unroll
-    for (int jj = 0; jj < 4; ++jj) delta[jj] = beta * (vv[jj] - tot[jj] * rk);
-
-    // S += k̂ deltaᵀ, o = Sᵀ q̂
-    float o[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const int i = rg + r * kRowGroups;
-      if (i < dk) {
-        const float kn = kv[r] * rk, qn = qv[r] * rq;
-#pragma unroll
-        for (int jj = 0; jj < 4; ++jj) {
-          sr[r][jj] = fmaf(kn, delta[jj], sr[r][jj]);
-          o[jj] = fmaf(sr[r][jj], qn, o[jj]);
-        }
-      }
-    }
-#pragma unroll
-    for (int sh = kColGroups; sh < 32; sh <<= 1)
-#pragma unroll
-      for (int jj = 0; jj < 4; ++jj) o[jj] += __shfl_xor_sync(0xffffffffu, o[jj], sh);
-    if (lane < kColGroups)
-#pragma unroll
-      for (int jj = 0; jj < 4; ++jj) part_o[warp][lane * 4 + jj] = o[jj];
-    __syncthreads();
-    if (outp && tid < kCols) {
-      const int col = y * kCols + tid;
-      if (col < dv) {
-        float t = 0.f;
-#pragma unroll
-        for (int wi = 0; wi < kWarps; ++wi) t += part_o[wi][tid];
-        outp[j * a.out_stride + int64_t(h) * dv + col] = t;
-      }
-    }
+    delta_step<R>(sr, xs, part_u, part_o, t, bj, aj, negA, dtb, outp, j * a.out_stride + int64_t(h) * dv);
   };
   for (int j0 = 0; j0 < n; j0 += kAhead)
 #pragma unroll
@@ -351,21 +409,7 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<R, CONV>))
 
   // 3. the state after the last row (Advance, commit)
   if (!write_state) return;
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    const int i = rg + r * kRowGroups;
-    if (i < dk) {
-      if constexpr (VEC) {
-        if (c0 < dv)
-          __stcs(reinterpret_cast<float4*>(S + int64_t(i) * dv + c0),
-                 make_float4(sr[r][0], sr[r][1], sr[r][2], sr[r][3]));
-      } else {
-#pragma unroll
-        for (int jj = 0; jj < 4; ++jj)
-          if (c0 + jj < dv) __stcs(S + int64_t(i) * dv + c0 + jj, sr[r][jj]);
-      }
-    }
-  }
+  store_state<R, VEC>(sr, S, rg, c0, dk, dv);
   if constexpr (!CONV) return;
   // The conv state: a v channel is read by its own block only; a q/k channel is read by every block of
   // its key head (ratio value heads x the slices), so it is written by the last of them to arrive — after
