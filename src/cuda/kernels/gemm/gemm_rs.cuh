@@ -1,6 +1,6 @@
-// The plain 4-bit quantized GEMMs of long prompts on Hopper, with the weights as wgmma's register operand (gemm.cu
-// picks it for 4-bit weights on the wgmma path when X has at least kRsMinRows rows; the MoE's grouped GEMMs, split-K,
-// 8-bit weights and the mma.sync path keep qgemm_kernel, gemm.cuh).
+// The plain 4-bit quantized GEMMs of long prompts on Hopper, with the weights as wgmma's register operand (gemm.cu's
+// rs_takes picks it on the wgmma path for at least kRsMinRows X rows, K a multiple of 512 from 2048 and a wave of
+// blocks; the MoE's grouped GEMMs, split-K, 8-bit weights and the mma.sync path keep qgemm_kernel, gemm.cuh).
 //
 // Why: qgemm_kernel's wgmma form dequantizes each weight tile into a bf16 tile in shared memory that both
 // warpgroups then read as the B operand: per block and 64-wide k tile 88 KB of shared-memory traffic for 2 MFLOP,
@@ -23,7 +23,8 @@
 //
 // Pipeline per k tile kt: barrier (tile kt + 1 landed; both warpgroups done with the wgmma of kt - 2), copies of
 // tile kt + RS_STAGES - 2 into the stage kt - 2 used, wgmma of kt from fragments A[kt & 1], wait until the wgmma
-// of kt - 1 is done, dequantize kt + 1 into A[(kt + 1) & 1] while the wgmma of kt runs.
+// of kt - 1 is done, dequantize kt + 1 into A[(kt + 1) & 1] while the wgmma of kt runs. The epilogue stages the fp32
+// tile in the ring and writes whole output rows (store_tile, swiglu_store).
 #pragma once
 #include "cuda/kernels/gemm/gemm.cuh"
 
@@ -42,7 +43,7 @@ struct RsSmem {
   static constexpr int MAX_KT = 80;  // scales + biases of 128 rows: 512·KT bytes after the ring (K ≤ 5120)
   static constexpr int alloc(int kt) { return TOTAL + 512 * kt + 1024; }
   static_assert(STAGE % 1024 == 0, "X tiles must stay 1024-byte aligned");
-  static_assert(RS_TN * EPI_LD * 4 <= TOTAL, "the SwiGLU staging must fit");
+  static_assert(RS_TN * EPI_LD * 4 <= TOTAL, "the epilogue's fp32 tile must fit in the ring");
 };
 
 // D[64 x 256] += A[64 x 16] (registers, this warp's 16 rows as mma.m16n8k16's A fragment) · B[256 x 16]ᵀ (a
