@@ -15,6 +15,7 @@
 
 #include "cuda/kernels/ptx.cuh"
 #include "cuda/kernels/qmatrix.cuh"
+#include "cuda/kernels/wgmma.cuh"
 
 namespace lilac::cuda::gemm {
 
@@ -122,57 +123,16 @@ struct Smem {
   static_assert(BM * EPI_LD * 4 <= 3 * STAGE_BYTES + 2 * B_BYTES, "epilogue staging must fit");
 };
 
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define LILAC_WGMMA 1
-#else
-#define LILAC_WGMMA 0
-#endif
-
-// ---- Hopper wgmma (sm_90a only): K-major operands in shared memory with the 128-byte swizzle, which
-// is exactly the tile layout above (16-byte chunk c of row r stored at chunk c ^ (r % 8), 128-byte rows,
-// 1024-byte aligned 8-row groups).
-__device__ __forceinline__ uint64_t wg_desc(uint32_t saddr) {
-  return uint64_t((saddr & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
-}
-// Accumulator registers ordered against the wgmmas (N of them: 64 for m64n128, 128 for m64n256).
-template <int N = 64>
-__device__ __forceinline__ void wg_fence_acc(float* d) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-__device__ __forceinline__ void wg_arrive() {
-#if LILAC_WGMMA
-  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void wg_commit() {
-#if LILAC_WGMMA
-  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-#endif
-}
-// Waits until at most PENDING committed wgmma groups of this warpgroup are still running.
-template <int PENDING>
-__device__ __forceinline__ void wg_wait() {
-#if LILAC_WGMMA
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(PENDING) : "memory");
-#endif
-}
-__device__ __forceinline__ void fence_proxy_async() {
-#if LILAC_WGMMA
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-#endif
-}
-// D[64 x 128] += A[64 x 16] · B[128 x 16]ᵀ, both from shared memory descriptors.
-__device__ __forceinline__ void wgmma_m64n128k16(float* d, uint64_t da, uint64_t db) {
-#if LILAC_WGMMA
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "l"(da), "l"(db), "r"(1));
-#endif
-}
+// The wgmma wrappers (wgmma.cuh), used unqualified by the GEMM kernels.
+using dev::fence_proxy_async;
+using dev::wg_arrive;
+using dev::wg_commit;
+using dev::wg_desc;
+using dev::wg_fence_acc;
+using dev::wg_hold;
+using dev::wg_wait;
+using dev::wgmma_m64n128k16;
+using dev::wgmma_rs_m64n256k16;
 
 // 1 when this code was compiled for sm_90a (wgmma available), else 0.
 __global__ void probe_wgmma_kernel(int* out);
