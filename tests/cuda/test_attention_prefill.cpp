@@ -22,10 +22,11 @@ using namespace lilac::cuda::prefill_testing;
 namespace {
 
 // -------------------------------------------------------------------------------------- attention
-void check_attention(int heads, int kv_heads, int hd, int64_t start_pos, int n_new, bool gate) {
+void check_attention(int heads, int kv_heads, int hd, int64_t start_pos, int n_new, bool gate,
+                     lc::AttnPrefillPath path = lc::AttnPrefillPath::Auto) {
   const uint32_t seed = fresh_seed();
   SCOPED_TRACE("seed " + std::to_string(seed) + " hd=" + std::to_string(hd) + " start=" + std::to_string(start_pos) +
-               " n=" + std::to_string(n_new));
+               " n=" + std::to_string(n_new) + " path=" + std::to_string(int(path)));
   std::mt19937 rng(seed);
   const int64_t n_ctx = start_pos + n_new;
   const int64_t kv_stride = int64_t(kv_heads) * hd;
@@ -69,7 +70,7 @@ void check_attention(int heads, int kv_heads, int hd, int64_t start_pos, int n_n
   a.heads = heads;
   a.kv_heads = kv_heads;
   a.head_dim = hd;
-  lc::attention_prefill(a, nullptr);
+  lc::attention_prefill(a, nullptr, path);
   CK(cudaDeviceSynchronize());
   EXPECT_LT(rel_err(bf16_to_f(dout.get()), ref), 1e-2);
 }
@@ -78,6 +79,18 @@ TEST(PrefillAttention, CausalGqaHead256WithPrefixAndGate) {
   NEED_GPU();
   check_attention(4, 2, 256, 37, 90, true);
   check_attention(16, 2, 256, 0, 130, true);
+}
+// Both kernels of head_dim 256 forced (the wgmma one runs where sm_90a code and a Hopper GPU are present, else the
+// forced path falls back to mma.sync): several 128-query blocks and 64-key tiles, positions not multiples of 64, a
+// last block whose second warpgroup has no rows and whose first has a few.
+TEST(PrefillAttention, Head256BothKernels) {
+  NEED_GPU();
+  for (auto path : {lc::AttnPrefillPath::MmaSync, lc::AttnPrefillPath::Wgmma}) {
+    check_attention(16, 2, 256, 0, 130, true, path);
+    check_attention(4, 1, 256, 101, 389, true, path);
+    check_attention(8, 2, 256, 700, 1, false, path);
+    check_attention(2, 2, 256, 0, 64, false, path);
+  }
 }
 TEST(PrefillAttention, OtherHeadDims) {
   NEED_GPU();

@@ -4,10 +4,13 @@
 // online softmax in fp32 (exp2 with the scale folded in), P kept in registers as the A operand of
 // P V, output divided by the row sum, optional sigmoid(gate) fused, bf16 out.
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "core/error.h"
 #include "cuda/kernels/attention/attention.h"
+#include "cuda/kernels/gemm/gemm.h"
 #include "cuda/kernels/ptx.cuh"
 
 namespace lilac::cuda {
@@ -214,7 +217,26 @@ void launch_hd(const AttentionPrefillArgs& a, cudaStream_t stream) {
 
 }  // namespace
 
-void attention_prefill(const AttentionPrefillArgs& a, cudaStream_t stream) {
+namespace {
+// Whether attention_prefill takes the wgmma kernel (attention.h: AttnPrefillPath).
+bool take_wgmma(const AttentionPrefillArgs& a, AttnPrefillPath path) {
+  if (path == AttnPrefillPath::MmaSync || a.head_dim != 256 || !gemm_wgmma_available()) return false;
+  if (path == AttnPrefillPath::Wgmma) return true;
+  static const bool off = [] {
+    const char* e = std::getenv("LILAC_ATTN_WGMMA");
+    return e && std::strcmp(e, "0") == 0;
+  }();
+  static const int sms = [] {
+    int dev = 0, n = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
+    return n;
+  }();
+  return !off && attention_prefill_wgmma_blocks(a.n_new, a.heads) >= sms;
+}
+}  // namespace
+
+void attention_prefill(const AttentionPrefillArgs& a, cudaStream_t stream, AttnPrefillPath path) {
   if (a.n_new <= 0) return;
   if (a.heads <= 0 || a.kv_heads <= 0 || a.heads % a.kv_heads)
     throw Error("attention_prefill: heads must be a positive multiple of kv_heads");
@@ -222,6 +244,10 @@ void attention_prefill(const AttentionPrefillArgs& a, cudaStream_t stream) {
       reinterpret_cast<uintptr_t>(a.q) % 16 || reinterpret_cast<uintptr_t>(a.k_cache) % 16 ||
       reinterpret_cast<uintptr_t>(a.v_cache) % 16)
     throw Error("attention_prefill: q / k / v must be 16-byte aligned with strides that are multiples of 8");
+  if (take_wgmma(a, path)) {
+    const float scale = a.scale > 0.f ? a.scale : 1.f / std::sqrt(256.f);
+    return attention_prefill_wgmma(a, scale * 1.4426950408889634f, stream);
+  }
   switch (a.head_dim) {
     case 64: return launch_hd<64>(a, stream);
     case 128: return launch_hd<128>(a, stream);
