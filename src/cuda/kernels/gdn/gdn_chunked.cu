@@ -48,34 +48,24 @@ __device__ __forceinline__ float warp_sum(float v) {
 using dev::cvt_rna_tf32;
 using dev::mma_m16n8k8_tf32;
 
-// c += a·b from fp32 fragment values. SPLIT: 3xTF32 (a = ah + al, b = bh + bl; ah·bh + ah·bl + al·bh),
-// relative error ~1e-6 like fp32; otherwise one tf32 product (operands rounded to 10 mantissa bits).
-template <bool SPLIT>
-__device__ __forceinline__ void mma_f32(float c[4], const float a[4], const float b[2]) {
-  uint32_t ah[4], bh[2];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) ah[i] = cvt_rna_tf32(a[i]);
-#pragma unroll
-  for (int i = 0; i < 2; ++i) bh[i] = cvt_rna_tf32(b[i]);
-  if constexpr (SPLIT) {
-    uint32_t al[4], bl[2];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) al[i] = cvt_rna_tf32(a[i] - __uint_as_float(ah[i]));
-#pragma unroll
-    for (int i = 0; i < 2; ++i) bl[i] = cvt_rna_tf32(b[i] - __uint_as_float(bh[i]));
-    mma_m16n8k8_tf32(c, al, bh);
-    mma_m16n8k8_tf32(c, ah, bl);
-  }
-  mma_m16n8k8_tf32(c, ah, bh);
-}
-
-// Fragment values → tf32 (hi) and, with SPLIT, the rounding remainder (lo).
+// Products of fp32 fragments: SPLIT = 3xTF32 (a = ah + al, b = bh + bl; ah·bh + ah·bl + al·bh), relative error
+// ~1e-6 like fp32; otherwise one tf32 product (operands rounded to 10 mantissa bits). Each fragment is split once
+// (cvt_frag) and reused by every product it enters (mma_acc).
+// Fragment values → tf32 operands. SPLIT: hi = x with its low 13 mantissa bits cleared (one LOP3) and lo = x − hi
+// (exact in fp32; the tensor core reads only its top 19 bits, so lo is truncated there): |x − hi − lo| ≤ 2⁻²⁰|x|,
+// the accuracy of 3xTF32. cvt.rna.tf32.f32 is emulated on sm_90 (~5 instructions: FSETP, SEL, LOP3, IMAD ...) and
+// made half of the state pass's instructions (Nsight Compute, bench/GPU_NOTES.md "Twenty-first stop").
+// Otherwise one tf32 operand rounded to nearest.
 template <bool SPLIT, int N>
 __device__ __forceinline__ void cvt_frag(const float* x, uint32_t* hi, uint32_t* lo) {
 #pragma unroll
   for (int i = 0; i < N; ++i) {
-    hi[i] = cvt_rna_tf32(x[i]);
-    if constexpr (SPLIT) lo[i] = cvt_rna_tf32(x[i] - __uint_as_float(hi[i]));
+    if constexpr (SPLIT) {
+      hi[i] = __float_as_uint(x[i]) & 0xffffe000u;
+      lo[i] = __float_as_uint(x[i] - __uint_as_float(hi[i]));
+    } else {
+      hi[i] = cvt_rna_tf32(x[i]);
+    }
   }
 }
 // c += ah·bh; with SPLIT also cl += al·bh + ah·bl (a second accumulator: independent mma chains).
@@ -252,22 +242,35 @@ __global__ void __launch_bounds__(THREADS) chunk_kernel(const GdnPrefillArgs a, 
   const int64_t blk = int64_t(c) * Hv + h;
   if (tid < CH) w.G[blk * CH + tid] = sG[tid];
 
-  {  // K Kᵀ and Q Kᵀ: warp → row tile mt, column tiles nb..nb+3
+  {  // K Kᵀ and Q Kᵀ (3xTF32): warp → row tile mt, column tiles nb..nb+3; each fragment split into its tf32 parts
+     // once per k step (the B fragment serves both products), the low-part products in their own accumulators
     const int mt = warp >> 1, nb = (warp & 1) * 4;
-    float ak[4][4] = {}, aq[4][4] = {};
+    float ak[4][4] = {}, akl[4][4] = {}, aq[4][4] = {}, aql[4][4] = {};
 #pragma unroll 4
     for (int k0 = 0; k0 < DK; k0 += 8) {
       float fk[4], fq[4];
+      uint32_t kh[4], kl[4], qh[4], ql[4];
       frag_a(fk, Ks, LDQ, 16 * mt, k0, g, q);
       frag_a(fq, Qs, LDQ, 16 * mt, k0, g, q);
+      cvt_frag<true, 4>(fk, kh, kl);
+      cvt_frag<true, 4>(fq, qh, ql);
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         float b[2];
+        uint32_t bh[2], bl[2];
         frag_b_nk(b, Ks, LDQ, k0, 8 * (nb + j), g, q);
-        mma_f32<true>(ak[j], fk, b);
-        mma_f32<true>(aq[j], fq, b);
+        cvt_frag<true, 2>(b, bh, bl);
+        mma_acc<true>(ak[j], akl[j], kh, kl, bh, bl);
+        mma_acc<true>(aq[j], aql[j], qh, ql, bh, bl);
       }
     }
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        ak[j][e] += akl[j][e];
+        aq[j][e] += aql[j][e];
+      }
     float* Pg = w.P + blk * CH * CH;
 #pragma unroll
     for (int j = 0; j < 4; ++j)
