@@ -49,18 +49,18 @@ constexpr int HD = 256;                 // head dim
 constexpr int WQ = 64;                  // queries per warpgroup
 constexpr int NWG = 2;                  // warpgroups per block
 constexpr int BQ = WQ * NWG;            // queries per block
-constexpr int BKV = 64;                 // keys per tile
+[[maybe_unused]] constexpr int BKV = 64;  // keys per tile (the helpers below are unused without sm_90a code)
 constexpr int THREADS = 128 * NWG;
 constexpr int TILE = 64 * HD * 2;       // 32 KiB: 64 rows of 256 bf16
 constexpr int COLBLK = 64 * 128;        // one 64-column block of a tile: 64 rows × 128 bytes
 constexpr int SMEM = (NWG + 4) * TILE + 1024;  // Q per warpgroup, K[2], V[2]; 1024 to align the base
 
 // Byte offset of 16-byte chunk ch (0..31: columns 8ch .. 8ch + 7) of row r (0..63) in a tile.
-__device__ __forceinline__ uint32_t tile_off(int r, int ch) {
+[[maybe_unused]] __device__ __forceinline__ uint32_t tile_off(int r, int ch) {
   return uint32_t((ch >> 3) * COLBLK + r * 128 + (((ch & 7) ^ (r & 7)) << 4));
 }
 
-__device__ __forceinline__ uint32_t pack_bf16(float a, float b) {
+[[maybe_unused]] __device__ __forceinline__ uint32_t pack_bf16(float a, float b) {
   __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
   return *reinterpret_cast<uint32_t*>(&v);
 }
