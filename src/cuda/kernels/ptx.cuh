@@ -7,7 +7,7 @@
 // wrappers (issue, commit, wait) and the PDL wrappers are `asm volatile` with a "memory" clobber, so
 // the compiler keeps ordinary loads / stores of the same thread on the right side of them (a wait is
 // still not a barrier between threads: __syncthreads() after it where other threads' copies are read).
-// Family-specific instructions (wgmma, the tile stores of the GEMM) stay with their family.
+// The wgmma wrappers are in wgmma.cuh; family-specific instructions (the tile stores of the GEMM) stay with their family.
 #pragma once
 #include <cstdint>
 #include <cuda_runtime.h>
