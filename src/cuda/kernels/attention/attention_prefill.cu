@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "cuda/kernels/attention/attention.h"
+#include "cuda/kernels/attention/attn_prefill.cuh"
 #include "cuda/kernels/gemm/gemm.h"
 #include "cuda/kernels/ptx.cuh"
 
@@ -30,11 +31,6 @@ constexpr int ABM = 64, ABN = 64, ATHREADS = 128;
 template <int HD>
 __device__ __forceinline__ uint32_t aswz(int r, int d) {
   return uint32_t(r * (HD * 2) + ((((d >> 3) ^ (r & 7))) << 4) + ((d & 7) << 1));
-}
-
-__device__ __forceinline__ uint32_t pack_bf16(float a, float b) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
-  return *reinterpret_cast<uint32_t*>(&v);
 }
 
 template <int HD>
@@ -137,8 +133,8 @@ __global__ void __launch_bounds__(ATHREADS, 2) attn_prefill_kernel(const Attenti
       float p2 = exp2f(s[ni][2] - base1), p3 = exp2f(s[ni][3] - base1);
       rs0 += p0 + p1;
       rs1 += p2 + p3;
-      pf[ni >> 1][(ni & 1) * 2 + 0] = pack_bf16(p0, p1);
-      pf[ni >> 1][(ni & 1) * 2 + 1] = pack_bf16(p2, p3);
+      pf[ni >> 1][(ni & 1) * 2 + 0] = attn::pack_bf16(p0, p1);
+      pf[ni >> 1][(ni & 1) * 2 + 1] = attn::pack_bf16(p2, p3);
     }
     l0 = l0 * alpha0 + rs0;
     l1 = l1 * alpha1 + rs1;
@@ -174,29 +170,7 @@ __global__ void __launch_bounds__(ATHREADS, 2) attn_prefill_kernel(const Attenti
   }
 
   // finalize
-  l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-  l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-  l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-  l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-  const float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int qi = q0 + warp * 16 + g + half * 8;
-    if (qi >= a.n_new) continue;
-    const float inv = half ? inv1 : inv0;
-    __nv_bfloat16* out = a.out + int64_t(qi) * a.out_stride + int64_t(h) * HD;
-    const float* gate = a.gate ? a.gate + int64_t(qi) * a.gate_stride + int64_t(h) * a.gate_head_stride : nullptr;
-#pragma unroll
-    for (int nd = 0; nd < HD / 8; ++nd) {
-      const int d = nd * 8 + c2;
-      float v0 = o[nd][half * 2] * inv, v1 = o[nd][half * 2 + 1] * inv;
-      if (gate) {
-        v0 *= 1.f / (1.f + __expf(-gate[d]));
-        v1 *= 1.f / (1.f + __expf(-gate[d + 1]));
-      }
-      *reinterpret_cast<__nv_bfloat162*>(out + d) = __floats2bfloat162_rn(v0, v1);
-    }
-  }
+  attn::store_rows<HD>(a, &o[0][0], l0, l1, q0 + warp * 16, h, g, c2);
 }
 
 template <int HD>

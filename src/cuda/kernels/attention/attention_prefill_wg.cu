@@ -25,6 +25,7 @@
 
 #include "core/error.h"
 #include "cuda/kernels/attention/attention.h"
+#include "cuda/kernels/attention/attn_prefill.cuh"
 #include "cuda/kernels/ptx.cuh"
 #include "cuda/kernels/wgmma.cuh"
 
@@ -49,7 +50,7 @@ constexpr int HD = 256;                 // head dim
 constexpr int WQ = 64;                  // queries per warpgroup
 constexpr int NWG = 2;                  // warpgroups per block
 constexpr int BQ = WQ * NWG;            // queries per block
-[[maybe_unused]] constexpr int BKV = 64;  // keys per tile (the helpers below are unused without sm_90a code)
+[[maybe_unused]] constexpr int BKV = 64;  // keys per tile (unused, as tile_off, without sm_90a code)
 constexpr int THREADS = 128 * NWG;
 constexpr int TILE = 64 * HD * 2;       // 32 KiB: 64 rows of 256 bf16
 constexpr int COLBLK = 64 * 128;        // one 64-column block of a tile: 64 rows × 128 bytes
@@ -58,11 +59,6 @@ constexpr int SMEM = (NWG + 4) * TILE + 1024;  // Q per warpgroup, K[2], V[2]; 1
 // Byte offset of 16-byte chunk ch (0..31: columns 8ch .. 8ch + 7) of row r (0..63) in a tile.
 [[maybe_unused]] __device__ __forceinline__ uint32_t tile_off(int r, int ch) {
   return uint32_t((ch >> 3) * COLBLK + r * 128 + (((ch & 7) ^ (r & 7)) << 4));
-}
-
-[[maybe_unused]] __device__ __forceinline__ uint32_t pack_bf16(float a, float b) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
-  return *reinterpret_cast<uint32_t*>(&v);
 }
 
 __global__ void __launch_bounds__(THREADS, 1) attn_prefill_wg_kernel(const AttentionPrefillArgs a, float scale_log2) {
@@ -181,8 +177,8 @@ __global__ void __launch_bounds__(THREADS, 1) attn_prefill_wg_kernel(const Atten
       rs0 += p0 + p1;
       rs1 += p2 + p3;
       // A fragment of k step j / 2: a0 (row g, keys 2c..), a1 (row g + 8), a2 / a3 the same 8 keys further
-      pf[4 * (j >> 1) + 2 * (j & 1) + 0] = pack_bf16(p0, p1);
-      pf[4 * (j >> 1) + 2 * (j & 1) + 1] = pack_bf16(p2, p3);
+      pf[4 * (j >> 1) + 2 * (j & 1) + 0] = attn::pack_bf16(p0, p1);
+      pf[4 * (j >> 1) + 2 * (j & 1) + 1] = attn::pack_bf16(p2, p3);
     }
     l0 = l0 * alpha0 + rs0;
     l1 = l1 * alpha1 + rs1;
@@ -206,29 +202,7 @@ __global__ void __launch_bounds__(THREADS, 1) attn_prefill_wg_kernel(const Atten
   wg_fence_acc<HD / 2>(o);
   cp_async_wait<0>();
 
-  l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-  l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-  l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-  l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-  const float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int qi = wq0 + warp * 16 + g + half * 8;
-    if (qi >= a.n_new) continue;
-    const float inv = half ? inv1 : inv0;
-    __nv_bfloat16* out = a.out + int64_t(qi) * a.out_stride + int64_t(h) * HD;
-    const float* gate = a.gate ? a.gate + int64_t(qi) * a.gate_stride + int64_t(h) * a.gate_head_stride : nullptr;
-#pragma unroll
-    for (int j = 0; j < HD / 8; ++j) {
-      const int d = j * 8 + c2;
-      float v0 = o[4 * j + half * 2] * inv, v1 = o[4 * j + half * 2 + 1] * inv;
-      if (gate) {
-        v0 *= 1.f / (1.f + __expf(-gate[d]));
-        v1 *= 1.f / (1.f + __expf(-gate[d + 1]));
-      }
-      *reinterpret_cast<__nv_bfloat162*>(out + d) = __floats2bfloat162_rn(v0, v1);
-    }
-  }
+  attn::store_rows<HD>(a, o, l0, l1, wq0 + warp * 16, h, g, c2);
 #endif
 }
 
