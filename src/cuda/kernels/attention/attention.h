@@ -69,7 +69,8 @@ struct AttentionPrefillArgs {
 // Which kernel runs it. Auto: for head_dim 256 on Hopper with sm_90a code (gemm_wgmma_available()) the wgmma kernel
 // (attention_prefill_wg.cu) when its 128-query blocks fill the GPU (at least one block per SM), else the mma.sync
 // kernel; LILAC_ATTN_WGMMA=0 keeps mma.sync. A forced Wgmma takes the wgmma kernel wherever it can run (head_dim 256
-// and sm_90a), else falls back to mma.sync. The two differ only in the order of the fp32 sums.
+// and sm_90a), else falls back to mma.sync. The two differ only in rounding (the order of the fp32 sums, one fma in
+// the softmax).
 enum class AttnPrefillPath { Auto, MmaSync, Wgmma };
 void attention_prefill(const AttentionPrefillArgs& a, cudaStream_t stream, AttnPrefillPath path = AttnPrefillPath::Auto);
 // The wgmma kernel itself (head_dim 256, sm_90a; attention_prefill checks both) and its grid's block count.

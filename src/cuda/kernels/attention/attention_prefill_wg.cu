@@ -1,23 +1,22 @@
 // Causal GQA attention prefill for head_dim 256 on Hopper (sm_90a): wgmma for both products (attention.h:
 // attention_prefill picks it; the mma.sync kernel of attention_prefill.cu stays the fallback and the reference).
 //
-// Why: the mma.sync kernel runs at ~165 TFLOP/s at 4096 tokens (bench/GPU_NOTES.md, "Twenty-first stop"): each warp
-// reads every K and V tile through ldmatrix for its 16 queries, ~16 FLOP per byte of shared memory, and waits on
-// its loads in turn. Here a warpgroup owns 64 queries: S = Q·Kᵀ is m64n64k16 with both operands read by the tensor
-// cores from shared memory (Q and K K-major), and O += P·V is m64n256k16 with P in registers (the S accumulators,
-// rounded to bf16, are exactly the A fragments) and V read MN-major through the instruction's transpose bit — the
-// K and V tiles have the same layout: [4 column blocks of 64][64 keys][128 bytes], 16-byte chunks swizzled by
-// key % 8.
+// Why: the mma.sync kernel runs at ~185 TFLOP/s at 4096 tokens, ~240 at 16384 (its benchmark): each warp reads every
+// K and V tile through ldmatrix for its 16 queries, ~16 FLOP per byte of shared memory. Here a warpgroup owns 64
+// queries: S = Q·Kᵀ is m64n64k16 with both operands read by the tensor cores from shared memory (Q and K K-major),
+// and O += P·V is m64n256k16 with P in registers (the S accumulators, rounded to bf16, are exactly the A fragments)
+// and V read MN-major through the instruction's transpose bit — the K and V tiles have the same layout: [4 column
+// blocks of 64][64 keys][128 bytes], 16-byte chunks swizzled by key % 8. 357 / 405 / 416 TFLOP/s at 4096 / 16384 /
+// 32768 tokens (bench/BENCHMARKS.md and bench/GPU_NOTES.md, "Twenty-first stop").
 //
 // Block: 2 warpgroups × 64 queries of one head, one block per SM (192 KiB: Q 64, K 2 × 32, V 2 × 32); the key/value
 // tiles of 64 keys double-buffered through cp.async by all 256 threads. Per key tile kt and warpgroup:
 //   barrier A (K[kt], V[kt] landed) → copies of K[kt + 1] → S = Q·K[kt]ᵀ issued (behind the P·V of kt - 1, still
-//   running) → wait for both → barrier B (V[kt - 1]'s buffer is free) → copies of V[kt + 1] → online softmax (fp32,
-//   exp2 with the scale folded in, the mma.sync kernel's formulas) → O rescaled → P·V issued (it runs while the
-//   next tile's barrier and copies are issued).
+//   running) → wait for both → barrier B (V[kt - 1]'s buffer is free) → copies of V[kt + 1] → online softmax in fp32
+//   (row maxima over the raw logits, p = 2^(s·scale − max·scale) by one fma and one exp2; O rescaled only when a row
+//   maximum of the warp grew) → P·V issued (it runs while the next tile's barrier and copies are issued).
 // One barrier per tile with V triple-buffered (225 KiB; the warpgroups free to drift apart within a tile) measured
-// no faster: 259 against 266 TFLOP/s at 4096 tokens, 357 against 365 at 16384 (bench/GPU_NOTES.md, "Twenty-first
-// stop").
+// no faster. The grid is heads-fastest, so every head's heaviest query tile starts first.
 // A warpgroup whose queries all precede a key tile skips its products (the diagonal's last tile for the first
 // warpgroup); it still takes part in the barriers and copies.
 #include <cmath>
