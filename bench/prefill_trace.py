@@ -4,7 +4,7 @@
 The prefill's kernels are launched one by one (not from a graph), so each runs between its real neighbours; this
 prints what each kernel took there (start to end), unlike Nsight Compute, which serialises them. The kernels outside
 graphs are cut into segments at the sampling kernels (each prefill ends with its first token's sample); the segments
-with a kernel matching --marker (default: the MoE prefill kernels) are the prefills. For each (or the longest, without
+with a kernel matching --marker (default: the MoE prefill kernels) are the prefills. For each (or the busiest, without
 --all): its span, busy and idle time, and per kernel name the launches and the summed and mean durations.
 
   CUDA_INJECTION64_PATH=liblilac_cupti_trace.so LILAC_TRACE_OUT=t.csv lilac bench --synthetic --prompt-lens 512 ...
@@ -51,19 +51,24 @@ def main():
     if not segs:
         print("no kernel outside graphs matches", a.marker, "in", a.csv, file=sys.stderr)
         return 1
+    def busy_ns(s):  # time with at least one kernel running (the segments' spans also hold host gaps)
+        busy, last = 0, s[0][0]
+        for b, e, _ in s:
+            busy += max(0, e - max(b, last))
+            last = max(last, e)
+        return busy
+
     if not a.all:
-        segs = [max(segs, key=lambda s: s[-1][1] - s[0][0])]
+        # the busiest segment: the longest span can be `lilac bench --synthetic`'s weight generation, mostly idle
+        segs = [max(segs, key=busy_ns)]
     raw = {x[2] for s in segs for x in s}
     dem = demangle({k.split("\t")[0] for k in raw})
     names = {k: dem[k.split("\t")[0]] + ("  " + k.split("\t")[1] if "\t" in k else "") for k in raw}
     for s in segs:
-        span = s[-1][1] - s[0][0]
-        busy, last = 0, s[0][0]
+        span, busy = s[-1][1] - s[0][0], busy_ns(s)
         dur = collections.defaultdict(int)
         cnt = collections.Counter()
         for b, e, n in s:
-            busy += max(0, e - max(b, last))
-            last = max(last, e)
             dur[names[n]] += e - b
             cnt[names[n]] += 1
         print(f"prefill: {len(s)} kernels, span {span / 1e3:.1f} us, busy {busy / 1e3:.1f} us, idle {(span - busy) / 1e3:.1f} us")
