@@ -12,6 +12,7 @@
 #include "cuda/kernels/attention/attention.h"
 #include "cuda/kernels/attention/attn_prefill.cuh"
 #include "cuda/kernels/gemm/gemm.h"
+#include "cuda/kernels/launch.cuh"
 #include "cuda/kernels/ptx.cuh"
 
 namespace lilac::cuda {
@@ -200,13 +201,7 @@ bool take_wgmma(const AttentionPrefillArgs& a, AttnPrefillPath path) {
     const char* e = std::getenv("LILAC_ATTN_WGMMA");
     return e && std::strcmp(e, "0") == 0;
   }();
-  static const int sms = [] {
-    int dev = 0, n = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
-    return n;
-  }();
-  return !off && attention_prefill_wgmma_blocks(a.n_new, a.heads) >= sms;
+  return !off && attention_prefill_wgmma_blocks(a.n_new, a.heads) >= sm_count();
 }
 }  // namespace
 

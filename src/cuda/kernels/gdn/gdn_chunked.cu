@@ -51,11 +51,11 @@ using dev::mma_m16n8k8_tf32;
 // Products of fp32 fragments: SPLIT = 3xTF32 (a = ah + al, b = bh + bl; ah·bh + ah·bl + al·bh), relative error
 // ~1e-6 like fp32; otherwise one tf32 product (operands rounded to 10 mantissa bits). Each fragment is split once
 // (cvt_frag) and reused by every product it enters (mma_acc).
-// Fragment values → tf32 operands. SPLIT: hi = x with its low 13 mantissa bits cleared (one LOP3) and lo = x − hi
-// (exact in fp32; the tensor core reads only its top 19 bits, so lo is truncated there): |x − hi − lo| ≤ 2⁻²⁰|x|,
-// the accuracy of 3xTF32. cvt.rna.tf32.f32 is emulated on sm_90 (~5 instructions: FSETP, SEL, LOP3, IMAD ...) and
-// made half of the state pass's instructions (Nsight Compute, bench/GPU_NOTES.md "Twenty-first stop").
-// Otherwise one tf32 operand rounded to nearest.
+//
+// cvt_frag, SPLIT: hi = x with its low 13 mantissa bits cleared (one LOP3) and lo = x − hi (exact in fp32; the tensor
+// core reads only its top 19 bits, so lo is truncated there): |x − hi − lo| ≤ 2⁻²⁰|x|, the accuracy of 3xTF32.
+// (cvt.rna.tf32.f32 is emulated on sm_90, ~5 instructions, and two per operand were half of the state pass's
+// instructions: bench/GPU_NOTES.md "Twenty-first stop".) Otherwise one tf32 operand rounded to nearest.
 template <bool SPLIT, int N>
 __device__ __forceinline__ void cvt_frag(const float* x, uint32_t* hi, uint32_t* lo) {
 #pragma unroll
