@@ -7,6 +7,7 @@ if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
 PKGS=(build-essential cmake ninja-build pkg-config git curl ca-certificates
       libcpp-httplib-dev nlohmann-json3-dev libpcre2-dev libutf8proc-dev libcli11-dev
       libgtest-dev libgmock-dev libbenchmark-dev
+      python3  # the bench tools' tests (tests/cli/bench_tools.cmake)
       chromium)  # the chat page's browser test (tests/e2e/chat_page.test.mjs, headless through puppeteer-core)
 # Node.js + npm: any installation will do (Debian's packages, or nodesource's nodejs which bundles npm).
 if ! command -v node >/dev/null 2>&1; then PKGS+=(nodejs); fi
