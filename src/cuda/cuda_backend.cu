@@ -17,6 +17,7 @@
 #include "cuda/cuda_common.h"
 #include "cuda/cuda_session.h"
 #include "cuda/device_model.h"
+#include "cuda/kernels/stream_scratch.h"
 #include "cuda/rows_step.h"
 #include "cuda/seq_pool.h"
 #include "cuda/synthetic_model.h"
@@ -119,9 +120,7 @@ size_t CudaBackendImpl::session_bytes(int64_t max_length) const {
        sample_scratch_bytes(c.vocab_size) + rows::sample_rows_scratch_bytes(c.vocab_size, 1) +
        size_t(m_->max_in_rows + 4 * c.hidden_size) * 4;
   const size_t n = size_t(prefill_chunk_tokens());
-  b += n * (size_t(c.hidden_size) * 6 + size_t(m_->max_in_rows) * 4 + size_t(c.gdn_conv_dim()) * 4 +
-            size_t(c.num_heads) * c.head_dim * 2 * 2 + size_t(c.gdn_value_dim()) * 4) +
-       moe_prefill_workspace_bytes(m_->layers.front().moe_prefill, int(n)) + n * 4;
+  b += prefill_workspace_bytes(*m_, int(n)) + n * 4;
   b += rows_scratch_bytes(*m_, rows::kMaxRows, decode_n_split(L)) / rows::kMaxRows;
   return b;
 }
@@ -236,5 +235,7 @@ MemoryInfo memory_info(const Backend& b) {
   if (const auto* cb = dynamic_cast<const CudaBackendImpl*>(&b)) m.weights = cb->weight_bytes();
   return m;
 }
+
+size_t stream_scratch_bytes() { return g_stream_scratch_bytes.load(); }
 
 }  // namespace lilac::cuda

@@ -46,4 +46,8 @@ struct MemoryInfo {
 };
 MemoryInfo memory_info(const Backend& b);
 
+// Bytes held by the kernels' own per-stream scratch buffers (kernels/stream_scratch.h), which no session's memory
+// budget counts: a session's prefill and decode steps pass their scratch in and leave this unchanged.
+size_t stream_scratch_bytes();
+
 }  // namespace lilac::cuda

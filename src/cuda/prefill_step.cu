@@ -102,34 +102,73 @@ __global__ void qk_rows_kernel(const float* P, int64_t ldp, int heads, int kv_he
   }
 }
 
+// The sizes of a PrefillWorkspace's buffers for chunks of up to max_n tokens (bytes; prefill_begin allocates
+// them, prefill_workspace_bytes sums them).
+struct PrefillSizes {
+  size_t H, Xb, P, conv_out, Qb, Ob, o_scratch, moe, gdn_work, split;
+  size_t total() const { return H + Xb + P + conv_out + Qb + Ob + o_scratch + moe + gdn_work + split; }
+};
+
+PrefillSizes prefill_sizes(const DevModel& m, int max_n) {
+  const ModelConfig& c = m.cfg;
+  const size_t n = size_t(max_n);
+  const int64_t attn_w = int64_t(c.num_heads) * c.head_dim;
+  const int64_t ow = std::max<int64_t>(attn_w, c.gdn_value_dim());
+  PrefillSizes z;
+  z.H = n * c.hidden_size * 4;
+  z.Xb = n * c.hidden_size * 2;
+  z.P = n * size_t(m.max_in_rows) * 4;
+  z.conv_out = n * size_t(c.gdn_conv_dim()) * 4;
+  z.Qb = n * size_t(attn_w) * 2;
+  z.Ob = n * size_t(ow) * 2;
+  z.o_scratch = n * size_t(c.gdn_value_dim()) * 4;
+  z.moe = moe_prefill_workspace_bytes(m.layers.front().moe_prefill, max_n);
+  // the GDN layers' scratch, for either of gdn_prefill_chunked and gdn_prefill (LILAC_GDN_CHUNKED=0)
+  z.gdn_work = m.n_gdn == 0 ? 0
+                            : 4 * std::max(gdn_chunked_work_floats(max_n, c.linear_num_key_heads,
+                                                                   c.linear_num_value_heads, c.linear_key_head_dim,
+                                                                   c.linear_value_head_dim),
+                                           gdn_prefill_work_floats(max_n, c.linear_num_key_heads,
+                                                                   c.linear_num_value_heads, c.linear_key_head_dim));
+  // the split-K partials of the in_proj parts and out_proj (one at a time, on the session's stream)
+  size_t split = 0;
+  for (const DevLayer& L : m.layers) {
+    for (const DevPart& p : L.in_proj.parts) split = std::max(split, qgemm_split_floats(p.m, max_n, GemmOut::StoreF32));
+    split = std::max(split, qgemm_split_floats(L.out_proj, max_n, GemmOut::AddF32));
+  }
+  z.split = split * 4;
+  return z;
+}
+
 template <typename T>
-T* dalloc(PrefillWorkspace& ws, size_t count) {
+T* dalloc(PrefillWorkspace& ws, size_t bytes) {
   void* p = nullptr;
-  LILAC_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(count * sizeof(T), 256)));
+  LILAC_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(bytes, 256)));
   ws.owned.push_back(p);
   return static_cast<T*>(p);
 }
 
-void prefill_begin(PrefillWorkspace& ws, const PrefillCtx& ctx, int max_n, int64_t max_in_rows,
-                   const MoEPrefillWeights& any_moe) {
-  const ModelConfig& c = *ctx.cfg;
+void prefill_begin(PrefillWorkspace& ws, const PrefillCtx& ctx, const DevModel& m, int max_n) {
   if (ws.cap < max_n) {
     for (void* p : ws.owned) cudaFree(p);
     ws.owned.clear();
-    const size_t n = size_t(max_n);
-    const int64_t attn_w = int64_t(c.num_heads) * c.head_dim;
-    const int64_t ow = std::max<int64_t>(attn_w, c.gdn_value_dim());
-    ws.H = dalloc<float>(ws, n * c.hidden_size);
-    ws.Xb = dalloc<__nv_bfloat16>(ws, n * c.hidden_size);
-    ws.P = dalloc<float>(ws, n * size_t(max_in_rows));
-    ws.conv_out = dalloc<float>(ws, n * size_t(c.gdn_conv_dim()));
-    ws.Qb = dalloc<__nv_bfloat16>(ws, n * size_t(attn_w));
-    ws.Ob = dalloc<__nv_bfloat16>(ws, n * size_t(ow));
-    ws.o_scratch = dalloc<float>(ws, n * size_t(c.gdn_value_dim()));
-    ws.moe_ws_bytes = moe_prefill_workspace_bytes(any_moe, max_n);
-    ws.moe_ws = dalloc<char>(ws, ws.moe_ws_bytes);
+    ws.cap = 0;
+    const PrefillSizes z = prefill_sizes(m, max_n);
+    ws.H = dalloc<float>(ws, z.H);
+    ws.Xb = dalloc<__nv_bfloat16>(ws, z.Xb);
+    ws.P = dalloc<float>(ws, z.P);
+    ws.conv_out = dalloc<float>(ws, z.conv_out);
+    ws.Qb = dalloc<__nv_bfloat16>(ws, z.Qb);
+    ws.Ob = dalloc<__nv_bfloat16>(ws, z.Ob);
+    ws.o_scratch = dalloc<float>(ws, z.o_scratch);
+    ws.moe_ws_bytes = z.moe;
+    ws.moe_ws = dalloc<char>(ws, z.moe);
+    ws.gdn_work = z.gdn_work ? dalloc<float>(ws, z.gdn_work) : nullptr;
+    ws.split_floats = z.split / 4;
+    ws.split = z.split ? dalloc<float>(ws, z.split) : nullptr;
     ws.cap = max_n;
   }
+  const ModelConfig& c = *ctx.cfg;
   const dim3 grid(unsigned((c.hidden_size + 255) / 256), unsigned(ctx.n));
   embed_rows_kernel<<<grid, 256, 0, ctx.stream>>>(ctx.embed, ctx.tokens, ws.H);
   LILAC_CUDA_LAUNCH_CHECK();
@@ -141,10 +180,11 @@ void prefill_layer(PrefillWorkspace& ws, const PrefillCtx& ctx, const DevLayer& 
   const int64_t H = c.hidden_size;
   const float eps = float(c.rms_norm_eps);
   cudaStream_t s = ctx.stream;
+  const SplitScratch split{ws.split, ws.split_floats};
   rmsnorm_rows_bf16_kernel<<<n, 256, 0, s>>>(ws.H, H, L.input_norm, eps, ws.Xb);
   LILAC_CUDA_LAUNCH_CHECK();
   for (const DevPart& p : L.in_proj.parts)
-    qgemm(p.m, ws.Xb, H, n, ws.P + p.offset, L.in_proj.rows, GemmOut::StoreF32, s);
+    qgemm(p.m, ws.Xb, H, n, ws.P + p.offset, L.in_proj.rows, GemmOut::StoreF32, s, split);
   if (L.attn) {
     const int hd = c.head_dim;
     qk_rows_kernel<<<dim3(c.num_heads + c.num_kv_heads, n), 128, 0, s>>>(
@@ -169,7 +209,7 @@ void prefill_layer(PrefillWorkspace& ws, const PrefillCtx& ctx, const DevLayer& 
     a.kv_heads = c.num_kv_heads;
     a.head_dim = hd;
     attention_prefill(a, s);
-    qgemm(L.out_proj, ws.Ob, int64_t(c.num_heads) * hd, n, ws.H, H, GemmOut::AddF32, s);
+    qgemm(L.out_proj, ws.Ob, int64_t(c.num_heads) * hd, n, ws.H, H, GemmOut::AddF32, s, split);
   } else {
     const int64_t C = c.gdn_conv_dim(), vd = c.gdn_value_dim();
     gdn_conv_prefill(ws.P, L.in_proj.rows, L.conv_w, ls.conv_state, ws.conv_out, C, n, int(C), c.linear_conv_kernel_dim,
@@ -189,6 +229,7 @@ void prefill_layer(PrefillWorkspace& ws, const PrefillCtx& ctx, const DevLayer& 
     g.eps = eps;
     g.state = ls.gdn_state;
     g.o_scratch = ws.o_scratch;
+    g.work = ws.gdn_work;
     g.out = ws.Ob;
     g.ld_out = vd;
     g.n = n;
@@ -204,7 +245,7 @@ void prefill_layer(PrefillWorkspace& ws, const PrefillCtx& ctx, const DevLayer& 
       gdn_prefill(g, s);
     else
       gdn_prefill_chunked(g, s, gdn_chunked && *gdn_chunked == 't' ? GdnChunkedMath::TF32 : GdnChunkedMath::Split3xTF32);
-    qgemm(L.out_proj, ws.Ob, vd, n, ws.H, H, GemmOut::AddF32, s);
+    qgemm(L.out_proj, ws.Ob, vd, n, ws.H, H, GemmOut::AddF32, s, split);
   }
   rmsnorm_rows_bf16_kernel<<<n, 256, 0, s>>>(ws.H, H, L.post_norm, eps, ws.Xb);
   LILAC_CUDA_LAUNCH_CHECK();
@@ -232,6 +273,8 @@ int prefill_chunk_tokens() {
   return n;
 }
 
+size_t prefill_workspace_bytes(const DevModel& m, int max_n) { return prefill_sizes(m, max_n).total(); }
+
 bool prefill_batched_ok(const DevModel& m) {
   const ModelConfig& c = m.cfg;
   const char* e = std::getenv("LILAC_CUDA_TOKEN_PREFILL");
@@ -252,7 +295,7 @@ void prefill_chunk(const DevModel& m, const SeqState& st, PrefillWorkspace& ws, 
   ctx.embed = m.embed;
   ctx.inv_freq = m.inv_freq;
   ctx.h_last = h_last;
-  prefill_begin(ws, ctx, prefill_chunk_tokens(), m.max_in_rows, m.layers[0].moe_prefill);
+  prefill_begin(ws, ctx, m, prefill_chunk_tokens());
   int ai = 0, gi = 0;
   for (const DevLayer& L : m.layers) {
     LayerState ls;

@@ -27,6 +27,9 @@ struct PrefillWorkspace {
   float* o_scratch = nullptr;
   void* moe_ws = nullptr;
   size_t moe_ws_bytes = 0;
+  float* gdn_work = nullptr;  // the GDN prefill's scratch (chunked or column scan)
+  float* split = nullptr;     // split-K partials of the mixers' projections
+  size_t split_floats = 0;
   std::vector<void*> owned;
   PrefillWorkspace() = default;
   PrefillWorkspace(const PrefillWorkspace&) = delete;
@@ -39,6 +42,10 @@ struct PrefillWorkspace {
 // 512: 34.8K vs 11.9K tok/s at a 4096-token prompt, bench/BENCHMARKS.md). LILAC_PREFILL_CHUNK
 // overrides (16..16384).
 int prefill_chunk_tokens();
+
+// Bytes of device memory a PrefillWorkspace holds for chunks of up to max_n tokens of model m: every buffer the
+// batched prefill uses (prefill_chunk allocates nothing else; the sessions' memory budget counts this).
+size_t prefill_workspace_bytes(const DevModel& m, int max_n);
 
 // Whether the batched prefill takes this model: the prefill kernels' limits (GDN dk == dv == 128,
 // attention head_dim 64 / 128 / 256, hidden % 64 == 0), and not LILAC_CUDA_TOKEN_PREFILL=1 (which

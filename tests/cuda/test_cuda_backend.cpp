@@ -175,6 +175,30 @@ TEST(CudaBackend, DISABLED_BatchedPrefillMatchesTokenPath) {
   EXPECT_GE(close, 2);
 }
 
+// A session's memory is what session_bytes counts (the server sizes its pool by it): its prefill and decode allocate
+// nothing on the side. The GDN prefill's scratch (~237 MB per stream at 4096-token chunks of the real shape) and the
+// split-K partials of the small GEMMs were once grown per stream by the kernels themselves, outside that count.
+TEST(CudaBackend, SessionAllocatesNothingOutsideItsBudget) {
+  NEED_CUDA();
+  ModelConfig c = cuda::synthetic_config(4);  // the real shape: 1 attention + 3 GDN layers
+  auto b = cuda::make_synthetic_cuda_backend(c, 7);
+  std::mt19937_64 rng(7);
+  for (int len : {600, 100}) {  // 600: split-K on the small GEMMs (<= 1024 tokens); a second session, another stream
+    SCOPED_TRACE("prompt " + std::to_string(len));
+    const size_t before = cuda::stream_scratch_bytes();
+    auto s = b->new_session(2048);
+    std::vector<int32_t> prompt(static_cast<size_t>(len));
+    for (auto& t : prompt) t = int32_t(rng() % uint64_t(c.vocab_size));
+    s->prefill(prompt);
+    SamplingParams greedy;
+    s->begin_generation(greedy, prompt);
+    s->sample();
+    for (int i = 0; i < 3; ++i) s->decode_step();
+    EXPECT_EQ(cuda::stream_scratch_bytes(), before) << "bytes grown by kernels outside the session's budget";
+    EXPECT_GT(b->session_bytes(2048), size_t(0));
+  }
+}
+
 }  // namespace
 
 // The decode cost model reads the tensor table (as the synthetic model does): the same bytes as the

@@ -6,6 +6,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstddef>
 #include <map>
 #include <mutex>
@@ -24,6 +25,10 @@ inline bool capturing(cudaStream_t stream) {
   return cs != cudaStreamCaptureStatusNone;
 }
 
+// Bytes all StreamScratch buffers hold (memory outside every session's budget: the engine's own paths pass
+// their scratch in; tests check that a session's prefill and decode leave this unchanged).
+inline std::atomic<size_t> g_stream_scratch_bytes{0};
+
 class StreamScratch {
  public:
   // At least `floats` floats for `stream`, or nullptr when the allocation fails (the CUDA error is
@@ -35,6 +40,7 @@ class StreamScratch {
       if (b.first) {
         cudaStreamSynchronize(stream);
         cudaFree(b.first);
+        g_stream_scratch_bytes -= b.second * sizeof(float);
         b = {nullptr, 0};
       }
       if (cudaMalloc(&b.first, floats * sizeof(float)) != cudaSuccess) {
@@ -43,6 +49,7 @@ class StreamScratch {
         return nullptr;
       }
       b.second = floats;
+      g_stream_scratch_bytes += floats * sizeof(float);
     }
     return b.first;
   }

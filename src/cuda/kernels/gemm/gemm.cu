@@ -231,10 +231,27 @@ int k_splits(int64_t ctas, int m_tiles, int KT) {
   return int(std::max<int64_t>(1, std::min<int64_t>({8, KT / 4, (want + ctas - 1) / ctas})));
 }
 
+// The k splits of a plain GEMM of n rows (1: none).
+int split_of(const QMatrixDev& W, int n, GemmOut mode) {
+  if (mode == GemmOut::StoreBF16 || W.cols % gemm::BK != 0) return 1;
+  const int grid_y = (n + gemm::BM - 1) / gemm::BM;
+  return k_splits(int64_t(grid_y) * ((W.rows + gemm::BN - 1) / gemm::BN), grid_y, int(W.cols / gemm::BK));
+}
+
 }  // namespace
 
+size_t qgemm_split_floats(const QMatrixDev& W, int n, GemmOut mode) {
+  // S · rows · W.rows for the largest chunk of each row-tile count (S depends on the tile count alone)
+  size_t need = 0;
+  for (int tiles = 1; tiles <= (n + gemm::BM - 1) / gemm::BM; ++tiles) {
+    const int rows = std::min(n, tiles * gemm::BM), S = split_of(W, rows, mode);
+    if (S > 1) need = std::max(need, size_t(S) * size_t(rows) * size_t(W.rows));
+  }
+  return need;
+}
+
 void qgemm(const QMatrixDev& W, const __nv_bfloat16* X, int64_t ldx, int n, void* Y, int64_t ldy, GemmOut mode,
-           cudaStream_t stream) {
+           cudaStream_t stream, SplitScratch scratch) {
   if (n <= 0) return;
   gemm::Params p;
   p.X = X;
@@ -249,12 +266,19 @@ void qgemm(const QMatrixDev& W, const __nv_bfloat16* X, int64_t ldx, int n, void
                                       : gemm::EPI_STORE_BF16;
   const int grid_y = (n + gemm::BM - 1) / gemm::BM;
   // Small grids (few tokens, few output rows: router, projections back to the hidden size) split K so
-  // that the GPU has enough blocks; fp32 outputs only, and never while capturing (scratch allocation).
-  const int S = mode == GemmOut::StoreBF16 || W.cols % gemm::BK != 0
-                    ? 1
-                    : k_splits(int64_t(grid_y) * ((p.N + gemm::BN - 1) / gemm::BN), grid_y, int(W.cols / gemm::BK));
-  if (S > 1 && !capturing(stream)) {
-    float* ws = g_splitk_scratch.get(stream, size_t(S) * size_t(n) * size_t(p.N));
+  // that the GPU has enough blocks; fp32 outputs only.
+  const int S = split_of(W, n, mode);
+  if (S > 1) {
+    const size_t need = size_t(S) * size_t(n) * size_t(p.N);
+    float* ws = nullptr;
+    if (scratch.p != nullptr) {
+      if (scratch.floats < need)
+        throw Error("qgemm: split-k scratch of " + std::to_string(scratch.floats) + " floats, " +
+                    std::to_string(need) + " needed");
+      ws = scratch.p;
+    } else if (!capturing(stream)) {  // no allocation inside a capture
+      ws = g_splitk_scratch.get(stream, need);
+    }
     if (ws != nullptr) {
       p.k_split = S;
       p.partial = ws;

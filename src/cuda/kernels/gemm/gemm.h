@@ -17,8 +17,18 @@ enum class GemmOut {
   AddF32,     // Y (float*)         += X Wᵀ   (e.g. residual add after o_proj / out_proj)
   StoreBF16,  // Y (__nv_bfloat16*)  = X Wᵀ
 };
+// Small grids (few tokens, few output rows) split K over more blocks, with fp32 partials in a scratch buffer.
+// A caller that owns its memory (the prefill workspace, moe_prefill's) passes that scratch: qgemm_split_floats(W,
+// n, mode) floats, enough for every chunk of at most n rows; qgemm then allocates nothing and may split under graph
+// capture too. Without one, qgemm grows a buffer of its own per stream (tests, benchmarks) and does not split while
+// the stream is captured. A given scratch smaller than the need is an error.
+struct SplitScratch {
+  float* p = nullptr;
+  size_t floats = 0;
+};
+size_t qgemm_split_floats(const QMatrixDev& W, int n, GemmOut mode);
 void qgemm(const QMatrixDev& W, const __nv_bfloat16* X, int64_t ldx, int n, void* Y, int64_t ldy, GemmOut mode,
-           cudaStream_t stream);
+           cudaStream_t stream, SplitScratch scratch = {});
 
 // Which tensor-core path the quantized GEMMs (qgemm, qgemm_swiglu, MoE grouped GEMMs) take.
 // Auto (the default): wgmma (sm_90a) when the device is Hopper and the binary holds sm_90a code,

@@ -1,5 +1,6 @@
 // MoE prefill (gemm.h): routing, counting sort of (token, slot) pairs by expert, grouped
 // gate+up+SwiGLU and down GEMMs over all experts in one launch each, shared expert, combine.
+#include <algorithm>
 #include <string>
 
 #include "core/error.h"
@@ -193,6 +194,7 @@ struct Workspace {
   __nv_bfloat16* hs;
   float* ys;
   float* sg;
+  SplitScratch split_main, split_side;  // split-K partials: the router (stream), the shared expert (side stream)
   size_t bytes;
 };
 
@@ -222,6 +224,12 @@ Workspace carve(const MoEPrefillWeights& w, int n, void* base) {
   ws.hs = reinterpret_cast<__nv_bfloat16*>(take(sizeof(__nv_bfloat16) * n * sinter));
   ws.ys = reinterpret_cast<float*>(take(sizeof(float) * n * hidden));
   ws.sg = reinterpret_cast<float*>(take(sizeof(float) * n));
+  auto split = [&](size_t floats) { return SplitScratch{reinterpret_cast<float*>(take(sizeof(float) * floats)), floats}; };
+  ws.split_main = split(qgemm_split_floats(w.router, n, GemmOut::StoreF32));
+  ws.split_side = split(w.shared_gate.qweight == nullptr
+                            ? 0
+                            : std::max(qgemm_split_floats(w.shared_down, n, GemmOut::StoreF32),
+                                       qgemm_split_floats(w.shared_expert_gate, n, GemmOut::StoreF32)));
   ws.bytes = off;
   return ws;
 }
@@ -251,8 +259,8 @@ void launch_shared(const MoEPrefillWeights& w, const __nv_bfloat16* X, int64_t l
   const cudaStream_t side = g_side.fork(stream);
   const int sinter = int(w.shared_gate.rows), hidden = int(w.down.first.rows);
   qgemm_swiglu(w.shared_gate, w.shared_up, X, ldx, n, ws.hs, sinter, side);
-  qgemm(w.shared_down, ws.hs, sinter, n, ws.ys, hidden, GemmOut::StoreF32, side);
-  qgemm(w.shared_expert_gate, X, ldx, n, ws.sg, 1, GemmOut::StoreF32, side);
+  qgemm(w.shared_down, ws.hs, sinter, n, ws.ys, hidden, GemmOut::StoreF32, side, ws.split_side);
+  qgemm(w.shared_expert_gate, X, ldx, n, ws.sg, 1, GemmOut::StoreF32, side, ws.split_side);
 }
 
 // The grouped gate+up+SwiGLU and down GEMMs (gemm.cuh): 128-token tiles per expert.
@@ -346,7 +354,7 @@ void moe_prefill(const MoEPrefillWeights& w, const __nv_bfloat16* X, int64_t ldx
   Workspace ws = carve(w, n, workspace);
   const int E = w.gate.n;
   launch_shared(w, X, ldx, n, ws, stream);
-  qgemm(w.router, X, ldx, n, ws.logits, E, GemmOut::StoreF32, stream);
+  qgemm(w.router, X, ldx, n, ws.logits, E, GemmOut::StoreF32, stream, ws.split_main);
   moe_route_prefill(ws.logits, n, E, w.top_k, w.renormalise, ws.ids, ws.weights, stream);
   if (ids_out) cudaMemcpyAsync(ids_out, ws.ids, sizeof(int32_t) * n * w.top_k, cudaMemcpyDeviceToDevice, stream);
   if (weights_out)
