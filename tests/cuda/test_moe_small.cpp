@@ -133,20 +133,37 @@ void check_down(int n, int E, int k, int hidden, int inter, int bits) {
   EXPECT_LT(rel_err(got, ref, "moe_small_down"), 1e-5);
 }
 
+// Both kernels of the small path: the ring (4-bit, even group counts; Ring falls back to the staged kernel for the
+// rest) and the staged one.
+const lc::MoeSmallKernel kKernels[2] = {lc::MoeSmallKernel::Ring, lc::MoeSmallKernel::Staged};
+const char* kernel_name(lc::MoeSmallKernel k) { return k == lc::MoeSmallKernel::Ring ? "ring" : "staged"; }
+
 TEST(MoeSmall, GateUpMatchesExact) {
   NEED_GPU();
-  for (int bits : {4, 8}) {
-    for (int n : {1, 7, 16, 64, 512}) check_gate_up(n, 256, 8, 2048, 512, bits);  // the model's widths
-    check_gate_up(37, 5, 2, 320, 72, bits);  // 5 groups, rows not a multiple of 16, few experts
+  for (lc::MoeSmallKernel kern : kKernels) {
+    SCOPED_TRACE(kernel_name(kern));
+    lc::set_moe_small_kernel(kern);
+    for (int bits : {4, 8}) {
+      for (int n : {1, 7, 16, 64, 512}) check_gate_up(n, 256, 8, 2048, 512, bits);  // the model's widths
+      check_gate_up(37, 5, 2, 320, 72, bits);  // 5 groups, rows not a multiple of 16, few experts
+      check_gate_up(37, 5, 2, 256, 72, bits);  // 4 groups (the ring's), rows not a multiple of 16
+    }
   }
+  lc::set_moe_small_kernel(lc::MoeSmallKernel::Auto);
 }
 
 TEST(MoeSmall, DownMatchesExact) {
   NEED_GPU();
-  for (int bits : {4, 8}) {
-    for (int n : {1, 7, 16, 64, 512}) check_down(n, 256, 8, 2048, 512, bits);
-    check_down(37, 5, 2, 100, 192, bits);  // 3 groups, rows not a multiple of 16
+  for (lc::MoeSmallKernel kern : kKernels) {
+    SCOPED_TRACE(kernel_name(kern));
+    lc::set_moe_small_kernel(kern);
+    for (int bits : {4, 8}) {
+      for (int n : {1, 7, 16, 64, 512}) check_down(n, 256, 8, 2048, 512, bits);
+      check_down(37, 5, 2, 100, 192, bits);  // 3 groups, rows not a multiple of 16
+      check_down(37, 5, 2, 100, 256, bits);  // 4 groups (the ring's), rows not a multiple of 32
+    }
   }
+  lc::set_moe_small_kernel(lc::MoeSmallKernel::Auto);
 }
 
 // The path rule (host logic only, no GPU needed): small while n·top_k / E <= kMoeSmallMaxAvg and the

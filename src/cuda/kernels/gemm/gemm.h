@@ -94,6 +94,12 @@ void moe_prefill_routed(const MoEPrefillWeights& w, const __nv_bfloat16* X, int6
 // the staged chunk fits in shared memory. LILAC_MOE_SMALL=0 / 1 forces Grouped / Small (A/B runs);
 // set_moe_path (tests, benchmarks) overrides both. (The grouped path needs 4-bit experts.)
 constexpr int kMoeSmallMaxAvg = 16;
+// The small path's kernel: Ring (4-bit experts with an even number of 64-groups: weights, scales and the token chunk
+// streamed through a shared-memory ring) or Staged (the chunk's X and the CTA's scales staged whole, weights one
+// unit ahead in registers; 8-bit experts, odd group counts). Auto: Ring where it applies, unless LILAC_MOE_RING=0.
+// Both compute the same terms; tests and benchmarks force either.
+enum class MoeSmallKernel { Auto, Ring, Staged };
+void set_moe_small_kernel(MoeSmallKernel k);
 enum class MoePath { Auto, Grouped, Small };
 void set_moe_path(MoePath path);
 bool moe_small_supported(const MoEPrefillWeights& w);

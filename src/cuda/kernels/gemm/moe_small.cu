@@ -210,28 +210,28 @@ __device__ void stage_x(const Args& p, int start, int count, int chunk0, int K, 
   }
 }
 
-// One group G of the staged chunk for the thread's 4 rows: each A fragment dequantized once and used for every
-// n-tile, then tot += s·dot + (zc·s + b)·Σx (rows g / g+8 of operand m; tokens 2c, 2c+1 of tile t). The lane's 16
-// columns are the group's column block xc; sbg: the thread's scale row (operand 0, row g) at group G.
-template <int BITS, int NT>
-__device__ __forceinline__ void group_math(const Stage<BITS>& cur, const unsigned char* smem, const float* sumx, int XS,
-                                           int G, int g, int c, int xc, const unsigned char* sbg,
-                                           float (&tot)[2][NT][4]) {
+// One group of the thread's 4 rows: each A fragment dequantized once and used for every n-tile, then
+// tot += s·dot + (zc·s + b)·Σx (rows g / g+8 of operand m; tokens 2c, 2c+1 of tile t). The lane's 16 columns are one
+// column block of the group. xg: the staged X at (tile 0, token g, the group, that block), tile t xts bytes further;
+// sxg: the group's Σx per token; sbg: the scale of the thread's row (0, 0) at the group, row (m, h)
+// (16m + 8h)·SB_ROW bytes further, its bias SB_ARR bytes further.
+template <int BITS, int NT, int SB_ROW, int SB_ARR>
+__device__ __forceinline__ void group_math(const Stage<BITS>& cur, const unsigned char* xg, int xts, const float* sxg,
+                                           int c, const unsigned char* sbg, float (&tot)[2][NT][4]) {
   constexpr float ZC = BITS == 4 ? 8.f : 128.f;
   uint32_t bx[NT][8];  // the tiles' B registers: pairs 0..7 of token g, the lane's 16 columns
   float2 sx[NT];       // Σx of tokens 2c, 2c+1 of each tile
 #pragma unroll
   for (int t = 0; t < NT; ++t) {  // (a tile past the expert's tokens multiplies staged zeros; not stored)
-    const unsigned char* xb = smem + (t * 8 + g) * XS + G * 128 + xc * 32;
+    const unsigned char* xb = xg + t * xts;
     const uint4 x0 = *reinterpret_cast<const uint4*>(xb), x1 = *reinterpret_cast<const uint4*>(xb + 16);
     bx[t][0] = x0.x, bx[t][1] = x0.y, bx[t][2] = x0.z, bx[t][3] = x0.w;
     bx[t][4] = x1.x, bx[t][5] = x1.y, bx[t][6] = x1.z, bx[t][7] = x1.w;
-    sx[t] = *reinterpret_cast<const float2*>(sumx + G * kTok + t * 8 + 2 * c);
+    sx[t] = *reinterpret_cast<const float2*>(sxg + t * 8 + 2 * c);
   }
-  // the group's scale / bias of row (m, h): sbg = the thread's local row (0, 0) at group G
   auto sb_at = [&](int m, int h, int bias) {
-    return __uint_as_float(uint32_t(*reinterpret_cast<const unsigned short*>(
-                               sbg + bias * kSbBytes + (16 * m + 8 * h) * kSbStride)) << 16);
+    return __uint_as_float(uint32_t(*reinterpret_cast<const unsigned short*>(sbg + bias * SB_ARR +
+                                                                               (16 * m + 8 * h) * SB_ROW)) << 16);
   };
 
 #pragma unroll
@@ -320,44 +320,10 @@ struct ChunkAt {
   int chunk0, start, count, r0, g, c, ngroups, XS;
 };
 
-// One staged chunk of NT n-tiles (NT = 1 when it has at most 8 tokens): the weight units in order, one ahead through
-// ub (unit 0 requested by the caller), then the outputs: (row, token) = (row (m, i/2) of the thread, 2c + (i&1) of
-// tile t).
-template <int BITS, bool SWIGLU, int NT>
-__device__ __forceinline__ void chunk_math(const Args& p, const ChunkAt& at, const WeightRows<BITS>& wr, Unit (&ub)[2],
-                                           const unsigned char* smem, const float* sumx, const unsigned char* sb_row) {
-  float tot[2][NT][4];
-#pragma unroll
-  for (int m = 0; m < 2; ++m)
-#pragma unroll
-    for (int t = 0; t < NT; ++t)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) tot[m][t][i] = 0.f;
-  const int ngroups = at.ngroups, nu = units<BITS>(ngroups);
-  const int xc = BITS == 4 ? x_block4(at.c) : at.c;
-  for (int k0 = 0; k0 < nu; k0 += 2) {
-#pragma unroll
-    for (int s = 0; s < 2; ++s) {  // unit k in ub[k % 2] (constant indices)
-      const int k = k0 + s;
-      if (k >= nu) break;
-      if (k + 1 < nu) wr.load(ub[(s + 1) % 2], k + 1);
-      if constexpr (BITS == 4) {
-        Stage<4> a, b;
-        split_unit(ub[s], at.c, a, b);
-        group_math<4, NT>(a, smem, sumx, at.XS, 2 * k, at.g, at.c, xc, sb_row + 4 * k, tot);
-        group_math<4, NT>(b, smem, sumx, at.XS, 2 * k + 1, at.g, at.c, xc, sb_row + 4 * k + 2, tot);
-      } else {
-        const Stage<8> st{{ub[s].v[0], ub[s].v[1], ub[s].v[2], ub[s].v[3]}};
-        group_math<8, NT>(st, smem, sumx, at.XS, k, at.g, at.c, xc, sb_row + 2 * k, tot);
-      }
-    }
-  }
-  if constexpr (BITS == 4)
-    if (ngroups % 2) {  // the last of an odd count (not the model's widths), not requested ahead
-      Stage<4> st;
-      wr.load_last(st, ngroups - 1, xc);
-      group_math<4, NT>(st, smem, sumx, at.XS, ngroups - 1, at.g, at.c, xc, sb_row + 2 * (ngroups - 1), tot);
-    }
+// A chunk's outputs: (row, token) = (row (m, i/2) of the thread, 2c + (i&1) of tile t) — SwiGLU: bf16
+// silu(gate)·up; down: fp32 row_scale · dot.
+template <bool SWIGLU, int NT>
+__device__ __forceinline__ void store_chunk(const Args& p, const ChunkAt& at, const float (&tot)[2][NT][4]) {
 #pragma unroll
   for (int t = 0; t < NT; ++t)
 #pragma unroll
@@ -379,6 +345,50 @@ __device__ __forceinline__ void chunk_math(const Args& p, const ChunkAt& at, con
         }
       }
     }
+}
+
+// One staged chunk of NT n-tiles (NT = 1 when it has at most 8 tokens): the weight units in order, one ahead through
+// ub (unit 0 requested by the caller), then the outputs.
+template <int BITS, bool SWIGLU, int NT>
+__device__ __forceinline__ void chunk_math(const Args& p, const ChunkAt& at, const WeightRows<BITS>& wr, Unit (&ub)[2],
+                                           const unsigned char* smem, const float* sumx, const unsigned char* sb_row) {
+  float tot[2][NT][4];
+#pragma unroll
+  for (int m = 0; m < 2; ++m)
+#pragma unroll
+    for (int t = 0; t < NT; ++t)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) tot[m][t][i] = 0.f;
+  const int ngroups = at.ngroups, nu = units<BITS>(ngroups);
+  const int xc = BITS == 4 ? x_block4(at.c) : at.c;
+  const unsigned char* xg = smem + at.g * at.XS + xc * 32;  // group G at + 128·G
+  const int xts = 8 * at.XS;
+  for (int k0 = 0; k0 < nu; k0 += 2) {
+#pragma unroll
+    for (int s = 0; s < 2; ++s) {  // unit k in ub[k % 2] (constant indices)
+      const int k = k0 + s;
+      if (k >= nu) break;
+      if (k + 1 < nu) wr.load(ub[(s + 1) % 2], k + 1);
+      if constexpr (BITS == 4) {
+        Stage<4> a, b;
+        split_unit(ub[s], at.c, a, b);
+        group_math<4, NT, kSbStride, kSbBytes>(a, xg + 256 * k, xts, sumx + 2 * k * kTok, at.c, sb_row + 4 * k, tot);
+        group_math<4, NT, kSbStride, kSbBytes>(b, xg + 256 * k + 128, xts, sumx + (2 * k + 1) * kTok, at.c,
+                                               sb_row + 4 * k + 2, tot);
+      } else {
+        const Stage<8> st{{ub[s].v[0], ub[s].v[1], ub[s].v[2], ub[s].v[3]}};
+        group_math<8, NT, kSbStride, kSbBytes>(st, xg + 128 * k, xts, sumx + k * kTok, at.c, sb_row + 2 * k, tot);
+      }
+    }
+  }
+  if constexpr (BITS == 4)
+    if (ngroups % 2) {  // the last of an odd count (not the model's widths), not requested ahead
+      const int G = ngroups - 1;
+      Stage<4> st;
+      wr.load_last(st, G, xc);
+      group_math<4, NT, kSbStride, kSbBytes>(st, xg + 128 * G, xts, sumx + G * kTok, at.c, sb_row + 2 * G, tot);
+    }
+  store_chunk<SWIGLU, NT>(p, at, tot);
 }
 
 template <int BITS, bool SWIGLU>
@@ -420,11 +430,185 @@ __global__ void __launch_bounds__(kThreads, 2) moe_small_kernel(const Args p) {
   }
 }
 
-template <int BITS, bool SWIGLU>
-void launch_small(const Args& p, int E, cudaStream_t stream) {
-  auto kern = moe_small_kernel<BITS, SWIGLU>;
-  const int smem = smem_bytes(int(p.W0.first.cols));
-  static int attr_bytes = 0;  // per instantiation (one GPU per process)
+// ------------------------------------------------------------------------------------------------ the ring kernel
+// 4-bit experts with an even number of groups (the model's widths). The staged kernel above holds a chunk's X for all
+// of K (64 KB at K = 2048) and its scales (40 KB) in shared memory for the CTA's life, so its weights can only be
+// requested one unit ahead in registers (~32 KB in flight per SM: the weights stream at ~1.4–2 TB/s). Here every
+// operand streams through a ring of kRingStages stages in shared memory, one 64-byte unit (two groups) of K per
+// stage: the CTA's 256 weight rows × 64 bytes by 16-byte cp.async (whole row segments), the two groups' scales and
+// biases by 4-byte cp.async, and the chunk's 16 tokens × 128 columns of X by plain loads issued a ring's depth ahead
+// and stored permuted (as stage_x does) with their Σx after the stage's math. ~90 KB per CTA: 2 CTAs per SM with
+// 3 stages (48 KB of weights) each in flight. The math is the staged kernel's (group_math), lane c taking column
+// block c of each group straight from shared memory (no exchange between lanes).
+constexpr int kRingStages = 4;
+constexpr int kRingW = kCtaRows * kUnitBytes;      // 16 KB: local row lr at 64·lr, its halves swapped when lr & 2
+constexpr int kRingXS = 2 * kGroup * 2 + 16;       // X row: 128 columns of bf16 + 16 (conflict-free fragments)
+constexpr int kRingX = kTok * kRingXS;
+constexpr int kRingSx = 2 * kTok * 4;              // Σx [group][token]
+constexpr int kRingSbArr = kCtaRows * 4;           // [local row][2 groups] bf16; biases after the scales
+constexpr int kRingStage = kRingW + kRingX + kRingSx + 2 * kRingSbArr;
+constexpr int kRingSmem = kRingStages * kRingStage;
+static_assert(kRingStage % 16 == 0, "16-byte aligned stages");
+
+// The matrix and row of the CTA's local row lr (the layout of local_row: warp, operand m, half h, g), clamped to N − 1.
+template <bool SWIGLU>
+__device__ __forceinline__ void ring_row(const Args& p, int lr, int e, int rb, QMatrixDev& M, int64_t& row) {
+  const int w = lr >> 5, m = (lr >> 4) & 1, h = (lr >> 3) & 1, g = lr & 7;
+  M = (SWIGLU && m == 1 ? p.W1 : p.W0).expert(e);
+  row = min(matrix_row<SWIGLU>((rb * kWarps + w) * rows_per_warp<SWIGLU>(), m, g, h), p.N - 1);
+}
+
+// One chunk through the ring: NT n-tiles (1 when it has at most 8 tokens). A stage's X is loaded when the stage is
+// requested and stored after the math of the stage before it (storing it a stage later, to give the load a stage's
+// math to arrive, measured the same).
+template <bool SWIGLU, int NT>
+__device__ __forceinline__ void ring_chunk(const Args& p, const ChunkAt& at, unsigned char* smem,
+                                           const char* const (&wsrc)[4], const uint32_t (&wdst)[4],
+                                           const unsigned short* ssrc, const unsigned short* bsrc, bool warp_active,
+                                           int warp) {
+  constexpr int S = kRingStages;
+  const int tid = threadIdx.x, nu = at.ngroups / 2;
+  const uint32_t base = dev::smem_u32(smem);
+  // this thread's X piece: token tr of the chunk, 16 bytes q of a unit's 128 columns (group q / 8)
+  const int tr = tid >> 4, q = tid & 15;
+  const bool xv = at.chunk0 + tr < at.count;
+  const int sr = at.start + at.chunk0 + tr;
+  const __nv_bfloat16* xsrc = p.X + (xv ? (p.a_rows ? int64_t(p.a_rows[sr]) : int64_t(sr)) * p.ldx : 0) + q * 8;
+  auto issue = [&](int k) {  // stage k's weights and scales; one commit group per stage (empty past the end)
+    if (k < nu) {
+      const uint32_t st = base + (k % S) * kRingStage;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) dev::cp_async16(st + wdst[i], wsrc[i] + k * kUnitBytes);
+      const uint32_t sb = st + kRingW + kRingX + kRingSx + tid * 4;
+      dev::cp_async4(sb, ssrc + 2 * k);
+      dev::cp_async4(sb + kRingSbArr, bsrc + 2 * k);
+    }
+    dev::cp_async_commit();
+  };
+  auto load_x = [&](int k) {
+    return k < nu && xv ? *reinterpret_cast<const uint4*>(xsrc + k * 2 * kGroup) : make_uint4(0, 0, 0, 0);
+  };
+  auto store_x = [&](int k, uint4 v) {  // permuted into the nibble pairs' order (stage_x) with the group's Σx
+    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+    float sum = 0.f;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float2 f = __bfloat1622float2(h[j]);
+      sum += f.x + f.y;
+    }
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 4);
+    if (k >= nu) return;
+    unsigned char* st = smem + (k % S) * kRingStage;
+    *reinterpret_cast<uint4*>(st + kRingW + tr * kRingXS + q * 16) =
+        make_uint4(__byte_perm(v.x, v.z, 0x5410), __byte_perm(v.x, v.z, 0x7632), __byte_perm(v.y, v.w, 0x5410),
+                   __byte_perm(v.y, v.w, 0x7632));
+    if ((q & 7) == 0) reinterpret_cast<float*>(st + kRingW + kRingX)[(q >> 3) * kTok + tr] = sum;
+  };
+
+  float tot[2][NT][4];
+#pragma unroll
+  for (int m = 0; m < 2; ++m)
+#pragma unroll
+    for (int t = 0; t < NT; ++t)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) tot[m][t][i] = 0.f;
+  {
+    uint4 xp[S - 1];
+#pragma unroll
+    for (int s = 0; s < S - 1; ++s) {
+      issue(s);
+      xp[s] = load_x(s);
+    }
+#pragma unroll
+    for (int s = 0; s < S - 1; ++s) store_x(s, xp[s]);
+  }
+  const int g = at.g, c = at.c, lr0 = warp * 32 + g;  // the thread's row (0, 0)
+  const int swap = (g >> 1) & 1;                     // rows with lr & 2 hold their two groups swapped
+  for (int k = 0; k < nu; ++k) {
+    dev::cp_async_wait<S - 2>();  // stage k (this thread's copies)
+    __syncthreads();              // everyone's copies and X of stage k; stage k − 1's slot free
+    issue(k + S - 1);
+    const uint4 xn = load_x(k + S - 1);
+    if (warp_active) {
+      const unsigned char* st = smem + (k % S) * kRingStage;
+      const unsigned char* xg = st + kRingW + g * kRingXS + c * 32;
+      const float* sx = reinterpret_cast<const float*>(st + kRingW + kRingX);
+      const unsigned char* sb = st + kRingW + kRingX + kRingSx + lr0 * 4;
+#pragma unroll
+      for (int G = 0; G < 2; ++G) {
+        Stage<4> w;
+#pragma unroll
+        for (int i = 0; i < 4; ++i)  // row (m, h) = (i / 2, i % 2): local row lr0 + 16m + 8h
+          w.w[i] = *reinterpret_cast<const uint2*>(st + (lr0 + 16 * (i >> 1) + 8 * (i & 1)) * kUnitBytes +
+                                                   (G ^ swap) * 32 + 8 * c);
+        group_math<4, NT, 4, kRingSbArr>(w, xg + G * 128, 8 * kRingXS, sx + G * kTok, c, sb + 2 * G, tot);
+      }
+    }
+    store_x(k + S - 1, xn);
+  }
+  dev::cp_async_wait_all();
+  __syncthreads();  // the ring is refilled by the next chunk
+  if (warp_active) store_chunk<SWIGLU, NT>(p, at, tot);
+}
+
+template <bool SWIGLU>
+__global__ void __launch_bounds__(kThreads, 2) moe_ring_kernel(const Args p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int e = blockIdx.y;
+  const int start = p.expert_start[e], count = p.expert_start[e + 1] - start;
+  const int z = blockIdx.x % p.Z, rb = blockIdx.x / p.Z;
+  const int per = ((count + kTok - 1) / kTok + p.Z - 1) / p.Z;
+  const int lo = z * per * kTok, hi = min(count, (z + 1) * per * kTok);
+  if (lo >= hi) return;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int K = int(p.W0.first.cols), ngroups = K / kGroup;
+  const int64_t row_bytes = int64_t(K) / 2;
+  const int r0 = (rb * kWarps + warp) * rows_per_warp<SWIGLU>();
+  // copies: 16-byte piece j = tid + 256 i of a stage's weights is quarter tid % 4 of local row tid / 4 + 64 i
+  const char* wsrc[4];
+  uint32_t wdst[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int lr = (tid >> 2) + 64 * i, qq = tid & 3;
+    QMatrixDev M;
+    int64_t row;
+    ring_row<SWIGLU>(p, lr, e, rb, M, row);
+    wsrc[i] = reinterpret_cast<const char*>(M.qweight) + row * row_bytes + qq * 16;
+    wdst[i] = uint32_t(lr * kUnitBytes + ((qq ^ (((lr >> 1) & 1) << 1)) * 16));
+  }
+  QMatrixDev M;
+  int64_t row;
+  ring_row<SWIGLU>(p, tid, e, rb, M, row);  // the scales of local row tid
+  const unsigned short* ssrc = reinterpret_cast<const unsigned short*>(M.scales) + row * ngroups;
+  const unsigned short* bsrc = reinterpret_cast<const unsigned short*>(M.biases) + row * ngroups;
+  for (int chunk0 = lo; chunk0 < hi; chunk0 += kTok) {
+    const ChunkAt at{chunk0, start, count, r0, lane >> 2, lane & 3, ngroups, kRingXS};
+    if (min(hi, chunk0 + kTok) - chunk0 <= 8)
+      ring_chunk<SWIGLU, 1>(p, at, smem, wsrc, wdst, ssrc, bsrc, r0 < p.N, warp);
+    else
+      ring_chunk<SWIGLU, kNT>(p, at, smem, wsrc, wdst, ssrc, bsrc, r0 < p.N, warp);
+  }
+}
+
+std::atomic<int> g_kernel{0};  // MoeSmallKernel: 0 auto, 1 ring, 2 staged
+
+// The ring kernel takes 4-bit experts with an even number of groups, unless the staged kernel is asked for
+// (set_moe_small_kernel, LILAC_MOE_RING=0).
+bool ring_takes(const Args& p, int bits) {
+  if (bits != 4 || (p.W0.first.cols / kGroup) % 2 != 0) return false;
+  const int forced = g_kernel.load();
+  if (forced != 0) return forced == 1;
+  static const bool off = [] {
+    const char* e = std::getenv("LILAC_MOE_RING");
+    return e && std::strcmp(e, "0") == 0;
+  }();
+  return !off;
+}
+
+template <typename Kernel, typename... A>
+void launch_kernel(Kernel kern, int smem, int& attr_bytes, dim3 grid, cudaStream_t stream, const A&... args) {
   if (smem > 48 * 1024 && smem > attr_bytes) {
     const cudaError_t err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (err != cudaSuccess)
@@ -432,11 +616,21 @@ void launch_small(const Args& p, int E, cudaStream_t stream) {
                   cudaGetErrorString(err));
     attr_bytes = smem;
   }
-  constexpr int rows_per_cta = kWarps * rows_per_warp<SWIGLU>();
-  const dim3 grid(unsigned((p.N + rows_per_cta - 1) / rows_per_cta * p.Z), unsigned(E));
-  kern<<<grid, kThreads, smem, stream>>>(p);
+  kern<<<grid, kThreads, smem, stream>>>(args...);
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) throw Error(std::string("moe_small: launch failed: ") + cudaGetErrorString(err));
+}
+
+template <int BITS, bool SWIGLU>
+void launch_small(const Args& p, int E, cudaStream_t stream) {
+  constexpr int rows_per_cta = kWarps * rows_per_warp<SWIGLU>();
+  const dim3 grid(unsigned((p.N + rows_per_cta - 1) / rows_per_cta * p.Z), unsigned(E));
+  static int attr_bytes = 0, ring_attr_bytes = 0;  // per instantiation (one GPU per process)
+  if (ring_takes(p, BITS)) {
+    launch_kernel(moe_ring_kernel<SWIGLU>, kRingSmem, ring_attr_bytes, grid, stream, p);
+  } else {
+    launch_kernel(moe_small_kernel<BITS, SWIGLU>, smem_bytes(int(p.W0.first.cols)), attr_bytes, grid, stream, p);
+  }
 }
 
 void check_experts(const QExpertsDev& W, const char* what) {
@@ -488,6 +682,10 @@ bool moe_small_supported(const MoEPrefillWeights& w) {
       return false;
   }
   return w.gate.first.bits == w.up.first.bits;
+}
+
+void set_moe_small_kernel(MoeSmallKernel k) {
+  g_kernel.store(k == MoeSmallKernel::Ring ? 1 : k == MoeSmallKernel::Staged ? 2 : 0);
 }
 
 void set_moe_path(MoePath path) { g_forced.store(path == MoePath::Grouped ? 1 : path == MoePath::Small ? 2 : 0); }
