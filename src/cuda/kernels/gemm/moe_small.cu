@@ -165,6 +165,27 @@ __device__ void stage_scales(const Args& p, int e, int rb, int ngroups, unsigned
   }
 }
 
+// 16 bytes of X (8 bf16 columns): their sum over the 8 lanes l ^ 1, l ^ 2, l ^ 4 (a 64-column group's Σx when those
+// lanes hold its 8 pieces), and the 4-bit kernels' column order: (x0,x4), (x1,x5), (x2,x6), (x3,x7), the nibble pairs
+// of a word.
+__device__ __forceinline__ float group_sum8(const uint4& v) {
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+  float sum = 0.f;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const float2 f = __bfloat1622float2(h[j]);
+    sum += f.x + f.y;
+  }
+  sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+  sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+  sum += __shfl_xor_sync(0xffffffffu, sum, 4);
+  return sum;
+}
+__device__ __forceinline__ uint4 nibble_pair_order(const uint4& o) {
+  return make_uint4(__byte_perm(o.x, o.z, 0x5410), __byte_perm(o.x, o.z, 0x7632), __byte_perm(o.y, o.w, 0x5410),
+                    __byte_perm(o.y, o.w, 0x7632));
+}
+
 // X[chunk] into shared memory in fragment order, and Σx per (group, token); 8 lanes per 64-group. kStageUnroll loads
 // per thread in flight; total = kTok·K/8 is a multiple of 32, so whole warps take each branch. Rows past the
 // expert's tokens are zeros.
@@ -188,20 +209,9 @@ __device__ void stage_x(const Args& p, int start, int count, int chunk0, int K, 
     for (int u = 0; u < kStageUnroll; ++u) {
       const int idx = base + u * kThreads + tid, t = idx / cpr, q = idx - t * cpr;
       if (base + u * kThreads >= total) break;  // uniform over the block
-      const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v[u]);
-      float sum = 0.f;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const float2 f = __bfloat1622float2(h[j]);
-        sum += f.x + f.y;
-      }
-      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 4);
+      const float sum = group_sum8(v[u]);
       uint4 o = v[u];
-      if constexpr (BITS == 4)  // (x0,x4), (x1,x5), (x2,x6), (x3,x7): the nibble pairs of a word
-        o = make_uint4(__byte_perm(o.x, o.z, 0x5410), __byte_perm(o.x, o.z, 0x7632), __byte_perm(o.y, o.w, 0x5410),
-                       __byte_perm(o.y, o.w, 0x7632));
+      if constexpr (BITS == 4) o = nibble_pair_order(o);
       if (idx < total) {
         *reinterpret_cast<uint4*>(smem + t * XS + q * 16) = o;
         if ((q & 7) == 0) sumx[(q >> 3) * kTok + t] = sum;
@@ -489,21 +499,10 @@ __device__ __forceinline__ void ring_chunk(const Args& p, const ChunkAt& at, uns
     return k < nu && xv ? *reinterpret_cast<const uint4*>(xsrc + k * 2 * kGroup) : make_uint4(0, 0, 0, 0);
   };
   auto store_x = [&](int k, uint4 v) {  // permuted into the nibble pairs' order (stage_x) with the group's Σx
-    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
-    float sum = 0.f;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const float2 f = __bfloat1622float2(h[j]);
-      sum += f.x + f.y;
-    }
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 4);
+    const float sum = group_sum8(v);
     if (k >= nu) return;
     unsigned char* st = smem + (k % S) * kRingStage;
-    *reinterpret_cast<uint4*>(st + kRingW + tr * kRingXS + q * 16) =
-        make_uint4(__byte_perm(v.x, v.z, 0x5410), __byte_perm(v.x, v.z, 0x7632), __byte_perm(v.y, v.w, 0x5410),
-                   __byte_perm(v.y, v.w, 0x7632));
+    *reinterpret_cast<uint4*>(st + kRingW + tr * kRingXS + q * 16) = nibble_pair_order(v);
     if ((q & 7) == 0) reinterpret_cast<float*>(st + kRingW + kRingX)[(q >> 3) * kTok + tr] = sum;
   };
 
