@@ -401,16 +401,28 @@ __device__ __forceinline__ void chunk_math(const Args& p, const ChunkAt& at, con
   store_chunk<SWIGLU, NT>(p, at, tot);
 }
 
+// A CTA's expert (blockIdx.y), row block and chunks: the z-th of Z near-equal runs of the expert's ceil(count / 16)
+// chunks (blockIdx.x = row block · Z + z), tokens [lo, hi) of the expert's sorted rows [start, start + count).
+struct CtaChunks {
+  int e, start, count, rb, lo, hi;
+  __device__ __forceinline__ explicit CtaChunks(const Args& p) {
+    e = blockIdx.y;
+    start = p.expert_start[e];
+    count = p.expert_start[e + 1] - start;
+    const int z = blockIdx.x % p.Z;
+    rb = blockIdx.x / p.Z;
+    const int per = ((count + kTok - 1) / kTok + p.Z - 1) / p.Z;
+    lo = z * per * kTok;
+    hi = min(count, (z + 1) * per * kTok);
+  }
+};
+
 template <int BITS, bool SWIGLU>
 __global__ void __launch_bounds__(kThreads, 2) moe_small_kernel(const Args p) {
   extern __shared__ __align__(16) unsigned char smem[];
-  const int e = blockIdx.y;
-  const int start = p.expert_start[e], count = p.expert_start[e + 1] - start;
-  // this CTA's chunks: the z-th of Z near-equal runs of the expert's ceil(count / 16) chunks
-  const int z = blockIdx.x % p.Z, rb = blockIdx.x / p.Z;
-  const int per = ((count + kTok - 1) / kTok + p.Z - 1) / p.Z;
-  const int lo = z * per * kTok, hi = min(count, (z + 1) * per * kTok);
-  if (lo >= hi) return;
+  const CtaChunks cc(p);
+  if (cc.lo >= cc.hi) return;
+  const int e = cc.e, start = cc.start, count = cc.count, rb = cc.rb, lo = cc.lo, hi = cc.hi;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
   const int K = int(p.W0.first.cols), ngroups = K / kGroup, XS = x_stride(K);
   float* sumx = reinterpret_cast<float*>(smem + kTok * XS);  // [group][token]
@@ -555,12 +567,9 @@ __device__ __forceinline__ void ring_chunk(const Args& p, const ChunkAt& at, uns
 template <bool SWIGLU>
 __global__ void __launch_bounds__(kThreads, 2) moe_ring_kernel(const Args p) {
   extern __shared__ __align__(16) unsigned char smem[];
-  const int e = blockIdx.y;
-  const int start = p.expert_start[e], count = p.expert_start[e + 1] - start;
-  const int z = blockIdx.x % p.Z, rb = blockIdx.x / p.Z;
-  const int per = ((count + kTok - 1) / kTok + p.Z - 1) / p.Z;
-  const int lo = z * per * kTok, hi = min(count, (z + 1) * per * kTok);
-  if (lo >= hi) return;
+  const CtaChunks cc(p);
+  if (cc.lo >= cc.hi) return;
+  const int e = cc.e, start = cc.start, count = cc.count, rb = cc.rb, lo = cc.lo, hi = cc.hi;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int K = int(p.W0.first.cols), ngroups = K / kGroup;
   const int64_t row_bytes = int64_t(K) / 2;
