@@ -362,13 +362,7 @@ __device__ __forceinline__ void store_chunk(const Args& p, const ChunkAt& at, co
 template <int BITS, bool SWIGLU, int NT>
 __device__ __forceinline__ void chunk_math(const Args& p, const ChunkAt& at, const WeightRows<BITS>& wr, Unit (&ub)[2],
                                            const unsigned char* smem, const float* sumx, const unsigned char* sb_row) {
-  float tot[2][NT][4];
-#pragma unroll
-  for (int m = 0; m < 2; ++m)
-#pragma unroll
-    for (int t = 0; t < NT; ++t)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) tot[m][t][i] = 0.f;
+  float tot[2][NT][4] = {};
   const int ngroups = at.ngroups, nu = units<BITS>(ngroups);
   const int xc = BITS == 4 ? x_block4(at.c) : at.c;
   const unsigned char* xg = smem + at.g * at.XS + xc * 32;  // group G at + 128·G
@@ -518,13 +512,7 @@ __device__ __forceinline__ void ring_chunk(const Args& p, const ChunkAt& at, uns
     if ((q & 7) == 0) reinterpret_cast<float*>(st + kRingW + kRingX)[(q >> 3) * kTok + tr] = sum;
   };
 
-  float tot[2][NT][4];
-#pragma unroll
-  for (int m = 0; m < 2; ++m)
-#pragma unroll
-    for (int t = 0; t < NT; ++t)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) tot[m][t][i] = 0.f;
+  float tot[2][NT][4] = {};
   {
     uint4 xp[S - 1];
 #pragma unroll
