@@ -90,10 +90,11 @@ int device_stages() {
 static bool rs_takes(const Params& p, int grid_x) {
   const int forced = g_forced.load();
   if (forced == 3) return false;
-  if (forced == 0) {
+  static const bool env_off = [] {  // read once: this runs for every prefill GEMM launch
     const char* env = std::getenv("LILAC_QGEMM_RS");
-    if (env && std::strcmp(env, "0") == 0) return false;
-  }
+    return env && std::strcmp(env, "0") == 0;
+  }();
+  if (forced == 0 && env_off) return false;
   const int kt = int(p.W0.cols / BK);
   if (kt % 8 != 0 || kt > RsSmem::MAX_KT) return false;
   if (forced == 2) return true;
