@@ -106,6 +106,19 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
+// v summed over the lanes that share lane % FROM (xor shuffles from FROM up to 16); then the lanes below FROM store
+// their N sums at part[lane · N + x] (their warp's row of a block's partial sums).
+template <int FROM, int N>
+__device__ __forceinline__ void warp_partials(float (&v)[N], float* part, int lane) {
+#pragma unroll
+  for (int o = FROM; o < 32; o <<= 1)
+#pragma unroll
+    for (int x = 0; x < N; ++x) v[x] += __shfl_xor_sync(0xffffffffu, v[x], o);
+  if (lane < FROM)
+#pragma unroll
+    for (int x = 0; x < N; ++x) part[lane * N + x] = v[x];
+}
+
 // Block-wide sum (all threads get the result). red: >= 32 floats of shared memory.
 __device__ __forceinline__ float block_sum(float v, float* red) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;

@@ -101,13 +101,7 @@ __global__ void __launch_bounds__(kThreads)
     acc[4] = fmaf(kv[r], kv[r], acc[4]);
     acc[5] = fmaf(qv[r], qv[r], acc[5]);
   }
-#pragma unroll
-  for (int o = kColGroups; o < 32; o <<= 1)
-#pragma unroll
-    for (int x = 0; x < 6; ++x) acc[x] += __shfl_xor_sync(0xffffffffu, acc[x], o);
-  if (lane < kColGroups)
-#pragma unroll
-    for (int x = 0; x < 6; ++x) part_u[warp][lane][x] = acc[x];
+  warp_partials<kColGroups>(acc, &part_u[warp][0][0], lane);
   __syncthreads();
   float tot[6] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
 #pragma unroll
@@ -143,13 +137,7 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
   }
-#pragma unroll
-  for (int sh = kColGroups; sh < 32; sh <<= 1)
-#pragma unroll
-    for (int j = 0; j < 4; ++j) o[j] += __shfl_xor_sync(0xffffffffu, o[j], sh);
-  if (lane < kColGroups)
-#pragma unroll
-    for (int j = 0; j < 4; ++j) part_o[warp][lane * 4 + j] = o[j];
+  warp_partials<kColGroups>(o, &part_o[warp][0], lane);
   __syncthreads();
   if (threadIdx.x < kCols) {
     const int col = blockIdx.y * kCols + threadIdx.x;

@@ -178,13 +178,7 @@ __device__ __forceinline__ void delta_step(float (&sr)[R][4], const float* xs, f
     acc[4] = fmaf(kv[r], kv[r], acc[4]);
     acc[5] = fmaf(qv[r], qv[r], acc[5]);
   }
-#pragma unroll
-  for (int o = kColGroups; o < 32; o <<= 1)
-#pragma unroll
-    for (int x = 0; x < 6; ++x) acc[x] += __shfl_xor_sync(0xffffffffu, acc[x], o);
-  if (t.lane < kColGroups)
-#pragma unroll
-    for (int x = 0; x < 6; ++x) part_u[t.warp][t.lane][x] = acc[x];
+  warp_partials<kColGroups>(acc, &part_u[t.warp][0][0], t.lane);
   __syncthreads();
   float tot[6] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
 #pragma unroll
@@ -211,13 +205,7 @@ __device__ __forceinline__ void delta_step(float (&sr)[R][4], const float* xs, f
       }
     }
   }
-#pragma unroll
-  for (int sh = kColGroups; sh < 32; sh <<= 1)
-#pragma unroll
-    for (int jj = 0; jj < 4; ++jj) o[jj] += __shfl_xor_sync(0xffffffffu, o[jj], sh);
-  if (t.lane < kColGroups)
-#pragma unroll
-    for (int jj = 0; jj < 4; ++jj) part_o[t.warp][t.lane * 4 + jj] = o[jj];
+  warp_partials<kColGroups>(o, &part_o[t.warp][0], t.lane);
   __syncthreads();
   if (out && t.tid < kCols) {
     const int col = t.y * kCols + t.tid;
