@@ -174,7 +174,7 @@ void lilac::bench::register_benchmarks() {
         ->UseManualTime()
         ->Iterations(1)
         ->Unit(benchmark::kMicrosecond);
-  for (int n : {16, 128, 512, 2048})
+  for (int n : {16, 128, 512, 1024, 2048})
     for (lc::MoePath p : {lc::MoePath::Grouped, lc::MoePath::Small})
       benchmark::RegisterBenchmark(
           (std::string("MoePrefillPath/") + (p == lc::MoePath::Small ? "small" : "grouped") + "/n:" + std::to_string(n))

@@ -275,6 +275,97 @@ __device__ __forceinline__ void store_frags(const Params& p, const float (&acc)[
     }
 }
 
+// The weight side of a qgemm_kernel block: thread tid copies and dequantizes half (wh = tid % 2) of tile row
+// wr = tid / 2, a row of W0 or, with SwiGLU, of W1 for the tile's second half; rows past N copy zeros. The raw words
+// of a k tile go to the stage by cp.async (copy), the row's scale and bias of a tile are loaded a tile ahead
+// (load_sb), and dequant writes the tile's bf16 rows (s·q + b, one rounding) swizzled into a B buffer.
+template <int BITS, bool SWIGLU>
+struct WTile {
+  static constexpr int WORDS_PER_TILE_ROW = BK * BITS / 32;  // 8 or 16
+  int wr, wh;
+  bool ok;
+  const uint32_t* w_src;
+  const __nv_bfloat16 *s_src, *b_src;
+  float sc = 0.f, bi = 0.f;  // scale / bias of the tile being dequantized next
+  __device__ __forceinline__ WTile(const Params& p, const QMatrixDev& W0, const QMatrixDev& W1, int n0, int kt0,
+                                   int tid) {
+    wr = tid >> 1;
+    wh = tid & 1;
+    const bool second = SWIGLU && wr >= BN / 2;  // (fields picked one by one: a reference to either matrix would
+                                                  // put both on the stack)
+    const int wrow = n0 + (SWIGLU ? (wr & (BN / 2 - 1)) : wr);
+    ok = wrow < p.N;
+    const int64_t wpr = W0.words_per_row(), gpr = W0.groups_per_row();
+    w_src = (second ? W1.qweight : W0.qweight) + (ok ? int64_t(wrow) * wpr : 0) + int64_t(kt0) * WORDS_PER_TILE_ROW;
+    s_src = (second ? W1.scales : W0.scales) + (ok ? int64_t(wrow) * gpr : 0) + kt0;
+    b_src = (second ? W1.biases : W0.biases) + (ok ? int64_t(wrow) * gpr : 0) + kt0;
+  }
+  // raw words of k tile kt into a stage's W part: row wr, 16-byte chunks (BITS/2 chunks per row, this thread half)
+  __device__ __forceinline__ void copy(uint32_t stage_w, int kt) const {
+#pragma unroll
+    for (int j = 0; j < BITS / 4; ++j) {
+      const int chunk = wh * (BITS / 4) + j;
+      cp_async16_zfill(stage_w + wr * (WORDS_PER_TILE_ROW * 4) + chunk * 16,
+                       w_src + int64_t(kt) * WORDS_PER_TILE_ROW + chunk * 4, ok ? 16 : 0);
+    }
+  }
+  __device__ __forceinline__ void load_sb(int kt, int KT) {
+    if (kt < KT && ok) {
+      sc = __bfloat162float(s_src[kt]);
+      bi = __bfloat162float(b_src[kt]);
+    }
+  }
+  // raw_w: the stage's W part (generic pointer); dst: the B buffer (shared address)
+  __device__ __forceinline__ void dequant(const unsigned char* raw_w, uint32_t dst) const {
+    const unsigned char* raw = raw_w + wr * (WORDS_PER_TILE_ROW * 4);
+    if constexpr (BITS == 4) {
+      uint4 w = *reinterpret_cast<const uint4*>(raw + wh * 16);
+      __nv_bfloat162 s2 = __floats2bfloat162_rn(sc, sc), b2 = __floats2bfloat162_rn(bi, bi);
+      uint32_t ws[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        uint4 o = dequant8_q4(ws[j], s2, b2);
+        uint32_t addr = dst + swz(wr, (wh * 4 + j) * 8);
+        asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};\n" ::"r"(addr), "r"(o.x), "r"(o.y), "r"(o.z), "r"(o.w));
+      }
+    } else {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        uint4 w = *reinterpret_cast<const uint4*>(raw + wh * 32 + h * 16);
+        uint2 o0 = dequant4_q8(w.x, sc, bi), o1 = dequant4_q8(w.y, sc, bi);
+        uint2 o2 = dequant4_q8(w.z, sc, bi), o3 = dequant4_q8(w.w, sc, bi);
+        uint32_t addr0 = dst + swz(wr, (wh * 4 + h * 2) * 8);
+        uint32_t addr1 = dst + swz(wr, (wh * 4 + h * 2 + 1) * 8);
+        asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};\n" ::"r"(addr0), "r"(o0.x), "r"(o0.y), "r"(o1.x), "r"(o1.y));
+        asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};\n" ::"r"(addr1), "r"(o2.x), "r"(o2.y), "r"(o3.x), "r"(o3.y));
+      }
+    }
+  }
+};
+
+// One k tile's products on mma.sync: the warp's 64 × 32 part of the tile (rows warp_m·64.., columns warp_n·32..)
+// from the swizzled A (As) and B (Bs) tiles by ldmatrix, into acc[mi·4 + ni].
+__device__ __forceinline__ void mma_sync_tile(float (&acc)[16][4], uint32_t As, uint32_t Bs, int warp_m, int warp_n,
+                                              int lane) {
+  const int a_r = lane & 15, a_k = (lane >> 4) * 8;                               // A: rows 0-15, k 0/8
+  const int b_n = (lane & 7) + ((lane >> 4) << 3), b_k = ((lane >> 3) & 1) * 8;  // B: n 0-15, k 0/8
+#pragma unroll
+  for (int ks = 0; ks < BK / 16; ++ks) {
+    uint32_t af[4][4], bfr[4][2];
+#pragma unroll
+    for (int mi = 0; mi < 4; ++mi)
+      ldmatrix_x4(As + swz(warp_m * 64 + mi * 16 + a_r, ks * 16 + a_k), af[mi][0], af[mi][1], af[mi][2], af[mi][3]);
+#pragma unroll
+    for (int nj = 0; nj < 2; ++nj)
+      ldmatrix_x4(Bs + swz(warp_n * 32 + nj * 16 + b_n, ks * 16 + b_k), bfr[2 * nj][0], bfr[2 * nj][1],
+                  bfr[2 * nj + 1][0], bfr[2 * nj + 1][1]);
+#pragma unroll
+    for (int mi = 0; mi < 4; ++mi)
+#pragma unroll
+      for (int ni = 0; ni < 4; ++ni) mma_m16n8k16_bf16(acc[mi * 4 + ni], af[mi], bfr[ni][0], bfr[ni][1]);
+  }
+}
+
 template <int BITS, bool GROUPED, int EPI, bool WG, bool SPLIT = false>
 __global__ void __launch_bounds__(THREADS, 2) qgemm_kernel(const Params p) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -298,71 +389,25 @@ __global__ void __launch_bounds__(THREADS, 2) qgemm_kernel(const Params p) {
   const int KT_all = int(K / BK);
   const int kt0 = SPLIT ? int(int64_t(KT_all) * blockIdx.z / p.k_split) : 0;
   const int KT = SPLIT ? int(int64_t(KT_all) * (blockIdx.z + 1) / p.k_split) - kt0 : KT_all;  // this block's k tiles
-  const int64_t wpr = W0.words_per_row(), gpr = W0.groups_per_row();
 
-  // ---- A rows this thread copies (4 chunks of 16 B per thread per tile)
+  // ---- A rows this thread copies (4 chunks of 16 B per thread per tile); the W rows (WTile)
   const XRows<> xs(p, row_base, rows_valid, kt0, tid);
-  // ---- W rows: thread tid owns tile row wr = tid / 2 (copy and dequant)
-  const int wr = tid >> 1, wh = tid & 1;
-  const QMatrixDev& Wm = (SWIGLU && wr >= BN / 2) ? W1 : W0;
-  const int wrow = n0 + (SWIGLU ? (wr & (BN / 2 - 1)) : wr);
-  const bool w_ok = wrow < p.N;
-  constexpr int WORDS_PER_TILE_ROW = BK * BITS / 32;  // 8 or 16
-  const uint32_t* w_src = Wm.qweight + (w_ok ? int64_t(wrow) * wpr : 0) + int64_t(kt0) * WORDS_PER_TILE_ROW;
-  const __nv_bfloat16* s_src = Wm.scales + (w_ok ? int64_t(wrow) * gpr : 0) + kt0;
-  const __nv_bfloat16* b_src = Wm.biases + (w_ok ? int64_t(wrow) * gpr : 0) + kt0;
+  WTile<BITS, SWIGLU> wt(p, W0, W1, n0, kt0, tid);
 
   const uint32_t smem_base = smem_u32(smem);
   auto stage_a = [&](int s) { return smem_base + s * S::STAGE_BYTES; };
-  auto stage_w = [&](int s) { return smem_base + s * S::STAGE_BYTES + S::A_BYTES; };
   const uint32_t b_base = smem_base + STAGES * S::STAGE_BYTES;
 
   auto load_tile = [&](int kt, int s) {
     if (kt < KT) {
       xs.load(p, stage_a(s), kt, tid);
-      // raw words: row wr, 16-byte chunks (BITS/2 chunks per row, this thread takes half)
-#pragma unroll
-      for (int j = 0; j < BITS / 4; ++j) {
-        int chunk = wh * (BITS / 4) + j;
-        cp_async16_zfill(stage_w(s) + wr * (WORDS_PER_TILE_ROW * 4) + chunk * 16,
-                         w_src + int64_t(kt) * WORDS_PER_TILE_ROW + chunk * 4, w_ok ? 16 : 0);
-      }
+      wt.copy(stage_a(s) + S::A_BYTES, kt);
     }
     cp_async_commit();
   };
-
-  float sc = 0.f, bi = 0.f;  // scale / bias of the tile being dequantized next
-  auto load_sb = [&](int kt) {
-    if (kt < KT && w_ok) {
-      sc = __bfloat162float(s_src[kt]);
-      bi = __bfloat162float(b_src[kt]);
-    }
-  };
+  auto load_sb = [&](int kt) { wt.load_sb(kt, KT); };
   auto dequant = [&](int kt, int buf) {
-    const unsigned char* raw = smem + (kt % STAGES) * S::STAGE_BYTES + S::A_BYTES + wr * (WORDS_PER_TILE_ROW * 4);
-    const uint32_t dst = b_base + buf * S::B_BYTES;
-    if constexpr (BITS == 4) {
-      uint4 w = *reinterpret_cast<const uint4*>(raw + wh * 16);
-      __nv_bfloat162 s2 = __floats2bfloat162_rn(sc, sc), b2 = __floats2bfloat162_rn(bi, bi);
-      uint32_t ws[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        uint4 o = dequant8_q4(ws[j], s2, b2);
-        uint32_t addr = dst + swz(wr, (wh * 4 + j) * 8);
-        asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};\n" ::"r"(addr), "r"(o.x), "r"(o.y), "r"(o.z), "r"(o.w));
-      }
-    } else {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        uint4 w = *reinterpret_cast<const uint4*>(raw + wh * 32 + h * 16);
-        uint2 o0 = dequant4_q8(w.x, sc, bi), o1 = dequant4_q8(w.y, sc, bi);
-        uint2 o2 = dequant4_q8(w.z, sc, bi), o3 = dequant4_q8(w.w, sc, bi);
-        uint32_t addr0 = dst + swz(wr, (wh * 4 + h * 2) * 8);
-        uint32_t addr1 = dst + swz(wr, (wh * 4 + h * 2 + 1) * 8);
-        asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};\n" ::"r"(addr0), "r"(o0.x), "r"(o0.y), "r"(o1.x), "r"(o1.y));
-        asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};\n" ::"r"(addr1), "r"(o2.x), "r"(o2.y), "r"(o3.x), "r"(o3.y));
-      }
-    }
+    wt.dequant(smem + (kt % STAGES) * S::STAGE_BYTES + S::A_BYTES, b_base + buf * S::B_BYTES);
   };
 
   // 16 accumulator fragments of 4 values: fragment f holds (row fr, cols fc, fc+1) and (fr+8, ...)
@@ -382,10 +427,6 @@ __global__ void __launch_bounds__(THREADS, 2) qgemm_kernel(const Params p) {
   __syncthreads();
   dequant(0, 0);
   load_sb(1);
-
-  // ldmatrix lane addressing
-  const int a_r = lane & 15, a_k = (lane >> 4) * 8;                       // A: rows 0-15, k 0/8
-  const int b_n = (lane & 7) + ((lane >> 4) << 3), b_k = ((lane >> 3) & 1) * 8;  // B: n 0-15, k 0/8
 
   if constexpr (WG) fence_proxy_async();  // B tile 0 written by ordinary stores, read by wgmma
   // Whether this warp's 64 X rows (its warpgroup's with wgmma, warp_m's with mma.sync: the same half of the tile) hold
@@ -428,24 +469,7 @@ __global__ void __launch_bounds__(THREADS, 2) qgemm_kernel(const Params p) {
         dequant(kt + 1, (kt + 1) & 1);
         load_sb(kt + 2);
       }
-      if constexpr (ROWS) {
-#pragma unroll
-        for (int ks = 0; ks < BK / 16; ++ks) {
-          uint32_t af[4][4], bfr[4][2];
-#pragma unroll
-          for (int mi = 0; mi < 4; ++mi)
-            ldmatrix_x4(As + swz(warp_m * 64 + mi * 16 + a_r, ks * 16 + a_k), af[mi][0], af[mi][1], af[mi][2],
-                        af[mi][3]);
-#pragma unroll
-          for (int nj = 0; nj < 2; ++nj)
-            ldmatrix_x4(Bs + swz(warp_n * 32 + nj * 16 + b_n, ks * 16 + b_k), bfr[2 * nj][0], bfr[2 * nj][1],
-                        bfr[2 * nj + 1][0], bfr[2 * nj + 1][1]);
-#pragma unroll
-          for (int mi = 0; mi < 4; ++mi)
-#pragma unroll
-            for (int ni = 0; ni < 4; ++ni) mma_m16n8k16_bf16(acc[mi * 4 + ni], af[mi], bfr[ni][0], bfr[ni][1]);
-        }
-      }
+      if constexpr (ROWS) mma_sync_tile(acc, As, Bs, warp_m, warp_n, lane);
     }
   };
   if (rows_here)
