@@ -34,7 +34,10 @@ __global__ void route_kernel(const float* __restrict__ logits, int n, int E, int
 #pragma unroll
     for (int j = 0; j < kCached; ++j) lv[j] = lane + 32 * j < E ? l[lane + 32 * j] : -INFINITY;
   }
-  auto logit = [&](int j) { return CACHED ? lv[j] : l[lane + 32 * j]; };
+  auto logit = [&](int j) {
+    if constexpr (CACHED) return lv[j];
+    else return l[lane + 32 * j];
+  };
   const int per_lane = (E - lane + 31) / 32;  // experts of this lane
   float mx = -INFINITY;
   for (int j = 0; j < (CACHED ? kCached : per_lane); ++j)
