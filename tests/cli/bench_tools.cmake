@@ -8,3 +8,15 @@ add_test(NAME bench_prefill_trace_busiest_segment
                  ${CMAKE_CURRENT_LIST_DIR}/data/prefill_trace_idle_first.csv)
 set_tests_properties(bench_prefill_trace_busiest_segment PROPERTIES LABELS cli
                      PASS_REGULAR_EXPRESSION "prefill: 3 kernels, span 91.0 us, busy 91.0 us")
+# scripts/ptx_compare.py (behind scripts/ptx-same.sh): the same code with other .loc lines, comments and anonymous
+# namespace hashes is identical; renamed virtual registers are reported as such; a changed instruction is a difference.
+set(_ptx ${CMAKE_CURRENT_LIST_DIR}/data/ptx)
+foreach(_case moved renamed changed)
+  add_test(NAME ptx_compare_${_case}
+           COMMAND ${Python3_EXECUTABLE} ${CMAKE_SOURCE_DIR}/scripts/ptx_compare.py ${_ptx}/base.ptx ${_ptx}/${_case}.ptx)
+endforeach()
+set_tests_properties(ptx_compare_moved PROPERTIES LABELS cli PASS_REGULAR_EXPRESSION "^identical PTX\n$")
+set_tests_properties(ptx_compare_renamed PROPERTIES LABELS cli
+                     PASS_REGULAR_EXPRESSION "identical PTX up to virtual register numbers")
+set_tests_properties(ptx_compare_changed PROPERTIES LABELS cli
+                     PASS_REGULAR_EXPRESSION "different PTX: 2 lines differ.*-add.f32.*\\+sub.f32")
