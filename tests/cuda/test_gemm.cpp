@@ -196,6 +196,68 @@ TEST(PrefillQgemm, WgmmaPathsAgreeWithMmaSync) {
   EXPECT_LT(rel_err(hrs, href), 4e-3);
 }
 
+// Split-K on sm_90: the k splits of a tile as one thread-block cluster adding their partials through distributed
+// shared memory must give exactly what the partial buffer + reduce kernel gives (the same sums in the same order), on
+// every tensor-core path: shapes that split (small grids, long K: out_proj-like with 1 and 4 token tiles, the 8-bit
+// router), ragged token and row counts (a tile's rows and columns past the edge), Y rows 16-byte aligned or not (both
+// store paths), stores and adds.
+TEST(PrefillQgemm, SplitKClusterEqualsReduce) {
+  NEED_GPU();
+  if (!lc::splitk_cluster_available()) GTEST_SKIP() << "thread-block clusters need sm_90";
+  const uint32_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  struct Case {
+    int n, rows, cols, bits, ldy_pad;
+    lc::GemmOut mode;
+  };
+  for (const Case& cs : {Case{100, 2048, 4096, 4, 0, lc::GemmOut::AddF32}, Case{512, 2048, 4096, 4, 0, lc::GemmOut::AddF32},
+                         Case{77, 257, 2048, 4, 3, lc::GemmOut::StoreF32}, Case{129, 2047, 512, 4, 1, lc::GemmOut::AddF32},
+                         Case{300, 256, 2048, 8, 0, lc::GemmOut::StoreF32}, Case{5, 1, 2048, 8, 0, lc::GemmOut::StoreF32}}) {
+    SCOPED_TRACE("n=" + std::to_string(cs.n) + " rows=" + std::to_string(cs.rows) + " cols=" + std::to_string(cs.cols) +
+                 " bits=" + std::to_string(cs.bits));
+    QMat W(cs.rows, cs.cols, cs.bits, rng);
+    std::vector<float> xf;
+    Dev<uint16_t> dx(rand_bf16(size_t(cs.n) * cs.cols, rng, -1.f, 1.f, &xf));
+    const int64_t ldy = cs.rows + cs.ldy_pad;
+    const std::vector<float> y0 = rand_f(size_t(cs.n) * ldy, rng, -1.f, 1.f);
+    std::vector<float> ref(size_t(cs.n) * cs.rows);
+    cpu::qmatmul(W.host, xf.data(), cs.n, ref.data());
+    lc::set_splitk_cluster(lc::SplitKPath::Reduce);
+    ASSERT_GT(lc::qgemm_split_floats(W.dev(), cs.n, cs.mode), 0u) << "this shape must split K";
+    lc::set_splitk_cluster(lc::SplitKPath::Cluster);
+    EXPECT_EQ(lc::qgemm_split_floats(W.dev(), cs.n, cs.mode), 0u);
+    auto run = [&](lc::SplitKPath path, std::vector<float>& out) {
+      lc::set_splitk_cluster(path);
+      Dev<float> dy(y0);
+      lc::qgemm(W.dev(), reinterpret_cast<const __nv_bfloat16*>(dx.p), cs.cols, cs.n, dy.p, ldy, cs.mode, nullptr);
+      CK(cudaDeviceSynchronize());
+      lc::set_splitk_cluster(lc::SplitKPath::Auto);
+      out = dy.get();
+    };
+    for_each_gemm_path([&] {
+      std::vector<float> red, clu;
+      run(lc::SplitKPath::Reduce, red);
+      run(lc::SplitKPath::Cluster, clu);
+      ASSERT_EQ(red.size(), clu.size());
+      EXPECT_EQ(std::memcmp(red.data(), clu.data(), red.size() * sizeof(float)), 0);
+      std::vector<float> got(ref.size());
+      for (int i = 0; i < cs.n; ++i)
+        for (int r = 0; r < cs.rows; ++r) {
+          const size_t at = size_t(i) * ldy + r;
+          got[size_t(i) * cs.rows + r] = clu[at] - (cs.mode == lc::GemmOut::AddF32 ? y0[at] : 0.f);
+          // padding columns of Y untouched
+          if (r + 1 == cs.rows) {
+            for (int pd = 0; pd < cs.ldy_pad; ++pd) {
+              EXPECT_EQ(clu[at + 1 + pd], y0[at + 1 + pd]);
+            }
+          }
+        }
+      EXPECT_LT(rel_err(got, ref), 1e-2);
+    });
+  }
+}
+
 TEST(PrefillQgemm, RejectsBadShapes) {
   NEED_GPU();
   std::mt19937 rng(1);

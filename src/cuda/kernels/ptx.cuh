@@ -1,7 +1,7 @@
 // The inline-PTX wrappers the kernel families share (one definition each): asynchronous copies to
 // shared memory (cp.async), ldmatrix, the mma.sync shapes in use, streaming loads, f16x2 / lop3
-// helpers, programmatic dependent launch (griddepcontrol, see launch.cuh for the rules) and the
-// global timer of the phase-trace hooks.
+// helpers, programmatic dependent launch (griddepcontrol, see launch.cuh for the rules), thread-block clusters and
+// the global timer of the phase-trace hooks.
 //
 // Each wrapper emits exactly one instruction with the qualifiers in its name. Ordering: the cp.async
 // wrappers (issue, commit, wait) and the PDL wrappers are `asm volatile` with a "memory" clobber, so
@@ -163,6 +163,35 @@ __device__ __forceinline__ void pdl_trigger() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
+}
+
+// ------------------------------------------------------------------------------------------------ clusters
+// Thread-block clusters (sm_90+; launched with a cluster dimension). cluster_sync: every thread of every block of
+// the cluster arrives (release) and waits (acquire), so shared-memory stores before it are visible to the cluster's
+// other blocks after it. cluster_map: the address of the same shared-memory location in block `rank` of the cluster
+// (distributed shared memory), for ld_cluster_f4. Below sm_90 they compile to nothing (the host never launches
+// clusters there).
+__device__ __forceinline__ void cluster_sync() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ uint32_t cluster_map(uint32_t smem_addr, uint32_t rank) {
+  uint32_t r = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(smem_addr), "r"(rank));
+#endif
+  return r;
+}
+__device__ __forceinline__ float4 ld_cluster_f4(uint32_t addr) {
+  float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("ld.shared::cluster.v4.f32 {%0,%1,%2,%3}, [%4];"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(addr)
+               : "memory");
+#endif
+  return v;
 }
 
 // ------------------------------------------------------------------------------------------------ timer

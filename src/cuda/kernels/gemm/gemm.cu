@@ -132,8 +132,25 @@ static void launch_one(const Params& p, int grid_y, cudaStream_t stream) {
   const int smem = Smem<BITS>::total(device_stages()) + (WG ? 1024 : 0);
   static bool attr_set = false;  // per instantiation (per device is fine: one GPU per process)
   set_smem_once(kern, smem, attr_set);
-  kern<<<grid, THREADS, smem, stream>>>(p);
-  cudaError_t e = cudaGetLastError();
+  cudaError_t e = cudaSuccess;
+  if (SPLIT && p.split_cluster) {  // the k_split blocks of a tile as one cluster (split_cluster_store)
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(THREADS);
+    cfg.dynamicSmemBytes = size_t(smem);
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = 1;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = unsigned(p.k_split);
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    e = cudaLaunchKernelEx(&cfg, kern, p);
+  } else {
+    kern<<<grid, THREADS, smem, stream>>>(p);
+  }
+  if (e == cudaSuccess) e = cudaGetLastError();
   if (e != cudaSuccess) throw Error(std::string("qgemm: launch failed: ") + cudaGetErrorString(e));
 }
 
@@ -208,6 +225,20 @@ bool gemm_wgmma_available() {
 
 namespace {
 
+// Whether a split-K GEMM adds its partials inside a thread-block cluster (split_cluster_store, gemm.cuh) instead of
+// through a partial buffer and splitk_reduce_kernel: sm_90+, unless LILAC_SPLITK_CLUSTER=0 (read once) or a test
+// chose (set_splitk_cluster). Both give the same bits.
+std::atomic<int> g_split_cluster{0};  // 0 auto, 1 on, 2 off
+bool split_cluster_on() {
+  const int forced = g_split_cluster.load();
+  if (forced != 0) return forced == 1 && splitk_cluster_available();
+  static const bool env_off = [] {
+    const char* env = std::getenv("LILAC_SPLITK_CLUSTER");
+    return env && std::strcmp(env, "0") == 0;
+  }();
+  return !env_off && splitk_cluster_available();
+}
+
 // Y[m, n] (=|+=) Σ_z partial[z][m][n], z in order: the deterministic end of a split-K GEMM.
 __global__ void splitk_reduce_kernel(const float* __restrict__ partial, int S, int M, int N, float* __restrict__ Y,
                                      int64_t ldy, bool add) {
@@ -241,7 +272,24 @@ int split_of(const QMatrixDev& W, int n, GemmOut mode) {
 
 }  // namespace
 
+bool splitk_cluster_available() {
+  static const bool ok = [] {
+    int dev = 0, major = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    return major >= 9;
+  }();
+  return ok;
+}
+void set_splitk_cluster(SplitKPath path) {
+  g_split_cluster.store(path == SplitKPath::Cluster ? 1 : path == SplitKPath::Reduce ? 2 : 0);
+}
+
 size_t qgemm_split_floats(const QMatrixDev& W, int n, GemmOut mode) {
+  if (split_cluster_on()) return 0;  // the cluster path keeps its partials in shared memory
   // S · rows · W.rows for the largest chunk of each row-tile count (S depends on the tile count alone)
   size_t need = 0;
   for (int tiles = 1; tiles <= (n + gemm::BM - 1) / gemm::BM; ++tiles) {
@@ -269,6 +317,13 @@ void qgemm(const QMatrixDev& W, const __nv_bfloat16* X, int64_t ldx, int n, void
   // Small grids (few tokens, few output rows: router, projections back to the hidden size) split K so
   // that the GPU has enough blocks; fp32 outputs only.
   const int S = split_of(W, n, mode);
+  if (S > 1 && split_cluster_on()) {
+    p.k_split = S;
+    p.split_cluster = true;
+    p.split_add = mode == GemmOut::AddF32;
+    gemm::launch(p, W.bits, false, gemm::EPI_STORE_F32, grid_y, stream);
+    return;
+  }
   if (S > 1) {
     const size_t need = size_t(S) * size_t(n) * size_t(p.N);
     float* ws = nullptr;

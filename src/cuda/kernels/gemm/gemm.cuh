@@ -58,9 +58,12 @@ struct Params {
   QExpertsDev W0s, W1s;
   // Split-K (plain GEMMs, the SPLIT kernel instance, fp32 partials): blockIdx.z of k_split takes k tiles
   // [KT·z / k_split, KT·(z+1) / k_split) and stores its fp32 partial tile to partial + z·M·N (ld N);
-  // splitk_reduce (gemm.cu) adds the partials in order and applies the store / add.
+  // splitk_reduce (gemm.cu) adds the partials in order and applies the store / add. With split_cluster (sm_90) the
+  // k_split blocks of a tile are one thread-block cluster and add the partials themselves (split_cluster_store):
+  // no partial buffer, no second launch; split_add: Y += the sum instead of Y = the sum.
   int k_split = 1;
   float* partial = nullptr;
+  bool split_cluster = false, split_add = false;
 };
 
 // The PTX wrappers (ptx.cuh).
@@ -275,6 +278,65 @@ __device__ __forceinline__ void store_frags(const Params& p, const float (&acc)[
     }
 }
 
+// The accumulator fragments of a qgemm_kernel block as an fp32 tile st[BM][EPI_LD] in shared memory (after a
+// barrier: the pipeline's buffers are reused).
+template <int EPI_LD, typename FragRow, typename FragCol>
+__device__ __forceinline__ void stage_acc(float* st, const float (&acc)[16][4], FragRow frag_row, FragCol frag_col) {
+  __syncthreads();
+#pragma unroll
+  for (int f = 0; f < 16; ++f) {
+    const int r = frag_row(f), c = frag_col(f);
+    *reinterpret_cast<float2*>(st + r * EPI_LD + c) = make_float2(acc[f][0], acc[f][1]);
+    *reinterpret_cast<float2*>(st + (r + 8) * EPI_LD + c) = make_float2(acc[f][2], acc[f][3]);
+  }
+}
+
+// Split-K inside a thread-block cluster (sm_90; Params::split_cluster): the k_split blocks of an output tile are one
+// cluster along z, block z the cluster's rank z. Each stages its fp32 partial tile in its own shared memory; after a
+// cluster barrier, block z takes rows [z·BM/S, (z+1)·BM/S) of the tile and adds the S partials in rank order, read
+// through distributed shared memory (v = 0, v += partial 0, …, partial S − 1), then stores v or adds it to Y: the sums
+// of splitk_reduce_kernel (gemm.cu) in its order, so the same bits, without the partials' round trip through global
+// memory or a second launch. The second barrier keeps every block's tile alive until its peers have read it.
+template <int EPI_LD>
+__device__ __forceinline__ void split_cluster_store(const Params& p, const float* st, int row_base, int rows_valid,
+                                                    int n0, int tid) {
+  dev::cluster_sync();
+  const int S = p.k_split, z = int(blockIdx.z);
+  const int r0 = BM * z / S, r1 = BM * (z + 1) / S;
+  const uint32_t st_u32 = dev::smem_u32(st);
+  float* const Y = static_cast<float*>(p.Y);
+  const bool vec = (p.ldy & 3) == 0 && (reinterpret_cast<uintptr_t>(Y) & 15) == 0;
+  constexpr int C4 = BN / 4;  // float4 columns of a tile row
+  for (int idx = r0 * C4 + tid; idx < min(r1, rows_valid) * C4; idx += THREADS) {
+    const int r = idx / C4, c = (idx % C4) * 4, col = n0 + c;
+    if (col >= p.N) continue;
+    const uint32_t off = st_u32 + uint32_t((r * EPI_LD + c) * 4);
+    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int q = 0; q < S; ++q) {
+      const float4 t = dev::ld_cluster_f4(dev::cluster_map(off, uint32_t(q)));
+      v.x += t.x;
+      v.y += t.y;
+      v.z += t.z;
+      v.w += t.w;
+    }
+    float* yp = Y + int64_t(row_base + r) * p.ldy + col;
+    if (vec && col + 3 < p.N) {
+      float4 o = v;
+      if (p.split_add) {
+        const float4 y = *reinterpret_cast<const float4*>(yp);
+        o = make_float4(y.x + v.x, y.y + v.y, y.z + v.z, y.w + v.w);
+      }
+      *reinterpret_cast<float4*>(yp) = o;
+    } else {
+      const float vv[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        if (col + j < p.N) yp[j] = p.split_add ? yp[j] + vv[j] : vv[j];
+    }
+  }
+  dev::cluster_sync();
+}
+
 // The weight side of a qgemm_kernel block: thread tid copies and dequantizes half (wh = tid % 2) of tile row
 // wr = tid / 2, a row of W0 or, with SwiGLU, of W1 for the tile's second half; rows past N copy zeros. The raw words
 // of a k tile go to the stage by cp.async (copy), the row's scale and bias of a tile are loaded a tile ahead
@@ -485,16 +547,14 @@ __global__ void __launch_bounds__(THREADS, 2) qgemm_kernel(const Params p) {
   };
   auto frag_col = [&](int f) { return WG ? f * 8 + c2 : warp_n * 32 + (f & 3) * 8 + c2; };
   if constexpr (SWIGLU) {
-    __syncthreads();  // pipeline smem is reused for the fp32 tile
-    float* st = reinterpret_cast<float*>(smem);
-#pragma unroll
-    for (int f = 0; f < 16; ++f) {
-      int r = frag_row(f), c = frag_col(f);
-      *reinterpret_cast<float2*>(st + r * S::EPI_LD + c) = make_float2(acc[f][0], acc[f][1]);
-      *reinterpret_cast<float2*>(st + (r + 8) * S::EPI_LD + c) = make_float2(acc[f][2], acc[f][3]);
-    }
+    float* st = reinterpret_cast<float*>(smem);  // the pipeline's shared memory, reused
+    stage_acc<S::EPI_LD>(st, acc, frag_row, frag_col);
     __syncthreads();
     swiglu_store<S::EPI_LD>(p, st, row_base, rows_valid, n0, tid);
+  } else if (SPLIT && p.split_cluster) {
+    float* st = reinterpret_cast<float*>(smem);
+    stage_acc<S::EPI_LD>(st, acc, frag_row, frag_col);
+    split_cluster_store<S::EPI_LD>(p, st, row_base, rows_valid, n0, tid);
   } else {
     store_frags<EPI, WG, SPLIT>(p, acc, frag_row, frag_col, row_base, rows_valid, n0);
   }

@@ -22,11 +22,18 @@ enum class GemmOut {
 // n, mode) floats, enough for every chunk of at most n rows; qgemm then allocates nothing and may split under graph
 // capture too. Without one, qgemm grows a buffer of its own per stream (tests, benchmarks) and does not split while
 // the stream is captured. A given scratch smaller than the need is an error.
+// On sm_90+ the blocks that share an output tile form a thread-block cluster and add their partials through
+// distributed shared memory (the same sums in the same order, so the same bits): no scratch, no second launch, and
+// qgemm_split_floats is 0. SplitKPath::Reduce (tests) or LILAC_SPLITK_CLUSTER=0 keeps the partial buffer and the
+// reduce kernel there too.
 struct SplitScratch {
   float* p = nullptr;
   size_t floats = 0;
 };
 size_t qgemm_split_floats(const QMatrixDev& W, int n, GemmOut mode);
+enum class SplitKPath { Auto, Cluster, Reduce };
+void set_splitk_cluster(SplitKPath path);
+bool splitk_cluster_available();  // the device is sm_90+
 void qgemm(const QMatrixDev& W, const __nv_bfloat16* X, int64_t ldx, int n, void* Y, int64_t ldy, GemmOut mode,
            cudaStream_t stream, SplitScratch scratch = {});
 
