@@ -253,14 +253,16 @@ __global__ void splitk_reduce_kernel(const float* __restrict__ partial, int S, i
 
 StreamScratch g_splitk_scratch;
 
-// k splits for a plain GEMM of `ctas` output tiles (m_tiles of them along the tokens) and KT k tiles:
-// enough blocks for ~2 per SM, at least 4 k tiles each, at most 8 splits; 1 (no split) for GEMMs that
-// fill the GPU anyway and above 1024 tokens (measured on the H200: faster at 128 and 512 tokens,
-// slightly slower at 2048 and 4096).
+// k splits for a plain GEMM of `ctas` output tiles (m_tiles of them along the tokens) and KT k tiles: none for GEMMs
+// with a block per SM already and above 1024 tokens (measured on the H200: faster at 128 and 512 tokens, slightly
+// slower at 2048 and 4096); else at least 4 k tiles per block, at most 8 splits and enough blocks for ~2 per SM with
+// the partial buffer, ~1 per SM on sm_90+, where the cluster's sums cost a block more than its partial's store (H200,
+// against 2 per SM and against a model that counted waves: +0.5–2 % prefill at 128–1024 tokens).
 int k_splits(int64_t ctas, int m_tiles, int KT) {
-  const int64_t want = 2 * int64_t(sm_count());
-  if (ctas >= want / 2 || KT < 8 || m_tiles > 8) return 1;
-  return int(std::max<int64_t>(1, std::min<int64_t>({8, KT / 4, (want + ctas - 1) / ctas})));
+  const int64_t sms = sm_count();
+  if (ctas >= sms || KT < 8 || m_tiles > 8) return 1;
+  const int64_t target = splitk_cluster_available() ? sms : 2 * sms;
+  return int(std::max<int64_t>(1, std::min<int64_t>({8, KT / 4, (target + ctas - 1) / ctas})));
 }
 
 // The k splits of a plain GEMM of n rows (1: none).

@@ -43,7 +43,7 @@ void qgemm(const QMatrixDev& W, const __nv_bfloat16* X, int64_t ldx, int n, void
 // back to mma.sync where it is unavailable. set_gemm_path is for tests and benchmarks.
 // Measured on an H200 at n = 4096 (4-bit dense shapes): wgmma ≈ 500 TFLOP/s with the register-operand kernel,
 // ≈ 380 with the shared-memory weight tile, mma.sync ≈ 240 (bench/BENCHMARKS.md "Twentieth stop").
-// On the wgmma path the plain 4-bit GEMMs of ≥ 1024 rows take the register-operand kernel (gemm_rs.cuh; a forced
+// On the wgmma path the plain 4-bit GEMMs of ≥ 512 rows take the register-operand kernel (gemm_rs.cuh; a forced
 // Wgmma takes it for every shape it supports); WgmmaSmem (or LILAC_QGEMM_RS=0) keeps them on the kernel that
 // dequantizes into a shared-memory tile.
 enum class GemmPath { Auto, MmaSync, Wgmma, WgmmaSmem };
