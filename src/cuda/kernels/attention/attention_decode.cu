@@ -216,39 +216,12 @@ __global__ void __launch_bounds__(kWarps * 32, 2) attn_decode_kernel(AttnArgs a)
   attn_mark(3);
 
   // merge the warps' states into this block's partial slot
-  float* wacc = sm;  // [W][NG][kAccStride]
-  float* wm = sm + C::kWm;
-  float* wl = sm + C::kWl;
-  wa.store(wacc + warp * C::Warp::kAccFloats, wm + warp * NG, wl + warp * NG, lane);
+  store_warp_state<HD, NG>(wa, sm, warp, lane);
   __syncthreads();
   constexpr int SL = C::SL;
   float* uslots = a.slots + size_t(unit) * a.slots_per_unit * SL;
   float* my_slot = uslots + size_t(split) * SL;
-  // every thread: 4 consecutive dims of one head; the head's max / weights from the W warp maxima
-  for (int f = tid; f < NG * HD / 4; f += blockDim.x) {
-    const int i = 4 * f, h = i / HD;
-    float M = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, wm[w * NG + h]);
-    float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
-    float Ls = 0.f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      const float mw = wm[w * NG + h];
-      const float fw = mw == -INFINITY ? 0.f : expf(mw - M);
-      const float4 x = *reinterpret_cast<const float4*>(wacc + w * C::Warp::kAccFloats + h * C::Warp::kAccStride + i % HD);
-      s.x = fmaf(fw, x.x, s.x);
-      s.y = fmaf(fw, x.y, s.y);
-      s.z = fmaf(fw, x.z, s.z);
-      s.w = fmaf(fw, x.w, s.w);
-      Ls = fmaf(fw, wl[w * NG + h], Ls);
-    }
-    *reinterpret_cast<float4*>(my_slot + i) = s;
-    if (i % HD == 0) {
-      my_slot[NG * HD + h] = M;
-      my_slot[NG * HD + NG + h] = Ls;
-    }
-  }
+  warps_to_slot<HD, NG>(sm, my_slot, tid);
 
   // first-level combine: the last block of splits [16j, 16j+16) merges them
   const int ngroups = (nsp + kGroupSplits - 1) / kGroupSplits;

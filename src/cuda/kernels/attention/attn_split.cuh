@@ -93,6 +93,47 @@ struct Cfg {
   static_assert(size_t(kTotalF) * 4 <= 99 * 1024, "attention smem must fit sm_86/sm_89 (99 KB per block)");
 };
 
+// The block's warps' online-softmax states merged into its partial slot (both split kernels), in two steps around the
+// caller's barrier and slot address: store_warp_state puts this warp's state (wa) into the ring's shared memory (sm,
+// free once the ring is drained); after a __syncthreads, warps_to_slot has every thread take 4 consecutive dims of one
+// head, the head's maximum and weights from the warps' maxima. Ends without a barrier.
+template <int HD, int NG>
+__device__ __forceinline__ void store_warp_state(const typename Cfg<HD, NG>::Warp& wa, float* sm, int warp, int lane) {
+  using C = Cfg<HD, NG>;
+  wa.store(sm + warp * C::Warp::kAccFloats, sm + C::kWm + warp * NG, sm + C::kWl + warp * NG, lane);
+}
+template <int HD, int NG>
+__device__ __forceinline__ void warps_to_slot(const float* sm, float* my_slot, int tid) {
+  using C = Cfg<HD, NG>;
+  const float* wacc = sm;  // [W][NG][kAccStride]
+  const float* wm = sm + C::kWm;
+  const float* wl = sm + C::kWl;
+  for (int f = tid; f < NG * HD / 4; f += blockDim.x) {
+    const int i = 4 * f, h = i / HD;
+    float M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, wm[w * NG + h]);
+    float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
+    float Ls = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float mw = wm[w * NG + h];
+      const float fw = mw == -INFINITY ? 0.f : expf(mw - M);
+      const float4 x = *reinterpret_cast<const float4*>(wacc + w * C::Warp::kAccFloats + h * C::Warp::kAccStride + i % HD);
+      s.x = fmaf(fw, x.x, s.x);
+      s.y = fmaf(fw, x.y, s.y);
+      s.z = fmaf(fw, x.z, s.z);
+      s.w = fmaf(fw, x.w, s.w);
+      Ls = fmaf(fw, wl[w * NG + h], Ls);
+    }
+    *reinterpret_cast<float4*>(my_slot + i) = s;
+    if (i % HD == 0) {
+      my_slot[NG * HD + h] = M;
+      my_slot[NG * HD + NG + h] = Ls;
+    }
+  }
+}
+
 // Arrival of a block on a counter (two words, see kCtrPerUnit), by one thread after a __syncthreads
 // that follows the block's partial writes; true for the arrival that makes the count `expected`.
 // Release (the block's writes, cumulative through the barrier) before the atomic, acquire after it —
