@@ -105,6 +105,14 @@ __device__ __forceinline__ int matrix_row(int r0, int m, int g, int h) {
   return r0 + g + 8 * h + (SWIGLU ? 0 : 16 * m);
 }
 
+// The matrix and row of the CTA's local row lr (the layout of local_row: warp, operand m, half h, g), clamped to N − 1.
+template <bool SWIGLU>
+__device__ __forceinline__ void cta_row(const Args& p, int lr, int e, int rb, QMatrixDev& M, int64_t& row) {
+  const int w = lr >> 5, m = (lr >> 4) & 1, h = (lr >> 3) & 1, g = lr & 7;
+  M = (SWIGLU && m == 1 ? p.W1 : p.W0).expert(e);
+  row = min(matrix_row<SWIGLU>((rb * kWarps + w) * rows_per_warp<SWIGLU>(), m, g, h), p.N - 1);
+}
+
 // One group's weights for one thread: w[2m + h] = 16 columns of row (m, h).
 template <int BITS>
 struct Stage {
@@ -144,10 +152,10 @@ __device__ __forceinline__ uint32_t a_pair(const typename Stage<BITS>::Word& w, 
 // when the row's groups are (the model's shapes), else bf16 by bf16. The caller waits for the copies.
 template <bool SWIGLU>
 __device__ void stage_scales(const Args& p, int e, int rb, int ngroups, unsigned char* sb) {
-  const int t = threadIdx.x, w = t >> 5, m = (t >> 4) & 1, h = (t >> 3) & 1, g = t & 7;
-  const int r0 = (rb * kWarps + w) * rows_per_warp<SWIGLU>();
-  const QMatrixDev M = (SWIGLU && m == 1 ? p.W1 : p.W0).expert(e);
-  const int64_t row = min(matrix_row<SWIGLU>(r0, m, g, h), p.N - 1);
+  const int t = threadIdx.x;
+  QMatrixDev M;
+  int64_t row;
+  cta_row<SWIGLU>(p, t, e, rb, M, row);
   const unsigned short* sp = reinterpret_cast<const unsigned short*>(M.scales) + row * ngroups;
   const unsigned short* bp = reinterpret_cast<const unsigned short*>(M.biases) + row * ngroups;
   unsigned char* dst = sb + t * kSbStride;
@@ -468,14 +476,6 @@ constexpr int kRingStage = kRingW + kRingX + kRingSx + 2 * kRingSbArr;
 constexpr int kRingSmem = kRingStages * kRingStage;
 static_assert(kRingStage % 16 == 0, "16-byte aligned stages");
 
-// The matrix and row of the CTA's local row lr (the layout of local_row: warp, operand m, half h, g), clamped to N − 1.
-template <bool SWIGLU>
-__device__ __forceinline__ void ring_row(const Args& p, int lr, int e, int rb, QMatrixDev& M, int64_t& row) {
-  const int w = lr >> 5, m = (lr >> 4) & 1, h = (lr >> 3) & 1, g = lr & 7;
-  M = (SWIGLU && m == 1 ? p.W1 : p.W0).expert(e);
-  row = min(matrix_row<SWIGLU>((rb * kWarps + w) * rows_per_warp<SWIGLU>(), m, g, h), p.N - 1);
-}
-
 // One chunk through the ring: NT n-tiles (1 when it has at most 8 tokens). A stage's X is loaded when the stage is
 // requested and stored after the math of the stage before it (storing it a stage later, to give the load a stage's
 // math to arrive, measured the same).
@@ -572,13 +572,13 @@ __global__ void __launch_bounds__(kThreads, 2) moe_ring_kernel(const Args p) {
     const int lr = (tid >> 2) + 64 * i, qq = tid & 3;
     QMatrixDev M;
     int64_t row;
-    ring_row<SWIGLU>(p, lr, e, rb, M, row);
+    cta_row<SWIGLU>(p, lr, e, rb, M, row);
     wsrc[i] = reinterpret_cast<const char*>(M.qweight) + row * row_bytes + qq * 16;
     wdst[i] = uint32_t(lr * kUnitBytes + ((qq ^ (((lr >> 1) & 1) << 1)) * 16));
   }
   QMatrixDev M;
   int64_t row;
-  ring_row<SWIGLU>(p, tid, e, rb, M, row);  // the scales of local row tid
+  cta_row<SWIGLU>(p, tid, e, rb, M, row);  // the scales of local row tid
   const unsigned short* ssrc = reinterpret_cast<const unsigned short*>(M.scales) + row * ngroups;
   const unsigned short* bsrc = reinterpret_cast<const unsigned short*>(M.biases) + row * ngroups;
   for (int chunk0 = lo; chunk0 < hi; chunk0 += kTok) {
