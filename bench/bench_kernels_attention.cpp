@@ -164,7 +164,7 @@ void BM_AttnPrefill(benchmark::State& state) {
 
 void lilac::bench::register_benchmarks() {
   for (const int64_t max_len : {int64_t(640), int64_t(17000), int64_t(262144)})
-    for (const int64_t pos : {int64_t(511), int64_t(4095), int64_t(16383)}) {
+    for (const int64_t pos : {int64_t(511), int64_t(4095), int64_t(16383), int64_t(131071)}) {
       if (pos >= max_len) continue;
       for (const int rope : {1, 0})
         benchmark::RegisterBenchmark("AttnDecode", BM_AttnDecode)
