@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -96,6 +97,52 @@ TEST(PrefillGdnChunked, ColumnBlockSizes) {
     check_chunked(150, 2, 4, 128, 128, lc::GdnChunkedMath::TF32, true);
   }
   unsetenv("LILAC_GDN_CHUNKED_COLS");
+}
+
+// The warp-specialized state pass (state_ws_kernel: the output products on warps of their own, a chunk behind the
+// recurrence, S and Δ double-buffered, named barriers between the two groups) gives the plain kernel's bits — the
+// fp32 o, the bf16 output and the state — on lengths around the chunk size and past many chunks (the barriers'
+// parity), every key / value head size and both precisions.
+TEST(PrefillGdnChunked, WarpSpecializedEqualsPlain) {
+  NEED_GPU();
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  struct Case {
+    int n, Hk, Hv, dk, dv;
+  };
+  for (const Case& cs : {Case{1, 1, 2, 128, 128}, Case{64, 2, 4, 128, 128}, Case{65, 2, 4, 128, 128},
+                         Case{1100, 2, 4, 128, 128}, Case{130, 2, 4, 64, 64}, Case{200, 1, 4, 32, 48},
+                         Case{97, 2, 4, 32, 96}}) {
+    for (auto math : {lc::GdnChunkedMath::Split3xTF32, lc::GdnChunkedMath::TF32}) {
+      SCOPED_TRACE("n=" + std::to_string(cs.n) + " dk=" + std::to_string(cs.dk) + " dv=" + std::to_string(cs.dv) +
+                   " " + math_name(math));
+      Problem p(cs.n, cs.Hk, cs.Hv, cs.dk, cs.dv, rng);
+      struct Out {
+        std::vector<float> o, S;
+        std::vector<uint16_t> out;
+      };
+      auto run = [&](bool ws, Out& r) {
+        lc::set_gdn_state_ws(ws);
+        DevProblem d(p);
+        Dev<float> work(lc::gdn_chunked_work_floats(cs.n, cs.Hk, cs.Hv, cs.dk, cs.dv));
+        d.a.work = work.p;
+        lc::gdn_prefill_chunked(d.a, nullptr, math);
+        CK(cudaDeviceSynchronize());
+        r.o = d.osc.get();
+        r.S = d.S.get();
+        r.out = d.out.get();
+      };
+      Out plain, ws;
+      run(false, plain);
+      run(true, ws);
+      ASSERT_EQ(plain.o.size(), ws.o.size());
+      EXPECT_EQ(std::memcmp(plain.o.data(), ws.o.data(), plain.o.size() * 4), 0);
+      EXPECT_EQ(std::memcmp(plain.S.data(), ws.S.data(), plain.S.size() * 4), 0);
+      EXPECT_EQ(std::memcmp(plain.out.data(), ws.out.data(), plain.out.size() * 2), 0);
+    }
+  }
+  lc::set_gdn_state_ws(true);
 }
 
 // Two calls in a row (state carried between prefill chunks) equal one call over the whole sequence.

@@ -79,5 +79,8 @@ enum class GdnChunkedMath { Split3xTF32, TF32 };
 size_t gdn_chunked_work_floats(int n, int Hk, int Hv, int dk, int dv);
 void gdn_prefill_chunked(const GdnPrefillArgs& a, cudaStream_t stream,
                          GdnChunkedMath math = GdnChunkedMath::Split3xTF32);
+// The state pass warp-specialized (default; the output products on 8 warps of their own, a chunk behind the
+// recurrence's 8) or plain (false; also LILAC_GDN_STATE_WS=0). The same bits; for tests and measurements.
+void set_gdn_state_ws(bool on);
 
 }  // namespace lilac::cuda
