@@ -225,6 +225,20 @@ struct StateLoads {
   }
 };
 
+// A block's state slice between global memory (Sg: row i at Sg + i·dv) and shared memory (S: row i at S + i·LDS), by
+// threads t = 0 .. nthr − 1.
+template <int DK, int COLS, bool TO_SMEM>
+__device__ __forceinline__ void copy_state(float* S, float* Sg, int dv, int t, int nthr) {
+  constexpr int LDS = StateSmem<DK, COLS>::LDS;
+  for (int idx = t; idx < DK * COLS; idx += nthr) {
+    const int i = idx / COLS, j = idx % COLS;
+    if constexpr (TO_SMEM)
+      S[i * LDS + j] = Sg[int64_t(i) * dv + j];
+    else
+      Sg[int64_t(i) * dv + j] = S[i * LDS + j];
+  }
+}
+
 template <int DK, int COLS, bool SPLIT>
 __global__ void __launch_bounds__(THREADS, 1) state_kernel(const GdnPrefillArgs a, Work w) {
   using L = StateSmem<DK, COLS>;
@@ -248,10 +262,7 @@ __global__ void __launch_bounds__(THREADS, 1) state_kernel(const GdnPrefillArgs 
   const StateLoads<DK, COLS> ld{a, w, h, h / (a.Hv / a.Hk), j0, nch};
 
   float* Sg = a.state + int64_t(h) * DK * dv + j0;
-  for (int idx = tid; idx < DK * COLS; idx += THREADS) {
-    const int i = idx / COLS, j = idx % COLS;
-    Ss[i * LDS + j] = Sg[int64_t(i) * dv + j];
-  }
+  copy_state<DK, COLS, true>(Ss, Sg, dv, tid, THREADS);
   ld.wu(0, Ws, Us, sG, tid, THREADS);
   ld.qp(0, Qs, Ps, nullptr, tid, THREADS);
 
@@ -277,10 +288,7 @@ __global__ void __launch_bounds__(THREADS, 1) state_kernel(const GdnPrefillArgs 
   }
   cp_async_wait<0>();
   __syncthreads();
-  for (int idx = tid; idx < DK * COLS; idx += THREADS) {
-    const int i = idx / COLS, j = idx % COLS;
-    Sg[int64_t(i) * dv + j] = Ss[i * LDS + j];
-  }
+  copy_state<DK, COLS, false>(Ss, Sg, dv, tid, THREADS);
 }
 
 // Named barriers of the warp-specialized kernel (ids 1..6; 0 is __syncthreads): bar.sync waits for `count` threads
@@ -325,10 +333,7 @@ __global__ void __launch_bounds__(2 * THREADS, 1) state_ws_kernel(const GdnPrefi
   const StateLoads<DK, COLS> ld{a, w, h, h / (a.Hv / a.Hk), j0, nch};
 
   float* Sg = a.state + int64_t(h) * DK * dv + j0;
-  for (int idx = tid; idx < DK * COLS; idx += ALL) {
-    const int i = idx / COLS, j = idx % COLS;
-    S2[i * LDS + j] = Sg[int64_t(i) * dv + j];
-  }
+  copy_state<DK, COLS, true>(S2, Sg, dv, tid, ALL);
   __syncthreads();
 
   if (warp < 8) {  // ---- group A: the recurrence
@@ -352,11 +357,7 @@ __global__ void __launch_bounds__(2 * THREADS, 1) state_ws_kernel(const GdnPrefi
     }
     cp_async_wait<0>();
     bar_sync(kBarA, THREADS);
-    const float* Sf = S_of(nch);
-    for (int idx = tid; idx < DK * COLS; idx += THREADS) {
-      const int i = idx / COLS, j = idx % COLS;
-      Sg[int64_t(i) * dv + j] = Sf[i * LDS + j];
-    }
+    copy_state<DK, COLS, false>(S_of(nch), Sg, dv, tid, THREADS);
   } else {  // ---- group B: the outputs, a chunk behind
     const int tb = tid - THREADS;
     ld.qp(0, Qs, Ps, sGb, tb, THREADS);
