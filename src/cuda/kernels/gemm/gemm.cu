@@ -274,18 +274,10 @@ int split_of(const QMatrixDev& W, int n, GemmOut mode) {
 
 }  // namespace
 
-bool splitk_cluster_available() {
-  static const bool ok = [] {
-    int dev = 0, major = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
-      cudaGetLastError();
-      return false;
-    }
-    return major >= 9;
-  }();
-  return ok;
-}
+// Clusters need an sm_90 device and device code compiled for it (split_cluster_store compiles to nothing below sm_90,
+// e.g. in a binary without sm_90 code whose PTX the driver JIT-compiles for a Hopper part): the wgmma probe (the
+// binary's sm_90a code running on a Hopper device) answers both.
+bool splitk_cluster_available() { return gemm::wgmma_usable(nullptr); }
 void set_splitk_cluster(SplitKPath path) {
   g_split_cluster.store(path == SplitKPath::Cluster ? 1 : path == SplitKPath::Reduce ? 2 : 0);
 }

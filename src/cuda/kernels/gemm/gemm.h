@@ -33,7 +33,7 @@ struct SplitScratch {
 size_t qgemm_split_floats(const QMatrixDev& W, int n, GemmOut mode);
 enum class SplitKPath { Auto, Cluster, Reduce };
 void set_splitk_cluster(SplitKPath path);
-bool splitk_cluster_available();  // the device is sm_90+
+bool splitk_cluster_available();  // a Hopper device running this binary's sm_90a code
 void qgemm(const QMatrixDev& W, const __nv_bfloat16* X, int64_t ldx, int n, void* Y, int64_t ldy, GemmOut mode,
            cudaStream_t stream, SplitScratch scratch = {});
 
