@@ -4,11 +4,10 @@
 // with cp.async. Two kernels with the same products in the same order: state_kernel (8 warps do the three in turn)
 // and, by default, state_ws_kernel (the outputs on 8 warps of their own, a chunk behind the recurrence's 8).
 #include <atomic>
-#include <cstdlib>
-#include <cstring>
 #include <mutex>
 #include <type_traits>
 
+#include "cuda/cuda_common.h"
 #include "cuda/kernels/gdn/gdn_chunked.cuh"
 
 namespace lilac::cuda {
@@ -381,11 +380,8 @@ std::atomic<int> g_state_ws{0};  // 0 auto (on), 1 on, 2 off
 bool state_ws_on() {
   const int forced = g_state_ws.load();
   if (forced != 0) return forced == 1;
-  static const bool off = [] {
-    const char* e = std::getenv("LILAC_GDN_STATE_WS");
-    return e && std::strcmp(e, "0") == 0;
-  }();
-  return !off;
+  static const bool on = env_switch_on("LILAC_GDN_STATE_WS");
+  return on;
 }
 
 template <int DK, int COLS, bool SPLIT>

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "cuda/cuda_common.h"
 #include "cuda/kernels/gemm/gemm.cuh"
 #include "cuda/kernels/gemm/gemm_rs.cuh"
 #include "cuda/kernels/gemm/gemm.h"
@@ -90,11 +91,8 @@ int device_stages() {
 static bool rs_takes(const Params& p, int grid_x) {
   const int forced = g_forced.load();
   if (forced == 3) return false;
-  static const bool env_off = [] {  // read once: this runs for every prefill GEMM launch
-    const char* env = std::getenv("LILAC_QGEMM_RS");
-    return env && std::strcmp(env, "0") == 0;
-  }();
-  if (forced == 0 && env_off) return false;
+  static const bool env_on = env_switch_on("LILAC_QGEMM_RS");  // read once: this runs for every prefill GEMM launch
+  if (forced == 0 && !env_on) return false;
   const int kt = int(p.W0.cols / BK);
   if (kt % 8 != 0 || kt > RsSmem::MAX_KT) return false;
   if (forced == 2) return true;
@@ -232,11 +230,8 @@ std::atomic<int> g_split_cluster{0};  // 0 auto, 1 on, 2 off
 bool split_cluster_on() {
   const int forced = g_split_cluster.load();
   if (forced != 0) return forced == 1 && splitk_cluster_available();
-  static const bool env_off = [] {
-    const char* env = std::getenv("LILAC_SPLITK_CLUSTER");
-    return env && std::strcmp(env, "0") == 0;
-  }();
-  return !env_off && splitk_cluster_available();
+  static const bool env_on = env_switch_on("LILAC_SPLITK_CLUSTER");
+  return env_on && splitk_cluster_available();
 }
 
 // Y[m, n] (=|+=) Σ_z partial[z][m][n], z in order: the deterministic end of a split-K GEMM.
@@ -255,9 +250,10 @@ StreamScratch g_splitk_scratch;
 
 // k splits for a plain GEMM of `ctas` output tiles (m_tiles of them along the tokens) and KT k tiles: none for GEMMs
 // with a block per SM already and above 1024 tokens (measured on the H200: faster at 128 and 512 tokens, slightly
-// slower at 2048 and 4096); else at least 4 k tiles per block, at most 8 splits and enough blocks for ~2 per SM with
-// the partial buffer, ~1 per SM on sm_90+, where the cluster's sums cost a block more than its partial's store (H200,
-// against 2 per SM and against a model that counted waves: +0.5–2 % prefill at 128–1024 tokens).
+// slower at 2048 and 4096); else at least 4 k tiles per block, at most 8 splits and enough blocks for ~2 per SM where
+// clusters are unavailable, ~1 per SM where they are, on either path (LILAC_SPLITK_CLUSTER=0 keeps the splits, so the
+// two paths give the same bits): the cluster's sums cost a block more than its partial's store (H200, against 2 per SM
+// and against a model that counted waves: +0.5–2 % prefill at 128–1024 tokens).
 int k_splits(int64_t ctas, int m_tiles, int KT) {
   const int64_t sms = sm_count();
   if (ctas >= sms || KT < 8 || m_tiles > 8) return 1;

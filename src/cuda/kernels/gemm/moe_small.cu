@@ -39,6 +39,7 @@
 #include <type_traits>
 
 #include "core/error.h"
+#include "cuda/cuda_common.h"
 #include "cuda/kernels/gemm/gemm.h"
 #include "cuda/kernels/ptx.cuh"
 
@@ -598,11 +599,8 @@ bool ring_takes(const Args& p, int bits) {
   if (bits != 4 || (p.W0.first.cols / kGroup) % 2 != 0) return false;
   const int forced = g_kernel.load();
   if (forced != 0) return forced == 1;
-  static const bool off = [] {
-    const char* e = std::getenv("LILAC_MOE_RING");
-    return e && std::strcmp(e, "0") == 0;
-  }();
-  return !off;
+  static const bool on = env_switch_on("LILAC_MOE_RING");
+  return on;
 }
 
 template <typename Kernel, typename... A>
