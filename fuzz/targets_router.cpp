@@ -1,0 +1,120 @@
+// Fuzz targets of the hybrid router's sensitivity scan: what decides whether a request may leave the
+// machine. A miss is a leak, so the property is the security one: a secret planted anywhere is found.
+#include <string>
+#include <vector>
+
+#include "fuzz/fuzz_target.h"
+#include "fuzz/json_mutator.h"
+#include "router/detectors.h"
+#include "router/scan.h"
+#include "text/bounded_json.h"
+#include "text/unicode.h"
+
+namespace {
+
+using lilac::fuzz::Input;
+using lilac::fuzz::violated;
+using lilac::router::DetectorSet;
+using lilac::router::Finding;
+
+const char* const kSecrets[] = {
+    "john.doe@example.com",       "+44 20 7946 0958",        "4111 1111 1111 1111", "5555555555554444",
+    "DE89 3704 0044 0532 0130 00", "GB82WEST12345698765432", "SSN 123-45-6789",     "AKIAIOSFODNN7EXAMPLE",
+    "ghp_aBcDeFgHiJkLmNoPqRsTuVwXyZ0123456789", "sk-proj-4fJ9aQ2LmZx8TtR1vB6nW3yK",
+    "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXk\n-----END OPENSSH PRIVATE KEY-----"};
+constexpr int kNumSecrets = int(sizeof kSecrets / sizeof *kSecrets);
+
+// A code-point boundary of s at or before i.
+size_t boundary(const std::string& s, size_t i) {
+  i = std::min(i, s.size());
+  while (i > 0 && i < s.size() && (static_cast<unsigned char>(s[i]) & 0xC0) == 0x80) --i;
+  return i;
+}
+
+bool overlaps(const std::vector<Finding>& fs, size_t a, size_t b) {
+  for (const auto& f : fs)
+    if (f.offset < b && f.offset + f.length > a) return true;
+  return false;
+}
+
+}  // namespace
+
+// Any text with a known secret planted between spaces: findings are ordered, disjoint and inside the
+// text, and one of them covers the secret, whatever comes before and after it.
+LILAC_FUZZ_TARGET(detectors, "a planted secret is found whatever text surrounds it") {
+  Input in(data, size);
+  const int k = int(in.below(kNumSecrets));
+  const size_t cut = in.below(65536);
+  std::string text = lilac::unicode::sanitize_utf8(in.rest());
+  const size_t at = boundary(text, text.empty() ? 0 : cut % (text.size() + 1));
+  const std::string secret = kSecrets[k];
+  text = text.substr(0, at) + " " + secret + " " + text.substr(at);
+  const std::vector<Finding> fs = lilac::router::scan_sensitive(text);
+  for (size_t i = 0; i < fs.size(); ++i) {
+    if (fs[i].length == 0 || fs[i].offset + fs[i].length > text.size()) violated("detectors", "a finding outside the text");
+    if (i && fs[i].offset < fs[i - 1].offset + fs[i - 1].length) violated("detectors", "findings overlap or are out of order");
+  }
+  if (!overlaps(fs, at + 1, at + 1 + secret.size()))
+    violated("detectors", "missed \"" + secret + "\" planted at byte " + std::to_string(at + 1) + " of " + std::to_string(text.size()));
+}
+
+namespace {
+
+// Visits every string value and key of `v`; the n-th (mod the count) gets the secret inserted.
+void plant(nlohmann::ordered_json& v, size_t& n, size_t target, size_t cut, const std::string& secret, bool& done) {
+  auto put = [&](std::string s) {
+    const size_t at = boundary(s, cut % (s.size() + 1));
+    return s.substr(0, at) + " " + secret + " " + s.substr(at);
+  };
+  if (done) return;
+  if (v.is_string()) {
+    if (n++ == target) {
+      v = put(v.get<std::string>());
+      done = true;
+    }
+  } else if (v.is_array()) {
+    for (auto& x : v) plant(x, n, target, cut, secret, done);
+  } else if (v.is_object()) {
+    nlohmann::ordered_json o = nlohmann::ordered_json::object();
+    for (auto& [key, x] : v.items()) {
+      std::string kk = key;
+      if (!done && n++ == target) {
+        kk = put(kk);
+        done = true;
+      }
+      plant(x, n, target, cut, secret, done);
+      o[kk] = x;
+    }
+    v = std::move(o);
+  }
+}
+
+}  // namespace
+
+// A request body (any JSON) with a secret planted in one of its strings or keys: scan_body calls it
+// sensitive (or unscannable), whichever string holds it.
+LILAC_FUZZ_TARGET_MUTATED(scan_body, "a secret planted in any string or key of a body makes it sensitive",
+                          lilac::fuzz::mutate_json_body) {
+  Input in(data, size);
+  const int k = int(in.below(kNumSecrets));
+  const size_t target = in.below(256), cut = target * 31 + size_t(k);  // two choice bytes (json_mutator.h)
+  lilac::JsonParseResult j = lilac::parse_bounded_json(in.rest());
+  if (!j.ok()) return;
+  size_t n = 0;
+  bool done = false;
+  plant(j.value, n, size_t(-1), cut, kSecrets[k], done);  // counts the strings and keys
+  if (n == 0) return;
+  const size_t count = n;
+  n = 0;
+  plant(j.value, n, target % count, cut, kSecrets[k], done);
+  const auto check = [](std::string_view t, bool is_id, std::vector<std::string>* matched) {
+    DetectorSet set;
+    if (is_id) set.set(lilac::router::DetectorKind::high_entropy, false);
+    std::vector<Finding> fs;
+    lilac::router::scan_sensitive(t, set, fs, 1);
+    if (!fs.empty() && matched) matched->push_back(lilac::router::detector_name(fs[0].kind));
+    return !fs.empty();
+  };
+  const lilac::router::ScanOutcome o = lilac::router::scan_body(j.value, check);
+  if (!o.sensitive && !o.unscannable) violated("scan_body", std::string("missed \"") + kSecrets[k] + "\" in " + j.value.dump().substr(0, 400));
+}

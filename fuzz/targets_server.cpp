@@ -1,0 +1,236 @@
+// Fuzz targets of the server: the HTTP request parser, the bounded JSON parser, and whole requests
+// against an in-process `lilac serve` (the scripted backend, the real tokenizer and Qwen3.6 template).
+#include <memory>
+#include <string>
+
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+#include "core/log.h"
+#include "core/mapped_file.h"
+#include "fuzz/fuzz_common.h"
+#include "fuzz/fuzz_target.h"
+#include "fuzz/json_mutator.h"
+#include "server/http_parser.h"
+#include "server/scripted_backend.h"
+#include "server/server.h"
+#include "text/bounded_json.h"
+#include "text/chat_template.h"
+
+namespace {
+
+using lilac::fuzz::Input;
+using lilac::fuzz::violated;
+using lilac::server::RequestParser;
+
+struct ParseResult {
+  RequestParser::State state;
+  int status;
+  size_t used;
+  std::string method, target, body;
+  std::multimap<std::string, std::string> headers;
+  bool keep_alive, expect_continue;
+  bool operator==(const ParseResult&) const = default;
+};
+
+ParseResult parse(const std::string& bytes, const lilac::server::HttpLimits& lim, uint32_t seed) {
+  RequestParser p(lim);
+  size_t used = 0;
+  uint32_t r = seed;
+  for (size_t i = 0; i < bytes.size();) {
+    size_t n = bytes.size() - i;
+    if (seed) {
+      r = r * 1664525u + 1013904223u;
+      n = std::min(n, size_t(1 + (r >> 24) % 17));
+    }
+    const size_t k = p.feed(std::string_view(bytes).substr(i, n));
+    used += k;
+    if (k > n) violated("http", "consumed more than it was given");
+    if (k < n) {
+      if (p.state() != RequestParser::State::Done && p.state() != RequestParser::State::Error)
+        violated("http", "left bytes unconsumed while still reading the request");
+      break;
+    }
+    if (p.state() == RequestParser::State::Done || p.state() == RequestParser::State::Error) break;
+    i += n;
+  }
+  ParseResult out{p.state(), p.error_status(), used, {}, {}, {}, {}, p.keep_alive(), p.expect_continue()};
+  if (p.state() == RequestParser::State::Done) {
+    const auto& q = p.request();
+    out.method = q.method;
+    out.target = q.target;
+    out.body = q.body;
+    for (const auto& [k, v] : q.headers) out.headers.emplace(k, v);
+  }
+  return out;
+}
+
+}  // namespace
+
+// Request bytes fed whole and in random pieces: the same outcome (state, status, bytes consumed,
+// method, target, headers, body), never more than the request consumed, errors only with 4xx / 5xx.
+LILAC_FUZZ_TARGET(http, "the request parser's outcome never depends on how the bytes arrive") {
+  Input in(data, size);
+  lilac::server::HttpLimits lim;
+  if (in.flag()) {  // small limits, so that every bound is reachable
+    lim.max_line = 16 + in.below(200);
+    lim.max_header_bytes = 32 + in.below(1000);
+    lim.max_headers = 1 + in.below(8);
+    lim.max_body_bytes = in.below(2000);
+  }
+  const uint32_t seed = 1 + in.below(65536);
+  const std::string bytes = in.rest();
+  ParseResult whole = parse(bytes, lim, 0), pieces = parse(bytes, lim, seed);
+  if (whole.state == RequestParser::State::Error) whole.used = pieces.used = 0;  // the connection closes: bytes read don't matter
+  if (!(whole == pieces))
+    violated("http", "whole: state " + std::to_string(int(whole.state)) + " status " + std::to_string(whole.status) + " used " +
+                         std::to_string(whole.used) + "; pieces: state " + std::to_string(int(pieces.state)) + " status " +
+                         std::to_string(pieces.status) + " used " + std::to_string(pieces.used));
+  if (whole.state == RequestParser::State::Error && (whole.status < 400 || whole.status > 599))
+    violated("http", "error with status " + std::to_string(whole.status));
+  if (whole.state == RequestParser::State::Done && whole.body.size() > lim.max_body_bytes)
+    violated("http", "a body over the limit was accepted");
+}
+
+namespace {
+
+size_t depth_of(const nlohmann::ordered_json& v) {
+  size_t d = 0;
+  if (v.is_structured())
+    for (const auto& x : v) d = std::max(d, depth_of(x));
+  return v.is_structured() ? d + 1 : 0;
+}
+
+size_t values_of(const nlohmann::ordered_json& v) {
+  size_t n = 1;
+  if (v.is_object())
+    for (const auto& [k, x] : v.items()) n += 1 + values_of(x);
+  else if (v.is_array())
+    for (const auto& x : v) n += values_of(x);
+  return n;
+}
+
+}  // namespace
+
+// JSON text against nlohmann's own parser: the same verdict and the same document (key order, repeated
+// keys) within the limits, the limit's error beyond them.
+LILAC_FUZZ_TARGET(json, "parse_bounded_json == nlohmann::ordered_json::parse within the limits") {
+  Input in(data, size);
+  lilac::JsonLimits lim;
+  if (in.flag()) {
+    lim.max_depth = 1 + in.below(12);
+    lim.max_values = 1 + in.below(200);
+  }
+  const std::string text = in.rest();
+  const lilac::JsonParseResult got = lilac::parse_bounded_json(text, lim);
+  nlohmann::ordered_json want;
+  try {
+    want = nlohmann::ordered_json::parse(text);
+  } catch (const nlohmann::json::exception&) {
+    if (got.ok()) violated("json", "accepted text nlohmann rejects: " + got.value.dump());
+    return;
+  }
+  const bool deep = depth_of(want) > lim.max_depth, many = values_of(want) > lim.max_values;
+  if (!deep && !many) {
+    if (!got.ok()) violated("json", "rejected text nlohmann accepts: " + got.message);
+    if (got.value.dump() != want.dump()) violated("json", "different document: " + got.value.dump() + " vs " + want.dump());
+  } else if (got.ok()) {
+    violated("json", "accepted a document over the limits (depth " + std::to_string(depth_of(want)) + ", values " +
+                         std::to_string(values_of(want)) + ")");
+  }
+}
+
+namespace {
+
+struct FuzzServer {
+  std::unique_ptr<lilac::server::Server> server;
+  int port = 0;
+  FuzzServer() {
+    auto tok = lilac::fuzz::qwen3_tokenizer();
+    auto tmpl = std::shared_ptr<const lilac::ChatTemplate>(lilac::ChatTemplate::from_source(
+        lilac::read_text_file(lilac::fuzz::shared_path("fixtures/qwen3.6-template/chat_template.jinja")), "qwen3.6"));
+    // Replies that exercise the output parser: reasoning, a tool call, plain text.
+    const nlohmann::json script = {
+        {"rules",
+         {{{"match", "weather"},
+           {"reply", "I will check.\n</think>\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>"}},
+          {{"match", "json"}, {"reply", "</think>\n\n{\"a\": 1}"}}}},
+        {"default", {{"reply", "</think>\n\nlocal answer"}}}};
+    auto backend = std::shared_ptr<lilac::Backend>(lilac::server::make_scripted_backend(script, tok));
+    lilac::set_log_level(lilac::LogLevel::Off);  // 4xx are the point; the property checks the answers
+    lilac::server::ServerOptions o;
+    o.model_id = "local-model";
+    o.port = 0;
+    o.max_queue = 4;
+    o.max_seq = 4096;
+    o.log_requests = false;
+    server = std::make_unique<lilac::server::Server>(o);
+    port = server->bind();
+    server->start();
+    server->set_model(backend, tok, tmpl);
+  }
+};
+
+const char* const kPaths[] = {"/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/messages/count_tokens",
+                              "/v1/responses"};
+
+void check_error_shape(const std::string& path, const httplib::Result& r) {
+  nlohmann::json b;
+  try {
+    b = nlohmann::json::parse(r->body);
+  } catch (const std::exception&) {
+    violated("server", path + " answered " + std::to_string(r->status) + " with a body that is not JSON: " + r->body.substr(0, 200));
+  }
+  const bool anthropic = path.rfind("/v1/messages", 0) == 0;
+  const bool ok = anthropic ? (b.value("type", "") == "error" && b.contains("error") && b["error"].is_object() &&
+                               b["error"].value("message", "") != "")
+                            : (b.contains("error") && b["error"].is_object() && b["error"].value("message", "") != "");
+  if (!ok) violated("server", path + " answered " + std::to_string(r->status) + " without the protocol's error shape: " + r->body.substr(0, 200));
+}
+
+}  // namespace
+
+// Request bodies (any JSON, or not) POSTed to every generation endpoint: never a 5xx, a 4xx in the
+// protocol's error shape, a 200 with JSON (or SSE events of JSON), and the server keeps answering.
+LILAC_FUZZ_TARGET_MUTATED(server, "no request body gets a 5xx or a malformed answer", lilac::fuzz::mutate_json_body) {
+  static FuzzServer srv;
+  Input in(data, size);
+  const std::string path = kPaths[in.below(5)];
+  const int stream = int(in.below(3));  // 0: as sent, 1: "stream": false, 2: "stream": true
+  std::string body = in.rest();
+  if (stream) {
+    lilac::JsonParseResult j = lilac::parse_bounded_json(body);
+    if (j.ok() && j.value.is_object()) {
+      j.value["stream"] = stream == 2;
+      body = j.value.dump();
+    }
+  }
+  httplib::Client cli("127.0.0.1", srv.port);
+  cli.set_read_timeout(20, 0);
+  auto r = cli.Post(path, body, "application/json");
+  if (!r) violated("server", path + ": no answer (" + httplib::to_string(r.error()) + ")");
+  // The scripted backend replies with its script whatever the request, and refuses (500) when the script breaks
+  // the request's grammar (response_format, tool_choice): a limit of the test backend, not of the server.
+  if (r->status == 500 && r->body.find("is not allowed by the token mask") != std::string::npos) return;
+  if (r->status >= 500) violated("server", path + " answered " + std::to_string(r->status) + ": " + r->body.substr(0, 300));
+  if (r->status >= 400) return check_error_shape(path, r);
+  if (r->status != 200) violated("server", path + " answered " + std::to_string(r->status));
+  if (r->get_header_value("Content-Type").find("text/event-stream") != std::string::npos) {
+    size_t pos = 0;
+    while (pos < r->body.size()) {
+      size_t e = r->body.find('\n', pos);
+      if (e == std::string::npos) e = r->body.size();
+      const std::string line = r->body.substr(pos, e - pos);
+      pos = e + 1;
+      if (line.rfind("data: ", 0) != 0) continue;
+      const std::string payload = line.substr(6);
+      if (payload == "[DONE]") continue;
+      if (!nlohmann::json::accept(payload)) violated("server", path + ": an event that is not JSON: " + payload.substr(0, 200));
+      if (payload.find("is not allowed by the token mask") != std::string::npos) continue;  // as above
+      if (payload.find("internal_error") != std::string::npos || payload.find("\"api_error\"") != std::string::npos)
+        violated("server", path + ": an internal error in the stream: " + payload.substr(0, 300));
+    }
+  } else if (!nlohmann::json::accept(r->body)) {
+    violated("server", path + " answered 200 with a body that is not JSON: " + r->body.substr(0, 200));
+  }
+}
