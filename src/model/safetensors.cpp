@@ -107,7 +107,9 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : file_(MappedFile::op
       throw Error(where + ": missing or invalid 'data_offsets'");
     uint64_t a = off[0].get<uint64_t>(), b = off[1].get<uint64_t>();
     if (b < a) throw Error(where + ": data_offsets [" + std::to_string(a) + ", " + std::to_string(b) + "] are reversed");
-    uint64_t expect = numel * dtype_size(t.dtype);
+    uint64_t expect = 0;  // numel x dtype size, which can wrap past 2^64 (2^62 F32 elements are 0 bytes)
+    if (__builtin_mul_overflow(numel, uint64_t(dtype_size(t.dtype)), &expect))
+      throw Error(where + ": shape " + t.shape_str() + " x " + dt + " is more than 2^64 bytes");
     if (b - a != expect)
       throw Error(where + ": data_offsets span " + std::to_string(b - a) + " bytes but shape " + t.shape_str() +
                   " x " + dt + " needs " + std::to_string(expect));

@@ -142,6 +142,16 @@ TEST_F(BadInput, HeaderLiesAboutSize) {
   expect_error({st(), "tensor '" + name + "'", "span 16 bytes", "needs 20"});
 }
 
+// Found by the safetensors fuzz target: 2^62 F32 elements are 2^64 bytes, which wrapped to 0, so an empty
+// span passed for them and a reader of numel() elements ran off the mapping.
+TEST_F(BadInput, HeaderShapeWhoseBytesWrap) {
+  const std::string name = P + "layers.0.linear_attn.A_log";
+  header_[name]["shape"] = {uint64_t(1) << 62};
+  header_[name]["data_offsets"] = {0, 0};
+  write_raw();
+  expect_error({st(), "tensor '" + name + "'", "more than 2^64 bytes"});
+}
+
 TEST_F(BadInput, HeaderOffsetsOverlap) {
   const std::string a = P + "layers.0.linear_attn.A_log", b = P + "layers.0.linear_attn.dt_bias";
   header_[b]["dtype"] = "F32";  // 4 x F32 = 16 bytes, placed on top of A_log's
