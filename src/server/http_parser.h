@@ -70,6 +70,7 @@ class RequestParser {
   size_t feed_chunked(std::string_view data);
   bool body_bytes(std::string_view data);  // decoded into req_.body, bounded
   bool body_end();
+  bool header_total_passed_first() const;  // a line too long: was max_header_bytes passed before max_line?
 
   HttpLimits limits_;
   State state_ = State::Headers;
