@@ -143,6 +143,55 @@ struct Scanner {
     return end - i;
   }
 
+  // ---- a payment card inside a longer run of digit groups: "4111 1111 1111 1111 12/27" (a card and its
+  // expiry), "5555555555554444 1", "ref 4111 4111 1111 1111 1111". card() reads the run as one number,
+  // which then fails its shape or Luhn check, so the card in it went unseen (found by the `detectors` fuzz
+  // target). Here: windows of whole consecutive groups, earliest first and longest first, with a card's
+  // shape (13-19 digits, the first 2-6; several groups: the first of 4, the others 3-6) and a valid Luhn sum.
+  bool card_in_run(size_t i, size_t* s_out, size_t* len_out) const {
+    if (!num_start_ok(i)) return false;
+    size_t gb[16], ge[16];
+    int ng = 0;
+    unsigned char sep = 0;
+    for (size_t j = i; ng < 16;) {
+      const size_t b = j;
+      while (j < n && is_digit(at(j))) ++j;
+      if (j - b > 19) {  // a longer number holds no card of its own; the run ends before it
+        if (ng == 0) return false;
+        break;
+      }
+      gb[ng] = b;
+      ge[ng++] = j;
+      const unsigned char c = j < n ? at(j) : 0;
+      if (!((c == ' ' || c == '-') && (sep == 0 || sep == c) && is_digit(at(j + 1)))) break;
+      sep = c;
+      ++j;
+    }
+    char digits[20];
+    for (int a = 0; a < ng; ++a) {
+      if (at(gb[a]) < '2' || at(gb[a]) > '6') continue;
+      for (int b = ng - 1; b >= a; --b) {
+        size_t nd = 0;
+        bool shape = b == a || ge[a] - gb[a] == 4;
+        for (int k = a; k <= b && shape; ++k) {
+          const size_t len = ge[k] - gb[k];
+          if (b > a && k > a && (len < 3 || len > 6)) shape = false;
+          nd += len;
+        }
+        if (!shape || nd < 13 || nd > 19 || (b == ng - 1 && !num_end_ok(ge[b]))) continue;
+        nd = 0;
+        for (int k = a; k <= b; ++k)
+          for (size_t q = gb[k]; q < ge[k]; ++q) digits[nd++] = static_cast<char>(at(q));
+        if (luhn_valid(std::string_view(digits, nd))) {
+          *s_out = gb[a];
+          *len_out = ge[b] - gb[a];
+          return true;
+        }
+      }
+    }
+    return false;
+  }
+
   // ---- US SSN: AAA-GG-SSSS (or with spaces), area not 000/666/9xx, group not 00, serial not 0000.
   size_t ssn(size_t i) const {
     if (i + 11 > n || !num_start_ok(i)) return 0;
@@ -255,11 +304,9 @@ struct Scanner {
     constexpr int kMaxGroups = 10;
     int glen[kMaxGroups];
     unsigned char gfirst[kMaxGroups];
-    int ng = 0, total = 0;
-    bool paren_any = false;
-    size_t end = j;
-    while (j < n && j - i < 32) {
-      if (ng == kMaxGroups) return 0;
+    size_t gend[kMaxGroups];
+    int ng = 0;
+    while (j < n && j - i < 32 && ng < kMaxGroups) {
       bool paren = false;
       if (at(j) == '(') {
         paren = true;
@@ -268,17 +315,11 @@ struct Scanner {
       size_t s = j;
       while (j < n && is_digit(at(j)) && j - s < 16) ++j;
       size_t len = j - s;
-      if (len == 0 || len > 15) return 0;
-      if (paren) {
-        if (at(j) != ')') return 0;
-        ++j;
-        paren_any = true;
-      }
+      if (len == 0 || len > 15 || (paren && at(j) != ')')) break;  // not a group: the number ended before it
+      if (paren) ++j;
       glen[ng] = static_cast<int>(len);
       gfirst[ng] = at(s);
-      ++ng;
-      total += static_cast<int>(len);
-      end = j;
+      gend[ng++] = j;
       unsigned char c = at(j);
       if (paren && (is_digit(c) || c == '(')) continue;  // "(555)123-4567"
       if ((c == ' ' || c == '-' || c == '.') && (is_digit(at(j + 1)) || at(j + 1) == '(')) {
@@ -287,23 +328,33 @@ struct Scanner {
       }
       break;
     }
-    if (!num_end_ok(end)) return 0;
-    if (intl) return (total >= 8 && total <= 15) ? end - i : 0;
-    if (ng < 2) return 0;
-    (void)paren_any;
-    if (ng == 3 && glen[0] == 3 && glen[1] == 3 && glen[2] == 4 && gfirst[0] >= '2' && gfirst[1] >= '2')
-      return end - i;
-    if (ng == 4 && glen[0] == 1 && gfirst[0] == '1' && glen[1] == 3 && glen[2] == 3 && glen[3] == 4 &&
-        gfirst[1] >= '2' && gfirst[2] >= '2')
-      return end - i;
-    if (gfirst[0] == '0' && glen[0] >= 2) {
-      const size_t d0 = c0 == '(' ? i + 1 : i;
-      const bool intl00 = at(d0 + 1) == '0';
-      const int lo = intl00 ? 10 : 9, hi = intl00 ? 17 : 12;
-      if (total < lo || total > hi) return 0;
-      for (int k = 1; k < ng; ++k)
-        if (glen[k] < 2) return 0;
-      return end - i;
+    // The longest run of whole groups with a phone number's shape. A number followed by more digit groups
+    // ("+44 20 7946 0958 390973623", "415 555 2671 12") or by a '(' that opens no group was missed when the
+    // whole run had to be the number (found by the `detectors` fuzz target). Only the whole run must end
+    // clear of a word; a shorter one ends at a separator.
+    for (int m = ng; m >= 1; --m) {
+      const size_t end = gend[m - 1];
+      if (m == ng && !num_end_ok(end)) continue;
+      int total = 0;
+      for (int k = 0; k < m; ++k) total += glen[k];
+      if (intl) {
+        if (total >= 8 && total <= 15) return end - i;
+        continue;
+      }
+      if (m < 2) break;
+      if (m == 3 && glen[0] == 3 && glen[1] == 3 && glen[2] == 4 && gfirst[0] >= '2' && gfirst[1] >= '2')
+        return end - i;
+      if (m == 4 && glen[0] == 1 && gfirst[0] == '1' && glen[1] == 3 && glen[2] == 3 && glen[3] == 4 &&
+          gfirst[1] >= '2' && gfirst[2] >= '2')
+        return end - i;
+      if (gfirst[0] == '0' && glen[0] >= 2) {
+        const size_t d0 = c0 == '(' ? i + 1 : i;
+        const bool intl00 = at(d0 + 1) == '0';
+        const int lo = intl00 ? 10 : 9, hi = intl00 ? 17 : 12;
+        bool groups_ok = total >= lo && total <= hi;
+        for (int k = 1; k < m && groups_ok; ++k) groups_ok = glen[k] >= 2;
+        if (groups_ok) return end - i;
+      }
     }
     return 0;
   }
@@ -598,6 +649,7 @@ void scan_sensitive(std::string_view text, DetectorSet en, std::vector<Finding>&
   Scanner sc{text, text.size()};
   const size_t n = text.size();
   size_t i = 0, floor = 0, no_end_after = n;
+  size_t card_only_until = 0;  // inside an IBAN-shaped near miss: its digit words are tried as cards only
   bool full = max_findings && out.size() >= max_findings;
   auto emit = [&](DetectorKind k, size_t off, size_t len) {
     out.push_back({k, off, len});
@@ -632,7 +684,13 @@ void scan_sensitive(std::string_view text, DetectorSet en, std::vector<Finding>&
       if ((cls & kDigit) && all_digits) {
         if (want_card && c >= '2' && c <= '6' && (L >= 13 || (L == 4 && (nx == ' ' || nx == '-')))) {
           if ((len = sc.card(i, &shape))) { emit(DetectorKind::card, i, len); continue; }
+          size_t s = 0;
+          if (sc.card_in_run(i, &s, &len)) { emit(DetectorKind::card, s, len); continue; }
           if (shape) { i += shape; continue; }  // card-shaped, Luhn fails: a near miss, not its parts
+        }
+        if (i < card_only_until) {
+          i = wend;
+          continue;
         }
         if (want_ssn && L == 3 && (nx == '-' || nx == ' ') && (len = sc.ssn(i))) { emit(DetectorKind::ssn, i, len); continue; }
         if (want_ipv4 && L <= 3 && nx == '.' && (len = sc.ipv4(i))) { emit(DetectorKind::ipv4, i, len); continue; }
@@ -645,7 +703,11 @@ void scan_sensitive(std::string_view text, DetectorSet en, std::vector<Finding>&
       if (want_api && (cls & kApiFirst) && (nx == '_' || nx == '-' || nx == '.' || L >= 20) && (len = sc.api_key(i))) { emit(DetectorKind::api_key, i, len); continue; }
       if (want_iban && (cls & kUpper) && L >= 4) {
         if ((len = sc.iban(i, &shape))) { emit(DetectorKind::iban, i, len); continue; }
-        if (shape) { i += shape; continue; }  // IBAN-shaped, checksum fails: a near miss, not its parts
+        if (shape) {  // IBAN-shaped, checksum fails: a near miss, its digit groups are not phone numbers
+          card_only_until = i + shape;  // but a card in it is still a card ("DE33 5555555555554444 44": fuzzing)
+          i = wend;
+          continue;
+        }
       }
       if (want_ipv6 && L <= 4 && nx == ':' && (cls & kHex) && (len = sc.ipv6(i))) {
         emit(DetectorKind::ipv6, i, len);

@@ -61,6 +61,21 @@ const Case kCases[] = {
     {"5555555555554444", "card", "5555555555554444"},
     {"amex 3782 822463 10005", "card", "3782 822463 10005"},
     {"6011111111111117.", "card", "6011111111111117"},
+    // A card inside a longer run of digit groups (found by the detectors fuzz target: the run was read as one
+    // number, failed, and hid the card): its expiry after it, a group or a stray digit before or after it.
+    {"card 4111 1111 1111 1111 12/27", "card", "4111 1111 1111 1111"},
+    {"5555555555554444 12/27", "card", "5555555555554444"},
+    {"ref 4111 4111 1111 1111 1111", "card", "4111 1111 1111 1111"},
+    {"11 4111 1111 1111 1111 111", "card", "4111 1111 1111 1111"},
+    {"411 5555555555554444 1 and", "card", "5555555555554444"},
+    {"4111-1111-1111-1111-77", "card", "4111-1111-1111-1111"},
+    {"4111 1111 1111 1112 12/27", nullptr, nullptr},
+    {"DE33 5555555555554444 44", "card", "5555555555554444"},  // a card inside an IBAN-shaped near miss
+    {"8 5555555555554444 88888888888888888888888888", "card", "5555555555554444"},  // then a longer number
+    // A phone number followed by more digit groups or by a '(' that opens no group (the detectors fuzz target).
+    {"+44 20 7946 0958 390973623", "phone", "+44 20 7946 0958"},
+    {"call +44 20 7946 0958 (office)", "phone", "+44 20 7946 0958"},
+    {"call 415 555 2671 12 times", "phone", "415 555 2671"},
     {"4111 1111 1111 1112", nullptr, nullptr},  // Luhn fails
     {"5555555555554445", nullptr, nullptr},     // Luhn fails
     {"1111111111111111111111", nullptr, nullptr},  // too long
