@@ -181,3 +181,152 @@ LILAC_FUZZ_TARGET(schema, "every document the schema's grammar allows is JSON va
   const std::string why = lilac::grammar::test::Validator(root).check(v);
   if (!why.empty()) violated("schema", "invalid (" + why + "): " + doc + "\n  schema: " + root.dump());
 }
+
+namespace {
+
+const J& deref(const J& root, const std::string& ref) { return root["$defs"][ref.substr(ref.rfind('/') + 1)]; }
+
+// A string for one of kPatterns / kFormats (the validator decides whether it also meets the lengths).
+const char* const kPatternStrings[] = {"abc", "x12y", "abcd", "axb", "123-4567", "a'b", "\xc3\xa9", "a_1@b", "0AFF"};
+const char* const kFormatStrings[] = {"2024-02-29", "12:34:56Z", "2024-02-29T12:34:56.5+01:00",
+                                      "123e4567-e89b-12d3-a456-426614174000", "a.b@example.com"};
+const char* const kStringPieces[] = {"a", "Z", "0", " ", "\"", "\\", "/", "\n", "\t", "\x01", "\x1f", "\xc3\xa9",
+                                     "\xe2\x82\xac", "\xf0\x9f\x98\x80", "<", "\xe2\x80\xa8", "}", "]"};
+
+std::optional<J> instance(const J& s, const J& root, Input& in, int depth);
+
+J any_value(Input& in, int depth) {
+  if (depth > 3) return int(in.below(10));
+  switch (in.below(6)) {
+    case 0: return literal(in);
+    case 1: return J::array({literal(in), literal(in)});
+    case 2: return J{{kNames[in.below(8)], literal(in)}};
+    default: return literal(in);
+  }
+}
+
+std::optional<J> instance(const J& s, const J& root, Input& in, int depth) {
+  if (depth > 8) return std::nullopt;
+  if (s.is_boolean()) return s.get<bool>() ? std::optional<J>(any_value(in, depth)) : std::nullopt;
+  if (s.contains("$ref")) return instance(deref(root, s["$ref"].get<std::string>()), root, in, depth + 1);
+  if (s.contains("enum")) return s["enum"][in.below(uint32_t(s["enum"].size()))];
+  if (s.contains("const")) return s["const"];
+  for (const char* k : {"anyOf", "oneOf"})
+    if (s.contains(k)) return instance(s[k][in.below(uint32_t(s[k].size()))], root, in, depth + 1);
+  if (s.contains("allOf")) {  // several constraining branches merge as objects (schema.h): not generated here
+    const J* only = nullptr;
+    int constraining = 0;
+    for (const J& b : s["allOf"])
+      if (!b.empty()) {
+        only = &b;
+        ++constraining;
+      }
+    if (constraining > 1) return std::nullopt;
+    return only ? instance(*only, root, in, depth + 1) : std::optional<J>(any_value(in, depth));
+  }
+  if (!s.contains("type")) return any_value(in, depth);
+  std::string type = s["type"].is_array() ? s["type"][in.below(uint32_t(s["type"].size()))].get<std::string>()
+                                          : s["type"].get<std::string>();
+  if (type == "null") return J(nullptr);
+  if (type == "boolean") return J(in.flag());
+  if (type == "number") return J((int(in.below(4000)) - 2000) / 16.0);
+  if (type == "integer") {
+    int64_t lo = -1000, hi = 1000;
+    if (s.contains("minimum")) lo = std::max(lo, s["minimum"].get<int64_t>());
+    if (s.contains("exclusiveMinimum")) lo = std::max(lo, s["exclusiveMinimum"].get<int64_t>() + 1);
+    if (s.contains("maximum")) hi = std::min(hi, s["maximum"].get<int64_t>());
+    if (s.contains("exclusiveMaximum")) hi = std::min(hi, s["exclusiveMaximum"].get<int64_t>() - 1);
+    if (lo > hi) return std::nullopt;
+    return J(lo + int64_t(in.below(uint32_t(hi - lo + 1))));
+  }
+  if (type == "string") {
+    if (s.contains("pattern")) {
+      for (size_t i = 0; i < sizeof kPatterns / sizeof *kPatterns; ++i)
+        if (s["pattern"] == kPatterns[i]) return J(kPatternStrings[i]);
+      return std::nullopt;
+    }
+    if (s.contains("format")) {
+      for (size_t i = 0; i < sizeof kFormats / sizeof *kFormats; ++i)
+        if (s["format"] == kFormats[i]) return J(kFormatStrings[i]);
+      return std::nullopt;
+    }
+    std::string str;
+    const uint32_t lo = s.value("minLength", 0u), hi = s.value("maxLength", lo + 6u);
+    for (uint32_t i = 0, n = lo + in.below(hi - lo + 1); i < n; ++i)
+      str += kStringPieces[in.below(sizeof kStringPieces / sizeof *kStringPieces)];
+    return J(str);
+  }
+  if (type == "object") {
+    J o = J::object();
+    const J props = s.value("properties", J::object());
+    const J req = s.value("required", J::array());
+    for (const auto& [k, ps] : props.items()) {
+      bool needed = false;
+      for (const auto& r : req) needed = needed || r == k;
+      if (!needed && in.flag()) continue;
+      auto v = instance(ps, root, in, depth + 1);
+      if (!v) return std::nullopt;
+      o[k] = *v;
+    }
+    for (const auto& r : req)
+      if (!o.contains(r.get<std::string>())) return std::nullopt;  // required but not declared: skip
+    const bool declares = s.contains("properties") || s.contains("required");
+    const J* extra = s.contains("additionalProperties") ? &s["additionalProperties"] : nullptr;
+    if ((extra && !(extra->is_boolean() && !extra->get<bool>())) || (!extra && !declares)) {
+      for (uint32_t i = 0, n = in.below(3); i < n; ++i) {
+        const std::string k = "extra" + std::to_string(i);
+        auto v = extra && extra->is_object() ? instance(*extra, root, in, depth + 1) : std::optional<J>(any_value(in, depth + 1));
+        if (!v) return std::nullopt;
+        o[k] = *v;
+      }
+    }
+    return o;
+  }
+  if (type == "array") {
+    J a = J::array();
+    const J pre = s.value("prefixItems", J::array());
+    const uint32_t lo = s.value("minItems", 0u), hi = s.value("maxItems", lo + 3u);
+    if (lo > hi) return std::nullopt;
+    const uint32_t n = lo + in.below(hi - lo + 1);
+    for (uint32_t i = 0; i < n; ++i) {
+      std::optional<J> v;
+      if (i < pre.size()) v = instance(pre[i], root, in, depth + 1);
+      else if (s.contains("items")) v = instance(s["items"], root, in, depth + 1);
+      else v = any_value(in, depth + 1);
+      if (!v) return std::nullopt;
+      a.push_back(*v);
+    }
+    return a;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+// The other direction: a document the schema accepts, written compactly within the generated subset that
+// lilac/grammar/schema.h documents (declared properties in order, extra ones after them and only where
+// allowed), is one the grammar lets the model write.
+LILAC_FUZZ_TARGET(schema_complete, "every compact document valid under a schema (in the documented subset) is allowed") {
+  Input in(data, size);
+  J root = schema(in, 0);
+  root["$defs"] = J::parse(
+      R"({"node": {"type": "object", "properties": {"v": {"type": "integer"}, "next": {"$ref": "#/$defs/node"}},
+                   "required": ["v"]}})");
+  lilac::grammar::Grammar g;
+  try {
+    g = lilac::grammar::compile_json_schema(root);
+  } catch (const lilac::Error&) {
+    return;
+  }
+  const std::optional<J> v = instance(root, root, in, 0);
+  if (!v || !lilac::grammar::test::Validator(root).check(*v).empty()) return;
+  const std::string doc = v->dump();
+  lilac::grammar::ConfigSpace sp(g);
+  int32_t c = sp.initial(g.root, 0);
+  for (size_t i = 0; i < doc.size(); ++i) {
+    c = sp.step(c, lilac::grammar::Sym(static_cast<unsigned char>(doc[i])));
+    if (c == lilac::grammar::ConfigSpace::kDead)
+      violated("schema_complete", "rejected at byte " + std::to_string(i) + ": " + doc + "\n  schema: " + root.dump());
+  }
+  if (!sp.ended(c)) violated("schema_complete", "incomplete: " + doc + "\n  schema: " + root.dump());
+}

@@ -1,11 +1,13 @@
 // Fuzz targets of the hybrid router's sensitivity scan: what decides whether a request may leave the
 // machine. A miss is a leak, so the property is the security one: a secret planted anywhere is found.
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "fuzz/fuzz_target.h"
 #include "fuzz/json_mutator.h"
 #include "router/detectors.h"
+#include "router/router.h"
 #include "router/scan.h"
 #include "text/bounded_json.h"
 #include "text/unicode.h"
@@ -117,4 +119,52 @@ LILAC_FUZZ_TARGET_MUTATED(scan_body, "a secret planted in any string or key of a
   };
   const lilac::router::ScanOutcome o = lilac::router::scan_body(j.value, check);
   if (!o.sensitive && !o.unscannable) violated("scan_body", std::string("missed \"") + kSecrets[k] + "\" in " + j.value.dump().substr(0, 400));
+}
+
+namespace {
+
+// Policies that push toward the cloud in every way a rule can (default, size, busy, model rules).
+const std::vector<std::unique_ptr<lilac::router::Router>>& routers() {
+  static const std::vector<std::unique_ptr<lilac::router::Router>> r = [] {
+    std::vector<std::unique_ptr<lilac::router::Router>> v;
+    for (const char* p : {R"({})", R"({"default_route": "cloud", "max_local_prompt_bytes": 16, "sticky": false})",
+                          R"({"models": [{"match": "*", "routes": ["cloud"]}]})",
+                          R"({"default_route": "auto", "models": [{"match": "lilac*", "routes": ["cloud"]}]})"})
+      v.push_back(std::make_unique<lilac::router::Router>(lilac::router::parse_route_policy(nlohmann::json::parse(p)),
+                                                           lilac::router::RouterConfig{"lilac", "gpt-up"}));
+    return v;
+  }();
+  return r;
+}
+
+}  // namespace
+
+// The routing decision itself, for every protocol, explicit route, busy state and policy: a request
+// body with a secret planted in any string or key never goes to the cloud (it stays local, or is
+// refused when a rule forbids local).
+LILAC_FUZZ_TARGET_MUTATED(route, "a body holding a secret is never routed to the cloud", lilac::fuzz::mutate_json_body) {
+  Input in(data, size);
+  const uint32_t c0 = in.below(256), c1 = in.below(256);
+  const int k = int(c0 % kNumSecrets);
+  const auto api = static_cast<lilac::router::Api>(c1 % 4);
+  static const char* const kHeader[] = {"", "cloud", "auto", "local"};
+  const char* header = kHeader[(c1 / 4) % 4];
+  const bool busy = (c1 / 16) & 1;
+  const auto& router = *routers()[(c1 / 32) % 4];
+  lilac::JsonParseResult j = lilac::parse_bounded_json(in.rest());
+  if (!j.ok() || !j.value.is_object()) return;
+  size_t n = 0;
+  bool done = false;
+  plant(j.value, n, size_t(-1), c0 * 7, kSecrets[k], done);
+  if (n == 0) {
+    j.value["messages"] = nlohmann::ordered_json::array({{{"role", "user"}, {"content", ""}}});
+    n = 1;
+  }
+  const size_t count = n;
+  n = 0;
+  plant(j.value, n, c0 % count, c0 * 7, kSecrets[k], done);
+  const lilac::router::RouteDecision d = router.decide(j.value, api, header, busy);
+  if (d.route == lilac::router::Route::cloud && d.error_status == 0)
+    violated("route", std::string("sent to the cloud (") + d.reason + ") with \"" + kSecrets[k] + "\" in " +
+                          j.value.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace).substr(0, 400));
 }
