@@ -198,8 +198,27 @@ void SchemaCompiler::build_value(const Json& node, const std::string& path, Nfa&
     return;
   }
   if (auto a = node.find("allOf"); a != node.end()) {
-    if (a->size() == 1 && constraints_besides({"allOf"}).empty()) {
-      nfa.add_call(from, value_rule((*a)[0], child_path(child_path(path, "allOf"), "0")), to);
+    // Branches that constrain nothing (true, {}, annotations only) drop out: an allOf with one constraining
+    // branch is that branch, whatever its type, and with none any value. Only several constraining branches
+    // merge, as object schemas. ({"allOf": [{}, {}]} generated objects only; found by the schema_complete
+    // fuzz target.) A false branch goes to the merge, which names it.
+    std::vector<size_t> constraining;
+    bool has_false = false;
+    for (size_t i = 0; i < a->size(); ++i) {
+      const Json& b = (*a)[i];
+      has_false = has_false || (b.is_boolean() && !b.get<bool>());
+      bool c = false;
+      if (b.is_object())
+        for (const auto& [key, v] : b.items()) c = c || is_constraint(key);
+      if (c) constraining.push_back(i);
+    }
+    if (!has_false && constraining.size() <= 1 && constraints_besides({"allOf"}).empty()) {
+      if (constraining.empty()) {
+        nfa.add_call(from, any_value_rule(), to);
+      } else {
+        const size_t i = constraining[0];
+        nfa.add_call(from, value_rule((*a)[i], child_path(child_path(path, "allOf"), std::to_string(i))), to);
+      }
       return;
     }
     nfa.add_call(from, object_rule(merge_all_of(node, path), path), to);

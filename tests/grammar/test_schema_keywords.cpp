@@ -99,6 +99,10 @@ TEST(SchemaKeywords, AnyOfOneOfAllOf) {
          {R"({"a":1,"b":"x"})"}, {R"({"a":1})", R"({"b":"x"})", R"({"b":"x","a":1})"});
   expect(R"({"allOf":[{"$ref":"#/$defs/s"}],"description":"wrapped","$defs":{"s":{"type":"string","enum":["x"]}}})",
          {"\"x\""}, {"\"y\""});
+  // Branches that constrain nothing drop out (found by the schema_complete fuzz target: {"allOf": [{}, {}]}
+  // generated objects only, so null, numbers or strings its schema accepts could not be written).
+  expect(R"({"allOf":[{},{}]})", {"null", "1", "\"s\"", "{}", "[1]"}, {"", "{]"});
+  expect(R"({"allOf":[{"description":"d"},{"type":"string","maxLength":2},true]})", {"\"ab\""}, {"\"abc\"", "1", "{}"});
 }
 
 TEST(SchemaKeywords, RefsAndRecursion) {
