@@ -3,9 +3,10 @@
 //
 // Keywords: type (all seven, or a list), properties, required, additionalProperties (false or a
 // schema), items, prefixItems, minItems, maxItems, enum, const, anyOf, oneOf (when its branches
-// are provably disjoint, else an error), allOf (of object schemas), $ref / $defs / definitions
-// (local JSON pointers, recursion allowed), minLength, maxLength, pattern (regex.h), format (date,
-// time, date-time, uuid, email), minimum / maximum / exclusiveMinimum / exclusiveMaximum (integers).
+// are provably disjoint, else an error), allOf (of object schemas; branches that constrain nothing
+// drop out), $ref / $defs / definitions (local JSON pointers, recursion allowed), minLength,
+// maxLength, pattern (regex.h), format (date, time, date-time, uuid, email), minimum / maximum /
+// exclusiveMinimum / exclusiveMaximum (integers).
 // Annotations (title, description, default, examples, $schema, $id, $comment, deprecated,
 // readOnly, writeOnly) are accepted and have no effect. Anything else is a SchemaError naming the
 // keyword and its JSON pointer, as are invalid values and unsatisfiable or too large schemas.
