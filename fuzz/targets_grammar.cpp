@@ -111,6 +111,21 @@ J schema(Input& in, int depth) {
   return s;
 }
 
+// A schema from the input (with a recursive $defs entry its $refs point to) and its grammar; false when
+// the compiler refuses it (unsupported or unsatisfiable: a request would get a 400).
+bool schema_and_grammar(Input& in, J& root, lilac::grammar::Grammar& g) {
+  root = schema(in, 0);
+  root["$defs"] = J::parse(
+      R"({"node": {"type": "object", "properties": {"v": {"type": "integer"}, "next": {"$ref": "#/$defs/node"}},
+                   "required": ["v"]}})");
+  try {
+    g = lilac::grammar::compile_json_schema(root);
+  } catch (const lilac::Error&) {
+    return false;
+  }
+  return true;
+}
+
 // The shortest bytes from `c` to a complete document (breadth first over configurations), or nothing when
 // the search gives up (any-value schemas nest without bound: the configurations within reach explode).
 std::optional<std::string> shortest_end(lilac::grammar::ConfigSpace& sp, int32_t c) {
@@ -140,16 +155,9 @@ std::optional<std::string> shortest_end(lilac::grammar::ConfigSpace& sp, int32_t
 
 LILAC_FUZZ_TARGET(schema, "every document the schema's grammar allows is JSON valid under the schema") {
   Input in(data, size);
-  J root = schema(in, 0);
-  root["$defs"] = J::parse(
-      R"({"node": {"type": "object", "properties": {"v": {"type": "integer"}, "next": {"$ref": "#/$defs/node"}},
-                   "required": ["v"]}})");
+  J root;
   lilac::grammar::Grammar g;
-  try {
-    g = lilac::grammar::compile_json_schema(root);
-  } catch (const lilac::Error&) {
-    return;  // unsupported or unsatisfiable: the request gets a 400
-  }
+  if (!schema_and_grammar(in, root, g)) return;
   lilac::grammar::ConfigSpace sp(g);
   int32_t c = sp.initial(g.root, 0);
   std::string doc;
@@ -308,16 +316,9 @@ std::optional<J> instance(const J& s, const J& root, Input& in, int depth) {
 // allowed), is one the grammar lets the model write.
 LILAC_FUZZ_TARGET(schema_complete, "every compact document valid under a schema (in the documented subset) is allowed") {
   Input in(data, size);
-  J root = schema(in, 0);
-  root["$defs"] = J::parse(
-      R"({"node": {"type": "object", "properties": {"v": {"type": "integer"}, "next": {"$ref": "#/$defs/node"}},
-                   "required": ["v"]}})");
+  J root;
   lilac::grammar::Grammar g;
-  try {
-    g = lilac::grammar::compile_json_schema(root);
-  } catch (const lilac::Error&) {
-    return;
-  }
+  if (!schema_and_grammar(in, root, g)) return;
   const std::optional<J> v = instance(root, root, in, 0);
   if (!v || !lilac::grammar::test::Validator(root).check(*v).empty()) return;
   const std::string doc = v->dump();

@@ -91,6 +91,18 @@ void plant(nlohmann::ordered_json& v, size_t& n, size_t target, size_t cut, cons
   }
 }
 
+// Plants the secret in the (target mod count)-th string or key of `v`; false when it has none.
+bool plant_somewhere(nlohmann::ordered_json& v, size_t target, size_t cut, const std::string& secret) {
+  size_t n = 0;
+  bool done = false;
+  plant(v, n, size_t(-1), cut, secret, done);  // counts the strings and keys
+  if (n == 0) return false;
+  const size_t count = n;
+  n = 0;
+  plant(v, n, target % count, cut, secret, done);
+  return true;
+}
+
 }  // namespace
 
 // A request body (any JSON) with a secret planted in one of its strings or keys: scan_body calls it
@@ -102,13 +114,7 @@ LILAC_FUZZ_TARGET_MUTATED(scan_body, "a secret planted in any string or key of a
   const size_t target = in.below(256), cut = target * 31 + size_t(k);  // two choice bytes (json_mutator.h)
   lilac::JsonParseResult j = lilac::parse_bounded_json(in.rest());
   if (!j.ok()) return;
-  size_t n = 0;
-  bool done = false;
-  plant(j.value, n, size_t(-1), cut, kSecrets[k], done);  // counts the strings and keys
-  if (n == 0) return;
-  const size_t count = n;
-  n = 0;
-  plant(j.value, n, target % count, cut, kSecrets[k], done);
+  if (!plant_somewhere(j.value, target, cut, kSecrets[k])) return;  // no string anywhere
   const auto check = [](std::string_view t, bool is_id, std::vector<std::string>* matched) {
     DetectorSet set;
     if (is_id) set.set(lilac::router::DetectorKind::high_entropy, false);
@@ -153,16 +159,10 @@ LILAC_FUZZ_TARGET_MUTATED(route, "a body holding a secret is never routed to the
   const auto& router = *routers()[(c1 / 32) % 4];
   lilac::JsonParseResult j = lilac::parse_bounded_json(in.rest());
   if (!j.ok() || !j.value.is_object()) return;
-  size_t n = 0;
-  bool done = false;
-  plant(j.value, n, size_t(-1), c0 * 7, kSecrets[k], done);
-  if (n == 0) {
+  if (!plant_somewhere(j.value, c0, c0 * 7, kSecrets[k])) {
     j.value["messages"] = nlohmann::ordered_json::array({{{"role", "user"}, {"content", ""}}});
-    n = 1;
+    plant_somewhere(j.value, 0, c0 * 7, kSecrets[k]);
   }
-  const size_t count = n;
-  n = 0;
-  plant(j.value, n, c0 % count, c0 * 7, kSecrets[k], done);
   const lilac::router::RouteDecision d = router.decide(j.value, api, header, busy);
   if (d.route == lilac::router::Route::cloud && d.error_status == 0)
     violated("route", std::string("sent to the cloud (") + d.reason + ") with \"" + kSecrets[k] + "\" in " +
