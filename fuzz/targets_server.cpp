@@ -189,6 +189,22 @@ void check_error_shape(const std::string& path, const httplib::Result& r) {
   if (!ok) violated("server", path + " answered " + std::to_string(r->status) + " without the protocol's error shape: " + r->body.substr(0, 200));
 }
 
+// An SSE event that reports a server-side failure, in any protocol's shape: Responses' error event with code
+// server_error, or an "error" object (top level, or the failed response's) whose code is internal_error or
+// whose type is server_error / api_error. Its fields, not its text: a request's own strings, echoed back by
+// the Responses API, may say "internal_error".
+bool internal_error_event(const nlohmann::json& e) {
+  if (!e.is_object()) return false;
+  if (e.value("type", "") == "error" && e.value("code", "") == "server_error") return true;  // Responses' error event
+  for (const nlohmann::json* x : {&e, e.contains("response") && e["response"].is_object() ? &e["response"] : nullptr}) {
+    if (!x || !x->contains("error") || !(*x)["error"].is_object()) continue;
+    const nlohmann::json& err = (*x)["error"];
+    const auto field = [&](const char* k) { return err.contains(k) && err[k].is_string() ? err[k].get<std::string>() : ""; };
+    if (field("code") == "internal_error" || field("type") == "server_error" || field("type") == "api_error") return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 // Request bodies (any JSON, or not) POSTed to every generation endpoint: never a 5xx, a 4xx in the
@@ -228,7 +244,7 @@ LILAC_FUZZ_TARGET_MUTATED(server, "no request body gets a 5xx or a malformed ans
       if (payload == "[DONE]") continue;
       if (!nlohmann::json::accept(payload)) violated("server", path + ": an event that is not JSON: " + payload.substr(0, 200));
       if (payload.find("is not allowed by the token mask") != std::string::npos) continue;  // as above
-      if (payload.find("internal_error") != std::string::npos || payload.find("\"api_error\"") != std::string::npos)
+      if (internal_error_event(nlohmann::json::parse(payload)))
         violated("server", path + ": an internal error in the stream: " + payload.substr(0, 300));
     }
   } else if (!nlohmann::json::accept(r->body)) {
