@@ -14,9 +14,15 @@ namespace {
 
 using lilac::fuzz::violated;
 
-std::string temp_file() {
-  static const std::string p = "/tmp/lilac_fuzz_" + std::to_string(getpid()) + ".safetensors";
-  return p;
+// The file each input is written to (one per process), removed when the process ends.
+struct TempFile {
+  std::string path = "/tmp/lilac_fuzz_" + std::to_string(getpid()) + ".safetensors";
+  ~TempFile() { std::remove(path.c_str()); }
+};
+
+const std::string& temp_file() {
+  static const TempFile f;
+  return f.path;
 }
 
 }  // namespace
