@@ -13,7 +13,7 @@
 
 #include "core/error.h"
 #include "core/mapped_file.h"
-#include "fuzz/fuzz_common.h"
+#include "server/server_test_util.h"
 #include "fuzz/fuzz_target.h"
 #include "text/chat_template.h"
 #include "text/special_text.h"
@@ -102,9 +102,9 @@ std::vector<int32_t> specials(const lilac::Tokenizer& tok, const std::vector<int
 }  // namespace
 
 LILAC_FUZZ_TARGET(special_tokens, "request text never becomes special tokens in the chat prompt") {
-  static const auto tok = lilac::fuzz::qwen3_tokenizer();
+  static const auto tok = lilac::test::qwen3_tokenizer();
   static const auto tmpl = std::shared_ptr<const lilac::ChatTemplate>(lilac::ChatTemplate::from_source(
-      lilac::read_text_file(lilac::fuzz::shared_path("fixtures/qwen3.6-template/chat_template.jinja")), "qwen3.6"));
+      lilac::read_text_file(std::string(LILAC_SHARED_DIR) + "/fixtures/qwen3.6-template/chat_template.jinja"), "qwen3.6"));
   static const lilac::SpecialTokenGuard guard(*tok);
   Input in(data, size);
   const J req = request(in);

@@ -103,32 +103,6 @@ bool plant_somewhere(nlohmann::ordered_json& v, size_t target, size_t cut, const
   return true;
 }
 
-}  // namespace
-
-// A request body (any JSON) with a secret planted in one of its strings or keys: scan_body calls it
-// sensitive (or unscannable), whichever string holds it.
-LILAC_FUZZ_TARGET_MUTATED(scan_body, "a secret planted in any string or key of a body makes it sensitive",
-                          lilac::fuzz::mutate_json_body) {
-  Input in(data, size);
-  const int k = int(in.below(kNumSecrets));
-  const size_t target = in.below(256), cut = target * 31 + size_t(k);  // two choice bytes (json_mutator.h)
-  lilac::JsonParseResult j = lilac::parse_bounded_json(in.rest());
-  if (!j.ok()) return;
-  if (!plant_somewhere(j.value, target, cut, kSecrets[k])) return;  // no string anywhere
-  const auto check = [](std::string_view t, bool is_id, std::vector<std::string>* matched) {
-    DetectorSet set;
-    if (is_id) set.set(lilac::router::DetectorKind::high_entropy, false);
-    std::vector<Finding> fs;
-    lilac::router::scan_sensitive(t, set, fs, 1);
-    if (!fs.empty() && matched) matched->push_back(lilac::router::detector_name(fs[0].kind));
-    return !fs.empty();
-  };
-  const lilac::router::ScanOutcome o = lilac::router::scan_body(j.value, check);
-  if (!o.sensitive && !o.unscannable) violated("scan_body", std::string("missed \"") + kSecrets[k] + "\" in " + j.value.dump().substr(0, 400));
-}
-
-namespace {
-
 // Policies that push toward the cloud in every way a rule can (default, size, busy, model rules).
 const std::vector<std::unique_ptr<lilac::router::Router>>& routers() {
   static const std::vector<std::unique_ptr<lilac::router::Router>> r = [] {
@@ -144,6 +118,21 @@ const std::vector<std::unique_ptr<lilac::router::Router>>& routers() {
 }
 
 }  // namespace
+
+// A request body (any JSON) with a secret planted in one of its strings or keys: the router's scan (scan_body
+// with the default policy's check) calls it sensitive (or unscannable), whichever string holds it.
+LILAC_FUZZ_TARGET_MUTATED(scan_body, "a secret planted in any string or key of a body makes it sensitive",
+                          lilac::fuzz::mutate_json_body) {
+  Input in(data, size);
+  const int k = int(in.below(kNumSecrets));
+  const size_t target = in.below(256), cut = target * 31 + size_t(k);  // two choice bytes (json_mutator.h)
+  lilac::JsonParseResult j = lilac::parse_bounded_json(in.rest());
+  if (!j.ok()) return;
+  if (!plant_somewhere(j.value, target, cut, kSecrets[k])) return;  // no string anywhere
+  const lilac::router::ScanOutcome o = routers()[0]->scan(j.value);  // the default policy: every detector
+  if (!o.sensitive && !o.unscannable) violated("scan_body", std::string("missed \"") + kSecrets[k] + "\" in " + j.value.dump().substr(0, 400));
+}
+
 
 // The routing decision itself, for every protocol, explicit route, busy state and policy: a request
 // body with a secret planted in any string or key never goes to the cloud (it stays local, or is

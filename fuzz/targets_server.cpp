@@ -8,15 +8,11 @@
 #include <nlohmann/json.hpp>
 
 #include "core/log.h"
-#include "core/mapped_file.h"
-#include "fuzz/fuzz_common.h"
 #include "fuzz/fuzz_target.h"
 #include "fuzz/json_mutator.h"
 #include "server/http_parser.h"
-#include "server/scripted_backend.h"
-#include "server/server.h"
+#include "server/server_test_util.h"
 #include "text/bounded_json.h"
-#include "text/chat_template.h"
 
 namespace {
 
@@ -143,32 +139,23 @@ LILAC_FUZZ_TARGET(json, "parse_bounded_json == nlohmann::ordered_json::parse wit
 
 namespace {
 
+// The in-process server of the server tests (tests/server/server_test_util.h), with replies that exercise
+// the output parser: reasoning, a tool call, plain text.
 struct FuzzServer {
-  std::unique_ptr<lilac::server::Server> server;
+  std::unique_ptr<lilac::test::LocalServer> local;
   int port = 0;
   FuzzServer() {
-    auto tok = lilac::fuzz::qwen3_tokenizer();
-    auto tmpl = std::shared_ptr<const lilac::ChatTemplate>(lilac::ChatTemplate::from_source(
-        lilac::read_text_file(lilac::fuzz::shared_path("fixtures/qwen3.6-template/chat_template.jinja")), "qwen3.6"));
-    // Replies that exercise the output parser: reasoning, a tool call, plain text.
+    lilac::set_log_level(lilac::LogLevel::Off);  // 4xx are the point; the property checks the answers
     const nlohmann::json script = {
         {"rules",
          {{{"match", "weather"},
            {"reply", "I will check.\n</think>\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>"}},
           {{"match", "json"}, {"reply", "</think>\n\n{\"a\": 1}"}}}},
         {"default", {{"reply", "</think>\n\nlocal answer"}}}};
-    auto backend = std::shared_ptr<lilac::Backend>(lilac::server::make_scripted_backend(script, tok));
-    lilac::set_log_level(lilac::LogLevel::Off);  // 4xx are the point; the property checks the answers
-    lilac::server::ServerOptions o;
-    o.model_id = "local-model";
-    o.port = 0;
-    o.max_queue = 4;
+    lilac::server::ServerOptions o = lilac::test::LocalServer::options(4);
     o.max_seq = 4096;
-    o.log_requests = false;
-    server = std::make_unique<lilac::server::Server>(o);
-    port = server->bind();
-    server->start();
-    server->set_model(backend, tok, tmpl);
+    local = std::make_unique<lilac::test::LocalServer>(o, nullptr, script);
+    port = local->port;
   }
 };
 

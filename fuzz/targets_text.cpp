@@ -2,7 +2,7 @@
 #include <string>
 #include <vector>
 
-#include "fuzz/fuzz_common.h"
+#include "server/server_test_util.h"
 #include "fuzz/fuzz_target.h"
 #include "text/detokenizer.h"
 #include "text/output_parser.h"
@@ -32,7 +32,7 @@ std::string show(const std::string& s) {
 // Any bytes, special-token text included: encode then decode gives the text back (invalid UTF-8 as
 // U+FFFD, NFC-normalized as the tokenizer's normalizer does), and every id is in the vocabulary.
 LILAC_FUZZ_TARGET(tokenizer, "decode(encode(text)) == NFC(sanitized text); ids in range") {
-  const auto tok = lilac::fuzz::qwen3_tokenizer();
+  const auto tok = lilac::test::qwen3_tokenizer();
   Input in(data, size);
   const bool special = in.flag();
   const std::string text = in.rest();
@@ -50,7 +50,7 @@ LILAC_FUZZ_TARGET(tokenizer, "decode(encode(text)) == NFC(sanitized text); ids i
 // strings, add up to the whole decode sanitized; with stop strings, to a prefix of it that ends where
 // the matched stop string begins.
 LILAC_FUZZ_TARGET(detokenizer, "streamed chunks == sanitized whole decode, cut at the first stop string") {
-  const auto tok = lilac::fuzz::qwen3_tokenizer();
+  const auto tok = lilac::test::qwen3_tokenizer();
   Input in(data, size);
   const bool skip_special = in.flag();
   const int n_stops = int(in.below(3));
