@@ -161,9 +161,13 @@ ojson translate_messages(const ojson& body) {
     else
       bad(p + ".role", "Invalid value for '" + p + ".role': '" + role + "'. Supported values are 'user' and 'assistant'.");
   }
-  if ((*ms).back().value("role", "") == "assistant")
-    bad("messages", "The last message is from the assistant: continuing an assistant message (prefill) is not "
-                    "supported; end the conversation with a user message.", "invalid_last_message");
+  if ((*ms).back().value("role", "") == "assistant") {  // a prefill: the model continues this message's text
+    const ojson& last = out.back();
+    if (last.contains("tool_calls"))
+      bad("messages", "The last message is the assistant's tool_use: a conversation that ends with tool use goes on "
+                      "with a user message holding the tool_result blocks.", "invalid_last_message");
+    check_prefill_text(last["content"].get<std::string>());
+  }
   return out;
 }
 
@@ -285,6 +289,15 @@ MessagesParams parse_messages_request(const ojson& body, const ModelConfig& cfg,
   parse_tool_choice(body, p);
   parse_thinking(body, p, for_count);
   if (const ojson* md = field(body, "metadata"); md && !md->is_object()) wrong_type("metadata", "an object", *md);
+  p.continue_final = msgs.back()["role"] == "assistant";
+  if (p.continue_final && p.thinking)
+    bad("thinking", "Extended thinking cannot be combined with a final assistant message (a prefill): the answer "
+                    "would have to begin with its thinking. Disable thinking or end with a user message.",
+        "invalid_last_message");
+  if (p.continue_final && (p.tool_choice == ToolChoice::Required || p.tool_choice == ToolChoice::Function))
+    bad("tool_choice", "A forced tool use cannot be combined with a final assistant message (a prefill): its text "
+                       "is continued. Use tool_choice 'auto', or end with a user message.",
+        "invalid_last_message");
 
   ojson tr = ojson::object();
   tr["messages"] = std::move(msgs);

@@ -1,8 +1,9 @@
 // Anthropic Messages requests (POST /v1/messages and /v1/messages/count_tokens): validation and the
 // translation into what the generation core renders (an OpenAI-style message list for the chat
 // template), and Anthropic's error body. Unknown fields are ignored; wrong types, out-of-range values
-// and what lilac cannot do (images, documents, server tools, assistant prefill) are ApiErrors (400)
-// naming the field.
+// and what lilac cannot do (images, documents, server tools) are ApiErrors (400) naming the field.
+// A final assistant message is a prefill: its text is continued (not with thinking enabled, a forced
+// tool use, or a final tool_use; text ending in whitespace is refused, as Anthropic does).
 //
 // Translation: `system` (a string or text blocks) -> a system message; user text blocks -> a user
 // message; tool_result blocks -> tool messages (in block order; is_error prefixes the content with
@@ -38,6 +39,7 @@ struct MessagesParams {
   bool parallel_tool_calls = true;  // tool_choice.disable_parallel_tool_use: at most one call (enforced)
   bool thinking = false;
   std::optional<int64_t> budget_tokens;
+  bool continue_final = false;  // the last message is the assistant's: its text is continued (a prefill)
 };
 
 // `for_count`: count_tokens (max_tokens, stream and sampling are not required nor read).

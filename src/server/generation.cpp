@@ -284,10 +284,19 @@ std::vector<int32_t> GenerationCore::prompt_tokens(const GenerationSpec& spec, G
   try {
     nlohmann::ordered_json request = spec.chat;
     guard_->escape_request(request);
+    if (spec.continue_final) request["add_generation_prompt"] = false;
     text = render_chat_request(*tmpl_, request);
   } catch (const Error& e) {  // InputError or a template error (raise_exception)
     throw ApiError(400, std::string("Cannot render the conversation with the model's chat template: ") + e.what(),
                    "messages", "invalid_messages");
+  }
+  if (spec.continue_final) {
+    std::optional<std::string> open = format_.continue_final_turn(std::move(text));
+    if (!open)
+      throw ApiError(400, "The model's chat template does not end the final assistant message with an end of turn, so it "
+                          "cannot be continued; end the conversation with a user message.",
+                     "messages", "invalid_last_message");
+    text = std::move(*open);
   }
   prompt = format_.generation_prompt(std::move(text), spec.force_tool_call, spec.forced_function);
   return guard_->encode(prompt.text);

@@ -49,6 +49,10 @@ struct GenerationSpec {
   // Chat: the tools (they type tool-call arguments by their JSON schema; null when none), and whether
   // to force a call (of `forced_function`, or of any tool when it is empty).
   nlohmann::ordered_json tools;
+  // Chat: the conversation ends with an assistant message that the model continues (a prefill): it is
+  // rendered without its end of turn and without a generation prompt, and the output is what follows it.
+  // The adapters allow it only with free content and no forced call (its content already began).
+  bool continue_final = false;
   bool force_tool_call = false;
   std::string forced_function;
   // Constrained decoding (grammar/response_grammar.h): what the content must be; tool calls are

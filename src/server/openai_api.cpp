@@ -55,6 +55,7 @@ PreparedRequest chat_request(ServerContext& C, const ojson& body, const ModelCon
   r.spec.input = GenerationSpec::Input::Chat;
   r.spec.chat = std::move(p.template_request);
   r.spec.tools = std::move(p.tools);
+  r.spec.continue_final = p.continue_final;
   r.spec.force_tool_call = p.tool_choice == ToolChoice::Required || p.tool_choice == ToolChoice::Function;
   if (p.tool_choice == ToolChoice::Function) r.spec.forced_function = p.tool_choice_name;
   r.spec.prompt_param = "messages";

@@ -263,9 +263,17 @@ void validate_messages(const ojson& body) {
     }
   }
   const std::string last = msgs->back()["role"].get<std::string>();
-  if (last == "assistant")
-    bad("messages", "The last message is from the assistant: continuing an assistant message (prefill) is not "
-                    "supported; end the conversation with a user or tool message.", "invalid_last_message");
+  if (last == "assistant") {  // a prefill: the model continues this message's content
+    const ojson& m = msgs->back();
+    if (const ojson* tc = field(m, "tool_calls"); tc && !tc->empty())
+      bad("messages", "The last message is the assistant's tool calls: a conversation that ends with calls goes on "
+                      "with their results (tool messages), not with more of that message.", "invalid_last_message");
+    std::string text;
+    if (const ojson* c = field(m, "content"); c && c->is_string()) text = c->get<std::string>();
+    else if (c)
+      for (const ojson& part : *c) text += part["text"].get<std::string>();
+    check_prefill_text(text);
+  }
   if (last == "system" || last == "developer") {
     bool has_user = false;
     for (auto& m : *msgs) has_user |= m["role"] == "user";
@@ -322,6 +330,14 @@ ChatParams parse_chat_request(const ojson& body, const ModelConfig& cfg, uint64_
     }
   }
   p.parallel_tool_calls = get_bool(body, "parallel_tool_calls").value_or(true);
+  p.continue_final = body["messages"].back()["role"] == "assistant";
+  if (p.continue_final && p.response_format != ResponseFormat::Text)
+    bad("response_format", "'response_format' cannot be combined with a final assistant message: its content is "
+                           "continued (a prefill), and the format constrains the whole content.", "invalid_last_message");
+  if (p.continue_final && (p.tool_choice == ToolChoice::Required || p.tool_choice == ToolChoice::Function))
+    bad("tool_choice", "A forced tool call cannot be combined with a final assistant message: its content is continued "
+                       "(a prefill). Use tool_choice 'auto', or end the conversation with a user or tool message.",
+        "invalid_last_message");
   // chat_template_kwargs (and a top-level enable_thinking, which some clients send)
   ojson kwargs = ojson::object();
   if (const ojson* k = field(body, "chat_template_kwargs")) {

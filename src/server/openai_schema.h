@@ -47,6 +47,8 @@ struct ChatParams : CommonParams {
   ToolChoice tool_choice = ToolChoice::Auto;
   std::string tool_choice_name;  // ToolChoice::Function
   bool parallel_tool_calls = true;
+  // The conversation ends with an assistant message: its content is continued (a prefill).
+  bool continue_final = false;
 };
 
 struct CompletionParams : CommonParams {

@@ -85,6 +85,14 @@ std::string need_string(const ojson& obj, const char* key, const std::string& pa
   return *s;
 }
 
+void check_prefill_text(const std::string& text) {
+  if (!text.empty() && (text.back() == ' ' || text.back() == '\n' || text.back() == '\t' || text.back() == '\r'))
+    bad("messages",
+        "The final assistant message's content ends with whitespace: it is continued from where it ends (a prefill), "
+        "and the chat template trims it. Remove the trailing whitespace.",
+        "invalid_last_message");
+}
+
 SamplingParams sampling_defaults(const ModelConfig& cfg, uint64_t seed) {
   SamplingParams sp;
   sp.temperature = cfg.default_temperature >= 0 ? cfg.default_temperature : 1.0f;

@@ -34,6 +34,15 @@ class Qwen36Format final : public ModelFormat {
     return s + "{\"name\": \"" + std::string(function) + "\", \"arguments\": ";
   }
 
+  // The template closes every assistant message with "<|im_end|>" and a newline.
+  std::optional<std::string> continue_final_turn(std::string rendered) const override {
+    static constexpr std::string_view kEnd = "<|im_end|>";
+    if (ends_with(rendered, "\n")) rendered.pop_back();
+    if (!ends_with(rendered, kEnd)) return std::nullopt;
+    rendered.resize(rendered.size() - kEnd.size());
+    return rendered;
+  }
+
   // The XML form when the chat template described it (its system prompt shows "<function="), else
   // Qwen3's JSON form.
   bool xml_tool_calls(std::string_view prompt) const override {

@@ -2,6 +2,7 @@
 // calls (what text/output_parser.h recognises) and the prompt suffix that forces a tool call
 // (tool_choice "required" or a named function). One implementation today: Qwen3.6 (qwen3_6_format()).
 #pragma once
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -38,6 +39,10 @@ class ModelFormat {
   // The opening of a tool call, appended to `prompt` (reasoning closed) to force a call: of `function`
   // when it is not empty, else of any tool.
   virtual std::string tool_call_prefix(std::string_view prompt, std::string_view function) const = 0;
+  // A conversation that ends with an assistant message, rendered without a generation prompt, with that
+  // message's end of turn removed so that the model continues the message (a prefill); nullopt when the
+  // rendered text does not end with an end of turn.
+  virtual std::optional<std::string> continue_final_turn(std::string rendered) const = 0;
   // Whether calls are written in the XML form (markup().function_open ...) after this rendered prompt,
   // else in the JSON form.
   virtual bool xml_tool_calls(std::string_view prompt) const = 0;

@@ -1,10 +1,12 @@
 // One generation underneath every protocol: on the random-weight demo model (real CPU backend, greedy),
 // the same conversation through /v1/chat/completions, /v1/messages (@anthropic-ai/sdk) and
 // /v1/responses (openai's responses.create) gives the same tokens, streamed or not; Anthropic's
-// thinking budget cuts the reasoning exactly where a shorter chat completion ends.
+// thinking budget cuts the reasoning exactly where a shorter chat completion ends; a final assistant message
+// is continued (a prefill) with exactly the tokens /v1/completions writes after its prompt's ids.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { startServer } from './helpers.mjs';
+import { execFileSync } from 'node:child_process';
+import { startServer, LILAC, DEMO } from './helpers.mjs';
 import { anthropicClient, openaiClient, collect } from './protocols_common.mjs';
 
 let srv, anth, oai, model;
@@ -108,6 +110,35 @@ test('tool round trips render through the real template and model (both protocol
   });
   assert.equal(r.usage.input_tokens, c.usage.prompt_tokens);
   assert.ok(['completed', 'incomplete'].includes(r.status));
+});
+
+test('a final assistant message is continued (prefill): chat, Messages = completions of the open prompt', async () => {
+  const messages = [{ role: 'user', content: question }, { role: 'assistant', content: 'Sure, here' }];
+  // The prompt a prefill must be: rendered without a generation prompt, the last end of turn removed.
+  const rendered = execFileSync(LILAC, ['render-chat', '--tokenizer', DEMO],
+    { input: JSON.stringify({ messages, add_generation_prompt: false }) }).toString();
+  assert.ok(rendered.endsWith('</think>\n\nSure, here<|im_end|>\n'), rendered);
+  const open = rendered.slice(0, -'<|im_end|>\n'.length);
+  const ids = JSON.parse(execFileSync(LILAC, ['tokenize', '--tokenizer', DEMO], { input: `${JSON.stringify(open)}\n` }).toString());
+  const ref = await oai.completions.create({ model, prompt: ids, max_tokens: 8, temperature: 0 });
+  assert.equal(ref.usage.prompt_tokens, ids.length);
+  assert.equal(ref.usage.completion_tokens, 8);  // a continuation to compare, not an immediate end
+  const c = await oai.chat.completions.create({ model, messages, max_tokens: 8, temperature: 0 });
+  assert.equal(c.usage.prompt_tokens, ids.length);
+  assert.equal(c.usage.completion_tokens, ref.usage.completion_tokens);
+  assert.equal(c.choices[0].message.content, ref.choices[0].text);
+  const req = { model, max_tokens: 8, temperature: 0, messages: [messages[0], { role: 'assistant', content: [{ type: 'text', text: 'Sure, here' }] }] };
+  const m = await anth.messages.create(req);
+  assert.equal(joined(m.content, 'text'), ref.choices[0].text);
+  assert.equal(m.usage.input_tokens, ids.length);
+  const s = await anth.messages.stream(req).finalMessage();
+  assert.deepEqual(s.content, m.content);
+  assert.equal((await anth.messages.countTokens({ model, messages: req.messages })).input_tokens, ids.length);
+  await assert.rejects(anth.messages.create({ ...req, messages: [messages[0], { role: 'assistant', content: 'Sure, here ' }] }), (e) => {
+    assert.equal(e.status, 400);
+    assert.equal(e.error.error.type, 'invalid_request_error');
+    return true;
+  });
 });
 
 test('errors from the generation core in each protocol\'s shape (context too long)', async () => {

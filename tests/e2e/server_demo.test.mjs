@@ -174,7 +174,7 @@ test('bad input: status codes and OpenAI error bodies; the server keeps serving'
   assertErrorBody(assert, await postJson(url, { messages: [{ role: 'user', content: 5 }] }), 400, { param: 'messages[0].content' });
   assertErrorBody(assert, await postJson(url, { messages: [{ role: 'user', content: [{ type: 'image_url', image_url: { url: 'x' } }] }] }), 400,
                   { param: 'messages[0].content[0].type' });
-  assertErrorBody(assert, await postJson(url, { messages: [...hello, { role: 'assistant', content: 'Sure' }] }), 400,
+  assertErrorBody(assert, await postJson(url, { messages: [...hello, { role: 'assistant', content: 'Sure ' }] }), 400,
                   { param: 'messages', code: 'invalid_last_message' });
   assertErrorBody(assert, await postJson(url, { ...ok, model: 'gpt-17' }), 404, { param: 'model', code: 'model_not_found' });
   assertErrorBody(assert, await postJson(url, { ...ok, temperature: 'hot' }), 400, { param: 'temperature', code: 'invalid_type' });

@@ -140,9 +140,6 @@ TEST(OpenAISchema, ErrorsNameTheParameter) {
   EXPECT_EQ(error_param(chat({{"tool_choice", "maybe"}})), "tool_choice");
   ojson m = {{"messages", {{{"role", "user"}, {"content", {{{"type", "text"}}}}}}}};
   EXPECT_EQ(error_param(m), "messages[0].content[0].text");
-  m = {{"messages", {{{"role", "user"}, {"content", "a"}}, {{"role", "assistant"}, {"content", "b"}}}}};
-  EXPECT_EQ(error_param(m, nullptr, &code), "messages");
-  EXPECT_EQ(code, "invalid_last_message");
   m = {{"messages", {{{"content", "a"}}}}};
   EXPECT_EQ(error_param(m), "messages[0].role");
   // Valid odd-but-allowed shapes.
@@ -212,4 +209,36 @@ TEST(OpenAISchema, ResponseFormat) {
   ChatParams c = parse_chat_request(chat({{"parallel_tool_calls", false}}), config_with_defaults(), 1);
   EXPECT_FALSE(c.parallel_tool_calls);
   EXPECT_TRUE(parse_chat_request(chat(ojson::object()), config_with_defaults(), 1).parallel_tool_calls);
+}
+
+// A final assistant message is continued (a prefill, as llama.cpp's server and Anthropic's API do); what cannot be
+// continued is a 400 naming the field.
+TEST(OpenAISchema, FinalAssistantMessageIsAPrefill) {
+  const ojson user = {{"role", "user"}, {"content", "a"}};
+  ChatParams p = parse_chat_request({{"messages", {user, {{"role", "assistant"}, {"content", "The answer is"}}}}},
+                                    config_with_defaults(), 1);
+  EXPECT_TRUE(p.continue_final);
+  EXPECT_FALSE(parse_chat_request(chat(), config_with_defaults(), 1).continue_final);
+  p = parse_chat_request({{"messages", {user, {{"role", "assistant"}, {"content", {{{"type", "text"}, {"text", "{"}}}}}}}},
+                         config_with_defaults(), 1);
+  EXPECT_TRUE(p.continue_final);
+  std::string code;
+  EXPECT_EQ(error_param({{"messages", {user, {{"role", "assistant"}, {"content", "b "}}}}}, nullptr, &code), "messages");
+  EXPECT_EQ(code, "invalid_last_message");
+  EXPECT_EQ(error_param({{"messages", {user, {{"role", "assistant"}, {"content", {{{"type", "text"}, {"text", "b\n"}}}}}}}},
+                        nullptr, &code), "messages");
+  const ojson calls = ojson::parse(R"([{"id":"c1","type":"function","function":{"name":"f","arguments":"{}"}}])");
+  EXPECT_EQ(error_param({{"messages", {user, {{"role", "assistant"}, {"content", nullptr}, {"tool_calls", calls}}}}}, nullptr,
+                        &code), "messages");
+  EXPECT_EQ(code, "invalid_last_message");
+  const ojson prefill = {{"messages", {user, {{"role", "assistant"}, {"content", "{"}}}}};
+  ojson b = prefill;
+  b["response_format"] = {{"type", "json_object"}};
+  EXPECT_EQ(error_param(b), "response_format");
+  b = prefill;
+  b["tools"] = ojson::parse(R"([{"type":"function","function":{"name":"f"}}])");
+  b["tool_choice"] = "required";
+  EXPECT_EQ(error_param(b), "tool_choice");
+  b["tool_choice"] = "auto";
+  EXPECT_TRUE(parse_chat_request(b, config_with_defaults(), 1).continue_final);
 }

@@ -100,6 +100,29 @@ TEST(AnthropicSchema, ThinkingOffByDefaultToolChoiceForcesOrDrops) {
   EXPECT_NO_THROW(parse_messages_request(ojson::parse(R"({"messages": [{"role": "user", "content": "hi"}]})"), cfg(), 1, true));
 }
 
+// A final assistant message is continued (a prefill), as Anthropic's API does; what cannot be continued is a 400.
+TEST(AnthropicSchema, FinalAssistantMessageIsAPrefill) {
+  auto p = parse_messages_request(ojson::parse(R"({"max_tokens": 5, "messages": [{"role": "user", "content": "a"},
+      {"role": "assistant", "content": [{"type": "text", "text": "The answer"}, {"type": "text", "text": " is"}]}]})"), cfg(), 1);
+  EXPECT_TRUE(p.continue_final);
+  EXPECT_EQ(p.template_request["messages"].back()["content"], "The answer is");
+  EXPECT_FALSE(parse_messages_request(ojson::parse(R"({"max_tokens": 5, "messages": [{"role": "user", "content": "a"}]})"), cfg(), 1)
+                   .continue_final);
+  EXPECT_TRUE(parse_messages_request(ojson::parse(R"({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "{"}]})"),
+                                     cfg(), 1, true).continue_final);
+  auto err = messages_error(R"({"max_tokens": 5, "messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b "}]})");
+  EXPECT_EQ(err.param, "messages");
+  EXPECT_EQ(err.code, "invalid_last_message");
+  EXPECT_EQ(messages_error(R"({"max_tokens": 5, "messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b\n"}]})").code,
+            "invalid_last_message");
+  EXPECT_EQ(messages_error(R"({"max_tokens": 5, "messages": [{"role": "user", "content": "a"},
+      {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}]}]})").code, "invalid_last_message");
+  EXPECT_EQ(messages_error(R"({"max_tokens": 50, "messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}],
+      "thinking": {"type": "enabled", "budget_tokens": 10}})").param, "thinking");
+  EXPECT_EQ(messages_error(R"({"max_tokens": 5, "messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}],
+      "tools": [{"name": "f", "input_schema": {"type": "object"}}], "tool_choice": {"type": "any"}})").param, "tool_choice");
+}
+
 TEST(AnthropicSchema, ErrorsNameTheField) {
   EXPECT_EQ(messages_error(R"({"messages": [{"role": "user", "content": "hi"}]})").param, "max_tokens");
   EXPECT_EQ(messages_error(R"({"max_tokens": 0, "messages": [{"role": "user", "content": "hi"}]})").param, "max_tokens");
@@ -109,8 +132,6 @@ TEST(AnthropicSchema, ErrorsNameTheField) {
             "messages[0].content[0].type");
   EXPECT_EQ(messages_error(R"({"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "tool_use", "id": "a", "name": "b"}]}]})").param,
             "messages[0].content[0].type");
-  EXPECT_EQ(messages_error(R"({"max_tokens": 5, "messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]})").param,
-            "messages");
   EXPECT_EQ(messages_error(R"({"max_tokens": 5, "temperature": 1.5, "messages": [{"role": "user", "content": "a"}]})").param, "temperature");
   EXPECT_EQ(messages_error(R"({"max_tokens": 5, "messages": [{"role": "user", "content": "a"}], "thinking": {"type": "enabled", "budget_tokens": 5}})").param,
             "thinking.budget_tokens");

@@ -40,6 +40,16 @@ TEST(ModelFormat, NotForcedKeepsThePrompt) {
   EXPECT_TRUE(p.in_reasoning);
 }
 
+// A prefill: the final assistant message's end of turn comes off, so the model continues its content.
+TEST(ModelFormat, ContinueFinalTurnRemovesTheEndOfTurn) {
+  const std::string turn = kAsk + "<think>\n\n</think>\n\nThe sea is";
+  EXPECT_EQ(qwen3_6_format().continue_final_turn(turn + "<|im_end|>\n"), turn);
+  EXPECT_EQ(qwen3_6_format().continue_final_turn(turn + "<|im_end|>"), turn);
+  EXPECT_EQ(qwen3_6_format().continue_final_turn(turn), std::nullopt);
+  EXPECT_EQ(qwen3_6_format().continue_final_turn(turn + "<|im_end|>\n\n"), std::nullopt);
+  EXPECT_FALSE(qwen3_6_format().generation_prompt(turn, false).in_reasoning);
+}
+
 TEST(ModelFormat, ForcingClosesReasoningAndOpensTheCall) {
   // Any tool: only the <tool_call> opening.
   auto p = qwen3_6_format().generation_prompt(kAsk + "<think>\n", true);

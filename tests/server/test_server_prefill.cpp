@@ -1,0 +1,101 @@
+// A conversation that ends with an assistant message is continued from that message (a prefill): through
+// OpenAI chat completions and Anthropic Messages the prompt is the conversation rendered without a generation
+// prompt and with that message's end of turn removed, and the answer is only what follows it. The scripted
+// backend (server_test_util.h) answers by what the prompt holds, so these tests see the prompt's exact end;
+// tests/e2e/protocols_demo.test.mjs checks the same on the real engine path with the official SDKs.
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "server_test_util.h"
+
+using json = nlohmann::json;
+
+namespace {
+
+// The prefill open at the prompt's end gets " wide and deep."; the prefill closed by an end of turn (the old
+// rendering) or a fresh assistant turn gets a reply that names the mistake.
+json prefill_script() {
+  return {{"rules",
+           {{{"match", "The sea is<|im_end|>"}, {"reply", "CLOSED TURN<|im_end|>"}},
+            {{"match", "</think>\n\nThe sea is"}, {"reply", " wide and deep."}},
+            {{"match", "The sea is"}, {"reply", "NOT AT THE END"}}}},
+          {"default", {{"reply", "</think>\n\nno prefill"}}}};
+}
+
+const json kConversation = json::array({{{"role", "user"}, {"content", "Write one sentence about the sea."}},
+                                         {{"role", "assistant"}, {"content", "The sea is"}}});
+
+json post(int port, const std::string& path, const json& body, int want = 200) {
+  httplib::Client cli("127.0.0.1", port);
+  auto r = cli.Post(path, body.dump(), "application/json");
+  if (!r) {
+    ADD_FAILURE() << "no response from " << path;
+    return json();
+  }
+  EXPECT_EQ(r->status, want) << path << ": " << r->body;
+  return json::parse(r->body, nullptr, false);
+}
+
+}  // namespace
+
+TEST(ServerPrefill, ChatAndMessagesContinueTheFinalAssistantMessage) {
+  lilac::test::LocalServer srv(lilac::test::LocalServer::options(), nullptr, json::parse(prefill_script().dump()));
+  const json chat = post(srv.port, "/v1/chat/completions", {{"messages", kConversation}, {"max_tokens", 32}});
+  EXPECT_EQ(chat["choices"][0]["message"]["content"], " wide and deep.");
+  EXPECT_EQ(chat["choices"][0]["finish_reason"], "stop");
+
+  json blocks = kConversation;
+  blocks[1]["content"] = json::array({{{"type", "text"}, {"text", "The sea"}}, {{"type", "text"}, {"text", " is"}}});
+  const json msg = post(srv.port, "/v1/messages", {{"messages", blocks}, {"max_tokens", 32}});
+  ASSERT_EQ(msg["content"].size(), 1u) << msg.dump();
+  EXPECT_EQ(msg["content"][0]["text"], " wide and deep.");
+  EXPECT_EQ(msg["stop_reason"], "end_turn");
+  EXPECT_EQ(msg["usage"]["input_tokens"], chat["usage"]["prompt_tokens"]);
+  EXPECT_EQ(post(srv.port, "/v1/messages/count_tokens", {{"messages", blocks}})["input_tokens"],
+            chat["usage"]["prompt_tokens"]);
+
+  // Streamed, the chunks add up to the same continuation.
+  httplib::Client cli("127.0.0.1", srv.port);
+  json body = {{"messages", kConversation}, {"max_tokens", 32}, {"stream", true}};
+  auto r = cli.Post("/v1/chat/completions", body.dump(), "application/json");
+  ASSERT_TRUE(r);
+  std::string streamed;
+  for (size_t at = 0; (at = r->body.find("data: {", at)) != std::string::npos;) {
+    const size_t end = r->body.find('\n', at);
+    const json ev = json::parse(r->body.substr(at + 6, end - at - 6));
+    if (!ev["choices"].empty() && ev["choices"][0]["delta"].contains("content"))
+      streamed += ev["choices"][0]["delta"]["content"].get<std::string>();
+    at = end;
+  }
+  EXPECT_EQ(streamed, " wide and deep.");
+
+  // Without the final assistant message: a fresh turn, as before.
+  const json plain = post(srv.port, "/v1/chat/completions", {{"messages", {kConversation[0]}}, {"max_tokens", 32}});
+  EXPECT_EQ(plain["choices"][0]["message"]["content"], "no prefill");
+}
+
+TEST(ServerPrefill, WhatCannotBeContinuedIsA400InEachProtocolsShape) {
+  lilac::test::LocalServer srv(lilac::test::LocalServer::options(), nullptr, prefill_script());
+  json trailing = kConversation;
+  trailing[1]["content"] = "The sea is ";
+  json e = post(srv.port, "/v1/chat/completions", {{"messages", trailing}, {"max_tokens", 4}}, 400);
+  EXPECT_EQ(e["error"]["param"], "messages");
+  EXPECT_EQ(e["error"]["code"], "invalid_last_message");
+  e = post(srv.port, "/v1/messages", {{"messages", trailing}, {"max_tokens", 4}}, 400);
+  EXPECT_EQ(e["type"], "error");
+  EXPECT_EQ(e["error"]["type"], "invalid_request_error");
+  e = post(srv.port, "/v1/chat/completions",
+           {{"messages", kConversation}, {"max_tokens", 4}, {"response_format", {{"type", "json_object"}}}}, 400);
+  EXPECT_EQ(e["error"]["param"], "response_format");
+  e = post(srv.port, "/v1/messages",
+           {{"messages", kConversation}, {"max_tokens", 40}, {"thinking", {{"type", "enabled"}, {"budget_tokens", 10}}}}, 400);
+  EXPECT_EQ(e["error"]["type"], "invalid_request_error");
+  // The server keeps serving.
+  EXPECT_EQ(post(srv.port, "/v1/chat/completions", {{"messages", kConversation}, {"max_tokens", 32}})["choices"][0]
+                ["message"]["content"],
+            " wide and deep.");
+}
