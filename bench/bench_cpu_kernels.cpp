@@ -3,6 +3,9 @@
 //     pass) times `tokens` activation rows; items = multiply-adds (the prefill compute rate per core).
 //   Gemv/<set>/<levels>: a 4-bit 32768 x 2048 matrix (37.7 MB, more than the caches) times one row;
 //     bytes = packed weight bytes (the decode streaming rate per core).
+//   Attention/<set>/<context>: one prefill task of the model's attention (attention.h: 16 queries at the end of
+//     `context` positions, the 8 query heads of one kv head, head width 256, f16 cache); items = the
+//     multiply-adds of q·k and p·v (the prefill attention's rate per core).
 #include <benchmark/benchmark.h>
 
 #include <random>
@@ -11,6 +14,7 @@
 
 #include "core/bf16.h"
 #include "cpufast/acts.h"
+#include "cpufast/attention.h"
 #include "cpufast/isa.h"
 #include "cpufast/pack.h"
 #include "model/quant.h"
@@ -63,6 +67,24 @@ void run(benchmark::State& state, const KernelSet* k, int64_t rows, int levels, 
   owners.clear();
 }
 
+void attention(benchmark::State& state, const KernelSet* k, int64_t ctx) {
+  constexpr int heads = 16, kvh = 2, hd = 256, nq = 16;
+  const AttentionShape s{heads, hd, heads / kvh, int64_t(kvh) * hd, 1.f / 16.f};
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd;
+  std::vector<uint16_t> K(size_t(ctx * s.kv_dim)), V(K.size());
+  for (auto& v : K) v = f32_to_f16(nd(rng));
+  for (auto& v : V) v = f32_to_f16(nd(rng));
+  std::vector<float> q(size_t(nq * heads * hd)), out(q.size());
+  for (auto& v : q) v = nd(rng);
+  for (auto _ : state) {
+    attention_rows(*k, s, K.data(), V.data(), ctx - nq, nq, 0, 0, heads / kvh, q.data(), nullptr, out.data());
+    benchmark::DoNotOptimize(out.data());
+  }
+  const int64_t pairs = (heads / kvh) * (nq * (ctx - nq) + nq * (nq + 1) / 2);
+  state.SetItemsProcessed(int64_t(state.iterations()) * pairs * 2 * hd);
+}
+
 const bool registered = [] {
   for (const KernelSet* k : available_kernels())
     for (int levels : {1, 2}) {
@@ -74,6 +96,11 @@ const bool registered = [] {
       benchmark::RegisterBenchmark(("Gemv/" + base).c_str(), [=](benchmark::State& s) { run(s, k, 32768, levels, 1, true); })
           ->Unit(benchmark::kMillisecond);
     }
+  for (const KernelSet* k : available_kernels())
+    for (int64_t ctx : {512, 4096})
+      benchmark::RegisterBenchmark(("Attention/" + std::string(k->name) + "/" + std::to_string(ctx)).c_str(),
+                                   [=](benchmark::State& s) { attention(s, k, ctx); })
+          ->Unit(benchmark::kMillisecond);
   return true;
 }();
 

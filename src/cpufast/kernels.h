@@ -78,6 +78,14 @@ struct KernelSet {
   void (*axpy)(float a, const float* x, float* y, int64_t n);
   float (*dot_f16)(const float* a, const uint16_t* b, int64_t n);
   void (*axpy_f16)(float a, const uint16_t* x, float* y, int64_t n);
+  // Several rows at once, each with exactly the operations of the one-row helper (the same bits), so
+  // that a caller may group rows for speed without changing a result: out[j] = dot(a, B + j ldb, n) for
+  // j < m; y += p[j] (B + j ldb) for j = 0 .. m-1 in that order (as m calls of axpy). The attention
+  // runs its K / V tiles through these (mixers.cpp).
+  void (*dots)(const float* a, const float* B, int64_t ldb, int64_t m, int64_t n, float* out);
+  void (*axpys)(const float* p, const float* B, int64_t ldb, int64_t m, float* y, int64_t n);
+  // y[i] = the IEEE half x[i] as a float (exact).
+  void (*f16_to_f32)(const uint16_t* x, float* y, int64_t n);
 };
 
 // The kernel sets compiled into this binary for this architecture (nullptr when not built here).

@@ -201,7 +201,58 @@ void axpy_f16_avx2(float a, const uint16_t* x, float* y, int64_t n) {
   for (; i < n; ++i) y[i] += a * _cvtsh_ss(x[i]);
 }
 
-const KernelSet kSet = {"avx2", R, gemm_avx2, dot_avx2, axpy_avx2, dot_f16_avx2, axpy_f16_avx2};
+// Four rows per pass share each load of a; each row's two accumulators and steps are dot_avx2's. Lengths
+// that are not a multiple of 16 go row by row through dot_avx2 (its scalar tail).
+void dots_avx2(const float* a, const float* B, int64_t ldb, int64_t m, int64_t n, float* out) {
+  int64_t j = 0;
+  if (n % 16 == 0)
+    for (; j + 4 <= m; j += 4) {
+      const float* b[4] = {B + j * ldb, B + (j + 1) * ldb, B + (j + 2) * ldb, B + (j + 3) * ldb};
+      __m256 s0[4], s1[4];
+      for (int r = 0; r < 4; ++r) s0[r] = s1[r] = _mm256_setzero_ps();
+      for (int64_t i = 0; i < n; i += 16) {
+        const __m256 a0 = _mm256_loadu_ps(a + i), a1 = _mm256_loadu_ps(a + i + 8);
+        for (int r = 0; r < 4; ++r) {
+          s0[r] = _mm256_fmadd_ps(a0, _mm256_loadu_ps(b[r] + i), s0[r]);
+          s1[r] = _mm256_fmadd_ps(a1, _mm256_loadu_ps(b[r] + i + 8), s1[r]);
+        }
+      }
+      for (int r = 0; r < 4; ++r) out[j + r] = hsum(_mm256_add_ps(s0[r], s1[r]));
+    }
+  for (; j < m; ++j) out[j] = dot_avx2(a, B + j * ldb, n);
+}
+
+// y in registers, 32 values at a time, while the m rows are added in order (axpy_avx2's fused
+// multiply-add per value and row); a tail shorter than 8 values as axpy_avx2 does it.
+void axpys_avx2(const float* p, const float* B, int64_t ldb, int64_t m, float* y, int64_t n) {
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    __m256 v[4];
+    for (int k = 0; k < 4; ++k) v[k] = _mm256_loadu_ps(y + i + 8 * k);
+    for (int64_t j = 0; j < m; ++j) {
+      const __m256 pj = _mm256_set1_ps(p[j]);
+      const float* b = B + j * ldb + i;
+      for (int k = 0; k < 4; ++k) v[k] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(b + 8 * k), v[k]);
+    }
+    for (int k = 0; k < 4; ++k) _mm256_storeu_ps(y + i + 8 * k, v[k]);
+  }
+  for (; i + 8 <= n; i += 8) {
+    __m256 v = _mm256_loadu_ps(y + i);
+    for (int64_t j = 0; j < m; ++j) v = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), _mm256_loadu_ps(B + j * ldb + i), v);
+    _mm256_storeu_ps(y + i, v);
+  }
+  if (i < n)
+    for (int64_t j = 0; j < m; ++j) axpy_avx2(p[j], B + j * ldb + i, y + i, n - i);
+}
+
+void f16_to_f32_avx2(const uint16_t* x, float* y, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, load_f16(x + i));
+  for (; i < n; ++i) y[i] = _cvtsh_ss(x[i]);
+}
+
+const KernelSet kSet = {"avx2",        R,         gemm_avx2,  dot_avx2,       axpy_avx2, dot_f16_avx2,
+                        axpy_f16_avx2, dots_avx2, axpys_avx2, f16_to_f32_avx2};
 
 }  // namespace
 

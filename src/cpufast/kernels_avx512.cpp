@@ -153,7 +153,66 @@ void axpy_f16_avx512(float a, const uint16_t* x, float* y, int64_t n) {
   }
 }
 
-const KernelSet kSet = {"avx512-vnni", R, gemm_avx512, dot_avx512, axpy_avx512, dot_f16_avx512, axpy_f16_avx512};
+// Four rows per pass share each load of a; each row's two accumulators and steps are dot_avx512's. Lengths
+// that are not a multiple of 32 go row by row through dot_avx512 (its 16-wide step and masked tail).
+void dots_avx512(const float* a, const float* B, int64_t ldb, int64_t m, int64_t n, float* out) {
+  int64_t j = 0;
+  if (n % 32 == 0)
+    for (; j + 4 <= m; j += 4) {
+      const float* b[4] = {B + j * ldb, B + (j + 1) * ldb, B + (j + 2) * ldb, B + (j + 3) * ldb};
+      __m512 s0[4], s1[4];
+      for (int r = 0; r < 4; ++r) s0[r] = s1[r] = _mm512_setzero_ps();
+      for (int64_t i = 0; i < n; i += 32) {
+        const __m512 a0 = _mm512_loadu_ps(a + i), a1 = _mm512_loadu_ps(a + i + 16);
+        for (int r = 0; r < 4; ++r) {
+          s0[r] = _mm512_fmadd_ps(a0, _mm512_loadu_ps(b[r] + i), s0[r]);
+          s1[r] = _mm512_fmadd_ps(a1, _mm512_loadu_ps(b[r] + i + 16), s1[r]);
+        }
+      }
+      for (int r = 0; r < 4; ++r) out[j + r] = _mm512_reduce_add_ps(_mm512_add_ps(s0[r], s1[r]));
+    }
+  for (; j < m; ++j) out[j] = dot_avx512(a, B + j * ldb, n);
+}
+
+// y in registers, 64 values at a time, while the m rows are added in order (axpy_avx512's fused
+// multiply-add per value and row); the rest 16 values at a time, then masked, as axpy_avx512.
+void axpys_avx512(const float* p, const float* B, int64_t ldb, int64_t m, float* y, int64_t n) {
+  int64_t i = 0;
+  for (; i + 64 <= n; i += 64) {
+    __m512 v[4];
+    for (int k = 0; k < 4; ++k) v[k] = _mm512_loadu_ps(y + i + 16 * k);
+    for (int64_t j = 0; j < m; ++j) {
+      const __m512 pj = _mm512_set1_ps(p[j]);
+      const float* b = B + j * ldb + i;
+      for (int k = 0; k < 4; ++k) v[k] = _mm512_fmadd_ps(pj, _mm512_loadu_ps(b + 16 * k), v[k]);
+    }
+    for (int k = 0; k < 4; ++k) _mm512_storeu_ps(y + i + 16 * k, v[k]);
+  }
+  for (; i + 16 <= n; i += 16) {
+    __m512 v = _mm512_loadu_ps(y + i);
+    for (int64_t j = 0; j < m; ++j) v = _mm512_fmadd_ps(_mm512_set1_ps(p[j]), _mm512_loadu_ps(B + j * ldb + i), v);
+    _mm512_storeu_ps(y + i, v);
+  }
+  if (i < n) {
+    const __mmask16 mk = tail_mask(n - i);
+    __m512 v = _mm512_maskz_loadu_ps(mk, y + i);
+    for (int64_t j = 0; j < m; ++j)
+      v = _mm512_fmadd_ps(_mm512_set1_ps(p[j]), _mm512_maskz_loadu_ps(mk, B + j * ldb + i), v);
+    _mm512_mask_storeu_ps(y + i, mk, v);
+  }
+}
+
+void f16_to_f32_avx512(const uint16_t* x, float* y, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, load_f16(x + i));
+  if (i < n) {
+    const __mmask16 mk = tail_mask(n - i);
+    _mm512_mask_storeu_ps(y + i, mk, load_f16_masked(mk, x + i));
+  }
+}
+
+const KernelSet kSet = {"avx512-vnni",   R,           gemm_avx512,  dot_avx512,       axpy_avx512, dot_f16_avx512,
+                        axpy_f16_avx512, dots_avx512, axpys_avx512, f16_to_f32_avx512};
 
 }  // namespace
 

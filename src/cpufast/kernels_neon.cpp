@@ -152,7 +152,22 @@ void axpy_f16_neon(float a, const uint16_t* x, float* y, int64_t n) {
   for (; i < n; ++i) y[i] += a * f16f(x[i]);
 }
 
-const KernelSet kSet = {"neon-dot", R, gemm_neon, dot_neon, axpy_neon, dot_f16_neon, axpy_f16_neon};
+void dots_neon(const float* a, const float* B, int64_t ldb, int64_t m, int64_t n, float* out) {
+  for (int64_t j = 0; j < m; ++j) out[j] = dot_neon(a, B + j * ldb, n);
+}
+
+void axpys_neon(const float* p, const float* B, int64_t ldb, int64_t m, float* y, int64_t n) {
+  for (int64_t j = 0; j < m; ++j) axpy_neon(p[j], B + j * ldb, y, n);
+}
+
+void f16_to_f32_neon(const uint16_t* x, float* y, int64_t n) {
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) vst1q_f32(y + i, load_f16(x + i));
+  for (; i < n; ++i) y[i] = f16f(x[i]);
+}
+
+const KernelSet kSet = {"neon-dot", R,         gemm_neon,  dot_neon,       axpy_neon, dot_f16_neon,
+                        axpy_f16_neon, dots_neon, axpys_neon, f16_to_f32_neon};
 
 }  // namespace
 

@@ -112,7 +112,20 @@ void axpy_f16_scalar(float a, const uint16_t* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += a * f16f(x[i]);
 }
 
-const KernelSet kSet = {"scalar", 8, gemm_scalar, dot_scalar, axpy_scalar, dot_f16_scalar, axpy_f16_scalar};
+void dots_scalar(const float* a, const float* B, int64_t ldb, int64_t m, int64_t n, float* out) {
+  for (int64_t j = 0; j < m; ++j) out[j] = dot_scalar(a, B + j * ldb, n);
+}
+
+void axpys_scalar(const float* p, const float* B, int64_t ldb, int64_t m, float* y, int64_t n) {
+  for (int64_t j = 0; j < m; ++j) axpy_scalar(p[j], B + j * ldb, y, n);
+}
+
+void f16_to_f32_scalar(const uint16_t* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = f16f(x[i]);
+}
+
+const KernelSet kSet = {"scalar",     8,           gemm_scalar,    dot_scalar,      axpy_scalar,      dot_f16_scalar,
+                        axpy_f16_scalar, dots_scalar, axpys_scalar, f16_to_f32_scalar};
 
 }  // namespace
 

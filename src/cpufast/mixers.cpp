@@ -7,6 +7,7 @@
 
 #include "core/bf16.h"
 #include "cpu/ops.h"
+#include "cpufast/attention.h"
 #include "cpufast/forward.h"
 #include "cpufast/gdn.h"
 
@@ -41,7 +42,7 @@ void FastModel::attention(int l, std::span<const Segment> segs, int64_t n, float
   const int64_t qrows = c.q_proj_rows(), kvd = c.kv_dim(), qd = int64_t(heads) * hd, rows_in = pl.in.rows;
   const int64_t H = c.hidden_size;
   const bool gated = c.attn_output_gate;
-  const float eps = float(c.rms_norm_eps), scale = 1.f / std::sqrt(float(hd));
+  const float eps = float(c.rms_norm_eps);
   const std::vector<int64_t> row0 = segment_rows(segs);
   s_.proj.resize(static_cast<size_t>(n * rows_in));
   float* proj = s_.proj.data();
@@ -89,42 +90,18 @@ void FastModel::attention(int l, std::span<const Segment> segs, int64_t n, float
     pool_.run(n, prep);
   else
     for (int64_t t = 0; t < n; ++t) prep(t);
-  // Attention: tasks (segment, head, block of 16 queries).
-  constexpr int64_t QB = 16;
-  struct Task {
-    int seg, head;
-    int64_t t0, t1;
-  };
-  std::vector<Task> tasks;
-  for (size_t si = 0; si < segs.size(); ++si)
-    for (int h = 0; h < heads; ++h)
-      for (int64_t b = 0; b < segs[si].n; b += QB) tasks.push_back({int(si), h, b, std::min(segs[si].n, b + QB)});
   s_.out.resize(static_cast<size_t>(n * qd));
   float* att = s_.out.data();
+  // The core per task (attention.h): (segment, kv head, some of its query heads, a block of queries).
+  const AttentionShape shape{heads, hd, group, kvd, 1.f / std::sqrt(float(hd))};
+  const std::vector<AttentionTask> tasks = attention_tasks(segs, kvh, group, pool_.size());
   pool_.run(int64_t(tasks.size()), [&](int64_t ti) {
-    const Task& tk = tasks[static_cast<size_t>(ti)];
+    const AttentionTask& tk = tasks[static_cast<size_t>(ti)];
     const Segment& sg = segs[static_cast<size_t>(tk.seg)];
     const LayerState& st = sg.st->layers[static_cast<size_t>(l)];
-    const int64_t kvo = int64_t(tk.head / group) * hd;
-    thread_local std::vector<float> scores;
-    for (int64_t i = tk.t0; i < tk.t1; ++i) {
-      const int64_t t = row0[static_cast<size_t>(tk.seg)] + i, ctx = sg.st->len + i + 1;
-      const float* qh = q + t * qd + int64_t(tk.head) * hd;
-      float* o = att + t * qd + int64_t(tk.head) * hd;
-      scores.resize(static_cast<size_t>(ctx));
-      float mx = -INFINITY;
-      for (int64_t j = 0; j < ctx; ++j) {
-        scores[static_cast<size_t>(j)] = k_->dot_f16(qh, st.k.data() + j * kvd + kvo, hd) * scale;
-        mx = std::max(mx, scores[static_cast<size_t>(j)]);
-      }
-      float sum = 0.f;
-      for (int64_t j = 0; j < ctx; ++j) sum += (scores[static_cast<size_t>(j)] = std::exp(scores[static_cast<size_t>(j)] - mx));
-      std::fill(o, o + hd, 0.f);
-      for (int64_t j = 0; j < ctx; ++j) k_->axpy_f16(scores[static_cast<size_t>(j)], st.v.data() + j * kvd + kvo, o, hd);
-      const float inv = 1.f / sum;
-      const float* gt = gate + t * qd + int64_t(tk.head) * hd;
-      for (int d = 0; d < hd; ++d) o[d] *= gated ? inv * cpu::sigmoid(gt[d]) : inv;
-    }
+    const int64_t first = row0[static_cast<size_t>(tk.seg)] + tk.t0;  // the task's first row of the batch
+    attention_rows(*k_, shape, st.k.data(), st.v.data(), sg.st->len + tk.t0, tk.t1 - tk.t0, tk.kv, tk.h0, tk.h1,
+                   q + first * qd, gated ? gate + first * qd : nullptr, att + first * qd);
   });
   stage(l, "core", n, qd, att);
   quantize_rows(att, n, qd, s_.act2);

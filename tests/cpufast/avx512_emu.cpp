@@ -107,7 +107,19 @@ void axpy_f16_emu(float a, const uint16_t* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = std::fma(a, f16f(x[i]), y[i]);
 }
 
-const KernelSet kSet = {"avx512-vnni (emulated)", 8, gemm_emu, dot_emu, axpy_emu, dot_f16_emu, axpy_f16_emu};
+// The several-row helpers: each row as the one-row helper (kernels.h).
+void dots_emu(const float* a, const float* B, int64_t ldb, int64_t m, int64_t n, float* out) {
+  for (int64_t j = 0; j < m; ++j) out[j] = dot_emu(a, B + j * ldb, n);
+}
+void axpys_emu(const float* p, const float* B, int64_t ldb, int64_t m, float* y, int64_t n) {
+  for (int64_t j = 0; j < m; ++j) axpy_emu(p[j], B + j * ldb, y, n);
+}
+void f16_to_f32_emu(const uint16_t* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = f16f(x[i]);
+}
+
+const KernelSet kSet = {"avx512-vnni (emulated)", 8,        gemm_emu,  dot_emu,       axpy_emu, dot_f16_emu,
+                        axpy_f16_emu,             dots_emu, axpys_emu, f16_to_f32_emu};
 
 }  // namespace
 
