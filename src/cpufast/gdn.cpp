@@ -10,7 +10,7 @@ void gdn_chunked_fast(const KernelSet& k, float* S, const float* q, int64_t q_st
                       int64_t k_stride, const float* v, int64_t v_stride, const float* g, const float* beta, int64_t T,
                       int dk, int dv, float* o, int64_t o_stride, std::vector<float>& scratch) {
   constexpr int C = 64;
-  const size_t need = size_t(C) * dk * 2 + size_t(C) * C + size_t(C) * dv * 2 + 2 * C;
+  const size_t need = size_t(C) * dk * 2 + size_t(C) * C + size_t(C) * dv * 2 + 3 * C + size_t(std::max(dk, C));
   if (scratch.size() < need) scratch.resize(need);
   float* kb = scratch.data();                // [C][dk] β-scaled keys
   float* W = kb + size_t(C) * dk;            // [C][dk]
@@ -19,6 +19,8 @@ void gdn_chunked_fast(const KernelSet& k, float* S, const float* q, int64_t q_st
   float* Vn = U + size_t(C) * dv;            // [C][dv]
   float* gc = Vn + size_t(C) * dv;           // [C]
   float* row = gc + C;                       // [C]
+  float* fj = row + C;                       // [C] e^{gc_last − gc_j}
+  float* coef = fj + C;                      // [max(dk, C)] the coefficients of one axpys
   for (int64_t t0 = 0; t0 < T; t0 += C) {
     const int c = int(std::min<int64_t>(C, T - t0));
     auto Q = [&](int i) { return q + (t0 + i) * q_stride; };
@@ -62,7 +64,8 @@ void gdn_chunked_fast(const KernelSet& k, float* S, const float* q, int64_t q_st
       float* vn = Vn + size_t(i) * dv;
       std::memcpy(vn, U + size_t(i) * dv, size_t(dv) * sizeof(float));
       const float* Wi = W + size_t(i) * dk;
-      for (int d = 0; d < dk; ++d) k.axpy(-Wi[d], S + size_t(d) * dv, vn, dv);
+      for (int d = 0; d < dk; ++d) coef[d] = -Wi[d];
+      k.axpys(coef, S, dv, dk, vn, dv);
     }
     // o_i = e^{gc_i} q_i S + Σ_{j≤i} (q_i·k_j) e^{gc_i − gc_j} Vn_j.
     for (int i = 0; i < c; ++i) {
@@ -70,8 +73,10 @@ void gdn_chunked_fast(const KernelSet& k, float* S, const float* q, int64_t q_st
       const float* qi = Q(i);
       std::fill(oi, oi + dv, 0.f);
       const float ei = std::exp(gc[i]);
-      for (int d = 0; d < dk; ++d) k.axpy(qi[d] * ei, S + size_t(d) * dv, oi, dv);
-      for (int j = 0; j <= i; ++j) k.axpy(k.dot(qi, Kr(j), dk) * std::exp(gc[i] - gc[j]), Vn + size_t(j) * dv, oi, dv);
+      for (int d = 0; d < dk; ++d) coef[d] = qi[d] * ei;
+      k.axpys(coef, S, dv, dk, oi, dv);
+      for (int j = 0; j <= i; ++j) coef[j] = k.dot(qi, Kr(j), dk) * std::exp(gc[i] - gc[j]);
+      k.axpys(coef, Vn, dv, i + 1, oi, dv);
     }
     // S ← e^{gc_last} S + Σ_j e^{gc_last − gc_j} k_j Vn_jᵀ.
     const float glast = gc[c - 1], el = std::exp(glast);
@@ -79,10 +84,10 @@ void gdn_chunked_fast(const KernelSet& k, float* S, const float* q, int64_t q_st
       float* Sd = S + size_t(d) * dv;
       for (int e = 0; e < dv; ++e) Sd[e] *= el;
     }
-    for (int j = 0; j < c; ++j) {
-      const float f = std::exp(glast - gc[j]);
-      const float* kj = Kr(j);
-      for (int d = 0; d < dk; ++d) k.axpy(kj[d] * f, Vn + size_t(j) * dv, S + size_t(d) * dv, dv);
+    for (int j = 0; j < c; ++j) fj[j] = std::exp(glast - gc[j]);
+    for (int d = 0; d < dk; ++d) {  // row d of S gets Σ_j (k_j[d] f_j) Vn_j, j in order
+      for (int j = 0; j < c; ++j) coef[j] = Kr(j)[d] * fj[j];
+      k.axpys(coef, Vn, dv, c, S + size_t(d) * dv, dv);
     }
   }
 }

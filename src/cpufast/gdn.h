@@ -1,6 +1,6 @@
 // The Gated DeltaNet recurrence for the fast CPU path: the reference's chunked (WY / UT transform) form
 // (cpu::gdn_chunked, same algebra and order of chunks) with its vector loops on the kernel set's
-// dot / axpy (AVX2 / AVX-512 / NEON FMA instead of the baseline build's SSE2), and the one-token step.
+// dot / axpy / axpys (AVX2 / AVX-512 / NEON FMA instead of the baseline build's SSE2), and the one-token step.
 #pragma once
 #include <cstdint>
 #include <vector>
