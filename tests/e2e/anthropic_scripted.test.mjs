@@ -173,7 +173,7 @@ test('errors: Anthropic shape and status codes', async () => {
   await bad({ model: MODEL, max_tokens: 10, messages: user('hi'), temperature: 1.5 }, 400, /temperature/);
   await bad({ model: MODEL, max_tokens: 10, messages: user('hi'), thinking: { type: 'enabled', budget_tokens: 10 } }, 400, /budget_tokens/);
   await bad({ model: MODEL, max_tokens: 10, messages: user('hi'), tools: [{ type: 'web_search_20250305', name: 'web_search' }] }, 400, /web_search/);
-  await bad({ model: MODEL, max_tokens: 10, messages: [...user('hi'), { role: 'assistant', content: 'Sure' }] }, 400, /prefill/);
+  await bad({ model: MODEL, max_tokens: 10, messages: [...user('hi'), { role: 'assistant', content: 'Sure ' }] }, 400, /whitespace/);
   await bad('{not json', 400, /JSON/);
   assert.equal((await bad({ model: 'claude-nope', max_tokens: 10, messages: user('hi') }, 404, /claude-nope/)).type, 'not_found_error');
   await bad({ model: MODEL, max_tokens: 10, messages: user('hi') }, 400, /anthropic-version/, { 'anthropic-version': '1999-01-01' });
