@@ -307,14 +307,16 @@ int64_t GenerationCore::count_prompt_tokens(const GenerationSpec& spec) const {
   return int64_t(prompt_tokens(spec, prompt).size());
 }
 
-std::shared_ptr<Generation> GenerationCore::start(const GenerationSpec& spec) {
+std::shared_ptr<Generation> GenerationCore::start(const GenerationSpec& spec) { return start_choices(spec, 1).front(); }
+
+std::vector<std::shared_ptr<Generation>> GenerationCore::start_choices(const GenerationSpec& spec, int n) {
   const bool chat = spec.input == GenerationSpec::Input::Chat;
   GenerationPrompt prompt;
   std::vector<int32_t> ids = prompt_tokens(spec, prompt);
   // One set of rules (engine/validate.h); the answer names the field at fault.
-  const int64_t n = int64_t(ids.size());
-  const int64_t max_tokens = spec.max_tokens.value_or(opts_.max_seq - n);
-  if (Check bad = check_context(n, max_tokens, opts_.max_seq)) {
+  const int64_t len = int64_t(ids.size());
+  const int64_t max_tokens = spec.max_tokens.value_or(opts_.max_seq - len);
+  if (Check bad = check_context(len, max_tokens, opts_.max_seq)) {
     switch (bad->kind) {
       case Invalid::EmptyPrompt: throw ApiError(400, bad->message, spec.prompt_param);
       case Invalid::BadMaxTokens: throw ApiError(400, bad->message, spec.max_tokens_param, "invalid_value");
@@ -328,40 +330,47 @@ std::shared_ptr<Generation> GenerationCore::start(const GenerationSpec& spec) {
   // A reasoning budget applies when the model starts inside its reasoning and the budget is below the
   // limit: the first job stops at the budget (see Generation::continue_after).
   const bool budgeted = chat && prompt.in_reasoning && spec.reasoning_budget && *spec.reasoning_budget < max_tokens;
-  GenerationRequest gr;
-  gr.prompt = std::move(ids);
-  gr.sampling = spec.sampling;
-  gr.max_tokens = budgeted ? *spec.reasoning_budget : max_tokens;
-  gr.stop_ids = eos_;
-  gr.stop_strings = spec.stop;
-  gr.boundary_token = chat ? boundary_ : -1;
-  gr.constraint = constraint(spec, prompt);
-  gr.draft_tokens = opts_.spec_tokens;  // not used under a constraint (Sequence::draft_budget)
-  gr.spec_policy = opts_.spec_policy;
-  auto job = std::make_shared<Job>(std::move(gr));
-  auto gen = std::make_shared<Generation>(job, chat, prompt, spec.tools, format_);
-  if (budgeted) {
-    ReasoningBudget b;
-    b.max_total = max_tokens;
-    b.close_text = format_.force_close_reasoning();
-    b.close_ids = tok_->encode(b.close_text, true);
-    Scheduler* sched = sched_.get();
-    b.submit = [sched](std::shared_ptr<Job> j) { return sched->submit(std::move(j)); };
-    gen->set_reasoning_budget(std::move(b));
+  std::vector<std::shared_ptr<Job>> jobs;
+  std::vector<std::shared_ptr<Generation>> gens;
+  for (int i = 0; i < n; ++i) {  // choice i: the same prompt, sampled with seed + i, its own constraint state
+    GenerationRequest gr;
+    gr.prompt = ids;
+    gr.sampling = spec.sampling;
+    gr.sampling.seed += uint64_t(i);
+    gr.max_tokens = budgeted ? *spec.reasoning_budget : max_tokens;
+    gr.stop_ids = eos_;
+    gr.stop_strings = spec.stop;
+    gr.boundary_token = chat ? boundary_ : -1;
+    gr.constraint = constraint(spec, prompt);
+    gr.draft_tokens = opts_.spec_tokens;  // not used under a constraint (Sequence::draft_budget)
+    gr.spec_policy = opts_.spec_policy;
+    jobs.push_back(std::make_shared<Job>(std::move(gr)));
+    gens.push_back(std::make_shared<Generation>(jobs.back(), chat, prompt, spec.tools, format_));
+    if (budgeted) {
+      ReasoningBudget b;
+      b.max_total = max_tokens;
+      b.close_text = format_.force_close_reasoning();
+      b.close_ids = tok_->encode(b.close_text, true);
+      Scheduler* sched = sched_.get();
+      b.submit = [sched](std::shared_ptr<Job> j) { return sched->submit(std::move(j)); };
+      gens.back()->set_reasoning_budget(std::move(b));
+    }
   }
   {
     std::lock_guard lk(live_mu_);  // with begin_shutdown's: a generation added here is seen by it
     if (shutting_down_.load())
       throw ApiError(503, "The server is shutting down; it accepts no new requests.", "", "shutting_down");
     std::erase_if(live_, [](const std::weak_ptr<Generation>& w) { return w.expired(); });
-    live_.push_back(gen);
+    for (const auto& g : gens) live_.push_back(g);
   }
-  if (!sched_->submit(job))
+  // All choices or none (a request's choices are admitted together).
+  if (!sched_->submit_all(jobs))
     throw ApiError(429,
                    "The server is busy: " + std::to_string(opts_.max_queue) +
-                       " requests are already queued or running. Retry later.",
+                       " requests are already queued or running" +
+                       (n > 1 ? " (this one needs " + std::to_string(n) + " places)" : std::string()) + ". Retry later.",
                    "", "queue_full");
-  return gen;
+  return gens;
 }
 
 }  // namespace lilac::server

@@ -158,6 +158,9 @@ class GenerationCore {
   // the schema's field, the message its keyword and JSON pointer), 429 when the queue is full, 503 once
   // shutting down.
   std::shared_ptr<Generation> start(const GenerationSpec& spec);
+  // `n` generations of `spec` (choice i sampled with seed + i), rendered and checked once and admitted to
+  // the queue together: all or none (429).
+  std::vector<std::shared_ptr<Generation>> start_choices(const GenerationSpec& spec, int n);
   // The prompt's length in tokens once rendered and shaped as start() would (nothing is queued).
   // Throws ApiError 400 for a prompt that cannot be rendered.
   int64_t count_prompt_tokens(const GenerationSpec& spec) const;

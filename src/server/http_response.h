@@ -6,6 +6,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -45,6 +46,14 @@ struct RequestLog {
   Metrics* metrics = nullptr;
 };
 
+// Several generations answered as one response (OpenAI's `n`): how their formatters' outputs join.
+struct ChoicesJoin {
+  // Not streaming: the body from each formatter's body() and each generation's stats.
+  std::function<std::string(const std::vector<std::string>& bodies, const std::vector<GenerationStats>& stats)> body;
+  // Streaming: what ends the stream once all finished (the formatters were made without their tails).
+  std::function<std::string(const std::vector<GenerationStats>& stats)> stream_tail;
+};
+
 // Answers an error before anything was sent (the endpoint's error reply: body, counters, log).
 using ErrorReply = std::function<void(const ApiError&)>;
 
@@ -55,6 +64,12 @@ using ErrorReply = std::function<void(const ApiError&)>;
 // event followed by [DONE].
 void send_generation(httplib::Response& res, std::shared_ptr<Generation> gen, std::shared_ptr<ResponseFormatter> fmt,
                      bool stream, const RequestLog& log, const ErrorReply& fail);
+// The same for several generations of one request (choice i: gens[i], fmts[i]), joined by `join`. The
+// answer waits for all (not streaming) or streams each choice's events as they come; the first failure
+// answers the request (its status, or its error event) and cancels the others, as does a client gone.
+void send_generations(httplib::Response& res, std::vector<std::shared_ptr<Generation>> gens,
+                      std::vector<std::shared_ptr<ResponseFormatter>> fmts, ChoicesJoin join, bool stream,
+                      const RequestLog& log, const ErrorReply& fail);
 
 // SSE framing of one JSON value ("data: ...\n\n"), invalid UTF-8 replaced.
 std::string sse_data(const nlohmann::json& j);

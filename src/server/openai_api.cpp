@@ -47,6 +47,19 @@ void finish_request(ServerContext& C, const CommonParams& p, const char* id_pref
     meta.route_field = route_field;
     return make(meta, *C.tok);
   };
+  r.n = p.n;
+  if (p.n > 1) {
+    r.choice_formatter = [&C, meta, make](const Generation&, bool route_field, int index) mutable {
+      meta.route_field = route_field;
+      meta.index = index;
+      meta.stream_tail = false;
+      return make(meta, *C.tok);
+    };
+    // The join's usage chunk carries the route field when the route hook is set (it marks every answer).
+    ResponseMeta joined = meta;
+    joined.route_field = C.hook_set;
+    r.join = openai_choices_join(joined, make == make_chat_formatter);
+  }
 }
 
 PreparedRequest chat_request(ServerContext& C, const ojson& body, const ModelConfig& cfg, uint64_t seed) {

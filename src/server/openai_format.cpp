@@ -58,8 +58,10 @@ class OpenAIFormatter : public ResponseFormatter {
                 {"prompt_tokens_details", json{{"cached_tokens", stats_.cached_tokens}}}};
   }
 
-  // The end of a stream after the finish chunk: the usage chunk (when asked) and [DONE].
+  // The end of a stream after the finish chunk: the usage chunk (when asked) and [DONE] (for a request of
+  // several choices, once after the last: openai_choices_join).
   std::string stream_tail() const {
+    if (!meta_.stream_tail) return "";
     std::string out;
     if (meta_.include_usage) {
       json u = chunk_base();
@@ -96,7 +98,7 @@ class ChatFormatter final : public OpenAIFormatter {
 
   std::string stream_start() override {
     json c = chunk_base();
-    c["choices"] = json::array({json{{"index", 0},
+    c["choices"] = json::array({json{{"index", meta_.index},
                                      {"delta", json{{"role", "assistant"}, {"content", ""}}},
                                      {"logprobs", nullptr},
                                      {"finish_reason", nullptr}}});
@@ -125,7 +127,7 @@ class ChatFormatter final : public OpenAIFormatter {
     out += logprob_tail();
     json c = chunk_base();
     c["choices"] = json::array(
-        {json{{"index", 0}, {"delta", json::object()}, {"logprobs", nullptr}, {"finish_reason", finish_reason()}}});
+        {json{{"index", meta_.index}, {"delta", json::object()}, {"logprobs", nullptr}, {"finish_reason", finish_reason()}}});
     out += sse_data(c);
     return out + stream_tail();
   }
@@ -147,7 +149,7 @@ class ChatFormatter final : public OpenAIFormatter {
     if (calls) msg["tool_calls"] = tool_calls_;
     msg["refusal"] = nullptr;
     json choice;
-    choice["index"] = 0;
+    choice["index"] = meta_.index;
     choice["message"] = std::move(msg);
     choice["logprobs"] = meta_.logprobs ? json{{"content", logprobs_}, {"refusal", nullptr}} : json(nullptr);
     choice["finish_reason"] = finish_reason();
@@ -207,7 +209,7 @@ class ChatFormatter final : public OpenAIFormatter {
                                                 {"function", json{{"name", d.tool_name}, {"arguments", d.arguments}}}}});
         break;
     }
-    json choice{{"index", 0}, {"delta", std::move(delta)}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
+    json choice{{"index", meta_.index}, {"delta", std::move(delta)}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
     if (!pending_logprobs_.empty() && d.kind != OutputDelta::ToolCall) {
       choice["logprobs"] = json{{"content", std::move(pending_logprobs_)}, {"refusal", nullptr}};
       pending_logprobs_ = json::array();
@@ -221,7 +223,7 @@ class ChatFormatter final : public OpenAIFormatter {
   std::string logprob_tail() {
     if (pending_logprobs_.empty()) return "";
     json c = chunk_base();
-    c["choices"] = json::array({json{{"index", 0},
+    c["choices"] = json::array({json{{"index", meta_.index},
                                      {"delta", json::object()},
                                      {"logprobs", json{{"content", std::move(pending_logprobs_)}, {"refusal", nullptr}}},
                                      {"finish_reason", nullptr}}});
@@ -261,7 +263,7 @@ class CompletionFormatter final : public OpenAIFormatter {
     if (meta_.logprobs && !lp_tokens_.empty()) out += text_chunk("");
     json c = chunk_base();
     c["choices"] = json::array(
-        {json{{"text", ""}, {"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish_reason()}}});
+        {json{{"text", ""}, {"index", meta_.index}, {"logprobs", nullptr}, {"finish_reason", finish_reason()}}});
     out += sse_data(c);
     return out + stream_tail();
   }
@@ -277,7 +279,7 @@ class CompletionFormatter final : public OpenAIFormatter {
   std::string body() const override {
     json b = body_base();
     json choice;
-    choice["index"] = 0;
+    choice["index"] = meta_.index;
     choice["text"] = content_;
     choice["logprobs"] = meta_.logprobs ? json{{"tokens", lp_tokens_},
                                                {"token_logprobs", lp_values_},
@@ -305,7 +307,7 @@ class CompletionFormatter final : public OpenAIFormatter {
   }
 
   std::string text_chunk(const std::string& text) {
-    json choice{{"text", text}, {"index", 0}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
+    json choice{{"text", text}, {"index", meta_.index}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
     if (meta_.logprobs && !lp_tokens_.empty()) {
       choice["logprobs"] = json{{"tokens", lp_tokens_}, {"token_logprobs", lp_values_}, {"top_logprobs", lp_top_},
                                 {"text_offset", lp_offsets_}};
@@ -325,6 +327,38 @@ class CompletionFormatter final : public OpenAIFormatter {
 };
 
 }  // namespace
+
+ChoicesJoin openai_choices_join(const ResponseMeta& meta, bool chat) {
+  auto usage = [](const std::vector<GenerationStats>& st) {
+    int64_t completion = 0;
+    for (const auto& s : st) completion += s.completion_tokens;
+    const int64_t prompt = st.empty() ? 0 : st.front().prompt_tokens;
+    return json{{"prompt_tokens", prompt},
+                {"completion_tokens", completion},
+                {"total_tokens", prompt + completion},
+                {"prompt_tokens_details", json{{"cached_tokens", st.empty() ? 0 : st.front().cached_tokens}}}};
+  };
+  ChoicesJoin j;
+  j.body = [usage](const std::vector<std::string>& bodies, const std::vector<GenerationStats>& st) {
+    json b = json::parse(bodies.front());
+    json choices = json::array();
+    for (const auto& text : bodies) choices.push_back(json::parse(text)["choices"][0]);
+    b["choices"] = std::move(choices);
+    b["usage"] = usage(st);
+    return dump_json(b);
+  };
+  j.stream_tail = [meta, chat, usage](const std::vector<GenerationStats>& st) {
+    std::string out;
+    if (meta.include_usage) {
+      json u{{"id", meta.id}, {"object", chat ? "chat.completion.chunk" : "text_completion"}, {"created", meta.created},
+             {"model", meta.model}, {"system_fingerprint", "lilac"}, {"choices", json::array()}, {"usage", usage(st)}};
+      if (meta.route_field) u["lilac_route"] = "local";
+      out += sse_data(u);
+    }
+    return out + "data: [DONE]\n\n";
+  };
+  return j;
+}
 
 std::shared_ptr<ResponseFormatter> make_chat_formatter(ResponseMeta meta, const Tokenizer& tok) {
   return std::make_shared<ChatFormatter>(std::move(meta), tok);

@@ -23,7 +23,13 @@ struct ResponseMeta {
   bool logprobs = false;
   int top_logprobs = 0;
   bool route_field = false;  // add "lilac_route": "local"
+  int index = 0;             // the choice's index (`n` > 1: one formatter per choice)
+  bool stream_tail = true;   // end the stream with the usage chunk and [DONE] (false: the join does, once)
 };
+
+// `n` > 1: the choices' bodies as one (their choices in order, usage counting the prompt once and every
+// choice's completion), and the end of the stream once every choice finished.
+ChoicesJoin openai_choices_join(const ResponseMeta& meta, bool chat);
 
 // /v1/chat/completions and /v1/completions. `tok` gives the bytes of tokens (logprobs).
 std::shared_ptr<ResponseFormatter> make_chat_formatter(ResponseMeta meta, const Tokenizer& tok);

@@ -75,8 +75,12 @@ void parse_common(const ojson& body, const ModelConfig& cfg, uint64_t seed, Comm
     p.include_usage = get_bool(*so, "include_usage").value_or(false);
   }
   // n
-  if (auto n = get_int(body, "n", 1, 128); n && *n != 1)
-    bad("n", "Only n = 1 is supported (got " + std::to_string(*n) + ").", "unsupported_value");
+  if (auto n = get_int(body, "n", 1, 128)) {
+    if (*n > kMaxChoices)
+      bad("n", "At most n = " + std::to_string(kMaxChoices) + " choices per request are supported (got " +
+                   std::to_string(*n) + ").", "unsupported_value");
+    p.n = int(*n);
+  }
   if (auto b = get_int(body, "best_of", 1, 128); b && *b != 1)
     bad("best_of", "Only best_of = 1 is supported.", "unsupported_value");
   // max tokens

@@ -27,8 +27,12 @@ enum class ToolChoice { Auto, None, Required, Function };
 // response_format: free text, any JSON object, or a JSON Schema (enforced by constrained decoding).
 enum class ResponseFormat { Text, JsonObject, JsonSchema };
 
+// `n`: choices per request at most (each is one generation, batched with the others).
+constexpr int kMaxChoices = 16;
+
 struct CommonParams {
   std::string model;  // as given ("" when absent)
+  int n = 1;          // choices (generations of the same prompt; choice i samples with seed + i)
   ResponseFormat response_format = ResponseFormat::Text;
   ojson json_schema;  // ResponseFormat::JsonSchema: response_format.json_schema.schema ({} when absent)
   bool stream = false;

@@ -162,6 +162,30 @@ test('20 concurrent clients are all answered correctly', async () => {
   assert.equal(m.lilac_queue_depth, 0);
 });
 
+test('n choices: choice i is the generation sampled with seed + i, streamed or not (batched together)', async () => {
+  const req = { model: modelId, messages: hello, max_tokens: 6, temperature: 0.9, seed: 5, chat_template_kwargs: { enable_thinking: false } };
+  const singles = await Promise.all([0, 1, 2].map((i) => client.chat.completions.create({ ...req, seed: 5 + i })));
+  const r = await client.chat.completions.create({ ...req, n: 3 });
+  assert.equal(r.choices.length, 3);
+  r.choices.forEach((c, i) => {
+    assert.equal(c.index, i);
+    assert.equal(c.message.content, singles[i].choices[0].message.content);
+    assert.equal(c.finish_reason, singles[i].choices[0].finish_reason);
+  });
+  assert.equal(r.usage.prompt_tokens, singles[0].usage.prompt_tokens);
+  assert.equal(r.usage.completion_tokens, singles.reduce((a, s) => a + s.usage.completion_tokens, 0));
+  // The SDK's stream: deltas of the three choices interleaved; each adds up to its choice.
+  const stream = await client.chat.completions.create({ ...req, n: 3, stream: true, stream_options: { include_usage: true } });
+  const text = ['', '', ''];
+  let usage = null;
+  for await (const chunk of stream) {
+    if (chunk.usage) usage = chunk.usage;
+    for (const c of chunk.choices) text[c.index] += c.delta?.content ?? '';
+  }
+  assert.deepEqual(text, r.choices.map((c) => c.message.content));
+  assert.deepEqual(usage, r.usage);
+});
+
 test('bad input: status codes and OpenAI error bodies; the server keeps serving', async () => {
   const url = `${srv.url}/v1/chat/completions`;
   const ok = { model: modelId, messages: hello, max_tokens: 1 };
@@ -181,7 +205,7 @@ test('bad input: status codes and OpenAI error bodies; the server keeps serving'
   assertErrorBody(assert, await postJson(url, { ...ok, temperature: 3 }), 400, { param: 'temperature' });
   assertErrorBody(assert, await postJson(url, { ...ok, max_tokens: 0 }), 400, { param: 'max_tokens' });
   assertErrorBody(assert, await postJson(url, { ...ok, max_tokens: 1.5 }), 400, { param: 'max_tokens' });
-  assertErrorBody(assert, await postJson(url, { ...ok, n: 2 }), 400, { param: 'n' });
+  assertErrorBody(assert, await postJson(url, { ...ok, n: 17 }), 400, { param: 'n' });
   assertErrorBody(assert, await postJson(url, { ...ok, stop: 5 }), 400, { param: 'stop' });
   assertErrorBody(assert, await postJson(url, { ...ok, stream: 'yes' }), 400, { param: 'stream' });
   assertErrorBody(assert, await postJson(url, { ...ok, logprobs: true, top_logprobs: 21 }), 400, { param: 'top_logprobs' });

@@ -116,7 +116,8 @@ TEST(OpenAISchema, ErrorsNameTheParameter) {
   EXPECT_EQ(error_param(chat({{"temperature", "1"}}), nullptr, &code), "temperature");
   EXPECT_EQ(code, "invalid_type");
   EXPECT_EQ(error_param(chat({{"top_p", 0}})), "top_p");
-  EXPECT_EQ(error_param(chat({{"n", 3}})), "n");
+  EXPECT_EQ(error_param(chat({{"n", 17}})), "n");
+  EXPECT_EQ(parse_chat_request(chat({{"n", 3}}), config_with_defaults(), 1).n, 3);
   EXPECT_EQ(error_param(chat({{"stop", {1, 2}}})), "stop");
   EXPECT_EQ(error_param(chat({{"stream_options", {{"include_usage", true}}}})), "stream_options");
   EXPECT_EQ(error_param(chat({{"logprobs", true}, {"top_logprobs", 30}})), "top_logprobs");
