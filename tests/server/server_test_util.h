@@ -1,6 +1,9 @@
 // An in-process `lilac serve` for the server tests: the scripted backend (server/scripted_backend.h),
 // the real Qwen3 tokenizer and the Qwen3.6 template, on a free port.
 #pragma once
+#include <gtest/gtest.h>
+#include <httplib.h>
+
 #include <memory>
 #include <string>
 
@@ -49,5 +52,18 @@ struct LocalServer {
     return o;
   }
 };
+
+// POSTs `body` to the server on `port` and returns its answer parsed (discarded JSON when it is not JSON); a
+// test failure when there is no answer or its status is not `want`.
+inline nlohmann::json post_json(int port, const std::string& path, const nlohmann::json& body, int want = 200) {
+  httplib::Client cli("127.0.0.1", port);
+  auto r = cli.Post(path, body.dump(), "application/json");
+  if (!r) {
+    ADD_FAILURE() << "no response from " << path;
+    return nlohmann::json();
+  }
+  EXPECT_EQ(r->status, want) << path << ": " << r->body;
+  return nlohmann::json::parse(r->body, nullptr, false);
+}
 
 }  // namespace lilac::test

@@ -21,16 +21,7 @@ namespace {
 
 const json kHello = json::array({{{"role", "user"}, {"content", "Hello"}}});
 
-json post(int port, const std::string& path, const json& body, int want = 200) {
-  httplib::Client cli("127.0.0.1", port);
-  auto r = cli.Post(path, body.dump(), "application/json");
-  if (!r) {
-    ADD_FAILURE() << "no response from " << path;
-    return json();
-  }
-  EXPECT_EQ(r->status, want) << path << ": " << r->body;
-  return json::parse(r->body, nullptr, false);
-}
+using lilac::test::post_json;
 
 // The SSE events of a stream ("[DONE]" as a string).
 std::vector<json> events(const std::string& body) {
@@ -48,8 +39,8 @@ std::vector<json> events(const std::string& body) {
 
 TEST(ServerChoices, ChatBodyHasEveryChoiceAndUsageCountsThePromptOnce) {
   lilac::test::LocalServer srv(lilac::test::LocalServer::options());
-  const json one = post(srv.port, "/v1/chat/completions", {{"messages", kHello}});
-  const json three = post(srv.port, "/v1/chat/completions", {{"messages", kHello}, {"n", 3}});
+  const json one = post_json(srv.port, "/v1/chat/completions", {{"messages", kHello}});
+  const json three = post_json(srv.port, "/v1/chat/completions", {{"messages", kHello}, {"n", 3}});
   ASSERT_EQ(three["choices"].size(), 3u) << three.dump();
   for (int i = 0; i < 3; ++i) {
     EXPECT_EQ(three["choices"][i]["index"], i);
@@ -62,7 +53,7 @@ TEST(ServerChoices, ChatBodyHasEveryChoiceAndUsageCountsThePromptOnce) {
             one["usage"]["prompt_tokens"].get<int>() + 3 * one["usage"]["completion_tokens"].get<int>());
   EXPECT_EQ(three["id"].get<std::string>().rfind("chatcmpl-", 0), 0u);
 
-  const json text = post(srv.port, "/v1/completions", {{"prompt", "Hello"}, {"n", 2}, {"max_tokens", 3}});
+  const json text = post_json(srv.port, "/v1/completions", {{"prompt", "Hello"}, {"n", 2}, {"max_tokens", 3}});
   ASSERT_EQ(text["choices"].size(), 2u);
   EXPECT_EQ(text["choices"][1]["index"], 1);
   EXPECT_EQ(text["choices"][0]["text"], text["choices"][1]["text"]);
@@ -71,7 +62,7 @@ TEST(ServerChoices, ChatBodyHasEveryChoiceAndUsageCountsThePromptOnce) {
 
 TEST(ServerChoices, StreamNamesEachChoiceThenOneUsageChunkAndOneDone) {
   lilac::test::LocalServer srv(lilac::test::LocalServer::options());
-  const json one = post(srv.port, "/v1/chat/completions", {{"messages", kHello}});
+  const json one = post_json(srv.port, "/v1/chat/completions", {{"messages", kHello}});
   httplib::Client cli("127.0.0.1", srv.port);
   const json body = {{"messages", kHello}, {"n", 3}, {"stream", true}, {"stream_options", {{"include_usage", true}}}};
   auto r = cli.Post("/v1/chat/completions", body.dump(), "application/json");
@@ -111,11 +102,11 @@ TEST(ServerChoices, StreamNamesEachChoiceThenOneUsageChunkAndOneDone) {
 
 TEST(ServerChoices, ChoicesThatDoNotFitTheQueueRunNone) {
   lilac::test::LocalServer srv(lilac::test::LocalServer::options(/*max_queue=*/2));
-  const json e = post(srv.port, "/v1/chat/completions", {{"messages", kHello}, {"n", 3}}, 429);
+  const json e = post_json(srv.port, "/v1/chat/completions", {{"messages", kHello}, {"n", 3}}, 429);
   EXPECT_EQ(e["error"]["code"], "queue_full");
-  EXPECT_EQ(post(srv.port, "/v1/chat/completions", {{"messages", kHello}, {"n", 17}}, 400)["error"]["param"], "n");
+  EXPECT_EQ(post_json(srv.port, "/v1/chat/completions", {{"messages", kHello}, {"n", 17}}, 400)["error"]["param"], "n");
   // Nothing of it is left running: two choices fit.
-  EXPECT_EQ(post(srv.port, "/v1/chat/completions", {{"messages", kHello}, {"n", 2}})["choices"].size(), 2u);
+  EXPECT_EQ(post_json(srv.port, "/v1/chat/completions", {{"messages", kHello}, {"n", 2}})["choices"].size(), 2u);
 }
 
 // A client that goes away mid-stream stops every choice.

@@ -29,33 +29,24 @@ json prefill_script() {
 const json kConversation = json::array({{{"role", "user"}, {"content", "Write one sentence about the sea."}},
                                          {{"role", "assistant"}, {"content", "The sea is"}}});
 
-json post(int port, const std::string& path, const json& body, int want = 200) {
-  httplib::Client cli("127.0.0.1", port);
-  auto r = cli.Post(path, body.dump(), "application/json");
-  if (!r) {
-    ADD_FAILURE() << "no response from " << path;
-    return json();
-  }
-  EXPECT_EQ(r->status, want) << path << ": " << r->body;
-  return json::parse(r->body, nullptr, false);
-}
+using lilac::test::post_json;
 
 }  // namespace
 
 TEST(ServerPrefill, ChatAndMessagesContinueTheFinalAssistantMessage) {
   lilac::test::LocalServer srv(lilac::test::LocalServer::options(), nullptr, json::parse(prefill_script().dump()));
-  const json chat = post(srv.port, "/v1/chat/completions", {{"messages", kConversation}, {"max_tokens", 32}});
+  const json chat = post_json(srv.port, "/v1/chat/completions", {{"messages", kConversation}, {"max_tokens", 32}});
   EXPECT_EQ(chat["choices"][0]["message"]["content"], " wide and deep.");
   EXPECT_EQ(chat["choices"][0]["finish_reason"], "stop");
 
   json blocks = kConversation;
   blocks[1]["content"] = json::array({{{"type", "text"}, {"text", "The sea"}}, {{"type", "text"}, {"text", " is"}}});
-  const json msg = post(srv.port, "/v1/messages", {{"messages", blocks}, {"max_tokens", 32}});
+  const json msg = post_json(srv.port, "/v1/messages", {{"messages", blocks}, {"max_tokens", 32}});
   ASSERT_EQ(msg["content"].size(), 1u) << msg.dump();
   EXPECT_EQ(msg["content"][0]["text"], " wide and deep.");
   EXPECT_EQ(msg["stop_reason"], "end_turn");
   EXPECT_EQ(msg["usage"]["input_tokens"], chat["usage"]["prompt_tokens"]);
-  EXPECT_EQ(post(srv.port, "/v1/messages/count_tokens", {{"messages", blocks}})["input_tokens"],
+  EXPECT_EQ(post_json(srv.port, "/v1/messages/count_tokens", {{"messages", blocks}})["input_tokens"],
             chat["usage"]["prompt_tokens"]);
 
   // Streamed, the chunks add up to the same continuation.
@@ -74,7 +65,7 @@ TEST(ServerPrefill, ChatAndMessagesContinueTheFinalAssistantMessage) {
   EXPECT_EQ(streamed, " wide and deep.");
 
   // Without the final assistant message: a fresh turn, as before.
-  const json plain = post(srv.port, "/v1/chat/completions", {{"messages", {kConversation[0]}}, {"max_tokens", 32}});
+  const json plain = post_json(srv.port, "/v1/chat/completions", {{"messages", {kConversation[0]}}, {"max_tokens", 32}});
   EXPECT_EQ(plain["choices"][0]["message"]["content"], "no prefill");
 }
 
@@ -82,20 +73,20 @@ TEST(ServerPrefill, WhatCannotBeContinuedIsA400InEachProtocolsShape) {
   lilac::test::LocalServer srv(lilac::test::LocalServer::options(), nullptr, prefill_script());
   json trailing = kConversation;
   trailing[1]["content"] = "The sea is ";
-  json e = post(srv.port, "/v1/chat/completions", {{"messages", trailing}, {"max_tokens", 4}}, 400);
+  json e = post_json(srv.port, "/v1/chat/completions", {{"messages", trailing}, {"max_tokens", 4}}, 400);
   EXPECT_EQ(e["error"]["param"], "messages");
   EXPECT_EQ(e["error"]["code"], "invalid_last_message");
-  e = post(srv.port, "/v1/messages", {{"messages", trailing}, {"max_tokens", 4}}, 400);
+  e = post_json(srv.port, "/v1/messages", {{"messages", trailing}, {"max_tokens", 4}}, 400);
   EXPECT_EQ(e["type"], "error");
   EXPECT_EQ(e["error"]["type"], "invalid_request_error");
-  e = post(srv.port, "/v1/chat/completions",
+  e = post_json(srv.port, "/v1/chat/completions",
            {{"messages", kConversation}, {"max_tokens", 4}, {"response_format", {{"type", "json_object"}}}}, 400);
   EXPECT_EQ(e["error"]["param"], "response_format");
-  e = post(srv.port, "/v1/messages",
+  e = post_json(srv.port, "/v1/messages",
            {{"messages", kConversation}, {"max_tokens", 40}, {"thinking", {{"type", "enabled"}, {"budget_tokens", 10}}}}, 400);
   EXPECT_EQ(e["error"]["type"], "invalid_request_error");
   // The server keeps serving.
-  EXPECT_EQ(post(srv.port, "/v1/chat/completions", {{"messages", kConversation}, {"max_tokens", 32}})["choices"][0]
+  EXPECT_EQ(post_json(srv.port, "/v1/chat/completions", {{"messages", kConversation}, {"max_tokens", 32}})["choices"][0]
                 ["message"]["content"],
             " wide and deep.");
 }
