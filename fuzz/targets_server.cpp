@@ -268,15 +268,23 @@ std::vector<nlohmann::ordered_json> events(const std::string& body) {
   return out;
 }
 
-Said said_json(int path, const nlohmann::ordered_json& b) {
-  Said s;
+// One Said per choice (chat completions' `n`; one for the other protocols), in choice order.
+std::vector<Said> said_json(int path, const nlohmann::ordered_json& b) {
   if (path == 0) {
-    const auto& m = b["choices"][0]["message"];
-    if (m.contains("content") && m["content"].is_string()) s.text = m["content"];
-    if (m.contains("reasoning_content")) s.reasoning = m["reasoning_content"];
-    if (m.contains("tool_calls"))
-      for (const auto& c : m["tool_calls"]) s.calls.emplace_back(c["function"]["name"], compact(c["function"]["arguments"]));
-  } else if (path == 2) {
+    std::vector<Said> all;
+    for (const auto& choice : b["choices"]) {
+      Said s;
+      const auto& m = choice["message"];
+      if (m.contains("content") && m["content"].is_string()) s.text = m["content"];
+      if (m.contains("reasoning_content")) s.reasoning = m["reasoning_content"];
+      if (m.contains("tool_calls"))
+        for (const auto& c : m["tool_calls"]) s.calls.emplace_back(c["function"]["name"], compact(c["function"]["arguments"]));
+      all.push_back(std::move(s));
+    }
+    return all;
+  }
+  Said s;
+  if (path == 2) {
     for (const auto& c : b["content"]) {
       if (c["type"] == "text") s.text += c["text"].get<std::string>();
       else if (c["type"] == "thinking") s.reasoning += c["thinking"].get<std::string>();
@@ -292,56 +300,66 @@ Said said_json(int path, const nlohmann::ordered_json& b) {
         s.calls.emplace_back(o["name"], compact(o["arguments"]));
     }
   }
-  return s;
+  return {s};
 }
 
-Said said_stream(int path, const std::string& body) {
-  Said s;
-  std::map<int64_t, std::pair<std::string, std::string>> calls;  // by index / block / item
+std::vector<Said> said_stream(int path, const std::string& body) {
+  std::map<int64_t, Said> choices;  // chat completions: by the chunk's choice index
+  std::map<std::pair<int64_t, int64_t>, std::pair<std::string, std::string>> calls;  // by (choice, index / block / item)
+  Said& s = choices[0];
   for (const auto& e : events(body)) {
     if (path == 0) {
-      if (!e.contains("choices") || e["choices"].empty() || e["choices"][0]["index"] != 0) continue;
+      if (!e.contains("choices") || e["choices"].empty()) continue;
+      const int64_t ci = e["choices"][0]["index"].get<int64_t>();
+      Said& sc = choices[ci];
       const auto& d = e["choices"][0]["delta"];
-      if (d.contains("content") && d["content"].is_string()) s.text += d["content"].get<std::string>();
-      if (d.contains("reasoning_content") && d["reasoning_content"].is_string()) s.reasoning += d["reasoning_content"].get<std::string>();
+      if (d.contains("content") && d["content"].is_string()) sc.text += d["content"].get<std::string>();
+      if (d.contains("reasoning_content") && d["reasoning_content"].is_string()) sc.reasoning += d["reasoning_content"].get<std::string>();
       if (d.contains("tool_calls"))
         for (const auto& c : d["tool_calls"]) {
-          auto& [name, args] = calls[c["index"].get<int64_t>()];
+          auto& [name, args] = calls[{ci, c["index"].get<int64_t>()}];
           if (c["function"].contains("name")) name += c["function"]["name"].get<std::string>();
           if (c["function"].contains("arguments")) args += c["function"]["arguments"].get<std::string>();
         }
     } else if (path == 2) {
       const std::string type = e.value("type", "");
       if (type == "content_block_start" && e["content_block"]["type"] == "tool_use")
-        calls[e["index"].get<int64_t>()].first = e["content_block"]["name"];
+        calls[{0, e["index"].get<int64_t>()}].first = e["content_block"]["name"];
       if (type != "content_block_delta") continue;
       const auto& d = e["delta"];
       if (d["type"] == "text_delta") s.text += d["text"].get<std::string>();
       else if (d["type"] == "thinking_delta") s.reasoning += d["thinking"].get<std::string>();
-      else if (d["type"] == "input_json_delta") calls[e["index"].get<int64_t>()].second += d["partial_json"].get<std::string>();
+      else if (d["type"] == "input_json_delta") calls[{0, e["index"].get<int64_t>()}].second += d["partial_json"].get<std::string>();
     } else {
       const std::string type = e.value("type", "");
       if (type == "response.output_text.delta") s.text += e["delta"].get<std::string>();
       else if (type == "response.reasoning_text.delta") s.reasoning += e["delta"].get<std::string>();
       else if (type == "response.output_item.added" && e["item"]["type"] == "function_call")
-        calls[e["output_index"].get<int64_t>()].first = e["item"]["name"];
-      else if (type == "response.function_call_arguments.delta") calls[e["output_index"].get<int64_t>()].second += e["delta"].get<std::string>();
+        calls[{0, e["output_index"].get<int64_t>()}].first = e["item"]["name"];
+      else if (type == "response.function_call_arguments.delta") calls[{0, e["output_index"].get<int64_t>()}].second += e["delta"].get<std::string>();
     }
   }
-  for (auto& [i, c] : calls) s.calls.emplace_back(c.first, compact(c.second.empty() ? "{}" : c.second));
-  return s;
+  for (auto& [at, c] : calls) choices[at.first].calls.emplace_back(c.first, compact(c.second.empty() ? "{}" : c.second));
+  std::vector<Said> all;
+  for (auto& [i, sc] : choices) all.push_back(std::move(sc));
+  return all;
 }
 
-std::string show_said(const Said& s) {
-  std::string o = "text \"" + s.text + "\" reasoning \"" + s.reasoning + "\" calls";
-  for (const auto& [n, a] : s.calls) o += " " + n + a;
+std::string show_said(const std::vector<Said>& all) {
+  std::string o;
+  for (const Said& s : all) {
+    o += o.empty() ? "" : " | ";
+    o += "text \"" + s.text + "\" reasoning \"" + s.reasoning + "\" calls";
+    for (const auto& [n, a] : s.calls) o += " " + n + a;
+  }
   return o;
 }
 
 }  // namespace
 
 // The same request body answered whole and streamed (chat completions, Messages, Responses): the text,
-// the reasoning and the tool calls the stream's events add up to are those of the whole answer.
+// the reasoning and the tool calls the stream's events add up to are those of the whole answer, for every
+// choice (chat completions' `n`).
 LILAC_FUZZ_TARGET_MUTATED(server_stream, "a streamed answer adds up to the whole answer", lilac::fuzz::mutate_json_body) {
   static FuzzServer srv;
   Input in(data, size);
@@ -370,7 +388,7 @@ LILAC_FUZZ_TARGET_MUTATED(server_stream, "a streamed answer adds up to the whole
   if (whole->status != 200) return;
   const lilac::JsonParseResult b = lilac::parse_bounded_json(whole->body);
   if (!b.ok()) violated("server_stream", "whole answer not JSON");
-  const Said a = said_json(path, b.value), s = said_stream(path, streamed->body);
+  const std::vector<Said> a = said_json(path, b.value), s = said_stream(path, streamed->body);
   if (std::getenv("LILAC_FUZZ_SHOW")) std::fprintf(stderr, "%s: %s\n", kPaths[path], show_said(a).c_str());
   if (!(a == s))
     violated("server_stream", std::string(kPaths[path]) + ": whole " + show_said(a) + "\n  streamed " + show_said(s) +
