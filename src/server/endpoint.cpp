@@ -48,7 +48,7 @@ void serve_generation(ServerContext& C, const Endpoint& ep, const httplib::Reque
   try {
     const ojson body = parse_request_body(req.body);
     bool any_model = false;  // the router keeps a request that named an upstream model local
-    if (C.hook.maybe_forward) {
+    if (C.hook.maybe_forward && !(ep.keep_local && ep.keep_local(body))) {
       const bool busy = C.ready.load() && C.core->busy();
       const RouteDecisionKind d = C.hook.maybe_forward(req, res, body, busy);
       if (d == RouteDecisionKind::Answered) {

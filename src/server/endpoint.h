@@ -51,6 +51,9 @@ struct Endpoint {
   // Whether errors the route hook answers in OpenAI's shape ({"error": {...}}) are rewritten with
   // send_error (protocols other than OpenAI's).
   bool rewrite_hook_errors = false;
+  // A request this server must answer itself, whatever the route hook would decide (it continues a
+  // conversation stored here: only this server has it).
+  std::function<bool(const nlohmann::ordered_json& body)> keep_local;
 };
 
 // POST handler body of a generation endpoint.

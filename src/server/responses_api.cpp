@@ -5,6 +5,8 @@
 #include "server/http_server.h"
 
 #include <ctime>
+#include <memory>
+#include <optional>
 
 #include "server/endpoint.h"
 #include "server/responses_format.h"
@@ -21,8 +23,12 @@ Endpoint responses_endpoint(ServerContext& C) {
   ep.send_error = [](httplib::Response& res, const ApiError& e) {
     send_error(res, e.status, e.message, e.param, e.code, e.type);
   };
+  ep.keep_local = [&C](const ojson& body) {
+    const auto it = body.find("previous_response_id");
+    return it != body.end() && it->is_string() && C.responses.contains(it->get<std::string>());
+  };
   ep.prepare = [&C](const ojson& body, const ModelConfig& cfg, uint64_t seed) {
-    ResponsesParams p = parse_responses_request(body, cfg, seed);
+    ResponsesParams p = parse_responses_request(body, cfg, seed, &C.responses);
     PreparedRequest r;
     r.model = p.model;
     r.stream = p.stream;
@@ -52,6 +58,19 @@ Endpoint responses_endpoint(ServerContext& C) {
     meta.text_format = nlohmann::json::parse(p.echo_text_format.dump());
     meta.reasoning_effort = p.effort.empty() ? nlohmann::json(nullptr) : nlohmann::json(p.effort);
     meta.new_id = [&C](const char* prefix) { return C.new_id(prefix); };
+    meta.store = p.store;
+    if (!p.previous_response_id.empty()) meta.previous_response_id = p.previous_response_id;
+    if (p.store) {
+      // The entry a follow-up continues: the conversation's input items, then this response's output.
+      auto items = std::make_shared<const ojson>(std::move(p.input_items));
+      meta.on_done = [&C, items](const nlohmann::json& response) {
+        ResponseStore::Entry e;
+        e.items = *items;
+        for (const auto& o : response["output"]) e.items.push_back(ojson::parse(o.dump()));
+        e.response = response;
+        C.responses.put(response["id"].get<std::string>(), std::move(e));
+      };
+    }
     r.formatter = [meta](const Generation& gen, bool route_field) mutable {
       meta.input_tokens = gen.prompt_tokens();
       meta.route_field = route_field;
@@ -68,6 +87,25 @@ void add_responses_routes(HttpServer& http, ServerContext& ctx) {
   ServerContext* C = &ctx;
   auto ep = std::make_shared<Endpoint>(responses_endpoint(ctx));
   http.Post(ep->path, [C, ep](const httplib::Request& req, httplib::Response& res) { serve_generation(*C, *ep, req, res); });
+  // A stored response, and its removal (OpenAI's shapes; 404 for an id this server does not hold).
+  const std::string one = "/v1/responses/([A-Za-z0-9_-]{1,128})";
+  auto not_found = [C](httplib::Response& res, const std::string& id, const char* route) {
+    send_error(res, 404, "No response with id '" + id + "' is stored here.", "response_id", "not_found");
+    C->metrics.count_request(route, 404);
+  };
+  http.Get(one, [C, not_found](const httplib::Request& req, httplib::Response& res) {
+    const std::string id = req.matches[1];
+    std::optional<ResponseStore::Entry> e = C->responses.get(id);
+    if (!e) return not_found(res, id, "/v1/responses/{id}");
+    res.set_content(dump_json(e->response), "application/json");
+    C->metrics.count_request("/v1/responses/{id}", 200);
+  });
+  http.route("DELETE", one, [C, not_found](const httplib::Request& req, httplib::Response& res) {
+    const std::string id = req.matches[1];
+    if (!C->responses.erase(id)) return not_found(res, id, "/v1/responses/{id}");
+    res.set_content(dump_json(nlohmann::json{{"id", id}, {"object", "response"}, {"deleted", true}}), "application/json");
+    C->metrics.count_request("/v1/responses/{id}", 200);
+  });
 }
 
 }  // namespace lilac::server

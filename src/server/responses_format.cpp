@@ -33,8 +33,9 @@ class ResponsesFormatter final : public ResponseFormatter {
     if (ev.kind != OutputEvent::Done) return out;
     out += close_item();
     const std::string status = finish_reason();
-    return out + event(status == "completed" ? "response.completed" : "response.incomplete",
-                       json{{"response", response(status)}});
+    const json r = response(status);
+    if (meta_.on_done) meta_.on_done(r);
+    return out + event(status == "completed" ? "response.completed" : "response.incomplete", json{{"response", r}});
   }
 
   void add(const OutputEvent& ev) override {
@@ -53,7 +54,11 @@ class ResponsesFormatter final : public ResponseFormatter {
     if (ev.kind == OutputEvent::Done) close_item();
   }
 
-  std::string body() const override { return dump_json(response(finish_reason())); }
+  std::string body() const override {
+    const json r = response(finish_reason());
+    if (meta_.on_done) meta_.on_done(r);
+    return dump_json(r);
+  }
 
   std::string error_body(const ApiError& e) const override { return dump_json(server::error_body(e)); }
 
@@ -84,9 +89,9 @@ class ResponsesFormatter final : public ResponseFormatter {
     r["model"] = meta_.model;
     r["output"] = items_;
     r["parallel_tool_calls"] = true;
-    r["previous_response_id"] = nullptr;
+    r["previous_response_id"] = meta_.previous_response_id;
     r["reasoning"] = json{{"effort", meta_.reasoning_effort}, {"summary", nullptr}};
-    r["store"] = false;
+    r["store"] = meta_.store;
     r["temperature"] = meta_.temperature;
     r["text"] = json{{"format", meta_.text_format}};
     r["tool_choice"] = meta_.tool_choice;

@@ -31,6 +31,10 @@ struct ResponsesMeta {
   nlohmann::json text_format = nlohmann::json{{"type", "text"}};
   // New ids ("rs_", "msg_", "fc_" + random) for output items.
   std::function<std::string(const char* prefix)> new_id;
+  bool store = false;                             // echoed
+  nlohmann::json previous_response_id = nullptr;  // echoed (string or null)
+  // Called with the final response object (completed or incomplete; not for a cancelled generation).
+  std::function<void(const nlohmann::json& response)> on_done;
 };
 
 std::shared_ptr<ResponseFormatter> make_responses_formatter(ResponsesMeta meta);

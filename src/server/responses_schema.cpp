@@ -127,7 +127,9 @@ struct Translator {
   }
 };
 
-ojson translate_input(const ojson& body, ResponsesParams& r) {
+// The conversation's items: a previous response's (its conversation's input items and its output items),
+// then this request's input (a string is one user message). r.input_items keeps them for the store.
+ojson translate_input(const ojson& body, ResponsesParams& r, const ojson& previous_items) {
   Translator t;
   if (const ojson* ins = field(body, "instructions")) {
     if (!ins->is_string()) wrong_type("instructions", "a string", *ins);
@@ -136,14 +138,20 @@ ojson translate_input(const ojson& body, ResponsesParams& r) {
   }
   const ojson* in = field(body, "input");
   if (!in) missing("input");
+  ojson items = ojson::array();
   if (in->is_string()) {
-    t.msgs.push_back(ojson{{"role", "user"}, {"content", *in}});
+    items.push_back(ojson{{"role", "user"}, {"content", *in}});
   } else if (in->is_array()) {
     if (in->empty()) bad("input", "'input' must contain at least one item.", "empty_array");
-    for (size_t i = 0; i < in->size(); ++i) t.item((*in)[i], "input[" + std::to_string(i) + "]");
+    items = *in;
   } else {
     wrong_type("input", "a string or an array of input items", *in);
   }
+  for (size_t i = 0; i < previous_items.size(); ++i)
+    t.item(previous_items[i], "previous_response_id (its conversation's item " + std::to_string(i) + ")");
+  for (size_t i = 0; i < items.size(); ++i) t.item(items[i], in->is_string() ? "input" : "input[" + std::to_string(i) + "]");
+  r.input_items = previous_items;
+  for (auto& it : items) r.input_items.push_back(std::move(it));
   ojson msgs = ojson::array();
   if (!t.system.empty()) msgs.push_back(ojson{{"role", "system"}, {"content", t.system}});
   for (auto& m : t.msgs) msgs.push_back(std::move(m));
@@ -261,13 +269,21 @@ void parse_text_and_reasoning(const ojson& body, ResponsesParams& r) {
 
 }  // namespace
 
-ResponsesParams parse_responses_request(const ojson& body, const ModelConfig& cfg, uint64_t seed) {
+ResponsesParams parse_responses_request(const ojson& body, const ModelConfig& cfg, uint64_t seed,
+                                        const ResponseStore* store) {
   ResponsesParams r;
   if (auto m = get_string(body, "model")) r.model = *m;
-  if (get_bool(body, "store").value_or(false))
-    unsupported("store", "'store': true (responses are not stored; send store: false and the whole conversation)");
-  if (field(body, "previous_response_id"))
-    unsupported("previous_response_id", "'previous_response_id' (responses are not stored; send the whole conversation as input)");
+  r.store = get_bool(body, "store").value_or(true);
+  ojson previous_items = ojson::array();
+  if (auto prev = get_string(body, "previous_response_id")) {
+    std::optional<ResponseStore::Entry> e = store ? store->get(*prev) : std::nullopt;
+    if (!e)
+      bad("previous_response_id", "Previous response with id '" + *prev + "' not found (responses are kept in this "
+                                  "server's memory, the oldest dropped first, until it restarts).",
+          "previous_response_not_found");
+    r.previous_response_id = *prev;
+    previous_items = std::move(e->items);
+  }
   if (field(body, "conversation")) unsupported("conversation", "'conversation'");
   if (get_bool(body, "background").value_or(false)) unsupported("background", "'background': true");
   if (field(body, "prompt")) unsupported("prompt", "'prompt' (stored prompt templates)");
@@ -281,7 +297,7 @@ ResponsesParams parse_responses_request(const ojson& body, const ModelConfig& cf
   }
   if (auto t = get_string(body, "truncation"); t && *t != "disabled" && *t != "auto")
     bad("truncation", "Invalid value for 'truncation': '" + *t + "'.");
-  ojson msgs = translate_input(body, r);
+  ojson msgs = translate_input(body, r, previous_items);
   parse_tools(body, r);
   parse_tool_choice(body, r);
   parse_text_and_reasoning(body, r);

@@ -1,8 +1,9 @@
-// OpenAI Responses requests (POST /v1/responses, stateless): validation and the translation into what
+// OpenAI Responses requests (POST /v1/responses): validation and the translation into what
 // the generation core renders (an OpenAI chat message list for the chat template). Unknown fields are
 // ignored; wrong types, out-of-range values and what lilac cannot do are ApiErrors (400) naming the
-// field: `store: true`, `previous_response_id`, `conversation`, `background`, item references, images
-// and files, non-function tools. text.format json_object / json_schema and tools with strict: true
+// field: `conversation`, `background`, item references, images and files, non-function tools.
+// `previous_response_id` continues a stored response (server/response_store.h): its conversation's items
+// come before this request's input; its instructions do not carry over (as OpenAI's). text.format json_object / json_schema and tools with strict: true
 // are enforced by constrained decoding (as response_format and strict tools on chat completions).
 //
 // Translation: `instructions` and leading system / developer messages -> one system message; user and
@@ -22,6 +23,7 @@
 #include "engine/backend.h"
 #include "model/config.h"
 #include "server/openai_schema.h"
+#include "server/response_store.h"
 
 namespace lilac::server {
 
@@ -44,8 +46,16 @@ struct ResponsesParams {
   // text.format: free text, any JSON object, or a JSON Schema (the schema in json_schema)
   ResponseFormat response_format = ResponseFormat::Text;
   ojson json_schema;
+  // Stored responses (server/response_store.h): keep this one (`store`, default true as OpenAI's), the
+  // one it continues ("" when none), and the conversation's input items so far (the previous response's
+  // items, then this request's input) that its entry will hold with its output.
+  bool store = true;
+  std::string previous_response_id;
+  ojson input_items = ojson::array();
 };
 
-ResponsesParams parse_responses_request(const ojson& body, const ModelConfig& cfg, uint64_t seed);
+// `store`: where previous_response_id is looked up (nullptr: none is found).
+ResponsesParams parse_responses_request(const ojson& body, const ModelConfig& cfg, uint64_t seed,
+                                        const ResponseStore* store = nullptr);
 
 }  // namespace lilac::server

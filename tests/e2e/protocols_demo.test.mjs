@@ -141,6 +141,18 @@ test('a final assistant message is continued (prefill): chat, Messages = complet
   });
 });
 
+test('Responses previous_response_id = the whole conversation sent by hand (same tokens)', async () => {
+  const base = { model, max_output_tokens: 6, temperature: 0, reasoning: { effort: 'none' } };
+  const r1 = await oai.responses.create({ ...base, instructions: 'Be brief.', input: question });
+  const r2 = await oai.responses.create({ ...base, instructions: 'Be brief.', input: 'And then?', previous_response_id: r1.id });
+  const byHand = await oai.responses.create({
+    ...base, instructions: 'Be brief.', store: false, input: [{ role: 'user', content: question }, ...r1.output, { role: 'user', content: 'And then?' }],
+  });
+  assert.equal(r2.output_text, byHand.output_text);
+  assert.equal(r2.usage.input_tokens, byHand.usage.input_tokens);
+  assert.equal(r2.usage.output_tokens, byHand.usage.output_tokens);
+});
+
 test('errors from the generation core in each protocol\'s shape (context too long)', async () => {
   await assert.rejects(anth.messages.create({ model, max_tokens: 100000, messages: [{ role: 'user', content: question }] }), (e) => {
     assert.equal(e.status, 400);

@@ -22,7 +22,7 @@ test('non-streaming: reasoning and message items, output_text, usage', async () 
   assert.equal(r.object, 'response');
   assert.equal(r.status, 'completed');
   assert.equal(r.model, MODEL);
-  assert.equal(r.store, false);
+  assert.equal(r.store, true);  // OpenAI's default: kept for previous_response_id
   assert.equal(r.output.length, 2);
   const [rs, msg] = r.output;
   assert.equal(rs.type, 'reasoning');
@@ -151,8 +151,8 @@ test('errors: OpenAI shape naming the field', async () => {
     assertErrorBody(assert, r, status, { param, code });
     return r.json.error;
   };
-  await bad({ model: MODEL, input: 'hi', store: true }, 400, 'store', 'unsupported_value');
-  await bad({ model: MODEL, input: 'hi', previous_response_id: 'resp_x' }, 400, 'previous_response_id', 'unsupported_value');
+  await bad({ model: MODEL, input: 'hi', store: 'yes' }, 400, 'store', 'invalid_type');
+  await bad({ model: MODEL, input: 'hi', previous_response_id: 'resp_x' }, 400, 'previous_response_id', 'previous_response_not_found');
   // text.format json_schema is enforced by constrained decoding: a keyword outside lilac's subset is a 400
   // naming the Responses field (not chat completions' response_format)
   const e = await bad({ model: MODEL, input: 'hi', text: { format: { type: 'json_schema', name: 'x', schema: { type: 'string', contentMediaType: 'text/html' } } } },
@@ -166,9 +166,40 @@ test('errors: OpenAI shape naming the field', async () => {
   await bad({ model: MODEL, input: 'hi', temperature: 3 }, 400, 'temperature', 'invalid_value');
   await bad({ model: MODEL, input: 'hi', max_output_tokens: 0 }, 400, 'max_output_tokens', 'invalid_value');
   await bad({ model: 'nope', input: 'hi' }, 404, 'model', 'model_not_found');
-  await assert.rejects(client.responses.create({ model: MODEL, input: 'hi', store: true }), (e) => {
+  await assert.rejects(client.responses.create({ model: MODEL, input: 'hi', previous_response_id: 'resp_gone' }), (e) => {
     assert.ok(e instanceof OpenAI.BadRequestError);
-    assert.equal(e.param, 'store');
+    assert.equal(e.param, 'previous_response_id');
     return true;
   });
+});
+
+test('stored responses: previous_response_id continues the conversation; retrieve and delete', async () => {
+  const r1 = await client.responses.create({ model: MODEL, input: 'reason about it', instructions: 'Be brief.' });
+  assert.equal(r1.store, true);
+  const got = await client.responses.retrieve(r1.id);
+  assert.deepEqual(got, r1);
+  // The follow-up's prompt is the whole conversation: the same input tokens as sending it all by hand
+  // (r1's output items as input), with this request's instructions only.
+  const r2 = await client.responses.create({ model: MODEL, input: 'and now?', previous_response_id: r1.id, instructions: 'Be brief.', store: false });
+  assert.equal(r2.previous_response_id, r1.id);
+  assert.equal(r2.store, false);
+  const byHand = await client.responses.create({
+    model: MODEL, instructions: 'Be brief.', store: false,
+    input: [{ role: 'user', content: 'reason about it' }, ...r1.output, { role: 'user', content: 'and now?' }],
+  });
+  assert.equal(r2.usage.input_tokens, byHand.usage.input_tokens);
+  assert.deepEqual(r2.output.map((o) => o.type), byHand.output.map((o) => o.type));
+  // store: false is not kept; a stream is kept as its completed response
+  await assert.rejects(client.responses.retrieve(r2.id), OpenAI.NotFoundError);
+  const evs = [];
+  for await (const e of await client.responses.create({ model: MODEL, input: 'reason about it', stream: true })) evs.push(e);
+  const done = evs.at(-1).response;
+  const { output_text: _text, ...kept } = await client.responses.retrieve(done.id);  // (the SDK adds output_text)
+  assert.deepEqual(kept, done);
+  const del = await client.responses.delete(r1.id);
+  await assert.rejects(client.responses.retrieve(r1.id), OpenAI.NotFoundError);
+  await assert.rejects(client.responses.create({ model: MODEL, input: 'x', previous_response_id: r1.id }), OpenAI.BadRequestError);
+  assert.deepEqual(del, { id: r1.id, object: 'response', deleted: true });
+  const raw = await fetch(`${srv.url}/v1/responses/${done.id}`, { method: 'DELETE' });
+  assert.deepEqual(await raw.json(), { id: done.id, object: 'response', deleted: true });
 });

@@ -211,9 +211,63 @@ TEST(ResponsesSchema, TextFormatAndStrictTools) {
   EXPECT_FALSE(t.tools[1]["function"].contains("strict"));
 }
 
+// previous_response_id: the stored conversation's items come first, then this input; the instructions are
+// this request's only; the entry-to-be's items are the whole conversation's input.
+TEST(ResponsesSchema, PreviousResponseContinuesTheStoredConversation) {
+  ResponseStore store;
+  ResponseStore::Entry e;
+  e.items = ojson::parse(R"([{"role": "user", "content": "My name is Ada."},
+      {"type": "reasoning", "id": "rs_1", "content": [{"type": "reasoning_text", "text": "A name."}]},
+      {"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
+       "content": [{"type": "output_text", "text": "Hello Ada.", "annotations": []}]}])");
+  e.response = {{"id", "resp_a"}};
+  store.put("resp_a", e);
+  const auto p = parse_responses_request(
+      ojson::parse(R"({"input": "What is my name?", "instructions": "Be brief.", "previous_response_id": "resp_a"})"), cfg(),
+      1, &store);
+  EXPECT_TRUE(p.store);
+  EXPECT_EQ(p.previous_response_id, "resp_a");
+  const ojson want = ojson::parse(R"([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "My name is Ada."},
+      {"role": "assistant", "content": "Hello Ada.", "reasoning_content": "A name."}, {"role": "user", "content": "What is my name?"}])");
+  EXPECT_EQ(p.template_request["messages"], want) << p.template_request["messages"].dump();
+  ASSERT_EQ(p.input_items.size(), 4u);
+  EXPECT_EQ(p.input_items[3], ojson::parse(R"({"role": "user", "content": "What is my name?"})"));
+  EXPECT_FALSE(parse_responses_request(ojson::parse(R"({"input": "x", "store": false})"), cfg(), 1).store);
+}
+
+TEST(ResponsesSchema, StoreKeepsTheNewestWithinItsBounds) {
+  ResponseStore store(/*max_entries=*/2, /*max_bytes=*/4096);
+  auto entry = [](size_t pad) {
+    ResponseStore::Entry e;
+    e.items = ojson::array({std::string(pad, 'x')});
+    e.response = {{"ok", true}};
+    return e;
+  };
+  store.put("a", entry(10));
+  store.put("b", entry(10));
+  store.put("c", entry(10));  // the oldest ("a") leaves: two at most
+  EXPECT_FALSE(store.contains("a"));
+  EXPECT_TRUE(store.contains("b") && store.contains("c"));
+  store.put("d", entry(3000));  // bytes: "b" leaves too
+  EXPECT_FALSE(store.contains("b"));
+  EXPECT_TRUE(store.contains("c") && store.contains("d"));
+  EXPECT_LE(store.bytes(), 4096u);
+  store.put("huge", entry(5000));  // larger than the whole budget: not kept, nothing dropped
+  EXPECT_FALSE(store.contains("huge"));
+  EXPECT_EQ(store.size(), 2u);
+  EXPECT_TRUE(store.erase("c"));
+  EXPECT_FALSE(store.erase("c"));
+  store.put("e", entry(10));
+  store.put("f", entry(10));  // "c"'s stale place in the order is skipped: "d" leaves, not "e"
+  EXPECT_TRUE(store.contains("e") && store.contains("f"));
+  EXPECT_FALSE(store.contains("d"));
+}
+
 TEST(ResponsesSchema, ErrorsNameTheField) {
-  EXPECT_EQ(responses_error(R"({"input": "x", "store": true})").param, "store");
-  EXPECT_EQ(responses_error(R"({"input": "x", "previous_response_id": "resp_1"})").param, "previous_response_id");
+  EXPECT_EQ(responses_error(R"({"input": "x", "store": "yes"})").param, "store");
+  const ApiError prev = responses_error(R"({"input": "x", "previous_response_id": "resp_1"})");
+  EXPECT_EQ(prev.param, "previous_response_id");
+  EXPECT_EQ(prev.code, "previous_response_not_found");
   EXPECT_EQ(responses_error(R"({"input": "x", "text": {"format": {"type": "json_schema"}}})").param, "text.format.name");
   EXPECT_EQ(responses_error(R"({"input": "x", "text": {"format": {"type": "json_schema", "name": "s", "schema": 3}}})").param,
             "text.format.schema");

@@ -144,3 +144,35 @@ TEST(ServerProtocols, RouteHookErrorsAreRewrittenAndLocalAnswersMarked) {
   EXPECT_EQ(evs.back()["type"], "response.completed");
   EXPECT_EQ(evs.back()["response"]["output"][0]["content"][0]["text"], "plain answer");
 }
+
+// A Responses request that continues a conversation stored here is answered here, whatever the route hook
+// would decide: only this server holds that conversation (and what it holds stays here). One that names an
+// id this server does not hold goes through the hook as any request.
+TEST(ServerProtocols, ContinuingAStoredResponseStaysLocal) {
+  lilac::server::RouteHook hook;
+  using K = lilac::server::RouteDecisionKind;
+  hook.maybe_forward = [](const httplib::Request&, httplib::Response& res, const nlohmann::ordered_json& body, bool) {
+    if (!body.contains("previous_response_id")) return K::Local;
+    res.status = 200;  // "the cloud" answers every follow-up it is given
+    res.set_content(R"({"id": "resp_cloud", "object": "response"})", "application/json");
+    return K::Answered;
+  };
+  Local l("", &hook);
+  httplib::Client cli("127.0.0.1", l.port);
+  auto r = cli.Post("/v1/responses", R"({"input": "hi", "reasoning": {"effort": "none"}})", "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const std::string id = json::parse(r->body)["id"];
+  json follow = {{"input", "and?"}, {"previous_response_id", id}, {"reasoning", {{"effort", "none"}}}};
+  r = cli.Post("/v1/responses", follow.dump(), "application/json");
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(r->get_header_value("x-lilac-route"), "local");
+  EXPECT_EQ(json::parse(r->body)["previous_response_id"], id);
+  EXPECT_EQ(cli.Get("/v1/responses/" + id)->status, 200);
+  follow["previous_response_id"] = "resp_elsewhere";
+  r = cli.Post("/v1/responses", follow.dump(), "application/json");
+  EXPECT_EQ(json::parse(r->body)["id"], "resp_cloud");
+  EXPECT_EQ(cli.Get("/v1/responses/resp_elsewhere")->status, 404);
+  EXPECT_EQ(cli.Delete("/v1/responses/" + id)->status, 200);
+  EXPECT_EQ(cli.Delete("/v1/responses/" + id)->status, 404);
+}
