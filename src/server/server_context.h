@@ -30,7 +30,7 @@ struct ServerContext {
   std::unique_ptr<GenerationCore> core;  // set once the model is loaded, before `ready`
   std::atomic<bool> ready{false};
   std::atomic<bool> shutting_down{false};  // Server::shutdown began
-  ResponseStore responses;                  // the Responses API's stored responses
+  ResponseStore responses{1000, opts.responses_bytes};  // the Responses API's stored responses
 
   uint64_t random_u64();
   std::string new_id(const char* prefix);  // prefix + 24 random alphanumerics

@@ -21,7 +21,8 @@ namespace {
 struct Local {
   std::unique_ptr<lilac::server::Server> server;
   int port = 0;
-  explicit Local(const std::string& api_key = "", lilac::server::RouteHook* hook = nullptr) {
+  explicit Local(const std::string& api_key = "", lilac::server::RouteHook* hook = nullptr,
+                 size_t responses_bytes = lilac::server::ServerOptions().responses_bytes) {
     const std::string shared = LILAC_SHARED_DIR;
     static auto tok =
         std::shared_ptr<const lilac::Tokenizer>(lilac::Tokenizer::load(shared + "/fixtures/qwen3-tokenizer"));
@@ -34,6 +35,7 @@ struct Local {
     o.model_id = "m";
     o.api_key = api_key;
     o.log_requests = false;
+    o.responses_bytes = responses_bytes;
     server = std::make_unique<lilac::server::Server>(o);
     if (hook) server->set_route_hook(*hook);
     port = server->bind();
@@ -175,4 +177,19 @@ TEST(ServerProtocols, ContinuingAStoredResponseStaysLocal) {
   EXPECT_EQ(cli.Get("/v1/responses/resp_elsewhere")->status, 404);
   EXPECT_EQ(cli.Delete("/v1/responses/" + id)->status, 200);
   EXPECT_EQ(cli.Delete("/v1/responses/" + id)->status, 404);
+}
+
+// --responses-mb 0: nothing is kept, so nothing can be continued or retrieved.
+TEST(ServerProtocols, AStoreOfNoBytesKeepsNoResponse) {
+  Local srv("", nullptr, /*responses_bytes=*/0);
+  httplib::Client cli("127.0.0.1", srv.port);
+  auto r = cli.Post("/v1/responses", R"({"input": "hi", "reasoning": {"effort": "none"}})", "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200);
+  const std::string id = json::parse(r->body)["id"];
+  EXPECT_EQ(cli.Get("/v1/responses/" + id)->status, 404);
+  json follow = {{"input", "and?"}, {"previous_response_id", id}};
+  r = cli.Post("/v1/responses", follow.dump(), "application/json");
+  EXPECT_EQ(r->status, 400);
+  EXPECT_EQ(json::parse(r->body)["error"]["code"], "previous_response_not_found");
 }
