@@ -145,7 +145,17 @@ function messageHtml(m) {
          `<pre><code>${escapeHtml(tc.function.arguments)}</code></pre></div>`;
   }
   if (m.error) h += `<div class="error">${escapeHtml(m.error)}</div>`;
-  return h + '</div>' + statsLine(m);
+  h += '</div>' + statsLine(m);
+  if (canContinue(m)) h += '<button type="button" class="continue">Continue</button>';
+  return h;
+}
+
+// An answer cut by max_tokens or by Stop can be continued: the server continues a conversation that ends
+// with an assistant message from that message (a prefill). Only the conversation's last answer, with text.
+function canContinue(m) {
+  const conv = current();
+  return m.role === 'assistant' && !controller && conv?.messages.at(-1) === m && !m.tool_calls?.length &&
+         m.content.trim() !== '' && (m.state === 'stopped' || (m.state === 'done' && m.finish === 'length'));
 }
 
 function messageElement(m) {
@@ -224,8 +234,12 @@ async function readEvents(res, onChunk) {
   }
 }
 
-async function answer(conv, a, settings) {
-  const body = { messages: apiMessages(conv, settings), stream: true, stream_options: { include_usage: true }, ...requestOptions(settings) };
+// Streams the answer `a` (the conversation's last message); `prefill`: `a` holds the start of the answer,
+// which the model continues (sent as the final assistant message).
+async function answer(conv, a, settings, prefill = false) {
+  const messages = apiMessages(conv, settings);
+  if (prefill) messages.push({ role: 'assistant', content: a.content });
+  const body = { messages, stream: true, stream_options: { include_usage: true }, ...requestOptions(settings) };
   if (model) body.model = model;
   controller = new AbortController();
   $('stop').hidden = false;
@@ -248,6 +262,7 @@ async function answer(conv, a, settings) {
       if (ch.error) throw new Error(ch.error.message || 'error');
       if (ch.lilac_route && !a.stats.route) a.stats.route = ch.lilac_route;
       if (ch.usage) a.stats.tokens = ch.usage.completion_tokens;
+      if (ch.choices?.[0]?.finish_reason) a.finish = ch.choices[0].finish_reason;
       const d = ch.choices?.[0]?.delta;
       if (!d) return;
       const got = d.content || d.reasoning_content || d.tool_calls;
@@ -312,6 +327,29 @@ async function send(ev) {
   await answer(conv, a, settings);
 }
 
+async function continueAnswer() {
+  const conv = current();
+  const a = conv?.messages.at(-1);
+  if (!a || !canContinue(a)) return;
+  let settings;
+  try {
+    settings = readSettings();
+    requestOptions(settings);
+  } catch {
+    alert('The tools setting is not valid JSON.');
+    return;
+  }
+  // The template trims a message's text, and the server refuses a prefill that ends with whitespace.
+  a.content = a.content.trimEnd();
+  a.state = 'streaming';
+  a.stopped = false;
+  a.finish = undefined;
+  a.stats = {};
+  saveConvs();
+  renderAll();
+  await answer(conv, a, settings, true);
+}
+
 function newConversation() {
   const c = { id: Date.now().toString(36) + Math.random().toString(36).slice(2, 8), title: 'New chat', messages: [], updated: Date.now() };
   convs.unshift(c);
@@ -335,6 +373,7 @@ loadSettings();
 $('composer').onsubmit = send;
 $('input').addEventListener('keydown', (e) => { if (e.key === 'Enter' && !e.shiftKey) send(e); });
 $('stop').onclick = () => controller?.abort();
+$('messages').addEventListener('click', (e) => { if (e.target.closest('button.continue')) continueAnswer(); });
 $('new-chat').onclick = () => { if (!controller) newConversation(); };
 $('forget-key').onclick = () => localStorage.removeItem(KEYS.apiKey);
 for (const m of convs.flatMap((c) => c.messages)) if (m.state === 'streaming') m.state = 'stopped';

@@ -1,6 +1,7 @@
 // The chat page (GET /) in a real browser: Debian's chromium, headless, driven by puppeteer-core.
 // Against the demo model: a message gets a streamed answer with its time to first token and tokens/s,
-// and Stop ends a long answer (the server cancels it). Against the scripted backend: Markdown, code,
+// Continue extends an answer cut by max_tokens, and Stop ends a long answer (the server cancels it).
+// Against the scripted backend: Markdown, code,
 // reasoning and tool calls rendered (HTML in answers stays text), conversations kept across a reload,
 // --api-key asked for and kept; in hybrid mode every answer has a local/cloud badge with the reason.
 // Screenshots go to LILAC_ARTIFACTS_DIR (build/test-artifacts). Without chromium the test skips, except
@@ -108,6 +109,15 @@ test('demo model: a streamed answer with TTFT and tokens/s; Stop ends a long ans
   const n = Number(a.tokens?.match(/^(\d+) tokens$/)?.[1]);
   assert.ok(n >= 1 && n <= 12, `token count shown: ${JSON.stringify(a)}`);
   await shot(page, 'demo_answer');
+
+  // Cut by max_tokens: Continue asks for more of the same answer (a prefill of what it has), appended to it.
+  assert.equal(await last(page, (el) => el.querySelector('button.continue')?.textContent), 'Continue');
+  await page.click('.msg.assistant:last-of-type button.continue');
+  await waitState(page, ['done']);
+  const more = await last(page, (el) => ({ text: el.querySelector('.content')?.textContent ?? '', error: el.querySelector('.error')?.textContent }));
+  assert.equal(more.error, undefined);
+  assert.ok(more.text.startsWith(a.text.trimEnd()) && more.text.length > a.text.trimEnd().length, JSON.stringify({ a: a.text, more: more.text }));
+  assert.equal(await page.$$eval('.msg.assistant', (els) => els.length), 1, 'the same answer, not a new one');
 
   // A long answer, stopped while it streams.
   const before = await metrics(srv.url);
