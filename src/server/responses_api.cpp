@@ -4,6 +4,7 @@
 
 #include "server/http_server.h"
 
+#include <algorithm>
 #include <ctime>
 #include <memory>
 #include <optional>
@@ -99,6 +100,22 @@ void add_responses_routes(HttpServer& http, ServerContext& ctx) {
     if (!e) return not_found(res, id, "/v1/responses/{id}");
     res.set_content(dump_json(e->response), "application/json");
     C->metrics.count_request("/v1/responses/{id}", 200);
+  });
+  // Its conversation's input items (every turn's input and the earlier turns' outputs), newest first as
+  // OpenAI lists them (`order=asc`: oldest first); no paging: the whole list, has_more false.
+  http.Get(one + "/input_items", [C, not_found](const httplib::Request& req, httplib::Response& res) {
+    const std::string id = req.matches[1];
+    std::optional<ResponseStore::Entry> e = C->responses.get(id);
+    if (!e) return not_found(res, id, "/v1/responses/{id}/input_items");
+    nlohmann::json data = nlohmann::json::array();
+    const size_t n_out = e->response["output"].size(), n_in = e->items.size() - std::min(n_out, e->items.size());
+    for (size_t i = 0; i < n_in; ++i) data.push_back(nlohmann::json::parse(e->items[i].dump()));
+    if (req.get_param_value("order") != "asc") std::reverse(data.begin(), data.end());
+    nlohmann::json list{{"object", "list"}, {"data", data}, {"has_more", false}};
+    list["first_id"] = data.empty() ? nlohmann::json(nullptr) : data.front().value("id", nlohmann::json(nullptr));
+    list["last_id"] = data.empty() ? nlohmann::json(nullptr) : data.back().value("id", nlohmann::json(nullptr));
+    res.set_content(dump_json(list), "application/json");
+    C->metrics.count_request("/v1/responses/{id}/input_items", 200);
   });
   http.route("DELETE", one, [C, not_found](const httplib::Request& req, httplib::Response& res) {
     const std::string id = req.matches[1];

@@ -182,6 +182,9 @@ test('stored responses: previous_response_id continues the conversation; retriev
   // (r1's output items as input), with this request's instructions only.
   const r2 = await client.responses.create({ model: MODEL, input: 'and now?', previous_response_id: r1.id, instructions: 'Be brief.', store: false });
   assert.equal(r2.previous_response_id, r1.id);
+  // r1's input items: the one user message
+  const items1 = await client.responses.inputItems.list(r1.id);
+  assert.deepEqual(items1.data.map((i) => i.content), ['reason about it']);
   assert.equal(r2.store, false);
   const byHand = await client.responses.create({
     model: MODEL, instructions: 'Be brief.', store: false,
@@ -191,6 +194,12 @@ test('stored responses: previous_response_id continues the conversation; retriev
   assert.deepEqual(r2.output.map((o) => o.type), byHand.output.map((o) => o.type));
   // store: false is not kept; a stream is kept as its completed response
   await assert.rejects(client.responses.retrieve(r2.id), OpenAI.NotFoundError);
+  // a stored follow-up's input items are the whole conversation's, newest first (order=asc: oldest first)
+  const r3 = await client.responses.create({ model: MODEL, input: 'third', previous_response_id: r1.id });
+  const asc = (await client.responses.inputItems.list(r3.id, { order: 'asc' })).data;
+  assert.deepEqual(asc, [{ role: 'user', content: 'reason about it' }, ...r1.output, { role: 'user', content: 'third' }]);
+  const desc = (await client.responses.inputItems.list(r3.id)).data;
+  assert.deepEqual(desc, [...asc].reverse());
   const evs = [];
   for await (const e of await client.responses.create({ model: MODEL, input: 'reason about it', stream: true })) evs.push(e);
   const done = evs.at(-1).response;
