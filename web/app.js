@@ -303,18 +303,24 @@ async function answer(conv, a, settings, prefill = false) {
   }
 }
 
+// The settings, or null (and an alert) when the tools setting is not valid JSON.
+function checkedSettings() {
+  try {
+    const settings = readSettings();
+    requestOptions(settings);
+    return settings;
+  } catch {
+    alert('The tools setting is not valid JSON.');
+    return null;
+  }
+}
+
 async function send(ev) {
   ev?.preventDefault();
   const text = $('input').value.trim();
   if (!text || controller) return;
-  let settings;
-  try {
-    settings = readSettings();
-    requestOptions(settings);
-  } catch {
-    alert('The tools setting is not valid JSON.');
-    return;
-  }
+  const settings = checkedSettings();
+  if (!settings) return;
   let conv = current();
   if (!conv) conv = newConversation();
   $('input').value = '';
@@ -331,14 +337,8 @@ async function continueAnswer() {
   const conv = current();
   const a = conv?.messages.at(-1);
   if (!a || !canContinue(a)) return;
-  let settings;
-  try {
-    settings = readSettings();
-    requestOptions(settings);
-  } catch {
-    alert('The tools setting is not valid JSON.');
-    return;
-  }
+  const settings = checkedSettings();
+  if (!settings) return;
   // The template trims a message's text, and the server refuses a prefill that ends with whitespace.
   a.content = a.content.trimEnd();
   a.state = 'streaming';
