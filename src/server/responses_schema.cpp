@@ -12,7 +12,7 @@ using namespace fields;
 namespace {
 
 [[noreturn]] void unsupported(const std::string& param, const std::string& what) {
-  bad(param, what + " is not supported by this server (stateless Responses API).", "unsupported_value");
+  bad(param, what + " is not supported by this server.", "unsupported_value");
 }
 
 // A message's content: a string or an array of text parts (input_text / output_text / text).
@@ -119,7 +119,7 @@ struct Translator {
       open_calls = false;
       reasoning += text;
     } else if (ty == "item_reference") {
-      unsupported(p + ".type", "An item_reference (it needs stored responses)");
+      unsupported(p + ".type", "An item_reference (send the item itself, or continue a stored response with previous_response_id)");
     } else {
       bad(p + ".type", "Input items of type '" + ty + "' are not supported (message, function_call, "
                        "function_call_output and reasoning are).", "unsupported_value");
