@@ -289,7 +289,9 @@ MessagesParams parse_messages_request(const ojson& body, const ModelConfig& cfg,
   parse_tool_choice(body, p);
   parse_thinking(body, p, for_count);
   if (const ojson* md = field(body, "metadata"); md && !md->is_object()) wrong_type("metadata", "an object", *md);
-  p.continue_final = msgs.back()["role"] == "assistant";
+  // The request's own last message decides (a user turn of no blocks translates to nothing: what precedes it
+  // must not become a prefill).
+  p.continue_final = field(body, "messages")->back().value("role", "") == "assistant";
   if (p.continue_final && p.thinking)
     bad("thinking", "Extended thinking cannot be combined with a final assistant message (a prefill): the answer "
                     "would have to begin with its thinking. Disable thinking or end with a user message.",

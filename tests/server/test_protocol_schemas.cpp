@@ -110,6 +110,13 @@ TEST(AnthropicSchema, FinalAssistantMessageIsAPrefill) {
                    .continue_final);
   EXPECT_TRUE(parse_messages_request(ojson::parse(R"({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "{"}]})"),
                                      cfg(), 1, true).continue_final);
+  // The request's last message decides: a last user turn of no blocks translates to nothing, and neither the
+  // assistant turn before it becomes a prefill nor an empty conversation is read past its end (found by the
+  // server fuzz target under UBSan: fuzz/corpus/server/regress-empty-user-turn).
+  EXPECT_FALSE(parse_messages_request(ojson::parse(R"({"max_tokens": 5, "messages": [{"role": "user", "content": "a"},
+      {"role": "assistant", "content": "b"}, {"role": "user", "content": []}]})"), cfg(), 1).continue_final);
+  EXPECT_FALSE(parse_messages_request(ojson::parse(R"({"messages": [{"role": "user", "content": []}]})"), cfg(), 1, true)
+                   .continue_final);
   auto err = messages_error(R"({"max_tokens": 5, "messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b "}]})");
   EXPECT_EQ(err.param, "messages");
   EXPECT_EQ(err.code, "invalid_last_message");
