@@ -330,6 +330,14 @@ std::vector<std::shared_ptr<Generation>> GenerationCore::start_choices(const Gen
   // A reasoning budget applies when the model starts inside its reasoning and the budget is below the
   // limit: the first job stops at the budget (see Generation::continue_after).
   const bool budgeted = chat && prompt.in_reasoning && spec.reasoning_budget && *spec.reasoning_budget < max_tokens;
+  ReasoningBudget budget;  // every choice's (budgeted only)
+  if (budgeted) {
+    budget.max_total = max_tokens;
+    budget.close_text = format_.force_close_reasoning();
+    budget.close_ids = tok_->encode(budget.close_text, true);
+    Scheduler* sched = sched_.get();
+    budget.submit = [sched](std::shared_ptr<Job> j) { return sched->submit(std::move(j)); };
+  }
   std::vector<std::shared_ptr<Job>> jobs;
   std::vector<std::shared_ptr<Generation>> gens;
   for (int i = 0; i < n; ++i) {  // choice i: the same prompt, sampled with seed + i, its own constraint state
@@ -346,15 +354,7 @@ std::vector<std::shared_ptr<Generation>> GenerationCore::start_choices(const Gen
     gr.spec_policy = opts_.spec_policy;
     jobs.push_back(std::make_shared<Job>(std::move(gr)));
     gens.push_back(std::make_shared<Generation>(jobs.back(), chat, prompt, spec.tools, format_));
-    if (budgeted) {
-      ReasoningBudget b;
-      b.max_total = max_tokens;
-      b.close_text = format_.force_close_reasoning();
-      b.close_ids = tok_->encode(b.close_text, true);
-      Scheduler* sched = sched_.get();
-      b.submit = [sched](std::shared_ptr<Job> j) { return sched->submit(std::move(j)); };
-      gens.back()->set_reasoning_budget(std::move(b));
-    }
+    if (budgeted) gens.back()->set_reasoning_budget(budget);
   }
   {
     std::lock_guard lk(live_mu_);  // with begin_shutdown's: a generation added here is seen by it

@@ -43,17 +43,18 @@ void finish_request(ServerContext& C, const CommonParams& p, const char* id_pref
   r.model = p.model;
   r.stream = p.stream;
   ResponseMeta meta = response_meta(C, p, id_prefix);
-  r.formatter = [&C, meta, make](const Generation&, bool route_field) mutable {
+  // Choice `index` of `n`: only a lone choice ends its own stream (several: the join ends it, once).
+  auto choice = [&C, meta, make, n = p.n](bool route_field, int index) mutable {
     meta.route_field = route_field;
+    meta.index = index;
+    meta.stream_tail = n == 1;
     return make(meta, *C.tok);
   };
+  r.formatter = [choice](const Generation&, bool route_field) mutable { return choice(route_field, 0); };
   r.n = p.n;
   if (p.n > 1) {
-    r.choice_formatter = [&C, meta, make](const Generation&, bool route_field, int index) mutable {
-      meta.route_field = route_field;
-      meta.index = index;
-      meta.stream_tail = false;
-      return make(meta, *C.tok);
+    r.choice_formatter = [choice](const Generation&, bool route_field, int index) mutable {
+      return choice(route_field, index);
     };
     // The join's usage chunk carries the route field when the route hook is set (it marks every answer).
     ResponseMeta joined = meta;

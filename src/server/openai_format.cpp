@@ -15,6 +15,38 @@ json bytes_of(const std::string& s) {
   return b;
 }
 
+// A stream chunk's header ("usage": null on every chunk when the usage chunk was asked for).
+json chunk_header(const ResponseMeta& meta, bool chat) {
+  json c;
+  c["id"] = meta.id;
+  c["object"] = chat ? "chat.completion.chunk" : "text_completion";
+  c["created"] = meta.created;
+  c["model"] = meta.model;
+  c["system_fingerprint"] = "lilac";
+  if (meta.include_usage) c["usage"] = nullptr;
+  if (meta.route_field) c["lilac_route"] = "local";
+  return c;
+}
+
+json usage_json(int64_t prompt, int64_t completion, int64_t cached) {
+  return json{{"prompt_tokens", prompt},
+              {"completion_tokens", completion},
+              {"total_tokens", prompt + completion},
+              {"prompt_tokens_details", json{{"cached_tokens", cached}}}};
+}
+
+// The end of a stream after the finish chunk(s): the usage chunk (when asked) and [DONE].
+std::string stream_end(const ResponseMeta& meta, bool chat, const json& usage) {
+  std::string out;
+  if (meta.include_usage) {
+    json u = chunk_header(meta, chat);
+    u["choices"] = json::array();
+    u["usage"] = usage;
+    out += sse_data(u);
+  }
+  return out + "data: [DONE]\n\n";
+}
+
 // What chat and legacy completions responses share: the chunk header, usage, the finish reason.
 class OpenAIFormatter : public ResponseFormatter {
  public:
@@ -29,17 +61,7 @@ class OpenAIFormatter : public ResponseFormatter {
   }
 
  protected:
-  json chunk_base() const {
-    json c;
-    c["id"] = meta_.id;
-    c["object"] = chat_ ? "chat.completion.chunk" : "text_completion";
-    c["created"] = meta_.created;
-    c["model"] = meta_.model;
-    c["system_fingerprint"] = "lilac";
-    if (meta_.include_usage) c["usage"] = nullptr;
-    if (meta_.route_field) c["lilac_route"] = "local";
-    return c;
-  }
+  json chunk_base() const { return chunk_header(meta_, chat_); }
 
   json body_base() const {
     json b;
@@ -51,27 +73,10 @@ class OpenAIFormatter : public ResponseFormatter {
     return b;
   }
 
-  json usage() const {
-    return json{{"prompt_tokens", stats_.prompt_tokens},
-                {"completion_tokens", stats_.completion_tokens},
-                {"total_tokens", stats_.prompt_tokens + stats_.completion_tokens},
-                {"prompt_tokens_details", json{{"cached_tokens", stats_.cached_tokens}}}};
-  }
+  json usage() const { return usage_json(stats_.prompt_tokens, stats_.completion_tokens, stats_.cached_tokens); }
 
-  // The end of a stream after the finish chunk: the usage chunk (when asked) and [DONE] (for a request of
-  // several choices, once after the last: openai_choices_join).
-  std::string stream_tail() const {
-    if (!meta_.stream_tail) return "";
-    std::string out;
-    if (meta_.include_usage) {
-      json u = chunk_base();
-      u["choices"] = json::array();
-      u["usage"] = usage();
-      out += sse_data(u);
-    }
-    out += "data: [DONE]\n\n";
-    return out;
-  }
+  // The stream's end (for a request of several choices, once after the last: openai_choices_join).
+  std::string stream_tail() const { return meta_.stream_tail ? stream_end(meta_, chat_, usage()) : ""; }
 
   static std::string stream_error(const OutputEvent& ev) {
     return sse_data(server::error_body(ev.status, ev.message)) + "data: [DONE]\n\n";
@@ -329,14 +334,11 @@ class CompletionFormatter final : public OpenAIFormatter {
 }  // namespace
 
 ChoicesJoin openai_choices_join(const ResponseMeta& meta, bool chat) {
+  // The prompt (and its cached part) once, every choice's completion.
   auto usage = [](const std::vector<GenerationStats>& st) {
     int64_t completion = 0;
     for (const auto& s : st) completion += s.completion_tokens;
-    const int64_t prompt = st.empty() ? 0 : st.front().prompt_tokens;
-    return json{{"prompt_tokens", prompt},
-                {"completion_tokens", completion},
-                {"total_tokens", prompt + completion},
-                {"prompt_tokens_details", json{{"cached_tokens", st.empty() ? 0 : st.front().cached_tokens}}}};
+    return st.empty() ? usage_json(0, 0, 0) : usage_json(st.front().prompt_tokens, completion, st.front().cached_tokens);
   };
   ChoicesJoin j;
   j.body = [usage](const std::vector<std::string>& bodies, const std::vector<GenerationStats>& st) {
@@ -347,16 +349,7 @@ ChoicesJoin openai_choices_join(const ResponseMeta& meta, bool chat) {
     b["usage"] = usage(st);
     return dump_json(b);
   };
-  j.stream_tail = [meta, chat, usage](const std::vector<GenerationStats>& st) {
-    std::string out;
-    if (meta.include_usage) {
-      json u{{"id", meta.id}, {"object", chat ? "chat.completion.chunk" : "text_completion"}, {"created", meta.created},
-             {"model", meta.model}, {"system_fingerprint", "lilac"}, {"choices", json::array()}, {"usage", usage(st)}};
-      if (meta.route_field) u["lilac_route"] = "local";
-      out += sse_data(u);
-    }
-    return out + "data: [DONE]\n\n";
-  };
+  j.stream_tail = [meta, chat, usage](const std::vector<GenerationStats>& st) { return stream_end(meta, chat, usage(st)); };
   return j;
 }
 
