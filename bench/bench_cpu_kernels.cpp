@@ -69,7 +69,7 @@ void run(benchmark::State& state, const KernelSet* k, int64_t rows, int levels, 
 
 void attention(benchmark::State& state, const KernelSet* k, int64_t ctx) {
   constexpr int heads = 16, kvh = 2, hd = 256, nq = 16;
-  const AttentionShape s{heads, hd, heads / kvh, int64_t(kvh) * hd, 1.f / 16.f};
+  const AttentionShape s{heads, hd, int64_t(kvh) * hd, 1.f / 16.f};
   std::mt19937 rng(3);
   std::normal_distribution<float> nd;
   std::vector<uint16_t> K(size_t(ctx * s.kv_dim)), V(K.size());

@@ -36,9 +36,10 @@ void attention_rows(const KernelSet& k, const AttentionShape& s, const uint16_t*
                     int64_t nq, int kv, int h0, int h1, const float* q, const float* gate, float* out) {
   const int64_t hd = s.head_dim, qd = int64_t(s.heads) * hd, nh = h1 - h0, kvo = int64_t(kv) * hd;
   const int64_t ctx_end = pos0 + nq;  // the last query's context
-  thread_local std::vector<float> tile, scores;
+  thread_local std::vector<float> tile, scores, inv;  // inv: 1 / Σ_j p_j per (query, head) row
   tile.resize(static_cast<size_t>(kKeyTile * hd));
   scores.resize(static_cast<size_t>(nq * nh * ctx_end));
+  inv.resize(static_cast<size_t>(nq * nh));
   auto row_scores = [&](int64_t i, int64_t h) { return scores.data() + (i * nh + (h - h0)) * ctx_end; };
   // Each tile covers keys [j0, j0 + jn); query i reads the first min(jn, its context − j0) of them.
   auto for_tiles = [&](const uint16_t* cache, auto&& rows) {
@@ -58,7 +59,6 @@ void attention_rows(const KernelSet& k, const AttentionShape& s, const uint16_t*
       for (int64_t j = 0; j < m; ++j) sc[j] *= s.scale;
     }
   });
-  std::vector<float> inv(static_cast<size_t>(nq * nh));
   for (int64_t i = 0; i < nq; ++i)
     for (int64_t h = h0; h < h1; ++h) {
       float* sc = row_scores(i, h);

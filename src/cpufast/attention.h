@@ -28,9 +28,9 @@ struct AttentionTask {
 std::vector<AttentionTask> attention_tasks(std::span<const Segment> segs, int kv_heads, int group, int threads);
 
 struct AttentionShape {
-  int heads = 0, head_dim = 0, group = 1;  // query heads, their width, query heads per kv head
-  int64_t kv_dim = 0;                      // a cache row: kv heads × head_dim
-  float scale = 1.f;                       // 1 / sqrt(head_dim)
+  int heads = 0, head_dim = 0;  // query heads, their width
+  int64_t kv_dim = 0;           // a cache row: kv heads × head_dim
+  float scale = 1.f;            // 1 / sqrt(head_dim)
 };
 
 // Rows for queries at positions pos0 .. pos0 + nq − 1 (query i sees cache rows 0 .. pos0 + i), heads [h0, h1)

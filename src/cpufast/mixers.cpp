@@ -93,7 +93,7 @@ void FastModel::attention(int l, std::span<const Segment> segs, int64_t n, float
   s_.out.resize(static_cast<size_t>(n * qd));
   float* att = s_.out.data();
   // The core per task (attention.h): (segment, kv head, some of its query heads, a block of queries).
-  const AttentionShape shape{heads, hd, group, kvd, 1.f / std::sqrt(float(hd))};
+  const AttentionShape shape{heads, hd, kvd, 1.f / std::sqrt(float(hd))};
   const std::vector<AttentionTask> tasks = attention_tasks(segs, kvh, group, pool_.size());
   pool_.run(int64_t(tasks.size()), [&](int64_t ti) {
     const AttentionTask& tk = tasks[static_cast<size_t>(ti)];

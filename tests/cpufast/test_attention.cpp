@@ -45,7 +45,7 @@ bool same_bits(const float* a, const float* b, int64_t n) { return std::memcmp(a
 // straight on the f16 cache.
 void reference_row(const KernelSet& k, const AttentionShape& s, const uint16_t* K, const uint16_t* V, int64_t pos, int h,
                    const float* q, const float* gate, float* o) {
-  const int64_t hd = s.head_dim, kvo = int64_t(h / s.group) * hd;
+  const int64_t hd = s.head_dim, group = s.heads * hd / s.kv_dim, kvo = h / group * hd;
   std::vector<float> sc(static_cast<size_t>(pos + 1));
   float mx = -INFINITY, sum = 0.f;
   for (int64_t j = 0; j <= pos; ++j) {
@@ -104,7 +104,7 @@ TEST(CpuFastAttention, RowsEqualTheOneRowReferenceWhateverTheirTask) {
   for (const Case c : {Case{16, 2, 256, 150, true}, Case{4, 1, 64, 70, false}, Case{6, 3, 40, 131, true}})
     for (const KernelSet* k : sets()) {
       const int group = c.heads / c.kv_heads;
-      const AttentionShape s{c.heads, c.hd, group, int64_t(c.kv_heads) * c.hd, 1.f / std::sqrt(float(c.hd))};
+      const AttentionShape s{c.heads, c.hd, int64_t(c.kv_heads) * c.hd, 1.f / std::sqrt(float(c.hd))};
       const int64_t qd = int64_t(c.heads) * c.hd;
       const auto K = to_half(randn(c.ctx * s.kv_dim, 5)), V = to_half(randn(c.ctx * s.kv_dim, 6));
       const auto q = randn(c.ctx * qd, 7, 2.f), gate = randn(c.ctx * qd, 8);
