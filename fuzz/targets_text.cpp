@@ -96,7 +96,8 @@ namespace {
 
 struct Parsed {
   std::string content, reasoning;
-  std::vector<std::pair<std::string, std::string>> calls;  // name, arguments
+  std::vector<std::pair<std::string, std::string>> calls;  // name, arguments (a call's pieces joined)
+  bool open = false;                                       // the last call has not ended
 };
 
 void collect(Parsed& p, const std::vector<lilac::OutputDelta>& ds) {
@@ -104,9 +105,19 @@ void collect(Parsed& p, const std::vector<lilac::OutputDelta>& ds) {
     if (d.kind == lilac::OutputDelta::ToolCall) {
       if (!lilac::unicode::is_valid_utf8(d.arguments) || !lilac::unicode::is_valid_utf8(d.tool_name))
         violated("output_parser", "tool call not valid UTF-8");
-      p.calls.emplace_back(d.tool_name, d.arguments);
+      if (d.tool_start()) {
+        if (p.open) violated("output_parser", "a call started before the previous one ended");
+        if (d.tool_index != int(p.calls.size())) violated("output_parser", "tool-call indexes out of order");
+        p.calls.emplace_back(d.tool_name, d.arguments);
+      } else {
+        if (!p.open || d.tool_index + 1 != int(p.calls.size()))
+          violated("output_parser", "an argument piece of no open call");
+        p.calls.back().second += d.arguments;
+      }
+      p.open = !d.tool_end;
       continue;
     }
+    if (p.open) violated("output_parser", "text inside an open tool call");
     if (!lilac::unicode::is_valid_utf8(d.text)) violated("output_parser", "delta not valid UTF-8: " + show(d.text));
     (d.kind == lilac::OutputDelta::Reasoning ? p.reasoning : p.content) += d.text;
   }
@@ -152,6 +163,7 @@ LILAC_FUZZ_TARGET(output_parser, "the parse of generated text never depends on h
     i += n;
   }
   collect(b, split.finish());
+  if (a.open || b.open) violated("output_parser", "a tool call never ended");
   if (a.content != b.content) violated("output_parser", "content differs: \"" + show(a.content) + "\" vs \"" + show(b.content) + "\"");
   if (a.reasoning != b.reasoning) violated("output_parser", "reasoning differs: \"" + show(a.reasoning) + "\" vs \"" + show(b.reasoning) + "\"");
   if (a.calls != b.calls) violated("output_parser", "tool calls differ (" + std::to_string(a.calls.size()) + " vs " + std::to_string(b.calls.size()) + ")");

@@ -95,17 +95,26 @@ class MessagesFormatter final : public ResponseFormatter {
     return sse_event(name, data);
   }
 
+  // A tool_use block for the call that `d` starts, its input still empty.
   static json tool_block(const OutputDelta& d) {
-    json input = json::parse(d.arguments, nullptr, false);
-    if (!input.is_object()) input = json::object();
-    return json{{"type", "tool_use"}, {"id", anthropic_tool_id(d.tool_id)}, {"name", d.tool_name}, {"input", input}};
+    return json{
+        {"type", "tool_use"}, {"id", anthropic_tool_id(d.tool_id)}, {"name", d.tool_name}, {"input", json::object()}};
   }
 
-  // Non-streaming: consecutive deltas of one kind make one block.
+  // Non-streaming: consecutive deltas of one kind make one block; a tool call's pieces one tool_use block, its
+  // input parsed at the call's end.
   void accumulate(const OutputDelta& d) {
     if (d.kind == OutputDelta::ToolCall) {
-      ++n_tool_calls_;
-      blocks_.push_back(tool_block(d));
+      if (d.tool_start()) {
+        ++n_tool_calls_;
+        blocks_.push_back(tool_block(d));
+        call_args_.clear();
+      }
+      call_args_ += d.arguments;
+      if (d.tool_end && !blocks_.empty()) {
+        json input = json::parse(call_args_, nullptr, false);
+        blocks_.back()["input"] = input.is_object() ? std::move(input) : json::object();
+      }
       return;
     }
     if (d.text.empty()) return;
@@ -136,18 +145,17 @@ class MessagesFormatter final : public ResponseFormatter {
 
   std::string stream_delta(const OutputDelta& d) {
     std::string out;
-    if (d.kind == OutputDelta::ToolCall) {
-      ++n_tool_calls_;
-      json start = tool_block(d);
-      start["input"] = json::object();
-      out += open_block(OutputDelta::ToolCall, std::move(start));
-      json in = json::parse(d.arguments, nullptr, false);
-      const std::string args = in.is_object() ? in.dump() : "{}";
-      out += event("content_block_delta",
-                   json{{"type", "content_block_delta"},
-                        {"index", open_},
-                        {"delta", json{{"type", "input_json_delta"}, {"partial_json", args}}}});
-      return out + close_block();
+    if (d.kind == OutputDelta::ToolCall) {  // a tool_use block; its input streams as partial JSON
+      if (d.tool_start()) {
+        ++n_tool_calls_;
+        out += open_block(OutputDelta::ToolCall, tool_block(d));
+      }
+      if (open_ >= 0 && open_kind_ == OutputDelta::ToolCall && !d.arguments.empty())
+        out += event("content_block_delta",
+                     json{{"type", "content_block_delta"},
+                          {"index", open_},
+                          {"delta", json{{"type", "input_json_delta"}, {"partial_json", d.arguments}}}});
+      return d.tool_end ? out + close_block() : out;
     }
     if (d.text.empty()) return out;
     const bool thinking = d.kind == OutputDelta::Reasoning;
@@ -163,6 +171,7 @@ class MessagesFormatter final : public ResponseFormatter {
   MessagesMeta meta_;
   GenerationStats stats_;
   json blocks_ = json::array();
+  std::string call_args_;  // non-streaming: the open tool call's arguments so far
   int n_tool_calls_ = 0;
   int open_ = -1, open_kind_ = -1, next_index_ = 0;
 };

@@ -84,7 +84,7 @@ class OpenAIFormatter : public ResponseFormatter {
 
   // Records what finish_reason() and usage() need.
   void note(const OutputEvent& ev) {
-    for (const auto& d : ev.deltas) n_tool_calls_ += d.kind == OutputDelta::ToolCall;
+    for (const auto& d : ev.deltas) n_tool_calls_ += d.kind == OutputDelta::ToolCall && d.tool_start();
     if (ev.kind == OutputEvent::Done) stats_ = ev.stats;
   }
 
@@ -192,6 +192,13 @@ class ChatFormatter final : public OpenAIFormatter {
       case OutputDelta::Content: content_ += d.text; break;
       case OutputDelta::Reasoning: reasoning_ += d.text; break;
       case OutputDelta::ToolCall: {
+        if (!d.tool_start()) {  // the next piece of the last call's arguments
+          if (!tool_calls_.empty()) {
+            json& a = tool_calls_.back()["function"]["arguments"];
+            a = a.get<std::string>() + d.arguments;
+          }
+          break;
+        }
         json call;
         call["id"] = d.tool_id;
         call["type"] = "function";
@@ -207,11 +214,13 @@ class ChatFormatter final : public OpenAIFormatter {
     switch (d.kind) {
       case OutputDelta::Content: delta["content"] = d.text; break;
       case OutputDelta::Reasoning: delta["reasoning_content"] = d.text; break;
-      case OutputDelta::ToolCall:
-        delta["tool_calls"] = json::array({json{{"index", d.tool_index},
-                                                {"id", d.tool_id},
-                                                {"type", "function"},
-                                                {"function", json{{"name", d.tool_name}, {"arguments", d.arguments}}}}});
+      case OutputDelta::ToolCall:  // the call's first chunk names it; the next ones carry argument pieces
+        delta["tool_calls"] = json::array(
+            {d.tool_start() ? json{{"index", d.tool_index},
+                                   {"id", d.tool_id},
+                                   {"type", "function"},
+                                   {"function", json{{"name", d.tool_name}, {"arguments", d.arguments}}}}
+                            : json{{"index", d.tool_index}, {"function", json{{"arguments", d.arguments}}}}});
         break;
     }
     json choice{{"index", meta_.index}, {"delta", std::move(delta)}, {"logprobs", nullptr}, {"finish_reason", nullptr}};

@@ -43,8 +43,7 @@ class ResponsesFormatter final : public ResponseFormatter {
     note(ev);
     for (const auto& d : ev.deltas) {
       if (d.kind == OutputDelta::ToolCall) {
-        close_item();
-        items_.push_back(call_item(d, "completed"));
+        call_piece(d);
         continue;
       }
       if (d.text.empty()) continue;
@@ -147,10 +146,47 @@ class ResponsesFormatter final : public ResponseFormatter {
     p["text"] = p["text"].get<std::string>() + t;
   }
 
-  // Streaming: the events that end the open item (nothing when none is open).
+  // A tool call's piece (streaming or not): its first opens a function_call item, the next ones add to its
+  // arguments, the last closes it.
+  std::string call_piece(const OutputDelta& d) {
+    std::string out;
+    if (d.tool_start()) {
+      out += close_item();
+      open_ = int(items_.size());
+      open_kind_ = OutputDelta::ToolCall;
+      items_.push_back(call_item(d, "in_progress"));
+      if (streaming_) {
+        json added = items_.back();
+        added["arguments"] = "";
+        out += event("response.output_item.added", json{{"output_index", open_}, {"item", added}});
+      }
+    }
+    if (open_ < 0 || open_kind_ != OutputDelta::ToolCall) return out;
+    json& item = items_[size_t(open_)];
+    if (!d.tool_start()) item["arguments"] = item["arguments"].get<std::string>() + d.arguments;
+    if (streaming_ && !d.arguments.empty())
+      out += event("response.function_call_arguments.delta",
+                   json{{"item_id", item["id"]}, {"output_index", open_}, {"delta", d.arguments}});
+    return d.tool_end ? out + close_item() : out;
+  }
+
+  // The events that end the open item when streaming (nothing when none is open); a call item is completed.
   std::string close_item() {
     if (open_ < 0) return "";
     std::string out;
+    if (open_kind_ == OutputDelta::ToolCall) {
+      json& item = items_[size_t(open_)];
+      item["status"] = "completed";
+      if (streaming_) {
+        out += event("response.function_call_arguments.done", json{{"item_id", item["id"]},
+                                                                   {"output_index", open_},
+                                                                   {"name", item["name"]},
+                                                                   {"arguments", item["arguments"]}});
+        out += event("response.output_item.done", json{{"output_index", open_}, {"item", item}});
+      }
+      open_ = -1;
+      return out;
+    }
     if (streaming_) {
       const json& item = items_[size_t(open_)];
       const json& p = item["content"][0];
@@ -175,21 +211,7 @@ class ResponsesFormatter final : public ResponseFormatter {
   std::string stream_delta(const OutputDelta& d) {
     streaming_ = true;
     std::string out;
-    if (d.kind == OutputDelta::ToolCall) {
-      out += close_item();
-      const int idx = int(items_.size());
-      json item = call_item(d, "in_progress");
-      json added = item;
-      added["arguments"] = "";
-      out += event("response.output_item.added", json{{"output_index", idx}, {"item", added}});
-      out += event("response.function_call_arguments.delta",
-                   json{{"item_id", item["id"]}, {"output_index", idx}, {"delta", d.arguments}});
-      out += event("response.function_call_arguments.done",
-                   json{{"item_id", item["id"]}, {"output_index", idx}, {"name", d.tool_name}, {"arguments", d.arguments}});
-      item["status"] = "completed";
-      items_.push_back(item);
-      return out + event("response.output_item.done", json{{"output_index", idx}, {"item", item}});
-    }
+    if (d.kind == OutputDelta::ToolCall) return out + call_piece(d);
     if (d.text.empty()) return out;
     if (open_ < 0 || open_kind_ != d.kind) {
       out += close_item();

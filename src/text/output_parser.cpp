@@ -9,12 +9,22 @@
 //   <tool_call>. (So trailing newlines of content/reasoning are held until the next non-newline
 //   character shows whether markup follows; at finish() they are emitted.)
 // - "<tool_call>" in content starts a tool call (only when tool calls are enabled: a request without tools
-//   gets the text as content); its body is buffered until "</tool_call>" and then
-//   parsed: the XML form (<function=NAME> with <parameter=ARG>VALUE</parameter>, several
-//   functions allowed) or Qwen3's JSON form {"name": ..., "arguments": {...}}. A body that parses
-//   yields one ToolCall delta per function (complete arguments JSON, one string); otherwise the
-//   raw markup is emitted as content. An unterminated call at finish() is accepted when its body
-//   is complete (all functions closed / valid JSON), else emitted as content.
+//   gets the text as content). Its body is either streamed or buffered:
+//   * Streamed (the XML form): once the body holds <function=NAME> and, after it, a complete
+//     <parameter=ARG> or </function>, the call is committed: its first ToolCall delta carries the id, the
+//     name and the start of the arguments JSON, and the arguments follow as they are generated (string
+//     values character by character, JSON-escaped; values typed by the schema as one piece when their
+//     </parameter> arrives), the last delta marked tool_end. A call's argument deltas concatenate to the
+//     compact JSON object the buffered parse gives ({"a":"x","n":3}); a repeated parameter name is
+//     streamed twice (JSON.parse keeps the last). Several functions in one body are several calls. What
+//     breaks the XML after a commit (text that is not a parameter, a function or whitespace) ends the open
+//     call and the rest of the body, </tool_call> included, is content. A body cut off (</tool_call> never
+//     came, or a missing </function> / </parameter>) still ends its call with valid JSON: the value so far.
+//   * Buffered (anything else: Qwen3's JSON form {"name": ..., "arguments": {...}}, or markup that never
+//     reaches a commit): kept until "</tool_call>", then parsed: the XML form (several functions allowed) or
+//     the JSON form. A body that parses yields one complete ToolCall delta per function (start and end);
+//     otherwise the raw markup is emitted as content. An unterminated body at finish() is accepted when it
+//     is complete (all functions closed / valid JSON), else emitted as content.
 // - Parameter values: one leading and one trailing newline are trimmed; typed by the tool's JSON
 //   schema (parameters.properties.ARG.type, a string or list of types, or anyOf/oneOf types):
 //   integer/number/boolean/object/array/null values are parsed as JSON when valid and of an
@@ -23,6 +33,7 @@
 //   delta is valid UTF-8.
 #include "text/output_parser.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <random>
@@ -78,10 +89,25 @@ struct OutputParser::Impl {
   ojson tools;
   bool calls_enabled = true;
   int n_calls = 0;
+  // The open tool block (state Tool): Pending until its body commits to a streamed call or proves not to.
+  enum ToolMode { Pending, Buffered, Streaming, Degraded } tmode = Pending;
+  enum ToolPart { Params, Value, AfterFunction } tpart = Params;
+  struct OpenCall {
+    int index = -1;
+    std::string name;
+    bool any_arg = false, open = false;
+  } call;
+  std::string arg;            // the parameter whose value streams
+  bool value_string = true;   // its value streams as a JSON string (else typed by the schema at its end)
+  bool value_fresh = true;    // nothing of its value seen yet (its one leading newline not yet dropped)
+  std::string value;          // a typed value so far
+  std::string nl_param, nl_fclose;  // "\n" + parameter_open / function_close: a value's tolerated ends
   std::mt19937_64 rng;
   std::vector<OutputDelta> out;
 
   Impl(bool in_reasoning, const ojson& t, const ModelFormat& format) : mk(format.markup()), tools(t) {
+    nl_param.assign(1, '\n').append(mk.parameter_open);
+    nl_fclose.assign(1, '\n').append(mk.function_close);
     static std::atomic<uint64_t> counter{0};
     std::random_device rd;
     rng.seed((static_cast<uint64_t>(rd()) << 32) ^ rd() ^
@@ -155,14 +181,19 @@ struct OutputParser::Impl {
     return false;
   }
 
-  ojson typed_value(const std::string& fn, const std::string& arg, const std::string& value) const {
+  // Whether the tool's schema types the argument as anything but a string (its types then in `types`).
+  bool typed_param(const std::string& fn, const std::string& arg, std::vector<std::string>& types) const {
     const ojson* schema = param_schema(fn, arg);
-    if (!schema) return ojson(value);
-    std::vector<std::string> types;
+    if (!schema) return false;
     collect_types(*schema, types);
     bool non_string = false;
     for (const auto& t : types) non_string |= (t != "string");
-    if (!non_string) return ojson(value);
+    return non_string;
+  }
+
+  ojson typed_value(const std::string& fn, const std::string& arg, const std::string& value) const {
+    std::vector<std::string> types;
+    if (!typed_param(fn, arg, types)) return ojson(value);
     std::string_view v = trim_ws(value);
     JsonParseResult pr = parse_bounded_json(v);
     ojson parsed = pr.ok() ? std::move(pr.value) : ojson(ojson::value_t::discarded);
@@ -287,8 +318,228 @@ struct OutputParser::Impl {
       d.tool_id = new_call_id();
       d.tool_name = std::move(c.name);
       d.arguments = std::move(c.arguments);
+      d.tool_end = true;
       out.push_back(std::move(d));
     }
+  }
+
+  // ---- streamed calls ----------------------------------------------------------------------------
+  static std::string dump(const ojson& j) { return j.dump(-1, ' ', false, ojson::error_handler_t::replace); }
+
+  // The next piece of the open call's arguments (merged into the previous delta when that is the same call's).
+  void emit_call(std::string_view piece, bool start, bool end) {
+    if (!start && !out.empty() && out.back().kind == OutputDelta::ToolCall && out.back().tool_index == call.index &&
+        !out.back().tool_end) {
+      out.back().arguments.append(piece);
+      out.back().tool_end = end;
+      return;
+    }
+    OutputDelta d;
+    d.kind = OutputDelta::ToolCall;
+    d.tool_index = call.index;
+    if (start) {
+      d.tool_id = new_call_id();
+      d.tool_name = call.name;
+    }
+    d.arguments = std::string(piece);
+    d.tool_end = end;
+    out.push_back(std::move(d));
+  }
+
+  void open_call(std::string name) {
+    call = OpenCall{n_calls++, std::move(name), false, true};
+    tpart = Params;
+    emit_call("{", true, false);
+  }
+
+  void close_call() {
+    if (!call.open) return;
+    call.open = false;
+    emit_call("}", false, true);
+  }
+
+  void open_value(std::string a) {
+    std::vector<std::string> types;
+    value_string = !typed_param(call.name, a, types);
+    std::string piece = call.any_arg ? "," : "";
+    piece += dump(ojson(a)) + ":";
+    if (value_string) piece += '"';
+    call.any_arg = true;
+    arg = std::move(a);
+    value.clear();
+    value_fresh = true;
+    tpart = Value;
+    emit_call(piece, false, false);
+  }
+
+  // Text of the open value: a string's escaped characters at once, a typed value's kept for its end.
+  void value_text(std::string_view t) {
+    if (t.empty()) return;
+    if (!value_string) {
+      value.append(t);
+      return;
+    }
+    const std::string q = dump(ojson(std::string(t)));
+    emit_call(std::string_view(q).substr(1, q.size() - 2), false, false);
+  }
+
+  void close_value() {
+    emit_call(value_string ? std::string("\"") : dump(typed_value(call.name, arg, value)), false, false);
+    tpart = Params;
+  }
+
+  // Before a commit: 1 when the body v (complete when `end`) opens with <function=NAME> followed by a complete
+  // <parameter=ARG> or </function> (hdr: where NAME's ">" ends), 0 when more text may decide, -1 when it never
+  // will (the body is then buffered and parsed whole, as parse_xml / parse_json_call read it).
+  int header(std::string_view v, bool end, size_t& hdr, std::string& name) const {
+    size_t p = 0;
+    while (p < v.size() && is_ws(v[p])) ++p;
+    const std::string_view r = v.substr(p);
+    if (!starts_with_at(r, 0, mk.function_open)) return !end && mk.function_open.substr(0, r.size()) == r ? 0 : -1;
+    p += mk.function_open.size();
+    const size_t gt = v.find('>', p);
+    if (gt == std::string_view::npos) return end ? -1 : 0;
+    name = std::string(trim_ws(v.substr(p, gt - p)));
+    if (name.empty() || name.find('\n') != std::string::npos) return -1;
+    size_t q = gt + 1;
+    while (q < v.size() && is_ws(v[q])) ++q;
+    const std::string_view rest = v.substr(q);
+    hdr = gt + 1;
+    if (starts_with_at(rest, 0, mk.function_close)) return 1;
+    if (starts_with_at(rest, 0, mk.parameter_open)) {
+      const size_t pgt = rest.find('>', mk.parameter_open.size());
+      if (pgt == std::string_view::npos) return end ? -1 : 0;
+      return trim_ws(rest.substr(mk.parameter_open.size(), pgt - mk.parameter_open.size())).empty() ? -1 : 1;
+    }
+    const bool may = mk.function_close.substr(0, std::min(rest.size(), mk.function_close.size())) == rest ||
+                     mk.parameter_open.substr(0, std::min(rest.size(), mk.parameter_open.size())) == rest;
+    return !end && may ? 0 : -1;
+  }
+
+  // The markup that breaks a streamed body: the open call ends, the rest of the body is content.
+  void degrade() {
+    close_call();
+    tmode = Degraded;
+  }
+
+  // One step of a streamed body v (all of it when `end`) from p; false when it waits for more text or is done.
+  bool stream_step(std::string_view v, size_t& p, bool end) {
+    const size_t lim = v.size();
+    auto is_prefix = [](std::string_view s, std::string_view tag) {
+      return s.size() < tag.size() && tag.substr(0, s.size()) == s;
+    };
+    if (tpart == Value) {
+      const size_t t1 = v.find(mk.parameter_close, p), t2 = v.find(nl_param, p), t3 = v.find(nl_fclose, p);
+      const size_t e = std::min({t1, t2, t3});
+      size_t stop = e;
+      if (e == std::string_view::npos) {
+        stop = lim;
+        if (!end) {  // hold back what may start an end of the value, and a newline before it (trimmed then)
+          const std::string_view rest = v.substr(p);
+          size_t hold = std::max({partial_tag_suffix(rest, mk.parameter_close), partial_tag_suffix(rest, nl_param),
+                                  partial_tag_suffix(rest, nl_fclose)});
+          if (hold < rest.size() && rest[rest.size() - hold - 1] == '\n') ++hold;
+          stop = lim - hold;
+        }
+      }
+      std::string_view chunk = v.substr(p, stop - p);
+      p = stop;
+      if (value_fresh && !chunk.empty()) {
+        if (chunk.front() == '\n') chunk.remove_prefix(1);
+        value_fresh = false;
+      }
+      const bool last = e != std::string_view::npos || end;
+      if (last && !chunk.empty() && chunk.back() == '\n') chunk.remove_suffix(1);
+      value_text(chunk);
+      if (!last) return false;
+      close_value();
+      if (e != std::string_view::npos && e == t1) p = e + mk.parameter_close.size();
+      return true;
+    }
+    while (p < lim && is_ws(v[p])) ++p;
+    if (p == lim) {
+      if (end && tpart == Params) close_call();
+      return false;
+    }
+    const std::string_view rest = v.substr(p);
+    const std::string_view open = tpart == Params ? mk.parameter_open : mk.function_open;
+    if (starts_with_at(rest, 0, open)) {
+      const size_t gt = rest.find('>', open.size());
+      if (gt == std::string_view::npos) {
+        if (end) degrade();
+        return end;
+      }
+      std::string name(trim_ws(rest.substr(open.size(), gt - open.size())));
+      if (name.empty() || (tpart == AfterFunction && name.find('\n') != std::string::npos)) {
+        degrade();
+        return true;
+      }
+      p += gt + 1;
+      if (tpart == Params) open_value(std::move(name));
+      else open_call(std::move(name));
+      return true;
+    }
+    if (tpart == Params && starts_with_at(rest, 0, mk.function_close)) {
+      p += mk.function_close.size();
+      close_call();
+      tpart = AfterFunction;
+      return true;
+    }
+    if (!end && (is_prefix(rest, open) || (tpart == Params && is_prefix(rest, mk.function_close)))) return false;
+    degrade();
+    return true;
+  }
+
+  // The end of the tool block at buf[lim] (its </tool_call> when closed).
+  bool end_block(bool closed, size_t lim) {
+    if (closed) {
+      buf.erase(0, lim + mk.tool_close.size());
+      skip_nl = true;
+    } else {
+      buf.clear();
+    }
+    state = Content;
+    tmode = Pending;
+    return true;
+  }
+
+  // The open tool block: streams or buffers its body; true when the block ended (state is Content again).
+  bool step_tool(bool final) {
+    const size_t close = buf.find(mk.tool_close);
+    const bool closed = close != std::string::npos, end = closed || final;
+    const size_t lim = closed ? close : final ? buf.size() : buf.size() - partial_tag_suffix(buf, mk.tool_close);
+    const std::string_view v(buf.data(), lim);
+    size_t p = 0;
+    if (tmode == Pending) {
+      std::string name;
+      const int h = header(v, end, p, name);
+      if (h == 0) return false;
+      if (h < 0) {
+        tmode = Buffered;
+        p = 0;
+      } else {
+        tmode = Streaming;
+        open_call(std::move(name));
+      }
+    }
+    if (tmode == Buffered) {
+      if (!end) return false;
+      handle_tool(v, closed);
+      return end_block(closed, lim);
+    }
+    while (tmode == Streaming && stream_step(v, p, end)) {
+    }
+    if (tmode == Degraded) {
+      emit(OutputDelta::Content, v.substr(p));
+      p = lim;
+    }
+    if (end) {
+      close_call();
+      if (closed && tmode == Degraded) emit(OutputDelta::Content, mk.tool_close);
+      return end_block(closed, lim);
+    }
+    buf.erase(0, p);
+    return false;
   }
 
   // ---- the state machine -------------------------------------------------------------------------
@@ -353,22 +604,9 @@ struct OutputParser::Impl {
             continue;
           }
           return;
-        case Tool: {
-          const size_t p = buf.find(mk.tool_close);
-          if (p != std::string::npos) {
-            handle_tool(std::string_view(buf).substr(0, p), /*closed=*/true);
-            buf.erase(0, p + mk.tool_close.size());
-            state = Content;
-            skip_nl = true;
-            continue;
-          }
-          if (final) {
-            handle_tool(buf, /*closed=*/false);
-            buf.clear();
-            state = Content;
-          }
+        case Tool:
+          if (step_tool(final)) continue;
           return;
-        }
       }
     }
   }

@@ -2,8 +2,9 @@
 // <tool_call> XML (or Qwen3's JSON inside <tool_call>) -> OpenAI tool_calls, the rest content.
 // The concatenated result never depends on how the text is split across push() calls. Newlines the
 // format puts around markup (after <think>/</think>/</tool_call>, before </think>/<tool_call>) are
-// dropped; a tool call is emitted as one ToolCall delta once its </tool_call> arrives; malformed or
-// unterminated markup becomes plain content (reasoning stays reasoning); never throws on text.
+// dropped; a tool call's arguments stream as ToolCall deltas while they are generated (the first carries
+// the call's id and name, the last is marked tool_end; their arguments concatenate to the call's JSON);
+// markup that is not a call becomes plain content (reasoning stays reasoning); never throws on text.
 // Every delta's text is valid UTF-8. Full list of choices: output_parser.cpp.
 #pragma once
 #include <memory>
@@ -21,9 +22,12 @@ struct OutputDelta {
   enum Kind { Content, Reasoning, ToolCall } kind = Content;
   std::string text;        // Content / Reasoning text
   int tool_index = -1;     // ToolCall: index among this response's tool calls
-  std::string tool_id;     // ToolCall: "call_..." (first delta of a call)
-  std::string tool_name;   // ToolCall: function name (first delta of a call)
-  std::string arguments;   // ToolCall: arguments JSON text (complete, as one string)
+  std::string tool_id;     // ToolCall: "call_..." on the call's first delta, else empty
+  std::string tool_name;   // ToolCall: function name on the call's first delta, else empty
+  std::string arguments;   // ToolCall: the next piece of the arguments JSON text (the call's deltas in order
+                           // concatenate to one JSON object)
+  bool tool_end = false;   // ToolCall: the call's last delta (its arguments are complete)
+  bool tool_start() const { return !tool_id.empty(); }
 };
 
 class OutputParser {

@@ -19,6 +19,8 @@ namespace {
 struct Call {
   int index;
   std::string id, name, arguments;
+  bool ended = false;
+  int pieces = 1;
 };
 
 struct Result {
@@ -56,7 +58,23 @@ void collect(Result& r, const std::vector<OutputDelta>& ds) {
         r.reasoning += d.text;
         break;
       case OutputDelta::ToolCall:
-        r.calls.push_back({d.tool_index, d.tool_id, d.tool_name, d.arguments});
+        // A call's first delta names it (id and name); the others continue its arguments, the last is tool_end.
+        EXPECT_TRUE(lilac::unicode::is_valid_utf8(d.arguments));
+        if (d.tool_start()) {
+          EXPECT_FALSE(d.tool_name.empty());
+          EXPECT_EQ(d.tool_index, static_cast<int>(r.calls.size()));
+          if (!r.calls.empty()) EXPECT_TRUE(r.calls.back().ended) << "a call started before the previous one ended";
+          r.calls.push_back({d.tool_index, d.tool_id, d.tool_name, d.arguments, d.tool_end});
+        } else {
+          EXPECT_TRUE(d.tool_name.empty());
+          ASSERT_FALSE(r.calls.empty());
+          Call& c = r.calls.back();
+          EXPECT_EQ(d.tool_index, c.index);
+          EXPECT_FALSE(c.ended) << "a piece after the call's end";
+          c.arguments += d.arguments;
+          c.ended = d.tool_end;
+          ++c.pieces;
+        }
         break;
     }
   }
@@ -68,6 +86,7 @@ Result run(const std::vector<std::string>& chunks, bool in_reasoning, const json
   for (const auto& c : chunks) collect(r, p.push(c));
   collect(r, p.finish());
   EXPECT_EQ(p.tool_calls(), static_cast<int>(r.calls.size()));
+  for (const auto& c : r.calls) EXPECT_TRUE(c.ended) << "call " << c.index << " never ended";
   return r;
 }
 
@@ -266,12 +285,19 @@ TEST(OutputParser, MalformedToolCallDegradesToContent) {
 }
 
 TEST(OutputParser, UnterminatedToolCall) {
-  // Incomplete markup at the end of generation: plain content.
+  // A call cut off by the end of generation (max_tokens) after it committed: the call with the value so far,
+  // as valid JSON; before the commit (no complete first parameter yet): plain content.
   const std::string cut = "ok <tool_call>\n<function=f>\n<parameter=x>\n1";
   Result r = run1(cut, false);
-  EXPECT_TRUE(r.calls.empty());
-  EXPECT_EQ(r.content, cut);
+  ASSERT_EQ(r.calls.size(), 1u);
+  EXPECT_EQ(r.calls[0].arguments, R"({"x":"1"})");
+  EXPECT_EQ(r.content, "ok ");
   expect_split_invariant(cut, false, nullptr, r);
+  const std::string early = "ok <tool_call>\n<function=f>\n<parame";
+  Result r0 = run1(early, false);
+  EXPECT_TRUE(r0.calls.empty());
+  EXPECT_EQ(r0.content, early);
+  expect_split_invariant(early, false, nullptr, r0);
   // A complete function whose </tool_call> never came: still a call.
   const std::string almost = "<tool_call>\n<function=f>\n<parameter=x>\n1\n</parameter>\n</function>\n";
   Result r2 = run1(almost, false);
@@ -280,6 +306,77 @@ TEST(OutputParser, UnterminatedToolCall) {
   // Partial opening tag at the end: content.
   EXPECT_EQ(run1("abc <tool_ca", false).content, "abc <tool_ca");
   EXPECT_EQ(run1("<thi", false).content, "<thi");
+}
+
+// Arguments leave the parser while the model writes them: string values character by character (escaped),
+// typed values at their </parameter>, the call's first delta naming it.
+TEST(OutputParser, StreamsArgumentsWhileGenerated) {
+  OutputParser p(false, weather_tools());
+  auto one = [](const std::vector<OutputDelta>& ds) {
+    EXPECT_EQ(ds.size(), 1u);
+    return ds.empty() ? OutputDelta{} : ds[0];
+  };
+  EXPECT_TRUE(p.push("<tool_call>\n<function=get_weather>\n<parameter=loc").empty());  // not a call yet
+  const OutputDelta d1 = one(p.push("ation>\nPar"));
+  EXPECT_EQ(d1.kind, OutputDelta::ToolCall);
+  EXPECT_TRUE(d1.tool_start());
+  EXPECT_EQ(d1.tool_name, "get_weather");
+  EXPECT_EQ(d1.tool_index, 0);
+  EXPECT_EQ(d1.arguments, R"({"location":"Par)");
+  EXPECT_FALSE(d1.tool_end);
+  EXPECT_EQ(p.tool_calls(), 1);
+  const OutputDelta d2 = one(p.push("is \"centre\"\n"));  // the newline may be the value's trimmed last: held
+  EXPECT_FALSE(d2.tool_start());
+  EXPECT_EQ(d2.arguments, R"(is \"centre\")");
+  // an integer: whole at its end
+  EXPECT_EQ(one(p.push("</parameter>\n<parameter=days>\n3")).arguments, R"(","days":)");
+  const auto d4 = p.push("\n</parameter>\n</function>\n</tool_call>\nDone");
+  ASSERT_EQ(d4.size(), 2u);
+  EXPECT_EQ(d4[0].arguments, "3}");
+  EXPECT_TRUE(d4[0].tool_end);
+  EXPECT_EQ(d4[1].kind, OutputDelta::Content);
+  EXPECT_EQ(d4[1].text, "Done");
+  EXPECT_TRUE(p.finish().empty());
+  const std::string all = std::string(R"({"location":"Par)") + R"(is \"centre\")" + R"(","days":)" + "3}";
+  EXPECT_EQ(json::parse(all), json::parse(R"({"location": "Paris \"centre\"", "days": 3})"));
+}
+
+// After a commit, markup that is not a parameter, a function or whitespace ends the open call; the rest of the
+// body is content. Before a commit a malformed body is content whole (MalformedToolCallDegradesToContent).
+TEST(OutputParser, BrokenMarkupAfterACommitEndsTheCall) {
+  const std::string t1 = "pre <tool_call>\n<function=f>\n<parameter=a>\nx\n</parameter>\ngarbage\n</tool_call>\npost";
+  Result r1 = run1(t1, false);
+  ASSERT_EQ(r1.calls.size(), 1u);
+  EXPECT_EQ(r1.calls[0].arguments, R"({"a":"x"})");
+  EXPECT_EQ(r1.content, "pre garbage\n</tool_call>post");
+  expect_split_invariant(t1, false, nullptr, r1);
+  const std::string t2 = "<tool_call>\n<function=f>\n</function>\n<function=>\n</function>\n</tool_call>";
+  Result r2 = run1(t2, false);
+  ASSERT_EQ(r2.calls.size(), 1u);
+  EXPECT_EQ(r2.calls[0].arguments, "{}");
+  EXPECT_EQ(r2.content, "<function=>\n</function>\n</tool_call>");
+  expect_split_invariant(t2, false, nullptr, r2);
+  // A value's end tolerated as before: the next parameter, or </function> on a line of its own, or the block's end.
+  const std::string t3 = "<tool_call>\n<function=f>\n<parameter=a>\nx\n<parameter=b>\ny\n</function>\n"
+                         "<function=g>\n<parameter=c>\n\nz\n\n</tool_call>";
+  Result r3 = run1(t3, false);
+  ASSERT_EQ(r3.calls.size(), 2u);
+  EXPECT_EQ(r3.calls[0].arguments, R"({"a":"x","b":"y"})");
+  EXPECT_EQ(r3.calls[1].arguments, R"({"c":"\nz\n"})");
+  EXPECT_EQ(r3.content, "");
+  expect_split_invariant(t3, false, nullptr, r3);
+}
+
+// Every character a string value can hold comes out JSON-escaped, whatever the pieces.
+TEST(OutputParser, StreamedStringsEscapeEveryCharacter) {
+  const std::string v = "a\"b\\c\td\x01e/f\r\u00e9\u6f22\xf0\x9f\x98\x80 </param> \n\n<parameter x";
+  const std::string text =
+      "<tool_call>\n<function=run>\n<parameter=cmd>\n" + v + "\n</parameter>\n</function>\n</tool_call>";
+  Result r = run1(text, false);
+  ASSERT_EQ(r.calls.size(), 1u);
+  EXPECT_EQ(json::parse(r.calls[0].arguments)["cmd"], v);
+  EXPECT_GT(run({text.substr(0, 60), text.substr(60, 7), text.substr(67)}, false).calls[0].pieces, 1);
+  expect_split_invariant(text, false, nullptr, r);
 }
 
 TEST(OutputParser, HoldsBackOnlyWhatMayBeATag) {
