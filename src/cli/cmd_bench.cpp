@@ -12,6 +12,9 @@
 // resident memory on the CPU) and the step's floor: the bytes it must move (the weights and the routed
 // experts the B streams are expected to touch, each once, plus every stream's own state) at --peak-tbs,
 // and the step time's share of it. One untimed step per batch size comes first (CUDA graph capture).
+// `--follow-mtp` turns drafting on in every session (Session::enable_drafting, as `serve --spec-tokens K` does
+// for every stream): the batched steps then also feed each stream's MTP head (its catch-up rows), which is what
+// speculation costs a server while several streams decode together and none drafts.
 //
 // Decode tok/s = 64 / (time from the 1st to the 65th token), measured after one untimed decode step
 // (that step captures the session's CUDA graph; its time is reported separately as first_step_ms).
@@ -59,6 +62,7 @@ struct BenchOptions {
   int decode_tokens = 64;
   std::string json;
   std::string batch;  // batch sizes: batched-decode mode
+  bool follow_mtp = false;  // batched mode: every session keeps its MTP head in step (as serve --spec-tokens K)
   uint64_t seed = 1;
   double peak_tbs = 4.3;
   int spec_tokens = 0;
@@ -137,6 +141,7 @@ void bench_batches(Backend& backend, const BenchOptions& o, std::mt19937_64& rng
     std::shared_ptr<const SessionSnapshot> base;
     if (shared_len > 0) {
       auto s = backend.new_session(cap);
+      s->enable_drafting(o.follow_mtp);
       s->prefill(shared);
       base = s->snapshot();
     }
@@ -146,6 +151,7 @@ void bench_batches(Backend& backend, const BenchOptions& o, std::mt19937_64& rng
       std::vector<Session*> ptrs;
       for (int64_t b = 0; b < B; ++b) {
         auto s = backend.new_session(cap);
+        s->enable_drafting(o.follow_mtp);
         if (base) s->restore(*base);
         std::vector<int32_t> mine(static_cast<size_t>(own));
         for (auto& t : mine) t = int32_t(rng() % uint64_t(real_vocab));
@@ -305,6 +311,7 @@ int run_bench(const BenchOptions& o) {
   if (o.spec_tokens > 0) so.prompt_lens = parse_lens(o.prompt_lens, "--prompt-lens");
   if (o.token_mask > 1) throw InputError("--token-mask must be a fraction in (0, 1]");
   if (!o.batch.empty()) parse_lens(o.batch, "--batch");  // bad values fail before the model loads
+  if (o.follow_mtp && o.batch.empty()) throw InputError("--follow-mtp measures batched decoding: give --batch");
   std::unique_ptr<Backend> backend;
   std::string what;
   auto t_load0 = Clock::now();
@@ -338,6 +345,9 @@ int run_bench(const BenchOptions& o) {
     return 0;
   }
   if (!o.batch.empty()) {
+    if (o.follow_mtp && !backend->new_session(8)->can_draft())
+      throw InputError("--follow-mtp: this backend or model has no MTP head to follow");
+    out["follow_mtp"] = o.follow_mtp;
     bench_batches(*backend, o, rng, real_vocab, out);
     write_json(o, out);
     return 0;
@@ -369,6 +379,9 @@ const bool registered = register_command(Command{
       sub.add_option("--batch", o->batch,
                      "Comma-separated batch sizes: measure batched decoding (decode_batch) at each prompt length "
                      "instead (e.g. 1,2,4,8,16,32,64)");
+      sub.add_flag("--follow-mtp", o->follow_mtp,
+                   "With --batch: every stream keeps its MTP head in step (what serve --spec-tokens K costs while "
+                   "several streams decode together)");
       sub.add_option("--seed", o->seed, "Seed of the random weights and prompts");
       sub.add_option("--peak-tbs", o->peak_tbs, "Memory bandwidth (TB/s) of the floor (default 4.3, H200 copy)");
       sub.add_option("--spec-tokens", o->spec_tokens,
