@@ -85,9 +85,9 @@ std::string need_string(const ojson& obj, const char* key, const std::string& pa
   return *s;
 }
 
-void check_prefill_text(const std::string& text) {
+void check_prefill_text(const std::string& text, const std::string& param) {
   if (!text.empty() && (text.back() == ' ' || text.back() == '\n' || text.back() == '\t' || text.back() == '\r'))
-    bad("messages",
+    bad(param,
         "The final assistant message's content ends with whitespace: it is continued from where it ends (a prefill), "
         "and the chat template trims it. Remove the trailing whitespace.",
         "invalid_last_message");

@@ -32,7 +32,7 @@ std::string need_string(const ojson& obj, const char* key, const std::string& pa
 // A conversation that ends with an assistant message is continued from that message (a prefill). The
 // chat template trims a message's content, so a final assistant text that ends with whitespace could not
 // be continued from where it ends: 400 (param "messages", code invalid_last_message), as Anthropic answers.
-void check_prefill_text(const std::string& text);
+void check_prefill_text(const std::string& text, const std::string& param = "messages");
 
 // Sampling when the request says nothing: the model's generation_config.json values, else
 // temperature 1, top_p 1, no top_k / min_p / penalties; `seed` as given.

@@ -36,6 +36,7 @@ Endpoint responses_endpoint(ServerContext& C) {
     GenerationSpec& s = r.spec;
     s.input = GenerationSpec::Input::Chat;
     s.chat = std::move(p.template_request);
+    s.continue_final = p.continue_final;
     s.tools = p.tools;
     s.force_tool_call = p.tool_choice == ToolChoice::Required || p.tool_choice == ToolChoice::Function;
     if (p.tool_choice == ToolChoice::Function) s.forced_function = p.tool_choice_name;

@@ -72,6 +72,12 @@ struct Translator {
     }
     in_lead = false;
     if (role == "assistant") {
+      if (open_calls && !msgs.back().contains("tool_calls") && reasoning.empty()) {
+        // Consecutive message items of one turn are one message (the template would make each a turn of its
+        // own): e.g. a prefill's text and, stored, its continuation.
+        msgs.back()["content"] = msgs.back()["content"].get<std::string>() + text;
+        return;
+      }
       open_calls = false;
       ojson& m = assistant();
       m["content"] = m["content"].get<std::string>() + text;
@@ -155,9 +161,16 @@ ojson translate_input(const ojson& body, ResponsesParams& r, const ojson& previo
   ojson msgs = ojson::array();
   if (!t.system.empty()) msgs.push_back(ojson{{"role", "system"}, {"content", t.system}});
   for (auto& m : t.msgs) msgs.push_back(std::move(m));
-  if (msgs.empty() || msgs.back()["role"] == "assistant" || msgs.back()["role"] == "system")
-    bad("input", "The input must end with a user message or a function_call_output (continuing an assistant "
-                 "message is not supported).", "invalid_last_message");
+  if (msgs.empty() || msgs.back()["role"] == "system")
+    bad("input", "The input must end with a user message, a function_call_output or an assistant message to "
+                 "continue.", "invalid_last_message");
+  if (msgs.back()["role"] == "assistant") {  // a prefill: the model continues this message's text
+    if (msgs.back().contains("tool_calls"))
+      bad("input", "The input ends with function calls: a conversation goes on with their results "
+                   "(function_call_output items), not with more of that turn.", "invalid_last_message");
+    check_prefill_text(msgs.back()["content"].get<std::string>(), "input");
+    r.continue_final = true;
+  }
   return msgs;
 }
 
@@ -301,6 +314,13 @@ ResponsesParams parse_responses_request(const ojson& body, const ModelConfig& cf
   parse_tools(body, r);
   parse_tool_choice(body, r);
   parse_text_and_reasoning(body, r);
+  if (r.continue_final && r.response_format != ResponseFormat::Text)
+    bad("text.format", "'text.format' json_object / json_schema cannot be combined with a final assistant message: "
+                       "its text is continued (a prefill), and the format constrains the whole text.",
+        "invalid_last_message");
+  if (r.continue_final && (r.tool_choice == ToolChoice::Required || r.tool_choice == ToolChoice::Function))
+    bad("tool_choice", "A forced tool call cannot be combined with a final assistant message: its text is "
+                       "continued (a prefill).", "invalid_last_message");
 
   ojson tr = ojson::object();
   tr["messages"] = std::move(msgs);

@@ -37,6 +37,7 @@ struct ResponsesParams {
   ToolChoice tool_choice = ToolChoice::Auto;
   std::string tool_choice_name;
   bool reasoning = true;
+  bool continue_final = false;  // the input ends with an assistant message: its text is continued (a prefill)
   // Echoed in the response object.
   ojson echo_tools = ojson::array();  // the request's tools as given
   ojson echo_tool_choice = "auto";

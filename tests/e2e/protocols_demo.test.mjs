@@ -112,7 +112,7 @@ test('tool round trips render through the real template and model (both protocol
   assert.ok(['completed', 'incomplete'].includes(r.status));
 });
 
-test('a final assistant message is continued (prefill): chat, Messages = completions of the open prompt', async () => {
+test('a final assistant message is continued (prefill): chat, Responses, Messages = completions of the open prompt', async () => {
   const messages = [{ role: 'user', content: question }, { role: 'assistant', content: 'Sure, here' }];
   // The prompt a prefill must be: rendered without a generation prompt, the last end of turn removed.
   const rendered = execFileSync(LILAC, ['render-chat', '--tokenizer', DEMO],
@@ -127,6 +127,10 @@ test('a final assistant message is continued (prefill): chat, Messages = complet
   assert.equal(c.usage.prompt_tokens, ids.length);
   assert.equal(c.usage.completion_tokens, ref.usage.completion_tokens);
   assert.equal(c.choices[0].message.content, ref.choices[0].text);
+  const r = await oai.responses.create({ model, max_output_tokens: 8, temperature: 0, store: false,
+    input: [messages[0], { type: 'message', role: 'assistant', content: [{ type: 'output_text', text: 'Sure, here' }] }] });
+  assert.equal(r.output_text, ref.choices[0].text);
+  assert.equal(r.usage.input_tokens, ids.length);
   const req = { model, max_tokens: 8, temperature: 0, messages: [messages[0], { role: 'assistant', content: [{ type: 'text', text: 'Sure, here' }] }] };
   const m = await anth.messages.create(req);
   assert.equal(joined(m.content, 'text'), ref.choices[0].text);

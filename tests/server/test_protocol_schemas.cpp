@@ -199,6 +199,22 @@ TEST(ResponsesSchema, TranslatesItemsIntoTheChatConversation) {
   EXPECT_EQ(off.template_request["messages"], ojson::parse(R"([{"role": "user", "content": "hi"}])"));
 }
 
+// An input that ends with an assistant message is a prefill (continue_final); consecutive assistant message items
+// are one turn (one message), so a stored prefill and its continuation come back as the text the model wrote.
+TEST(ResponsesSchema, AFinalAssistantMessageIsContinued) {
+  auto p = parse_responses_request(ojson::parse(R"({"input": [
+    {"role": "user", "content": "Write about the sea."},
+    {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "The sea"}]},
+    {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": " is"}]}]})"), cfg(), 1);
+  EXPECT_TRUE(p.continue_final);
+  EXPECT_EQ(p.template_request["messages"], ojson::parse(R"([
+    {"role": "user", "content": "Write about the sea."}, {"role": "assistant", "content": "The sea is"}])"));
+  auto q = parse_responses_request(ojson::parse(R"({"input": [
+    {"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"}]})"), cfg(), 1);
+  EXPECT_FALSE(q.continue_final);
+  EXPECT_EQ(q.template_request["messages"].size(), 3u);
+}
+
 // text.format json_object / json_schema (constrained decoding) and strict tools reach the generation
 // spec's inputs; the format is echoed as given.
 TEST(ResponsesSchema, TextFormatAndStrictTools) {
@@ -285,7 +301,8 @@ TEST(ResponsesSchema, ErrorsNameTheField) {
   EXPECT_EQ(responses_error(R"({"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "nope"}, {"role": "user", "content": "x"}]})").param,
             "input[0].arguments");
   EXPECT_EQ(responses_error(R"({"input": [{"role": "user", "content": [{"type": "input_file"}]}]})").param, "input[0].content[0].type");
-  EXPECT_EQ(responses_error(R"({"input": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]})").param, "input");
+  // a final assistant message is continued (a prefill) unless its text ends with whitespace
+  EXPECT_EQ(responses_error(R"({"input": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y "}]})").param, "input");
   EXPECT_EQ(responses_error(R"({"input": "x", "tools": [{"type": "file_search"}]})").param, "tools[0].type");
   EXPECT_EQ(responses_error(R"({"input": "x", "tool_choice": "required"})").param, "tool_choice");
   EXPECT_EQ(responses_error(R"({"input": "x", "reasoning": {"effort": "max"}})").param, "reasoning.effort");

@@ -1,5 +1,5 @@
 // A conversation that ends with an assistant message is continued from that message (a prefill): through
-// OpenAI chat completions and Anthropic Messages the prompt is the conversation rendered without a generation
+// OpenAI chat completions, Anthropic Messages and the Responses API the prompt is the conversation rendered without a generation
 // prompt and with that message's end of turn removed, and the answer is only what follows it. The scripted
 // backend (server_test_util.h) answers by what the prompt holds, so these tests see the prompt's exact end;
 // tests/e2e/protocols_demo.test.mjs checks the same on the real engine path with the official SDKs.
@@ -64,6 +64,20 @@ TEST(ServerPrefill, ChatAndMessagesContinueTheFinalAssistantMessage) {
   }
   EXPECT_EQ(streamed, " wide and deep.");
 
+  // The Responses API: an input that ends with an assistant message item (text or output_text parts).
+  json items = kConversation;
+  items[1]["content"] = json::array({{{"type", "output_text"}, {"text", "The sea is"}}});
+  const json resp = post_json(srv.port, "/v1/responses", {{"input", items}, {"max_output_tokens", 32}});
+  ASSERT_EQ(resp["output"].size(), 1u) << resp.dump();
+  EXPECT_EQ(resp["output"][0]["content"][0]["text"], " wide and deep.");
+  EXPECT_EQ(resp["status"], "completed");
+  EXPECT_EQ(resp["usage"]["input_tokens"], chat["usage"]["prompt_tokens"]);
+  // Stored, it can be followed up (its items: the prefill's message and the continuation's, which the translation
+  // joins into one assistant turn: ResponsesSchema.AFinalAssistantMessageIsContinued).
+  const json next = post_json(srv.port, "/v1/responses",
+                              {{"previous_response_id", resp["id"]}, {"input", "And the sky?"}, {"max_output_tokens", 32}});
+  EXPECT_EQ(next["output"].back()["content"][0]["text"], "no prefill") << next.dump();
+
   // Without the final assistant message: a fresh turn, as before.
   const json plain = post_json(srv.port, "/v1/chat/completions", {{"messages", {kConversation[0]}}, {"max_tokens", 32}});
   EXPECT_EQ(plain["choices"][0]["message"]["content"], "no prefill");
@@ -85,6 +99,15 @@ TEST(ServerPrefill, WhatCannotBeContinuedIsA400InEachProtocolsShape) {
   e = post_json(srv.port, "/v1/messages",
            {{"messages", kConversation}, {"max_tokens", 40}, {"thinking", {{"type", "enabled"}, {"budget_tokens", 10}}}}, 400);
   EXPECT_EQ(e["error"]["type"], "invalid_request_error");
+  e = post_json(srv.port, "/v1/responses", {{"input", trailing}, {"max_output_tokens", 4}}, 400);
+  EXPECT_EQ(e["error"]["param"], "input");
+  EXPECT_EQ(e["error"]["code"], "invalid_last_message");
+  e = post_json(srv.port, "/v1/responses",
+                {{"input", kConversation}, {"text", {{"format", {{"type", "json_object"}}}}}}, 400);
+  EXPECT_EQ(e["error"]["param"], "text.format");
+  const json call = {{"type", "function_call"}, {"call_id", "c1"}, {"name", "f"}, {"arguments", "{}"}};
+  e = post_json(srv.port, "/v1/responses", {{"input", {kConversation[0], call}}}, 400);
+  EXPECT_EQ(e["error"]["code"], "invalid_last_message");
   // The server keeps serving.
   EXPECT_EQ(post_json(srv.port, "/v1/chat/completions", {{"messages", kConversation}, {"max_tokens", 32}})["choices"][0]
                 ["message"]["content"],
