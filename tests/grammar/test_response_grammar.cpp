@@ -100,7 +100,9 @@ Parsed parse(const std::string& text, bool in_reasoning) {
     for (auto& d : ds) {
       if (d.kind == OutputDelta::Content) out.content += d.text;
       if (d.kind == OutputDelta::Reasoning) out.reasoning += d.text;
-      if (d.kind == OutputDelta::ToolCall) out.calls.push_back({d.tool_name, d.arguments});
+      if (d.kind != OutputDelta::ToolCall) continue;
+      if (d.tool_start()) out.calls.push_back({d.tool_name, d.arguments});  // a call's first piece names it
+      else if (!out.calls.empty()) out.calls.back().second += d.arguments;
     }
   };
   // In pieces, as a stream would deliver it.
