@@ -124,7 +124,7 @@ class MessagesFormatter final : public ResponseFormatter {
       if (d.kind == OutputDelta::Reasoning) b["signature"] = "";
       blocks_.push_back(std::move(b));
     }
-    blocks_.back()[type] = blocks_.back()[type].get<std::string>() + d.text;
+    blocks_.back()[type].get_ref<std::string&>() += d.text;  // in place: a long answer is not copied per token
   }
 
   std::string close_block() {

@@ -193,10 +193,7 @@ class ChatFormatter final : public OpenAIFormatter {
       case OutputDelta::Reasoning: reasoning_ += d.text; break;
       case OutputDelta::ToolCall: {
         if (!d.tool_start()) {  // the next piece of the last call's arguments
-          if (!tool_calls_.empty()) {
-            json& a = tool_calls_.back()["function"]["arguments"];
-            a = a.get<std::string>() + d.arguments;
-          }
+          if (!tool_calls_.empty()) tool_calls_.back()["function"]["arguments"].get_ref<std::string&>() += d.arguments;
           break;
         }
         json call;

@@ -143,7 +143,7 @@ class ResponsesFormatter final : public ResponseFormatter {
 
   void append_text(const std::string& t) {
     json& p = items_[size_t(open_)]["content"][0];
-    p["text"] = p["text"].get<std::string>() + t;
+    p["text"].get_ref<std::string&>() += t;  // in place: a long answer is not copied per token
   }
 
   // A tool call's piece (streaming or not): its first opens a function_call item, the next ones add to its
@@ -163,7 +163,7 @@ class ResponsesFormatter final : public ResponseFormatter {
     }
     if (open_ < 0 || open_kind_ != OutputDelta::ToolCall) return out;
     json& item = items_[size_t(open_)];
-    if (!d.tool_start()) item["arguments"] = item["arguments"].get<std::string>() + d.arguments;
+    if (!d.tool_start()) item["arguments"].get_ref<std::string&>() += d.arguments;
     if (streaming_ && !d.arguments.empty())
       out += event("response.function_call_arguments.delta",
                    json{{"item_id", item["id"]}, {"output_index", open_}, {"delta", d.arguments}});
