@@ -15,14 +15,20 @@ json bytes_of(const std::string& s) {
   return b;
 }
 
+// What a body and a stream chunk start with; `object` names which.
+json response_header(const ResponseMeta& meta, const char* object) {
+  json h;
+  h["id"] = meta.id;
+  h["object"] = object;
+  h["created"] = meta.created;
+  h["model"] = meta.model;
+  h["system_fingerprint"] = "lilac";
+  return h;
+}
+
 // A stream chunk's header ("usage": null on every chunk when the usage chunk was asked for).
 json chunk_header(const ResponseMeta& meta, bool chat) {
-  json c;
-  c["id"] = meta.id;
-  c["object"] = chat ? "chat.completion.chunk" : "text_completion";
-  c["created"] = meta.created;
-  c["model"] = meta.model;
-  c["system_fingerprint"] = "lilac";
+  json c = response_header(meta, chat ? "chat.completion.chunk" : "text_completion");
   if (meta.include_usage) c["usage"] = nullptr;
   if (meta.route_field) c["lilac_route"] = "local";
   return c;
@@ -63,15 +69,7 @@ class OpenAIFormatter : public ResponseFormatter {
  protected:
   json chunk_base() const { return chunk_header(meta_, chat_); }
 
-  json body_base() const {
-    json b;
-    b["id"] = meta_.id;
-    b["object"] = chat_ ? "chat.completion" : "text_completion";
-    b["created"] = meta_.created;
-    b["model"] = meta_.model;
-    b["system_fingerprint"] = "lilac";
-    return b;
-  }
+  json body_base() const { return response_header(meta_, chat_ ? "chat.completion" : "text_completion"); }
 
   json usage() const { return usage_json(stats_.prompt_tokens, stats_.completion_tokens, stats_.cached_tokens); }
 
