@@ -209,6 +209,9 @@ struct OutputParser::Impl {
   }
 
   // ---- tool call bodies --------------------------------------------------------------------------
+  // Compact JSON text (invalid UTF-8 replaced): a call's arguments, buffered or streamed piece by piece.
+  static std::string dump(const ojson& j) { return j.dump(-1, ' ', false, ojson::error_handler_t::replace); }
+
   // XML form. `closed`: the </tool_call> was seen (a missing final </function> is then tolerated).
   bool parse_xml(std::string_view body, bool closed, std::vector<ParsedCall>& calls) const {
     size_t pos = 0;
@@ -264,7 +267,7 @@ struct OutputParser::Impl {
         pos = after;
       }
       if (!fn_closed && !closed) return false;
-      calls.push_back({name, args.dump(-1, ' ', false, ojson::error_handler_t::replace)});
+      calls.push_back({name, dump(args)});
       skip_ws();
     }
     return !calls.empty();
@@ -293,7 +296,7 @@ struct OutputParser::Impl {
         return false;
       }
     }
-    calls.push_back({name->get<std::string>(), args.dump(-1, ' ', false, ojson::error_handler_t::replace)});
+    calls.push_back({name->get<std::string>(), dump(args)});
     return true;
   }
 
@@ -324,7 +327,6 @@ struct OutputParser::Impl {
   }
 
   // ---- streamed calls ----------------------------------------------------------------------------
-  static std::string dump(const ojson& j) { return j.dump(-1, ' ', false, ojson::error_handler_t::replace); }
 
   // The next piece of the open call's arguments (merged into the previous delta when that is the same call's).
   void emit_call(std::string_view piece, bool start, bool end) {
