@@ -39,7 +39,7 @@ GenerationSpec messages_spec(MessagesParams& p) {
   s.chat = std::move(p.template_request);
   s.tools = std::move(p.tools);
   s.continue_final = p.continue_final;
-  s.force_tool_call = p.tool_choice == ToolChoice::Required || p.tool_choice == ToolChoice::Function;
+  s.force_tool_call = forces_call(p.tool_choice);
   if (p.tool_choice == ToolChoice::Function) s.forced_function = p.tool_choice_name;
   s.parallel_tool_calls = p.parallel_tool_calls;
   s.sampling = p.sampling;

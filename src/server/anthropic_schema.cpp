@@ -223,7 +223,7 @@ void parse_tool_choice(const ojson& body, MessagesParams& p) {
   } else {
     bad("tool_choice.type", "Invalid value for 'tool_choice.type': '" + ty + "'. Supported values are 'auto', 'any', 'tool' and 'none'.");
   }
-  if ((p.tool_choice == ToolChoice::Required || p.tool_choice == ToolChoice::Function) && p.tools.is_null())
+  if (forces_call(p.tool_choice) && p.tools.is_null())
     bad("tool_choice", "tool_choice '" + ty + "' requires 'tools'.");
   if (p.tool_choice == ToolChoice::Function) {
     bool found = false;
@@ -296,7 +296,7 @@ MessagesParams parse_messages_request(const ojson& body, const ModelConfig& cfg,
     bad("thinking", "Extended thinking cannot be combined with a final assistant message (a prefill): the answer "
                     "would have to begin with its thinking. Disable thinking or end with a user message.",
         "invalid_last_message");
-  if (p.continue_final && (p.tool_choice == ToolChoice::Required || p.tool_choice == ToolChoice::Function))
+  if (p.continue_final && forces_call(p.tool_choice))
     bad("tool_choice", "A forced tool use cannot be combined with a final assistant message (a prefill): its text "
                        "is continued. Use tool_choice 'auto', or end with a user message.",
         "invalid_last_message");

@@ -70,7 +70,7 @@ PreparedRequest chat_request(ServerContext& C, const ojson& body, const ModelCon
   r.spec.chat = std::move(p.template_request);
   r.spec.tools = std::move(p.tools);
   r.spec.continue_final = p.continue_final;
-  r.spec.force_tool_call = p.tool_choice == ToolChoice::Required || p.tool_choice == ToolChoice::Function;
+  r.spec.force_tool_call = forces_call(p.tool_choice);
   if (p.tool_choice == ToolChoice::Function) r.spec.forced_function = p.tool_choice_name;
   r.spec.prompt_param = "messages";
   r.spec.parallel_tool_calls = p.parallel_tool_calls;

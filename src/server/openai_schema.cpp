@@ -323,7 +323,7 @@ ChatParams parse_chat_request(const ojson& body, const ModelConfig& cfg, uint64_
     } else {
       wrong_type("tool_choice", "a string or an object", *tc);
     }
-    if (p.tool_choice == ToolChoice::Required || p.tool_choice == ToolChoice::Function) {
+    if (forces_call(p.tool_choice)) {
       if (p.tools.is_null())
         bad("tool_choice", "'tool_choice' requires 'tools' to be given.", "invalid_value");
     }
@@ -338,7 +338,7 @@ ChatParams parse_chat_request(const ojson& body, const ModelConfig& cfg, uint64_
   if (p.continue_final && p.response_format != ResponseFormat::Text)
     bad("response_format", "'response_format' cannot be combined with a final assistant message: its content is "
                            "continued (a prefill), and the format constrains the whole content.", "invalid_last_message");
-  if (p.continue_final && (p.tool_choice == ToolChoice::Required || p.tool_choice == ToolChoice::Function))
+  if (p.continue_final && forces_call(p.tool_choice))
     bad("tool_choice", "A forced tool call cannot be combined with a final assistant message: its content is continued "
                        "(a prefill). Use tool_choice 'auto', or end the conversation with a user or tool message.",
         "invalid_last_message");

@@ -23,6 +23,8 @@ nlohmann::json error_body(int status, const std::string& message, const std::str
 nlohmann::json error_body(const ApiError& e);
 
 enum class ToolChoice { Auto, None, Required, Function };
+// Whether the choice forces a call (`required`, or a named function): the prompt then ends with a call's opening.
+inline bool forces_call(ToolChoice c) { return c == ToolChoice::Required || c == ToolChoice::Function; }
 
 // response_format: free text, any JSON object, or a JSON Schema (enforced by constrained decoding).
 enum class ResponseFormat { Text, JsonObject, JsonSchema };

@@ -38,7 +38,7 @@ Endpoint responses_endpoint(ServerContext& C) {
     s.chat = std::move(p.template_request);
     s.continue_final = p.continue_final;
     s.tools = p.tools;
-    s.force_tool_call = p.tool_choice == ToolChoice::Required || p.tool_choice == ToolChoice::Function;
+    s.force_tool_call = forces_call(p.tool_choice);
     if (p.tool_choice == ToolChoice::Function) s.forced_function = p.tool_choice_name;
     apply_response_format(p.response_format, p.json_schema, s);
     s.sampling = p.sampling;

@@ -232,7 +232,7 @@ void parse_tool_choice(const ojson& body, ResponsesParams& r) {
   } else {
     wrong_type("tool_choice", "a string or an object", *tc);
   }
-  if ((r.tool_choice == ToolChoice::Required || r.tool_choice == ToolChoice::Function) && r.tools.is_null())
+  if (forces_call(r.tool_choice) && r.tools.is_null())
     bad("tool_choice", "'tool_choice' requires 'tools' to be given.");
   if (r.tool_choice == ToolChoice::Function) {
     bool found = false;
@@ -318,7 +318,7 @@ ResponsesParams parse_responses_request(const ojson& body, const ModelConfig& cf
     bad("text.format", "'text.format' json_object / json_schema cannot be combined with a final assistant message: "
                        "its text is continued (a prefill), and the format constrains the whole text.",
         "invalid_last_message");
-  if (r.continue_final && (r.tool_choice == ToolChoice::Required || r.tool_choice == ToolChoice::Function))
+  if (r.continue_final && forces_call(r.tool_choice))
     bad("tool_choice", "A forced tool call cannot be combined with a final assistant message: its text is "
                        "continued (a prefill).", "invalid_last_message");
 
