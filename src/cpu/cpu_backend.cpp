@@ -102,6 +102,7 @@ class CpuSessionImpl : public CpuSession {
 
   int64_t length() const override { return len_; }
   int64_t max_length() const override { return max_len_; }
+  int64_t vocab_size() const override { return cfg_.vocab_size; }
   void set_activation_tap(ActivationTap tap) override { tap_ = std::move(tap); }
   void set_prefill_chunk(int64_t tokens) override { chunk_ = std::max<int64_t>(1, tokens); }
   void set_kv_bf16(bool on) override {

@@ -42,6 +42,7 @@ class FastSession : public cpu::CpuSession {
 
   int64_t length() const override { return st_.len; }
   int64_t max_length() const override { return max_len_; }
+  int64_t vocab_size() const override { return cfg_.vocab_size; }
   void set_activation_tap(cpu::ActivationTap tap) override { tap_ = std::move(tap); }
   void set_prefill_chunk(int64_t tokens) override { chunk_ = std::max<int64_t>(1, tokens); }
   void set_kv_bf16(bool) override {}  // always f16 (mixers.cpp)

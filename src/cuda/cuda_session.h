@@ -41,6 +41,7 @@ class CudaSession : public Session, public PoolClient {
 
   int64_t length() const override { return seq_.len; }
   int64_t max_length() const override { return seq_.max_len; }
+  int64_t vocab_size() const override { return m_.cfg.vocab_size; }
   void prefill(std::span<const int32_t> tokens, const LogitsSink* sink) override;
   void begin_generation(const SamplingParams& p, std::span<const int32_t> context) override;
   TokenChoice sample() override;

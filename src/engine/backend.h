@@ -90,6 +90,9 @@ class Session {
   virtual ~Session() = default;
   virtual int64_t length() const = 0;      // tokens in the context so far
   virtual int64_t max_length() const = 0;  // capacity given at creation
+  // Floats per row of logits (the model's vocabulary); 0: unknown (the session cannot score a prompt:
+  // GenerationRequest::prompt_logprobs).
+  virtual int64_t vocab_size() const { return 0; }
 
   // Append `tokens` to the context and run the model over them (in bounded-size chunks).
   // Afterwards the last position's logits are current. If `sink` is given, it receives every

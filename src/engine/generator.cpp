@@ -35,8 +35,8 @@ int64_t Generator::reusable_prefix(std::span<const int32_t> p) const {
 int64_t Generator::prepare(const GenerationRequest& req, GenerationStats& st) {
   const auto& p = req.prompt;
   const int64_t max_reuse = int64_t(p.size()) - 1;
-  int64_t start = reusable_prefix(p);
-  if (cache_ && req.use_cache) {
+  int64_t start = req.prompt_logprobs >= 0 ? 0 : reusable_prefix(p);  // scoring: every position's logits
+  if (cache_ && req.use_cache && req.prompt_logprobs < 0) {
     auto hit = cache_->lookup(p, max_reuse);
     if (hit && hit->length > start) {
       try {
@@ -65,7 +65,10 @@ int64_t Generator::prepare(const GenerationRequest& req, GenerationStats& st) {
 std::unique_ptr<Sequence> Generator::start(GenerationRequest req, TokenCallback on_token,
                                            const std::atomic<bool>* cancel) {
   const auto& p = req.prompt;
-  require(check_context(int64_t(p.size()), req.max_tokens, s_.max_length()));
+  if (req.prompt_logprobs > 20) throw InputError("prompt_logprobs must be in [-1, 20]");
+  // Scoring only (max_tokens 0): the prompt must fit as it would with one token to generate.
+  const bool score_only = req.prompt_logprobs >= 0 && req.max_tokens == 0;
+  require(check_context(int64_t(p.size()), score_only ? 1 : req.max_tokens, s_.max_length()));
   if (req.draft_tokens < 0) throw InputError("draft_tokens must be >= 0");
   if (req.draft_tokens > 0 && !drafting_ && s_.can_draft()) {
     // The head must follow the context from its start: a context it did not see is not reused.

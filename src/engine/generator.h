@@ -46,7 +46,7 @@ class TokenConstraint {
 struct GenerationRequest {
   std::vector<int32_t> prompt;  // must not be empty
   SamplingParams sampling;
-  int64_t max_tokens = 256;                // >= 1
+  int64_t max_tokens = 256;                // >= 1 (0 only when scoring the prompt: nothing is generated)
   std::vector<int32_t> stop_ids;           // end-of-turn ids: generation stops, their text is not emitted
   std::vector<std::string> stop_strings;   // generation stops; the text from the stop string on is dropped
   int32_t boundary_token = -1;             // snapshot after each occurrence in the prompt (-1: none)
@@ -56,6 +56,14 @@ struct GenerationRequest {
   std::shared_ptr<TokenConstraint> constraint;  // null: unconstrained
   int draft_tokens = 0;                    // MTP speculation depth (0: off; used when the session can_draft())
   SpecPolicyKind spec_policy = SpecPolicyKind::Adaptive;  // drafts per step: adaptive (0..draft_tokens) or fixed
+  // Scoring the prompt (OpenAI completions' `echo` with `logprobs`): >= 0 computes, for every prompt token after
+  // the first, its log-probability under the model given the tokens before it, with this many most likely
+  // alternatives (0..20; Session::prefill's logits sink, log_softmax of the raw logits as for generated tokens).
+  // They go to on_prompt_logprobs once, when the prompt is in and before the first choice: entry i is prompt
+  // token i + 1's. The whole prompt is computed (a restored state has no logits: no prefix reuse; snapshots are
+  // still taken for later requests). -1: off.
+  int prompt_logprobs = -1;
+  std::function<void(std::vector<TokenChoice>&&)> on_prompt_logprobs;
 };
 
 enum class FinishReason { Stop, Length, Cancelled };

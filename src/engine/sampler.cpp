@@ -51,6 +51,28 @@ std::vector<TokenLogprob> top_logprobs(std::span<const float> logits, int n) {
   return out;
 }
 
+TokenChoice score_token(std::span<const float> logits, int32_t token, int n) {
+  const double lse = log_sum_exp(logits);
+  TokenChoice c;
+  c.token = token;
+  c.logprob = float(double(logits[size_t(token)]) - lse);
+  // The n largest in a small sorted array (descending, ties to the lower id: ids arrive in increasing order, so a
+  // value equal to one already kept goes after it).
+  const size_t k = size_t(std::clamp(n, 0, int(logits.size())));
+  std::vector<int32_t> best;
+  best.reserve(k + 1);
+  for (size_t i = 0; i < logits.size() && k > 0; ++i) {
+    const float v = logits[i];
+    if (best.size() == k && !(v > logits[size_t(best.back())])) continue;
+    size_t at = best.size();
+    while (at > 0 && v > logits[size_t(best[at - 1])]) --at;
+    best.insert(best.begin() + ptrdiff_t(at), int32_t(i));
+    if (best.size() > k) best.pop_back();
+  }
+  for (int32_t id : best) c.top.push_back({id, float(double(logits[size_t(id)]) - lse)});
+  return c;
+}
+
 void apply_penalties(std::span<float> logits, const SamplingParams& p, std::span<const int32_t> seen,
                      const std::unordered_map<int32_t, int>& counts) {
   if (p.repetition_penalty != 1.f) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "engine/sampler.h"
 
 namespace lilac {
 
@@ -33,7 +34,24 @@ void Sequence::begin_prefill() {
 void Sequence::prefill_call(int64_t n) {
   const auto& p = req_.prompt;
   gen_.context_valid_ = false;  // in case prefill throws half-way
-  gen_.s_.prefill(std::span<const int32_t>(p.data() + pos_, size_t(n)));
+  const std::span<const int32_t> piece(p.data() + pos_, size_t(n));
+  if (req_.prompt_logprobs >= 0) {
+    // Row j (the logits after prompt token j) scores token j + 1; the last row is the first choice's.
+    const int64_t V = gen_.s_.vocab_size();
+    if (V <= 0) throw InputError("this backend cannot score a prompt (no logits of its positions)");
+    const LogitsSink sink = [this, &p, V](int64_t first, int64_t rows, const float* logits) {
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t j = first + r;
+        if (j + 1 >= int64_t(p.size())) break;
+        if (j != int64_t(prompt_lp_.size())) throw Error("Sequence: prompt logits out of order");
+        prompt_lp_.push_back(score_token(std::span<const float>(logits + r * V, size_t(V)),
+                                         p[size_t(j + 1)], req_.prompt_logprobs));
+      }
+    };
+    gen_.s_.prefill(piece, &sink);
+  } else {
+    gen_.s_.prefill(piece);
+  }
   gen_.context_.insert(gen_.context_.end(), p.begin() + pos_, p.begin() + pos_ + n);
   gen_.context_valid_ = true;
   pos_ += n;
@@ -69,12 +87,20 @@ int64_t Sequence::prefill_step() {
         }
       }
     }
-    if (pos_ == int64_t(p.size())) first_choice();
+    if (pos_ == int64_t(p.size())) prompt_done();
     return computed;
   } catch (...) {
     abort();
     throw;
   }
+}
+
+void Sequence::prompt_done() {
+  if (req_.prompt_logprobs >= 0 && req_.on_prompt_logprobs) req_.on_prompt_logprobs(std::move(prompt_lp_));
+  prompt_lp_.clear();
+  if (req_.max_tokens > 0) return first_choice();
+  st_.prefill_seconds = seconds_since(t0_);  // scoring only: nothing to generate
+  finish(FinishReason::Length);
 }
 
 void Sequence::set_mask() {

@@ -103,7 +103,8 @@ class Sequence {
   bool cancelled() const { return cancel_ && cancel_->load(std::memory_order_relaxed); }
   void begin_prefill();      // restore the best start, compute the segment ends
   void prefill_call(int64_t n);
-  void first_choice();       // the prompt is complete: begin_generation + sample + consume
+  void prompt_done();        // the prompt is complete: its scores out, then first_choice (or the end: max_tokens 0)
+  void first_choice();       // begin_generation + sample + consume
   void set_mask();
   bool accept(TokenChoice c);  // one choice; false when the sequence ended
   void finish(FinishReason r);
@@ -121,6 +122,7 @@ class Sequence {
   int32_t pending_ = -1;            // the last consumed choice: the next step's input
   bool step_reported_ = false;      // decode_alone told the policy about the step being consumed
   bool step_suppressed_ = false;    // the driver's step being consumed was one without its drafts
+  std::vector<TokenChoice> prompt_lp_;  // req.prompt_logprobs >= 0: the prompt's scores so far
   StreamDetokenizer detok_;
   Clock::time_point t0_, t1_;
 };

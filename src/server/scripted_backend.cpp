@@ -40,6 +40,7 @@ class ScriptedSession : public Session {
   ScriptedSession(const ScriptedBackend& b, int64_t max_len) : b_(b), max_(max_len) {}
   int64_t length() const override { return int64_t(ctx_.size()); }
   int64_t max_length() const override { return max_; }
+  int64_t vocab_size() const override;
   void prefill(std::span<const int32_t> tokens, const LogitsSink* sink) override;
   void begin_generation(const SamplingParams& params, std::span<const int32_t> context) override;
   TokenChoice sample() override;
@@ -94,6 +95,8 @@ class ScriptedBackend : public Backend {
   std::shared_ptr<const Tokenizer> tok;
   ModelConfig cfg;
 };
+
+int64_t ScriptedSession::vocab_size() const { return b_.cfg.vocab_size; }
 
 void ScriptedSession::prefill(std::span<const int32_t> tokens, const LogitsSink* sink) {
   if (int64_t(ctx_.size() + tokens.size()) > max_)
