@@ -63,7 +63,8 @@ void serve_generation(ServerContext& C, const Endpoint& ep, const httplib::Reque
     if (!any_model && !r.model.empty() && r.model != C.opts.model_id)
       throw ApiError(404, "The model '" + r.model + "' does not exist (this server serves '" + C.opts.model_id + "').",
                      "model", "model_not_found");
-    std::vector<std::shared_ptr<Generation>> gens = C.core->start_choices(r.spec, r.n);
+    r.more_specs.insert(r.more_specs.begin(), r.spec);  // every prompt's spec, in order
+    std::vector<std::shared_ptr<Generation>> gens = C.core->start_choices(r.more_specs, r.n);
     if (C.hook_set) {
       res.set_header("x-lilac-route", "local");
       if (C.hook.on_local) {
@@ -75,12 +76,12 @@ void serve_generation(ServerContext& C, const Endpoint& ep, const httplib::Reque
       }
     }
     const RequestLog log{ep.path, t0, C.opts.log_requests, &C.metrics};
-    if (r.n == 1) {
+    if (gens.size() == 1) {
       auto fmt = r.formatter(*gens.front(), C.hook_set);
       return send_generation(res, std::move(gens.front()), std::move(fmt), r.stream, log, fail);
     }
     std::vector<std::shared_ptr<ResponseFormatter>> fmts;
-    for (int i = 0; i < r.n; ++i) fmts.push_back(r.choice_formatter(*gens[size_t(i)], C.hook_set, i));
+    for (size_t i = 0; i < gens.size(); ++i) fmts.push_back(r.choice_formatter(*gens[i], C.hook_set, int(i)));
     send_generations(res, std::move(gens), std::move(fmts), std::move(r.join), r.stream, log, fail);
   } catch (const ApiError& e) {
     return fail(e);

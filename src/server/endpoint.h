@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -35,8 +36,11 @@ struct PreparedRequest {
   // Makes the response's formatter once the generation started; `route_field`: a route hook is set,
   // so the answer says "lilac_route": "local".
   std::function<std::shared_ptr<ResponseFormatter>(const Generation& gen, bool route_field)> formatter;
-  // OpenAI's `n` > 1: `n` generations of `spec` (GenerationCore::start_choices), each formatted by
-  // choice_formatter(gen, route_field, i) and answered as one response through `join`.
+  // Completions with several prompts: prompts 2.. (spec is the first; each is `spec` but for its prompt).
+  std::vector<GenerationSpec> more_specs;
+  // OpenAI's `n` > 1 or several prompts: `n` generations of each prompt's spec (GenerationCore::start_choices),
+  // choice i = prompt · n + its choice, each formatted by choice_formatter(gen, route_field, i) and answered as
+  // one response through `join`.
   int n = 1;
   std::function<std::shared_ptr<ResponseFormatter>(const Generation& gen, bool route_field, int index)> choice_formatter;
   ChoicesJoin join;

@@ -138,6 +138,10 @@ OutputEvent Generation::decode(JobEvent& ev) {
       out.stats = stats_;
       if (parser_) append(parser_->finish());
       break;
+    case JobEvent::PromptScores:
+      out.kind = OutputEvent::Token;  // no token (id -1, no text)
+      out.prompt_scores = std::move(ev.prompt_scores);
+      break;
     case JobEvent::Error:
       out.kind = OutputEvent::Error;
       finished_ = true;
@@ -164,7 +168,9 @@ bool Generation::poll(std::vector<OutputEvent>& out, std::chrono::milliseconds t
   for (auto& e : evs) {
     if (finished_) break;
     OutputEvent o = decode(e);
-    if (o.kind == OutputEvent::Token && o.token.id < 0 && o.token.text.empty() && o.deltas.empty()) continue;
+    if (o.kind == OutputEvent::Token && o.token.id < 0 && o.token.text.empty() && o.deltas.empty() &&
+        !o.prompt_scores)
+      continue;
     out.push_back(std::move(o));
   }
   return got;
@@ -307,16 +313,21 @@ int64_t GenerationCore::count_prompt_tokens(const GenerationSpec& spec) const {
   return int64_t(prompt_tokens(spec, prompt).size());
 }
 
-std::shared_ptr<Generation> GenerationCore::start(const GenerationSpec& spec) { return start_choices(spec, 1).front(); }
+std::shared_ptr<Generation> GenerationCore::start(const GenerationSpec& spec) {
+  return start_choices(std::span<const GenerationSpec>(&spec, 1), 1).front();
+}
 
-std::vector<std::shared_ptr<Generation>> GenerationCore::start_choices(const GenerationSpec& spec, int n) {
+void GenerationCore::make_choices(const GenerationSpec& spec, int n, std::vector<std::shared_ptr<Job>>& jobs,
+                                  std::vector<std::shared_ptr<Generation>>& gens) {
   const bool chat = spec.input == GenerationSpec::Input::Chat;
   GenerationPrompt prompt;
   std::vector<int32_t> ids = prompt_tokens(spec, prompt);
   // One set of rules (engine/validate.h); the answer names the field at fault.
   const int64_t len = int64_t(ids.size());
   const int64_t max_tokens = spec.max_tokens.value_or(opts_.max_seq - len);
-  if (Check bad = check_context(len, max_tokens, opts_.max_seq)) {
+  // Scoring only (max_tokens 0): the prompt must fit as it would with one token to generate.
+  const bool score_only = spec.prompt_logprobs >= 0 && max_tokens == 0;
+  if (Check bad = check_context(len, score_only ? 1 : max_tokens, opts_.max_seq)) {
     switch (bad->kind) {
       case Invalid::EmptyPrompt: throw ApiError(400, bad->message, spec.prompt_param);
       case Invalid::BadMaxTokens: throw ApiError(400, bad->message, spec.max_tokens_param, "invalid_value");
@@ -338,8 +349,6 @@ std::vector<std::shared_ptr<Generation>> GenerationCore::start_choices(const Gen
     Scheduler* sched = sched_.get();
     budget.submit = [sched](std::shared_ptr<Job> j) { return sched->submit(std::move(j)); };
   }
-  std::vector<std::shared_ptr<Job>> jobs;
-  std::vector<std::shared_ptr<Generation>> gens;
   for (int i = 0; i < n; ++i) {  // choice i: the same prompt, sampled with seed + i, its own constraint state
     GenerationRequest gr;
     gr.prompt = ids;
@@ -352,10 +361,18 @@ std::vector<std::shared_ptr<Generation>> GenerationCore::start_choices(const Gen
     gr.constraint = constraint(spec, prompt);
     gr.draft_tokens = opts_.spec_tokens;  // not used under a constraint (Sequence::draft_budget)
     gr.spec_policy = opts_.spec_policy;
+    gr.prompt_logprobs = spec.prompt_logprobs;
     jobs.push_back(std::make_shared<Job>(std::move(gr)));
     gens.push_back(std::make_shared<Generation>(jobs.back(), chat, prompt, spec.tools, format_));
     if (budgeted) gens.back()->set_reasoning_budget(budget);
   }
+}
+
+std::vector<std::shared_ptr<Generation>> GenerationCore::start_choices(std::span<const GenerationSpec> specs, int n) {
+  std::vector<std::shared_ptr<Job>> jobs;
+  std::vector<std::shared_ptr<Generation>> gens;
+  for (const GenerationSpec& spec : specs) make_choices(spec, n, jobs, gens);
+  const size_t total = jobs.size();
   {
     std::lock_guard lk(live_mu_);  // with begin_shutdown's: a generation added here is seen by it
     if (shutting_down_.load())
@@ -368,7 +385,8 @@ std::vector<std::shared_ptr<Generation>> GenerationCore::start_choices(const Gen
     throw ApiError(429,
                    "The server is busy: " + std::to_string(opts_.max_queue) +
                        " requests are already queued or running" +
-                       (n > 1 ? " (this one needs " + std::to_string(n) + " places)" : std::string()) + ". Retry later.",
+                       (total > 1 ? " (this one needs " + std::to_string(total) + " places)" : std::string()) +
+                       ". Retry later.",
                    "", "queue_full");
   return gens;
 }

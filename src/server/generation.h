@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -64,6 +65,9 @@ struct GenerationSpec {
   SamplingParams sampling;
   std::optional<int64_t> max_tokens;  // nullopt: up to the context limit
   std::vector<std::string> stop;
+  // Score the prompt (GenerationRequest::prompt_logprobs: -1 off, else the alternatives per token, 0..20): the
+  // scores come as OutputEvent::prompt_scores. max_tokens may then be 0 (score only).
+  int prompt_logprobs = -1;
   // Chat with reasoning on: at most this many generated tokens are spent inside the reasoning block;
   // when the budget runs out with the reasoning still open, the core closes it (ModelFormat::
   // force_close_reasoning) and the model goes on with its answer, within max_tokens in all. See
@@ -81,7 +85,11 @@ struct GenerationSpec {
 // A generation's output, decoded: what a protocol adapter formats.
 struct OutputEvent {
   enum Kind { Token, Done, Error } kind = Token;
-  GeneratedToken token;             // Token: the sampled token (id -1: the final flush of held-back text)
+  GeneratedToken token;             // Token: the sampled token (id -1: the final flush of held-back text, or
+                                    // the prompt's scores below)
+  // Token (id -1, no text), once before the first token when GenerationSpec::prompt_logprobs >= 0: entry i is the
+  // score of prompt token i + 1 (Generation::prompt_ids()).
+  std::optional<std::vector<TokenChoice>> prompt_scores;
   bool reasoning = false;           // Token: generated inside the reasoning block (its markup included)
   std::vector<OutputDelta> deltas;  // Token, Done: parsed output (chat: reasoning, content, tool calls;
                                     // text and token prompts: the text as content)
@@ -122,6 +130,8 @@ class Generation {
   const GenerationStats& stats() const { return stats_; }
   int tool_calls() const { return parser_ ? parser_->tool_calls() : 0; }
   int64_t prompt_tokens() const { return prompt_tokens_; }  // the prompt's length, known at once
+  // The prompt's token ids (as tokenized and shaped for the model).
+  const std::vector<int32_t>& prompt_ids() const { return job_->req.prompt; }
 
  private:
   OutputEvent decode(JobEvent& ev);
@@ -158,9 +168,9 @@ class GenerationCore {
   // the schema's field, the message its keyword and JSON pointer), 429 when the queue is full, 503 once
   // shutting down.
   std::shared_ptr<Generation> start(const GenerationSpec& spec);
-  // `n` generations of `spec` (choice i sampled with seed + i), rendered and checked once and admitted to
-  // the queue together: all or none (429).
-  std::vector<std::shared_ptr<Generation>> start_choices(const GenerationSpec& spec, int n);
+  // `n` generations of each of `specs` (choice i of a spec sampled with seed + i; generation k·n + i is spec k's
+  // choice i), each spec rendered and checked once, all admitted to the queue together: all or none (429).
+  std::vector<std::shared_ptr<Generation>> start_choices(std::span<const GenerationSpec> specs, int n);
   // The prompt's length in tokens once rendered and shaped as start() would (nothing is queued).
   // Throws ApiError 400 for a prompt that cannot be rendered.
   int64_t count_prompt_tokens(const GenerationSpec& spec) const;
@@ -176,6 +186,9 @@ class GenerationCore {
 
  private:
   std::vector<int32_t> prompt_tokens(const GenerationSpec& spec, GenerationPrompt& prompt) const;
+  // Renders and checks `spec` and appends its `n` choices' jobs and generations.
+  void make_choices(const GenerationSpec& spec, int n, std::vector<std::shared_ptr<Job>>& jobs,
+                    std::vector<std::shared_ptr<Generation>>& gens);
   std::vector<std::shared_ptr<Generation>> live() const;
   // The constraint of `spec` after `prompt` (null when nothing is constrained).
   std::shared_ptr<TokenConstraint> constraint(const GenerationSpec& spec, const GenerationPrompt& prompt);

@@ -34,8 +34,9 @@ ResponseMeta response_meta(ServerContext& C, const CommonParams& p, const char* 
 // What chat and completions requests share after their prompt: the constraint, sampling, limits, the
 // response's model / stream and its formatter (`make`: the protocol's chunks, `id_prefix` its ids).
 using MakeFormatter = std::shared_ptr<ResponseFormatter> (*)(ResponseMeta, const Tokenizer&);
+// `prompts`: completions' prompts (each gets p.n choices; r.more_specs holds prompts 2..); `echo`: completions'.
 void finish_request(ServerContext& C, const CommonParams& p, const char* id_prefix, MakeFormatter make,
-                    PreparedRequest& r) {
+                    PreparedRequest& r, int prompts = 1, bool echo = false) {
   apply_response_format(p.response_format, p.json_schema, r.spec);
   r.spec.sampling = p.sampling;
   r.spec.max_tokens = p.max_tokens;
@@ -43,23 +44,24 @@ void finish_request(ServerContext& C, const CommonParams& p, const char* id_pref
   r.model = p.model;
   r.stream = p.stream;
   ResponseMeta meta = response_meta(C, p, id_prefix);
-  // Choice `index` of `n`: only a lone choice ends its own stream (several: the join ends it, once).
-  auto choice = [&C, meta, make, n = p.n](bool route_field, int index) mutable {
+  meta.echo = echo;
+  const int total = prompts * p.n;
+  // Choice `index` of `total`: only a lone choice ends its own stream (several: the join ends it, once).
+  auto choice = [&C, meta, make, total](const Generation& g, bool route_field, int index) mutable {
     meta.route_field = route_field;
     meta.index = index;
-    meta.stream_tail = n == 1;
+    meta.stream_tail = total == 1;
+    if (meta.echo) meta.echo_ids = g.prompt_ids();
     return make(meta, *C.tok);
   };
-  r.formatter = [choice](const Generation&, bool route_field) mutable { return choice(route_field, 0); };
+  r.formatter = [choice](const Generation& g, bool route_field) mutable { return choice(g, route_field, 0); };
   r.n = p.n;
-  if (p.n > 1) {
-    r.choice_formatter = [choice](const Generation&, bool route_field, int index) mutable {
-      return choice(route_field, index);
-    };
+  if (total > 1) {
+    r.choice_formatter = choice;
     // The join's usage chunk carries the route field when the route hook is set (it marks every answer).
     ResponseMeta joined = meta;
     joined.route_field = C.hook_set;
-    r.join = openai_choices_join(joined, make == make_chat_formatter);
+    r.join = openai_choices_join(joined, make == make_chat_formatter, p.n);
   }
 }
 
@@ -81,15 +83,21 @@ PreparedRequest chat_request(ServerContext& C, const ojson& body, const ModelCon
 PreparedRequest completion_request(ServerContext& C, const ojson& body, const ModelConfig& cfg, uint64_t seed) {
   CompletionParams p = parse_completion_request(body, cfg, seed);
   PreparedRequest r;
-  if (p.prompt_ids) {
-    r.spec.input = GenerationSpec::Input::Tokens;
-    r.spec.tokens = std::move(*p.prompt_ids);
-  } else {
-    r.spec.input = GenerationSpec::Input::Text;
-    r.spec.text = std::move(p.prompt_text);
-  }
   r.spec.prompt_param = "prompt";
-  finish_request(C, p, "cmpl-", make_completion_formatter, r);
+  // echo: the prompt's scores with logprobs (or to answer max_tokens 0, the prompt alone)
+  if (p.echo && (p.logprobs || p.max_tokens == 0)) r.spec.prompt_logprobs = p.logprobs ? p.top_logprobs : 0;
+  finish_request(C, p, "cmpl-", make_completion_formatter, r, int(p.prompts.size()), p.echo);
+  const GenerationSpec common = r.spec;
+  for (size_t k = 0; k < p.prompts.size(); ++k) {
+    GenerationSpec& s = k == 0 ? r.spec : r.more_specs.emplace_back(common);
+    if (p.prompts[k].ids) {
+      s.input = GenerationSpec::Input::Tokens;
+      s.tokens = std::move(*p.prompts[k].ids);
+    } else {
+      s.input = GenerationSpec::Input::Text;
+      s.text = std::move(p.prompts[k].text);
+    }
+  }
   return r;
 }
 

@@ -257,6 +257,7 @@ class CompletionFormatter final : public OpenAIFormatter {
   std::string stream_event(const OutputEvent& ev) override {
     note(ev);
     std::string out;
+    if (meta_.echo && !echoed_ && ev.kind != OutputEvent::Error) out += text_chunk(echo(ev));
     switch (ev.kind) {
       case OutputEvent::Token: {
         const GeneratedToken& t = ev.token;
@@ -279,6 +280,7 @@ class CompletionFormatter final : public OpenAIFormatter {
 
   void add(const OutputEvent& ev) override {
     note(ev);
+    if (meta_.echo && !echoed_ && ev.kind != OutputEvent::Error) content_ += echo(ev);
     if (ev.kind != OutputEvent::Token) return;
     add_logprobs(ev.token);
     text_offset_ += int64_t(ev.token.text.size());
@@ -303,15 +305,40 @@ class CompletionFormatter final : public OpenAIFormatter {
   }
 
  private:
+  // The prompt's echo, at the generation's first event: its text (the tokens' bytes), and with logprobs an entry
+  // per prompt token (scores from the event, which then holds them: the first is null, as OpenAI's).
+  std::string echo(const OutputEvent& ev) {
+    echoed_ = true;
+    std::string text;
+    const std::vector<TokenChoice>* scores = ev.prompt_scores ? &*ev.prompt_scores : nullptr;
+    for (size_t i = 0; i < meta_.echo_ids.size(); ++i) {
+      const std::string& tb = tok_.token_bytes(meta_.echo_ids[i]);
+      if (meta_.logprobs) {
+        const TokenChoice* c = i > 0 && scores && i - 1 < scores->size() ? &(*scores)[i - 1] : nullptr;
+        lp_tokens_.push_back(tb);
+        lp_values_.push_back(c ? json(c->logprob) : json(nullptr));
+        lp_top_.push_back(c && meta_.top_logprobs > 0 ? top_json(c->top) : json(nullptr));
+        lp_offsets_.push_back(text_offset_);
+      }
+      text_offset_ += int64_t(tb.size());
+      text += tb;
+    }
+    return text;
+  }
+
+  json top_json(const std::vector<TokenLogprob>& top) const {
+    json j = json::object();
+    for (size_t i = 0; i < top.size() && int(i) < meta_.top_logprobs; ++i)
+      j[tok_.token_bytes(top[i].token)] = top[i].logprob;
+    return j;
+  }
+
   void add_logprobs(const GeneratedToken& t) {
     if (!meta_.logprobs || t.id < 0) return;
     const std::string& tb = tok_.token_bytes(t.id);
     lp_tokens_.push_back(tb);
     lp_values_.push_back(t.choice.logprob);
-    json top = json::object();
-    for (size_t i = 0; i < t.choice.top.size() && int(i) < meta_.top_logprobs; ++i)
-      top[tok_.token_bytes(t.choice.top[i].token)] = t.choice.top[i].logprob;
-    lp_top_.push_back(meta_.top_logprobs > 0 ? top : json(nullptr));
+    lp_top_.push_back(meta_.top_logprobs > 0 ? top_json(t.choice.top) : json(nullptr));
     lp_offsets_.push_back(text_offset_);
   }
 
@@ -333,16 +360,23 @@ class CompletionFormatter final : public OpenAIFormatter {
   std::string content_;
   json lp_tokens_ = json::array(), lp_values_ = json::array(), lp_top_ = json::array(), lp_offsets_ = json::array();
   int64_t text_offset_ = 0;
+  bool echoed_ = false;
 };
 
 }  // namespace
 
-ChoicesJoin openai_choices_join(const ResponseMeta& meta, bool chat) {
-  // The prompt (and its cached part) once, every choice's completion.
-  auto usage = [](const std::vector<GenerationStats>& st) {
-    int64_t completion = 0;
-    for (const auto& s : st) completion += s.completion_tokens;
-    return st.empty() ? usage_json(0, 0, 0) : usage_json(st.front().prompt_tokens, completion, st.front().cached_tokens);
+ChoicesJoin openai_choices_join(const ResponseMeta& meta, bool chat, int n) {
+  // Each prompt (and its cached part) once, every choice's completion.
+  auto usage = [n](const std::vector<GenerationStats>& st) {
+    int64_t prompt = 0, completion = 0, cached = 0;
+    for (size_t i = 0; i < st.size(); ++i) {
+      completion += st[i].completion_tokens;
+      if (i % size_t(std::max(1, n)) == 0) {
+        prompt += st[i].prompt_tokens;
+        cached += st[i].cached_tokens;
+      }
+    }
+    return usage_json(prompt, completion, cached);
   };
   ChoicesJoin j;
   j.body = [usage](const std::vector<std::string>& bodies, const std::vector<GenerationStats>& st) {

@@ -84,7 +84,8 @@ void parse_common(const ojson& body, const ModelConfig& cfg, uint64_t seed, Comm
   if (auto b = get_int(body, "best_of", 1, 128); b && *b != 1)
     bad("best_of", "Only best_of = 1 is supported.", "unsupported_value");
   // max tokens
-  auto mt = get_int(body, "max_tokens", 1, INT64_MAX);
+  // (completions: 0 is allowed by the range and refused there unless `echo` asks only for the prompt)
+  auto mt = get_int(body, "max_tokens", chat ? 1 : 0, INT64_MAX);
   if (chat) {
     auto mct = get_int(body, "max_completion_tokens", 1, INT64_MAX);
     if (mct) mt = mct;
@@ -119,7 +120,8 @@ void parse_common(const ojson& body, const ModelConfig& cfg, uint64_t seed, Comm
     if (!s->is_number_integer()) wrong_type("seed", "an integer", *s);
     sp.seed = s->is_number_unsigned() ? s->get<uint64_t>() : uint64_t(s->get<int64_t>());
   }
-  if (auto e = get_bool(body, "echo"); e && *e) bad("echo", "'echo' is not supported.", "unsupported_value");
+  if (auto e = get_bool(body, "echo"); chat && e && *e)
+    bad("echo", "'echo' is only supported by /v1/completions.", "unsupported_value");
   parse_response_format(body, p);
   if (const ojson* lb = field(body, "logit_bias"); lb && !(lb->is_object() && lb->empty()))
     bad("logit_bias", "'logit_bias' is not supported.", "unsupported_value");
@@ -371,28 +373,44 @@ CompletionParams parse_completion_request(const ojson& body, const ModelConfig& 
         bad("prompt", "Invalid 'prompt': token ids must be integers in [0, " + std::to_string(cfg.vocab_size) + ").");
       ids.push_back(int32_t(x.get<int64_t>()));
     }
+    if (ids.empty()) bad("prompt", "Invalid 'prompt': a prompt of token ids is empty.");
     return ids;
   };
+  auto text = [&](const ojson& t) {
+    if (t.get<std::string>().empty()) bad("prompt", "Invalid 'prompt': it is empty.");
+    return CompletionPrompt{t.get<std::string>(), std::nullopt};
+  };
+  // A string, an array of ids, or an array of prompts (strings or id arrays, not mixed).
   if (pr->is_string()) {
-    p.prompt_text = pr->get<std::string>();
+    p.prompts.push_back(text(*pr));
   } else if (pr->is_array()) {
     if (pr->empty()) bad("prompt", "Invalid 'prompt': empty array.", "empty_array");
-    if ((*pr)[0].is_string()) {
-      if (pr->size() != 1 || !(*pr)[0].is_string()) bad("prompt", "Only one prompt per request is supported.", "unsupported_value");
-      p.prompt_text = (*pr)[0].get<std::string>();
-    } else if ((*pr)[0].is_array()) {
-      if (pr->size() != 1) bad("prompt", "Only one prompt per request is supported.", "unsupported_value");
-      p.prompt_ids = as_ids((*pr)[0]);
+    const ojson& first = (*pr)[0];
+    if (first.is_string() || first.is_array()) {
+      if (pr->size() > size_t(kMaxPrompts))
+        bad("prompt", "At most " + std::to_string(kMaxPrompts) + " prompts per request are supported (got " +
+                          std::to_string(pr->size()) + ").", "unsupported_value");
+      for (const auto& x : *pr) {
+        if (x.is_string() != first.is_string() || x.is_array() != first.is_array())
+          wrong_type("prompt", "an array of strings or an array of token-id arrays (not mixed)", x);
+        p.prompts.push_back(x.is_string() ? text(x) : CompletionPrompt{"", as_ids(x)});
+      }
     } else {
-      p.prompt_ids = as_ids(*pr);
+      p.prompts.push_back(CompletionPrompt{"", as_ids(*pr)});
     }
   } else {
     wrong_type("prompt", "a string, an array of strings or an array of token ids", *pr);
   }
-  if (p.prompt_ids ? p.prompt_ids->empty() : p.prompt_text.empty()) bad("prompt", "Invalid 'prompt': it is empty.");
   if (field(body, "suffix")) bad("suffix", "'suffix' is not supported.", "unsupported_value");
   parse_common(body, cfg, seed, p, false);
+  p.echo = get_bool(body, "echo").value_or(false);
   if (!p.max_tokens) p.max_tokens = 16;  // OpenAI's default for completions
+  if (*p.max_tokens == 0 && !p.echo)
+    bad("max_tokens", "Invalid 'max_tokens': must be at least 1 (0 only with 'echo': the prompt alone, scored with "
+                      "'logprobs').", "invalid_value");
+  if (int64_t(p.prompts.size()) * p.n > kMaxGenerations)
+    bad("n", "At most " + std::to_string(kMaxGenerations) + " generations (prompts × n) per request are supported (got " +
+                 std::to_string(p.prompts.size()) + " × " + std::to_string(p.n) + ").", "unsupported_value");
   if (auto lp = get_int(body, "logprobs", 0, 20)) {
     p.logprobs = true;
     p.top_logprobs = int(*lp);

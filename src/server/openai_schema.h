@@ -57,9 +57,21 @@ struct ChatParams : CommonParams {
   bool continue_final = false;
 };
 
+// One prompt of a completions request: text, or token ids.
+struct CompletionPrompt {
+  std::string text;
+  std::optional<std::vector<int32_t>> ids;
+};
+
+// Completions: prompts per request at most (`prompt` as an array of strings or of id arrays), and generations
+// (prompts × n) per request at most (each is one generation; they are admitted together, all or none).
+constexpr int kMaxPrompts = 64;
+constexpr int kMaxGenerations = 64;
+
 struct CompletionParams : CommonParams {
-  std::string prompt_text;                    // a text prompt, or
-  std::optional<std::vector<int32_t>> prompt_ids;  // token ids
+  std::vector<CompletionPrompt> prompts;  // one or more; choice index = prompt · n + i
+  // Echo the prompt before each completion (text, and with logprobs its tokens' entries: the first one's null).
+  bool echo = false;
 };
 
 // Sampling defaults: the model's generation_config.json values, else OpenAI's (temperature 1, top_p 1).

@@ -202,6 +202,13 @@ void Scheduler::admit(std::shared_ptr<Job> job) {
     j->push(std::move(ev));
     return true;
   };
+  if (req.prompt_logprobs >= 0)
+    req.on_prompt_logprobs = [j](std::vector<TokenChoice>&& scores) {
+      JobEvent ev;
+      ev.kind = JobEvent::PromptScores;
+      ev.prompt_scores = std::move(scores);
+      j->push(std::move(ev));
+    };
   try {
     best->seq = best->gen->start(std::move(req), std::move(on_token), &j->cancel);
   } catch (...) {

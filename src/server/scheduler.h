@@ -52,8 +52,9 @@ namespace lilac::server {
 struct Metrics;
 
 struct JobEvent {
-  enum Kind { Token, Done, Error } kind = Token;
+  enum Kind { Token, Done, Error, PromptScores } kind = Token;
   GeneratedToken token;   // Token
+  std::vector<TokenChoice> prompt_scores;  // PromptScores (GenerationRequest::prompt_logprobs), before any Token
   GenerationStats stats;  // Done
   int status = 500;       // Error: HTTP status (400 for lilac::InputError, 500 otherwise)
   std::string message;    // Error

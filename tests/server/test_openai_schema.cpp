@@ -32,9 +32,13 @@ ojson chat(ojson extra = ojson::object()) {
 }
 
 // Runs parse_chat_request and returns the ApiError's param (fails if it does not throw).
-std::string error_param(const ojson& body, int* status = nullptr, std::string* code = nullptr) {
+// The param of the ApiError a chat (or, with is_chat false, a completions) request body raises.
+std::string error_param(const ojson& body, int* status = nullptr, std::string* code = nullptr, bool is_chat = true) {
   try {
-    parse_chat_request(body, config_with_defaults(), 1);
+    if (is_chat)
+      parse_chat_request(body, config_with_defaults(), 1);
+    else
+      parse_completion_request(body, config_with_defaults(), 1);
   } catch (const ApiError& e) {
     if (status) *status = e.status;
     if (code) *code = e.code;
@@ -153,21 +157,69 @@ TEST(OpenAISchema, ErrorsNameTheParameter) {
 TEST(OpenAISchema, CompletionPrompts) {
   auto cfg = config_with_defaults();
   auto p = parse_completion_request(ojson{{"prompt", "abc"}}, cfg, 1);
-  EXPECT_EQ(p.prompt_text, "abc");
+  ASSERT_EQ(p.prompts.size(), 1u);
+  EXPECT_EQ(p.prompts[0].text, "abc");
+  EXPECT_FALSE(p.prompts[0].ids);
   EXPECT_EQ(*p.max_tokens, 16);
+  EXPECT_FALSE(p.echo);
   p = parse_completion_request(ojson{{"prompt", {"xyz"}}, {"max_tokens", 3}, {"logprobs", 2}}, cfg, 1);
-  EXPECT_EQ(p.prompt_text, "xyz");
+  EXPECT_EQ(p.prompts[0].text, "xyz");
   EXPECT_EQ(*p.max_tokens, 3);
   EXPECT_TRUE(p.sampling.logprobs);
   EXPECT_EQ(p.sampling.top_logprobs, 2);
   p = parse_completion_request(ojson{{"prompt", {1, 2, 3}}}, cfg, 1);
-  EXPECT_EQ(*p.prompt_ids, (std::vector<int32_t>{1, 2, 3}));
+  ASSERT_EQ(p.prompts.size(), 1u);
+  EXPECT_EQ(*p.prompts[0].ids, (std::vector<int32_t>{1, 2, 3}));
   p = parse_completion_request(ojson{{"prompt", {{4, 5}}}}, cfg, 1);
-  EXPECT_EQ(*p.prompt_ids, (std::vector<int32_t>{4, 5}));
+  EXPECT_EQ(*p.prompts[0].ids, (std::vector<int32_t>{4, 5}));
   EXPECT_THROW(parse_completion_request(ojson{{"prompt", {1000}}}, cfg, 1), ApiError);
-  EXPECT_THROW(parse_completion_request(ojson{{"prompt", {"a", "b"}}}, cfg, 1), ApiError);
   EXPECT_THROW(parse_completion_request(ojson{{"prompt", ""}}, cfg, 1), ApiError);
-  EXPECT_THROW(parse_completion_request(ojson{{"prompt", "a"}, {"echo", true}}, cfg, 1), ApiError);
+  EXPECT_THROW(parse_completion_request(ojson{{"prompt", "a"}, {"suffix", "b"}}, cfg, 1), ApiError);
+}
+
+// Several prompts per request (as OpenAI's API and evaluation harnesses send them): strings or id arrays, not
+// mixed, none empty; at most kMaxPrompts, and kMaxGenerations with n.
+TEST(OpenAISchema, SeveralCompletionPrompts) {
+  auto cfg = config_with_defaults();
+  auto p = parse_completion_request(ojson{{"prompt", {"a", "b", "c"}}}, cfg, 1);
+  ASSERT_EQ(p.prompts.size(), 3u);
+  EXPECT_EQ(p.prompts[2].text, "c");
+  p = parse_completion_request(ojson::parse(R"({"prompt": [[1, 2], [3], [4, 5, 6]], "n": 2})"), cfg, 1);
+  ASSERT_EQ(p.prompts.size(), 3u);
+  EXPECT_EQ(*p.prompts[1].ids, (std::vector<int32_t>{3}));
+  EXPECT_EQ(p.n, 2);
+  for (const char* bad : {R"({"prompt": ["a", [1]]})", R"({"prompt": [[1], "a"]})", R"({"prompt": ["a", ""]})",
+                          R"({"prompt": [[1], []]})", R"({"prompt": [[1], [1000]]})", R"({"prompt": ["a", 5]})"}) {
+    int status = 0;
+    EXPECT_EQ(error_param(ojson::parse(bad), &status, nullptr, false), "prompt") << bad;
+    EXPECT_EQ(status, 400) << bad;
+  }
+  ojson many = {{"prompt", ojson::array()}};
+  for (int i = 0; i < lilac::server::kMaxPrompts + 1; ++i) many["prompt"].push_back("x");
+  EXPECT_EQ(error_param(many, nullptr, nullptr, false), "prompt");
+  many["prompt"].erase(0);
+  EXPECT_NO_THROW(parse_completion_request(many, cfg, 1));
+  many["n"] = 2;  // 128 generations
+  EXPECT_EQ(error_param(many, nullptr, nullptr, false), "n");
+}
+
+// echo (completions only), and max_tokens 0 only with it.
+TEST(OpenAISchema, CompletionEcho) {
+  auto cfg = config_with_defaults();
+  auto p = parse_completion_request(ojson{{"prompt", "a"}, {"echo", true}, {"logprobs", 1}, {"max_tokens", 1}}, cfg, 1);
+  EXPECT_TRUE(p.echo);
+  EXPECT_EQ(p.top_logprobs, 1);
+  p = parse_completion_request(ojson{{"prompt", "a"}, {"echo", true}, {"max_tokens", 0}}, cfg, 1);
+  EXPECT_EQ(*p.max_tokens, 0);
+  int status = 0;
+  std::string code;
+  EXPECT_EQ(error_param(ojson{{"prompt", "a"}, {"max_tokens", 0}}, &status, &code, false), "max_tokens");
+  EXPECT_EQ(code, "invalid_value");
+  EXPECT_EQ(error_param(ojson{{"prompt", "a"}, {"echo", "yes"}}, &status, nullptr, false), "echo");
+  EXPECT_EQ(error_param(chat({{"echo", true}}), &status, &code), "echo");
+  EXPECT_EQ(code, "unsupported_value");
+  EXPECT_EQ(error_param(chat({{"max_tokens", 0}}), &status), "max_tokens");
+  EXPECT_NO_THROW(parse_chat_request(chat({{"echo", false}}), cfg, 1));
 }
 
 // Issue 13, 7: a tool whose `parameters` is not a JSON schema object was accepted.

@@ -1,0 +1,155 @@
+// Completions' `echo` (the prompt before the completion; with `logprobs`, an entry per prompt token scored by the
+// model, the first null) and several prompts per request, on the scripted backend (whose logits are all zero:
+// every prompt token scores -log(vocab)), as an evaluation harness asks for them (`echo`, `logprobs: 1`,
+// `max_tokens: 1`, a batch of id prompts).
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "server_test_util.h"
+
+using json = nlohmann::json;
+using lilac::test::post_json;
+
+namespace {
+
+std::vector<json> events(const std::string& body) {
+  std::vector<json> out;
+  for (size_t at = 0; (at = body.find("data: ", at)) != std::string::npos;) {
+    const size_t end = body.find("\n\n", at);
+    const std::string data = body.substr(at + 6, end - at - 6);
+    out.push_back(data == "[DONE]" ? json("[DONE]") : json::parse(data));
+    at = end;
+  }
+  return out;
+}
+
+std::vector<int32_t> encode(const std::string& s) { return lilac::test::qwen3_tokenizer()->encode(s, false); }
+
+double uniform_logprob() { return -std::log(double(lilac::test::qwen3_tokenizer()->vocab_size())); }
+
+// The echoed prompt's part of a choice's logprobs: tokens that spell `prompt`, the first entry null, every other
+// -log(vocab) with one alternative, offsets where each token starts.
+void expect_prompt_entries(const json& lp, const std::string& prompt, size_t n_prompt) {
+  ASSERT_GE(lp["tokens"].size(), n_prompt) << lp.dump();
+  std::string spelled;
+  for (size_t i = 0; i < n_prompt; ++i) {
+    EXPECT_EQ(lp["text_offset"][i], spelled.size()) << i;
+    spelled += lp["tokens"][i].get<std::string>();
+    if (i == 0) {
+      EXPECT_TRUE(lp["token_logprobs"][0].is_null());
+      EXPECT_TRUE(lp["top_logprobs"][0].is_null());
+      continue;
+    }
+    EXPECT_NEAR(lp["token_logprobs"][i].get<double>(), uniform_logprob(), 1e-5) << i;
+    ASSERT_TRUE(lp["top_logprobs"][i].is_object()) << i;
+    EXPECT_EQ(lp["top_logprobs"][i].size(), 1u) << i;
+  }
+  EXPECT_EQ(spelled, prompt);
+}
+
+}  // namespace
+
+TEST(ServerEcho, TextComesBeforeTheCompletion) {
+  lilac::test::LocalServer srv(lilac::test::LocalServer::options());
+  const json plain = post_json(srv.port, "/v1/completions", {{"prompt", "Hello world"}, {"max_tokens", 3}});
+  const json echo = post_json(srv.port, "/v1/completions", {{"prompt", "Hello world"}, {"max_tokens", 3}, {"echo", true}});
+  EXPECT_EQ(echo["choices"][0]["text"], "Hello world" + plain["choices"][0]["text"].get<std::string>());
+  EXPECT_TRUE(echo["choices"][0]["logprobs"].is_null());
+  EXPECT_EQ(echo["usage"], plain["usage"]);
+  // Token ids are echoed as their text.
+  const json ids = post_json(srv.port, "/v1/completions", {{"prompt", encode("Hi there")}, {"max_tokens", 1}, {"echo", true}});
+  EXPECT_EQ(ids["choices"][0]["text"].get<std::string>().rfind("Hi there", 0), 0u) << ids.dump();
+}
+
+// What lm-evaluation-harness's local-completions model sends for a log-likelihood: the scores of the prompt's
+// tokens, then one generated token.
+TEST(ServerEcho, LogprobsScoreEveryPromptToken) {
+  lilac::test::LocalServer srv(lilac::test::LocalServer::options());
+  const std::string prompt = "The capital of France is";
+  const size_t n = encode(prompt).size();
+  const json r = post_json(srv.port, "/v1/completions",
+                           {{"prompt", encode(prompt)}, {"max_tokens", 1}, {"echo", true}, {"logprobs", 1}, {"temperature", 0}});
+  const json& c = r["choices"][0];
+  const json& lp = c["logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), n + 1) << r.dump();
+  ASSERT_EQ(lp["token_logprobs"].size(), n + 1);
+  ASSERT_EQ(lp["top_logprobs"].size(), n + 1);
+  ASSERT_EQ(lp["text_offset"].size(), n + 1);
+  expect_prompt_entries(lp, prompt, n);
+  EXPECT_EQ(lp["text_offset"][n], prompt.size());  // the completion's token starts after the prompt
+  EXPECT_EQ(c["text"].get<std::string>().rfind(prompt, 0), 0u);
+  EXPECT_EQ(r["usage"]["prompt_tokens"], n);
+  EXPECT_EQ(r["usage"]["completion_tokens"], 1);
+}
+
+TEST(ServerEcho, MaxTokensZeroScoresThePromptOnly) {
+  lilac::test::LocalServer srv(lilac::test::LocalServer::options());
+  const std::string prompt = "one two three four";
+  const json r = post_json(srv.port, "/v1/completions",
+                           {{"prompt", prompt}, {"max_tokens", 0}, {"echo", true}, {"logprobs", 1}});
+  const json& c = r["choices"][0];
+  EXPECT_EQ(c["text"], prompt);
+  EXPECT_EQ(c["finish_reason"], "length");
+  EXPECT_EQ(c["logprobs"]["tokens"].size(), encode(prompt).size());
+  expect_prompt_entries(c["logprobs"], prompt, encode(prompt).size());
+  EXPECT_EQ(r["usage"]["completion_tokens"], 0);
+  // Without logprobs: the prompt alone. Without echo: refused.
+  const json bare = post_json(srv.port, "/v1/completions", {{"prompt", prompt}, {"max_tokens", 0}, {"echo", true}});
+  EXPECT_EQ(bare["choices"][0]["text"], prompt);
+  const json bad = post_json(srv.port, "/v1/completions", {{"prompt", prompt}, {"max_tokens", 0}}, 400);
+  EXPECT_EQ(bad["error"]["param"], "max_tokens");
+}
+
+// Several prompts: choice k·n + i is prompt k's choice i; usage counts every prompt once.
+TEST(ServerEcho, SeveralPromptsAreOneResponse) {
+  lilac::test::LocalServer srv(lilac::test::LocalServer::options());
+  const std::vector<std::string> prompts = {"Hello", "Good morning to you", "Bye"};
+  const json r = post_json(srv.port, "/v1/completions",
+                           {{"prompt", prompts}, {"n", 2}, {"max_tokens", 2}, {"echo", true}, {"logprobs", 1}});
+  ASSERT_EQ(r["choices"].size(), 6u) << r.dump();
+  int64_t prompt_tokens = 0;
+  for (size_t k = 0; k < prompts.size(); ++k) {
+    prompt_tokens += int64_t(encode(prompts[k]).size());
+    for (size_t i = 0; i < 2; ++i) {
+      const json& c = r["choices"][k * 2 + i];
+      EXPECT_EQ(c["index"], k * 2 + i);
+      EXPECT_EQ(c["text"].get<std::string>().rfind(prompts[k], 0), 0u) << c.dump();
+      expect_prompt_entries(c["logprobs"], prompts[k], encode(prompts[k]).size());
+    }
+  }
+  EXPECT_EQ(r["usage"]["prompt_tokens"], prompt_tokens);
+  EXPECT_EQ(r["usage"]["completion_tokens"], 12);
+  // Id prompts, the shape harnesses batch.
+  const json ids = post_json(srv.port, "/v1/completions", {{"prompt", {encode("a b"), encode("c d e")}}, {"max_tokens", 1}});
+  ASSERT_EQ(ids["choices"].size(), 2u);
+  EXPECT_EQ(ids["usage"]["prompt_tokens"], encode("a b").size() + encode("c d e").size());
+}
+
+TEST(ServerEcho, StreamEchoesFirst) {
+  lilac::test::LocalServer srv(lilac::test::LocalServer::options());
+  httplib::Client cli("127.0.0.1", srv.port);
+  const std::string prompt = "Stream this prompt";
+  const json body = {{"prompt", prompt}, {"max_tokens", 2}, {"echo", true}, {"logprobs", 1}, {"stream", true}};
+  auto res = cli.Post("/v1/completions", body.dump(), "application/json");
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200);
+  const std::vector<json> evs = events(res->body);
+  ASSERT_GE(evs.size(), 3u);
+  const json& first = evs[0]["choices"][0];
+  EXPECT_EQ(first["text"], prompt);
+  expect_prompt_entries(first["logprobs"], prompt, encode(prompt).size());
+  EXPECT_EQ(first["logprobs"]["tokens"].size(), encode(prompt).size());
+  std::string text;
+  for (const json& e : evs)
+    if (e.is_object()) text += e["choices"][0]["text"].get<std::string>();
+  const json whole = post_json(srv.port, "/v1/completions", {{"prompt", prompt}, {"max_tokens", 2}, {"echo", true}});
+  EXPECT_EQ(text, whole["choices"][0]["text"]);
+  EXPECT_EQ(evs.back(), "[DONE]");
+}
+
