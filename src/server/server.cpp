@@ -14,6 +14,7 @@
 #include "server/anthropic_api.h"
 #include "server/openai_api.h"
 #include "server/responses_api.h"
+#include "server/tokenizer_api.h"
 #include "server/web_ui.h"
 #include "server/openai_schema.h"
 #include "server/server_context.h"
@@ -183,6 +184,7 @@ Server::Server(ServerOptions opts) {
   add_openai_routes(http, C);
   add_anthropic_routes(http, C);
   add_responses_routes(http, C);
+  add_tokenizer_routes(http, C);
   add_web_routes(http);
 }
 

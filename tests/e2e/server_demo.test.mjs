@@ -139,6 +139,45 @@ test('legacy completions, with logprobs', async () => {
   assert.equal(text, r.choices[0].text);
 });
 
+// What an evaluation harness (lm-evaluation-harness's local-completions) does: token ids from /tokenize, then a
+// batch of prompts with echo + logprobs + one token. The tokens a greedy generation chose score, echoed as a
+// prompt, what the generation said they had, and are each the most likely (the harness's is_greedy check).
+test('echo + logprobs score a prompt: the remote-tokenizer, batched shape of an evaluation harness', async () => {
+  const tokenize = async (prompt) => (await postJson(`${srv.url}/tokenize`, { prompt, add_special_tokens: false })).json.tokens;
+  const info = await (await fetch(`${srv.url}/tokenizer_info`)).json();
+  assert.ok('eos_token' in info);
+  const ctx = await tokenize('The capital of France is');
+  const gen = await client.completions.create({ model: modelId, prompt: ctx, max_tokens: 5, temperature: 0, logprobs: 1 });
+  const genIds = await tokenize(gen.choices[0].text);
+  const whole = [...ctx, ...genIds];
+  const other = await tokenize('A different prompt');
+  const r = await client.completions.create({ model: modelId, prompt: [whole, other], max_tokens: 1, temperature: 0,
+                                               logprobs: 1, echo: true });
+  assert.equal(r.choices.length, 2);
+  const lp = r.choices[0].logprobs;
+  assert.equal(lp.token_logprobs.length, whole.length + 1);
+  assert.equal(lp.token_logprobs[0], null);
+  assert.ok(r.choices[0].text.startsWith('The capital of France is' + gen.choices[0].text));
+  // The generated text tokenizes back into the generated tokens (this prompt's output does), so their scores are
+  // the generation's.
+  assert.equal(genIds.length, 5);
+  assert.deepEqual(lp.tokens.slice(ctx.length, ctx.length + genIds.length), gen.choices[0].logprobs.tokens);
+  // The scores come from the prefill's rows, the generation's from decode steps: the same function, computed by
+  // other kernels. The fp32 reference agrees to ~1e-5; the fast CPU path's reduced precision (f16 K/V cache, int8
+  // activations) to its check-golden bound on the logits (2e-3, bench/BENCHMARKS.md), twice that for a logprob.
+  const tol = (process.env.LILAC_E2E_BACKEND || 'cpu-ref') === 'cpu-ref' ? 1e-4 : 4e-3;
+  for (let i = 0; i < genIds.length; i++) {
+    const j = ctx.length + i;
+    assert.ok(Math.abs(lp.token_logprobs[j] - gen.choices[0].logprobs.token_logprobs[i]) < tol,
+              `token ${i}: ${lp.token_logprobs[j]} vs ${gen.choices[0].logprobs.token_logprobs[i]}`);
+    assert.equal(lp.token_logprobs[j], Math.max(...Object.values(lp.top_logprobs[j])), 'greedy: the most likely');
+  }
+  // Each choice of the batch is the single request's.
+  const single = await client.completions.create({ model: modelId, prompt: other, max_tokens: 1, temperature: 0, logprobs: 1, echo: true });
+  assert.deepEqual(r.choices[1].logprobs, single.choices[0].logprobs);
+  assert.equal(r.usage.prompt_tokens, whole.length + other.length);
+});
+
 test('20 concurrent clients are all answered correctly', async () => {
   const req = { model: modelId, messages: [{ role: 'user', content: 'Count with me.' }], max_tokens: 2, temperature: 0,
                 chat_template_kwargs: { enable_thinking: false } };

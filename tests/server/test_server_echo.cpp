@@ -153,3 +153,31 @@ TEST(ServerEcho, StreamEchoesFirst) {
   EXPECT_EQ(evs.back(), "[DONE]");
 }
 
+// The tokenizer endpoints an evaluation harness probes (lm-evaluation-harness's remote tokenizer).
+TEST(ServerTokenizer, TokenizeDetokenizeAndInfo) {
+  lilac::test::LocalServer srv(lilac::test::LocalServer::options());
+  httplib::Client cli("127.0.0.1", srv.port);
+  auto info = cli.Get("/tokenizer_info");
+  ASSERT_TRUE(info);
+  ASSERT_EQ(info->status, 200);
+  const json i = json::parse(info->body);
+  EXPECT_TRUE(i.contains("eos_token"));
+  EXPECT_EQ(i["vocab_size"], lilac::test::qwen3_tokenizer()->vocab_size());
+  const json t = post_json(srv.port, "/tokenize", {{"prompt", "Hello world"}, {"add_special_tokens", false}});
+  EXPECT_EQ(t["tokens"], json(encode("Hello world")));
+  EXPECT_EQ(t["count"], encode("Hello world").size());
+  // Special-token text is those tokens here (as Hugging Face tokenizers read it).
+  const json sp = post_json(srv.port, "/tokenize", {{"prompt", "<|im_start|>user"}});
+  EXPECT_EQ(sp["tokens"][0], *lilac::test::qwen3_tokenizer()->token_id("<|im_start|>"));
+  const json d = post_json(srv.port, "/detokenize", {{"tokens", t["tokens"]}});
+  EXPECT_EQ(d["prompt"], "Hello world");
+  // Bad input: OpenAI error bodies naming the field.
+  EXPECT_EQ(post_json(srv.port, "/tokenize", json::object(), 400)["error"]["param"], "prompt");
+  EXPECT_EQ(post_json(srv.port, "/tokenize", {{"prompt", 5}}, 400)["error"]["param"], "prompt");
+  EXPECT_EQ(post_json(srv.port, "/detokenize", {{"tokens", {1, -1}}}, 400)["error"]["param"], "tokens");
+  EXPECT_EQ(post_json(srv.port, "/detokenize", {{"tokens", {10000000}}}, 400)["error"]["param"], "tokens");
+  EXPECT_EQ(post_json(srv.port, "/detokenize", {{"tokens", "x"}}, 400)["error"]["param"], "tokens");
+  auto junk = cli.Post("/tokenize", "{not json", "application/json");
+  ASSERT_TRUE(junk);
+  EXPECT_EQ(junk->status, 400);
+}
