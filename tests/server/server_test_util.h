@@ -6,6 +6,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -64,6 +65,18 @@ inline nlohmann::json post_json(int port, const std::string& path, const nlohman
   }
   EXPECT_EQ(r->status, want) << path << ": " << r->body;
   return nlohmann::json::parse(r->body, nullptr, false);
+}
+
+// The data of an SSE body's events, in order, each parsed ("[DONE]" as the string "[DONE]").
+inline std::vector<nlohmann::json> sse_events(const std::string& body) {
+  std::vector<nlohmann::json> out;
+  for (size_t at = 0; (at = body.find("data: ", at)) != std::string::npos;) {
+    const size_t end = body.find("\n\n", at);
+    const std::string data = body.substr(at + 6, end - at - 6);
+    out.push_back(data == "[DONE]" ? nlohmann::json("[DONE]") : nlohmann::json::parse(data));
+    at = end;
+  }
+  return out;
 }
 
 }  // namespace lilac::test

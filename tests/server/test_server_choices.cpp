@@ -23,18 +23,6 @@ const json kHello = json::array({{{"role", "user"}, {"content", "Hello"}}});
 
 using lilac::test::post_json;
 
-// The SSE events of a stream ("[DONE]" as a string).
-std::vector<json> events(const std::string& body) {
-  std::vector<json> out;
-  for (size_t at = 0; (at = body.find("data: ", at)) != std::string::npos;) {
-    const size_t end = body.find("\n\n", at);
-    const std::string data = body.substr(at + 6, end - at - 6);
-    out.push_back(data == "[DONE]" ? json("[DONE]") : json::parse(data));
-    at = end;
-  }
-  return out;
-}
-
 }  // namespace
 
 TEST(ServerChoices, ChatBodyHasEveryChoiceAndUsageCountsThePromptOnce) {
@@ -68,7 +56,7 @@ TEST(ServerChoices, StreamNamesEachChoiceThenOneUsageChunkAndOneDone) {
   auto r = cli.Post("/v1/chat/completions", body.dump(), "application/json");
   ASSERT_TRUE(r);
   ASSERT_EQ(r->status, 200);
-  const std::vector<json> evs = events(r->body);
+  const std::vector<json> evs = lilac::test::sse_events(r->body);
   ASSERT_FALSE(evs.empty());
   EXPECT_EQ(evs.back(), "[DONE]");
   std::map<int, std::string> content;

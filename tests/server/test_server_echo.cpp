@@ -18,17 +18,6 @@ using lilac::test::post_json;
 
 namespace {
 
-std::vector<json> events(const std::string& body) {
-  std::vector<json> out;
-  for (size_t at = 0; (at = body.find("data: ", at)) != std::string::npos;) {
-    const size_t end = body.find("\n\n", at);
-    const std::string data = body.substr(at + 6, end - at - 6);
-    out.push_back(data == "[DONE]" ? json("[DONE]") : json::parse(data));
-    at = end;
-  }
-  return out;
-}
-
 std::vector<int32_t> encode(const std::string& s) { return lilac::test::qwen3_tokenizer()->encode(s, false); }
 
 double uniform_logprob() { return -std::log(double(lilac::test::qwen3_tokenizer()->vocab_size())); }
@@ -139,7 +128,7 @@ TEST(ServerEcho, StreamEchoesFirst) {
   auto res = cli.Post("/v1/completions", body.dump(), "application/json");
   ASSERT_TRUE(res);
   ASSERT_EQ(res->status, 200);
-  const std::vector<json> evs = events(res->body);
+  const std::vector<json> evs = lilac::test::sse_events(res->body);
   ASSERT_GE(evs.size(), 3u);
   const json& first = evs[0]["choices"][0];
   EXPECT_EQ(first["text"], prompt);
