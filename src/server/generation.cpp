@@ -309,8 +309,12 @@ std::vector<int32_t> GenerationCore::prompt_tokens(const GenerationSpec& spec, G
 }
 
 int64_t GenerationCore::count_prompt_tokens(const GenerationSpec& spec) const {
+  return int64_t(prompt_ids(spec).size());
+}
+
+std::vector<int32_t> GenerationCore::prompt_ids(const GenerationSpec& spec) const {
   GenerationPrompt prompt;
-  return int64_t(prompt_tokens(spec, prompt).size());
+  return prompt_tokens(spec, prompt);
 }
 
 std::shared_ptr<Generation> GenerationCore::start(const GenerationSpec& spec) {

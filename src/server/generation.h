@@ -174,6 +174,9 @@ class GenerationCore {
   // The prompt's length in tokens once rendered and shaped as start() would (nothing is queued).
   // Throws ApiError 400 for a prompt that cannot be rendered.
   int64_t count_prompt_tokens(const GenerationSpec& spec) const;
+  // Those tokens (what start() would feed the model for `spec`).
+  std::vector<int32_t> prompt_ids(const GenerationSpec& spec) const;
+  const ChatTemplate& chat_template() const { return *tmpl_; }
   bool busy() const;  // the queue is full: start() would answer 429
   const ModelConfig& config() const;
   // Shutdown: start() refuses (503) from now on, and the generations still queued end with 503.

@@ -141,6 +141,10 @@ void list_models(ServerContext& C, const httplib::Request& req, httplib::Respons
 
 }  // namespace
 
+GenerationSpec openai_chat_spec(ServerContext& C, const ojson& body) {
+  return chat_request(C, body, C.core->config(), 0).spec;
+}
+
 void add_openai_routes(HttpServer& http, ServerContext& ctx) {
   ServerContext* C = &ctx;
   auto models = [C](const httplib::Request& req, httplib::Response& res) { list_models(*C, req, res); };

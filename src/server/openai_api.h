@@ -2,6 +2,9 @@
 // the generation core and the OpenAI formatters), GET /v1/models. The route hook (hybrid router) sees
 // the generation requests first.
 #pragma once
+#include <nlohmann/json.hpp>
+
+#include "server/generation.h"
 
 namespace lilac::server {
 
@@ -9,5 +12,8 @@ class HttpServer;
 struct ServerContext;
 
 void add_openai_routes(HttpServer& http, ServerContext& ctx);
+
+// The GenerationSpec a /v1/chat/completions body makes (validated as that endpoint does: ApiError naming the field).
+GenerationSpec openai_chat_spec(ServerContext& ctx, const nlohmann::ordered_json& body);
 
 }  // namespace lilac::server

@@ -6,9 +6,11 @@
 #include "server/api_error.h"
 #include "server/http_response.h"
 #include "server/http_server.h"
+#include "server/openai_api.h"
 #include "server/request_fields.h"
 #include "server/request_json.h"
 #include "server/server_context.h"
+#include "text/chat_template.h"
 #include "text/tokenizer.h"
 
 namespace lilac::server {
@@ -50,16 +52,22 @@ void add_tokenizer_routes(HttpServer& http, ServerContext& ctx) {
                   {"pad_token", nullptr},
                   {"vocab_size", tok.vocab_size()},
                   {"model_max_length", C->opts.max_seq},
-                  {"model", C->opts.model_id}};
+                  {"model", C->opts.model_id},
+                  {"chat_template", C->core->chat_template().source()}};
     });
   });
   http.Post("/tokenize", [C](const httplib::Request& req, httplib::Response& res) {
     with_tokenizer(*C, "/tokenize", res, [C, &req](const Tokenizer& tok) {
       const ojson body = parse_request_body(req.body);
       if (!body.is_object()) throw ApiError(400, "The request body must be a JSON object.", "", "invalid_json");
-      const std::string text = fields::need_string(body, "prompt", "prompt");
       fields::get_bool(body, "add_special_tokens");  // checked; the Qwen tokenizers add none
-      const std::vector<int32_t> ids = tok.encode(text, /*parse_special=*/true);
+      std::vector<int32_t> ids;
+      if (fields::field(body, "messages")) {  // a chat: the prompt /v1/chat/completions would feed for this body
+        if (fields::field(body, "prompt")) fields::bad("prompt", "Give either 'prompt' or 'messages', not both.");
+        ids = C->core->prompt_ids(openai_chat_spec(*C, body));
+      } else {
+        ids = tok.encode(fields::need_string(body, "prompt", "prompt"), /*parse_special=*/true);
+      }
       return json{{"tokens", ids}, {"count", ids.size()}, {"max_model_len", C->opts.max_seq}};
     });
   });

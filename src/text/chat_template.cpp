@@ -20,7 +20,9 @@ using nlohmann::ordered_json;
 class JinjaChatTemplate : public ChatTemplate {
  public:
   JinjaChatTemplate(const std::string& source, const std::string& origin, std::string bos, std::string eos)
-      : tmpl_(source, origin), bos_(std::move(bos)), eos_(std::move(eos)) {}
+      : tmpl_(source, origin), source_(source), bos_(std::move(bos)), eos_(std::move(eos)) {}
+
+  const std::string& source() const override { return source_; }
 
   std::string render(const ordered_json& variables) const override {
     if (!variables.is_object()) throw Error(tmpl_.origin() + ": template variables must be a JSON object");
@@ -34,6 +36,7 @@ class JinjaChatTemplate : public ChatTemplate {
 
  private:
   jinja::Template tmpl_;
+  std::string source_;
   std::string bos_, eos_;
 };
 

@@ -21,6 +21,8 @@ class ChatTemplate {
   // Render with the given variables (messages, tools, add_generation_prompt, any kwargs).
   // Throws lilac::Error with template line and column on template errors / raise_exception.
   virtual std::string render(const nlohmann::ordered_json& variables) const = 0;
+  // The template's Jinja source (what the tokenizer endpoints give clients that render it themselves).
+  virtual const std::string& source() const = 0;
 };
 
 // Render an OpenAI chat request body: messages, tools, add_generation_prompt (default true),

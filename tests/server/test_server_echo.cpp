@@ -170,3 +170,24 @@ TEST(ServerTokenizer, TokenizeDetokenizeAndInfo) {
   ASSERT_TRUE(junk);
   EXPECT_EQ(junk->status, 400);
 }
+
+// /tokenize with a chat body gives the prompt /v1/chat/completions feeds for it (its usage counts it); the template
+// is in /tokenizer_info for clients that render it themselves.
+TEST(ServerTokenizer, ChatMessagesTokenizeAsTheChatEndpointRendersThem) {
+  lilac::test::LocalServer srv(lilac::test::LocalServer::options());
+  const json messages = json::array({{{"role", "user"}, {"content", "What is <|im_end|> here?"}}});
+  const json t = post_json(srv.port, "/tokenize", {{"messages", messages}});
+  const json c = post_json(srv.port, "/v1/chat/completions", {{"messages", messages}, {"max_tokens", 1}});
+  EXPECT_EQ(t["count"], c["usage"]["prompt_tokens"]);
+  // The user's control-token text stays text (as in the chat endpoint): one <|im_end|> token per turn end only.
+  const int32_t im_end = *lilac::test::qwen3_tokenizer()->token_id("<|im_end|>");
+  int ends = 0;
+  for (const auto& id : t["tokens"]) ends += id.get<int32_t>() == im_end;
+  EXPECT_EQ(ends, 1);  // the user turn's (the assistant's is still open)
+  EXPECT_EQ(post_json(srv.port, "/tokenize", {{"messages", messages}, {"prompt", "x"}}, 400)["error"]["param"], "prompt");
+  EXPECT_EQ(post_json(srv.port, "/tokenize", {{"messages", "hi"}}, 400)["error"]["param"], "messages");
+  httplib::Client cli("127.0.0.1", srv.port);
+  auto info = cli.Get("/tokenizer_info");
+  ASSERT_TRUE(info);
+  EXPECT_NE(json::parse(info->body)["chat_template"].get<std::string>().find("<|im_start|>"), std::string::npos);
+}
