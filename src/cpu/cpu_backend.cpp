@@ -67,6 +67,7 @@ class CpuBackend : public Backend {
   std::unique_ptr<Session> new_session(int64_t max_length) override;
   std::vector<TokenChoice> decode_batch(std::span<Session* const> sessions) override;
   int max_batch() const override { return kMaxBatch; }
+  bool supports_logit_bias() const override { return true; }
   size_t session_bytes(int64_t max_length) const override {
     const ModelConfig& c = w_->config;
     if (max_length <= 0) max_length = c.max_position_embeddings;

@@ -220,6 +220,7 @@ class FastBackend : public Backend {
     return std::make_unique<FastSession>(*this, m_, max_length);
   }
   int max_batch() const override { return 32; }
+  bool supports_logit_bias() const override { return true; }
   // Per session: f16 K/V of the attention layers at full length, the fp32 Gated DeltaNet and conv
   // states, one row of logits (SeqState in cpufast/forward.h).
   size_t session_bytes(int64_t max_length) const override {

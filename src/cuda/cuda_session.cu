@@ -238,6 +238,7 @@ void CudaSession::prefill_chunk_stepwise(int n, bool last, const LogitsSink* sin
 
 // ------------------------------------------------------------------------------------------------ decode
 void CudaSession::begin_generation(const SamplingParams& p, std::span<const int32_t> context) {
+  if (!p.logit_bias.empty()) throw InputError("logit_bias is not supported by the cuda backend yet");
   seq_.begin_generation(p, context, stream_);
   no_penalties_ = p.presence_penalty == 0.f && p.frequency_penalty == 0.f && p.repetition_penalty == 1.f;
 }

@@ -32,6 +32,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -51,6 +52,10 @@ struct SamplingParams {
   uint64_t seed = 0;
   bool logprobs = false;  // return the chosen token's log-probability
   int top_logprobs = 0;   // and this many most likely alternatives (0..20)
+  // OpenAI's logit_bias: (token, bias in [-100, 100]) added to the token's logit after the penalties, before
+  // temperature and truncation (greedy too: a bias of -100 in practice bans a token, +100 forces it). Logprobs stay
+  // the raw distribution's. Backend::supports_logit_bias() says whether a backend applies it.
+  std::vector<std::pair<int32_t, float>> logit_bias;
 };
 
 struct TokenLogprob {
@@ -188,6 +193,8 @@ class Backend {
   }
   // Largest batch decode_batch() runs as one step (larger batches are split); 1 = no batching.
   virtual int max_batch() const { return 1; }
+  // Whether its sessions apply SamplingParams::logit_bias (the others refuse it: InputError in begin_generation).
+  virtual bool supports_logit_bias() const { return false; }
 
   // ---- sizing the session pool (the server creates its sessions once, at start)
   // Memory one session of capacity max_length holds at its largest (K/V cache, recurrent and conv

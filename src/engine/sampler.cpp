@@ -136,6 +136,10 @@ void HostSampler::begin(const SamplingParams& params, std::span<const int32_t> c
   if (!(params.repetition_penalty > 0.f) || !std::isfinite(params.repetition_penalty))
     throw InputError("repetition_penalty must be > 0");
   if (params.top_logprobs < 0 || params.top_logprobs > 20) throw InputError("top_logprobs must be in [0, 20]");
+  for (const auto& [t, b] : params.logit_bias) {
+    if (t < 0 || t >= vocab_) throw InputError("logit_bias: token id " + std::to_string(t) + " is outside the vocabulary");
+    if (!(b >= -100.f && b <= 100.f)) throw InputError("logit_bias: a bias must be in [-100, 100]");
+  }
   params_ = params;
   rng_.seed(params.seed);
   seen_.clear();
@@ -169,6 +173,11 @@ TokenChoice HostSampler::sample(std::span<const float> logits, const uint32_t* a
   if (penalise) {
     if (!allowed) work_.assign(logits.begin(), logits.end());
     apply_penalties(work_, p, seen_, counts_);
+    z = work_;
+  }
+  if (!p.logit_bias.empty()) {  // after the penalties (a masked token's -inf stays -inf)
+    if (!allowed && !penalise) work_.assign(logits.begin(), logits.end());
+    for (const auto& [t, b] : p.logit_bias) work_[size_t(t)] += b;
     z = work_;
   }
   if (none_allowed) {

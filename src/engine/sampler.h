@@ -5,7 +5,7 @@
 //   1. penalties (also in greedy mode, where they are no-ops at their defaults):
 //      repetition_penalty (HF: for every distinct token of context + generated, logit / p if > 0,
 //      else logit * p), then presence / frequency (OpenAI: logit −= presence·[count > 0] +
-//      frequency·count over the generated tokens);
+//      frequency·count over the generated tokens), then logit_bias (logit += bias, greedy too);
 //   2. temperature == 0: greedy argmax (ties to the lower id), done;
 //   3. logits / temperature; top-k (keep the k largest, ties to the lower id); top-p (keep the
 //      smallest most-likely-first prefix whose probability reaches top_p); min-p (drop tokens whose

@@ -341,6 +341,9 @@ void GenerationCore::make_choices(const GenerationSpec& spec, int n, std::vector
     }
   }
   if (Check bad = check_token_ids(ids, backend_->config().vocab_size)) throw ApiError(400, bad->message, "prompt");
+  if (!spec.sampling.logit_bias.empty() && !backend_->supports_logit_bias())
+    throw ApiError(400, "'logit_bias' is not supported by the " + backend_->name() + " backend yet.", "logit_bias",
+                   "unsupported_value");
 
   // A reasoning budget applies when the model starts inside its reasoning and the budget is below the
   // limit: the first job stops at the budget (see Generation::continue_after).

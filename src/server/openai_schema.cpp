@@ -63,6 +63,28 @@ void parse_response_format(const ojson& body, CommonParams& p) {
   }
 }
 
+// logit_bias: {"token id": bias in [-100, 100], ...}, at most kMaxLogitBias entries (checked before any is read: a
+// huge object costs nothing more than its parse).
+void parse_logit_bias(const ojson& body, const ModelConfig& cfg, SamplingParams& sp) {
+  const ojson* lb = field(body, "logit_bias");
+  if (!lb) return;
+  if (!lb->is_object()) wrong_type("logit_bias", "an object mapping token ids to biases", *lb);
+  if (lb->size() > size_t(kMaxLogitBias))
+    bad("logit_bias", "Invalid 'logit_bias': at most " + std::to_string(kMaxLogitBias) + " tokens (got " +
+                          std::to_string(lb->size()) + ").");
+  for (auto it = lb->begin(); it != lb->end(); ++it) {
+    const std::string& key = it.key();
+    int64_t id = -1;
+    if (!key.empty() && key.size() <= 10 && key.find_first_not_of("0123456789") == std::string::npos) id = std::stoll(key);
+    if (id < 0 || id >= cfg.vocab_size)
+      bad("logit_bias", "Invalid 'logit_bias': '" + key.substr(0, 32) + "' is not a token id in [0, " +
+                            std::to_string(cfg.vocab_size) + ").");
+    if (!it.value().is_number() || !(it.value().get<double>() >= -100 && it.value().get<double>() <= 100))
+      bad("logit_bias", "Invalid 'logit_bias' value for token " + key + ": must be a number in [-100, 100].");
+    sp.logit_bias.emplace_back(int32_t(id), float(it.value().get<double>()));
+  }
+}
+
 void parse_common(const ojson& body, const ModelConfig& cfg, uint64_t seed, CommonParams& p, bool chat) {
   if (const ojson* m = field(body, "model")) {
     if (!m->is_string()) wrong_type("model", "a string", *m);
@@ -123,8 +145,7 @@ void parse_common(const ojson& body, const ModelConfig& cfg, uint64_t seed, Comm
   if (auto e = get_bool(body, "echo"); chat && e && *e)
     bad("echo", "'echo' is only supported by /v1/completions.", "unsupported_value");
   parse_response_format(body, p);
-  if (const ojson* lb = field(body, "logit_bias"); lb && !(lb->is_object() && lb->empty()))
-    bad("logit_bias", "'logit_bias' is not supported.", "unsupported_value");
+  parse_logit_bias(body, cfg, sp);
 }
 
 const std::regex& tool_name_re() {

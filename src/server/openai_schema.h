@@ -31,6 +31,8 @@ enum class ResponseFormat { Text, JsonObject, JsonSchema };
 
 // `n`: choices per request at most (each is one generation, batched with the others).
 constexpr int kMaxChoices = 16;
+// logit_bias: tokens per request at most.
+constexpr int kMaxLogitBias = 1024;
 
 struct CommonParams {
   std::string model;  // as given ("" when absent)

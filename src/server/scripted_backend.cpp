@@ -24,6 +24,7 @@ struct Script {
   std::vector<Rule> rules;
   Rule fallback;
   int prefill_delay_ms = 0;
+  bool logit_bias = true;  // "logit_bias": false plays a backend that does not support it
 };
 
 class ScriptedSnapshot : public SessionSnapshot {
@@ -90,6 +91,7 @@ class ScriptedBackend : public Backend {
     return std::make_unique<ScriptedSession>(*this, max_length);
   }
   std::string describe() const override { return "scripted test backend (no model)"; }
+  bool supports_logit_bias() const override { return script.logit_bias; }  // accepted, not applied
 
   Script script;
   std::shared_ptr<const Tokenizer> tok;
@@ -210,6 +212,7 @@ std::unique_ptr<Backend> make_scripted_backend(const nlohmann::json& script, std
     }
     if (script.contains("default")) s.fallback = parse_rule(script["default"], *tokenizer, "default");
     s.prefill_delay_ms = script.value("prefill_delay_ms", 0);
+    s.logit_bias = script.value("logit_bias", true);
   } catch (const nlohmann::json::exception& e) {
     throw InputError(std::string("scripted backend: bad script: ") + e.what());
   }

@@ -178,6 +178,25 @@ test('echo + logprobs score a prompt: the remote-tokenizer, batched shape of an 
   assert.equal(r.usage.prompt_tokens, whole.length + other.length);
 });
 
+// logit_bias on the real model: a ban (-100) of the greedy token changes the first choice, a +100 forces a token at
+// every step; logprobs stay the model's own.
+test('logit_bias bans and forces tokens; logprobs stay the raw distribution', async () => {
+  const req = { model: modelId, prompt: 'The capital of France is', max_tokens: 3, temperature: 0, logprobs: 1 };
+  const plain = await client.completions.create(req);
+  const first = (await postJson(`${srv.url}/tokenize`, { prompt: plain.choices[0].logprobs.tokens[0] })).json.tokens;
+  assert.equal(first.length, 1);
+  const banned = await client.completions.create({ ...req, logit_bias: { [first[0]]: -100 } });
+  assert.notEqual(banned.choices[0].logprobs.tokens[0], plain.choices[0].logprobs.tokens[0]);
+  const forced = await client.completions.create({ ...req, logit_bias: { 1234: 100 } });
+  const tok1234 = (await postJson(`${srv.url}/detokenize`, { tokens: [1234] })).json.prompt;
+  assert.equal(forced.choices[0].text, tok1234.repeat(3));
+  // The forced token's logprob is the model's (it was not the likely one), not the biased distribution's.
+  assert.ok(forced.choices[0].logprobs.token_logprobs[0] < plain.choices[0].logprobs.token_logprobs[0]);
+  const bad = await postJson(`${srv.url}/v1/completions`, { ...req, logit_bias: { nope: 1 } });
+  assert.equal(bad.status, 400);
+  assert.equal(bad.json.error.param, 'logit_bias');
+});
+
 test('20 concurrent clients are all answered correctly', async () => {
   const req = { model: modelId, messages: [{ role: 'user', content: 'Count with me.' }], max_tokens: 2, temperature: 0,
                 chat_template_kwargs: { enable_thinking: false } };

@@ -66,6 +66,33 @@ TEST(GeneratorSpec, SamplingEqualsPlainForTheSeed) {
   EXPECT_GT(inj.st.spec_accepted, 0);
 }
 
+// logit_bias applies in the verify's choices as in plain steps: greedy and sampled, the tokens of plain decoding
+// with the same biases (here a ban of plain greedy's first token and a boost of another).
+TEST(GeneratorSpec, LogitBiasEqualsPlain) {
+  auto be = make_cpu_backend(tiny_mtp(), 1);
+  auto unbiased_sess = be->new_session(64);
+  Generator unbiased(*unbiased_sess, tokenizer(), nullptr);
+  const Outcome u = run(unbiased, request(prompt_of(11, 3), 24, 0));
+  for (float temperature : {0.f, 0.8f}) {
+    auto r0 = request(prompt_of(11, 3), 24, 0);
+    r0.sampling.temperature = temperature;
+    r0.sampling.seed = 5;
+    r0.sampling.logit_bias = {{u.ids[0], -100.f}, {7, 3.f}};
+    auto s0 = be->new_session(64);
+    Generator plain(*s0, tokenizer(), nullptr);
+    const Outcome ref = run(plain, r0);
+    EXPECT_NE(ref.ids[0], u.ids[0]) << "the ban holds";
+    auto s1 = be->new_session(64);
+    Generator spec(*s1, tokenizer(), nullptr);
+    auto r = r0;
+    r.draft_tokens = 3;
+    spec.set_draft_hook(truth_with_errors(ref.ids, 3));
+    const Outcome inj = run(spec, r);
+    expect_same(inj, ref, "injected drafts, temperature " + std::to_string(temperature));
+    EXPECT_GT(inj.st.spec_accepted, 0);
+  }
+}
+
 // prompt + max_tokens = the session's capacity: the last rounds draft less, nothing overflows.
 TEST(GeneratorSpec, ContextLimitAndMaxTokens) {
   auto be = make_cpu_backend(tiny_mtp(), 1);

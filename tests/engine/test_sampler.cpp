@@ -194,3 +194,51 @@ TEST(Sampler, RejectsBadParameters) {
   p.top_logprobs = 21;
   EXPECT_THROW(s.begin(p, {}), InputError);
 }
+
+// logit_bias: added after the penalties, in greedy and sampled choices; a masked token stays masked; logprobs stay
+// the raw distribution's; ids and values checked.
+TEST(Sampler, LogitBias) {
+  const std::vector<float> x = {3.f, 2.5f, 0.f, 1.f};
+  SamplingParams p;
+  p.logprobs = true;
+  p.logit_bias = {{0, -1.f}};  // 2.0 < 2.5
+  HostSampler s(4);
+  s.begin(p, {});
+  TokenChoice c = s.sample(x);
+  EXPECT_EQ(c.token, 1);
+  EXPECT_NEAR(c.logprob, double(x[1]) - std::log(std::exp(3.0) + std::exp(2.5) + 1.0 + std::exp(1.0)), 1e-6);
+  p.logit_bias = {{2, 100.f}};  // forces token 2, greedy and sampled alike
+  s.begin(p, {});
+  EXPECT_EQ(s.sample(x).token, 2);
+  p.temperature = 1.f;
+  p.seed = 9;
+  s.begin(p, {});
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(s.sample(x).token, 2);
+  // A ban (-100) of the most likely token leaves it out of every draw.
+  p.logit_bias = {{0, -100.f}};
+  s.begin(p, {});
+  for (int i = 0; i < 200; ++i) EXPECT_NE(s.sample(x).token, 0);
+  // After the penalties: token 0 penalised to 3 - 0.5 = 2.5 ties token 1 (lower id wins) until the bias decides.
+  p = {};
+  p.presence_penalty = 0.5f;
+  p.logit_bias = {{1, 0.25f}};
+  s.begin(p, {});
+  EXPECT_EQ(s.sample(x).token, 0);  // 3 vs 2.75
+  EXPECT_EQ(s.sample(x).token, 1);  // 2.5 vs 2.75
+  // A masked token stays masked whatever its bias.
+  p = {};
+  p.logit_bias = {{0, 100.f}};
+  s.begin(p, {});
+  const uint32_t allowed = 0b1110u;
+  EXPECT_EQ(s.sample(x, &allowed).token, 1);
+  // Bad ids and values.
+  p = {};
+  p.logit_bias = {{4, 1.f}};
+  EXPECT_THROW(s.begin(p, {}), InputError);
+  p.logit_bias = {{-1, 1.f}};
+  EXPECT_THROW(s.begin(p, {}), InputError);
+  p.logit_bias = {{1, 101.f}};
+  EXPECT_THROW(s.begin(p, {}), InputError);
+  p.logit_bias = {{1, NAN}};
+  EXPECT_THROW(s.begin(p, {}), InputError);
+}

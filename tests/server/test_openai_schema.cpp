@@ -222,6 +222,38 @@ TEST(OpenAISchema, CompletionEcho) {
   EXPECT_NO_THROW(parse_chat_request(chat({{"echo", false}}), cfg, 1));
 }
 
+// logit_bias: token-id keys in the vocabulary, values in [-100, 100], at most kMaxLogitBias entries; chat and
+// completions alike.
+TEST(OpenAISchema, LogitBias) {
+  auto cfg = config_with_defaults();
+  auto p = parse_chat_request(chat({{"logit_bias", {{"5", -100}, {"7", 2.5}}}}), cfg, 1);
+  ASSERT_EQ(p.sampling.logit_bias.size(), 2u);
+  EXPECT_EQ(p.sampling.logit_bias[0], (std::pair<int32_t, float>{5, -100.f}));
+  EXPECT_EQ(p.sampling.logit_bias[1], (std::pair<int32_t, float>{7, 2.5f}));
+  auto c = parse_completion_request(ojson{{"prompt", "a"}, {"logit_bias", {{"0", 100}}}}, cfg, 1);
+  EXPECT_EQ(c.sampling.logit_bias.size(), 1u);
+  EXPECT_TRUE(parse_chat_request(chat({{"logit_bias", ojson::object()}}), cfg, 1).sampling.logit_bias.empty());
+  for (const char* bad : {R"({"x": 1})", R"({"-1": 1})", R"({"1.5": 1})", R"({"99999999999": 1})", R"({"": 1})",
+                          R"({"5": 101})", R"({"5": -100.5})", R"({"5": "1"})", R"([1])", R"("5")"}) {
+    int status = 0;
+    EXPECT_EQ(error_param(chat({{"logit_bias", ojson::parse(bad)}}), &status), "logit_bias") << bad;
+    EXPECT_EQ(status, 400) << bad;
+  }
+  auto big = cfg;
+  big.vocab_size = 4096;
+  ojson many = ojson::object();
+  for (int i = 0; i <= lilac::server::kMaxLogitBias; ++i) many[std::to_string(i)] = 1;
+  try {
+    parse_chat_request(chat({{"logit_bias", many}}), big, 1);
+    ADD_FAILURE() << "no error for " << many.size() << " entries";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.param, "logit_bias");
+  }
+  many.erase("0");
+  EXPECT_EQ(parse_chat_request(chat({{"logit_bias", many}}), big, 1).sampling.logit_bias.size(),
+            size_t(lilac::server::kMaxLogitBias));
+}
+
 // Issue 13, 7: a tool whose `parameters` is not a JSON schema object was accepted.
 TEST(OpenAISchema, ToolParametersMustBeAnObjectSchema) {
   auto tool = [](const char* params) {

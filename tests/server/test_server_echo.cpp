@@ -191,3 +191,17 @@ TEST(ServerTokenizer, ChatMessagesTokenizeAsTheChatEndpointRendersThem) {
   ASSERT_TRUE(info);
   EXPECT_NE(json::parse(info->body)["chat_template"].get<std::string>().find("<|im_start|>"), std::string::npos);
 }
+
+// A backend that does not apply logit_bias refuses it up front (400 naming the field), never silently ignores it.
+TEST(ServerLogitBias, ABackendWithoutItAnswers400) {
+  nlohmann::json script = lilac::test::default_script();
+  script["logit_bias"] = false;
+  lilac::test::LocalServer srv(lilac::test::LocalServer::options(), nullptr, script);
+  const json msgs = json::array({{{"role", "user"}, {"content", "hi"}}});
+  const json r = post_json(srv.port, "/v1/chat/completions", {{"messages", msgs}, {"logit_bias", {{"5", -100}}}}, 400);
+  EXPECT_EQ(r["error"]["param"], "logit_bias");
+  EXPECT_EQ(r["error"]["code"], "unsupported_value");
+  post_json(srv.port, "/v1/chat/completions", {{"messages", msgs}, {"logit_bias", json::object()}});  // empty: fine
+  lilac::test::LocalServer ok(lilac::test::LocalServer::options());
+  post_json(ok.port, "/v1/completions", {{"prompt", "hi"}, {"logit_bias", {{"5", -100}}}});
+}
