@@ -1,5 +1,6 @@
 // Fuzz targets of the server: the HTTP request parser, the bounded JSON parser, and whole requests
 // against an in-process `lilac serve` (the scripted backend, the real tokenizer and Qwen3.6 template).
+#include <iterator>
 #include <map>
 #include <memory>
 #include <string>
@@ -160,7 +161,7 @@ struct FuzzServer {
 };
 
 const char* const kPaths[] = {"/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/messages/count_tokens",
-                              "/v1/responses"};
+                              "/v1/responses", "/tokenize", "/detokenize"};
 
 void check_error_shape(const std::string& path, const httplib::Result& r) {
   nlohmann::json b;
@@ -194,12 +195,12 @@ bool internal_error_event(const nlohmann::json& e) {
 
 }  // namespace
 
-// Request bodies (any JSON, or not) POSTed to every generation endpoint: never a 5xx, a 4xx in the
+// Request bodies (any JSON, or not) POSTed to every generation endpoint and the tokenizer's: never a 5xx, a 4xx in the
 // protocol's error shape, a 200 with JSON (or SSE events of JSON), and the server keeps answering.
 LILAC_FUZZ_TARGET_MUTATED(server, "no request body gets a 5xx or a malformed answer", lilac::fuzz::mutate_json_body) {
   static FuzzServer srv;
   Input in(data, size);
-  const std::string path = kPaths[in.below(5)];
+  const std::string path = kPaths[in.below(uint32_t(std::size(kPaths)))];
   const int stream = int(in.below(3));  // 0: as sent, 1: "stream": false, 2: "stream": true
   std::string body = in.rest();
   if (stream) {

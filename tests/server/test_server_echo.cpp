@@ -1,7 +1,8 @@
-// Completions' `echo` (the prompt before the completion; with `logprobs`, an entry per prompt token scored by the
-// model, the first null) and several prompts per request, on the scripted backend (whose logits are all zero:
-// every prompt token scores -log(vocab)), as an evaluation harness asks for them (`echo`, `logprobs: 1`,
-// `max_tokens: 1`, a batch of id prompts).
+// What evaluation harnesses and other OpenAI clients of the legacy API use, on the scripted backend: completions'
+// `echo` (the prompt before the completion; with `logprobs`, an entry per prompt token scored by the model, the first
+// null — the scripted logits are all zero, so every prompt token scores -log(vocab)) and several prompts per request
+// (`echo`, `logprobs: 1`, `max_tokens: 1`, a batch of id prompts: lm-evaluation-harness's log-likelihood request);
+// the tokenizer endpoints (/tokenizer_info, /tokenize, /detokenize); a backend without logit_bias refusing it.
 #include <gtest/gtest.h>
 #include <httplib.h>
 
