@@ -20,10 +20,10 @@ using ojson = nlohmann::ordered_json;
 
 namespace {
 
-// Runs `answer` with the tokenizer once the model is loaded; ApiErrors (and bad ids: InputError) become OpenAI
-// error bodies.
+// Runs `answer` with the tokenizer once the model is loaded; errors become OpenAI error bodies: ApiErrors as they
+// are, an InputError (input the tokenizer refused) 400 naming `param`, anything else 500.
 template <typename F>
-void with_tokenizer(ServerContext& C, const char* path, httplib::Response& res, F answer) {
+void with_tokenizer(ServerContext& C, const char* path, const char* param, httplib::Response& res, F answer) {
   int status = 200;
   try {
     if (!C.ready.load() || !C.tok) throw ApiError(503, "The model is still loading; retry shortly.", "", "model_not_loaded");
@@ -33,7 +33,10 @@ void with_tokenizer(ServerContext& C, const char* path, httplib::Response& res, 
     send_error(res, e.status, e.message, e.param, e.code, e.type);
   } catch (const InputError& e) {
     status = 400;
-    send_error(res, 400, e.what(), "tokens", "invalid_value");
+    send_error(res, 400, e.what(), param, "invalid_value");
+  } catch (const std::exception& e) {
+    status = 500;
+    send_error(res, 500, std::string("Internal server error: ") + e.what(), "", "internal_error");
   }
   C.metrics.count_request(path, status);
 }
@@ -45,7 +48,7 @@ json or_null(const std::string& s) { return s.empty() ? json(nullptr) : json(s);
 void add_tokenizer_routes(HttpServer& http, ServerContext& ctx) {
   ServerContext* C = &ctx;
   http.Get("/tokenizer_info", [C](const httplib::Request&, httplib::Response& res) {
-    with_tokenizer(*C, "/tokenizer_info", res, [C](const Tokenizer& tok) {
+    with_tokenizer(*C, "/tokenizer_info", "", res, [C](const Tokenizer& tok) {
       return json{{"tokenizer_class", "lilac"},
                   {"eos_token", or_null(tok.eos_token())},
                   {"bos_token", or_null(tok.bos_token())},
@@ -57,7 +60,7 @@ void add_tokenizer_routes(HttpServer& http, ServerContext& ctx) {
     });
   });
   http.Post("/tokenize", [C](const httplib::Request& req, httplib::Response& res) {
-    with_tokenizer(*C, "/tokenize", res, [C, &req](const Tokenizer& tok) {
+    with_tokenizer(*C, "/tokenize", "prompt", res, [C, &req](const Tokenizer& tok) {
       const ojson body = parse_request_body(req.body);
       if (!body.is_object()) throw ApiError(400, "The request body must be a JSON object.", "", "invalid_json");
       fields::get_bool(body, "add_special_tokens");  // checked; the Qwen tokenizers add none
@@ -72,7 +75,7 @@ void add_tokenizer_routes(HttpServer& http, ServerContext& ctx) {
     });
   });
   http.Post("/detokenize", [C](const httplib::Request& req, httplib::Response& res) {
-    with_tokenizer(*C, "/detokenize", res, [&req](const Tokenizer& tok) {
+    with_tokenizer(*C, "/detokenize", "tokens", res, [&req](const Tokenizer& tok) {
       const ojson body = parse_request_body(req.body);
       if (!body.is_object()) throw ApiError(400, "The request body must be a JSON object.", "", "invalid_json");
       const ojson* t = fields::field(body, "tokens");
