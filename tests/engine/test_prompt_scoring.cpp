@@ -13,6 +13,7 @@
 #include "cpu/cpu_backend.h"
 #include "cpufast/fast_backend.h"
 #include "engine/generator.h"
+#include "engine/perplexity.h"
 #include "engine/sampler.h"
 #include "model/safetensors.h"
 #include "support/fixtures.h"
@@ -238,4 +239,59 @@ TEST(PromptScoring, RejectsWhatItCannotDo) {
   EXPECT_EQ(score(gen, r).size(), 14u);
   r = scoring_request({7}, 1, 0);  // one token: nothing to score
   EXPECT_TRUE(score(gen, r).empty());
+}
+
+// perplexity (engine/perplexity.h): on a golden sequence scored whole (one window, from position 1), the oracle's
+// perplexity from its logits; windows are independent (each a fresh state: its scores are the slice's alone).
+TEST(PromptScoring, PerplexityIsTheOraclesOnTheFixtures) {
+  for (const char* fx : {"tiny", "tiny2"}) {
+    auto be = make_cpu_backend(testutil::fixture(fx), 2);
+    const GoldenSeq g = golden_seq(fx, "seq2");
+    double nll = 0;
+    for (size_t j = 0; j + 1 < g.tokens.size(); ++j)
+      nll -= double(token_logprob(std::span<const float>(g.logits.data() + j * size_t(g.vocab), size_t(g.vocab)),
+                                  g.tokens[j + 1]));
+    const double want = std::exp(nll / double(g.tokens.size() - 1));
+    PerplexityOptions o;
+    o.ctx = int64_t(g.tokens.size());
+    o.first = 1;
+    const PerplexityResult r = perplexity(*be, qwen3_tokenizer(), g.tokens, o);
+    ASSERT_EQ(r.windows.size(), 1u);
+    EXPECT_EQ(r.scored, int64_t(g.tokens.size()) - 1);
+    EXPECT_NEAR(r.ppl() / want, 1.0, 2e-4) << fx << ": " << r.ppl() << " vs the oracle's " << want;
+    EXPECT_GT(r.stderr_ppl, 0.0);
+  }
+}
+
+TEST(PromptScoring, PerplexityWindows) {
+  auto be = make_cpu_backend(testutil::fixture("tiny"), 2);
+  const std::vector<int32_t> toks = testutil::random_tokens(100, be->config().vocab_size, 11);
+  PerplexityOptions o;
+  o.ctx = 32;  // first: 16
+  std::vector<int64_t> starts;
+  const PerplexityResult r = perplexity(*be, qwen3_tokenizer(), toks, o, [&](const PerplexityWindow& w, const PerplexityResult&) {
+    starts.push_back(w.start);
+  });
+  EXPECT_EQ(starts, (std::vector<int64_t>{0, 32, 64}));  // 96..99 has no token past position 16
+  EXPECT_EQ(r.scored, 3 * 16);
+  EXPECT_EQ(r.tokens, 3 * 32);
+  // Window 1 alone: the scores of tokens 32..63 as a prompt of their own, positions 16..31.
+  auto sess = be->new_session(40);
+  Generator gen(*sess, qwen3_tokenizer(), nullptr);
+  const std::vector<TokenChoice> s =
+      score(gen, scoring_request(std::vector<int32_t>(toks.begin() + 32, toks.begin() + 64), 0, 0));
+  double nll = 0;
+  for (int pos = 16; pos < 32; ++pos) nll -= double(s[size_t(pos - 1)].logprob);
+  EXPECT_DOUBLE_EQ(r.windows[1].nll, nll);
+  // A short last window is scored when it reaches past `first`.
+  o.first = 2;
+  EXPECT_EQ(perplexity(*be, qwen3_tokenizer(), toks, o).windows.size(), 4u);  // 96..99: positions 2, 3
+  o.first = 32;
+  EXPECT_THROW(perplexity(*be, qwen3_tokenizer(), toks, o), InputError);
+  o = {};
+  o.ctx = 1;
+  EXPECT_THROW(perplexity(*be, qwen3_tokenizer(), toks, o), InputError);
+  o = {};
+  EXPECT_THROW(perplexity(*be, qwen3_tokenizer(), std::vector<int32_t>(toks.begin(), toks.begin() + 28), o),
+               InputError);  // ctx 512 scores from 256: 28 tokens leave nothing
 }
