@@ -380,6 +380,16 @@ std::vector<std::shared_ptr<Generation>> GenerationCore::start_choices(std::span
   std::vector<std::shared_ptr<Generation>> gens;
   for (const GenerationSpec& spec : specs) make_choices(spec, n, jobs, gens);
   const size_t total = jobs.size();
+  // Prompt scores are held per choice until answered, then written out as JSON (~40 bytes an entry): bounded.
+  int64_t entries = 0;
+  for (const auto& j : jobs)
+    if (j->req.prompt_logprobs >= 0) entries += int64_t(j->req.prompt.size()) * (1 + j->req.prompt_logprobs);
+  if (entries > kMaxPromptScoreEntries)
+    throw ApiError(400, "The prompts' log-probabilities would be " + std::to_string(entries) +
+                            " entries (tokens × (1 + alternatives), over every prompt and choice); at most " +
+                            std::to_string(kMaxPromptScoreEntries) + " per request. Send fewer or shorter prompts, or "
+                            "fewer alternatives.",
+                   "prompt", "invalid_value");
   {
     std::lock_guard lk(live_mu_);  // with begin_shutdown's: a generation added here is seen by it
     if (shutting_down_.load())

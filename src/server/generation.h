@@ -156,6 +156,10 @@ class Generation {
   GenerationStats stats_;
 };
 
+// Prompt scoring (GenerationSpec::prompt_logprobs): at most this many entries (prompt tokens × (1 + alternatives),
+// summed over a request's prompts and choices) per request: 400 above (each is held, then answered as JSON).
+constexpr int64_t kMaxPromptScoreEntries = int64_t(1) << 22;
+
 class GenerationCore {
  public:
   GenerationCore(std::shared_ptr<Backend> backend, std::shared_ptr<const Tokenizer> tokenizer,

@@ -206,3 +206,21 @@ TEST(ServerLogitBias, ABackendWithoutItAnswers400) {
   lilac::test::LocalServer ok(lilac::test::LocalServer::options());
   post_json(ok.port, "/v1/completions", {{"prompt", "hi"}, {"logit_bias", {{"5", -100}}}});
 }
+
+// Scores held and answered per prompt token, alternative and choice are bounded per request (a clear 400, nothing
+// queued); a request under the bound is served.
+TEST(ServerEcho, ScoredEntriesAreBounded) {
+  lilac::server::ServerOptions o = lilac::test::LocalServer::options(64);
+  o.max_seq = 1 << 16;
+  lilac::test::LocalServer srv(o);
+  std::vector<int32_t> ids(40000, encode("x")[0]);
+  // 4 prompts × 40,000 tokens × (1 + 20) = 3.36M entries: served would be ~130 MB of JSON; 2 × that is refused.
+  const json big = {{"prompt", {ids, ids, ids, ids, ids, ids, ids, ids}}, {"echo", true}, {"logprobs", 20}, {"max_tokens", 0}};
+  const json r = post_json(srv.port, "/v1/completions", big, 400);
+  EXPECT_EQ(r["error"]["param"], "prompt");
+  EXPECT_NE(r["error"]["message"].get<std::string>().find("6720000 entries"), std::string::npos) << r.dump();
+  ids.resize(500);
+  const json small = {{"prompt", {ids, ids}}, {"echo", true}, {"logprobs", 20}, {"max_tokens", 0}};
+  const json ok = post_json(srv.port, "/v1/completions", small);
+  EXPECT_EQ(ok["choices"][1]["logprobs"]["tokens"].size(), ids.size());
+}
