@@ -63,8 +63,11 @@ void serve_generation(ServerContext& C, const Endpoint& ep, const httplib::Reque
     if (!any_model && !r.model.empty() && r.model != C.opts.model_id)
       throw ApiError(404, "The model '" + r.model + "' does not exist (this server serves '" + C.opts.model_id + "').",
                      "model", "model_not_found");
-    r.more_specs.insert(r.more_specs.begin(), r.spec);  // every prompt's spec, in order
-    std::vector<std::shared_ptr<Generation>> gens = C.core->start_choices(r.more_specs, r.n);
+    std::vector<GenerationSpec> specs;  // every prompt's, in order
+    specs.reserve(1 + r.more_specs.size());
+    specs.push_back(std::move(r.spec));
+    for (GenerationSpec& s : r.more_specs) specs.push_back(std::move(s));
+    std::vector<std::shared_ptr<Generation>> gens = C.core->start_choices(specs, r.n);
     if (C.hook_set) {
       res.set_header("x-lilac-route", "local");
       if (C.hook.on_local) {
