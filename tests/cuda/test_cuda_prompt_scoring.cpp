@@ -1,0 +1,109 @@
+// Prompt scoring (GenerationRequest::prompt_logprobs, completions' echo, `lilac perplexity`) on the CUDA backend:
+// a scored prompt runs through the decode step token by token, so the tokens a greedy generation chose score what
+// the generation's own logprobs said (the same logits; the host's double log-sum-exp against the device's float
+// one); a golden sequence's perplexity is the oracle's within check-golden's reduced-precision bound (1 %); and
+// logit_bias, which the CUDA sampling kernels do not take yet, is refused. Skips without a GPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "cuda/cuda_backend.h"
+#include "engine/generator.h"
+#include "engine/perplexity.h"
+#include "engine/sampler.h"
+#include "gpu_test.h"
+#include "model/safetensors.h"
+#include "model/weights.h"
+#include "support/fixtures.h"
+#include "text/tokenizer.h"
+
+using namespace lilac;
+
+namespace {
+
+const Tokenizer& qwen3_tokenizer() {
+  static std::unique_ptr<Tokenizer> t = Tokenizer::load(std::string(LILAC_SHARED_DIR) + "/fixtures/qwen3-tokenizer");
+  return *t;
+}
+
+GenerationStats run_scored(Generator& g, GenerationRequest req, std::vector<TokenChoice>& scores,
+                           std::vector<TokenChoice>& generated) {
+  req.on_prompt_logprobs = [&](std::vector<TokenChoice>&& s) { scores = std::move(s); };
+  return g.run(req, [&](const GeneratedToken& t) {
+    if (t.id >= 0) generated.push_back(t.choice);
+    return true;
+  });
+}
+
+}  // namespace
+
+TEST(CudaPromptScoring, GeneratedTokensScoreAsTheyWereSampled) {
+  NEED_GPU();
+  auto be = cuda::make_cuda_backend(testutil::fixture("tiny"));
+  auto sess = be->new_session(64);
+  Generator gen(*sess, qwen3_tokenizer(), nullptr);
+  GenerationRequest req;
+  req.prompt = testutil::random_tokens(12, be->config().vocab_size, 5);
+  req.max_tokens = 6;
+  req.sampling.logprobs = true;
+  req.sampling.top_logprobs = 2;
+  req.prompt_logprobs = 2;
+  std::vector<TokenChoice> s0, generated;
+  run_scored(gen, req, s0, generated);
+  ASSERT_EQ(s0.size(), req.prompt.size() - 1);
+  ASSERT_EQ(generated.size(), 6u);
+  GenerationRequest whole = req;
+  for (const TokenChoice& c : generated) whole.prompt.push_back(c.token);
+  whole.max_tokens = 0;
+  std::vector<TokenChoice> s, none;
+  const GenerationStats st = run_scored(gen, whole, s, none);
+  EXPECT_TRUE(none.empty());
+  EXPECT_EQ(st.finish, FinishReason::Length);
+  ASSERT_EQ(s.size(), whole.prompt.size() - 1);
+  for (size_t i = 0; i + 1 < req.prompt.size(); ++i) EXPECT_TRUE(testutil::same_choice(s[i], s0[i])) << i;
+  for (size_t i = 0; i < generated.size(); ++i) {
+    const TokenChoice& a = s[req.prompt.size() - 1 + i];
+    EXPECT_EQ(a.token, generated[i].token);
+    EXPECT_NEAR(a.logprob, generated[i].logprob, 1e-4) << "generated token " << i;
+    ASSERT_FALSE(a.top.empty());
+    EXPECT_EQ(a.top[0].token, generated[i].token) << "greedy: the most likely";
+  }
+}
+
+TEST(CudaPromptScoring, PerplexityIsTheOraclesWithinTheReducedPrecisionBound) {
+  NEED_GPU();
+  for (const char* fx : {"tiny", "tiny2"}) {
+    auto be = cuda::make_cuda_backend(testutil::fixture(fx));
+    const TensorSet ts =
+        TensorSet::open_file(std::string(LILAC_SHARED_DIR) + "/fixtures/" + fx + "/golden.safetensors");
+    const TensorInfo& ti = ts.get("seq2.tokens");
+    std::vector<int32_t> tokens(size_t(ti.numel()));
+    std::memcpy(tokens.data(), ti.data, tokens.size() * 4);
+    const std::vector<float> logits = tensor_to_floats(ts.get("seq2.logits"));
+    const size_t V = logits.size() / tokens.size();
+    double nll = 0;
+    for (size_t j = 0; j + 1 < tokens.size(); ++j)
+      nll -= double(token_logprob(std::span<const float>(logits.data() + j * V, V), tokens[j + 1]));
+    const double want = std::exp(nll / double(tokens.size() - 1));
+    PerplexityOptions o;
+    o.ctx = int64_t(tokens.size());
+    o.first = 1;
+    const PerplexityResult r = perplexity(*be, qwen3_tokenizer(), tokens, o);
+    EXPECT_NEAR(r.ppl() / want, 1.0, 0.01) << fx << ": " << r.ppl() << " vs the oracle's " << want;
+  }
+}
+
+TEST(CudaPromptScoring, LogitBiasIsRefused) {
+  NEED_GPU();
+  auto be = cuda::make_cuda_backend(testutil::fixture("tiny"));
+  EXPECT_FALSE(be->supports_logit_bias());
+  auto sess = be->new_session(16);
+  sess->prefill(std::vector<int32_t>{1, 2, 3});
+  SamplingParams p;
+  p.logit_bias = {{5, -100.f}};
+  EXPECT_THROW(sess->begin_generation(p, std::vector<int32_t>{1, 2, 3}), InputError);
+}
