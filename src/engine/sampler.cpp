@@ -37,6 +37,30 @@ std::vector<int32_t> top_indices(std::span<const float> x, size_t n) {
   return idx;
 }
 
+// top_indices' first n for n far below the size, in one pass: a small sorted array (ids arrive in increasing order,
+// so a value equal to one already kept goes after it: ties to the lower id). No index array of the vocabulary.
+std::vector<int32_t> largest(std::span<const float> x, int n) {
+  const size_t k = size_t(std::clamp(n, 0, int(x.size())));
+  std::vector<int32_t> best;
+  best.reserve(k + 1);
+  for (size_t i = 0; i < x.size() && k > 0; ++i) {
+    const float v = x[i];
+    if (best.size() == k && !(v > x[size_t(best.back())])) continue;
+    size_t at = best.size();
+    while (at > 0 && v > x[size_t(best[at - 1])]) --at;
+    best.insert(best.begin() + ptrdiff_t(at), int32_t(i));
+    if (best.size() > k) best.pop_back();
+  }
+  return best;
+}
+
+// The n most likely with their logprobs, log_sum_exp(logits) given.
+std::vector<TokenLogprob> top_with(std::span<const float> logits, int n, double lse) {
+  std::vector<TokenLogprob> out;
+  for (int32_t id : largest(logits, n)) out.push_back({id, float(double(logits[size_t(id)]) - lse)});
+  return out;
+}
+
 }  // namespace
 
 float token_logprob(std::span<const float> logits, int32_t token) {
@@ -44,11 +68,8 @@ float token_logprob(std::span<const float> logits, int32_t token) {
 }
 
 std::vector<TokenLogprob> top_logprobs(std::span<const float> logits, int n) {
-  std::vector<TokenLogprob> out;
-  if (n <= 0) return out;
-  const double lse = log_sum_exp(logits);
-  for (int32_t id : top_indices(logits, size_t(n))) out.push_back({id, float(double(logits[size_t(id)]) - lse)});
-  return out;
+  if (n <= 0) return {};
+  return top_with(logits, n, log_sum_exp(logits));
 }
 
 TokenChoice score_token(std::span<const float> logits, int32_t token, int n) {
@@ -56,20 +77,7 @@ TokenChoice score_token(std::span<const float> logits, int32_t token, int n) {
   TokenChoice c;
   c.token = token;
   c.logprob = float(double(logits[size_t(token)]) - lse);
-  // The n largest in a small sorted array (descending, ties to the lower id: ids arrive in increasing order, so a
-  // value equal to one already kept goes after it).
-  const size_t k = size_t(std::clamp(n, 0, int(logits.size())));
-  std::vector<int32_t> best;
-  best.reserve(k + 1);
-  for (size_t i = 0; i < logits.size() && k > 0; ++i) {
-    const float v = logits[i];
-    if (best.size() == k && !(v > logits[size_t(best.back())])) continue;
-    size_t at = best.size();
-    while (at > 0 && v > logits[size_t(best[at - 1])]) --at;
-    best.insert(best.begin() + ptrdiff_t(at), int32_t(i));
-    if (best.size() > k) best.pop_back();
-  }
-  for (int32_t id : best) c.top.push_back({id, float(double(logits[size_t(id)]) - lse)});
+  c.top = top_with(logits, n, lse);
   return c;
 }
 
@@ -206,9 +214,10 @@ TokenChoice HostSampler::sample(std::span<const float> logits, const uint32_t* a
       }
     }
   }
-  if (p.logprobs || p.top_logprobs > 0) {
-    choice.logprob = token_logprob(logits, choice.token);
-    choice.top = top_logprobs(logits, p.top_logprobs);
+  if (p.logprobs || p.top_logprobs > 0) {  // one log-sum-exp for both
+    TokenChoice scored = score_token(logits, choice.token, p.top_logprobs);
+    choice.logprob = scored.logprob;
+    choice.top = std::move(scored.top);
   }
   // Record as generated.
   if (int64_t(seen_mask_.size()) != vocab_) seen_mask_.assign(static_cast<size_t>(vocab_), 0);  // no begin() yet

@@ -34,8 +34,8 @@ int32_t argmax(std::span<const float> x);
 // log_softmax(logits)[token] and the `n` most likely tokens (descending, ties to the lower id).
 float token_logprob(std::span<const float> logits, int32_t token);
 std::vector<TokenLogprob> top_logprobs(std::span<const float> logits, int n);
-// Both at once (one log-sum-exp, one pass for the n most likely: no sort of the vocabulary): `token` with its
-// logprob and `top` exactly as token_logprob / top_logprobs give them. For scoring every row of a prompt.
+// Both at once (one log-sum-exp): `token` with its logprob and `top` exactly as token_logprob / top_logprobs give
+// them. For every sampled token's logprobs and every scored prompt row.
 TokenChoice score_token(std::span<const float> logits, int32_t token, int n);
 
 // Applies the penalties of `p` in place. `seen` = distinct tokens of context + generated (for the

@@ -4,6 +4,7 @@
 // generated, and whatever state the session or the prefix cache holds.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <string>
@@ -132,8 +133,14 @@ TEST(ScoreToken, EqualsTokenLogprobAndTopLogprobs) {
       EXPECT_TRUE(testutil::same_bits(c.logprob, token_logprob(logits, tok)));
       const std::vector<TokenLogprob> want = top_logprobs(logits, n);
       ASSERT_EQ(c.top.size(), want.size()) << "vocab " << vocab << " n " << n;
+      // The order by a full sort: descending, ties to the lower id.
+      std::vector<int32_t> ids(logits.size());
+      for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t(i);
+      std::stable_sort(ids.begin(), ids.end(), [&](int32_t a, int32_t b) { return logits[size_t(a)] > logits[size_t(b)]; });
+      ASSERT_EQ(want.size(), std::min<size_t>(size_t(n), ids.size()));
       for (size_t i = 0; i < want.size(); ++i) {
         EXPECT_EQ(c.top[i].token, want[i].token) << "vocab " << vocab << " n " << n << " i " << i;
+        EXPECT_EQ(want[i].token, ids[i]) << "vocab " << vocab << " n " << n << " i " << i;
         EXPECT_TRUE(testutil::same_bits(c.top[i].logprob, want[i].logprob));
       }
     }
