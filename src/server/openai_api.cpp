@@ -65,17 +65,22 @@ void finish_request(ServerContext& C, const CommonParams& p, const char* id_pref
   }
 }
 
+// What of a chat request makes its prompt: the conversation, tools, prefill and forced call.
+void chat_prompt(ChatParams& p, GenerationSpec& s) {
+  s.input = GenerationSpec::Input::Chat;
+  s.chat = std::move(p.template_request);
+  s.tools = std::move(p.tools);
+  s.continue_final = p.continue_final;
+  s.force_tool_call = forces_call(p.tool_choice);
+  if (p.tool_choice == ToolChoice::Function) s.forced_function = p.tool_choice_name;
+  s.prompt_param = "messages";
+  s.parallel_tool_calls = p.parallel_tool_calls;
+}
+
 PreparedRequest chat_request(ServerContext& C, const ojson& body, const ModelConfig& cfg, uint64_t seed) {
   ChatParams p = parse_chat_request(body, cfg, seed);
   PreparedRequest r;
-  r.spec.input = GenerationSpec::Input::Chat;
-  r.spec.chat = std::move(p.template_request);
-  r.spec.tools = std::move(p.tools);
-  r.spec.continue_final = p.continue_final;
-  r.spec.force_tool_call = forces_call(p.tool_choice);
-  if (p.tool_choice == ToolChoice::Function) r.spec.forced_function = p.tool_choice_name;
-  r.spec.prompt_param = "messages";
-  r.spec.parallel_tool_calls = p.parallel_tool_calls;
+  chat_prompt(p, r.spec);
   finish_request(C, p, "chatcmpl-", make_chat_formatter, r);
   return r;
 }
@@ -142,7 +147,10 @@ void list_models(ServerContext& C, const httplib::Request& req, httplib::Respons
 }  // namespace
 
 GenerationSpec openai_chat_spec(ServerContext& C, const ojson& body) {
-  return chat_request(C, body, C.core->config(), 0).spec;
+  ChatParams p = parse_chat_request(body, C.core->config(), 0);  // validated as the endpoint does
+  GenerationSpec s;
+  chat_prompt(p, s);  // (no response id, formatters or sampling: only the prompt is wanted)
+  return s;
 }
 
 void add_openai_routes(HttpServer& http, ServerContext& ctx) {

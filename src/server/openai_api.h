@@ -13,7 +13,8 @@ struct ServerContext;
 
 void add_openai_routes(HttpServer& http, ServerContext& ctx);
 
-// The GenerationSpec a /v1/chat/completions body makes (validated as that endpoint does: ApiError naming the field).
+// The prompt side of the GenerationSpec a /v1/chat/completions body makes (validated as that endpoint does: ApiError
+// naming the field): what GenerationCore::prompt_ids renders.
 GenerationSpec openai_chat_spec(ServerContext& ctx, const nlohmann::ordered_json& body);
 
 }  // namespace lilac::server
