@@ -313,13 +313,7 @@ class CompletionFormatter final : public OpenAIFormatter {
     const std::vector<TokenChoice>* scores = ev.prompt_scores ? &*ev.prompt_scores : nullptr;
     for (size_t i = 0; i < meta_.echo_ids.size(); ++i) {
       const std::string& tb = tok_.token_bytes(meta_.echo_ids[i]);
-      if (meta_.logprobs) {
-        const TokenChoice* c = i > 0 && scores && i - 1 < scores->size() ? &(*scores)[i - 1] : nullptr;
-        lp_tokens_.push_back(tb);
-        lp_values_.push_back(c ? json(c->logprob) : json(nullptr));
-        lp_top_.push_back(c && meta_.top_logprobs > 0 ? top_json(c->top) : json(nullptr));
-        lp_offsets_.push_back(text_offset_);
-      }
+      if (meta_.logprobs) push_entry(tb, i > 0 && scores && i - 1 < scores->size() ? &(*scores)[i - 1] : nullptr);
       text_offset_ += int64_t(tb.size());
       text += tb;
     }
@@ -333,13 +327,16 @@ class CompletionFormatter final : public OpenAIFormatter {
     return j;
   }
 
-  void add_logprobs(const GeneratedToken& t) {
-    if (!meta_.logprobs || t.id < 0) return;
-    const std::string& tb = tok_.token_bytes(t.id);
-    lp_tokens_.push_back(tb);
-    lp_values_.push_back(t.choice.logprob);
-    lp_top_.push_back(meta_.top_logprobs > 0 ? top_json(t.choice.top) : json(nullptr));
+  // One logprobs entry at the current offset: a token's bytes and its choice (null: an unscored prompt token).
+  void push_entry(const std::string& token_bytes, const TokenChoice* c) {
+    lp_tokens_.push_back(token_bytes);
+    lp_values_.push_back(c ? json(c->logprob) : json(nullptr));
+    lp_top_.push_back(c && meta_.top_logprobs > 0 ? top_json(c->top) : json(nullptr));
     lp_offsets_.push_back(text_offset_);
+  }
+
+  void add_logprobs(const GeneratedToken& t) {
+    if (meta_.logprobs && t.id >= 0) push_entry(tok_.token_bytes(t.id), &t.choice);
   }
 
   std::string text_chunk(const std::string& text) {
