@@ -1,4 +1,4 @@
-// `lilac perplexity`: the perplexity of a text (or of token ids) under the model, windowed as llama.cpp's
+// `lilac perplexity`: the perplexity of a text under the model, windowed as llama.cpp's
 // llama-perplexity does (engine/perplexity.h), so the numbers of the two engines on one text can be compared: a
 // check that the served model computes the function its checkpoint defines.
 #include <cmath>
@@ -24,16 +24,11 @@ struct Args {
   int64_t ctx = 512, first = -1, max_windows = 0;
 };
 
-std::string read_all(const std::string& path) {
-  auto f = MappedFile::open(path);
-  return std::string(reinterpret_cast<const char*>(f->data()), f->size());
-}
-
 int run(const Args& a) {
   if (a.file.empty() == a.text.empty()) throw InputError("give exactly one of --file, --text");
   if (!file_exists(path_join(a.model, "tokenizer.json"))) throw InputError(a.model + ": no tokenizer.json");
   const auto tok = Tokenizer::load(a.model);
-  const std::vector<int32_t> ids = tok->encode(a.file.empty() ? a.text : read_all(a.file), /*parse_special=*/false);
+  const std::vector<int32_t> ids = tok->encode(a.file.empty() ? a.text : read_text_file(a.file), /*parse_special=*/false);
   auto weights = load_model(a.model);
   auto backend = make_backend(a.backend, weights, a.threads);
   PerplexityOptions o;
@@ -41,7 +36,7 @@ int run(const Args& a) {
   o.first = a.first;
   o.max_windows = a.max_windows;
   std::fprintf(stderr, "backend: %s; %zu tokens; windows of %lld tokens, scored from position %lld\n",
-               backend->describe().c_str(), ids.size(), (long long)o.ctx, (long long)(o.first < 0 ? o.ctx / 2 : o.first));
+               backend->describe().c_str(), ids.size(), (long long)o.ctx, (long long)o.first_scored());
   const PerplexityResult r = perplexity(*backend, *tok, ids, o, [](const PerplexityWindow& w, const PerplexityResult& s) {
     std::printf("window at token %lld: %lld tokens scored, ppl %.4f (running %.4f), %.2f s\n", (long long)w.start,
                 (long long)w.scored, std::exp(w.nll / double(w.scored)), s.ppl(), w.seconds);

@@ -15,7 +15,7 @@ PerplexityResult perplexity(Backend& backend, const Tokenizer& tokenizer, std::s
                             const PerplexityOptions& opts,
                             const std::function<void(const PerplexityWindow&, const PerplexityResult&)>& on_window) {
   if (opts.ctx < 2) throw InputError("perplexity: the window (--ctx) must hold at least 2 tokens");
-  const int64_t first = opts.first < 0 ? opts.ctx / 2 : opts.first;
+  const int64_t first = opts.first_scored();
   if (first < 1 || first >= opts.ctx)
     throw InputError("perplexity: the first scored position must be in [1, " + std::to_string(opts.ctx - 1) + "]");
   const int64_t n = int64_t(tokens.size());

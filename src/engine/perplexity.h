@@ -20,6 +20,7 @@ struct PerplexityOptions {
   int64_t ctx = 512;     // tokens per window (>= 2)
   int64_t first = -1;    // the first scored position of a window (1..ctx-1); -1: ctx / 2
   int64_t max_windows = 0;  // 0: all
+  int64_t first_scored() const { return first < 0 ? ctx / 2 : first; }
 };
 
 struct PerplexityWindow {
