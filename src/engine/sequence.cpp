@@ -49,10 +49,10 @@ void Sequence::prefill_call(int64_t n) {
     if (V <= 0) throw InputError("this backend cannot score a prompt (no logits of its positions)");
     const LogitsSink sink = [this, &p, V](int64_t first, int64_t rows, const float* logits) {
       if (first != int64_t(prompt_lp_.size())) throw Error("Sequence: prompt logits out of order");
-      const int64_t n = std::clamp<int64_t>(int64_t(p.size()) - 1 - first, 0, rows);  // not the last prompt row
-      prompt_lp_.resize(size_t(first + n));
+      const int64_t scored = std::clamp<int64_t>(int64_t(p.size()) - 1 - first, 0, rows);  // not the last row
+      prompt_lp_.resize(size_t(first + scored));
       // Rows are independent (~1.3 ms each at a 248K vocabulary): scored on the idle cores.
-      parallel_for(&scoring_pool(), n, [&](int64_t b, int64_t e) {
+      parallel_for(&scoring_pool(), scored, [&](int64_t b, int64_t e) {
         for (int64_t r = b; r < e; ++r)
           prompt_lp_[size_t(first + r)] = score_token(std::span<const float>(logits + r * V, size_t(V)),
                                                       p[size_t(first + r + 1)], req_.prompt_logprobs);
