@@ -5,8 +5,6 @@
 // logit_bias, which the CUDA sampling kernels do not take yet, is refused. Skips without a GPU.
 #include <gtest/gtest.h>
 
-#include <cmath>
-#include <cstring>
 #include <string>
 #include <vector>
 
@@ -14,21 +12,14 @@
 #include "cuda/cuda_backend.h"
 #include "engine/generator.h"
 #include "engine/perplexity.h"
-#include "engine/sampler.h"
 #include "gpu_test.h"
-#include "model/safetensors.h"
 #include "model/weights.h"
 #include "support/fixtures.h"
-#include "text/tokenizer.h"
 
 using namespace lilac;
 
 namespace {
 
-const Tokenizer& qwen3_tokenizer() {
-  static std::unique_ptr<Tokenizer> t = Tokenizer::load(std::string(LILAC_SHARED_DIR) + "/fixtures/qwen3-tokenizer");
-  return *t;
-}
 
 GenerationStats run_scored(Generator& g, GenerationRequest req, std::vector<TokenChoice>& scores,
                            std::vector<TokenChoice>& generated) {
@@ -45,7 +36,7 @@ TEST(CudaPromptScoring, GeneratedTokensScoreAsTheyWereSampled) {
   NEED_GPU();
   auto be = cuda::make_cuda_backend(testutil::fixture("tiny"));
   auto sess = be->new_session(64);
-  Generator gen(*sess, qwen3_tokenizer(), nullptr);
+  Generator gen(*sess, *testutil::qwen3_tokenizer(), nullptr);
   GenerationRequest req;
   req.prompt = testutil::random_tokens(12, be->config().vocab_size, 5);
   req.max_tokens = 6;
@@ -78,21 +69,12 @@ TEST(CudaPromptScoring, PerplexityIsTheOraclesWithinTheReducedPrecisionBound) {
   NEED_GPU();
   for (const char* fx : {"tiny", "tiny2"}) {
     auto be = cuda::make_cuda_backend(testutil::fixture(fx));
-    const TensorSet ts =
-        TensorSet::open_file(std::string(LILAC_SHARED_DIR) + "/fixtures/" + fx + "/golden.safetensors");
-    const TensorInfo& ti = ts.get("seq2.tokens");
-    std::vector<int32_t> tokens(size_t(ti.numel()));
-    std::memcpy(tokens.data(), ti.data, tokens.size() * 4);
-    const std::vector<float> logits = tensor_to_floats(ts.get("seq2.logits"));
-    const size_t V = logits.size() / tokens.size();
-    double nll = 0;
-    for (size_t j = 0; j + 1 < tokens.size(); ++j)
-      nll -= double(token_logprob(std::span<const float>(logits.data() + j * V, V), tokens[j + 1]));
-    const double want = std::exp(nll / double(tokens.size() - 1));
+    const testutil::GoldenSeq g = testutil::golden_seq(fx, "seq2");
+    const double want = testutil::oracle_perplexity(g);
     PerplexityOptions o;
-    o.ctx = int64_t(tokens.size());
+    o.ctx = int64_t(g.tokens.size());
     o.first = 1;
-    const PerplexityResult r = perplexity(*be, qwen3_tokenizer(), tokens, o);
+    const PerplexityResult r = perplexity(*be, *testutil::qwen3_tokenizer(), g.tokens, o);
     EXPECT_NEAR(r.ppl() / want, 1.0, 0.01) << fx << ": " << r.ppl() << " vs the oracle's " << want;
   }
 }

@@ -16,7 +16,6 @@
 #include "engine/generator.h"
 #include "engine/perplexity.h"
 #include "engine/sampler.h"
-#include "model/safetensors.h"
 #include "support/fixtures.h"
 #include "text/tokenizer.h"
 
@@ -24,35 +23,8 @@ using namespace lilac;
 
 namespace {
 
-const Tokenizer& qwen3_tokenizer() {
-  static std::unique_ptr<Tokenizer> t = Tokenizer::load(std::string(LILAC_SHARED_DIR) + "/fixtures/qwen3-tokenizer");
-  return *t;
-}
-
-// A golden sequence of a fixture: its tokens and the oracle's logits [L, vocab].
-struct GoldenSeq {
-  std::vector<int32_t> tokens;
-  std::vector<float> logits, margin;
-  std::vector<int32_t> top1;
-  int64_t vocab = 0;
-};
-
-GoldenSeq golden_seq(const std::string& fixture, const std::string& seq) {
-  const TensorSet ts = TensorSet::open_file(std::string(LILAC_SHARED_DIR) + "/fixtures/" + fixture + "/golden.safetensors");
-  GoldenSeq g;
-  auto ints = [&](const std::string& name) {
-    const TensorInfo& t = ts.get(name);
-    std::vector<int32_t> v(size_t(t.numel()));
-    std::memcpy(v.data(), t.data, v.size() * 4);
-    return v;
-  };
-  g.tokens = ints(seq + ".tokens");
-  g.top1 = ints(seq + ".top1");
-  g.logits = tensor_to_floats(ts.get(seq + ".logits"));
-  g.margin = tensor_to_floats(ts.get(seq + ".margin"));
-  g.vocab = int64_t(g.logits.size() / g.tokens.size());
-  return g;
-}
+using testutil::golden_seq;
+using testutil::GoldenSeq;
 
 // Runs `req` (prompt_logprobs set) and returns the prompt's scores; `tokens` gets the generated ids and
 // `order` one letter per callback ('p': the scores, 't': a token).
@@ -93,7 +65,7 @@ void expect_oracle_scores(Backend& backend, const std::string& fixture, const st
   const GoldenSeq g = golden_seq(fixture, seq);
   ASSERT_GE(g.tokens.size(), 2u);
   auto sess = backend.new_session(int64_t(g.tokens.size()) + 8);
-  Generator gen(*sess, qwen3_tokenizer(), nullptr);
+  Generator gen(*sess, *testutil::qwen3_tokenizer(), nullptr);
   GenerationStats st;
   std::vector<TokenChoice> out;
   const std::vector<TokenChoice> s = score(gen, scoring_request(g.tokens, 3, 0), &out, nullptr, &st);
@@ -104,9 +76,8 @@ void expect_oracle_scores(Backend& backend, const std::string& fixture, const st
   double worst = 0;
   int checked_top = 0;
   for (size_t j = 0; j + 1 < g.tokens.size(); ++j) {
-    const std::span<const float> row(g.logits.data() + j * size_t(g.vocab), size_t(g.vocab));
     EXPECT_EQ(s[j].token, g.tokens[j + 1]);
-    const double want = double(token_logprob(row, g.tokens[j + 1]));
+    const double want = double(token_logprob(g.row(j), g.tokens[j + 1]));
     worst = std::max(worst, std::abs(double(s[j].logprob) - want));
     ASSERT_EQ(s[j].top.size(), 3u);
     if (g.margin[j] >= 0.1f) {
@@ -171,7 +142,7 @@ TEST(PromptScoring, ComputesTheWholePromptWhateverIsCached) {
   const std::vector<int32_t> prompt = testutil::random_tokens(40, be->config().vocab_size, 3);
   const int32_t boundary = prompt[20];
   auto fresh_sess = be->new_session(64);
-  Generator fresh(*fresh_sess, qwen3_tokenizer(), nullptr);
+  Generator fresh(*fresh_sess, *testutil::qwen3_tokenizer(), nullptr);
   GenerationRequest req = scoring_request(prompt, 2, 1);
   req.boundary_token = boundary;
   const std::vector<TokenChoice> want = score(fresh, req);
@@ -179,7 +150,7 @@ TEST(PromptScoring, ComputesTheWholePromptWhateverIsCached) {
 
   PrefixCache cache(size_t(64) << 20);
   auto sess = be->new_session(64);
-  Generator gen(*sess, qwen3_tokenizer(), &cache);
+  Generator gen(*sess, *testutil::qwen3_tokenizer(), &cache);
   GenerationRequest first;
   first.prompt.assign(prompt.begin(), prompt.begin() + 30);
   first.max_tokens = 1;  // (its token is not fed: the session holds exactly the 30 tokens)
@@ -199,7 +170,7 @@ TEST(PromptScoring, ComputesTheWholePromptWhateverIsCached) {
   again.max_tokens = 1;
   again.boundary_token = boundary;
   auto sess2 = be->new_session(64);
-  Generator gen2(*sess2, qwen3_tokenizer(), &cache);
+  Generator gen2(*sess2, *testutil::qwen3_tokenizer(), &cache);
   const GenerationStats st2 = gen2.run(again, [](const GeneratedToken&) { return true; });
   EXPECT_TRUE(st2.cache_hit);
   EXPECT_GT(st2.cached_tokens, 0);
@@ -211,7 +182,7 @@ TEST(PromptScoring, GeneratedTokensScoreAsTheyWereSampled) {
   auto be = make_cpu_backend(testutil::fixture("tiny"), 2);
   const std::vector<int32_t> prompt = testutil::random_tokens(12, be->config().vocab_size, 5);
   auto sess = be->new_session(64);
-  Generator gen(*sess, qwen3_tokenizer(), nullptr);
+  Generator gen(*sess, *testutil::qwen3_tokenizer(), nullptr);
   std::vector<TokenChoice> generated;
   std::string order;
   score(gen, scoring_request(prompt, 2, 6), &generated, &order);
@@ -235,7 +206,7 @@ TEST(PromptScoring, GeneratedTokensScoreAsTheyWereSampled) {
 TEST(PromptScoring, RejectsWhatItCannotDo) {
   auto be = make_cpu_backend(testutil::fixture("tiny"), 1);
   auto sess = be->new_session(16);
-  Generator gen(*sess, qwen3_tokenizer(), nullptr);
+  Generator gen(*sess, *testutil::qwen3_tokenizer(), nullptr);
   GenerationRequest r = scoring_request({1, 2, 3}, 21, 0);
   EXPECT_THROW(gen.run(r, [](const GeneratedToken&) { return true; }), InputError);
   r = scoring_request({1, 2, 3}, -1, 0);  // max_tokens 0 without scoring
@@ -254,15 +225,11 @@ TEST(PromptScoring, PerplexityIsTheOraclesOnTheFixtures) {
   for (const char* fx : {"tiny", "tiny2"}) {
     auto be = make_cpu_backend(testutil::fixture(fx), 2);
     const GoldenSeq g = golden_seq(fx, "seq2");
-    double nll = 0;
-    for (size_t j = 0; j + 1 < g.tokens.size(); ++j)
-      nll -= double(token_logprob(std::span<const float>(g.logits.data() + j * size_t(g.vocab), size_t(g.vocab)),
-                                  g.tokens[j + 1]));
-    const double want = std::exp(nll / double(g.tokens.size() - 1));
+    const double want = testutil::oracle_perplexity(g);
     PerplexityOptions o;
     o.ctx = int64_t(g.tokens.size());
     o.first = 1;
-    const PerplexityResult r = perplexity(*be, qwen3_tokenizer(), g.tokens, o);
+    const PerplexityResult r = perplexity(*be, *testutil::qwen3_tokenizer(), g.tokens, o);
     ASSERT_EQ(r.windows.size(), 1u);
     EXPECT_EQ(r.scored, int64_t(g.tokens.size()) - 1);
     EXPECT_NEAR(r.ppl() / want, 1.0, 2e-4) << fx << ": " << r.ppl() << " vs the oracle's " << want;
@@ -276,7 +243,7 @@ TEST(PromptScoring, PerplexityWindows) {
   PerplexityOptions o;
   o.ctx = 32;  // first: 16
   std::vector<int64_t> starts;
-  const PerplexityResult r = perplexity(*be, qwen3_tokenizer(), toks, o, [&](const PerplexityWindow& w, const PerplexityResult&) {
+  const PerplexityResult r = perplexity(*be, *testutil::qwen3_tokenizer(), toks, o, [&](const PerplexityWindow& w, const PerplexityResult&) {
     starts.push_back(w.start);
   });
   EXPECT_EQ(starts, (std::vector<int64_t>{0, 32, 64}));  // 96..99 has no token past position 16
@@ -284,7 +251,7 @@ TEST(PromptScoring, PerplexityWindows) {
   EXPECT_EQ(r.tokens, 3 * 32);
   // Window 1 alone: the scores of tokens 32..63 as a prompt of their own, positions 16..31.
   auto sess = be->new_session(40);
-  Generator gen(*sess, qwen3_tokenizer(), nullptr);
+  Generator gen(*sess, *testutil::qwen3_tokenizer(), nullptr);
   const std::vector<TokenChoice> s =
       score(gen, scoring_request(std::vector<int32_t>(toks.begin() + 32, toks.begin() + 64), 0, 0));
   double nll = 0;
@@ -292,13 +259,13 @@ TEST(PromptScoring, PerplexityWindows) {
   EXPECT_DOUBLE_EQ(r.windows[1].nll, nll);
   // A short last window is scored when it reaches past `first`.
   o.first = 2;
-  EXPECT_EQ(perplexity(*be, qwen3_tokenizer(), toks, o).windows.size(), 4u);  // 96..99: positions 2, 3
+  EXPECT_EQ(perplexity(*be, *testutil::qwen3_tokenizer(), toks, o).windows.size(), 4u);  // 96..99: positions 2, 3
   o.first = 32;
-  EXPECT_THROW(perplexity(*be, qwen3_tokenizer(), toks, o), InputError);
+  EXPECT_THROW(perplexity(*be, *testutil::qwen3_tokenizer(), toks, o), InputError);
   o = {};
   o.ctx = 1;
-  EXPECT_THROW(perplexity(*be, qwen3_tokenizer(), toks, o), InputError);
+  EXPECT_THROW(perplexity(*be, *testutil::qwen3_tokenizer(), toks, o), InputError);
   o = {};
-  EXPECT_THROW(perplexity(*be, qwen3_tokenizer(), std::vector<int32_t>(toks.begin(), toks.begin() + 28), o),
+  EXPECT_THROW(perplexity(*be, *testutil::qwen3_tokenizer(), std::vector<int32_t>(toks.begin(), toks.begin() + 28), o),
                InputError);  // ctx 512 scores from 256: 28 tokens leave nothing
 }

@@ -1,16 +1,21 @@
 // Helpers the backend, session and scheduler tests share: the shared fixtures' weights (loaded once per
 // test binary), random prompts, and bitwise comparisons of logits and sampled choices.
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <map>
 #include <memory>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "engine/backend.h"
+#include "engine/sampler.h"
+#include "model/safetensors.h"
 #include "model/weights.h"
+#include "text/tokenizer.h"
 
 namespace lilac::testutil {
 
@@ -20,6 +25,46 @@ inline std::shared_ptr<const ModelWeights> fixture(const std::string& name) {
   auto& w = cache[name];
   if (!w) w = load_model(std::string(LILAC_SHARED_DIR) + "/fixtures/" + name + "/mlx4", LoadOptions{.progress = false});
   return w;
+}
+
+// The Qwen3 tokenizer of ../shared/fixtures/qwen3-tokenizer, loaded once.
+inline std::shared_ptr<const Tokenizer> qwen3_tokenizer() {
+  static auto t = std::shared_ptr<const Tokenizer>(
+      Tokenizer::load(std::string(LILAC_SHARED_DIR) + "/fixtures/qwen3-tokenizer"));
+  return t;
+}
+
+// A golden sequence of a fixture (../shared/README.md): its tokens, the oracle's logits [L, vocab], top-1 and margin.
+struct GoldenSeq {
+  std::vector<int32_t> tokens;
+  std::vector<float> logits, margin;
+  std::vector<int32_t> top1;
+  int64_t vocab = 0;
+  std::span<const float> row(size_t j) const { return {logits.data() + j * size_t(vocab), size_t(vocab)}; }
+};
+
+inline GoldenSeq golden_seq(const std::string& fixture, const std::string& seq) {
+  const TensorSet ts = TensorSet::open_file(std::string(LILAC_SHARED_DIR) + "/fixtures/" + fixture + "/golden.safetensors");
+  GoldenSeq g;
+  auto ints = [&](const std::string& name) {
+    const TensorInfo& t = ts.get(name);
+    std::vector<int32_t> v(size_t(t.numel()));
+    std::memcpy(v.data(), t.data, v.size() * 4);
+    return v;
+  };
+  g.tokens = ints(seq + ".tokens");
+  g.top1 = ints(seq + ".top1");
+  g.logits = tensor_to_floats(ts.get(seq + ".logits"));
+  g.margin = tensor_to_floats(ts.get(seq + ".margin"));
+  g.vocab = int64_t(g.logits.size() / g.tokens.size());
+  return g;
+}
+
+// The oracle's perplexity of the whole sequence (every token after the first, from its logits).
+inline double oracle_perplexity(const GoldenSeq& g) {
+  double nll = 0;
+  for (size_t j = 0; j + 1 < g.tokens.size(); ++j) nll -= double(token_logprob(g.row(j), g.tokens[j + 1]));
+  return std::exp(nll / double(g.tokens.size() - 1));
 }
 
 // n token ids uniform in [0, vocab), deterministic in seed.

@@ -1,4 +1,4 @@
-// Scheduler tests' helpers: the Qwen3 tokenizer fixture and a job's events collected until it ends.
+// Scheduler tests' helpers: a job's events collected until it ends (and fixtures.h's Qwen3 tokenizer).
 #pragma once
 #include <gtest/gtest.h>
 
@@ -9,15 +9,10 @@
 
 #include "engine/backend.h"
 #include "server/scheduler.h"
+#include "support/fixtures.h"  // qwen3_tokenizer
 #include "text/tokenizer.h"
 
 namespace lilac::testutil {
-
-inline std::shared_ptr<const Tokenizer> qwen3_tokenizer() {
-  static auto t = std::shared_ptr<const Tokenizer>(
-      Tokenizer::load(std::string(LILAC_SHARED_DIR) + "/fixtures/qwen3-tokenizer"));
-  return t;
-}
 
 // What a job streamed: its token ids and choices (logprobs included), text, final stats or error.
 struct JobResult {
