@@ -67,12 +67,8 @@ void finish_request(ServerContext& C, const CommonParams& p, const char* id_pref
 
 // What of a chat request makes its prompt: the conversation, tools, prefill and forced call.
 void chat_prompt(ChatParams& p, GenerationSpec& s) {
-  s.input = GenerationSpec::Input::Chat;
-  s.chat = std::move(p.template_request);
-  s.tools = std::move(p.tools);
-  s.continue_final = p.continue_final;
-  s.force_tool_call = forces_call(p.tool_choice);
-  if (p.tool_choice == ToolChoice::Function) s.forced_function = p.tool_choice_name;
+  apply_chat_prompt(std::move(p.template_request), std::move(p.tools), p.continue_final, p.tool_choice,
+                    p.tool_choice_name, s);
   s.prompt_param = "messages";
   s.parallel_tool_calls = p.parallel_tool_calls;
 }

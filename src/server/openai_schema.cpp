@@ -441,6 +441,16 @@ CompletionParams parse_completion_request(const ojson& body, const ModelConfig& 
   return p;
 }
 
+void apply_chat_prompt(ojson template_request, ojson tools, bool continue_final, ToolChoice choice,
+                       const std::string& function, GenerationSpec& spec) {
+  spec.input = GenerationSpec::Input::Chat;
+  spec.chat = std::move(template_request);
+  spec.tools = std::move(tools);
+  spec.continue_final = continue_final;
+  spec.force_tool_call = forces_call(choice);
+  if (choice == ToolChoice::Function) spec.forced_function = function;
+}
+
 void apply_response_format(ResponseFormat f, const ojson& json_schema, GenerationSpec& spec) {
   switch (f) {
     case ResponseFormat::Text:

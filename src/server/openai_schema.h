@@ -85,5 +85,10 @@ struct GenerationSpec;
 // A request's ResponseFormat (and its schema) as the generation spec's constraint on the content: one
 // mapping for every adapter that has one (chat / completions' response_format, Responses' text.format).
 void apply_response_format(ResponseFormat f, const ojson& json_schema, GenerationSpec& spec);
+// A chat prompt's part of the generation spec, one mapping for every protocol's adapter: the conversation as the
+// chat template renders it, the tools, a final assistant message to continue (a prefill), a forced call (of
+// `function` when the choice names one).
+void apply_chat_prompt(ojson template_request, ojson tools, bool continue_final, ToolChoice choice,
+                       const std::string& function, GenerationSpec& spec);
 
 }  // namespace lilac::server

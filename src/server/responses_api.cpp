@@ -34,12 +34,7 @@ Endpoint responses_endpoint(ServerContext& C) {
     r.model = p.model;
     r.stream = p.stream;
     GenerationSpec& s = r.spec;
-    s.input = GenerationSpec::Input::Chat;
-    s.chat = std::move(p.template_request);
-    s.continue_final = p.continue_final;
-    s.tools = p.tools;
-    s.force_tool_call = forces_call(p.tool_choice);
-    if (p.tool_choice == ToolChoice::Function) s.forced_function = p.tool_choice_name;
+    apply_chat_prompt(std::move(p.template_request), p.tools, p.continue_final, p.tool_choice, p.tool_choice_name, s);
     apply_response_format(p.response_format, p.json_schema, s);
     s.sampling = p.sampling;
     s.max_tokens = p.max_output_tokens;
