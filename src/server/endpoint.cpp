@@ -79,6 +79,12 @@ void serve_generation(ServerContext& C, const Endpoint& ep, const httplib::Reque
       }
     }
     const RequestLog log{ep.path, t0, C.opts.log_requests, &C.metrics};
+    if (gens.size() == 1 && r.background) {
+      auto fmt = r.formatter(*gens.front(), C.hook_set);
+      r.background(std::move(gens.front()), std::move(fmt), res);
+      C.metrics.count_request(ep.path, res.status);
+      return;
+    }
     if (gens.size() == 1) {
       auto fmt = r.formatter(*gens.front(), C.hook_set);
       return send_generation(res, std::move(gens.front()), std::move(fmt), r.stream, log, fail);

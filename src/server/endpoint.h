@@ -44,6 +44,10 @@ struct PreparedRequest {
   int n = 1;
   std::function<std::shared_ptr<ResponseFormatter>(const Generation& gen, bool route_field, int index)> choice_formatter;
   ChoicesJoin join;
+  // Set: the generation runs in the background (the Responses API's `background`), and this answers the
+  // request at once instead of send_generation (its one generation and formatter, the HTTP response).
+  std::function<void(std::shared_ptr<Generation> gen, std::shared_ptr<ResponseFormatter> fmt, httplib::Response& res)>
+      background;
 };
 
 struct Endpoint {

@@ -56,10 +56,17 @@ Endpoint responses_endpoint(ServerContext& C) {
     meta.reasoning_effort = p.effort.empty() ? nlohmann::json(nullptr) : nlohmann::json(p.effort);
     meta.new_id = [&C](const char* prefix) { return C.new_id(prefix); };
     meta.store = p.store;
+    meta.background = p.background;
     if (!p.previous_response_id.empty()) meta.previous_response_id = p.previous_response_id;
     if (p.store) {
       // The entry a follow-up continues: the conversation's input items, then this response's output.
       auto items = std::make_shared<const ojson>(std::move(p.input_items));
+      if (p.background)
+        r.background = [&C, items, id = meta.id](std::shared_ptr<Generation> gen, std::shared_ptr<ResponseFormatter> fmt,
+                                                 httplib::Response& res) {
+          const nlohmann::json queued = C.background.start(id, std::move(gen), std::move(fmt), *items);
+          res.set_content(dump_json(queued), "application/json");
+        };
       meta.on_done = [&C, items](const nlohmann::json& response) {
         ResponseStore::Entry e;
         e.items = *items;
@@ -113,8 +120,31 @@ void add_responses_routes(HttpServer& http, ServerContext& ctx) {
     res.set_content(dump_json(list), "application/json");
     C->metrics.count_request("/v1/responses/{id}/input_items", 200);
   });
+  // Cancels a background response that is still running (its stored object becomes "cancelled", with what was
+  // generated); a cancelled one is answered as it is; any other is 400 (not background, or already ended).
+  http.Post(one + "/cancel", [C, not_found](const httplib::Request& req, httplib::Response& res) {
+    const std::string id = req.matches[1];
+    const char* route = "/v1/responses/{id}/cancel";
+    C->background.cancel(id);
+    std::optional<ResponseStore::Entry> e = C->responses.get(id);
+    if (!e) return not_found(res, id, route);
+    const std::string status = e->response.value("status", "");
+    if (!e->response.value("background", false)) {
+      send_error(res, 400, "Only responses created with 'background': true can be cancelled.", "response_id",
+                 "invalid_request");
+      return C->metrics.count_request(route, 400);
+    }
+    if (status != "cancelled") {
+      send_error(res, 400, "Cannot cancel a response whose status is '" + status + "'.", "response_id",
+                 "invalid_request");
+      return C->metrics.count_request(route, 400);
+    }
+    res.set_content(dump_json(e->response), "application/json");
+    C->metrics.count_request(route, 200);
+  });
   http.route("DELETE", one, [C, not_found](const httplib::Request& req, httplib::Response& res) {
     const std::string id = req.matches[1];
+    C->background.cancel(id);  // a background response still running stops first
     if (!C->responses.erase(id)) return not_found(res, id, "/v1/responses/{id}");
     res.set_content(dump_json(nlohmann::json{{"id", id}, {"object", "response"}, {"deleted", true}}), "application/json");
     C->metrics.count_request("/v1/responses/{id}", 200);

@@ -13,6 +13,8 @@ class ResponsesFormatter final : public ResponseFormatter {
  public:
   explicit ResponsesFormatter(ResponsesMeta meta) : meta_(std::move(meta)) {}
 
+  json object(const std::string& status, const json& error) const { return response(status, error); }
+
   std::string stream_start() override {
     streaming_ = true;
     json r = response("in_progress");
@@ -75,13 +77,14 @@ class ResponsesFormatter final : public ResponseFormatter {
                 {"total_tokens", in + stats_.completion_tokens}};
   }
 
-  json response(const std::string& status) const {
+  json response(const std::string& status, const json& error = nullptr) const {
     json r;
     r["id"] = meta_.id;
     r["object"] = "response";
     r["created_at"] = meta_.created_at;
     r["status"] = status;
-    r["error"] = nullptr;
+    r["background"] = meta_.background;
+    r["error"] = error;
     r["incomplete_details"] = status == "incomplete" ? json{{"reason", "max_output_tokens"}} : json(nullptr);
     r["instructions"] = meta_.instructions;
     r["max_output_tokens"] = meta_.max_output_tokens;
@@ -97,7 +100,7 @@ class ResponsesFormatter final : public ResponseFormatter {
     r["tools"] = meta_.tools;
     r["top_p"] = meta_.top_p;
     r["truncation"] = "disabled";
-    r["usage"] = status == "in_progress" ? json(nullptr) : usage();
+    r["usage"] = status == "in_progress" || status == "queued" ? json(nullptr) : usage();
     r["metadata"] = json::object();
     if (meta_.route_field) r["lilac_route"] = "local";
     return r;
@@ -240,6 +243,10 @@ class ResponsesFormatter final : public ResponseFormatter {
 };
 
 }  // namespace
+
+json responses_object(const ResponseFormatter& fmt, const std::string& status, const json& error) {
+  return dynamic_cast<const ResponsesFormatter&>(fmt).object(status, error);
+}
 
 std::shared_ptr<ResponseFormatter> make_responses_formatter(ResponsesMeta meta) {
   return std::make_shared<ResponsesFormatter>(std::move(meta));

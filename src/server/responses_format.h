@@ -32,11 +32,16 @@ struct ResponsesMeta {
   // New ids ("rs_", "msg_", "fc_" + random) for output items.
   std::function<std::string(const char* prefix)> new_id;
   bool store = false;                             // echoed
+  bool background = false;                        // echoed (server/background_responses.h)
   nlohmann::json previous_response_id = nullptr;  // echoed (string or null)
   // Called with the final response object (completed or incomplete; not for a cancelled generation).
   std::function<void(const nlohmann::json& response)> on_done;
 };
 
 std::shared_ptr<ResponseFormatter> make_responses_formatter(ResponsesMeta meta);
+// The response object a formatter made by make_responses_formatter gives in `status` from the events added so
+// far: "queued" / "in_progress" (usage null), "cancelled", "failed" (with `error`: {code, message}).
+nlohmann::json responses_object(const ResponseFormatter& fmt, const std::string& status,
+                                const nlohmann::json& error = nullptr);
 
 }  // namespace lilac::server

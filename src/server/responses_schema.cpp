@@ -298,9 +298,13 @@ ResponsesParams parse_responses_request(const ojson& body, const ModelConfig& cf
     previous_items = std::move(e->items);
   }
   if (field(body, "conversation")) unsupported("conversation", "'conversation'");
-  if (get_bool(body, "background").value_or(false)) unsupported("background", "'background': true");
   if (field(body, "prompt")) unsupported("prompt", "'prompt' (stored prompt templates)");
   r.stream = get_bool(body, "stream").value_or(false);
+  r.background = get_bool(body, "background").value_or(false);
+  if (r.background && !r.store)
+    bad("background", "Invalid value for 'background': a background response must be stored ('store': true): it is "
+                      "retrieved with GET /v1/responses/{id}.");
+  if (r.background && r.stream) unsupported("background", "'background': true with 'stream': true");
   r.max_output_tokens = get_int(body, "max_output_tokens", 1, INT64_MAX);
   r.sampling = sampling_defaults(cfg, seed);
   if (auto v = get_number(body, "temperature", 0, 2)) r.sampling.temperature = float(*v);

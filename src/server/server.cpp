@@ -236,7 +236,9 @@ void Server::shutdown(int grace_ms, const std::function<bool()>& hurry) {
   http.begin_drain();
   if (C.core) C.core->begin_shutdown();
   // Requests in progress (generations, upstream forwards) get the grace period to finish.
-  auto quiet = [&] { return (!C.core || C.core->active() == 0) && http.stats().busy_workers == 0; };
+  auto quiet = [&] {
+    return (!C.core || C.core->active() == 0) && http.stats().busy_workers == 0 && C.background.active() == 0;
+  };
   const auto t0 = Clock::now();
   while (!quiet() && Clock::now() - t0 < std::chrono::milliseconds(grace_ms) && !(hurry && hurry()))
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -259,6 +261,7 @@ void Server::stop() {
   if (C.core) C.core->abort_all(503, "The server is shutting down: the generation was stopped before it finished.");
   if (C.hook.on_shutdown) C.hook.on_shutdown();
   impl_->http.stop();
+  C.background.stop();  // the background responses' threads (their generations were just ended)
   if (C.core) C.core->stop();
 }
 

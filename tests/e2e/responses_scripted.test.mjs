@@ -212,3 +212,80 @@ test('stored responses: previous_response_id continues the conversation; retriev
   const raw = await fetch(`${srv.url}/v1/responses/${done.id}`, { method: 'DELETE' });
   assert.deepEqual(await raw.json(), { id: done.id, object: 'response', deleted: true });
 });
+
+// Background mode: answered at once ("queued"), polled with retrieve until it ends; the stored object is the one
+// a foreground request answers (but for background: true and its id); cancel stops a running one and keeps
+// what it generated; cancelling an ended or foreground response is a 400; a DELETE stops a running one.
+async function until(id, done, ms = 20000) {
+  const t0 = Date.now();
+  for (;;) {
+    const r = await client.responses.retrieve(id);
+    if (done(r)) return r;
+    assert.ok(Date.now() - t0 < ms, `response ${id} still ${r.status}`);
+    await new Promise((f) => setTimeout(f, 20));
+  }
+}
+
+test('background: queued at once, then polled until completed, as a foreground response', async () => {
+  const fg = await client.responses.create({ model: MODEL, input: 'reason about it', instructions: 'Be brief.' });
+  const bg = await client.responses.create({ model: MODEL, input: 'reason about it', instructions: 'Be brief.', background: true });
+  assert.match(bg.id, /^resp_/);
+  assert.equal(bg.background, true);
+  assert.ok(['queued', 'in_progress'].includes(bg.status), bg.status);
+  assert.deepEqual(bg.output, []);
+  assert.equal(bg.usage, null);
+  assert.equal(fg.background, false);
+  const done = await until(bg.id, (r) => r.status !== 'queued' && r.status !== 'in_progress');
+  assert.equal(done.status, 'completed');
+  assert.equal(done.output_text, 'The answer is 42.');
+  assert.deepEqual(done.output.map((o) => o.type), fg.output.map((o) => o.type));
+  assert.equal(done.usage.input_tokens, fg.usage.input_tokens);
+  assert.equal(done.usage.output_tokens, fg.usage.output_tokens);
+  // it continues like any stored response
+  const next = await client.responses.create({ model: MODEL, input: 'and now?', previous_response_id: bg.id, store: false });
+  const byHand = await client.responses.create({
+    model: MODEL, store: false, input: [{ role: 'user', content: 'reason about it' }, ...done.output, { role: 'user', content: 'and now?' }],
+  });
+  assert.equal(next.usage.input_tokens, byHand.usage.input_tokens);
+  await assert.rejects(client.responses.cancel(bg.id), (e) => {
+    assert.ok(e instanceof OpenAI.BadRequestError);
+    assert.match(e.message, /status is 'completed'/);
+    return true;
+  });
+  await assert.rejects(client.responses.cancel(fg.id), (e) => {
+    assert.ok(e instanceof OpenAI.BadRequestError);
+    assert.match(e.message, /background/);
+    return true;
+  });
+  await assert.rejects(client.responses.cancel('resp_nothing'), OpenAI.NotFoundError);
+});
+
+test('background: cancel stops a running generation and keeps its output; delete stops one too', async () => {
+  const bg = await client.responses.create({ model: MODEL, input: 'forever', reasoning: off, background: true });
+  const running = await until(bg.id, (r) => r.status === 'in_progress' && r.output.length > 0 && r.output[0].content?.[0]?.text.length > 0);
+  assert.equal(running.usage, null);
+  const c = await client.responses.cancel(bg.id);
+  assert.equal(c.status, 'cancelled');
+  assert.equal(c.background, true);
+  assert.match(c.output_text ?? c.output[0].content[0].text, /^( tick)+$/);
+  assert.ok(c.usage.output_tokens > 0);
+  const again = await client.responses.cancel(bg.id);  // cancelled already: answered as it is
+  assert.equal(again.status, 'cancelled');
+  const kept = await client.responses.retrieve(bg.id);
+  assert.equal(kept.status, 'cancelled');
+  assert.equal(kept.output[0].content[0].text, c.output[0].content[0].text);
+  // a DELETE of a running one stops it: the server is free for the next request at once
+  const bg2 = await client.responses.create({ model: MODEL, input: 'forever', reasoning: off, background: true });
+  await until(bg2.id, (r) => r.status === 'in_progress');
+  assert.deepEqual(await client.responses.delete(bg2.id), { id: bg2.id, object: 'response', deleted: true });
+  await assert.rejects(client.responses.retrieve(bg2.id), OpenAI.NotFoundError);
+  const quick = await client.responses.create({ model: MODEL, input: 'reason about it' });
+  assert.equal(quick.status, 'completed');
+});
+
+test('background: needs store, does not stream (400 naming background)', async () => {
+  for (const extra of [{ store: false }, { stream: true }]) {
+    const r = await postJson(`${srv.url}/v1/responses`, { model: MODEL, input: 'hi', background: true, ...extra });
+    assertErrorBody(assert, r, 400, { param: 'background' });
+  }
+});
