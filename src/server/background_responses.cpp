@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "core/log.h"
+#include "server/api_error.h"
 #include "server/responses_format.h"
 
 namespace lilac::server {
@@ -12,6 +13,10 @@ using Clock = std::chrono::steady_clock;
 nlohmann::json BackgroundResponses::start(const std::string& id, std::shared_ptr<Generation> gen,
                                           std::shared_ptr<ResponseFormatter> fmt, nlohmann::ordered_json items) {
   std::lock_guard<std::mutex> lk(mu_);
+  if (stopping_) {  // stop() began: no thread may start that it would not join
+    gen->cancel();
+    throw ApiError(503, "The server is shutting down.", "", "server_shutting_down");
+  }
   reap_locked();
   Task& t = tasks_.emplace_back();
   t.id = id;
@@ -20,9 +25,6 @@ nlohmann::json BackgroundResponses::start(const std::string& id, std::shared_ptr
   t.items = std::move(items);
   const nlohmann::json queued = responses_object(*t.fmt, "queued");
   store_.put(id, ResponseStore::Entry{t.items, queued});
-  if (stopping_) {
-    t.gen->cancel();
-  }
   t.thread = std::thread([this, &t] { run(t); });
   return queued;
 }
@@ -118,9 +120,9 @@ void BackgroundResponses::reap_locked() {
 }
 
 void BackgroundResponses::stop() {
-  stopping_ = true;
   {
     std::lock_guard<std::mutex> lk(mu_);
+    stopping_ = true;  // under the lock: a start() after this refuses, one before it is in tasks_
     for (Task& t : tasks_) t.gen->cancel();
   }
   // The threads end at their next poll (at most 50 ms); join them outside the lock (they take it to finish).

@@ -33,7 +33,8 @@ class BackgroundResponses {
 
   // Runs `gen` in the background as response `id`: stores the "queued" object and returns it. `fmt` is the
   // Responses formatter made for it (its on_done stores the completed object); `items` the conversation's
-  // input items the stored entry holds (its output follows them once it ends).
+  // input items the stored entry holds (its output follows them once it ends). Once stop() began: cancels `gen`
+  // and throws ApiError 503.
   nlohmann::json start(const std::string& id, std::shared_ptr<Generation> gen, std::shared_ptr<ResponseFormatter> fmt,
                        nlohmann::ordered_json items);
   // Whether `id` is still running here.
