@@ -55,6 +55,7 @@ class CudaBackendImpl : public Backend {
   }
   std::vector<TokenChoice> decode_batch(std::span<Session* const> sessions) override;
   int max_batch() const override { return rows::kMaxRows; }
+  bool supports_logit_bias() const override { return true; }
   size_t session_bytes(int64_t max_length) const override;
   int default_sessions(int64_t max_length) const override;
   void reserve_sessions(int n, int64_t max_length) override;
@@ -118,6 +119,7 @@ size_t CudaBackendImpl::session_bytes(int64_t max_length) const {
   b += size_t(attn_decode_partial_floats(AttnDecodeShape{c.num_heads, c.num_kv_heads, c.head_dim, c.rotary_dim},
                                          decode_n_split(L))) * 4 +
        sample_scratch_bytes(c.vocab_size) + rows::sample_rows_scratch_bytes(c.vocab_size, 1) +
+       size_t(c.vocab_size) * 4 +  // the logit bias row
        size_t(m_->max_in_rows + 4 * c.hidden_size) * 4;
   const size_t n = size_t(prefill_chunk_tokens());
   b += prefill_workspace_bytes(*m_, int(n)) + n * 4;

@@ -34,12 +34,14 @@ CudaSession::CudaSession(const DevModel& m, std::shared_ptr<SeqPool> pool) : m_(
     sc_ = alloc_decode_scratch(mem_, m_, max_len);
     prompt_ = static_cast<int32_t*>(mem_.get(size_t(prefill_chunk_tokens()) * 4));
     masked_scratch_ = mem_.get(rows::sample_rows_scratch_bytes(m_.cfg.vocab_size, 1));
+    bias_ = static_cast<float*>(mem_.get(size_t(m_.cfg.vocab_size) * 4));
     LILAC_CUDA_CHECK(cudaMallocHost(&host_result_, sizeof(SampleResult)));
     LILAC_CUDA_CHECK(cudaMallocHost(&host_mask_, size_t(rows::allowed_words(m_.cfg.vocab_size)) * 4));
     if (StepProfile::requested()) prof_ = std::make_unique<StepProfile>();
     slot_ = pool_->acquire(this);
     if (slot_ < 0) throw Error("cuda: the sequence pool has no free slot");
     seq_ = pool_->view(slot_);
+    seq_.bias = bias_;
     SamplingParams greedy;
     begin_generation(greedy, {});
     reset();
@@ -86,9 +88,11 @@ void CudaSession::drop_graphs() {
 void CudaSession::pool_moved() {
   const int64_t len = seq_.len;
   const bool lp = seq_.want_logprobs;
+  float* bias = seq_.bias;
   seq_ = pool_->view(slot_);
   seq_.len = len;
   seq_.want_logprobs = lp;
+  seq_.bias = bias;
   drop_graphs();
   if (verify_) verify_->rebind();  // its graphs hold the old views (the MTP head re-captures by itself)
 }
@@ -238,7 +242,6 @@ void CudaSession::prefill_chunk_stepwise(int n, bool last, const LogitsSink* sin
 
 // ------------------------------------------------------------------------------------------------ decode
 void CudaSession::begin_generation(const SamplingParams& p, std::span<const int32_t> context) {
-  if (!p.logit_bias.empty()) throw InputError("logit_bias is not supported by the cuda backend yet");
   seq_.begin_generation(p, context, stream_);
   no_penalties_ = p.presence_penalty == 0.f && p.frequency_penalty == 0.f && p.repetition_penalty == 1.f;
 }

@@ -135,6 +135,7 @@ class CudaSession : public Session, public PoolClient {
   bool no_penalties_ = false;  // the generation's sampling has no penalties (a verify samples in one pass)
   uint32_t* host_mask_ = nullptr;  // pinned [allowed_words(vocab)]: the upload's source
   void* masked_scratch_ = nullptr;  // rows::sample_token_masked's scratch
+  float* bias_ = nullptr;           // [vocab]: the generation's logit bias row (SeqState::bias)
   DecodeScratch sc_;
   int32_t* prompt_ = nullptr;  // device [prefill_chunk_tokens()]: the prompt chunk being prefilled
   PrefillWorkspace pw_;

@@ -95,6 +95,20 @@ void SeqState::begin_generation(const SamplingParams& p, std::span<const int32_t
   d.top_logprobs = std::clamp(p.top_logprobs, 0, kMaxTopLogprobs);
   d.seed = p.seed;
   d.step = 0;
+  d.bias = nullptr;
+  std::vector<float> dense;
+  if (!p.logit_bias.empty()) {
+    if (bias == nullptr) throw InputError("logit_bias: this session has no bias row");
+    dense.assign(size_t(shape.vocab), 0.f);
+    for (const auto& [t, b] : p.logit_bias) {  // summed as the host sampler does (engine/sampler.cpp)
+      if (t < 0 || t >= shape.vocab)
+        throw InputError("logit_bias: token id " + std::to_string(t) + " is outside the vocabulary");
+      if (!(b >= -100.f && b <= 100.f)) throw InputError("logit_bias: a bias must be in [-100, 100]");
+      dense[size_t(t)] += b;
+    }
+    LILAC_CUDA_CHECK(cudaMemcpyAsync(bias, dense.data(), dense.size() * 4, cudaMemcpyHostToDevice, s));
+    d.bias = bias;
+  }
   want_logprobs = p.logprobs;
   LILAC_CUDA_CHECK(cudaMemcpyAsync(params, &d, sizeof d, cudaMemcpyHostToDevice, s));
   LILAC_CUDA_CHECK(cudaMemsetAsync(counts, 0, size_t(shape.vocab) * 4, s));

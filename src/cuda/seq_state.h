@@ -64,6 +64,10 @@ struct SeqState {
   uint8_t* prompt_mask = nullptr;
   SampleResult* result = nullptr;
   uint32_t* allowed = nullptr;  // allowed-token bitmask [rows::allowed_words(vocab)] (set_token_mask)
+  // The dense logit-bias row [vocab] of a generation with SamplingParams::logit_bias (SampleParamsDev::bias):
+  // the session's memory, not the pool's (a slot's params keep pointing at it when the pool moves); null:
+  // logit_bias is refused.
+  float* bias = nullptr;
 
   float* gdn(int j) const { return gdn_state + j * gdn_layer_stride; }
   float* conv(int j) const { return conv_state + j * conv_layer_stride; }
@@ -75,8 +79,9 @@ struct SeqState {
   void reset(cudaStream_t s);
   // *pos = len. Synchronises.
   void upload_pos(cudaStream_t s);
-  // The sampler for a new generation (seed, penalties from zero, the prompt mask from `context`).
-  // Synchronises.
+  // The sampler for a new generation (seed, penalties from zero, the prompt mask from `context`, the logit
+  // bias row). Synchronises; throws lilac::InputError for a logit bias without a bias row or with a token
+  // outside the vocabulary.
   void begin_generation(const SamplingParams& p, std::span<const int32_t> context, cudaStream_t s);
   // Copies of the state at the current length (`owner` identifies the model, checked by restore).
   // Synchronise.

@@ -63,10 +63,10 @@ void expect_same_logits(Session& x, Session& y, const std::string& what) {
 }
 
 // Mixed generations: greedy; seeded sampling with every penalty and truncation; greedy with top logprobs;
-// seeded sampling with logprobs.
+// seeded sampling with logprobs; seeded sampling with a presence penalty and logit_bias (bans and a boost).
 SamplingParams params_for(int i) {
   SamplingParams p;
-  switch (i % 4) {
+  switch (i % 5) {
     case 0:
       break;
     case 1:
@@ -83,11 +83,18 @@ SamplingParams params_for(int i) {
       p.logprobs = true;
       p.top_logprobs = 5;
       break;
-    default:
+    case 3:
       p.temperature = 0.7f;
       p.seed = 77 + uint64_t(i);
       p.logprobs = true;
       p.top_logprobs = 3;
+      break;
+    default:
+      p.temperature = 0.8f;
+      p.seed = 5 + uint64_t(i);
+      p.presence_penalty = 0.5f;
+      p.logprobs = true;
+      p.logit_bias = {{int32_t(i + 1), -100.f}, {int32_t(3 + 7 * i), 4.f}, {int32_t(100 + i), -3.5f}};
       break;
   }
   return p;
@@ -162,7 +169,7 @@ void batch_vs_twins(Backend& b, int n, Twin twin, const std::vector<int>& sizes,
     for (int k = 0; k < B; ++k) {
       const int i = idx[size_t(k)];
       const std::string what = "step " + std::to_string(t) + " batch " + std::to_string(B) + " session " +
-                               std::to_string(i) + " (params " + std::to_string(i % 4) + ")";
+                               std::to_string(i) + " (params " + std::to_string(i % 5) + ")";
       expect_same_choice(got[size_t(k)], want[size_t(k)], what);
       EXPECT_EQ(bat[size_t(i)].s->length(), ref[size_t(i)].s->length()) << what;
       expect_same_logits(*bat[size_t(i)].s, *ref[size_t(i)].s, what);

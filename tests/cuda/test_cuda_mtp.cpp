@@ -294,7 +294,7 @@ TEST(CudaSpec, VerifyEqualsOneByOneAtEveryAcceptanceLength) {
   }
 }
 
-// Penalties and sampling: the same tokens as plain decoding for the same seed.
+// Penalties and sampling (one seed with logit_bias too): the same tokens as plain decoding for the same seed.
 TEST(CudaSpec, SamplingAndPenaltiesGiveThePlainTokensForTheSeed) {
   NEED_CUDA();
   auto be = cuda::make_cuda_backend(fixture("tiny-mtp"));
@@ -310,6 +310,7 @@ TEST(CudaSpec, SamplingAndPenaltiesGiveThePlainTokensForTheSeed) {
     sp.frequency_penalty = 0.3f;
     sp.seed = seed;
     sp.logprobs = true;
+    if (seed == 2u) sp.logit_bias = {{prompt[0], -100.f}, {prompt[2], 2.5f}, {7, 1.5f}};
     const int K = 3;
     const Reference ref = decode_plainly(*be, prompt, sp, 30, 64, 256);
     speculate_against(*be, prompt, sp, ref, K, 64, 256, true, [&](int round) { return (round + int(seed)) % (K + 1); });
@@ -513,7 +514,7 @@ TEST(CudaSpec, RowsVerifyEqualsOneByOneAtRealWidth) {
   EXPECT_GT(g_rows_verifies, 0);
 }
 
-// Sampling without penalties: the verify samples its rows in one pass (row i at the step plain decoding would
+// Sampling without penalties (one seed with logit_bias): the verify samples its rows in one pass (row i at the step plain decoding would
 // use for it; the counts and the step for the kept rows only), with the head drafting between rounds (its
 // catch-up starts at the end of each verify): every choice, logprob and the logits after each round are
 // plain decoding's for the seed; then a greedy generation on the same session after it.
@@ -531,6 +532,8 @@ TEST(CudaSpec, RowsVerifySampledWithoutPenaltiesInOnePass) {
     sp.seed = seed;
     sp.logprobs = true;
     sp.top_logprobs = 2;
+    if (seed == 9u)  // logit_bias: a row's choice still does not depend on the rows before it
+      sp.logit_bias = {{prompt[0], -100.f}, {prompt[1], 6.f}, {int32_t(V - 1), 3.f}};
     const Reference ref = decode_plainly(*be, prompt, sp, N, max_len, 256);
     auto lengths = speculate_against(*be, prompt, sp, ref, K, max_len, 256, true,
                                      [&](int round) { return (round + int(seed)) % (K + 2); });

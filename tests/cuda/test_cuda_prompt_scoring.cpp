@@ -2,7 +2,7 @@
 // a scored prompt runs through the decode step token by token, so the tokens a greedy generation chose score what
 // the generation's own logprobs said (the same logits; the host's double log-sum-exp against the device's float
 // one); a golden sequence's perplexity is the oracle's within check-golden's reduced-precision bound (1 %); and
-// logit_bias, which the CUDA sampling kernels do not take yet, is refused. Skips without a GPU.
+// logit_bias bans and forces tokens. Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -79,13 +79,39 @@ TEST(CudaPromptScoring, PerplexityIsTheOraclesWithinTheReducedPrecisionBound) {
   }
 }
 
-TEST(CudaPromptScoring, LogitBiasIsRefused) {
+// logit_bias through a session (the sampler kernels' order is test_sampling.cpp's): a ban of the greedy choice
+// gives the runner-up with the raw distribution's logprob (the same bits as the unbiased step's alternative); a
+// +100 forces a token at every step; the bias ends with its generation.
+TEST(CudaPromptScoring, LogitBiasBansAndForces) {
   NEED_GPU();
   auto be = cuda::make_cuda_backend(testutil::fixture("tiny"));
-  EXPECT_FALSE(be->supports_logit_bias());
-  auto sess = be->new_session(16);
-  sess->prefill(std::vector<int32_t>{1, 2, 3});
+  EXPECT_TRUE(be->supports_logit_bias());
+  auto sess = be->new_session(64);
+  const std::vector<int32_t> prompt = testutil::random_tokens(9, be->config().vocab_size, 3);
   SamplingParams p;
-  p.logit_bias = {{5, -100.f}};
-  EXPECT_THROW(sess->begin_generation(p, std::vector<int32_t>{1, 2, 3}), InputError);
+  p.logprobs = true;
+  p.top_logprobs = 3;
+  auto first = [&](const SamplingParams& sp) {
+    sess->reset();
+    sess->prefill(prompt);
+    sess->begin_generation(sp, prompt);
+    return sess->sample();
+  };
+  const TokenChoice plain = first(p);
+  ASSERT_EQ(plain.top.size(), 3u);
+  ASSERT_LT(plain.top[1].logprob, plain.top[0].logprob) << "a tie would make the runner-up ambiguous";
+  SamplingParams ban = p;
+  ban.logit_bias = {{plain.token, -100.f}};
+  const TokenChoice banned = first(ban);
+  EXPECT_EQ(banned.token, plain.top[1].token);
+  EXPECT_TRUE(testutil::same_bits(banned.logprob, plain.top[1].logprob)) << "logprobs: the raw distribution's";
+  SamplingParams force = p;
+  const int32_t forced = plain.top[2].token == 5 ? 6 : 5;
+  force.logit_bias = {{forced, 100.f}};
+  EXPECT_EQ(first(force).token, forced);
+  for (int i = 0; i < 4; ++i) {
+    sess->advance();
+    EXPECT_EQ(sess->sample().token, forced) << "step " << i;
+  }
+  EXPECT_EQ(first(p).token, plain.token) << "the next generation has no bias";
 }

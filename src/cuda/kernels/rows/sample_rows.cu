@@ -123,6 +123,7 @@ __global__ void __launch_bounds__(kPassThreads) sample_pass_rows_kernel(SampleRo
       if (p.repetition != 1.f && (c > 0 || mask[i])) l = l > 0.f ? l / p.repetition : l * p.repetition;
       if (c > 0) l -= p.presence + p.frequency * float(c);
     }
+    if (p.bias != nullptr) l += p.bias[i];  // after the penalties, before the temperature (engine/sampler.h)
     l *= inv_t;
     if (sampling) sc.tl[i] = l;
     if (better(l, int(i), tmax, targ)) {

@@ -11,6 +11,9 @@ struct SampleParamsDev {
   int top_k, logprobs, top_logprobs;
   unsigned long long seed;
   unsigned long long step;  // advanced on the device after each sample
+  // logit_bias (SamplingParams::logit_bias) as a dense row [vocab] added after the penalties, before the
+  // temperature (greedy too); null: none. The session's own memory, so a pool's move leaves it valid.
+  const float* bias;
 };
 constexpr int kMaxTopLogprobs = 20;
 struct SampleResult {
@@ -22,7 +25,7 @@ struct SampleResult {
 };
 size_t sample_scratch_bytes(int64_t vocab);
 // Chooses a token from logits [vocab]: penalties (counts [vocab] of generated tokens, prompt_mask
-// [vocab] for the repetition penalty) → temperature → top-k → top-p → min-p → sample (exact greedy
+// [vocab] for the repetition penalty) → logit bias (params->bias) → temperature → top-k → top-p → min-p → sample (exact greedy
 // argmax, ties to the lower id, when temperature == 0). Writes the token to *token_slot and *result,
 // counts[token] += 1, params->step += 1. Logprobs are from log_softmax of the raw logits.
 void sample_token(const float* logits, int64_t vocab, SampleParamsDev* params, int32_t* counts,
