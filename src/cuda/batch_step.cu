@@ -100,6 +100,15 @@ void BatchStep::prefill(int slot, int32_t pos, std::span<const int32_t> tokens, 
   ++prefills_;
 }
 
+void BatchStep::head_rows(const float* x, int64_t ldx, int M, cudaEvent_t ready, float* host) {
+  LILAC_CHECK(M >= 1 && M <= kRows && m_.lm_tiles, "cuda batch step: bad head rows");
+  const int64_t V = m_.cfg.vocab_size;
+  if (ready) LILAC_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready, 0));
+  enqueue_lm_head(m_, x, ldx, M, nullptr, m_.final_norm, sc_.logits, V, sc_.digits, stream_);
+  LILAC_CUDA_CHECK(cudaMemcpyAsync(host, sc_.logits, size_t(M) * size_t(V) * 4, cudaMemcpyDeviceToHost, stream_));
+  LILAC_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
 void BatchStep::prepare(int M) {
   LILAC_CHECK(M >= 1 && M <= kRows, "cuda batch step: bad row count");
   graph(M);

@@ -52,6 +52,11 @@ class BatchStep {
   // the session's stream after its last work (the chunk waits for it). `hiddens` is called after the
   // launch with the rows' hiddens (device [n][ld]), as in run(). Synchronises. Not reentrant (callers hold mu).
   void prefill(int slot, int32_t pos, std::span<const int32_t> tokens, cudaEvent_t ready, const HiddenSink& hiddens);
+  // The final RMSNorm and the LM head of M <= kMaxRows residual rows x (device [M][ldx], ready on a stream
+  // that recorded `ready`) into host [M][vocab] (pageable), on the rows scratch: each row's logits the bits the
+  // one-row head gives it (enqueue_lm_head). Requires the model's digits head (DevModel::lm_tiles).
+  // Synchronises. Not reentrant (callers hold mu).
+  void head_rows(const float* x, int64_t ldx, int M, cudaEvent_t ready, float* host);
   uint64_t steps() const { return steps_; }        // steps run (tests: whether the rows path ran)
   uint64_t prefills() const { return prefills_; }  // prefill chunks run
   std::mutex mu;

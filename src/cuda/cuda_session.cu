@@ -162,6 +162,8 @@ void CudaSession::prefill(std::span<const int32_t> tokens, const LogitsSink* sin
       prefill_chunk_rows(tokens.subspan(i, n), last);
     else if (!sink && n >= 2 && prefill_batched_ok(m_))
       prefill_chunk_batched(int(n), last);
+    else if (sink && n >= 2 && prefill_scored_ok())
+      prefill_chunk_scored(int(n), last, *sink, rows);
     else
       prefill_chunk_stepwise(int(n), last, sink, rows);
     i += n;
@@ -173,6 +175,46 @@ void CudaSession::prefill(std::span<const int32_t> tokens, const LogitsSink* sin
 void CudaSession::prefill_chunk_batched(int n, bool last) {
   prefill_chunk(m_, seq_, pw_, prompt_, n, sc_.h, stream_);  // the last row of the residual stream → h
   mtp_prefill_rows(prompt_, n, pw_.H, m_.cfg.hidden_size, stream_);
+  end_prefill_chunk(n, last);
+}
+
+// Whether a chunk whose every position's logits are wanted (prompt scoring, check-golden) runs on the prefill
+// kernels, the rows' logits from the final norm and the LM head over the chunk's residual rows (a prompt's rate
+// instead of a decode step's per token): with LILAC_CUDA_SCORE=prefill, where the model takes the batched prefill
+// and has the digits head. By default such chunks run token by token through the decode step (the decode path's
+// logits, which check-golden has always checked): the prefill form waits for its device run (bench/GPU_NOTES.md).
+bool CudaSession::prefill_scored_ok() {
+  if (scored_prefill_ < 0) {
+    const char* e = std::getenv("LILAC_CUDA_SCORE");
+    scored_prefill_ = prefill_batched_ok(m_) && m_.lm_tiles && !prof_ && e && std::string(e) == "prefill" ? 1 : 0;
+    if (scored_prefill_ == 1) try {
+        pool_->batch();  // the rows scratch holds the rows' logits
+      } catch (const Error& err) {
+        LILAC_LOG_WARN("cuda: scored prompts run token by token (%s)", err.what());
+        scored_prefill_ = 0;
+      }
+  }
+  return scored_prefill_ == 1;
+}
+
+// The chunk in prompt_ through the prefill kernels, then the final norm and the LM head of its residual rows
+// (pw_.H), up to rows::kMaxRows at a time on the pool's rows scratch, each group's logits handed to `sink`.
+void CudaSession::prefill_chunk_scored(int n, bool last, const LogitsSink& sink, std::vector<float>& rows) {
+  const int64_t first = seq_.len, H = m_.cfg.hidden_size, V = m_.cfg.vocab_size;
+  prefill_chunk(m_, seq_, pw_, prompt_, n, sc_.h, stream_);
+  mtp_prefill_rows(prompt_, n, pw_.H, H, stream_);
+  LILAC_CUDA_CHECK(cudaEventRecord(ready_, stream_));
+  rows.resize(size_t(std::min(n, rows::kMaxRows)) * size_t(V));
+  BatchStep& b = pool_->batch();
+  for (int r0 = 0; r0 < n; r0 += rows::kMaxRows) {
+    const int M = std::min(rows::kMaxRows, n - r0);
+    {
+      std::lock_guard<std::mutex> lk(b.mu);
+      b.head_rows(pw_.H + int64_t(r0) * H, H, M, ready_, rows.data());
+    }
+    sink(first + r0, M, rows.data());
+  }
+  ++scored_prefills_;
   end_prefill_chunk(n, last);
 }
 

@@ -3,9 +3,9 @@
 // decode step captured as CUDA graphs (body, head, and body + head + sampling) on first use. The batched
 // step of several sessions of one pool is the backend's (batch_step.h); it uses the accessors at the end.
 // Prompts run through the batched prefill (prefill_step.h) in chunks; a chunk of 2 .. prefill_rows_max()
-// tokens as one step of the pool's multi-row decode kernels (BatchStep::prefill); token by token through
-// the decode body when logits of every position are wanted or the model is outside the prefill kernels'
-// limits.
+// tokens as one step of the pool's multi-row decode kernels (BatchStep::prefill); when logits of every
+// position are wanted, through the batched prefill and the LM head over its rows (prefill_scored_ok); token by
+// token through the decode body when the model is outside the prefill kernels' limits.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -68,6 +68,8 @@ class CudaSession : public Session, public PoolClient {
   int64_t rows_verifies() const { return rows_verifies_; }
   // Prefill chunks run on the multi-row kernels so far (prefill_rows_max()).
   int64_t rows_prefills() const { return rows_prefills_; }
+  // Chunks whose every position's logits were wanted that ran on the prefill kernels so far (prefill_scored_ok).
+  int64_t scored_prefills() const { return scored_prefills_; }
   // The MTP head's catch-up rows run on the multi-row kernels so far (mtp_head.h).
   int64_t mtp_rows_catchups() const { return mtp_ ? mtp_->rows_catchups() : 0; }
   // Whether the session's MTP head follows its context (its steps feed the head: its own, verify steps
@@ -113,6 +115,8 @@ class CudaSession : public Session, public PoolClient {
   void prefill_chunk_rows(std::span<const int32_t> tokens, bool last);
   void end_prefill_chunk(int n, bool last);
   void prefill_chunk_stepwise(int n, bool last, const LogitsSink* sink, std::vector<float>& rows);
+  bool prefill_scored_ok();
+  void prefill_chunk_scored(int n, bool last, const LogitsSink& sink, std::vector<float>& rows);
   TokenChoice decode_step_profiled();
   // The MTP head's hooks (no-ops unless drafting): a step feeds *seq_.token at seq_.len (before it) and
   // leaves its hidden in sc_.h (after it); a prefill chunk feeds n tokens with hiddens [n][ld] (on stream s,
@@ -153,6 +157,8 @@ class CudaSession : public Session, public PoolClient {
   int64_t rows_verifies_ = 0;
   int64_t rows_prefills_ = 0;
   int rows_prefill_ = -1;  // whether the model takes prefill chunks on the rows step (-1: not asked yet)
+  int scored_prefill_ = -1;  // whether scored chunks take the prefill kernels (prefill_scored_ok; -1: not asked yet)
+  int64_t scored_prefills_ = 0;
   int rows_verify_ = -1;  // whether verify runs on the rows step (verify_rows_ok; -1: not asked yet)
 };
 

@@ -1,15 +1,20 @@
-// Prompt scoring (GenerationRequest::prompt_logprobs, completions' echo, `lilac perplexity`) on the CUDA backend:
-// a scored prompt runs through the decode step token by token, so the tokens a greedy generation chose score what
-// the generation's own logprobs said (the same logits; the host's double log-sum-exp against the device's float
-// one); a golden sequence's perplexity is the oracle's within check-golden's reduced-precision bound (1 %); and
-// logit_bias bans and forces tokens. Skips without a GPU.
+// Prompt scoring (GenerationRequest::prompt_logprobs, completions' echo, `lilac perplexity`) on the CUDA backend.
+// By default (and always on the tiny fixtures, outside the prefill kernels' limits) a scored prompt runs through the
+// decode step token by token, so the tokens a greedy generation chose score what the generation's own logprobs said
+// (the same logits; the host's double log-sum-exp against the device's float one); a golden sequence's perplexity is
+// the oracle's within check-golden's reduced-precision bound (1 %). logit_bias bans and forces tokens. On a
+// real-width model with LILAC_CUDA_SCORE=prefill a scored prompt runs on the prefill kernels, its rows' logits from
+// the LM head over the chunk's residual rows: the last row is the bits an unscored prefill leaves, and the state
+// after it is the unscored prefill's. Skips without a GPU.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <string>
 #include <vector>
 
 #include "core/error.h"
 #include "cuda/cuda_backend.h"
+#include "cuda/cuda_session.h"
 #include "engine/generator.h"
 #include "engine/perplexity.h"
 #include "gpu_test.h"
@@ -114,4 +119,37 @@ TEST(CudaPromptScoring, LogitBiasBansAndForces) {
     EXPECT_EQ(sess->sample().token, forced) << "step " << i;
   }
   EXPECT_EQ(first(p).token, plain.token) << "the next generation has no bias";
+}
+
+TEST(CudaPromptScoring, RealWidthPromptsAreScoredOnThePrefillKernels) {
+  NEED_GPU();
+  auto be = cuda::make_synthetic_cuda_backend(cuda::synthetic_config(4), 11);
+  const int64_t V = be->config().vocab_size;
+  const std::vector<int32_t> prompt = testutil::random_tokens(150, V, 9);  // rows in groups of 64, 64, 22
+  auto a = be->new_session(256), b = be->new_session(256);
+  setenv("LILAC_CUDA_SCORE", "prefill", 1);  // read by a session at its first scored chunk
+  int64_t seen = 0;
+  std::vector<float> last;
+  const LogitsSink sink = [&](int64_t first, int64_t n, const float* lg) {
+    EXPECT_EQ(first, seen) << "rows in order, none skipped";
+    seen += n;
+    if (seen == int64_t(prompt.size())) last.assign(lg + (n - 1) * V, lg + n * V);
+  };
+  a->prefill(prompt, &sink);
+  unsetenv("LILAC_CUDA_SCORE");
+  EXPECT_EQ(seen, int64_t(prompt.size()));
+  EXPECT_EQ(dynamic_cast<cuda::CudaSession&>(*a).scored_prefills(), 1);
+  b->prefill(prompt);
+  EXPECT_TRUE(testutil::same_bits(last, b->logits())) << "the last row: the head's bits after an unscored prefill";
+  EXPECT_TRUE(testutil::same_bits(a->logits(), b->logits()));
+  SamplingParams greedy;
+  a->begin_generation(greedy, prompt);
+  b->begin_generation(greedy, prompt);
+  for (int i = 0; i < 3; ++i) {
+    const TokenChoice x = a->sample(), y = b->sample();
+    EXPECT_EQ(x.token, y.token) << "step " << i;
+    a->advance();
+    b->advance();
+    EXPECT_TRUE(testutil::same_bits(a->logits(), b->logits())) << "the state after the scored prefill, step " << i;
+  }
 }
