@@ -1,7 +1,5 @@
 #include "server/background_responses.h"
 
-#include <vector>
-
 #include "core/log.h"
 #include "server/api_error.h"
 #include "server/responses_format.h"
@@ -11,21 +9,24 @@ namespace lilac::server {
 using Clock = std::chrono::steady_clock;
 
 nlohmann::json BackgroundResponses::start(const std::string& id, std::shared_ptr<Generation> gen,
-                                          std::shared_ptr<ResponseFormatter> fmt, nlohmann::ordered_json items) {
+                                          std::shared_ptr<ResponseFormatter> fmt, nlohmann::ordered_json items,
+                                          bool stream) {
   std::lock_guard<std::mutex> lk(mu_);
   if (stopping_) {  // stop() began: no thread may start that it would not join
     gen->cancel();
     throw ApiError(503, "The server is shutting down.", "", "server_shutting_down");
   }
   reap_locked();
-  Task& t = tasks_.emplace_back();
-  t.id = id;
-  t.gen = std::move(gen);
-  t.fmt = std::move(fmt);
-  t.items = std::move(items);
-  const nlohmann::json queued = responses_object(*t.fmt, "queued");
-  store_.put(id, ResponseStore::Entry{t.items, queued});
-  t.thread = std::thread([this, &t] { run(t); });
+  auto t = std::make_shared<Task>();
+  t->id = id;
+  t->gen = std::move(gen);
+  t->fmt = std::move(fmt);
+  t->items = std::move(items);
+  t->stream = stream;
+  const nlohmann::json queued = responses_object(*t->fmt, "queued");
+  store_.put(id, ResponseStore::Entry{t->items, queued});
+  tasks_.push_back(t);
+  t->thread = std::thread([this, t] { run(*t); });
   return queued;
 }
 
@@ -37,34 +38,60 @@ void BackgroundResponses::store(Task& t, const std::string& status, const nlohma
   store_.put(t.id, std::move(e));
 }
 
+void BackgroundResponses::publish(Task& t, const std::string& text) {
+  if (text.empty()) return;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (size_t at = 0; at < text.size();) {  // each SSE event ends with a blank line
+      size_t end = text.find("\n\n", at);
+      end = end == std::string::npos ? text.size() : end + 2;
+      t.events.push_back(text.substr(at, end - at));
+      at = end;
+    }
+  }
+  changed_.notify_all();
+}
+
+void BackgroundResponses::finish(Task& t) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    t.done = true;
+  }
+  changed_.notify_all();
+}
+
+// Reads the generation's events into the formatter (as a stream's events when t.stream, which then also become
+// t's events) and keeps the stored object up to date, until the generation ends.
 void BackgroundResponses::run(Task& t) {
   std::vector<OutputEvent> evs;
   bool in_progress = false, fresh = false;
   auto shown = Clock::now();
   try {
+    if (t.stream) publish(t, t.fmt->stream_start());
     while (!t.gen->finished()) {
       if (stopping_) t.gen->cancel();
       evs.clear();
       t.gen->poll(evs, std::chrono::milliseconds(50));
       for (const OutputEvent& ev : evs) {
+        if (t.stream)
+          publish(t, t.fmt->stream_event(ev));  // at the end, the stream's formatter stores the completed object
+        else if (ev.kind != OutputEvent::Error)
+          t.fmt->add(ev);
+        fresh = true;
         if (ev.kind == OutputEvent::Error) {
-          const nlohmann::json err{{"code", ev.status >= 500 ? "server_error" : "invalid_prompt"},
-                                   {"message", ev.message}};
-          store(t, "failed", err);
+          store(t, "failed", nlohmann::json{{"code", ev.status >= 500 ? "server_error" : "invalid_prompt"},
+                                            {"message", ev.message}});
           break;
         }
-        t.fmt->add(ev);
-        fresh = true;
         if (ev.kind != OutputEvent::Done) continue;
         if (ev.stats.finish == FinishReason::Cancelled)
           store(t, "cancelled");
-        else
+        else if (!t.stream)
           (void)t.fmt->body();  // the formatter's on_done stores the completed (or incomplete) object
         break;
       }
       if (t.gen->finished()) break;
-      const bool now_running = t.gen->started();
-      if (now_running && (!in_progress || (fresh && Clock::now() - shown > std::chrono::milliseconds(200)))) {
+      if (t.gen->started() && (!in_progress || (fresh && Clock::now() - shown > std::chrono::milliseconds(200)))) {
         store(t, "in_progress");
         in_progress = true;
         fresh = false;
@@ -73,49 +100,59 @@ void BackgroundResponses::run(Task& t) {
     }
   } catch (const std::exception& e) {
     LILAC_LOG_ERROR("background response %s: %s", t.id.c_str(), e.what());
+    t.gen->cancel();
     store(t, "failed", nlohmann::json{{"code", "server_error"}, {"message", e.what()}});
   }
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    t.done = true;
-  }
-  ended_.notify_all();
+  finish(t);
 }
 
-bool BackgroundResponses::running(const std::string& id) const {
-  std::lock_guard<std::mutex> lk(mu_);
-  for (const Task& t : tasks_)
-    if (t.id == id && !t.done) return true;
-  return false;
+std::shared_ptr<BackgroundResponses::Task> BackgroundResponses::find_locked(const std::string& id) const {
+  for (auto it = tasks_.rbegin(); it != tasks_.rend(); ++it)
+    if ((*it)->id == id) return *it;
+  return nullptr;
 }
 
 bool BackgroundResponses::cancel(const std::string& id, std::chrono::milliseconds wait) {
   std::unique_lock<std::mutex> lk(mu_);
-  Task* task = nullptr;
-  for (Task& t : tasks_)
-    if (t.id == id && !t.done) task = &t;
-  if (!task) return false;
-  task->gen->cancel();
-  ended_.wait_for(lk, wait, [&] { return task->done.load(); });
+  std::shared_ptr<Task> t = find_locked(id);
+  if (!t || t->done) return false;
+  t->gen->cancel();
+  changed_.wait_for(lk, wait, [&] { return t->done.load(); });
+  return true;
+}
+
+bool BackgroundResponses::has_events(const std::string& id) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  std::shared_ptr<Task> t = find_locked(id);
+  return t && t->stream;
+}
+
+bool BackgroundResponses::events(const std::string& id, size_t from, std::chrono::milliseconds wait,
+                                 std::vector<std::string>& out, bool& ended) const {
+  std::unique_lock<std::mutex> lk(mu_);
+  std::shared_ptr<Task> t = find_locked(id);
+  if (!t || !t->stream) return false;
+  changed_.wait_for(lk, wait, [&] { return t->events.size() > from || t->done.load(); });
+  for (size_t i = from; i < t->events.size(); ++i) out.push_back(t->events[i]);
+  ended = t->done.load();
   return true;
 }
 
 size_t BackgroundResponses::active() const {
   std::lock_guard<std::mutex> lk(mu_);
   size_t n = 0;
-  for (const Task& t : tasks_) n += t.done ? 0 : 1;
+  for (const auto& t : tasks_) n += t->done ? 0 : 1;
   return n;
 }
 
-// Joins the threads of ended tasks (their Task is then dropped).
+// Joins the threads of ended tasks and drops them, but for the kStreamsKept streamed ones that ended last.
 void BackgroundResponses::reap_locked() {
-  for (auto it = tasks_.begin(); it != tasks_.end();) {
-    if (it->done) {
-      if (it->thread.joinable()) it->thread.join();
-      it = tasks_.erase(it);
-    } else {
-      ++it;
-    }
+  size_t streams = 0;
+  for (auto it = tasks_.rbegin(); it != tasks_.rend();) {
+    Task& t = **it;
+    const bool keep = !t.done || (t.stream && streams++ < kStreamsKept);
+    if (t.done && t.thread.joinable()) t.thread.join();
+    it = keep ? std::next(it) : std::make_reverse_iterator(tasks_.erase(std::next(it).base()));
   }
 }
 
@@ -123,16 +160,16 @@ void BackgroundResponses::stop() {
   {
     std::lock_guard<std::mutex> lk(mu_);
     stopping_ = true;  // under the lock: a start() after this refuses, one before it is in tasks_
-    for (Task& t : tasks_) t.gen->cancel();
+    for (const auto& t : tasks_) t->gen->cancel();
   }
   // The threads end at their next poll (at most 50 ms); join them outside the lock (they take it to finish).
   for (;;) {
     std::thread th;
     {
       std::lock_guard<std::mutex> lk(mu_);
-      for (Task& t : tasks_)
-        if (t.thread.joinable()) {
-          th = std::move(t.thread);
+      for (const auto& t : tasks_)
+        if (t->thread.joinable()) {
+          th = std::move(t->thread);
           break;
         }
     }

@@ -1,20 +1,23 @@
-// The Responses API's background mode (`"background": true`): the request is answered at once with the
-// response object in status "queued", and the generation runs on without the connection, on a thread of its
-// own that reads its events into the Responses formatter. The stored entry (server/response_store.h) follows
-// it: "queued", then "in_progress" with the output so far (refreshed at most every 200 ms), then the final
-// object — "completed" / "incomplete" as a foreground response stores it, "cancelled" (POST
-// /v1/responses/{id}/cancel, a DELETE, the server stopping it before it began) with what was generated, or
+// The Responses API's background mode (`"background": true`): the generation runs on without the connection, on
+// a thread of its own that reads its events into the Responses formatter. The stored entry (server/
+// response_store.h) follows it: "queued", then "in_progress" with the output so far (refreshed at most every
+// 200 ms), then the final object — "completed" / "incomplete" as a foreground response stores it, "cancelled"
+// (POST /v1/responses/{id}/cancel, a DELETE, the server stopping it before it began) with what was generated, or
 // "failed" with the error. GET /v1/responses/{id} polls it.
+// Created with `stream: true`, it also keeps its stream's events (the Responses SSE events, event i with
+// sequence_number i) while it runs and for the kStreamsKept streamed responses that ended last: the request that
+// created it reads them as they come, and GET /v1/responses/{id}?stream=true&starting_after=N reads them again from
+// N + 1 (a client that lost its connection resumes); a client that goes away never stops the generation.
 #pragma once
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <list>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -26,6 +29,8 @@ namespace lilac::server {
 
 class BackgroundResponses {
  public:
+  static constexpr size_t kStreamsKept = 16;  // ended streamed responses whose events are still held
+
   explicit BackgroundResponses(ResponseStore& store) : store_(store) {}
   ~BackgroundResponses() { stop(); }
   BackgroundResponses(const BackgroundResponses&) = delete;
@@ -33,15 +38,19 @@ class BackgroundResponses {
 
   // Runs `gen` in the background as response `id`: stores the "queued" object and returns it. `fmt` is the
   // Responses formatter made for it (its on_done stores the completed object); `items` the conversation's
-  // input items the stored entry holds (its output follows them once it ends). Once stop() began: cancels `gen`
-  // and throws ApiError 503.
+  // input items the stored entry holds (its output follows them once it ends); `stream`: keep its stream's
+  // events. Once stop() began: cancels `gen` and throws ApiError 503.
   nlohmann::json start(const std::string& id, std::shared_ptr<Generation> gen, std::shared_ptr<ResponseFormatter> fmt,
-                       nlohmann::ordered_json items);
-  // Whether `id` is still running here.
-  bool running(const std::string& id) const;
+                       nlohmann::ordered_json items, bool stream);
   // Cancels a running `id` and waits (up to `wait`) until its "cancelled" object is stored; false when `id`
   // is not running here (finished, or never a background response of this server).
   bool cancel(const std::string& id, std::chrono::milliseconds wait = std::chrono::seconds(10));
+  // Whether the events of `id`'s stream are held here.
+  bool has_events(const std::string& id) const;
+  // Appends the events of `id`'s stream from index `from` to `out`, waiting up to `wait` for one when there is
+  // none yet; `ended`: no more will come. False when they are not held here.
+  bool events(const std::string& id, size_t from, std::chrono::milliseconds wait, std::vector<std::string>& out,
+              bool& ended) const;
   // Background generations still running.
   size_t active() const;
   // Cancels every running generation and joins the threads (the server stops).
@@ -53,19 +62,26 @@ class BackgroundResponses {
     std::shared_ptr<Generation> gen;
     std::shared_ptr<ResponseFormatter> fmt;
     nlohmann::ordered_json items;
+    bool stream = false;
+    std::vector<std::string> events;  // stream: SSE events, index = sequence_number (guarded by mu_)
     std::atomic<bool> done{false};
     std::thread thread;
   };
   void run(Task& t);
+  void run_stream(Task& t);
   // Stores t's object in `status` ("in_progress", "cancelled", "failed") with its output so far.
   void store(Task& t, const std::string& status, const nlohmann::json& error = nullptr);
+  // Adds the SSE events in `text` (one or more) to t's stream.
+  void publish(Task& t, const std::string& text);
+  void finish(Task& t);
+  std::shared_ptr<Task> find_locked(const std::string& id) const;
   void reap_locked();
 
   ResponseStore& store_;
   mutable std::mutex mu_;
-  std::condition_variable ended_;
-  std::list<Task> tasks_;
-  std::atomic<bool> stopping_{false};
+  mutable std::condition_variable changed_;  // a task ended or its stream grew
+  std::list<std::shared_ptr<Task>> tasks_;
+  std::atomic<bool> stopping_{false};  // set under mu_
 };
 
 }  // namespace lilac::server

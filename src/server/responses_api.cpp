@@ -5,6 +5,10 @@
 #include "server/http_server.h"
 
 #include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <string>
+#include <vector>
 #include <ctime>
 #include <memory>
 #include <optional>
@@ -17,6 +21,26 @@
 namespace lilac::server {
 
 namespace {
+
+// The events of background response `id`'s stream from index `from` (its sequence numbers), as server-sent events
+// as they come, until it ends. A client that goes away stops reading; the generation goes on.
+void send_background_stream(ServerContext& C, const std::string& id, size_t from, httplib::Response& res) {
+  res.set_header("Cache-Control", "no-cache");
+  res.set_header("X-Accel-Buffering", "no");
+  auto next = std::make_shared<size_t>(from);
+  res.set_chunked_content_provider("text/event-stream", [&C, id, next](size_t, httplib::DataSink& sink) -> bool {
+    std::vector<std::string> evs;
+    bool ended = false;
+    if (!C.background.events(id, *next, std::chrono::milliseconds(500), evs, ended)) ended = true;
+    std::string out;
+    for (const std::string& e : evs) out += e;
+    *next += evs.size();
+    if (out.empty() && !ended) out = ": keep-alive\n\n";
+    if (!sink.write(out.data(), out.size())) return false;
+    if (ended) sink.done();
+    return true;
+  });
+}
 
 Endpoint responses_endpoint(ServerContext& C) {
   Endpoint ep;
@@ -62,10 +86,15 @@ Endpoint responses_endpoint(ServerContext& C) {
       // The entry a follow-up continues: the conversation's input items, then this response's output.
       auto items = std::make_shared<const ojson>(std::move(p.input_items));
       if (p.background)
-        r.background = [&C, items, id = meta.id](std::shared_ptr<Generation> gen, std::shared_ptr<ResponseFormatter> fmt,
-                                                 httplib::Response& res) {
-          const nlohmann::json queued = C.background.start(id, std::move(gen), std::move(fmt), *items);
-          res.set_content(dump_json(queued), "application/json");
+        r.background = [&C, items, id = meta.id, stream = p.stream](std::shared_ptr<Generation> gen,
+                                                                    std::shared_ptr<ResponseFormatter> fmt,
+                                                                    httplib::Response& res) {
+          const nlohmann::json queued = C.background.start(id, std::move(gen), std::move(fmt), *items, stream);
+          res.status = 200;
+          if (stream)
+            send_background_stream(C, id, 0, res);
+          else
+            res.set_content(dump_json(queued), "application/json");
         };
       meta.on_done = [&C, items](const nlohmann::json& response) {
         ResponseStore::Entry e;
@@ -97,10 +126,33 @@ void add_responses_routes(HttpServer& http, ServerContext& ctx) {
     send_error(res, 404, "No response with id '" + id + "' is stored here.", "response_id", "not_found");
     C->metrics.count_request(route, 404);
   };
+  // ?stream=true: a streamed background response's events (after `starting_after`), as they come.
   http.Get(one, [C, not_found](const httplib::Request& req, httplib::Response& res) {
     const std::string id = req.matches[1];
     std::optional<ResponseStore::Entry> e = C->responses.get(id);
     if (!e) return not_found(res, id, "/v1/responses/{id}");
+    if (req.get_param_value("stream") == "true") {
+      size_t from = 0;
+      if (req.has_param("starting_after")) {
+        const std::string a = req.get_param_value("starting_after");
+        char* end = nullptr;
+        const long long v = std::strtoll(a.c_str(), &end, 10);
+        if (a.empty() || *end != 0 || v < -1 || v > (1LL << 40)) {
+          send_error(res, 400, "Invalid value for 'starting_after': '" + a.substr(0, 32) + "' (an event's sequence_number).",
+                     "starting_after", "invalid_value");
+          return C->metrics.count_request("/v1/responses/{id}", 400);
+        }
+        from = size_t(v + 1);
+      }
+      if (!C->background.has_events(id)) {
+        send_error(res, 400, "The events of response '" + id + "' are not held here: only a background response "
+                             "created with 'stream': true can be streamed again (while it runs and shortly after).",
+                   "stream", "invalid_request");
+        return C->metrics.count_request("/v1/responses/{id}", 400);
+      }
+      send_background_stream(*C, id, from, res);
+      return C->metrics.count_request("/v1/responses/{id}", 200);
+    }
     res.set_content(dump_json(e->response), "application/json");
     C->metrics.count_request("/v1/responses/{id}", 200);
   });

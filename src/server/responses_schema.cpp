@@ -304,7 +304,6 @@ ResponsesParams parse_responses_request(const ojson& body, const ModelConfig& cf
   if (r.background && !r.store)
     bad("background", "Invalid value for 'background': a background response must be stored ('store': true): it is "
                       "retrieved with GET /v1/responses/{id}.");
-  if (r.background && r.stream) unsupported("background", "'background': true with 'stream': true");
   r.max_output_tokens = get_int(body, "max_output_tokens", 1, INT64_MAX);
   r.sampling = sampling_defaults(cfg, seed);
   if (auto v = get_number(body, "temperature", 0, 2)) r.sampling.temperature = float(*v);

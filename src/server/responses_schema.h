@@ -1,7 +1,7 @@
 // OpenAI Responses requests (POST /v1/responses): validation and the translation into what
 // the generation core renders (an OpenAI chat message list for the chat template). Unknown fields are
 // ignored; wrong types, out-of-range values and what lilac cannot do are ApiErrors (400) naming the
-// field: `conversation`, `background` with `stream`, item references, images and files, non-function tools.
+// field: `conversation`, item references, images and files, non-function tools.
 // `previous_response_id` continues a stored response (server/response_store.h): its conversation's items
 // come before this request's input; its instructions do not carry over (as OpenAI's). text.format json_object / json_schema and tools with strict: true
 // are enforced by constrained decoding (as response_format and strict tools on chat completions).
@@ -51,8 +51,8 @@ struct ResponsesParams {
   // one it continues ("" when none), and the conversation's input items so far (the previous response's
   // items, then this request's input) that its entry will hold with its output.
   bool store = true;
-  // Run in the background (server/background_responses.h): answered at once in status "queued", then polled
-  // with GET /v1/responses/{id}; needs `store`, and does not stream.
+  // Run in the background (server/background_responses.h): answered at once (in status "queued", or the stream of
+  // its events), then polled with GET /v1/responses/{id}; needs `store`.
   bool background = false;
   std::string previous_response_id;
   ojson input_items = ojson::array();

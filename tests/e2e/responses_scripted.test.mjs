@@ -283,9 +283,57 @@ test('background: cancel stops a running generation and keeps its output; delete
   assert.equal(quick.status, 'completed');
 });
 
-test('background: needs store, does not stream (400 naming background)', async () => {
-  for (const extra of [{ store: false }, { stream: true }]) {
-    const r = await postJson(`${srv.url}/v1/responses`, { model: MODEL, input: 'hi', background: true, ...extra });
-    assertErrorBody(assert, r, 400, { param: 'background' });
+test('background: needs store (400 naming background)', async () => {
+  const r = await postJson(`${srv.url}/v1/responses`, { model: MODEL, input: 'hi', background: true, store: false });
+  assertErrorBody(assert, r, 400, { param: 'background' });
+});
+
+// A streamed background response: its events as a foreground stream's (sequence numbers 0..n-1), read again from
+// any point with retrieve({stream: true, starting_after}); a client that goes away does not stop it, and resumes.
+test('background + stream: the events, read again after any sequence number; a lost connection resumes', async () => {
+  const evs = await collect(await client.responses.create({ model: MODEL, input: 'reason about it', background: true, stream: true }));
+  assert.deepEqual(evs.map((e) => e.sequence_number), evs.map((_, i) => i));
+  assert.equal(evs[0].type, 'response.created');
+  const last = evs.at(-1);
+  assert.equal(last.type, 'response.completed');
+  assert.equal(last.response.background, true);
+  const fg = await collect(await client.responses.create({ model: MODEL, input: 'reason about it', stream: true }));
+  assert.deepEqual(evs.map((e) => e.type), fg.map((e) => e.type));
+  const { output_text: _t, ...stored } = await client.responses.retrieve(last.response.id);
+  assert.deepEqual(stored, last.response);
+  const again = await collect(await client.responses.retrieve(last.response.id, { stream: true, starting_after: 3 }));
+  assert.deepEqual(again, evs.slice(4));
+  assert.deepEqual(await collect(await client.responses.retrieve(last.response.id, { stream: true })), evs);
+  // a connection lost mid-stream: the generation goes on; the client resumes after the last event it saw
+  const ac = new AbortController();
+  const seen = [];
+  const s = await client.responses.create({ model: MODEL, input: 'forever', reasoning: off, background: true, stream: true }, { signal: ac.signal });
+  try {
+    for await (const e of s) {
+      seen.push(e);
+      if (seen.length >= 8) ac.abort();
+    }
+  } catch (e) {
+    assert.ok(e.name === 'AbortError' || e instanceof OpenAI.APIUserAbortError, String(e));
   }
+  const id = seen[0].response.id;
+  await new Promise((f) => setTimeout(f, 100));
+  assert.equal((await client.responses.retrieve(id)).status, 'in_progress');
+  const resumed = await client.responses.retrieve(id, { stream: true, starting_after: seen.at(-1).sequence_number });
+  const more = [];
+  for await (const e of resumed) {
+    more.push(e);
+    if (more.length === 5) await client.responses.cancel(id);  // the stream ends once it is cancelled
+  }
+  assert.equal(more[0].sequence_number, seen.at(-1).sequence_number + 1);
+  assert.deepEqual(more.map((e) => e.sequence_number), more.map((_, i) => seen.at(-1).sequence_number + 1 + i));
+  assert.ok(more.filter((e) => e.type === 'response.output_text.delta').every((e) => e.delta === ' tick'));
+  assert.equal((await client.responses.retrieve(id)).status, 'cancelled');
+  // not streamed, or a bad starting_after: 400
+  const plain = await client.responses.create({ model: MODEL, input: 'reason about it', background: true });
+  await until(plain.id, (r) => r.status === 'completed');
+  let r = await fetch(`${srv.url}/v1/responses/${plain.id}?stream=true`);
+  assertErrorBody(assert, { status: r.status, json: await r.json() }, 400, { param: 'stream' });
+  r = await fetch(`${srv.url}/v1/responses/${id}?stream=true&starting_after=x`);
+  assertErrorBody(assert, { status: r.status, json: await r.json() }, 400, { param: 'starting_after' });
 });
