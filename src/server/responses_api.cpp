@@ -48,12 +48,16 @@ Endpoint responses_endpoint(ServerContext& C) {
   ep.send_error = [](httplib::Response& res, const ApiError& e) {
     send_error(res, e.status, e.message, e.param, e.code, e.type);
   };
-  ep.keep_local = [&C](const ojson& body) {
+  ep.keep_local = [&C](const ojson& body) {  // a conversation held here: only this server has it
     const auto it = body.find("previous_response_id");
-    return it != body.end() && it->is_string() && C.responses.contains(it->get<std::string>());
+    if (it != body.end() && it->is_string() && C.responses.contains(it->get<std::string>())) return true;
+    const auto c = body.find("conversation");
+    if (c == body.end()) return false;
+    const ojson* id = c->is_object() && c->contains("id") ? &(*c)["id"] : &*c;
+    return id->is_string() && C.conversations.contains(id->get<std::string>());
   };
   ep.prepare = [&C](const ojson& body, const ModelConfig& cfg, uint64_t seed) {
-    ResponsesParams p = parse_responses_request(body, cfg, seed, &C.responses);
+    ResponsesParams p = parse_responses_request(body, cfg, seed, &C.responses, &C.conversations);
     PreparedRequest r;
     r.model = p.model;
     r.stream = p.stream;
@@ -82,6 +86,19 @@ Endpoint responses_endpoint(ServerContext& C) {
     meta.store = p.store;
     meta.background = p.background;
     if (!p.previous_response_id.empty()) meta.previous_response_id = p.previous_response_id;
+    std::function<void(const nlohmann::json&)> add_to_conversation;
+    if (!p.conversation_id.empty()) {
+      meta.conversation = nlohmann::json{{"id", p.conversation_id}};
+      // Once it completes, the conversation goes on with this request's input items and the response's output.
+      const ojson added = conversation_items(p.request_items, "input", meta.new_id);
+      add_to_conversation = [&C, id = p.conversation_id, added](const nlohmann::json& response) {
+        C.conversations.update(id, [&](ConversationStore::Conversation& c) {
+          for (const auto& it : added) c.items.push_back(it);
+          for (const auto& o : response["output"]) c.items.push_back(ojson::parse(o.dump()));
+        });
+      };
+      meta.on_done = add_to_conversation;
+    }
     if (p.store) {
       // The entry a follow-up continues: the conversation's input items, then this response's output.
       auto items = std::make_shared<const ojson>(std::move(p.input_items));
@@ -96,7 +113,8 @@ Endpoint responses_endpoint(ServerContext& C) {
           else
             res.set_content(dump_json(queued), "application/json");
         };
-      meta.on_done = [&C, items](const nlohmann::json& response) {
+      meta.on_done = [&C, items, add_to_conversation](const nlohmann::json& response) {
+        if (add_to_conversation) add_to_conversation(response);
         ResponseStore::Entry e;
         e.items = *items;
         for (const auto& o : response["output"]) e.items.push_back(ojson::parse(o.dump()));

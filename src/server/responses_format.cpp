@@ -92,6 +92,7 @@ class ResponsesFormatter final : public ResponseFormatter {
     r["output"] = items_;
     r["parallel_tool_calls"] = true;
     r["previous_response_id"] = meta_.previous_response_id;
+    r["conversation"] = meta_.conversation;
     r["reasoning"] = json{{"effort", meta_.reasoning_effort}, {"summary", nullptr}};
     r["store"] = meta_.store;
     r["temperature"] = meta_.temperature;

@@ -34,6 +34,7 @@ struct ResponsesMeta {
   bool store = false;                             // echoed
   bool background = false;                        // echoed (server/background_responses.h)
   nlohmann::json previous_response_id = nullptr;  // echoed (string or null)
+  nlohmann::json conversation = nullptr;          // echoed ({"id"} or null)
   // Called with the final response object (completed or incomplete; not for a cancelled generation).
   std::function<void(const nlohmann::json& response)> on_done;
 };

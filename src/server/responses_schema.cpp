@@ -153,10 +153,12 @@ ojson translate_input(const ojson& body, ResponsesParams& r, const ojson& previo
   } else {
     wrong_type("input", "a string or an array of input items", *in);
   }
+  const std::string from = r.conversation_id.empty() ? "previous_response_id" : "conversation";
   for (size_t i = 0; i < previous_items.size(); ++i)
-    t.item(previous_items[i], "previous_response_id (its conversation's item " + std::to_string(i) + ")");
+    t.item(previous_items[i], from + " (its conversation's item " + std::to_string(i) + ")");
   for (size_t i = 0; i < items.size(); ++i) t.item(items[i], in->is_string() ? "input" : "input[" + std::to_string(i) + "]");
   r.input_items = previous_items;
+  r.request_items = items;
   for (auto& it : items) r.input_items.push_back(std::move(it));
   ojson msgs = ojson::array();
   if (!t.system.empty()) msgs.push_back(ojson{{"role", "system"}, {"content", t.system}});
@@ -282,12 +284,56 @@ void parse_text_and_reasoning(const ojson& body, ResponsesParams& r) {
 
 }  // namespace
 
+ojson conversation_items(const ojson& items, const std::string& param,
+                         const std::function<std::string(const char*)>& new_id) {
+  if (!items.is_array()) wrong_type(param, "an array of items", items);
+  Translator t;
+  ojson out = ojson::array();
+  for (size_t i = 0; i < items.size(); ++i) {
+    const std::string p = param + "[" + std::to_string(i) + "]";
+    t.item(items[i], p);  // what a Responses input takes, with its errors
+    ojson it = items[i];
+    const std::string ty = it.value("type", std::string("message"));
+    it["type"] = ty;
+    if (ty == "message" && it["content"].is_string()) {
+      const bool assistant = it["role"] == "assistant";
+      it["content"] = ojson::array({ojson{{"type", assistant ? "output_text" : "input_text"}, {"text", it["content"]}}});
+    }
+    if (!it.contains("id") || !it["id"].is_string()) {
+      const char* prefix = ty == "message" ? "msg_" : ty == "function_call" ? "fc_" : ty == "reasoning" ? "rs_" : "fco_";
+      ojson with_id = ojson{{"id", new_id(prefix)}};
+      for (auto& [k, v] : it.items())
+        if (k != "id") with_id[k] = v;
+      it = std::move(with_id);
+    }
+    out.push_back(std::move(it));
+  }
+  return out;
+}
+
 ResponsesParams parse_responses_request(const ojson& body, const ModelConfig& cfg, uint64_t seed,
-                                        const ResponseStore* store) {
+                                        const ResponseStore* store, ConversationStore* conversations) {
   ResponsesParams r;
   if (auto m = get_string(body, "model")) r.model = *m;
   r.store = get_bool(body, "store").value_or(true);
   ojson previous_items = ojson::array();
+  if (const ojson* c = field(body, "conversation")) {
+    if (c->is_string())
+      r.conversation_id = c->get<std::string>();
+    else if (c->is_object())
+      r.conversation_id = need_string(*c, "id", "conversation.id");
+    else
+      wrong_type("conversation", "a conversation id or an object with one", *c);
+    if (field(body, "previous_response_id"))
+      bad("conversation", "'conversation' and 'previous_response_id' cannot be used together: a conversation holds "
+                          "its items itself.");
+    std::optional<ConversationStore::Conversation> conv =
+        conversations ? conversations->get(r.conversation_id) : std::nullopt;
+    if (!conv)
+      bad("conversation", "Conversation with id '" + r.conversation_id.substr(0, 128) + "' not found (conversations are "
+                          "kept in this server's memory until it restarts).", "conversation_not_found");
+    previous_items = std::move(conv->items);
+  }
   if (auto prev = get_string(body, "previous_response_id")) {
     std::optional<ResponseStore::Entry> e = store ? store->get(*prev) : std::nullopt;
     if (!e)
@@ -297,7 +343,6 @@ ResponsesParams parse_responses_request(const ojson& body, const ModelConfig& cf
     r.previous_response_id = *prev;
     previous_items = std::move(e->items);
   }
-  if (field(body, "conversation")) unsupported("conversation", "'conversation'");
   if (field(body, "prompt")) unsupported("prompt", "'prompt' (stored prompt templates)");
   r.stream = get_bool(body, "stream").value_or(false);
   r.background = get_bool(body, "background").value_or(false);

@@ -1,7 +1,7 @@
 // OpenAI Responses requests (POST /v1/responses): validation and the translation into what
 // the generation core renders (an OpenAI chat message list for the chat template). Unknown fields are
 // ignored; wrong types, out-of-range values and what lilac cannot do are ApiErrors (400) naming the
-// field: `conversation`, item references, images and files, non-function tools.
+// field: item references, images and files, non-function tools.
 // `previous_response_id` continues a stored response (server/response_store.h): its conversation's items
 // come before this request's input; its instructions do not carry over (as OpenAI's). text.format json_object / json_schema and tools with strict: true
 // are enforced by constrained decoding (as response_format and strict tools on chat completions).
@@ -14,6 +14,7 @@
 // the model's reasoning off, any other effort (or none given) leaves it on.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -23,6 +24,7 @@
 #include "engine/backend.h"
 #include "model/config.h"
 #include "server/openai_schema.h"
+#include "server/conversation_store.h"
 #include "server/response_store.h"
 
 namespace lilac::server {
@@ -51,6 +53,10 @@ struct ResponsesParams {
   // one it continues ("" when none), and the conversation's input items so far (the previous response's
   // items, then this request's input) that its entry will hold with its output.
   bool store = true;
+  // `conversation` (server/conversation_store.h): its items come before this request's input, and once the response
+  // completes this request's input items (request_items) and its output are added to it. "" when none.
+  std::string conversation_id;
+  ojson request_items = ojson::array();
   // Run in the background (server/background_responses.h): answered at once (in status "queued", or the stream of
   // its events), then polled with GET /v1/responses/{id}; needs `store`.
   bool background = false;
@@ -58,8 +64,15 @@ struct ResponsesParams {
   ojson input_items = ojson::array();
 };
 
-// `store`: where previous_response_id is looked up (nullptr: none is found).
+// `store`: where previous_response_id is looked up, `conversations`: where `conversation` is (nullptr: none is found).
 ResponsesParams parse_responses_request(const ojson& body, const ModelConfig& cfg, uint64_t seed,
-                                        const ResponseStore* store = nullptr);
+                                        const ResponseStore* store = nullptr, ConversationStore* conversations = nullptr);
+
+// Conversation items (POST /v1/conversations, its items, a completed response's input added to its conversation):
+// checked as a Responses input's items (ApiError naming param[i]), returned as stored — each with a "type" and an
+// "id" (new_id(prefix) when it has none), a message's string content as one text part (output_text for the
+// assistant's, else input_text).
+ojson conversation_items(const ojson& items, const std::string& param,
+                         const std::function<std::string(const char*)>& new_id);
 
 }  // namespace lilac::server

@@ -13,6 +13,7 @@
 #include "server/metrics.h"
 #include "server/anthropic_api.h"
 #include "server/openai_api.h"
+#include "server/conversations_api.h"
 #include "server/responses_api.h"
 #include "server/tokenizer_api.h"
 #include "server/web_ui.h"
@@ -184,6 +185,7 @@ Server::Server(ServerOptions opts) {
   add_openai_routes(http, C);
   add_anthropic_routes(http, C);
   add_responses_routes(http, C);
+  add_conversations_routes(http, C);
   add_tokenizer_routes(http, C);
   add_web_routes(http);
 }

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "server/background_responses.h"
+#include "server/conversation_store.h"
 #include "server/generation.h"
 #include "server/metrics.h"
 #include "server/response_store.h"
@@ -33,6 +34,7 @@ struct ServerContext {
   std::atomic<bool> shutting_down{false};  // Server::shutdown began
   ResponseStore responses{1000, opts.responses_bytes};  // the Responses API's stored responses
   BackgroundResponses background{responses};           // its background mode's running generations
+  ConversationStore conversations{1000, opts.responses_bytes};  // OpenAI's Conversations
 
   uint64_t random_u64();
   std::string new_id(const char* prefix);  // prefix + 24 random alphanumerics

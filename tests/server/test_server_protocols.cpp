@@ -179,6 +179,40 @@ TEST(ServerProtocols, ContinuingAStoredResponseStaysLocal) {
   EXPECT_EQ(cli.Delete("/v1/responses/" + id)->status, 404);
 }
 
+// The same for a Responses request naming a conversation held here (by id or as {"id"}); one this server does not
+// hold goes through the hook.
+TEST(ServerProtocols, AResponseInAConversationHeldHereStaysLocal) {
+  lilac::server::RouteHook hook;
+  using K = lilac::server::RouteDecisionKind;
+  hook.maybe_forward = [](const httplib::Request& req, httplib::Response& res, const nlohmann::ordered_json& body, bool) {
+    if (req.path != "/v1/responses" || !body.contains("conversation")) return K::Local;
+    res.status = 200;  // "the cloud" answers every request in a conversation it is given
+    res.set_content(R"({"id": "resp_cloud", "object": "response"})", "application/json");
+    return K::Answered;
+  };
+  Local l("", &hook);
+  httplib::Client cli("127.0.0.1", l.port);
+  auto r = cli.Post("/v1/conversations", R"({"items": [{"role": "user", "content": "earlier"}]})", "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const std::string conv = json::parse(r->body)["id"];
+  for (const json& c : {json(conv), json{{"id", conv}}}) {
+    json req = {{"input", "hi"}, {"conversation", c}, {"reasoning", {{"effort", "none"}}}};
+    r = cli.Post("/v1/responses", req.dump(), "application/json");
+    ASSERT_EQ(r->status, 200) << r->body;
+    EXPECT_EQ(r->get_header_value("x-lilac-route"), "local");
+    EXPECT_EQ(json::parse(r->body)["conversation"]["id"], conv);
+  }
+  r = cli.Get("/v1/conversations/" + conv + "/items?order=asc&limit=100");
+  ASSERT_EQ(r->status, 200);
+  const json items = json::parse(r->body)["data"];
+  ASSERT_GE(items.size(), 5u);  // earlier, then each turn's input and output
+  EXPECT_EQ(items[0]["content"][0]["text"], "earlier");
+  EXPECT_EQ(items[1]["content"][0]["text"], "hi");
+  r = cli.Post("/v1/responses", json{{"input", "hi"}, {"conversation", "conv_elsewhere"}}.dump(), "application/json");
+  EXPECT_EQ(json::parse(r->body)["id"], "resp_cloud");
+}
+
 // --responses-mb 0: nothing is kept, so nothing can be continued or retrieved.
 TEST(ServerProtocols, AStoreOfNoBytesKeepsNoResponse) {
   Local srv("", nullptr, /*responses_bytes=*/0);

@@ -1,0 +1,205 @@
+#include "server/conversations_api.h"
+
+#include <httplib.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <ctime>
+#include <optional>
+#include <string>
+
+#include "server/api_error.h"
+#include "server/http_response.h"
+#include "server/http_server.h"
+#include "server/request_fields.h"
+#include "server/request_json.h"
+#include "server/responses_schema.h"
+#include "server/server_context.h"
+
+namespace lilac::server {
+
+using json = nlohmann::json;
+using ojson = nlohmann::ordered_json;
+using namespace fields;
+
+namespace {
+
+constexpr size_t kMaxItemsPerCall = 20;
+constexpr size_t kMaxMetadataPairs = 16;
+
+ojson conversation_object(const ConversationStore::Conversation& c) {
+  return ojson{{"id", c.id}, {"object", "conversation"}, {"created_at", c.created_at}, {"metadata", c.metadata}};
+}
+
+ojson checked_metadata(const ojson& body) {
+  const ojson* m = field(body, "metadata");
+  if (!m || m->is_null()) return ojson::object();
+  if (!m->is_object()) wrong_type("metadata", "an object of strings", *m);
+  if (m->size() > kMaxMetadataPairs) bad("metadata", "Invalid 'metadata': at most 16 key-value pairs.");
+  for (const auto& [k, v] : m->items()) {
+    if (k.size() > 64) bad("metadata", "Invalid 'metadata': keys are at most 64 characters.");
+    if (!v.is_string()) wrong_type("metadata." + k.substr(0, 64), "a string", v);
+    if (v.get<std::string>().size() > 512) bad("metadata." + k.substr(0, 64), "Invalid 'metadata': values are at most 512 characters.");
+  }
+  return *m;
+}
+
+ojson checked_items(ServerContext& C, const ojson& body, bool required) {
+  const ojson* it = field(body, "items");
+  if (!it || it->is_null()) {
+    if (required) missing("items");
+    return ojson::array();
+  }
+  if (!it->is_array()) wrong_type("items", "an array of items", *it);
+  if (it->size() > kMaxItemsPerCall) bad("items", "Invalid 'items': at most 20 items at a time.", "array_above_max_length");
+  return conversation_items(*it, "items", [&C](const char* prefix) { return C.new_id(prefix); });
+}
+
+ojson list_page(const ojson& data, bool has_more) {
+  ojson l{{"object", "list"}, {"data", data}, {"has_more", has_more}};
+  l["first_id"] = data.empty() ? ojson(nullptr) : data.front()["id"];
+  l["last_id"] = data.empty() ? ojson(nullptr) : data.back()["id"];
+  return l;
+}
+
+ApiError not_found(const std::string& what, const std::string& id) {
+  return ApiError(404, "No " + what + " with id '" + id.substr(0, 128) + "' is held here.", what == "item" ? "item_id" : "conversation_id",
+                  "not_found");
+}
+
+// Runs `answer` (which returns the JSON body or throws ApiError); counts the request under `route`.
+template <typename F>
+void answer_json(ServerContext& C, const char* route, httplib::Response& res, F answer) {
+  int status = 200;
+  try {
+    res.set_content(dump_json(json::parse(answer().dump())), "application/json");
+  } catch (const ApiError& e) {
+    status = e.status;
+    send_error(res, e.status, e.message, e.param, e.code, e.type);
+  } catch (const std::exception& e) {
+    status = 500;
+    send_error(res, 500, std::string("Internal server error: ") + e.what(), "", "internal_error");
+  }
+  C.metrics.count_request(route, status);
+}
+
+ConversationStore::Conversation held(ServerContext& C, const std::string& id) {
+  std::optional<ConversationStore::Conversation> c = C.conversations.get(id);
+  if (!c) throw not_found("conversation", id);
+  return std::move(*c);
+}
+
+ojson items_page(const ConversationStore::Conversation& c, const httplib::Request& req) {
+  const std::string order = req.has_param("order") ? req.get_param_value("order") : "desc";
+  if (order != "asc" && order != "desc") bad("order", "Invalid value for 'order': '" + order.substr(0, 16) + "' (asc or desc).");
+  int64_t limit = 20;
+  if (req.has_param("limit")) {
+    const std::string l = req.get_param_value("limit");
+    char* end = nullptr;
+    limit = std::strtoll(l.c_str(), &end, 10);
+    if (l.empty() || *end != 0 || limit < 1 || limit > 100) bad("limit", "Invalid value for 'limit': an integer in [1, 100].");
+  }
+  ojson all = c.items;
+  if (order == "desc") std::reverse(all.begin(), all.end());
+  size_t i = 0;
+  if (req.has_param("after")) {
+    const std::string after = req.get_param_value("after");
+    while (i < all.size() && all[i]["id"] != after) ++i;
+    if (i == all.size()) throw ApiError(404, "No item with id '" + after.substr(0, 128) + "' in this conversation.", "after", "not_found");
+    ++i;
+  }
+  ojson data = ojson::array();
+  for (; i < all.size() && int64_t(data.size()) < limit; ++i) data.push_back(all[i]);
+  return list_page(data, i < all.size());
+}
+
+}  // namespace
+
+void add_conversations_routes(HttpServer& http, ServerContext& ctx) {
+  ServerContext* C = &ctx;
+  const std::string one = "/v1/conversations/([A-Za-z0-9_-]{1,128})";
+  const std::string item = one + "/items/([A-Za-z0-9_-]{1,128})";
+  http.Post("/v1/conversations", [C](const httplib::Request& req, httplib::Response& res) {
+    answer_json(*C, "/v1/conversations", res, [&] {
+      const ojson body = parse_request_body(req.body.empty() ? std::string_view("{}") : std::string_view(req.body));
+      if (!body.is_object()) wrong_type("body", "a JSON object", body);
+      ConversationStore::Conversation c;
+      c.metadata = checked_metadata(body);
+      c.items = checked_items(*C, body, false);
+      c.id = C->new_id("conv_");
+      c.created_at = int64_t(std::time(nullptr));
+      if (!C->conversations.put(c)) bad("items", "The conversation is larger than this server keeps (--responses-mb).");
+      return conversation_object(c);
+    });
+  });
+  http.Get(one, [C](const httplib::Request& req, httplib::Response& res) {
+    answer_json(*C, "/v1/conversations/{id}", res, [&] { return conversation_object(held(*C, req.matches[1])); });
+  });
+  http.Post(one, [C](const httplib::Request& req, httplib::Response& res) {
+    answer_json(*C, "/v1/conversations/{id}", res, [&] {
+      const std::string id = req.matches[1];
+      const ojson body = parse_request_body(req.body);
+      if (!body.is_object()) wrong_type("body", "a JSON object", body);
+      if (!field(body, "metadata")) missing("metadata");
+      const ojson m = checked_metadata(body);
+      if (!C->conversations.update(id, [&](ConversationStore::Conversation& c) { c.metadata = m; }))
+        throw not_found("conversation", id);
+      return conversation_object(held(*C, id));
+    });
+  });
+  http.route("DELETE", one, [C](const httplib::Request& req, httplib::Response& res) {
+    answer_json(*C, "/v1/conversations/{id}", res, [&] {
+      const std::string id = req.matches[1];
+      if (!C->conversations.erase(id)) throw not_found("conversation", id);
+      return ojson{{"id", id}, {"object", "conversation.deleted"}, {"deleted", true}};
+    });
+  });
+  http.Get(one + "/items", [C](const httplib::Request& req, httplib::Response& res) {
+    answer_json(*C, "/v1/conversations/{id}/items", res, [&] { return items_page(held(*C, req.matches[1]), req); });
+  });
+  http.Post(one + "/items", [C](const httplib::Request& req, httplib::Response& res) {
+    answer_json(*C, "/v1/conversations/{id}/items", res, [&] {
+      const std::string id = req.matches[1];
+      held(*C, id);  // 404 before the body's errors
+      const ojson body = parse_request_body(req.body);
+      if (!body.is_object()) wrong_type("body", "a JSON object", body);
+      const ojson added = checked_items(*C, body, true);
+      if (!C->conversations.update(id, [&](ConversationStore::Conversation& c) {
+            for (const auto& it : added) c.items.push_back(it);
+          }))
+        throw ApiError(C->conversations.contains(id) ? 400 : 404,
+                       "The items do not fit the conversation's memory (--responses-mb).", "items");
+      return list_page(added, false);
+    });
+  });
+  http.Get(item, [C](const httplib::Request& req, httplib::Response& res) {
+    answer_json(*C, "/v1/conversations/{id}/items/{item_id}", res, [&] {
+      const ConversationStore::Conversation c = held(*C, req.matches[1]);
+      for (const auto& it : c.items)
+        if (it["id"] == req.matches[2].str()) return it;
+      throw not_found("item", req.matches[2]);
+    });
+  });
+  http.route("DELETE", item, [C](const httplib::Request& req, httplib::Response& res) {
+    answer_json(*C, "/v1/conversations/{id}/items/{item_id}", res, [&] {
+      const std::string id = req.matches[1], item_id = req.matches[2];
+      bool found = false;
+      if (!C->conversations.update(id, [&](ConversationStore::Conversation& c) {
+            ojson kept = ojson::array();
+            for (auto& it : c.items) {
+              if (it["id"] == item_id) {
+                found = true;
+                continue;
+              }
+              kept.push_back(std::move(it));
+            }
+            c.items = std::move(kept);
+          }))
+        throw not_found("conversation", id);
+      if (!found) throw not_found("item", item_id);
+      return conversation_object(held(*C, id));
+    });
+  });
+}
+
+}  // namespace lilac::server
