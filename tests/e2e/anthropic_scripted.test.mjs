@@ -5,12 +5,12 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { startServer, postJson } from './helpers.mjs';
-import { Anthropic, script, anthropicTools as tools, anthropicClient, collect } from './protocols_common.mjs';
+import { Anthropic, script, anthropicTools as tools, anthropicClient, collect, SCRIPTED_MODEL, startScripted } from './protocols_common.mjs';
 
-const MODEL = 'scripted-model';
+const MODEL = SCRIPTED_MODEL;
 let srv, client;
 before(async () => {
-  srv = await startServer(['--backend', `scripted:${script()}`, '--model-name', MODEL]);
+  srv = await startScripted();
   client = anthropicClient(srv.url);
 });
 after(async () => { await srv?.stop(); });

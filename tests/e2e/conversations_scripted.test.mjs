@@ -5,13 +5,13 @@
 // output once it completes; errors in OpenAI's shape.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { startServer, postJson, assertErrorBody } from './helpers.mjs';
-import { OpenAI, script, openaiClient } from './protocols_common.mjs';
+import { postJson, assertErrorBody } from './helpers.mjs';
+import { OpenAI, openaiClient, SCRIPTED_MODEL, startScripted } from './protocols_common.mjs';
 
-const MODEL = 'scripted-model';
+const MODEL = SCRIPTED_MODEL;
 let srv, client;
 before(async () => {
-  srv = await startServer(['--backend', `scripted:${script()}`, '--model-name', MODEL]);
+  srv = await startScripted();
   client = openaiClient(srv.url);
 });
 after(async () => { await srv?.stop(); });

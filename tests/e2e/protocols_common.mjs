@@ -1,7 +1,7 @@
 // What the protocol end-to-end tests share: the scripted replies, the tools in each protocol's form,
 // and the official clients (@anthropic-ai/sdk, openai) pointed at a server.
 import { createRequire } from 'node:module';
-import { SOURCE, writeScript } from './helpers.mjs';
+import { SOURCE, writeScript, startServer } from './helpers.mjs';
 
 const require = createRequire(`${SOURCE}/package.json`);
 export const Anthropic = require('@anthropic-ai/sdk').default;
@@ -53,3 +53,7 @@ export async function collect(stream) {
   for await (const ev of stream) if (ev.type !== 'ping') out.push(ev);
   return out;
 }
+
+// `lilac serve` on the scripted backend with script(), serving SCRIPTED_MODEL.
+export const SCRIPTED_MODEL = 'scripted-model';
+export const startScripted = () => startServer(['--backend', `scripted:${script()}`, '--model-name', SCRIPTED_MODEL]);

@@ -3,13 +3,13 @@
 // a function-call round trip, reasoning on/off, max_output_tokens and errors, asserted exactly.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { startServer, postJson, assertErrorBody } from './helpers.mjs';
-import { OpenAI, script, responsesTools as tools, openaiClient, collect } from './protocols_common.mjs';
+import { postJson, assertErrorBody } from './helpers.mjs';
+import { OpenAI, responsesTools as tools, openaiClient, collect, SCRIPTED_MODEL, startScripted } from './protocols_common.mjs';
 
-const MODEL = 'scripted-model';
+const MODEL = SCRIPTED_MODEL;
 let srv, client;
 before(async () => {
-  srv = await startServer(['--backend', `scripted:${script()}`, '--model-name', MODEL]);
+  srv = await startScripted();
   client = openaiClient(srv.url);
 });
 after(async () => { await srv?.stop(); });
