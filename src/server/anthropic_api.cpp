@@ -48,6 +48,8 @@ GenerationSpec messages_spec(MessagesParams& p) {
   return s;
 }
 
+}  // namespace
+
 Endpoint messages_endpoint(ServerContext& C) {
   Endpoint ep;
   ep.path = "/v1/messages";
@@ -71,6 +73,8 @@ Endpoint messages_endpoint(ServerContext& C) {
   };
   return ep;
 }
+
+namespace {
 
 void count_tokens(ServerContext& C, const httplib::Request& req, httplib::Response& res) {
   const std::string path = "/v1/messages/count_tokens";

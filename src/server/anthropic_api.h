@@ -5,11 +5,15 @@
 // when given, must be a version date from 2023-01-01 on (answers have the 2023-06-01 shape).
 #pragma once
 
+#include "server/endpoint.h"
+
 namespace lilac::server {
 
 class HttpServer;
 struct ServerContext;
 
 void add_anthropic_routes(HttpServer& http, ServerContext& ctx);
+// POST /v1/messages's endpoint (its request translation and formatter; the Message Batches run requests with it).
+Endpoint messages_endpoint(ServerContext& C);
 
 }  // namespace lilac::server

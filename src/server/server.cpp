@@ -10,6 +10,7 @@
 #include "engine/backend.h"
 #include "server/http_response.h"
 #include "server/http_server.h"
+#include "server/message_batches.h"
 #include "server/metrics.h"
 #include "server/anthropic_api.h"
 #include "server/openai_api.h"
@@ -186,6 +187,7 @@ Server::Server(ServerOptions opts) {
   add_anthropic_routes(http, C);
   add_responses_routes(http, C);
   add_conversations_routes(http, C);
+  add_message_batch_routes(http, C);
   add_tokenizer_routes(http, C);
   add_web_routes(http);
 }
@@ -264,6 +266,7 @@ void Server::stop() {
   if (C.hook.on_shutdown) C.hook.on_shutdown();
   impl_->http.stop();
   C.background.stop();  // the background responses' threads (their generations were just ended)
+  for (const auto& f : C.on_stop) f();
   if (C.core) C.core->stop();
 }
 

@@ -2,6 +2,8 @@
 // generation core once the model is loaded, and request ids.
 #pragma once
 #include <atomic>
+#include <functional>
+#include <vector>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -35,6 +37,9 @@ struct ServerContext {
   ResponseStore responses{1000, opts.responses_bytes};  // the Responses API's stored responses
   BackgroundResponses background{responses};           // its background mode's running generations
   ConversationStore conversations{1000, opts.responses_bytes};  // OpenAI's Conversations
+  // Called by Server::stop after the generations were ended and the connections closed, before the generation core
+  // stops (a component joining its threads: the Message Batches).
+  std::vector<std::function<void()>> on_stop;
 
   uint64_t random_u64();
   std::string new_id(const char* prefix);  // prefix + 24 random alphanumerics

@@ -26,7 +26,7 @@ add_test(NAME e2e_curl_stream COMMAND bash "${_e2e}/curl_stream.sh" $<TARGET_FIL
 set_tests_properties(e2e_curl_stream PROPERTIES FIXTURES_REQUIRED e2e_demo TIMEOUT 120 LABELS e2e)
 # The Anthropic Messages and OpenAI Responses adapters with their official clients (scripted backend,
 # exact assertions; and the demo model, the same generation under every protocol).
-foreach(t anthropic_scripted responses_scripted conversations_scripted protocols_demo hybrid_protocols tool_streaming)
+foreach(t anthropic_scripted responses_scripted conversations_scripted message_batches_scripted protocols_demo hybrid_protocols tool_streaming)
   add_test(NAME e2e_${t} COMMAND node --test --test-concurrency=1 "${_e2e}/${t}.test.mjs")
   set_tests_properties(e2e_${t} PROPERTIES FIXTURES_REQUIRED e2e_demo ENVIRONMENT "${_env}" TIMEOUT 300 LABELS e2e)
 endforeach()
