@@ -28,7 +28,7 @@ const char* const kKeys[] = {
     "logit_bias", "response_format", "json_schema", "schema", "strict", "prompt", "suffix", "echo", "best_of",
     "system", "thinking", "budget_tokens", "input", "instructions", "reasoning", "effort", "input_schema",
     "tool_use_id", "id", "is_error", "cache_control", "metadata", "user", "parallel_tool_calls", "previous_response_id",
-    "background", "store", "conversation",
+    "background", "store", "conversation", "requests", "custom_id", "params",
     "chat_template_kwargs", "enable_thinking", "image_url", "input_text", "output_text", "function_call",
     "function_call_output", "call_id", "format", "properties", "required", "items", "enum", "$ref", "anyOf",
     "pattern", "minLength", "maxLength", "minimum", "maximum", "additionalProperties", "description"};

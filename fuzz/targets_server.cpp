@@ -161,7 +161,8 @@ struct FuzzServer {
 };
 
 const char* const kPaths[] = {"/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/messages/count_tokens",
-                              "/v1/responses", "/tokenize", "/detokenize", "/v1/conversations"};
+                              "/v1/responses", "/tokenize", "/detokenize", "/v1/conversations",
+                              "/v1/messages/batches"};
 
 void check_error_shape(const std::string& path, const httplib::Result& r) {
   nlohmann::json b;
