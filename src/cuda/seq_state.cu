@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "cuda/cuda_common.h"
+#include "engine/sampler.h"
 
 namespace lilac::cuda {
 namespace {
@@ -99,13 +100,9 @@ void SeqState::begin_generation(const SamplingParams& p, std::span<const int32_t
   std::vector<float> dense;
   if (!p.logit_bias.empty()) {
     if (bias == nullptr) throw InputError("logit_bias: this session has no bias row");
+    check_logit_bias(p, shape.vocab);
     dense.assign(size_t(shape.vocab), 0.f);
-    for (const auto& [t, b] : p.logit_bias) {  // summed as the host sampler does (engine/sampler.cpp)
-      if (t < 0 || t >= shape.vocab)
-        throw InputError("logit_bias: token id " + std::to_string(t) + " is outside the vocabulary");
-      if (!(b >= -100.f && b <= 100.f)) throw InputError("logit_bias: a bias must be in [-100, 100]");
-      dense[size_t(t)] += b;
-    }
+    for (const auto& [t, b] : p.logit_bias) dense[size_t(t)] += b;  // summed as the host sampler does
     LILAC_CUDA_CHECK(cudaMemcpyAsync(bias, dense.data(), dense.size() * 4, cudaMemcpyHostToDevice, s));
     d.bias = bias;
   }

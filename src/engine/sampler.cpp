@@ -144,10 +144,7 @@ void HostSampler::begin(const SamplingParams& params, std::span<const int32_t> c
   if (!(params.repetition_penalty > 0.f) || !std::isfinite(params.repetition_penalty))
     throw InputError("repetition_penalty must be > 0");
   if (params.top_logprobs < 0 || params.top_logprobs > 20) throw InputError("top_logprobs must be in [0, 20]");
-  for (const auto& [t, b] : params.logit_bias) {
-    if (t < 0 || t >= vocab_) throw InputError("logit_bias: token id " + std::to_string(t) + " is outside the vocabulary");
-    if (!(b >= -100.f && b <= 100.f)) throw InputError("logit_bias: a bias must be in [-100, 100]");
-  }
+  check_logit_bias(params, vocab_);
   params_ = params;
   rng_.seed(params.seed);
   seen_.clear();
@@ -158,6 +155,13 @@ void HostSampler::begin(const SamplingParams& params, std::span<const int32_t> c
       seen_mask_[size_t(t)] = 1;
       seen_.push_back(t);
     }
+}
+
+void check_logit_bias(const SamplingParams& p, int64_t vocab) {
+  for (const auto& [t, b] : p.logit_bias) {
+    if (t < 0 || t >= vocab) throw InputError("logit_bias: token id " + std::to_string(t) + " is outside the vocabulary");
+    if (!(b >= -100.f && b <= 100.f)) throw InputError("logit_bias: a bias must be in [-100, 100]");
+  }
 }
 
 TokenChoice HostSampler::sample(std::span<const float> logits, const uint32_t* allowed) {

@@ -52,6 +52,10 @@ struct Candidate {
 };
 std::vector<Candidate> truncated_distribution(std::span<const float> logits, const SamplingParams& p);
 
+// Throws lilac::InputError unless every logit_bias entry names a token in [0, vocab) with a bias in [-100, 100]
+// (every backend's sampler checks it so).
+void check_logit_bias(const SamplingParams& p, int64_t vocab);
+
 class HostSampler {
  public:
   explicit HostSampler(int64_t vocab_size = 0) : vocab_(vocab_size) {}
