@@ -15,12 +15,20 @@
 
 namespace lilac::server {
 
-namespace {
-
 void send_anthropic_error(httplib::Response& res, const ApiError& e) {
   res.status = e.status;
   res.set_content(dump_json(anthropic_error_body(e)), "application/json");
 }
+
+RouteOptions anthropic_route_options() {
+  RouteOptions ro;
+  ro.errors = [](int status, const std::string& message, const std::string& code) {
+    return dump_json(anthropic_error_body(ApiError(status, message, "", code)));
+  };
+  return ro;
+}
+
+namespace {
 
 // The anthropic-version header: absent is accepted (curl), and so is any version date from 2023-01-01 on
 // (the answer has the 2023-06-01 shape, which later versions extend); anything else is a 400.
@@ -103,11 +111,7 @@ void count_tokens(ServerContext& C, const httplib::Request& req, httplib::Respon
 
 void add_anthropic_routes(HttpServer& http, ServerContext& ctx) {
   ServerContext* C = &ctx;
-  // The HTTP layer's own errors on these routes (401, 413, 408, 503 ...) in Anthropic's shape too.
-  RouteOptions ro;
-  ro.errors = [](int status, const std::string& message, const std::string& code) {
-    return dump_json(anthropic_error_body(ApiError(status, message, "", code)));
-  };
+  const RouteOptions ro = anthropic_route_options();
   auto ep = std::make_shared<Endpoint>(messages_endpoint(ctx));
   http.Post(ep->path, [C, ep](const httplib::Request& req, httplib::Response& res) {
     try {

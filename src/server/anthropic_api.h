@@ -6,6 +6,7 @@
 #pragma once
 
 #include "server/endpoint.h"
+#include "server/http_server.h"
 
 namespace lilac::server {
 
@@ -13,6 +14,10 @@ class HttpServer;
 struct ServerContext;
 
 void add_anthropic_routes(HttpServer& http, ServerContext& ctx);
+// An ApiError in Anthropic's shape; the route options that give the HTTP layer's own errors on a route (401, 413, 408,
+// 503 ...) that shape too.
+void send_anthropic_error(httplib::Response& res, const ApiError& e);
+RouteOptions anthropic_route_options();
 // POST /v1/messages's endpoint (its request translation and formatter; the Message Batches run requests with it).
 Endpoint messages_endpoint(ServerContext& C);
 

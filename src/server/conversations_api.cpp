@@ -3,7 +3,6 @@
 #include <httplib.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <ctime>
 #include <optional>
 #include <string>
@@ -11,6 +10,7 @@
 #include "server/api_error.h"
 #include "server/http_response.h"
 #include "server/http_server.h"
+#include "server/json_route.h"
 #include "server/request_fields.h"
 #include "server/request_json.h"
 #include "server/responses_schema.h"
@@ -67,20 +67,11 @@ ApiError not_found(const std::string& what, const std::string& id) {
                   "not_found");
 }
 
-// Runs `answer` (which returns the JSON body or throws ApiError); counts the request under `route`.
+// Answers with the JSON `answer` returns or the ApiError it throws (OpenAI's shape), counted under `route`.
 template <typename F>
-void answer_json(ServerContext& C, const char* route, httplib::Response& res, F answer) {
-  int status = 200;
-  try {
-    res.set_content(dump_json(json::parse(answer().dump())), "application/json");
-  } catch (const ApiError& e) {
-    status = e.status;
-    send_error(res, e.status, e.message, e.param, e.code, e.type);
-  } catch (const std::exception& e) {
-    status = 500;
-    send_error(res, 500, std::string("Internal server error: ") + e.what(), "", "internal_error");
-  }
-  C.metrics.count_request(route, status);
+void answer(ServerContext& C, const char* route, httplib::Response& res, F f) {
+  answer_json(C.metrics, route, res, [](httplib::Response& r, const ApiError& e) { send_error(r, e); },
+              [&] { return dump_json(f()); });
 }
 
 ConversationStore::Conversation held(ServerContext& C, const std::string& id) {
@@ -92,13 +83,7 @@ ConversationStore::Conversation held(ServerContext& C, const std::string& id) {
 ojson items_page(const ConversationStore::Conversation& c, const httplib::Request& req) {
   const std::string order = req.has_param("order") ? req.get_param_value("order") : "desc";
   if (order != "asc" && order != "desc") bad("order", "Invalid value for 'order': '" + order.substr(0, 16) + "' (asc or desc).");
-  int64_t limit = 20;
-  if (req.has_param("limit")) {
-    const std::string l = req.get_param_value("limit");
-    char* end = nullptr;
-    limit = std::strtoll(l.c_str(), &end, 10);
-    if (l.empty() || *end != 0 || limit < 1 || limit > 100) bad("limit", "Invalid value for 'limit': an integer in [1, 100].");
-  }
+  const int64_t limit = query_int(req, "limit", 1, 100).value_or(20);
   ojson all = c.items;
   if (order == "desc") std::reverse(all.begin(), all.end());
   size_t i = 0;
@@ -120,7 +105,7 @@ void add_conversations_routes(HttpServer& http, ServerContext& ctx) {
   const std::string one = "/v1/conversations/([A-Za-z0-9_-]{1,128})";
   const std::string item = one + "/items/([A-Za-z0-9_-]{1,128})";
   http.Post("/v1/conversations", [C](const httplib::Request& req, httplib::Response& res) {
-    answer_json(*C, "/v1/conversations", res, [&] {
+    answer(*C, "/v1/conversations", res, [&] {
       const ojson body = parse_request_body(req.body.empty() ? std::string_view("{}") : std::string_view(req.body));
       if (!body.is_object()) wrong_type("body", "a JSON object", body);
       ConversationStore::Conversation c;
@@ -133,10 +118,10 @@ void add_conversations_routes(HttpServer& http, ServerContext& ctx) {
     });
   });
   http.Get(one, [C](const httplib::Request& req, httplib::Response& res) {
-    answer_json(*C, "/v1/conversations/{id}", res, [&] { return conversation_object(held(*C, req.matches[1])); });
+    answer(*C, "/v1/conversations/{id}", res, [&] { return conversation_object(held(*C, req.matches[1])); });
   });
   http.Post(one, [C](const httplib::Request& req, httplib::Response& res) {
-    answer_json(*C, "/v1/conversations/{id}", res, [&] {
+    answer(*C, "/v1/conversations/{id}", res, [&] {
       const std::string id = req.matches[1];
       const ojson body = parse_request_body(req.body);
       if (!body.is_object()) wrong_type("body", "a JSON object", body);
@@ -148,17 +133,17 @@ void add_conversations_routes(HttpServer& http, ServerContext& ctx) {
     });
   });
   http.route("DELETE", one, [C](const httplib::Request& req, httplib::Response& res) {
-    answer_json(*C, "/v1/conversations/{id}", res, [&] {
+    answer(*C, "/v1/conversations/{id}", res, [&] {
       const std::string id = req.matches[1];
       if (!C->conversations.erase(id)) throw not_found("conversation", id);
       return ojson{{"id", id}, {"object", "conversation.deleted"}, {"deleted", true}};
     });
   });
   http.Get(one + "/items", [C](const httplib::Request& req, httplib::Response& res) {
-    answer_json(*C, "/v1/conversations/{id}/items", res, [&] { return items_page(held(*C, req.matches[1]), req); });
+    answer(*C, "/v1/conversations/{id}/items", res, [&] { return items_page(held(*C, req.matches[1]), req); });
   });
   http.Post(one + "/items", [C](const httplib::Request& req, httplib::Response& res) {
-    answer_json(*C, "/v1/conversations/{id}/items", res, [&] {
+    answer(*C, "/v1/conversations/{id}/items", res, [&] {
       const std::string id = req.matches[1];
       held(*C, id);  // 404 before the body's errors
       const ojson body = parse_request_body(req.body);
@@ -173,7 +158,7 @@ void add_conversations_routes(HttpServer& http, ServerContext& ctx) {
     });
   });
   http.Get(item, [C](const httplib::Request& req, httplib::Response& res) {
-    answer_json(*C, "/v1/conversations/{id}/items/{item_id}", res, [&] {
+    answer(*C, "/v1/conversations/{id}/items/{item_id}", res, [&] {
       const ConversationStore::Conversation c = held(*C, req.matches[1]);
       for (const auto& it : c.items)
         if (it["id"] == req.matches[2].str()) return it;
@@ -181,7 +166,7 @@ void add_conversations_routes(HttpServer& http, ServerContext& ctx) {
     });
   });
   http.route("DELETE", item, [C](const httplib::Request& req, httplib::Response& res) {
-    answer_json(*C, "/v1/conversations/{id}/items/{item_id}", res, [&] {
+    answer(*C, "/v1/conversations/{id}/items/{item_id}", res, [&] {
       const std::string id = req.matches[1], item_id = req.matches[2];
       bool found = false;
       if (!C->conversations.update(id, [&](ConversationStore::Conversation& c) {

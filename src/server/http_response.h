@@ -75,5 +75,6 @@ void send_generations(httplib::Response& res, std::vector<std::shared_ptr<Genera
 std::string sse_data(const nlohmann::json& j);
 // JSON text with invalid UTF-8 replaced by U+FFFD (never throws on bytes).
 std::string dump_json(const nlohmann::json& j);
+std::string dump_json(const nlohmann::ordered_json& j);
 
 }  // namespace lilac::server

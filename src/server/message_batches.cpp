@@ -21,6 +21,7 @@
 #include "server/anthropic_schema.h"
 #include "server/http_response.h"
 #include "server/http_server.h"
+#include "server/json_route.h"
 #include "server/request_json.h"
 #include "server/server_context.h"
 
@@ -102,6 +103,11 @@ class Batches {
     o["cancel_initiated_at"] = b.cancel_at ? json(rfc3339(b.cancel_at)) : json(nullptr);
     o["results_url"] = b.done ? json(base + "/v1/messages/batches/" + b.id + "/results") : json(nullptr);
     return o;
+  }
+
+  bool ended(const Batch& b) {
+    std::lock_guard lk(mu_);
+    return b.done;
   }
 
   std::vector<std::shared_ptr<Batch>> all() {
@@ -260,10 +266,10 @@ class Batches {
   bool stopping_ = false;
 };
 
-void send_error(ServerContext& C, httplib::Response& res, const ApiError& e, const char* route) {
-  res.status = e.status;
-  res.set_content(dump_json(anthropic_error_body(e)), "application/json");
-  C.metrics.count_request(route, e.status);
+// Answers with the text `f` returns or the ApiError it throws (Anthropic's shape), counted under `route`.
+template <typename F>
+void answer(ServerContext& C, const char* route, httplib::Response& res, F f, const char* type = "application/json") {
+  answer_json(C.metrics, route, res, send_anthropic_error, f, type);
 }
 
 // Where results_url points: this server as the client reached it.
@@ -296,16 +302,36 @@ std::vector<std::pair<std::string, ojson>> checked_requests(const ojson& body) {
   return out;
 }
 
+// GET /v1/messages/batches: newest first, `limit` (1..1000, 20) after the batch `after_id`.
+json batches_page(Batches& B, const httplib::Request& req) {
+  const int64_t limit = query_int(req, "limit", 1, 1000).value_or(20);
+  const std::string after = req.get_param_value("after_id");
+  json data = json::array();
+  bool started = after.empty(), more = false;
+  for (const auto& b : B.all()) {
+    if (!started) {
+      started = b->id == after;
+      continue;
+    }
+    if (int64_t(data.size()) == limit) {
+      more = true;
+      break;
+    }
+    data.push_back(B.object(*b, base_url(req)));
+  }
+  json page{{"data", data}, {"has_more", more}};
+  page["first_id"] = data.empty() ? json(nullptr) : data.front()["id"];
+  page["last_id"] = data.empty() ? json(nullptr) : data.back()["id"];
+  return page;
+}
+
 }  // namespace
 
 void add_message_batch_routes(HttpServer& http, ServerContext& ctx) {
   ServerContext* C = &ctx;
   auto B = std::make_shared<Batches>(ctx);
   ctx.on_stop.push_back([B] { B->stop(); });
-  RouteOptions ro;
-  ro.errors = [](int status, const std::string& message, const std::string& code) {
-    return dump_json(anthropic_error_body(ApiError(status, message, "", code)));
-  };
+  const RouteOptions ro = anthropic_route_options();
   const std::string one = "/v1/messages/batches/(msgbatch_[A-Za-z0-9]{1,64})";
   auto held = [B](const std::string& id) {
     std::shared_ptr<Batch> b = B->find(id);
@@ -313,91 +339,43 @@ void add_message_batch_routes(HttpServer& http, ServerContext& ctx) {
     return b;
   };
   http.Post("/v1/messages/batches", [C, B](const httplib::Request& req, httplib::Response& res) {
-    const char* route = "/v1/messages/batches";
-    try {
+    answer(*C, "/v1/messages/batches", res, [&] {
       std::vector<std::string> ids;
       std::vector<ojson> params;
       for (auto& [id, p] : checked_requests(parse_request_body(req.body))) {
         ids.push_back(id);
         params.push_back(std::move(p));
       }
-      res.set_content(dump_json(B->object(*B->add(std::move(ids), std::move(params)), base_url(req))), "application/json");
-      C->metrics.count_request(route, 200);
-    } catch (const ApiError& e) {
-      send_error(*C, res, e, route);
-    }
+      return dump_json(B->object(*B->add(std::move(ids), std::move(params)), base_url(req)));
+    });
   }, ro);
   http.Get("/v1/messages/batches", [C, B](const httplib::Request& req, httplib::Response& res) {
-    const char* route = "/v1/messages/batches";
-    try {
-      int64_t limit = 20;
-      if (req.has_param("limit")) {
-        const std::string l = req.get_param_value("limit");
-        char* end = nullptr;
-        limit = std::strtoll(l.c_str(), &end, 10);
-        if (l.empty() || *end != 0 || limit < 1 || limit > 1000) throw ApiError(400, "limit: an integer in [1, 1000].", "limit");
-      }
-      const std::string after = req.get_param_value("after_id");
-      json data = json::array();
-      bool started = after.empty(), more = false;
-      for (const auto& b : B->all()) {
-        if (!started) {
-          started = b->id == after;
-          continue;
-        }
-        if (int64_t(data.size()) == limit) {
-          more = true;
-          break;
-        }
-        data.push_back(B->object(*b, base_url(req)));
-      }
-      json page{{"data", data}, {"has_more", more}};
-      page["first_id"] = data.empty() ? json(nullptr) : data.front()["id"];
-      page["last_id"] = data.empty() ? json(nullptr) : data.back()["id"];
-      res.set_content(dump_json(page), "application/json");
-      C->metrics.count_request(route, 200);
-    } catch (const ApiError& e) {
-      send_error(*C, res, e, route);
-    }
+    answer(*C, "/v1/messages/batches", res, [&] { return dump_json(batches_page(*B, req)); });
   }, ro);
   http.Get(one, [C, B, held](const httplib::Request& req, httplib::Response& res) {
-    try {
-      res.set_content(dump_json(B->object(*held(req.matches[1]), base_url(req))), "application/json");
-      C->metrics.count_request("/v1/messages/batches/{id}", 200);
-    } catch (const ApiError& e) {
-      send_error(*C, res, e, "/v1/messages/batches/{id}");
-    }
+    answer(*C, "/v1/messages/batches/{id}", res,
+           [&] { return dump_json(B->object(*held(req.matches[1]), base_url(req))); });
   }, ro);
   http.Post(one + "/cancel", [C, B, held](const httplib::Request& req, httplib::Response& res) {
-    try {
+    answer(*C, "/v1/messages/batches/{id}/cancel", res, [&] {
       std::shared_ptr<Batch> b = held(req.matches[1]);
       B->cancel(*b);
-      res.set_content(dump_json(B->object(*b, base_url(req))), "application/json");
-      C->metrics.count_request("/v1/messages/batches/{id}/cancel", 200);
-    } catch (const ApiError& e) {
-      send_error(*C, res, e, "/v1/messages/batches/{id}/cancel");
-    }
+      return dump_json(B->object(*b, base_url(req)));
+    });
   }, ro);
   http.Get(one + "/results", [C, B, held](const httplib::Request& req, httplib::Response& res) {
-    try {
+    answer(*C, "/v1/messages/batches/{id}/results", res, [&] {
       std::shared_ptr<Batch> b = held(req.matches[1]);
-      if (B->object(*b, "")["processing_status"] != "ended")
-        throw ApiError(400, "Message batch " + b->id + " has not ended yet: its results come once it has.");
-      res.set_content(B->results_jsonl(*b), "application/binary");
-      C->metrics.count_request("/v1/messages/batches/{id}/results", 200);
-    } catch (const ApiError& e) {
-      send_error(*C, res, e, "/v1/messages/batches/{id}/results");
-    }
+      if (!B->ended(*b)) throw ApiError(400, "Message batch " + b->id + " has not ended yet: its results come once it has.");
+      return B->results_jsonl(*b);
+    }, "application/binary");
   }, ro);
   http.route("DELETE", one, [C, B](const httplib::Request& req, httplib::Response& res) {
-    try {
+    answer(*C, "/v1/messages/batches/{id}", res, [&] {
       const std::string id = req.matches[1];
       if (!B->erase(id)) throw ApiError(404, "No message batch with id '" + id + "' is held here.", "", "not_found_error");
-      res.set_content(dump_json(json{{"id", id}, {"type", "message_batch_deleted"}}), "application/json");
-      C->metrics.count_request("/v1/messages/batches/{id}", 200);
-    } catch (const ApiError& e) {
-      send_error(*C, res, e, "/v1/messages/batches/{id}");
-    }
+      return dump_json(json{{"id", id}, {"type", "message_batch_deleted"}});
+    });
   }, ro);
 }
 

@@ -108,9 +108,7 @@ Endpoint openai_endpoint(ServerContext& C, bool chat) {
   ep.prepare = [&C, chat](const ojson& body, const ModelConfig& cfg, uint64_t seed) {
     return chat ? chat_request(C, body, cfg, seed) : completion_request(C, body, cfg, seed);
   };
-  ep.send_error = [](httplib::Response& res, const ApiError& e) {
-    send_error(res, e.status, e.message, e.param, e.code, e.type);
-  };
+  ep.send_error = [](httplib::Response& res, const ApiError& e) { send_error(res, e); };
   return ep;
 }
 

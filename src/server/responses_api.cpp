@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdlib>
 #include <string>
 #include <vector>
 #include <ctime>
@@ -14,6 +13,7 @@
 #include <optional>
 
 #include "server/endpoint.h"
+#include "server/json_route.h"
 #include "server/responses_format.h"
 #include "server/responses_schema.h"
 #include "server/server_context.h"
@@ -45,9 +45,7 @@ void send_background_stream(ServerContext& C, const std::string& id, size_t from
 Endpoint responses_endpoint(ServerContext& C) {
   Endpoint ep;
   ep.path = "/v1/responses";
-  ep.send_error = [](httplib::Response& res, const ApiError& e) {
-    send_error(res, e.status, e.message, e.param, e.code, e.type);
-  };
+  ep.send_error = [](httplib::Response& res, const ApiError& e) { send_error(res, e); };
   ep.keep_local = [&C](const ojson& body) {  // a conversation held here: only this server has it
     const auto it = body.find("previous_response_id");
     if (it != body.end() && it->is_string() && C.responses.contains(it->get<std::string>())) return true;
@@ -150,25 +148,17 @@ void add_responses_routes(HttpServer& http, ServerContext& ctx) {
     std::optional<ResponseStore::Entry> e = C->responses.get(id);
     if (!e) return not_found(res, id, "/v1/responses/{id}");
     if (req.get_param_value("stream") == "true") {
-      size_t from = 0;
-      if (req.has_param("starting_after")) {
-        const std::string a = req.get_param_value("starting_after");
-        char* end = nullptr;
-        const long long v = std::strtoll(a.c_str(), &end, 10);
-        if (a.empty() || *end != 0 || v < -1 || v > (1LL << 40)) {
-          send_error(res, 400, "Invalid value for 'starting_after': '" + a.substr(0, 32) + "' (an event's sequence_number).",
-                     "starting_after", "invalid_value");
-          return C->metrics.count_request("/v1/responses/{id}", 400);
-        }
-        from = size_t(v + 1);
+      try {  // the events after `starting_after` (an event's sequence_number)
+        const size_t from = size_t(query_int(req, "starting_after", -1, int64_t(1) << 40).value_or(-1) + 1);
+        if (!C->background.has_events(id))
+          throw ApiError(400, "The events of response '" + id + "' are not held here: only a background response "
+                              "created with 'stream': true can be streamed again (while it runs and shortly after).",
+                         "stream", "invalid_request");
+        send_background_stream(*C, id, from, res);
+      } catch (const ApiError& err) {
+        send_error(res, err);
+        return C->metrics.count_request("/v1/responses/{id}", err.status);
       }
-      if (!C->background.has_events(id)) {
-        send_error(res, 400, "The events of response '" + id + "' are not held here: only a background response "
-                             "created with 'stream': true can be streamed again (while it runs and shortly after).",
-                   "stream", "invalid_request");
-        return C->metrics.count_request("/v1/responses/{id}", 400);
-      }
-      send_background_stream(*C, id, from, res);
       return C->metrics.count_request("/v1/responses/{id}", 200);
     }
     res.set_content(dump_json(e->response), "application/json");

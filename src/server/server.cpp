@@ -53,6 +53,10 @@ void send_error(httplib::Response& res, int status, const std::string& message, 
   res.set_content(dump_json(error_body(status, message, type, param, code)), "application/json");
 }
 
+void send_error(httplib::Response& res, const ApiError& e) {
+  send_error(res, e.status, e.message, e.param, e.code, e.type);
+}
+
 std::string openai_error_text(int status, const std::string& message, const std::string& code) {
   return dump_json(error_body(status, message, "", "", code));
 }

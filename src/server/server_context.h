@@ -52,6 +52,8 @@ struct ServerContext {
 // An OpenAI-shaped error answer ({"error": {...}}).
 void send_error(httplib::Response& res, int status, const std::string& message, const std::string& param = "",
                 const std::string& code = "", const std::string& type = "");
+// The same for an ApiError (an endpoint's or a JSON route's ErrorSender in OpenAI's shape).
+void send_error(httplib::Response& res, const ApiError& e);
 // The OpenAI error body for errors the HTTP layer answers itself (HttpServer's ErrorFormatter).
 std::string openai_error_text(int status, const std::string& message, const std::string& code);
 

@@ -30,7 +30,7 @@ void with_tokenizer(ServerContext& C, const char* path, const char* param, httpl
     res.set_content(dump_json(answer(*C.tok)), "application/json");
   } catch (const ApiError& e) {
     status = e.status;
-    send_error(res, e.status, e.message, e.param, e.code, e.type);
+    send_error(res, e);
   } catch (const InputError& e) {
     status = 400;
     send_error(res, 400, e.what(), param, "invalid_value");
