@@ -16,8 +16,11 @@
 // The server runs with --cache-mb 64 (the prefix cache grows to its budget by design; a small budget
 // makes the RSS bound meaningful), short header / body time-outs (2 s / 3 s) and --max-queue 24.
 // Exit status 1 when a request got an answer it must not get (a valid request failing, a hostile one
-// not refused as it should be, a secret upstream), when the RSS grew without bound (max of the second
-// half > 1.25 x max of the first half + 64 MiB) or when the server crashed or did not stop cleanly.
+// not refused as it should be, a secret upstream), when the RSS grew (the median of the second half's
+// samples > 1.25 x the first half's median + 64 MiB) or peaked past 1 GiB, or when the server crashed or
+// did not stop cleanly. Growth is judged on medians, not maxima: one 400,000-key body costs ~80 MB while
+// it is parsed (measured, demo model), so a maximum sampled at 1 Hz measures how many of them happened to
+// be in flight at once; a leak raises every sample after it, a coincidence one or two.
 import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 import http from 'node:http';
@@ -271,14 +274,17 @@ async function main() {
   const late = rss.filter(([t]) => t >= o.durationS * 500).map(([, k]) => k);
   const all = rss.map(([, k]) => k);
   const maxFirst = Math.max(...half, 0), maxSecond = Math.max(...late, 0);
-  const rssBounded = late.length === 0 || maxSecond <= 1.25 * maxFirst + 65536;
+  const median = (a) => { const s = [...a].sort((x, y) => x - y); return s.length ? s[s.length >> 1] : 0; };
+  const medFirst = median(half), medSecond = median(late);
+  const kPeakKiB = 1 << 20;  // 1 GiB: the 30-minute hybrid soak's maximum was 525 MiB
+  const rssBounded = late.length === 0 || (medSecond <= 1.25 * medFirst + 65536 && Math.max(...all) <= kPeakKiB);
   const byKind = { valid: 0, hostile: 0, abandoned: 0 };
   for (const [k, v] of Object.entries(counts)) byKind[k.split('/')[0]] += v;
   const summary = {
     mode: o.hybrid ? 'hybrid' : 'plain', duration_s: o.durationS, clients: o.clients,
     requests: Object.values(counts).reduce((a, b) => a + b, 0), by_kind: byKind, outcomes: counts,
     unexpected: bad, rss_kib: { min: Math.min(...all), max: Math.max(...all), first_half_max: maxFirst, second_half_max: maxSecond,
-      final: all.at(-1), samples: all.length,
+      first_half_median: medFirst, second_half_median: medSecond, final: all.at(-1), samples: all.length,
       every_10s: rss.filter((_, i) => i % 10 === 0).map(([, k]) => k) }, rss_bounded: rssBounded, health_after: health,
     crashed, stop: stopped, secret_reached_upstream: Boolean(upstream?.leaked),
     latency_ms: Object.fromEntries(Object.entries(latency).map(([k, v]) => {
