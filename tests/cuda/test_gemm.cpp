@@ -378,6 +378,92 @@ void check_moe(int n, int E, int k, int hidden, int inter, int sinter) {
   EXPECT_LT(rel_err(gd, rd), 1e-2);
 }
 
+// The router in fp32 (moe_router_f32): the block's RMSNorm of the residual rows and the dequantized router in fp32,
+// so the logits equal the CPU's fp32 ones to accumulation order (≤ 1e-5 relative; qgemm's bf16 operands give ~1e-3),
+// on both row tilings (4 rows per block; 1 past 3,072 columns), 4 and 8 bits, a row stride wider than the rows.
+struct RouterRows {
+  std::vector<float> h, norm_w, x;  // x: the normalized rows as the CPU computes them
+  RouterRows(int n, int cols, int64_t ldh, std::mt19937& rng) {
+    h = rand_f(size_t(n) * ldh, rng, -3.f, 3.f);
+    norm_w = rand_f(cols, rng, 0.5f, 1.5f);
+    x.resize(size_t(n) * cols);
+    for (int i = 0; i < n; ++i) {
+      const float* r = &h[size_t(i) * ldh];
+      double ss = 0;
+      for (int c = 0; c < cols; ++c) ss += double(r[c]) * r[c];
+      const float rs = float(1.0 / std::sqrt(ss / cols + 1e-6));
+      for (int c = 0; c < cols; ++c) x[size_t(i) * cols + c] = r[c] * rs * norm_w[c];
+    }
+  }
+};
+
+TEST(PrefillMoe, RouterF32MatchesCpuInFp32) {
+  NEED_GPU();
+  const uint32_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  struct Case { int bits, E, cols, n; };
+  for (const Case c : {Case{8, 256, 2048, 37}, Case{4, 20, 512, 9}, Case{8, 64, 4096, 5}, Case{4, 33, 128, 1}}) {
+    SCOPED_TRACE("bits " + std::to_string(c.bits) + " E " + std::to_string(c.E) + " cols " + std::to_string(c.cols));
+    QMat W(c.E, c.cols, c.bits, rng);
+    ASSERT_TRUE(lc::moe_router_f32_fits(W.dev()));
+    const int64_t ldh = c.cols + 5;
+    RouterRows rows(c.n, c.cols, ldh, rng);
+    std::vector<float> ref(size_t(c.n) * c.E);
+    cpu::qmatmul(W.host, rows.x.data(), c.n, ref.data());
+    Dev<float> dh(rows.h), dw(rows.norm_w), dl(size_t(c.n) * c.E);
+    dl.poison();
+    lc::moe_router_f32(W.dev(), lc::RouterF32Input{dh.p, ldh, dw.p, 1e-6f}, c.n, dl.p, nullptr);
+    CK(cudaDeviceSynchronize());
+    EXPECT_LT(rel_err(dl.get(), ref, "router f32"), 1e-5);
+  }
+  QMat wide(8, 16384, 8, rng);
+  EXPECT_FALSE(lc::moe_router_f32_fits(wide.dev()));  // past the shared memory of one row
+  EXPECT_THROW(lc::moe_router_f32(wide.dev(), lc::RouterF32Input{nullptr, 16384, nullptr, 1e-6f}, 1, nullptr, nullptr),
+               Error);
+}
+
+// moe_prefill with the router's fp32 input: the expert sets are the CPU's fp32 top-k wherever the k-th and the
+// (k+1)-th logits are apart by more than the accumulation order can move them (1e-4).
+TEST(PrefillMoe, RouterF32RoutesLikeTheCpu) {
+  NEED_GPU();
+  const uint32_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  const int n = 200, E = 64, k = 8, hidden = 512;
+  const MoeBlockQ m(E, hidden, 128, 128, rng);
+  const lc::MoEPrefillWeights w = m.view(k);
+  RouterRows rows(n, hidden, hidden, rng);
+  std::vector<uint16_t> xb(rows.x.size());
+  for (size_t i = 0; i < xb.size(); ++i) xb[i] = f32_to_bf16(rows.x[i]);
+  Dev<uint16_t> dx(xb);
+  Dev<float> dh(rows.h), dnorm(rows.norm_w), dy(size_t(n) * hidden), dwts(size_t(n) * k);
+  Dev<int32_t> dids(size_t(n) * k);
+  Dev<unsigned char> ws(lc::moe_prefill_workspace_bytes(w, n));
+  const lc::RouterF32Input rin{dh.p, hidden, dnorm.p, 1e-6f};
+  lc::moe_prefill(w, reinterpret_cast<const __nv_bfloat16*>(dx.p), hidden, n, dy.p, hidden, false, ws.p, nullptr,
+                  dids.p, dwts.p, &rin);
+  CK(cudaDeviceSynchronize());
+  const auto ids = dids.get();
+  std::vector<float> logits(size_t(n) * E);
+  cpu::qmatmul(m.router->host, rows.x.data(), n, logits.data());
+  int checked = 0;
+  std::vector<int> rid(k);
+  std::vector<float> rw(k);
+  for (int t = 0; t < n; ++t) {
+    std::vector<float> l(logits.begin() + size_t(t) * E, logits.begin() + size_t(t + 1) * E);
+    std::sort(l.begin(), l.end(), std::greater<float>());
+    if (l[k - 1] - l[k] <= 1e-4f * std::max(1.f, std::fabs(l[k - 1]))) continue;
+    ++checked;
+    cpu::moe_route(&logits[size_t(t) * E], E, k, true, rid.data(), rw.data());
+    std::vector<int> a(rid.begin(), rid.end()), b(ids.begin() + size_t(t) * k, ids.begin() + size_t(t + 1) * k);
+    std::sort(a.begin(), a.end());
+    std::sort(b.begin(), b.end());
+    EXPECT_EQ(a, b) << "token " << t;
+  }
+  EXPECT_GT(checked, n / 2);
+}
+
 TEST(PrefillMoe, GroupedExpertsMatchCpu) {
   NEED_GPU();
   lc::set_moe_path(lc::MoePath::Grouped);
