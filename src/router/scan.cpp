@@ -115,7 +115,9 @@ struct Scanner {
           spaced += s;
         }
         if (it.embedded < opts.max_embedded && looks_like_json(s)) {
-          JsonParseResult r = parse_bounded_json(s, kRequestJsonLimits);
+          // Not the request limits' 16,384 keys per object: JSON inside a string is scanned through its parse
+          // (escapes decoded) wherever the document's own bounds allow, as before that limit.
+          JsonParseResult r = parse_bounded_json(s, JsonLimits{});
           if (r.ok() && r.value.is_structured()) {
             parsed.push_back(std::move(r.value));
             stack.push_back({&parsed.back(), it.key, it.embedded + 1});

@@ -1,5 +1,6 @@
 #include "text/bounded_json.h"
 
+#include <cstddef>
 #include <functional>
 #include <vector>
 
@@ -60,7 +61,14 @@ class Builder {
   bool end_array() { return close(); }
   bool key(std::string& k) {
     if (!count()) return false;
-    stack_.back().key = std::move(k);
+    Frame& f = stack_.back();
+    // A repeated key replaces its value (insert()); only a new one past the limit fails.
+    if (f.node->size() >= limits_.max_object_keys && !has_key(f, k)) {
+      r_.status = JsonParseResult::TooManyValues;
+      r_.message = "an object with more than " + std::to_string(limits_.max_object_keys) + " keys";
+      return false;
+    }
+    f.key = std::move(k);
     return true;
   }
   bool parse_error(size_t, const std::string&, const nlohmann::detail::exception& ex) {
@@ -115,30 +123,37 @@ class Builder {
     return insert(f, std::move(v));
   }
 
+  // Where `key` already is in the frame's object (its position), or -1.
+  ptrdiff_t find_key(Frame& f, const std::string& key, size_t h) {
+    Entries& e = f.node->get_ref<ojson::object_t&>();
+    if (e.size() < kLinearKeys) {
+      for (size_t i = 0; i < e.size(); ++i) {
+        ++r_.key_compares;
+        if (e[i].first == key) return ptrdiff_t(i);
+      }
+      return -1;
+    }
+    if (f.index.empty())
+      for (size_t i = 0; i < e.size(); ++i) f.index.add(std::hash<std::string_view>{}(e[i].first), i);
+    const size_t mask = f.index.slots.size() - 1;
+    for (size_t s = h & mask; f.index.slots[s]; s = (s + 1) & mask) {
+      const size_t pos = f.index.slots[s] - 1;
+      if (f.index.hashes[pos] != h) continue;
+      ++r_.key_compares;
+      if (e[pos].first == key) return ptrdiff_t(pos);
+    }
+    return -1;
+  }
+  bool has_key(Frame& f, const std::string& key) {
+    return f.node->is_object() && find_key(f, key, std::hash<std::string_view>{}(key)) >= 0;
+  }
+
   ojson* insert(Frame& f, ojson v) {
     Entries& e = f.node->get_ref<ojson::object_t&>();
     const size_t h = std::hash<std::string_view>{}(f.key);
-    if (e.size() < kLinearKeys) {
-      for (auto& kv : e) {
-        ++r_.key_compares;
-        if (kv.first == f.key) {
-          kv.second = std::move(v);
-          return &kv.second;
-        }
-      }
-    } else {
-      if (f.index.empty())
-        for (size_t i = 0; i < e.size(); ++i) f.index.add(std::hash<std::string_view>{}(e[i].first), i);
-      const size_t mask = f.index.slots.size() - 1;
-      for (size_t s = h & mask; f.index.slots[s]; s = (s + 1) & mask) {
-        const size_t pos = f.index.slots[s] - 1;
-        if (f.index.hashes[pos] != h) continue;
-        ++r_.key_compares;
-        if (e[pos].first == f.key) {
-          e[pos].second = std::move(v);
-          return &e[pos].second;
-        }
-      }
+    if (const ptrdiff_t pos = find_key(f, f.key, h); pos >= 0) {
+      e[size_t(pos)].second = std::move(v);
+      return &e[size_t(pos)].second;
     }
     e.emplace_back(std::move(f.key), std::move(v));
     if (!f.index.empty()) f.index.add(h, e.size() - 1);

@@ -63,6 +63,26 @@ TEST(BoundedJson, ValueLimit) {
   EXPECT_EQ(parse_bounded_json(R"({"a":1,"b":2,"c":3,"d":4,"e":5})", lim).status, JsonParseResult::TooManyValues);
 }
 
+// Keys per object: a new key past the limit fails (each object counted on its own); a repeated key does not count.
+TEST(BoundedJson, ObjectKeyLimit) {
+  JsonLimits lim;
+  lim.max_object_keys = 3;
+  EXPECT_TRUE(parse_bounded_json(R"({"a":1,"b":2,"c":3})", lim).ok());
+  EXPECT_TRUE(parse_bounded_json(R"({"a":1,"b":2,"c":3,"a":4,"c":5})", lim).ok());
+  EXPECT_TRUE(parse_bounded_json(R"({"a":{"x":1,"y":2,"z":3},"b":[{"x":1,"y":2,"z":3}],"c":3})", lim).ok());
+  JsonParseResult r = parse_bounded_json(R"({"a":1,"b":2,"c":3,"d":4})", lim);
+  EXPECT_EQ(r.status, JsonParseResult::TooManyValues);
+  EXPECT_NE(r.message.find("more than 3 keys"), std::string::npos) << r.message;
+  EXPECT_TRUE(r.value.is_null());
+  EXPECT_EQ(parse_bounded_json(R"([{"x":1,"y":2,"z":3,"w":4}])", lim).status, JsonParseResult::TooManyValues);
+  // The request limits: 16,384 keys pass, one more fails, past the linear-search size of the index too.
+  EXPECT_EQ(lilac::kRequestJsonLimits.max_object_keys, 16384u);
+  std::string body = "{";
+  for (int i = 0; i < 16384; ++i) body += (i ? ",\"" : "\"") + std::to_string(i) + "\":0";
+  EXPECT_TRUE(parse_bounded_json(body + ",\"7\":1}", lilac::kRequestJsonLimits).ok());
+  EXPECT_EQ(parse_bounded_json(body + ",\"x\":1}", lilac::kRequestJsonLimits).status, JsonParseResult::TooManyValues);
+}
+
 TEST(BoundedJson, InvalidIsAStatus) {
   for (const char* bad : {"", "{", "{oops", "[1,]", "{\"a\" 1}", "1 2", "\"\xff\"", "[1] x"}) {
     JsonParseResult r = parse_bounded_json(bad);
