@@ -17,7 +17,7 @@ constexpr size_t kSmemLimit = 48 * 1024;  // the default dynamic shared memory o
 template <int BITS, int RT>
 __global__ void __launch_bounds__(kThreads) router_f32_kernel(QMatrixDev W, RouterF32Input in, int n,
                                                                float* __restrict__ logits) {
-  extern __shared__ __align__(16) float xs[];  // RT × cols: the normalized rows (zero past n)
+  extern __shared__ float xs[];  // RT × cols: the normalized rows (zero past n)
   const int cols = int(W.cols), warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = kThreads / 32;
   const int row0 = blockIdx.x * RT;
   for (int r = warp; r < RT; r += warps) {
@@ -45,26 +45,16 @@ __global__ void __launch_bounds__(kThreads) router_f32_kernel(QMatrixDev W, Rout
     float acc[RT];
 #pragma unroll
     for (int r = 0; r < RT; ++r) acc[r] = 0.f;
-    // Lane l takes words l, l + 32, ...: its VPW x values are contiguous, read as float4 (a warp's reads of a
-    // row are one contiguous span: no bank conflicts).
     for (int64_t wi = lane; wi < wpr; wi += 32) {
       const uint32_t word = q[wi];
       const int g = int(wi / wpg);
       const float s = __bfloat162float(sc[g]), b = __bfloat162float(bi[g]);
-      float w[VPW];
+      const float* xk = xs + wi * VPW;
 #pragma unroll
-      for (int j = 0; j < VPW; ++j) w[j] = fmaf(s, float((word >> (j * BITS)) & kMask), b);
+      for (int j = 0; j < VPW; ++j) {
+        const float w = fmaf(s, float((word >> (j * BITS)) & kMask), b);
 #pragma unroll
-      for (int r = 0; r < RT; ++r) {
-        const float4* x4 = reinterpret_cast<const float4*>(xs + size_t(r) * cols + wi * VPW);
-#pragma unroll
-        for (int j4 = 0; j4 < VPW / 4; ++j4) {
-          const float4 x = x4[j4];
-          acc[r] = fmaf(w[4 * j4], x.x, acc[r]);
-          acc[r] = fmaf(w[4 * j4 + 1], x.y, acc[r]);
-          acc[r] = fmaf(w[4 * j4 + 2], x.z, acc[r]);
-          acc[r] = fmaf(w[4 * j4 + 3], x.w, acc[r]);
-        }
+        for (int r = 0; r < RT; ++r) acc[r] = fmaf(w, xk[size_t(r) * cols + j], acc[r]);
       }
     }
 #pragma unroll
@@ -90,8 +80,7 @@ void launch(const QMatrixDev& W, const RouterF32Input& in, int n, float* logits,
 bool moe_router_f32_fits(const QMatrixDev& W) {
   if (W.bits != 4 && W.bits != 8) return false;
   const int vpw = 32 / W.bits;
-  // cols a multiple of 4: every row of the staged x starts 16-byte aligned (the float4 reads)
-  return W.group_size > 0 && W.group_size % vpw == 0 && W.cols % W.group_size == 0 && W.cols % 4 == 0 &&
+  return W.group_size > 0 && W.group_size % vpw == 0 && W.cols % W.group_size == 0 &&
          size_t(W.cols) * sizeof(float) <= kSmemLimit && W.rows >= 1;
 }
 
