@@ -249,14 +249,7 @@ void prefill_layer(PrefillWorkspace& ws, const PrefillCtx& ctx, const DevLayer& 
   }
   rmsnorm_rows_bf16_kernel<<<n, 256, 0, s>>>(ws.H, H, L.post_norm, eps, ws.Xb);
   LILAC_CUDA_LAUNCH_CHECK();
-  // LILAC_PREFILL_ROUTER=f32: the router's logits from the fp32 residual (moe_router_f32), as the decode step
-  // computes them, instead of from the bf16 Xb; opt-in until measured (bench/GPU_NOTES.md, stop 50).
-  static const bool router_f32 = [] {
-    const char* e = std::getenv("LILAC_PREFILL_ROUTER");
-    return e && std::string(e) == "f32";
-  }();
-  const RouterF32Input rin{ws.H, H, L.post_norm, eps};
-  moe_prefill(L.moe_prefill, ws.Xb, H, n, ws.H, H, true, ws.moe_ws, s, nullptr, nullptr, router_f32 ? &rin : nullptr);
+  moe_prefill(L.moe_prefill, ws.Xb, H, n, ws.H, H, true, ws.moe_ws, s);
 }
 
 void prefill_finish(PrefillWorkspace& ws, const PrefillCtx& ctx) {

@@ -75,27 +75,12 @@ struct MoEPrefillWeights {
 };
 // Bytes of device scratch moe_prefill needs for up to n tokens (256-byte aligned pieces).
 size_t moe_prefill_workspace_bytes(const MoEPrefillWeights& w, int n);
-// The router's input at fp32 precision: the residual rows h [n, cols] (row stride ldh) before the block's RMSNorm,
-// and that norm (x = h · rsqrt(mean(h²) + eps) · norm_w).
-struct RouterF32Input {
-  const float* h = nullptr;
-  int64_t ldh = 0;
-  const float* norm_w = nullptr;
-  float eps = 0.f;
-};
-// logits [n, W.rows] = x · Wᵀ in fp32 with W dequantized in fp32 (router_f32.cu): no bf16 rounding of x or of the
-// weights, which qgemm applies and which flips near-tie expert choices. A block per 4 rows (1 above 3,072 columns).
-bool moe_router_f32_fits(const QMatrixDev& W);  // 4 or 8 bits, groups of whole words, ≤ 12,288 columns
-void moe_router_f32(const QMatrixDev& W, const RouterF32Input& in, int n, float* logits, cudaStream_t stream);
 // X bf16 [n, hidden] (row stride ldx); Y fp32 [n, hidden] (row stride ldy); accumulate: Y += (residual).
 // workspace: moe_prefill_workspace_bytes(w, n) bytes, 256-byte aligned.
 // If ids_out / weights_out are given ([n, top_k] int32 / fp32) the routing is copied there (tests).
-// router_in: the router's logits by moe_router_f32 from these fp32 rows (X's source) instead of by qgemm from X; they
-// are read before anything is added into Y, so they may be Y's residual. Null, or a router moe_router_f32 does not
-// fit: qgemm.
 void moe_prefill(const MoEPrefillWeights& w, const __nv_bfloat16* X, int64_t ldx, int n, float* Y, int64_t ldy,
                  bool accumulate, void* workspace, cudaStream_t stream, int32_t* ids_out = nullptr,
-                 float* weights_out = nullptr, const RouterF32Input* router_in = nullptr);
+                 float* weights_out = nullptr);
 
 // The expert part alone with a given routing (ids/weights [n, top_k]); shared expert included.
 // Exposed for tests (the routing is a discrete choice that rounding can flip near ties).

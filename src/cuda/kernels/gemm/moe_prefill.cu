@@ -350,18 +350,14 @@ void moe_route_prefill(const float* logits, int n, int E, int k, bool renormalis
 }
 
 void moe_prefill(const MoEPrefillWeights& w, const __nv_bfloat16* X, int64_t ldx, int n, float* Y, int64_t ldy,
-                 bool accumulate, void* workspace, cudaStream_t stream, int32_t* ids_out, float* weights_out,
-                 const RouterF32Input* router_in) {
+                 bool accumulate, void* workspace, cudaStream_t stream, int32_t* ids_out, float* weights_out) {
   if (n <= 0) return;
   validate(w);
   if (!moe_use_small(w, n)) validate_grouped(w);
   Workspace ws = carve(w, n, workspace);
   const int E = w.gate.n;
   launch_shared(w, X, ldx, n, ws, stream);
-  if (router_in && moe_router_f32_fits(w.router))
-    moe_router_f32(w.router, *router_in, n, ws.logits, stream);
-  else
-    qgemm(w.router, X, ldx, n, ws.logits, E, GemmOut::StoreF32, stream, ws.split_main);
+  qgemm(w.router, X, ldx, n, ws.logits, E, GemmOut::StoreF32, stream, ws.split_main);
   moe_route_prefill(ws.logits, n, E, w.top_k, w.renormalise, ws.ids, ws.weights, stream);
   if (ids_out) cudaMemcpyAsync(ids_out, ws.ids, sizeof(int32_t) * n * w.top_k, cudaMemcpyDeviceToDevice, stream);
   if (weights_out)
