@@ -99,13 +99,34 @@ size_t depth_of(const nlohmann::ordered_json& v) {
   return v.is_structured() ? d + 1 : 0;
 }
 
-size_t values_of(const nlohmann::ordered_json& v) {
-  size_t n = 1;
-  if (v.is_object())
-    for (const auto& [k, x] : v.items()) n += 1 + values_of(x);
-  else if (v.is_array())
-    for (const auto& x : v) n += values_of(x);
-  return n;
+size_t widest_object(const nlohmann::ordered_json& v) {  // the most keys in one object (repeated keys once)
+  size_t w = v.is_object() ? v.size() : 0;
+  if (v.is_structured())
+    for (const auto& x : v) w = std::max(w, widest_object(x));
+  return w;
+}
+
+// Values as the limit counts them: every value and every key in the text, a repeated key's too (the parsed document
+// keeps one of them, so counting its values would undercount).
+size_t values_in_text(const std::string& text) {
+  struct Count : nlohmann::json_sax<nlohmann::ordered_json> {
+    size_t n = 0;
+    bool null() override { return ++n; }
+    bool boolean(bool) override { return ++n; }
+    bool number_integer(number_integer_t) override { return ++n; }
+    bool number_unsigned(number_unsigned_t) override { return ++n; }
+    bool number_float(number_float_t, const string_t&) override { return ++n; }
+    bool string(string_t&) override { return ++n; }
+    bool binary(binary_t&) override { return ++n; }
+    bool start_object(std::size_t) override { return ++n; }
+    bool key(string_t&) override { return ++n; }
+    bool end_object() override { return true; }
+    bool start_array(std::size_t) override { return ++n; }
+    bool end_array() override { return true; }
+    bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override { return false; }
+  } c;
+  nlohmann::ordered_json::sax_parse(text, &c);
+  return c.n;
 }
 
 }  // namespace
@@ -118,6 +139,7 @@ LILAC_FUZZ_TARGET(json, "parse_bounded_json == nlohmann::ordered_json::parse wit
   if (in.flag()) {
     lim.max_depth = 1 + in.below(12);
     lim.max_values = 1 + in.below(200);
+    lim.max_object_keys = 1 + in.below(20);
   }
   const std::string text = in.rest();
   const lilac::JsonParseResult got = lilac::parse_bounded_json(text, lim);
@@ -128,13 +150,15 @@ LILAC_FUZZ_TARGET(json, "parse_bounded_json == nlohmann::ordered_json::parse wit
     if (got.ok()) violated("json", "accepted text nlohmann rejects: " + got.value.dump());
     return;
   }
-  const bool deep = depth_of(want) > lim.max_depth, many = values_of(want) > lim.max_values;
-  if (!deep && !many) {
+  const bool deep = depth_of(want) > lim.max_depth, many = values_in_text(text) > lim.max_values,
+             wide = widest_object(want) > lim.max_object_keys;
+  if (!deep && !many && !wide) {
     if (!got.ok()) violated("json", "rejected text nlohmann accepts: " + got.message);
     if (got.value.dump() != want.dump()) violated("json", "different document: " + got.value.dump() + " vs " + want.dump());
   } else if (got.ok()) {
     violated("json", "accepted a document over the limits (depth " + std::to_string(depth_of(want)) + ", values " +
-                         std::to_string(values_of(want)) + ")");
+                         std::to_string(values_in_text(text)) + ", keys in one object " +
+                         std::to_string(widest_object(want)) + ")");
   }
 }
 
