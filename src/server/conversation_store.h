@@ -5,54 +5,39 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
-#include <functional>
-#include <list>
-#include <map>
-#include <mutex>
-#include <optional>
 #include <string>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
+#include "server/bounded_store.h"
+
 namespace lilac::server {
 
-class ConversationStore {
+struct Conversation {
+  std::string id;
+  int64_t created_at = 0;
+  nlohmann::ordered_json metadata = nlohmann::ordered_json::object();
+  nlohmann::ordered_json items = nlohmann::ordered_json::array();  // oldest first, each with an "id"
+};
+
+// Use order: get() and update() make a conversation the most recently used.
+class ConversationStore : public BoundedStore<Conversation, true> {
  public:
-  struct Conversation {
-    std::string id;
-    int64_t created_at = 0;
-    nlohmann::ordered_json metadata = nlohmann::ordered_json::object();
-    nlohmann::ordered_json items = nlohmann::ordered_json::array();  // oldest first, each with an "id"
-  };
-
+  using Conversation = server::Conversation;
   explicit ConversationStore(size_t max_conversations = 1000, size_t max_bytes = size_t(256) << 20)
-      : max_(max_conversations), max_bytes_(max_bytes) {}
+      : BoundedStore(max_conversations, max_bytes, &bytes_of) {}
 
-  // Keeps `c` (replacing one of its id), dropping the least recently used as needed; false when it alone is larger
-  // than the whole budget (nothing kept).
-  bool put(Conversation c);
-  std::optional<Conversation> get(const std::string& id);
-  bool contains(const std::string& id) const;
-  bool erase(const std::string& id);
-  // Applies `f` to the conversation `id` under the store's lock (false: not held; or the result would not fit,
-  // then the conversation is unchanged).
-  bool update(const std::string& id, const std::function<void(Conversation&)>& f);
-  size_t size() const;
+  // Keeps `c` under its id (false: larger than the whole budget, nothing kept).
+  bool put(Conversation c) {
+    const std::string id = c.id;
+    return BoundedStore::put(id, std::move(c));
+  }
 
  private:
-  struct Held {
-    Conversation c;
-    size_t bytes = 0;
-    std::list<std::string>::iterator lru;
-  };
-  static size_t bytes_of(const Conversation& c);
-  void drop_lru_locked();
-
-  const size_t max_, max_bytes_;
-  mutable std::mutex mu_;
-  std::map<std::string, Held> by_id_;
-  std::list<std::string> lru_;  // least recently used first
-  size_t bytes_ = 0;
+  static size_t bytes_of(const std::string& id, const Conversation& c) {
+    return id.size() + c.metadata.dump().size() + c.items.dump().size() + 64;
+  }
 };
 
 }  // namespace lilac::server

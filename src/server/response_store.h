@@ -4,46 +4,30 @@
 // earlier turns' outputs among them, then this response's output items) and the response object as answered.
 #pragma once
 #include <cstddef>
-#include <deque>
-#include <map>
-#include <mutex>
-#include <optional>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
+#include "server/bounded_store.h"
+
 namespace lilac::server {
 
-class ResponseStore {
+struct ResponseEntry {
+  nlohmann::ordered_json items;  // input items of the whole conversation, this response's output last
+  nlohmann::json response;       // the response object
+};
+
+// Insertion order: the oldest response leaves first (put() returns false for one larger than the whole budget).
+class ResponseStore : public BoundedStore<ResponseEntry, false> {
  public:
-  struct Entry {
-    nlohmann::ordered_json items;  // input items of the whole conversation, this response's output last
-    nlohmann::json response;       // the response object
-  };
-
+  using Entry = ResponseEntry;
   explicit ResponseStore(size_t max_entries = 1000, size_t max_bytes = size_t(256) << 20)
-      : max_entries_(max_entries), max_bytes_(max_bytes) {}
-
-  // Keeps `e` under `id` (an entry larger than the whole budget is not kept), dropping the oldest as needed.
-  void put(const std::string& id, Entry e);
-  std::optional<Entry> get(const std::string& id) const;
-  bool contains(const std::string& id) const;
-  bool erase(const std::string& id);
-  size_t size() const;
-  size_t bytes() const;
+      : BoundedStore(max_entries, max_bytes, &bytes_of) {}
 
  private:
-  struct Held {
-    Entry entry;
-    size_t bytes = 0;
-  };
-  void drop_oldest_locked();
-
-  const size_t max_entries_, max_bytes_;
-  mutable std::mutex mu_;
-  std::map<std::string, Held> by_id_;
-  std::deque<std::string> order_;  // insertion order (ids erased from by_id_ are skipped when met)
-  size_t bytes_ = 0;
+  static size_t bytes_of(const std::string& id, const Entry& e) {
+    return e.items.dump().size() + e.response.dump().size() + id.size();
+  }
 };
 
 }  // namespace lilac::server

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "server/anthropic_schema.h"
+#include "server/conversation_store.h"
 #include "server/responses_schema.h"
 
 using namespace lilac::server;
@@ -284,6 +285,37 @@ TEST(ResponsesSchema, StoreKeepsTheNewestWithinItsBounds) {
   store.put("f", entry(10));  // "c"'s stale place in the order is skipped: "d" leaves, not "e"
   EXPECT_TRUE(store.contains("e") && store.contains("f"));
   EXPECT_FALSE(store.contains("d"));
+}
+
+// Conversations leave least recently used first: a get() or an update() keeps one; an update that grows one past the
+// budget drops the others, one that alone would not fit changes nothing.
+TEST(ResponsesSchema, ConversationStoreDropsTheLeastRecentlyUsed) {
+  ConversationStore store(/*max_conversations=*/2, /*max_bytes=*/4096);
+  auto conv = [](const char* id, size_t pad) {
+    ConversationStore::Conversation c;
+    c.id = id;
+    c.items = ojson::array({std::string(pad, 'x')});
+    return c;
+  };
+  EXPECT_TRUE(store.put(conv("a", 10)));
+  EXPECT_TRUE(store.put(conv("b", 10)));
+  ASSERT_TRUE(store.get("a"));  // "a" used last: "b" leaves for "c"
+  EXPECT_TRUE(store.put(conv("c", 10)));
+  EXPECT_TRUE(store.contains("a") && store.contains("c"));
+  EXPECT_FALSE(store.contains("b"));
+  EXPECT_FALSE(store.put(conv("huge", 5000)));  // larger than the whole budget: not kept, nothing dropped
+  EXPECT_EQ(store.size(), 2u);
+  auto grow = [](size_t pad) { return [pad](ConversationStore::Conversation& c) { c.items.push_back(std::string(pad, 'y')); }; };
+  EXPECT_FALSE(store.update("a", grow(5000)));  // would not fit alone: unchanged
+  EXPECT_EQ(store.get("a")->items.size(), 1u);
+  EXPECT_TRUE(store.update("c", grow(3990)));  // "c" fits alone (4,074 bytes), not with "a": "a" leaves
+  EXPECT_FALSE(store.contains("a"));
+  EXPECT_EQ(store.get("c")->items.size(), 2u);
+  EXPECT_LE(store.bytes(), 4096u);
+  EXPECT_FALSE(store.update("a", grow(1)));
+  EXPECT_TRUE(store.erase("c"));
+  EXPECT_FALSE(store.erase("c"));
+  EXPECT_EQ(store.size(), 0u);
 }
 
 TEST(ResponsesSchema, ErrorsNameTheField) {
