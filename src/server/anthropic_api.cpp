@@ -89,11 +89,9 @@ void count_tokens(ServerContext& C, const httplib::Request& req, httplib::Respon
   try {
     check_version(req);
     const ojson body = parse_request_body(req.body);
-    if (!C.ready.load()) throw ApiError(503, "The model is still loading; retry shortly.");
+    require_ready(C);
     MessagesParams p = parse_messages_request(body, C.core->config(), 0, /*for_count=*/true);
-    if (!p.model.empty() && p.model != C.opts.model_id)
-      throw ApiError(404, "The model '" + p.model + "' does not exist (this server serves '" + C.opts.model_id + "').",
-                     "model");
+    require_served_model(C, p.model);
     const int64_t n = C.core->count_prompt_tokens(messages_spec(p));
     res.set_content(dump_json(nlohmann::json{{"input_tokens", n}}), "application/json");
     C.metrics.count_request(path, 200);

@@ -23,6 +23,16 @@ bool read_openai_error(const std::string& body, int status, ApiError& out) {
   return true;
 }
 
+void require_ready(const ServerContext& C) {
+  if (!C.ready.load()) throw ApiError(503, "The model is still loading; retry shortly.", "", "model_not_loaded");
+}
+
+void require_served_model(const ServerContext& C, const std::string& model) {
+  if (!model.empty() && model != C.opts.model_id)
+    throw ApiError(404, "The model '" + model + "' does not exist (this server serves '" + C.opts.model_id + "').",
+                   "model", "model_not_found");
+}
+
 namespace {
 
 // The route hook answered: rewrite an OpenAI-shaped error into the endpoint's protocol.
@@ -58,11 +68,9 @@ void serve_generation(ServerContext& C, const Endpoint& ep, const httplib::Reque
       }
       any_model = d == RouteDecisionKind::LocalAnyModel;
     }
-    if (!C.ready.load()) throw ApiError(503, "The model is still loading; retry shortly.", "", "model_not_loaded");
+    require_ready(C);
     PreparedRequest r = ep.prepare(body, C.core->config(), C.random_u64());
-    if (!any_model && !r.model.empty() && r.model != C.opts.model_id)
-      throw ApiError(404, "The model '" + r.model + "' does not exist (this server serves '" + C.opts.model_id + "').",
-                     "model", "model_not_found");
+    if (!any_model) require_served_model(C, r.model);
     std::vector<GenerationSpec> specs;  // every prompt's, in order
     specs.reserve(1 + r.more_specs.size());
     specs.push_back(std::move(r.spec));

@@ -64,6 +64,11 @@ struct Endpoint {
   std::function<bool(const nlohmann::ordered_json& body)> keep_local;
 };
 
+// What every generation route checks before it starts one: 503 (model_not_loaded) while the model loads; 404
+// (model_not_found, param "model") for a model name other than the one this server serves (no name is this one).
+void require_ready(const ServerContext& C);
+void require_served_model(const ServerContext& C, const std::string& model);
+
 // POST handler body of a generation endpoint.
 void serve_generation(ServerContext& C, const Endpoint& ep, const httplib::Request& req, httplib::Response& res);
 

@@ -19,6 +19,7 @@
 #include "core/log.h"
 #include "server/anthropic_api.h"
 #include "server/anthropic_schema.h"
+#include "server/endpoint.h"
 #include "server/http_response.h"
 #include "server/http_server.h"
 #include "server/json_route.h"
@@ -174,11 +175,9 @@ class Batches {
   // Starts request i; false when the queue is full (retry later).
   bool start_one(Batch& b, size_t i, std::vector<Running>& fl) {
     try {
-      if (!C_.ready.load()) throw ApiError(503, "The model is still loading.");
+      require_ready(C_);
       PreparedRequest r = ep_.prepare(b.params[i], C_.core->config(), C_.random_u64());
-      if (!r.model.empty() && r.model != C_.opts.model_id)
-        throw ApiError(404, "The model '" + r.model + "' does not exist (this server serves '" + C_.opts.model_id + "').",
-                       "model", "not_found_error");
+      require_served_model(C_, r.model);
       if (r.stream) throw ApiError(400, "A batch request cannot stream: 'stream' must be false.", "stream");
       std::shared_ptr<Generation> g = C_.core->start(r.spec);
       fl.push_back(Running{i, g, r.formatter(*g, false)});
