@@ -127,9 +127,13 @@ void add_conversations_routes(HttpServer& http, ServerContext& ctx) {
       if (!body.is_object()) wrong_type("body", "a JSON object", body);
       if (!field(body, "metadata")) missing("metadata");
       const ojson m = checked_metadata(body);
-      if (!C->conversations.update(id, [&](ConversationStore::Conversation& c) { c.metadata = m; }))
+      ojson updated;
+      if (!C->conversations.update(id, [&](ConversationStore::Conversation& c) {
+            c.metadata = m;
+            updated = conversation_object(c);
+          }))
         throw not_found("conversation", id);
-      return conversation_object(held(*C, id));
+      return updated;
     });
   });
   http.route("DELETE", one, [C](const httplib::Request& req, httplib::Response& res) {
@@ -145,7 +149,7 @@ void add_conversations_routes(HttpServer& http, ServerContext& ctx) {
   http.Post(one + "/items", [C](const httplib::Request& req, httplib::Response& res) {
     answer(*C, "/v1/conversations/{id}/items", res, [&] {
       const std::string id = req.matches[1];
-      held(*C, id);  // 404 before the body's errors
+      if (!C->conversations.contains(id)) throw not_found("conversation", id);  // before the body's errors
       const ojson body = parse_request_body(req.body);
       if (!body.is_object()) wrong_type("body", "a JSON object", body);
       const ojson added = checked_items(*C, body, true);
@@ -169,6 +173,7 @@ void add_conversations_routes(HttpServer& http, ServerContext& ctx) {
     answer(*C, "/v1/conversations/{id}/items/{item_id}", res, [&] {
       const std::string id = req.matches[1], item_id = req.matches[2];
       bool found = false;
+      ojson updated;
       if (!C->conversations.update(id, [&](ConversationStore::Conversation& c) {
             ojson kept = ojson::array();
             for (auto& it : c.items) {
@@ -179,10 +184,11 @@ void add_conversations_routes(HttpServer& http, ServerContext& ctx) {
               kept.push_back(std::move(it));
             }
             c.items = std::move(kept);
+            updated = conversation_object(c);
           }))
         throw not_found("conversation", id);
       if (!found) throw not_found("item", item_id);
-      return conversation_object(held(*C, id));
+      return updated;
     });
   });
 }
