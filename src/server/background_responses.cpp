@@ -34,7 +34,7 @@ void BackgroundResponses::store(Task& t, const std::string& status, const nlohma
   const nlohmann::json r = responses_object(*t.fmt, status, error);
   ResponseStore::Entry e{t.items, r};
   if (status != "in_progress")  // an ended response's conversation continues after its output
-    for (const auto& o : r["output"]) e.items.push_back(nlohmann::ordered_json::parse(o.dump()));
+    append_output_items(e.items, r);
   store_.put(t.id, std::move(e));
 }
 

@@ -17,6 +17,11 @@ struct ResponseEntry {
   nlohmann::json response;       // the response object
 };
 
+// Appends a response's output items to a conversation's items (what a follow-up to it continues from).
+inline void append_output_items(nlohmann::ordered_json& items, const nlohmann::json& response) {
+  for (const auto& o : response["output"]) items.push_back(nlohmann::ordered_json(o));
+}
+
 // Insertion order: the oldest response leaves first (put() returns false for one larger than the whole budget).
 class ResponseStore : public BoundedStore<ResponseEntry, false> {
  public:

@@ -74,11 +74,11 @@ Endpoint responses_endpoint(ServerContext& C) {
     meta.created_at = int64_t(std::time(nullptr));
     meta.instructions = p.instructions.is_null() ? nlohmann::json(nullptr) : nlohmann::json(p.instructions);
     meta.max_output_tokens = p.max_output_tokens ? nlohmann::json(*p.max_output_tokens) : nlohmann::json(nullptr);
-    meta.tools = nlohmann::json::parse(p.echo_tools.dump());
-    meta.tool_choice = nlohmann::json::parse(p.echo_tool_choice.dump());
+    meta.tools = nlohmann::json(p.echo_tools);
+    meta.tool_choice = nlohmann::json(p.echo_tool_choice);
     meta.temperature = p.sampling.temperature;
     meta.top_p = p.sampling.top_p;
-    meta.text_format = nlohmann::json::parse(p.echo_text_format.dump());
+    meta.text_format = nlohmann::json(p.echo_text_format);
     meta.reasoning_effort = p.effort.empty() ? nlohmann::json(nullptr) : nlohmann::json(p.effort);
     meta.new_id = [&C](const char* prefix) { return C.new_id(prefix); };
     meta.store = p.store;
@@ -92,7 +92,7 @@ Endpoint responses_endpoint(ServerContext& C) {
       add_to_conversation = [&C, id = p.conversation_id, added](const nlohmann::json& response) {
         C.conversations.update(id, [&](ConversationStore::Conversation& c) {
           for (const auto& it : added) c.items.push_back(it);
-          for (const auto& o : response["output"]) c.items.push_back(ojson::parse(o.dump()));
+          append_output_items(c.items, response);
         });
       };
       meta.on_done = add_to_conversation;
@@ -115,7 +115,7 @@ Endpoint responses_endpoint(ServerContext& C) {
         if (add_to_conversation) add_to_conversation(response);
         ResponseStore::Entry e;
         e.items = *items;
-        for (const auto& o : response["output"]) e.items.push_back(ojson::parse(o.dump()));
+        append_output_items(e.items, response);
         e.response = response;
         C.responses.put(response["id"].get<std::string>(), std::move(e));
       };
@@ -172,7 +172,7 @@ void add_responses_routes(HttpServer& http, ServerContext& ctx) {
     if (!e) return not_found(res, id, "/v1/responses/{id}/input_items");
     nlohmann::json data = nlohmann::json::array();
     const size_t n_out = e->response["output"].size(), n_in = e->items.size() - std::min(n_out, e->items.size());
-    for (size_t i = 0; i < n_in; ++i) data.push_back(nlohmann::json::parse(e->items[i].dump()));
+    for (size_t i = 0; i < n_in; ++i) data.push_back(nlohmann::json(e->items[i]));
     if (req.get_param_value("order") != "asc") std::reverse(data.begin(), data.end());
     nlohmann::json list{{"object", "list"}, {"data", data}, {"has_more", false}};
     list["first_id"] = data.empty() ? nlohmann::json(nullptr) : data.front().value("id", nlohmann::json(nullptr));
