@@ -177,7 +177,7 @@ struct DenseCtx {
   const DenseShape& sh;
   Mats W;
   size_t partial_floats;  // the slice kernel's partials at 64 rows
-  Buf x, z, y, nw, frag, meta, partials;
+  Buf x, z, y, nw, frag, fragw, meta, partials;  // fragw: the wgmma rows GEMV's input layout (frag4w)
   static int copies(const DenseShape& sh) {
     const double b = double(sh.rows) * sh.cols * sh.bits / 8;
     return int(std::clamp(240e6 / b, 1.0, 1024.0));
@@ -185,7 +185,7 @@ struct DenseCtx {
   explicit DenseCtx(const DenseShape& s)
       : sh(s), W(s.rows, s.cols, s.bits, copies(s)), partial_floats(lr::gemv_rows_partial_floats(W.get(0), 64)),
         x(64 * s.cols * 4), z(64 * s.cols * 4), y(64 * s.rows * 4),
-        nw(s.cols * 4), frag(lr::frag_row_bytes(s.cols) * 64), meta(lr::meta_row_count(s.cols) * 8 * 64),
+        nw(s.cols * 4), frag(lr::frag_row_bytes(s.cols) * 64), fragw(lr::frag_row_bytes(s.cols) * 64), meta(lr::meta_row_count(s.cols) * 8 * 64),
         partials(std::max<size_t>(partial_floats, 1) * 4) {
     upload_floats(x.as<float>(), 64 * s.cols, 1.f);
     upload_floats(z.as<float>(), 64 * s.cols, 1.f);
@@ -204,6 +204,7 @@ struct DenseCtx {
     a.z = z.as<float>();
     a.head_dim = 128;
     (sh.bits == 4 ? a.frag4g : a.frag8) = frag.p;
+    if (sh.bits == 4) a.frag4w = fragw.p;
     a.meta = meta.as<float2>();
     return a;
   }
@@ -247,6 +248,7 @@ struct DenseCtx {
     lr::GemvRowsArgs a;
     a.W = W.get(copy);
     a.frag = frag.p;
+    if (sh.bits == 4) a.frag_wg = fragw.p;
     a.meta = meta.as<float2>();
     a.M = M;
     a.y = y.as<float>();

@@ -7,6 +7,7 @@
 #include "cuda/cuda_common.h"
 #include "cuda/decode_step.h"
 #include "cuda/kernels/digits/moe_digits.h"
+#include "cuda/kernels/rows/gemv_rows_wg.h"
 #include "cuda/kernels/gemv/gemv.h"
 
 namespace lilac::cuda {
@@ -70,10 +71,17 @@ bool moe_digits(const DevModel& m) {
 
 size_t align256(size_t n) { return (std::max<size_t>(n, 16) + 255) / 256 * 256; }
 
-// The staging of a layer's input: its input RMSNorm of the residual stream, for in_proj.
+// Whether a scratch of max_rows rows holds frag4w (some step of up to max_rows rows may take the wgmma rows GEMV).
+bool wg_scratch(int max_rows) { return rows::gemv_rows_wg_wanted(std::min(max_rows, 64)); }
+
+// The staging of a layer's input: its input RMSNorm of the residual stream, for in_proj; in the frag4w layout too
+// where a part of in_proj takes the wgmma rows GEMV (RowsOps::wg_input).
 rows::StageArgs input_stage(const RowsOps& c, const DevLayer& L) {
   const int64_t H = c.m.cfg.hidden_size;
-  return c.stage_args(c.sc.h, H, H, Prologue::RmsNorm, L.input_norm, L.in_proj.has_bits(4), false, L.in_proj.has_bits(8));
+  rows::StageArgs st =
+      c.stage_args(c.sc.h, H, H, Prologue::RmsNorm, L.input_norm, L.in_proj.has_bits(4), false, L.in_proj.has_bits(8));
+  if (c.wg_input(L.in_proj)) st.frag4w = c.sc.frag4w;
+  return st;
 }
 
 // Whether the MoE's combine stages the next layer's input in the same launch (LILAC_COMBINE_STAGE=0: two
@@ -89,7 +97,7 @@ void attention_layer(const RowsOps& c, const RowsState& st, const DevLayer& L, i
   const RowsScratch& sc = c.sc;
   const int64_t H = cfg.hidden_size, ps = sc.proj_stride;
   if (!staged) rows::stage(input_stage(c, L), c.s);
-  c.proj(L.in_proj, sc.proj, ps);
+  c.proj(L.in_proj, sc.proj, ps, rows::RowsGemvKernel::Auto, c.wg_input(L.in_proj));
   const AttnDecodeShape as = rows_attn_shape(cfg);
   rows::attn_qk_norm_rope_append_rows(as, c.a.M, c.a.row_slot, c.a.row_pos, sc.proj, ps, L.q_norm, L.k_norm,
                                       c.m.inv_freq, sc.q, st.kv[size_t(ai)], c.s);
@@ -105,7 +113,7 @@ void gdn_layer(const RowsOps& c, const RowsState& st, const DevLayer& L, int gi,
   const RowsScratch& sc = c.sc;
   const int64_t H = cfg.hidden_size, ps = sc.proj_stride, vd = cfg.gdn_value_dim();
   if (!staged) rows::stage(input_stage(c, L), c.s);
-  c.proj(L.in_proj, sc.proj, ps);
+  c.proj(L.in_proj, sc.proj, ps, rows::RowsGemvKernel::Auto, c.wg_input(L.in_proj));
   rows::gdn_step_rows(rows_gdn_shape(cfg), st.gdn[size_t(gi)], st.gdn_pool, c.a.M, c.a.row_slot, sc.proj, ps, sc.gdn_o,
                       vd, c.a.gdn_mode, sc.gdn_conv, c.s);
   const float* z = sc.proj + cfg.gdn_conv_dim();
@@ -200,10 +208,19 @@ rows::StageArgs RowsOps::stage_args(const float* x, int64_t ldx, int64_t K, Prol
   return st;
 }
 
-void RowsOps::gemv(const QMatrixDev& W, float* y, int64_t ldy, bool acc, rows::RowsGemvKernel kernel) const {
+bool RowsOps::wg_input(const DevProj& p) const {
+  if (sc.frag4w == nullptr) return false;
+  for (const DevPart& part : p.parts)
+    if (rows::gemv_rows_wg_auto(part.m, a.M)) return true;
+  return false;
+}
+
+void RowsOps::gemv(const QMatrixDev& W, float* y, int64_t ldy, bool acc, rows::RowsGemvKernel kernel,
+                   bool wg_in) const {
   rows::GemvRowsArgs g;
   g.W = W;
   g.frag = W.bits == 4 ? sc.frag4g : sc.frag8;
+  g.frag_wg = W.bits == 4 && wg_in ? sc.frag4w : nullptr;
   g.meta = sc.meta;
   g.M = a.M;
   g.row_slot = a.row_slot;
@@ -216,8 +233,8 @@ void RowsOps::gemv(const QMatrixDev& W, float* y, int64_t ldy, bool acc, rows::R
   rows::gemv_rows(g, s);
 }
 
-void RowsOps::proj(const DevProj& p, float* y, int64_t ldy, rows::RowsGemvKernel kernel) const {
-  for (const DevPart& part : p.parts) gemv(part.m, y + part.offset, ldy, false, kernel);
+void RowsOps::proj(const DevProj& p, float* y, int64_t ldy, rows::RowsGemvKernel kernel, bool wg_in) const {
+  for (const DevPart& part : p.parts) gemv(part.m, y + part.offset, ldy, false, kernel, wg_in);
 }
 
 size_t rows_scratch_bytes(const DevModel& m, int max_rows, int n_split) {
@@ -229,7 +246,8 @@ size_t rows_scratch_bytes(const DevModel& m, int max_rows, int n_split) {
                   size_t(act_width(c)) + size_t(c.vocab_size));
   f += rows::attention_rows_partial_floats(rows_attn_shape(c), n_split, max_rows);
   size_t b = f * 4 + M * 4 * size_t(c.num_experts_per_tok);
-  b += 3 * M * rows::frag_row_bytes(int64_t(kmax)) + M * rows::meta_row_count(int64_t(kmax)) * sizeof(float2);
+  b += (wg_scratch(max_rows) ? 4 : 3) * M * rows::frag_row_bytes(int64_t(kmax)) +
+       M * rows::meta_row_count(int64_t(kmax)) * sizeof(float2);
   b += gemv_partials(m, max_rows) * 4;
   b += moe_scratch(m, max_rows) + rows::sample_rows_scratch_bytes(c.vocab_size, max_rows) + M * sizeof(SampleResult);
   if (m.lm_tiles) b += digits::stage_bytes(c.hidden_size, max_rows);
@@ -256,6 +274,7 @@ RowsScratch alloc_rows_scratch(DevAlloc& mem, const DevModel& m, int max_rows, i
   sc.frag4g = mem.get(align256(M * rows::frag_row_bytes(sc.kmax)));
   sc.frag4 = mem.get(align256(M * rows::frag_row_bytes(sc.kmax)));
   sc.frag8 = mem.get(align256(M * rows::frag_row_bytes(sc.kmax)));
+  if (wg_scratch(max_rows)) sc.frag4w = mem.get(align256(M * rows::frag_row_bytes(sc.kmax)));
   sc.meta = static_cast<float2*>(mem.get(align256(M * rows::meta_row_count(sc.kmax) * sizeof(float2))));
   sc.partial = static_cast<float*>(mem.get(align256(rows::attention_rows_partial_floats(rows_attn_shape(c), n_split, max_rows) * 4)));
   sc.gemv_partial_floats = gemv_partials(m, max_rows);

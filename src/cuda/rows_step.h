@@ -57,6 +57,7 @@ struct RowsScratch {
   float *h = nullptr, *proj = nullptr, *q = nullptr, *attn_out = nullptr, *gdn_o = nullptr;
   float* gdn_conv = nullptr;  // [max_rows][gdn conv_dim]: gdn_step_rows' conv outputs
   void *frag4g = nullptr, *frag4 = nullptr, *frag8 = nullptr;  // staged inputs (rows_mm.h: stage)
+  void* frag4w = nullptr;  // the in_proj / q-kv input for the wgmma rows GEMV (null: that kernel never runs here)
   float2* meta = nullptr;
   float* partial = nullptr;
   float* gemv_partials = nullptr;  // the dense slice kernel's k-slice sums (rows_mm.h: gemv_rows_partial_floats)
@@ -104,9 +105,12 @@ struct RowsOps {
                              void* digits = nullptr) const;
   // y [M][ldy] (+)= W · the staged rows.
   void gemv(const QMatrixDev& W, float* y, int64_t ldy, bool acc,
-            rows::RowsGemvKernel kernel = rows::RowsGemvKernel::Auto) const;
-  // Every part of p into its columns of y.
-  void proj(const DevProj& p, float* y, int64_t ldy, rows::RowsGemvKernel kernel = rows::RowsGemvKernel::Auto) const;
+            rows::RowsGemvKernel kernel = rows::RowsGemvKernel::Auto, bool wg_in = false) const;
+  // Every part of p into its columns of y; wg_in: the staged input has the frag4w layout too (wg_input(p)).
+  void proj(const DevProj& p, float* y, int64_t ldy, rows::RowsGemvKernel kernel = rows::RowsGemvKernel::Auto,
+            bool wg_in = false) const;
+  // Whether the staging of p's input writes frag4w: the wgmma rows GEMV takes a part of p at a.M rows.
+  bool wg_input(const DevProj& p) const;
 };
 
 // Whether the rows kernels take this model (shapes, limits) for up to max_rows rows.

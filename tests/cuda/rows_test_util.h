@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/kernels/rows/gemv_rows_wg.h"
 #include "cuda/kernels/rows/rows_mm.h"
 #include "model/weights.h"
 #include "decode_test_util.h"
@@ -55,7 +56,7 @@ struct RowsGemvRun {
     const int64_t K = W.d.cols, N = W.d.rows;
     Dev<float> dx(x), dz(z.empty() ? std::vector<float>(1) : z), dy(y0);
     Dev<int32_t> dslot(slots.empty() ? std::vector<int32_t>(1) : slots);
-    Dev<char> frag(lr::frag_row_bytes(K) * size_t(M));
+    Dev<char> frag(lr::frag_row_bytes(K) * size_t(M)), fragw(lr::frag_row_bytes(K) * size_t(M));
     Dev<float2> meta(lr::meta_row_count(K) * size_t(M));
     lr::StageArgs st;
     st.x = dx.p;
@@ -68,11 +69,14 @@ struct RowsGemvRun {
     st.head_dim = head_dim;
     st.eps = 1e-6f;
     (W.d.bits == 4 ? st.frag4g : st.frag8) = frag.p;
+    const bool wg = W.d.bits == 4 && (kernel == lr::RowsGemvKernel::Wgmma || lr::gemv_rows_wg_wanted(M));
+    if (wg) st.frag4w = fragw.p;
     st.meta = meta.p;
     lr::stage(st, s);
     lr::GemvRowsArgs g;
     g.W = W.d;
     g.frag = frag.p;
+    g.frag_wg = wg ? fragw.p : nullptr;
     g.meta = meta.p;
     g.M = M;
     g.row_slot = st.row_slot;

@@ -3,7 +3,7 @@
 // with NaN-poisoned or sentinel-filled outputs, at the model's shapes and odd ones;
 // every row bit for bit equal to today's single-row tensor-core kernel (gemv with GemvImpl::Tensor) on that
 // row alone; batch invariance (a row alone and inside M = 2, 7, 16, 64 with other rows and padding rows,
-// memcmp; padding rows' outputs untouched); the slice kernel bit for bit the tiles kernel; a dependent chain
+// memcmp; padding rows' outputs untouched); the slice and wgmma kernels bit for bit the tiles kernel; a dependent chain
 // captured in a CUDA graph with PDL.
 #include <gtest/gtest.h>
 #include <cuda_runtime.h>
@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "cpu/ops.h"
+#include "cuda/kernels/gemm/gemm.h"
 #include "cuda/kernels/gemv/gemv.h"
 #include "cuda/kernels/rows/rows_mm.h"
 #include "decode_test_util.h"
@@ -214,6 +215,43 @@ TEST(RowsGemv, SliceKernelMatchesTilesKernelBitForBit) {
         EXPECT_EQ(first_bit_diff(slices.data(), tiles.data(), slices.size()), -1)
             << bit_diff_msg(slices.data(), tiles.data(), slices.size());
         expect_padding_untouched(slices, slots, c.rows);
+      }
+    }
+  }
+}
+
+// The wgmma kernel (Hopper: 64 weight rows × 16 or 32 input rows per warpgroup, the k-slices chained in registers, the
+// input staged in the frag4w layout) gives every present row the tiles kernel's bits, at the model's shapes (in_proj and
+// qkv, where Auto takes it; out_proj's two k-tiles per slice) and odd ones (a partial weight tile, one k-tile, slices of
+// 1-3 k-tiles), M = 9..64 with padding rows, residual or not; padding rows' outputs stay untouched.
+TEST(RowsGemv, WgmmaKernelMatchesTilesKernelBitForBit) {
+  NEED_GPU();
+  if (!lc::gemm_wgmma_available()) GTEST_SKIP() << "no sm_90a wgmma on this GPU";
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  Rng r(seed);
+  using P = lc::Prologue;
+  const Shape shapes[] = {{12352, 2048, 4, P::RmsNorm}, {9216, 2048, 4, P::RmsNorm}, {2048, 4096, 4, P::GatedHeadNorm},
+                          {1001, 512, 4, P::RmsNorm},   {77, 256, 4, P::None},       {130, 768, 4, P::GatedHeadNorm},
+                          {40, 1024, 4, P::None}};
+  for (const Shape& c : shapes) {
+    const ShapeWeights sw(r, c);
+    for (int M : {9, 16, 17, 32, 45, 64}) {
+      for (int acc = 0; acc < 2; ++acc) {
+        SCOPED_TRACE("rows " + std::to_string(c.rows) + " cols " + std::to_string(c.cols) + " M " + std::to_string(M) +
+                     " accumulate " + std::to_string(acc));
+        const auto x = randv(r, size_t(M * c.cols), 2.f), z = randv(r, size_t(M * c.cols));
+        auto y0 = randv(r, size_t(M * c.rows));
+        const auto slots = slots_with_padding(r, M, int(r.word() % uint32_t(M)));
+        fill_padding(y0, slots, c.rows);
+        RowsGemvRun run = sw.run(bool(acc));
+        run.kernel = lr::RowsGemvKernel::Tiles;
+        const auto tiles = run.run(M, x, sw.z_for(z), y0, slots);
+        run.kernel = lr::RowsGemvKernel::Wgmma;
+        const auto wg = run.run(M, x, sw.z_for(z), y0, slots);
+        EXPECT_EQ(first_bit_diff(wg.data(), tiles.data(), wg.size()), -1)
+            << bit_diff_msg(wg.data(), tiles.data(), wg.size());
+        expect_padding_untouched(wg, slots, c.rows);
       }
     }
   }

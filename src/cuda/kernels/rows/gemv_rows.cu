@@ -15,6 +15,7 @@
 
 #include "cuda/cuda_common.h"
 #include "cuda/kernels/launch.cuh"
+#include "cuda/kernels/rows/gemv_rows_wg.h"
 #include "cuda/kernels/rows/rows_mm.h"
 #include "cuda/kernels/rows/tc_rows.cuh"
 #include "cuda/kernels/tc_g4.cuh"
@@ -497,6 +498,7 @@ RowsGemvKernel kernel_from_env() {
     const std::string e = v ? v : "";
     if (e == "tiles") return RowsGemvKernel::Tiles;
     if (e == "slices") return RowsGemvKernel::Slices;
+    if (e == "wgmma") return RowsGemvKernel::Wgmma;
     return RowsGemvKernel::Auto;
   }();
   return k;
@@ -538,6 +540,13 @@ void gemv_rows(const GemvRowsArgs& a, cudaStream_t stream) {
   // 4-bit, more than 8 rows: the slice kernel (each weight tile dequantized once per 16 or 32 rows) where its
   // partial sums have room and it measured faster; else (and when LILAC_ROWS_GEMV=tiles) the tiles kernel
   const RowsGemvKernel want = a.kernel != RowsGemvKernel::Auto ? a.kernel : kernel_from_env();
+  if ((want == RowsGemvKernel::Auto || want == RowsGemvKernel::Wgmma) &&
+      gemv_rows_wg_applies(a, want == RowsGemvKernel::Wgmma)) {
+    gemv_rows_wg(a, KS, stream);
+    return;
+  }
+  if (want == RowsGemvKernel::Wgmma)
+    throw Error("rows::gemv_rows: the wgmma kernel needs 4-bit weights, 9..64 rows and sm_90a code on Hopper");
   const bool room = KS == 1 || (a.partials != nullptr && a.partial_floats >= size_t(KS) * size_t(a.M) * size_t(a.W.rows));
   if (want == RowsGemvKernel::Slices && !room)
     throw Error("rows::gemv_rows: the slice kernel needs " + std::to_string(size_t(KS) * a.M * a.W.rows) +

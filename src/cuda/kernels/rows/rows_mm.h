@@ -47,6 +47,10 @@ struct StageArgs {
   void* frag4g = nullptr;          // group layout for 4-bit dense weights (gemv_rows; null: not wanted)
   void* frag4 = nullptr;           // k-tile layout for 4-bit MoE weights (moe_gate_up_rows; null: not wanted)
   void* frag8 = nullptr;           // layout for 8-bit weights (null: not wanted)
+  // The 4-bit dense input as the wgmma rows GEMV's B operand (gemv_rows_wg.cu; null: not wanted): the frag4g units'
+  // fp16 words rearranged, per row and 64-group 256 bytes: hi then lo, 128 bytes each = the group's 4 mma k16 steps
+  // of 16 values in mma k order (bytes 32σ + 4c: lane c's b0 of step σ, + 16: its b1).
+  void* frag4w = nullptr;
   float2* meta = nullptr;          // required with a frag* output
   // The digits MoE's input (kernels/digits/moe_digits.h: moe_stage_bytes(K, M)): each row's three base-256
   // digits per 64-group in that header's layout, then {2^(E-21), Σx} per row and group (null: not wanted).
@@ -63,11 +67,16 @@ void stage(const StageArgs& a, cudaStream_t stream);
 // weights at the same time (L2). For 4-bit W and M > 8 the slice kernel dequantizes each weight tile once per 16
 // or 32 rows (a block per k-slice, 8 row blocks and row tile, the slice's input of its rows in shared memory); with
 // more than one k-slice it needs `partials` for the slices' chains, added in slice order by a second launch. Both
-// compute the same bits. The GDN conv epilogue of gemv_tc is not here (the conv kernel of the rows family does it).
-enum class RowsGemvKernel { Auto, Tiles, Slices };  // Auto: LILAC_ROWS_GEMV=tiles|slices, else by M
+// compute the same bits. On Hopper the wgmma kernel (gemv_rows_wg.cu) takes 4-bit W from 9 rows where its 64-row
+// weight tiles fill the GPU (in_proj, q/kv): each weight tile dequantized once per 16 or 32 rows into wgmma's A
+// registers, the same bits again, no partials. The GDN conv epilogue of gemv_tc is not here (the conv kernel of the
+// rows family does it).
+// Auto: LILAC_ROWS_GEMV=tiles|slices|wgmma, else by M and shape (LILAC_ROWS_WGMMA=0: never the wgmma kernel).
+enum class RowsGemvKernel { Auto, Tiles, Slices, Wgmma };
 struct GemvRowsArgs {
   QMatrixDev W;
   const void* frag = nullptr;      // stage() output: frag4g (4-bit W) or frag8
+  const void* frag_wg = nullptr;   // stage() output frag4w of the same rows, or null: the wgmma kernel cannot run
   const float2* meta = nullptr;
   int M = 0;
   const int32_t* row_slot = nullptr;

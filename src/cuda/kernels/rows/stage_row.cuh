@@ -115,6 +115,7 @@ __device__ inline void stage_row(const StageArgs& a, int r, const StageSmem& m, 
   char* f4 = a.frag4 ? static_cast<char*>(a.frag4) + int64_t(r) * KT * kTileXBytes : nullptr;
   char* f4g = a.frag4g ? static_cast<char*>(a.frag4g) + int64_t(r) * KT * kTileXBytes : nullptr;
   char* f8 = a.frag8 ? static_cast<char*>(a.frag8) + int64_t(r) * KT * kTileXBytes : nullptr;
+  char* f4w = a.frag4w ? static_cast<char*>(a.frag4w) + int64_t(r) * KT * kTileXBytes : nullptr;
   float2* meta = a.meta ? a.meta + int64_t(r) * KT * 4 : nullptr;
   const int G = K / kGroup;
   char* dg = a.digits ? static_cast<char*>(a.digits) + int64_t(r) * G * 3 * 64 : nullptr;  // moe_digits.h's layout
@@ -131,15 +132,19 @@ __device__ inline void stage_row(const StageArgs& a, int r, const StageSmem& m, 
     const float inv = pow2i(-E);
     if (t < u1) {
       uint4 hi, lo;
+      if (f4 || f4g || f4w) split_unit<4>(v, inv, hi, lo);
       if (f4) {
-        split_unit<4>(v, inv, hi, lo);
         *reinterpret_cast<uint4*>(f4 + unit_off<4>(t)) = hi;
         *reinterpret_cast<uint4*>(f4 + unit_off<4>(t) + 16) = lo;
       }
       if (f4g) {  // the group layout (tc_g4.cuh): the same fp16 pairs at another place
-        if (!f4) split_unit<4>(v, inv, hi, lo);
         *reinterpret_cast<uint4*>(f4g + g4_unit_off(t)) = hi;
         *reinterpret_cast<uint4*>(f4g + g4_unit_off(t) + 16) = lo;
+      }
+      if (f4w) {  // the wgmma B rows (rows_mm.h: frag4w): word i of the unit lane c' reads for half h → 16·(4h + i) + 4c'
+        uint32_t* w = reinterpret_cast<uint32_t*>(f4w + (t >> 3) * kG4GroupBytes + (t & 1) * 64 + 4 * g4_pi((t >> 1) & 3));
+        w[0] = hi.x, w[4] = hi.y, w[8] = hi.z, w[12] = hi.w;
+        w[32] = lo.x, w[36] = lo.y, w[40] = lo.z, w[44] = lo.w;
       }
       if (f8) {
         split_unit<8>(v, inv, hi, lo);

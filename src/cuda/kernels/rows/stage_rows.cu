@@ -51,11 +51,13 @@ size_t frag_row_bytes(int64_t K) { return size_t(tc_kt(K)) * kTileXBytes; }
 size_t meta_row_count(int64_t K) { return size_t(tc_kt(K)) * 4; }
 
 bool stage_supported(const StageArgs& a) {
-  const bool frags = a.frag4 != nullptr || a.frag4g != nullptr || a.frag8 != nullptr;
+  const bool frags = a.frag4 != nullptr || a.frag4g != nullptr || a.frag4w != nullptr || a.frag8 != nullptr;
   if (a.K <= 0 || a.K % kGroup != 0 || a.M < 0 || (frags && a.meta == nullptr) || (!frags && a.digits == nullptr))
     return false;
   const int64_t ldx = a.ldx > 0 ? a.ldx : a.K, ldz = a.ldz > 0 ? a.ldz : a.K;
-  if (!aligned16(a.x) || ldx % 4 != 0 || !aligned16(a.frag4) || !aligned16(a.frag4g) || !aligned16(a.frag8) || !aligned16(a.meta)) return false;
+  if (!aligned16(a.x) || ldx % 4 != 0 || !aligned16(a.frag4) || !aligned16(a.frag4g) || !aligned16(a.frag4w) ||
+      !aligned16(a.frag8) || !aligned16(a.meta))
+    return false;
   if (a.pro == Prologue::RmsNorm && (a.norm_w == nullptr || !aligned16(a.norm_w))) return false;
   if (a.pro == Prologue::GatedHeadNorm &&
       (a.head_dim <= 0 || a.head_dim % 4 != 0 || a.K % a.head_dim != 0 || a.z == nullptr || !aligned16(a.z) ||

@@ -1,0 +1,324 @@
+// The 4-bit dense rows GEMV on Hopper's warpgroup MMA (rows_mm.h: gemv_rows, RowsGemvKernel::Wgmma; issue 11).
+//
+// Why. The tiles and slice kernels (gemv_rows.cu) give each mma.sync 4 input rows (8 B columns: 4 rows × {hi, lo}):
+// at 16-64 rows a weight tile costs 4-16 mmas per group, each with its B fragment loaded from shared memory by every
+// lane, and the tiles kernel dequantizes the whole matrix again for every 8 rows. Here one warpgroup multiplies 64
+// weight rows with the 32 B columns of 16 input rows per wgmma: the weights are the A operand in registers (the group
+// layout's own fragments, tc_g4.cuh), B comes from shared memory without a load instruction per lane, and a weight
+// tile is dequantized once per 16 rows.
+//
+// Same bits. A row's value is today's: per k-slice s of gemv_tc's rule, a chain from 0 over the slice's k-tiles
+// s, s + KS, ... and their 4 groups in order, acc += s·2^E·dot + (zc·s + b)·Σx with the group's dot from the two
+// chains of two k16 steps (mma 0 then 2, 1 then 3) that g4_dots runs; then v = 0, v += the slices' chains in slice
+// order, y = v or y + v. wgmma's k16 steps accumulate bit for bit as mma.sync m16n8k16's (bench/probe_wgmma_exact.cu:
+// 67 M accumulators, 0 differ; a chain's first step with scale-d 0 differs from mma.sync's + 0 at most in the sign of
+// an exact zero, which every chain here adds to +0 first), and the accumulator of column 8j + 2c (+1) in lane (g, c)
+// is the mma's, so thread (warp, g, c) holds exactly the dots lane (g, c) of gemv_tc's warp holds for input row
+// 4j + c and runs the same chains on them. Tested by memcmp against the tiles kernel (test_rows_gemv.cpp).
+//
+// Block: one warpgroup, a 64-row weight tile T at a time (grid-strided, blockIdx.x) for 16 input rows (blockIdx.z).
+// A step = one k-tile of T: its weights (64 rows × 128 bytes, scales and biases), the 16 rows' B tiles of its 4 groups
+// (stage()'s frag4w layout, copied into the 128-byte swizzle) and meta go through a 2-stage cp.async ring, the next
+// step's requested as a step begins. Per group: A dequantized from the ring (g4_trade / g4_dequant), 4 wgmmas (two
+// chains) into one of two accumulator sets, so group q + 1's products run while group q's values are added.
+// 159 registers, 53 KB: 3 blocks per SM. No partial sums: a thread keeps its rows' slice chains and their running
+// sum to the end of the weight tile. Measured (H100, bench/BENCHMARKS.md "Stop 51"): in_proj 27 against 35 µs at
+// 32 rows and 54 against 65 at 64; at 16 rows and for q/kv (144 weight tiles) slower than the tiles kernel, so Auto
+// takes it for in_proj's shape from 17 rows only.
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#include "cuda/cuda_common.h"
+#include "cuda/kernels/gemm/gemm.h"
+#include "cuda/kernels/launch.cuh"
+#include "cuda/kernels/rows/gemv_rows_wg.h"
+#include "cuda/kernels/rows/tc_rows.cuh"
+#include "cuda/kernels/tc_g4.cuh"
+#include "cuda/kernels/wgmma.cuh"
+
+namespace lilac::cuda::rows {
+namespace {
+
+using namespace rows_dev;
+using ::lilac::cuda::dev::cp_async16_zfill;
+using ::lilac::cuda::dev::cp_async_commit;
+using ::lilac::cuda::dev::cp_async_wait;
+using ::lilac::cuda::dev::fence_proxy_async;
+using ::lilac::cuda::dev::pdl_trigger;
+using ::lilac::cuda::dev::pdl_wait;
+using ::lilac::cuda::dev::smem_u32;
+using ::lilac::cuda::dev::wg_arrive;
+using ::lilac::cuda::dev::wg_commit;
+using ::lilac::cuda::dev::wg_desc;
+using ::lilac::cuda::dev::wg_fence_acc;
+using ::lilac::cuda::dev::wg_hold;
+using ::lilac::cuda::dev::wg_wait;
+
+constexpr int kWgThreads = 128;
+constexpr int kWgMinRows = 9;        // forced (RowsGemvKernel::Wgmma): from 9 rows
+constexpr int kWgAutoMinRows = 17;   // Auto: where it measured faster (in_proj's shape from 17 rows)
+constexpr int kWgAutoMinWeightRows = 12288, kWgAutoMaxWeightRows = 16384;
+constexpr int N = 32, MT = 16;       // B columns (16 input rows × {hi, lo}) and input rows per block
+constexpr int STAGES = 2;
+
+// Shared memory: STAGES stages of a step's copies (a step = one k-tile of one weight tile), each: the 4 groups' B
+// tiles (N rows of 128 bytes each, 128-byte swizzle, 1024-byte aligned; rows_mm.h's frag4w), the 64 weight rows'
+// k-tile (128 bytes each, as in memory), their scales and biases of the k-tile's 4 groups (8 bytes per row each), the
+// MT input rows' meta of those groups.
+struct WgSmem {
+  static constexpr int TILE = N * 128;
+  static constexpr int W = 4 * TILE, SC = W + 64 * 128, BI = SC + 64 * 8, META = BI + 64 * 8;
+  static constexpr int STAGE = (META + MT * 4 * 8 + 1023) / 1024 * 1024;
+  static constexpr int alloc = STAGES * STAGE + 1024;
+  static_assert(TILE % 1024 == 0, "the swizzled B tiles must stay 1024-byte aligned");
+};
+
+// The weight tile, slice and k-tile of a block's step: T grid-strided; slices s = 0 .. KS - 1 in order; in a slice
+// its k-tiles s, s + KS, ... (j counts them).
+struct WgStep {
+  int64_t T;
+  int s, j;
+};
+
+__global__ void __launch_bounds__(kWgThreads, 3) gemv_rows_wg_kernel(GemvRowsArgs a, int KS) {
+#if LILAC_WGMMA
+  constexpr int NJ = N / 8;
+  using S = WgSmem;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const uint32_t raw_u32 = smem_u32(smem_raw);
+  unsigned char* smem = smem_raw + (((raw_u32 + 1023u) & ~1023u) - raw_u32);
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
+  const int K = int(a.W.cols), KT = tc_kt(K), gpr = K / kGroup;
+  const int64_t wstride = KT * kTileXBytes;  // frag4w bytes per input row (as frag4g)
+  const int64_t nrows = a.W.rows, nwt = (nrows + 63) / 64, ldy = a.ldy > 0 ? a.ldy : nrows;
+  const int row0 = int(blockIdx.z) * MT, mrows = min(MT, a.M - row0);
+  const int64_t wrow_bytes = K / 2;
+
+  auto kt_of = [&](const WgStep& st) { return st.s + st.j * KS; };
+  // slices past the last k-tile (KS > KT: gemv_tc's rule can give a small K more slices than k-tiles) add 0 to a
+  // row's sum in the tiles kernel: skipped here, the same bits
+  const int nslices = min(KS, KT);
+  auto next = [&](WgStep st) {
+    if (kt_of(st) + KS < KT) {
+      ++st.j;
+    } else if (st.s + 1 < nslices) {
+      ++st.s, st.j = 0;
+    } else {
+      st.T += gridDim.x, st.s = 0, st.j = 0;
+    }
+    return st;
+  };
+  // a step's weights (rows past the matrix as zeros) → stage b
+  auto copy_w = [&](const WgStep& st, int b) {
+    if (st.T >= nwt) return;
+    unsigned char* sb = smem + b * S::STAGE;
+    const int kt = kt_of(st);
+    for (int i = tid; i < 64 * 8; i += kWgThreads) {
+      const int lr = i >> 3, u = i & 7;
+      const int64_t row = st.T * 64 + lr;
+      const bool on = row < nrows;
+      const char* src = reinterpret_cast<const char*>(a.W.qweight) + (on ? row * wrow_bytes + kt * 128 + 16 * u : 0);
+      cp_async16_zfill(sb + S::W + lr * 128 + 16 * u, src, on ? 16 : 0);
+    }
+    for (int i = tid; i < 128; i += kWgThreads) {
+      const int lr = i & 63, arr = i >> 6;
+      const int64_t row = min(st.T * 64 + lr, nrows - 1);
+      const __nv_bfloat16* src = (arr ? a.W.biases : a.W.scales) + row * gpr + kt * 4;
+      dev::cp_async8(sb + (arr ? S::BI : S::SC) + lr * 8, src);
+    }
+  };
+  uint32_t pmask = 0;  // present rows of the block's MT (set after the PDL wait)
+  // a step's input: the present rows' B rows and meta (absent rows as zeros) → stage b
+  auto copy_x = [&](const WgStep& st, int b) {
+    if (st.T >= nwt) return;
+    unsigned char* sb = smem + b * S::STAGE;
+    const int kt = kt_of(st);
+    const char* gf = static_cast<const char*>(a.frag_wg);
+    for (int i = tid; i < MT * 64; i += kWgThreads) {  // (row r, group q, hi / lo e, 16-byte chunk ch)
+      const int r = i >> 6, q = (i >> 4) & 3, e = (i >> 3) & 1, ch = i & 7;
+      const bool on = (pmask >> r) & 1u;
+      const int n = 2 * r + e;
+      cp_async16_zfill(sb + q * S::TILE + (n >> 3) * 1024 + (n & 7) * 128 + ((ch ^ (n & 7)) * 16),
+                       on ? gf + int64_t(row0 + r) * wstride + (kt * 4 + q) * kG4GroupBytes + e * 128 + ch * 16 : gf,
+                       on ? 16 : 0);
+    }
+    for (int i = tid; i < MT * 2; i += kWgThreads) {
+      const int r = i >> 1, u = i & 1;
+      const bool on = (pmask >> r) & 1u;
+      cp_async16_zfill(sb + S::META + r * 32 + 16 * u, on ? a.meta + int64_t(row0 + r) * (KT * 4) + kt * 4 + 2 * u : a.meta,
+                       on ? 16 : 0);
+    }
+  };
+
+  // prologue: the first STAGES - 1 steps' weights before the PDL wait, their inputs after it (one commit group each)
+  WgStep st{int64_t(blockIdx.x), 0, 0};
+  {
+    WgStep p = st;
+    for (int k = 0; k < STAGES - 1; ++k, p = next(p)) copy_w(p, k);
+  }
+  pdl_wait();
+  pdl_trigger();
+  pmask = present_rows(a.row_slot, row0, mrows);
+  WgStep ahead = st;  // the step whose copies are issued next
+  for (int k = 0; k < STAGES - 1; ++k, ahead = next(ahead)) {
+    copy_x(ahead, k);
+    cp_async_commit();
+  }
+
+  float acc[NJ][2], v[NJ][2];
+#pragma unroll
+  for (int j = 0; j < NJ; ++j) acc[j][0] = acc[j][1] = v[j][0] = v[j][1] = 0.f;
+  float D[2][2][N / 2];  // [group parity][chain]
+  uint32_t A[2][4][4];   // [group parity][k16 step]
+  G4Scale sc[2];
+  const int lr0 = 16 * warp + g;
+
+  for (int k = 0; st.T < nwt; ++k, st = next(st)) {
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();  // step k's stage landed; every warp is done with step k - 1's stage
+    {
+      const int b = (k + STAGES - 1) % STAGES;
+      copy_w(ahead, b);
+      copy_x(ahead, b);
+      cp_async_commit();
+      ahead = next(ahead);
+    }
+    const unsigned char* sb = smem + (k % STAGES) * S::STAGE;
+    const uint32_t btiles = smem_u32(sb);
+    const float2* meta = reinterpret_cast<const float2*>(sb + S::META);
+    G4Tile t;
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int i = 0; i < 2; ++i) t.w[h][i] = *reinterpret_cast<const uint4*>(sb + S::W + (lr0 + 8 * h) * 128 + 64 * i + 16 * c);
+    uint2 wv[2][2];
+    // group q: its A fragments and scales (parity q & 1), then its 4 wgmmas (two chains) into D[q & 1]
+    auto issue = [&](int q) {
+      const int p = q & 1;  // the group's half of the traded chunk, and its registers
+      if (p == 0) g4_trade(t, q >> 1, c, wv);
+      g4_dequant(wv[0][p], wv[1][p], A[p]);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t s16 = *reinterpret_cast<const unsigned short*>(sb + S::SC + (lr0 + 8 * h) * 8 + 2 * q);
+        const uint32_t b16 = *reinterpret_cast<const unsigned short*>(sb + S::BI + (lr0 + 8 * h) * 8 + 2 * q);
+        sc[p].s[h] = __uint_as_float(s16 << 16);
+        sc[p].cz[h] = fmaf(TcShape<4>::ZC, sc[p].s[h], __uint_as_float(b16 << 16));
+      }
+      wg_fence_acc<N / 2>(D[p][0]);
+      wg_fence_acc<N / 2>(D[p][1]);
+      wg_arrive();
+      const uint32_t tile = btiles + q * S::TILE;
+      dev::wgmma_rs_f16_m64n32k16(D[p][0], A[p][0], wg_desc(tile), 0);
+      dev::wgmma_rs_f16_m64n32k16(D[p][1], A[p][1], wg_desc(tile + 32), 0);
+      dev::wgmma_rs_f16_m64n32k16(D[p][0], A[p][2], wg_desc(tile + 64), 1);
+      dev::wgmma_rs_f16_m64n32k16(D[p][1], A[p][3], wg_desc(tile + 96), 1);
+      wg_commit();
+    };
+    // group q's values into the chains (its wgmmas done)
+    auto finish = [&](int q) {
+      const int p = q & 1;
+      wg_fence_acc<N / 2>(D[p][0]);
+      wg_fence_acc<N / 2>(D[p][1]);
+      wg_hold(A[p][0]), wg_hold(A[p][1]), wg_hold(A[p][2]), wg_hold(A[p][3]);
+#pragma unroll
+      for (int j = 0; j < NJ; ++j) {
+        const int rl = 4 * j + c;
+        if ((pmask >> rl) & 1u) {
+          const float2 mm = meta[rl * 4 + q];
+          const float dot0 = (D[p][0][4 * j] + D[p][0][4 * j + 1]) + (D[p][1][4 * j] + D[p][1][4 * j + 1]);
+          const float dot1 = (D[p][0][4 * j + 2] + D[p][0][4 * j + 3]) + (D[p][1][4 * j + 2] + D[p][1][4 * j + 3]);
+          acc[j][0] += g4_value(sc[p], 0, dot0, mm);
+          acc[j][1] += g4_value(sc[p], 1, dot1, mm);
+        }
+      }
+    };
+    issue(0);
+    issue(1);
+    wg_wait<1>();
+    finish(0);
+    issue(2);
+    wg_wait<1>();
+    finish(1);
+    issue(3);
+    wg_wait<1>();
+    finish(2);
+    wg_wait<0>();
+    finish(3);
+
+    const WgStep ns = next(st);
+    if (ns.T != st.T || ns.s != st.s) {  // the slice's chains are complete
+#pragma unroll
+      for (int j = 0; j < NJ; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) v[j][h] += acc[j][h], acc[j][h] = 0.f;
+    }
+    if (ns.T != st.T) {  // the weight tile is complete
+      const int64_t n0 = st.T * 64 + lr0;
+#pragma unroll
+      for (int j = 0; j < NJ; ++j) {
+        const int rl = 4 * j + c;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int64_t n = n0 + 8 * h;
+          if (((pmask >> rl) & 1u) && n < nrows) {
+            float* yp = a.y + (row0 + rl) * ldy + n;
+            *yp = a.accumulate ? *yp + v[j][h] : v[j][h];
+          }
+          v[j][h] = 0.f;
+        }
+      }
+    }
+  }
+  cp_async_wait<0>();
+#endif
+}
+
+bool wg_env_on() {
+  static const bool on = [] {
+    const char* e = std::getenv("LILAC_ROWS_WGMMA");
+    return !(e && std::strcmp(e, "0") == 0);
+  }();
+  return on;
+}
+
+}  // namespace
+
+bool gemv_rows_wg_wanted(int M) { return M >= kWgAutoMinRows && M <= 64 && wg_env_on() && gemm_wgmma_available(); }
+
+bool gemv_rows_wg_auto(const QMatrixDev& W, int M) {
+  // where it measured faster than the tiles kernel (H100, 2026-12-05): in_proj (12,352 rows) from 17 rows; not at 16
+  // rows, nor q/kv (9,216 rows: too few weight tiles for 3 blocks per SM) or out_proj (32 tiles); the LM head runs on
+  // the digits kernels and was not measured here
+  return W.bits == 4 && W.cols % kTileCols == 0 && W.rows >= kWgAutoMinWeightRows && W.rows <= kWgAutoMaxWeightRows &&
+         gemv_rows_wg_wanted(M);
+}
+
+bool gemv_rows_wg_applies(const GemvRowsArgs& a, bool forced) {
+  auto aligned = [](const void* p, uintptr_t n) { return reinterpret_cast<uintptr_t>(p) % n == 0; };
+  if (a.W.bits != 4 || a.W.cols % kTileCols != 0 || a.frag_wg == nullptr || a.M < kWgMinRows || a.M > 64 ||
+      !aligned(a.frag_wg, 16) || !aligned(a.W.qweight, 16) || !aligned(a.W.scales, 8) || !aligned(a.W.biases, 8) ||
+      !gemm_wgmma_available())
+    return false;
+  return forced || gemv_rows_wg_auto(a.W, a.M);
+}
+
+void gemv_rows_wg(const GemvRowsArgs& a, int KS, cudaStream_t stream) {
+  using S = WgSmem;
+  auto kernel = gemv_rows_wg_kernel;
+  LILAC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::alloc));
+  int occ = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kernel, kWgThreads, S::alloc) != cudaSuccess || occ < 1) {
+    cudaGetLastError();
+    occ = 1;
+  }
+  const int gz = (a.M + MT - 1) / MT;
+  const int64_t nwt = (a.W.rows + 63) / 64, per_z = std::max<int64_t>(1, int64_t(sm_count()) * occ / gz);
+  // as few weight tiles per block as the resident blocks allow, the same number for every block
+  const int64_t rounds = (nwt + per_z - 1) / per_z;
+  const int gx = int((nwt + rounds - 1) / rounds);
+  launch_pdl(kernel, dim3(gx, 1, gz), dim3(kWgThreads), size_t(S::alloc), stream, a, KS);
+}
+
+}  // namespace lilac::cuda::rows

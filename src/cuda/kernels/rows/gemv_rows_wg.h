@@ -1,0 +1,20 @@
+// The 4-bit dense rows GEMV on wgmma (gemv_rows_wg.cu), chosen by gemv_rows (rows_mm.h).
+#pragma once
+#include <cuda_runtime.h>
+
+#include "cuda/kernels/rows/rows_mm.h"
+
+namespace lilac::cuda::rows {
+
+// Whether Auto may take the wgmma kernel at M rows (17..64, sm_90a code on a Hopper device, LILAC_ROWS_WGMMA != 0).
+bool gemv_rows_wg_wanted(int M);
+// Whether Auto takes it for W at M rows (given a staged frag4w): gemv_rows_wg_wanted(M) and a shape where it measured
+// faster (gemv_rows_wg.cu). A rows step stages a projection's input in the frag4w layout too where this holds.
+bool gemv_rows_wg_auto(const QMatrixDev& W, int M);
+// Whether the wgmma kernel takes a (a.frag_wg staged, K a multiple of 256, aligned weights, and): 4-bit W, 9..64 rows, sm_90a code on a Hopper device; unless forced
+// (RowsGemvKernel::Wgmma), also where it measured faster (gemv_rows_wg.cu) and LILAC_ROWS_WGMMA != 0.
+bool gemv_rows_wg_applies(const GemvRowsArgs& a, bool forced);
+// y (+)= W t(x) for the M staged rows with gemv_tc's k-slice count KS: the bits of the tiles kernel.
+void gemv_rows_wg(const GemvRowsArgs& a, int KS, cudaStream_t stream);
+
+}  // namespace lilac::cuda::rows
