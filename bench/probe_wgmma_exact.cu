@@ -6,7 +6,8 @@
 //
 // Each block: a 64-row × 64-k weight group (one per warp: 16 rows, mma.sync's A fragments, reused as wgmma's A) and
 // N = 64 columns (32 input rows × hi/lo) of inputs spanning many exponents; both paths' d0 / d1 written out and
-// compared bit for bit on the host. Build: nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -o probe_wgmma_exact bench/probe_wgmma_exact.cu
+// compared bit for bit on the host. Build:
+//   nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -o probe_wgmma_exact bench/probe_wgmma_exact.cu
 #include <cuda_fp16.h>
 
 #include <cmath>

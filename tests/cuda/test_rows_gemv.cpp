@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -183,23 +184,13 @@ TEST(RowsGemv, BatchInvariantAndPaddingUntouched) {
   }
 }
 
-// The slice kernel (M > 8: each weight tile dequantized once per 16 or 32 rows, k-slice chains through partials) and
-// the tiles kernel (row tiles of 8 side by side) give every present row the same bits, at the model's shapes (the
-// in_proj and qkv's one k-tile per slice and out_proj's two, kept in shared memory; the LM head's single slice of
-// 8 k-tiles, streamed) and odd ones (partial k-tiles, fewer row blocks than a block's 8, M not a multiple of 4),
-// with padding rows, residual or not; padding rows' outputs stay untouched.
-TEST(RowsGemv, SliceKernelMatchesTilesKernelBitForBit) {
-  NEED_GPU();
-  const uint64_t seed = fresh_seed();
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  Rng r(seed);
-  using P = lc::Prologue;
-  const Shape shapes[] = {{12352, 2048, 4, P::RmsNorm}, {2048, 4096, 4, P::GatedHeadNorm}, {9216, 2048, 4, P::RmsNorm},
-                          {50704, 2048, 4, P::None},    {1001, 448, 4, P::RmsNorm},        {77, 192, 4, P::None},
-                          {130, 384, 4, P::GatedHeadNorm}};
+// `kernel` gives every present row the tiles kernel's bits (row tiles of 8 side by side), for each shape, M and residual
+// or not, with padding rows at random places; padding rows' outputs stay untouched.
+void expect_matches_tiles(Rng& r, const std::vector<Shape>& shapes, std::initializer_list<int> Ms,
+                          lr::RowsGemvKernel kernel) {
   for (const Shape& c : shapes) {
     const ShapeWeights sw(r, c);
-    for (int M : {9, 16, 19, 32, 45, 64}) {
+    for (int M : Ms) {
       for (int acc = 0; acc < 2; ++acc) {
         SCOPED_TRACE("rows " + std::to_string(c.rows) + " cols " + std::to_string(c.cols) + " M " + std::to_string(M) +
                      " accumulate " + std::to_string(acc));
@@ -210,20 +201,37 @@ TEST(RowsGemv, SliceKernelMatchesTilesKernelBitForBit) {
         RowsGemvRun run = sw.run(bool(acc));
         run.kernel = lr::RowsGemvKernel::Tiles;
         const auto tiles = run.run(M, x, sw.z_for(z), y0, slots);
-        run.kernel = lr::RowsGemvKernel::Slices;
-        const auto slices = run.run(M, x, sw.z_for(z), y0, slots);
-        EXPECT_EQ(first_bit_diff(slices.data(), tiles.data(), slices.size()), -1)
-            << bit_diff_msg(slices.data(), tiles.data(), slices.size());
-        expect_padding_untouched(slices, slots, c.rows);
+        run.kernel = kernel;
+        const auto got = run.run(M, x, sw.z_for(z), y0, slots);
+        EXPECT_EQ(first_bit_diff(got.data(), tiles.data(), got.size()), -1)
+            << bit_diff_msg(got.data(), tiles.data(), got.size());
+        expect_padding_untouched(got, slots, c.rows);
       }
     }
   }
 }
 
-// The wgmma kernel (Hopper: 64 weight rows × 16 or 32 input rows per warpgroup, the k-slices chained in registers, the
-// input staged in the frag4w layout) gives every present row the tiles kernel's bits, at the model's shapes (in_proj and
-// qkv, where Auto takes it; out_proj's two k-tiles per slice) and odd ones (a partial weight tile, one k-tile, slices of
-// 1-3 k-tiles), M = 9..64 with padding rows, residual or not; padding rows' outputs stay untouched.
+// The slice kernel (M > 8: each weight tile dequantized once per 16 or 32 rows, k-slice chains through partials), at
+// the model's shapes (the in_proj and qkv's one k-tile per slice and out_proj's two, kept in shared memory; the LM
+// head's single slice of 8 k-tiles, streamed) and odd ones (partial k-tiles, fewer row blocks than a block's 8, M not
+// a multiple of 4).
+TEST(RowsGemv, SliceKernelMatchesTilesKernelBitForBit) {
+  NEED_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  Rng r(seed);
+  using P = lc::Prologue;
+  expect_matches_tiles(r,
+                       {{12352, 2048, 4, P::RmsNorm}, {2048, 4096, 4, P::GatedHeadNorm}, {9216, 2048, 4, P::RmsNorm},
+                        {50704, 2048, 4, P::None}, {1001, 448, 4, P::RmsNorm}, {77, 192, 4, P::None},
+                        {130, 384, 4, P::GatedHeadNorm}},
+                       {9, 16, 19, 32, 45, 64}, lr::RowsGemvKernel::Slices);
+}
+
+// The wgmma kernel (Hopper: 64 weight rows × 16 input rows per warpgroup, the k-slices chained in registers, the input
+// staged in the frag4w layout), at the model's shapes (in_proj, where Auto takes it from 17 rows; qkv; out_proj's two
+// k-tiles per slice) and odd ones (a partial weight tile, one k-tile, K = 768's empty fourth k-slice, slices of 1-3
+// k-tiles), M = 9..64.
 TEST(RowsGemv, WgmmaKernelMatchesTilesKernelBitForBit) {
   NEED_GPU();
   if (!lc::gemm_wgmma_available()) GTEST_SKIP() << "no sm_90a wgmma on this GPU";
@@ -231,30 +239,11 @@ TEST(RowsGemv, WgmmaKernelMatchesTilesKernelBitForBit) {
   SCOPED_TRACE("seed " + std::to_string(seed));
   Rng r(seed);
   using P = lc::Prologue;
-  const Shape shapes[] = {{12352, 2048, 4, P::RmsNorm}, {9216, 2048, 4, P::RmsNorm}, {2048, 4096, 4, P::GatedHeadNorm},
-                          {1001, 512, 4, P::RmsNorm},   {77, 256, 4, P::None},       {130, 768, 4, P::GatedHeadNorm},
-                          {40, 1024, 4, P::None}};
-  for (const Shape& c : shapes) {
-    const ShapeWeights sw(r, c);
-    for (int M : {9, 16, 17, 32, 45, 64}) {
-      for (int acc = 0; acc < 2; ++acc) {
-        SCOPED_TRACE("rows " + std::to_string(c.rows) + " cols " + std::to_string(c.cols) + " M " + std::to_string(M) +
-                     " accumulate " + std::to_string(acc));
-        const auto x = randv(r, size_t(M * c.cols), 2.f), z = randv(r, size_t(M * c.cols));
-        auto y0 = randv(r, size_t(M * c.rows));
-        const auto slots = slots_with_padding(r, M, int(r.word() % uint32_t(M)));
-        fill_padding(y0, slots, c.rows);
-        RowsGemvRun run = sw.run(bool(acc));
-        run.kernel = lr::RowsGemvKernel::Tiles;
-        const auto tiles = run.run(M, x, sw.z_for(z), y0, slots);
-        run.kernel = lr::RowsGemvKernel::Wgmma;
-        const auto wg = run.run(M, x, sw.z_for(z), y0, slots);
-        EXPECT_EQ(first_bit_diff(wg.data(), tiles.data(), wg.size()), -1)
-            << bit_diff_msg(wg.data(), tiles.data(), wg.size());
-        expect_padding_untouched(wg, slots, c.rows);
-      }
-    }
-  }
+  expect_matches_tiles(r,
+                       {{12352, 2048, 4, P::RmsNorm}, {9216, 2048, 4, P::RmsNorm}, {2048, 4096, 4, P::GatedHeadNorm},
+                        {1001, 512, 4, P::RmsNorm}, {77, 256, 4, P::None}, {130, 768, 4, P::GatedHeadNorm},
+                        {40, 1024, 4, P::None}},
+                       {9, 16, 17, 32, 45, 64}, lr::RowsGemvKernel::Wgmma);
 }
 
 // x1 = W1 x (None); x2 = W2 RmsNorm(x1); x += W3 x2 (8-bit, residual): stage + GEMV launches with PDL,

@@ -147,8 +147,8 @@ __global__ void __launch_bounds__(kWgThreads, 3) gemv_rows_wg_kernel(GemvRowsArg
     for (int i = tid; i < MT * 2; i += kWgThreads) {
       const int r = i >> 1, u = i & 1;
       const bool on = (pmask >> r) & 1u;
-      cp_async16_zfill(sb + S::META + r * 32 + 16 * u, on ? a.meta + int64_t(row0 + r) * (KT * 4) + kt * 4 + 2 * u : a.meta,
-                       on ? 16 : 0);
+      const float2* src = on ? a.meta + int64_t(row0 + r) * (KT * 4) + kt * 4 + 2 * u : a.meta;
+      cp_async16_zfill(sb + S::META + r * 32 + 16 * u, src, on ? 16 : 0);
     }
   };
 
@@ -192,13 +192,15 @@ __global__ void __launch_bounds__(kWgThreads, 3) gemv_rows_wg_kernel(GemvRowsArg
 #pragma unroll
     for (int h = 0; h < 2; ++h)
 #pragma unroll
-      for (int i = 0; i < 2; ++i) t.w[h][i] = *reinterpret_cast<const uint4*>(sb + S::W + (lr0 + 8 * h) * 128 + 64 * i + 16 * c);
+      for (int i = 0; i < 2; ++i)
+        t.w[h][i] = *reinterpret_cast<const uint4*>(sb + S::W + (lr0 + 8 * h) * 128 + 64 * i + 16 * c);
     uint2 wv[2][2];
     // group q: its A fragments and scales (parity q & 1), then its 4 wgmmas (two chains) into D[q & 1]
     auto issue = [&](int q) {
-      const int p = q & 1;  // the group's half of the traded chunk, and its registers
-      if (p == 0) g4_trade(t, q >> 1, c, wv);
-      g4_dequant(wv[0][p], wv[1][p], A[p]);
+      const int half = q & 1;  // the group's half of the traded chunk q / 2
+      const int p = q & 1;     // its register set (two groups in flight): the same index, another meaning
+      if (half == 0) g4_trade(t, q >> 1, c, wv);
+      g4_dequant(wv[0][half], wv[1][half], A[p]);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const uint32_t s16 = *reinterpret_cast<const unsigned short*>(sb + S::SC + (lr0 + 8 * h) * 8 + 2 * q);

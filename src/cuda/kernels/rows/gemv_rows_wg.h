@@ -11,8 +11,8 @@ bool gemv_rows_wg_wanted(int M);
 // Whether Auto takes it for W at M rows (given a staged frag4w): gemv_rows_wg_wanted(M) and a shape where it measured
 // faster (gemv_rows_wg.cu). A rows step stages a projection's input in the frag4w layout too where this holds.
 bool gemv_rows_wg_auto(const QMatrixDev& W, int M);
-// Whether the wgmma kernel takes a (a.frag_wg staged, K a multiple of 256, aligned weights, and): 4-bit W, 9..64 rows, sm_90a code on a Hopper device; unless forced
-// (RowsGemvKernel::Wgmma), also where it measured faster (gemv_rows_wg.cu) and LILAC_ROWS_WGMMA != 0.
+// Whether the wgmma kernel takes a: a.frag_wg staged, 4-bit W with K a multiple of 256 and aligned rows, scales and
+// biases, 9..64 rows, sm_90a code on a Hopper device; unless forced (RowsGemvKernel::Wgmma), also gemv_rows_wg_auto.
 bool gemv_rows_wg_applies(const GemvRowsArgs& a, bool forced);
 // y (+)= W t(x) for the M staged rows with gemv_tc's k-slice count KS: the bits of the tiles kernel.
 void gemv_rows_wg(const GemvRowsArgs& a, int KS, cudaStream_t stream);
