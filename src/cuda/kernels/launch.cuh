@@ -34,6 +34,19 @@ bool pdl_enabled();
 // Multiprocessors of the current device (cached per device).
 int sm_count();
 
+// Blocks of `threads` threads and `smem` bytes of dynamic shared memory resident per SM for `kernel` (at least 1; also
+// lifts the 48 KB dynamic shared memory cap for it).
+template <typename Kern>
+int resident_blocks(Kern kernel, int threads, size_t smem) {
+  LILAC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  int occ = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kernel, threads, smem) != cudaSuccess || occ < 1) {
+    cudaGetLastError();
+    occ = 1;
+  }
+  return occ;
+}
+
 template <typename... KArgs, typename... Args>
 void launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
   cudaLaunchConfig_t cfg = {};

@@ -419,17 +419,6 @@ __global__ void __launch_bounds__(256) slice_sum_kernel(GemvRowsArgs a, int KS) 
   }
 }
 
-template <typename Kern>
-int resident_blocks(Kern kernel, size_t smem) {
-  LILAC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  int occ = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kernel, kThreads, smem) != cudaSuccess || occ < 1) {
-    cudaGetLastError();
-    occ = 1;
-  }
-  return occ;
-}
-
 bool aligned(const void* p, uintptr_t n) { return reinterpret_cast<uintptr_t>(p) % n == 0; }
 
 // The grid for MT rows per block: row tiles side by side (gridDim.y), each with as many blocks as are resident.
@@ -439,7 +428,7 @@ void launch_tiles(Kern kernel, int MT, const GemvRowsArgs& a, cudaStream_t strea
   const size_t smem = dense_smem_bytes(int(a.W.cols), MT);
   const int tiles = (a.M + MT - 1) / MT;
   const int64_t nrb = (a.W.rows + 15) / 16, groups = (nrb + RB - 1) / RB;
-  const int64_t resident = int64_t(sm_count()) * resident_blocks(kernel, smem);
+  const int64_t resident = int64_t(sm_count()) * resident_blocks(kernel, kThreads, smem);
   const int gx = int(std::max<int64_t>(1, std::min<int64_t>(groups, resident / tiles)));
   launch_pdl(kernel, dim3(gx, tiles), dim3(kThreads), smem, stream, a, extra...);
 }
@@ -463,7 +452,7 @@ void launch_slices(int KS, const GemvRowsArgs& a, cudaStream_t stream) {
   const int KT = tc_kt(a.W.cols), nks0 = (KT + KS - 1) / KS;
   const size_t smem = size_t(nks0 > 1 ? 2 : 1) * slice_buf_bytes(4 * NT);
   const int64_t nrb = (a.W.rows + 15) / 16, nbb = (nrb + kWarps - 1) / kWarps;
-  const int64_t resident = int64_t(sm_count()) * resident_blocks(gemv_rows_slice_kernel<NT>, smem);
+  const int64_t resident = int64_t(sm_count()) * resident_blocks(gemv_rows_slice_kernel<NT>, kThreads, smem);
   const int gz = (a.M + 4 * NT - 1) / (4 * NT);  // row tiles of 4·NT rows side by side (gridDim.z)
   const int gx = int(std::max<int64_t>(1, std::min<int64_t>(nbb, resident / (KS * gz))));
   launch_pdl(gemv_rows_slice_kernel<NT>, dim3(gx, KS, gz), dim3(kThreads), smem, stream, a, KS);
@@ -546,7 +535,8 @@ void gemv_rows(const GemvRowsArgs& a, cudaStream_t stream) {
     return;
   }
   if (want == RowsGemvKernel::Wgmma)
-    throw Error("rows::gemv_rows: the wgmma kernel needs 4-bit weights, 9..64 rows and sm_90a code on Hopper");
+    throw Error("rows::gemv_rows: the wgmma kernel needs 4-bit weights with K a multiple of 256, 9..64 rows, "
+                "a staged frag_wg and sm_90a code on Hopper");
   const bool room = KS == 1 || (a.partials != nullptr && a.partial_floats >= size_t(KS) * size_t(a.M) * size_t(a.W.rows));
   if (want == RowsGemvKernel::Slices && !room)
     throw Error("rows::gemv_rows: the slice kernel needs " + std::to_string(size_t(KS) * a.M * a.W.rows) +

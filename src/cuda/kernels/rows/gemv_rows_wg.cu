@@ -26,8 +26,6 @@
 // 32 rows and 54 against 65 at 64; at 16 rows and for q/kv (144 weight tiles) slower than the tiles kernel, so Auto
 // takes it for in_proj's shape from 17 rows only.
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 
 #include "cuda/cuda_common.h"
 #include "cuda/kernels/gemm/gemm.h"
@@ -81,6 +79,51 @@ struct WgStep {
   int s, j;
 };
 
+#if LILAC_WGMMA
+// A step's weights into a stage: the 64 rows of weight tile T's k-tile kt (rows past the matrix as zeros), their
+// scales and biases of the k-tile's 4 groups.
+__device__ __forceinline__ void wg_copy_w(const QMatrixDev& W, int64_t T, int kt, unsigned char* sb) {
+  using S = WgSmem;
+  const int64_t nrows = W.rows, wrow_bytes = W.cols / 2, gpr = W.cols / kGroup;
+  for (int i = threadIdx.x; i < 64 * 8; i += kWgThreads) {
+    const int lr = i >> 3, u = i & 7;
+    const int64_t row = T * 64 + lr;
+    const bool on = row < nrows;
+    const char* src = reinterpret_cast<const char*>(W.qweight) + (on ? row * wrow_bytes + kt * 128 + 16 * u : 0);
+    cp_async16_zfill(sb + S::W + lr * 128 + 16 * u, src, on ? 16 : 0);
+  }
+  for (int i = threadIdx.x; i < 128; i += kWgThreads) {
+    const int lr = i & 63, arr = i >> 6;
+    const int64_t row = min(T * 64 + lr, nrows - 1);
+    const __nv_bfloat16* src = (arr ? W.biases : W.scales) + row * gpr + kt * 4;
+    dev::cp_async8(sb + (arr ? S::BI : S::SC) + lr * 8, src);
+  }
+}
+
+// A step's input into a stage: the block's MT rows (row0 ..) of k-tile kt, its 4 groups' B rows in the 128-byte swizzle
+// and their meta; rows not in pmask as zeros.
+__device__ __forceinline__ void wg_copy_x(const GemvRowsArgs& a, int row0, uint32_t pmask, int kt, unsigned char* sb) {
+  using S = WgSmem;
+  const int KT = tc_kt(a.W.cols);
+  const int64_t wstride = int64_t(KT) * kTileXBytes;  // frag4w bytes per input row (as frag4g)
+  const char* gf = static_cast<const char*>(a.frag_wg);
+  for (int i = threadIdx.x; i < MT * 64; i += kWgThreads) {  // (row r, group q, hi / lo e, 16-byte chunk ch)
+    const int r = i >> 6, q = (i >> 4) & 3, e = (i >> 3) & 1, ch = i & 7;
+    const bool on = (pmask >> r) & 1u;
+    const int n = 2 * r + e;
+    cp_async16_zfill(sb + q * S::TILE + (n >> 3) * 1024 + (n & 7) * 128 + ((ch ^ (n & 7)) * 16),
+                     on ? gf + int64_t(row0 + r) * wstride + (kt * 4 + q) * kG4GroupBytes + e * 128 + ch * 16 : gf,
+                     on ? 16 : 0);
+  }
+  for (int i = threadIdx.x; i < MT * 2; i += kWgThreads) {
+    const int r = i >> 1, u = i & 1;
+    const bool on = (pmask >> r) & 1u;
+    const float2* src = on ? a.meta + int64_t(row0 + r) * (KT * 4) + kt * 4 + 2 * u : a.meta;
+    cp_async16_zfill(sb + S::META + r * 32 + 16 * u, src, on ? 16 : 0);
+  }
+}
+#endif
+
 __global__ void __launch_bounds__(kWgThreads, 3) gemv_rows_wg_kernel(GemvRowsArgs a, int KS) {
 #if LILAC_WGMMA
   constexpr int NJ = N / 8;
@@ -90,11 +133,9 @@ __global__ void __launch_bounds__(kWgThreads, 3) gemv_rows_wg_kernel(GemvRowsArg
   unsigned char* smem = smem_raw + (((raw_u32 + 1023u) & ~1023u) - raw_u32);
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
-  const int K = int(a.W.cols), KT = tc_kt(K), gpr = K / kGroup;
-  const int64_t wstride = KT * kTileXBytes;  // frag4w bytes per input row (as frag4g)
+  const int KT = tc_kt(a.W.cols);
   const int64_t nrows = a.W.rows, nwt = (nrows + 63) / 64, ldy = a.ldy > 0 ? a.ldy : nrows;
   const int row0 = int(blockIdx.z) * MT, mrows = min(MT, a.M - row0);
-  const int64_t wrow_bytes = K / 2;
 
   auto kt_of = [&](const WgStep& st) { return st.s + st.j * KS; };
   // slices past the last k-tile (KS > KT: gemv_tc's rule can give a small K more slices than k-tiles) add 0 to a
@@ -110,46 +151,12 @@ __global__ void __launch_bounds__(kWgThreads, 3) gemv_rows_wg_kernel(GemvRowsArg
     }
     return st;
   };
-  // a step's weights (rows past the matrix as zeros) → stage b
   auto copy_w = [&](const WgStep& st, int b) {
-    if (st.T >= nwt) return;
-    unsigned char* sb = smem + b * S::STAGE;
-    const int kt = kt_of(st);
-    for (int i = tid; i < 64 * 8; i += kWgThreads) {
-      const int lr = i >> 3, u = i & 7;
-      const int64_t row = st.T * 64 + lr;
-      const bool on = row < nrows;
-      const char* src = reinterpret_cast<const char*>(a.W.qweight) + (on ? row * wrow_bytes + kt * 128 + 16 * u : 0);
-      cp_async16_zfill(sb + S::W + lr * 128 + 16 * u, src, on ? 16 : 0);
-    }
-    for (int i = tid; i < 128; i += kWgThreads) {
-      const int lr = i & 63, arr = i >> 6;
-      const int64_t row = min(st.T * 64 + lr, nrows - 1);
-      const __nv_bfloat16* src = (arr ? a.W.biases : a.W.scales) + row * gpr + kt * 4;
-      dev::cp_async8(sb + (arr ? S::BI : S::SC) + lr * 8, src);
-    }
+    if (st.T < nwt) wg_copy_w(a.W, st.T, kt_of(st), smem + b * S::STAGE);
   };
   uint32_t pmask = 0;  // present rows of the block's MT (set after the PDL wait)
-  // a step's input: the present rows' B rows and meta (absent rows as zeros) → stage b
   auto copy_x = [&](const WgStep& st, int b) {
-    if (st.T >= nwt) return;
-    unsigned char* sb = smem + b * S::STAGE;
-    const int kt = kt_of(st);
-    const char* gf = static_cast<const char*>(a.frag_wg);
-    for (int i = tid; i < MT * 64; i += kWgThreads) {  // (row r, group q, hi / lo e, 16-byte chunk ch)
-      const int r = i >> 6, q = (i >> 4) & 3, e = (i >> 3) & 1, ch = i & 7;
-      const bool on = (pmask >> r) & 1u;
-      const int n = 2 * r + e;
-      cp_async16_zfill(sb + q * S::TILE + (n >> 3) * 1024 + (n & 7) * 128 + ((ch ^ (n & 7)) * 16),
-                       on ? gf + int64_t(row0 + r) * wstride + (kt * 4 + q) * kG4GroupBytes + e * 128 + ch * 16 : gf,
-                       on ? 16 : 0);
-    }
-    for (int i = tid; i < MT * 2; i += kWgThreads) {
-      const int r = i >> 1, u = i & 1;
-      const bool on = (pmask >> r) & 1u;
-      const float2* src = on ? a.meta + int64_t(row0 + r) * (KT * 4) + kt * 4 + 2 * u : a.meta;
-      cp_async16_zfill(sb + S::META + r * 32 + 16 * u, src, on ? 16 : 0);
-    }
+    if (st.T < nwt) wg_copy_x(a, row0, pmask, kt_of(st), smem + b * S::STAGE);
   };
 
   // prologue: the first STAGES - 1 steps' weights before the PDL wait, their inputs after it (one commit group each)
@@ -278,10 +285,7 @@ __global__ void __launch_bounds__(kWgThreads, 3) gemv_rows_wg_kernel(GemvRowsArg
 }
 
 bool wg_env_on() {
-  static const bool on = [] {
-    const char* e = std::getenv("LILAC_ROWS_WGMMA");
-    return !(e && std::strcmp(e, "0") == 0);
-  }();
+  static const bool on = env_switch_on("LILAC_ROWS_WGMMA");
   return on;
 }
 
@@ -309,12 +313,7 @@ bool gemv_rows_wg_applies(const GemvRowsArgs& a, bool forced) {
 void gemv_rows_wg(const GemvRowsArgs& a, int KS, cudaStream_t stream) {
   using S = WgSmem;
   auto kernel = gemv_rows_wg_kernel;
-  LILAC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::alloc));
-  int occ = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kernel, kWgThreads, S::alloc) != cudaSuccess || occ < 1) {
-    cudaGetLastError();
-    occ = 1;
-  }
+  const int occ = resident_blocks(kernel, kWgThreads, size_t(S::alloc));
   const int gz = (a.M + MT - 1) / MT;
   const int64_t nwt = (a.W.rows + 63) / 64, per_z = std::max<int64_t>(1, int64_t(sm_count()) * occ / gz);
   // as few weight tiles per block as the resident blocks allow, the same number for every block

@@ -540,17 +540,6 @@ __global__ void __launch_bounds__(kThreads, 2) moe_down_rows_kernel(DownArgs a) 
   }
 }
 
-template <typename Kern>
-int resident_blocks(Kern kernel, size_t smem) {
-  LILAC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  int occ = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kernel, kThreads, smem) != cudaSuccess || occ < 1) {
-    cudaGetLastError();
-    occ = 1;
-  }
-  return occ;
-}
-
 bool sb_vec(const QMatrixDev& m) {
   return (m.cols / kGroup) % 4 == 0 && reinterpret_cast<uintptr_t>(m.scales) % 8 == 0 &&
          reinterpret_cast<uintptr_t>(m.biases) % 8 == 0;
@@ -570,7 +559,7 @@ void launch_gate_up(const GateUpArgs& a, int M, cudaStream_t stream) {
   const size_t smem = chunk_smem_bytes(tc_kt(a.w.gate.first.cols), MT) + size_t(kWarps) * D * RingShape<4>::STAGE;
   const int nbI = int((a.w.gate.first.rows + 15) / 16), nbS = int((a.w.shared_gate.rows + 15) / 16);
   const int64_t max_chunks = int64_t(M) * (a.w.top_k + 1);
-  const int grid = moe_grid(sm_count() * resident_blocks(kernel, smem), max_chunks * std::max(nbI, nbS), std::min(nbI, nbS));
+  const int grid = moe_grid(sm_count() * resident_blocks(kernel, kThreads, smem), max_chunks * std::max(nbI, nbS), std::min(nbI, nbS));
   launch_pdl(kernel, dim3(grid), dim3(kThreads), smem, stream, a);
 }
 
@@ -582,7 +571,7 @@ void launch_down(const DownArgs& a, int M, cudaStream_t stream) {
   const size_t smem = chunk_smem_bytes(KTm, MT) + size_t(kWarps) * D * RingShape<4>::STAGE;
   const int64_t nbH = ((a.w.down.first.rows + 15) / 16 + kWarps - 1) / kWarps;
   const int64_t max_chunks = int64_t(M) * (a.w.top_k + 1);
-  const int grid = moe_grid(sm_count() * resident_blocks(kernel, smem), max_chunks * nbH, int(nbH));
+  const int grid = moe_grid(sm_count() * resident_blocks(kernel, kThreads, smem), max_chunks * nbH, int(nbH));
   launch_pdl(kernel, dim3(grid), dim3(kThreads), smem, stream, a);
 }
 

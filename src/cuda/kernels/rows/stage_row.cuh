@@ -141,8 +141,10 @@ __device__ inline void stage_row(const StageArgs& a, int r, const StageSmem& m, 
         *reinterpret_cast<uint4*>(f4g + g4_unit_off(t)) = hi;
         *reinterpret_cast<uint4*>(f4g + g4_unit_off(t) + 16) = lo;
       }
-      if (f4w) {  // the wgmma B rows (rows_mm.h: frag4w): word i of the unit lane c' reads for half h → 16·(4h + i) + 4c'
-        uint32_t* w = reinterpret_cast<uint32_t*>(f4w + (t >> 3) * kG4GroupBytes + (t & 1) * 64 + 4 * g4_pi((t >> 1) & 3));
+      if (f4w) {  // the wgmma B rows (rows_mm.h: frag4w): word i of the unit lane c' reads for half h at 16·(4h + i)
+                  // + 4c' of the group's hi row, the lo word 128 bytes further
+        uint32_t* w =
+            reinterpret_cast<uint32_t*>(f4w + (t >> 3) * kG4GroupBytes + (t & 1) * 64 + 4 * g4_pi((t >> 1) & 3));
         w[0] = hi.x, w[4] = hi.y, w[8] = hi.z, w[12] = hi.w;
         w[32] = lo.x, w[36] = lo.y, w[40] = lo.z, w[44] = lo.w;
       }
