@@ -21,11 +21,14 @@
 // (stage()'s frag4w layout, copied into the 128-byte swizzle) and meta go through a 2-stage cp.async ring, the next
 // step's requested as a step begins. Per group: A dequantized from the ring (g4_trade / g4_dequant), 4 wgmmas (two
 // chains) into one of two accumulator sets, so group q + 1's products run while group q's values are added.
-// 159 registers, 53 KB: 3 blocks per SM. No partial sums: a thread keeps its rows' slice chains and their running
-// sum to the end of the weight tile. Measured (H100, bench/BENCHMARKS.md "Stop 51"): in_proj 27 against 35 µs at
-// 32 rows and 54 against 65 at 64; at 16 rows and for q/kv (144 weight tiles) slower than the tiles kernel, so Auto
-// takes it for in_proj's shape from 17 rows only.
+// 159-165 registers, 69 KB: 3 blocks per SM. No partial sums: a thread keeps its rows' slice chains and their running
+// sum to the end of the weight tile. At up to 16 rows (one block row) a tile's slices are split over a 2-block cluster
+// (below). Measured (H100, bench/BENCHMARKS.md "Stop 51", "Stop 52"): in_proj 27 against 35 µs at 32 rows and 54
+// against 65 at 64, 17.8 against 19.3 at 16 with the split (21.6 without); for q/kv (144 weight tiles) and out_proj
+// (32) not faster than the tiles kernel, so Auto takes it for in_proj's shape from 16 rows.
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 
 #include "cuda/cuda_common.h"
 #include "cuda/kernels/gemm/gemm.h"
@@ -55,7 +58,8 @@ using ::lilac::cuda::dev::wg_wait;
 
 constexpr int kWgThreads = 128;
 constexpr int kWgMinRows = 9;        // forced (RowsGemvKernel::Wgmma): from 9 rows
-constexpr int kWgAutoMinRows = 17;   // Auto: where it measured faster (in_proj's shape from 17 rows)
+constexpr int kWgAutoMinRows = 16;   // Auto: where it measured faster (in_proj's shape from 16 rows)
+constexpr int kWgSplitMaxRows = 16;  // the cluster split up to 16 rows (one block row; above, enough blocks without it)
 constexpr int kWgAutoMinWeightRows = 12288, kWgAutoMaxWeightRows = 16384;
 constexpr int N = 32, MT = 16;       // B columns (16 input rows × {hi, lo}) and input rows per block
 constexpr int STAGES = 2;
@@ -68,7 +72,8 @@ struct WgSmem {
   static constexpr int TILE = N * 128;
   static constexpr int W = 4 * TILE, SC = W + 64 * 128, BI = SC + 64 * 8, META = BI + 64 * 8;
   static constexpr int STAGE = (META + MT * 4 * 8 + 1023) / 1024 * 1024;
-  static constexpr int alloc = STAGES * STAGE + 1024;
+  static constexpr int HANDOVER = STAGES * STAGE;  // the split's handover: up to 4 slices' chains per thread
+  static constexpr int alloc = HANDOVER + 4 * 128 * 2 * (N / 8) * 4 + 1024;
   static_assert(TILE % 1024 == 0, "the swizzled B tiles must stay 1024-byte aligned");
 };
 
@@ -122,8 +127,60 @@ __device__ __forceinline__ void wg_copy_x(const GemvRowsArgs& a, int row0, uint3
     cp_async16_zfill(sb + S::META + r * 32 + 16 * u, src, on ? 16 : 0);
   }
 }
+// The split's handover (a [slice][thread][j][h] array of fp32 chains in each rank's shared memory at ho): a rank > 0
+// stores its slice sl's chains there (and restarts them from 0); rank 0 adds the n slices that follow its own (slice
+// per + i: rank 1 + i / per's slice i % per) to its running sums v in slice order.
+template <int NJ>
+__device__ __forceinline__ void wg_hand_over(unsigned char* ho, int sl, float (&acc)[NJ][2]) {
+  float* p = reinterpret_cast<float*>(ho) + (sl * kWgThreads + int(threadIdx.x)) * 2 * NJ;
+#pragma unroll
+  for (int j = 0; j < NJ; ++j)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) p[2 * j + h] = acc[j][h], acc[j][h] = 0.f;
+}
+template <int NJ>
+__device__ __forceinline__ void wg_take_over(unsigned char* ho, int n, int per, float (&v)[NJ][2]) {
+  for (int i = 0; i < n; ++i) {
+    const uint32_t src = dev::cluster_map(smem_u32(ho), 1 + i / per) +
+                         uint32_t((i % per) * kWgThreads + int(threadIdx.x)) * 2 * NJ * 4;
+    float r[2 * NJ];
+#pragma unroll
+    for (int u = 0; u < 2 * NJ / 4; ++u) {
+      const float4 f = dev::ld_cluster_f4(src + 16 * u);
+      r[4 * u] = f.x, r[4 * u + 1] = f.y, r[4 * u + 2] = f.z, r[4 * u + 3] = f.w;
+    }
+#pragma unroll
+    for (int j = 0; j < NJ; ++j)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) v[j][h] += r[2 * j + h];
+  }
+}
+// A weight tile's outputs (rows n0, n0 + 8 of the thread's, input rows 4j + c) into y (or added to it); v restarts at 0.
+template <int NJ>
+__device__ __forceinline__ void wg_store(const GemvRowsArgs& a, int row0, uint32_t pmask, int64_t n0, int64_t ldy, int c,
+                                         float (&v)[NJ][2]) {
+#pragma unroll
+  for (int j = 0; j < NJ; ++j) {
+    const int rl = 4 * j + c;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t n = n0 + 8 * h;
+      if (((pmask >> rl) & 1u) && n < a.W.rows) {
+        float* yp = a.y + (row0 + rl) * ldy + n;
+        *yp = a.accumulate ? *yp + v[j][h] : v[j][h];
+      }
+      v[j][h] = 0.f;
+    }
+  }
+}
 #endif
 
+// CL > 1: a weight tile's k-slices split over the CL blocks of a cluster (rank r the r-th run of nslices / CL slices);
+// ranks 1 .. CL - 1 hand their slices' chains over through distributed shared memory and rank 0 adds them to its own in
+// slice order (the same fold, the same bits), so a tile's slices run on CL SMs (in_proj at 16 rows: 193 weight tiles,
+// 1.5 per SM without the split). Launched with CL = 2 at up to 16 rows: 4 and 8 ranks measured slower for in_proj
+// (34.8 and 49.3 µs at 16 rows against 17.8; each rank's two or one k-tiles do not cover its prologue and barriers).
+template <int CL>
 __global__ void __launch_bounds__(kWgThreads, 3) gemv_rows_wg_kernel(GemvRowsArgs a, int KS) {
 #if LILAC_WGMMA
   constexpr int NJ = N / 8;
@@ -141,13 +198,19 @@ __global__ void __launch_bounds__(kWgThreads, 3) gemv_rows_wg_kernel(GemvRowsArg
   // slices past the last k-tile (KS > KT: gemv_tc's rule can give a small K more slices than k-tiles) add 0 to a
   // row's sum in the tiles kernel: skipped here, the same bits
   const int nslices = min(KS, KT);
+  // this block's slices [s0, s1) and tiles (T0, T0 + tstride, ...): all of them, or its rank's run (the host takes CL
+  // only where it divides nslices, so every rank has slices and meets the cluster barriers of every tile)
+  constexpr bool SPLIT = CL > 1;
+  const int per = nslices / CL, rank = SPLIT ? int(blockIdx.x % CL) : 0;
+  const int s0 = rank * per, s1 = SPLIT ? s0 + per : nslices;
+  const int64_t T0 = blockIdx.x / CL, tstride = gridDim.x / CL;
   auto next = [&](WgStep st) {
     if (kt_of(st) + KS < KT) {
       ++st.j;
-    } else if (st.s + 1 < nslices) {
+    } else if (st.s + 1 < s1) {
       ++st.s, st.j = 0;
     } else {
-      st.T += gridDim.x, st.s = 0, st.j = 0;
+      st.T += tstride, st.s = s0, st.j = 0;
     }
     return st;
   };
@@ -160,7 +223,7 @@ __global__ void __launch_bounds__(kWgThreads, 3) gemv_rows_wg_kernel(GemvRowsArg
   };
 
   // prologue: the first STAGES - 1 steps' weights before the PDL wait, their inputs after it (one commit group each)
-  WgStep st{int64_t(blockIdx.x), 0, 0};
+  WgStep st{T0, s0, 0};
   {
     WgStep p = st;
     for (int k = 0; k < STAGES - 1; ++k, p = next(p)) copy_w(p, k);
@@ -258,27 +321,21 @@ __global__ void __launch_bounds__(kWgThreads, 3) gemv_rows_wg_kernel(GemvRowsArg
 
     const WgStep ns = next(st);
     if (ns.T != st.T || ns.s != st.s) {  // the slice's chains are complete
+      if (SPLIT && rank) {
+        wg_hand_over(smem + S::HANDOVER, st.s - s0, acc);
+      } else {
 #pragma unroll
-      for (int j = 0; j < NJ; ++j)
+        for (int j = 0; j < NJ; ++j)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) v[j][h] += acc[j][h], acc[j][h] = 0.f;
-    }
-    if (ns.T != st.T) {  // the weight tile is complete
-      const int64_t n0 = st.T * 64 + lr0;
-#pragma unroll
-      for (int j = 0; j < NJ; ++j) {
-        const int rl = 4 * j + c;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int64_t n = n0 + 8 * h;
-          if (((pmask >> rl) & 1u) && n < nrows) {
-            float* yp = a.y + (row0 + rl) * ldy + n;
-            *yp = a.accumulate ? *yp + v[j][h] : v[j][h];
-          }
-          v[j][h] = 0.f;
-        }
+          for (int h = 0; h < 2; ++h) v[j][h] += acc[j][h], acc[j][h] = 0.f;
       }
     }
+    if (SPLIT && ns.T != st.T) {  // rank 0 adds the other ranks' chains in slice order
+      dev::cluster_sync();        // the handovers written
+      if (!rank) wg_take_over(smem + S::HANDOVER, nslices - per, per, v);
+      dev::cluster_sync();  // rank 0 done reading: the others may write the next tile's chains
+    }
+    if (ns.T != st.T && !(SPLIT && rank)) wg_store(a, row0, pmask, st.T * 64 + lr0, ldy, c, v);  // the tile is complete
   }
   cp_async_wait<0>();
 #endif
@@ -288,15 +345,20 @@ bool wg_env_on() {
   static const bool on = env_switch_on("LILAC_ROWS_WGMMA");
   return on;
 }
+// The cluster split at 9..16 rows (kWgSplitMaxRows); LILAC_ROWS_WGMMA_SPLIT=0 turns it off (measurement)
+bool wg_split_on() {
+  static const bool on = env_switch_on("LILAC_ROWS_WGMMA_SPLIT");
+  return on;
+}
 
 }  // namespace
 
 bool gemv_rows_wg_wanted(int M) { return M >= kWgAutoMinRows && M <= 64 && wg_env_on() && gemm_wgmma_available(); }
 
 bool gemv_rows_wg_auto(const QMatrixDev& W, int M) {
-  // where it measured faster than the tiles kernel (H100, 2026-12-05): in_proj (12,352 rows) from 17 rows; not at 16
-  // rows, nor q/kv (9,216 rows: too few weight tiles for 3 blocks per SM) or out_proj (32 tiles); the LM head runs on
-  // the digits kernels and was not measured here
+  // where it measured faster than the tiles kernel (H100, 2026-12-05): in_proj (12,352 rows) from 16 rows (at 16 with
+  // the cluster split); not q/kv (9,216 rows: too few weight tiles for 3 blocks per SM) or out_proj (32 tiles: 13-36
+  // against the tiles kernel's 10 µs at 16 rows, split or not); the LM head runs on the digits kernels
   return W.bits == 4 && W.cols % kTileCols == 0 && W.rows >= kWgAutoMinWeightRows && W.rows <= kWgAutoMaxWeightRows &&
          gemv_rows_wg_wanted(M);
 }
@@ -312,14 +374,18 @@ bool gemv_rows_wg_applies(const GemvRowsArgs& a, bool forced) {
 
 void gemv_rows_wg(const GemvRowsArgs& a, int KS, cudaStream_t stream) {
   using S = WgSmem;
-  auto kernel = gemv_rows_wg_kernel;
+  const int nslices = int(std::min<int64_t>(KS, tc_kt(a.W.cols)));
+  // the split: 2 ranks where each gets half of the slices (the handover holds up to 4 per thread)
+  const int per_tile = a.M <= kWgSplitMaxRows && wg_split_on() && nslices % 2 == 0 && nslices / 2 <= 4 ? 2 : 1;
+  auto kernel = per_tile == 2 ? gemv_rows_wg_kernel<2> : gemv_rows_wg_kernel<1>;
   const int occ = resident_blocks(kernel, kWgThreads, size_t(S::alloc));
   const int gz = (a.M + MT - 1) / MT;
-  const int64_t nwt = (a.W.rows + 63) / 64, per_z = std::max<int64_t>(1, int64_t(sm_count()) * occ / gz);
+  const int64_t nwt = (a.W.rows + 63) / 64;
+  const int64_t per_z = std::max<int64_t>(1, int64_t(sm_count()) * occ / (gz * per_tile));
   // as few weight tiles per block as the resident blocks allow, the same number for every block
   const int64_t rounds = (nwt + per_z - 1) / per_z;
-  const int gx = int((nwt + rounds - 1) / rounds);
-  launch_pdl(kernel, dim3(gx, 1, gz), dim3(kWgThreads), size_t(S::alloc), stream, a, KS);
+  const int gx = int((nwt + rounds - 1) / rounds) * per_tile;
+  launch_pdl_cluster(kernel, dim3(gx, 1, gz), dim3(kWgThreads), size_t(S::alloc), stream, unsigned(per_tile), a, KS);
 }
 
 }  // namespace lilac::cuda::rows

@@ -67,7 +67,7 @@ void stage(const StageArgs& a, cudaStream_t stream);
 // weights at the same time (L2). For 4-bit W and M > 8 the slice kernel dequantizes each weight tile once per 16
 // or 32 rows (a block per k-slice, 8 row blocks and row tile, the slice's input of its rows in shared memory); with
 // more than one k-slice it needs `partials` for the slices' chains, added in slice order by a second launch. Both
-// compute the same bits. On Hopper the wgmma kernel (gemv_rows_wg.cu) takes in_proj's shape from 17 rows, where it
+// compute the same bits. On Hopper the wgmma kernel (gemv_rows_wg.cu) takes in_proj's shape from 16 rows, where it
 // measured faster, when the staging wrote frag4w (frag_wg): each weight tile dequantized once per 16 rows into wgmma's
 // A registers, the same bits again, no partials. The GDN conv epilogue of gemv_tc is not here (the conv kernel of the
 // rows family does it).
