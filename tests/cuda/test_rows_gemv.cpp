@@ -229,8 +229,8 @@ TEST(RowsGemv, SliceKernelMatchesTilesKernelBitForBit) {
 }
 
 // The wgmma kernel (Hopper: 64 weight rows × 16 input rows per warpgroup, the k-slices chained in registers, the input
-// staged in the frag4w layout), at the model's shapes (in_proj, where Auto takes it from 17 rows; qkv; out_proj's two
-// k-tiles per slice) and odd ones (a partial weight tile, one k-tile, K = 768's empty fourth k-slice, slices of 1-3
+// staged in the frag4w layout; at 9..16 rows a tile's slices split over a 2-block cluster), at the model's shapes
+// (in_proj, where Auto takes it from 16 rows; qkv; out_proj's two k-tiles per slice) and odd ones (a partial weight tile, one k-tile, K = 768's empty fourth k-slice, slices of 1-3
 // k-tiles), M = 9..64.
 TEST(RowsGemv, WgmmaKernelMatchesTilesKernelBitForBit) {
   NEED_GPU();

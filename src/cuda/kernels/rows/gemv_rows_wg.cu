@@ -27,8 +27,6 @@
 // against 65 at 64, 17.8 against 19.3 at 16 with the split (21.6 without); for q/kv (144 weight tiles) and out_proj
 // (32) not faster than the tiles kernel, so Auto takes it for in_proj's shape from 16 rows.
 #include <algorithm>
-#include <cstdlib>
-#include <string>
 
 #include "cuda/cuda_common.h"
 #include "cuda/kernels/gemm/gemm.h"
@@ -45,7 +43,6 @@ using namespace rows_dev;
 using ::lilac::cuda::dev::cp_async16_zfill;
 using ::lilac::cuda::dev::cp_async_commit;
 using ::lilac::cuda::dev::cp_async_wait;
-using ::lilac::cuda::dev::fence_proxy_async;
 using ::lilac::cuda::dev::pdl_trigger;
 using ::lilac::cuda::dev::pdl_wait;
 using ::lilac::cuda::dev::smem_u32;
