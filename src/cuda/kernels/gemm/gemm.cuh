@@ -496,48 +496,50 @@ __global__ void __launch_bounds__(THREADS, 2) qgemm_kernel(const Params p) {
   // half. Uniform over the warpgroup; the dequantization, which both halves share, still runs in every warp.
   const bool rows_here = warp_m * 64 < rows_valid;
 
-  // The main loop, compiled twice: with this warp's mmas, and (ROWS false: a warp whose half of the tile has no valid
-  // row) with only its share of the copies and the dequantization.
-  auto main_loop = [&](auto rows) {
+  // One k tile after the barrier, compiled twice: with this warp's mmas, and (ROWS false: a warp whose half of the tile
+  // has no valid row) with only its share of the copies and the dequantization. The barrier stays outside, one
+  // instruction for all warps: __syncthreads is bar.sync's .aligned form, which every thread of the block must reach at
+  // the same instruction (two copies of it, one per form, were what compute-sanitizer's synccheck reported).
+  auto k_tile = [&](auto rows, int kt) {
     constexpr bool ROWS = decltype(rows)::value;
-    for (int kt = 0; kt < KT; ++kt) {
-      cp_async_wait<STAGES - 3>();
-      if constexpr (WG) fence_proxy_async();  // cp.async data → async proxy
-      __syncthreads();
-      load_tile(kt + STAGES - 1, (kt + STAGES - 1) % STAGES);
-      const uint32_t As = stage_a(kt % STAGES), Bs = b_base + (kt & 1) * S::B_BYTES;
-      if constexpr (WG) {
-        float* d = &acc[0][0];
-        if constexpr (ROWS) {
-          wg_fence_acc(d);
-          wg_arrive();
-          const uint32_t a_tile = As + (warp >> 2) * 64 * 128;
+    load_tile(kt + STAGES - 1, (kt + STAGES - 1) % STAGES);
+    const uint32_t As = stage_a(kt % STAGES), Bs = b_base + (kt & 1) * S::B_BYTES;
+    if constexpr (WG) {
+      float* d = &acc[0][0];
+      if constexpr (ROWS) {
+        wg_fence_acc(d);
+        wg_arrive();
+        const uint32_t a_tile = As + (warp >> 2) * 64 * 128;
 #pragma unroll
-          for (int ks = 0; ks < BK / 16; ++ks) wgmma_m64n128k16(d, wg_desc(a_tile + ks * 32), wg_desc(Bs + ks * 32));
-          wg_commit();
-        }
-        if (kt + 1 < KT) {
-          dequant(kt + 1, (kt + 1) & 1);
-          fence_proxy_async();
-          load_sb(kt + 2);
-        }
-        if constexpr (ROWS) {
-          wg_wait<0>();
-          wg_fence_acc(d);
-        }
-        continue;
+        for (int ks = 0; ks < BK / 16; ++ks) wgmma_m64n128k16(d, wg_desc(a_tile + ks * 32), wg_desc(Bs + ks * 32));
+        wg_commit();
       }
       if (kt + 1 < KT) {
         dequant(kt + 1, (kt + 1) & 1);
+        fence_proxy_async();
         load_sb(kt + 2);
       }
-      if constexpr (ROWS) mma_sync_tile(acc, As, Bs, warp_m, warp_n, lane);
+      if constexpr (ROWS) {
+        wg_wait<0>();
+        wg_fence_acc(d);
+      }
+      return;
     }
+    if (kt + 1 < KT) {
+      dequant(kt + 1, (kt + 1) & 1);
+      load_sb(kt + 2);
+    }
+    if constexpr (ROWS) mma_sync_tile(acc, As, Bs, warp_m, warp_n, lane);
   };
-  if (rows_here)
-    main_loop(std::true_type{});
-  else
-    main_loop(std::false_type{});
+  for (int kt = 0; kt < KT; ++kt) {
+    cp_async_wait<STAGES - 3>();
+    if constexpr (WG) fence_proxy_async();  // cp.async data → async proxy
+    __syncthreads();
+    if (rows_here)
+      k_tile(std::true_type{}, kt);
+    else
+      k_tile(std::false_type{}, kt);
+  }
   cp_async_wait<0>();
 
   // ---- epilogue
