@@ -43,6 +43,7 @@ using namespace rows_dev;
 using ::lilac::cuda::dev::cp_async16_zfill;
 using ::lilac::cuda::dev::cp_async_commit;
 using ::lilac::cuda::dev::cp_async_wait;
+using ::lilac::cuda::dev::fence_proxy_async;
 using ::lilac::cuda::dev::pdl_trigger;
 using ::lilac::cuda::dev::pdl_wait;
 using ::lilac::cuda::dev::smem_u32;
@@ -244,7 +245,8 @@ __global__ void __launch_bounds__(kWgThreads, 3) gemv_rows_wg_kernel(GemvRowsArg
 
   for (int k = 0; st.T < nwt; ++k, st = next(st)) {
     cp_async_wait<STAGES - 2>();
-    __syncthreads();  // step k's stage landed; every warp is done with step k - 1's stage
+    fence_proxy_async();  // this thread's cp.async writes of step k's B tiles → the async proxy (wgmma reads them)
+    __syncthreads();      // step k's stage landed; every warp is done with step k - 1's stage
     {
       const int b = (k + STAGES - 1) % STAGES;
       copy_w(ahead, b);
