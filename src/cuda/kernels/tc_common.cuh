@@ -141,6 +141,37 @@ __device__ __forceinline__ float unit_sumsq(const float* xs, int t) {
   const float4 a = reinterpret_cast<const float4*>(xs)[2 * t], b = reinterpret_cast<const float4*>(xs)[2 * t + 1];
   return a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w + b.x * b.x + b.y * b.y + b.z * b.z + b.w * b.w;
 }
+// Per-head Σx² of the gated head norm into hss[h] for the heads of units [u0, u1) (whole heads; u0 a multiple of
+// 32: a unit's lane is its index mod 32 as when one block stages the whole row, so each head's sum has the same
+// bits however the row is cut): a lane per unit and butterfly sums where a head is a power-of-two number of units
+// (at most 32), else a warp per head (no lane's 8 values need lie in one head). Fixed orders, no atomics: gemv_tc's
+// staging and the rows stagings call this one function, so a row's norm is the same bits in every kernel and run.
+// Every thread of the block calls it; ends with a barrier.
+// Its general case, heads [h0, h1): a warp per head, lanes over the head's values, a butterfly sum. No barrier.
+inline __device__ __noinline__ void head_sums_by_warp(const float* xs, float* hss, int hd, int h0, int h1) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  for (int h = h0 + warp; h < h1; h += nw) {
+    float ss = 0.f;
+    for (int d = lane; d < hd; d += 32) ss += xs[h * hd + d] * xs[h * hd + d];
+    ss = ::lilac::cuda::dev::warp_sum(ss);
+    if (lane == 0) hss[h] = ss;
+  }
+}
+__device__ inline void head_sums(const float* xs, float* hss, int K, int hd, int u0, int u1) {
+  const int n8 = min(K / 8, u1), lph = hd / 8;
+  if (hd % 8 == 0 && lph <= 32 && (lph & (lph - 1)) == 0) {
+    for (int t0 = u0; t0 < n8; t0 += blockDim.x) {  // whole warps iterate together (n8 % lph == 0)
+      const int t = t0 + threadIdx.x;
+      float ss = 0.f;
+      if (t < n8) ss = unit_sumsq(xs, t);
+      for (int o = 1; o < lph; o <<= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+      if (t < n8 && t % lph == 0) hss[t / lph] = ss;
+    }
+  } else {
+    head_sums_by_warp(xs, hss, hd, 8 * u0 / hd, 8 * n8 / hd);
+  }
+  __syncthreads();
+}
 // Byte offset of unit t's hi fragment inside a row's fragments (lo: +16).
 template <int BITS>
 __device__ __forceinline__ int unit_off(int t) {

@@ -99,8 +99,6 @@ __device__ inline void stage_issue(const StageIn& in, const TcSmem& m, int K) {
     cp_async16(m.xs + 4 * i, in.x + 4 * i);
     if (in.pro == Prologue::GatedHeadNorm) cp_async16(m.zs + 4 * i, in.z + 4 * i);
   }
-  const int nh = in.pro == Prologue::GatedHeadNorm ? K / in.head_dim : 0;
-  for (int h = threadIdx.x; h < nh; h += blockDim.x) m.hss[h] = 0.f;
   // zero block + fragment units past K (up to the end of the last k-tile)
   const int KT = tc_kt(K);
   for (int i = threadIdx.x; i < kZeroBytes / 16; i += blockDim.x)
@@ -124,7 +122,7 @@ __device__ void stage_compute(const StageIn& in, const TcSmem& m, int K, float* 
     scale = rsqrtf(ss / float(K) + in.eps);
   } else if (in.pro == Prologue::GatedHeadNorm) {
     const int lph = hd / 8;  // lanes per head when each lane's 8 values lie in one head
-    if (hd % 8 == 0 && lph <= 32 && (lph & (lph - 1)) == 0) {
+    if (hd % 8 == 0 && lph <= 32 && (lph & (lph - 1)) == 0) {  // head_sums' first case (tc_common.cuh), inline here
       for (int t0 = 0; t0 < n8; t0 += blockDim.x) {  // whole warps iterate together (n8 % lph == 0)
         const int t = t0 + threadIdx.x;
         float ss = 0.f;
@@ -133,16 +131,7 @@ __device__ void stage_compute(const StageIn& in, const TcSmem& m, int K, float* 
         if (t < n8 && t % lph == 0) m.hss[t / lph] = ss;
       }
     } else {
-      for (int t = threadIdx.x; t < n8; t += blockDim.x) {
-      if (hd % 8 == 0) {
-        float ss = 0.f;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) ss += m.xs[8 * t + j] * m.xs[8 * t + j];
-        atomicAdd(&m.hss[(8 * t) / hd], ss);
-      } else {
-        for (int j = 0; j < 8; ++j) atomicAdd(&m.hss[(8 * t + j) / hd], m.xs[8 * t + j] * m.xs[8 * t + j]);
-      }
-      }
+      head_sums_by_warp(m.xs, m.hss, hd, 0, K / hd);  // fixed order, as the rows stagings (no atomics: same bits)
     }
     __syncthreads();
   }

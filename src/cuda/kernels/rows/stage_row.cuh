@@ -62,32 +62,6 @@ __device__ inline bool stage_enter(const StageArgs& a, int r, const StageSmem& m
   return true;
 }
 
-// Per-head Σx² of the gated head norm into hss[h] for the heads of units [u0, u1) (whole heads; u0 a multiple of
-// 32: a unit's lane is its index mod 32 as when one block stages the whole row, so each head's sum has the same
-// bits however the row is cut). As gemv_tc's staging; a warp per head where a lane's 8 values may straddle heads,
-// deterministic, where gemv_tc uses shared-memory atomics.
-__device__ inline void head_sums(const float* xs, float* hss, int K, int hd, int u0, int u1) {
-  const int n8 = min(K / 8, u1), lph = hd / 8;
-  if (hd % 8 == 0 && lph <= 32 && (lph & (lph - 1)) == 0) {
-    for (int t0 = u0; t0 < n8; t0 += blockDim.x) {  // whole warps iterate together (n8 % lph == 0)
-      const int t = t0 + threadIdx.x;
-      float ss = 0.f;
-      if (t < n8) ss = unit_sumsq(xs, t);
-      for (int o = 1; o < lph; o <<= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-      if (t < n8 && t % lph == 0) hss[t / lph] = ss;
-    }
-  } else {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    for (int h = 8 * u0 / hd + warp; h < 8 * n8 / hd; h += nw) {
-      float ss = 0.f;
-      for (int d = lane; d < hd; d += 32) ss += xs[h * hd + d] * xs[h * hd + d];
-      ss = ::lilac::cuda::dev::warp_sum(ss);
-      if (lane == 0) hss[h] = ss;
-    }
-  }
-  __syncthreads();
-}
-
 // Units [u0, u1) of the row's padded units (default: all of them, n8t) — the whole row for RmsNorm (its Σx² is the
 // block's, blockDim.x == kThreads); for the other prologues any cut at multiples of 32 units holding whole heads
 // (stage_slice_units), each unit computed as when one block stages the whole row.
