@@ -8,6 +8,8 @@
 //      global write (a predecessor may still be reading what it overwrites);
 //   2. call `pdl_trigger()` after `pdl_wait()` (never before): kernel N+2 then starts only once N has
 //      passed its wait, i.e. once N-1 is complete, so whatever ran two launches back is complete too.
+//      A block that exits counts as triggered, so a launch whose every block returns before its wait breaks
+//      that chain: where a whole launch can have no work, its blocks wait before they return.
 // One exception to rule 1: MoE down reads the expert ids that MoE gate/up's block 0 publishes (then
 // fences) before its trigger, to request expert weights early; it reads them again after its wait and
 // redoes that work if they changed, so a stale early read costs time, never correctness.

@@ -445,7 +445,13 @@ __global__ void __launch_bounds__(kThreads, 2) moe_down_rows_kernel(DownArgs a) 
   };
   int lo, hi;
   int c_lo;
-  if (!block_chunks<MT>(a.sc, n_ch * nbH, chunk_of, lo, hi, c_lo, s_desc, s_ent)) return;
+  if (!block_chunks<MT>(a.sc, n_ch * nbH, chunk_of, lo, hi, c_lo, s_desc, s_ent)) {
+    // No chunk at all (every row a padding row): no block would pass the wait, and this launch could complete before
+    // gate/up — the kernels after it read, before their own waits, what the kernel two launches back wrote
+    // (launch.cuh rule 2), which holds only if some block of each launch waited. Blocks merely without items exit.
+    if (n_ch == 0) pdl_wait();
+    return;
+  }
   for (int i = threadIdx.x; i < kZeroBytes / 16; i += kThreads) reinterpret_cast<uint4*>(zero)[i] = make_uint4(0, 0, 0, 0);
 
   auto next = [&](Step s2) { return next_item(s2, KTm, nbH); };
