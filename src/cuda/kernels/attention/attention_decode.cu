@@ -148,7 +148,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) attn_decode_kernel(AttnArgs a)
   // Before the wait (launch.cuh, rule 2): *pos — its writer (the step's position increment, the MTP head's
   // input kernel) is at least two launches back — and the K/V rows before it, which earlier steps wrote. Row
   // pos is the predecessor's (the q/k norm kernel appends it): it is read after the wait.
-  const int32_t pos = *a.pos;
+  const int32_t pos = __ldcg(a.pos);  // through L2: before the wait no ordering is documented, so no L1 copy is trusted
   const int64_t L = int64_t(pos) + 1;
   const int64_t want = (L + a.min_rows - 1) / a.min_rows;
   int nsp = want < int64_t(gridDim.y) ? int(want) : int(gridDim.y);
