@@ -23,11 +23,22 @@ Generator::Generator(Session& session, const Tokenizer& tokenizer, PrefixCache* 
   policy_.set_cost_hint(s_.spec_cost_hint());
 }
 
-int64_t Generator::reusable_prefix(std::span<const int32_t> p) const {
+bool exact_resume_point(std::span<const int32_t> prompt, int64_t k, int32_t boundary_token, int64_t chunk) {
+  if (k <= 0) return k == 0;
+  if (k > int64_t(prompt.size())) return false;
+  if (boundary_token >= 0 && prompt[size_t(k - 1)] == boundary_token) return true;  // a segment end
+  int64_t seg = k - 1;  // the start of the segment holding token k - 1
+  while (seg > 0 && !(boundary_token >= 0 && prompt[size_t(seg - 1)] == boundary_token)) --seg;
+  return (k - seg) % std::max<int64_t>(1, chunk) == 0;  // a piece boundary inside it
+}
+
+int64_t Generator::reusable_prefix(std::span<const int32_t> p, int32_t boundary_token, int64_t prefill_chunk) const {
   const int64_t max_reuse = int64_t(p.size()) - 1;  // the last prompt token is always recomputed (logits)
-  if (context_valid_ && !context_.empty() && int64_t(context_.size()) <= max_reuse &&
-      s_.length() == int64_t(context_.size()) && std::equal(context_.begin(), context_.end(), p.begin()))
-    return int64_t(context_.size());
+  const int64_t n = int64_t(context_.size());
+  if (context_valid_ && context_prefilled_ && n > 0 && n <= max_reuse && s_.length() == n &&
+      std::equal(context_.begin(), context_.end(), p.begin()) &&
+      exact_resume_point(p, n, boundary_token, prefill_chunk))
+    return n;
   return 0;
 }
 
@@ -35,9 +46,13 @@ int64_t Generator::reusable_prefix(std::span<const int32_t> p) const {
 int64_t Generator::prepare(const GenerationRequest& req, GenerationStats& st) {
   const auto& p = req.prompt;
   const int64_t max_reuse = int64_t(p.size()) - 1;
-  int64_t start = req.prompt_logprobs >= 0 ? 0 : reusable_prefix(p);  // scoring: every position's logits
+  int64_t start = req.prompt_logprobs >= 0 ? 0 : reusable_prefix(req);  // scoring: every position's logits
   if (cache_ && req.use_cache && req.prompt_logprobs < 0) {
+    // Snapshots are taken at exact resume points only (Sequence::prefill_step), but of prompts whose boundary token
+    // or piece size may differ from this one's: the longest that is exact for this prompt.
     auto hit = cache_->lookup(p, max_reuse);
+    while (hit && hit->length > start && !exact_resume_point(p, hit->length, req.boundary_token, req.prefill_chunk))
+      hit = cache_->lookup(p, hit->length - 1);
     if (hit && hit->length > start) {
       try {
         s_.restore(*hit->snapshot);
@@ -45,6 +60,7 @@ int64_t Generator::prepare(const GenerationRequest& req, GenerationStats& st) {
         st.cache_hit = true;
         context_.assign(p.begin(), p.begin() + start);
         context_valid_ = true;
+        context_prefilled_ = true;
         return start;
       } catch (const std::exception&) {
         // Unusable snapshot: fall through to a fresh prefill.
@@ -55,6 +71,7 @@ int64_t Generator::prepare(const GenerationRequest& req, GenerationStats& st) {
   if (start == 0) {
     s_.reset();
     context_.clear();
+    context_prefilled_ = true;
   } else {
     st.cache_hit = true;  // continued from the session's own context
   }

@@ -43,6 +43,16 @@ class TokenConstraint {
   virtual void accept(int32_t token) = 0;
 };
 
+// Whether the state after the first k tokens of `prompt`, as any earlier prefill of those k tokens left it (a
+// prefix-cache snapshot, a session's own context), is bit for bit what a fresh prefill of `prompt` computes there. A
+// prefill calls the backend once per piece: segments end after each boundary token and at the prompt's end, and a
+// segment is cut into pieces of `chunk` tokens from its start (Sequence::prefill_step). The backends' arithmetic
+// depends on how the tokens are split into calls (the Gated DeltaNet's chunked form counts its chunks from a call's
+// start; a decode step computes a token in another order than a prefill), so an earlier computation of the k tokens
+// is this prompt's only where k is a split point that those k tokens alone decide: right after a boundary token,
+// or a whole number of pieces after the segment start before k. (The end of the earlier prompt is not one.)
+bool exact_resume_point(std::span<const int32_t> prompt, int64_t k, int32_t boundary_token, int64_t chunk);
+
 struct GenerationRequest {
   std::vector<int32_t> prompt;  // must not be empty
   SamplingParams sampling;
@@ -114,8 +124,12 @@ class Generator {
   // it may go past the last emitted token (drafts fed in the step a stop string ended).
   const std::vector<int32_t>& context() const { return context_; }
   // How many leading tokens of `prompt` a generation on this session would not recompute because its
-  // own context already holds them (0 when none; the last prompt token is always recomputed).
-  int64_t reusable_prefix(std::span<const int32_t> prompt) const;
+  // own context already holds them (0 when none; the last prompt token is always recomputed): only a context
+  // that prefill calls computed (no token a decode step fed) ending at an exact resume point of `prompt`.
+  int64_t reusable_prefix(std::span<const int32_t> prompt, int32_t boundary_token, int64_t prefill_chunk) const;
+  int64_t reusable_prefix(const GenerationRequest& req) const {
+    return reusable_prefix(req.prompt, req.boundary_token, req.prefill_chunk);
+  }
   Session& session() { return s_; }
 
   // Tests and `bench`: replaces the MTP drafts of speculative steps (see DraftHook); also makes sessions
@@ -134,6 +148,7 @@ class Generator {
   PrefixCache* cache_;
   std::vector<int32_t> context_;
   bool context_valid_ = false;
+  bool context_prefilled_ = true;  // every token of context_ came from prefill calls or a prefill's snapshot
   bool drafting_ = false;  // the session follows the context with its MTP head
   DraftHook hook_;
   SpecPolicy policy_;

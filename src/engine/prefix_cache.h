@@ -1,7 +1,8 @@
 // Prefix cache: session snapshots keyed by the exact token prefix they hold, LRU-evicted within a
 // byte budget (SessionSnapshot::bytes()). The recurrent state cannot be rewound, so a request can only
-// resume from a snapshot taken exactly at some prefix of its prompt; the generator takes them at
-// message boundaries and at the end of each prompt. Thread-safe.
+// resume from a snapshot taken exactly at some prefix of its prompt; the generator takes them only where a later
+// prompt holding that prefix may resume bit for bit (exact_resume_point, generator.h): after message boundaries
+// and at the last piece boundary of a prompt. Thread-safe.
 #pragma once
 #include <cstdint>
 #include <list>

@@ -86,14 +86,17 @@ int64_t Sequence::prefill_step() {
       if (computed > 0 && computed + n > chunk) break;
       prefill_call(n);
       computed += n;
-      if (pos_ == end) {
-        ++next_end_;
-        if (gen_.cache_ && req_.use_cache) {
-          std::span<const int32_t> prefix(p.data(), size_t(end));
-          if (!gen_.cache_->contains(prefix)) {
-            gen_.cache_->insert(prefix, gen_.s_.snapshot());
-            ++st_.snapshots_taken;
-          }
+      if (pos_ == end) ++next_end_;
+      // Snapshots where a later prompt holding this prefix may resume bit for bit (exact_resume_point): every
+      // segment end after a boundary token, and the last piece boundary before the end of the prompt (a prompt
+      // that extends this one resumes there). The prompt's own end is such a point only by coincidence.
+      const bool last_piece = end == int64_t(p.size()) && pos_ < end && end - pos_ <= chunk;
+      if (gen_.cache_ && req_.use_cache && (pos_ == end || last_piece) &&
+          exact_resume_point(p, pos_, req_.boundary_token, chunk)) {
+        std::span<const int32_t> prefix(p.data(), size_t(pos_));
+        if (!gen_.cache_->contains(prefix)) {
+          gen_.cache_->insert(prefix, gen_.s_.snapshot());
+          ++st_.snapshots_taken;
         }
       }
     }
@@ -201,6 +204,7 @@ void Sequence::consume(std::span<const TokenChoice> choices) {
   ctx.push_back(pending_);
   for (size_t i = 0; i + 1 < choices.size(); ++i) ctx.push_back(choices[i].token);
   gen_.context_valid_ = true;
+  gen_.context_prefilled_ = false;  // decode steps fed these: a later prompt does not resume from them
   ++st_.decode_steps;
   if (!step_reported_) {  // a driver's (batched) step
     if (step_suppressed_)

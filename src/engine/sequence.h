@@ -6,11 +6,13 @@
 //
 // Prefill: prefill_step() runs the next piece of the prompt (at most req.prefill_chunk tokens), so a
 //   scheduler can interleave it with other sequences' decode steps. Its first call restores the best
-//   starting point (the session's own context or the longest prefix-cache snapshot). Pieces end at
-//   segment ends (after each boundary token and at the end of the prompt), where the session is
-//   snapshotted into the prefix cache. The split points depend only on the prompt and the cache hit, so
-//   the state at every segment end is the same whether computed or restored. The call that completes
-//   the prompt also makes the first choice (begin_generation, then sample()) and consumes it.
+//   starting point (the session's own context or the longest prefix-cache snapshot, at an exact resume point
+//   of this prompt: exact_resume_point, generator.h). Pieces end at segment ends (after each boundary token
+//   and at the end of the prompt) and every req.prefill_chunk tokens inside a segment; the session is
+//   snapshotted into the prefix cache after each boundary and at the last piece boundary before the end.
+//   The split points up to an exact resume point depend only on the tokens before it, so the state there is
+//   the same bits whether computed or restored. The call that completes the prompt also makes the first
+//   choice (begin_generation, then sample()) and consumes it.
 // Decode: one step is
 //     if (!seq.prepare_step()) → it ended (cancelled); else the constraint mask is set on the session
 //     choices = the driver's step: session.decode_step(), or backend.decode_batch(...)[i], or

@@ -179,7 +179,7 @@ void Scheduler::admit(std::shared_ptr<Job> job) {
   int64_t best_reuse = -1;
   for (auto& s : slots_) {
     if (s->seq) continue;
-    const int64_t reuse = s->gen->reusable_prefix(job->req.prompt);
+    const int64_t reuse = s->gen->reusable_prefix(job->req.prompt, job->req.boundary_token, opts_.prefill_chunk);
     if (reuse > best_reuse || (reuse == best_reuse && s->tick < best->tick)) {
       best = s.get();
       best_reuse = reuse;

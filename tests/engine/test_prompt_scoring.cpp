@@ -152,11 +152,12 @@ TEST(PromptScoring, ComputesTheWholePromptWhateverIsCached) {
   auto sess = be->new_session(64);
   Generator gen(*sess, *testutil::qwen3_tokenizer(), &cache);
   GenerationRequest first;
-  first.prompt.assign(prompt.begin(), prompt.begin() + 30);
-  first.max_tokens = 1;  // (its token is not fed: the session holds exactly the 30 tokens)
+  // up to the boundary at 20 (an exact resume point); its token is not fed: the session holds exactly the 21 tokens
+  first.prompt.assign(prompt.begin(), prompt.begin() + 21);
+  first.max_tokens = 1;
   first.boundary_token = boundary;
   gen.run(first, [](const GeneratedToken&) { return true; });
-  ASSERT_GT(gen.reusable_prefix(prompt), 0) << "the session holds the prompt's start";
+  ASSERT_GT(gen.reusable_prefix(req), 0) << "the session holds the prompt's start";
   ASSERT_TRUE(cache.lookup(prompt, int64_t(prompt.size()) - 1).has_value()) << "the cache holds a snapshot of it";
   GenerationStats st;
   const std::vector<TokenChoice> got = score(gen, req, nullptr, nullptr, &st);

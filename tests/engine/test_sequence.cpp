@@ -98,7 +98,7 @@ TEST(Sequence, SteppedPrefillIsBoundedAndGivesRunsTokens) {
   // The step that completed the prompt also made the first choice.
   EXPECT_EQ(seq->stats().completion_tokens, 1);
   while (!seq->done()) seq->decode_alone();
-  EXPECT_EQ(seq->stats().snapshots_taken, 5);  // four <|im_end|> boundaries and the end
+  EXPECT_EQ(seq->stats().snapshots_taken, 4);  // four <|im_end|> boundaries (the end is inside a short segment)
   EXPECT_EQ(c.decode_steps, seq->stats().completion_tokens - 1);
 
   auto alone = run_alone(request(kChat, 20));
@@ -135,17 +135,24 @@ TEST(Sequence, SpeculativeStepsConsumeEachChoiceLikeSingleSteps) {
     EXPECT_GT(c.verifies, 0);
     EXPECT_LT(c.verifies, plain.st.completion_tokens - 1);  // some drafts were accepted
     EXPECT_LE(s.length(), int64_t(req.prompt.size()) + req.max_tokens);
-    // The generator's context is exactly what the session holds: continuing from it gives the tokens
-    // of a fresh prefill of the same conversation.
+    // The generator's context is exactly what the session holds (the same hash state as a session that prefilled
+    // it); a next request does not resume from it, since decode steps and verifies fed most of it.
     ASSERT_EQ(int64_t(g.context().size()), s.length());
+    Counters cp;
+    HashSession probe(4096, im_end(), &cp);
+    probe.prefill(g.context(), nullptr);
+    const auto held = std::dynamic_pointer_cast<const HashSnap>(s.snapshot());
+    const auto want = std::dynamic_pointer_cast<const HashSnap>(probe.snapshot());
+    ASSERT_TRUE(held && want);
+    EXPECT_EQ(held->s.h, want->s.h);
+    EXPECT_EQ(held->s.len, want->s.len);
     auto next = req;
     next.prompt = g.context();
     next.prompt.push_back(77);
     next.draft_tokens = 0;
-    const int64_t held = s.length();
     Outcome cont;
     cont.st = g.run(next, collect(cont));
-    EXPECT_EQ(cont.st.cached_tokens, held);
+    EXPECT_EQ(cont.st.cached_tokens, 0);
     EXPECT_EQ(cont.ids, run_alone(next).ids);
   }
 }
@@ -206,7 +213,7 @@ TEST(Sequence, CancellationBetweenStepsEndsTheSequence) {
   EXPECT_EQ(seq->stats().finish, lilac::FinishReason::Cancelled);
   EXPECT_TRUE(r.ids.empty());
   // A cancelled prefill leaves no reusable context.
-  EXPECT_EQ(g.reusable_prefix(req.prompt), 0);
+  EXPECT_EQ(g.reusable_prefix(req), 0);
 
   // During decode: prepare_step() refuses the next step.
   cancel = false;
@@ -221,9 +228,13 @@ TEST(Sequence, CancellationBetweenStepsEndsTheSequence) {
   EXPECT_EQ(c.decode_steps, steps);
   EXPECT_EQ(seq2->stats().finish, lilac::FinishReason::Cancelled);
   EXPECT_EQ(r2.ids.size(), 1u);
-  // The context is intact (the first choice was never fed): it is reused by the next request.
+  // The context is intact (the first choice was never fed): the next request resumes from it where that is an exact
+  // resume point — with one-token pieces every position is one; with the default pieces the prompt's end (inside
+  // the segment after the last <|im_end|>) is not.
   auto next = request(kChat, 3);
   next.prompt.push_back(r2.ids[0]);
   next.prompt.push_back(99);
-  EXPECT_EQ(g.reusable_prefix(next.prompt), int64_t(request(kChat, 3).prompt.size()));
+  EXPECT_EQ(g.reusable_prefix(next), 0);
+  next.prefill_chunk = 1;
+  EXPECT_EQ(g.reusable_prefix(next), int64_t(request(kChat, 3).prompt.size()));
 }
