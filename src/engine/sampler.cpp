@@ -192,6 +192,9 @@ TokenChoice HostSampler::sample(std::span<const float> logits, const uint32_t* a
     for (const auto& [t, b] : p.logit_bias) work_[size_t(t)] += b;
     z = work_;
   }
+  // No number in the row (every logit NaN: weights or activations that are not finite) leaves nothing to choose.
+  if (argmax(none_allowed ? logits : z) < 0)
+    throw Error("sampler: every logit is NaN (the model's weights or activations are not finite)");
   if (none_allowed) {
     choice.token = argmax(logits);
   } else if (p.temperature == 0.f) {
@@ -205,6 +208,14 @@ TokenChoice HostSampler::sample(std::span<const float> logits, const uint32_t* a
         }
     }
   } else {
+    // NaN logits are never drawn (as argmax skips them): -inf here, which also keeps the sort's order strict.
+    std::vector<float> finite;
+    if (std::any_of(z.begin(), z.end(), [](float v) { return std::isnan(v); })) {
+      finite.assign(z.begin(), z.end());
+      for (float& v : finite)
+        if (std::isnan(v)) v = -std::numeric_limits<float>::infinity();
+      z = finite;
+    }
     std::vector<Candidate> cand = truncated_distribution(z, p);
     // Uniform in [0, 1) from the top 53 bits.
     const double u = double(rng_() >> 11) * (1.0 / 9007199254740992.0);

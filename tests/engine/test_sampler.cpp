@@ -24,6 +24,33 @@ TEST(Sampler, ArgmaxTiesToLowerId) {
   EXPECT_EQ(argmax(y), 1);
 }
 
+// A row of NaN logits (a model whose weights or activations are not finite) is an error, greedy or sampled, masked
+// or not — it once returned id -1, and read the mask at index 2^27 with one; sampled rows with some NaN logits never
+// draw those ids.
+TEST(Sampler, NaNLogits) {
+  const std::vector<float> nan4(4, NAN);
+  for (float t : {0.f, 0.8f}) {
+    SamplingParams p;
+    p.temperature = t;
+    p.seed = 3;
+    HostSampler s(4);
+    s.begin(p, {});
+    EXPECT_THROW(s.sample(nan4), Error) << "temperature " << t;
+    const uint32_t all = 0xFu;
+    EXPECT_THROW(s.sample(nan4, &all), Error) << "temperature " << t;
+  }
+  SamplingParams p;
+  p.temperature = 1.f;
+  p.seed = 5;
+  HostSampler s(4);
+  s.begin(p, {});
+  const std::vector<float> some = {NAN, 0.f, NAN, 0.f};
+  for (int i = 0; i < 200; ++i) {
+    const int32_t t = s.sample(some).token;
+    EXPECT_TRUE(t == 1 || t == 3) << t;
+  }
+}
+
 TEST(Sampler, WorksWithoutBeginAsGreedy) {
   HostSampler s(4);
   std::vector<float> x = {0.f, 1.f, 3.f, 2.f};
