@@ -262,9 +262,29 @@ TEST(Generator, CpuBackendReuseMatchesFreshPrefill) {
   EXPECT_EQ(reused, expect);
 }
 
+using Scored = std::vector<std::pair<int32_t, float>>;  // generated ids and their log-probabilities
+
+// A greedy request with log-probabilities, boundary token 7 (fixtures/tiny).
+static lilac::GenerationRequest greedy_scored(std::vector<int32_t> prompt, int max_tokens) {
+  lilac::GenerationRequest r;
+  r.prompt = std::move(prompt);
+  r.max_tokens = max_tokens;
+  r.boundary_token = 7;
+  r.sampling.temperature = 0;
+  r.sampling.logprobs = true;
+  return r;
+}
+static Scored run_scored(lilac::Generator& g, const lilac::GenerationRequest& r, lilac::GenerationStats& st) {
+  Scored out;
+  st = g.run(r, [&](const lilac::GeneratedToken& t) {
+    if (t.id >= 0) out.emplace_back(t.id, t.choice.logprob);
+    return true;
+  });
+  return out;
+}
+
 // Tokens and their log-probabilities, bit for bit.
-static void expect_same_bits(const std::vector<std::pair<int32_t, float>>& got,
-                             const std::vector<std::pair<int32_t, float>>& want) {
+static void expect_same_bits(const Scored& got, const Scored& want) {
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < want.size(); ++i) {
     EXPECT_EQ(got[i].first, want[i].first) << "token " << i;
@@ -280,23 +300,8 @@ TEST(Generator, CpuBackendPromptEndSnapshotMatchesFreshPrefill) {
   if (!std::filesystem::exists(dir)) GTEST_FAIL() << "missing fixture " << dir;
   auto w = lilac::load_model(dir, {.progress = false});
   auto backend = lilac::make_cpu_backend(w, 2);
-  auto mk = [&](std::vector<int32_t> prompt, int max_tokens) {
-    lilac::GenerationRequest r;
-    r.prompt = std::move(prompt);
-    r.max_tokens = max_tokens;
-    r.boundary_token = 7;
-    r.sampling.temperature = 0;
-    r.sampling.logprobs = true;
-    return r;
-  };
-  auto collect = [](lilac::Generator& g, const lilac::GenerationRequest& r, lilac::GenerationStats& st) {
-    std::vector<std::pair<int32_t, float>> out;
-    st = g.run(r, [&](const lilac::GeneratedToken& t) {
-      if (t.id >= 0) out.emplace_back(t.id, t.choice.logprob);
-      return true;
-    });
-    return out;
-  };
+  const auto mk = greedy_scored;
+  const auto collect = run_scored;
   std::vector<int32_t> turn1 = {11, 200, 300, 400, 7, 12, 500, 600};
   lilac::PrefixCache cache(size_t(64) << 20);
   auto s1 = backend->new_session(256);
@@ -345,23 +350,8 @@ TEST(Generator, CpuBackendOwnContextMatchesFreshPrefill) {
   if (!std::filesystem::exists(dir)) GTEST_FAIL() << "missing fixture " << dir;
   auto w = lilac::load_model(dir, {.progress = false});
   auto backend = lilac::make_cpu_backend(w, 2);
-  auto mk = [&](std::vector<int32_t> prompt) {
-    lilac::GenerationRequest r;
-    r.prompt = std::move(prompt);
-    r.max_tokens = 24;
-    r.boundary_token = 7;
-    r.sampling.temperature = 0;
-    r.sampling.logprobs = true;
-    return r;
-  };
-  auto collect = [](lilac::Generator& g, const lilac::GenerationRequest& r, lilac::GenerationStats& st) {
-    std::vector<std::pair<int32_t, float>> out;
-    st = g.run(r, [&](const lilac::GeneratedToken& t) {
-      if (t.id >= 0) out.emplace_back(t.id, t.choice.logprob);
-      return true;
-    });
-    return out;
-  };
+  auto mk = [](std::vector<int32_t> prompt) { return greedy_scored(std::move(prompt), 24); };
+  const auto collect = run_scored;
   std::vector<int32_t> turn1 = {11, 200, 300, 400, 7, 12, 500, 600};
   auto s1 = backend->new_session(256);
   lilac::Generator g1(*s1, qwen3_tokenizer(), nullptr);
