@@ -499,7 +499,8 @@ __global__ void __launch_bounds__(THREADS, 2) qgemm_kernel(const Params p) {
   // One k tile after the barrier, compiled twice: with this warp's mmas, and (ROWS false: a warp whose half of the tile
   // has no valid row) with only its share of the copies and the dequantization. The barrier stays outside, one
   // instruction for all warps: __syncthreads is bar.sync's .aligned form, which every thread of the block must reach at
-  // the same instruction (two copies of it, one per form, were what compute-sanitizer's synccheck reported).
+  // the same instruction (two copies of it, one per form, are what compute-sanitizer's synccheck flags: the likely
+  // source of the errors it reported on the batched step's prompts, stop 52).
   auto k_tile = [&](auto rows, int kt) {
     constexpr bool ROWS = decltype(rows)::value;
     load_tile(kt + STAGES - 1, (kt + STAGES - 1) % STAGES);
