@@ -410,6 +410,9 @@ class CpuSessionImpl : public CpuSession {
       for (int64_t b = 0; b < n; b += rows) {
         const int64_t m = std::min(rows, n - b);
         qmatmul(w_.lm_head, y.data() + b * H, m, lg.data(), pool);
+        // The prompt's last row is the next choice's: the same product as without a sink (qmatvec; qmatmul over
+        // several rows adds in another order), so asking for the prompt's logprobs does not change that choice.
+        if (last_chunk && b + m == n) qmatvec(w_.lm_head, y.data() + (n - 1) * H, lg.data() + (m - 1) * V, pool);
         (*sink)(len_ + b, m, lg.data());
         if (b + m == n) std::memcpy(logits_.data(), lg.data() + (m - 1) * V, static_cast<size_t>(V) * sizeof(float));
       }

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <string>
@@ -25,6 +26,25 @@ double max_diff(const float* a, const float* b, int64_t n) {
 }
 
 }  // namespace
+
+// A sink (the prompt's logprobs) does not change the logits of the next choice: the same bits as a prefill without
+// one (they once came from the multi-row product, another order of additions than the single-row one).
+TEST(CpuSession, SinkLeavesTheNextChoicesLogits) {
+  auto be = make_cpu_backend(fixture("tiny"), 2);
+  const int64_t V = be->config().vocab_size, N = 150;
+  const auto toks = random_tokens(N, V, 9);
+  auto a = be->new_session(N);
+  a->prefill(toks);
+  auto b = be->new_session(N);
+  int64_t rows = 0;
+  LogitsSink sink = [&](int64_t, int64_t n, const float*) { rows += n; };
+  b->prefill(toks, &sink);
+  ASSERT_EQ(rows, N);
+  const std::vector<float> la = a->logits(), lb = b->logits();
+  ASSERT_EQ(la.size(), size_t(V));
+  ASSERT_EQ(lb.size(), size_t(V));
+  EXPECT_EQ(std::memcmp(la.data(), lb.data(), size_t(V) * sizeof(float)), 0);
+}
 
 // prefill(all) with a sink == prefill(part) + one-token prefills, for both fixtures.
 TEST(CpuSession, ChunkedPrefillEqualsPartPlusSingleTokens) {
