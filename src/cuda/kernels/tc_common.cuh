@@ -141,13 +141,8 @@ __device__ __forceinline__ float unit_sumsq(const float* xs, int t) {
   const float4 a = reinterpret_cast<const float4*>(xs)[2 * t], b = reinterpret_cast<const float4*>(xs)[2 * t + 1];
   return a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w + b.x * b.x + b.y * b.y + b.z * b.z + b.w * b.w;
 }
-// Per-head Σx² of the gated head norm into hss[h] for the heads of units [u0, u1) (whole heads; u0 a multiple of
-// 32: a unit's lane is its index mod 32 as when one block stages the whole row, so each head's sum has the same
-// bits however the row is cut): a lane per unit and butterfly sums where a head is a power-of-two number of units
-// (at most 32), else a warp per head (no lane's 8 values need lie in one head). Fixed orders, no atomics: gemv_tc's
-// staging and the rows stagings call this one function, so a row's norm is the same bits in every kernel and run.
-// Every thread of the block calls it; ends with a barrier.
-// Its general case, heads [h0, h1): a warp per head, lanes over the head's values, a butterfly sum. No barrier.
+// head_sums' general case, heads [h0, h1): a warp per head, lanes over the head's values, a butterfly sum. No barrier.
+// Not inlined: inside gemv_tc's staging it cost gemv_tc<4,8> 4 bytes of spills (ptxas, sm_90a).
 inline __device__ __noinline__ void head_sums_by_warp(const float* xs, float* hss, int hd, int h0, int h1) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
   for (int h = h0 + warp; h < h1; h += nw) {
@@ -157,6 +152,12 @@ inline __device__ __noinline__ void head_sums_by_warp(const float* xs, float* hs
     if (lane == 0) hss[h] = ss;
   }
 }
+// Per-head Σx² of the gated head norm into hss[h] for the heads of units [u0, u1) (whole heads; u0 a multiple of
+// 32: a unit's lane is its index mod 32 as when one block stages the whole row, so each head's sum has the same
+// bits however the row is cut): a lane per unit and butterfly sums where a head is a power-of-two number of units
+// (at most 32), else a warp per head (no lane's 8 values need lie in one head). Fixed orders, no atomics: gemv_tc's
+// staging and the rows stagings call this one function, so a row's norm is the same bits in every kernel and run.
+// Every thread of the block calls it; ends with a barrier.
 __device__ inline void head_sums(const float* xs, float* hss, int K, int hd, int u0, int u1) {
   const int n8 = min(K / 8, u1), lph = hd / 8;
   if (hd % 8 == 0 && lph <= 32 && (lph & (lph - 1)) == 0) {

@@ -121,19 +121,7 @@ __device__ void stage_compute(const StageIn& in, const TcSmem& m, int K, float* 
     ss = block_sum(ss, red);
     scale = rsqrtf(ss / float(K) + in.eps);
   } else if (in.pro == Prologue::GatedHeadNorm) {
-    const int lph = hd / 8;  // lanes per head when each lane's 8 values lie in one head
-    if (hd % 8 == 0 && lph <= 32 && (lph & (lph - 1)) == 0) {  // head_sums' first case (tc_common.cuh), inline here
-      for (int t0 = 0; t0 < n8; t0 += blockDim.x) {  // whole warps iterate together (n8 % lph == 0)
-        const int t = t0 + threadIdx.x;
-        float ss = 0.f;
-        if (t < n8) ss = unit_sumsq(m.xs, t);
-        for (int o = 1; o < lph; o <<= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-        if (t < n8 && t % lph == 0) m.hss[t / lph] = ss;
-      }
-    } else {
-      head_sums_by_warp(m.xs, m.hss, hd, 0, K / hd);  // fixed order, as the rows stagings (no atomics: same bits)
-    }
-    __syncthreads();
+    head_sums(m.xs, m.hss, K, hd, 0, n8);  // tc_common.cuh: the rows stagings' fixed order (ends with a barrier)
   }
   // one thread per 8 values; the 8 threads of a 64-group agree on E and Σx by shuffles, so every
   // thread of a warp runs the same number of iterations
