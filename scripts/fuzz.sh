@@ -16,16 +16,8 @@ WORK=${WORK:-/tmp/lilac-fuzz}
 PER=${SECONDS_PER:-60}
 JOBS=${JOBS:-$(nproc)}
 FLAGS="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
-# clang and its runtime libraries (libFuzzer, the sanitizers), besides what scripts/install-deps.sh installs.
-missing=()
-for p in clang libclang-rt-dev; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  SUDO=""
-  if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
-  $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
-fi
+. scripts/sanitizer-lib.sh
+need_clang  # clang, libFuzzer and the sanitizers
 if [ ! -f "$BUILD/build.ninja" ]; then
   CC=clang CXX=clang++ cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLILAC_CUDA=OFF \
     -DLILAC_BUILD_TESTS=OFF -DLILAC_BUILD_BENCH=OFF -DLILAC_FUZZ=ON -DCMAKE_CXX_FLAGS="$FLAGS" >/dev/null

@@ -6,18 +6,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-$PWD/build-tsan}
-for p in clang libclang-rt-dev; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || {
-    SUDO=""; if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
-    $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq clang libclang-rt-dev
-    break
-  }
-done
-if [ ! -f "$BUILD/build.ninja" ]; then
-  CC=clang CXX=clang++ cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLILAC_CUDA=OFF \
-    -DLILAC_BUILD_BENCH=OFF -DCMAKE_CXX_FLAGS="-fsanitize=thread -fno-omit-frame-pointer" \
-    -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=thread" >/dev/null
-fi
+. scripts/sanitizer-lib.sh
+need_clang
+configure_sanitized "$BUILD" "-fsanitize=thread"
 LAYERS=${LAYERS:-core cpufast engine server router}
 targets=()
 for l in $LAYERS; do targets+=("lilac_tests_$l"); done
