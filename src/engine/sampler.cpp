@@ -192,13 +192,13 @@ TokenChoice HostSampler::sample(std::span<const float> logits, const uint32_t* a
     for (const auto& [t, b] : p.logit_bias) work_[size_t(t)] += b;
     z = work_;
   }
-  // No number in the row (every logit NaN: weights or activations that are not finite) leaves nothing to choose.
-  if (argmax(none_allowed ? logits : z) < 0)
-    throw Error("sampler: every logit is NaN (the model's weights or activations are not finite)");
+  // The greedy choice; none when every logit is NaN (weights or activations that are not finite).
+  const int32_t top = argmax(none_allowed ? logits : z);
+  if (top < 0) throw Error("sampler: every logit is NaN (the model's weights or activations are not finite)");
   if (none_allowed) {
-    choice.token = argmax(logits);
+    choice.token = top;
   } else if (p.temperature == 0.f) {
-    choice.token = argmax(z);
+    choice.token = top;
     if (allowed && !((allowed[size_t(choice.token) >> 5] >> (choice.token & 31)) & 1u)) {
       // Every allowed logit is -inf (or NaN): the first allowed id.
       for (size_t i = 0; i < z.size(); ++i)
