@@ -10,7 +10,7 @@ CXX=${CXX:-aarch64-linux-gnu-g++}
 command -v "$CXX" >/dev/null || { echo "no $CXX (apt-get install g++-aarch64-linux-gnu)"; exit 1; }
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
-flags=(-std=gnu++20 -O2 -Wall -Wextra -Wno-unused-parameter -Werror -Isrc)
+flags=(-std=gnu++20 -O2 -ffp-contract=off -Wall -Wextra -Wno-unused-parameter -Werror -Isrc)
 for f in kernels_scalar kernels_avx2 kernels_avx512 isa selfcheck; do
   "$CXX" "${flags[@]}" -c "src/cpufast/$f.cpp" -o "$out/$f.o"
 done

@@ -182,6 +182,28 @@ TEST(CpuOps, RopeHandComputed) {
   EXPECT_EQ(y[3], 4.f);
 }
 
+TEST(CpuOps, RopeRoundsEachProductAsWritten) {
+  // a * c - b * s with each product rounded to fp32 and then subtracted, as the source (and the oracle) says. A build
+  // that lets the compiler fuse it into fma(a, c, -(b * s)) -- GCC's default wherever the target has FMA: aarch64,
+  // -march=native (LILAC_NATIVE) -- computes other bits on other machines; 139 of these 512 values differed
+  // under -march=native before CMakeLists.txt pinned -ffp-contract=off.
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> u(-2.f, 2.f);
+  const float inv_freq = 0.37f;
+  int differ = 0;
+  for (int64_t pos = 1; pos <= 256; ++pos) {
+    float x[2] = {u(rng), u(rng)};
+    const float a = x[0], b = x[1];
+    rope_with(x, 2, pos, &inv_freq);
+    const float ang = float(pos) * inv_freq;
+    const float c = float(std::cos(double(ang))), s = float(std::sin(double(ang)));
+    volatile float ac = a * c, bs = b * s, bc = b * c, as = a * s;  // each product rounded on its own
+    const float e0 = ac - bs, e1 = bc + as;
+    differ += (std::memcmp(&x[0], &e0, 4) != 0) + (std::memcmp(&x[1], &e1, 4) != 0);
+  }
+  EXPECT_EQ(differ, 0) << "rope's products were fused with their sum (floating-point contraction)";
+}
+
 TEST(CpuOps, GatedAttentionGqaAgainstNaive) {
   // 4 query heads on 2 kv heads, head_dim 8, 5 cached positions.
   const int heads = 4, kvh = 2, hd = 8, n = 5;
