@@ -277,7 +277,13 @@ bool Scheduler::step() {
       s->seq->suppress_drafts();
       ++suppressed;
     }
-    if (s->seq->prepare_step()) batch.push_back(s);
+    // prepare_step sets the constraint's mask: a grammar that cannot be followed (too many parses at once) throws
+    // here, and that fails this sequence only (it once escaped the worker thread: std::terminate).
+    try {
+      if (s->seq->prepare_step()) batch.push_back(s);
+    } catch (...) {
+      fail(*s, std::current_exception());
+    }
   }
   const size_t group = size_t(std::max(1, backend_->max_batch()));
   for (size_t g0 = 0; g0 < batch.size(); g0 += group) {

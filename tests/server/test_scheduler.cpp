@@ -268,6 +268,45 @@ TEST(Scheduler, CancellationDuringPrefillAndDecodeFreesTheSession) {
   expect_same(wait(*c2), rc, "c alone");
 }
 
+namespace {
+// A constraint whose mask cannot be computed after its first token (as a grammar that meets too many parses at once
+// throws from Matcher::fill_mask).
+struct ThrowingConstraint : TokenConstraint {
+  int calls = 0;
+  const uint32_t* allowed() override {
+    if (++calls > 1) throw Error("grammar: more than 4096 parses at once");
+    return nullptr;
+  }
+  void accept(int32_t) override {}
+};
+}  // namespace
+
+// The constraint's mask for a batched decode step throws: that request fails (500) and the others in the batch go on.
+// It escaped the worker thread before (std::terminate: the whole server gone).
+TEST(Scheduler, AConstraintThatThrowsBeforeABatchedStepFailsOnlyItsRequest) {
+  auto be = std::make_shared<HookedBackend>();
+  GenerationRequest rq = hash_request(1000, 6, 20);
+  rq.constraint = std::make_shared<ThrowingConstraint>();
+  auto a = std::make_shared<Job>(rq);
+  auto b = std::make_shared<Job>(hash_request(2000, 6, 20));
+  SchedulerOptions o;
+  o.max_batch = 2;
+  o.max_seq = 512;
+  o.prefill_chunk = 8;
+  Scheduler sched(be, tokenizer(), o);
+  ASSERT_TRUE(sched.submit_all({a, b}));
+  Result ra = wait(*a), rb = wait(*b);
+  EXPECT_EQ(ra.error, 500);
+  EXPECT_EQ(rb.error, 0);
+  EXPECT_EQ(rb.stats.finish, FinishReason::Length);
+  EXPECT_EQ(rb.ids.size(), 20u);
+  EXPECT_EQ(sched.in_use(), 0);
+  // the scheduler still serves
+  auto c = std::make_shared<Job>(hash_request(3000, 6, 5));
+  ASSERT_TRUE(sched.submit(c));
+  EXPECT_EQ(wait(*c).ids.size(), 5u);
+}
+
 // Bursts (SchedulerOptions::burst_prefill): requests that arrive together are prefilled before any of them takes
 // a decode step, while a stream that was already decoding keeps its decode step between every two chunks; off,
 // the burst's first streams decode between the others' chunks. The tokens are the same either way.
