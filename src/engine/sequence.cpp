@@ -67,16 +67,19 @@ void Sequence::prefill_call(int64_t n) {
   pos_ += n;
 }
 
+bool Sequence::cancel_if_requested() {
+  if (phase_ != Phase::Prefill || !cancelled()) return false;
+  gen_.context_valid_ = false;
+  st_.prefill_seconds = seconds_since(t0_);
+  finish(FinishReason::Cancelled);
+  return true;
+}
+
 int64_t Sequence::prefill_step() {
   if (phase_ != Phase::Prefill) throw Error("Sequence::prefill_step: not in the prefill phase");
   try {
     if (!started_) begin_prefill();
-    if (cancelled()) {
-      gen_.context_valid_ = false;
-      st_.prefill_seconds = seconds_since(t0_);
-      finish(FinishReason::Cancelled);
-      return 0;
-    }
+    if (cancel_if_requested()) return 0;
     const auto& p = req_.prompt;
     const int64_t chunk = std::max<int64_t>(1, req_.prefill_chunk);
     int64_t computed = 0;

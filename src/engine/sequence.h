@@ -69,6 +69,9 @@ class Sequence {
   // ends) while they fit in req.prefill_chunk tokens together (at least one call). Returns the prompt
   // tokens computed (0 when cancelled, or when the whole prompt was restored from a snapshot).
   int64_t prefill_step();
+  // Between prefill steps (a driver that prefills one sequence at a time checks the others): when the client went
+  // away, the generation ends as Cancelled at once (true) instead of at its own next prefill step.
+  bool cancel_if_requested();
 
   // ---- Decode phase
   // Before a step: false (and done()) when the generation was cancelled; else sets the constraint's

@@ -240,10 +240,13 @@ bool Scheduler::burst_held(const Slot& s) const {
 }
 
 bool Scheduler::step() {
-  // At most one prefill step: the oldest sequence still prefilling.
+  // At most one prefill step: the oldest sequence still prefilling. The others waiting for theirs end now if their
+  // clients went away (their slots free at this step's end, not after the oldest's whole prompt).
   Slot* pre = nullptr;
   for (auto& s : slots_)
     if (s->seq && s->seq->phase() == Sequence::Phase::Prefill && (!pre || s->tick < pre->tick)) pre = s.get();
+  for (auto& s : slots_)
+    if (s->seq && s.get() != pre) s->seq->cancel_if_requested();
   if (pre) {
     try {
       pre->seq->prefill_step();

@@ -268,6 +268,37 @@ TEST(Scheduler, CancellationDuringPrefillAndDecodeFreesTheSession) {
   expect_same(wait(*c2), rc, "c alone");
 }
 
+// A sequence waiting for its prefill while an older one prefills a long prompt: its client goes away during the
+// older one's first chunk. It ends, and its session is free for the queued job, at that step, not after the older
+// prompt's 100 chunks (it kept its slot until then before).
+TEST(Scheduler, ACancelledSequenceWaitingForItsPrefillFreesItsSessionAtOnce) {
+  auto be = std::make_shared<HookedBackend>();
+  auto a = std::make_shared<Job>(hash_request(1000, 400, 4));  // prefilled 4 tokens per step
+  auto b = std::make_shared<Job>(hash_request(2000, 8, 4));    // waits behind a; cancelled during a's first chunk
+  auto c = std::make_shared<Job>(hash_request(3000, 8, 4));    // queued: no free session until b's is
+  int64_t a_prefilled = 0, a_when_c_starts = -1;  // a's prompt tokens prefilled when c got a session
+  be->on_prefill = [&](HookedSession& s, std::span<const int32_t> t) {
+    if (s.first != 1000) return;
+    if (c->started && a_when_c_starts < 0) a_when_c_starts = a_prefilled;
+    a_prefilled += int64_t(t.size());
+    b->cancel = true;
+  };
+  SchedulerOptions o;
+  o.max_batch = 2;
+  o.max_seq = 512;
+  o.prefill_chunk = 4;
+  Scheduler sched(be, tokenizer(), o);
+  ASSERT_TRUE(sched.submit_all({a, b, c}));
+  Result ra = wait(*a), rb = wait(*b), rc = wait(*c);
+  EXPECT_EQ(rb.stats.finish, FinishReason::Cancelled);
+  EXPECT_TRUE(rb.ids.empty());
+  EXPECT_EQ(ra.stats.finish, FinishReason::Length);
+  EXPECT_EQ(rc.stats.finish, FinishReason::Length);
+  EXPECT_GE(a_when_c_starts, 4) << "c got no session before the older prompt was prefilled (-1: never during it)";
+  EXPECT_LE(a_when_c_starts, 8);
+  EXPECT_EQ(sched.in_use(), 0);
+}
+
 namespace {
 // A constraint whose mask cannot be computed after its first token (as a grammar that meets too many parses at once
 // throws from Matcher::fill_mask).
