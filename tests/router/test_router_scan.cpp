@@ -167,6 +167,29 @@ TEST(RouterScan, ABodyThatCannotBeShownCleanStaysLocal) {
   EXPECT_FALSE(scan_body(body, [](std::string_view, bool, std::vector<std::string>*) { return false; }, small).unscannable);
 }
 
+// A text whose variants outgrow what is left of the budget: 300 x U+FDFA (3 bytes each, 33 in NFKC) before an
+// address that only the canonical variant decodes. The canonical variant was cut to exactly the bytes left, the total
+// landed on the budget, and the body was shown clean (cloud) with the address never seen.
+TEST(RouterScan, AVariantCutByTheBudgetMakesTheBodyUnscannable) {
+  std::string t;
+  for (int i = 0; i < 300; ++i) t += "\uFDFA";
+  t += " alice.smith%40example.com";
+  json body = base();
+  body["messages"][0]["content"] = t;
+  auto sees_address = [](std::string_view s, bool, std::vector<std::string>*) {
+    return s.find(kEmail) != std::string_view::npos;
+  };
+  ScanOptions small;
+  small.max_bytes = 4096;
+  ScanOutcome o = scan_body(body, sees_address, small);
+  EXPECT_TRUE(o.sensitive || o.unscannable) << "shown clean with its decoded end unread";
+  EXPECT_TRUE(o.unscannable);
+  small.max_bytes = 1 << 20;  // room for every variant: the address is found
+  o = scan_body(body, sees_address, small);
+  EXPECT_TRUE(o.sensitive);
+  EXPECT_FALSE(o.unscannable);
+}
+
 TEST(RouterScan, StickinessSurvivesWhitespaceOnlyEdits) {
   Router r = make_router();
   json turn1 = json::parse(R"({"messages": [{"role": "user", "content": "Tell me about my account."}], "lilac": {"route": "local"}})");
