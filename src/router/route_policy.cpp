@@ -87,7 +87,9 @@ bool UserRule::matches(std::string_view text, std::string_view lowered) const {
     pcre2_match_data* md = pcre2_match_data_create(1, nullptr);
     int rc = pcre2_match(r->code, reinterpret_cast<PCRE2_SPTR>(text.data()), text.size(), 0, 0, md, nullptr);
     pcre2_match_data_free(md);
-    if (rc >= 0) return true;
+    // Only "no match" shows the text clean. An error (the JIT stack, match or heap limit of a backtracking pattern
+    // on a long text) counted as no match before, and the text went upstream unchecked: it counts as a match.
+    if (rc != PCRE2_ERROR_NOMATCH) return true;
   }
   return false;
 }

@@ -86,6 +86,22 @@ TEST(HybridRouter, UserRulesKeywordsAndRegexes) {
   EXPECT_EQ(d.route, Route::cloud);
 }
 
+// A user regex that backtracks: on 3,000 "a." before the name, pcre2_match gives up with an error (the JIT stack
+// limit, -46, as measured with Debian's libpcre2 10.42) instead of matching. That error counted as "no match" and the
+// text went to the cloud; it is kept local now (a pattern that does finish matches it either way).
+TEST(HybridRouter, AUserRegexThatErrorsKeepsTheTextLocal) {
+  Router r = make_router(R"({"rules": [{"name": "corp", "regex": ["([a-z0-9-]+\\.)+corp\\.example\\.com"]}]})");
+  std::string pad;
+  for (int i = 0; i < 3000; ++i) pad += "a.";
+  auto d = r.decide(chat({user(pad + " see db1.corp.example.com")}), true, "", false);
+  EXPECT_EQ(d.route, Route::local);
+  ASSERT_FALSE(d.matched.empty());
+  EXPECT_EQ(d.matched[0], "rule:corp");
+  // the control: without the padding it matches plainly; an unrelated text still goes to the cloud
+  EXPECT_EQ(r.decide(chat({user("see db1.corp.example.com")}), true, "", false).route, Route::local);
+  EXPECT_EQ(r.decide(chat({user("see the docs")}), true, "", false).route, Route::cloud);
+}
+
 TEST(HybridRouter, DisabledDetectorsDoNotTrigger) {
   Router r = make_router(R"({"detectors": {"ipv4": false}})");
   EXPECT_EQ(r.decide(chat({user("ping 10.0.0.1")}), true, "", false).route, Route::cloud);
