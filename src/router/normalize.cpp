@@ -129,7 +129,7 @@ std::string map_code_points(std::string_view s) {
   for (size_t i = 0; i < s.size();) {
     const unsigned char b = static_cast<unsigned char>(s[i]);
     if (b < 0x80) {
-      out.push_back(char(b));
+      if (!unicode::is_invisible(b)) out.push_back(char(b));
       ++i;
       continue;
     }
@@ -240,7 +240,7 @@ bool needs_canonical(std::string_view s) {
   const size_t n = s.size();
   for (size_t i = 0; i < n; ++i) {
     const unsigned char c = static_cast<unsigned char>(s[i]);
-    if (c >= 0x80) return true;
+    if (c >= 0x80 || unicode::is_invisible(c)) return true;  // (an ASCII control inside a word is dropped)
     switch (c) {
       case '%':
         if (i + 2 < n && hexv(s[i + 1]) >= 0 && hexv(s[i + 2]) >= 0) return true;
@@ -341,7 +341,9 @@ std::string canonical_text(std::string_view text) {
     if (!changed) break;
     s = unicode::sanitize_utf8(d);
   }
-  s = map_code_points(unicode::normalize(s, unicode::NormForm::NFKC));
+  // Decomposed first, so that combining marks are separate code points when map_code_points drops them (composed,
+  // "A" + U+0301 was "Á", a letter kept, and "ÁKIA..." no longer began with AKIA); composed again after.
+  s = unicode::normalize(map_code_points(unicode::normalize(s, unicode::NormForm::NFKD)), unicode::NormForm::NFC);
   return spelled_out(s);
 }
 

@@ -10,6 +10,11 @@
 namespace lilac::unicode {
 
 bool is_invisible(char32_t cp) {
+  // C0 and C1 controls but the whitespace ones (tab, line feed, vertical tab, form feed, carriage return), and the
+  // blank fillers of Hangul and Braille, which show nothing but are letters or symbols, not format characters
+  if (cp < 0x20) return cp < 0x09 || cp > 0x0D;
+  if (cp >= 0x7F && cp <= 0x9F) return true;
+  if (cp == 0x115F || cp == 0x1160 || cp == 0x3164 || cp == 0xFFA0 || cp == 0x2800) return true;
   if (cp < 0xAD) return false;
   switch (utf8proc_category(static_cast<utf8proc_int32_t>(cp))) {
     case UTF8PROC_CATEGORY_CF: case UTF8PROC_CATEGORY_MN: case UTF8PROC_CATEGORY_ME:

@@ -37,7 +37,8 @@ bool is_whitespace(char32_t cp);
 // Letter, number or '_' (a "word" character, for added tokens with single_word).
 bool is_word_char(char32_t cp);
 // Invisible in text: format characters (Cf: zero-width space / joiners, soft hyphen, bidi controls,
-// word joiner, BOM) and combining marks (Mn, Me).
+// word joiner, BOM), combining marks (Mn, Me), C0 / C1 controls other than tab, line feed, vertical tab,
+// form feed and carriage return, and the blank fillers U+115F, U+1160, U+3164, U+FFA0 (Hangul), U+2800 (Braille).
 bool is_invisible(char32_t cp);
 // The value 0-9 of a decimal digit of any script (category Nd: Arabic-Indic, Devanagari, fullwidth,
 // ...), -1 for anything else.

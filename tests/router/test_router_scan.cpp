@@ -119,6 +119,15 @@ TEST(RouterScan, EncodedAndObfuscatedSecretsStayLocal) {
       "card \uff14\uff11\uff11\uff11 \uff11\uff11\uff11\uff11 \uff11\uff11\uff11\uff11 \uff11\uff11\uff11\uff11",  // fullwidth
       "call 415_555_2671",
       "call 415/555/2671",
+      // combining marks that compose with the letter before them (they were composed, then kept as letters)
+      "key A\u0301KIAIOSFODNN7EXAMPLE",
+      "alice.smith@exa\u0301mple.com",
+      "D\u030CE89 3704 0044 0532 0130 00",
+      // controls and blank fillers inside a word (kept before: not format characters; ASCII text was not looked at)
+      "AKIAIOSF\u0085ODNN7EXAMPLE",
+      "AKIAIOSF\u3164ODNN7EXAMPLE",
+      "AKIAIOSF\u0001ODNN7EXAMPLE",
+      "alice.smith@exa\uFFA0mple.com",
   };
   for (const char* t : texts) {
     json body = base();
