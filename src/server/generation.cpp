@@ -50,7 +50,12 @@ bool Generation::continue_after(const GenerationStats& st, std::vector<OutputDel
     req.prompt.insert(req.prompt.end(), budget_->close_ids.begin(), budget_->close_ids.end());
     for (auto& d : parser_->push(budget_->close_text)) deltas.push_back(std::move(d));
   }
-  req.max_tokens = budget_->max_total - used;
+  // What is left of max_tokens, within the context: the closing markup is prompt the request did not count (its
+  // prompt + max_tokens fit exactly, so the continuation asked for c tokens too many and was refused with a 400).
+  int64_t room = budget_->max_total - used;
+  if (budget_->max_context > 0) room = std::min(room, budget_->max_context - int64_t(req.prompt.size()));
+  if (room <= 0) return false;  // the context is full: the generation ends on its limit
+  req.max_tokens = room;
   generated_.clear();
   auto next = std::make_shared<Job>(std::move(req));
   if (!budget_->submit(next)) return false;  // queue full: the generation ends on its limit
@@ -351,6 +356,7 @@ void GenerationCore::make_choices(const GenerationSpec& spec, int n, std::vector
   ReasoningBudget budget;  // every choice's (budgeted only)
   if (budgeted) {
     budget.max_total = max_tokens;
+    budget.max_context = opts_.max_seq;
     budget.close_text = format_.force_close_reasoning();
     budget.close_ids = tok_->encode(budget.close_text, true);
     Scheduler* sched = sched_.get();

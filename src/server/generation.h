@@ -101,6 +101,7 @@ struct OutputEvent {
 // A reasoning budget being applied (GenerationSpec::reasoning_budget): what the continuation needs.
 struct ReasoningBudget {
   int64_t max_total = 0;                 // the request's max_tokens (all jobs together)
+  int64_t max_context = 0;               // the sessions' capacity (0: none): a continuation fits in it
   std::vector<int32_t> close_ids;        // the tokens that close an open reasoning block
   std::string close_text;                // their text (fed to the output parser)
   std::function<bool(std::shared_ptr<Job>)> submit;  // queues the continuation (false: queue full)
