@@ -63,12 +63,18 @@ std::vector<int32_t> MtpHead::draft(int32_t next, int64_t len, int k) {
   d_.committed += P - 1;
   d_.pending_h.erase(d_.pending_h.begin(), d_.pending_h.begin() + (P - 1) * H);
   d_.pending_x.clear();
-  std::vector<int32_t> drafts{argmax(logits)};
+  // Logits with no number in them (broken mtp.* weights, an overflow in the head) have no argmax (-1): the chain
+  // stops there. Drafts are only proposals; a -1 fed to the next forward or to verify failed the request, where the
+  // same request without speculation succeeds.
+  std::vector<int32_t> drafts;
+  if (const int32_t t = argmax(logits); t >= 0) drafts.push_back(t);
   std::vector<float> gj(g.end() - H, g.end()), gn(static_cast<size_t>(H));
-  for (int j = 2; j <= k && len + j - 2 < max_len_; ++j) {
+  for (int j = 2; j <= k && !drafts.empty() && len + j - 2 < max_len_; ++j) {
     const int32_t prev = drafts.back();
     forward(gj.data(), &prev, 1, len + j - 2, gn.data(), logits.data(), false);
-    drafts.push_back(argmax(logits));
+    const int32_t t = argmax(logits);
+    if (t < 0) break;
+    drafts.push_back(t);
     gj.swap(gn);
   }
   return drafts;

@@ -5,6 +5,7 @@
 // prefill chunks and snapshots; and a statistical test of the acceptance rule.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -126,6 +127,38 @@ TEST(CpuSpec, SamplingAndPenaltiesGiveThePlainTokensForTheSeed) {
     const int K = 3;
     const Reference ref = decode_plainly(*be, prompt, sp, 30, 64);
     speculate_against(*be, prompt, sp, ref, K, 64, 256, [&](int round) { return (round + int(seed)) % (K + 1); });
+  }
+}
+
+// An MTP head whose output is not a number (here its final norm is NaN: broken or badly converted mtp.* weights)
+// drafts nothing, and the main model's tokens come as without speculation. Its argmax of -1 was drafted before: fed to
+// the head's next forward (k >= 2) or to verify (k = 1), it failed the request with "token id -1 is outside the
+// vocabulary".
+TEST(CpuSpec, AHeadWithNonFiniteLogitsDraftsNothing) {
+  auto w = std::make_shared<ModelWeights>(*fixture("tiny-mtp"));
+  std::fill(w->mtp.norm.begin(), w->mtp.norm.end(), std::nanf(""));
+  auto be = make_cpu_backend(w, 1);
+  auto plain = make_cpu_backend(fixture("tiny-mtp"), 1);
+  const int64_t V = be->config().vocab_size;
+  const auto prompt = random_tokens(12, V, 5);
+  SamplingParams sp;
+  const Reference ref = decode_plainly(*plain, prompt, sp, 6, 64);
+  for (int k : {1, 3}) {
+    SCOPED_TRACE("k " + std::to_string(k));
+    auto s = be->new_session(64);
+    s->enable_drafting(true);
+    s->prefill(prompt);
+    s->begin_generation(sp, prompt);
+    std::vector<TokenChoice> got{s->sample()};
+    while (got.size() < ref.choices.size()) {
+      std::vector<int32_t> drafts;
+      ASSERT_NO_THROW(drafts = s->draft(k));
+      EXPECT_TRUE(drafts.empty()) << drafts[0];
+      std::vector<TokenChoice> ch;
+      ASSERT_NO_THROW(ch = s->verify(drafts));
+      for (const TokenChoice& c : ch) got.push_back(c);
+    }
+    for (size_t i = 0; i < ref.choices.size(); ++i) EXPECT_TRUE(same_choice(got[i], ref.choices[i])) << i;
   }
 }
 
