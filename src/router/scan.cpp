@@ -13,10 +13,14 @@ using ojson = nlohmann::ordered_json;
 namespace {
 
 bool is_id_key(std::string_view k) { return k == "id" || k == "tool_call_id" || k == "call_id"; }
-// Values that name protocol structure, not content: checked alone, left out of the joined text.
-bool is_structural_key(std::string_view k) {
-  return k == "role" || k == "type" || k == "object" || k == "model" || is_id_key(k);
+// Keys under which the values are the user's data, whatever their own keys say: a tool call's input or arguments,
+// metadata, and what a schema lists as examples or values.
+bool is_user_data_key(std::string_view k) {
+  return k == "input" || k == "arguments" || k == "metadata" || k == "examples" || k == "default" || k == "enum" ||
+         k == "const" || k == "properties";
 }
+// Values that name protocol structure, not content: checked alone, left out of the joined text.
+bool is_structural_key(std::string_view k) { return k == "role" || k == "type" || k == "object" || k == "model"; }
 
 bool looks_like_json(std::string_view s) {
   size_t i = s.find_first_not_of(" \t\r\n");
@@ -88,9 +92,15 @@ struct Scanner {
       const ojson* v;
       std::string_view key;  // the key this value sits under (arrays pass theirs on)
       int embedded;
+      // A protocol id (`id`, `tool_call_id`, `call_id`: random by design, so not checked for high entropy) is one
+      // that sits in a protocol object (one with a `type`, `role` or `object` member), outside the user's data (JSON
+      // found in a string, or under is_user_data_key). Any key called `id` at any depth was exempt before: a secret
+      // in a tool call's input as {"id": ...} went upstream unchecked for entropy.
+      bool protocol_parent;
+      bool user_data;
     };
     std::deque<ojson> parsed;  // JSON found inside strings (stable addresses)
-    std::vector<Item> stack{{&root, "", 0}};
+    std::vector<Item> stack{{&root, "", 0, false, false}};
     while (!stack.empty()) {
       const Item it = stack.back();
       stack.pop_back();
@@ -98,16 +108,20 @@ struct Scanner {
       if (v.is_object()) {
         // Pushed in reverse so that values come out in document order.
         const auto& entries = v.get_ref<const ojson::object_t&>();
-        for (auto e = entries.rbegin(); e != entries.rend(); ++e) stack.push_back({&e->second, e->first, it.embedded});
+        const bool proto = v.contains("type") || v.contains("role") || v.contains("object");
+        for (auto e = entries.rbegin(); e != entries.rend(); ++e)
+          stack.push_back({&e->second, e->first, it.embedded, proto, it.user_data || is_user_data_key(e->first)});
         for (const auto& e : entries)
           if (text(e.first, false)) return true;
       } else if (v.is_array()) {
         const auto& items = v.get_ref<const ojson::array_t&>();
-        for (auto e = items.rbegin(); e != items.rend(); ++e) stack.push_back({&*e, it.key, it.embedded});
+        for (auto e = items.rbegin(); e != items.rend(); ++e)
+          stack.push_back({&*e, it.key, it.embedded, it.protocol_parent, it.user_data});
       } else if (v.is_string()) {
         const std::string& s = v.get_ref<const std::string&>();
-        if (text(s, is_id_key(it.key))) return true;
-        if (!is_structural_key(it.key) && !s.empty() && joined.size() < opts.max_bytes) {
+        const bool protocol_id = is_id_key(it.key) && it.protocol_parent && !it.user_data;
+        if (text(s, protocol_id)) return true;
+        if (!protocol_id && !is_structural_key(it.key) && !s.empty() && joined.size() < opts.max_bytes) {
           out.text_bytes += s.size();
           if (!joined.empty()) {
             seams_j.push_back(joined.size());
@@ -123,7 +137,7 @@ struct Scanner {
           JsonParseResult r = parse_bounded_json(s, JsonLimits{});
           if (r.ok() && r.value.is_structured()) {
             parsed.push_back(std::move(r.value));
-            stack.push_back({&parsed.back(), it.key, it.embedded + 1});
+            stack.push_back({&parsed.back(), it.key, it.embedded + 1, false, true});
           }
         }
       } else if (v.is_number()) {

@@ -199,6 +199,34 @@ TEST(RouterScan, AVariantCutByTheBudgetMakesTheBodyUnscannable) {
   EXPECT_FALSE(o.unscannable);
 }
 
+// Protocol ids are random by design and not checked for high entropy; a key called `id` in the user's data is not one.
+// A random token under {"id": ...} in a tool call's input, in metadata or in a schema's examples went upstream (the
+// exemption was by key name at any depth); the same token under "token" stayed local.
+TEST(RouterScan, AnIdKeyInTheUsersDataIsNotAProtocolId) {
+  Router r = make_router();
+  const std::string tok = "q7Rz2Kx9Lm4Vb8Nw3Ty6Pc1Hd5";
+  const json tool_use = json::parse(R"({"model": "lilac", "max_tokens": 64, "messages": [
+      {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_01", "name": "login", "input": {}}]},
+      {"role": "user", "content": "go"}]})");
+  for (const char* key : {"token", "id"}) {
+    json b = tool_use;
+    b["messages"][0]["content"][0]["input"][key] = tok;
+    EXPECT_EQ(r.decide(b, Api::messages, "", false).route, Route::local) << "input." << key;
+  }
+  json m = base();
+  m["metadata"] = {{"id", tok}};
+  EXPECT_EQ(r.decide(m, true, "", false).route, Route::local) << "metadata.id";
+  json args = base();
+  args["messages"].push_back({{"role", "assistant"}, {"content", nullptr},
+                              {"tool_calls", {{{"id", "call_Ab3dEf9hIj2kLm5nOp8qRs1t"}, {"type", "function"},
+                                               {"function", {{"name", "login"}, {"arguments", "{\"id\": \"" + tok + "\"}"}}}}}}});
+  EXPECT_EQ(r.decide(args, true, "", false).route, Route::local) << "arguments' id";
+  // the protocol's own ids (a tool_use block's, a tool call's, a tool message's) still go to the cloud
+  json ids = tool_use;
+  ids["messages"][0]["content"][0]["id"] = "toolu_" + tok;
+  EXPECT_EQ(r.decide(ids, Api::messages, "", false).route, Route::cloud);
+}
+
 TEST(RouterScan, StickinessSurvivesWhitespaceOnlyEdits) {
   Router r = make_router();
   json turn1 = json::parse(R"({"messages": [{"role": "user", "content": "Tell me about my account."}], "lilac": {"route": "local"}})");
