@@ -343,7 +343,14 @@ std::string canonical_text(std::string_view text) {
   }
   // Decomposed first, so that combining marks are separate code points when map_code_points drops them (composed,
   // "A" + U+0301 was "Á", a letter kept, and "ÁKIA..." no longer began with AKIA); composed again after.
-  s = unicode::normalize(map_code_points(unicode::normalize(s, unicode::NormForm::NFKD)), unicode::NormForm::NFC);
+  auto fold = [](const std::string& t) {
+    return unicode::normalize(map_code_points(unicode::normalize(t, unicode::NormForm::NFKD)), unicode::NormForm::NFC);
+  };
+  s = fold(s);
+  // Escapes that only the compatibility forms spell (fullwidth "％４０" is "%40" after NFKD): decoded once more.
+  bool changed = false;
+  std::string d = decode_escapes(s, &changed);
+  if (changed) s = fold(unicode::sanitize_utf8(d));
   return spelled_out(s);
 }
 

@@ -128,6 +128,7 @@ TEST(RouterScan, EncodedAndObfuscatedSecretsStayLocal) {
       "AKIAIOSF\u3164ODNN7EXAMPLE",
       "AKIAIOSF\u0001ODNN7EXAMPLE",
       "alice.smith@exa\uFFA0mple.com",
+      "alice.smith\uFF05\uFF14\uFF10example.com",             // a URL escape in fullwidth (decoded after NFKC)
   };
   for (const char* t : texts) {
     json body = base();
