@@ -57,20 +57,31 @@ struct HostQ {
   }
 };
 
+// Writes (the constructor's copy, set, poison) are complete when they return: cudaMemset, and cudaMemcpy from pageable
+// host memory, run on the legacy default stream and may still be in flight when the call returns, and the tests launch
+// their kernels and graphs on non-blocking streams, which do not wait for that stream. Without the device-wide wait a
+// replay's poison could land after the graph had written its output (CudaRowsAttention.GraphReplaysWithChangingRows
+// once saw every row of one replay non-finite, stop 54).
 template <typename T>
 struct Dev {
   T* p = nullptr;
   size_t n = 0;
   explicit Dev(size_t count) : n(count) { cudaMalloc(&p, std::max<size_t>(count, 1) * sizeof(T)); }
-  Dev(const std::vector<T>& v) : Dev(v.size()) { cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice); }
+  Dev(const std::vector<T>& v) : Dev(v.size()) { set(v); }
   ~Dev() { cudaFree(p); }
-  void poison() { cudaMemset(p, 0xff, n * sizeof(T)); }  // NaN for floats
+  void poison() {  // NaN for floats
+    cudaMemset(p, 0xff, n * sizeof(T));
+    cudaDeviceSynchronize();
+  }
   std::vector<T> get() const {
     std::vector<T> v(n);
     cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost);
     return v;
   }
-  void set(const std::vector<T>& v) { cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice); }
+  void set(const std::vector<T>& v) {
+    cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice);
+    cudaDeviceSynchronize();
+  }
 };
 
 struct DevQ {
