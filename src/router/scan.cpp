@@ -109,8 +109,10 @@ struct Scanner {
         // Pushed in reverse so that values come out in document order.
         const auto& entries = v.get_ref<const ojson::object_t&>();
         const bool proto = v.contains("type") || v.contains("role") || v.contains("object");
+        // (the body's own "input" is the Responses API's list of items, protocol objects with their ids)
+        auto user_data = [&](std::string_view k) { return is_user_data_key(k) && !(it.v == &root && k == "input"); };
         for (auto e = entries.rbegin(); e != entries.rend(); ++e)
-          stack.push_back({&e->second, e->first, it.embedded, proto, it.user_data || is_user_data_key(e->first)});
+          stack.push_back({&e->second, e->first, it.embedded, proto, it.user_data || user_data(e->first)});
         for (const auto& e : entries)
           if (text(e.first, false)) return true;
       } else if (v.is_array()) {

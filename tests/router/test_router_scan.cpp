@@ -222,10 +222,16 @@ TEST(RouterScan, AnIdKeyInTheUsersDataIsNotAProtocolId) {
                               {"tool_calls", {{{"id", "call_Ab3dEf9hIj2kLm5nOp8qRs1t"}, {"type", "function"},
                                                {"function", {{"name", "login"}, {"arguments", "{\"id\": \"" + tok + "\"}"}}}}}}});
   EXPECT_EQ(r.decide(args, true, "", false).route, Route::local) << "arguments' id";
-  // the protocol's own ids (a tool_use block's, a tool call's, a tool message's) still go to the cloud
+  // the protocol's own ids (a tool_use block's; a Responses function call's and its item's) still go to the cloud
   json ids = tool_use;
   ids["messages"][0]["content"][0]["id"] = "toolu_" + tok;
   EXPECT_EQ(r.decide(ids, Api::messages, "", false).route, Route::cloud);
+  const json responses = {{"model", "lilac"},
+                          {"input", {{{"role", "user"}, {"content", "weather?"}},
+                                     {{"type", "function_call"}, {"id", "fc_" + tok}, {"call_id", "call_" + tok},
+                                      {"name", "get_weather"}, {"arguments", "{\"city\": \"Paris\"}"}},
+                                     {{"type", "function_call_output"}, {"call_id", "call_" + tok}, {"output", "sunny"}}}}};
+  EXPECT_EQ(r.decide(responses, Api::responses, "", false).route, Route::cloud);
 }
 
 TEST(RouterScan, StickinessSurvivesWhitespaceOnlyEdits) {
