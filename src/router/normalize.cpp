@@ -40,8 +40,10 @@ std::string decode_escapes(std::string_view s, bool* changed) {
       continue;
     }
     if (c == '&') {
+      // named references are short; numeric ones may carry leading zeros (&#0000000064;)
+      const size_t max_len = i + 1 < s.size() && s[i + 1] == '#' ? 32 : 10;
       size_t semi = s.find(';', i + 1);
-      if (semi != std::string_view::npos && semi - i <= 10) {
+      if (semi != std::string_view::npos && semi - i <= max_len) {
         std::string_view ent = s.substr(i + 1, semi - i - 1);
         long cp = -1;
         if (ent.size() > 1 && ent[0] == '#') {
@@ -55,12 +57,43 @@ std::string decode_escapes(std::string_view s, bool* changed) {
         else if (ieq(ent, "amp")) cp = '&';
         else if (ieq(ent, "nbsp")) cp = ' ';
         else if (ieq(ent, "hyphen") || ieq(ent, "dash")) cp = '-';
+        else if (ieq(ent, "lowbar")) cp = '_';
+        else if (ieq(ent, "plus")) cp = '+';
+        else if (ieq(ent, "colon")) cp = ':';
+        else if (ieq(ent, "sol")) cp = '/';
+        else if (ieq(ent, "comma")) cp = ',';
+        else if (ieq(ent, "num")) cp = '#';
+        else if (ieq(ent, "equals")) cp = '=';
         if (cp > 0 && cp < 0x110000) {
           append_utf8(out, char32_t(cp));
           i = semi;
           *changed = true;
           continue;
         }
+      }
+    }
+    if (c == '\\' && i + 1 < s.size() && s[i + 1] == '\\') {  // an escaped backslash: \\u0040 is \u0040 next pass
+      out.push_back('\\');
+      ++i;
+      *changed = true;
+      continue;
+    }
+    if (c == '\\' && i + 3 < s.size() && (s[i + 1] == 'x' || s[i + 1] == 'X') && hexv(s[i + 2]) >= 0 &&
+        hexv(s[i + 3]) >= 0 && hexv(s[i + 2]) < 8) {  // \x40 (an ASCII byte)
+      out.push_back(static_cast<char>(hexv(s[i + 2]) * 16 + hexv(s[i + 3])));
+      i += 3;
+      *changed = true;
+      continue;
+    }
+    if (c == '\\' && i + 3 < s.size() && (s[i + 1] == 'u' || s[i + 1] == 'U') && s[i + 2] == '{') {  // \u{40}
+      size_t j = i + 3;
+      long v = 0;
+      while (j < s.size() && j < i + 9 && hexv(s[j]) >= 0) v = v * 16 + hexv(s[j++]);
+      if (j > i + 3 && j < s.size() && s[j] == '}' && v > 0 && v < 0x110000 && (v < 0xD800 || v >= 0xE000)) {
+        append_utf8(out, char32_t(v));
+        i = j;
+        *changed = true;
+        continue;
       }
     }
     if (c == '\\' && i + 5 < s.size() && (s[i + 1] == 'u' || s[i + 1] == 'U')) {
@@ -246,10 +279,12 @@ bool needs_canonical(std::string_view s) {
         if (i + 2 < n && hexv(s[i + 1]) >= 0 && hexv(s[i + 2]) >= 0) return true;
         break;
       case '&':
-        if (s.find(';', i) != std::string_view::npos && s.find(';', i) - i <= 10) return true;
+        if (s.find(';', i) != std::string_view::npos && s.find(';', i) - i <= (i + 1 < n && s[i + 1] == '#' ? 32 : 10))
+          return true;
         break;
       case '\\':
-        if (i + 1 < n && (s[i + 1] == 'u' || s[i + 1] == 'U')) return true;
+        if (i + 1 < n && (s[i + 1] == 'u' || s[i + 1] == 'U' || s[i + 1] == 'x' || s[i + 1] == 'X' || s[i + 1] == '\\'))
+          return true;
         break;
       case '[': case '(': case '{': case '<': {
         size_t j = i + 1;

@@ -129,6 +129,11 @@ TEST(RouterScan, EncodedAndObfuscatedSecretsStayLocal) {
       "AKIAIOSF\u0001ODNN7EXAMPLE",
       "alice.smith@exa\uFFA0mple.com",
       "alice.smith\uFF05\uFF14\uFF10example.com",             // a URL escape in fullwidth (decoded after NFKC)
+      "alice.smith\\\\u0040example.com",                       // a \u escape whose backslash is escaped
+      "alice.smith\\u{40}example.com",                         // \u{...}
+      "alice.smith\\x40example.com",                           // \x..
+      "alice.smith&#0000000064;example.com",                    // a numeric reference with leading zeros
+      "card 4111&lowbar;1111&lowbar;1111&lowbar;1111",              // named references
   };
   for (const char* t : texts) {
     json body = base();
