@@ -19,6 +19,13 @@ bool is_user_data_key(std::string_view k) {
   return k == "input" || k == "arguments" || k == "metadata" || k == "examples" || k == "default" || k == "enum" ||
          k == "const" || k == "properties";
 }
+// Keys whose string values are what the model reads (message text, prompts, tool inputs and results): joined a second
+// time without the other values, so that a setting between two text blocks (a cache_control ttl) does not hide a
+// secret split across them.
+bool is_content_key(std::string_view k) {
+  return k == "text" || k == "content" || k == "prompt" || k == "input" || k == "output" || k == "arguments" ||
+         k == "thinking";
+}
 // Values that name protocol structure, not content: checked alone, left out of the joined text.
 bool is_structural_key(std::string_view k) { return k == "role" || k == "type" || k == "object" || k == "model"; }
 
@@ -38,6 +45,8 @@ struct Scanner {
   uint64_t budget_used = 0;
   std::string joined, spaced;             // the string values in order, without / with a space between
   std::vector<size_t> seams_j, seams_s;   // where each value after the first starts in them
+  std::string content;                    // the values under is_content_key only, in order
+  std::vector<size_t> seams_c;
 
   // The text around the seams of `all` (windows merged where they overlap).
   bool seams(const std::string& all, const std::vector<size_t>& at) {
@@ -132,6 +141,10 @@ struct Scanner {
           }
           joined += s;
           spaced += s;
+          if (is_content_key(it.key)) {
+            if (!content.empty()) seams_c.push_back(content.size());
+            content += s;
+          }
         }
         if (it.embedded < opts.max_embedded && looks_like_json(s)) {
           // Not the request limits' 16,384 keys per object: JSON inside a string is scanned through its parse
@@ -153,9 +166,11 @@ struct Scanner {
 }  // namespace
 
 ScanOutcome scan_body(const ojson& body, const TextCheck& check, const ScanOptions& opts) {
-  Scanner sc{check, opts, {}, 0, {}, {}};
-  // Secrets split across values: the joined texts around each seam, without and with a space.
-  if (!sc.walk(body) && !sc.seams(sc.joined, sc.seams_j)) sc.seams(sc.spaced, sc.seams_s);
+  Scanner sc{check, opts, {}, 0, {}, {}, {}, {}, {}, {}};
+  // Secrets split across values: the joined texts around each seam, without and with a space, and the content values
+  // alone.
+  if (!sc.walk(body) && !sc.seams(sc.joined, sc.seams_j) && !sc.seams(sc.spaced, sc.seams_s))
+    sc.seams(sc.content, sc.seams_c);
   return std::move(sc.out);
 }
 

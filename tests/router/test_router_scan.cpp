@@ -96,6 +96,20 @@ TEST(RouterScan, SecretsSplitAcrossMessagesOrPartsStayLocal) {
   EXPECT_EQ(r.decide(body, true, "", false).route, Route::local);
 }
 
+// A secret split across two text blocks with a setting between them: the blocks' values joined in document order put
+// the ttl between the halves ("AKIAIOSF5mODNN7EXAMPLE"), and the request went to the cloud; the same blocks without
+// the ttl stayed local. The content values are joined apart too.
+TEST(RouterScan, ASecretSplitAcrossTextBlocksWithASettingBetweenStaysLocal) {
+  Router r = make_router();
+  const json body = json::parse(R"({"model": "lilac", "max_tokens": 64, "messages": [{"role": "user", "content": [
+      {"type": "text", "text": "key AKIAIOSF", "cache_control": {"type": "ephemeral", "ttl": "5m"}},
+      {"type": "text", "text": "ODNN7EXAMPLE"}]}]})");
+  EXPECT_EQ(r.decide(body, Api::messages, "", false).route, Route::local);
+  json plain = body;
+  plain["messages"][0]["content"][1]["text"] = "thanks";
+  EXPECT_EQ(r.decide(plain, Api::messages, "", false).route, Route::cloud);
+}
+
 TEST(RouterScan, EncodedAndObfuscatedSecretsStayLocal) {
   Router r = make_router();
   const char* texts[] = {
