@@ -27,7 +27,15 @@ bool ieq(std::string_view a, std::string_view b) {
   return true;
 }
 
-// One pass of %XX, &#NN; &#xHH; &name; (a few names) and \uXXXX (with surrogate pairs) decoding.
+// Where the ';' of an HTML reference opened by the '&' at s[i] is, or npos: named references are short, numeric ones
+// may carry leading zeros (&#0000000064;).
+size_t reference_end(std::string_view s, size_t i) {
+  const size_t max_len = i + 1 < s.size() && s[i + 1] == '#' ? 32 : 10;
+  const size_t semi = s.find(';', i + 1);
+  return semi != std::string_view::npos && semi - i <= max_len ? semi : std::string_view::npos;
+}
+
+// One pass of %XX, &#NN; &#xHH; &name; (a few names), \\, \xHH, \u{H..} and \uXXXX (with surrogate pairs) decoding.
 std::string decode_escapes(std::string_view s, bool* changed) {
   std::string out;
   out.reserve(s.size());
@@ -40,10 +48,7 @@ std::string decode_escapes(std::string_view s, bool* changed) {
       continue;
     }
     if (c == '&') {
-      // named references are short; numeric ones may carry leading zeros (&#0000000064;)
-      const size_t max_len = i + 1 < s.size() && s[i + 1] == '#' ? 32 : 10;
-      size_t semi = s.find(';', i + 1);
-      if (semi != std::string_view::npos && semi - i <= max_len) {
+      if (const size_t semi = reference_end(s, i); semi != std::string_view::npos) {
         std::string_view ent = s.substr(i + 1, semi - i - 1);
         long cp = -1;
         if (ent.size() > 1 && ent[0] == '#') {
@@ -279,8 +284,7 @@ bool needs_canonical(std::string_view s) {
         if (i + 2 < n && hexv(s[i + 1]) >= 0 && hexv(s[i + 2]) >= 0) return true;
         break;
       case '&':
-        if (s.find(';', i) != std::string_view::npos && s.find(';', i) - i <= (i + 1 < n && s[i + 1] == '#' ? 32 : 10))
-          return true;
+        if (reference_end(s, i) != std::string_view::npos) return true;
         break;
       case '\\':
         if (i + 1 < n && (s[i + 1] == 'u' || s[i + 1] == 'U' || s[i + 1] == 'x' || s[i + 1] == 'X' || s[i + 1] == '\\'))

@@ -19,9 +19,9 @@ bool is_user_data_key(std::string_view k) {
   return k == "input" || k == "arguments" || k == "metadata" || k == "examples" || k == "default" || k == "enum" ||
          k == "const" || k == "properties";
 }
-// Keys whose string values are what the model reads (message text, prompts, tool inputs and results): joined a second
-// time without the other values, so that a setting between two text blocks (a cache_control ttl) does not hide a
-// secret split across them.
+// Keys whose string values are what the model reads (message text, prompts, tool inputs and results): also joined
+// apart from the other values, so that a setting between two text blocks (a cache_control ttl) does not hide a secret
+// split across them.
 bool is_content_key(std::string_view k) {
   return k == "text" || k == "content" || k == "prompt" || k == "input" || k == "output" || k == "arguments" ||
          k == "thinking";
