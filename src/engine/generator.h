@@ -41,6 +41,10 @@ class TokenConstraint {
   virtual const uint32_t* allowed() = 0;
   // The token that was chosen (in order, once per consumed choice, also the end-of-turn id).
   virtual void accept(int32_t token) = 0;
+  // How many of the next choices are free whatever they are (allowed() returns nullptr for each): a speculative
+  // step may choose that many tokens without a mask (Sequence::draft_budget drafts at most this many minus one).
+  // 0: every choice may be masked (no speculation).
+  virtual int64_t free_choices() const { return 0; }
 };
 
 // Whether the state after the first k tokens of `prompt`, as any earlier prefill of those k tokens left it (a

@@ -192,9 +192,10 @@ bool Sequence::prepare_step() {
 }
 
 int Sequence::draft_budget() const {
-  if (req_.draft_tokens <= 0 || req_.constraint || phase_ != Phase::Decode || (!gen_.s_.can_draft() && !gen_.hook_))
-    return 0;
-  const int64_t room = req_.max_tokens - st_.completion_tokens - 1;
+  if (req_.draft_tokens <= 0 || phase_ != Phase::Decode || (!gen_.s_.can_draft() && !gen_.hook_)) return 0;
+  int64_t room = req_.max_tokens - st_.completion_tokens - 1;
+  // A verify's choices are made inside the backend, only the first one masked: all of them must be free.
+  if (req_.constraint) room = std::min(room, req_.constraint->free_choices() - 1);
   const int k = std::min(gen_.policy_.choose(), req_.draft_tokens);
   return int(std::clamp<int64_t>(room, 0, k));
 }

@@ -27,8 +27,9 @@
 // - Constrained decoding: GenerationRequest::constraint (TokenConstraint, generator.h). Before every
 //   choice (the first sample() and every decode step) the sequence calls
 //   session.set_token_mask(constraint->allowed()); after, constraint->accept(token) for each consumed
-//   choice. With a constraint no speculation is done (draft_budget() == 0): a verify chooses several
-//   tokens inside the backend, with only the first one masked.
+//   choice. A verify chooses several tokens inside the backend, with only the first one masked, so a
+//   constrained sequence speculates only over the choices its constraint leaves free
+//   (TokenConstraint::free_choices: a grammar none, a reasoning budget those before it runs out).
 // - Speculative decoding (MTP): GenerationRequest::draft_tokens > 0 and session.can_draft() (the
 //   Generator turns the session's drafting on; a draft hook, Generator::set_draft_hook, also counts): the
 //   driver drafts draft_budget() tokens -- the Generator's SpecPolicy's choice for this step
@@ -79,7 +80,7 @@ class Sequence {
   bool prepare_step();
   // Tokens the next step may draft and verify (0: a plain decode step): min(the policy's choice (at most
   // req.draft_tokens), what max_tokens leaves), 0 without session.can_draft() (and no draft hook) or with
-  // a constraint. The same until the step is consumed.
+  // a constraint that does not leave those choices free. The same until the step is consumed.
   int draft_budget() const;
   // The step's choices, in order (see the header comment). The session must have fed the pending token
   // and every choice but the last (a verify's accepted drafts). A step a driver ran (not decode_alone)

@@ -4,6 +4,7 @@
 #include "core/log.h"
 #include "engine/backend.h"
 #include "engine/grammar_constraint.h"
+#include "engine/reasoning_budget.h"
 #include "engine/validate.h"
 #include "grammar/cache.h"
 #include "grammar/response_grammar.h"
@@ -28,53 +29,7 @@ Generation::Generation(std::shared_ptr<Job> job, bool chat, const GenerationProm
   if (!prompt.call_prefix.empty()) pending_ = parser_->push(prompt.call_prefix);  // normally nothing comes out yet
 }
 
-void Generation::set_reasoning_budget(ReasoningBudget budget) { budget_ = std::move(budget); }
-
-void Generation::cancel() {
-  cancelled_ = true;
-  std::lock_guard lk(job_mu_);
-  job_->cancel = true;
-}
-
-// A budgeted generation whose job ended on its token limit: queues the continuation from where it
-// stopped (closing the reasoning when it is still open) and returns true; false when the generation
-// ends here. The closing markup goes through the parser (it yields no text, only the switch).
-bool Generation::continue_after(const GenerationStats& st, std::vector<OutputDelta>& deltas) {
-  if (!budget_ || !parser_ || cancelled_.load() || abort_status_.load() || st.finish != FinishReason::Length)
-    return false;
-  const int64_t used = acc_.completion_tokens + st.completion_tokens;
-  if (used >= budget_->max_total) return false;
-  GenerationRequest req = job_->req;
-  req.prompt.insert(req.prompt.end(), generated_.begin(), generated_.end());
-  if (!continued_ && parser_->in_reasoning()) {
-    req.prompt.insert(req.prompt.end(), budget_->close_ids.begin(), budget_->close_ids.end());
-    for (auto& d : parser_->push(budget_->close_text)) deltas.push_back(std::move(d));
-  }
-  // What is left of max_tokens, within the context: the closing markup is prompt the request did not count (its
-  // prompt + max_tokens fit exactly, so the continuation asked for c tokens too many and was refused with a 400).
-  int64_t room = budget_->max_total - used;
-  if (budget_->max_context > 0) room = std::min(room, budget_->max_context - int64_t(req.prompt.size()));
-  if (room <= 0) return false;  // the context is full: the generation ends on its limit
-  req.max_tokens = room;
-  generated_.clear();
-  auto next = std::make_shared<Job>(std::move(req));
-  if (!budget_->submit(next)) return false;  // queue full: the generation ends on its limit
-  if (!continued_) {
-    acc_.prompt_tokens = st.prompt_tokens;
-    acc_.cached_tokens = st.cached_tokens;
-    acc_.ttft_seconds = st.ttft_seconds;
-    acc_.cache_hit = st.cache_hit;
-  }
-  acc_.completion_tokens += st.completion_tokens;
-  acc_.prefill_seconds += st.prefill_seconds;
-  acc_.decode_seconds += st.decode_seconds;
-  acc_.snapshots_taken += st.snapshots_taken;
-  continued_ = true;
-  std::lock_guard lk(job_mu_);
-  job_ = std::move(next);
-  if (cancelled_.load() || abort_status_.load()) job_->cancel = true;
-  return true;
-}
+void Generation::cancel() { job_->cancel = true; }
 
 void Generation::abort(int status, const std::string& message) {
   {
@@ -83,14 +38,10 @@ void Generation::abort(int status, const std::string& message) {
     abort_message_ = message;
   }
   abort_status_ = status;
-  std::lock_guard lk(job_mu_);
   job_->cancel = true;
 }
 
-bool Generation::started() const {
-  std::lock_guard lk(job_mu_);
-  return job_->started.load();
-}
+bool Generation::started() const { return job_->started.load(); }
 
 OutputEvent Generation::decode(JobEvent& ev) {
   OutputEvent out;
@@ -103,7 +54,6 @@ OutputEvent Generation::decode(JobEvent& ev) {
     case JobEvent::Token:
       out.kind = OutputEvent::Token;
       out.token = std::move(ev.token);
-      if (budget_ && out.token.id >= 0) generated_.push_back(out.token.id);
       if (parser_) {
         out.reasoning = parser_->in_reasoning();
         append(parser_->push(out.token.text));
@@ -123,23 +73,9 @@ OutputEvent Generation::decode(JobEvent& ev) {
         ev.message = abort_message_;
         return decode(ev);
       }
-      if (continue_after(ev.stats, out.deltas)) {
-        out.kind = OutputEvent::Token;  // no token (id -1, no text): only the deltas, if any
-        break;
-      }
       out.kind = OutputEvent::Done;
       finished_ = true;
       stats_ = ev.stats;
-      if (continued_) {  // the whole generation's counts
-        stats_.prompt_tokens = acc_.prompt_tokens;
-        stats_.cached_tokens = acc_.cached_tokens;
-        stats_.ttft_seconds = acc_.ttft_seconds;
-        stats_.cache_hit = acc_.cache_hit;
-        stats_.completion_tokens += acc_.completion_tokens;
-        stats_.prefill_seconds += acc_.prefill_seconds;
-        stats_.decode_seconds += acc_.decode_seconds;
-        stats_.snapshots_taken += acc_.snapshots_taken;
-      }
       out.stats = stats_;
       if (parser_) append(parser_->finish());
       break;
@@ -169,7 +105,7 @@ bool Generation::poll(std::vector<OutputEvent>& out, std::chrono::milliseconds t
     return true;
   }
   std::vector<JobEvent> evs;
-  const bool got = job_->pop_all(evs, timeout);  // job_ is replaced only on this thread
+  const bool got = job_->pop_all(evs, timeout);
   for (auto& e : evs) {
     if (finished_) break;
     OutputEvent o = decode(e);
@@ -351,33 +287,30 @@ void GenerationCore::make_choices(const GenerationSpec& spec, int n, std::vector
                    "unsupported_value");
 
   // A reasoning budget applies when the model starts inside its reasoning and the budget is below the
-  // limit: the first job stops at the budget (see Generation::continue_after).
+  // limit: a constraint of the generation closes the block when the budget runs out (engine/reasoning_budget.h).
   const bool budgeted = chat && prompt.in_reasoning && spec.reasoning_budget && *spec.reasoning_budget < max_tokens;
-  ReasoningBudget budget;  // every choice's (budgeted only)
-  if (budgeted) {
-    budget.max_total = max_tokens;
-    budget.max_context = opts_.max_seq;
-    budget.close_text = format_.force_close_reasoning();
-    budget.close_ids = tok_->encode(budget.close_text, true);
-    Scheduler* sched = sched_.get();
-    budget.submit = [sched](std::shared_ptr<Job> j) { return sched->submit(std::move(j)); };
-  }
+  std::vector<int32_t> close_ids;
+  if (budgeted) close_ids = tok_->encode(format_.force_close_reasoning(), /*parse_special=*/true);
   for (int i = 0; i < n; ++i) {  // choice i: the same prompt, sampled with seed + i, its own constraint state
     GenerationRequest gr;
     gr.prompt = ids;
     gr.sampling = spec.sampling;
     gr.sampling.seed += uint64_t(i);
-    gr.max_tokens = budgeted ? *spec.reasoning_budget : max_tokens;
+    gr.max_tokens = max_tokens;
     gr.stop_ids = eos_;
     gr.stop_strings = spec.stop;
     gr.boundary_token = chat ? boundary_ : -1;
     gr.constraint = constraint(spec, prompt);
+    if (budgeted)  // every choice its own: the constraint counts the choice's tokens
+      gr.constraint = std::make_shared<ReasoningBudgetConstraint>(*tok_, backend_->config().vocab_size,
+                                                                  *spec.reasoning_budget, close_ids,
+                                                                  std::string(format_.markup().think_close),
+                                                                  std::move(gr.constraint));
     gr.draft_tokens = opts_.spec_tokens;  // not used under a constraint (Sequence::draft_budget)
     gr.spec_policy = opts_.spec_policy;
     gr.prompt_logprobs = spec.prompt_logprobs;
     jobs.push_back(std::make_shared<Job>(std::move(gr)));
     gens.push_back(std::make_shared<Generation>(jobs.back(), chat, prompt, spec.tools, format_));
-    if (budgeted) gens.back()->set_reasoning_budget(budget);
   }
 }
 

@@ -70,9 +70,9 @@ struct GenerationSpec {
   int prompt_logprobs = -1;
   // Chat with reasoning on: at most this many generated tokens are spent inside the reasoning block;
   // when the budget runs out with the reasoning still open, the core closes it (ModelFormat::
-  // force_close_reasoning) and the model goes on with its answer, within max_tokens in all. See
-  // Generation (a budgeted generation runs as a first job of `reasoning_budget` tokens and, when it
-  // ends on that limit, a continuation job from where it stopped). nullopt: no budget.
+  // force_close_reasoning: its tokens are forced as the next choices, and count) and the model goes on
+  // with its answer in the same generation, within max_tokens in all (engine/reasoning_budget.h).
+  // nullopt: no budget.
   std::optional<int64_t> reasoning_budget;
   std::string prompt_param = "messages";  // the request field that errors about the prompt name
   std::string max_tokens_param = "max_tokens";  // the request field that errors about max_tokens name
@@ -98,22 +98,11 @@ struct OutputEvent {
   std::string message;              // Error
 };
 
-// A reasoning budget being applied (GenerationSpec::reasoning_budget): what the continuation needs.
-struct ReasoningBudget {
-  int64_t max_total = 0;                 // the request's max_tokens (all jobs together)
-  int64_t max_context = 0;               // the sessions' capacity (0: none): a continuation fits in it
-  std::vector<int32_t> close_ids;        // the tokens that close an open reasoning block
-  std::string close_text;                // their text (fed to the output parser)
-  std::function<bool(std::shared_ptr<Job>)> submit;  // queues the continuation (false: queue full)
-};
-
 // One queued or running generation, seen from the HTTP thread that answers it.
 class Generation {
  public:
   Generation(std::shared_ptr<Job> job, bool chat, const GenerationPrompt& prompt, const nlohmann::ordered_json& tools,
              const ModelFormat& format);
-  // Applies `budget` (the first job was queued with max_tokens = the budget).
-  void set_reasoning_budget(ReasoningBudget budget);
 
   // Waits up to `timeout` for the job's next events and appends them, decoded, to `out`; false on
   // timeout. After a Done or Error event finished() is true and nothing more comes.
@@ -136,15 +125,8 @@ class Generation {
 
  private:
   OutputEvent decode(JobEvent& ev);
-  bool continue_after(const GenerationStats& st, std::vector<OutputDelta>& deltas);
 
-  mutable std::mutex job_mu_;  // job_ is replaced by a continuation while cancel() may run
   std::shared_ptr<Job> job_;
-  std::atomic<bool> cancelled_{false};
-  std::optional<ReasoningBudget> budget_;
-  std::vector<int32_t> generated_;  // budgeted: every sampled id so far
-  GenerationStats acc_;             // budgeted: the stats of the jobs that ended so far
-  bool continued_ = false;
   int64_t prompt_tokens_ = 0;
   std::atomic<int> abort_status_{0};
   std::mutex abort_mu_;

@@ -1,5 +1,6 @@
 #include "server/scripted_backend.h"
 
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <fstream>
@@ -59,7 +60,9 @@ class ScriptedSession : public Session {
   }
   void reset() override { ctx_.clear(); }
   // Constrained decoding: the scripted reply is not changed, but a scripted token outside the mask is
-  // an error (so scripts exercise the grammars with real tokenizations).
+  // an error (so scripts exercise the grammars with real tokenizations) -- unless the mask allows one
+  // token only (a forced token: a reasoning budget's closing markup), which is chosen instead; the reply
+  // starts over after it.
   void set_token_mask(const uint32_t* bits) override;
 
  private:
@@ -72,6 +75,7 @@ class ScriptedSession : public Session {
   const Rule* rule_ = nullptr;
   size_t pos_ = 0;
   int32_t current_ = -1;
+  bool forced_ = false;  // current_ was forced by the mask
   SamplingParams params_;
 };
 
@@ -157,9 +161,20 @@ void ScriptedSession::set_token_mask(const uint32_t* bits) {
 TokenChoice ScriptedSession::sample() {
   TokenChoice c;
   c.token = next_token();
+  forced_ = false;
   if (has_mask_) {
     has_mask_ = false;
-    if (!((mask_[size_t(c.token) >> 5] >> (c.token & 31)) & 1u))
+    int64_t set = 0;
+    int32_t only = -1;
+    for (size_t w = 0; w < mask_.size() && set < 2; ++w)
+      if (mask_[w]) {
+        set += std::popcount(mask_[w]);
+        only = int32_t(w * 32) + std::countr_zero(mask_[w]);
+      }
+    if (set == 1 && only != c.token) {
+      c.token = only;
+      forced_ = true;
+    } else if (!((mask_[size_t(c.token) >> 5] >> (c.token & 31)) & 1u))
       throw Error("scripted backend: the script's token " + std::to_string(c.token) + " ('" + b_.tok->token_bytes(c.token) +
                   "') is not allowed by the token mask (the reply breaks the request's constraint)");
   }
@@ -178,7 +193,8 @@ void ScriptedSession::advance() {
   if (rule_ && rule_->delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(rule_->delay_ms));
   if (int64_t(ctx_.size()) + 1 > max_) throw InputError("scripted session: context full");
   ctx_.push_back(current_);
-  ++pos_;
+  pos_ = forced_ ? 0 : pos_ + 1;
+  forced_ = false;
 }
 
 std::vector<float> ScriptedSession::logits() {

@@ -39,3 +39,86 @@ TEST(ReasoningBudget, AContinuationAtTheContextsEdgeEndsOnItsLimit) {
   EXPECT_EQ(n["stop_reason"], "max_tokens");
   EXPECT_EQ(n["usage"]["output_tokens"], 40);
 }
+
+namespace {
+
+// A Messages request for `prompt` with thinking on and `budget` (< 0: no budget).
+json thinking_request(const std::string& prompt, int64_t budget, int64_t max_tokens, const json& stops = json::array()) {
+  json body = {{"messages", json::array({{{"role", "user"}, {"content", prompt}}})}, {"max_tokens", max_tokens}};
+  body["thinking"] = {{"type", "enabled"}, {"budget_tokens", budget < 0 ? max_tokens - 1 : budget}};
+  if (!stops.empty()) body["stop_sequences"] = stops;
+  return body;
+}
+
+// Whether `b` is valid UTF-8 (whole characters only).
+bool whole_characters(const std::string& b) {
+  for (size_t i = 0; i < b.size();) {
+    const auto c = static_cast<unsigned char>(b[i]);
+    const size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+    if (n == 0 || i + n > b.size()) return false;
+    for (size_t k = 1; k < n; ++k)
+      if ((static_cast<unsigned char>(b[i + k]) & 0xC0) != 0x80) return false;
+    i += n;
+  }
+  return true;
+}
+
+std::string metric(int port, const std::string& name) {
+  httplib::Client cli("127.0.0.1", port);
+  auto r = cli.Get("/metrics");
+  if (!r) return "";
+  const size_t at = r->body.find("\n" + name + " ");
+  if (at == std::string::npos) return "";
+  const size_t from = at + name.size() + 2;
+  return r->body.substr(from, r->body.find('\n', from) - from);
+}
+
+}  // namespace
+
+// A budget the reasoning does not use up changes nothing, wherever it falls: the generation is one (it was a job cut
+// at the budget and a continuation job, so a stop string spanning the cut was missed, a character whose bytes span
+// it came out as two U+FFFD, and the sampler started over).
+TEST(ReasoningBudget, ABudgetTheReasoningDoesNotUseUpChangesNothing) {
+  const std::string reply = "Think.</think>\n\nOne two \xF0\x93\x80\x80\xF0\x93\x80\x81 three four five six.";
+  const json script = {{"rules", {{{"match", "resume"}, {"reply", reply}}}}};
+  lilac::test::LocalServer srv(lilac::test::LocalServer::options(), nullptr, script);
+  // The reply's tokens: some are not whole characters, so some budget cuts a character.
+  const auto& tok = *lilac::test::qwen3_tokenizer();
+  const std::vector<int32_t> ids = tok.encode(reply, true);
+  bool split = false;
+  for (int32_t t : ids) split |= !whole_characters(tok.token_bytes(t));
+  ASSERT_TRUE(split) << "no token of the reply is part of a character";
+  for (const json& stops : {json::array(), json::array({"One two"}), json::array({"\xF0\x93\x80\x81 th"})}) {
+    const json free = post_json(srv.port, "/v1/messages", thinking_request("resume", -1, 60, stops));
+    ASSERT_EQ(free["content"][0]["thinking"], "Think.") << free.dump();
+    for (int64_t budget = 3; budget < int64_t(ids.size()) + 2; ++budget) {
+      const json cut = post_json(srv.port, "/v1/messages", thinking_request("resume", budget, 60, stops));
+      EXPECT_EQ(cut["content"], free["content"]) << "budget " << budget << " stops " << stops.dump();
+      EXPECT_EQ(cut["stop_reason"], free["stop_reason"]) << "budget " << budget << " stops " << stops.dump();
+      EXPECT_EQ(cut["stop_sequence"], free["stop_sequence"]) << "budget " << budget << " stops " << stops.dump();
+      EXPECT_EQ(cut["usage"]["input_tokens"], free["usage"]["input_tokens"]);
+      EXPECT_EQ(cut["usage"]["output_tokens"], free["usage"]["output_tokens"]) << "budget " << budget << " stops " << stops.dump();
+    }
+  }
+}
+
+// The budget cuts the reasoning inside the one generation: the closing markup is forced as its next tokens (they
+// count), and the server's metrics see one generation with the request's own prompt (they counted two, the second
+// with the first's prompt and output as its prompt).
+TEST(ReasoningBudget, TheCutIsOneGenerationAndTheClosingMarkupCounts) {
+  const json script = {{"rules", {{{"match", "forever"}, {"reply", " tick"}, {"repeat", true}}}}};
+  lilac::test::LocalServer srv(lilac::test::LocalServer::options(), nullptr, script);
+  const json m = post_json(srv.port, "/v1/messages", thinking_request("forever", 5, 12));
+  ASSERT_EQ(m["content"].size(), 2u) << m.dump();
+  EXPECT_EQ(m["content"][0]["thinking"], " tick tick tick tick tick");
+  const auto& tok = *lilac::test::qwen3_tokenizer();
+  const int64_t markup = int64_t(tok.encode("\n</think>\n\n", true).size());
+  std::string text;
+  for (int64_t i = 0; i < 12 - 5 - markup; ++i) text += " tick";
+  EXPECT_EQ(m["content"][1]["text"], text);
+  EXPECT_EQ(m["usage"]["output_tokens"], 12);
+  EXPECT_EQ(m["stop_reason"], "max_tokens");
+  EXPECT_EQ(metric(srv.port, "lilac_generations_total"), "1");
+  EXPECT_EQ(metric(srv.port, "lilac_generated_tokens_total"), "12");
+  EXPECT_EQ(metric(srv.port, "lilac_prompt_tokens_total"), std::to_string(int64_t(m["usage"]["input_tokens"])));
+}
