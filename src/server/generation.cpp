@@ -319,6 +319,14 @@ std::vector<std::shared_ptr<Generation>> GenerationCore::start_choices(std::span
   std::vector<std::shared_ptr<Generation>> gens;
   for (const GenerationSpec& spec : specs) make_choices(spec, n, jobs, gens);
   const size_t total = jobs.size();
+  // More generations than the queue ever holds: no retry can succeed (a 429 would say "later" forever).
+  if (total > size_t(opts_.max_queue))
+    throw ApiError(400,
+                   "This request needs " + std::to_string(total) + " generations at once" +
+                       (specs.size() > 1 ? " (prompts × n)" : std::string()) + " and this server runs at most " +
+                       std::to_string(opts_.max_queue) + " (--max-queue). Ask for fewer choices" +
+                       (specs.size() > 1 ? " or send fewer prompts." : "."),
+                   specs.size() > 1 ? "prompt" : "n", "invalid_value");
   // Prompt scores are held per choice until answered, then written out as JSON (~40 bytes an entry): bounded.
   int64_t entries = 0;
   for (const auto& j : jobs)

@@ -88,10 +88,16 @@ TEST(ServerChoices, StreamNamesEachChoiceThenOneUsageChunkAndOneDone) {
   EXPECT_EQ(content.size(), 3u);
 }
 
+// More choices than --max-queue can never run: a 400 naming n (it was a 429 "retry later", forever), and naming the
+// prompts for a completions request whose prompts × n are too many.
 TEST(ServerChoices, ChoicesThatDoNotFitTheQueueRunNone) {
   lilac::test::LocalServer srv(lilac::test::LocalServer::options(/*max_queue=*/2));
-  const json e = post_json(srv.port, "/v1/chat/completions", {{"messages", kHello}, {"n", 3}}, 429);
-  EXPECT_EQ(e["error"]["code"], "queue_full");
+  const json e = post_json(srv.port, "/v1/chat/completions", {{"messages", kHello}, {"n", 3}}, 400);
+  EXPECT_EQ(e["error"]["code"], "invalid_value");
+  EXPECT_EQ(e["error"]["param"], "n");
+  EXPECT_NE(e["error"]["message"].get<std::string>().find("--max-queue"), std::string::npos) << e.dump();
+  const json p = post_json(srv.port, "/v1/completions", {{"prompt", {"a", "b"}}, {"n", 2}, {"max_tokens", 2}}, 400);
+  EXPECT_EQ(p["error"]["param"], "prompt");
   EXPECT_EQ(post_json(srv.port, "/v1/chat/completions", {{"messages", kHello}, {"n", 17}}, 400)["error"]["param"], "n");
   // Nothing of it is left running: two choices fit.
   EXPECT_EQ(post_json(srv.port, "/v1/chat/completions", {{"messages", kHello}, {"n", 2}})["choices"].size(), 2u);
