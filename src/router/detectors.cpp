@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "router/normalize.h"
+
 namespace lilac::router {
 
 namespace {
@@ -554,6 +556,7 @@ const char* detector_name(DetectorKind k) {
     case DetectorKind::private_key: return "private_key";
     case DetectorKind::api_key: return "api_key";
     case DetectorKind::high_entropy: return "high_entropy";
+    case DetectorKind::opaque: return "opaque";
     default: return "unknown";
   }
 }
@@ -644,8 +647,70 @@ double shannon_entropy_bits(std::string_view s) {
   return h;
 }
 
+namespace {
+
+bool is_b64(unsigned char c) {
+  return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '+' || c == '/' ||
+         c == '-' || c == '_';
+}
+
+// The opaque detector (a pass of its own): base64 runs of at least kOpaqueMinChars characters -- line breaks inside a
+// run (MIME's, PEM's) and '=' padding at its end belong to it -- with upper and lower case letters and digits (not a
+// DNA sequence, hex, or a long word) whose decoded head is not text. Text payloads are not findings: the scan decodes
+// them and looks inside (normalize.h).
+void find_opaque(std::string_view text, std::vector<Finding>& found) {
+  const auto* p = reinterpret_cast<const unsigned char*>(text.data());
+  const size_t n = text.size();
+  for (size_t i = 0; i < n;) {
+    if (!is_b64(p[i])) {
+      ++i;
+      continue;
+    }
+    size_t j = i, chars = 0;
+    unsigned classes = 0;  // 1 upper, 2 lower, 4 digit
+    while (j < n) {
+      if (is_b64(p[j])) {
+        classes |= (p[j] >= 'A' && p[j] <= 'Z') ? 1u : (p[j] >= 'a' && p[j] <= 'z') ? 2u : (p[j] >= '0' && p[j] <= '9') ? 4u : 0u;
+        ++chars;
+        ++j;
+      } else if ((p[j] == '\n' || p[j] == '\r') && j + 1 < n && (is_b64(p[j + 1]) || p[j + 1] == '\n')) {
+        ++j;
+      } else {
+        break;
+      }
+    }
+    for (int pad = 0; pad < 2 && j < n && p[j] == '='; ++pad) ++j;
+    if (chars >= kOpaqueMinChars && classes == 7u && !base64_decodes_to_text(text.substr(i, j - i))) found.push_back({DetectorKind::opaque, i, j - i});
+    i = j + (j == i);
+  }
+}
+
+}  // namespace
+
 void scan_sensitive(std::string_view text, DetectorSet en, std::vector<Finding>& out, size_t max_findings) {
   if (en.empty()) return;
+  if (en.has(DetectorKind::opaque)) {
+    if (max_findings && out.size() >= max_findings) return;
+    std::vector<Finding> opaque;
+    find_opaque(text, opaque);
+    DetectorSet rest = en;
+    rest.set(DetectorKind::opaque, false);
+    if (opaque.empty()) return scan_sensitive(text, rest, out, max_findings);
+    // Merged in offset order; a finding that overlaps an opaque payload is part of it (its bytes are not text).
+    const size_t first = out.size();
+    scan_sensitive(text, rest, out, 0);
+    std::vector<Finding> mine(out.begin() + std::ptrdiff_t(first), out.end());
+    out.resize(first);
+    size_t k = 0;
+    for (const Finding& f : mine) {
+      while (k < opaque.size() && opaque[k].offset + opaque[k].length <= f.offset) out.push_back(opaque[k++]);
+      if (k < opaque.size() && f.offset + f.length > opaque[k].offset) continue;
+      out.push_back(f);
+    }
+    while (k < opaque.size()) out.push_back(opaque[k++]);
+    if (max_findings && out.size() > max_findings) out.resize(max_findings);
+    return;
+  }
   Scanner sc{text, text.size()};
   const size_t n = text.size();
   size_t i = 0, floor = 0, no_end_after = n;

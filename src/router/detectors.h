@@ -2,7 +2,8 @@
 // IBANs, US SSNs, IP addresses, private keys and API-key-like secrets in a piece of text.
 //
 // One hand-written pass over the bytes (no regex): candidate starts are word starts, '@' and '-----',
-// and each detector validates its candidate (Luhn, IBAN mod-97, SSN ranges, octet ranges, entropy).
+// and each detector validates its candidate (Luhn, IBAN mod-97, SSN ranges, octet ranges, entropy). The opaque
+// detector is a pass of its own over base64 runs.
 // A finding carries the kind, a byte offset and a length, never a copy of the value, so callers can
 // log findings without leaking what was found.
 #pragma once
@@ -25,12 +26,17 @@ enum class DetectorKind : uint8_t {
   private_key,  // -----BEGIN ... PRIVATE KEY----- blocks (PEM, OpenSSH, PGP)
   api_key,      // tokens with a known secret prefix (sk-, ghp_, AKIA, AIza, xoxb-, glpat-, hf_, JWTs, ...)
   high_entropy, // >= 24 chars of [A-Za-z0-9_-], upper + lower + digit, high Shannon entropy
+  opaque,       // a base64 payload (>= kOpaqueMinChars) that does not decode to text: an image, a PDF, an archive
+                // the scan cannot read, so it is not shown clean
   count_
 };
 
 constexpr int kDetectorKindCount = static_cast<int>(DetectorKind::count_);
+// The shortest base64 run (characters of either alphabet, line breaks inside not counted) the opaque detector
+// looks at: 768 bytes decoded. Shorter runs are keys and ids (high_entropy's and api_key's) or decode to text.
+constexpr size_t kOpaqueMinChars = 1024;
 
-// "email", "phone", "card", "iban", "ssn", "ipv4", "ipv6", "private_key", "api_key", "high_entropy".
+// "email", "phone", "card", "iban", "ssn", "ipv4", "ipv6", "private_key", "api_key", "high_entropy", "opaque".
 const char* detector_name(DetectorKind k);
 // Inverse of detector_name; returns false for an unknown name.
 bool detector_from_name(std::string_view name, DetectorKind* out);

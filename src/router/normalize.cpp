@@ -395,6 +395,25 @@ std::string canonical_text(std::string_view text) {
 
 std::string decode_base64_runs(std::string_view text) { return decode_runs(text, 1); }
 
+bool base64_decodes_to_text(std::string_view run) {
+  std::string d;
+  uint32_t acc = 0;
+  int bits = 0;
+  for (size_t k = 0; k < run.size() && d.size() < 288; ++k) {
+    const int v = b64v(run[k]);
+    if (v < 0) continue;  // line breaks, padding
+    acc = (acc << 6) | uint32_t(v);
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      d.push_back(char((acc >> bits) & 0xFF));
+    }
+  }
+  std::string_view head(d);
+  head.remove_suffix(unicode::incomplete_utf8_tail(head));
+  return looks_like_text(head);
+}
+
 std::vector<std::string> text_variants(std::string_view text, size_t budget) {
   std::vector<std::string> out;
   size_t used = 0;

@@ -29,6 +29,10 @@ std::string canonical_text(std::string_view text);
 // Base64 runs of `text` decoded to text (exposed for tests); "" when none decodes to text.
 std::string decode_base64_runs(std::string_view text);
 
+// Whether the base64 characters `run` (either alphabet; line breaks and '=' skipped) decode to bytes that read as
+// text (valid UTF-8, at least 90 % printable), judged on their first 288 bytes.
+bool base64_decodes_to_text(std::string_view run);
+
 // Whitespace-insensitive form for stickiness hashes: runs of (Unicode) whitespace become one space,
 // none at the ends.
 std::string collapse_whitespace(std::string_view text);

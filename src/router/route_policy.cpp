@@ -190,7 +190,7 @@ RoutePolicy parse_route_policy(const json& doc, const std::string& origin) {
         DetectorKind k;
         if (!n.is_string() || !detector_from_name(n.get<std::string>(), &k))
           throw InputError(origin + ".detectors: unknown detector " + n.dump() + " (known: email, phone, card, iban, "
-                           "ssn, ipv4, ipv6, private_key, api_key, high_entropy)");
+                           "ssn, ipv4, ipv6, private_key, api_key, high_entropy, opaque)");
         p.detectors.set(k, true);
       }
     } else if (d.is_object()) {  // {"name": bool}, the rest stay enabled

@@ -24,6 +24,40 @@ std::string describe(const std::string& text, const std::vector<Finding>& f) {
   return s;
 }
 
+// Base64 of `bytes` (standard alphabet, padded); a line break every `wrap` characters (0: none).
+std::string base64(const std::string& bytes, size_t wrap = 0) {
+  static const char* kAlpha = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string flat;
+  for (size_t i = 0; i < bytes.size(); i += 3) {
+    const size_t n = std::min<size_t>(3, bytes.size() - i);
+    uint32_t v = 0;
+    for (size_t k = 0; k < 3; ++k) v = (v << 8) | (k < n ? uint8_t(bytes[i + k]) : 0u);
+    for (size_t k = 0; k < 4; ++k) flat += k <= n ? kAlpha[(v >> (18 - 6 * k)) & 63] : '=';
+  }
+  if (!wrap) return flat;
+  std::string out;
+  for (size_t i = 0; i < flat.size(); i += wrap) out += (i ? "\n" : "") + flat.substr(i, wrap);
+  return out;
+}
+
+// A PNG-like payload: the signature, then `n` pseudo-random bytes.
+std::string png_bytes(size_t n, unsigned seed = 1) {
+  std::mt19937 rng(seed);
+  std::string b = "\x89PNG\r\n\x1a\n";
+  for (size_t i = 0; i < n; ++i) b += char(rng() & 0xFF);
+  return b;
+}
+
+const std::string kPngB64 = base64(png_bytes(900));
+const std::string kPngDataUrl = "see data:image/png;base64," + kPngB64 + " here";
+std::string random_dna(size_t n) {
+  std::mt19937 rng(7);
+  std::string d;
+  for (size_t i = 0; i < n; ++i) d += "ACGT"[rng() & 3];
+  return d;
+}
+const std::string kDna = "sequence " + random_dna(2000) + " end";
+
 const Case kCases[] = {
     // ---- e-mail
     {"write to john.doe@example.com please", "email", "john.doe@example.com"},
@@ -160,6 +194,9 @@ const Case kCases[] = {
     {"The quick brown fox jumps over the lazy dog. Meeting at 10:30, room 4.2, budget $1,250.00.", nullptr,
      nullptr},
     {"", nullptr, nullptr},
+    // ---- opaque (base64 that is not text; the findings of other detectors inside it are part of it)
+    {kPngDataUrl.c_str(), "opaque", kPngB64.c_str()},
+    {kDna.c_str(), nullptr, nullptr},
 };
 
 }  // namespace
@@ -261,4 +298,33 @@ TEST(Detectors, AdversarialInputStaysLinear) {
   EXPECT_TRUE(scan_sensitive(hy).empty());
   std::string digits(100000, '7');
   EXPECT_TRUE(scan_sensitive(digits).empty());
+}
+
+// The opaque detector: a binary payload of >= 1,024 base64 characters is found whole (MIME line breaks inside, padding
+// at its end), with high_entropy off; base64 of text, shorter payloads, DNA and hex are not.
+TEST(Detectors, OpaquePayloads) {
+  DetectorSet en = DetectorSet::all();
+  en.set(DetectorKind::high_entropy, false);
+  const std::string wrapped = base64(png_bytes(1000, 2), 76);
+  ASSERT_NE(wrapped.find('\n'), std::string::npos);
+  std::string text = "a@b.io first " + kPngB64 + " then " + wrapped + " bye";
+  auto f = scan_sensitive(text, en);
+  ASSERT_EQ(f.size(), 3u) << describe(text, f);
+  EXPECT_EQ(f[0].kind, DetectorKind::email);
+  EXPECT_EQ(f[1], (Finding{DetectorKind::opaque, text.find(kPngB64), kPngB64.size()}));
+  EXPECT_EQ(f[2], (Finding{DetectorKind::opaque, text.find(wrapped), wrapped.size()}));
+  std::vector<Finding> one;
+  scan_sensitive(text, en, one, 1);
+  EXPECT_EQ(one, std::vector<Finding>{f[0]});
+
+  std::string prose;
+  while (prose.size() < 3000) prose += "The quarterly report is attached; nothing in it is secret at all. ";
+  EXPECT_TRUE(scan_sensitive(base64(prose), en).empty());
+  EXPECT_TRUE(scan_sensitive(base64(png_bytes(600)), en).empty());  // 812 characters: below the threshold
+  std::string hex;
+  for (unsigned char c : png_bytes(1200)) hex += "0123456789abcdef"[c >> 4], hex += "0123456789abcdef"[c & 15];
+  EXPECT_TRUE(scan_sensitive(hex, en).empty());
+  DetectorSet off = en;
+  off.set(DetectorKind::opaque, false);
+  EXPECT_TRUE(scan_sensitive("first " + kPngB64, off).empty());
 }

@@ -297,3 +297,35 @@ TEST(RouterScan, NormalizeBuildingBlocks) {
   EXPECT_EQ(decode_base64_runs("////////////////////////"), "");  // binary
   EXPECT_EQ(collapse_whitespace(" a \n\t b\u00a0c  "), "a b c");
 }
+
+// An image or a PDF sent as base64 cannot be read by the scan. With high_entropy on its runs kept it local; with
+// high_entropy off it went to the cloud unscanned. The opaque detector keeps it local (the policy can turn it off).
+TEST(RouterScan, AnOpaquePayloadStaysLocalWithoutTheEntropyDetector) {
+  std::string bytes = "%PDF-1.7\n%\xE2\xE3\xCF\xD3\n";
+  uint32_t x = 12345;
+  while (bytes.size() < 2000) {
+    x = x * 1103515245u + 12345u;
+    bytes += char((x >> 16) & 0xFF);
+  }
+  static const char* kAlpha = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string b64;
+  for (size_t i = 0; i + 2 < bytes.size(); i += 3) {
+    const uint32_t v = uint32_t(uint8_t(bytes[i])) << 16 | uint32_t(uint8_t(bytes[i + 1])) << 8 | uint8_t(bytes[i + 2]);
+    for (int k = 0; k < 4; ++k) b64 += kAlpha[(v >> (18 - 6 * k)) & 63];
+  }
+  json messages = json::parse(R"({"model": "lilac", "max_tokens": 100, "messages": [{"role": "user", "content": [
+      {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": ""}},
+      {"type": "text", "text": "Summarise this contract."}]}]})");
+  messages["messages"][0]["content"][0]["source"]["data"] = b64;
+  json chat = base();
+  chat["messages"][0]["content"] = json::array({{{"type", "text"}, {"text", "What is in this picture?"}},
+                                                {{"type", "image_url"}, {"image_url", {{"url", "data:image/png;base64," + b64}}}}});
+  for (const auto& [body, api] : {std::pair{messages, Api::messages}, std::pair{chat, Api::chat}}) {
+    Router entropy_off = make_router(R"({"detectors": {"high_entropy": false}})");
+    RouteDecision d = entropy_off.decide(body, api, "", false);
+    EXPECT_EQ(d.route, Route::local);
+    EXPECT_TRUE(std::find(d.matched.begin(), d.matched.end(), "opaque") != d.matched.end());
+    Router both_off = make_router(R"({"detectors": {"high_entropy": false, "opaque": false}})");
+    EXPECT_EQ(both_off.decide(body, api, "", false).route, Route::cloud);
+  }
+}
