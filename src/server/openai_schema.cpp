@@ -81,6 +81,11 @@ void parse_logit_bias(const ojson& body, const ModelConfig& cfg, SamplingParams&
                             std::to_string(cfg.vocab_size) + ").");
     if (!it.value().is_number() || !(it.value().get<double>() >= -100 && it.value().get<double>() <= 100))
       bad("logit_bias", "Invalid 'logit_bias' value for token " + key + ": must be a number in [-100, 100].");
+    // "1" and "01" are one token: the samplers add every entry, so two would take its bias past [-100, 100].
+    for (const auto& [t, b] : sp.logit_bias)
+      if (t == int32_t(id))
+        bad("logit_bias", "Invalid 'logit_bias': token " + std::to_string(id) + " is named twice ('" + key.substr(0, 32) +
+                              "').");
     sp.logit_bias.emplace_back(int32_t(id), float(it.value().get<double>()));
   }
 }

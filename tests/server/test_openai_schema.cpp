@@ -233,8 +233,10 @@ TEST(OpenAISchema, LogitBias) {
   auto c = parse_completion_request(ojson{{"prompt", "a"}, {"logit_bias", {{"0", 100}}}}, cfg, 1);
   EXPECT_EQ(c.sampling.logit_bias.size(), 1u);
   EXPECT_TRUE(parse_chat_request(chat({{"logit_bias", ojson::object()}}), cfg, 1).sampling.logit_bias.empty());
+  // {"5": 100, "05": 100} named token 5 twice: both were added, a bias of 200.
   for (const char* bad : {R"({"x": 1})", R"({"-1": 1})", R"({"1.5": 1})", R"({"99999999999": 1})", R"({"": 1})",
-                          R"({"5": 101})", R"({"5": -100.5})", R"({"5": "1"})", R"([1])", R"("5")"}) {
+                          R"({"5": 101})", R"({"5": -100.5})", R"({"5": "1"})", R"([1])", R"("5")",
+                          R"({"5": 100, "05": 100})", R"({"0": -100, "000": -100})"}) {
     int status = 0;
     EXPECT_EQ(error_param(chat({{"logit_bias", ojson::parse(bad)}}), &status), "logit_bias") << bad;
     EXPECT_EQ(status, 400) << bad;
