@@ -41,7 +41,7 @@
 namespace lilac {
 
 struct SamplingParams {
-  float temperature = 0.f;  // 0 = exact greedy (argmax, ties to the lower id)
+  float temperature = 0.f;  // 0 = exact greedy (argmax, ties to the lower id); see kMinTemperature
   float top_p = 1.f;        // nucleus
   int top_k = 0;            // 0 = off
   float min_p = 0.f;        // 0 = off
@@ -57,6 +57,15 @@ struct SamplingParams {
   // the raw distribution's. Backend::supports_logit_bias() says whether a backend applies it.
   std::vector<std::pair<int32_t, float>> logit_bias;
 };
+
+// Temperatures below this are greedy (their limit): 1 / t is not finite in float below ~2.9e-39, and the GPU samplers
+// scale logits by it in float (|logit| / t overflows long before). Applied where a generation starts (Sequence,
+// HostSampler::begin).
+constexpr float kMinTemperature = 1e-30f;
+inline SamplingParams effective_sampling(SamplingParams p) {
+  if (p.temperature > 0.f && p.temperature < kMinTemperature) p.temperature = 0.f;
+  return p;
+}
 
 struct TokenLogprob {
   int32_t token = -1;

@@ -145,7 +145,7 @@ void HostSampler::begin(const SamplingParams& params, std::span<const int32_t> c
     throw InputError("repetition_penalty must be > 0");
   if (params.top_logprobs < 0 || params.top_logprobs > 20) throw InputError("top_logprobs must be in [0, 20]");
   check_logit_bias(params, vocab_);
-  params_ = params;
+  params_ = effective_sampling(params);
   rng_.seed(params.seed);
   seen_.clear();
   counts_.clear();
@@ -197,16 +197,16 @@ TokenChoice HostSampler::sample(std::span<const float> logits, const uint32_t* a
   if (top < 0) throw Error("sampler: every logit is NaN (the model's weights or activations are not finite)");
   if (none_allowed) {
     choice.token = top;
+  } else if (allowed && !((allowed[size_t(top) >> 5] >> (top & 31)) & 1u)) {
+    // Every allowed logit is -inf (or NaN): the first allowed id, greedy or sampled (there is nothing to draw from:
+    // the draw below took the first candidate, which may not be allowed).
+    for (size_t i = 0; i < z.size(); ++i)
+      if ((allowed[i >> 5] >> (i & 31)) & 1u) {
+        choice.token = int32_t(i);
+        break;
+      }
   } else if (p.temperature == 0.f) {
     choice.token = top;
-    if (allowed && !((allowed[size_t(choice.token) >> 5] >> (choice.token & 31)) & 1u)) {
-      // Every allowed logit is -inf (or NaN): the first allowed id.
-      for (size_t i = 0; i < z.size(); ++i)
-        if ((allowed[i >> 5] >> (i & 31)) & 1u) {
-          choice.token = int32_t(i);
-          break;
-        }
-    }
   } else {
     // NaN logits are never drawn (as argmax skips them): -inf here, which also keeps the sort's order strict.
     std::vector<float> finite;

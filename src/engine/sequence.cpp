@@ -25,6 +25,7 @@ Sequence::Sequence(Generator& gen, GenerationRequest req, TokenCallback on_token
     : gen_(gen), req_(std::move(req)), on_token_(std::move(on_token)), cancel_(cancel),
       detok_(gen.tok_, req_.stop_strings, false), t0_(Clock::now()) {
   st_.prompt_tokens = int64_t(req_.prompt.size());
+  req_.sampling = effective_sampling(req_.sampling);  // every backend's sampler sees the same temperature
 }
 
 void Sequence::begin_prefill() {

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "core/error.h"
@@ -268,4 +269,34 @@ TEST(Sampler, LogitBias) {
   EXPECT_THROW(s.begin(p, {}), InputError);
   p.logit_bias = {{1, NAN}};
   EXPECT_THROW(s.begin(p, {}), InputError);
+}
+
+// A temperature so small that 1 / t is not finite in float (a request may send 1e-39: it is in [0, 2]) made every
+// probability NaN and drew the last candidate, the least likely token, every step. It is greedy now, its limit.
+TEST(Sampler, ATinyTemperatureIsGreedy) {
+  for (float t : {1e-39f, 1e-44f, 1e-31f}) {
+    HostSampler s(4);
+    SamplingParams p;
+    p.temperature = t;
+    p.seed = 3;
+    s.begin(p, {});
+    const std::vector<float> x = {5.f, 1.f, 0.5f, -3.f};
+    for (int i = 0; i < 5; ++i) EXPECT_EQ(s.sample(x).token, 0) << t;
+  }
+  EXPECT_EQ(effective_sampling(SamplingParams{.temperature = 1e-29f}).temperature, 1e-29f);
+}
+
+// A mask whose allowed tokens all have logit -inf: the first allowed id when sampling too (the draw took the first
+// candidate of an all -inf distribution, token 0, which the mask does not allow).
+TEST(Sampler, AMaskOfMinusInfinityLogitsGivesTheFirstAllowedIdWhenSampling) {
+  const float ninf = -std::numeric_limits<float>::infinity();
+  const std::vector<float> x = {0.f, ninf, ninf, ninf};
+  const uint32_t mask = 0b1100u;  // tokens 2 and 3
+  for (float t : {0.f, 1.f}) {
+    HostSampler s(4);
+    SamplingParams p;
+    p.temperature = t;
+    s.begin(p, {});
+    EXPECT_EQ(s.sample(x, &mask).token, 2) << t;
+  }
 }
