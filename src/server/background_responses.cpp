@@ -53,6 +53,20 @@ void BackgroundResponses::publish(Task& t, const std::string& text) {
 }
 
 void BackgroundResponses::finish(Task& t) {
+  // The final object must replace "queued" / "in_progress" (clients poll until it does). One too large for the store
+  // (--responses-mb) was not kept and the old status stayed forever: it ends as failed, without its output.
+  if (std::optional<ResponseStore::Entry> e = store_.get(t.id)) {
+    const std::string st = e->response.value("status", "");
+    if (st == "queued" || st == "in_progress") {
+      nlohmann::json r = e->response;
+      r["status"] = "failed";
+      r["output"] = nlohmann::json::array();
+      r["error"] = {{"code", "server_error"},
+                    {"message", "The response is larger than this server's response store holds (--responses-mb): it "
+                                "was not kept."}};
+      if (!store_.put(t.id, ResponseStore::Entry{t.items, r})) store_.erase(t.id);
+    }
+  }
   {
     std::lock_guard<std::mutex> lk(mu_);
     t.done = true;

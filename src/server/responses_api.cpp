@@ -171,7 +171,11 @@ void add_responses_routes(HttpServer& http, ServerContext& ctx) {
     std::optional<ResponseStore::Entry> e = C->responses.get(id);
     if (!e) return not_found(res, id, "/v1/responses/{id}/input_items");
     nlohmann::json data = nlohmann::json::array();
-    const size_t n_out = e->response["output"].size(), n_in = e->items.size() - std::min(n_out, e->items.size());
+    // An ended response's items end with its output; a background one still queued or running holds its input only
+    // (the output so far is in the response object).
+    const std::string status = e->response.value("status", "");
+    const size_t n_out = status == "queued" || status == "in_progress" ? 0 : e->response["output"].size();
+    const size_t n_in = e->items.size() - std::min(n_out, e->items.size());
     for (size_t i = 0; i < n_in; ++i) data.push_back(nlohmann::json(e->items[i]));
     if (req.get_param_value("order") != "asc") std::reverse(data.begin(), data.end());
     nlohmann::json list{{"object", "list"}, {"data", data}, {"has_more", false}};

@@ -340,6 +340,12 @@ ResponsesParams parse_responses_request(const ojson& body, const ModelConfig& cf
       bad("previous_response_id", "Previous response with id '" + *prev + "' not found (responses are kept in this "
                                   "server's memory, the oldest dropped first, until it restarts).",
           "previous_response_not_found");
+    // A background response that has not ended holds no output yet: its items would continue the conversation
+    // without the answer.
+    if (const std::string st = e->response.value("status", ""); st == "queued" || st == "in_progress")
+      bad("previous_response_id", "Previous response with id '" + *prev + "' is still " + st +
+                                      ": wait until it ends (or cancel it) before continuing from it.",
+          "previous_response_not_ended");
     r.previous_response_id = *prev;
     previous_items = std::move(e->items);
   }

@@ -1,0 +1,87 @@
+// Background Responses (POST /v1/responses with background: true) while they run and when they end: the input items
+// of a running one, a follow-up to one that has not ended, and a final object too large for the response store.
+// The scripted backend (server_test_util.h): "slow" -> " x" forever, 20 ms per token; "big" -> 400 " word"s at once.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <string>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "server_test_util.h"
+
+using json = nlohmann::json;
+using lilac::test::post_json;
+
+namespace {
+
+json get_json(int port, const std::string& path) {
+  auto r = httplib::Client("127.0.0.1", port).Get(path);
+  if (!r || r->status != 200) return json();
+  return json::parse(r->body, nullptr, false);
+}
+
+// Polls the stored response until `done(it)` or ~10 s.
+json poll(int port, const std::string& id, const std::function<bool(const json&)>& done) {
+  json r;
+  for (int i = 0; i < 500; ++i) {
+    r = get_json(port, "/v1/responses/" + id);
+    if (done(r)) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return r;
+}
+
+json script() {
+  std::string big;
+  for (int i = 0; i < 400; ++i) big += " word";
+  return {{"rules",
+           {{{"match", "slow"}, {"reply", " x"}, {"repeat", true}, {"delay_ms", 20}}, {{"match", "big"}, {"reply", big}}}},
+          {"default", {{"reply", "ok"}}}};
+}
+
+const json kOff = {{"effort", "none"}};
+
+}  // namespace
+
+// A running background response's input items are its input: they were counted as if its partial output were at
+// their end and came out empty. A follow-up to it (previous_response_id) would continue without its answer: a 400.
+TEST(BackgroundResponses, WhileRunningTheInputItemsAreTheInputAndNoFollowUpStarts) {
+  lilac::test::LocalServer srv(lilac::test::LocalServer::options(), nullptr, script());
+  const json bg = post_json(srv.port, "/v1/responses",
+                            {{"input", "slow please"}, {"background", true}, {"max_output_tokens", 2000}, {"reasoning", kOff}});
+  const std::string id = bg["id"];
+  const json running = poll(srv.port, id, [](const json& r) {
+    return r.value("status", "") == "in_progress" && r.contains("output") && !r["output"].empty();
+  });
+  ASSERT_EQ(running["status"], "in_progress") << running.dump();
+  const json items = get_json(srv.port, "/v1/responses/" + id + "/input_items");
+  ASSERT_EQ(items["data"].size(), 1u) << items.dump();
+  EXPECT_EQ(items["data"][0]["role"], "user");
+  const json e = post_json(srv.port, "/v1/responses", {{"input", "and then?"}, {"previous_response_id", id}}, 400);
+  EXPECT_EQ(e["error"]["param"], "previous_response_id") << e.dump();
+  post_json(srv.port, "/v1/responses/" + id + "/cancel", json::object());
+  const json ended = poll(srv.port, id, [](const json& r) { return r.value("status", "") == "cancelled"; });
+  EXPECT_EQ(ended["status"], "cancelled");
+  EXPECT_EQ(post_json(srv.port, "/v1/responses", {{"input", "and then?"}, {"previous_response_id", id}})["status"],
+            "completed");
+}
+
+// A final object larger than the store (--responses-mb) was not kept, and the "queued" / "in_progress" one stayed:
+// a client polling for the end polled forever. It ends as failed, saying why.
+TEST(BackgroundResponses, AFinalObjectTooLargeForTheStoreEndsFailed) {
+  auto o = lilac::test::LocalServer::options();
+  o.responses_bytes = 5000;
+  lilac::test::LocalServer srv(o, nullptr, script());
+  const json bg = post_json(srv.port, "/v1/responses",
+                            {{"input", "big"}, {"background", true}, {"max_output_tokens", 1000}, {"reasoning", kOff}});
+  ASSERT_EQ(bg["status"], "queued") << bg.dump();
+  const std::string id = bg["id"];
+  const json r = poll(srv.port, id, [](const json& r) {
+    const std::string st = r.value("status", "");
+    return !st.empty() && st != "queued" && st != "in_progress";
+  });
+  EXPECT_EQ(r["status"], "failed") << r.dump().substr(0, 400);
+  EXPECT_NE(r["error"]["message"].get<std::string>().find("--responses-mb"), std::string::npos) << r.dump().substr(0, 400);
+}
