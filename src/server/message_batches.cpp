@@ -182,7 +182,9 @@ class Batches {
       std::shared_ptr<Generation> g = C_.core->start(r.spec);
       fl.push_back(Running{i, g, r.formatter(*g, false)});
     } catch (const ApiError& e) {
-      if (e.status == 429) return false;
+      // Not yet: the queue is full, or the model is still loading (a batch sent at start-up waits for it; every
+      // request of it errored at once before).
+      if (e.status == 429 || e.code == "model_not_loaded") return false;
       set(b, i, errored(e), &Batch::errored);
     } catch (const InputError& e) {
       set(b, i, errored(ApiError(400, e.what())), &Batch::errored);
@@ -234,7 +236,7 @@ class Batches {
             break;
         if (fl.empty()) {
           if (next >= n) break;
-          std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the queue was full
+          std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the queue was full (or the model loading)
           continue;
         }
         for (size_t k = 0; k < fl.size();)
@@ -256,6 +258,7 @@ class Batches {
       }
     b.done = true;
     b.ended = std::time(nullptr);
+    std::vector<ojson>().swap(b.params);  // read by start_one only: an ended batch keeps its results, not its requests
   }
 
   ServerContext& C_;
