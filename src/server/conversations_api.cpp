@@ -131,8 +131,11 @@ void add_conversations_routes(HttpServer& http, ServerContext& ctx) {
       if (!C->conversations.update(id, [&](ConversationStore::Conversation& c) {
             c.metadata = m;
             updated = conversation_object(c);
-          }))
-        throw not_found("conversation", id);
+          })) {
+        if (!C->conversations.contains(id)) throw not_found("conversation", id);
+        // held, but the result alone would not fit the store (a 404 said it did not exist)
+        throw ApiError(400, "The metadata does not fit the conversation's memory (--responses-mb).", "metadata");
+      }
       return updated;
     });
   });

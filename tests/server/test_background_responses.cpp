@@ -1,5 +1,6 @@
 // Background Responses (POST /v1/responses with background: true) while they run and when they end: the input items
-// of a running one, a follow-up to one that has not ended, and a final object too large for the response store.
+// of a running one, a follow-up to one that has not ended, a final object too large for the response store; and a
+// conversation whose new metadata would not fit that store.
 // The scripted backend (server_test_util.h): "slow" -> " x" forever, 20 ms per token; "big" -> 400 " word"s at once.
 #include <gtest/gtest.h>
 
@@ -84,4 +85,21 @@ TEST(BackgroundResponses, AFinalObjectTooLargeForTheStoreEndsFailed) {
   });
   EXPECT_EQ(r["status"], "failed") << r.dump().substr(0, 400);
   EXPECT_NE(r["error"]["message"].get<std::string>().find("--responses-mb"), std::string::npos) << r.dump().substr(0, 400);
+}
+
+// New metadata that would take a conversation past the store's budget (--responses-mb) is a 400 naming metadata: it
+// was a 404 "no conversation", for a conversation that is there.
+TEST(Conversations, MetadataThatDoesNotFitIsA400NotA404) {
+  auto o = lilac::test::LocalServer::options();
+  o.responses_bytes = 6000;
+  lilac::test::LocalServer srv(o, nullptr, script());
+  const json c = post_json(srv.port, "/v1/conversations",
+                           {{"items", {{{"type", "message"}, {"role", "user"}, {"content", std::string(3000, 'a')}}}}});
+  const std::string id = c["id"];
+  json meta = json::object();
+  for (int i = 0; i < 16; ++i) meta["key" + std::to_string(i)] = std::string(500, 'b');
+  const json e = post_json(srv.port, "/v1/conversations/" + id, {{"metadata", meta}}, 400);
+  EXPECT_EQ(e["error"]["param"], "metadata") << e.dump();
+  EXPECT_EQ(get_json(srv.port, "/v1/conversations/" + id)["id"], id);  // unchanged, still there
+  EXPECT_EQ(post_json(srv.port, "/v1/conversations/" + id, {{"metadata", {{"k", "v"}}}})["metadata"]["k"], "v");
 }
