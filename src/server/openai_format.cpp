@@ -2,6 +2,7 @@
 
 #include "server/openai_schema.h"
 #include "text/tokenizer.h"
+#include "text/unicode.h"
 
 namespace lilac::server {
 
@@ -262,7 +263,6 @@ class CompletionFormatter final : public OpenAIFormatter {
       case OutputEvent::Token: {
         const GeneratedToken& t = ev.token;
         add_logprobs(t);
-        text_offset_ += int64_t(t.text.size());
         if (!t.text.empty() || (meta_.logprobs && !lp_tokens_.empty())) out += text_chunk(t.text);
         return out;
       }
@@ -283,7 +283,6 @@ class CompletionFormatter final : public OpenAIFormatter {
     if (meta_.echo && !echoed_ && ev.kind != OutputEvent::Error) content_ += echo(ev);
     if (ev.kind != OutputEvent::Token) return;
     add_logprobs(ev.token);
-    text_offset_ += int64_t(ev.token.text.size());
     content_ += ev.token.text;
   }
 
@@ -314,25 +313,45 @@ class CompletionFormatter final : public OpenAIFormatter {
     for (size_t i = 0; i < meta_.echo_ids.size(); ++i) {
       const std::string& tb = tok_.token_bytes(meta_.echo_ids[i]);
       if (meta_.logprobs) push_entry(tb, i > 0 && scores && i - 1 < scores->size() ? &(*scores)[i - 1] : nullptr);
-      text_offset_ += int64_t(tb.size());
       text += tb;
     }
     return text;
   }
 
+  // A token as the completions logprobs name it: its text, or "bytes:\\xe2\\x82" (OpenAI's spelling) when its bytes
+  // are not whole UTF-8 characters (as text, every such token read "\ufffd": the top_logprobs of a CJK or emoji
+  // token had one key for several alternatives).
+  static std::string label(const std::string& bytes) {
+    if (unicode::is_valid_utf8(bytes)) return bytes;
+    std::string out = "bytes:";
+    char hex[5];
+    for (unsigned char c : bytes) {
+      std::snprintf(hex, sizeof hex, "\\x%02x", c);
+      out += hex;
+    }
+    return out;
+  }
+
   json top_json(const std::vector<TokenLogprob>& top) const {
     json j = json::object();
-    for (size_t i = 0; i < top.size() && int(i) < meta_.top_logprobs; ++i)
-      j[tok_.token_bytes(top[i].token)] = top[i].logprob;
+    for (size_t i = 0; i < top.size() && int(i) < meta_.top_logprobs; ++i) {
+      const std::string key = label(tok_.token_bytes(top[i].token));
+      if (!j.contains(key)) j[key] = top[i].logprob;  // two ids with the same bytes: the more likely one
+    }
     return j;
   }
 
-  // One logprobs entry at the current offset: a token's bytes and its choice (null: an unscored prompt token).
+  // One logprobs entry: a token's bytes and its choice (null: an unscored prompt token). Its text_offset is the
+  // index of the character its first byte belongs to, counted over the tokens' own bytes (the text emitted so far
+  // lags behind them where text is held back for a stop string or an incomplete character), in characters as
+  // OpenAI's.
   void push_entry(const std::string& token_bytes, const TokenChoice* c) {
-    lp_tokens_.push_back(token_bytes);
+    lp_tokens_.push_back(label(token_bytes));
     lp_values_.push_back(c ? json(c->logprob) : json(nullptr));
     lp_top_.push_back(c && meta_.top_logprobs > 0 ? top_json(c->top) : json(nullptr));
-    lp_offsets_.push_back(text_offset_);
+    const bool continues = !token_bytes.empty() && (static_cast<unsigned char>(token_bytes[0]) & 0xC0) == 0x80;
+    lp_offsets_.push_back(continues && text_offset_ > 0 ? text_offset_ - 1 : text_offset_);
+    for (unsigned char b : token_bytes) text_offset_ += (b & 0xC0) != 0x80;  // character starts
   }
 
   void add_logprobs(const GeneratedToken& t) {

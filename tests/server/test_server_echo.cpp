@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "server_test_util.h"
+#include "text/unicode.h"
 
 using json = nlohmann::json;
 using lilac::test::post_json;
@@ -223,4 +224,39 @@ TEST(ServerEcho, ScoredEntriesAreBounded) {
   const json small = {{"prompt", {ids, ids}}, {"echo", true}, {"logprobs", 20}, {"max_tokens", 0}};
   const json ok = post_json(srv.port, "/v1/completions", small);
   EXPECT_EQ(ok["choices"][1]["logprobs"]["tokens"].size(), ids.size());
+}
+
+// Completions logprobs where text is held back (a stop string's possible start, a character split across tokens):
+// text_offset is where each token's first character is (it was the length of the text emitted so far, which lags
+// behind: " E" of "END"'s possible start, the halves of a 4-byte character, counted in bytes), and a token that is
+// not whole characters is named "bytes:\x.." in tokens and in top_logprobs' keys (as text every such alternative was
+// the key "\ufffd": one key for three alternatives).
+TEST(ServerEcho, LogprobsOffsetsAndNamesFollowTheTokens) {
+  const std::string reply = "Hi Ex\xF0\x93\x80\x80y done";
+  const json script = {{"rules", {{{"match", "glyph"}, {"reply", reply}}}}};
+  lilac::test::LocalServer srv(lilac::test::LocalServer::options(), nullptr, script);
+  const json r = post_json(srv.port, "/v1/completions",
+                           {{"prompt", "glyph"}, {"max_tokens", 40}, {"logprobs", 3}, {"stop", {"END"}}});
+  const json& lp = r["choices"][0]["logprobs"];
+  EXPECT_EQ(r["choices"][0]["text"], reply);
+  const auto& tok = *lilac::test::qwen3_tokenizer();
+  const std::vector<int32_t> ids = tok.encode(reply, true);
+  ASSERT_EQ(lp["tokens"].size(), ids.size()) << lp.dump();
+  size_t chars = 0;
+  bool partial = false;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const std::string b = tok.token_bytes(ids[i]);
+    const bool continues = (static_cast<unsigned char>(b[0]) & 0xC0) == 0x80;
+    EXPECT_EQ(lp["text_offset"][i], continues ? chars - 1 : chars) << i;
+    for (unsigned char c : b) chars += (c & 0xC0) != 0x80;
+    const std::string name = lp["tokens"][i];
+    if (lilac::unicode::is_valid_utf8(b)) {
+      EXPECT_EQ(name, b) << i;
+    } else {
+      partial = true;
+      EXPECT_EQ(name.rfind("bytes:\\x", 0), 0u) << name;
+    }
+    EXPECT_EQ(lp["top_logprobs"][i].size(), 3u) << lp["top_logprobs"][i].dump();
+  }
+  EXPECT_TRUE(partial) << "the reply has no token that is part of a character";
 }
