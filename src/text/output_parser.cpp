@@ -25,6 +25,10 @@
 //     the JSON form. A body that parses yields one complete ToolCall delta per function (start and end);
 //     otherwise the raw markup is emitted as content. An unterminated body at finish() is accepted when it
 //     is complete (all functions closed / valid JSON), else emitted as content.
+//   * No call at all: before a commit, a body whose first text (after whitespace) is neither <function= nor
+//     "{", or one where another "<tool_call>" comes first, makes the "<tool_call>" content at once (a tag
+//     mentioned in prose must neither swallow a later real call nor stall the stream until </tool_call>):
+//     the body is read again as content, so the block restarts at that other "<tool_call>".
 // - Parameter values: one leading and one trailing newline are trimmed; typed by the tool's JSON
 //   schema (parameters.properties.ARG.type, a string or list of types, or anyOf/oneOf types):
 //   integer/number/boolean/object/array/null values are parsed as JSON when valid and of an
@@ -418,6 +422,31 @@ struct OutputParser::Impl {
     return !end && may ? 0 : -1;
   }
 
+  // Before a commit: whether the block is no call after all, its body v being one that cannot start a call
+  // (after whitespace neither <function= nor "{"), or one holding another "<tool_call>" before the header
+  // commits (the block then starts again there). Each reads only the text up to where it decides, so every
+  // split of the text decides alike.
+  bool no_call(std::string_view v) const {
+    if (const size_t t = v.find(mk.tool_open); t != std::string_view::npos) {
+      size_t hdr = 0;
+      std::string name;
+      if (header(v.substr(0, t + mk.tool_open.size()), false, hdr, name) != 1) return true;
+    }
+    size_t p = 0;
+    while (p < v.size() && is_ws(v[p])) ++p;
+    const std::string_view r = v.substr(p, mk.function_open.size());
+    return !r.empty() && r.front() != '{' && mk.function_open.substr(0, r.size()) != r;
+  }
+
+  // The open block is no call (no_call): its "<tool_call>" is content and its body is read again as content,
+  // where a later "<tool_call>" opens the next block.
+  bool demote() {
+    emit(OutputDelta::Content, mk.tool_open);
+    state = Content;
+    tmode = Pending;
+    return true;
+  }
+
   // The markup that breaks a streamed body: the open call ends, the rest of the body is content.
   void degrade() {
     close_call();
@@ -512,6 +541,7 @@ struct OutputParser::Impl {
     const size_t lim = closed ? close : final ? buf.size() : buf.size() - partial_tag_suffix(buf, mk.tool_close);
     const std::string_view v(buf.data(), lim);
     size_t p = 0;
+    if ((tmode == Pending || tmode == Buffered) && no_call(v)) return demote();
     if (tmode == Pending) {
       std::string name;
       const int h = header(v, end, p, name);

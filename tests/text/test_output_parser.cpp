@@ -284,6 +284,53 @@ TEST(OutputParser, MalformedToolCallDegradesToContent) {
   }
 }
 
+// A "<tool_call>" merely mentioned in content swallowed the real call after it (the whole text came out as
+// content at the end) and held back everything after it from a stream. The tag is content as soon as the
+// text after it cannot start a call body (<function=... or {...}), and a second "<tool_call>" inside a body
+// not yet a call makes the first content and the block start again there.
+TEST(OutputParser, AMentionedTagIsContentAndTheRealCallStillParses) {
+  const std::string text = "I will call it with the <tool_call> tag.\n\n<tool_call>\n<function=f>\n<parameter=s>\nx\n"
+                           "</parameter>\n</function>\n</tool_call>";
+  Result r = run1(text, false);
+  EXPECT_EQ(r.content, "I will call it with the <tool_call> tag.");
+  ASSERT_EQ(r.calls.size(), 1u);
+  EXPECT_EQ(r.calls[0].name, "f");
+  EXPECT_EQ(r.calls[0].arguments, R"({"s":"x"})");
+  expect_split_invariant(text, false, nullptr, r);
+}
+
+TEST(OutputParser, ASecondTagInABodyNotYetACallRestartsTheBlock) {
+  const std::vector<std::pair<std::string, std::string>> restarts = {  // {text, its content}
+      {"<tool_call>{ oops\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"s\": \"x\"}}\n</tool_call>",
+       "<tool_call>{ oops"},
+      {"a <tool_call>\n<function=f\n<tool_call>\n<function=f>\n<parameter=s>\nx\n</parameter>\n</function>\n"
+       "</tool_call>",
+       "a <tool_call>\n<function=f"},
+  };
+  for (const auto& [t, content] : restarts) {
+    Result rr = run1(t, false);
+    EXPECT_EQ(rr.content, content) << t;
+    ASSERT_EQ(rr.calls.size(), 1u) << t;
+    EXPECT_EQ(rr.calls[0].arguments, R"({"s":"x"})") << t;
+    expect_split_invariant(t, false, nullptr, rr);
+  }
+}
+
+// Streamed: the text after a mentioned tag leaves as soon as it shows the tag opens no call.
+TEST(OutputParser, TextAfterAMentionedTagStreams) {
+  OutputParser p(false);
+  auto texts = [](const std::vector<OutputDelta>& ds) {
+    std::string s;
+    for (auto& d : ds) s += d.text;
+    return s;
+  };
+  EXPECT_EQ(texts(p.push("Say <tool_call>")), "Say ");
+  EXPECT_EQ(texts(p.push(" ")), "");  // whitespace may precede <function=
+  EXPECT_EQ(texts(p.push("to call")), "<tool_call> to call");
+  EXPECT_EQ(texts(p.push(" a tool.")), " a tool.");
+  EXPECT_TRUE(p.finish().empty());
+}
+
 TEST(OutputParser, UnterminatedToolCall) {
   // A call cut off by the end of generation (max_tokens) after it committed: the call with the value so far,
   // as valid JSON; before the commit (no complete first parameter yet): plain content.
