@@ -7,7 +7,8 @@
 // - Newlines next to markup are the format's, not the model's text: newlines right after
 //   <think>, </think> and </tool_call> are dropped, and so are newlines right before </think> and
 //   <tool_call>. (So trailing newlines of content/reasoning are held until the next non-newline
-//   character shows whether markup follows; at finish() they are emitted.)
+//   character shows whether markup follows; at finish() they are emitted.) A "<tool_call>" that turns
+//   out to open no call is content with the newlines before it.
 // - "<tool_call>" in content starts a tool call (only when tool calls are enabled: a request without tools
 //   gets the text as content). Its body is either streamed or buffered:
 //   * Streamed (the XML form): once the body holds <function=NAME> and, after it, a complete
@@ -89,6 +90,8 @@ struct OutputParser::Impl {
   bool skip_nl = false;  // drop newlines at the start of what follows
   std::string raw;       // incomplete UTF-8 tail
   std::string buf;       // unprocessed text
+  size_t tag_nl = 0;     // newlines dropped right before the tag scan_text found last (content again if the
+                         // "<tool_call>" turns out to open no call)
   const FormatMarkup& mk;
   ojson tools;
   bool calls_enabled = true;
@@ -312,7 +315,8 @@ struct OutputParser::Impl {
       ok = parse_json_call(body, calls);
     }
     if (!ok) {
-      std::string text(mk.tool_open);
+      std::string text(tag_nl, '\n');
+      text.append(mk.tool_open);
       text.append(body);
       if (closed) text.append(mk.tool_close);
       emit(OutputDelta::Content, text);
@@ -438,10 +442,10 @@ struct OutputParser::Impl {
     return !r.empty() && r.front() != '{' && mk.function_open.substr(0, r.size()) != r;
   }
 
-  // The open block is no call (no_call): its "<tool_call>" is content and its body is read again as content,
-  // where a later "<tool_call>" opens the next block.
+  // The open block is no call (no_call): its "<tool_call>" (and the newlines before it) is content and its body
+  // is read again as content, where a later "<tool_call>" opens the next block.
   bool demote() {
-    emit(OutputDelta::Content, mk.tool_open);
+    emit(OutputDelta::Content, std::string(tag_nl, '\n').append(mk.tool_open));
     state = Content;
     tmode = Pending;
     return true;
@@ -580,7 +584,9 @@ struct OutputParser::Impl {
   bool scan_text(OutputDelta::Kind kind, std::string_view tag, bool final) {
     const size_t p = buf.find(tag);
     if (p != std::string::npos) {
-      emit(kind, rstrip_newlines(std::string_view(buf).substr(0, p)));
+      const std::string_view text = rstrip_newlines(std::string_view(buf).substr(0, p));
+      tag_nl = p - text.size();
+      emit(kind, text);
       buf.erase(0, p + tag.size());
       return true;
     }

@@ -331,6 +331,26 @@ TEST(OutputParser, TextAfterAMentionedTagStreams) {
   EXPECT_TRUE(p.finish().empty());
 }
 
+// Newlines right before a "<tool_call>" are the markup's, dropped when the tag is seen; when the block turned
+// out to be no call they were lost from its content ("Line one<tool_call> is ...").
+TEST(OutputParser, NewlinesBeforeATagThatIsNoCallStayContent) {
+  for (const std::string text : {"Line one\n\n<tool_call> is the tag name.\nbye",
+                                 "a\n\n<tool_call>\n{broken json\n</tool_call> b", "a\n<tool_call>\n<function=f",
+                                 "a\n<tool_call>"}) {
+    Result r = run1(text, false);
+    EXPECT_TRUE(r.calls.empty()) << text;
+    EXPECT_EQ(r.content, text);
+    expect_split_invariant(text, false, nullptr, r);
+  }
+  // Those before the real call that follows stay dropped.
+  const std::string two = "x\n\n<tool_call>\n\n<tool_call>\n<function=f>\n</function>\n</tool_call>";
+  Result r = run1(two, false);
+  EXPECT_EQ(r.content, "x\n\n<tool_call>");
+  ASSERT_EQ(r.calls.size(), 1u);
+  EXPECT_EQ(r.calls[0].arguments, "{}");
+  expect_split_invariant(two, false, nullptr, r);
+}
+
 TEST(OutputParser, UnterminatedToolCall) {
   // A call cut off by the end of generation (max_tokens) after it committed: the call with the value so far,
   // as valid JSON; before the commit (no complete first parameter yet): plain content.
