@@ -61,8 +61,9 @@ class MessagesFormatter final : public ResponseFormatter {
   std::string error_body(const ApiError& e) const override { return dump_json(anthropic_error_body(e)); }
 
   std::string finish_reason() const override {
-    if (n_tool_calls_ > 0) return "tool_use";
+    // A call cut off by max_tokens is not a finished tool use: Anthropic says "max_tokens" then.
     if (stats_.finish == FinishReason::Length) return "max_tokens";
+    if (n_tool_calls_ > 0) return "tool_use";
     if (!stats_.stop_string.empty()) return "stop_sequence";
     return "end_turn";
   }

@@ -355,3 +355,41 @@ TEST(ServerProtocol, NoToolCallsWithoutToolsAndRequestTextIsNeverSpecial) {
   ASSERT_TRUE(comp);
   EXPECT_GE(json::parse(comp->body)["usage"]["prompt_tokens"].get<int>(), 4) << comp->body;
 }
+
+// A tool call cut off by max_tokens got stop_reason "tool_use" on /v1/messages (the call count was checked before
+// the length finish); Anthropic answers "max_tokens" then, as OpenAI's finish_reason says "length".
+TEST(ServerProtocol, AToolCallCutByMaxTokensStopsForMaxTokens) {
+  std::string call = "<tool_call>\n<function=get_weather>\n<parameter=city>\n";
+  for (int i = 0; i < 40; ++i) call += "Paris and more ";
+  call += "\n</parameter>\n</function>\n</tool_call>";
+  // Messages requests have thinking off, chat requests on (their reply closes the reasoning first).
+  json script = {{"rules", {{{"match", "chat:"}, {"reply", "</think>\n\n" + call}}}}, {"default", {{"reply", call}}}};
+  LocalServer l(LocalServer::options(), nullptr, script);
+  json msg = {{"max_tokens", 40},
+              {"messages", {{{"role", "user"}, {"content", "weather in Paris?"}}}},
+              {"tools", json::parse(R"([{"name": "get_weather", "input_schema": {"type": "object",
+                                        "properties": {"city": {"type": "string"}}}}])")}};
+  const json m = lilac::test::post_json(l.port, "/v1/messages", msg);
+  ASSERT_TRUE(m["content"].is_array()) << m.dump();
+  ASSERT_FALSE(m["content"].empty()) << m.dump();
+  EXPECT_EQ(m["content"][0]["type"], "tool_use") << m.dump();  // the call was cut, not absent
+  EXPECT_EQ(m["stop_reason"], "max_tokens") << m.dump();
+  msg["stream"] = true;
+  httplib::Client c("127.0.0.1", l.port);
+  auto r = c.Post("/v1/messages", msg.dump(), "application/json");
+  ASSERT_TRUE(r);
+  std::string stop_reason;
+  for (const json& e : lilac::test::sse_events(r->body))
+    if (e.value("type", "") == "message_delta") stop_reason = e["delta"]["stop_reason"];
+  EXPECT_EQ(stop_reason, "max_tokens") << r->body;
+  // The control: OpenAI's chat completion of the same cut call says "length".
+  json body = chat("chat: weather in Paris?");
+  body["max_tokens"] = 40;
+  body["tools"] = json::parse(R"([{"type": "function", "function": {"name": "get_weather",
+      "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}])");
+  r = post(l.port, body);
+  ASSERT_TRUE(r);
+  const json j = json::parse(r->body);
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "length") << r->body;
+  EXPECT_TRUE(j["choices"][0]["message"].contains("tool_calls")) << r->body;
+}
