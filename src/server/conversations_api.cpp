@@ -156,11 +156,18 @@ void add_conversations_routes(HttpServer& http, ServerContext& ctx) {
       const ojson body = parse_request_body(req.body);
       if (!body.is_object()) wrong_type("body", "a JSON object", body);
       const ojson added = checked_items(*C, body, true);
+      std::string taken;  // an added id the conversation holds already (GET / DELETE by id would find two)
       if (!C->conversations.update(id, [&](ConversationStore::Conversation& c) {
-            for (const auto& it : added) c.items.push_back(it);
+            for (const auto& it : added)
+              for (const auto& have : c.items)
+                if (have["id"] == it["id"]) taken = it["id"].get<std::string>();
+            if (taken.empty())
+              for (const auto& it : added) c.items.push_back(it);
           }))
         throw ApiError(C->conversations.contains(id) ? 400 : 404,
                        "The items do not fit the conversation's memory (--responses-mb).", "items");
+      if (!taken.empty())
+        throw ApiError(400, "The conversation already holds an item with id '" + taken + "'.", "items");
       return list_page(added, false);
     });
   });

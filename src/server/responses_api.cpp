@@ -91,7 +91,14 @@ Endpoint responses_endpoint(ServerContext& C) {
       const ojson added = conversation_items(p.request_items, "input", meta.new_id);
       add_to_conversation = [&C, id = p.conversation_id, added](const nlohmann::json& response) {
         C.conversations.update(id, [&](ConversationStore::Conversation& c) {
-          for (const auto& it : added) c.items.push_back(it);
+          for (ojson it : added) {  // an input item resent with an id the conversation holds gets a new one
+            for (const auto& have : c.items)
+              if (have["id"] == it["id"]) {
+                it["id"] = C.new_id(it["type"] == "function_call" ? "fc_" : it["type"] == "message" ? "msg_" : "item_");
+                break;
+              }
+            c.items.push_back(std::move(it));
+          }
           append_output_items(c.items, response);
         });
       };

@@ -284,6 +284,8 @@ void parse_text_and_reasoning(const ojson& body, ResponsesParams& r) {
 
 }  // namespace
 
+const char* const kIdChars = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-";
+
 ojson conversation_items(const ojson& items, const std::string& param,
                          const std::function<std::string(const char*)>& new_id) {
   if (!items.is_array()) wrong_type(param, "an array of items", items);
@@ -299,7 +301,14 @@ ojson conversation_items(const ojson& items, const std::string& param,
       const bool assistant = it["role"] == "assistant";
       it["content"] = ojson::array({ojson{{"type", assistant ? "output_text" : "input_text"}, {"text", it["content"]}}});
     }
-    if (!it.contains("id") || !it["id"].is_string()) {
+    if (it.contains("id") && it["id"].is_string()) {
+      // The client's id: one the item routes can address (/v1/conversations/{id}/items/{item_id}), once per call.
+      const std::string& id = it["id"].get_ref<const std::string&>();
+      if (id.empty() || id.size() > 128 || id.find_first_not_of(kIdChars) != std::string::npos)
+        bad(p + ".id", "Invalid '" + p + ".id': an item id is 1 to 128 letters, digits, '_' or '-'.");
+      for (const auto& o : out)
+        if (o["id"] == id) bad(p + ".id", "Invalid '" + p + ".id': '" + id + "' is the id of an earlier item.");
+    } else {
       const char* prefix = ty == "message" ? "msg_" : ty == "function_call" ? "fc_" : ty == "reasoning" ? "rs_" : "fco_";
       ojson with_id = ojson{{"id", new_id(prefix)}};
       for (auto& [k, v] : it.items())

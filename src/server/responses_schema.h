@@ -70,8 +70,9 @@ ResponsesParams parse_responses_request(const ojson& body, const ModelConfig& cf
 
 // Conversation items (POST /v1/conversations, its items, a completed response's input added to its conversation):
 // checked as a Responses input's items (ApiError naming param[i]), returned as stored — each with a "type" and an
-// "id" (new_id(prefix) when it has none), a message's string content as one text part (output_text for the
-// assistant's, else input_text).
+// "id" (new_id(prefix) when it has none; a client's id must be 1-128 of [A-Za-z0-9_-], as the item routes address
+// them, and unique within `items`), a message's string content as one text part (output_text for the assistant's,
+// else input_text).
 ojson conversation_items(const ojson& items, const std::string& param,
                          const std::function<std::string(const char*)>& new_id);
 

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -102,4 +103,33 @@ TEST(Conversations, MetadataThatDoesNotFitIsA400NotA404) {
   EXPECT_EQ(e["error"]["param"], "metadata") << e.dump();
   EXPECT_EQ(get_json(srv.port, "/v1/conversations/" + id)["id"], id);  // unchanged, still there
   EXPECT_EQ(post_json(srv.port, "/v1/conversations/" + id, {{"metadata", {{"k", "v"}}}})["metadata"]["k"], "v");
+}
+
+// A client's item ids are kept: two items with one id were both kept (GET by id found the first, DELETE removed
+// both), and an id the item routes cannot address ("a.b") could never be fetched or deleted. Both are 400s now.
+TEST(Conversations, ItemIdsAreUniqueAndAddressable) {
+  lilac::test::LocalServer srv(lilac::test::LocalServer::options(), nullptr, script());
+  auto msg = [](const char* id, const char* text) {
+    return json{{"id", id}, {"type", "message"}, {"role", "user"}, {"content", text}};
+  };
+  const std::string id = post_json(srv.port, "/v1/conversations", {{"items", {msg("x", "a")}}})["id"];
+  const std::string items = "/v1/conversations/" + id + "/items";
+  EXPECT_EQ(post_json(srv.port, items, {{"items", {msg("y", "b"), msg("y", "c")}}}, 400)["error"]["param"], "items[1].id");
+  EXPECT_EQ(post_json(srv.port, items, {{"items", {msg("x", "b")}}}, 400)["error"]["param"], "items");
+  EXPECT_EQ(post_json(srv.port, items, {{"items", {msg("a.b", "b")}}}, 400)["error"]["param"], "items[0].id");
+  EXPECT_EQ(post_json(srv.port, "/v1/conversations", {{"items", {msg("z", "a"), msg("z", "b")}}}, 400)["error"]["param"],
+            "items[1].id");
+  EXPECT_EQ(post_json(srv.port, items, {{"items", {msg("y", "b")}}})["data"].size(), 1u);
+  const json all = get_json(srv.port, items + "?order=asc");
+  ASSERT_EQ(all["data"].size(), 2u) << all.dump();
+  EXPECT_EQ(all["data"][0]["id"], "x");
+  EXPECT_EQ(all["data"][1]["id"], "y");
+  // A response continuing the conversation with an input item that reuses a held id: the item gets a new one.
+  post_json(srv.port, "/v1/responses", {{"conversation", id}, {"input", {msg("x", "again")}}, {"reasoning", kOff}});
+  const json after = get_json(srv.port, items + "?order=asc");
+  ASSERT_EQ(after["data"].size(), 4u) << after.dump();  // x, y, the input again, the answer
+  EXPECT_NE(after["data"][2]["id"], "x");
+  std::set<std::string> ids;
+  for (const auto& it : after["data"]) ids.insert(it["id"].get<std::string>());
+  EXPECT_EQ(ids.size(), 4u);
 }
