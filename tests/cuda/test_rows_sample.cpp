@@ -217,6 +217,44 @@ TEST(RowsSample, AllowedMaskRestrictsTheChoice) {
   }
 }
 
+// Allowed tokens whose logits are all -inf: the first allowed id, greedy and sampled, as the CPU sampler chooses
+// (sampling drew from a distribution of nothing but -inf).
+TEST(RowsSample, AllowedTokensAtMinusInfinityGiveTheFirstAllowedId) {
+  NEED_GPU();
+  const int64_t vocab = 5003, W = lr::allowed_words(vocab);
+  const int M = 2;
+  std::vector<lc::SampleParamsDev> prm = {params(0.f, 0, 1.f, 0.f, 0.f, 0.f, 1.f, 0, 1, 0),
+                                          params(1.f, 0, 1.f, 0.f, 0.f, 0.f, 1.f, 0, 5, 0)};
+  std::vector<uint32_t> allowed(size_t(M * W), 0u);
+  for (int m = 0; m < M; ++m) allowed[size_t(m * W)] = 0b1100u;  // tokens 2 and 3
+  std::vector<float> logits(size_t(M * vocab), -INFINITY);
+  for (int m = 0; m < M; ++m) logits[size_t(m * vocab)] = 0.f;  // token 0: finite, not allowed
+  Dev<lc::SampleParamsDev> dprm(prm);
+  Dev<int32_t> dcounts(std::vector<int32_t>(size_t(M * vocab), 0)), don(std::vector<int32_t>{1, 1}), tokens(M);
+  Dev<uint8_t> dmask(std::vector<uint8_t>(size_t(M * vocab), 0));
+  Dev<uint32_t> dallowed(allowed);
+  Dev<char> scratch(lr::sample_rows_scratch_bytes(vocab, M));
+  Dev<lc::SampleResult> res(M);
+  Dev<float> dl(logits);
+  lr::SampleRowsArgs a;
+  a.logits = dl.p;
+  a.vocab = vocab;
+  a.M = M;
+  a.params = dprm.p;
+  a.counts = dcounts.p;
+  a.prompt_mask = dmask.p;
+  a.allowed = dallowed.p;
+  a.allowed_on = don.p;
+  a.token_by_slot = tokens.p;
+  a.results = res.p;
+  a.scratch = scratch.p;
+  lr::sample_rows(a, nullptr);
+  CK(cudaDeviceSynchronize());
+  const auto got = res.get();
+  EXPECT_EQ(got[0].token, 2) << "greedy";
+  EXPECT_EQ(got[1].token, 2) << "sampled";
+}
+
 TEST(RowsSample, SingleRowWithoutMaskIsSampleToken) {
   NEED_GPU();
   const uint64_t seed = fresh_seed();

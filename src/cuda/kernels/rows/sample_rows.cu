@@ -339,7 +339,7 @@ __global__ void __launch_bounds__(kSelThreads) sample_select_rows_kernel(SampleR
   int token = r.t_arg;
   if (token == kNone)  // the mask allows no token: the raw argmax
     token = r.raw_arg;
-  else if (p.temperature > 0.f)
+  else if (p.temperature > 0.f && r.t_max > -INFINITY)  // all allowed at -inf: the first allowed id, as greedy
     token = sample_among(sc, vocab, p, r.t_max, r.t_arg);
   if (threadIdx.x == 0) {
     result->token = token;
