@@ -143,6 +143,26 @@ double lse(const std::vector<float>& l) {
   return m + std::log(s);
 }
 
+// sample_rows over M rows with their slots' allowed-token masks (allowed_on: whether a slot's mask applies), waited.
+void sample_masked(const float* logits, int64_t vocab, int M, lc::SampleParamsDev* params, int32_t* counts,
+                   const uint8_t* prompt_mask, const uint32_t* allowed, const int32_t* allowed_on, int32_t* tokens,
+                   lc::SampleResult* results, char* scratch) {
+  lr::SampleRowsArgs a;
+  a.logits = logits;
+  a.vocab = vocab;
+  a.M = M;
+  a.params = params;
+  a.counts = counts;
+  a.prompt_mask = prompt_mask;
+  a.allowed = allowed;
+  a.allowed_on = allowed_on;
+  a.token_by_slot = tokens;
+  a.results = results;
+  a.scratch = scratch;
+  lr::sample_rows(a, nullptr);
+  CK(cudaDeviceSynchronize());
+}
+
 TEST(RowsSample, AllowedMaskRestrictsTheChoice) {
   NEED_GPU();
   const uint64_t seed = fresh_seed();
@@ -179,20 +199,7 @@ TEST(RowsSample, AllowedMaskRestrictsTheChoice) {
     while (ok0[size_t(bad)]) ++bad;
     logits[size_t(bad)] = 50.f;
     Dev<float> dl(logits);
-    lr::SampleRowsArgs a;
-    a.logits = dl.p;
-    a.vocab = vocab;
-    a.M = M;
-    a.params = dprm.p;
-    a.counts = dcounts.p;
-    a.prompt_mask = dmask.p;
-    a.allowed = dallowed.p;
-    a.allowed_on = don.p;
-    a.token_by_slot = tokens.p;
-    a.results = res.p;
-    a.scratch = scratch.p;
-    lr::sample_rows(a, nullptr);
-    CK(cudaDeviceSynchronize());
+    sample_masked(dl.p, vocab, M, dprm.p, dcounts.p, dmask.p, dallowed.p, don.p, tokens.p, res.p, scratch.p);
     const auto got = res.get();
     std::vector<std::vector<float>> row(M);
     for (int m = 0; m < M; ++m) row[size_t(m)].assign(logits.begin() + m * vocab, logits.begin() + (m + 1) * vocab);
@@ -236,20 +243,7 @@ TEST(RowsSample, AllowedTokensAtMinusInfinityGiveTheFirstAllowedId) {
   Dev<char> scratch(lr::sample_rows_scratch_bytes(vocab, M));
   Dev<lc::SampleResult> res(M);
   Dev<float> dl(logits);
-  lr::SampleRowsArgs a;
-  a.logits = dl.p;
-  a.vocab = vocab;
-  a.M = M;
-  a.params = dprm.p;
-  a.counts = dcounts.p;
-  a.prompt_mask = dmask.p;
-  a.allowed = dallowed.p;
-  a.allowed_on = don.p;
-  a.token_by_slot = tokens.p;
-  a.results = res.p;
-  a.scratch = scratch.p;
-  lr::sample_rows(a, nullptr);
-  CK(cudaDeviceSynchronize());
+  sample_masked(dl.p, vocab, M, dprm.p, dcounts.p, dmask.p, dallowed.p, don.p, tokens.p, res.p, scratch.p);
   const auto got = res.get();
   EXPECT_EQ(got[0].token, 2) << "greedy";
   EXPECT_EQ(got[1].token, 2) << "sampled";
