@@ -115,6 +115,32 @@ uint64_t hash_message(const ojson& m) {
   hash_string_field(hs, m, "role", 'r');
   hash_string_field(hs, m, "name", 'n');
   hash_string_field(hs, m, "tool_call_id", 'i');
+  // Responses items other than messages (function_call, function_call_output, reasoning) have no role or content:
+  // their type, call id and output tell them apart (they all hashed alike, so one conversation's calls matched
+  // another's); their arguments are hashed below as a chat tool call's.
+  if (auto t = m.find("type"); t != m.end() && t->is_string() && *t != "message") {
+    hash_string_field(hs, m, "type", 't');
+    hash_string_field(hs, m, "call_id", 'k');
+    if (auto o = m.find("output"); o != m.end()) {
+      hs.tag('o');
+      if (o->is_string()) hash_text(hs, o->get_ref<const std::string&>());
+      else hash_value(hs, *o);
+    }
+    if (auto a = m.find("arguments"); a != m.end()) {
+      hs.tag('A');
+      if (a->is_string()) {
+        JsonParseResult p = parse_bounded_json(a->get_ref<const std::string&>(), kRequestJsonLimits);
+        if (p.ok()) hash_value(hs, p.value);
+        else hash_text(hs, a->get_ref<const std::string&>());
+      } else {
+        hash_value(hs, *a);
+      }
+    }
+    if (auto sm = m.find("summary"); sm != m.end()) {
+      hs.tag('s');
+      hash_value(hs, *sm);
+    }
+  }
   auto c = m.find("content");
   hs.tag('c');
   if (c != m.end() && c->is_string()) {
@@ -125,7 +151,10 @@ uint64_t hash_message(const ojson& m) {
     std::string text;
     bool all_text = true;
     for (const auto& part : *c) {
-      if (part.is_object() && part.value("type", "") == "text" && part.contains("text") && part["text"].is_string())
+      // Responses' parts are "input_text" / "output_text": the same text as chat's "text" parts.
+      const std::string type = part.is_object() ? part.value("type", "") : "";
+      if ((type == "text" || type == "input_text" || type == "output_text") && part.contains("text") &&
+          part["text"].is_string())
         text += part["text"].get_ref<const std::string&>();
       else
         all_text = false;
@@ -231,14 +260,19 @@ const char* upstream_path(Api api) {
 
 namespace {
 
-// The conversation of a request (stickiness): its messages, or a Responses request's input items.
-const ojson* conversation_of(const ojson& body) {
-  if (!body.is_object()) return nullptr;
+// The prefix hashes of a request's conversation (stickiness): its messages, or a Responses request's input items --
+// a string input is one user message, so that the next turn, which sends it back as its first item, matches it (a
+// conversation begun locally with a string input was not remembered, and its second turn went to the cloud).
+std::vector<uint64_t> conversation_hashes(const ojson& body) {
+  if (!body.is_object()) return {};
   for (const char* key : {"messages", "input"}) {
     auto it = body.find(key);
-    if (it != body.end() && it->is_array() && !it->empty()) return &*it;
+    if (it == body.end()) continue;
+    if (it->is_array() && !it->empty()) return message_prefix_hashes(*it);
+    if (std::string_view(key) == "input" && it->is_string())
+      return message_prefix_hashes(ojson::array({ojson{{"role", "user"}, {"content", *it}}}));
   }
-  return nullptr;
+  return {};
 }
 
 }  // namespace
@@ -294,9 +328,8 @@ std::vector<std::string> Router::upstream_model_ids() const {
 
 void Router::remember_local(const ojson& body) {
   if (!policy_.sticky) return;
-  const ojson* ms = conversation_of(body);
-  if (!ms) return;
-  auto hs = message_prefix_hashes(*ms);
+  const auto hs = conversation_hashes(body);
+  if (hs.empty()) return;
   std::lock_guard lk(mu_);
   if (sticky_.insert(hs.back()).second) {
     sticky_order_.push_back(hs.back());
@@ -309,13 +342,11 @@ void Router::remember_local(const ojson& body) {
 
 bool Router::is_sticky(const ojson& body) const {
   if (!policy_.sticky) return false;
-  const ojson* ms = conversation_of(body);
-  if (!ms) return false;
   {
     std::lock_guard lk(mu_);
     if (sticky_.empty()) return false;
   }
-  auto hs = message_prefix_hashes(*ms);
+  const auto hs = conversation_hashes(body);
   std::lock_guard lk(mu_);
   for (uint64_t h : hs)
     if (sticky_.count(h)) return true;

@@ -329,3 +329,33 @@ TEST(RouterScan, AnOpaquePayloadStaysLocalWithoutTheEntropyDetector) {
     EXPECT_EQ(both_off.decide(body, api, "", false).route, Route::cloud);
   }
 }
+
+// A Responses conversation begun locally with a string input: its second turn sends that text back as its first item
+// (as input_text) with the local answer (output_text). The string input was not remembered, so that turn went to the
+// cloud with the local exchange; it stays local now. Function-call items hashed alike whatever their call, so two
+// conversations that differ only in a call matched each other.
+TEST(RouterScan, AResponsesConversationBegunWithAStringStaysLocal) {
+  Router r = make_router();
+  json turn1 = json::parse(R"({"model": "lilac", "input": "Tell me about my account.", "lilac": {"route": "local"}})");
+  ASSERT_EQ(r.decide(turn1, Api::responses, "", false).route, Route::local);
+  r.remember_local(turn1);
+  json turn2 = json::parse(R"({"model": "lilac", "input": [
+      {"role": "user", "content": [{"type": "input_text", "text": "Tell me about my account."}]},
+      {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Sure."}]},
+      {"role": "user", "content": "Go on."}]})");
+  RouteDecision d = r.decide(turn2, Api::responses, "", false);
+  EXPECT_EQ(d.route, Route::local);
+  EXPECT_EQ(d.reason, "sticky");
+
+  auto call = [](const char* name, const char* args) {
+    return json{{"type", "function_call"}, {"call_id", "c1"}, {"name", name}, {"arguments", args}};
+  };
+  const json u = {{"role", "user"}, {"content", "weather?"}};
+  const auto a = message_prefix_hashes(json::array({u, call("get_weather", "{\"city\": \"Rome\"}")}));
+  const auto b = message_prefix_hashes(json::array({u, call("get_weather", "{\"city\":\"Rome\"}")}));
+  const auto c = message_prefix_hashes(json::array({u, call("get_weather", "{\"city\": \"Oslo\"}")}));
+  const auto e = message_prefix_hashes(json::array({u, call("send_mail", "{\"city\": \"Rome\"}")}));
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a[1], c[1]);
+  EXPECT_NE(a[1], e[1]);
+}
