@@ -124,6 +124,10 @@ server::RouteDecisionKind HybridRouter::maybe_forward(const httplib::Request& re
   }
   if (pol.upstream_failure_to_local) {
     LILAC_LOG_WARN("route: upstream failed (%s); serving locally (fallback)", failure.c_str());
+    // What the upstream attempt set goes (set_header adds a header: the answer carried two reasons, and an
+    // upstream 2xx that was not JSON left "x-lilac-route: cloud" beside the local server's "local").
+    res.headers.erase("x-lilac-route");
+    res.headers.erase("x-lilac-route-reason");
     res.set_header("x-lilac-route-reason", "fallback: " + why);
     return go_local();
   }

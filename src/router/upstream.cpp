@@ -43,7 +43,12 @@ json parse_answer(const std::string& text) {
 }
 }  // namespace
 
-std::string UpstreamUrl::origin() const { return scheme + "://" + host + ":" + std::to_string(port); }
+std::string UpstreamUrl::origin() const {
+  // An IPv6 literal in brackets, as URLs spell it (without them the client could not parse "http://::1:9000" and
+  // every forward to an IPv6 upstream failed).
+  const std::string h = host.find(':') != std::string::npos ? "[" + host + "]" : host;
+  return scheme + "://" + h + ":" + std::to_string(port);
+}
 
 bool upstream_https_supported() {
 #ifdef CPPHTTPLIB_OPENSSL_SUPPORT

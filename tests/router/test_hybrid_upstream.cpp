@@ -32,7 +32,7 @@ struct FakeUpstream {
   std::mutex mu;
   std::vector<json> bodies;
   std::vector<std::string> auths;
-  std::atomic<int> mode{0};  // 0 ok, 1 -> 500, 2 -> 400, 3 -> 503 on models too
+  std::atomic<int> mode{0};  // 0 ok, 1 -> 500, 2 -> 400, 3 -> 503 on models too, 4 -> 200 that is not JSON
   std::atomic<int> chunk_delay_ms{0};
 
   FakeUpstream() {
@@ -46,6 +46,10 @@ struct FakeUpstream {
       if (mode == 1) {
         res.status = 500;
         res.set_content(R"({"error":{"message":"boom","type":"server_error"}})", "application/json");
+        return;
+      }
+      if (mode == 4) {
+        res.set_content("<html>captive portal</html>", "text/html");
         return;
       }
       if (mode == 2) {
@@ -201,6 +205,7 @@ TEST(HybridUpstream, ParsesUpstreamUrls) {
   u = parse_upstream_url("http://[::1]:8081/v1");
   EXPECT_EQ(u.host, "::1");
   EXPECT_EQ(u.port, 8081);
+  EXPECT_EQ(u.origin(), "http://[::1]:8081");  // was "http://::1:8081": no client could connect
   EXPECT_THROW(parse_upstream_url("ftp://x"), lilac::InputError);
   EXPECT_THROW(parse_upstream_url("localhost:80"), lilac::InputError);
   EXPECT_THROW(parse_upstream_url("http://user:pw@host/v1"), lilac::InputError);
@@ -351,8 +356,22 @@ TEST(HybridUpstream, ServerErrorsFallBackToLocalOr502) {
       ASSERT_TRUE(r);
       EXPECT_EQ(r->status, 200);
       EXPECT_EQ(r->get_header_value("x-lilac-route"), "local");
+      EXPECT_EQ(r->get_header_value_count("x-lilac-route"), 1u);
+      EXPECT_EQ(r->get_header_value_count("x-lilac-route-reason"), 1u);  // was two: the reason and the fallback's
+      if (!stream)  // (the second request is sticky: the first was served here)
+        EXPECT_EQ(r->get_header_value("x-lilac-route-reason"), "fallback: default");
     }
     EXPECT_EQ(front.local_served.load(), 2);
+  }
+  {  // a 2xx that is not JSON (a proxy's page): served locally, labelled local only (it also said "cloud")
+    up.mode = 4;
+    Front front("http://127.0.0.1:" + std::to_string(up.port), "{}");
+    auto r = front.post(chat_body("hello"));
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200);
+    EXPECT_EQ(r->get_header_value_count("x-lilac-route"), 1u);
+    EXPECT_EQ(r->get_header_value("x-lilac-route"), "local");
+    up.mode = 1;
   }
   {
     Front strict("http://127.0.0.1:" + std::to_string(up.port), R"({"fallback": {"upstream_failure_to_local": false}})");
