@@ -89,6 +89,7 @@ struct RequestParser::Inflater {
   z_stream zs{};
   bool gzip;
   bool init = false, ended = false;
+  std::string head;  // deflate: the first bytes, until two tell zlib's header from a raw stream
 
   explicit Inflater(bool is_gzip) : gzip(is_gzip) {}
   ~Inflater() {
@@ -97,8 +98,14 @@ struct RequestParser::Inflater {
   // Returns "" on success, else what is wrong; sets `over` when the output passed `limit`.
   std::string feed(std::string_view in, std::string& out, size_t limit, bool& over) {
     if (!init) {
-      // deflate: the zlib format (RFC 1950), or a raw deflate stream as some clients send.
+      // deflate: the zlib format (RFC 1950), or a raw deflate stream as some clients send. The header is two bytes,
+      // which may arrive apart (a chunk of one byte was read as a raw stream's start and refused).
       int bits = 15 + 32;  // gzip or zlib, detected from the header
+      if (!gzip) {
+        head.append(in);
+        if (head.size() < 2) return "";
+        in = head;
+      }
       if (!gzip && !in.empty()) {
         const unsigned char cmf = static_cast<unsigned char>(in[0]);
         const unsigned char flg = in.size() > 1 ? static_cast<unsigned char>(in[1]) : 0;
@@ -300,10 +307,12 @@ bool RequestParser::on_headers_end() {
     chunk_ = ChunkState::Size;
   } else if (has_cl) {
     std::string cl;
+    bool first = true;  // (an empty value followed by another was read as the other)
     for (auto [it, end] = req_.headers.equal_range("Content-Length"); it != end; ++it) {
       std::string v(trim(it->second));
-      if (!cl.empty() && v != cl) return fail(400, "Conflicting Content-Length values.", "bad_request");
+      if (!first && v != cl) return fail(400, "Conflicting Content-Length values.", "bad_request");
       cl = v;
+      first = false;
     }
     if (cl.empty() || !std::all_of(cl.begin(), cl.end(), [](char c) { return c >= '0' && c <= '9'; }))
       return fail(400, "Malformed Content-Length.", "bad_request");
@@ -402,7 +411,13 @@ size_t RequestParser::feed_chunked(std::string_view data) {
       chunk_ = ChunkState::Size;
     } else if (chunk_ == ChunkState::Size) {
       std::string_view hex = trim(std::string_view(l).substr(0, l.find(';')));
-      if (hex.empty() || !std::all_of(hex.begin(), hex.end(), [](char c) { return hex_value(c) >= 0; })) {
+      // Chunk extensions are ignored, but control bytes in them (NUL, a bare CR) are refused as in header values: a
+      // proxy in front may frame such a line otherwise.
+      const bool ctl = std::any_of(l.begin(), l.end(), [](char c) {
+        const auto u = static_cast<unsigned char>(c);
+        return (u < 0x20 && u != '\t') || u == 0x7f;
+      });
+      if (ctl || hex.empty() || !std::all_of(hex.begin(), hex.end(), [](char c) { return hex_value(c) >= 0; })) {
         fail(400, "Malformed chunked body: bad chunk size.", "bad_request");
         return pos;
       }

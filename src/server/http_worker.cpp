@@ -207,10 +207,16 @@ void HttpServer::Impl::serve(Task& t) {
       res.status = 500;
       res.set_content(error_json(t.route, 500, "Internal server error", "internal_error"), "application/json");
     }
+    // A handler that stopped because the client went away (it cancelled its generation: a half-closed client counts,
+    // as for nginx's 499) answered nothing: nothing is written and the connection closes (an empty 200 said the
+    // request had succeeded).
+    const bool gone = res.status < 0 && res.body.empty() && !res.content_provider_ && http_client_gone();
     if (res.status < 0) res.status = 200;
     const bool keep = t.keep_alive && !self->draining() && !stopping.load();
     bool keep_after = keep;
-    if (res.content_provider_) {
+    if (gone) {
+      ok = false;
+    } else if (res.content_provider_) {
       const bool fixed = !res.is_chunked_content_provider_ && res.content_length_ > 0;
       const bool chunked = !fixed && !http10;
       if (!fixed && http10) keep_after = false;  // HTTP/1.0 has no chunks: the close ends the body

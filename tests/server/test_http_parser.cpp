@@ -311,3 +311,41 @@ TEST(HttpParser, PathAndQuery) {
   EXPECT_EQ(p.request().get_param_value("y"), "A");
   EXPECT_EQ(lilac::server::decode_path("%zz%4"), "%zz%4");
 }
+
+// Found by review: a zlib-wrapped deflate body whose first piece is one byte (a 1-byte chunk, or a read that ends one
+// byte into the body) was taken for a raw deflate stream and refused; an empty Content-Length followed by another
+// was read as the other (the reverse order was a 400); control bytes in a chunk extension were ignored.
+TEST(HttpParser, FramingEdgesFoundByReview) {
+  const std::string body = R"({"messages":[{"role":"user","content":"deflate me, deflate me"}]})";
+  const std::string z = zlib(body);
+  for (const std::string& req :
+       {post("Transfer-Encoding: chunked\r\nContent-Encoding: deflate\r\n", chunked(z, 1)),
+        post("Transfer-Encoding: chunked\r\nContent-Encoding: deflate\r\n", "1\r\n" + z.substr(0, 1) + "\r\n" + chunked(z.substr(1), 64)),
+        post("Content-Encoding: deflate\r\nContent-Length: " + std::to_string(z.size()) + "\r\n", z)}) {
+    for (size_t step : {size_t(0), size_t(1), size_t(5)}) {
+      RequestParser p(small(4000));
+      feed(p, req, step);
+      ASSERT_EQ(p.state(), State::Done) << p.error_message() << " step " << step;
+      EXPECT_EQ(p.request().body, body);
+    }
+  }
+  {  // a raw deflate stream still works byte by byte
+    RequestParser p(small(4000));
+    feed(p, post("Content-Encoding: deflate\r\nContent-Length: " + std::to_string(raw_deflate(body).size()) + "\r\n",
+                 raw_deflate(body)), 1);
+    ASSERT_EQ(p.state(), State::Done) << p.error_message();
+    EXPECT_EQ(p.request().body, body);
+  }
+  for (const char* headers : {"Content-Length:\r\nContent-Length: 5\r\n", "Content-Length: 5\r\nContent-Length:\r\n"}) {
+    RequestParser p(small());
+    feed(p, post(headers, "hello"));
+    EXPECT_EQ(p.state(), State::Error) << headers;
+    EXPECT_EQ(p.error_status(), 400) << headers;
+  }
+  for (const std::string& ext : {std::string("3;a\0b", 5), std::string("3;a\rb"), std::string("3;\x7f")}) {
+    RequestParser p(small());
+    feed(p, post("Transfer-Encoding: chunked\r\n", ext + "\r\nabc\r\n0\r\n\r\n"));
+    EXPECT_EQ(p.state(), State::Error);
+    EXPECT_EQ(p.error_status(), 400);
+  }
+}

@@ -393,3 +393,24 @@ TEST(ServerProtocol, AToolCallCutByMaxTokensStopsForMaxTokens) {
   EXPECT_EQ(j["choices"][0]["finish_reason"], "length") << r->body;
   EXPECT_TRUE(j["choices"][0]["message"].contains("tool_calls")) << r->body;
 }
+
+// A client that half-closes its connection after its request (shutdown(SHUT_WR), as `nc -N` does) counts as gone: its
+// generation is cancelled. It was then sent "200 OK" with an empty body, as if the request had succeeded; nothing is
+// written now and the connection closes.
+TEST(ServerLimits, AHalfClosedClientGetsNoFalseSuccess) {
+  LocalServer l(LocalServer::options());
+  const std::string body = R"({"messages":[{"role":"user","content":"slow please"}],"max_tokens":500})";
+  Sock s(l.port);
+  ASSERT_TRUE(s.send("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
+                     std::to_string(body.size()) + "\r\n\r\n" + body));
+  std::this_thread::sleep_for(100ms);  // the generation runs
+  ::shutdown(s.fd, SHUT_WR);
+  const std::string got = s.read(5000ms);
+  EXPECT_EQ(got.find("200 OK"), std::string::npos) << got;
+  EXPECT_TRUE(got.empty()) << got;
+  // The server goes on: the next request is answered.
+  httplib::Client c("127.0.0.1", l.port);
+  auto r = c.Post("/v1/chat/completions", R"({"messages":[{"role":"user","content":"hi"}],"max_tokens":5})", "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+}
