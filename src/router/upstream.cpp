@@ -12,6 +12,8 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "server/anthropic_schema.h"
+#include "server/api_error.h"
 #include "server/openai_schema.h"
 #include "text/bounded_json.h"
 
@@ -180,6 +182,28 @@ std::string describe_5xx(int status, const std::string& body) {
 }
 
 // State shared by the request handler, the upstream reader thread and the chunked content provider.
+// What the router holds of an upstream's answer: a whole answer (not streamed, or JSON to a stream request) of at most
+// kMaxAnswerBytes, and of a stream at most kMaxQueuedBytes not yet sent to a slow client (the upstream then waits:
+// TCP's backpressure) and SSE lines of at most kMaxLineBytes. Nothing bounded them (an upstream, or anyone between it
+// and an http:// URL, could take the process's memory).
+constexpr size_t kMaxAnswerBytes = size_t(64) << 20, kMaxQueuedBytes = size_t(16) << 20, kMaxLineBytes = size_t(4) << 20;
+
+// The event that ends a stream the upstream broke off, in the request's protocol, as the local server ends a stream
+// with an error: Anthropic's named error event (an unnamed one was skipped by the SDKs: a silently cut message), the
+// Responses API's error event, or chat / completions' error data and [DONE]. The blank line first ends whatever event
+// the upstream left open (an error line right after a partial one made a single unparseable event).
+std::string broken_stream_event(const std::string& path, const std::string& message) {
+  const auto ends_with = [&](std::string_view tail) {
+    return path.size() >= tail.size() && path.compare(path.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  if (ends_with("/messages"))
+    return "\nevent: error\ndata: " + server::anthropic_error_body(server::ApiError(502, message)).dump() + "\n\n";
+  if (ends_with("/responses"))
+    return "\nevent: error\ndata: " +
+           json{{"type", "error"}, {"code", "upstream_error"}, {"message", message}, {"param", nullptr}}.dump() + "\n\n";
+  return "\ndata: " + server::error_body(502, message, "", "", "upstream_error").dump() + "\n\ndata: [DONE]\n\n";
+}
+
 struct Pipe {
   std::mutex mu;
   std::condition_variable cv;
@@ -191,9 +215,12 @@ struct Pipe {
   int status = 0;
   std::string content_type;
   std::deque<std::string> chunks;  // the body as it arrives (2xx)
+  size_t queued = 0;               // bytes in chunks
+  bool over = false;               // an answer past kMaxAnswerBytes, or a line past kMaxLineBytes
   std::string error_body;          // the body of a non-2xx answer
   std::string transport_error;     // set when the request failed on the wire
   std::string pending;             // partial SSE line not yet forwarded
+  std::string path;                // the upstream path (its protocol)
   bool inject = true;
   std::string label;
   std::unique_ptr<ActiveClient> active;  // registered with the UpstreamClient until the pipe ends
@@ -240,11 +267,31 @@ ForwardResult UpstreamClient::forward(const std::string& path, const std::string
       fr.failure = "the server is stopping";
       return fr;
     }
-    auto r = cli->Post(full_path, headers_for(false), body, "application/json");
-    if (!r) {
-      fr.failure = "cannot reach the upstream (" + httplib::to_string(r.error()) + ")";
+    httplib::Request q;
+    q.method = "POST";
+    q.path = full_path;
+    q.headers = headers_for(false);
+    q.body = body;
+    q.set_header("Content-Type", "application/json");
+    std::string got;
+    bool over = false;
+    q.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+      if (got.size() + n > kMaxAnswerBytes) return !(over = true);
+      got.append(data, n);
+      return true;
+    };
+    auto r = std::make_unique<httplib::Response>();
+    httplib::Error err = httplib::Error::Success;
+    const bool sent = cli->send(q, *r, err);
+    if (over) {
+      fr.failure = "the upstream's answer is larger than " + std::to_string(kMaxAnswerBytes >> 20) + " MiB";
       return fr;
     }
+    if (!sent) {
+      fr.failure = "cannot reach the upstream (" + httplib::to_string(err) + ")";
+      return fr;
+    }
+    r->body = std::move(got);
     fr.upstream_status = r->status;
     if (r->status >= 500) {
       fr.failure = "the upstream failed (" + describe_5xx(r->status, r->body) + ")";
@@ -279,6 +326,7 @@ ForwardResult UpstreamClient::forward(const std::string& path, const std::string
     return fr;
   }
   pipe->inject = opts_.inject_route_field;
+  pipe->path = full_path;
   pipe->label = opts_.route_label;
   Pipe* P = pipe.get();
   httplib::Headers headers = headers_for(true);
@@ -298,10 +346,24 @@ ForwardResult UpstreamClient::forward(const std::string& path, const std::string
       return !P->canceled;
     };
     req.content_receiver = [P](const char* data, size_t n, uint64_t, uint64_t) {
-      std::lock_guard lk(P->mu);
+      std::unique_lock lk(P->mu);
       if (P->canceled) return false;
-      if (P->status >= 200 && P->status < 300) P->chunks.emplace_back(data, n);
-      else if (P->error_body.size() < (1u << 20)) P->error_body.append(data, n);
+      if (P->status >= 200 && P->status < 300) {
+        if (P->content_type.find("text/event-stream") == std::string::npos) {
+          if (P->queued + n > kMaxAnswerBytes) {  // a whole answer, read before anything is sent: bounded
+            P->over = true;
+            P->cv.notify_all();
+            return false;
+          }
+        } else {  // a stream: wait while a slow client has not taken what came
+          P->cv.wait(lk, [&] { return P->queued < kMaxQueuedBytes || P->canceled; });
+          if (P->canceled) return false;
+        }
+        P->chunks.emplace_back(data, n);
+        P->queued += n;
+      } else if (P->error_body.size() < (1u << 20)) {
+        P->error_body.append(data, n);
+      }
       P->cv.notify_all();
       return true;
     };
@@ -347,8 +409,13 @@ ForwardResult UpstreamClient::forward(const std::string& path, const std::string
       std::string whole;
       for (auto& c : P->chunks) whole += c;
       std::string terr = P->transport_error;
+      const bool over = P->over;
       lk.unlock();
       P->join();
+      if (over) {
+        fr.failure = "the upstream's answer is larger than " + std::to_string(kMaxAnswerBytes >> 20) + " MiB";
+        return fr;
+      }
       json j = parse_answer(whole);
       if (!terr.empty() || !j.is_object()) {
         fr.failure = "the upstream answered a stream request with a body that is neither SSE nor JSON";
@@ -373,7 +440,7 @@ ForwardResult UpstreamClient::forward(const std::string& path, const std::string
       [pipe](size_t, httplib::DataSink& sink) -> bool {
         Pipe* P = pipe.get();
         std::string out;
-        bool done = false;
+        bool done = false, stop_reader = false;
         {
           std::unique_lock lk(P->mu);
           P->cv.wait_for(lk, std::chrono::milliseconds(250), [&] { return !P->chunks.empty() || P->finished; });
@@ -381,26 +448,36 @@ ForwardResult UpstreamClient::forward(const std::string& path, const std::string
             P->pending += P->chunks.front();
             P->chunks.pop_front();
           }
+          P->queued = 0;
+          P->cv.notify_all();  // the reader may take more
           done = P->finished;
           // Forward complete lines only, so a chunk's `data: {` is never split from the insert point.
           size_t last_nl = P->pending.rfind('\n');
+          if (P->pending.size() - (last_nl == std::string::npos ? 0 : last_nl + 1) > kMaxLineBytes && !P->over) {
+            // No line end in 4 MiB (or CR-only line ends): not SSE that can be forwarded line by line.
+            P->over = true;
+            P->canceled = true;
+            if (P->transport_error.empty()) P->transport_error = "an SSE line longer than 4 MiB";
+            P->pending.erase(last_nl == std::string::npos ? 0 : last_nl + 1);
+            done = true;
+          }
           if (last_nl != std::string::npos) {
             std::string lines = P->pending.substr(0, last_nl + 1);
             P->pending.erase(0, last_nl + 1);
             out = P->inject ? inject_route_into_sse_lines(lines, P->label) : std::move(lines);
           }
           if (done) {
-            if (!P->pending.empty()) {
+            if (!P->transport_error.empty()) {  // a partial line of a broken stream is not forwarded
+              P->pending.clear();
+              out += broken_stream_event(P->path, "The upstream stream broke off (" + P->transport_error + ").");
+            } else if (!P->pending.empty()) {
               out += P->inject ? inject_route_into_sse_lines(P->pending + "\n", P->label) : P->pending + "\n";
               P->pending.clear();
             }
-            if (!P->transport_error.empty()) {
-              json e = server::error_body(502, "The upstream stream broke off (" + P->transport_error + ").", "",
-                                  "", "upstream_error");
-              out += "data: " + e.dump() + "\n\n";
-            }
           }
+          stop_reader = P->over && P->canceled;
         }
+        if (stop_reader) P->client->stop();
         if (!out.empty() && !sink.write(out.data(), out.size())) {
           P->cancel();
           return false;

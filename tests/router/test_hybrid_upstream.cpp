@@ -52,6 +52,32 @@ struct FakeUpstream {
         res.set_content("<html>captive portal</html>", "text/html");
         return;
       }
+      if (mode == 5 || mode == 6 || mode == 7) {  // 5: a 65 MiB answer; 6: an SSE line of 5 MiB; 7: a broken stream
+        const int m = mode;
+        const char* type = m == 5 ? "application/json" : "text/event-stream";
+        res.set_chunked_content_provider(type, [m, n = 0](size_t, httplib::DataSink& sink) mutable {
+          std::string s;
+          if (m == 7) {
+            s = n == 0 ? "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"}}]}\n\ndata: {\"choi" : "";
+            if (n++ > 0) return false;  // the connection breaks off mid-line
+          } else if (n < 65) {
+            s = n == 0 && m == 5 ? "{\"x\":\"" : n == 0 ? "data: " : "";
+            s += std::string(m == 5 ? (1u << 20) : (80u << 10), 'a');
+            if (m == 5 && n == 64) s += "\"}";  // valid JSON: only its size is wrong
+            ++n;
+          } else if (m == 6 && n++ < 200) {  // the line goes on, slowly: the router must cut it
+            std::this_thread::sleep_for(std::chrono::milliseconds(20));
+            return sink.is_writable();
+          } else if (m == 5) {
+            sink.done();  // the whole answer, properly ended
+            return true;
+          } else {
+            return false;
+          }
+          return sink.write(s.data(), s.size());
+        });
+        return;
+      }
       if (mode == 2) {
         res.status = 400;
         res.set_content(R"({"error":{"message":"bad temperature","type":"invalid_request_error","param":"temperature","code":null}})",
@@ -83,6 +109,14 @@ struct FakeUpstream {
                   {"choices", json::array({{{"index", 0}, {"message", {{"role", "assistant"}, {"content", "from upstream"}}}, {"finish_reason", "stop"}}})},
                   {"usage", {{"prompt_tokens", 7}, {"completion_tokens", 2}, {"total_tokens", 9}}}};
       res.set_content(out.dump(), "application/json");
+    });
+    http.Post("/v1/messages", [](const httplib::Request&, httplib::Response& res) {  // a stream that breaks off
+      res.set_chunked_content_provider("text/event-stream", [n = 0](size_t, httplib::DataSink& sink) mutable {
+        if (n++ > 0) return false;
+        const std::string s = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{}}\n\n"
+                              "event: content_block_delta\ndata: {\"type\":\"content_bl";
+        return sink.write(s.data(), s.size());
+      });
     });
     http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
       std::lock_guard lk(mu);
@@ -146,6 +180,7 @@ struct Front {
     };
     http.Post("/v1/chat/completions", handler);
     http.Post("/v1/completions", handler);
+    http.Post("/v1/messages", handler);
     port = http.bind_to_any_port("127.0.0.1");
     th = std::thread([this] { http.listen_after_bind(); });
     for (int i = 0; i < 500 && !http.is_running(); ++i) std::this_thread::sleep_for(2ms);
@@ -430,4 +465,38 @@ TEST(HybridUpstream, ModelsListedWithPrefixAndFallbackToConfiguredModel) {
   ASSERT_TRUE(r) << httplib::to_string(r.error());
   EXPECT_EQ(r->status, 200);
   EXPECT_EQ(up.last()["model"], "up-a");
+}
+
+// Found by review: nothing bounded what the router held of an upstream's answer (a 65 MiB answer was read whole; an SSE
+// "line" with no end grew forever), and a stream that broke off ended with an unnamed chat-shaped error glued to the
+// partial line (Anthropic clients skipped it: a silently cut message).
+TEST(HybridUpstream, UpstreamAnswersAreBoundedAndBrokenStreamsEndInTheirProtocol) {
+  FakeUpstream up;
+  Front front("http://127.0.0.1:" + std::to_string(up.port), R"({"sticky": false})");
+  up.mode = 5;  // 65 MiB: not forwarded; served locally (the fallback)
+  auto r = front.post(chat_body("hello"));
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->get_header_value("x-lilac-route"), "local");
+  EXPECT_EQ(r->get_header_value("x-lilac-route-reason"), "fallback: default");
+  up.mode = 6;  // a stream whose first line has no end for 5 MiB: ends with an error event
+  r = front.post(chat_body("hello", true));
+  ASSERT_TRUE(r);
+  EXPECT_LT(r->body.size(), size_t(1) << 20);
+  EXPECT_NE(r->body.find("longer than 4 MiB"), std::string::npos) << r->body.substr(0, 300);
+  EXPECT_NE(r->body.find("data: [DONE]"), std::string::npos);
+  up.mode = 7;  // chat: the partial line is dropped, a blank line, the error, [DONE]
+  r = front.post(chat_body("hello", true));
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->body.find("{\"choi\n"), std::string::npos) << r->body;
+  EXPECT_NE(r->body.find("\n\ndata: {\"error\""), std::string::npos) << r->body;
+  EXPECT_NE(r->body.find("broke off"), std::string::npos) << r->body;
+  // Messages: Anthropic's named error event
+  json m = {{"model", "lilac"}, {"max_tokens", 10}, {"stream", true},
+            {"messages", json::array({{{"role", "user"}, {"content", "hello"}}})}};
+  r = front.post(m, "/v1/messages");
+  ASSERT_TRUE(r);
+  const size_t ev = r->body.find("\n\nevent: error\ndata: {");
+  ASSERT_NE(ev, std::string::npos) << r->body;
+  EXPECT_EQ(json::parse(r->body.substr(ev + 21))["type"], "error") << r->body;
+  EXPECT_EQ(r->body.find("content_bl\n"), std::string::npos) << r->body;
 }
