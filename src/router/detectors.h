@@ -72,5 +72,7 @@ bool luhn_valid(std::string_view digits);            // digits only
 bool iban_checksum_valid(std::string_view compact);  // no spaces, upper case
 int iban_country_length(char a, char b);             // 0 if the country is unknown
 double shannon_entropy_bits(std::string_view s);     // bits per byte
+// The opaque detector's own pass (router/opaque.cpp): appends its findings, in order of offset.
+void find_opaque(std::string_view text, std::vector<Finding>& found);
 
 }  // namespace lilac::router
