@@ -431,15 +431,33 @@ struct OutputParser::Impl {
   // commits (the block then starts again there). Each reads only the text up to where it decides, so every
   // split of the text decides alike.
   bool no_call(std::string_view v) const {
+    size_t w = 0;
+    while (w < v.size() && is_ws(v[w])) ++w;
+    // The JSON form: its strings may hold anything, the tag included (a call whose arguments mentioned it was
+    // demoted to content); a tag outside them restarts the block.
+    if (w < v.size() && v[w] == '{') {
+      bool in_str = false, esc = false;
+      for (size_t i = w; i < v.size(); ++i) {
+        if (in_str) {
+          if (esc) esc = false;
+          else if (v[i] == '\\') esc = true;
+          else if (v[i] == '"') in_str = false;
+        } else if (v[i] == '"') {
+          in_str = true;
+          esc = false;
+        } else if (starts_with_at(v, i, mk.tool_open)) {
+          return true;
+        }
+      }
+      return false;
+    }
     if (const size_t t = v.find(mk.tool_open); t != std::string_view::npos) {
       size_t hdr = 0;
       std::string name;
       if (header(v.substr(0, t + mk.tool_open.size()), false, hdr, name) != 1) return true;
     }
-    size_t p = 0;
-    while (p < v.size() && is_ws(v[p])) ++p;
-    const std::string_view r = v.substr(p, mk.function_open.size());
-    return !r.empty() && r.front() != '{' && mk.function_open.substr(0, r.size()) != r;
+    const std::string_view r = v.substr(w, mk.function_open.size());
+    return !r.empty() && mk.function_open.substr(0, r.size()) != r;
   }
 
   // The open block is no call (no_call): its "<tool_call>" (and the newlines before it) is content and its body

@@ -316,6 +316,21 @@ TEST(OutputParser, ASecondTagInABodyNotYetACallRestartsTheBlock) {
   }
 }
 
+// A JSON-form call whose arguments mention the tag (inside a string, escaped quotes before it) is a call: the tag
+// restarts a block only outside the JSON strings (it was demoted to content whole).
+TEST(OutputParser, AJsonCallWhoseArgumentsMentionTheTagIsACall) {
+  const json tools = json::parse(R"([{"type":"function","function":{"name":"write_file","parameters":{"type":"object",
+      "properties":{"content":{"type":"string"}}}}}])");
+  const std::string text = "<tool_call>\n{\"name\": \"write_file\", \"arguments\": {\"content\": "
+                           "\"say \\\"hi\\\" and wrap calls in <tool_call> tags\"}}\n</tool_call>";
+  Result r = run1(text, false, tools);
+  ASSERT_EQ(r.calls.size(), 1u) << r.content;
+  EXPECT_EQ(r.calls[0].name, "write_file");
+  EXPECT_EQ(json::parse(r.calls[0].arguments)["content"], "say \"hi\" and wrap calls in <tool_call> tags");
+  EXPECT_EQ(r.content, "");
+  expect_split_invariant(text, false, tools, r);
+}
+
 // Streamed: the text after a mentioned tag leaves as soon as it shows the tag opens no call.
 TEST(OutputParser, TextAfterAMentionedTagStreams) {
   OutputParser p(false);
