@@ -655,18 +655,21 @@ void scan_sensitive(std::string_view text, DetectorSet en, std::vector<Finding>&
     DetectorSet rest = en;
     rest.set(DetectorKind::opaque, false);
     if (opaque.empty()) return scan_sensitive(text, rest, out, max_findings);
-    // Merged in offset order; a finding that overlaps an opaque payload is part of it (its bytes are not text).
+    // Merged in offset order; of two that overlap the longer stays: runs of random-looking text inside a payload are
+    // part of it, and a PEM private key (whose base64 body is a payload) stays a private key.
     const size_t first = out.size();
     scan_sensitive(text, rest, out, 0);
-    std::vector<Finding> mine(out.begin() + std::ptrdiff_t(first), out.end());
+    std::vector<Finding> all(out.begin() + std::ptrdiff_t(first), out.end());
     out.resize(first);
-    size_t k = 0;
-    for (const Finding& f : mine) {
-      while (k < opaque.size() && opaque[k].offset + opaque[k].length <= f.offset) out.push_back(opaque[k++]);
-      if (k < opaque.size() && f.offset + f.length > opaque[k].offset) continue;
+    all.insert(all.end(), opaque.begin(), opaque.end());
+    std::stable_sort(all.begin(), all.end(), [](const Finding& a, const Finding& b) { return a.offset < b.offset; });
+    for (const Finding& f : all) {
+      if (out.size() > first && out.back().offset + out.back().length > f.offset) {
+        if (f.length > out.back().length) out.back() = f;
+        continue;
+      }
       out.push_back(f);
     }
-    while (k < opaque.size()) out.push_back(opaque[k++]);
     if (max_findings && out.size() > max_findings) out.resize(max_findings);
     return;
   }

@@ -327,4 +327,18 @@ TEST(Detectors, OpaquePayloads) {
   DetectorSet off = en;
   off.set(DetectorKind::opaque, false);
   EXPECT_TRUE(scan_sensitive("first " + kPngB64, off).empty());
+
+  // A PEM private key's body is a payload too: of two findings that overlap the longer stays, so the key is still a
+  // private_key (opaque took its place, and it named the route's reason).
+  const std::string pem = "key: -----BEGIN RSA PRIVATE KEY-----\n" + base64(png_bytes(1200, 3), 64) +
+                          "\n-----END RSA PRIVATE KEY----- done";
+  for (DetectorSet set : {DetectorSet::all(), en}) {
+    auto k = scan_sensitive(pem, set);
+    ASSERT_EQ(k.size(), 1u) << describe(pem, k);
+    EXPECT_EQ(k[0].kind, DetectorKind::private_key) << describe(pem, k);
+    std::vector<Finding> first;
+    scan_sensitive(pem, set, first, 1);
+    ASSERT_EQ(first.size(), 1u);
+    EXPECT_EQ(first[0].kind, DetectorKind::private_key);
+  }
 }
