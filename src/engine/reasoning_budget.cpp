@@ -10,13 +10,15 @@ namespace lilac {
 
 ReasoningBudgetConstraint::ReasoningBudgetConstraint(const Tokenizer& tok, int64_t vocab_size, int64_t budget,
                                                      std::vector<int32_t> close_ids, std::string marker,
-                                                     std::shared_ptr<TokenConstraint> inner)
+                                                     std::shared_ptr<TokenConstraint> inner, std::string open_marker)
     : tok_(tok), words_((vocab_size + 31) / 32), budget_(std::max<int64_t>(0, budget)), close_ids_(std::move(close_ids)),
-      marker_(std::move(marker)), inner_(std::move(inner)) {
+      marker_(std::move(marker)), open_marker_(std::move(open_marker)), inner_(std::move(inner)) {
+  awaiting_ = !open_marker_.empty();
+  open_ = !awaiting_;
   if (close_ids_.empty() || marker_.empty()) throw Error("ReasoningBudgetConstraint: no closing markup");
   for (int32_t t : close_ids_)
     if (t < 0 || t >= vocab_size) throw Error("ReasoningBudgetConstraint: closing token " + std::to_string(t) + " out of range");
-  forcing_ = budget_ == 0;
+  forcing_ = open_ && budget_ == 0;
 }
 
 const uint32_t* ReasoningBudgetConstraint::allowed() {
@@ -35,6 +37,19 @@ const uint32_t* ReasoningBudgetConstraint::allowed() {
 void ReasoningBudgetConstraint::accept(int32_t token) {
   if (inner_) inner_->accept(token);
   ++chosen_;
+  if (awaiting_) {  // the output's first bytes: the open marker, or not
+    head_ += tok_.token_bytes(token);
+    if (head_.compare(0, open_marker_.size(), open_marker_) == 0) {
+      awaiting_ = false;
+      open_ = true;
+      tail_ = head_.substr(open_marker_.size());  // (what followed the marker in that token)
+      if (tail_.find(marker_) != std::string::npos) open_ = false;
+    } else if (open_marker_.compare(0, head_.size(), head_) != 0) {
+      awaiting_ = false;  // not a reasoning block: nothing to budget
+    }
+    if (open_ && chosen_ >= budget_) forcing_ = true;
+    return;
+  }
   if (open_) {  // the marker may span tokens: look for it in the last bytes kept plus this token's
     std::string text = tail_ + tok_.token_bytes(token);
     if (text.find(marker_) != std::string::npos) {
@@ -57,7 +72,7 @@ void ReasoningBudgetConstraint::accept(int32_t token) {
 int64_t ReasoningBudgetConstraint::free_choices() const {
   const int64_t inner = inner_ ? inner_->free_choices() : std::numeric_limits<int64_t>::max();
   if (forcing_) return 0;
-  if (!open_ || spent_) return inner;
+  if ((!open_ && !awaiting_) || spent_) return inner;
   return std::min(inner, budget_ - chosen_);
 }
 

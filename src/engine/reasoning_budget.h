@@ -24,8 +24,10 @@ class ReasoningBudgetConstraint final : public TokenConstraint {
  public:
   // `budget` >= 0 choices inside the reasoning; `close_ids` the tokens forced when it runs out (the closing markup,
   // e.g. "\n</think>\n\n"); `marker` the text that closes the block (e.g. "</think>"); `vocab_size` the model's.
+  // `open_marker` non-empty: the prompt does not open the block (a template that lets the model write "<think>"
+  // itself): it is open only if the output begins with that text (the output parser's rule), else nothing is forced.
   ReasoningBudgetConstraint(const Tokenizer& tok, int64_t vocab_size, int64_t budget, std::vector<int32_t> close_ids,
-                            std::string marker, std::shared_ptr<TokenConstraint> inner);
+                            std::string marker, std::shared_ptr<TokenConstraint> inner, std::string open_marker = "");
 
   const uint32_t* allowed() override;
   void accept(int32_t token) override;
@@ -40,10 +42,13 @@ class ReasoningBudgetConstraint final : public TokenConstraint {
   int64_t budget_;
   std::vector<int32_t> close_ids_;
   std::string marker_;
+  std::string open_marker_;  // awaited at the output's start (empty: the prompt opened the block)
+  std::string head_;         // the output's first bytes while the open marker is awaited
   std::shared_ptr<TokenConstraint> inner_;
   int64_t chosen_ = 0;   // choices accepted so far
   size_t forced_ = 0;    // closing tokens accepted so far (while forcing)
   bool open_ = true;
+  bool awaiting_ = false;  // the open marker may still begin the output
   bool forcing_ = false;
   bool spent_ = false;   // the closing markup was forced (it is forced once)
   std::string tail_;     // the last marker.size() - 1 bytes of the text so far (the marker may span tokens)

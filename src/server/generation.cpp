@@ -286,9 +286,10 @@ void GenerationCore::make_choices(const GenerationSpec& spec, int n, std::vector
     throw ApiError(400, "'logit_bias' is not supported by the " + backend_->name() + " backend yet.", "logit_bias",
                    "unsupported_value");
 
-  // A reasoning budget applies when the model starts inside its reasoning and the budget is below the
-  // limit: a constraint of the generation closes the block when the budget runs out (engine/reasoning_budget.h).
-  const bool budgeted = chat && prompt.in_reasoning && spec.reasoning_budget && *spec.reasoning_budget < max_tokens;
+  // A reasoning budget applies when the budget is below the limit: a constraint of the generation closes the block
+  // when the budget runs out (engine/reasoning_budget.h) -- the prompt's open block, or one the model opens itself at
+  // the start of its output (a template that does not write "<think>" into the generation prompt).
+  const bool budgeted = chat && spec.reasoning_budget && *spec.reasoning_budget < max_tokens;
   std::vector<int32_t> close_ids;
   if (budgeted) close_ids = tok_->encode(format_.force_close_reasoning(), /*parse_special=*/true);
   for (int i = 0; i < n; ++i) {  // choice i: the same prompt, sampled with seed + i, its own constraint state
@@ -305,7 +306,10 @@ void GenerationCore::make_choices(const GenerationSpec& spec, int n, std::vector
       gr.constraint = std::make_shared<ReasoningBudgetConstraint>(*tok_, backend_->config().vocab_size,
                                                                   *spec.reasoning_budget, close_ids,
                                                                   std::string(format_.markup().think_close),
-                                                                  std::move(gr.constraint));
+                                                                  std::move(gr.constraint),
+                                                                  prompt.in_reasoning
+                                                                      ? std::string()
+                                                                      : std::string(format_.markup().think_open));
     gr.draft_tokens = opts_.spec_tokens;  // not used under a constraint (Sequence::draft_budget)
     gr.spec_policy = opts_.spec_policy;
     gr.prompt_logprobs = spec.prompt_logprobs;

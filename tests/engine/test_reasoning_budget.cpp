@@ -149,3 +149,34 @@ TEST(ReasoningBudget, SpeculatesUntilTheCutAndGivesPlainDecodingsTokens) {
   EXPECT_GT(inj.st.spec_accepted, 0);
   EXPECT_LT(inj.st.decode_steps, 39);  // speculative rounds took several tokens at once
 }
+
+// A template that lets the model open the block itself ("<think>" not in the generation prompt): the budget applies
+// when the output begins with the open marker (as the output parser reads it), counted from the output's start, and
+// nothing is forced when it does not.
+TEST(ReasoningBudget, ABlockTheModelOpensItselfIsBudgetedToo) {
+  auto make = [] {
+    return ReasoningBudgetConstraint(qwen3(), kVocab, 4, ids("\n</think>\n\n"), "</think>", nullptr, "<think>");
+  };
+  for (const std::vector<int32_t>& open : {ids("<think>"), std::vector<int32_t>{ids("<")[0], ids("think")[0], ids(">")[0]}}) {
+    auto c = make();
+    std::vector<int32_t> text = open;
+    for (int32_t t : ids(" hmm hmm hmm")) text.push_back(t);
+    size_t i = 0;
+    for (; i < text.size() && !c.forcing(); ++i) {
+      EXPECT_EQ(c.allowed(), nullptr);
+      c.accept(text[i]);
+    }
+    EXPECT_EQ(i, 4u);  // forced after 4 choices, the open marker's included
+    ASSERT_TRUE(c.forcing());
+    EXPECT_EQ(only(c.allowed()), ids("\n")[0]);
+  }
+  auto plain = make();
+  EXPECT_EQ(plain.free_choices(), 4);
+  for (int32_t t : ids("Hello there, no reasoning at all here")) {
+    EXPECT_EQ(plain.allowed(), nullptr);
+    plain.accept(t);
+  }
+  EXPECT_FALSE(plain.forcing());
+  EXPECT_FALSE(plain.open());
+  EXPECT_EQ(plain.free_choices(), std::numeric_limits<int64_t>::max());
+}

@@ -32,11 +32,15 @@ inline nlohmann::json default_script() {
 struct LocalServer {
   std::unique_ptr<server::Server> server;
   int port = 0;
+  // `template_source`: the chat template (default: Qwen3.6's, which opens "<think>" in the generation prompt).
   explicit LocalServer(server::ServerOptions o, const server::RouteHook* hook = nullptr,
-                       const nlohmann::json& script = default_script()) {
+                       const nlohmann::json& script = default_script(), const std::string& template_source = "") {
     auto tok = qwen3_tokenizer();
     auto tmpl = std::shared_ptr<const ChatTemplate>(ChatTemplate::from_source(
-        read_text_file(std::string(LILAC_SHARED_DIR) + "/fixtures/qwen3.6-template/chat_template.jinja"), "qwen3.6"));
+        template_source.empty()
+            ? read_text_file(std::string(LILAC_SHARED_DIR) + "/fixtures/qwen3.6-template/chat_template.jinja")
+            : template_source,
+        "qwen3.6"));
     auto backend = std::shared_ptr<Backend>(server::make_scripted_backend(script, tok));
     o.port = 0;
     o.log_requests = false;

@@ -122,3 +122,24 @@ TEST(ReasoningBudget, TheCutIsOneGenerationAndTheClosingMarkupCounts) {
   EXPECT_EQ(metric(srv.port, "lilac_generated_tokens_total"), "12");
   EXPECT_EQ(metric(srv.port, "lilac_prompt_tokens_total"), std::to_string(int64_t(m["usage"]["input_tokens"])));
 }
+
+// A template that does not open "<think>" in the generation prompt (Qwen3's, the demo model's): the model opens the
+// block itself, and the budget applied only to a block the prompt opened: this reasoning ran its whole length.
+TEST(ReasoningBudget, ABlockTheModelOpensItselfIsCutToo) {
+  std::string reply = "<think>\n";
+  for (int i = 0; i < 40; ++i) reply += " hmm";
+  reply += "</think>\n\nanswer";
+  const json script = {{"rules", {{{"match", "selfthink"}, {"reply", reply}}}}};
+  const json cfg = json::parse(lilac::read_text_file(std::string(LILAC_SHARED_DIR) + "/fixtures/qwen3-tokenizer/tokenizer_config.json"));
+  const std::string qwen3_template = cfg["chat_template"];
+  ASSERT_EQ(qwen3_template.find("'<think>\\n' }}"), std::string::npos) << "the template opens the block itself";
+  lilac::test::LocalServer srv(lilac::test::LocalServer::options(), nullptr, script, qwen3_template);
+  const json m = post_json(srv.port, "/v1/messages", thinking_request("selfthink", 5, 20));
+  ASSERT_GE(m["content"].size(), 1u) << m.dump();
+  EXPECT_EQ(m["content"][0]["type"], "thinking") << m.dump();
+  EXPECT_EQ(m["content"][0]["thinking"], " hmm hmm hmm") << m.dump();  // "<think>", "\n" and 3 tokens: 5
+  EXPECT_EQ(m["usage"]["output_tokens"], 20);
+  // Without a budget, the same generation thinks its whole length.
+  const json free = post_json(srv.port, "/v1/messages", thinking_request("selfthink", -1, 200));
+  EXPECT_EQ(free["content"][0]["thinking"].get<std::string>().size(), 40u * 4) << free.dump();
+}
