@@ -105,6 +105,16 @@ void hash_string_field(Hasher& hs, const ojson& m, const char* key, char tag) {
 // Text as the stickiness hash sees it: whitespace-insensitive.
 void hash_text(Hasher& hs, std::string_view t) { hs.bytes(collapse_whitespace(t)); }
 
+// A tool call's arguments: a JSON string hashes as its parsed value ('{"a": 1}' and '{"a":1}' alike), other text
+// whitespace-insensitively, a JSON value as itself.
+void hash_arguments(Hasher& hs, const ojson& args) {
+  hs.tag('A');
+  if (!args.is_string()) return hash_value(hs, args);
+  JsonParseResult p = parse_bounded_json(args.get_ref<const std::string&>(), kRequestJsonLimits);
+  if (p.ok()) hash_value(hs, p.value);
+  else hash_text(hs, args.get_ref<const std::string&>());
+}
+
 uint64_t hash_message(const ojson& m) {
   Hasher hs;
   if (!m.is_object()) {
@@ -117,7 +127,7 @@ uint64_t hash_message(const ojson& m) {
   hash_string_field(hs, m, "tool_call_id", 'i');
   // Responses items other than messages (function_call, function_call_output, reasoning) have no role or content:
   // their type, call id and output tell them apart (they all hashed alike, so one conversation's calls matched
-  // another's); their arguments are hashed below as a chat tool call's.
+  // another's); their arguments hash as a chat tool call's.
   if (auto t = m.find("type"); t != m.end() && t->is_string() && *t != "message") {
     hash_string_field(hs, m, "type", 't');
     hash_string_field(hs, m, "call_id", 'k');
@@ -126,16 +136,7 @@ uint64_t hash_message(const ojson& m) {
       if (o->is_string()) hash_text(hs, o->get_ref<const std::string&>());
       else hash_value(hs, *o);
     }
-    if (auto a = m.find("arguments"); a != m.end()) {
-      hs.tag('A');
-      if (a->is_string()) {
-        JsonParseResult p = parse_bounded_json(a->get_ref<const std::string&>(), kRequestJsonLimits);
-        if (p.ok()) hash_value(hs, p.value);
-        else hash_text(hs, a->get_ref<const std::string&>());
-      } else {
-        hash_value(hs, *a);
-      }
-    }
+    if (auto a = m.find("arguments"); a != m.end()) hash_arguments(hs, *a);
     if (auto sm = m.find("summary"); sm != m.end()) {
       hs.tag('s');
       hash_value(hs, *sm);
@@ -177,17 +178,7 @@ uint64_t hash_message(const ojson& m) {
       auto fn = call.find("function");
       if (fn == call.end() || !fn->is_object()) continue;
       hash_string_field(hs, *fn, "name", 'N');
-      auto args = fn->find("arguments");
-      if (args != fn->end()) {
-        hs.tag('A');
-        if (args->is_string()) {
-          JsonParseResult p = parse_bounded_json(args->get_ref<const std::string&>(), kRequestJsonLimits);
-          if (p.ok()) hash_value(hs, p.value);  // '{"a": 1}' and '{"a":1}' alike
-          else hash_text(hs, args->get_ref<const std::string&>());
-        } else {
-          hash_value(hs, *args);
-        }
-      }
+      if (auto args = fn->find("arguments"); args != fn->end()) hash_arguments(hs, *args);
     }
   }
   return hs.done();
