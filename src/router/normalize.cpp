@@ -7,6 +7,15 @@
 
 namespace lilac::router {
 
+int base64_digit(char c) {
+  if (c >= 'A' && c <= 'Z') return c - 'A';
+  if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+  if (c >= '0' && c <= '9') return c - '0' + 52;
+  if (c == '+' || c == '-') return 62;
+  if (c == '/' || c == '_') return 63;
+  return -1;
+}
+
 namespace {
 
 using unicode::append_utf8;
@@ -305,15 +314,6 @@ bool needs_canonical(std::string_view s) {
   return false;
 }
 
-int b64v(char c) {
-  if (c >= 'A' && c <= 'Z') return c - 'A';
-  if (c >= 'a' && c <= 'z') return c - 'a' + 26;
-  if (c >= '0' && c <= '9') return c - '0' + 52;
-  if (c == '+' || c == '-') return 62;
-  if (c == '/' || c == '_') return 63;
-  return -1;
-}
-
 // Whether decoded bytes read as text: valid UTF-8, at least 90% printable.
 bool looks_like_text(std::string_view d) {
   if (d.empty() || !unicode::is_valid_utf8(d)) return false;
@@ -331,12 +331,12 @@ bool looks_like_text(std::string_view d) {
 std::string decode_runs(std::string_view s, int depth) {
   std::string out;
   for (size_t i = 0; i < s.size();) {
-    if (b64v(s[i]) < 0) {
+    if (base64_digit(s[i]) < 0) {
       ++i;
       continue;
     }
     size_t j = i;
-    while (j < s.size() && b64v(s[j]) >= 0) ++j;
+    while (j < s.size() && base64_digit(s[j]) >= 0) ++j;
     const size_t len = j - i;
     if (len >= 16 && len % 4 != 1) {
       std::string d;
@@ -344,7 +344,7 @@ std::string decode_runs(std::string_view s, int depth) {
       uint32_t acc = 0;
       int bits = 0;
       for (size_t k = i; k < j; ++k) {
-        acc = (acc << 6) | uint32_t(b64v(s[k]));
+        acc = (acc << 6) | uint32_t(base64_digit(s[k]));
         bits += 6;
         if (bits >= 8) {
           bits -= 8;
@@ -400,7 +400,7 @@ bool base64_decodes_to_text(std::string_view run) {
   uint32_t acc = 0;
   int bits = 0;
   for (size_t k = 0; k < run.size() && d.size() < 288; ++k) {
-    const int v = b64v(run[k]);
+    const int v = base64_digit(run[k]);
     if (v < 0) continue;  // line breaks, padding
     acc = (acc << 6) | uint32_t(v);
     bits += 6;

@@ -29,6 +29,9 @@ std::string canonical_text(std::string_view text);
 // Base64 runs of `text` decoded to text (exposed for tests); "" when none decodes to text.
 std::string decode_base64_runs(std::string_view text);
 
+// The value of a base64 digit of either alphabet ("+/" or "-_"); -1 for any other character.
+int base64_digit(char c);
+
 // Whether the base64 characters `run` (either alphabet; line breaks and '=' skipped) decode to bytes that read as
 // text (valid UTF-8, at least 90 % printable), judged on their first 288 bytes.
 bool base64_decodes_to_text(std::string_view run);

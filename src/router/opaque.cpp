@@ -7,43 +7,35 @@
 
 namespace lilac::router {
 
-namespace {
-
-bool is_b64(unsigned char c) {
-  return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '+' || c == '/' ||
-         c == '-' || c == '_';
-}
-
-}  // namespace
-
 // The opaque detector (a pass of its own): base64 runs of at least kOpaqueMinChars characters -- line breaks inside a
 // run (MIME's, PEM's) and '=' padding at its end belong to it -- with upper and lower case letters and digits (not a
 // DNA sequence, hex, or a long word) whose decoded head is not text. Text payloads are not findings: the scan decodes
 // them and looks inside (normalize.h).
 void find_opaque(std::string_view text, std::vector<Finding>& found) {
-  const auto* p = reinterpret_cast<const unsigned char*>(text.data());
   const size_t n = text.size();
   for (size_t i = 0; i < n;) {
-    if (!is_b64(p[i])) {
+    if (base64_digit(text[i]) < 0) {
       ++i;
       continue;
     }
     size_t j = i, chars = 0;
     unsigned classes = 0;  // 1 upper, 2 lower, 4 digit
     while (j < n) {
-      if (is_b64(p[j])) {
-        classes |= (p[j] >= 'A' && p[j] <= 'Z') ? 1u : (p[j] >= 'a' && p[j] <= 'z') ? 2u : (p[j] >= '0' && p[j] <= '9') ? 4u : 0u;
+      if (const int d = base64_digit(text[j]); d >= 0) {
+        classes |= d < 26 ? 1u : d < 52 ? 2u : d < 62 ? 4u : 0u;
         ++chars;
         ++j;
-      } else if ((p[j] == '\n' || p[j] == '\r') && j + 1 < n && (is_b64(p[j + 1]) || p[j + 1] == '\n')) {
+      } else if ((text[j] == '\n' || text[j] == '\r') && j + 1 < n &&
+                 (base64_digit(text[j + 1]) >= 0 || text[j + 1] == '\n')) {
         ++j;
       } else {
         break;
       }
     }
-    for (int pad = 0; pad < 2 && j < n && p[j] == '='; ++pad) ++j;
-    if (chars >= kOpaqueMinChars && classes == 7u && !base64_decodes_to_text(text.substr(i, j - i))) found.push_back({DetectorKind::opaque, i, j - i});
-    i = j + (j == i);
+    for (int pad = 0; pad < 2 && j < n && text[j] == '='; ++pad) ++j;
+    if (chars >= kOpaqueMinChars && classes == 7u && !base64_decodes_to_text(text.substr(i, j - i)))
+      found.push_back({DetectorKind::opaque, i, j - i});
+    i = j;
   }
 }
 
