@@ -181,12 +181,13 @@ std::string describe_5xx(int status, const std::string& body) {
   return s;
 }
 
-// State shared by the request handler, the upstream reader thread and the chunked content provider.
 // What the router holds of an upstream's answer: a whole answer (not streamed, or JSON to a stream request) of at most
 // kMaxAnswerBytes, and of a stream at most kMaxQueuedBytes not yet sent to a slow client (the upstream then waits:
 // TCP's backpressure) and SSE lines of at most kMaxLineBytes. Nothing bounded them (an upstream, or anyone between it
 // and an http:// URL, could take the process's memory).
 constexpr size_t kMaxAnswerBytes = size_t(64) << 20, kMaxQueuedBytes = size_t(16) << 20, kMaxLineBytes = size_t(4) << 20;
+const std::string kTooLarge = "the upstream's answer is larger than " + std::to_string(kMaxAnswerBytes >> 20) + " MiB";
+
 
 // The event that ends a stream the upstream broke off, in the request's protocol, as the local server ends a stream
 // with an error: Anthropic's named error event (an unnamed one was skipped by the SDKs: a silently cut message), the
@@ -204,6 +205,7 @@ std::string broken_stream_event(const std::string& path, const std::string& mess
   return "\ndata: " + server::error_body(502, message, "", "", "upstream_error").dump() + "\n\ndata: [DONE]\n\n";
 }
 
+// State shared by the request handler, the upstream reader thread and the chunked content provider.
 struct Pipe {
   std::mutex mu;
   std::condition_variable cv;
@@ -280,38 +282,38 @@ ForwardResult UpstreamClient::forward(const std::string& path, const std::string
       got.append(data, n);
       return true;
     };
-    auto r = std::make_unique<httplib::Response>();
+    httplib::Response r;
     httplib::Error err = httplib::Error::Success;
-    const bool sent = cli->send(q, *r, err);
+    const bool sent = cli->send(q, r, err);
     if (over) {
-      fr.failure = "the upstream's answer is larger than " + std::to_string(kMaxAnswerBytes >> 20) + " MiB";
+      fr.failure = kTooLarge;
       return fr;
     }
     if (!sent) {
       fr.failure = "cannot reach the upstream (" + httplib::to_string(err) + ")";
       return fr;
     }
-    r->body = std::move(got);
-    fr.upstream_status = r->status;
-    if (r->status >= 500) {
-      fr.failure = "the upstream failed (" + describe_5xx(r->status, r->body) + ")";
+    r.body = std::move(got);
+    fr.upstream_status = r.status;
+    if (r.status >= 500) {
+      fr.failure = "the upstream failed (" + describe_5xx(r.status, r.body) + ")";
       return fr;
     }
     fr.answered = true;
     res.set_header("x-lilac-route", opts_.route_label);
-    if (r->status >= 200 && r->status < 300) {
-      json j = parse_answer(r->body);
+    if (r.status >= 200 && r.status < 300) {
+      json j = parse_answer(r.body);
       if (!j.is_object()) {
         fr.answered = false;
-        fr.failure = "the upstream answered HTTP " + std::to_string(r->status) + " with a body that is not a JSON object";
+        fr.failure = "the upstream answered HTTP " + std::to_string(r.status) + " with a body that is not a JSON object";
         return fr;
       }
       if (opts_.inject_route_field) j["lilac_route"] = opts_.route_label;
-      res.status = r->status;
+      res.status = r.status;
       res.set_content(j.dump(), "application/json");
     } else {
-      res.status = r->status;
-      res.set_content(client_error_body(r->status, r->body), "application/json");
+      res.status = r.status;
+      res.set_content(client_error_body(r.status, r.body), "application/json");
     }
     return fr;
   }
@@ -413,7 +415,7 @@ ForwardResult UpstreamClient::forward(const std::string& path, const std::string
       lk.unlock();
       P->join();
       if (over) {
-        fr.failure = "the upstream's answer is larger than " + std::to_string(kMaxAnswerBytes >> 20) + " MiB";
+        fr.failure = kTooLarge;
         return fr;
       }
       json j = parse_answer(whole);
