@@ -37,21 +37,19 @@ const uint32_t* ReasoningBudgetConstraint::allowed() {
 void ReasoningBudgetConstraint::accept(int32_t token) {
   if (inner_) inner_->accept(token);
   ++chosen_;
-  if (awaiting_) {  // the output's first bytes: the open marker, or not
-    head_ += tok_.token_bytes(token);
+  std::string bytes = tok_.token_bytes(token);
+  if (awaiting_) {  // the output's first bytes: the open marker (then what follows it is the block's), or not
+    head_ += bytes;
     if (head_.compare(0, open_marker_.size(), open_marker_) == 0) {
       awaiting_ = false;
       open_ = true;
-      tail_ = head_.substr(open_marker_.size());  // (what followed the marker in that token)
-      if (tail_.find(marker_) != std::string::npos) open_ = false;
+      bytes = head_.substr(open_marker_.size());
     } else if (open_marker_.compare(0, head_.size(), head_) != 0) {
       awaiting_ = false;  // not a reasoning block: nothing to budget
     }
-    if (open_ && chosen_ >= budget_) forcing_ = true;
-    return;
   }
   if (open_) {  // the marker may span tokens: look for it in the last bytes kept plus this token's
-    std::string text = tail_ + tok_.token_bytes(token);
+    std::string text = tail_ + bytes;
     if (text.find(marker_) != std::string::npos) {
       open_ = false;
       tail_.clear();
