@@ -56,8 +56,7 @@ void BackgroundResponses::finish(Task& t) {
   // The final object must replace "queued" / "in_progress" (clients poll until it does). One too large for the store
   // (--responses-mb) was not kept and the old status stayed forever: it ends as failed, without its output.
   if (std::optional<ResponseStore::Entry> e = store_.get(t.id)) {
-    const std::string st = e->response.value("status", "");
-    if (st == "queued" || st == "in_progress") {
+    if (response_running(e->response)) {
       nlohmann::json r = e->response;
       r["status"] = "failed";
       r["output"] = nlohmann::json::array();

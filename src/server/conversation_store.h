@@ -19,6 +19,12 @@ struct Conversation {
   int64_t created_at = 0;
   nlohmann::ordered_json metadata = nlohmann::ordered_json::object();
   nlohmann::ordered_json items = nlohmann::ordered_json::array();  // oldest first, each with an "id"
+
+  bool holds(const nlohmann::ordered_json& item_id) const {
+    for (const auto& it : items)
+      if (it["id"] == item_id) return true;
+    return false;
+  }
 };
 
 // Use order: get() and update() make a conversation the most recently used.

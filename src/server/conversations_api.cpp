@@ -159,8 +159,7 @@ void add_conversations_routes(HttpServer& http, ServerContext& ctx) {
       std::string taken;  // an added id the conversation holds already (GET / DELETE by id would find two)
       if (!C->conversations.update(id, [&](ConversationStore::Conversation& c) {
             for (const auto& it : added)
-              for (const auto& have : c.items)
-                if (have["id"] == it["id"]) taken = it["id"].get<std::string>();
+              if (c.holds(it["id"])) taken = it["id"].get<std::string>();
             if (taken.empty())
               for (const auto& it : added) c.items.push_back(it);
           }))

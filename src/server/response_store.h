@@ -17,6 +17,13 @@ struct ResponseEntry {
   nlohmann::json response;       // the response object
 };
 
+// Whether a stored response has not ended yet (a background one, "queued" or "in_progress"): its items hold its input
+// only, its output so far is in the response object.
+inline bool response_running(const nlohmann::json& response) {
+  const std::string st = response.value("status", "");
+  return st == "queued" || st == "in_progress";
+}
+
 // Appends a response's output items to a conversation's items (what a follow-up to it continues from).
 inline void append_output_items(nlohmann::ordered_json& items, const nlohmann::json& response) {
   for (const auto& o : response["output"]) items.push_back(nlohmann::ordered_json(o));

@@ -92,11 +92,7 @@ Endpoint responses_endpoint(ServerContext& C) {
       add_to_conversation = [&C, id = p.conversation_id, added](const nlohmann::json& response) {
         C.conversations.update(id, [&](ConversationStore::Conversation& c) {
           for (ojson it : added) {  // an input item resent with an id the conversation holds gets a new one
-            for (const auto& have : c.items)
-              if (have["id"] == it["id"]) {
-                it["id"] = C.new_id(it["type"] == "function_call" ? "fc_" : it["type"] == "message" ? "msg_" : "item_");
-                break;
-              }
+            if (c.holds(it["id"])) it["id"] = C.new_id(item_id_prefix(it.value("type", std::string("message"))));
             c.items.push_back(std::move(it));
           }
           append_output_items(c.items, response);
@@ -178,10 +174,8 @@ void add_responses_routes(HttpServer& http, ServerContext& ctx) {
     std::optional<ResponseStore::Entry> e = C->responses.get(id);
     if (!e) return not_found(res, id, "/v1/responses/{id}/input_items");
     nlohmann::json data = nlohmann::json::array();
-    // An ended response's items end with its output; a background one still queued or running holds its input only
-    // (the output so far is in the response object).
-    const std::string status = e->response.value("status", "");
-    const size_t n_out = status == "queued" || status == "in_progress" ? 0 : e->response["output"].size();
+    // An ended response's items end with its output; a running one's hold its input only.
+    const size_t n_out = response_running(e->response) ? 0 : e->response["output"].size();
     const size_t n_in = e->items.size() - std::min(n_out, e->items.size());
     for (size_t i = 0; i < n_in; ++i) data.push_back(nlohmann::json(e->items[i]));
     if (req.get_param_value("order") != "asc") std::reverse(data.begin(), data.end());

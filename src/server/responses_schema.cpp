@@ -284,6 +284,10 @@ void parse_text_and_reasoning(const ojson& body, ResponsesParams& r) {
 
 }  // namespace
 
+const char* item_id_prefix(std::string_view type) {
+  return type == "message" ? "msg_" : type == "function_call" ? "fc_" : type == "reasoning" ? "rs_" : "fco_";
+}
+
 const char* const kIdChars = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-";
 
 ojson conversation_items(const ojson& items, const std::string& param,
@@ -309,7 +313,7 @@ ojson conversation_items(const ojson& items, const std::string& param,
       for (const auto& o : out)
         if (o["id"] == id) bad(p + ".id", "Invalid '" + p + ".id': '" + id + "' is the id of an earlier item.");
     } else {
-      const char* prefix = ty == "message" ? "msg_" : ty == "function_call" ? "fc_" : ty == "reasoning" ? "rs_" : "fco_";
+      const char* prefix = item_id_prefix(ty);
       ojson with_id = ojson{{"id", new_id(prefix)}};
       for (auto& [k, v] : it.items())
         if (k != "id") with_id[k] = v;
@@ -351,8 +355,9 @@ ResponsesParams parse_responses_request(const ojson& body, const ModelConfig& cf
           "previous_response_not_found");
     // A background response that has not ended holds no output yet: its items would continue the conversation
     // without the answer.
-    if (const std::string st = e->response.value("status", ""); st == "queued" || st == "in_progress")
-      bad("previous_response_id", "Previous response with id '" + *prev + "' is still " + st +
+    if (response_running(e->response))
+      bad("previous_response_id", "Previous response with id '" + *prev + "' is still " +
+                                      e->response.value("status", std::string()) +
                                       ": wait until it ends (or cancel it) before continuing from it.",
           "previous_response_not_ended");
     r.previous_response_id = *prev;

@@ -17,6 +17,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -73,6 +74,9 @@ ResponsesParams parse_responses_request(const ojson& body, const ModelConfig& cf
 // "id" (new_id(prefix) when it has none; a client's id must be 1-128 of [A-Za-z0-9_-], as the item routes address
 // them, and unique within `items`), a message's string content as one text part (output_text for the assistant's,
 // else input_text).
+// The prefix of a new id for a conversation item of `type` ("msg_", "fc_", "rs_", else "fco_").
+const char* item_id_prefix(std::string_view type);
+
 ojson conversation_items(const ojson& items, const std::string& param,
                          const std::function<std::string(const char*)>& new_id);
 
