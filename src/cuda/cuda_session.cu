@@ -137,6 +137,9 @@ TokenChoice CudaSession::fetch_result() {
 }
 
 TokenChoice CudaSession::to_choice(const SampleResult& r) const {
+  // -1: every logit was NaN (sample_rows.cu), where the CPU sampler throws the same error
+  if (r.token < 0 || r.token >= m_.cfg.vocab_size)
+    throw Error("sampler: every logit is NaN (the model's weights or activations are not finite)");
   TokenChoice t;
   t.token = r.token;
   t.logprob = r.logprob;

@@ -3,6 +3,7 @@
 // (token, logprob, top logprobs, counts, step) over several steps — greedy and seeded sampling with filters
 // and penalties, at the model's vocabulary and an odd one; padding rows touch nothing; the allowed-token
 // bitmask restricts greedy and sampled choices without changing the raw logprobs.
+#include <algorithm>
 #include <gtest/gtest.h>
 #include <cuda_runtime.h>
 
@@ -247,6 +248,38 @@ TEST(RowsSample, AllowedTokensAtMinusInfinityGiveTheFirstAllowedId) {
   const auto got = res.get();
   EXPECT_EQ(got[0].token, 2) << "greedy";
   EXPECT_EQ(got[1].token, 2) << "sampled";
+}
+
+// Allowed logits all NaN: the first allowed id (the CPU sampler's rule; before, the raw argmax — a token the mask
+// forbids). Every logit NaN without a mask: no token (-1, which the session refuses as the CPU sampler throws), the
+// counts untouched and the device-side token in range (before: counts[vocab + 0x7fffffff] was incremented).
+TEST(RowsSample, NanLogitsGiveTheFirstAllowedIdOrNoToken) {
+  NEED_GPU();
+  const int64_t vocab = 5003, W = lr::allowed_words(vocab);
+  const int M = 3;
+  std::vector<lc::SampleParamsDev> prm = {params(0.f, 0, 1.f, 0.f, 0.f, 0.f, 1.f, 0, 1, 0),
+                                          params(1.f, 0, 1.f, 0.f, 0.f, 0.f, 1.f, 0, 5, 0),
+                                          params(0.f, 0, 1.f, 0.f, 0.f, 0.f, 1.f, 0, 7, 0)};
+  std::vector<uint32_t> allowed(size_t(M * W), 0u);
+  for (int m = 0; m < 2; ++m) allowed[size_t(m * W + 40)] = 0b101000u;  // tokens 1283 and 1285
+  std::vector<float> logits(size_t(M * vocab), NAN);
+  for (int m = 0; m < 2; ++m) logits[size_t(m * vocab + 7)] = 3.f;  // finite, not allowed
+  Dev<lc::SampleParamsDev> dprm(prm);
+  Dev<int32_t> dcounts(std::vector<int32_t>(size_t(M * vocab), 0)), don(std::vector<int32_t>{1, 1, 0}), tokens(M);
+  Dev<uint8_t> dmask(std::vector<uint8_t>(size_t(M * vocab), 0));
+  Dev<uint32_t> dallowed(allowed);
+  Dev<char> scratch(lr::sample_rows_scratch_bytes(vocab, M));
+  Dev<lc::SampleResult> res(M);
+  Dev<float> dl(logits);
+  sample_masked(dl.p, vocab, M, dprm.p, dcounts.p, dmask.p, dallowed.p, don.p, tokens.p, res.p, scratch.p);
+  const auto got = res.get();
+  EXPECT_EQ(got[0].token, 1283) << "greedy";
+  EXPECT_EQ(got[1].token, 1283) << "sampled";
+  EXPECT_EQ(got[2].token, -1) << "every logit NaN, no mask";
+  const auto tok = tokens.get();
+  for (int m = 0; m < M; ++m) EXPECT_TRUE(tok[size_t(m)] >= 0 && tok[size_t(m)] < vocab) << "row " << m;
+  const auto counts = dcounts.get();
+  EXPECT_EQ(std::count(counts.begin() + 2 * vocab, counts.end(), 0), vocab) << "no token counted for the NaN row";
 }
 
 TEST(RowsSample, SingleRowWithoutMaskIsSampleToken) {

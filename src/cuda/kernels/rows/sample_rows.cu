@@ -307,6 +307,26 @@ __device__ int sample_among(const Scratch& sc, int64_t vocab, const SampleParams
   return chosen != kNone ? chosen : fallback;
 }
 
+// The lowest id the bitmask allows (kNone: none), by the whole block (every thread gets it).
+__device__ int first_allowed(const uint32_t* allowed, int64_t vocab) {
+  __shared__ int lowest;
+  if (threadIdx.x == 0) lowest = kNone;
+  __syncthreads();
+  const int64_t words = (vocab + 31) / 32;
+  for (int64_t w = threadIdx.x; w < words; w += kSelThreads) {
+    uint32_t bits = allowed[w];
+    if (w == words - 1 && vocab % 32 != 0) bits &= (1u << (vocab % 32)) - 1u;  // ids past the vocabulary
+    if (bits != 0u) {
+      atomicMin(&lowest, int(w * 32) + __ffs(int(bits)) - 1);
+      break;  // this thread's later words hold only higher ids
+    }
+  }
+  __syncthreads();
+  const int id = lowest;
+  __syncthreads();  // every thread has read it before a later call may reset it
+  return id;
+}
+
 __global__ void __launch_bounds__(kSelThreads) sample_select_rows_kernel(SampleRowsArgs a) {
   pdl_wait();
   pdl_trigger();
@@ -337,21 +357,29 @@ __global__ void __launch_bounds__(kSelThreads) sample_select_rows_kernel(SampleR
   }
   const float lse = r.raw_max + logf(r.raw_sum);
   int token = r.t_arg;
-  if (token == kNone)  // the mask allows no token: the raw argmax
+  // No allowed token with a comparable logit. Under a mask that allows some token, every allowed logit is NaN: the
+  // first allowed id, as the CPU sampler; a mask that allows none: the raw argmax, as the CPU.
+  if (token == kNone && rs.allowed != nullptr) token = first_allowed(rs.allowed, vocab);
+  if (token == kNone)
     token = r.raw_arg;
   else if (p.temperature > 0.f && r.t_max > -INFINITY)  // all allowed at -inf: the first allowed id, as greedy
     token = sample_among(sc, vocab, p, r.t_max, r.t_arg);
+  // Every logit NaN (weights or activations not finite; the CPU sampler throws): no token. The result says so
+  // (-1: CudaSession::to_choice throws) and the device-side tokens read by later launches stay in range.
+  const bool none = token == kNone;
+  const int safe = none ? 0 : token;
   if (threadIdx.x == 0) {
-    result->token = token;
-    result->logprob = p.logprobs ? logits[token] - lse : 0.f;
+    result->token = none ? -1 : token;
+    result->logprob = p.logprobs && !none ? logits[token] - lse : 0.f;
     result->n_top = 0;
-    if (a.token_by_row != nullptr) a.token_by_row[row] = token;
+    if (a.token_by_row != nullptr) a.token_by_row[row] = safe;
     if (!a.one_sequence) {  // one sequence's rows: the caller counts the rows it keeps and moves the step
-      if (a.token_by_slot != nullptr) a.token_by_slot[rs.slot] = token;
-      a.counts[int64_t(rs.slot) * vocab + token] += 1;
+      if (a.token_by_slot != nullptr) a.token_by_slot[rs.slot] = safe;
+      if (!none) a.counts[int64_t(rs.slot) * vocab + token] += 1;
       prm->step = p.step + 1;
     }
   }
+  if (none) return;
   const int ntop = p.top_logprobs < kMaxTopLogprobs ? p.top_logprobs : kMaxTopLogprobs;
   if (p.logprobs && ntop > 0) {
     float lv[kMaxTopLogprobs];
