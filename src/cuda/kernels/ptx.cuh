@@ -43,6 +43,11 @@ __device__ __forceinline__ void cp_async4(void* dst, const void* src) { cp_async
 __device__ __forceinline__ void cp_async8(void* dst, const void* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(smem_u32(dst)), "l"(src) : "memory");
 }
+// 16 bytes global → shared (.cg) whose miss fetches the whole aligned 256 bytes into L2 (.L2::256B): for copies
+// whose neighbours in memory other warps of the block request at about the same time.
+__device__ __forceinline__ void cp_async16_l2pf(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(smem_u32(dst)), "l"(src) : "memory");
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 // Wait until at most N of this thread's committed groups are pending.
 template <int N>
@@ -140,6 +145,17 @@ __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
   uint4 r;
   asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
                : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "l"(p));
+  return r;
+}
+
+// 16-byte streaming load (evict first, as __ldcs) whose miss fetches the whole aligned 256 bytes into L2: for a
+// block that reads 64 bytes of each 512-byte row of a matrix whose neighbouring 64-byte slices other blocks of the
+// same wave read (the GDN state).
+__device__ __forceinline__ float4 ld_cs_pf(const float4* p) {
+  float4 r;
+  asm volatile("ld.global.cs.L2::256B.v4.f32 {%0,%1,%2,%3}, [%4];"
+               : "=f"(r.x), "=f"(r.y), "=f"(r.z), "=f"(r.w)
                : "l"(p));
   return r;
 }

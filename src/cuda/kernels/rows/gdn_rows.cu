@@ -100,7 +100,9 @@ __device__ __forceinline__ float conv_step(const float (&w)[kMaxConvK - 1], floa
 }
 
 // A thread's share of the state: rows rg, rg + 32, ... (< dk) of the 4 columns c0 .. c0 + 3 (< dv), streamed
-// (read once, written once per run).
+// (read once, written once per run). A block reads 64 bytes of each 512-byte state row; the blocks of the head's
+// other slices, in the same wave, read the rest: each miss fetches its whole 256-byte block into L2 (ld_cs_pf), so
+// DRAM serves whole blocks and the neighbours hit L2 (+3 % at 64 streams, bench/BENCHMARKS.md "Stop 56").
 template <int R, bool VEC>
 __device__ __forceinline__ void load_state(float (&sr)[R][4], const float* S, int rg, int c0, int dk, int dv) {
 #pragma unroll
@@ -108,7 +110,10 @@ __device__ __forceinline__ void load_state(float (&sr)[R][4], const float* S, in
     const int i = rg + r * kRowGroups;
     if constexpr (VEC) {
       float4 v4 = make_float4(0.f, 0.f, 0.f, 0.f);
-      if (i < dk && c0 < dv) v4 = __ldcs(reinterpret_cast<const float4*>(S + int64_t(i) * dv + c0));
+      if (i < dk && c0 < dv) {
+        const float4* sp = reinterpret_cast<const float4*>(S + int64_t(i) * dv + c0);
+        v4 = dev::ld_cs_pf(sp);
+      }
       sr[r][0] = v4.x;
       sr[r][1] = v4.y;
       sr[r][2] = v4.z;
