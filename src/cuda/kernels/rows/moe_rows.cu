@@ -99,8 +99,8 @@ __device__ __forceinline__ void ring_issue_rows(char* st, const ChunkRows& cr, i
   const char* q1 = cr.q + min(j0 + g + 8, cr.last) * cr.q_row + kt * 128 + 16 * c;
 #pragma unroll
   for (int i = 0; i < 2; ++i) {  // unit i of rows g (h = 0) and g + 8 (h = 1): byte 64·i of the lane's 16
-    cp_async16(st + RingShape<4>::w_off(0, i, lane), q0 + 64 * i);
-    cp_async16(st + RingShape<4>::w_off(1, i, lane), q1 + 64 * i);
+    ::lilac::cuda::dev::cp_async16_l2pf(st + RingShape<4>::w_off(0, i, lane), q0 + 64 * i);
+    ::lilac::cuda::dev::cp_async16_l2pf(st + RingShape<4>::w_off(1, i, lane), q1 + 64 * i);
   }
   cp_async8(st + RingShape<4>::sb_off(lane & 15, lane >> 4), cr.sb + min(j0 + (lane & 15), cr.last) * cr.sb_row + kt * 4);
 }
