@@ -392,7 +392,6 @@ void HttpServer::Impl::read_some(Conn& c) {
     char buf[kReadChunk];
     ssize_t r = ::recv(fd, buf, sizeof buf, MSG_DONTWAIT);
     if (r > 0) {
-      if (!c.parser->started() && c.in.empty()) c.deadline = Clock::now() + ms(opts.header_timeout_ms);
       c.in.append(buf, size_t(r));
       if (size_t(r) < sizeof buf) break;
       continue;
@@ -412,8 +411,12 @@ void HttpServer::Impl::process(Conn& c) {
   const int fd = c.fd;
   while (c.phase == Phase::Reading && !c.in.empty() && conns.count(fd)) {
     RequestParser& p = *c.parser;
+    const bool fresh = !p.started();
     const size_t used = p.feed(c.in);
     c.in.erase(0, used);
+    // The headers' deadline runs from the request's first byte, read now or received with the request
+    // before it (pipelined: its clock starts once that one is answered), never the idle deadline.
+    if (fresh && p.started()) c.deadline = Clock::now() + ms(opts.header_timeout_ms);
     const size_t body = p.request().body.size();
     if (body > c.body_counted) {
       buffered_body += body - c.body_counted;

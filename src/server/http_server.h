@@ -3,9 +3,9 @@
 //
 // One I/O thread (epoll) accepts connections and reads every request in full, bounded by
 // server/http_parser.h (line, header and body limits, body size after decompression) and by deadlines
-// (the headers within header_timeout_ms of their first byte, the body within body_timeout_ms of the
-// headers' end, a connection without a request in progress, new or kept alive, closed after
-// idle_timeout_ms). It answers on its own,
+// (the headers within header_timeout_ms of their first byte, or for a request pipelined behind another,
+// of the answer before it; the body within body_timeout_ms of the headers' end; a connection without a
+// request in progress, new or kept alive, closed after idle_timeout_ms). It answers on its own,
 // without a worker: the errors of the HTTP layer (in the route's protocol, see ErrorFormatter), CORS
 // preflights, 503 while draining, and the routes marked `inline` (/health, /metrics: quick, never
 // blocking), so those answer at once even when every worker is busy or stalled. Complete requests go

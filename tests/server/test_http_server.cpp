@@ -1,8 +1,9 @@
 // HttpServer (lilac's HTTP layer) over real sockets: inline routes answer while every worker is stalled,
-// slow-header and slow-body clients get 408 without holding a worker, the connection cap evicts idle
-// connections, a full wait queue answers 503 at once, 405 with Allow, per-route error shapes, the header
-// check runs before the body is read, 100-continue, keep-alive and pipelining, drain, a client that
-// goes away is seen, stop() does not hang on a client that stopped reading.
+// slow-header and slow-body clients get 408 without holding a worker (a pipelined partial request too),
+// the connection cap evicts idle connections, a full wait queue answers 503 at once, 405 with Allow,
+// per-route error shapes, the header check runs before the body is read, 100-continue, keep-alive and
+// pipelining, drain, a client that goes away is seen, stop() does not hang on a client that stopped
+// reading.
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -280,6 +281,32 @@ TEST(HttpServer, ExpectContinueKeepAliveAndPipelining) {
   r = b.read(5000ms);
   EXPECT_NE(r.find("Connection: close"), std::string::npos);
   EXPECT_EQ(b.read(1000ms), "");  // closed
+}
+
+// A request whose first bytes came with the one before it (pipelined) has the header deadline too, not
+// the idle one: a client cannot hold the connection for the idle timeout by pipelining a partial request.
+// (The bug: the header deadline was set only when bytes arrived on an empty buffer.)
+TEST(HttpServer, APipelinedPartialRequestGetsTheHeaderDeadline) {
+  HttpServerOptions o = opts();
+  o.header_timeout_ms = 300;
+  o.idle_timeout_ms = 30000;
+  TestServer s(o);
+  const std::string partial = "GET /health HTTP/1.1\r\nHost: t\r\n";  // no blank line: the headers never end
+  Sock inl(s.port);  // after an inline answer (the I/O thread)
+  Sock wrk(s.port);  // after a worker's answer (the connection handed back)
+  ASSERT_TRUE(inl.send(get("/health") + partial));
+  ASSERT_TRUE(wrk.send(post("/echo", "hi") + partial));
+  const auto t0 = std::chrono::steady_clock::now();
+  for (Sock* c : {&inl, &wrk}) {
+    const std::string all = c->read(8000ms);  // until the server closes; well under the idle timeout (30 s)
+    EXPECT_EQ(status_of(all), 200) << all;
+    const size_t second = all.find("HTTP/1.1 ", 1);
+    ASSERT_NE(second, std::string::npos) << all;
+    EXPECT_EQ(status_of(all.substr(second)), 408) << all;
+    EXPECT_NE(all.find("request_timeout", second), std::string::npos) << all;
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+  EXPECT_GE(s.http.stats().timeouts, 2);
 }
 
 TEST(HttpServer, DrainRefusesNewRequestsButInlineRoutesAnswer) {
