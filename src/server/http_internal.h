@@ -19,6 +19,11 @@ namespace lilac::server::http_detail {
 
 using Clock = std::chrono::steady_clock;
 
+// Requests of one connection answered on the I/O thread in one pass of its loop (inline routes,
+// preflights): a client that pipelines many in one write gets this many, then the other connections'
+// events are served before its next ones (Conn::ready), so it cannot hold the I/O thread.
+inline constexpr int kMaxAnswersPerPass = 32;
+
 struct Route {
   std::string method, pattern;
   bool is_regex = false;
@@ -48,6 +53,7 @@ struct Conn {
   uint32_t events = 0;
   size_t discarded = 0;          // Closing: bytes read and dropped
   int served = 0;                // requests answered on this connection
+  bool ready = false;            // on Impl::ready: received requests wait for the next pass (see process())
   // Set by a worker when it hands the connection back.
   bool worker_keep_alive = false;
 };
@@ -99,6 +105,9 @@ struct HttpServer::Impl {
   // I/O thread only.
   std::unordered_map<int, std::shared_ptr<Conn>> conns;
   size_t buffered_body = 0;
+  // Connections whose received requests were left for the next pass (kMaxAnswersPerPass): epoll does
+  // not report them again, their bytes being read already.
+  std::vector<std::shared_ptr<Conn>> ready;
 
   // Requests waiting for a worker.
   std::mutex task_mu;
@@ -116,6 +125,7 @@ struct HttpServer::Impl {
   void on_event(Conn& c, uint32_t ev);
   void read_some(Conn& c);
   void process(Conn& c);
+  void serve_ready();
   bool after_headers(Conn& c);
   void complete(Conn& c);
   void run_inline(Conn& c, httplib::Request& req, const Route& r, bool head, bool keep_alive);

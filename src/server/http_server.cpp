@@ -166,6 +166,7 @@ void HttpServer::stop() {
   I.tasks.clear();
   for (auto& [fd, c] : I.conns) ::close(fd);
   I.conns.clear();
+  I.ready.clear();
   for (int* fd : {&I.listen_fd, &I.epfd, &I.wake_fd})
     if (*fd >= 0) {
       ::close(*fd);
@@ -244,7 +245,7 @@ void HttpServer::Impl::io_loop() {
   Clock::time_point last_sweep = Clock::now();
   bool was_draining = false;
   while (!stopping.load()) {
-    int n = epoll_wait(epfd, evs.data(), int(evs.size()), 50);
+    int n = epoll_wait(epfd, evs.data(), int(evs.size()), ready.empty() ? 50 : 0);
     if (n < 0 && errno != EINTR) {
       LILAC_LOG_ERROR("http: epoll_wait failed: %s", std::strerror(errno));
       break;
@@ -263,11 +264,12 @@ void HttpServer::Impl::io_loop() {
       }
     }
     take_returned();
+    serve_ready();
     const bool drain = self->draining();
     if (drain && !was_draining) {  // idle keep-alive connections are closed at once
       std::vector<int> idle;
       for (auto& [fd, c] : conns)
-        if (c->phase == Phase::Reading && !c->parser->started() && c->served > 0) idle.push_back(fd);
+        if (c->phase == Phase::Reading && !c->parser->started() && c->served > 0 && !c->ready) idle.push_back(fd);
       for (int fd : idle) close_conn(fd);
     }
     was_draining = drain;
@@ -334,7 +336,7 @@ bool HttpServer::Impl::evict_one() {
   Conn* oldest = nullptr;
   for (auto& [fd, c] : conns) {
     if (c->phase != Phase::Reading && c->phase != Phase::Closing) continue;
-    if (c->phase == Phase::Reading && c->parser->headers_done()) continue;
+    if (c->phase == Phase::Reading && (c->parser->headers_done() || c->ready)) continue;
     if (!oldest || c->idle_since < oldest->idle_since) oldest = c.get();
   }
   if (!oldest) return false;
@@ -403,13 +405,25 @@ void HttpServer::Impl::read_some(Conn& c) {
   }
   if (!c.in.empty()) process(c);
   if (!conns.count(fd)) return;
-  if (eof && c.phase == Phase::Reading) return close_conn(fd);  // the client is gone (or half-closed mid-request)
+  // The client is gone (or half-closed mid-request). A half-closed one with requests left for the next
+  // pass gets them answered first (EOF is seen again on the next read).
+  if (eof && c.phase == Phase::Reading && !c.ready) return close_conn(fd);
 }
 
-// Feeds the connection's input to its parser and acts on what comes out.
+// Feeds the connection's input to its parser and acts on what comes out: at most kMaxAnswersPerPass
+// answers, then the connection is put on the ready list for the loop's next pass. It stops too while
+// an answer is still being written (Phase::Writing: the rest of the input waits until it drains).
 void HttpServer::Impl::process(Conn& c) {
   const int fd = c.fd;
+  int answered = 0;
   while (c.phase == Phase::Reading && !c.in.empty() && conns.count(fd)) {
+    if (answered == http_detail::kMaxAnswersPerPass) {
+      if (!c.ready) {
+        c.ready = true;
+        ready.push_back(conns.at(fd));
+      }
+      return;
+    }
     RequestParser& p = *c.parser;
     const bool fresh = !p.started();
     const size_t used = p.feed(c.in);
@@ -434,9 +448,22 @@ void HttpServer::Impl::process(Conn& c) {
     if (p.headers_done() && !c.headers_handled && !after_headers(c)) return;
     if (p.state() == RequestParser::State::Done) {
       complete(c);
+      ++answered;
       continue;  // an inline answer: the next pipelined request may follow
     }
     if (used == 0) break;
+  }
+}
+
+// The connections process() left with received requests, served after the pass's other events.
+void HttpServer::Impl::serve_ready() {
+  std::vector<std::shared_ptr<Conn>> now;
+  now.swap(ready);
+  for (auto& c : now) {
+    c->ready = false;
+    auto it = conns.find(c->fd);
+    if (it == conns.end() || it->second != c) continue;  // closed meanwhile
+    if (c->phase == Phase::Reading && !c->in.empty()) process(*c);  // else its flush goes on (on_event)
   }
 }
 

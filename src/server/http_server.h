@@ -8,7 +8,9 @@
 // request in progress, new or kept alive, closed after idle_timeout_ms). It answers on its own,
 // without a worker: the errors of the HTTP layer (in the route's protocol, see ErrorFormatter), CORS
 // preflights, 503 while draining, and the routes marked `inline` (/health, /metrics: quick, never
-// blocking), so those answer at once even when every worker is busy or stalled. Complete requests go
+// blocking), so those answer at once even when every worker is busy or stalled. A connection that
+// pipelines many gets a few answers per pass of the loop (http_detail::kMaxAnswersPerPass), the other
+// connections served in between, and its input waits while an answer is being written. Complete requests go
 // to a bounded queue (max_pending; beyond it 503 at once) served by `workers` threads, which write the
 // answer with a write deadline (a client that stops reading is dropped) and hand a keep-alive
 // connection back to the I/O thread. Open connections are capped (max_connections): past the cap the

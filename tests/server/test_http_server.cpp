@@ -2,8 +2,8 @@
 // slow-header and slow-body clients get 408 without holding a worker (a pipelined partial request too),
 // the connection cap evicts idle connections, a full wait queue answers 503 at once, 405 with Allow,
 // per-route error shapes, the header check runs before the body is read, 100-continue, keep-alive and
-// pipelining, drain, a client that goes away is seen, stop() does not hang on a client that stopped
-// reading.
+// pipelining (a pipelining connection answered a few requests per pass of the I/O loop, none lost),
+// drain, a client that goes away is seen, stop() does not hang on a client that stopped reading.
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "raw_socket.h"
+#include "server/http_internal.h"
 #include "server/http_server.h"
 
 using namespace std::chrono_literals;
@@ -307,6 +308,102 @@ TEST(HttpServer, APipelinedPartialRequestGetsTheHeaderDeadline) {
   }
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
   EXPECT_GE(s.http.stats().timeouts, 2);
+}
+
+// The bodies of `n` answers "[<tag><i>]" in `all`, in order: the indexes i read back (-1 for a broken one).
+std::vector<int> tagged_indexes(const std::string& all, const std::string& tag) {
+  std::vector<int> out;
+  const std::string open = "[" + tag;
+  for (size_t at = all.find(open); at != std::string::npos; at = all.find(open, at + 1)) {
+    const size_t end = all.find(']', at);
+    out.push_back(end == std::string::npos ? -1 : std::atoi(all.c_str() + at + open.size()));
+  }
+  return out;
+}
+
+// A connection that pipelines many cheap (inline) requests in one write gets at most kMaxAnswersPerPass
+// answers per pass of the I/O loop; another connection's request is answered in the first pass after
+// its bytes arrive, while the first one still has most of its requests unanswered, and none of those is
+// lost or reordered. (The bug: process() answered every request already received before the loop went
+// on, so one client could hold the I/O thread, /health included, for as long as its batch took.)
+// Deterministic: an inline route that blocks (for this test only) holds the I/O thread while both
+// clients' bytes arrive, so that both are ready in the same pass once it is released.
+TEST(HttpServer, APipeliningConnectionGetsAFewAnswersPerPassAndDoesNotStarveOthers) {
+  constexpr int kN = 1000;
+  constexpr int kCap = lilac::server::http_detail::kMaxAnswersPerPass;
+  static_assert(kN > 8 * kCap);
+  Gate hold;
+  std::atomic<bool> held{false};
+  std::atomic<int> a_answered{0}, a_before_b{-1};
+  TestServer s(opts(), [&](HttpServer& http) {
+    RouteOptions fast;
+    fast.run_inline = true;
+    http.Get("/hold", [&](const httplib::Request&, httplib::Response& res) {
+      held = true;
+      hold.wait();
+      res.set_content("held", "text/plain");
+    }, fast);
+    http.Get("/a/([0-9]+)", [&](const httplib::Request& req, httplib::Response& res) {
+      ++a_answered;
+      res.set_content("[a" + req.matches[1].str() + "]", "text/plain");
+    }, fast);
+    http.Get("/b", [&](const httplib::Request&, httplib::Response& res) {
+      a_before_b = a_answered.load();
+      res.set_content("[b]", "text/plain");
+    }, fast);
+  });
+  Sock a(s.port), b(s.port);
+  ASSERT_TRUE(b.send(get("/health")));  // b is accepted and watched before the I/O thread is held
+  ASSERT_EQ(status_of(b.answer()), 200);
+  ASSERT_TRUE(a.send(get("/hold")));
+  ASSERT_TRUE(s.wait_for([&] { return held.load(); }));
+  std::string batch;
+  for (int i = 0; i < kN; ++i) batch += get("/a/" + std::to_string(i));
+  ASSERT_LT(batch.size(), size_t(64) << 10);  // fits the socket buffers while nothing reads it
+  ASSERT_TRUE(a.send(batch));
+  ASSERT_TRUE(b.send(get("/b")));
+  std::this_thread::sleep_for(100ms);  // both in the server's socket buffers (loopback)
+  hold.release();
+  const std::string rb = b.answer();
+  EXPECT_EQ(status_of(rb), 200) << rb;
+  EXPECT_NE(rb.find("[b]"), std::string::npos) << rb;
+  // One pass: a's answers from its event and at most one more from the ready list (margin) before b's.
+  EXPECT_GE(a_before_b.load(), 0);
+  EXPECT_LE(a_before_b.load(), 2 * kCap) << "b waited for a's batch";
+  // a gets every answer, in order.
+  const std::string ra = a.read(10000ms, "[a" + std::to_string(kN - 1) + "]");
+  EXPECT_EQ(status_of(ra), 200);
+  EXPECT_NE(ra.find("held"), std::string::npos);
+  const std::vector<int> got = tagged_indexes(ra, "a");
+  ASSERT_EQ(got.size(), size_t(kN));
+  for (int i = 0; i < kN; ++i) ASSERT_EQ(got[size_t(i)], i);
+  EXPECT_EQ(a_answered.load(), kN);
+  // The connection stays usable.
+  ASSERT_TRUE(a.send(get("/health")));
+  EXPECT_EQ(status_of(a.answer()), 200);
+}
+
+// A client that pipelines a batch and half-closes (shutdown SHUT_WR) still gets every answer, in
+// order, across the passes its batch takes, then the connection closes.
+TEST(HttpServer, APipelinedBatchThenHalfCloseIsAnsweredInFull) {
+  constexpr int kN = 500;
+  TestServer s(opts(), [](HttpServer& http) {
+    RouteOptions fast;
+    fast.run_inline = true;
+    http.Get("/n/([0-9]+)", [](const httplib::Request& req, httplib::Response& res) {
+      res.set_content("[n" + req.matches[1].str() + "]", "text/plain");
+    }, fast);
+  });
+  Sock a(s.port);
+  std::string batch;
+  for (int i = 0; i < kN; ++i) batch += get("/n/" + std::to_string(i));
+  ASSERT_TRUE(a.send(batch));
+  ::shutdown(a.fd, SHUT_WR);
+  const std::string all = a.read(10000ms);  // until the server closes
+  const std::vector<int> got = tagged_indexes(all, "n");
+  ASSERT_EQ(got.size(), size_t(kN)) << all.substr(all.size() > 300 ? all.size() - 300 : 0);
+  for (int i = 0; i < kN; ++i) ASSERT_EQ(got[size_t(i)], i);
+  EXPECT_TRUE(s.wait_for([&] { return s.http.stats().connections == 0; }));
 }
 
 TEST(HttpServer, DrainRefusesNewRequestsButInlineRoutesAnswer) {
