@@ -172,6 +172,20 @@ std::string client_error_body(int status, const std::string& body) {
   return server::error_body(status, msg, "", "", "upstream_error").dump();
 }
 
+// Why an upstream answer with `status` (not 2xx, not 5xx) must not reach the client as it is; empty when it may (a 4xx
+// about the request itself: 400, 404, 422, 429, ... passes through). A redirect would point the client at the cloud
+// provider (the router follows none); a 401 / 403 (or a proxy's 407) refuses lilac's configured cloud key, not the
+// client's, which the client would read as its own key being wrong; a 1xx is not a final answer. Such an answer is
+// the upstream failing (the caller falls back to local or answers 502); neither its body nor its headers (Location,
+// WWW-Authenticate) are passed on.
+std::string status_not_for_client(int status) {
+  const std::string n = "the cloud upstream answered HTTP " + std::to_string(status);
+  if (status >= 300 && status < 400) return n + " (a redirect, not followed)";
+  if (status == 401 || status == 403 || status == 407) return n + ": lilac's upstream credentials were refused";
+  if (status < 200) return n + " (not a final answer)";
+  return "";
+}
+
 std::string describe_5xx(int status, const std::string& body) {
   std::string s = "HTTP " + std::to_string(status);
   json j = parse_answer(body);
@@ -299,6 +313,10 @@ ForwardResult UpstreamClient::forward(const std::string& path, const std::string
       fr.failure = "the upstream failed (" + describe_5xx(r.status, r.body) + ")";
       return fr;
     }
+    if (std::string why = status_not_for_client(r.status); !why.empty()) {
+      fr.failure = why;
+      return fr;
+    }
     fr.answered = true;
     res.set_header("x-lilac-route", opts_.route_label);
     if (r.status >= 200 && r.status < 300) {
@@ -319,7 +337,8 @@ ForwardResult UpstreamClient::forward(const std::string& path, const std::string
   }
 
   // Streaming: a reader thread performs the request; this thread waits for the status line, then either
-  // hands the stream to a chunked content provider (2xx), passes the error through (4xx) or reports a failure.
+  // hands the stream to a chunked content provider (2xx), passes the error through (4xx but those of
+  // status_not_for_client) or reports a failure.
   auto pipe = std::make_shared<Pipe>();
   pipe->client = make_client(opts_, opts_.read_timeout_ms);
   pipe->active = std::make_unique<ActiveClient>(*this, pipe->client.get());
@@ -397,6 +416,10 @@ ForwardResult UpstreamClient::forward(const std::string& path, const std::string
       P->join();
       if (status >= 500) {
         fr.failure = "the upstream failed (" + describe_5xx(status, eb) + ")";
+        return fr;
+      }
+      if (std::string why = status_not_for_client(status); !why.empty()) {
+        fr.failure = why;
         return fr;
       }
       fr.answered = true;

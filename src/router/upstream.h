@@ -4,9 +4,10 @@
 // the server's response: non-streaming bodies get `"lilac_route": "<label>"`; streams are passed through
 // line by line as they arrive, each `data: {...}` chunk getting the same field (a string insert, no JSON
 // parse); 4xx answers are passed through (non-JSON bodies wrapped in an OpenAI error body). When the
-// upstream cannot be reached, times out before answering, or answers 5xx, nothing is written and the
-// caller decides (fallback to local or a 502). The API key goes only into the Authorization header;
-// nothing here logs it.
+// upstream cannot be reached, times out before answering, answers 5xx, or answers what the client must not
+// see as it is (a 3xx redirect, a 401 / 403 / 407 refusing lilac's own cloud credentials, a 1xx), nothing is
+// written and the caller decides (fallback to local or a 502). No upstream header is passed on. The API key
+// goes only into the Authorization header; nothing here logs it.
 #pragma once
 #include <memory>
 #include <mutex>

@@ -18,6 +18,7 @@
 #include "core/error.h"
 #include "router/hybrid.h"
 #include "router/upstream.h"
+#include "server/server_test_util.h"
 
 using namespace lilac::router;
 using json = nlohmann::json;
@@ -34,6 +35,19 @@ struct FakeUpstream {
   std::vector<std::string> auths;
   std::atomic<int> mode{0};  // 0 ok, 1 -> 500, 2 -> 400, 3 -> 503 on models too, 4 -> 200 that is not JSON
   std::atomic<int> chunk_delay_ms{0};
+  std::atomic<int> refuse_status{0};  // non-zero: every POST is answered with this status (refused())
+
+  // A redirect to the provider's site, or a refusal of the router's key, with the headers and body a provider sends.
+  bool refused(httplib::Response& res) {
+    const int st = refuse_status;
+    if (st == 0) return false;
+    res.status = st;
+    if (st >= 300 && st < 400) res.set_header("Location", "https://provider.example/login?next=/v1");
+    if (st == 401) res.set_header("WWW-Authenticate", "Bearer realm=\"provider\"");
+    res.set_content(R"({"error":{"message":"Incorrect API key provided: sk-te****cdef","type":"invalid_request_error","code":"invalid_api_key"}})",
+                    "application/json");
+    return true;
+  }
 
   FakeUpstream() {
     http.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
@@ -43,6 +57,7 @@ struct FakeUpstream {
         bodies.push_back(body);
         auths.push_back(req.get_header_value("Authorization"));
       }
+      if (refused(res)) return;
       if (mode == 1) {
         res.status = 500;
         res.set_content(R"({"error":{"message":"boom","type":"server_error"}})", "application/json");
@@ -110,7 +125,9 @@ struct FakeUpstream {
                   {"usage", {{"prompt_tokens", 7}, {"completion_tokens", 2}, {"total_tokens", 9}}}};
       res.set_content(out.dump(), "application/json");
     });
-    http.Post("/v1/messages", [](const httplib::Request&, httplib::Response& res) {  // a stream that breaks off
+    http.Post("/v1/responses", [this](const httplib::Request&, httplib::Response& res) { refused(res); });
+    http.Post("/v1/messages", [this](const httplib::Request&, httplib::Response& res) {  // a stream that breaks off
+      if (refused(res)) return;
       res.set_chunked_content_provider("text/event-stream", [n = 0](size_t, httplib::DataSink& sink) mutable {
         if (n++ > 0) return false;
         const std::string s = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{}}\n\n"
@@ -499,4 +516,91 @@ TEST(HybridUpstream, UpstreamAnswersAreBoundedAndBrokenStreamsEndInTheirProtocol
   ASSERT_NE(ev, std::string::npos) << r->body;
   EXPECT_EQ(json::parse(r->body.substr(ev + 21))["type"], "error") << r->body;
   EXPECT_EQ(r->body.find("content_bl\n"), std::string::npos) << r->body;
+}
+
+// Found by review: a 3xx or a 401 / 403 from the upstream was passed to the client as it was: a redirect (whose
+// Location would point the client at the cloud provider), or "your key is wrong" about lilac's configured cloud key.
+// They are the upstream failing now: served locally (the fallback), or a 502 saying what the upstream answered; no
+// upstream header or body is passed on.
+TEST(HybridUpstream, RedirectsAndRefusedCredentialsAreUpstreamFailures) {
+  FakeUpstream up;
+  const std::string url = "http://127.0.0.1:" + std::to_string(up.port);
+  Front strict(url, R"({"fallback": {"upstream_failure_to_local": false}})");
+  Front lenient(url, R"({"sticky": false})");
+  for (int status : {302, 307, 401, 403}) {
+    up.refuse_status = status;
+    for (bool stream : {false, true}) {
+      const std::string what = "HTTP " + std::to_string(status) + (stream ? " streamed" : "");
+      auto r = strict.post(chat_body("hello", stream));
+      ASSERT_TRUE(r) << what;
+      EXPECT_EQ(r->status, 502) << what << ": " << r->body;
+      EXPECT_FALSE(r->has_header("Location")) << what;
+      EXPECT_FALSE(r->has_header("WWW-Authenticate")) << what;
+      EXPECT_EQ(r->get_header_value("x-lilac-route"), "cloud") << what;
+      const json j = json::parse(r->body, nullptr, false);
+      ASSERT_TRUE(j.is_object() && j.contains("error")) << what << ": " << r->body;
+      EXPECT_EQ(j["error"]["code"], "upstream_unavailable") << what;
+      const std::string msg = j["error"]["message"];
+      EXPECT_NE(msg.find("the cloud upstream answered HTTP " + std::to_string(status)), std::string::npos) << msg;
+      EXPECT_EQ(msg.find("lilac's upstream credentials were refused") != std::string::npos, status >= 400) << msg;
+      EXPECT_EQ(r->body.find("Incorrect API key"), std::string::npos) << r->body;
+      EXPECT_EQ(r->body.find("provider.example"), std::string::npos) << r->body;
+      // With the fallback on (the default): served locally, saying so.
+      r = lenient.post(chat_body("hello", stream));
+      ASSERT_TRUE(r) << what;
+      EXPECT_EQ(r->status, 200) << what << ": " << r->body;
+      EXPECT_EQ(r->get_header_value("x-lilac-route"), "local") << what;
+      EXPECT_EQ(r->get_header_value("x-lilac-route-reason"), "fallback: default") << what;
+      EXPECT_FALSE(r->has_header("Location")) << what;
+    }
+  }
+  EXPECT_EQ(strict.local_served.load(), 0);
+  // A 4xx about the request itself still passes through.
+  up.refuse_status = 0;
+  up.mode = 2;
+  auto r = strict.post(chat_body("hello"));
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400);
+}
+
+// The same through lilac's server, whose endpoints answer the router's 502 in their protocol's error shape: OpenAI's
+// on chat/completions and Responses, Anthropic's on Messages (the 401 reached a Messages client as its own key's
+// authentication_error).
+TEST(HybridUpstream, RefusedUpstreamAnswersAre502InTheEndpointsShape) {
+  FakeUpstream up;
+  up.refuse_status = 401;
+  HybridOptions o;
+  o.upstream_url = "http://127.0.0.1:" + std::to_string(up.port);
+  o.upstream_model = "up-model";
+  o.api_key = "sk-test-NEVERLOGME-0123456789abcdef";
+  o.policy = parse_route_policy(json::parse(R"({"fallback": {"upstream_failure_to_local": false}})"));
+  auto router = std::make_shared<HybridRouter>(std::move(o), "local-model");
+  const lilac::server::RouteHook hook = router->make_hook();
+  lilac::test::LocalServer srv(lilac::test::LocalServer::options(), &hook);
+  httplib::Client cli("127.0.0.1", srv.port);
+  cli.set_read_timeout(10s);
+  const json user = json::array({{{"role", "user"}, {"content", "hello"}}});
+  for (bool stream : {false, true}) {
+    auto r = cli.Post("/v1/chat/completions", json{{"messages", user}, {"stream", stream}}.dump(), "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 502) << r->body;
+    EXPECT_FALSE(r->has_header("WWW-Authenticate"));
+    json j = json::parse(r->body, nullptr, false);
+    EXPECT_EQ(j["error"]["code"], "upstream_unavailable") << r->body;
+    EXPECT_NE(j["error"]["message"].get<std::string>().find("HTTP 401: lilac's upstream credentials were refused"),
+              std::string::npos) << r->body;
+    r = cli.Post("/v1/messages", json{{"messages", user}, {"max_tokens", 20}, {"stream", stream}}.dump(), "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 502) << r->body;
+    j = json::parse(r->body, nullptr, false);
+    EXPECT_EQ(j["type"], "error") << r->body;
+    EXPECT_EQ(j["error"]["type"], "api_error") << r->body;  // not authentication_error: the client's key is fine
+    EXPECT_NE(j["error"]["message"].get<std::string>().find("HTTP 401: lilac's upstream credentials were refused"),
+              std::string::npos) << r->body;
+    r = cli.Post("/v1/responses", json{{"input", "hello"}, {"stream", stream}}.dump(), "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 502) << r->body;
+    EXPECT_EQ(json::parse(r->body, nullptr, false)["error"]["code"], "upstream_unavailable") << r->body;
+  }
+  EXPECT_EQ(up.count(), 2u);  // the chat requests reached it (the only path that records bodies)
 }
