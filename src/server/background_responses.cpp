@@ -91,9 +91,8 @@ void BackgroundResponses::run(Task& t) {
         else if (ev.kind != OutputEvent::Error)
           t.fmt->add(ev);
         fresh = true;
-        if (ev.kind == OutputEvent::Error) {
-          store(t, "failed", nlohmann::json{{"code", ev.status >= 500 ? "server_error" : "invalid_prompt"},
-                                            {"message", ev.message}});
+        if (ev.kind == OutputEvent::Error) {  // a stream's events ended with response.failed (stream_event)
+          store(t, "failed", responses_failure(ev.status, ev.message));
           break;
         }
         if (ev.kind != OutputEvent::Done) continue;
@@ -114,7 +113,15 @@ void BackgroundResponses::run(Task& t) {
   } catch (const std::exception& e) {
     LILAC_LOG_ERROR("background response %s: %s", t.id.c_str(), e.what());
     t.gen->cancel();
-    store(t, "failed", nlohmann::json{{"code", "server_error"}, {"message", e.what()}});
+    const nlohmann::json error = responses_failure(500, e.what());
+    store(t, "failed", error);
+    if (t.stream) {  // the stream ends with its terminal event too
+      try {
+        publish(t, responses_failed_event(*t.fmt, error));
+      } catch (const std::exception& x) {
+        LILAC_LOG_ERROR("background response %s: %s", t.id.c_str(), x.what());
+      }
+    }
   }
   finish(t);
 }

@@ -24,9 +24,10 @@ class ResponsesFormatter final : public ResponseFormatter {
 
   std::string stream_event(const OutputEvent& ev) override {
     if (ev.kind == OutputEvent::Error) {
-      return event("error", json{{"code", ev.status >= 500 ? "server_error" : "invalid_request"},
-                                 {"message", ev.message},
-                                 {"param", nullptr}});
+      const std::string out = event("error", json{{"code", ev.status >= 500 ? "server_error" : "invalid_request"},
+                                                  {"message", ev.message},
+                                                  {"param", nullptr}});
+      return out + failed_event(responses_failure(ev.status, ev.message));
     }
     note(ev);
     if (ev.kind == OutputEvent::Done && ev.stats.finish == FinishReason::Cancelled) return "";
@@ -62,6 +63,11 @@ class ResponsesFormatter final : public ResponseFormatter {
   }
 
   std::string error_body(const ApiError& e) const override { return dump_json(server::error_body(e)); }
+
+  // The stream's terminal event for a failure: response.failed with the response so far, status "failed".
+  std::string failed_event(const json& error) {
+    return event("response.failed", json{{"response", response("failed", error)}});
+  }
 
   std::string finish_reason() const override {
     return stats_.finish == FinishReason::Length ? "incomplete" : "completed";
@@ -247,6 +253,14 @@ class ResponsesFormatter final : public ResponseFormatter {
 
 json responses_object(const ResponseFormatter& fmt, const std::string& status, const json& error) {
   return dynamic_cast<const ResponsesFormatter&>(fmt).object(status, error);
+}
+
+std::string responses_failed_event(ResponseFormatter& fmt, const json& error) {
+  return dynamic_cast<ResponsesFormatter&>(fmt).failed_event(error);
+}
+
+json responses_failure(int status, const std::string& message) {
+  return json{{"code", status >= 500 ? "server_error" : "invalid_prompt"}, {"message", message}};
 }
 
 std::shared_ptr<ResponseFormatter> make_responses_formatter(ResponsesMeta meta) {

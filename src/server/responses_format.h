@@ -5,7 +5,8 @@
 // a message response.content_part.added, response.output_text.delta / .done,
 // response.content_part.done; for a function call response.function_call_arguments.delta / .done;
 // then response.output_item.done; finally response.completed (or response.incomplete when
-// max_output_tokens ended it). An error mid-stream is an `error` event.
+// max_output_tokens ended it). An error mid-stream is an `error` event, then response.failed (the response so
+// far, status "failed", with its `error`): a failed stream ends with a terminal event as a finished one does.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -44,5 +45,10 @@ std::shared_ptr<ResponseFormatter> make_responses_formatter(ResponsesMeta meta);
 // far: "queued" / "in_progress" (usage null), "cancelled", "failed" (with `error`: {code, message}).
 nlohmann::json responses_object(const ResponseFormatter& fmt, const std::string& status,
                                 const nlohmann::json& error = nullptr);
+// The response.failed event (the stream's next sequence number) of a formatter made by make_responses_formatter:
+// the response so far, status "failed", with `error`.
+std::string responses_failed_event(ResponseFormatter& fmt, const nlohmann::json& error);
+// A failed response's `error` for a generation that failed with HTTP `status`: {code, message}.
+nlohmann::json responses_failure(int status, const std::string& message);
 
 }  // namespace lilac::server

@@ -1,7 +1,8 @@
 // Background Responses (POST /v1/responses with background: true) while they run and when they end: the input items
 // of a running one, a follow-up to one that has not ended, a final object too large for the response store; and a
 // conversation whose new metadata would not fit that store.
-// The scripted backend (server_test_util.h): "slow" -> " x" forever, 20 ms per token; "big" -> 400 " word"s at once.
+// The scripted backend (server_test_util.h): "slow" -> " x" forever, 20 ms per token; "big" -> 400 " word"s at once;
+// "breaks" -> JSON that breaks its grammar after a few tokens.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -38,8 +39,11 @@ json poll(int port, const std::string& id, const std::function<bool(const json&)
 json script() {
   std::string big;
   for (int i = 0; i < 400; ++i) big += " word";
+  // "breaks": JSON whose end breaks a text.format json_object request's grammar: the generation fails midway.
   return {{"rules",
-           {{{"match", "slow"}, {"reply", " x"}, {"repeat", true}, {"delay_ms", 20}}, {{"match", "big"}, {"reply", big}}}},
+           {{{"match", "slow"}, {"reply", " x"}, {"repeat", true}, {"delay_ms", 20}},
+            {{"match", "big"}, {"reply", big}},
+            {{"match", "breaks"}, {"reply", "{\"answer\": \"one two three four\" oops}"}, {"delay_ms", 10}}}},
           {"default", {{"reply", "ok"}}}};
 }
 
@@ -86,6 +90,58 @@ TEST(BackgroundResponses, AFinalObjectTooLargeForTheStoreEndsFailed) {
   });
   EXPECT_EQ(r["status"], "failed") << r.dump().substr(0, 400);
   EXPECT_NE(r["error"]["message"].get<std::string>().find("--responses-mb"), std::string::npos) << r.dump().substr(0, 400);
+}
+
+// A streamed background response whose generation failed ended its stream with an `error` event and no terminal
+// event (a client waits for response.completed / .incomplete / .failed). It ends with response.failed now, carrying
+// the failed response and its error, as GET shows it; a resumed stream and a foreground stream end the same way.
+TEST(BackgroundResponses, AStreamedOneThatFailsEndsWithResponseFailed) {
+  lilac::test::LocalServer srv(lilac::test::LocalServer::options(), nullptr, script());
+  httplib::Client cli("127.0.0.1", srv.port);
+  cli.set_read_timeout(10, 0);
+  json body = {{"input", "breaks"}, {"background", true}, {"stream", true}, {"max_output_tokens", 200},
+               {"reasoning", kOff}, {"text", {{"format", {{"type", "json_object"}}}}}};
+  auto r = cli.Post("/v1/responses", body.dump(), "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const std::vector<json> evs = lilac::test::sse_events(r->body);
+  ASSERT_GE(evs.size(), 4u) << r->body;
+  EXPECT_EQ(evs.front()["type"], "response.created");
+  const std::string id = evs.front()["response"]["id"];
+  bool text = false;  // it failed during generation, after some of its output
+  for (size_t i = 0; i < evs.size(); ++i) {
+    EXPECT_EQ(evs[i]["sequence_number"], i) << r->body;
+    text |= evs[i]["type"] == "response.output_text.delta";
+  }
+  EXPECT_TRUE(text) << r->body;
+  EXPECT_EQ(evs[evs.size() - 2]["type"], "error") << r->body;
+  const json& last = evs.back();
+  EXPECT_EQ(last["type"], "response.failed") << r->body;
+  EXPECT_EQ(last["response"]["id"], id);
+  EXPECT_EQ(last["response"]["status"], "failed");
+  EXPECT_EQ(last["response"]["error"]["code"], "server_error");
+  EXPECT_NE(last["response"]["error"].value("message", "").find("not allowed by the token mask"), std::string::npos)
+      << last.dump();
+  EXPECT_EQ(r->body.substr(r->body.size() - 2), "\n\n");  // the last event whole
+  const json got = get_json(srv.port, "/v1/responses/" + id);
+  EXPECT_EQ(got["status"], "failed") << got.dump();
+  EXPECT_EQ(got["error"], last["response"]["error"]);
+  // Resumed after event 0: the same events, to the same end.
+  auto again = cli.Get("/v1/responses/" + id + "?stream=true&starting_after=0");
+  ASSERT_TRUE(again);
+  const std::vector<json> resumed = lilac::test::sse_events(again->body);
+  ASSERT_EQ(resumed.size(), evs.size() - 1) << again->body;
+  EXPECT_EQ(resumed.back(), last);
+  // A foreground stream that fails ends the same way.
+  body.erase("background");
+  r = cli.Post("/v1/responses", body.dump(), "application/json");
+  ASSERT_TRUE(r);
+  const std::vector<json> fg = lilac::test::sse_events(r->body);
+  ASSERT_GE(fg.size(), 2u) << r->body;
+  EXPECT_EQ(fg[fg.size() - 2]["type"], "error") << r->body;
+  EXPECT_EQ(fg.back()["type"], "response.failed") << r->body;
+  EXPECT_EQ(fg.back()["response"]["status"], "failed");
+  EXPECT_EQ(fg.back()["response"]["error"]["code"], "server_error");
 }
 
 // New metadata that would take a conversation past the store's budget (--responses-mb) is a 400 naming metadata: it
