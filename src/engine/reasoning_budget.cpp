@@ -10,7 +10,8 @@ namespace lilac {
 
 ReasoningBudgetConstraint::ReasoningBudgetConstraint(const Tokenizer& tok, int64_t vocab_size, int64_t budget,
                                                      std::vector<int32_t> close_ids, std::string marker,
-                                                     std::shared_ptr<TokenConstraint> inner, std::string open_marker)
+                                                     std::shared_ptr<TokenConstraint> inner, std::string open_marker,
+                                                     int64_t max_choices)
     : tok_(tok), words_((vocab_size + 31) / 32), budget_(std::max<int64_t>(0, budget)), close_ids_(std::move(close_ids)),
       marker_(std::move(marker)), open_marker_(std::move(open_marker)), inner_(std::move(inner)) {
   awaiting_ = !open_marker_.empty();
@@ -18,6 +19,8 @@ ReasoningBudgetConstraint::ReasoningBudgetConstraint(const Tokenizer& tok, int64
   if (close_ids_.empty() || marker_.empty()) throw Error("ReasoningBudgetConstraint: no closing markup");
   for (int32_t t : close_ids_)
     if (t < 0 || t >= vocab_size) throw Error("ReasoningBudgetConstraint: closing token " + std::to_string(t) + " out of range");
+  // The forced markup ends by the last choice (a max_choices shorter than the markup: forced from the first).
+  budget_ = std::min(budget_, std::max<int64_t>(0, max_choices - int64_t(close_ids_.size())));
   forcing_ = open_ && budget_ == 0;
 }
 

@@ -8,8 +8,13 @@
 //
 // Whether the reasoning is still open is read from the chosen tokens' bytes: the block is closed once the text
 // since the start holds the closing marker (e.g. "</think>"), however the model spelled it in tokens.
+//
+// The markup is forced early enough to end within the generation's `max_choices` (its max_tokens): the budget is
+// at most max_choices minus the markup's tokens. A budget closer to the limit (e.g. max_tokens - 1, the most
+// Anthropic's thinking.budget_tokens may be) had the forced markup cut by max_tokens and the block left open.
 #pragma once
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -26,8 +31,10 @@ class ReasoningBudgetConstraint final : public TokenConstraint {
   // e.g. "\n</think>\n\n"); `marker` the text that closes the block (e.g. "</think>"); `vocab_size` the model's.
   // `open_marker` non-empty: the prompt does not open the block (a template that lets the model write "<think>"
   // itself): it is open only if the output begins with that text (the output parser's rule), else nothing is forced.
+  // `max_choices`: the generation's max_tokens (the budget leaves the closing markup room before it).
   ReasoningBudgetConstraint(const Tokenizer& tok, int64_t vocab_size, int64_t budget, std::vector<int32_t> close_ids,
-                            std::string marker, std::shared_ptr<TokenConstraint> inner, std::string open_marker = "");
+                            std::string marker, std::shared_ptr<TokenConstraint> inner, std::string open_marker = "",
+                            int64_t max_choices = std::numeric_limits<int64_t>::max());
 
   const uint32_t* allowed() override;
   void accept(int32_t token) override;
@@ -39,7 +46,7 @@ class ReasoningBudgetConstraint final : public TokenConstraint {
  private:
   const Tokenizer& tok_;
   int64_t words_;  // mask words
-  int64_t budget_;
+  int64_t budget_;  // at most max_choices - close_ids_.size()
   std::vector<int32_t> close_ids_;
   std::string marker_;
   std::string open_marker_;  // awaited at the output's start (empty: the prompt opened the block)

@@ -288,7 +288,8 @@ void GenerationCore::make_choices(const GenerationSpec& spec, int n, std::vector
 
   // A reasoning budget applies when the budget is below the limit: a constraint of the generation closes the block
   // when the budget runs out (engine/reasoning_budget.h) -- the prompt's open block, or one the model opens itself at
-  // the start of its output (a template that does not write "<think>" into the generation prompt).
+  // the start of its output (a template that does not write "<think>" into the generation prompt), forcing the closing
+  // markup early enough to end within max_tokens.
   const bool budgeted = chat && spec.reasoning_budget && *spec.reasoning_budget < max_tokens;
   std::vector<int32_t> close_ids;
   if (budgeted) close_ids = tok_->encode(format_.force_close_reasoning(), /*parse_special=*/true);
@@ -309,7 +310,8 @@ void GenerationCore::make_choices(const GenerationSpec& spec, int n, std::vector
                                                                   std::move(gr.constraint),
                                                                   prompt.in_reasoning
                                                                       ? std::string()
-                                                                      : std::string(format_.markup().think_open));
+                                                                      : std::string(format_.markup().think_open),
+                                                                  max_tokens);
     gr.draft_tokens = opts_.spec_tokens;  // not used under a constraint (Sequence::draft_budget)
     gr.spec_policy = opts_.spec_policy;
     gr.prompt_logprobs = spec.prompt_logprobs;

@@ -180,3 +180,34 @@ TEST(ReasoningBudget, ABlockTheModelOpensItselfIsBudgetedToo) {
   EXPECT_FALSE(plain.open());
   EXPECT_EQ(plain.free_choices(), std::numeric_limits<int64_t>::max());
 }
+
+// A budget that leaves the closing markup fewer choices than it has tokens before max_tokens (max_tokens - 1, the most
+// Anthropic's thinking.budget_tokens may be): the markup was forced from the budget on and cut by max_tokens, the
+// block left open. It is forced early enough to end on the last choice now; a budget with room is unchanged.
+TEST(ReasoningBudget, TheForcedMarkupEndsWithinMaxTokens) {
+  const std::vector<int32_t> close = ids("\n</think>\n\n");
+  const int64_t k = int64_t(close.size()), max_tokens = 12;
+  const int32_t tick = ids(" tick")[0];
+  for (int64_t b : {max_tokens - 1, max_tokens - 2, max_tokens - k, max_tokens - k - 2}) {
+    ReasoningBudgetConstraint c(qwen3(), kVocab, b, close, "</think>", nullptr, "", max_tokens);
+    std::string text;
+    for (int64_t n = 0; n < max_tokens; ++n) {  // the reasoning would go on to the limit: " tick" whenever free
+      const uint32_t* m = c.allowed();
+      const int32_t t = m ? only(m) : tick;
+      ASSERT_GE(t, 0);
+      c.accept(t);
+      text += qwen3().token_bytes(t);
+    }
+    std::string want;
+    for (int64_t i = 0; i < std::min(b, max_tokens - k); ++i) want += " tick";
+    want += "\n</think>\n\n";
+    if (b < max_tokens - k) want += " tick tick";  // free again after the markup
+    EXPECT_EQ(text, want) << "budget " << b;
+    EXPECT_FALSE(c.open()) << "budget " << b;
+    EXPECT_FALSE(c.forcing()) << "budget " << b;
+  }
+  // max_tokens shorter than the markup: forced from the first choice.
+  ReasoningBudgetConstraint tiny(qwen3(), kVocab, 1, close, "</think>", nullptr, "", 2);
+  EXPECT_EQ(tiny.free_choices(), 0);
+  EXPECT_EQ(only(tiny.allowed()), close[0]);
+}

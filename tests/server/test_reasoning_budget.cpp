@@ -143,3 +143,25 @@ TEST(ReasoningBudget, ABlockTheModelOpensItselfIsCutToo) {
   const json free = post_json(srv.port, "/v1/messages", thinking_request("selfthink", -1, 200));
   EXPECT_EQ(free["content"][0]["thinking"].get<std::string>().size(), 40u * 4) << free.dump();
 }
+
+// A budget that leaves the closing markup less room than it has tokens before max_tokens (max_tokens - 1, the most
+// thinking.budget_tokens may be): the markup was forced from the budget on and cut by max_tokens, and the thinking
+// block never closed (its "\n" went into the thinking). The markup is forced early enough to end on the last token
+// now: the block closes, the thinking is what came before the markup.
+TEST(ReasoningBudget, ABudgetNextToMaxTokensStillClosesTheBlock) {
+  const json script = {{"rules", {{{"match", "forever"}, {"reply", " tick"}, {"repeat", true}}}}};
+  lilac::test::LocalServer srv(lilac::test::LocalServer::options(), nullptr, script);
+  const auto& tok = *lilac::test::qwen3_tokenizer();
+  const int64_t markup = int64_t(tok.encode("\n</think>\n\n", true).size());
+  for (int64_t max_tokens : {12, 20}) {
+    for (int64_t budget : {max_tokens - 1, max_tokens - markup + 1}) {
+      const json m = post_json(srv.port, "/v1/messages", thinking_request("forever", budget, max_tokens));
+      ASSERT_EQ(m["content"].size(), 1u) << m.dump();
+      std::string thinking;
+      for (int64_t i = 0; i < max_tokens - markup; ++i) thinking += " tick";
+      EXPECT_EQ(m["content"][0]["thinking"], thinking) << "budget " << budget << ": " << m.dump();
+      EXPECT_EQ(m["usage"]["output_tokens"], max_tokens);
+      EXPECT_EQ(m["stop_reason"], "max_tokens");
+    }
+  }
+}
