@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "router/upstream_http.h"
 #include "server/anthropic_schema.h"
 #include "server/api_error.h"
 #include "server/openai_schema.h"
@@ -24,9 +25,9 @@ using json = nlohmann::ordered_json;
 // Registers a client of a request in flight, so that cancel_all() can cut it.
 struct ActiveClient {
   UpstreamClient& up;
-  httplib::Client* cli;
+  httplib::ClientImpl* cli;
   bool ok;
-  ActiveClient(UpstreamClient& u, httplib::Client* c) : up(u), cli(c) {
+  ActiveClient(UpstreamClient& u, httplib::ClientImpl* c) : up(u), cli(c) {
     std::lock_guard lk(up.active_mu_);
     ok = !up.cancelled_;
     if (ok) up.active_.insert(cli);
@@ -139,17 +140,20 @@ std::string inject_route_into_sse_lines(const std::string& lines, const std::str
 
 namespace {
 
-std::unique_ptr<httplib::Client> make_client(const UpstreamOptions& o, int read_timeout_ms) {
-  auto cli = std::make_unique<httplib::Client>(o.url.origin());
-  cli->set_connection_timeout(std::chrono::milliseconds(o.connect_timeout_ms));
-  cli->set_read_timeout(std::chrono::milliseconds(read_timeout_ms));
-  cli->set_write_timeout(std::chrono::milliseconds(std::max(o.connect_timeout_ms, 10000)));
-  cli->set_keep_alive(false);
-  cli->set_follow_location(false);
+// A client of the upstream whose answers' heads are bounded (router/upstream_http.h).
+std::unique_ptr<UpstreamHttp> make_client(const UpstreamOptions& o, int read_timeout_ms) {
+  auto up = UpstreamHttp::make(o.url.scheme == "https", o.url.host, o.url.port);
+  httplib::ClientImpl& cli = up->http();
+  cli.set_connection_timeout(std::chrono::milliseconds(o.connect_timeout_ms));
+  cli.set_read_timeout(std::chrono::milliseconds(read_timeout_ms));
+  cli.set_write_timeout(std::chrono::milliseconds(std::max(o.connect_timeout_ms, 10000)));
+  cli.set_keep_alive(false);
+  cli.set_follow_location(false);
 #ifdef CPPHTTPLIB_OPENSSL_SUPPORT
-  cli->enable_server_certificate_verification(true);
+  cli.enable_server_certificate_verification(true);
+  if (!o.ca_cert_file.empty()) cli.set_ca_cert_path(o.ca_cert_file.c_str());
 #endif
-  return cli;
+  return up;
 }
 
 httplib::Headers request_headers(const UpstreamOptions& o, const std::string& auth_override, bool stream) {
@@ -223,7 +227,7 @@ std::string broken_stream_event(const std::string& path, const std::string& mess
 struct Pipe {
   std::mutex mu;
   std::condition_variable cv;
-  std::unique_ptr<httplib::Client> client;
+  std::unique_ptr<UpstreamHttp> client;
   std::thread reader;
   bool got_headers = false;
   bool finished = false;
@@ -235,6 +239,7 @@ struct Pipe {
   bool over = false;               // an answer past kMaxAnswerBytes, or a line past kMaxLineBytes
   std::string error_body;          // the body of a non-2xx answer
   std::string transport_error;     // set when the request failed on the wire
+  std::string limit_error;         // set when the answer broke a bound of the client's (UpstreamHttp::limit_error)
   std::string pending;             // partial SSE line not yet forwarded
   std::string path;                // the upstream path (its protocol)
   bool inject = true;
@@ -247,7 +252,7 @@ struct Pipe {
       canceled = true;
     }
     cv.notify_all();
-    if (client) client->stop();
+    if (client) client->http().stop();
   }
   void join() {
     if (reader.joinable()) reader.join();
@@ -278,7 +283,7 @@ ForwardResult UpstreamClient::forward(const std::string& path, const std::string
   const std::string full_path = opts_.url.base + path;
   if (!stream) {
     auto cli = make_client(opts_, opts_.read_timeout_ms);
-    ActiveClient active(*this, cli.get());
+    ActiveClient active(*this, &cli->http());
     if (!active.ok) {
       fr.failure = "the server is stopping";
       return fr;
@@ -298,13 +303,14 @@ ForwardResult UpstreamClient::forward(const std::string& path, const std::string
     };
     httplib::Response r;
     httplib::Error err = httplib::Error::Success;
-    const bool sent = cli->send(q, r, err);
+    const bool sent = cli->http().send(q, r, err);
     if (over) {
       fr.failure = kTooLarge;
       return fr;
     }
     if (!sent) {
-      fr.failure = "cannot reach the upstream (" + httplib::to_string(err) + ")";
+      fr.failure = !cli->limit_error().empty() ? cli->limit_error()
+                                               : "cannot reach the upstream (" + httplib::to_string(err) + ")";
       return fr;
     }
     r.body = std::move(got);
@@ -341,7 +347,7 @@ ForwardResult UpstreamClient::forward(const std::string& path, const std::string
   // status_not_for_client) or reports a failure.
   auto pipe = std::make_shared<Pipe>();
   pipe->client = make_client(opts_, opts_.read_timeout_ms);
-  pipe->active = std::make_unique<ActiveClient>(*this, pipe->client.get());
+  pipe->active = std::make_unique<ActiveClient>(*this, &pipe->client->http());
   if (!pipe->active->ok) {
     fr.failure = "the server is stopping";
     return fr;
@@ -390,9 +396,12 @@ ForwardResult UpstreamClient::forward(const std::string& path, const std::string
     };
     httplib::Response r;
     httplib::Error err = httplib::Error::Success;
-    bool ok = P->client->send(req, r, err);
+    bool ok = P->client->http().send(req, r, err);
     std::lock_guard lk(P->mu);
-    if (!ok && !P->canceled) P->transport_error = httplib::to_string(err);
+    if (!ok && !P->canceled) {
+      P->limit_error = P->client->limit_error();
+      P->transport_error = P->limit_error.empty() ? httplib::to_string(err) : P->limit_error;
+    }
     P->finished = true;
     P->cv.notify_all();
   });
@@ -402,9 +411,10 @@ ForwardResult UpstreamClient::forward(const std::string& path, const std::string
     P->cv.wait(lk, [&] { return P->got_headers || P->finished; });
     if (!P->got_headers) {
       std::string e = P->transport_error.empty() ? "no answer" : P->transport_error;
+      const std::string limit = P->limit_error;
       lk.unlock();
       P->join();
-      fr.failure = "cannot reach the upstream (" + e + ")";
+      fr.failure = !limit.empty() ? limit : "cannot reach the upstream (" + e + ")";
       return fr;
     }
     fr.upstream_status = P->status;
@@ -502,7 +512,7 @@ ForwardResult UpstreamClient::forward(const std::string& path, const std::string
           }
           stop_reader = P->over && P->canceled;
         }
-        if (stop_reader) P->client->stop();
+        if (stop_reader) P->client->http().stop();
         if (!out.empty() && !sink.write(out.data(), out.size())) {
           P->cancel();
           return false;
@@ -520,15 +530,15 @@ ForwardResult UpstreamClient::forward(const std::string& path, const std::string
 void UpstreamClient::cancel_all() {
   std::lock_guard lk(active_mu_);
   cancelled_ = true;
-  for (httplib::Client* c : active_) c->stop();
+  for (httplib::ClientImpl* c : active_) c->stop();
 }
 
 std::optional<std::vector<std::string>> UpstreamClient::list_models(int timeout_ms) {
   auto cli = make_client(opts_, timeout_ms);
-  ActiveClient active(*this, cli.get());
+  ActiveClient active(*this, &cli->http());
   if (!active.ok) return std::nullopt;
-  cli->set_connection_timeout(std::chrono::milliseconds(std::min(timeout_ms, opts_.connect_timeout_ms)));
-  auto r = cli->Get(opts_.url.base + "/models", request_headers(opts_, "", false));
+  cli->http().set_connection_timeout(std::chrono::milliseconds(std::min(timeout_ms, opts_.connect_timeout_ms)));
+  auto r = cli->http().Get(opts_.url.base + "/models", request_headers(opts_, "", false));
   if (!r || r->status != 200) return std::nullopt;
   json j = parse_answer(r->body);
   if (!j.is_object() || !j.contains("data") || !j["data"].is_array()) return std::nullopt;

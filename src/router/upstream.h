@@ -6,8 +6,10 @@
 // parse); 4xx answers are passed through (non-JSON bodies wrapped in an OpenAI error body). When the
 // upstream cannot be reached, times out before answering, answers 5xx, or answers what the client must not
 // see as it is (a 3xx redirect, a 401 / 403 / 407 refusing lilac's own cloud credentials, a 1xx), nothing is
-// written and the caller decides (fallback to local or a 502). No upstream header is passed on. The API key
-// goes only into the Authorization header; nothing here logs it.
+// written and the caller decides (fallback to local or a 502). No upstream header is passed on. An answer's head
+// (status line and headers) and a chunked body's framing lines are read within the bounds of
+// router/upstream_http.h; an answer past them is a failure too. The API key goes only into the Authorization
+// header; nothing here logs it.
 #pragma once
 #include <memory>
 #include <mutex>
@@ -18,7 +20,7 @@
 #include <vector>
 
 namespace httplib {
-class Client;
+class ClientImpl;
 struct Response;
 }
 
@@ -41,6 +43,7 @@ struct UpstreamOptions {
   std::string api_key;           // sent as "Authorization: Bearer <key>" when non-empty
   int connect_timeout_ms = 3000;
   int read_timeout_ms = 300000;  // also bounds the wait for the first byte of an answer
+  std::string ca_cert_file;      // https: PEM certificates to verify the upstream with ("": the system's)
   std::string route_label = "cloud";  // the x-lilac-route header value
   bool inject_route_field = true;     // add "lilac_route": route_label to bodies and chunks
 };
@@ -75,7 +78,7 @@ class UpstreamClient {
   friend struct ActiveClient;
   UpstreamOptions opts_;
   std::mutex active_mu_;
-  std::set<httplib::Client*> active_;
+  std::set<httplib::ClientImpl*> active_;
   bool cancelled_ = false;
 };
 
