@@ -225,61 +225,67 @@ TEST(RowsSample, AllowedMaskRestrictsTheChoice) {
   }
 }
 
+// sample_masked on host data (row m on slot m; allowed: the slots' mask words; on: whether each slot's mask applies):
+// the rows' results, the slots' next tokens and the counts afterwards.
+struct MaskedRun {
+  std::vector<lc::SampleResult> results;
+  std::vector<int32_t> tokens, counts;
+};
+MaskedRun run_masked(int64_t vocab, const std::vector<lc::SampleParamsDev>& prm, const std::vector<float>& logits,
+                     const std::vector<uint32_t>& allowed, const std::vector<int32_t>& on) {
+  const int M = int(prm.size());
+  Dev<lc::SampleParamsDev> dprm(prm);
+  Dev<int32_t> dcounts(std::vector<int32_t>(size_t(M * vocab), 0)), don(on), tokens(M);
+  Dev<uint8_t> dmask(std::vector<uint8_t>(size_t(M * vocab), 0));
+  Dev<uint32_t> dallowed(allowed);
+  Dev<char> scratch(lr::sample_rows_scratch_bytes(vocab, M));
+  Dev<lc::SampleResult> res(M);
+  Dev<float> dl(logits);
+  sample_masked(dl.p, vocab, M, dprm.p, dcounts.p, dmask.p, dallowed.p, don.p, tokens.p, res.p, scratch.p);
+  return {res.get(), tokens.get(), dcounts.get()};
+}
+
 // Allowed tokens whose logits are all -inf: the first allowed id, greedy and sampled, as the CPU sampler chooses
 // (sampling drew from a distribution of nothing but -inf).
 TEST(RowsSample, AllowedTokensAtMinusInfinityGiveTheFirstAllowedId) {
   NEED_GPU();
   const int64_t vocab = 5003, W = lr::allowed_words(vocab);
   const int M = 2;
-  std::vector<lc::SampleParamsDev> prm = {params(0.f, 0, 1.f, 0.f, 0.f, 0.f, 1.f, 0, 1, 0),
-                                          params(1.f, 0, 1.f, 0.f, 0.f, 0.f, 1.f, 0, 5, 0)};
   std::vector<uint32_t> allowed(size_t(M * W), 0u);
   for (int m = 0; m < M; ++m) allowed[size_t(m * W)] = 0b1100u;  // tokens 2 and 3
   std::vector<float> logits(size_t(M * vocab), -INFINITY);
   for (int m = 0; m < M; ++m) logits[size_t(m * vocab)] = 0.f;  // token 0: finite, not allowed
-  Dev<lc::SampleParamsDev> dprm(prm);
-  Dev<int32_t> dcounts(std::vector<int32_t>(size_t(M * vocab), 0)), don(std::vector<int32_t>{1, 1}), tokens(M);
-  Dev<uint8_t> dmask(std::vector<uint8_t>(size_t(M * vocab), 0));
-  Dev<uint32_t> dallowed(allowed);
-  Dev<char> scratch(lr::sample_rows_scratch_bytes(vocab, M));
-  Dev<lc::SampleResult> res(M);
-  Dev<float> dl(logits);
-  sample_masked(dl.p, vocab, M, dprm.p, dcounts.p, dmask.p, dallowed.p, don.p, tokens.p, res.p, scratch.p);
-  const auto got = res.get();
-  EXPECT_EQ(got[0].token, 2) << "greedy";
-  EXPECT_EQ(got[1].token, 2) << "sampled";
+  const MaskedRun got = run_masked(vocab,
+                                   {params(0.f, 0, 1.f, 0.f, 0.f, 0.f, 1.f, 0, 1, 0),
+                                    params(1.f, 0, 1.f, 0.f, 0.f, 0.f, 1.f, 0, 5, 0)},
+                                   logits, allowed, {1, 1});
+  EXPECT_EQ(got.results[0].token, 2) << "greedy";
+  EXPECT_EQ(got.results[1].token, 2) << "sampled";
 }
 
 // Allowed logits all NaN: the first allowed id (the CPU sampler's rule; before, the raw argmax — a token the mask
 // forbids). Every logit NaN without a mask: no token (-1, which the session refuses as the CPU sampler throws), the
-// counts untouched and the device-side token in range (before: counts[vocab + 0x7fffffff] was incremented).
+// counts untouched and the device-side token in range (before: counts[vocab + 0x7fffffff] was incremented, an
+// illegal address).
 TEST(RowsSample, NanLogitsGiveTheFirstAllowedIdOrNoToken) {
   NEED_GPU();
   const int64_t vocab = 5003, W = lr::allowed_words(vocab);
   const int M = 3;
-  std::vector<lc::SampleParamsDev> prm = {params(0.f, 0, 1.f, 0.f, 0.f, 0.f, 1.f, 0, 1, 0),
-                                          params(1.f, 0, 1.f, 0.f, 0.f, 0.f, 1.f, 0, 5, 0),
-                                          params(0.f, 0, 1.f, 0.f, 0.f, 0.f, 1.f, 0, 7, 0)};
   std::vector<uint32_t> allowed(size_t(M * W), 0u);
   for (int m = 0; m < 2; ++m) allowed[size_t(m * W + 40)] = 0b101000u;  // tokens 1283 and 1285
   std::vector<float> logits(size_t(M * vocab), NAN);
   for (int m = 0; m < 2; ++m) logits[size_t(m * vocab + 7)] = 3.f;  // finite, not allowed
-  Dev<lc::SampleParamsDev> dprm(prm);
-  Dev<int32_t> dcounts(std::vector<int32_t>(size_t(M * vocab), 0)), don(std::vector<int32_t>{1, 1, 0}), tokens(M);
-  Dev<uint8_t> dmask(std::vector<uint8_t>(size_t(M * vocab), 0));
-  Dev<uint32_t> dallowed(allowed);
-  Dev<char> scratch(lr::sample_rows_scratch_bytes(vocab, M));
-  Dev<lc::SampleResult> res(M);
-  Dev<float> dl(logits);
-  sample_masked(dl.p, vocab, M, dprm.p, dcounts.p, dmask.p, dallowed.p, don.p, tokens.p, res.p, scratch.p);
-  const auto got = res.get();
-  EXPECT_EQ(got[0].token, 1283) << "greedy";
-  EXPECT_EQ(got[1].token, 1283) << "sampled";
-  EXPECT_EQ(got[2].token, -1) << "every logit NaN, no mask";
-  const auto tok = tokens.get();
-  for (int m = 0; m < M; ++m) EXPECT_TRUE(tok[size_t(m)] >= 0 && tok[size_t(m)] < vocab) << "row " << m;
-  const auto counts = dcounts.get();
-  EXPECT_EQ(std::count(counts.begin() + 2 * vocab, counts.end(), 0), vocab) << "no token counted for the NaN row";
+  const MaskedRun got = run_masked(vocab,
+                                   {params(0.f, 0, 1.f, 0.f, 0.f, 0.f, 1.f, 0, 1, 0),
+                                    params(1.f, 0, 1.f, 0.f, 0.f, 0.f, 1.f, 0, 5, 0),
+                                    params(0.f, 0, 1.f, 0.f, 0.f, 0.f, 1.f, 0, 7, 0)},
+                                   logits, allowed, {1, 1, 0});
+  EXPECT_EQ(got.results[0].token, 1283) << "greedy";
+  EXPECT_EQ(got.results[1].token, 1283) << "sampled";
+  EXPECT_EQ(got.results[2].token, -1) << "every logit NaN, no mask";
+  for (int m = 0; m < M; ++m)
+    EXPECT_TRUE(got.tokens[size_t(m)] >= 0 && got.tokens[size_t(m)] < vocab) << "row " << m;
+  EXPECT_EQ(std::count(got.counts.begin() + 2 * vocab, got.counts.end(), 0), vocab) << "no token counted for the NaN row";
 }
 
 TEST(RowsSample, SingleRowWithoutMaskIsSampleToken) {
