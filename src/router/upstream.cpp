@@ -204,6 +204,8 @@ std::string describe_5xx(int status, const std::string& body) {
 // TCP's backpressure) and SSE lines of at most kMaxLineBytes. Nothing bounded them (an upstream, or anyone between it
 // and an http:// URL, could take the process's memory).
 constexpr size_t kMaxAnswerBytes = size_t(64) << 20, kMaxQueuedBytes = size_t(16) << 20, kMaxLineBytes = size_t(4) << 20;
+// The body of an error answer to a stream request and of the model list: what is kept of it; the read ends there.
+constexpr size_t kMaxErrorBytes = size_t(1) << 20, kMaxModelsBytes = size_t(4) << 20;
 const std::string kTooLarge = "the upstream's answer is larger than " + std::to_string(kMaxAnswerBytes >> 20) + " MiB";
 
 
@@ -388,8 +390,9 @@ ForwardResult UpstreamClient::forward(const std::string& path, const std::string
         }
         P->chunks.emplace_back(data, n);
         P->queued += n;
-      } else if (P->error_body.size() < (1u << 20)) {
-        P->error_body.append(data, n);
+      } else {  // an error's body: kept up to kMaxErrorBytes, then the read ends (an endless one held this thread)
+        P->error_body.append(data, std::min(n, kMaxErrorBytes - P->error_body.size()));
+        if (P->error_body.size() >= kMaxErrorBytes) return false;
       }
       P->cv.notify_all();
       return true;
@@ -538,9 +541,17 @@ std::optional<std::vector<std::string>> UpstreamClient::list_models(int timeout_
   ActiveClient active(*this, &cli->http());
   if (!active.ok) return std::nullopt;
   cli->http().set_connection_timeout(std::chrono::milliseconds(std::min(timeout_ms, opts_.connect_timeout_ms)));
-  auto r = cli->http().Get(opts_.url.base + "/models", request_headers(opts_, "", false));
+  // The body through a receiver that ends the read past kMaxModelsBytes (decompressed bytes: a gzip bomb stops too);
+  // without one the library kept a body of any size.
+  std::string body;
+  auto r = cli->http().Get(opts_.url.base + "/models", request_headers(opts_, "", false),
+                           [&](const char* data, size_t n) {
+                             if (body.size() + n > kMaxModelsBytes) return false;
+                             body.append(data, n);
+                             return true;
+                           });
   if (!r || r->status != 200) return std::nullopt;
-  json j = parse_answer(r->body);
+  json j = parse_answer(body);
   if (!j.is_object() || !j.contains("data") || !j["data"].is_array()) return std::nullopt;
   std::vector<std::string> ids;
   for (const auto& m : j["data"])

@@ -3,6 +3,9 @@
 
 #include <httplib.h>
 #include <poll.h>
+#ifdef CPPHTTPLIB_OPENSSL_SUPPORT
+#include <openssl/err.h>
+#endif
 
 #include <algorithm>
 #include <cerrno>
@@ -56,6 +59,8 @@ class LineWatch final : public httplib::Stream {
       return fail("the upstream's answer head (status line and headers) is longer than " +
                   std::to_string(kMaxHeadBytes >> 10) + " KiB");
     if (c != '\n') {
+      if (lines_ == 0 && line_ + 1 > kMaxStatusLineBytes)
+        return fail("the upstream's status line is longer than " + std::to_string(kMaxStatusLineBytes >> 10) + " KiB");
       if (++line_ > kMaxHttpLineBytes)
         return fail("a line of the upstream's answer head is longer than " + std::to_string(kMaxHttpLineBytes >> 10) +
                     " KiB");
@@ -128,12 +133,13 @@ class TlsStream final : public httplib::Stream {
     short want = POLLIN;
     for (int tries = 0; tries < 1000; ++tries) {
       if (SSL_pending(ssl_) <= 0 && !wait(want, read_ms_)) return -1;
+      ERR_clear_error();  // SSL_get_error reads this thread's queue: a stale entry would turn "want read" fatal
       const int r = SSL_read(ssl_, ptr, len);
       if (r > 0) return r;
       const int err = SSL_get_error(ssl_, r);
       if (err == SSL_ERROR_WANT_READ) want = POLLIN;
       else if (err == SSL_ERROR_WANT_WRITE) want = POLLOUT;
-      else return r == 0 ? 0 : -1;
+      else return err == SSL_ERROR_ZERO_RETURN ? 0 : -1;  // the peer's close_notify ends the stream; else an error
     }
     return -1;
   }
@@ -143,6 +149,7 @@ class TlsStream final : public httplib::Stream {
     short want = POLLOUT;
     for (int tries = 0; tries < 1000; ++tries) {
       if (!wait(want, write_ms_)) return -1;
+      ERR_clear_error();
       const int r = SSL_write(ssl_, ptr, len);
       if (r > 0) return r;
       const int err = SSL_get_error(ssl_, r);

@@ -30,6 +30,9 @@ namespace lilac::router {
 
 constexpr size_t kMaxHeadBytes = size_t(64) << 10;     // status line and headers, line ends included
 constexpr size_t kMaxHttpLineBytes = size_t(8) << 10;  // one line of the head or of the framing, its end excluded
+// The status line: shorter still — the library matches it with std::regex, whose recursion needs ~1 MiB of stack for
+// an 8 KiB line (a reading thread with a small stack would die of it).
+constexpr size_t kMaxStatusLineBytes = size_t(1) << 10;
 constexpr size_t kMaxHeaderLines = 100;                // lines after the status line
 
 class UpstreamHttp {

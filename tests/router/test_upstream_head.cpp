@@ -181,16 +181,25 @@ struct TestCert {
 
 }  // namespace
 
+// The status line is bounded at 1 KiB (kMaxStatusLineBytes), below the other lines' 8 KiB: the library's std::regex
+// needs ~1 MiB of stack for an 8 KiB one (a review measured it), and 60 KB killed the process.
 TEST(UpstreamHead, ALongStatusLineFailsTheRequestInsteadOfCrashing) {
-  RawUpstream raw([](int c) {
-    send_all(c, "HTTP/1.1 200 " + std::string(60000, 'v') + "\r\nContent-Length: 2\r\n\r\nok");
+  std::atomic<size_t> reason{60000};
+  RawUpstream raw([&](int c) {
+    send_all(c, "HTTP/1.1 200 " + std::string(reason.load(), 'v') + "\r\nContent-Length: 2\r\n\r\nok");
   });
   ASSERT_GT(raw.port, 0);
   UpstreamClient up = client(raw.url());
-  for (bool stream : {false, true}) {
-    httplib::Response res;
-    const std::string f = forward_failure(up, stream, res);
-    EXPECT_NE(f.find("a line of the upstream's answer head is longer than 8 KiB"), std::string::npos) << f;
+  for (size_t n : {size_t(60000), size_t(2000), size_t(1010)}) {  // 1,010: "HTTP/1.1 200 " + reason + CR = 1,024
+    reason = n;
+    for (bool stream : {false, true}) {
+      httplib::Response res;
+      const std::string f = forward_failure(up, stream, res);
+      if (n > 1010)
+        EXPECT_NE(f.find("the upstream's status line is longer than 1 KiB"), std::string::npos) << n << ": " << f;
+      else
+        EXPECT_EQ(f.find("status line"), std::string::npos) << n << ": " << f;
+    }
   }
 }
 
@@ -221,7 +230,9 @@ TEST(UpstreamHead, HeadersAreCountedAndBounded) {
       {answer_with(headers(20, 4000)), "the upstream's answer head (status line and headers) is longer than 64 KiB"},
       // an interim 100 answer, then the answer: watched as one head
       {"HTTP/1.1 100 Continue\r\n\r\n" + answer_with(headers(10)), ""},
-      {"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 " + std::string(60000, 'v') + "\r\n\r\n", "longer than 8 KiB"},
+      {"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 " + std::string(60000, 'v') + "\r\n\r\n",
+       "the upstream's status line is longer than 1 KiB"},
+      {"HTTP/1.1 100 Continue\r\n\r\n" + answer_with(headers(99)), "the upstream's answer has more than 100 header lines"},
   };
   for (const Case& c : cases) {
     {
@@ -337,4 +348,43 @@ TEST(UpstreamHead, TlsAnswersPassAndTheirHeadsAreBounded) {
   EXPECT_NE(forward_failure(untrusted, false, res).find("cannot reach the upstream"), std::string::npos);
   tls.stop();
   th.join();
+}
+
+namespace {
+// A raw upstream that answers with `head`, then sends `filler` bytes of body until `limit` bytes or the client
+// goes; counts what it managed to send.
+struct EndlessBody {
+  std::atomic<size_t> sent{0};
+  RawUpstream raw;
+  EndlessBody(std::string head, char filler, size_t limit)
+      : raw([this, head = std::move(head), filler, limit](int c) {
+          if (!send_all(c, head)) return;
+          const std::string chunk(size_t(1) << 16, filler);
+          while (sent < limit && send_all(c, chunk)) sent += chunk.size();
+        }) {}
+};
+}  // namespace
+
+// Found by review: the body of an error answer to a stream request was drained to its end (past 1 MiB the receiver
+// kept reading and dropping), so an endless one held the request's thread for good; the model list's body was read
+// whole into memory. Both reads now end at their bound: the upstream gets to send little more than it (the socket
+// buffers), where it sent all 64 MiB before.
+TEST(UpstreamBodies, AnErrorBodyOrAModelListPastItsBoundEndsTheRead) {
+  constexpr size_t kLimit = size_t(64) << 20;
+  {
+    EndlessBody up_err("HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\n\r\n", ' ', kLimit);
+    ASSERT_GT(up_err.raw.port, 0);
+    UpstreamClient up = client(up_err.raw.url());
+    httplib::Response res;
+    EXPECT_EQ(forward_failure(up, true, res), "");  // the 400 is passed on, its body cut
+    EXPECT_EQ(res.status, 400);
+    EXPECT_LT(up_err.sent.load(), size_t(16) << 20);
+  }
+  {
+    EndlessBody up_models("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n{\"data\":[", ' ', kLimit);
+    ASSERT_GT(up_models.raw.port, 0);
+    UpstreamClient up = client(up_models.raw.url());
+    EXPECT_FALSE(up.list_models(5000).has_value());
+    EXPECT_LT(up_models.sent.load(), size_t(16) << 20);
+  }
 }
