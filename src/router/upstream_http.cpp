@@ -18,8 +18,8 @@ namespace lilac::router {
 namespace {
 
 // A Stream that passes everything to `in`, watching the bytes read until the head's end: the blank line ("\r\n";
-// cpp-httplib takes no bare "\n" as a line end) that ends a head whose status is not 1xx (after a "100 Continue"
-// the library reads another head, watched too, the bytes counted together). After the head, the library reads a
+// cpp-httplib takes no bare "\n" as a line end) that ends a head whose status is not 100 (after a "100 Continue"
+// the library reads another head, watched too, the bytes counted together; any other status is its answer). After the head, the library reads a
 // chunked body's framing lines (chunk sizes, the CRLF after a chunk, the end) as it reads the head's, one byte per
 // read(), whole before any check: a run of one-byte reads without a line end is such a line (a body's data is read in
 // blocks; a one-byte read of data, its last byte, is followed by a line's), bounded like a line of the head.
@@ -64,13 +64,15 @@ class LineWatch final : public httplib::Stream {
       if (++line_ > kMaxHttpLineBytes)
         return fail("a line of the upstream's answer head is longer than " + std::to_string(kMaxHttpLineBytes >> 10) +
                     " KiB");
-      if (line_ <= 10) start_ += c;
+      if (line_ <= 12) start_ += c;
       last_ = c;
       return true;
     }
     const bool blank = line_ == 1 && last_ == '\r';
-    if (lines_ == 0 && !blank)  // the status line: "HTTP/1.1 1xx" is an interim answer, another head follows
-      interim_ = start_.size() == 10 && start_.compare(0, 7, "HTTP/1.") == 0 && start_[9] == '1';
+    // the status line: "HTTP/1.1 100" is an interim answer after which the library reads another head (it loops on
+    // 100 only: a 101-103 it takes as the answer, and reads a body after it)
+    if (lines_ == 0 && !blank)
+      interim_ = start_.size() == 12 && start_.compare(0, 7, "HTTP/1.") == 0 && start_.compare(8, 4, " 100") == 0;
     line_ = 0;
     start_.clear();
     if (blank) {
