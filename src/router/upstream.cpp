@@ -176,20 +176,6 @@ std::string client_error_body(int status, const std::string& body) {
   return server::error_body(status, msg, "", "", "upstream_error").dump();
 }
 
-// Why an upstream answer with `status` (not 2xx, not 5xx) must not reach the client as it is; empty when it may (a 4xx
-// about the request itself: 400, 404, 422, 429, ... passes through). A redirect would point the client at the cloud
-// provider (the router follows none); a 401 / 403 (or a proxy's 407) refuses lilac's configured cloud key, not the
-// client's, which the client would read as its own key being wrong; a 1xx is not a final answer. Such an answer is
-// the upstream failing (the caller falls back to local or answers 502); neither its body nor its headers (Location,
-// WWW-Authenticate) are passed on.
-std::string status_not_for_client(int status) {
-  const std::string n = "the cloud upstream answered HTTP " + std::to_string(status);
-  if (status >= 300 && status < 400) return n + " (a redirect, not followed)";
-  if (status == 401 || status == 403 || status == 407) return n + ": lilac's upstream credentials were refused";
-  if (status < 200) return n + " (not a final answer)";
-  return "";
-}
-
 std::string describe_5xx(int status, const std::string& body) {
   std::string s = "HTTP " + std::to_string(status);
   json j = parse_answer(body);
@@ -198,6 +184,22 @@ std::string describe_5xx(int status, const std::string& body) {
     s += ": " + j["error"]["message"].get<std::string>().substr(0, 300);
   return s;
 }
+
+// Why an upstream answer with `status` is the upstream failing rather than an answer for the client; empty when it
+// goes to the client as it is (2xx, and a 4xx about the request itself: 400, 404, 422, 429, ...). A 5xx fails; a
+// redirect would point the client at the cloud provider (the router follows none); a 401 / 403 (or a proxy's 407)
+// refuses lilac's configured cloud key, not the client's, which the client would read as its own key being wrong; a
+// 1xx is not a final answer. The caller falls back to local or answers 502; neither the body nor the headers
+// (Location, WWW-Authenticate) are passed on.
+std::string upstream_status_failure(int status, const std::string& body) {
+  if (status >= 500) return "the upstream failed (" + describe_5xx(status, body) + ")";
+  const std::string n = "the cloud upstream answered HTTP " + std::to_string(status);
+  if (status >= 300 && status < 400) return n + " (a redirect, not followed)";
+  if (status == 401 || status == 403 || status == 407) return n + ": lilac's upstream credentials were refused";
+  if (status < 200) return n + " (not a final answer)";
+  return "";
+}
+
 
 // What the router holds of an upstream's answer: a whole answer (not streamed, or JSON to a stream request) of at most
 // kMaxAnswerBytes, and of a stream at most kMaxQueuedBytes not yet sent to a slow client (the upstream then waits:
@@ -317,11 +319,7 @@ ForwardResult UpstreamClient::forward(const std::string& path, const std::string
     }
     r.body = std::move(got);
     fr.upstream_status = r.status;
-    if (r.status >= 500) {
-      fr.failure = "the upstream failed (" + describe_5xx(r.status, r.body) + ")";
-      return fr;
-    }
-    if (std::string why = status_not_for_client(r.status); !why.empty()) {
+    if (std::string why = upstream_status_failure(r.status, r.body); !why.empty()) {
       fr.failure = why;
       return fr;
     }
@@ -346,7 +344,7 @@ ForwardResult UpstreamClient::forward(const std::string& path, const std::string
 
   // Streaming: a reader thread performs the request; this thread waits for the status line, then either
   // hands the stream to a chunked content provider (2xx), passes the error through (4xx but those of
-  // status_not_for_client) or reports a failure.
+  // upstream_status_failure) or reports a failure.
   auto pipe = std::make_shared<Pipe>();
   pipe->client = make_client(opts_, opts_.read_timeout_ms);
   pipe->active = std::make_unique<ActiveClient>(*this, &pipe->client->http());
@@ -427,11 +425,7 @@ ForwardResult UpstreamClient::forward(const std::string& path, const std::string
       std::string eb = P->error_body;
       lk.unlock();
       P->join();
-      if (status >= 500) {
-        fr.failure = "the upstream failed (" + describe_5xx(status, eb) + ")";
-        return fr;
-      }
-      if (std::string why = status_not_for_client(status); !why.empty()) {
+      if (std::string why = upstream_status_failure(status, eb); !why.empty()) {
         fr.failure = why;
         return fr;
       }
