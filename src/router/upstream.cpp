@@ -270,142 +270,138 @@ struct Pipe {
   }
 };
 
-}  // namespace
-
-UpstreamClient::UpstreamClient(UpstreamOptions opts) : opts_(std::move(opts)) {}
-UpstreamClient::~UpstreamClient() = default;
-
-ForwardResult UpstreamClient::forward(const std::string& path, const std::string& body, bool stream,
-                                      httplib::Response& res, const std::string& auth_override,
-                                      const std::vector<std::pair<std::string, std::string>>& extra_headers) {
+// A non-streamed request: the whole answer (at most kMaxAnswerBytes) read, then passed on.
+ForwardResult forward_whole(UpstreamClient& up, const std::string& full_path, const std::string& body,
+                            httplib::Headers headers, httplib::Response& res) {
+  const UpstreamOptions& o = up.options();
   ForwardResult fr;
-  auto headers_for = [&](bool s) {
-    httplib::Headers h = request_headers(opts_, auth_override, s);
-    for (const auto& [k, v] : extra_headers) h.emplace(k, v);
-    return h;
-  };
-  const std::string full_path = opts_.url.base + path;
-  if (!stream) {
-    auto cli = make_client(opts_, opts_.read_timeout_ms);
-    ActiveClient active(*this, &cli->http());
-    if (!active.ok) {
-      fr.failure = "the server is stopping";
-      return fr;
-    }
-    httplib::Request q;
-    q.method = "POST";
-    q.path = full_path;
-    q.headers = headers_for(false);
-    q.body = body;
-    q.set_header("Content-Type", "application/json");
-    std::string got;
-    bool over = false;
-    q.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
-      if (got.size() + n > kMaxAnswerBytes) return !(over = true);
-      got.append(data, n);
-      return true;
-    };
-    httplib::Response r;
-    httplib::Error err = httplib::Error::Success;
-    const bool sent = cli->http().send(q, r, err);
-    if (over) {
-      fr.failure = kTooLarge;
-      return fr;
-    }
-    if (!sent) {
-      fr.failure = !cli->limit_error().empty() ? cli->limit_error()
-                                               : "cannot reach the upstream (" + httplib::to_string(err) + ")";
-      return fr;
-    }
-    r.body = std::move(got);
-    fr.upstream_status = r.status;
-    if (std::string why = upstream_status_failure(r.status, r.body); !why.empty()) {
-      fr.failure = why;
-      return fr;
-    }
-    fr.answered = true;
-    res.set_header("x-lilac-route", opts_.route_label);
-    if (r.status >= 200 && r.status < 300) {
-      json j = parse_answer(r.body);
-      if (!j.is_object()) {
-        fr.answered = false;
-        fr.failure = "the upstream answered HTTP " + std::to_string(r.status) + " with a body that is not a JSON object";
-        return fr;
-      }
-      if (opts_.inject_route_field) j["lilac_route"] = opts_.route_label;
-      res.status = r.status;
-      res.set_content(j.dump(), "application/json");
-    } else {
-      res.status = r.status;
-      res.set_content(client_error_body(r.status, r.body), "application/json");
-    }
+  auto cli = make_client(o, o.read_timeout_ms);
+  ActiveClient active(up, &cli->http());
+  if (!active.ok) {
+    fr.failure = "the server is stopping";
     return fr;
   }
+  httplib::Request q;
+  q.method = "POST";
+  q.path = full_path;
+  q.headers = std::move(headers);
+  q.body = body;
+  q.set_header("Content-Type", "application/json");
+  std::string got;
+  bool over = false;
+  q.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+    if (got.size() + n > kMaxAnswerBytes) return !(over = true);
+    got.append(data, n);
+    return true;
+  };
+  httplib::Response r;
+  httplib::Error err = httplib::Error::Success;
+  const bool sent = cli->http().send(q, r, err);
+  if (over) {
+    fr.failure = kTooLarge;
+    return fr;
+  }
+  if (!sent) {
+    fr.failure = !cli->limit_error().empty() ? cli->limit_error()
+                                             : "cannot reach the upstream (" + httplib::to_string(err) + ")";
+    return fr;
+  }
+  r.body = std::move(got);
+  fr.upstream_status = r.status;
+  if (std::string why = upstream_status_failure(r.status, r.body); !why.empty()) {
+    fr.failure = why;
+    return fr;
+  }
+  fr.answered = true;
+  res.set_header("x-lilac-route", o.route_label);
+  if (r.status >= 200 && r.status < 300) {
+    json j = parse_answer(r.body);
+    if (!j.is_object()) {
+      fr.answered = false;
+      fr.failure = "the upstream answered HTTP " + std::to_string(r.status) + " with a body that is not a JSON object";
+      return fr;
+    }
+    if (o.inject_route_field) j["lilac_route"] = o.route_label;
+    res.status = r.status;
+    res.set_content(j.dump(), "application/json");
+  } else {
+    res.status = r.status;
+    res.set_content(client_error_body(r.status, r.body), "application/json");
+  }
+  return fr;
+}
 
-  // Streaming: a reader thread performs the request; this thread waits for the status line, then either
-  // hands the stream to a chunked content provider (2xx), passes the error through (4xx but those of
-  // upstream_status_failure) or reports a failure.
+// The reader thread of a streamed request: sends it and hands what comes (status, then the body's pieces) to the
+// waiting thread through P, within the bounds above.
+void read_upstream(Pipe* P, const std::string& full_path, const std::string& body, const httplib::Headers& headers) {
+  httplib::Request req;
+  req.method = "POST";
+  req.path = full_path;
+  req.headers = headers;
+  req.body = body;
+  req.set_header("Content-Type", "application/json");
+  req.response_handler = [P](const httplib::Response& r) {
+    std::lock_guard lk(P->mu);
+    P->got_headers = true;
+    P->status = r.status;
+    P->content_type = r.get_header_value("Content-Type");
+    P->cv.notify_all();
+    return !P->canceled;
+  };
+  req.content_receiver = [P](const char* data, size_t n, uint64_t, uint64_t) {
+    std::unique_lock lk(P->mu);
+    if (P->canceled) return false;
+    if (P->status >= 200 && P->status < 300) {
+      if (P->content_type.find("text/event-stream") == std::string::npos) {
+        if (P->queued + n > kMaxAnswerBytes) {  // a whole answer, read before anything is sent: bounded
+          P->over = true;
+          P->cv.notify_all();
+          return false;
+        }
+      } else {  // a stream: wait while a slow client has not taken what came
+        P->cv.wait(lk, [&] { return P->queued < kMaxQueuedBytes || P->canceled; });
+        if (P->canceled) return false;
+      }
+      P->chunks.emplace_back(data, n);
+      P->queued += n;
+    } else {  // an error's body: kept up to kMaxErrorBytes, then the read ends (an endless one held this thread)
+      P->error_body.append(data, std::min(n, kMaxErrorBytes - P->error_body.size()));
+      if (P->error_body.size() >= kMaxErrorBytes) return false;
+    }
+    P->cv.notify_all();
+    return true;
+  };
+  httplib::Response r;
+  httplib::Error err = httplib::Error::Success;
+  bool ok = P->client->http().send(req, r, err);
+  std::lock_guard lk(P->mu);
+  if (!ok && !P->canceled) {
+    P->limit_error = P->client->limit_error();
+    P->transport_error = P->limit_error.empty() ? httplib::to_string(err) : P->limit_error;
+  }
+  P->finished = true;
+  P->cv.notify_all();
+}
+
+// Streaming: a reader thread performs the request; this thread waits for the status line, then either hands the
+// stream to a chunked content provider (2xx), passes the error through (4xx but those of upstream_status_failure) or
+// reports a failure.
+ForwardResult forward_stream(UpstreamClient& up, const std::string& full_path, const std::string& body,
+                             httplib::Headers headers, httplib::Response& res) {
+  const UpstreamOptions& o = up.options();
+  ForwardResult fr;
   auto pipe = std::make_shared<Pipe>();
-  pipe->client = make_client(opts_, opts_.read_timeout_ms);
-  pipe->active = std::make_unique<ActiveClient>(*this, &pipe->client->http());
+  pipe->client = make_client(o, o.read_timeout_ms);
+  pipe->active = std::make_unique<ActiveClient>(up, &pipe->client->http());
   if (!pipe->active->ok) {
     fr.failure = "the server is stopping";
     return fr;
   }
-  pipe->inject = opts_.inject_route_field;
+  pipe->inject = o.inject_route_field;
   pipe->path = full_path;
-  pipe->label = opts_.route_label;
+  pipe->label = o.route_label;
   Pipe* P = pipe.get();
-  httplib::Headers headers = headers_for(true);
-  pipe->reader = std::thread([P, full_path, body, headers] {
-    httplib::Request req;
-    req.method = "POST";
-    req.path = full_path;
-    req.headers = headers;
-    req.body = body;
-    req.set_header("Content-Type", "application/json");
-    req.response_handler = [P](const httplib::Response& r) {
-      std::lock_guard lk(P->mu);
-      P->got_headers = true;
-      P->status = r.status;
-      P->content_type = r.get_header_value("Content-Type");
-      P->cv.notify_all();
-      return !P->canceled;
-    };
-    req.content_receiver = [P](const char* data, size_t n, uint64_t, uint64_t) {
-      std::unique_lock lk(P->mu);
-      if (P->canceled) return false;
-      if (P->status >= 200 && P->status < 300) {
-        if (P->content_type.find("text/event-stream") == std::string::npos) {
-          if (P->queued + n > kMaxAnswerBytes) {  // a whole answer, read before anything is sent: bounded
-            P->over = true;
-            P->cv.notify_all();
-            return false;
-          }
-        } else {  // a stream: wait while a slow client has not taken what came
-          P->cv.wait(lk, [&] { return P->queued < kMaxQueuedBytes || P->canceled; });
-          if (P->canceled) return false;
-        }
-        P->chunks.emplace_back(data, n);
-        P->queued += n;
-      } else {  // an error's body: kept up to kMaxErrorBytes, then the read ends (an endless one held this thread)
-        P->error_body.append(data, std::min(n, kMaxErrorBytes - P->error_body.size()));
-        if (P->error_body.size() >= kMaxErrorBytes) return false;
-      }
-      P->cv.notify_all();
-      return true;
-    };
-    httplib::Response r;
-    httplib::Error err = httplib::Error::Success;
-    bool ok = P->client->http().send(req, r, err);
-    std::lock_guard lk(P->mu);
-    if (!ok && !P->canceled) {
-      P->limit_error = P->client->limit_error();
-      P->transport_error = P->limit_error.empty() ? httplib::to_string(err) : P->limit_error;
-    }
-    P->finished = true;
-    P->cv.notify_all();
-  });
+  pipe->reader = std::thread(read_upstream, P, full_path, body, std::move(headers));
 
   {
     std::unique_lock lk(P->mu);
@@ -431,7 +427,7 @@ ForwardResult UpstreamClient::forward(const std::string& path, const std::string
       }
       fr.answered = true;
       res.status = status;
-      res.set_header("x-lilac-route", opts_.route_label);
+      res.set_header("x-lilac-route", o.route_label);
       res.set_content(client_error_body(status, eb), "application/json");
       return fr;
     }
@@ -453,10 +449,10 @@ ForwardResult UpstreamClient::forward(const std::string& path, const std::string
         fr.failure = "the upstream answered a stream request with a body that is neither SSE nor JSON";
         return fr;
       }
-      if (opts_.inject_route_field) j["lilac_route"] = opts_.route_label;
+      if (o.inject_route_field) j["lilac_route"] = o.route_label;
       fr.answered = true;
       res.status = P->status;
-      res.set_header("x-lilac-route", opts_.route_label);
+      res.set_header("x-lilac-route", o.route_label);
       res.set_content(j.dump(), "application/json");
       return fr;
     }
@@ -464,7 +460,7 @@ ForwardResult UpstreamClient::forward(const std::string& path, const std::string
 
   fr.answered = true;
   res.status = 200;
-  res.set_header("x-lilac-route", opts_.route_label);
+  res.set_header("x-lilac-route", o.route_label);
   res.set_header("Cache-Control", "no-cache");
   res.set_header("X-Accel-Buffering", "no");
   res.set_chunked_content_provider(
@@ -522,6 +518,21 @@ ForwardResult UpstreamClient::forward(const std::string& path, const std::string
         pipe->join();
       });
   return fr;
+}
+
+}  // namespace
+
+UpstreamClient::UpstreamClient(UpstreamOptions opts) : opts_(std::move(opts)) {}
+UpstreamClient::~UpstreamClient() = default;
+
+ForwardResult UpstreamClient::forward(const std::string& path, const std::string& body, bool stream,
+                                      httplib::Response& res, const std::string& auth_override,
+                                      const std::vector<std::pair<std::string, std::string>>& extra_headers) {
+  httplib::Headers headers = request_headers(opts_, auth_override, stream);
+  for (const auto& [k, v] : extra_headers) headers.emplace(k, v);
+  const std::string full_path = opts_.url.base + path;
+  return stream ? forward_stream(*this, full_path, body, std::move(headers), res)
+                : forward_whole(*this, full_path, body, std::move(headers), res);
 }
 
 void UpstreamClient::cancel_all() {
