@@ -38,6 +38,17 @@ void BackgroundResponses::store(Task& t, const std::string& status, const nlohma
   store_.put(t.id, std::move(e));
 }
 
+namespace {
+
+// Whether an SSE event ("event: NAME\ndata: ...") ends a Responses stream.
+bool terminal_event(const std::string& ev) {
+  for (const char* name : {"response.completed", "response.incomplete", "response.failed", "response.cancelled"})
+    if (ev.starts_with(std::string("event: ") + name + "\n")) return true;
+  return false;
+}
+
+}  // namespace
+
 void BackgroundResponses::publish(Task& t, const std::string& text) {
   if (text.empty()) return;
   {
@@ -45,11 +56,37 @@ void BackgroundResponses::publish(Task& t, const std::string& text) {
     for (size_t at = 0; at < text.size();) {  // each SSE event ends with a blank line
       size_t end = text.find("\n\n", at);
       end = end == std::string::npos ? text.size() : end + 2;
-      t.events.push_back(text.substr(at, end - at));
+      std::string ev = text.substr(at, end - at);
       at = end;
+      if (t.ended) {  // a stream ends once: what would follow its terminal event is dropped
+        LILAC_LOG_ERROR("background response %s: an event after the stream's end dropped: %.80s", t.id.c_str(),
+                        ev.c_str());
+        continue;
+      }
+      t.ended = terminal_event(ev);
+      t.events.push_back(std::move(ev));
     }
   }
   changed_.notify_all();
+}
+
+bool BackgroundResponses::stream_ended(const Task& t) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return t.ended;
+}
+
+void BackgroundResponses::fail(Task& t, const std::string& what) {
+  LILAC_LOG_ERROR("background response %s: %s", t.id.c_str(), what.c_str());
+  t.gen->cancel();
+  const nlohmann::json error = responses_failure(500, what);
+  try {
+    const bool ended = t.stream && stream_ended(t);
+    std::optional<ResponseStore::Entry> e = store_.get(t.id);
+    if (!ended || !e || response_running(e->response)) store(t, "failed", error);
+    if (t.stream && !ended) publish(t, responses_failed_event(*t.fmt, error));  // the stream's one terminal event
+  } catch (const std::exception& x) {  // storing it failed too: finish() still ends the stored object
+    LILAC_LOG_ERROR("background response %s: %s", t.id.c_str(), x.what());
+  }
 }
 
 void BackgroundResponses::finish(Task& t) {
@@ -111,17 +148,7 @@ void BackgroundResponses::run(Task& t) {
       }
     }
   } catch (const std::exception& e) {
-    LILAC_LOG_ERROR("background response %s: %s", t.id.c_str(), e.what());
-    t.gen->cancel();
-    const nlohmann::json error = responses_failure(500, e.what());
-    store(t, "failed", error);
-    if (t.stream) {  // the stream ends with its terminal event too
-      try {
-        publish(t, responses_failed_event(*t.fmt, error));
-      } catch (const std::exception& x) {
-        LILAC_LOG_ERROR("background response %s: %s", t.id.c_str(), x.what());
-      }
-    }
+    fail(t, e.what());
   }
   finish(t);
 }

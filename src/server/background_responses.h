@@ -64,6 +64,7 @@ class BackgroundResponses {
     nlohmann::ordered_json items;
     bool stream = false;
     std::vector<std::string> events;  // stream: SSE events, index = sequence_number (guarded by mu_)
+    bool ended = false;               // stream: its terminal event is among them; no event follows it (mu_)
     std::atomic<bool> done{false};
     std::thread thread;
   };
@@ -71,8 +72,15 @@ class BackgroundResponses {
   void run_stream(Task& t);
   // Stores t's object in `status` ("in_progress", "cancelled", "failed") with its output so far.
   void store(Task& t, const std::string& status, const nlohmann::json& error = nullptr);
-  // Adds the SSE events in `text` (one or more) to t's stream.
+  // Adds the SSE events in `text` (one or more) to t's stream, up to its terminal event (response.completed,
+  // .incomplete, .failed, .cancelled): a stream has one, and nothing is added after it.
   void publish(Task& t, const std::string& text);
+  // Whether t's stream holds its terminal event.
+  bool stream_ended(const Task& t) const;
+  // What run() does when reading the generation threw: the generation is cancelled, the stored object becomes
+  // "failed" and the stream ends with response.failed, unless the stream had ended already (then the stored object
+  // stays as that end stored it, if it did).
+  void fail(Task& t, const std::string& what);
   void finish(Task& t);
   std::shared_ptr<Task> find_locked(const std::string& id) const;
   void reap_locked();

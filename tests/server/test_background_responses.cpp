@@ -1,14 +1,16 @@
 // Background Responses (POST /v1/responses with background: true) while they run and when they end: the input items
-// of a running one, a follow-up to one that has not ended, a final object too large for the response store; and a
-// conversation whose new metadata would not fit that store.
+// of a running one, a follow-up to one that has not ended, a final object too large for the response store, a streamed
+// one's single terminal event; and a conversation whose new metadata would not fit that store.
 // The scripted backend (server_test_util.h): "slow" -> " x" forever, 20 ms per token; "big" -> 400 " word"s at once;
-// "breaks" -> JSON that breaks its grammar after a few tokens.
+// "breaks" -> JSON that breaks its grammar after a few tokens; "astral" -> JSON broken by a character whose first
+// token is a lone byte (its error message is not UTF-8).
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <set>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -43,11 +45,25 @@ json script() {
   return {{"rules",
            {{{"match", "slow"}, {"reply", " x"}, {"repeat", true}, {"delay_ms", 20}},
             {{"match", "big"}, {"reply", big}},
-            {{"match", "breaks"}, {"reply", "{\"answer\": \"one two three four\" oops}"}, {"delay_ms", 10}}}},
+            {{"match", "breaks"}, {"reply", "{\"answer\": \"one two three four\" oops}"}, {"delay_ms", 10}},
+            // U+10FFFD after ", ": its first token, the lone byte 0xF4, breaks the grammar (expected: a key).
+            {{"match", "astral"}, {"reply", "{\"answer\": \"ok\", \xf4\x8f\xbf\xbd}"}, {"delay_ms", 10}}}},
           {"default", {{"reply", "ok"}}}};
 }
 
 const json kOff = {{"effort", "none"}};
+
+bool terminal(const json& ev) {
+  static const std::set<std::string> kTerminal = {"response.completed", "response.incomplete", "response.failed",
+                                                  "response.cancelled"};
+  return ev.contains("type") && kTerminal.count(ev["type"].get<std::string>()) != 0;
+}
+
+size_t terminals(const std::vector<json>& evs) {
+  size_t n = 0;
+  for (const json& e : evs) n += terminal(e) ? 1 : 0;
+  return n;
+}
 
 }  // namespace
 
@@ -142,6 +158,40 @@ TEST(BackgroundResponses, AStreamedOneThatFailsEndsWithResponseFailed) {
   EXPECT_EQ(fg.back()["type"], "response.failed") << r->body;
   EXPECT_EQ(fg.back()["response"]["status"], "failed");
   EXPECT_EQ(fg.back()["response"]["error"]["code"], "server_error");
+}
+
+// A streamed background response whose failure could not be stored after its response.failed was published (the
+// error message holds a lone byte 0xF4, which the store's strict JSON dump rejected) got a second terminal event: the
+// thread's catch published another response.failed. Exactly one terminal event ends the stream now, live and resumed,
+// and GET shows the response failed as the stream did. (A store that kept such a message would no longer throw here;
+// the test's property holds either way.)
+TEST(BackgroundResponses, AStreamHasOneTerminalEventWhenStoringItsEndThrows) {
+  lilac::test::LocalServer srv(lilac::test::LocalServer::options(), nullptr, script());
+  httplib::Client cli("127.0.0.1", srv.port);
+  cli.set_read_timeout(10, 0);
+  const json body = {{"input", "astral"}, {"background", true}, {"stream", true}, {"max_output_tokens", 200},
+                     {"reasoning", kOff}, {"text", {{"format", {{"type", "json_object"}}}}}};
+  auto r = cli.Post("/v1/responses", body.dump(), "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const std::vector<json> evs = lilac::test::sse_events(r->body);
+  ASSERT_GE(evs.size(), 4u) << r->body;
+  const std::string id = evs.front()["response"]["id"];
+  for (size_t i = 0; i < evs.size(); ++i) EXPECT_EQ(evs[i]["sequence_number"], i) << r->body;
+  EXPECT_EQ(terminals(evs), 1u) << r->body;
+  EXPECT_EQ(evs[evs.size() - 2]["type"], "error") << r->body;
+  EXPECT_EQ(evs.back()["type"], "response.failed") << r->body;
+  EXPECT_EQ(evs.back()["response"]["status"], "failed");
+  EXPECT_EQ(evs.back()["response"]["error"]["code"], "server_error");
+  EXPECT_EQ(r->body.substr(r->body.size() - 2), "\n\n");
+  const json got = get_json(srv.port, "/v1/responses/" + id);
+  EXPECT_EQ(got["status"], "failed") << got.dump();
+  auto again = cli.Get("/v1/responses/" + id + "?stream=true&starting_after=0");
+  ASSERT_TRUE(again);
+  const std::vector<json> resumed = lilac::test::sse_events(again->body);
+  ASSERT_EQ(resumed.size(), evs.size() - 1) << again->body;
+  EXPECT_EQ(terminals(resumed), 1u) << again->body;
+  EXPECT_EQ(resumed.back(), evs.back());
 }
 
 // New metadata that would take a conversation past the store's budget (--responses-mb) is a 400 naming metadata: it
