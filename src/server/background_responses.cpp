@@ -133,9 +133,10 @@ void BackgroundResponses::run(Task& t) {
           break;
         }
         if (ev.kind != OutputEvent::Done) continue;
-        if (ev.stats.finish == FinishReason::Cancelled)
-          store(t, "cancelled");
-        else if (!t.stream)
+        if (ev.stats.finish == FinishReason::Cancelled) {
+          store(t, "cancelled");  // first: a client that reads the stream's end finds it stored
+          if (t.stream) publish(t, responses_cancelled_event(*t.fmt));  // the object just stored, as its terminal event
+        } else if (!t.stream)
           (void)t.fmt->body();  // the formatter's on_done stores the completed (or incomplete) object
         break;
       }

@@ -7,7 +7,9 @@
 // Created with `stream: true`, it also keeps its stream's events (the Responses SSE events, event i with
 // sequence_number i) while it runs and for the kStreamsKept streamed responses that ended last: the request that
 // created it reads them as they come, and GET /v1/responses/{id}?stream=true&starting_after=N reads them again from
-// N + 1 (a client that lost its connection resumes); a client that goes away never stops the generation.
+// N + 1 (a client that lost its connection resumes); a client that goes away never stops the generation. The stream
+// ends with one terminal event: response.completed / .incomplete as a foreground stream's, response.failed, or
+// response.cancelled (carrying the "cancelled" object GET shows).
 #pragma once
 #include <atomic>
 #include <chrono>

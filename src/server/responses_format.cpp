@@ -69,6 +69,9 @@ class ResponsesFormatter final : public ResponseFormatter {
     return event("response.failed", json{{"response", response("failed", error)}});
   }
 
+  // The stream's terminal event for a cancellation: response.cancelled with the response so far, status "cancelled".
+  std::string cancelled_event() { return event("response.cancelled", json{{"response", response("cancelled")}}); }
+
   std::string finish_reason() const override {
     return stats_.finish == FinishReason::Length ? "incomplete" : "completed";
   }
@@ -257,6 +260,10 @@ json responses_object(const ResponseFormatter& fmt, const std::string& status, c
 
 std::string responses_failed_event(ResponseFormatter& fmt, const json& error) {
   return dynamic_cast<ResponsesFormatter&>(fmt).failed_event(error);
+}
+
+std::string responses_cancelled_event(ResponseFormatter& fmt) {
+  return dynamic_cast<ResponsesFormatter&>(fmt).cancelled_event();
 }
 
 json responses_failure(int status, const std::string& message) {

@@ -6,7 +6,9 @@
 // response.content_part.done; for a function call response.function_call_arguments.delta / .done;
 // then response.output_item.done; finally response.completed (or response.incomplete when
 // max_output_tokens ended it). An error mid-stream is an `error` event, then response.failed (the response so
-// far, status "failed", with its `error`): a failed stream ends with a terminal event as a finished one does.
+// far, status "failed", with its `error`): a failed stream ends with a terminal event as a finished one does. A
+// cancelled background stream ends with response.cancelled (responses_cancelled_event); a cancelled foreground one
+// has no reader left and no terminal event.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -48,6 +50,10 @@ nlohmann::json responses_object(const ResponseFormatter& fmt, const std::string&
 // The response.failed event (the stream's next sequence number) of a formatter made by make_responses_formatter:
 // the response so far, status "failed", with `error`.
 std::string responses_failed_event(ResponseFormatter& fmt, const nlohmann::json& error);
+// The response.cancelled event (the stream's next sequence number) of a formatter made by make_responses_formatter:
+// the response so far, status "cancelled", as responses_object gives it (a background stream's end when it is
+// cancelled: server/background_responses.h).
+std::string responses_cancelled_event(ResponseFormatter& fmt);
 // A failed response's `error` for a generation that failed with HTTP `status`: {code, message}.
 nlohmann::json responses_failure(int status, const std::string& message);
 

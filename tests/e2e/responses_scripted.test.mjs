@@ -328,7 +328,13 @@ test('background + stream: the events, read again after any sequence number; a l
   assert.equal(more[0].sequence_number, seen.at(-1).sequence_number + 1);
   assert.deepEqual(more.map((e) => e.sequence_number), more.map((_, i) => seen.at(-1).sequence_number + 1 + i));
   assert.ok(more.filter((e) => e.type === 'response.output_text.delta').every((e) => e.delta === ' tick'));
-  assert.equal((await client.responses.retrieve(id)).status, 'cancelled');
+  // it ends with one terminal event, response.cancelled, carrying the response as retrieve shows it
+  const ends = ['response.completed', 'response.incomplete', 'response.failed', 'response.cancelled'];
+  assert.deepEqual(more.filter((e) => ends.includes(e.type)).map((e) => e.type), ['response.cancelled']);
+  assert.equal(more.at(-1).type, 'response.cancelled');
+  const { output_text: _c, ...cancelled } = await client.responses.retrieve(id);
+  assert.equal(cancelled.status, 'cancelled');
+  assert.deepEqual(more.at(-1).response, cancelled);
   // not streamed, or a bad starting_after: 400
   const plain = await client.responses.create({ model: MODEL, input: 'reason about it', background: true });
   await until(plain.id, (r) => r.status === 'completed');

@@ -1,6 +1,7 @@
 // Background Responses (POST /v1/responses with background: true) while they run and when they end: the input items
 // of a running one, a follow-up to one that has not ended, a final object too large for the response store, a streamed
-// one's single terminal event; and a conversation whose new metadata would not fit that store.
+// one's single terminal event (response.cancelled when it is cancelled); and a conversation whose new metadata would
+// not fit that store.
 // The scripted backend (server_test_util.h): "slow" -> " x" forever, 20 ms per token; "big" -> 400 " word"s at once;
 // "breaks" -> JSON that breaks its grammar after a few tokens; "astral" -> JSON broken by a character whose first
 // token is a lone byte (its error message is not UTF-8).
@@ -190,6 +191,54 @@ TEST(BackgroundResponses, AStreamHasOneTerminalEventWhenStoringItsEndThrows) {
   ASSERT_TRUE(again);
   const std::vector<json> resumed = lilac::test::sse_events(again->body);
   ASSERT_EQ(resumed.size(), evs.size() - 1) << again->body;
+  EXPECT_EQ(terminals(resumed), 1u) << again->body;
+  EXPECT_EQ(resumed.back(), evs.back());
+}
+
+// A streamed background response cancelled while it streams (POST /v1/responses/{id}/cancel) ended its stream with no
+// terminal event: a client waiting for one never learned how it ended. It ends with response.cancelled now, carrying
+// the response as the cancel answered it and GET shows it (status "cancelled", what was generated), live and resumed.
+TEST(BackgroundResponses, ACancelledStreamEndsWithResponseCancelled) {
+  lilac::test::LocalServer srv(lilac::test::LocalServer::options(), nullptr, script());
+  const json body = {{"input", "slow please"}, {"background", true}, {"stream", true}, {"max_output_tokens", 2000},
+                     {"reasoning", kOff}};
+  httplib::Client cli("127.0.0.1", srv.port);
+  cli.set_read_timeout(10, 0);
+  std::string live, id;
+  json cancelled;
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/v1/responses";
+  req.body = body.dump();
+  req.set_header("Content-Type", "application/json");
+  req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+    live.append(data, n);
+    if (id.empty() && live.find("response.output_text.delta") != std::string::npos) {  // cancelled while it streams
+      const size_t at = live.find("\"id\":\"resp_") + 6;
+      id = live.substr(at, live.find('"', at) - at);
+      cancelled = post_json(srv.port, "/v1/responses/" + id + "/cancel", json::object());
+    }
+    return true;
+  };
+  auto r = cli.send(req);
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << live;
+  ASSERT_EQ(cancelled["status"], "cancelled") << cancelled.dump();
+  const std::vector<json> evs = lilac::test::sse_events(live);
+  ASSERT_GE(evs.size(), 4u) << live;
+  EXPECT_EQ(evs.front()["response"]["id"], id);
+  for (size_t i = 0; i < evs.size(); ++i) EXPECT_EQ(evs[i]["sequence_number"], i) << live;
+  EXPECT_EQ(terminals(evs), 1u) << live;
+  ASSERT_EQ(evs.back()["type"], "response.cancelled") << live;
+  EXPECT_EQ(evs.back()["response"]["status"], "cancelled");
+  EXPECT_EQ(evs.back()["response"], cancelled);
+  EXPECT_EQ(get_json(srv.port, "/v1/responses/" + id), cancelled);
+  EXPECT_EQ(live.substr(live.size() - 2), "\n\n");  // the last event whole
+  // Resumed after event 2: the same events, to the same end.
+  auto again = cli.Get("/v1/responses/" + id + "?stream=true&starting_after=2");
+  ASSERT_TRUE(again);
+  const std::vector<json> resumed = lilac::test::sse_events(again->body);
+  ASSERT_EQ(resumed.size(), evs.size() - 3) << again->body;
   EXPECT_EQ(terminals(resumed), 1u) << again->body;
   EXPECT_EQ(resumed.back(), evs.back());
 }
