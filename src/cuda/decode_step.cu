@@ -51,6 +51,15 @@ void gemv_into(const ModelConfig& c, const QMatrixDev& W, const float* x, Prolog
   gemv(a, s);
 }
 
+// LILAC_GDN_GATE=0 keeps the gated output norm in out_proj's prologue (the same bits either way).
+bool gdn_gate_in_step() {
+  static const bool on = [] {
+    const char* e = std::getenv("LILAC_GDN_GATE");
+    return !(e && std::string(e) == "0");
+  }();
+  return on;
+}
+
 }  // namespace
 
 int decode_n_split(int64_t max_len) {
@@ -193,9 +202,15 @@ void enqueue_decode_body(const DevModel& m, const SeqState& st, const DecodeScra
       const float* z = sc.proj + conv_dim;
       const float* b = z + c.gdn_value_dim();
       const float* a = b + c.linear_num_value_heads;
-      gdn_decode_step(sc.gdn, sc.proj, b, a, L.A_log, L.dt_bias, st.gdn(gi), sc.gdn_o, s);
+      // the gated output norm in the step's clusters where it can run there, else in out_proj's prologue
+      const GdnGate gate{z, L.gdn_norm, float(c.rms_norm_eps)};
+      const bool gated = gdn_gate_in_step() && gdn_decode_gate_supported(sc.gdn, st.gdn(gi));
+      gdn_decode_step(sc.gdn, sc.proj, b, a, L.A_log, L.dt_bias, st.gdn(gi), sc.gdn_o, s, gated ? &gate : nullptr);
       mark(prof, "gdn.step", s);
-      gemv_into(c, L.out_proj, sc.gdn_o, Prologue::GatedHeadNorm, L.gdn_norm, z, sc.h, true, s);
+      if (gated)
+        gemv_into(c, L.out_proj, sc.gdn_o, Prologue::None, nullptr, nullptr, sc.h, true, s);
+      else
+        gemv_into(c, L.out_proj, sc.gdn_o, Prologue::GatedHeadNorm, L.gdn_norm, z, sc.h, true, s);
       mark(prof, "gdn.out_proj", s);
       ++gi;
     }

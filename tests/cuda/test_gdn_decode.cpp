@@ -17,8 +17,10 @@
 
 #include "cpu/ops.h"
 #include "cuda/kernels/gdn/gdn.h"
+#include "cuda/kernels/gemv/gemv.h"
 #include "cuda/kernels/sampling/sampling.h"
 #include "decode_test_util.h"
+#include "support/fixtures.h"
 
 using namespace lilac;
 namespace lc = lilac::cuda;
@@ -140,6 +142,61 @@ TEST(CudaDecodeGdn, StepChainOnAStreamWithoutHostSync) {
     EXPECT_LE(rel_err(got, ref), 1e-5) << "step " << i;
   }
   EXPECT_LE(rel_err(dS.get(), S), 1e-5) << "state after " << kSteps << " steps";
+}
+
+// The gated output norm inside the step (GdnGate, sm_90 clusters of a head's column slices): the out_proj GEMV on its
+// output with no prologue gives the bits of the raw step + out_proj with the GatedHeadNorm prologue, and the states
+// are the same bits; the model's heads (a power-of-two number of 8-value units per head, 8 slices a cluster) and
+// tiny2's (48 values: 3 slices, the warp-per-head sum), two steps on the same states.
+TEST(CudaDecodeGdn, GateInTheStepGivesOutProjsBits) {
+  NEED_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  Rng r(seed);
+  for (const Shape c : {Shape{16, 32, 128, 128}, Shape{2, 4, 32, 48}}) {
+    SCOPED_TRACE("dv " + std::to_string(c.dv));
+    const lc::GdnShape gs{c.Hk, c.Hv, c.dk, c.dv};
+    const int64_t C = 2LL * c.Hk * c.dk + int64_t(c.Hv) * c.dv, V = int64_t(c.Hv) * c.dv;
+    const size_t n_state = size_t(c.Hv) * c.dk * c.dv;
+    const auto S = randv(r, n_state, 0.3f);
+    std::vector<float> A(size_t(c.Hv)), dt(size_t(c.Hv));
+    for (auto& v : A) v = r.uni(-1.f, 1.f);
+    for (auto& v : dt) v = r.uni(-1.f, 1.f);
+    Dev<float> SA(S), SB(S), dA(A), ddt(dt), nw(randv(r, size_t(c.dv)));
+    Dev<float> oA{size_t(V)}, oB{size_t(V)};
+    if (!lc::gdn_decode_gate_supported(gs, SB.p)) GTEST_SKIP() << "no cluster launch on this device (sm_90 needed)";
+    HostQ W(r, 256, V, 4);
+    DevQ dW(W);
+    const auto y0 = randv(r, 256);
+    for (int step = 0; step < 2; ++step) {
+      Dev<float> qkv(randv(r, size_t(C))), b(randv(r, size_t(c.Hv))), a(randv(r, size_t(c.Hv))), z(randv(r, size_t(V)));
+      Dev<float> yA(y0), yB(y0);
+      oA.poison();
+      oB.poison();
+      lc::gdn_decode_step(gs, qkv.p, b.p, a.p, dA.p, ddt.p, SA.p, oA.p, nullptr);
+      const lc::GdnGate gate{z.p, nw.p, 1e-6f};
+      lc::gdn_decode_step(gs, qkv.p, b.p, a.p, dA.p, ddt.p, SB.p, oB.p, nullptr, &gate);
+      lc::GemvArgs ga;
+      ga.W = dW.d;
+      ga.impl = lc::GemvImpl::Tensor;
+      ga.accumulate = true;
+      ga.eps = 1e-6f;
+      lc::GemvArgs gb = ga;
+      ga.x = oA.p;
+      ga.y = yA.p;
+      ga.pro = lc::Prologue::GatedHeadNorm;
+      ga.norm_w = nw.p;
+      ga.z = z.p;
+      ga.head_dim = c.dv;
+      gb.x = oB.p;
+      gb.y = yB.p;
+      lc::gemv(ga, nullptr);
+      lc::gemv(gb, nullptr);
+      CK(cudaDeviceSynchronize());
+      EXPECT_TRUE(testutil::same_bits(yA.get(), yB.get())) << "step " << step;
+      EXPECT_TRUE(testutil::same_bits(SA.get(), SB.get())) << "state, step " << step;
+    }
+  }
 }
 
 // ------------------------------------------------------------------------------------------------ basic case

@@ -13,8 +13,18 @@ namespace lilac::cuda {
 struct GdnShape {
   int Hk = 0, Hv = 0, dk = 0, dv = 0;
 };
+// With a gate, out is instead the gated output norm o_h·rsqrt(Σo_h²/dv + eps)·norm_w·silu(z_h) per value head h
+// (norm_w [dv], z [Hv*dv]): bit for bit what the out_proj GEMV's GatedHeadNorm prologue stages from the raw o
+// (gemv_tc), so out_proj can take it with no prologue. Needs gdn_decode_gate_supported (sm_90 clusters, dv % 8 == 0,
+// dv <= 128, a 16-byte-aligned state).
+struct GdnGate {
+  const float* z = nullptr;
+  const float* norm_w = nullptr;
+  float eps = 1e-6f;
+};
+bool gdn_decode_gate_supported(const GdnShape& s, const float* state);
 void gdn_decode_step(const GdnShape& s, const float* qkv, const float* b, const float* a, const float* A_log,
-                     const float* dt_bias, float* state, float* out, cudaStream_t stream);
+                     const float* dt_bias, float* state, float* out, cudaStream_t stream, const GdnGate* gate = nullptr);
 
 // ------------------------------------------------------------------------------------------------ prefill
 // Gated DeltaNet prefill, in two launches the caller makes in order.

@@ -1,6 +1,9 @@
 // Gated DeltaNet decode step, fused: L2 norms of q and k, the gates, the delta-rule recurrence on the
 // fp32 state (read once, written once, kept in registers), the output o = Sᵀq̂. The conv + SiLU ran in
-// the in_proj GEMV's epilogue; the gated output norm runs in the out_proj GEMV's prologue.
+// the in_proj GEMV's epilogue; the gated output norm runs in the out_proj GEMV's prologue, or (GATE, sm_90) here:
+// the blocks of a value head form a thread-block cluster, each gathers the head's o from the others' shared
+// memory, and each writes its own columns of o·rsqrt(Σo²/dv + eps)·w·silu(z) with gemv_tc's staging arithmetic
+// (tc::head_sums, unit_values' product order), so out_proj then stages its input with no prologue, same bits.
 //
 // Bandwidth-bound (the state, Hv·dk·dv fp32, is read and written once per token): grid (value head,
 // 16-column slice of the state), 128 threads = 4 column groups of 4 columns (one float4 per row) ×
@@ -20,6 +23,7 @@
 #include "cuda/kernels/gdn/gdn.h"
 #include "cuda/kernels/launch.cuh"
 #include "cuda/kernels/qdot.cuh"
+#include "cuda/kernels/tc_common.cuh"
 
 namespace lilac::cuda {
 namespace {
@@ -32,18 +36,39 @@ constexpr int kCols = 4 * kColGroups;                // state columns per block
 constexpr int kRowGroups = kThreads / kColGroups;    // 32; a warp holds 8 consecutive row groups
 constexpr int kRowsPerWarp = 32 / kColGroups;        // 8
 
-// R: rows per thread (dk <= 32 R). VEC: dv % 4 == 0 and the state 16-byte aligned.
-template <int R, bool VEC>
+constexpr int kMaxGateSlices = 8;
+
+// The GATE epilogue: thread i < kCols holds t, column col of head h's o (col < dv). Every thread of the block calls.
+__device__ __forceinline__ void gate_output(const GdnGate& gate, int dv, int h, int col, float t, float* out) {
+  __shared__ __align__(16) float o_s[kCols];
+  __shared__ __align__(16) float xs[kMaxGateSlices * kCols];
+  __shared__ float hss[1];
+  if (threadIdx.x < kCols) o_s[threadIdx.x] = t;
+  cluster_sync();  // every block's o_s written
+  for (int d4 = threadIdx.x; d4 < dv / 4; d4 += kThreads)
+    reinterpret_cast<float4*>(xs)[d4] =
+        ld_cluster_f4(cluster_map(smem_u32(&o_s[(4 * d4) % kCols]), uint32_t((4 * d4) / kCols)));
+  cluster_sync();  // the cluster's reads done (no block leaves while others read it); xs complete in the block
+  tc::head_sums(xs, hss, dv, dv, 0, dv / 8);  // out_proj staging's Σo² of the head (ends with a barrier)
+  if (threadIdx.x < kCols && col < dv) {
+    const float r = rsqrtf(hss[0] / float(dv) + gate.eps);
+    out[int64_t(h) * dv + col] = t * r * gate.norm_w[col] * silu_f(gate.z[int64_t(h) * dv + col]);
+  }
+}  // a value head's blocks in one cluster (the portable cluster size)
+
+// R: rows per thread (dk <= 32 R). VEC: dv % 4 == 0 and the state 16-byte aligned. GATE: grid (slice, head) in
+// clusters of a head's slices, the gated output norm applied (gdn_decode_gate_supported).
+template <int R, bool VEC, bool GATE>
 __global__ void __launch_bounds__(kThreads)
     gdn_step_kernel(GdnShape s, const float* qkv, const float* bp, const float* ap, const float* A_log,
-                    const float* dt_bias, float* state, float* out) {
+                    const float* dt_bias, float* state, float* out, GdnGate gate) {
   __shared__ float part_u[kWarps][kColGroups][6];  // Σ S k (4 columns), Σ k², Σ q² per warp
   __shared__ float part_o[kWarps][kCols];
-  const int h = blockIdx.x, dk = s.dk, dv = s.dv;
+  const int h = GATE ? blockIdx.y : blockIdx.x, slice = GATE ? blockIdx.x : blockIdx.y, dk = s.dk, dv = s.dv;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int cg = lane & (kColGroups - 1);
   const int rg = warp * kRowsPerWarp + lane / kColGroups;
-  const int c0 = blockIdx.y * kCols + cg * 4;
+  const int c0 = slice * kCols + cg * 4;
   float* S = state + int64_t(h) * dk * dv;
 
   // 1. the state (and the weights A_log, dt_bias) before the wait: all loads in flight at once
@@ -139,43 +164,63 @@ __global__ void __launch_bounds__(kThreads)
   }
   warp_partials<kColGroups>(o, &part_o[warp][0], lane);
   __syncthreads();
-  if (threadIdx.x < kCols) {
-    const int col = blockIdx.y * kCols + threadIdx.x;
-    if (col < dv) {
-      float t = 0.f;
+  const int col = slice * kCols + threadIdx.x;
+  float t = 0.f;
+  if (threadIdx.x < kCols && col < dv) {
 #pragma unroll
-      for (int w = 0; w < kWarps; ++w) t += part_o[w][threadIdx.x];
-      out[int64_t(h) * dv + col] = t;
-    }
+    for (int w = 0; w < kWarps; ++w) t += part_o[w][threadIdx.x];
+    if constexpr (!GATE) out[int64_t(h) * dv + col] = t;
   }
+  if constexpr (GATE) gate_output(gate, dv, h, col, t, out);
 }
 
 template <int R>
 void launch_step(bool vec, const GdnShape& s, const float* qkv, const float* b, const float* a, const float* A_log,
-                 const float* dt_bias, float* state, float* out, cudaStream_t stream) {
-  const dim3 grid(unsigned(s.Hv), unsigned((s.dv + kCols - 1) / kCols));
+                 const float* dt_bias, float* state, float* out, const GdnGate* gate, cudaStream_t stream) {
+  const unsigned slices = unsigned((s.dv + kCols - 1) / kCols);
+  if (gate) {  // vec holds (gdn_decode_gate_supported)
+    launch_pdl_cluster(gdn_step_kernel<R, true, true>, dim3(slices, unsigned(s.Hv)), dim3(kThreads), 0, stream, slices,
+                       s, qkv, b, a, A_log, dt_bias, state, out, *gate);
+    return;
+  }
+  const dim3 grid(unsigned(s.Hv), slices);
   if (vec)
-    launch_pdl(gdn_step_kernel<R, true>, grid, dim3(kThreads), 0, stream, s, qkv, b, a, A_log, dt_bias, state, out);
+    launch_pdl(gdn_step_kernel<R, true, false>, grid, dim3(kThreads), 0, stream, s, qkv, b, a, A_log, dt_bias, state,
+               out, GdnGate{});
   else
-    launch_pdl(gdn_step_kernel<R, false>, grid, dim3(kThreads), 0, stream, s, qkv, b, a, A_log, dt_bias, state, out);
+    launch_pdl(gdn_step_kernel<R, false, false>, grid, dim3(kThreads), 0, stream, s, qkv, b, a, A_log, dt_bias, state,
+               out, GdnGate{});
 }
 
 }  // namespace
 
+bool gdn_decode_gate_supported(const GdnShape& s, const float* state) {
+  static const bool sm90 = [] {
+    int dev = 0, major = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    return major >= 9;
+  }();
+  return sm90 && s.dv % 8 == 0 && s.dv <= kMaxGateSlices * kCols && reinterpret_cast<uintptr_t>(state) % 16 == 0;
+}
+
 void gdn_decode_step(const GdnShape& s, const float* qkv, const float* b, const float* a, const float* A_log,
-                     const float* dt_bias, float* state, float* out, cudaStream_t stream) {
+                     const float* dt_bias, float* state, float* out, cudaStream_t stream, const GdnGate* gate) {
   LILAC_CHECK(s.dk > 0 && s.dk <= kMaxDk && s.dv > 0 && s.Hk > 0 && s.Hv % s.Hk == 0,
               "gdn decode: unsupported shape (dk " + std::to_string(s.dk) + ")");
+  LILAC_CHECK(!gate || gdn_decode_gate_supported(s, state), "gdn decode: the gated output norm needs sm_90, dv % 8 == 0, dv <= 128");
   const bool vec = s.dv % 4 == 0 && reinterpret_cast<uintptr_t>(state) % 16 == 0;
   const int rows = (s.dk + kRowGroups - 1) / kRowGroups;  // rows per thread, 1..8
   if (rows <= 1)
-    launch_step<1>(vec, s, qkv, b, a, A_log, dt_bias, state, out, stream);
+    launch_step<1>(vec, s, qkv, b, a, A_log, dt_bias, state, out, gate, stream);
   else if (rows <= 2)
-    launch_step<2>(vec, s, qkv, b, a, A_log, dt_bias, state, out, stream);
+    launch_step<2>(vec, s, qkv, b, a, A_log, dt_bias, state, out, gate, stream);
   else if (rows <= 4)
-    launch_step<4>(vec, s, qkv, b, a, A_log, dt_bias, state, out, stream);
+    launch_step<4>(vec, s, qkv, b, a, A_log, dt_bias, state, out, gate, stream);
   else
-    launch_step<8>(vec, s, qkv, b, a, A_log, dt_bias, state, out, stream);
+    launch_step<8>(vec, s, qkv, b, a, A_log, dt_bias, state, out, gate, stream);
 }
 
 }  // namespace lilac::cuda
