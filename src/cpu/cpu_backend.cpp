@@ -126,8 +126,9 @@ class CpuSessionImpl : public CpuSession {
 
   TokenChoice sample() override {
     if (!has_logits_) throw Error("cpu session: sample() before any prefill");
-    TokenChoice c = sampler_.sample(logits_, has_mask_ ? mask_.data() : nullptr);
-    has_mask_ = false;  // the mask is for one choice
+    const bool masked = has_mask_;
+    has_mask_ = false;  // the mask is for one choice, also one that fails (engine/sampler.h: no allowed token)
+    TokenChoice c = sampler_.sample(logits_, masked ? mask_.data() : nullptr);
     next_token_ = c.token;
     return c;
   }

@@ -139,7 +139,8 @@ class Session {
   // ---- constrained decoding
   // Allowed tokens for the next choice only: `bits` holds ceil(vocab/32) words, bit (t % 32) of word
   // t / 32 set = token t allowed; nullptr = no constraint. The mask applies before penalties and
-  // temperature; logprobs stay those of the raw distribution. At least one token must be allowed.
+  // temperature; logprobs stay those of the raw distribution. A mask that allows no token fails that choice
+  // (engine/sampler.h: no_allowed_token_error; a backend may refuse the mask itself with it).
   virtual void set_token_mask(const uint32_t* bits) {
     if (bits) throw Error("this backend does not support token masks");
   }

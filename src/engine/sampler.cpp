@@ -164,22 +164,31 @@ void check_logit_bias(const SamplingParams& p, int64_t vocab) {
   }
 }
 
+InputError no_allowed_token_error() {
+  return InputError("sampler: the token constraint allows no token of the vocabulary");
+}
+
+Error no_finite_logit_error() {
+  return Error("sampler: no allowed token has a finite logit (every one is NaN or -inf: the model's weights or "
+               "activations are not finite)");
+}
+
 TokenChoice HostSampler::sample(std::span<const float> logits, const uint32_t* allowed) {
   if (int64_t(logits.size()) != vocab_) throw Error("sampler: logits row has the wrong size");
   TokenChoice choice;
   const SamplingParams& p = params_;
   const bool penalise = p.repetition_penalty != 1.f || p.presence_penalty != 0.f || p.frequency_penalty != 0.f;
   std::span<const float> z = logits;
-  bool none_allowed = false;
   if (allowed) {
     work_.assign(logits.begin(), logits.end());
-    none_allowed = true;
+    bool any = false;
     for (size_t i = 0; i < work_.size(); ++i) {
       if ((allowed[i >> 5] >> (i & 31)) & 1u)
-        none_allowed = false;
+        any = true;
       else
         work_[i] = -std::numeric_limits<float>::infinity();
     }
+    if (!any) throw no_allowed_token_error();
     z = work_;
   }
   if (penalise) {
@@ -192,20 +201,10 @@ TokenChoice HostSampler::sample(std::span<const float> logits, const uint32_t* a
     for (const auto& [t, b] : p.logit_bias) work_[size_t(t)] += b;
     z = work_;
   }
-  // The greedy choice; none when every logit is NaN (weights or activations that are not finite).
-  const int32_t top = argmax(none_allowed ? logits : z);
-  if (top < 0) throw Error("sampler: every logit is NaN (the model's weights or activations are not finite)");
-  if (none_allowed) {
-    choice.token = top;
-  } else if (allowed && !((allowed[size_t(top) >> 5] >> (top & 31)) & 1u)) {
-    // Every allowed logit is -inf (or NaN): the first allowed id, greedy or sampled (there is nothing to draw from:
-    // the draw below took the first candidate, which may not be allowed).
-    for (size_t i = 0; i < z.size(); ++i)
-      if ((allowed[i >> 5] >> (i & 31)) & 1u) {
-        choice.token = int32_t(i);
-        break;
-      }
-  } else if (p.temperature == 0.f) {
+  // The greedy choice; none when no allowed logit is above -inf (masked ids are -inf here, NaNs never win).
+  const int32_t top = argmax(z);
+  if (top < 0 || !(z[size_t(top)] > -std::numeric_limits<float>::infinity())) throw no_finite_logit_error();
+  if (p.temperature == 0.f) {
     choice.token = top;
   } else {
     // NaN logits are never drawn (as argmax skips them): -inf here, which also keeps the sort's order strict.

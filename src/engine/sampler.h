@@ -15,8 +15,12 @@
 //
 // An allowed-token mask (constrained decoding: Session::set_token_mask's format) applies before step 1:
 // a token outside it is never chosen (its logit counts as -inf through every step). Logprobs stay those
-// of the raw logits (as on the GPU). A mask that allows no token at all chooses the raw argmax (as the
-// CUDA sampling kernel does; callers never pass one).
+// of the raw logits (as on the GPU).
+//
+// A row with no choice is an error of its generation, on every backend and in every sampler (single row,
+// batched rows, a speculative verify's rows), never a made-up id: a mask that allows no id of the
+// vocabulary throws no_allowed_token_error(); a row whose allowed logits (after the penalties and the bias)
+// are all NaN or -inf throws no_finite_logit_error() (a model whose weights or activations are not finite).
 #pragma once
 #include <cstdint>
 #include <random>
@@ -24,6 +28,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/error.h"
 #include "engine/backend.h"
 
 namespace lilac {
@@ -51,6 +56,12 @@ struct Candidate {
   float prob;
 };
 std::vector<Candidate> truncated_distribution(std::span<const float> logits, const SamplingParams& p);
+
+// The two rows that have no choice (the header comment): the errors every backend's sampler throws for them.
+// The constraint (token mask) allows no token of the vocabulary: an InputError (as Session::set_token_mask's).
+InputError no_allowed_token_error();
+// No allowed token has a logit above -inf (every one is NaN or -inf).
+Error no_finite_logit_error();
 
 // Throws lilac::InputError unless every logit_bias entry names a token in [0, vocab) with a bias in [-100, 100]
 // (every backend's sampler checks it so).

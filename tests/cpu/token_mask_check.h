@@ -1,11 +1,13 @@
 // The check of Session::set_token_mask on the tiny fixture, for every CPU backend (tests/cpu and
 // tests/cpufast include it): the next choice only among allowed tokens, for that choice only; greedy
-// under a mask is the best allowed logit.
+// under a mask is the best allowed logit; a mask that allows no token fails its choice only.
 #pragma once
 #include <gtest/gtest.h>
 
+#include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "engine/backend.h"
 #include "engine/sampler.h"
 
@@ -53,6 +55,20 @@ inline void expect_mask_restricts_next_choice_only(Backend& backend) {
     const int32_t t = s->decode_step().token;
     EXPECT_TRUE(t == 5 || t == 33) << t;
   }
+  // A mask that allows no token of the vocabulary (bits past it allow nothing): that choice is an InputError naming
+  // the constraint, where a backend may refuse the mask itself (engine/sampler.h); the mask is gone with it, and the
+  // next choice is free. The CPU sampler took the raw argmax before.
+  std::vector<uint32_t> none(size_t((V + 31) / 32), 0);
+  if (V % 32) none.back() = ~((1u << (V % 32)) - 1u);
+  try {
+    s->set_token_mask(none.data());
+    s->sample();
+    ADD_FAILURE() << "a mask that allows no token made a choice";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("allows no token"), std::string::npos) << e.what();
+  }
+  const TokenChoice unmasked = s->sample();
+  EXPECT_TRUE(unmasked.token >= 0 && unmasked.token < V) << unmasked.token;
 }
 
 }  // namespace lilac::test

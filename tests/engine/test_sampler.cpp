@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "core/error.h"
@@ -286,17 +287,41 @@ TEST(Sampler, ATinyTemperatureIsGreedy) {
   EXPECT_EQ(effective_sampling(SamplingParams{.temperature = 1e-29f}).temperature, 1e-29f);
 }
 
-// A mask whose allowed tokens all have logit -inf: the first allowed id when sampling too (the draw took the first
-// candidate of an all -inf distribution, token 0, which the mask does not allow).
-TEST(Sampler, AMaskOfMinusInfinityLogitsGivesTheFirstAllowedIdWhenSampling) {
+// A row whose allowed logits are all -inf or NaN is an error of its generation, greedy or sampled, never a made-up id
+// (sampler.h): before, a mask of such logits gave its first allowed id and a row of -inf logits without a mask gave id
+// 0, where the CUDA sampler gave other ids or refused. A bias does not revive a -inf logit. The error names the logits
+// (an Error), not the constraint.
+TEST(Sampler, NoFiniteAllowedLogitIsAnError) {
   const float ninf = -std::numeric_limits<float>::infinity();
-  const std::vector<float> x = {0.f, ninf, ninf, ninf};
-  const uint32_t mask = 0b1100u;  // tokens 2 and 3
-  for (float t : {0.f, 1.f}) {
-    HostSampler s(4);
-    SamplingParams p;
-    p.temperature = t;
-    s.begin(p, {});
-    EXPECT_EQ(s.sample(x, &mask).token, 2) << t;
-  }
+  struct Case {
+    std::vector<float> x;
+    uint32_t mask;  // 0: no mask
+    const char* what;
+  };
+  const std::vector<Case> cases = {
+      {{0.f, ninf, ninf, ninf}, 0b1100u, "allowed logits -inf, one other finite"},
+      {{0.f, NAN, ninf, NAN}, 0b1110u, "allowed logits NaN and -inf"},
+      {{ninf, ninf, ninf, ninf}, 0u, "every logit -inf, no mask"},
+      {{NAN, ninf, NAN, ninf}, 0u, "every logit NaN or -inf, no mask"},
+      {{NAN, NAN, NAN, NAN}, 0b1111u, "every logit NaN, every id allowed"},
+  };
+  for (const Case& c : cases)
+    for (float t : {0.f, 1.f}) {
+      SCOPED_TRACE(std::string(c.what) + ", temperature " + std::to_string(t));
+      HostSampler s(4);
+      SamplingParams p;
+      p.temperature = t;
+      p.seed = 9;
+      p.repetition_penalty = 1.2f;
+      p.logit_bias = {{2, 100.f}};
+      s.begin(p, std::vector<int32_t>{1, 2});
+      try {
+        s.sample(c.x, c.mask ? &c.mask : nullptr);
+        ADD_FAILURE() << "no error";
+      } catch (const InputError& e) {
+        ADD_FAILURE() << "an InputError: " << e.what();
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("finite logit"), std::string::npos) << e.what();
+      }
+    }
 }

@@ -3,8 +3,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
+#include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "engine/sampler.h"
 
 using namespace lilac;
@@ -101,12 +104,26 @@ TEST(SamplerMask, LogprobsAreTheRawDistributions) {
   EXPECT_NEAR(c.top[0].logprob, 2.0 - lse, 1e-5);
 }
 
-TEST(SamplerMask, NoAllowedTokenTakesTheRawArgmax) {
-  std::vector<float> x = {1.f, 5.f, 2.f};
-  const auto m = mask_of(3, {});
-  HostSampler s(3);
-  SamplingParams p;
-  p.temperature = 0.7f;
-  s.begin(p, {});
-  EXPECT_EQ(s.sample(x, m.data()).token, 1);
+// A mask that allows no id of the vocabulary is an error of the generation (an InputError naming the constraint, as
+// the CUDA backend's set_token_mask throws), whatever the logits, greedy or sampled: it took the raw argmax (a token
+// the mask forbids), or id 0 when every logit was -inf. Bits past the vocabulary allow nothing.
+TEST(SamplerMask, NoAllowedTokenIsAnError) {
+  const float ninf = -std::numeric_limits<float>::infinity();
+  const std::vector<std::vector<float>> rows = {{1.f, 5.f, 2.f}, {ninf, ninf, ninf}, {NAN, 0.f, NAN}};
+  for (float t : {0.f, 0.7f})
+    for (const auto& x : rows)
+      for (uint32_t bits : {0u, 0b1000u, 0xfffffff8u}) {
+        SCOPED_TRACE("temperature " + std::to_string(t) + ", mask " + std::to_string(bits) + ", logit 0 " +
+                     std::to_string(x[0]));
+        HostSampler s(3);
+        SamplingParams p;
+        p.temperature = t;
+        s.begin(p, {});
+        try {
+          s.sample(x, &bits);
+          ADD_FAILURE() << "no error";
+        } catch (const InputError& e) {
+          EXPECT_NE(std::string(e.what()).find("allows no token"), std::string::npos) << e.what();
+        }
+      }
 }
