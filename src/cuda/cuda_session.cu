@@ -10,6 +10,7 @@
 #include "cuda/batch_step.h"
 #include "cuda/cuda_common.h"
 #include "cuda/kernels/rows/rows_mm.h"
+#include "engine/sampler.h"
 #include "engine/validate.h"
 
 namespace lilac::cuda {
@@ -137,9 +138,11 @@ TokenChoice CudaSession::fetch_result() {
 }
 
 TokenChoice CudaSession::to_choice(const SampleResult& r) const {
-  // -1: every logit was NaN (sample_rows.cu), where the CPU sampler throws the same error
+  // A row with no choice (sampling.h): the error the CPU sampler throws for it
+  if (r.token == kNoAllowedToken) throw no_allowed_token_error();
+  if (r.token == kNoFiniteLogit) throw no_finite_logit_error();
   if (r.token < 0 || r.token >= m_.cfg.vocab_size)
-    throw Error("sampler: every logit is NaN (the model's weights or activations are not finite)");
+    throw Error("cuda sampler: token id " + std::to_string(r.token) + " is outside the vocabulary");
   TokenChoice t;
   t.token = r.token;
   t.logprob = r.logprob;
@@ -383,7 +386,7 @@ void CudaSession::set_token_mask(const uint32_t* bits) {
     if (w == words - 1 && V % 32) b &= (1u << (V % 32)) - 1;
     any = b != 0;
   }
-  if (!any) throw InputError("token mask allows no token of the vocabulary");
+  if (!any) throw no_allowed_token_error();
   LILAC_CUDA_CHECK(cudaEventSynchronize(mask_copied_));  // the previous upload has left host_mask_ (normally long ago)
   std::copy(bits, bits + words, host_mask_);
   LILAC_CUDA_CHECK(cudaMemcpyAsync(seq_.allowed, host_mask_, size_t(words) * 4, cudaMemcpyHostToDevice, stream_));

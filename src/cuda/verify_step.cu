@@ -30,20 +30,23 @@ __global__ void verify_prep_kernel(const int32_t* pending, const int32_t* pos, i
 // The acceptance of n drafts (toks[1..n]) against the choices of rows 0..n; the sampler's effects on the
 // sequence (penalty counts, step) for rows 0..m only: undone for the rows after the first rejection when
 // the rows were sampled one by one, done for the kept rows when they were sampled in one pass; the
-// sequence's pending token and position move on.
+// sequence's pending token and position move on. A row with no choice (results[i].token < 0: its chosen id is a
+// stand-in 0, never counted) rejects its draft: it is the last row kept, and the host throws for it.
 __global__ void verify_accept_kernel(int n, bool one_pass, const int32_t* toks, const int32_t* chosen,
-                                     int32_t* counts, SampleParamsDev* params, int32_t* token, int32_t* pos,
-                                     int32_t* keep, int32_t* accepted) {
+                                     const SampleResult* results, int32_t* counts, SampleParamsDev* params,
+                                     int32_t* token, int32_t* pos, int32_t* keep, int32_t* accepted) {
   pdl_wait();
   pdl_trigger();
   if (threadIdx.x != 0) return;
   int m = 0;
-  while (m < n && chosen[m] == toks[m + 1]) ++m;
+  while (m < n && results[m].token >= 0 && chosen[m] == toks[m + 1]) ++m;
   if (one_pass) {
-    for (int i = 0; i <= m; ++i) counts[chosen[i]] += 1;
+    for (int i = 0; i <= m; ++i)
+      if (results[i].token >= 0) counts[chosen[i]] += 1;
     params->step += static_cast<unsigned long long>(m + 1);
   } else {
-    for (int i = m + 1; i <= n; ++i) counts[chosen[i]] -= 1;
+    for (int i = m + 1; i <= n; ++i)
+      if (results[i].token >= 0) counts[chosen[i]] -= 1;
     params->step -= static_cast<unsigned long long>(n - m);
   }
   *token = chosen[m];
@@ -199,7 +202,8 @@ void VerifyStep::Impl::enqueue(int n, bool one_pass, cudaStream_t s) {
                    chosen + i, out->results + i, s);
   }
   launch_pdl(verify_accept_kernel, dim3(1), dim3(32), 0, s, n, one_pass, static_cast<const int32_t*>(toks),
-             static_cast<const int32_t*>(chosen), st.counts, st.params, st.token, st.pos, keep, &out->accepted);
+             static_cast<const int32_t*>(chosen), static_cast<const SampleResult*>(out->results), st.counts,
+             st.params, st.token, st.pos, keep, &out->accepted);
   LILAC_CUDA_LAUNCH_CHECK();
   const int blocks = int(std::min<int64_t>(64, (V + 255) / 256));
   launch_pdl(verify_logits_kernel, dim3(blocks), dim3(256), 0, s, static_cast<const float*>(sc.logits), V,

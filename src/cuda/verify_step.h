@@ -6,8 +6,8 @@
 //   very kernel decode_step() runs: penalties count the rows before it, params.step gives row i the random
 //   draw decode_step() would make) — or, for a sequence without penalties (`one_pass`), the same sampler
 //   over all rows at once (rows::sample_rows, one_sequence: row i at params.step + i) → accept: m = the
-//   first i < n whose choice differs from draft i (else n); the penalty counts and the step cover rows
-//   0..m only; the pending token = choice m; *pos += m + 1
+//   first i < n whose choice differs from draft i or that has no choice (else n); the penalty counts and the
+//   step cover rows 0..m only; the pending token = choice m; *pos += m + 1
 //   → the logits of row m become the sequence's current logits. Then, on a stream of its own and so off the
 //   path to the host's results (and to the MTP head's next drafts, which do not read the GDN state),
 //   gdn_commit_rows(keep = m + 1) advances every GDN layer's state over the kept rows; join() orders the

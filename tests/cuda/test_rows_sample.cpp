@@ -2,7 +2,8 @@
 // parameters, penalty counts and prompt mask, chooses what sample_token chooses for it alone, bit for bit
 // (token, logprob, top logprobs, counts, step) over several steps — greedy and seeded sampling with filters
 // and penalties, at the model's vocabulary and an odd one; padding rows touch nothing; the allowed-token
-// bitmask restricts greedy and sampled choices without changing the raw logprobs.
+// bitmask restricts greedy and sampled choices without changing the raw logprobs; a row with no choice (no allowed
+// logit above -inf, no allowed token) says which, alone, in a batch and as one sequence's row.
 #include <algorithm>
 #include <gtest/gtest.h>
 #include <cuda_runtime.h>
@@ -64,7 +65,8 @@ lc::SampleResult today(const float* dlogits, int64_t vocab, lc::SampleParamsDev&
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   p = dp.get()[0];
   counts = dc.get();
-  EXPECT_EQ(tok.get()[0], res.get()[0].token);
+  const int32_t t = res.get()[0].token;
+  EXPECT_EQ(tok.get()[0], t >= 0 ? t : 0) << "the next token (a row with no choice: 0)";
   return res.get()[0];
 }
 
@@ -184,7 +186,7 @@ TEST(RowsSample, AllowedMaskRestrictsTheChoice) {
     if (r.word() % 3u == 0) allow(1, t), ok1[size_t(t)] = 1;
     allow(3, t);  // would allow everything anyway
   }
-  // slot 2 allows nothing: the raw argmax
+  // slot 2 allows nothing: no choice (kNoAllowedToken; it took the raw argmax)
   Dev<lc::SampleParamsDev> dprm(prm);
   Dev<int32_t> dcounts(std::vector<int32_t>(size_t(M * vocab), 0)), don(on), tokens(M);
   Dev<uint8_t> dmask(std::vector<uint8_t>(size_t(M * vocab), 0));
@@ -214,11 +216,9 @@ TEST(RowsSample, AllowedMaskRestrictsTheChoice) {
     EXPECT_EQ(got[0].top_ids[0], bad) << "top logprobs come from the raw distribution";
     // row 1: sampled, always allowed
     EXPECT_TRUE(got[1].token >= 0 && got[1].token < vocab && ok1[size_t(got[1].token)]) << "step " << step;
-    // row 2: nothing allowed → raw argmax
-    int64_t am = 0;
-    for (int64_t t = 1; t < vocab; ++t)
-      if (row[2][size_t(t)] > row[2][size_t(am)]) am = t;
-    EXPECT_EQ(got[2].token, am);
+    // row 2: nothing allowed → no choice, the slot's next token in range
+    EXPECT_EQ(got[2].token, lc::kNoAllowedToken);
+    EXPECT_EQ(tokens.get()[2], 0);
     // row 3: mask off → exactly sample_token
     const auto want = today(dl.p + 3 * vocab, vocab, p3, c3, std::vector<uint8_t>(size_t(vocab), 0));
     expect_same_result(got[3], want, "unmasked row, step " + std::to_string(step));
@@ -245,47 +245,81 @@ MaskedRun run_masked(int64_t vocab, const std::vector<lc::SampleParamsDev>& prm,
   return {res.get(), tokens.get(), dcounts.get()};
 }
 
-// Allowed tokens whose logits are all -inf: the first allowed id, greedy and sampled, as the CPU sampler chooses
-// (sampling drew from a distribution of nothing but -inf).
-TEST(RowsSample, AllowedTokensAtMinusInfinityGiveTheFirstAllowedId) {
+// A row with no choice (engine/sampler.h's rule, the CPU sampler's errors): allowed logits all -inf or NaN, or every
+// logit NaN or -inf without a mask, give kNoFiniteLogit; a mask that allows no token of the vocabulary gives
+// kNoAllowedToken — greedy and sampled, in a batch beside a row that chooses, and alone (sample_token_masked, the
+// single-row sampler). Such a row counts nothing and leaves its slot's token in range; its step moves on. Before:
+// allowed -inf or NaN logits gave the first allowed id, every id allowed with every logit NaN gave id 0, no mask with
+// every logit -inf gave id 0, a mask allowing nothing gave the raw argmax (or -1 when every logit was -inf).
+TEST(RowsSample, RowsWithNoChoiceSayWhy) {
   NEED_GPU();
   const int64_t vocab = 5003, W = lr::allowed_words(vocab);
-  const int M = 2;
+  struct Row {
+    const char* what;
+    float temperature;
+    int mask;      // 0: none (mask off), 1: tokens 2 and 3, 2: tokens 1283 and 1285, 3: every id, 4: none allowed,
+                   // 5: only bits past the vocabulary, 6: token 5
+    float fill;    // every logit but those set below
+    int32_t want;  // the result's token
+  };
+  const std::vector<Row> rows = {
+      {"allowed at -inf, greedy", 0.f, 1, -INFINITY, lc::kNoFiniteLogit},
+      {"allowed at -inf, sampled", 1.f, 1, -INFINITY, lc::kNoFiniteLogit},
+      {"allowed NaN, greedy", 0.f, 2, NAN, lc::kNoFiniteLogit},
+      {"allowed NaN, sampled", 1.f, 2, NAN, lc::kNoFiniteLogit},
+      {"every logit NaN, no mask", 0.f, 0, NAN, lc::kNoFiniteLogit},
+      {"every logit NaN, every id allowed", 0.f, 3, NAN, lc::kNoFiniteLogit},
+      {"every logit -inf, no mask, sampled", 0.7f, 0, -INFINITY, lc::kNoFiniteLogit},
+      {"nothing allowed, every logit -inf, sampled", 1.f, 4, -INFINITY, lc::kNoAllowedToken},
+      {"nothing allowed, finite logits, greedy", 0.f, 5, 0.5f, lc::kNoAllowedToken},
+      {"token 5 allowed, finite logits", 0.f, 6, 0.5f, 5},
+  };
+  const int M = int(rows.size());
   std::vector<uint32_t> allowed(size_t(M * W), 0u);
-  for (int m = 0; m < M; ++m) allowed[size_t(m * W)] = 0b1100u;  // tokens 2 and 3
-  std::vector<float> logits(size_t(M * vocab), -INFINITY);
-  for (int m = 0; m < M; ++m) logits[size_t(m * vocab)] = 0.f;  // token 0: finite, not allowed
-  const MaskedRun got = run_masked(vocab,
-                                   {params(0.f, 0, 1.f, 0.f, 0.f, 0.f, 1.f, 0, 1, 0),
-                                    params(1.f, 0, 1.f, 0.f, 0.f, 0.f, 1.f, 0, 5, 0)},
-                                   logits, allowed, {1, 1});
-  EXPECT_EQ(got.results[0].token, 2) << "greedy";
-  EXPECT_EQ(got.results[1].token, 2) << "sampled";
-}
-
-// Allowed logits all NaN: the first allowed id (the CPU sampler's rule; before, the raw argmax — a token the mask
-// forbids). Every logit NaN without a mask: no token (-1, which the session refuses as the CPU sampler throws), the
-// counts untouched and the device-side token in range (before: counts[vocab + 0x7fffffff] was incremented, an
-// illegal address).
-TEST(RowsSample, NanLogitsGiveTheFirstAllowedIdOrNoToken) {
-  NEED_GPU();
-  const int64_t vocab = 5003, W = lr::allowed_words(vocab);
-  const int M = 3;
-  std::vector<uint32_t> allowed(size_t(M * W), 0u);
-  for (int m = 0; m < 2; ++m) allowed[size_t(m * W + 40)] = 0b101000u;  // tokens 1283 and 1285
-  std::vector<float> logits(size_t(M * vocab), NAN);
-  for (int m = 0; m < 2; ++m) logits[size_t(m * vocab + 7)] = 3.f;  // finite, not allowed
-  const MaskedRun got = run_masked(vocab,
-                                   {params(0.f, 0, 1.f, 0.f, 0.f, 0.f, 1.f, 0, 1, 0),
-                                    params(1.f, 0, 1.f, 0.f, 0.f, 0.f, 1.f, 0, 5, 0),
-                                    params(0.f, 0, 1.f, 0.f, 0.f, 0.f, 1.f, 0, 7, 0)},
-                                   logits, allowed, {1, 1, 0});
-  EXPECT_EQ(got.results[0].token, 1283) << "greedy";
-  EXPECT_EQ(got.results[1].token, 1283) << "sampled";
-  EXPECT_EQ(got.results[2].token, -1) << "every logit NaN, no mask";
-  for (int m = 0; m < M; ++m)
-    EXPECT_TRUE(got.tokens[size_t(m)] >= 0 && got.tokens[size_t(m)] < vocab) << "row " << m;
-  EXPECT_EQ(std::count(got.counts.begin() + 2 * vocab, got.counts.end(), 0), vocab) << "no token counted for the NaN row";
+  std::vector<int32_t> on(size_t(M), 1);
+  std::vector<float> logits(size_t(M * vocab));
+  std::vector<lc::SampleParamsDev> prm;
+  for (int m = 0; m < M; ++m) {
+    const Row& r = rows[size_t(m)];
+    uint32_t* a = allowed.data() + m * W;
+    switch (r.mask) {
+      case 0: on[size_t(m)] = 0; break;
+      case 1: a[0] = 0b1100u; break;
+      case 2: a[40] = 0b101000u; break;
+      case 3: std::fill(a, a + W, ~0u); break;
+      case 4: break;
+      case 5: a[W - 1] = ~((1u << (vocab % 32)) - 1u); break;
+      default: a[0] = 1u << 5; break;
+    }
+    std::fill(logits.begin() + m * vocab, logits.begin() + (m + 1) * vocab, r.fill);
+    if (r.mask == 1 || r.mask == 2) logits[size_t(m * vocab + 7)] = 3.f;  // finite, not allowed
+    prm.push_back(params(r.temperature, 0, 1.f, 0.f, 0.f, 0.f, 1.f, 0, 5 + uint64_t(m), 2));
+  }
+  const MaskedRun got = run_masked(vocab, prm, logits, allowed, on);
+  Dev<float> dl(logits);
+  for (int m = 0; m < M; ++m) {
+    const Row& r = rows[size_t(m)];
+    SCOPED_TRACE(r.what);
+    EXPECT_EQ(got.results[size_t(m)].token, r.want);
+    const bool none = r.want < 0;
+    EXPECT_EQ(got.tokens[size_t(m)], none ? 0 : r.want) << "the slot's next token";
+    EXPECT_EQ(std::count(got.counts.begin() + m * vocab, got.counts.begin() + (m + 1) * vocab, 0),
+              none ? vocab : vocab - 1)
+        << "counted tokens";
+    // alone: the single-row sampler
+    Dev<lc::SampleParamsDev> dp(std::vector<lc::SampleParamsDev>{prm[size_t(m)]});
+    Dev<int32_t> dc(std::vector<int32_t>(size_t(vocab), 0)), tok(std::vector<int32_t>{-5});
+    Dev<uint8_t> dm(std::vector<uint8_t>(size_t(vocab), 0));
+    Dev<uint32_t> da(std::vector<uint32_t>(allowed.begin() + m * W, allowed.begin() + (m + 1) * W));
+    Dev<char> scratch(lr::sample_rows_scratch_bytes(vocab, 1));
+    Dev<lc::SampleResult> res(1);
+    lr::sample_token_masked(dl.p + m * vocab, vocab, dp.p, dc.p, dm.p, r.mask == 0 ? nullptr : da.p, scratch.p, tok.p,
+                            res.p, nullptr);
+    CK(cudaDeviceSynchronize());
+    EXPECT_EQ(res.get()[0].token, r.want) << "alone";
+    EXPECT_EQ(tok.get()[0], none ? 0 : r.want) << "alone: the next token";
+    EXPECT_EQ(dp.get()[0].step, prm[size_t(m)].step + 1) << "alone: the step";
+  }
 }
 
 TEST(RowsSample, SingleRowWithoutMaskIsSampleToken) {
@@ -367,5 +401,58 @@ TEST(RowsSample, OneSequenceRowsAreTheChoicesInTurn) {
       }
       EXPECT_EQ(p.step, p0.step + M);
     }
+  }
+}
+
+// One sequence's rows (a speculative verify without penalties) with rows that have no choice (every logit NaN, every
+// logit -inf): those rows give kNoFiniteLogit and the stand-in token 0 (the verify's acceptance stops at such a row:
+// verify_step.cu), and each row is what sample_token gives it in turn, the rows after them included.
+TEST(RowsSample, OneSequenceRowsWithNoChoice) {
+  NEED_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  Rng r(seed);
+  const int64_t vocab = 1001;
+  const int M = 4;
+  for (float temp : {0.f, 1.1f}) {
+    SCOPED_TRACE("temperature " + std::to_string(temp));
+    const lc::SampleParamsDev p0 = params(temp, 0, 1.f, 0.f, 0.f, 0.f, 1.f, 2, 23, 1);
+    const std::vector<int32_t> counts(static_cast<size_t>(vocab), 0);
+    const std::vector<uint8_t> mask(static_cast<size_t>(vocab), 0);
+    auto logits = randv(r, size_t(M * vocab), 2.f);
+    std::fill(logits.begin() + vocab, logits.begin() + 2 * vocab, NAN);
+    std::fill(logits.begin() + 2 * vocab, logits.begin() + 3 * vocab, -INFINITY);
+    Dev<float> dl(logits);
+    Dev<lc::SampleParamsDev> dp(std::vector<lc::SampleParamsDev>{p0});
+    Dev<int32_t> dc(counts), tok(std::vector<int32_t>(M, -5));
+    Dev<uint8_t> dm(mask);
+    Dev<char> scratch(lr::sample_rows_scratch_bytes(vocab, M));
+    Dev<lc::SampleResult> res(M);
+    lr::SampleRowsArgs a;
+    a.logits = dl.p;
+    a.vocab = vocab;
+    a.M = M;
+    a.one_sequence = true;
+    a.params = dp.p;
+    a.counts = dc.p;
+    a.prompt_mask = dm.p;
+    a.token_by_row = tok.p;
+    a.results = res.p;
+    a.scratch = scratch.p;
+    lr::sample_rows(a, nullptr);
+    CK(cudaDeviceSynchronize());
+    const auto got = res.get();
+    const auto got_tok = tok.get();
+    EXPECT_EQ(got[1].token, lc::kNoFiniteLogit);
+    EXPECT_EQ(got[2].token, lc::kNoFiniteLogit);
+    lc::SampleParamsDev p = p0;
+    std::vector<int32_t> c = counts;
+    for (int m = 0; m < M; ++m) {
+      const auto want = today(dl.p + m * vocab, vocab, p, c, mask);
+      EXPECT_EQ(got[size_t(m)].token, want.token) << "row " << m;
+      if (want.token >= 0) expect_same_result(got[size_t(m)], want, "row " + std::to_string(m));
+      EXPECT_EQ(got_tok[size_t(m)], want.token >= 0 ? want.token : 0) << "row " << m;
+    }
+    EXPECT_EQ(dc.get(), counts) << "one_sequence wrote the counts";
   }
 }

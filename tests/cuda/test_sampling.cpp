@@ -1,12 +1,13 @@
 // The sampling family (src/cuda/kernels/sampling/sampling.h): exact greedy argmax with ties to the
 // lower id and log-probabilities against a host computation, the filters (top-k, top-p, min-p,
-// penalties) and seeding, and the sampled distribution. Fresh seed per run.
+// penalties) and seeding, and the sampled distribution; a row with no finite logit. Fresh seed per run.
 #include <gtest/gtest.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cuda/kernels/sampling/sampling.h"
@@ -237,6 +238,42 @@ TEST(CudaDecode, LogitBiasAfterPenaltiesBeforeTemperature) {
     (t == 107 ? n107 : n207)++;
   }
   EXPECT_NEAR(n107 / 400.0, 0.5, 0.1);
+}
+
+// A row with no choice (engine/sampler.h's rule): every logit NaN, every logit -inf, or a mix, greedy and sampled, with
+// a bias that does not revive a -inf logit: kNoFiniteLogit (the session throws the CPU sampler's error), the slot's
+// next token 0 (in range for the next step), nothing counted, the step moved on. Every logit -inf gave id 0 before.
+TEST(CudaDecode, NoFiniteLogitIsNoChoice) {
+  NEED_GPU();
+  const int64_t V = 5003;
+  SampleRig rig(V);
+  Dev<float> bias(std::vector<float>(size_t(V), 100.f));
+  std::vector<float> mixed(size_t(V), NAN);
+  for (int64_t i = 0; i < V; i += 3) mixed[size_t(i)] = -INFINITY;
+  const std::vector<std::pair<const char*, std::vector<float>>> rows = {
+      {"every logit NaN", std::vector<float>(size_t(V), NAN)},
+      {"every logit -inf", std::vector<float>(size_t(V), -INFINITY)},
+      {"NaN and -inf", mixed}};
+  for (const auto& [what, l] : rows) {
+    rig.logits.set(l);
+    for (float t : {0.f, 0.8f})
+      for (bool biased : {false, true}) {
+        SCOPED_TRACE(std::string(what) + ", temperature " + std::to_string(t) + (biased ? ", biased" : ""));
+        auto p = params(t);
+        p.seed = 3;
+        p.step = 7;
+        p.logprobs = 1;
+        p.top_logprobs = 3;
+        if (biased) p.bias = bias.p;
+        const lc::SampleResult res = rig.run(p);
+        EXPECT_EQ(res.token, lc::kNoFiniteLogit);
+        EXPECT_EQ(res.n_top, 0);
+        EXPECT_EQ(rig.slot.get()[0], 0) << "the next token";
+        EXPECT_EQ(rig.prm.get()[0].step, 8u);
+        const auto c = rig.counts.get();
+        EXPECT_EQ(std::count(c.begin(), c.end(), 0), V) << "counted tokens";
+      }
+  }
 }
 
 }  // namespace

@@ -132,8 +132,8 @@ void moe_combine_stage_rows(const MoEDecodeWeights& w, const float* sel_w, int M
 // (row_slot null: s = r): params[s], counts + s·vocab, prompt_mask + s·vocab, and, when allowed != null and
 // (allowed_on == null or allowed_on[s] != 0), the bitmask allowed + s·allowed_words(vocab) (bit i of word
 // i/32 = 1: token i allowed), applied before penalties, params[s].bias and temperature (a disallowed token is never chosen;
-// if a mask allows no token at all, the row takes the raw argmax). Logprobs are those of the raw
-// distribution. The token goes to results[r] and, when token_by_slot != null, to token_by_slot[s]; counts
+// a row with no choice, its mask allowing no token or no allowed logit above -inf, gets kNoAllowedToken or
+// kNoFiniteLogit: sampling.h). Logprobs are those of the raw distribution. The token goes to results[r] and, when token_by_slot != null, to token_by_slot[s]; counts
 // and params[s].step advance as in sample_token. With no mask, each row's choice, logprob and top logprobs
 // are bit for bit what sample_token computes for it (same seed and step → same RNG draw).
 // results may be host-mapped memory (cudaHostAllocMapped).

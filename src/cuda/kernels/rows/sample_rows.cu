@@ -27,7 +27,6 @@ constexpr int kNone = 0x7fffffff;
 struct Partial {
   float raw_max, raw_sum, t_max;
   int t_arg;
-  int raw_arg;  // argmax of the raw logits (ties to the lower id): the choice when a mask allows nothing
 };
 
 struct Scratch {
@@ -72,7 +71,6 @@ __device__ __forceinline__ bool better(float v, int i, float bv, int bi) { retur
 
 __device__ __forceinline__ void merge(Partial& r, const Partial& q) {
   const float m = fmaxf(r.raw_max, q.raw_max);
-  if (q.raw_max > r.raw_max || (q.raw_max == r.raw_max && q.raw_arg < r.raw_arg)) r.raw_arg = q.raw_arg;
   r.raw_sum = (r.raw_max == -INFINITY ? 0.f : r.raw_sum * expf(r.raw_max - m)) +
               (q.raw_max == -INFINITY ? 0.f : q.raw_sum * expf(q.raw_max - m));
   r.raw_max = m;
@@ -83,8 +81,7 @@ __device__ __forceinline__ void merge(Partial& r, const Partial& q) {
 }
 __device__ __forceinline__ Partial shfl_xor(const Partial& r, int o) {
   return Partial{__shfl_xor_sync(0xffffffffu, r.raw_max, o), __shfl_xor_sync(0xffffffffu, r.raw_sum, o),
-                 __shfl_xor_sync(0xffffffffu, r.t_max, o), __shfl_xor_sync(0xffffffffu, r.t_arg, o),
-                 __shfl_xor_sync(0xffffffffu, r.raw_arg, o)};
+                 __shfl_xor_sync(0xffffffffu, r.t_max, o), __shfl_xor_sync(0xffffffffu, r.t_arg, o)};
 }
 
 __global__ void __launch_bounds__(kPassThreads) sample_pass_rows_kernel(SampleRowsArgs a) {
@@ -103,13 +100,12 @@ __global__ void __launch_bounds__(kPassThreads) sample_pass_rows_kernel(SampleRo
   const float inv_t = sampling ? 1.f / p.temperature : 1.f;
   const bool pen = p.presence != 0.f || p.frequency != 0.f || p.repetition != 1.f;
   float rmax = -INFINITY, rsum = 0.f, tmax = -INFINITY;
-  int targ = kNone, rarg = kNone;
+  int targ = kNone;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < vocab; i += int64_t(gridDim.x) * blockDim.x) {
     const float raw = logits[i];
     if (raw > rmax) {
       rsum = rsum * expf(rmax - raw) + 1.f;
       rmax = raw;
-      rarg = int(i);
     } else {
       rsum += expf(raw - rmax);
     }
@@ -132,7 +128,7 @@ __global__ void __launch_bounds__(kPassThreads) sample_pass_rows_kernel(SampleRo
     }
   }
   __shared__ Partial sp[kPassThreads / 32];
-  Partial r{rmax, rsum, tmax, targ, rarg};
+  Partial r{rmax, rsum, tmax, targ};
   for (int o = 16; o > 0; o >>= 1) merge(r, shfl_xor(r, o));
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   if (lane == 0) sp[warp] = r;
@@ -342,7 +338,7 @@ __global__ void __launch_bounds__(kSelThreads) sample_select_rows_kernel(SampleR
   __shared__ int redi[32];
   SampleParamsDev p = *prm;
   if (a.one_sequence) p.step += static_cast<unsigned long long>(row);  // row r: the sequence's r-th next choice
-  Partial r{-INFINITY, 0.f, -INFINITY, kNone, kNone};
+  Partial r{-INFINITY, 0.f, -INFINITY, kNone};
   if (threadIdx.x < kPassBlocks) r = sc.partials[threadIdx.x];
   {
     __shared__ Partial sp[kSelThreads / 32];
@@ -356,20 +352,18 @@ __global__ void __launch_bounds__(kSelThreads) sample_select_rows_kernel(SampleR
     }
   }
   const float lse = r.raw_max + logf(r.raw_sum);
+  // No allowed logit above -inf (t_arg: the best allowed one, NaNs never win; an allowed -inf one only ties): no
+  // choice, as the CPU sampler throws (engine/sampler.h), the mask's fault when it allows no token. The result says
+  // which (sampling.h: CudaSession::to_choice throws) and the device-side tokens read by later launches stay in range.
   int token = r.t_arg;
-  // No allowed token with a comparable logit. Under a mask that allows some token, every allowed logit is NaN: the
-  // first allowed id, as the CPU sampler; a mask that allows none: the raw argmax, as the CPU.
-  if (token == kNone && rs.allowed != nullptr) token = first_allowed(rs.allowed, vocab);
-  if (token == kNone)
-    token = r.raw_arg;
-  else if (p.temperature > 0.f && r.t_max > -INFINITY)  // all allowed at -inf: the first allowed id, as greedy
+  if (token == kNone || !(r.t_max > -INFINITY))
+    token = rs.allowed != nullptr && first_allowed(rs.allowed, vocab) == kNone ? kNoAllowedToken : kNoFiniteLogit;
+  else if (p.temperature > 0.f)
     token = sample_among(sc, vocab, p, r.t_max, r.t_arg);
-  // Every logit NaN (weights or activations not finite; the CPU sampler throws): no token. The result says so
-  // (-1: CudaSession::to_choice throws) and the device-side tokens read by later launches stay in range.
-  const bool none = token == kNone;
+  const bool none = token < 0;
   const int safe = none ? 0 : token;
   if (threadIdx.x == 0) {
-    result->token = none ? -1 : token;
+    result->token = token;
     result->logprob = p.logprobs && !none ? logits[token] - lse : 0.f;
     result->n_top = 0;
     if (a.token_by_row != nullptr) a.token_by_row[row] = safe;
