@@ -24,8 +24,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <exception>
 #include <fstream>
 #include <random>
+#include <span>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -125,6 +127,12 @@ double step_bytes(const Backend& backend, const ModelConfig& cfg, int64_t ctx, i
   return 0;
 }
 
+// One decode_batch step; a session's failed step (its row's error) ends the bench, as its own decode_step would.
+void step_batch(Backend& backend, std::span<Session* const> sessions) {
+  for (const TokenChoice& c : backend.decode_batch(sessions))
+    if (c.error) std::rethrow_exception(c.error);
+}
+
 // B sessions at context P decoding together: step time, aggregate and per-stream tok/s, memory, the floor.
 void bench_batches(Backend& backend, const BenchOptions& o, std::mt19937_64& rng, int64_t real_vocab,
                    nlohmann::json& out) {
@@ -161,9 +169,9 @@ void bench_batches(Backend& backend, const BenchOptions& o, std::mt19937_64& rng
         ptrs.push_back(s.get());
         ss.push_back(std::move(s));
       }
-      backend.decode_batch(ptrs);  // untimed: graph capture for this batch size
+      step_batch(backend, ptrs);  // untimed: graph capture for this batch size
       const auto t0 = Clock::now();
-      for (int i = 0; i < o.decode_tokens; ++i) backend.decode_batch(ptrs);
+      for (int i = 0; i < o.decode_tokens; ++i) step_batch(backend, ptrs);
       const double dt = secs(t0, Clock::now());
       const double step_ms = dt / o.decode_tokens * 1e3, agg = double(B) * o.decode_tokens / dt;
       if (agg1 == 0) agg1 = agg;  // the first batch size's aggregate: the speedup's reference

@@ -600,12 +600,14 @@ std::vector<TokenChoice> CpuBackend::decode_batch(std::span<Session* const> sess
   out.reserve(ss.size());
   for (size_t i = 0; i < ss.size(); i += kMaxBatch) {
     std::span<CpuSessionImpl* const> group(ss.data() + i, std::min<size_t>(kMaxBatch, ss.size() - i));
+    // A session's own failure (its sampler found no choice) is its row's error (Backend::decode_batch).
     if (std::any_of(group.begin(), group.end(), [](CpuSessionImpl* c) { return c->has_tap(); })) {
-      for (CpuSessionImpl* c : group) out.push_back(c->decode_step());  // activation taps: the one-token path
+      for (CpuSessionImpl* c : group)  // activation taps: the one-token path
+        out.push_back(choice_or_error([c] { return c->decode_step(); }));
       continue;
     }
     CpuSessionImpl::forward_batch(*this, group);
-    for (CpuSessionImpl* c : group) out.push_back(c->sample());
+    for (CpuSessionImpl* c : group) out.push_back(choice_or_error([c] { return c->sample(); }));
   }
   return out;
 }

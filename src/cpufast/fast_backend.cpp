@@ -267,7 +267,8 @@ class FastBackend : public Backend {
       for (size_t i = 0; i < nb; ++i) {
         std::memcpy(ss[b0 + i]->logits_data(), lg.data() + i * static_cast<size_t>(V), static_cast<size_t>(V) * sizeof(float));
         ss[b0 + i]->logits_ready();
-        out.push_back(ss[b0 + i]->sample());
+        FastSession* f = ss[b0 + i];
+        out.push_back(choice_or_error([f] { return f->sample(); }));  // its own failure: its row's error
       }
     }
     return out;

@@ -152,7 +152,9 @@ std::vector<TokenChoice> CudaBackendImpl::decode_batch(std::span<Session* const>
   }
   std::vector<TokenChoice> out(cs.size());
   // sessions of one pool step together (in the order they came); a group of one steps alone. Sessions whose
-  // MTP head follows their context join the rows step too: it hands each head its row (step_rows).
+  // MTP head follows their context join the rows step too: it hands each head its row (step_rows). A session
+  // whose own choice fails (its row has no choice: sampling.h) gets the error in its row, the others their choices.
+  auto alone = [](CudaSession* c) { return choice_or_error([c] { return c->decode_step(); }); };
   std::vector<bool> done(cs.size(), false);
   for (size_t i = 0; i < cs.size(); ++i) {
     if (done[i]) continue;
@@ -165,7 +167,7 @@ std::vector<TokenChoice> CudaBackendImpl::decode_batch(std::span<Session* const>
         done[j] = true;
       }
     if (group.size() == 1 || !rows_batch_) {
-      for (size_t k = 0; k < group.size(); ++k) out[at[k]] = group[k]->decode_step();
+      for (size_t k = 0; k < group.size(); ++k) out[at[k]] = alone(group[k]);
       continue;
     }
     BatchStep& b = group.front()->pool().batch();
@@ -176,7 +178,7 @@ std::vector<TokenChoice> CudaBackendImpl::decode_batch(std::span<Session* const>
       LILAC_LOG_WARN("cuda: batched decode step unavailable, stepping sessions one by one (%s)", e.what());
       rows_batch_ = false;
       lk.unlock();
-      for (size_t k = 0; k < group.size(); ++k) out[at[k]] = group[k]->decode_step();
+      for (size_t k = 0; k < group.size(); ++k) out[at[k]] = alone(group[k]);
       continue;
     }
     std::vector<TokenChoice> res(group.size());
@@ -201,7 +203,11 @@ void CudaBackendImpl::step_rows(BatchStep& b, std::span<CudaSession* const> grou
   b.run(rows, res.data(), [&](cudaStream_t s, const float* hidden, int64_t ld) {
     for (size_t k = 0; k < group.size(); ++k) group[k]->end_batched(hidden + int64_t(k) * ld, s);
   });
-  for (size_t k = 0; k < group.size(); ++k) out[k] = group[k]->finish_batched(res[k]);
+  for (size_t k = 0; k < group.size(); ++k) {
+    CudaSession* c = group[k];
+    const SampleResult& r = res[k];
+    out[k] = choice_or_error([c, &r] { return c->finish_batched(r); });
+  }
 }
 
 }  // namespace

@@ -28,6 +28,7 @@
 // (and of decode_batch) to the allowed tokens.
 #pragma once
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <span>
@@ -78,7 +79,23 @@ struct TokenChoice {
   int32_t token = -1;
   float logprob = 0.f;             // when logprobs were requested
   std::vector<TokenLogprob> top;   // top_logprobs alternatives, most likely first
+  // Backend::decode_batch only: this session's step failed on its own (its sampler found no choice, say), and the
+  // other fields mean nothing. Its generation fails with this error (Sequence::consume rethrows it); the other
+  // sessions' choices of the batch stand.
+  std::exception_ptr error;
 };
+
+// decode_batch's step of one session: its choice, or, when the step throws, a choice carrying the error.
+template <typename Step>
+TokenChoice choice_or_error(Step&& step) {
+  try {
+    return step();
+  } catch (...) {
+    TokenChoice c;
+    c.error = std::current_exception();
+    return c;
+  }
+}
 
 // A saved session state (KV length + recurrent + conv state) at some context length.
 class SessionSnapshot {
@@ -194,11 +211,14 @@ class Backend {
 
   // One decode step for each of `sessions` (all created by this backend, each with a pending token):
   // the same choices as calling decode_step() on each in turn. Backends override it to share the
-  // weight reads across the batch.
+  // weight reads across the batch. A session whose own step fails (where its decode_step() would throw: its
+  // sampler found no choice, say) gets its error in its TokenChoice::error, and the others' choices are
+  // delivered. What is wrong with the batch itself (the backends check it: a session of another backend, one
+  // twice, one without a pending token or room) throws before any session changes.
   virtual std::vector<TokenChoice> decode_batch(std::span<Session* const> sessions) {
     std::vector<TokenChoice> out;
     out.reserve(sessions.size());
-    for (Session* s : sessions) out.push_back(s->decode_step());
+    for (Session* s : sessions) out.push_back(choice_or_error([s] { return s->decode_step(); }));
     return out;
   }
   // Largest batch decode_batch() runs as one step (larger batches are split); 1 = no batching.

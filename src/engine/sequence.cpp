@@ -204,6 +204,8 @@ int Sequence::draft_budget() const {
 void Sequence::consume(std::span<const TokenChoice> choices) {
   if (phase_ != Phase::Decode) throw Error("Sequence::consume: not in the decode phase");
   if (choices.empty()) throw Error("Sequence::consume: a step made no choice");
+  for (const TokenChoice& c : choices)  // a batched step that failed for this sequence alone (Backend::decode_batch)
+    if (c.error) std::rethrow_exception(c.error);
   // The session fed the pending token and every choice but the last.
   auto& ctx = gen_.context_;
   ctx.push_back(pending_);

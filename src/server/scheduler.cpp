@@ -302,7 +302,7 @@ bool Scheduler::step() {
       continue;
     }
     for (size_t i = g0; i < g1; ++i) {
-      try {
+      try {  // a row's own error (TokenChoice::error) is rethrown here: that sequence fails, the others go on
         batch[i]->seq->consume(std::span<const TokenChoice>(&choices[i - g0], 1));
       } catch (...) {
         fail(*batch[i], std::current_exception());

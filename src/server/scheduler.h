@@ -7,7 +7,8 @@
 //   2. runs at most one prefill step of one sequence (the oldest one still prefilling; at most
 //      --prefill-chunk prompt tokens), so a long prompt delays the running streams by one chunk at most;
 //   3. runs one decode step for every sequence in its decode phase, together through
-//      Backend::decode_batch (in groups of Backend::max_batch()); sequences that speculate (MTP) this
+//      Backend::decode_batch (in groups of Backend::max_batch(); a sequence whose own step fails, its row's
+//      TokenChoice::error, fails alone); sequences that speculate (MTP) this
 //      step (Sequence::draft_budget() > 0: the draft policy chose drafts) step on their own after it --
 //      but only while at most --spec-max-batch sequences decode: above that no sequence drafts that step
 //      (Sequence::suppress_drafts), they all go through decode_batch (which keeps their MTP heads fed, so

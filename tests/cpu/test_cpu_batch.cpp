@@ -154,3 +154,49 @@ TEST(CpuBatch, BadBatchesThrowBeforeChangingAnySession) {
   expect_same_choice(tw[0].alone->decode_step(), be->decode_batch(std::vector<Session*>{a})[0], "after errors");
   expect_same_logits(*tw[0].alone, *a, "after errors");
 }
+
+// A session whose own step fails in a batch (its sampler has no choice: engine/sampler.h) gets the error in its row
+// (TokenChoice::error) and the others their choices, those of their twins stepped alone, in that step and the next:
+// here one session fed a token whose embedding row is NaN (every logit NaN: an Error naming the logits) and one whose
+// mask allows no token (an InputError naming the constraint). Before, the first such session failed the whole call
+// (decode_batch threw, the sessions after it not sampled).
+TEST(CpuBatch, ASessionsOwnFailureIsItsRowsErrorOnly) {
+  const int64_t V = fixture("tiny2")->config.vocab_size;
+  const int32_t poison = int32_t(V - 1);
+  auto be = make_cpu_backend(testutil::with_nan_embedding_row("tiny2", poison), 2);
+  auto tw = make_twins(*be, {5, 9, 14}, 41);
+  const std::vector<int32_t> prompt = random_tokens(6, V, 3);
+  std::vector<uint32_t> only(size_t((V + 31) / 32), 0), none(only.size(), 0);
+  only[size_t(poison) / 32] |= 1u << (poison % 32);
+  auto nan_s = be->new_session(64), none_s = be->new_session(64);
+  for (Session* s : {nan_s.get(), none_s.get()}) {
+    s->prefill(prompt);
+    s->begin_generation({}, prompt);
+  }
+  nan_s->set_token_mask(only.data());
+  ASSERT_EQ(nan_s->sample().token, poison);  // fed by the batched step: NaN from then on
+  none_s->sample();
+  none_s->set_token_mask(none.data());
+  const std::vector<Session*> batch = {tw[0].batched.get(), nan_s.get(), tw[1].batched.get(), none_s.get(),
+                                       tw[2].batched.get()};
+  std::vector<TokenChoice> got;
+  ASSERT_NO_THROW(got = be->decode_batch(batch));
+  ASSERT_EQ(got.size(), batch.size());
+  const testutil::RowError nan_err = testutil::row_error(got[1]), none_err = testutil::row_error(got[3]);
+  EXPECT_FALSE(nan_err.input);
+  EXPECT_NE(nan_err.message.find("finite logit"), std::string::npos) << nan_err.message;
+  EXPECT_TRUE(none_err.input);
+  EXPECT_NE(none_err.message.find("allows no token"), std::string::npos) << none_err.message;
+  auto expect_twins = [&](const std::vector<TokenChoice>& mine, const std::string& step) {
+    ASSERT_EQ(mine.size(), tw.size());
+    for (size_t i = 0; i < tw.size(); ++i) {
+      const std::string where = step + ", seq " + std::to_string(i);
+      EXPECT_FALSE(mine[i].error) << where << ": " << testutil::row_error(mine[i]).message;
+      expect_same_choice(tw[i].alone->decode_step(), mine[i], where);
+      expect_same_logits(*tw[i].alone, *tw[i].batched, where);
+    }
+  };
+  expect_twins({got[0], got[2], got[4]}, "beside the failing sessions");
+  expect_twins(be->decode_batch(std::vector<Session*>{tw[0].batched.get(), tw[1].batched.get(), tw[2].batched.get()}),
+               "the next step");
+}

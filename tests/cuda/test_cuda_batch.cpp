@@ -2,7 +2,7 @@
 // session decoded alone: choices (token, logprob, top logprobs) and logits compared bit for bit, over
 // mixed sampling parameters, sessions of different lengths, batch membership and order changing every
 // step, B = 1..9 and B = 40 (two pools); token masks; snapshots restored across pools; what decode_batch and the pool
-// reject. Skips without a GPU.
+// reject; a session whose own step fails gets its error in its row, the others their choices. Skips without a GPU.
 //
 // Where the rows step is bitwise the single-row step (rows_step_exact: a real-width synthetic model, MoE
 // expert width 512) decode_batch runs it and must equal decode_step exactly. The tiny fixtures' expert
@@ -408,6 +408,71 @@ TEST(CudaBatch, RejectsBadBatchesAndOversizedSessions) {
   const std::vector<TokenChoice> r = b->decode_batch(std::vector<Session*>{s0, s1});
   EXPECT_EQ(r.size(), 2u);
   EXPECT_EQ(g[0].s->length(), len0 + 1);
+}
+
+// A session whose own step fails in a batch (fed a token whose embedding row is NaN: every logit NaN, so its sampler
+// has no choice, engine/sampler.h) gets the error in its row (TokenChoice::error: the CPU sampler's Error naming the
+// logits), and the other sessions their choices, those of their twins decoded in a batch of their own, in that step
+// and the next: on the rows step (LILAC_CUDA_BATCH=rows: BatchStep results) and session by session ("loop"). Before,
+// its row made to_choice throw out of decode_batch, and the whole batch failed. The twins never choose the NaN token
+// (a bias).
+TEST(CudaBatch, ASessionsOwnFailureIsItsRowsErrorOnly) {
+  NEED_GPU();
+  const int64_t V = testutil::fixture("tiny2")->config.vocab_size;
+  const int32_t poison = int32_t(V - 1);
+  for (const char* mode : {"rows", "loop"}) {
+    SCOPED_TRACE(mode);
+    setenv("LILAC_CUDA_BATCH", mode, 1);
+    auto b = cuda::make_cuda_backend(testutil::with_nan_embedding_row("tiny2", poison));
+    unsetenv("LILAC_CUDA_BATCH");
+    std::vector<std::unique_ptr<Session>> bat, ref;
+    for (int i = 0; i < 3; ++i) {
+      std::vector<int32_t> prompt(size_t(4 + 5 * i));
+      for (size_t k = 0; k < prompt.size(); ++k) prompt[k] = int32_t((k * 131 + size_t(i) * 17 + 3) % size_t(V - 1));
+      SamplingParams p = params_for(i);
+      p.logit_bias.push_back({poison, -100.f});
+      for (auto* v : {&bat, &ref}) {
+        v->push_back(b->new_session(64));
+        v->back()->prefill(prompt);
+        v->back()->begin_generation(p, prompt);
+      }
+      expect_same_choice(bat.back()->sample(), ref.back()->sample(), "first choice");
+    }
+    auto bad = b->new_session(64);
+    const std::vector<int32_t> prompt = {5, 6, 7};
+    bad->prefill(prompt);
+    bad->begin_generation(SamplingParams{}, prompt);
+    std::vector<uint32_t> only(size_t((V + 31) / 32), 0);
+    only[size_t(poison) / 32] |= 1u << (poison % 32);
+    bad->set_token_mask(only.data());
+    ASSERT_EQ(bad->sample().token, poison);  // fed by the batched step: NaN logits
+    std::vector<TokenChoice> got;
+    ASSERT_NO_THROW(got = b->decode_batch(std::vector<Session*>{bat[0].get(), bad.get(), bat[1].get(), bat[2].get()}));
+    ASSERT_EQ(got.size(), 4u);
+    const testutil::RowError err = testutil::row_error(got[1]);
+    EXPECT_FALSE(err.input);
+    EXPECT_NE(err.message.find("finite logit"), std::string::npos) << err.message;
+    // The twins step in a batch of their own: on the rows step its bits are those of any batch (on the tiny
+    // fixtures not those of decode_step: the file's header), session by session those of decode_step.
+    auto expect_twins = [&](const std::vector<TokenChoice>& mine, const std::string& step) {
+      ASSERT_EQ(mine.size(), 3u);
+      const std::vector<TokenChoice> want =
+          b->decode_batch(std::vector<Session*>{ref[0].get(), ref[1].get(), ref[2].get()});
+      for (size_t i = 0; i < 3; ++i) {
+        const std::string what = step + ", session " + std::to_string(i);
+        EXPECT_FALSE(mine[i].error) << what << ": " << testutil::row_error(mine[i]).message;
+        EXPECT_FALSE(want[i].error) << what << ": " << testutil::row_error(want[i]).message;
+        expect_same_choice(mine[i], want[i], what);
+        expect_same_logits(*bat[i], *ref[i], what);
+      }
+    };
+    expect_twins({got[0], got[2], got[3]}, "beside the failing session");
+    expect_twins(b->decode_batch(std::vector<Session*>{bat[0].get(), bat[1].get(), bat[2].get()}), "the next step");
+    if (std::string(mode) == "rows")
+      EXPECT_GT(rows_steps(*bat[0]), 0u) << "the batches did not run as rows steps";
+    else
+      EXPECT_EQ(rows_steps(*bat[0]), 0u);
+  }
 }
 
 TEST(CudaBatch, SessionBytesAndDefaultSessions) {

@@ -197,6 +197,8 @@ class HookedBackend : public Backend {
   std::unique_ptr<Session> new_session(int64_t max) override {
     return std::make_unique<HookedSession>(max, 5, &counters, this);
   }
+  int max_batch() const override { return batch; }  // Backend's decode_batch: the sessions' decode_step in turn
+  int batch = 1;
   ModelConfig cfg;
   Counters counters;
   std::function<void(HookedSession&, std::span<const int32_t>)> on_prefill;
@@ -427,27 +429,33 @@ TEST(Scheduler, ABurstIsPrefilledBeforeItDecodesAndRunningStreamsAreNotHeld) {
   }
 }
 
+// A step that fails for one sequence fails that request only, stepped alone or in a batch (decode_batch gives the
+// error in its row: TokenChoice::error). In a batch, it failed the whole batch before.
 TEST(Scheduler, AFailingStepFailsOnlyItsSequence) {
-  auto be = std::make_shared<HookedBackend>();
-  be->on_decode = [](HookedSession& s) {
-    if (s.first == 1000) throw Error("device fault");
-  };
-  SchedulerOptions o;
-  o.max_batch = 2;
-  o.max_seq = 512;
-  Scheduler sched(be, tokenizer(), o);
-  auto bad = std::make_shared<Job>(hash_request(1000, 5, 20));
-  auto good = std::make_shared<Job>(hash_request(2000, 5, 20));
-  auto too_long = std::make_shared<Job>(hash_request(3000, 600, 20));  // does not fit max_seq
-  ASSERT_TRUE(sched.submit_all({bad, good, too_long}));
-  Result rbad = wait(*bad), rgood = wait(*good), rlong = wait(*too_long);
-  EXPECT_EQ(rbad.error, 500);
-  EXPECT_NE(rbad.message.find("device fault"), std::string::npos);
-  EXPECT_EQ(rgood.error, 0);
-  EXPECT_EQ(rgood.ids.size(), 20u);
-  EXPECT_EQ(rlong.error, 400);
-  EXPECT_EQ(sched.in_use(), 0);
-  EXPECT_EQ(sched.depth(), 0);
+  for (int batch : {1, 2}) {
+    SCOPED_TRACE("batch " + std::to_string(batch));
+    auto be = std::make_shared<HookedBackend>();
+    be->batch = batch;
+    be->on_decode = [](HookedSession& s) {
+      if (s.first == 1000) throw Error("device fault");
+    };
+    SchedulerOptions o;
+    o.max_batch = 2;
+    o.max_seq = 512;
+    Scheduler sched(be, tokenizer(), o);
+    auto bad = std::make_shared<Job>(hash_request(1000, 5, 20));
+    auto good = std::make_shared<Job>(hash_request(2000, 5, 20));
+    auto too_long = std::make_shared<Job>(hash_request(3000, 600, 20));  // does not fit max_seq
+    ASSERT_TRUE(sched.submit_all({bad, good, too_long}));
+    Result rbad = wait(*bad), rgood = wait(*good), rlong = wait(*too_long);
+    EXPECT_EQ(rbad.error, 500);
+    EXPECT_NE(rbad.message.find("device fault"), std::string::npos);
+    EXPECT_EQ(rgood.error, 0) << rgood.message;
+    EXPECT_EQ(rgood.ids.size(), 20u);
+    EXPECT_EQ(rlong.error, 400);
+    EXPECT_EQ(sched.in_use(), 0);
+    EXPECT_EQ(sched.depth(), 0);
+  }
 }
 
 TEST(Scheduler, PoolSize) {

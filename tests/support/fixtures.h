@@ -1,9 +1,12 @@
 // Helpers the backend, session and scheduler tests share: the shared fixtures' weights (loaded once per
 // test binary), random prompts, and bitwise comparisons of logits and sampled choices.
 #pragma once
+#include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <exception>
 #include <map>
 #include <memory>
 #include <random>
@@ -11,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "engine/backend.h"
 #include "engine/sampler.h"
 #include "model/safetensors.h"
@@ -24,6 +28,29 @@ inline std::shared_ptr<const ModelWeights> fixture(const std::string& name) {
   static std::map<std::string, std::shared_ptr<const ModelWeights>> cache;
   auto& w = cache[name];
   if (!w) w = load_model(std::string(LILAC_SHARED_DIR) + "/fixtures/" + name + "/mlx4", LoadOptions{.progress = false});
+  return w;
+}
+
+// The fixture's weights with token `id`'s embedding row not a number (its scales NaN; its values when dense): a
+// session fed that token computes NaN logits from then on, as from a broken checkpoint, and every other token is
+// the fixture's. For the tests of a step whose sampler has no choice (engine/sampler.h).
+inline std::shared_ptr<const ModelWeights> with_nan_embedding_row(const std::string& name, int32_t id) {
+  auto w = std::make_shared<ModelWeights>(*fixture(name));
+  QMatrix& e = w->embed;
+  if (e.quantized()) {
+    const size_t g = size_t(e.groups_per_row());
+    auto scales = std::make_shared<std::vector<uint16_t>>(e.scales, e.scales + size_t(e.rows) * g);
+    std::fill(scales->begin() + ptrdiff_t(size_t(id) * g), scales->begin() + ptrdiff_t(size_t(id + 1) * g),
+              uint16_t(0x7fc0));  // bf16 NaN
+    e.scales = scales->data();
+    w->storage.push_back(scales);
+  } else {
+    const size_t c = size_t(e.cols);
+    auto dense = std::make_shared<std::vector<float>>(e.dense, e.dense + size_t(e.rows) * c);
+    std::fill(dense->begin() + ptrdiff_t(size_t(id) * c), dense->begin() + ptrdiff_t(size_t(id + 1) * c), NAN);
+    e.dense = dense->data();
+    w->storage.push_back(dense);
+  }
   return w;
 }
 
@@ -87,6 +114,22 @@ inline bool same_choice(const TokenChoice& a, const TokenChoice& b) {
   for (size_t i = 0; i < a.top.size(); ++i)
     if (a.top[i].token != b.top[i].token || !same_bits(a.top[i].logprob, b.top[i].logprob)) return false;
   return true;
+}
+
+// The error a decode_batch row carries (TokenChoice::error): its message and whether it is an InputError; none: "".
+struct RowError {
+  std::string message;
+  bool input = false;
+};
+inline RowError row_error(const TokenChoice& c) {
+  if (!c.error) return {};
+  try {
+    std::rethrow_exception(c.error);
+  } catch (const InputError& e) {
+    return {e.what(), true};
+  } catch (const std::exception& e) {
+    return {e.what(), false};
+  }
 }
 
 }  // namespace lilac::testutil
