@@ -38,23 +38,41 @@ constexpr int kRowsPerWarp = 32 / kColGroups;        // 8
 
 constexpr int kMaxGateSlices = 8;
 
-// The GATE epilogue: thread i < kCols holds t, column col of head h's o (col < dv). Every thread of the block calls.
-__device__ __forceinline__ void gate_output(const GdnGate& gate, int dv, int h, int col, float t, float* out) {
+// The cluster barrier in halves (ptx.cuh's cluster_sync is both at once): arrive (release) where a block's part is
+// done, wait (acquire) where it needs the others'.
+__device__ __forceinline__ void cluster_arrive() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void cluster_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+
+// The GATE epilogue: thread i < kCols holds t, column col of head h's o (col < dv), and w · silu(z) of it as the
+// pair (w, sz) loaded early. Every thread of the block calls. The second barrier's wait is the block's last act:
+// no block leaves while another may still read its o_s, and the gating runs between its arrive and wait.
+__device__ __forceinline__ void gate_output(int dv, float eps, int h, int col, float t, float w, float sz, float* out) {
   __shared__ __align__(16) float o_s[kCols];
   __shared__ __align__(16) float xs[kMaxGateSlices * kCols];
   __shared__ float hss[1];
   if (threadIdx.x < kCols) o_s[threadIdx.x] = t;
-  cluster_sync();  // every block's o_s written
+  cluster_arrive();
+  cluster_wait();  // every block's o_s written
   for (int d4 = threadIdx.x; d4 < dv / 4; d4 += kThreads)
     reinterpret_cast<float4*>(xs)[d4] =
         ld_cluster_f4(cluster_map(smem_u32(&o_s[(4 * d4) % kCols]), uint32_t((4 * d4) / kCols)));
-  cluster_sync();  // the cluster's reads done (no block leaves while others read it); xs complete in the block
+  cluster_arrive();  // this block's reads of the cluster done
+  __syncthreads();   // xs complete
   tc::head_sums(xs, hss, dv, dv, 0, dv / 8);  // out_proj staging's Σo² of the head (ends with a barrier)
   if (threadIdx.x < kCols && col < dv) {
-    const float r = rsqrtf(hss[0] / float(dv) + gate.eps);
-    out[int64_t(h) * dv + col] = t * r * gate.norm_w[col] * silu_f(gate.z[int64_t(h) * dv + col]);
+    const float r = rsqrtf(hss[0] / float(dv) + eps);
+    out[int64_t(h) * dv + col] = t * r * w * sz;  // unit_values' order: ((o · r) · w) · silu(z)
   }
-}  // a value head's blocks in one cluster (the portable cluster size)
+  cluster_wait();
+}
 
 // R: rows per thread (dk <= 32 R). VEC: dv % 4 == 0 and the state 16-byte aligned. GATE: grid (slice, head) in
 // clusters of a head's slices, the gated output norm applied (gdn_decode_gate_supported).
@@ -108,6 +126,14 @@ __global__ void __launch_bounds__(kThreads)
   }
 #pragma unroll
   for (int j = 0; j < 4; ++j) vv[j] = c0 + j < dv ? vp[c0 + j] : 0.f;
+  float gw = 0.f, gsz = 0.f;  // GATE: this thread's column's norm weight and silu(z), well before they are used
+  if constexpr (GATE) {
+    const int col = slice * kCols + threadIdx.x;
+    if (threadIdx.x < kCols && col < dv) {
+      gw = gate.norm_w[col];
+      gsz = silu_f(gate.z[int64_t(h) * dv + col]);
+    }
+  }
   const float beta = sigmoid_f(bp[h]);
   const float xa = ap[h] + dtb;
   const float sp = xa > 20.f ? xa : log1pf(expf(xa));
@@ -171,7 +197,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int w = 0; w < kWarps; ++w) t += part_o[w][threadIdx.x];
     if constexpr (!GATE) out[int64_t(h) * dv + col] = t;
   }
-  if constexpr (GATE) gate_output(gate, dv, h, col, t, out);
+  if constexpr (GATE) gate_output(dv, gate.eps, h, col, t, gw, gsz, out);
 }
 
 template <int R>
