@@ -43,6 +43,7 @@
 #include "core/error.h"
 #include "cpufast/synthetic.h"
 #include "model/weights.h"
+#include "text/json_dump.h"
 
 #if defined(LILAC_HAVE_CUDA) && __has_include("cuda/cuda_backend.h")
 #include "cuda/cuda_backend.h"
@@ -98,7 +99,7 @@ void write_json(const BenchOptions& o, const nlohmann::json& out) {
   if (o.json.empty()) return;
   std::ofstream f(o.json);
   if (!f) throw InputError("--json: cannot write " + o.json);
-  f << out.dump(2) << "\n";
+  f << dump_json(out, 2) << "\n";
 }
 
 // Resident memory of this process (the CPU backend's weights and sessions), 0 when unknown.

@@ -26,6 +26,7 @@
 #include "model/quant.h"  // QBuffer
 #include "model/tensor_table.h"
 #include "model/weight_walk.h"
+#include "text/json_dump.h"
 
 namespace lilac::cli {
 namespace {
@@ -252,12 +253,12 @@ int run(const std::string& out, std::string tok_dir, const std::string& template
   gen["top_p"] = 0.8;
   gen["top_k"] = 20;
 
-  write_text_file(path_join(out, "config.json"), cfg.dump(2) + "\n");
-  write_text_file(path_join(out, "generation_config.json"), gen.dump(2) + "\n");
+  write_text_file(path_join(out, "config.json"), dump_json(cfg, 2) + "\n");
+  write_text_file(path_join(out, "generation_config.json"), dump_json(gen, 2) + "\n");
   fs::copy_file(tok_json, path_join(out, "tokenizer.json"), fs::copy_options::overwrite_existing);
   json tc_out = tc;
   tc_out.erase("chat_template");  // the template lives in chat_template.jinja
-  write_text_file(path_join(out, "tokenizer_config.json"), tc_out.dump(2) + "\n");
+  write_text_file(path_join(out, "tokenizer_config.json"), dump_json(tc_out, 2) + "\n");
   write_text_file(path_join(out, "chat_template.jinja"), chat_template);
   std::printf("wrote a random-weight demo model (vocab %lld, hidden %lld, %d layers, %d experts top-%d) to %s\n",
               (long long)vocab, (long long)c.hidden_size, c.num_layers, c.num_experts, c.num_experts_per_tok, out.c_str());

@@ -8,6 +8,7 @@
 
 #include "cli/command.h"
 #include "core/error.h"
+#include "text/json_dump.h"
 #include "text/tokenizer.h"
 
 namespace lilac::cli {
@@ -52,7 +53,7 @@ int run_tokenize(const TokenizeOptions& o) {
     if (!o.decode) {
       if (!j.is_string()) throw InputError(where + ": expected a JSON string");
       const auto ids = tok->encode(j.get<std::string>(), !o.no_special);
-      out = nlohmann::json(ids).dump();
+      out = dump_json(nlohmann::json(ids));
     } else {
       if (!j.is_array()) throw InputError(where + ": expected a JSON array of token ids");
       std::vector<int32_t> ids;
@@ -66,8 +67,7 @@ int run_tokenize(const TokenizeOptions& o) {
         ids.push_back(static_cast<int32_t>(id));
       }
       // Bytes that are not valid UTF-8 (a sequence cut mid-character) are written as U+FFFD.
-      out = nlohmann::json(tok->decode(ids, o.skip_special))
-                .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+      out = dump_json(nlohmann::json(tok->decode(ids, o.skip_special)));
     }
     out.push_back('\n');
     std::fwrite(out.data(), 1, out.size(), stdout);

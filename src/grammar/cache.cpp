@@ -1,5 +1,7 @@
 #include "grammar/cache.h"
 
+#include "text/json_dump.h"
+
 namespace lilac::grammar {
 
 GrammarCache::GrammarCache(std::shared_ptr<const Vocabulary> vocab, size_t max_grammars, size_t shared_class_budget)
@@ -31,7 +33,7 @@ std::shared_ptr<const CompiledGrammar> GrammarCache::get(const std::string& key,
 }
 
 std::shared_ptr<const CompiledGrammar> GrammarCache::json_schema(const OrderedJson& schema, const SchemaLimits& lim) {
-  return get("json_schema:" + schema.dump(), [&] { return compile_json_schema(schema, lim); });
+  return get("json_schema:" + dump_json(schema), [&] { return compile_json_schema(schema, lim); });
 }
 
 std::shared_ptr<const CompiledGrammar> GrammarCache::json_schema_text(std::string_view text, const SchemaLimits& lim) {

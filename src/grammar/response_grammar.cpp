@@ -347,9 +347,9 @@ std::string ResponseSpec::cache_key() const {
   std::string k = "response:" + std::to_string(int(content)) + ":" + std::to_string(int(calls)) + ":" +
                   (in_reasoning ? "r" : "") + (xml_calls ? "x" : "j") + (parallel_calls ? "p" : "") + ":" +
                   forced_function + "\x01";
-  if (content == Content::JsonSchema) k += schema.dump();
+  if (content == Content::JsonSchema) k += dump_json(schema);
   k += '\x01';
-  if (calls != Calls::None) k += tools.dump();
+  if (calls != Calls::None) k += dump_json(tools);
   return k;
 }
 

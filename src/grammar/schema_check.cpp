@@ -35,7 +35,7 @@ const std::set<std::string_view>& formats() {
 }
 
 std::string describe(const Json& v) {
-  std::string s = v.dump();
+  std::string s = dump_json(v);
   if (s.size() > 60) s = s.substr(0, 57) + "...";
   return s;
 }

@@ -53,7 +53,7 @@ Shape shape_of(const Json& root, const Json& node, const std::string& path, int 
     s.literals.emplace();
     for (const Json& v : *lits)
       if (value_has_type(v, allowed)) {
-        s.literals->insert(v.dump());
+        s.literals->insert(dump_json(v));
         s.types |= literal_type(v);
       }
     return s;
@@ -124,7 +124,7 @@ int32_t SchemaCompiler::shared(const std::string& key) const {
 }
 
 std::string SchemaCompiler::literal(const Json& v) const {
-  std::string s = v.dump();
+  std::string s = dump_json(v);
   if (!xml_safe_) return s;
   std::string out;  // '<' only occurs inside strings in JSON text
   for (char c : s) {

@@ -11,6 +11,7 @@
 #include "grammar/charset.h"
 #include "grammar/grammar.h"
 #include "grammar/schema.h"
+#include "text/json_dump.h"  // a schema's values as JSON text (client text: dump_json)
 
 namespace lilac::grammar::detail {
 

@@ -46,7 +46,7 @@ int32_t SchemaCompiler::raw_text_rule(const Json& node, const std::string& path,
       if (k != "type" && k != "minLength" && k != "maxLength" && k != "pattern" && k != "format" && k != "enum" &&
           k != "const")
         fail(child_path(path, k), k, "\"" + k + "\" is not supported for a string parameter of a tool call");
-      key += k + "=" + v.dump() + ";";
+      key += k + "=" + dump_json(v) + ";";
     }
   } else if (node.is_boolean() && !node.get<bool>()) {
     return value_rule(node, path);  // matches nothing

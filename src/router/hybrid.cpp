@@ -13,6 +13,7 @@
 #include "core/log.h"
 #include "server/openai_schema.h"
 #include "server/server.h"
+#include "text/json_dump.h"
 
 namespace lilac::router {
 
@@ -38,7 +39,7 @@ HybridRouter::HybridRouter(HybridOptions opts, std::string local_model_id)
 void HybridRouter::answer_error(httplib::Response& res, int status, const std::string& msg, const std::string& code,
                                 const std::string& param) {
   res.status = status;
-  res.set_content(server::error_body(status, msg, "", param, code).dump(), "application/json");
+  res.set_content(dump_json(server::error_body(status, msg, "", param, code)), "application/json");
 }
 
 std::string upstream_body(const ojson& body, const std::vector<std::string>& drop, const std::string& model) {
@@ -46,7 +47,7 @@ std::string upstream_body(const ojson& body, const std::vector<std::string>& dro
   bool placed = false;
   auto member = [&](const std::string& key, const std::string& value) {
     if (out.size() > 1) out += ',';
-    out += ojson(key).dump();
+    out += dump_json(ojson(key));
     out += ':';
     out += value;
   };
@@ -54,13 +55,13 @@ std::string upstream_body(const ojson& body, const std::vector<std::string>& dro
     const std::string& k = it.key();
     if (k == "lilac" || std::find(drop.begin(), drop.end(), k) != drop.end()) continue;
     if (k == "model") {
-      member(k, ojson(model).dump());
+      member(k, dump_json(ojson(model)));
       placed = true;
     } else {
-      member(k, it.value().dump());
+      member(k, dump_json(it.value()));
     }
   }
-  if (!placed) member("model", ojson(model).dump());
+  if (!placed) member("model", dump_json(ojson(model)));
   return out + "}";
 }
 

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "text/json_dump.h"
 
 namespace lilac::router {
 
@@ -189,7 +190,7 @@ RoutePolicy parse_route_policy(const json& doc, const std::string& origin) {
       for (const auto& n : d) {
         DetectorKind k;
         if (!n.is_string() || !detector_from_name(n.get<std::string>(), &k))
-          throw InputError(origin + ".detectors: unknown detector " + n.dump() + " (known: email, phone, card, iban, "
+          throw InputError(origin + ".detectors: unknown detector " + dump_json(n) + " (known: email, phone, card, iban, "
                            "ssn, ipv4, ipv6, private_key, api_key, high_entropy, opaque)");
         p.detectors.set(k, true);
       }

@@ -9,6 +9,7 @@
 #include "router/normalize.h"
 #include "router/scan.h"
 #include "text/bounded_json.h"
+#include "text/json_dump.h"
 
 namespace lilac::router {
 
@@ -90,7 +91,7 @@ void hash_value(Hasher& hs, const ojson& root) {
       hs.bytes(it.v->get_ref<const std::string&>());
     } else {
       hs.tag('v');
-      hs.bytes(it.v->dump());  // a number, boolean or null
+      hs.bytes(dump_json(*it.v));  // a number, boolean or null
     }
   }
 }

@@ -5,6 +5,7 @@
 
 #include "router/normalize.h"
 #include "text/bounded_json.h"
+#include "text/json_dump.h"
 
 namespace lilac::router {
 
@@ -156,7 +157,7 @@ struct Scanner {
           }
         }
       } else if (v.is_number()) {
-        if (text(v.dump(), false)) return true;
+        if (text(dump_json(v), false)) return true;
       }
     }
     return false;

@@ -17,6 +17,7 @@
 #include "server/api_error.h"
 #include "server/openai_schema.h"
 #include "text/bounded_json.h"
+#include "text/json_dump.h"
 
 namespace lilac::router {
 
@@ -169,11 +170,11 @@ httplib::Headers request_headers(const UpstreamOptions& o, const std::string& au
 // A 4xx answer: the upstream's OpenAI error body when it is one, else one made from the text.
 std::string client_error_body(int status, const std::string& body) {
   json j = parse_answer(body);
-  if (j.is_object() && j.contains("error")) return j.dump();
+  if (j.is_object() && j.contains("error")) return dump_json(j);
   std::string msg = body.substr(0, 500);
   if (msg.empty()) msg = "The upstream answered HTTP " + std::to_string(status) + ".";
   else msg = "The upstream answered HTTP " + std::to_string(status) + ": " + msg;
-  return server::error_body(status, msg, "", "", "upstream_error").dump();
+  return dump_json(server::error_body(status, msg, "", "", "upstream_error"));  // msg: the upstream's bytes, cut
 }
 
 std::string describe_5xx(int status, const std::string& body) {
@@ -220,11 +221,12 @@ std::string broken_stream_event(const std::string& path, const std::string& mess
     return path.size() >= tail.size() && path.compare(path.size() - tail.size(), tail.size(), tail) == 0;
   };
   if (ends_with("/messages"))
-    return "\nevent: error\ndata: " + server::anthropic_error_body(server::ApiError(502, message)).dump() + "\n\n";
+    return "\nevent: error\ndata: " + dump_json(server::anthropic_error_body(server::ApiError(502, message))) + "\n\n";
   if (ends_with("/responses"))
     return "\nevent: error\ndata: " +
-           json{{"type", "error"}, {"code", "upstream_error"}, {"message", message}, {"param", nullptr}}.dump() + "\n\n";
-  return "\ndata: " + server::error_body(502, message, "", "", "upstream_error").dump() + "\n\ndata: [DONE]\n\n";
+           dump_json(json{{"type", "error"}, {"code", "upstream_error"}, {"message", message}, {"param", nullptr}}) +
+           "\n\n";
+  return "\ndata: " + dump_json(server::error_body(502, message, "", "", "upstream_error")) + "\n\ndata: [DONE]\n\n";
 }
 
 // State shared by the request handler, the upstream reader thread and the chunked content provider.
@@ -323,7 +325,7 @@ ForwardResult forward_whole(UpstreamClient& up, const std::string& full_path, co
     }
     if (o.inject_route_field) j["lilac_route"] = o.route_label;
     res.status = r.status;
-    res.set_content(j.dump(), "application/json");
+    res.set_content(dump_json(j), "application/json");
   } else {
     res.status = r.status;
     res.set_content(client_error_body(r.status, r.body), "application/json");
@@ -453,7 +455,7 @@ ForwardResult forward_stream(UpstreamClient& up, const std::string& full_path, c
       fr.answered = true;
       res.status = P->status;
       res.set_header("x-lilac-route", o.route_label);
-      res.set_content(j.dump(), "application/json");
+      res.set_content(dump_json(j), "application/json");
       return fr;
     }
   }

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "server/bounded_store.h"
+#include "text/json_dump.h"
 
 namespace lilac::server {
 
@@ -42,7 +43,7 @@ class ConversationStore : public BoundedStore<Conversation, true> {
 
  private:
   static size_t bytes_of(const std::string& id, const Conversation& c) {
-    return id.size() + c.metadata.dump().size() + c.items.dump().size() + 64;
+    return id.size() + dump_json(c.metadata).size() + dump_json(c.items).size() + 64;  // never throws on bytes
   }
 };
 

@@ -11,11 +11,6 @@ namespace lilac::server {
 using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
-std::string dump_json(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
-std::string dump_json(const nlohmann::ordered_json& j) {
-  return j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
-}
-
 std::string sse_data(const json& j) {
   std::string s = "data: ";
   s += dump_json(j);

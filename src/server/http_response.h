@@ -12,6 +12,7 @@
 
 #include "server/api_error.h"
 #include "server/generation.h"
+#include "text/json_dump.h"  // dump_json: every JSON this layer writes goes through it
 
 namespace httplib {
 struct Response;
@@ -71,10 +72,7 @@ void send_generations(httplib::Response& res, std::vector<std::shared_ptr<Genera
                       std::vector<std::shared_ptr<ResponseFormatter>> fmts, ChoicesJoin join, bool stream,
                       const RequestLog& log, const ErrorReply& fail);
 
-// SSE framing of one JSON value ("data: ...\n\n"), invalid UTF-8 replaced.
+// SSE framing of one JSON value ("data: ...\n\n"), invalid UTF-8 replaced (dump_json).
 std::string sse_data(const nlohmann::json& j);
-// JSON text with invalid UTF-8 replaced by U+FFFD (never throws on bytes).
-std::string dump_json(const nlohmann::json& j);
-std::string dump_json(const nlohmann::ordered_json& j);
 
 }  // namespace lilac::server

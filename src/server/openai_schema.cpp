@@ -2,6 +2,7 @@
 
 #include "server/generation.h"
 #include "server/request_fields.h"
+#include "text/json_dump.h"
 
 #include <cmath>
 #include <regex>
@@ -189,7 +190,7 @@ void validate_tools(const ojson& tools) {
       if (!ps->empty() && (pt == ps->end() || !(pt->is_string() && *pt == "object")))
         bad(pfx + ".function.parameters",
             "Invalid schema for function '" + name + "': parameters must be a JSON schema of type \"object\", got " +
-                (pt == ps->end() ? std::string("no type") : "type " + pt->dump()) + ".",
+                (pt == ps->end() ? std::string("no type") : "type " + dump_json(*pt)) + ".",
             "invalid_function_parameters");
       auto props = ps->find("properties");
       if (props != ps->end() && !props->is_object())

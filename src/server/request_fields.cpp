@@ -1,5 +1,7 @@
 #include "server/request_fields.h"
 
+#include "text/json_dump.h"
+
 #include <algorithm>
 #include <cmath>
 
@@ -44,8 +46,8 @@ std::optional<double> get_number(const ojson& obj, const char* key, double lo, d
   if (!v->is_number()) wrong_type(name, "a number", *v);
   double d = v->get<double>();
   if (!std::isfinite(d) || d < lo || d > hi)
-    bad(name, "Invalid value for '" + name + "': " + v->dump() + " is not in [" + ojson(lo).dump() + ", " +
-                  ojson(hi).dump() + "].");
+    bad(name, "Invalid value for '" + name + "': " + dump_json(*v) + " is not in [" + dump_json(ojson(lo)) + ", " +
+                  dump_json(ojson(hi)) + "].");
   return d;
 }
 

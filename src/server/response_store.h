@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "server/bounded_store.h"
+#include "text/json_dump.h"
 
 namespace lilac::server {
 
@@ -37,8 +38,10 @@ class ResponseStore : public BoundedStore<ResponseEntry, false> {
       : BoundedStore(max_entries, max_bytes, &bytes_of) {}
 
  private:
+  // dump_json, not a strict dump: an entry may hold bytes that are not UTF-8 (a backend's error quoting a token that
+  // is part of a character); a strict dump threw on them, and the entry was not stored.
   static size_t bytes_of(const std::string& id, const Entry& e) {
-    return e.items.dump().size() + e.response.dump().size() + id.size();
+    return dump_json(e.items).size() + dump_json(e.response).size() + id.size();
   }
 };
 

@@ -44,6 +44,7 @@
 #include <random>
 
 #include "text/bounded_json.h"
+#include "text/json_dump.h"
 #include "text/unicode.h"
 
 namespace lilac {
@@ -216,8 +217,7 @@ struct OutputParser::Impl {
   }
 
   // ---- tool call bodies --------------------------------------------------------------------------
-  // Compact JSON text (invalid UTF-8 replaced): a call's arguments, buffered or streamed piece by piece.
-  static std::string dump(const ojson& j) { return j.dump(-1, ' ', false, ojson::error_handler_t::replace); }
+  // A call's arguments (buffered, or streamed piece by piece) are compact JSON text: dump_json, invalid UTF-8 replaced.
 
   // XML form. `closed`: the </tool_call> was seen (a missing final </function> is then tolerated).
   bool parse_xml(std::string_view body, bool closed, std::vector<ParsedCall>& calls) const {
@@ -274,7 +274,7 @@ struct OutputParser::Impl {
         pos = after;
       }
       if (!fn_closed && !closed) return false;
-      calls.push_back({name, dump(args)});
+      calls.push_back({name, dump_json(args)});
       skip_ws();
     }
     return !calls.empty();
@@ -303,7 +303,7 @@ struct OutputParser::Impl {
         return false;
       }
     }
-    calls.push_back({name->get<std::string>(), dump(args)});
+    calls.push_back({name->get<std::string>(), dump_json(args)});
     return true;
   }
 
@@ -372,7 +372,7 @@ struct OutputParser::Impl {
     std::vector<std::string> types;
     value_string = !typed_param(call.name, a, types);
     std::string piece = call.any_arg ? "," : "";
-    piece += dump(ojson(a)) + ":";
+    piece += dump_json(ojson(a)) + ":";
     if (value_string) piece += '"';
     call.any_arg = true;
     arg = std::move(a);
@@ -389,12 +389,12 @@ struct OutputParser::Impl {
       value.append(t);
       return;
     }
-    const std::string q = dump(ojson(std::string(t)));
+    const std::string q = dump_json(ojson(std::string(t)));
     emit_call(std::string_view(q).substr(1, q.size() - 2), false, false);
   }
 
   void close_value() {
-    emit_call(value_string ? std::string("\"") : dump(typed_value(call.name, arg, value)), false, false);
+    emit_call(value_string ? std::string("\"") : dump_json(typed_value(call.name, arg, value)), false, false);
     tpart = Params;
   }
 

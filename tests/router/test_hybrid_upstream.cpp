@@ -33,7 +33,9 @@ struct FakeUpstream {
   std::mutex mu;
   std::vector<json> bodies;
   std::vector<std::string> auths;
-  std::atomic<int> mode{0};  // 0 ok, 1 -> 500, 2 -> 400, 3 -> 503 on models too, 4 -> 200 that is not JSON
+  // 0 ok, 1 -> 500, 2 -> 400, 3 -> 503 on models too, 4 -> 200 that is not JSON, 8 -> 400 whose text is Latin-1,
+  // 9 -> 500 whose message has a 2-byte character at bytes 299-300 (5-7: below)
+  std::atomic<int> mode{0};
   std::atomic<int> chunk_delay_ms{0};
   std::atomic<int> refuse_status{0};  // non-zero: every POST is answered with this status (refused())
 
@@ -65,6 +67,17 @@ struct FakeUpstream {
       }
       if (mode == 4) {
         res.set_content("<html>captive portal</html>", "text/html");
+        return;
+      }
+      if (mode == 8) {
+        res.status = 400;
+        res.set_content("caf\xe9 au lait is not a model", "text/plain");  // Latin-1: not UTF-8
+        return;
+      }
+      if (mode == 9) {
+        res.status = 500;
+        res.set_content(json{{"error", {{"message", std::string(299, 'x') + "\xc3\xa9 and more"}}}}.dump(),
+                        "application/json");
         return;
       }
       if (mode == 5 || mode == 6 || mode == 7) {  // 5: a 65 MiB answer; 6: an SSE line of 5 MiB; 7: a broken stream
@@ -487,6 +500,44 @@ TEST(HybridUpstream, ModelsListedWithPrefixAndFallbackToConfiguredModel) {
 // Found by review: nothing bounded what the router held of an upstream's answer (a 65 MiB answer was read whole; an SSE
 // "line" with no end grew forever), and a stream that broke off ended with an unnamed chat-shaped error glued to the
 // partial line (Anthropic clients skipped it: a silently cut message).
+// An upstream's text in an error the router answers was dumped as strict JSON, which throws on bytes that are not UTF-8.
+// A 4xx whose body is not UTF-8 (Latin-1 here) is passed on as the error's message: the front answered 500 instead of
+// the upstream's 400. The bytes are U+FFFD now.
+TEST(HybridUpstream, AClientErrorWhoseTextIsNotUtf8IsPassedOnWithUFFFD) {
+  FakeUpstream up;
+  up.mode = 8;
+  Front front("http://127.0.0.1:" + std::to_string(up.port), "{}");
+  for (bool stream : {false, true}) {
+    auto r = front.post(chat_body("hello", stream));
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 400) << r->body;
+    const json j = json::parse(r->body, nullptr, false);
+    ASSERT_TRUE(j.is_object()) << r->body;
+    EXPECT_EQ(j["error"]["message"], "The upstream answered HTTP 400: caf\xEF\xBF\xBD au lait is not a model") << r->body;
+    EXPECT_EQ(j["error"]["code"], "upstream_error") << r->body;
+  }
+  EXPECT_EQ(front.local_served.load(), 0);
+}
+
+// A 5xx's message is quoted in the 502 (fallback off) cut at 300 bytes, which can end inside a character: the front
+// answered 500 instead of the 502 saying why. The cut character is U+FFFD now.
+TEST(HybridUpstream, AServerErrorMessageCutInsideACharacterIsA502WithUFFFD) {
+  FakeUpstream up;
+  up.mode = 9;
+  Front strict("http://127.0.0.1:" + std::to_string(up.port), R"({"fallback": {"upstream_failure_to_local": false}})");
+  for (bool stream : {false, true}) {
+    auto r = strict.post(chat_body("hello", stream));
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 502) << r->body;
+    const json j = json::parse(r->body, nullptr, false);
+    ASSERT_TRUE(j.is_object()) << r->body;
+    const std::string m = j["error"].value("message", "");
+    EXPECT_NE(m.find("HTTP 500: " + std::string(299, 'x') + "\xEF\xBF\xBD)"), std::string::npos) << m;
+    EXPECT_EQ(j["error"]["code"], "upstream_unavailable") << r->body;
+  }
+  EXPECT_EQ(strict.local_served.load(), 0);
+}
+
 TEST(HybridUpstream, UpstreamAnswersAreBoundedAndBrokenStreamsEndInTheirProtocol) {
   FakeUpstream up;
   Front front("http://127.0.0.1:" + std::to_string(up.port), R"({"sticky": false})");

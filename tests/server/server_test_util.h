@@ -29,6 +29,14 @@ inline nlohmann::json default_script() {
           {"default", {{"reply", "</think>\n\nlocal answer"}}}};
 }
 
+// The "astral" rule's reply: JSON whose last member is cut by U+10FFFD, a character whose first token is the lone byte
+// 0xF4 (not UTF-8 by itself). Under a json_object format that token breaks the grammar, and the backend's error quotes
+// it; cut by max tokens right after it, the text ends in U+FFFD.
+inline constexpr char kAstralReply[] = "{\"answer\": \"ok\", \xf4\x8f\xbf\xbd}";
+inline nlohmann::json astral_rule(int delay_ms = 10) {
+  return {{"match", "astral"}, {"reply", kAstralReply}, {"delay_ms", delay_ms}};
+}
+
 struct LocalServer {
   std::unique_ptr<server::Server> server;
   int port = 0;

@@ -1,7 +1,7 @@
 // Background Responses (POST /v1/responses with background: true) while they run and when they end: the input items
 // of a running one, a follow-up to one that has not ended, a final object too large for the response store, a streamed
-// one's single terminal event (response.cancelled when it is cancelled); and a conversation whose new metadata would
-// not fit that store.
+// one's single terminal event (response.cancelled when it is cancelled), a failure whose error is not UTF-8; and a
+// conversation whose new metadata would not fit that store.
 // The scripted backend (server_test_util.h): "slow" -> " x" forever, 20 ms per token; "big" -> 400 " word"s at once;
 // "breaks" -> JSON that breaks its grammar after a few tokens; "astral" -> JSON broken by a character whose first
 // token is a lone byte (its error message is not UTF-8).
@@ -48,7 +48,7 @@ json script() {
             {{"match", "big"}, {"reply", big}},
             {{"match", "breaks"}, {"reply", "{\"answer\": \"one two three four\" oops}"}, {"delay_ms", 10}},
             // U+10FFFD after ", ": its first token, the lone byte 0xF4, breaks the grammar (expected: a key).
-            {{"match", "astral"}, {"reply", "{\"answer\": \"ok\", \xf4\x8f\xbf\xbd}"}, {"delay_ms", 10}}}},
+            lilac::test::astral_rule()}},
           {"default", {{"reply", "ok"}}}};
 }
 
@@ -163,9 +163,10 @@ TEST(BackgroundResponses, AStreamedOneThatFailsEndsWithResponseFailed) {
 
 // A streamed background response whose failure could not be stored after its response.failed was published (the
 // error message holds a lone byte 0xF4, which the store's strict JSON dump rejected) got a second terminal event: the
-// thread's catch published another response.failed. Exactly one terminal event ends the stream now, live and resumed,
-// and GET shows the response failed as the stream did. (A store that kept such a message would no longer throw here;
-// the test's property holds either way.)
+// thread's catch published another response.failed. Exactly one terminal event ends the stream now, live and resumed.
+// Storing that end no longer throws (the store measures an entry with dump_json, which replaces such bytes), so the
+// end is stored by the run itself and the catch is not reached: GET shows the response failed with the generation's own
+// error, as the stream's response.failed does (it showed the catch's "[json.exception.type_error.316] ..." instead).
 TEST(BackgroundResponses, AStreamHasOneTerminalEventWhenStoringItsEndThrows) {
   lilac::test::LocalServer srv(lilac::test::LocalServer::options(), nullptr, script());
   httplib::Client cli("127.0.0.1", srv.port);
@@ -185,14 +186,39 @@ TEST(BackgroundResponses, AStreamHasOneTerminalEventWhenStoringItsEndThrows) {
   EXPECT_EQ(evs.back()["response"]["status"], "failed");
   EXPECT_EQ(evs.back()["response"]["error"]["code"], "server_error");
   EXPECT_EQ(r->body.substr(r->body.size() - 2), "\n\n");
+  const std::string message = evs.back()["response"]["error"].value("message", "");
+  EXPECT_NE(message.find("('\xEF\xBF\xBD') is not allowed by the token mask"), std::string::npos) << message;
   const json got = get_json(srv.port, "/v1/responses/" + id);
   EXPECT_EQ(got["status"], "failed") << got.dump();
+  EXPECT_EQ(got["error"], evs.back()["response"]["error"]) << got.dump();
   auto again = cli.Get("/v1/responses/" + id + "?stream=true&starting_after=0");
   ASSERT_TRUE(again);
   const std::vector<json> resumed = lilac::test::sse_events(again->body);
   ASSERT_EQ(resumed.size(), evs.size() - 1) << again->body;
   EXPECT_EQ(terminals(resumed), 1u) << again->body;
   EXPECT_EQ(resumed.back(), evs.back());
+}
+
+// A background response (not streamed) whose generation failed with an error quoting the lone byte 0xF4: storing
+// "failed" with that error threw inside the response's thread (the store's strict JSON dump), and the thread's catch
+// stored the exception's text instead ("[json.exception.type_error.316] invalid UTF-8 byte ..."). GET shows the
+// generation's own error now, the byte as U+FFFD.
+TEST(BackgroundResponses, OneThatFailsWithBytesThatAreNotUtf8KeepsItsOwnError) {
+  lilac::test::LocalServer srv(lilac::test::LocalServer::options(), nullptr, script());
+  const json bg = post_json(srv.port, "/v1/responses",
+                            {{"input", "astral"}, {"background", true}, {"max_output_tokens", 200}, {"reasoning", kOff},
+                             {"text", {{"format", {{"type", "json_object"}}}}}});
+  ASSERT_EQ(bg["status"], "queued") << bg.dump();
+  const json r = poll(srv.port, bg["id"].get<std::string>(), [](const json& r) {
+    const std::string st = r.value("status", "");
+    return !st.empty() && st != "queued" && st != "in_progress";
+  });
+  EXPECT_EQ(r["status"], "failed") << r.dump();
+  EXPECT_EQ(r["error"]["code"], "server_error") << r.dump();
+  const std::string message = r["error"].value("message", "");
+  EXPECT_NE(message.find("scripted backend: the script's token"), std::string::npos) << message;
+  EXPECT_NE(message.find("('\xEF\xBF\xBD') is not allowed by the token mask"), std::string::npos) << message;
+  EXPECT_EQ(message.find("json.exception"), std::string::npos) << message;
 }
 
 // A streamed background response cancelled while it streams (POST /v1/responses/{id}/cancel) ended its stream with no
