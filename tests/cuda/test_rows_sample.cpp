@@ -352,6 +352,25 @@ TEST(RowsSample, SingleRowWithoutMaskIsSampleToken) {
 
 }  // namespace
 
+// The arguments of sample_rows over M rows of one sequence (a speculative verify's rows): one parameter set, the rows'
+// tokens by row.
+static lr::SampleRowsArgs one_sequence_args(const float* logits, int64_t vocab, int M, lc::SampleParamsDev* params,
+                                            int32_t* counts, const uint8_t* mask, int32_t* token_by_row,
+                                            lc::SampleResult* results, char* scratch) {
+  lr::SampleRowsArgs a;
+  a.logits = logits;
+  a.vocab = vocab;
+  a.M = M;
+  a.one_sequence = true;
+  a.params = params;
+  a.counts = counts;
+  a.prompt_mask = mask;
+  a.token_by_row = token_by_row;
+  a.results = results;
+  a.scratch = scratch;
+  return a;
+}
+
 // One sequence's next M choices in one pass (one_sequence: the verify's rows without penalties): row r is what
 // sample_token chooses after r choices (its step + r) — greedy and seeded sampling with filters, logprobs —
 // and the sequence's counts and step are left to the caller.
@@ -375,18 +394,7 @@ TEST(RowsSample, OneSequenceRowsAreTheChoicesInTurn) {
       Dev<uint8_t> dm(mask);
       Dev<char> scratch(lr::sample_rows_scratch_bytes(vocab, M));
       Dev<lc::SampleResult> res(M);
-      lr::SampleRowsArgs a;
-      a.logits = dl.p;
-      a.vocab = vocab;
-      a.M = M;
-      a.one_sequence = true;
-      a.params = dp.p;
-      a.counts = dc.p;
-      a.prompt_mask = dm.p;
-      a.token_by_row = tok.p;
-      a.results = res.p;
-      a.scratch = scratch.p;
-      lr::sample_rows(a, nullptr);
+      lr::sample_rows(one_sequence_args(dl.p, vocab, M, dp.p, dc.p, dm.p, tok.p, res.p, scratch.p), nullptr);
       CK(cudaDeviceSynchronize());
       const auto got = res.get();
       const auto got_tok = tok.get();
@@ -428,18 +436,7 @@ TEST(RowsSample, OneSequenceRowsWithNoChoice) {
     Dev<uint8_t> dm(mask);
     Dev<char> scratch(lr::sample_rows_scratch_bytes(vocab, M));
     Dev<lc::SampleResult> res(M);
-    lr::SampleRowsArgs a;
-    a.logits = dl.p;
-    a.vocab = vocab;
-    a.M = M;
-    a.one_sequence = true;
-    a.params = dp.p;
-    a.counts = dc.p;
-    a.prompt_mask = dm.p;
-    a.token_by_row = tok.p;
-    a.results = res.p;
-    a.scratch = scratch.p;
-    lr::sample_rows(a, nullptr);
+    lr::sample_rows(one_sequence_args(dl.p, vocab, M, dp.p, dc.p, dm.p, tok.p, res.p, scratch.p), nullptr);
     CK(cudaDeviceSynchronize());
     const auto got = res.get();
     const auto got_tok = tok.get();
