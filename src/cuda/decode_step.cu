@@ -51,7 +51,8 @@ void gemv_into(const ModelConfig& c, const QMatrixDev& W, const float* x, Prolog
   gemv(a, s);
 }
 
-// LILAC_GDN_GATE=0 keeps the gated output norm in out_proj's prologue (the same bits either way).
+// LILAC_GDN_GATE=0 keeps the gated output norm in out_proj's prologue (the same bits either way with the tensor-core
+// GEMV; LILAC_GEMV=fp32's prologue sums a head's squares in another order).
 bool gdn_gate_in_step() {
   static const bool on = [] {
     const char* e = std::getenv("LILAC_GDN_GATE");

@@ -146,14 +146,15 @@ TEST(CudaDecodeGdn, StepChainOnAStreamWithoutHostSync) {
 
 // The gated output norm inside the step (GdnGate, sm_90 clusters of a head's column slices): the out_proj GEMV on its
 // output with no prologue gives the bits of the raw step + out_proj with the GatedHeadNorm prologue, and the states
-// are the same bits; the model's heads (a power-of-two number of 8-value units per head, 8 slices a cluster) and
-// tiny2's (48 values: 3 slices, the warp-per-head sum), two steps on the same states.
+// are the same bits; the model's heads (a power-of-two number of 8-value units per head, 8 slices a cluster), tiny2's
+// (48 values: 3 slices, the warp-per-head sum), 40 values (a last slice half empty) and 16 (one slice, no cluster
+// attribute), two steps on the same states.
 TEST(CudaDecodeGdn, GateInTheStepGivesOutProjsBits) {
   NEED_GPU();
   const uint64_t seed = fresh_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   Rng r(seed);
-  for (const Shape c : {Shape{16, 32, 128, 128}, Shape{2, 4, 32, 48}}) {
+  for (const Shape c : {Shape{16, 32, 128, 128}, Shape{2, 4, 32, 48}, Shape{1, 8, 32, 40}, Shape{2, 4, 64, 16}}) {
     SCOPED_TRACE("dv " + std::to_string(c.dv));
     const lc::GdnShape gs{c.Hk, c.Hv, c.dk, c.dv};
     const int64_t C = 2LL * c.Hk * c.dk + int64_t(c.Hv) * c.dv, V = int64_t(c.Hv) * c.dv;
