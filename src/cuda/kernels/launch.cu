@@ -5,14 +5,24 @@
 
 namespace lilac::cuda {
 
+bool sm90_or_later() {
+  static const bool yes = [] {
+    int dev = 0, major = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    return major >= 9;
+  }();
+  return yes;
+}
+
 bool pdl_enabled() {
   static const bool on = [] {
     const char* e = std::getenv("LILAC_PDL");
     if (e && std::strcmp(e, "0") == 0) return false;
-    int dev = 0, major = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess) return false;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return false;
-    return major >= 9;
+    return sm90_or_later();
   }();
   return on;
 }

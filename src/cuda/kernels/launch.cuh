@@ -30,6 +30,8 @@
 
 namespace lilac::cuda {
 
+// Whether the current device is sm_90 or later (PDL, thread-block clusters); read once.
+bool sm90_or_later();
 // Whether decode launches use PDL (device >= sm_90 and LILAC_PDL != 0); read once.
 bool pdl_enabled();
 

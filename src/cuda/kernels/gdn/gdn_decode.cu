@@ -221,15 +221,8 @@ void launch_step(bool vec, const GdnShape& s, const float* qkv, const float* b, 
 }  // namespace
 
 bool gdn_decode_gate_supported(const GdnShape& s, const float* state) {
-  static const bool sm90 = [] {
-    int dev = 0, major = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
-      cudaGetLastError();
-      return false;
-    }
-    return major >= 9;
-  }();
-  return sm90 && s.dv % 8 == 0 && s.dv <= kMaxGateSlices * kCols && reinterpret_cast<uintptr_t>(state) % 16 == 0;
+  return sm90_or_later() && s.dv % 8 == 0 && s.dv <= kMaxGateSlices * kCols &&
+         reinterpret_cast<uintptr_t>(state) % 16 == 0;
 }
 
 void gdn_decode_step(const GdnShape& s, const float* qkv, const float* b, const float* a, const float* A_log,
