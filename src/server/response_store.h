@@ -4,7 +4,9 @@
 // earlier turns' outputs among them, then this response's output items) and the response object as answered.
 #pragma once
 #include <cstddef>
+#include <functional>
 #include <string>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -34,8 +36,20 @@ inline void append_output_items(nlohmann::ordered_json& items, const nlohmann::j
 class ResponseStore : public BoundedStore<ResponseEntry, false> {
  public:
   using Entry = ResponseEntry;
-  explicit ResponseStore(size_t max_entries = 1000, size_t max_bytes = size_t(256) << 20)
-      : BoundedStore(max_entries, max_bytes, &bytes_of) {}
+  // A test seam (ServerOptions::response_store_put_fault), empty in production: called first by every put() with the
+  // id and the response object to be stored; a test throws from it to reach the paths of a put that throws, which
+  // only an allocation failure reaches otherwise. Called on the threads that store (requests', background
+  // responses'), so it must be thread-safe.
+  using PutFault = std::function<void(const std::string& id, const nlohmann::json& response)>;
+
+  explicit ResponseStore(size_t max_entries = 1000, size_t max_bytes = size_t(256) << 20, PutFault put_fault = nullptr)
+      : BoundedStore(max_entries, max_bytes, &bytes_of), put_fault_(std::move(put_fault)) {}
+
+  // BoundedStore::put, after the test seam's call (when one is set).
+  bool put(const std::string& id, Entry e) {
+    if (put_fault_) put_fault_(id, e.response);
+    return BoundedStore::put(id, std::move(e));
+  }
 
  private:
   // dump_json, not a strict dump: an entry may hold bytes that are not UTF-8 (a backend's error quoting a token that
@@ -43,6 +57,8 @@ class ResponseStore : public BoundedStore<ResponseEntry, false> {
   static size_t bytes_of(const std::string& id, const Entry& e) {
     return dump_json(e.items).size() + dump_json(e.response).size() + id.size();
   }
+
+  const PutFault put_fault_;
 };
 
 }  // namespace lilac::server

@@ -58,6 +58,9 @@ struct ServerOptions {
   int spec_tokens = 0;             // speculative decoding: MTP drafts per step (GenerationRequest::draft_tokens)
   SpecPolicyKind spec_policy = SpecPolicyKind::Adaptive;  // adaptive (0..spec_tokens drafts) or fixed
   int spec_max_batch = kDefaultSpecMaxBatch;  // no drafts while more sequences decode (SchedulerOptions)
+  // Tests only (response_store.h's seam; empty in production): called before each store of a Responses object,
+  // with its id and the object; a throw from it is that store throwing.
+  std::function<void(const std::string& id, const nlohmann::json& response)> response_store_put_fault;
 };
 
 // Optional hook for a request router (the hybrid router, src/router/hybrid.h). Every member may be

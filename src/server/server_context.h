@@ -34,7 +34,8 @@ struct ServerContext {
   std::unique_ptr<GenerationCore> core;  // set once the model is loaded, before `ready`
   std::atomic<bool> ready{false};
   std::atomic<bool> shutting_down{false};  // Server::shutdown began
-  ResponseStore responses{1000, opts.responses_bytes};  // the Responses API's stored responses
+  // The Responses API's stored responses (opts.response_store_put_fault: the tests' seam, empty in production).
+  ResponseStore responses{1000, opts.responses_bytes, opts.response_store_put_fault};
   BackgroundResponses background{responses};           // its background mode's running generations
   ConversationStore conversations{1000, opts.responses_bytes};  // OpenAI's Conversations
   // Called by Server::stop after the generations were ended and the connections closed, before the generation core

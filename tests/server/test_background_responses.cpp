@@ -1,14 +1,17 @@
 // Background Responses (POST /v1/responses with background: true) while they run and when they end: the input items
 // of a running one, a follow-up to one that has not ended, a final object too large for the response store, a streamed
-// one's single terminal event (response.cancelled when it is cancelled), a failure whose error is not UTF-8; and a
-// conversation whose new metadata would not fit that store.
+// one's single terminal event (response.cancelled when it is cancelled; also when the response store throws, made to by
+// ServerOptions::response_store_put_fault), a failure whose error is not UTF-8; and a conversation whose new metadata
+// would not fit that store.
 // The scripted backend (server_test_util.h): "slow" -> " x" forever, 20 ms per token; "big" -> 400 " word"s at once;
 // "breaks" -> JSON that breaks its grammar after a few tokens; "astral" -> JSON broken by a character whose first
 // token is a lone byte (its error message is not UTF-8).
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -164,11 +167,16 @@ TEST(BackgroundResponses, AStreamedOneThatFailsEndsWithResponseFailed) {
 // A streamed background response whose failure could not be stored after its response.failed was published (the
 // error message holds a lone byte 0xF4, which the store's strict JSON dump rejected) got a second terminal event: the
 // thread's catch published another response.failed. Exactly one terminal event ends the stream now, live and resumed.
-// Storing that end no longer throws (the store measures an entry with dump_json, which replaces such bytes), so the
-// end is stored by the run itself and the catch is not reached: GET shows the response failed with the generation's own
-// error, as the stream's response.failed does (it showed the catch's "[json.exception.type_error.316] ..." instead).
+// That store no longer throws on such bytes (dump_json replaces them), so the test seam makes it throw: the store of
+// the run's "failed" object throws once, which reaches the thread's catch (fail()) after the stream ended. The catch
+// stores "failed" again (GET shows the store's error: it is the one fail() stored) and publishes nothing more.
 TEST(BackgroundResponses, AStreamHasOneTerminalEventWhenStoringItsEndThrows) {
-  lilac::test::LocalServer srv(lilac::test::LocalServer::options(), nullptr, script());
+  std::atomic<int> failed_puts{0};
+  auto o = lilac::test::LocalServer::options();
+  o.response_store_put_fault = [&](const std::string&, const json& r) {
+    if (r.value("status", "") == "failed" && failed_puts++ == 0) throw std::runtime_error("test: storing failed threw");
+  };
+  lilac::test::LocalServer srv(o, nullptr, script());
   httplib::Client cli("127.0.0.1", srv.port);
   cli.set_read_timeout(10, 0);
   const json body = {{"input", "astral"}, {"background", true}, {"stream", true}, {"max_output_tokens", 200},
@@ -190,7 +198,8 @@ TEST(BackgroundResponses, AStreamHasOneTerminalEventWhenStoringItsEndThrows) {
   EXPECT_NE(message.find("('\xEF\xBF\xBD') is not allowed by the token mask"), std::string::npos) << message;
   const json got = get_json(srv.port, "/v1/responses/" + id);
   EXPECT_EQ(got["status"], "failed") << got.dump();
-  EXPECT_EQ(got["error"], evs.back()["response"]["error"]) << got.dump();
+  EXPECT_EQ(got["error"]["message"], "test: storing failed threw") << got.dump();  // the catch was reached
+  EXPECT_EQ(failed_puts.load(), 2);  // the run's store (threw), the catch's
   auto again = cli.Get("/v1/responses/" + id + "?stream=true&starting_after=0");
   ASSERT_TRUE(again);
   const std::vector<json> resumed = lilac::test::sse_events(again->body);
