@@ -79,29 +79,42 @@ void BackgroundResponses::fail(Task& t, const std::string& what) {
   LILAC_LOG_ERROR("background response %s: %s", t.id.c_str(), what.c_str());
   t.gen->cancel();
   const nlohmann::json error = responses_failure(500, what);
+  const bool ended = t.stream && stream_ended(t);
+  // Storing the failure and ending the stream are apart: a store that throws must not keep the stream from its
+  // terminal event (in one try, it did: a client read to the end of a stream that had none).
   try {
-    const bool ended = t.stream && stream_ended(t);
     std::optional<ResponseStore::Entry> e = store_.get(t.id);
     if (!ended || !e || response_running(e->response)) store(t, "failed", error);
-    if (t.stream && !ended) publish(t, responses_failed_event(*t.fmt, error));  // the stream's one terminal event
-  } catch (const std::exception& x) {  // storing it failed too: finish() still ends the stored object
-    LILAC_LOG_ERROR("background response %s: %s", t.id.c_str(), x.what());
+  } catch (const std::exception& x) {  // finish() still ends the stored object
+    LILAC_LOG_ERROR("background response %s: storing its failure failed: %s", t.id.c_str(), x.what());
+  }
+  if (!t.stream || ended) return;
+  try {
+    publish(t, responses_failed_event(*t.fmt, error));  // the stream's one terminal event
+  } catch (const std::exception& x) {
+    LILAC_LOG_ERROR("background response %s: publishing response.failed failed: %s", t.id.c_str(), x.what());
   }
 }
 
 void BackgroundResponses::finish(Task& t) {
   // The final object must replace "queued" / "in_progress" (clients poll until it does). One too large for the store
   // (--responses-mb) was not kept and the old status stayed forever: it ends as failed, without its output.
-  if (std::optional<ResponseStore::Entry> e = store_.get(t.id)) {
-    if (response_running(e->response)) {
-      nlohmann::json r = e->response;
-      r["status"] = "failed";
-      r["output"] = nlohmann::json::array();
-      r["error"] = {{"code", "server_error"},
-                    {"message", "The response is larger than this server's response store holds (--responses-mb): it "
-                                "was not kept."}};
-      if (!store_.put(t.id, ResponseStore::Entry{t.items, r})) store_.erase(t.id);
+  // A store that throws here is logged: the throw left the response's thread (std::terminate), and the task must end
+  // (done) for its stream's readers to stop waiting.
+  try {
+    if (std::optional<ResponseStore::Entry> e = store_.get(t.id)) {
+      if (response_running(e->response)) {
+        nlohmann::json r = e->response;
+        r["status"] = "failed";
+        r["output"] = nlohmann::json::array();
+        r["error"] = {{"code", "server_error"},
+                      {"message", "The response is larger than this server's response store holds (--responses-mb): "
+                                  "it was not kept."}};
+        if (!store_.put(t.id, ResponseStore::Entry{t.items, r})) store_.erase(t.id);
+      }
     }
+  } catch (const std::exception& x) {
+    LILAC_LOG_ERROR("background response %s: storing its end failed: %s", t.id.c_str(), x.what());
   }
   {
     std::lock_guard<std::mutex> lk(mu_);

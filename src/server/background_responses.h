@@ -81,8 +81,11 @@ class BackgroundResponses {
   bool stream_ended(const Task& t) const;
   // What run() does when reading the generation threw: the generation is cancelled, the stored object becomes
   // "failed" and the stream ends with response.failed, unless the stream had ended already (then the stored object
-  // stays as that end stored it, if it did).
+  // stays as that end stored it, if it did). Storing "failed" may throw too: that is logged, and the stream still
+  // gets its response.failed.
   void fail(Task& t, const std::string& what);
+  // The task's end: a stored object still "queued" / "in_progress" becomes "failed" (a store that throws is logged),
+  // then the task is done (its stream's readers stop waiting).
   void finish(Task& t);
   std::shared_ptr<Task> find_locked(const std::string& id) const;
   void reap_locked();

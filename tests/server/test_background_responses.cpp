@@ -208,6 +208,76 @@ TEST(BackgroundResponses, AStreamHasOneTerminalEventWhenStoringItsEndThrows) {
   EXPECT_EQ(resumed.back(), evs.back());
 }
 
+// The thread's catch (fail()) stored the failure and published the stream's response.failed in one try: when storing
+// the failure threw too, response.failed was skipped and the stream ended with no terminal event. The test seam makes
+// every store of "in_progress" throw (the run's first one reaches the catch) and the catch's store of "failed" throw:
+// the stream still ends with one response.failed, carrying the run's error, live and resumed, and the run's end
+// (finish()) stores "failed".
+TEST(BackgroundResponses, AStreamEndsWithResponseFailedWhenStoringItsFailureThrows) {
+  std::atomic<int> in_progress_puts{0}, failed_puts{0};
+  auto o = lilac::test::LocalServer::options();
+  o.response_store_put_fault = [&](const std::string&, const json& r) {
+    const std::string status = r.value("status", "");
+    if (status == "in_progress") {
+      ++in_progress_puts;
+      throw std::runtime_error("test: storing in_progress threw");
+    }
+    if (status == "failed" && failed_puts++ == 0) throw std::runtime_error("test: storing failed threw");
+  };
+  lilac::test::LocalServer srv(o, nullptr, script());
+  httplib::Client cli("127.0.0.1", srv.port);
+  cli.set_read_timeout(10, 0);
+  const json body = {{"input", "slow please"}, {"background", true}, {"stream", true}, {"max_output_tokens", 2000},
+                     {"reasoning", kOff}};
+  auto r = cli.Post("/v1/responses", body.dump(), "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const std::vector<json> evs = lilac::test::sse_events(r->body);
+  ASSERT_GE(evs.size(), 2u) << r->body;
+  EXPECT_EQ(in_progress_puts.load(), 1);
+  EXPECT_EQ(failed_puts.load(), 2);  // the catch's store (threw), finish()'s
+  const std::string id = evs.front()["response"]["id"];
+  for (size_t i = 0; i < evs.size(); ++i) EXPECT_EQ(evs[i]["sequence_number"], i) << r->body;
+  EXPECT_EQ(terminals(evs), 1u) << r->body;
+  ASSERT_EQ(evs.back()["type"], "response.failed") << r->body;
+  EXPECT_EQ(evs.back()["response"]["status"], "failed");
+  EXPECT_EQ(evs.back()["response"]["error"]["message"], "test: storing in_progress threw");
+  EXPECT_EQ(r->body.substr(r->body.size() - 2), "\n\n");
+  EXPECT_EQ(get_json(srv.port, "/v1/responses/" + id)["status"], "failed");
+  auto again = cli.Get("/v1/responses/" + id + "?stream=true&starting_after=0");
+  ASSERT_TRUE(again);
+  const std::vector<json> resumed = lilac::test::sse_events(again->body);
+  ASSERT_EQ(resumed.size(), evs.size() - 1) << again->body;
+  EXPECT_EQ(terminals(resumed), 1u) << again->body;
+  EXPECT_EQ(resumed.back(), evs.back());
+}
+
+// A store that throws on every put after the "queued" one: the run's end (finish()) stored without a guard, so its
+// throw left the response's thread (std::terminate: the whole server ended). The stream ends with its one
+// response.failed, and the server goes on serving.
+TEST(BackgroundResponses, AStreamEndsAndTheServerLivesWhenTheStoreAlwaysThrows) {
+  auto o = lilac::test::LocalServer::options();
+  std::atomic<bool> broken{true};
+  o.response_store_put_fault = [&](const std::string&, const json& r) {
+    if (broken && r.value("status", "") != "queued") throw std::runtime_error("test: the store threw");
+  };
+  lilac::test::LocalServer srv(o, nullptr, script());
+  httplib::Client cli("127.0.0.1", srv.port);
+  cli.set_read_timeout(10, 0);
+  const json body = {{"input", "slow please"}, {"background", true}, {"stream", true}, {"max_output_tokens", 2000},
+                     {"reasoning", kOff}};
+  auto r = cli.Post("/v1/responses", body.dump(), "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const std::vector<json> evs = lilac::test::sse_events(r->body);
+  ASSERT_GE(evs.size(), 2u) << r->body;
+  for (size_t i = 0; i < evs.size(); ++i) EXPECT_EQ(evs[i]["sequence_number"], i) << r->body;
+  EXPECT_EQ(terminals(evs), 1u) << r->body;
+  EXPECT_EQ(evs.back()["type"], "response.failed") << r->body;
+  broken = false;
+  EXPECT_EQ(post_json(srv.port, "/v1/responses", {{"input", "hello"}, {"reasoning", kOff}})["status"], "completed");
+}
+
 // A background response (not streamed) whose generation failed with an error quoting the lone byte 0xF4: storing
 // "failed" with that error threw inside the response's thread (the store's strict JSON dump), and the thread's catch
 // stored the exception's text instead ("[json.exception.type_error.316] invalid UTF-8 byte ..."). GET shows the
