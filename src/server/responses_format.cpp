@@ -1,5 +1,7 @@
 #include "server/responses_format.h"
 
+#include <exception>
+
 #include "server/anthropic_format.h"  // sse_event
 #include "server/openai_schema.h"
 
@@ -16,6 +18,7 @@ class ResponsesFormatter final : public ResponseFormatter {
   json object(const std::string& status, const json& error) const { return response(status, error); }
 
   std::string stream_start() override {
+    const Unspent unspent(seq_);
     streaming_ = true;
     json r = response("in_progress");
     std::string out = event("response.created", json{{"response", r}});
@@ -23,6 +26,7 @@ class ResponsesFormatter final : public ResponseFormatter {
   }
 
   std::string stream_event(const OutputEvent& ev) override {
+    const Unspent unspent(seq_);  // on_done's store may throw after the open item's .done events were numbered
     if (ev.kind == OutputEvent::Error) {
       const std::string out = event("error", json{{"code", ev.status >= 500 ? "server_error" : "invalid_request"},
                                                   {"message", ev.message},
@@ -66,17 +70,39 @@ class ResponsesFormatter final : public ResponseFormatter {
 
   // The stream's terminal event for a failure: response.failed with the response so far, status "failed".
   std::string failed_event(const json& error) {
+    const Unspent unspent(seq_);
     return event("response.failed", json{{"response", response("failed", error)}});
   }
 
   // The stream's terminal event for a cancellation: response.cancelled with the response so far, status "cancelled".
-  std::string cancelled_event() { return event("response.cancelled", json{{"response", response("cancelled")}}); }
+  std::string cancelled_event() {
+    const Unspent unspent(seq_);
+    return event("response.cancelled", json{{"response", response("cancelled")}});
+  }
 
   std::string finish_reason() const override {
     return stats_.finish == FinishReason::Length ? "incomplete" : "completed";
   }
 
  private:
+  // Gives back the sequence numbers taken in its scope when a throw leaves it: the events numbered there are never
+  // sent, so the next event sent follows the last one sent. (They were spent: when the store of a completed object
+  // in on_done threw, the stream's response.failed came after a gap.)
+  class Unspent {
+   public:
+    explicit Unspent(int64_t& seq) : seq_(seq), at_(seq), exceptions_(std::uncaught_exceptions()) {}
+    ~Unspent() {
+      if (std::uncaught_exceptions() > exceptions_) seq_ = at_;
+    }
+    Unspent(const Unspent&) = delete;
+    Unspent& operator=(const Unspent&) = delete;
+
+   private:
+    int64_t& seq_;
+    const int64_t at_;
+    const int exceptions_;
+  };
+
   json usage() const {
     const int64_t in = stats_.prompt_tokens > 0 ? stats_.prompt_tokens : meta_.input_tokens;
     return json{{"input_tokens", in},

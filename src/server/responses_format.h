@@ -8,7 +8,8 @@
 // max_output_tokens ended it). An error mid-stream is an `error` event, then response.failed (the response so
 // far, status "failed", with its `error`): a failed stream ends with a terminal event as a finished one does. A
 // cancelled background stream ends with response.cancelled (responses_cancelled_event); a cancelled foreground one
-// has no reader left and no terminal event.
+// has no reader left and no terminal event. A call that throws (on_done's store, say) spends no sequence number: the
+// events a client gets are numbered 0, 1, 2, ... without a gap.
 #pragma once
 #include <cstdint>
 #include <functional>

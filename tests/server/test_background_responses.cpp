@@ -1,8 +1,8 @@
 // Background Responses (POST /v1/responses with background: true) while they run and when they end: the input items
 // of a running one, a follow-up to one that has not ended, a final object too large for the response store, a streamed
 // one's single terminal event (response.cancelled when it is cancelled; also when the response store throws, made to by
-// ServerOptions::response_store_put_fault), a failure whose error is not UTF-8; and a conversation whose new metadata
-// would not fit that store.
+// ServerOptions::response_store_put_fault) and contiguous sequence numbers, a failure whose error is not UTF-8; and a
+// conversation whose new metadata would not fit that store.
 // The scripted backend (server_test_util.h): "slow" -> " x" forever, 20 ms per token; "big" -> 400 " word"s at once;
 // "breaks" -> JSON that breaks its grammar after a few tokens; "astral" -> JSON broken by a character whose first
 // token is a lone byte (its error message is not UTF-8).
@@ -276,6 +276,47 @@ TEST(BackgroundResponses, AStreamEndsAndTheServerLivesWhenTheStoreAlwaysThrows) 
   EXPECT_EQ(evs.back()["type"], "response.failed") << r->body;
   broken = false;
   EXPECT_EQ(post_json(srv.port, "/v1/responses", {{"input", "hello"}, {"reasoning", kOff}})["status"], "completed");
+}
+
+// The formatter numbered a completed stream's last events (the open item's .done events) before its on_done stored
+// the completed object; when that store threw, those events were never sent but their sequence numbers were spent,
+// and the response.failed that ended the stream came after a gap. The test seam makes the store of "completed" throw
+// once: the events the client gets are numbered 0, 1, 2, ... to the response.failed.
+TEST(BackgroundResponses, AStreamHasNoSequenceGapWhenStoringItsCompletionThrows) {
+  std::atomic<int> completed_puts{0};
+  auto o = lilac::test::LocalServer::options();
+  o.response_store_put_fault = [&](const std::string&, const json& r) {
+    if (r.value("status", "") == "completed" && completed_puts++ == 0)
+      throw std::runtime_error("test: storing completed threw");
+  };
+  lilac::test::LocalServer srv(o, nullptr, script());
+  httplib::Client cli("127.0.0.1", srv.port);
+  cli.set_read_timeout(10, 0);
+  const json body = {{"input", "hello"}, {"background", true}, {"stream", true}, {"reasoning", kOff}};
+  auto r = cli.Post("/v1/responses", body.dump(), "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const std::vector<json> evs = lilac::test::sse_events(r->body);
+  ASSERT_GE(evs.size(), 3u) << r->body;
+  EXPECT_EQ(completed_puts.load(), 1);
+  bool text = false;  // the answer's text was streamed before its end
+  for (size_t i = 0; i < evs.size(); ++i) {
+    EXPECT_EQ(evs[i]["sequence_number"], i) << r->body;
+    text |= evs[i]["type"] == "response.output_text.delta";
+  }
+  EXPECT_TRUE(text) << r->body;
+  EXPECT_EQ(terminals(evs), 1u) << r->body;
+  ASSERT_EQ(evs.back()["type"], "response.failed") << r->body;
+  EXPECT_EQ(evs.back()["response"]["error"]["message"], "test: storing completed threw");
+  const std::string id = evs.front()["response"]["id"];
+  const json got = get_json(srv.port, "/v1/responses/" + id);
+  EXPECT_EQ(got["status"], "failed") << got.dump();
+  EXPECT_EQ(got["error"], evs.back()["response"]["error"]) << got.dump();
+  auto again = cli.Get("/v1/responses/" + id + "?stream=true&starting_after=0");
+  ASSERT_TRUE(again);
+  const std::vector<json> resumed = lilac::test::sse_events(again->body);
+  ASSERT_EQ(resumed.size(), evs.size() - 1) << again->body;
+  for (size_t i = 0; i < resumed.size(); ++i) EXPECT_EQ(resumed[i]["sequence_number"], i + 1) << again->body;
 }
 
 // A background response (not streamed) whose generation failed with an error quoting the lone byte 0xF4: storing
