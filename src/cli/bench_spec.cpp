@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <exception>
 #include <random>
 #include <sstream>
 
@@ -48,8 +49,10 @@ SpecResult spec_decode(Session& s, const SessionSnapshot& snap, const std::vecto
     const int k = int(std::min<int64_t>(pol.choose(), int64_t(truth.size()) - 2 - i));
     SpecRound round;
     const std::vector<TokenChoice> ch = speculative_step(s, k, i, {}, hook, stats, &round, &clock);
-    for (const TokenChoice& c : ch)
+    for (const TokenChoice& c : ch) {
+      if (c.error) std::rethrow_exception(c.error);  // a row with no choice: as the decode step that throws there
       if (c.token != truth[static_cast<size_t>(++i)]) throw Error("bench: speculative output differs from plain decoding");
+    }
     ++r.steps;
     r.tokens += int64_t(ch.size());
     if (round.drafted > 0) {

@@ -548,8 +548,9 @@ class CpuSessionImpl : public CpuSession {
 // Feeds the pending token and the drafts as one row-exact step, then chooses row by row with the
 // session's sampler while the choice equals the next draft (greedy: the argmax; sampling: the same draw
 // decode_step() would make, so a draft d is kept with probability p(d), and a rejected row's choice is a
-// draw from p without d -- the rejection-sampling rule for a point-mass proposal). Rows after the first
-// rejection are undone: attention rows by length, Gated DeltaNet layers by gdn_rollback.
+// draw from p without d -- the rejection-sampling rule for a point-mass proposal). A row with no choice
+// (engine/sampler.h) is the last kept, as the decode step that throws there: its choice carries the error.
+// Rows after the last kept are undone: attention rows by length, Gated DeltaNet layers by gdn_rollback.
 std::vector<TokenChoice> CpuSessionImpl::verify(std::span<const int32_t> drafts) {
   if (drafts.empty()) return {decode_step()};
   if (next_token_ < 0) throw Error("cpu session: verify() without a sampled token");
@@ -568,10 +569,11 @@ std::vector<TokenChoice> CpuSessionImpl::verify(std::span<const int32_t> drafts)
   exact_rows_ = false;
   std::vector<TokenChoice> out;
   for (int64_t i = 0; i < n; ++i) {
-    out.push_back(sampler_.sample(std::span<const float>(row_logits_.data() + i * V, static_cast<size_t>(V))));
-    if (i + 1 == n || out.back().token != drafts[static_cast<size_t>(i)]) break;
+    out.push_back(choice_or_error(
+        [&] { return sampler_.sample(std::span<const float>(row_logits_.data() + i * V, static_cast<size_t>(V))); }));
+    if (out.back().error || i + 1 == n || out.back().token != drafts[static_cast<size_t>(i)]) break;
   }
-  const int64_t m = int64_t(out.size()) - 1;  // accepted drafts
+  const int64_t m = int64_t(out.size()) - 1;  // accepted drafts (rows 0..m kept)
   if (m + 1 < n) {
     for (int l = 0; l < cfg_.num_layers; ++l)
       if (!cfg_.full_attention[static_cast<size_t>(l)]) {
@@ -581,7 +583,7 @@ std::vector<TokenChoice> CpuSessionImpl::verify(std::span<const int32_t> drafts)
     len_ = len0 + m + 1;  // attention rows beyond are stale
     std::memcpy(logits_.data(), row_logits_.data() + m * V, static_cast<size_t>(V) * sizeof(float));
   }
-  next_token_ = out.back().token;
+  next_token_ = out.back().error ? -1 : out.back().token;  // no choice: nothing pending (a decode step that threw)
   if (following_mtp()) mtp_->on_rows(len0, std::span<const int32_t>(rows.data(), static_cast<size_t>(m + 1)), row_hidden_.data());
   return out;
 }

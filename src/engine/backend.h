@@ -79,9 +79,9 @@ struct TokenChoice {
   int32_t token = -1;
   float logprob = 0.f;             // when logprobs were requested
   std::vector<TokenLogprob> top;   // top_logprobs alternatives, most likely first
-  // Backend::decode_batch only: this session's step failed on its own (its sampler found no choice, say), and the
-  // other fields mean nothing. Its generation fails with this error (Sequence::consume rethrows it); the other
-  // sessions' choices of the batch stand.
+  // Backend::decode_batch and Session::verify only: this session's step (a verify: this row) failed on its own (its
+  // sampler found no choice, say), and the other fields mean nothing. Its generation fails with this error after the
+  // choices before it (Sequence::consume rethrows it); the other sessions' choices of the batch stand.
   std::exception_ptr error;
 };
 
@@ -187,7 +187,10 @@ class Session {
   // seed, which is the rejection-sampling rule for a point-mass proposal (draft d kept with probability
   // p(d), else a draw from p without d), so the output distribution is unchanged. Logprobs are the main
   // model's. Afterwards the session is in the state decode_step() would have left: its length grew by the
-  // number of choices and the last choice is pending. Drafts must fit the context (else InputError, state
+  // number of choices and the last choice is pending. A row with no choice (engine/sampler.h) is the last: its
+  // TokenChoice carries the sampler's error (TokenChoice::error) after the choices before it, and the session is
+  // as after the decode step that throws there (that row fed, no token pending); a backend may throw instead (the
+  // CUDA backend does), which loses the choices before it. Drafts must fit the context (else InputError, state
   // unchanged). Do not pass drafts while a token mask is set: the masks of later rows depend on the
   // tokens accepted before them (constrained generation does not speculate). Default: no speculation.
   virtual std::vector<TokenChoice> verify(std::span<const int32_t> drafts) {

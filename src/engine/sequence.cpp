@@ -204,12 +204,16 @@ int Sequence::draft_budget() const {
 void Sequence::consume(std::span<const TokenChoice> choices) {
   if (phase_ != Phase::Decode) throw Error("Sequence::consume: not in the decode phase");
   if (choices.empty()) throw Error("Sequence::consume: a step made no choice");
-  for (const TokenChoice& c : choices)  // a batched step that failed for this sequence alone (Backend::decode_batch)
-    if (c.error) std::rethrow_exception(c.error);
-  // The session fed the pending token and every choice but the last.
+  // A choice with an error (a batched step that failed for this sequence alone, Backend::decode_batch; a verify's row
+  // with no choice, Session::verify) ends the step: the choices before it count, then it is rethrown.
+  size_t n = 0;
+  while (n < choices.size() && !choices[n].error) ++n;
+  if (n == 0) std::rethrow_exception(choices[0].error);  // nothing changed
+  const bool failed = n < choices.size();
+  // The session fed the pending token and every choice but the last (after a failed row: every choice before it).
   auto& ctx = gen_.context_;
   ctx.push_back(pending_);
-  for (size_t i = 0; i + 1 < choices.size(); ++i) ctx.push_back(choices[i].token);
+  for (size_t i = 0; i < (failed ? n : n - 1); ++i) ctx.push_back(choices[i].token);
   gen_.context_valid_ = true;
   gen_.context_prefilled_ = false;  // decode steps fed these: a later prompt does not resume from them
   ++st_.decode_steps;
@@ -220,10 +224,11 @@ void Sequence::consume(std::span<const TokenChoice> choices) {
       gen_.policy_.on_plain(-1);
   }
   step_reported_ = step_suppressed_ = false;
-  for (const TokenChoice& c : choices) {
+  for (const TokenChoice& c : choices.first(n)) {
     ++st_.completion_tokens;
-    if (!accept(c)) return;
+    if (!accept(c)) return;  // ended before the failed row, as decode steps one by one would have
   }
+  if (failed) std::rethrow_exception(choices[n].error);
 }
 
 void Sequence::suppress_drafts() {

@@ -85,8 +85,9 @@ class Sequence {
   // The step's choices, in order (see the header comment). The session must have fed the pending token
   // and every choice but the last (a verify's accepted drafts). A step a driver ran (not decode_alone)
   // counts as a plain step, untimed, for the draft policy. A choice carrying an error (TokenChoice::error:
-  // decode_batch's step failed for this session) is rethrown before anything changes: the driver fails the
-  // sequence as if its own step had thrown.
+  // decode_batch's step failed for this session; a verify's row had no choice) is rethrown after the choices
+  // before it are consumed (before anything changes when it is the first): the driver fails the sequence as if
+  // its own step had thrown there.
   void consume(std::span<const TokenChoice> choices);
   // prepare_step + (draft + verify | decode_step) + consume, for a sequence stepped on its own.
   void decode_alone();

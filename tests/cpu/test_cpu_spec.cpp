@@ -2,7 +2,8 @@
 // are bit for bit one-token steps at every acceptance length 0..K (injected drafts: the true continuation
 // with one error at a chosen place), also with penalties and sampling; the Gated DeltaNet / conv / KV
 // rollback leaves exactly the one-by-one state; the context limit; the MTP head's own cache across
-// prefill chunks and snapshots; and a statistical test of the acceptance rule.
+// prefill chunks and snapshots; a row with no choice ends the verify's choices; and a statistical test of the
+// acceptance rule.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -160,6 +161,64 @@ TEST(CpuSpec, AHeadWithNonFiniteLogitsDraftsNothing) {
     }
     for (size_t i = 0; i < ref.choices.size(); ++i) EXPECT_TRUE(same_choice(got[i], ref.choices[i])) << i;
   }
+}
+
+// A row with no choice in the middle of a verify (engine/sampler.h; here every logit NaN once a token whose embedding
+// row is NaN has been fed): the choices before it, then one carrying the sampler's error (TokenChoice::error), and the
+// session as decode steps leave it when the last of them throws there: that row fed, no token pending.
+TEST(CpuSpec, ARowWithNoChoiceIsTheLastOfTheVerify) {
+  auto good = make_cpu_backend(fixture("tiny-mtp"), 1);
+  const int64_t V = good->config().vocab_size, P = 12;
+  const auto prompt = random_tokens(P, V, 17);
+  const Reference ref = decode_plainly(*good, prompt, SamplingParams{}, 12, 64);
+  // The poisoned token: the first choice after the first that is new to the context (its embedding never read before).
+  std::vector<bool> seen(static_cast<size_t>(V), false);
+  for (int32_t t : prompt) seen[static_cast<size_t>(t)] = true;
+  size_t j = 0;
+  for (size_t i = 0; i + 3 < ref.choices.size() && j == 0; ++i) {
+    const int32_t t = ref.choices[i].token;
+    if (i >= 2 && !seen[static_cast<size_t>(t)]) j = i;
+    seen[static_cast<size_t>(t)] = true;
+  }
+  ASSERT_GT(j, 0u) << "no choice to poison";
+  auto bad = make_cpu_backend(testutil::with_nan_embedding_row("tiny-mtp", ref.choices[j].token), 1);
+  const std::string want = no_finite_logit_error().what();
+  auto start = [&] {
+    auto s = bad->new_session(64);
+    s->prefill(prompt);
+    s->begin_generation(SamplingParams{}, prompt);
+    EXPECT_EQ(s->sample().token, ref.choices[0].token);
+    return s;
+  };
+  // Plain decoding: choices 1..j, then the step that feeds choice j throws.
+  auto plain = start();
+  for (size_t i = 1; i <= j; ++i) EXPECT_TRUE(same_choice(plain->decode_step(), ref.choices[i])) << i;
+  try {
+    plain->decode_step();
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), want);
+  }
+  // One verify of drafts = choices 1..j+2: rows 0..j+2, row j (fed choice j) has no choice.
+  auto s = start();
+  std::vector<int32_t> drafts;
+  for (size_t i = 1; i <= j + 2; ++i) drafts.push_back(ref.choices[i].token);
+  const std::vector<TokenChoice> ch = s->verify(drafts);
+  ASSERT_EQ(ch.size(), j + 1);
+  for (size_t i = 0; i < j; ++i) {
+    EXPECT_FALSE(ch[i].error) << i;
+    EXPECT_TRUE(same_choice(ch[i], ref.choices[i + 1])) << i;
+  }
+  ASSERT_TRUE(ch[j].error);
+  try {
+    std::rethrow_exception(ch[j].error);
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), want);
+  }
+  EXPECT_EQ(s->length(), plain->length());
+  EXPECT_EQ(s->length(), P + int64_t(j) + 1);
+  EXPECT_THROW(s->decode_step(), Error);  // no token pending
+  EXPECT_THROW(s->verify(drafts), Error);
 }
 
 // Drafts up to the last position of the context; one more does not fit: InputError, state unchanged.
