@@ -14,6 +14,7 @@
 #include "cpu/gdn_undo.h"
 #include "cpu/mtp.h"
 #include "cpu/ops.h"
+#include "cpu/sampling_state.h"
 #include "engine/sampler.h"
 #include "engine/validate.h"
 
@@ -95,7 +96,7 @@ class CpuBackend : public Backend {
 class CpuSessionImpl : public CpuSession {
  public:
   CpuSessionImpl(CpuBackend& be, int64_t max_length)
-      : be_(be), w_(be.weights()), cfg_(w_.config), max_len_(max_length), sampler_(cfg_.vocab_size) {
+      : be_(be), w_(be.weights()), cfg_(w_.config), max_len_(max_length), sampling_(cfg_.vocab_size) {
     if (w_.has_mtp()) mtp_ = std::make_unique<MtpHead>(w_, be.pool(), be.inv_freq(), max_length);
     undo_.resize(static_cast<size_t>(cfg_.num_layers));
     reset();
@@ -121,23 +122,16 @@ class CpuSessionImpl : public CpuSession {
   }
 
   void begin_generation(const SamplingParams& params, std::span<const int32_t> context) override {
-    sampler_.begin(params, context);
+    sampling_.begin(params, context);
   }
 
   TokenChoice sample() override {
-    if (!has_logits_) throw Error("cpu session: sample() before any prefill");
-    const bool masked = has_mask_;
-    has_mask_ = false;  // the mask is for one choice, also one that fails (engine/sampler.h: no allowed token)
-    TokenChoice c = sampler_.sample(logits_, masked ? mask_.data() : nullptr);
+    TokenChoice c = sampling_.sample();
     next_token_ = c.token;
     return c;
   }
 
-  // A copy: the caller's buffer may change before the choice is made.
-  void set_token_mask(const uint32_t* bits) override {
-    has_mask_ = bits != nullptr;
-    if (bits) mask_.assign(bits, bits + (cfg_.vocab_size + 31) / 32);
-  }
+  void set_token_mask(const uint32_t* bits) override { sampling_.set_mask(bits); }
 
   void advance() override {
     if (next_token_ < 0) throw Error("cpu session: advance() without a sampled token");
@@ -146,10 +140,7 @@ class CpuSessionImpl : public CpuSession {
     prefill(std::span<const int32_t>(&t, 1), nullptr);
   }
 
-  std::vector<float> logits() override {
-    if (!has_logits_) throw Error("cpu session: no logits yet (empty context)");
-    return logits_;
-  }
+  std::vector<float> logits() override { return sampling_.logits(); }
 
   // ---- speculative decoding (MODEL_MTP.md; the head's state: src/cpu/mtp.h)
   bool can_draft() const override { return mtp_ != nullptr; }
@@ -187,7 +178,7 @@ class CpuSessionImpl : public CpuSession {
         dst.conv = src.conv;
       }
     }
-    if (has_logits_) s->logits = logits_;
+    s->logits = sampling_.saved_logits();
     if (following_mtp()) s->mtp = mtp_->snapshot();
     return s;
   }
@@ -215,8 +206,7 @@ class CpuSessionImpl : public CpuSession {
       }
     }
     len_ = s->len;
-    has_logits_ = !s->logits.empty();
-    if (has_logits_) logits_ = s->logits;
+    sampling_.restore_logits(s->logits);
     next_token_ = -1;
     if (mtp_ && drafting_) mtp_->restore(s->mtp);  // a snapshot taken without drafting: no drafts
   }
@@ -230,9 +220,7 @@ class CpuSessionImpl : public CpuSession {
       layers_[static_cast<size_t>(l)].conv.assign(static_cast<size_t>(cfg_.gdn_conv_dim() * (cfg_.linear_conv_kernel_dim - 1)), 0.f);
     }
     len_ = 0;
-    has_logits_ = false;
-    has_mask_ = false;
-    logits_.assign(static_cast<size_t>(cfg_.vocab_size), 0.f);
+    sampling_.reset();
     next_token_ = -1;
     if (mtp_) mtp_->reset(drafting_);
   }
@@ -280,11 +268,11 @@ class CpuSessionImpl : public CpuSession {
     qmatvec_rows(w.lm_head, y.data(), B, lg.data(), pool);
     for (int64_t b = 0; b < B; ++b) {
       CpuSessionImpl& s = *ss[size_t(b)];
-      std::memcpy(s.logits_.data(), lg.data() + b * V, static_cast<size_t>(V) * sizeof(float));
+      std::memcpy(s.sampling_.logits_data(), lg.data() + b * V, static_cast<size_t>(V) * sizeof(float));
       // A drafting session's MTP head sees the row as after a one-token step (its hidden, after the final norm).
       if (s.following_mtp()) s.mtp_->on_rows(s.len_, std::span<const int32_t>(&fed[size_t(b)], 1), y.data() + b * H);
       s.len_ += 1;
-      s.has_logits_ = true;
+      s.sampling_.logits_ready();
     }
   }
 
@@ -402,7 +390,7 @@ class CpuSessionImpl : public CpuSession {
     if (exact_rows_) {
       row_logits_.resize(static_cast<size_t>(n * V));
       qmatvec_rows(w_.lm_head, y.data(), n, row_logits_.data(), pool);
-      std::memcpy(logits_.data(), row_logits_.data() + (n - 1) * V, static_cast<size_t>(V) * sizeof(float));
+      std::memcpy(sampling_.logits_data(), row_logits_.data() + (n - 1) * V, static_cast<size_t>(V) * sizeof(float));
       row_hidden_.assign(y.begin(), y.end());
     } else if (sink) {
       // Sub-chunks keep the logits buffer near 32 MiB whatever the vocabulary.
@@ -415,14 +403,15 @@ class CpuSessionImpl : public CpuSession {
         // several rows adds in another order), so asking for the prompt's logprobs does not change that choice.
         if (last_chunk && b + m == n) qmatvec(w_.lm_head, y.data() + (n - 1) * H, lg.data() + (m - 1) * V, pool);
         (*sink)(len_ + b, m, lg.data());
-        if (b + m == n) std::memcpy(logits_.data(), lg.data() + (m - 1) * V, static_cast<size_t>(V) * sizeof(float));
+        if (b + m == n)
+          std::memcpy(sampling_.logits_data(), lg.data() + (m - 1) * V, static_cast<size_t>(V) * sizeof(float));
       }
     } else if (last_chunk) {
-      qmatvec(w_.lm_head, y.data() + (n - 1) * H, logits_.data(), pool);
+      qmatvec(w_.lm_head, y.data() + (n - 1) * H, sampling_.logits_data(), pool);
     }
     if (mtp_rows) mtp_->on_rows(len_, tokens, y.data());
     len_ += n;
-    if (last_chunk) has_logits_ = true;
+    if (last_chunk) sampling_.logits_ready();
   }
 
   // Room in the K/V cache for n more rows.
@@ -529,12 +518,8 @@ class CpuSessionImpl : public CpuSession {
   bool kv_bf16_ = false;
   int64_t len_ = 0;
   std::vector<LayerState> layers_;
-  std::vector<float> logits_;
-  bool has_logits_ = false;
+  SamplingState sampling_;  // the current logits, the sampler, the next choice's mask
   int32_t next_token_ = -1;
-  HostSampler sampler_;
-  std::vector<uint32_t> mask_;  // set_token_mask: the next choice's allowed tokens
-  bool has_mask_ = false;
   ActivationTap tap_;
   // Speculative decoding: the MTP head (models that have one), whether it follows the context, and the
   // verification step's row-exact mode with its per-row outputs and Gated DeltaNet undo data.
@@ -568,9 +553,10 @@ std::vector<TokenChoice> CpuSessionImpl::verify(std::span<const int32_t> drafts)
   }
   exact_rows_ = false;
   std::vector<TokenChoice> out;
+  HostSampler& sampler = sampling_.sampler();
   for (int64_t i = 0; i < n; ++i) {
     out.push_back(choice_or_error(
-        [&] { return sampler_.sample(std::span<const float>(row_logits_.data() + i * V, static_cast<size_t>(V))); }));
+        [&] { return sampler.sample(std::span<const float>(row_logits_.data() + i * V, static_cast<size_t>(V))); }));
     if (out.back().error || i + 1 == n || out.back().token != drafts[static_cast<size_t>(i)]) break;
   }
   const int64_t m = int64_t(out.size()) - 1;  // accepted drafts (rows 0..m kept)
@@ -581,7 +567,7 @@ std::vector<TokenChoice> CpuSessionImpl::verify(std::span<const int32_t> drafts)
         gdn_rollback(undo_[static_cast<size_t>(l)], w_.layers[static_cast<size_t>(l)].gdn, cfg_, m, st.S, st.conv);
       }
     len_ = len0 + m + 1;  // attention rows beyond are stale
-    std::memcpy(logits_.data(), row_logits_.data() + m * V, static_cast<size_t>(V) * sizeof(float));
+    std::memcpy(sampling_.logits_data(), row_logits_.data() + m * V, static_cast<size_t>(V) * sizeof(float));
   }
   next_token_ = out.back().error ? -1 : out.back().token;  // no choice: nothing pending (a decode step that threw)
   if (following_mtp()) mtp_->on_rows(len0, std::span<const int32_t>(rows.data(), static_cast<size_t>(m + 1)), row_hidden_.data());

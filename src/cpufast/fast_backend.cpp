@@ -8,9 +8,9 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "cpu/cpu_backend.h"
+#include "cpu/sampling_state.h"
 #include "cpufast/forward.h"
 #include "cpufast/isa.h"
-#include "engine/sampler.h"
 #include "engine/validate.h"
 
 namespace lilac::cpufast {
@@ -36,7 +36,7 @@ class FastBackend;
 class FastSession : public cpu::CpuSession {
  public:
   FastSession(FastBackend& be, FastModel& m, int64_t max_length)
-      : be_(be), m_(m), cfg_(m.config()), max_len_(max_length), sampler_(cfg_.vocab_size) {
+      : be_(be), m_(m), cfg_(m.config()), max_len_(max_length), sampling_(cfg_.vocab_size) {
     reset();
   }
 
@@ -71,43 +71,34 @@ class FastSession : public cpu::CpuSession {
           const int64_t k = std::min(sub, m - r);
           m_.lm_head(h.data() + r * H, k, lg.data());
           (*sink)(first_pos + r, k, lg.data());
-          if (last && r + k == m) std::memcpy(logits_.data(), lg.data() + (k - 1) * V, static_cast<size_t>(V) * sizeof(float));
+          if (last && r + k == m)
+            std::memcpy(sampling_.logits_data(), lg.data() + (k - 1) * V, static_cast<size_t>(V) * sizeof(float));
         }
       } else if (last) {
-        m_.lm_head(h.data(), 1, logits_.data());
+        m_.lm_head(h.data(), 1, sampling_.logits_data());
       }
-      if (last) has_logits_ = true;
+      if (last) sampling_.logits_ready();
     }
   }
 
   void begin_generation(const SamplingParams& params, std::span<const int32_t> context) override {
-    sampler_.begin(params, context);
+    sampling_.begin(params, context);
   }
 
   TokenChoice sample() override {
-    if (!has_logits_) throw Error("cpu session: sample() before any prefill");
-    const bool masked = has_mask_;
-    has_mask_ = false;  // the mask is for one choice, also one that fails (engine/sampler.h: no allowed token)
-    TokenChoice c = sampler_.sample(logits_, masked ? mask_.data() : nullptr);
+    TokenChoice c = sampling_.sample();
     next_token_ = c.token;
     return c;
   }
 
-  // A copy: the caller's buffer may change before the choice is made.
-  void set_token_mask(const uint32_t* bits) override {
-    has_mask_ = bits != nullptr;
-    if (bits) mask_.assign(bits, bits + (cfg_.vocab_size + 31) / 32);
-  }
+  void set_token_mask(const uint32_t* bits) override { sampling_.set_mask(bits); }
 
   void advance() override {
     const int32_t t = take_pending();
     prefill(std::span<const int32_t>(&t, 1), nullptr);
   }
 
-  std::vector<float> logits() override {
-    if (!has_logits_) throw Error("cpu session: no logits yet (empty context)");
-    return logits_;
-  }
+  std::vector<float> logits() override { return sampling_.logits(); }
 
   std::shared_ptr<const SessionSnapshot> snapshot() override {
     auto s = std::make_shared<FastSnapshot>();
@@ -126,7 +117,7 @@ class FastSession : public cpu::CpuSession {
         dst.conv = src.conv;
       }
     }
-    if (has_logits_) s->logits = logits_;
+    s->logits = sampling_.saved_logits();
     return s;
   }
 
@@ -153,16 +144,13 @@ class FastSession : public cpu::CpuSession {
       }
     }
     st_.len = s->st.len;
-    has_logits_ = !s->logits.empty();
-    if (has_logits_) logits_ = s->logits;
+    sampling_.restore_logits(s->logits);
     next_token_ = -1;
   }
 
   void reset() override {
     m_.init_state(st_);
-    has_logits_ = false;
-    has_mask_ = false;
-    logits_.assign(static_cast<size_t>(cfg_.vocab_size), 0.f);
+    sampling_.reset();
     next_token_ = -1;
   }
 
@@ -180,8 +168,8 @@ class FastSession : public cpu::CpuSession {
     next_token_ = -1;
     return t;
   }
-  float* logits_data() { return logits_.data(); }
-  void logits_ready() { has_logits_ = true; }
+  float* logits_data() { return sampling_.logits_data(); }
+  void logits_ready() { sampling_.logits_ready(); }
 
  private:
   void check_tokens(std::span<const int32_t> tokens) const {
@@ -195,12 +183,8 @@ class FastSession : public cpu::CpuSession {
   int64_t max_len_;
   int64_t chunk_ = 512;
   SeqState st_;
-  std::vector<float> logits_;
-  bool has_logits_ = false;
+  cpu::SamplingState sampling_;  // the current logits, the sampler, the next choice's mask
   int32_t next_token_ = -1;
-  HostSampler sampler_;
-  std::vector<uint32_t> mask_;  // set_token_mask: the next choice's allowed tokens
-  bool has_mask_ = false;
   Tap tap_;
 };
 
