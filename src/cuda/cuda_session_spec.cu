@@ -73,7 +73,8 @@ std::vector<int32_t> CudaSession::draft(int k) {
 // ------------------------------------------------------------------------------------------------ verify
 // The pending token and the drafts, chosen row by row with the session's sampler while the choice equals
 // the next draft: one multi-row step (verify_step.h) where its rows are bit for bit decode steps, else plain
-// decode steps (each choice decode_step()'s by construction; they feed the MTP head themselves).
+// decode steps (each choice decode_step()'s by construction; they feed the MTP head themselves). A row with no
+// choice (sampling.h) is the last: its choice carries the error, after the choices before it (engine/backend.h).
 std::vector<TokenChoice> CudaSession::verify(std::span<const int32_t> drafts) {
   settle();
   if (drafts.empty()) return {decode_step()};
@@ -85,15 +86,17 @@ std::vector<TokenChoice> CudaSession::verify(std::span<const int32_t> drafts) {
   if (n <= kMaxVerifyDrafts && !prof_ && !mask_on_ && rows_verify_) return verify_rows(drafts);
   std::vector<TokenChoice> out;
   for (int64_t i = 0; i <= n; ++i) {
-    out.push_back(decode_step());
-    if (i == n || out.back().token != drafts[size_t(i)]) break;
+    out.push_back(choice_or_error([this] { return decode_step(); }));
+    if (out.back().error || i == n || out.back().token != drafts[size_t(i)]) break;
   }
+  if (out.back().error) pending_ = false;  // that row fed, no choice: nothing pending
   return out;
 }
 
 // The verify step on the rows kernels: its graph leaves the state as decode steps over the kept rows would
 // (GDN committed over them, the pending token, position and logits of the last kept row); the host learns
-// how many rows were kept and hands them to the MTP head.
+// how many rows were kept and hands them to the MTP head. A row with no choice is the last the kernel keeps (rows
+// 0..m fed, as the decode step that throws there leaves them): its choice carries the error, nothing is pending.
 std::vector<TokenChoice> CudaSession::verify_rows(std::span<const int32_t> drafts) {
   const int n = int(drafts.size());
   if (!verify_) {
@@ -112,9 +115,12 @@ std::vector<TokenChoice> CudaSession::verify_rows(std::span<const int32_t> draft
   const int m = host_verify_->accepted;
   if (m < 0 || m > n) throw Error("cuda verify: accepted count out of range");
   std::vector<TokenChoice> out;
-  for (int i = 0; i <= m; ++i) out.push_back(to_choice(host_verify_->results[i]));
+  for (int i = 0; i <= m; ++i) {
+    out.push_back(choice_or_error([&] { return to_choice(host_verify_->results[i]); }));
+    if (out.back().error) break;
+  }
   seq_.len = len0 + m + 1;
-  pending_ = true;
+  pending_ = !out.back().error;
   ++rows_verifies_;
   if (following_mtp()) {
     mtp_->on_fed(len0, m + 1, verify_->tokens(), verify_->hidden(), m_.cfg.hidden_size, stream_);

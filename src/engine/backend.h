@@ -189,10 +189,10 @@ class Session {
   // model's. Afterwards the session is in the state decode_step() would have left: its length grew by the
   // number of choices and the last choice is pending. A row with no choice (engine/sampler.h) is the last: its
   // TokenChoice carries the sampler's error (TokenChoice::error) after the choices before it, and the session is
-  // as after the decode step that throws there (that row fed, no token pending); a backend may throw instead (the
-  // CUDA backend does), which loses the choices before it. Drafts must fit the context (else InputError, state
-  // unchanged). Do not pass drafts while a token mask is set: the masks of later rows depend on the
-  // tokens accepted before them (constrained generation does not speculate). Default: no speculation.
+  // as after the decode step that throws there (that row fed, no token pending). Drafts must fit the context
+  // (else InputError, state unchanged). Do not pass drafts while a token mask is set: the masks of later rows
+  // depend on the tokens accepted before them (constrained generation does not speculate). Default: no
+  // speculation.
   virtual std::vector<TokenChoice> verify(std::span<const int32_t> drafts) {
     if (!drafts.empty()) throw Error("this backend does not support speculative decoding");
     return {decode_step()};

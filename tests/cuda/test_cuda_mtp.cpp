@@ -2,8 +2,9 @@
 // logits against the CPU reference on tiny-mtp; drafts independent of how the context was fed and carried
 // by snapshots; verify with injected drafts at every acceptance length 0..K bit for bit plain decoding
 // (greedy and sampling, across prefill pieces and at the context limit); greedy generation with the head's
-// drafts identical to plain decoding; the head after long plain stretches (the adaptive policy's k = 0);
-// the head on a real-width synthetic model. Skip without a GPU.
+// drafts identical to plain decoding; the head after long plain stretches (the adaptive policy's k = 0); a
+// row with no choice ending the generation after the round's choices before it; the head on a real-width
+// synthetic model. Skip without a GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -15,6 +16,7 @@
 #include <random>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -26,6 +28,7 @@
 #include "engine/speculative.h"
 #include "model/weights.h"
 #include "support/fixtures.h"
+#include "support/generator_spec.h"
 #include "support/spec_stretch.h"
 
 using namespace lilac;
@@ -382,6 +385,16 @@ TEST(CudaSpec, HeadAfterLongPlainStretchesDraftsAsIfDraftingEveryStep) {
   std::vector<int32_t> truth;
   for (const TokenChoice& c : ref.choices) truth.push_back(c.token);
   testutil::expect_head_exact_after_stretches(testutil::run_plain_stretches(*be, prompt, truth, 300, 3), truth);
+}
+
+// A round with a row that has no choice (a NaN embedding row fed) ends the generation after the round's choices
+// before it, as plain decoding does (tests/support/generator_spec.h; the same test on the CPU reference:
+// GeneratorSpec.ARowWithNoChoiceEndsTheGenerationAfterTheChoicesBeforeIt). tiny-mtp verifies by plain decode steps
+// (verify_rows_ok does not hold for it).
+TEST(CudaSpec, ARowWithNoChoiceEndsTheGenerationAfterTheChoicesBeforeIt) {
+  NEED_CUDA();
+  testutil::genspec::expect_a_row_with_no_choice_ends_the_generation_after_the_choices_before_it(
+      [](std::shared_ptr<const ModelWeights> w) { return cuda::make_cuda_backend(std::move(w)); });
 }
 
 // The head at the real model's widths (synthetic weights, 4 layers): drafts are in the vocabulary, equal for
