@@ -17,6 +17,7 @@
 #include "cuda/cuda_common.h"
 #include "cuda/cuda_session.h"
 #include "cuda/device_model.h"
+#include "cuda/kernels/gemv/gemv_tc.h"
 #include "cuda/kernels/stream_scratch.h"
 #include "cuda/rows_step.h"
 #include "cuda/seq_pool.h"
@@ -230,6 +231,7 @@ std::unique_ptr<Backend> make_cuda_backend(std::shared_ptr<const ModelWeights> w
 
 std::unique_ptr<Backend> make_synthetic_cuda_backend(const ModelConfig& cfg, uint64_t seed) {
   LILAC_CHECK(gpu_available(), "cuda: no CUDA GPU is available");
+  tc_trace_from_env();
   return std::make_unique<CudaBackendImpl>(synthetic_model(cfg, seed));
 }
 

@@ -75,8 +75,10 @@ void moe_down(const MoEDecodeWeights& w, const int32_t* sel_ids, const float* se
 // ------------------------------------------------------------------------------------------------ measurement
 // While buf != null, every tensor-core GEMV block (dense and MoE) writes %globaltimer (ns) to
 // buf[block * 8 + i]: 0 entry, 1 after the PDL wait, 5 routing / expert table ready (MoE), 2 input
-// copies landed, 3 staged, 4 first group done (dense), 7 exit. nullptr turns it off. Not for use while
-// a graph containing these kernels may run.
+// copies landed, 3 staged, 4 first group done (dense; MoE gate/up: its last group's act written), 7 exit;
+// MoE down overwrites 2 with its first row block's group values complete and 4 with its expert sums
+// complete; the MoE kernels write their block's SM id (not a time) to 6. nullptr turns it off. Not for use
+// while a graph containing these kernels may run (gemv_tc.h: tc_trace_from_env keeps the last launch's).
 void gemv_tc_trace(unsigned long long* buf);
 
 }  // namespace lilac::cuda

@@ -22,8 +22,11 @@
 // the LM head) uses the group layout of tc_g4.cuh instead — the same loads, each mma inside one group — which
 // lets the multi-row kernel (rows/gemv_rows.cu) put 4 input rows in one mma with the same bits per row.
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "cuda/kernels/gemv/gemv_tc.cuh"
 #include "cuda/kernels/gemv/gemv_tc.h"
@@ -192,6 +195,41 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<BITS>) gemv_tc_kernel(Gem
 }
 
 }  // namespace
+
+namespace {
+unsigned long long* g_env_trace = nullptr;
+std::string g_env_trace_path;
+constexpr size_t kEnvTraceBlocks = 8192;
+void dump_env_trace() {
+  std::vector<unsigned long long> h(kEnvTraceBlocks * 8);
+  if (cudaMemcpy(h.data(), g_env_trace, h.size() * 8, cudaMemcpyDeviceToHost) != cudaSuccess) return;
+  FILE* f = std::fopen(g_env_trace_path.c_str(), "w");
+  if (f == nullptr) return;
+  for (size_t b = 0; b < kEnvTraceBlocks; ++b)
+    for (int k = 0; k < 8; ++k)
+      if (h[b * 8 + k] != 0) std::fprintf(f, "%zu,%d,%llu\n", b, k, h[b * 8 + k]);
+  std::fclose(f);
+}
+}  // namespace
+
+void tc_trace_from_env() {
+  if (g_env_trace != nullptr) return;
+  const char* moe = std::getenv("LILAC_MOE_TRACE");
+  const char* dense = std::getenv("LILAC_GEMV_TRACE");
+  if (moe == nullptr && dense == nullptr) return;
+  LILAC_CUDA_CHECK(cudaMalloc(&g_env_trace, kEnvTraceBlocks * 8 * 8));
+  LILAC_CUDA_CHECK(cudaMemset(g_env_trace, 0, kEnvTraceBlocks * 8 * 8));
+  LILAC_CUDA_CHECK(cudaDeviceSynchronize());
+  unsigned long long* buf = g_env_trace;
+  if (moe != nullptr) {
+    moe_tc_trace(buf);
+    g_env_trace_path = moe;
+  } else {
+    LILAC_CUDA_CHECK(cudaMemcpyToSymbol(g_tc_trace, &buf, sizeof(buf)));
+    g_env_trace_path = dense;
+  }
+  std::atexit(dump_env_trace);
+}
 
 void gemv_tc_trace(unsigned long long* buf) {
   LILAC_CUDA_CHECK(cudaMemcpyToSymbol(g_tc_trace, &buf, sizeof(buf)));

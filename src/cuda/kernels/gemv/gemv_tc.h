@@ -17,5 +17,9 @@ void moe_down_tc(const MoEDecodeWeights& w, const int32_t* sel_ids, const float*
                  cudaStream_t stream);
 // The MoE kernels' phase-trace pointer (gemv.h: gemv_tc_trace sets it with the dense kernel's).
 void moe_tc_trace(unsigned long long* buf);
+// Measurement (bench): with LILAC_MOE_TRACE=<file> (or LILAC_GEMV_TRACE=<file>) set, the MoE (dense) tensor-core
+// kernels' phase marks go to a device buffer from now on, and at exit the last launch's marks of each block are
+// written to <file> as "block,mark,ns" lines. Call before any graph is captured.
+void tc_trace_from_env();
 
 }  // namespace lilac::cuda

@@ -10,6 +10,15 @@
 namespace lilac::cuda {
 namespace {
 
+// The block's SM id into phase-trace slot k (the trace's readers: which blocks shared an SM; gemv_tc.h).
+__device__ __forceinline__ void tc_smid(int k) {
+  if (g_tc_trace != nullptr && threadIdx.x == 0) {
+    unsigned sm;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    g_tc_trace[blockIdx.x * 8 + k] = sm;
+  }
+}
+
 // ------------------------------------------------------------------------------------------------ MoE gate/up
 // Routing (warp 0), RMSNorm of x, then per group (slot e in 0..k: the k routed experts and the shared
 // one; 16 rows j): row block 0 = gate rows, row block 1 = up rows, 4 k-slices each; epilogue
@@ -42,6 +51,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<BITS>)
   in.eps = eps;
 
   tc_mark(0);
+  tc_smid(6);
   stage_preload(in, m, K);
   pdl_wait();
   tc_mark(1);
@@ -113,6 +123,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<BITS>)
           act[int64_t(slot) * I + j0 + rr] = silu_f(gv) * uv;
         }
       }
+      tc_mark(4);
       par ^= 1;
     }
     st = ns;
@@ -219,6 +230,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<BITS>)
                            ks + s2.j * KS, c, ngroups_k);
   };
   tc_mark(0);
+  tc_smid(6);
   int early_id = 0;
   float early_w = 0.f;
   if (threadIdx.x <= k) {
@@ -274,6 +286,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<BITS>)
     if (ns.j == 0) {
       cp_async_wait_all();
       __syncthreads();  // gvs complete
+      tc_mark(2);
       for (int q = threadIdx.x; q < (k + 1) * 16; q += kThreads) {  // q = 16·e + row
         const int e = q / 16, r = q % 16, G0 = e * gI, ng = e < k ? gI : gS;
         float a4[4] = {0.f, 0.f, 0.f, 0.f};
@@ -282,6 +295,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<BITS>)
         pes[q] = (a4[0] + a4[1]) + (a4[2] + a4[3]);
       }
       __syncthreads();  // pes complete; gvs read no more
+      tc_mark(4);
       if (threadIdx.x < 16) {
         const int64_t r = st.grp * 16 + threadIdx.x;
         if (r < rows) {
