@@ -69,6 +69,44 @@ size_t terminals(const std::vector<json>& evs) {
   return n;
 }
 
+// The stream of a background response to the scripted backend's slow answer, read to its end: its events (`raw`: the
+// stream as sent).
+std::vector<json> stream_slow_background(httplib::Client& cli, std::string& raw) {
+  cli.set_read_timeout(10, 0);
+  const json body = {{"input", "slow please"}, {"background", true}, {"stream", true}, {"max_output_tokens", 2000},
+                     {"reasoning", kOff}};
+  auto r = cli.Post("/v1/responses", body.dump(), "application/json");
+  if (!r) {
+    ADD_FAILURE() << "no response";
+    return {};
+  }
+  EXPECT_EQ(r->status, 200) << r->body;
+  raw = r->body;
+  return lilac::test::sse_events(raw);
+}
+
+// A stream as its client got it (`body`, parsed as `evs`): numbered 0, 1, 2, ... without a gap, one terminal event
+// and it last, of type `type`, whole.
+void expect_numbered_to_one_end(const std::vector<json>& evs, const std::string& body, const std::string& type) {
+  ASSERT_FALSE(evs.empty()) << body;
+  for (size_t i = 0; i < evs.size(); ++i) EXPECT_EQ(evs[i]["sequence_number"], i) << body;
+  EXPECT_EQ(terminals(evs), 1u) << body;
+  EXPECT_EQ(evs.back()["type"], type) << body;
+  EXPECT_EQ(body.substr(body.size() - 2), "\n\n") << body;  // the last event whole
+}
+
+// The stream of response `id` resumed after its event `after`: the events after it, numbered on, to the same one end.
+void expect_resumed_to_the_same_end(httplib::Client& cli, const std::string& id, size_t after,
+                                    const std::vector<json>& evs) {
+  auto again = cli.Get("/v1/responses/" + id + "?stream=true&starting_after=" + std::to_string(after));
+  ASSERT_TRUE(again);
+  const std::vector<json> resumed = lilac::test::sse_events(again->body);
+  ASSERT_EQ(resumed.size(), evs.size() - after - 1) << again->body;
+  for (size_t i = 0; i < resumed.size(); ++i) EXPECT_EQ(resumed[i]["sequence_number"], after + 1 + i) << again->body;
+  EXPECT_EQ(terminals(resumed), 1u) << again->body;
+  EXPECT_EQ(resumed.back(), evs.back()) << again->body;
+}
+
 }  // namespace
 
 // A running background response's input items are its input: they were counted as if its partial output were at
@@ -187,25 +225,17 @@ TEST(BackgroundResponses, AStreamHasOneTerminalEventWhenStoringItsEndThrows) {
   const std::vector<json> evs = lilac::test::sse_events(r->body);
   ASSERT_GE(evs.size(), 4u) << r->body;
   const std::string id = evs.front()["response"]["id"];
-  for (size_t i = 0; i < evs.size(); ++i) EXPECT_EQ(evs[i]["sequence_number"], i) << r->body;
-  EXPECT_EQ(terminals(evs), 1u) << r->body;
+  expect_numbered_to_one_end(evs, r->body, "response.failed");
   EXPECT_EQ(evs[evs.size() - 2]["type"], "error") << r->body;
-  EXPECT_EQ(evs.back()["type"], "response.failed") << r->body;
   EXPECT_EQ(evs.back()["response"]["status"], "failed");
   EXPECT_EQ(evs.back()["response"]["error"]["code"], "server_error");
-  EXPECT_EQ(r->body.substr(r->body.size() - 2), "\n\n");
   const std::string message = evs.back()["response"]["error"].value("message", "");
   EXPECT_NE(message.find("('\xEF\xBF\xBD') is not allowed by the token mask"), std::string::npos) << message;
   const json got = get_json(srv.port, "/v1/responses/" + id);
   EXPECT_EQ(got["status"], "failed") << got.dump();
   EXPECT_EQ(got["error"]["message"], "test: storing failed threw") << got.dump();  // the catch was reached
   EXPECT_EQ(failed_puts.load(), 2);  // the run's store (threw), the catch's
-  auto again = cli.Get("/v1/responses/" + id + "?stream=true&starting_after=0");
-  ASSERT_TRUE(again);
-  const std::vector<json> resumed = lilac::test::sse_events(again->body);
-  ASSERT_EQ(resumed.size(), evs.size() - 1) << again->body;
-  EXPECT_EQ(terminals(resumed), 1u) << again->body;
-  EXPECT_EQ(resumed.back(), evs.back());
+  expect_resumed_to_the_same_end(cli, id, 0, evs);
 }
 
 // The thread's catch (fail()) stored the failure and published the stream's response.failed in one try: when storing
@@ -226,30 +256,17 @@ TEST(BackgroundResponses, AStreamEndsWithResponseFailedWhenStoringItsFailureThro
   };
   lilac::test::LocalServer srv(o, nullptr, script());
   httplib::Client cli("127.0.0.1", srv.port);
-  cli.set_read_timeout(10, 0);
-  const json body = {{"input", "slow please"}, {"background", true}, {"stream", true}, {"max_output_tokens", 2000},
-                     {"reasoning", kOff}};
-  auto r = cli.Post("/v1/responses", body.dump(), "application/json");
-  ASSERT_TRUE(r);
-  ASSERT_EQ(r->status, 200) << r->body;
-  const std::vector<json> evs = lilac::test::sse_events(r->body);
-  ASSERT_GE(evs.size(), 2u) << r->body;
+  std::string raw;
+  const std::vector<json> evs = stream_slow_background(cli, raw);
+  ASSERT_GE(evs.size(), 2u) << raw;
   EXPECT_EQ(in_progress_puts.load(), 1);
   EXPECT_EQ(failed_puts.load(), 2);  // the catch's store (threw), finish()'s
   const std::string id = evs.front()["response"]["id"];
-  for (size_t i = 0; i < evs.size(); ++i) EXPECT_EQ(evs[i]["sequence_number"], i) << r->body;
-  EXPECT_EQ(terminals(evs), 1u) << r->body;
-  ASSERT_EQ(evs.back()["type"], "response.failed") << r->body;
+  expect_numbered_to_one_end(evs, raw, "response.failed");
   EXPECT_EQ(evs.back()["response"]["status"], "failed");
   EXPECT_EQ(evs.back()["response"]["error"]["message"], "test: storing in_progress threw");
-  EXPECT_EQ(r->body.substr(r->body.size() - 2), "\n\n");
   EXPECT_EQ(get_json(srv.port, "/v1/responses/" + id)["status"], "failed");
-  auto again = cli.Get("/v1/responses/" + id + "?stream=true&starting_after=0");
-  ASSERT_TRUE(again);
-  const std::vector<json> resumed = lilac::test::sse_events(again->body);
-  ASSERT_EQ(resumed.size(), evs.size() - 1) << again->body;
-  EXPECT_EQ(terminals(resumed), 1u) << again->body;
-  EXPECT_EQ(resumed.back(), evs.back());
+  expect_resumed_to_the_same_end(cli, id, 0, evs);
 }
 
 // A store that throws on every put after the "queued" one: the run's end (finish()) stored without a guard, so its
@@ -263,17 +280,10 @@ TEST(BackgroundResponses, AStreamEndsAndTheServerLivesWhenTheStoreAlwaysThrows) 
   };
   lilac::test::LocalServer srv(o, nullptr, script());
   httplib::Client cli("127.0.0.1", srv.port);
-  cli.set_read_timeout(10, 0);
-  const json body = {{"input", "slow please"}, {"background", true}, {"stream", true}, {"max_output_tokens", 2000},
-                     {"reasoning", kOff}};
-  auto r = cli.Post("/v1/responses", body.dump(), "application/json");
-  ASSERT_TRUE(r);
-  ASSERT_EQ(r->status, 200) << r->body;
-  const std::vector<json> evs = lilac::test::sse_events(r->body);
-  ASSERT_GE(evs.size(), 2u) << r->body;
-  for (size_t i = 0; i < evs.size(); ++i) EXPECT_EQ(evs[i]["sequence_number"], i) << r->body;
-  EXPECT_EQ(terminals(evs), 1u) << r->body;
-  EXPECT_EQ(evs.back()["type"], "response.failed") << r->body;
+  std::string raw;
+  const std::vector<json> evs = stream_slow_background(cli, raw);
+  ASSERT_GE(evs.size(), 2u) << raw;
+  expect_numbered_to_one_end(evs, raw, "response.failed");
   broken = false;
   EXPECT_EQ(post_json(srv.port, "/v1/responses", {{"input", "hello"}, {"reasoning", kOff}})["status"], "completed");
 }
@@ -305,18 +315,13 @@ TEST(BackgroundResponses, AStreamHasNoSequenceGapWhenStoringItsCompletionThrows)
     text |= evs[i]["type"] == "response.output_text.delta";
   }
   EXPECT_TRUE(text) << r->body;
-  EXPECT_EQ(terminals(evs), 1u) << r->body;
-  ASSERT_EQ(evs.back()["type"], "response.failed") << r->body;
+  expect_numbered_to_one_end(evs, r->body, "response.failed");
   EXPECT_EQ(evs.back()["response"]["error"]["message"], "test: storing completed threw");
   const std::string id = evs.front()["response"]["id"];
   const json got = get_json(srv.port, "/v1/responses/" + id);
   EXPECT_EQ(got["status"], "failed") << got.dump();
   EXPECT_EQ(got["error"], evs.back()["response"]["error"]) << got.dump();
-  auto again = cli.Get("/v1/responses/" + id + "?stream=true&starting_after=0");
-  ASSERT_TRUE(again);
-  const std::vector<json> resumed = lilac::test::sse_events(again->body);
-  ASSERT_EQ(resumed.size(), evs.size() - 1) << again->body;
-  for (size_t i = 0; i < resumed.size(); ++i) EXPECT_EQ(resumed[i]["sequence_number"], i + 1) << again->body;
+  expect_resumed_to_the_same_end(cli, id, 0, evs);
 }
 
 // A background response (not streamed) whose generation failed with an error quoting the lone byte 0xF4: storing
@@ -373,20 +378,11 @@ TEST(BackgroundResponses, ACancelledStreamEndsWithResponseCancelled) {
   const std::vector<json> evs = lilac::test::sse_events(live);
   ASSERT_GE(evs.size(), 4u) << live;
   EXPECT_EQ(evs.front()["response"]["id"], id);
-  for (size_t i = 0; i < evs.size(); ++i) EXPECT_EQ(evs[i]["sequence_number"], i) << live;
-  EXPECT_EQ(terminals(evs), 1u) << live;
-  ASSERT_EQ(evs.back()["type"], "response.cancelled") << live;
+  expect_numbered_to_one_end(evs, live, "response.cancelled");
   EXPECT_EQ(evs.back()["response"]["status"], "cancelled");
   EXPECT_EQ(evs.back()["response"], cancelled);
   EXPECT_EQ(get_json(srv.port, "/v1/responses/" + id), cancelled);
-  EXPECT_EQ(live.substr(live.size() - 2), "\n\n");  // the last event whole
-  // Resumed after event 2: the same events, to the same end.
-  auto again = cli.Get("/v1/responses/" + id + "?stream=true&starting_after=2");
-  ASSERT_TRUE(again);
-  const std::vector<json> resumed = lilac::test::sse_events(again->body);
-  ASSERT_EQ(resumed.size(), evs.size() - 3) << again->body;
-  EXPECT_EQ(terminals(resumed), 1u) << again->body;
-  EXPECT_EQ(resumed.back(), evs.back());
+  expect_resumed_to_the_same_end(cli, id, 2, evs);  // after event 2: the same events, to the same end
 }
 
 // New metadata that would take a conversation past the store's budget (--responses-mb) is a 400 naming metadata: it
