@@ -30,6 +30,7 @@ struct Sending {
   bool started = false;
   std::vector<std::vector<OutputEvent>> early;  // streaming: events that came before the stream's first bytes
   Clock::time_point last_write;
+  bool broke = false;  // streaming: a formatter's call threw (format()); the stream ended with its error
 
   bool finished() const {
     for (const auto& g : gens)
@@ -99,6 +100,38 @@ bool write(Sending& s, httplib::DataSink& sink, const std::string& out) {
   }
   s.last_write = Clock::now();
   return true;
+}
+
+// Streaming: choice i's formatter text from make() (a formatter call). A call that throws (a Responses stream's on_done
+// storing the completed response, say) ends the stream as a failed generation does: the error is logged, and that
+// formatter's text for an Error event (500, the exception's message) follows what was sent; the other choices stop.
+// Nothing is formatted after that. (The throw reached the HTTP worker's send loop, which does not catch: the whole
+// server ended with std::terminate.)
+template <class Make>
+std::string format(Sending& s, size_t i, Make make) {
+  if (s.broke) return "";
+  std::string what;
+  try {
+    return make();
+  } catch (const std::exception& e) {
+    what = e.what();
+  } catch (...) {
+    what = "unknown error";
+  }
+  s.broke = true;
+  LILAC_LOG_ERROR("POST %s -> stream error: %s", s.log.endpoint.c_str(), what.c_str());
+  OutputEvent ev;
+  ev.kind = OutputEvent::Error;
+  ev.status = 500;
+  ev.message = what;
+  try {
+    return s.fmts[i]->stream_event(ev);
+  } catch (const std::exception& e) {  // the stream ends without its error event
+    LILAC_LOG_ERROR("POST %s: the stream's error event failed: %s", s.log.endpoint.c_str(), e.what());
+  } catch (...) {
+    LILAC_LOG_ERROR("POST %s: the stream's error event failed", s.log.endpoint.c_str());
+  }
+  return "";
 }
 
 const char* error_code_for(int status) {
@@ -178,17 +211,18 @@ void send_stream(httplib::Response& res, std::shared_ptr<Sending> s, const Error
         if (!s->started) {
           s->started = true;
           for (size_t i = 0; i < s->gens.size(); ++i) {
-            out += s->fmts[i]->stream_start();
-            for (auto& e : s->early[i]) out += s->fmts[i]->stream_event(e);
+            out += format(*s, i, [&] { return s->fmts[i]->stream_start(); });
+            for (auto& e : s->early[i]) out += format(*s, i, [&] { return s->fmts[i]->stream_event(e); });
           }
           s->early.clear();
         } else {
-          const bool got = s->poll(std::chrono::milliseconds(250),
-                                   [&](size_t i, OutputEvent e) { out += s->fmts[i]->stream_event(e); });
+          const bool got = s->poll(std::chrono::milliseconds(250), [&](size_t i, OutputEvent e) {
+            out += format(*s, i, [&] { return s->fmts[i]->stream_event(e); });
+          });
           if (!got && Clock::now() - s->last_write > std::chrono::seconds(2)) out = ": keep-alive\n\n";
         }
-        // A failed choice's error event ended the stream: the others stop.
-        const bool failed = s->failed() != nullptr;
+        // A failed choice's error event (or a formatter's that threw) ended the stream: the others stop.
+        const bool failed = s->failed() != nullptr || s->broke;
         if (failed) s->cancel();
         const bool end = failed || s->finished();
         if (end && !failed && s->gens.size() > 1) out += s->join.stream_tail(s->stats());
@@ -197,6 +231,7 @@ void send_stream(httplib::Response& res, std::shared_ptr<Sending> s, const Error
         return true;
       },
       [s](bool success) {
+        if (s->broke) return;  // logged when it broke
         if (!success || !s->finished()) {
           s->cancel();
           if (!s->failed()) {

@@ -62,7 +62,8 @@ using ErrorReply = std::function<void(const ApiError&)>;
 // (http_client_gone: a client that goes away cancels the generation), then answers the body, or the
 // error through `fail` with its own status (a generation stopped by shutdown: 503, never a 200 with
 // cut text). Streaming: server-sent events as the tokens come; an error after the start is an error
-// event followed by [DONE].
+// event followed by [DONE]. A formatter call that throws while streaming (a Responses stream's store of its
+// completed object) is such an error too (500, its message; logged): the protocol's error event(s) end the stream.
 void send_generation(httplib::Response& res, std::shared_ptr<Generation> gen, std::shared_ptr<ResponseFormatter> fmt,
                      bool stream, const RequestLog& log, const ErrorReply& fail);
 // The same for several generations of one request (choice i: gens[i], fmts[i]), joined by `join`. The

@@ -1,8 +1,8 @@
 // Background Responses (POST /v1/responses with background: true) while they run and when they end: the input items
 // of a running one, a follow-up to one that has not ended, a final object too large for the response store, a streamed
 // one's single terminal event (response.cancelled when it is cancelled; also when the response store throws, made to by
-// ServerOptions::response_store_put_fault) and contiguous sequence numbers, a failure whose error is not UTF-8; and a
-// conversation whose new metadata would not fit that store.
+// ServerOptions::response_store_put_fault) and contiguous sequence numbers, a failure whose error is not UTF-8; a
+// foreground stream whose store throws; and a conversation whose new metadata would not fit that store.
 // The scripted backend (server_test_util.h): "slow" -> " x" forever, 20 ms per token; "big" -> 400 " word"s at once;
 // "breaks" -> JSON that breaks its grammar after a few tokens; "astral" -> JSON broken by a character whose first
 // token is a lone byte (its error message is not UTF-8).
@@ -322,6 +322,49 @@ TEST(BackgroundResponses, AStreamHasNoSequenceGapWhenStoringItsCompletionThrows)
   EXPECT_EQ(got["status"], "failed") << got.dump();
   EXPECT_EQ(got["error"], evs.back()["response"]["error"]) << got.dump();
   expect_resumed_to_the_same_end(cli, id, 0, evs);
+}
+
+// A foreground stream (stream: true, not background) stores its completed object in the formatter's on_done, inside the
+// HTTP worker's send loop, where nothing caught a throw: a store that threw ended the whole server (std::terminate;
+// the test binary aborted, rc 134). The test seam makes the store of "completed" throw once: the stream ends as a
+// failed one does, its `error` event then one response.failed carrying the store's error, numbered without a gap, and
+// the server goes on serving (nothing was stored: GET finds no such response).
+TEST(BackgroundResponses, AForegroundStreamEndsWithResponseFailedWhenStoringItsCompletionThrows) {
+  std::atomic<int> completed_puts{0};
+  auto o = lilac::test::LocalServer::options();
+  o.response_store_put_fault = [&](const std::string&, const json& r) {
+    if (r.value("status", "") == "completed" && completed_puts++ == 0)
+      throw std::runtime_error("test: storing completed threw");
+  };
+  lilac::test::LocalServer srv(o, nullptr, script());
+  httplib::Client cli("127.0.0.1", srv.port);
+  cli.set_read_timeout(10, 0);
+  const json body = {{"input", "hello"}, {"stream", true}, {"reasoning", kOff}};
+  auto r = cli.Post("/v1/responses", body.dump(), "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const std::vector<json> evs = lilac::test::sse_events(r->body);
+  ASSERT_GE(evs.size(), 4u) << r->body;
+  EXPECT_EQ(completed_puts.load(), 1);
+  expect_numbered_to_one_end(evs, r->body, "response.failed");
+  bool text = false;  // the answer's text was streamed before its end
+  for (const json& e : evs) text |= e["type"] == "response.output_text.delta";
+  EXPECT_TRUE(text) << r->body;
+  EXPECT_EQ(evs[evs.size() - 2]["type"], "error") << r->body;
+  EXPECT_EQ(evs[evs.size() - 2]["message"], "test: storing completed threw") << r->body;
+  const json& last = evs.back();
+  EXPECT_EQ(last["response"]["status"], "failed");
+  EXPECT_EQ(last["response"]["error"]["code"], "server_error");
+  EXPECT_EQ(last["response"]["error"]["message"], "test: storing completed threw");
+  const std::string id = evs.front()["response"]["id"];
+  EXPECT_EQ(httplib::Client("127.0.0.1", srv.port).Get("/v1/responses/" + id)->status, 404);
+  // The server lives: the next stream completes (and is stored).
+  r = cli.Post("/v1/responses", body.dump(), "application/json");
+  ASSERT_TRUE(r);
+  const std::vector<json> next = lilac::test::sse_events(r->body);
+  expect_numbered_to_one_end(next, r->body, "response.completed");
+  EXPECT_EQ(get_json(srv.port, "/v1/responses/" + next.front()["response"]["id"].get<std::string>())["status"],
+            "completed");
 }
 
 // A background response (not streamed) whose generation failed with an error quoting the lone byte 0xF4: storing
