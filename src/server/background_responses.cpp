@@ -80,13 +80,15 @@ void BackgroundResponses::fail(Task& t, const std::string& what) {
   t.gen->cancel();
   const nlohmann::json error = responses_failure(500, what);
   const bool ended = t.stream && stream_ended(t);
+  t.failure = what;
   // Storing the failure and ending the stream are apart: a store that throws must not keep the stream from its
   // terminal event (in one try, it did: a client read to the end of a stream that had none).
   try {
     std::optional<ResponseStore::Entry> e = store_.get(t.id);
     if (!ended || !e || response_running(e->response)) store(t, "failed", error);
-  } catch (const std::exception& x) {  // finish() still ends the stored object
+  } catch (const std::exception& x) {  // finish() still ends the stored object, saying why
     LILAC_LOG_ERROR("background response %s: storing its failure failed: %s", t.id.c_str(), x.what());
+    t.unstored = x.what();
   }
   if (!t.stream || ended) return;
   try {
@@ -98,7 +100,8 @@ void BackgroundResponses::fail(Task& t, const std::string& what) {
 
 void BackgroundResponses::finish(Task& t) {
   // The final object must replace "queued" / "in_progress" (clients poll until it does). One too large for the store
-  // (--responses-mb) was not kept and the old status stayed forever: it ends as failed, without its output.
+  // (--responses-mb) was not kept and the old status stayed forever: it ends as failed, without its output. So does
+  // one whose store threw (fail()'s too), saying so (it said "too large" for that too).
   // A store that throws here is logged: the throw left the response's thread (std::terminate), and the task must end
   // (done) for its stream's readers to stop waiting.
   try {
@@ -107,9 +110,14 @@ void BackgroundResponses::finish(Task& t) {
         nlohmann::json r = e->response;
         r["status"] = "failed";
         r["output"] = nlohmann::json::array();
-        r["error"] = {{"code", "server_error"},
-                      {"message", "The response is larger than this server's response store holds (--responses-mb): "
-                                  "it was not kept."}};
+        std::string message;
+        if (t.unstored.empty())
+          message = "The response is larger than this server's response store holds (--responses-mb): it was not kept.";
+        else if (t.failure.empty() || t.failure == t.unstored)
+          message = "The response could not be stored: " + t.unstored;
+        else
+          message = "The response could not be stored: " + t.unstored + " (it had failed: " + t.failure + ")";
+        r["error"] = {{"code", "server_error"}, {"message", message}};
         if (!store_.put(t.id, ResponseStore::Entry{t.items, r})) store_.erase(t.id);
       }
     }

@@ -69,6 +69,8 @@ class BackgroundResponses {
     bool ended = false;               // stream: its terminal event is among them; no event follows it (mu_)
     std::atomic<bool> done{false};
     std::thread thread;
+    // The task's thread only: why fail() failed it, and why storing that failure threw (finish()'s message).
+    std::string failure, unstored;
   };
   void run(Task& t);
   void run_stream(Task& t);
@@ -85,7 +87,8 @@ class BackgroundResponses {
   // gets its response.failed.
   void fail(Task& t, const std::string& what);
   // The task's end: a stored object still "queued" / "in_progress" becomes "failed" (a store that throws is logged),
-  // then the task is done (its stream's readers stop waiting).
+  // its error saying why its end was not kept (too large for the store, or the store threw: why), then the task is
+  // done (its stream's readers stop waiting).
   void finish(Task& t);
   std::shared_ptr<Task> find_locked(const std::string& id) const;
   void reap_locked();

@@ -1,8 +1,9 @@
 // Background Responses (POST /v1/responses with background: true) while they run and when they end: the input items
-// of a running one, a follow-up to one that has not ended, a final object too large for the response store, a streamed
-// one's single terminal event (response.cancelled when it is cancelled; also when the response store throws, made to by
-// ServerOptions::response_store_put_fault) and contiguous sequence numbers, a failure whose error is not UTF-8; a
-// foreground stream whose store throws; and a conversation whose new metadata would not fit that store.
+// of a running one, a follow-up to one that has not ended, a final object too large for the response store (or whose
+// store threw), a streamed one's single terminal event (response.cancelled when it is cancelled; also when the response
+// store throws, made to by ServerOptions::response_store_put_fault) and contiguous sequence numbers, a failure whose
+// error is not UTF-8; a foreground stream whose store throws; and a conversation whose new metadata would not fit that
+// store.
 // The scripted backend (server_test_util.h): "slow" -> " x" forever, 20 ms per token; "big" -> 400 " word"s at once;
 // "breaks" -> JSON that breaks its grammar after a few tokens; "astral" -> JSON broken by a character whose first
 // token is a lone byte (its error message is not UTF-8).
@@ -148,6 +149,34 @@ TEST(BackgroundResponses, AFinalObjectTooLargeForTheStoreEndsFailed) {
   });
   EXPECT_EQ(r["status"], "failed") << r.dump().substr(0, 400);
   EXPECT_NE(r["error"]["message"].get<std::string>().find("--responses-mb"), std::string::npos) << r.dump().substr(0, 400);
+}
+
+// A background response whose every store of its end threw (the completed object, then the failure's) ended with the
+// run's end's fallback, which always said the response was too large for the store (--responses-mb): a store that
+// threw is not that. The stored error says what happened now: it could not be stored, and why. (Too large: the test
+// above.)
+TEST(BackgroundResponses, AFinalObjectThatCouldNotBeStoredEndsFailedSayingWhy) {
+  std::atomic<int> failed_puts{0};
+  auto o = lilac::test::LocalServer::options();
+  o.response_store_put_fault = [&](const std::string&, const json& r) {
+    const std::string status = r.value("status", "");
+    if (status == "completed") throw std::runtime_error("test: storing completed threw");
+    if (status == "failed" && failed_puts++ == 0) throw std::runtime_error("test: storing failed threw");
+  };
+  lilac::test::LocalServer srv(o, nullptr, script());
+  const json bg = post_json(srv.port, "/v1/responses", {{"input", "hello"}, {"background", true}, {"reasoning", kOff}});
+  ASSERT_EQ(bg["status"], "queued") << bg.dump();
+  const json r = poll(srv.port, bg["id"].get<std::string>(), [](const json& r) {
+    const std::string st = r.value("status", "");
+    return !st.empty() && st != "queued" && st != "in_progress";
+  });
+  EXPECT_EQ(failed_puts.load(), 2);  // fail()'s store (threw), the run's end's
+  EXPECT_EQ(r["status"], "failed") << r.dump();
+  EXPECT_EQ(r["error"]["code"], "server_error") << r.dump();
+  const std::string message = r["error"].value("message", "");
+  EXPECT_EQ(message.find("--responses-mb"), std::string::npos) << message;
+  EXPECT_NE(message.find("could not be stored: test: storing failed threw"), std::string::npos) << message;
+  EXPECT_NE(message.find("test: storing completed threw"), std::string::npos) << message;  // why it had failed
 }
 
 // A streamed background response whose generation failed ended its stream with an `error` event and no terminal
