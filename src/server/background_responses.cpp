@@ -86,7 +86,7 @@ void BackgroundResponses::fail(Task& t, const std::string& what) {
   try {
     std::optional<ResponseStore::Entry> e = store_.get(t.id);
     if (!ended || !e || response_running(e->response)) store(t, "failed", error);
-  } catch (const std::exception& x) {  // finish() still ends the stored object, saying why
+  } catch (const std::exception& x) {  // finish() still ends the stored object, saying why (or drops it)
     LILAC_LOG_ERROR("background response %s: storing its failure failed: %s", t.id.c_str(), x.what());
     t.unstored = x.what();
   }
@@ -122,7 +122,14 @@ void BackgroundResponses::finish(Task& t) {
       }
     }
   } catch (const std::exception& x) {
-    LILAC_LOG_ERROR("background response %s: storing its end failed: %s", t.id.c_str(), x.what());
+    // Left in the store, the object would say "queued" / "in_progress" forever (a poller never ends): it goes, and
+    // GET answers 404 as for a response the store could not keep.
+    LILAC_LOG_ERROR("background response %s: storing its end failed (%s): it is dropped", t.id.c_str(), x.what());
+    try {
+      store_.erase(t.id);
+    } catch (const std::exception& y) {
+      LILAC_LOG_ERROR("background response %s: dropping it failed too: %s", t.id.c_str(), y.what());
+    }
   }
   {
     std::lock_guard<std::mutex> lk(mu_);

@@ -300,7 +300,8 @@ TEST(BackgroundResponses, AStreamEndsWithResponseFailedWhenStoringItsFailureThro
 
 // A store that throws on every put after the "queued" one: the run's end (finish()) stored without a guard, so its
 // throw left the response's thread (std::terminate: the whole server ended). The stream ends with its one
-// response.failed, and the server goes on serving.
+// response.failed, and the server goes on serving. The stored object, which no store could end, is dropped: it said
+// "queued" forever (a poller never ended).
 TEST(BackgroundResponses, AStreamEndsAndTheServerLivesWhenTheStoreAlwaysThrows) {
   auto o = lilac::test::LocalServer::options();
   std::atomic<bool> broken{true};
@@ -313,6 +314,9 @@ TEST(BackgroundResponses, AStreamEndsAndTheServerLivesWhenTheStoreAlwaysThrows) 
   const std::vector<json> evs = stream_slow_background(cli, raw);
   ASSERT_GE(evs.size(), 2u) << raw;
   expect_numbered_to_one_end(evs, raw, "response.failed");
+  const std::string id = evs.front()["response"]["id"];
+  const json last = poll(srv.port, id, [](const json& r) { return r.is_null(); });  // 404
+  EXPECT_TRUE(last.is_null()) << last.dump();
   broken = false;
   EXPECT_EQ(post_json(srv.port, "/v1/responses", {{"input", "hello"}, {"reasoning", kOff}})["status"], "completed");
 }
