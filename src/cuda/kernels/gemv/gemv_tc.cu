@@ -199,15 +199,19 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<BITS>) gemv_tc_kernel(Gem
 namespace {
 unsigned long long* g_env_trace = nullptr;
 std::string g_env_trace_path;
+bool moe_env_trace = false;
 constexpr size_t kEnvTraceBlocks = 8192;
 void dump_env_trace() {
   std::vector<unsigned long long> h(kEnvTraceBlocks * 8);
   if (cudaMemcpy(h.data(), g_env_trace, h.size() * 8, cudaMemcpyDeviceToHost) != cudaSuccess) return;
   FILE* f = std::fopen(g_env_trace_path.c_str(), "w");
   if (f == nullptr) return;
+  // A block that ran has its entry mark (0); its unwritten marks stay 0 and are left out, except the MoE's SM id (6),
+  // which is 0 on SM 0.
   for (size_t b = 0; b < kEnvTraceBlocks; ++b)
     for (int k = 0; k < 8; ++k)
-      if (h[b * 8 + k] != 0) std::fprintf(f, "%zu,%d,%llu\n", b, k, h[b * 8 + k]);
+      if (h[b * 8 + k] != 0 || (k == 6 && h[b * 8] != 0 && moe_env_trace))
+        std::fprintf(f, "%zu,%d,%llu\n", b, k, h[b * 8 + k]);
   std::fclose(f);
 }
 }  // namespace
@@ -224,6 +228,7 @@ void tc_trace_from_env() {
   if (moe != nullptr) {
     moe_tc_trace(buf);
     g_env_trace_path = moe;
+    moe_env_trace = true;
   } else {
     LILAC_CUDA_CHECK(cudaMemcpyToSymbol(g_tc_trace, &buf, sizeof(buf)));
     g_env_trace_path = dense;
