@@ -114,13 +114,15 @@ Endpoint responses_endpoint(ServerContext& C) {
           else
             res.set_content(dump_json(queued), "application/json");
         };
+      // Stored first: a store that throws (the stream then fails) leaves the conversation as it was, not holding an
+      // output whose response failed and was not kept.
       meta.on_done = [&C, items, add_to_conversation](const nlohmann::json& response) {
-        if (add_to_conversation) add_to_conversation(response);
         ResponseStore::Entry e;
         e.items = *items;
         append_output_items(e.items, response);
         e.response = response;
         C.responses.put(response["id"].get<std::string>(), std::move(e));
+        if (add_to_conversation) add_to_conversation(response);
       };
     }
     r.formatter = [meta](const Generation& gen, bool route_field) mutable {

@@ -400,6 +400,37 @@ TEST(BackgroundResponses, AForegroundStreamEndsWithResponseFailedWhenStoringItsC
             "completed");
 }
 
+// A response continuing a conversation whose store of the completed object throws: the stream fails and nothing is
+// stored, and the conversation stays as it was. It got the response's input and output first (on_done added them
+// before storing), so it held an answer whose response had failed and could not be fetched.
+TEST(BackgroundResponses, AConversationIsUnchangedWhenItsResponsesStoreThrows) {
+  std::atomic<int> completed_puts{0};
+  auto o = lilac::test::LocalServer::options();
+  o.response_store_put_fault = [&](const std::string&, const json& r) {
+    if (r.value("status", "") == "completed" && completed_puts++ == 0)
+      throw std::runtime_error("test: storing completed threw");
+  };
+  lilac::test::LocalServer srv(o, nullptr, script());
+  const json first = {{"type", "message"}, {"role", "user"}, {"content", "a"}};
+  const std::string conv = post_json(srv.port, "/v1/conversations", {{"items", {first}}})["id"];
+  const std::string items = "/v1/conversations/" + conv + "/items";
+  httplib::Client cli("127.0.0.1", srv.port);
+  cli.set_read_timeout(10, 0);
+  const json body = {{"input", "hello"}, {"conversation", conv}, {"stream", true}, {"reasoning", kOff}};
+  auto r = cli.Post("/v1/responses", body.dump(), "application/json");
+  ASSERT_TRUE(r);
+  const std::vector<json> evs = lilac::test::sse_events(r->body);
+  expect_numbered_to_one_end(evs, r->body, "response.failed");
+  EXPECT_EQ(completed_puts.load(), 1);
+  const json kept = get_json(srv.port, items);
+  EXPECT_EQ(kept["data"].size(), 1u) << kept.dump();  // the first item only
+  // The next response continues it as usual: its input and its answer are added.
+  r = cli.Post("/v1/responses", body.dump(), "application/json");
+  ASSERT_TRUE(r);
+  expect_numbered_to_one_end(lilac::test::sse_events(r->body), r->body, "response.completed");
+  EXPECT_EQ(get_json(srv.port, items)["data"].size(), 3u);
+}
+
 // A background response (not streamed) whose generation failed with an error quoting the lone byte 0xF4: storing
 // "failed" with that error threw inside the response's thread (the store's strict JSON dump), and the thread's catch
 // stored the exception's text instead ("[json.exception.type_error.316] invalid UTF-8 byte ..."). GET shows the
