@@ -86,6 +86,16 @@ std::vector<json> stream_slow_background(httplib::Client& cli, std::string& raw)
   return lilac::test::sse_events(raw);
 }
 
+// The server's options with the store's test seam throwing at the first put of a "completed" object ("test: storing
+// completed threw"); `puts` counts those puts.
+auto first_completed_store_throws(std::atomic<int>& puts) {
+  auto o = lilac::test::LocalServer::options();
+  o.response_store_put_fault = [&puts](const std::string&, const json& r) {
+    if (r.value("status", "") == "completed" && puts++ == 0) throw std::runtime_error("test: storing completed threw");
+  };
+  return o;
+}
+
 // A stream as its client got it (`body`, parsed as `evs`): numbered 0, 1, 2, ... without a gap, one terminal event
 // and it last, of type `type`, whole.
 void expect_numbered_to_one_end(const std::vector<json>& evs, const std::string& body, const std::string& type) {
@@ -327,12 +337,7 @@ TEST(BackgroundResponses, AStreamEndsAndTheServerLivesWhenTheStoreAlwaysThrows) 
 // once: the events the client gets are numbered 0, 1, 2, ... to the response.failed.
 TEST(BackgroundResponses, AStreamHasNoSequenceGapWhenStoringItsCompletionThrows) {
   std::atomic<int> completed_puts{0};
-  auto o = lilac::test::LocalServer::options();
-  o.response_store_put_fault = [&](const std::string&, const json& r) {
-    if (r.value("status", "") == "completed" && completed_puts++ == 0)
-      throw std::runtime_error("test: storing completed threw");
-  };
-  lilac::test::LocalServer srv(o, nullptr, script());
+  lilac::test::LocalServer srv(first_completed_store_throws(completed_puts), nullptr, script());
   httplib::Client cli("127.0.0.1", srv.port);
   cli.set_read_timeout(10, 0);
   const json body = {{"input", "hello"}, {"background", true}, {"stream", true}, {"reasoning", kOff}};
@@ -364,12 +369,7 @@ TEST(BackgroundResponses, AStreamHasNoSequenceGapWhenStoringItsCompletionThrows)
 // the server goes on serving (nothing was stored: GET finds no such response).
 TEST(BackgroundResponses, AForegroundStreamEndsWithResponseFailedWhenStoringItsCompletionThrows) {
   std::atomic<int> completed_puts{0};
-  auto o = lilac::test::LocalServer::options();
-  o.response_store_put_fault = [&](const std::string&, const json& r) {
-    if (r.value("status", "") == "completed" && completed_puts++ == 0)
-      throw std::runtime_error("test: storing completed threw");
-  };
-  lilac::test::LocalServer srv(o, nullptr, script());
+  lilac::test::LocalServer srv(first_completed_store_throws(completed_puts), nullptr, script());
   httplib::Client cli("127.0.0.1", srv.port);
   cli.set_read_timeout(10, 0);
   const json body = {{"input", "hello"}, {"stream", true}, {"reasoning", kOff}};
@@ -405,12 +405,7 @@ TEST(BackgroundResponses, AForegroundStreamEndsWithResponseFailedWhenStoringItsC
 // before storing), so it held an answer whose response had failed and could not be fetched.
 TEST(BackgroundResponses, AConversationIsUnchangedWhenItsResponsesStoreThrows) {
   std::atomic<int> completed_puts{0};
-  auto o = lilac::test::LocalServer::options();
-  o.response_store_put_fault = [&](const std::string&, const json& r) {
-    if (r.value("status", "") == "completed" && completed_puts++ == 0)
-      throw std::runtime_error("test: storing completed threw");
-  };
-  lilac::test::LocalServer srv(o, nullptr, script());
+  lilac::test::LocalServer srv(first_completed_store_throws(completed_puts), nullptr, script());
   const json first = {{"type", "message"}, {"role", "user"}, {"content", "a"}};
   const std::string conv = post_json(srv.port, "/v1/conversations", {{"items", {first}}})["id"];
   const std::string items = "/v1/conversations/" + conv + "/items";
