@@ -497,9 +497,6 @@ TEST(HybridUpstream, ModelsListedWithPrefixAndFallbackToConfiguredModel) {
   EXPECT_EQ(up.last()["model"], "up-a");
 }
 
-// Found by review: nothing bounded what the router held of an upstream's answer (a 65 MiB answer was read whole; an SSE
-// "line" with no end grew forever), and a stream that broke off ended with an unnamed chat-shaped error glued to the
-// partial line (Anthropic clients skipped it: a silently cut message).
 // An upstream's text in an error the router answers was dumped as strict JSON, which throws on bytes that are not UTF-8.
 // A 4xx whose body is not UTF-8 (Latin-1 here) is passed on as the error's message: the front answered 500 instead of
 // the upstream's 400. The bytes are U+FFFD now.
@@ -538,6 +535,9 @@ TEST(HybridUpstream, AServerErrorMessageCutInsideACharacterIsA502WithUFFFD) {
   EXPECT_EQ(strict.local_served.load(), 0);
 }
 
+// Found by review: nothing bounded what the router held of an upstream's answer (a 65 MiB answer was read whole; an SSE
+// "line" with no end grew forever), and a stream that broke off ended with an unnamed chat-shaped error glued to the
+// partial line (Anthropic clients skipped it: a silently cut message).
 TEST(HybridUpstream, UpstreamAnswersAreBoundedAndBrokenStreamsEndInTheirProtocol) {
   FakeUpstream up;
   Front front("http://127.0.0.1:" + std::to_string(up.port), R"({"sticky": false})");
