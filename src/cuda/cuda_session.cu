@@ -134,7 +134,16 @@ cudaGraphExec_t CudaSession::step() {
 TokenChoice CudaSession::fetch_result() {
   LILAC_CUDA_CHECK(cudaMemcpyAsync(host_result_, seq_.result, sizeof(SampleResult), cudaMemcpyDeviceToHost, stream_));
   sync();
-  return to_choice(*host_result_);
+  return chosen(*host_result_);
+}
+
+// The sampler's result as the pending token's choice: a row with no choice leaves nothing pending (*seq_.token then
+// holds the sampler's negative code, which no later step may feed), as the CPU sessions do.
+TokenChoice CudaSession::chosen(const SampleResult& r) {
+  pending_ = false;
+  TokenChoice t = to_choice(r);
+  pending_ = true;
+  return t;
 }
 
 TokenChoice CudaSession::to_choice(const SampleResult& r) const {
@@ -310,8 +319,13 @@ TokenChoice CudaSession::sample() {
   return fetch_result();
 }
 
+void CudaSession::check_pending() const {
+  if (!pending_) throw Error("cuda session: advance() without a sampled token");
+}
+
 void CudaSession::advance() {
   settle();
+  check_pending();
   check_room();
   mtp_before_step();
   launch(body());
@@ -324,6 +338,7 @@ void CudaSession::advance() {
 
 TokenChoice CudaSession::decode_step() {
   settle();
+  check_pending();
   check_room();
   if (prof_) return decode_step_profiled();
   mtp_before_step();  // the MTP head's hooks: the fed token before the step, its hidden after it
@@ -414,8 +429,7 @@ void CudaSession::end_batched(const float* hidden, cudaStream_t s) {
 TokenChoice CudaSession::finish_batched(const SampleResult& r) {
   ++seq_.len;
   mask_on_ = false;
-  pending_ = true;
-  return to_choice(r);
+  return chosen(r);
 }
 
 }  // namespace lilac::cuda

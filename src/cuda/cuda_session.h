@@ -101,12 +101,14 @@ class CudaSession : public Session, public PoolClient {
   // (the MTP head) and sampling do not need it.
   void settle();
   void check_room() const;
+  void check_pending() const;  // a sampled token waits to be fed (else throws, as the CPU sessions do)
   void launch(cudaGraphExec_t g);
   cudaGraphExec_t body();
   cudaGraphExec_t head();
   cudaGraphExec_t step();
   TokenChoice fetch_result();
   TokenChoice to_choice(const SampleResult& r) const;
+  TokenChoice chosen(const SampleResult& r);  // to_choice for the pending token: pending only if there is a choice
   void enqueue_sample_now();
   void drop_graphs();
   void release();

@@ -89,8 +89,7 @@ std::vector<TokenChoice> CudaSession::verify(std::span<const int32_t> drafts) {
     out.push_back(choice_or_error([this] { return decode_step(); }));
     if (out.back().error || i == n || out.back().token != drafts[size_t(i)]) break;
   }
-  if (out.back().error) pending_ = false;  // that row fed, no choice: nothing pending
-  return out;
+  return out;  // after a row with no choice nothing is pending (decode_step saw to it)
 }
 
 // The verify step on the rows kernels: its graph leaves the state as decode steps over the kept rows would

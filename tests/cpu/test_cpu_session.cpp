@@ -12,6 +12,7 @@
 #include "cpu/cpu_backend.h"
 #include "model/weights.h"
 #include "support/fixtures.h"
+#include "support/session_no_choice.h"
 
 using namespace lilac;
 using testutil::fixture;
@@ -246,3 +247,10 @@ TEST(CpuSession, Bf16KvCacheChangesTheLogitsOnlyByItsRounding) {
 }
 
 }  // namespace
+
+// After a row with no choice nothing is pending: decode_step, advance and decode_batch refuse before computing, and
+// reset() makes the session whole (tests/support/session_no_choice.h; the same test for the fast CPU and CUDA backends).
+TEST(CpuSession, ARowWithNoChoiceLeavesNothingPending) {
+  testutil::nochoice::expect_a_row_with_no_choice_leaves_nothing_pending(
+      [](std::shared_ptr<const ModelWeights> w) { return make_cpu_backend(std::move(w), 1); });
+}

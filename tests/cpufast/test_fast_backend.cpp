@@ -19,6 +19,7 @@
 #include "model/weights.h"
 #include "cpufast/synthetic.h"
 #include "support/fixtures.h"
+#include "support/session_no_choice.h"
 #include "support/step_bytes.h"
 
 using namespace lilac;
@@ -213,4 +214,11 @@ TEST(CpuFastBackend, Errors) {
   EXPECT_THROW(s->prefill(many), InputError);
   EXPECT_EQ(s->length(), 0);
   EXPECT_THROW(cpufast::make_fast_cpu_backend(fixture("tiny"), {.threads = 1, .isa = "vax"}), Error);
+}
+
+// After a row with no choice nothing is pending (tests/support/session_no_choice.h; the same test for the CPU reference
+// and CUDA).
+TEST(CpuFastBackend, ARowWithNoChoiceLeavesNothingPending) {
+  testutil::nochoice::expect_a_row_with_no_choice_leaves_nothing_pending(
+      [](std::shared_ptr<const ModelWeights> w) { return cpufast::make_fast_cpu_backend(std::move(w), {.threads = 1}); });
 }

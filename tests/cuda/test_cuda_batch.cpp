@@ -27,6 +27,7 @@
 #include "gpu_test.h"
 #include "model/weights.h"
 #include "support/fixtures.h"
+#include "support/session_no_choice.h"
 
 using namespace lilac;
 using testutil::same_bits;
@@ -532,3 +533,13 @@ TEST(CudaBatch, ReservedPoolsHoldTheServersSessions) {
 }
 
 }  // namespace
+
+// After a row with no choice nothing is pending: decode_step, advance and decode_batch refuse before computing (they
+// fed the sampler's code -1 as a token id, row -1 of the embedding), and reset() makes the session whole
+// (tests/support/session_no_choice.h; the same test for the CPU backends). Both ends of a step: the session's own
+// decode_step and its row of a batched step (finish_batched).
+TEST(CudaBatch, ARowWithNoChoiceLeavesNothingPending) {
+  NEED_GPU();
+  testutil::nochoice::expect_a_row_with_no_choice_leaves_nothing_pending(
+      [](std::shared_ptr<const ModelWeights> w) { return cuda::make_cuda_backend(std::move(w)); });
+}
