@@ -184,13 +184,23 @@ __device__ __forceinline__ void pdl_trigger() {
 // ------------------------------------------------------------------------------------------------ clusters
 // Thread-block clusters (sm_90+; launched with a cluster dimension). cluster_sync: every thread of every block of
 // the cluster arrives (release) and waits (acquire), so shared-memory stores before it are visible to the cluster's
-// other blocks after it. cluster_map: the address of the same shared-memory location in block `rank` of the cluster
-// (distributed shared memory), for ld_cluster_f4. Below sm_90 they compile to nothing (the host never launches
-// clusters there).
-__device__ __forceinline__ void cluster_sync() {
+// other blocks after it; cluster_arrive / cluster_wait are its two halves, for work between them (arrive where a
+// block's part is done, wait where it needs the others'). cluster_map: the address of the same shared-memory
+// location in block `rank` of the cluster (distributed shared memory), for ld_cluster_f4. Below sm_90 they compile
+// to nothing (the host never launches clusters there).
+__device__ __forceinline__ void cluster_arrive() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
 #endif
+}
+__device__ __forceinline__ void cluster_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void cluster_sync() {
+  cluster_arrive();
+  cluster_wait();
 }
 __device__ __forceinline__ uint32_t cluster_map(uint32_t smem_addr, uint32_t rank) {
   uint32_t r = 0;

@@ -38,19 +38,6 @@ constexpr int kRowsPerWarp = 32 / kColGroups;        // 8
 
 constexpr int kMaxGateSlices = 8;
 
-// The cluster barrier in halves (ptx.cuh's cluster_sync is both at once): arrive (release) where a block's part is
-// done, wait (acquire) where it needs the others'.
-__device__ __forceinline__ void cluster_arrive() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void cluster_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
-#endif
-}
-
 // The GATE epilogue: thread i < kCols holds t, column col of head h's o (col < dv), and w · silu(z) of it as the
 // pair (w, sz) loaded early. Every thread of the block calls. The second barrier's wait is the block's last act:
 // no block leaves while another may still read its o_s, and the gating runs between its arrive and wait.
