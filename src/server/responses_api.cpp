@@ -12,6 +12,7 @@
 #include <memory>
 #include <optional>
 
+#include "core/log.h"
 #include "server/endpoint.h"
 #include "server/json_route.h"
 #include "server/responses_format.h"
@@ -98,7 +99,10 @@ Endpoint responses_endpoint(ServerContext& C) {
           append_output_items(c.items, response);
         });
       };
-      meta.on_done = add_to_conversation;
+      meta.on_done = [add_to_conversation](const nlohmann::json& response) {
+        add_to_conversation(response);
+        return true;
+      };
     }
     if (p.store) {
       // The entry a follow-up continues: the conversation's input items, then this response's output.
@@ -115,14 +119,21 @@ Endpoint responses_endpoint(ServerContext& C) {
             res.set_content(dump_json(queued), "application/json");
         };
       // Stored first: a store that throws (the stream then fails) leaves the conversation as it was, not holding an
-      // output whose response failed and was not kept.
+      // output whose response failed and was not kept. One the store refuses (larger than --responses-mb) is answered
+      // whole, saying "store": false (the formatter, from the false returned here); its conversation goes on with it.
+      // (A background one's run then ends it failed, saying why: background_responses.cpp.)
       meta.on_done = [&C, items, add_to_conversation](const nlohmann::json& response) {
         ResponseStore::Entry e;
         e.items = *items;
         append_output_items(e.items, response);
         e.response = response;
-        C.responses.put(response["id"].get<std::string>(), std::move(e));
+        const std::string id = response["id"].get<std::string>();
+        const bool kept = C.responses.put(id, std::move(e));
+        if (!kept)
+          LILAC_LOG_WARN("response %s is larger than the response store holds (--responses-mb): it was not stored",
+                         id.c_str());
         if (add_to_conversation) add_to_conversation(response);
+        return kept;
       };
     }
     r.formatter = [meta](const Generation& gen, bool route_field) mutable {

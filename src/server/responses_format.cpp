@@ -40,8 +40,7 @@ class ResponsesFormatter final : public ResponseFormatter {
     if (ev.kind != OutputEvent::Done) return out;
     out += close_item();
     const std::string status = finish_reason();
-    const json r = response(status);
-    if (meta_.on_done) meta_.on_done(r);
+    const json r = final_response();
     return out + event(status == "completed" ? "response.completed" : "response.incomplete", json{{"response", r}});
   }
 
@@ -60,11 +59,7 @@ class ResponsesFormatter final : public ResponseFormatter {
     if (ev.kind == OutputEvent::Done) close_item();
   }
 
-  std::string body() const override {
-    const json r = response(finish_reason());
-    if (meta_.on_done) meta_.on_done(r);
-    return dump_json(r);
-  }
+  std::string body() const override { return dump_json(final_response()); }
 
   std::string error_body(const ApiError& e) const override { return dump_json(server::error_body(e)); }
 
@@ -102,6 +97,13 @@ class ResponsesFormatter final : public ResponseFormatter {
     const int64_t at_;
     const int exceptions_;
   };
+
+  // The completed / incomplete object, handed to on_done (which stores it); one the store refused says "store": false.
+  json final_response() const {
+    json r = response(finish_reason());
+    if (meta_.on_done && !meta_.on_done(r)) r["store"] = false;
+    return r;
+  }
 
   json usage() const {
     const int64_t in = stats_.prompt_tokens > 0 ? stats_.prompt_tokens : meta_.input_tokens;

@@ -39,8 +39,11 @@ struct ResponsesMeta {
   bool background = false;                        // echoed (server/background_responses.h)
   nlohmann::json previous_response_id = nullptr;  // echoed (string or null)
   nlohmann::json conversation = nullptr;          // echoed ({"id"} or null)
-  // Called with the final response object (completed or incomplete; not for a cancelled generation).
-  std::function<void(const nlohmann::json& response)> on_done;
+  // Called with the final response object (completed or incomplete; not for a cancelled generation). Returns whether
+  // it was stored where it was to be: false when the response store refused it (larger than --responses-mb). The
+  // object answered (the body, the stream's response.completed / .incomplete) then says "store": false, with all its
+  // output: the client learns that GET /v1/responses/{id} will not find it.
+  std::function<bool(const nlohmann::json& response)> on_done;
 };
 
 std::shared_ptr<ResponseFormatter> make_responses_formatter(ResponsesMeta meta);

@@ -2,8 +2,8 @@
 // of a running one, a follow-up to one that has not ended, a final object too large for the response store (or whose
 // store threw), a streamed one's single terminal event (response.cancelled when it is cancelled; also when the response
 // store throws, made to by ServerOptions::response_store_put_fault) and contiguous sequence numbers, a failure whose
-// error is not UTF-8; a foreground stream whose store throws; and a conversation whose new metadata would not fit that
-// store.
+// error is not UTF-8; a foreground stream whose store throws, a foreground response too large for that store; and a
+// conversation whose new metadata would not fit that store.
 // The scripted backend (server_test_util.h): "slow" -> " x" forever, 20 ms per token; "big" -> 400 " word"s at once;
 // "breaks" -> JSON that breaks its grammar after a few tokens; "astral" -> JSON broken by a character whose first
 // token is a lone byte (its error message is not UTF-8).
@@ -116,6 +116,23 @@ void expect_resumed_to_the_same_end(httplib::Client& cli, const std::string& id,
   for (size_t i = 0; i < resumed.size(); ++i) EXPECT_EQ(resumed[i]["sequence_number"], after + 1 + i) << again->body;
   EXPECT_EQ(terminals(resumed), 1u) << again->body;
   EXPECT_EQ(resumed.back(), evs.back()) << again->body;
+}
+
+// The text of a response object's message items (their output_text parts, in order).
+std::string output_text(const json& response) {
+  std::string t;
+  for (const json& item : response["output"])
+    if (item.value("type", "") == "message")
+      for (const json& part : item["content"]) t += part.value("text", "");
+  return t;
+}
+
+// The text a stream's client got: its response.output_text.delta events' deltas, in order.
+std::string streamed_text(const std::vector<json>& evs) {
+  std::string t;
+  for (const json& e : evs)
+    if (e.value("type", "") == "response.output_text.delta") t += e.value("delta", "");
+  return t;
 }
 
 }  // namespace
@@ -485,6 +502,46 @@ TEST(BackgroundResponses, ACancelledStreamEndsWithResponseCancelled) {
   EXPECT_EQ(evs.back()["response"], cancelled);
   EXPECT_EQ(get_json(srv.port, "/v1/responses/" + id), cancelled);
   expect_resumed_to_the_same_end(cli, id, 2, evs);  // after event 2: the same events, to the same end
+}
+
+// A foreground response (not background) with store: true whose completed object the response store refused as larger
+// than it holds (--responses-mb) answered "completed" with "store": true, and GET /v1/responses/{id} then found no
+// such response: the client was told nothing. The answer it gets now says "store": false (it was not stored), with
+// the whole answer in it, not streamed and streamed (the stream's response.completed); GET still finds nothing. A
+// response that fits is stored and says "store": true, as before.
+TEST(BackgroundResponses, AForegroundResponseTooLargeForTheStoreSaysItWasNotStored) {
+  auto o = lilac::test::LocalServer::options();
+  o.responses_bytes = 5000;
+  lilac::test::LocalServer srv(o, nullptr, script());
+  std::string big;
+  for (int i = 0; i < 400; ++i) big += " word";
+  const json body = {{"input", "big"}, {"max_output_tokens", 1000}, {"reasoning", kOff}};
+  const json r = post_json(srv.port, "/v1/responses", body);
+  EXPECT_EQ(r["status"], "completed") << r.dump().substr(0, 400);
+  EXPECT_EQ(r["store"], false) << r.dump().substr(0, 400);
+  EXPECT_EQ(output_text(r), big);  // the answer is all there
+  EXPECT_EQ(httplib::Client("127.0.0.1", srv.port).Get("/v1/responses/" + r["id"].get<std::string>())->status, 404);
+  // Streamed: the stream's response.completed says so too.
+  httplib::Client cli("127.0.0.1", srv.port);
+  cli.set_read_timeout(10, 0);
+  json streamed = body;
+  streamed["stream"] = true;
+  auto s = cli.Post("/v1/responses", streamed.dump(), "application/json");
+  ASSERT_TRUE(s);
+  ASSERT_EQ(s->status, 200) << s->body.substr(0, 400);
+  const std::vector<json> evs = lilac::test::sse_events(s->body);
+  expect_numbered_to_one_end(evs, s->body, "response.completed");
+  EXPECT_EQ(evs.front()["response"]["store"], true);  // response.created: it was to be stored
+  const json& done = evs.back()["response"];
+  EXPECT_EQ(done["status"], "completed");
+  EXPECT_EQ(done["store"], false);
+  EXPECT_EQ(output_text(done), big);
+  EXPECT_EQ(streamed_text(evs), big);
+  EXPECT_EQ(cli.Get("/v1/responses/" + done["id"].get<std::string>())->status, 404);
+  // One that fits is stored, and says so.
+  const json small = post_json(srv.port, "/v1/responses", {{"input", "hello"}, {"reasoning", kOff}});
+  EXPECT_EQ(small["store"], true) << small.dump();
+  EXPECT_EQ(get_json(srv.port, "/v1/responses/" + small["id"].get<std::string>()), small);
 }
 
 // New metadata that would take a conversation past the store's budget (--responses-mb) is a 400 naming metadata: it
