@@ -26,13 +26,14 @@ class ResponsesFormatter final : public ResponseFormatter {
   }
 
   std::string stream_event(const OutputEvent& ev) override {
-    const Unspent unspent(seq_);  // on_done's store may throw after the open item's .done events were numbered
-    if (ev.kind == OutputEvent::Error) {
-      const std::string out = event("error", json{{"code", ev.status >= 500 ? "server_error" : "invalid_request"},
-                                                  {"message", ev.message},
-                                                  {"param", nullptr}});
-      return out + failed_event(responses_failure(ev.status, ev.message));
-    }
+    Unspent unspent(seq_);
+    if (ev.kind == OutputEvent::Error)
+      return after_unsent([&] {
+        const std::string out = event("error", json{{"code", ev.status >= 500 ? "server_error" : "invalid_request"},
+                                                    {"message", ev.message},
+                                                    {"param", nullptr}});
+        return out + failed_event_now(responses_failure(ev.status, ev.message));
+      });
     note(ev);
     if (ev.kind == OutputEvent::Done && ev.stats.finish == FinishReason::Cancelled) return "";
     std::string out;
@@ -40,7 +41,17 @@ class ResponsesFormatter final : public ResponseFormatter {
     if (ev.kind != OutputEvent::Done) return out;
     out += close_item();
     const std::string status = finish_reason();
-    const json r = final_response();
+    json r;
+    try {
+      r = final_response();
+    } catch (...) {
+      // on_done threw (its store). The events above carry the generation's last text and close its open item, and the
+      // object the failure ends with holds that text: they are kept, numbered, and sent ahead of the failure's events
+      // (after_unsent). (Dropped, the client got a response.failed whose output it had not been sent all of.)
+      unspent.keep();
+      unsent_ = std::move(out);
+      throw;
+    }
     return out + event(status == "completed" ? "response.completed" : "response.incomplete", json{{"response", r}});
   }
 
@@ -63,10 +74,11 @@ class ResponsesFormatter final : public ResponseFormatter {
 
   std::string error_body(const ApiError& e) const override { return dump_json(server::error_body(e)); }
 
-  // The stream's terminal event for a failure: response.failed with the response so far, status "failed".
+  // The stream's terminal event for a failure: response.failed with the response so far, status "failed" (after the
+  // events a throw of on_done left unsent).
   std::string failed_event(const json& error) {
     const Unspent unspent(seq_);
-    return event("response.failed", json{{"response", response("failed", error)}});
+    return after_unsent([&] { return failed_event_now(error); });
   }
 
   // The stream's terminal event for a cancellation: response.cancelled with the response so far, status "cancelled".
@@ -89,14 +101,29 @@ class ResponsesFormatter final : public ResponseFormatter {
     ~Unspent() {
       if (std::uncaught_exceptions() > exceptions_) seq_ = at_;
     }
+    // The numbers taken so far stay spent even if a throw follows: their events will be sent (unsent_).
+    void keep() { at_ = seq_; }
     Unspent(const Unspent&) = delete;
     Unspent& operator=(const Unspent&) = delete;
 
    private:
     int64_t& seq_;
-    const int64_t at_;
+    int64_t at_;
     const int exceptions_;
   };
+
+  // The events a throw of on_done left unsent (unsent_), then make()'s; they are handed out once. When make() throws,
+  // they stay for the next failure's events.
+  template <class Make>
+  std::string after_unsent(Make make) {
+    std::string out = unsent_ + make();
+    unsent_.clear();
+    return out;
+  }
+
+  std::string failed_event_now(const json& error) {
+    return event("response.failed", json{{"response", response("failed", error)}});
+  }
 
   // The completed / incomplete object, handed to on_done (which stores it); one the store refused says "store": false.
   json final_response() const {
@@ -278,6 +305,9 @@ class ResponsesFormatter final : public ResponseFormatter {
   int64_t reasoning_tokens_ = 0;
   int64_t seq_ = 0;
   bool streaming_ = false;
+  // Streaming: the events of a completed stream's end made before on_done threw (its last deltas, its open item's .done
+  // events), numbered; sent first by the failure's events.
+  std::string unsent_;
 };
 
 }  // namespace

@@ -8,8 +8,10 @@
 // max_output_tokens ended it). An error mid-stream is an `error` event, then response.failed (the response so
 // far, status "failed", with its `error`): a failed stream ends with a terminal event as a finished one does. A
 // cancelled background stream ends with response.cancelled (responses_cancelled_event); a cancelled foreground one
-// has no reader left and no terminal event. A call that throws (on_done's store, say) spends no sequence number: the
-// events a client gets are numbered 0, 1, 2, ... without a gap.
+// has no reader left and no terminal event. When on_done (its store) throws at a completed stream's end, the events
+// made before it (the last deltas, the open item's .done events) are sent first by the failure's events (stream_event's
+// for an Error event, responses_failed_event): response.failed's output is what the client got. Any other call that
+// throws spends no sequence number: the events a client gets are numbered 0, 1, 2, ... without a gap.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -52,7 +54,7 @@ std::shared_ptr<ResponseFormatter> make_responses_formatter(ResponsesMeta meta);
 nlohmann::json responses_object(const ResponseFormatter& fmt, const std::string& status,
                                 const nlohmann::json& error = nullptr);
 // The response.failed event (the stream's next sequence number) of a formatter made by make_responses_formatter:
-// the response so far, status "failed", with `error`.
+// the response so far, status "failed", with `error`; after the events a throw of on_done left unsent, if any.
 std::string responses_failed_event(ResponseFormatter& fmt, const nlohmann::json& error);
 // The response.cancelled event (the stream's next sequence number) of a formatter made by make_responses_formatter:
 // the response so far, status "cancelled", as responses_object gives it (a background stream's end when it is

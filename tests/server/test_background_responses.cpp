@@ -5,7 +5,8 @@
 // error is not UTF-8; a foreground stream whose store throws, a foreground response too large for that store; and a
 // conversation whose new metadata would not fit that store.
 // The scripted backend (server_test_util.h): "slow" -> " x" forever, 20 ms per token; "big" -> 400 " word"s at once;
-// "breaks" -> JSON that breaks its grammar after a few tokens; "astral" -> JSON broken by a character whose first
+// "breaks" -> JSON that breaks its grammar after a few tokens; "trailing" -> "the answer\n" (with tools, its newline
+// comes with the generation's Done event); "astral" -> JSON broken by a character whose first
 // token is a lone byte (its error message is not UTF-8).
 #include <gtest/gtest.h>
 
@@ -51,6 +52,9 @@ json script() {
            {{{"match", "slow"}, {"reply", " x"}, {"repeat", true}, {"delay_ms", 20}},
             {{"match", "big"}, {"reply", big}},
             {{"match", "breaks"}, {"reply", "{\"answer\": \"one two three four\" oops}"}, {"delay_ms", 10}},
+            // A trailing newline: with tools, the output parser holds it (a tool call's markup could follow) until
+            // the end, whose Done event carries it as the answer's last delta.
+            {{"match", "trailing"}, {"reply", "the answer\n"}},
             // U+10FFFD after ", ": its first token, the lone byte 0xF4, breaks the grammar (expected: a key).
             lilac::test::astral_rule()}},
           {"default", {{"reply", "ok"}}}};
@@ -542,6 +546,49 @@ TEST(BackgroundResponses, AForegroundResponseTooLargeForTheStoreSaysItWasNotStor
   const json small = post_json(srv.port, "/v1/responses", {{"input", "hello"}, {"reasoning", kOff}});
   EXPECT_EQ(small["store"], true) << small.dump();
   EXPECT_EQ(get_json(srv.port, "/v1/responses/" + small["id"].get<std::string>()), small);
+}
+
+// When the store of a completed stream's object threw (in the formatter's on_done), the response.failed that ended the
+// stream carried output with the generation's last text (the Done event's deltas, here the answer's trailing newline,
+// which the output parser holds until the end), which the client never got: the events that sent it were made but
+// dropped with the throw. The stream sends them first now: the client gets the whole answer, its item closed (the
+// .done events), then the failure, and the failed object's output is what it got. Foreground and background.
+TEST(BackgroundResponses, AFailedStreamsOutputIsWhatItsClientGotWhenStoringItsCompletionThrows) {
+  for (const bool background : {false, true}) {
+    SCOPED_TRACE(background ? "background" : "foreground");
+    std::atomic<int> completed_puts{0};
+    lilac::test::LocalServer srv(first_completed_store_throws(completed_puts), nullptr, script());
+    httplib::Client cli("127.0.0.1", srv.port);
+    cli.set_read_timeout(10, 0);
+    // A tool: markup (<tool_call>) could follow the newline, so the parser holds it.
+    const json tool = {{"type", "function"}, {"name", "lookup"}, {"parameters", {{"type", "object"}}}};
+    json body = {{"input", "trailing"}, {"stream", true}, {"reasoning", kOff}, {"tools", {tool}}};
+    if (background) body["background"] = true;
+    auto r = cli.Post("/v1/responses", body.dump(), "application/json");
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    const std::vector<json> evs = lilac::test::sse_events(r->body);
+    EXPECT_EQ(completed_puts.load(), 1);
+    expect_numbered_to_one_end(evs, r->body, "response.failed");
+    EXPECT_EQ(evs.back()["response"]["error"]["message"], "test: storing completed threw");
+    EXPECT_EQ(streamed_text(evs), "the answer\n") << r->body;
+    EXPECT_EQ(output_text(evs.back()["response"]), streamed_text(evs)) << r->body;
+    // Every item the stream opened it closed, before its end.
+    std::vector<std::string> added, done;
+    for (const json& e : evs) {
+      if (e["type"] == "response.output_item.added") added.push_back(e["item"]["id"]);
+      if (e["type"] == "response.output_item.done") done.push_back(e["item"]["id"]);
+    }
+    EXPECT_FALSE(added.empty()) << r->body;
+    EXPECT_EQ(added, done) << r->body;
+    if (background) {
+      const std::string id = evs.front()["response"]["id"];
+      const json got = get_json(srv.port, "/v1/responses/" + id);
+      EXPECT_EQ(got["status"], "failed") << got.dump();
+      EXPECT_EQ(got["output"], evs.back()["response"]["output"]) << got.dump();
+      expect_resumed_to_the_same_end(cli, id, 0, evs);
+    }
+  }
 }
 
 // New metadata that would take a conversation past the store's budget (--responses-mb) is a 400 naming metadata: it
