@@ -78,8 +78,11 @@ bool BackgroundResponses::stream_ended(const Task& t) const {
 void BackgroundResponses::fail(Task& t, const std::string& what) {
   LILAC_LOG_ERROR("background response %s: %s", t.id.c_str(), what.c_str());
   t.gen->cancel();
-  const nlohmann::json error = responses_failure(500, what);
   const bool ended = t.stream && stream_ended(t);
+  // A stream that ended with response.failed before this (the run's store of that failure threw, say) told its client
+  // that failure: the stored one is the same, not what threw here (GET said the store's exception, the stream the
+  // generation's error).
+  const nlohmann::json error = ended && !t.stream_error.is_null() ? t.stream_error : responses_failure(500, what);
   t.failure = what;
   // Storing the failure and ending the stream are apart: a store that throws must not keep the stream from its
   // terminal event (in one try, it did: a client read to the end of a stream that had none).
@@ -93,6 +96,7 @@ void BackgroundResponses::fail(Task& t, const std::string& what) {
   if (!t.stream || ended) return;
   try {
     publish(t, responses_failed_event(*t.fmt, error));  // the stream's one terminal event
+    t.stream_error = error;
   } catch (const std::exception& x) {
     LILAC_LOG_ERROR("background response %s: publishing response.failed failed: %s", t.id.c_str(), x.what());
   }
@@ -101,7 +105,8 @@ void BackgroundResponses::fail(Task& t, const std::string& what) {
 void BackgroundResponses::finish(Task& t) {
   // The final object must replace "queued" / "in_progress" (clients poll until it does). One too large for the store
   // (--responses-mb) was not kept and the old status stayed forever: it ends as failed, without its output. So does
-  // one whose store threw (fail()'s too), saying so (it said "too large" for that too).
+  // one whose store threw (fail()'s too), saying so (it said "too large" for that too), or, when its stream ended with
+  // response.failed, with that event's error.
   // A store that throws here is logged: the throw left the response's thread (std::terminate), and the task must end
   // (done) for its stream's readers to stop waiting.
   try {
@@ -118,6 +123,9 @@ void BackgroundResponses::finish(Task& t) {
         else
           message = "The response could not be stored: " + t.unstored + " (it had failed: " + t.failure + ")";
         r["error"] = {{"code", "server_error"}, {"message", message}};
+        // A stream that ended with response.failed told its client that error: GET shows the same (the reason its
+        // store failed is logged).
+        if (!t.stream_error.is_null()) r["error"] = t.stream_error;
         if (!store_.put(t.id, ResponseStore::Entry{t.items, r})) store_.erase(t.id);
       }
     }
@@ -157,7 +165,9 @@ void BackgroundResponses::run(Task& t) {
           t.fmt->add(ev);
         fresh = true;
         if (ev.kind == OutputEvent::Error) {  // a stream's events ended with response.failed (stream_event)
-          store(t, "failed", responses_failure(ev.status, ev.message));
+          const nlohmann::json error = responses_failure(ev.status, ev.message);
+          if (t.stream) t.stream_error = error;  // that event's error (its store may throw: fail(), finish())
+          store(t, "failed", error);
           break;
         }
         if (ev.kind != OutputEvent::Done) continue;

@@ -71,6 +71,9 @@ class BackgroundResponses {
     std::thread thread;
     // The task's thread only: why fail() failed it, and why storing that failure threw (finish()'s message).
     std::string failure, unstored;
+    // The task's thread only: the error of the response.failed its stream ended with (null: none). The stored object
+    // says the same once the stream ended so (fail(), finish()): GET and the stream show one failure alike.
+    nlohmann::json stream_error;
   };
   void run(Task& t);
   void run_stream(Task& t);
@@ -83,12 +86,13 @@ class BackgroundResponses {
   bool stream_ended(const Task& t) const;
   // What run() does when reading the generation threw: the generation is cancelled, the stored object becomes
   // "failed" and the stream ends with response.failed, unless the stream had ended already (then the stored object
-  // stays as that end stored it, if it did). Storing "failed" may throw too: that is logged, and the stream still
+  // stays as that end stored it, if it did; if that end was a response.failed whose store did not happen, "failed"
+  // is stored with that event's error, not with what threw). Storing "failed" may throw too: that is logged, and the stream still
   // gets its response.failed.
   void fail(Task& t, const std::string& what);
   // The task's end: a stored object still "queued" / "in_progress" becomes "failed" (a store that throws is logged),
-  // its error saying why its end was not kept (too large for the store, or the store threw: why), then the task is
-  // done (its stream's readers stop waiting).
+  // its error saying why its end was not kept (too large for the store, or the store threw: why) or, when its stream
+  // ended with response.failed, that event's error; then the task is done (its stream's readers stop waiting).
   void finish(Task& t);
   std::shared_ptr<Task> find_locked(const std::string& id) const;
   void reap_locked();

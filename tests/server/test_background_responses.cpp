@@ -1,7 +1,8 @@
 // Background Responses (POST /v1/responses with background: true) while they run and when they end: the input items
 // of a running one, a follow-up to one that has not ended, a final object too large for the response store (or whose
 // store threw), a streamed one's single terminal event (response.cancelled when it is cancelled; also when the response
-// store throws, made to by ServerOptions::response_store_put_fault) and contiguous sequence numbers, a failure whose
+// store throws, made to by ServerOptions::response_store_put_fault) and contiguous sequence numbers, its failed object's
+// output and error as its client got them and GET shows them, a failure whose
 // error is not UTF-8; a foreground stream whose store throws, a foreground response too large for that store; and a
 // conversation whose new metadata would not fit that store.
 // The scripted backend (server_test_util.h): "slow" -> " x" forever, 20 ms per token; "big" -> 400 " word"s at once;
@@ -267,7 +268,8 @@ TEST(BackgroundResponses, AStreamedOneThatFailsEndsWithResponseFailed) {
 // thread's catch published another response.failed. Exactly one terminal event ends the stream now, live and resumed.
 // That store no longer throws on such bytes (dump_json replaces them), so the test seam makes it throw: the store of
 // the run's "failed" object throws once, which reaches the thread's catch (fail()) after the stream ended. The catch
-// stores "failed" again (GET shows the store's error: it is the one fail() stored) and publishes nothing more.
+// stores "failed" again, with the error the stream ended with (it stored the store's exception instead, so GET and the
+// stream disagreed: AFailedStreamAndGetShowOneErrorWhenStoringTheFailureThrows), and publishes nothing more.
 TEST(BackgroundResponses, AStreamHasOneTerminalEventWhenStoringItsEndThrows) {
   std::atomic<int> failed_puts{0};
   auto o = lilac::test::LocalServer::options();
@@ -293,8 +295,8 @@ TEST(BackgroundResponses, AStreamHasOneTerminalEventWhenStoringItsEndThrows) {
   EXPECT_NE(message.find("('\xEF\xBF\xBD') is not allowed by the token mask"), std::string::npos) << message;
   const json got = get_json(srv.port, "/v1/responses/" + id);
   EXPECT_EQ(got["status"], "failed") << got.dump();
-  EXPECT_EQ(got["error"]["message"], "test: storing failed threw") << got.dump();  // the catch was reached
-  EXPECT_EQ(failed_puts.load(), 2);  // the run's store (threw), the catch's
+  EXPECT_EQ(got["error"], evs.back()["response"]["error"]) << got.dump();
+  EXPECT_EQ(failed_puts.load(), 2);  // the run's store (threw), the catch's (the catch was reached)
   expect_resumed_to_the_same_end(cli, id, 0, evs);
 }
 
@@ -588,6 +590,40 @@ TEST(BackgroundResponses, AFailedStreamsOutputIsWhatItsClientGotWhenStoringItsCo
       EXPECT_EQ(got["output"], evs.back()["response"]["output"]) << got.dump();
       expect_resumed_to_the_same_end(cli, id, 0, evs);
     }
+  }
+}
+
+// A streamed background response that failed (its generation broke its grammar: `error`, then response.failed with
+// that error), whose stores of "failed" threw: the run's store of the failure threw, and the thread's catch (fail())
+// stored its own error instead, the store's exception, so GET said something else than the stream for the same
+// failure; when the catch's store threw too, the run's end (finish()) stored "could not be stored: ..." (it had
+// failed: ...)", again not the stream's error. GET shows the error the stream ended with now, both ways.
+TEST(BackgroundResponses, AFailedStreamAndGetShowOneErrorWhenStoringTheFailureThrows) {
+  for (const int throws : {1, 2}) {
+    SCOPED_TRACE(std::to_string(throws) + " stores of \"failed\" throw");
+    std::atomic<int> failed_puts{0};
+    auto o = lilac::test::LocalServer::options();
+    o.response_store_put_fault = [&failed_puts, throws](const std::string&, const json& r) {
+      if (r.value("status", "") == "failed" && failed_puts++ < throws)
+        throw std::runtime_error("test: storing failed threw");
+    };
+    lilac::test::LocalServer srv(o, nullptr, script());
+    httplib::Client cli("127.0.0.1", srv.port);
+    cli.set_read_timeout(10, 0);
+    const json body = {{"input", "breaks"}, {"background", true}, {"stream", true}, {"max_output_tokens", 200},
+                       {"reasoning", kOff}, {"text", {{"format", {{"type", "json_object"}}}}}};
+    auto r = cli.Post("/v1/responses", body.dump(), "application/json");
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    const std::vector<json> evs = lilac::test::sse_events(r->body);
+    expect_numbered_to_one_end(evs, r->body, "response.failed");
+    const json& error = evs.back()["response"]["error"];
+    EXPECT_NE(error.value("message", "").find("not allowed by the token mask"), std::string::npos) << error.dump();
+    const std::string id = evs.front()["response"]["id"];
+    const json got = poll(srv.port, id, [](const json& r) { return r.value("status", "") == "failed"; });
+    EXPECT_EQ(got["status"], "failed") << got.dump();
+    EXPECT_EQ(got["error"], error) << got.dump();
+    EXPECT_EQ(failed_puts.load(), throws + 1);  // the last store of "failed" kept it
   }
 }
 
