@@ -49,10 +49,13 @@ SpecResult spec_decode(Session& s, const SessionSnapshot& snap, const std::vecto
     const int k = int(std::min<int64_t>(pol.choose(), int64_t(truth.size()) - 2 - i));
     SpecRound round;
     const std::vector<TokenChoice> ch = speculative_step(s, k, i, {}, hook, stats, &round, &clock);
+    // The rows before a failed one are checked first (a differing one is reported before the failure), then the
+    // failed row's error, as the decode step that throws there.
     for (const TokenChoice& c : ch) {
-      if (c.error) std::rethrow_exception(c.error);  // a row with no choice: as the decode step that throws there
+      if (c.error) break;
       if (c.token != truth[static_cast<size_t>(++i)]) throw Error("bench: speculative output differs from plain decoding");
     }
+    rethrow_choice_error(ch);
     ++r.steps;
     r.tokens += int64_t(ch.size());
     if (round.drafted > 0) {

@@ -97,6 +97,14 @@ TokenChoice choice_or_error(Step&& step) {
   }
 }
 
+// The error of the first of `choices` that failed (Backend::decode_batch, Session::verify rows), rethrown; nothing
+// when every row has its choice. For drivers that take a verify's rows whole, as the decode step that throws there
+// would end them (Sequence::consume keeps the rows before the failed one instead).
+inline void rethrow_choice_error(const std::vector<TokenChoice>& choices) {
+  for (const TokenChoice& c : choices)
+    if (c.error) std::rethrow_exception(c.error);
+}
+
 // A saved session state (KV length + recurrent + conv state) at some context length.
 class SessionSnapshot {
  public:

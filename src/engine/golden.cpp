@@ -133,8 +133,7 @@ bool spec_generation(Backend& backend, const std::vector<int32_t>& prompt, const
   while (int64_t(got.size()) < n) {
     const std::vector<int32_t> drafts = sess->draft(k);
     const std::vector<TokenChoice> ch = sess->verify(drafts);
-    for (const TokenChoice& c : ch)
-      if (c.error) std::rethrow_exception(c.error);  // a row with no choice: as the decode step that throws there
+    rethrow_choice_error(ch);  // a row with no choice: as the decode step that throws there
     r.accepted_got.push_back(int32_t(ch.size()) - 1);
     for (const TokenChoice& c : ch) got.push_back(c.token);
   }
