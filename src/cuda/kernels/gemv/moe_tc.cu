@@ -19,11 +19,65 @@ __device__ __forceinline__ void tc_smid(int k) {
   }
 }
 
+// The RMSNorm staging of gate/up's input by warps 1..7 while warp 0 routes: stage_issue + stage_compute's values in
+// stage_compute's order (the same bits). stage_compute's thread v (0..255) is lane v % 32 of virtual warp v / 32;
+// warp w >= 1 runs virtual warp w and warp 1 also virtual warp 0, so every per-thread sum, warp butterfly and the
+// block's sum red[0] + ... + red[7] (block_sum's order) are the same operations on the same values. The norm
+// weights were requested before the PDL wait (by these warps). Named barrier 1 over the 224 threads; the caller's
+// __syncthreads publishes the fragments to warp 0. Routing and staging were one after the other before (stop 58's
+// phase marks: 2.7 µs of one warp's routing, then the staging's 1.5-2 µs).
+template <int BITS>
+__device__ void stage_rms_beside_routing(const StageIn& in, const TcSmem& m, int K, float* red) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int KT = tc_kt(K), n8 = K / 8, n8t = KT * kTileCols / 8;
+  constexpr int kStagers = kThreads - 32;
+  for (int i = threadIdx.x - 32; i < K / 4; i += kStagers) cp_async16(m.xs + 4 * i, in.x + 4 * i);
+  for (int i = threadIdx.x - 32; i < kZeroBytes / 16; i += kStagers)  // zero block + units past K
+    reinterpret_cast<uint4*>(m.xf + KT * kTileXBytes)[i] = make_uint4(0, 0, 0, 0);
+  auto bar = [] { asm volatile("bar.sync 1, %0;\n" ::"n"(kStagers) : "memory"); };
+  cp_async_wait_all();
+  bar();
+  auto vsum = [&](int vw) {
+    float ss = 0.f;
+    for (int t = vw * 32 + lane; t < n8; t += kThreads) ss += unit_sumsq(m.xs, t);
+    return warp_sum(ss);
+  };
+  const float own = vsum(warp);
+  if (lane == 0) red[warp] = own;
+  if (warp == 1) {
+    const float w0 = vsum(0);
+    if (lane == 0) red[0] = w0;
+  }
+  bar();
+  float tot = 0.f;
+  for (int i = 0; i < kWarps; ++i) tot += red[i];
+  const float scale = rsqrtf(tot / float(K) + in.eps);
+  for (int pass = 0; pass < (warp == 1 ? 2 : 1); ++pass) {
+    const int vw = pass == 0 ? warp : 0;
+    for (int t0 = 0; t0 < n8t; t0 += kThreads) {
+      const int t = t0 + vw * 32 + lane;
+      float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+      if (t < n8) unit_values(in.pro, m, t, scale, in.head_dim, in.eps, v);
+      int E;
+      float sum;
+      group_meta(v, E, sum);
+      uint4 hi, lo;
+      split_unit<BITS>(v, pow2i(-E), hi, lo);
+      if (t < n8t) {
+        char* dst = m.xf + unit_off<BITS>(t);
+        *reinterpret_cast<uint4*>(dst) = hi;
+        *reinterpret_cast<uint4*>(dst + 16) = lo;
+        if ((t & 7) == 0) m.meta[t / 8] = make_float2(pow2i(E), sum);
+      }
+    }
+  }
+}
+
 // ------------------------------------------------------------------------------------------------ MoE gate/up
-// Routing (warp 0), RMSNorm of x, then per group (slot e in 0..k: the k routed experts and the shared
-// one; 16 rows j): row block 0 = gate rows, row block 1 = up rows, 4 k-slices each; epilogue
-// act[e·I + j] = silu(gate)·up. The first two tiles are requested right after the routing, before
-// the input's normalisation.
+// Routing (warp 0) beside the RMSNorm of x (warps 1..7), then per group (slot e in 0..k: the k routed experts and
+// the shared one; 16 rows j): row block 0 = gate rows, row block 1 = up rows, 4 k-slices each; epilogue
+// act[e·I + j] = silu(gate)·up. The first two tiles are requested right after the routing. (Phase marks: no mark 2,
+// the staged copies' wait; thread 0 routes.)
 template <int BITS>
 __global__ void __launch_bounds__(kThreads, kMinBlocks<BITS>)
     moe_gate_up_tc_kernel(MoEDecodeWeights w, const float* logits, const float* x, const float* norm_w, float eps,
@@ -52,15 +106,17 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<BITS>)
 
   tc_mark(0);
   tc_smid(6);
-  stage_preload(in, m, K);
+  if (warp > 0)  // the norm weights (written by no kernel of the step) before the wait, by the staging warps
+    for (int i = threadIdx.x - 32; i < K / 4; i += kThreads - 32) cp_async16(m.nws + 4 * i, norm_w + 4 * i);
   pdl_wait();
   tc_mark(1);
-  stage_issue(in, m, K);
   if (warp == 0) {
     route_warp(logits, w.E, w.top_k, w.renormalise, s_ids, s_w, sel_ids, sel_w);
     if (blockIdx.x == 0) __threadfence();  // the ids are global before this block's trigger (MoE down reads them early)
+  } else {
+    stage_rms_beside_routing<BITS>(in, m, K, red);
   }
-  __syncthreads();  // s_ids
+  __syncthreads();  // s_ids, the staged fragments
   pdl_trigger();
   tc_mark(5);
 
@@ -94,7 +150,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<BITS>)
   load(t0, st);
   load(t1, next(st));
   bool nxt_loaded = true;
-  stage_compute<BITS>(in, m, K, red);
   tc_mark(3);
 
   float acc[2] = {0.f, 0.f};
