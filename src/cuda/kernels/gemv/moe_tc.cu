@@ -76,8 +76,8 @@ __device__ void stage_rms_beside_routing(const StageIn& in, const TcSmem& m, int
 // ------------------------------------------------------------------------------------------------ MoE gate/up
 // Routing (warp 0) beside the RMSNorm of x (warps 1..7), then per group (slot e in 0..k: the k routed experts and
 // the shared one; 16 rows j): row block 0 = gate rows, row block 1 = up rows, 4 k-slices each; epilogue
-// act[e·I + j] = silu(gate)·up. The first two tiles are requested right after the routing. (Phase marks: no mark 2,
-// the staged copies' wait; thread 0 routes.)
+// act[e·I + j] = silu(gate)·up. The first two tiles are requested after the routing and the staging (the barrier).
+// (Phase marks: 2 warp 0's routing done, 5 routing and staging done, 3 the first two tiles issued.)
 template <int BITS>
 __global__ void __launch_bounds__(kThreads, kMinBlocks<BITS>)
     moe_gate_up_tc_kernel(MoEDecodeWeights w, const float* logits, const float* x, const float* norm_w, float eps,
@@ -112,6 +112,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<BITS>)
   tc_mark(1);
   if (warp == 0) {
     route_warp(logits, w.E, w.top_k, w.renormalise, s_ids, s_w, sel_ids, sel_w);
+    tc_mark(2);
     if (blockIdx.x == 0) __threadfence();  // the ids are global before this block's trigger (MoE down reads them early)
   } else {
     stage_rms_beside_routing<BITS>(in, m, K, red);
