@@ -217,8 +217,9 @@ TEST(CpuFastBackend, Errors) {
 }
 
 // After a row with no choice nothing is pending (tests/support/session_no_choice.h; the same test for the CPU reference
-// and CUDA).
+// and CUDA; this backend does not speculate, so no verify case).
 TEST(CpuFastBackend, ARowWithNoChoiceLeavesNothingPending) {
   testutil::nochoice::expect_a_row_with_no_choice_leaves_nothing_pending(
-      [](std::shared_ptr<const ModelWeights> w) { return cpufast::make_fast_cpu_backend(std::move(w), {.threads = 1}); });
+      [](std::shared_ptr<const ModelWeights> w) { return cpufast::make_fast_cpu_backend(std::move(w), {.threads = 1}); },
+      /*verifies=*/false);
 }

@@ -2,8 +2,9 @@
 // for any backend (tests/cpu/test_cpu_session.cpp: the CPU reference, tests/cpufast/test_fast_backend.cpp: the fast
 // CPU backend, tests/cuda/test_cuda_batch.cpp: CUDA): every way of feeding one refuses with an Error before it
 // computes anything (the CUDA sessions once fed the sampler's negative code as a token id: row -1 of the embedding),
-// and reset() plus a new prompt make the session whole again. Both ways a step ends without a choice: the session's
-// own decode_step() and its row of a batched step (Backend::decode_batch, beside a session that has a choice).
+// and reset() plus a new prompt make the session whole again. Every way a step ends without a choice: the session's
+// own decode_step(), its row of a batched step (Backend::decode_batch, beside a session that has a choice) and a
+// verify's row (Session::verify with injected drafts).
 #pragma once
 #include <gtest/gtest.h>
 
@@ -25,7 +26,8 @@ namespace lilac::testutil::nochoice {
 // A backend on the given weights (tiny's, or tiny's with one embedding row NaN).
 using BackendFactory = std::function<std::unique_ptr<Backend>(std::shared_ptr<const ModelWeights>)>;
 
-inline void expect_a_row_with_no_choice_leaves_nothing_pending(const BackendFactory& make) {
+// `verifies`: the backend speculates (Session::verify with drafts; the fast CPU backend does not).
+inline void expect_a_row_with_no_choice_leaves_nothing_pending(const BackendFactory& make, bool verifies = true) {
   const std::vector<int32_t> prompt = {11, 203, 57, 998, 4, 640, 77, 312};
   const int32_t poison = 777;  // no id of the prompt: nothing reads its embedding row until it is fed
   auto be = make(with_nan_embedding_row("tiny", poison));
@@ -92,6 +94,15 @@ inline void expect_a_row_with_no_choice_leaves_nothing_pending(const BackendFact
     EXPECT_FALSE(got[1].error) << "the other session's row has its choice";
     expect_nothing_pending(*s, "after decode_batch");
     EXPECT_NO_THROW(ok->decode_step()) << "the other session goes on";
+  }
+  if (verifies) {  // a verify whose first row (the poisoned pending token's) has no choice: that row is its last
+    auto s = poisoned();
+    const std::vector<int32_t> drafts = {5, 6};
+    const std::vector<TokenChoice> got = s->verify(drafts);
+    ASSERT_EQ(got.size(), 1u);
+    ASSERT_TRUE(got[0].error);
+    EXPECT_EQ(error_of([&] { std::rethrow_exception(got[0].error); }), no_choice);
+    expect_nothing_pending(*s, "after verify");
   }
 }
 
