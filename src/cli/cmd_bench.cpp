@@ -130,8 +130,7 @@ double step_bytes(const Backend& backend, const ModelConfig& cfg, int64_t ctx, i
 
 // One decode_batch step; a session's failed step (its row's error) ends the bench, as its own decode_step would.
 void step_batch(Backend& backend, std::span<Session* const> sessions) {
-  for (const TokenChoice& c : backend.decode_batch(sessions))
-    if (c.error) std::rethrow_exception(c.error);
+  rethrow_choice_error(backend.decode_batch(sessions));
 }
 
 // B sessions at context P decoding together: step time, aggregate and per-stream tok/s, memory, the floor.

@@ -44,7 +44,8 @@ struct ResponsesMeta {
   // Called with the final response object (completed or incomplete; not for a cancelled generation). Returns whether
   // it was stored where it was to be: false when the response store refused it (larger than --responses-mb). The
   // object answered (the body, the stream's response.completed / .incomplete) then says "store": false, with all its
-  // output: the client learns that GET /v1/responses/{id} will not find it.
+  // output: for a foreground response the client learns that GET /v1/responses/{id} will not find it (a background
+  // one's run then stores it "failed", saying why: server/background_responses.cpp, so GET answers that).
   std::function<bool(const nlohmann::json& response)> on_done;
 };
 
