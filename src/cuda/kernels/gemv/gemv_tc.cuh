@@ -105,6 +105,27 @@ __device__ inline void stage_issue(const StageIn& in, const TcSmem& m, int K) {
     reinterpret_cast<uint4*>(m.xf + KT * kTileXBytes)[i] = make_uint4(0, 0, 0, 0);
 }
 
+// Unit t (8 values) of t(x) → its fragment halves, and its group's meta from the group's first unit. Every thread of
+// a warp calls it for the same number of units (the 8 threads of a 64-group agree on E and Σx by shuffles); units
+// past K (t >= n8) stage zeros, and only units below n8t (the last k-tile's end) are stored.
+template <int BITS, bool G4L = false>
+__device__ __forceinline__ void stage_unit(const StageIn& in, const TcSmem& m, int t, int n8, int n8t, float scale) {
+  // 16-byte reads (a thread's 8 values are contiguous): 2-way bank conflicts instead of 8-way
+  float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  if (t < n8) unit_values(in.pro, m, t, scale, in.head_dim, in.eps, v);
+  int E;
+  float sum;
+  group_meta(v, E, sum);
+  uint4 hi, lo;
+  split_unit<BITS>(v, pow2i(-E), hi, lo);
+  if (t < n8t) {
+    char* dst = m.xf + (G4L ? g4_unit_off(t) : unit_off<BITS>(t));
+    *reinterpret_cast<uint4*>(dst) = hi;
+    *reinterpret_cast<uint4*>(dst + 16) = lo;
+    if ((t & 7) == 0) m.meta[t / 8] = make_float2(pow2i(E), sum);
+  }
+}
+
 // t(x) → fragments + meta once the copies landed. Ends with a barrier. G4L: the group layout of the 4-bit
 // dense kernel (tc_g4.cuh) instead of the k-tile layout of BITS.
 template <int BITS, bool G4L = false>
@@ -123,26 +144,8 @@ __device__ void stage_compute(const StageIn& in, const TcSmem& m, int K, float* 
   } else if (in.pro == Prologue::GatedHeadNorm) {
     head_sums(m.xs, m.hss, K, hd, 0, n8);  // tc_common.cuh: the rows stagings' fixed order (ends with a barrier)
   }
-  // one thread per 8 values; the 8 threads of a 64-group agree on E and Σx by shuffles, so every
-  // thread of a warp runs the same number of iterations
-  for (int t0 = 0; t0 < n8t; t0 += blockDim.x) {
-    const int t = t0 + threadIdx.x;
-    const bool ok = t < n8;
-    // 16-byte reads (a thread's 8 values are contiguous): 2-way bank conflicts instead of 8-way
-    float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    if (ok) unit_values(in.pro, m, t, scale, hd, in.eps, v);
-    int E;
-    float sum;
-    group_meta(v, E, sum);
-    uint4 hi, lo;
-    split_unit<BITS>(v, pow2i(-E), hi, lo);
-    if (t < n8t) {
-      char* dst = m.xf + (G4L ? g4_unit_off(t) : unit_off<BITS>(t));
-      *reinterpret_cast<uint4*>(dst) = hi;
-      *reinterpret_cast<uint4*>(dst + 16) = lo;
-      if ((t & 7) == 0) m.meta[t / 8] = make_float2(pow2i(E), sum);
-    }
-  }
+  // one thread per 8 values, every thread of a warp the same number of iterations
+  for (int t0 = 0; t0 < n8t; t0 += blockDim.x) stage_unit<BITS, G4L>(in, m, t0 + threadIdx.x, n8, n8t, scale);
   __syncthreads();
 }
 

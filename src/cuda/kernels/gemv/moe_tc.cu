@@ -54,22 +54,7 @@ __device__ void stage_rms_beside_routing(const StageIn& in, const TcSmem& m, int
   const float scale = rsqrtf(tot / float(K) + in.eps);
   for (int pass = 0; pass < (warp == 1 ? 2 : 1); ++pass) {
     const int vw = pass == 0 ? warp : 0;
-    for (int t0 = 0; t0 < n8t; t0 += kThreads) {
-      const int t = t0 + vw * 32 + lane;
-      float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-      if (t < n8) unit_values(in.pro, m, t, scale, in.head_dim, in.eps, v);
-      int E;
-      float sum;
-      group_meta(v, E, sum);
-      uint4 hi, lo;
-      split_unit<BITS>(v, pow2i(-E), hi, lo);
-      if (t < n8t) {
-        char* dst = m.xf + unit_off<BITS>(t);
-        *reinterpret_cast<uint4*>(dst) = hi;
-        *reinterpret_cast<uint4*>(dst + 16) = lo;
-        if ((t & 7) == 0) m.meta[t / 8] = make_float2(pow2i(E), sum);
-      }
-    }
+    for (int t0 = 0; t0 < n8t; t0 += kThreads) stage_unit<BITS>(in, m, t0 + vw * 32 + lane, n8, n8t, scale);
   }
 }
 
