@@ -115,8 +115,32 @@ server::RouteDecisionKind HybridRouter::maybe_forward(const httplib::Request& re
       const std::string v = req.get_header_value("anthropic-version");
       extra.emplace_back("anthropic-version", v.empty() ? "2023-06-01" : v);
     }
+    // A Responses answer's id (the upstream's): the client GETs / cancels / deletes it through lilac later.
+    std::function<void(const std::string&)> on_lines;
+    if (api == Api::responses && stream)
+      on_lines = [self = weak_from_this(), seen = false](const std::string& lines) mutable {
+        if (seen) return;
+        for (size_t at = 0; at < lines.size();) {
+          size_t end = lines.find('\n', at);
+          if (end == std::string::npos) end = lines.size();
+          if (lines.compare(at, 6, "data: ") == 0 && lines.find("response.created", at) < end) {
+            const json j = json::parse(lines.substr(at + 6, end - at - 6), nullptr, false);
+            if (j.is_object() && j.value("type", "") == "response.created" && j.contains("response") &&
+                j["response"].is_object() && j["response"].contains("id") && j["response"]["id"].is_string()) {
+              seen = true;
+              if (auto s = self.lock()) s->remember_upstream_response(j["response"]["id"].get<std::string>());
+              return;
+            }
+          }
+          at = end + 1;
+        }
+      };
     auto r = upstream_->forward(upstream_path(api), upstream_body(body, pol.drop_fields, upstream_model), stream, res, "",
-                                extra);
+                                extra, std::move(on_lines));
+    if (r.answered && api == Api::responses && !stream && res.status >= 200 && res.status < 300) {
+      const json j = json::parse(res.body, nullptr, false);
+      if (j.is_object() && j.contains("id") && j["id"].is_string()) remember_upstream_response(j["id"].get<std::string>());
+    }
     if (r.answered) {
       if (r.upstream_status >= 400) LILAC_LOG_WARN("route: cloud answered HTTP %d", r.upstream_status);
       return K::Answered;
@@ -142,6 +166,49 @@ server::RouteDecisionKind HybridRouter::maybe_forward(const httplib::Request& re
 }
 
 void HybridRouter::on_local(const ojson& body) { router_.remember_local(body); }
+
+void HybridRouter::remember_upstream_response(const std::string& id) {
+  std::lock_guard lk(ids_mu_);
+  if (!upstream_id_set_.insert(id).second) return;
+  upstream_ids_.push_back(id);
+  if (upstream_ids_.size() > kUpstreamIdsKept) {
+    upstream_id_set_.erase(upstream_ids_.front());
+    upstream_ids_.pop_front();
+  }
+}
+
+bool HybridRouter::response_route(const httplib::Request& req, httplib::Response& res, const std::string& id) {
+  {
+    std::lock_guard lk(ids_mu_);
+    if (!upstream_id_set_.count(id)) return false;
+  }
+  if (req.get_param_value("stream") == "true") {  // an SSE answer is not read whole (it may run for minutes)
+    answer_error(res, 400,
+                 "Response '" + id + "' is held by the upstream: lilac does not stream its events again (GET it "
+                 "without 'stream').", "invalid_request", "stream");
+    res.set_header("x-lilac-route", "cloud");
+    return true;
+  }
+  // The route's tail after the id ("", "/input_items", "/cancel"), and its query as the client sent it.
+  const std::string marker = "/responses/" + id;
+  const size_t at = req.path.find(marker);
+  std::string path = "/responses/" + id + (at == std::string::npos ? "" : req.path.substr(at + marker.size()));
+  std::string query;
+  for (const auto& [k, v] : req.params)
+    query += (query.empty() ? "?" : "&") + httplib::detail::encode_query_param(k) + "=" +
+             httplib::detail::encode_query_param(v);
+  const ForwardResult r = upstream_->request(req.method, path + query, res);
+  if (r.answered) {
+    if (r.upstream_status >= 400) LILAC_LOG_WARN("route: cloud answered HTTP %d for response %s", r.upstream_status, id.c_str());
+    return true;
+  }
+  answer_error(res, 502,
+               "Response '" + id + "' is held by the upstream " + upstream_->options().url.origin() +
+                   ", which failed: " + r.failure + ".",
+               "upstream_unavailable");
+  res.set_header("x-lilac-route", "cloud");
+  return true;
+}
 
 json HybridRouter::extra_models() {
   const auto& pol = router_.policy();
@@ -176,6 +243,10 @@ RouteHook HybridRouter::make_hook() {
   };
   h.on_local = [self](const ojson& body) {
     if (auto s = self.lock()) s->on_local(body);
+  };
+  h.response_route = [self](const httplib::Request& req, httplib::Response& res, const std::string& id) {
+    auto s = self.lock();
+    return s && s->response_route(req, res, id);
   };
   h.extra_models = [self]() {
     auto s = self.lock();

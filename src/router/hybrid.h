@@ -3,9 +3,11 @@
 // requests through the UpstreamClient, falls back to local, and lists upstream models in /v1/models.
 #pragma once
 #include <chrono>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -41,6 +43,10 @@ class HybridRouter : public std::enable_shared_from_this<HybridRouter> {
                                           const nlohmann::ordered_json& body, bool local_busy);
   void on_local(const nlohmann::ordered_json& body);
   nlohmann::json extra_models();
+  // A stored response's route (GET, input_items, cancel, DELETE) for an id lilac does not hold: forwarded upstream
+  // when the id is one of a Responses answer the router passed on from there (the last kUpstreamIdsKept); else false.
+  bool response_route(const httplib::Request& req, httplib::Response& res, const std::string& id);
+  static constexpr size_t kUpstreamIdsKept = 4096;
 
   Router& router() { return router_; }
   UpstreamClient& upstream() { return *upstream_; }
@@ -52,6 +58,10 @@ class HybridRouter : public std::enable_shared_from_this<HybridRouter> {
   HybridOptions opts_;
   Router router_;
   std::unique_ptr<UpstreamClient> upstream_;
+  void remember_upstream_response(const std::string& id);
+  std::mutex ids_mu_;
+  std::deque<std::string> upstream_ids_;             // oldest first
+  std::unordered_set<std::string> upstream_id_set_;  // the same ids
   std::mutex models_mu_;
   std::chrono::steady_clock::time_point models_at_{};
   bool models_fetched_ = false;

@@ -250,6 +250,7 @@ struct Pipe {
   std::string path;                // the upstream path (its protocol)
   bool inject = true;
   std::string label;
+  std::function<void(const std::string&)> on_lines;  // sees the complete lines passed on, as the upstream sent them
   std::unique_ptr<ActiveClient> active;  // registered with the UpstreamClient until the pipe ends
 
   void cancel() {
@@ -274,7 +275,7 @@ struct Pipe {
 
 // A non-streamed request: the whole answer (at most kMaxAnswerBytes) read, then passed on.
 ForwardResult forward_whole(UpstreamClient& up, const std::string& full_path, const std::string& body,
-                            httplib::Headers headers, httplib::Response& res) {
+                            httplib::Headers headers, httplib::Response& res, const std::string& method = "POST") {
   const UpstreamOptions& o = up.options();
   ForwardResult fr;
   auto cli = make_client(o, o.read_timeout_ms);
@@ -284,11 +285,11 @@ ForwardResult forward_whole(UpstreamClient& up, const std::string& full_path, co
     return fr;
   }
   httplib::Request q;
-  q.method = "POST";
+  q.method = method;
   q.path = full_path;
   q.headers = std::move(headers);
   q.body = body;
-  q.set_header("Content-Type", "application/json");
+  if (method == "POST") q.set_header("Content-Type", "application/json");
   std::string got;
   bool over = false;
   q.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
@@ -389,7 +390,8 @@ void read_upstream(Pipe* P, const std::string& full_path, const std::string& bod
 // stream to a chunked content provider (2xx), passes the error through (4xx but those of upstream_status_failure) or
 // reports a failure.
 ForwardResult forward_stream(UpstreamClient& up, const std::string& full_path, const std::string& body,
-                             httplib::Headers headers, httplib::Response& res) {
+                             httplib::Headers headers, httplib::Response& res,
+                             std::function<void(const std::string&)> on_lines) {
   const UpstreamOptions& o = up.options();
   ForwardResult fr;
   auto pipe = std::make_shared<Pipe>();
@@ -402,6 +404,7 @@ ForwardResult forward_stream(UpstreamClient& up, const std::string& full_path, c
   pipe->inject = o.inject_route_field;
   pipe->path = full_path;
   pipe->label = o.route_label;
+  pipe->on_lines = std::move(on_lines);
   Pipe* P = pipe.get();
   pipe->reader = std::thread(read_upstream, P, full_path, body, std::move(headers));
 
@@ -494,6 +497,7 @@ ForwardResult forward_stream(UpstreamClient& up, const std::string& full_path, c
           if (last_nl != std::string::npos) {
             std::string lines = P->pending.substr(0, last_nl + 1);
             P->pending.erase(0, last_nl + 1);
+            if (P->on_lines) P->on_lines(lines);
             out = P->inject ? inject_route_into_sse_lines(lines, P->label) : std::move(lines);
           }
           if (done) {
@@ -529,12 +533,17 @@ UpstreamClient::~UpstreamClient() = default;
 
 ForwardResult UpstreamClient::forward(const std::string& path, const std::string& body, bool stream,
                                       httplib::Response& res, const std::string& auth_override,
-                                      const std::vector<std::pair<std::string, std::string>>& extra_headers) {
+                                      const std::vector<std::pair<std::string, std::string>>& extra_headers,
+                                      std::function<void(const std::string&)> on_lines) {
   httplib::Headers headers = request_headers(opts_, auth_override, stream);
   for (const auto& [k, v] : extra_headers) headers.emplace(k, v);
   const std::string full_path = opts_.url.base + path;
-  return stream ? forward_stream(*this, full_path, body, std::move(headers), res)
+  return stream ? forward_stream(*this, full_path, body, std::move(headers), res, std::move(on_lines))
                 : forward_whole(*this, full_path, body, std::move(headers), res);
+}
+
+ForwardResult UpstreamClient::request(const std::string& method, const std::string& path, httplib::Response& res) {
+  return forward_whole(*this, opts_.url.base + path, "", request_headers(opts_, "", false), res, method);
 }
 
 void UpstreamClient::cancel_all() {

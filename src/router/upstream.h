@@ -11,6 +11,7 @@
 // router/upstream_http.h; an answer past them is a failure too. The API key goes only into the Authorization
 // header; nothing here logs it.
 #pragma once
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -61,10 +62,14 @@ class UpstreamClient {
 
   // POST base + path (e.g. "/chat/completions") with `body`. `auth_override`, when non-empty, replaces the
   // configured key's Authorization header (used when the router re-enters the local server).
-  // `extra_headers` are sent as well (e.g. Anthropic's x-api-key and anthropic-version).
+  // `extra_headers` are sent as well (e.g. Anthropic's x-api-key and anthropic-version). `on_lines` (a stream) sees
+  // each run of complete lines as the upstream sent them, before they are passed on.
   ForwardResult forward(const std::string& path, const std::string& body, bool stream, httplib::Response& res,
                         const std::string& auth_override = "",
-                        const std::vector<std::pair<std::string, std::string>>& extra_headers = {});
+                        const std::vector<std::pair<std::string, std::string>>& extra_headers = {},
+                        std::function<void(const std::string&)> on_lines = nullptr);
+  // `method` (GET, POST without a body, DELETE) base + path, its whole answer into `res` as forward() does.
+  ForwardResult request(const std::string& method, const std::string& path, httplib::Response& res);
 
   // GET base + "/models": the ids, or nullopt when the upstream does not answer in time / answers badly.
   std::optional<std::vector<std::string>> list_models(int timeout_ms);

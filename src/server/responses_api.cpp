@@ -154,7 +154,10 @@ void add_responses_routes(HttpServer& http, ServerContext& ctx) {
   http.Post(ep->path, [C, ep](const httplib::Request& req, httplib::Response& res) { serve_generation(*C, *ep, req, res); });
   // A stored response, and its removal (OpenAI's shapes; 404 for an id this server does not hold).
   const std::string one = "/v1/responses/([A-Za-z0-9_-]{1,128})";
-  auto not_found = [C](httplib::Response& res, const std::string& id, const char* route) {
+  auto not_found = [C](const httplib::Request& req, httplib::Response& res, const std::string& id, const char* route) {
+    // A response the router created upstream (the client got its id from lilac): the upstream's answer.
+    if (C->hook.response_route && C->hook.response_route(req, res, id))
+      return C->metrics.count_request(route, res.status);
     send_error(res, 404, "No response with id '" + id + "' is stored here.", "response_id", "not_found");
     C->metrics.count_request(route, 404);
   };
@@ -162,7 +165,7 @@ void add_responses_routes(HttpServer& http, ServerContext& ctx) {
   http.Get(one, [C, not_found](const httplib::Request& req, httplib::Response& res) {
     const std::string id = req.matches[1];
     std::optional<ResponseStore::Entry> e = C->responses.get(id);
-    if (!e) return not_found(res, id, "/v1/responses/{id}");
+    if (!e) return not_found(req, res, id, "/v1/responses/{id}");
     if (req.get_param_value("stream") == "true") {
       try {  // the events after `starting_after` (an event's sequence_number)
         const size_t from = size_t(query_int(req, "starting_after", -1, int64_t(1) << 40).value_or(-1) + 1);
@@ -185,7 +188,7 @@ void add_responses_routes(HttpServer& http, ServerContext& ctx) {
   http.Get(one + "/input_items", [C, not_found](const httplib::Request& req, httplib::Response& res) {
     const std::string id = req.matches[1];
     std::optional<ResponseStore::Entry> e = C->responses.get(id);
-    if (!e) return not_found(res, id, "/v1/responses/{id}/input_items");
+    if (!e) return not_found(req, res, id, "/v1/responses/{id}/input_items");
     nlohmann::json data = nlohmann::json::array();
     // An ended response's items end with its output; a running one's hold its input only.
     const size_t n_out = response_running(e->response) ? 0 : e->response["output"].size();
@@ -205,7 +208,7 @@ void add_responses_routes(HttpServer& http, ServerContext& ctx) {
     const char* route = "/v1/responses/{id}/cancel";
     C->background.cancel(id);
     std::optional<ResponseStore::Entry> e = C->responses.get(id);
-    if (!e) return not_found(res, id, route);
+    if (!e) return not_found(req, res, id, route);
     const std::string status = e->response.value("status", "");
     if (!e->response.value("background", false)) {
       send_error(res, 400, "Only responses created with 'background': true can be cancelled.", "response_id",
@@ -223,7 +226,7 @@ void add_responses_routes(HttpServer& http, ServerContext& ctx) {
   http.route("DELETE", one, [C, not_found](const httplib::Request& req, httplib::Response& res) {
     const std::string id = req.matches[1];
     C->background.cancel(id);  // a background response still running stops first
-    if (!C->responses.erase(id)) return not_found(res, id, "/v1/responses/{id}");
+    if (!C->responses.erase(id)) return not_found(req, res, id, "/v1/responses/{id}");
     res.set_content(dump_json(nlohmann::json{{"id", id}, {"object", "response"}, {"deleted", true}}), "application/json");
     C->metrics.count_request("/v1/responses/{id}", 200);
   });

@@ -82,6 +82,9 @@ struct RouteHook {
   std::function<void(const nlohmann::ordered_json& body)> on_local;
   std::function<nlohmann::json()> extra_models;
   std::function<void()> on_shutdown;
+  // GET /v1/responses/{id} (and /input_items), POST .../cancel, DELETE for an id this server does not hold: true when
+  // the hook answered it (a response the router created upstream, whose id the client got from lilac).
+  std::function<bool(const httplib::Request&, httplib::Response&, const std::string& id)> response_route;
 };
 
 class Server {

@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <map>
 #include <mutex>
 #include <thread>
 
@@ -33,6 +34,8 @@ struct FakeUpstream {
   std::mutex mu;
   std::vector<json> bodies;
   std::vector<std::string> auths;
+  std::map<std::string, json> responses;  // /v1/responses: the background responses held here, by id
+  int response_gets = 0, response_cancels = 0;
   // 0 ok, 1 -> 500, 2 -> 400, 3 -> 503 on models too, 4 -> 200 that is not JSON, 8 -> 400 whose text is Latin-1,
   // 9 -> 500 whose message has a 2-byte character at bytes 299-300 (5-7: below)
   std::atomic<int> mode{0};
@@ -138,7 +141,60 @@ struct FakeUpstream {
                   {"usage", {{"prompt_tokens", 7}, {"completion_tokens", 2}, {"total_tokens", 9}}}};
       res.set_content(out.dump(), "application/json");
     });
-    http.Post("/v1/responses", [this](const httplib::Request&, httplib::Response& res) { refused(res); });
+    // Responses: a background response held upstream (its id, "resp_up_<n>"), which GET and cancel reach.
+    http.Post("/v1/responses", [this](const httplib::Request& req, httplib::Response& res) {
+      if (refused(res)) return;
+      json body = json::parse(req.body, nullptr, false);
+      json r;
+      {
+        std::lock_guard lk(mu);
+        r = {{"id", "resp_up_" + std::to_string(responses.size())}, {"object", "response"}, {"status", "queued"},
+             {"background", body.value("background", false)}, {"model", body.value("model", "")},
+             {"output", json::array()}};
+        responses[r["id"].get<std::string>()] = r;
+      }
+      if (!body.value("stream", false)) {
+        res.set_content(r.dump(), "application/json");
+        return;
+      }
+      // A background stream: created, queued, then nothing for a while (the generation runs on upstream).
+      res.set_chunked_content_provider("text/event-stream", [r, n = 0](size_t, httplib::DataSink& sink) mutable {
+        if (n++ == 0) {
+          const std::string s = "event: response.created\ndata: " +
+                                json{{"type", "response.created"}, {"sequence_number", 0}, {"response", r}}.dump() +
+                                "\n\nevent: response.queued\ndata: " +
+                                json{{"type", "response.queued"}, {"sequence_number", 1}, {"response", r}}.dump() + "\n\n";
+          return sink.write(s.data(), s.size());
+        }
+        std::this_thread::sleep_for(20ms);
+        return n < 250 && sink.is_writable();
+      });
+    });
+    http.Get("/v1/responses/([A-Za-z0-9_-]+)", [this](const httplib::Request& req, httplib::Response& res) {
+      std::lock_guard lk(mu);
+      ++response_gets;
+      auto it = responses.find(req.matches[1]);
+      if (it == responses.end()) {
+        res.status = 404;
+        res.set_content(R"({"error":{"message":"No response found","type":"invalid_request_error","code":null}})",
+                        "application/json");
+        return;
+      }
+      res.set_content(it->second.dump(), "application/json");
+    });
+    http.Post("/v1/responses/([A-Za-z0-9_-]+)/cancel", [this](const httplib::Request& req, httplib::Response& res) {
+      std::lock_guard lk(mu);
+      ++response_cancels;
+      auto it = responses.find(req.matches[1]);
+      if (it == responses.end()) {
+        res.status = 404;
+        res.set_content(R"({"error":{"message":"No response found","type":"invalid_request_error","code":null}})",
+                        "application/json");
+        return;
+      }
+      it->second["status"] = "cancelled";
+      res.set_content(it->second.dump(), "application/json");
+    });
     http.Post("/v1/messages", [this](const httplib::Request&, httplib::Response& res) {  // a stream that breaks off
       if (refused(res)) return;
       res.set_chunked_content_provider("text/event-stream", [n = 0](size_t, httplib::DataSink& sink) mutable {
@@ -654,4 +710,84 @@ TEST(HybridUpstream, RefusedUpstreamAnswersAre502InTheEndpointsShape) {
     EXPECT_EQ(json::parse(r->body, nullptr, false)["error"]["code"], "upstream_unavailable") << r->body;
   }
   EXPECT_EQ(up.count(), 2u);  // the chat requests reached it (the only path that records bodies)
+}
+
+// A background Responses request the router sends to the cloud is held upstream, under the upstream's id: the client
+// cancels it and polls it through lilac as one lilac served (cancel: "cancelled"; GET: the object), whether it was
+// answered whole or streamed and the client left the stream. lilac answered 404 ("not stored here") to both, for a
+// response it had accepted and answered with that id. An id lilac never handed out is still 404, never asked upstream.
+TEST(HybridUpstream, ARoutedBackgroundResponseIsCancelledAndFetchedThroughLilac) {
+  FakeUpstream up;
+  HybridOptions o;
+  o.upstream_url = "http://127.0.0.1:" + std::to_string(up.port);
+  o.upstream_model = "up-model";
+  o.policy = parse_route_policy(json::parse(R"({"default_route": "cloud"})"));
+  auto router = std::make_shared<HybridRouter>(std::move(o), "local-model");
+  const lilac::server::RouteHook hook = router->make_hook();
+  lilac::test::LocalServer srv(lilac::test::LocalServer::options(), &hook);
+  httplib::Client cli("127.0.0.1", srv.port);
+  cli.set_read_timeout(10s);
+  for (bool stream : {false, true}) {
+    SCOPED_TRACE(stream ? "streamed" : "whole");
+    const json body = {{"input", "hello"}, {"background", true}, {"stream", stream}};
+    std::string id;
+    if (!stream) {
+      auto r = cli.Post("/v1/responses", body.dump(), "application/json");
+      ASSERT_TRUE(r);
+      ASSERT_EQ(r->status, 200) << r->body;
+      EXPECT_EQ(r->get_header_value("x-lilac-route"), "cloud");
+      id = json::parse(r->body)["id"].get<std::string>();
+    } else {  // the client reads the stream's first event, then goes away
+      httplib::Request req;
+      req.method = "POST";
+      req.path = "/v1/responses";
+      req.body = body.dump();
+      req.set_header("Content-Type", "application/json");
+      std::string got;
+      req.content_receiver = [&](const char* d, size_t n, uint64_t, uint64_t) {
+        got.append(d, n);
+        const size_t end = got.find("\n\n");
+        if (end == std::string::npos) return true;
+        const size_t at = got.find("data: ");
+        id = json::parse(got.substr(at + 6, end - at - 6))["response"]["id"].get<std::string>();
+        return false;  // disconnects
+      };
+      (void)cli.send(req);
+    }
+    ASSERT_EQ(id.rfind("resp_up_", 0), 0u) << id;
+    auto r = cli.Post("/v1/responses/" + id + "/cancel", "", "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200) << r->body;
+    json j = json::parse(r->body, nullptr, false);
+    EXPECT_EQ(j.value("id", ""), id) << r->body;
+    EXPECT_EQ(j.value("status", ""), "cancelled") << r->body;
+    r = cli.Get("/v1/responses/" + id);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200) << r->body;
+    j = json::parse(r->body, nullptr, false);
+    EXPECT_EQ(j.value("id", ""), id) << r->body;
+    EXPECT_EQ(j.value("status", ""), "cancelled") << r->body;
+  }
+  {
+    std::lock_guard lk(up.mu);
+    EXPECT_EQ(up.response_cancels, 2);
+    EXPECT_EQ(up.response_gets, 2);
+  }
+  // Its events are not streamed again through lilac: 400 naming "stream", as for a local one whose events are not held.
+  {
+    auto r = cli.Get("/v1/responses/resp_up_0?stream=true");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 400) << r->body;
+    EXPECT_EQ(json::parse(r->body, nullptr, false)["error"]["param"], "stream") << r->body;
+  }
+  // An id lilac never answered with: lilac's own 404, and the upstream is not asked.
+  auto r = cli.Get("/v1/responses/resp_never_seen");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 404) << r->body;
+  r = cli.Post("/v1/responses/resp_never_seen/cancel", "", "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 404) << r->body;
+  std::lock_guard lk(up.mu);
+  EXPECT_EQ(up.response_cancels, 2);
+  EXPECT_EQ(up.response_gets, 2);
 }
