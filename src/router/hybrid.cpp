@@ -42,6 +42,24 @@ void HybridRouter::answer_error(httplib::Response& res, int status, const std::s
   res.set_content(dump_json(server::error_body(status, msg, "", param, code)), "application/json");
 }
 
+namespace {
+// The response id of a Responses stream's response.created event among complete SSE lines ("" when none is there).
+std::string created_response_id(const std::string& lines) {
+  for (size_t at = 0; at < lines.size();) {
+    size_t end = lines.find('\n', at);
+    if (end == std::string::npos) end = lines.size();
+    if (lines.compare(at, 6, "data: ") == 0 && lines.find("response.created", at) < end) {
+      const json j = json::parse(lines.substr(at + 6, end - at - 6), nullptr, false);
+      if (j.is_object() && j.value("type", "") == "response.created" && j.contains("response") &&
+          j["response"].is_object() && j["response"].contains("id") && j["response"]["id"].is_string())
+        return j["response"]["id"].get<std::string>();
+    }
+    at = end + 1;
+  }
+  return "";
+}
+}  // namespace
+
 std::string upstream_body(const ojson& body, const std::vector<std::string>& drop, const std::string& model) {
   std::string out = "{";
   bool placed = false;
@@ -120,20 +138,10 @@ server::RouteDecisionKind HybridRouter::maybe_forward(const httplib::Request& re
     if (api == Api::responses && stream)
       on_lines = [self = weak_from_this(), seen = false](const std::string& lines) mutable {
         if (seen) return;
-        for (size_t at = 0; at < lines.size();) {
-          size_t end = lines.find('\n', at);
-          if (end == std::string::npos) end = lines.size();
-          if (lines.compare(at, 6, "data: ") == 0 && lines.find("response.created", at) < end) {
-            const json j = json::parse(lines.substr(at + 6, end - at - 6), nullptr, false);
-            if (j.is_object() && j.value("type", "") == "response.created" && j.contains("response") &&
-                j["response"].is_object() && j["response"].contains("id") && j["response"]["id"].is_string()) {
-              seen = true;
-              if (auto s = self.lock()) s->remember_upstream_response(j["response"]["id"].get<std::string>());
-              return;
-            }
-          }
-          at = end + 1;
-        }
+        const std::string id = created_response_id(lines);
+        if (id.empty()) return;
+        seen = true;
+        if (auto s = self.lock()) s->remember_upstream_response(id);
       };
     auto r = upstream_->forward(upstream_path(api), upstream_body(body, pol.drop_fields, upstream_model), stream, res, "",
                                 extra, std::move(on_lines));
