@@ -115,17 +115,20 @@ void BackgroundResponses::finish(Task& t) {
         nlohmann::json r = e->response;
         r["status"] = "failed";
         r["output"] = nlohmann::json::array();
-        std::string message;
-        if (t.unstored.empty())
-          message = "The response is larger than this server's response store holds (--responses-mb): it was not kept.";
-        else if (t.failure.empty() || t.failure == t.unstored)
-          message = "The response could not be stored: " + t.unstored;
-        else
-          message = "The response could not be stored: " + t.unstored + " (it had failed: " + t.failure + ")";
-        r["error"] = {{"code", "server_error"}, {"message", message}};
         // A stream that ended with response.failed told its client that error: GET shows the same (the reason its
         // store failed is logged).
-        if (!t.stream_error.is_null()) r["error"] = t.stream_error;
+        if (!t.stream_error.is_null()) {
+          r["error"] = t.stream_error;
+        } else {
+          std::string message;
+          if (t.unstored.empty())
+            message = "The response is larger than this server's response store holds (--responses-mb): it was not kept.";
+          else if (t.failure.empty() || t.failure == t.unstored)
+            message = "The response could not be stored: " + t.unstored;
+          else
+            message = "The response could not be stored: " + t.unstored + " (it had failed: " + t.failure + ")";
+          r["error"] = {{"code", "server_error"}, {"message", message}};
+        }
         if (!store_.put(t.id, ResponseStore::Entry{t.items, r})) store_.erase(t.id);
       }
     }
