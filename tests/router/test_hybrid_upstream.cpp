@@ -170,31 +170,28 @@ struct FakeUpstream {
         return n < 250 && sink.is_writable();
       });
     });
-    http.Get("/v1/responses/([A-Za-z0-9_-]+)", [this](const httplib::Request& req, httplib::Response& res) {
-      std::lock_guard lk(mu);
-      ++response_gets;
+    // The held response the route's id names, counted in `calls`; nullptr after answering 404 (mu held).
+    auto held = [this](const httplib::Request& req, httplib::Response& res, int& calls) -> json* {
+      ++calls;
       auto it = responses.find(req.matches[1]);
-      if (it == responses.end()) {
-        res.status = 404;
-        res.set_content(R"({"error":{"message":"No response found","type":"invalid_request_error","code":null}})",
-                        "application/json");
-        return;
-      }
-      res.set_content(it->second.dump(), "application/json");
-    });
-    http.Post("/v1/responses/([A-Za-z0-9_-]+)/cancel", [this](const httplib::Request& req, httplib::Response& res) {
+      if (it != responses.end()) return &it->second;
+      res.status = 404;
+      res.set_content(R"({"error":{"message":"No response found","type":"invalid_request_error","code":null}})",
+                      "application/json");
+      return nullptr;
+    };
+    http.Get("/v1/responses/([A-Za-z0-9_-]+)", [this, held](const httplib::Request& req, httplib::Response& res) {
       std::lock_guard lk(mu);
-      ++response_cancels;
-      auto it = responses.find(req.matches[1]);
-      if (it == responses.end()) {
-        res.status = 404;
-        res.set_content(R"({"error":{"message":"No response found","type":"invalid_request_error","code":null}})",
-                        "application/json");
-        return;
-      }
-      it->second["status"] = "cancelled";
-      res.set_content(it->second.dump(), "application/json");
+      if (json* r = held(req, res, response_gets)) res.set_content(r->dump(), "application/json");
     });
+    http.Post("/v1/responses/([A-Za-z0-9_-]+)/cancel",
+              [this, held](const httplib::Request& req, httplib::Response& res) {
+                std::lock_guard lk(mu);
+                if (json* r = held(req, res, response_cancels)) {
+                  (*r)["status"] = "cancelled";
+                  res.set_content(r->dump(), "application/json");
+                }
+              });
     http.Post("/v1/messages", [this](const httplib::Request&, httplib::Response& res) {  // a stream that breaks off
       if (refused(res)) return;
       res.set_chunked_content_provider("text/event-stream", [n = 0](size_t, httplib::DataSink& sink) mutable {

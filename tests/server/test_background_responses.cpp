@@ -123,6 +123,17 @@ void expect_resumed_to_the_same_end(httplib::Client& cli, const std::string& id,
   EXPECT_EQ(resumed.back(), evs.back()) << again->body;
 }
 
+// A background stream `evs` that ended with response.failed, as its stored object keeps it: GET says "failed" with the
+// stream's error, and the stream resumed after event 0 ends the same. Returns the stored object.
+json expect_stored_as_its_failed_end(int port, httplib::Client& cli, const std::vector<json>& evs) {
+  const std::string id = evs.front()["response"]["id"];
+  const json got = get_json(port, "/v1/responses/" + id);
+  EXPECT_EQ(got["status"], "failed") << got.dump();
+  EXPECT_EQ(got["error"], evs.back()["response"]["error"]) << got.dump();
+  expect_resumed_to_the_same_end(cli, id, 0, evs);
+  return got;
+}
+
 // The text of a response object's message items (their output_text parts, in order).
 std::string output_text(const json& response) {
   std::string t;
@@ -293,11 +304,8 @@ TEST(BackgroundResponses, AStreamHasOneTerminalEventWhenStoringItsEndThrows) {
   EXPECT_EQ(evs.back()["response"]["error"]["code"], "server_error");
   const std::string message = evs.back()["response"]["error"].value("message", "");
   EXPECT_NE(message.find("('\xEF\xBF\xBD') is not allowed by the token mask"), std::string::npos) << message;
-  const json got = get_json(srv.port, "/v1/responses/" + id);
-  EXPECT_EQ(got["status"], "failed") << got.dump();
-  EXPECT_EQ(got["error"], evs.back()["response"]["error"]) << got.dump();
+  expect_stored_as_its_failed_end(srv.port, cli, evs);
   EXPECT_EQ(failed_puts.load(), 2);  // the run's store (threw), the catch's (the catch was reached)
-  expect_resumed_to_the_same_end(cli, id, 0, evs);
 }
 
 // The thread's catch (fail()) stored the failure and published the stream's response.failed in one try: when storing
@@ -378,11 +386,7 @@ TEST(BackgroundResponses, AStreamHasNoSequenceGapWhenStoringItsCompletionThrows)
   EXPECT_TRUE(text) << r->body;
   expect_numbered_to_one_end(evs, r->body, "response.failed");
   EXPECT_EQ(evs.back()["response"]["error"]["message"], "test: storing completed threw");
-  const std::string id = evs.front()["response"]["id"];
-  const json got = get_json(srv.port, "/v1/responses/" + id);
-  EXPECT_EQ(got["status"], "failed") << got.dump();
-  EXPECT_EQ(got["error"], evs.back()["response"]["error"]) << got.dump();
-  expect_resumed_to_the_same_end(cli, id, 0, evs);
+  expect_stored_as_its_failed_end(srv.port, cli, evs);
 }
 
 // A foreground stream (stream: true, not background) stores its completed object in the formatter's on_done, inside the
@@ -584,11 +588,8 @@ TEST(BackgroundResponses, AFailedStreamsOutputIsWhatItsClientGotWhenStoringItsCo
     EXPECT_FALSE(added.empty()) << r->body;
     EXPECT_EQ(added, done) << r->body;
     if (background) {
-      const std::string id = evs.front()["response"]["id"];
-      const json got = get_json(srv.port, "/v1/responses/" + id);
-      EXPECT_EQ(got["status"], "failed") << got.dump();
+      const json got = expect_stored_as_its_failed_end(srv.port, cli, evs);
       EXPECT_EQ(got["output"], evs.back()["response"]["output"]) << got.dump();
-      expect_resumed_to_the_same_end(cli, id, 0, evs);
     }
   }
 }
