@@ -279,6 +279,31 @@ struct Front {
   }
 };
 
+// A lilac server (LocalServer: the real routes) whose route hook is a HybridRouter to the fake upstream at `port` with
+// route policy `policy` (JSON), and a client of it.
+struct RoutedServer {
+  std::shared_ptr<HybridRouter> router;  // the hook holds it weakly
+  lilac::server::RouteHook hook;
+  lilac::test::LocalServer srv;
+  httplib::Client cli;
+
+  RoutedServer(int port, const char* policy, std::string api_key = "")
+      : router(make_router(port, policy, std::move(api_key))),
+        hook(router->make_hook()),
+        srv(lilac::test::LocalServer::options(), &hook),
+        cli("127.0.0.1", srv.port) {
+    cli.set_read_timeout(10s);
+  }
+  static std::shared_ptr<HybridRouter> make_router(int port, const char* policy, std::string api_key) {
+    HybridOptions o;
+    o.upstream_url = "http://127.0.0.1:" + std::to_string(port);
+    o.upstream_model = "up-model";
+    o.api_key = std::move(api_key);
+    o.policy = parse_route_policy(json::parse(policy));
+    return std::make_shared<HybridRouter>(std::move(o), "local-model");
+  }
+};
+
 json chat_body(const std::string& text, bool stream = false) {
   json b = {{"model", "lilac"}, {"messages", json::array({{{"role", "user"}, {"content", text}}})}};
   if (stream) {
@@ -673,16 +698,8 @@ TEST(HybridUpstream, RedirectsAndRefusedCredentialsAreUpstreamFailures) {
 TEST(HybridUpstream, RefusedUpstreamAnswersAre502InTheEndpointsShape) {
   FakeUpstream up;
   up.refuse_status = 401;
-  HybridOptions o;
-  o.upstream_url = "http://127.0.0.1:" + std::to_string(up.port);
-  o.upstream_model = "up-model";
-  o.api_key = "sk-test-NEVERLOGME-0123456789abcdef";
-  o.policy = parse_route_policy(json::parse(R"({"fallback": {"upstream_failure_to_local": false}})"));
-  auto router = std::make_shared<HybridRouter>(std::move(o), "local-model");
-  const lilac::server::RouteHook hook = router->make_hook();
-  lilac::test::LocalServer srv(lilac::test::LocalServer::options(), &hook);
-  httplib::Client cli("127.0.0.1", srv.port);
-  cli.set_read_timeout(10s);
+  RoutedServer rs(up.port, R"({"fallback": {"upstream_failure_to_local": false}})", "sk-test-NEVERLOGME-0123456789abcdef");
+  httplib::Client& cli = rs.cli;
   const json user = json::array({{{"role", "user"}, {"content", "hello"}}});
   for (bool stream : {false, true}) {
     auto r = cli.Post("/v1/chat/completions", json{{"messages", user}, {"stream", stream}}.dump(), "application/json");
@@ -715,15 +732,8 @@ TEST(HybridUpstream, RefusedUpstreamAnswersAre502InTheEndpointsShape) {
 // response it had accepted and answered with that id. An id lilac never handed out is still 404, never asked upstream.
 TEST(HybridUpstream, ARoutedBackgroundResponseIsCancelledAndFetchedThroughLilac) {
   FakeUpstream up;
-  HybridOptions o;
-  o.upstream_url = "http://127.0.0.1:" + std::to_string(up.port);
-  o.upstream_model = "up-model";
-  o.policy = parse_route_policy(json::parse(R"({"default_route": "cloud"})"));
-  auto router = std::make_shared<HybridRouter>(std::move(o), "local-model");
-  const lilac::server::RouteHook hook = router->make_hook();
-  lilac::test::LocalServer srv(lilac::test::LocalServer::options(), &hook);
-  httplib::Client cli("127.0.0.1", srv.port);
-  cli.set_read_timeout(10s);
+  RoutedServer rs(up.port, R"({"default_route": "cloud"})");
+  httplib::Client& cli = rs.cli;
   for (bool stream : {false, true}) {
     SCOPED_TRACE(stream ? "streamed" : "whole");
     const json body = {{"input", "hello"}, {"background", true}, {"stream", stream}};
