@@ -91,15 +91,16 @@ std::vector<json> stream_slow_background(httplib::Client& cli, std::string& raw)
   return lilac::test::sse_events(raw);
 }
 
-// The server's options with the store's test seam throwing at the first put of a "completed" object ("test: storing
-// completed threw"); `puts` counts those puts.
-auto first_completed_store_throws(std::atomic<int>& puts) {
+// The server's options with the store's test seam throwing at the first `times` puts of an object of `status` ("test:
+// storing <status> threw"); `puts` counts those puts.
+auto store_throws(const std::string& status, std::atomic<int>& puts, int times) {
   auto o = lilac::test::LocalServer::options();
-  o.response_store_put_fault = [&puts](const std::string&, const json& r) {
-    if (r.value("status", "") == "completed" && puts++ == 0) throw std::runtime_error("test: storing completed threw");
+  o.response_store_put_fault = [status, &puts, times](const std::string&, const json& r) {
+    if (r.value("status", "") == status && puts++ < times) throw std::runtime_error("test: storing " + status + " threw");
   };
   return o;
 }
+auto first_completed_store_throws(std::atomic<int>& puts) { return store_throws("completed", puts, 1); }
 
 // A stream as its client got it (`body`, parsed as `evs`): numbered 0, 1, 2, ... without a gap, one terminal event
 // and it last, of type `type`, whole.
@@ -283,11 +284,7 @@ TEST(BackgroundResponses, AStreamedOneThatFailsEndsWithResponseFailed) {
 // stream disagreed: AFailedStreamAndGetShowOneErrorWhenStoringTheFailureThrows), and publishes nothing more.
 TEST(BackgroundResponses, AStreamHasOneTerminalEventWhenStoringItsEndThrows) {
   std::atomic<int> failed_puts{0};
-  auto o = lilac::test::LocalServer::options();
-  o.response_store_put_fault = [&](const std::string&, const json& r) {
-    if (r.value("status", "") == "failed" && failed_puts++ == 0) throw std::runtime_error("test: storing failed threw");
-  };
-  lilac::test::LocalServer srv(o, nullptr, script());
+  lilac::test::LocalServer srv(store_throws("failed", failed_puts, 1), nullptr, script());
   httplib::Client cli("127.0.0.1", srv.port);
   cli.set_read_timeout(10, 0);
   const json body = {{"input", "astral"}, {"background", true}, {"stream", true}, {"max_output_tokens", 200},
@@ -603,12 +600,7 @@ TEST(BackgroundResponses, AFailedStreamAndGetShowOneErrorWhenStoringTheFailureTh
   for (const int throws : {1, 2}) {
     SCOPED_TRACE(std::to_string(throws) + " stores of \"failed\" throw");
     std::atomic<int> failed_puts{0};
-    auto o = lilac::test::LocalServer::options();
-    o.response_store_put_fault = [&failed_puts, throws](const std::string&, const json& r) {
-      if (r.value("status", "") == "failed" && failed_puts++ < throws)
-        throw std::runtime_error("test: storing failed threw");
-    };
-    lilac::test::LocalServer srv(o, nullptr, script());
+    lilac::test::LocalServer srv(store_throws("failed", failed_puts, throws), nullptr, script());
     httplib::Client cli("127.0.0.1", srv.port);
     cli.set_read_timeout(10, 0);
     const json body = {{"input", "breaks"}, {"background", true}, {"stream", true}, {"max_output_tokens", 200},
