@@ -313,6 +313,27 @@ json chat_body(const std::string& text, bool stream = false) {
   return b;
 }
 
+// POSTs the streamed Responses `body` to lilac, reads the stream's first event (response.created), then goes away: that
+// event's response id.
+std::string first_streamed_response_id(httplib::Client& cli, const json& body) {
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/v1/responses";
+  req.body = body.dump();
+  req.set_header("Content-Type", "application/json");
+  std::string got, id;
+  req.content_receiver = [&](const char* d, size_t n, uint64_t, uint64_t) {
+    got.append(d, n);
+    const size_t end = got.find("\n\n");
+    if (end == std::string::npos) return true;
+    const size_t at = got.find("data: ");
+    id = json::parse(got.substr(at + 6, end - at - 6))["response"]["id"].get<std::string>();
+    return false;  // disconnects
+  };
+  (void)cli.send(req);
+  return id;
+}
+
 // A loopback port where nothing listens for the life of the object: a socket bound but never listening
 // (connections are refused, and no other server can take the port meanwhile).
 struct DeadPort {
@@ -744,22 +765,8 @@ TEST(HybridUpstream, ARoutedBackgroundResponseIsCancelledAndFetchedThroughLilac)
       ASSERT_EQ(r->status, 200) << r->body;
       EXPECT_EQ(r->get_header_value("x-lilac-route"), "cloud");
       id = json::parse(r->body)["id"].get<std::string>();
-    } else {  // the client reads the stream's first event, then goes away
-      httplib::Request req;
-      req.method = "POST";
-      req.path = "/v1/responses";
-      req.body = body.dump();
-      req.set_header("Content-Type", "application/json");
-      std::string got;
-      req.content_receiver = [&](const char* d, size_t n, uint64_t, uint64_t) {
-        got.append(d, n);
-        const size_t end = got.find("\n\n");
-        if (end == std::string::npos) return true;
-        const size_t at = got.find("data: ");
-        id = json::parse(got.substr(at + 6, end - at - 6))["response"]["id"].get<std::string>();
-        return false;  // disconnects
-      };
-      (void)cli.send(req);
+    } else {
+      id = first_streamed_response_id(cli, body);
     }
     ASSERT_EQ(id.rfind("resp_up_", 0), 0u) << id;
     auto r = cli.Post("/v1/responses/" + id + "/cancel", "", "application/json");
