@@ -48,8 +48,9 @@ std::string created_response_id(const std::string& lines) {
   for (size_t at = 0; at < lines.size();) {
     size_t end = lines.find('\n', at);
     if (end == std::string::npos) end = lines.size();
-    if (lines.compare(at, 6, "data: ") == 0 && lines.find("response.created", at) < end) {
-      const json j = json::parse(lines.substr(at + 6, end - at - 6), nullptr, false);
+    const std::optional<std::string_view> payload = sse_data_payload(std::string_view(lines).substr(at, end - at));
+    if (payload && payload->find("response.created") != std::string_view::npos) {
+      const json j = json::parse(*payload, nullptr, false);
       if (j.is_object() && j.value("type", "") == "response.created" && j.contains("response") &&
           j["response"].is_object() && j["response"].contains("id") && j["response"]["id"].is_string())
         return j["response"]["id"].get<std::string>();

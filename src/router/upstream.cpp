@@ -111,6 +111,13 @@ UpstreamUrl parse_upstream_url(const std::string& url) {
   return u;
 }
 
+std::optional<std::string_view> sse_data_payload(std::string_view line) {
+  if (!line.starts_with("data:")) return std::nullopt;
+  line.remove_prefix(5);
+  if (line.starts_with(' ')) line.remove_prefix(1);
+  return line;
+}
+
 std::string inject_route_into_sse_lines(const std::string& lines, const std::string& label) {
   const std::string field = "\"lilac_route\":\"" + label + "\"";
   std::string out;
@@ -120,10 +127,9 @@ std::string inject_route_into_sse_lines(const std::string& lines, const std::str
     size_t nl = lines.find('\n', i);
     size_t end = nl == std::string::npos ? lines.size() : nl + 1;
     std::string_view line(lines.data() + i, end - i);
-    size_t brace = std::string_view::npos;
-    if (line.starts_with("data: {")) brace = 6;
-    else if (line.starts_with("data:{")) brace = 5;
-    if (brace != std::string_view::npos) {
+    const std::optional<std::string_view> payload = sse_data_payload(line);
+    if (payload && payload->starts_with('{')) {
+      const size_t brace = static_cast<size_t>(payload->data() - line.data());
       out.append(line.substr(0, brace + 1));
       // Skip whitespace to see whether the object is empty.
       size_t k = brace + 1;

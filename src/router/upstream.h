@@ -17,6 +17,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -87,8 +88,13 @@ class UpstreamClient {
   bool cancelled_ = false;
 };
 
-// Adds `"lilac_route": "<label>"` to every `data: {...}` line of an SSE fragment made of complete
-// lines (exposed for tests).
+// The payload of an SSE data line: what follows "data:" and one optional space (SSE allows `data: {` and `data:{`), or
+// nullopt when `line` is not a data line. A line end that `line` holds stays in the payload. Every reader of an
+// upstream's stream lines goes through it (inject_route_into_sse_lines, the router's response.created id).
+std::optional<std::string_view> sse_data_payload(std::string_view line);
+
+// Adds `"lilac_route": "<label>"` to every data line of an SSE fragment made of complete lines whose payload
+// (sse_data_payload) opens a JSON object, `{` (exposed for tests).
 std::string inject_route_into_sse_lines(const std::string& lines, const std::string& label);
 
 }  // namespace lilac::router

@@ -41,6 +41,7 @@ struct FakeUpstream {
   std::atomic<int> mode{0};
   std::atomic<int> chunk_delay_ms{0};
   std::atomic<int> refuse_status{0};  // non-zero: every POST is answered with this status (refused())
+  std::atomic<bool> data_colon_only{false};  // Responses streams write `data:{...}` (SSE's other form: no space)
 
   // A redirect to the provider's site, or a refusal of the router's key, with the headers and body a provider sends.
   bool refused(httplib::Response& res) {
@@ -158,11 +159,12 @@ struct FakeUpstream {
         return;
       }
       // A background stream: created, queued, then nothing for a while (the generation runs on upstream).
-      res.set_chunked_content_provider("text/event-stream", [r, n = 0](size_t, httplib::DataSink& sink) mutable {
+      const std::string data = data_colon_only ? "data:" : "data: ";
+      res.set_chunked_content_provider("text/event-stream", [r, data, n = 0](size_t, httplib::DataSink& sink) mutable {
         if (n++ == 0) {
-          const std::string s = "event: response.created\ndata: " +
+          const std::string s = "event: response.created\n" + data +
                                 json{{"type", "response.created"}, {"sequence_number", 0}, {"response", r}}.dump() +
-                                "\n\nevent: response.queued\ndata: " +
+                                "\n\nevent: response.queued\n" + data +
                                 json{{"type", "response.queued"}, {"sequence_number", 1}, {"response", r}}.dump() + "\n\n";
           return sink.write(s.data(), s.size());
         }
@@ -326,8 +328,9 @@ std::string first_streamed_response_id(httplib::Client& cli, const json& body) {
     got.append(d, n);
     const size_t end = got.find("\n\n");
     if (end == std::string::npos) return true;
-    const size_t at = got.find("data: ");
-    id = json::parse(got.substr(at + 6, end - at - 6))["response"]["id"].get<std::string>();
+    size_t at = got.find("data:") + 5;
+    if (got[at] == ' ') ++at;
+    id = json::parse(got.substr(at, end - at))["response"]["id"].get<std::string>();
     return false;  // disconnects
   };
   (void)cli.send(req);
@@ -375,6 +378,17 @@ TEST(HybridUpstream, ParsesUpstreamUrls) {
   EXPECT_THROW(parse_upstream_url("http://user:pw@host/v1"), lilac::InputError);
   EXPECT_THROW(parse_upstream_url("http://host:99999"), lilac::InputError);
   EXPECT_TRUE(upstream_https_supported());  // Debian's cpp-httplib is built with OpenSSL
+}
+
+// SSE's field syntax: "data:" and one optional space before the payload; anything else is not a data line.
+TEST(HybridUpstream, ReadsTheSseDataPayloadWithOrWithoutTheSpace) {
+  EXPECT_EQ(sse_data_payload("data: {\"a\":1}"), "{\"a\":1}");
+  EXPECT_EQ(sse_data_payload("data:{\"a\":1}"), "{\"a\":1}");
+  EXPECT_EQ(sse_data_payload("data:  {}\n"), " {}\n");  // one space only is the separator
+  EXPECT_EQ(sse_data_payload("data:"), "");
+  EXPECT_EQ(sse_data_payload("data"), std::nullopt);
+  EXPECT_EQ(sse_data_payload("event: data: {}"), std::nullopt);
+  EXPECT_EQ(sse_data_payload(": data: {}"), std::nullopt);
 }
 
 TEST(HybridUpstream, InjectsRouteIntoSseDataLines) {
@@ -804,4 +818,21 @@ TEST(HybridUpstream, ARoutedBackgroundResponseIsCancelledAndFetchedThroughLilac)
   std::lock_guard lk(up.mu);
   EXPECT_EQ(up.response_cancels, 2);
   EXPECT_EQ(up.response_gets, 2);
+}
+
+// SSE's data field is "data:" and one optional space. An upstream that streams `data:{...}` has its response.created id
+// remembered as one that streams `data: {...}`: the client GETs it through lilac. The router read the id only from
+// "data: " lines (while it added lilac_route to both forms), so lilac answered its own 404 for an id it had handed out.
+TEST(HybridUpstream, AStreamWrittenAsDataColonBraceRemembersItsResponseId) {
+  FakeUpstream up;
+  up.data_colon_only = true;
+  RoutedServer rs(up.port, R"({"default_route": "cloud"})");
+  const std::string id = first_streamed_response_id(rs.cli, json{{"input", "hello"}, {"background", true}, {"stream", true}});
+  ASSERT_EQ(id, "resp_up_0");
+  auto r = rs.cli.Get("/v1/responses/" + id);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(json::parse(r->body, nullptr, false).value("id", ""), id) << r->body;
+  std::lock_guard lk(up.mu);
+  EXPECT_EQ(up.response_gets, 1);
 }
