@@ -210,22 +210,48 @@ TEST(CudaDecode, MoEMatchesCpu) {
   }
 }
 
+// Ties in the probabilities go to the lower id, in every lane and slot: logits with exact ties (equal logits give
+// equal probabilities on any device; a 0.25 grid keeps unequal ones apart), probabilities that underflow to 0 (the
+// choice among them by id alone), four winners then ties. E = 320 takes the 16-slot routing.
 TEST(CudaDecode, MoERoutingTiesGoToLowerId) {
   NEED_GPU();
-  const int E = 64, k = 8;
-  Rng r(fresh_seed());
-  const int64_t H = 64, I = 64;  // only routing is checked: tiny experts
-  HostQ gate(r, I * E, H, 4), up(r, I * E, H, 4), down(r, H * E, I, 4), sg(r, I, H, 4), su(r, I, H, 4), sd(r, H, I, 4);
-  DevMoE dmoe(gate, up, down, sg, su, sd, E, k, I, H);
-  const lc::MoEDecodeWeights& dw = dmoe.w;
-  std::vector<float> logits(E + 1, 0.f);  // all equal: the top 8 must be ids 0..7
-  for (int e = 40; e < 44; ++e) logits[size_t(e)] = 1.f;  // four clear winners first
-  Dev<float> dl(logits), dh(randv(r, H)), dnw(std::vector<float>(H, 1.f)), act(size_t(k * I + I)), selw(k + 1);
-  Dev<int32_t> sel(k);
-  lc::moe_gate_up(dw, dl.p, dh.p, dnw.p, 1e-6f, sel.p, selw.p, act.p, nullptr);
-  CK(cudaDeviceSynchronize());
-  const std::vector<int32_t> want = {40, 41, 42, 43, 0, 1, 2, 3};
-  EXPECT_EQ(sel.get(), want);
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  Rng r(seed);
+  const int k = 8;
+  for (const int E : {64, 256, 320}) {
+    SCOPED_TRACE("E " + std::to_string(E));
+    const int64_t H = 64, I = 64;  // only routing is checked: tiny experts
+    HostQ gate(r, I * E, H, 4), up(r, I * E, H, 4), down(r, H * E, I, 4), sg(r, I, H, 4), su(r, I, H, 4),
+        sd(r, H, I, 4);
+    DevMoE dmoe(gate, up, down, sg, su, sd, E, k, I, H);
+    const lc::MoEDecodeWeights& dw = dmoe.w;
+    auto route = [&](const std::vector<float>& logits) -> std::pair<std::vector<int32_t>, std::vector<float>> {
+      Dev<float> dl(logits), dh(randv(r, H)), dnw(std::vector<float>(H, 1.f)), act(size_t(k * I + I)), selw(k + 1);
+      Dev<int32_t> sel(k);
+      sel.poison();
+      lc::moe_gate_up(dw, dl.p, dh.p, dnw.p, 1e-6f, sel.p, selw.p, act.p, nullptr);
+      EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      return std::make_pair(sel.get(), selw.get());
+    };
+    std::vector<float> logits(size_t(E + 1), 0.f);  // all equal: the top 8 must be ids 0..7
+    for (int e = 40; e < 44; ++e) logits[size_t(e)] = 1.f;  // four clear winners first
+    EXPECT_EQ(route(logits).first, (std::vector<int32_t>{40, 41, 42, 43, 0, 1, 2, 3}));
+    for (int trial = 0; trial < 6; ++trial) {
+      SCOPED_TRACE("trial " + std::to_string(trial));
+      for (auto& v : logits) v = trial < 3 ? 0.25f * float(int(r.uni(0.f, 8.f))) : -200.f;
+      if (trial >= 3)  // one or two experts hold everything; the rest underflow to probability 0
+        for (int j = 0; j < trial - 2; ++j) logits[size_t(int(r.uni(0.f, float(E))) % E)] = 0.f;
+      std::vector<int> ids(static_cast<size_t>(k));
+      std::vector<float> wts(static_cast<size_t>(k));
+      cpu::moe_route(logits.data(), E, k, true, ids.data(), wts.data());
+      const auto [gs, gw] = route(logits);
+      for (int i = 0; i < k; ++i) {
+        EXPECT_EQ(gs[size_t(i)], ids[size_t(i)]) << "slot " << i;
+        EXPECT_NEAR(gw[size_t(i)], wts[size_t(i)], 1e-6) << "slot " << i;
+      }
+    }
+  }
 }
 
 }  // namespace
