@@ -10,6 +10,26 @@
 namespace lilac::cuda {
 namespace {
 
+// [p, p + bytes) into L2, a 128-byte line per thread of the grid (t of nt).
+__device__ __forceinline__ void prefetch_l2(const void* p, int64_t bytes, int64_t t, int64_t nt) {
+  for (int64_t o = t * 128; o < bytes; o += nt * 128)
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(static_cast<const char*>(p) + o));
+}
+
+// The shared expert's three matrices into L2, by the whole grid before gate/up's PDL wait: they need no routing, and
+// the HBM idles behind the router and the routing, where down's shared segment and gate/up's shared groups would
+// otherwise join the routed experts' burst (stop 60: +2 % at one row; the next layer's input projection requested the
+// same way costs instead, bench/BENCHMARKS.md "MoE rows kernels through cp.async rings; an L2 prefetch of the next layer").
+__device__ __forceinline__ void prefetch_shared_expert(const MoEDecodeWeights& w) {
+  const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, nt = int64_t(gridDim.x) * blockDim.x;
+  for (const QMatrixDev* q : {&w.shared_gate, &w.shared_up, &w.shared_down}) {
+    const int64_t groups = q->rows * q->groups_per_row();
+    prefetch_l2(q->qweight, q->rows * q->words_per_row() * 4, t, nt);
+    prefetch_l2(q->scales, groups * 2, t, nt);
+    prefetch_l2(q->biases, groups * 2, t, nt);
+  }
+}
+
 // The block's SM id into phase-trace slot k (the trace's readers: which blocks shared an SM; gemv_tc.h).
 __device__ __forceinline__ void tc_smid(int k) {
   if (g_tc_trace != nullptr && threadIdx.x == 0) {
@@ -61,7 +81,8 @@ __device__ void stage_rms_beside_routing(const StageIn& in, const TcSmem& m, int
 // ------------------------------------------------------------------------------------------------ MoE gate/up
 // Routing (warp 0) beside the RMSNorm of x (warps 1..7), then per group (slot e in 0..k: the k routed experts and
 // the shared one; 16 rows j): row block 0 = gate rows, row block 1 = up rows, 4 k-slices each; epilogue
-// act[e·I + j] = silu(gate)·up. The first two tiles are requested after the routing and the staging (the barrier).
+// act[e·I + j] = silu(gate)·up. The first two tiles are requested after the routing and the staging (the barrier);
+// before the PDL wait the grid requests the shared expert's matrices into L2 (prefetch_shared_expert).
 // (Phase marks: 2 warp 0's routing done, 5 routing and staging done, 3 the first two tiles issued.)
 template <int BITS>
 __global__ void __launch_bounds__(kThreads, kMinBlocks<BITS>)
@@ -93,6 +114,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<BITS>)
   tc_smid(6);
   if (warp > 0)  // the norm weights (written by no kernel of the step) before the wait, by the staging warps
     for (int i = threadIdx.x - 32; i < K / 4; i += kThreads - 32) cp_async16(m.nws + 4 * i, norm_w + 4 * i);
+  prefetch_shared_expert(w);  // weights: written by no kernel
   pdl_wait();
   tc_mark(1);
   if (warp == 0) {
