@@ -51,7 +51,7 @@ std::string created_response_id(const std::string& lines) {
     const std::optional<std::string_view> payload = sse_data_payload(std::string_view(lines).substr(at, end - at));
     if (payload && payload->find("response.created") != std::string_view::npos) {
       const json j = json::parse(*payload, nullptr, false);
-      if (j.is_object() && j.value("type", "") == "response.created" && j.contains("response") &&
+      if (j.is_object() && j.contains("type") && j["type"] == "response.created" && j.contains("response") &&
           j["response"].is_object() && j["response"].contains("id") && j["response"]["id"].is_string())
         return j["response"]["id"].get<std::string>();
     }

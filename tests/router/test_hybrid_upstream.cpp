@@ -42,6 +42,7 @@ struct FakeUpstream {
   std::atomic<int> chunk_delay_ms{0};
   std::atomic<int> refuse_status{0};  // non-zero: every POST is answered with this status (refused())
   std::atomic<bool> data_colon_only{false};  // Responses streams write `data:{...}` (SSE's other form: no space)
+  std::atomic<bool> created_type_not_string{false};  // the first event's "type" is ["response.created"]
 
   // A redirect to the provider's site, or a refusal of the router's key, with the headers and body a provider sends.
   bool refused(httplib::Response& res) {
@@ -160,10 +161,12 @@ struct FakeUpstream {
       }
       // A background stream: created, queued, then nothing for a while (the generation runs on upstream).
       const std::string data = data_colon_only ? "data:" : "data: ";
-      res.set_chunked_content_provider("text/event-stream", [r, data, n = 0](size_t, httplib::DataSink& sink) mutable {
+      const json created_type = created_type_not_string ? json::array({"response.created"}) : json("response.created");
+      res.set_chunked_content_provider("text/event-stream", [r, data, created_type, n = 0](size_t,
+                                                                                          httplib::DataSink& sink) mutable {
         if (n++ == 0) {
           const std::string s = "event: response.created\n" + data +
-                                json{{"type", "response.created"}, {"sequence_number", 0}, {"response", r}}.dump() +
+                                json{{"type", created_type}, {"sequence_number", 0}, {"response", r}}.dump() +
                                 "\n\nevent: response.queued\n" + data +
                                 json{{"type", "response.queued"}, {"sequence_number", 1}, {"response", r}}.dump() + "\n\n";
           return sink.write(s.data(), s.size());
@@ -835,4 +838,20 @@ TEST(HybridUpstream, AStreamWrittenAsDataColonBraceRemembersItsResponseId) {
   EXPECT_EQ(json::parse(r->body, nullptr, false).value("id", ""), id) << r->body;
   std::lock_guard lk(up.mu);
   EXPECT_EQ(up.response_gets, 1);
+}
+
+// An upstream event that names response.created but whose "type" is not a string is passed on as it came and
+// remembers nothing: reading it (nlohmann's value("type", "") throws type_error for a non-string) threw out of the
+// stream's pump.
+TEST(HybridUpstream, ACreatedEventWhoseTypeIsNotAStringIsPassedOnAndRemembersNothing) {
+  FakeUpstream up;
+  up.created_type_not_string = true;
+  RoutedServer rs(up.port, R"({"default_route": "cloud"})");
+  const std::string id = first_streamed_response_id(rs.cli, json{{"input", "hello"}, {"background", true}, {"stream", true}});
+  EXPECT_EQ(id, "resp_up_0");
+  auto r = rs.cli.Get("/v1/responses/resp_up_0");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 404) << r->body;  // not remembered: lilac's own answer
+  std::lock_guard lk(up.mu);
+  EXPECT_EQ(up.response_gets, 0);
 }
