@@ -154,7 +154,8 @@ uint64_t hash_message(const ojson& m) {
     bool all_text = true;
     for (const auto& part : *c) {
       // Responses' parts are "input_text" / "output_text": the same text as chat's "text" parts.
-      const std::string type = part.is_object() ? part.value("type", "") : "";
+      const auto t = part.is_object() ? part.find("type") : part.end();
+      const std::string type = t != part.end() && t->is_string() ? t->get<std::string>() : "";
       if ((type == "text" || type == "input_text" || type == "output_text") && part.contains("text") &&
           part["text"].is_string())
         text += part["text"].get_ref<const std::string&>();

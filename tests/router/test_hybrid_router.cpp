@@ -217,6 +217,17 @@ TEST(HybridRouter, PrefixHashes) {
             message_prefix_hashes(json::array({user("b"), user("a")}))[1]);
 }
 
+// A content part whose "type" is not a string hashes as any other part that is not text (by value): reading it with
+// nlohmann's value("type", "") threw type_error out of the routing decision for a client's malformed part.
+TEST(HybridRouter, APartWhoseTypeIsNotAStringHashesByValue) {
+  const json odd = json::array({json{{"role", "user"}, {"content", json::array({json{{"type", 5}, {"text", "a"}}})}}});
+  std::vector<uint64_t> h;
+  ASSERT_NO_THROW(h = message_prefix_hashes(odd));
+  ASSERT_EQ(h.size(), 1u);
+  EXPECT_NE(h[0], message_prefix_hashes(json::array({user("a")}))[0]);
+  EXPECT_EQ(h, message_prefix_hashes(odd));
+}
+
 TEST(HybridRouter, ModelNamesAndModelRules) {
   Router r = make_router(R"({"default_route": "local",
                              "models": [{"match": "cloud/forbidden", "routes": ["local"]},
