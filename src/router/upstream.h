@@ -89,8 +89,9 @@ class UpstreamClient {
 };
 
 // The payload of an SSE data line: what follows "data:" and one optional space (SSE allows `data: {` and `data:{`), or
-// nullopt when `line` is not a data line. A line end that `line` holds stays in the payload. Every reader of an
-// upstream's stream lines goes through it (inject_route_into_sse_lines, the router's response.created id).
+// nullopt when `line` is not a data line (a bare "data", SSE's empty data field, has no payload for these readers).
+// A line end that `line` holds stays in the payload. Every reader of an upstream's stream lines goes through it
+// (inject_route_into_sse_lines, the router's response.created id).
 std::optional<std::string_view> sse_data_payload(std::string_view line);
 
 // Adds `"lilac_route": "<label>"` to every data line of an SSE fragment made of complete lines whose payload

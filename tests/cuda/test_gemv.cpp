@@ -240,7 +240,7 @@ TEST(CudaDecode, MoERoutingTiesGoToLowerId) {
     for (int trial = 0; trial < 6; ++trial) {
       SCOPED_TRACE("trial " + std::to_string(trial));
       for (auto& v : logits) v = trial < 3 ? 0.25f * float(int(r.uni(0.f, 8.f))) : -200.f;
-      if (trial >= 3)  // one or two experts hold everything; the rest underflow to probability 0
+      if (trial >= 3)  // one to three experts hold everything; the rest underflow to probability 0
         for (int j = 0; j < trial - 2; ++j) logits[size_t(int(r.uni(0.f, float(E))) % E)] = 0.f;
       std::vector<int> ids(static_cast<size_t>(k));
       std::vector<float> wts(static_cast<size_t>(k));

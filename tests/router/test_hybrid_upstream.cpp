@@ -331,7 +331,9 @@ std::string first_streamed_response_id(httplib::Client& cli, const json& body) {
     got.append(d, n);
     const size_t end = got.find("\n\n");
     if (end == std::string::npos) return true;
-    size_t at = got.find("data:") + 5;
+    size_t at = got.find("data:");
+    if (at == std::string::npos || at > end) return false;  // no data line in the first event: no id
+    at += 5;
     if (got[at] == ' ') ++at;
     id = json::parse(got.substr(at, end - at))["response"]["id"].get<std::string>();
     return false;  // disconnects
@@ -383,7 +385,8 @@ TEST(HybridUpstream, ParsesUpstreamUrls) {
   EXPECT_TRUE(upstream_https_supported());  // Debian's cpp-httplib is built with OpenSSL
 }
 
-// SSE's field syntax: "data:" and one optional space before the payload; anything else is not a data line.
+// SSE's field syntax: "data:" and one optional space before the payload. A bare "data" line (an empty data field in
+// SSE) carries no payload for lilac's readers (JSON events), so it is none here.
 TEST(HybridUpstream, ReadsTheSseDataPayloadWithOrWithoutTheSpace) {
   EXPECT_EQ(sse_data_payload("data: {\"a\":1}"), "{\"a\":1}");
   EXPECT_EQ(sse_data_payload("data:{\"a\":1}"), "{\"a\":1}");
