@@ -18,8 +18,9 @@ __device__ __forceinline__ void prefetch_l2(const void* p, int64_t bytes, int64_
 
 // The shared expert's three matrices into L2, by the whole grid before gate/up's PDL wait: they need no routing, and
 // the HBM idles behind the router and the routing, where down's shared segment and gate/up's shared groups would
-// otherwise join the routed experts' burst (stop 60: +0.8-1.4 % at one row; the next layer's input projection requested the
-// same way costs instead, bench/BENCHMARKS.md "MoE rows kernels through cp.async rings; an L2 prefetch of the next layer").
+// otherwise join the routed experts' burst (stop 60: +0.8-1.4 % at one row; the next layer's input projection
+// requested the same way costs instead: bench/BENCHMARKS.md "MoE rows kernels through cp.async rings; an L2
+// prefetch of the next layer").
 __device__ __forceinline__ void prefetch_shared_expert(const MoEDecodeWeights& w) {
   const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, nt = int64_t(gridDim.x) * blockDim.x;
   for (const QMatrixDev* q : {&w.shared_gate, &w.shared_up, &w.shared_down}) {
