@@ -826,21 +826,38 @@ TEST(HybridUpstream, ARoutedBackgroundResponseIsCancelledAndFetchedThroughLilac)
   EXPECT_EQ(up.response_gets, 2);
 }
 
+// A background Responses stream routed to the fake upstream, then a GET of the id its first event named, through lilac:
+// that id, the GET's answer, and how many GETs reached the upstream.
+struct StreamedThenFetched {
+  std::string id;
+  int status = 0;
+  std::string body;
+  int upstream_gets = 0;
+};
+StreamedThenFetched stream_then_fetch(FakeUpstream& up) {
+  RoutedServer rs(up.port, R"({"default_route": "cloud"})");
+  StreamedThenFetched out;
+  out.id = first_streamed_response_id(rs.cli, json{{"input", "hello"}, {"background", true}, {"stream", true}});
+  if (auto r = rs.cli.Get("/v1/responses/" + out.id)) {
+    out.status = r->status;
+    out.body = r->body;
+  }
+  std::lock_guard lk(up.mu);
+  out.upstream_gets = up.response_gets;
+  return out;
+}
+
 // SSE's data field is "data:" and one optional space. An upstream that streams `data:{...}` has its response.created id
 // remembered as one that streams `data: {...}`: the client GETs it through lilac. The router read the id only from
 // "data: " lines (while it added lilac_route to both forms), so lilac answered its own 404 for an id it had handed out.
 TEST(HybridUpstream, AStreamWrittenAsDataColonBraceRemembersItsResponseId) {
   FakeUpstream up;
   up.data_colon_only = true;
-  RoutedServer rs(up.port, R"({"default_route": "cloud"})");
-  const std::string id = first_streamed_response_id(rs.cli, json{{"input", "hello"}, {"background", true}, {"stream", true}});
-  ASSERT_EQ(id, "resp_up_0");
-  auto r = rs.cli.Get("/v1/responses/" + id);
-  ASSERT_TRUE(r);
-  EXPECT_EQ(r->status, 200) << r->body;
-  EXPECT_EQ(json::parse(r->body, nullptr, false).value("id", ""), id) << r->body;
-  std::lock_guard lk(up.mu);
-  EXPECT_EQ(up.response_gets, 1);
+  const StreamedThenFetched f = stream_then_fetch(up);
+  ASSERT_EQ(f.id, "resp_up_0");
+  EXPECT_EQ(f.status, 200) << f.body;
+  EXPECT_EQ(json::parse(f.body, nullptr, false).value("id", ""), f.id) << f.body;
+  EXPECT_EQ(f.upstream_gets, 1);
 }
 
 // An upstream event that names response.created but whose "type" is not a string is passed on as it came and
@@ -849,12 +866,8 @@ TEST(HybridUpstream, AStreamWrittenAsDataColonBraceRemembersItsResponseId) {
 TEST(HybridUpstream, ACreatedEventWhoseTypeIsNotAStringIsPassedOnAndRemembersNothing) {
   FakeUpstream up;
   up.created_type_not_string = true;
-  RoutedServer rs(up.port, R"({"default_route": "cloud"})");
-  const std::string id = first_streamed_response_id(rs.cli, json{{"input", "hello"}, {"background", true}, {"stream", true}});
-  EXPECT_EQ(id, "resp_up_0");
-  auto r = rs.cli.Get("/v1/responses/resp_up_0");
-  ASSERT_TRUE(r);
-  EXPECT_EQ(r->status, 404) << r->body;  // not remembered: lilac's own answer
-  std::lock_guard lk(up.mu);
-  EXPECT_EQ(up.response_gets, 0);
+  const StreamedThenFetched f = stream_then_fetch(up);
+  EXPECT_EQ(f.id, "resp_up_0");
+  EXPECT_EQ(f.status, 404) << f.body;  // not remembered: lilac's own answer
+  EXPECT_EQ(f.upstream_gets, 0);
 }
