@@ -299,7 +299,8 @@ ojson conversation_items(const ojson& items, const std::string& param,
     const std::string p = param + "[" + std::to_string(i) + "]";
     t.item(items[i], p);  // what a Responses input takes, with its errors
     ojson it = items[i];
-    const std::string ty = it.value("type", std::string("message"));
+    // (a null type is "not given", as the translator read it: json::value() would throw on it, a 500)
+    const std::string ty = get_string(it, "type", p + ".type").value_or("message");
     it["type"] = ty;
     if (ty == "message" && it["content"].is_string()) {
       const bool assistant = it["role"] == "assistant";

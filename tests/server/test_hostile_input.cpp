@@ -1,0 +1,57 @@
+// Hostile request bodies through the real HTTP path: each once crashed the server or got a wrong status (a 5xx for
+// the client's own mistake). Each answer is checked for its status, its error's param and what was stored.
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include "server_test_util.h"
+
+using nlohmann::json;
+using lilac::test::post_json;
+
+namespace {
+
+json get_json(int port, const std::string& path) {
+  httplib::Client cli("127.0.0.1", port);
+  auto r = cli.Get(path);
+  if (!r) {
+    ADD_FAILURE() << "no response from GET " << path;
+    return json();
+  }
+  EXPECT_EQ(r->status, 200) << path << ": " << r->body;
+  return json::parse(r->body, nullptr, false);
+}
+
+// A conversation item whose "type" is null: null is "not given" for every request field, so the item is a message
+// (what the Responses input reads it as). Storing it read the type with json::value(), which throws on null: a 500
+// "type must be string, but is null" from POST /v1/conversations, POST .../items and a Responses request that goes on
+// with a conversation. A type of the wrong kind is a 400 naming it.
+TEST(HostileInput, AConversationItemWhoseTypeIsNullIsAMessage) {
+  lilac::test::LocalServer srv(lilac::test::LocalServer::options());
+  const json item = {{"type", nullptr}, {"role", "user"}, {"content", "hi"}};
+  const json made = post_json(srv.port, "/v1/conversations", {{"items", {item}}});
+  ASSERT_TRUE(made.contains("id")) << made.dump();
+  const std::string conv = made["id"];
+  const std::string items = "/v1/conversations/" + conv + "/items";
+  json page = get_json(srv.port, items + "?order=asc");
+  ASSERT_EQ(page["data"].size(), 1u) << page.dump();
+  EXPECT_EQ(page["data"][0]["type"], "message");
+  EXPECT_EQ(page["data"][0]["content"][0]["text"], "hi");
+
+  const json added = post_json(srv.port, items, {{"items", {item}}});
+  ASSERT_EQ(added["data"].size(), 1u) << added.dump();
+  EXPECT_EQ(added["data"][0]["type"], "message");
+
+  const json resp = post_json(srv.port, "/v1/responses",
+                              {{"conversation", conv}, {"input", {item}}, {"reasoning", {{"effort", "none"}}}});
+  EXPECT_EQ(resp["status"], "completed") << resp.dump();
+  page = get_json(srv.port, items + "?order=asc");
+  ASSERT_EQ(page["data"].size(), 4u) << page.dump();  // two items, then this response's input and its answer
+  EXPECT_EQ(page["data"][2]["type"], "message");
+  EXPECT_EQ(page["data"][2]["role"], "user");
+
+  const json wrong = post_json(srv.port, "/v1/conversations",
+                               {{"items", {{{"type", 5}, {"role", "user"}, {"content", "hi"}}}}}, 400);
+  EXPECT_EQ(wrong["error"]["param"], "items[0].type") << wrong.dump();
+}
+
+}  // namespace
