@@ -26,16 +26,21 @@ namespace {
 
 using namespace fields;
 
+// An object member that must be there: absent or null is missing, another type invalid_type (either names `param`).
+const ojson* need_object(const ojson& obj, const char* key, const std::string& param) {
+  const ojson* v = field(obj, key);
+  if (!v) missing(param);
+  if (!v->is_object()) wrong_type(param, "an object", *v);
+  return v;
+}
+
 // response_format: {"type": "text" | "json_object" | "json_schema", "json_schema": {"name", "schema",
 // "strict", "description"}}. The schema itself is checked when it is compiled (GenerationCore).
 void parse_response_format(const ojson& body, CommonParams& p) {
   const ojson* rf = field(body, "response_format");
   if (!rf) return;
   if (!rf->is_object()) wrong_type("response_format", "an object", *rf);
-  auto t = rf->find("type");
-  if (t == rf->end() || !t->is_string())
-    bad("response_format.type", "Missing required parameter: 'response_format.type'.", "missing_required_parameter");
-  const std::string ty = t->get<std::string>();
+  const std::string ty = need_string(*rf, "type", "response_format.type");
   if (ty == "text") return;
   if (ty == "json_object") {
     p.response_format = ResponseFormat::JsonObject;
@@ -169,12 +174,8 @@ void validate_tools(const ojson& tools) {
     auto ty = t.find("type");
     if (ty == t.end() || !ty->is_string() || *ty != "function")
       bad(pfx + ".type", "Invalid value for '" + pfx + ".type': only \"function\" tools are supported.");
-    auto f = t.find("function");
-    if (f == t.end() || !f->is_object()) bad(pfx + ".function", "Missing required parameter: '" + pfx + ".function'.", "missing_required_parameter");
-    auto nm = f->find("name");
-    if (nm == f->end() || !nm->is_string())
-      bad(pfx + ".function.name", "Missing required parameter: '" + pfx + ".function.name'.", "missing_required_parameter");
-    std::string name = nm->get<std::string>();
+    const ojson* f = need_object(t, "function", pfx + ".function");
+    std::string name = need_string(*f, "name", pfx + ".function.name");
     if (!std::regex_match(name, tool_name_re()))
       bad(pfx + ".function.name", "Invalid '" + pfx + ".function.name': '" + name +
                                       "' must be 1-64 characters of a-z, A-Z, 0-9, underscores, dots and dashes.");
@@ -227,13 +228,10 @@ std::string check_content(const ojson& c, const std::string& pfx, bool allow_nul
     const ojson& part = c[k];
     std::string pp = pfx + "[" + std::to_string(k) + "]";
     if (!part.is_object()) wrong_type(pp, "an object", part);
-    auto ty = part.find("type");
-    if (ty == part.end() || !ty->is_string()) bad(pp + ".type", "Missing required parameter: '" + pp + ".type'.", "missing_required_parameter");
-    if (*ty != "text")
-      bad(pp + ".type", "Content parts of type '" + ty->get<std::string>() + "' are not supported (text only).",
-          "unsupported_value");
-    auto tx = part.find("text");
-    if (tx == part.end() || !tx->is_string()) bad(pp + ".text", "Missing required parameter: '" + pp + ".text'.", "missing_required_parameter");
+    const std::string ty = need_string(part, "type", pp + ".type");
+    if (ty != "text")
+      bad(pp + ".type", "Content parts of type '" + ty + "' are not supported (text only).", "unsupported_value");
+    need_string(part, "text", pp + ".text");
   }
   return "array";
 }
@@ -265,10 +263,8 @@ void validate_messages(const ojson& body) {
           const ojson& call = (*tc)[k];
           std::string cp = pfx + ".tool_calls[" + std::to_string(k) + "]";
           if (!call.is_object()) wrong_type(cp, "an object", call);
-          auto f = call.find("function");
-          if (f == call.end() || !f->is_object()) bad(cp + ".function", "Missing required parameter: '" + cp + ".function'.", "missing_required_parameter");
-          auto nm = f->find("name");
-          if (nm == f->end() || !nm->is_string()) bad(cp + ".function.name", "Missing required parameter: '" + cp + ".function.name'.", "missing_required_parameter");
+          const ojson* f = need_object(call, "function", cp + ".function");
+          need_string(*f, "name", cp + ".function.name");
           auto args = f->find("arguments");
           if (args != f->end() && !args->is_null()) {
             if (args->is_string()) {

@@ -6,6 +6,7 @@
 #include "server_test_util.h"
 
 using nlohmann::json;
+using namespace nlohmann::literals;
 using lilac::test::post_json;
 
 namespace {
@@ -52,6 +53,50 @@ TEST(HostileInput, AConversationItemWhoseTypeIsNullIsAMessage) {
   const json wrong = post_json(srv.port, "/v1/conversations",
                                {{"items", {{{"type", 5}, {"role", "user"}, {"content", "hi"}}}}}, 400);
   EXPECT_EQ(wrong["error"]["param"], "items[0].type") << wrong.dump();
+}
+
+// A chat field that is there but of the wrong type is "Invalid type ... expected a string, but got a number" (code
+// invalid_type), as every other field's: a content part's type or text, a tool's function or its name, a tool call's
+// function or its name and response_format's type were answered "Missing required parameter" (a client that sent the
+// field was told it had not).
+TEST(HostileInput, AChatFieldOfTheWrongTypeIsNotCalledMissing) {
+  lilac::test::LocalServer srv(lilac::test::LocalServer::options());
+  const json user = {{"role", "user"}, {"content", "hi"}};
+  const json tool = {{"type", "function"}, {"function", {{"name", "f"}}}};
+  const json call = {{"id", "c1"}, {"type", "function"}, {"function", {{"name", "f"}, {"arguments", "{}"}}}};
+  auto with = [](json v, const json::json_pointer& at, json x) {
+    v[at] = std::move(x);
+    return v;
+  };
+  struct Case {
+    json body;
+    std::string param, got;
+  };
+  const std::vector<Case> cases = {
+      {{{"messages", {{{"role", "user"}, {"content", {{{"type", 5}, {"text", "a"}}}}}}}},
+       "messages[0].content[0].type", "a number"},
+      {{{"messages", {{{"role", "user"}, {"content", {{{"type", "text"}, {"text", {"a"}}}}}}}}},
+       "messages[0].content[0].text", "an array"},
+      {{{"messages", {user}}, {"tools", {with(tool, "/function"_json_pointer, "f")}}}, "tools[0].function", "a string"},
+      {{{"messages", {user}}, {"tools", {with(tool, "/function/name"_json_pointer, 7)}}}, "tools[0].function.name",
+       "a number"},
+      {{{"messages", {{{"role", "assistant"}, {"tool_calls", {with(call, "/function"_json_pointer, true)}}}, user}}},
+       "messages[0].tool_calls[0].function", "a boolean"},
+      {{{"messages", {{{"role", "assistant"}, {"tool_calls", {with(call, "/function/name"_json_pointer, 1)}}}, user}}},
+       "messages[0].tool_calls[0].function.name", "a number"},
+      {{{"messages", {user}}, {"response_format", {{"type", 1}}}}, "response_format.type", "a number"},
+  };
+  for (const Case& c : cases) {
+    const json e = post_json(srv.port, "/v1/chat/completions", c.body, 400);
+    EXPECT_EQ(e["error"]["param"], c.param) << e.dump();
+    EXPECT_EQ(e["error"]["code"], "invalid_type") << e.dump();
+    EXPECT_NE(e["error"]["message"].get<std::string>().find("but got " + c.got), std::string::npos) << e.dump();
+  }
+  // Absent is still missing.
+  const json e = post_json(srv.port, "/v1/chat/completions",
+                           {{"messages", {{{"role", "user"}, {"content", {{{"text", "a"}}}}}}}}, 400);
+  EXPECT_EQ(e["error"]["param"], "messages[0].content[0].type") << e.dump();
+  EXPECT_EQ(e["error"]["code"], "missing_required_parameter") << e.dump();
 }
 
 }  // namespace
