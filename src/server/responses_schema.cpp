@@ -35,6 +35,19 @@ std::string content_text(const ojson& c, const std::string& p) {
   return out;
 }
 
+// A reasoning item's content or summary: an array of objects with a text. An element that is not an object is
+// the wrong type (need_string on it would call its text missing).
+std::string reasoning_text(const ojson& v, const std::string& p) {
+  if (!v.is_array()) wrong_type(p, "an array", v);
+  std::string out;
+  for (size_t i = 0; i < v.size(); ++i) {
+    const std::string pp = p + "[" + std::to_string(i) + "]";
+    if (!v[i].is_object()) wrong_type(pp, "an object", v[i]);
+    out += need_string(v[i], "text", pp + ".text");
+  }
+  return out;
+}
+
 // Builds the chat message list from `input` items.
 struct Translator {
   ojson msgs = ojson::array();
@@ -113,15 +126,9 @@ struct Translator {
       open_calls = false;
     } else if (ty == "reasoning") {
       std::string text;
-      if (const ojson* c = field(it, "content")) {
-        if (!c->is_array()) wrong_type(p + ".content", "an array", *c);
-        for (size_t i = 0; i < c->size(); ++i) text += need_string((*c)[i], "text", p + ".content[" + std::to_string(i) + "].text");
-      }
+      if (const ojson* c = field(it, "content")) text = reasoning_text(*c, p + ".content");
       if (text.empty())
-        if (const ojson* s = field(it, "summary")) {
-          if (!s->is_array()) wrong_type(p + ".summary", "an array", *s);
-          for (size_t i = 0; i < s->size(); ++i) text += need_string((*s)[i], "text", p + ".summary[" + std::to_string(i) + "].text");
-        }
+        if (const ojson* s = field(it, "summary")) text = reasoning_text(*s, p + ".summary");
       open_calls = false;
       reasoning += text;
     } else if (ty == "item_reference") {

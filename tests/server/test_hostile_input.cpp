@@ -99,4 +99,45 @@ TEST(HostileInput, AChatFieldOfTheWrongTypeIsNotCalledMissing) {
   EXPECT_EQ(e["error"]["code"], "missing_required_parameter") << e.dump();
 }
 
+// A Responses reasoning item's content or summary element that is not an object was answered "Missing required
+// parameter: 'input[0].summary[0].text'" (the element was read as an object that lacked its text): it is "Invalid
+// type for 'input[0].summary[0]': expected an object, but got a number" (invalid_type), as a message's content part
+// is. The same translation checks a conversation's items. A text of the wrong type was already invalid_type; an
+// object without its text is still missing.
+TEST(HostileInput, AReasoningItemsElementOfTheWrongTypeIsNotCalledMissing) {
+  lilac::test::LocalServer srv(lilac::test::LocalServer::options());
+  const json user = {{"role", "user"}, {"content", "hi"}};
+  auto reasoning = [](const char* key, json elem) {
+    return json{{"type", "reasoning"}, {key, json::array({std::move(elem)})}};
+  };
+  struct Case {
+    json item;
+    std::string param, want, got, code;
+  };
+  const std::vector<Case> cases = {
+      {reasoning("summary", 5), "[0].summary[0]", "an object", "a number", "invalid_type"},
+      {reasoning("summary", "why"), "[0].summary[0]", "an object", "a string", "invalid_type"},
+      {reasoning("content", json::array({"a"})), "[0].content[0]", "an object", "an array", "invalid_type"},
+      {reasoning("content", nullptr), "[0].content[0]", "an object", "null", "invalid_type"},
+      {reasoning("summary", {{"type", "summary_text"}, {"text", 3}}), "[0].summary[0].text", "a string", "a number",
+       "invalid_type"},
+      {reasoning("summary", {{"type", "summary_text"}}), "[0].summary[0].text", "", "", "missing_required_parameter"},
+  };
+  for (const Case& c : cases) {
+    for (const char* route : {"/v1/responses", "/v1/conversations"}) {
+      const bool conv = std::string(route) == "/v1/conversations";
+      const json body = conv ? json{{"items", {c.item, user}}} : json{{"input", {c.item, user}}};
+      const std::string param = (conv ? "items" : "input") + c.param;
+      const json e = post_json(srv.port, route, body, 400);
+      EXPECT_EQ(e["error"]["param"], param) << e.dump();
+      EXPECT_EQ(e["error"]["code"], c.code) << e.dump();
+      const std::string msg = e["error"]["message"].is_string() ? e["error"]["message"].get<std::string>() : "";
+      if (c.code == "invalid_type")
+        EXPECT_EQ(msg, "Invalid type for '" + param + "': expected " + c.want + ", but got " + c.got + ".");
+      else
+        EXPECT_EQ(msg, "Missing required parameter: '" + param + "'.");
+    }
+  }
+}
+
 }  // namespace
