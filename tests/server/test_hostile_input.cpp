@@ -140,4 +140,50 @@ TEST(HostileInput, AReasoningItemsElementOfTheWrongTypeIsNotCalledMissing) {
   }
 }
 
+// The Anthropic Messages translation reads every block and field through an object check first: a field of the wrong
+// type is "Invalid type ..." in Anthropic's error shape there already (this guards it; it passed before and after the
+// Responses fix above), and an absent one is still "Missing required parameter".
+TEST(HostileInput, AnAnthropicFieldOfTheWrongTypeIsNotCalledMissing) {
+  lilac::test::LocalServer srv(lilac::test::LocalServer::options());
+  const json user = {{"role", "user"}, {"content", "hi"}};
+  const json tool = {{"name", "f"}, {"input_schema", {{"type", "object"}}}};
+  auto body = [](json msgs, json extra = json::object()) {
+    extra["max_tokens"] = 5;
+    extra["messages"] = std::move(msgs);
+    return extra;
+  };
+  auto blocks = [](const char* role, json block) { return json{{"role", role}, {"content", {std::move(block)}}}; };
+  struct Case {
+    json body;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {body({blocks("user", 5)}),
+       "Invalid type for 'messages[0].content[0]': expected an object (a content block), but got a number."},
+      {body({blocks("user", {{"type", "text"}, {"text", 5}})}),
+       "Invalid type for 'messages[0].content[0].text': expected a string, but got a number."},
+      {body({blocks("user", {{"type", "tool_result"}, {"tool_use_id", "t"}, {"content", {"x"}}})}),
+       "Invalid type for 'messages[0].content[0].content[0]': expected an object (a content block), but got a string."},
+      {body({blocks("assistant", {{"type", "tool_use"}, {"id", "t"}, {"name", 5}}), user}),
+       "Invalid type for 'messages[0].content[0].name': expected a string, but got a number."},
+      {body({user}, {{"system", {{{"type", "text"}, {"text", true}}}}}),
+       "Invalid type for 'system[0].text': expected a string, but got a boolean."},
+      {body({user}, {{"tools", {{{"name", "f"}, {"input_schema", "x"}}}}}),
+       "Invalid type for 'tools[0].input_schema': expected an object (a JSON schema), but got a string."},
+      {body({user}, {{"tools", {tool}}, {"tool_choice", {{"type", 1}}}}),
+       "Invalid type for 'tool_choice.type': expected a string, but got a number."},
+      {body({user}, {{"thinking", {{"type", "enabled"}, {"budget_tokens", "9"}}}}),
+       "Invalid type for 'thinking.budget_tokens': expected an integer, but got a string."},
+      {body({blocks("user", {{"type", "text"}})}), "Missing required parameter: 'messages[0].content[0].text'."},
+  };
+  for (const Case& c : cases) {
+    for (const char* route : {"/v1/messages", "/v1/messages/count_tokens"}) {
+      const json e = post_json(srv.port, route, c.body, 400);
+      EXPECT_EQ(e["type"], "error") << e.dump();
+      EXPECT_EQ(e["error"]["type"], "invalid_request_error") << e.dump();
+      EXPECT_EQ(e["error"]["message"], c.message) << route;
+    }
+  }
+}
+
 }  // namespace
