@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <string>
+#include <utility>
 
 #include "cuda/cuda_common.h"
 #include "cuda/kernels/gemv/gemv_common.cuh"
@@ -22,7 +23,17 @@ using ::lilac::cuda::dev::pdl_wait;
 constexpr int kRouteThreads = 1024;
 constexpr int kMaxE = 512, kMaxK = 31;
 
+// Byte ranges the routing launch's extra blocks request into L2 (the shared expert's gate, up and down: weights,
+// scales, biases) while the router runs and block 0 routes.
+struct PrefetchSpans {
+  static constexpr int kMax = 9;
+  const char* p[kMax];
+  int64_t bytes[kMax];
+  int n = 0;
+};
+
 struct RouteArgs {
+  PrefetchSpans pf;
   const float* logits;
   int64_t ld;
   int M;
@@ -60,7 +71,22 @@ __device__ int block_excl_scan(int v, int* s_scan, int* total) {
   return (warp > 0 ? s_scan[warp - 1] : 0) + x - v;
 }
 
+// Blocks 1.. of a routing launch: one 128-byte line of the spans per thread and round, then exit, before any wait (the
+// bytes are weights, which no kernel writes). At one row gate/up's grid does this before its wait (moe_tc.cu, stop
+// 60); the rows kernels sit at their register cap, so here the routing launch carries it on blocks of its own,
+// resident while the router's few blocks run (stop 61: +0.3 % at 4 and 16 streams, neutral at 2, 64 and the verify).
+__device__ __forceinline__ void prefetch_spans(const PrefetchSpans& pf) {
+  const int64_t t = int64_t(blockIdx.x - 1) * blockDim.x + threadIdx.x, nt = int64_t(gridDim.x - 1) * blockDim.x;
+  for (int i = 0; i < pf.n; ++i)
+    for (int64_t o = t * 128; o < pf.bytes[i]; o += nt * 128)
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(pf.p[i] + o));
+}
+
 __global__ void __launch_bounds__(kRouteThreads) moe_route_kernel(RouteArgs a) {
+  if (blockIdx.x > 0) {
+    prefetch_spans(a.pf);
+    return;
+  }
   __shared__ int s_ids[kMoEMaxRows * kMaxK];
   __shared__ float s_wtmp[kRouteThreads / 32][kMaxK + 2];
   __shared__ unsigned long long s_bits[kMaxE];
@@ -132,6 +158,10 @@ constexpr int kWarpSortPairs = 32;
 __global__ void __launch_bounds__(kWarpSortPairs * 32) moe_route_small_kernel(RouteArgs a) {
   __shared__ int s_ids[kWarpSortPairs];
   __shared__ float s_wtmp[kWarpSortPairs][kMaxK + 2];
+  if (blockIdx.x > 0) {
+    prefetch_spans(a.pf);
+    return;
+  }
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, E = a.E, k = a.k, M = a.M, CH = a.CH;
   pdl_wait();
   pdl_trigger();
@@ -176,6 +206,32 @@ __global__ void __launch_bounds__(kWarpSortPairs * 32) moe_route_small_kernel(Ro
     a.sc.hdr[2] = n + nact;
     a.sc.hdr[3] = nact;
   }
+}
+
+// Whether the routing launch requests the shared expert into L2 (LILAC_MOE_ROUTE_PREFETCH=0: not; measurement).
+bool route_prefetch_on() {
+  static const bool on = env_switch_on("LILAC_MOE_ROUTE_PREFETCH");
+  return on;
+}
+
+// The shared expert's matrices as prefetch spans; returns how many extra blocks of `threads` request them (~4 lines a
+// thread, at most one block per SM of an H100 / H200).
+unsigned prefetch_blocks(const MoEDecodeWeights& w, int threads, PrefetchSpans& pf) {
+  pf.n = 0;
+  if (!route_prefetch_on()) return 0;
+  int64_t lines = 0;
+  for (const QMatrixDev* q : {&w.shared_gate, &w.shared_up, &w.shared_down}) {
+    const int64_t groups = q->rows * q->groups_per_row();
+    const std::pair<const void*, int64_t> spans[3] = {
+        {q->qweight, q->rows * q->words_per_row() * 4}, {q->scales, groups * 2}, {q->biases, groups * 2}};
+    for (const auto& [p, bytes] : spans) {
+      if (p == nullptr || bytes <= 0) continue;
+      pf.p[pf.n] = static_cast<const char*>(p);
+      pf.bytes[pf.n++] = bytes;
+      lines += (bytes + 127) / 128;
+    }
+  }
+  return unsigned(std::min<int64_t>(132, (lines + 4 * threads - 1) / (4 * threads)));
 }
 
 // Whether few-row routings take moe_route_small_kernel (LILAC_MOE_ROUTE_WARP=0: the block kernel; measurement).
@@ -340,13 +396,15 @@ void moe_route_rows(const MoEDecodeWeights& w, const float* logits, int64_t ld_l
   a.sel_w = sel_w;
   a.sc = moe_carve(scratch, w, M);
   if (M * w.top_k <= kWarpSortPairs && route_small_on()) {
-    launch_pdl(moe_route_small_kernel, dim3(1), dim3(unsigned(32 * M)), 0, stream, a);
+    const unsigned extra = prefetch_blocks(w, 32 * M, a.pf);
+    launch_pdl(moe_route_small_kernel, dim3(1 + extra), dim3(unsigned(32 * M)), 0, stream, a);
     return;
   }
   // A warp per row up to 32 rows, and at least a thread per expert (the counts and scans): fewer warps for
   // few rows make the kernel's barriers cheaper (the same work and results at any block size).
   const int threads = std::min(kRouteThreads, std::max({(w.E + 31) / 32, std::min(M, 32), 2}) * 32);  // 2: the active-row ballots
-  launch_pdl(moe_route_kernel, dim3(1), dim3(threads), 0, stream, a);
+  const unsigned extra = prefetch_blocks(w, threads, a.pf);
+  launch_pdl(moe_route_kernel, dim3(1 + extra), dim3(threads), 0, stream, a);
 }
 
 CombineArgs combine_args(const MoEDecodeWeights& w, const float* sel_w, int M, const int32_t* row_slot,
