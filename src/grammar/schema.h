@@ -56,6 +56,7 @@ class SchemaError : public InputError {
 struct SchemaLimits {
   size_t max_depth = 48;           // nesting of schema objects
   size_t max_nodes = 20000;        // schema objects in all
+  size_t max_ref_depth = 256;      // subschemas compiled inside one another, through $ref included
   size_t max_states = 400000;      // grammar states in all
   size_t max_automaton = 50000;    // states of one determinized rule
   long max_items = 1024;           // minItems / maxItems / prefixItems counts

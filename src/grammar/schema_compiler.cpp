@@ -145,6 +145,15 @@ int32_t SchemaCompiler::value_rule(const Json& node, const std::string& path) {
   if (node.is_boolean()) return node.get<bool>() ? any_value_rule() : nothing_rule(path);
   const std::string key = scope_ + path;
   if (auto it = by_path_.find(key); it != by_path_.end()) return it->second;
+  // The schema check bounds nesting inside the document (max_depth), but $refs chain through $defs without bound:
+  // each new subschema is a frame of this recursion (value_rule -> build_value / object_rule / array_rule ->
+  // value_rule), and ~3,000 properties chained through $ref overflowed the 8 MB stack.
+  if (active_ >= lim_.max_ref_depth)
+    fail(path, "$ref", "schema nested deeper than " + std::to_string(lim_.max_ref_depth) + " levels through $ref");
+  struct Depth {
+    size_t& n;
+    ~Depth() { --n; }
+  } depth{++active_};
   // Reserved first: a $ref back to this node (recursion) calls this rule.
   const int32_t id = reserve("the schema at " + path);
   by_path_[key] = id;

@@ -139,6 +139,7 @@ class SchemaCompiler {
   SchemaLimits lim_;
   Grammar g_;
   std::unordered_map<std::string, int32_t> by_path_;
+  size_t active_ = 0;  // value_rule calls in progress (the recursion's depth)
   std::unordered_map<std::string, int32_t> shared_;
 };
 

@@ -1,0 +1,62 @@
+// Deep nesting the request body's depth limit (64 levels, text/bounded_json.h) cannot see, through the real HTTP
+// path: schemas whose $refs chain through $defs. Each once crashed the server (stack overflow on its request
+// thread); each is now a 400 naming the field, and the server goes on answering.
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include "server_test_util.h"
+
+using nlohmann::json;
+using lilac::test::post_json;
+
+namespace {
+
+// A schema of type object whose property x is d0, d_i an object whose property x is d_{i+1}, ...: 6 levels of
+// JSON, n levels of nesting for the compiler.
+json ref_chain_schema(int n) {
+  json defs = json::object();
+  for (int i = 0; i < n; ++i)
+    defs["d" + std::to_string(i)] = {{"type", "object"},
+                                     {"properties", {{"x", {{"$ref", "#/$defs/d" + std::to_string(i + 1)}}}}}};
+  defs["d" + std::to_string(n)] = {{"type", "string"}};
+  return {{"type", "object"}, {"properties", {{"x", {{"$ref", "#/$defs/d0"}}}}}, {"$defs", defs}};
+}
+
+void expect_still_serving(int port) {
+  const json ok = post_json(port, "/v1/chat/completions", {{"messages", {{{"role", "user"}, {"content", "hi"}}}}});
+  EXPECT_EQ(ok["choices"][0]["message"]["content"], "local answer") << ok.dump();
+}
+
+// 6,000 $defs chained through "properties" (a 400 KB body): the compiler recursed once per subschema and overflowed
+// the 8 MB stack at ~3,000. Chat's response_format and Responses' text.format compile on the request thread.
+TEST(HostileDepth, ASchemaWhoseRefsChainDeepIsA400NotACrash) {
+  const json script = {{"rules", {{{"match", "chain"}, {"reply", "</think>\n\n{\"x\": {\"x\": {\"x\": \"s\"}}}"}}}},
+                       {"default", {{"reply", "</think>\n\nlocal answer"}}}};
+  lilac::test::LocalServer srv(lilac::test::LocalServer::options(), nullptr, script);
+  const json schema = ref_chain_schema(6000);
+  const json chat = post_json(
+      srv.port, "/v1/chat/completions",
+      {{"messages", {{{"role", "user"}, {"content", "hi"}}}},
+       {"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "x"}, {"schema", schema}}}}}},
+      400);
+  EXPECT_EQ(chat["error"]["code"], "invalid_schema") << chat.dump();
+  EXPECT_EQ(chat["error"]["param"], "response_format.json_schema.schema") << chat.dump();
+  EXPECT_NE(chat["error"]["message"].get<std::string>().find("nested deeper than 256 levels through $ref"),
+            std::string::npos)
+      << chat.dump();
+  const json resp = post_json(
+      srv.port, "/v1/responses",
+      {{"input", "hi"}, {"text", {{"format", {{"type", "json_schema"}, {"name", "x"}, {"schema", schema}}}}}}, 400);
+  EXPECT_EQ(resp["error"]["code"], "invalid_schema") << resp.dump();
+  EXPECT_EQ(resp["error"]["param"], "text.format.schema") << resp.dump();
+  expect_still_serving(srv.port);
+
+  // A chain within the limit compiles and constrains the answer as before.
+  const json fine = post_json(
+      srv.port, "/v1/chat/completions",
+      {{"messages", {{{"role", "user"}, {"content", "chain"}}}},
+       {"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "x"}, {"schema", ref_chain_schema(2)}}}}}});
+  EXPECT_EQ(fine["choices"][0]["message"]["content"], "{\"x\": {\"x\": {\"x\": \"s\"}}}") << fine.dump();
+}
+
+}  // namespace
