@@ -2,6 +2,7 @@
 
 #include "server/generation.h"
 #include "server/request_fields.h"
+#include "server/request_json.h"
 #include "text/json_dump.h"
 
 #include <cmath>
@@ -268,9 +269,7 @@ void validate_messages(const ojson& body) {
           auto args = f->find("arguments");
           if (args != f->end() && !args->is_null()) {
             if (args->is_string()) {
-              auto parsed = ojson::parse(args->get<std::string>(), nullptr, false);
-              if (parsed.is_discarded() || !parsed.is_object())
-                bad(cp + ".function.arguments", "Invalid '" + cp + ".function.arguments': not a JSON object.");
+              parse_tool_arguments(args->get_ref<const std::string&>(), cp + ".function.arguments");
             } else if (!args->is_object()) {
               wrong_type(cp + ".function.arguments", "a JSON string or an object", *args);
             }

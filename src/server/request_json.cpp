@@ -20,4 +20,15 @@ nlohmann::ordered_json parse_request_body(std::string_view body) {
   return std::move(r.value);
 }
 
+nlohmann::ordered_json parse_tool_arguments(std::string_view text, const std::string& param) {
+  JsonParseResult r = parse_bounded_json(text, kRequestJsonLimits);
+  if (r.status == JsonParseResult::TooDeep)
+    throw ApiError(400, "Invalid '" + param + "': nested too deeply (" + r.message + ").", param, "json_too_deep");
+  if (r.status == JsonParseResult::TooManyValues)
+    throw ApiError(400, "Invalid '" + param + "': too many values (" + r.message + ").", param, "json_too_large");
+  if (!r.ok() || !r.value.is_object())
+    throw ApiError(400, "Invalid '" + param + "': not a JSON object.", param, "invalid_value");
+  return std::move(r.value);
+}
+
 }  // namespace lilac::server

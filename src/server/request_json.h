@@ -12,4 +12,11 @@ namespace lilac::server {
 // 1,048,576 values).
 nlohmann::ordered_json parse_request_body(std::string_view body);
 
+// A tool call's "arguments" sent as a string (a chat assistant message's tool_calls, a Responses function_call item):
+// a JSON object within the request body's bounds, as the body itself would be. The string is not bounded by the
+// body's depth limit, and the value goes on into the conversation (copied, rendered: recursion), so 100,000 nested
+// arrays in it crashed the server. Throws ApiError 400 naming `param`: "invalid_value" when it is not a JSON object,
+// "json_too_deep" / "json_too_large" past the bounds.
+nlohmann::ordered_json parse_tool_arguments(std::string_view text, const std::string& param);
+
 }  // namespace lilac::server

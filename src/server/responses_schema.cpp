@@ -4,6 +4,7 @@
 #include <set>
 
 #include "server/request_fields.h"
+#include "server/request_json.h"
 
 namespace lilac::server {
 
@@ -112,12 +113,11 @@ struct Translator {
       const std::string call_id = need_string(it, "call_id", p + ".call_id");
       const std::string name = need_string(it, "name", p + ".name");
       const std::string args = need_string(it, "arguments", p + ".arguments");
-      auto parsed = ojson::parse(args, nullptr, false);
-      if (parsed.is_discarded() || !parsed.is_object())
-        bad(p + ".arguments", "Invalid '" + p + ".arguments': not a JSON object.");
+      ojson parsed = parse_tool_arguments(args, p + ".arguments");
       ojson& m = assistant();
       if (!m.contains("tool_calls")) m["tool_calls"] = ojson::array();
-      m["tool_calls"].push_back(ojson{{"id", call_id}, {"type", "function"}, {"function", ojson{{"name", name}, {"arguments", parsed}}}});
+      m["tool_calls"].push_back(
+          ojson{{"id", call_id}, {"type", "function"}, {"function", ojson{{"name", name}, {"arguments", std::move(parsed)}}}});
     } else if (ty == "function_call_output") {
       const std::string call_id = need_string(it, "call_id", p + ".call_id");
       const ojson* out = field(it, "output");

@@ -1,6 +1,7 @@
 // Deep nesting the request body's depth limit (64 levels, text/bounded_json.h) cannot see, through the real HTTP
-// path: schemas whose $refs chain through $defs. Each once crashed the server (stack overflow on its request
-// thread); each is now a 400 naming the field, and the server goes on answering.
+// path: JSON inside a string (a tool call's "arguments") and schemas whose $refs chain through $defs. Each once
+// crashed the server (stack overflow on its request thread); each is now a 400 naming the field, and the server
+// goes on answering.
 #include <gtest/gtest.h>
 #include <httplib.h>
 
@@ -21,6 +22,9 @@ json ref_chain_schema(int n) {
   defs["d" + std::to_string(n)] = {{"type", "string"}};
   return {{"type", "object"}, {"properties", {{"x", {{"$ref", "#/$defs/d0"}}}}}, {"$defs", defs}};
 }
+
+// A JSON object, as text, holding `depth` nested arrays.
+std::string deep_object_text(int depth) { return "{\"a\":" + std::string(depth, '[') + std::string(depth, ']') + "}"; }
 
 void expect_still_serving(int port) {
   const json ok = post_json(port, "/v1/chat/completions", {{"messages", {{{"role", "user"}, {"content", "hi"}}}}});
@@ -57,6 +61,51 @@ TEST(HostileDepth, ASchemaWhoseRefsChainDeepIsA400NotACrash) {
       {{"messages", {{{"role", "user"}, {"content", "chain"}}}},
        {"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "x"}, {"schema", ref_chain_schema(2)}}}}}});
   EXPECT_EQ(fine["choices"][0]["message"]["content"], "{\"x\": {\"x\": {\"x\": \"s\"}}}") << fine.dump();
+}
+
+// A tool call's arguments are JSON in a string, so the body's depth limit never saw them. A Responses function_call
+// item's were parsed unbounded and copied into the conversation: 300,000 nested arrays (a 600 KB body) crashed the
+// server (recursive copy). Chat's assistant tool_calls got a 400 only by luck (the template failed on the
+// unparsed string: "Can only get item pairs from a mapping", param "messages"); now both name the field.
+TEST(HostileDepth, ToolCallArgumentsNestedTooDeeplyAreA400NotACrash) {
+  lilac::test::LocalServer srv(lilac::test::LocalServer::options());
+  const std::string deep = deep_object_text(300000);
+  const json call = {{"type", "function_call"}, {"call_id", "c1"}, {"name", "f"}, {"arguments", deep}};
+  const json output = {{"type", "function_call_output"}, {"call_id", "c1"}, {"output", "ok"}};
+  const json resp = post_json(srv.port, "/v1/responses", {{"input", {call, output}}}, 400);
+  EXPECT_EQ(resp["error"]["code"], "json_too_deep") << resp.dump().substr(0, 500);
+  EXPECT_EQ(resp["error"]["param"], "input[0].arguments") << resp.dump().substr(0, 500);
+
+  // Conversation items are read by the same translator when stored.
+  const json conv = post_json(srv.port, "/v1/conversations", {{"items", {call, output}}}, 400);
+  EXPECT_EQ(conv["error"]["code"], "json_too_deep") << conv.dump().substr(0, 500);
+  EXPECT_EQ(conv["error"]["param"], "items[0].arguments") << conv.dump().substr(0, 500);
+
+  const json chat = post_json(
+      srv.port, "/v1/chat/completions",
+      {{"messages",
+        {{{"role", "user"}, {"content", "hi"}},
+         {{"role", "assistant"},
+          {"content", nullptr},
+          {"tool_calls", {{{"id", "c1"}, {"type", "function"}, {"function", {{"name", "f"}, {"arguments", deep}}}}}}},
+         {{"role", "tool"}, {"tool_call_id", "c1"}, {"content", "ok"}}}}},
+      400);
+  EXPECT_EQ(chat["error"]["code"], "json_too_deep") << chat.dump().substr(0, 500);
+  EXPECT_EQ(chat["error"]["param"], "messages[1].tool_calls[0].function.arguments") << chat.dump().substr(0, 500);
+
+  // Arguments within the bounds are read as before; arguments that are not an object are still refused.
+  const json ok = post_json(srv.port, "/v1/responses",
+                            {{"input", {{{"role", "user"}, {"content", "hi"}},
+                                        {{"type", "function_call"}, {"call_id", "c1"}, {"name", "f"},
+                                         {"arguments", deep_object_text(10)}},
+                                        output}}});
+  EXPECT_EQ(ok["status"], "completed") << ok.dump();
+  const json not_object = post_json(
+      srv.port, "/v1/responses",
+      {{"input", {{{"type", "function_call"}, {"call_id", "c1"}, {"name", "f"}, {"arguments", "[1]"}}, output}}}, 400);
+  EXPECT_EQ(not_object["error"]["param"], "input[0].arguments") << not_object.dump();
+  EXPECT_EQ(not_object["error"]["code"], "invalid_value") << not_object.dump();
+  expect_still_serving(srv.port);
 }
 
 }  // namespace
