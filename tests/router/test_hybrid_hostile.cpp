@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <chrono>
 #include <string>
 
 #include "router/fake_upstream.h"
@@ -43,4 +44,28 @@ TEST(HybridHostile, AStickyConversationWithAPartWhoseTypeIsNotAStringIsA400) {
   EXPECT_EQ(r->status, 200) << r->body;
   EXPECT_EQ(r->get_header_value("x-lilac-route-reason"), "sticky");
   EXPECT_EQ(up.count(), 0u);
+}
+
+// Two megabytes of '&' in one message: the scan's HTML-reference decoding looked for each '&''s ';' to the end of the
+// text, so decoding took time quadratic in its size on the request's thread (1 MB: 5 s, 2 MB: 22 s, 4 MB: 86 s; the
+// 8 MB body limit allows minutes). The answer now comes at once, from the cloud as for any plain text; references
+// are still decoded (the e-mail spelled with them stays local).
+TEST(HybridHostile, MegabytesOfAmpersandsAreScannedInLinearTime) {
+  FakeUpstream up;
+  RoutedServer rs(up.port, R"({"default_route": "cloud"})");
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = rs.cli.Post("/v1/chat/completions", chat_body(std::string(2 << 20, '&')).dump(), "application/json");
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_TRUE(r) << "no answer within the client's 10 s";
+  EXPECT_EQ(r->status, 200) << r->body.substr(0, 300);
+  EXPECT_EQ(r->get_header_value("x-lilac-route"), "cloud");
+  EXPECT_LT(seconds, 3.0);
+  EXPECT_EQ(up.count(), 1u);
+
+  r = rs.cli.Post("/v1/chat/completions", chat_body(std::string(4096, '&') + " mail ann&commat;corp&period;example").dump(),
+                  "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->get_header_value("x-lilac-route"), "local") << r->body.substr(0, 300);
+  EXPECT_EQ(r->get_header_value("x-lilac-route-reason"), "sensitive: email");
+  EXPECT_EQ(up.count(), 1u);
 }
