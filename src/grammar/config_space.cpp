@@ -6,7 +6,9 @@ namespace lilac::grammar {
 
 namespace {
 // Bounds against pathological grammars (e.g. deeply nested ambiguous anyOf): one configuration
-// with this many stacks is an error rather than a slowdown without end.
+// with this many stacks is an error rather than a slowdown without end. Grammars come from requests (schemas,
+// tools), so meeting a bound is the request's error (InputError: a 400), not the server's (an anyOf of 4,200
+// string branches was a 500 "internal error").
 constexpr size_t kMaxStacks = 4096;
 constexpr size_t kMaxClosure = 1 << 20;
 }  // namespace
@@ -56,7 +58,7 @@ int32_t ConfigSpace::close(std::vector<int32_t>& seeds) {
     work_.pop_back();
     if (stamp_[size_t(f)] == cur_stamp_) continue;
     stamp_[size_t(f)] = cur_stamp_;
-    if (++visited > kMaxClosure) throw Error("grammar: closure of a configuration too large");
+    if (++visited > kMaxClosure) throw InputError("grammar: closure of a configuration too large (schema too ambiguous)");
     const Frame fr = frames_[size_t(f)];
     if (g_.has_symbols(fr.rule, fr.state)) ready_scratch_.push_back(f);
     for (const CallEdge& c : g_.calls(fr.rule, fr.state)) {
@@ -71,7 +73,8 @@ int32_t ConfigSpace::close(std::vector<int32_t>& seeds) {
     }
   }
   if (ready_scratch_.size() > kMaxStacks)
-    throw Error("grammar: more than " + std::to_string(kMaxStacks) + " parses at once (schema too ambiguous)");
+    throw InputError("grammar: more than " + std::to_string(kMaxStacks) +
+                     " parses at once (schema too ambiguous: e.g. many anyOf branches that match the same text)");
   std::sort(ready_scratch_.begin(), ready_scratch_.end());
   return intern(ready_scratch_, ended);
 }

@@ -1,7 +1,7 @@
 // Deep nesting the request body's depth limit (64 levels, text/bounded_json.h) cannot see, through the real HTTP
 // path: JSON inside a string (a tool call's "arguments") and schemas whose $refs chain through $defs. Each once
 // crashed the server (stack overflow on its request thread); each is now a 400 naming the field, and the server
-// goes on answering.
+// goes on answering. And a schema too wide to follow (an anyOf of thousands of alike branches): a 500, now a 400.
 #include <gtest/gtest.h>
 #include <httplib.h>
 
@@ -105,6 +105,44 @@ TEST(HostileDepth, ToolCallArgumentsNestedTooDeeplyAreA400NotACrash) {
       {{"input", {{{"type", "function_call"}, {"call_id", "c1"}, {"name", "f"}, {"arguments", "[1]"}}, output}}}, 400);
   EXPECT_EQ(not_object["error"]["param"], "input[0].arguments") << not_object.dump();
   EXPECT_EQ(not_object["error"]["code"], "invalid_value") << not_object.dump();
+  expect_still_serving(srv.port);
+}
+
+// An anyOf of 4,200 string branches (a 200 KB schema): every branch is a parse of the answer's first '"', and the
+// grammar's bound on parses at once (4,096) threw lilac::Error from the first mask, which the scheduler answers as a
+// 500 "internal error". The schema is the client's: a 400 saying it is too ambiguous, streamed or not.
+TEST(HostileDepth, ASchemaTooAmbiguousToFollowIsA400NotA500) {
+  const json script = {{"rules", {{{"match", "amb"}, {"reply", "</think>\n\n\"aaaa\""}}}},
+                       {"default", {{"reply", "</think>\n\nlocal answer"}}}};
+  lilac::test::LocalServer srv(lilac::test::LocalServer::options(), nullptr, script);
+  auto body = [](int branches, bool stream) {
+    json any = json::array();
+    for (int i = 0; i < branches; ++i) any.push_back({{"type", "string"}, {"minLength", i % 2000}, {"maxLength", 2000 + i}});
+    return json{{"messages", {{{"role", "user"}, {"content", "amb"}}}},
+                {"stream", stream},
+                {"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "x"}, {"schema", {{"anyOf", any}}}}}}}};
+  };
+  const json e = post_json(srv.port, "/v1/chat/completions", body(4200, false), 400);
+  EXPECT_EQ(e["error"]["type"], "invalid_request_error") << e.dump();
+  EXPECT_NE(e["error"]["message"].get<std::string>().find("schema too ambiguous"), std::string::npos) << e.dump();
+  // Streamed, the error comes before the first event (a 400) or as the stream's error event, as it happens.
+  httplib::Client cli("127.0.0.1", srv.port);
+  auto r = cli.Post("/v1/chat/completions", body(4200, true).dump(), "application/json");
+  ASSERT_TRUE(r);
+  json se;
+  if (r->status == 400) {
+    se = json::parse(r->body, nullptr, false);
+  } else {
+    EXPECT_EQ(r->status, 200) << r->body;
+    for (const json& ev : lilac::test::sse_events(r->body))
+      if (ev.is_object() && ev.contains("error")) se = ev;
+  }
+  ASSERT_TRUE(se.is_object()) << r->body;
+  EXPECT_EQ(se["error"]["type"], "invalid_request_error") << r->body;
+  EXPECT_NE(se["error"]["message"].get<std::string>().find("schema too ambiguous"), std::string::npos) << r->body;
+  // 100 such branches are followed as before.
+  const json ok = post_json(srv.port, "/v1/chat/completions", body(100, false));
+  EXPECT_EQ(ok["choices"][0]["message"]["content"], "\"aaaa\"") << ok.dump();
   expect_still_serving(srv.port);
 }
 
