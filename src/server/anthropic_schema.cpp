@@ -263,6 +263,8 @@ void parse_sampling(const ojson& body, const ModelConfig& cfg, uint64_t seed, Me
     if (s->size() > 64) bad("stop_sequences", "At most 64 stop sequences are supported.");
     for (auto& x : *s) {
       if (!x.is_string()) wrong_type("stop_sequences", "an array of strings", x);
+      if (x.get_ref<const std::string&>().size() > kMaxStopBytes)  // request_fields.h
+        bad("stop_sequences", "A stop sequence may be at most " + std::to_string(kMaxStopBytes) + " bytes long.");
       if (!x.get<std::string>().empty()) p.stop.push_back(x.get<std::string>());
     }
   }

@@ -125,15 +125,20 @@ void parse_common(const ojson& body, const ModelConfig& cfg, uint64_t seed, Comm
     if (mct) mt = mct;
   }
   p.max_tokens = mt;
-  // stop
+  // stop: each at most kMaxStopBytes (request_fields.h)
+  auto stop_string = [&](const std::string& x) {
+    if (x.size() > kMaxStopBytes)
+      bad("stop", "A stop sequence may be at most " + std::to_string(kMaxStopBytes) + " bytes long.");
+    if (!x.empty()) p.stop.push_back(x);
+  };
   if (const ojson* s = field(body, "stop")) {
     if (s->is_string()) {
-      if (!s->get<std::string>().empty()) p.stop.push_back(s->get<std::string>());
+      stop_string(s->get<std::string>());
     } else if (s->is_array()) {
       if (s->size() > 16) bad("stop", "At most 16 stop sequences are supported.");
       for (auto& x : *s) {
         if (!x.is_string()) wrong_type("stop", "a string or an array of strings", x);
-        if (!x.get<std::string>().empty()) p.stop.push_back(x.get<std::string>());
+        stop_string(x.get<std::string>());
       }
     } else {
       wrong_type("stop", "a string or an array of strings", *s);

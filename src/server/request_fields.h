@@ -2,6 +2,7 @@
 // "not given"; a wrong type or an out-of-range value is an ApiError 400 naming the parameter
 // (`param`, or the key itself when `param` is empty).
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -15,6 +16,10 @@
 namespace lilac::server::fields {
 
 using ojson = nlohmann::ordered_json;
+
+// The longest stop string a request may give (OpenAI's stop, Anthropic's stop_sequences): the detokenizer compares its
+// held-back text with every stop's prefixes at each token, so unbounded ones let one request cost a worker seconds.
+constexpr size_t kMaxStopBytes = 4096;
 
 [[noreturn]] void bad(const std::string& param, const std::string& msg, const std::string& code = "invalid_value");
 const char* type_name(const ojson& v);  // "a string", "an array", ...

@@ -186,4 +186,31 @@ TEST(HostileInput, AnAnthropicFieldOfTheWrongTypeIsNotCalledMissing) {
   }
 }
 
+// A stop string over kMaxStopBytes (4,096) is a 400 naming the field, in each protocol's shape: the detokenizer
+// compares its held-back text with every stop's prefixes at each token, and 16 stops of 400 KB were accepted (a
+// worker's seconds per answer once the model repeats a stop's start). A stop of exactly the limit still generates.
+TEST(HostileInput, AStopSequenceOverTheLimitIsA400) {
+  lilac::test::LocalServer srv(lilac::test::LocalServer::options());
+  const json user = {{"role", "user"}, {"content", "hi"}};
+  const std::string at(4096, 'a'), over(4097, 'a');
+  for (const json& stop : {json(over), json::array({"x", over})}) {
+    const json e =
+        post_json(srv.port, "/v1/chat/completions", {{"messages", {user}}, {"max_tokens", 3}, {"stop", stop}}, 400);
+    EXPECT_EQ(e["error"]["param"], "stop") << e.dump();
+    EXPECT_EQ(e["error"]["message"], "A stop sequence may be at most 4096 bytes long.") << e.dump();
+  }
+  const json c = post_json(srv.port, "/v1/completions", {{"prompt", "hi"}, {"max_tokens", 3}, {"stop", over}}, 400);
+  EXPECT_EQ(c["error"]["param"], "stop") << c.dump();
+  const json a = post_json(srv.port, "/v1/messages",
+                           {{"messages", {user}}, {"max_tokens", 3}, {"stop_sequences", {"x", over}}}, 400);
+  EXPECT_EQ(a["type"], "error") << a.dump();
+  EXPECT_EQ(a["error"]["type"], "invalid_request_error") << a.dump();
+  EXPECT_EQ(a["error"]["message"], "stop_sequences: A stop sequence may be at most 4096 bytes long.") << a.dump();
+  const json ok = post_json(srv.port, "/v1/chat/completions", {{"messages", {user}}, {"max_tokens", 3}, {"stop", at}});
+  EXPECT_EQ(ok["object"], "chat.completion") << ok.dump();
+  const json ok2 =
+      post_json(srv.port, "/v1/messages", {{"messages", {user}}, {"max_tokens", 3}, {"stop_sequences", {at}}});
+  EXPECT_EQ(ok2["type"], "message") << ok2.dump();
+}
+
 }  // namespace
