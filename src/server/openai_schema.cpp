@@ -125,10 +125,13 @@ void parse_common(const ojson& body, const ModelConfig& cfg, uint64_t seed, Comm
     if (mct) mt = mct;
   }
   p.max_tokens = mt;
-  // stop: each at most kMaxStopBytes (request_fields.h)
+  // stop: each at most kMaxStopBytes, all together kMaxStopTotalBytes (request_fields.h)
+  size_t stop_bytes = 0;
   auto stop_string = [&](const std::string& x) {
     if (x.size() > kMaxStopBytes)
       bad("stop", "A stop sequence may be at most " + std::to_string(kMaxStopBytes) + " bytes long.");
+    if ((stop_bytes += x.size()) > kMaxStopTotalBytes)
+      bad("stop", "The stop sequences may be at most " + std::to_string(kMaxStopTotalBytes) + " bytes in all.");
     if (!x.empty()) p.stop.push_back(x);
   };
   if (const ojson* s = field(body, "stop")) {

@@ -19,7 +19,7 @@ using ojson = nlohmann::ordered_json;
 
 // The longest stop string a request may give (OpenAI's stop, Anthropic's stop_sequences): the detokenizer compares its
 // held-back text with every stop's prefixes at each token, so unbounded ones let one request cost a worker seconds.
-constexpr size_t kMaxStopBytes = 4096;
+constexpr size_t kMaxStopBytes = 4096, kMaxStopTotalBytes = 16384;  // one stop string; all of a request's
 
 [[noreturn]] void bad(const std::string& param, const std::string& msg, const std::string& code = "invalid_value");
 const char* type_name(const ojson& v);  // "a string", "an array", ...

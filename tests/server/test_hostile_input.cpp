@@ -186,9 +186,10 @@ TEST(HostileInput, AnAnthropicFieldOfTheWrongTypeIsNotCalledMissing) {
   }
 }
 
-// A stop string over kMaxStopBytes (4,096) is a 400 naming the field, in each protocol's shape: the detokenizer
-// compares its held-back text with every stop's prefixes at each token, and 16 stops of 400 KB were accepted (a
-// worker's seconds per answer once the model repeats a stop's start). A stop of exactly the limit still generates.
+// A stop string over kMaxStopBytes (4,096), or stops over 16,384 bytes in all, is a 400 naming the field, in each
+// protocol's shape: the detokenizer compares its held-back text with every stop's prefixes at each token, and 16 stops
+// of 400 KB were accepted (a worker's seconds per answer once the model repeats a stop's start). Stops of exactly the
+// limits still generate.
 TEST(HostileInput, AStopSequenceOverTheLimitIsA400) {
   lilac::test::LocalServer srv(lilac::test::LocalServer::options());
   const json user = {{"role", "user"}, {"content", "hi"}};
@@ -206,6 +207,16 @@ TEST(HostileInput, AStopSequenceOverTheLimitIsA400) {
   EXPECT_EQ(a["type"], "error") << a.dump();
   EXPECT_EQ(a["error"]["type"], "invalid_request_error") << a.dump();
   EXPECT_EQ(a["error"]["message"], "stop_sequences: A stop sequence may be at most 4096 bytes long.") << a.dump();
+  // all of them together at most 16,384 bytes: 64 Anthropic stops of 4,096 bytes were still ~4,000 times the work
+  const json four = json::array({at, at, at, at}), five = json::array({at, at, at, at, "x"});
+  const json t =
+      post_json(srv.port, "/v1/chat/completions", {{"messages", {user}}, {"max_tokens", 3}, {"stop", five}}, 400);
+  EXPECT_EQ(t["error"]["message"], "The stop sequences may be at most 16384 bytes in all.") << t.dump();
+  const json ta =
+      post_json(srv.port, "/v1/messages", {{"messages", {user}}, {"max_tokens", 3}, {"stop_sequences", five}}, 400);
+  EXPECT_EQ(ta["error"]["message"], "stop_sequences: The stop sequences may be at most 16384 bytes in all.")
+      << ta.dump();
+  post_json(srv.port, "/v1/chat/completions", {{"messages", {user}}, {"max_tokens", 3}, {"stop", four}});
   const json ok = post_json(srv.port, "/v1/chat/completions", {{"messages", {user}}, {"max_tokens", 3}, {"stop", at}});
   EXPECT_EQ(ok["object"], "chat.completion") << ok.dump();
   const json ok2 =
