@@ -264,12 +264,7 @@ void parse_sampling(const ojson& body, const ModelConfig& cfg, uint64_t seed, Me
     size_t bytes = 0;
     for (auto& x : *s) {
       if (!x.is_string()) wrong_type("stop_sequences", "an array of strings", x);
-      const size_t n = x.get_ref<const std::string&>().size();  // the bounds: request_fields.h
-      if (n > kMaxStopBytes)
-        bad("stop_sequences", "A stop sequence may be at most " + std::to_string(kMaxStopBytes) + " bytes long.");
-      if ((bytes += n) > kMaxStopTotalBytes)
-        bad("stop_sequences",
-            "The stop sequences may be at most " + std::to_string(kMaxStopTotalBytes) + " bytes in all.");
+      check_stop_bytes(x.get_ref<const std::string&>().size(), bytes, "stop_sequences");
       if (!x.get<std::string>().empty()) p.stop.push_back(x.get<std::string>());
     }
   }

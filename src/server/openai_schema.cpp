@@ -125,13 +125,10 @@ void parse_common(const ojson& body, const ModelConfig& cfg, uint64_t seed, Comm
     if (mct) mt = mct;
   }
   p.max_tokens = mt;
-  // stop: each at most kMaxStopBytes, all together kMaxStopTotalBytes (request_fields.h)
+  // stop (its bounds: check_stop_bytes)
   size_t stop_bytes = 0;
   auto stop_string = [&](const std::string& x) {
-    if (x.size() > kMaxStopBytes)
-      bad("stop", "A stop sequence may be at most " + std::to_string(kMaxStopBytes) + " bytes long.");
-    if ((stop_bytes += x.size()) > kMaxStopTotalBytes)
-      bad("stop", "The stop sequences may be at most " + std::to_string(kMaxStopTotalBytes) + " bytes in all.");
+    check_stop_bytes(x.size(), stop_bytes, "stop");
     if (!x.empty()) p.stop.push_back(x);
   };
   if (const ojson* s = field(body, "stop")) {

@@ -87,6 +87,12 @@ std::string need_string(const ojson& obj, const char* key, const std::string& pa
   return *s;
 }
 
+void check_stop_bytes(size_t n, size_t& total, const std::string& param) {
+  if (n > kMaxStopBytes) bad(param, "A stop sequence may be at most " + std::to_string(kMaxStopBytes) + " bytes long.");
+  if ((total += n) > kMaxStopTotalBytes)
+    bad(param, "The stop sequences may be at most " + std::to_string(kMaxStopTotalBytes) + " bytes in all.");
+}
+
 void check_prefill_text(const std::string& text, const std::string& param) {
   if (!text.empty() && (text.back() == ' ' || text.back() == '\n' || text.back() == '\t' || text.back() == '\r'))
     bad(param,

@@ -17,9 +17,6 @@ namespace lilac::server::fields {
 
 using ojson = nlohmann::ordered_json;
 
-// The longest stop string a request may give (OpenAI's stop, Anthropic's stop_sequences): the detokenizer compares its
-// held-back text with every stop's prefixes at each token, so unbounded ones let one request cost a worker seconds.
-constexpr size_t kMaxStopBytes = 4096, kMaxStopTotalBytes = 16384;  // one stop string; all of a request's
 
 [[noreturn]] void bad(const std::string& param, const std::string& msg, const std::string& code = "invalid_value");
 const char* type_name(const ojson& v);  // "a string", "an array", ...
@@ -33,6 +30,13 @@ std::optional<bool> get_bool(const ojson& obj, const char* key, const std::strin
 std::optional<std::string> get_string(const ojson& obj, const char* key, const std::string& param = "");
 // A string field that must be there.
 std::string need_string(const ojson& obj, const char* key, const std::string& param);
+
+// The stop strings a request may give (OpenAI's stop, Anthropic's stop_sequences): the detokenizer compares its
+// held-back text with every stop's prefixes at each token, so unbounded ones let one request cost a worker seconds.
+// Each at most kMaxStopBytes, together at most kMaxStopTotalBytes; a stop string of `n` bytes adds to `total`, past a
+// bound a 400 naming `param`.
+constexpr size_t kMaxStopBytes = 4096, kMaxStopTotalBytes = 16384;
+void check_stop_bytes(size_t n, size_t& total, const std::string& param);
 
 // A conversation that ends with an assistant message is continued from that message (a prefill). The
 // chat template trims a message's content, so a final assistant text that ends with whitespace could not
