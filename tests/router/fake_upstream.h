@@ -24,6 +24,7 @@
 #include "core/error.h"
 #include "router/hybrid.h"
 #include "router/upstream.h"
+#include "serve_thread.h"
 #include "server/server_test_util.h"
 
 namespace lilac::router::testing {
@@ -225,13 +226,10 @@ struct FakeUpstream {
       res.set_content(R"({"object":"list","data":[{"id":"up-a","object":"model"},{"id":"up-b","object":"model"}]})",
                       "application/json");
     });
-    port = http.bind_to_any_port("127.0.0.1");
-    th = std::thread([this] { http.listen_after_bind(); });
-    for (int i = 0; i < 500 && !http.is_running(); ++i) std::this_thread::sleep_for(2ms);
+    port = serve_in_thread(http, th);
   }
   ~FakeUpstream() {
-    http.stop();
-    th.join();
+    stop_serving(http, th);
   }
   size_t count() {
     std::lock_guard lk(mu);
@@ -273,13 +271,10 @@ struct Front {
     http.Post("/v1/chat/completions", handler);
     http.Post("/v1/completions", handler);
     http.Post("/v1/messages", handler);
-    port = http.bind_to_any_port("127.0.0.1");
-    th = std::thread([this] { http.listen_after_bind(); });
-    for (int i = 0; i < 500 && !http.is_running(); ++i) std::this_thread::sleep_for(2ms);
+    port = serve_in_thread(http, th);
   }
   ~Front() {
-    http.stop();
-    th.join();
+    stop_serving(http, th);
   }
   httplib::Result post(const json& body, const std::string& path = "/v1/chat/completions", httplib::Headers h = {}) {
     httplib::Client c("127.0.0.1", port);

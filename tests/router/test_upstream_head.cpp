@@ -27,8 +27,11 @@
 
 #include "router/upstream.h"
 #include "router/upstream_http.h"
+#include "serve_thread.h"
 
 using namespace lilac::router;
+using lilac::router::testing::serve_in_thread;
+using lilac::router::testing::stop_serving;
 using json = nlohmann::json;
 using namespace std::chrono_literals;
 
@@ -122,13 +125,10 @@ struct StreamFront {
       const std::string f = forward_failure(up, true, res);
       if (!f.empty()) res.set_content("failed: " + f, "text/plain");
     });
-    port = http.bind_to_any_port("127.0.0.1");
-    th = std::thread([this] { http.listen_after_bind(); });
-    for (int i = 0; i < 500 && !http.is_running(); ++i) std::this_thread::sleep_for(2ms);
+    port = serve_in_thread(http, th);
   }
   ~StreamFront() {
-    http.stop();
-    th.join();
+    stop_serving(http, th);
   }
   std::string read() {
     httplib::Client cli("127.0.0.1", port);
@@ -322,9 +322,8 @@ TEST(UpstreamHead, TlsAnswersPassAndTheirHeadsAreBounded) {
       return true;
     });
   });
-  const int port = tls.bind_to_any_port("127.0.0.1");
-  std::thread th([&] { tls.listen_after_bind(); });
-  for (int i = 0; i < 500 && !tls.is_running(); ++i) std::this_thread::sleep_for(2ms);
+  std::thread th;
+  const int port = serve_in_thread(tls, th);
   const std::string url = "https://127.0.0.1:" + std::to_string(port);
   UpstreamClient up = client(url, cert.pem_path);
   {
@@ -348,8 +347,7 @@ TEST(UpstreamHead, TlsAnswersPassAndTheirHeadsAreBounded) {
   UpstreamClient untrusted = client(url);
   httplib::Response res;
   EXPECT_NE(forward_failure(untrusted, false, res).find("cannot reach the upstream"), std::string::npos);
-  tls.stop();
-  th.join();
+  stop_serving(tls, th);
 }
 
 namespace {
