@@ -132,4 +132,22 @@ __device__ inline void route_warp(const float* logits, int E, int k, bool renorm
     route_warp_n<16>(logits, E, k, renorm, s_ids, s_w, g_ids, g_w);  // E <= 512
 }
 
+// [p, p + bytes) into L2, a 128-byte line per thread t of nt, fire and forget (no register holds the result).
+__device__ __forceinline__ void prefetch_l2(const void* p, int64_t bytes, int64_t t, int64_t nt) {
+  for (int64_t o = t * 128; o < bytes; o += nt * 128)
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(static_cast<const char*>(p) + o));
+}
+
+// f(pointer, bytes) for each array of the shared expert's gate, up and down (weights, scales, biases): what the MoE
+// requests into L2 before it needs them (moe_tc.cu at one row, moe_route_rows.cu for the rows path).
+template <typename F>
+__host__ __device__ inline void for_shared_expert_spans(const MoEDecodeWeights& w, F&& f) {
+  for (const QMatrixDev* q : {&w.shared_gate, &w.shared_up, &w.shared_down}) {
+    const int64_t groups = q->rows * q->groups_per_row();
+    f(static_cast<const void*>(q->qweight), q->rows * q->words_per_row() * 4);
+    f(static_cast<const void*>(q->scales), groups * 2);
+    f(static_cast<const void*>(q->biases), groups * 2);
+  }
+}
+
 }  // namespace lilac::cuda::dev

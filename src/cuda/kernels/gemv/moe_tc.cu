@@ -10,12 +10,6 @@
 namespace lilac::cuda {
 namespace {
 
-// [p, p + bytes) into L2, a 128-byte line per thread of the grid (t of nt).
-__device__ __forceinline__ void prefetch_l2(const void* p, int64_t bytes, int64_t t, int64_t nt) {
-  for (int64_t o = t * 128; o < bytes; o += nt * 128)
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(static_cast<const char*>(p) + o));
-}
-
 // The shared expert's three matrices into L2, by the whole grid before gate/up's PDL wait: they need no routing, and
 // the HBM idles behind the router and the routing, where down's shared segment and gate/up's shared groups would
 // otherwise join the routed experts' burst (stop 60: +0.8-1.4 % at one row; the next layer's input projection
@@ -23,12 +17,7 @@ __device__ __forceinline__ void prefetch_l2(const void* p, int64_t bytes, int64_
 // prefetch of the next layer").
 __device__ __forceinline__ void prefetch_shared_expert(const MoEDecodeWeights& w) {
   const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, nt = int64_t(gridDim.x) * blockDim.x;
-  for (const QMatrixDev* q : {&w.shared_gate, &w.shared_up, &w.shared_down}) {
-    const int64_t groups = q->rows * q->groups_per_row();
-    prefetch_l2(q->qweight, q->rows * q->words_per_row() * 4, t, nt);
-    prefetch_l2(q->scales, groups * 2, t, nt);
-    prefetch_l2(q->biases, groups * 2, t, nt);
-  }
+  dev::for_shared_expert_spans(w, [&](const void* p, int64_t bytes) { dev::prefetch_l2(p, bytes, t, nt); });
 }
 
 // The block's SM id into phase-trace slot k (the trace's readers: which blocks shared an SM; gemv_tc.h).

@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cstdlib>
 #include <string>
-#include <utility>
 
 #include "cuda/cuda_common.h"
 #include "cuda/kernels/gemv/gemv_common.cuh"
@@ -77,9 +76,7 @@ __device__ int block_excl_scan(int v, int* s_scan, int* total) {
 // resident while the router's few blocks run (stop 61: +0.3 % at 4 and 16 streams, neutral at 2, 64 and the verify).
 __device__ __forceinline__ void prefetch_spans(const PrefetchSpans& pf) {
   const int64_t t = int64_t(blockIdx.x - 1) * blockDim.x + threadIdx.x, nt = int64_t(gridDim.x - 1) * blockDim.x;
-  for (int i = 0; i < pf.n; ++i)
-    for (int64_t o = t * 128; o < pf.bytes[i]; o += nt * 128)
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(pf.p[i] + o));
+  for (int i = 0; i < pf.n; ++i) dev::prefetch_l2(pf.p[i], pf.bytes[i], t, nt);
 }
 
 __global__ void __launch_bounds__(kRouteThreads) moe_route_kernel(RouteArgs a) {
@@ -220,17 +217,12 @@ unsigned prefetch_blocks(const MoEDecodeWeights& w, int threads, PrefetchSpans& 
   pf.n = 0;
   if (!route_prefetch_on()) return 0;
   int64_t lines = 0;
-  for (const QMatrixDev* q : {&w.shared_gate, &w.shared_up, &w.shared_down}) {
-    const int64_t groups = q->rows * q->groups_per_row();
-    const std::pair<const void*, int64_t> spans[3] = {
-        {q->qweight, q->rows * q->words_per_row() * 4}, {q->scales, groups * 2}, {q->biases, groups * 2}};
-    for (const auto& [p, bytes] : spans) {
-      if (p == nullptr || bytes <= 0) continue;
-      pf.p[pf.n] = static_cast<const char*>(p);
-      pf.bytes[pf.n++] = bytes;
-      lines += (bytes + 127) / 128;
-    }
-  }
+  dev::for_shared_expert_spans(w, [&](const void* p, int64_t bytes) {
+    if (p == nullptr || bytes <= 0) return;
+    pf.p[pf.n] = static_cast<const char*>(p);
+    pf.bytes[pf.n++] = bytes;
+    lines += (bytes + 127) / 128;
+  });
   return unsigned(std::min<int64_t>(132, (lines + 4 * threads - 1) / (4 * threads)));
 }
 
