@@ -186,41 +186,44 @@ class Parser {
     return cat;
   }
 
+  // At most one quantifier per atom (and its lazy '?'): ECMAScript refuses "a**" or "a{2}{3}" ("nothing to repeat"),
+  // and each stacked one was a level of the node tree, which the builder and the anchor check recurse through (a
+  // pattern of 200,000 '*' overflowed the stack).
   Node parse_quantifiers(Node atom) {
-    for (;;) {
-      int lo = 0, hi = 0;
-      const char c = peek();
-      if (c == '*') {
-        lo = 0, hi = -1;
+    int lo = 0, hi = 0;
+    const char c = peek();
+    if (c == '*') {
+      lo = 0, hi = -1;
+      ++i_;
+    } else if (c == '+') {
+      lo = 1, hi = -1;
+      ++i_;
+    } else if (c == '?') {
+      lo = 0, hi = 1;
+      ++i_;
+    } else if (c == '{') {
+      ++i_;
+      lo = take_int();
+      hi = lo;
+      if (peek() == ',') {
         ++i_;
-      } else if (c == '+') {
-        lo = 1, hi = -1;
-        ++i_;
-      } else if (c == '?') {
-        lo = 0, hi = 1;
-        ++i_;
-      } else if (c == '{') {
-        ++i_;
-        lo = take_int();
-        hi = lo;
-        if (peek() == ',') {
-          ++i_;
-          hi = peek() == '}' ? -1 : take_int();
-        }
-        if (peek() != '}') fail("bad {n,m} quantifier");
-        ++i_;
-        if (hi >= 0 && hi < lo) fail("quantifier {n,m} with m < n");
-      } else {
-        return atom;
+        hi = peek() == '}' ? -1 : take_int();
       }
-      if (peek() == '?') ++i_;  // lazy: same language
-      Node rep;
-      rep.kind = Node::Repeat;
-      rep.min = lo;
-      rep.max = hi;
-      rep.kids.push_back(std::move(atom));
-      atom = std::move(rep);
+      if (peek() != '}') fail("bad {n,m} quantifier");
+      ++i_;
+      if (hi >= 0 && hi < lo) fail("quantifier {n,m} with m < n");
+    } else {
+      return atom;
     }
+    if (peek() == '?') ++i_;  // lazy: same language
+    if (const char q = peek(); q == '*' || q == '+' || q == '?' || q == '{')
+      fail("nothing to repeat (a quantifier after a quantifier)");
+    Node rep;
+    rep.kind = Node::Repeat;
+    rep.min = lo;
+    rep.max = hi;
+    rep.kids.push_back(std::move(atom));
+    return rep;
   }
 
   int take_int() {

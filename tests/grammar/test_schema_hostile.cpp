@@ -1,0 +1,41 @@
+// Hostile schemas (a request's response_format or tool parameters): each once crashed the server, got a 500 or took
+// time that grew without bound. Every one must be a SchemaError (the server's 400 invalid_schema) naming the keyword.
+#include <gtest/gtest.h>
+
+#include <chrono>
+
+#include "grammar_test_util.h"
+
+namespace lilac::grammar::test {
+namespace {
+
+SchemaError refusal(const std::string& schema) {
+  try {
+    compile_json_schema_text(schema);
+  } catch (const SchemaError& e) {
+    return e;
+  }
+  ADD_FAILURE() << "accepted: " << schema.substr(0, 200);
+  return SchemaError("", "", "");
+}
+
+// A quantifier after a quantifier ("a**", "a{2}{3}") is ECMAScript's "nothing to repeat". The parser stacked them,
+// each a level of the pattern's tree, which the anchor check and the builder recursed through: 200,000 '*' (a 200 KB
+// request) overflowed the stack of the request's thread, a crash of the whole server.
+TEST(SchemaHostile, StackedQuantifiersAreRefusedNotACrash) {
+  for (const std::string q : {"*", "+", "?", "{1}", "*?"}) {
+    std::string p = "a";
+    for (int i = 0; i < 200000; ++i) p += q;
+    const SchemaError e = refusal(R"({"type":"string","pattern":")" + p + "\"}");
+    EXPECT_EQ(e.keyword(), "pattern") << q;
+    EXPECT_NE(std::string(e.what()).find("nothing to repeat"), std::string::npos) << q << ": " << e.what();
+  }
+  for (const char* p : {"a**", "a+*", "(ab){2}{3}", "a???", "a*?+"})
+    EXPECT_EQ(refusal(std::string(R"({"type":"string","pattern":")") + p + "\"}").keyword(), "pattern") << p;
+  // One quantifier, lazy or not, is fine.
+  EXPECT_TRUE(schema_accepts(R"({"type":"string","pattern":"^a+?b*?c??(de){1,2}?$"})", R"("aaabcdede")"));
+  EXPECT_FALSE(schema_accepts(R"({"type":"string","pattern":"^a+?b*?c??(de){1,2}?$"})", R"("aaabcdedede")"));
+}
+
+}  // namespace
+}  // namespace lilac::grammar::test
