@@ -188,9 +188,9 @@ const Json& resolve_ref(const Json& root, const std::string& ref, const std::str
     const std::string tok = unescape_pointer_token(ref.substr(i, j - i), at);
     if (cur->is_object() && cur->contains(tok)) {
       cur = &(*cur)[tok];
-    } else if (cur->is_array() && !tok.empty() && tok.find_first_not_of("0123456789") == std::string::npos &&
-               std::stoul(tok) < cur->size()) {
-      cur = &(*cur)[std::stoul(tok)];
+    } else if (cur->is_array() && !tok.empty() && tok.size() <= 18 &&  // (more digits: past any array, and stoull's range)
+               tok.find_first_not_of("0123456789") == std::string::npos && std::stoull(tok) < cur->size()) {
+      cur = &(*cur)[size_t(std::stoull(tok))];
     } else {
       fail(at, "$ref", "$ref \"" + ref + "\" does not point to anything in the schema");
     }

@@ -37,5 +37,18 @@ TEST(SchemaHostile, StackedQuantifiersAreRefusedNotACrash) {
   EXPECT_FALSE(schema_accepts(R"({"type":"string","pattern":"^a+?b*?c??(de){1,2}?$"})", R"("aaabcdedede")"));
 }
 
+
+// A $ref into an array whose index has more digits than an unsigned long holds: std::stoul threw out_of_range, which
+// was no SchemaError, so the server answered 500 "Internal server error: stoul".
+TEST(SchemaHostile, ARefIndexTooLargeForAnIntegerPointsToNothing) {
+  for (const char* index : {"99999999999999999999999", "18446744073709551616", "4294967296", "1"}) {
+    const SchemaError e = refusal(std::string(R"({"$ref":"#/$defs/a/anyOf/)") + index +
+                                  R"(","$defs":{"a":{"anyOf":[{"type":"string"}]}}})");
+    EXPECT_EQ(e.keyword(), "$ref") << index;
+    EXPECT_NE(std::string(e.what()).find("does not point to anything"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(schema_accepts(R"({"$ref":"#/$defs/a/anyOf/0","$defs":{"a":{"anyOf":[{"type":"string"}]}}})", R"("x")"));
+}
+
 }  // namespace
 }  // namespace lilac::grammar::test
