@@ -72,6 +72,10 @@ size_t Grammar::total_states() const {
 
 void Grammar::finalize(size_t max_states) {
   if (root < 0 || size_t(root) >= rules.size()) throw Error("grammar has no root rule");
+  // A rule reserved for a subschema whose compilation was abandoned has no states (a forced call of a tool that is not
+  // strict falls back to free arguments when its schema fails midway): it matches nothing, and only such rules call it.
+  for (Rule& r : rules)
+    if (r.kind == Rule::Kind::Automaton && r.states.empty()) r.states.assign(1, RuleState{});
   if (total_states() > max_states)
     throw SizeError("grammar exceeds " + std::to_string(max_states) + " states");
   const std::vector<uint8_t> prod = fixed_point(rules, true);

@@ -4,7 +4,9 @@
 
 #include <chrono>
 
+#include "grammar/response_grammar.h"
 #include "grammar_test_util.h"
+#include "text/model_format.h"
 
 namespace lilac::grammar::test {
 namespace {
@@ -48,6 +50,37 @@ TEST(SchemaHostile, ARefIndexTooLargeForAnIntegerPointsToNothing) {
     EXPECT_NE(std::string(e.what()).find("does not point to anything"), std::string::npos) << e.what();
   }
   EXPECT_TRUE(schema_accepts(R"({"$ref":"#/$defs/a/anyOf/0","$defs":{"a":{"anyOf":[{"type":"string"}]}}})", R"("x")"));
+}
+
+
+// A forced call of a tool that is not strict falls back to unconstrained arguments when its schema fails to compile.
+// A failure deep inside the schema (here a oneOf whose branches overlap, found only when compiling) left the rules
+// reserved for the enclosing subschemas without states, and the grammar's finalization read their first state: a
+// crash of the server for an Anthropic tool_choice "any" (or OpenAI "required") with such a tool.
+TEST(SchemaHostile, AForcedCallFallsBackAfterASchemaFailedMidwayNotACrash) {
+  for (const bool xml : {true, false}) {
+    ResponseSpec spec;
+    spec.xml_calls = xml;
+    spec.calls = ResponseSpec::Calls::Forced;
+    spec.tools = OrderedJson::parse(R"([{"type":"function","function":{"name":"f","parameters":{"type":"object",
+        "properties":{"x":{"type":"array","items":{"type":"array","items":{"oneOf":[{"type":"string"},{"type":"string"}]}}}},
+        "required":["x"]}}}])");
+    Grammar g;
+    EXPECT_NO_THROW(g = build_response_grammar(spec, qwen3_6_format().markup(), qwen3())) << "xml " << xml;
+    // The arguments are free: any parameter (XML) or any object (JSON), not the failed schema's.
+    const std::string args = xml ? "<function=f>\n<parameter=y>\nfree\n</parameter>\n</function>\n"
+                                 : "{\"name\": \"f\", \"arguments\": {\"y\": 1}}\n";
+    EXPECT_TRUE(is_prefix(g, args)) << "xml " << xml;
+    // Strict, the same schema is the tool's error.
+    spec.tools[0]["function"]["strict"] = true;
+    try {
+      build_response_grammar(spec, qwen3_6_format().markup(), qwen3());
+      ADD_FAILURE() << "accepted (xml " << xml << ")";
+    } catch (const SchemaError& e) {
+      EXPECT_EQ(e.param(), "tools[0].function.parameters");
+      EXPECT_EQ(e.keyword(), "oneOf");
+    }
+  }
 }
 
 }  // namespace
