@@ -217,6 +217,9 @@ int32_t Builder::function_body(size_t i) {
     } catch (const SchemaError& e) {
       sc_.set_xml_safe(false);
       if (is_strict(tool(i))) throw SchemaError(e.what(), e.keyword(), e.path(), param_of(i));
+    } catch (const SizeError& e) {  // the tool's schema error too (as response_format's in document())
+      sc_.set_xml_safe(false);
+      if (is_strict(tool(i))) throw SchemaError(std::string("schema too large: ") + e.what(), "", "#", param_of(i));
     }
   }
   // Unconstrained arguments: any parameters with any values, in the format the parser reads.
@@ -261,6 +264,11 @@ int32_t Builder::arguments(size_t i) {
       if (is_strict(tool(i))) {
         sc_.set_xml_safe(false);
         throw SchemaError(e.what(), e.keyword(), e.path(), param_of(i));
+      }
+    } catch (const SizeError& e) {
+      if (is_strict(tool(i))) {
+        sc_.set_xml_safe(false);
+        throw SchemaError(std::string("schema too large: ") + e.what(), "", "#", param_of(i));
       }
     }
   }
@@ -355,7 +363,11 @@ std::string ResponseSpec::cache_key() const {
 
 Grammar build_response_grammar(const ResponseSpec& spec, const FormatMarkup& markup, const Tokenizer& tok,
                                const SchemaLimits& lim) {
-  return Builder(spec, markup, tok, lim).build();
+  try {
+    return Builder(spec, markup, tok, lim).build();
+  } catch (const SizeError& e) {  // outside any one schema: the calls of many tools (their names)
+    throw SchemaError(std::string("the tools are too many to constrain their calls: ") + e.what(), "", "#", "tools");
+  }
 }
 
 }  // namespace lilac::grammar

@@ -83,5 +83,45 @@ TEST(SchemaHostile, AForcedCallFallsBackAfterASchemaFailedMidwayNotACrash) {
   }
 }
 
+// A strict tool's parameters (or a forced call's) too large for the automaton bounds: the SizeError left
+// build_response_grammar as it was (not a SchemaError), and the server answered 500 "automaton exceeds 50000 states".
+// It is the tool's schema error, as it is for response_format; a forced call of a tool that is not strict falls back
+// to unconstrained arguments, as for its other schema errors.
+TEST(SchemaHostile, AToolSchemaTooLargeIsTheToolsSchemaError) {
+  const std::string long_const = "{\"const\":\"" + std::string(60000, 'a') + "\"}";
+  for (const bool xml : {true, false}) {
+    ResponseSpec spec;
+    spec.xml_calls = xml;
+    spec.calls = ResponseSpec::Calls::Auto;
+    spec.tools = OrderedJson::parse(R"([{"type":"function","function":{"name":"ok","strict":true,"parameters":{}}},
+        {"type":"function","function":{"name":"big","strict":true,"parameters":{"type":"object","properties":{"x":
+        {"type":"array","items":)" + long_const + R"(}},"required":["x"]}}}])");
+    try {
+      build_response_grammar(spec, qwen3_6_format().markup(), qwen3());
+      ADD_FAILURE() << "accepted (xml " << xml << ")";
+    } catch (const SchemaError& e) {
+      EXPECT_EQ(e.param(), "tools[1].function.parameters") << "xml " << xml;
+      EXPECT_NE(std::string(e.what()).find("too large"), std::string::npos) << e.what();
+    }
+    spec.tools[1]["function"].erase("strict");
+    spec.calls = ResponseSpec::Calls::Forced;
+    spec.forced_function = "big";
+    EXPECT_NO_THROW(build_response_grammar(spec, qwen3_6_format().markup(), qwen3())) << "xml " << xml;
+    // A call forced among 1,000 tools of 64-character names: the automaton of their names is over the bound.
+    spec.forced_function.clear();
+    spec.tools = OrderedJson::array();
+    for (int t = 0; t < 1000; ++t) {
+      const std::string n = std::to_string(t);
+      spec.tools.push_back({{"type", "function"}, {"function", {{"name", n + std::string(64 - n.size(), 'x')}}}});
+    }
+    try {
+      build_response_grammar(spec, qwen3_6_format().markup(), qwen3());
+      ADD_FAILURE() << "accepted (xml " << xml << ")";
+    } catch (const SchemaError& e) {
+      EXPECT_EQ(e.param(), "tools") << e.what();
+    }
+  }
+}
+
 }  // namespace
 }  // namespace lilac::grammar::test
