@@ -61,6 +61,9 @@ struct SchemaLimits {
   size_t max_automaton = 50000;    // states of one determinized rule
   long max_items = 1024;           // minItems / maxItems / prefixItems counts
   long max_pattern_length = 1000;  // maxLength combined with a pattern or format
+  // Subschemas visited again through $ref by oneOf's disjointness check and allOf's merge, in all: a few $defs whose
+  // branches each name the next level many times expand exponentially.
+  size_t max_expansion = 100000;
 };
 
 // Compiles a schema (parsed keeping the order of keys: property order matters).

@@ -29,7 +29,11 @@ unsigned literal_type(const Json& v) {
   return kNumber;
 }
 
-Shape shape_of(const Json& root, const Json& node, const std::string& path, int depth) {
+// `left`: subschemas it may still visit (SchemaLimits::max_expansion).
+Shape shape_of(const Json& root, const Json& node, const std::string& path, int depth, size_t& left) {
+  if (left == 0)
+    fail(path, "oneOf", "the oneOf branches expand to too many subschemas (through $ref) to check that they are disjoint");
+  --left;
   Shape s;
   if (node.is_boolean() || depth > 16) {
     s.types = node.is_boolean() && !node.get<bool>() ? 0 : unsigned(kAnyType);
@@ -38,7 +42,7 @@ Shape shape_of(const Json& root, const Json& node, const std::string& path, int 
   }
   if (auto r = node.find("$ref"); r != node.end()) {
     std::string tp;
-    return shape_of(root, resolve_ref(root, r->get<std::string>(), path, tp), tp, depth + 1);
+    return shape_of(root, resolve_ref(root, r->get<std::string>(), path, tp), tp, depth + 1, left);
   }
   const Json* lits = nullptr;
   Json one;
@@ -61,12 +65,12 @@ Shape shape_of(const Json& root, const Json& node, const std::string& path, int 
   for (const char* k : {"anyOf", "oneOf"})
     if (auto a = node.find(k); a != node.end()) {
       for (size_t i = 0; i < a->size(); ++i)
-        s.types |= shape_of(root, (*a)[i], child_path(path, k), depth + 1).types;
+        s.types |= shape_of(root, (*a)[i], child_path(path, k), depth + 1, left).types;
       return s;
     }
   if (auto a = node.find("allOf"); a != node.end()) {
     s.types = fold(kAnyType);
-    for (size_t i = 0; i < a->size(); ++i) s.types &= shape_of(root, (*a)[i], path, depth + 1).types;
+    for (size_t i = 0; i < a->size(); ++i) s.types &= shape_of(root, (*a)[i], path, depth + 1, left).types;
     return s;
   }
   s.types = fold(declared_types(node));
@@ -77,7 +81,7 @@ Shape shape_of(const Json& root, const Json& node, const std::string& path, int 
     if (auto p = node.find("properties"); p != node.end())
       for (const auto& [name, sub] : p->items())
         if (required.count(name)) {
-          Shape ps = shape_of(root, sub, child_path(path, name), depth + 1);
+          Shape ps = shape_of(root, sub, child_path(path, name), depth + 1, left);
           if (ps.literals) s.tags[name] = *ps.literals;
         }
   }
@@ -283,7 +287,7 @@ void SchemaCompiler::check_one_of(const Json& node, const std::string& path) {
   const std::string at = child_path(path, "oneOf");
   std::vector<Shape> shapes;
   for (size_t i = 0; i < branches.size(); ++i)
-    shapes.push_back(shape_of(*root_, branches[i], child_path(at, std::to_string(i)), 0));
+    shapes.push_back(shape_of(*root_, branches[i], child_path(at, std::to_string(i)), 0, expansion_left_));
   for (size_t i = 0; i < shapes.size(); ++i)
     for (size_t j = i + 1; j < shapes.size(); ++j)
       if (!disjoint(shapes[i], shapes[j]))

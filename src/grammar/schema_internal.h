@@ -67,7 +67,7 @@ struct ObjectSpec {
 // Builds the rules of one grammar from one or more schema roots (each root: $refs resolve inside it).
 class SchemaCompiler {
  public:
-  SchemaCompiler(const Json& root, const SchemaLimits& lim) : root_(&root), lim_(lim) {}
+  SchemaCompiler(const Json& root, const SchemaLimits& lim) : root_(&root), lim_(lim), expansion_left_(lim.max_expansion) {}
 
   // The document: whitespace, one value of the root, whitespace.
   Grammar document();
@@ -137,6 +137,7 @@ class SchemaCompiler {
   std::string scope_;  // prefix of by_path_ keys (one per schema root)
   bool xml_safe_ = false;
   SchemaLimits lim_;
+  size_t expansion_left_;  // of lim_.max_expansion: subschemas oneOf's check and allOf's merge may still visit
   Grammar g_;
   std::unordered_map<std::string, int32_t> by_path_;
   size_t active_ = 0;  // value_rule calls in progress (the recursion's depth)

@@ -74,6 +74,8 @@ ObjectSpec SchemaCompiler::merge_all_of(const Json& node, const std::string& pat
   std::vector<Branch> branches;
   std::function<void(const Json&, const std::string&, int)> collect = [&](const Json& n, const std::string& p, int depth) {
     if (depth > 32) fail(p, "allOf", "allOf / $ref nested too deeply");
+    if (expansion_left_ == 0) fail(p, "allOf", "allOf / $ref expand to too many subschemas to merge");
+    --expansion_left_;
     if (n.is_boolean()) {
       if (!n.get<bool>()) fail(p, "allOf", "an allOf branch is false: the schema matches nothing");
       return;
