@@ -85,8 +85,9 @@ std::shared_ptr<const TokenClass> classify_string(const StringProfile& p, const 
   if (max_chars < 0) {
     tc->bits = p.inside_bits;
   } else {
-    const int64_t room = max_chars - k;
-    const size_t idx = size_t(std::upper_bound(p.inside.begin(), p.inside.end(), std::make_pair(int32_t(room), INT32_MAX)) -
+    // (the profiles count characters as int32_t: a room past that is no bound on any token)
+    const int32_t room = int32_t(std::min<int64_t>(max_chars - k, INT32_MAX));
+    const size_t idx = size_t(std::upper_bound(p.inside.begin(), p.inside.end(), std::make_pair(room, INT32_MAX)) -
                               p.inside.begin());
     if (idx <= v.token_words() / 2) {
       for (size_t i = 0; i < idx; ++i) tc->tokens.push_back(p.inside[i].second);

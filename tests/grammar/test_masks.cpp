@@ -226,5 +226,31 @@ TEST(GrammarMasks, StringClassesFromProfilesEqualWalks) {
   }
 }
 
+
+// A maxLength past 2^31 (a valid schema: counts up to 9e15 are accepted) reached the token profiles as
+// int32_t(maxLength - k): 2^32 + 1 became 1, so only tokens of at most one character were allowed inside the string
+// (2^31 became negative: none), far fewer documents than the schema allows.
+TEST(GrammarMasks, HugeMaxLengthDoesNotWrap) {
+  const auto& v = *qwen3_vocab();
+  for (const int64_t hi : {int64_t(1) << 31, (int64_t(1) << 32) + 1, int64_t(8999999999999999)}) {
+    Grammar g;
+    Rule r;
+    r.kind = Rule::Kind::String;
+    r.max_chars = hi;
+    g.root = g.add_rule(r);
+    ConfigSpace sp(g);
+    TokenClassCache cache(size_t(1) << 30);
+    for (const int64_t k : {int64_t(0), int64_t(3)}) {
+      auto fast = classify_string(*cache.profile(v, jstr::N), v, 0, hi, k);
+      auto walk = classify_walk(sp, v, 0, jstr::body_state(k, jstr::N));
+      std::vector<uint32_t> a(v.token_words()), b(v.token_words());
+      fast->apply(a.data());
+      walk->apply(b.data());
+      EXPECT_EQ(allowed_count(a), allowed_count(b)) << "maxLength " << hi << " k " << k;
+      EXPECT_EQ(a, b) << "maxLength " << hi << " k " << k;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace lilac::grammar::test
