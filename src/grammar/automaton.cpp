@@ -13,11 +13,22 @@ int32_t Nfa::add_state() {
   return int32_t(states_.size() - 1);
 }
 
+void Nfa::count_edges(size_t n) {
+  if (n > max_edges_ - edges_)
+    throw SizeError("automaton exceeds " + std::to_string(max_edges_) + " edges");
+  edges_ += n;
+}
+
 void Nfa::add_range(int32_t from, Sym lo, Sym hi, int32_t to) {
+  count_edges(1);
   states_[size_t(from)].edges.push_back({lo, hi, to});
 }
-void Nfa::add_eps(int32_t from, int32_t to) { states_[size_t(from)].eps.push_back(to); }
+void Nfa::add_eps(int32_t from, int32_t to) {
+  count_edges(1);
+  states_[size_t(from)].eps.push_back(to);
+}
 void Nfa::add_call(int32_t from, int32_t rule, int32_t to) {
+  count_edges(1);
   states_[size_t(from)].calls.push_back({rule, to});
 }
 
@@ -45,6 +56,7 @@ int32_t Nfa::add_automaton(const std::vector<RuleState>& dfa, int32_t accept_to)
   const int32_t base = int32_t(states_.size());
   for (size_t i = 0; i < dfa.size(); ++i) add_state();
   for (size_t i = 0; i < dfa.size(); ++i) {
+    count_edges(dfa[i].ranges.size() + dfa[i].calls.size() + (dfa[i].accept ? 1 : 0));
     State& s = states_[size_t(base) + i];
     for (const SymRange& r : dfa[i].ranges) s.edges.push_back({r.lo, r.hi, base + r.to});
     for (const CallEdge& c : dfa[i].calls) s.calls.push_back({c.rule, base + c.to});
@@ -71,8 +83,9 @@ struct VecHash {
   }
 };
 
-// Epsilon closure of `set` (sorted, unique on return).
-void eps_closure(const Nfa& nfa, std::vector<int32_t>& set, std::vector<uint8_t>& mark) {
+// Epsilon closure of `set` (sorted, unique on return). Returns its steps: states and epsilon edges looked at.
+uint64_t eps_closure(const Nfa& nfa, std::vector<int32_t>& set, std::vector<uint8_t>& mark) {
+  uint64_t steps = set.size();
   std::vector<int32_t> stack(set.begin(), set.end());
   set.clear();
   while (!stack.empty()) {
@@ -81,22 +94,28 @@ void eps_closure(const Nfa& nfa, std::vector<int32_t>& set, std::vector<uint8_t>
     if (mark[size_t(s)]) continue;
     mark[size_t(s)] = 1;
     set.push_back(s);
-    for (int32_t t : nfa.states()[size_t(s)].eps)
+    const std::vector<int32_t>& eps = nfa.states()[size_t(s)].eps;
+    steps += 1 + eps.size();
+    for (int32_t t : eps)
       if (!mark[size_t(t)]) stack.push_back(t);
   }
   for (int32_t s : set) mark[size_t(s)] = 0;
   std::sort(set.begin(), set.end());
+  return steps + set.size();  // + the sort, the hash and the comparison of the set
 }
 
 }  // namespace
 
-std::vector<RuleState> determinize(const Nfa& nfa, size_t max_states) {
+std::vector<RuleState> determinize(const Nfa& nfa, size_t max_states, WorkBudget* work) {
+  auto spend = [work](uint64_t steps) {
+    if (work) work->spend(steps);
+  };
   std::vector<RuleState> out;
   std::unordered_map<std::vector<int32_t>, int32_t, VecHash> ids;
   std::vector<std::vector<int32_t>> sets;
   std::vector<uint8_t> mark(nfa.size(), 0);
   auto intern = [&](std::vector<int32_t>& set) -> int32_t {
-    eps_closure(nfa, set, mark);
+    spend(eps_closure(nfa, set, mark));
     auto [it, fresh] = ids.try_emplace(set, int32_t(sets.size()));
     if (fresh) {
       if (sets.size() >= max_states)
@@ -114,12 +133,15 @@ std::vector<RuleState> determinize(const Nfa& nfa, size_t max_states) {
     RuleState rs;
     edges.clear();
     std::map<int32_t, std::vector<int32_t>> calls;
+    uint64_t steps = sets[d].size();
     for (int32_t s : sets[d]) {
       const Nfa::State& st = nfa.states()[size_t(s)];
       rs.accept = rs.accept || st.accept;
       edges.insert(edges.end(), st.edges.begin(), st.edges.end());
       for (const CallEdge& c : st.calls) calls[c.rule].push_back(c.to);
+      steps += st.calls.size();
     }
+    spend(steps + 4 * edges.size());  // collected, cut, sorted twice
     // Split the symbol space into atoms at every edge boundary; each atom has one target set.
     cuts.clear();
     for (const auto& e : edges) {
@@ -132,10 +154,13 @@ std::vector<RuleState> determinize(const Nfa& nfa, size_t max_states) {
     for (size_t i = 0; i + 1 < cuts.size(); ++i) {
       const uint32_t lo = cuts[i], hi = cuts[i + 1] - 1;
       target.clear();
+      uint64_t scanned = 1;
       for (const auto& e : edges) {
         if (e.lo > lo) break;
+        ++scanned;
         if (e.hi >= hi) target.push_back(e.to);
       }
+      spend(scanned);
       if (target.empty()) continue;
       const int32_t to = intern(target);
       if (!rs.ranges.empty() && rs.ranges.back().to == to && uint32_t(rs.ranges.back().hi) + 1 == lo)
@@ -149,14 +174,19 @@ std::vector<RuleState> determinize(const Nfa& nfa, size_t max_states) {
   return out;
 }
 
-void minimize(std::vector<RuleState>& dfa, size_t max_states) {
+void minimize(std::vector<RuleState>& dfa, size_t max_states, uint64_t max_steps) {
   const size_t n = dfa.size();
   if (n < 2 || n > max_states) return;
+  // Steps of one round: each state with its ranges and calls. A chain of n states takes up to n rounds.
+  uint64_t round = n;
+  for (const RuleState& s : dfa) round += s.ranges.size() + s.calls.size();
+  uint64_t steps = 0;
   std::vector<int32_t> cls(n), next(n);
   for (size_t s = 0; s < n; ++s) cls[s] = dfa[s].accept ? 1 : 0;
   size_t count = 0;
   std::vector<int64_t> sig;
   for (;;) {
+    if ((steps += round) > max_steps) return;  // left as it is: a correct automaton, with more states
     std::unordered_map<std::vector<int64_t>, int32_t, struct SigHash> ids;
     for (size_t s = 0; s < n; ++s) {
       sig.assign(1, cls[s]);

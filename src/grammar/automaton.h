@@ -45,6 +45,27 @@ class SizeError : public Error {
   explicit SizeError(const std::string& msg) : Error(msg) {}
 };
 
+// Steps of automaton construction left to one compile (SchemaLimits::max_automaton_work). The state bounds alone
+// let a pattern of a few KB (a class of thousands of code points, repeated) determinize for half a minute: each
+// subset holds thousands of NFA states, and each step looks at all their edges. Every step of determinize (an NFA
+// state, edge or epsilon move looked at) is spent here; past the limit it is a SizeError.
+class WorkBudget {
+ public:
+  explicit WorkBudget(uint64_t steps) : limit_(steps), left_(steps) {}
+  void spend(uint64_t steps) {
+    if (steps > left_) {
+      left_ = 0;
+      throw SizeError("building the automata takes more than " + std::to_string(limit_) + " steps");
+    }
+    left_ -= steps;
+  }
+  uint64_t limit() const { return limit_; }
+  uint64_t spent() const { return limit_ - left_; }
+
+ private:
+  uint64_t limit_, left_;
+};
+
 class Nfa {
  public:
   struct Edge {
@@ -58,7 +79,12 @@ class Nfa {
     bool accept = false;
   };
 
-  explicit Nfa(size_t max_states = 200000) : max_states_(max_states) { add_state(); }
+  // At most `max_states` states and kEdgesPerState times as many edges (symbol, epsilon and call edges): a
+  // pattern's class of thousands of code points is thousands of edges for one or two states.
+  static constexpr size_t kEdgesPerState = 8;
+  explicit Nfa(size_t max_states = 200000) : max_states_(max_states), max_edges_(max_states * kEdgesPerState) {
+    add_state();
+  }
   int32_t start() const { return 0; }
   int32_t add_state();
   void add_range(int32_t from, Sym lo, Sym hi, int32_t to);
@@ -75,18 +101,27 @@ class Nfa {
 
   const std::vector<State>& states() const { return states_; }
   size_t size() const { return states_.size(); }
+  size_t edges() const { return edges_; }
+  size_t max_states() const { return max_states_; }
+  size_t max_edges() const { return max_edges_; }
 
  private:
+  void count_edges(size_t n);
   std::vector<State> states_;
-  size_t max_states_;
+  size_t max_states_, max_edges_;
+  size_t edges_ = 0;
 };
 
-// Subset construction (start = state 0 of the result). Throws SizeError above `max_states`.
-std::vector<RuleState> determinize(const Nfa& nfa, size_t max_states);
+// Subset construction (start = state 0 of the result). Throws SizeError above `max_states`, or when its steps
+// exceed what is left of `work` (nullptr: no bound on the steps).
+std::vector<RuleState> determinize(const Nfa& nfa, size_t max_states, WorkBudget* work = nullptr);
+constexpr uint64_t kMinimizeSteps = 20'000'000;
 // Merges equivalent states (Moore's partition refinement; call edges count as letters), so that
-// per-state work (token classes) is done once per distinct state. Automata above `max_states`
-// states are left as they are (refinement is quadratic in the worst case).
-void minimize(std::vector<RuleState>& dfa, size_t max_states = 4000);
+// per-state work (token classes) is done once per distinct state. Refinement is quadratic in the
+// worst case (a round per state of a chain, each looking at every edge): automata above
+// `max_states` states, and those whose refinement passes `max_steps` (states and edges looked at),
+// are left as they are.
+void minimize(std::vector<RuleState>& dfa, size_t max_states = 4000, uint64_t max_steps = kMinimizeSteps);
 
 // Call-free automata over bytes (start = state 0):
 // the language of both; empty automaton (one non-accepting state) when they share no string.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <map>
 #include <string>
 
 namespace lilac::grammar {
@@ -19,9 +20,22 @@ CharSet CharSet::any() {
   return s;
 }
 
+CharSet CharSet::of(std::vector<std::pair<uint32_t, uint32_t>> ranges) {
+  CharSet s;
+  for (auto& [lo, hi] : ranges)
+    if (lo <= hi) s.ranges_.push_back({lo, std::min(hi, kMaxCodePoint)});
+  s.normalize();
+  return s;
+}
+
 void CharSet::add(uint32_t lo, uint32_t hi) {
   if (lo > hi) return;
-  ranges_.push_back({lo, std::min(hi, kMaxCodePoint)});
+  hi = std::min(hi, kMaxCodePoint);
+  if (ranges_.empty() || lo > ranges_.back().second + 1) {  // past the last range: stays sorted
+    ranges_.push_back({lo, hi});
+    return;
+  }
+  ranges_.push_back({lo, hi});
   normalize();
 }
 
@@ -169,20 +183,16 @@ bool needs_json_escape(uint32_t c, bool xml_safe) { return c < 0x20 || c == '"' 
 void add_charset(Nfa& nfa, int32_t from, const CharSet& set, Encoding enc, int32_t to) {
   // Intermediate states are shared between sequences with the same prefix of byte ranges, which
   // keeps the NFA small for large sets (e.g. "any character").
-  std::vector<std::pair<ByteSeq, int32_t>> prefixes;  // (prefix, state after it)
+  std::map<ByteSeq, int32_t> prefixes;  // prefix -> state after it (a set of thousands of ranges has thousands)
   auto state_after = [&](const ByteSeq& seq, size_t len) -> int32_t {
     int32_t cur = from;
     for (size_t l = 1; l <= len; ++l) {
-      ByteSeq p(seq.begin(), seq.begin() + ptrdiff_t(l));
-      int32_t found = -1;
-      for (const auto& [q, s] : prefixes)
-        if (q == p) found = s;
-      if (found < 0) {
-        found = nfa.add_state();
-        nfa.add_range(cur, p.back().first, p.back().second, found);
-        prefixes.push_back({std::move(p), found});
+      auto [it, fresh] = prefixes.try_emplace(ByteSeq(seq.begin(), seq.begin() + ptrdiff_t(l)), -1);
+      if (fresh) {
+        it->second = nfa.add_state();
+        nfa.add_range(cur, seq[l - 1].first, seq[l - 1].second, it->second);
       }
-      cur = found;
+      cur = it->second;
     }
     return cur;
   };

@@ -18,6 +18,8 @@ class CharSet {
   static CharSet single(uint32_t c) { return range(c, c); }
   static CharSet range(uint32_t lo, uint32_t hi);
   static CharSet any();  // every scalar value (surrogates excluded)
+  // The union of `ranges` (inclusive, any order; sorted once).
+  static CharSet of(std::vector<std::pair<uint32_t, uint32_t>> ranges);
   void add(uint32_t lo, uint32_t hi);
   void add(const CharSet& o);
   CharSet negated() const;  // complement within the scalar values

@@ -64,6 +64,9 @@ struct SchemaLimits {
   // Subschemas visited again through $ref by oneOf's disjointness check and allOf's merge, in all: a few $defs whose
   // branches each name the next level many times expand exponentially.
   size_t max_expansion = 100000;
+  // Steps of determinization (NFA states, edges and epsilon moves looked at) for all the automata of one compile:
+  // a pattern of a few KB can make each of the 50,000 states of its automaton a set of thousands of NFA states.
+  uint64_t max_automaton_work = 100'000'000;
 };
 
 // Compiles a schema (parsed keeping the order of keys: property order matters).

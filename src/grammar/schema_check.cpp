@@ -105,8 +105,8 @@ class Checker {
         add_pattern(scratch, scratch.start(), v.get<std::string>(), Encoding::JsonString, end);
       } catch (const PatternError& e) {
         fail(at, key, std::string("invalid or unsupported pattern: ") + e.what());
-      } catch (const SizeError&) {
-        fail(at, key, "pattern too large");
+      } catch (const SizeError& e) {
+        fail(at, key, std::string("pattern too large: ") + e.what());
       }
     } else if (key == "format") {
       if (!v.is_string()) bad("a string");

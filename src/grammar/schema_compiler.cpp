@@ -118,7 +118,7 @@ int32_t SchemaCompiler::add_rule(const Nfa& nfa, const std::string& name, const 
   Rule r;
   r.name = name;
   r.share_key = share_key;
-  r.states = determinize(nfa, lim_.max_automaton);
+  r.states = determinize(nfa, lim_.max_automaton, &work_);
   return g_.add_rule(std::move(r));
 }
 
@@ -165,7 +165,7 @@ int32_t SchemaCompiler::value_rule(const Json& node, const std::string& path) {
   const int32_t end = nfa.add_state();
   nfa.set_accept(end);
   build_value(node, path, nfa, nfa.start(), end);
-  std::vector<RuleState> states = determinize(nfa, lim_.max_automaton);
+  std::vector<RuleState> states = determinize(nfa, lim_.max_automaton, &work_);
   // A node that is just one call (e.g. a string with maxLength) is that callee: later users call
   // it directly (one frame less); users from inside the recursion keep the reserved wrapper.
   if (states.size() == 2 && states[0].ranges.empty() && states[0].calls.size() == 1 && !states[0].accept &&

@@ -67,7 +67,8 @@ struct ObjectSpec {
 // Builds the rules of one grammar from one or more schema roots (each root: $refs resolve inside it).
 class SchemaCompiler {
  public:
-  SchemaCompiler(const Json& root, const SchemaLimits& lim) : root_(&root), lim_(lim), expansion_left_(lim.max_expansion) {}
+  SchemaCompiler(const Json& root, const SchemaLimits& lim)
+      : root_(&root), lim_(lim), expansion_left_(lim.max_expansion), work_(lim.max_automaton_work) {}
 
   // The document: whitespace, one value of the root, whitespace.
   Grammar document();
@@ -87,6 +88,8 @@ class SchemaCompiler {
   // no string can spell the markup that ends the value.
   void set_xml_safe(bool on) { xml_safe_ = on; }
   const SchemaLimits& limits() const { return lim_; }
+  // Steps of determinization spent so far (of lim_.max_automaton_work).
+  uint64_t work_spent() const { return work_.spent(); }
 
   // schema_compiler.cpp
   int32_t value_rule(const Json& node, const std::string& path);
@@ -138,6 +141,7 @@ class SchemaCompiler {
   bool xml_safe_ = false;
   SchemaLimits lim_;
   size_t expansion_left_;  // of lim_.max_expansion: subschemas oneOf's check and allOf's merge may still visit
+  WorkBudget work_;  // of lim_.max_automaton_work: every determinize of this compile spends from it
   Grammar g_;
   std::unordered_map<std::string, int32_t> by_path_;
   size_t active_ = 0;  // value_rule calls in progress (the recursion's depth)

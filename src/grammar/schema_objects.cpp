@@ -179,8 +179,8 @@ int32_t SchemaCompiler::extra_key_rule(const ObjectSpec& spec, const std::string
   for (const Property& p : spec.props) names.add_literal_to(names.start(), literal(Json(p.name)), nend);
   Rule r;
   r.name = "a property name of the object at " + path;
-  r.states = intersect(determinize(any, lim_.max_automaton),
-                       complement(determinize(names, lim_.max_automaton)), lim_.max_automaton);
+  r.states = intersect(determinize(any, lim_.max_automaton, &work_),
+                       complement(determinize(names, lim_.max_automaton, &work_)), lim_.max_automaton);
   return g_.add_rule(std::move(r));
 }
 

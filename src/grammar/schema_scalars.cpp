@@ -164,7 +164,7 @@ int32_t SchemaCompiler::any_value_rule() {
     nfa.set_accept(end);
     for (int32_t r : {str, num, obj, arr}) nfa.add_call(nfa.start(), r, end);
     for (const char* lit : {"true", "false", "null"}) nfa.add_literal_to(nfa.start(), lit, end);
-    g_.rules[size_t(value)].states = determinize(nfa, lim_.max_automaton);
+    g_.rules[size_t(value)].states = determinize(nfa, lim_.max_automaton, &work_);
   }
   // Containers: OPEN ws (CLOSE | item ws (',' ws item ws)* CLOSE), item = [key ws ':' ws] value.
   auto container = [&](int32_t id, char open, char close, bool keys) {
@@ -191,7 +191,7 @@ int32_t SchemaCompiler::any_value_rule() {
     nfa.add_range(after, Sym(close), Sym(close), end);
     nfa.add_range(after, ',', ',', comma);
     nfa.add_call(comma, ws, item);
-    g_.rules[size_t(id)].states = determinize(nfa, lim_.max_automaton);
+    g_.rules[size_t(id)].states = determinize(nfa, lim_.max_automaton, &work_);
   };
   container(obj, '{', '}', true);
   container(arr, '[', ']', false);
@@ -218,7 +218,7 @@ int32_t SchemaCompiler::number_rule() {
   Rule r;
   r.name = "a number";
   r.share_key = "num";
-  r.states = determinize(nfa, lim_.max_automaton);
+  r.states = determinize(nfa, lim_.max_automaton, &work_);
   minimize(r.states);
   return shared_["num"] = g_.add_rule(std::move(r));
 }
@@ -271,7 +271,7 @@ int32_t SchemaCompiler::string_value_rule(const Json& node, const std::string& p
     body(nfa, open, close);
     nfa.add_range(close, '"', '"', end);
     nfa.set_accept(end);
-    return determinize(nfa, lim_.max_automaton);
+    return determinize(nfa, lim_.max_automaton, &work_);
   };
   std::vector<RuleState> dfa;
   auto meet = [&](std::vector<RuleState> d) { dfa = dfa.empty() ? std::move(d) : intersect(dfa, d, lim_.max_automaton); };
@@ -308,8 +308,9 @@ int32_t SchemaCompiler::string_value_rule(const Json& node, const std::string& p
         n.add_eps(cur, b);
       }));
     }
-  } catch (const SizeError&) {
-    fail(path, has_pattern ? "pattern" : "format", "pattern / format with these lengths is too large");
+  } catch (const SizeError& e) {
+    fail(path, has_pattern ? "pattern" : "format",
+         std::string("pattern / format with these lengths is too large (") + e.what() + ")");
   }
   // Patterns repeat sub-automata ({n,m}, +): merging equivalent states means one token class per
   // distinct state instead of one per copy.

@@ -15,14 +15,14 @@ std::string join(const std::vector<std::string>& v) {
 }
 
 // Byte strings that never contain one of `forbidden`.
-std::vector<RuleState> without(const std::vector<std::string>& forbidden, size_t max_states) {
+std::vector<RuleState> without(const std::vector<std::string>& forbidden, size_t max_states, WorkBudget& work) {
   Nfa nfa;
   const int32_t found = nfa.add_state();
   nfa.add_range(nfa.start(), 0, 255, nfa.start());
   nfa.add_range(found, 0, 255, found);
   nfa.set_accept(found);
   for (const auto& f : forbidden) nfa.add_literal_to(nfa.start(), f, found);
-  return complement(determinize(nfa, max_states));
+  return complement(determinize(nfa, max_states, &work));
 }
 
 }  // namespace
@@ -33,7 +33,7 @@ int32_t SchemaCompiler::free_text_rule(const std::vector<std::string>& forbidden
   Rule r;
   r.name = "free text";
   r.share_key = key;
-  r.states = without(forbidden, lim_.max_automaton);
+  r.states = without(forbidden, lim_.max_automaton, work_);
   minimize(r.states);
   return shared_[key] = g_.add_rule(std::move(r));
 }
@@ -59,9 +59,9 @@ int32_t SchemaCompiler::raw_text_rule(const Json& node, const std::string& path,
     const int32_t end = nfa.add_state();
     nfa.set_accept(end);
     body(nfa, nfa.start(), end);
-    return determinize(nfa, max);
+    return determinize(nfa, max, &work_);
   };
-  std::vector<RuleState> dfa = without(forbidden, max);
+  std::vector<RuleState> dfa = without(forbidden, max, work_);
   auto meet = [&](std::vector<RuleState> d) { dfa = intersect(dfa, d, max); };
   try {
     if (has("enum") || has("const")) {
@@ -115,8 +115,8 @@ int32_t SchemaCompiler::raw_text_rule(const Json& node, const std::string& path,
         n.add_eps(cur, b);
       }));
     }
-  } catch (const SizeError&) {
-    fail(path, "", "string parameter constraints too large");
+  } catch (const SizeError& e) {
+    fail(path, has("pattern") ? "pattern" : "", std::string("string parameter constraints too large (") + e.what() + ")");
   }
   minimize(dfa);
   Rule r;

@@ -4,7 +4,10 @@
 
 #include <chrono>
 
+#include "grammar/regex.h"
 #include "grammar/response_grammar.h"
+#include "grammar/schema_internal.h"
+#include "grammar_corpus.h"
 #include "grammar_test_util.h"
 #include "text/model_format.h"
 
@@ -161,6 +164,182 @@ TEST(SchemaHostile, RefFanOutIsBoundedInOneOfAndAllOf) {
   EXPECT_TRUE(schema_accepts(fan_out("allOf", 4, 3, R"({"type":"object","properties":{"a":{"type":"string"}}})",
                                      R"("allOf":[{"$ref":"#/$defs/l0"},{"type":"object","properties":{"b":{"type":"integer"}}}])"),
                              R"({"a":"x","b":1})"));
+}
+
+// A character class of `n` separate code points (U+0100, U+0102, ...: two- and three-byte UTF-8), as pattern text.
+std::string wide_class(int n) {
+  std::string c = "[";
+  for (int i = 0; i < n; ++i) append_utf8(c, 0x100 + 2 * uint32_t(i));
+  return c + "]";
+}
+
+std::string string_schema(const std::string& pattern) {
+  return OrderedJson{{"type", "string"}, {"pattern", pattern}}.dump();
+}
+
+// A 14 KB pattern, a class of 5,000 code points repeated (or inside a group repeated): each state of its automaton
+// is a set of thousands of NFA states with thousands of edges, and only the 50,000-state bound stopped the subset
+// construction: 25-50 s of a request's thread for {1000}; {100} compiled after 4-9 s, {40} after 1 s. The steps of
+// determinization are bounded per compile (SchemaLimits::max_automaton_work): a 400 naming the pattern, in
+// response_format and in a strict tool alike.
+TEST(SchemaHostile, AHugeClassRepeatedIsRefusedByTheWorkBound) {
+  const std::string cls = wide_class(5000);
+  for (const std::string& pattern : {cls + "{40}", "(?:" + cls + "|x){40}"}) {
+    const SchemaError e = refusal(string_schema(pattern));
+    EXPECT_EQ(e.keyword(), "pattern");
+    EXPECT_NE(std::string(e.what()).find("more than 100000000 steps"), std::string::npos) << e.what();
+    // The same schema as a strict tool's parameter.
+    for (const bool xml : {true, false}) {
+      ResponseSpec spec;
+      spec.xml_calls = xml;
+      spec.calls = ResponseSpec::Calls::Auto;
+      spec.tools = OrderedJson::array();
+      spec.tools.push_back({{"type", "function"},
+                            {"function", {{"name", "f"}, {"strict", true},
+                                          {"parameters", {{"type", "object"},
+                                                          {"properties", {{"x", OrderedJson::parse(string_schema(pattern))}}},
+                                                          {"required", {"x"}}}}}}});
+      try {
+        build_response_grammar(spec, qwen3_6_format().markup(), qwen3());
+        ADD_FAILURE() << "accepted (xml " << xml << ")";
+      } catch (const SchemaError& e) {
+        EXPECT_EQ(e.param(), "tools[0].function.parameters") << "xml " << xml;
+        EXPECT_EQ(e.keyword(), "pattern") << "xml " << xml << ": " << e.what();
+        EXPECT_NE(std::string(e.what()).find("steps"), std::string::npos) << e.what();
+      }
+    }
+  }
+}
+
+// With {1000}, the 1,000 copies of the class (5 million edges) were built before any bound was checked, twice (the
+// schema check builds the pattern too), then determinized. The first copy's size times the count is checked against
+// the NFA's bounds before the others are made.
+TEST(SchemaHostile, ARepetitionTooLargeStopsAfterItsFirstCopy) {
+  const std::string cls = wide_class(5000);
+  for (const std::string& pattern : {cls + "{1000}", "(?:" + cls + "|x){1000}", "(?:" + cls + "){999,}"}) {
+    Nfa nfa(200000);
+    const int32_t end = nfa.add_state();
+    try {
+      add_pattern(nfa, nfa.start(), pattern, Encoding::JsonString, end);
+      ADD_FAILURE() << "built " << nfa.size() << " states, " << nfa.edges() << " edges";
+    } catch (const SizeError& e) {
+      EXPECT_NE(std::string(e.what()).find("repetition"), std::string::npos) << e.what();
+    }
+    // One copy (about 160 states and 5,000 edges) and the unanchored ends, not hundreds.
+    EXPECT_LT(nfa.size(), 1000u);
+    EXPECT_LT(nfa.edges(), 20000u);
+    const SchemaError e = refusal(string_schema(pattern));
+    EXPECT_EQ(e.keyword(), "pattern");
+    EXPECT_NE(std::string(e.what()).find("repetition"), std::string::npos) << e.what();
+  }
+  // Repetitions that fit are built as before.
+  EXPECT_TRUE(schema_accepts(string_schema("^(?:" + wide_class(50) + "){3}$"), "\"\u0100\u0162\u0104\""));
+  EXPECT_TRUE(schema_accepts(string_schema("^[ab]{1000}$"), "\"" + std::string(1000, 'a') + "\""));
+  EXPECT_FALSE(schema_accepts(string_schema("^[ab]{1000}$"), "\"" + std::string(999, 'a') + "\""));
+}
+
+// The work bound itself: determinize stops once its steps pass what is left of the budget, and says so.
+TEST(SchemaHostile, DeterminizeSpendsFromItsWorkBudget) {
+  Nfa nfa;
+  const int32_t end = nfa.add_state();
+  nfa.set_accept(end);
+  add_pattern(nfa, nfa.start(), "[a-z]{200}", Encoding::Utf8, end);
+  WorkBudget unbounded(UINT64_MAX);
+  const size_t states = determinize(nfa, 50000, &unbounded).size();
+  const uint64_t steps = unbounded.spent();
+  EXPECT_GT(steps, 100000u);
+  WorkBudget exact(steps);
+  EXPECT_EQ(determinize(nfa, 50000, &exact).size(), states);
+  WorkBudget short_by_one(steps - 1);
+  try {
+    determinize(nfa, 50000, &short_by_one);
+    ADD_FAILURE() << "finished with " << steps - 1 << " steps";
+  } catch (const SizeError& e) {
+    EXPECT_NE(std::string(e.what()).find("more than " + std::to_string(steps - 1) + " steps"), std::string::npos)
+        << e.what();
+  }
+  // One budget for a whole compile: a schema of two such patterns needs both.
+  const OrderedJson one = OrderedJson::parse(R"({"type":"string","pattern":"[a-z]{200}"})");
+  detail::SchemaCompiler sc(one, SchemaLimits{});
+  sc.document();
+  SchemaLimits lim;
+  lim.max_automaton_work = sc.work_spent() * 3 / 2;
+  EXPECT_NO_THROW(compile_json_schema(one, lim));
+  const SchemaError e = [&] {
+    try {
+      compile_json_schema_text(R"({"type":"array","prefixItems":[)" + one.dump() +
+                                   R"(,{"type":"string","pattern":"[a-y]{200}"}]})", lim);
+    } catch (const SchemaError& e) {
+      return e;
+    }
+    ADD_FAILURE() << "accepted";
+    return SchemaError("", "", "");
+  }();
+  EXPECT_EQ(e.keyword(), "pattern");
+  EXPECT_NE(std::string(e.what()).find("steps"), std::string::npos) << e.what();
+}
+
+// The bound's margin: every schema of the grammar corpus (the tests' largest and most varied) takes under 1% of it.
+TEST(SchemaHostile, TheWorkBoundLeavesLegitimateSchemasAWideMargin) {
+  const SchemaLimits lim;
+  for (const auto& c : corpus::cases()) {
+    if (c.schema.empty()) continue;  // json_object
+    const OrderedJson schema = OrderedJson::parse(c.schema);
+    detail::SchemaCompiler sc(schema, lim);
+    sc.document();
+    EXPECT_LT(sc.work_spent(), lim.max_automaton_work / 100) << c.name;
+  }
+  // Long but ordinary patterns, and a maxLength of 1000 with a pattern, are well inside it too.
+  for (const char* s : {R"({"type":"string","pattern":"^[A-Za-z0-9 ]{0,1000}$","maxLength":1000})",
+                        R"({"type":"string","format":"email","maxLength":1000})",
+                        R"({"type":"string","pattern":"[a-z]{1,100}@[a-z]{1,100}\\.[a-z]{2,10}"})"}) {
+    const OrderedJson schema = OrderedJson::parse(s);
+    detail::SchemaCompiler sc(schema, lim);
+    sc.document();
+    EXPECT_LT(sc.work_spent(), lim.max_automaton_work / 10) << s;
+  }
+}
+
+// A class of thousands of code points was made one range at a time, the set sorted again after each (20,000 code
+// points: 3 s). The class is the same set.
+TEST(SchemaHostile, AClassOfManyCodePointsIsTheSameSet) {
+  const std::string schema = string_schema("^" + wide_class(20000) + "$");
+  const Grammar g = compile_json_schema_text(schema);
+  for (uint32_t c : {0x100u, 0x102u, 0x7FEu, 0x800u, 0x100u + 2 * 19999u}) {
+    std::string doc = "\"";
+    append_utf8(doc, c);
+    EXPECT_TRUE(accepts(g, doc + "\"")) << c;
+  }
+  for (uint32_t c : {0xFFu, 0x101u, 0x801u, 0x100u + 2 * 20000u}) {
+    std::string doc = "\"";
+    append_utf8(doc, c);
+    EXPECT_FALSE(accepts(g, doc + "\"")) << c;
+  }
+  CharSet set = CharSet::of({{9, 9}, {1, 3}, {4, 5}, {20, 30}, {25, 40}, {7, 6}});
+  EXPECT_EQ(set.ranges(), (std::vector<std::pair<uint32_t, uint32_t>>{{1, 5}, {9, 9}, {20, 40}}));
+}
+
+// Minimization refines up to one round per state of a chain, each round over every edge: a 200-byte pattern of three
+// 1,000-character runs of a 47-range class took 6 s there. Past its step bound the automaton is left unminimized
+// (as above 4,000 states): the same language, more states.
+TEST(SchemaHostile, MinimizationGivesUpPastItsStepBound) {
+  std::string cls = "[";
+  for (char c = '!'; c < '~'; c += 2)
+    if (c != '"' && c != '\\' && c != ']' && c != '-' && c != '^') cls += c;
+  cls += "]";
+  const std::string pattern = "^" + cls + "{1000}" + cls + "{1000}" + cls + "{1000}$";
+  const Grammar g = compile_json_schema_text(string_schema(pattern));
+  EXPECT_TRUE(accepts(g, "\"" + std::string(3000, '!') + "\""));
+  EXPECT_FALSE(accepts(g, "\"" + std::string(2999, '!') + "\""));
+  // The bound at the automaton level: two equivalent accepting states merge, unless the steps run out.
+  std::vector<RuleState> dfa(3);
+  dfa[0].ranges = {{'a', 'a', 1}, {'b', 'b', 2}};
+  dfa[1].accept = dfa[2].accept = true;
+  std::vector<RuleState> capped = dfa;
+  minimize(capped, 4000, 3);
+  EXPECT_EQ(capped.size(), 3u);
+  minimize(dfa, 4000, 100);
+  EXPECT_EQ(dfa.size(), 2u);
 }
 
 }  // namespace
