@@ -2,7 +2,6 @@
 // time that grew without bound. Every one must be a SchemaError (the server's 400 invalid_schema) naming the keyword.
 #include <gtest/gtest.h>
 
-#include <chrono>
 
 #include "grammar/regex.h"
 #include "grammar/response_grammar.h"
@@ -152,11 +151,9 @@ TEST(SchemaHostile, RefFanOutIsBoundedInOneOfAndAllOf) {
   const std::string all = fan_out("allOf", 6, 12, R"({"type":"object","properties":{"a":{"type":"string"}}})",
                                   R"("allOf":[{"$ref":"#/$defs/l0"},{"type":"object","properties":{"b":{"type":"integer"}}}])");
   for (const auto& [schema, keyword] : {std::pair{one, "oneOf"}, std::pair{all, "allOf"}}) {
-    const auto t0 = std::chrono::steady_clock::now();
     const SchemaError e = refusal(schema);
     EXPECT_EQ(e.keyword(), keyword) << e.what();
     EXPECT_NE(std::string(e.what()).find("too many subschemas"), std::string::npos) << e.what();
-    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2)) << keyword;
   }
   // A small fan-out compiles as before.
   EXPECT_TRUE(schema_accepts(fan_out("anyOf", 4, 3, R"({"type":"string"})", R"("oneOf":[{"$ref":"#/$defs/l0"},{"type":"integer"}])"),
