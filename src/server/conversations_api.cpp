@@ -166,7 +166,7 @@ void add_conversations_routes(HttpServer& http, ServerContext& ctx) {
         throw ApiError(C->conversations.contains(id) ? 400 : 404,
                        "The items do not fit the conversation's memory (--responses-mb).", "items");
       if (!taken.empty())
-        throw ApiError(400, "The conversation already holds an item with id '" + taken + "'.", "items");
+        throw ApiError(400, "The conversation already holds an item with id '" + taken.substr(0, 128) + "'.", "items");
       return list_page(added, false);
     });
   });

@@ -337,7 +337,8 @@ void add_message_batch_routes(HttpServer& http, ServerContext& ctx) {
   const std::string one = "/v1/messages/batches/(msgbatch_[A-Za-z0-9]{1,64})";
   auto held = [B](const std::string& id) {
     std::shared_ptr<Batch> b = B->find(id);
-    if (!b) throw ApiError(404, "No message batch with id '" + id + "' is held here.", "", "not_found_error");
+    if (!b)
+      throw ApiError(404, "No message batch with id '" + id.substr(0, 128) + "' is held here.", "", "not_found_error");
     return b;
   };
   http.Post("/v1/messages/batches", [C, B](const httplib::Request& req, httplib::Response& res) {
@@ -375,7 +376,8 @@ void add_message_batch_routes(HttpServer& http, ServerContext& ctx) {
   http.route("DELETE", one, [C, B](const httplib::Request& req, httplib::Response& res) {
     answer(*C, "/v1/messages/batches/{id}", res, [&] {
       const std::string id = req.matches[1];
-      if (!B->erase(id)) throw ApiError(404, "No message batch with id '" + id + "' is held here.", "", "not_found_error");
+      if (!B->erase(id))
+        throw ApiError(404, "No message batch with id '" + id.substr(0, 128) + "' is held here.", "", "not_found_error");
       return dump_json(json{{"id", id}, {"type", "message_batch_deleted"}});
     });
   }, ro);

@@ -358,13 +358,14 @@ ResponsesParams parse_responses_request(const ojson& body, const ModelConfig& cf
   if (auto prev = get_string(body, "previous_response_id")) {
     std::optional<ResponseStore::Entry> e = store ? store->get(*prev) : std::nullopt;
     if (!e)
-      bad("previous_response_id", "Previous response with id '" + *prev + "' not found (responses are kept in this "
-                                  "server's memory, the oldest dropped first, until it restarts).",
+      bad("previous_response_id",
+          "Previous response with id '" + prev->substr(0, 128) +
+              "' not found (responses are kept in this server's memory, the oldest dropped first, until it restarts).",
           "previous_response_not_found");
     // A background response that has not ended holds no output yet: its items would continue the conversation
     // without the answer.
     if (response_running(e->response))
-      bad("previous_response_id", "Previous response with id '" + *prev + "' is still " +
+      bad("previous_response_id", "Previous response with id '" + prev->substr(0, 128) + "' is still " +
                                       e->response.value("status", std::string()) +
                                       ": wait until it ends (or cancel it) before continuing from it.",
           "previous_response_not_ended");

@@ -318,6 +318,18 @@ TEST(ResponsesSchema, ConversationStoreDropsTheLeastRecentlyUsed) {
   EXPECT_EQ(store.size(), 0u);
 }
 
+// An unknown previous_response_id is the client's own string: its error quotes at most 128 bytes of it (a 100 KB id
+// gave a 100 KB message, echoed into the log), as the conversation's does.
+TEST(ResponsesSchema, AnUnknownLongPreviousIdIsQuotedShort) {
+  const std::string id(100000, 'r');
+  const std::string body = R"({"input": "x", "previous_response_id": ")" + id + R"("})";
+  const ApiError e = responses_error(body.c_str());
+  EXPECT_EQ(e.code, "previous_response_not_found");
+  EXPECT_EQ(e.param, "previous_response_id");
+  EXPECT_LT(e.message.size(), 400u) << e.message.size();
+  EXPECT_NE(e.message.find(std::string(128, 'r')), std::string::npos);
+}
+
 TEST(ResponsesSchema, ErrorsNameTheField) {
   EXPECT_EQ(responses_error(R"({"input": "x", "store": "yes"})").param, "store");
   const ApiError prev = responses_error(R"({"input": "x", "previous_response_id": "resp_1"})");
