@@ -17,4 +17,8 @@ struct ApiError : std::runtime_error {
 // The default error `type` for a status ("invalid_request_error", "authentication_error", ...).
 std::string error_type_for(int status);
 
+// An id the client sent (in the path or the body), as an error message quotes it: its first 128 bytes. The id is the
+// client's own string, of any length, and the message is echoed into the log.
+inline std::string quoted_id(const std::string& id) { return id.substr(0, 128); }
+
 }  // namespace lilac::server

@@ -63,7 +63,7 @@ ojson list_page(const ojson& data, bool has_more) {
 }
 
 ApiError not_found(const std::string& what, const std::string& id) {
-  return ApiError(404, "No " + what + " with id '" + id.substr(0, 128) + "' is held here.", what == "item" ? "item_id" : "conversation_id",
+  return ApiError(404, "No " + what + " with id '" + quoted_id(id) + "' is held here.", what == "item" ? "item_id" : "conversation_id",
                   "not_found");
 }
 
@@ -90,7 +90,7 @@ ojson items_page(const ConversationStore::Conversation& c, const httplib::Reques
   if (req.has_param("after")) {
     const std::string after = req.get_param_value("after");
     while (i < all.size() && all[i]["id"] != after) ++i;
-    if (i == all.size()) throw ApiError(404, "No item with id '" + after.substr(0, 128) + "' in this conversation.", "after", "not_found");
+    if (i == all.size()) throw ApiError(404, "No item with id '" + quoted_id(after) + "' in this conversation.", "after", "not_found");
     ++i;
   }
   ojson data = ojson::array();
@@ -166,7 +166,7 @@ void add_conversations_routes(HttpServer& http, ServerContext& ctx) {
         throw ApiError(C->conversations.contains(id) ? 400 : 404,
                        "The items do not fit the conversation's memory (--responses-mb).", "items");
       if (!taken.empty())
-        throw ApiError(400, "The conversation already holds an item with id '" + taken.substr(0, 128) + "'.", "items");
+        throw ApiError(400, "The conversation already holds an item with id '" + quoted_id(taken) + "'.", "items");
       return list_page(added, false);
     });
   });

@@ -17,6 +17,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "server/api_error.h"
 #include "server/anthropic_api.h"
 #include "server/anthropic_schema.h"
 #include "server/endpoint.h"
@@ -338,7 +339,7 @@ void add_message_batch_routes(HttpServer& http, ServerContext& ctx) {
   auto held = [B](const std::string& id) {
     std::shared_ptr<Batch> b = B->find(id);
     if (!b)
-      throw ApiError(404, "No message batch with id '" + id.substr(0, 128) + "' is held here.", "", "not_found_error");
+      throw ApiError(404, "No message batch with id '" + quoted_id(id) + "' is held here.", "", "not_found_error");
     return b;
   };
   http.Post("/v1/messages/batches", [C, B](const httplib::Request& req, httplib::Response& res) {
@@ -377,7 +378,7 @@ void add_message_batch_routes(HttpServer& http, ServerContext& ctx) {
     answer(*C, "/v1/messages/batches/{id}", res, [&] {
       const std::string id = req.matches[1];
       if (!B->erase(id))
-        throw ApiError(404, "No message batch with id '" + id.substr(0, 128) + "' is held here.", "", "not_found_error");
+        throw ApiError(404, "No message batch with id '" + quoted_id(id) + "' is held here.", "", "not_found_error");
       return dump_json(json{{"id", id}, {"type", "message_batch_deleted"}});
     });
   }, ro);

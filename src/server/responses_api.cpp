@@ -2,6 +2,7 @@
 
 #include <httplib.h>
 
+#include "server/api_error.h"
 #include "server/http_server.h"
 
 #include <algorithm>
@@ -158,7 +159,7 @@ void add_responses_routes(HttpServer& http, ServerContext& ctx) {
     // A response the router created upstream (the client got its id from lilac): the upstream's answer.
     if (C->hook.response_route && C->hook.response_route(req, res, id))
       return C->metrics.count_request(route, res.status);
-    send_error(res, 404, "No response with id '" + id.substr(0, 128) + "' is stored here.", "response_id", "not_found");
+    send_error(res, 404, "No response with id '" + quoted_id(id) + "' is stored here.", "response_id", "not_found");
     C->metrics.count_request(route, 404);
   };
   // ?stream=true: a streamed background response's events (after `starting_after`), as they come.

@@ -3,6 +3,7 @@
 #include <regex>
 #include <set>
 
+#include "server/api_error.h"
 #include "server/request_fields.h"
 #include "server/request_json.h"
 
@@ -351,7 +352,7 @@ ResponsesParams parse_responses_request(const ojson& body, const ModelConfig& cf
     std::optional<ConversationStore::Conversation> conv =
         conversations ? conversations->get(r.conversation_id) : std::nullopt;
     if (!conv)
-      bad("conversation", "Conversation with id '" + r.conversation_id.substr(0, 128) + "' not found (conversations are "
+      bad("conversation", "Conversation with id '" + quoted_id(r.conversation_id) + "' not found (conversations are "
                           "kept in this server's memory until it restarts).", "conversation_not_found");
     previous_items = std::move(conv->items);
   }
@@ -359,13 +360,13 @@ ResponsesParams parse_responses_request(const ojson& body, const ModelConfig& cf
     std::optional<ResponseStore::Entry> e = store ? store->get(*prev) : std::nullopt;
     if (!e)
       bad("previous_response_id",
-          "Previous response with id '" + prev->substr(0, 128) +
+          "Previous response with id '" + quoted_id(*prev) +
               "' not found (responses are kept in this server's memory, the oldest dropped first, until it restarts).",
           "previous_response_not_found");
     // A background response that has not ended holds no output yet: its items would continue the conversation
     // without the answer.
     if (response_running(e->response))
-      bad("previous_response_id", "Previous response with id '" + prev->substr(0, 128) + "' is still " +
+      bad("previous_response_id", "Previous response with id '" + quoted_id(*prev) + "' is still " +
                                       e->response.value("status", std::string()) +
                                       ": wait until it ends (or cancel it) before continuing from it.",
           "previous_response_not_ended");
