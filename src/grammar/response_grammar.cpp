@@ -19,6 +19,11 @@ bool is_strict(const Json& tool) {
   return f.is_object() && f.contains("strict") && f["strict"].is_boolean() && f["strict"].get<bool>();
 }
 
+// A schema whose automata pass their bounds, as the schema error of the request field `param` that holds it.
+SchemaError too_large(const SizeError& e, const std::string& param) {
+  return SchemaError(std::string("schema too large: ") + e.what(), "", "#", param);
+}
+
 // The types the output parser reads a parameter value as (output_parser.cpp: `type`, a string or a
 // list, and the types of anyOf / oneOf branches, recursively).
 void parser_types(const Json& s, std::set<std::string>& out) {
@@ -125,7 +130,7 @@ int32_t Builder::document() {
   } catch (const SchemaError& e) {
     throw SchemaError(e.what(), e.keyword(), e.path(), "response_format.json_schema.schema");
   } catch (const SizeError& e) {
-    throw SchemaError(std::string("schema too large: ") + e.what(), "", "#", "response_format.json_schema.schema");
+    throw too_large(e, "response_format.json_schema.schema");
   }
   Nfa nfa;
   const int32_t ws = sc_.ws_rule();
@@ -219,7 +224,7 @@ int32_t Builder::function_body(size_t i) {
       if (is_strict(tool(i))) throw SchemaError(e.what(), e.keyword(), e.path(), param_of(i));
     } catch (const SizeError& e) {  // the tool's schema error too (as response_format's in document())
       sc_.set_xml_safe(false);
-      if (is_strict(tool(i))) throw SchemaError(std::string("schema too large: ") + e.what(), "", "#", param_of(i));
+      if (is_strict(tool(i))) throw too_large(e, param_of(i));
     }
   }
   // Unconstrained arguments: any parameters with any values, in the format the parser reads.
@@ -268,7 +273,7 @@ int32_t Builder::arguments(size_t i) {
     } catch (const SizeError& e) {
       if (is_strict(tool(i))) {
         sc_.set_xml_safe(false);
-        throw SchemaError(std::string("schema too large: ") + e.what(), "", "#", param_of(i));
+        throw too_large(e, param_of(i));
       }
     }
   }
