@@ -25,23 +25,9 @@ using namespace fields;
 namespace {
 
 constexpr size_t kMaxItemsPerCall = 20;
-constexpr size_t kMaxMetadataPairs = 16;
 
 ojson conversation_object(const ConversationStore::Conversation& c) {
   return ojson{{"id", c.id}, {"object", "conversation"}, {"created_at", c.created_at}, {"metadata", c.metadata}};
-}
-
-ojson checked_metadata(const ojson& body) {
-  const ojson* m = field(body, "metadata");
-  if (!m || m->is_null()) return ojson::object();
-  if (!m->is_object()) wrong_type("metadata", "an object of strings", *m);
-  if (m->size() > kMaxMetadataPairs) bad("metadata", "Invalid 'metadata': at most 16 key-value pairs.");
-  for (const auto& [k, v] : m->items()) {
-    if (k.size() > 64) bad("metadata", "Invalid 'metadata': keys are at most 64 characters.");
-    if (!v.is_string()) wrong_type("metadata." + k.substr(0, 64), "a string", v);
-    if (v.get<std::string>().size() > 512) bad("metadata." + k.substr(0, 64), "Invalid 'metadata': values are at most 512 characters.");
-  }
-  return *m;
 }
 
 ojson checked_items(ServerContext& C, const ojson& body, bool required) {

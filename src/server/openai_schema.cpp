@@ -363,6 +363,10 @@ ChatParams parse_chat_request(const ojson& body, const ModelConfig& cfg, uint64_
     }
   }
   p.parallel_tool_calls = get_bool(body, "parallel_tool_calls").value_or(true);
+  // OpenAI's `store` and `metadata` (the completion kept for its dashboard, tagged): accepted and ignored (nothing is
+  // stored), but checked as OpenAI checks them, so that a client's mistake is not silently accepted here and refused there.
+  get_bool(body, "store");
+  checked_metadata(body);
   p.continue_final = body["messages"].back()["role"] == "assistant";
   if (p.continue_final && p.response_format != ResponseFormat::Text)
     bad("response_format", "'response_format' cannot be combined with a final assistant message: its content is "

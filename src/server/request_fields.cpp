@@ -87,6 +87,35 @@ std::string need_string(const ojson& obj, const char* key, const std::string& pa
   return *s;
 }
 
+namespace {
+// Code points of UTF-8 text (the bytes that do not continue a character).
+size_t utf8_chars(const std::string& s) {
+  size_t n = 0;
+  for (unsigned char c : s) n += (c & 0xC0) != 0x80;
+  return n;
+}
+}  // namespace
+
+ojson checked_metadata(const ojson& body) {
+  const ojson* m = field(body, "metadata");
+  if (!m) return ojson::object();
+  if (!m->is_object()) wrong_type("metadata", "an object of strings", *m);
+  if (m->size() > kMaxMetadataPairs)
+    bad("metadata", "Invalid 'metadata': at most " + std::to_string(kMaxMetadataPairs) + " key-value pairs (got " +
+                        std::to_string(m->size()) + ").");
+  for (const auto& [k, v] : m->items()) {
+    // (the key is checked first: the params below quote it, and a client's key can be of any length)
+    if (utf8_chars(k) > kMaxMetadataKeyChars)
+      bad("metadata", "Invalid 'metadata': keys are at most " + std::to_string(kMaxMetadataKeyChars) + " characters.");
+    const std::string p = "metadata." + k;
+    if (!v.is_string()) wrong_type(p, "a string", v);
+    if (utf8_chars(v.get_ref<const std::string&>()) > kMaxMetadataValueChars)
+      bad(p, "Invalid '" + p + "': values are at most " + std::to_string(kMaxMetadataValueChars) + " characters.",
+          "string_above_max_length");
+  }
+  return *m;
+}
+
 void check_stop_bytes(size_t n, size_t& total, const std::string& param) {
   if (n > kMaxStopBytes) bad(param, "A stop sequence may be at most " + std::to_string(kMaxStopBytes) + " bytes long.");
   if ((total += n) > kMaxStopTotalBytes)

@@ -31,6 +31,13 @@ std::optional<std::string> get_string(const ojson& obj, const char* key, const s
 // A string field that must be there.
 std::string need_string(const ojson& obj, const char* key, const std::string& param);
 
+// OpenAI's `metadata` (Responses, chat completions, Conversations): an object of at most kMaxMetadataPairs pairs, each
+// key at most kMaxMetadataKeyChars characters (code points) and each value a string of at most kMaxMetadataValueChars.
+// Returns the object (absent or null: an empty one); else a 400 naming `metadata` (not an object, too many pairs, a key
+// too long) or `metadata.<key>` (a value that is not a string, or too long).
+constexpr size_t kMaxMetadataPairs = 16, kMaxMetadataKeyChars = 64, kMaxMetadataValueChars = 512;
+ojson checked_metadata(const ojson& body);
+
 // The stop strings a request may give (OpenAI's stop, Anthropic's stop_sequences): the detokenizer compares its
 // held-back text with every stop's prefixes at each token, so unbounded ones let one request cost a worker seconds.
 // Each at most kMaxStopBytes, together at most kMaxStopTotalBytes; a stop string of `n` bytes adds to `total`, past a

@@ -388,6 +388,7 @@ ResponsesParams parse_responses_request(const ojson& body, const ModelConfig& cf
   }
   if (auto t = get_string(body, "truncation"); t && *t != "disabled" && *t != "auto")
     bad("truncation", "Invalid value for 'truncation': '" + *t + "'.");
+  checked_metadata(body);  // up to 16 string pairs (request_fields.h); not echoed: the response says {}
   ojson msgs = translate_input(body, r, previous_items);
   parse_tools(body, r);
   parse_tool_choice(body, r);

@@ -224,4 +224,61 @@ TEST(HostileInput, AStopSequenceOverTheLimitIsA400) {
   EXPECT_EQ(ok2["type"], "message") << ok2.dump();
 }
 
+// OpenAI's metadata (Responses, chat completions): an object of at most 16 pairs, keys of at most 64 characters, values
+// strings of at most 512. Both endpoints accepted anything there (a string, numbers, 17 pairs, 100 KB values) without
+// a word, where OpenAI answers 400: a 400 naming `metadata` or `metadata.<key>`, in OpenAI's error shape, as the
+// Conversations endpoints already answered. Chat's `store` is a boolean. Metadata within the limits (characters are
+// code points) is accepted.
+TEST(HostileInput, MetadataIsCheckedAsOpenAIChecksIt) {
+  lilac::test::LocalServer srv(lilac::test::LocalServer::options());
+  const json user = {{"role", "user"}, {"content", "hi"}};
+  json seventeen = json::object();
+  for (int i = 0; i < 17; ++i) seventeen["k" + std::to_string(i)] = "v";
+  struct Case {
+    json metadata;
+    std::string param, code;
+  };
+  const std::vector<Case> cases = {
+      {"tag", "metadata", "invalid_type"},
+      {json::array({"a", "b"}), "metadata", "invalid_type"},
+      {{{"n", 5}}, "metadata.n", "invalid_type"},
+      {{{"ok", "x"}, {"nested", {{"a", "b"}}}}, "metadata.nested", "invalid_type"},
+      {{{"flag", true}}, "metadata.flag", "invalid_type"},
+      {{{"long", std::string(513, 'v')}}, "metadata.long", "string_above_max_length"},
+      {{{std::string(65, 'k'), "v"}}, "metadata", "invalid_value"},
+      {seventeen, "metadata", "invalid_value"},
+  };
+  auto responses = [](json md) {
+    return json{{"input", "hi"}, {"reasoning", {{"effort", "none"}}}, {"metadata", std::move(md)}};
+  };
+  auto chat = [&](json md) { return json{{"messages", {user}}, {"max_tokens", 3}, {"metadata", std::move(md)}}; };
+  for (const Case& c : cases) {
+    for (const auto& [path, body] : {std::pair{"/v1/responses", responses(c.metadata)},
+                                     std::pair{"/v1/chat/completions", chat(c.metadata)}}) {
+      const json e = post_json(srv.port, path, body, 400);
+      EXPECT_EQ(e["error"]["type"], "invalid_request_error") << path << ": " << e.dump();
+      EXPECT_EQ(e["error"]["param"], c.param) << path << ": " << e.dump();
+      EXPECT_EQ(e["error"]["code"], c.code) << path << ": " << e.dump();
+    }
+  }
+  const json e = post_json(srv.port, "/v1/chat/completions", {{"messages", {user}}, {"store", "yes"}}, 400);
+  EXPECT_EQ(e["error"]["param"], "store") << e.dump();
+  EXPECT_EQ(e["error"]["code"], "invalid_type") << e.dump();
+
+  // At the limits: 16 pairs, a key of 64 characters (two bytes each), a value of 512; null is "not given".
+  json full = json::object();
+  for (int i = 0; i < 15; ++i) full["k" + std::to_string(i)] = "v";
+  std::string key;
+  for (int i = 0; i < 64; ++i) key += "\xc3\xa9";
+  full[key] = std::string(512, 'v');
+  for (const json& md : {full, json(nullptr), json::object()}) {
+    const json r = post_json(srv.port, "/v1/responses", responses(md));
+    EXPECT_EQ(r["status"], "completed") << r.dump().substr(0, 300);
+    json body = chat(md);
+    body["store"] = true;
+    const json c = post_json(srv.port, "/v1/chat/completions", body);
+    EXPECT_EQ(c["object"], "chat.completion") << c.dump().substr(0, 300);
+  }
+}
+
 }  // namespace
