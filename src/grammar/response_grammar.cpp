@@ -1,7 +1,9 @@
 #include "grammar/response_grammar.h"
 
 #include <algorithm>
+#include <optional>
 #include <set>
+#include <vector>
 
 #include "grammar/regex.h"
 #include "grammar/schema_internal.h"
@@ -42,7 +44,12 @@ void parser_types(const Json& s, std::set<std::string>& out) {
 class Builder {
  public:
   Builder(const ResponseSpec& spec, const FormatMarkup& mk, const Tokenizer& tok, const SchemaLimits& lim)
-      : spec_(spec), mk_(mk), tok_(tok), sc_(empty_, lim) {}
+      : spec_(spec), mk_(mk), tok_(tok), sc_(empty_, lim), loose_work_(lim.max_automaton_work),
+        loose_expansion_(lim.max_expansion) {
+    const size_t n = spec_.tools.is_array() ? spec_.tools.size() : 0;
+    bodies_.assign(n, -1);
+    for (size_t i = 0; i < n; ++i) loose_tools_ += constrains(i) && !is_strict(tool(i));
+  }
 
   Grammar build();
 
@@ -60,6 +67,7 @@ class Builder {
   int32_t reasoning();
   int32_t document();
   int32_t call_body();              // after "<tool_call>\n", up to </tool_call>
+  int32_t call_of(size_t i);        // function_body(i) or arguments(i), built once per grammar
   int32_t function_body(size_t i);  // XML: after "<function=NAME>\n", up to </tool_call>
   int32_t arguments(size_t i);      // JSON form: the arguments object, then "}\n</tool_call>"
   void parameters(size_t i, Nfa& nfa, int32_t from, int32_t end);
@@ -82,6 +90,42 @@ class Builder {
   SchemaCompiler sc_;
   int32_t call_body_ = -1;
   int32_t name_rule_ = -1;
+  // A tool's call once built (call_of): a forced call by name builds it first, the calls after it again; a second
+  // compile of a schema that failed would find the rules the first reserved and abandoned (matching nothing).
+  std::vector<int32_t> bodies_;
+
+  // Tools that are not strict are constrained only in a forced call, and fall back to free arguments when their schema
+  // cannot be compiled. Their compiles spend from a pool of their own, as large as the grammar's budget
+  // (SchemaLimits::max_automaton_work, max_expansion), each at most its share of it: what is left of the pool over the
+  // number of such tools still to compile. One that passes its share falls back alone, and the strict tools,
+  // response_format and the other tools that are not strict keep their budgets (a grammar's compile spends at most
+  // twice the limits).
+  uint64_t loose_work_;
+  size_t loose_expansion_;
+  size_t loose_tools_ = 0;  // tools that are not strict and are constrained, still to compile
+  // While alive, the compiler spends from the share of the next tool that is not strict.
+  class LooseShare {
+   public:
+    explicit LooseShare(Builder& b)
+        : b_(b), share_{WorkBudget(b.loose_work_ / std::max<size_t>(b.loose_tools_, 1)),
+                        b.loose_expansion_ / std::max<size_t>(b.loose_tools_, 1)},
+          expansion_(share_.expansion) {
+      b_.sc_.swap_budget(share_);
+    }
+    ~LooseShare() {
+      b_.sc_.swap_budget(share_);
+      b_.loose_work_ -= share_.work.spent();
+      b_.loose_expansion_ -= expansion_ - share_.expansion;
+      if (b_.loose_tools_ > 0) --b_.loose_tools_;
+    }
+    LooseShare(const LooseShare&) = delete;
+    LooseShare& operator=(const LooseShare&) = delete;
+
+   private:
+    Builder& b_;
+    SchemaCompiler::Budget share_;
+    size_t expansion_;
+  };
 };
 
 void Builder::markup(Nfa& nfa, int32_t from, std::string_view text, int32_t to) {
@@ -212,9 +256,16 @@ int32_t Builder::close_call(Nfa& nfa, int32_t at, const std::string& name) {
   return rule(nfa, name);
 }
 
+int32_t Builder::call_of(size_t i) {
+  if (bodies_[i] < 0) bodies_[i] = spec_.xml_calls ? function_body(i) : arguments(i);
+  return bodies_[i];
+}
+
 int32_t Builder::function_body(size_t i) {
   if (constrains(i)) {
     try {
+      std::optional<LooseShare> share;  // (given back before the fallback below is built)
+      if (!is_strict(tool(i))) share.emplace(*this);
       Nfa nfa;
       const int32_t end = nfa.add_state();
       parameters(i, nfa, nfa.start(), end);
@@ -262,6 +313,8 @@ int32_t Builder::arguments(size_t i) {
   sc_.set_xml_safe(true);
   if (constrains(i)) {
     try {
+      std::optional<LooseShare> share;  // (given back before the fallback below is built)
+      if (!is_strict(tool(i))) share.emplace(*this);
       detail::check_schema(params, sc_.limits());
       sc_.set_root(params, "tools[" + std::to_string(i) + "]:");
       value = sc_.value_rule(params, "#");
@@ -292,10 +345,10 @@ int32_t Builder::call_body() {
     const std::string name = tool_name(i);
     if (spec_.xml_calls) {
       const int32_t s = chain(nfa, nfa.start(), std::string(mk_.function_open) + name + ">\n");
-      nfa.add_call(s, function_body(i), end);
+      nfa.add_call(s, call_of(i), end);
     } else {
       const int32_t s = chain(nfa, nfa.start(), "{\"name\": \"" + name + "\", \"arguments\": ");
-      nfa.add_call(s, arguments(i), end);
+      nfa.add_call(s, call_of(i), end);
     }
   }
   return call_body_ = rule(nfa, "a tool call");
@@ -324,7 +377,7 @@ Grammar Builder::build() {
       body = call_body();
     } else {
       const size_t i = tool_index(spec_.forced_function);
-      body = spec_.xml_calls ? function_body(i) : arguments(i);
+      body = call_of(i);
     }
     more_calls(nfa, call(nfa, s, body));
   } else {

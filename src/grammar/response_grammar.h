@@ -23,6 +23,9 @@
 //   - other mixes of string and non-string types, and top-level keywords other than type (object),
 //     properties, required, additionalProperties, $defs: a SchemaError for a strict tool; a forced
 //     call of a tool that is not strict falls back to unconstrained arguments.
+// A schema past the limits (SchemaLimits) is the same: a SchemaError for a strict tool, unconstrained arguments for
+// a tool that is not strict. The tools that are not strict spend from a budget of their own (max_automaton_work,
+// max_expansion), shared out between them, so that one past its share leaves the others' and the grammar's intact.
 // Markup that the tokenizer has as a single added token (<tool_call>, </tool_call>, </think>) is
 // that token; other markup is text.
 #pragma once

@@ -5,6 +5,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "grammar/automaton.h"
@@ -90,6 +91,18 @@ class SchemaCompiler {
   const SchemaLimits& limits() const { return lim_; }
   // Steps of determinization spent so far (of lim_.max_automaton_work).
   uint64_t work_spent() const { return work_.spent(); }
+  // What compiling spends from: steps of determinization (max_automaton_work) and the subschemas oneOf's check and
+  // allOf's merge may still visit (max_expansion). A builder that compiles a schema whose failure is not the grammar's
+  // (a forced call's tool that is not strict falls back to free arguments) swaps in a budget of its own for it, and
+  // back after, so that a schema that spends all of its budget leaves the one of the rest of the grammar untouched.
+  struct Budget {
+    WorkBudget work;
+    size_t expansion;
+  };
+  void swap_budget(Budget& b) {
+    std::swap(work_, b.work);
+    std::swap(expansion_left_, b.expansion);
+  }
 
   // schema_compiler.cpp
   int32_t value_rule(const Json& node, const std::string& path);

@@ -151,12 +151,12 @@ int32_t SchemaCompiler::string_rule(int64_t min_chars, int64_t max_chars) {
   return shared_[key] = g_.add_rule(std::move(r));
 }
 
-// Any value: the three rules refer to each other (reserved first).
+// Any value: the three rules refer to each other (reserved first). They are shared once all three are built: a
+// compile that fails midway (a forced call's tool that is not strict, past its budget, falls back) leaves them
+// abandoned, matching nothing, and later users build them again.
 int32_t SchemaCompiler::any_value_rule() {
   if (int32_t id = shared(mode_key("any")); id >= 0) return id;
   const int32_t value = reserve("any JSON value"), obj = reserve("any JSON object"), arr = reserve("any JSON array");
-  shared_[mode_key("any")] = value;
-  shared_[mode_key("any-object")] = obj;
   const int32_t ws = ws_rule(), str = string_rule(0, -1), num = number_rule();
   {
     Nfa nfa;
@@ -198,6 +198,8 @@ int32_t SchemaCompiler::any_value_rule() {
   g_.rules[size_t(value)].share_key = mode_key("any");
   g_.rules[size_t(obj)].share_key = mode_key("any-object");
   g_.rules[size_t(arr)].share_key = mode_key("any-array");
+  shared_[mode_key("any")] = value;
+  shared_[mode_key("any-object")] = obj;
   return value;
 }
 

@@ -339,5 +339,163 @@ TEST(SchemaHostile, MinimizationGivesUpPastItsStepBound) {
   EXPECT_EQ(dfa.size(), 2u);
 }
 
+// Whether `text` can be continued to a whole response of `g`, its markup (<tool_call>, </tool_call>) read as the
+// grammar's special tokens where the grammar has them.
+bool reads(const Grammar& g, const std::string& text) {
+  ConfigSpace sp(g);
+  int32_t c = sp.initial(g.root, 0);
+  for (size_t i = 0; i < text.size();) {
+    Sym sym = Sym(uint8_t(text[i]));
+    size_t len = 1;
+    for (size_t k = 0; k < g.special_tokens.size(); ++k) {
+      const std::string& t = qwen3().token_bytes(g.special_tokens[k]);
+      if (text.compare(i, t.size(), t) == 0) {
+        sym = Sym(kByteSyms + k);
+        len = t.size();
+      }
+    }
+    c = sp.step(c, sym);
+    if (c == ConfigSpace::kDead) return false;
+    i += len;
+  }
+  return true;
+}
+
+OrderedJson function_tool(const std::string& name, const OrderedJson& params, bool strict) {
+  OrderedJson f = {{"name", name}, {"parameters", params}};
+  if (strict) f["strict"] = true;
+  return {{"type", "function"}, {"function", std::move(f)}};
+}
+
+// A call of `name` with arguments {key: value} in the spec's form (value as the model writes it), from its opening;
+// `opened`: the prompt already wrote the opening (a forced call of this tool), so only the arguments on.
+std::string call_text(bool xml, const std::string& name, const std::string& key, const std::string& value,
+                      bool opened = false) {
+  if (xml)
+    return (opened ? "" : "<function=" + name + ">\n") + "<parameter=" + key + ">\n" + value + "\n</parameter>\n";
+  return (opened ? "" : "{\"name\": \"" + name + "\", \"arguments\": ") + "{\"" + key + "\": " + value + "}";
+}
+
+// A forced call (tool_choice required, Anthropic's "any", or a named one) constrains every tool, and a tool that is not
+// strict falls back to free arguments when its schema cannot be compiled. Past the work bound it did not: the budget is
+// one per grammar (SchemaLimits::max_automaton_work), spent to zero by the failed tool, so whatever was built after it
+// (its own free arguments, every other tool) failed too, and the request was a 400 naming `tools` for a tool whose
+// schema it would not have enforced. The tools that are not strict now spend from a pool of their own, each at most
+// its share of it: the one past its share falls back alone, and the others (strict or not) are constrained as they
+// were. A strict tool past the bound is still its own 400.
+TEST(SchemaHostile, ANonStrictToolPastTheWorkBoundFallsBackAlone) {
+  const OrderedJson hostile = {{"type", "object"},
+                               {"properties", {{"x", OrderedJson::parse(string_schema(wide_class(5000) + "{40}"))}}},
+                               {"required", {"x"}}};
+  const OrderedJson counted = OrderedJson::parse(R"({"type":"object","properties":{"n":{"type":"integer"}},"required":["n"]})");
+  for (const bool xml : {true, false}) {
+    const std::string free_value = xml ? "anything" : "\"anything\"";
+    for (const bool hostile_first : {true, false}) {
+      ResponseSpec spec;
+      spec.xml_calls = xml;
+      spec.calls = ResponseSpec::Calls::Forced;
+      spec.tools = OrderedJson::array();
+      if (hostile_first) spec.tools.push_back(function_tool("h", hostile, false));
+      spec.tools.push_back(function_tool("loose", counted, false));
+      spec.tools.push_back(function_tool("ok", counted, true));
+      if (!hostile_first) spec.tools.push_back(function_tool("h", hostile, false));
+      const std::string at = std::string("xml ") + (xml ? "1" : "0") + ", hostile first " + (hostile_first ? "1" : "0");
+      Grammar g;
+      try {
+        g = build_response_grammar(spec, qwen3_6_format().markup(), qwen3());
+      } catch (const SchemaError& e) {
+        ADD_FAILURE() << at << ": refused, param " << e.param() << ": " << e.what();
+        continue;
+      }
+      // The hostile tool's arguments are free: any parameter (XML), any object (JSON).
+      EXPECT_TRUE(reads(g, call_text(xml, "h", "y", free_value))) << at;
+      // The others are constrained as without it: n is an integer.
+      for (const char* name : {"loose", "ok"}) {
+        EXPECT_TRUE(reads(g, call_text(xml, name, "n", "12"))) << at << ": " << name;
+        EXPECT_FALSE(reads(g, call_text(xml, name, "n", free_value))) << at << ": " << name;
+      }
+      // Strict, the hostile tool is the request's error, naming it.
+      const size_t h = hostile_first ? 0 : 2;
+      spec.tools[h]["function"]["strict"] = true;
+      try {
+        build_response_grammar(spec, qwen3_6_format().markup(), qwen3());
+        ADD_FAILURE() << at << ": a strict tool past the bound was accepted";
+      } catch (const SchemaError& e) {
+        EXPECT_EQ(e.param(), "tools[" + std::to_string(h) + "].function.parameters") << at << ": " << e.what();
+        EXPECT_EQ(e.keyword(), "pattern") << at << ": " << e.what();
+      }
+    }
+    // A call of the hostile tool forced by name: its arguments are free, and so are those of a second call of it (the
+    // tool was compiled again for the calls after the first); a second call of another tool is constrained.
+    ResponseSpec named;
+    named.xml_calls = xml;
+    named.calls = ResponseSpec::Calls::Forced;
+    named.forced_function = "h";
+    named.tools = OrderedJson::array({function_tool("h", hostile, false), function_tool("ok", counted, true)});
+    Grammar g;
+    try {
+      g = build_response_grammar(named, qwen3_6_format().markup(), qwen3());
+    } catch (const SchemaError& e) {
+      ADD_FAILURE() << "xml " << xml << ", named: refused, param " << e.param() << ": " << e.what();
+      continue;
+    }
+    const std::string first = call_text(xml, "h", "y", free_value, true) + (xml ? "</function>\n" : "}\n") +
+                              "</tool_call>\n<tool_call>\n";
+    EXPECT_TRUE(reads(g, first + call_text(xml, "h", "y", free_value))) << "xml " << xml;
+    EXPECT_TRUE(reads(g, first + call_text(xml, "ok", "n", "12"))) << "xml " << xml;
+    EXPECT_FALSE(reads(g, first + call_text(xml, "ok", "n", free_value))) << "xml " << xml;
+  }
+}
+
+// The same for a tool whose schema fails midway with a schema error (oneOf branches that overlap, found only while
+// compiling): a call forced by name fell back to free arguments, but the calls after it compiled the tool again, and
+// the second compile found the rules the first had reserved and abandoned (matching nothing), so a second call of it
+// could not be written at all. A tool is compiled once per grammar.
+TEST(SchemaHostile, ATooLooseToolForcedByNameIsFreeInEveryCall) {
+  const OrderedJson overlapping = OrderedJson::parse(R"({"type":"object","properties":{"x":{"type":"array","items":
+      {"oneOf":[{"type":"string"},{"type":"string"}]}}},"required":["x"]})");
+  for (const bool xml : {true, false}) {
+    ResponseSpec spec;
+    spec.xml_calls = xml;
+    spec.calls = ResponseSpec::Calls::Forced;
+    spec.forced_function = "f";
+    spec.tools = OrderedJson::array({function_tool("f", overlapping, false)});
+    const Grammar g = build_response_grammar(spec, qwen3_6_format().markup(), qwen3());
+    const std::string free_value = xml ? "anything" : "\"anything\"";
+    const std::string first = call_text(xml, "f", "y", free_value, true) + (xml ? "</function>\n" : "}\n") +
+                              "</tool_call>\n<tool_call>\n";
+    EXPECT_TRUE(reads(g, first)) << "xml " << xml;
+    EXPECT_TRUE(reads(g, first + call_text(xml, "f", "y", free_value))) << "xml " << xml;
+  }
+}
+
+// The rules every schema shares (any value, whitespace, ...) are kept for later users once built. Any value's three
+// rules were kept before they were built: a tool that is not strict whose share of the budget ran out while building
+// them (reachable once such a tool's failure no longer failed the whole grammar: the test above) left them matching
+// nothing, and a strict tool after it that used them could then never be called. At every budget, a grammar that
+// builds constrains the strict tool as it should.
+TEST(SchemaHostile, ASharedRuleIsKeptOnlyOnceBuilt) {
+  ResponseSpec spec;
+  spec.xml_calls = false;  // JSON arguments: a property of any type is any JSON value
+  spec.calls = ResponseSpec::Calls::Forced;
+  const OrderedJson any_p = OrderedJson::parse(R"({"type":"object","properties":{"p":{}},"required":["p"]})");
+  spec.tools = OrderedJson::array({function_tool("a", any_p, false), function_tool("b", any_p, true)});
+  int built = 0;
+  for (uint64_t w = 0; w <= 40000; w += 25) {
+    SchemaLimits lim;
+    lim.max_automaton_work = w;
+    Grammar g;
+    try {
+      g = build_response_grammar(spec, qwen3_6_format().markup(), qwen3(), lim);
+    } catch (const SchemaError&) {
+      continue;  // too small for the grammar itself
+    }
+    ++built;
+    EXPECT_TRUE(reads(g, call_text(false, "b", "p", "[1, {\"k\": null}]") + "}\n")) << w;
+    EXPECT_FALSE(reads(g, call_text(false, "b", "q", "1"))) << w;
+  }
+  EXPECT_GT(built, 0);
+}
+
 }  // namespace
 }  // namespace lilac::grammar::test

@@ -281,4 +281,53 @@ TEST(HostileInput, MetadataIsCheckedAsOpenAIChecksIt) {
   }
 }
 
+// A forced call (tool_choice "required", Anthropic's "any") constrains every tool, and a tool that is not strict gets free
+// arguments when its schema cannot be enforced. One whose schema passed the work bound (a pattern of a class of 5,000
+// code points repeated 40 times) spent the request's whole budget, and the request was a 400 naming `tools`: it is
+// answered, the call's arguments free. The same tool strict is still the 400 of its parameters.
+TEST(HostileInput, AForcedCallOfALooseToolPastTheWorkBoundIsAnswered) {
+  const std::string call = "<function=h>\n<parameter=y>\nv\n</parameter>\n</function>\n</tool_call>";
+  const json script = {{"rules", {{{"match", "forced"}, {"reply", call}}}}, {"default", {{"reply", "</think>\n\nok"}}}};
+  lilac::test::LocalServer srv(lilac::test::LocalServer::options(), nullptr, script);
+  std::string cls = "[";
+  for (uint32_t i = 0; i < 5000; ++i) {  // U+0100, U+0102, ...: two- and three-byte UTF-8
+    const uint32_t c = 0x100 + 2 * i;
+    if (c < 0x800) {
+      cls += char(0xC0 | (c >> 6));
+    } else {
+      cls += char(0xE0 | (c >> 12));
+      cls += char(0x80 | ((c >> 6) & 0x3F));
+    }
+    cls += char(0x80 | (c & 0x3F));
+  }
+  const json hostile = {{"type", "object"},
+                        {"properties", {{"x", {{"type", "string"}, {"pattern", cls + "]{40}"}}}}},
+                        {"required", {"x"}}};
+  const json counted = json::parse(R"({"type":"object","properties":{"n":{"type":"integer"}},"required":["n"]})");
+  const json user = {{"role", "user"}, {"content", "forced call please"}};
+  json chat = {{"messages", {user}},
+               {"max_tokens", 100},
+               {"tool_choice", "required"},
+               {"tools",
+                {{{"type", "function"}, {"function", {{"name", "h"}, {"parameters", hostile}}}},
+                 {{"type", "function"}, {"function", {{"name", "ok"}, {"strict", true}, {"parameters", counted}}}}}}};
+  const json c = post_json(srv.port, "/v1/chat/completions", chat);
+  EXPECT_EQ(c["choices"][0]["finish_reason"], "tool_calls") << c.dump().substr(0, 400);
+  EXPECT_EQ(c["choices"][0]["message"]["tool_calls"][0]["function"]["name"], "h") << c.dump().substr(0, 400);
+  EXPECT_EQ(c["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"], R"({"y":"v"})")
+      << c.dump().substr(0, 400);
+  const json m = post_json(srv.port, "/v1/messages",
+                           {{"max_tokens", 100},
+                            {"messages", {user}},
+                            {"tool_choice", {{"type", "any"}}},
+                            {"tools", {{{"name", "h"}, {"input_schema", hostile}}, {{"name", "ok"}, {"input_schema", counted}}}}});
+  EXPECT_EQ(m["stop_reason"], "tool_use") << m.dump().substr(0, 400);
+  EXPECT_EQ(m["content"][0]["name"], "h") << m.dump().substr(0, 400);
+  // Strict, its schema is the request's error.
+  chat["tools"][0]["function"]["strict"] = true;
+  const json e = post_json(srv.port, "/v1/chat/completions", chat, 400);
+  EXPECT_EQ(e["error"]["param"], "tools[0].function.parameters") << e.dump().substr(0, 400);
+  EXPECT_EQ(e["error"]["code"], "invalid_schema") << e.dump().substr(0, 400);
+}
+
 }  // namespace
