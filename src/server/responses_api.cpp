@@ -66,6 +66,7 @@ Endpoint responses_endpoint(ServerContext& C) {
     apply_response_format(p.response_format, p.json_schema, s);
     s.sampling = p.sampling;
     s.max_tokens = p.max_output_tokens;
+    s.parallel_tool_calls = p.parallel_tool_calls;
     s.prompt_param = "input";
     s.max_tokens_param = "max_output_tokens";
     s.schema_param = "text.format.schema";
@@ -78,6 +79,7 @@ Endpoint responses_endpoint(ServerContext& C) {
     meta.max_output_tokens = p.max_output_tokens ? nlohmann::json(*p.max_output_tokens) : nlohmann::json(nullptr);
     meta.tools = nlohmann::json(p.echo_tools);
     meta.tool_choice = nlohmann::json(p.echo_tool_choice);
+    meta.parallel_tool_calls = p.parallel_tool_calls;
     meta.temperature = p.sampling.temperature;
     meta.top_p = p.sampling.top_p;
     meta.text_format = nlohmann::json(p.echo_text_format);

@@ -154,7 +154,7 @@ class ResponsesFormatter final : public ResponseFormatter {
     r["max_output_tokens"] = meta_.max_output_tokens;
     r["model"] = meta_.model;
     r["output"] = items_;
-    r["parallel_tool_calls"] = true;
+    r["parallel_tool_calls"] = meta_.parallel_tool_calls;
     r["previous_response_id"] = meta_.previous_response_id;
     r["conversation"] = meta_.conversation;
     r["reasoning"] = json{{"effort", meta_.reasoning_effort}, {"summary", nullptr}};

@@ -35,6 +35,7 @@ struct ResponsesMeta {
   double temperature = 1, top_p = 1;
   nlohmann::json reasoning_effort;  // string or null
   nlohmann::json text_format = nlohmann::json{{"type", "text"}};
+  bool parallel_tool_calls = true;
   // New ids ("rs_", "msg_", "fc_" + random) for output items.
   std::function<std::string(const char* prefix)> new_id;
   bool store = false;                             // echoed

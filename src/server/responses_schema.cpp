@@ -389,6 +389,13 @@ ResponsesParams parse_responses_request(const ojson& body, const ModelConfig& cf
   if (auto t = get_string(body, "truncation"); t && *t != "disabled" && *t != "auto")
     bad("truncation", "Invalid value for 'truncation': '" + *t + "'.");
   checked_metadata(body);  // up to 16 string pairs (request_fields.h); not echoed: the response says {}
+  r.parallel_tool_calls = get_bool(body, "parallel_tool_calls").value_or(true);
+  get_string(body, "user");  // (accepted and ignored, as `include`: typed as OpenAI types them)
+  if (const ojson* inc = field(body, "include")) {
+    if (!inc->is_array()) wrong_type("include", "an array of strings", *inc);
+    for (size_t i = 0; i < inc->size(); ++i)
+      if (!(*inc)[i].is_string()) wrong_type("include[" + std::to_string(i) + "]", "a string", (*inc)[i]);
+  }
   ojson msgs = translate_input(body, r, previous_items);
   parse_tools(body, r);
   parse_tool_choice(body, r);

@@ -40,6 +40,7 @@ struct ResponsesParams {
   ToolChoice tool_choice = ToolChoice::Auto;
   std::string tool_choice_name;
   bool reasoning = true;
+  bool parallel_tool_calls = true;  // false: at most one call (enforced where calls are constrained, as on chat); echoed
   bool continue_final = false;  // the input ends with an assistant message: its text is continued (a prefill)
   // Echoed in the response object.
   ojson echo_tools = ojson::array();  // the request's tools as given

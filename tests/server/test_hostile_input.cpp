@@ -330,4 +330,50 @@ TEST(HostileInput, AForcedCallOfALooseToolPastTheWorkBoundIsAnswered) {
   EXPECT_EQ(e["error"]["code"], "invalid_schema") << e.dump().substr(0, 400);
 }
 
+// Responses fields OpenAI types that lilac read no further than their presence: parallel_tool_calls (a boolean), user (a
+// string), include (an array of strings) took any JSON value. They are type-checked as everywhere else, and
+// parallel_tool_calls is kept as chat completions keeps it (false: at most one call where calls are constrained) and
+// echoed: the response said "parallel_tool_calls": true whatever was sent.
+TEST(HostileInput, ResponsesParallelToolCallsUserAndIncludeAreTyped) {
+  const std::string call = "<function=f>\n<parameter=a>\n1\n</parameter>\n</function>\n</tool_call>";
+  const json script = {{"rules", {{{"match", "a call"}, {"reply", call}}}}, {"default", {{"reply", "</think>\n\nok"}}}};
+  lilac::test::LocalServer srv(lilac::test::LocalServer::options(), nullptr, script);
+  auto body = [](json extra) {
+    extra["input"] = "hi";
+    extra["reasoning"] = {{"effort", "none"}};
+    return extra;
+  };
+  struct Case {
+    json extra;
+    std::string param;
+  };
+  const std::vector<Case> cases = {
+      {{{"parallel_tool_calls", "no"}}, "parallel_tool_calls"},
+      {{{"parallel_tool_calls", 0}}, "parallel_tool_calls"},
+      {{{"user", 5}}, "user"},
+      {{{"include", "reasoning.encrypted_content"}}, "include"},
+      {{{"include", {"message.output_text.logprobs", 5}}}, "include[1]"},
+  };
+  for (const Case& c : cases) {
+    const json e = post_json(srv.port, "/v1/responses", body(c.extra), 400);
+    EXPECT_EQ(e["error"]["type"], "invalid_request_error") << e.dump();
+    EXPECT_EQ(e["error"]["param"], c.param) << e.dump();
+    EXPECT_EQ(e["error"]["code"], "invalid_type") << e.dump();
+  }
+  const json ok = post_json(srv.port, "/v1/responses",
+                            body({{"user", "u1"}, {"include", {"reasoning.encrypted_content"}}, {"parallel_tool_calls", nullptr}}));
+  EXPECT_EQ(ok["status"], "completed") << ok.dump();
+  EXPECT_EQ(ok["parallel_tool_calls"], true) << ok.dump();
+  const json tools = json::array({{{"type", "function"}, {"name", "f"},
+                                   {"parameters", {{"type", "object"}, {"properties", {{"a", {{"type", "integer"}}}}}}}}});
+  for (const bool parallel : {true, false}) {
+    const json r = post_json(srv.port, "/v1/responses",
+                             {{"input", "a call please"}, {"tools", tools}, {"tool_choice", "required"},
+                              {"parallel_tool_calls", parallel}});
+    EXPECT_EQ(r["parallel_tool_calls"], parallel) << r.dump();
+    ASSERT_EQ(r["output"].size(), 1u) << r.dump();
+    EXPECT_EQ(r["output"][0]["type"], "function_call") << r.dump();
+  }
+}
+
 }  // namespace
