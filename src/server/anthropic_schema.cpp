@@ -196,6 +196,7 @@ ojson translate_tools(const ojson& tools) {
     if (!schema->is_object()) wrong_type(p + ".input_schema", "an object (a JSON schema)", *schema);
     if (auto st = schema->find("type"); st != schema->end() && !(st->is_string() && *st == "object"))
       bad(p + ".input_schema", "Invalid '" + p + ".input_schema': its type must be \"object\".");
+    check_tool_parameters(*schema, p + ".input_schema", name);
     ojson fn{{"name", name}};
     if (auto d = get_string(t, "description", p + ".description")) fn["description"] = *d;
     fn["parameters"] = *schema;

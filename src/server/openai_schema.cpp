@@ -199,26 +199,7 @@ void validate_tools(const ojson& tools) {
             "Invalid schema for function '" + name + "': parameters must be a JSON schema of type \"object\", got " +
                 (pt == ps->end() ? std::string("no type") : "type " + dump_json(*pt)) + ".",
             "invalid_function_parameters");
-      auto props = ps->find("properties");
-      if (props != ps->end() && !props->is_object())
-        bad(pfx + ".function.parameters", "Invalid schema for function '" + name + "': 'properties' must be an object.",
-            "invalid_function_parameters");
-      if (props != ps->end())
-        for (auto it = props->begin(); it != props->end(); ++it)
-          if (!it.value().is_object() && !it.value().is_boolean())
-            bad(pfx + ".function.parameters",
-                "Invalid schema for function '" + name + "': property '" + it.key() + "' must be a JSON schema (an object).",
-                "invalid_function_parameters");
-      auto req = ps->find("required");
-      if (req != ps->end()) {
-        if (!req->is_array())
-          bad(pfx + ".function.parameters", "Invalid schema for function '" + name + "': 'required' must be an array.",
-              "invalid_function_parameters");
-        for (auto& r : *req)
-          if (!r.is_string())
-            bad(pfx + ".function.parameters", "Invalid schema for function '" + name + "': 'required' must list strings.",
-                "invalid_function_parameters");
-      }
+      check_tool_parameters(*ps, pfx + ".function.parameters", name);
     }
   }
 }

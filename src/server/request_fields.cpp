@@ -116,6 +116,23 @@ ojson checked_metadata(const ojson& body) {
   return *m;
 }
 
+void check_tool_parameters(const ojson& ps, const std::string& param, const std::string& name) {
+  auto invalid = [&](const std::string& what) {
+    bad(param, "Invalid schema for function '" + name + "': " + what, "invalid_function_parameters");
+  };
+  if (auto props = ps.find("properties"); props != ps.end()) {
+    if (!props->is_object()) invalid("'properties' must be an object.");
+    for (auto it = props->begin(); it != props->end(); ++it)
+      if (!it.value().is_object() && !it.value().is_boolean())
+        invalid("property '" + it.key() + "' must be a JSON schema (an object).");
+  }
+  if (auto req = ps.find("required"); req != ps.end()) {
+    if (!req->is_array()) invalid("'required' must be an array.");
+    for (const auto& r : *req)
+      if (!r.is_string()) invalid("'required' must list strings.");
+  }
+}
+
 void check_stop_bytes(size_t n, size_t& total, const std::string& param) {
   if (n > kMaxStopBytes) bad(param, "A stop sequence may be at most " + std::to_string(kMaxStopBytes) + " bytes long.");
   if ((total += n) > kMaxStopTotalBytes)

@@ -38,6 +38,11 @@ std::string need_string(const ojson& obj, const char* key, const std::string& pa
 constexpr size_t kMaxMetadataPairs = 16, kMaxMetadataKeyChars = 64, kMaxMetadataValueChars = 512;
 ojson checked_metadata(const ojson& body);
 
+// A tool's parameters schema (OpenAI's `parameters`, Anthropic's `input_schema`; `ps` an object), as the chat template
+// and the output parser read it: `properties` an object whose values are schemas (objects or booleans), `required` an
+// array of strings. Else a 400 invalid_function_parameters naming `param`, the message naming the tool `name`.
+void check_tool_parameters(const ojson& ps, const std::string& param, const std::string& name);
+
 // The stop strings a request may give (OpenAI's stop, Anthropic's stop_sequences): the detokenizer compares its
 // held-back text with every stop's prefixes at each token, so unbounded ones let one request cost a worker seconds.
 // Each at most kMaxStopBytes, together at most kMaxStopTotalBytes; a stop string of `n` bytes adds to `total`, past a

@@ -213,6 +213,7 @@ void parse_tools(const ojson& body, ResponsesParams& r) {
       if (!ps->is_object()) wrong_type(p + ".parameters", "an object (a JSON schema)", *ps);
       if (auto pt = ps->find("type"); pt != ps->end() && !(pt->is_string() && *pt == "object"))
         bad(p + ".parameters", "Invalid '" + p + ".parameters': its type must be \"object\".");
+      check_tool_parameters(*ps, p + ".parameters", name);
       fn["parameters"] = *ps;
     }
     // strict: true constrains the call's arguments to `parameters` (constrained decoding); absent or

@@ -376,4 +376,46 @@ TEST(HostileInput, ResponsesParallelToolCallsUserAndIncludeAreTyped) {
   }
 }
 
+// A tool's parameters as the chat template and the output parser read them: `properties` an object of schemas, `required`
+// an array of strings. Chat completions refused anything else (invalid_function_parameters); Responses' `parameters` and
+// Anthropic's `input_schema` took it (a tool that is not strict and not forced is never compiled), so the same tool was
+// a 400 on one endpoint and rendered into the prompt as it came on the others. Each is the same 400 now.
+TEST(HostileInput, AToolsParametersAreCheckedOnEveryEndpoint) {
+  lilac::test::LocalServer srv(lilac::test::LocalServer::options());
+  const json user = {{"role", "user"}, {"content", "hi"}};
+  const std::vector<json> bad = {
+      {{"type", "object"}, {"properties", "x"}},
+      {{"type", "object"}, {"properties", {1, 2}}},
+      {{"type", "object"}, {"properties", {{"a", 5}}}},
+      {{"type", "object"}, {"properties", {{"a", {{"type", "string"}}}}}, {"required", "a"}},
+      {{"type", "object"}, {"properties", {{"a", {{"type", "string"}}}}}, {"required", {1}}},
+  };
+  for (const json& ps : bad) {
+    const json c = post_json(srv.port, "/v1/chat/completions",
+                             {{"messages", {user}},
+                              {"tools", {{{"type", "function"}, {"function", {{"name", "f"}, {"parameters", ps}}}}}}},
+                             400);
+    EXPECT_EQ(c["error"]["param"], "tools[0].function.parameters") << c.dump();
+    EXPECT_EQ(c["error"]["code"], "invalid_function_parameters") << c.dump();
+    const json r = post_json(srv.port, "/v1/responses",
+                             {{"input", "hi"}, {"tools", {{{"type", "function"}, {"name", "f"}, {"parameters", ps}}}}}, 400);
+    EXPECT_EQ(r["error"]["type"], "invalid_request_error") << r.dump();
+    EXPECT_EQ(r["error"]["param"], "tools[0].parameters") << r.dump();
+    EXPECT_EQ(r["error"]["code"], "invalid_function_parameters") << r.dump();
+    const json m = post_json(srv.port, "/v1/messages",
+                             {{"max_tokens", 5}, {"messages", {user}}, {"tools", {{{"name", "f"}, {"input_schema", ps}}}}},
+                             400);
+    EXPECT_EQ(m["type"], "error") << m.dump();
+    EXPECT_EQ(m["error"]["type"], "invalid_request_error") << m.dump();
+    EXPECT_EQ(m["error"]["message"].get<std::string>().rfind("tools[0].input_schema: ", 0), 0u) << m.dump();
+  }
+  // Well-formed ones still pass (a property may be a boolean schema; no properties at all is fine).
+  const json good = {{"type", "object"}, {"properties", {{"a", {{"type", "string"}}}, {"b", true}}}, {"required", {"a"}}};
+  for (const json& ps : {good, json{{"type", "object"}}}) {
+    post_json(srv.port, "/v1/responses", {{"input", "hi"}, {"tools", {{{"type", "function"}, {"name", "f"}, {"parameters", ps}}}}});
+    post_json(srv.port, "/v1/messages",
+              {{"max_tokens", 5}, {"messages", {user}}, {"tools", {{{"name", "f"}, {"input_schema", ps}}}}});
+  }
+}
+
 }  // namespace
