@@ -271,6 +271,18 @@ void parse_sampling(const ojson& body, const ModelConfig& cfg, uint64_t seed, Me
   }
 }
 
+// metadata: {"user_id": a string of at most 256 characters, or null}; other keys are refused, as Anthropic's API
+// refuses them ("Extra inputs are not permitted").
+void check_metadata(const ojson& body) {
+  const ojson* md = field(body, "metadata");
+  if (!md) return;
+  if (!md->is_object()) wrong_type("metadata", "an object", *md);
+  for (const auto& [k, v] : md->items())
+    if (k != "user_id") bad("metadata." + quoted_id(k), "Extra inputs are not permitted.", "extra_forbidden");
+  if (auto id = get_string(*md, "user_id", "metadata.user_id"); id && utf8_chars(*id) > 256)
+    bad("metadata.user_id", "Invalid 'metadata.user_id': at most 256 characters.");
+}
+
 }  // namespace
 
 MessagesParams parse_messages_request(const ojson& body, const ModelConfig& cfg, uint64_t seed, bool for_count) {
@@ -291,7 +303,7 @@ MessagesParams parse_messages_request(const ojson& body, const ModelConfig& cfg,
   }
   parse_tool_choice(body, p);
   parse_thinking(body, p, for_count);
-  if (const ojson* md = field(body, "metadata"); md && !md->is_object()) wrong_type("metadata", "an object", *md);
+  check_metadata(body);
   // The request's own last message decides (a user turn of no blocks translates to nothing: what precedes it
   // must not become a prefill).
   p.continue_final = field(body, "messages")->back().value("role", "") == "assistant";

@@ -87,14 +87,11 @@ std::string need_string(const ojson& obj, const char* key, const std::string& pa
   return *s;
 }
 
-namespace {
-// Code points of UTF-8 text (the bytes that do not continue a character).
 size_t utf8_chars(const std::string& s) {
   size_t n = 0;
   for (unsigned char c : s) n += (c & 0xC0) != 0x80;
   return n;
 }
-}  // namespace
 
 ojson checked_metadata(const ojson& body) {
   const ojson* m = field(body, "metadata");

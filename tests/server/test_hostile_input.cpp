@@ -418,4 +418,36 @@ TEST(HostileInput, AToolsParametersAreCheckedOnEveryEndpoint) {
   }
 }
 
+// Anthropic's metadata is {"user_id": a string of at most 256 characters, or null}, and its API refuses other keys. lilac
+// checked only that metadata is an object: a user_id of any type or length, and any other key, were accepted.
+TEST(HostileInput, AnthropicMetadataIsAUserIdOnly) {
+  lilac::test::LocalServer srv(lilac::test::LocalServer::options());
+  const json user = {{"role", "user"}, {"content", "hi"}};
+  struct Case {
+    json metadata;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {{{"user_id", 5}}, "Invalid type for 'metadata.user_id': expected a string, but got a number."},
+      {{{"user_id", {{"id", "u"}}}}, "Invalid type for 'metadata.user_id': expected a string, but got an object."},
+      {{{"user_id", std::string(257, 'u')}}, "Invalid 'metadata.user_id': at most 256 characters."},
+      {{{"user_id", "u"}, {"session", "s"}}, "metadata.session: Extra inputs are not permitted."},
+      {"u", "Invalid type for 'metadata': expected an object, but got a string."},
+  };
+  for (const Case& c : cases) {
+    for (const char* route : {"/v1/messages", "/v1/messages/count_tokens"}) {
+      const json e = post_json(srv.port, route, {{"max_tokens", 5}, {"messages", {user}}, {"metadata", c.metadata}}, 400);
+      EXPECT_EQ(e["type"], "error") << e.dump();
+      EXPECT_EQ(e["error"]["type"], "invalid_request_error") << e.dump();
+      EXPECT_EQ(e["error"]["message"], c.message) << route;
+    }
+  }
+  std::string id;
+  for (int i = 0; i < 256; ++i) id += "\xc3\xa9";  // 256 characters
+  for (const json& md : {json{{"user_id", id}}, json{{"user_id", nullptr}}, json::object()}) {
+    const json m = post_json(srv.port, "/v1/messages", {{"max_tokens", 5}, {"messages", {user}}, {"metadata", md}});
+    EXPECT_EQ(m["type"], "message") << m.dump().substr(0, 300);
+  }
+}
+
 }  // namespace
