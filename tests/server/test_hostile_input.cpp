@@ -450,4 +450,25 @@ TEST(HostileInput, AnthropicMetadataIsAUserIdOnly) {
   }
 }
 
+// Anthropic's tools have no "strict": a forced call (tool_choice any / tool) constrains the input to its input_schema
+// where lilac can enforce it, and a schema it cannot (a keyword outside the subset) leaves the input free, as for any
+// tool that is not strict; README said such a schema was a 400. Pinned here: the call is answered, its input free.
+TEST(HostileInput, AnAnthropicForcedCallOfASchemaOutsideTheSubsetIsFree) {
+  // (a call forced by name: the prompt has opened it, "<function=f>\n" included)
+  const std::string args = "<parameter=b>\nfree\n</parameter>\n</function>\n</tool_call>";
+  const json script = {{"rules", {{{"match", "named"}, {"reply", args}}, {{"match", "any"}, {"reply", "<function=f>\n" + args}}}},
+                       {"default", {{"reply", "ok"}}}};
+  lilac::test::LocalServer srv(lilac::test::LocalServer::options(), nullptr, script);
+  const json schema = {{"type", "object"}, {"properties", {{"a", {{"type", "string"}, {"not", json::object()}}}}}};
+  for (const json& choice : {json{{"type", "any"}}, json{{"type", "tool"}, {"name", "f"}}}) {
+    const json m = post_json(srv.port, "/v1/messages",
+                             {{"max_tokens", 50},
+                              {"messages", {{{"role", "user"}, {"content", choice["type"] == "any" ? "any" : "named"}}}},
+                              {"tool_choice", choice},
+                              {"tools", {{{"name", "f"}, {"input_schema", schema}}}}});
+    EXPECT_EQ(m["stop_reason"], "tool_use") << m.dump();
+    EXPECT_EQ(m["content"][0]["input"], json({{"b", "free"}})) << m.dump();
+  }
+}
+
 }  // namespace
