@@ -80,6 +80,7 @@ Endpoint responses_endpoint(ServerContext& C) {
     meta.tools = nlohmann::json(p.echo_tools);
     meta.tool_choice = nlohmann::json(p.echo_tool_choice);
     meta.parallel_tool_calls = p.parallel_tool_calls;
+    meta.metadata = nlohmann::json(p.metadata);
     meta.temperature = p.sampling.temperature;
     meta.top_p = p.sampling.top_p;
     meta.text_format = nlohmann::json(p.echo_text_format);

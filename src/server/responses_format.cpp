@@ -166,7 +166,7 @@ class ResponsesFormatter final : public ResponseFormatter {
     r["top_p"] = meta_.top_p;
     r["truncation"] = "disabled";
     r["usage"] = status == "in_progress" || status == "queued" ? json(nullptr) : usage();
-    r["metadata"] = json::object();
+    r["metadata"] = meta_.metadata;
     if (meta_.route_field) r["lilac_route"] = "local";
     return r;
   }

@@ -36,6 +36,7 @@ struct ResponsesMeta {
   nlohmann::json reasoning_effort;  // string or null
   nlohmann::json text_format = nlohmann::json{{"type", "text"}};
   bool parallel_tool_calls = true;
+  nlohmann::json metadata = nlohmann::json::object();
   // New ids ("rs_", "msg_", "fc_" + random) for output items.
   std::function<std::string(const char* prefix)> new_id;
   bool store = false;                             // echoed

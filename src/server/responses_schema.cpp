@@ -389,7 +389,7 @@ ResponsesParams parse_responses_request(const ojson& body, const ModelConfig& cf
   }
   if (auto t = get_string(body, "truncation"); t && *t != "disabled" && *t != "auto")
     bad("truncation", "Invalid value for 'truncation': '" + *t + "'.");
-  checked_metadata(body);  // up to 16 string pairs (request_fields.h); not echoed: the response says {}
+  r.metadata = checked_metadata(body);  // up to 16 string pairs (request_fields.h)
   r.parallel_tool_calls = get_bool(body, "parallel_tool_calls").value_or(true);
   get_string(body, "user");  // (accepted and ignored, as `include`: typed as OpenAI types them)
   if (const ojson* inc = field(body, "include")) {

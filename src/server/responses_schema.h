@@ -48,6 +48,7 @@ struct ResponsesParams {
   ojson instructions;                 // string or null
   std::string effort;                 // "" when not given
   ojson echo_text_format = ojson{{"type", "text"}};
+  ojson metadata = ojson::object();   // at most 16 string pairs (fields::checked_metadata)
   // text.format: free text, any JSON object, or a JSON Schema (the schema in json_schema)
   ResponseFormat response_format = ResponseFormat::Text;
   ojson json_schema;

@@ -471,4 +471,29 @@ TEST(HostileInput, AnAnthropicForcedCallOfASchemaOutsideTheSubsetIsFree) {
   }
 }
 
+// A Responses request's metadata is the response's (OpenAI's response object carries it; retrieved, it is there too):
+// the response said "metadata": {} whatever was sent.
+TEST(HostileInput, ResponsesEchoTheirMetadata) {
+  lilac::test::LocalServer srv(lilac::test::LocalServer::options());
+  const json md = {{"topic", "demo"}, {"run", "7"}};
+  const json r = post_json(srv.port, "/v1/responses", {{"input", "hi"}, {"reasoning", {{"effort", "none"}}}, {"metadata", md}});
+  EXPECT_EQ(r["metadata"], md) << r.dump();
+  ASSERT_TRUE(r["id"].is_string()) << r.dump();
+  const json stored = get_json(srv.port, "/v1/responses/" + r["id"].get<std::string>());
+  EXPECT_EQ(stored["metadata"], md) << stored.dump();
+  httplib::Client cli("127.0.0.1", srv.port);
+  const json body = {{"input", "hi"}, {"reasoning", {{"effort", "none"}}}, {"metadata", md}, {"stream", true}};
+  auto s = cli.Post("/v1/responses", body.dump(), "application/json");
+  ASSERT_TRUE(s);
+  int seen = 0;
+  for (const json& e : lilac::test::sse_events(s->body))
+    if (e.value("type", "") == "response.created" || e.value("type", "") == "response.completed") {
+      EXPECT_EQ(e["response"]["metadata"], md) << e.dump();
+      ++seen;
+    }
+  EXPECT_EQ(seen, 2) << s->body;
+  // None given: {} as before.
+  EXPECT_EQ(post_json(srv.port, "/v1/responses", {{"input", "hi"}})["metadata"], json::object());
+}
+
 }  // namespace
