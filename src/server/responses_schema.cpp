@@ -107,6 +107,7 @@ struct Translator {
 
   void item(const ojson& it, const std::string& p) {
     if (!it.is_object()) wrong_type(p, "an object (an input item)", it);
+    get_string(it, "id", p + ".id");  // (not read here; a conversation keeps it: conversation_items)
     const std::string ty = get_string(it, "type", p + ".type").value_or("message");
     if (ty == "message") return message(it, p);
     in_lead = false;

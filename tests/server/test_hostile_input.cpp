@@ -496,4 +496,25 @@ TEST(HostileInput, ResponsesEchoTheirMetadata) {
   EXPECT_EQ(post_json(srv.port, "/v1/responses", {{"input", "hi"}})["metadata"], json::object());
 }
 
+// An input item's id (a Responses input, a conversation's items) is a string: one of another type was ignored in an input
+// and, stored in a conversation, silently replaced by a new id. It is a 400 naming it; null is "not given".
+TEST(HostileInput, AnItemIdIsAString) {
+  lilac::test::LocalServer srv(lilac::test::LocalServer::options());
+  for (const json& id : {json(5), json::array({"msg_1"}), json{{"id", "msg_1"}}}) {
+    const json item = {{"type", "message"}, {"role", "user"}, {"content", "hi"}, {"id", id}};
+    const json r = post_json(srv.port, "/v1/responses", {{"input", {item}}}, 400);
+    EXPECT_EQ(r["error"]["param"], "input[0].id") << r.dump();
+    EXPECT_EQ(r["error"]["code"], "invalid_type") << r.dump();
+    const json c = post_json(srv.port, "/v1/conversations", {{"items", {item}}}, 400);
+    EXPECT_EQ(c["error"]["param"], "items[0].id") << c.dump();
+    EXPECT_EQ(c["error"]["code"], "invalid_type") << c.dump();
+  }
+  for (const json& id : {json("msg_1"), json(nullptr)}) {
+    const json item = {{"type", "message"}, {"role", "user"}, {"content", "hi"}, {"id", id}};
+    EXPECT_EQ(post_json(srv.port, "/v1/responses", {{"input", {item}}})["status"], "completed");
+    const json c = post_json(srv.port, "/v1/conversations", {{"items", {item}}});
+    EXPECT_TRUE(c["id"].is_string()) << c.dump();
+  }
+}
+
 }  // namespace
