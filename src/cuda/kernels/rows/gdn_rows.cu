@@ -14,7 +14,8 @@
 // every slice; the q/k conv state written by the last block of the key head to finish — counted on
 // GdnLayer::conv_sync, since the others read it until they finish — and v's by the slice's block).
 //
-// Block of gdn_rows_kernel (value head h, 16-column slice y, run): 128 threads, the thread layout of
+// Block of gdn_rows_kernel (value head h, 16-column slice y, run; grid x, y = h, y, or y, h in the Advance step at
+// the model's shape: SLICE_MAJOR below): 128 threads, the thread layout of
 // gdn_decode.cu (4 column groups of 4 columns × 32 row groups; a thread owns rows rg, rg+32, ... of its
 // 4 columns). A run is the rows of one sequence: in gdn_step_rows the block of grid z = r works iff row
 // r is the first row of its sequence (the blocks of the other rows exit at once); in gdn_commit_rows
@@ -282,16 +283,22 @@ constexpr int kRowsAhead = 3;
 // VEC: dv % 4 == 0 and every state 16-byte aligned. COMMIT: gdn_commit_rows (Tab = LayerTable).
 // CONV: the conv inside (the commit; the step in Log mode, whose conv state is only read), else the step
 // takes the qkv channels after the conv from gdn_conv_rows_kernel.
-template <int R, bool VEC, bool COMMIT, bool CONV, class Tab>
+// SLICE_MAJOR (the Advance step at the model's shape): grid (slice, value head, row) instead of (value head, slice,
+// row): the 8 blocks of a head's slices are dispatched one after the other, so the head's 64-KB state region is read
+// by neighbouring blocks at about the same time rather than 32 blocks apart. The same blocks and bits; the batched
+// step +0.5-0.8 % at 16-64 streams (H100, bench/BENCHMARKS.md "Stop 63"; why, not traced).
+template <int R, bool VEC, bool COMMIT, bool CONV, class Tab, bool SLICE_MAJOR = false>
 __global__ void __launch_bounds__(kThreads, (kMinBlocks<R, CONV>))
     gdn_rows_kernel(GdnArgs a, const __grid_constant__ Tab tab) {
+  static_assert(!SLICE_MAJOR || !CONV, "the conv-state counter counts gridDim.y slices");
   static_assert(CONV || !COMMIT, "the commit replays raw rows through the conv");
   constexpr int CPT = (64 * R + kCols + kThreads - 1) / kThreads;
   __shared__ float xs[2 * kMaxDk + kCols];         // the row's conv outputs: q [dk], k [dk], v [16]
   __shared__ float part_u[kWarps][kColGroups][6];  // Σ S k (4 columns), Σ k², Σ q² per warp
   __shared__ float part_o[kWarps][kCols];
   const GdnRowsShape& s = a.s;
-  const int h = blockIdx.x, y = blockIdx.y, dk = s.dk, dv = s.dv, S1 = s.conv_k - 1;
+  const int h = SLICE_MAJOR ? blockIdx.y : blockIdx.x, y = SLICE_MAJOR ? blockIdx.x : blockIdx.y;
+  const int dk = s.dk, dv = s.dv, S1 = s.conv_k - 1;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int cg = lane & (kColGroups - 1);
   const int rg = warp * kRowsPerWarp + lane / kColGroups;
@@ -499,6 +506,11 @@ bool log_conv_inside() {
   static const bool on = env_switch_on("LILAC_GDN_LOG_CONV");
   return on;
 }
+// Whether the Advance step takes the slice-major grid (LILAC_GDN_SLICE_MAJOR=0: the head-major one; measurement).
+bool slice_major_on() {
+  static const bool on = env_switch_on("LILAC_GDN_SLICE_MAJOR");
+  return on;
+}
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
@@ -537,6 +549,11 @@ void gdn_step_rows(const GdnRowsShape& s, const GdnLayer& layer, const GdnPool& 
   }
   launch_pdl(gdn_conv_rows_kernel, dim3(unsigned((s.conv_dim() + kConvThreads - 1) / kConvThreads), unsigned(M)),
              dim3(kConvThreads), 0, stream, a, t);
+  if (vec && (s.dk + kRowGroups - 1) / kRowGroups == 4 && slice_major_on()) {  // the model's dk = 128
+    launch_pdl(gdn_rows_kernel<4, true, false, false, OneLayer, true>, dim3(grid.y, grid.x, grid.z), dim3(kThreads), 0,
+               stream, a, t);
+    return;
+  }
   launch<false, false>(vec, grid, a, t, stream);
 }
 
