@@ -80,8 +80,9 @@ void Grammar::finalize(size_t max_states) {
     throw SizeError("grammar exceeds " + std::to_string(max_states) + " states");
   const std::vector<uint8_t> prod = fixed_point(rules, true);
   if (!prod[size_t(root)]) {
-    const Rule& r = rules[size_t(blame(rules, prod, root))];
-    throw UnsatisfiableError(r.name + " can never be satisfied", r.name);
+    const int32_t at = blame(rules, prod, root);
+    const Rule& r = rules[size_t(at)];
+    throw UnsatisfiableError(r.name + " can never be satisfied", r.name, at);
   }
   for (size_t i = 0; i < rules.size(); ++i) {
     Rule& r = rules[i];

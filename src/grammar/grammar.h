@@ -29,11 +29,14 @@ struct Rule {
 // The schema (or a part every document must contain) matches nothing.
 class UnsatisfiableError : public Error {
  public:
-  UnsatisfiableError(const std::string& msg, std::string where) : Error(msg), where_(std::move(where)) {}
+  UnsatisfiableError(const std::string& msg, std::string where, int32_t rule = -1)
+      : Error(msg), where_(std::move(where)), rule_(rule) {}
   const std::string& where() const { return where_; }  // the failing rule's name
+  int32_t rule() const { return rule_; }               // and its index (-1: not known)
 
  private:
   std::string where_;
+  int32_t rule_;
 };
 
 class Grammar {

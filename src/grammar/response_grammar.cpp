@@ -21,6 +21,8 @@ bool is_strict(const Json& tool) {
   return f.is_object() && f.contains("strict") && f["strict"].is_boolean() && f["strict"].get<bool>();
 }
 
+constexpr char kContentParam[] = "response_format.json_schema.schema";
+
 // A schema whose automata pass their bounds, as the schema error of the request field `param` that holds it.
 SchemaError too_large(const SizeError& e, const std::string& param) {
   return SchemaError(std::string("schema too large: ") + e.what(), "", "#", param);
@@ -81,6 +83,10 @@ class Builder {
   std::string tool_name(size_t i) const { return tool(i)["function"]["name"].get<std::string>(); }
   std::string param_of(size_t i) const { return "tools[" + std::to_string(i) + "].function.parameters"; }
   size_t tool_index(const std::string& name) const;
+  int32_t rules_now() { return int32_t(sc_.grammar().rules.size()); }
+  // The request field a failure of the whole grammar (finish_grammar) concerns: that of the rule that matches nothing,
+  // or (rule -1) that of the states past SchemaLimits::max_states.
+  std::string param_of_failure(int32_t rule);
   void more_calls(Nfa& nfa, int32_t after_call);
 
   const ResponseSpec& spec_;
@@ -93,6 +99,13 @@ class Builder {
   // A tool's call once built (call_of): a forced call by name builds it first, the calls after it again; a second
   // compile of a schema that failed would find the rules the first reserved and abandoned (matching nothing).
   std::vector<int32_t> bodies_;
+  // Where the rules came from, for the errors of the whole grammar: the request field of the JSON document's schema or
+  // of a tool's call, and the rules [first, last) built for it (a rule shared with a later one counts as the first's).
+  struct Source {
+    std::string param;
+    int32_t first, last;
+  };
+  std::vector<Source> sources_;
 
   // Tools that are not strict are constrained only in a forced call, and fall back to free arguments when their schema
   // cannot be compiled. Their compiles spend from a pool of their own, as large as the grammar's budget
@@ -162,6 +175,7 @@ int32_t Builder::reasoning() {
 }
 
 int32_t Builder::document() {
+  const int32_t first = rules_now();
   int32_t value;
   try {
     if (spec_.content == ResponseSpec::Content::JsonObject) {
@@ -172,14 +186,16 @@ int32_t Builder::document() {
       value = sc_.value_rule(spec_.schema, "#");
     }
   } catch (const SchemaError& e) {
-    throw SchemaError(e.what(), e.keyword(), e.path(), "response_format.json_schema.schema");
+    throw SchemaError(e.what(), e.keyword(), e.path(), kContentParam);
   } catch (const SizeError& e) {
-    throw too_large(e, "response_format.json_schema.schema");
+    throw too_large(e, kContentParam);
   }
   Nfa nfa;
   const int32_t ws = sc_.ws_rule();
   nfa.set_accept(call(nfa, call(nfa, call(nfa, nfa.start(), ws), value), ws));
-  return rule(nfa, "the JSON document");
+  const int32_t doc = rule(nfa, "the JSON document");
+  if (spec_.content == ResponseSpec::Content::JsonSchema) sources_.push_back({kContentParam, first, rules_now()});
+  return doc;
 }
 
 // XML: the parameters in declared order (optional ones may be left out), then </function>.
@@ -257,8 +273,33 @@ int32_t Builder::close_call(Nfa& nfa, int32_t at, const std::string& name) {
 }
 
 int32_t Builder::call_of(size_t i) {
-  if (bodies_[i] < 0) bodies_[i] = spec_.xml_calls ? function_body(i) : arguments(i);
+  if (bodies_[i] < 0) {
+    const int32_t first = rules_now();
+    bodies_[i] = spec_.xml_calls ? function_body(i) : arguments(i);
+    sources_.push_back({param_of(i), first, rules_now()});
+  }
   return bodies_[i];
+}
+
+std::string Builder::param_of_failure(int32_t rule) {
+  if (rule >= 0) {
+    for (const Source& s : sources_)
+      if (rule >= s.first && rule < s.last) return s.param;
+    return "";
+  }
+  // Past max_states: one schema's rules alone past it name that schema; else the JSON document's and the tools' calls
+  // together each fit, and the one holding more states is named ("tools": all the calls).
+  const std::vector<Rule>& rules = sc_.grammar().rules;
+  size_t content = 0, tools = 0;
+  for (const Source& s : sources_) {
+    size_t n = 0;
+    for (int32_t r = s.first; r < s.last; ++r)
+      n += rules[size_t(r)].kind == Rule::Kind::String ? 1 : std::max<size_t>(rules[size_t(r)].states.size(), 1);
+    if (n > sc_.limits().max_states) return s.param;
+    (s.param == kContentParam ? content : tools) += n;
+  }
+  if (content == 0 && tools == 0) return "";
+  return tools >= content ? "tools" : kContentParam;
 }
 
 int32_t Builder::function_body(size_t i) {
@@ -396,7 +437,7 @@ Grammar Builder::build() {
       more_calls(nfa, call(nfa, chain(nfa, open, "\n"), call_body()));
     }
   }
-  return sc_.finish_grammar(rule(nfa, "the response"));
+  return sc_.finish_grammar(rule(nfa, "the response"), [this](int32_t r) { return param_of_failure(r); });
 }
 
 }  // namespace

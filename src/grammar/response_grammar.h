@@ -60,7 +60,8 @@ struct ResponseSpec {
 };
 
 // Throws SchemaError for a schema that cannot be enforced; its param() names the request field
-// ("response_format.json_schema.schema" or "tools[i].function.parameters").
+// ("response_format.json_schema.schema" or "tools[i].function.parameters"; "tools" for the tools' calls together: past
+// SchemaLimits::max_states in all though each tool fits alone, or too many tool names to constrain).
 Grammar build_response_grammar(const ResponseSpec& spec, const FormatMarkup& markup, const Tokenizer& tok,
                                const SchemaLimits& lim = {});
 

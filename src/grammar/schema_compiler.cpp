@@ -308,16 +308,19 @@ Grammar SchemaCompiler::finish(int32_t value) {
   return finish_grammar(add_rule(nfa, "the document"));
 }
 
-Grammar SchemaCompiler::finish_grammar(int32_t root) {
+Grammar SchemaCompiler::finish_grammar(int32_t root, const std::function<std::string(int32_t rule)>& param_of) {
   g_.root = root;
+  auto param = [&](int32_t rule) { return param_of ? param_of(rule) : std::string(); };
   try {
     g_.finalize(lim_.max_states);
   } catch (const UnsatisfiableError& e) {
     const std::string& w = e.where();
     const size_t at = w.find('#');
-    fail(at == std::string::npos ? "#" : w.substr(at), "", "the schema can never be satisfied (" + w + " matches nothing)");
+    const std::string path = at == std::string::npos ? "#" : w.substr(at);
+    throw SchemaError("the schema can never be satisfied (" + w + " matches nothing) at " + path, "", path,
+                      param(e.rule()));
   } catch (const SizeError& e) {
-    fail("#", "", std::string("schema too large: ") + e.what());
+    throw SchemaError(std::string("schema too large: ") + e.what() + " at #", "", "#", param(-1));
   } catch (const SchemaError&) {
     throw;
   } catch (const Error& e) {

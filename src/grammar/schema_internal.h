@@ -1,6 +1,7 @@
 // Internals of the JSON Schema compiler (schema.h), shared by schema_*.cpp.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -82,8 +83,10 @@ class SchemaCompiler {
     root_ = &root;
     scope_ = scope;
   }
-  // Finalizes the grammar with `root` as its root rule (errors as for document()).
-  Grammar finish_grammar(int32_t root);
+  // Finalizes the grammar with `root` as its root rule (errors as for document()). `param_of`, for a grammar of several
+  // schemas (response_grammar.cpp), names the request field its SchemaError concerns: that of the rule that matches
+  // nothing, or (rule -1) that of the states past SchemaLimits::max_states.
+  Grammar finish_grammar(int32_t root, const std::function<std::string(int32_t rule)>& param_of = nullptr);
   Grammar& grammar() { return g_; }
   // JSON written inside markup (tool-call parameter values): '<' only as \u003c in strings, so that
   // no string can spell the markup that ends the value.

@@ -2,6 +2,8 @@
 // time that grew without bound. Every one must be a SchemaError (the server's 400 invalid_schema) naming the keyword.
 #include <gtest/gtest.h>
 
+#include <optional>
+#include <vector>
 
 #include "grammar/regex.h"
 #include "grammar/response_grammar.h"
@@ -498,4 +500,91 @@ TEST(SchemaHostile, ASharedRuleIsKeptOnlyOnceBuilt) {
 }
 
 }  // namespace
+// The errors of a response grammar as a whole (past SchemaLimits::max_states in all, or a root that matches nothing)
+// named no request field, and the server filled in the content schema's (response_format.json_schema.schema) even for
+// tools only. They name the field that holds the schema: one schema's alone past the bound; else the content schema's
+// or "tools" (the calls together), whichever holds more states; the schema of the rule that matches nothing.
+TEST(SchemaHostile, AWholeGrammarsErrorNamesItsField) {
+  // Arrays of a string constant of 1,000 times one letter: about 1,000 states each (distinct letters: no rule shared).
+  auto props = [](const std::string& letters) {
+    OrderedJson o = {{"type", "object"}, {"properties", OrderedJson::object()}, {"required", OrderedJson::array()}};
+    for (const char c : letters) {
+      const std::string k(1, c);
+      o["properties"][k] = {{"type", "array"}, {"items", {{"const", std::string(1000, c)}}}};
+      o["required"].push_back(k);
+    }
+    return o;
+  };
+  SchemaLimits lim;
+  lim.max_states = 2500;
+  const OrderedJson small = props("");
+  struct Case {
+    const char* what;
+    std::vector<std::string> tools;  // the letters of each strict tool's parameters
+    std::optional<std::string> content;
+    std::string param;
+  };
+  const std::vector<Case> cases = {
+      {"tools together", {"a", "b", "c"}, std::nullopt, "tools"},
+      {"tools beside a small content schema", {"a", "b", "c"}, "", "tools"},
+      {"one tool alone", {"", "abc"}, std::nullopt, "tools[1].function.parameters"},
+      {"one tool alone beside more tools", {"d", "abc", "e"}, "", "tools[1].function.parameters"},
+      {"the content schema alone", {""}, "abc", "response_format.json_schema.schema"},
+      {"the content schema with more states", {"a"}, "bc", "response_format.json_schema.schema"},
+      {"the tools with more states", {"a", "b"}, "c", "tools"},
+  };
+  for (const bool xml : {true, false}) {
+    for (const Case& c : cases) {
+      ResponseSpec spec;
+      spec.xml_calls = xml;
+      spec.calls = ResponseSpec::Calls::Auto;
+      spec.tools = OrderedJson::array();
+      for (size_t i = 0; i < c.tools.size(); ++i)
+        spec.tools.push_back(function_tool("f" + std::to_string(i), props(c.tools[i]), true));
+      if (c.content) {
+        spec.content = ResponseSpec::Content::JsonSchema;
+        spec.schema = props(*c.content);
+      }
+      try {
+        build_response_grammar(spec, qwen3_6_format().markup(), qwen3(), lim);
+        ADD_FAILURE() << c.what << ", xml " << xml << ": accepted";
+      } catch (const SchemaError& e) {
+        EXPECT_EQ(e.param(), c.param) << c.what << ", xml " << xml << ": " << e.what();
+        EXPECT_NE(std::string(e.what()).find("grammar exceeds 2500 states"), std::string::npos) << e.what();
+      }
+    }
+    // Within the bound, the same grammars build.
+    ResponseSpec fits;
+    fits.xml_calls = xml;
+    fits.calls = ResponseSpec::Calls::Auto;
+    fits.tools = OrderedJson::array({function_tool("f0", props("a"), true), function_tool("f1", small, true)});
+    EXPECT_NO_THROW(build_response_grammar(fits, qwen3_6_format().markup(), qwen3(), lim)) << "xml " << xml;
+    // A forced call whose tool's parameters match nothing (one character, at least three), after a tool that is fine:
+    // that tool's; a content schema that matches nothing: the content's.
+    const OrderedJson never = OrderedJson::parse(
+        R"({"type":"object","properties":{"x":{"type":"string","pattern":"^a$","minLength":3}},"required":["x"]})");
+    ResponseSpec forced;
+    forced.xml_calls = xml;
+    forced.calls = ResponseSpec::Calls::Forced;
+    forced.forced_function = "never";
+    forced.tools = OrderedJson::array({function_tool("ok", small, true), function_tool("never", never, true)});
+    try {
+      build_response_grammar(forced, qwen3_6_format().markup(), qwen3());
+      ADD_FAILURE() << "xml " << xml << ": a call that matches nothing was accepted";
+    } catch (const SchemaError& e) {
+      EXPECT_EQ(e.param(), "tools[1].function.parameters") << "xml " << xml << ": " << e.what();
+      EXPECT_NE(std::string(e.what()).find("can never be satisfied"), std::string::npos) << e.what();
+    }
+  }
+  ResponseSpec content;
+  content.content = ResponseSpec::Content::JsonSchema;
+  content.schema = OrderedJson::parse(R"({"type":"string","pattern":"^a$","minLength":3})");
+  try {
+    build_response_grammar(content, qwen3_6_format().markup(), qwen3());
+    ADD_FAILURE() << "a content schema that matches nothing was accepted";
+  } catch (const SchemaError& e) {
+    EXPECT_EQ(e.param(), "response_format.json_schema.schema") << e.what();
+  }
+}
+
 }  // namespace lilac::grammar::test

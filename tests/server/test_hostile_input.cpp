@@ -517,4 +517,59 @@ TEST(HostileInput, AnItemIdIsAString) {
   }
 }
 
+// A response grammar past its total-states bound (SchemaLimits::max_states, 400,000) is refused as a whole, after every
+// schema in it compiled within its own bounds, and so is one whose root matches nothing. Those errors named no field,
+// and the server filled in the content schema's (response_format.json_schema.schema, text.format.schema) even for a
+// request with tools only (on Anthropic's Messages, a field its API does not have). They name the field that holds the
+// schema: `tools` for the tools' calls together, a tool's parameters when they alone are past the bound or match
+// nothing (tests/grammar: SchemaHostile.AWholeGrammarsErrorNamesItsField for the content schema and the mixes).
+TEST(HostileInput, AGrammarPastItsStatesBoundNamesTheFieldThatHoldsTheSchemas) {
+  lilac::test::LocalServer srv(lilac::test::LocalServer::options());
+  // Parameters of one array of strings of a pattern of 45,000 letters: 45,000 states of one rule (under the 50,000 of
+  // one automaton); ten such patterns of different letters (a rule of the same pattern is shared) pass 400,000.
+  auto params = [](char letter) {
+    const json items = {{"type", "string"}, {"pattern", "^(" + std::string(1, letter) + "{900}){50}$"}};
+    return json{{"type", "object"},
+                {"properties", {{"x", {{"type", "array"}, {"items", items}}}}},
+                {"required", {"x"}},
+                {"additionalProperties", false}};
+  };
+  json chat_tools = json::array(), responses_tools = json::array(), anthropic_tools = json::array();
+  for (int i = 0; i < 10; ++i) {
+    const std::string name = "f" + std::to_string(i);
+    const json ps = params(char('a' + i));
+    chat_tools.push_back({{"type", "function"}, {"function", {{"name", name}, {"strict", true}, {"parameters", ps}}}});
+    responses_tools.push_back({{"type", "function"}, {"name", name}, {"strict", true}, {"parameters", ps}});
+    anthropic_tools.push_back({{"name", name}, {"input_schema", ps}});
+  }
+  const json user = {{"role", "user"}, {"content", "hi"}};
+  const json c = post_json(srv.port, "/v1/chat/completions", {{"messages", {user}}, {"tools", chat_tools}}, 400);
+  EXPECT_EQ(c["error"]["param"], "tools") << c.dump();
+  EXPECT_EQ(c["error"]["code"], "invalid_schema") << c.dump();
+  EXPECT_EQ(c["error"]["message"], "Invalid schema for 'tools': schema too large: grammar exceeds 400000 states at #")
+      << c.dump();
+  const json r = post_json(srv.port, "/v1/responses", {{"input", "hi"}, {"tools", responses_tools}}, 400);
+  EXPECT_EQ(r["error"]["param"], "tools") << r.dump();
+  EXPECT_EQ(r["error"]["code"], "invalid_schema") << r.dump();
+  // Anthropic's tools are not strict: a forced call constrains them all.
+  const json m = post_json(srv.port, "/v1/messages",
+                           {{"max_tokens", 5}, {"messages", {user}}, {"tool_choice", {{"type", "any"}}}, {"tools", anthropic_tools}},
+                           400);
+  EXPECT_EQ(m["type"], "error") << m.dump();
+  EXPECT_EQ(m["error"]["type"], "invalid_request_error") << m.dump();
+  EXPECT_EQ(m["error"]["message"], "Invalid schema for 'tools': schema too large: grammar exceeds 400000 states at #")
+      << m.dump();
+  // A forced call whose only tool's parameters match nothing (a pattern of one character, at least three): the tool's.
+  const json never = {{"type", "object"},
+                      {"properties", {{"x", {{"type", "string"}, {"pattern", "^a$"}, {"minLength", 3}}}}},
+                      {"required", {"x"}},
+                      {"additionalProperties", false}};
+  const json n = post_json(srv.port, "/v1/chat/completions",
+                           {{"messages", {user}},
+                            {"tool_choice", "required"},
+                            {"tools", {{{"type", "function"}, {"function", {{"name", "f"}, {"strict", true}, {"parameters", never}}}}}}},
+                           400);
+  EXPECT_EQ(n["error"]["param"], "tools[0].function.parameters") << n.dump();
+}
+
 }  // namespace
