@@ -70,7 +70,7 @@ struct ServeArgs {
   std::string spec_policy = "adaptive", burst_prefill = "on";
   double seq_memory_gb = 0;
   int debug_load_delay_ms = 0;  // tests: keep /health at 503 this long
-  double cache_mb = 2048, responses_mb = 256, max_body_mb = 8, header_timeout_s = 10, body_timeout_s = 60, shutdown_grace_s = 10;
+  double cache_mb = 2048, responses_mb = 256, batches_mb = 256, max_body_mb = 8, header_timeout_s = 10, body_timeout_s = 60, shutdown_grace_s = 10;
 };
 
 int run(const ServeArgs& a) {
@@ -87,6 +87,7 @@ int run(const ServeArgs& a) {
   if (a.spec_max_batch < 1) throw InputError("--spec-max-batch must be at least 1 (--spec-tokens 0 turns speculation off)");
   if (a.cache_mb < 0) throw InputError("--cache-mb must be >= 0");
   if (a.responses_mb < 0) throw InputError("--responses-mb must be >= 0");
+  if (a.batches_mb < 0) throw InputError("--batches-mb must be >= 0");
   if (a.max_body_mb <= 0 || a.max_body_mb > 4096) throw InputError("--max-body-mb must be in (0, 4096]");
   if (a.max_connections < 1) throw InputError("--max-connections must be at least 1");
   for (auto [v, name] : {std::pair{a.header_timeout_s, "--header-timeout-s"}, {a.body_timeout_s, "--body-timeout-s"}})
@@ -122,6 +123,7 @@ int run(const ServeArgs& a) {
   o.body_timeout_ms = int(a.body_timeout_s * 1000);
   o.cache_bytes = size_t(a.cache_mb * 1024 * 1024);
   o.responses_bytes = size_t(a.responses_mb * 1024 * 1024);
+  o.batches_bytes = size_t(a.batches_mb * 1024 * 1024);
   o.max_body_bytes = size_t(a.max_body_mb * 1024 * 1024);
   // Context limit: --max-seq, else min(32768, the model's max_position_embeddings).
   ModelConfig cfg;
@@ -202,6 +204,11 @@ const bool registered = register_command(Command{
       sub.add_option("--cache-mb", a->cache_mb, "Prefix-cache budget in MiB (session snapshots)")->capture_default_str();
       sub.add_option("--responses-mb", a->responses_mb,
                      "Memory for stored Responses (store, previous_response_id) in MiB; 0 keeps none")
+          ->capture_default_str();
+      sub.add_option("--batches-mb", a->batches_mb,
+                     "Memory for Message Batches in MiB: the requests of running batches and the results kept (a "
+                     "new batch that does not fit: 429, or 413 when larger than all of it; the oldest ended "
+                     "batches' results are dropped first); 0 takes none")
           ->capture_default_str();
       sub.add_option("--max-queue", a->max_queue, "Generations queued or running before requests get 429")
           ->capture_default_str();

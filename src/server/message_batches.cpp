@@ -37,6 +37,11 @@ namespace {
 constexpr size_t kMaxRequests = 10000;
 constexpr size_t kMaxBatches = 64;
 constexpr size_t kInFlight = 8;  // a batch's requests on the generation core at once
+// What a request counts against the batches' budget (--batches-mb) besides the text it holds: its three strings
+// (custom_id, params, result line), and until its result comes, room for the result that always fits: the errored line
+// saying that the real one did not fit (under 400 bytes with a 64-character custom_id), so an admitted batch can end.
+constexpr size_t kSlots = 3 * sizeof(std::string);
+constexpr size_t kResultRoom = 512;
 
 std::string rfc3339(std::time_t t) {
   char b[32];
@@ -48,37 +53,73 @@ std::string rfc3339(std::time_t t) {
 
 struct Batch {
   std::string id;
-  std::time_t created = 0, ended = 0, cancel_at = 0;
-  std::vector<std::string> custom_ids;
-  std::vector<ojson> params;
-  std::vector<json> results;  // null while not ended
+  std::time_t created = 0, ended = 0, cancel_at = 0, archived = 0;  // archived: its results dropped (expired)
+  size_t n = 0;                         // requests
+  std::vector<std::string> custom_ids;  // dropped when the batch ends (each result line holds its own)
+  std::vector<std::string> params;      // request i's params as JSON text, until its result comes
+  std::vector<std::string> results;     // request i's JSON line {custom_id, result}; "" until it comes
+  size_t bytes = 0;                     // what the batch counts against the budget (in Batches::bytes_)
+  uint64_t end_order = 0;               // the order batches ended in: the results of the first to end go first
   size_t succeeded = 0, errored = 0, canceled = 0;
   bool cancel = false, done = false;
   std::thread thread;
 };
 
+// What request i counts while it has no result: its custom_id, its params and the room kept for its result.
+size_t pending_bytes(const std::string& custom_id, const std::string& params) {
+  return kSlots + custom_id.size() + params.size() + kResultRoom;
+}
+
+// The batches held, bounded by count (kMaxBatches) and by bytes (ServerOptions::batches_bytes, --batches-mb): the
+// requests of the batches still running (their params as JSON text) and the results of all, counted as the sizes of
+// the strings kept. A batch is admitted only when its requests fit beside what the running batches hold (the results of
+// ended batches are dropped for it, those of the batch that ended first first: their GET says they expired); a result
+// that does not fit even then is kept as an errored line that does. Everything is under mu_.
 class Batches {
  public:
-  explicit Batches(ServerContext& C) : C_(C), ep_(messages_endpoint(C)) {}
+  explicit Batches(ServerContext& C) : C_(C), ep_(messages_endpoint(C)), budget_(C.opts.batches_bytes) {}
   ~Batches() { stop(); }
 
-  std::shared_ptr<Batch> add(std::vector<std::string> ids, std::vector<ojson> params) {
+  std::shared_ptr<Batch> add(std::vector<std::string> ids, std::vector<std::string> params) {
+    size_t need = 0;
+    for (size_t i = 0; i < ids.size(); ++i) need += pending_bytes(ids[i], params[i]);
+    if (need > budget_)
+      throw ApiError(413, "The batch needs " + std::to_string(need) + " bytes of this server's memory for message "
+                     "batches, more than all of it (--batches-mb: " + std::to_string(budget_) + " bytes).");
     std::lock_guard lk(mu_);
     if (stopping_) throw ApiError(503, "The server is shutting down.");
+    size_t freeable = 0;  // what ended batches hold (their results can be dropped)
+    bool any_ended = false;
+    for (const auto& b : list_)
+      if (b->done) {
+        freeable += b->bytes;
+        any_ended = true;
+      }
+    if (list_.size() >= kMaxBatches && !any_ended)
+      throw ApiError(429, "Too many message batches are running; retry later.");
+    if (bytes_ - freeable + need > budget_)
+      throw ApiError(429, "The message batches still running hold " + std::to_string(bytes_ - freeable) + " of the " +
+                     std::to_string(budget_) + " bytes of this server's memory for message batches (--batches-mb); "
+                     "this one needs " + std::to_string(need) + ". Retry when one has ended.");
     while (list_.size() >= kMaxBatches) {  // drop the oldest ended batch
       auto it = list_.end();
       for (auto j = list_.begin(); j != list_.end(); ++j)
         if ((*j)->done) it = j;
-      if (it == list_.end()) throw ApiError(429, "Too many message batches are running; retry later.", "", "rate_limit_error");
+      if (it == list_.end()) break;  // (none: any_ended said otherwise)
       if ((*it)->thread.joinable()) (*it)->thread.join();
+      bytes_ -= (*it)->bytes;
       list_.erase(it);
     }
+    make_room_locked(need);
     auto b = std::make_shared<Batch>();
     b->id = C_.new_id("msgbatch_");
     b->created = std::time(nullptr);
+    b->n = ids.size();
     b->custom_ids = std::move(ids);
     b->params = std::move(params);
-    b->results.assign(b->custom_ids.size(), json(nullptr));
+    b->results.assign(b->n, std::string());
+    b->bytes = need;
+    bytes_ += need;
     list_.push_front(b);
     b->thread = std::thread([this, b] { run(*b); });
     return b;
@@ -93,7 +134,7 @@ class Batches {
 
   json object(const Batch& b, const std::string& base) {
     std::lock_guard lk(mu_);
-    const size_t n = b.custom_ids.size();
+    const size_t n = b.n;
     json o{{"id", b.id}, {"type", "message_batch"}};
     o["processing_status"] = b.done ? "ended" : b.cancel ? "canceling" : "in_progress";
     o["request_counts"] = json{{"processing", n - b.succeeded - b.errored - b.canceled}, {"succeeded", b.succeeded},
@@ -101,7 +142,7 @@ class Batches {
     o["ended_at"] = b.done ? json(rfc3339(b.ended)) : json(nullptr);
     o["created_at"] = rfc3339(b.created);
     o["expires_at"] = rfc3339(b.created + 24 * 3600);
-    o["archived_at"] = nullptr;
+    o["archived_at"] = b.archived ? json(rfc3339(b.archived)) : json(nullptr);
     o["cancel_initiated_at"] = b.cancel_at ? json(rfc3339(b.cancel_at)) : json(nullptr);
     o["results_url"] = b.done ? json(base + "/v1/messages/batches/" + b.id + "/results") : json(nullptr);
     return o;
@@ -126,9 +167,13 @@ class Batches {
 
   std::string results_jsonl(const Batch& b) {
     std::lock_guard lk(mu_);
+    if (b.archived)
+      throw ApiError(404, "The results of message batch " + b.id + " have expired: they were dropped at " +
+                     rfc3339(b.archived) + " to keep this server's memory for message batches under --batches-mb "
+                     "(the results of the batches that ended first go first).", "", "not_found_error");
     std::string out;
-    for (size_t i = 0; i < b.results.size(); ++i)
-      out += dump_json(json{{"custom_id", b.custom_ids[i]}, {"result", b.results[i]}}) + "\n";
+    out.reserve(b.bytes);
+    for (const std::string& line : b.results) out += line;
     return out;
   }
 
@@ -138,6 +183,7 @@ class Batches {
       if ((*it)->id == id) {
         if (!(*it)->done) throw ApiError(400, "Message batch " + id + " is still processing: cancel it first.");
         if ((*it)->thread.joinable()) (*it)->thread.join();
+        bytes_ -= (*it)->bytes;
         list_.erase(it);
         return true;
       }
@@ -163,10 +209,47 @@ class Batches {
     std::shared_ptr<ResponseFormatter> fmt;
   };
 
-  void set(Batch& b, size_t i, json result, size_t Batch::*count) {
-    std::lock_guard lk(mu_);
-    b.results[i] = std::move(result);
+  // Drops the results of ended batches, the first to end first, until `more` bytes fit the budget (or none is left).
+  void make_room_locked(size_t more) {
+    while (bytes_ + more > budget_) {
+      Batch* first = nullptr;
+      for (auto& b : list_)
+        if (b->done && !b->archived && (!first || b->end_order < first->end_order)) first = b.get();
+      if (!first) return;
+      bytes_ -= first->bytes;
+      first->bytes = 0;
+      std::vector<std::string>().swap(first->results);
+      first->archived = std::max<std::time_t>(std::time(nullptr), 1);
+    }
+  }
+
+  // Keeps `line` as request i's result (its params dropped), or, when it does not fit even after the results of ended
+  // batches were dropped, an errored line that does (within the room the request kept).
+  void put_locked(Batch& b, size_t i, std::string line, size_t Batch::*count) {
+    const std::string& cid = b.custom_ids[i];
+    const size_t before = pending_bytes(cid, b.params[i]);
+    if (kSlots + cid.size() + line.size() > before) make_room_locked(kSlots + cid.size() + line.size() - before);
+    if (bytes_ + kSlots + cid.size() + line.size() > budget_ + before) {
+      const std::string size = std::to_string(line.size());
+      line = dump_json(json{{"custom_id", cid},
+                            {"result", errored(ApiError(413, "The result (" + size + " bytes) did not fit this server's "
+                                                        "memory for message batches (--batches-mb): it was not kept."))}}) +
+             "\n";
+      count = &Batch::errored;
+    }
+    b.results[i] = std::move(line);
+    std::string().swap(b.params[i]);
+    const size_t after = kSlots + cid.size() + b.results[i].size();
+    b.bytes = b.bytes - before + after;
+    bytes_ = bytes_ - before + after;
     ++(b.*count);
+  }
+
+  void set(Batch& b, size_t i, json result, size_t Batch::*count) {
+    // (custom_ids and params change only on this batch's own thread, the caller's)
+    std::string line = dump_json(json{{"custom_id", b.custom_ids[i]}, {"result", std::move(result)}}) + "\n";
+    std::lock_guard lk(mu_);
+    put_locked(b, i, std::move(line), count);
   }
 
   static json errored(const ApiError& e) {
@@ -177,7 +260,7 @@ class Batches {
   bool start_one(Batch& b, size_t i, std::vector<Running>& fl) {
     try {
       require_ready(C_);
-      PreparedRequest r = ep_.prepare(b.params[i], C_.core->config(), C_.random_u64());
+      PreparedRequest r = ep_.prepare(parse_request_body(b.params[i]), C_.core->config(), C_.random_u64());
       require_served_model(C_, r.model);
       if (r.stream) throw ApiError(400, "A batch request cannot stream: 'stream' must be false.", "stream");
       std::shared_ptr<Generation> g = C_.core->start(r.spec);
@@ -216,7 +299,7 @@ class Batches {
   }
 
   void run(Batch& b) {
-    const size_t n = b.custom_ids.size();
+    const size_t n = b.n;
     size_t next = 0;
     std::vector<Running> fl;
     auto canceling = [&] {
@@ -253,19 +336,30 @@ class Batches {
     }
     std::lock_guard lk(mu_);
     for (size_t i = 0; i < n; ++i)
-      if (b.results[i].is_null()) {
-        b.results[i] = errored(ApiError(500, "The request ended without a result."));
-        ++b.errored;
-      }
+      if (b.results[i].empty())
+        put_locked(b, i,
+                   dump_json(json{{"custom_id", b.custom_ids[i]},
+                                  {"result", errored(ApiError(500, "The request ended without a result."))}}) + "\n",
+                   &Batch::errored);
     b.done = true;
     b.ended = std::time(nullptr);
-    std::vector<ojson>().swap(b.params);  // read by start_one only: an ended batch keeps its results, not its requests
+    b.end_order = ++ended_;
+    // An ended batch keeps its results only: each line holds its custom_id, and every params string was dropped.
+    for (const std::string& cid : b.custom_ids) {
+      b.bytes -= cid.size();
+      bytes_ -= cid.size();
+    }
+    std::vector<std::string>().swap(b.custom_ids);
+    std::vector<std::string>().swap(b.params);
   }
 
   ServerContext& C_;
   Endpoint ep_;
+  const size_t budget_;  // bytes (--batches-mb)
   std::mutex mu_;
   std::list<std::shared_ptr<Batch>> list_;  // newest first
+  size_t bytes_ = 0;     // what the batches count, all together (at most budget_)
+  uint64_t ended_ = 0;   // batches ended so far (Batch::end_order)
   bool stopping_ = false;
 };
 
@@ -344,11 +438,10 @@ void add_message_batch_routes(HttpServer& http, ServerContext& ctx) {
   };
   http.Post("/v1/messages/batches", [C, B](const httplib::Request& req, httplib::Response& res) {
     answer(*C, "/v1/messages/batches", res, [&] {
-      std::vector<std::string> ids;
-      std::vector<ojson> params;
+      std::vector<std::string> ids, params;  // params as JSON text: what they take is what they count
       for (auto& [id, p] : checked_requests(parse_request_body(req.body))) {
         ids.push_back(id);
-        params.push_back(std::move(p));
+        params.push_back(dump_json(p));
       }
       return dump_json(B->object(*B->add(std::move(ids), std::move(params)), base_url(req)));
     });

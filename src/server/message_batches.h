@@ -11,7 +11,12 @@
 //   DELETE /v1/messages/batches/{id}           an ended batch -> {"id", "type": "message_batch_deleted"}
 // A request's params are checked when it runs (as Anthropic's API does): one it refuses is an `errored` result with
 // the error /v1/messages would answer. Errors of the routes themselves are Anthropic's shape. At most kMaxBatches
-// batches are held (the oldest ended dropped first); a new one beyond that while all run is 429.
+// batches are held (the oldest ended dropped first); a new one beyond that while all run is 429. Their memory is
+// bounded too (ServerOptions::batches_bytes, --batches-mb): the requests of running batches (as JSON text) and every
+// result line kept, counted by size. A batch larger than all of it is 413 request_too_large; one that does not fit
+// beside the running batches' requests is 429 rate_limit_error; the results of ended batches make room (the batch that
+// ended first loses its results first: archived_at set, its results 404 "expired"), and a result that still does not
+// fit is an errored result (request_too_large) saying so.
 #pragma once
 
 namespace lilac::server {

@@ -43,6 +43,7 @@ struct ServerOptions {
   int64_t max_seq = 32768;         // prompt + max_tokens limit (and the session's capacity)
   size_t cache_bytes = size_t(2048) << 20;  // prefix-cache budget (SessionSnapshot::bytes())
   size_t responses_bytes = size_t(256) << 20;  // stored Responses (response_store.h); 0: none kept
+  size_t batches_bytes = size_t(256) << 20;  // Message Batches: requests held while running + results kept (0: none)
   int max_batch = 0;               // concurrent generations (sessions in the pool); 0: backend default
   double seq_memory_bytes = 0;     // memory budget of the session pool (0: none); see SchedulerOptions
   int64_t prefill_chunk = 512;     // prompt tokens per prefill step (interleaved with decode steps)

@@ -4,6 +4,8 @@
 #include <chrono>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -46,4 +48,147 @@ TEST(MessageBatches, ABatchSentWhileTheModelLoadsWaitsForIt) {
   EXPECT_EQ(b["request_counts"]["succeeded"], 2) << b.dump();
   EXPECT_EQ(b["request_counts"]["errored"], 0) << b.dump();
   srv.stop();
+}
+
+namespace {
+
+// A batch of Messages requests, one per content, custom ids r0, r1, ...
+json batch_of(const std::vector<std::string>& contents, int max_tokens = 1000) {
+  json reqs = json::array();
+  for (size_t i = 0; i < contents.size(); ++i)
+    reqs.push_back({{"custom_id", "r" + std::to_string(i)},
+                    {"params", {{"max_tokens", max_tokens}, {"messages", {{{"role", "user"}, {"content", contents[i]}}}}}}});
+  return {{"requests", reqs}};
+}
+
+std::string repeated(const std::string& word, size_t times) {
+  std::string s;
+  for (size_t i = 0; i < times; ++i) s += word;
+  return s;
+}
+
+// GET path: status and parsed body (null when not JSON).
+std::pair<int, json> get(int port, const std::string& path) {
+  auto r = httplib::Client("127.0.0.1", port).Get(path);
+  if (!r) return {0, json()};
+  return {r->status, json::parse(r->body, nullptr, false)};
+}
+
+// The batch once it has ended (polled: its requests run on the scripted backend within a few seconds).
+json ended(int port, const std::string& id) {
+  json b;
+  for (int i = 0; i < 500; ++i) {
+    b = get(port, "/v1/messages/batches/" + id).second;
+    if (b.is_object() && b["processing_status"] == "ended") break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(b["processing_status"], "ended") << b.dump();
+  return b;
+}
+
+// The results of an ended batch: its JSON lines parsed.
+std::vector<json> results(int port, const std::string& id) {
+  auto r = httplib::Client("127.0.0.1", port).Get("/v1/messages/batches/" + id + "/results");
+  std::vector<json> out;
+  if (!r || r->status != 200) {
+    ADD_FAILURE() << "results of " << id << ": " << (r ? r->body : "no answer");
+    return out;
+  }
+  for (size_t at = 0, nl; (nl = r->body.find('\n', at)) != std::string::npos; at = nl + 1)
+    out.push_back(json::parse(r->body.substr(at, nl - at)));
+  return out;
+}
+
+}  // namespace
+
+// Batches had no memory bound: 64 running batches each kept their parsed requests (an 8 MB body each), and ended ones
+// kept all their results. They share --batches-mb now (ServerOptions::batches_bytes): a batch larger than all of it is
+// Anthropic's 413 request_too_large (its batch size limit's answer), and one that does not fit beside the running
+// batches' requests is 429 rate_limit_error (retry when one has ended); once the running batch ended, it fits.
+TEST(MessageBatches, ABatchMustFitTheMemoryForBatches) {
+  auto o = lilac::test::LocalServer::options();
+  o.batches_bytes = 32 << 10;
+  lilac::test::LocalServer srv(o);
+  const json too_large = post_json(srv.port, "/v1/messages/batches", batch_of({std::string(40000, 'a')}), 413);
+  EXPECT_EQ(too_large["type"], "error") << too_large.dump();
+  EXPECT_EQ(too_large["error"]["type"], "request_too_large") << too_large.dump();
+  EXPECT_NE(too_large["error"]["message"].get<std::string>().find("--batches-mb"), std::string::npos) << too_large.dump();
+  // A batch running (a "slow" reply: a token every 20 ms, up to 1,000) holds its 20 KB of requests.
+  const json running = post_json(srv.port, "/v1/messages/batches", batch_of({repeated("slow ", 4000)}));
+  const std::string id = running["id"];
+  const json b = batch_of({repeated("hi ", 6000)});
+  const json busy = post_json(srv.port, "/v1/messages/batches", b, 429);
+  EXPECT_EQ(busy["type"], "error") << busy.dump();
+  EXPECT_EQ(busy["error"]["type"], "rate_limit_error") << busy.dump();
+  EXPECT_NE(busy["error"]["message"].get<std::string>().find("--batches-mb"), std::string::npos) << busy.dump();
+  EXPECT_EQ(post_json(srv.port, "/v1/messages/batches/" + id + "/cancel", json::object())["id"], id);
+  const json canceled = ended(srv.port, id);
+  EXPECT_EQ(canceled["request_counts"]["canceled"], 1) << canceled.dump();
+  const json second = post_json(srv.port, "/v1/messages/batches", b);
+  EXPECT_EQ(ended(srv.port, second["id"])["request_counts"]["succeeded"], 1);
+  // Both fit: the first's results are still there.
+  const std::vector<json> first = results(srv.port, id);
+  ASSERT_EQ(first.size(), 1u);
+  EXPECT_EQ(first[0]["result"]["type"], "canceled") << first[0].dump();
+}
+
+// When a new batch or a result does not fit, the results of ended batches make room, those of the batch that ended
+// first first: its GET .../results is then a 404 saying they expired, and the batch has an archived_at (Anthropic's
+// field for results no longer available); its counts stay. A later batch's results are kept while they fit.
+TEST(MessageBatches, TheResultsOfTheFirstBatchToEndAreDroppedFirst) {
+  const std::string reply = repeated("word ", 400);  // ~2 KB of text: a result line of ~2.3 KB
+  const json script = {{"rules", {{{"match", "long"}, {"reply", reply}}}},
+                       {"default", {{"reply", "local answer"}}}};
+  auto o = lilac::test::LocalServer::options();
+  o.batches_bytes = 38 << 10;  // (all three: ~43 KB; without the first batch's results: ~34 KB)
+  lilac::test::LocalServer srv(o, nullptr, script);
+  std::vector<std::string> ids;
+  for (int k = 0; k < 2; ++k) {  // two batches of ~9.5 KB of results each, one after the other
+    const json b = post_json(srv.port, "/v1/messages/batches", batch_of({"long 0", "long 1", "long 2", "long 3"}));
+    ids.push_back(b["id"]);
+    EXPECT_EQ(ended(srv.port, ids.back())["request_counts"]["succeeded"], 4);
+    const std::vector<json> rs = results(srv.port, ids.back());
+    ASSERT_EQ(rs.size(), 4u);
+    EXPECT_EQ(rs[3]["custom_id"], "r3");
+    EXPECT_EQ(rs[3]["result"]["message"]["content"][0]["text"], reply) << rs[3].dump().substr(0, 300);
+  }
+  // ~25 KB of requests: beside both batches' results it would not fit; beside the second's alone it does.
+  const json third = post_json(srv.port, "/v1/messages/batches", batch_of({repeated("hi ", 8000)}));
+  EXPECT_EQ(ended(srv.port, third["id"])["request_counts"]["succeeded"], 1);
+  const auto [status, gone] = get(srv.port, "/v1/messages/batches/" + ids[0] + "/results");
+  EXPECT_EQ(status, 404) << gone.dump();
+  EXPECT_EQ(gone["type"], "error") << gone.dump();
+  EXPECT_EQ(gone["error"]["type"], "not_found_error") << gone.dump();
+  EXPECT_NE(gone["error"]["message"].get<std::string>().find("expired"), std::string::npos) << gone.dump();
+  const json first = get(srv.port, "/v1/messages/batches/" + ids[0]).second;
+  EXPECT_TRUE(first["archived_at"].is_string()) << first.dump();
+  EXPECT_EQ(first["processing_status"], "ended") << first.dump();
+  EXPECT_EQ(first["request_counts"]["succeeded"], 4) << first.dump();
+  EXPECT_TRUE(get(srv.port, "/v1/messages/batches/" + ids[1]).second["archived_at"].is_null());
+  EXPECT_EQ(results(srv.port, ids[1]).size(), 4u);
+  EXPECT_EQ(results(srv.port, third["id"]).size(), 1u);
+}
+
+// A running batch's result larger than all the memory for batches (what ended batches hold dropped, and still not
+// enough) is not kept: the request is errored, request_too_large, saying so; the batch ends, its other results kept.
+TEST(MessageBatches, AResultThatDoesNotFitIsAnErroredResult) {
+  const std::string reply = repeated("word ", 2000);  // ~10 KB
+  const json script = {{"rules", {{{"match", "long"}, {"reply", reply}}}},
+                       {"default", {{"reply", "local answer"}}}};
+  auto o = lilac::test::LocalServer::options();
+  o.batches_bytes = 8 << 10;
+  lilac::test::LocalServer srv(o, nullptr, script);
+  const json b = post_json(srv.port, "/v1/messages/batches", batch_of({"long", "short"}, 4000));
+  const std::string id = b["id"];
+  const json done = ended(srv.port, id);
+  EXPECT_EQ(done["request_counts"]["errored"], 1) << done.dump();
+  EXPECT_EQ(done["request_counts"]["succeeded"], 1) << done.dump();
+  const std::vector<json> rs = results(srv.port, id);
+  ASSERT_EQ(rs.size(), 2u);
+  EXPECT_EQ(rs[0]["result"]["type"], "errored") << rs[0].dump();
+  EXPECT_EQ(rs[0]["result"]["error"]["error"]["type"], "request_too_large") << rs[0].dump();
+  EXPECT_NE(rs[0]["result"]["error"]["error"]["message"].get<std::string>().find("--batches-mb"), std::string::npos)
+      << rs[0].dump();
+  EXPECT_EQ(rs[1]["result"]["type"], "succeeded") << rs[1].dump();
+  EXPECT_EQ(rs[1]["result"]["message"]["content"][0]["text"], "local answer") << rs[1].dump();
 }
