@@ -4,6 +4,7 @@
 #include <set>
 
 #include "server/request_fields.h"
+#include "text/unicode.h"
 
 namespace lilac::server {
 
@@ -279,7 +280,7 @@ void check_metadata(const ojson& body) {
   if (!md->is_object()) wrong_type("metadata", "an object", *md);
   for (const auto& [k, v] : md->items())
     if (k != "user_id") bad("metadata." + quoted_id(k), "Extra inputs are not permitted.", "extra_forbidden");
-  if (auto id = get_string(*md, "user_id", "metadata.user_id"); id && utf8_chars(*id) > 256)
+  if (auto id = get_string(*md, "user_id", "metadata.user_id"); id && unicode::utf8_chars(*id) > 256)
     bad("metadata.user_id", "Invalid 'metadata.user_id': at most 256 characters.");
 }
 

@@ -351,7 +351,7 @@ class CompletionFormatter final : public OpenAIFormatter {
     lp_top_.push_back(c && meta_.top_logprobs > 0 ? top_json(c->top) : json(nullptr));
     const bool continues = !token_bytes.empty() && (static_cast<unsigned char>(token_bytes[0]) & 0xC0) == 0x80;
     lp_offsets_.push_back(continues && text_offset_ > 0 ? text_offset_ - 1 : text_offset_);
-    for (unsigned char b : token_bytes) text_offset_ += (b & 0xC0) != 0x80;  // character starts
+    text_offset_ += unicode::utf8_chars(token_bytes);
   }
 
   void add_logprobs(const GeneratedToken& t) {

@@ -1,6 +1,7 @@
 #include "server/request_fields.h"
 
 #include "text/json_dump.h"
+#include "text/unicode.h"
 
 #include <algorithm>
 #include <cmath>
@@ -87,12 +88,6 @@ std::string need_string(const ojson& obj, const char* key, const std::string& pa
   return *s;
 }
 
-size_t utf8_chars(const std::string& s) {
-  size_t n = 0;
-  for (unsigned char c : s) n += (c & 0xC0) != 0x80;
-  return n;
-}
-
 ojson checked_metadata(const ojson& body) {
   const ojson* m = field(body, "metadata");
   if (!m) return ojson::object();
@@ -102,11 +97,11 @@ ojson checked_metadata(const ojson& body) {
                         std::to_string(m->size()) + ").");
   for (const auto& [k, v] : m->items()) {
     // (the key is checked first: the params below quote it, and a client's key can be of any length)
-    if (utf8_chars(k) > kMaxMetadataKeyChars)
+    if (unicode::utf8_chars(k) > kMaxMetadataKeyChars)
       bad("metadata", "Invalid 'metadata': keys are at most " + std::to_string(kMaxMetadataKeyChars) + " characters.");
     const std::string p = "metadata." + k;
     if (!v.is_string()) wrong_type(p, "a string", v);
-    if (utf8_chars(v.get_ref<const std::string&>()) > kMaxMetadataValueChars)
+    if (unicode::utf8_chars(v.get_ref<const std::string&>()) > kMaxMetadataValueChars)
       bad(p, "Invalid '" + p + "': values are at most " + std::to_string(kMaxMetadataValueChars) + " characters.",
           "string_above_max_length");
   }

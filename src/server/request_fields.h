@@ -37,8 +37,6 @@ std::string need_string(const ojson& obj, const char* key, const std::string& pa
 // too long) or `metadata.<key>` (a value that is not a string, or too long).
 constexpr size_t kMaxMetadataPairs = 16, kMaxMetadataKeyChars = 64, kMaxMetadataValueChars = 512;
 ojson checked_metadata(const ojson& body);
-// Characters (code points) of UTF-8 text: the bytes that do not continue a character.
-size_t utf8_chars(const std::string& s);
 
 // A tool's parameters schema (OpenAI's `parameters`, Anthropic's `input_schema`; `ps` an object), as the chat template
 // and the output parser read it: `properties` an object whose values are schemas (objects or booleans), `required` an

@@ -103,6 +103,12 @@ std::string sanitize_utf8(std::string_view s) {
   return out;
 }
 
+size_t utf8_chars(std::string_view s) {
+  size_t n = 0;
+  for (char c : s) n += !cont(static_cast<uint8_t>(c));
+  return n;
+}
+
 size_t incomplete_utf8_tail(std::string_view s) {
   // A lead byte can be at most 3 bytes before the end.
   const size_t n = s.size();

@@ -24,6 +24,8 @@ std::string sanitize_utf8(std::string_view s);
 // Number of bytes at the end of `s` that form a valid but incomplete UTF-8 sequence (0..3):
 // they may become a character once more bytes arrive.
 size_t incomplete_utf8_tail(std::string_view s);
+// Characters (code points) of UTF-8 text: the bytes that do not continue a character.
+size_t utf8_chars(std::string_view s);
 void append_utf8(std::string& out, char32_t cp);
 
 enum class NormForm { NFC, NFD, NFKC, NFKD };
