@@ -65,6 +65,11 @@ struct Batch {
   std::thread thread;
 };
 
+// A result as its line of the results file: {custom_id, result} and a newline.
+std::string result_line(const std::string& custom_id, json result) {
+  return dump_json(json{{"custom_id", custom_id}, {"result", std::move(result)}}) + "\n";
+}
+
 // What request i counts while it has no result: its custom_id, its params and the room kept for its result.
 size_t pending_bytes(const std::string& custom_id, const std::string& params) {
   return kSlots + custom_id.size() + params.size() + kResultRoom;
@@ -227,14 +232,11 @@ class Batches {
   // batches were dropped, an errored line that does (within the room the request kept).
   void put_locked(Batch& b, size_t i, std::string line, size_t Batch::*count) {
     const std::string& cid = b.custom_ids[i];
-    const size_t before = pending_bytes(cid, b.params[i]);
-    if (kSlots + cid.size() + line.size() > before) make_room_locked(kSlots + cid.size() + line.size() - before);
-    if (bytes_ + kSlots + cid.size() + line.size() > budget_ + before) {
-      const std::string size = std::to_string(line.size());
-      line = dump_json(json{{"custom_id", cid},
-                            {"result", errored(ApiError(413, "The result (" + size + " bytes) did not fit this server's "
-                                                        "memory for message batches (--batches-mb): it was not kept."))}}) +
-             "\n";
+    const size_t before = pending_bytes(cid, b.params[i]), kept = kSlots + cid.size() + line.size();
+    if (kept > before) make_room_locked(kept - before);
+    if (bytes_ + kept > budget_ + before) {
+      line = result_line(cid, errored(ApiError(413, "The result (" + std::to_string(line.size()) + " bytes) did not fit "
+                                               "this server's memory for message batches (--batches-mb): it was not kept.")));
       count = &Batch::errored;
     }
     b.results[i] = std::move(line);
@@ -247,7 +249,7 @@ class Batches {
 
   void set(Batch& b, size_t i, json result, size_t Batch::*count) {
     // (custom_ids and params change only on this batch's own thread, the caller's)
-    std::string line = dump_json(json{{"custom_id", b.custom_ids[i]}, {"result", std::move(result)}}) + "\n";
+    std::string line = result_line(b.custom_ids[i], std::move(result));
     std::lock_guard lk(mu_);
     put_locked(b, i, std::move(line), count);
   }
@@ -337,9 +339,7 @@ class Batches {
     std::lock_guard lk(mu_);
     for (size_t i = 0; i < n; ++i)
       if (b.results[i].empty())
-        put_locked(b, i,
-                   dump_json(json{{"custom_id", b.custom_ids[i]},
-                                  {"result", errored(ApiError(500, "The request ended without a result."))}}) + "\n",
+        put_locked(b, i, result_line(b.custom_ids[i], errored(ApiError(500, "The request ended without a result."))),
                    &Batch::errored);
     b.done = true;
     b.ended = std::time(nullptr);
@@ -430,10 +430,12 @@ void add_message_batch_routes(HttpServer& http, ServerContext& ctx) {
   ctx.on_stop.push_back([B] { B->stop(); });
   const RouteOptions ro = anthropic_route_options();
   const std::string one = "/v1/messages/batches/(msgbatch_[A-Za-z0-9]{1,64})";
-  auto held = [B](const std::string& id) {
+  auto not_held = [](const std::string& id) {
+    return ApiError(404, "No message batch with id '" + quoted_id(id) + "' is held here.", "", "not_found_error");
+  };
+  auto held = [B, not_held](const std::string& id) {
     std::shared_ptr<Batch> b = B->find(id);
-    if (!b)
-      throw ApiError(404, "No message batch with id '" + quoted_id(id) + "' is held here.", "", "not_found_error");
+    if (!b) throw not_held(id);
     return b;
   };
   http.Post("/v1/messages/batches", [C, B](const httplib::Request& req, httplib::Response& res) {
@@ -467,11 +469,10 @@ void add_message_batch_routes(HttpServer& http, ServerContext& ctx) {
       return B->results_jsonl(*b);
     }, "application/binary");
   }, ro);
-  http.route("DELETE", one, [C, B](const httplib::Request& req, httplib::Response& res) {
+  http.route("DELETE", one, [C, B, not_held](const httplib::Request& req, httplib::Response& res) {
     answer(*C, "/v1/messages/batches/{id}", res, [&] {
       const std::string id = req.matches[1];
-      if (!B->erase(id))
-        throw ApiError(404, "No message batch with id '" + quoted_id(id) + "' is held here.", "", "not_found_error");
+      if (!B->erase(id)) throw not_held(id);
       return dump_json(json{{"id", id}, {"type", "message_batch_deleted"}});
     });
   }, ro);
