@@ -1,6 +1,7 @@
 #include "grammar/response_grammar.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <optional>
 #include <set>
 #include <vector>
@@ -43,17 +44,27 @@ void parser_types(const Json& s, std::set<std::string>& out) {
       for (const auto& sub : *a) parser_types(sub, out);
 }
 
+// States a call of free arguments adds to a grammar at most (its own rule, and the rules of any parameter or any
+// object it shares with the other free calls), for the estimate of what leaving a tool's call free saves.
+constexpr size_t kFreeCallStates = 256;
+
 class Builder {
  public:
-  Builder(const ResponseSpec& spec, const FormatMarkup& mk, const Tokenizer& tok, const SchemaLimits& lim)
-      : spec_(spec), mk_(mk), tok_(tok), sc_(empty_, lim), loose_work_(lim.max_automaton_work),
+  // `freed`: the tools that are not strict whose calls are left free (their arguments any parameters or any object)
+  // though the call is forced, because a grammar that constrained them could not be built (see build_response_grammar).
+  Builder(const ResponseSpec& spec, const FormatMarkup& mk, const Tokenizer& tok, const SchemaLimits& lim,
+          const std::vector<uint8_t>& freed)
+      : spec_(spec), mk_(mk), tok_(tok), sc_(empty_, lim), freed_(freed), loose_work_(lim.max_automaton_work),
         loose_expansion_(lim.max_expansion) {
     const size_t n = spec_.tools.is_array() ? spec_.tools.size() : 0;
     bodies_.assign(n, -1);
-    for (size_t i = 0; i < n; ++i) loose_tools_ += constrains(i) && !is_strict(tool(i));
+    for (size_t i = 0; i < n; ++i) loose_tools_ += loose(i);
   }
 
-  Grammar build();
+  // The grammar; nullopt when it fails as a whole (past SchemaLimits::max_states, or a root that matches nothing)
+  // because of forced calls of tools that are not strict: build again with those of to_free() freed.
+  std::optional<Grammar> build();
+  const std::vector<size_t>& to_free() const { return to_free_; }
 
  private:
   // Markup: its added token when the tokenizer has one, else its bytes.
@@ -78,7 +89,10 @@ class Builder {
   void free_parameters(Nfa& nfa, int32_t from, int32_t end);
   // What a raw parameter value never contains (the markup that would end it early).
   std::vector<std::string> forbidden_in_values() const;
-  bool constrains(size_t i) const { return spec_.calls == ResponseSpec::Calls::Forced || is_strict(tool(i)); }
+  bool constrains(size_t i) const {
+    return (spec_.calls == ResponseSpec::Calls::Forced && !freed_[i]) || is_strict(tool(i));
+  }
+  bool loose(size_t i) const { return constrains(i) && !is_strict(tool(i)); }  // constrained, may be freed
   const Json& tool(size_t i) const { return spec_.tools[i]; }
   std::string tool_name(size_t i) const { return tool(i)["function"]["name"].get<std::string>(); }
   std::string param_of(size_t i) const { return "tools[" + std::to_string(i) + "].function.parameters"; }
@@ -87,6 +101,8 @@ class Builder {
   // The request field a failure of the whole grammar (finish_grammar) concerns: that of the rule that matches nothing,
   // or (rule -1) that of the states past SchemaLimits::max_states.
   std::string param_of_failure(int32_t rule);
+  // The tools that are not strict to free for such a failure (none: the failure is the request's).
+  std::vector<size_t> tools_to_free(int32_t rule);
   void more_calls(Nfa& nfa, int32_t after_call);
 
   const ResponseSpec& spec_;
@@ -94,6 +110,8 @@ class Builder {
   const Tokenizer& tok_;
   const Json empty_ = Json::object();
   SchemaCompiler sc_;
+  const std::vector<uint8_t>& freed_;
+  std::vector<size_t> to_free_;
   int32_t call_body_ = -1;
   int32_t name_rule_ = -1;
   // A tool's call once built (call_of): a forced call by name builds it first, the calls after it again; a second
@@ -104,7 +122,10 @@ class Builder {
   struct Source {
     std::string param;
     int32_t first, last;
+    size_t tool = SIZE_MAX;  // a tool's call: the tool's index
   };
+  // The states of a source's rules, as Grammar::finalize counts them.
+  size_t states_of(const Source& s);
   std::vector<Source> sources_;
 
   // Tools that are not strict are constrained only in a forced call, and fall back to free arguments when their schema
@@ -276,7 +297,7 @@ int32_t Builder::call_of(size_t i) {
   if (bodies_[i] < 0) {
     const int32_t first = rules_now();
     bodies_[i] = spec_.xml_calls ? function_body(i) : arguments(i);
-    sources_.push_back({param_of(i), first, rules_now()});
+    sources_.push_back({param_of(i), first, rules_now(), i});
   }
   return bodies_[i];
 }
@@ -289,17 +310,58 @@ std::string Builder::param_of_failure(int32_t rule) {
   }
   // Past max_states: one schema's rules alone past it name that schema; else the JSON document's and the tools' calls
   // together each fit, and the one holding more states is named ("tools": all the calls).
-  const std::vector<Rule>& rules = sc_.grammar().rules;
   size_t content = 0, tools = 0;
   for (const Source& s : sources_) {
-    size_t n = 0;
-    for (int32_t r = s.first; r < s.last; ++r)
-      n += rules[size_t(r)].kind == Rule::Kind::String ? 1 : std::max<size_t>(rules[size_t(r)].states.size(), 1);
+    const size_t n = states_of(s);
     if (n > sc_.limits().max_states) return s.param;
     (s.param == kContentParam ? content : tools) += n;
   }
   if (content == 0 && tools == 0) return "";
   return tools >= content ? "tools" : kContentParam;
+}
+
+size_t Builder::states_of(const Source& s) {
+  const std::vector<Rule>& rules = sc_.grammar().rules;
+  size_t n = 0;
+  for (int32_t r = s.first; r < s.last; ++r)
+    n += rules[size_t(r)].kind == Rule::Kind::String ? 1 : std::max<size_t>(rules[size_t(r)].states.size(), 1);
+  return n;
+}
+
+std::vector<size_t> Builder::tools_to_free(int32_t rule) {
+  std::vector<size_t> out;
+  if (rule >= 0) {
+    // A root that matches nothing (only a forced call's can: other responses may be text) is the forced call's: by
+    // name, that tool's parameters can never be satisfied, and it is freed if it is not strict; else no tool's call
+    // can, and those that are not strict are freed (a strict one that matches nothing is left out of the calls then,
+    // as it is beside any tool whose call can be written).
+    if (!spec_.forced_function.empty()) {
+      const size_t i = tool_index(spec_.forced_function);
+      return loose(i) ? std::vector<size_t>{i} : std::vector<size_t>{};
+    }
+    for (size_t i = 0; i < bodies_.size(); ++i)
+      if (loose(i)) out.push_back(i);
+    return out;
+  }
+  // Past max_states: the largest tools that are not strict, until the states left (a free call counted as
+  // kFreeCallStates) fit; none when the rest would not fit even with all of them free (the strict tools' or the
+  // content schema's states: the request's error).
+  std::vector<std::pair<size_t, size_t>> sizes;  // (states, tool)
+  size_t loose_states = 0;
+  for (const Source& s : sources_)
+    if (s.tool != SIZE_MAX && loose(s.tool)) {
+      sizes.emplace_back(states_of(s), s.tool);
+      loose_states += sizes.back().first;
+    }
+  size_t total = sc_.grammar().total_states();
+  if (total - loose_states > sc_.limits().max_states) return out;
+  std::sort(sizes.begin(), sizes.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  for (const auto& [n, i] : sizes) {
+    if (total <= sc_.limits().max_states) break;
+    out.push_back(i);
+    total = total - n + std::min(n, kFreeCallStates);
+  }
+  return out;
 }
 
 int32_t Builder::function_body(size_t i) {
@@ -406,7 +468,7 @@ void Builder::more_calls(Nfa& nfa, int32_t m) {
   nfa.add_call(chain(nfa, open, "\n"), call_body(), m);
 }
 
-Grammar Builder::build() {
+std::optional<Grammar> Builder::build() {
   using C = ResponseSpec::Calls;
   const bool calls = spec_.calls != C::None && spec_.tools.is_array() && !spec_.tools.empty();
   Nfa nfa;
@@ -437,7 +499,15 @@ Grammar Builder::build() {
       more_calls(nfa, call(nfa, chain(nfa, open, "\n"), call_body()));
     }
   }
-  return sc_.finish_grammar(rule(nfa, "the response"), [this](int32_t r) { return param_of_failure(r); });
+  try {
+    return sc_.finish_grammar(rule(nfa, "the response"), [this](int32_t r) {
+      to_free_ = tools_to_free(r);
+      return param_of_failure(r);
+    });
+  } catch (const SchemaError&) {
+    if (!to_free_.empty()) return std::nullopt;
+    throw;
+  }
 }
 
 }  // namespace
@@ -462,10 +532,31 @@ std::string ResponseSpec::cache_key() const {
 
 Grammar build_response_grammar(const ResponseSpec& spec, const FormatMarkup& markup, const Tokenizer& tok,
                                const SchemaLimits& lim) {
-  try {
-    return Builder(spec, markup, tok, lim).build();
-  } catch (const SizeError& e) {  // outside any one schema: the calls of many tools (their names)
-    throw SchemaError(std::string("the tools are too many to constrain their calls: ") + e.what(), "", "#", "tools");
+  // A forced call constrains the tools that are not strict too, and their schemas fall back to free arguments when they
+  // cannot be compiled alone (Builder::function_body, arguments). A grammar that fails as a whole because of them (past
+  // max_states in all, or a forced call that matches nothing) is built again with the ones responsible freed: the
+  // largest first for the states, the forced one for a call that matches nothing. A third build, with all of them
+  // freed, only when the second still fails (the estimate of the states a tool held missed rules it shared with
+  // another); what fails then is the strict tools' or the content schema's, the request's error.
+  const size_t n = spec.tools.is_array() ? spec.tools.size() : 0;
+  std::vector<uint8_t> freed(n, 0);
+  for (int round = 0;; ++round) {
+    std::optional<Grammar> g;
+    std::vector<size_t> more;
+    try {
+      Builder b(spec, markup, tok, lim, freed);
+      g = b.build();
+      more = b.to_free();
+    } catch (const SizeError& e) {  // outside any one schema: the calls of many tools (their names)
+      throw SchemaError(std::string("the tools are too many to constrain their calls: ") + e.what(), "", "#", "tools");
+    }
+    if (g) return std::move(*g);
+    if (round == 0) {
+      for (size_t i : more) freed[i] = 1;
+    } else {  // (the tools freed were not enough: the rest of those not strict)
+      for (size_t i = 0; i < n; ++i)
+        if (!is_strict(spec.tools[i])) freed[i] = 1;
+    }
   }
 }
 

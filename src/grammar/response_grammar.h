@@ -26,6 +26,9 @@
 // A schema past the limits (SchemaLimits) is the same: a SchemaError for a strict tool, unconstrained arguments for
 // a tool that is not strict. The tools that are not strict spend from a budget of their own (max_automaton_work,
 // max_expansion), shared out between them, so that one past its share leaves the others' and the grammar's intact.
+// A grammar that fails as a whole because of them is built again with them unconstrained: past max_states in all, the
+// largest first until the rest fits (then all of them); a call forced by name whose parameters can never be satisfied,
+// that tool (by `required`, where no tool's call can be, all of them).
 // Markup that the tokenizer has as a single added token (<tool_call>, </tool_call>, </think>) is
 // that token; other markup is text.
 #pragma once

@@ -587,4 +587,102 @@ TEST(SchemaHostile, AWholeGrammarsErrorNamesItsField) {
   }
 }
 
+// A forced call constrains the tools that are not strict too, and falls back to free arguments for one whose schema
+// cannot be enforced (ANonStrictToolPastTheWorkBoundFallsBackAlone), but not when the grammar failed as a whole: past
+// SchemaLimits::max_states with the tools together (or one tool alone, through many rules each within its own bounds),
+// or a call forced by name whose tool's parameters match nothing, was a SchemaError naming `tools` or the tool, though
+// the same tool not forced is simply free. Such a grammar is built again with the tools that are not strict responsible
+// freed: the largest first until the states fit, the forced one that matches nothing. A strict tool keeps its error.
+TEST(SchemaHostile, ANonStrictToolPastTheStatesBoundFallsBack) {
+  // Arrays of a string constant of 1,000 times one letter: about 1,000 states each (distinct letters: no rule shared).
+  auto props = [](const std::string& letters) {
+    OrderedJson o = {{"type", "object"}, {"properties", OrderedJson::object()}, {"required", OrderedJson::array()}};
+    for (const char c : letters) {
+      const std::string k(1, c);
+      o["properties"][k] = {{"type", "array"}, {"items", {{"const", std::string(1000, c)}}}};
+      o["required"].push_back(k);
+    }
+    return o;
+  };
+  SchemaLimits lim;
+  lim.max_states = 2600;  // (a free call is counted as 256 states in the estimate: ~150 here)
+  auto build = [&](const ResponseSpec& spec, const std::string& at) -> std::optional<Grammar> {
+    try {
+      return build_response_grammar(spec, qwen3_6_format().markup(), qwen3(), lim);
+    } catch (const SchemaError& e) {
+      ADD_FAILURE() << at << ": refused, param " << e.param() << ": " << e.what();
+      return std::nullopt;
+    }
+  };
+  for (const bool xml : {true, false}) {
+    const std::string free_value = xml ? "anything" : "\"anything\"";
+    // The one value of the letter c's parameter (an array of its constant).
+    auto value = [&](char c) { return "[\"" + std::string(1000, c) + "\"]"; };
+    const std::string x = std::string("xml ") + (xml ? "1" : "0");
+
+    // Forced by `required`: a tool not strict of ~1,000 states, one of ~2,000, a strict one of ~1,000: past 2,600
+    // together. The largest tool that is not strict alone is freed; the others stay constrained.
+    ResponseSpec any;
+    any.xml_calls = xml;
+    any.calls = ResponseSpec::Calls::Forced;
+    any.tools = OrderedJson::array({function_tool("f0", props("a"), false), function_tool("f1", props("bc"), false),
+                                    function_tool("f2", props("d"), true)});
+    if (std::optional<Grammar> g = build(any, x + ", required")) {
+      EXPECT_TRUE(reads(*g, call_text(xml, "f1", "y", free_value))) << x;
+      EXPECT_TRUE(reads(*g, call_text(xml, "f0", "a", value('a')))) << x;
+      EXPECT_FALSE(reads(*g, call_text(xml, "f0", "y", free_value))) << x;
+      EXPECT_TRUE(reads(*g, call_text(xml, "f2", "d", value('d')))) << x;
+      EXPECT_FALSE(reads(*g, call_text(xml, "f2", "y", free_value))) << x;
+    }
+
+    // Forced by name: a tool not strict past the bound alone (~3,000 states of its own), beside a strict one.
+    ResponseSpec named;
+    named.xml_calls = xml;
+    named.calls = ResponseSpec::Calls::Forced;
+    named.forced_function = "big";
+    named.tools = OrderedJson::array({function_tool("ok", props("a"), true), function_tool("big", props("bcd"), false)});
+    if (std::optional<Grammar> g = build(named, x + ", named")) {
+      const std::string first = call_text(xml, "big", "y", free_value, true) + (xml ? "</function>\n" : "}\n") +
+                                "</tool_call>\n<tool_call>\n";
+      EXPECT_TRUE(reads(*g, first)) << x;
+      EXPECT_TRUE(reads(*g, first + call_text(xml, "ok", "a", value('a')))) << x;
+      EXPECT_FALSE(reads(*g, first + call_text(xml, "ok", "y", free_value))) << x;
+    }
+
+    // Forced by name, a tool not strict whose parameters match nothing (one character, at least three): free.
+    const OrderedJson never = OrderedJson::parse(
+        R"({"type":"object","properties":{"x":{"type":"string","pattern":"^a$","minLength":3}},"required":["x"]})");
+    ResponseSpec nothing = named;
+    nothing.forced_function = "never";
+    nothing.tools = OrderedJson::array({function_tool("ok", props(""), true), function_tool("never", never, false)});
+    if (std::optional<Grammar> g = build(nothing, x + ", never"))
+      EXPECT_TRUE(reads(*g, call_text(xml, "never", "y", free_value, true))) << x;
+    // Forced by `required` with that tool alone: the same.
+    nothing.forced_function.clear();
+    nothing.tools = OrderedJson::array({function_tool("never", never, false)});
+    if (std::optional<Grammar> g = build(nothing, x + ", never, required"))
+      EXPECT_TRUE(reads(*g, call_text(xml, "never", "y", free_value))) << x;
+
+    // A strict tool past the bound is the request's error, naming it, even once the tools not strict are freed.
+    ResponseSpec strict = any;
+    strict.tools = OrderedJson::array({function_tool("f0", props("a"), false), function_tool("f1", props("bcd"), true)});
+    try {
+      build_response_grammar(strict, qwen3_6_format().markup(), qwen3(), lim);
+      ADD_FAILURE() << x << ": a strict tool past the bound was accepted";
+    } catch (const SchemaError& e) {
+      EXPECT_EQ(e.param(), "tools[1].function.parameters") << x << ": " << e.what();
+      EXPECT_NE(std::string(e.what()).find("grammar exceeds 2600 states"), std::string::npos) << e.what();
+    }
+    // So are strict tools past it together, beside a tool not strict.
+    strict.tools = OrderedJson::array({function_tool("f0", props("ab"), true), function_tool("f1", props("c"), false),
+                                       function_tool("f2", props("de"), true)});
+    try {
+      build_response_grammar(strict, qwen3_6_format().markup(), qwen3(), lim);
+      ADD_FAILURE() << x << ": strict tools past the bound were accepted";
+    } catch (const SchemaError& e) {
+      EXPECT_EQ(e.param(), "tools") << x << ": " << e.what();
+    }
+  }
+}
+
 }  // namespace lilac::grammar::test

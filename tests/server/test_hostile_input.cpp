@@ -534,13 +534,12 @@ TEST(HostileInput, AGrammarPastItsStatesBoundNamesTheFieldThatHoldsTheSchemas) {
                 {"required", {"x"}},
                 {"additionalProperties", false}};
   };
-  json chat_tools = json::array(), responses_tools = json::array(), anthropic_tools = json::array();
+  json chat_tools = json::array(), responses_tools = json::array();
   for (int i = 0; i < 10; ++i) {
     const std::string name = "f" + std::to_string(i);
     const json ps = params(char('a' + i));
     chat_tools.push_back({{"type", "function"}, {"function", {{"name", name}, {"strict", true}, {"parameters", ps}}}});
     responses_tools.push_back({{"type", "function"}, {"name", name}, {"strict", true}, {"parameters", ps}});
-    anthropic_tools.push_back({{"name", name}, {"input_schema", ps}});
   }
   const json user = {{"role", "user"}, {"content", "hi"}};
   const json c = post_json(srv.port, "/v1/chat/completions", {{"messages", {user}}, {"tools", chat_tools}}, 400);
@@ -551,14 +550,8 @@ TEST(HostileInput, AGrammarPastItsStatesBoundNamesTheFieldThatHoldsTheSchemas) {
   const json r = post_json(srv.port, "/v1/responses", {{"input", "hi"}, {"tools", responses_tools}}, 400);
   EXPECT_EQ(r["error"]["param"], "tools") << r.dump();
   EXPECT_EQ(r["error"]["code"], "invalid_schema") << r.dump();
-  // Anthropic's tools are not strict: a forced call constrains them all.
-  const json m = post_json(srv.port, "/v1/messages",
-                           {{"max_tokens", 5}, {"messages", {user}}, {"tool_choice", {{"type", "any"}}}, {"tools", anthropic_tools}},
-                           400);
-  EXPECT_EQ(m["type"], "error") << m.dump();
-  EXPECT_EQ(m["error"]["type"], "invalid_request_error") << m.dump();
-  EXPECT_EQ(m["error"]["message"], "Invalid schema for 'tools': schema too large: grammar exceeds 400000 states at #")
-      << m.dump();
+  // (Anthropic's tools are never strict: a forced call of them past the bound is answered,
+  // AForcedCallOfToolsNotStrictPastTheStatesBoundIsAnswered.)
   // A forced call whose only tool's parameters match nothing (a pattern of one character, at least three): the tool's.
   const json never = {{"type", "object"},
                       {"properties", {{"x", {{"type", "string"}, {"pattern", "^a$"}, {"minLength", 3}}}}},
@@ -570,6 +563,79 @@ TEST(HostileInput, AGrammarPastItsStatesBoundNamesTheFieldThatHoldsTheSchemas) {
                             {"tools", {{{"type", "function"}, {"function", {{"name", "f"}, {"strict", true}, {"parameters", never}}}}}}},
                            400);
   EXPECT_EQ(n["error"]["param"], "tools[0].function.parameters") << n.dump();
+}
+
+// A forced call (tool_choice required / named; Responses' the same; Anthropic's any / tool) constrains a tool that is
+// not strict too, and its schema falls back to free arguments when it cannot be enforced, as it is free when not forced
+// (such a tool promises no conformance on any of the three APIs). Past the grammar's total-states bound
+// (SchemaLimits::max_states, 400,000) it did not: a tool whose parameters hold 405,000 states (nine properties, each
+// within its own bounds) was a 400 naming it on all three protocols, the same tool not forced answered. It is answered,
+// its arguments free; strict, it is still the request's 400 naming it (tests/grammar:
+// SchemaHostile.ANonStrictToolPastTheStatesBoundFallsBack for the tools together and a call that matches nothing).
+TEST(HostileInput, AForcedCallOfToolsNotStrictPastTheStatesBoundIsAnswered) {
+  const std::string args = "<parameter=y>\nv\n</parameter>\n</function>\n</tool_call>";
+  const json script = {{"rules", {{{"match", "named"}, {"reply", args}}, {{"match", "any"}, {"reply", "<function=h>\n" + args}}}},
+                       {"default", {{"reply", "</think>\n\nok"}}}};
+  lilac::test::LocalServer srv(lilac::test::LocalServer::options(), nullptr, script);
+  // Nine arrays of strings of a pattern of 45,000 letters (different letters: no rule shared): 45,000 states each.
+  json big = {{"type", "object"}, {"properties", json::object()}, {"required", json::array()}};
+  for (char c = 'a'; c < 'a' + 9; ++c) {
+    const std::string k(1, c);
+    big["properties"][k] = {{"type", "array"}, {"items", {{"type", "string"}, {"pattern", "^(" + k + "{900}){50}$"}}}};
+    big["required"].push_back(k);
+  }
+  const json small = json::parse(R"({"type":"object","properties":{"n":{"type":"integer"}},"required":["n"]})");
+  auto user = [](const char* text) { return json::array({{{"role", "user"}, {"content", text}}}); };
+  const json chat_tools = {{{"type", "function"}, {"function", {{"name", "h"}, {"parameters", big}}}},
+                           {{"type", "function"}, {"function", {{"name", "ok"}, {"strict", true}, {"parameters", small}}}}};
+  for (const json& choice : {json("required"), json{{"type", "function"}, {"function", {{"name", "h"}}}}}) {
+    const json c = post_json(srv.port, "/v1/chat/completions",
+                             {{"messages", user(choice.is_string() ? "any" : "named")},
+                              {"max_tokens", 50},
+                              {"tool_choice", choice},
+                              {"tools", chat_tools}});
+    EXPECT_EQ(c["choices"][0]["finish_reason"], "tool_calls") << c.dump().substr(0, 400);
+    EXPECT_EQ(c["choices"][0]["message"]["tool_calls"][0]["function"]["name"], "h") << c.dump().substr(0, 400);
+    EXPECT_EQ(c["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"], R"({"y":"v"})")
+        << c.dump().substr(0, 400);
+  }
+  const json responses_tools = {{{"type", "function"}, {"name", "h"}, {"parameters", big}},
+                                {{"type", "function"}, {"name", "ok"}, {"strict", true}, {"parameters", small}}};
+  for (const json& choice : {json("required"), json{{"type", "function"}, {"name", "h"}}}) {
+    const json r = post_json(srv.port, "/v1/responses",
+                             {{"input", choice.is_string() ? "any" : "named"},
+                              {"max_output_tokens", 50},
+                              {"tool_choice", choice},
+                              {"tools", responses_tools}});
+    ASSERT_TRUE(r["output"].is_array() && !r["output"].empty()) << r.dump().substr(0, 400);
+    const json& call = r["output"].back();
+    EXPECT_EQ(call["type"], "function_call") << r.dump().substr(0, 400);
+    EXPECT_EQ(call["name"], "h") << r.dump().substr(0, 400);
+    EXPECT_EQ(call["arguments"], R"({"y":"v"})") << r.dump().substr(0, 400);
+  }
+  const json anthropic_tools = {{{"name", "h"}, {"input_schema", big}}, {{"name", "ok"}, {"input_schema", small}}};
+  for (const json& choice : {json{{"type", "any"}}, json{{"type", "tool"}, {"name", "h"}}}) {
+    const json m = post_json(srv.port, "/v1/messages",
+                             {{"max_tokens", 50},
+                              {"messages", user(choice["type"] == "any" ? "any" : "named")},
+                              {"tool_choice", choice},
+                              {"tools", anthropic_tools}});
+    EXPECT_EQ(m["stop_reason"], "tool_use") << m.dump().substr(0, 400);
+    EXPECT_EQ(m["content"].back()["name"], "h") << m.dump().substr(0, 400);
+    EXPECT_EQ(m["content"].back()["input"], json({{"y", "v"}})) << m.dump().substr(0, 400);
+  }
+  // Strict, the tool is the request's error, naming it.
+  json strict_chat = chat_tools;
+  strict_chat[0]["function"]["strict"] = true;
+  const json e = post_json(srv.port, "/v1/chat/completions",
+                           {{"messages", user("any")}, {"tool_choice", "required"}, {"tools", strict_chat}}, 400);
+  EXPECT_EQ(e["error"]["param"], "tools[0].function.parameters") << e.dump().substr(0, 400);
+  EXPECT_EQ(e["error"]["code"], "invalid_schema") << e.dump().substr(0, 400);
+  json strict_responses = responses_tools;
+  strict_responses[0]["strict"] = true;
+  const json re = post_json(srv.port, "/v1/responses",
+                            {{"input", "any"}, {"tool_choice", "required"}, {"tools", strict_responses}}, 400);
+  EXPECT_EQ(re["error"]["param"], "tools[0].parameters") << re.dump().substr(0, 400);
 }
 
 }  // namespace
