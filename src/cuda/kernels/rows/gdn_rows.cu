@@ -549,7 +549,7 @@ void gdn_step_rows(const GdnRowsShape& s, const GdnLayer& layer, const GdnPool& 
   }
   launch_pdl(gdn_conv_rows_kernel, dim3(unsigned((s.conv_dim() + kConvThreads - 1) / kConvThreads), unsigned(M)),
              dim3(kConvThreads), 0, stream, a, t);
-  if (vec && (s.dk + kRowGroups - 1) / kRowGroups == 4 && slice_major_on()) {  // the model's dk = 128
+  if (vec && (s.dk + kRowGroups - 1) / kRowGroups == 4 && slice_major_on()) {  // R = 4: dk 97..128 (the model's 128)
     launch_pdl(gdn_rows_kernel<4, true, false, false, OneLayer, true>, dim3(grid.y, grid.x, grid.z), dim3(kThreads), 0,
                stream, a, t);
     return;
