@@ -1,7 +1,9 @@
 // Anthropic Message Batches (POST /v1/messages/batches) on the scripted backend (server_test_util.h).
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
+#include <memory>
 #include <string>
 #include <thread>
 #include <utility>
@@ -191,4 +193,87 @@ TEST(MessageBatches, AResultThatDoesNotFitIsAnErroredResult) {
       << rs[0].dump();
   EXPECT_EQ(rs[1]["result"]["type"], "succeeded") << rs[1].dump();
   EXPECT_EQ(rs[1]["result"]["message"]["content"][0]["text"], "local answer") << rs[1].dump();
+}
+
+// Clients at once: several create batches (a small --batches-mb: some creates get 429, ended batches' results are
+// dropped to make room), cancel some at once, poll them, read their results and delete some, while another lists the
+// batches; the server then stops with a batch still running. Every batch ends with its three requests counted once,
+// its results (when kept) in request order. Run under ThreadSanitizer by scripts/test-tsan.sh: the store's lock, the
+// batches' threads and their joins (cancel, delete, the oldest dropped, stop) all meet here.
+TEST(MessageBatches, ClientsAtOnceCreateCancelReadDeleteAndList) {
+  const json script = {{"rules", {{{"match", "slow"}, {"reply", " x"}, {"repeat", true}, {"delay_ms", 5}}}},
+                       {"default", {{"reply", "local answer"}, {"delay_ms", 1}}}};
+  auto o = lilac::test::LocalServer::options();
+  o.batches_bytes = 5 << 10;
+  auto srv = std::make_unique<lilac::test::LocalServer>(o, nullptr, script);
+  const int port = srv->port;
+  std::atomic<bool> done{false};
+  std::atomic<int> created{0};
+  auto client = [&](int who) {
+    httplib::Client cli("127.0.0.1", port);
+    for (int k = 0; k < 6; ++k) {
+      const json body = batch_of({"slow " + std::to_string(who), "hi", "slow"}, 8);
+      std::string id;
+      for (int tries = 0; id.empty(); ++tries) {
+        auto r = cli.Post("/v1/messages/batches", body.dump(), "application/json");
+        ASSERT_TRUE(r);
+        if (r->status == 429 && tries < 200) {  // the others' running batches hold the budget
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
+          continue;
+        }
+        ASSERT_EQ(r->status, 200) << r->body;
+        id = json::parse(r->body)["id"];
+      }
+      ++created;
+      if (k % 2 == 0) {
+        auto c = cli.Post("/v1/messages/batches/" + id + "/cancel", "{}", "application/json");
+        ASSERT_TRUE(c);
+        EXPECT_EQ(c->status, 200) << c->body;
+      }
+      const json b = ended(port, id);
+      const json& n = b["request_counts"];
+      EXPECT_EQ(n["succeeded"].get<int>() + n["errored"].get<int>() + n["canceled"].get<int>(), 3) << b.dump();
+      EXPECT_EQ(n["processing"], 0) << b.dump();
+      std::this_thread::sleep_for(std::chrono::milliseconds(30));  // (the others' batches may need its results' room)
+      auto res = cli.Get("/v1/messages/batches/" + id + "/results");
+      ASSERT_TRUE(res);
+      if (res->status == 404) {  // dropped for another batch's room: the batch says so
+        EXPECT_TRUE(get(port, "/v1/messages/batches/" + id).second["archived_at"].is_string());
+      } else {
+        EXPECT_EQ(res->status, 200) << res->body.substr(0, 300);
+        size_t lines = 0;
+        for (size_t at = 0, nl; (nl = res->body.find('\n', at)) != std::string::npos; at = nl + 1, ++lines)
+          EXPECT_EQ(json::parse(res->body.substr(at, nl - at))["custom_id"], "r" + std::to_string(lines));
+        EXPECT_EQ(lines, 3u);
+      }
+      if (k % 3 == 1) {
+        auto d = cli.Delete("/v1/messages/batches/" + id);
+        ASSERT_TRUE(d);
+        EXPECT_EQ(d->status, 200) << d->body;
+        EXPECT_EQ(get(port, "/v1/messages/batches/" + id).first, 404);
+      }
+    }
+  };
+  std::thread lister([&] {
+    httplib::Client cli("127.0.0.1", port);
+    while (!done.load()) {
+      auto r = cli.Get("/v1/messages/batches?limit=100");
+      ASSERT_TRUE(r);
+      ASSERT_EQ(r->status, 200) << r->body;
+      const json page = json::parse(r->body);
+      for (const json& b : page["data"]) {
+        const std::string st = b["processing_status"];
+        EXPECT_TRUE(st == "in_progress" || st == "canceling" || st == "ended") << b.dump();
+      }
+    }
+  });
+  std::vector<std::thread> clients;
+  for (int who = 0; who < 4; ++who) clients.emplace_back(client, who);
+  for (auto& t : clients) t.join();
+  done = true;
+  lister.join();
+  EXPECT_EQ(created.load(), 24);
+  // A batch still running when the server stops: its thread is ended and joined (the generations are aborted).
+  post_json(port, "/v1/messages/batches", batch_of({"slow", "slow"}, 1000));
+  srv.reset();
 }
