@@ -147,12 +147,16 @@ TEST(HostileInput, AnAnthropicFieldOfTheWrongTypeIsNotCalledMissing) {
   lilac::test::LocalServer srv(lilac::test::LocalServer::options());
   const json user = {{"role", "user"}, {"content", "hi"}};
   const json tool = {{"name", "f"}, {"input_schema", {{"type", "object"}}}};
-  auto body = [](json msgs, json extra = json::object()) {
+  // (Arrays of one element as json::array / std::vector: a braced list of one json is that json under clang, an array
+  // of it under gcc.)
+  auto body = [](std::vector<json> msgs, json extra = json::object()) {
     extra["max_tokens"] = 5;
     extra["messages"] = std::move(msgs);
     return extra;
   };
-  auto blocks = [](const char* role, json block) { return json{{"role", role}, {"content", {std::move(block)}}}; };
+  auto blocks = [](const char* role, json block) {
+    return json{{"role", role}, {"content", json::array({std::move(block)})}};
+  };
   struct Case {
     json body;
     std::string message;
@@ -162,15 +166,15 @@ TEST(HostileInput, AnAnthropicFieldOfTheWrongTypeIsNotCalledMissing) {
        "Invalid type for 'messages[0].content[0]': expected an object (a content block), but got a number."},
       {body({blocks("user", {{"type", "text"}, {"text", 5}})}),
        "Invalid type for 'messages[0].content[0].text': expected a string, but got a number."},
-      {body({blocks("user", {{"type", "tool_result"}, {"tool_use_id", "t"}, {"content", {"x"}}})}),
+      {body({blocks("user", {{"type", "tool_result"}, {"tool_use_id", "t"}, {"content", json::array({"x"})}})}),
        "Invalid type for 'messages[0].content[0].content[0]': expected an object (a content block), but got a string."},
       {body({blocks("assistant", {{"type", "tool_use"}, {"id", "t"}, {"name", 5}}), user}),
        "Invalid type for 'messages[0].content[0].name': expected a string, but got a number."},
-      {body({user}, {{"system", {{{"type", "text"}, {"text", true}}}}}),
+      {body({user}, {{"system", json::array({{{"type", "text"}, {"text", true}}})}}),
        "Invalid type for 'system[0].text': expected a string, but got a boolean."},
-      {body({user}, {{"tools", {{{"name", "f"}, {"input_schema", "x"}}}}}),
+      {body({user}, {{"tools", json::array({{{"name", "f"}, {"input_schema", "x"}}})}}),
        "Invalid type for 'tools[0].input_schema': expected an object (a JSON schema), but got a string."},
-      {body({user}, {{"tools", {tool}}, {"tool_choice", {{"type", 1}}}}),
+      {body({user}, {{"tools", json::array({tool})}, {"tool_choice", {{"type", 1}}}}),
        "Invalid type for 'tool_choice.type': expected a string, but got a number."},
       {body({user}, {{"thinking", {{"type", "enabled"}, {"budget_tokens", "9"}}}}),
        "Invalid type for 'thinking.budget_tokens': expected an integer, but got a string."},
