@@ -26,6 +26,8 @@
 // (below). Measured (H100, bench/BENCHMARKS.md "Stop 51", "Stop 52"): in_proj 27 against 35 µs at 32 rows and 54
 // against 65 at 64, 17.8 against 19.3 at 16 with the split (21.6 without); for q/kv (144 weight tiles) and out_proj
 // (32) not faster than the tiles kernel, so Auto takes it for in_proj's shape from 16 rows.
+// Above 16 rows with K <= 2048, gemv_rows_wgr_kernel (below) holds the input resident instead: in_proj 27.3 → 24.6 µs
+// at 32 rows and 54.0 → 45.3 at 64 (H200, bench/BENCHMARKS.md "Stop 64"); q/kv on it from 16 rows: within noise.
 #include <algorithm>
 
 #include "cuda/cuda_common.h"
@@ -171,6 +173,77 @@ __device__ __forceinline__ void wg_store(const GemvRowsArgs& a, int row0, uint32
     }
   }
 }
+// One step's math (one k-tile of a 64-row weight tile) for a warpgroup: the weight rows' k-tile at w (64 rows × 128
+// bytes), their scales and biases of the k-tile's 4 groups at sc / bi (8 bytes per row each), the 4 groups' B tiles at
+// btiles (WgSmem::TILE apart), input row rl's meta of group q at meta[rl * mstride + q]. Per group q: A dequantized,
+// 4 wgmmas (two chains) into the register set q & 1, so group q + 1's products run while group q's values are added
+// to acc. lr0: this thread's first weight row in the tile (16 · warp of the warpgroup + g).
+template <int NJ>
+__device__ __forceinline__ void wg_step_math(const unsigned char* w, const unsigned char* sc_b,
+                                             const unsigned char* bi_b, uint32_t btiles, const float2* meta,
+                                             int mstride, int lr0, int c, uint32_t pmask, float (&D)[2][2][N / 2],
+                                             uint32_t (&A)[2][4][4], G4Scale (&sc)[2], float (&acc)[NJ][2]) {
+  using S = WgSmem;
+  G4Tile t;
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int i = 0; i < 2; ++i) t.w[h][i] = *reinterpret_cast<const uint4*>(w + (lr0 + 8 * h) * 128 + 64 * i + 16 * c);
+  uint2 wv[2][2];
+  // group q: its A fragments and scales (parity q & 1), then its 4 wgmmas (two chains) into D[q & 1]
+  auto issue = [&](int q) {
+    const int half = q & 1;  // the group's half of the traded chunk q / 2
+    const int p = q & 1;     // its register set (two groups in flight): the same index, another meaning
+    if (half == 0) g4_trade(t, q >> 1, c, wv);
+    g4_dequant(wv[0][half], wv[1][half], A[p]);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const uint32_t s16 = *reinterpret_cast<const unsigned short*>(sc_b + (lr0 + 8 * h) * 8 + 2 * q);
+      const uint32_t b16 = *reinterpret_cast<const unsigned short*>(bi_b + (lr0 + 8 * h) * 8 + 2 * q);
+      sc[p].s[h] = __uint_as_float(s16 << 16);
+      sc[p].cz[h] = fmaf(TcShape<4>::ZC, sc[p].s[h], __uint_as_float(b16 << 16));
+    }
+    wg_fence_acc<N / 2>(D[p][0]);
+    wg_fence_acc<N / 2>(D[p][1]);
+    wg_arrive();
+    const uint32_t tile = btiles + q * S::TILE;
+    dev::wgmma_rs_f16_m64n32k16(D[p][0], A[p][0], wg_desc(tile), 0);
+    dev::wgmma_rs_f16_m64n32k16(D[p][1], A[p][1], wg_desc(tile + 32), 0);
+    dev::wgmma_rs_f16_m64n32k16(D[p][0], A[p][2], wg_desc(tile + 64), 1);
+    dev::wgmma_rs_f16_m64n32k16(D[p][1], A[p][3], wg_desc(tile + 96), 1);
+    wg_commit();
+  };
+  // group q's values into the chains (its wgmmas done)
+  auto finish = [&](int q) {
+    const int p = q & 1;
+    wg_fence_acc<N / 2>(D[p][0]);
+    wg_fence_acc<N / 2>(D[p][1]);
+    wg_hold(A[p][0]), wg_hold(A[p][1]), wg_hold(A[p][2]), wg_hold(A[p][3]);
+#pragma unroll
+    for (int j = 0; j < NJ; ++j) {
+      const int rl = 4 * j + c;
+      if ((pmask >> rl) & 1u) {
+        const float2 mm = meta[rl * mstride + q];
+        const float dot0 = (D[p][0][4 * j] + D[p][0][4 * j + 1]) + (D[p][1][4 * j] + D[p][1][4 * j + 1]);
+        const float dot1 = (D[p][0][4 * j + 2] + D[p][0][4 * j + 3]) + (D[p][1][4 * j + 2] + D[p][1][4 * j + 3]);
+        acc[j][0] += g4_value(sc[p], 0, dot0, mm);
+        acc[j][1] += g4_value(sc[p], 1, dot1, mm);
+      }
+    }
+  };
+  issue(0);
+  issue(1);
+  wg_wait<1>();
+  finish(0);
+  issue(2);
+  wg_wait<1>();
+  finish(1);
+  issue(3);
+  wg_wait<1>();
+  finish(2);
+  wg_wait<0>();
+  finish(3);
+}
 #endif
 
 // CL > 1: a weight tile's k-slices split over the CL blocks of a cluster (rank r the r-th run of nslices / CL slices);
@@ -255,68 +328,8 @@ __global__ void __launch_bounds__(kWgThreads, 3) gemv_rows_wg_kernel(GemvRowsArg
       ahead = next(ahead);
     }
     const unsigned char* sb = smem + (k % STAGES) * S::STAGE;
-    const uint32_t btiles = smem_u32(sb);
-    const float2* meta = reinterpret_cast<const float2*>(sb + S::META);
-    G4Tile t;
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-#pragma unroll
-      for (int i = 0; i < 2; ++i)
-        t.w[h][i] = *reinterpret_cast<const uint4*>(sb + S::W + (lr0 + 8 * h) * 128 + 64 * i + 16 * c);
-    uint2 wv[2][2];
-    // group q: its A fragments and scales (parity q & 1), then its 4 wgmmas (two chains) into D[q & 1]
-    auto issue = [&](int q) {
-      const int half = q & 1;  // the group's half of the traded chunk q / 2
-      const int p = q & 1;     // its register set (two groups in flight): the same index, another meaning
-      if (half == 0) g4_trade(t, q >> 1, c, wv);
-      g4_dequant(wv[0][half], wv[1][half], A[p]);
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const uint32_t s16 = *reinterpret_cast<const unsigned short*>(sb + S::SC + (lr0 + 8 * h) * 8 + 2 * q);
-        const uint32_t b16 = *reinterpret_cast<const unsigned short*>(sb + S::BI + (lr0 + 8 * h) * 8 + 2 * q);
-        sc[p].s[h] = __uint_as_float(s16 << 16);
-        sc[p].cz[h] = fmaf(TcShape<4>::ZC, sc[p].s[h], __uint_as_float(b16 << 16));
-      }
-      wg_fence_acc<N / 2>(D[p][0]);
-      wg_fence_acc<N / 2>(D[p][1]);
-      wg_arrive();
-      const uint32_t tile = btiles + q * S::TILE;
-      dev::wgmma_rs_f16_m64n32k16(D[p][0], A[p][0], wg_desc(tile), 0);
-      dev::wgmma_rs_f16_m64n32k16(D[p][1], A[p][1], wg_desc(tile + 32), 0);
-      dev::wgmma_rs_f16_m64n32k16(D[p][0], A[p][2], wg_desc(tile + 64), 1);
-      dev::wgmma_rs_f16_m64n32k16(D[p][1], A[p][3], wg_desc(tile + 96), 1);
-      wg_commit();
-    };
-    // group q's values into the chains (its wgmmas done)
-    auto finish = [&](int q) {
-      const int p = q & 1;
-      wg_fence_acc<N / 2>(D[p][0]);
-      wg_fence_acc<N / 2>(D[p][1]);
-      wg_hold(A[p][0]), wg_hold(A[p][1]), wg_hold(A[p][2]), wg_hold(A[p][3]);
-#pragma unroll
-      for (int j = 0; j < NJ; ++j) {
-        const int rl = 4 * j + c;
-        if ((pmask >> rl) & 1u) {
-          const float2 mm = meta[rl * 4 + q];
-          const float dot0 = (D[p][0][4 * j] + D[p][0][4 * j + 1]) + (D[p][1][4 * j] + D[p][1][4 * j + 1]);
-          const float dot1 = (D[p][0][4 * j + 2] + D[p][0][4 * j + 3]) + (D[p][1][4 * j + 2] + D[p][1][4 * j + 3]);
-          acc[j][0] += g4_value(sc[p], 0, dot0, mm);
-          acc[j][1] += g4_value(sc[p], 1, dot1, mm);
-        }
-      }
-    };
-    issue(0);
-    issue(1);
-    wg_wait<1>();
-    finish(0);
-    issue(2);
-    wg_wait<1>();
-    finish(1);
-    issue(3);
-    wg_wait<1>();
-    finish(2);
-    wg_wait<0>();
-    finish(3);
+    wg_step_math<NJ>(sb + S::W, sb + S::SC, sb + S::BI, smem_u32(sb), reinterpret_cast<const float2*>(sb + S::META), 4,
+                     lr0, c, pmask, D, A, sc, acc);
 
     const WgStep ns = next(st);
     if (ns.T != st.T || ns.s != st.s) {  // the slice's chains are complete
@@ -340,6 +353,142 @@ __global__ void __launch_bounds__(kWgThreads, 3) gemv_rows_wg_kernel(GemvRowsArg
 #endif
 }
 
+// The input resident (above 16 rows, K up to kWgrMaxKT k-tiles): a block of NW warpgroups copies its MT input rows'
+// B tiles and meta for the whole K into shared memory once, then each warpgroup streams its own weight tiles
+// (T = blockIdx.x · NW + wg, + gridDim.x · NW, ...) through its own WS-stage ring of weight k-tiles, WS - 1 steps
+// ahead. The per-tile math is gemv_rows_wg_kernel's (wg_step_math), so the same bits. Where that kernel re-reads
+// its 16 KB of B tiles from L2 for every step of every weight tile (~100 MB per GDN in_proj at 64 rows, against
+// 14 MB of weights) and requests a step's data one step ahead, this one reads the input once per block.
+constexpr int kWgrMaxKT = 8;  // K <= 2048: 128 KB of B tiles for 16 rows
+constexpr int kWgrWS = 3;     // weight stages per warpgroup
+constexpr int kWgrNW = 3;     // warpgroups per block (2: slower at 32 and 64 rows, bench/BENCHMARKS.md "Stop 64")
+struct WgrSmem {
+  static constexpr int B = 0;                                             // the input's B tiles [k-tile][group]
+  static constexpr int META = B + kWgrMaxKT * 4 * WgSmem::TILE;           // [MT rows][KT · 4 groups] float2
+  static constexpr int RING = META + MT * kWgrMaxKT * 4 * 8;              // per warpgroup WS stages of:
+  static constexpr int W = 0, SC = 64 * 128, BI = SC + 64 * 8, STAGE = BI + 64 * 8;  // weights, scales, biases
+  static constexpr int alloc(int nw) { return RING + nw * kWgrWS * STAGE + 1024; }
+  static_assert(RING % 1024 == 0 && STAGE % 16 == 0, "alignment");
+};
+
+template <int NW>
+__global__ void __launch_bounds__(NW * kWgThreads, 1) gemv_rows_wgr_kernel(GemvRowsArgs a, int KS) {
+#if LILAC_WGMMA
+  constexpr int NJ = N / 8;
+  using S = WgSmem;
+  using R = WgrSmem;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const uint32_t raw_u32 = smem_u32(smem_raw);
+  unsigned char* smem = smem_raw + (((raw_u32 + 1023u) & ~1023u) - raw_u32);
+
+  const int tid = threadIdx.x, wg = tid >> 7, wtid = tid & 127, warp = wtid >> 5, lane = tid & 31;
+  const int g = lane >> 2, c = lane & 3;
+  const int KT = tc_kt(a.W.cols);
+  const int64_t nrows = a.W.rows, nwt = (nrows + 63) / 64, ldy = a.ldy > 0 ? a.ldy : nrows;
+  const int row0 = int(blockIdx.z) * MT, mrows = min(MT, a.M - row0);
+  const int nslices = min(KS, KT);
+  const int64_t tstride = int64_t(gridDim.x) * NW;
+  auto kt_of = [&](const WgStep& st) { return st.s + st.j * KS; };
+  auto next = [&](WgStep st) {
+    if (kt_of(st) + KS < KT) {
+      ++st.j;
+    } else if (st.s + 1 < nslices) {
+      ++st.s, st.j = 0;
+    } else {
+      st.T += tstride, st.s = 0, st.j = 0;
+    }
+    return st;
+  };
+  unsigned char* ring = smem + R::RING + wg * kWgrWS * R::STAGE;
+  // a step's weights into stage b of this warpgroup's ring (wg_copy_w by the warpgroup's 128 threads)
+  auto copy_w = [&](const WgStep& st, int b) {
+    if (st.T >= nwt) return;
+    unsigned char* sb = ring + b * R::STAGE;
+    const int kt = kt_of(st);
+    const int64_t wrow_bytes = a.W.cols / 2, gpr = a.W.cols / kGroup;
+    for (int i = wtid; i < 64 * 8; i += kWgThreads) {
+      const int lr = i >> 3, u = i & 7;
+      const int64_t row = st.T * 64 + lr;
+      const bool on = row < nrows;
+      const char* src = reinterpret_cast<const char*>(a.W.qweight) + (on ? row * wrow_bytes + kt * 128 + 16 * u : 0);
+      cp_async16_zfill(sb + R::W + lr * 128 + 16 * u, src, on ? 16 : 0);
+    }
+    {
+      const int lr = wtid & 63, arr = wtid >> 6;
+      const int64_t row = min(st.T * 64 + lr, nrows - 1);
+      const __nv_bfloat16* src = (arr ? a.W.biases : a.W.scales) + row * gpr + kt * 4;
+      dev::cp_async8(sb + (arr ? R::BI : R::SC) + lr * 8, src);
+    }
+  };
+  auto wg_bar = [&] { asm volatile("bar.sync %0, %1;" ::"r"(1 + wg), "r"(kWgThreads) : "memory"); };
+
+  // prologue: this warpgroup's first WS - 1 steps' weights (one commit group each) before the PDL wait, then the
+  // block's input (every k-tile's B tiles and the meta: one group) after it
+  WgStep st{int64_t(blockIdx.x) * NW + wg, 0, 0};
+  WgStep ahead = st;
+  for (int k = 0; k < kWgrWS - 1; ++k, ahead = next(ahead)) {
+    copy_w(ahead, k);
+    cp_async_commit();
+  }
+  pdl_wait();
+  pdl_trigger();
+  const uint32_t pmask = present_rows(a.row_slot, row0, mrows);
+  {
+    const int64_t wstride = int64_t(KT) * kTileXBytes;  // frag4w bytes per input row
+    const char* gf = static_cast<const char*>(a.frag_wg);
+    for (int i = tid; i < KT * MT * 64; i += NW * kWgThreads) {  // (k-tile kt, row r, group q, hi / lo e, chunk ch)
+      const int kt = i / (MT * 64), rem = i % (MT * 64);
+      const int r = rem >> 6, q = (rem >> 4) & 3, e = (rem >> 3) & 1, ch = rem & 7;
+      const bool on = (pmask >> r) & 1u;
+      const int n = 2 * r + e;
+      cp_async16_zfill(smem + R::B + (kt * 4 + q) * S::TILE + (n >> 3) * 1024 + (n & 7) * 128 + ((ch ^ (n & 7)) * 16),
+                       on ? gf + int64_t(row0 + r) * wstride + (kt * 4 + q) * kG4GroupBytes + e * 128 + ch * 16 : gf,
+                       on ? 16 : 0);
+    }
+    for (int i = tid; i < MT * KT * 2; i += NW * kWgThreads) {  // row r's meta of k-tile kt: 2 × 16 bytes
+      const int r = i / (KT * 2), u = i % (KT * 2);
+      const bool on = (pmask >> r) & 1u;
+      const float2* src = on ? a.meta + int64_t(row0 + r) * (KT * 4) + 2 * u : a.meta;
+      cp_async16_zfill(smem + R::META + (r * KT * 4 + 2 * u) * 8, src, on ? 16 : 0);
+    }
+    cp_async_commit();
+  }
+  cp_async_wait<0>();
+  fence_proxy_async();  // the B tiles (cp.async writes) → the async proxy (wgmma reads them)
+  __syncthreads();
+
+  float acc[NJ][2], v[NJ][2];
+#pragma unroll
+  for (int j = 0; j < NJ; ++j) acc[j][0] = acc[j][1] = v[j][0] = v[j][1] = 0.f;
+  float D[2][2][N / 2];
+  uint32_t A[2][4][4];
+  G4Scale sc[2];
+  const int lr0 = 16 * warp + g;
+  const float2* meta = reinterpret_cast<const float2*>(smem + R::META);
+
+  for (int k = 0; st.T < nwt; ++k, st = next(st)) {
+    if (k > 0) cp_async_wait<kWgrWS - 2>();  // step k's weights (this thread's copies); k = 0 waited above
+    wg_bar();  // step k's stage landed for the warpgroup; its warps are done with step k - 1's stage
+    copy_w(ahead, (k + kWgrWS - 1) % kWgrWS);
+    cp_async_commit();
+    ahead = next(ahead);
+    const unsigned char* sb = ring + (k % kWgrWS) * R::STAGE;
+    const int kt = kt_of(st);
+    wg_step_math<NJ>(sb + R::W, sb + R::SC, sb + R::BI, smem_u32(smem + R::B + kt * 4 * S::TILE), meta + kt * 4, KT * 4,
+                     lr0, c, pmask, D, A, sc, acc);
+    const WgStep ns = next(st);
+    if (ns.T != st.T || ns.s != st.s) {  // the slice's chains are complete
+#pragma unroll
+      for (int j = 0; j < NJ; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) v[j][h] += acc[j][h], acc[j][h] = 0.f;
+    }
+    if (ns.T != st.T) wg_store(a, row0, pmask, st.T * 64 + lr0, ldy, c, v);  // the tile is complete
+  }
+  cp_async_wait<0>();
+#endif
+}
+
 bool wg_env_on() {
   static const bool on = env_switch_on("LILAC_ROWS_WGMMA");
   return on;
@@ -348,6 +497,27 @@ bool wg_env_on() {
 bool wg_split_on() {
   static const bool on = env_switch_on("LILAC_ROWS_WGMMA_SPLIT");
   return on;
+}
+
+// Measurement switch: LILAC_ROWS_WGR=0 keeps gemv_rows_wg_kernel above 16 rows.
+bool wgr_on() {
+  static const bool on = env_switch_on("LILAC_ROWS_WGR");
+  return on;
+}
+
+template <int NW>
+void launch_wgr(const GemvRowsArgs& a, int KS, cudaStream_t stream) {
+  auto kernel = gemv_rows_wgr_kernel<NW>;
+  const int smem = WgrSmem::alloc(NW);
+  static bool attr = false;  // per instantiation (one GPU per process)
+  if (!attr) {
+    LILAC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    attr = true;
+  }
+  const int gz = (a.M + MT - 1) / MT;
+  const int64_t nwt = (a.W.rows + 63) / 64;
+  const int gx = int(std::max<int64_t>(1, std::min<int64_t>(sm_count() / gz, (nwt + NW - 1) / NW)));
+  launch_pdl(kernel, dim3(unsigned(gx), 1, unsigned(gz)), dim3(NW * kWgThreads), size_t(smem), stream, a, KS);
 }
 
 }  // namespace
@@ -373,6 +543,10 @@ bool gemv_rows_wg_applies(const GemvRowsArgs& a, bool forced) {
 
 void gemv_rows_wg(const GemvRowsArgs& a, int KS, cudaStream_t stream) {
   using S = WgSmem;
+  if (a.M > kWgSplitMaxRows && tc_kt(a.W.cols) <= kWgrMaxKT && wgr_on()) {
+    launch_wgr<kWgrNW>(a, KS, stream);
+    return;
+  }
   const int nslices = int(std::min<int64_t>(KS, tc_kt(a.W.cols)));
   // the split: 2 ranks where each gets half of the slices (the handover holds up to 4 per thread)
   const int per_tile = a.M <= kWgSplitMaxRows && wg_split_on() && nslices % 2 == 0 && nslices / 2 <= 4 ? 2 : 1;
