@@ -5,8 +5,10 @@
 
 namespace lilac::server {
 
-nlohmann::ordered_json parse_request_body(std::string_view body) {
-  JsonParseResult r = parse_bounded_json(body, kRequestJsonLimits);
+namespace {
+
+// A body's parse as the body (its errors as the 400 of each).
+nlohmann::ordered_json checked_body(JsonParseResult r) {
   switch (r.status) {
     case JsonParseResult::Ok: break;
     case JsonParseResult::Invalid:
@@ -18,6 +20,17 @@ nlohmann::ordered_json parse_request_body(std::string_view body) {
   }
   if (!r.value.is_object()) throw ApiError(400, "The request body must be a JSON object.", "", "invalid_json");
   return std::move(r.value);
+}
+
+}  // namespace
+
+nlohmann::ordered_json parse_request_body(std::string_view body) {
+  return checked_body(parse_bounded_json(body, kRequestJsonLimits));
+}
+
+nlohmann::ordered_json parse_request_body_handing(std::string_view body, std::string_view key,
+                                                  const JsonElementTaker& take) {
+  return checked_body(parse_bounded_json_handing(body, kRequestJsonLimits, key, take));
 }
 
 nlohmann::ordered_json parse_tool_arguments(std::string_view text, const std::string& param) {

@@ -42,11 +42,14 @@ struct Frame {
   ojson* node = nullptr;  // the array or object being filled
   std::string key;        // object: the key of the next value
   KeyIndex index;         // object past kLinearKeys
+  bool handed = false;    // the array whose elements are handed out (parse_bounded_json_handing)
 };
 
 class Builder {
  public:
-  Builder(const JsonLimits& limits, JsonParseResult& result) : limits_(limits), r_(result) {}
+  Builder(const JsonLimits& limits, JsonParseResult& result, std::string_view handed_key = {},
+          const JsonElementTaker* take = nullptr)
+      : limits_(limits), r_(result), handed_key_(handed_key), take_(take) {}
 
   bool null() { return add(ojson(nullptr)) != nullptr; }
   bool boolean(bool b) { return add(ojson(b)) != nullptr; }
@@ -95,16 +98,21 @@ class Builder {
       r_.message = "JSON nested more than " + std::to_string(limits_.max_depth) + " levels deep";
       return false;
     }
+    // The array under the root object's handed key (its key is moved into the object by add()).
+    const bool handed = take_ && container.is_array() && stack_.size() == 1 && stack_[0].node->is_object() &&
+                        stack_[0].key == handed_key_;
     ojson* node = add(std::move(container));
     if (!node) return false;
     // The parent gets no other value while this child is open, so `node` stays valid until close().
     stack_.emplace_back();
     stack_.back().node = node;
+    stack_.back().handed = handed;
     return true;
   }
 
   bool close() {
     stack_.pop_back();
+    if (!stack_.empty() && stack_.back().handed) hand(stack_.back());  // an element of the handed array, complete
     return true;
   }
 
@@ -117,10 +125,21 @@ class Builder {
     }
     Frame& f = stack_.back();
     if (f.node->is_array()) {
-      f.node->get_ref<ojson::array_t&>().push_back(std::move(v));
-      return &f.node->get_ref<ojson::array_t&>().back();
+      const bool complete = !v.is_structured();  // (an array or object is handed once closed)
+      ojson::array_t& a = f.node->get_ref<ojson::array_t&>();
+      a.push_back(std::move(v));
+      if (f.handed && complete) hand(f);  // (a scalar: complete at once)
+      return &a.back();
     }
     return insert(f, std::move(v));
+  }
+
+  // Hands the handed array's last element out, a null left in its place.
+  void hand(Frame& f) {
+    ojson::array_t& a = f.node->get_ref<ojson::array_t&>();
+    ojson v = std::move(a.back());
+    a.back() = nullptr;
+    (*take_)(a.size() - 1, v);
   }
 
   // Where `key` already is in the frame's object (its position), or -1.
@@ -162,15 +181,16 @@ class Builder {
 
   const JsonLimits& limits_;
   JsonParseResult& r_;
+  const std::string_view handed_key_;
+  const JsonElementTaker* const take_;
   std::vector<Frame> stack_;
   size_t values_ = 0;
 };
 
-}  // namespace
-
-JsonParseResult parse_bounded_json(std::string_view text, const JsonLimits& limits) {
+JsonParseResult parse_with(std::string_view text, const JsonLimits& limits, std::string_view handed_key,
+                           const JsonElementTaker* take) {
   JsonParseResult r;
-  Builder b(limits, r);
+  Builder b(limits, r, handed_key, take);
   const bool ok = ojson::sax_parse(text.begin(), text.end(), &b, nlohmann::json::input_format_t::json, true, false);
   if (!ok) {
     if (r.status == JsonParseResult::Ok) {
@@ -180,6 +200,17 @@ JsonParseResult parse_bounded_json(std::string_view text, const JsonLimits& limi
     r.value = nullptr;  // the partial document is not used (destroyed without recursion)
   }
   return r;
+}
+
+}  // namespace
+
+JsonParseResult parse_bounded_json(std::string_view text, const JsonLimits& limits) {
+  return parse_with(text, limits, {}, nullptr);
+}
+
+JsonParseResult parse_bounded_json_handing(std::string_view text, const JsonLimits& limits, std::string_view key,
+                                           const JsonElementTaker& take) {
+  return parse_with(text, limits, key, &take);
 }
 
 }  // namespace lilac

@@ -9,6 +9,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 
@@ -34,6 +35,18 @@ struct JsonParseResult {
 
 // Never throws on bad input: the result says what was wrong.
 JsonParseResult parse_bounded_json(std::string_view text, const JsonLimits& limits = {});
+
+// Takes an element of the array parse_bounded_json_handing hands out: its index and the value (to move from).
+using JsonElementTaker = std::function<void(size_t index, nlohmann::ordered_json& element)>;
+
+// parse_bounded_json, except that the elements of one array, the value of the root object's key `key`, are handed to
+// `take` one at a time, in order, as soon as each is complete, and the array keeps a null in each one's place: a
+// document of many such elements (a Message Batches create: up to 10,000 requests in 8 MB) is never held as JSON
+// values all at once, only as the result with one element in it at most. The limits count the whole document. A
+// repeated key hands the elements of each array under it (the indexes start again at 0; the result keeps the last
+// value). Exceptions from `take` end the parse and propagate.
+JsonParseResult parse_bounded_json_handing(std::string_view text, const JsonLimits& limits, std::string_view key,
+                                           const JsonElementTaker& take);
 
 // The limits request bodies get (the README documents them). 16,384 keys per object: no field of the APIs takes
 // more (metadata 16 pairs, logit_bias 1,024 tokens; OpenAI allows 5,000 properties in a whole structured-output

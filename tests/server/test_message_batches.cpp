@@ -1,9 +1,13 @@
 // Anthropic Message Batches (POST /v1/messages/batches) on the scripted backend (server_test_util.h).
 #include <gtest/gtest.h>
+#include <malloc.h>
 
 #include <atomic>
 #include <chrono>
+#include <cstdint>
+#include <cstdlib>
 #include <memory>
+#include <new>
 #include <string>
 #include <thread>
 #include <utility>
@@ -276,4 +280,126 @@ TEST(MessageBatches, ClientsAtOnceCreateCancelReadDeleteAndList) {
   // A batch still running when the server stops: its thread is ended and joined (the generations are aborted).
   post_json(port, "/v1/messages/batches", batch_of({"slow", "slow"}, 1000));
   srv.reset();
+}
+
+// The bytes the heap holds and their peak since heap_peak_reset(), for the memory a request takes while it is answered:
+// exact, where resident memory would also count a sanitizer's shadow and quarantine. Under ASan / TSan (which bring
+// their own allocator and operator new) through the sanitizer's malloc and free hooks; else by replacing the global
+// operator new / delete of lilac_tests_server (malloc / free, counted as malloc_usable_size: one atomic add more each).
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define LILAC_TEST_SANITIZER_ALLOCATOR 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define LILAC_TEST_SANITIZER_ALLOCATOR 1
+#endif
+#endif
+#ifdef LILAC_TEST_SANITIZER_ALLOCATOR
+#include <sanitizer/allocator_interface.h>
+#endif
+
+namespace {
+std::atomic<int64_t> heap_live{0}, heap_peak{0};
+void heap_peak_reset() { heap_peak.store(heap_live.load()); }
+void heap_add(int64_t n) {
+  const int64_t now = heap_live.fetch_add(n) + n;
+  for (int64_t peak = heap_peak.load(); now > peak && !heap_peak.compare_exchange_weak(peak, now);) {
+  }
+}
+#ifdef LILAC_TEST_SANITIZER_ALLOCATOR
+void on_malloc(const volatile void*, size_t n) { heap_add(int64_t(n)); }
+void on_free(const volatile void* p) { heap_live.fetch_sub(int64_t(__sanitizer_get_allocated_size(p))); }
+// (installed before main, while there is one thread, as the hooks require)
+const int hooks_installed = __sanitizer_install_malloc_and_free_hooks(on_malloc, on_free);
+#endif
+}  // namespace
+
+#ifndef LILAC_TEST_SANITIZER_ALLOCATOR
+void* operator new(size_t n) {
+  void* p = std::malloc(n ? n : 1);
+  if (!p) throw std::bad_alloc();
+  heap_add(int64_t(malloc_usable_size(p)));
+  return p;
+}
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"  // (free of what operator new above took from malloc)
+#endif
+void operator delete(void* p) noexcept {
+  if (!p) return;
+  heap_live.fetch_sub(int64_t(malloc_usable_size(p)));
+  std::free(p);
+}
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+void operator delete(void* p, size_t) noexcept { operator delete(p); }
+#endif
+
+// A create's body was parsed whole into JSON values (~56 MB for this 3.6 MB body of small values), then every request's
+// params was copied out of it (~47 MB more) before becoming text: ~97 MB of heap at once over the body (~110 MB
+// resident), outside --batches-mb, and as many times that as creates were read at once. The requests are read one at a
+// time now (parse_request_body_handing), each params made text at once: ~18 MB, about the body's copies and the text.
+TEST(MessageBatches, ACreateIsNotHeldAsJsonValuesAllAtOnce) {
+  lilac::test::LocalServer srv(lilac::test::LocalServer::options());
+  // 10,000 requests of 85 empty objects each: ~960,000 values (the limit is 1,048,576) in 3.6 MB.
+  std::string content = "[";
+  for (int i = 0; i < 85; ++i) content += i ? ",{}" : "{}";
+  content += "]";
+  std::string body = "{\"requests\":[";
+  for (int i = 0; i < 10000; ++i)
+    body += std::string(i ? "," : "") + "{\"custom_id\":\"r" + std::to_string(i) +
+            "\",\"params\":{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":" + content + "}]}}";
+  body += "]}";
+  httplib::Client cli("127.0.0.1", srv.port);
+#ifdef LILAC_TEST_SANITIZER_ALLOCATOR
+  ASSERT_GT(hooks_installed, 0) << "the sanitizer's malloc hooks could not be installed";
+#endif
+  const int64_t before = heap_live.load();
+  heap_peak_reset();
+  auto r = cli.Post("/v1/messages/batches", body, "application/json");
+  const int64_t peak = heap_peak.load();
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body.substr(0, 300);
+  const std::string id = json::parse(r->body)["id"];
+  // The body's copies (the client's request, the server's), the requests' text (~3.4 MB) and their ids: ~18 MB.
+  EXPECT_LT(peak - before, int64_t(40) << 20) << "bytes over the " << before << " held before the create";
+  post_json(srv.port, "/v1/messages/batches/" + id + "/cancel", json::object());
+  EXPECT_EQ(ended(srv.port, id)["request_counts"]["processing"], 0);
+}
+
+// The create reads its requests one at a time now (above); its errors are still those of the whole body, in the same
+// order: the JSON, then requests (an array of 1 to 10,000), then the first bad request. A guard of that reading: it
+// passes before and after.
+TEST(MessageBatches, ACreatesErrorsAreTheWholeBodys) {
+  lilac::test::LocalServer srv(lilac::test::LocalServer::options());
+  auto create = [&](const std::string& body, int want) {
+    auto r = httplib::Client("127.0.0.1", srv.port).Post("/v1/messages/batches", body, "application/json");
+    EXPECT_TRUE(r);
+    if (!r) return json();
+    EXPECT_EQ(r->status, want) << r->body.substr(0, 300);
+    return json::parse(r->body, nullptr, false);
+  };
+  const std::string good = R"({"custom_id":"a","params":{"max_tokens":5,"messages":[{"role":"user","content":"hi"}]}})";
+  const std::string bad = R"({"custom_id":"a b","params":{}})";
+  // A bad request, then JSON that breaks: the JSON's error.
+  json e = create(R"({"requests":[)" + bad + "," + good, 400);
+  EXPECT_EQ(e["error"]["type"], "invalid_request_error") << e.dump();
+  EXPECT_NE(e["error"]["message"].get<std::string>().find("parse the JSON"), std::string::npos) << e.dump();
+  // 10,001 requests, the second bad: the count's error.
+  std::string many = R"({"requests":[)" + good + "," + bad;
+  for (int i = 2; i < 10001; ++i) many += ",{}";
+  e = create(many + "]}", 400);
+  EXPECT_EQ(e["error"]["message"], "requests: 1 to 10000 requests per batch.") << e.dump();
+  // The first bad request of several.
+  e = create(R"({"requests":[)" + good + R"(,{"custom_id":"b"},)" + bad + "]}", 400);
+  EXPECT_EQ(e["error"]["message"], "requests.1.params: a Messages request object is required.") << e.dump();
+  e = create(R"({"requests":[)" + good + "," + good + "]}", 400);
+  EXPECT_EQ(e["error"]["message"], "requests.1.custom_id: 'a' is used twice in this batch.") << e.dump();
+  // A repeated "requests": the last one's requests are the batch (as the JSON's last value is the key's).
+  e = create(R"({"requests":[)" + bad + R"(],"requests":[)" + good + "]}", 200);
+  EXPECT_EQ(ended(srv.port, e["id"])["request_counts"]["succeeded"], 1) << e.dump();
+  e = create(R"({"requests":[)" + good + R"(],"requests":[]})", 400);
+  EXPECT_EQ(e["error"]["message"], "requests: 1 to 10000 requests per batch.") << e.dump();
+  e = create(R"({"requests":[)" + good + R"(],"requests":{}})", 400);
+  EXPECT_EQ(e["error"]["message"], "requests: an array of {custom_id, params} is required.") << e.dump();
 }

@@ -3,7 +3,10 @@
 // number of keys (nlohmann's ordered_json parse is quadratic in one object's keys).
 #include <gtest/gtest.h>
 
+#include <stdexcept>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -105,4 +108,55 @@ TEST(BoundedJson, KeysOfOneObjectAreLinear) {
   EXPECT_EQ(entries.front().first, "0");
   EXPECT_EQ(entries.back().first, std::to_string((n - 1) * 7919));
   EXPECT_LE(r.key_compares, 2 * n) << "repeated-key detection is not linear";
+}
+
+// parse_bounded_json_handing (Message Batches' create: up to 10,000 requests in one body): the elements of the array
+// under the root object's key are handed out one at a time, in order, each complete, and the result keeps a null in
+// each one's place; everything else is parse_bounded_json's document, limits and errors.
+TEST(BoundedJson, HandingGivesTheElementsOfOneArrayOneAtATime) {
+  std::vector<std::pair<size_t, std::string>> got;
+  const lilac::JsonElementTaker take = [&](size_t i, ojson& v) { got.emplace_back(i, v.dump()); };
+  const std::string doc =
+      R"({"a": {"requests": [1]}, "requests": [{"x": [1, 2]}, 5, "s", [], {"requests": [9]}, null], "z": [true]})";
+  JsonParseResult r = lilac::parse_bounded_json_handing(doc, {}, "requests", take);
+  ASSERT_TRUE(r.ok()) << r.message;
+  const std::vector<std::pair<size_t, std::string>> want = {
+      {0, R"({"x":[1,2]})"}, {1, "5"}, {2, R"("s")"}, {3, "[]"}, {4, R"({"requests":[9]})"}, {5, "null"}};
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(r.value.dump(), R"({"a":{"requests":[1]},"requests":[null,null,null,null,null,null],"z":[true]})");
+  // Not under the root object, or not an array: nothing is handed, the document is parse_bounded_json's.
+  for (const char* d : {R"([{"requests": [1, 2]}])", R"({"requests": {"a": [1]}})", R"({"other": [1, 2]})", "7"}) {
+    got.clear();
+    JsonParseResult h = lilac::parse_bounded_json_handing(d, {}, "requests", take);
+    ASSERT_TRUE(h.ok()) << d;
+    EXPECT_TRUE(got.empty()) << d;
+    EXPECT_EQ(h.value.dump(), parse_bounded_json(d).value.dump()) << d;
+  }
+  // A repeated key: each array's elements, the indexes from 0 again; the result keeps the last.
+  got.clear();
+  r = lilac::parse_bounded_json_handing(R"({"requests": [1, 2], "requests": [3]})", {}, "requests", take);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(got, (std::vector<std::pair<size_t, std::string>>{{0, "1"}, {1, "2"}, {0, "3"}}));
+  EXPECT_EQ(r.value.dump(), R"({"requests":[null]})");
+  // The limits count the elements handed out (root, key, array and 5 elements: 8 values).
+  JsonLimits lim;
+  lim.max_values = 7;
+  EXPECT_EQ(lilac::parse_bounded_json_handing(R"({"requests": [1, 2, 3, 4, 5]})", lim, "requests", take).status,
+            JsonParseResult::TooManyValues);
+  lim.max_values = 8;
+  EXPECT_TRUE(lilac::parse_bounded_json_handing(R"({"requests": [1, 2, 3, 4, 5]})", lim, "requests", take).ok());
+  lim = JsonLimits{};
+  lim.max_depth = 3;
+  EXPECT_EQ(lilac::parse_bounded_json_handing(R"({"requests": [[[1]]]})", lim, "requests", take).status,
+            JsonParseResult::TooDeep);
+  // Elements read before an error were handed; the result is the error.
+  got.clear();
+  r = lilac::parse_bounded_json_handing(R"({"requests": [1, {"a": 2}, 3)", {}, "requests", take);
+  EXPECT_EQ(r.status, JsonParseResult::Invalid);
+  EXPECT_EQ(got, (std::vector<std::pair<size_t, std::string>>{{0, "1"}, {1, R"({"a":2})"}, {2, "3"}}));
+  // The taker's exception ends the parse.
+  const lilac::JsonElementTaker refuse = [](size_t i, ojson&) {
+    if (i == 1) throw std::runtime_error("second");
+  };
+  EXPECT_THROW(lilac::parse_bounded_json_handing(R"({"requests": [1, 2, 3]})", {}, "requests", refuse), std::runtime_error);
 }
