@@ -499,25 +499,27 @@ TEST(SchemaHostile, ASharedRuleIsKeptOnlyOnceBuilt) {
   EXPECT_GT(built, 0);
 }
 
+// An object schema of one property per letter, each an array of a string constant of 1,000 times the letter: about
+// 1,000 states each (distinct letters: no rule shared).
+OrderedJson letter_props(const std::string& letters) {
+  OrderedJson o = {{"type", "object"}, {"properties", OrderedJson::object()}, {"required", OrderedJson::array()}};
+  for (const char c : letters) {
+    const std::string k(1, c);
+    o["properties"][k] = {{"type", "array"}, {"items", {{"const", std::string(1000, c)}}}};
+    o["required"].push_back(k);
+  }
+  return o;
+}
+
 }  // namespace
 // The errors of a response grammar as a whole (past SchemaLimits::max_states in all, or a root that matches nothing)
 // named no request field, and the server filled in the content schema's (response_format.json_schema.schema) even for
 // tools only. They name the field that holds the schema: one schema's alone past the bound; else the content schema's
 // or "tools" (the calls together), whichever holds more states; the schema of the rule that matches nothing.
 TEST(SchemaHostile, AWholeGrammarsErrorNamesItsField) {
-  // Arrays of a string constant of 1,000 times one letter: about 1,000 states each (distinct letters: no rule shared).
-  auto props = [](const std::string& letters) {
-    OrderedJson o = {{"type", "object"}, {"properties", OrderedJson::object()}, {"required", OrderedJson::array()}};
-    for (const char c : letters) {
-      const std::string k(1, c);
-      o["properties"][k] = {{"type", "array"}, {"items", {{"const", std::string(1000, c)}}}};
-      o["required"].push_back(k);
-    }
-    return o;
-  };
   SchemaLimits lim;
   lim.max_states = 2500;
-  const OrderedJson small = props("");
+  const OrderedJson small = letter_props("");
   struct Case {
     const char* what;
     std::vector<std::string> tools;  // the letters of each strict tool's parameters
@@ -540,10 +542,10 @@ TEST(SchemaHostile, AWholeGrammarsErrorNamesItsField) {
       spec.calls = ResponseSpec::Calls::Auto;
       spec.tools = OrderedJson::array();
       for (size_t i = 0; i < c.tools.size(); ++i)
-        spec.tools.push_back(function_tool("f" + std::to_string(i), props(c.tools[i]), true));
+        spec.tools.push_back(function_tool("f" + std::to_string(i), letter_props(c.tools[i]), true));
       if (c.content) {
         spec.content = ResponseSpec::Content::JsonSchema;
-        spec.schema = props(*c.content);
+        spec.schema = letter_props(*c.content);
       }
       try {
         build_response_grammar(spec, qwen3_6_format().markup(), qwen3(), lim);
@@ -557,7 +559,7 @@ TEST(SchemaHostile, AWholeGrammarsErrorNamesItsField) {
     ResponseSpec fits;
     fits.xml_calls = xml;
     fits.calls = ResponseSpec::Calls::Auto;
-    fits.tools = OrderedJson::array({function_tool("f0", props("a"), true), function_tool("f1", small, true)});
+    fits.tools = OrderedJson::array({function_tool("f0", letter_props("a"), true), function_tool("f1", small, true)});
     EXPECT_NO_THROW(build_response_grammar(fits, qwen3_6_format().markup(), qwen3(), lim)) << "xml " << xml;
     // A forced call whose tool's parameters match nothing (one character, at least three), after a tool that is fine:
     // that tool's; a content schema that matches nothing: the content's.
@@ -594,16 +596,6 @@ TEST(SchemaHostile, AWholeGrammarsErrorNamesItsField) {
 // the same tool not forced is simply free. Such a grammar is built again with the tools that are not strict responsible
 // freed: the largest first until the states fit, the forced one that matches nothing. A strict tool keeps its error.
 TEST(SchemaHostile, ANonStrictToolPastTheStatesBoundFallsBack) {
-  // Arrays of a string constant of 1,000 times one letter: about 1,000 states each (distinct letters: no rule shared).
-  auto props = [](const std::string& letters) {
-    OrderedJson o = {{"type", "object"}, {"properties", OrderedJson::object()}, {"required", OrderedJson::array()}};
-    for (const char c : letters) {
-      const std::string k(1, c);
-      o["properties"][k] = {{"type", "array"}, {"items", {{"const", std::string(1000, c)}}}};
-      o["required"].push_back(k);
-    }
-    return o;
-  };
   SchemaLimits lim;
   lim.max_states = 2600;  // (a free call is counted as 256 states in the estimate: ~150 here)
   auto build = [&](const ResponseSpec& spec, const std::string& at) -> std::optional<Grammar> {
@@ -625,8 +617,10 @@ TEST(SchemaHostile, ANonStrictToolPastTheStatesBoundFallsBack) {
     ResponseSpec any;
     any.xml_calls = xml;
     any.calls = ResponseSpec::Calls::Forced;
-    any.tools = OrderedJson::array({function_tool("f0", props("a"), false), function_tool("f1", props("bc"), false),
-                                    function_tool("f2", props("d"), true)});
+    any.tools = OrderedJson::array({
+        function_tool("f0", letter_props("a"), false),
+        function_tool("f1", letter_props("bc"), false),
+        function_tool("f2", letter_props("d"), true)});
     if (std::optional<Grammar> g = build(any, x + ", required")) {
       EXPECT_TRUE(reads(*g, call_text(xml, "f1", "y", free_value))) << x;
       EXPECT_TRUE(reads(*g, call_text(xml, "f0", "a", value('a')))) << x;
@@ -640,7 +634,9 @@ TEST(SchemaHostile, ANonStrictToolPastTheStatesBoundFallsBack) {
     named.xml_calls = xml;
     named.calls = ResponseSpec::Calls::Forced;
     named.forced_function = "big";
-    named.tools = OrderedJson::array({function_tool("ok", props("a"), true), function_tool("big", props("bcd"), false)});
+    named.tools = OrderedJson::array({
+        function_tool("ok", letter_props("a"), true),
+        function_tool("big", letter_props("bcd"), false)});
     if (std::optional<Grammar> g = build(named, x + ", named")) {
       const std::string first = call_text(xml, "big", "y", free_value, true) + (xml ? "</function>\n" : "}\n") +
                                 "</tool_call>\n<tool_call>\n";
@@ -654,7 +650,9 @@ TEST(SchemaHostile, ANonStrictToolPastTheStatesBoundFallsBack) {
         R"({"type":"object","properties":{"x":{"type":"string","pattern":"^a$","minLength":3}},"required":["x"]})");
     ResponseSpec nothing = named;
     nothing.forced_function = "never";
-    nothing.tools = OrderedJson::array({function_tool("ok", props(""), true), function_tool("never", never, false)});
+    nothing.tools = OrderedJson::array({
+        function_tool("ok", letter_props(""), true),
+        function_tool("never", never, false)});
     if (std::optional<Grammar> g = build(nothing, x + ", never"))
       EXPECT_TRUE(reads(*g, call_text(xml, "never", "y", free_value, true))) << x;
     // Forced by `required` with that tool alone: the same.
@@ -665,7 +663,9 @@ TEST(SchemaHostile, ANonStrictToolPastTheStatesBoundFallsBack) {
 
     // A strict tool past the bound is the request's error, naming it, even once the tools not strict are freed.
     ResponseSpec strict = any;
-    strict.tools = OrderedJson::array({function_tool("f0", props("a"), false), function_tool("f1", props("bcd"), true)});
+    strict.tools = OrderedJson::array({
+        function_tool("f0", letter_props("a"), false),
+        function_tool("f1", letter_props("bcd"), true)});
     try {
       build_response_grammar(strict, qwen3_6_format().markup(), qwen3(), lim);
       ADD_FAILURE() << x << ": a strict tool past the bound was accepted";
@@ -674,8 +674,10 @@ TEST(SchemaHostile, ANonStrictToolPastTheStatesBoundFallsBack) {
       EXPECT_NE(std::string(e.what()).find("grammar exceeds 2600 states"), std::string::npos) << e.what();
     }
     // So are strict tools past it together, beside a tool not strict.
-    strict.tools = OrderedJson::array({function_tool("f0", props("ab"), true), function_tool("f1", props("c"), false),
-                                       function_tool("f2", props("de"), true)});
+    strict.tools = OrderedJson::array({
+        function_tool("f0", letter_props("ab"), true),
+        function_tool("f1", letter_props("c"), false),
+        function_tool("f2", letter_props("de"), true)});
     try {
       build_response_grammar(strict, qwen3_6_format().markup(), qwen3(), lim);
       ADD_FAILURE() << x << ": strict tools past the bound were accepted";
