@@ -1,13 +1,10 @@
 // Anthropic Message Batches (POST /v1/messages/batches) on the scripted backend (server_test_util.h).
 #include <gtest/gtest.h>
-#include <malloc.h>
 
 #include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <cstdlib>
 #include <memory>
-#include <new>
 #include <string>
 #include <thread>
 #include <utility>
@@ -15,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "heap_count.h"
 #include "server_test_util.h"
 #include "text/chat_template.h"
 
@@ -282,59 +280,6 @@ TEST(MessageBatches, ClientsAtOnceCreateCancelReadDeleteAndList) {
   srv.reset();
 }
 
-// The bytes the heap holds and their peak since heap_peak_reset(), for the memory a request takes while it is answered:
-// exact, where resident memory would also count a sanitizer's shadow and quarantine. Under ASan / TSan (which bring
-// their own allocator and operator new) through the sanitizer's malloc and free hooks; else by replacing the global
-// operator new / delete of lilac_tests_server (malloc / free, counted as malloc_usable_size: one atomic add more each).
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define LILAC_TEST_SANITIZER_ALLOCATOR 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-#define LILAC_TEST_SANITIZER_ALLOCATOR 1
-#endif
-#endif
-#ifdef LILAC_TEST_SANITIZER_ALLOCATOR
-#include <sanitizer/allocator_interface.h>
-#endif
-
-namespace {
-std::atomic<int64_t> heap_live{0}, heap_peak{0};
-void heap_peak_reset() { heap_peak.store(heap_live.load()); }
-void heap_add(int64_t n) {
-  const int64_t now = heap_live.fetch_add(n) + n;
-  for (int64_t peak = heap_peak.load(); now > peak && !heap_peak.compare_exchange_weak(peak, now);) {
-  }
-}
-#ifdef LILAC_TEST_SANITIZER_ALLOCATOR
-void on_malloc(const volatile void*, size_t n) { heap_add(int64_t(n)); }
-void on_free(const volatile void* p) { heap_live.fetch_sub(int64_t(__sanitizer_get_allocated_size(p))); }
-// (installed before main, while there is one thread, as the hooks require)
-const int hooks_installed = __sanitizer_install_malloc_and_free_hooks(on_malloc, on_free);
-#endif
-}  // namespace
-
-#ifndef LILAC_TEST_SANITIZER_ALLOCATOR
-void* operator new(size_t n) {
-  void* p = std::malloc(n ? n : 1);
-  if (!p) throw std::bad_alloc();
-  heap_add(int64_t(malloc_usable_size(p)));
-  return p;
-}
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmismatched-new-delete"  // (free of what operator new above took from malloc)
-#endif
-void operator delete(void* p) noexcept {
-  if (!p) return;
-  heap_live.fetch_sub(int64_t(malloc_usable_size(p)));
-  std::free(p);
-}
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
-void operator delete(void* p, size_t) noexcept { operator delete(p); }
-#endif
-
 // A create's body was parsed whole into JSON values (~56 MB for this 3.6 MB body of small values), then every request's
 // params was copied out of it (~47 MB more) before becoming text: ~97 MB of heap at once over the body (~110 MB
 // resident), outside --batches-mb, and as many times that as creates were read at once. The requests are read one at a
@@ -351,13 +296,11 @@ TEST(MessageBatches, ACreateIsNotHeldAsJsonValuesAllAtOnce) {
             "\",\"params\":{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":" + content + "}]}}";
   body += "]}";
   httplib::Client cli("127.0.0.1", srv.port);
-#ifdef LILAC_TEST_SANITIZER_ALLOCATOR
-  ASSERT_GT(hooks_installed, 0) << "the sanitizer's malloc hooks could not be installed";
-#endif
-  const int64_t before = heap_live.load();
-  heap_peak_reset();
+  ASSERT_TRUE(lilac::test::heap_counted()) << "the sanitizer's malloc hooks could not be installed";
+  const int64_t before = lilac::test::heap_live();
+  lilac::test::heap_peak_reset();
   auto r = cli.Post("/v1/messages/batches", body, "application/json");
-  const int64_t peak = heap_peak.load();
+  const int64_t peak = lilac::test::heap_peak();
   ASSERT_TRUE(r);
   ASSERT_EQ(r->status, 200) << r->body.substr(0, 300);
   const std::string id = json::parse(r->body)["id"];
