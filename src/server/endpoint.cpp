@@ -56,33 +56,40 @@ void serve_generation(ServerContext& C, const Endpoint& ep, const httplib::Reque
       LILAC_LOG_WARN("POST %s -> %d: %s", ep.path.c_str(), e.status, e.message.c_str());
   };
   try {
-    const ojson body = parse_request_body(req.body);
-    bool any_model = false;  // the router keeps a request that named an upstream model local
-    if (C.hook.maybe_forward && !(ep.keep_local && ep.keep_local(body))) {
-      const bool busy = C.ready.load() && C.core->busy();
-      const RouteDecisionKind d = C.hook.maybe_forward(req, res, body, busy);
-      if (d == RouteDecisionKind::Answered) {
-        rewrite_hook_error(ep, res);
-        C.metrics.count_request(ep.path, res.status);
-        return;
+    PreparedRequest r;
+    std::vector<std::shared_ptr<Generation>> gens;
+    {
+      // The body's JSON values and the specs made from them go before the answer is sent (a generation may run for
+      // minutes).
+      const ojson body = parse_request_body(req.body);
+      bool any_model = false;  // the router keeps a request that named an upstream model local
+      if (C.hook.maybe_forward && !(ep.keep_local && ep.keep_local(body))) {
+        const bool busy = C.ready.load() && C.core->busy();
+        const RouteDecisionKind d = C.hook.maybe_forward(req, res, body, busy);
+        if (d == RouteDecisionKind::Answered) {
+          rewrite_hook_error(ep, res);
+          C.metrics.count_request(ep.path, res.status);
+          return;
+        }
+        any_model = d == RouteDecisionKind::LocalAnyModel;
       }
-      any_model = d == RouteDecisionKind::LocalAnyModel;
-    }
-    require_ready(C);
-    PreparedRequest r = ep.prepare(body, C.core->config(), C.random_u64());
-    if (!any_model) require_served_model(C, r.model);
-    std::vector<GenerationSpec> specs;  // every prompt's, in order
-    specs.reserve(1 + r.more_specs.size());
-    specs.push_back(std::move(r.spec));
-    for (GenerationSpec& s : r.more_specs) specs.push_back(std::move(s));
-    std::vector<std::shared_ptr<Generation>> gens = C.core->start_choices(specs, r.n);
-    if (C.hook_set) {
-      res.set_header("x-lilac-route", "local");
-      if (C.hook.on_local) {
-        try {
-          C.hook.on_local(body);
-        } catch (const std::exception& e) {
-          LILAC_LOG_WARN("route hook on_local failed: %s", e.what());
+      require_ready(C);
+      r = ep.prepare(body, C.core->config(), C.random_u64());
+      if (!any_model) require_served_model(C, r.model);
+      std::vector<GenerationSpec> specs;  // every prompt's, in order
+      specs.reserve(1 + r.more_specs.size());
+      specs.push_back(std::move(r.spec));
+      for (GenerationSpec& s : r.more_specs) specs.push_back(std::move(s));
+      r.more_specs.clear();
+      gens = C.core->start_choices(specs, r.n);
+      if (C.hook_set) {
+        res.set_header("x-lilac-route", "local");
+        if (C.hook.on_local) {
+          try {
+            C.hook.on_local(body);
+          } catch (const std::exception& e) {
+            LILAC_LOG_WARN("route hook on_local failed: %s", e.what());
+          }
         }
       }
     }
