@@ -5,9 +5,11 @@ Compares after dropping what does not change the machine code's meaning: `.loc` 
 path hash in anonymous namespaces' names. Prints
 one line and exits with:
   0  identical
-  1  identical once virtual register numbers are ignored (%r12 vs %r13: the same instructions, renamed; ptxas
+  1  identical once virtual register and label numbers are ignored (%r12 vs %r13: the same instructions, renamed; ptxas
      almost always produces the same machine code, but that is not a proof: measure or test on the device)
-  2  different (the first differing lines are printed)
+  2  different (the first differing lines are printed, then entry by entry: which kernels are identical, identical
+     up to register and label numbers, different, or only in one file — so an added kernel, or one whose mangled
+     name changed, is told from a change to the others)
 
   python3 scripts/ptx_compare.py before.ptx after.ptx
 """
@@ -16,6 +18,9 @@ import re
 import sys
 
 _VREG = re.compile(r"%(r|rd|rs|f|fd|p|h|hh|b)\d+\b")
+# a basic block's label carries its entry's index in the file ($L__BB3_7): adding a kernel renumbers the later ones
+_LABEL = re.compile(r"\$L__BB\d+_")
+_ENTRY = re.compile(r"^(?:\.visible |\.weak )?\.(?:entry|func) (?:\([^)]*\) )?([\w$]+)")
 # an anonymous namespace's mangled name carries a hash of the file's path (a worktree elsewhere changes it, not the code)
 _ANON = re.compile(r"_GLOBAL__N__[0-9a-f]{8}_")
 
@@ -29,10 +34,49 @@ def normalise(text, rename=False):
         s = _ANON.sub("_GLOBAL__N__", s.split("//", 1)[0].rstrip())
         if rename:
             s = _VREG.sub(lambda m: "%" + m.group(1), s)
+            s = _LABEL.sub("$L__BB_", s)
             if re.match(r"\.reg \.\w+ \s*%\w+<\d+>;", s):  # the register counts move with renaming
                 continue
         lines.append(s)
     return lines
+
+
+def entries(lines):
+    """The normalised lines split by .entry / .func: {name: lines} (what precedes the first one is left out)."""
+    out, name = {}, None
+    for line in lines:
+        m = _ENTRY.match(line)
+        if m:
+            name = m.group(1)
+            out[name] = []
+        if name is not None:
+            out[name].append(line)
+    return out
+
+
+def by_entry(a, b):
+    ea, eb = entries(normalise(a)), entries(normalise(b))
+    ra, rb = entries(normalise(a, True)), entries(normalise(b, True))
+    groups = {"identical": [], "identical up to register / label numbers": [], "different": [], "only before": [],
+              "only after": []}
+    for name in ea:
+        if name not in eb:
+            groups["only before"].append(name)
+        elif ea[name] == eb[name]:
+            groups["identical"].append(name)
+        elif ra[name] == rb[name]:
+            groups["identical up to register / label numbers"].append(name)
+        else:
+            groups["different"].append(name)
+    groups["only after"] = [n for n in eb if n not in ea]
+    for what, names in groups.items():
+        if names:
+            print(f"  {len(names)} {what}" + (":" if what != "identical" else ""))
+            if what != "identical":
+                for n in names[:8]:
+                    print("    " + n)
+                if len(names) > 8:
+                    print(f"    ... {len(names) - 8} more")
 
 
 def main():
@@ -54,6 +98,8 @@ def main():
     print(f"different PTX: {len(diff)} lines differ (registers renamed), first ones:")
     for d in diff[:12]:
         print("  " + d)
+    print("by entry:")
+    by_entry(a, b)
     return 2
 
 
