@@ -10,6 +10,7 @@
 #include "server/anthropic_schema.h"
 #include "server/endpoint.h"
 #include "server/http_server.h"
+#include "server/parse_budget.h"
 #include "server/request_json.h"
 #include "server/server_context.h"
 
@@ -18,6 +19,7 @@ namespace lilac::server {
 void send_anthropic_error(httplib::Response& res, const ApiError& e) {
   res.status = e.status;
   res.set_content(dump_json(anthropic_error_body(e)), "application/json");
+  if (e.retry_after_s > 0) res.set_header("Retry-After", std::to_string(e.retry_after_s));
 }
 
 RouteOptions anthropic_route_options() {
@@ -62,6 +64,7 @@ Endpoint messages_endpoint(ServerContext& C) {
   Endpoint ep;
   ep.path = "/v1/messages";
   ep.send_error = send_anthropic_error;
+  ep.busy_status = kAnthropicOverloaded;
   ep.rewrite_hook_errors = true;
   ep.prepare = [&C](const ojson& body, const ModelConfig& cfg, uint64_t seed) {
     MessagesParams p = parse_messages_request(body, cfg, seed);
@@ -88,6 +91,7 @@ void count_tokens(ServerContext& C, const httplib::Request& req, httplib::Respon
   const std::string path = "/v1/messages/count_tokens";
   try {
     check_version(req);
+    const ParseBudget::Lease lease = C.parse.acquire(req.body.size(), kAnthropicOverloaded);
     const ojson body = parse_request_body(req.body);
     require_ready(C);
     MessagesParams p = parse_messages_request(body, C.core->config(), 0, /*for_count=*/true);

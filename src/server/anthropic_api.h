@@ -18,6 +18,9 @@ void add_anthropic_routes(HttpServer& http, ServerContext& ctx);
 // 503 ...) that shape too.
 void send_anthropic_error(httplib::Response& res, const ApiError& e);
 RouteOptions anthropic_route_options();
+// The status Anthropic's API answers when it is overloaded (overloaded_error): a request refused because too many
+// bodies are being parsed at once (server/parse_budget.h) gets it on these routes.
+inline constexpr int kAnthropicOverloaded = 529;
 // POST /v1/messages's endpoint (its request translation and formatter; the Message Batches run requests with it).
 Endpoint messages_endpoint(ServerContext& C);
 

@@ -12,6 +12,7 @@ struct ApiError : std::runtime_error {
            std::string type = "");
   int status;
   std::string message, type, param, code;  // type: error_type_for(status) unless given
+  int retry_after_s = 0;                    // > 0: answered with a Retry-After header of that many seconds
 };
 
 // The default error `type` for a status ("invalid_request_error", "authentication_error", ...).

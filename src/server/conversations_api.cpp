@@ -12,6 +12,7 @@
 #include "server/http_server.h"
 #include "server/json_route.h"
 #include "server/request_fields.h"
+#include "server/parse_budget.h"
 #include "server/request_json.h"
 #include "server/responses_schema.h"
 #include "server/server_context.h"
@@ -92,6 +93,7 @@ void add_conversations_routes(HttpServer& http, ServerContext& ctx) {
   const std::string item = one + "/items/([A-Za-z0-9_-]{1,128})";
   http.Post("/v1/conversations", [C](const httplib::Request& req, httplib::Response& res) {
     answer(*C, "/v1/conversations", res, [&] {
+      const ParseBudget::Lease lease = C->parse.acquire(req.body.size());
       const ojson body = parse_request_body(req.body.empty() ? std::string_view("{}") : std::string_view(req.body));
       if (!body.is_object()) wrong_type("body", "a JSON object", body);
       ConversationStore::Conversation c;
@@ -109,6 +111,7 @@ void add_conversations_routes(HttpServer& http, ServerContext& ctx) {
   http.Post(one, [C](const httplib::Request& req, httplib::Response& res) {
     answer(*C, "/v1/conversations/{id}", res, [&] {
       const std::string id = req.matches[1];
+      const ParseBudget::Lease lease = C->parse.acquire(req.body.size());
       const ojson body = parse_request_body(req.body);
       if (!body.is_object()) wrong_type("body", "a JSON object", body);
       if (!field(body, "metadata")) missing("metadata");
@@ -139,6 +142,7 @@ void add_conversations_routes(HttpServer& http, ServerContext& ctx) {
     answer(*C, "/v1/conversations/{id}/items", res, [&] {
       const std::string id = req.matches[1];
       if (!C->conversations.contains(id)) throw not_found("conversation", id);  // before the body's errors
+      const ParseBudget::Lease lease = C->parse.acquire(req.body.size());
       const ojson body = parse_request_body(req.body);
       if (!body.is_object()) wrong_type("body", "a JSON object", body);
       const ojson added = checked_items(*C, body, true);

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "server/parse_budget.h"
 #include "server/request_json.h"
 #include "server/server_context.h"
 
@@ -59,8 +60,9 @@ void serve_generation(ServerContext& C, const Endpoint& ep, const httplib::Reque
     PreparedRequest r;
     std::vector<std::shared_ptr<Generation>> gens;
     {
-      // The body's JSON values and the specs made from them go before the answer is sent (a generation may run for
-      // minutes).
+      // The body's share of the bodies parsed at once, held while its JSON values and the specs made from them live:
+      // they go before the answer is sent (a generation may run for minutes).
+      ParseBudget::Lease lease = C.parse.acquire(req.body.size(), ep.busy_status);
       const ojson body = parse_request_body(req.body);
       bool any_model = false;  // the router keeps a request that named an upstream model local
       if (C.hook.maybe_forward && !(ep.keep_local && ep.keep_local(body))) {

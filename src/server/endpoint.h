@@ -56,6 +56,9 @@ struct Endpoint {
   std::function<PreparedRequest(const nlohmann::ordered_json& body, const ModelConfig& cfg, uint64_t seed)> prepare;
   // Answers an error in this protocol's shape (status, body).
   std::function<void(httplib::Response& res, const ApiError& e)> send_error;
+  // The status of a request refused because too many bodies are being parsed at once (server/parse_budget.h): 503, or
+  // Anthropic's 529 (overloaded_error) on its routes.
+  int busy_status = 503;
   // Whether errors the route hook answers in OpenAI's shape ({"error": {...}}) are rewritten with
   // send_error (protocols other than OpenAI's).
   bool rewrite_hook_errors = false;

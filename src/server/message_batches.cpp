@@ -26,6 +26,7 @@
 #include "server/http_response.h"
 #include "server/http_server.h"
 #include "server/json_route.h"
+#include "server/parse_budget.h"
 #include "server/request_json.h"
 #include "server/server_context.h"
 
@@ -264,6 +265,9 @@ class Batches {
   bool start_one(Batch& b, size_t i, std::vector<Running>& fl) {
     try {
       require_ready(C_);
+      // (its share of the bodies parsed at once; none now: not yet, as a full queue)
+      std::optional<ParseBudget::Lease> lease = C_.parse.try_acquire(b.params[i].size());
+      if (!lease) return false;
       PreparedRequest r = ep_.prepare(parse_request_body(b.params[i]), C_.core->config(), C_.random_u64());
       require_served_model(C_, r.model);
       if (r.stream) throw ApiError(400, "A batch request cannot stream: 'stream' must be false.", "stream");
@@ -467,6 +471,7 @@ void add_message_batch_routes(HttpServer& http, ServerContext& ctx) {
   };
   http.Post("/v1/messages/batches", [C, B](const httplib::Request& req, httplib::Response& res) {
     answer(*C, "/v1/messages/batches", res, [&] {
+      const ParseBudget::Lease lease = C->parse.acquire(req.body.size(), kAnthropicOverloaded);
       BatchRequests rs = read_batch_requests(req.body);
       return dump_json(B->object(*B->add(std::move(rs.ids), std::move(rs.params)), base_url(req)));
     });

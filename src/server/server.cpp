@@ -55,6 +55,7 @@ void send_error(httplib::Response& res, int status, const std::string& message, 
 
 void send_error(httplib::Response& res, const ApiError& e) {
   send_error(res, e.status, e.message, e.param, e.code, e.type);
+  if (e.retry_after_s > 0) res.set_header("Retry-After", std::to_string(e.retry_after_s));
 }
 
 std::string openai_error_text(int status, const std::string& message, const std::string& code) {
@@ -137,7 +138,7 @@ void add_http_basics(HttpServer& http, ServerContext& C) {
                               {"Access-Control-Max-Age", "600"}});
 }
 
-std::string http_metrics(const HttpStats& s) {
+std::string http_metrics(const HttpStats& s, const ParseBudget::Stats& p) {
   std::string out;
   auto gauge = [&](const char* name, const char* help, const char* type, int64_t v) {
     out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n" + name + " " +
@@ -151,6 +152,10 @@ std::string http_metrics(const HttpStats& s) {
   gauge("lilac_http_rejected_busy_total", "Requests or connections refused with 503 because the server was full.",
         "counter", s.rejected_busy);
   gauge("lilac_http_evicted_total", "Idle connections closed to make room for new ones.", "counter", s.evicted);
+  gauge("lilac_parse_bytes", "Bytes of the request bodies being parsed and prepared (--parse-mb).", "gauge", p.held);
+  gauge("lilac_parse_waiting", "Requests waiting for room to parse their body.", "gauge", p.waiting);
+  gauge("lilac_parse_refused_total", "Requests refused because too many bodies were being parsed (503 / 529).",
+        "counter", p.refused);
   return out;
 }
 
@@ -184,7 +189,7 @@ Server::Server(ServerOptions opts) {
   HttpServer* hp = &http;
   http.Get("/metrics", [&C, hp](const httplib::Request&, httplib::Response& res) {
     C.metrics.count_request("/metrics", 200);
-    res.set_content(C.metrics.render() + http_metrics(hp->stats()), "text/plain; version=0.0.4");
+    res.set_content(C.metrics.render() + http_metrics(hp->stats(), C.parse.stats()), "text/plain; version=0.0.4");
   }, fast);
 
   add_openai_routes(http, C);

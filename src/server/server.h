@@ -39,6 +39,10 @@ struct ServerOptions {
   std::string api_key;             // non-empty: require "Authorization: Bearer <key>" (scheme in any case)
   std::string model_id = "lilac";  // the id /v1/models lists and requests may name
   size_t max_body_bytes = 8u << 20;  // request body after decoding (413 beyond)
+  // Request bodies being parsed and prepared at once, all requests together (server/parse_budget.h; --parse-mb), and
+  // how long a body waits for room before it is refused (503; 529 on Anthropic's routes).
+  size_t parse_bytes = size_t(16) << 20;
+  int parse_wait_ms = 5000;
   int max_queue = 64;              // queued + running generations; more -> 429
   int64_t max_seq = 32768;         // prompt + max_tokens limit (and the session's capacity)
   size_t cache_bytes = size_t(2048) << 20;  // prefix-cache budget (SessionSnapshot::bytes())

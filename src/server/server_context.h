@@ -14,6 +14,7 @@
 #include "server/conversation_store.h"
 #include "server/generation.h"
 #include "server/metrics.h"
+#include "server/parse_budget.h"
 #include "server/response_store.h"
 #include "server/server.h"
 
@@ -38,6 +39,8 @@ struct ServerContext {
   ResponseStore responses{1000, opts.responses_bytes, opts.response_store_put_fault};
   BackgroundResponses background{responses};           // its background mode's running generations
   ConversationStore conversations{1000, opts.responses_bytes};  // OpenAI's Conversations
+  // The request bodies being parsed and prepared at once: every JSON route leases its body's bytes first.
+  ParseBudget parse{opts.parse_bytes, opts.parse_wait_ms};
   // Called by Server::stop after the generations were ended and the connections closed, before the generation core
   // stops (a component joining its threads: the Message Batches).
   std::vector<std::function<void()>> on_stop;

@@ -8,6 +8,7 @@
 #include "server/http_server.h"
 #include "server/openai_api.h"
 #include "server/request_fields.h"
+#include "server/parse_budget.h"
 #include "server/request_json.h"
 #include "server/server_context.h"
 #include "text/chat_template.h"
@@ -61,6 +62,7 @@ void add_tokenizer_routes(HttpServer& http, ServerContext& ctx) {
   });
   http.Post("/tokenize", [C](const httplib::Request& req, httplib::Response& res) {
     with_tokenizer(*C, "/tokenize", "prompt", res, [C, &req](const Tokenizer& tok) {
+      const ParseBudget::Lease lease = C->parse.acquire(req.body.size());
       const ojson body = parse_request_body(req.body);
       if (!body.is_object()) throw ApiError(400, "The request body must be a JSON object.", "", "invalid_json");
       fields::get_bool(body, "add_special_tokens");  // checked; the Qwen tokenizers add none
@@ -75,7 +77,8 @@ void add_tokenizer_routes(HttpServer& http, ServerContext& ctx) {
     });
   });
   http.Post("/detokenize", [C](const httplib::Request& req, httplib::Response& res) {
-    with_tokenizer(*C, "/detokenize", "tokens", res, [&req](const Tokenizer& tok) {
+    with_tokenizer(*C, "/detokenize", "tokens", res, [C, &req](const Tokenizer& tok) {
+      const ParseBudget::Lease lease = C->parse.acquire(req.body.size());
       const ojson body = parse_request_body(req.body);
       if (!body.is_object()) throw ApiError(400, "The request body must be a JSON object.", "", "invalid_json");
       const ojson* t = fields::field(body, "tokens");

@@ -1,18 +1,28 @@
-// What a request's body costs in memory while it is answered (the heap counted exactly: heap_count.h).
+// The request bodies parsed and prepared at once (server/parse_budget.h, `serve --parse-mb`): the budget itself, and
+// the server's routes under it (the heap counted exactly: heap_count.h).
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "heap_count.h"
+#include "server/api_error.h"
+#include "server/parse_budget.h"
 #include "server_test_util.h"
 
 using json = nlohmann::json;
+using lilac::server::ApiError;
+using lilac::server::ParseBudget;
 
 namespace {
 
@@ -34,6 +44,40 @@ std::string padded_body(const std::string& head, size_t values) {
   for (size_t i = 0; i < values; ++i) s += i ? ",\"a\"" : "\"a\"";
   return s + "]}";
 }
+const std::string kChat = R"({"max_tokens":2,"messages":[{"role":"user","content":"hi"}])";
+
+// A route hook that holds every request it gets (with its parsed body) until open() is called, and answers it itself.
+struct HoldingHook {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool is_open = false;
+  std::atomic<int> inside{0}, entered{0}, most_inside{0};
+  lilac::server::RouteHook hook() {
+    lilac::server::RouteHook h;
+    h.maybe_forward = [this](const httplib::Request&, httplib::Response& res, const nlohmann::ordered_json&, bool) {
+      const int now = ++inside;
+      ++entered;
+      for (int m = most_inside.load(); now > m && !most_inside.compare_exchange_weak(m, now);) {
+      }
+      {
+        std::unique_lock lk(mu);
+        cv.wait(lk, [&] { return is_open; });
+      }
+      --inside;
+      res.status = 200;
+      res.set_content(R"({"held":true})", "application/json");
+      return lilac::server::RouteDecisionKind::Answered;
+    };
+    return h;
+  }
+  void open() {
+    {
+      std::lock_guard lk(mu);
+      is_open = true;
+    }
+    cv.notify_all();
+  }
+};
 
 int64_t metric(int port, const std::string& name) {
   auto r = httplib::Client("127.0.0.1", port).Get("/metrics");
@@ -44,9 +88,195 @@ int64_t metric(int port, const std::string& name) {
 
 }  // namespace
 
+TEST(ParseBudget, LeasesShareTheBudgetAndAreGivenBack) {
+  ParseBudget b(100, 0);
+  {
+    ParseBudget::Lease x = b.acquire(60);
+    ParseBudget::Lease y = b.acquire(40);
+    EXPECT_EQ(b.stats().held, 100);
+    EXPECT_FALSE(b.try_acquire(1));
+    ParseBudget::Lease moved = std::move(y);
+    EXPECT_EQ(b.stats().held, 100);  // (moved, not given back twice)
+    moved.release();
+    EXPECT_EQ(b.stats().held, 60);
+    auto z = b.try_acquire(40);
+    ASSERT_TRUE(z);
+    EXPECT_EQ(b.stats().held, 100);
+  }
+  EXPECT_EQ(b.stats().held, 0);
+  // A body larger than the whole budget gets it when nothing else holds any, and then holds it alone.
+  {
+    ParseBudget::Lease big = b.acquire(500);
+    EXPECT_EQ(b.stats().held, 500);
+    EXPECT_FALSE(b.try_acquire(1));
+  }
+  ParseBudget::Lease small = b.acquire(1);
+  EXPECT_FALSE(b.try_acquire(500));
+  EXPECT_EQ(b.stats().refused, 0);
+}
+
+TEST(ParseBudget, ABodyThatFindsNoRoomInTimeIsRefusedAsBusy) {
+  ParseBudget b(100, 0);
+  ParseBudget::Lease x = b.acquire(80);
+  try {
+    b.acquire(30, 529);
+    FAIL() << "no room: a refusal was expected";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.status, 529);
+    EXPECT_EQ(e.code, "server_busy");
+    EXPECT_EQ(e.retry_after_s, 1);
+    EXPECT_NE(e.message.find("--parse-mb"), std::string::npos) << e.message;
+  }
+  try {
+    b.acquire(30);
+    FAIL() << "no room: a refusal was expected";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.status, 503);
+    EXPECT_EQ(e.type, "service_unavailable_error");
+  }
+  EXPECT_EQ(b.stats().refused, 2);
+  EXPECT_EQ(b.stats().held, 80);
+}
+
+TEST(ParseBudget, ABodyWaitsForRoomAndGetsItWhenALeaseEnds) {
+  ParseBudget b(100, 60000);
+  std::optional<ParseBudget::Lease> x(b.acquire(80));
+  std::atomic<bool> got{false};
+  std::thread t([&] {
+    ParseBudget::Lease y = b.acquire(30);
+    got = true;
+  });
+  ASSERT_TRUE(eventually([&] { return b.stats().waiting == 1; }));
+  EXPECT_FALSE(got.load());
+  x.reset();  // room
+  t.join();
+  EXPECT_TRUE(got.load());
+  EXPECT_EQ(b.stats().waiting, 0);
+  EXPECT_EQ(b.stats().refused, 0);
+  EXPECT_EQ(b.stats().held, 0);
+}
+
+// Every JSON route parsed its whole body into JSON values and went on (adapter, template, tokenizer) with nothing
+// bounding how many did so at once but the workers (--http-threads, 96 by default): each 4.2 MB body of this shape is
+// ~58 MB of values (~84 MB at the parse's peak), so six at once took ~500 MB here, and 96 clients several GB. With a
+// budget of 4 MiB only one is parsed at a time; the others (no wait here) are refused in their protocol's shape.
+TEST(ParseBudget, BodiesParsedAtOnceStayWithinTheBudget) {
+  auto o = lilac::test::LocalServer::options();
+  o.parse_bytes = size_t(4) << 20;
+  o.parse_wait_ms = 0;
+  HoldingHook holder;
+  const lilac::server::RouteHook hook = holder.hook();
+  lilac::test::LocalServer srv(o, &hook);
+  const size_t kValues = 1000000;  // 4.2 MB, within the 1,048,576 values a body may hold
+  const std::string body = padded_body(kChat, kValues);
+  ASSERT_GT(body.size(), size_t(4) << 20 >> 1);  // two never fit the budget together
+  ASSERT_LT(body.size(), size_t(4) << 20);
+  const std::vector<std::string> paths = {"/v1/chat/completions", "/v1/messages", "/v1/chat/completions",
+                                          "/v1/messages", "/v1/responses", "/v1/messages"};
+  const int n = int(paths.size());
+  ASSERT_TRUE(lilac::test::heap_counted());
+  const int64_t before = lilac::test::heap_live();
+  lilac::test::heap_peak_reset();
+  std::vector<httplib::Result> results;
+  for (int i = 0; i < n; ++i) results.emplace_back(nullptr, httplib::Error::Unknown);
+  std::atomic<int> answered{0};
+  std::vector<std::thread> clients;
+  for (int i = 0; i < n; ++i)
+    clients.emplace_back([&, i] {
+      httplib::Client cli("127.0.0.1", srv.port);
+      cli.set_read_timeout(120, 0);
+      results[size_t(i)] = cli.Post(paths[size_t(i)], body, "application/json");
+      ++answered;
+    });
+  // Each request is either held by the hook (its body parsed, its values alive) or answered.
+  const bool all_placed = eventually([&] { return holder.entered.load() + answered.load() == n; });
+  const int64_t peak = lilac::test::heap_peak() - before;
+  const int held_at_once = holder.inside.load();
+  holder.open();
+  for (auto& t : clients) t.join();
+  ASSERT_TRUE(all_placed) << holder.entered.load() << " held, " << answered.load() << " answered";
+  EXPECT_EQ(held_at_once, 1) << "bodies parsed and held at once";
+  // One body's values (~84 MB at the parse's peak), the bodies' text in the clients and the server (~10 MB each).
+  EXPECT_LT(peak, int64_t(160) << 20) << "heap over the " << before << " bytes held before";
+  int held = 0, refused = 0;
+  for (int i = 0; i < n; ++i) {
+    const auto& r = results[size_t(i)];
+    ASSERT_TRUE(r) << paths[size_t(i)];
+    if (r->status == 200) {
+      EXPECT_EQ(r->body, R"({"held":true})");
+      ++held;
+      continue;
+    }
+    ++refused;
+    EXPECT_EQ(r->get_header_value("Retry-After"), "1") << paths[size_t(i)];
+    const json e = json::parse(r->body, nullptr, false);
+    if (paths[size_t(i)] == "/v1/messages") {  // Anthropic's answer when it is overloaded
+      EXPECT_EQ(r->status, 529) << r->body;
+      EXPECT_EQ(e["type"], "error") << r->body;
+      EXPECT_EQ(e["error"]["type"], "overloaded_error") << r->body;
+      EXPECT_NE(e["error"]["message"].get<std::string>().find("--parse-mb"), std::string::npos) << r->body;
+    } else {
+      EXPECT_EQ(r->status, 503) << r->body;
+      EXPECT_EQ(e["error"]["type"], "service_unavailable_error") << r->body;
+      EXPECT_EQ(e["error"]["code"], "server_busy") << r->body;
+      EXPECT_NE(e["error"]["message"].get<std::string>().find("--parse-mb"), std::string::npos) << r->body;
+    }
+  }
+  EXPECT_EQ(held, 1);
+  EXPECT_EQ(refused, n - 1);
+  EXPECT_EQ(metric(srv.port, "lilac_parse_refused_total"), n - 1);
+  EXPECT_EQ(metric(srv.port, "lilac_parse_bytes"), 0);
+}
+
+// A body that does not fit waits for room (up to parse_wait_ms) and is answered once the body before it is done.
+TEST(ParseBudget, ABodyWaitsItsTurnAndIsAnswered) {
+  auto o = lilac::test::LocalServer::options();
+  o.parse_bytes = size_t(1) << 20;
+  o.parse_wait_ms = 60000;
+  HoldingHook holder;
+  const lilac::server::RouteHook hook = holder.hook();
+  lilac::test::LocalServer srv(o, &hook);
+  const std::string body = padded_body(kChat, 200000);  // 0.8 MB: two do not fit 1 MiB
+  std::vector<httplib::Result> results;
+  for (int i = 0; i < 2; ++i) results.emplace_back(nullptr, httplib::Error::Unknown);
+  std::thread first([&] { results[0] = httplib::Client("127.0.0.1", srv.port).Post("/v1/chat/completions", body, "application/json"); });
+  ASSERT_TRUE(eventually([&] { return holder.entered.load() == 1; }));
+  std::thread second([&] { results[1] = httplib::Client("127.0.0.1", srv.port).Post("/v1/messages", body, "application/json"); });
+  // The second waits for room (the old code parsed it at once: it reached the hook beside the first).
+  ASSERT_TRUE(eventually([&] { return metric(srv.port, "lilac_parse_waiting") == 1 || holder.entered.load() == 2; }));
+  EXPECT_EQ(holder.entered.load(), 1);
+  EXPECT_EQ(metric(srv.port, "lilac_parse_bytes"), int64_t(body.size()));
+  holder.open();
+  first.join();
+  second.join();
+  for (auto& r : results) {
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200) << r->body;
+  }
+  EXPECT_EQ(holder.most_inside.load(), 1);
+  EXPECT_EQ(metric(srv.port, "lilac_parse_refused_total"), 0);
+}
+
+// A body larger than the whole budget is answered alone (the largest body the HTTP layer takes must always be
+// answerable), and an 8 MB body under the default budget is answered as before.
+TEST(ParseBudget, ABodyLargerThanTheBudgetIsAnsweredAlone) {
+  auto o = lilac::test::LocalServer::options();
+  o.parse_bytes = size_t(1) << 20;
+  lilac::test::LocalServer small(o);
+  auto r = httplib::Client("127.0.0.1", small.port).Post("/v1/chat/completions", padded_body(kChat, 1000000),
+                                                         "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << r->body.substr(0, 300);
+  lilac::test::LocalServer standard(lilac::test::LocalServer::options());
+  const std::string eight = kChat + ",\"x\":\"" + std::string((size_t(8) << 20) - 200, 'a') + "\"}";
+  r = httplib::Client("127.0.0.1", standard.port).Post("/v1/messages", eight, "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << r->body.substr(0, 300);
+}
+
 // A generation's request kept its body's JSON values (and the specs made from them) until its answer was sent, so a
 // generation answered as one body (not streamed) held them (~58 MB for this 4.2 MB body) as long as it ran: they go
-// once it is queued now.
+// once it is queued now, and with them its share of the budget.
 TEST(ParseBudget, AGenerationDoesNotHoldItsBodysValuesWhileItRuns) {
   lilac::test::LocalServer srv(lilac::test::LocalServer::options());
   const std::string body = padded_body(R"({"max_tokens":100,"messages":[{"role":"user","content":"slow"}])", 1000000);
@@ -67,3 +297,24 @@ TEST(ParseBudget, AGenerationDoesNotHoldItsBodysValuesWhileItRuns) {
   EXPECT_LT(during, int64_t(24) << 20) << "heap over the " << before << " bytes held before, while generating";
 }
 
+// The Message Batches' runner takes its share of the budget for each request it reads and starts: a request larger
+// than the whole budget runs alone, and every request of a batch is answered.
+TEST(ParseBudget, ABatchsRequestsRunUnderATinyBudget) {
+  auto o = lilac::test::LocalServer::options();
+  o.parse_bytes = 64;
+  lilac::test::LocalServer srv(o);
+  json requests = json::array();
+  for (int i = 0; i < 6; ++i)
+    requests.push_back({{"custom_id", "r" + std::to_string(i)},
+                        {"params", {{"max_tokens", 4}, {"messages", {{{"role", "user"}, {"content", "hi"}}}}}}});
+  const json b = lilac::test::post_json(srv.port, "/v1/messages/batches", {{"requests", requests}});
+  ASSERT_TRUE(b.contains("id")) << b.dump();
+  json got;
+  ASSERT_TRUE(eventually([&] {
+    auto r = httplib::Client("127.0.0.1", srv.port).Get("/v1/messages/batches/" + b["id"].get<std::string>());
+    if (!r) return false;
+    got = json::parse(r->body, nullptr, false);
+    return got.value("processing_status", "") == "ended";
+  }));
+  EXPECT_EQ(got["request_counts"]["succeeded"], 6) << got.dump();
+}

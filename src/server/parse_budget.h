@@ -1,0 +1,81 @@
+// The request bodies being parsed and prepared at once, all requests together (`serve --parse-mb`).
+//
+// A request's body is read into JSON values (server/request_json.h), then its adapter copies what it needs into a
+// GenerationSpec, the template renders it and the tokenizer encodes it: meanwhile it takes many times its size (~63
+// times in the worst shape measured end to end: 392 MB of heap for a 6.2 MB Responses body of 200,000 one-letter input items until its
+// 400; ~20 times for the JSON values alone), and up to --http-threads requests (96 by default) are answered at once,
+// besides the Message Batches' runners (16 such bodies at once took `lilac serve` to 6.5 GB resident). Every JSON route
+// takes a Lease for its body's bytes before it parses and keeps it until it no longer holds the body's values (a
+// generation: until it is queued; other routes: until answered), so the bytes being parsed and prepared at once stay
+// within the budget and the memory they take within ~63 times it. A body that does not fit waits for room (up to
+// `wait_ms`); one larger than the whole budget gets it when nothing else holds any (so any body the HTTP layer takes
+// can be answered).
+#pragma once
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <utility>
+
+namespace lilac::server {
+
+class ParseBudget {
+ public:
+  ParseBudget(size_t bytes, int wait_ms) : cap_(bytes), wait_ms_(wait_ms) {}
+  ParseBudget(const ParseBudget&) = delete;
+  ParseBudget& operator=(const ParseBudget&) = delete;
+
+  // A body's share of the budget, given back when the lease ends (or release()).
+  class Lease {
+   public:
+    Lease() = default;
+    Lease(Lease&& o) noexcept : b_(std::exchange(o.b_, nullptr)), n_(o.n_) {}
+    Lease& operator=(Lease&& o) noexcept {
+      if (this != &o) {
+        release();
+        b_ = std::exchange(o.b_, nullptr);
+        n_ = o.n_;
+      }
+      return *this;
+    }
+    ~Lease() { release(); }
+    void release();
+
+   private:
+    friend class ParseBudget;
+    Lease(ParseBudget* b, size_t n) : b_(b), n_(n) {}
+    ParseBudget* b_ = nullptr;
+    size_t n_ = 0;
+  };
+
+  // Room for a body of `bytes`, waiting up to wait_ms for it. Throws ApiError `busy_status` (503 on OpenAI's routes,
+  // 529 on Anthropic's: overloaded_error), code "server_busy", with Retry-After 1, when none came.
+  Lease acquire(size_t bytes, int busy_status = 503);
+  // The same without waiting: nullopt when there is no room now (the Message Batches' runner tries again later).
+  std::optional<Lease> try_acquire(size_t bytes);
+
+  struct Stats {
+    int64_t held = 0;     // bytes of the bodies holding a lease
+    int64_t waiting = 0;  // requests waiting for room
+    int64_t refused = 0;  // requests refused for lack of room (total)
+  };
+  Stats stats() const;
+  size_t capacity() const { return cap_; }
+
+ private:
+  // A lease of at least this many bytes gives the memory freed back to the system as it ends (malloc_trim).
+  static constexpr size_t kTrimBytes = size_t(1) << 20;
+
+  bool fits_locked(size_t n) const { return held_ == 0 || held_ + n <= cap_; }
+  void give_back(size_t n);
+
+  const size_t cap_;
+  const int wait_ms_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  size_t held_ = 0;
+  int64_t waiting_ = 0, refused_ = 0;
+};
+
+}  // namespace lilac::server
