@@ -4,6 +4,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <httplib.h>
 #include <nlohmann/json.hpp>
@@ -160,6 +161,47 @@ LILAC_FUZZ_TARGET(json, "parse_bounded_json == nlohmann::ordered_json::parse wit
                          std::to_string(values_in_text(text)) + ", keys in one object " +
                          std::to_string(widest_object(want)) + ")");
   }
+}
+
+// The handing parse (a Message Batches create's requests, one at a time) against the whole parse: the same verdict and
+// message, and once the handed elements of the last array under the root object's key are put back in their nulls'
+// places, the same document. Elements come in order, each complete, indexes from 0 (again from 0 under a repeated key).
+LILAC_FUZZ_TARGET(json_handing, "parse_bounded_json_handing == parse_bounded_json with the handed elements put back") {
+  Input in(data, size);
+  lilac::JsonLimits lim;
+  if (in.flag()) {
+    lim.max_depth = 1 + in.below(12);
+    lim.max_values = 1 + in.below(200);
+    lim.max_object_keys = 1 + in.below(20);
+  }
+  const std::string key = in.flag() ? "requests" : "a";
+  const std::string text = in.rest();
+  const lilac::JsonParseResult whole = lilac::parse_bounded_json(text, lim);
+  std::vector<nlohmann::ordered_json> run;  // the elements of the array being handed
+  const lilac::JsonParseResult got =
+      lilac::parse_bounded_json_handing(text, lim, key, [&](size_t index, nlohmann::ordered_json& e) {
+        if (index == 0) run.clear();
+        if (index != run.size())
+          violated("json_handing", "element " + std::to_string(index) + " handed after " + std::to_string(run.size()));
+        run.push_back(std::move(e));
+      });
+  if (got.status != whole.status || got.message != whole.message)
+    violated("json_handing", "verdict '" + got.message + "' where the whole parse says '" + whole.message + "'");
+  if (!got.ok()) return;
+  nlohmann::ordered_json doc = got.value;
+  // (an empty array last under a repeated key hands nothing: the run is an earlier array's)
+  if (doc.is_object() && doc.contains(key) && doc[key].is_array() && !doc[key].empty()) {
+    nlohmann::ordered_json& arr = doc[key];
+    if (arr.size() != run.size())
+      violated("json_handing", std::to_string(run.size()) + " elements handed for an array of " +
+                                   std::to_string(arr.size()));
+    for (size_t i = 0; i < arr.size(); ++i) {
+      if (!arr[i].is_null()) violated("json_handing", "element " + std::to_string(i) + " left in the result");
+      arr[i] = std::move(run[i]);
+    }
+  }
+  if (doc.dump() != whole.value.dump())
+    violated("json_handing", "different document: " + doc.dump() + " vs " + whole.value.dump());
 }
 
 namespace {
