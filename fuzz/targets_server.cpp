@@ -130,18 +130,24 @@ size_t values_in_text(const std::string& text) {
   return c.n;
 }
 
-}  // namespace
-
-// JSON text against nlohmann's own parser: the same verdict and the same document (key order, repeated
-// keys) within the limits, the limit's error beyond them.
-LILAC_FUZZ_TARGET(json, "parse_bounded_json == nlohmann::ordered_json::parse within the limits") {
-  Input in(data, size);
+// The JSON targets' limits: the defaults, or (the input's first flag set) small ones read from the next bytes.
+lilac::JsonLimits limits_from(Input& in) {
   lilac::JsonLimits lim;
   if (in.flag()) {
     lim.max_depth = 1 + in.below(12);
     lim.max_values = 1 + in.below(200);
     lim.max_object_keys = 1 + in.below(20);
   }
+  return lim;
+}
+
+}  // namespace
+
+// JSON text against nlohmann's own parser: the same verdict and the same document (key order, repeated
+// keys) within the limits, the limit's error beyond them.
+LILAC_FUZZ_TARGET(json, "parse_bounded_json == nlohmann::ordered_json::parse within the limits") {
+  Input in(data, size);
+  const lilac::JsonLimits lim = limits_from(in);
   const std::string text = in.rest();
   const lilac::JsonParseResult got = lilac::parse_bounded_json(text, lim);
   nlohmann::ordered_json want;
@@ -168,12 +174,7 @@ LILAC_FUZZ_TARGET(json, "parse_bounded_json == nlohmann::ordered_json::parse wit
 // places, the same document. Elements come in order, each complete, indexes from 0 (again from 0 under a repeated key).
 LILAC_FUZZ_TARGET(json_handing, "parse_bounded_json_handing == parse_bounded_json with the handed elements put back") {
   Input in(data, size);
-  lilac::JsonLimits lim;
-  if (in.flag()) {
-    lim.max_depth = 1 + in.below(12);
-    lim.max_values = 1 + in.below(200);
-    lim.max_object_keys = 1 + in.below(20);
-  }
+  const lilac::JsonLimits lim = limits_from(in);
   const std::string key = in.flag() ? "requests" : "a";
   const std::string text = in.rest();
   const lilac::JsonParseResult whole = lilac::parse_bounded_json(text, lim);
