@@ -151,8 +151,8 @@ std::string unescape_pointer_token(const std::string& tok, const std::string& at
 
 }  // namespace
 
-void fail(const std::string& path, const std::string& keyword, const std::string& msg) {
-  throw SchemaError(msg + " at " + path, keyword, path);
+void fail(const std::string& path, const std::string& keyword, const std::string& msg, const std::string& param) {
+  throw SchemaError(msg + " at " + path, keyword, path, param);
 }
 
 std::string child_path(const std::string& path, std::string_view key) {

@@ -316,11 +316,10 @@ Grammar SchemaCompiler::finish_grammar(int32_t root, const std::function<std::st
   } catch (const UnsatisfiableError& e) {
     const std::string& w = e.where();
     const size_t at = w.find('#');
-    const std::string path = at == std::string::npos ? "#" : w.substr(at);
-    throw SchemaError("the schema can never be satisfied (" + w + " matches nothing) at " + path, "", path,
-                      param(e.rule()));
+    fail(at == std::string::npos ? "#" : w.substr(at), "", "the schema can never be satisfied (" + w + " matches nothing)",
+         param(e.rule()));
   } catch (const SizeError& e) {
-    throw SchemaError(std::string("schema too large: ") + e.what() + " at #", "", "#", param(-1));
+    fail("#", "", std::string("schema too large: ") + e.what(), param(-1));
   } catch (const SchemaError&) {
     throw;
   } catch (const Error& e) {

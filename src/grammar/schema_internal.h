@@ -19,7 +19,9 @@ namespace lilac::grammar::detail {
 
 using Json = OrderedJson;
 
-[[noreturn]] void fail(const std::string& path, const std::string& keyword, const std::string& msg);
+// Throws SchemaError "msg at path"; param: the request field, where the grammar holds several schemas.
+[[noreturn]] void fail(const std::string& path, const std::string& keyword, const std::string& msg,
+                       const std::string& param = "");
 std::string child_path(const std::string& path, std::string_view key);
 bool is_annotation(std::string_view key);
 // Keywords that constrain (everything but annotations and $defs / definitions).
