@@ -26,6 +26,7 @@
 // Rows' inputs are requested one row ahead. The state and conv state are loaded before pdl_wait() in
 // gdn_step_rows (see rows_state.h for the rule that allows it), after it in gdn_commit_rows.
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include "cuda/cuda_common.h"
@@ -104,41 +105,52 @@ __device__ __forceinline__ float conv_step(const float (&w)[kMaxConvK - 1], floa
 // (read once, written once per run). A block reads 64 bytes of each 512-byte state row; the blocks of the head's
 // other slices, in the same wave, read the rest: each miss fetches its whole 256-byte block into L2 (ld_cs_pf), so
 // DRAM serves whole blocks and the neighbours hit L2 (+3 % at 64 streams, bench/BENCHMARKS.md "Stop 56").
-template <int R, bool VEC>
-__device__ __forceinline__ void load_state(float (&sr)[R][4], const float* S, int rg, int c0, int dk, int dv) {
+// SP > 1 (gdn_rows_kernel's slices per block): the thread also holds the same 4 columns of the next SP - 1 slices,
+// sr[r][4 p + j] = column c0 + 16 p + j.
+template <int R, bool VEC, int SP = 1>
+__device__ __forceinline__ void load_state(float (&sr)[R][4 * SP], const float* S, int rg, int c0, int dk, int dv) {
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     const int i = rg + r * kRowGroups;
-    if constexpr (VEC) {
-      float4 v4 = make_float4(0.f, 0.f, 0.f, 0.f);
-      if (i < dk && c0 < dv) {
-        const float4* sp = reinterpret_cast<const float4*>(S + int64_t(i) * dv + c0);
-        v4 = dev::ld_cs_pf(sp);
-      }
-      sr[r][0] = v4.x;
-      sr[r][1] = v4.y;
-      sr[r][2] = v4.z;
-      sr[r][3] = v4.w;
-    } else {
 #pragma unroll
-      for (int j = 0; j < 4; ++j) sr[r][j] = (i < dk && c0 + j < dv) ? __ldcs(S + int64_t(i) * dv + c0 + j) : 0.f;
+    for (int p = 0; p < SP; ++p) {
+      const int cp = c0 + kCols * p;
+      if constexpr (VEC) {
+        float4 v4 = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (i < dk && cp < dv) {
+          const float4* sp = reinterpret_cast<const float4*>(S + int64_t(i) * dv + cp);
+          v4 = dev::ld_cs_pf(sp);
+        }
+        sr[r][4 * p] = v4.x;
+        sr[r][4 * p + 1] = v4.y;
+        sr[r][4 * p + 2] = v4.z;
+        sr[r][4 * p + 3] = v4.w;
+      } else {
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          sr[r][4 * p + j] = (i < dk && cp + j < dv) ? __ldcs(S + int64_t(i) * dv + cp + j) : 0.f;
+      }
     }
   }
 }
-template <int R, bool VEC>
-__device__ __forceinline__ void store_state(const float (&sr)[R][4], float* S, int rg, int c0, int dk, int dv) {
+template <int R, bool VEC, int SP = 1>
+__device__ __forceinline__ void store_state(const float (&sr)[R][4 * SP], float* S, int rg, int c0, int dk, int dv) {
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     const int i = rg + r * kRowGroups;
     if (i < dk) {
-      if constexpr (VEC) {
-        if (c0 < dv)
-          __stcs(reinterpret_cast<float4*>(S + int64_t(i) * dv + c0),
-                 make_float4(sr[r][0], sr[r][1], sr[r][2], sr[r][3]));
-      } else {
 #pragma unroll
-        for (int jj = 0; jj < 4; ++jj)
-          if (c0 + jj < dv) __stcs(S + int64_t(i) * dv + c0 + jj, sr[r][jj]);
+      for (int p = 0; p < SP; ++p) {
+        const int cp = c0 + kCols * p;
+        if constexpr (VEC) {
+          if (cp < dv)
+            __stcs(reinterpret_cast<float4*>(S + int64_t(i) * dv + cp),
+                   make_float4(sr[r][4 * p], sr[r][4 * p + 1], sr[r][4 * p + 2], sr[r][4 * p + 3]));
+        } else {
+#pragma unroll
+          for (int jj = 0; jj < 4; ++jj)
+            if (cp + jj < dv) __stcs(S + int64_t(i) * dv + cp + jj, sr[r][4 * p + jj]);
+        }
       }
     }
   }
@@ -153,11 +165,15 @@ struct StepThread {
 // exactly its operations in its order: gates from the raw b, a; the state decayed, Σ S k and the squared norms
 // reduced over the block, the delta-rule update, o = Sᵀ q̂ reduced over the block and written to out[out_off + col]
 // (out null: no output).
-template <int R>
-__device__ __forceinline__ void delta_step(float (&sr)[R][4], const float* xs, float (&part_u)[kWarps][kColGroups][6],
-                                           float (&part_o)[kWarps][kCols], const StepThread& t, float bj, float aj,
+// SP > 1: the thread's 4 columns of SP consecutive slices (load_state), each column's operations as at SP = 1 (the
+// same chains over the thread's rows and the same trees over the block), t.y the first slice.
+template <int R, int SP = 1>
+__device__ __forceinline__ void delta_step(float (&sr)[R][4 * SP], const float* xs,
+                                           float (&part_u)[kWarps][kColGroups][4 * SP + 2],
+                                           float (&part_o)[kWarps][kCols * SP], const StepThread& t, float bj, float aj,
                                            float negA, float dtb, float* out, int64_t out_off) {
-  float qv[R], kv[R], vv[4];
+  constexpr int NC = 4 * SP;  // the thread's columns
+  float qv[R], kv[R], vv[NC];
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     const int i = t.rg + r * kRowGroups;
@@ -165,7 +181,8 @@ __device__ __forceinline__ void delta_step(float (&sr)[R][4], const float* xs, f
     kv[r] = i < t.dk ? xs[t.dk + i] : 0.f;
   }
 #pragma unroll
-  for (int jj = 0; jj < 4; ++jj) vv[jj] = t.c0 + jj < t.dv ? xs[2 * t.dk + t.cg * 4 + jj] : 0.f;
+  for (int jj = 0; jj < NC; ++jj)
+    vv[jj] = t.c0 + kCols * (jj / 4) + jj % 4 < t.dv ? xs[2 * t.dk + kCols * (jj / 4) + t.cg * 4 + jj % 4] : 0.f;
   const float beta = sigmoid_f(bj);
   const float xa = aj + dtb;
   const float sp = xa > 20.f ? xa : log1pf(expf(xa));
@@ -173,39 +190,45 @@ __device__ __forceinline__ void delta_step(float (&sr)[R][4], const float* xs, f
   const float eg = expf(g);
 
   // decay, then the partial column sums Σ S k and the squared norms
-  float acc[6] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  float acc[NC + 2];
+#pragma unroll
+  for (int x = 0; x < NC + 2; ++x) acc[x] = 0.f;
 #pragma unroll
   for (int r = 0; r < R; ++r) {
 #pragma unroll
-    for (int jj = 0; jj < 4; ++jj) {
+    for (int jj = 0; jj < NC; ++jj) {
       sr[r][jj] *= eg;
       acc[jj] = fmaf(sr[r][jj], kv[r], acc[jj]);
     }
-    acc[4] = fmaf(kv[r], kv[r], acc[4]);
-    acc[5] = fmaf(qv[r], qv[r], acc[5]);
+    acc[NC] = fmaf(kv[r], kv[r], acc[NC]);
+    acc[NC + 1] = fmaf(qv[r], qv[r], acc[NC + 1]);
   }
   warp_partials<kColGroups>(acc, &part_u[t.warp][0][0], t.lane);
   __syncthreads();
-  float tot[6] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  float tot[NC + 2];
+#pragma unroll
+  for (int x = 0; x < NC + 2; ++x) tot[x] = 0.f;
 #pragma unroll
   for (int wi = 0; wi < kWarps; ++wi)
 #pragma unroll
-    for (int x = 0; x < 6; ++x) tot[x] += part_u[wi][t.cg][x];
-  const float rk = rsqrtf(tot[4] + 1e-6f);
-  const float rq = rsqrtf(tot[5] + 1e-6f) * rsqrtf(float(t.dk));
-  float delta[4];
+    for (int x = 0; x < NC + 2; ++x) tot[x] += part_u[wi][t.cg][x];
+  const float rk = rsqrtf(tot[NC] + 1e-6f);
+  const float rq = rsqrtf(tot[NC + 1] + 1e-6f) * rsqrtf(float(t.dk));
+  float delta[NC];
 #pragma unroll
-  for (int jj = 0; jj < 4; ++jj) delta[jj] = beta * (vv[jj] - tot[jj] * rk);
+  for (int jj = 0; jj < NC; ++jj) delta[jj] = beta * (vv[jj] - tot[jj] * rk);
 
   // S += k̂ deltaᵀ, o = Sᵀ q̂
-  float o[4] = {0.f, 0.f, 0.f, 0.f};
+  float o[NC];
+#pragma unroll
+  for (int jj = 0; jj < NC; ++jj) o[jj] = 0.f;
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     const int i = t.rg + r * kRowGroups;
     if (i < t.dk) {
       const float kn = kv[r] * rk, qn = qv[r] * rq;
 #pragma unroll
-      for (int jj = 0; jj < 4; ++jj) {
+      for (int jj = 0; jj < NC; ++jj) {
         sr[r][jj] = fmaf(kn, delta[jj], sr[r][jj]);
         o[jj] = fmaf(sr[r][jj], qn, o[jj]);
       }
@@ -213,12 +236,14 @@ __device__ __forceinline__ void delta_step(float (&sr)[R][4], const float* xs, f
   }
   warp_partials<kColGroups>(o, &part_o[t.warp][0], t.lane);
   __syncthreads();
-  if (out && t.tid < kCols) {
+  if (out && t.tid < kCols * SP) {
     const int col = t.y * kCols + t.tid;
+    // where warp_partials put column tid's sum: column group cg's NC values at cg · NC, slice p's 4 at 4 p
+    const int w = t.tid % kCols, idx = SP == 1 ? t.tid : (w / 4) * NC + 4 * (t.tid / kCols) + w % 4;
     if (col < t.dv) {
       float sum = 0.f;
 #pragma unroll
-      for (int wi = 0; wi < kWarps; ++wi) sum += part_o[wi][t.tid];
+      for (int wi = 0; wi < kWarps; ++wi) sum += part_o[wi][idx];
       out[out_off + col] = sum;
     }
   }
@@ -273,8 +298,9 @@ __device__ __forceinline__ bool block_run(const GdnArgs& a, const Tab& tab, Run&
 // +1.6 % at 16 streams, +2 % at 64). With the conv in its own kernel the step needs 90 registers; caps
 // for 6 or 8 blocks (78 / 64 registers, no spills) were no faster (bench --batch within noise at 16, −1 %
 // at 64 for 8). 0: no cap.
-template <int R, bool CONV>
-constexpr int kMinBlocks = !CONV && R <= 4 ? 5 : 0;
+// SP slices per block (below): 4 blocks per SM at 2, 3 at 4.
+template <int R, bool CONV, int SP = 1>
+constexpr int kMinBlocks = !CONV && R <= 4 ? (SP == 1 ? 5 : SP == 2 ? 4 : 3) : 0;
 // Rows whose raw inputs the kernels with the conv inside (a speculative verify's rows, the commit's replay) keep in
 // flight: a row's chain is shorter than the round trip of the next row's inputs. (The step without the conv, whose
 // registers are capped, keeps one.)
@@ -287,17 +313,21 @@ constexpr int kRowsAhead = 3;
 // row): the 8 blocks of a head's slices are dispatched one after the other, so the head's 64-KB state region is read
 // by neighbouring blocks at about the same time rather than 32 blocks apart. The same blocks and bits; the batched
 // step +0.5-0.8 % at 16-64 streams (H100, bench/BENCHMARKS.md "Stop 63"; why, not traced).
-template <int R, bool VEC, bool COMMIT, bool CONV, class Tab, bool SLICE_MAJOR = false>
-__global__ void __launch_bounds__(kThreads, (kMinBlocks<R, CONV>))
+// SP (slices per block; the slice-major Advance step only): a block does SP consecutive slices, each thread the same
+// 4 columns of each (delta_step), so every column's operations and order are SP = 1's (the same bits) while the
+// block's fixed work (its run, channels, gates, barriers) is shared by SP times the state.
+template <int R, bool VEC, bool COMMIT, bool CONV, class Tab, bool SLICE_MAJOR = false, int SP = 1>
+__global__ void __launch_bounds__(kThreads, (kMinBlocks<R, CONV, SP>))
     gdn_rows_kernel(GdnArgs a, const __grid_constant__ Tab tab) {
   static_assert(!SLICE_MAJOR || !CONV, "the conv-state counter counts gridDim.y slices");
   static_assert(CONV || !COMMIT, "the commit replays raw rows through the conv");
-  constexpr int CPT = (64 * R + kCols + kThreads - 1) / kThreads;
-  __shared__ float xs[2 * kMaxDk + kCols];         // the row's conv outputs: q [dk], k [dk], v [16]
-  __shared__ float part_u[kWarps][kColGroups][6];  // Σ S k (4 columns), Σ k², Σ q² per warp
-  __shared__ float part_o[kWarps][kCols];
+  static_assert(SP == 1 || SLICE_MAJOR, "slices per block: the slice-major Advance step");
+  constexpr int CPT = (64 * R + kCols * SP + kThreads - 1) / kThreads;
+  __shared__ float xs[2 * kMaxDk + kCols * SP];           // the row's conv outputs: q [dk], k [dk], v [16 SP]
+  __shared__ float part_u[kWarps][kColGroups][4 * SP + 2];  // Σ S k (4 SP columns), Σ k², Σ q² per warp
+  __shared__ float part_o[kWarps][kCols * SP];
   const GdnRowsShape& s = a.s;
-  const int h = SLICE_MAJOR ? blockIdx.y : blockIdx.x, y = SLICE_MAJOR ? blockIdx.x : blockIdx.y;
+  const int h = SLICE_MAJOR ? blockIdx.y : blockIdx.x, y = SLICE_MAJOR ? blockIdx.x * SP : blockIdx.y;
   const int dk = s.dk, dv = s.dv, S1 = s.conv_k - 1;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int cg = lane & (kColGroups - 1);
@@ -320,14 +350,21 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<R, CONV>))
   float* logp = log_n > 0 ? L.log + slot * a.pool.log_stride : nullptr;
 
   // 1. state, conv taps and conv state, gate weights (before the wait in gdn_step_rows)
-  float sr[R][4];
-  load_state<R, VEC>(sr, S, rg, c0, dk, dv);
+  float sr[R][4 * SP];
+  load_state<R, VEC, SP>(sr, S, rg, c0, dk, dv);
   int ch[CPT];  // conv channel of this thread's block channel tid + 128 i (-1: none)
   bool own[CPT];
   float w[CPT][kMaxConvK - 1], wl[CPT], st[CPT][kMaxConvK - 1];
 #pragma unroll
   for (int i = 0; i < CPT; ++i) {
-    ch[i] = plan::gdn_block_channel(s.Hk, s.Hv, dk, dv, h, y, tid + i * kThreads, &own[i]);
+    if constexpr (SP == 1) {
+      ch[i] = plan::gdn_block_channel(s.Hk, s.Hv, dk, dv, h, y, tid + i * kThreads, &own[i]);
+    } else {  // channel 2 dk + 16 p + j: slice y + p's v channel j
+      const int c = tid + i * kThreads, j = c - 2 * dk;
+      ch[i] = j < kCols * SP ? plan::gdn_block_channel(s.Hk, s.Hv, dk, dv, h, j < 0 ? y : y + j / kCols,
+                                                       j < 0 ? c : 2 * dk + j % kCols, &own[i])
+                             : -1;
+    }
     if constexpr (!CONV) continue;
     const float* wc = L.conv_w + int64_t(ch[i] < 0 ? 0 : ch[i]) * (S1 + 1);
     const float* sc = cst + int64_t(ch[i] < 0 ? 0 : ch[i]) * S1;
@@ -400,7 +437,7 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<R, CONV>))
       seen = atomicAdd(ctr, 1u) + 1u;
     }
 
-    delta_step<R>(sr, xs, part_u, part_o, t, bj, aj, negA, dtb, outp, j * a.out_stride + int64_t(h) * dv);
+    delta_step<R, SP>(sr, xs, part_u, part_o, t, bj, aj, negA, dtb, outp, j * a.out_stride + int64_t(h) * dv);
   };
   for (int j0 = 0; j0 < n; j0 += kAhead)
 #pragma unroll
@@ -409,7 +446,7 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<R, CONV>))
 
   // 3. the state after the last row (Advance, commit)
   if (!write_state) return;
-  store_state<R, VEC>(sr, S, rg, c0, dk, dv);
+  store_state<R, VEC, SP>(sr, S, rg, c0, dk, dv);
   if constexpr (!CONV) return;
   // The conv state: a v channel is read by its own block only; a q/k channel is read by every block of
   // its key head (ratio value heads x the slices), so it is written by the last of them to arrive — after
@@ -512,6 +549,17 @@ bool slice_major_on() {
   return on;
 }
 
+// Slices per block of the slice-major Advance step: 4 (LILAC_GDN_SLICES=1 for one, the measurement's switch). At 64
+// rows the step 115 -> 103 us and the batched step +3.6 % at 64 streams, +1.9 % at 32, +0.3 % at 16; 2 slices got
+// about half of that (H100, bench/BENCHMARKS.md "Stop 65").
+int slices_per_block() {
+  static const int sp = [] {
+    const char* e = std::getenv("LILAC_GDN_SLICES");
+    return e && std::atoi(e) == 1 ? 1 : 4;
+  }();
+  return sp;
+}
+
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 }  // namespace
@@ -550,8 +598,12 @@ void gdn_step_rows(const GdnRowsShape& s, const GdnLayer& layer, const GdnPool& 
   launch_pdl(gdn_conv_rows_kernel, dim3(unsigned((s.conv_dim() + kConvThreads - 1) / kConvThreads), unsigned(M)),
              dim3(kConvThreads), 0, stream, a, t);
   if (vec && (s.dk + kRowGroups - 1) / kRowGroups == 4 && slice_major_on()) {  // R = 4: dk 97..128 (the model's 128)
-    launch_pdl(gdn_rows_kernel<4, true, false, false, OneLayer, true>, dim3(grid.y, grid.x, grid.z), dim3(kThreads), 0,
-               stream, a, t);
+    const int sp = slices_per_block();
+    const dim3 g((grid.y + sp - 1) / sp, grid.x, grid.z);
+    if (sp == 4)
+      launch_pdl(gdn_rows_kernel<4, true, false, false, OneLayer, true, 4>, g, dim3(kThreads), 0, stream, a, t);
+    else
+      launch_pdl(gdn_rows_kernel<4, true, false, false, OneLayer, true>, g, dim3(kThreads), 0, stream, a, t);
     return;
   }
   launch<false, false>(vec, grid, a, t, stream);
