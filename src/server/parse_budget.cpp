@@ -30,23 +30,29 @@ void ParseBudget::give_back(size_t n) {
 #endif
 }
 
+void ParseBudget::refuse_locked(int busy_status) {
+  ++refused_;
+  const bool whole_mib = cap_ > 0 && cap_ % (size_t(1) << 20) == 0;
+  ApiError e(busy_status,
+             "The server is busy reading other request bodies (" +
+                 (whole_mib ? std::to_string(cap_ >> 20) + " MiB" : std::to_string(cap_) + " bytes") +
+                 " of them are parsed at once, --parse-mb); retry shortly.",
+             "", "server_busy");
+  e.retry_after_s = 1;
+  throw e;
+}
+
 ParseBudget::Lease ParseBudget::acquire(size_t bytes, int busy_status) {
   std::unique_lock lk(mu_);
   if (!fits_locked(bytes)) {
+    // (the bodies waiting hold their text: as many bytes as the budget at most, or one body alone)
+    if (waiting_bytes_ > 0 && waiting_bytes_ + bytes > cap_) refuse_locked(busy_status);
     ++waiting_;
+    waiting_bytes_ += bytes;
     const bool room = cv_.wait_for(lk, std::chrono::milliseconds(wait_ms_), [&] { return fits_locked(bytes); });
     --waiting_;
-    if (!room) {
-      ++refused_;
-      const bool whole_mib = cap_ > 0 && cap_ % (size_t(1) << 20) == 0;
-      ApiError e(busy_status,
-                 "The server is busy reading other request bodies (" +
-                     (whole_mib ? std::to_string(cap_ >> 20) + " MiB" : std::to_string(cap_) + " bytes") +
-                     " of them are parsed at once, --parse-mb); retry shortly.",
-                 "", "server_busy");
-      e.retry_after_s = 1;
-      throw e;
-    }
+    waiting_bytes_ -= bytes;
+    if (!room) refuse_locked(busy_status);
   }
   held_ += bytes;
   return Lease(this, bytes);
@@ -61,7 +67,7 @@ std::optional<ParseBudget::Lease> ParseBudget::try_acquire(size_t bytes) {
 
 ParseBudget::Stats ParseBudget::stats() const {
   std::lock_guard lk(mu_);
-  return Stats{int64_t(held_), waiting_, refused_};
+  return Stats{int64_t(held_), waiting_, int64_t(waiting_bytes_), refused_};
 }
 
 }  // namespace lilac::server

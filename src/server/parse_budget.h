@@ -10,6 +10,14 @@
 // within the budget and the memory they take within ~63 times it. A body that does not fit waits for room (up to
 // `wait_ms`); one larger than the whole budget gets it when nothing else holds any (so any body the HTTP layer takes
 // can be answered).
+//
+// A body waiting for room holds its text meanwhile (its worker's request), and nothing else bounded those: up to every
+// worker's, 8 MB each (~800 MB by default). The bodies waiting are bounded by the same number of bytes: one that would
+// take them past it is refused at once, as one that found no room in time (unless none waits: a body larger than the
+// budget can always wait its turn). So the text of the bodies parsed or waiting stays within twice the budget (one
+// larger body counting alone), and what waits is text, not the ~63 times it takes while parsed. (Not bounded here:
+// the text of the requests waiting for a worker, ServerOptions::max_pending of them, and of a generation while it
+// runs, whose worker keeps its request until it is answered.)
 #pragma once
 #include <condition_variable>
 #include <cstddef>
@@ -58,6 +66,7 @@ class ParseBudget {
   struct Stats {
     int64_t held = 0;     // bytes of the bodies holding a lease
     int64_t waiting = 0;  // requests waiting for room
+    int64_t waiting_bytes = 0;  // bytes of their bodies
     int64_t refused = 0;  // requests refused for lack of room (total)
   };
   Stats stats() const;
@@ -69,12 +78,14 @@ class ParseBudget {
 
   bool fits_locked(size_t n) const { return held_ == 0 || held_ + n <= cap_; }
   void give_back(size_t n);
+  // Counts the refusal and throws the busy error (see acquire).
+  [[noreturn]] void refuse_locked(int busy_status);
 
   const size_t cap_;
   const int wait_ms_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  size_t held_ = 0;
+  size_t held_ = 0, waiting_bytes_ = 0;
   int64_t waiting_ = 0, refused_ = 0;
 };
 

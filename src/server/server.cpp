@@ -154,8 +154,11 @@ std::string http_metrics(const HttpStats& s, const ParseBudget::Stats& p) {
   gauge("lilac_http_evicted_total", "Idle connections closed to make room for new ones.", "counter", s.evicted);
   gauge("lilac_parse_bytes", "Bytes of the request bodies being parsed and prepared (--parse-mb).", "gauge", p.held);
   gauge("lilac_parse_waiting", "Requests waiting for room to parse their body.", "gauge", p.waiting);
-  gauge("lilac_parse_refused_total", "Requests refused because too many bodies were being parsed (503 / 529).",
-        "counter", p.refused);
+  gauge("lilac_parse_waiting_bytes", "Bytes of the request bodies waiting for room (bounded by --parse-mb).", "gauge",
+        p.waiting_bytes);
+  gauge("lilac_parse_refused_total",
+        "Requests refused because too many bodies were being parsed or waiting to be (503 / 529).", "counter",
+        p.refused);
   return out;
 }
 

@@ -156,6 +156,94 @@ TEST(ParseBudget, ABodyWaitsForRoomAndGetsItWhenALeaseEnds) {
   EXPECT_EQ(b.stats().held, 0);
 }
 
+// The bodies waiting for room were bounded by nothing but the workers (--http-threads, 96 by default): each held its
+// body's text while it waited, 8 MB each at most, ~800 MB in all. The bodies waiting are bounded by the budget's bytes
+// too now: one that would take them past it is refused at once (not left waiting beside the others), unless none waits.
+TEST(ParseBudget, ABodyThatWouldOverfillTheWaitingBodiesIsRefusedAtOnce) {
+  ParseBudget b(100, 60000);
+  std::optional<ParseBudget::Lease> x(b.acquire(100));
+  auto take = [&b](size_t n, std::atomic<int>& status) {
+    try {
+      ParseBudget::Lease l = b.acquire(n, 529);
+      status = 200;
+    } catch (const ApiError& e) {
+      status = e.status;
+    }
+  };
+  std::atomic<int> first{0}, second{0}, third{0};
+  std::thread t1([&] { take(60, first); });
+  ASSERT_TRUE(eventually([&] { return b.stats().waiting == 1; }));
+  EXPECT_EQ(b.stats().waiting_bytes, 60);
+  // 60 + 50 bytes waiting would be more than the budget's 100: refused before any room comes.
+  std::thread t2([&] { take(50, second); });
+  const bool placed = eventually([&] { return second.load() != 0 || b.stats().waiting == 2; });
+  EXPECT_EQ(second.load(), 529) << "left waiting beside the first";
+  EXPECT_EQ(b.stats().refused, second.load() == 529 ? 1 : 0);
+  // 60 + 40 fit: it waits its turn.
+  std::thread t3([&] { take(40, third); });
+  const bool third_waits = eventually([&] { return b.stats().waiting == 2; });
+  x.reset();  // room
+  t1.join();
+  t2.join();
+  t3.join();
+  ASSERT_TRUE(placed);
+  EXPECT_TRUE(third_waits);
+  EXPECT_EQ(first.load(), 200);
+  EXPECT_EQ(third.load(), 200);
+  EXPECT_EQ(b.stats().waiting, 0);
+  EXPECT_EQ(b.stats().waiting_bytes, 0);
+  EXPECT_EQ(b.stats().held, 0);
+  // A body larger than the whole budget still waits when no other does (and gets it when nothing else holds any).
+  std::optional<ParseBudget::Lease> y(b.acquire(1));
+  std::atomic<int> large{0};
+  std::thread t4([&] { take(500, large); });
+  ASSERT_TRUE(eventually([&] { return b.stats().waiting == 1; }));
+  y.reset();
+  t4.join();
+  EXPECT_EQ(large.load(), 200);
+}
+
+// The same on the routes: while one body is parsed (held by the hook) and another waits, a third that would take the
+// waiting bodies past the budget is answered at once, in its protocol's shape (529 overloaded_error on Anthropic's).
+TEST(ParseBudget, ARouteRefusesABodyAtOnceWhenTheWaitingBodiesAreFull) {
+  auto o = lilac::test::LocalServer::options();
+  o.parse_bytes = size_t(1) << 20;
+  o.parse_wait_ms = 60000;
+  HoldingHook holder;
+  const lilac::server::RouteHook hook = holder.hook();
+  lilac::test::LocalServer srv(o, &hook);
+  const std::string body = padded_body(kChat, 200000);  // 0.8 MB: two do not fit 1 MiB
+  std::vector<httplib::Result> results;
+  for (int i = 0; i < 3; ++i) results.emplace_back(nullptr, httplib::Error::Unknown);
+  std::atomic<bool> third_answered{false};
+  std::thread first([&] { results[0] = httplib::Client("127.0.0.1", srv.port).Post("/v1/chat/completions", body, "application/json"); });
+  ASSERT_TRUE(eventually([&] { return holder.entered.load() == 1; }));
+  std::thread second([&] { results[1] = httplib::Client("127.0.0.1", srv.port).Post("/v1/responses", body, "application/json"); });
+  ASSERT_TRUE(eventually([&] { return metric(srv.port, "lilac_parse_waiting") == 1; }));
+  EXPECT_EQ(metric(srv.port, "lilac_parse_waiting_bytes"), int64_t(body.size()));
+  std::thread third([&] {
+    results[2] = httplib::Client("127.0.0.1", srv.port).Post("/v1/messages", body, "application/json");
+    third_answered = true;
+  });
+  const bool placed = eventually([&] { return third_answered.load() || metric(srv.port, "lilac_parse_waiting") == 2; });
+  const bool answered_at_once = third_answered.load();
+  holder.open();
+  first.join();
+  second.join();
+  third.join();
+  ASSERT_TRUE(placed);
+  EXPECT_TRUE(answered_at_once) << "left waiting beside the second";
+  ASSERT_TRUE(results[0] && results[1] && results[2]);
+  EXPECT_EQ(results[0]->status, 200) << results[0]->body;
+  EXPECT_EQ(results[1]->status, 200) << results[1]->body;
+  ASSERT_EQ(results[2]->status, 529) << results[2]->body;
+  EXPECT_EQ(results[2]->get_header_value("Retry-After"), "1");
+  const json e = json::parse(results[2]->body, nullptr, false);
+  EXPECT_EQ(e["error"]["type"], "overloaded_error") << results[2]->body;
+  EXPECT_EQ(metric(srv.port, "lilac_parse_refused_total"), 1);
+  EXPECT_EQ(holder.most_inside.load(), 1);
+}
+
 // Every JSON route parsed its whole body into JSON values and went on (adapter, template, tokenizer) with nothing
 // bounding how many did so at once but the workers (--http-threads, 96 by default): each 4.2 MB body of this shape is
 // ~58 MB of values (~84 MB at the parse's peak), so six at once took ~500 MB here, and 96 clients several GB. With a
