@@ -70,6 +70,13 @@ size_t Grammar::total_states() const {
   return n;
 }
 
+bool Grammar::matches_nothing(int32_t rule) const {
+  const Rule& r = rules[size_t(rule)];
+  if (r.kind == Rule::Kind::String) return r.max_chars >= 0 && r.min_chars > r.max_chars;
+  // (A rule that matches something kept an accepting state through the trim; one that does not was reset.)
+  return std::none_of(r.states.begin(), r.states.end(), [](const RuleState& st) { return st.accept; });
+}
+
 void Grammar::finalize(size_t max_states) {
   if (root < 0 || size_t(root) >= rules.size()) throw Error("grammar has no root rule");
   // A rule reserved for a subschema whose compilation was abandoned has no states (a forced call of a tool that is not

@@ -82,6 +82,9 @@ class Grammar {
   // deepest rule responsible), Error for left recursion (a rule reaching itself without reading a
   // byte) and SizeError above `max_states` states in all.
   void finalize(size_t max_states);
+  // After finalize: whether `rule` matches nothing (finalize left it one state, not accepting, and pruned the calls of
+  // it: a caller that offered it among other choices no longer does).
+  bool matches_nothing(int32_t rule) const;
 
   size_t total_states() const;
 };

@@ -62,7 +62,8 @@ class Builder {
   }
 
   // The grammar; nullopt when it fails as a whole (past SchemaLimits::max_states, or a root that matches nothing)
-  // because of forced calls of tools that are not strict: build again with those of to_free() freed.
+  // because of forced calls of tools that are not strict, or when such a call matches nothing beside others (it would
+  // be left out of the choice): build again with those of to_free() freed.
   std::optional<Grammar> build();
   const std::vector<size_t>& to_free() const { return to_free_; }
 
@@ -499,8 +500,9 @@ std::optional<Grammar> Builder::build() {
       more_calls(nfa, call(nfa, chain(nfa, open, "\n"), call_body()));
     }
   }
+  std::optional<Grammar> g;
   try {
-    return sc_.finish_grammar(rule(nfa, "the response"), [this](int32_t r) {
+    g = sc_.finish_grammar(rule(nfa, "the response"), [this](int32_t r) {
       to_free_ = tools_to_free(r);
       return param_of_failure(r);
     });
@@ -508,6 +510,13 @@ std::optional<Grammar> Builder::build() {
     if (!to_free_.empty()) return std::nullopt;
     throw;
   }
+  // A constrained call of a tool that is not strict that matches nothing, beside calls that can be written: finalize
+  // pruned it from the choice (the root still matches), so that the tool could never be called. Its schema is advice,
+  // not a constraint: free it as for a root that matches nothing. (A strict one stays out of the choice.)
+  for (size_t i = 0; i < bodies_.size(); ++i)
+    if (bodies_[i] >= 0 && loose(i) && g->matches_nothing(bodies_[i])) to_free_.push_back(i);
+  if (!to_free_.empty()) return std::nullopt;
+  return g;
 }
 
 }  // namespace
@@ -534,10 +543,11 @@ Grammar build_response_grammar(const ResponseSpec& spec, const FormatMarkup& mar
                                const SchemaLimits& lim) {
   // A forced call constrains the tools that are not strict too, and their schemas fall back to free arguments when they
   // cannot be compiled alone (Builder::function_body, arguments). A grammar that fails as a whole because of them (past
-  // max_states in all, or a forced call that matches nothing) is built again with the ones responsible freed: the
-  // largest first for the states, the forced one for a call that matches nothing. A third build, with all of them
-  // freed, only when the second still fails (the estimate of the states a tool held missed rules it shared with
-  // another); what fails then is the strict tools' or the content schema's, the request's error.
+  // max_states in all, or a forced call that matches nothing), or whose forced choice left out the call of one that
+  // matches nothing, is built again with the ones responsible freed: the largest first for the states, else the ones
+  // whose calls match nothing. A third build, with all of them freed, only when the second still fails (the estimate of
+  // the states a tool held missed rules it shared with another); what fails then is the strict tools' or the content
+  // schema's, the request's error.
   const size_t n = spec.tools.is_array() ? spec.tools.size() : 0;
   std::vector<uint8_t> freed(n, 0);
   for (int round = 0;; ++round) {

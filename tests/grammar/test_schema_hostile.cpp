@@ -687,4 +687,86 @@ TEST(SchemaHostile, ANonStrictToolPastTheStatesBoundFallsBack) {
   }
 }
 
+
+// A forced call by `required` (Anthropic's "any") constrains the tools that are not strict too, and one whose parameters
+// can never be satisfied (a required parameter of one character and at least three, an array of at least one item
+// that can be nothing) was silently left out of the choice when another tool's call could be written: finalize prunes
+// the call of a rule that matches nothing, and only a root that matches nothing (no tool callable) was freed. Such a
+// tool promises no conformance: it is offered with free arguments (any parameters, any object), beside the others still
+// constrained; so is a second call of it after a call forced by name of another tool. A strict one is never freed.
+TEST(SchemaHostile, ANonStrictToolThatMatchesNothingIsFreeBesideOthers) {
+  const std::vector<OrderedJson> nevers = {
+      OrderedJson::parse(R"({"type":"object","properties":{"x":{"type":"string","pattern":"^a$","minLength":3}},
+          "required":["x"]})"),
+      OrderedJson::parse(R"({"type":"object","properties":{"x":{"type":"array","items":false,"minItems":1}},
+          "required":["x"]})"),
+      // (refused by the compiler: free before too)
+      OrderedJson::parse(R"({"not":{}})"),
+  };
+  const OrderedJson counted = OrderedJson::parse(R"({"type":"object","properties":{"n":{"type":"integer"}},"required":["n"]})");
+  for (const bool xml : {true, false}) {
+    const std::string free_value = xml ? "anything" : "\"anything\"";
+    // A whole call of `name` with free arguments: two parameters (XML), an object of two members (JSON).
+    auto free_call = [&](const std::string& name) {
+      return xml ? "<function=" + name + ">\n<parameter=y>\nanything\n</parameter>\n<parameter=z>\n1\n</parameter>\n"
+                       "</function>\n</tool_call>"
+                 : "{\"name\": \"" + name + "\", \"arguments\": {\"y\": \"anything\", \"z\": [1, {}]}}\n</tool_call>";
+    };
+    for (size_t k = 0; k < nevers.size(); ++k) {
+      for (const bool never_first : {true, false}) {
+        const std::string at = "xml " + std::to_string(xml) + ", schema " + std::to_string(k) + ", never first " +
+                               std::to_string(never_first);
+        ResponseSpec spec;
+        spec.xml_calls = xml;
+        spec.calls = ResponseSpec::Calls::Forced;
+        spec.tools = OrderedJson::array();
+        if (never_first) spec.tools.push_back(function_tool("never", nevers[k], false));
+        spec.tools.push_back(function_tool("loose", counted, false));
+        spec.tools.push_back(function_tool("ok", counted, true));
+        if (!never_first) spec.tools.push_back(function_tool("never", nevers[k], false));
+        Grammar g;
+        try {
+          g = build_response_grammar(spec, qwen3_6_format().markup(), qwen3());
+        } catch (const SchemaError& e) {
+          ADD_FAILURE() << at << ": refused, param " << e.param() << ": " << e.what();
+          continue;
+        }
+        // The tool is offered, its arguments free.
+        EXPECT_TRUE(reads(g, xml ? "<function=never>\n" : "{\"name\": \"never\", ")) << at;
+        EXPECT_TRUE(reads(g, free_call("never"))) << at;
+        EXPECT_TRUE(reads(g, call_text(xml, "never", "y", free_value))) << at;
+        // The others are constrained as without it.
+        for (const char* name : {"loose", "ok"}) {
+          EXPECT_TRUE(reads(g, call_text(xml, name, "n", "12"))) << at << ": " << name;
+          EXPECT_FALSE(reads(g, call_text(xml, name, "n", free_value))) << at << ": " << name;
+        }
+        // A call forced by name of another tool: a second call may be of this one, free.
+        ResponseSpec named = spec;
+        named.forced_function = "loose";
+        try {
+          g = build_response_grammar(named, qwen3_6_format().markup(), qwen3());
+        } catch (const SchemaError& e) {
+          ADD_FAILURE() << at << ", named: refused, param " << e.param() << ": " << e.what();
+          continue;
+        }
+        const std::string first = call_text(xml, "loose", "n", "12", true) + (xml ? "</function>\n" : "}\n") +
+                                  "</tool_call>\n<tool_call>\n";
+        EXPECT_TRUE(reads(g, first + free_call("never"))) << at << ", named";
+        EXPECT_FALSE(reads(g, first + call_text(xml, "ok", "n", free_value))) << at << ", named";
+        // Strict, the tool is never given free arguments (a SchemaError, or no call of it).
+        ResponseSpec strict = spec;
+        strict.tools[never_first ? 0 : 2]["function"]["strict"] = true;
+        try {
+          g = build_response_grammar(strict, qwen3_6_format().markup(), qwen3());
+          EXPECT_FALSE(reads(g, call_text(xml, "never", "y", free_value))) << at << ", strict";
+          EXPECT_TRUE(reads(g, call_text(xml, "loose", "n", "12"))) << at << ", strict";
+        } catch (const SchemaError& e) {
+          EXPECT_EQ(e.param(), "tools[" + std::to_string(never_first ? 0 : 2) + "].function.parameters")
+              << at << ", strict: " << e.what();
+        }
+      }
+    }
+  }
+}
+
 }  // namespace lilac::grammar::test

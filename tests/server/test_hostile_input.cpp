@@ -642,4 +642,52 @@ TEST(HostileInput, AForcedCallOfToolsNotStrictPastTheStatesBoundIsAnswered) {
   EXPECT_EQ(re["error"]["param"], "tools[0].parameters") << re.dump().substr(0, 400);
 }
 
+
+// A forced call by `required` / "any" of tools that are not strict, one of them with parameters that can never be
+// satisfied (a required parameter of one character and at least three) beside one whose call can be written: that tool
+// was silently left out of the grammar's choice, so a model calling it broke the constraint (here the scripted backend's
+// token-mask error), though such a tool promises no conformance. It is offered with free arguments, on chat, Responses
+// and Messages (tests/grammar: SchemaHostile.ANonStrictToolThatMatchesNothingIsFreeBesideOthers).
+TEST(HostileInput, AForcedChoiceOffersANonStrictToolThatMatchesNothing) {
+  const json script = {{"rules", {{{"match", "any"},
+                                   {"reply", "<function=never>\n<parameter=y>\nv\n</parameter>\n</function>\n</tool_call>"}}}},
+                       {"default", {{"reply", "</think>\n\nok"}}}};
+  lilac::test::LocalServer srv(lilac::test::LocalServer::options(), nullptr, script);
+  const json never = {{"type", "object"},
+                      {"properties", {{"x", {{"type", "string"}, {"pattern", "^a$"}, {"minLength", 3}}}}},
+                      {"required", {"x"}}};
+  const json small = json::parse(R"({"type":"object","properties":{"n":{"type":"integer"}},"required":["n"]})");
+  const json user = json::array({{{"role", "user"}, {"content", "any"}}});
+  const json c = post_json(srv.port, "/v1/chat/completions",
+                           {{"messages", user},
+                            {"max_tokens", 50},
+                            {"tool_choice", "required"},
+                            {"tools",
+                             {{{"type", "function"}, {"function", {{"name", "ok"}, {"parameters", small}}}},
+                              {{"type", "function"}, {"function", {{"name", "never"}, {"parameters", never}}}}}}});
+  EXPECT_EQ(c["choices"][0]["finish_reason"], "tool_calls") << c.dump().substr(0, 400);
+  EXPECT_EQ(c["choices"][0]["message"]["tool_calls"][0]["function"]["name"], "never") << c.dump().substr(0, 400);
+  EXPECT_EQ(c["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"], R"({"y":"v"})")
+      << c.dump().substr(0, 400);
+  const json r = post_json(srv.port, "/v1/responses",
+                           {{"input", "any"},
+                            {"max_output_tokens", 50},
+                            {"tool_choice", "required"},
+                            {"tools",
+                             {{{"type", "function"}, {"name", "ok"}, {"parameters", small}},
+                              {{"type", "function"}, {"name", "never"}, {"parameters", never}}}}});
+  ASSERT_TRUE(r["output"].is_array() && !r["output"].empty()) << r.dump().substr(0, 400);
+  EXPECT_EQ(r["output"].back()["type"], "function_call") << r.dump().substr(0, 400);
+  EXPECT_EQ(r["output"].back()["name"], "never") << r.dump().substr(0, 400);
+  EXPECT_EQ(r["output"].back()["arguments"], R"({"y":"v"})") << r.dump().substr(0, 400);
+  const json m = post_json(srv.port, "/v1/messages",
+                           {{"max_tokens", 50},
+                            {"messages", user},
+                            {"tool_choice", {{"type", "any"}}},
+                            {"tools", {{{"name", "ok"}, {"input_schema", small}}, {{"name", "never"}, {"input_schema", never}}}}});
+  EXPECT_EQ(m["stop_reason"], "tool_use") << m.dump().substr(0, 400);
+  EXPECT_EQ(m["content"].back()["name"], "never") << m.dump().substr(0, 400);
+  EXPECT_EQ(m["content"].back()["input"], json({{"y", "v"}})) << m.dump().substr(0, 400);
+}
+
 }  // namespace
