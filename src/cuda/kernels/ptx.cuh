@@ -209,6 +209,18 @@ __device__ __forceinline__ uint32_t cluster_map(uint32_t smem_addr, uint32_t ran
 #endif
   return r;
 }
+// The generic address of `p` (this block's shared memory) in block `rank` of the cluster: plain loads and stores
+// through it reach that block's shared memory.
+template <typename T>
+__device__ __forceinline__ T* cluster_map_generic(T* p, uint32_t rank) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  uint64_t r;
+  asm volatile("mapa.u64 %0, %1, %2;" : "=l"(r) : "l"(reinterpret_cast<uint64_t>(p)), "r"(rank));
+  return reinterpret_cast<T*>(r);
+#else
+  return rank == 0 ? p : nullptr;
+#endif
+}
 __device__ __forceinline__ float4 ld_cluster_f4(uint32_t addr) {
   float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

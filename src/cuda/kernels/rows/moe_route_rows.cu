@@ -33,6 +33,7 @@ struct PrefetchSpans {
 
 struct RouteArgs {
   PrefetchSpans pf;
+  int route_blocks;  // moe_route_kernel: 1, or 2 as a cluster (rank 1 routes rows 32..M-1)
   const float* logits;
   int64_t ld;
   int M;
@@ -74,14 +75,20 @@ __device__ int block_excl_scan(int v, int* s_scan, int* total) {
 // bytes are weights, which no kernel writes). At one row gate/up's grid does this before its wait (moe_tc.cu, stop
 // 60); the rows kernels sit at their register cap, so here the routing launch carries it on blocks of its own,
 // resident while the router's few blocks run (stop 61: +0.3 % at 4 and 16 streams, neutral at 2, 64 and the verify).
-__device__ __forceinline__ void prefetch_spans(const PrefetchSpans& pf) {
-  const int64_t t = int64_t(blockIdx.x - 1) * blockDim.x + threadIdx.x, nt = int64_t(gridDim.x - 1) * blockDim.x;
+__device__ __forceinline__ void prefetch_spans(const PrefetchSpans& pf, unsigned first = 1) {
+  const int64_t t = int64_t(blockIdx.x - first) * blockDim.x + threadIdx.x,
+                nt = int64_t(gridDim.x - first) * blockDim.x;
   for (int i = 0; i < pf.n; ++i) dev::prefetch_l2(pf.p[i], pf.bytes[i], t, nt);
 }
 
+// More than 32 rows: a cluster of two routing blocks, so that no warp routes two rows in a row (stop 63: the 64-row
+// routing 14.6 us against 6.5 at 16). Rank 1 routes rows 32..M-1 — each row by a warp with route_warp as rank 0 does,
+// so the same choices and weights — and hands their ids to rank 0's s_ids through distributed shared memory; rank 0
+// waits for them at the cluster barrier and groups all the rows.
 __global__ void __launch_bounds__(kRouteThreads) moe_route_kernel(RouteArgs a) {
-  if (blockIdx.x > 0) {
-    prefetch_spans(a.pf);
+  const unsigned nb = unsigned(a.route_blocks);
+  if (blockIdx.x >= nb) {
+    prefetch_spans(a.pf, nb);
     return;
   }
   __shared__ int s_ids[kMoEMaxRows * kMaxK];
@@ -101,12 +108,29 @@ __global__ void __launch_bounds__(kRouteThreads) moe_route_kernel(RouteArgs a) {
   }
   __syncthreads();
   const unsigned long long active = s_active[0] | (static_cast<unsigned long long>(s_active[1]) << 32);
-  for (int r = warp; r < M; r += blockDim.x / 32) {
+  if (blockIdx.x == 1) {  // rank 1 of the cluster (nb = 2, M > 32: a warp per row of 32..M-1)
+    const int r = 32 + warp, lane = tid & 31;
+    if (r < M && ((active >> r) & 1ull)) {
+      // route_warp writes the global ids and weights from block 0 only: here they are copied from the scratch
+      dev::route_warp(a.logits + r * a.ld, E, k, a.renorm, s_ids + r * k, s_wtmp[warp], nullptr, nullptr);
+      __syncwarp();
+      if (lane < k) {
+        const int id = s_ids[r * k + lane];
+        dev::cluster_map_generic(s_ids, 0)[r * k + lane] = id;
+        a.sel_ids[r * k + lane] = id;
+      }
+      if (lane <= k) a.sel_w[r * (k + 1) + lane] = s_wtmp[warp][lane];
+    }
+    dev::cluster_sync();  // the ids in rank 0's s_ids; rank 0 reads nothing of this block's
+    return;
+  }
+  for (int r = warp; r < (nb > 1 ? 32 : M); r += blockDim.x / 32) {
     if ((active >> r) & 1ull)
       dev::route_warp(a.logits + r * a.ld, E, k, a.renorm, s_ids + r * k, s_wtmp[warp], a.sel_ids + r * k,
                       a.sel_w + r * (k + 1));
     __syncwarp();
   }
+  if (nb > 1) dev::cluster_sync();  // rank 1's rows in s_ids (and a barrier of this block)
   __syncthreads();
   for (int q = tid; q < M * k; q += blockDim.x)
     if ((active >> (q / k)) & 1ull) atomicOr(&s_bits[s_ids[q]], 1ull << (q / k));
@@ -224,6 +248,21 @@ unsigned prefetch_blocks(const MoEDecodeWeights& w, int threads, PrefetchSpans& 
     lines += (bytes + 127) / 128;
   });
   return unsigned(std::min<int64_t>(132, (lines + 4 * threads - 1) / (4 * threads)));
+}
+
+// Whether routings of more than 32 rows take a cluster of two blocks (sm_90+, with the kernel built for it;
+// LILAC_MOE_ROUTE_CLUSTER=0: one block; measurement).
+bool route_cluster_ok() {
+  static const bool ok = [] {
+    if (!env_switch_on("LILAC_MOE_ROUTE_CLUSTER") || !sm90_or_later()) return false;
+    cudaFuncAttributes fa{};
+    if (cudaFuncGetAttributes(&fa, moe_route_kernel) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    return fa.binaryVersion >= 90;
+  }();
+  return ok;
 }
 
 // Whether few-row routings take moe_route_small_kernel (LILAC_MOE_ROUTE_WARP=0: the block kernel; measurement).
@@ -395,7 +434,13 @@ void moe_route_rows(const MoEDecodeWeights& w, const float* logits, int64_t ld_l
   // A warp per row up to 32 rows, and at least a thread per expert (the counts and scans): fewer warps for
   // few rows make the kernel's barriers cheaper (the same work and results at any block size).
   const int threads = std::min(kRouteThreads, std::max({(w.E + 31) / 32, std::min(M, 32), 2}) * 32);  // 2: the active-row ballots
-  const unsigned extra = prefetch_blocks(w, threads, a.pf);
+  a.route_blocks = M > 32 && route_cluster_ok() ? 2 : 1;
+  unsigned extra = prefetch_blocks(w, threads, a.pf);
+  if (a.route_blocks == 2) {
+    extra += extra % 2;  // a whole number of clusters
+    launch_pdl_cluster(moe_route_kernel, dim3(2 + extra), dim3(threads), 0, stream, 2u, a);
+    return;
+  }
   launch_pdl(moe_route_kernel, dim3(1 + extra), dim3(threads), 0, stream, a);
 }
 
