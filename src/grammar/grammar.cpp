@@ -64,9 +64,10 @@ int32_t blame(const std::vector<Rule>& rules, const std::vector<uint8_t>& prod, 
 
 }  // namespace
 
-size_t Grammar::total_states() const {
+size_t Grammar::states(size_t first, size_t last) const {
   size_t n = 0;
-  for (const Rule& r : rules) n += r.kind == Rule::Kind::String ? 1 : r.states.size();
+  for (size_t i = first; i < last; ++i)
+    n += rules[i].kind == Rule::Kind::String ? 1 : std::max<size_t>(rules[i].states.size(), 1);
   return n;
 }
 

@@ -86,7 +86,10 @@ class Grammar {
   // it: a caller that offered it among other choices no longer does).
   bool matches_nothing(int32_t rule) const;
 
-  size_t total_states() const;
+  // The states of rules [first, last) (total_states: all of them), as finalize bounds them: a String rule 1, an
+  // automaton its states, at least 1 (finalize gives an automaton abandoned without states one before it counts).
+  size_t states(size_t first, size_t last) const;
+  size_t total_states() const { return states(0, rules.size()); }
 };
 
 }  // namespace lilac::grammar

@@ -126,7 +126,7 @@ class Builder {
     size_t tool = SIZE_MAX;  // a tool's call: the tool's index
   };
   // The states of a source's rules, as Grammar::finalize counts them.
-  size_t states_of(const Source& s);
+  size_t states_of(const Source& s) { return sc_.grammar().states(size_t(s.first), size_t(s.last)); }
   std::vector<Source> sources_;
 
   // Tools that are not strict are constrained only in a forced call, and fall back to free arguments when their schema
@@ -319,14 +319,6 @@ std::string Builder::param_of_failure(int32_t rule) {
   }
   if (content == 0 && tools == 0) return "";
   return tools >= content ? "tools" : kContentParam;
-}
-
-size_t Builder::states_of(const Source& s) {
-  const std::vector<Rule>& rules = sc_.grammar().rules;
-  size_t n = 0;
-  for (int32_t r = s.first; r < s.last; ++r)
-    n += rules[size_t(r)].kind == Rule::Kind::String ? 1 : std::max<size_t>(rules[size_t(r)].states.size(), 1);
-  return n;
 }
 
 std::vector<size_t> Builder::tools_to_free(int32_t rule) {
