@@ -20,7 +20,7 @@ void ParseBudget::give_back(size_t n) {
     std::lock_guard lk(mu_);
     held_ -= n;
   }
-  cv_.notify_all();  // (waiters of any size: a small one may fit where a large one does not)
+  cv_.notify_all();  // (every waiter: the one to go is the first waiting, whichever a notify_one would wake)
 #ifdef __GLIBC__
   // A large body's values were freed in the arena of the thread that read it, and glibc keeps freed memory in each
   // arena (a worker thread is one, up to 8 per core): without this, bodies read one after the other by different
@@ -44,14 +44,17 @@ void ParseBudget::refuse_locked(int busy_status) {
 
 ParseBudget::Lease ParseBudget::acquire(size_t bytes, int busy_status) {
   std::unique_lock lk(mu_);
-  if (!fits_locked(bytes)) {
+  if (!waiting_.empty() || !fits_locked(bytes)) {
     // (the bodies waiting hold their text: as many bytes as the budget at most, or one body alone)
-    if (waiting_bytes_ > 0 && waiting_bytes_ + bytes > cap_) refuse_locked(busy_status);
-    ++waiting_;
+    if (!waiting_.empty() && waiting_bytes_ + bytes > cap_) refuse_locked(busy_status);
+    const auto me = waiting_.insert(waiting_.end(), bytes);
     waiting_bytes_ += bytes;
-    const bool room = cv_.wait_for(lk, std::chrono::milliseconds(wait_ms_), [&] { return fits_locked(bytes); });
-    --waiting_;
+    const bool room = cv_.wait_for(lk, std::chrono::milliseconds(wait_ms_),
+                                   [&] { return me == waiting_.begin() && fits_locked(bytes); });
+    waiting_.erase(me);
     waiting_bytes_ -= bytes;
+    // The next body is first now: it may fit beside this one, or in the room this one leaves.
+    if (!waiting_.empty()) cv_.notify_all();
     if (!room) refuse_locked(busy_status);
   }
   held_ += bytes;
@@ -60,14 +63,14 @@ ParseBudget::Lease ParseBudget::acquire(size_t bytes, int busy_status) {
 
 std::optional<ParseBudget::Lease> ParseBudget::try_acquire(size_t bytes) {
   std::lock_guard lk(mu_);
-  if (!fits_locked(bytes)) return std::nullopt;
+  if (!waiting_.empty() || !fits_locked(bytes)) return std::nullopt;
   held_ += bytes;
   return Lease(this, bytes);
 }
 
 ParseBudget::Stats ParseBudget::stats() const {
   std::lock_guard lk(mu_);
-  return Stats{int64_t(held_), waiting_, int64_t(waiting_bytes_), refused_};
+  return Stats{int64_t(held_), int64_t(waiting_.size()), int64_t(waiting_bytes_), refused_};
 }
 
 }  // namespace lilac::server

@@ -18,10 +18,17 @@
 // larger body counting alone), and what waits is text, not the ~63 times it takes while parsed. (Not bounded here:
 // the text of the requests waiting for a worker, ServerOptions::max_pending of them, and of a generation while it
 // runs, whose worker keeps its request until it is answered.)
+//
+// The bodies waiting are admitted in arrival order: a body gets its room once every body that came before it has got
+// its own (or given up) and it fits; a later body, even one that would fit now, waits behind them (try_acquire: no
+// room). A body that fitted used to go ahead of those waiting, so under a steady flow of small bodies a large one (one
+// larger than the budget waits for nothing else to hold any) could wait until it was refused after its wait_ms. The
+// price: the bodies behind a large one wait until it fits too (its wait_ms at most).
 #pragma once
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <list>
 #include <mutex>
 #include <optional>
 #include <utility>
@@ -60,14 +67,15 @@ class ParseBudget {
   // Room for a body of `bytes`, waiting up to wait_ms for it. Throws ApiError `busy_status` (503 on OpenAI's routes,
   // 529 on Anthropic's: overloaded_error), code "server_busy", with Retry-After 1, when none came.
   Lease acquire(size_t bytes, int busy_status = 503);
-  // The same without waiting: nullopt when there is no room now (the Message Batches' runner tries again later).
+  // The same without waiting: nullopt when there is no room now or a body waits for it (the Message Batches' runner
+  // tries again later).
   std::optional<Lease> try_acquire(size_t bytes);
 
   struct Stats {
-    int64_t held = 0;     // bytes of the bodies holding a lease
-    int64_t waiting = 0;  // requests waiting for room
+    int64_t held = 0;           // bytes of the bodies holding a lease
+    int64_t waiting = 0;        // requests waiting for room
     int64_t waiting_bytes = 0;  // bytes of their bodies
-    int64_t refused = 0;  // requests refused for lack of room (total)
+    int64_t refused = 0;        // requests refused for lack of room (total)
   };
   Stats stats() const;
   size_t capacity() const { return cap_; }
@@ -86,7 +94,8 @@ class ParseBudget {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   size_t held_ = 0, waiting_bytes_ = 0;
-  int64_t waiting_ = 0, refused_ = 0;
+  std::list<size_t> waiting_;  // the sizes of the bodies waiting for room, first come first
+  int64_t refused_ = 0;
 };
 
 }  // namespace lilac::server

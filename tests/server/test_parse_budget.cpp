@@ -203,6 +203,75 @@ TEST(ParseBudget, ABodyThatWouldOverfillTheWaitingBodiesIsRefusedAtOnce) {
   EXPECT_EQ(large.load(), 200);
 }
 
+// A body that did not fit waited for any room, and a later body that fitted the room left took it at once: under a
+// steady flow of small bodies a large one kept waiting (one larger than the budget until nothing else held any) and
+// was refused after its 5 s. The bodies waiting are admitted in arrival order now, and a later body (or the Message
+// Batches' try_acquire) does not go ahead of one that waits, even where it would fit.
+TEST(ParseBudget, BodiesAreAdmittedInArrivalOrder) {
+  ParseBudget b(100, 60000);
+  std::optional<ParseBudget::Lease> x(b.acquire(40)), y(b.acquire(20));
+  std::mutex mu;
+  std::vector<std::string> order;  // as the bodies got their room
+  auto take = [&](const std::string& name, size_t n) {
+    try {
+      ParseBudget::Lease l = b.acquire(n);
+      std::lock_guard lk(mu);
+      order.push_back(name);
+    } catch (const ApiError&) {
+      std::lock_guard lk(mu);
+      order.push_back(name + " refused");
+    }
+  };
+  std::thread large(take, "large", 70);
+  ASSERT_TRUE(eventually([&] { return b.stats().waiting == 1; }));
+  EXPECT_FALSE(b.try_acquire(30)) << "went ahead of the body waiting";
+  // 30 fits beside the 60 held, but the large body came first: it waits behind it.
+  std::thread small(take, "small", 30);
+  const bool placed = eventually([&] {
+    std::lock_guard lk(mu);
+    return b.stats().waiting == 2 || !order.empty();
+  });
+  x.reset();  // room for the large body (20 + 70), not for both: the small one goes once the large one is done
+  large.join();
+  small.join();
+  y.reset();
+  EXPECT_TRUE(placed);
+  EXPECT_EQ(order, (std::vector<std::string>{"large", "small"}));
+  EXPECT_EQ(b.stats().held, 0);
+  EXPECT_EQ(b.stats().refused, 0);
+}
+
+// Admitting the first body waiting may leave room for the next: it is admitted too, while the first still holds its
+// share (the order is of admission, not one body at a time).
+TEST(ParseBudget, TheBodyBehindIsAdmittedWhenItFitsBesideTheOneAhead) {
+  ParseBudget b(100, 60000);
+  std::optional<ParseBudget::Lease> x(b.acquire(90));
+  std::mutex mu;
+  std::condition_variable cv;
+  std::atomic<bool> second_in{false};
+  std::thread first([&] {
+    ParseBudget::Lease l = b.acquire(30);
+    std::unique_lock lk(mu);
+    cv.wait(lk, [&] { return second_in.load(); });  // holds its share until the second is in
+  });
+  ASSERT_TRUE(eventually([&] { return b.stats().waiting == 1; }));
+  std::thread second([&] {
+    ParseBudget::Lease l = b.acquire(10);
+    {
+      std::lock_guard lk(mu);
+      second_in = true;
+    }
+    cv.notify_all();
+  });
+  ASSERT_TRUE(eventually([&] { return b.stats().waiting == 2 || second_in.load(); }));
+  x.reset();
+  first.join();
+  second.join();
+  EXPECT_TRUE(second_in.load());
+  EXPECT_EQ(b.stats().refused, 0);
+  EXPECT_EQ(b.stats().held, 0);
+}
+
 // The same on the routes: while one body is parsed (held by the hook) and another waits, a third that would take the
 // waiting bodies past the budget is answered at once, in its protocol's shape (529 overloaded_error on Anthropic's).
 TEST(ParseBudget, ARouteRefusesABodyAtOnceWhenTheWaitingBodiesAreFull) {
