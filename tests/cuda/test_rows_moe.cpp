@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -275,7 +276,7 @@ TEST(RowsMoE, RoutingGroupsRowsByExpert) {
   Rng r(seed);
   const MoECase c{64, 8, 64, 64, 64};
   MoEFixture f(r, c);
-  for (int M : {2, 3, 4, 64}) {
+  for (int M : {2, 3, 4, 33, 64}) {  // 33, 64: a cluster's second block routes rows 32.. (moe_route_cluster_ok)
     SCOPED_TRACE("M " + std::to_string(M));
     const int CH = lr::moe_chunk_rows(4, M);
     std::vector<float> logits(size_t(M * (c.E + 1)));
@@ -336,6 +337,20 @@ TEST(RowsMoE, RoutingGroupsRowsByExpert) {
       }
     }
   }
+}
+
+// Above 32 rows the routing takes a cluster of two blocks wherever the device can (sm_90+: every lilac build carries
+// sm_90a code, CMakeLists.txt), so the tests of 33-64 rows above check that path there; a wrong check of the
+// kernel's architecture (cudaFuncAttributes::binaryVersion is the device's after a PTX JIT, ptxVersion the code's)
+// would silently keep one block.
+TEST(RowsMoE, RoutingOfMoreThan32RowsTakesTheClusterFromSm90) {
+  NEED_GPU();
+  int dev = 0, major = 0;
+  CK(cudaGetDevice(&dev));
+  CK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  const char* e = std::getenv("LILAC_MOE_ROUTE_CLUSTER");
+  const bool off = e != nullptr && std::string(e) == "0";
+  EXPECT_EQ(lr::moe_route_cluster_ok(), major >= 9 && !off) << "compute capability " << major;
 }
 
 // stage (4- and 8-bit layouts) → router + shared-gate GEMVs (8-bit) → route → gate/up → down → combine as

@@ -250,20 +250,6 @@ unsigned prefetch_blocks(const MoEDecodeWeights& w, int threads, PrefetchSpans& 
   return unsigned(std::min<int64_t>(132, (lines + 4 * threads - 1) / (4 * threads)));
 }
 
-// Whether routings of more than 32 rows take a cluster of two blocks (sm_90+, with the kernel built for it;
-// LILAC_MOE_ROUTE_CLUSTER=0: one block; measurement).
-bool route_cluster_ok() {
-  static const bool ok = [] {
-    if (!env_switch_on("LILAC_MOE_ROUTE_CLUSTER") || !sm90_or_later()) return false;
-    cudaFuncAttributes fa{};
-    if (cudaFuncGetAttributes(&fa, moe_route_kernel) != cudaSuccess) {
-      cudaGetLastError();
-      return false;
-    }
-    return fa.binaryVersion >= 90;
-  }();
-  return ok;
-}
 
 // Whether few-row routings take moe_route_small_kernel (LILAC_MOE_ROUTE_WARP=0: the block kernel; measurement).
 bool route_small_on() {
@@ -410,6 +396,19 @@ bool moe_rows_supported(const MoEDecodeWeights& w, int max_rows) {
          max_rows <= kMoEMaxRows;
 }
 
+bool moe_route_cluster_ok() {
+  static const bool ok = [] {
+    if (!env_switch_on("LILAC_MOE_ROUTE_CLUSTER") || !sm90_or_later()) return false;
+    cudaFuncAttributes fa{};
+    if (cudaFuncGetAttributes(&fa, moe_route_kernel) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    return fa.ptxVersion >= 90;  // the code's virtual architecture (a compute_80 PTX JIT-compiled on sm_90 has none)
+  }();
+  return ok;
+}
+
 void moe_route_rows(const MoEDecodeWeights& w, const float* logits, int64_t ld_logits, int M, const int32_t* row_slot,
                     int32_t* sel_ids, float* sel_w, void* scratch, cudaStream_t stream, int chunk_rows) {
   if (!moe_rows_supported(w, std::max(M, 1))) throw Error("rows::moe_route_rows: unsupported MoE shape or M");
@@ -434,7 +433,7 @@ void moe_route_rows(const MoEDecodeWeights& w, const float* logits, int64_t ld_l
   // A warp per row up to 32 rows, and at least a thread per expert (the counts and scans): fewer warps for
   // few rows make the kernel's barriers cheaper (the same work and results at any block size).
   const int threads = std::min(kRouteThreads, std::max({(w.E + 31) / 32, std::min(M, 32), 2}) * 32);  // 2: the active-row ballots
-  a.route_blocks = M > 32 && route_cluster_ok() ? 2 : 1;
+  a.route_blocks = M > 32 && moe_route_cluster_ok() ? 2 : 1;
   unsigned extra = prefetch_blocks(w, threads, a.pf);
   if (a.route_blocks == 2) {
     extra += extra % 2;  // a whole number of clusters

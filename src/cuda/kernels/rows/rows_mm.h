@@ -116,6 +116,9 @@ bool moe_rows_supported(const MoEDecodeWeights& w, int max_rows);
 // chunk_rows > 0: chunks of at most that many rows (the digits kernels' 8) instead of moe_chunk_rows(bits, M).
 void moe_route_rows(const MoEDecodeWeights& w, const float* logits, int64_t ld_logits, int M, const int32_t* row_slot,
                     int32_t* sel_ids, float* sel_w, void* scratch, cudaStream_t stream, int chunk_rows = 0);
+// Whether moe_route_rows splits more than 32 rows over a cluster of two blocks on this device (sm_90+ with the routing
+// kernel's code built for it; LILAC_MOE_ROUTE_CLUSTER=0: never).
+bool moe_route_cluster_ok();
 void moe_gate_up_rows(const MoEDecodeWeights& w, const void* frag, const float2* meta, int M, const void* scratch,
                       float* act, cudaStream_t stream);
 void moe_down_rows(const MoEDecodeWeights& w, const float* act, int M, void* scratch, cudaStream_t stream);
