@@ -237,7 +237,7 @@ const bool registered = register_command(Command{
                      "MiB of request bodies parsed and prepared at once, all requests together (each takes up to "
                      "~63 times its size in memory meanwhile); a body waits its turn (arrival order) up to 5 s, then "
                      "503 (529 on /v1/messages*), at once when the bodies waiting would pass this many MiB with it; a "
-                     "larger body runs alone")
+                     "larger body runs alone. The bodies of requests waiting for a worker are bounded by it too (503)")
           ->capture_default_str();
       sub.add_option("--http-threads", a->http_threads,
                      "HTTP worker threads = requests answered at once (0 = --max-queue + 32; must exceed --max-queue)")

@@ -113,11 +113,12 @@ struct HttpServer::Impl {
   std::mutex task_mu;
   std::condition_variable task_cv;
   std::deque<Task> tasks;
+  size_t pending_body = 0;  // the bytes of their bodies (HttpServerOptions::max_pending_body_bytes)
   // Connections handed back by workers.
   std::mutex ret_mu;
   std::vector<std::shared_ptr<Conn>> returned;
 
-  std::atomic<int64_t> n_conns{0}, busy{0}, n_pending{0}, timeouts{0}, rejected{0}, evicted{0};
+  std::atomic<int64_t> n_conns{0}, busy{0}, n_pending{0}, n_pending_bytes{0}, timeouts{0}, rejected{0}, evicted{0};
 
   // http_server.cpp: the I/O thread.
   void io_loop();

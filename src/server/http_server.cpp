@@ -85,6 +85,7 @@ HttpStats HttpServer::stats() const {
   s.connections = impl_->n_conns.load();
   s.busy_workers = impl_->busy.load();
   s.pending = impl_->n_pending.load();
+  s.pending_bytes = impl_->n_pending_bytes.load();
   s.timeouts = impl_->timeouts.load();
   s.rejected_busy = impl_->rejected.load();
   s.evicted = impl_->evicted.load();
@@ -164,6 +165,8 @@ void HttpServer::stop() {
   }
   // Requests never served, connections handed back after the I/O thread ended: no thread runs now.
   I.tasks.clear();
+  I.pending_body = 0;
+  I.n_pending_bytes = 0;
   for (auto& [fd, c] : I.conns) ::close(fd);
   I.conns.clear();
   I.ready.clear();
@@ -535,11 +538,22 @@ void HttpServer::Impl::complete(Conn& c) {
   // A worker answers. The connection leaves the event loop until the worker hands it back.
   {
     std::lock_guard lk(task_mu);
-    // Room: the idle workers, plus max_pending requests waiting.
-    if (int64_t(tasks.size()) + busy.load() >= int64_t(opts.workers) + opts.max_pending) {
+    // Room: the idle workers, plus max_pending requests waiting, whose bodies hold max_pending_body_bytes at most (a
+    // request that finds no idle worker waits; one without a body adds no bytes; a body larger than the bound waits
+    // when no other waiting body holds any, so any body the limits admit can be answered).
+    const int64_t taken = int64_t(tasks.size()) + busy.load();
+    const size_t bytes = req.body.size();
+    const bool waits = taken >= int64_t(opts.workers);
+    const bool full = taken >= int64_t(opts.workers) + opts.max_pending;
+    const bool too_many_bytes =
+        waits && bytes > 0 && pending_body > 0 && pending_body + bytes > opts.max_pending_body_bytes;
+    if (full || too_many_bytes) {
       rejected++;
       c.parser = std::make_unique<RequestParser>(opts.limits);  // the request is dropped
-      answer_error(c, 503, "The server is busy: every worker is taken and the wait queue is full; retry shortly.",
+      answer_error(c, 503,
+                   full ? "The server is busy: every worker is taken and the wait queue is full; retry shortly."
+                        : "The server is busy: every worker is taken and the requests waiting for one hold too many "
+                          "body bytes; retry shortly.",
                    "server_busy", {{"Retry-After", "1"}});
       return;
     }
@@ -555,8 +569,10 @@ void HttpServer::Impl::complete(Conn& c) {
     t.route = r;
     t.keep_alive = keep_alive;
     t.head = t.req.method == "HEAD";
+    pending_body += t.req.body.size();
     tasks.push_back(std::move(t));
     n_pending = int64_t(tasks.size());
+    n_pending_bytes = int64_t(pending_body);
   }
   task_cv.notify_one();
 }

@@ -11,12 +11,12 @@
 // blocking), so those answer at once even when every worker is busy or stalled. A connection that
 // pipelines many gets a few answers per pass of the loop (http_detail::kMaxAnswersPerPass), the other
 // connections served in between, and its input waits while an answer is being written. Complete requests go
-// to a bounded queue (max_pending; beyond it 503 at once) served by `workers` threads, which write the
-// answer with a write deadline (a client that stops reading is dropped) and hand a keep-alive
-// connection back to the I/O thread. Open connections are capped (max_connections): past the cap the
-// idle connection that has waited longest is closed to make room (idle = between requests, or still
-// sending its headers), or the new one gets 503 when none is idle. The bodies being received are
-// capped together (max_buffered_body_bytes; beyond it 503).
+// to a bounded queue (max_pending requests, max_pending_body_bytes of their bodies; beyond either 503 at once)
+// served by `workers` threads, which write the answer with a write deadline (a client that stops reading is
+// dropped) and hand a keep-alive connection back to the I/O thread. Open connections are capped
+// (max_connections): past the cap the idle connection that has waited longest is closed to make room (idle =
+// between requests, or still sending its headers), or the new one gets 503 when none is idle. The bodies being
+// received are capped together (max_buffered_body_bytes; beyond it 503).
 #pragma once
 #include <atomic>
 #include <chrono>
@@ -49,6 +49,10 @@ struct HttpServerOptions {
   int port = 8080;                 // 0 = any free port
   int workers = 96;                // handler threads (each request in progress holds one)
   int max_pending = 32;            // complete requests waiting for a worker; more: 503 at once
+  // The bytes of their bodies: a request that would wait for a worker with more than this many bytes of bodies
+  // waiting (its own included) gets the same 503 at once, unless no waiting request holds any (so any body the
+  // limits admit can wait its turn). Without it the queue could hold max_pending bodies of max_body_bytes.
+  size_t max_pending_body_bytes = size_t(16) << 20;
   int max_connections = 1024;      // open connections (see above)
   HttpLimits limits;
   int header_timeout_ms = 10000;   // request line + headers, from their first byte
@@ -65,6 +69,7 @@ struct RouteOptions {
 
 struct HttpStats {
   int64_t connections = 0, busy_workers = 0, pending = 0;
+  int64_t pending_bytes = 0;  // the bytes of the bodies of the requests waiting for a worker
   int64_t timeouts = 0, rejected_busy = 0, evicted = 0;  // totals
 };
 

@@ -5,6 +5,7 @@
 
 #include <strings.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 
@@ -117,7 +118,9 @@ void HttpServer::Impl::worker_loop() {
       if (stopping.load()) return;
       t = std::move(tasks.front());
       tasks.pop_front();
+      pending_body -= std::min(pending_body, t.req.body.size());
       n_pending = int64_t(tasks.size());
+      n_pending_bytes = int64_t(pending_body);
     }
     busy++;
     serve(t);

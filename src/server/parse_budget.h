@@ -15,9 +15,14 @@
 // worker's, 8 MB each (~800 MB by default). The bodies waiting are bounded by the same number of bytes: one that would
 // take them past it is refused at once, as one that found no room in time (unless none waits: a body larger than the
 // budget can always wait its turn). So the text of the bodies parsed or waiting stays within twice the budget (one
-// larger body counting alone), and what waits is text, not the ~63 times it takes while parsed. (Not bounded here:
-// the text of the requests waiting for a worker, ServerOptions::max_pending of them, and of a generation while it
-// runs, whose worker keeps its request until it is answered.)
+// larger body counting alone), and what waits is text, not the ~63 times it takes while parsed.
+//
+// Before that, a request waits for a worker when every worker is busy (ServerOptions::max_pending of them at most,
+// 32 by default, each up to --max-body-mb: ~256 MB of text): the HTTP layer bounds the bytes of their bodies by the
+// same capacity (HttpServerOptions::max_pending_body_bytes, set from parse_bytes in server.cpp), a request that would
+// take them past it refused at once with the full queue's 503 server_busy (in the route's error shape, Retry-After 1),
+// unless no waiting request holds any body. (Not bounded here: the text of a generation while it runs, whose worker
+// keeps its request until it is answered.)
 //
 // The bodies waiting are admitted in arrival order: a body gets its room once every body that came before it has got
 // its own (or given up) and it fits; a later body, even one that would fit now, waits behind them (try_acquire: no

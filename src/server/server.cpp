@@ -72,6 +72,9 @@ HttpServerOptions http_options(const ServerOptions& o) {
   h.port = o.port;
   h.workers = o.http_threads > 0 ? o.http_threads : o.max_queue + 32;
   h.max_pending = o.max_pending;
+  // The bodies of the requests waiting for a worker are bounded as those waiting for room to be parsed: by
+  // --parse-mb (server/parse_budget.h).
+  h.max_pending_body_bytes = o.parse_bytes;
   h.max_connections = o.max_connections;
   h.limits.max_body_bytes = o.max_body_bytes;
   h.header_timeout_ms = o.header_timeout_ms;
@@ -147,6 +150,8 @@ std::string http_metrics(const HttpStats& s, const ParseBudget::Stats& p) {
   gauge("lilac_http_connections", "Open HTTP connections.", "gauge", s.connections);
   gauge("lilac_http_workers_busy", "HTTP workers answering a request.", "gauge", s.busy_workers);
   gauge("lilac_http_pending", "Complete requests waiting for a worker.", "gauge", s.pending);
+  gauge("lilac_http_pending_bytes", "Bytes of the bodies of the requests waiting for a worker (bounded by --parse-mb).",
+        "gauge", s.pending_bytes);
   gauge("lilac_http_timeouts_total", "Requests whose headers or body did not arrive in time (408).", "counter",
         s.timeouts);
   gauge("lilac_http_rejected_busy_total", "Requests or connections refused with 503 because the server was full.",

@@ -40,7 +40,8 @@ struct ServerOptions {
   std::string model_id = "lilac";  // the id /v1/models lists and requests may name
   size_t max_body_bytes = 8u << 20;  // request body after decoding (413 beyond)
   // Request bodies being parsed and prepared at once, all requests together (server/parse_budget.h; --parse-mb), and
-  // how long a body waits for room before it is refused (503; 529 on Anthropic's routes).
+  // how long a body waits for room before it is refused (503; 529 on Anthropic's routes). The bodies waiting for room,
+  // and those of the requests waiting for a worker (max_pending), are bounded by parse_bytes too.
   size_t parse_bytes = size_t(16) << 20;
   int parse_wait_ms = 5000;
   int max_queue = 64;              // queued + running generations; more -> 429
@@ -53,7 +54,7 @@ struct ServerOptions {
   int64_t prefill_chunk = 512;     // prompt tokens per prefill step (interleaved with decode steps)
   bool burst_prefill = true;       // requests that arrive together are prefilled before they decode (SchedulerOptions)
   int http_threads = 0;            // HTTP workers; 0 = max_queue + 32 (must exceed max_queue)
-  int max_pending = 32;            // complete requests waiting for a worker (503 beyond)
+  int max_pending = 32;            // complete requests waiting for a worker (503 beyond; their bodies: parse_bytes)
   int max_connections = 1024;      // open connections
   int header_timeout_ms = 10000;   // request line + headers
   int body_timeout_ms = 60000;     // the body

@@ -1,6 +1,7 @@
 // HttpServer (lilac's HTTP layer) over real sockets: inline routes answer while every worker is stalled,
 // slow-header and slow-body clients get 408 without holding a worker (a pipelined partial request too),
-// the connection cap evicts idle connections, a full wait queue answers 503 at once, 405 with Allow,
+// the connection cap evicts idle connections, a full wait queue (by count or by its bodies' bytes) answers 503 at
+// once, 405 with Allow,
 // per-route error shapes, the header check runs before the body is read, 100-continue, keep-alive and
 // pipelining (a pipelining connection answered a few requests per pass of the I/O loop, none lost),
 // drain, a client that goes away is seen, stop() does not hang on a client that stopped reading.
@@ -131,6 +132,66 @@ TEST(HttpServer, InlineRoutesAnswerWhileEveryWorkerIsStalledAndAFullQueueGets503
   s.gate.release();
   for (auto& c : stalled) EXPECT_EQ(status_of(c->answer()), 200);
   EXPECT_EQ(s.served.load(), 4);
+}
+
+// The requests waiting for a worker were bounded by their count only (max_pending, 32 by default): each held its body,
+// up to max_body_bytes (8 MB), so the queue could hold ~256 MB of text. Their bodies' bytes are bounded too now: a
+// request that would take them past max_pending_body_bytes gets the full queue's 503 at once, a request without a body
+// still waits (the count bounds it), and a body larger than the bound waits when no other waiting request holds any.
+TEST(HttpServer, TheBodiesWaitingForAWorkerAreBoundedByBytes) {
+  HttpServerOptions o = opts(2);
+  o.max_pending = 8;
+  o.max_pending_body_bytes = 1000;
+  TestServer s(o);
+  std::vector<std::unique_ptr<Sock>> queued;
+  auto send = [&](size_t bytes) {
+    queued.push_back(std::make_unique<Sock>(s.port));
+    return queued.back()->send(post("/slow", std::string(bytes, 'a')));
+  };
+  for (int i = 0; i < 2; ++i) {  // the workers, stalled
+    ASSERT_TRUE(send(2));
+    ASSERT_TRUE(s.wait_for([&] { return s.http.stats().busy_workers == i + 1; }));
+  }
+  ASSERT_TRUE(send(600));
+  ASSERT_TRUE(s.wait_for([&] { return s.http.stats().pending == 1; }));
+  EXPECT_EQ(s.http.stats().pending_bytes, 600);
+  // 600 + 600 bytes waiting would pass the bound: 503 at once, as for a full queue (not left waiting).
+  Sock over(s.port);
+  ASSERT_TRUE(over.send(post("/slow", std::string(600, 'b'))));
+  const std::string a = over.answer();
+  EXPECT_EQ(status_of(a), 503) << a;
+  EXPECT_NE(a.find("server_busy"), std::string::npos) << a;
+  EXPECT_NE(a.find("Retry-After: 1"), std::string::npos) << a;
+  EXPECT_EQ(s.http.stats().rejected_busy, 1);
+  EXPECT_EQ(s.http.stats().pending, 1);
+  // 600 + 400 fit, and a request without a body adds nothing.
+  ASSERT_TRUE(send(400));
+  ASSERT_TRUE(s.wait_for([&] { return s.http.stats().pending == 2; }));
+  EXPECT_EQ(s.http.stats().pending_bytes, 1000);
+  ASSERT_TRUE(send(0));
+  ASSERT_TRUE(s.wait_for([&] { return s.http.stats().pending == 3; }));
+  EXPECT_EQ(s.http.stats().pending_bytes, 1000);
+  s.gate.release();
+  for (auto& c : queued) EXPECT_EQ(status_of(c->answer()), 200);
+  EXPECT_EQ(s.served.load(), 5);
+  EXPECT_EQ(s.http.stats().pending_bytes, 0);
+  EXPECT_EQ(s.http.stats().rejected_busy, 1);
+
+  // A body larger than the bound waits its turn when no other waiting request holds any; then it holds the bound alone.
+  TestServer t(o);
+  std::vector<std::unique_ptr<Sock>> held;
+  for (int i = 0; i < 3; ++i) {  // 2 in the workers, then 1,500 bytes waiting
+    held.push_back(std::make_unique<Sock>(t.port));
+    ASSERT_TRUE(held.back()->send(post("/slow", std::string(i < 2 ? 2 : 1500, 'c'))));
+    ASSERT_TRUE(t.wait_for([&] { return t.http.stats().busy_workers + t.http.stats().pending == i + 1; }));
+  }
+  EXPECT_EQ(t.http.stats().pending_bytes, 1500);
+  Sock small(t.port);
+  ASSERT_TRUE(small.send(post("/slow", "{}")));
+  const std::string b = small.answer();
+  EXPECT_EQ(status_of(b), 503) << b;
+  t.gate.release();
+  for (auto& c : held) EXPECT_EQ(status_of(c->answer()), 200);
 }
 
 TEST(HttpServer, SlowHeadersAndSlowBodiesGet408WithoutAWorker) {

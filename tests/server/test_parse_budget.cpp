@@ -313,6 +313,75 @@ TEST(ParseBudget, ARouteRefusesABodyAtOnceWhenTheWaitingBodiesAreFull) {
   EXPECT_EQ(holder.most_inside.load(), 1);
 }
 
+// The requests waiting for a worker (every worker busy) held their bodies' text, bounded by their count only
+// (ServerOptions::max_pending, 32 of up to 8 MB). Their bytes are bounded by --parse-mb too now: with both workers held
+// in the hook and one 0.8 MB body waiting for a worker, another is refused at once with the full queue's 503
+// server_busy, in its route's shape (Anthropic's overloaded_error on /v1/messages), not left waiting beside it.
+TEST(ParseBudget, TheBodiesWaitingForAWorkerAreBoundedByTheBudget) {
+  auto o = lilac::test::LocalServer::options(1);
+  o.http_threads = 2;
+  o.max_pending = 8;
+  o.parse_bytes = size_t(1) << 20;
+  o.parse_wait_ms = 60000;
+  HoldingHook holder;
+  const lilac::server::RouteHook hook = holder.hook();
+  lilac::test::LocalServer srv(o, &hook);
+  const std::string body = padded_body(kChat, 200000);  // 0.8 MB: two do not fit 1 MiB
+  const std::vector<std::pair<std::string, std::string>> posts = {
+      {"/v1/chat/completions", kChat + "}"}, {"/v1/messages", kChat + "}"},  // the workers, held in the hook
+      {"/v1/messages", body},                                              // waits for a worker
+      {"/v1/chat/completions", body}, {"/v1/messages", body}};            // refused
+  std::vector<httplib::Result> results;
+  for (size_t i = 0; i < posts.size(); ++i) results.emplace_back(nullptr, httplib::Error::Unknown);
+  std::vector<std::atomic<bool>> answered(posts.size());
+  std::vector<std::thread> clients;
+  auto send = [&](size_t i) {
+    clients.emplace_back([&, i] {
+      httplib::Client cli("127.0.0.1", srv.port);
+      cli.set_read_timeout(120, 0);
+      results[i] = cli.Post(posts[i].first, posts[i].second, "application/json");
+      answered[i] = true;
+    });
+  };
+  send(0);
+  ASSERT_TRUE(eventually([&] { return holder.entered.load() == 1; }));
+  send(1);
+  ASSERT_TRUE(eventually([&] { return holder.entered.load() == 2; }));
+  send(2);
+  ASSERT_TRUE(eventually([&] { return metric(srv.port, "lilac_http_pending") == 1; }));
+  EXPECT_EQ(metric(srv.port, "lilac_http_pending_bytes"), int64_t(body.size()));
+  bool at_once = true;
+  for (size_t i = 3; i < posts.size(); ++i) {
+    send(i);
+    const bool placed = eventually([&] { return answered[i].load() || metric(srv.port, "lilac_http_pending") > 1; });
+    at_once = at_once && placed && answered[i].load();
+  }
+  holder.open();
+  for (auto& t : clients) t.join();
+  EXPECT_TRUE(at_once) << "left waiting for a worker beside the first body";
+  for (size_t i = 0; i < 3; ++i) {
+    ASSERT_TRUE(results[i]) << i;
+    EXPECT_EQ(results[i]->status, 200) << i << ": " << results[i]->body;
+  }
+  for (size_t i = 3; i < posts.size(); ++i) {
+    const auto& r = results[i];
+    ASSERT_TRUE(r) << i;
+    ASSERT_EQ(r->status, 503) << posts[i].first << ": " << r->body;
+    EXPECT_EQ(r->get_header_value("Retry-After"), "1") << posts[i].first;
+    const json e = json::parse(r->body, nullptr, false);
+    if (posts[i].first == "/v1/messages") {
+      EXPECT_EQ(e["type"], "error") << r->body;
+      EXPECT_EQ(e["error"]["type"], "overloaded_error") << r->body;
+    } else {
+      EXPECT_EQ(e["error"]["code"], "server_busy") << r->body;
+      EXPECT_EQ(e["error"]["type"], "service_unavailable_error") << r->body;
+    }
+  }
+  EXPECT_EQ(metric(srv.port, "lilac_http_pending_bytes"), 0);
+  EXPECT_EQ(metric(srv.port, "lilac_http_rejected_busy_total"), 2);
+  EXPECT_EQ(metric(srv.port, "lilac_parse_refused_total"), 0);
+}
+
 // Every JSON route parsed its whole body into JSON values and went on (adapter, template, tokenizer) with nothing
 // bounding how many did so at once but the workers (--http-threads, 96 by default): each 4.2 MB body of this shape is
 // ~58 MB of values (~84 MB at the parse's peak), so six at once took ~500 MB here, and 96 clients several GB. With a
