@@ -115,7 +115,7 @@ void add_anthropic_routes(HttpServer& http, ServerContext& ctx) {
   ServerContext* C = &ctx;
   const RouteOptions ro = anthropic_route_options();
   auto ep = std::make_shared<Endpoint>(messages_endpoint(ctx));
-  http.Post(ep->path, [C, ep](const httplib::Request& req, httplib::Response& res) {
+  http.Post(ep->path, [C, ep](httplib::Request& req, httplib::Response& res) {
     try {
       check_version(req);
     } catch (const ApiError& e) {

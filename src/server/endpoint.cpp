@@ -3,6 +3,8 @@
 #include <httplib.h>
 
 #include <chrono>
+#include <string>
+#include <utility>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -46,7 +48,7 @@ void rewrite_hook_error(const Endpoint& ep, httplib::Response& res) {
 
 }  // namespace
 
-void serve_generation(ServerContext& C, const Endpoint& ep, const httplib::Request& req, httplib::Response& res) {
+void serve_generation(ServerContext& C, const Endpoint& ep, httplib::Request& req, httplib::Response& res) {
   const auto t0 = Clock::now();
   auto fail = [&](const ApiError& e) {
     ep.send_error(res, e);
@@ -63,7 +65,9 @@ void serve_generation(ServerContext& C, const Endpoint& ep, const httplib::Reque
       // The body's share of the bodies parsed at once, held while its JSON values and the specs made from them live:
       // they go before the answer is sent (a generation may run for minutes).
       ParseBudget::Lease lease = C.parse.acquire(req.body.size(), ep.busy_status);
-      const ojson body = parse_request_body(req.body);
+      // The body's text is freed once parsed (the worker's request held it until the answer was sent: a streamed
+      // generation kept its up-to-8 MB body for as long as it ran); everything after reads `body`.
+      const ojson body = parse_request_body(std::exchange(req.body, std::string()));
       bool any_model = false;  // the router keeps a request that named an upstream model local
       if (C.hook.maybe_forward && !(ep.keep_local && ep.keep_local(body))) {
         const bool busy = C.ready.load() && C.core->busy();

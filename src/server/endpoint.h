@@ -72,8 +72,9 @@ struct Endpoint {
 void require_ready(const ServerContext& C);
 void require_served_model(const ServerContext& C, const std::string& model);
 
-// POST handler body of a generation endpoint.
-void serve_generation(ServerContext& C, const Endpoint& ep, const httplib::Request& req, httplib::Response& res);
+// POST handler body of a generation endpoint. It takes the request's body: its text is freed once parsed (the route
+// hook sees `req` without it), so a generation that runs for minutes does not hold it.
+void serve_generation(ServerContext& C, const Endpoint& ep, httplib::Request& req, httplib::Response& res);
 
 // An OpenAI-shaped error answer ({"error": {message, type, param, code}}) read back into an ApiError
 // (false when `body` is not one).

@@ -33,7 +33,10 @@
 
 namespace lilac::server {
 
-using HttpHandler = std::function<void(const httplib::Request&, httplib::Response&)>;
+// A route's handler. The request is the handler's to take from: one that keeps running after it no longer needs the
+// body's text (a generation answered for minutes) moves it out, so that the text is not held until the answer is sent.
+// (A handler declared with a const Request& fits too.)
+using HttpHandler = std::function<void(httplib::Request&, httplib::Response&)>;
 
 // The body (JSON text) of an error the HTTP layer answers itself, in one protocol's shape. `code` is a
 // machine-readable name such as "payload_too_large".

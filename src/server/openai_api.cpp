@@ -154,7 +154,7 @@ void add_openai_routes(HttpServer& http, ServerContext& ctx) {
   http.Get(R"(/v1/models/(.+))", models);
   for (bool chat : {true, false}) {
     auto ep = std::make_shared<Endpoint>(openai_endpoint(ctx, chat));
-    http.Post(ep->path, [C, ep](const httplib::Request& req, httplib::Response& res) { serve_generation(*C, *ep, req, res); });
+    http.Post(ep->path, [C, ep](httplib::Request& req, httplib::Response& res) { serve_generation(*C, *ep, req, res); });
   }
 }
 

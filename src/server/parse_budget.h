@@ -17,18 +17,22 @@
 // budget can always wait its turn). So the text of the bodies parsed or waiting stays within twice the budget (one
 // larger body counting alone), and what waits is text, not the ~63 times it takes while parsed.
 //
-// Before that, a request waits for a worker when every worker is busy (ServerOptions::max_pending of them at most,
-// 32 by default, each up to --max-body-mb: ~256 MB of text): the HTTP layer bounds the bytes of their bodies by the
-// same capacity (HttpServerOptions::max_pending_body_bytes, set from parse_bytes in server.cpp), a request that would
-// take them past it refused at once with the full queue's 503 server_busy (in the route's error shape, Retry-After 1),
-// unless no waiting request holds any body. (Not bounded here: the text of a generation while it runs, whose worker
-// keeps its request until it is answered.)
-//
 // The bodies waiting are admitted in arrival order: a body gets its room once every body that came before it has got
 // its own (or given up) and it fits; a later body, even one that would fit now, waits behind them (try_acquire: no
 // room). A body that fitted used to go ahead of those waiting, so under a steady flow of small bodies a large one (one
 // larger than the budget waits for nothing else to hold any) could wait until it was refused after its wait_ms. The
 // price: the bodies behind a large one wait until it fits too (its wait_ms at most).
+//
+// Before its parse, a request waits for a worker when every worker is busy (ServerOptions::max_pending of them at most,
+// 32 by default, each up to --max-body-mb: ~256 MB of text): the HTTP layer bounds the bytes of their bodies by the
+// same capacity (HttpServerOptions::max_pending_body_bytes, set from parse_bytes in server.cpp), a request that would
+// take them past it refused at once with the full queue's 503 server_busy (in the route's error shape, Retry-After 1),
+// unless no waiting request holds any body.
+//
+// After its parse, a generation's text is freed (serve_generation takes the body out of its worker's request, which
+// kept it until the answer was sent: a streamed generation held its up-to-8 MB body for as long as it ran), so a
+// running generation holds neither its body's text nor its values. The other routes (count_tokens, the tokenizer's, the
+// Conversations', the Message Batches create) keep their request until answered, right after their parse.
 #pragma once
 #include <condition_variable>
 #include <cstddef>

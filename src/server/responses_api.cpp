@@ -155,7 +155,7 @@ Endpoint responses_endpoint(ServerContext& C) {
 void add_responses_routes(HttpServer& http, ServerContext& ctx) {
   ServerContext* C = &ctx;
   auto ep = std::make_shared<Endpoint>(responses_endpoint(ctx));
-  http.Post(ep->path, [C, ep](const httplib::Request& req, httplib::Response& res) { serve_generation(*C, *ep, req, res); });
+  http.Post(ep->path, [C, ep](httplib::Request& req, httplib::Response& res) { serve_generation(*C, *ep, req, res); });
   // A stored response, and its removal (OpenAI's shapes; 404 for an id this server does not hold).
   const std::string one = "/v1/responses/([A-Za-z0-9_-]{1,128})";
   auto not_found = [C](const httplib::Request& req, httplib::Response& res, const std::string& id, const char* route) {

@@ -71,10 +71,11 @@ struct ServerOptions {
 
 // Optional hook for a request router (the hybrid router, src/router/hybrid.h). Every member may be
 // empty. maybe_forward is called first by POST /v1/chat/completions and /v1/completions with the
-// parsed body; it answers `Answered` when it answered the request itself (forwarded it upstream, or an
-// error; the local engine does nothing), `Local` to let the local engine serve it, `LocalAnyModel` to
-// let the local engine serve it although it names another model (a sensitive request that named an
-// upstream model: served in-process by the local model, never re-sent over HTTP).
+// parsed body (the request's own body text is freed by then: read `body`); it answers `Answered` when it
+// answered the request itself (forwarded it upstream, or an error; the local engine does nothing), `Local` to
+// let the local engine serve it, `LocalAnyModel` to let the local engine serve it although it names another
+// model (a sensitive request that named an upstream model: served in-process by the local model, never re-sent
+// over HTTP).
 // local_busy: the local queue is full (a local request would get 429). on_local is called when a
 // request is served locally. extra_models: entries appended to GET /v1/models' "data". on_shutdown:
 // the server stops (cut what the hook has in flight, e.g. upstream requests).

@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "heap_count.h"
+#include "raw_socket.h"
 #include "server/api_error.h"
 #include "server/parse_budget.h"
 #include "server_test_util.h"
@@ -521,6 +522,35 @@ TEST(ParseBudget, AGenerationDoesNotHoldItsBodysValuesWhileItRuns) {
   ASSERT_EQ(r->status, 200) << r->body.substr(0, 300);
   // The body's text in the client and the server (~4.2 MB each, and the client's copy of it), not its ~58 MB of values.
   EXPECT_LT(during, int64_t(24) << 20) << "heap over the " << before << " bytes held before, while generating";
+}
+
+// A generation's worker kept its request, body text included, until the answer was sent (handlers got it as const):
+// a streamed generation held its up-to-8 MB body for as long as it ran. The text goes once it is parsed now. Each
+// route's stream is read until its first token, which comes after the handler has started the generation and
+// returned: the heap then holds no copy of the 6 MB body (the raw socket keeps none; the request text sent is counted
+// before), while the generation still runs.
+TEST(ParseBudget, AGenerationFreesItsBodysTextOnceParsed) {
+  lilac::test::LocalServer srv(lilac::test::LocalServer::options());
+  ASSERT_TRUE(lilac::test::heap_counted());
+  const std::string pad = ",\"x\":\"" + std::string(size_t(6) << 20, 'a') + "\"}";
+  const std::vector<std::pair<std::string, std::string>> routes = {
+      {"/v1/chat/completions", R"({"max_tokens":20000,"stream":true,"messages":[{"role":"user","content":"slow"}])"},
+      {"/v1/messages", R"({"max_tokens":20000,"stream":true,"messages":[{"role":"user","content":"slow"}])"},
+      {"/v1/responses", R"({"max_output_tokens":20000,"stream":true,"store":false,"input":"slow")"}};
+  for (const auto& [path, head] : routes) {
+    std::string request = lilac::test::post(path, head + pad);
+    const int64_t before = lilac::test::heap_live();
+    lilac::test::Sock client(srv.port);
+    ASSERT_TRUE(client.send(request)) << path;
+    const std::string first = client.read(std::chrono::seconds(60), "\" x\"");  // the first token's event
+    const int64_t during = lilac::test::heap_live() - before;
+    const bool running = metric(srv.port, "lilac_running") == 1;
+    ASSERT_NE(first.find("\" x\""), std::string::npos) << path << ": " << first.substr(0, 400);
+    EXPECT_TRUE(running) << path;
+    EXPECT_LT(during, int64_t(2) << 20) << path << ": heap over the " << before << " bytes held before, while generating";
+    client.close();  // the client goes: its generation is cancelled
+    ASSERT_TRUE(eventually([&] { return metric(srv.port, "lilac_running") == 0; })) << path;
+  }
 }
 
 // The Message Batches' runner takes its share of the budget for each request it reads and starts: a request larger
