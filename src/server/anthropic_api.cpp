@@ -27,6 +27,7 @@ RouteOptions anthropic_route_options() {
   ro.errors = [](int status, const std::string& message, const std::string& code) {
     return dump_json(anthropic_error_body(ApiError(status, message, "", code)));
   };
+  ro.busy_status = kAnthropicOverloaded;
   return ro;
 }
 

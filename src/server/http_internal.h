@@ -132,6 +132,8 @@ struct HttpServer::Impl {
   void run_inline(Conn& c, httplib::Request& req, const Route& r, bool head, bool keep_alive);
   void answer_error(Conn& c, int status, const std::string& message, const std::string& code,
                     const httplib::Headers& extra = {});
+  // The busy refusal (server_busy, Retry-After 1) in the route's shape and with its busy_status.
+  void answer_busy(Conn& c, const std::string& message);
   void queue_out(Conn& c, std::string bytes, bool close_after);
   void flush(Conn& c);
   void reset_for_next(Conn& c);

@@ -440,8 +440,8 @@ void HttpServer::Impl::process(Conn& c) {
       c.body_counted = body;
       if (buffered_body > opts.max_buffered_body_bytes) {
         rejected++;
-        return answer_error(c, 503, "The server is receiving too many request bodies at once; retry shortly.",
-                            "server_busy", {{"Retry-After", "1"}});
+        if (!c.route && !p.request().path.empty()) c.route = shape_route(p.request().method, p.request().path);
+        return answer_busy(c, "The server is receiving too many request bodies at once; retry shortly.");
       }
     }
     if (p.state() == RequestParser::State::Error) {
@@ -550,11 +550,9 @@ void HttpServer::Impl::complete(Conn& c) {
     if (full || too_many_bytes) {
       rejected++;
       c.parser = std::make_unique<RequestParser>(opts.limits);  // the request is dropped
-      answer_error(c, 503,
-                   full ? "The server is busy: every worker is taken and the wait queue is full; retry shortly."
-                        : "The server is busy: every worker is taken and the requests waiting for one hold too many "
-                          "body bytes; retry shortly.",
-                   "server_busy", {{"Retry-After", "1"}});
+      answer_busy(c, full ? "The server is busy: every worker is taken and the wait queue is full; retry shortly."
+                          : "The server is busy: every worker is taken and the requests waiting for one hold too many "
+                            "body bytes; retry shortly.");
       return;
     }
     release_body(c);
@@ -605,6 +603,10 @@ void HttpServer::Impl::reset_for_next(Conn& c) {
   c.route = nullptr;
   c.idle_since = Clock::now();
   c.deadline = c.idle_since + ms(opts.idle_timeout_ms);
+}
+
+void HttpServer::Impl::answer_busy(Conn& c, const std::string& message) {
+  answer_error(c, c.route ? c.route->opts.busy_status : 503, message, "server_busy", {{"Retry-After", "1"}});
 }
 
 void HttpServer::Impl::answer_error(Conn& c, int status, const std::string& message, const std::string& code,

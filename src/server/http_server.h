@@ -68,6 +68,7 @@ struct HttpServerOptions {
 struct RouteOptions {
   bool run_inline = false;  // answered on the I/O thread: must be quick and never block
   ErrorFormatter errors;    // this route's error shape (empty: the server's default)
+  int busy_status = 503;    // the status of the HTTP layer's "busy, retry shortly" refusals (Anthropic's: 529)
 };
 
 struct HttpStats {

@@ -26,7 +26,8 @@
 // Before its parse, a request waits for a worker when every worker is busy (ServerOptions::max_pending of them at most,
 // 32 by default, each up to --max-body-mb: ~256 MB of text): the HTTP layer bounds the bytes of their bodies by the
 // same capacity (HttpServerOptions::max_pending_body_bytes, set from parse_bytes in server.cpp), a request that would
-// take them past it refused at once with the full queue's 503 server_busy (in the route's error shape, Retry-After 1),
+// take them past it refused at once with the full queue's server_busy (503, Anthropic's routes 529: RouteOptions::
+// busy_status; in the route's error shape, Retry-After 1),
 // unless no waiting request holds any body.
 //
 // After its parse, a generation's text is freed (serve_generation takes the body out of its worker's request, which
