@@ -33,7 +33,7 @@ struct PrefetchSpans {
 
 struct RouteArgs {
   PrefetchSpans pf;
-  int route_blocks;  // moe_route_kernel: 1, or 2 as a cluster (rank 1 routes rows 32..M-1)
+  int route_blocks = 1;  // moe_route_kernel: 1, or 2 as a cluster (rank 1 routes rows 32..M-1)
   const float* logits;
   int64_t ld;
   int M;
@@ -249,7 +249,6 @@ unsigned prefetch_blocks(const MoEDecodeWeights& w, int threads, PrefetchSpans& 
   });
   return unsigned(std::min<int64_t>(132, (lines + 4 * threads - 1) / (4 * threads)));
 }
-
 
 // Whether few-row routings take moe_route_small_kernel (LILAC_MOE_ROUTE_WARP=0: the block kernel; measurement).
 bool route_small_on() {
