@@ -2,14 +2,14 @@
 //
 // A request's body is read into JSON values (server/request_json.h), then its adapter copies what it needs into a
 // GenerationSpec, the template renders it and the tokenizer encodes it: meanwhile it takes many times its size (~63
-// times in the worst shape measured end to end: 392 MB of heap for a 6.2 MB Responses body of 200,000 one-letter input items until its
-// 400; ~20 times for the JSON values alone), and up to --http-threads requests (96 by default) are answered at once,
-// besides the Message Batches' runners (16 such bodies at once took `lilac serve` to 6.5 GB resident). Every JSON route
-// takes a Lease for its body's bytes before it parses and keeps it until it no longer holds the body's values (a
-// generation: until it is queued; other routes: until answered), so the bytes being parsed and prepared at once stay
-// within the budget and the memory they take within ~63 times it. A body that does not fit waits for room (up to
-// `wait_ms`); one larger than the whole budget gets it when nothing else holds any (so any body the HTTP layer takes
-// can be answered).
+// times in the worst shape measured end to end: 392 MB of heap for a 6.2 MB Responses body of 200,000 one-letter input
+// items until its 400; ~20 times for the JSON values alone), and up to --http-threads requests (96 by default) are
+// answered at once, besides the Message Batches' runners (16 such bodies at once took `lilac serve` to 6.5 GB
+// resident). Every JSON route takes a Lease for its body's bytes before it parses and keeps it until it no longer holds
+// the body's values (a generation: until it is queued; other routes: until answered), so the bytes being parsed and
+// prepared at once stay within the budget and the memory they take within ~63 times it. A body that does not fit waits
+// for room (up to `wait_ms`); one larger than the whole budget gets it when nothing else holds any (so any body the
+// HTTP layer takes can be answered).
 //
 // A body waiting for room holds its text meanwhile (its worker's request), and nothing else bounded those: up to every
 // worker's, 8 MB each (~800 MB by default). The bodies waiting are bounded by the same number of bytes: one that would
@@ -26,9 +26,8 @@
 // Before its parse, a request waits for a worker when every worker is busy (ServerOptions::max_pending of them at most,
 // 32 by default, each up to --max-body-mb: ~256 MB of text): the HTTP layer bounds the bytes of their bodies by the
 // same capacity (HttpServerOptions::max_pending_body_bytes, set from parse_bytes in server.cpp), a request that would
-// take them past it refused at once with the full queue's server_busy (503, Anthropic's routes 529: RouteOptions::
-// busy_status; in the route's error shape, Retry-After 1),
-// unless no waiting request holds any body.
+// take them past it refused at once with the full queue's server_busy (503; 529 on Anthropic's routes, from
+// RouteOptions::busy_status; in the route's error shape, Retry-After 1), unless no waiting request holds any body.
 //
 // After its parse, a generation's text is freed (serve_generation takes the body out of its worker's request, which
 // kept it until the answer was sent: a streamed generation held its up-to-8 MB body for as long as it ran), so a
