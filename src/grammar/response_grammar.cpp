@@ -105,6 +105,9 @@ class Builder {
   // The tools that are not strict to free for such a failure (none: the failure is the request's).
   std::vector<size_t> tools_to_free(int32_t rule);
   void more_calls(Nfa& nfa, int32_t after_call);
+  // Throws the SchemaError of strict tool i, whose call matches nothing: its call alone is built (forced by name, one
+  // call) and fails as its root, naming the deepest schema that matches nothing.
+  [[noreturn]] void unsatisfiable(size_t i);
 
   const ResponseSpec& spec_;
   const FormatMarkup& mk_;
@@ -326,8 +329,8 @@ std::vector<size_t> Builder::tools_to_free(int32_t rule) {
   if (rule >= 0) {
     // A root that matches nothing (only a forced call's can: other responses may be text) is the forced call's: by
     // name, that tool's parameters can never be satisfied, and it is freed if it is not strict; else no tool's call
-    // can, and those that are not strict are freed (a strict one that matches nothing is left out of the calls then,
-    // as it is beside any tool whose call can be written).
+    // can, and those that are not strict are freed (a strict one that matches nothing is then the request's error, as
+    // it is beside any tool whose call can be written: build).
     if (!spec_.forced_function.empty()) {
       const size_t i = tool_index(spec_.forced_function);
       return loose(i) ? std::vector<size_t>{i} : std::vector<size_t>{};
@@ -355,6 +358,17 @@ std::vector<size_t> Builder::tools_to_free(int32_t rule) {
     total = total - n + std::min(n, kFreeCallStates);
   }
   return out;
+}
+
+void Builder::unsatisfiable(size_t i) {
+  ResponseSpec alone = spec_;
+  alone.calls = ResponseSpec::Calls::Forced;
+  alone.forced_function = tool_name(i);
+  alone.parallel_calls = false;
+  build_response_grammar(alone, mk_, tok_, sc_.limits());
+  // (Alone it matched something: its call matched nothing only among the others' rules.)
+  detail::fail("#", "", "the schema can never be satisfied (the call of " + tool_name(i) + " matches nothing)",
+               param_of(i));
 }
 
 int32_t Builder::function_body(size_t i) {
@@ -502,9 +516,13 @@ std::optional<Grammar> Builder::build() {
     if (!to_free_.empty()) return std::nullopt;
     throw;
   }
-  // A constrained call of a tool that is not strict that matches nothing, beside calls that can be written: finalize
-  // pruned it from the choice (the root still matches), so that the tool could never be called. Its schema is advice,
-  // not a constraint: free it as for a root that matches nothing. (A strict one stays out of the choice.)
+  // A constrained call that matches nothing, beside calls that can be written (or free content): finalize pruned it
+  // from the choice (the root still matches), so that the tool could never be called. A strict tool promises arguments
+  // that conform, and none can: the request's error, naming it, wherever its call is offered (auto, a forced choice,
+  // a call after one forced by name). The schema of a tool that is not strict is advice, not a constraint: free it as
+  // for a root that matches nothing.
+  for (size_t i = 0; i < bodies_.size(); ++i)
+    if (bodies_[i] >= 0 && is_strict(tool(i)) && g->matches_nothing(bodies_[i])) unsatisfiable(i);
   for (size_t i = 0; i < bodies_.size(); ++i)
     if (bodies_[i] >= 0 && loose(i) && g->matches_nothing(bodies_[i])) to_free_.push_back(i);
   if (!to_free_.empty()) return std::nullopt;

@@ -29,7 +29,9 @@
 // A grammar that fails as a whole because of them is built again with them unconstrained: past max_states in all, the
 // largest first until the rest fits (then all of them); a call forced by name whose parameters can never be satisfied,
 // that tool (by `required`, where no tool's call can be, all of them). So is one whose parameters can never be
-// satisfied beside tools whose calls can be written (it would be left out of the choice): that tool.
+// satisfied beside tools whose calls can be written (it would be left out of the choice): that tool. A strict tool whose
+// parameters can never be satisfied is a SchemaError naming it wherever its call is offered (tool_choice auto too, and
+// the calls after one forced by name), never left out of the choice.
 // Markup that the tokenizer has as a single added token (<tool_call>, </tool_call>, </think>) is
 // that token; other markup is text.
 #pragma once

@@ -753,17 +753,84 @@ TEST(SchemaHostile, ANonStrictToolThatMatchesNothingIsFreeBesideOthers) {
                                   "</tool_call>\n<tool_call>\n";
         EXPECT_TRUE(reads(g, first + free_call("never"))) << at << ", named";
         EXPECT_FALSE(reads(g, first + call_text(xml, "ok", "n", free_value))) << at << ", named";
-        // Strict, the tool is never given free arguments (a SchemaError, or no call of it).
+        // Strict, the tool is never given free arguments: the request's error, naming it
+        // (AStrictToolThatMatchesNothingIsTheRequestsError).
         ResponseSpec strict = spec;
         strict.tools[never_first ? 0 : 2]["function"]["strict"] = true;
         try {
-          g = build_response_grammar(strict, qwen3_6_format().markup(), qwen3());
-          EXPECT_FALSE(reads(g, call_text(xml, "never", "y", free_value))) << at << ", strict";
-          EXPECT_TRUE(reads(g, call_text(xml, "loose", "n", "12"))) << at << ", strict";
+          build_response_grammar(strict, qwen3_6_format().markup(), qwen3());
+          ADD_FAILURE() << at << ", strict: accepted";
         } catch (const SchemaError& e) {
           EXPECT_EQ(e.param(), "tools[" + std::to_string(never_first ? 0 : 2) + "].function.parameters")
               << at << ", strict: " << e.what();
         }
+      }
+    }
+  }
+}
+
+// A strict tool whose parameters can never be satisfied (a required parameter of one character and at least three, an
+// array of at least one item that can be nothing), offered beside a tool whose call can be written, was silently left
+// out of the choice: finalize prunes the call of a rule that matches nothing, and only a root that matches nothing (no
+// tool callable) was an error. `strict: true` promises arguments that conform, and none can: wherever the tool could be
+// called (tool_choice required, auto beside free or JSON content, a second call after one forced by name), the request
+// is refused naming its parameters, as a strict tool whose schema cannot be compiled is. Where it cannot be called (a
+// call of another tool forced by name, no parallel calls) its schema is not compiled, and the request is answered.
+TEST(SchemaHostile, AStrictToolThatMatchesNothingIsTheRequestsError) {
+  const std::vector<OrderedJson> nevers = {
+      OrderedJson::parse(R"({"type":"object","properties":{"x":{"type":"string","pattern":"^a$","minLength":3}},
+          "required":["x"]})"),
+      OrderedJson::parse(R"({"type":"object","properties":{"x":{"type":"array","items":false,"minItems":1}},
+          "required":["x"]})"),
+  };
+  const OrderedJson counted = OrderedJson::parse(R"({"type":"object","properties":{"n":{"type":"integer"}},"required":["n"]})");
+  for (const bool xml : {true, false}) {
+    for (size_t k = 0; k < nevers.size(); ++k) {
+      for (const bool never_first : {true, false}) {
+        const std::string at = "xml " + std::to_string(xml) + ", schema " + std::to_string(k) + ", never first " +
+                               std::to_string(never_first);
+        ResponseSpec base;
+        base.xml_calls = xml;
+        base.tools = OrderedJson::array();
+        if (never_first) base.tools.push_back(function_tool("never", nevers[k], true));
+        base.tools.push_back(function_tool("loose", counted, false));
+        base.tools.push_back(function_tool("ok", counted, true));
+        if (!never_first) base.tools.push_back(function_tool("never", nevers[k], true));
+        const std::string param = "tools[" + std::to_string(never_first ? 0 : 2) + "].function.parameters";
+
+        ResponseSpec required = base;
+        required.calls = ResponseSpec::Calls::Forced;
+        ResponseSpec automatic = base;
+        automatic.calls = ResponseSpec::Calls::Auto;
+        ResponseSpec json_content = automatic;
+        json_content.content = ResponseSpec::Content::JsonSchema;
+        json_content.schema = OrderedJson::parse(R"({"type":"object"})");
+        ResponseSpec named = required;
+        named.forced_function = "ok";
+        const std::vector<std::pair<const char*, const ResponseSpec*>> refused = {
+            {"required", &required}, {"auto", &automatic}, {"auto, JSON content", &json_content}, {"named", &named}};
+        for (const auto& [what, spec] : refused) {
+          try {
+            build_response_grammar(*spec, qwen3_6_format().markup(), qwen3());
+            ADD_FAILURE() << at << ", " << what << ": accepted";
+          } catch (const SchemaError& e) {
+            EXPECT_EQ(e.param(), param) << at << ", " << what << ": " << e.what();
+            EXPECT_NE(std::string(e.what()).find("can never be satisfied"), std::string::npos)
+                << at << ", " << what << ": " << e.what();
+          }
+        }
+
+        // Forced by name of another tool, one call only: the tool cannot be called, and the call is constrained.
+        named.parallel_calls = false;
+        Grammar g;
+        try {
+          g = build_response_grammar(named, qwen3_6_format().markup(), qwen3());
+        } catch (const SchemaError& e) {
+          ADD_FAILURE() << at << ", named, one call: refused, param " << e.param() << ": " << e.what();
+          continue;
+        }
+        EXPECT_TRUE(reads(g, call_text(xml, "ok", "n", "12", true))) << at;
+        EXPECT_FALSE(reads(g, call_text(xml, "ok", "n", xml ? "anything" : "\"anything\"", true))) << at;
       }
     }
   }

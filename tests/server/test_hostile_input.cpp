@@ -690,4 +690,43 @@ TEST(HostileInput, AForcedChoiceOffersANonStrictToolThatMatchesNothing) {
   EXPECT_EQ(m["content"].back()["input"], json({{"y", "v"}})) << m.dump().substr(0, 400);
 }
 
+// The same tool strict, beside a tool whose call can be written, was silently left out of the choice too (on chat
+// completions and Responses; Anthropic's tools are never strict). `strict: true` promises arguments that conform and
+// none can: the request is a 400 invalid_schema naming the tool's parameters, wherever its call is offered (a forced
+// choice, auto), as a strict tool whose schema cannot be compiled is (tests/grammar:
+// SchemaHostile.AStrictToolThatMatchesNothingIsTheRequestsError).
+TEST(HostileInput, AStrictToolThatMatchesNothingIsTheRequestsError) {
+  lilac::test::LocalServer srv(lilac::test::LocalServer::options());
+  const json never = {{"type", "object"},
+                      {"properties", {{"x", {{"type", "string"}, {"pattern", "^a$"}, {"minLength", 3}}}}},
+                      {"required", {"x"}}};
+  const json small = json::parse(R"({"type":"object","properties":{"n":{"type":"integer"}},"required":["n"]})");
+  const json user = json::array({{{"role", "user"}, {"content", "any"}}});
+  const json chat_tools = {{{"type", "function"}, {"function", {{"name", "ok"}, {"parameters", small}}}},
+                           {{"type", "function"}, {"function", {{"name", "never"}, {"strict", true}, {"parameters", never}}}}};
+  for (const char* choice : {"required", "auto"}) {
+    const json c = post_json(srv.port, "/v1/chat/completions",
+                             {{"messages", user}, {"max_tokens", 50}, {"tool_choice", choice}, {"tools", chat_tools}}, 400);
+    ASSERT_TRUE(c.contains("error")) << choice << ": " << c.dump();
+    EXPECT_EQ(c["error"]["type"], "invalid_request_error") << choice << ": " << c.dump();
+    EXPECT_EQ(c["error"]["param"], "tools[1].function.parameters") << choice << ": " << c.dump();
+    EXPECT_EQ(c["error"]["code"], "invalid_schema") << choice << ": " << c.dump();
+    EXPECT_EQ(c["error"]["message"],
+              "Invalid schema for 'tools[1].function.parameters': the schema can never be satisfied (the string "
+              "parameter at #/properties/x matches nothing) at #/properties/x")
+        << c.dump();
+  }
+  const json responses_tools = {{{"type", "function"}, {"name", "ok"}, {"parameters", small}},
+                                {{"type", "function"}, {"name", "never"}, {"strict", true}, {"parameters", never}}};
+  for (const char* choice : {"required", "auto"}) {
+    const json r = post_json(srv.port, "/v1/responses",
+                             {{"input", "any"}, {"max_output_tokens", 50}, {"tool_choice", choice}, {"tools", responses_tools}},
+                             400);
+    ASSERT_TRUE(r.contains("error")) << choice << ": " << r.dump();
+    EXPECT_EQ(r["error"]["type"], "invalid_request_error") << choice << ": " << r.dump();
+    EXPECT_EQ(r["error"]["param"], "tools[1].parameters") << choice << ": " << r.dump();
+    EXPECT_EQ(r["error"]["code"], "invalid_schema") << choice << ": " << r.dump();
+  }
+}
+
 }  // namespace
