@@ -25,6 +25,48 @@ SchemaError refusal(const std::string& schema) {
   return SchemaError("", "", "");
 }
 
+// The response grammar of `spec` in Qwen3.6's format.
+Grammar response_grammar(const ResponseSpec& spec, const SchemaLimits& lim = {}) {
+  return build_response_grammar(spec, qwen3_6_format().markup(), qwen3(), lim);
+}
+
+// The SchemaError of a response grammar that must be refused; a failure naming `at` (the case) when it is built.
+SchemaError response_refusal(const ResponseSpec& spec, const std::string& at, const SchemaLimits& lim = {}) {
+  try {
+    response_grammar(spec, lim);
+  } catch (const SchemaError& e) {
+    return e;
+  }
+  ADD_FAILURE() << at << ": accepted";
+  return SchemaError("", "", "");
+}
+
+// The response grammar of `spec`, which must build; nullopt and a failure naming `at` (the case) when it is refused.
+std::optional<Grammar> response_built(const ResponseSpec& spec, const std::string& at, const SchemaLimits& lim = {}) {
+  try {
+    return response_grammar(spec, lim);
+  } catch (const SchemaError& e) {
+    ADD_FAILURE() << at << ": refused, param " << e.param() << ": " << e.what();
+    return std::nullopt;
+  }
+}
+
+// A function tool of OpenAI's shape.
+OrderedJson function_tool(const std::string& name, const OrderedJson& params, bool strict) {
+  OrderedJson f = {{"name", name}, {"parameters", params}};
+  if (strict) f["strict"] = true;
+  return {{"type", "function"}, {"function", std::move(f)}};
+}
+
+// A response of tool calls (`tools`) in the XML form or Qwen3's JSON form, free content otherwise.
+ResponseSpec calls_spec(bool xml, ResponseSpec::Calls calls, OrderedJson tools) {
+  ResponseSpec spec;
+  spec.xml_calls = xml;
+  spec.calls = calls;
+  spec.tools = std::move(tools);
+  return spec;
+}
+
 // A quantifier after a quantifier ("a**", "a{2}{3}") is ECMAScript's "nothing to repeat". The parser stacked them,
 // each a level of the pattern's tree, which the anchor check and the builder recursed through: 200,000 '*' (a 200 KB
 // request) overflowed the stack of the request's thread, a crash of the whole server.
@@ -63,27 +105,20 @@ TEST(SchemaHostile, ARefIndexTooLargeForAnIntegerPointsToNothing) {
 // crash of the server for an Anthropic tool_choice "any" (or OpenAI "required") with such a tool.
 TEST(SchemaHostile, AForcedCallFallsBackAfterASchemaFailedMidwayNotACrash) {
   for (const bool xml : {true, false}) {
-    ResponseSpec spec;
-    spec.xml_calls = xml;
-    spec.calls = ResponseSpec::Calls::Forced;
-    spec.tools = OrderedJson::parse(R"([{"type":"function","function":{"name":"f","parameters":{"type":"object",
-        "properties":{"x":{"type":"array","items":{"type":"array","items":{"oneOf":[{"type":"string"},{"type":"string"}]}}}},
-        "required":["x"]}}}])");
+    ResponseSpec spec = calls_spec(xml, ResponseSpec::Calls::Forced, OrderedJson::parse(R"([{"type":"function",
+        "function":{"name":"f","parameters":{"type":"object","properties":{"x":{"type":"array","items":{"type":"array",
+        "items":{"oneOf":[{"type":"string"},{"type":"string"}]}}}},"required":["x"]}}}])"));
     Grammar g;
-    EXPECT_NO_THROW(g = build_response_grammar(spec, qwen3_6_format().markup(), qwen3())) << "xml " << xml;
+    EXPECT_NO_THROW(g = response_grammar(spec)) << "xml " << xml;
     // The arguments are free: any parameter (XML) or any object (JSON), not the failed schema's.
     const std::string args = xml ? "<function=f>\n<parameter=y>\nfree\n</parameter>\n</function>\n"
                                  : "{\"name\": \"f\", \"arguments\": {\"y\": 1}}\n";
     EXPECT_TRUE(is_prefix(g, args)) << "xml " << xml;
     // Strict, the same schema is the tool's error.
     spec.tools[0]["function"]["strict"] = true;
-    try {
-      build_response_grammar(spec, qwen3_6_format().markup(), qwen3());
-      ADD_FAILURE() << "accepted (xml " << xml << ")";
-    } catch (const SchemaError& e) {
-      EXPECT_EQ(e.param(), "tools[0].function.parameters");
-      EXPECT_EQ(e.keyword(), "oneOf");
-    }
+    const SchemaError e = response_refusal(spec, "xml " + std::to_string(xml));
+    EXPECT_EQ(e.param(), "tools[0].function.parameters");
+    EXPECT_EQ(e.keyword(), "oneOf");
   }
 }
 
@@ -94,23 +129,18 @@ TEST(SchemaHostile, AForcedCallFallsBackAfterASchemaFailedMidwayNotACrash) {
 TEST(SchemaHostile, AToolSchemaTooLargeIsTheToolsSchemaError) {
   const std::string long_const = "{\"const\":\"" + std::string(60000, 'a') + "\"}";
   for (const bool xml : {true, false}) {
-    ResponseSpec spec;
-    spec.xml_calls = xml;
-    spec.calls = ResponseSpec::Calls::Auto;
-    spec.tools = OrderedJson::parse(R"([{"type":"function","function":{"name":"ok","strict":true,"parameters":{}}},
-        {"type":"function","function":{"name":"big","strict":true,"parameters":{"type":"object","properties":{"x":
-        {"type":"array","items":)" + long_const + R"(}},"required":["x"]}}}])");
-    try {
-      build_response_grammar(spec, qwen3_6_format().markup(), qwen3());
-      ADD_FAILURE() << "accepted (xml " << xml << ")";
-    } catch (const SchemaError& e) {
-      EXPECT_EQ(e.param(), "tools[1].function.parameters") << "xml " << xml;
-      EXPECT_NE(std::string(e.what()).find("too large"), std::string::npos) << e.what();
-    }
+    const std::string at = "xml " + std::to_string(xml);
+    ResponseSpec spec = calls_spec(xml, ResponseSpec::Calls::Auto, OrderedJson::parse(R"([{"type":"function",
+        "function":{"name":"ok","strict":true,"parameters":{}}},{"type":"function","function":{"name":"big",
+        "strict":true,"parameters":{"type":"object","properties":{"x":{"type":"array","items":)" + long_const + R"(}},
+        "required":["x"]}}}])"));
+    const SchemaError e = response_refusal(spec, at);
+    EXPECT_EQ(e.param(), "tools[1].function.parameters") << at;
+    EXPECT_NE(std::string(e.what()).find("too large"), std::string::npos) << e.what();
     spec.tools[1]["function"].erase("strict");
     spec.calls = ResponseSpec::Calls::Forced;
     spec.forced_function = "big";
-    EXPECT_NO_THROW(build_response_grammar(spec, qwen3_6_format().markup(), qwen3())) << "xml " << xml;
+    EXPECT_NO_THROW(response_grammar(spec)) << at;
     // A call forced among 1,000 tools of 64-character names: the automaton of their names is over the bound.
     spec.forced_function.clear();
     spec.tools = OrderedJson::array();
@@ -118,12 +148,8 @@ TEST(SchemaHostile, AToolSchemaTooLargeIsTheToolsSchemaError) {
       const std::string n = std::to_string(t);
       spec.tools.push_back({{"type", "function"}, {"function", {{"name", n + std::string(64 - n.size(), 'x')}}}});
     }
-    try {
-      build_response_grammar(spec, qwen3_6_format().markup(), qwen3());
-      ADD_FAILURE() << "accepted (xml " << xml << ")";
-    } catch (const SchemaError& e) {
-      EXPECT_EQ(e.param(), "tools") << e.what();
-    }
+    const SchemaError many = response_refusal(spec, at + ", 1,000 tools");
+    EXPECT_EQ(many.param(), "tools") << many.what();
   }
 }
 
@@ -189,23 +215,14 @@ TEST(SchemaHostile, AHugeClassRepeatedIsRefusedByTheWorkBound) {
     EXPECT_NE(std::string(e.what()).find("more than 100000000 steps"), std::string::npos) << e.what();
     // The same schema as a strict tool's parameter.
     for (const bool xml : {true, false}) {
-      ResponseSpec spec;
-      spec.xml_calls = xml;
-      spec.calls = ResponseSpec::Calls::Auto;
-      spec.tools = OrderedJson::array();
-      spec.tools.push_back({{"type", "function"},
-                            {"function", {{"name", "f"}, {"strict", true},
-                                          {"parameters", {{"type", "object"},
-                                                          {"properties", {{"x", OrderedJson::parse(string_schema(pattern))}}},
-                                                          {"required", {"x"}}}}}}});
-      try {
-        build_response_grammar(spec, qwen3_6_format().markup(), qwen3());
-        ADD_FAILURE() << "accepted (xml " << xml << ")";
-      } catch (const SchemaError& e) {
-        EXPECT_EQ(e.param(), "tools[0].function.parameters") << "xml " << xml;
-        EXPECT_EQ(e.keyword(), "pattern") << "xml " << xml << ": " << e.what();
-        EXPECT_NE(std::string(e.what()).find("steps"), std::string::npos) << e.what();
-      }
+      const OrderedJson params = {{"type", "object"},
+                                  {"properties", {{"x", OrderedJson::parse(string_schema(pattern))}}},
+                                  {"required", {"x"}}};
+      const ResponseSpec spec = calls_spec(xml, ResponseSpec::Calls::Auto, OrderedJson::array({function_tool("f", params, true)}));
+      const SchemaError t = response_refusal(spec, "xml " + std::to_string(xml));
+      EXPECT_EQ(t.param(), "tools[0].function.parameters") << "xml " << xml;
+      EXPECT_EQ(t.keyword(), "pattern") << "xml " << xml << ": " << t.what();
+      EXPECT_NE(std::string(t.what()).find("steps"), std::string::npos) << t.what();
     }
   }
 }
@@ -363,12 +380,6 @@ bool reads(const Grammar& g, const std::string& text) {
   return true;
 }
 
-OrderedJson function_tool(const std::string& name, const OrderedJson& params, bool strict) {
-  OrderedJson f = {{"name", name}, {"parameters", params}};
-  if (strict) f["strict"] = true;
-  return {{"type", "function"}, {"function", std::move(f)}};
-}
-
 // A call of `name` with arguments {key: value} in the spec's form (value as the model writes it), from its opening;
 // `opened`: the prompt already wrote the opening (a forced call of this tool), so only the arguments on.
 std::string call_text(bool xml, const std::string& name, const std::string& key, const std::string& value,
@@ -376,6 +387,44 @@ std::string call_text(bool xml, const std::string& name, const std::string& key,
   if (xml)
     return (opened ? "" : "<function=" + name + ">\n") + "<parameter=" + key + ">\n" + value + "\n</parameter>\n";
   return (opened ? "" : "{\"name\": \"" + name + "\", \"arguments\": ") + "{\"" + key + "\": " + value + "}";
+}
+
+// A whole call of `name` with arguments {key: value} whose opening the prompt wrote (a call forced by name), and the
+// opening of the call after it.
+std::string forced_call_then_next(bool xml, const std::string& name, const std::string& key, const std::string& value) {
+  return call_text(xml, name, key, value, true) + (xml ? "</function>\n" : "}\n") + "</tool_call>\n<tool_call>\n";
+}
+
+// A value of free arguments as the model writes it, one that no constrained call of these tests takes.
+std::string free_value(bool xml) { return xml ? "anything" : "\"anything\""; }
+
+// Parameters of one required integer n.
+const OrderedJson& counted() {
+  static const OrderedJson c =
+      OrderedJson::parse(R"({"type":"object","properties":{"n":{"type":"integer"}},"required":["n"]})");
+  return c;
+}
+
+// Parameters that can never be satisfied: a required parameter of one character and at least three; a required array
+// of at least one item that can be nothing.
+const std::vector<OrderedJson>& never_params() {
+  static const std::vector<OrderedJson> n = {
+      OrderedJson::parse(R"({"type":"object","properties":{"x":{"type":"string","pattern":"^a$","minLength":3}},
+          "required":["x"]})"),
+      OrderedJson::parse(R"({"type":"object","properties":{"x":{"type":"array","items":false,"minItems":1}},
+          "required":["x"]})"),
+  };
+  return n;
+}
+
+// `tool` beside a tool "loose" (not strict) and a tool "ok" (strict), both of counted() parameters: first or last.
+OrderedJson beside_counted_tools(const OrderedJson& tool, bool first) {
+  OrderedJson tools = OrderedJson::array();
+  if (first) tools.push_back(tool);
+  tools.push_back(function_tool("loose", counted(), false));
+  tools.push_back(function_tool("ok", counted(), true));
+  if (!first) tools.push_back(tool);
+  return tools;
 }
 
 // A forced call (tool_choice required, Anthropic's "any", or a named one) constrains every tool, and a tool that is not
@@ -389,63 +438,38 @@ TEST(SchemaHostile, ANonStrictToolPastTheWorkBoundFallsBackAlone) {
   const OrderedJson hostile = {{"type", "object"},
                                {"properties", {{"x", OrderedJson::parse(string_schema(wide_class(5000) + "{40}"))}}},
                                {"required", {"x"}}};
-  const OrderedJson counted = OrderedJson::parse(R"({"type":"object","properties":{"n":{"type":"integer"}},"required":["n"]})");
   for (const bool xml : {true, false}) {
-    const std::string free_value = xml ? "anything" : "\"anything\"";
     for (const bool hostile_first : {true, false}) {
-      ResponseSpec spec;
-      spec.xml_calls = xml;
-      spec.calls = ResponseSpec::Calls::Forced;
-      spec.tools = OrderedJson::array();
-      if (hostile_first) spec.tools.push_back(function_tool("h", hostile, false));
-      spec.tools.push_back(function_tool("loose", counted, false));
-      spec.tools.push_back(function_tool("ok", counted, true));
-      if (!hostile_first) spec.tools.push_back(function_tool("h", hostile, false));
+      ResponseSpec spec =
+          calls_spec(xml, ResponseSpec::Calls::Forced, beside_counted_tools(function_tool("h", hostile, false), hostile_first));
       const std::string at = std::string("xml ") + (xml ? "1" : "0") + ", hostile first " + (hostile_first ? "1" : "0");
-      Grammar g;
-      try {
-        g = build_response_grammar(spec, qwen3_6_format().markup(), qwen3());
-      } catch (const SchemaError& e) {
-        ADD_FAILURE() << at << ": refused, param " << e.param() << ": " << e.what();
-        continue;
-      }
+      const std::optional<Grammar> g = response_built(spec, at);
+      if (!g) continue;
       // The hostile tool's arguments are free: any parameter (XML), any object (JSON).
-      EXPECT_TRUE(reads(g, call_text(xml, "h", "y", free_value))) << at;
+      EXPECT_TRUE(reads(*g, call_text(xml, "h", "y", free_value(xml)))) << at;
       // The others are constrained as without it: n is an integer.
       for (const char* name : {"loose", "ok"}) {
-        EXPECT_TRUE(reads(g, call_text(xml, name, "n", "12"))) << at << ": " << name;
-        EXPECT_FALSE(reads(g, call_text(xml, name, "n", free_value))) << at << ": " << name;
+        EXPECT_TRUE(reads(*g, call_text(xml, name, "n", "12"))) << at << ": " << name;
+        EXPECT_FALSE(reads(*g, call_text(xml, name, "n", free_value(xml)))) << at << ": " << name;
       }
       // Strict, the hostile tool is the request's error, naming it.
       const size_t h = hostile_first ? 0 : 2;
       spec.tools[h]["function"]["strict"] = true;
-      try {
-        build_response_grammar(spec, qwen3_6_format().markup(), qwen3());
-        ADD_FAILURE() << at << ": a strict tool past the bound was accepted";
-      } catch (const SchemaError& e) {
-        EXPECT_EQ(e.param(), "tools[" + std::to_string(h) + "].function.parameters") << at << ": " << e.what();
-        EXPECT_EQ(e.keyword(), "pattern") << at << ": " << e.what();
-      }
+      const SchemaError e = response_refusal(spec, at + ", a strict tool past the bound");
+      EXPECT_EQ(e.param(), "tools[" + std::to_string(h) + "].function.parameters") << at << ": " << e.what();
+      EXPECT_EQ(e.keyword(), "pattern") << at << ": " << e.what();
     }
     // A call of the hostile tool forced by name: its arguments are free, and so are those of a second call of it (the
     // tool was compiled again for the calls after the first); a second call of another tool is constrained.
-    ResponseSpec named;
-    named.xml_calls = xml;
-    named.calls = ResponseSpec::Calls::Forced;
+    ResponseSpec named = calls_spec(xml, ResponseSpec::Calls::Forced,
+                                    OrderedJson::array({function_tool("h", hostile, false), function_tool("ok", counted(), true)}));
     named.forced_function = "h";
-    named.tools = OrderedJson::array({function_tool("h", hostile, false), function_tool("ok", counted, true)});
-    Grammar g;
-    try {
-      g = build_response_grammar(named, qwen3_6_format().markup(), qwen3());
-    } catch (const SchemaError& e) {
-      ADD_FAILURE() << "xml " << xml << ", named: refused, param " << e.param() << ": " << e.what();
-      continue;
-    }
-    const std::string first = call_text(xml, "h", "y", free_value, true) + (xml ? "</function>\n" : "}\n") +
-                              "</tool_call>\n<tool_call>\n";
-    EXPECT_TRUE(reads(g, first + call_text(xml, "h", "y", free_value))) << "xml " << xml;
-    EXPECT_TRUE(reads(g, first + call_text(xml, "ok", "n", "12"))) << "xml " << xml;
-    EXPECT_FALSE(reads(g, first + call_text(xml, "ok", "n", free_value))) << "xml " << xml;
+    const std::optional<Grammar> g = response_built(named, "xml " + std::to_string(xml) + ", named");
+    if (!g) continue;
+    const std::string first = forced_call_then_next(xml, "h", "y", free_value(xml));
+    EXPECT_TRUE(reads(*g, first + call_text(xml, "h", "y", free_value(xml)))) << "xml " << xml;
+    EXPECT_TRUE(reads(*g, first + call_text(xml, "ok", "n", "12"))) << "xml " << xml;
+    EXPECT_FALSE(reads(*g, first + call_text(xml, "ok", "n", free_value(xml)))) << "xml " << xml;
   }
 }
 
@@ -457,17 +481,13 @@ TEST(SchemaHostile, ATooLooseToolForcedByNameIsFreeInEveryCall) {
   const OrderedJson overlapping = OrderedJson::parse(R"({"type":"object","properties":{"x":{"type":"array","items":
       {"oneOf":[{"type":"string"},{"type":"string"}]}}},"required":["x"]})");
   for (const bool xml : {true, false}) {
-    ResponseSpec spec;
-    spec.xml_calls = xml;
-    spec.calls = ResponseSpec::Calls::Forced;
+    ResponseSpec spec =
+        calls_spec(xml, ResponseSpec::Calls::Forced, OrderedJson::array({function_tool("f", overlapping, false)}));
     spec.forced_function = "f";
-    spec.tools = OrderedJson::array({function_tool("f", overlapping, false)});
-    const Grammar g = build_response_grammar(spec, qwen3_6_format().markup(), qwen3());
-    const std::string free_value = xml ? "anything" : "\"anything\"";
-    const std::string first = call_text(xml, "f", "y", free_value, true) + (xml ? "</function>\n" : "}\n") +
-                              "</tool_call>\n<tool_call>\n";
+    const Grammar g = response_grammar(spec);
+    const std::string first = forced_call_then_next(xml, "f", "y", free_value(xml));
     EXPECT_TRUE(reads(g, first)) << "xml " << xml;
-    EXPECT_TRUE(reads(g, first + call_text(xml, "f", "y", free_value))) << "xml " << xml;
+    EXPECT_TRUE(reads(g, first + call_text(xml, "f", "y", free_value(xml)))) << "xml " << xml;
   }
 }
 
@@ -488,7 +508,7 @@ TEST(SchemaHostile, ASharedRuleIsKeptOnlyOnceBuilt) {
     lim.max_automaton_work = w;
     Grammar g;
     try {
-      g = build_response_grammar(spec, qwen3_6_format().markup(), qwen3(), lim);
+      g = response_grammar(spec, lim);
     } catch (const SchemaError&) {
       continue;  // too small for the grammar itself
     }
@@ -537,56 +557,38 @@ TEST(SchemaHostile, AWholeGrammarsErrorNamesItsField) {
   };
   for (const bool xml : {true, false}) {
     for (const Case& c : cases) {
-      ResponseSpec spec;
-      spec.xml_calls = xml;
-      spec.calls = ResponseSpec::Calls::Auto;
-      spec.tools = OrderedJson::array();
+      ResponseSpec spec = calls_spec(xml, ResponseSpec::Calls::Auto, OrderedJson::array());
       for (size_t i = 0; i < c.tools.size(); ++i)
         spec.tools.push_back(function_tool("f" + std::to_string(i), letter_props(c.tools[i]), true));
       if (c.content) {
         spec.content = ResponseSpec::Content::JsonSchema;
         spec.schema = letter_props(*c.content);
       }
-      try {
-        build_response_grammar(spec, qwen3_6_format().markup(), qwen3(), lim);
-        ADD_FAILURE() << c.what << ", xml " << xml << ": accepted";
-      } catch (const SchemaError& e) {
-        EXPECT_EQ(e.param(), c.param) << c.what << ", xml " << xml << ": " << e.what();
-        EXPECT_NE(std::string(e.what()).find("grammar exceeds 2500 states"), std::string::npos) << e.what();
-      }
+      const std::string at = std::string(c.what) + ", xml " + std::to_string(xml);
+      const SchemaError e = response_refusal(spec, at, lim);
+      EXPECT_EQ(e.param(), c.param) << at << ": " << e.what();
+      EXPECT_NE(std::string(e.what()).find("grammar exceeds 2500 states"), std::string::npos) << e.what();
     }
     // Within the bound, the same grammars build.
-    ResponseSpec fits;
-    fits.xml_calls = xml;
-    fits.calls = ResponseSpec::Calls::Auto;
-    fits.tools = OrderedJson::array({function_tool("f0", letter_props("a"), true), function_tool("f1", small, true)});
-    EXPECT_NO_THROW(build_response_grammar(fits, qwen3_6_format().markup(), qwen3(), lim)) << "xml " << xml;
+    const ResponseSpec fits = calls_spec(
+        xml, ResponseSpec::Calls::Auto,
+        OrderedJson::array({function_tool("f0", letter_props("a"), true), function_tool("f1", small, true)}));
+    EXPECT_NO_THROW(response_grammar(fits, lim)) << "xml " << xml;
     // A forced call whose tool's parameters match nothing (one character, at least three), after a tool that is fine:
     // that tool's; a content schema that matches nothing: the content's.
-    const OrderedJson never = OrderedJson::parse(
-        R"({"type":"object","properties":{"x":{"type":"string","pattern":"^a$","minLength":3}},"required":["x"]})");
-    ResponseSpec forced;
-    forced.xml_calls = xml;
-    forced.calls = ResponseSpec::Calls::Forced;
+    ResponseSpec forced =
+        calls_spec(xml, ResponseSpec::Calls::Forced,
+                   OrderedJson::array({function_tool("ok", small, true), function_tool("never", never_params()[0], true)}));
     forced.forced_function = "never";
-    forced.tools = OrderedJson::array({function_tool("ok", small, true), function_tool("never", never, true)});
-    try {
-      build_response_grammar(forced, qwen3_6_format().markup(), qwen3());
-      ADD_FAILURE() << "xml " << xml << ": a call that matches nothing was accepted";
-    } catch (const SchemaError& e) {
-      EXPECT_EQ(e.param(), "tools[1].function.parameters") << "xml " << xml << ": " << e.what();
-      EXPECT_NE(std::string(e.what()).find("can never be satisfied"), std::string::npos) << e.what();
-    }
+    const SchemaError e = response_refusal(forced, "xml " + std::to_string(xml) + ", a call that matches nothing");
+    EXPECT_EQ(e.param(), "tools[1].function.parameters") << "xml " << xml << ": " << e.what();
+    EXPECT_NE(std::string(e.what()).find("can never be satisfied"), std::string::npos) << e.what();
   }
   ResponseSpec content;
   content.content = ResponseSpec::Content::JsonSchema;
   content.schema = OrderedJson::parse(R"({"type":"string","pattern":"^a$","minLength":3})");
-  try {
-    build_response_grammar(content, qwen3_6_format().markup(), qwen3());
-    ADD_FAILURE() << "a content schema that matches nothing was accepted";
-  } catch (const SchemaError& e) {
-    EXPECT_EQ(e.param(), "response_format.json_schema.schema") << e.what();
-  }
+  const SchemaError e = response_refusal(content, "a content schema that matches nothing");
+  EXPECT_EQ(e.param(), "response_format.json_schema.schema") << e.what();
 }
 
 // A forced call constrains the tools that are not strict too, and falls back to free arguments for one whose schema
@@ -598,92 +600,67 @@ TEST(SchemaHostile, AWholeGrammarsErrorNamesItsField) {
 TEST(SchemaHostile, ANonStrictToolPastTheStatesBoundFallsBack) {
   SchemaLimits lim;
   lim.max_states = 2600;  // (a free call is counted as 256 states in the estimate: ~150 here)
-  auto build = [&](const ResponseSpec& spec, const std::string& at) -> std::optional<Grammar> {
-    try {
-      return build_response_grammar(spec, qwen3_6_format().markup(), qwen3(), lim);
-    } catch (const SchemaError& e) {
-      ADD_FAILURE() << at << ": refused, param " << e.param() << ": " << e.what();
-      return std::nullopt;
-    }
-  };
   for (const bool xml : {true, false}) {
-    const std::string free_value = xml ? "anything" : "\"anything\"";
     // The one value of the letter c's parameter (an array of its constant).
     auto value = [&](char c) { return "[\"" + std::string(1000, c) + "\"]"; };
     const std::string x = std::string("xml ") + (xml ? "1" : "0");
 
     // Forced by `required`: a tool not strict of ~1,000 states, one of ~2,000, a strict one of ~1,000: past 2,600
     // together. The largest tool that is not strict alone is freed; the others stay constrained.
-    ResponseSpec any;
-    any.xml_calls = xml;
-    any.calls = ResponseSpec::Calls::Forced;
-    any.tools = OrderedJson::array({
+    const ResponseSpec any = calls_spec(xml, ResponseSpec::Calls::Forced, OrderedJson::array({
         function_tool("f0", letter_props("a"), false),
         function_tool("f1", letter_props("bc"), false),
-        function_tool("f2", letter_props("d"), true)});
-    if (std::optional<Grammar> g = build(any, x + ", required")) {
-      EXPECT_TRUE(reads(*g, call_text(xml, "f1", "y", free_value))) << x;
+        function_tool("f2", letter_props("d"), true)}));
+    if (std::optional<Grammar> g = response_built(any, x + ", required", lim)) {
+      EXPECT_TRUE(reads(*g, call_text(xml, "f1", "y", free_value(xml)))) << x;
       EXPECT_TRUE(reads(*g, call_text(xml, "f0", "a", value('a')))) << x;
-      EXPECT_FALSE(reads(*g, call_text(xml, "f0", "y", free_value))) << x;
+      EXPECT_FALSE(reads(*g, call_text(xml, "f0", "y", free_value(xml)))) << x;
       EXPECT_TRUE(reads(*g, call_text(xml, "f2", "d", value('d')))) << x;
-      EXPECT_FALSE(reads(*g, call_text(xml, "f2", "y", free_value))) << x;
+      EXPECT_FALSE(reads(*g, call_text(xml, "f2", "y", free_value(xml)))) << x;
     }
 
     // Forced by name: a tool not strict past the bound alone (~3,000 states of its own), beside a strict one.
-    ResponseSpec named;
-    named.xml_calls = xml;
-    named.calls = ResponseSpec::Calls::Forced;
-    named.forced_function = "big";
-    named.tools = OrderedJson::array({
+    ResponseSpec named = calls_spec(xml, ResponseSpec::Calls::Forced, OrderedJson::array({
         function_tool("ok", letter_props("a"), true),
-        function_tool("big", letter_props("bcd"), false)});
-    if (std::optional<Grammar> g = build(named, x + ", named")) {
-      const std::string first = call_text(xml, "big", "y", free_value, true) + (xml ? "</function>\n" : "}\n") +
-                                "</tool_call>\n<tool_call>\n";
+        function_tool("big", letter_props("bcd"), false)}));
+    named.forced_function = "big";
+    if (std::optional<Grammar> g = response_built(named, x + ", named", lim)) {
+      const std::string first = forced_call_then_next(xml, "big", "y", free_value(xml));
       EXPECT_TRUE(reads(*g, first)) << x;
       EXPECT_TRUE(reads(*g, first + call_text(xml, "ok", "a", value('a')))) << x;
-      EXPECT_FALSE(reads(*g, first + call_text(xml, "ok", "y", free_value))) << x;
+      EXPECT_FALSE(reads(*g, first + call_text(xml, "ok", "y", free_value(xml)))) << x;
     }
 
     // Forced by name, a tool not strict whose parameters match nothing (one character, at least three): free.
-    const OrderedJson never = OrderedJson::parse(
-        R"({"type":"object","properties":{"x":{"type":"string","pattern":"^a$","minLength":3}},"required":["x"]})");
+    const OrderedJson& never = never_params()[0];
     ResponseSpec nothing = named;
     nothing.forced_function = "never";
     nothing.tools = OrderedJson::array({
         function_tool("ok", letter_props(""), true),
         function_tool("never", never, false)});
-    if (std::optional<Grammar> g = build(nothing, x + ", never"))
-      EXPECT_TRUE(reads(*g, call_text(xml, "never", "y", free_value, true))) << x;
+    if (std::optional<Grammar> g = response_built(nothing, x + ", never", lim))
+      EXPECT_TRUE(reads(*g, call_text(xml, "never", "y", free_value(xml), true))) << x;
     // Forced by `required` with that tool alone: the same.
     nothing.forced_function.clear();
     nothing.tools = OrderedJson::array({function_tool("never", never, false)});
-    if (std::optional<Grammar> g = build(nothing, x + ", never, required"))
-      EXPECT_TRUE(reads(*g, call_text(xml, "never", "y", free_value))) << x;
+    if (std::optional<Grammar> g = response_built(nothing, x + ", never, required", lim))
+      EXPECT_TRUE(reads(*g, call_text(xml, "never", "y", free_value(xml)))) << x;
 
     // A strict tool past the bound is the request's error, naming it, even once the tools not strict are freed.
     ResponseSpec strict = any;
     strict.tools = OrderedJson::array({
         function_tool("f0", letter_props("a"), false),
         function_tool("f1", letter_props("bcd"), true)});
-    try {
-      build_response_grammar(strict, qwen3_6_format().markup(), qwen3(), lim);
-      ADD_FAILURE() << x << ": a strict tool past the bound was accepted";
-    } catch (const SchemaError& e) {
-      EXPECT_EQ(e.param(), "tools[1].function.parameters") << x << ": " << e.what();
-      EXPECT_NE(std::string(e.what()).find("grammar exceeds 2600 states"), std::string::npos) << e.what();
-    }
+    const SchemaError e = response_refusal(strict, x + ", a strict tool past the bound", lim);
+    EXPECT_EQ(e.param(), "tools[1].function.parameters") << x << ": " << e.what();
+    EXPECT_NE(std::string(e.what()).find("grammar exceeds 2600 states"), std::string::npos) << e.what();
     // So are strict tools past it together, beside a tool not strict.
     strict.tools = OrderedJson::array({
         function_tool("f0", letter_props("ab"), true),
         function_tool("f1", letter_props("c"), false),
         function_tool("f2", letter_props("de"), true)});
-    try {
-      build_response_grammar(strict, qwen3_6_format().markup(), qwen3(), lim);
-      ADD_FAILURE() << x << ": strict tools past the bound were accepted";
-    } catch (const SchemaError& e) {
-      EXPECT_EQ(e.param(), "tools") << x << ": " << e.what();
-    }
+    const SchemaError together = response_refusal(strict, x + ", strict tools past the bound", lim);
+    EXPECT_EQ(together.param(), "tools") << x << ": " << together.what();
   }
 }
 
@@ -695,17 +672,9 @@ TEST(SchemaHostile, ANonStrictToolPastTheStatesBoundFallsBack) {
 // tool promises no conformance: it is offered with free arguments (any parameters, any object), beside the others still
 // constrained; so is a second call of it after a call forced by name of another tool. A strict one is never freed.
 TEST(SchemaHostile, ANonStrictToolThatMatchesNothingIsFreeBesideOthers) {
-  const std::vector<OrderedJson> nevers = {
-      OrderedJson::parse(R"({"type":"object","properties":{"x":{"type":"string","pattern":"^a$","minLength":3}},
-          "required":["x"]})"),
-      OrderedJson::parse(R"({"type":"object","properties":{"x":{"type":"array","items":false,"minItems":1}},
-          "required":["x"]})"),
-      // (refused by the compiler: free before too)
-      OrderedJson::parse(R"({"not":{}})"),
-  };
-  const OrderedJson counted = OrderedJson::parse(R"({"type":"object","properties":{"n":{"type":"integer"}},"required":["n"]})");
+  std::vector<OrderedJson> nevers = never_params();
+  nevers.push_back(OrderedJson::parse(R"({"not":{}})"));  // (refused by the compiler: free before too)
   for (const bool xml : {true, false}) {
-    const std::string free_value = xml ? "anything" : "\"anything\"";
     // A whole call of `name` with free arguments: two parameters (XML), an object of two members (JSON).
     auto free_call = [&](const std::string& name) {
       return xml ? "<function=" + name + ">\n<parameter=y>\nanything\n</parameter>\n<parameter=z>\n1\n</parameter>\n"
@@ -716,54 +685,34 @@ TEST(SchemaHostile, ANonStrictToolThatMatchesNothingIsFreeBesideOthers) {
       for (const bool never_first : {true, false}) {
         const std::string at = "xml " + std::to_string(xml) + ", schema " + std::to_string(k) + ", never first " +
                                std::to_string(never_first);
-        ResponseSpec spec;
-        spec.xml_calls = xml;
-        spec.calls = ResponseSpec::Calls::Forced;
-        spec.tools = OrderedJson::array();
-        if (never_first) spec.tools.push_back(function_tool("never", nevers[k], false));
-        spec.tools.push_back(function_tool("loose", counted, false));
-        spec.tools.push_back(function_tool("ok", counted, true));
-        if (!never_first) spec.tools.push_back(function_tool("never", nevers[k], false));
-        Grammar g;
-        try {
-          g = build_response_grammar(spec, qwen3_6_format().markup(), qwen3());
-        } catch (const SchemaError& e) {
-          ADD_FAILURE() << at << ": refused, param " << e.param() << ": " << e.what();
-          continue;
-        }
+        const ResponseSpec spec = calls_spec(xml, ResponseSpec::Calls::Forced,
+                                             beside_counted_tools(function_tool("never", nevers[k], false), never_first));
+        const std::optional<Grammar> g = response_built(spec, at);
+        if (!g) continue;
         // The tool is offered, its arguments free.
-        EXPECT_TRUE(reads(g, xml ? "<function=never>\n" : "{\"name\": \"never\", ")) << at;
-        EXPECT_TRUE(reads(g, free_call("never"))) << at;
-        EXPECT_TRUE(reads(g, call_text(xml, "never", "y", free_value))) << at;
+        EXPECT_TRUE(reads(*g, xml ? "<function=never>\n" : "{\"name\": \"never\", ")) << at;
+        EXPECT_TRUE(reads(*g, free_call("never"))) << at;
+        EXPECT_TRUE(reads(*g, call_text(xml, "never", "y", free_value(xml)))) << at;
         // The others are constrained as without it.
         for (const char* name : {"loose", "ok"}) {
-          EXPECT_TRUE(reads(g, call_text(xml, name, "n", "12"))) << at << ": " << name;
-          EXPECT_FALSE(reads(g, call_text(xml, name, "n", free_value))) << at << ": " << name;
+          EXPECT_TRUE(reads(*g, call_text(xml, name, "n", "12"))) << at << ": " << name;
+          EXPECT_FALSE(reads(*g, call_text(xml, name, "n", free_value(xml)))) << at << ": " << name;
         }
         // A call forced by name of another tool: a second call may be of this one, free.
         ResponseSpec named = spec;
         named.forced_function = "loose";
-        try {
-          g = build_response_grammar(named, qwen3_6_format().markup(), qwen3());
-        } catch (const SchemaError& e) {
-          ADD_FAILURE() << at << ", named: refused, param " << e.param() << ": " << e.what();
-          continue;
-        }
-        const std::string first = call_text(xml, "loose", "n", "12", true) + (xml ? "</function>\n" : "}\n") +
-                                  "</tool_call>\n<tool_call>\n";
-        EXPECT_TRUE(reads(g, first + free_call("never"))) << at << ", named";
-        EXPECT_FALSE(reads(g, first + call_text(xml, "ok", "n", free_value))) << at << ", named";
+        const std::optional<Grammar> after = response_built(named, at + ", named");
+        if (!after) continue;
+        const std::string first = forced_call_then_next(xml, "loose", "n", "12");
+        EXPECT_TRUE(reads(*after, first + free_call("never"))) << at << ", named";
+        EXPECT_FALSE(reads(*after, first + call_text(xml, "ok", "n", free_value(xml)))) << at << ", named";
         // Strict, the tool is never given free arguments: the request's error, naming it
         // (AStrictToolThatMatchesNothingIsTheRequestsError).
         ResponseSpec strict = spec;
         strict.tools[never_first ? 0 : 2]["function"]["strict"] = true;
-        try {
-          build_response_grammar(strict, qwen3_6_format().markup(), qwen3());
-          ADD_FAILURE() << at << ", strict: accepted";
-        } catch (const SchemaError& e) {
-          EXPECT_EQ(e.param(), "tools[" + std::to_string(never_first ? 0 : 2) + "].function.parameters")
-              << at << ", strict: " << e.what();
-        }
+        const SchemaError e = response_refusal(strict, at + ", strict");
+        EXPECT_EQ(e.param(), "tools[" + std::to_string(never_first ? 0 : 2) + "].function.parameters")
+            << at << ", strict: " << e.what();
       }
     }
   }
@@ -777,31 +726,17 @@ TEST(SchemaHostile, ANonStrictToolThatMatchesNothingIsFreeBesideOthers) {
 // is refused naming its parameters, as a strict tool whose schema cannot be compiled is. Where it cannot be called (a
 // call of another tool forced by name, no parallel calls) its schema is not compiled, and the request is answered.
 TEST(SchemaHostile, AStrictToolThatMatchesNothingIsTheRequestsError) {
-  const std::vector<OrderedJson> nevers = {
-      OrderedJson::parse(R"({"type":"object","properties":{"x":{"type":"string","pattern":"^a$","minLength":3}},
-          "required":["x"]})"),
-      OrderedJson::parse(R"({"type":"object","properties":{"x":{"type":"array","items":false,"minItems":1}},
-          "required":["x"]})"),
-  };
-  const OrderedJson counted = OrderedJson::parse(R"({"type":"object","properties":{"n":{"type":"integer"}},"required":["n"]})");
+  const std::vector<OrderedJson>& nevers = never_params();
   for (const bool xml : {true, false}) {
     for (size_t k = 0; k < nevers.size(); ++k) {
       for (const bool never_first : {true, false}) {
         const std::string at = "xml " + std::to_string(xml) + ", schema " + std::to_string(k) + ", never first " +
                                std::to_string(never_first);
-        ResponseSpec base;
-        base.xml_calls = xml;
-        base.tools = OrderedJson::array();
-        if (never_first) base.tools.push_back(function_tool("never", nevers[k], true));
-        base.tools.push_back(function_tool("loose", counted, false));
-        base.tools.push_back(function_tool("ok", counted, true));
-        if (!never_first) base.tools.push_back(function_tool("never", nevers[k], true));
+        const OrderedJson tools = beside_counted_tools(function_tool("never", nevers[k], true), never_first);
         const std::string param = "tools[" + std::to_string(never_first ? 0 : 2) + "].function.parameters";
 
-        ResponseSpec required = base;
-        required.calls = ResponseSpec::Calls::Forced;
-        ResponseSpec automatic = base;
-        automatic.calls = ResponseSpec::Calls::Auto;
+        const ResponseSpec required = calls_spec(xml, ResponseSpec::Calls::Forced, tools);
+        const ResponseSpec automatic = calls_spec(xml, ResponseSpec::Calls::Auto, tools);
         ResponseSpec json_content = automatic;
         json_content.content = ResponseSpec::Content::JsonSchema;
         json_content.schema = OrderedJson::parse(R"({"type":"object"})");
@@ -810,27 +745,18 @@ TEST(SchemaHostile, AStrictToolThatMatchesNothingIsTheRequestsError) {
         const std::vector<std::pair<const char*, const ResponseSpec*>> refused = {
             {"required", &required}, {"auto", &automatic}, {"auto, JSON content", &json_content}, {"named", &named}};
         for (const auto& [what, spec] : refused) {
-          try {
-            build_response_grammar(*spec, qwen3_6_format().markup(), qwen3());
-            ADD_FAILURE() << at << ", " << what << ": accepted";
-          } catch (const SchemaError& e) {
-            EXPECT_EQ(e.param(), param) << at << ", " << what << ": " << e.what();
-            EXPECT_NE(std::string(e.what()).find("can never be satisfied"), std::string::npos)
-                << at << ", " << what << ": " << e.what();
-          }
+          const SchemaError e = response_refusal(*spec, at + ", " + what);
+          EXPECT_EQ(e.param(), param) << at << ", " << what << ": " << e.what();
+          EXPECT_NE(std::string(e.what()).find("can never be satisfied"), std::string::npos)
+              << at << ", " << what << ": " << e.what();
         }
 
         // Forced by name of another tool, one call only: the tool cannot be called, and the call is constrained.
         named.parallel_calls = false;
-        Grammar g;
-        try {
-          g = build_response_grammar(named, qwen3_6_format().markup(), qwen3());
-        } catch (const SchemaError& e) {
-          ADD_FAILURE() << at << ", named, one call: refused, param " << e.param() << ": " << e.what();
-          continue;
-        }
-        EXPECT_TRUE(reads(g, call_text(xml, "ok", "n", "12", true))) << at;
-        EXPECT_FALSE(reads(g, call_text(xml, "ok", "n", xml ? "anything" : "\"anything\"", true))) << at;
+        const std::optional<Grammar> g = response_built(named, at + ", named, one call");
+        if (!g) continue;
+        EXPECT_TRUE(reads(*g, call_text(xml, "ok", "n", "12", true))) << at;
+        EXPECT_FALSE(reads(*g, call_text(xml, "ok", "n", free_value(xml), true))) << at;
       }
     }
   }

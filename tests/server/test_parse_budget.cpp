@@ -80,6 +80,39 @@ struct HoldingHook {
   }
 };
 
+// A server whose route hook holds every request (HoldingHook) under a parse budget of `parse_bytes`, a body waiting up
+// to `wait_ms` for room; `o`: its other options.
+struct HeldServer {
+  HeldServer(size_t parse_bytes, int wait_ms, lilac::server::ServerOptions o = lilac::test::LocalServer::options())
+      : srv(with_budget(std::move(o), parse_bytes, wait_ms), &hook) {}
+
+  HoldingHook holder;
+  const lilac::server::RouteHook hook = holder.hook();
+  lilac::test::LocalServer srv;
+
+ private:
+  static lilac::server::ServerOptions with_budget(lilac::server::ServerOptions o, size_t parse_bytes, int wait_ms) {
+    o.parse_bytes = parse_bytes;
+    o.parse_wait_ms = wait_ms;
+    return o;
+  }
+};
+
+// A body of 0.8 MB: two do not fit 1 MiB.
+std::string body_over_half_a_mib() { return padded_body(kChat, 200000); }
+
+// `n` answers not yet come (each client's thread sets its own).
+std::vector<httplib::Result> no_answers(size_t n) {
+  std::vector<httplib::Result> results;
+  for (size_t i = 0; i < n; ++i) results.emplace_back(nullptr, httplib::Error::Unknown);
+  return results;
+}
+
+// POSTs `body` to `path` on a thread of its own, the answer into `out` (`body` and `out` outlive the thread).
+std::thread post_on_thread(int port, const std::string& path, const std::string& body, httplib::Result& out) {
+  return std::thread([port, path, &body, &out] { out = httplib::Client("127.0.0.1", port).Post(path, body, "application/json"); });
+}
+
 int64_t metric(int port, const std::string& name) {
   auto r = httplib::Client("127.0.0.1", port).Get("/metrics");
   if (!r) return -1;
@@ -276,19 +309,15 @@ TEST(ParseBudget, TheBodyBehindIsAdmittedWhenItFitsBesideTheOneAhead) {
 // The same on the routes: while one body is parsed (held by the hook) and another waits, a third that would take the
 // waiting bodies past the budget is answered at once, in its protocol's shape (529 overloaded_error on Anthropic's).
 TEST(ParseBudget, ARouteRefusesABodyAtOnceWhenTheWaitingBodiesAreFull) {
-  auto o = lilac::test::LocalServer::options();
-  o.parse_bytes = size_t(1) << 20;
-  o.parse_wait_ms = 60000;
-  HoldingHook holder;
-  const lilac::server::RouteHook hook = holder.hook();
-  lilac::test::LocalServer srv(o, &hook);
-  const std::string body = padded_body(kChat, 200000);  // 0.8 MB: two do not fit 1 MiB
-  std::vector<httplib::Result> results;
-  for (int i = 0; i < 3; ++i) results.emplace_back(nullptr, httplib::Error::Unknown);
+  HeldServer server(size_t(1) << 20, 60000);
+  HoldingHook& holder = server.holder;
+  lilac::test::LocalServer& srv = server.srv;
+  const std::string body = body_over_half_a_mib();
+  std::vector<httplib::Result> results = no_answers(3);
   std::atomic<bool> third_answered{false};
-  std::thread first([&] { results[0] = httplib::Client("127.0.0.1", srv.port).Post("/v1/chat/completions", body, "application/json"); });
+  std::thread first = post_on_thread(srv.port, "/v1/chat/completions", body, results[0]);
   ASSERT_TRUE(eventually([&] { return holder.entered.load() == 1; }));
-  std::thread second([&] { results[1] = httplib::Client("127.0.0.1", srv.port).Post("/v1/responses", body, "application/json"); });
+  std::thread second = post_on_thread(srv.port, "/v1/responses", body, results[1]);
   ASSERT_TRUE(eventually([&] { return metric(srv.port, "lilac_parse_waiting") == 1; }));
   EXPECT_EQ(metric(srv.port, "lilac_parse_waiting_bytes"), int64_t(body.size()));
   std::thread third([&] {
@@ -322,18 +351,15 @@ TEST(ParseBudget, TheBodiesWaitingForAWorkerAreBoundedByTheBudget) {
   auto o = lilac::test::LocalServer::options(1);
   o.http_threads = 2;
   o.max_pending = 8;
-  o.parse_bytes = size_t(1) << 20;
-  o.parse_wait_ms = 60000;
-  HoldingHook holder;
-  const lilac::server::RouteHook hook = holder.hook();
-  lilac::test::LocalServer srv(o, &hook);
-  const std::string body = padded_body(kChat, 200000);  // 0.8 MB: two do not fit 1 MiB
+  HeldServer server(size_t(1) << 20, 60000, o);
+  HoldingHook& holder = server.holder;
+  lilac::test::LocalServer& srv = server.srv;
+  const std::string body = body_over_half_a_mib();
   const std::vector<std::pair<std::string, std::string>> posts = {
       {"/v1/chat/completions", kChat + "}"}, {"/v1/messages", kChat + "}"},  // the workers, held in the hook
       {"/v1/messages", body},                                              // waits for a worker
       {"/v1/chat/completions", body}, {"/v1/messages", body}};            // refused
-  std::vector<httplib::Result> results;
-  for (size_t i = 0; i < posts.size(); ++i) results.emplace_back(nullptr, httplib::Error::Unknown);
+  std::vector<httplib::Result> results = no_answers(posts.size());
   std::vector<std::atomic<bool>> answered(posts.size());
   std::vector<std::thread> clients;
   auto send = [&](size_t i) {
@@ -389,12 +415,9 @@ TEST(ParseBudget, TheBodiesWaitingForAWorkerAreBoundedByTheBudget) {
 // ~58 MB of values (~84 MB at the parse's peak), so six at once took ~500 MB here, and 96 clients several GB. With a
 // budget of 4 MiB only one is parsed at a time; the others (no wait here) are refused in their protocol's shape.
 TEST(ParseBudget, BodiesParsedAtOnceStayWithinTheBudget) {
-  auto o = lilac::test::LocalServer::options();
-  o.parse_bytes = size_t(4) << 20;
-  o.parse_wait_ms = 0;
-  HoldingHook holder;
-  const lilac::server::RouteHook hook = holder.hook();
-  lilac::test::LocalServer srv(o, &hook);
+  HeldServer server(size_t(4) << 20, 0);
+  HoldingHook& holder = server.holder;
+  lilac::test::LocalServer& srv = server.srv;
   const size_t kValues = 1000000;  // 4.2 MB, within the 1,048,576 values a body may hold
   const std::string body = padded_body(kChat, kValues);
   ASSERT_GT(body.size(), size_t(4) << 20 >> 1);  // two never fit the budget together
@@ -405,8 +428,7 @@ TEST(ParseBudget, BodiesParsedAtOnceStayWithinTheBudget) {
   ASSERT_TRUE(lilac::test::heap_counted());
   const int64_t before = lilac::test::heap_live();
   lilac::test::heap_peak_reset();
-  std::vector<httplib::Result> results;
-  for (int i = 0; i < n; ++i) results.emplace_back(nullptr, httplib::Error::Unknown);
+  std::vector<httplib::Result> results = no_answers(size_t(n));
   std::atomic<int> answered{0};
   std::vector<std::thread> clients;
   for (int i = 0; i < n; ++i)
@@ -458,18 +480,14 @@ TEST(ParseBudget, BodiesParsedAtOnceStayWithinTheBudget) {
 
 // A body that does not fit waits for room (up to parse_wait_ms) and is answered once the body before it is done.
 TEST(ParseBudget, ABodyWaitsItsTurnAndIsAnswered) {
-  auto o = lilac::test::LocalServer::options();
-  o.parse_bytes = size_t(1) << 20;
-  o.parse_wait_ms = 60000;
-  HoldingHook holder;
-  const lilac::server::RouteHook hook = holder.hook();
-  lilac::test::LocalServer srv(o, &hook);
-  const std::string body = padded_body(kChat, 200000);  // 0.8 MB: two do not fit 1 MiB
-  std::vector<httplib::Result> results;
-  for (int i = 0; i < 2; ++i) results.emplace_back(nullptr, httplib::Error::Unknown);
-  std::thread first([&] { results[0] = httplib::Client("127.0.0.1", srv.port).Post("/v1/chat/completions", body, "application/json"); });
+  HeldServer server(size_t(1) << 20, 60000);
+  HoldingHook& holder = server.holder;
+  lilac::test::LocalServer& srv = server.srv;
+  const std::string body = body_over_half_a_mib();
+  std::vector<httplib::Result> results = no_answers(2);
+  std::thread first = post_on_thread(srv.port, "/v1/chat/completions", body, results[0]);
   ASSERT_TRUE(eventually([&] { return holder.entered.load() == 1; }));
-  std::thread second([&] { results[1] = httplib::Client("127.0.0.1", srv.port).Post("/v1/messages", body, "application/json"); });
+  std::thread second = post_on_thread(srv.port, "/v1/messages", body, results[1]);
   // The second waits for room (the old code parsed it at once: it reached the hook beside the first).
   ASSERT_TRUE(eventually([&] { return metric(srv.port, "lilac_parse_waiting") == 1 || holder.entered.load() == 2; }));
   EXPECT_EQ(holder.entered.load(), 1);
