@@ -70,7 +70,7 @@ struct ServeArgs {
   std::string spec_policy = "adaptive", burst_prefill = "on";
   double seq_memory_gb = 0;
   int debug_load_delay_ms = 0;  // tests: keep /health at 503 this long
-  double cache_mb = 2048, responses_mb = 256, batches_mb = 256, max_body_mb = 8, parse_mb = 16, header_timeout_s = 10, body_timeout_s = 60, shutdown_grace_s = 10;
+  double cache_mb = 2048, responses_mb = 256, batches_mb = 256, max_body_mb = 8, parse_mb = 16, receive_mb = 0, header_timeout_s = 10, body_timeout_s = 60, shutdown_grace_s = 10;
 };
 
 int run(const ServeArgs& a) {
@@ -90,6 +90,7 @@ int run(const ServeArgs& a) {
   if (a.batches_mb < 0) throw InputError("--batches-mb must be >= 0");
   if (a.max_body_mb <= 0 || a.max_body_mb > 4096) throw InputError("--max-body-mb must be in (0, 4096]");
   if (!(a.parse_mb > 0 && a.parse_mb <= 4096)) throw InputError("--parse-mb must be in (0, 4096]");
+  if (!(a.receive_mb >= 0 && a.receive_mb <= 65536)) throw InputError("--receive-mb must be in [0, 65536]");
   if (a.max_connections < 1) throw InputError("--max-connections must be at least 1");
   for (auto [v, name] : {std::pair{a.header_timeout_s, "--header-timeout-s"}, {a.body_timeout_s, "--body-timeout-s"}})
     if (!(v > 0 && v <= 3600)) throw InputError(std::string(name) + " must be in (0, 3600]");
@@ -127,6 +128,7 @@ int run(const ServeArgs& a) {
   o.batches_bytes = size_t(a.batches_mb * 1024 * 1024);
   o.max_body_bytes = size_t(a.max_body_mb * 1024 * 1024);
   o.parse_bytes = size_t(a.parse_mb * 1024 * 1024);
+  o.receive_bytes = size_t(a.receive_mb * 1024 * 1024);
   // Context limit: --max-seq, else min(32768, the model's max_position_embeddings).
   ModelConfig cfg;
   if (!scripted && a.synthetic_layers == 0) cfg = load_config(a.model);
@@ -238,6 +240,12 @@ const bool registered = register_command(Command{
                      "~63 times its size in memory meanwhile); a body waits its turn (arrival order) up to 5 s, then "
                      "503 (529 on /v1/messages*), at once when the bodies waiting would pass this many MiB with it; a "
                      "larger body runs alone. The bodies of requests waiting for a worker are bounded by it too (503)")
+          ->capture_default_str();
+      sub.add_option("--receive-mb", a->receive_mb,
+                     "MiB of request bodies being received at once, all connections together (0 = 256, or 4 x "
+                     "--max-body-mb when larger): a body's Content-Length is reserved when its headers are in, and a "
+                     "body that does not fit beside the others gets 503 (529 on /v1/messages*) at once, before it is "
+                     "read; a chunked one is counted as it arrives; a larger body is received when no other is")
           ->capture_default_str();
       sub.add_option("--http-threads", a->http_threads,
                      "HTTP worker threads = requests answered at once (0 = --max-queue + 32; must exceed --max-queue)")

@@ -43,7 +43,8 @@ struct Conn {
   std::unique_ptr<RequestParser> parser;
   bool headers_handled = false;  // the checks after the headers ran (route, header check, 100-continue)
   const Route* route = nullptr;  // the route of the request being read (nullptr: none matched)
-  size_t body_counted = 0;       // this request's body bytes counted in the server's buffered total
+  size_t body_counted = 0;       // this request's body bytes counted in the server's buffered total (its declared
+                                 // length from its headers on, or what arrived when more)
   Clock::time_point deadline;
   Clock::time_point idle_since;  // eviction order among idle connections
   std::string out;               // answer being written by the I/O thread
@@ -104,7 +105,7 @@ struct HttpServer::Impl {
 
   // I/O thread only.
   std::unordered_map<int, std::shared_ptr<Conn>> conns;
-  size_t buffered_body = 0;
+  size_t buffered_body = 0;  // the bodies being received (Conn::body_counted of every connection)
   // Connections whose received requests were left for the next pass (kMaxAnswersPerPass): epoll does
   // not report them again, their bytes being read already.
   std::vector<std::shared_ptr<Conn>> ready;
@@ -118,7 +119,8 @@ struct HttpServer::Impl {
   std::mutex ret_mu;
   std::vector<std::shared_ptr<Conn>> returned;
 
-  std::atomic<int64_t> n_conns{0}, busy{0}, n_pending{0}, n_pending_bytes{0}, timeouts{0}, rejected{0}, evicted{0};
+  std::atomic<int64_t> n_conns{0}, busy{0}, n_pending{0}, n_pending_bytes{0}, n_receiving_bytes{0}, timeouts{0},
+      rejected{0}, evicted{0};
 
   // http_server.cpp: the I/O thread.
   void io_loop();
@@ -144,6 +146,9 @@ struct HttpServer::Impl {
   bool evict_one();
   void take_returned();
   void release_body(Conn& c);
+  void count_body(Conn& c, size_t bytes);
+  bool admit_body(Conn& c);
+  bool body_fits(Conn& c);
   void shutdown_all();
   const Route* find_route(const std::string& method, const std::string& path, std::string* allow) const;
   const Route* shape_route(const std::string& method, const std::string& path) const;

@@ -191,7 +191,10 @@ bool RequestParser::header_total_passed_first() const {
   return uint64_t(limits_.max_header_bytes) + 1 < line_limit_at;
 }
 
-size_t RequestParser::feed(std::string_view data) {
+size_t RequestParser::feed(std::string_view data) { return feed_impl(data, false); }
+size_t RequestParser::feed_headers(std::string_view data) { return feed_impl(data, true); }
+
+size_t RequestParser::feed_impl(std::string_view data, bool stop_after_headers) {
   size_t pos = 0;
   if (!data.empty()) started_ = true;
   while (pos < data.size() && state_ == State::Headers) {
@@ -218,6 +221,7 @@ size_t RequestParser::feed(std::string_view data) {
     line_.clear();
     if (!ok) return pos;
   }
+  if (stop_after_headers) return pos;  // the body, if any, is read by feed()
   if (state_ == State::Body && pos < data.size()) pos += feed_body(data.substr(pos));
   return pos;
 }
@@ -321,7 +325,7 @@ bool RequestParser::on_headers_end() {
     if (digits.size() > 18 || std::stoull(digits) > limits_.max_body_bytes)
       return fail(413, "Request body too large: the limit is " + std::to_string(limits_.max_body_bytes) + " bytes.",
                   "payload_too_large");
-    remaining_ = std::stoull(digits);
+    remaining_ = declared_ = std::stoull(digits);
     framing_ = Framing::Length;
   } else {
     framing_ = Framing::None;
@@ -333,7 +337,9 @@ bool RequestParser::on_headers_end() {
     state_ = State::Done;
     return true;
   }
-  req_.body.reserve(std::min<uint64_t>(framing_ == Framing::Length && !inflater_ ? remaining_ : 0, limits_.max_body_bytes));
+  // The room for a body of known length is taken with its first byte, not now: the caller may refuse the body first.
+  reserve_ = size_t(
+      std::min<uint64_t>(framing_ == Framing::Length && !inflater_ ? remaining_ : 0, limits_.max_body_bytes));
   state_ = State::Body;
   return true;
 }
@@ -344,6 +350,10 @@ bool RequestParser::body_bytes(std::string_view data) {
     return fail(413, "Request body too large: the limit is " + std::to_string(limits_.max_body_bytes) + " bytes.",
                 "payload_too_large");
   if (!inflater_) {
+    if (reserve_) {
+      req_.body.reserve(reserve_);
+      reserve_ = 0;
+    }
     req_.body.append(data);
     return true;
   }

@@ -43,6 +43,9 @@ class RequestParser {
   // Consumes bytes of this request (never past its end: bytes of a pipelined next request are left);
   // returns how many were consumed. Nothing is consumed once the state is Done or Error.
   size_t feed(std::string_view data);
+  // As feed(), but it stops once the headers are complete, before any byte of the body: the caller looks at the
+  // headers (route, API key, room for the body) before the body is read or any memory is taken for it.
+  size_t feed_headers(std::string_view data);
 
   State state() const { return state_; }
   bool started() const { return started_; }          // a byte of this request arrived
@@ -55,6 +58,8 @@ class RequestParser {
   const std::string& error_message() const { return error_message_; }
   const std::string& error_code() const { return error_code_; }  // e.g. "payload_too_large"
   uint64_t body_bytes_received() const { return raw_body_; }    // on the wire (before decoding)
+  // The body's length as declared by Content-Length (0 when chunked or without a body), known once the headers are in.
+  uint64_t declared_length() const { return declared_; }
 
  private:
   struct Inflater;
@@ -66,6 +71,7 @@ class RequestParser {
   bool on_request_line(std::string_view line);
   bool on_header_line(std::string_view line);
   bool on_headers_end();
+  size_t feed_impl(std::string_view data, bool stop_after_headers);
   size_t feed_body(std::string_view data);
   size_t feed_chunked(std::string_view data);
   bool body_bytes(std::string_view data);  // decoded into req_.body, bounded
@@ -88,6 +94,8 @@ class RequestParser {
   Framing framing_ = Framing::None;
   uint64_t remaining_ = 0;  // Length: body bytes to come; Chunked: bytes left in the chunk
   uint64_t raw_body_ = 0;
+  uint64_t declared_ = 0;   // Content-Length
+  size_t reserve_ = 0;      // the room the body takes in req_.body, taken with its first byte
   ChunkState chunk_ = ChunkState::Size;
   std::unique_ptr<Inflater> inflater_;
 };

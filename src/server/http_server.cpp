@@ -86,6 +86,7 @@ HttpStats HttpServer::stats() const {
   s.busy_workers = impl_->busy.load();
   s.pending = impl_->n_pending.load();
   s.pending_bytes = impl_->n_pending_bytes.load();
+  s.receiving_bytes = impl_->n_receiving_bytes.load();
   s.timeouts = impl_->timeouts.load();
   s.rejected_busy = impl_->rejected.load();
   s.evicted = impl_->evicted.load();
@@ -167,6 +168,8 @@ void HttpServer::stop() {
   I.tasks.clear();
   I.pending_body = 0;
   I.n_pending_bytes = 0;
+  I.buffered_body = 0;
+  I.n_receiving_bytes = 0;
   for (auto& [fd, c] : I.conns) ::close(fd);
   I.conns.clear();
   I.ready.clear();
@@ -360,9 +363,46 @@ void HttpServer::Impl::close_conn(int fd) {
   n_conns = int64_t(conns.size());
 }
 
-void HttpServer::Impl::release_body(Conn& c) {
-  buffered_body -= std::min(buffered_body, c.body_counted);
-  c.body_counted = 0;
+void HttpServer::Impl::release_body(Conn& c) { count_body(c, 0); }
+
+// Counts `bytes` as the connection's body in the total of the bodies being received.
+void HttpServer::Impl::count_body(Conn& c, size_t bytes) {
+  buffered_body = buffered_body - std::min(buffered_body, c.body_counted) + bytes;
+  c.body_counted = bytes;
+  n_receiving_bytes = int64_t(buffered_body);
+}
+
+// When a request's headers are in and a body follows: its declared length (Content-Length; a chunked body needs room
+// for a byte) is reserved among the bodies being received, or, when that would take them past
+// max_buffered_body_bytes, the request is refused at once (busy), before any byte of its body is read. A body larger
+// than the bound is taken when no other is being received. Returns false when refused.
+bool HttpServer::Impl::admit_body(Conn& c) {
+  const RequestParser& p = *c.parser;
+  if (p.state() != RequestParser::State::Body) return true;
+  const uint64_t need = std::max<uint64_t>(p.declared_length(), 1);
+  const size_t others = buffered_body - std::min(buffered_body, c.body_counted);
+  if (others > 0 && others + need > opts.max_buffered_body_bytes) {
+    rejected++;
+    answer_busy(c, "The server is receiving too many request bodies at once; retry shortly.");
+    return false;
+  }
+  count_body(c, size_t(p.declared_length()));
+  return true;
+}
+
+// As a body arrives: the bytes beyond what it reserved (a chunked or compressed body) are counted, and refused
+// (busy) when they take the bodies being received past max_buffered_body_bytes while other bodies hold some. A body
+// within its declared length adds nothing, so a body taken with one is never cut off. Returns false when refused.
+bool HttpServer::Impl::body_fits(Conn& c) {
+  const size_t body = c.parser->request().body.size();
+  if (body <= c.body_counted) return true;
+  count_body(c, body);
+  if (buffered_body > opts.max_buffered_body_bytes && buffered_body > c.body_counted) {
+    rejected++;
+    answer_busy(c, "The server is receiving too many request bodies at once; retry shortly.");
+    return false;
+  }
+  return true;
 }
 
 void HttpServer::Impl::on_event(Conn& c, uint32_t ev) {
@@ -429,26 +469,18 @@ void HttpServer::Impl::process(Conn& c) {
     }
     RequestParser& p = *c.parser;
     const bool fresh = !p.started();
-    const size_t used = p.feed(c.in);
+    // The headers alone until they were checked (after_headers): a body is read only once there is room for it.
+    const size_t used = c.headers_handled ? p.feed(c.in) : p.feed_headers(c.in);
     c.in.erase(0, used);
     // The headers' deadline runs from the request's first byte, read now or received with the request
     // before it (pipelined: its clock starts once that one is answered), never the idle deadline.
     if (fresh && p.started()) c.deadline = Clock::now() + ms(opts.header_timeout_ms);
-    const size_t body = p.request().body.size();
-    if (body > c.body_counted) {
-      buffered_body += body - c.body_counted;
-      c.body_counted = body;
-      if (buffered_body > opts.max_buffered_body_bytes) {
-        rejected++;
-        if (!c.route && !p.request().path.empty()) c.route = shape_route(p.request().method, p.request().path);
-        return answer_busy(c, "The server is receiving too many request bodies at once; retry shortly.");
-      }
-    }
     if (p.state() == RequestParser::State::Error) {
       if (!c.route && !p.request().path.empty()) c.route = shape_route(p.request().method, p.request().path);
       return answer_error(c, p.error_status(), p.error_message(), p.error_code());
     }
     if (p.headers_done() && !c.headers_handled && !after_headers(c)) return;
+    if (!body_fits(c)) return;
     if (p.state() == RequestParser::State::Done) {
       complete(c);
       ++answered;
@@ -502,7 +534,9 @@ bool HttpServer::Impl::after_headers(Conn& c) {
       return false;
     }
   }
-  if (c.parser->expect_continue() && c.parser->state() == RequestParser::State::Body) {
+  if (!admit_body(c)) return false;
+  // (No 100 Continue once body bytes came with the headers: RFC 9110 lets the server omit it then.)
+  if (c.parser->expect_continue() && c.parser->state() == RequestParser::State::Body && c.in.empty()) {
     c.out += "HTTP/1.1 100 Continue\r\n\r\n";
     flush(c);
     if (!conns.count(c.fd)) return false;
@@ -619,6 +653,10 @@ void HttpServer::Impl::answer_error(Conn& c, int status, const std::string& mess
                  req.path.empty() ? "-" : req.path.c_str(), status, message.c_str());
   std::string out = http_detail::simple_response(status, error_json(c.route, status, message, code), default_headers,
                                                  extra, false);
+  // The connection closes after this answer: the request's body (read so far) is never used, and no longer counted
+  // among the bodies being received while the answer is written and the connection lingers.
+  std::string().swap(c.parser->request().body);
+  release_body(c);
   c.in.clear();
   queue_out(c, std::move(out), true);
 }

@@ -16,7 +16,13 @@
 // dropped) and hand a keep-alive connection back to the I/O thread. Open connections are capped
 // (max_connections): past the cap the idle connection that has waited longest is closed to make room (idle =
 // between requests, or still sending its headers), or the new one gets 503 when none is idle. The bodies being
-// received are capped together (max_buffered_body_bytes; beyond it 503).
+// received are bounded together (max_buffered_body_bytes): only a request's headers are read until they were
+// checked, then a body with a Content-Length reserves that length, or is refused at once with the route's busy answer
+// (503; Anthropic's 529), before any byte of it is read or any room taken for it, when it does not fit beside the
+// bodies being received; a chunked (or compressed) body counts its bytes as they arrive (beyond its declared length)
+// and gets the same answer when they take the total past the bound. A body taken with its declared length is never
+// cut off for room, and a body larger than the bound is received when no other is (so any body the limits admit can
+// be answered).
 #pragma once
 #include <atomic>
 #include <chrono>
@@ -62,7 +68,9 @@ struct HttpServerOptions {
   int body_timeout_ms = 60000;     // the whole body, from the end of the headers
   int idle_timeout_ms = 30000;     // a connection with no request in progress (new, or between requests)
   int write_timeout_ms = 30000;    // a write that makes no progress
-  size_t max_buffered_body_bytes = size_t(256) << 20;  // bodies being received, all connections together
+  // The bodies being received, all connections together (declared lengths reserved; see above). Without it each of
+  // max_connections could hold a body of max_body_bytes.
+  size_t max_buffered_body_bytes = size_t(256) << 20;
 };
 
 struct RouteOptions {
@@ -74,6 +82,7 @@ struct RouteOptions {
 struct HttpStats {
   int64_t connections = 0, busy_workers = 0, pending = 0;
   int64_t pending_bytes = 0;  // the bytes of the bodies of the requests waiting for a worker
+  int64_t receiving_bytes = 0;  // the bytes of the bodies being received (declared lengths; max_buffered_body_bytes)
   int64_t timeouts = 0, rejected_busy = 0, evicted = 0;  // totals
 };
 

@@ -23,6 +23,12 @@
 // larger than the budget waits for nothing else to hold any) could wait until it was refused after its wait_ms. The
 // price: the bodies behind a large one wait until it fits too (its wait_ms at most).
 //
+// While it is received, a body counts against another budget, not this one: `serve --receive-mb` (256 MiB by default;
+// HttpServerOptions::max_buffered_body_bytes), where a Content-Length is reserved when the headers are in. How long a
+// body is received is its client's choice (up to --body-timeout-s), so that budget must be larger than the bodies any
+// few clients may declare: two connections declaring 8 MB and sending nothing would fill this one's 16 MiB for a
+// minute.
+//
 // Before its parse, a request waits for a worker when every worker is busy (ServerOptions::max_pending of them at most,
 // 32 by default, each up to --max-body-mb: ~256 MB of text): the HTTP layer bounds the bytes of their bodies by the
 // same capacity (HttpServerOptions::max_pending_body_bytes, set from parse_bytes in server.cpp), a request that would

@@ -81,7 +81,8 @@ HttpServerOptions http_options(const ServerOptions& o) {
   h.body_timeout_ms = o.body_timeout_ms;
   h.idle_timeout_ms = o.idle_timeout_ms;
   h.write_timeout_ms = o.write_timeout_ms;
-  h.max_buffered_body_bytes = std::max<size_t>(size_t(256) << 20, 4 * o.max_body_bytes);
+  h.max_buffered_body_bytes =
+      o.receive_bytes > 0 ? o.receive_bytes : std::max<size_t>(size_t(256) << 20, 4 * o.max_body_bytes);
   return h;
 }
 
@@ -152,6 +153,9 @@ std::string http_metrics(const HttpStats& s, const ParseBudget::Stats& p) {
   gauge("lilac_http_pending", "Complete requests waiting for a worker.", "gauge", s.pending);
   gauge("lilac_http_pending_bytes", "Bytes of the bodies of the requests waiting for a worker (bounded by --parse-mb).",
         "gauge", s.pending_bytes);
+  gauge("lilac_http_receiving_bytes",
+        "Bytes of the request bodies being received, declared lengths reserved (bounded by --receive-mb).", "gauge",
+        s.receiving_bytes);
   gauge("lilac_http_timeouts_total", "Requests whose headers or body did not arrive in time (408).", "counter",
         s.timeouts);
   gauge("lilac_http_rejected_busy_total", "Requests or connections refused with 503 because the server was full.",

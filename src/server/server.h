@@ -44,6 +44,10 @@ struct ServerOptions {
   // and those of the requests waiting for a worker (max_pending), are bounded by parse_bytes too.
   size_t parse_bytes = size_t(16) << 20;
   int parse_wait_ms = 5000;
+  // Request bodies being received at once, all connections together (HttpServerOptions::max_buffered_body_bytes;
+  // --receive-mb): a body's declared length is reserved when its headers are in (503 at once, 529 on Anthropic's
+  // routes, when it does not fit). 0: 256 MiB, or 4 * max_body_bytes when larger.
+  size_t receive_bytes = 0;
   int max_queue = 64;              // queued + running generations; more -> 429
   int64_t max_seq = 32768;         // prompt + max_tokens limit (and the session's capacity)
   size_t cache_bytes = size_t(2048) << 20;  // prefix-cache budget (SessionSnapshot::bytes())

@@ -132,6 +132,41 @@ TEST(HttpParser, AbsurdContentLengthIs413AtOnce) {
   EXPECT_EQ(ok.state(), State::Done);
 }
 
+// feed_headers stops at the end of the headers (the server checks them, and makes room for the body, before any byte
+// of it is read): the declared length is known, no body byte is taken and no room is reserved for it yet; feed() then
+// reads the body, a pipelined next request left as before.
+TEST(HttpParser, FeedHeadersStopsBeforeTheBody) {
+  const std::string body(5000, 'a');
+  const std::string req = post("Content-Length: 5000\r\n", body);
+  for (size_t step : {size_t(0), size_t(1), size_t(7)}) {
+    RequestParser p(small(100000));
+    const std::string bytes = req + "GET /next";
+    size_t used = 0;
+    while (!p.headers_done() && p.state() != State::Error) {
+      const size_t n = p.feed_headers(std::string_view(bytes).substr(used, step ? step : bytes.size()));
+      ASSERT_GT(n, 0u) << step;
+      used += n;
+    }
+    EXPECT_EQ(used, req.size() - body.size()) << step;
+    EXPECT_EQ(p.state(), State::Body) << step;
+    EXPECT_EQ(p.declared_length(), 5000u);
+    EXPECT_EQ(p.body_bytes_received(), 0u);
+    EXPECT_LT(p.request().body.capacity(), body.size()) << "room taken before the body was admitted";
+    EXPECT_EQ(p.feed_headers(std::string_view(bytes).substr(used)), 0u) << "feed_headers read a body byte";
+    used += p.feed(std::string_view(bytes).substr(used));
+    EXPECT_EQ(used, req.size()) << step;
+    EXPECT_EQ(p.state(), State::Done) << step;
+    EXPECT_EQ(p.request().body, body);
+  }
+  RequestParser c(small());  // chunked: no declared length
+  c.feed_headers(post("Transfer-Encoding: chunked\r\n", "3\r\nabc\r\n0\r\n\r\n"));
+  EXPECT_EQ(c.state(), State::Body);
+  EXPECT_EQ(c.declared_length(), 0u);
+  RequestParser g(small());  // no body: done with its headers
+  EXPECT_EQ(g.feed_headers("GET / HTTP/1.1\r\n\r\n"), 18u);
+  EXPECT_EQ(g.state(), State::Done);
+}
+
 TEST(HttpParser, PostWithoutLengthIs411NotReadToEof) {
   RequestParser p(small());
   feed(p, post("", "{\"a\": 1}"));

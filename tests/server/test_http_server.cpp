@@ -1,8 +1,8 @@
 // HttpServer (lilac's HTTP layer) over real sockets: inline routes answer while every worker is stalled,
 // slow-header and slow-body clients get 408 without holding a worker (a pipelined partial request too),
 // the connection cap evicts idle connections, a full wait queue (by count or by its bodies' bytes) answers 503 at
-// once, 405 with Allow,
-// per-route error shapes, the header check runs before the body is read, 100-continue, keep-alive and
+// once, the bodies being received are bounded by bytes (declared lengths reserved before any byte is read),
+// 405 with Allow, per-route error shapes, the header check runs before the body is read, 100-continue, keep-alive and
 // pipelining (a pipelining connection answered a few requests per pass of the I/O loop, none lost),
 // drain, a client that goes away is seen, stop() does not hang on a client that stopped reading.
 #include <gtest/gtest.h>
@@ -192,6 +192,71 @@ TEST(HttpServer, TheBodiesWaitingForAWorkerAreBoundedByBytes) {
   EXPECT_EQ(status_of(b), 503) << b;
   t.gate.release();
   for (auto& c : held) EXPECT_EQ(status_of(c->answer()), 200);
+}
+
+// The bodies being received were bounded by the bytes that had arrived only (max_buffered_body_bytes): a Content-Length
+// body was taken (100 Continue) whatever the others held, so it learnt it did not fit only once its bytes came, and a
+// body taken could be cut off mid-way with 503 by others' bytes arriving meanwhile. A Content-Length body now reserves
+// its declared length when its headers are in, and is refused at once (503, before any byte of it is read) when that
+// does not fit beside the bodies being received; a chunked body is counted as it arrives, and refused when it passes
+// the bound beside the others. A body taken with a declared length is never cut off for room, and a body larger than
+// the bound is received when no other is.
+TEST(HttpServer, TheBodiesBeingReceivedAreBoundedByBytes) {
+  HttpServerOptions o = opts(4);
+  o.max_buffered_body_bytes = 1000;
+  TestServer s(o);
+  const std::string kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
+  auto head = [](size_t length) {
+    return "POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: " + std::to_string(length) +
+           "\r\nExpect: 100-continue\r\n\r\n";
+  };
+  auto busy = [](const std::string& a) {
+    EXPECT_EQ(status_of(a), 503) << a;
+    EXPECT_NE(a.find("server_busy"), std::string::npos) << a;
+    EXPECT_NE(a.find("Retry-After: 1"), std::string::npos) << a;
+  };
+  // A declares 900 bytes: taken (100 Continue), and sends 100 of them.
+  Sock a(s.port);
+  ASSERT_TRUE(a.send(head(900)));
+  ASSERT_EQ(a.read(10000ms, "\r\n\r\n"), kContinue);
+  EXPECT_EQ(s.http.stats().receiving_bytes, 900);  // reserved before the 100 Continue
+  ASSERT_TRUE(a.send(std::string(100, 'a')));
+  // B declares 200: beside A's 900 it would pass the bound, so it is refused before it sends a byte of its body.
+  Sock b(s.port);
+  ASSERT_TRUE(b.send(head(200)));
+  busy(b.answer());
+  // C is chunked: taken (there is room for a byte), counted as it arrives; 850 bytes beside A's 900 are refused.
+  Sock c(s.port);
+  ASSERT_TRUE(c.send("POST /echo HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\nExpect: 100-continue\r\n\r\n"));
+  ASSERT_EQ(c.read(10000ms, "\r\n\r\n"), kContinue);
+  ASSERT_TRUE(c.send("352\r\n" + std::string(850, 'c')));
+  busy(c.answer());
+  EXPECT_EQ(s.http.stats().receiving_bytes, 900);  // C's bytes are no longer counted (nor held) once it is refused
+  // A is received in full and answered: what the others sent never cut it off.
+  ASSERT_TRUE(a.send(std::string(800, 'a')));
+  std::string ra = a.answer();
+  EXPECT_EQ(status_of(ra), 200) << ra;
+  EXPECT_NE(ra.find(std::string(900, 'a')), std::string::npos) << ra.substr(0, 300);
+  EXPECT_EQ(s.http.stats().receiving_bytes, 0);
+  // Nothing is received now: a body of the whole bound fits, and one larger than it is received alone.
+  Sock d(s.port);
+  ASSERT_TRUE(d.send(post("/echo", std::string(1000, 'd'))));
+  EXPECT_EQ(status_of(d.answer()), 200);
+  Sock e(s.port);
+  ASSERT_TRUE(e.send(head(1500)));
+  ASSERT_EQ(e.read(10000ms, "\r\n\r\n"), kContinue);
+  EXPECT_EQ(s.http.stats().receiving_bytes, 1500);
+  ASSERT_TRUE(e.send(std::string(500, 'e')));
+  Sock f(s.port);  // beside it even a small body is refused
+  ASSERT_TRUE(f.send(post("/echo", "{}")));
+  busy(f.answer());
+  ASSERT_TRUE(e.send(std::string(1000, 'e')));
+  std::string re = e.answer();
+  EXPECT_EQ(status_of(re), 200) << re.substr(0, 300);
+  EXPECT_NE(re.find(std::string(1500, 'e')), std::string::npos);
+  EXPECT_EQ(s.http.stats().rejected_busy, 3);
+  EXPECT_EQ(s.served.load(), 3);
+  EXPECT_EQ(s.http.stats().receiving_bytes, 0);
 }
 
 TEST(HttpServer, SlowHeadersAndSlowBodiesGet408WithoutAWorker) {

@@ -1,5 +1,6 @@
 // The request bodies parsed and prepared at once (server/parse_budget.h, `serve --parse-mb`): the budget itself, and
-// the server's routes under it (the heap counted exactly: heap_count.h).
+// the server's routes under it (the heap counted exactly: heap_count.h); and the bodies being received
+// (`serve --receive-mb`), refused in their route's shape.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -406,6 +407,53 @@ TEST(ParseBudget, TheBodiesWaitingForAWorkerAreBoundedByTheBudget) {
     }
   }
   EXPECT_EQ(metric(srv.port, "lilac_http_pending_bytes"), 0);
+  EXPECT_EQ(metric(srv.port, "lilac_http_rejected_busy_total"), 2);
+  EXPECT_EQ(metric(srv.port, "lilac_parse_refused_total"), 0);
+}
+
+// The bodies being received were bounded by the bytes that had arrived only, by a constant of the HTTP layer (256 MiB,
+// or 4 x --max-body-mb): a body was taken and read whatever the others held, and one taken could be cut off mid-way
+// by others' bytes. --receive-mb bounds them now, declared lengths reserved when the headers are in: beside a 0.8 MB
+// body being received (lilac_http_receiving_bytes), a 0.3 MB body gets the busy answer at once, in its route's shape
+// (503 server_busy; Anthropic's 529 overloaded_error on /v1/messages), a small body is answered, and the large body,
+// once all of it has come, is answered as if nothing had happened.
+TEST(ReceiveBudget, ABodyThatDoesNotFitBesideTheBodiesBeingReceivedIsRefusedAtOnce) {
+  auto o = lilac::test::LocalServer::options();
+  o.receive_bytes = size_t(1) << 20;
+  lilac::test::LocalServer srv(o);
+  const std::string big = body_over_half_a_mib();
+  lilac::test::Sock holder(srv.port);
+  ASSERT_TRUE(holder.send("POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+                          "Content-Length: " + std::to_string(big.size()) + "\r\nExpect: 100-continue\r\n\r\n"));
+  ASSERT_EQ(holder.read(std::chrono::milliseconds(10000), "\r\n\r\n"), "HTTP/1.1 100 Continue\r\n\r\n");
+  ASSERT_TRUE(holder.send(big.substr(0, 1000)));
+  EXPECT_EQ(metric(srv.port, "lilac_http_receiving_bytes"), int64_t(big.size()));
+  const std::string third = padded_body(kChat, 75000);  // 0.3 MB: not beside 0.8 MB in 1 MiB
+  ASSERT_GT(third.size() + big.size(), size_t(1) << 20);
+  for (const std::string path : {"/v1/chat/completions", "/v1/messages"}) {
+    const auto r = httplib::Client("127.0.0.1", srv.port).Post(path, third, "application/json");
+    ASSERT_TRUE(r) << path;
+    const json e = json::parse(r->body, nullptr, false);
+    EXPECT_EQ(r->get_header_value("Retry-After"), "1") << path;
+    if (path == "/v1/messages") {
+      EXPECT_EQ(r->status, 529) << r->body;
+      EXPECT_EQ(e["type"], "error") << r->body;
+      EXPECT_EQ(e["error"]["type"], "overloaded_error") << r->body;
+    } else {
+      EXPECT_EQ(r->status, 503) << r->body;
+      EXPECT_EQ(e["error"]["type"], "service_unavailable_error") << r->body;
+      EXPECT_EQ(e["error"]["code"], "server_busy") << r->body;
+    }
+  }
+  EXPECT_EQ(metric(srv.port, "lilac_http_receiving_bytes"), int64_t(big.size()));
+  // A small body fits beside it.
+  lilac::test::post_json(srv.port, "/v1/messages", json::parse(kChat + "}"));
+  // The large body, all come: answered.
+  ASSERT_TRUE(holder.send(big.substr(1000)));
+  const std::string a = holder.answer(std::chrono::milliseconds(60000));
+  EXPECT_EQ(lilac::test::status_of(a), 200) << a.substr(0, 300);
+  EXPECT_NE(a.find("\"chat.completion\""), std::string::npos) << a.substr(0, 300);
+  EXPECT_EQ(metric(srv.port, "lilac_http_receiving_bytes"), 0);
   EXPECT_EQ(metric(srv.port, "lilac_http_rejected_busy_total"), 2);
   EXPECT_EQ(metric(srv.port, "lilac_parse_refused_total"), 0);
 }
