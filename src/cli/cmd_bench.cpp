@@ -69,6 +69,7 @@ struct BenchOptions {
   uint64_t seed = 1;
   double peak_tbs = 4.3;
   int spec_tokens = 0;
+  int64_t draft_vocab = 0;   // --draft-vocab (Session::set_draft_vocab)
   std::string draft_accept;  // comma-separated probabilities; empty: the head's own drafts
   std::string spec_policy = "both";
   double token_mask = -1;    // > 0: also decode with a token mask allowing this fraction of the vocabulary
@@ -330,6 +331,7 @@ int run_bench(const BenchOptions& o) {
     backend = make_backend(o.backend, load_model(o.model), o.threads);
     what = o.model;
   }
+  backend->set_draft_vocab(o.draft_vocab);
   const double load_s = secs(t_load0, Clock::now());
   const ModelConfig& cfg = backend->config();
   std::printf("lilac bench: %s\nbackend: %s (%s), load %.1f s\n", what.c_str(), backend->name().c_str(),
@@ -342,6 +344,7 @@ int run_bench(const BenchOptions& o) {
   out["decode_tokens"] = o.decode_tokens;
   out["peak_tb_s"] = o.peak_tbs;
   out["spec_tokens"] = o.spec_tokens;
+  if (o.draft_vocab > 0) out["draft_vocab"] = o.draft_vocab;
   if (!so.accept.empty()) out["draft_accept"] = so.accept;
   out["results"] = nlohmann::json::array();
   std::mt19937_64 rng(o.seed);
@@ -395,6 +398,7 @@ const bool registered = register_command(Command{
       sub.add_option("--spec-tokens", o->spec_tokens,
                      "Speculative decoding with at most K drafts per step, next to plain decoding (default 0: off)");
       add_spec_policy_option(sub, o->spec_policy, /*allow_both=*/true);
+      add_draft_vocab_option(sub, o->draft_vocab);
       sub.add_option("--token-mask", o->token_mask,
                      "Also decode with a token mask (constrained decoding) before every step allowing this fraction "
                      "of the vocabulary (0..1), and report the masked decode speed next to the plain one");

@@ -32,6 +32,7 @@ struct Args {
   int threads = 0;
   int max_tokens = 32;
   int spec_tokens = 0;
+  int64_t draft_vocab = 0;
   std::string spec_policy = "adaptive";
   bool ignore_eos = false;
   // Sampling: unset options take the model's generation_config.json defaults, else greedy.
@@ -118,6 +119,7 @@ int run(const Args& a) {
 
   auto weights = load_model(a.model);
   auto backend = make_backend(a.backend, weights, a.threads);
+  backend->set_draft_vocab(a.draft_vocab);
   const ModelConfig& cfg = backend->config();
   const SamplingParams sp = sampling_params(a, cfg);
   std::fprintf(stderr, "backend: %s; prompt %zu tokens; temperature %g top_p %g top_k %d min_p %g seed %llu\n",
@@ -205,6 +207,7 @@ const bool registered = register_command(Command{
       sub.add_option("--max-tokens", a->max_tokens, "maximum number of tokens to generate")->capture_default_str();
       add_backend_options(sub, a->backend, a->threads);
       add_spec_option(sub, a->spec_tokens);
+      add_draft_vocab_option(sub, a->draft_vocab);
       add_spec_policy_option(sub, a->spec_policy);
       sub.add_option("--temperature", a->temperature, "0 = greedy (default: generation_config.json, else 0)");
       sub.add_option("--top-p", a->top_p, "nucleus sampling");

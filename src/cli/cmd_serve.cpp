@@ -66,7 +66,7 @@ struct ServeArgs {
   std::string model, backend = "auto", model_name, api_key, host = "127.0.0.1";
   int port = 8080, threads = 0, max_queue = 64, http_threads = 0, max_connections = 1024, max_batch = 0,
       spec_tokens = 0, spec_max_batch = kDefaultSpecMaxBatch, synthetic_layers = 0;
-  int64_t max_seq = 0, prefill_chunk = 512;
+  int64_t max_seq = 0, prefill_chunk = 512, draft_vocab = 0;
   std::string spec_policy = "adaptive", burst_prefill = "on";
   double seq_memory_gb = 0;
   int debug_load_delay_ms = 0;  // tests: keep /health at 503 this long
@@ -166,6 +166,7 @@ int run(const ServeArgs& a) {
     backend = make_backend(a.backend, weights, a.threads);
     effective_spec_tokens(a.spec_tokens, *backend, *weights);  // logs whether it applies, and why not
   }
+  backend->set_draft_vocab(a.draft_vocab);
   srv.set_model(backend, tok, tmpl);
   std::printf(
       "lilac: ready: model '%s' on %s, context %lld tokens, %lld concurrent generations, queue %d, prefix cache "
@@ -260,6 +261,7 @@ const bool registered = register_command(Command{
                      "On SIGTERM / SIGINT: seconds running generations get to finish before they end with an error")
           ->capture_default_str();
       add_spec_option(sub, a->spec_tokens);
+      add_draft_vocab_option(sub, a->draft_vocab);
       add_spec_policy_option(sub, a->spec_policy);
       sub.add_option("--spec-max-batch", a->spec_max_batch,
                      "Speculative decoding only while at most N streams decode; above N every stream steps in the "

@@ -24,6 +24,15 @@ void add_spec_option(CLI::App& sub, int& spec_tokens) {
       ->capture_default_str();
 }
 
+void add_draft_vocab_option(CLI::App& sub, int64_t& draft_vocab) {
+  draft_vocab = 0;
+  sub.add_option("--draft-vocab", draft_vocab,
+                 "speculative decoding: draft only among token ids below N (the frequent end of a BPE vocabulary): "
+                 "cheaper drafts, possibly fewer accepted; output unchanged (0 = all)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 24))
+      ->capture_default_str();
+}
+
 void add_spec_policy_option(CLI::App& sub, std::string& policy, bool allow_both) {
   policy = allow_both ? "both" : "adaptive";
   sub.add_option("--spec-policy", policy,

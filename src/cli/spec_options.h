@@ -19,6 +19,10 @@ void add_spec_option(CLI::App& sub, int& spec_tokens);
 // `allow_both` (bench: measure the two side by side, its default). Parse it with parse_spec_policy.
 void add_spec_policy_option(CLI::App& sub, std::string& policy, bool allow_both = false);
 
+// Adds `--draft-vocab N` (drafts only among token ids < N; 0 = the whole vocabulary, the default): the MTP head's
+// LM head then computes N rows per draft (Session::set_draft_vocab). Apply it with backend.set_draft_vocab.
+void add_draft_vocab_option(CLI::App& sub, int64_t& draft_vocab);
+
 // K when `backend` can draft for this model, else 0 -- with a log line saying why when K > 0 was asked
 // for (no MTP head in the checkpoint: weights.no_mtp_reason; or a backend without drafting).
 int effective_spec_tokens(int requested, Backend& backend, const ModelWeights& weights);

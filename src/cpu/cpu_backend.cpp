@@ -153,6 +153,9 @@ class CpuSessionImpl : public CpuSession {
   void set_draft_logits_sink(LogitsSink sink) override {
     if (mtp_) mtp_->set_sink(std::move(sink));
   }
+  void set_draft_vocab(int64_t n) override {
+    if (mtp_) mtp_->set_draft_vocab(n);
+  }
   std::vector<int32_t> draft(int k) override {
     if (!mtp_ || !drafting_ || next_token_ < 0) return {};
     k = int(std::min<int64_t>(k, max_len_ - len_ - 1));  // verify feeds k + 1 rows
@@ -603,7 +606,9 @@ std::vector<TokenChoice> CpuBackend::decode_batch(std::span<Session* const> sess
 std::unique_ptr<Session> CpuBackend::new_session(int64_t max_length) {
   if (max_length <= 0) max_length = w_->config.max_position_embeddings;
   if (max_length <= 0) throw InputError("cpu backend: max_length must be positive");
-  return std::make_unique<CpuSessionImpl>(*this, max_length);
+  auto s = std::make_unique<CpuSessionImpl>(*this, max_length);
+  s->set_draft_vocab(draft_vocab_);
+  return s;
 }
 
 }  // namespace

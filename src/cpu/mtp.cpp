@@ -10,7 +10,7 @@
 namespace lilac::cpu {
 
 MtpHead::MtpHead(const ModelWeights& w, ThreadPool* pool, const float* inv_freq, int64_t max_len)
-    : w_(w), cfg_(w.config), pool_(pool), inv_freq_(inv_freq), max_len_(max_len) {
+    : w_(w), cfg_(w.config), pool_(pool), inv_freq_(inv_freq), max_len_(max_len), draft_vocab_(w.config.vocab_size) {
   LILAC_CHECK(w.has_mtp(), "MtpHead: the model has no MTP head");
 }
 
@@ -66,13 +66,15 @@ std::vector<int32_t> MtpHead::draft(int32_t next, int64_t len, int k) {
   // Logits with no number in them (broken mtp.* weights, an overflow in the head) have no argmax (-1): the chain
   // stops there. Drafts are only proposals; a -1 fed to the next forward or to verify failed the request, where the
   // same request without speculation succeeds.
+  // The drafts are the argmax over the draft vocabulary, ids [0, draft_vocab_) (set_draft_vocab).
+  const std::span<const float> drafted(logits.data(), static_cast<size_t>(draft_vocab_));
   std::vector<int32_t> drafts;
-  if (const int32_t t = argmax(logits); t >= 0) drafts.push_back(t);
+  if (const int32_t t = argmax(drafted); t >= 0) drafts.push_back(t);
   std::vector<float> gj(g.end() - H, g.end()), gn(static_cast<size_t>(H));
   for (int j = 2; j <= k && !drafts.empty() && len + j - 2 < max_len_; ++j) {
     const int32_t prev = drafts.back();
     forward(gj.data(), &prev, 1, len + j - 2, gn.data(), logits.data(), false);
-    const int32_t t = argmax(logits);
+    const int32_t t = argmax(drafted);
     if (t < 0) break;
     drafts.push_back(t);
     gj.swap(gn);
@@ -115,7 +117,9 @@ void MtpHead::forward(const float* h, const int32_t* x, int64_t n, int64_t pos0,
       if (last_logits && b + r == n) std::memcpy(last_logits, lg.data() + (r - 1) * V, static_cast<size_t>(V) * sizeof(float));
     }
   } else if (last_logits) {
-    qmatvec(w_.lm_head, g + (n - 1) * H, last_logits, pool_);
+    QMatrix head = w_.lm_head;  // a draft row: the draft vocabulary's rows (the first rows of the matrix)
+    head.rows = draft_vocab_;
+    qmatvec(head, g + (n - 1) * H, last_logits, pool_);
   }
 }
 

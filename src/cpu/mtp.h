@@ -55,6 +55,8 @@ class MtpHead {
 
   // The session fed `tokens` at positions pos0 .. pos0 + n - 1; `hidden` [n, hidden] their post-norm hiddens.
   void on_rows(int64_t pos0, std::span<const int32_t> tokens, const float* hidden);
+  // Drafts only among token ids < n (n <= 0 or >= the vocabulary: all): a chain row's LM head computes n rows.
+  void set_draft_vocab(int64_t n) { draft_vocab_ = n > 0 && n < cfg_.vocab_size ? n : cfg_.vocab_size; }
   // Up to k drafts after the pending token `next` (context length `len`); empty when not valid.
   std::vector<int32_t> draft(int32_t next, int64_t len, int k);
 
@@ -74,6 +76,7 @@ class MtpHead {
   int64_t max_len_;
   bool kv_bf16_ = false;
   LogitsSink sink_;
+  int64_t draft_vocab_;  // set_draft_vocab's (the constructor: all)
   MtpData d_;
 };
 

@@ -52,7 +52,9 @@ class CudaBackendImpl : public Backend {
   const ModelConfig& config() const override { return m_->cfg; }
   std::unique_ptr<Session> new_session(int64_t max_length) override {
     std::lock_guard<std::mutex> lk(mu_);  // one at a time: a new session may move its pool's arrays
-    return std::make_unique<CudaSession>(*m_, pool_for(clamp_len(max_length)));
+    auto s = std::make_unique<CudaSession>(*m_, pool_for(clamp_len(max_length)));
+    s->set_draft_vocab(draft_vocab_);
+    return s;
   }
   std::vector<TokenChoice> decode_batch(std::span<Session* const> sessions) override;
   int max_batch() const override { return rows::kMaxRows; }

@@ -59,6 +59,7 @@ class CudaSession : public Session, public PoolClient {
   std::vector<int32_t> draft(int k) override;
   std::vector<TokenChoice> verify(std::span<const int32_t> drafts) override;
   void set_draft_logits_sink(LogitsSink sink) override;
+  void set_draft_vocab(int64_t n) override;
   // Measured on the H200 (bench/BENCHMARKS.md, "Speculative decoding (MTP head), CUDA"): a draft ~0.11 of a
   // 2.2 ms step, a verify of m rows ~1 + 0.4 (m - 1) steps. Only the adaptive policy's start: it times them.
   SpecCostHint spec_cost_hint() const override { return {0.12, 0.4}; }
@@ -154,6 +155,7 @@ class CudaSession : public Session, public PoolClient {
   int32_t* drafts_ = nullptr;           // device [kMaxDrafts]: the last draft()'s tokens
   std::vector<int32_t> last_drafts_;    // their host copy
   LogitsSink draft_sink_;
+  int64_t draft_vocab_ = 0;             // set_draft_vocab's (0: all)
   std::unique_ptr<VerifyStep> verify_;  // allocated on the first verify the rows step takes exactly
   VerifyOut* host_verify_ = nullptr;    // pinned
   int64_t rows_verifies_ = 0;

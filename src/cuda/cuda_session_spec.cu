@@ -50,11 +50,17 @@ void CudaSession::enable_drafting(bool on) {
     drafts_ = static_cast<int32_t*>(mem_.get(sizeof(int32_t) * kMaxDrafts));
     mtp_ = std::make_unique<MtpHead>(m_, mem_, seq_.max_len, drafts_);
     mtp_->set_sink(draft_sink_);
+    mtp_->set_draft_vocab(draft_vocab_);
   }
   if (on && seq_.len == 0)
     mtp_->reset(true, stream_);
   else if (mtp_)
     mtp_->invalidate();  // enabled over a context it did not follow (or turned off): no drafts until reset()
+}
+
+void CudaSession::set_draft_vocab(int64_t n) {
+  draft_vocab_ = n;
+  if (mtp_) mtp_->set_draft_vocab(n);
 }
 
 void CudaSession::set_draft_logits_sink(LogitsSink sink) {

@@ -221,7 +221,7 @@ void enqueue_decode_body(const DevModel& m, const SeqState& st, const DecodeScra
 }
 
 void enqueue_lm_head(const DevModel& m, const float* x, int64_t ldx, int M, const int32_t* row_slot,
-                     const float* norm_w, float* y, int64_t ldy, void* buf, cudaStream_t s) {
+                     const float* norm_w, float* y, int64_t ldy, void* buf, cudaStream_t s, int64_t rows) {
   digits::StageArgs st;
   st.x = x;
   st.ldx = ldx;
@@ -234,19 +234,24 @@ void enqueue_lm_head(const DevModel& m, const float* x, int64_t ldx, int M, cons
   digits::stage_rmsnorm(st, s);
   digits::GemvArgs g;
   g.W = m.lm_tiles;
+  if (rows > 0 && rows < g.W.rows) g.W.rows = rows;
   g.buf = buf;
   g.M = M;
   g.row_slot = row_slot;
   g.y = y;
-  g.ldy = ldy;
+  g.ldy = ldy > 0 ? ldy : m.lm_tiles.rows;  // a row stride of the whole vocabulary whatever `rows` is
   digits::gemv(g, s);
 }
 
-void enqueue_head_row(const DevModel& m, const float* norm_w, float* logits, const DecodeScratch& sc, cudaStream_t s) {
-  if (m.lm_tiles)
-    enqueue_lm_head(m, sc.h, 0, 1, nullptr, norm_w, logits, 0, sc.digits, s);
-  else
-    gemv_into(m.cfg, m.lm_head, sc.h, Prologue::RmsNorm, norm_w, nullptr, logits, false, s);
+void enqueue_head_row(const DevModel& m, const float* norm_w, float* logits, const DecodeScratch& sc, cudaStream_t s,
+                      int64_t rows) {
+  if (m.lm_tiles) {
+    enqueue_lm_head(m, sc.h, 0, 1, nullptr, norm_w, logits, 0, sc.digits, s, rows);
+  } else {
+    QMatrixDev W = m.lm_head;
+    if (rows > 0 && rows < W.rows) W.rows = rows;
+    gemv_into(m.cfg, W, sc.h, Prologue::RmsNorm, norm_w, nullptr, logits, false, s);
+  }
 }
 
 void enqueue_decode_head(const DevModel& m, const SeqState& st, const DecodeScratch& sc, cudaStream_t s) {

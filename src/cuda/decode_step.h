@@ -78,13 +78,16 @@ void enqueue_moe(const DevModel& m, const DevLayer& L, const DecodeScratch& sc, 
 // the head: final RMSNorm + LM head from sc.h into st.logits;
 void enqueue_decode_head(const DevModel& m, const SeqState& st, const DecodeScratch& sc, cudaStream_t s);
 // the LM head of sc.h after an RMSNorm with norm_w (the final norm; the MTP head's own), into logits: on the digits
-// kernels when the model has lm_tiles, else the fp16 GEMV;
-void enqueue_head_row(const DevModel& m, const float* norm_w, float* logits, const DecodeScratch& sc, cudaStream_t s);
+// kernels when the model has lm_tiles, else the fp16 GEMV; rows > 0: only the logits of token ids < rows (the first
+// rows of the matrix; on the digits kernels each is the same bits as in the whole head's launch);
+void enqueue_head_row(const DevModel& m, const float* norm_w, float* logits, const DecodeScratch& sc, cudaStream_t s,
+                      int64_t rows = 0);
 // The LM head of M rows x ([M][ldx]) after an RMSNorm with norm_w, on the digits kernels (m.lm_tiles required):
 // y [M][ldy]; buf: digits::stage_bytes(hidden, M). A row's logits are the same bits for every M (padding rows,
 // row_slot[r] < 0, are neither read nor written).
+// rows > 0: only the first `rows` outputs of each row (token ids < rows).
 void enqueue_lm_head(const DevModel& m, const float* x, int64_t ldx, int M, const int32_t* row_slot,
-                     const float* norm_w, float* y, int64_t ldy, void* buf, cudaStream_t s);
+                     const float* norm_w, float* y, int64_t ldy, void* buf, cudaStream_t s, int64_t rows = 0);
 // sampling from st.logits into *st.token and *st.result.
 void enqueue_sample(const SeqState& st, const DecodeScratch& sc, cudaStream_t s);
 

@@ -253,6 +253,7 @@ void MtpHead::alloc_rows(DevAlloc& mem) {
 MtpHead::MtpHead(const DevModel& m, DevAlloc& mem, int64_t max_len, int32_t* drafts)
     : m_(m), h_(*m.mtp), max_len_(max_len), drafts_(drafts), g_(std::make_unique<Graphs>()) {
   const ModelConfig& c = m.cfg;
+  draft_vocab_ = c.vocab_size;
   const int64_t H = c.hidden_size, kv_row = c.kv_dim();
   LILAC_CHECK(H <= 6144, "cuda mtp: hidden_size above 6144 is not supported");  // the input kernel's 2H floats of shared memory
   k_ = static_cast<__nv_bfloat16*>(mem.get(size_t(max_len) * size_t(kv_row) * 2));
@@ -322,11 +323,12 @@ void MtpHead::enqueue_row(int mode, const int32_t* token, float* logits, int32_t
   }
   enqueue_attn_mixer(m_, h_.layer, k_, v_, dpos_, sc_, s);
   enqueue_moe(m_, h_.layer, sc_, s);
-  if (logits) enqueue_head_row(m_, h_.norm, logits, sc_, s);
+  // A draft row's LM head: the draft vocabulary's rows only, unless the sink takes its whole row.
+  if (logits) enqueue_head_row(m_, h_.norm, logits, sc_, s, draft_out && !sink_ ? draft_vocab_ : 0);
   if (draft_out) {
     auto* part = static_cast<ArgPart*>(argmax_scratch_);
     launch_pdl(argmax_kernel, dim3(kArgBlocks), dim3(kArgThreads), 0, s, static_cast<const float*>(logits),
-               int64_t(c.vocab_size), part, reinterpret_cast<unsigned*>(part + kArgBlocks), draft_out);
+               draft_vocab_, part, reinterpret_cast<unsigned*>(part + kArgBlocks), draft_out);
     LILAC_CUDA_LAUNCH_CHECK();
   }
 }
@@ -448,13 +450,28 @@ void MtpHead::run_pending(cudaStream_t s) {
   committed_ += n;
 }
 
+void MtpHead::drop_draft_graphs() {
+  for (cudaGraphExec_t& g : g_->draft)
+    if (g) cudaGraphExecDestroy(g), g = nullptr;
+}
+
+void MtpHead::set_sink(LogitsSink sink) {
+  if (bool(sink) != bool(sink_)) drop_draft_graphs();  // their head rows depend on it
+  sink_ = std::move(sink);
+}
+
+void MtpHead::set_draft_vocab(int64_t n) {
+  const int64_t V = m_.cfg.vocab_size, v = n > 0 && n < V ? n : V;
+  if (v != draft_vocab_) drop_draft_graphs();
+  draft_vocab_ = v;
+}
+
 std::vector<int32_t> MtpHead::draft(int k, const int32_t* pending, cudaStream_t s) {
   if (!valid_ || len_ < 1 || k < 1) return {};
   k = std::min(k, kMaxDrafts);
   run_pending(s);
   if (g_->pending != pending) {  // the draft graphs read this token slot
-    for (cudaGraphExec_t& g : g_->draft)
-      if (g) cudaGraphExecDestroy(g), g = nullptr;
+    drop_draft_graphs();
     g_->pending = pending;
   }
   const int64_t V = m_.cfg.vocab_size;

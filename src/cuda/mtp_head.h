@@ -55,7 +55,10 @@ class MtpHead {
 
   // Receives the logits of every pair row computed from the main model's hiddens (catch-up rows and each
   // draft's first row), as the golden `mtp_logits` row t. Empty function: off.
-  void set_sink(LogitsSink sink) { sink_ = std::move(sink); }
+  void set_sink(LogitsSink sink);
+  // Drafts only among token ids < n (n <= 0 or >= the vocabulary: all): the draft rows' LM head computes the
+  // first n rows of the matrix (all while a sink is set, which receives whole rows). Session::set_draft_vocab.
+  void set_draft_vocab(int64_t n);
 
   // Empty context; `valid` = whether to follow it. Synchronises.
   void reset(bool valid, cudaStream_t s);
@@ -93,6 +96,7 @@ class MtpHead {
   void enqueue_row(int mode, const int32_t* token, float* logits, int32_t* draft_out, cudaStream_t s);
   void enqueue_catchup_rows(int n, cudaStream_t s);
   void launch(cudaGraphExec_t g, cudaStream_t s);
+  void drop_draft_graphs();  // the draft chains' graphs, captured again at the next draft()
 
   const DevModel& m_;
   const DevMtp& h_;
@@ -111,6 +115,7 @@ class MtpHead {
   std::unique_ptr<Graphs> g_;
   std::unique_ptr<Rows> rows_;                 // the multi-row catch-up's scratch (null: one row at a time)
   LogitsSink sink_;
+  int64_t draft_vocab_ = 0;  // token ids the drafts choose among (set_draft_vocab; the constructor: all)
   bool valid_ = false, staged_ = false;
   int64_t len_ = 0, committed_ = 0;
   int64_t rows_catchups_ = 0;

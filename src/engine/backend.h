@@ -186,6 +186,12 @@ class Session {
     (void)k;
     return {};
   }
+  // Draft only among token ids < n (n <= 0 or >= the vocabulary: all, the default): the head's LM head then computes
+  // n rows for a draft instead of the whole vocabulary (~290 MB of the real model's head, most of a draft's bytes).
+  // Byte-level BPE vocabularies number tokens in merge order, so low ids are the frequent ones and most accepted
+  // drafts lie below a few tens of thousands (the frequency-ranked draft vocabulary of FR-Spec). A token the model
+  // would choose past n cannot be drafted, so acceptance can only fall; what verify() outputs does not change.
+  virtual void set_draft_vocab(int64_t n) { (void)n; }
   // Feed the pending token and `drafts` (one multi-row step), then choose tokens row by row: the result
   // holds the choices for the accepted drafts followed by one more (the model's own next token), i.e.
   // 1..drafts.size()+1 choices, exactly those decode_step() would have produced one by one: every row's
@@ -219,6 +225,9 @@ class Backend {
   virtual std::string name() const = 0;  // "cpu", "cuda", ...
   virtual const ModelConfig& config() const = 0;
   virtual std::unique_ptr<Session> new_session(int64_t max_length) = 0;
+  // Session::set_draft_vocab(n) for every session created from now on (serve / generate / bench --draft-vocab).
+  void set_draft_vocab(int64_t n) { draft_vocab_ = n; }
+  int64_t draft_vocab() const { return draft_vocab_; }
 
   // One decode step for each of `sessions` (all created by this backend, each with a pending token):
   // the same choices as calling decode_step() on each in turn. Backends override it to share the
@@ -260,6 +269,9 @@ class Backend {
   }
   // Human-readable device description for logs (e.g. "NVIDIA H200, 132 SMs").
   virtual std::string describe() const { return name(); }
+
+ protected:
+  int64_t draft_vocab_ = 0;  // set_draft_vocab's; new_session() applies it to the sessions that can draft
 };
 
 }  // namespace lilac

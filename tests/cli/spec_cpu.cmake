@@ -25,6 +25,13 @@ lilac_cli_test(cli_bench_draft_accept_range "bench;--model;${_fx}/tiny-mtp/mlx4;
   1 "--draft-accept must be in \\[0, 1\\] \\(got 1.5\\)")
 lilac_cli_test(cli_bench_draft_accept_needs_spec_tokens "bench;--model;${_fx}/tiny-mtp/mlx4;--backend;cpu-ref;--draft-accept;0.5"
   1 "--draft-accept needs --spec-tokens K > 0")
+# --draft-vocab N (drafts only among ids below N): the same ids as without speculation; a negative N is CLI11's
+# validation error (exit 105, as for --spec-tokens out of range).
+lilac_cli_test(cli_generate_cpu_spec_draft_vocab_same_ids "generate;--model;${_fx}/tiny-mtp/mlx4;--prompt-ids;5,6,7,8;--max-tokens;20;--backend;cpu-ref;--threads;1;--spec-tokens;3;--spec-policy;fixed;--draft-vocab;100"
+  0 "speculative \\(fixed\\): [0-9]+ of [0-9]+ steps with drafts"
+  "generate;--model;${_fx}/tiny-mtp/mlx4;--prompt-ids;5,6,7,8;--max-tokens;20;--backend;cpu-ref;--threads;1;--spec-tokens;0")
+lilac_cli_test(cli_generate_draft_vocab_negative "generate;--model;${_fx}/tiny-mtp/mlx4;--prompt-ids;5;--draft-vocab;-1"
+  105 "--draft-vocab: Value -1 not in range 0 to 16777216")
 # serve --spec-max-batch N (speculation only while at most N streams decode): listed by --help, at least 1.
 lilac_cli_test(cli_serve_help_spec_max_batch "serve;--help"
   0 "--spec-max-batch INT=1 ")
