@@ -421,14 +421,7 @@ TEST(CpuSpec, HeadAfterLongPlainStretchesDraftsAsIfDraftingEveryStep) {
   auto be = make_cpu_backend(fixture("tiny-mtp"), 1);
   const int64_t V = be->config().vocab_size;
   const auto prompt = random_tokens(23, V, 31);
-  std::vector<int32_t> truth;
-  {
-    auto s = be->new_session(640);
-    s->prefill(prompt);
-    s->begin_generation(SamplingParams{}, prompt);
-    truth.push_back(s->sample().token);
-    while (truth.size() < 600) truth.push_back(s->decode_step().token);
-  }
+  const std::vector<int32_t> truth = testutil::plain_greedy_tokens(*be, prompt, 600, 640);
   testutil::expect_head_exact_after_stretches(testutil::run_plain_stretches(*be, prompt, truth, 300, 3), truth);
 }
 
@@ -437,24 +430,5 @@ TEST(CpuSpec, HeadAfterLongPlainStretchesDraftsAsIfDraftingEveryStep) {
 // (tests/support/draft_vocab.h); the backend's setting reaches the sessions it creates.
 TEST(CpuSpec, ADraftVocabularyKeepsTheDraftsBelowItAndTheOutputPlain) {
   auto be = make_cpu_backend(fixture("tiny-mtp"), 1);
-  const int64_t V = be->config().vocab_size;
-  const auto prompt = random_tokens(19, V, 41);
-  std::vector<int32_t> truth;
-  {
-    auto s = be->new_session(64);
-    s->prefill(prompt);
-    s->begin_generation(SamplingParams{}, prompt);
-    truth.push_back(s->sample().token);
-    while (truth.size() < 24) truth.push_back(s->decode_step().token);
-  }
-  testutil::expect_draft_vocab_cut(*be, prompt, truth, 64);
-  be->set_draft_vocab(3);
-  auto s = be->new_session(64);
-  s->enable_drafting(true);
-  s->prefill(prompt);
-  s->begin_generation(SamplingParams{}, prompt);
-  s->sample();
-  const auto d = s->draft(3);
-  ASSERT_FALSE(d.empty());
-  for (int32_t t : d) EXPECT_TRUE(t >= 0 && t < 3) << t;
+  testutil::expect_draft_vocab_cut(*be, random_tokens(19, be->config().vocab_size, 41));
 }

@@ -381,28 +381,9 @@ TEST(CudaSpec, ADraftVocabularyKeepsTheDraftsBelowItAndTheOutputPlain) {
   NEED_CUDA();
   for (int real : {0, 1}) {
     SCOPED_TRACE(real ? "real widths" : "tiny-mtp");
-    auto be = real ? cuda::make_synthetic_cuda_backend(cuda::synthetic_config(4), 7) : cuda::make_cuda_backend(fixture("tiny-mtp"));
-    const int64_t V = be->config().vocab_size;
-    const auto prompt = random_tokens(real ? 200 : 19, V, 43);
-    const int64_t max_len = int64_t(prompt.size()) + 40;
-    std::vector<int32_t> truth;
-    {
-      auto s = be->new_session(max_len);
-      s->prefill(prompt);
-      s->begin_generation(SamplingParams{}, prompt);
-      truth.push_back(s->sample().token);
-      while (truth.size() < 24) truth.push_back(s->decode_step().token);
-    }
-    testutil::expect_draft_vocab_cut(*be, prompt, truth, max_len);
-    be->set_draft_vocab(3);
-    auto s = be->new_session(max_len);
-    s->enable_drafting(true);
-    s->prefill(prompt);
-    s->begin_generation(SamplingParams{}, prompt);
-    s->sample();
-    const auto d = s->draft(3);
-    ASSERT_FALSE(d.empty());
-    for (int32_t t : d) EXPECT_TRUE(t >= 0 && t < 3) << t;
+    auto be = real ? cuda::make_synthetic_cuda_backend(cuda::synthetic_config(4), 7)
+                   : cuda::make_cuda_backend(fixture("tiny-mtp"));
+    testutil::expect_draft_vocab_cut(*be, random_tokens(real ? 200 : 19, be->config().vocab_size, 43));
   }
 }
 

@@ -2,7 +2,8 @@
 // draft vocabulary cut below the head's own first draft, every draft lies below the cut; the first draft is the
 // argmax, over the ids below the cut, of the row the sink receives (whole rows: the head computes the whole
 // vocabulary while a sink is set); the drafts equal those of that session, whose head computed whole rows; and
-// speculative decoding with the cut head's drafts gives plain greedy decoding's tokens.
+// speculative decoding with the cut head's drafts gives plain greedy decoding's tokens; and the backend's setting
+// (Backend::set_draft_vocab) reaches the sessions it creates afterwards.
 #pragma once
 #include <gtest/gtest.h>
 
@@ -13,17 +14,18 @@
 
 #include "engine/backend.h"
 #include "engine/sampler.h"
+#include "support/spec_stretch.h"
 
 namespace lilac::testutil {
 
-// `truth`: plain greedy decoding after `prompt` (truth[0] the first choice); max_len holds prompt + truth + 8.
-inline void expect_draft_vocab_cut(Backend& be, const std::vector<int32_t>& prompt, const std::vector<int32_t>& truth,
-                                   int64_t max_len) {
-  const int64_t V = be.config().vocab_size;
+// 24 tokens after `prompt`; the sessions' capacity is prompt + 40.
+inline void expect_draft_vocab_cut(Backend& be, const std::vector<int32_t>& prompt) {
+  const int64_t V = be.config().vocab_size, max_len = int64_t(prompt.size()) + 40;
+  const std::vector<int32_t> truth = plain_greedy_tokens(be, prompt, 24, max_len);
   auto start = [&](int64_t n, LogitsSink sink) {
     auto s = be.new_session(max_len);
     if (sink) s->set_draft_logits_sink(std::move(sink));
-    s->set_draft_vocab(n);
+    if (n > 0) s->set_draft_vocab(n);  // else the backend's setting
     s->enable_drafting(true);
     s->prefill(prompt);
     s->begin_generation(SamplingParams{}, prompt);
@@ -35,7 +37,9 @@ inline void expect_draft_vocab_cut(Backend& be, const std::vector<int32_t>& prom
   const int64_t n = whole[0] > 0 ? whole[0] : V / 2;  // the head's own first choice is cut off
   SCOPED_TRACE("draft vocabulary " + std::to_string(n) + " of " + std::to_string(V));
   std::vector<float> last;  // the sink's last row: the first draft row's logits
-  auto sunk = start(n, [&](int64_t, int64_t rows, const float* lg) { last.assign(lg + (rows - 1) * V, lg + rows * V); });
+  auto sunk = start(n, [&](int64_t, int64_t rows, const float* lg) {
+    last.assign(lg + (rows - 1) * V, lg + rows * V);
+  });
   auto cut = start(n, {});
   const std::vector<int32_t> ds = sunk->draft(3), dc = cut->draft(3);
   ASSERT_EQ(dc.size(), 3u);
@@ -53,6 +57,11 @@ inline void expect_draft_vocab_cut(Backend& be, const std::vector<int32_t>& prom
   }
   got.resize(truth.size());
   EXPECT_EQ(got, truth);
+  be.set_draft_vocab(3);
+  const std::vector<int32_t> d = start(0, {})->draft(3);
+  be.set_draft_vocab(0);
+  ASSERT_FALSE(d.empty());
+  for (int32_t t : d) EXPECT_TRUE(t >= 0 && t < 3) << t;
 }
 
 }  // namespace lilac::testutil

@@ -28,6 +28,18 @@ struct StretchRun {
   int64_t rounds_after_easy = 0;                 // rounds at pending index >= easy_from
 };
 
+// Plain greedy decoding after `prompt`: n tokens, the first from sample(), in a session of capacity max_len.
+inline std::vector<int32_t> plain_greedy_tokens(Backend& be, const std::vector<int32_t>& prompt, size_t n,
+                                                int64_t max_len) {
+  std::vector<int32_t> t;
+  auto s = be.new_session(max_len);
+  s->prefill(prompt);
+  s->begin_generation(SamplingParams{}, prompt);
+  t.push_back(s->sample().token);
+  while (t.size() < n) t.push_back(s->decode_step().token);
+  return t;
+}
+
 // `truth`: plain greedy decoding after `prompt` (truth[0] the first choice); the runs produce truth.size()
 // tokens with at most K drafts per step.
 inline StretchRun run_plain_stretches(Backend& be, const std::vector<int32_t>& prompt,
