@@ -254,9 +254,10 @@ const bool registered = register_command(Command{
       sub.add_option("--max-connections", a->max_connections,
                      "Open connections at most (past it the longest-idle one is closed, or 503)")->capture_default_str();
       sub.add_option("--header-timeout-s", a->header_timeout_s,
-                     "Seconds for a request's line and headers to arrive (408 after)")->capture_default_str();
+                     "Seconds for a request's line and headers to arrive, and for each 64 KiB of its body (or all the "
+                     "rest) after the headers or the previous 64 KiB (408 after)")->capture_default_str();
       sub.add_option("--body-timeout-s", a->body_timeout_s,
-                     "Seconds for a request's body to arrive after its headers (408 after)")->capture_default_str();
+                     "Seconds for a request's whole body to arrive after its headers (408 after)")->capture_default_str();
       sub.add_option("--shutdown-grace-s", a->shutdown_grace_s,
                      "On SIGTERM / SIGINT: seconds running generations get to finish before they end with an error")
           ->capture_default_str();

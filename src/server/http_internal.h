@@ -24,6 +24,13 @@ using Clock = std::chrono::steady_clock;
 // events are served before its next ones (Conn::ready), so it cannot hold the I/O thread.
 inline constexpr int kMaxAnswersPerPass = 32;
 
+// A body must keep arriving: each 64 KiB of it (or all the rest) within header_timeout_ms (10 s: a rate of 6.4 KB/s
+// at least, over each 10 s) of the headers' end or of the previous 64 KiB, else 408, so that a client that declared a
+// length and sends nothing, or a byte now and then, frees its room among the bodies being received
+// (max_buffered_body_bytes) in seconds rather than at body_timeout_ms (as nginx's client_body_timeout between two
+// reads, and Apache's mod_reqtimeout with a minimum rate).
+inline constexpr size_t kBodyProgressBytes = size_t(64) << 10;
+
 struct Route {
   std::string method, pattern;
   bool is_regex = false;
@@ -46,6 +53,10 @@ struct Conn {
   size_t body_counted = 0;       // this request's body bytes counted in the server's buffered total (its declared
                                  // length from its headers on, or what arrived when more)
   Clock::time_point deadline;
+  // The body (headers in, body not complete): the end of its whole allowance (body_timeout_ms), and the bytes of it
+  // read since its stall clock (header_timeout_ms) last restarted; see HttpServer::Impl::body_progress.
+  Clock::time_point body_end;
+  size_t body_since = 0;
   Clock::time_point idle_since;  // eviction order among idle connections
   std::string out;               // answer being written by the I/O thread
   size_t out_off = 0;
@@ -146,6 +157,7 @@ struct HttpServer::Impl {
   bool evict_one();
   void take_returned();
   void release_body(Conn& c);
+  void body_progress(Conn& c, size_t bytes, bool start);
   void count_body(Conn& c, size_t bytes);
   bool admit_body(Conn& c);
   bool body_fits(Conn& c);

@@ -470,8 +470,10 @@ void HttpServer::Impl::process(Conn& c) {
     RequestParser& p = *c.parser;
     const bool fresh = !p.started();
     // The headers alone until they were checked (after_headers): a body is read only once there is room for it.
-    const size_t used = c.headers_handled ? p.feed(c.in) : p.feed_headers(c.in);
+    const bool body_read = c.headers_handled;
+    const size_t used = body_read ? p.feed(c.in) : p.feed_headers(c.in);
     c.in.erase(0, used);
+    if (body_read && used > 0 && p.state() == RequestParser::State::Body) body_progress(c, used, false);
     // The headers' deadline runs from the request's first byte, read now or received with the request
     // before it (pipelined: its clock starts once that one is answered), never the idle deadline.
     if (fresh && p.started()) c.deadline = Clock::now() + ms(opts.header_timeout_ms);
@@ -510,7 +512,7 @@ bool HttpServer::Impl::after_headers(Conn& c) {
   std::string allow;
   c.route = find_route(req.method, req.path, &allow);
   if (req.method == "OPTIONS") {
-    c.deadline = Clock::now() + ms(opts.body_timeout_ms);
+    c.body_end = c.deadline = Clock::now() + ms(opts.body_timeout_ms);
     return true;
   }
   if (!c.route) {
@@ -541,8 +543,19 @@ bool HttpServer::Impl::after_headers(Conn& c) {
     flush(c);
     if (!conns.count(c.fd)) return false;
   }
-  c.deadline = Clock::now() + ms(opts.body_timeout_ms);
+  c.body_end = Clock::now() + ms(opts.body_timeout_ms);
+  body_progress(c, 0, true);
   return true;
+}
+
+// A body being read: its deadline is the end of its whole allowance (body_timeout_ms), or sooner header_timeout_ms
+// after the headers' end or after the last time kBodyProgressBytes of it had come, whichever is first (see
+// kBodyProgressBytes). `bytes` were just read; `start`: the headers just ended.
+void HttpServer::Impl::body_progress(Conn& c, size_t bytes, bool start) {
+  c.body_since = start ? 0 : c.body_since + bytes;
+  if (!start && c.body_since < http_detail::kBodyProgressBytes) return;
+  c.body_since = 0;
+  c.deadline = std::min(c.body_end, Clock::now() + ms(opts.header_timeout_ms));
 }
 
 void HttpServer::Impl::complete(Conn& c) {
@@ -721,9 +734,12 @@ void HttpServer::Impl::sweep(Clock::time_point now) {
     Conn& c = *it->second;
     if (c.phase == Phase::Reading && c.parser->started()) {
       const bool headers = c.parser->headers_done();
+      const bool stalled = headers && now < c.body_end;  // the body stopped arriving (kBodyProgressBytes)
       answer_error(c, 408,
-                   headers ? "The request body did not arrive within " + std::to_string(opts.body_timeout_ms / 1000) + " s."
-                           : "The request headers did not arrive within " + std::to_string(opts.header_timeout_ms / 1000) + " s.",
+                   stalled ? "The request body stalled: less than 64 KiB of it arrived in " +
+                                 std::to_string(opts.header_timeout_ms / 1000) + " s."
+                   : headers ? "The request body did not arrive within " + std::to_string(opts.body_timeout_ms / 1000) + " s."
+                             : "The request headers did not arrive within " + std::to_string(opts.header_timeout_ms / 1000) + " s.",
                    "request_timeout");
     } else {
       close_conn(fd);  // idle keep-alive, a stalled write, or the end of a lingering close

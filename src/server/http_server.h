@@ -4,7 +4,8 @@
 // One I/O thread (epoll) accepts connections and reads every request in full, bounded by
 // server/http_parser.h (line, header and body limits, body size after decompression) and by deadlines
 // (the headers within header_timeout_ms of their first byte, or for a request pipelined behind another,
-// of the answer before it; the body within body_timeout_ms of the headers' end; a connection without a
+// of the answer before it; the body within body_timeout_ms of the headers' end, and each 64 KiB of it within
+// header_timeout_ms of the headers' end or of the previous 64 KiB; a connection without a
 // request in progress, new or kept alive, closed after idle_timeout_ms). It answers on its own,
 // without a worker: the errors of the HTTP layer (in the route's protocol, see ErrorFormatter), CORS
 // preflights, 503 while draining, and the routes marked `inline` (/health, /metrics: quick, never
@@ -66,6 +67,9 @@ struct HttpServerOptions {
   HttpLimits limits;
   int header_timeout_ms = 10000;   // request line + headers, from their first byte
   int body_timeout_ms = 60000;     // the whole body, from the end of the headers
+  // Besides, a body must keep arriving: each 64 KiB of it (http_detail::kBodyProgressBytes), or all the rest, within
+  // header_timeout_ms of the headers' end or of the previous 64 KiB (else 408), so that an idle or trickling client
+  // frees its room among the bodies being received in seconds.
   int idle_timeout_ms = 30000;     // a connection with no request in progress (new, or between requests)
   int write_timeout_ms = 30000;    // a write that makes no progress
   // The bodies being received, all connections together (declared lengths reserved; see above). Without it each of
