@@ -320,14 +320,14 @@ TEST(HttpServer, AnIdleOrTricklingBodyGets408AndFreesItsRoom) {
 // longer than header_timeout_ms: the stall clock restarts with every 64 KiB.
 TEST(HttpServer, ABodyThatKeepsArrivingIsNotCutOff) {
   HttpServerOptions o = opts(2);
-  o.header_timeout_ms = 600;
+  o.header_timeout_ms = 1200;  // ~5x each gap below: a loaded machine's late wake-up is not a stall
   TestServer s(o);
-  const size_t piece = 70 * 1024, pieces = 5;
+  const size_t piece = 70 * 1024, pieces = 6;
   Sock a(s.port);
   ASSERT_TRUE(a.send("POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: " + std::to_string(piece * pieces) +
                      "\r\nConnection: close\r\n\r\n"));
   for (size_t k = 0; k < pieces; ++k) {
-    std::this_thread::sleep_for(250ms);  // 1.25 s in all, more than header_timeout_ms
+    std::this_thread::sleep_for(250ms);  // 1.5 s in all, more than header_timeout_ms
     ASSERT_TRUE(a.send(std::string(piece, char('a' + k))));
   }
   std::string r = a.answer(20000ms);
