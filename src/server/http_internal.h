@@ -161,6 +161,7 @@ struct HttpServer::Impl {
   void count_body(Conn& c, size_t bytes);
   bool admit_body(Conn& c);
   bool body_fits(Conn& c);
+  bool refuse_body(Conn& c);
   void shutdown_all();
   const Route* find_route(const std::string& method, const std::string& path, std::string* allow) const;
   const Route* shape_route(const std::string& method, const std::string& path) const;

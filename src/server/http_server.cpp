@@ -381,13 +381,16 @@ bool HttpServer::Impl::admit_body(Conn& c) {
   if (p.state() != RequestParser::State::Body) return true;
   const uint64_t need = std::max<uint64_t>(p.declared_length(), 1);
   const size_t others = buffered_body - std::min(buffered_body, c.body_counted);
-  if (others > 0 && others + need > opts.max_buffered_body_bytes) {
-    rejected++;
-    answer_busy(c, "The server is receiving too many request bodies at once; retry shortly.");
-    return false;
-  }
+  if (others > 0 && others + need > opts.max_buffered_body_bytes) return refuse_body(c);
   count_body(c, size_t(p.declared_length()));
   return true;
+}
+
+// The busy answer of a body that does not fit among the bodies being received (admit_body, body_fits); false.
+bool HttpServer::Impl::refuse_body(Conn& c) {
+  rejected++;
+  answer_busy(c, "The server is receiving too many request bodies at once; retry shortly.");
+  return false;
 }
 
 // As a body arrives: the bytes beyond what it reserved (a chunked or compressed body) are counted, and refused
@@ -397,11 +400,7 @@ bool HttpServer::Impl::body_fits(Conn& c) {
   const size_t body = c.parser->request().body.size();
   if (body <= c.body_counted) return true;
   count_body(c, body);
-  if (buffered_body > opts.max_buffered_body_bytes && buffered_body > c.body_counted) {
-    rejected++;
-    answer_busy(c, "The server is receiving too many request bodies at once; retry shortly.");
-    return false;
-  }
+  if (buffered_body > opts.max_buffered_body_bytes && buffered_body > c.body_counted) return refuse_body(c);
   return true;
 }
 
