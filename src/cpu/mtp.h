@@ -56,7 +56,7 @@ class MtpHead {
   // The session fed `tokens` at positions pos0 .. pos0 + n - 1; `hidden` [n, hidden] their post-norm hiddens.
   void on_rows(int64_t pos0, std::span<const int32_t> tokens, const float* hidden);
   // Drafts only among token ids < n (n <= 0 or >= the vocabulary: all): a chain row's LM head computes n rows.
-  void set_draft_vocab(int64_t n) { draft_vocab_ = n > 0 && n < cfg_.vocab_size ? n : cfg_.vocab_size; }
+  void set_draft_vocab(int64_t n) { draft_vocab_ = Session::draft_rows(n, cfg_.vocab_size); }
   // Up to k drafts after the pending token `next` (context length `len`); empty when not valid.
   std::vector<int32_t> draft(int32_t next, int64_t len, int k);
 

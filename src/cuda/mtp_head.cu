@@ -461,7 +461,7 @@ void MtpHead::set_sink(LogitsSink sink) {
 }
 
 void MtpHead::set_draft_vocab(int64_t n) {
-  const int64_t V = m_.cfg.vocab_size, v = n > 0 && n < V ? n : V;
+  const int64_t v = Session::draft_rows(n, m_.cfg.vocab_size);
   if (v != draft_vocab_) drop_draft_graphs();
   draft_vocab_ = v;
 }

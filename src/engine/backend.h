@@ -192,6 +192,8 @@ class Session {
   // drafts lie below a few tens of thousands (the frequency-ranked draft vocabulary of FR-Spec). A token the model
   // would choose past n cannot be drafted, so acceptance can only fall; what verify() outputs does not change.
   virtual void set_draft_vocab(int64_t n) { (void)n; }
+  // The ids a draft chooses among for set_draft_vocab(n) with a vocabulary of `vocab` tokens.
+  static int64_t draft_rows(int64_t n, int64_t vocab) { return n > 0 && n < vocab ? n : vocab; }
   // Feed the pending token and `drafts` (one multi-row step), then choose tokens row by row: the result
   // holds the choices for the accepted drafts followed by one more (the model's own next token), i.e.
   // 1..drafts.size()+1 choices, exactly those decode_step() would have produced one by one: every row's
