@@ -65,12 +65,13 @@ void release_free_memory() {
 struct ServeArgs {
   std::string model, backend = "auto", model_name, api_key, host = "127.0.0.1";
   int port = 8080, threads = 0, max_queue = 64, http_threads = 0, max_connections = 1024, max_batch = 0,
+      max_client_connections = -1,
       spec_tokens = 0, spec_max_batch = kDefaultSpecMaxBatch, synthetic_layers = 0;
   int64_t max_seq = 0, prefill_chunk = 512, draft_vocab = 0;
   std::string spec_policy = "adaptive", burst_prefill = "on";
   double seq_memory_gb = 0;
   int debug_load_delay_ms = 0;  // tests: keep /health at 503 this long
-  double cache_mb = 2048, responses_mb = 256, batches_mb = 256, max_body_mb = 8, parse_mb = 16, receive_mb = 0, header_timeout_s = 10, body_timeout_s = 60, shutdown_grace_s = 10;
+  double cache_mb = 2048, responses_mb = 256, batches_mb = 256, max_body_mb = 8, parse_mb = 16, receive_mb = 0, client_receive_mb = -1, header_timeout_s = 10, body_timeout_s = 60, shutdown_grace_s = 10;
 };
 
 int run(const ServeArgs& a) {
@@ -92,6 +93,10 @@ int run(const ServeArgs& a) {
   if (!(a.parse_mb > 0 && a.parse_mb <= 4096)) throw InputError("--parse-mb must be in (0, 4096]");
   if (!(a.receive_mb >= 0 && a.receive_mb <= 65536)) throw InputError("--receive-mb must be in [0, 65536]");
   if (a.max_connections < 1) throw InputError("--max-connections must be at least 1");
+  if (a.max_client_connections < -1)
+    throw InputError("--max-client-connections must be at least 0 (-1: a quarter of --max-connections)");
+  if (!(a.client_receive_mb == -1 || (a.client_receive_mb >= 0 && a.client_receive_mb <= 65536)))
+    throw InputError("--client-receive-mb must be in [0, 65536] (-1: half of --receive-mb)");
   for (auto [v, name] : {std::pair{a.header_timeout_s, "--header-timeout-s"}, {a.body_timeout_s, "--body-timeout-s"}})
     if (!(v > 0 && v <= 3600)) throw InputError(std::string(name) + " must be in (0, 3600]");
   if (!(a.shutdown_grace_s >= 0 && a.shutdown_grace_s <= 3600)) throw InputError("--shutdown-grace-s must be in [0, 3600]");
@@ -121,6 +126,7 @@ int run(const ServeArgs& a) {
   o.spec_max_batch = a.spec_max_batch;
   o.http_threads = a.http_threads;
   o.max_connections = a.max_connections;
+  o.max_client_connections = a.max_client_connections;
   o.header_timeout_ms = int(a.header_timeout_s * 1000);
   o.body_timeout_ms = int(a.body_timeout_s * 1000);
   o.cache_bytes = size_t(a.cache_mb * 1024 * 1024);
@@ -129,6 +135,7 @@ int run(const ServeArgs& a) {
   o.max_body_bytes = size_t(a.max_body_mb * 1024 * 1024);
   o.parse_bytes = size_t(a.parse_mb * 1024 * 1024);
   o.receive_bytes = size_t(a.receive_mb * 1024 * 1024);
+  o.client_receive_bytes = a.client_receive_mb < 0 ? -1 : int64_t(a.client_receive_mb * 1024 * 1024);
   // Context limit: --max-seq, else min(32768, the model's max_position_embeddings).
   ModelConfig cfg;
   if (!scripted && a.synthetic_layers == 0) cfg = load_config(a.model);
@@ -248,11 +255,21 @@ const bool registered = register_command(Command{
                      "body that does not fit beside the others gets 503 (529 on /v1/messages*) at once, before it is "
                      "read; a chunked one is counted as it arrives; a larger body is received when no other is")
           ->capture_default_str();
+      sub.add_option("--client-receive-mb", a->client_receive_mb,
+                     "MiB of request bodies one client (peer IP address) may have being received at once (-1 = half "
+                     "of --receive-mb; 0 = no per-client bound): a body past it gets the same 503 (529) at once, unless "
+                     "the client has no other body being received")
+          ->capture_default_str();
       sub.add_option("--http-threads", a->http_threads,
                      "HTTP worker threads = requests answered at once (0 = --max-queue + 32; must exceed --max-queue)")
           ->capture_default_str();
       sub.add_option("--max-connections", a->max_connections,
                      "Open connections at most (past it the longest-idle one is closed, or 503)")->capture_default_str();
+      sub.add_option("--max-client-connections", a->max_client_connections,
+                     "Open connections of one client (peer IP address) at most (-1 = a quarter of --max-connections, "
+                     "at least 1; 0 = no per-client bound): past it that client's own longest-idle one is closed, or "
+                     "503")
+          ->capture_default_str();
       sub.add_option("--header-timeout-s", a->header_timeout_s,
                      "Seconds for a request's line and headers to arrive, and for each 64 KiB of its body (or all the "
                      "rest) after the headers or the previous 64 KiB (408 after)")->capture_default_str();

@@ -1,6 +1,8 @@
 // Internal to server/http_server.cpp and server/http_worker.cpp: the state the I/O thread and the
 // workers share.
 #pragma once
+#include <sys/socket.h>
+
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -40,18 +42,34 @@ struct Route {
   RouteOptions opts;
 };
 
+// One client (one peer address) and what its connections hold, for the per-client bounds
+// (HttpServerOptions::max_client_connections, max_client_body_bytes). I/O thread only. Its entry in
+// HttpServer::Impl::clients is made with its first connection and removed with its last (whose body was released
+// before: `body` is 0 then).
+struct Client {
+  int conns = 0;     // open connections (accepted, not yet closed: reading, at a worker, writing or lingering)
+  size_t body = 0;   // the Conn::body_counted of its connections (the bytes it holds among the bodies being received)
+};
+
+// The key of a peer address among the clients: the IPv4 address (4 bytes) for IPv4 and for an IPv4-mapped IPv6
+// address (a dual-stack listener's IPv4 client is the same client as on an IPv4 one), the IPv6 address (16 bytes),
+// or "" for any other family (all one client).
+std::string client_key(const sockaddr_storage& peer);
+
 struct Conn {
   enum class Phase { Reading, Worker, Writing, Closing };
   int fd = -1;
   std::string peer_addr, local_addr;
   int peer_port = -1, local_port = -1;
+  std::string client_key;     // its client (client_key()) ...
+  Client* client = nullptr;   // ... and that client's entry (nullptr once closed; unordered_map entries stay put)
   Phase phase = Phase::Reading;
   std::string in;  // received, not yet consumed (a pipelined next request)
   std::unique_ptr<RequestParser> parser;
   bool headers_handled = false;  // the checks after the headers ran (route, header check, 100-continue)
   const Route* route = nullptr;  // the route of the request being read (nullptr: none matched)
-  size_t body_counted = 0;       // this request's body bytes counted in the server's buffered total (its declared
-                                 // length from its headers on, or what arrived when more)
+  size_t body_counted = 0;       // this request's body bytes counted in the server's buffered total and in its
+                                 // client's (its declared length from its headers on, or what arrived when more)
   Clock::time_point deadline;
   // The body (headers in, body not complete): the end of its whole allowance (body_timeout_ms), and the bytes of it
   // read since its stall clock (header_timeout_ms) last restarted; see HttpServer::Impl::body_progress.
@@ -117,6 +135,8 @@ struct HttpServer::Impl {
   // I/O thread only.
   std::unordered_map<int, std::shared_ptr<Conn>> conns;
   size_t buffered_body = 0;  // the bodies being received (Conn::body_counted of every connection)
+  // The clients with a connection open, by client_key (per-client bounds).
+  std::unordered_map<std::string, http_detail::Client> clients;
   // Connections whose received requests were left for the next pass (kMaxAnswersPerPass): epoll does
   // not report them again, their bytes being read already.
   std::vector<std::shared_ptr<Conn>> ready;
@@ -131,7 +151,7 @@ struct HttpServer::Impl {
   std::vector<std::shared_ptr<Conn>> returned;
 
   std::atomic<int64_t> n_conns{0}, busy{0}, n_pending{0}, n_pending_bytes{0}, n_receiving_bytes{0}, timeouts{0},
-      rejected{0}, evicted{0};
+      rejected{0}, evicted{0}, n_clients{0}, rejected_client{0};
 
   // http_server.cpp: the I/O thread.
   void io_loop();
@@ -154,14 +174,16 @@ struct HttpServer::Impl {
   void linger(Conn& c);
   void set_events(Conn& c, uint32_t ev);
   void sweep(Clock::time_point now);
-  bool evict_one();
+  // Closes the idle connection that has waited longest, of `only` that client when given.
+  bool evict_one(const http_detail::Client* only = nullptr);
+  void refuse_connection(int fd, const std::string& message);
   void take_returned();
   void release_body(Conn& c);
   void body_progress(Conn& c, size_t bytes, bool start);
   void count_body(Conn& c, size_t bytes);
   bool admit_body(Conn& c);
   bool body_fits(Conn& c);
-  bool refuse_body(Conn& c);
+  bool refuse_body(Conn& c, bool client_share);
   void shutdown_all();
   const Route* find_route(const std::string& method, const std::string& path, std::string* allow) const;
   const Route* shape_route(const std::string& method, const std::string& path) const;

@@ -23,7 +23,12 @@
 // bodies being received; a chunked (or compressed) body counts its bytes as they arrive (beyond its declared length)
 // and gets the same answer when they take the total past the bound. A body taken with its declared length is never
 // cut off for room, and a body larger than the bound is received when no other is (so any body the limits admit can
-// be answered).
+// be answered). Both bounds hold per client too (a client: the peer's IP address, an IPv4-mapped IPv6 address as its
+// IPv4 one), so that one client cannot take what they give all: its open connections (max_client_connections: past
+// it its own idle connection that has waited longest is closed to make room, or the new one gets 503 when none of its
+// own is idle; another client's connection is never closed for it), and its bodies being received
+// (max_client_body_bytes: counted as above, a body that would take it past its share gets the same busy answer at
+// once unless it has no other body being received).
 #pragma once
 #include <atomic>
 #include <chrono>
@@ -75,6 +80,11 @@ struct HttpServerOptions {
   // The bodies being received, all connections together (declared lengths reserved; see above). Without it each of
   // max_connections could hold a body of max_body_bytes.
   size_t max_buffered_body_bytes = size_t(256) << 20;
+  // Per client (one peer address; see above): its open connections, and the bytes of its bodies being received
+  // (declared lengths reserved, chunked bodies as they arrive). 0: no per-client bound. (lilac serve's defaults:
+  // a quarter of max_connections, half of max_buffered_body_bytes; server.cpp.)
+  int max_client_connections = 0;
+  size_t max_client_body_bytes = 0;
 };
 
 struct RouteOptions {
@@ -88,6 +98,8 @@ struct HttpStats {
   int64_t pending_bytes = 0;  // the bytes of the bodies of the requests waiting for a worker
   int64_t receiving_bytes = 0;  // the bytes of the bodies being received (declared lengths; max_buffered_body_bytes)
   int64_t timeouts = 0, rejected_busy = 0, evicted = 0;  // totals
+  int64_t clients = 0;          // the clients (peer addresses) with a connection open
+  int64_t rejected_client = 0;  // total: the refusals of rejected_busy made by a per-client bound
 };
 
 class HttpServer {

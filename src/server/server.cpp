@@ -83,6 +83,13 @@ HttpServerOptions http_options(const ServerOptions& o) {
   h.write_timeout_ms = o.write_timeout_ms;
   h.max_buffered_body_bytes =
       o.receive_bytes > 0 ? o.receive_bytes : std::max<size_t>(size_t(256) << 20, 4 * o.max_body_bytes);
+  // One client may take a quarter of the connections and half of the bodies being received by default: enough for
+  // any one well-behaved client (a load test's few hundred streams, a large body beside another), while one that
+  // opens connections or declares bodies without end leaves the rest to the others.
+  h.max_client_connections =
+      o.max_client_connections >= 0 ? o.max_client_connections : std::max(1, o.max_connections / 4);
+  h.max_client_body_bytes =
+      o.client_receive_bytes >= 0 ? size_t(o.client_receive_bytes) : h.max_buffered_body_bytes / 2;
   return h;
 }
 
@@ -161,6 +168,11 @@ std::string http_metrics(const HttpStats& s, const ParseBudget::Stats& p) {
   gauge("lilac_http_rejected_busy_total", "Requests or connections refused with 503 because the server was full.",
         "counter", s.rejected_busy);
   gauge("lilac_http_evicted_total", "Idle connections closed to make room for new ones.", "counter", s.evicted);
+  gauge("lilac_http_clients", "Clients (peer addresses) with an HTTP connection open.", "gauge", s.clients);
+  gauge("lilac_http_rejected_client_total",
+        "Requests or connections refused (503 / 529) because their client held its share (--max-client-connections, "
+        "--client-receive-mb); counted in lilac_http_rejected_busy_total too.",
+        "counter", s.rejected_client);
   gauge("lilac_parse_bytes", "Bytes of the request bodies being parsed and prepared (--parse-mb).", "gauge", p.held);
   gauge("lilac_parse_waiting", "Requests waiting for room to parse their body.", "gauge", p.waiting);
   gauge("lilac_parse_waiting_bytes", "Bytes of the request bodies waiting for room (bounded by --parse-mb).", "gauge",

@@ -48,6 +48,9 @@ struct ServerOptions {
   // --receive-mb): a body's declared length is reserved when its headers are in (503 at once, 529 on Anthropic's
   // routes, when it does not fit). 0: 256 MiB, or 4 * max_body_bytes when larger.
   size_t receive_bytes = 0;
+  // Per client (one peer IP address; HttpServerOptions::max_client_body_bytes; --client-receive-mb): the bytes of its
+  // bodies being received. -1: half of the receive bound; 0: no per-client bound.
+  int64_t client_receive_bytes = -1;
   int max_queue = 64;              // queued + running generations; more -> 429
   int64_t max_seq = 32768;         // prompt + max_tokens limit (and the session's capacity)
   size_t cache_bytes = size_t(2048) << 20;  // prefix-cache budget (SessionSnapshot::bytes())
@@ -60,6 +63,8 @@ struct ServerOptions {
   int http_threads = 0;            // HTTP workers; 0 = max_queue + 32 (must exceed max_queue)
   int max_pending = 32;            // complete requests waiting for a worker (503 beyond; their bodies: parse_bytes)
   int max_connections = 1024;      // open connections
+  int max_client_connections = -1;  // open connections of one client (peer address); -1: max_connections / 4, at
+                                    // least 1; 0: no per-client bound
   int header_timeout_ms = 10000;   // request line + headers
   int body_timeout_ms = 60000;     // the body
   int idle_timeout_ms = 30000;     // keep-alive connection between requests

@@ -1,5 +1,6 @@
 // A raw TCP client for the HTTP-layer tests: what a hostile or slow client does, byte by byte.
 #pragma once
+#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -16,8 +17,19 @@ using namespace std::chrono_literals;
 // A raw TCP client: what a hostile or slow client does is spelled out byte by byte.
 struct Sock {
   int fd = -1;
-  explicit Sock(int port) {
+  // `from`: the client's own address, so that a test can be several clients (on Linux every 127.x.y.z is loopback:
+  // "127.0.0.2" is another client of a server on 127.0.0.1).
+  explicit Sock(int port, const char* from = nullptr) {
     fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (from) {
+      sockaddr_in l{};
+      l.sin_family = AF_INET;
+      if (inet_pton(AF_INET, from, &l.sin_addr) != 1 || bind(fd, reinterpret_cast<sockaddr*>(&l), sizeof l) != 0) {
+        ::close(fd);
+        fd = -1;
+        return;
+      }
+    }
     sockaddr_in a{};
     a.sin_family = AF_INET;
     a.sin_port = htons(uint16_t(port));

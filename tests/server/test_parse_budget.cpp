@@ -416,13 +416,14 @@ TEST(ParseBudget, TheBodiesWaitingForAWorkerAreBoundedByTheBudget) {
 // by others' bytes. --receive-mb bounds them now, declared lengths reserved when the headers are in: beside a 0.8 MB
 // body being received (lilac_http_receiving_bytes), a 0.3 MB body gets the busy answer at once, in its route's shape
 // (503 server_busy; Anthropic's 529 overloaded_error on /v1/messages), a small body is answered, and the large body,
-// once all of it has come, is answered as if nothing had happened.
+// once all of it has come, is answered as if nothing had happened. (The large body comes from another client,
+// 127.0.0.2, than the others: the bound of all clients together is tested here, not a client's share.)
 TEST(ReceiveBudget, ABodyThatDoesNotFitBesideTheBodiesBeingReceivedIsRefusedAtOnce) {
   auto o = lilac::test::LocalServer::options();
   o.receive_bytes = size_t(1) << 20;
   lilac::test::LocalServer srv(o);
   const std::string big = body_over_half_a_mib();
-  lilac::test::Sock holder(srv.port);
+  lilac::test::Sock holder(srv.port, "127.0.0.2");
   ASSERT_TRUE(holder.send("POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
                           "Content-Length: " + std::to_string(big.size()) + "\r\nExpect: 100-continue\r\n\r\n"));
   ASSERT_EQ(holder.read(std::chrono::milliseconds(10000), "\r\n\r\n"), "HTTP/1.1 100 Continue\r\n\r\n");
@@ -456,6 +457,73 @@ TEST(ReceiveBudget, ABodyThatDoesNotFitBesideTheBodiesBeingReceivedIsRefusedAtOn
   EXPECT_EQ(metric(srv.port, "lilac_http_receiving_bytes"), 0);
   EXPECT_EQ(metric(srv.port, "lilac_http_rejected_busy_total"), 2);
   EXPECT_EQ(metric(srv.port, "lilac_parse_refused_total"), 0);
+}
+
+// The per-client bounds with lilac serve's defaults: one client (one peer address) may hold half of --receive-mb
+// (0.5 MiB of 1 MiB here) and a quarter of --max-connections (2 of 8). Beside its own 0.8 MB body being received, a
+// small body of the same client gets the busy answer in its route's shape (503 server_busy; Anthropic's 529
+// overloaded_error), while another client's is answered; a client with two requests in progress gets 503
+// too_many_connections for a third connection.
+TEST(ReceiveBudget, ByDefaultOneClientHoldsHalfTheBodiesBeingReceivedAndAQuarterOfTheConnections) {
+  auto o = lilac::test::LocalServer::options();
+  o.receive_bytes = size_t(1) << 20;
+  o.max_connections = 8;
+  lilac::test::LocalServer srv(o);
+  const std::string big = body_over_half_a_mib();
+  const std::string kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
+  auto head = [](const std::string& path, size_t length) {
+    return "POST " + path + " HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: " +
+           std::to_string(length) + "\r\nExpect: 100-continue\r\n\r\n";
+  };
+  auto body_of = [](const std::string& a) {
+    const size_t at = a.find("\r\n\r\n");
+    return json::parse(at == std::string::npos ? std::string() : a.substr(at + 4), nullptr, false);
+  };
+  lilac::test::Sock holder(srv.port, "127.0.0.5");
+  ASSERT_TRUE(holder.send(head("/v1/chat/completions", big.size())));
+  ASSERT_EQ(holder.read(std::chrono::milliseconds(10000), "\r\n\r\n"), kContinue);
+  ASSERT_TRUE(holder.send(big.substr(0, 1000)));
+  const std::string small = kChat + "}";
+  for (const std::string path : {"/v1/chat/completions", "/v1/messages"}) {
+    lilac::test::Sock same(srv.port, "127.0.0.5");
+    ASSERT_TRUE(same.send(lilac::test::post(path, small, "Content-Type: application/json\r\n")));
+    const std::string a = same.answer();
+    const json e = body_of(a);
+    EXPECT_NE(a.find("Retry-After: 1\r\n"), std::string::npos) << a;
+    if (path == "/v1/messages") {
+      EXPECT_EQ(lilac::test::status_of(a), 529) << a;
+      EXPECT_EQ(e["error"]["type"], "overloaded_error") << a;
+    } else {
+      EXPECT_EQ(lilac::test::status_of(a), 503) << a;
+      EXPECT_EQ(e["error"]["code"], "server_busy") << a;
+    }
+    lilac::test::Sock other(srv.port, "127.0.0.6");
+    ASSERT_TRUE(other.send(lilac::test::post(path, small, "Content-Type: application/json\r\n")));
+    const std::string b = other.answer(std::chrono::milliseconds(30000));
+    EXPECT_EQ(lilac::test::status_of(b), 200) << b;
+  }
+  EXPECT_EQ(metric(srv.port, "lilac_http_rejected_client_total"), 2);
+  // Two requests of client 7 in progress (headers in, bodies to come): a third connection of it gets 503.
+  std::vector<std::unique_ptr<lilac::test::Sock>> seven;
+  for (int i = 0; i < 2; ++i) {
+    seven.push_back(std::make_unique<lilac::test::Sock>(srv.port, "127.0.0.7"));
+    ASSERT_TRUE(seven.back()->send(head("/v1/chat/completions", small.size())));
+    ASSERT_EQ(seven.back()->read(std::chrono::milliseconds(10000), "\r\n\r\n"), kContinue);
+  }
+  lilac::test::Sock third(srv.port, "127.0.0.7");
+  const std::string t = third.answer();
+  EXPECT_EQ(lilac::test::status_of(t), 503) << t;
+  EXPECT_EQ(body_of(t)["error"]["code"], "too_many_connections") << t;
+  EXPECT_EQ(metric(srv.port, "lilac_http_rejected_client_total"), 3);
+  for (auto& c : seven) {
+    ASSERT_TRUE(c->send(small));
+    EXPECT_EQ(lilac::test::status_of(c->answer(std::chrono::milliseconds(30000))), 200);
+  }
+  // The large body, all come: answered.
+  ASSERT_TRUE(holder.send(big.substr(1000)));
+  const std::string a = holder.answer(std::chrono::milliseconds(60000));
+  EXPECT_EQ(lilac::test::status_of(a), 200) << a.substr(0, 300);
+  EXPECT_EQ(metric(srv.port, "lilac_http_receiving_bytes"), 0);
 }
 
 // Every JSON route parsed its whole body into JSON values and went on (adapter, template, tokenizer) with nothing
