@@ -113,6 +113,11 @@ __device__ __forceinline__ G4Scale g4_scale(const G4Tile& t, int lane, int q) {
 __device__ __forceinline__ float g4_value(const G4Scale& sc, int h, float dot, float2 m) {
   return fmaf(sc.s[h] * m.x, dot, sc.cz[h] * m.y);
 }
+// acc += v where `ok`, without a branch: a chain that starts at +0 is never -0 (a sum is -0 only when both terms
+// are), so adding +0 leaves its bits as they are. A fin that branches around its group value splits g4_walk's
+// groups into separate basic blocks, so one group's mma chain cannot overlap the next group's dequantization
+// (stop 67, scripts/sass.sh); callers compute the value from an in-bounds meta slot whatever `ok` says.
+__device__ __forceinline__ void add_where(float& acc, bool ok, float v) { acc += ok ? v : 0.f; }
 
 // One k-tile for the first np_act of NT mma tiles of 4 input rows: for each group q = 0..3 of the tile in order
 // and each active tile p, fin(p, q, dot0, dot1, scale) with the raw dots of input row 4p + c of the tile (the

@@ -236,12 +236,11 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_rows_g4_kernel(GemvRowsArgs 
       g4_walk<NT>(
           cur, lane, np_act, [&](int p, int q) { return xb0[p] + (kt * 4 + q) * gst[p]; },
           [&](int p, int q, float dot0, float dot1, const G4Scale& sc) {
-            const int ot = 4 * p + c, G = kt * 4 + q;
-            if (((tmask >> ot) & 1u) && G < ngroups_k) {
-              const float2 mm = meta[ot * mstride + G];
-              acc[p][0] += g4_value(sc, 0, dot0, mm);
-              acc[p][1] += g4_value(sc, 1, dot1, mm);
-            }
+            const int ot = 4 * p + c, G = kt * 4 + q;  // ot < MT, G < 4·KT = mstride: in bounds
+            const bool ok = ((tmask >> ot) & 1u) && G < ngroups_k;
+            const float2 mm = meta[ot * mstride + G];
+            add_where(acc[p][0], ok, g4_value(sc, 0, dot0, mm));
+            add_where(acc[p][1], ok, g4_value(sc, 1, dot1, mm));
           });
     }
     if (ns.j == 0) {  // end of the group: combine the k-slices, epilogue
@@ -367,11 +366,10 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_rows_slice_kernel(GemvRowsAr
     g4_walk<NT>(
         cur, lane, np_act, [&](int p, int q) { return xb + p * 4 * kTileXBytes + q * kG4GroupBytes; },
         [&](int p, int q, float dot0, float dot1, const G4Scale& sc) {
-          if (kt * 4 + q < ngroups_k) {
-            const float2 mm = mb[(4 * p + c) * 4 + q];
-            acc[p][0] += g4_value(sc, 0, dot0, mm);
-            acc[p][1] += g4_value(sc, 1, dot1, mm);
-          }
+          const bool ok = kt * 4 + q < ngroups_k;
+          const float2 mm = mb[(4 * p + c) * 4 + q];
+          add_where(acc[p][0], ok, g4_value(sc, 0, dot0, mm));
+          add_where(acc[p][1], ok, g4_value(sc, 1, dot1, mm));
         });
     if (nj == 0) {  // the row block's slice chain is complete
       const int64_t n0 = (bb * kWarps + warp) * 16 + g;

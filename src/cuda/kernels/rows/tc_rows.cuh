@@ -316,12 +316,23 @@ __device__ __forceinline__ void tile_chunk_store(const RowTile<BITS>& t, const c
     }
   });
 }
-// tile_rows_acc<BITS, NP, PH> with the chunk's ChunkTiles.
+// tile_rows_acc<BITS, NP, PH> with the chunk's ChunkTiles. Without a branch per chunk (which kept the compiler from
+// interleaving one chunk's mma chain with the next chunk's dequantization): a group value whose row is absent, or
+// whose group is past the weights', is computed from whatever its meta slot holds (in bounds: ot < MT, G < 4·KT)
+// and replaced by +0 before the add. The chains start at +0 and a sum of two values is -0 only when both are, so
+// acc + 0 = acc: the same bits as skipping the add.
 template <int BITS, int NP>
 __device__ __forceinline__ void tile_chunk_acc(const RowTile<BITS>& t, const char* xf, const ChunkTiles<BITS, NP>& o,
                                                const float2* meta, int kt, int ngroups, const LaneRows<BITS>& lr,
                                                float (&acc)[NP][TcShape<BITS>::NCH][2]) {
-  tile_chunk_store<BITS, NP>(t, xf, o, meta, kt, ngroups, lr, AccStore<BITS, NP>{acc});
+  const GroupScale<BITS> gs(t, lr);
+  tile_chunk<BITS, NP>(t, xf, o, kt, [&](int p, int i, float dot0, float dot1) {
+    const bool ok = o.on[p][i] && kt * 4 + lr.osig(i) < ngroups;
+    const float2 mm = meta[o.moff[p][i] + 4 * kt];
+    const float v0 = gs.value(t, lr, i, 0, dot0, mm), v1 = gs.value(t, lr, i, 1, dot1, mm);
+    acc[p][i][0] = fmaf(1.f, ok ? v0 : 0.f, acc[p][i][0]);
+    acc[p][i][1] = fmaf(1.f, ok ? v1 : 0.f, acc[p][i][1]);
+  });
 }
 
 // The chunk whose output columns hold row τ of an mma tile in lane c (the inverse of LaneRows::otok).
