@@ -8,6 +8,7 @@
 #include "cuda/cuda_common.h"
 #include "cuda/kernels/gemv/gemv.h"
 #include "cuda/kernels/sampling/sampling.h"
+#include "engine/backend.h"
 
 namespace lilac::cuda {
 namespace {
@@ -234,7 +235,7 @@ void enqueue_lm_head(const DevModel& m, const float* x, int64_t ldx, int M, cons
   digits::stage_rmsnorm(st, s);
   digits::GemvArgs g;
   g.W = m.lm_tiles;
-  if (rows > 0 && rows < g.W.rows) g.W.rows = rows;
+  g.W.rows = Session::draft_rows(rows, g.W.rows);
   g.buf = buf;
   g.M = M;
   g.row_slot = row_slot;
@@ -249,7 +250,7 @@ void enqueue_head_row(const DevModel& m, const float* norm_w, float* logits, con
     enqueue_lm_head(m, sc.h, 0, 1, nullptr, norm_w, logits, 0, sc.digits, s, rows);
   } else {
     QMatrixDev W = m.lm_head;
-    if (rows > 0 && rows < W.rows) W.rows = rows;
+    W.rows = Session::draft_rows(rows, W.rows);
     gemv_into(m.cfg, W, sc.h, Prologue::RmsNorm, norm_w, nullptr, logits, false, s);
   }
 }

@@ -302,20 +302,6 @@ __device__ __forceinline__ void tile_chunk(const RowTile<BITS>& t, const char* x
   walk_tile<BITS, NP, (NP > 2 ? 2 : NP)>(
       t, NP == 1 ? 1 : o.np_act, [&](int p, int i) { return xf + o.off[p][i] + kt * o.kst[p][i]; }, fin);
 }
-// tile_rows_store<BITS, NP, PH> with the chunk's ChunkTiles: store(p, i, gv of row g, gv of row g+8) for tile p's
-// chunk-i output group (row p·TPM + otok(i), slot osig(i)) when that row is present.
-template <int BITS, int NP, typename Store>
-__device__ __forceinline__ void tile_chunk_store(const RowTile<BITS>& t, const char* xf, const ChunkTiles<BITS, NP>& o,
-                                                 const float2* meta, int kt, int ngroups, const LaneRows<BITS>& lr,
-                                                 Store&& store) {
-  const GroupScale<BITS> gs(t, lr);
-  tile_chunk<BITS, NP>(t, xf, o, kt, [&](int p, int i, float dot0, float dot1) {
-    if (o.on[p][i] && kt * 4 + lr.osig(i) < ngroups) {
-      const float2 mm = meta[o.moff[p][i] + 4 * kt];
-      store(p, i, gs.value(t, lr, i, 0, dot0, mm), gs.value(t, lr, i, 1, dot1, mm));
-    }
-  });
-}
 // tile_rows_acc<BITS, NP, PH> with the chunk's ChunkTiles. Without a branch per chunk (which kept the compiler from
 // interleaving one chunk's mma chain with the next chunk's dequantization): a group value whose row is absent, or
 // whose group is past the weights', is computed from whatever its meta slot holds (in bounds: ot < MT, G < 4·KT)
