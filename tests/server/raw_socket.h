@@ -81,9 +81,15 @@ struct Sock {
 inline int status_of(const std::string& answer) { return answer.size() > 12 ? std::atoi(answer.c_str() + 9) : 0; }
 
 inline std::string get(const std::string& path) { return "GET " + path + " HTTP/1.1\r\nHost: t\r\n\r\n"; }
-inline std::string post(const std::string& path, const std::string& body, const std::string& extra = "") {
-  return "POST " + path + " HTTP/1.1\r\nHost: t\r\nContent-Length: " + std::to_string(body.size()) + "\r\n" + extra +
-         "\r\n" + body;
+// A POST's request line and headers for a body of `length` bytes, without the body (`extra`: more header lines, each
+// ending in \r\n), for tests that send the body later, slowly or never.
+inline std::string post_head(const std::string& path, size_t length, const std::string& extra = "") {
+  return "POST " + path + " HTTP/1.1\r\nHost: t\r\nContent-Length: " + std::to_string(length) + "\r\n" + extra + "\r\n";
 }
+inline std::string post(const std::string& path, const std::string& body, const std::string& extra = "") {
+  return post_head(path, body.size(), extra) + body;
+}
+inline const std::string kExpect100 = "Expect: 100-continue\r\n";          // a header line for post_head
+inline const std::string kContinue = "HTTP/1.1 100 Continue\r\n\r\n";  // the interim answer to it
 
 }  // namespace lilac::test

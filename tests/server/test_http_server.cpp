@@ -32,11 +32,22 @@ using lilac::server::HttpServer;
 using lilac::server::HttpServerOptions;
 using lilac::server::RouteOptions;
 using lilac::test::get;
+using lilac::test::kContinue;
+using lilac::test::kExpect100;
 using lilac::test::post;
+using lilac::test::post_head;
 using lilac::test::Sock;
 using lilac::test::status_of;
 
 namespace {
+
+// The answer to a request the server is too busy to take: `status` (503, or 529 on /v1/messages*), server_busy,
+// Retry-After: 1.
+void busy(const std::string& a, int status = 503) {
+  EXPECT_EQ(status_of(a), status) << a;
+  EXPECT_NE(a.find("server_busy"), std::string::npos) << a;
+  EXPECT_NE(a.find("Retry-After: 1"), std::string::npos) << a;
+}
 
 // A gate the stalled handlers wait on (released by the test or after 20 s).
 struct Gate {
@@ -119,10 +130,7 @@ TEST(HttpServer, InlineRoutesAnswerWhileEveryWorkerIsStalledAndAFullQueueGets503
   // One more: the queue is full -> 503 at once (not a hidden wait).
   Sock extra(s.port);
   extra.send(post("/slow", "{}"));
-  std::string a = extra.answer();
-  EXPECT_EQ(status_of(a), 503) << a;
-  EXPECT_NE(a.find("server_busy"), std::string::npos) << a;
-  EXPECT_NE(a.find("Retry-After: 1"), std::string::npos);
+  busy(extra.answer());
   // Health answers (the I/O thread), several times on one connection.
   Sock h(s.port);
   for (int i = 0; i < 3; ++i) {
@@ -160,10 +168,7 @@ TEST(HttpServer, TheBodiesWaitingForAWorkerAreBoundedByBytes) {
   // 600 + 600 bytes waiting would pass the bound: 503 at once, as for a full queue (not left waiting).
   Sock over(s.port);
   ASSERT_TRUE(over.send(post("/slow", std::string(600, 'b'))));
-  const std::string a = over.answer();
-  EXPECT_EQ(status_of(a), 503) << a;
-  EXPECT_NE(a.find("server_busy"), std::string::npos) << a;
-  EXPECT_NE(a.find("Retry-After: 1"), std::string::npos) << a;
+  busy(over.answer());
   EXPECT_EQ(s.http.stats().rejected_busy, 1);
   EXPECT_EQ(s.http.stats().pending, 1);
   // 600 + 400 fit, and a request without a body adds nothing.
@@ -207,16 +212,7 @@ TEST(HttpServer, TheBodiesBeingReceivedAreBoundedByBytes) {
   HttpServerOptions o = opts(4);
   o.max_buffered_body_bytes = 1000;
   TestServer s(o);
-  const std::string kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
-  auto head = [](size_t length) {
-    return "POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: " + std::to_string(length) +
-           "\r\nExpect: 100-continue\r\n\r\n";
-  };
-  auto busy = [](const std::string& a) {
-    EXPECT_EQ(status_of(a), 503) << a;
-    EXPECT_NE(a.find("server_busy"), std::string::npos) << a;
-    EXPECT_NE(a.find("Retry-After: 1"), std::string::npos) << a;
-  };
+  auto head = [](size_t length) { return post_head("/echo", length, kExpect100); };
   // A declares 900 bytes: taken (100 Continue), and sends 100 of them.
   Sock a(s.port);
   ASSERT_TRUE(a.send(head(900)));
@@ -273,9 +269,7 @@ TEST(HttpServer, AnIdleOrTricklingBodyGets408AndFreesItsRoom) {
   o.body_timeout_ms = 600000;
   o.max_buffered_body_bytes = 1000;
   TestServer s(o);
-  auto head = [](size_t length) {
-    return "POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: " + std::to_string(length) + "\r\n\r\n";
-  };
+  auto head = [](size_t length) { return post_head("/echo", length); };
   auto stalled = [](const std::string& a) {
     EXPECT_EQ(status_of(a), 408) << a;
     EXPECT_NE(a.find("request_timeout"), std::string::npos) << a;
@@ -325,8 +319,7 @@ TEST(HttpServer, ABodyThatKeepsArrivingIsNotCutOff) {
   TestServer s(o);
   const size_t piece = 70 * 1024, pieces = 6;
   Sock a(s.port);
-  ASSERT_TRUE(a.send("POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: " + std::to_string(piece * pieces) +
-                     "\r\nConnection: close\r\n\r\n"));
+  ASSERT_TRUE(a.send(post_head("/echo", piece * pieces, "Connection: close\r\n")));
   for (size_t k = 0; k < pieces; ++k) {
     std::this_thread::sleep_for(250ms);  // 1.5 s in all, more than header_timeout_ms
     ASSERT_TRUE(a.send(std::string(piece, char('a' + k))));
@@ -470,7 +463,7 @@ TEST(HttpServer, ExpectContinueKeepAliveAndPipelining) {
   TestServer s(opts());
   Sock a(s.port);
   a.send("POST /echo HTTP/1.1\r\nContent-Length: 4\r\nExpect: 100-continue\r\n\r\n");
-  EXPECT_EQ(a.read(5000ms, "\r\n\r\n"), "HTTP/1.1 100 Continue\r\n\r\n");
+  EXPECT_EQ(a.read(5000ms, "\r\n\r\n"), kContinue);
   a.send("ping");
   std::string r = a.answer();
   EXPECT_EQ(status_of(r), 200);
@@ -684,7 +677,7 @@ TEST(HttpServer, AClientPastItsConnectionBoundGets503OrClosesItsOwnIdleOneOthers
   for (int i = 0; i < 3; ++i) {
     one.push_back(std::make_unique<Sock>(s.port, "127.0.0.1"));
     ASSERT_TRUE(one.back()->send(head));
-    ASSERT_EQ(one.back()->read(10000ms, "\r\n\r\n"), "HTTP/1.1 100 Continue\r\n\r\n");
+    ASSERT_EQ(one.back()->read(10000ms, "\r\n\r\n"), kContinue);
   }
   Sock late(s.port, "127.0.0.1");
   const std::string a = late.answer();
@@ -742,16 +735,7 @@ TEST(HttpServer, AClientsBodiesPastItsShareGetTheBusyAnswerAnotherClientsAreAnsw
       res.set_content(req.body, "text/plain");
     }, anthropic);
   });
-  const std::string kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
-  auto head = [](const std::string& path, size_t length) {
-    return "POST " + path + " HTTP/1.1\r\nHost: t\r\nContent-Length: " + std::to_string(length) +
-           "\r\nExpect: 100-continue\r\n\r\n";
-  };
-  auto busy = [](const std::string& a, int status) {
-    EXPECT_EQ(status_of(a), status) << a;
-    EXPECT_NE(a.find("server_busy"), std::string::npos) << a;
-    EXPECT_NE(a.find("Retry-After: 1"), std::string::npos) << a;
-  };
+  auto head = [](const std::string& path, size_t length) { return post_head(path, length, kExpect100); };
   // Client 1 declares 600 and 300 bytes (900 of its 1000: both taken) and sends a little of each.
   Sock a(s.port, "127.0.0.1"), b(s.port, "127.0.0.1");
   ASSERT_TRUE(a.send(head("/echo", 600)));
@@ -824,11 +808,7 @@ TEST(HttpServer, AClientsShareIsFreedAfter408DisconnectAndStop) {
   o.max_buffered_body_bytes = 100000;
   o.max_client_body_bytes = 1000;
   TestServer s(o);
-  const std::string kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
-  auto head = [](size_t length) {
-    return "POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: " + std::to_string(length) +
-           "\r\nExpect: 100-continue\r\n\r\n";
-  };
+  auto head = [](size_t length) { return post_head("/echo", length, kExpect100); };
   // A declares 900 and sends nothing more: B's 200 from the same client are refused.
   Sock a(s.port, "127.0.0.1");
   ASSERT_TRUE(a.send(head(900)));

@@ -424,9 +424,9 @@ TEST(ReceiveBudget, ABodyThatDoesNotFitBesideTheBodiesBeingReceivedIsRefusedAtOn
   lilac::test::LocalServer srv(o);
   const std::string big = body_over_half_a_mib();
   lilac::test::Sock holder(srv.port, "127.0.0.2");
-  ASSERT_TRUE(holder.send("POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
-                          "Content-Length: " + std::to_string(big.size()) + "\r\nExpect: 100-continue\r\n\r\n"));
-  ASSERT_EQ(holder.read(std::chrono::milliseconds(10000), "\r\n\r\n"), "HTTP/1.1 100 Continue\r\n\r\n");
+  ASSERT_TRUE(holder.send(lilac::test::post_head("/v1/chat/completions", big.size(),
+                                                "Content-Type: application/json\r\n" + lilac::test::kExpect100)));
+  ASSERT_EQ(holder.read(std::chrono::milliseconds(10000), "\r\n\r\n"), lilac::test::kContinue);
   ASSERT_TRUE(holder.send(big.substr(0, 1000)));
   EXPECT_EQ(metric(srv.port, "lilac_http_receiving_bytes"), int64_t(big.size()));
   const std::string third = padded_body(kChat, 75000);  // 0.3 MB: not beside 0.8 MB in 1 MiB
@@ -470,10 +470,9 @@ TEST(ReceiveBudget, ByDefaultOneClientHoldsHalfTheBodiesBeingReceivedAndAQuarter
   o.max_connections = 8;
   lilac::test::LocalServer srv(o);
   const std::string big = body_over_half_a_mib();
-  const std::string kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
+  using lilac::test::kContinue;
   auto head = [](const std::string& path, size_t length) {
-    return "POST " + path + " HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: " +
-           std::to_string(length) + "\r\nExpect: 100-continue\r\n\r\n";
+    return lilac::test::post_head(path, length, "Content-Type: application/json\r\n" + lilac::test::kExpect100);
   };
   auto body_of = [](const std::string& a) {
     const size_t at = a.find("\r\n\r\n");
