@@ -6,6 +6,9 @@
 # The kernel benchmarks travel as one xz tarball (.gpu/bench_kernels.tar.xz, ~2 MB instead of ~17 MB:
 # the carry limit is 64 MiB; .gpu is ~62 MiB with them); gpu-check.sh bench-kernels and gpu-profile.sh
 # kernels unpack it there. PACK_KERNEL_BENCHES=0 leaves them out (more room for other binaries in the carry).
+# A/B calls: PACK_EXTRA="path/to/lilacB ..." copies more binaries (built beforehand, e.g. main's lilac before a
+# change) into .gpu/ under their own names, and PACK_XZ=1 then packs .gpu into one xz tarball, .device/g.tar.xz
+# (three lilac binaries fit the 64 MiB carry only so): carry [".device"] and run `tar -xJf .device/g.tar.xz && ...`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build-cuda}
@@ -44,4 +47,13 @@ cp -r ../shared/oracle .gpu/oracle
 cp -r ../shared/fixtures/tiny ../shared/fixtures/tiny2 ../shared/fixtures/tiny-mtp .gpu/fixtures/
 mkdir -p .gpu/fixtures/qwen3-tokenizer  # the CUDA scheduler tests (CudaSchedulerSpec.*) tokenize with it
 cp ../shared/fixtures/qwen3-tokenizer/tokenizer.json ../shared/fixtures/qwen3-tokenizer/tokenizer_config.json .gpu/fixtures/qwen3-tokenizer/
+for x in ${PACK_EXTRA:-}; do
+  cp "$x" .gpu/
+  strip ".gpu/$(basename "$x")" 2>/dev/null || true
+done
 du -sh .gpu
+if [ "${PACK_XZ:-0}" = 1 ]; then
+  mkdir -p .device
+  tar -cf - .gpu | xz -T2 -6 > .device/g.tar.xz
+  ls -la .device/g.tar.xz
+fi
