@@ -1,21 +1,24 @@
 #!/usr/bin/env bash
 # A kernel's machine code (SASS) without a GPU: compiles one .cu file for sm_90a with the build's own compile line,
 # and disassembles the kernels whose mangled names match a pattern.
-#   bash scripts/sass.sh [--build DIR] [--ops] src/cuda/kernels/<dir>/<file>.cu [name-regex]
+#   bash scripts/sass.sh [--build DIR] [--ops | --loops] src/cuda/kernels/<dir>/<file>.cu [name-regex]
 # Without a pattern: every kernel's name and instruction count. With one: those kernels' SASS (address, instruction),
-# or with --ops the count of each opcode in them. The CUDA 13 toolkit here ships no disassembler; Debian bookworm's
-# non-free nvidia-cuda-toolkit (CUDA 11.8) has cuobjdump, which reads an sm_90 cubin once its ELF header is in the
-# older form (ABI version 7, EF_CUDA_SM90 flags): the first run downloads that package (~84 MB) into
+# with --ops the count of each opcode in them, or with --loops each loop's span and length in instructions and the
+# barriers, wgmma waits and stores around them (what one trip of a main loop costs, stop 68). The CUDA 13 toolkit
+# here ships no disassembler; Debian bookworm's non-free nvidia-cuda-toolkit (CUDA 11.8) has cuobjdump, which reads
+# an sm_90 cubin once its ELF header is in the older form (ABI version 7, EF_CUDA_SM90 flags): the first run
+# downloads that package (~84 MB) into
 # ${LILAC_SASS_TOOLS:-~/.cache/lilac-sass} and keeps only cuobjdump / nvdisasm. The instructions are the binary's;
 # only the header is rewritten, so a counter or a latency read from here is the device's code (stop 67).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
-BUILD="" OPS=0
+BUILD="" OPS=0 LOOPS=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --build) BUILD=$2; shift 2 ;;
     --ops) OPS=1; shift ;;
+    --loops) LOOPS=1; shift ;;
     *) break ;;
   esac
 done
@@ -70,6 +73,24 @@ awk '/Function :/ { f = $3; next }
   "$TMP/k.sass" > "$TMP/k.tsv"
 if [ -z "$PAT" ]; then
   cut -f1 "$TMP/k.tsv" | uniq -c | awk '{ printf "%6d  %s\n", $1, $2 }'
+elif [ $LOOPS = 1 ]; then
+  # each loop (a backward branch) of the matching kernels with its length in instructions, and where the barriers,
+  # wgmma waits and global stores sit: a loop's instructions per trip, its stores' tail apart (stop 68)
+  awk -F'\t' -v p="$PAT" '$1 ~ p' "$TMP/k.tsv" | python3 -c '
+import re, sys
+rows = [l.rstrip("\n").split("\t") for l in sys.stdin]
+fn = None
+for i, (f, a, ins) in enumerate(rows):
+    if f != fn:
+        fn, at = f, {int(r[1], 16): j for j, r in enumerate(rows) if r[0] == f}
+        print("== " + f)
+    m = re.search(r"BRA (?:`\()?0x([0-9a-f]+)", ins)
+    if m and int(m.group(1), 16) <= int(a, 16) and int(m.group(1), 16) in at:
+        j = at[int(m.group(1), 16)]
+        print(f"loop  {rows[j][1]}..{a}  {i - j + 1} instructions")
+    elif re.match(r"(BAR\.SYNC|WARPGROUP\.DEPBAR|STG|EXIT)", re.sub(r"^@!?U?P[0-9T] ", "", ins)):
+        print(f"      {a}  {ins}")
+'
 elif [ $OPS = 1 ]; then
   awk -F'\t' -v p="$PAT" '$1 ~ p { i = $3; sub(/^@!?U?P[0-9T] /, "", i); split(i, w, /[ .]/); n[w[1]]++ }
                           END { for (o in n) printf "%6d  %s\n", n[o], o }' "$TMP/k.tsv" | sort -rn
