@@ -78,12 +78,7 @@ struct TestServer {
   }
   template <class F>
   bool wait_for(F f, std::chrono::milliseconds t = 10000ms) {
-    const auto end = std::chrono::steady_clock::now() + t;
-    while (!f()) {
-      if (std::chrono::steady_clock::now() > end) return false;
-      std::this_thread::sleep_for(5ms);
-    }
-    return true;
+    return lilac::test::wait_for(f, t);
   }
 };
 

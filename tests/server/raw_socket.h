@@ -9,10 +9,22 @@
 #include <chrono>
 #include <cstdlib>
 #include <string>
+#include <thread>
 
 namespace lilac::test {
 
 using namespace std::chrono_literals;
+
+// Polls f every 5 ms until it holds (true) or t has passed (false): what the tests wait on a server's counters with.
+template <class F>
+bool wait_for(F f, std::chrono::milliseconds t = 10000ms) {
+  const auto end = std::chrono::steady_clock::now() + t;
+  while (!f()) {
+    if (std::chrono::steady_clock::now() > end) return false;
+    std::this_thread::sleep_for(5ms);
+  }
+  return true;
+}
 
 // A raw TCP client: what a hostile or slow client does is spelled out byte by byte.
 struct Sock {

@@ -17,13 +17,10 @@
 #include "server/http_server.h"
 
 using namespace std::chrono_literals;
-using lilac::server::HttpError;
 using lilac::server::HttpServer;
 using lilac::server::HttpServerOptions;
 using lilac::server::RouteOptions;
 using lilac::test::busy;
-using lilac::test::Gate;
-using lilac::test::get;
 using lilac::test::kContinue;
 using lilac::test::kExpect100;
 using lilac::test::post;

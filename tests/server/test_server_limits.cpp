@@ -23,6 +23,7 @@ using namespace std::chrono_literals;
 using lilac::test::LocalServer;
 using lilac::test::Sock;
 using lilac::test::status_of;
+using lilac::test::wait_for;
 
 namespace {
 
@@ -56,16 +57,6 @@ std::string gzip(const std::string& data) {
   out.resize(zs.total_out);
   deflateEnd(&zs);
   return out;
-}
-
-template <class F>
-bool wait_for(F f, std::chrono::milliseconds t = 10000ms) {
-  const auto end = std::chrono::steady_clock::now() + t;
-  while (!f()) {
-    if (std::chrono::steady_clock::now() > end) return false;
-    std::this_thread::sleep_for(5ms);
-  }
-  return true;
 }
 
 }  // namespace
