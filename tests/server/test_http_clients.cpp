@@ -40,7 +40,7 @@ TEST(HttpServer, AClientPastItsConnectionBoundGets503OrClosesItsOwnIdleOneOthers
   o.max_connections = 100;
   o.max_client_connections = 3;
   TestServer s(o);
-  const std::string head = "POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n";
+  const std::string head = post_head("/echo", 5, kExpect100);
   // Client 1 holds 3 connections, each with a request in progress (headers in, body to come: none idle).
   std::vector<std::unique_ptr<Sock>> one;
   for (int i = 0; i < 3; ++i) {
