@@ -80,27 +80,28 @@ __device__ inline void route_warp_n(const float* logits, int E, int k, bool reno
   // k rounds of "largest remaining probability, ties to the lower id". A probability p >= 0 orders like
   // its bit pattern; key = bits + 1 (0: taken or past E). One redux for the largest key, one for the
   // lowest id holding it; within a lane the first slot holding its best is its lowest id.
+  // The keys stay read-only and the taken slots are a mask: clearing key[bid >> 5] in place made the compiler keep
+  // key[] in local memory (an indexed store; two LDL.128 per round, stop 67's SASS survey).
   uint32_t key[kMaxPer];
 #pragma unroll
   for (int i = 0; i < kMaxPer; ++i) key[i] = p[i] >= 0.f ? __float_as_uint(p[i]) + 1u : 0u;
+  uint32_t taken = 0;  // bit i: this lane's slot i was chosen
   float sum = 0.f, my_w = 0.f;
   int my_id = 0;
   for (int t = 0; t < k; ++t) {
     uint32_t best = 0;
     int bi = 0;
 #pragma unroll
-    for (int i = 0; i < kMaxPer; ++i)
-      if (key[i] > best) {
-        best = key[i];
+    for (int i = 0; i < kMaxPer; ++i) {
+      const uint32_t ki = (taken >> i) & 1u ? 0u : key[i];
+      if (ki > best) {
+        best = ki;
         bi = i;
       }
+    }
     const uint32_t top = __reduce_max_sync(0xffffffffu, best);
     const uint32_t bid = __reduce_min_sync(0xffffffffu, best == top ? uint32_t(lane + 32 * bi) : 0xffffffffu);
-    if (int(bid & 31) == lane) {
-#pragma unroll
-      for (int i = 0; i < kMaxPer; ++i)
-        if (i == int(bid >> 5)) key[i] = 0u;
-    }
+    if (int(bid & 31) == lane) taken |= 1u << (bid >> 5);
     const float pv = __uint_as_float(top - 1u);
     if (lane == t) {
       my_id = int(bid);
