@@ -25,6 +25,8 @@ bb C $C; bb D $D
 tt F 50 env LILAC_ROWS_WGS=1 $TE --gtest_filter='CudaBatch.*:CudaRowsStep.*'
 tt C 40 $TC --gtest_filter='RowsMoE.*'
 bb B $B; bb E $E; bb F env LILAC_ROWS_WGS=1 $E; bb C $C
+sp() { [ $(left) -gt 60 ] || { echo "skip spec $1"; return; }; local lab=$1; shift; echo "--- spec $lab"; timeout 40 "$@" bench --synthetic --prompt-lens 512 --decode-tokens 128 --spec-tokens 3 --draft-accept 0.8 2>&1 | grep -E "x|tok/s|error" | tail -4; }
+sp B $B; sp E $E
 SEC="--section SpeedOfLight --section WarpStateStats --metrics dram__bytes_read.sum,smsp__inst_executed.sum,lts__t_bytes.sum"
 prof() { [ $(left) -gt 35 ] || { echo "skip $1"; return; }; s "ncu $1"; timeout 40 ncu --launch-skip $3 --launch-count 1 -k regex:$2 $SEC $4 bench --synthetic --batch $5 --prompt-lens 512 --decode-tokens 128 2>&1 | grep -E "Duration|DRAM Throughput|Compute \(SM\)|Warp Cycles Per Issued|dram__bytes_read|inst_executed|lts__t_bytes|Grid Size|Registers" | awk '{$1=$1; print}' | tr '\n' ';'; echo; }
 prof wgs64F gemv_rows_wgs 800 "env LILAC_ROWS_WGS=1 $E" 64

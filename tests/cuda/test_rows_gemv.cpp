@@ -254,6 +254,23 @@ TEST(RowsGemv, WgmmaKernelMatchesTilesKernelBitForBit) {
                        {9, 16, 17, 32, 45, 64}, lr::RowsGemvKernel::Wgmma);
 }
 
+// The wgmma kernel's input-streaming form (from 33 rows: two 16-row slices per warpgroup on one dequantized weight
+// tile, the block's input steps shared by its three warpgroups): the model's in_proj and qkv shapes, out_proj's two
+// k-tiles per slice, and odd ones (a partial weight tile, fewer weight tiles than one block's three warpgroups, K =
+// 768's empty fourth k-slice); M = 33 (a block row of one row) to 64, 45 with its second block's second slice empty.
+TEST(RowsGemv, WgmmaStreamKernelMatchesTilesKernelBitForBit) {
+  NEED_GPU();
+  if (!lc::gemm_wgmma_available()) GTEST_SKIP() << "no sm_90a wgmma on this GPU";
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  Rng r(seed);
+  using P = lc::Prologue;
+  expect_matches_tiles(r,
+                       {{12352, 2048, 4, P::RmsNorm}, {9216, 2048, 4, P::RmsNorm}, {2048, 4096, 4, P::GatedHeadNorm},
+                        {1001, 512, 4, P::RmsNorm}, {77, 256, 4, P::None}, {130, 768, 4, P::GatedHeadNorm}},
+                       {33, 40, 45, 48, 64}, lr::RowsGemvKernel::WgmmaStream);
+}
+
 // x1 = W1 x (None); x2 = W2 RmsNorm(x1); x += W3 x2 (8-bit, residual): stage + GEMV launches with PDL,
 // captured once in a graph and replayed; every launch reads what the previous one wrote and the last one
 // overwrites the first one's input. M = 5 rows, one of them padding.

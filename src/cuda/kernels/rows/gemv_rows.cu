@@ -527,12 +527,12 @@ void gemv_rows(const GemvRowsArgs& a, cudaStream_t stream) {
   // 4-bit, more than 8 rows: the slice kernel (each weight tile dequantized once per 16 or 32 rows) where its
   // partial sums have room and it measured faster; else (and when LILAC_ROWS_GEMV=tiles) the tiles kernel
   const RowsGemvKernel want = a.kernel != RowsGemvKernel::Auto ? a.kernel : kernel_from_env();
-  if ((want == RowsGemvKernel::Auto || want == RowsGemvKernel::Wgmma) &&
-      gemv_rows_wg_applies(a, want == RowsGemvKernel::Wgmma)) {
-    gemv_rows_wg(a, KS, stream);
+  const bool wg_forced = want == RowsGemvKernel::Wgmma || want == RowsGemvKernel::WgmmaStream;
+  if ((want == RowsGemvKernel::Auto || wg_forced) && gemv_rows_wg_applies(a, wg_forced)) {
+    gemv_rows_wg(a, KS, stream, want == RowsGemvKernel::WgmmaStream);
     return;
   }
-  if (want == RowsGemvKernel::Wgmma)
+  if (wg_forced)
     throw Error("rows::gemv_rows: the wgmma kernel needs 4-bit weights with K a multiple of 256, 9..64 rows, "
                 "a staged frag_wg and sm_90a code on Hopper");
   const bool room = KS == 1 || (a.partials != nullptr && a.partial_floats >= size_t(KS) * size_t(a.M) * size_t(a.W.rows));

@@ -15,7 +15,9 @@ bool gemv_rows_wg_auto(const QMatrixDev& W, int M);
 // biases, 9..64 rows, sm_90a code on a Hopper device; unless forced (RowsGemvKernel::Wgmma), also gemv_rows_wg_auto.
 bool gemv_rows_wg_applies(const GemvRowsArgs& a, bool forced);
 // y (+)= W t(x) for the M staged rows with gemv_tc's k-slice count KS: the bits of the tiles kernel. At up to 16 rows a
-// weight tile's slices are split over a 2-block cluster (LILAC_ROWS_WGMMA_SPLIT=0: not).
-void gemv_rows_wg(const GemvRowsArgs& a, int KS, cudaStream_t stream);
+// weight tile's slices are split over a 2-block cluster (LILAC_ROWS_WGMMA_SPLIT=0: not). From 49 rows
+// (stream_input: from 33; LILAC_ROWS_WGS=0: never unless forced) the kernel that streams the input and dequantizes a
+// weight tile once per 32 rows.
+void gemv_rows_wg(const GemvRowsArgs& a, int KS, cudaStream_t stream, bool stream_input = false);
 
 }  // namespace lilac::cuda::rows

@@ -72,7 +72,8 @@ void stage(const StageArgs& a, cudaStream_t stream);
 // A registers, the same bits again, no partials. The GDN conv epilogue of gemv_tc is not here (the conv kernel of the
 // rows family does it).
 // Auto: LILAC_ROWS_GEMV=tiles|slices|wgmma, else by M and shape (LILAC_ROWS_WGMMA=0: never the wgmma kernel).
-enum class RowsGemvKernel { Auto, Tiles, Slices, Wgmma };
+// WgmmaStream: the wgmma kernel's input-streaming form from 33 rows (gemv_rows_wg.cu; below 33 rows as Wgmma).
+enum class RowsGemvKernel { Auto, Tiles, Slices, Wgmma, WgmmaStream };
 struct GemvRowsArgs {
   QMatrixDev W;
   const void* frag = nullptr;      // stage() output: frag4g (4-bit W) or frag8
