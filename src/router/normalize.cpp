@@ -7,15 +7,6 @@
 
 namespace lilac::router {
 
-int base64_digit(char c) {
-  if (c >= 'A' && c <= 'Z') return c - 'A';
-  if (c >= 'a' && c <= 'z') return c - 'a' + 26;
-  if (c >= '0' && c <= '9') return c - '0' + 52;
-  if (c == '+' || c == '-') return 62;
-  if (c == '/' || c == '_') return 63;
-  return -1;
-}
-
 namespace {
 
 using unicode::append_utf8;
@@ -446,6 +437,17 @@ std::string collapse_whitespace(std::string_view text) {
   out.reserve(text.size());
   bool pending = false;
   for (size_t i = 0; i < text.size();) {
+    if (const unsigned char b = static_cast<unsigned char>(text[i]); b < 0x80) {  // ASCII: what the general path does
+      if (b == ' ' || (b >= 0x09 && b <= 0x0D)) {
+        pending = !out.empty();
+      } else {
+        if (pending) out.push_back(' ');
+        pending = false;
+        out.push_back(static_cast<char>(b));
+      }
+      ++i;
+      continue;
+    }
     Decoded d = decode_utf8(text, i);
     if (d.status == Decoded::Ok && unicode::is_whitespace(d.cp)) {
       pending = !out.empty();

@@ -29,8 +29,27 @@ std::string canonical_text(std::string_view text);
 // Base64 runs of `text` decoded to text (exposed for tests); "" when none decodes to text.
 std::string decode_base64_runs(std::string_view text);
 
-// The value of a base64 digit of either alphabet ("+/" or "-_"); -1 for any other character.
-int base64_digit(char c);
+// The value of a base64 digit of either alphabet ("+/" or "-_"); -1 for any other character. Inline through a table:
+// the opaque detector and the base64 variant call it for every byte of a prompt (a call per byte was ~12 % of a
+// 100 KB routing decision, bench/BENCHMARKS.md "Hybrid router").
+namespace detail {
+struct Base64Digits {
+  signed char v[256];
+  constexpr Base64Digits() : v() {
+    for (int c = 0; c < 256; ++c) {
+      int d = -1;
+      if (c >= 'A' && c <= 'Z') d = c - 'A';
+      else if (c >= 'a' && c <= 'z') d = c - 'a' + 26;
+      else if (c >= '0' && c <= '9') d = c - '0' + 52;
+      else if (c == '+' || c == '-') d = 62;
+      else if (c == '/' || c == '_') d = 63;
+      v[c] = static_cast<signed char>(d);
+    }
+  }
+};
+inline constexpr Base64Digits kBase64Digits{};
+}  // namespace detail
+inline int base64_digit(char c) { return detail::kBase64Digits.v[static_cast<unsigned char>(c)]; }
 
 // Whether the base64 characters `run` (either alphabet; line breaks and '=' skipped) decode to bytes that read as
 // text (valid UTF-8, at least 90 % printable), judged on their first 288 bytes.

@@ -11,6 +11,7 @@
 #include "router/hybrid.h"
 #include "router/normalize.h"
 #include "router/scan.h"
+#include "text/unicode.h"
 
 using namespace lilac::router;
 using json = nlohmann::ordered_json;
@@ -296,6 +297,28 @@ TEST(RouterScan, NormalizeBuildingBlocks) {
   EXPECT_EQ(decode_base64_runs("aGVsbG8gd29ybGQgaGVsbG8="), "hello world hello\n");
   EXPECT_EQ(decode_base64_runs("////////////////////////"), "");  // binary
   EXPECT_EQ(collapse_whitespace(" a \n\t b\u00a0c  "), "a b c");
+}
+
+// base64_digit's table and collapse_whitespace's ASCII path (both per byte of every routed prompt) against the
+// definitions they replace: the alphabets' values for all 256 bytes; an ASCII byte is whitespace exactly where
+// unicode::is_whitespace says so, also between non-ASCII text and at the ends.
+TEST(RouterScan, PerByteFastPathsAgreeWithTheirDefinitions) {
+  for (int c = 0; c < 256; ++c) {
+    int want = -1;
+    if (c >= 'A' && c <= 'Z') want = c - 'A';
+    else if (c >= 'a' && c <= 'z') want = c - 'a' + 26;
+    else if (c >= '0' && c <= '9') want = c - '0' + 52;
+    else if (c == '+' || c == '-') want = 62;
+    else if (c == '/' || c == '_') want = 63;
+    EXPECT_EQ(base64_digit(static_cast<char>(c)), want) << c;
+  }
+  for (int c = 1; c < 0x80; ++c) {
+    const std::string ch(1, static_cast<char>(c));
+    const bool ws = lilac::unicode::is_whitespace(char32_t(c));
+    EXPECT_EQ(collapse_whitespace("\u00e9" + ch + ch + "x" + ch), ws ? "\u00e9 x" : "\u00e9" + ch + ch + "x" + ch) << c;
+    EXPECT_EQ(collapse_whitespace(ch + "a"), ws ? "a" : ch + "a") << c;
+  }
+  EXPECT_EQ(collapse_whitespace("a\u2003\u3000 b\xff\t c"), "a b\xff c");  // Unicode spaces; an invalid byte is text
 }
 
 // An image or a PDF sent as base64 cannot be read by the scan. With high_entropy on its runs kept it local; with
