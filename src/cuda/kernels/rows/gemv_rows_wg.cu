@@ -67,7 +67,6 @@ __global__ void __launch_bounds__(kWgThreads, 3) gemv_rows_wg_kernel(GemvRowsArg
   const int64_t nrows = a.W.rows, nwt = (nrows + 63) / 64, ldy = a.ldy > 0 ? a.ldy : nrows;
   const int row0 = int(blockIdx.z) * MT, mrows = min(MT, a.M - row0);
 
-  auto kt_of = [&](const WgStep& st) { return st.s + st.j * KS; };
   // slices past the last k-tile (KS > KT: gemv_tc's rule can give a small K more slices than k-tiles) add 0 to a
   // row's sum in the tiles kernel: skipped here, the same bits
   const int nslices = min(KS, KT);
@@ -77,35 +76,26 @@ __global__ void __launch_bounds__(kWgThreads, 3) gemv_rows_wg_kernel(GemvRowsArg
   const int per = nslices / CL, rank = SPLIT ? int(blockIdx.x % CL) : 0;
   const int s0 = rank * per, s1 = SPLIT ? s0 + per : nslices;
   const int64_t T0 = blockIdx.x / CL, tstride = gridDim.x / CL;
-  auto next = [&](WgStep st) {
-    if (kt_of(st) + KS < KT) {
-      ++st.j;
-    } else if (st.s + 1 < s1) {
-      ++st.s, st.j = 0;
-    } else {
-      st.T += tstride, st.s = s0, st.j = 0;
-    }
-    return st;
-  };
+  const WgWalk walk{KS, KT, s0, s1, tstride};
   auto copy_w = [&](const WgStep& st, int b) {
-    if (st.T < nwt) wg_copy_w(a.W, st.T, kt_of(st), smem + b * S::STAGE);
+    if (st.T < nwt) wg_copy_w(a.W, st.T, walk.kt(st), smem + b * S::STAGE);
   };
   uint32_t pmask = 0;  // present rows of the block's MT (set after the PDL wait)
   auto copy_x = [&](const WgStep& st, int b) {
-    if (st.T < nwt) wg_copy_x(a, row0, pmask, kt_of(st), smem + b * S::STAGE);
+    if (st.T < nwt) wg_copy_x(a, row0, pmask, walk.kt(st), smem + b * S::STAGE);
   };
 
   // prologue: the first STAGES - 1 steps' weights before the PDL wait, their inputs after it (one commit group each)
   WgStep st{T0, s0, 0};
   {
     WgStep p = st;
-    for (int k = 0; k < STAGES - 1; ++k, p = next(p)) copy_w(p, k);
+    for (int k = 0; k < STAGES - 1; ++k, p = walk.next(p)) copy_w(p, k);
   }
   pdl_wait();
   pdl_trigger();
   pmask = present_rows(a.row_slot, row0, mrows);
   WgStep ahead = st;  // the step whose copies are issued next
-  for (int k = 0; k < STAGES - 1; ++k, ahead = next(ahead)) {
+  for (int k = 0; k < STAGES - 1; ++k, ahead = walk.next(ahead)) {
     copy_x(ahead, k);
     cp_async_commit();
   }
@@ -118,7 +108,7 @@ __global__ void __launch_bounds__(kWgThreads, 3) gemv_rows_wg_kernel(GemvRowsArg
   G4Scale sc[2];
   const int lr0 = 16 * warp + g;
 
-  for (int k = 0; st.T < nwt; ++k, st = next(st)) {
+  for (int k = 0; st.T < nwt; ++k, st = walk.next(st)) {
     cp_async_wait<STAGES - 2>();
     fence_proxy_async();  // this thread's cp.async writes of step k's B tiles → the async proxy (wgmma reads them)
     __syncthreads();      // step k's stage landed; every warp is done with step k - 1's stage
@@ -127,13 +117,13 @@ __global__ void __launch_bounds__(kWgThreads, 3) gemv_rows_wg_kernel(GemvRowsArg
       copy_w(ahead, b);
       copy_x(ahead, b);
       cp_async_commit();
-      ahead = next(ahead);
+      ahead = walk.next(ahead);
     }
     const unsigned char* sb = smem + (k % STAGES) * S::STAGE;
     wg_step_math<NJ, 4, 1>(sb + S::W, sb + S::SC, sb + S::BI, smem_u32(sb),
                            reinterpret_cast<const float2*>(sb + S::META), lr0, c, pmask, D, A, sc, acc);
 
-    const WgStep ns = next(st);
+    const WgStep ns = walk.next(st);
     if (ns.T != st.T || ns.s != st.s) {  // the slice's chains are complete
       if (SPLIT && rank) {
         wg_hand_over(smem + S::HANDOVER, st.s - s0, acc);
@@ -190,23 +180,13 @@ __global__ void __launch_bounds__(NW * kWgThreads, 1) gemv_rows_wgr_kernel(GemvR
   const int row0 = int(blockIdx.z) * MT, mrows = min(MT, a.M - row0);
   const int nslices = min(KS, KT);
   const int64_t tstride = int64_t(gridDim.x) * NW;
-  auto kt_of = [&](const WgStep& st) { return st.s + st.j * KS; };
-  auto next = [&](WgStep st) {
-    if (kt_of(st) + KS < KT) {
-      ++st.j;
-    } else if (st.s + 1 < nslices) {
-      ++st.s, st.j = 0;
-    } else {
-      st.T += tstride, st.s = 0, st.j = 0;
-    }
-    return st;
-  };
+  const WgWalk walk{KS, KT, 0, nslices, tstride};
   unsigned char* ring = smem + R::RING + wg * kWgrWS * R::STAGE;
   // a step's weights into stage b of this warpgroup's ring (wg_copy_w by the warpgroup's 128 threads)
   auto copy_w = [&](const WgStep& st, int b) {
     if (st.T >= nwt) return;
     unsigned char* sb = ring + b * R::STAGE;
-    const int kt = kt_of(st);
+    const int kt = walk.kt(st);
     const int64_t wrow_bytes = a.W.cols / 2, gpr = a.W.cols / kGroup;
     for (int i = wtid; i < 64 * 8; i += kWgThreads) {
       const int lr = i >> 3, u = i & 7;
@@ -228,7 +208,7 @@ __global__ void __launch_bounds__(NW * kWgThreads, 1) gemv_rows_wgr_kernel(GemvR
   // block's input (every k-tile's B tiles and the meta: one group) after it
   WgStep st{int64_t(blockIdx.x) * NW + wg, 0, 0};
   WgStep ahead = st;
-  for (int k = 0; k < kWgrWS - 1; ++k, ahead = next(ahead)) {
+  for (int k = 0; k < kWgrWS - 1; ++k, ahead = walk.next(ahead)) {
     copy_w(ahead, k);
     cp_async_commit();
   }
@@ -272,17 +252,17 @@ __global__ void __launch_bounds__(NW * kWgThreads, 1) gemv_rows_wgr_kernel(GemvR
   const int lr0 = 16 * warp + g;
   const float2* meta = reinterpret_cast<const float2*>(smem + R::META);
 
-  for (int k = 0; st.T < nwt; ++k, st = next(st)) {
+  for (int k = 0; st.T < nwt; ++k, st = walk.next(st)) {
     if (k > 0) cp_async_wait<kWgrWS - 2>();  // step k's weights (this thread's copies); k = 0 waited above
     wg_bar();  // step k's stage landed for the warpgroup; its warps are done with step k - 1's stage
     copy_w(ahead, (k + kWgrWS - 1) % kWgrWS);
     cp_async_commit();
-    ahead = next(ahead);
+    ahead = walk.next(ahead);
     const unsigned char* sb = ring + (k % kWgrWS) * R::STAGE;
-    const int kt = kt_of(st);
+    const int kt = walk.kt(st);
     wg_step_math<NJ, 1, MT>(sb + R::W, sb + R::SC, sb + R::BI, smem_u32(smem + R::B + kt * 4 * S::TILE),
                             meta + kt * 4 * MT, lr0, c, pmask, D, A, sc, acc);
-    const WgStep ns = next(st);
+    const WgStep ns = walk.next(st);
     if (ns.T != st.T || ns.s != st.s) {  // the slice's chains are complete
 #pragma unroll
       for (int j = 0; j < NJ; ++j)

@@ -59,6 +59,23 @@ struct WgStep {
   int64_t T;
   int s, j;
 };
+// A block's walk over its steps: in slice s its k-tiles s, s + KS, ... below KT, then slice s + 1 up to s1, then the
+// block's next weight tile (tstride on) from slice s0.
+struct WgWalk {
+  int KS, KT, s0, s1;
+  int64_t tstride;
+  __device__ __forceinline__ int kt(const WgStep& st) const { return st.s + st.j * KS; }
+  __device__ __forceinline__ WgStep next(WgStep st) const {
+    if (kt(st) + KS < KT) {
+      ++st.j;
+    } else if (st.s + 1 < s1) {
+      ++st.s, st.j = 0;
+    } else {
+      st.T += tstride, st.s = s0, st.j = 0;
+    }
+    return st;
+  }
+};
 
 #if LILAC_WGMMA
 // A step's weights into a stage: the 64 rows of weight tile T's k-tile kt (rows past the matrix as zeros), their
@@ -149,6 +166,16 @@ __device__ __forceinline__ void wg_store(const GemvRowsArgs& a, int row0, uint32
     }
   }
 }
+// This thread's rows lr0 and lr0 + 8 of a step's 64 weight rows at w (128 bytes each): the two 16-byte pieces of
+// each that lane c's A fragments take.
+__device__ __forceinline__ G4Tile wg_tile(const unsigned char* w, int lr0, int c) {
+  G4Tile t;
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int i = 0; i < 2; ++i) t.w[h][i] = *reinterpret_cast<const uint4*>(w + (lr0 + 8 * h) * 128 + 64 * i + 16 * c);
+  return t;
+}
 // One step's math (one k-tile of a 64-row weight tile) for a warpgroup: the weight rows' k-tile at w (64 rows × 128
 // bytes), their scales and biases of the k-tile's 4 groups at sc / bi (8 bytes per row each), the 4 groups' B tiles at
 // btiles (WgSmem::TILE apart), input row rl's meta of group q at meta[rl * RS + q * QS] (compile-time strides: the
@@ -162,11 +189,7 @@ __device__ __forceinline__ void wg_step_math(const unsigned char* w, const unsig
                                              int c, uint32_t pmask, float (&D)[2][2][N / 2], uint32_t (&A)[2][4][4],
                                              G4Scale (&sc)[2], float (&acc)[NJ][2]) {
   using S = WgSmem;
-  G4Tile t;
-#pragma unroll
-  for (int h = 0; h < 2; ++h)
-#pragma unroll
-    for (int i = 0; i < 2; ++i) t.w[h][i] = *reinterpret_cast<const uint4*>(w + (lr0 + 8 * h) * 128 + 64 * i + 16 * c);
+  const G4Tile t = wg_tile(w, lr0, c);
   uint2 wv[2][2];
   // group q: its A fragments and scales (parity q & 1), then its 4 wgmmas (two chains) into D[q & 1]
   auto issue = [&](int q) {

@@ -44,11 +44,7 @@ __device__ __forceinline__ void wgs_step_math(const unsigned char* w, const unsi
   using S = WgSmem;
   constexpr int NJ = N / 8;
   static_assert(NZ == 2, "the waits below are written for two slices");
-  G4Tile t;
-#pragma unroll
-  for (int h = 0; h < 2; ++h)
-#pragma unroll
-    for (int i = 0; i < 2; ++i) t.w[h][i] = *reinterpret_cast<const uint4*>(w + (lr0 + 8 * h) * 128 + 64 * i + 16 * c);
+  const G4Tile t = wg_tile(w, lr0, c);
   uint2 wv[2][2];
   auto finish = [&](int q, int z, const G4Scale& sc) {
     wg_fence_acc<N / 2>(D[z][0]);
@@ -117,23 +113,13 @@ __global__ void __launch_bounds__(kWgsNW * kWgThreads, 1) gemv_rows_wgs_kernel(G
   const int nslices = min(KS, KT);
   // the block's walk: st.T = its first weight tile of the round (warpgroup wg takes st.T + wg), slice s, k-tile j
   const int64_t tstride = int64_t(gridDim.x) * NW;
-  auto kt_of = [&](const WgStep& st) { return st.s + st.j * KS; };
-  auto next = [&](WgStep st) {
-    if (kt_of(st) + KS < KT) {
-      ++st.j;
-    } else if (st.s + 1 < nslices) {
-      ++st.s, st.j = 0;
-    } else {
-      st.T += tstride, st.s = 0, st.j = 0;
-    }
-    return st;
-  };
+  const WgWalk walk{KS, KT, 0, nslices, tstride};
   // this warpgroup's weights of a step into stage b (as gemv_rows_wgr_kernel's copy_w)
   auto copy_w = [&](const WgStep& st, int b) {
     const int64_t T = st.T + wg;
     if (st.T >= nwt || T >= nwt) return;
     unsigned char* sb = smem + b * X::STAGE + X::W + wg * X::WSTAGE;
-    const int kt = kt_of(st);
+    const int kt = walk.kt(st);
     const int64_t wrow_bytes = a.W.cols / 2, gpr = a.W.cols / kGroup;
     for (int i = wtid; i < 64 * 8; i += kWgThreads) {
       const int lr = i >> 3, u = i & 7;
@@ -155,7 +141,7 @@ __global__ void __launch_bounds__(kWgsNW * kWgThreads, 1) gemv_rows_wgs_kernel(G
   auto copy_x = [&](const WgStep& st, int b) {
     if (st.T >= nwt) return;
     unsigned char* sb = smem + b * X::STAGE;
-    const int kt = kt_of(st);
+    const int kt = walk.kt(st);
     const int64_t wstride = int64_t(KT) * kTileXBytes;
     const char* gf = static_cast<const char*>(a.frag_wg);
     for (int i = tid; i < ROWS * 64; i += NW * kWgThreads) {  // (row rr = 16 z + r, group q, hi / lo e, chunk ch)
@@ -181,13 +167,13 @@ __global__ void __launch_bounds__(kWgsNW * kWgThreads, 1) gemv_rows_wgs_kernel(G
   WgStep st{int64_t(blockIdx.x) * NW, 0, 0};
   {
     WgStep p = st;
-    for (int k = 0; k < STAGES - 1; ++k, p = next(p)) copy_w(p, k);
+    for (int k = 0; k < STAGES - 1; ++k, p = walk.next(p)) copy_w(p, k);
   }
   pdl_wait();
   pdl_trigger();
   pmask = present_rows(a.row_slot, row0, mrows);
   WgStep ahead = st;
-  for (int k = 0; k < STAGES - 1; ++k, ahead = next(ahead)) {
+  for (int k = 0; k < STAGES - 1; ++k, ahead = walk.next(ahead)) {
     copy_x(ahead, k);
     cp_async_commit();
   }
@@ -201,21 +187,21 @@ __global__ void __launch_bounds__(kWgsNW * kWgThreads, 1) gemv_rows_wgs_kernel(G
   uint32_t A[4][4];
   const int lr0 = 16 * warp + g;
 
-  for (int k = 0; st.T < nwt; ++k, st = next(st)) {
+  for (int k = 0; st.T < nwt; ++k, st = walk.next(st)) {
     cp_async_wait<STAGES - 2>();
     fence_proxy_async();  // this thread's cp.async writes of step k's B tiles → the async proxy (wgmma reads them)
     __syncthreads();      // step k's stage landed; every warp is done with step k - 1's stage
     copy_w(ahead, (k + STAGES - 1) % STAGES);
     copy_x(ahead, (k + STAGES - 1) % STAGES);
     cp_async_commit();
-    ahead = next(ahead);
+    ahead = walk.next(ahead);
     const int64_t T = st.T + wg;
     if (T >= nwt) continue;  // this warpgroup has no tile in the block's last round (warpgroup-uniform)
     const unsigned char* sb = smem + (k % STAGES) * X::STAGE;
     const unsigned char* wsb = sb + X::W + wg * X::WSTAGE;
     wgs_step_math<NZ>(wsb + X::WW, wsb + X::WSC, wsb + X::WBI, smem_u32(sb + X::B),
                       reinterpret_cast<const float2*>(sb + X::META), lr0, c, pmask, D, A, acc);
-    const WgStep ns = next(st);
+    const WgStep ns = walk.next(st);
     if (ns.T != st.T || ns.s != st.s) {  // the slice's chains are complete
 #pragma unroll
       for (int z = 0; z < NZ; ++z)
