@@ -1,8 +1,11 @@
 // Text variants for the sensitivity scan (see normalize.h).
 #include "router/normalize.h"
 
+#include <array>
+#include <cstdint>
 #include <cstring>
 
+#include "router/long_runs.h"
 #include "text/unicode.h"
 
 namespace lilac::router {
@@ -232,46 +235,85 @@ std::string spelled_out(std::string_view s) {
   return out;
 }
 
-bool is_sep(char c) { return std::strchr(" -._/\\|,~*", c) != nullptr && c != 0; }
-bool is_digit(char c) { return c >= '0' && c <= '9'; }
+// The separators that may split a number (see normalize.h), as a table: strchr per byte was ~2 % of a 100 KB decision.
+constexpr detail::ByteSet make_set(std::string_view chars) {
+  detail::ByteSet t{};
+  for (char c : chars) t[static_cast<unsigned char>(c)] = true;
+  return t;
+}
+constexpr detail::ByteSet kSep = make_set(" -._/\\|,~*");
+inline bool is_sep(char c) { return kSep[static_cast<unsigned char>(c)]; }
+inline bool is_digit(char c) { return static_cast<unsigned char>(c - '0') < 10; }
 
 // Separators (1 to 3 of them) between two digits: replaced by `with` ('\0' = removed). With '-', a single
-// ' ', '-' or '.' is left as is (the detectors read those already).
-std::string digit_separators(std::string_view s, char with) {
-  std::string out;
-  out.reserve(s.size());
-  for (size_t i = 0; i < s.size(); ++i) {
-    out.push_back(s[i]);
+// ' ', '-' or '.' is left as is (the detectors read those already). The result goes to `out` only when it differs from
+// `s` (the return value says whether it does); the unchanged stretches are copied whole.
+bool digit_separators(std::string_view s, char with, std::string& out) {
+  const size_t n = s.size();
+  size_t copied = 0;  // s[0, copied) is in `out`, rewritten
+  bool changed = false;
+  for (size_t i = 0; i < n; ++i) {
     if (!is_digit(s[i])) continue;
     size_t j = i + 1;
-    while (j < s.size() && j - i <= 3 && is_sep(s[j])) ++j;
-    if (j > i + 1 && j - i <= 4 && j < s.size() && is_digit(s[j])) {
+    while (j < n && j - i <= 3 && is_sep(s[j])) ++j;
+    if (j > i + 1 && j - i <= 4 && j < n && is_digit(s[j])) {
       const bool plain = j == i + 2 && (s[i + 1] == ' ' || s[i + 1] == '-' || s[i + 1] == '.');
-      if (with && plain) out.push_back(s[i + 1]);
-      else if (with) out.push_back(with);
+      if (!(with && plain)) {  // (a plain separator kept is the same byte: nothing to rewrite)
+        if (!changed) {
+          out.clear();
+          out.reserve(n);
+          changed = true;
+        }
+        out.append(s.data() + copied, i + 1 - copied);
+        if (with) out.push_back(with);
+        copied = j;
+      }
       i = j - 1;
     }
   }
-  return out;
+  if (changed) out.append(s.data() + copied, n - copied);
+  return changed;
 }
 
 // Whether some run of digits and separators holds 13+ digits split by separators (a card written in
-// odd groups: only then is the digits-joined variant worth scanning).
+// odd groups: only then is the digits-joined variant worth scanning). Such a run is at least 14 bytes of digits and
+// separators, so only those runs are read (the count starts afresh at each: the byte before one is neither).
 bool has_split_long_number(std::string_view s) {
-  size_t digits = 0, seps = 0;
-  for (size_t i = 0; i <= s.size(); ++i) {
-    const char c = i < s.size() ? s[i] : '\0';
-    if (is_digit(c)) {
-      ++digits;
-    } else if (digits > 0 && is_sep(c) && i + 1 < s.size() && (is_digit(s[i + 1]) || is_sep(s[i + 1]))) {
-      ++seps;
-    } else {
-      if (digits >= 13 && seps > 0) return true;
-      digits = seps = 0;
+  static constexpr detail::ByteSet kDigitOrSep = [] {
+    detail::ByteSet t = kSep;
+    for (int c = '0'; c <= '9'; ++c) t[size_t(c)] = true;
+    return t;
+  }();
+  bool found = false;
+  detail::for_each_long_run(s, kDigitOrSep, 14, [&](size_t b, size_t e) {
+    if (found) return;
+    size_t digits = 0, seps = 0;
+    for (size_t i = b; i <= e; ++i) {  // s[e], when there is one, is neither: it ends the count
+      const char c = i < s.size() ? s[i] : '\0';
+      if (is_digit(c)) {
+        ++digits;
+      } else if (digits > 0 && is_sep(c) && i + 1 < s.size() && (is_digit(s[i + 1]) || is_sep(s[i + 1]))) {
+        ++seps;
+      } else {
+        if (digits >= 13 && seps > 0) found = true;
+        digits = seps = 0;
+      }
     }
-  }
-  return false;
+  });
+  return found;
 }
+
+// What needs_canonical does at a byte: kCanonNo (nothing), kCanonYes (the form differs: non-ASCII, an ASCII control
+// that is dropped) or kCanonLook (an escape or a spelled-out "at" / "dot" may begin here).
+constexpr uint8_t kCanonNo = 0, kCanonYes = 1, kCanonLook = 2;
+constexpr std::array<uint8_t, 256> make_canon_table() {
+  std::array<uint8_t, 256> t{};
+  for (int c = 0; c < 256; ++c)
+    if (c >= 0x80 || (c < 0x20 && (c < 0x09 || c > 0x0D)) || c == 0x7F) t[size_t(c)] = kCanonYes;  // unicode::is_invisible
+  for (char c : {'%', '&', '\\', '[', '(', '{', '<', ' '}) t[static_cast<unsigned char>(c)] = kCanonLook;
+  return t;
+}
+constexpr std::array<uint8_t, 256> kCanon = make_canon_table();
 
 // Whether the canonical form can differ from the text (else it is not computed): non-ASCII, an escape
 // (%XX, &...;, \u), a bracketed or spaced-out "at" / "dot".
@@ -279,7 +321,9 @@ bool needs_canonical(std::string_view s) {
   const size_t n = s.size();
   for (size_t i = 0; i < n; ++i) {
     const unsigned char c = static_cast<unsigned char>(s[i]);
-    if (c >= 0x80 || unicode::is_invisible(c)) return true;  // (an ASCII control inside a word is dropped)
+    const uint8_t what = kCanon[c];
+    if (what == kCanonNo) continue;
+    if (what == kCanonYes) return true;  // (an ASCII control inside a word is dropped)
     switch (c) {
       case '%':
         if (i + 2 < n && hexv(s[i + 1]) >= 0 && hexv(s[i + 2]) >= 0) return true;
@@ -297,8 +341,8 @@ bool needs_canonical(std::string_view s) {
         if (j + 2 <= n && (ieq(s.substr(j, 2), "at") || (j + 3 <= n && ieq(s.substr(j, 3), "dot")))) return true;
         break;
       }
-      case ' ':
-        if (i + 5 <= n && ieq(s.substr(i, 5), " dot ")) return true;
+      case ' ':  // (a space before every word: the 'd' is looked at before the comparison)
+        if (i + 5 <= n && (s[i + 1] | 0x20) == 'd' && ieq(s.substr(i, 5), " dot ")) return true;
         break;
       default: break;
     }
@@ -320,46 +364,41 @@ bool looks_like_text(std::string_view d) {
   return bad * 10 <= n;
 }
 
-std::string decode_runs(std::string_view s, int depth) {
-  std::string out;
-  for (size_t i = 0; i < s.size();) {
-    if (base64_digit(s[i]) < 0) {
-      ++i;
-      continue;
-    }
-    size_t j = i;
-    while (j < s.size() && base64_digit(s[j]) >= 0) ++j;
+constexpr detail::ByteSet kBase64Set = [] {
+  detail::ByteSet t{};
+  for (int c = 0; c < 256; ++c) t[size_t(c)] = detail::kBase64Digits.v[c] >= 0;
+  return t;
+}();
+
+// Appends to `out` what the base64 runs of `s` decode to (see decode_base64_runs). Only runs of 16 or more are decoded:
+// they are found without reading the short runs' every byte (long_runs.h).
+void decode_runs(std::string_view s, int depth, std::string& out) {
+  detail::for_each_long_run(s, kBase64Set, 16, [&](size_t i, size_t j) {
     const size_t len = j - i;
-    if (len >= 16 && len % 4 != 1) {
-      std::string d;
-      d.reserve(len * 3 / 4);
-      uint32_t acc = 0;
-      int bits = 0;
-      for (size_t k = i; k < j; ++k) {
-        acc = (acc << 6) | uint32_t(base64_digit(s[k]));
-        bits += 6;
-        if (bits >= 8) {
-          bits -= 8;
-          d.push_back(char((acc >> bits) & 0xFF));
-        }
-        if (d.size() == 256) {  // binary: stop early
-          std::string_view head(d);
-          head.remove_suffix(unicode::incomplete_utf8_tail(head));
-          if (!looks_like_text(head)) break;
-        }
+    if (len % 4 == 1) return;
+    std::string d;
+    d.reserve(len * 3 / 4);
+    uint32_t acc = 0;
+    int bits = 0;
+    for (size_t k = i; k < j; ++k) {
+      acc = (acc << 6) | uint32_t(base64_digit(s[k]));
+      bits += 6;
+      if (bits >= 8) {
+        bits -= 8;
+        d.push_back(char((acc >> bits) & 0xFF));
       }
-      if (looks_like_text(d)) {
-        out += canonical_text(d);
-        out.push_back('\n');
-        if (depth > 0) {
-          std::string inner = decode_runs(d, depth - 1);
-          if (!inner.empty()) out += inner;
-        }
+      if (d.size() == 256) {  // binary: stop early
+        std::string_view head(d);
+        head.remove_suffix(unicode::incomplete_utf8_tail(head));
+        if (!looks_like_text(head)) break;
       }
     }
-    i = j;
-  }
-  return out;
+    if (looks_like_text(d)) {
+      out += canonical_text(d);
+      out.push_back('\n');
+      if (depth > 0) decode_runs(d, depth - 1, out);
+    }
+  });
 }
 
 }  // namespace
@@ -385,7 +424,11 @@ std::string canonical_text(std::string_view text) {
   return spelled_out(s);
 }
 
-std::string decode_base64_runs(std::string_view text) { return decode_runs(text, 1); }
+std::string decode_base64_runs(std::string_view text) {
+  std::string out;
+  decode_runs(text, 1, out);
+  return out;
+}
 
 bool base64_decodes_to_text(std::string_view run) {
   std::string d;
@@ -406,60 +449,83 @@ bool base64_decodes_to_text(std::string_view run) {
   return looks_like_text(head);
 }
 
-std::vector<std::string> text_variants(std::string_view text, size_t budget) {
-  std::vector<std::string> out;
+void text_variants(std::string_view text, size_t budget, TextVariants& out) {
+  out.count_ = 0;
   size_t used = 0;
-  auto add = [&](std::string v, std::string_view than) {
-    if (v.empty() || v == than || used >= budget) return;
-    if (v.size() > budget - used) v.resize(budget - used);
-    used += v.size();
-    out.push_back(std::move(v));
+  // A variant that differs from its source (the caller knows, or compares), cut at the budget.
+  auto add = [&](const std::string& v, bool differs) {
+    if (v.empty() || !differs || used >= budget) return;
+    const size_t len = std::min(v.size(), budget - used);
+    used += len;
+    out.views_[out.count_++] = std::string_view(v).substr(0, len);
   };
-  std::string canon_buf;
   std::string_view canon = text;
   if (needs_canonical(text)) {
-    canon_buf = canonical_text(text);
-    canon = canon_buf;
-    add(canon_buf, text);
+    out.canon_ = canonical_text(text);
+    canon = out.canon_;
+    add(out.canon_, canon != text);
   }
   size_t digits = 0;
   for (char c : canon) digits += is_digit(c);
   if (digits >= 7) {
-    add(digit_separators(canon, '-'), canon);
-    if (has_split_long_number(canon)) add(digit_separators(canon, '\0'), canon);
+    // (digit_separators leaves its buffer as it was when the variant would equal the text: not added then)
+    add(out.dashed_, digit_separators(canon, '-', out.dashed_));
+    if (has_split_long_number(canon)) add(out.joined_, digit_separators(canon, '\0', out.joined_));
   }
-  add(decode_base64_runs(canon), "");
-  return out;
+  out.decoded_.clear();
+  decode_runs(canon, 1, out.decoded_);
+  add(out.decoded_, true);
+}
+
+void TextVariants::release_large() {
+  count_ = 0;
+  for (std::string* b : {&canon_, &dashed_, &joined_, &decoded_})
+    if (b->capacity() > kKeepBytes) std::string().swap(*b);
+}
+
+std::vector<std::string> text_variants(std::string_view text, size_t budget) {
+  TextVariants v;
+  text_variants(text, budget, v);
+  return {v.begin(), v.end()};
 }
 
 std::string collapse_whitespace(std::string_view text) {
   std::string out;
-  out.reserve(text.size());
+  collapse_whitespace(text, out);
+  return out;
+}
+
+void collapse_whitespace(std::string_view text, std::string& out) {
+  // The result is never longer than the text: written through a pointer, then cut to its length.
+  out.resize(text.size());
+  char* const base = out.data();
+  char* o = base;
   bool pending = false;
   for (size_t i = 0; i < text.size();) {
     if (const unsigned char b = static_cast<unsigned char>(text[i]); b < 0x80) {  // ASCII: what the general path does
       if (b == ' ' || (b >= 0x09 && b <= 0x0D)) {
-        pending = !out.empty();
+        pending = o != base;
       } else {
-        if (pending) out.push_back(' ');
+        if (pending) *o++ = ' ';
         pending = false;
-        out.push_back(static_cast<char>(b));
+        *o++ = static_cast<char>(b);
       }
       ++i;
       continue;
     }
     Decoded d = decode_utf8(text, i);
     if (d.status == Decoded::Ok && unicode::is_whitespace(d.cp)) {
-      pending = !out.empty();
+      pending = o != base;
       i += d.len;
       continue;
     }
-    if (pending) out.push_back(' ');
+    if (pending) *o++ = ' ';
     pending = false;
-    out.append(text.substr(i, d.len));
+    std::memcpy(o, text.data() + i, d.len);
+    o += d.len;
     i += d.len;
   }
-  return out;
+  out.resize(size_t(o - base));
 }
 
 }  // namespace lilac::router
