@@ -2,8 +2,12 @@
 #include "router/normalize.h"
 
 #include <array>
+#include <bit>
 #include <cstdint>
 #include <cstring>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include "router/long_runs.h"
 #include "text/unicode.h"
@@ -245,6 +249,17 @@ constexpr detail::ByteSet kSep = make_set(" -._/\\|,~*");
 inline bool is_sep(char c) { return kSep[static_cast<unsigned char>(c)]; }
 inline bool is_digit(char c) { return static_cast<unsigned char>(c - '0') < 10; }
 
+#if defined(__SSE2__)
+// 16 bytes as a bit mask: the bytes equal to c.
+inline unsigned eq_mask(__m128i v, char c) { return unsigned(_mm_movemask_epi8(_mm_cmpeq_epi8(v, _mm_set1_epi8(c)))); }
+// The bytes of v in [lo, lo + span].
+inline unsigned range_mask(__m128i v, char lo, char span) {
+  const __m128i x = _mm_sub_epi8(v, _mm_set1_epi8(lo));
+  return unsigned(_mm_movemask_epi8(_mm_cmpeq_epi8(_mm_min_epu8(x, _mm_set1_epi8(span)), x)));
+}
+inline __m128i load16(const char* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); }
+#endif
+
 // Separators (1 to 3 of them) between two digits: replaced by `with` ('\0' = removed). With '-', a single
 // ' ', '-' or '.' is left as is (the detectors read those already). The result goes to `out` only when it differs from
 // `s` (the return value says whether it does); the unchanged stretches are copied whole.
@@ -252,25 +267,44 @@ bool digit_separators(std::string_view s, char with, std::string& out) {
   const size_t n = s.size();
   size_t copied = 0;  // s[0, copied) is in `out`, rewritten
   bool changed = false;
-  for (size_t i = 0; i < n; ++i) {
-    if (!is_digit(s[i])) continue;
+  // At a digit s[i]: the separators after it and the digit after them, if any, rewritten; where to go on from.
+  auto at_digit = [&](size_t i) {
     size_t j = i + 1;
     while (j < n && j - i <= 3 && is_sep(s[j])) ++j;
-    if (j > i + 1 && j - i <= 4 && j < n && is_digit(s[j])) {
-      const bool plain = j == i + 2 && (s[i + 1] == ' ' || s[i + 1] == '-' || s[i + 1] == '.');
-      if (!(with && plain)) {  // (a plain separator kept is the same byte: nothing to rewrite)
-        if (!changed) {
-          out.clear();
-          out.reserve(n);
-          changed = true;
-        }
-        out.append(s.data() + copied, i + 1 - copied);
-        if (with) out.push_back(with);
-        copied = j;
+    if (!(j > i + 1 && j - i <= 4 && j < n && is_digit(s[j]))) return i + 1;
+    const bool plain = j == i + 2 && (s[i + 1] == ' ' || s[i + 1] == '-' || s[i + 1] == '.');
+    if (!(with && plain)) {  // (a plain separator kept is the same byte: nothing to rewrite)
+      if (!changed) {
+        out.clear();
+        out.reserve(n);
+        changed = true;
       }
-      i = j - 1;
+      out.append(s.data() + copied, i + 1 - copied);
+      if (with) out.push_back(with);
+      copied = j;
     }
+    return j;
+  };
+  size_t i = 0;
+#if defined(__SSE2__)
+  // Only a digit followed by a separator can begin a rewrite: found 16 at a time. (The bytes skipped after a rewrite
+  // are separators, never such a digit.)
+  for (size_t base = 0; base + 17 <= n; base += 16) {
+    const __m128i v = load16(s.data() + base), w = load16(s.data() + base + 1);
+    unsigned m = range_mask(v, '0', 9);
+    if (m) {
+      unsigned sep = 0;
+      for (char c : {' ', '-', '.', '_', '/', '\\', '|', ',', '~', '*'}) sep |= eq_mask(w, c);
+      m &= sep;
+    }
+    for (; m; m &= m - 1) {
+      const size_t k = base + size_t(std::countr_zero(m));
+      if (k >= i) i = at_digit(k);
+    }
+    i = std::max(i, base + 16);
   }
+#endif
+  while (i < n) i = is_digit(s[i]) ? at_digit(i) : i + 1;
   if (changed) out.append(s.data() + copied, n - copied);
   return changed;
 }
@@ -319,10 +353,11 @@ constexpr std::array<uint8_t, 256> kCanon = make_canon_table();
 // (%XX, &...;, \u), a bracketed or spaced-out "at" / "dot".
 bool needs_canonical(std::string_view s) {
   const size_t n = s.size();
-  for (size_t i = 0; i < n; ++i) {
+  // Whether the form differs because of what begins at s[i] (each byte on its own: any order will do).
+  auto at = [&](size_t i) {
     const unsigned char c = static_cast<unsigned char>(s[i]);
     const uint8_t what = kCanon[c];
-    if (what == kCanonNo) continue;
+    if (what == kCanonNo) return false;
     if (what == kCanonYes) return true;  // (an ASCII control inside a word is dropped)
     switch (c) {
       case '%':
@@ -346,7 +381,23 @@ bool needs_canonical(std::string_view s) {
         break;
       default: break;
     }
+    return false;
+  };
+  size_t i = 0;
+#if defined(__SSE2__)
+  // 16 bytes at a time, only the bytes at which `at` can hold looked at: non-ASCII, the controls that are dropped, the
+  // first bytes of escapes and brackets, a space before a 'd'.
+  for (; i + 17 <= n; i += 16) {
+    const __m128i v = load16(s.data() + i), w = load16(s.data() + i + 1);
+    unsigned m = unsigned(_mm_movemask_epi8(v)) | range_mask(v, 0x00, 0x08) | range_mask(v, 0x0E, 0x11) | eq_mask(v, 0x7F);
+    for (char c : {'%', '&', '\\', '[', '(', '{', '<'}) m |= eq_mask(v, c);
+    m |= eq_mask(v, ' ') & eq_mask(_mm_or_si128(w, _mm_set1_epi8(0x20)), 'd');
+    for (; m; m &= m - 1)
+      if (at(i + size_t(std::countr_zero(m)))) return true;
   }
+#endif
+  for (; i < n; ++i)
+    if (at(i)) return true;
   return false;
 }
 
@@ -496,12 +547,15 @@ std::string collapse_whitespace(std::string_view text) {
 }
 
 void collapse_whitespace(std::string_view text, std::string& out) {
-  // The result is never longer than the text: written through a pointer, then cut to its length.
-  out.resize(text.size());
+  // The result is never longer than the text: written through a pointer, then cut to its length (16 bytes of room
+  // after it: whole 16-byte blocks are stored, and only the bytes that belong kept).
+  const size_t n = text.size();
+  out.resize(n + 16);
   char* const base = out.data();
   char* o = base;
   bool pending = false;
-  for (size_t i = 0; i < text.size();) {
+  // One byte (ASCII) or character from text[i]; where the next begins.
+  auto step = [&](size_t i) {
     if (const unsigned char b = static_cast<unsigned char>(text[i]); b < 0x80) {  // ASCII: what the general path does
       if (b == ' ' || (b >= 0x09 && b <= 0x0D)) {
         pending = o != base;
@@ -510,21 +564,38 @@ void collapse_whitespace(std::string_view text, std::string& out) {
         pending = false;
         *o++ = static_cast<char>(b);
       }
-      ++i;
-      continue;
+      return i + 1;
     }
     Decoded d = decode_utf8(text, i);
     if (d.status == Decoded::Ok && unicode::is_whitespace(d.cp)) {
       pending = o != base;
-      i += d.len;
-      continue;
+      return i + d.len;
     }
     if (pending) *o++ = ' ';
     pending = false;
     std::memcpy(o, text.data() + i, d.len);
     o += d.len;
-    i += d.len;
+    return i + d.len;
+  };
+  size_t i = 0;
+#if defined(__SSE2__)
+  // The bytes before the next one that may be whitespace (<= 0x20, or not ASCII) are copied as a block.
+  while (i + 16 <= n) {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(text.data() + i));
+    const unsigned m = unsigned(_mm_movemask_epi8(v)) |
+                       unsigned(_mm_movemask_epi8(_mm_cmpeq_epi8(_mm_min_epu8(v, _mm_set1_epi8(0x20)), v)));
+    const size_t k = m ? size_t(std::countr_zero(m)) : 16;
+    if (k) {
+      if (pending) *o++ = ' ';
+      pending = false;
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(o), v);
+      o += k;
+      i += k;
+    }
+    if (k < 16) i = step(i);
   }
+#endif
+  while (i < n) i = step(i);
   out.resize(size_t(o - base));
 }
 

@@ -232,6 +232,22 @@ TEST(RouterFastPaths, CollapseWhitespaceAgreesWithItsDefinition) {
   }
 }
 
+TEST(RouterFastPaths, KeywordSearchAgreesWithFind) {
+  Gen g(6);
+  for (int iter = 0; iter < 4000; ++iter) {
+    const std::string hay = g.text(g.one_in(3) ? 60 : 8);
+    std::string needle;
+    if (g.one_in(2) && !hay.empty()) {  // a piece of the text itself, or that piece with a byte changed
+      const size_t at = g.below(hay.size()), len = 1 + g.below(std::min<size_t>(hay.size() - at, 40));
+      needle = hay.substr(at, len);
+      if (g.one_in(3)) needle[g.below(needle.size())] ^= char(1 + g.below(3));
+    } else {
+      needle = g.one_in(2) ? std::string(g.piece()).substr(0, 1 + g.below(20)) : g.pick({"ab", "project falcon", "  ", "00"});
+    }
+    ASSERT_EQ(detail::contains(hay, needle), hay.find(needle) != std::string::npos) << hay << "\n" << needle;
+  }
+}
+
 // A request body of chat messages, content parts, tool calls with JSON arguments, ids, numbers and metadata.
 json body(Gen& g) {
   json msgs = json::array();
