@@ -433,7 +433,7 @@ struct Scanner {
   size_t api_key(size_t i) const {
     if (i > 0 && is_tok(at(i - 1))) return 0;
     struct Prefix {
-      const char* p;
+      std::string_view p;
       size_t min_body;
       int charset;  // 0: [A-Za-z0-9], 1: [A-Za-z0-9_-], 2: [A-Z0-9] exact length, 3: [A-Za-z0-9_], 4: [a-f0-9]
       size_t exact;
@@ -450,8 +450,8 @@ struct Scanner {
     unsigned char c = at(i);
     for (const auto& p : kPrefixes) {
       if (static_cast<unsigned char>(p.p[0]) != c) continue;
-      size_t pl = std::strlen(p.p);
-      if (t.compare(i, pl, p.p) != 0) continue;
+      const size_t pl = p.p.size();
+      if (pl > n - i || std::memcmp(t.data() + i, p.p.data(), pl) != 0) continue;
       size_t j = i + pl;
       auto ok = [&](unsigned char ch) {
         switch (p.charset) {
@@ -688,7 +688,8 @@ void scan_words(std::string_view text, DetectorSet en, std::vector<Finding>& out
         // None of the tests below holds: the digit ones need a digit first, iban an upper case letter first, api_key
         // and high_entropy a length of 20 or a '_', '-' or '.' after, ipv6 a ':' after.
         if (!(cls & (kDigit | kUpper)) && L < 20 && nx != '_' && nx != '-' && nx != '.' && nx != ':') {
-          i = wend;
+          // (and the byte after it, a space or the like, is passed over as the loop would: neither a word's nor special)
+          i = wend < n && !(kClass[nx] & kSpecial) ? wend + 1 : wend;
           continue;
         }
       }
