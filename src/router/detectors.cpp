@@ -6,7 +6,6 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
-
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
@@ -53,16 +52,13 @@ constexpr std::array<uint8_t, 256> kClass = make_class_table();
 inline size_t word_end(const unsigned char* p, size_t i, size_t n, uint8_t* seen) {
   uint8_t s = 0;
 #if defined(__SSE2__)
-  // The bytes of v in [lo, lo + span], as 0xFF.
-  auto in_range = [](__m128i v, char lo, char span) {
+  auto in_range = [](__m128i v, char lo, char span) {  // the bytes of v in [lo, lo + span], as bits
     const __m128i x = _mm_sub_epi8(v, _mm_set1_epi8(lo));
-    return _mm_cmpeq_epi8(_mm_min_epu8(x, _mm_set1_epi8(span)), x);
+    return unsigned(_mm_movemask_epi8(_mm_cmpeq_epi8(_mm_min_epu8(x, _mm_set1_epi8(span)), x)));
   };
   for (; n - i >= 16; i += 16) {
     const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + i));
-    const unsigned digit = unsigned(_mm_movemask_epi8(in_range(v, '0', 9)));
-    const unsigned upper = unsigned(_mm_movemask_epi8(in_range(v, 'A', 25)));
-    const unsigned lower = unsigned(_mm_movemask_epi8(in_range(v, 'a', 25)));
+    const unsigned digit = in_range(v, '0', 9), upper = in_range(v, 'A', 25), lower = in_range(v, 'a', 25);
     const unsigned stop = ~(digit | upper | lower) & 0xFFFFu;  // the bytes that are not in a word
     const unsigned in_word = stop ? (stop & (0u - stop)) - 1 : 0xFFFFu;  // those before the first of them
     s |= uint8_t((digit & in_word ? kDigit : 0) | (upper & in_word ? kUpper : 0) | (lower & in_word ? kLower : 0));
@@ -606,43 +602,8 @@ bool detector_from_name(std::string_view name, DetectorKind* out) {
 
 namespace {
 
-template <bool kFast>
-void scan_words(std::string_view text, DetectorSet en, std::vector<Finding>& out, size_t max_findings);
-
-// scan_sensitive (kFast) or detail::scan_sensitive_plain: the opaque detector's pass merged with the others'.
-template <bool kFast>
-void scan_all(std::string_view text, DetectorSet en, std::vector<Finding>& out, size_t max_findings) {
-  if (en.empty()) return;
-  if (en.has(DetectorKind::opaque)) {
-    if (max_findings && out.size() >= max_findings) return;
-    std::vector<Finding> opaque;
-    find_opaque(text, opaque);
-    DetectorSet rest = en;
-    rest.set(DetectorKind::opaque, false);
-    if (opaque.empty()) return scan_words<kFast>(text, rest, out, max_findings);
-    // Merged in offset order; of two that overlap the longer stays: runs of random-looking text inside a payload are
-    // part of it, and a PEM private key (whose base64 body is a payload) stays a private key.
-    const size_t first = out.size();
-    scan_words<kFast>(text, rest, out, 0);
-    std::vector<Finding> all(out.begin() + std::ptrdiff_t(first), out.end());
-    out.resize(first);
-    all.insert(all.end(), opaque.begin(), opaque.end());
-    std::stable_sort(all.begin(), all.end(), [](const Finding& a, const Finding& b) { return a.offset < b.offset; });
-    for (const Finding& f : all) {
-      if (out.size() > first && out.back().offset + out.back().length > f.offset) {
-        if (f.length > out.back().length) out.back() = f;
-        continue;
-      }
-      out.push_back(f);
-    }
-    if (max_findings && out.size() > max_findings) out.resize(max_findings);
-    return;
-  }
-  scan_words<kFast>(text, en, out, max_findings);
-}
-
 // The detectors other than opaque, in one pass over the bytes. kFast: the end of each word is found 16 bytes at a time,
-// and a word on which no detector can begin (lower case or punctuation first, shorter than 20, followed by none of
+// and a word on which no detector can begin (a letter first, no IBAN's shape, shorter than 20, followed by none of
 // "_-.:") is passed over without the tests below (detail::scan_sensitive_plain is the same loop without either).
 template <bool kFast>
 void scan_words(std::string_view text, DetectorSet en, std::vector<Finding>& out, size_t max_findings) {
@@ -685,9 +646,11 @@ void scan_words(std::string_view text, DetectorSet en, std::vector<Finding>& out
       const size_t L = wend - i;
       const unsigned char nx = wend < n ? p[wend] : 0;
       if constexpr (kFast) {
-        // None of the tests below holds: the digit ones need a digit first, iban an upper case letter first, api_key
-        // and high_entropy a length of 20 or a '_', '-' or '.' after, ipv6 a ':' after.
-        if (!(cls & (kDigit | kUpper)) && L < 20 && nx != '_' && nx != '-' && nx != '.' && nx != ':') {
+        // None of the tests below holds: the digit ones need a digit first, iban an upper case letter first, 4 bytes
+        // and digits as the third and fourth (so a digit in the word), api_key and high_entropy a length of 20 or a
+        // '_', '-' or '.' after, ipv6 a ':' after.
+        const bool iban_shape = (cls & kUpper) && L >= 4 && (seen & kDigit);
+        if (!(cls & kDigit) && !iban_shape && L < 20 && nx != '_' && nx != '-' && nx != '.' && nx != ':') {
           // (and the byte after it, a space or the like, is passed over as the loop would: neither a word's nor special)
           i = wend < n && !(kClass[nx] & kSpecial) ? wend + 1 : wend;
           continue;
@@ -780,6 +743,38 @@ void scan_words(std::string_view text, DetectorSet en, std::vector<Finding>& out
     }
     ++i;
   }
+}
+
+// scan_sensitive (kFast) or detail::scan_sensitive_plain: the opaque detector's pass merged with the others'.
+template <bool kFast>
+void scan_all(std::string_view text, DetectorSet en, std::vector<Finding>& out, size_t max_findings) {
+  if (en.empty()) return;
+  if (en.has(DetectorKind::opaque)) {
+    if (max_findings && out.size() >= max_findings) return;
+    std::vector<Finding> opaque;
+    find_opaque(text, opaque);
+    DetectorSet rest = en;
+    rest.set(DetectorKind::opaque, false);
+    if (opaque.empty()) return scan_words<kFast>(text, rest, out, max_findings);
+    // Merged in offset order; of two that overlap the longer stays: runs of random-looking text inside a payload are
+    // part of it, and a PEM private key (whose base64 body is a payload) stays a private key.
+    const size_t first = out.size();
+    scan_words<kFast>(text, rest, out, 0);
+    std::vector<Finding> all(out.begin() + std::ptrdiff_t(first), out.end());
+    out.resize(first);
+    all.insert(all.end(), opaque.begin(), opaque.end());
+    std::stable_sort(all.begin(), all.end(), [](const Finding& a, const Finding& b) { return a.offset < b.offset; });
+    for (const Finding& f : all) {
+      if (out.size() > first && out.back().offset + out.back().length > f.offset) {
+        if (f.length > out.back().length) out.back() = f;
+        continue;
+      }
+      out.push_back(f);
+    }
+    if (max_findings && out.size() > max_findings) out.resize(max_findings);
+    return;
+  }
+  scan_words<kFast>(text, en, out, max_findings);
 }
 
 }  // namespace

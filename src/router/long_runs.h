@@ -12,6 +12,7 @@
 // most twice, and in text of short runs only about one byte in (min_len - run length) is read at all.
 #pragma once
 #include <array>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
@@ -22,14 +23,13 @@ namespace lilac::router::detail {
 using ByteSet = std::array<bool, 256>;
 
 // Calls f(begin, end) for each maximal run [begin, end) of bytes in `member` with end - begin >= min_len (min_len >= 1),
-// in order of position.
+// in order of position, from `p` on (p == 0, or s[p - 1] is not a member).
 template <class F>
-void for_each_long_run(std::string_view text, const ByteSet& member, size_t min_len, F&& f) {
+void for_each_long_run_from(std::string_view text, const ByteSet& member, size_t min_len, size_t p, F&& f) {
   const unsigned char* s = reinterpret_cast<const unsigned char*>(text.data());
   const size_t n = text.size();
   // Invariant: p == 0 or s[p - 1] is not a member, so a run that covers s[p] begins at p.
-  size_t p = 0;
-  while (n - p >= min_len) {
+  while (p <= n && n - p >= min_len) {
     size_t k = p + min_len - 1;  // the window's last byte
     if (!member[s[k]]) {
       p = k + 1;
@@ -46,6 +46,37 @@ void for_each_long_run(std::string_view text, const ByteSet& member, size_t min_
     if (e == n) return;
     p = e + 1;  // s[e] is not a member
   }
+}
+
+// The same with the members of 16 bytes at a time: mask16(q) has bit k set when q[k] is a member (1 <= min_len <= 16).
+// Each window of min_len bytes is looked at whole: when a byte of it is not a member, the next window begins after
+// the last such byte.
+template <class F, class Mask16>
+void for_each_long_run(std::string_view text, const ByteSet& member, size_t min_len, F&& f, Mask16&& mask16) {
+  const unsigned char* s = reinterpret_cast<const unsigned char*>(text.data());
+  const size_t n = text.size();
+  const unsigned want = min_len >= 16 ? 0xFFFFu : (1u << min_len) - 1;
+  size_t p = 0;  // (the same invariant)
+  while (n - p >= 16) {
+    const unsigned m = mask16(s + p) & want;
+    if (m != want) {
+      p += size_t(std::bit_width(~m & want));  // past the window's last non-member
+      continue;
+    }
+    size_t e = p + min_len;
+    for (; n - e >= 16; e += 16)
+      if (const unsigned b = mask16(s + e) & 0xFFFFu; b != 0xFFFFu) break;
+    while (e < n && member[s[e]]) ++e;
+    f(p, e);
+    if (e == n) return;
+    p = e + 1;
+  }
+  for_each_long_run_from(text, member, min_len, p, f);
+}
+
+template <class F>
+void for_each_long_run(std::string_view text, const ByteSet& member, size_t min_len, F&& f) {
+  for_each_long_run_from(text, member, min_len, 0, f);
 }
 
 }  // namespace lilac::router::detail

@@ -424,7 +424,7 @@ constexpr detail::ByteSet kBase64Set = [] {
 // Appends to `out` what the base64 runs of `s` decode to (see decode_base64_runs). Only runs of 16 or more are decoded:
 // they are found without reading the short runs' every byte (long_runs.h).
 void decode_runs(std::string_view s, int depth, std::string& out) {
-  detail::for_each_long_run(s, kBase64Set, 16, [&](size_t i, size_t j) {
+  auto run = [&](size_t i, size_t j) {
     const size_t len = j - i;
     if (len % 4 == 1) return;
     std::string d;
@@ -449,7 +449,16 @@ void decode_runs(std::string_view s, int depth, std::string& out) {
       out.push_back('\n');
       if (depth > 0) decode_runs(d, depth - 1, out);
     }
+  };
+#if defined(__SSE2__)
+  detail::for_each_long_run(s, kBase64Set, 16, run, [](const unsigned char* q) {
+    const __m128i v = load16(reinterpret_cast<const char*>(q));
+    return range_mask(v, 'A', 25) | range_mask(v, 'a', 25) | range_mask(v, '0', 9) | eq_mask(v, '+') | eq_mask(v, '/') |
+           eq_mask(v, '-') | eq_mask(v, '_');
   });
+#else
+  detail::for_each_long_run(s, kBase64Set, 16, run);
+#endif
 }
 
 }  // namespace
@@ -516,8 +525,8 @@ void text_variants(std::string_view text, size_t budget, TextVariants& out) {
     canon = out.canon_;
     add(out.canon_, canon != text);
   }
-  size_t digits = 0;
-  for (char c : canon) digits += is_digit(c);
+  size_t digits = 0;  // (counted up to the 7 that matter)
+  for (size_t i = 0; i < canon.size() && digits < 7; ++i) digits += is_digit(canon[i]);
   if (digits >= 7) {
     // (digit_separators leaves its buffer as it was when the variant would equal the text: not added then)
     add(out.dashed_, digit_separators(canon, '-', out.dashed_));
