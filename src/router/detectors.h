@@ -75,4 +75,10 @@ double shannon_entropy_bits(std::string_view s);     // bits per byte
 // The opaque detector's own pass (router/opaque.cpp): appends its findings, in order of offset.
 void find_opaque(std::string_view text, std::vector<Finding>& found);
 
+namespace detail {
+// scan_sensitive's loop without its fast paths (the word ends found a byte at a time, every word's shape tested): the
+// definition the fast paths are tested against (tests/router/test_router_fast_paths.cpp).
+void scan_sensitive_plain(std::string_view text, DetectorSet enabled, std::vector<Finding>& out, size_t max_findings = 0);
+}  // namespace detail
+
 }  // namespace lilac::router

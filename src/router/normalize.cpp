@@ -1,8 +1,15 @@
 // Text variants for the sensitivity scan (see normalize.h).
 #include "router/normalize.h"
 
+#include <array>
+#include <bit>
+#include <cstdint>
 #include <cstring>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
+#include "router/long_runs.h"
 #include "text/unicode.h"
 
 namespace lilac::router {
@@ -232,54 +239,126 @@ std::string spelled_out(std::string_view s) {
   return out;
 }
 
-bool is_sep(char c) { return std::strchr(" -._/\\|,~*", c) != nullptr && c != 0; }
-bool is_digit(char c) { return c >= '0' && c <= '9'; }
+// The separators that may split a number (see normalize.h), as a table: strchr per byte was ~2 % of a 100 KB decision.
+constexpr detail::ByteSet make_set(std::string_view chars) {
+  detail::ByteSet t{};
+  for (char c : chars) t[static_cast<unsigned char>(c)] = true;
+  return t;
+}
+constexpr detail::ByteSet kSep = make_set(" -._/\\|,~*");
+inline bool is_sep(char c) { return kSep[static_cast<unsigned char>(c)]; }
+inline bool is_digit(char c) { return static_cast<unsigned char>(c - '0') < 10; }
+
+#if defined(__SSE2__)
+// 16 bytes as a bit mask: the bytes equal to c.
+inline unsigned eq_mask(__m128i v, char c) { return unsigned(_mm_movemask_epi8(_mm_cmpeq_epi8(v, _mm_set1_epi8(c)))); }
+// The bytes of v in [lo, lo + span].
+inline unsigned range_mask(__m128i v, char lo, char span) {
+  const __m128i x = _mm_sub_epi8(v, _mm_set1_epi8(lo));
+  return unsigned(_mm_movemask_epi8(_mm_cmpeq_epi8(_mm_min_epu8(x, _mm_set1_epi8(span)), x)));
+}
+inline __m128i load16(const char* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); }
+#endif
 
 // Separators (1 to 3 of them) between two digits: replaced by `with` ('\0' = removed). With '-', a single
-// ' ', '-' or '.' is left as is (the detectors read those already).
-std::string digit_separators(std::string_view s, char with) {
-  std::string out;
-  out.reserve(s.size());
-  for (size_t i = 0; i < s.size(); ++i) {
-    out.push_back(s[i]);
-    if (!is_digit(s[i])) continue;
+// ' ', '-' or '.' is left as is (the detectors read those already). The result goes to `out` only when it differs from
+// `s` (the return value says whether it does); the unchanged stretches are copied whole.
+bool digit_separators(std::string_view s, char with, std::string& out) {
+  const size_t n = s.size();
+  size_t copied = 0;  // s[0, copied) is in `out`, rewritten
+  bool changed = false;
+  // At a digit s[i]: the separators after it and the digit after them, if any, rewritten; where to go on from.
+  auto at_digit = [&](size_t i) {
     size_t j = i + 1;
-    while (j < s.size() && j - i <= 3 && is_sep(s[j])) ++j;
-    if (j > i + 1 && j - i <= 4 && j < s.size() && is_digit(s[j])) {
-      const bool plain = j == i + 2 && (s[i + 1] == ' ' || s[i + 1] == '-' || s[i + 1] == '.');
-      if (with && plain) out.push_back(s[i + 1]);
-      else if (with) out.push_back(with);
-      i = j - 1;
+    while (j < n && j - i <= 3 && is_sep(s[j])) ++j;
+    if (!(j > i + 1 && j - i <= 4 && j < n && is_digit(s[j]))) return i + 1;
+    const bool plain = j == i + 2 && (s[i + 1] == ' ' || s[i + 1] == '-' || s[i + 1] == '.');
+    if (!(with && plain)) {  // (a plain separator kept is the same byte: nothing to rewrite)
+      if (!changed) {
+        out.clear();
+        out.reserve(n);
+        changed = true;
+      }
+      out.append(s.data() + copied, i + 1 - copied);
+      if (with) out.push_back(with);
+      copied = j;
     }
+    return j;
+  };
+  size_t i = 0;
+#if defined(__SSE2__)
+  // Only a digit followed by a separator can begin a rewrite: found 16 at a time. (The bytes skipped after a rewrite
+  // are separators, never such a digit.)
+  for (size_t base = 0; base + 17 <= n; base += 16) {
+    const __m128i v = load16(s.data() + base), w = load16(s.data() + base + 1);
+    unsigned m = range_mask(v, '0', 9);
+    if (m) {
+      unsigned sep = 0;
+      for (char c : {' ', '-', '.', '_', '/', '\\', '|', ',', '~', '*'}) sep |= eq_mask(w, c);
+      m &= sep;
+    }
+    for (; m; m &= m - 1) {
+      const size_t k = base + size_t(std::countr_zero(m));
+      if (k >= i) i = at_digit(k);
+    }
+    i = std::max(i, base + 16);
   }
-  return out;
+#endif
+  while (i < n) i = is_digit(s[i]) ? at_digit(i) : i + 1;
+  if (changed) out.append(s.data() + copied, n - copied);
+  return changed;
 }
 
 // Whether some run of digits and separators holds 13+ digits split by separators (a card written in
-// odd groups: only then is the digits-joined variant worth scanning).
+// odd groups: only then is the digits-joined variant worth scanning). Such a run is at least 14 bytes of digits and
+// separators, so only those runs are read (the count starts afresh at each: the byte before one is neither).
 bool has_split_long_number(std::string_view s) {
-  size_t digits = 0, seps = 0;
-  for (size_t i = 0; i <= s.size(); ++i) {
-    const char c = i < s.size() ? s[i] : '\0';
-    if (is_digit(c)) {
-      ++digits;
-    } else if (digits > 0 && is_sep(c) && i + 1 < s.size() && (is_digit(s[i + 1]) || is_sep(s[i + 1]))) {
-      ++seps;
-    } else {
-      if (digits >= 13 && seps > 0) return true;
-      digits = seps = 0;
+  static constexpr detail::ByteSet kDigitOrSep = [] {
+    detail::ByteSet t = kSep;
+    for (int c = '0'; c <= '9'; ++c) t[size_t(c)] = true;
+    return t;
+  }();
+  bool found = false;
+  detail::for_each_long_run(s, kDigitOrSep, 14, [&](size_t b, size_t e) {
+    if (found) return;
+    size_t digits = 0, seps = 0;
+    for (size_t i = b; i <= e; ++i) {  // s[e], when there is one, is neither: it ends the count
+      const char c = i < s.size() ? s[i] : '\0';
+      if (is_digit(c)) {
+        ++digits;
+      } else if (digits > 0 && is_sep(c) && i + 1 < s.size() && (is_digit(s[i + 1]) || is_sep(s[i + 1]))) {
+        ++seps;
+      } else {
+        if (digits >= 13 && seps > 0) found = true;
+        digits = seps = 0;
+      }
     }
-  }
-  return false;
+  });
+  return found;
 }
+
+// What needs_canonical does at a byte: kCanonNo (nothing), kCanonYes (the form differs: non-ASCII, an ASCII control
+// that is dropped) or kCanonLook (an escape or a spelled-out "at" / "dot" may begin here).
+constexpr uint8_t kCanonNo = 0, kCanonYes = 1, kCanonLook = 2;
+constexpr std::array<uint8_t, 256> make_canon_table() {
+  std::array<uint8_t, 256> t{};
+  for (int c = 0; c < 256; ++c)
+    if (c >= 0x80 || (c < 0x20 && (c < 0x09 || c > 0x0D)) || c == 0x7F) t[size_t(c)] = kCanonYes;  // unicode::is_invisible
+  for (char c : {'%', '&', '\\', '[', '(', '{', '<', ' '}) t[static_cast<unsigned char>(c)] = kCanonLook;
+  return t;
+}
+constexpr std::array<uint8_t, 256> kCanon = make_canon_table();
 
 // Whether the canonical form can differ from the text (else it is not computed): non-ASCII, an escape
 // (%XX, &...;, \u), a bracketed or spaced-out "at" / "dot".
 bool needs_canonical(std::string_view s) {
   const size_t n = s.size();
-  for (size_t i = 0; i < n; ++i) {
+  // Whether the form differs because of what begins at s[i] (each byte on its own: any order will do).
+  auto at = [&](size_t i) {
     const unsigned char c = static_cast<unsigned char>(s[i]);
-    if (c >= 0x80 || unicode::is_invisible(c)) return true;  // (an ASCII control inside a word is dropped)
+    const uint8_t what = kCanon[c];
+    if (what == kCanonNo) return false;
+    if (what == kCanonYes) return true;  // (an ASCII control inside a word is dropped)
     switch (c) {
       case '%':
         if (i + 2 < n && hexv(s[i + 1]) >= 0 && hexv(s[i + 2]) >= 0) return true;
@@ -297,12 +376,28 @@ bool needs_canonical(std::string_view s) {
         if (j + 2 <= n && (ieq(s.substr(j, 2), "at") || (j + 3 <= n && ieq(s.substr(j, 3), "dot")))) return true;
         break;
       }
-      case ' ':
-        if (i + 5 <= n && ieq(s.substr(i, 5), " dot ")) return true;
+      case ' ':  // (a space before every word: the 'd' is looked at before the comparison)
+        if (i + 5 <= n && (s[i + 1] | 0x20) == 'd' && ieq(s.substr(i, 5), " dot ")) return true;
         break;
       default: break;
     }
+    return false;
+  };
+  size_t i = 0;
+#if defined(__SSE2__)
+  // 16 bytes at a time, only the bytes at which `at` can hold looked at: non-ASCII, the controls that are dropped, the
+  // first bytes of escapes and brackets, a space before a 'd'.
+  for (; i + 17 <= n; i += 16) {
+    const __m128i v = load16(s.data() + i), w = load16(s.data() + i + 1);
+    unsigned m = unsigned(_mm_movemask_epi8(v)) | range_mask(v, 0x00, 0x08) | range_mask(v, 0x0E, 0x11) | eq_mask(v, 0x7F);
+    for (char c : {'%', '&', '\\', '[', '(', '{', '<'}) m |= eq_mask(v, c);
+    m |= eq_mask(v, ' ') & eq_mask(_mm_or_si128(w, _mm_set1_epi8(0x20)), 'd');
+    for (; m; m &= m - 1)
+      if (at(i + size_t(std::countr_zero(m)))) return true;
   }
+#endif
+  for (; i < n; ++i)
+    if (at(i)) return true;
   return false;
 }
 
@@ -320,46 +415,50 @@ bool looks_like_text(std::string_view d) {
   return bad * 10 <= n;
 }
 
-std::string decode_runs(std::string_view s, int depth) {
-  std::string out;
-  for (size_t i = 0; i < s.size();) {
-    if (base64_digit(s[i]) < 0) {
-      ++i;
-      continue;
-    }
-    size_t j = i;
-    while (j < s.size() && base64_digit(s[j]) >= 0) ++j;
+constexpr detail::ByteSet kBase64Set = [] {
+  detail::ByteSet t{};
+  for (int c = 0; c < 256; ++c) t[size_t(c)] = detail::kBase64Digits.v[c] >= 0;
+  return t;
+}();
+
+// Appends to `out` what the base64 runs of `s` decode to (see decode_base64_runs). Only runs of 16 or more are decoded:
+// they are found without reading the short runs' every byte (long_runs.h).
+void decode_runs(std::string_view s, int depth, std::string& out) {
+  auto run = [&](size_t i, size_t j) {
     const size_t len = j - i;
-    if (len >= 16 && len % 4 != 1) {
-      std::string d;
-      d.reserve(len * 3 / 4);
-      uint32_t acc = 0;
-      int bits = 0;
-      for (size_t k = i; k < j; ++k) {
-        acc = (acc << 6) | uint32_t(base64_digit(s[k]));
-        bits += 6;
-        if (bits >= 8) {
-          bits -= 8;
-          d.push_back(char((acc >> bits) & 0xFF));
-        }
-        if (d.size() == 256) {  // binary: stop early
-          std::string_view head(d);
-          head.remove_suffix(unicode::incomplete_utf8_tail(head));
-          if (!looks_like_text(head)) break;
-        }
+    if (len % 4 == 1) return;
+    std::string d;
+    d.reserve(len * 3 / 4);
+    uint32_t acc = 0;
+    int bits = 0;
+    for (size_t k = i; k < j; ++k) {
+      acc = (acc << 6) | uint32_t(base64_digit(s[k]));
+      bits += 6;
+      if (bits >= 8) {
+        bits -= 8;
+        d.push_back(char((acc >> bits) & 0xFF));
       }
-      if (looks_like_text(d)) {
-        out += canonical_text(d);
-        out.push_back('\n');
-        if (depth > 0) {
-          std::string inner = decode_runs(d, depth - 1);
-          if (!inner.empty()) out += inner;
-        }
+      if (d.size() == 256) {  // binary: stop early
+        std::string_view head(d);
+        head.remove_suffix(unicode::incomplete_utf8_tail(head));
+        if (!looks_like_text(head)) break;
       }
     }
-    i = j;
-  }
-  return out;
+    if (looks_like_text(d)) {
+      out += canonical_text(d);
+      out.push_back('\n');
+      if (depth > 0) decode_runs(d, depth - 1, out);
+    }
+  };
+#if defined(__SSE2__)
+  detail::for_each_long_run(s, kBase64Set, 16, run, [](const unsigned char* q) {
+    const __m128i v = load16(reinterpret_cast<const char*>(q));
+    return range_mask(v, 'A', 25) | range_mask(v, 'a', 25) | range_mask(v, '0', 9) | eq_mask(v, '+') | eq_mask(v, '/') |
+           eq_mask(v, '-') | eq_mask(v, '_');
+  });
+#else
+  detail::for_each_long_run(s, kBase64Set, 16, run);
+#endif
 }
 
 }  // namespace
@@ -385,7 +484,11 @@ std::string canonical_text(std::string_view text) {
   return spelled_out(s);
 }
 
-std::string decode_base64_runs(std::string_view text) { return decode_runs(text, 1); }
+std::string decode_base64_runs(std::string_view text) {
+  std::string out;
+  decode_runs(text, 1, out);
+  return out;
+}
 
 bool base64_decodes_to_text(std::string_view run) {
   std::string d;
@@ -406,60 +509,103 @@ bool base64_decodes_to_text(std::string_view run) {
   return looks_like_text(head);
 }
 
-std::vector<std::string> text_variants(std::string_view text, size_t budget) {
-  std::vector<std::string> out;
+void text_variants(std::string_view text, size_t budget, TextVariants& out) {
+  out.count_ = 0;
   size_t used = 0;
-  auto add = [&](std::string v, std::string_view than) {
-    if (v.empty() || v == than || used >= budget) return;
-    if (v.size() > budget - used) v.resize(budget - used);
-    used += v.size();
-    out.push_back(std::move(v));
+  // A variant that differs from its source (the caller knows, or compares), cut at the budget.
+  auto add = [&](const std::string& v, bool differs) {
+    if (v.empty() || !differs || used >= budget) return;
+    const size_t len = std::min(v.size(), budget - used);
+    used += len;
+    out.views_[out.count_++] = std::string_view(v).substr(0, len);
   };
-  std::string canon_buf;
   std::string_view canon = text;
   if (needs_canonical(text)) {
-    canon_buf = canonical_text(text);
-    canon = canon_buf;
-    add(canon_buf, text);
+    out.canon_ = canonical_text(text);
+    canon = out.canon_;
+    add(out.canon_, canon != text);
   }
-  size_t digits = 0;
-  for (char c : canon) digits += is_digit(c);
+  size_t digits = 0;  // (counted up to the 7 that matter)
+  for (size_t i = 0; i < canon.size() && digits < 7; ++i) digits += is_digit(canon[i]);
   if (digits >= 7) {
-    add(digit_separators(canon, '-'), canon);
-    if (has_split_long_number(canon)) add(digit_separators(canon, '\0'), canon);
+    // (digit_separators leaves its buffer as it was when the variant would equal the text: not added then)
+    add(out.dashed_, digit_separators(canon, '-', out.dashed_));
+    if (has_split_long_number(canon)) add(out.joined_, digit_separators(canon, '\0', out.joined_));
   }
-  add(decode_base64_runs(canon), "");
-  return out;
+  out.decoded_.clear();
+  decode_runs(canon, 1, out.decoded_);
+  add(out.decoded_, true);
+}
+
+void TextVariants::release_large() {
+  count_ = 0;
+  for (std::string* b : {&canon_, &dashed_, &joined_, &decoded_})
+    if (b->capacity() > kKeepBytes) std::string().swap(*b);
+}
+
+std::vector<std::string> text_variants(std::string_view text, size_t budget) {
+  TextVariants v;
+  text_variants(text, budget, v);
+  return {v.begin(), v.end()};
 }
 
 std::string collapse_whitespace(std::string_view text) {
   std::string out;
-  out.reserve(text.size());
+  collapse_whitespace(text, out);
+  return out;
+}
+
+void collapse_whitespace(std::string_view text, std::string& out) {
+  // The result is never longer than the text: written through a pointer, then cut to its length (16 bytes of room
+  // after it: whole 16-byte blocks are stored, and only the bytes that belong kept).
+  const size_t n = text.size();
+  out.resize(n + 16);
+  char* const base = out.data();
+  char* o = base;
   bool pending = false;
-  for (size_t i = 0; i < text.size();) {
+  // One byte (ASCII) or character from text[i]; where the next begins.
+  auto step = [&](size_t i) {
     if (const unsigned char b = static_cast<unsigned char>(text[i]); b < 0x80) {  // ASCII: what the general path does
       if (b == ' ' || (b >= 0x09 && b <= 0x0D)) {
-        pending = !out.empty();
+        pending = o != base;
       } else {
-        if (pending) out.push_back(' ');
+        if (pending) *o++ = ' ';
         pending = false;
-        out.push_back(static_cast<char>(b));
+        *o++ = static_cast<char>(b);
       }
-      ++i;
-      continue;
+      return i + 1;
     }
     Decoded d = decode_utf8(text, i);
     if (d.status == Decoded::Ok && unicode::is_whitespace(d.cp)) {
-      pending = !out.empty();
-      i += d.len;
-      continue;
+      pending = o != base;
+      return i + d.len;
     }
-    if (pending) out.push_back(' ');
+    if (pending) *o++ = ' ';
     pending = false;
-    out.append(text.substr(i, d.len));
-    i += d.len;
+    std::memcpy(o, text.data() + i, d.len);
+    o += d.len;
+    return i + d.len;
+  };
+  size_t i = 0;
+#if defined(__SSE2__)
+  // The bytes before the next one that may be whitespace (<= 0x20, or not ASCII) are copied as a block.
+  while (i + 16 <= n) {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(text.data() + i));
+    const unsigned m = unsigned(_mm_movemask_epi8(v)) |
+                       unsigned(_mm_movemask_epi8(_mm_cmpeq_epi8(_mm_min_epu8(v, _mm_set1_epi8(0x20)), v)));
+    const size_t k = m ? size_t(std::countr_zero(m)) : 16;
+    if (k) {
+      if (pending) *o++ = ' ';
+      pending = false;
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(o), v);
+      o += k;
+      i += k;
+    }
+    if (k < 16) i = step(i);
   }
-  return out;
+#endif
+  while (i < n) i = step(i);
+  out.resize(size_t(o - base));
 }
 
 }  // namespace lilac::router

@@ -20,9 +20,30 @@
 
 namespace lilac::router {
 
-// The variants of `text` to scan besides `text` itself (0 to 3 strings). `budget` caps the bytes of the
+// The variants of `text` to scan besides `text` itself (0 to 4 strings). `budget` caps the bytes of the
 // variants together (they are cut at it).
 std::vector<std::string> text_variants(std::string_view text, size_t budget = size_t(1) << 26);
+
+// The same variants, in buffers that a caller keeps from one text to the next: a routing decision builds them for
+// every text it scans, and allocating and freeing a 100 KB string per variant (the heap's top given back to the
+// system and faulted in again) was about half of a decision's cost (bench/BENCHMARKS.md "Hybrid router").
+class TextVariants {
+ public:
+  static constexpr size_t kKeepBytes = size_t(4) << 20;  // release_large() frees buffers grown past this
+  const std::string_view* begin() const { return views_; }
+  const std::string_view* end() const { return views_ + count_; }
+  size_t size() const { return count_; }
+  // Frees the buffers that grew past kKeepBytes (the views are invalid after).
+  void release_large();
+
+ private:
+  friend void text_variants(std::string_view text, size_t budget, TextVariants& out);
+  std::string canon_, dashed_, joined_, decoded_;
+  std::string_view views_[4];
+  size_t count_ = 0;
+};
+// Fills `out` (the views are valid until its next use); the same variants as above, in the same order.
+void text_variants(std::string_view text, size_t budget, TextVariants& out);
 
 // The canonical form alone (exposed for tests).
 std::string canonical_text(std::string_view text);
@@ -58,5 +79,7 @@ bool base64_decodes_to_text(std::string_view run);
 // Whitespace-insensitive form for stickiness hashes: runs of (Unicode) whitespace become one space,
 // none at the ends.
 std::string collapse_whitespace(std::string_view text);
+// The same into `out` (replaced), so that a caller can keep the buffer.
+void collapse_whitespace(std::string_view text, std::string& out);
 
 }  // namespace lilac::router

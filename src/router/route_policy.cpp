@@ -4,6 +4,12 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
+#include <bit>
+#include <cstring>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #include <fstream>
 #include <sstream>
 
@@ -79,10 +85,36 @@ UserRule::~UserRule() = default;
 UserRule::UserRule(UserRule&&) noexcept = default;
 UserRule& UserRule::operator=(UserRule&&) noexcept = default;
 
+namespace detail {
+
+bool contains(std::string_view hay, std::string_view needle) {
+#if defined(__SSE2__)
+  // 16 places at a time: where the needle's first and last bytes both are, the bytes between are compared.
+  const size_t m = needle.size(), n = hay.size();
+  if (m >= 2 && n >= m + 16) {
+    const __m128i first = _mm_set1_epi8(needle[0]), last = _mm_set1_epi8(needle[m - 1]);
+    size_t pos = 0;
+    for (; pos + m - 1 + 16 <= n; pos += 16) {
+      const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(hay.data() + pos));
+      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(hay.data() + pos + m - 1));
+      for (unsigned mask = unsigned(_mm_movemask_epi8(_mm_and_si128(_mm_cmpeq_epi8(a, first), _mm_cmpeq_epi8(b, last))));
+           mask; mask &= mask - 1) {
+        const size_t at = pos + size_t(std::countr_zero(mask));
+        if (std::memcmp(hay.data() + at + 1, needle.data() + 1, m - 2) == 0) return true;
+      }
+    }
+    return hay.substr(pos).find(needle) != std::string_view::npos;  // the places left
+  }
+#endif
+  return hay.find(needle) != std::string_view::npos;
+}
+
+}  // namespace detail
+
 bool UserRule::matches(std::string_view text, std::string_view lowered) const {
   std::string_view hay = ci_ ? lowered : text;
   for (const auto& k : keywords_)
-    if (hay.find(k) != std::string_view::npos) return true;
+    if (detail::contains(hay, k)) return true;
   if (regexes_.empty()) return false;
   for (const auto& r : regexes_) {
     pcre2_match_data* md = pcre2_match_data_create(1, nullptr);

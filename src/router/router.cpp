@@ -19,6 +19,9 @@ using ojson = nlohmann::ordered_json;
 
 namespace {
 
+// Per-thread buffers grown past this are freed after use.
+constexpr size_t kKeepBytes = size_t(4) << 20;
+
 constexpr uint64_t kK1 = 0x9E3779B97F4A7C15ull, kK2 = 0xC2B2AE3D27D4EB4Full, kK3 = 0x165667B19E3779F9ull;
 
 inline uint64_t rotl(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
@@ -103,8 +106,14 @@ void hash_string_field(Hasher& hs, const ojson& m, const char* key, char tag) {
   hs.bytes(it->get_ref<const std::string&>());
 }
 
-// Text as the stickiness hash sees it: whitespace-insensitive.
-void hash_text(Hasher& hs, std::string_view t) { hs.bytes(collapse_whitespace(t)); }
+// Text as the stickiness hash sees it: whitespace-insensitive. (The buffer is the thread's: a 100 KB string allocated
+// and freed per message cost page faults each time; one grown for a huge text is not kept.)
+void hash_text(Hasher& hs, std::string_view t) {
+  thread_local std::string collapsed;
+  collapse_whitespace(t, collapsed);
+  hs.bytes(collapsed);
+  if (collapsed.capacity() > kKeepBytes) std::string().swap(collapsed);
+}
 
 // A tool call's arguments: a JSON string hashes as its parsed value ('{"a": 1}' and '{"a":1}' alike), other text
 // whitespace-insensitively, a JSON value as itself.
@@ -221,9 +230,11 @@ bool Router::text_sensitive(std::string_view text, bool is_id, std::vector<std::
   bool folded = false;
   for (const auto& r : policy_.rules) {
     if (r.case_insensitive() && !folded) {
-      fold_buf.assign(text);
-      for (auto& c : fold_buf)
-        if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
+      fold_buf.resize(text.size());
+      const unsigned char* in = reinterpret_cast<const unsigned char*>(text.data());
+      char* out = fold_buf.data();
+      for (size_t i = 0; i < text.size(); ++i)  // (branch-free: vectorised)
+        out[i] = static_cast<char>(in[i] + (static_cast<unsigned char>(in[i] - 'A') < 26 ? 'a' - 'A' : 0));
       folded = true;
     }
     if (r.matches(text, fold_buf)) {
@@ -271,7 +282,14 @@ std::vector<uint64_t> conversation_hashes(const ojson& body) {
 }  // namespace
 
 ScanOutcome Router::scan(const ojson& body) const {
-  std::string fold;
+  // The folded copy of each text for case-insensitive rules: a buffer of the thread's, kept from one request to the
+  // next (not re-entered: text_sensitive scans no body), unless a huge text grew it.
+  thread_local std::string fold;
+  struct Release {
+    ~Release() {
+      if (fold.capacity() > kKeepBytes) std::string().swap(fold);
+    }
+  } release;
   const bool any_check = !policy_.detectors.empty() || !policy_.rules.empty();
   if (!any_check)  // nothing can fire: the walk only measures the size
     return router::scan_body(body, [](std::string_view, bool, std::vector<std::string>*) { return false; });

@@ -1,6 +1,7 @@
 // The sensitivity scan of a whole body (see scan.h). Iterative: bodies come from clients.
 #include "router/scan.h"
 
+#include <algorithm>
 #include <deque>
 
 #include "router/normalize.h"
@@ -39,26 +40,55 @@ bool looks_like_json(std::string_view s) {
 // detector matches: e-mail addresses, IBANs, keys; a PEM block's header alone counts).
 constexpr size_t kSeamWindow = 1024;
 
+// String values joined (with or without a space between them), kept as the values' places in the body rather than
+// copied: only the text around the seams is ever read, and copying three times a 100 KB prompt to read 2 KB of it was
+// a tenth of a decision (bench/BENCHMARKS.md "Hybrid router").
+struct Joined {
+  std::vector<size_t> at;                // where each part starts in the joined text
+  std::vector<std::string_view> parts;   // the values, and the spaces between them
+  std::vector<size_t> seams;             // where each value after the first starts
+  size_t size = 0;
+
+  bool empty() const { return size == 0; }
+  void append(std::string_view s) {
+    at.push_back(size);
+    parts.push_back(s);
+    size += s.size();
+  }
+  // Copies the joined text's bytes [b, e) to `out`.
+  void copy(size_t b, size_t e, std::string& out) const {
+    out.clear();
+    size_t k = size_t(std::upper_bound(at.begin(), at.end(), b) - at.begin()) - 1;  // the part holding b
+    for (; b < e; ++k) {
+      const size_t from = b - at[k], len = std::min(parts[k].size() - from, e - b);
+      out.append(parts[k].data() + from, len);
+      b += len;
+    }
+  }
+};
+
 struct Scanner {
   const TextCheck& check;
   const ScanOptions& opts;
   ScanOutcome out;
   uint64_t budget_used = 0;
-  std::string joined, spaced;             // the string values in order, without / with a space between
-  std::vector<size_t> seams_j, seams_s;   // where each value after the first starts in them
-  std::string content;                    // the values under is_content_key only, in order
-  std::vector<size_t> seams_c;
+  Joined joined, spaced;  // the string values in order, without / with a space between
+  Joined content;         // the values under is_content_key only, in order
+  std::deque<ojson> parsed;  // JSON found inside strings (stable addresses: `joined` holds views of its strings)
+  std::string window;        // the text around a seam
 
   // The text around the seams of `all` (windows merged where they overlap).
-  bool seams(const std::string& all, const std::vector<size_t>& at) {
+  bool seams(const Joined& all) {
+    const std::vector<size_t>& at = all.seams;
     size_t b = 0, e = 0;
     bool open = false;
     for (size_t k = 0; k <= at.size(); ++k) {
       const bool last = k == at.size();
       const size_t wb = last ? 0 : (at[k] > kSeamWindow ? at[k] - kSeamWindow : 0);
-      const size_t we = last ? 0 : std::min(all.size(), at[k] + kSeamWindow);
+      const size_t we = last ? 0 : std::min(all.size, at[k] + kSeamWindow);
       if (open && (last || wb > e)) {
-        if (text(std::string_view(all).substr(b, e - b), false)) return true;
+        all.copy(b, e, window);
+        if (text(window, false)) return true;
         open = false;
       }
       if (last) break;
@@ -79,7 +109,24 @@ struct Scanner {
     // One byte more than what is left: a variant that does not fit whole is cut past the budget, so charge() calls
     // the body unscannable. Cut at exactly what was left it landed on the budget and passed: a text whose canonical
     // form grew past it (U+FDFA is 33 bytes in NFKC) was shown clean with its decoded end never looked at.
-    for (const std::string& v : text_variants(t, opts.max_bytes - std::min(opts.max_bytes, budget_used) + 1)) {
+    // The variants' buffers are the thread's, kept from one text and one request to the next (unless a check scans
+    // another body meanwhile), but not when they grew for a huge text.
+    thread_local TextVariants kept;
+    thread_local bool kept_in_use = false;
+    TextVariants own;
+    TextVariants& variants = kept_in_use ? own : kept;
+    struct Release {
+      TextVariants& v;
+      bool& in_use;
+      bool was;
+      ~Release() {
+        v.release_large();
+        in_use = was;
+      }
+    } release{variants, kept_in_use, kept_in_use};
+    kept_in_use = true;
+    text_variants(t, opts.max_bytes - std::min(opts.max_bytes, budget_used) + 1, variants);
+    for (std::string_view v : variants) {
       if (charge(v.size())) return true;
       if (check(v, is_id, &out.matched)) return hit();
     }
@@ -109,7 +156,6 @@ struct Scanner {
       bool protocol_parent;
       bool user_data;
     };
-    std::deque<ojson> parsed;  // JSON found inside strings (stable addresses)
     std::vector<Item> stack{{&root, "", 0, false, false}};
     while (!stack.empty()) {
       const Item it = stack.back();
@@ -133,18 +179,18 @@ struct Scanner {
         const std::string& s = v.get_ref<const std::string&>();
         const bool protocol_id = is_id_key(it.key) && it.protocol_parent && !it.user_data;
         if (text(s, protocol_id)) return true;
-        if (!protocol_id && !is_structural_key(it.key) && !s.empty() && joined.size() < opts.max_bytes) {
+        if (!protocol_id && !is_structural_key(it.key) && !s.empty() && joined.size < opts.max_bytes) {
           out.text_bytes += s.size();
           if (!joined.empty()) {
-            seams_j.push_back(joined.size());
-            spaced.push_back(' ');
-            seams_s.push_back(spaced.size());
+            joined.seams.push_back(joined.size);
+            spaced.append(" ");
+            spaced.seams.push_back(spaced.size);
           }
-          joined += s;
-          spaced += s;
+          joined.append(s);
+          spaced.append(s);
           if (is_content_key(it.key)) {
-            if (!content.empty()) seams_c.push_back(content.size());
-            content += s;
+            if (!content.empty()) content.seams.push_back(content.size);
+            content.append(s);
           }
         }
         if (it.embedded < opts.max_embedded && looks_like_json(s)) {
@@ -167,11 +213,10 @@ struct Scanner {
 }  // namespace
 
 ScanOutcome scan_body(const ojson& body, const TextCheck& check, const ScanOptions& opts) {
-  Scanner sc{check, opts, {}, 0, {}, {}, {}, {}, {}, {}};
+  Scanner sc{check, opts, {}, 0, {}, {}, {}, {}, {}};
   // Secrets split across values: the joined texts around each seam, without and with a space, and the content values
   // alone.
-  if (!sc.walk(body) && !sc.seams(sc.joined, sc.seams_j) && !sc.seams(sc.spaced, sc.seams_s))
-    sc.seams(sc.content, sc.seams_c);
+  if (!sc.walk(body) && !sc.seams(sc.joined) && !sc.seams(sc.spaced)) sc.seams(sc.content);
   return std::move(sc.out);
 }
 
