@@ -537,10 +537,13 @@ void text_variants(std::string_view text, size_t budget, TextVariants& out) {
   add(out.decoded_, true);
 }
 
+void release_if_large(std::string& buf) {
+  if (buf.capacity() > kKeepBytes) std::string().swap(buf);
+}
+
 void TextVariants::release_large() {
   count_ = 0;
-  for (std::string* b : {&canon_, &dashed_, &joined_, &decoded_})
-    if (b->capacity() > kKeepBytes) std::string().swap(*b);
+  for (std::string* b : {&canon_, &dashed_, &joined_, &decoded_}) release_if_large(*b);
 }
 
 std::vector<std::string> text_variants(std::string_view text, size_t budget) {

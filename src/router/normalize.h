@@ -27,9 +27,12 @@ std::vector<std::string> text_variants(std::string_view text, size_t budget = si
 // The same variants, in buffers that a caller keeps from one text to the next: a routing decision builds them for
 // every text it scans, and allocating and freeing a 100 KB string per variant (the heap's top given back to the
 // system and faulted in again) was about half of a decision's cost (bench/BENCHMARKS.md "Hybrid router").
+// A buffer kept from one text to the next (a thread's) is freed once it grew past kKeepBytes (a huge text).
+constexpr size_t kKeepBytes = size_t(4) << 20;
+void release_if_large(std::string& buf);
+
 class TextVariants {
  public:
-  static constexpr size_t kKeepBytes = size_t(4) << 20;  // release_large() frees buffers grown past this
   const std::string_view* begin() const { return views_; }
   const std::string_view* end() const { return views_ + count_; }
   size_t size() const { return count_; }

@@ -19,9 +19,6 @@ using ojson = nlohmann::ordered_json;
 
 namespace {
 
-// Per-thread buffers grown past this are freed after use.
-constexpr size_t kKeepBytes = size_t(4) << 20;
-
 constexpr uint64_t kK1 = 0x9E3779B97F4A7C15ull, kK2 = 0xC2B2AE3D27D4EB4Full, kK3 = 0x165667B19E3779F9ull;
 
 inline uint64_t rotl(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
@@ -112,7 +109,7 @@ void hash_text(Hasher& hs, std::string_view t) {
   thread_local std::string collapsed;
   collapse_whitespace(t, collapsed);
   hs.bytes(collapsed);
-  if (collapsed.capacity() > kKeepBytes) std::string().swap(collapsed);
+  release_if_large(collapsed);
 }
 
 // A tool call's arguments: a JSON string hashes as its parsed value ('{"a": 1}' and '{"a":1}' alike), other text
@@ -287,7 +284,7 @@ ScanOutcome Router::scan(const ojson& body) const {
   thread_local std::string fold;
   struct Release {
     ~Release() {
-      if (fold.capacity() > kKeepBytes) std::string().swap(fold);
+      release_if_large(fold);
     }
   } release;
   const bool any_check = !policy_.detectors.empty() || !policy_.rules.empty();
